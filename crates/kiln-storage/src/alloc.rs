@@ -1,0 +1,89 @@
+//! Free-page management.
+//!
+//! A page freed by transaction T goes to `pending` and becomes reusable only when
+//! (a) no open reader's snapshot is older than T, so no reader can still reach it,
+//! and (b) T is synced to the data file, so recovery from the journal never needs
+//! the page's old bytes. Until then it is not handed out again.
+
+use crate::page::{PageNo, FIRST_DATA_PAGE};
+use std::collections::{BTreeSet, VecDeque};
+
+#[derive(Debug, Default)]
+pub(crate) struct Allocator {
+    pub free: BTreeSet<PageNo>,
+    pub pending: VecDeque<(u64, Vec<PageNo>)>,
+    /// High-water mark: pages [0, page_count) exist in the logical file.
+    pub page_count: u64,
+}
+
+impl Allocator {
+    pub fn new(page_count: u64, free: impl IntoIterator<Item = PageNo>) -> Self {
+        Allocator { free: free.into_iter().collect(), pending: VecDeque::new(), page_count: page_count.max(FIRST_DATA_PAGE) }
+    }
+
+    /// Makes pages freed by transactions <= `horizon` reusable.
+    pub fn release(&mut self, horizon: u64) {
+        while self.pending.front().is_some_and(|(txn, _)| *txn <= horizon) {
+            if let Some((_, pages)) = self.pending.pop_front() {
+                self.free.extend(pages);
+            }
+        }
+    }
+
+    pub fn pending_len(&self) -> u64 {
+        self.pending.iter().map(|(_, p)| p.len() as u64).sum()
+    }
+
+    /// Takes `n` contiguous pages; returns (start, came_from_free_list).
+    pub fn take(&mut self, n: u64) -> (PageNo, bool) {
+        debug_assert!(n >= 1);
+        if n == 1 {
+            if let Some(p) = self.free.pop_first() {
+                return (p, true);
+            }
+        } else if let Some(start) = self.find_run(n) {
+            for p in start..start + n {
+                self.free.remove(&p);
+            }
+            return (start, true);
+        }
+        let start = self.page_count;
+        self.page_count += n;
+        (start, false)
+    }
+
+    fn find_run(&self, n: u64) -> Option<PageNo> {
+        let mut run_start = 0;
+        let mut run_len = 0;
+        for &p in &self.free {
+            if run_len > 0 && p == run_start + run_len {
+                run_len += 1;
+            } else {
+                run_start = p;
+                run_len = 1;
+            }
+            if run_len == n {
+                return Some(run_start);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_pages_wait_for_the_horizon() {
+        let mut a = Allocator::new(10, []);
+        a.pending.push_back((5, vec![3, 4]));
+        a.pending.push_back((7, vec![8]));
+        a.release(4);
+        assert!(a.free.is_empty());
+        a.release(6);
+        assert_eq!(a.free.iter().copied().collect::<Vec<_>>(), vec![3, 4]);
+        assert_eq!(a.take(2), (3, true));
+        assert_eq!(a.take(1), (10, false));
+    }
+}

@@ -1,0 +1,217 @@
+//! Cursors: ordered iteration both ways from any key.
+
+use super::{node, value_bytes, PageSource, MAX_DEPTH};
+use crate::page::{self, hdr, PageNo, KIND_LEAF};
+use crate::{Error, Result};
+
+/// A position in a tree. Entries returned borrow from the transaction.
+pub struct Cursor<'t> {
+    src: &'t dyn PageSource,
+    root: PageNo,
+    /// Path from the root: (page, index). Branch indexes are in 0..fanout (0 is the
+    /// leftmost child); the last element is the leaf and its entry index.
+    stack: Vec<(&'t [u8], usize)>,
+    state: State,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Not yet positioned: `next` starts at the first entry, `prev` at the last.
+    Fresh,
+    On,
+    /// Ran off the end: `next` stays there, `prev` returns the last entry.
+    AfterEnd,
+    /// Ran off the start: `prev` stays there, `next` returns the first entry.
+    BeforeStart,
+}
+
+pub type Entry<'t> = (&'t [u8], &'t [u8]);
+
+impl<'t> Cursor<'t> {
+    pub(crate) fn new(src: &'t dyn PageSource, root: PageNo) -> Self {
+        Cursor { src, root, stack: Vec::new(), state: State::Fresh }
+    }
+
+    fn descend_edge(&mut self, mut no: PageNo, leftmost: bool) -> Result<()> {
+        loop {
+            if self.stack.len() >= MAX_DEPTH {
+                return Err(Error::corrupted(self.src.data_path(), format!("page {no}"), "tree deeper than the depth limit"));
+            }
+            let p = node(self.src, no)?;
+            if hdr::kind(p) == KIND_LEAF {
+                let idx = if leftmost { 0 } else { hdr::count(p).saturating_sub(1) };
+                self.stack.push((p, idx));
+                return Ok(());
+            }
+            let idx = if leftmost { 0 } else { page::branch_fanout(p) - 1 };
+            self.stack.push((p, idx));
+            no = page::branch_nth_child(p, idx);
+        }
+    }
+
+    fn current(&self) -> Result<Option<Entry<'t>>> {
+        let Some(&(leaf, idx)) = self.stack.last() else { return Ok(None) };
+        if self.state != State::On || idx >= hdr::count(leaf) {
+            return Ok(None);
+        }
+        let key = page::cell_key(leaf, idx);
+        let value = value_bytes(self.src, page::leaf_value(leaf, idx))?;
+        Ok(Some((key, value)))
+    }
+
+    /// Positions at the smallest key.
+    pub fn first(&mut self) -> Result<Option<Entry<'t>>> {
+        self.stack.clear();
+        self.state = State::On;
+        if self.root == 0 {
+            self.park_at_end();
+            return Ok(None);
+        }
+        self.descend_edge(self.root, true)?;
+        self.skip_empty_forward()
+    }
+
+    /// Positions at the largest key.
+    pub fn last(&mut self) -> Result<Option<Entry<'t>>> {
+        self.stack.clear();
+        self.state = State::On;
+        if self.root == 0 {
+            self.park_at_start();
+            return Ok(None);
+        }
+        self.descend_edge(self.root, false)?;
+        self.skip_empty_backward()
+    }
+
+    /// Positions at the smallest key >= `key`.
+    pub fn seek(&mut self, key: &[u8]) -> Result<Option<Entry<'t>>> {
+        self.stack.clear();
+        self.state = State::On;
+        if self.root == 0 {
+            self.park_at_end();
+            return Ok(None);
+        }
+        let mut no = self.root;
+        loop {
+            if self.stack.len() >= MAX_DEPTH {
+                return Err(Error::corrupted(self.src.data_path(), format!("page {no}"), "tree deeper than the depth limit"));
+            }
+            let p = node(self.src, no)?;
+            if hdr::kind(p) == KIND_LEAF {
+                let idx = page::search(p, key).unwrap_or_else(|i| i);
+                self.stack.push((p, idx));
+                return self.skip_empty_forward();
+            }
+            let route = page::branch_route(p, key);
+            let idx = if route == usize::MAX { 0 } else { route + 1 };
+            self.stack.push((p, idx));
+            no = page::branch_nth_child(p, idx);
+        }
+    }
+
+    /// Positions at the largest key <= `key`.
+    pub fn seek_for_prev(&mut self, key: &[u8]) -> Result<Option<Entry<'t>>> {
+        match self.seek(key)? {
+            Some((k, v)) if k == key => Ok(Some((k, v))),
+            Some(_) => self.prev(),
+            None => self.last(),
+        }
+    }
+
+    /// Moves to the next entry.
+    pub fn next(&mut self) -> Result<Option<Entry<'t>>> {
+        match self.state {
+            State::Fresh | State::BeforeStart => return self.first(),
+            State::AfterEnd => return Ok(None),
+            State::On => {}
+        }
+        match self.stack.last_mut() {
+            Some((_, idx)) => *idx += 1,
+            None => return Ok(None),
+        }
+        self.skip_empty_forward()
+    }
+
+    /// Moves to the previous entry.
+    pub fn prev(&mut self) -> Result<Option<Entry<'t>>> {
+        match self.state {
+            State::Fresh | State::AfterEnd => return self.last(),
+            State::BeforeStart => return Ok(None),
+            State::On => {}
+        }
+        let Some((leaf, idx)) = self.stack.last_mut() else { return Ok(None) };
+        if *idx == 0 || hdr::count(leaf) == 0 {
+            return self.step_leaf_backward();
+        }
+        *idx = (*idx).min(hdr::count(leaf)) - 1;
+        self.current()
+    }
+
+    /// If the leaf position is past its end, climbs to the next leaf.
+    fn skip_empty_forward(&mut self) -> Result<Option<Entry<'t>>> {
+        loop {
+            let Some(&(leaf, idx)) = self.stack.last() else { return Ok(None) };
+            if idx < hdr::count(leaf) {
+                return self.current();
+            }
+            // Leaf exhausted: find the next branch slot to the right.
+            self.stack.pop();
+            loop {
+                let Some((p, idx)) = self.stack.last_mut() else {
+                    self.park_at_end();
+                    return Ok(None);
+                };
+                if *idx + 1 < page::branch_fanout(p) {
+                    *idx += 1;
+                    let child = page::branch_nth_child(p, *idx);
+                    self.descend_edge(child, true)?;
+                    break;
+                }
+                self.stack.pop();
+            }
+        }
+    }
+
+    fn skip_empty_backward(&mut self) -> Result<Option<Entry<'t>>> {
+        let Some(&(leaf, _)) = self.stack.last() else { return Ok(None) };
+        if hdr::count(leaf) > 0 {
+            return self.current();
+        }
+        self.step_leaf_backward()
+    }
+
+    /// Moves to the last entry of the previous non-empty leaf.
+    fn step_leaf_backward(&mut self) -> Result<Option<Entry<'t>>> {
+        loop {
+            self.stack.pop();
+            loop {
+                let Some((p, idx)) = self.stack.last_mut() else {
+                    self.park_at_start();
+                    return Ok(None);
+                };
+                if *idx > 0 {
+                    *idx -= 1;
+                    let child = page::branch_nth_child(p, *idx);
+                    self.descend_edge(child, false)?;
+                    break;
+                }
+                self.stack.pop();
+            }
+            let Some(&(leaf, _)) = self.stack.last() else { return Ok(None) };
+            if hdr::count(leaf) > 0 {
+                return self.current();
+            }
+        }
+    }
+
+    /// After running off the end, `prev` returns the last entry.
+    fn park_at_end(&mut self) {
+        self.stack.clear();
+        self.state = State::AfterEnd;
+    }
+
+    fn park_at_start(&mut self) {
+        self.stack.clear();
+        self.state = State::BeforeStart;
+    }
+}

@@ -1,0 +1,70 @@
+//! B+trees over copy-on-write pages. Reads (this file, `cursor.rs`) work on any
+//! [`PageSource`]; writes (`write.rs`) need a write transaction.
+
+pub mod cursor;
+pub mod write;
+
+use crate::page::{self, hdr, LeafValue, PageNo, KIND_BRANCH, KIND_LEAF};
+use crate::{Error, Result};
+use std::path::Path;
+
+/// Depth limit: a tree of 8 KiB pages with at least 4 entries per page needs far
+/// fewer levels for any file that fits a 64-bit offset; deeper means a cycle.
+pub const MAX_DEPTH: usize = 48;
+
+/// Something that can produce the bytes of a page visible to a transaction.
+pub trait PageSource {
+    fn page(&self, no: PageNo) -> Result<&[u8]>;
+    fn data_path(&self) -> &Path;
+}
+
+pub(crate) fn corrupt(src: &dyn PageSource, no: PageNo, what: impl Into<String>) -> Error {
+    Error::corrupted(src.data_path(), format!("page {no}"), what)
+}
+
+/// Fetches a node page and checks it is of an expected kind.
+pub(crate) fn node<'a, S: PageSource + ?Sized>(src: &'a S, no: PageNo) -> Result<&'a [u8]> {
+    let p = src.page(no)?;
+    match hdr::kind(p) {
+        KIND_BRANCH | KIND_LEAF => Ok(p),
+        k => Err(Error::corrupted(src.data_path(), format!("page {no}"), format!("expected a tree node, found page kind {k}"))),
+    }
+}
+
+/// Resolves a leaf value to its bytes (reading the overflow run if needed).
+pub(crate) fn value_bytes<'a, S: PageSource + ?Sized>(src: &'a S, v: LeafValue<'a>) -> Result<&'a [u8]> {
+    match v {
+        LeafValue::Inline(b) => Ok(b),
+        LeafValue::Overflow { start, len } => {
+            let run = src.page(start)?;
+            let stored = hdr::extra(run);
+            if hdr::kind(run) != page::KIND_OVERFLOW || stored != len || page::OVERFLOW_HEADER as u64 + len > run.len() as u64 {
+                return Err(Error::corrupted(
+                    src.data_path(),
+                    format!("page {start}"),
+                    format!("overflow run does not hold a value of {len} bytes (kind {}, length {stored})", hdr::kind(run)),
+                ));
+            }
+            Ok(&run[page::OVERFLOW_HEADER..page::OVERFLOW_HEADER + len as usize])
+        }
+    }
+}
+
+/// Point lookup.
+pub fn get<'a, S: PageSource + ?Sized>(src: &'a S, root: PageNo, key: &[u8]) -> Result<Option<&'a [u8]>> {
+    if root == 0 {
+        return Ok(None);
+    }
+    let mut no = root;
+    for _ in 0..MAX_DEPTH {
+        let p = node(src, no)?;
+        if hdr::kind(p) == KIND_LEAF {
+            return match page::search(p, key) {
+                Ok(i) => value_bytes(src, page::leaf_value(p, i)).map(Some),
+                Err(_) => Ok(None),
+            };
+        }
+        no = page::branch_child_at(p, page::branch_route(p, key));
+    }
+    Err(Error::corrupted(src.data_path(), format!("page {root}"), "tree deeper than the depth limit (cycle?)"))
+}

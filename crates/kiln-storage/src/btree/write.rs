@@ -1,0 +1,344 @@
+//! Tree mutations, copy-on-write: every page on the path to a change is copied to a
+//! fresh page number inside the write transaction, so readers of older snapshots
+//! keep seeing the old pages untouched.
+
+use super::{node, PageSource, MAX_DEPTH};
+use crate::page::{self, hdr, LeafValue, PageNo, PageRun, KIND_BRANCH, KIND_LEAF, NODE_CAPACITY, PAGE_SIZE};
+use crate::txn::WriteTxn;
+use crate::Result;
+
+/// A node below this many used bytes is merged with a sibling when they fit together.
+const UNDERFLOW_BYTES: usize = NODE_CAPACITY / 4;
+
+struct Split {
+    separator: Vec<u8>,
+    right: PageNo,
+}
+
+fn cell_key_of(kind: u8, cell: &[u8]) -> &[u8] {
+    let len = page::read_u16(cell, 0) as usize;
+    let start = if kind == KIND_BRANCH {
+        page::BRANCH_CELL_FIXED
+    } else if cell[2] == page::VALUE_OVERFLOW {
+        page::LEAF_CELL_FIXED + page::OVERFLOW_REF_SIZE
+    } else {
+        page::LEAF_CELL_FIXED
+    };
+    &cell[start..start + len]
+}
+
+fn node_cells(p: &[u8]) -> Vec<Vec<u8>> {
+    (0..hdr::count(p)).map(|i| page::cell_bytes(p, i).to_vec()).collect()
+}
+
+/// Where to cut `cells` so both halves fit and are roughly equal in bytes.
+fn split_point(cells: &[Vec<u8>]) -> usize {
+    let total = page::cells_space(cells);
+    let mut acc = 0;
+    for (i, c) in cells.iter().enumerate() {
+        acc += c.len() + 2;
+        if acc >= total / 2 {
+            // Keep at least one cell on each side.
+            return (i + 1).clamp(1, cells.len() - 1);
+        }
+    }
+    cells.len() - 1
+}
+
+impl WriteTxn<'_> {
+    fn dirty_mut(&mut self, no: PageNo) -> &mut [u8] {
+        self.dirty.get_mut(&no).expect("page made writable before mutation").bytes_mut()
+    }
+
+    fn take_pages(&mut self, n: u64) -> PageNo {
+        if n == 1 {
+            if let Some(p) = self.local_free.pop() {
+                return p;
+            }
+        }
+        let (start, from_free) = self.alloc().take(n);
+        if from_free {
+            self.taken_from_free.extend(start..start + n);
+        }
+        start
+    }
+
+    fn new_node(&mut self, kind: u8) -> PageNo {
+        let no = self.take_pages(1);
+        let mut run = PageRun::zeroed(1);
+        page::init_node(run.bytes_mut(), kind, no);
+        self.dirty.insert(no, run);
+        no
+    }
+
+    /// Releases a page or run that this transaction no longer references.
+    fn free_pages(&mut self, start: PageNo, n: u64) {
+        if self.dirty.remove(&start).is_some() {
+            self.local_free.extend(start..start + n);
+        } else {
+            self.freed_committed.extend(start..start + n);
+        }
+    }
+
+    /// Returns a page number holding a private, mutable copy of `no`.
+    fn writable(&mut self, no: PageNo) -> Result<PageNo> {
+        if self.dirty.contains_key(&no) {
+            return Ok(no);
+        }
+        let copy = PageRun::from_bytes(node(&*self, no)?);
+        let new_no = self.take_pages(1);
+        self.dirty.insert(new_no, copy);
+        hdr::set_page_no(self.dirty_mut(new_no), new_no);
+        self.freed_committed.push(no);
+        Ok(new_no)
+    }
+
+    fn leaf_cell_for(&mut self, key: &[u8], value: &[u8]) -> Vec<u8> {
+        if page::LEAF_CELL_FIXED + key.len() + value.len() <= page::MAX_INLINE_CELL {
+            return page::encode_leaf_cell(key, value);
+        }
+        let n = page::overflow_run_pages(value.len());
+        let start = self.take_pages(n as u64);
+        let mut run = PageRun::zeroed(n);
+        page::init_overflow(run.bytes_mut(), value);
+        self.dirty.insert(start, run);
+        page::encode_overflow_cell(key, start, value.len())
+    }
+
+    /// Frees the overflow run a leaf cell points to, if any.
+    fn free_value(&mut self, leaf: PageNo, i: usize) -> Result<()> {
+        let p = node(&*self, leaf)?;
+        if let LeafValue::Overflow { start, .. } = page::leaf_value(p, i) {
+            let run = self.page(start)?;
+            if hdr::kind(run) != page::KIND_OVERFLOW {
+                return Err(super::corrupt(&*self, start, "leaf points to a page that is not an overflow run"));
+            }
+            let n = hdr::run_pages(run) as u64;
+            self.free_pages(start, n);
+        }
+        Ok(())
+    }
+
+    /// Inserts or replaces; returns the new root and whether the key existed.
+    pub(crate) fn tree_put(&mut self, root: PageNo, key: &[u8], value: &[u8]) -> Result<(PageNo, bool)> {
+        let cell = self.leaf_cell_for(key, value);
+        if root == 0 {
+            let leaf = self.new_node(KIND_LEAF);
+            let inserted = page::insert_cell(self.dirty_mut(leaf), 0, &cell);
+            assert!(inserted, "a cell always fits in an empty leaf");
+            return Ok((leaf, false));
+        }
+        let (new_root, split, existed) = self.insert_rec(root, key, &cell, 0)?;
+        let Some(split) = split else { return Ok((new_root, existed)) };
+        let top = self.new_node(KIND_BRANCH);
+        let p = self.dirty_mut(top);
+        hdr::set_extra(p, new_root);
+        let inserted = page::insert_cell(p, 0, &page::encode_branch_cell(&split.separator, split.right));
+        assert!(inserted, "a separator always fits in an empty branch");
+        Ok((top, existed))
+    }
+
+    fn insert_rec(&mut self, no: PageNo, key: &[u8], cell: &[u8], depth: usize) -> Result<(PageNo, Option<Split>, bool)> {
+        if depth >= MAX_DEPTH {
+            return Err(super::corrupt(&*self, no, "tree deeper than the depth limit"));
+        }
+        let no = self.writable(no)?;
+        if hdr::kind(self.dirty_mut(no)) == KIND_LEAF {
+            let (idx, existed) = match page::search(self.dirty_mut(no), key) {
+                Ok(i) => {
+                    self.free_value(no, i)?;
+                    page::remove_cell(self.dirty_mut(no), i);
+                    (i, true)
+                }
+                Err(i) => (i, false),
+            };
+            let split = self.insert_or_split(no, idx, cell)?;
+            return Ok((no, split, existed));
+        }
+        let p = self.dirty_mut(no);
+        let route = page::branch_route(p, key);
+        let child = page::branch_child_at(p, route);
+        let (new_child, child_split, existed) = self.insert_rec(child, key, cell, depth + 1)?;
+        let p = self.dirty_mut(no);
+        set_route_child(p, route, new_child);
+        let Some(s) = child_split else { return Ok((no, None, existed)) };
+        let at = if route == usize::MAX { 0 } else { route + 1 };
+        let split = self.insert_or_split(no, at, &page::encode_branch_cell(&s.separator, s.right))?;
+        Ok((no, split, existed))
+    }
+
+    /// Inserts a cell at slot `idx`, splitting the node if it does not fit.
+    fn insert_or_split(&mut self, no: PageNo, idx: usize, cell: &[u8]) -> Result<Option<Split>> {
+        if page::insert_cell(self.dirty_mut(no), idx, cell) {
+            return Ok(None);
+        }
+        let p = self.dirty_mut(no);
+        let kind = hdr::kind(p);
+        let mut cells = node_cells(p);
+        cells.insert(idx, cell.to_vec());
+        let right = self.new_node(kind);
+        let m = split_point(&cells);
+        let (separator, right_cells, right_leftmost) = if kind == KIND_LEAF {
+            (cell_key_of(kind, &cells[m]).to_vec(), cells.split_off(m), None)
+        } else {
+            // The middle separator moves up; its child becomes the right node's leftmost.
+            let mut rest = cells.split_off(m);
+            let middle = rest.remove(0);
+            let child = page::read_u64(&middle, 2);
+            (cell_key_of(kind, &middle).to_vec(), rest, Some(child))
+        };
+        page::rebuild(self.dirty_mut(no), &cells);
+        let rp = self.dirty_mut(right);
+        page::rebuild(rp, &right_cells);
+        if let Some(c) = right_leftmost {
+            hdr::set_extra(rp, c);
+        }
+        Ok(Some(Split { separator, right }))
+    }
+
+    /// Deletes a key known to exist; returns the new root (0 when the tree empties).
+    pub(crate) fn tree_delete(&mut self, root: PageNo, key: &[u8]) -> Result<PageNo> {
+        let (mut root, _) = self.delete_rec(root, key, 0)?;
+        loop {
+            let p = self.dirty_mut(root);
+            match (hdr::kind(p), hdr::count(p)) {
+                (KIND_BRANCH, 0) => {
+                    let only = hdr::extra(p);
+                    self.free_pages(root, 1);
+                    root = only;
+                }
+                (KIND_LEAF, 0) => {
+                    self.free_pages(root, 1);
+                    return Ok(0);
+                }
+                _ => return Ok(root),
+            }
+            if !self.dirty.contains_key(&root) {
+                return Ok(root);
+            }
+        }
+    }
+
+    /// Returns (new page number, whether the node is now under-full).
+    fn delete_rec(&mut self, no: PageNo, key: &[u8], depth: usize) -> Result<(PageNo, bool)> {
+        if depth >= MAX_DEPTH {
+            return Err(super::corrupt(&*self, no, "tree deeper than the depth limit"));
+        }
+        let no = self.writable(no)?;
+        if hdr::kind(self.dirty_mut(no)) == KIND_LEAF {
+            let Ok(i) = page::search(self.dirty_mut(no), key) else {
+                return Err(super::corrupt(&*self, no, "key vanished between lookup and delete"));
+            };
+            self.free_value(no, i)?;
+            let p = self.dirty_mut(no);
+            page::remove_cell(p, i);
+            return Ok((no, page::used_space(p) < UNDERFLOW_BYTES));
+        }
+        let p = self.dirty_mut(no);
+        let route = page::branch_route(p, key);
+        let child = page::branch_child_at(p, route);
+        let (new_child, under) = self.delete_rec(child, key, depth + 1)?;
+        set_route_child(self.dirty_mut(no), route, new_child);
+        if under && page::branch_fanout(self.dirty_mut(no)) > 1 {
+            let n = if route == usize::MAX { 0 } else { route + 1 };
+            self.merge_children(no, if n > 0 { n - 1 } else { 0 })?;
+        }
+        let p = self.dirty_mut(no);
+        Ok((no, page::used_space(p) < UNDERFLOW_BYTES))
+    }
+
+    /// Merges child `a` and child `a + 1` of branch `parent` if they fit in one page.
+    fn merge_children(&mut self, parent: PageNo, a: usize) -> Result<()> {
+        let pp = self.dirty_mut(parent);
+        let left_no = page::branch_nth_child(pp, a);
+        let right_no = page::branch_nth_child(pp, a + 1);
+        let separator = page::cell_key(pp, a).to_vec();
+        let left = node(&*self, left_no)?;
+        let right = node(&*self, right_no)?;
+        let kind = hdr::kind(left);
+        if kind != hdr::kind(right) {
+            return Err(super::corrupt(&*self, parent, "siblings of different kinds (tree levels disagree)"));
+        }
+        let mut cells = node_cells(left);
+        if kind == KIND_BRANCH {
+            cells.push(page::encode_branch_cell(&separator, hdr::extra(right)));
+        }
+        cells.extend(node_cells(right));
+        if page::cells_space(&cells) > NODE_CAPACITY {
+            return Ok(());
+        }
+        let left_no = self.writable(left_no)?;
+        page::rebuild(self.dirty_mut(left_no), &cells);
+        self.free_pages(right_no, 1);
+        let pp = self.dirty_mut(parent);
+        page::remove_cell(pp, a);
+        if a == 0 {
+            hdr::set_extra(pp, left_no);
+        } else {
+            page::set_branch_child(pp, a - 1, left_no);
+        }
+        Ok(())
+    }
+
+    /// Frees every page of a tree (used by drop_tree).
+    pub(crate) fn free_tree(&mut self, root: PageNo) -> Result<()> {
+        if root == 0 {
+            return Ok(());
+        }
+        let mut stack = vec![(root, 0usize)];
+        while let Some((no, depth)) = stack.pop() {
+            if depth >= MAX_DEPTH {
+                return Err(super::corrupt(&*self, no, "tree deeper than the depth limit"));
+            }
+            let p = node(&*self, no)?;
+            if hdr::kind(p) == KIND_BRANCH {
+                let children: Vec<PageNo> = (0..page::branch_fanout(p)).map(|i| page::branch_nth_child(p, i)).collect();
+                stack.extend(children.into_iter().map(|c| (c, depth + 1)));
+            } else {
+                for i in 0..hdr::count(p) {
+                    self.free_value(no, i)?;
+                }
+            }
+            self.free_pages(no, 1);
+        }
+        Ok(())
+    }
+
+    /// Writes modified tree roots into the catalog and removes dropped trees.
+    pub(crate) fn update_catalog(&mut self) -> Result<()> {
+        let mut names: Vec<String> = self.trees.iter().filter(|(_, t)| t.modified).map(|(n, _)| n.clone()).collect();
+        names.sort();
+        for name in names {
+            let info = self.trees[&name].info;
+            let (root, _) = self.tree_put(self.catalog_root, name.as_bytes(), &info.encode())?;
+            self.catalog_root = root;
+        }
+        for name in std::mem::take(&mut self.dropped) {
+            if super::get(&*self, self.catalog_root, name.as_bytes())?.is_some() {
+                self.catalog_root = self.tree_delete(self.catalog_root, name.as_bytes())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Seals every dirty page (txn id, page number, checksum) for the journal.
+    pub(crate) fn seal_dirty(&mut self) -> Vec<(PageNo, PageRun)> {
+        let txn_id = self.txn_id;
+        let mut pages: Vec<(PageNo, PageRun)> = self.dirty.drain().collect();
+        pages.sort_unstable_by_key(|(no, _)| *no);
+        for (no, run) in &mut pages {
+            let b = run.bytes_mut();
+            debug_assert!(b.len() >= PAGE_SIZE);
+            page::seal(b, *no, txn_id);
+        }
+        pages
+    }
+}
+
+fn set_route_child(p: &mut [u8], route: usize, child: PageNo) {
+    if route == usize::MAX {
+        hdr::set_extra(p, child);
+    } else {
+        page::set_branch_child(p, route, child);
+    }
+}

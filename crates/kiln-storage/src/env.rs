@@ -1,0 +1,490 @@
+//! The environment: a data file, a journal, one writer and many readers.
+
+use crate::alloc::Allocator;
+use crate::flusher::{self, Applied, FlushMsg, Flusher};
+use crate::header::{self, FileHeader};
+use crate::io::{OpenMode, OsVfs, Vfs};
+use crate::journal::record::RecordInput;
+use crate::journal::recovery::{self, JournalTail};
+use crate::journal::writer::{JournalFiles, JournalPos, JournalWriter};
+use crate::page::{self, PageNo, PageRun, PAGE_SIZE};
+use crate::stats::{EngineCounters, Stats};
+use crate::store::PageStore;
+use crate::txn::{ReadTxn, Snapshot, WriteTxn};
+use crate::{Error, Result};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::{Relaxed, SeqCst}};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub const DATA_FILE: &str = "data.kiln";
+pub const LOCK_FILE: &str = "kiln.lock";
+
+/// How an environment is opened. `Default` is fully durable.
+#[derive(Clone)]
+pub struct Options {
+    /// Where journal files go; default `<dir>/journal`. May be on another volume.
+    pub journal_dir: Option<PathBuf>,
+    /// Size of each preallocated journal file.
+    pub journal_file_size_bytes: u64,
+    /// The data file grows in steps of at least this many bytes.
+    pub data_grow_step_bytes: u64,
+    /// The flusher syncs the data file at least this often while there is work...
+    pub sync_interval_ms: u64,
+    /// ...and whenever this many bytes were written back since the last sync.
+    pub sync_after_bytes: u64,
+    /// Commits wait when pages not yet written back exceed this (back-pressure).
+    pub max_unflushed_bytes: u64,
+    /// Write the journal with O_DIRECT|O_DSYNC (falls back by itself where refused).
+    pub journal_direct_io: bool,
+    /// Open even if the journal shows that transactions were lost in the middle,
+    /// keeping only those before the hole. Off by default: that situation means
+    /// acknowledged commits are gone, and an operator should decide.
+    pub open_despite_journal_gap: bool,
+    /// The file system seam (tests substitute a fault-injecting one).
+    pub vfs: Arc<dyn Vfs>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            journal_dir: None,
+            journal_file_size_bytes: 64 << 20,
+            data_grow_step_bytes: 64 << 20,
+            sync_interval_ms: 1000,
+            sync_after_bytes: 64 << 20,
+            max_unflushed_bytes: 512 << 20,
+            journal_direct_io: true,
+            open_despite_journal_gap: false,
+            vfs: Arc::new(OsVfs),
+        }
+    }
+}
+
+impl Options {
+    fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(Error::InvalidOption(m.to_string()));
+        if self.journal_file_size_bytes < 1 << 20 || self.journal_file_size_bytes % 4096 != 0 {
+            return bad("journal_file_size_bytes must be a multiple of 4096 and at least 1 MiB");
+        }
+        if self.data_grow_step_bytes < PAGE_SIZE as u64 || self.data_grow_step_bytes % PAGE_SIZE as u64 != 0 {
+            return bad("data_grow_step_bytes must be a positive multiple of the page size");
+        }
+        if self.max_unflushed_bytes < 1 << 20 {
+            return bad("max_unflushed_bytes must be at least 1 MiB");
+        }
+        Ok(())
+    }
+}
+
+pub(crate) struct WriterState {
+    pub journal: JournalWriter,
+    pub alloc: Allocator,
+}
+
+struct SnapState {
+    current: Snapshot,
+    /// Open readers by snapshot txn id (a multiset).
+    readers: BTreeMap<u64, usize>,
+}
+
+pub(crate) struct Shared {
+    pub dir: PathBuf,
+    pub opts: Options,
+    pub vfs: Arc<dyn Vfs>,
+    pub store: PageStore,
+    pub counters: Arc<EngineCounters>,
+    pub journal_files: Arc<JournalFiles>,
+    pub synced_txn_id: AtomicU64,
+    snap: Mutex<SnapState>,
+    writer: Mutex<WriterState>,
+    poisoned: Mutex<Option<String>>,
+    flusher_tx: Mutex<Option<mpsc::Sender<FlushMsg>>>,
+    unflushed_bytes: AtomicU64,
+    flushed_signal: (Mutex<()>, Condvar),
+}
+
+impl Shared {
+    pub fn poison(&self, why: String) {
+        self.poisoned.lock().get_or_insert(why);
+    }
+    pub fn poison_reason(&self) -> Option<String> {
+        self.poisoned.lock().clone()
+    }
+    pub fn end_read(&self, txn_id: u64) {
+        let mut s = self.snap.lock();
+        if let Some(n) = s.readers.get_mut(&txn_id) {
+            *n -= 1;
+            if *n == 0 {
+                s.readers.remove(&txn_id);
+            }
+        }
+    }
+    pub fn note_written_back(&self, bytes: u64) {
+        self.unflushed_bytes.fetch_sub(bytes, SeqCst);
+        let _g = self.flushed_signal.0.lock();
+        self.flushed_signal.1.notify_all();
+    }
+
+    /// Oldest snapshot any reader still uses (or the current one).
+    fn oldest_reader(&self) -> u64 {
+        let s = self.snap.lock();
+        s.readers.keys().next().copied().unwrap_or(s.current.txn_id)
+    }
+
+    fn send_to_flusher(&self, msg: FlushMsg) -> Result<()> {
+        match self.flusher_tx.lock().as_ref() {
+            Some(tx) => tx.send(msg).map_err(|_| Error::Poisoned("the flusher thread has stopped".into())),
+            None => Err(Error::Poisoned("the environment is closed".into())),
+        }
+    }
+
+    fn wait_for_flusher_room(&self) -> Result<()> {
+        while self.unflushed_bytes.load(SeqCst) > self.opts.max_unflushed_bytes {
+            if let Some(why) = self.poison_reason() {
+                return Err(Error::Poisoned(why));
+            }
+            let mut g = self.flushed_signal.0.lock();
+            self.flushed_signal.1.wait_for(&mut g, Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// The commit path: catalog update, one durable journal write, publish.
+    pub(crate) fn commit(&self, txn: &mut WriteTxn) -> Result<u64> {
+        if !txn.has_changes() {
+            let id = txn.base.txn_id;
+            txn.rollback();
+            return Ok(id);
+        }
+        if let Some(why) = self.poison_reason() {
+            return Err(Error::Poisoned(why));
+        }
+        self.wait_for_flusher_room()?;
+        txn.mutate(|t| t.update_catalog())?;
+        let sealed = txn.seal_dirty();
+        let pages: Vec<(PageNo, Arc<PageRun>)> = sealed.into_iter().map(|(n, r)| (n, Arc::new(r))).collect();
+        let mut freed = txn.freed_committed.clone();
+        freed.extend_from_slice(&txn.local_free);
+        let mut w = txn.writer.take().expect("writer guard held until commit");
+        let input = RecordInput {
+            txn_id: txn.txn_id,
+            nonce: 0,
+            prev_checksum: 0,
+            catalog_root: txn.catalog_root,
+            page_count: w.alloc.page_count,
+            freed: &freed,
+            pages: &pages,
+        };
+        let end = match w.journal.append(input) {
+            Ok(end) => end,
+            Err(e) => {
+                // What reached the disk is unknown: latch, so that only a reopen (which
+                // reads the journal back) decides what was committed.
+                self.poison(format!("journal write failed: {e}"));
+                txn.writer = Some(w);
+                txn.rollback();
+                return Err(e);
+            }
+        };
+        self.store.publish(&pages);
+        let bytes: u64 = pages.iter().map(|(_, r)| r.bytes().len() as u64).sum();
+        self.unflushed_bytes.fetch_add(bytes, SeqCst);
+        w.alloc.pending.push_back((txn.txn_id, std::mem::take(&mut txn.freed_committed)));
+        w.alloc.free.extend(txn.local_free.drain(..));
+        let snap = Snapshot { txn_id: txn.txn_id, catalog_root: txn.catalog_root, page_count: w.alloc.page_count };
+        self.snap.lock().current = snap;
+        self.counters.commits.fetch_add(1, Relaxed);
+        let applied = Applied { txn_id: txn.txn_id, catalog_root: txn.catalog_root, page_count: snap.page_count, pages, freed, end };
+        drop(w);
+        self.send_to_flusher(FlushMsg::Apply(Box::new(applied)))?;
+        Ok(txn.txn_id)
+    }
+}
+
+/// An open storage environment. Share it between threads by reference (or `Arc`).
+pub struct Env {
+    shared: Arc<Shared>,
+    flusher: Option<JoinHandle<()>>,
+    _lock: Box<dyn Send + Sync>,
+}
+
+/// What happened while opening: useful to tests and operators.
+#[derive(Debug, Clone)]
+pub struct RecoveryReport {
+    pub synced_txn_id: u64,
+    pub records_replayed: u64,
+    pub last_txn_id: u64,
+    pub tail: JournalTail,
+    pub gap_records_discarded: u64,
+}
+
+impl Env {
+    pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<Env> {
+        Self::open_with_report(dir, opts).map(|(e, _)| e)
+    }
+
+    pub fn open_with_report(dir: impl AsRef<Path>, opts: Options) -> Result<(Env, RecoveryReport)> {
+        opts.validate()?;
+        let dir = dir.as_ref().to_path_buf();
+        let vfs = opts.vfs.clone();
+        let journal_dir = opts.journal_dir.clone().unwrap_or_else(|| dir.join("journal"));
+        vfs.create_dir_all(&dir).map_err(|e| Error::io(&dir, None, "create data directory", e))?;
+        vfs.create_dir_all(&journal_dir).map_err(|e| Error::io(&journal_dir, None, "create journal directory", e))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = vfs.lock_exclusive(&lock_path).map_err(|e| match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => Error::Locked { path: dir.clone() },
+            _ => Error::io(&lock_path, None, "lock environment", e),
+        })?;
+        let data_path = dir.join(DATA_FILE);
+        let header = load_or_create_header(vfs.as_ref(), &dir, &data_path, &opts)?;
+        let data_file = vfs
+            .open(&data_path, OpenMode { write: true, ..Default::default() })
+            .map_err(|e| Error::io(&data_path, None, "open data file", e))?;
+        let store = PageStore::open(&data_path, data_file, opts.data_grow_step_bytes)?;
+        let free: BTreeSet<PageNo> = header::read_freelist(vfs.as_ref(), &dir, &header)?.into_iter().collect();
+        let counters = Arc::new(EngineCounters::default());
+
+        // Replay the journal into the data file.
+        let mut state = (header.catalog_root, header.page_count, free);
+        let start = JournalPos { file_seq: header.journal_file_seq, offset: header.journal_offset, chain_checksum: header.journal_chain_checksum };
+        let outcome = recovery::replay(vfs.as_ref(), &journal_dir, start, header.synced_txn_id, opts.open_despite_journal_gap, |rec| {
+            for (no, run) in &rec.images {
+                page::verify(run.bytes(), *no, &data_path).map_err(|e| Error::corrupted(&journal_dir, format!("record of txn {}", rec.header.txn_id), format!("page image fails verification: {e}")))?;
+                store.write_raw(*no, run.bytes())?;
+                for p in *no..*no + run.page_count() as u64 {
+                    state.2.remove(&p);
+                }
+            }
+            state.2.extend(rec.freed.iter().copied());
+            state.0 = rec.header.catalog_root;
+            state.1 = rec.header.page_count;
+            Ok(())
+        })?;
+        let (catalog_root, page_count, free) = state;
+        counters.records_replayed_on_open.store(outcome.records_replayed, Relaxed);
+        if let JournalTail::Dropped { path, offset, what } = &outcome.tail {
+            tracing::warn!(path = %path.display(), offset, what, "journal: discarded an incomplete record at the tail (crash during a commit)");
+        }
+        let journal_files = Arc::new(JournalFiles::open(vfs.clone(), &journal_dir, opts.journal_file_size_bytes, counters.clone(), outcome.end.file_seq)?);
+
+        let shared_header = FileHeader {
+            sequence: header.sequence,
+            synced_txn_id: outcome.last_txn_id,
+            catalog_root,
+            page_count,
+            journal_file_seq: outcome.end.file_seq,
+            journal_offset: outcome.end.offset,
+            journal_chain_checksum: outcome.end.chain_checksum,
+            freelist_checksum: 0,
+            freelist_len: 0,
+        };
+        let journal = JournalWriter::open(vfs.clone(), journal_files.clone(), counters.clone(), outcome.end, opts.journal_direct_io)?;
+        let snap = Snapshot { txn_id: outcome.last_txn_id, catalog_root, page_count };
+        let shared = Arc::new(Shared {
+            dir: dir.clone(),
+            opts: opts.clone(),
+            vfs: vfs.clone(),
+            store,
+            counters,
+            journal_files,
+            synced_txn_id: AtomicU64::new(outcome.last_txn_id),
+            snap: Mutex::new(SnapState { current: snap, readers: BTreeMap::new() }),
+            writer: Mutex::new(WriterState { journal, alloc: Allocator::new(page_count, free.iter().copied()) }),
+            poisoned: Mutex::new(None),
+            flusher_tx: Mutex::new(None),
+            unflushed_bytes: AtomicU64::new(0),
+            flushed_signal: (Mutex::new(()), Condvar::new()),
+        });
+        // Make the replayed state the synced point, so the journal before it is free.
+        let header = if outcome.records_replayed > 0 || outcome.tail != JournalTail::Clean {
+            shared.store.sync()?;
+            let freelist = header::encode_freelist(free.iter().copied());
+            let h = FileHeader { sequence: header.sequence + 1, freelist_checksum: crc32c::crc32c(&freelist), freelist_len: freelist.len() as u64, ..shared_header };
+            flusher::write_header(&shared, &h, &freelist)?;
+            h
+        } else {
+            FileHeader { freelist_checksum: header.freelist_checksum, freelist_len: header.freelist_len, ..shared_header }
+        };
+        shared.journal_files.release_below(header.journal_file_seq);
+        let report = RecoveryReport {
+            synced_txn_id: start_synced(&outcome, header.synced_txn_id),
+            records_replayed: outcome.records_replayed,
+            last_txn_id: outcome.last_txn_id,
+            tail: outcome.tail.clone(),
+            gap_records_discarded: outcome.gap_records_discarded,
+        };
+        let (tx, rx) = mpsc::channel();
+        *shared.flusher_tx.lock() = Some(tx);
+        let fl = Flusher::new(shared.clone(), header, free);
+        let handle = std::thread::Builder::new()
+            .name("kiln-flusher".into())
+            .spawn(move || fl.run(rx))
+            .map_err(|e| Error::io(&dir, None, "spawn flusher thread", e))?;
+        Ok((Env { shared, flusher: Some(handle), _lock: lock }, report))
+    }
+
+    /// Starts a read-only snapshot of the last commit.
+    pub fn begin_read(&self) -> Result<ReadTxn<'_>> {
+        let mut s = self.shared.snap.lock();
+        let snap = s.current;
+        *s.readers.entry(snap.txn_id).or_insert(0) += 1;
+        drop(s);
+        Ok(ReadTxn::new(&self.shared, snap))
+    }
+
+    /// Starts the write transaction, waiting while another one is open.
+    pub fn begin_write(&self) -> Result<WriteTxn<'_>> {
+        if let Some(why) = self.shared.poison_reason() {
+            return Err(Error::Poisoned(why));
+        }
+        let mut w = self.shared.writer.lock();
+        let horizon = self.shared.oldest_reader().min(self.shared.synced_txn_id.load(SeqCst));
+        w.alloc.release(horizon);
+        let base = self.shared.snap.lock().current;
+        Ok(WriteTxn {
+            env: &self.shared,
+            writer: Some(w),
+            txn_id: base.txn_id + 1,
+            base,
+            pins: Default::default(),
+            dirty: HashMap::new(),
+            freed_committed: Vec::new(),
+            local_free: Vec::new(),
+            taken_from_free: Vec::new(),
+            catalog_root: base.catalog_root,
+            trees: HashMap::new(),
+            dropped: Vec::new(),
+            broken: None,
+        })
+    }
+
+    /// Forces the flusher to write back and sync everything committed so far.
+    /// Returns the synced transaction id.
+    pub fn sync(&self) -> Result<u64> {
+        let (tx, rx) = mpsc::channel();
+        self.shared.send_to_flusher(FlushMsg::Checkpoint(tx))?;
+        rx.recv().map_err(|_| Error::Poisoned("the flusher thread has stopped".into()))?
+    }
+
+    pub fn stats(&self) -> Stats {
+        let c = &self.shared.counters;
+        let (free, pending, page_count, direct) = {
+            let w = self.shared.writer.lock();
+            (w.alloc.free.len() as u64, w.alloc.pending_len(), w.alloc.page_count, w.journal.direct_io())
+        };
+        let (last, readers) = {
+            let s = self.shared.snap.lock();
+            (s.current.txn_id, s.readers.values().sum::<usize>() as u64)
+        };
+        Stats {
+            last_txn_id: last,
+            synced_txn_id: self.shared.synced_txn_id.load(SeqCst),
+            commits: c.commits.load(Relaxed),
+            aborts: c.aborts.load(Relaxed),
+            journal_writes: c.journal_writes.load(Relaxed),
+            journal_bytes: c.journal_bytes.load(Relaxed),
+            journal_write_latency: c.journal_write_latency.summary(),
+            journal_files: self.shared.journal_files.count(),
+            journal_files_created: c.journal_files_created.load(Relaxed),
+            journal_files_recycled: c.journal_files_recycled.load(Relaxed),
+            journal_direct_io_fallback: !direct || c.journal_direct_io_fallback.load(Relaxed),
+            data_syncs: c.data_syncs.load(Relaxed),
+            data_sync_latency: c.data_sync_latency.summary(),
+            pages_written_back: c.pages_written_back.load(Relaxed),
+            checkpoints: c.checkpoints.load(Relaxed),
+            records_replayed_on_open: c.records_replayed_on_open.load(Relaxed),
+            pages_total: page_count,
+            pages_free: free,
+            pages_pending_free: pending,
+            pages_in_use: page_count.saturating_sub(free + pending + page::FIRST_DATA_PAGE),
+            pages_unflushed: self.shared.store.unflushed_len() as u64,
+            readers_open: readers,
+            data_file_bytes: self.shared.store.file_len().unwrap_or(0),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// Flushes, syncs and closes. Dropping the environment does the same but can
+    /// only log a failure.
+    pub fn close(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        let Some(handle) = self.flusher.take() else { return Ok(()) };
+        let (tx, rx) = mpsc::channel();
+        let sent = self.shared.send_to_flusher(FlushMsg::Shutdown(tx));
+        let result = match sent {
+            Ok(()) => rx.recv().map_err(|_| Error::Poisoned("the flusher thread has stopped".into())).and_then(|r| r.map(|_| ())),
+            Err(e) => Err(e),
+        };
+        *self.shared.flusher_tx.lock() = None;
+        let _ = handle.join();
+        result
+    }
+
+    #[doc(hidden)]
+    /// Test-only canary: makes journal writes non-durable. A crash suite that still
+    /// passes with this set proves nothing.
+    pub fn unsafe_disable_journal_durability_for_tests(&self) {
+        self.shared.writer.lock().journal.unsafe_skip_durability = true;
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+}
+
+fn start_synced(outcome: &recovery::ScanOutcome, synced_now: u64) -> u64 {
+    outcome.last_txn_id.saturating_sub(outcome.records_replayed).min(synced_now)
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::error!(error = %e, "closing the environment failed; the journal will be replayed on the next open");
+        }
+    }
+}
+
+/// Reads the newer valid header copy, or initializes a new data file.
+fn load_or_create_header(vfs: &dyn Vfs, dir: &Path, data_path: &Path, opts: &Options) -> Result<FileHeader> {
+    let exists = vfs.exists(data_path);
+    let mode = OpenMode { create: true, write: true, ..Default::default() };
+    let file = vfs.open(data_path, mode).map_err(|e| Error::io(data_path, None, "open data file", e))?;
+    let len = file.len().map_err(|e| Error::io(data_path, None, "stat data file", e))?;
+    if !exists || len == 0 {
+        let h = FileHeader { page_count: page::FIRST_DATA_PAGE, journal_file_seq: 1, ..Default::default() };
+        file.allocate(0, opts.data_grow_step_bytes.max(2 * PAGE_SIZE as u64)).map_err(|e| Error::io(data_path, Some(0), "preallocate data file", e))?;
+        for slot in 0..2 {
+            header::write_freelist(vfs, dir, slot, &[])?;
+        }
+        file.write_all_at(&h.encode(), 0).map_err(|e| Error::io(data_path, Some(0), "write file header", e))?;
+        file.sync_all().map_err(|e| Error::io(data_path, None, "fsync data file", e))?;
+        vfs.sync_dir(dir).map_err(|e| Error::io(dir, None, "fsync data directory", e))?;
+        return Ok(h);
+    }
+    let mut copies = Vec::new();
+    let mut problems = Vec::new();
+    for slot in 0..2u64 {
+        let mut b = vec![0u8; PAGE_SIZE];
+        let off = slot * PAGE_SIZE as u64;
+        match file.read_exact_at(&mut b, off) {
+            Ok(()) => match FileHeader::decode(&b, data_path) {
+                Ok(h) if h.slot() == slot => copies.push(h),
+                Ok(h) => problems.push(format!("copy {slot}: sequence {} belongs in the other slot", h.sequence)),
+                Err(why) => problems.push(format!("copy {slot}: {why}")),
+            },
+            Err(e) => problems.push(format!("copy {slot}: unreadable: {e}")),
+        }
+    }
+    copies.into_iter().max_by_key(|h| h.sequence).ok_or_else(|| Error::corrupted(data_path, "pages 0-1 (file header)", format!("no valid header copy ({})", problems.join("; "))))
+}

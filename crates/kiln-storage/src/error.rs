@@ -1,0 +1,116 @@
+//! Typed errors of the storage engine.
+//!
+//! `Io` always carries the file and, where one applies, the offset, so that an
+//! operator reading a log knows which disk and which region misbehaved.
+//! `Corrupted` is distinct from `Io`: the disk answered, but what it returned
+//! failed a checksum or an invariant.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("I/O error on {path} at offset {offset:?} during {op}: {source}")]
+    Io {
+        path: PathBuf,
+        offset: Option<u64>,
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("corruption detected in {path} ({location}): {what}")]
+    Corrupted {
+        path: PathBuf,
+        location: String,
+        what: String,
+    },
+
+    #[error(
+        "journal gap: transactions {missing_from}..{missing_to} are missing or corrupt \
+         (last valid record: txn {last_valid_txn}; a valid record for txn {found_txn} \
+         follows in {path} at offset {offset}); acknowledged commits may have been lost. \
+         Refusing to open. Set `Options::open_despite_journal_gap` to open with the \
+         transactions up to {last_valid_txn} only"
+    )]
+    JournalGap {
+        last_valid_txn: u64,
+        missing_from: u64,
+        missing_to: u64,
+        found_txn: u64,
+        path: PathBuf,
+        offset: u64,
+    },
+
+    #[error("key of {len} bytes exceeds the limit of {max} bytes")]
+    KeyTooLarge { len: usize, max: usize },
+
+    #[error("empty keys are not allowed")]
+    EmptyKey,
+
+    #[error("value of {len} bytes exceeds the limit of {max} bytes")]
+    ValueTooLarge { len: usize, max: usize },
+
+    #[error("tree name of {len} bytes is invalid (1..={max} bytes allowed)")]
+    InvalidTreeName { len: usize, max: usize },
+
+    #[error("tree {0:?} does not exist")]
+    TreeNotFound(String),
+
+    #[error("tree {0:?} already exists")]
+    TreeExists(String),
+
+    #[error(
+        "the environment refuses further writes after an earlier failure ({0}); \
+         close and reopen it to recover from the journal"
+    )]
+    Poisoned(String),
+
+    #[error("environment at {path} is already open (lock held by another process or handle)")]
+    Locked { path: PathBuf },
+
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
+
+    #[error("data file {path} was created with {found}; this build expects {expected}")]
+    Incompatible {
+        path: PathBuf,
+        found: String,
+        expected: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(
+        path: impl Into<PathBuf>,
+        offset: Option<u64>,
+        op: &'static str,
+        source: std::io::Error,
+    ) -> Self {
+        Error::Io {
+            path: path.into(),
+            offset,
+            op,
+            source,
+        }
+    }
+
+    pub(crate) fn corrupted(
+        path: impl Into<PathBuf>,
+        location: impl Into<String>,
+        what: impl Into<String>,
+    ) -> Self {
+        Error::Corrupted {
+            path: path.into(),
+            location: location.into(),
+            what: what.into(),
+        }
+    }
+
+    /// True if this error says the bytes on disk are wrong (as opposed to the disk failing).
+    pub fn is_corruption(&self) -> bool {
+        matches!(self, Error::Corrupted { .. } | Error::JournalGap { .. })
+    }
+}

@@ -1,0 +1,173 @@
+//! The background flusher: applies journaled pages to the data file with buffered
+//! writes, syncs the data file by bytes and by time, then records the synced
+//! transaction in the double-buffered header and recycles journal files below it.
+//!
+//! Commits never wait for it, except when unflushed pages exceed the configured
+//! memory bound (back-pressure instead of unbounded growth).
+
+use crate::env::Shared;
+use crate::header::{self, FileHeader};
+use crate::journal::writer::JournalPos;
+use crate::page::{PageNo, PageRun, PAGE_SIZE};
+use crate::{Error, Result};
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A durable commit, handed over for write-back.
+pub(crate) struct Applied {
+    pub txn_id: u64,
+    pub catalog_root: PageNo,
+    pub page_count: u64,
+    pub pages: Vec<(PageNo, Arc<PageRun>)>,
+    pub freed: Vec<PageNo>,
+    pub end: JournalPos,
+}
+
+pub(crate) enum FlushMsg {
+    Apply(Box<Applied>),
+    /// Sync now and answer with the synced transaction id.
+    Checkpoint(Sender<Result<u64>>),
+    Shutdown(Sender<Result<u64>>),
+}
+
+pub(crate) struct Flusher {
+    shared: Arc<Shared>,
+    /// Free pages as of the last applied transaction (pending ones included: after a
+    /// crash no reader exists, so they are all free).
+    free: BTreeSet<PageNo>,
+    header: FileHeader,
+    applied: Option<Box<Applied>>,
+    bytes_since_sync: u64,
+    last_sync: Instant,
+}
+
+impl Flusher {
+    pub fn new(shared: Arc<Shared>, header: FileHeader, free: BTreeSet<PageNo>) -> Self {
+        Flusher { shared, free, header, applied: None, bytes_since_sync: 0, last_sync: Instant::now() }
+    }
+
+    pub fn run(mut self, rx: Receiver<FlushMsg>) {
+        let interval = Duration::from_millis(self.shared.opts.sync_interval_ms.max(1));
+        loop {
+            let wait = interval.saturating_sub(self.last_sync.elapsed()).max(Duration::from_millis(1));
+            match rx.recv_timeout(wait) {
+                Ok(FlushMsg::Apply(a)) => {
+                    let r = self.apply(a);
+                    self.record_failure(r);
+                    if self.bytes_since_sync >= self.shared.opts.sync_after_bytes {
+                        let r = self.checkpoint();
+                        self.record_failure(r);
+                    }
+                }
+                Ok(FlushMsg::Checkpoint(reply)) => {
+                    let _ = reply.send(self.checkpoint_or_failure());
+                }
+                Ok(FlushMsg::Shutdown(reply)) => {
+                    let _ = reply.send(self.checkpoint_or_failure());
+                    return;
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    let r = self.checkpoint();
+                    self.record_failure(r);
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    fn checkpoint_or_failure(&mut self) -> Result<u64> {
+        if let Some(why) = self.shared.poison_reason() {
+            return Err(Error::Poisoned(why));
+        }
+        self.checkpoint().map(|_| self.header.synced_txn_id)
+    }
+
+    /// After a failed write or fsync the data file's state is unknown (the kernel may
+    /// have dropped the dirty pages): stop, and make the environment refuse writes.
+    /// The journal still holds everything; reopening replays it.
+    fn record_failure(&mut self, r: Result<()>) {
+        if let Err(e) = r {
+            tracing::error!(error = %e, "flusher failed; the environment now refuses writes until reopened");
+            self.shared.poison(format!("background flush failed: {e}"));
+        }
+    }
+
+    fn apply(&mut self, a: Box<Applied>) -> Result<()> {
+        if self.shared.poison_reason().is_some() {
+            return Ok(());
+        }
+        let prev = self.applied.as_ref().map_or(self.header.synced_txn_id, |p| p.txn_id);
+        assert!(a.txn_id > prev, "flusher got txn {} after {prev}: transaction ids must increase", a.txn_id);
+        let mut bytes = 0;
+        for (no, run) in &a.pages {
+            self.shared.store.write_back(*no, run)?;
+            let n = run.page_count() as u64;
+            for p in *no..*no + n {
+                self.free.remove(&p);
+            }
+            bytes += n * PAGE_SIZE as u64;
+        }
+        self.free.extend(a.freed.iter().copied());
+        self.shared.counters.pages_written_back.fetch_add(bytes / PAGE_SIZE as u64, Relaxed);
+        self.shared.note_written_back(bytes);
+        self.bytes_since_sync += bytes;
+        // Keep only the metadata; the page buffers can go once written.
+        self.applied = Some(Box::new(Applied { pages: Vec::new(), freed: Vec::new(), ..*a }));
+        Ok(())
+    }
+
+    fn checkpoint(&mut self) -> Result<()> {
+        self.last_sync = Instant::now();
+        let Some(a) = self.applied.as_ref() else { return Ok(()) };
+        if a.txn_id <= self.header.synced_txn_id {
+            return Ok(());
+        }
+        let shared = self.shared.clone();
+        let start = Instant::now();
+        shared.store.sync()?;
+        shared.counters.data_sync_latency.record(start.elapsed());
+        shared.counters.data_syncs.fetch_add(1, Relaxed);
+        let freelist = header::encode_freelist(self.free.iter().copied());
+        let next = FileHeader {
+            sequence: self.header.sequence + 1,
+            synced_txn_id: a.txn_id,
+            catalog_root: a.catalog_root,
+            page_count: a.page_count,
+            journal_file_seq: a.end.file_seq,
+            journal_offset: a.end.offset,
+            journal_chain_checksum: a.end.chain_checksum,
+            freelist_checksum: crc32c::crc32c(&freelist),
+            freelist_len: freelist.len() as u64,
+        };
+        write_header(&shared, &next, &freelist)?;
+        self.header = next;
+        self.bytes_since_sync = 0;
+        shared.synced_txn_id.store(self.header.synced_txn_id, SeqCst);
+        shared.counters.checkpoints.fetch_add(1, Relaxed);
+        shared.journal_files.release_below(self.header.journal_file_seq);
+        if let Err(e) = shared.journal_files.prepare_next() {
+            // Not fatal: the writer creates the file itself when it needs it.
+            tracing::warn!(error = %e, "could not prepare the next journal file");
+        }
+        Ok(())
+    }
+}
+
+/// Writes the free-page snapshot and the header copy for `h`'s slot, durably.
+pub(crate) fn write_header(shared: &Shared, h: &FileHeader, freelist: &[u8]) -> Result<()> {
+    header::write_freelist(shared.vfs.as_ref(), &shared.dir, h.slot(), freelist)?;
+    let offset = h.slot() * PAGE_SIZE as u64;
+    shared
+        .store
+        .file
+        .write_all_at(&h.encode(), offset)
+        .map_err(|e| Error::io(&shared.store.path, Some(offset), "write file header", e))?;
+    let start = Instant::now();
+    shared.store.sync()?;
+    shared.counters.data_sync_latency.record(start.elapsed());
+    shared.counters.data_syncs.fetch_add(1, Relaxed);
+    Ok(())
+}

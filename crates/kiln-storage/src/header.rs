@@ -1,0 +1,185 @@
+//! The data file's header, double-buffered in pages 0 and 1, and the free-page
+//! snapshot that goes with each copy (files `freelist-0` and `freelist-1`).
+//!
+//! The flusher writes the copy that is *not* the newest, so a torn header write can
+//! only damage the older copy; on open the valid copy with the highest sequence wins.
+//!
+//! ```text
+//! offset size field
+//!  0     8    magic "KILNDAT1"
+//!  8     4    format version (1)
+//! 12     4    page size (8192)
+//! 16     8    header sequence (increases with every header write)
+//! 24     8    synced_txn_id: every transaction <= this is in the data file and synced
+//! 32     8    catalog root page of that transaction (0 = no trees)
+//! 40     8    page count (high-water mark) of that transaction
+//! 48     8    journal file sequence holding the record after synced_txn_id
+//! 56     8    byte offset of that record in its journal file
+//! 64     4    checksum of the record of synced_txn_id (the journal chain continues from it)
+//! 68     4    checksum of the free-page snapshot file of this copy
+//! 72     8    length in bytes of that snapshot
+//! 80     4    crc32c of bytes 0..80
+//! ```
+
+use crate::io::{OpenMode, Vfs};
+use crate::page::{read_u32, read_u64, write_u32, write_u64, PageNo, PAGE_SIZE};
+use crate::{Error, Result};
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 8] = b"KILNDAT1";
+pub const FORMAT_VERSION: u32 = 1;
+const HEADER_LEN: usize = 84;
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FileHeader {
+    pub sequence: u64,
+    pub synced_txn_id: u64,
+    pub catalog_root: PageNo,
+    pub page_count: u64,
+    pub journal_file_seq: u64,
+    pub journal_offset: u64,
+    pub journal_chain_checksum: u32,
+    pub freelist_checksum: u32,
+    pub freelist_len: u64,
+}
+
+impl FileHeader {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; PAGE_SIZE];
+        b[..8].copy_from_slice(MAGIC);
+        write_u32(&mut b, 8, FORMAT_VERSION);
+        write_u32(&mut b, 12, PAGE_SIZE as u32);
+        write_u64(&mut b, 16, self.sequence);
+        write_u64(&mut b, 24, self.synced_txn_id);
+        write_u64(&mut b, 32, self.catalog_root);
+        write_u64(&mut b, 40, self.page_count);
+        write_u64(&mut b, 48, self.journal_file_seq);
+        write_u64(&mut b, 56, self.journal_offset);
+        write_u32(&mut b, 64, self.journal_chain_checksum);
+        write_u32(&mut b, 68, self.freelist_checksum);
+        write_u64(&mut b, 72, self.freelist_len);
+        let sum = crc32c::crc32c(&b[..80]);
+        write_u32(&mut b, 80, sum);
+        b
+    }
+
+    /// Decodes one copy; `Err` carries why the copy is unusable.
+    pub fn decode(b: &[u8], path: &Path) -> Result<Self, String> {
+        if b.len() < HEADER_LEN {
+            return Err("header truncated".into());
+        }
+        if &b[..8] != MAGIC {
+            return Err("bad magic".into());
+        }
+        if crc32c::crc32c(&b[..80]) != read_u32(b, 80) {
+            return Err("checksum mismatch".into());
+        }
+        let version = read_u32(b, 8);
+        let page_size = read_u32(b, 12);
+        if version != FORMAT_VERSION || page_size as usize != PAGE_SIZE {
+            return Err(format!(
+                "{}: format version {version} page size {page_size}, expected {FORMAT_VERSION}/{PAGE_SIZE}",
+                path.display()
+            ));
+        }
+        Ok(FileHeader {
+            sequence: read_u64(b, 16),
+            synced_txn_id: read_u64(b, 24),
+            catalog_root: read_u64(b, 32),
+            page_count: read_u64(b, 40),
+            journal_file_seq: read_u64(b, 48),
+            journal_offset: read_u64(b, 56),
+            journal_chain_checksum: read_u32(b, 64),
+            freelist_checksum: read_u32(b, 68),
+            freelist_len: read_u64(b, 72),
+        })
+    }
+
+    /// Which of the two slots this header lives in.
+    pub fn slot(&self) -> u64 {
+        self.sequence % 2
+    }
+}
+
+pub fn freelist_path(dir: &Path, slot: u64) -> PathBuf {
+    dir.join(format!("freelist-{slot}"))
+}
+
+/// Free pages as sorted runs: (start u64, length u64) pairs.
+pub fn encode_freelist(pages: impl Iterator<Item = PageNo>) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut run: Option<(u64, u64)> = None;
+    for p in pages {
+        run = match run {
+            Some((s, l)) if s + l == p => Some((s, l + 1)),
+            Some((s, l)) => {
+                out.extend_from_slice(&s.to_le_bytes());
+                out.extend_from_slice(&l.to_le_bytes());
+                Some((p, 1))
+            }
+            None => Some((p, 1)),
+        };
+    }
+    if let Some((s, l)) = run {
+        out.extend_from_slice(&s.to_le_bytes());
+        out.extend_from_slice(&l.to_le_bytes());
+    }
+    out
+}
+
+pub fn decode_freelist(b: &[u8], page_count: u64, path: &Path) -> Result<Vec<PageNo>> {
+    if b.len() % 16 != 0 {
+        return Err(Error::corrupted(path, "whole file", "length is not a multiple of 16"));
+    }
+    let mut pages = Vec::new();
+    for (i, chunk) in b.chunks_exact(16).enumerate() {
+        let (start, len) = (read_u64(chunk, 0), read_u64(chunk, 8));
+        let end = start.checked_add(len).filter(|e| *e <= page_count);
+        if start < crate::page::FIRST_DATA_PAGE || end.is_none() {
+            return Err(Error::corrupted(
+                path,
+                format!("run {i}"),
+                format!("free run {start}+{len} outside pages 2..{page_count}"),
+            ));
+        }
+        pages.extend(start..start + len);
+    }
+    Ok(pages)
+}
+
+/// Writes the free-page snapshot for `slot` and makes it durable.
+pub fn write_freelist(vfs: &dyn Vfs, dir: &Path, slot: u64, bytes: &[u8]) -> Result<()> {
+    let path = freelist_path(dir, slot);
+    let mode = OpenMode { create: true, write: true, ..Default::default() };
+    let file = vfs.open(&path, mode).map_err(|e| Error::io(&path, None, "open", e))?;
+    file.write_all_at(bytes, 0)
+        .map_err(|e| Error::io(&path, Some(0), "write free-page snapshot", e))?;
+    file.set_len(bytes.len() as u64)
+        .map_err(|e| Error::io(&path, None, "truncate free-page snapshot", e))?;
+    file.sync_all().map_err(|e| Error::io(&path, None, "fsync free-page snapshot", e))
+}
+
+pub fn read_freelist(vfs: &dyn Vfs, dir: &Path, header: &FileHeader) -> Result<Vec<PageNo>> {
+    if header.freelist_len == 0 {
+        return Ok(Vec::new());
+    }
+    let path = freelist_path(dir, header.slot());
+    let file = vfs
+        .open(&path, OpenMode::default())
+        .map_err(|e| Error::io(&path, None, "open free-page snapshot", e))?;
+    let len = file.len().map_err(|e| Error::io(&path, None, "stat", e))?;
+    if len < header.freelist_len {
+        return Err(Error::corrupted(
+            &path,
+            "whole file",
+            format!("{len} bytes, header expects {}", header.freelist_len),
+        ));
+    }
+    let mut buf = vec![0u8; header.freelist_len as usize];
+    file.read_exact_at(&mut buf, 0)
+        .map_err(|e| Error::io(&path, Some(0), "read free-page snapshot", e))?;
+    if crc32c::crc32c(&buf) != header.freelist_checksum {
+        return Err(Error::corrupted(&path, "whole file", "checksum mismatch"));
+    }
+    decode_freelist(&buf, header.page_count, &path)
+}

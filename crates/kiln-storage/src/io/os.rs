@@ -1,0 +1,134 @@
+//! The real file system: positional I/O, fallocate, memmap2, flock.
+
+use super::{MappedRegion, OpenMode, Vfs, VfsFile};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OsVfs;
+
+struct OsFile {
+    file: File,
+}
+
+struct OsMap(memmap2::Mmap);
+
+impl MappedRegion for OsMap {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl VfsFile for OsFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+    fn sync_all(&self) -> io::Result<()> {
+        self.file.sync_all()
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "range too large"));
+        };
+        // SAFETY: plain syscall on an owned, open descriptor.
+        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, off, l) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EOPNOTSUPP) {
+            // File systems without fallocate: extending the length still reserves the
+            // logical range; space errors then surface on write instead.
+            let end = offset + len;
+            if self.len()? < end {
+                self.file.set_len(end)?;
+            }
+            return Ok(());
+        }
+        Err(err)
+    }
+    fn map(&self, len: u64) -> io::Result<Box<dyn MappedRegion>> {
+        let len = usize::try_from(len)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "map too large"))?;
+        // SAFETY: the engine never truncates a mapped data file below a mapped length
+        // while a map is alive, and holds an exclusive lock on the environment so that
+        // no other process of ours changes it underneath.
+        let map = unsafe { memmap2::MmapOptions::new().len(len).map(&self.file)? };
+        Ok(Box::new(OsMap(map)))
+    }
+}
+
+struct FlockGuard {
+    _file: File,
+}
+
+impl Vfs for OsVfs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>> {
+        let mut flags = 0;
+        if mode.direct {
+            flags |= libc::O_DIRECT;
+        }
+        if mode.dsync {
+            flags |= libc::O_DSYNC;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(mode.write || mode.create)
+            .create(mode.create)
+            .custom_flags(flags)
+            .open(path)?;
+        Ok(Box::new(OsFile { file }))
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<(PathBuf, bool)>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            out.push((entry.path(), entry.file_type()?.is_dir()));
+        }
+        Ok(out)
+    }
+    fn lock_exclusive(&self, path: &Path) -> io::Result<Box<dyn Send + Sync>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        // SAFETY: plain syscall on an owned, open descriptor.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Box::new(FlockGuard { _file: file }))
+    }
+}

@@ -1,0 +1,204 @@
+//! Reading the journal back on open.
+//!
+//! Decision table for the block at the expected position (TigerBeetle-style: each
+//! combination maps to one action, and the code follows the table):
+//!
+//! | header parses | checksum | txn id / chain       | action                                  |
+//! |---------------|----------|----------------------|-----------------------------------------|
+//! | yes           | ok       | expected, chain ok   | replay it, move on                      |
+//! | yes           | ok       | lower id             | stale record of an older cycle: end     |
+//! | yes           | ok       | other / chain broken | not our history: end, scan for a gap    |
+//! | yes           | bad      | any                  | torn or corrupt record: end, scan       |
+//! | no, all zero  | -        | -                    | clean end                               |
+//! | no, not zero  | -        | -                    | garbage: end, scan                      |
+//!
+//! Before declaring the end we also try the start of the next file, because the
+//! writer moves to a new file when a record does not fit in the current one.
+//! "Scan" looks at every 4 KiB boundary after the end, in this file and later ones,
+//! for a valid record with a higher transaction id: one means transactions were lost
+//! in the middle, and open fails unless explicitly allowed.
+
+use super::record::{self, DecodedRecord, RecordHeader, RECORD_HEADER};
+use super::{file_path, list_files, writer::JournalPos};
+use crate::io::{OpenMode, Vfs, VfsFile, DIRECT_IO_ALIGN};
+use crate::{Error, Result};
+use std::path::{Path, PathBuf};
+
+/// What recovery found at the end of the journal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JournalTail {
+    /// Zeros, a stale record of an older cycle, or the end of the files.
+    Clean,
+    /// A record or block that failed validation was discarded.
+    Dropped { path: PathBuf, offset: u64, what: String },
+}
+
+#[derive(Debug)]
+pub struct ScanOutcome {
+    pub records_replayed: u64,
+    pub last_txn_id: u64,
+    pub end: JournalPos,
+    pub tail: JournalTail,
+    /// Valid records past a hole, found and (only if allowed) neutralized.
+    pub gap_records_discarded: u64,
+}
+
+enum Probe {
+    Valid(Box<DecodedRecord>, u64),
+    Clean,
+    Bad(String),
+}
+
+struct Reader<'a> {
+    vfs: &'a dyn Vfs,
+    dir: &'a Path,
+}
+
+impl Reader<'_> {
+    fn open(&self, seq: u64) -> Result<Option<(PathBuf, Box<dyn VfsFile>, u64)>> {
+        let path = file_path(self.dir, seq);
+        if !self.vfs.exists(&path) {
+            return Ok(None);
+        }
+        let file = self.vfs.open(&path, OpenMode::default()).map_err(|e| Error::io(&path, None, "open journal file", e))?;
+        let len = file.len().map_err(|e| Error::io(&path, None, "stat journal file", e))?;
+        Ok(Some((path, file, len)))
+    }
+
+    /// Reads the header block at `offset` (None if past the end of the file).
+    fn header_block(&self, file: &dyn VfsFile, path: &Path, len: u64, offset: u64) -> Result<Option<Vec<u8>>> {
+        if offset + DIRECT_IO_ALIGN as u64 > len {
+            return Ok(None);
+        }
+        let mut block = vec![0u8; DIRECT_IO_ALIGN];
+        file.read_exact_at(&mut block, offset).map_err(|e| Error::io(path, Some(offset), "read journal", e))?;
+        Ok(Some(block))
+    }
+
+    /// Reads and checks the whole record whose header is `h`; `None` if it does not
+    /// fit in the file or fails its checksum.
+    fn full_record(&self, file: &dyn VfsFile, path: &Path, len: u64, offset: u64, h: &RecordHeader) -> Result<Option<Vec<u8>>> {
+        let total = RECORD_HEADER as u64 + h.body_len as u64;
+        if offset + total > len {
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; total as usize];
+        file.read_exact_at(&mut buf, offset).map_err(|e| Error::io(path, Some(offset), "read journal record", e))?;
+        Ok(record::checksum_ok(h, &buf).then_some(buf))
+    }
+
+    fn probe(&self, seq: u64, offset: u64, expected: u64, chain: u32) -> Result<Probe> {
+        let Some((path, file, len)) = self.open(seq)? else { return Ok(Probe::Clean) };
+        let Some(block) = self.header_block(file.as_ref(), &path, len, offset)? else { return Ok(Probe::Clean) };
+        let Some(h) = record::parse_header(&block) else {
+            return Ok(if block.iter().all(|b| *b == 0) { Probe::Clean } else { Probe::Bad("unrecognized bytes (not a record header)".into()) });
+        };
+        let Some(buf) = self.full_record(file.as_ref(), &path, len, offset, &h)? else {
+            return Ok(Probe::Bad(format!("record for txn {} failed its checksum (torn or corrupt write)", h.txn_id)));
+        };
+        if h.txn_id < expected {
+            return Ok(Probe::Clean);
+        }
+        if h.txn_id != expected || h.prev_checksum != chain {
+            return Ok(Probe::Bad(format!("record for txn {} does not continue the chain (expected txn {expected})", h.txn_id)));
+        }
+        let rec = record::decode_body(&h, &buf).map_err(|what| Error::corrupted(&path, format!("offset {offset}"), format!("journal record for txn {}: {what}", h.txn_id)))?;
+        Ok(Probe::Valid(Box::new(rec), h.padded_len()))
+    }
+
+    /// Finds valid records with txn id >= `expected` after the end position.
+    fn scan_for_gap(&self, from: JournalPos, expected: u64) -> Result<Vec<(u64, PathBuf, u64)>> {
+        let mut found = Vec::new();
+        let seqs = list_files(self.vfs, self.dir)?;
+        for seq in seqs.into_iter().filter(|s| *s >= from.file_seq) {
+            let Some((path, file, len)) = self.open(seq)? else { continue };
+            let mut offset = if seq == from.file_seq { from.offset } else { 0 };
+            while offset + DIRECT_IO_ALIGN as u64 <= len {
+                if let Some(block) = self.header_block(file.as_ref(), &path, len, offset)? {
+                    if let Some(h) = record::parse_header(&block) {
+                        if h.txn_id >= expected && self.full_record(file.as_ref(), &path, len, offset, &h)?.is_some() {
+                            found.push((h.txn_id, path.clone(), offset));
+                        }
+                    }
+                }
+                offset += DIRECT_IO_ALIGN as u64;
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// Replays records after `start` (the position after `synced_txn_id`) through
+/// `apply`, in order.
+pub fn replay(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    start: JournalPos,
+    synced_txn_id: u64,
+    allow_gap: bool,
+    mut apply: impl FnMut(DecodedRecord) -> Result<()>,
+) -> Result<ScanOutcome> {
+    let reader = Reader { vfs, dir };
+    let mut pos = start;
+    let mut expected = synced_txn_id + 1;
+    let mut replayed = 0;
+    let tail = loop {
+        let here = reader.probe(pos.file_seq, pos.offset, expected, pos.chain_checksum)?;
+        let here_bad = match here {
+            Probe::Valid(rec, len) => {
+                let checksum = rec.header.checksum;
+                apply(*rec)?;
+                replayed += 1;
+                expected += 1;
+                pos = JournalPos { file_seq: pos.file_seq, offset: pos.offset + len, chain_checksum: checksum };
+                continue;
+            }
+            Probe::Clean => None,
+            Probe::Bad(what) => Some(what),
+        };
+        // The writer moves to the next file when a record does not fit.
+        if let Probe::Valid(rec, len) = reader.probe(pos.file_seq + 1, 0, expected, pos.chain_checksum)? {
+            let checksum = rec.header.checksum;
+            apply(*rec)?;
+            replayed += 1;
+            expected += 1;
+            pos = JournalPos { file_seq: pos.file_seq + 1, offset: len, chain_checksum: checksum };
+            continue;
+        }
+        break match here_bad {
+            None => JournalTail::Clean,
+            Some(what) => JournalTail::Dropped { path: file_path(dir, pos.file_seq), offset: pos.offset, what },
+        };
+    };
+    let mut gap_records_discarded = 0;
+    if let JournalTail::Dropped { .. } = tail {
+        let found = reader.scan_for_gap(pos, expected)?;
+        if let Some((found_txn, path, offset)) = found.iter().min_by_key(|f| f.0).cloned() {
+            if !allow_gap {
+                return Err(Error::JournalGap {
+                    last_valid_txn: expected - 1,
+                    missing_from: expected,
+                    missing_to: found_txn.saturating_sub(1).max(expected),
+                    found_txn,
+                    path,
+                    offset,
+                });
+            }
+            gap_records_discarded = neutralize(vfs, &found)?;
+        }
+    }
+    Ok(ScanOutcome { records_replayed: replayed, last_txn_id: expected - 1, end: pos, tail, gap_records_discarded })
+}
+
+/// Zeroes the header blocks of records past a hole, so that the next open does not
+/// report the same gap again once the operator has chosen to open anyway.
+fn neutralize(vfs: &dyn Vfs, found: &[(u64, PathBuf, u64)]) -> Result<u64> {
+    let zeros = vec![0u8; DIRECT_IO_ALIGN];
+    for (txn, path, offset) in found {
+        tracing::warn!(txn, path = %path.display(), offset, "discarding journal record past a gap");
+        let f = vfs.open(path, OpenMode { write: true, ..Default::default() }).map_err(|e| Error::io(path, None, "open journal file", e))?;
+        f.write_all_at(&zeros, *offset).map_err(|e| Error::io(path, Some(*offset), "erase journal record", e))?;
+        f.sync_data().map_err(|e| Error::io(path, None, "fdatasync journal", e))?;
+    }
+    Ok(found.len() as u64)
+}

@@ -1,0 +1,271 @@
+//! Appends records to the journal and makes each durable before returning.
+
+use super::record::{self, RecordInput};
+use super::{file_path, list_files};
+use crate::io::{OpenMode, Vfs, VfsFile, DIRECT_IO_ALIGN};
+use crate::page::PageRun;
+use crate::stats::EngineCounters;
+use crate::{Error, Result};
+use parking_lot::Mutex;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Where a record ended: the position of the next one, and the chain value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalPos {
+    pub file_seq: u64,
+    pub offset: u64,
+    pub chain_checksum: u32,
+}
+
+/// Files shared between the writer (which consumes them) and the flusher (which
+/// recycles files wholly below the synced point and prepares the next one).
+pub struct JournalFiles {
+    pub dir: PathBuf,
+    pub file_size_bytes: u64,
+    vfs: Arc<dyn Vfs>,
+    counters: Arc<EngineCounters>,
+    state: Mutex<FilesState>,
+}
+
+struct FilesState {
+    /// Every journal file on disk.
+    existing: BTreeSet<u64>,
+    /// Files below the synced point: free to be renamed into a future sequence.
+    recyclable: Vec<u64>,
+    /// The file the writer appends to.
+    current: u64,
+}
+
+impl JournalFiles {
+    pub fn open(vfs: Arc<dyn Vfs>, dir: &Path, file_size_bytes: u64, counters: Arc<EngineCounters>, current: u64) -> Result<Self> {
+        let existing: BTreeSet<u64> = list_files(vfs.as_ref(), dir)?.into_iter().collect();
+        Ok(JournalFiles {
+            dir: dir.to_path_buf(),
+            file_size_bytes,
+            vfs,
+            counters,
+            state: Mutex::new(FilesState { existing, recyclable: Vec::new(), current }),
+        })
+    }
+
+    pub fn count(&self) -> u64 {
+        self.state.lock().existing.len() as u64
+    }
+
+    /// Called after a checkpoint: files before `resume_seq` hold only synced records.
+    pub fn release_below(&self, resume_seq: u64) {
+        let mut st = self.state.lock();
+        let below: Vec<u64> = st.existing.range(..resume_seq).copied().collect();
+        for seq in below {
+            if !st.recyclable.contains(&seq) {
+                st.recyclable.push(seq);
+            }
+        }
+    }
+
+    /// Makes sure the file after the current one exists, so that switching files is
+    /// never slowed by creating one. Recycles an old file when possible (its blocks
+    /// are already written, which makes O_DSYNC writes into it cheapest); otherwise
+    /// creates one and fills it with zeros once.
+    pub fn prepare_next(&self) -> Result<()> {
+        let next = self.state.lock().current + 1;
+        self.ensure_file(next, self.file_size_bytes, true).map(|_| ())
+    }
+
+    /// Returns the path of file `seq`, creating or recycling it if needed, with at
+    /// least `min_size` bytes allocated. `zero_fill` makes new files cheaper to write
+    /// later at the price of writing them once now.
+    fn ensure_file(&self, seq: u64, min_size: u64, zero_fill: bool) -> Result<PathBuf> {
+        let path = file_path(&self.dir, seq);
+        let mut st = self.state.lock();
+        if st.existing.contains(&seq) {
+            return Ok(path);
+        }
+        if let Some(old) = st.recyclable.pop() {
+            let from = file_path(&self.dir, old);
+            self.vfs.rename(&from, &path).map_err(|e| Error::io(&from, None, "rename journal file for reuse", e))?;
+            self.sync_dir()?;
+            st.existing.remove(&old);
+            st.existing.insert(seq);
+            self.counters.journal_files_recycled.fetch_add(1, Relaxed);
+            return Ok(path);
+        }
+        drop(st);
+        // Create under a temporary name, fill, sync, then rename: a crash never leaves a
+        // half-made file under a journal name.
+        let tmp = self.dir.join(format!("journal-{seq:016}.tmp"));
+        let mode = OpenMode { create: true, write: true, ..Default::default() };
+        let file = self.vfs.open(&tmp, mode).map_err(|e| Error::io(&tmp, None, "create journal file", e))?;
+        file.allocate(0, min_size).map_err(|e| Error::io(&tmp, Some(0), "preallocate journal file", e))?;
+        if zero_fill {
+            let zeros = vec![0u8; 1 << 20];
+            let mut off = 0;
+            while off < min_size {
+                let n = zeros.len().min((min_size - off) as usize);
+                file.write_all_at(&zeros[..n], off).map_err(|e| Error::io(&tmp, Some(off), "zero-fill journal file", e))?;
+                off += n as u64;
+            }
+        }
+        file.sync_all().map_err(|e| Error::io(&tmp, None, "fsync journal file", e))?;
+        drop(file);
+        self.vfs.rename(&tmp, &path).map_err(|e| Error::io(&tmp, None, "rename new journal file", e))?;
+        self.sync_dir()?;
+        self.counters.journal_files_created.fetch_add(1, Relaxed);
+        self.state.lock().existing.insert(seq);
+        Ok(path)
+    }
+
+    fn sync_dir(&self) -> Result<()> {
+        self.vfs.sync_dir(&self.dir).map_err(|e| Error::io(&self.dir, None, "fsync journal directory", e))
+    }
+
+    fn set_current(&self, seq: u64) {
+        self.state.lock().current = seq;
+    }
+}
+
+struct OpenJournal {
+    seq: u64,
+    path: PathBuf,
+    file: Box<dyn VfsFile>,
+    size: u64,
+}
+
+pub struct JournalWriter {
+    vfs: Arc<dyn Vfs>,
+    files: Arc<JournalFiles>,
+    counters: Arc<EngineCounters>,
+    current: OpenJournal,
+    offset: u64,
+    chain_checksum: u32,
+    nonce: u64,
+    direct_io: bool,
+    buffer: PageRun,
+    /// Test-only canary: skip making journal writes durable.
+    pub(crate) unsafe_skip_durability: bool,
+}
+
+impl JournalWriter {
+    pub fn open(vfs: Arc<dyn Vfs>, files: Arc<JournalFiles>, counters: Arc<EngineCounters>, pos: JournalPos, direct_io: bool) -> Result<Self> {
+        let path = files.ensure_file(pos.file_seq, files.file_size_bytes, true)?;
+        files.set_current(pos.file_seq);
+        let (file, direct_io) = open_journal_file(vfs.as_ref(), &path, direct_io, &counters)?;
+        let size = file.len().map_err(|e| Error::io(&path, None, "stat journal file", e))?;
+        Ok(JournalWriter {
+            vfs,
+            files,
+            counters,
+            current: OpenJournal { seq: pos.file_seq, path, file, size },
+            offset: pos.offset,
+            chain_checksum: pos.chain_checksum,
+            nonce: rand::random(),
+            direct_io,
+            buffer: PageRun::zeroed(4),
+            unsafe_skip_durability: false,
+        })
+    }
+
+    pub fn direct_io(&self) -> bool {
+        self.direct_io
+    }
+
+    /// Writes one record and returns once it is durable. On error nothing is
+    /// acknowledged; the caller must not reuse this writer for the same position
+    /// without knowing what reached the disk (the environment latches).
+    pub fn append(&mut self, mut input: RecordInput) -> Result<JournalPos> {
+        input.nonce = self.nonce;
+        input.prev_checksum = self.chain_checksum;
+        let (len, checksum) = record::encode(&input, &mut self.buffer);
+        if self.offset + len as u64 > self.current.size {
+            self.switch_file(len as u64)?;
+        }
+        let start = Instant::now();
+        self.write_durable(len)?;
+        self.counters.journal_write_latency.record(start.elapsed());
+        self.counters.journal_writes.fetch_add(1, Relaxed);
+        self.counters.journal_bytes.fetch_add(len as u64, Relaxed);
+        self.offset += len as u64;
+        self.chain_checksum = checksum;
+        Ok(self.position())
+    }
+
+    pub fn position(&self) -> JournalPos {
+        JournalPos { file_seq: self.current.seq, offset: self.offset, chain_checksum: self.chain_checksum }
+    }
+
+    fn write_durable(&mut self, len: usize) -> Result<()> {
+        let bytes = &self.buffer.bytes()[..len];
+        let off = self.offset;
+        let res = self.current.file.write_all_at(bytes, off);
+        match res {
+            Err(e) if self.direct_io && e.raw_os_error() == Some(libc::EINVAL) => {
+                // The file system accepted O_DIRECT at open but refuses the write.
+                self.fall_back_to_buffered()?;
+                return self.write_durable(len);
+            }
+            Err(e) => return Err(Error::io(&self.current.path, Some(off), "write journal record", e)),
+            Ok(()) => {}
+        }
+        if !self.direct_io && !self.unsafe_skip_durability {
+            self.current
+                .file
+                .sync_data()
+                .map_err(|e| Error::io(&self.current.path, Some(off), "fdatasync journal", e))?;
+        }
+        Ok(())
+    }
+
+    fn fall_back_to_buffered(&mut self) -> Result<()> {
+        let (file, _) = open_journal_file(self.vfs.as_ref(), &self.current.path, false, &self.counters)?;
+        note_fallback(&self.counters, &self.current.path, "write refused with EINVAL");
+        self.current.file = file;
+        self.direct_io = false;
+        Ok(())
+    }
+
+    fn switch_file(&mut self, record_len: u64) -> Result<()> {
+        let next = self.current.seq + 1;
+        let path = self.files.ensure_file(next, self.files.file_size_bytes, true)?;
+        let (file, direct) = open_journal_file(self.vfs.as_ref(), &path, self.direct_io, &self.counters)?;
+        let mut size = file.len().map_err(|e| Error::io(&path, None, "stat journal file", e))?;
+        if size < record_len {
+            // A record larger than a journal file (a huge value): grow this file for it.
+            let target = record_len.div_ceil(DIRECT_IO_ALIGN as u64) * DIRECT_IO_ALIGN as u64;
+            file.allocate(0, target).map_err(|e| Error::io(&path, Some(0), "grow journal file", e))?;
+            file.sync_all().map_err(|e| Error::io(&path, None, "fsync journal file", e))?;
+            size = target;
+        }
+        self.direct_io = direct;
+        self.current = OpenJournal { seq: next, path, file, size };
+        self.offset = 0;
+        self.files.set_current(next);
+        Ok(())
+    }
+}
+
+fn note_fallback(counters: &EngineCounters, path: &Path, why: &str) {
+    if !counters.journal_direct_io_fallback.swap(true, Relaxed) {
+        tracing::warn!(
+            path = %path.display(),
+            "journal: O_DIRECT unavailable ({why}); falling back to buffered writes + fdatasync"
+        );
+    }
+}
+
+fn open_journal_file(vfs: &dyn Vfs, path: &Path, direct: bool, counters: &EngineCounters) -> Result<(Box<dyn VfsFile>, bool)> {
+    if direct {
+        let mode = OpenMode { write: true, direct: true, dsync: true, ..Default::default() };
+        match vfs.open(path, mode) {
+            Ok(f) => return Ok((f, true)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => note_fallback(counters, path, "open refused with EINVAL"),
+            Err(e) => return Err(Error::io(path, None, "open journal file", e)),
+        }
+    }
+    let mode = OpenMode { write: true, ..Default::default() };
+    let f = vfs.open(path, mode).map_err(|e| Error::io(path, None, "open journal file", e))?;
+    Ok((f, false))
+}

@@ -1,0 +1,513 @@
+//! Page layout. Every page is 8 KiB and starts with a 40-byte header:
+//!
+//! ```text
+//! offset size field
+//!  0     4    crc32c over bytes 4..end of the page (or run), seeded with the page number
+//!  4     1    kind: 1 branch, 2 leaf, 3 overflow run
+//!  5     1    reserved (0)
+//!  6     2    entry count (branch: separator keys; leaf: entries; overflow: 0)
+//!  8     8    page number (detects misdirected reads and writes)
+//! 16     8    id of the transaction that wrote this version
+//! 24     2    upper: start of the cell area (cells grow down from the page end)
+//! 26     2    fragmented bytes inside the cell area (reclaimed by compaction)
+//! 28     4    overflow: number of pages in the run; otherwise 0
+//! 32     8    branch: leftmost child; overflow: value length in bytes; leaf: 0
+//! 40     ..   slot array: `count` u16 offsets of cells, in key order
+//! ```
+//! The gap between the slot array and `upper` is always zero, so a page can be
+//! journaled as its head and its tail without the gap.
+
+use crate::{Error, Result};
+use std::path::Path;
+
+pub const PAGE_SIZE: usize = 8192;
+pub type PageNo = u64;
+pub const HEADER_SIZE: usize = 40;
+/// Pages 0 and 1 of the data file hold the two copies of the file header.
+pub const FIRST_DATA_PAGE: PageNo = 2;
+
+pub const KIND_BRANCH: u8 = 1;
+pub const KIND_LEAF: u8 = 2;
+pub const KIND_OVERFLOW: u8 = 3;
+
+const _: () = assert!(PAGE_SIZE % crate::io::DIRECT_IO_ALIGN == 0);
+const _: () = assert!(PAGE_SIZE <= u16::MAX as usize + 1);
+
+/// One 8 KiB page, aligned for O_DIRECT.
+#[derive(Clone)]
+#[repr(C, align(4096))]
+pub struct AlignedPage(pub [u8; PAGE_SIZE]);
+
+/// A run of one or more contiguous pages in one aligned allocation. Ordinary pages
+/// are runs of one; large values live in overflow runs.
+#[derive(Clone)]
+pub struct PageRun {
+    pages: Vec<AlignedPage>,
+}
+
+impl PageRun {
+    pub fn zeroed(page_count: usize) -> Self {
+        PageRun {
+            pages: vec![AlignedPage([0; PAGE_SIZE]); page_count.max(1)],
+        }
+    }
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        let mut run = PageRun::zeroed(bytes.len().div_ceil(PAGE_SIZE));
+        run.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
+        run
+    }
+    pub fn page_count(&self) -> usize {
+        self.pages.len()
+    }
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: AlignedPage is repr(C) around a byte array; the Vec is contiguous.
+        unsafe {
+            std::slice::from_raw_parts(self.pages.as_ptr().cast::<u8>(), self.pages.len() * PAGE_SIZE)
+        }
+    }
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, with unique access through &mut self.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.pages.as_mut_ptr().cast::<u8>(),
+                self.pages.len() * PAGE_SIZE,
+            )
+        }
+    }
+}
+
+pub fn read_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+pub fn read_u32(b: &[u8], at: usize) -> u32 {
+    let mut a = [0; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+pub fn read_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+pub fn write_u16(b: &mut [u8], at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+}
+pub fn write_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+pub fn write_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Header accessors over a page's bytes.
+pub mod hdr {
+    use super::*;
+    pub fn kind(p: &[u8]) -> u8 {
+        p[4]
+    }
+    pub fn count(p: &[u8]) -> usize {
+        read_u16(p, 6) as usize
+    }
+    pub fn page_no(p: &[u8]) -> PageNo {
+        read_u64(p, 8)
+    }
+    pub fn txn_id(p: &[u8]) -> u64 {
+        read_u64(p, 16)
+    }
+    pub fn upper(p: &[u8]) -> usize {
+        read_u16(p, 24) as usize
+    }
+    pub fn fragmented(p: &[u8]) -> usize {
+        read_u16(p, 26) as usize
+    }
+    pub fn run_pages(p: &[u8]) -> u32 {
+        read_u32(p, 28)
+    }
+    pub fn extra(p: &[u8]) -> u64 {
+        read_u64(p, 32)
+    }
+    pub fn set_count(p: &mut [u8], v: usize) {
+        write_u16(p, 6, v as u16)
+    }
+    pub fn set_page_no(p: &mut [u8], v: PageNo) {
+        write_u64(p, 8, v)
+    }
+    pub fn set_txn_id(p: &mut [u8], v: u64) {
+        write_u64(p, 16, v)
+    }
+    pub fn set_upper(p: &mut [u8], v: usize) {
+        // `upper` may equal PAGE_SIZE (empty cell area), which needs 14 bits: fine in u16.
+        write_u16(p, 24, v as u16)
+    }
+    pub fn set_fragmented(p: &mut [u8], v: usize) {
+        write_u16(p, 26, v as u16)
+    }
+    pub fn set_extra(p: &mut [u8], v: u64) {
+        write_u64(p, 32, v)
+    }
+}
+
+/// Initializes an empty branch or leaf page.
+pub fn init_node(p: &mut [u8], kind: u8, page_no: PageNo) {
+    p[..PAGE_SIZE].fill(0);
+    p[4] = kind;
+    hdr::set_page_no(p, page_no);
+    hdr::set_upper(p, PAGE_SIZE);
+}
+
+/// Number of bytes of a run that a checksum covers: a node page, or a whole run.
+fn checksummed_len(p: &[u8]) -> usize {
+    if hdr::kind(p) == KIND_OVERFLOW {
+        (hdr::run_pages(p) as usize * PAGE_SIZE).min(p.len())
+    } else {
+        PAGE_SIZE.min(p.len())
+    }
+}
+
+pub fn compute_checksum(p: &[u8], page_no: PageNo) -> u32 {
+    let len = checksummed_len(p);
+    let seed = crc32c::crc32c(&page_no.to_le_bytes());
+    crc32c::crc32c_append(seed, &p[4..len])
+}
+
+/// Stamps the transaction id, page number and checksum before a page leaves memory.
+pub fn seal(p: &mut [u8], page_no: PageNo, txn_id: u64) {
+    hdr::set_page_no(p, page_no);
+    hdr::set_txn_id(p, txn_id);
+    let sum = compute_checksum(p, page_no);
+    write_u32(p, 0, sum);
+}
+
+/// Checks a page read from disk: its checksum, self-identity and structural bounds.
+/// `p` may be a whole run (for overflow pages) or at least one page.
+pub fn verify(p: &[u8], page_no: PageNo, file: &Path) -> Result<()> {
+    let bad = |what: String| Err(Error::corrupted(file, format!("page {page_no}"), what));
+    if p.len() < PAGE_SIZE {
+        return bad(format!("page truncated to {} bytes", p.len()));
+    }
+    let kind = hdr::kind(p);
+    if !matches!(kind, KIND_BRANCH | KIND_LEAF | KIND_OVERFLOW) {
+        return bad(format!("unknown page kind {kind} (page never written, or overwritten)"));
+    }
+    if kind == KIND_OVERFLOW {
+        let run = hdr::run_pages(p) as usize;
+        if run == 0 || run * PAGE_SIZE > p.len() {
+            return bad(format!("overflow run of {run} pages does not fit"));
+        }
+    }
+    let stored = read_u32(p, 0);
+    let actual = compute_checksum(p, page_no);
+    if stored != actual {
+        return bad(format!("checksum mismatch: stored {stored:#010x}, computed {actual:#010x}"));
+    }
+    if hdr::page_no(p) != page_no {
+        return bad(format!("page claims to be page {} (misdirected write)", hdr::page_no(p)));
+    }
+    if kind != KIND_OVERFLOW {
+        check_node_bounds(p).or_else(|what| bad(what))?;
+    }
+    Ok(())
+}
+
+/// Structural checks that make every later slot/cell access in bounds.
+pub fn check_node_bounds(p: &[u8]) -> std::result::Result<(), String> {
+    let count = hdr::count(p);
+    let upper = hdr::upper(p);
+    let slots_end = HEADER_SIZE + 2 * count;
+    if slots_end > upper || upper > PAGE_SIZE {
+        return Err(format!("slot array end {slots_end} beyond cell area start {upper}"));
+    }
+    let leaf = hdr::kind(p) == KIND_LEAF;
+    for i in 0..count {
+        let off = read_u16(p, HEADER_SIZE + 2 * i) as usize;
+        let fixed = if leaf { LEAF_CELL_FIXED } else { BRANCH_CELL_FIXED };
+        if off < upper || off + fixed > PAGE_SIZE {
+            return Err(format!("slot {i} points to {off}, outside the cell area"));
+        }
+        let key_len = read_u16(p, off) as usize;
+        let mut end = off + fixed + key_len;
+        if leaf {
+            match p[off + 2] {
+                VALUE_INLINE => end += read_u32(p, off + 3) as usize,
+                VALUE_OVERFLOW => end += OVERFLOW_REF_SIZE,
+                other => return Err(format!("cell {i} has unknown value kind {other}")),
+            }
+        }
+        if end > PAGE_SIZE {
+            return Err(format!("cell {i} at {off} runs past the page end"));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Cells.
+//
+// leaf cell:   key_len u16 | value kind u8 | inline: value_len u32 | key | value
+//                                          | overflow: value_len u32 | run start u64 | key
+// branch cell: key_len u16 | child u64 | key
+// ---------------------------------------------------------------------------------
+
+pub const VALUE_INLINE: u8 = 0;
+pub const VALUE_OVERFLOW: u8 = 1;
+pub const LEAF_CELL_FIXED: usize = 7;
+pub const OVERFLOW_REF_SIZE: usize = 8;
+pub const BRANCH_CELL_FIXED: usize = 10;
+
+/// Largest key accepted.
+pub const MAX_KEY_SIZE: usize = 1024;
+/// Largest leaf cell stored inline; larger values move to overflow runs. Chosen so
+/// that at least four cells fit in a page, which keeps splits simple and trees shallow.
+pub const MAX_INLINE_CELL: usize = (PAGE_SIZE - HEADER_SIZE) / 4 - 2;
+/// Largest value accepted (overflow runs are bounded by the u32 run length).
+pub const MAX_VALUE_SIZE: usize = 1 << 30;
+
+const _: () = assert!(LEAF_CELL_FIXED + OVERFLOW_REF_SIZE + MAX_KEY_SIZE <= MAX_INLINE_CELL);
+
+pub fn slot(p: &[u8], i: usize) -> usize {
+    read_u16(p, HEADER_SIZE + 2 * i) as usize
+}
+
+pub fn cell_key(p: &[u8], i: usize) -> &[u8] {
+    let off = slot(p, i);
+    let len = read_u16(p, off) as usize;
+    let fixed = if hdr::kind(p) == KIND_LEAF { LEAF_CELL_FIXED } else { BRANCH_CELL_FIXED };
+    let start = off + fixed + if hdr::kind(p) == KIND_LEAF && p[off + 2] == VALUE_OVERFLOW {
+        OVERFLOW_REF_SIZE
+    } else {
+        0
+    };
+    &p[start..start + len]
+}
+
+/// Where a leaf value lives.
+pub enum LeafValue<'a> {
+    Inline(&'a [u8]),
+    Overflow { start: PageNo, len: u64 },
+}
+
+pub fn leaf_value(p: &[u8], i: usize) -> LeafValue<'_> {
+    let off = slot(p, i);
+    let key_len = read_u16(p, off) as usize;
+    let value_len = read_u32(p, off + 3) as usize;
+    if p[off + 2] == VALUE_OVERFLOW {
+        LeafValue::Overflow {
+            start: read_u64(p, off + LEAF_CELL_FIXED),
+            len: value_len as u64,
+        }
+    } else {
+        let start = off + LEAF_CELL_FIXED + key_len;
+        LeafValue::Inline(&p[start..start + value_len])
+    }
+}
+
+pub fn branch_child(p: &[u8], i: usize) -> PageNo {
+    read_u64(p, slot(p, i) + 2)
+}
+
+pub fn set_branch_child(p: &mut [u8], i: usize, child: PageNo) {
+    let off = slot(p, i);
+    write_u64(p, off + 2, child);
+}
+
+/// Byte size of the cell in slot `i` (excluding its slot).
+pub fn cell_size(p: &[u8], i: usize) -> usize {
+    let off = slot(p, i);
+    let key_len = read_u16(p, off) as usize;
+    if hdr::kind(p) == KIND_BRANCH {
+        return BRANCH_CELL_FIXED + key_len;
+    }
+    if p[off + 2] == VALUE_OVERFLOW {
+        LEAF_CELL_FIXED + OVERFLOW_REF_SIZE + key_len
+    } else {
+        LEAF_CELL_FIXED + key_len + read_u32(p, off + 3) as usize
+    }
+}
+
+pub fn cell_bytes(p: &[u8], i: usize) -> &[u8] {
+    let off = slot(p, i);
+    &p[off..off + cell_size(p, i)]
+}
+
+pub fn encode_leaf_cell(key: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut c = Vec::with_capacity(LEAF_CELL_FIXED + key.len() + value.len());
+    c.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    c.push(VALUE_INLINE);
+    c.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    c.extend_from_slice(key);
+    c.extend_from_slice(value);
+    c
+}
+
+pub fn encode_overflow_cell(key: &[u8], start: PageNo, value_len: usize) -> Vec<u8> {
+    let mut c = Vec::with_capacity(LEAF_CELL_FIXED + OVERFLOW_REF_SIZE + key.len());
+    c.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    c.push(VALUE_OVERFLOW);
+    c.extend_from_slice(&(value_len as u32).to_le_bytes());
+    c.extend_from_slice(&start.to_le_bytes());
+    c.extend_from_slice(key);
+    c
+}
+
+pub fn encode_branch_cell(key: &[u8], child: PageNo) -> Vec<u8> {
+    let mut c = Vec::with_capacity(BRANCH_CELL_FIXED + key.len());
+    c.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    c.extend_from_slice(&child.to_le_bytes());
+    c.extend_from_slice(key);
+    c
+}
+
+/// Binary search: Ok(i) if key found at slot i, Err(i) for the insertion point.
+pub fn search(p: &[u8], key: &[u8]) -> std::result::Result<usize, usize> {
+    let (mut lo, mut hi) = (0, hdr::count(p));
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match cell_key(p, mid).cmp(key) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+            std::cmp::Ordering::Equal => return Ok(mid),
+        }
+    }
+    Err(lo)
+}
+
+/// Index of the child of a branch that covers `key`: usize::MAX stands for the
+/// leftmost child (keys below the first separator).
+pub fn branch_route(p: &[u8], key: &[u8]) -> usize {
+    match search(p, key) {
+        Ok(i) => i,
+        Err(0) => usize::MAX,
+        Err(i) => i - 1,
+    }
+}
+
+pub fn branch_child_at(p: &[u8], route: usize) -> PageNo {
+    if route == usize::MAX {
+        hdr::extra(p)
+    } else {
+        branch_child(p, route)
+    }
+}
+
+/// Number of children of a branch page.
+pub fn branch_fanout(p: &[u8]) -> usize {
+    hdr::count(p) + 1
+}
+
+/// Child `n` in 0..fanout order (0 is the leftmost).
+pub fn branch_nth_child(p: &[u8], n: usize) -> PageNo {
+    if n == 0 {
+        hdr::extra(p)
+    } else {
+        branch_child(p, n - 1)
+    }
+}
+
+pub fn free_space(p: &[u8]) -> usize {
+    hdr::upper(p) - (HEADER_SIZE + 2 * hdr::count(p))
+}
+
+/// Bytes in use by slots and live cells.
+pub fn used_space(p: &[u8]) -> usize {
+    PAGE_SIZE - HEADER_SIZE - free_space(p) - hdr::fragmented(p)
+}
+
+/// Inserts `cell` at slot `i` if there is room (compacting if that makes room).
+/// Returns false when the page is too full.
+pub fn insert_cell(p: &mut [u8], i: usize, cell: &[u8]) -> bool {
+    let need = cell.len() + 2;
+    if free_space(p) < need {
+        if free_space(p) + hdr::fragmented(p) < need {
+            return false;
+        }
+        compact(p);
+    }
+    let count = hdr::count(p);
+    let upper = hdr::upper(p) - cell.len();
+    p[upper..upper + cell.len()].copy_from_slice(cell);
+    let slots = HEADER_SIZE + 2 * i;
+    p.copy_within(slots..HEADER_SIZE + 2 * count, slots + 2);
+    write_u16(p, slots, upper as u16);
+    hdr::set_count(p, count + 1);
+    hdr::set_upper(p, upper);
+    true
+}
+
+/// Removes slot `i`; its cell becomes fragmented space (zeroed, to keep the page
+/// image compressible and free of stale data).
+pub fn remove_cell(p: &mut [u8], i: usize) {
+    let count = hdr::count(p);
+    let off = slot(p, i);
+    let size = cell_size(p, i);
+    p[off..off + size].fill(0);
+    let slots = HEADER_SIZE + 2 * i;
+    p.copy_within(slots + 2..HEADER_SIZE + 2 * count, slots);
+    let last = HEADER_SIZE + 2 * (count - 1);
+    p[last..last + 2].fill(0);
+    hdr::set_count(p, count - 1);
+    if off == hdr::upper(p) {
+        hdr::set_upper(p, off + size);
+        // Space right at the boundary is reclaimed at once; the fragmented counter
+        // only tracks holes further in.
+    } else {
+        hdr::set_fragmented(p, hdr::fragmented(p) + size);
+    }
+}
+
+/// Rewrites the cell area without holes.
+pub fn compact(p: &mut [u8]) {
+    let count = hdr::count(p);
+    let cells: Vec<Vec<u8>> = (0..count).map(|i| cell_bytes(p, i).to_vec()).collect();
+    rebuild(p, &cells);
+}
+
+/// Replaces the entries of a node page with `cells` (in order). Header fields other
+/// than count/upper/fragmented are kept.
+pub fn rebuild(p: &mut [u8], cells: &[Vec<u8>]) {
+    p[HEADER_SIZE..PAGE_SIZE].fill(0);
+    let mut upper = PAGE_SIZE;
+    for (i, c) in cells.iter().enumerate() {
+        upper -= c.len();
+        p[upper..upper + c.len()].copy_from_slice(c);
+        write_u16(p, HEADER_SIZE + 2 * i, upper as u16);
+    }
+    assert!(HEADER_SIZE + 2 * cells.len() <= upper, "rebuild overfilled a page");
+    hdr::set_count(p, cells.len());
+    hdr::set_upper(p, upper);
+    hdr::set_fragmented(p, 0);
+}
+
+/// Space a set of cells needs in a page (cells plus slots).
+pub fn cells_space(cells: &[Vec<u8>]) -> usize {
+    cells.iter().map(|c| c.len() + 2).sum()
+}
+
+pub const NODE_CAPACITY: usize = PAGE_SIZE - HEADER_SIZE;
+
+/// The bytes of a page image worth journaling: [0, head) and [tail, len). For node
+/// pages the gap between slot array and cell area is zero by construction.
+pub fn image_extent(p: &[u8]) -> (usize, usize) {
+    match hdr::kind(p) {
+        KIND_BRANCH | KIND_LEAF => (HEADER_SIZE + 2 * hdr::count(p), hdr::upper(p)),
+        KIND_OVERFLOW => {
+            let used = OVERFLOW_HEADER + hdr::extra(p) as usize;
+            (used.min(p.len()), p.len())
+        }
+        _ => (p.len(), p.len()),
+    }
+}
+
+/// Overflow runs: the header, then the value bytes.
+pub const OVERFLOW_HEADER: usize = HEADER_SIZE;
+
+pub fn overflow_run_pages(value_len: usize) -> usize {
+    (OVERFLOW_HEADER + value_len).div_ceil(PAGE_SIZE)
+}
+
+pub fn init_overflow(run: &mut [u8], value: &[u8]) {
+    let pages = run.len() / PAGE_SIZE;
+    run[4] = KIND_OVERFLOW;
+    write_u32(run, 28, pages as u32);
+    hdr::set_extra(run, value.len() as u64);
+    run[OVERFLOW_HEADER..OVERFLOW_HEADER + value.len()].copy_from_slice(value);
+}

@@ -1,0 +1,241 @@
+//! Where committed pages are read from: the table of pages that are journaled but
+//! not yet written to the data file, else the memory map of the data file.
+//!
+//! Pages are copy-on-write: a page number is rewritten only after the transaction
+//! that freed it is synced and no reader predates that transaction (see
+//! `alloc.rs`). So at any moment a page number has at most one unflushed version,
+//! and the flusher's buffered writes never change bytes an open reader can see.
+
+use crate::io::{MappedRegion, VfsFile};
+use crate::page::{self, PageNo, PageRun, PAGE_SIZE};
+use crate::{Error, Result};
+use parking_lot::RwLock;
+use std::cell::UnsafeCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub(crate) struct MapGen {
+    region: Box<dyn MappedRegion>,
+    pages: u64,
+}
+
+/// Keeps alive what a transaction has borrowed slices from: page runs taken from the
+/// unflushed table and the map generations it read through. Slices handed out by a
+/// transaction point into these, so they stay valid for the transaction's lifetime
+/// even if the flusher moves on or the map is replaced.
+#[derive(Default)]
+pub(crate) struct Pins {
+    runs: UnsafeCell<Vec<Arc<PageRun>>>,
+    maps: UnsafeCell<Vec<Arc<MapGen>>>,
+}
+
+// SAFETY: Pins is only mutated through &self by the owning transaction, which is not
+// Sync; moving it to another thread moves all of it.
+unsafe impl Send for Pins {}
+
+impl Pins {
+    fn pin_run<'a>(&'a self, run: Arc<PageRun>) -> &'a [u8] {
+        // SAFETY: the transaction owning `self` is !Sync, so no concurrent access; the
+        // vector only grows, and the returned slice points into the Arc's heap buffer,
+        // which does not move when the vector reallocates and lives as long as `self`.
+        unsafe {
+            let runs = &mut *self.runs.get();
+            runs.push(run);
+            let last = runs.last().expect("just pushed");
+            std::slice::from_raw_parts(last.bytes().as_ptr(), last.bytes().len())
+        }
+    }
+    fn pin_map<'a>(&'a self, map: &Arc<MapGen>) -> &'a MapGen {
+        // SAFETY: as in pin_run; a map generation is pinned once per change.
+        unsafe {
+            let maps = &mut *self.maps.get();
+            if !maps.last().is_some_and(|m| Arc::ptr_eq(m, map)) {
+                maps.push(map.clone());
+            }
+            let last = maps.last().expect("just pushed");
+            &*(Arc::as_ptr(last))
+        }
+    }
+}
+
+/// One bit per page: set once the on-disk version was verified (or written by us),
+/// so every page from disk has its checksum checked once per process, not per read.
+struct VerifiedBits {
+    words: RwLock<Vec<AtomicU64>>,
+}
+
+impl VerifiedBits {
+    fn get(&self, no: PageNo) -> bool {
+        let words = self.words.read();
+        words
+            .get((no / 64) as usize)
+            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (no % 64)) != 0)
+    }
+    fn set(&self, no: PageNo) {
+        let idx = (no / 64) as usize;
+        {
+            let words = self.words.read();
+            if let Some(w) = words.get(idx) {
+                w.fetch_or(1 << (no % 64), Ordering::Relaxed);
+                return;
+            }
+        }
+        let mut words = self.words.write();
+        while words.len() <= idx {
+            words.push(AtomicU64::new(0));
+        }
+        words[idx].fetch_or(1 << (no % 64), Ordering::Relaxed);
+    }
+}
+
+pub(crate) struct PageStore {
+    pub path: PathBuf,
+    pub file: Box<dyn VfsFile>,
+    map: RwLock<Arc<MapGen>>,
+    unflushed: RwLock<HashMap<PageNo, Arc<PageRun>>>,
+    verified: VerifiedBits,
+    grow_step_bytes: u64,
+}
+
+impl PageStore {
+    pub fn open(path: &Path, file: Box<dyn VfsFile>, grow_step_bytes: u64) -> Result<Self> {
+        let len = file.len().map_err(|e| Error::io(path, None, "stat data file", e))?;
+        let map = Self::map_file(path, file.as_ref(), len)?;
+        Ok(PageStore {
+            path: path.to_path_buf(),
+            file,
+            map: RwLock::new(map),
+            unflushed: RwLock::new(HashMap::new()),
+            verified: VerifiedBits { words: RwLock::new(Vec::new()) },
+            grow_step_bytes,
+        })
+    }
+
+    fn map_file(path: &Path, file: &dyn VfsFile, len: u64) -> Result<Arc<MapGen>> {
+        let region = file
+            .map(len)
+            .map_err(|e| Error::io(path, None, "memory-map data file", e))?;
+        Ok(Arc::new(MapGen { region, pages: len / PAGE_SIZE as u64 }))
+    }
+
+    /// Returns the bytes of committed page `no` (the whole run for overflow pages).
+    pub fn page<'a>(&self, no: PageNo, pins: &'a Pins) -> Result<&'a [u8]> {
+        if let Some(run) = self.unflushed.read().get(&no) {
+            return Ok(pins.pin_run(run.clone()));
+        }
+        let map = pins.pin_map(&self.map.read());
+        self.page_from_map(no, map)
+    }
+
+    fn page_from_map<'a>(&self, no: PageNo, map: &'a MapGen) -> Result<&'a [u8]> {
+        if no < page::FIRST_DATA_PAGE || no >= map.pages {
+            return Err(Error::corrupted(
+                &self.path,
+                format!("page {no}"),
+                format!("reference to page {no}, outside the data file's {} pages", map.pages),
+            ));
+        }
+        let bytes = map.region.bytes();
+        let start = no as usize * PAGE_SIZE;
+        let first = &bytes[start..start + PAGE_SIZE];
+        let run_len = if page::hdr::kind(first) == page::KIND_OVERFLOW {
+            let run = page::hdr::run_pages(first) as u64;
+            if run == 0 || no + run > map.pages {
+                return Err(Error::corrupted(
+                    &self.path,
+                    format!("page {no}"),
+                    format!("overflow run of {run} pages runs past the end of the file"),
+                ));
+            }
+            run as usize * PAGE_SIZE
+        } else {
+            PAGE_SIZE
+        };
+        let run = &bytes[start..start + run_len];
+        if !self.verified.get(no) {
+            page::verify(run, no, &self.path)?;
+            self.verified.set(no);
+        }
+        Ok(run)
+    }
+
+    /// Reads a page for tools and recovery without any pins: a private copy.
+    pub fn page_copy(&self, no: PageNo) -> Result<Vec<u8>> {
+        let pins = Pins::default();
+        self.page(no, &pins).map(<[u8]>::to_vec)
+    }
+
+    /// Publishes pages of a durable commit so readers of later snapshots find them.
+    pub fn publish(&self, pages: &[(PageNo, Arc<PageRun>)]) {
+        let mut table = self.unflushed.write();
+        for (no, run) in pages {
+            table.insert(*no, run.clone());
+        }
+    }
+
+    pub fn unflushed_len(&self) -> usize {
+        self.unflushed.read().len()
+    }
+
+    /// Writes a run to the data file (buffered) and retires it from the table.
+    pub fn write_back(&self, no: PageNo, run: &Arc<PageRun>) -> Result<()> {
+        let end_page = no + run.page_count() as u64;
+        self.ensure_mapped(end_page)?;
+        let offset = no * PAGE_SIZE as u64;
+        self.file
+            .write_all_at(run.bytes(), offset)
+            .map_err(|e| Error::io(&self.path, Some(offset), "write data page", e))?;
+        self.verified.set(no);
+        let mut table = self.unflushed.write();
+        if table.get(&no).is_some_and(|cur| Arc::ptr_eq(cur, run)) {
+            table.remove(&no);
+        }
+        Ok(())
+    }
+
+    /// Writes raw page bytes during recovery (no table involved).
+    pub fn write_raw(&self, no: PageNo, bytes: &[u8]) -> Result<()> {
+        self.ensure_mapped(no + bytes.len().div_ceil(PAGE_SIZE) as u64)?;
+        let offset = no * PAGE_SIZE as u64;
+        self.file
+            .write_all_at(bytes, offset)
+            .map_err(|e| Error::io(&self.path, Some(offset), "write data page", e))?;
+        self.verified.set(no);
+        Ok(())
+    }
+
+    /// Grows the file (preallocated, in large steps) and the map to cover `pages`.
+    pub fn ensure_mapped(&self, pages: u64) -> Result<()> {
+        if self.map.read().pages >= pages {
+            return Ok(());
+        }
+        let mut map = self.map.write();
+        if map.pages >= pages {
+            return Ok(());
+        }
+        let cur = self.file.len().map_err(|e| Error::io(&self.path, None, "stat data file", e))?;
+        let needed = pages * PAGE_SIZE as u64;
+        if cur < needed {
+            let step = self.grow_step_bytes.max(cur / 8);
+            let target = (needed + step - 1) / step * step;
+            self.file
+                .allocate(cur, target - cur)
+                .map_err(|e| Error::io(&self.path, Some(cur), "preallocate data file", e))?;
+        }
+        let len = self.file.len().map_err(|e| Error::io(&self.path, None, "stat data file", e))?;
+        *map = Self::map_file(&self.path, self.file.as_ref(), len)?;
+        Ok(())
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.file
+            .sync_data()
+            .map_err(|e| Error::io(&self.path, None, "fsync data file", e))
+    }
+
+    pub fn file_len(&self) -> Result<u64> {
+        self.file.len().map_err(|e| Error::io(&self.path, None, "stat data file", e))
+    }
+}
