@@ -438,8 +438,19 @@ impl Env {
         self.shared.writer.lock().journal.unsafe_skip_durability = true;
     }
 
-    pub(crate) fn shared(&self) -> &Shared {
-        &self.shared
+    /// Walks every tree and page of the current state and reports problems. Holds
+    /// the writer lock meanwhile, so the free list and the snapshot agree.
+    pub fn check(&self) -> Result<crate::check::CheckReport> {
+        let w = self.shared.writer.lock();
+        let mut free: BTreeSet<PageNo> = w.alloc.free.clone();
+        for (_, pages) in &w.alloc.pending {
+            free.extend(pages.iter().copied());
+        }
+        let txn = self.begin_read()?;
+        let report = crate::check::run(&txn, &free);
+        drop(txn);
+        drop(w);
+        report
     }
 }
 

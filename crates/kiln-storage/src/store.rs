@@ -161,12 +161,6 @@ impl PageStore {
         Ok(run)
     }
 
-    /// Reads a page for tools and recovery without any pins: a private copy.
-    pub fn page_copy(&self, no: PageNo) -> Result<Vec<u8>> {
-        let pins = Pins::default();
-        self.page(no, &pins).map(<[u8]>::to_vec)
-    }
-
     /// Publishes pages of a durable commit so readers of later snapshots find them.
     pub fn publish(&self, pages: &[(PageNo, Arc<PageRun>)]) {
         let mut table = self.unflushed.write();
