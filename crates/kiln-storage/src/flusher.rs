@@ -82,7 +82,13 @@ impl Flusher {
         if let Some(why) = self.shared.poison_reason() {
             return Err(Error::Poisoned(why));
         }
-        self.checkpoint().map(|_| self.header.synced_txn_id)
+        match self.checkpoint() {
+            Ok(()) => Ok(self.header.synced_txn_id),
+            Err(e) => {
+                self.shared.poison(format!("background flush failed: {e}"));
+                Err(e)
+            }
+        }
     }
 
     /// After a failed write or fsync the data file's state is unknown (the kernel may

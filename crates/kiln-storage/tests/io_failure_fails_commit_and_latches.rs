@@ -1,0 +1,163 @@
+//! A failed journal write or data-file sync must fail the commit (or latch the
+//! environment) with an error that names the file, never acknowledge, and never lose
+//! what was acknowledged before: after reopening, the journal decides.
+
+use kiln_storage::io::{MappedRegion, OpenMode, OsVfs, Vfs, VfsFile};
+use kiln_storage::{Env, Error, Options};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
+
+/// Fails writes to journal files, or fsyncs of the data file, while a switch is on.
+#[derive(Default)]
+struct Switches {
+    fail_journal_writes: AtomicBool,
+    fail_data_sync: AtomicBool,
+}
+
+struct FaultyVfs {
+    inner: OsVfs,
+    switches: Arc<Switches>,
+}
+
+struct FaultyFile {
+    inner: Box<dyn VfsFile>,
+    path: PathBuf,
+    switches: Arc<Switches>,
+}
+
+fn is_journal(p: &Path) -> bool {
+    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("journal-") && n.ends_with(".log"))
+}
+
+impl VfsFile for FaultyFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_exact_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if is_journal(&self.path) && self.switches.fail_journal_writes.load(SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        if self.path.ends_with(kiln_storage::DATA_FILE) && self.switches.fail_data_sync.load(SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.sync_data()
+    }
+    fn sync_all(&self) -> io::Result<()> {
+        self.inner.sync_all()
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner.allocate(offset, len)
+    }
+    fn map(&self, len: u64) -> io::Result<Box<dyn MappedRegion>> {
+        self.inner.map(len)
+    }
+}
+
+impl Vfs for FaultyVfs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>> {
+        let inner = self.inner.open(path, mode)?;
+        Ok(Box::new(FaultyFile { inner, path: path.to_path_buf(), switches: self.switches.clone() }))
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove_file(path)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        self.inner.exists(path)
+    }
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<(PathBuf, bool)>> {
+        self.inner.list_dir(dir)
+    }
+    fn lock_exclusive(&self, path: &Path) -> io::Result<Box<dyn Send + Sync>> {
+        self.inner.lock_exclusive(path)
+    }
+}
+
+fn opts(switches: &Arc<Switches>) -> Options {
+    Options {
+        journal_file_size_bytes: 1 << 20,
+        data_grow_step_bytes: 1 << 20,
+        vfs: Arc::new(FaultyVfs { inner: OsVfs, switches: switches.clone() }),
+        ..Options::default()
+    }
+}
+
+fn commit_one(env: &Env, k: &str) -> kiln_storage::Result<u64> {
+    let mut w = env.begin_write()?;
+    w.ensure_tree("t")?;
+    w.put("t", k.as_bytes(), b"v")?;
+    w.commit()
+}
+
+#[test]
+fn journal_eio_fails_the_commit_latches_and_reopen_keeps_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let env = Env::open(dir.path(), opts(&sw)).unwrap();
+    commit_one(&env, "a").unwrap();
+    sw.fail_journal_writes.store(true, SeqCst);
+    let err = commit_one(&env, "b").unwrap_err();
+    match &err {
+        Error::Io { path, offset, .. } => {
+            assert!(is_journal(path), "error should name the journal file: {err}");
+            assert!(offset.is_some(), "error should carry the offset: {err}");
+        }
+        other => panic!("expected an I/O error, got {other}"),
+    }
+    sw.fail_journal_writes.store(false, SeqCst);
+    // Latched: what reached the disk is unknown, so no more writes until reopen.
+    assert!(matches!(commit_one(&env, "c"), Err(Error::Poisoned(_))));
+    // Reads still work and do not show the failed commit.
+    assert_eq!(env.begin_read().unwrap().get("t", b"b").unwrap(), None);
+    drop(env);
+    let env = Env::open(dir.path(), opts(&sw)).unwrap();
+    let r = env.begin_read().unwrap();
+    assert_eq!(r.get("t", b"a").unwrap(), Some(&b"v"[..]));
+    assert_eq!(r.get("t", b"b").unwrap(), None);
+    drop(r);
+    commit_one(&env, "d").unwrap();
+    assert!(env.check().unwrap().is_clean());
+}
+
+#[test]
+fn data_file_fsync_eio_latches_and_journal_replay_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let env = Env::open(dir.path(), opts(&sw)).unwrap();
+    for i in 0..20 {
+        commit_one(&env, &format!("k{i}")).unwrap();
+    }
+    sw.fail_data_sync.store(true, SeqCst);
+    let err = env.sync().unwrap_err();
+    assert!(err.to_string().contains(kiln_storage::DATA_FILE), "{err}");
+    assert!(matches!(commit_one(&env, "after"), Err(Error::Poisoned(_))));
+    sw.fail_data_sync.store(false, SeqCst);
+    drop(env);
+    let (env, report) = Env::open_with_report(dir.path(), opts(&sw)).unwrap();
+    assert!(report.records_replayed > 0, "the journal should have been replayed: {report:?}");
+    let r = env.begin_read().unwrap();
+    for i in 0..20 {
+        assert_eq!(r.get("t", format!("k{i}").as_bytes()).unwrap(), Some(&b"v"[..]), "k{i}");
+    }
+    drop(r);
+    assert!(env.check().unwrap().is_clean());
+}
