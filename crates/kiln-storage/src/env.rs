@@ -4,7 +4,7 @@ use crate::alloc::Allocator;
 use crate::flusher::{self, Applied, FlushMsg, Flusher};
 use crate::header::{self, FileHeader};
 use crate::io::{OpenMode, OsVfs, Vfs};
-use crate::journal::record::RecordInput;
+use crate::journal::record::{JournalPage, RecordInput};
 use crate::journal::recovery::{self, JournalTail};
 use crate::journal::writer::{JournalFiles, JournalPos, JournalWriter};
 use crate::page::{self, PageNo, PageRun, PAGE_SIZE};
@@ -171,6 +171,24 @@ impl Shared {
         let mut freed = txn.freed_committed.clone();
         freed.extend_from_slice(&txn.local_free);
         let mut w = txn.writer.take().expect("writer guard held until commit");
+        let sourced: Result<Vec<JournalPage>> = pages
+            .iter()
+            .map(|(no, run)| {
+                let source = match txn.sources.get(no) {
+                    Some(s) => Some((*s, crate::btree::PageSource::page(&*txn, *s)?)),
+                    None => None,
+                };
+                Ok(JournalPage { no: *no, run, source })
+            })
+            .collect();
+        let journal_pages = match sourced {
+            Ok(j) => j,
+            Err(e) => {
+                txn.writer = Some(w);
+                txn.rollback();
+                return Err(e);
+            }
+        };
         let input = RecordInput {
             txn_id: txn.txn_id,
             nonce: 0,
@@ -178,9 +196,11 @@ impl Shared {
             catalog_root: txn.catalog_root,
             page_count: w.alloc.page_count,
             freed: &freed,
-            pages: &pages,
+            pages: &journal_pages,
         };
-        let end = match w.journal.append(input) {
+        let appended = w.journal.append(input);
+        drop(journal_pages);
+        let end = match appended {
             Ok(end) => end,
             Err(e) => {
                 // What reached the disk is unknown: latch, so that only a reopen (which
@@ -201,7 +221,11 @@ impl Shared {
         self.counters.commits.fetch_add(1, Relaxed);
         let applied = Applied { txn_id: txn.txn_id, catalog_root: txn.catalog_root, page_count: snap.page_count, pages, freed, end };
         drop(w);
-        self.send_to_flusher(FlushMsg::Apply(Box::new(applied)))?;
+        if let Err(e) = self.send_to_flusher(FlushMsg::Apply(Box::new(applied))) {
+            // The commit is durable and visible: report it as committed, but no further
+            // commits can be written back, so latch.
+            self.poison(format!("cannot hand commits to the flusher: {e}"));
+        }
         Ok(txn.txn_id)
     }
 }
@@ -233,30 +257,42 @@ impl Env {
         let dir = dir.as_ref().to_path_buf();
         let vfs = opts.vfs.clone();
         let journal_dir = opts.journal_dir.clone().unwrap_or_else(|| dir.join("journal"));
+        if journal_dir == dir {
+            return Err(Error::InvalidOption("journal_dir must not be the data directory itself".into()));
+        }
         vfs.create_dir_all(&dir).map_err(|e| Error::io(&dir, None, "create data directory", e))?;
-        vfs.create_dir_all(&journal_dir).map_err(|e| Error::io(&journal_dir, None, "create journal directory", e))?;
         let lock_path = dir.join(LOCK_FILE);
         let lock = vfs.lock_exclusive(&lock_path).map_err(|e| match e.raw_os_error() {
             Some(libc::EWOULDBLOCK) => Error::Locked { path: dir.clone() },
             _ => Error::io(&lock_path, None, "lock environment", e),
         })?;
         let data_path = dir.join(DATA_FILE);
-        let header = load_or_create_header(vfs.as_ref(), &dir, &data_path, &opts)?;
+        let counters = Arc::new(EngineCounters::default());
+        let header = if vfs.exists(&data_path) {
+            if !vfs.exists(&journal_dir) {
+                return Err(Error::corrupted(&journal_dir, "journal directory", "missing while the data file exists (is the journal volume mounted?)"));
+            }
+            load_header(vfs.as_ref(), &data_path)?
+        } else {
+            create_environment(vfs.clone(), &dir, &journal_dir, &data_path, &opts, counters.clone())?
+        };
         let data_file = vfs
             .open(&data_path, OpenMode { write: true, ..Default::default() })
             .map_err(|e| Error::io(&data_path, None, "open data file", e))?;
         let store = PageStore::open(&data_path, data_file, opts.data_grow_step_bytes)?;
         let free: BTreeSet<PageNo> = header::read_freelist(vfs.as_ref(), &dir, &header)?.into_iter().collect();
-        let counters = Arc::new(EngineCounters::default());
 
         // Replay the journal into the data file.
         let mut state = (header.catalog_root, header.page_count, free);
         let start = JournalPos { file_seq: header.journal_file_seq, offset: header.journal_offset, chain_checksum: header.journal_chain_checksum };
         let outcome = recovery::replay(vfs.as_ref(), &journal_dir, start, header.synced_txn_id, opts.open_despite_journal_gap, |rec| {
-            for (no, run) in &rec.images {
-                page::verify(run.bytes(), *no, &data_path).map_err(|e| Error::corrupted(&journal_dir, format!("record of txn {}", rec.header.txn_id), format!("page image fails verification: {e}")))?;
-                store.write_raw(*no, run.bytes())?;
-                for p in *no..*no + run.page_count() as u64 {
+            let txn_id = rec.header.txn_id;
+            for (no, image) in rec.images {
+                let pages = image.page_count() as u64;
+                let run = image.materialize(|source| store.read_page(source))?;
+                page::verify(run.bytes(), no, &data_path).map_err(|e| Error::corrupted(&journal_dir, format!("record of txn {txn_id}"), format!("page image fails verification: {e}")))?;
+                store.write_raw(no, run.bytes())?;
+                for p in no..no + pages {
                     state.2.remove(&p);
                 }
             }
@@ -353,6 +389,7 @@ impl Env {
             base,
             pins: Default::default(),
             dirty: HashMap::new(),
+            sources: HashMap::new(),
             freed_committed: Vec::new(),
             local_free: Vec::new(),
             taken_from_free: Vec::new(),
@@ -434,8 +471,8 @@ impl Env {
     #[doc(hidden)]
     /// Test-only canary: makes journal writes non-durable. A crash suite that still
     /// passes with this set proves nothing.
-    pub fn unsafe_disable_journal_durability_for_tests(&self) {
-        self.shared.writer.lock().journal.unsafe_skip_durability = true;
+    pub fn unsafe_disable_journal_durability_for_tests(&self) -> Result<()> {
+        self.shared.writer.lock().journal.disable_durability_for_tests()
     }
 
     /// Walks every tree and page of the current state and reports problems. Holds
@@ -466,23 +503,34 @@ impl Drop for Env {
     }
 }
 
-/// Reads the newer valid header copy, or initializes a new data file.
-fn load_or_create_header(vfs: &dyn Vfs, dir: &Path, data_path: &Path, opts: &Options) -> Result<FileHeader> {
-    let exists = vfs.exists(data_path);
-    let mode = OpenMode { create: true, write: true, ..Default::default() };
-    let file = vfs.open(data_path, mode).map_err(|e| Error::io(data_path, None, "open data file", e))?;
-    let len = file.len().map_err(|e| Error::io(data_path, None, "stat data file", e))?;
-    if !exists || len == 0 {
-        let h = FileHeader { page_count: page::FIRST_DATA_PAGE, journal_file_seq: 1, ..Default::default() };
-        file.allocate(0, opts.data_grow_step_bytes.max(2 * PAGE_SIZE as u64)).map_err(|e| Error::io(data_path, Some(0), "preallocate data file", e))?;
-        for slot in 0..2 {
-            header::write_freelist(vfs, dir, slot, &[])?;
-        }
-        file.write_all_at(&h.encode(), 0).map_err(|e| Error::io(data_path, Some(0), "write file header", e))?;
-        file.sync_all().map_err(|e| Error::io(data_path, None, "fsync data file", e))?;
-        vfs.sync_dir(dir).map_err(|e| Error::io(dir, None, "fsync data directory", e))?;
-        return Ok(h);
+/// Creates a new environment. The data file is built under a temporary name and
+/// renamed into place last, so a crash part-way leaves no half-made environment; the
+/// first journal file exists before the data file does.
+fn create_environment(vfs: Arc<dyn Vfs>, dir: &Path, journal_dir: &Path, data_path: &Path, opts: &Options, counters: Arc<EngineCounters>) -> Result<FileHeader> {
+    vfs.create_dir_all(journal_dir).map_err(|e| Error::io(journal_dir, None, "create journal directory", e))?;
+    // A random chain start: records left in the journal directory by an earlier
+    // environment can never pass as this one's.
+    let h = FileHeader { page_count: page::FIRST_DATA_PAGE, journal_file_seq: 1, journal_chain_checksum: rand::random(), ..Default::default() };
+    JournalFiles::open(vfs.clone(), journal_dir, opts.journal_file_size_bytes, counters, 0)?.ensure_file(h.journal_file_seq, opts.journal_file_size_bytes, true)?;
+    for slot in 0..2 {
+        header::write_freelist(vfs.as_ref(), dir, slot, &[])?;
     }
+    let tmp = data_path.with_extension("kiln.tmp");
+    let mode = OpenMode { create: true, write: true, ..Default::default() };
+    let file = vfs.open(&tmp, mode).map_err(|e| Error::io(&tmp, None, "create data file", e))?;
+    file.set_len(0).map_err(|e| Error::io(&tmp, None, "truncate data file", e))?;
+    file.allocate(0, opts.data_grow_step_bytes.max(2 * PAGE_SIZE as u64)).map_err(|e| Error::io(&tmp, Some(0), "preallocate data file", e))?;
+    file.write_all_at(&h.encode(), 0).map_err(|e| Error::io(&tmp, Some(0), "write file header", e))?;
+    file.sync_all().map_err(|e| Error::io(&tmp, None, "fsync data file", e))?;
+    drop(file);
+    vfs.rename(&tmp, data_path).map_err(|e| Error::io(&tmp, None, "rename new data file into place", e))?;
+    vfs.sync_dir(dir).map_err(|e| Error::io(dir, None, "fsync data directory", e))?;
+    Ok(h)
+}
+
+/// Reads the newer valid copy of the file header.
+fn load_header(vfs: &dyn Vfs, data_path: &Path) -> Result<FileHeader> {
+    let file = vfs.open(data_path, OpenMode::default()).map_err(|e| Error::io(data_path, None, "open data file", e))?;
     let mut copies = Vec::new();
     let mut problems = Vec::new();
     for slot in 0..2u64 {
@@ -492,10 +540,17 @@ fn load_or_create_header(vfs: &dyn Vfs, dir: &Path, data_path: &Path, opts: &Opt
             Ok(()) => match FileHeader::decode(&b, data_path) {
                 Ok(h) if h.slot() == slot => copies.push(h),
                 Ok(h) => problems.push(format!("copy {slot}: sequence {} belongs in the other slot", h.sequence)),
-                Err(why) => problems.push(format!("copy {slot}: {why}")),
+                Err((why, true)) => {
+                    return Err(Error::Incompatible { path: data_path.to_path_buf(), found: why, expected: format!("format version {} with {PAGE_SIZE}-byte pages", header::FORMAT_VERSION) })
+                }
+                Err((why, false)) => problems.push(format!("copy {slot}: {why}")),
             },
             Err(e) => problems.push(format!("copy {slot}: unreadable: {e}")),
         }
+    }
+    if !problems.is_empty() && !copies.is_empty() {
+        // Normal after a crash during a header write (the older copy is the one torn).
+        tracing::info!(path = %data_path.display(), problems = problems.join("; "), "one file header copy is not valid; using the other");
     }
     copies.into_iter().max_by_key(|h| h.sequence).ok_or_else(|| Error::corrupted(data_path, "pages 0-1 (file header)", format!("no valid header copy ({})", problems.join("; "))))
 }

@@ -57,7 +57,8 @@ impl Flusher {
                 Ok(FlushMsg::Apply(a)) => {
                     let r = self.apply(a);
                     self.record_failure(r);
-                    if self.bytes_since_sync >= self.shared.opts.sync_after_bytes {
+                    // By bytes, and by time even under a steady stream of commits.
+                    if self.bytes_since_sync >= self.shared.opts.sync_after_bytes || self.last_sync.elapsed() >= interval {
                         let r = self.checkpoint();
                         self.record_failure(r);
                     }
@@ -127,6 +128,11 @@ impl Flusher {
 
     fn checkpoint(&mut self) -> Result<()> {
         self.last_sync = Instant::now();
+        // After a failure the data file's state is unknown: a retried fsync may
+        // "succeed" after the kernel dropped the dirty pages. Never claim a sync then.
+        if self.shared.poison_reason().is_some() {
+            return Ok(());
+        }
         let Some(a) = self.applied.as_ref() else { return Ok(()) };
         if a.txn_id <= self.header.synced_txn_id {
             return Ok(());

@@ -63,23 +63,29 @@ impl FileHeader {
         b
     }
 
-    /// Decodes one copy; `Err` carries why the copy is unusable.
-    pub fn decode(b: &[u8], path: &Path) -> Result<Self, String> {
+    /// Decodes one copy; `Err` carries why the copy is unusable, and whether it is a
+    /// valid header of another format version (not damage).
+    pub fn decode(b: &[u8], path: &Path) -> Result<Self, (String, bool)> {
+        Self::decode_inner(b, path)
+    }
+
+    fn decode_inner(b: &[u8], path: &Path) -> Result<Self, (String, bool)> {
+        let damaged = |s: &str| Err((s.to_string(), false));
         if b.len() < HEADER_LEN {
-            return Err("header truncated".into());
+            return damaged("header truncated");
         }
         if &b[..8] != MAGIC {
-            return Err("bad magic".into());
+            return damaged("bad magic");
         }
         if crc32c::crc32c(&b[..80]) != read_u32(b, 80) {
-            return Err("checksum mismatch".into());
+            return damaged("checksum mismatch");
         }
         let version = read_u32(b, 8);
         let page_size = read_u32(b, 12);
         if version != FORMAT_VERSION || page_size as usize != PAGE_SIZE {
-            return Err(format!(
-                "{}: format version {version} page size {page_size}, expected {FORMAT_VERSION}/{PAGE_SIZE}",
-                path.display()
+            return Err((
+                format!("format version {version} with {page_size}-byte pages ({})", path.display()),
+                true,
             ));
         }
         Ok(FileHeader {

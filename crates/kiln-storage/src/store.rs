@@ -161,6 +161,16 @@ impl PageStore {
         Ok(run)
     }
 
+    /// Reads one page with pread (recovery: sees what `write_raw` wrote, no map needed).
+    pub fn read_page(&self, no: PageNo) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; PAGE_SIZE];
+        let offset = no * PAGE_SIZE as u64;
+        self.file
+            .read_exact_at(&mut buf, offset)
+            .map_err(|e| Error::io(&self.path, Some(offset), "read data page", e))?;
+        Ok(buf)
+    }
+
     /// Publishes pages of a durable commit so readers of later snapshots find them.
     pub fn publish(&self, pages: &[(PageNo, Arc<PageRun>)]) {
         let mut table = self.unflushed.write();

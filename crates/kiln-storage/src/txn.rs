@@ -173,6 +173,9 @@ pub struct WriteTxn<'env> {
     pub(crate) pins: Pins,
     /// Pages (and overflow runs, keyed by first page) written by this transaction.
     pub(crate) dirty: HashMap<PageNo, PageRun>,
+    /// For dirty pages copied from a committed page: that page (the journal may
+    /// record the difference instead of the whole page).
+    pub(crate) sources: HashMap<PageNo, PageNo>,
     /// Committed pages this transaction made unreachable.
     pub(crate) freed_committed: Vec<PageNo>,
     /// Pages allocated and freed again within this transaction.
@@ -216,6 +219,9 @@ impl<'env> WriteTxn<'env> {
     pub(crate) fn tree_state(&mut self, name: &str) -> Result<TreeState> {
         if let Some(t) = self.trees.get(name) {
             return Ok(*t);
+        }
+        if self.dropped.iter().any(|d| d == name) {
+            return Err(Error::TreeNotFound(name.to_string()));
         }
         let info = lookup_tree(self, self.catalog_root, name)?.ok_or_else(|| Error::TreeNotFound(name.to_string()))?;
         let st = TreeState { info, modified: false };

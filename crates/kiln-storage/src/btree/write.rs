@@ -74,6 +74,7 @@ impl WriteTxn<'_> {
     /// Releases a page or run that this transaction no longer references.
     fn free_pages(&mut self, start: PageNo, n: u64) {
         if self.dirty.remove(&start).is_some() {
+            self.sources.remove(&start);
             self.local_free.extend(start..start + n);
         } else {
             self.freed_committed.extend(start..start + n);
@@ -89,6 +90,7 @@ impl WriteTxn<'_> {
         let new_no = self.take_pages(1);
         self.dirty.insert(new_no, copy);
         hdr::set_page_no(self.dirty_mut(new_no), new_no);
+        self.sources.insert(new_no, no);
         self.freed_committed.push(no);
         Ok(new_no)
     }
@@ -322,6 +324,7 @@ impl WriteTxn<'_> {
     }
 
     /// Seals every dirty page (txn id, page number, checksum) for the journal.
+    /// (The copy-on-write sources stay in `self.sources`.)
     pub(crate) fn seal_dirty(&mut self) -> Vec<(PageNo, PageRun)> {
         let txn_id = self.txn_id;
         let mut pages: Vec<(PageNo, PageRun)> = self.dirty.drain().collect();

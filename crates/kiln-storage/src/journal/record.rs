@@ -18,8 +18,17 @@
 //! 56  u64 page count (high-water mark) after the transaction
 //! body
 //!     freed page numbers, u64 each
-//!     page images: page u64 | run pages u32 | head len u32 | tail len u32 | head | tail
-//!     (the bytes between head and tail are zero)
+//!     page images, each: page u64 | run pages u32 | form u32, then by form
+//!       0 full:  head len u32 | tail len u32 | head | tail
+//!                (the bytes between head and tail are zero)
+//!       1 diff:  source page u64 | run count u32 | runs: offset u16 | len u16 | bytes
+//!                (the page is the source page's bytes with the runs written over them;
+//!                 single pages only)
+//!
+//! A diff is used when it is smaller than the full image. Its source is the page this
+//! one was copied from (copy-on-write). Replaying it is safe because a page freed by
+//! transaction T is not reused before T is synced (see `alloc.rs`), so while T may still
+//! need replay, the source page still holds the version T copied.
 //! ```
 //! The record is padded with zeros to a multiple of 4 KiB; the next record starts at
 //! the next 4 KiB boundary. The chain (previous checksum, with the nonce inside the
@@ -27,13 +36,20 @@
 //! never pass as the continuation of the current history.
 
 use crate::io::DIRECT_IO_ALIGN;
-use crate::page::{self, read_u32, read_u64, write_u32, write_u64, PageNo, PageRun, PAGE_SIZE};
+use crate::page::{self, read_u16, read_u32, read_u64, write_u16, write_u32, write_u64, PageNo, PageRun, PAGE_SIZE};
 use std::sync::Arc;
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KJR1");
 pub const VERSION: u8 = 1;
 pub const RECORD_HEADER: usize = 64;
-const IMAGE_HEADER: usize = 20;
+const IMAGE_HEADER: usize = 16;
+const FULL_HEADER: usize = 8;
+const DIFF_HEADER: usize = 12;
+const RUN_HEADER: usize = 4;
+const FORM_FULL: u32 = 0;
+const FORM_DIFF: u32 = 1;
+/// Equal stretches shorter than this do not split a diff run (a run header costs 4).
+const DIFF_MERGE_GAP: usize = 8;
 /// The largest run a record may describe (a value of the maximum size).
 const MAX_RUN_PAGES: u64 = (page::MAX_VALUE_SIZE / PAGE_SIZE + 2) as u64;
 
@@ -69,7 +85,14 @@ pub struct RecordInput<'a> {
     pub catalog_root: PageNo,
     pub page_count: u64,
     pub freed: &'a [PageNo],
-    pub pages: &'a [(PageNo, Arc<PageRun>)],
+    pub pages: &'a [JournalPage<'a>],
+}
+
+/// A page of a commit, with the committed page it was copied from, if any.
+pub struct JournalPage<'a> {
+    pub no: PageNo,
+    pub run: &'a Arc<PageRun>,
+    pub source: Option<(PageNo, &'a [u8])>,
 }
 
 fn image_parts(run: &PageRun) -> (&[u8], &[u8]) {
@@ -78,17 +101,72 @@ fn image_parts(run: &PageRun) -> (&[u8], &[u8]) {
     (&bytes[..head], &bytes[tail..])
 }
 
+/// Byte ranges where `new` differs from `old` (equal lengths), merged across small gaps.
+pub fn diff_runs(old: &[u8], new: &[u8]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut i = 0;
+    let n = old.len().min(new.len());
+    while i < n {
+        // Skip equal 8-byte words quickly.
+        if i + 8 <= n && old[i..i + 8] == new[i..i + 8] {
+            i += 8;
+            continue;
+        }
+        if old[i] == new[i] {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < n && old[i] != new[i] {
+            i += 1;
+        }
+        match runs.last_mut() {
+            Some((s, e)) if start - *e < DIFF_MERGE_GAP => {
+                let _ = s;
+                *e = i;
+            }
+            _ => runs.push((start, i)),
+        }
+    }
+    runs
+}
+
+/// How one page is written into the record.
+enum Form<'a> {
+    Full { head: &'a [u8], tail: &'a [u8] },
+    Diff { source: PageNo, runs: Vec<(usize, usize)>, bytes: &'a [u8] },
+}
+
+impl Form<'_> {
+    fn encoded_len(&self) -> usize {
+        IMAGE_HEADER
+            + match self {
+                Form::Full { head, tail } => FULL_HEADER + head.len() + tail.len(),
+                Form::Diff { runs, .. } => DIFF_HEADER + runs.iter().map(|(s, e)| RUN_HEADER + e - s).sum::<usize>(),
+            }
+    }
+}
+
+fn choose_form<'a>(p: &'a JournalPage<'a>) -> Form<'a> {
+    let (head, tail) = image_parts(p.run);
+    let full = Form::Full { head, tail };
+    let Some((source, old)) = p.source else { return full };
+    let new = p.run.bytes();
+    if new.len() != PAGE_SIZE || old.len() != PAGE_SIZE {
+        return full;
+    }
+    let diff = Form::Diff { source, runs: diff_runs(old, new), bytes: new };
+    if diff.encoded_len() < full.encoded_len() {
+        diff
+    } else {
+        full
+    }
+}
+
 /// Encodes a record into `buf` (grown as needed, aligned); returns (padded length, checksum).
 pub fn encode(input: &RecordInput, buf: &mut PageRun) -> (usize, u32) {
-    let body_len = input.freed.len() * 8
-        + input
-            .pages
-            .iter()
-            .map(|(_, run)| {
-                let (h, t) = image_parts(run);
-                IMAGE_HEADER + h.len() + t.len()
-            })
-            .sum::<usize>();
+    let forms: Vec<Form> = input.pages.iter().map(choose_form).collect();
+    let body_len = input.freed.len() * 8 + forms.iter().map(Form::encoded_len).sum::<usize>();
     let total = padded(RECORD_HEADER + body_len);
     if buf.page_count() * PAGE_SIZE < total {
         *buf = PageRun::zeroed(total.div_ceil(PAGE_SIZE));
@@ -110,17 +188,35 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun) -> (usize, u32) {
         write_u64(b, at, *p);
         at += 8;
     }
-    for (no, run) in input.pages {
-        let (h, t) = image_parts(run);
-        write_u64(b, at, *no);
-        write_u32(b, at + 8, run.page_count() as u32);
-        write_u32(b, at + 12, h.len() as u32);
-        write_u32(b, at + 16, t.len() as u32);
-        at += IMAGE_HEADER;
-        b[at..at + h.len()].copy_from_slice(h);
-        at += h.len();
-        b[at..at + t.len()].copy_from_slice(t);
-        at += t.len();
+    let put = |b: &mut [u8], at: &mut usize, bytes: &[u8]| {
+        b[*at..*at + bytes.len()].copy_from_slice(bytes);
+        *at += bytes.len();
+    };
+    for (p, form) in input.pages.iter().zip(&forms) {
+        write_u64(b, at, p.no);
+        write_u32(b, at + 8, p.run.page_count() as u32);
+        match form {
+            Form::Full { head, tail } => {
+                write_u32(b, at + 12, FORM_FULL);
+                write_u32(b, at + 16, head.len() as u32);
+                write_u32(b, at + 20, tail.len() as u32);
+                at += IMAGE_HEADER + FULL_HEADER;
+                put(b, &mut at, head);
+                put(b, &mut at, tail);
+            }
+            Form::Diff { source, runs, bytes } => {
+                write_u32(b, at + 12, FORM_DIFF);
+                write_u64(b, at + 16, *source);
+                write_u32(b, at + 24, runs.len() as u32);
+                at += IMAGE_HEADER + DIFF_HEADER;
+                for (s, e) in runs {
+                    write_u16(b, at, *s as u16);
+                    write_u16(b, at + 2, (e - s) as u16);
+                    at += RUN_HEADER;
+                    put(b, &mut at, &bytes[*s..*e]);
+                }
+            }
+        }
     }
     debug_assert_eq!(at, RECORD_HEADER + body_len);
     b[at..total].fill(0);
@@ -161,14 +257,53 @@ pub fn checksum_ok(h: &RecordHeader, record: &[u8]) -> bool {
     sum == h.checksum
 }
 
+/// A page as the journal holds it.
+pub enum Image {
+    Full(PageRun),
+    /// The source page's bytes with `runs` written over them.
+    Diff { source: PageNo, runs: Vec<(usize, Vec<u8>)> },
+}
+
+impl Image {
+    pub fn page_count(&self) -> usize {
+        match self {
+            Image::Full(run) => run.page_count(),
+            Image::Diff { .. } => 1,
+        }
+    }
+
+    /// Rebuilds the page; `source` is called for the source page of a diff.
+    pub fn materialize(self, source: impl FnOnce(PageNo) -> crate::Result<Vec<u8>>) -> crate::Result<PageRun> {
+        match self {
+            Image::Full(run) => Ok(run),
+            Image::Diff { source: s, runs } => {
+                let mut run = PageRun::from_bytes(&source(s)?);
+                let b = run.bytes_mut();
+                for (off, bytes) in runs {
+                    b[off..off + bytes.len()].copy_from_slice(&bytes);
+                }
+                Ok(run)
+            }
+        }
+    }
+}
+
 pub struct DecodedRecord {
     pub header: RecordHeader,
     pub freed: Vec<PageNo>,
-    pub images: Vec<(PageNo, PageRun)>,
+    pub images: Vec<(PageNo, Image)>,
+}
+
+/// Reads `n` bytes at `*at` from `body`, or explains why it can't.
+fn take<'b>(body: &'b [u8], at: &mut usize, n: usize, what: &str) -> Result<&'b [u8], String> {
+    let end = at.checked_add(n).filter(|e| *e <= body.len()).ok_or_else(|| format!("{what} runs past the body"))?;
+    let s = &body[*at..end];
+    *at = end;
+    Ok(s)
 }
 
 /// Decodes a record whose checksum already passed. Arbitrary bytes give an error,
-/// never a panic or an allocation larger than the body.
+/// never a panic or an allocation much larger than the body.
 pub fn decode_body(h: &RecordHeader, record: &[u8]) -> Result<DecodedRecord, String> {
     let end = RECORD_HEADER
         .checked_add(h.body_len as usize)
@@ -176,50 +311,68 @@ pub fn decode_body(h: &RecordHeader, record: &[u8]) -> Result<DecodedRecord, Str
         .ok_or("body length beyond the record")?;
     let body = &record[RECORD_HEADER..end];
     let freed_bytes = (h.freed_count as usize).checked_mul(8).ok_or("freed count overflows")?;
-    if freed_bytes > body.len() {
-        return Err(format!("{} freed pages do not fit in the body", h.freed_count));
+    let mut at = 0;
+    let freed: Vec<PageNo> = take(body, &mut at, freed_bytes, "freed page list")?.chunks_exact(8).map(|c| read_u64(c, 0)).collect();
+    if let Some(bad) = freed.iter().find(|p| **p < page::FIRST_DATA_PAGE || **p >= h.page_count) {
+        return Err(format!("freed page {bad} outside the data pages 2..{}", h.page_count));
     }
-    let freed = body[..freed_bytes].chunks_exact(8).map(|c| read_u64(c, 0)).collect();
-    let mut at = freed_bytes;
     let mut images = Vec::new();
     for i in 0..h.image_count {
-        if body.len() - at < IMAGE_HEADER {
-            return Err(format!("page image {i} header runs past the body"));
-        }
-        let no = read_u64(body, at);
-        let run_pages = read_u32(body, at + 8) as u64;
-        let head = read_u32(body, at + 12) as usize;
-        let tail = read_u32(body, at + 16) as usize;
-        at += IMAGE_HEADER;
+        let ih = take(body, &mut at, IMAGE_HEADER, "page image header")?;
+        let (no, run_pages, form) = (read_u64(ih, 0), read_u32(ih, 8) as u64, read_u32(ih, 12));
         if run_pages == 0 || run_pages > MAX_RUN_PAGES {
             return Err(format!("page image {i} (page {no}) has a run of {run_pages} pages"));
         }
-        let run_bytes = run_pages as usize * PAGE_SIZE;
-        let parts = head.checked_add(tail).ok_or("image length overflows")?;
-        // The zero gap between head and tail is less than a page, so a record can
-        // never make us allocate much more than its own size.
-        if parts > run_bytes || run_bytes - parts >= PAGE_SIZE || parts > body.len() - at {
-            return Err(format!(
-                "page image {i} (page {no}): head {head} + tail {tail} inconsistent with a {run_pages}-page run"
-            ));
-        }
         if no < page::FIRST_DATA_PAGE || no.checked_add(run_pages).is_none_or(|e| e > h.page_count) {
-            return Err(format!(
-                "page image {i}: page {no} outside the data pages 2..{}",
-                h.page_count
-            ));
+            return Err(format!("page image {i}: page {no} outside the data pages 2..{}", h.page_count));
         }
-        let mut run = PageRun::zeroed(run_pages as usize);
-        let rb = run.bytes_mut();
-        rb[..head].copy_from_slice(&body[at..at + head]);
-        rb[run_bytes - tail..].copy_from_slice(&body[at + head..at + parts]);
-        at += parts;
-        images.push((no, run));
+        let image = match form {
+            FORM_FULL => decode_full(body, &mut at, i, no, run_pages)?,
+            FORM_DIFF if run_pages == 1 => decode_diff(body, &mut at, i, no, h.page_count)?,
+            other => return Err(format!("page image {i} (page {no}): unknown form {other} for a {run_pages}-page run")),
+        };
+        images.push((no, image));
     }
     if at != body.len() {
         return Err(format!("{} unexplained bytes after the page images", body.len() - at));
     }
     Ok(DecodedRecord { header: *h, freed, images })
+}
+
+fn decode_full(body: &[u8], at: &mut usize, i: u32, no: PageNo, run_pages: u64) -> Result<Image, String> {
+    let fh = take(body, at, FULL_HEADER, "full image header")?;
+    let (head, tail) = (read_u32(fh, 0) as usize, read_u32(fh, 4) as usize);
+    let run_bytes = run_pages as usize * PAGE_SIZE;
+    let parts = head.checked_add(tail).ok_or("image length overflows")?;
+    // The zero gap between head and tail is less than a page, so a record can never
+    // make us allocate much more than its own size.
+    if parts > run_bytes || run_bytes - parts >= PAGE_SIZE {
+        return Err(format!("page image {i} (page {no}): head {head} + tail {tail} inconsistent with a {run_pages}-page run"));
+    }
+    let bytes = take(body, at, parts, "page image bytes")?;
+    let mut run = PageRun::zeroed(run_pages as usize);
+    let rb = run.bytes_mut();
+    rb[..head].copy_from_slice(&bytes[..head]);
+    rb[run_bytes - tail..].copy_from_slice(&bytes[head..]);
+    Ok(Image::Full(run))
+}
+
+fn decode_diff(body: &[u8], at: &mut usize, i: u32, no: PageNo, page_count: u64) -> Result<Image, String> {
+    let dh = take(body, at, DIFF_HEADER, "diff header")?;
+    let (source, count) = (read_u64(dh, 0), read_u32(dh, 8) as usize);
+    if source < page::FIRST_DATA_PAGE || source >= page_count {
+        return Err(format!("page image {i} (page {no}): diff source {source} outside 2..{page_count}"));
+    }
+    let mut runs = Vec::with_capacity(count.min(PAGE_SIZE / RUN_HEADER));
+    for r in 0..count {
+        let rh = take(body, at, RUN_HEADER, "diff run header")?;
+        let (off, len) = (read_u16(rh, 0) as usize, read_u16(rh, 2) as usize);
+        if off + len > PAGE_SIZE {
+            return Err(format!("page image {i} (page {no}): diff run {r} at {off}+{len} outside the page"));
+        }
+        runs.push((off, take(body, at, len, "diff run bytes")?.to_vec()));
+    }
+    Ok(Image::Diff { source, runs })
 }
 
 /// Parses and verifies a complete record from arbitrary bytes (the fuzzing entry point).

@@ -106,22 +106,27 @@ impl Reader<'_> {
         Ok(Probe::Valid(Box::new(rec), h.padded_len()))
     }
 
-    /// Finds valid records with txn id >= `expected` after the end position.
+    /// Finds valid records with txn id >= `expected` after the end position. Reads in
+    /// 1 MiB chunks: this runs on every open.
     fn scan_for_gap(&self, from: JournalPos, expected: u64) -> Result<Vec<(u64, PathBuf, u64)>> {
+        const CHUNK: u64 = 1 << 20;
         let mut found = Vec::new();
         let seqs = list_files(self.vfs, self.dir)?;
+        let mut chunk = vec![0u8; CHUNK as usize];
         for seq in seqs.into_iter().filter(|s| *s >= from.file_seq) {
             let Some((path, file, len)) = self.open(seq)? else { continue };
-            let mut offset = if seq == from.file_seq { from.offset } else { 0 };
-            while offset + DIRECT_IO_ALIGN as u64 <= len {
-                if let Some(block) = self.header_block(file.as_ref(), &path, len, offset)? {
-                    if let Some(h) = record::parse_header(&block) {
-                        if h.txn_id >= expected && self.full_record(file.as_ref(), &path, len, offset, &h)?.is_some() {
-                            found.push((h.txn_id, path.clone(), offset));
-                        }
+            let mut chunk_start = if seq == from.file_seq { from.offset } else { 0 };
+            while chunk_start + DIRECT_IO_ALIGN as u64 <= len {
+                let n = CHUNK.min(len - chunk_start) as usize / DIRECT_IO_ALIGN * DIRECT_IO_ALIGN;
+                file.read_exact_at(&mut chunk[..n], chunk_start).map_err(|e| Error::io(&path, Some(chunk_start), "scan journal", e))?;
+                for block in (0..n).step_by(DIRECT_IO_ALIGN) {
+                    let Some(h) = record::parse_header(&chunk[block..block + DIRECT_IO_ALIGN]) else { continue };
+                    let offset = chunk_start + block as u64;
+                    if h.txn_id >= expected && self.full_record(file.as_ref(), &path, len, offset, &h)?.is_some() {
+                        found.push((h.txn_id, path.clone(), offset));
                     }
                 }
-                offset += DIRECT_IO_ALIGN as u64;
+                chunk_start += n as u64;
             }
         }
         Ok(found)
@@ -139,10 +144,21 @@ pub fn replay(
     mut apply: impl FnMut(DecodedRecord) -> Result<()>,
 ) -> Result<ScanOutcome> {
     let reader = Reader { vfs, dir };
+    let first = file_path(dir, start.file_seq);
+    if !vfs.exists(&first) {
+        return Err(Error::corrupted(
+            &first,
+            "journal",
+            format!(
+                "missing: the data file is synced up to txn {synced_txn_id} and the journal continues in this file \
+                 (is the journal volume mounted? were files deleted?)"
+            ),
+        ));
+    }
     let mut pos = start;
     let mut expected = synced_txn_id + 1;
     let mut replayed = 0;
-    let tail = loop {
+    let mut tail = loop {
         let here = reader.probe(pos.file_seq, pos.offset, expected, pos.chain_checksum)?;
         let here_bad = match here {
             Probe::Valid(rec, len) => {
@@ -157,21 +173,28 @@ pub fn replay(
             Probe::Bad(what) => Some(what),
         };
         // The writer moves to the next file when a record does not fit.
-        if let Probe::Valid(rec, len) = reader.probe(pos.file_seq + 1, 0, expected, pos.chain_checksum)? {
-            let checksum = rec.header.checksum;
-            apply(*rec)?;
-            replayed += 1;
-            expected += 1;
-            pos = JournalPos { file_seq: pos.file_seq + 1, offset: len, chain_checksum: checksum };
-            continue;
-        }
-        break match here_bad {
-            None => JournalTail::Clean,
-            Some(what) => JournalTail::Dropped { path: file_path(dir, pos.file_seq), offset: pos.offset, what },
+        let next_bad = match reader.probe(pos.file_seq + 1, 0, expected, pos.chain_checksum)? {
+            Probe::Valid(rec, len) => {
+                let checksum = rec.header.checksum;
+                apply(*rec)?;
+                replayed += 1;
+                expected += 1;
+                pos = JournalPos { file_seq: pos.file_seq + 1, offset: len, chain_checksum: checksum };
+                continue;
+            }
+            Probe::Clean => None,
+            Probe::Bad(what) => Some(what),
+        };
+        break match (here_bad, next_bad) {
+            (Some(what), _) => JournalTail::Dropped { path: file_path(dir, pos.file_seq), offset: pos.offset, what },
+            (None, Some(what)) => JournalTail::Dropped { path: file_path(dir, pos.file_seq + 1), offset: 0, what },
+            (None, None) => JournalTail::Clean,
         };
     };
+    // Always look past the end: a lost write in the middle (zeros where a record was)
+    // looks like a clean end, and only the valid records after it reveal the hole.
     let mut gap_records_discarded = 0;
-    if let JournalTail::Dropped { .. } = tail {
+    {
         let found = reader.scan_for_gap(pos, expected)?;
         if let Some((found_txn, path, offset)) = found.iter().min_by_key(|f| f.0).cloned() {
             if !allow_gap {
@@ -185,6 +208,13 @@ pub fn replay(
                 });
             }
             gap_records_discarded = neutralize(vfs, &found)?;
+            if tail == JournalTail::Clean {
+                tail = JournalTail::Dropped {
+                    path: file_path(dir, pos.file_seq),
+                    offset: pos.offset,
+                    what: format!("no record where txn {expected} belongs, but valid later records follow (lost write)"),
+                };
+            }
         }
     }
     Ok(ScanOutcome { records_replayed: replayed, last_txn_id: expected - 1, end: pos, tail, gap_records_discarded })

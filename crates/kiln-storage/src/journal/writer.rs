@@ -29,6 +29,9 @@ pub struct JournalFiles {
     vfs: Arc<dyn Vfs>,
     counters: Arc<EngineCounters>,
     state: Mutex<FilesState>,
+    /// Serializes file creation and recycling between the writer and the flusher, so
+    /// that both never build the same file at once.
+    create_lock: Mutex<()>,
 }
 
 struct FilesState {
@@ -49,6 +52,7 @@ impl JournalFiles {
             vfs,
             counters,
             state: Mutex::new(FilesState { existing, recyclable: Vec::new(), current }),
+            create_lock: Mutex::new(()),
         })
     }
 
@@ -79,8 +83,9 @@ impl JournalFiles {
     /// Returns the path of file `seq`, creating or recycling it if needed, with at
     /// least `min_size` bytes allocated. `zero_fill` makes new files cheaper to write
     /// later at the price of writing them once now.
-    fn ensure_file(&self, seq: u64, min_size: u64, zero_fill: bool) -> Result<PathBuf> {
+    pub(crate) fn ensure_file(&self, seq: u64, min_size: u64, zero_fill: bool) -> Result<PathBuf> {
         let path = file_path(&self.dir, seq);
+        let _creating = self.create_lock.lock();
         let mut st = self.state.lock();
         if st.existing.contains(&seq) {
             return Ok(path);
@@ -100,6 +105,8 @@ impl JournalFiles {
         let tmp = self.dir.join(format!("journal-{seq:016}.tmp"));
         let mode = OpenMode { create: true, write: true, ..Default::default() };
         let file = self.vfs.open(&tmp, mode).map_err(|e| Error::io(&tmp, None, "create journal file", e))?;
+        // A leftover from a crash may be longer or hold anything: start from empty.
+        file.set_len(0).map_err(|e| Error::io(&tmp, None, "truncate journal file", e))?;
         file.allocate(0, min_size).map_err(|e| Error::io(&tmp, Some(0), "preallocate journal file", e))?;
         if zero_fill {
             let zeros = vec![0u8; 1 << 20];
@@ -173,6 +180,16 @@ impl JournalWriter {
         self.direct_io
     }
 
+    /// Test-only canary: journal writes become plain buffered writes with no sync,
+    /// i.e. not durable against power loss. A crash suite must catch this.
+    pub(crate) fn disable_durability_for_tests(&mut self) -> Result<()> {
+        self.unsafe_skip_durability = true;
+        let mode = OpenMode { write: true, ..Default::default() };
+        self.current.file = self.vfs.open(&self.current.path, mode).map_err(|e| Error::io(&self.current.path, None, "open journal file", e))?;
+        self.direct_io = false;
+        Ok(())
+    }
+
     /// Writes one record and returns once it is durable. On error nothing is
     /// acknowledged; the caller must not reuse this writer for the same position
     /// without knowing what reached the disk (the environment latches).
@@ -230,7 +247,7 @@ impl JournalWriter {
     fn switch_file(&mut self, record_len: u64) -> Result<()> {
         let next = self.current.seq + 1;
         let path = self.files.ensure_file(next, self.files.file_size_bytes, true)?;
-        let (file, direct) = open_journal_file(self.vfs.as_ref(), &path, self.direct_io, &self.counters)?;
+        let (file, direct) = open_journal_file(self.vfs.as_ref(), &path, self.direct_io && !self.unsafe_skip_durability, &self.counters)?;
         let mut size = file.len().map_err(|e| Error::io(&path, None, "stat journal file", e))?;
         if size < record_len {
             // A record larger than a journal file (a huge value): grow this file for it.
