@@ -4,7 +4,7 @@
 use crate::rawdisk;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_storage::{Env, Options};
-use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
+use rand::{rngs::SmallRng, Rng, RngCore, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -55,7 +55,7 @@ fn fresh_env(dir: &Path) -> Result<Env, Box<dyn std::error::Error>> {
 fn w1(dir: &Path, quick: bool) -> Result<RunResult, Box<dyn std::error::Error>> {
     let n: u64 = if quick { 4096 } else { 65_536 };
     let env = fresh_env(dir)?;
-    let mut rng = StdRng::seed_from_u64(SEED);
+    let mut rng = SmallRng::seed_from_u64(SEED);
     let mut value = vec![0u8; 16 * 1024];
     let mut w = env.begin_write()?;
     w.create_tree("w1")?;
@@ -83,7 +83,7 @@ fn w4(dir: &Path, quick: bool) -> Result<RunResult, Box<dyn std::error::Error>> 
     let txns: u64 = if quick { 1000 } else { 10_000 };
     let per_txn = 100;
     let env = fresh_env(dir)?;
-    let mut rng = StdRng::seed_from_u64(SEED);
+    let mut rng = SmallRng::seed_from_u64(SEED);
     let mut w = env.begin_write()?;
     w.create_tree("w4")?;
     w.commit()?;

@@ -21,10 +21,12 @@ impl Allocator {
         Allocator { free: free.into_iter().collect(), pending: VecDeque::new(), page_count: page_count.max(FIRST_DATA_PAGE) }
     }
 
-    /// Makes pages freed by transactions <= `horizon` reusable.
-    pub fn release(&mut self, horizon: u64) {
+    /// Makes pages freed by transactions <= `horizon` reusable; `released` sees them
+    /// before they can be handed out again.
+    pub fn release(&mut self, horizon: u64, mut released: impl FnMut(&[PageNo])) {
         while self.pending.front().is_some_and(|(txn, _)| *txn <= horizon) {
             if let Some((_, pages)) = self.pending.pop_front() {
+                released(&pages);
                 self.free.extend(pages);
             }
         }
@@ -79,9 +81,9 @@ mod tests {
         let mut a = Allocator::new(10, []);
         a.pending.push_back((5, vec![3, 4]));
         a.pending.push_back((7, vec![8]));
-        a.release(4);
+        a.release(4, |_| {});
         assert!(a.free.is_empty());
-        a.release(6);
+        a.release(6, |_| {});
         assert_eq!(a.free.iter().copied().collect::<Vec<_>>(), vec![3, 4]);
         assert_eq!(a.take(2), (3, true));
         assert_eq!(a.take(1), (10, false));

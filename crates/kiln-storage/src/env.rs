@@ -380,7 +380,8 @@ impl Env {
         }
         let mut w = self.shared.writer.lock();
         let horizon = self.shared.oldest_reader().min(self.shared.synced_txn_id.load(SeqCst));
-        w.alloc.release(horizon);
+        let store = &self.shared.store;
+        w.alloc.release(horizon, |pages| store.forget(pages));
         let base = self.shared.snap.lock().current;
         Ok(WriteTxn {
             env: &self.shared,

@@ -39,14 +39,17 @@ pub(crate) struct Flusher {
     /// crash no reader exists, so they are all free).
     free: BTreeSet<PageNo>,
     header: FileHeader,
+    /// Commits received since the last checkpoint, not yet written back.
+    batch: Vec<Box<Applied>>,
+    batch_bytes: u64,
+    /// Metadata of the last commit written back.
     applied: Option<Box<Applied>>,
-    bytes_since_sync: u64,
     last_sync: Instant,
 }
 
 impl Flusher {
     pub fn new(shared: Arc<Shared>, header: FileHeader, free: BTreeSet<PageNo>) -> Self {
-        Flusher { shared, free, header, applied: None, bytes_since_sync: 0, last_sync: Instant::now() }
+        Flusher { shared, free, header, batch: Vec::new(), batch_bytes: 0, applied: None, last_sync: Instant::now() }
     }
 
     pub fn run(mut self, rx: Receiver<FlushMsg>) {
@@ -55,10 +58,10 @@ impl Flusher {
             let wait = interval.saturating_sub(self.last_sync.elapsed()).max(Duration::from_millis(1));
             match rx.recv_timeout(wait) {
                 Ok(FlushMsg::Apply(a)) => {
-                    let r = self.apply(a);
-                    self.record_failure(r);
+                    self.batch_bytes += a.pages.iter().map(|(_, r)| r.bytes().len() as u64).sum::<u64>();
+                    self.batch.push(a);
                     // By bytes, and by time even under a steady stream of commits.
-                    if self.bytes_since_sync >= self.shared.opts.sync_after_bytes || self.last_sync.elapsed() >= interval {
+                    if self.batch_bytes >= self.shared.opts.sync_after_bytes || self.last_sync.elapsed() >= interval {
                         let r = self.checkpoint();
                         self.record_failure(r);
                     }
@@ -102,27 +105,38 @@ impl Flusher {
         }
     }
 
-    fn apply(&mut self, a: Box<Applied>) -> Result<()> {
-        if self.shared.poison_reason().is_some() {
+    /// Writes the batch back to the data file. A page written by one commit of the
+    /// batch and freed by a later one is skipped: the checkpoint that follows is at the
+    /// end of the batch, where that page is free, so its bytes are never needed on
+    /// disk. (It stays in the unflushed table for readers until the writer releases it.)
+    fn write_back_batch(&mut self) -> Result<()> {
+        let batch = std::mem::take(&mut self.batch);
+        let batch_bytes = std::mem::take(&mut self.batch_bytes);
+        if batch.is_empty() || self.shared.poison_reason().is_some() {
             return Ok(());
         }
-        let prev = self.applied.as_ref().map_or(self.header.synced_txn_id, |p| p.txn_id);
-        assert!(a.txn_id > prev, "flusher got txn {} after {prev}: transaction ids must increase", a.txn_id);
-        let mut bytes = 0;
-        for (no, run) in &a.pages {
-            self.shared.store.write_back(*no, run)?;
-            let n = run.page_count() as u64;
-            for p in *no..*no + n {
-                self.free.remove(&p);
+        let freed_in_batch: std::collections::HashSet<PageNo> = batch.iter().flat_map(|a| a.freed.iter().copied()).collect();
+        let mut prev = self.applied.as_ref().map_or(self.header.synced_txn_id, |p| p.txn_id);
+        let mut written_pages = 0;
+        for a in batch {
+            assert!(a.txn_id > prev, "flusher got txn {} after {prev}: transaction ids must increase", a.txn_id);
+            prev = a.txn_id;
+            for (no, run) in &a.pages {
+                let n = run.page_count() as u64;
+                if !freed_in_batch.contains(no) {
+                    self.shared.store.write_back(*no, run)?;
+                    written_pages += n;
+                }
+                for p in *no..*no + n {
+                    self.free.remove(&p);
+                }
             }
-            bytes += n * PAGE_SIZE as u64;
+            self.free.extend(a.freed.iter().copied());
+            // Keep only the metadata; the page buffers can go.
+            self.applied = Some(Box::new(Applied { pages: Vec::new(), freed: Vec::new(), ..*a }));
         }
-        self.free.extend(a.freed.iter().copied());
-        self.shared.counters.pages_written_back.fetch_add(bytes / PAGE_SIZE as u64, Relaxed);
-        self.shared.note_written_back(bytes);
-        self.bytes_since_sync += bytes;
-        // Keep only the metadata; the page buffers can go once written.
-        self.applied = Some(Box::new(Applied { pages: Vec::new(), freed: Vec::new(), ..*a }));
+        self.shared.counters.pages_written_back.fetch_add(written_pages, Relaxed);
+        self.shared.note_written_back(batch_bytes);
         Ok(())
     }
 
@@ -133,6 +147,7 @@ impl Flusher {
         if self.shared.poison_reason().is_some() {
             return Ok(());
         }
+        self.write_back_batch()?;
         let Some(a) = self.applied.as_ref() else { return Ok(()) };
         if a.txn_id <= self.header.synced_txn_id {
             return Ok(());
@@ -156,7 +171,6 @@ impl Flusher {
         };
         write_header(&shared, &next, &freelist)?;
         self.header = next;
-        self.bytes_since_sync = 0;
         shared.synced_txn_id.store(self.header.synced_txn_id, SeqCst);
         shared.counters.checkpoints.fetch_add(1, Relaxed);
         shared.journal_files.release_below(self.header.journal_file_seq);

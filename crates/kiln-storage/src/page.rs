@@ -52,9 +52,21 @@ impl PageRun {
         }
     }
     pub fn from_bytes(bytes: &[u8]) -> Self {
-        let mut run = PageRun::zeroed(bytes.len().div_ceil(PAGE_SIZE));
-        run.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
-        run
+        let count = bytes.len().div_ceil(PAGE_SIZE).max(1);
+        if bytes.len() != count * PAGE_SIZE {
+            let mut run = PageRun::zeroed(count);
+            run.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
+            return run;
+        }
+        // Whole pages (the common case: copy-on-write of a page): copy without zeroing.
+        let mut pages: Vec<AlignedPage> = Vec::with_capacity(count);
+        // SAFETY: the capacity holds `count` pages = bytes.len() bytes; every byte is
+        // written by the copy before set_len, and AlignedPage is plain bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), pages.as_mut_ptr().cast::<u8>(), bytes.len());
+            pages.set_len(count);
+        }
+        PageRun { pages }
     }
     pub fn page_count(&self) -> usize {
         self.pages.len()

@@ -179,6 +179,15 @@ impl PageStore {
         }
     }
 
+    /// Drops table entries of pages that no snapshot can reach any more (pages the
+    /// flusher skipped because they were superseded before being synced).
+    pub fn forget(&self, pages: &[PageNo]) {
+        let mut table = self.unflushed.write();
+        for p in pages {
+            table.remove(p);
+        }
+    }
+
     pub fn unflushed_len(&self) -> usize {
         self.unflushed.read().len()
     }

@@ -101,31 +101,41 @@ fn image_parts(run: &PageRun) -> (&[u8], &[u8]) {
     (&bytes[..head], &bytes[tail..])
 }
 
-/// Byte ranges where `new` differs from `old` (equal lengths), merged across small gaps.
+/// Byte ranges where `new` differs from `old` (equal lengths), merged across small
+/// gaps. Compares 8-byte words and narrows to bytes only inside differing words.
 pub fn diff_runs(old: &[u8], new: &[u8]) -> Vec<(usize, usize)> {
-    let mut runs: Vec<(usize, usize)> = Vec::new();
-    let mut i = 0;
     let n = old.len().min(new.len());
-    while i < n {
-        // Skip equal 8-byte words quickly.
-        if i + 8 <= n && old[i..i + 8] == new[i..i + 8] {
-            i += 8;
+    let words = n / 8;
+    let word = |b: &[u8], w: usize| u64::from_ne_bytes(b[w * 8..w * 8 + 8].try_into().expect("8 bytes"));
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut push = |start: usize, end: usize| match runs.last_mut() {
+        Some((_, e)) if start - *e < DIFF_MERGE_GAP => *e = end,
+        _ => runs.push((start, end)),
+    };
+    let mut w = 0;
+    while w < words {
+        if word(old, w) == word(new, w) {
+            w += 1;
             continue;
         }
-        if old[i] == new[i] {
-            i += 1;
-            continue;
+        let first = w;
+        while w < words && word(old, w) != word(new, w) {
+            w += 1;
         }
-        let start = i;
-        while i < n && old[i] != new[i] {
-            i += 1;
+        // Narrow the ends to the exact differing bytes.
+        let mut start = first * 8;
+        while old[start] == new[start] {
+            start += 1;
         }
-        match runs.last_mut() {
-            Some((s, e)) if start - *e < DIFF_MERGE_GAP => {
-                let _ = s;
-                *e = i;
-            }
-            _ => runs.push((start, i)),
+        let mut end = w * 8;
+        while old[end - 1] == new[end - 1] {
+            end -= 1;
+        }
+        push(start, end);
+    }
+    for i in words * 8..n {
+        if old[i] != new[i] {
+            push(i, i + 1);
         }
     }
     runs
@@ -382,4 +392,53 @@ pub fn decode(record: &[u8]) -> Result<DecodedRecord, String> {
         return Err("checksum mismatch or truncated".into());
     }
     decode_body(&h, record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply(old: &[u8], new: &[u8]) -> Vec<u8> {
+        let mut out = old.to_vec();
+        for (s, e) in diff_runs(old, new) {
+            out[s..e].copy_from_slice(&new[s..e]);
+        }
+        out
+    }
+
+    #[test]
+    fn diff_runs_reproduce_the_new_bytes() {
+        let old: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7) as u8).collect();
+        for edits in [vec![], vec![0], vec![PAGE_SIZE - 1], vec![5, 6, 100, 101, 4000], vec![8, 15, 16, 23]] {
+            let mut new = old.clone();
+            for e in &edits {
+                new[*e] ^= 0xFF;
+            }
+            let runs = diff_runs(&old, &new);
+            assert_eq!(apply(&old, &new), new, "edits {edits:?} runs {runs:?}");
+            assert_eq!(runs.is_empty(), edits.is_empty());
+        }
+        let odd_old = vec![1u8; 13];
+        let mut odd_new = odd_old.clone();
+        odd_new[12] = 9;
+        assert_eq!(apply(&odd_old, &odd_new), odd_new);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic_the_decoder() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        for _ in 0..2000 {
+            let len = rng.gen_range(0..9000);
+            let mut b: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            if len >= RECORD_HEADER && rng.gen_bool(0.5) {
+                write_u32(&mut b, 0, MAGIC);
+                b[4] = VERSION;
+            }
+            let _ = decode(&b);
+            if let Some(h) = parse_header(&b) {
+                let _ = decode_body(&h, &b);
+            }
+        }
+    }
 }
