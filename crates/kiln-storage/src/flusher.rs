@@ -106,24 +106,33 @@ impl Flusher {
     }
 
     /// Writes the batch back to the data file. A page written by one commit of the
-    /// batch and freed by a later one is skipped: the checkpoint that follows is at the
-    /// end of the batch, where that page is free, so its bytes are never needed on
-    /// disk. (It stays in the unflushed table for readers until the writer releases it.)
+    /// batch and freed by a *later* one is skipped: the checkpoint that follows is at
+    /// the end of the batch, where that version is dead, so its bytes are never needed
+    /// on disk. (It stays in the unflushed table for readers until the writer releases
+    /// it.) "Later" matters: a page allocated and freed inside one transaction is listed
+    /// as freed by it yet reusable at once, so an earlier free says nothing about a
+    /// later write of the same page number.
     fn write_back_batch(&mut self) -> Result<()> {
         let batch = std::mem::take(&mut self.batch);
         let batch_bytes = std::mem::take(&mut self.batch_bytes);
         if batch.is_empty() || self.shared.poison_reason().is_some() {
             return Ok(());
         }
-        let freed_in_batch: std::collections::HashSet<PageNo> = batch.iter().flat_map(|a| a.freed.iter().copied()).collect();
+        let mut last_freed_at: std::collections::HashMap<PageNo, usize> = std::collections::HashMap::new();
+        for (i, a) in batch.iter().enumerate() {
+            for p in &a.freed {
+                last_freed_at.insert(*p, i);
+            }
+        }
         let mut prev = self.applied.as_ref().map_or(self.header.synced_txn_id, |p| p.txn_id);
         let mut written_pages = 0;
-        for a in batch {
+        for (i, a) in batch.into_iter().enumerate() {
             assert!(a.txn_id > prev, "flusher got txn {} after {prev}: transaction ids must increase", a.txn_id);
             prev = a.txn_id;
             for (no, run) in &a.pages {
                 let n = run.page_count() as u64;
-                if !freed_in_batch.contains(no) {
+                let superseded = last_freed_at.get(no).is_some_and(|j| *j > i);
+                if !superseded {
                     self.shared.store.write_back(*no, run)?;
                     written_pages += n;
                 }
