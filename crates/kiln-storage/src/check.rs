@@ -177,7 +177,13 @@ pub(crate) fn run(txn: &ReadTxn, free: &BTreeSet<PageNo>) -> Result<CheckReport>
         report: CheckReport { txn_id: txn.txn_id(), pages_total: txn.page_count(), pages_free: free.len() as u64, ..Default::default() },
     };
     let catalog_entries = w.walk_tree("<catalog>", txn.catalog_root());
-    let names = txn.tree_names()?;
+    let names = match txn.tree_names() {
+        Ok(n) => n,
+        Err(e) => {
+            w.problem(None, format!("cannot list the trees in the catalog: {e}"));
+            return Ok(w.report);
+        }
+    };
     if names.len() as u64 != catalog_entries {
         w.problem(None, format!("catalog lists {} trees but holds {catalog_entries} entries", names.len()));
     }
