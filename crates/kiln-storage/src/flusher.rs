@@ -16,6 +16,11 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Commits are written back in windows of about this many bytes of pages. Pages
+/// superseded within a window are never written; each window's writes are handed to
+/// the OS at once so that the checkpoint's fsync finds little left to do.
+const WRITE_BACK_WINDOW_BYTES: u64 = 8 << 20;
+
 /// A durable commit, handed over for write-back.
 pub(crate) struct Applied {
     pub txn_id: u64,
@@ -42,6 +47,8 @@ pub(crate) struct Flusher {
     /// Commits received since the last checkpoint, not yet written back.
     batch: Vec<Box<Applied>>,
     batch_bytes: u64,
+    /// Bytes written back since the last checkpoint.
+    bytes_since_sync: u64,
     /// Metadata of the last commit written back.
     applied: Option<Box<Applied>>,
     last_sync: Instant,
@@ -49,7 +56,7 @@ pub(crate) struct Flusher {
 
 impl Flusher {
     pub fn new(shared: Arc<Shared>, header: FileHeader, free: BTreeSet<PageNo>) -> Self {
-        Flusher { shared, free, header, batch: Vec::new(), batch_bytes: 0, applied: None, last_sync: Instant::now() }
+        Flusher { shared, free, header, batch: Vec::new(), batch_bytes: 0, bytes_since_sync: 0, applied: None, last_sync: Instant::now() }
     }
 
     pub fn run(mut self, rx: Receiver<FlushMsg>) {
@@ -60,8 +67,12 @@ impl Flusher {
                 Ok(FlushMsg::Apply(a)) => {
                     self.batch_bytes += a.pages.iter().map(|(_, r)| r.bytes().len() as u64).sum::<u64>();
                     self.batch.push(a);
-                    // By bytes, and by time even under a steady stream of commits.
-                    if self.batch_bytes >= self.shared.opts.sync_after_bytes || self.last_sync.elapsed() >= interval {
+                    if self.batch_bytes >= WRITE_BACK_WINDOW_BYTES {
+                        let r = self.write_back_batch();
+                        self.record_failure(r);
+                    }
+                    // Sync by bytes, and by time even under a steady stream of commits.
+                    if self.bytes_since_sync + self.batch_bytes >= self.shared.opts.sync_after_bytes || self.last_sync.elapsed() >= interval {
                         let r = self.checkpoint();
                         self.record_failure(r);
                     }
@@ -126,6 +137,7 @@ impl Flusher {
         }
         let mut prev = self.applied.as_ref().map_or(self.header.synced_txn_id, |p| p.txn_id);
         let mut written_pages = 0;
+        let (mut lowest, mut highest) = (u64::MAX, 0);
         for (i, a) in batch.into_iter().enumerate() {
             assert!(a.txn_id > prev, "flusher got txn {} after {prev}: transaction ids must increase", a.txn_id);
             prev = a.txn_id;
@@ -135,6 +147,8 @@ impl Flusher {
                 if !superseded {
                     self.shared.store.write_back(*no, run)?;
                     written_pages += n;
+                    lowest = lowest.min(*no);
+                    highest = highest.max(*no + n);
                 }
                 for p in *no..*no + n {
                     self.free.remove(&p);
@@ -146,6 +160,10 @@ impl Flusher {
         }
         self.shared.counters.pages_written_back.fetch_add(written_pages, Relaxed);
         self.shared.note_written_back(batch_bytes);
+        self.bytes_since_sync += written_pages * PAGE_SIZE as u64;
+        if highest > lowest {
+            self.shared.store.start_writeback(lowest, highest - lowest);
+        }
         Ok(())
     }
 
@@ -180,6 +198,7 @@ impl Flusher {
         };
         write_header(&shared, &next, &freelist)?;
         self.header = next;
+        self.bytes_since_sync = 0;
         shared.synced_txn_id.store(self.header.synced_txn_id, SeqCst);
         shared.counters.checkpoints.fetch_add(1, Relaxed);
         shared.journal_files.release_below(self.header.journal_file_seq);

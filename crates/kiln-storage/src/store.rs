@@ -242,6 +242,12 @@ impl PageStore {
         Ok(())
     }
 
+    /// Starts writing pages [first, first+count) to disk in the background (a hint:
+    /// failures here are ignored, the checkpoint's fsync reports real errors).
+    pub fn start_writeback(&self, first: PageNo, count: u64) {
+        let _ = self.file.start_writeback(first * PAGE_SIZE as u64, count * PAGE_SIZE as u64);
+    }
+
     pub fn sync(&self) -> Result<()> {
         self.file
             .sync_data()

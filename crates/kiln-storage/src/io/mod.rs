@@ -46,6 +46,11 @@ pub trait VfsFile: Send + Sync {
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Maps the first `len` bytes read-only.
     fn map(&self, len: u64) -> io::Result<Box<dyn MappedRegion>>;
+    /// Asks the OS to start writing `[offset, offset+len)` to disk without waiting
+    /// (a hint that spreads write-back over time; durability still needs a sync).
+    fn start_writeback(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 pub trait Vfs: Send + Sync + 'static {
