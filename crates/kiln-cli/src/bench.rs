@@ -40,7 +40,11 @@ struct RunResult {
 
 fn progress(len: u64, label: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
-    pb.set_style(ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos}/{len} {per_sec} eta {eta}").expect("static template").progress_chars("=> "));
+    pb.set_style(
+        ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos}/{len} {per_sec} eta {eta}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
     pb.set_prefix(label.to_string());
     pb
 }
@@ -76,7 +80,14 @@ fn w1(dir: &Path, quick: bool) -> Result<RunResult, Box<dyn std::error::Error>> 
     pb.finish_and_clear();
     let s = env.stats();
     env.close()?;
-    Ok(RunResult { ops: n, commits: n, seconds, journal_bytes: s.journal_bytes, journal_p99_us: s.journal_write_latency.p99_us, journal_mean_us: s.journal_write_latency.mean_us })
+    Ok(RunResult {
+        ops: n,
+        commits: n,
+        seconds,
+        journal_bytes: s.journal_bytes,
+        journal_p99_us: s.journal_write_latency.p99_us,
+        journal_mean_us: s.journal_write_latency.mean_us,
+    })
 }
 
 /// W4: 10,000 durable transactions x 100 random puts (16-byte keys, 100-byte values).
@@ -108,7 +119,14 @@ fn w4(dir: &Path, quick: bool) -> Result<RunResult, Box<dyn std::error::Error>> 
     pb.finish_and_clear();
     let s = env.stats();
     env.close()?;
-    Ok(RunResult { ops: txns * per_txn, commits: txns, seconds, journal_bytes: s.journal_bytes, journal_p99_us: s.journal_write_latency.p99_us, journal_mean_us: s.journal_write_latency.mean_us })
+    Ok(RunResult {
+        ops: txns * per_txn,
+        commits: txns,
+        seconds,
+        journal_bytes: s.journal_bytes,
+        journal_p99_us: s.journal_write_latency.p99_us,
+        journal_mean_us: s.journal_write_latency.mean_us,
+    })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -119,25 +137,52 @@ fn median(mut v: Vec<f64>) -> f64 {
 pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&args.dir)?;
     let raw_writes = if args.quick { 1024 } else { 4096 };
-    let raw: Vec<rawdisk::RawDiskResult> = (0..3).map(|_| rawdisk::durable_writes(&args.dir, 16 * 1024, raw_writes)).collect::<Result<_, _>>()?;
+    let raw: Vec<rawdisk::RawDiskResult> = (0..3)
+        .map(|_| rawdisk::durable_writes(&args.dir, 16 * 1024, raw_writes))
+        .collect::<Result<_, _>>()?;
     let raw_ms = median(raw.iter().map(|r| r.mean_ms).collect());
     let raw_direct = raw.iter().all(|r| r.direct_io);
     if !args.json {
         println!(
             "raw disk: 16 KiB {} write: {raw_ms:.3} ms/write (mean; p50 {:.3}, p99 {:.3}), dir {}",
-            if raw_direct { "O_DIRECT|O_DSYNC" } else { "pwrite+fdatasync (O_DIRECT refused)" },
+            if raw_direct {
+                "O_DIRECT|O_DSYNC"
+            } else {
+                "pwrite+fdatasync (O_DIRECT refused)"
+            },
             raw[0].p50_ms,
             raw[0].p99_ms,
             args.dir.display()
         );
-        println!("{:<4} {:>6} {:>12} {:>10} {:>12} {:>14} {:>13} {:>13}", "wl", "runs", "ops/s", "ms/commit", "x raw write", "journal B/op", "jrnl mean us", "jrnl p99 us");
+        println!(
+            "{:<4} {:>6} {:>12} {:>10} {:>12} {:>14} {:>13} {:>13}",
+            "wl",
+            "runs",
+            "ops/s",
+            "ms/commit",
+            "x raw write",
+            "journal B/op",
+            "jrnl mean us",
+            "jrnl p99 us"
+        );
     }
-    for wl in args.workloads.split(',').map(str::trim).filter(|w| !w.is_empty()) {
-        let f: fn(&Path, bool) -> Result<RunResult, Box<dyn std::error::Error>> = match wl.to_ascii_uppercase().as_str() {
-            "W1" => w1,
-            "W4" => w4,
-            other => return Err(format!("unknown or not yet implemented workload {other:?} (available: W1, W4)").into()),
-        };
+    for wl in args
+        .workloads
+        .split(',')
+        .map(str::trim)
+        .filter(|w| !w.is_empty())
+    {
+        let f: fn(&Path, bool) -> Result<RunResult, Box<dyn std::error::Error>> =
+            match wl.to_ascii_uppercase().as_str() {
+                "W1" => w1,
+                "W4" => w4,
+                other => {
+                    return Err(format!(
+                        "unknown or not yet implemented workload {other:?} (available: W1, W4)"
+                    )
+                    .into())
+                }
+            };
         let run_dir = args.dir.join(format!("{wl}-run"));
         let mut results = Vec::new();
         for i in 0..args.runs.max(1) {
@@ -166,7 +211,17 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
                 })
             );
         } else {
-            println!("{:<4} {:>6} {:>12.0} {:>10.3} {:>12.2} {:>14.0} {:>13.0} {:>13}", wl, results.len(), ops_per_sec, ms_per_commit, ms_per_commit / raw_ms, bytes_per_op, m.journal_mean_us, m.journal_p99_us);
+            println!(
+                "{:<4} {:>6} {:>12.0} {:>10.3} {:>12.2} {:>14.0} {:>13.0} {:>13}",
+                wl,
+                results.len(),
+                ops_per_sec,
+                ms_per_commit,
+                ms_per_commit / raw_ms,
+                bytes_per_op,
+                m.journal_mean_us,
+                m.journal_p99_us
+            );
         }
     }
     Ok(())

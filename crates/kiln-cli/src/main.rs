@@ -9,7 +9,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "kiln", version, about = "Kiln: a durable transactional storage engine and document database")]
+#[command(
+    name = "kiln",
+    version,
+    about = "Kiln: a durable transactional storage engine and document database"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -63,7 +67,9 @@ enum Command {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -80,7 +86,12 @@ type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn run(cmd: Command) -> AnyResult<ExitCode> {
     match cmd {
-        Command::Put { data_dir, tree, key, value } => {
+        Command::Put {
+            data_dir,
+            tree,
+            key,
+            value,
+        } => {
             let env = Env::open(&data_dir, Options::default())?;
             let mut w = env.begin_write()?;
             w.ensure_tree(&tree)?;
@@ -89,7 +100,11 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
             env.close()?;
             println!("committed txn {txn}");
         }
-        Command::Get { data_dir, tree, key } => {
+        Command::Get {
+            data_dir,
+            tree,
+            key,
+        } => {
             let env = Env::open(&data_dir, Options::default())?;
             let r = env.begin_read()?;
             match r.get(&tree, key.as_bytes())? {
@@ -100,7 +115,13 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
                 }
             }
         }
-        Command::Scan { data_dir, tree, from, reverse, limit } => {
+        Command::Scan {
+            data_dir,
+            tree,
+            from,
+            reverse,
+            limit,
+        } => {
             let env = Env::open(&data_dir, Options::default())?;
             let r = env.begin_read()?;
             let mut c = r.cursor(&tree)?;
@@ -115,7 +136,11 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
                 if n == limit {
                     break;
                 }
-                println!("{}\t{}", String::from_utf8_lossy(k), String::from_utf8_lossy(v));
+                println!(
+                    "{}\t{}",
+                    String::from_utf8_lossy(k),
+                    String::from_utf8_lossy(v)
+                );
                 n += 1;
                 e = if reverse { c.prev()? } else { c.next()? };
             }
@@ -125,14 +150,36 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
             let env = Env::open(&dir, Options::default())?;
             let report = env.check()?;
             if json {
-                let problems: Vec<_> = report.problems.iter().map(|p| serde_json::json!({"file": p.file, "page": p.page, "what": p.what})).collect();
-                println!("{}", serde_json::json!({"txn_id": report.txn_id, "trees": report.trees, "entries": report.entries, "pages_total": report.pages_total, "pages_reachable": report.pages_reachable, "pages_free": report.pages_free, "problems": problems}));
+                let problems: Vec<_> = report
+                    .problems
+                    .iter()
+                    .map(|p| serde_json::json!({"file": p.file, "page": p.page, "what": p.what}))
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({"txn_id": report.txn_id, "trees": report.trees, "entries": report.entries, "pages_total": report.pages_total, "pages_reachable": report.pages_reachable, "pages_free": report.pages_free, "problems": problems})
+                );
             } else {
-                println!("checked txn {}: {} trees, {} entries, {} pages ({} reachable, {} free)", report.txn_id, report.trees, report.entries, report.pages_total, report.pages_reachable, report.pages_free);
+                println!(
+                    "checked txn {}: {} trees, {} entries, {} pages ({} reachable, {} free)",
+                    report.txn_id,
+                    report.trees,
+                    report.entries,
+                    report.pages_total,
+                    report.pages_reachable,
+                    report.pages_free
+                );
                 for p in &report.problems {
                     println!("PROBLEM {p}");
                 }
-                println!("{}", if report.is_clean() { "ok: no problems found" } else { "FAILED" });
+                println!(
+                    "{}",
+                    if report.is_clean() {
+                        "ok: no problems found"
+                    } else {
+                        "FAILED"
+                    }
+                );
             }
             if !report.is_clean() {
                 return Ok(ExitCode::from(1));
@@ -150,7 +197,12 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
 
 fn require_env(dir: &std::path::Path) -> AnyResult<()> {
     if !dir.join(kiln_storage::DATA_FILE).exists() {
-        return Err(format!("{} holds no Kiln environment (no {})", dir.display(), kiln_storage::DATA_FILE).into());
+        return Err(format!(
+            "{} holds no Kiln environment (no {})",
+            dir.display(),
+            kiln_storage::DATA_FILE
+        )
+        .into());
     }
     Ok(())
 }

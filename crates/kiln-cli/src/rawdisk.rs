@@ -20,11 +20,19 @@ pub struct RawDiskResult {
 
 /// Times `writes` sequential durable `write_size`-byte writes into a file in `dir`
 /// that was zero-filled first.
-pub fn durable_writes(dir: &Path, write_size: usize, writes: usize) -> std::io::Result<RawDiskResult> {
+pub fn durable_writes(
+    dir: &Path,
+    write_size: usize,
+    writes: usize,
+) -> std::io::Result<RawDiskResult> {
     let path = dir.join(format!("rawdisk-{}.kiln-tmp", std::process::id()));
     let file_len = (write_size * writes) as u64;
     {
-        let f = OpenOptions::new().create(true).truncate(true).write(true).open(&path)?;
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&path)?;
         let zeros = vec![0u8; 1 << 20];
         let mut off = 0;
         while off < file_len {
@@ -34,14 +42,20 @@ pub fn durable_writes(dir: &Path, write_size: usize, writes: usize) -> std::io::
         }
         f.sync_all()?;
     }
-    let direct = OpenOptions::new().write(true).custom_flags(libc::O_DIRECT | libc::O_DSYNC).open(&path);
+    let direct = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+        .open(&path);
     let (file, is_direct) = match direct {
         Ok(f) => (f, true),
         Err(_) => (OpenOptions::new().write(true).open(&path)?, false),
     };
-    let mut buf: Vec<Block> = (0..write_size.div_ceil(4096)).map(|_| Block([0xA5; 4096])).collect();
+    let mut buf: Vec<Block> = (0..write_size.div_ceil(4096))
+        .map(|_| Block([0xA5; 4096]))
+        .collect();
     // SAFETY: Block is repr(C) around bytes; the Vec is contiguous.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len() * 4096) };
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len() * 4096) };
     let mut lat = Vec::with_capacity(writes);
     for i in 0..writes {
         bytes[0] = i as u8;
@@ -56,6 +70,15 @@ pub fn durable_writes(dir: &Path, write_size: usize, writes: usize) -> std::io::
     let _ = std::fs::remove_file(&path);
     let mean_ms = lat.iter().sum::<f64>() / lat.len().max(1) as f64;
     lat.sort_by(f64::total_cmp);
-    let q = |f: f64| lat.get(((lat.len() as f64 * f) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0.0);
-    Ok(RawDiskResult { mean_ms, p50_ms: q(0.5), p99_ms: q(0.99), direct_io: is_direct })
+    let q = |f: f64| {
+        lat.get(((lat.len() as f64 * f) as usize).min(lat.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    Ok(RawDiskResult {
+        mean_ms,
+        p50_ms: q(0.5),
+        p99_ms: q(0.99),
+        direct_io: is_direct,
+    })
 }

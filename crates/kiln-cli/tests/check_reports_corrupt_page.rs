@@ -4,11 +4,18 @@
 use std::process::Command;
 
 fn kiln(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("run kiln")
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .output()
+        .expect("run kiln")
 }
 
 fn text(o: &std::process::Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 #[test]
@@ -16,7 +23,14 @@ fn check_finds_a_flipped_byte_and_names_the_page() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     for i in 0..20 {
-        let o = kiln(&["put", "--data-dir", d, "users", &format!("user{i:03}"), &format!("{{\"n\":{i}}}")]);
+        let o = kiln(&[
+            "put",
+            "--data-dir",
+            d,
+            "users",
+            &format!("user{i:03}"),
+            &format!("{{\"n\":{i}}}"),
+        ]);
         assert!(o.status.success(), "{}", text(&o));
     }
     let o = kiln(&["get", "--data-dir", d, "users", "user007"]);
@@ -34,7 +48,11 @@ fn check_finds_a_flipped_byte_and_names_the_page() {
     let path = dir.path().join("data.kiln");
     let mut bytes = std::fs::read(&path).unwrap();
     let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
-    let newer = if u64_at(&bytes, 16) > u64_at(&bytes, 8192 + 16) { 0 } else { 8192 };
+    let newer = if u64_at(&bytes, 16) > u64_at(&bytes, 8192 + 16) {
+        0
+    } else {
+        8192
+    };
     let page = u64_at(&bytes, newer + 32) as usize;
     assert!(page >= 2, "catalog root {page}");
     bytes[page * 8192 + 5000] ^= 0x40;
@@ -43,7 +61,10 @@ fn check_finds_a_flipped_byte_and_names_the_page() {
     let o = kiln(&["check", d]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let out = text(&o);
-    assert!(out.contains(&format!("page {page}")), "should name page {page}: {out}");
+    assert!(
+        out.contains(&format!("page {page}")),
+        "should name page {page}: {out}"
+    );
     assert!(out.contains("data.kiln"), "should name the file: {out}");
     assert!(out.contains("checksum"), "should say what is wrong: {out}");
 }

@@ -18,7 +18,11 @@ pub(crate) struct Allocator {
 
 impl Allocator {
     pub fn new(page_count: u64, free: impl IntoIterator<Item = PageNo>) -> Self {
-        Allocator { free: free.into_iter().collect(), pending: VecDeque::new(), page_count: page_count.max(FIRST_DATA_PAGE) }
+        Allocator {
+            free: free.into_iter().collect(),
+            pending: VecDeque::new(),
+            page_count: page_count.max(FIRST_DATA_PAGE),
+        }
     }
 
     /// Makes pages freed by transactions <= `horizon` reusable; `released` sees them

@@ -57,13 +57,24 @@ struct Bounds<'k> {
 
 impl<'a, 't> Walker<'a, 't> {
     fn problem(&mut self, page: Option<PageNo>, what: impl Into<String>) {
-        self.report.problems.push(Problem { file: self.file.clone(), page, what: what.into() });
+        self.report.problems.push(Problem {
+            file: self.file.clone(),
+            page,
+            what: what.into(),
+        });
     }
 
     /// Claims `n` pages starting at `no` for `who`; false if any was already claimed.
     fn claim(&mut self, no: PageNo, n: u64, who: &str) -> bool {
         if no < page::FIRST_DATA_PAGE || no.saturating_add(n) > self.report.pages_total {
-            self.problem(Some(no), format!("{who} references pages {no}..{} outside 2..{}", no.saturating_add(n), self.report.pages_total));
+            self.problem(
+                Some(no),
+                format!(
+                    "{who} references pages {no}..{} outside 2..{}",
+                    no.saturating_add(n),
+                    self.report.pages_total
+                ),
+            );
             return false;
         }
         for p in no..no + n {
@@ -81,13 +92,29 @@ impl<'a, 't> Walker<'a, 't> {
             return 0;
         }
         let mut leaf_depth = None;
-        self.walk_node(name, root, Bounds { lo: None, hi: None }, 0, &mut leaf_depth)
+        self.walk_node(
+            name,
+            root,
+            Bounds { lo: None, hi: None },
+            0,
+            &mut leaf_depth,
+        )
     }
 
-    fn walk_node(&mut self, tree: &str, no: PageNo, b: Bounds, depth: usize, leaf_depth: &mut Option<usize>) -> u64 {
+    fn walk_node(
+        &mut self,
+        tree: &str,
+        no: PageNo,
+        b: Bounds,
+        depth: usize,
+        leaf_depth: &mut Option<usize>,
+    ) -> u64 {
         let who = format!("tree {tree:?}");
         if depth >= MAX_DEPTH {
-            self.problem(Some(no), format!("{who}: deeper than {MAX_DEPTH} levels (cycle?)"));
+            self.problem(
+                Some(no),
+                format!("{who}: deeper than {MAX_DEPTH} levels (cycle?)"),
+            );
             return 0;
         }
         if !self.claim(no, 1, &who) {
@@ -113,14 +140,20 @@ impl<'a, 't> Walker<'a, 't> {
                 self.problem(Some(no), format!("{who}: keys out of order at slot {i}"));
             }
             if b.lo.is_some_and(|lo| k < lo) || b.hi.is_some_and(|hi| k >= hi) {
-                self.problem(Some(no), format!("{who}: key at slot {i} outside the range its parent allows"));
+                self.problem(
+                    Some(no),
+                    format!("{who}: key at slot {i} outside the range its parent allows"),
+                );
             }
         }
         match kind {
             KIND_LEAF => {
                 match *leaf_depth {
                     None => *leaf_depth = Some(depth),
-                    Some(d) if d != depth => self.problem(Some(no), format!("{who}: leaf at depth {depth}, others at {d}")),
+                    Some(d) if d != depth => self.problem(
+                        Some(no),
+                        format!("{who}: leaf at depth {depth}, others at {d}"),
+                    ),
                     _ => {}
                 }
                 for i in 0..count {
@@ -133,15 +166,27 @@ impl<'a, 't> Walker<'a, 't> {
             KIND_BRANCH => {
                 let mut entries = 0;
                 for n in 0..page::branch_fanout(p) {
-                    let lo = if n == 0 { b.lo } else { Some(page::cell_key(p, n - 1)) };
-                    let hi = if n < count { Some(page::cell_key(p, n)) } else { b.hi };
+                    let lo = if n == 0 {
+                        b.lo
+                    } else {
+                        Some(page::cell_key(p, n - 1))
+                    };
+                    let hi = if n < count {
+                        Some(page::cell_key(p, n))
+                    } else {
+                        b.hi
+                    };
                     let child = page::branch_nth_child(p, n);
-                    entries += self.walk_node(tree, child, Bounds { lo, hi }, depth + 1, leaf_depth);
+                    entries +=
+                        self.walk_node(tree, child, Bounds { lo, hi }, depth + 1, leaf_depth);
                 }
                 entries
             }
             k => {
-                self.problem(Some(no), format!("{who}: page kind {k} where a tree node was expected"));
+                self.problem(
+                    Some(no),
+                    format!("{who}: page kind {k} where a tree node was expected"),
+                );
                 0
             }
         }
@@ -150,10 +195,21 @@ impl<'a, 't> Walker<'a, 't> {
     fn check_overflow(&mut self, who: &str, leaf: PageNo, start: PageNo, len: u64) {
         let run = match self.txn.page(start) {
             Ok(r) => r,
-            Err(e) => return self.problem(Some(start), format!("{who}: overflow value of leaf {leaf}: {e}")),
+            Err(e) => {
+                return self.problem(
+                    Some(start),
+                    format!("{who}: overflow value of leaf {leaf}: {e}"),
+                )
+            }
         };
         if hdr::kind(run) != KIND_OVERFLOW {
-            return self.problem(Some(start), format!("{who}: leaf {leaf} points to page kind {} instead of an overflow run", hdr::kind(run)));
+            return self.problem(
+                Some(start),
+                format!(
+                    "{who}: leaf {leaf} points to page kind {} instead of an overflow run",
+                    hdr::kind(run)
+                ),
+            );
         }
         if let Err(e) = page::verify(run, start, &self.file) {
             return self.problem(Some(start), format!("{who}: {e}"));
@@ -174,7 +230,12 @@ pub(crate) fn run(txn: &ReadTxn, free: &BTreeSet<PageNo>) -> Result<CheckReport>
         txn,
         file: txn.data_path().to_path_buf(),
         owner: HashMap::new(),
-        report: CheckReport { txn_id: txn.txn_id(), pages_total: txn.page_count(), pages_free: free.len() as u64, ..Default::default() },
+        report: CheckReport {
+            txn_id: txn.txn_id(),
+            pages_total: txn.page_count(),
+            pages_free: free.len() as u64,
+            ..Default::default()
+        },
     };
     let catalog_entries = w.walk_tree("<catalog>", txn.catalog_root());
     let names = match txn.tree_names() {
@@ -185,7 +246,13 @@ pub(crate) fn run(txn: &ReadTxn, free: &BTreeSet<PageNo>) -> Result<CheckReport>
         }
     };
     if names.len() as u64 != catalog_entries {
-        w.problem(None, format!("catalog lists {} trees but holds {catalog_entries} entries", names.len()));
+        w.problem(
+            None,
+            format!(
+                "catalog lists {} trees but holds {catalog_entries} entries",
+                names.len()
+            ),
+        );
     }
     for name in names {
         let info = match crate::btree::get(txn, txn.catalog_root(), name.as_bytes())
@@ -199,7 +266,13 @@ pub(crate) fn run(txn: &ReadTxn, free: &BTreeSet<PageNo>) -> Result<CheckReport>
         };
         let n = w.walk_tree(&name, info.root);
         if n != info.entries {
-            w.problem(Some(info.root), format!("tree {name:?}: catalog says {} entries, tree holds {n}", info.entries));
+            w.problem(
+                Some(info.root),
+                format!(
+                    "tree {name:?}: catalog says {} entries, tree holds {n}",
+                    info.entries
+                ),
+            );
         }
         w.report.trees += 1;
         w.report.entries += n;
@@ -209,13 +282,25 @@ pub(crate) fn run(txn: &ReadTxn, free: &BTreeSet<PageNo>) -> Result<CheckReport>
             w.problem(Some(p), format!("listed as free but referenced by {who}"));
         }
         if p < page::FIRST_DATA_PAGE || p >= w.report.pages_total {
-            w.problem(Some(p), format!("free page outside 2..{}", w.report.pages_total));
+            w.problem(
+                Some(p),
+                format!("free page outside 2..{}", w.report.pages_total),
+            );
         }
     }
-    let leaked: Vec<PageNo> = (page::FIRST_DATA_PAGE..w.report.pages_total).filter(|p| !w.owner.contains_key(p) && !free.contains(p)).collect();
+    let leaked: Vec<PageNo> = (page::FIRST_DATA_PAGE..w.report.pages_total)
+        .filter(|p| !w.owner.contains_key(p) && !free.contains(p))
+        .collect();
     if !leaked.is_empty() {
         let sample: Vec<String> = leaked.iter().take(10).map(|p| p.to_string()).collect();
-        w.problem(Some(leaked[0]), format!("{} pages neither reachable nor free (leaked), e.g. {}", leaked.len(), sample.join(", ")));
+        w.problem(
+            Some(leaked[0]),
+            format!(
+                "{} pages neither reachable nor free (leaked), e.g. {}",
+                leaked.len(),
+                sample.join(", ")
+            ),
+        );
     }
     Ok(w.report)
 }

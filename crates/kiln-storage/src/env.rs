@@ -15,7 +15,10 @@ use crate::{Error, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::{Relaxed, SeqCst}};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -71,11 +74,14 @@ impl Options {
         if self.journal_file_size_bytes < 1 << 20 || self.journal_file_size_bytes % 4096 != 0 {
             return bad("journal_file_size_bytes must be a multiple of 4096 and at least 1 MiB");
         }
-        if self.data_grow_step_bytes < PAGE_SIZE as u64 || self.data_grow_step_bytes % PAGE_SIZE as u64 != 0 {
+        if self.data_grow_step_bytes < PAGE_SIZE as u64
+            || self.data_grow_step_bytes % PAGE_SIZE as u64 != 0
+        {
             return bad("data_grow_step_bytes must be a positive multiple of the page size");
         }
-        if self.max_unflushed_bytes < 1 << 20 {
-            return bad("max_unflushed_bytes must be at least 1 MiB");
+        if self.max_unflushed_bytes < 32 << 20 {
+            // Write-back happens in 8 MiB windows; less headroom would stall commits.
+            return bad("max_unflushed_bytes must be at least 32 MiB");
         }
         Ok(())
     }
@@ -138,7 +144,9 @@ impl Shared {
 
     fn send_to_flusher(&self, msg: FlushMsg) -> Result<()> {
         match self.flusher_tx.lock().as_ref() {
-            Some(tx) => tx.send(msg).map_err(|_| Error::Poisoned("the flusher thread has stopped".into())),
+            Some(tx) => tx
+                .send(msg)
+                .map_err(|_| Error::Poisoned("the flusher thread has stopped".into())),
             None => Err(Error::Poisoned("the environment is closed".into())),
         }
     }
@@ -149,7 +157,9 @@ impl Shared {
                 return Err(Error::Poisoned(why));
             }
             let mut g = self.flushed_signal.0.lock();
-            self.flushed_signal.1.wait_for(&mut g, Duration::from_millis(10));
+            self.flushed_signal
+                .1
+                .wait_for(&mut g, Duration::from_millis(10));
         }
         Ok(())
     }
@@ -167,7 +177,8 @@ impl Shared {
         self.wait_for_flusher_room()?;
         txn.mutate(|t| t.update_catalog())?;
         let sealed = txn.seal_dirty();
-        let pages: Vec<(PageNo, Arc<PageRun>)> = sealed.into_iter().map(|(n, r)| (n, Arc::new(r))).collect();
+        let pages: Vec<(PageNo, Arc<PageRun>)> =
+            sealed.into_iter().map(|(n, r)| (n, Arc::new(r))).collect();
         let mut freed = txn.freed_committed.clone();
         freed.extend_from_slice(&txn.local_free);
         let mut w = txn.writer.take().expect("writer guard held until commit");
@@ -178,7 +189,11 @@ impl Shared {
                     Some(s) => Some((*s, crate::btree::PageSource::page(&*txn, *s)?)),
                     None => None,
                 };
-                Ok(JournalPage { no: *no, run, source })
+                Ok(JournalPage {
+                    no: *no,
+                    run,
+                    source,
+                })
             })
             .collect();
         let journal_pages = match sourced {
@@ -214,12 +229,25 @@ impl Shared {
         self.store.publish(&pages);
         let bytes: u64 = pages.iter().map(|(_, r)| r.bytes().len() as u64).sum();
         self.unflushed_bytes.fetch_add(bytes, SeqCst);
-        w.alloc.pending.push_back((txn.txn_id, std::mem::take(&mut txn.freed_committed)));
+        w.alloc
+            .pending
+            .push_back((txn.txn_id, std::mem::take(&mut txn.freed_committed)));
         w.alloc.free.extend(txn.local_free.drain(..));
-        let snap = Snapshot { txn_id: txn.txn_id, catalog_root: txn.catalog_root, page_count: w.alloc.page_count };
+        let snap = Snapshot {
+            txn_id: txn.txn_id,
+            catalog_root: txn.catalog_root,
+            page_count: w.alloc.page_count,
+        };
         self.snap.lock().current = snap;
         self.counters.commits.fetch_add(1, Relaxed);
-        let applied = Applied { txn_id: txn.txn_id, catalog_root: txn.catalog_root, page_count: snap.page_count, pages, freed, end };
+        let applied = Applied {
+            txn_id: txn.txn_id,
+            catalog_root: txn.catalog_root,
+            page_count: snap.page_count,
+            pages,
+            freed,
+            end,
+        };
         drop(w);
         if let Err(e) = self.send_to_flusher(FlushMsg::Apply(Box::new(applied))) {
             // The commit is durable and visible: report it as committed, but no further
@@ -256,57 +284,112 @@ impl Env {
         opts.validate()?;
         let dir = dir.as_ref().to_path_buf();
         let vfs = opts.vfs.clone();
-        let journal_dir = opts.journal_dir.clone().unwrap_or_else(|| dir.join("journal"));
-        if journal_dir == dir {
-            return Err(Error::InvalidOption("journal_dir must not be the data directory itself".into()));
+        let journal_dir = opts
+            .journal_dir
+            .clone()
+            .unwrap_or_else(|| dir.join("journal"));
+        vfs.create_dir_all(&dir)
+            .map_err(|e| Error::io(&dir, None, "create data directory", e))?;
+        let same = |a: &Path, b: &Path| {
+            a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+        };
+        if same(&journal_dir, &dir) {
+            return Err(Error::InvalidOption(
+                "journal_dir must not be the data directory itself".into(),
+            ));
         }
-        vfs.create_dir_all(&dir).map_err(|e| Error::io(&dir, None, "create data directory", e))?;
         let lock_path = dir.join(LOCK_FILE);
-        let lock = vfs.lock_exclusive(&lock_path).map_err(|e| match e.raw_os_error() {
-            Some(libc::EWOULDBLOCK) => Error::Locked { path: dir.clone() },
-            _ => Error::io(&lock_path, None, "lock environment", e),
-        })?;
+        let lock = vfs
+            .lock_exclusive(&lock_path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::EWOULDBLOCK) => Error::Locked { path: dir.clone() },
+                _ => Error::io(&lock_path, None, "lock environment", e),
+            })?;
         let data_path = dir.join(DATA_FILE);
         let counters = Arc::new(EngineCounters::default());
         let header = if vfs.exists(&data_path) {
             if !vfs.exists(&journal_dir) {
-                return Err(Error::corrupted(&journal_dir, "journal directory", "missing while the data file exists (is the journal volume mounted?)"));
+                return Err(Error::corrupted(
+                    &journal_dir,
+                    "journal directory",
+                    "missing while the data file exists (is the journal volume mounted?)",
+                ));
             }
             load_header(vfs.as_ref(), &data_path)?
         } else {
-            create_environment(vfs.clone(), &dir, &journal_dir, &data_path, &opts, counters.clone())?
+            create_environment(
+                vfs.clone(),
+                &dir,
+                &journal_dir,
+                &data_path,
+                &opts,
+                counters.clone(),
+            )?
         };
         let data_file = vfs
-            .open(&data_path, OpenMode { write: true, ..Default::default() })
+            .open(
+                &data_path,
+                OpenMode {
+                    write: true,
+                    ..Default::default()
+                },
+            )
             .map_err(|e| Error::io(&data_path, None, "open data file", e))?;
         let store = PageStore::open(&data_path, data_file, opts.data_grow_step_bytes)?;
-        let free: BTreeSet<PageNo> = header::read_freelist(vfs.as_ref(), &dir, &header)?.into_iter().collect();
+        let free: BTreeSet<PageNo> = header::read_freelist(vfs.as_ref(), &dir, &header)?
+            .into_iter()
+            .collect();
 
         // Replay the journal into the data file.
         let mut state = (header.catalog_root, header.page_count, free);
-        let start = JournalPos { file_seq: header.journal_file_seq, offset: header.journal_offset, chain_checksum: header.journal_chain_checksum };
-        let outcome = recovery::replay(vfs.as_ref(), &journal_dir, start, header.synced_txn_id, opts.open_despite_journal_gap, |rec| {
-            let txn_id = rec.header.txn_id;
-            for (no, image) in rec.images {
-                let pages = image.page_count() as u64;
-                let run = image.materialize(|source| store.read_page(source))?;
-                page::verify(run.bytes(), no, &data_path).map_err(|e| Error::corrupted(&journal_dir, format!("record of txn {txn_id}"), format!("page image fails verification: {e}")))?;
-                store.write_raw(no, run.bytes())?;
-                for p in no..no + pages {
-                    state.2.remove(&p);
+        let start = JournalPos {
+            file_seq: header.journal_file_seq,
+            offset: header.journal_offset,
+            chain_checksum: header.journal_chain_checksum,
+        };
+        let outcome = recovery::replay(
+            vfs.as_ref(),
+            &journal_dir,
+            start,
+            header.synced_txn_id,
+            opts.open_despite_journal_gap,
+            |rec| {
+                let txn_id = rec.header.txn_id;
+                for (no, image) in rec.images {
+                    let pages = image.page_count() as u64;
+                    let run = image.materialize(|source| store.read_page(source))?;
+                    page::verify(run.bytes(), no, &data_path).map_err(|e| {
+                        Error::corrupted(
+                            &journal_dir,
+                            format!("record of txn {txn_id}"),
+                            format!("page image fails verification: {e}"),
+                        )
+                    })?;
+                    store.write_raw(no, run.bytes())?;
+                    for p in no..no + pages {
+                        state.2.remove(&p);
+                    }
                 }
-            }
-            state.2.extend(rec.freed.iter().copied());
-            state.0 = rec.header.catalog_root;
-            state.1 = rec.header.page_count;
-            Ok(())
-        })?;
+                state.2.extend(rec.freed.iter().copied());
+                state.0 = rec.header.catalog_root;
+                state.1 = rec.header.page_count;
+                Ok(())
+            },
+        )?;
         let (catalog_root, page_count, free) = state;
-        counters.records_replayed_on_open.store(outcome.records_replayed, Relaxed);
+        counters
+            .records_replayed_on_open
+            .store(outcome.records_replayed, Relaxed);
         if let JournalTail::Dropped { path, offset, what } = &outcome.tail {
             tracing::warn!(path = %path.display(), offset, what, "journal: discarded an incomplete record at the tail (crash during a commit)");
         }
-        let journal_files = Arc::new(JournalFiles::open(vfs.clone(), &journal_dir, opts.journal_file_size_bytes, counters.clone(), outcome.end.file_seq)?);
+        let journal_files = Arc::new(JournalFiles::open(
+            vfs.clone(),
+            &journal_dir,
+            opts.journal_file_size_bytes,
+            counters.clone(),
+            outcome.end.file_seq,
+        )?);
 
         let shared_header = FileHeader {
             sequence: header.sequence,
@@ -319,8 +402,18 @@ impl Env {
             freelist_checksum: 0,
             freelist_len: 0,
         };
-        let journal = JournalWriter::open(vfs.clone(), journal_files.clone(), counters.clone(), outcome.end, opts.journal_direct_io)?;
-        let snap = Snapshot { txn_id: outcome.last_txn_id, catalog_root, page_count };
+        let journal = JournalWriter::open(
+            vfs.clone(),
+            journal_files.clone(),
+            counters.clone(),
+            outcome.end,
+            opts.journal_direct_io,
+        )?;
+        let snap = Snapshot {
+            txn_id: outcome.last_txn_id,
+            catalog_root,
+            page_count,
+        };
         let shared = Arc::new(Shared {
             dir: dir.clone(),
             opts: opts.clone(),
@@ -329,8 +422,14 @@ impl Env {
             counters,
             journal_files,
             synced_txn_id: AtomicU64::new(outcome.last_txn_id),
-            snap: Mutex::new(SnapState { current: snap, readers: BTreeMap::new() }),
-            writer: Mutex::new(WriterState { journal, alloc: Allocator::new(page_count, free.iter().copied()) }),
+            snap: Mutex::new(SnapState {
+                current: snap,
+                readers: BTreeMap::new(),
+            }),
+            writer: Mutex::new(WriterState {
+                journal,
+                alloc: Allocator::new(page_count, free.iter().copied()),
+            }),
             poisoned: Mutex::new(None),
             flusher_tx: Mutex::new(None),
             unflushed_bytes: AtomicU64::new(0),
@@ -340,11 +439,20 @@ impl Env {
         let header = if outcome.records_replayed > 0 || outcome.tail != JournalTail::Clean {
             shared.store.sync()?;
             let freelist = header::encode_freelist(free.iter().copied());
-            let h = FileHeader { sequence: header.sequence + 1, freelist_checksum: crc32c::crc32c(&freelist), freelist_len: freelist.len() as u64, ..shared_header };
+            let h = FileHeader {
+                sequence: header.sequence + 1,
+                freelist_checksum: crc32c::crc32c(&freelist),
+                freelist_len: freelist.len() as u64,
+                ..shared_header
+            };
             flusher::write_header(&shared, &h, &freelist)?;
             h
         } else {
-            FileHeader { freelist_checksum: header.freelist_checksum, freelist_len: header.freelist_len, ..shared_header }
+            FileHeader {
+                freelist_checksum: header.freelist_checksum,
+                freelist_len: header.freelist_len,
+                ..shared_header
+            }
         };
         shared.journal_files.release_below(header.journal_file_seq);
         let report = RecoveryReport {
@@ -361,7 +469,14 @@ impl Env {
             .name("kiln-flusher".into())
             .spawn(move || fl.run(rx))
             .map_err(|e| Error::io(&dir, None, "spawn flusher thread", e))?;
-        Ok((Env { shared, flusher: Some(handle), _lock: lock }, report))
+        Ok((
+            Env {
+                shared,
+                flusher: Some(handle),
+                _lock: lock,
+            },
+            report,
+        ))
     }
 
     /// Starts a read-only snapshot of the last commit.
@@ -379,7 +494,10 @@ impl Env {
             return Err(Error::Poisoned(why));
         }
         let mut w = self.shared.writer.lock();
-        let horizon = self.shared.oldest_reader().min(self.shared.synced_txn_id.load(SeqCst));
+        let horizon = self
+            .shared
+            .oldest_reader()
+            .min(self.shared.synced_txn_id.load(SeqCst));
         let store = &self.shared.store;
         w.alloc.release(horizon, |pages| store.forget(pages));
         let base = self.shared.snap.lock().current;
@@ -406,14 +524,20 @@ impl Env {
     pub fn sync(&self) -> Result<u64> {
         let (tx, rx) = mpsc::channel();
         self.shared.send_to_flusher(FlushMsg::Checkpoint(tx))?;
-        rx.recv().map_err(|_| Error::Poisoned("the flusher thread has stopped".into()))?
+        rx.recv()
+            .map_err(|_| Error::Poisoned("the flusher thread has stopped".into()))?
     }
 
     pub fn stats(&self) -> Stats {
         let c = &self.shared.counters;
         let (free, pending, page_count, direct) = {
             let w = self.shared.writer.lock();
-            (w.alloc.free.len() as u64, w.alloc.pending_len(), w.alloc.page_count, w.journal.direct_io())
+            (
+                w.alloc.free.len() as u64,
+                w.alloc.pending_len(),
+                w.alloc.page_count,
+                w.journal.direct_io(),
+            )
         };
         let (last, readers) = {
             let s = self.shared.snap.lock();
@@ -457,11 +581,16 @@ impl Env {
     }
 
     fn shutdown(&mut self) -> Result<()> {
-        let Some(handle) = self.flusher.take() else { return Ok(()) };
+        let Some(handle) = self.flusher.take() else {
+            return Ok(());
+        };
         let (tx, rx) = mpsc::channel();
         let sent = self.shared.send_to_flusher(FlushMsg::Shutdown(tx));
         let result = match sent {
-            Ok(()) => rx.recv().map_err(|_| Error::Poisoned("the flusher thread has stopped".into())).and_then(|r| r.map(|_| ())),
+            Ok(()) => rx
+                .recv()
+                .map_err(|_| Error::Poisoned("the flusher thread has stopped".into()))
+                .and_then(|r| r.map(|_| ())),
             Err(e) => Err(e),
         };
         *self.shared.flusher_tx.lock() = None;
@@ -473,7 +602,11 @@ impl Env {
     /// Test-only canary: makes journal writes non-durable. A crash suite that still
     /// passes with this set proves nothing.
     pub fn unsafe_disable_journal_durability_for_tests(&self) -> Result<()> {
-        self.shared.writer.lock().journal.disable_durability_for_tests()
+        self.shared
+            .writer
+            .lock()
+            .journal
+            .disable_durability_for_tests()
     }
 
     /// Walks every tree and page of the current state and reports problems. Holds
@@ -493,7 +626,10 @@ impl Env {
 }
 
 fn start_synced(outcome: &recovery::ScanOutcome, synced_now: u64) -> u64 {
-    outcome.last_txn_id.saturating_sub(outcome.records_replayed).min(synced_now)
+    outcome
+        .last_txn_id
+        .saturating_sub(outcome.records_replayed)
+        .min(synced_now)
 }
 
 impl Drop for Env {
@@ -507,31 +643,84 @@ impl Drop for Env {
 /// Creates a new environment. The data file is built under a temporary name and
 /// renamed into place last, so a crash part-way leaves no half-made environment; the
 /// first journal file exists before the data file does.
-fn create_environment(vfs: Arc<dyn Vfs>, dir: &Path, journal_dir: &Path, data_path: &Path, opts: &Options, counters: Arc<EngineCounters>) -> Result<FileHeader> {
-    vfs.create_dir_all(journal_dir).map_err(|e| Error::io(journal_dir, None, "create journal directory", e))?;
+fn create_environment(
+    vfs: Arc<dyn Vfs>,
+    dir: &Path,
+    journal_dir: &Path,
+    data_path: &Path,
+    opts: &Options,
+    counters: Arc<EngineCounters>,
+) -> Result<FileHeader> {
+    vfs.create_dir_all(journal_dir)
+        .map_err(|e| Error::io(journal_dir, None, "create journal directory", e))?;
+    if let Some(parent) = journal_dir.parent() {
+        vfs.sync_dir(parent)
+            .map_err(|e| Error::io(parent, None, "fsync journal directory's parent", e))?;
+    }
+    // Journal files of another environment must never be mistaken for ours; and a
+    // leftover journal-1 from an interrupted creation of this one holds no commits.
+    let leftovers: Vec<u64> = crate::journal::list_files(vfs.as_ref(), journal_dir)?
+        .into_iter()
+        .filter(|s| *s != 1)
+        .collect();
+    if !leftovers.is_empty() {
+        return Err(Error::InvalidOption(format!(
+            "journal directory {} already holds journal files ({} of them) but {} has no data file: \
+             they belong to another environment; move them away or choose another journal_dir",
+            journal_dir.display(),
+            leftovers.len(),
+            dir.display()
+        )));
+    }
     // A random chain start: records left in the journal directory by an earlier
     // environment can never pass as this one's.
-    let h = FileHeader { page_count: page::FIRST_DATA_PAGE, journal_file_seq: 1, journal_chain_checksum: rand::random(), ..Default::default() };
-    JournalFiles::open(vfs.clone(), journal_dir, opts.journal_file_size_bytes, counters, 0)?.ensure_file(h.journal_file_seq, opts.journal_file_size_bytes, true)?;
+    let h = FileHeader {
+        page_count: page::FIRST_DATA_PAGE,
+        journal_file_seq: 1,
+        journal_chain_checksum: rand::random(),
+        ..Default::default()
+    };
+    JournalFiles::open(
+        vfs.clone(),
+        journal_dir,
+        opts.journal_file_size_bytes,
+        counters,
+        0,
+    )?
+    .ensure_file(h.journal_file_seq, opts.journal_file_size_bytes, true)?;
     for slot in 0..2 {
         header::write_freelist(vfs.as_ref(), dir, slot, &[])?;
     }
     let tmp = data_path.with_extension("kiln.tmp");
-    let mode = OpenMode { create: true, write: true, ..Default::default() };
-    let file = vfs.open(&tmp, mode).map_err(|e| Error::io(&tmp, None, "create data file", e))?;
-    file.set_len(0).map_err(|e| Error::io(&tmp, None, "truncate data file", e))?;
-    file.allocate(0, opts.data_grow_step_bytes.max(2 * PAGE_SIZE as u64)).map_err(|e| Error::io(&tmp, Some(0), "preallocate data file", e))?;
-    file.write_all_at(&h.encode(), 0).map_err(|e| Error::io(&tmp, Some(0), "write file header", e))?;
-    file.sync_all().map_err(|e| Error::io(&tmp, None, "fsync data file", e))?;
+    let mode = OpenMode {
+        create: true,
+        write: true,
+        ..Default::default()
+    };
+    let file = vfs
+        .open(&tmp, mode)
+        .map_err(|e| Error::io(&tmp, None, "create data file", e))?;
+    file.set_len(0)
+        .map_err(|e| Error::io(&tmp, None, "truncate data file", e))?;
+    file.allocate(0, opts.data_grow_step_bytes.max(2 * PAGE_SIZE as u64))
+        .map_err(|e| Error::io(&tmp, Some(0), "preallocate data file", e))?;
+    file.write_all_at(&h.encode(), 0)
+        .map_err(|e| Error::io(&tmp, Some(0), "write file header", e))?;
+    file.sync_all()
+        .map_err(|e| Error::io(&tmp, None, "fsync data file", e))?;
     drop(file);
-    vfs.rename(&tmp, data_path).map_err(|e| Error::io(&tmp, None, "rename new data file into place", e))?;
-    vfs.sync_dir(dir).map_err(|e| Error::io(dir, None, "fsync data directory", e))?;
+    vfs.rename(&tmp, data_path)
+        .map_err(|e| Error::io(&tmp, None, "rename new data file into place", e))?;
+    vfs.sync_dir(dir)
+        .map_err(|e| Error::io(dir, None, "fsync data directory", e))?;
     Ok(h)
 }
 
 /// Reads the newer valid copy of the file header.
 fn load_header(vfs: &dyn Vfs, data_path: &Path) -> Result<FileHeader> {
-    let file = vfs.open(data_path, OpenMode::default()).map_err(|e| Error::io(data_path, None, "open data file", e))?;
+    let file = vfs
+        .open(data_path, OpenMode::default())
+        .map_err(|e| Error::io(data_path, None, "open data file", e))?;
     let mut copies = Vec::new();
     let mut problems = Vec::new();
     for slot in 0..2u64 {
@@ -540,9 +729,19 @@ fn load_header(vfs: &dyn Vfs, data_path: &Path) -> Result<FileHeader> {
         match file.read_exact_at(&mut b, off) {
             Ok(()) => match FileHeader::decode(&b, data_path) {
                 Ok(h) if h.slot() == slot => copies.push(h),
-                Ok(h) => problems.push(format!("copy {slot}: sequence {} belongs in the other slot", h.sequence)),
+                Ok(h) => problems.push(format!(
+                    "copy {slot}: sequence {} belongs in the other slot",
+                    h.sequence
+                )),
                 Err((why, true)) => {
-                    return Err(Error::Incompatible { path: data_path.to_path_buf(), found: why, expected: format!("format version {} with {PAGE_SIZE}-byte pages", header::FORMAT_VERSION) })
+                    return Err(Error::Incompatible {
+                        path: data_path.to_path_buf(),
+                        found: why,
+                        expected: format!(
+                            "format version {} with {PAGE_SIZE}-byte pages",
+                            header::FORMAT_VERSION
+                        ),
+                    })
                 }
                 Err((why, false)) => problems.push(format!("copy {slot}: {why}")),
             },
@@ -553,5 +752,14 @@ fn load_header(vfs: &dyn Vfs, data_path: &Path) -> Result<FileHeader> {
         // Normal after a crash during a header write (the older copy is the one torn).
         tracing::info!(path = %data_path.display(), problems = problems.join("; "), "one file header copy is not valid; using the other");
     }
-    copies.into_iter().max_by_key(|h| h.sequence).ok_or_else(|| Error::corrupted(data_path, "pages 0-1 (file header)", format!("no valid header copy ({})", problems.join("; "))))
+    copies
+        .into_iter()
+        .max_by_key(|h| h.sequence)
+        .ok_or_else(|| {
+            Error::corrupted(
+                data_path,
+                "pages 0-1 (file header)",
+                format!("no valid header copy ({})", problems.join("; ")),
+            )
+        })
 }

@@ -56,23 +56,40 @@ pub(crate) struct Flusher {
 
 impl Flusher {
     pub fn new(shared: Arc<Shared>, header: FileHeader, free: BTreeSet<PageNo>) -> Self {
-        Flusher { shared, free, header, batch: Vec::new(), batch_bytes: 0, bytes_since_sync: 0, applied: None, last_sync: Instant::now() }
+        Flusher {
+            shared,
+            free,
+            header,
+            batch: Vec::new(),
+            batch_bytes: 0,
+            bytes_since_sync: 0,
+            applied: None,
+            last_sync: Instant::now(),
+        }
     }
 
     pub fn run(mut self, rx: Receiver<FlushMsg>) {
         let interval = Duration::from_millis(self.shared.opts.sync_interval_ms.max(1));
         loop {
-            let wait = interval.saturating_sub(self.last_sync.elapsed()).max(Duration::from_millis(1));
+            let wait = interval
+                .saturating_sub(self.last_sync.elapsed())
+                .max(Duration::from_millis(1));
             match rx.recv_timeout(wait) {
                 Ok(FlushMsg::Apply(a)) => {
-                    self.batch_bytes += a.pages.iter().map(|(_, r)| r.bytes().len() as u64).sum::<u64>();
+                    self.batch_bytes += a
+                        .pages
+                        .iter()
+                        .map(|(_, r)| r.bytes().len() as u64)
+                        .sum::<u64>();
                     self.batch.push(a);
                     if self.batch_bytes >= WRITE_BACK_WINDOW_BYTES {
                         let r = self.write_back_batch();
                         self.record_failure(r);
                     }
                     // Sync by bytes, and by time even under a steady stream of commits.
-                    if self.bytes_since_sync + self.batch_bytes >= self.shared.opts.sync_after_bytes || self.last_sync.elapsed() >= interval {
+                    if self.bytes_since_sync + self.batch_bytes >= self.shared.opts.sync_after_bytes
+                        || self.last_sync.elapsed() >= interval
+                    {
                         let r = self.checkpoint();
                         self.record_failure(r);
                     }
@@ -129,17 +146,25 @@ impl Flusher {
         if batch.is_empty() || self.shared.poison_reason().is_some() {
             return Ok(());
         }
-        let mut last_freed_at: std::collections::HashMap<PageNo, usize> = std::collections::HashMap::new();
+        let mut last_freed_at: std::collections::HashMap<PageNo, usize> =
+            std::collections::HashMap::new();
         for (i, a) in batch.iter().enumerate() {
             for p in &a.freed {
                 last_freed_at.insert(*p, i);
             }
         }
-        let mut prev = self.applied.as_ref().map_or(self.header.synced_txn_id, |p| p.txn_id);
+        let mut prev = self
+            .applied
+            .as_ref()
+            .map_or(self.header.synced_txn_id, |p| p.txn_id);
         let mut written_pages = 0;
         let (mut lowest, mut highest) = (u64::MAX, 0);
         for (i, a) in batch.into_iter().enumerate() {
-            assert!(a.txn_id > prev, "flusher got txn {} after {prev}: transaction ids must increase", a.txn_id);
+            assert!(
+                a.txn_id > prev,
+                "flusher got txn {} after {prev}: transaction ids must increase",
+                a.txn_id
+            );
             prev = a.txn_id;
             for (no, run) in &a.pages {
                 let n = run.page_count() as u64;
@@ -156,9 +181,16 @@ impl Flusher {
             }
             self.free.extend(a.freed.iter().copied());
             // Keep only the metadata; the page buffers can go.
-            self.applied = Some(Box::new(Applied { pages: Vec::new(), freed: Vec::new(), ..*a }));
+            self.applied = Some(Box::new(Applied {
+                pages: Vec::new(),
+                freed: Vec::new(),
+                ..*a
+            }));
         }
-        self.shared.counters.pages_written_back.fetch_add(written_pages, Relaxed);
+        self.shared
+            .counters
+            .pages_written_back
+            .fetch_add(written_pages, Relaxed);
         self.shared.note_written_back(batch_bytes);
         self.bytes_since_sync += written_pages * PAGE_SIZE as u64;
         if highest > lowest {
@@ -175,7 +207,9 @@ impl Flusher {
             return Ok(());
         }
         self.write_back_batch()?;
-        let Some(a) = self.applied.as_ref() else { return Ok(()) };
+        let Some(a) = self.applied.as_ref() else {
+            return Ok(());
+        };
         if a.txn_id <= self.header.synced_txn_id {
             return Ok(());
         }
@@ -199,9 +233,13 @@ impl Flusher {
         write_header(&shared, &next, &freelist)?;
         self.header = next;
         self.bytes_since_sync = 0;
-        shared.synced_txn_id.store(self.header.synced_txn_id, SeqCst);
+        shared
+            .synced_txn_id
+            .store(self.header.synced_txn_id, SeqCst);
         shared.counters.checkpoints.fetch_add(1, Relaxed);
-        shared.journal_files.release_below(self.header.journal_file_seq);
+        shared
+            .journal_files
+            .release_below(self.header.journal_file_seq);
         if let Err(e) = shared.journal_files.prepare_next() {
             // Not fatal: the writer creates the file itself when it needs it.
             tracing::warn!(error = %e, "could not prepare the next journal file");

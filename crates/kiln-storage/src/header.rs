@@ -84,7 +84,10 @@ impl FileHeader {
         let page_size = read_u32(b, 12);
         if version != FORMAT_VERSION || page_size as usize != PAGE_SIZE {
             return Err((
-                format!("format version {version} with {page_size}-byte pages ({})", path.display()),
+                format!(
+                    "format version {version} with {page_size}-byte pages ({})",
+                    path.display()
+                ),
                 true,
             ));
         }
@@ -135,7 +138,11 @@ pub fn encode_freelist(pages: impl Iterator<Item = PageNo>) -> Vec<u8> {
 
 pub fn decode_freelist(b: &[u8], page_count: u64, path: &Path) -> Result<Vec<PageNo>> {
     if b.len() % 16 != 0 {
-        return Err(Error::corrupted(path, "whole file", "length is not a multiple of 16"));
+        return Err(Error::corrupted(
+            path,
+            "whole file",
+            "length is not a multiple of 16",
+        ));
     }
     let mut pages = Vec::new();
     for (i, chunk) in b.chunks_exact(16).enumerate() {
@@ -156,13 +163,20 @@ pub fn decode_freelist(b: &[u8], page_count: u64, path: &Path) -> Result<Vec<Pag
 /// Writes the free-page snapshot for `slot` and makes it durable.
 pub fn write_freelist(vfs: &dyn Vfs, dir: &Path, slot: u64, bytes: &[u8]) -> Result<()> {
     let path = freelist_path(dir, slot);
-    let mode = OpenMode { create: true, write: true, ..Default::default() };
-    let file = vfs.open(&path, mode).map_err(|e| Error::io(&path, None, "open", e))?;
+    let mode = OpenMode {
+        create: true,
+        write: true,
+        ..Default::default()
+    };
+    let file = vfs
+        .open(&path, mode)
+        .map_err(|e| Error::io(&path, None, "open", e))?;
     file.write_all_at(bytes, 0)
         .map_err(|e| Error::io(&path, Some(0), "write free-page snapshot", e))?;
     file.set_len(bytes.len() as u64)
         .map_err(|e| Error::io(&path, None, "truncate free-page snapshot", e))?;
-    file.sync_all().map_err(|e| Error::io(&path, None, "fsync free-page snapshot", e))
+    file.sync_all()
+        .map_err(|e| Error::io(&path, None, "fsync free-page snapshot", e))
 }
 
 pub fn read_freelist(vfs: &dyn Vfs, dir: &Path, header: &FileHeader) -> Result<Vec<PageNo>> {

@@ -63,7 +63,11 @@ impl PageRun {
         // SAFETY: the capacity holds `count` pages = bytes.len() bytes; every byte is
         // written by the copy before set_len, and AlignedPage is plain bytes.
         unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), pages.as_mut_ptr().cast::<u8>(), bytes.len());
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                pages.as_mut_ptr().cast::<u8>(),
+                bytes.len(),
+            );
             pages.set_len(count);
         }
         PageRun { pages }
@@ -74,7 +78,10 @@ impl PageRun {
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: AlignedPage is repr(C) around a byte array; the Vec is contiguous.
         unsafe {
-            std::slice::from_raw_parts(self.pages.as_ptr().cast::<u8>(), self.pages.len() * PAGE_SIZE)
+            std::slice::from_raw_parts(
+                self.pages.as_ptr().cast::<u8>(),
+                self.pages.len() * PAGE_SIZE,
+            )
         }
     }
     pub fn bytes_mut(&mut self) -> &mut [u8] {
@@ -199,7 +206,9 @@ pub fn verify(p: &[u8], page_no: PageNo, file: &Path) -> Result<()> {
     }
     let kind = hdr::kind(p);
     if !matches!(kind, KIND_BRANCH | KIND_LEAF | KIND_OVERFLOW) {
-        return bad(format!("unknown page kind {kind} (page never written, or overwritten)"));
+        return bad(format!(
+            "unknown page kind {kind} (page never written, or overwritten)"
+        ));
     }
     if kind == KIND_OVERFLOW {
         let run = hdr::run_pages(p) as usize;
@@ -210,10 +219,15 @@ pub fn verify(p: &[u8], page_no: PageNo, file: &Path) -> Result<()> {
     let stored = read_u32(p, 0);
     let actual = compute_checksum(p, page_no);
     if stored != actual {
-        return bad(format!("checksum mismatch: stored {stored:#010x}, computed {actual:#010x}"));
+        return bad(format!(
+            "checksum mismatch: stored {stored:#010x}, computed {actual:#010x}"
+        ));
     }
     if hdr::page_no(p) != page_no {
-        return bad(format!("page claims to be page {} (misdirected write)", hdr::page_no(p)));
+        return bad(format!(
+            "page claims to be page {} (misdirected write)",
+            hdr::page_no(p)
+        ));
     }
     if kind != KIND_OVERFLOW {
         check_node_bounds(p).or_else(|what| bad(what))?;
@@ -227,12 +241,18 @@ pub fn check_node_bounds(p: &[u8]) -> std::result::Result<(), String> {
     let upper = hdr::upper(p);
     let slots_end = HEADER_SIZE + 2 * count;
     if slots_end > upper || upper > PAGE_SIZE {
-        return Err(format!("slot array end {slots_end} beyond cell area start {upper}"));
+        return Err(format!(
+            "slot array end {slots_end} beyond cell area start {upper}"
+        ));
     }
     let leaf = hdr::kind(p) == KIND_LEAF;
     for i in 0..count {
         let off = read_u16(p, HEADER_SIZE + 2 * i) as usize;
-        let fixed = if leaf { LEAF_CELL_FIXED } else { BRANCH_CELL_FIXED };
+        let fixed = if leaf {
+            LEAF_CELL_FIXED
+        } else {
+            BRANCH_CELL_FIXED
+        };
         if off < upper || off + fixed > PAGE_SIZE {
             return Err(format!("slot {i} points to {off}, outside the cell area"));
         }
@@ -283,12 +303,18 @@ pub fn slot(p: &[u8], i: usize) -> usize {
 pub fn cell_key(p: &[u8], i: usize) -> &[u8] {
     let off = slot(p, i);
     let len = read_u16(p, off) as usize;
-    let fixed = if hdr::kind(p) == KIND_LEAF { LEAF_CELL_FIXED } else { BRANCH_CELL_FIXED };
-    let start = off + fixed + if hdr::kind(p) == KIND_LEAF && p[off + 2] == VALUE_OVERFLOW {
-        OVERFLOW_REF_SIZE
+    let fixed = if hdr::kind(p) == KIND_LEAF {
+        LEAF_CELL_FIXED
     } else {
-        0
+        BRANCH_CELL_FIXED
     };
+    let start = off
+        + fixed
+        + if hdr::kind(p) == KIND_LEAF && p[off + 2] == VALUE_OVERFLOW {
+            OVERFLOW_REF_SIZE
+        } else {
+            0
+        };
     &p[start..start + len]
 }
 
@@ -483,7 +509,10 @@ pub fn rebuild(p: &mut [u8], cells: &[Vec<u8>]) {
         p[upper..upper + c.len()].copy_from_slice(c);
         write_u16(p, HEADER_SIZE + 2 * i, upper as u16);
     }
-    assert!(HEADER_SIZE + 2 * cells.len() <= upper, "rebuild overfilled a page");
+    assert!(
+        HEADER_SIZE + 2 * cells.len() <= upper,
+        "rebuild overfilled a page"
+    );
     hdr::set_count(p, cells.len());
     hdr::set_upper(p, upper);
     hdr::set_fragmented(p, 0);

@@ -72,7 +72,11 @@ impl LatencyHistogram {
         };
         LatencySummary {
             count,
-            mean_us: if count == 0 { 0.0 } else { self.sum_us.load(Relaxed) as f64 / count as f64 },
+            mean_us: if count == 0 {
+                0.0
+            } else {
+                self.sum_us.load(Relaxed) as f64 / count as f64
+            },
             p50_us: quantile(0.50),
             p99_us: quantile(0.99),
             max_us: self.max_us.load(Relaxed),
@@ -143,9 +147,15 @@ mod tests {
 
     #[test]
     fn buckets_are_monotonic_and_bound_their_values() {
-        for us in [0u64, 1, 7, 8, 9, 15, 16, 100, 117, 1000, 123_456, 10_000_000] {
+        for us in [
+            0u64, 1, 7, 8, 9, 15, 16, 100, 117, 1000, 123_456, 10_000_000,
+        ] {
             let b = bucket_of(us);
-            assert!(bucket_upper_us(b) > us, "{us} -> bucket {b} upper {}", bucket_upper_us(b));
+            assert!(
+                bucket_upper_us(b) > us,
+                "{us} -> bucket {b} upper {}",
+                bucket_upper_us(b)
+            );
             if b > 0 {
                 assert!(bucket_upper_us(b - 1) <= us, "{us}");
             }

@@ -101,14 +101,18 @@ pub(crate) struct PageStore {
 
 impl PageStore {
     pub fn open(path: &Path, file: Box<dyn VfsFile>, grow_step_bytes: u64) -> Result<Self> {
-        let len = file.len().map_err(|e| Error::io(path, None, "stat data file", e))?;
+        let len = file
+            .len()
+            .map_err(|e| Error::io(path, None, "stat data file", e))?;
         let map = Self::map_file(path, file.as_ref(), len)?;
         Ok(PageStore {
             path: path.to_path_buf(),
             file,
             map: RwLock::new(map),
             unflushed: RwLock::new(HashMap::new()),
-            verified: VerifiedBits { words: RwLock::new(Vec::new()) },
+            verified: VerifiedBits {
+                words: RwLock::new(Vec::new()),
+            },
             grow_step_bytes,
         })
     }
@@ -117,7 +121,10 @@ impl PageStore {
         let region = file
             .map(len)
             .map_err(|e| Error::io(path, None, "memory-map data file", e))?;
-        Ok(Arc::new(MapGen { region, pages: len / PAGE_SIZE as u64 }))
+        Ok(Arc::new(MapGen {
+            region,
+            pages: len / PAGE_SIZE as u64,
+        }))
     }
 
     /// Returns the bytes of committed page `no` (the whole run for overflow pages).
@@ -134,7 +141,10 @@ impl PageStore {
             return Err(Error::corrupted(
                 &self.path,
                 format!("page {no}"),
-                format!("reference to page {no}, outside the data file's {} pages", map.pages),
+                format!(
+                    "reference to page {no}, outside the data file's {} pages",
+                    map.pages
+                ),
             ));
         }
         let bytes = map.region.bytes();
@@ -228,7 +238,10 @@ impl PageStore {
         if map.pages >= pages {
             return Ok(());
         }
-        let cur = self.file.len().map_err(|e| Error::io(&self.path, None, "stat data file", e))?;
+        let cur = self
+            .file
+            .len()
+            .map_err(|e| Error::io(&self.path, None, "stat data file", e))?;
         let needed = pages * PAGE_SIZE as u64;
         if cur < needed {
             let step = self.grow_step_bytes.max(cur / 8);
@@ -237,7 +250,10 @@ impl PageStore {
                 .allocate(cur, target - cur)
                 .map_err(|e| Error::io(&self.path, Some(cur), "preallocate data file", e))?;
         }
-        let len = self.file.len().map_err(|e| Error::io(&self.path, None, "stat data file", e))?;
+        let len = self
+            .file
+            .len()
+            .map_err(|e| Error::io(&self.path, None, "stat data file", e))?;
         *map = Self::map_file(&self.path, self.file.as_ref(), len)?;
         Ok(())
     }
@@ -245,7 +261,9 @@ impl PageStore {
     /// Starts writing pages [first, first+count) to disk in the background (a hint:
     /// failures here are ignored, the checkpoint's fsync reports real errors).
     pub fn start_writeback(&self, first: PageNo, count: u64) {
-        let _ = self.file.start_writeback(first * PAGE_SIZE as u64, count * PAGE_SIZE as u64);
+        let _ = self
+            .file
+            .start_writeback(first * PAGE_SIZE as u64, count * PAGE_SIZE as u64);
     }
 
     pub fn sync(&self) -> Result<()> {
@@ -255,6 +273,8 @@ impl PageStore {
     }
 
     pub fn file_len(&self) -> Result<u64> {
-        self.file.len().map_err(|e| Error::io(&self.path, None, "stat data file", e))
+        self.file
+            .len()
+            .map_err(|e| Error::io(&self.path, None, "stat data file", e))
     }
 }

@@ -35,9 +35,20 @@ impl TreeInfo {
     }
     pub fn decode(b: &[u8], path: &Path, name: &[u8]) -> Result<Self> {
         if b.len() != 16 {
-            return Err(Error::corrupted(path, "catalog", format!("entry for tree {:?} has {} bytes, expected 16", String::from_utf8_lossy(name), b.len())));
+            return Err(Error::corrupted(
+                path,
+                "catalog",
+                format!(
+                    "entry for tree {:?} has {} bytes, expected 16",
+                    String::from_utf8_lossy(name),
+                    b.len()
+                ),
+            ));
         }
-        Ok(TreeInfo { root: page::read_u64(b, 0), entries: page::read_u64(b, 8) })
+        Ok(TreeInfo {
+            root: page::read_u64(b, 0),
+            entries: page::read_u64(b, 8),
+        })
     }
 }
 
@@ -45,7 +56,10 @@ pub const MAX_TREE_NAME: usize = 255;
 
 pub(crate) fn check_tree_name(name: &str) -> Result<()> {
     if name.is_empty() || name.len() > MAX_TREE_NAME {
-        return Err(Error::InvalidTreeName { len: name.len(), max: MAX_TREE_NAME });
+        return Err(Error::InvalidTreeName {
+            len: name.len(),
+            max: MAX_TREE_NAME,
+        });
     }
     Ok(())
 }
@@ -55,7 +69,10 @@ pub(crate) fn check_key(key: &[u8]) -> Result<()> {
         return Err(Error::EmptyKey);
     }
     if key.len() > page::MAX_KEY_SIZE {
-        return Err(Error::KeyTooLarge { len: key.len(), max: page::MAX_KEY_SIZE });
+        return Err(Error::KeyTooLarge {
+            len: key.len(),
+            max: page::MAX_KEY_SIZE,
+        });
     }
     Ok(())
 }
@@ -89,7 +106,12 @@ pub struct ReadTxn<'env> {
 
 impl<'env> ReadTxn<'env> {
     pub(crate) fn new(env: &'env Shared, snap: Snapshot) -> Self {
-        ReadTxn { env, snap, pins: Pins::default(), trees: RefCell::new(HashMap::new()) }
+        ReadTxn {
+            env,
+            snap,
+            pins: Pins::default(),
+            trees: RefCell::new(HashMap::new()),
+        }
     }
 
     /// The id of the commit this snapshot shows.
@@ -101,7 +123,8 @@ impl<'env> ReadTxn<'env> {
         if let Some(t) = self.trees.borrow().get(name) {
             return Ok(*t);
         }
-        let info = lookup_tree(self, self.snap.catalog_root, name)?.ok_or_else(|| Error::TreeNotFound(name.to_string()))?;
+        let info = lookup_tree(self, self.snap.catalog_root, name)?
+            .ok_or_else(|| Error::TreeNotFound(name.to_string()))?;
         self.trees.borrow_mut().insert(name.to_string(), info);
         Ok(info)
     }
@@ -196,12 +219,18 @@ impl<'env> WriteTxn<'env> {
     }
 
     pub(crate) fn alloc(&mut self) -> &mut crate::alloc::Allocator {
-        &mut self.writer.as_mut().expect("writer guard held until commit/abort").alloc
+        &mut self
+            .writer
+            .as_mut()
+            .expect("writer guard held until commit/abort")
+            .alloc
     }
 
     fn guard_usable(&self) -> Result<()> {
         match &self.broken {
-            Some(why) => Err(Error::Poisoned(format!("an earlier operation in this transaction failed: {why}"))),
+            Some(why) => Err(Error::Poisoned(format!(
+                "an earlier operation in this transaction failed: {why}"
+            ))),
             None => Ok(()),
         }
     }
@@ -223,8 +252,12 @@ impl<'env> WriteTxn<'env> {
         if self.dropped.iter().any(|d| d == name) {
             return Err(Error::TreeNotFound(name.to_string()));
         }
-        let info = lookup_tree(self, self.catalog_root, name)?.ok_or_else(|| Error::TreeNotFound(name.to_string()))?;
-        let st = TreeState { info, modified: false };
+        let info = lookup_tree(self, self.catalog_root, name)?
+            .ok_or_else(|| Error::TreeNotFound(name.to_string()))?;
+        let st = TreeState {
+            info,
+            modified: false,
+        };
         self.trees.insert(name.to_string(), st);
         Ok(st)
     }
@@ -244,7 +277,13 @@ impl<'env> WriteTxn<'env> {
             return Err(Error::TreeExists(name.to_string()));
         }
         self.dropped.retain(|d| d != name);
-        self.trees.insert(name.to_string(), TreeState { info: TreeInfo::default(), modified: true });
+        self.trees.insert(
+            name.to_string(),
+            TreeState {
+                info: TreeInfo::default(),
+                modified: true,
+            },
+        );
         Ok(())
     }
 
@@ -298,7 +337,10 @@ impl<'env> WriteTxn<'env> {
     pub fn put(&mut self, tree: &str, key: &[u8], value: &[u8]) -> Result<()> {
         check_key(key)?;
         if value.len() > page::MAX_VALUE_SIZE {
-            return Err(Error::ValueTooLarge { len: value.len(), max: page::MAX_VALUE_SIZE });
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                max: page::MAX_VALUE_SIZE,
+            });
         }
         let mut st = self.tree_state(tree)?;
         let (root, existed) = self.mutate(|t| t.tree_put(st.info.root, key, value))?;
@@ -342,12 +384,18 @@ impl<'env> WriteTxn<'env> {
                 w.alloc.free.insert(p);
             }
             w.alloc.page_count = self.base.page_count;
-            self.env.counters.aborts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.env
+                .counters
+                .aborts
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
     pub(crate) fn has_changes(&self) -> bool {
-        !self.dirty.is_empty() || !self.freed_committed.is_empty() || !self.dropped.is_empty() || self.trees.values().any(|t| t.modified)
+        !self.dirty.is_empty()
+            || !self.freed_committed.is_empty()
+            || !self.dropped.is_empty()
+            || self.trees.values().any(|t| t.modified)
     }
 }
 

@@ -85,36 +85,65 @@ fn verify(dir: &std::path::Path, acked: Option<u64>) -> u64 {
     let env = Env::open(dir, opts()).expect("reopen after kill");
     let r = env.begin_read().unwrap();
     if !r.tree_exists("t").unwrap() {
-        assert!(acked.is_none(), "acknowledged txn {acked:?} but the tree is missing");
+        assert!(
+            acked.is_none(),
+            "acknowledged txn {acked:?} but the tree is missing"
+        );
         return 0;
     }
     let mut c = r.cursor("t").unwrap();
-    let last = c.last().unwrap().map(|(k, _)| u64::from_be_bytes(k[1..9].try_into().unwrap()));
+    let last = c
+        .last()
+        .unwrap()
+        .map(|(k, _)| u64::from_be_bytes(k[1..9].try_into().unwrap()));
     let last = last.expect("tree exists but is empty");
     if let Some(a) = acked {
-        assert!(last >= a, "acknowledged txn {a} lost: last present is {last}");
+        assert!(
+            last >= a,
+            "acknowledged txn {a} lost: last present is {last}"
+        );
     }
     // Exactly transactions max(0,last-49)..=last are present, each complete.
     let first = last.saturating_sub(49);
     for i in first..=last {
         for part in 0..3 {
             let got = r.get("t", &key(i, part)).unwrap();
-            assert_eq!(got, Some(&value(i, part)[..]), "txn {i} part {part} missing or wrong (last {last})");
+            assert_eq!(
+                got,
+                Some(&value(i, part)[..]),
+                "txn {i} part {part} missing or wrong (last {last})"
+            );
         }
     }
-    assert_eq!(r.tree_len("t").unwrap(), (last - first + 1) * 3, "unexpected extra entries");
+    assert_eq!(
+        r.tree_len("t").unwrap(),
+        (last - first + 1) * 3,
+        "unexpected extra entries"
+    );
     drop(r);
     let report = env.check().unwrap();
-    assert!(report.is_clean(), "check after crash: {:?}", report.problems);
+    assert!(
+        report.is_clean(),
+        "check after crash: {:?}",
+        report.problems
+    );
     env.close().unwrap();
     last
 }
 
 #[test]
 fn kill9_never_loses_an_acknowledged_commit() {
-    let cycles: usize = std::env::var("KILN_CRASH_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(25);
-    let seed: u64 = std::env::var("KILN_CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(rand::random);
-    eprintln!("kill -9 crash test: {cycles} cycles, seed {seed} (rerun with KILN_CRASH_SEED={seed})");
+    let cycles: usize = std::env::var("KILN_CRASH_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(25);
+    let seed: u64 = std::env::var("KILN_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!(
+        "kill -9 crash test: {cycles} cycles, seed {seed} (rerun with KILN_CRASH_SEED={seed})"
+    );
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let exe = std::env::current_exe().unwrap();
@@ -122,7 +151,12 @@ fn kill9_never_loses_an_acknowledged_commit() {
     let started = Instant::now();
     for cycle in 0..cycles {
         let mut child = Command::new(&exe)
-            .args(["--exact", "crash_child_entry", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "crash_child_entry",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_ENV, dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -151,7 +185,11 @@ fn kill9_never_loses_an_acknowledged_commit() {
         let last = verify(dir.path(), acked);
         total_acked += acked.map_or(0, |a| a + 1);
         if cycle % 50 == 49 {
-            eprintln!("cycle {}: last txn {last}, {:.1}s", cycle + 1, started.elapsed().as_secs_f64());
+            eprintln!(
+                "cycle {}: last txn {last}, {:.1}s",
+                cycle + 1,
+                started.elapsed().as_secs_f64()
+            );
         }
     }
     eprintln!("kill -9 crash test: {cycles} cycles passed, acknowledged commits verified each cycle (sum of acked ids {total_acked}), 0 lost");

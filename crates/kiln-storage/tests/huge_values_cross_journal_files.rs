@@ -4,11 +4,17 @@
 use kiln_storage::{Env, Error, Options, MAX_KEY_SIZE};
 
 fn opts() -> Options {
-    Options { journal_file_size_bytes: 1 << 20, data_grow_step_bytes: 1 << 20, ..Options::default() }
+    Options {
+        journal_file_size_bytes: 1 << 20,
+        data_grow_step_bytes: 1 << 20,
+        ..Options::default()
+    }
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 #[test]
@@ -25,7 +31,14 @@ fn a_64_mib_value_survives_reopen_and_crash_replay() {
         let mut w = env.begin_write().unwrap();
         w.put("t", b"mid", &pattern(2 << 20, 2)).unwrap();
         w.commit().unwrap();
-        assert_eq!(env.begin_read().unwrap().get("t", b"big").unwrap().map(<[u8]>::len), Some(big.len()));
+        assert_eq!(
+            env.begin_read()
+                .unwrap()
+                .get("t", b"big")
+                .unwrap()
+                .map(<[u8]>::len),
+            Some(big.len())
+        );
     }
     let env = Env::open(dir.path(), opts()).unwrap();
     let r = env.begin_read().unwrap();
@@ -41,17 +54,30 @@ fn limits_give_errors_not_panics() {
     let env = Env::open(dir.path(), opts()).unwrap();
     let mut w = env.begin_write().unwrap();
     w.create_tree("t").unwrap();
-    w.put("t", &vec![1u8; MAX_KEY_SIZE], b"max key is fine").unwrap();
-    assert!(matches!(w.put("t", &vec![1u8; MAX_KEY_SIZE + 1], b"x"), Err(Error::KeyTooLarge { .. })));
+    w.put("t", &vec![1u8; MAX_KEY_SIZE], b"max key is fine")
+        .unwrap();
+    assert!(matches!(
+        w.put("t", &vec![1u8; MAX_KEY_SIZE + 1], b"x"),
+        Err(Error::KeyTooLarge { .. })
+    ));
     assert!(matches!(w.put("t", b"", b"x"), Err(Error::EmptyKey)));
-    assert!(matches!(w.put("nope", b"k", b"x"), Err(Error::TreeNotFound(_))));
+    assert!(matches!(
+        w.put("nope", b"k", b"x"),
+        Err(Error::TreeNotFound(_))
+    ));
     assert!(matches!(w.create_tree("t"), Err(Error::TreeExists(_))));
-    assert!(matches!(w.create_tree(""), Err(Error::InvalidTreeName { .. })));
+    assert!(matches!(
+        w.create_tree(""),
+        Err(Error::InvalidTreeName { .. })
+    ));
     // The transaction is still usable after rejected input.
     w.put("t", b"k", b"v").unwrap();
     w.commit().unwrap();
     let r = env.begin_read().unwrap();
-    assert_eq!(r.get("t", &vec![1u8; MAX_KEY_SIZE]).unwrap(), Some(&b"max key is fine"[..]));
+    assert_eq!(
+        r.get("t", &vec![1u8; MAX_KEY_SIZE]).unwrap(),
+        Some(&b"max key is fine"[..])
+    );
     assert_eq!(r.get("t", b"k").unwrap(), Some(&b"v"[..]));
 }
 
@@ -59,14 +85,20 @@ fn limits_give_errors_not_panics() {
 fn second_open_of_the_same_directory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let _env = Env::open(dir.path(), opts()).unwrap();
-    assert!(matches!(Env::open(dir.path(), opts()), Err(Error::Locked { .. })));
+    assert!(matches!(
+        Env::open(dir.path(), opts()),
+        Err(Error::Locked { .. })
+    ));
 }
 
 #[test]
 fn journal_can_live_in_another_directory() {
     let data = tempfile::tempdir().unwrap();
     let journal = tempfile::tempdir().unwrap();
-    let o = Options { journal_dir: Some(journal.path().join("j")), ..opts() };
+    let o = Options {
+        journal_dir: Some(journal.path().join("j")),
+        ..opts()
+    };
     {
         let env = Env::open(data.path(), o.clone()).unwrap();
         let mut w = env.begin_write().unwrap();
@@ -76,7 +108,10 @@ fn journal_can_live_in_another_directory() {
     }
     assert!(std::fs::read_dir(journal.path().join("j")).unwrap().count() > 0);
     let env = Env::open(data.path(), o).unwrap();
-    assert_eq!(env.begin_read().unwrap().get("t", b"k").unwrap(), Some(&b"v"[..]));
+    assert_eq!(
+        env.begin_read().unwrap().get("t", b"k").unwrap(),
+        Some(&b"v"[..])
+    );
 }
 
 #[test]

@@ -28,7 +28,9 @@ struct FaultyFile {
 }
 
 fn is_journal(p: &Path) -> bool {
-    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("journal-") && n.ends_with(".log"))
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("journal-") && n.ends_with(".log"))
 }
 
 impl VfsFile for FaultyFile {
@@ -42,7 +44,8 @@ impl VfsFile for FaultyFile {
         self.inner.write_all_at(buf, offset)
     }
     fn sync_data(&self) -> io::Result<()> {
-        if self.path.ends_with(kiln_storage::DATA_FILE) && self.switches.fail_data_sync.load(SeqCst) {
+        if self.path.ends_with(kiln_storage::DATA_FILE) && self.switches.fail_data_sync.load(SeqCst)
+        {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.inner.sync_data()
@@ -67,7 +70,11 @@ impl VfsFile for FaultyFile {
 impl Vfs for FaultyVfs {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>> {
         let inner = self.inner.open(path, mode)?;
-        Ok(Box::new(FaultyFile { inner, path: path.to_path_buf(), switches: self.switches.clone() }))
+        Ok(Box::new(FaultyFile {
+            inner,
+            path: path.to_path_buf(),
+            switches: self.switches.clone(),
+        }))
     }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         self.inner.create_dir_all(path)
@@ -96,7 +103,10 @@ fn opts(switches: &Arc<Switches>) -> Options {
     Options {
         journal_file_size_bytes: 1 << 20,
         data_grow_step_bytes: 1 << 20,
-        vfs: Arc::new(FaultyVfs { inner: OsVfs, switches: switches.clone() }),
+        vfs: Arc::new(FaultyVfs {
+            inner: OsVfs,
+            switches: switches.clone(),
+        }),
         ..Options::default()
     }
 }
@@ -118,7 +128,10 @@ fn journal_eio_fails_the_commit_latches_and_reopen_keeps_acknowledged() {
     let err = commit_one(&env, "b").unwrap_err();
     match &err {
         Error::Io { path, offset, .. } => {
-            assert!(is_journal(path), "error should name the journal file: {err}");
+            assert!(
+                is_journal(path),
+                "error should name the journal file: {err}"
+            );
             assert!(offset.is_some(), "error should carry the offset: {err}");
         }
         other => panic!("expected an I/O error, got {other}"),
@@ -153,10 +166,17 @@ fn data_file_fsync_eio_latches_and_journal_replay_recovers() {
     sw.fail_data_sync.store(false, SeqCst);
     drop(env);
     let (env, report) = Env::open_with_report(dir.path(), opts(&sw)).unwrap();
-    assert!(report.records_replayed > 0, "the journal should have been replayed: {report:?}");
+    assert!(
+        report.records_replayed > 0,
+        "the journal should have been replayed: {report:?}"
+    );
     let r = env.begin_read().unwrap();
     for i in 0..20 {
-        assert_eq!(r.get("t", format!("k{i}").as_bytes()).unwrap(), Some(&b"v"[..]), "k{i}");
+        assert_eq!(
+            r.get("t", format!("k{i}").as_bytes()).unwrap(),
+            Some(&b"v"[..]),
+            "k{i}"
+        );
     }
     drop(r);
     assert!(env.check().unwrap().is_clean());

@@ -1,7 +1,11 @@
 use kiln_storage::{Env, Error, Options};
 
 fn small_opts() -> Options {
-    Options { journal_file_size_bytes: 1 << 20, data_grow_step_bytes: 1 << 20, ..Options::default() }
+    Options {
+        journal_file_size_bytes: 1 << 20,
+        data_grow_step_bytes: 1 << 20,
+        ..Options::default()
+    }
 }
 
 #[test]
@@ -12,7 +16,12 @@ fn put_get_delete_reopen() {
         let mut w = env.begin_write().unwrap();
         w.create_tree("t").unwrap();
         for i in 0..5000u32 {
-            w.put("t", format!("key{i:06}").as_bytes(), format!("value{i}").as_bytes()).unwrap();
+            w.put(
+                "t",
+                format!("key{i:06}").as_bytes(),
+                format!("value{i}").as_bytes(),
+            )
+            .unwrap();
         }
         w.commit().unwrap();
         let mut w = env.begin_write().unwrap();

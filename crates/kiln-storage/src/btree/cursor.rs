@@ -29,28 +29,47 @@ pub type Entry<'t> = (&'t [u8], &'t [u8]);
 
 impl<'t> Cursor<'t> {
     pub(crate) fn new(src: &'t dyn PageSource, root: PageNo) -> Self {
-        Cursor { src, root, stack: Vec::new(), state: State::Fresh }
+        Cursor {
+            src,
+            root,
+            stack: Vec::new(),
+            state: State::Fresh,
+        }
     }
 
     fn descend_edge(&mut self, mut no: PageNo, leftmost: bool) -> Result<()> {
         loop {
             if self.stack.len() >= MAX_DEPTH {
-                return Err(Error::corrupted(self.src.data_path(), format!("page {no}"), "tree deeper than the depth limit"));
+                return Err(Error::corrupted(
+                    self.src.data_path(),
+                    format!("page {no}"),
+                    "tree deeper than the depth limit",
+                ));
             }
             let p = node(self.src, no)?;
             if hdr::kind(p) == KIND_LEAF {
-                let idx = if leftmost { 0 } else { hdr::count(p).saturating_sub(1) };
+                let idx = if leftmost {
+                    0
+                } else {
+                    hdr::count(p).saturating_sub(1)
+                };
                 self.stack.push((p, idx));
                 return Ok(());
             }
-            let idx = if leftmost { 0 } else { page::branch_fanout(p) - 1 };
+            let idx = if leftmost {
+                0
+            } else {
+                page::branch_fanout(p) - 1
+            };
             self.stack.push((p, idx));
             no = page::branch_nth_child(p, idx);
         }
     }
 
     fn current(&self) -> Result<Option<Entry<'t>>> {
-        let Some(&(leaf, idx)) = self.stack.last() else { return Ok(None) };
+        let Some(&(leaf, idx)) = self.stack.last() else {
+            return Ok(None);
+        };
         if self.state != State::On || idx >= hdr::count(leaf) {
             return Ok(None);
         }
@@ -94,7 +113,11 @@ impl<'t> Cursor<'t> {
         let mut no = self.root;
         loop {
             if self.stack.len() >= MAX_DEPTH {
-                return Err(Error::corrupted(self.src.data_path(), format!("page {no}"), "tree deeper than the depth limit"));
+                return Err(Error::corrupted(
+                    self.src.data_path(),
+                    format!("page {no}"),
+                    "tree deeper than the depth limit",
+                ));
             }
             let p = node(self.src, no)?;
             if hdr::kind(p) == KIND_LEAF {
@@ -139,7 +162,9 @@ impl<'t> Cursor<'t> {
             State::BeforeStart => return Ok(None),
             State::On => {}
         }
-        let Some((leaf, idx)) = self.stack.last_mut() else { return Ok(None) };
+        let Some((leaf, idx)) = self.stack.last_mut() else {
+            return Ok(None);
+        };
         if *idx == 0 || hdr::count(leaf) == 0 {
             return self.step_leaf_backward();
         }
@@ -150,7 +175,9 @@ impl<'t> Cursor<'t> {
     /// If the leaf position is past its end, climbs to the next leaf.
     fn skip_empty_forward(&mut self) -> Result<Option<Entry<'t>>> {
         loop {
-            let Some(&(leaf, idx)) = self.stack.last() else { return Ok(None) };
+            let Some(&(leaf, idx)) = self.stack.last() else {
+                return Ok(None);
+            };
             if idx < hdr::count(leaf) {
                 return self.current();
             }
@@ -173,7 +200,9 @@ impl<'t> Cursor<'t> {
     }
 
     fn skip_empty_backward(&mut self) -> Result<Option<Entry<'t>>> {
-        let Some(&(leaf, _)) = self.stack.last() else { return Ok(None) };
+        let Some(&(leaf, _)) = self.stack.last() else {
+            return Ok(None);
+        };
         if hdr::count(leaf) > 0 {
             return self.current();
         }
@@ -197,7 +226,9 @@ impl<'t> Cursor<'t> {
                 }
                 self.stack.pop();
             }
-            let Some(&(leaf, _)) = self.stack.last() else { return Ok(None) };
+            let Some(&(leaf, _)) = self.stack.last() else {
+                return Ok(None);
+            };
             if hdr::count(leaf) > 0 {
                 return self.current();
             }

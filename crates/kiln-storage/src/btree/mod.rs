@@ -27,18 +27,28 @@ pub(crate) fn node<'a, S: PageSource + ?Sized>(src: &'a S, no: PageNo) -> Result
     let p = src.page(no)?;
     match hdr::kind(p) {
         KIND_BRANCH | KIND_LEAF => Ok(p),
-        k => Err(Error::corrupted(src.data_path(), format!("page {no}"), format!("expected a tree node, found page kind {k}"))),
+        k => Err(Error::corrupted(
+            src.data_path(),
+            format!("page {no}"),
+            format!("expected a tree node, found page kind {k}"),
+        )),
     }
 }
 
 /// Resolves a leaf value to its bytes (reading the overflow run if needed).
-pub(crate) fn value_bytes<'a, S: PageSource + ?Sized>(src: &'a S, v: LeafValue<'a>) -> Result<&'a [u8]> {
+pub(crate) fn value_bytes<'a, S: PageSource + ?Sized>(
+    src: &'a S,
+    v: LeafValue<'a>,
+) -> Result<&'a [u8]> {
     match v {
         LeafValue::Inline(b) => Ok(b),
         LeafValue::Overflow { start, len } => {
             let run = src.page(start)?;
             let stored = hdr::extra(run);
-            if hdr::kind(run) != page::KIND_OVERFLOW || stored != len || page::OVERFLOW_HEADER as u64 + len > run.len() as u64 {
+            if hdr::kind(run) != page::KIND_OVERFLOW
+                || stored != len
+                || page::OVERFLOW_HEADER as u64 + len > run.len() as u64
+            {
                 return Err(Error::corrupted(
                     src.data_path(),
                     format!("page {start}"),
@@ -51,7 +61,11 @@ pub(crate) fn value_bytes<'a, S: PageSource + ?Sized>(src: &'a S, v: LeafValue<'
 }
 
 /// Point lookup.
-pub fn get<'a, S: PageSource + ?Sized>(src: &'a S, root: PageNo, key: &[u8]) -> Result<Option<&'a [u8]>> {
+pub fn get<'a, S: PageSource + ?Sized>(
+    src: &'a S,
+    root: PageNo,
+    key: &[u8],
+) -> Result<Option<&'a [u8]>> {
     if root == 0 {
         return Ok(None);
     }
@@ -66,5 +80,9 @@ pub fn get<'a, S: PageSource + ?Sized>(src: &'a S, root: PageNo, key: &[u8]) -> 
         }
         no = page::branch_child_at(p, page::branch_route(p, key));
     }
-    Err(Error::corrupted(src.data_path(), format!("page {root}"), "tree deeper than the depth limit (cycle?)"))
+    Err(Error::corrupted(
+        src.data_path(),
+        format!("page {root}"),
+        "tree deeper than the depth limit (cycle?)",
+    ))
 }

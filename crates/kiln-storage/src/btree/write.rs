@@ -3,7 +3,9 @@
 //! keep seeing the old pages untouched.
 
 use super::{node, PageSource, MAX_DEPTH};
-use crate::page::{self, hdr, LeafValue, PageNo, PageRun, KIND_BRANCH, KIND_LEAF, NODE_CAPACITY, PAGE_SIZE};
+use crate::page::{
+    self, hdr, LeafValue, PageNo, PageRun, KIND_BRANCH, KIND_LEAF, NODE_CAPACITY, PAGE_SIZE,
+};
 use crate::txn::WriteTxn;
 use crate::Result;
 
@@ -28,7 +30,9 @@ fn cell_key_of(kind: u8, cell: &[u8]) -> &[u8] {
 }
 
 fn node_cells(p: &[u8]) -> Vec<Vec<u8>> {
-    (0..hdr::count(p)).map(|i| page::cell_bytes(p, i).to_vec()).collect()
+    (0..hdr::count(p))
+        .map(|i| page::cell_bytes(p, i).to_vec())
+        .collect()
 }
 
 /// Where to cut `cells` so both halves fit and are roughly equal in bytes.
@@ -47,7 +51,10 @@ fn split_point(cells: &[Vec<u8>]) -> usize {
 
 impl WriteTxn<'_> {
     fn dirty_mut(&mut self, no: PageNo) -> &mut [u8] {
-        self.dirty.get_mut(&no).expect("page made writable before mutation").bytes_mut()
+        self.dirty
+            .get_mut(&no)
+            .expect("page made writable before mutation")
+            .bytes_mut()
     }
 
     fn take_pages(&mut self, n: u64) -> PageNo {
@@ -113,7 +120,11 @@ impl WriteTxn<'_> {
         if let LeafValue::Overflow { start, .. } = page::leaf_value(p, i) {
             let run = self.page(start)?;
             if hdr::kind(run) != page::KIND_OVERFLOW {
-                return Err(super::corrupt(&*self, start, "leaf points to a page that is not an overflow run"));
+                return Err(super::corrupt(
+                    &*self,
+                    start,
+                    "leaf points to a page that is not an overflow run",
+                ));
             }
             let n = hdr::run_pages(run) as u64;
             self.free_pages(start, n);
@@ -122,7 +133,12 @@ impl WriteTxn<'_> {
     }
 
     /// Inserts or replaces; returns the new root and whether the key existed.
-    pub(crate) fn tree_put(&mut self, root: PageNo, key: &[u8], value: &[u8]) -> Result<(PageNo, bool)> {
+    pub(crate) fn tree_put(
+        &mut self,
+        root: PageNo,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(PageNo, bool)> {
         let cell = self.leaf_cell_for(key, value);
         if root == 0 {
             let leaf = self.new_node(KIND_LEAF);
@@ -131,18 +147,34 @@ impl WriteTxn<'_> {
             return Ok((leaf, false));
         }
         let (new_root, split, existed) = self.insert_rec(root, key, &cell, 0)?;
-        let Some(split) = split else { return Ok((new_root, existed)) };
+        let Some(split) = split else {
+            return Ok((new_root, existed));
+        };
         let top = self.new_node(KIND_BRANCH);
         let p = self.dirty_mut(top);
         hdr::set_extra(p, new_root);
-        let inserted = page::insert_cell(p, 0, &page::encode_branch_cell(&split.separator, split.right));
+        let inserted = page::insert_cell(
+            p,
+            0,
+            &page::encode_branch_cell(&split.separator, split.right),
+        );
         assert!(inserted, "a separator always fits in an empty branch");
         Ok((top, existed))
     }
 
-    fn insert_rec(&mut self, no: PageNo, key: &[u8], cell: &[u8], depth: usize) -> Result<(PageNo, Option<Split>, bool)> {
+    fn insert_rec(
+        &mut self,
+        no: PageNo,
+        key: &[u8],
+        cell: &[u8],
+        depth: usize,
+    ) -> Result<(PageNo, Option<Split>, bool)> {
         if depth >= MAX_DEPTH {
-            return Err(super::corrupt(&*self, no, "tree deeper than the depth limit"));
+            return Err(super::corrupt(
+                &*self,
+                no,
+                "tree deeper than the depth limit",
+            ));
         }
         let no = self.writable(no)?;
         if hdr::kind(self.dirty_mut(no)) == KIND_LEAF {
@@ -163,9 +195,12 @@ impl WriteTxn<'_> {
         let (new_child, child_split, existed) = self.insert_rec(child, key, cell, depth + 1)?;
         let p = self.dirty_mut(no);
         set_route_child(p, route, new_child);
-        let Some(s) = child_split else { return Ok((no, None, existed)) };
+        let Some(s) = child_split else {
+            return Ok((no, None, existed));
+        };
         let at = if route == usize::MAX { 0 } else { route + 1 };
-        let split = self.insert_or_split(no, at, &page::encode_branch_cell(&s.separator, s.right))?;
+        let split =
+            self.insert_or_split(no, at, &page::encode_branch_cell(&s.separator, s.right))?;
         Ok((no, split, existed))
     }
 
@@ -181,7 +216,11 @@ impl WriteTxn<'_> {
         let right = self.new_node(kind);
         let m = split_point(&cells);
         let (separator, right_cells, right_leftmost) = if kind == KIND_LEAF {
-            (cell_key_of(kind, &cells[m]).to_vec(), cells.split_off(m), None)
+            (
+                cell_key_of(kind, &cells[m]).to_vec(),
+                cells.split_off(m),
+                None,
+            )
         } else {
             // The middle separator moves up; its child becomes the right node's leftmost.
             let mut rest = cells.split_off(m);
@@ -224,12 +263,20 @@ impl WriteTxn<'_> {
     /// Returns (new page number, whether the node is now under-full).
     fn delete_rec(&mut self, no: PageNo, key: &[u8], depth: usize) -> Result<(PageNo, bool)> {
         if depth >= MAX_DEPTH {
-            return Err(super::corrupt(&*self, no, "tree deeper than the depth limit"));
+            return Err(super::corrupt(
+                &*self,
+                no,
+                "tree deeper than the depth limit",
+            ));
         }
         let no = self.writable(no)?;
         if hdr::kind(self.dirty_mut(no)) == KIND_LEAF {
             let Ok(i) = page::search(self.dirty_mut(no), key) else {
-                return Err(super::corrupt(&*self, no, "key vanished between lookup and delete"));
+                return Err(super::corrupt(
+                    &*self,
+                    no,
+                    "key vanished between lookup and delete",
+                ));
             };
             self.free_value(no, i)?;
             let p = self.dirty_mut(no);
@@ -259,7 +306,11 @@ impl WriteTxn<'_> {
         let right = node(&*self, right_no)?;
         let kind = hdr::kind(left);
         if kind != hdr::kind(right) {
-            return Err(super::corrupt(&*self, parent, "siblings of different kinds (tree levels disagree)"));
+            return Err(super::corrupt(
+                &*self,
+                parent,
+                "siblings of different kinds (tree levels disagree)",
+            ));
         }
         let mut cells = node_cells(left);
         if kind == KIND_BRANCH {
@@ -290,11 +341,17 @@ impl WriteTxn<'_> {
         let mut stack = vec![(root, 0usize)];
         while let Some((no, depth)) = stack.pop() {
             if depth >= MAX_DEPTH {
-                return Err(super::corrupt(&*self, no, "tree deeper than the depth limit"));
+                return Err(super::corrupt(
+                    &*self,
+                    no,
+                    "tree deeper than the depth limit",
+                ));
             }
             let p = node(&*self, no)?;
             if hdr::kind(p) == KIND_BRANCH {
-                let children: Vec<PageNo> = (0..page::branch_fanout(p)).map(|i| page::branch_nth_child(p, i)).collect();
+                let children: Vec<PageNo> = (0..page::branch_fanout(p))
+                    .map(|i| page::branch_nth_child(p, i))
+                    .collect();
                 stack.extend(children.into_iter().map(|c| (c, depth + 1)));
             } else {
                 for i in 0..hdr::count(p) {
@@ -308,7 +365,12 @@ impl WriteTxn<'_> {
 
     /// Writes modified tree roots into the catalog and removes dropped trees.
     pub(crate) fn update_catalog(&mut self) -> Result<()> {
-        let mut names: Vec<String> = self.trees.iter().filter(|(_, t)| t.modified).map(|(n, _)| n.clone()).collect();
+        let mut names: Vec<String> = self
+            .trees
+            .iter()
+            .filter(|(_, t)| t.modified)
+            .map(|(n, _)| n.clone())
+            .collect();
         names.sort();
         for name in names {
             let info = self.trees[&name].info;

@@ -43,7 +43,10 @@ impl VfsFile for OsFile {
     }
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
         let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "range too large"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "range too large",
+            ));
         };
         // SAFETY: plain syscall on an owned, open descriptor.
         let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, off, l) };
@@ -67,7 +70,9 @@ impl VfsFile for OsFile {
             return Ok(());
         };
         // SAFETY: plain syscall on an owned, open descriptor.
-        let rc = unsafe { libc::sync_file_range(self.file.as_raw_fd(), off, l, libc::SYNC_FILE_RANGE_WRITE) };
+        let rc = unsafe {
+            libc::sync_file_range(self.file.as_raw_fd(), off, l, libc::SYNC_FILE_RANGE_WRITE)
+        };
         if rc == 0 {
             Ok(())
         } else {

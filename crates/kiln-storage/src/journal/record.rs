@@ -36,7 +36,9 @@
 //! never pass as the continuation of the current history.
 
 use crate::io::DIRECT_IO_ALIGN;
-use crate::page::{self, read_u16, read_u32, read_u64, write_u16, write_u32, write_u64, PageNo, PageRun, PAGE_SIZE};
+use crate::page::{
+    self, read_u16, read_u32, read_u64, write_u16, write_u32, write_u64, PageNo, PageRun, PAGE_SIZE,
+};
 use std::sync::Arc;
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KJR1");
@@ -106,7 +108,8 @@ fn image_parts(run: &PageRun) -> (&[u8], &[u8]) {
 pub fn diff_runs(old: &[u8], new: &[u8]) -> Vec<(usize, usize)> {
     let n = old.len().min(new.len());
     let words = n / 8;
-    let word = |b: &[u8], w: usize| u64::from_ne_bytes(b[w * 8..w * 8 + 8].try_into().expect("8 bytes"));
+    let word =
+        |b: &[u8], w: usize| u64::from_ne_bytes(b[w * 8..w * 8 + 8].try_into().expect("8 bytes"));
     let mut runs: Vec<(usize, usize)> = Vec::new();
     let mut push = |start: usize, end: usize| match runs.last_mut() {
         Some((_, e)) if start - *e < DIFF_MERGE_GAP => *e = end,
@@ -143,8 +146,15 @@ pub fn diff_runs(old: &[u8], new: &[u8]) -> Vec<(usize, usize)> {
 
 /// How one page is written into the record.
 enum Form<'a> {
-    Full { head: &'a [u8], tail: &'a [u8] },
-    Diff { source: PageNo, runs: Vec<(usize, usize)>, bytes: &'a [u8] },
+    Full {
+        head: &'a [u8],
+        tail: &'a [u8],
+    },
+    Diff {
+        source: PageNo,
+        runs: Vec<(usize, usize)>,
+        bytes: &'a [u8],
+    },
 }
 
 impl Form<'_> {
@@ -152,7 +162,9 @@ impl Form<'_> {
         IMAGE_HEADER
             + match self {
                 Form::Full { head, tail } => FULL_HEADER + head.len() + tail.len(),
-                Form::Diff { runs, .. } => DIFF_HEADER + runs.iter().map(|(s, e)| RUN_HEADER + e - s).sum::<usize>(),
+                Form::Diff { runs, .. } => {
+                    DIFF_HEADER + runs.iter().map(|(s, e)| RUN_HEADER + e - s).sum::<usize>()
+                }
             }
     }
 }
@@ -160,12 +172,18 @@ impl Form<'_> {
 fn choose_form<'a>(p: &'a JournalPage<'a>) -> Form<'a> {
     let (head, tail) = image_parts(p.run);
     let full = Form::Full { head, tail };
-    let Some((source, old)) = p.source else { return full };
+    let Some((source, old)) = p.source else {
+        return full;
+    };
     let new = p.run.bytes();
     if new.len() != PAGE_SIZE || old.len() != PAGE_SIZE {
         return full;
     }
-    let diff = Form::Diff { source, runs: diff_runs(old, new), bytes: new };
+    let diff = Form::Diff {
+        source,
+        runs: diff_runs(old, new),
+        bytes: new,
+    };
     if diff.encoded_len() < full.encoded_len() {
         diff
     } else {
@@ -214,7 +232,11 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun) -> (usize, u32) {
                 put(b, &mut at, head);
                 put(b, &mut at, tail);
             }
-            Form::Diff { source, runs, bytes } => {
+            Form::Diff {
+                source,
+                runs,
+                bytes,
+            } => {
                 write_u32(b, at + 12, FORM_DIFF);
                 write_u64(b, at + 16, *source);
                 write_u32(b, at + 24, runs.len() as u32);
@@ -271,7 +293,10 @@ pub fn checksum_ok(h: &RecordHeader, record: &[u8]) -> bool {
 pub enum Image {
     Full(PageRun),
     /// The source page's bytes with `runs` written over them.
-    Diff { source: PageNo, runs: Vec<(usize, Vec<u8>)> },
+    Diff {
+        source: PageNo,
+        runs: Vec<(usize, Vec<u8>)>,
+    },
 }
 
 impl Image {
@@ -283,7 +308,10 @@ impl Image {
     }
 
     /// Rebuilds the page; `source` is called for the source page of a diff.
-    pub fn materialize(self, source: impl FnOnce(PageNo) -> crate::Result<Vec<u8>>) -> crate::Result<PageRun> {
+    pub fn materialize(
+        self,
+        source: impl FnOnce(PageNo) -> crate::Result<Vec<u8>>,
+    ) -> crate::Result<PageRun> {
         match self {
             Image::Full(run) => Ok(run),
             Image::Diff { source: s, runs } => {
@@ -306,7 +334,10 @@ pub struct DecodedRecord {
 
 /// Reads `n` bytes at `*at` from `body`, or explains why it can't.
 fn take<'b>(body: &'b [u8], at: &mut usize, n: usize, what: &str) -> Result<&'b [u8], String> {
-    let end = at.checked_add(n).filter(|e| *e <= body.len()).ok_or_else(|| format!("{what} runs past the body"))?;
+    let end = at
+        .checked_add(n)
+        .filter(|e| *e <= body.len())
+        .ok_or_else(|| format!("{what} runs past the body"))?;
     let s = &body[*at..end];
     *at = end;
     Ok(s)
@@ -320,36 +351,69 @@ pub fn decode_body(h: &RecordHeader, record: &[u8]) -> Result<DecodedRecord, Str
         .filter(|e| *e <= record.len())
         .ok_or("body length beyond the record")?;
     let body = &record[RECORD_HEADER..end];
-    let freed_bytes = (h.freed_count as usize).checked_mul(8).ok_or("freed count overflows")?;
+    let freed_bytes = (h.freed_count as usize)
+        .checked_mul(8)
+        .ok_or("freed count overflows")?;
     let mut at = 0;
-    let freed: Vec<PageNo> = take(body, &mut at, freed_bytes, "freed page list")?.chunks_exact(8).map(|c| read_u64(c, 0)).collect();
-    if let Some(bad) = freed.iter().find(|p| **p < page::FIRST_DATA_PAGE || **p >= h.page_count) {
-        return Err(format!("freed page {bad} outside the data pages 2..{}", h.page_count));
+    let freed: Vec<PageNo> = take(body, &mut at, freed_bytes, "freed page list")?
+        .chunks_exact(8)
+        .map(|c| read_u64(c, 0))
+        .collect();
+    if let Some(bad) = freed
+        .iter()
+        .find(|p| **p < page::FIRST_DATA_PAGE || **p >= h.page_count)
+    {
+        return Err(format!(
+            "freed page {bad} outside the data pages 2..{}",
+            h.page_count
+        ));
     }
     let mut images = Vec::new();
     for i in 0..h.image_count {
         let ih = take(body, &mut at, IMAGE_HEADER, "page image header")?;
         let (no, run_pages, form) = (read_u64(ih, 0), read_u32(ih, 8) as u64, read_u32(ih, 12));
         if run_pages == 0 || run_pages > MAX_RUN_PAGES {
-            return Err(format!("page image {i} (page {no}) has a run of {run_pages} pages"));
+            return Err(format!(
+                "page image {i} (page {no}) has a run of {run_pages} pages"
+            ));
         }
-        if no < page::FIRST_DATA_PAGE || no.checked_add(run_pages).is_none_or(|e| e > h.page_count) {
-            return Err(format!("page image {i}: page {no} outside the data pages 2..{}", h.page_count));
+        if no < page::FIRST_DATA_PAGE || no.checked_add(run_pages).is_none_or(|e| e > h.page_count)
+        {
+            return Err(format!(
+                "page image {i}: page {no} outside the data pages 2..{}",
+                h.page_count
+            ));
         }
-        let image = match form {
-            FORM_FULL => decode_full(body, &mut at, i, no, run_pages)?,
-            FORM_DIFF if run_pages == 1 => decode_diff(body, &mut at, i, no, h.page_count)?,
-            other => return Err(format!("page image {i} (page {no}): unknown form {other} for a {run_pages}-page run")),
-        };
+        let image =
+            match form {
+                FORM_FULL => decode_full(body, &mut at, i, no, run_pages)?,
+                FORM_DIFF if run_pages == 1 => decode_diff(body, &mut at, i, no, h.page_count)?,
+                other => return Err(format!(
+                    "page image {i} (page {no}): unknown form {other} for a {run_pages}-page run"
+                )),
+            };
         images.push((no, image));
     }
     if at != body.len() {
-        return Err(format!("{} unexplained bytes after the page images", body.len() - at));
+        return Err(format!(
+            "{} unexplained bytes after the page images",
+            body.len() - at
+        ));
     }
-    Ok(DecodedRecord { header: *h, freed, images })
+    Ok(DecodedRecord {
+        header: *h,
+        freed,
+        images,
+    })
 }
 
-fn decode_full(body: &[u8], at: &mut usize, i: u32, no: PageNo, run_pages: u64) -> Result<Image, String> {
+fn decode_full(
+    body: &[u8],
+    at: &mut usize,
+    i: u32,
+    no: PageNo,
+    run_pages: u64,
+) -> Result<Image, String> {
     let fh = take(body, at, FULL_HEADER, "full image header")?;
     let (head, tail) = (read_u32(fh, 0) as usize, read_u32(fh, 4) as usize);
     let run_bytes = run_pages as usize * PAGE_SIZE;
@@ -367,18 +431,28 @@ fn decode_full(body: &[u8], at: &mut usize, i: u32, no: PageNo, run_pages: u64) 
     Ok(Image::Full(run))
 }
 
-fn decode_diff(body: &[u8], at: &mut usize, i: u32, no: PageNo, page_count: u64) -> Result<Image, String> {
+fn decode_diff(
+    body: &[u8],
+    at: &mut usize,
+    i: u32,
+    no: PageNo,
+    page_count: u64,
+) -> Result<Image, String> {
     let dh = take(body, at, DIFF_HEADER, "diff header")?;
     let (source, count) = (read_u64(dh, 0), read_u32(dh, 8) as usize);
     if source < page::FIRST_DATA_PAGE || source >= page_count {
-        return Err(format!("page image {i} (page {no}): diff source {source} outside 2..{page_count}"));
+        return Err(format!(
+            "page image {i} (page {no}): diff source {source} outside 2..{page_count}"
+        ));
     }
     let mut runs = Vec::with_capacity(count.min(PAGE_SIZE / RUN_HEADER));
     for r in 0..count {
         let rh = take(body, at, RUN_HEADER, "diff run header")?;
         let (off, len) = (read_u16(rh, 0) as usize, read_u16(rh, 2) as usize);
         if off + len > PAGE_SIZE {
-            return Err(format!("page image {i} (page {no}): diff run {r} at {off}+{len} outside the page"));
+            return Err(format!(
+                "page image {i} (page {no}): diff run {r} at {off}+{len} outside the page"
+            ));
         }
         runs.push((off, take(body, at, len, "diff run bytes")?.to_vec()));
     }
@@ -409,7 +483,13 @@ mod tests {
     #[test]
     fn diff_runs_reproduce_the_new_bytes() {
         let old: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7) as u8).collect();
-        for edits in [vec![], vec![0], vec![PAGE_SIZE - 1], vec![5, 6, 100, 101, 4000], vec![8, 15, 16, 23]] {
+        for edits in [
+            vec![],
+            vec![0],
+            vec![PAGE_SIZE - 1],
+            vec![5, 6, 100, 101, 4000],
+            vec![8, 15, 16, 23],
+        ] {
             let mut new = old.clone();
             for e in &edits {
                 new[*e] ^= 0xFF;

@@ -9,8 +9,8 @@
 //! | yes           | ok       | lower id             | stale record of an older cycle: end     |
 //! | yes           | ok       | other / chain broken | not our history: end, scan for a gap    |
 //! | yes           | bad      | any                  | torn or corrupt record: end, scan       |
-//! | no, all zero  | -        | -                    | clean end                               |
-//! | no, not zero  | -        | -                    | garbage: end, scan                      |
+//! | no            | -        | -                    | zeros or old bytes of a recycled file:  |
+//! |               |          |                      | clean end (the gap scan still runs)     |
 //!
 //! Before declaring the end we also try the start of the next file, because the
 //! writer moves to a new file when a record does not fit in the current one.
@@ -30,7 +30,11 @@ pub enum JournalTail {
     /// Zeros, a stale record of an older cycle, or the end of the files.
     Clean,
     /// A record or block that failed validation was discarded.
-    Dropped { path: PathBuf, offset: u64, what: String },
+    Dropped {
+        path: PathBuf,
+        offset: u64,
+        what: String,
+    },
 }
 
 #[derive(Debug)]
@@ -60,49 +64,88 @@ impl Reader<'_> {
         if !self.vfs.exists(&path) {
             return Ok(None);
         }
-        let file = self.vfs.open(&path, OpenMode::default()).map_err(|e| Error::io(&path, None, "open journal file", e))?;
-        let len = file.len().map_err(|e| Error::io(&path, None, "stat journal file", e))?;
+        let file = self
+            .vfs
+            .open(&path, OpenMode::default())
+            .map_err(|e| Error::io(&path, None, "open journal file", e))?;
+        let len = file
+            .len()
+            .map_err(|e| Error::io(&path, None, "stat journal file", e))?;
         Ok(Some((path, file, len)))
     }
 
     /// Reads the header block at `offset` (None if past the end of the file).
-    fn header_block(&self, file: &dyn VfsFile, path: &Path, len: u64, offset: u64) -> Result<Option<Vec<u8>>> {
+    fn header_block(
+        &self,
+        file: &dyn VfsFile,
+        path: &Path,
+        len: u64,
+        offset: u64,
+    ) -> Result<Option<Vec<u8>>> {
         if offset + DIRECT_IO_ALIGN as u64 > len {
             return Ok(None);
         }
         let mut block = vec![0u8; DIRECT_IO_ALIGN];
-        file.read_exact_at(&mut block, offset).map_err(|e| Error::io(path, Some(offset), "read journal", e))?;
+        file.read_exact_at(&mut block, offset)
+            .map_err(|e| Error::io(path, Some(offset), "read journal", e))?;
         Ok(Some(block))
     }
 
     /// Reads and checks the whole record whose header is `h`; `None` if it does not
     /// fit in the file or fails its checksum.
-    fn full_record(&self, file: &dyn VfsFile, path: &Path, len: u64, offset: u64, h: &RecordHeader) -> Result<Option<Vec<u8>>> {
+    fn full_record(
+        &self,
+        file: &dyn VfsFile,
+        path: &Path,
+        len: u64,
+        offset: u64,
+        h: &RecordHeader,
+    ) -> Result<Option<Vec<u8>>> {
         let total = RECORD_HEADER as u64 + h.body_len as u64;
         if offset + total > len {
             return Ok(None);
         }
         let mut buf = vec![0u8; total as usize];
-        file.read_exact_at(&mut buf, offset).map_err(|e| Error::io(path, Some(offset), "read journal record", e))?;
+        file.read_exact_at(&mut buf, offset)
+            .map_err(|e| Error::io(path, Some(offset), "read journal record", e))?;
         Ok(record::checksum_ok(h, &buf).then_some(buf))
     }
 
     fn probe(&self, seq: u64, offset: u64, expected: u64, chain: u32) -> Result<Probe> {
-        let Some((path, file, len)) = self.open(seq)? else { return Ok(Probe::Clean) };
-        let Some(block) = self.header_block(file.as_ref(), &path, len, offset)? else { return Ok(Probe::Clean) };
+        let Some((path, file, len)) = self.open(seq)? else {
+            return Ok(Probe::Clean);
+        };
+        let Some(block) = self.header_block(file.as_ref(), &path, len, offset)? else {
+            return Ok(Probe::Clean);
+        };
+        // No record header: zeros, or old bytes of a recycled file. Nothing says a
+        // record was ever started here (a commit whose first block never landed was not
+        // acknowledged); the gap scan still catches valid records beyond this point.
         let Some(h) = record::parse_header(&block) else {
-            return Ok(if block.iter().all(|b| *b == 0) { Probe::Clean } else { Probe::Bad("unrecognized bytes (not a record header)".into()) });
+            return Ok(Probe::Clean);
         };
         let Some(buf) = self.full_record(file.as_ref(), &path, len, offset, &h)? else {
-            return Ok(Probe::Bad(format!("record for txn {} failed its checksum (torn or corrupt write)", h.txn_id)));
+            return Ok(Probe::Bad(format!(
+                "record for txn {} failed its checksum (torn or corrupt write)",
+                h.txn_id
+            )));
         };
         if h.txn_id < expected {
             return Ok(Probe::Clean);
         }
         if h.txn_id != expected || h.prev_checksum != chain {
-            return Ok(Probe::Bad(format!("record for txn {} does not continue the chain (expected txn {expected})", h.txn_id)));
+            return Ok(Probe::Bad(format!(
+                "record for txn {} does not continue the chain (expected txn {expected})",
+                h.txn_id
+            )));
         }
-        let rec = record::decode_body(&h, &buf).map_err(|what| Error::corrupted(&path, format!("offset {offset}"), format!("journal record for txn {}: {what}", h.txn_id)))?;
+        let rec = record::decode_body(&h, &buf).map_err(|what| {
+            Error::corrupted(
+                &path,
+                format!("offset {offset}"),
+                format!("journal record for txn {}: {what}", h.txn_id),
+            )
+        })?;
         Ok(Probe::Valid(Box::new(rec), h.padded_len()))
     }
 
@@ -114,15 +157,25 @@ impl Reader<'_> {
         let seqs = list_files(self.vfs, self.dir)?;
         let mut chunk = vec![0u8; CHUNK as usize];
         for seq in seqs.into_iter().filter(|s| *s >= from.file_seq) {
-            let Some((path, file, len)) = self.open(seq)? else { continue };
+            let Some((path, file, len)) = self.open(seq)? else {
+                continue;
+            };
             let mut chunk_start = if seq == from.file_seq { from.offset } else { 0 };
             while chunk_start + DIRECT_IO_ALIGN as u64 <= len {
                 let n = CHUNK.min(len - chunk_start) as usize / DIRECT_IO_ALIGN * DIRECT_IO_ALIGN;
-                file.read_exact_at(&mut chunk[..n], chunk_start).map_err(|e| Error::io(&path, Some(chunk_start), "scan journal", e))?;
+                file.read_exact_at(&mut chunk[..n], chunk_start)
+                    .map_err(|e| Error::io(&path, Some(chunk_start), "scan journal", e))?;
                 for block in (0..n).step_by(DIRECT_IO_ALIGN) {
-                    let Some(h) = record::parse_header(&chunk[block..block + DIRECT_IO_ALIGN]) else { continue };
+                    let Some(h) = record::parse_header(&chunk[block..block + DIRECT_IO_ALIGN])
+                    else {
+                        continue;
+                    };
                     let offset = chunk_start + block as u64;
-                    if h.txn_id >= expected && self.full_record(file.as_ref(), &path, len, offset, &h)?.is_some() {
+                    if h.txn_id >= expected
+                        && self
+                            .full_record(file.as_ref(), &path, len, offset, &h)?
+                            .is_some()
+                    {
                         found.push((h.txn_id, path.clone(), offset));
                     }
                 }
@@ -166,7 +219,11 @@ pub fn replay(
                 apply(*rec)?;
                 replayed += 1;
                 expected += 1;
-                pos = JournalPos { file_seq: pos.file_seq, offset: pos.offset + len, chain_checksum: checksum };
+                pos = JournalPos {
+                    file_seq: pos.file_seq,
+                    offset: pos.offset + len,
+                    chain_checksum: checksum,
+                };
                 continue;
             }
             Probe::Clean => None,
@@ -179,15 +236,27 @@ pub fn replay(
                 apply(*rec)?;
                 replayed += 1;
                 expected += 1;
-                pos = JournalPos { file_seq: pos.file_seq + 1, offset: len, chain_checksum: checksum };
+                pos = JournalPos {
+                    file_seq: pos.file_seq + 1,
+                    offset: len,
+                    chain_checksum: checksum,
+                };
                 continue;
             }
             Probe::Clean => None,
             Probe::Bad(what) => Some(what),
         };
         break match (here_bad, next_bad) {
-            (Some(what), _) => JournalTail::Dropped { path: file_path(dir, pos.file_seq), offset: pos.offset, what },
-            (None, Some(what)) => JournalTail::Dropped { path: file_path(dir, pos.file_seq + 1), offset: 0, what },
+            (Some(what), _) => JournalTail::Dropped {
+                path: file_path(dir, pos.file_seq),
+                offset: pos.offset,
+                what,
+            },
+            (None, Some(what)) => JournalTail::Dropped {
+                path: file_path(dir, pos.file_seq + 1),
+                offset: 0,
+                what,
+            },
             (None, None) => JournalTail::Clean,
         };
     };
@@ -217,7 +286,13 @@ pub fn replay(
             }
         }
     }
-    Ok(ScanOutcome { records_replayed: replayed, last_txn_id: expected - 1, end: pos, tail, gap_records_discarded })
+    Ok(ScanOutcome {
+        records_replayed: replayed,
+        last_txn_id: expected - 1,
+        end: pos,
+        tail,
+        gap_records_discarded,
+    })
 }
 
 /// Zeroes the header blocks of records past a hole, so that the next open does not
@@ -226,9 +301,19 @@ fn neutralize(vfs: &dyn Vfs, found: &[(u64, PathBuf, u64)]) -> Result<u64> {
     let zeros = vec![0u8; DIRECT_IO_ALIGN];
     for (txn, path, offset) in found {
         tracing::warn!(txn, path = %path.display(), offset, "discarding journal record past a gap");
-        let f = vfs.open(path, OpenMode { write: true, ..Default::default() }).map_err(|e| Error::io(path, None, "open journal file", e))?;
-        f.write_all_at(&zeros, *offset).map_err(|e| Error::io(path, Some(*offset), "erase journal record", e))?;
-        f.sync_data().map_err(|e| Error::io(path, None, "fdatasync journal", e))?;
+        let f = vfs
+            .open(
+                path,
+                OpenMode {
+                    write: true,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| Error::io(path, None, "open journal file", e))?;
+        f.write_all_at(&zeros, *offset)
+            .map_err(|e| Error::io(path, Some(*offset), "erase journal record", e))?;
+        f.sync_data()
+            .map_err(|e| Error::io(path, None, "fdatasync journal", e))?;
     }
     Ok(found.len() as u64)
 }

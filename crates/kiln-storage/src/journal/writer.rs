@@ -44,14 +44,24 @@ struct FilesState {
 }
 
 impl JournalFiles {
-    pub fn open(vfs: Arc<dyn Vfs>, dir: &Path, file_size_bytes: u64, counters: Arc<EngineCounters>, current: u64) -> Result<Self> {
+    pub fn open(
+        vfs: Arc<dyn Vfs>,
+        dir: &Path,
+        file_size_bytes: u64,
+        counters: Arc<EngineCounters>,
+        current: u64,
+    ) -> Result<Self> {
         let existing: BTreeSet<u64> = list_files(vfs.as_ref(), dir)?.into_iter().collect();
         Ok(JournalFiles {
             dir: dir.to_path_buf(),
             file_size_bytes,
             vfs,
             counters,
-            state: Mutex::new(FilesState { existing, recyclable: Vec::new(), current }),
+            state: Mutex::new(FilesState {
+                existing,
+                recyclable: Vec::new(),
+                current,
+            }),
             create_lock: Mutex::new(()),
         })
     }
@@ -77,7 +87,8 @@ impl JournalFiles {
     /// creates one and fills it with zeros once.
     pub fn prepare_next(&self) -> Result<()> {
         let next = self.state.lock().current + 1;
-        self.ensure_file(next, self.file_size_bytes, true).map(|_| ())
+        self.ensure_file(next, self.file_size_bytes, true)
+            .map(|_| ())
     }
 
     /// Returns the path of file `seq`, creating or recycling it if needed, with at
@@ -92,7 +103,9 @@ impl JournalFiles {
         }
         if let Some(old) = st.recyclable.pop() {
             let from = file_path(&self.dir, old);
-            self.vfs.rename(&from, &path).map_err(|e| Error::io(&from, None, "rename journal file for reuse", e))?;
+            self.vfs
+                .rename(&from, &path)
+                .map_err(|e| Error::io(&from, None, "rename journal file for reuse", e))?;
             self.sync_dir()?;
             st.existing.remove(&old);
             st.existing.insert(seq);
@@ -103,23 +116,36 @@ impl JournalFiles {
         // Create under a temporary name, fill, sync, then rename: a crash never leaves a
         // half-made file under a journal name.
         let tmp = self.dir.join(format!("journal-{seq:016}.tmp"));
-        let mode = OpenMode { create: true, write: true, ..Default::default() };
-        let file = self.vfs.open(&tmp, mode).map_err(|e| Error::io(&tmp, None, "create journal file", e))?;
+        let mode = OpenMode {
+            create: true,
+            write: true,
+            ..Default::default()
+        };
+        let file = self
+            .vfs
+            .open(&tmp, mode)
+            .map_err(|e| Error::io(&tmp, None, "create journal file", e))?;
         // A leftover from a crash may be longer or hold anything: start from empty.
-        file.set_len(0).map_err(|e| Error::io(&tmp, None, "truncate journal file", e))?;
-        file.allocate(0, min_size).map_err(|e| Error::io(&tmp, Some(0), "preallocate journal file", e))?;
+        file.set_len(0)
+            .map_err(|e| Error::io(&tmp, None, "truncate journal file", e))?;
+        file.allocate(0, min_size)
+            .map_err(|e| Error::io(&tmp, Some(0), "preallocate journal file", e))?;
         if zero_fill {
             let zeros = vec![0u8; 1 << 20];
             let mut off = 0;
             while off < min_size {
                 let n = zeros.len().min((min_size - off) as usize);
-                file.write_all_at(&zeros[..n], off).map_err(|e| Error::io(&tmp, Some(off), "zero-fill journal file", e))?;
+                file.write_all_at(&zeros[..n], off)
+                    .map_err(|e| Error::io(&tmp, Some(off), "zero-fill journal file", e))?;
                 off += n as u64;
             }
         }
-        file.sync_all().map_err(|e| Error::io(&tmp, None, "fsync journal file", e))?;
+        file.sync_all()
+            .map_err(|e| Error::io(&tmp, None, "fsync journal file", e))?;
         drop(file);
-        self.vfs.rename(&tmp, &path).map_err(|e| Error::io(&tmp, None, "rename new journal file", e))?;
+        self.vfs
+            .rename(&tmp, &path)
+            .map_err(|e| Error::io(&tmp, None, "rename new journal file", e))?;
         self.sync_dir()?;
         self.counters.journal_files_created.fetch_add(1, Relaxed);
         self.state.lock().existing.insert(seq);
@@ -127,7 +153,9 @@ impl JournalFiles {
     }
 
     fn sync_dir(&self) -> Result<()> {
-        self.vfs.sync_dir(&self.dir).map_err(|e| Error::io(&self.dir, None, "fsync journal directory", e))
+        self.vfs
+            .sync_dir(&self.dir)
+            .map_err(|e| Error::io(&self.dir, None, "fsync journal directory", e))
     }
 
     fn set_current(&self, seq: u64) {
@@ -157,16 +185,29 @@ pub struct JournalWriter {
 }
 
 impl JournalWriter {
-    pub fn open(vfs: Arc<dyn Vfs>, files: Arc<JournalFiles>, counters: Arc<EngineCounters>, pos: JournalPos, direct_io: bool) -> Result<Self> {
+    pub fn open(
+        vfs: Arc<dyn Vfs>,
+        files: Arc<JournalFiles>,
+        counters: Arc<EngineCounters>,
+        pos: JournalPos,
+        direct_io: bool,
+    ) -> Result<Self> {
         let path = files.ensure_file(pos.file_seq, files.file_size_bytes, true)?;
         files.set_current(pos.file_seq);
         let (file, direct_io) = open_journal_file(vfs.as_ref(), &path, direct_io, &counters)?;
-        let size = file.len().map_err(|e| Error::io(&path, None, "stat journal file", e))?;
+        let size = file
+            .len()
+            .map_err(|e| Error::io(&path, None, "stat journal file", e))?;
         Ok(JournalWriter {
             vfs,
             files,
             counters,
-            current: OpenJournal { seq: pos.file_seq, path, file, size },
+            current: OpenJournal {
+                seq: pos.file_seq,
+                path,
+                file,
+                size,
+            },
             offset: pos.offset,
             chain_checksum: pos.chain_checksum,
             nonce: rand::random(),
@@ -184,8 +225,14 @@ impl JournalWriter {
     /// i.e. not durable against power loss. A crash suite must catch this.
     pub(crate) fn disable_durability_for_tests(&mut self) -> Result<()> {
         self.unsafe_skip_durability = true;
-        let mode = OpenMode { write: true, ..Default::default() };
-        self.current.file = self.vfs.open(&self.current.path, mode).map_err(|e| Error::io(&self.current.path, None, "open journal file", e))?;
+        let mode = OpenMode {
+            write: true,
+            ..Default::default()
+        };
+        self.current.file = self
+            .vfs
+            .open(&self.current.path, mode)
+            .map_err(|e| Error::io(&self.current.path, None, "open journal file", e))?;
         self.direct_io = false;
         Ok(())
     }
@@ -211,7 +258,11 @@ impl JournalWriter {
     }
 
     pub fn position(&self) -> JournalPos {
-        JournalPos { file_seq: self.current.seq, offset: self.offset, chain_checksum: self.chain_checksum }
+        JournalPos {
+            file_seq: self.current.seq,
+            offset: self.offset,
+            chain_checksum: self.chain_checksum,
+        }
     }
 
     fn write_durable(&mut self, len: usize) -> Result<()> {
@@ -224,7 +275,14 @@ impl JournalWriter {
                 self.fall_back_to_buffered()?;
                 return self.write_durable(len);
             }
-            Err(e) => return Err(Error::io(&self.current.path, Some(off), "write journal record", e)),
+            Err(e) => {
+                return Err(Error::io(
+                    &self.current.path,
+                    Some(off),
+                    "write journal record",
+                    e,
+                ))
+            }
             Ok(()) => {}
         }
         if !self.direct_io && !self.unsafe_skip_durability {
@@ -237,8 +295,13 @@ impl JournalWriter {
     }
 
     fn fall_back_to_buffered(&mut self) -> Result<()> {
-        let (file, _) = open_journal_file(self.vfs.as_ref(), &self.current.path, false, &self.counters)?;
-        note_fallback(&self.counters, &self.current.path, "write refused with EINVAL");
+        let (file, _) =
+            open_journal_file(self.vfs.as_ref(), &self.current.path, false, &self.counters)?;
+        note_fallback(
+            &self.counters,
+            &self.current.path,
+            "write refused with EINVAL",
+        );
         self.current.file = file;
         self.direct_io = false;
         Ok(())
@@ -246,18 +309,34 @@ impl JournalWriter {
 
     fn switch_file(&mut self, record_len: u64) -> Result<()> {
         let next = self.current.seq + 1;
-        let path = self.files.ensure_file(next, self.files.file_size_bytes, true)?;
-        let (file, direct) = open_journal_file(self.vfs.as_ref(), &path, self.direct_io && !self.unsafe_skip_durability, &self.counters)?;
-        let mut size = file.len().map_err(|e| Error::io(&path, None, "stat journal file", e))?;
+        let path = self
+            .files
+            .ensure_file(next, self.files.file_size_bytes, true)?;
+        let (file, direct) = open_journal_file(
+            self.vfs.as_ref(),
+            &path,
+            self.direct_io && !self.unsafe_skip_durability,
+            &self.counters,
+        )?;
+        let mut size = file
+            .len()
+            .map_err(|e| Error::io(&path, None, "stat journal file", e))?;
         if size < record_len {
             // A record larger than a journal file (a huge value): grow this file for it.
             let target = record_len.div_ceil(DIRECT_IO_ALIGN as u64) * DIRECT_IO_ALIGN as u64;
-            file.allocate(0, target).map_err(|e| Error::io(&path, Some(0), "grow journal file", e))?;
-            file.sync_all().map_err(|e| Error::io(&path, None, "fsync journal file", e))?;
+            file.allocate(0, target)
+                .map_err(|e| Error::io(&path, Some(0), "grow journal file", e))?;
+            file.sync_all()
+                .map_err(|e| Error::io(&path, None, "fsync journal file", e))?;
             size = target;
         }
         self.direct_io = direct;
-        self.current = OpenJournal { seq: next, path, file, size };
+        self.current = OpenJournal {
+            seq: next,
+            path,
+            file,
+            size,
+        };
         self.offset = 0;
         self.files.set_current(next);
         Ok(())
@@ -273,16 +352,33 @@ fn note_fallback(counters: &EngineCounters, path: &Path, why: &str) {
     }
 }
 
-fn open_journal_file(vfs: &dyn Vfs, path: &Path, direct: bool, counters: &EngineCounters) -> Result<(Box<dyn VfsFile>, bool)> {
+fn open_journal_file(
+    vfs: &dyn Vfs,
+    path: &Path,
+    direct: bool,
+    counters: &EngineCounters,
+) -> Result<(Box<dyn VfsFile>, bool)> {
     if direct {
-        let mode = OpenMode { write: true, direct: true, dsync: true, ..Default::default() };
+        let mode = OpenMode {
+            write: true,
+            direct: true,
+            dsync: true,
+            ..Default::default()
+        };
         match vfs.open(path, mode) {
             Ok(f) => return Ok((f, true)),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => note_fallback(counters, path, "open refused with EINVAL"),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                note_fallback(counters, path, "open refused with EINVAL")
+            }
             Err(e) => return Err(Error::io(path, None, "open journal file", e)),
         }
     }
-    let mode = OpenMode { write: true, ..Default::default() };
-    let f = vfs.open(path, mode).map_err(|e| Error::io(path, None, "open journal file", e))?;
+    let mode = OpenMode {
+        write: true,
+        ..Default::default()
+    };
+    let f = vfs
+        .open(path, mode)
+        .map_err(|e| Error::io(path, None, "open journal file", e))?;
     Ok((f, false))
 }
