@@ -6,7 +6,9 @@ use crate::header::{self, FileHeader};
 use crate::io::{OpenMode, OsVfs, Vfs};
 use crate::journal::record::{JournalPage, RecordInput};
 use crate::journal::recovery::{self, JournalTail};
-use crate::journal::writer::{JournalFiles, JournalPos, JournalWriter};
+use crate::journal::writer::{
+    Durability, JournalFiles, JournalPos, JournalWriter, PreparedRecord, RecordEncoder,
+};
 use crate::page::{self, PageNo, PageRun, PAGE_SIZE};
 use crate::stats::{EngineCounters, Stats};
 use crate::store::PageStore;
@@ -44,6 +46,10 @@ pub struct Options {
     pub max_unflushed_bytes: u64,
     /// Write the journal with O_DIRECT|O_DSYNC (falls back by itself where refused).
     pub journal_direct_io: bool,
+    /// When a commit is acknowledged: `Immediate` (default, durable) or `Buffered`.
+    pub durability: Durability,
+    /// Compress journal records with LZ4 when that makes them smaller.
+    pub journal_compression: bool,
     /// Open even if the journal shows that transactions were lost in the middle,
     /// keeping only those before the hole. Off by default: that situation means
     /// acknowledged commits are gone, and an operator should decide.
@@ -62,6 +68,8 @@ impl Default for Options {
             sync_after_bytes: 64 << 20,
             max_unflushed_bytes: 512 << 20,
             journal_direct_io: true,
+            durability: Durability::Immediate,
+            journal_compression: true,
             open_despite_journal_gap: false,
             vfs: Arc::new(OsVfs),
         }
@@ -87,9 +95,26 @@ impl Options {
     }
 }
 
+/// State of the (single) in-memory writer. It may run ahead of what is durable:
+/// `latest` includes commits whose journal write is still in flight.
 pub(crate) struct WriterState {
-    pub journal: JournalWriter,
+    pub encoder: RecordEncoder,
     pub alloc: Allocator,
+    pub latest: Snapshot,
+}
+
+/// The journal's write side: records are written strictly in transaction order.
+struct JournalStage {
+    writer: JournalWriter,
+    /// The last transaction whose journal write finished (or failed).
+    last_txn: u64,
+}
+
+/// A commit whose record is encoded and whose pages are in place, waiting for its
+/// journal write.
+pub(crate) struct PendingCommit {
+    record: PreparedRecord,
+    applied: Applied,
 }
 
 struct SnapState {
@@ -108,6 +133,8 @@ pub(crate) struct Shared {
     pub synced_txn_id: AtomicU64,
     snap: Mutex<SnapState>,
     writer: Mutex<WriterState>,
+    journal: Mutex<JournalStage>,
+    journal_turn: Condvar,
     poisoned: Mutex<Option<String>>,
     flusher_tx: Mutex<Option<mpsc::Sender<FlushMsg>>>,
     unflushed_bytes: AtomicU64,
@@ -164,12 +191,23 @@ impl Shared {
         Ok(())
     }
 
-    /// The commit path: catalog update, one durable journal write, publish.
+    /// Commits a write transaction: `prepare_commit`, then `finish_commit`.
     pub(crate) fn commit(&self, txn: &mut WriteTxn) -> Result<u64> {
+        match self.prepare_commit(txn)? {
+            Some(pending) => self.finish_commit(pending),
+            None => Ok(txn.base.txn_id),
+        }
+    }
+
+    /// Phase 1, under the writer lock: catalog update, sealing, encoding the record
+    /// (which fixes its place in the journal chain), and making the pages readable for
+    /// the next transaction. Readers cannot reach them yet: the snapshot they start
+    /// from moves only in phase 2. Releases the writer lock, so the next transaction
+    /// can run while this one's journal write is in flight. `None` if nothing changed.
+    pub(crate) fn prepare_commit(&self, txn: &mut WriteTxn) -> Result<Option<PendingCommit>> {
         if !txn.has_changes() {
-            let id = txn.base.txn_id;
             txn.rollback();
-            return Ok(id);
+            return Ok(None);
         }
         if let Some(why) = self.poison_reason() {
             return Err(Error::Poisoned(why));
@@ -204,28 +242,22 @@ impl Shared {
                 return Err(e);
             }
         };
-        let input = RecordInput {
+        assert_eq!(
+            txn.txn_id,
+            w.latest.txn_id + 1,
+            "transaction ids must increase by one"
+        );
+        let page_count = w.alloc.page_count;
+        let record = w.encoder.encode(RecordInput {
             txn_id: txn.txn_id,
             nonce: 0,
             prev_checksum: 0,
             catalog_root: txn.catalog_root,
-            page_count: w.alloc.page_count,
+            page_count,
             freed: &freed,
             pages: &journal_pages,
-        };
-        let appended = w.journal.append(input);
+        });
         drop(journal_pages);
-        let end = match appended {
-            Ok(end) => end,
-            Err(e) => {
-                // What reached the disk is unknown: latch, so that only a reopen (which
-                // reads the journal back) decides what was committed.
-                self.poison(format!("journal write failed: {e}"));
-                txn.writer = Some(w);
-                txn.rollback();
-                return Err(e);
-            }
-        };
         self.store.publish(&pages);
         let bytes: u64 = pages.iter().map(|(_, r)| r.bytes().len() as u64).sum();
         self.unflushed_bytes.fetch_add(bytes, SeqCst);
@@ -233,28 +265,84 @@ impl Shared {
             .pending
             .push_back((txn.txn_id, std::mem::take(&mut txn.freed_committed)));
         w.alloc.free.extend(txn.local_free.drain(..));
-        let snap = Snapshot {
+        w.latest = Snapshot {
             txn_id: txn.txn_id,
             catalog_root: txn.catalog_root,
             page_count: w.alloc.page_count,
         };
-        self.snap.lock().current = snap;
-        self.counters.commits.fetch_add(1, Relaxed);
         let applied = Applied {
             txn_id: txn.txn_id,
             catalog_root: txn.catalog_root,
-            page_count: snap.page_count,
+            page_count: w.latest.page_count,
             pages,
             freed,
-            end,
+            end: JournalPos {
+                file_seq: 0,
+                offset: 0,
+                chain_checksum: 0,
+            },
         };
         drop(w);
-        if let Err(e) = self.send_to_flusher(FlushMsg::Apply(Box::new(applied))) {
-            // The commit is durable and visible: report it as committed, but no further
-            // commits can be written back, so latch.
-            self.poison(format!("cannot hand commits to the flusher: {e}"));
+        Ok(Some(PendingCommit { record, applied }))
+    }
+
+    /// Phase 2: waits for this transaction's turn, writes its record durably, then
+    /// publishes the snapshot and hands the pages to the flusher. A failed write
+    /// latches the environment; transactions prepared after it then fail too, since
+    /// they were built on it.
+    pub(crate) fn finish_commit(&self, pending: PendingCommit) -> Result<u64> {
+        let PendingCommit {
+            record,
+            mut applied,
+        } = pending;
+        let txn_id = applied.txn_id;
+        assert_eq!(
+            record.txn_id, txn_id,
+            "record and commit disagree on the transaction id"
+        );
+        let mut j = self.journal.lock();
+        while j.last_txn + 1 != txn_id {
+            self.journal_turn.wait(&mut j);
         }
-        Ok(txn.txn_id)
+        let written = match self.poison_reason() {
+            Some(why) => Err(Error::Poisoned(why)),
+            None => j.writer.write(&record),
+        };
+        let result = match written {
+            Ok(end) => {
+                applied.end = end;
+                self.snap.lock().current = Snapshot {
+                    txn_id,
+                    catalog_root: applied.catalog_root,
+                    page_count: applied.page_count,
+                };
+                self.counters.commits.fetch_add(1, Relaxed);
+                if let Err(e) = self.send_to_flusher(FlushMsg::Apply(Box::new(applied))) {
+                    // The commit is durable and visible: report it as committed, but no
+                    // further commits can be written back, so latch.
+                    self.poison(format!("cannot hand commits to the flusher: {e}"));
+                }
+                Ok(txn_id)
+            }
+            Err(e) => {
+                // What reached the disk is unknown: latch, so that only a reopen (which
+                // reads the journal back) decides what was committed.
+                self.poison(format!("journal write failed: {e}"));
+                Err(e)
+            }
+        };
+        j.last_txn = txn_id;
+        drop(j);
+        self.journal_turn.notify_all();
+        result
+    }
+
+    /// Waits until every prepared commit has finished its journal write.
+    pub(crate) fn wait_journal_idle(&self, latest: u64) {
+        let mut j = self.journal.lock();
+        while j.last_txn < latest {
+            self.journal_turn.wait(&mut j);
+        }
     }
 }
 
@@ -352,7 +440,9 @@ impl Env {
             &journal_dir,
             start,
             header.synced_txn_id,
-            opts.open_despite_journal_gap,
+            // After a power loss in buffered mode, records missing in the middle are the
+            // documented cost of that mode, not a surprise.
+            opts.open_despite_journal_gap || opts.durability != Durability::Immediate,
             |rec| {
                 let txn_id = rec.header.txn_id;
                 for (no, image) in rec.images {
@@ -408,6 +498,7 @@ impl Env {
             counters.clone(),
             outcome.end,
             opts.journal_direct_io,
+            opts.durability,
         )?;
         let snap = Snapshot {
             txn_id: outcome.last_txn_id,
@@ -427,9 +518,15 @@ impl Env {
                 readers: BTreeMap::new(),
             }),
             writer: Mutex::new(WriterState {
-                journal,
+                encoder: RecordEncoder::new(outcome.end.chain_checksum, opts.journal_compression),
                 alloc: Allocator::new(page_count, free.iter().copied()),
+                latest: snap,
             }),
+            journal: Mutex::new(JournalStage {
+                writer: journal,
+                last_txn: outcome.last_txn_id,
+            }),
+            journal_turn: Condvar::new(),
             poisoned: Mutex::new(None),
             flusher_tx: Mutex::new(None),
             unflushed_bytes: AtomicU64::new(0),
@@ -500,7 +597,8 @@ impl Env {
             .min(self.shared.synced_txn_id.load(SeqCst));
         let store = &self.shared.store;
         w.alloc.release(horizon, |pages| store.forget(pages));
-        let base = self.shared.snap.lock().current;
+        // Built on the latest commit, which may still be waiting for its journal write.
+        let base = w.latest;
         Ok(WriteTxn {
             env: &self.shared,
             writer: Some(w),
@@ -530,15 +628,15 @@ impl Env {
 
     pub fn stats(&self) -> Stats {
         let c = &self.shared.counters;
-        let (free, pending, page_count, direct) = {
+        let (free, pending, page_count) = {
             let w = self.shared.writer.lock();
             (
                 w.alloc.free.len() as u64,
                 w.alloc.pending_len(),
                 w.alloc.page_count,
-                w.journal.direct_io(),
             )
         };
+        let direct = self.shared.journal.lock().writer.direct_io();
         let (last, readers) = {
             let s = self.shared.snap.lock();
             (s.current.txn_id, s.readers.values().sum::<usize>() as u64)
@@ -550,6 +648,8 @@ impl Env {
             aborts: c.aborts.load(Relaxed),
             journal_writes: c.journal_writes.load(Relaxed),
             journal_bytes: c.journal_bytes.load(Relaxed),
+            journal_body_bytes_raw: c.journal_body_bytes_raw.load(Relaxed),
+            journal_body_bytes_stored: c.journal_body_bytes_stored.load(Relaxed),
             journal_write_latency: c.journal_write_latency.summary(),
             journal_files: self.shared.journal_files.count(),
             journal_files_created: c.journal_files_created.load(Relaxed),
@@ -603,9 +703,9 @@ impl Env {
     /// passes with this set proves nothing.
     pub fn unsafe_disable_journal_durability_for_tests(&self) -> Result<()> {
         self.shared
-            .writer
-            .lock()
             .journal
+            .lock()
+            .writer
             .disable_durability_for_tests()
     }
 
@@ -613,6 +713,8 @@ impl Env {
     /// the writer lock meanwhile, so the free list and the snapshot agree.
     pub fn check(&self) -> Result<crate::check::CheckReport> {
         let w = self.shared.writer.lock();
+        // The free list includes commits still in flight: let them become visible.
+        self.shared.wait_journal_idle(w.latest.txn_id);
         let mut free: BTreeSet<PageNo> = w.alloc.free.clone();
         for (_, pages) in &w.alloc.pending {
             free.extend(pages.iter().copied());

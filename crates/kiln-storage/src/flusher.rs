@@ -7,7 +7,7 @@
 
 use crate::env::Shared;
 use crate::header::{self, FileHeader};
-use crate::journal::writer::JournalPos;
+use crate::journal::writer::{Durability, JournalPos};
 use crate::page::{PageNo, PageRun, PAGE_SIZE};
 use crate::{Error, Result};
 use std::collections::BTreeSet;
@@ -70,11 +70,27 @@ impl Flusher {
 
     pub fn run(mut self, rx: Receiver<FlushMsg>) {
         let interval = Duration::from_millis(self.shared.opts.sync_interval_ms.max(1));
+        let journal_sync_interval = match self.shared.opts.durability {
+            Durability::Buffered { sync_interval_ms } => {
+                Some(Duration::from_millis(sync_interval_ms.max(1)))
+            }
+            Durability::Immediate => None,
+        };
+        let mut last_journal_sync = Instant::now();
         loop {
-            let wait = interval
-                .saturating_sub(self.last_sync.elapsed())
-                .max(Duration::from_millis(1));
-            match rx.recv_timeout(wait) {
+            let mut wait = interval.saturating_sub(self.last_sync.elapsed());
+            if let Some(j) = journal_sync_interval {
+                if last_journal_sync.elapsed() >= j {
+                    // Buffered durability: the journal is made durable here, in the
+                    // background, at the stated interval.
+                    if let Err(e) = self.shared.journal_files.sync_current() {
+                        self.record_failure(Err(e));
+                    }
+                    last_journal_sync = Instant::now();
+                }
+                wait = wait.min(j.saturating_sub(last_journal_sync.elapsed()));
+            }
+            match rx.recv_timeout(wait.max(Duration::from_millis(1))) {
                 Ok(FlushMsg::Apply(a)) => {
                     self.batch_bytes += a
                         .pages

@@ -39,6 +39,7 @@ pub use btree::cursor::{Cursor, Entry};
 pub use env::{Env, Options, RecoveryReport, DATA_FILE};
 pub use error::{Error, Result};
 pub use journal::recovery::JournalTail;
+pub use journal::writer::Durability;
 pub use page::{MAX_KEY_SIZE, MAX_VALUE_SIZE, PAGE_SIZE};
 pub use stats::{LatencySummary, Stats};
 pub use txn::{ReadTxn, WriteTxn, MAX_TREE_NAME};

@@ -98,6 +98,8 @@ pub struct LatencySummary {
 pub(crate) struct EngineCounters {
     pub journal_writes: AtomicU64,
     pub journal_bytes: AtomicU64,
+    pub journal_body_bytes_raw: AtomicU64,
+    pub journal_body_bytes_stored: AtomicU64,
     pub journal_write_latency: LatencyHistogram,
     pub journal_files_created: AtomicU64,
     pub journal_files_recycled: AtomicU64,
@@ -120,6 +122,9 @@ pub struct Stats {
     pub aborts: u64,
     pub journal_writes: u64,
     pub journal_bytes: u64,
+    /// Journal record bodies before and after LZ4 (diffs are already applied).
+    pub journal_body_bytes_raw: u64,
+    pub journal_body_bytes_stored: u64,
     pub journal_write_latency: LatencySummary,
     pub journal_files: u64,
     pub journal_files_created: u64,

@@ -4,7 +4,7 @@
 //! header, 64 bytes, little endian
 //!  0  u32 magic "KJR1"
 //!  4  u8  version (1)
-//!  5  u8  flags (0; reserved for compressed bodies)
+//!  5  u8  flags: bit 0 = body compressed with LZ4 (block format)
 //!  6  u16 reserved (0)
 //!  8  u64 transaction id
 //! 16  u64 nonce of the process that wrote it (new on every open)
@@ -13,10 +13,10 @@
 //! 32  u32 body length in bytes
 //! 36  u32 page image count
 //! 40  u32 freed page count
-//! 44  u32 reserved (0)
+//! 44  u32 body length before compression (= body length when not compressed)
 //! 48  u64 catalog root after the transaction
 //! 56  u64 page count (high-water mark) after the transaction
-//! body
+//! body (after decompression, if compressed)
 //!     freed page numbers, u64 each
 //!     page images, each: page u64 | run pages u32 | form u32, then by form
 //!       0 full:  head len u32 | tail len u32 | head | tail
@@ -44,6 +44,11 @@ use std::sync::Arc;
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KJR1");
 pub const VERSION: u8 = 1;
 pub const RECORD_HEADER: usize = 64;
+const FLAG_LZ4: u8 = 1;
+/// Bodies smaller than this are not worth compressing.
+const MIN_COMPRESS_BODY: usize = 1024;
+/// A record's body may not decompress to more than this (bounds allocation).
+const MAX_RAW_BODY: usize = page::MAX_VALUE_SIZE + (64 << 20);
 const IMAGE_HEADER: usize = 16;
 const FULL_HEADER: usize = 8;
 const DIFF_HEADER: usize = 12;
@@ -64,6 +69,8 @@ pub struct RecordHeader {
     pub body_len: u32,
     pub image_count: u32,
     pub freed_count: u32,
+    pub flags: u8,
+    pub raw_body_len: u32,
     pub catalog_root: PageNo,
     pub page_count: u64,
 }
@@ -191,8 +198,16 @@ fn choose_form<'a>(p: &'a JournalPage<'a>) -> Form<'a> {
     }
 }
 
-/// Encodes a record into `buf` (grown as needed, aligned); returns (padded length, checksum).
-pub fn encode(input: &RecordInput, buf: &mut PageRun) -> (usize, u32) {
+pub struct Encoded {
+    pub padded_len: usize,
+    pub checksum: u32,
+    pub raw_body_len: usize,
+    pub stored_body_len: usize,
+}
+
+/// Encodes a record into `buf` (grown as needed, aligned). With `compress`, the body
+/// is LZ4-compressed when that makes it smaller.
+pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: bool) -> Encoded {
     let forms: Vec<Form> = input.pages.iter().map(choose_form).collect();
     let body_len = input.freed.len() * 8 + forms.iter().map(Form::encoded_len).sum::<usize>();
     let total = padded(RECORD_HEADER + body_len);
@@ -251,10 +266,35 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun) -> (usize, u32) {
         }
     }
     debug_assert_eq!(at, RECORD_HEADER + body_len);
-    b[at..total].fill(0);
-    let sum = crc32c::crc32c(&b[..at]);
+    write_u32(b, 44, body_len as u32);
+    let mut stored = body_len;
+    if compress && body_len >= MIN_COMPRESS_BODY && worth_compressing(&b[RECORD_HEADER..at]) {
+        let packed = lz4_flex::block::compress(&b[RECORD_HEADER..at]);
+        if packed.len() + DIRECT_IO_ALIGN / 4 < body_len {
+            b[RECORD_HEADER..RECORD_HEADER + packed.len()].copy_from_slice(&packed);
+            stored = packed.len();
+            b[5] |= FLAG_LZ4;
+            write_u32(b, 32, stored as u32);
+        }
+    }
+    let end = RECORD_HEADER + stored;
+    let total = padded(end);
+    b[end..total].fill(0);
+    let sum = crc32c::crc32c(&b[..end]);
     write_u32(b, 28, sum);
-    (total, sum)
+    Encoded {
+        padded_len: total,
+        checksum: sum,
+        raw_body_len: body_len,
+        stored_body_len: stored,
+    }
+}
+
+/// Compressing random bytes (a typical large value) costs time and saves nothing:
+/// try a 4 KiB sample first.
+fn worth_compressing(body: &[u8]) -> bool {
+    let sample = &body[..body.len().min(4096)];
+    lz4_flex::block::compress(sample).len() < sample.len() * 9 / 10
 }
 
 /// Parses and sanity-checks a header block. `None` if it is not a record header.
@@ -270,6 +310,8 @@ pub fn parse_header(b: &[u8]) -> Option<RecordHeader> {
         body_len: read_u32(b, 32),
         image_count: read_u32(b, 36),
         freed_count: read_u32(b, 40),
+        flags: b[5],
+        raw_body_len: read_u32(b, 44),
         catalog_root: read_u64(b, 48),
         page_count: read_u64(b, 56),
     })
@@ -344,13 +386,46 @@ fn take<'b>(body: &'b [u8], at: &mut usize, n: usize, what: &str) -> Result<&'b 
 }
 
 /// Decodes a record whose checksum already passed. Arbitrary bytes give an error,
-/// never a panic or an allocation much larger than the body.
+/// never a panic or an allocation much larger than the body (or its stated raw size,
+/// which is bounded).
 pub fn decode_body(h: &RecordHeader, record: &[u8]) -> Result<DecodedRecord, String> {
     let end = RECORD_HEADER
         .checked_add(h.body_len as usize)
         .filter(|e| *e <= record.len())
         .ok_or("body length beyond the record")?;
-    let body = &record[RECORD_HEADER..end];
+    let stored = &record[RECORD_HEADER..end];
+    if h.flags & !FLAG_LZ4 != 0 {
+        return Err(format!("unknown record flags {:#x}", h.flags));
+    }
+    if h.flags & FLAG_LZ4 == 0 {
+        if h.raw_body_len != h.body_len {
+            return Err(format!(
+                "uncompressed body of {} bytes claims a raw length of {}",
+                h.body_len, h.raw_body_len
+            ));
+        }
+        return decode_parts(h, stored);
+    }
+    let raw_len = h.raw_body_len as usize;
+    // LZ4 expands at most ~255x; anything claiming more is damage.
+    if raw_len > MAX_RAW_BODY || raw_len > stored.len().saturating_mul(255) {
+        return Err(format!(
+            "compressed body of {} bytes claims a raw length of {raw_len}",
+            stored.len()
+        ));
+    }
+    let raw = lz4_flex::block::decompress(stored, raw_len)
+        .map_err(|e| format!("LZ4 body does not decompress: {e}"))?;
+    if raw.len() != raw_len {
+        return Err(format!(
+            "LZ4 body decompressed to {} bytes, header says {raw_len}",
+            raw.len()
+        ));
+    }
+    decode_parts(h, &raw)
+}
+
+fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> {
     let freed_bytes = (h.freed_count as usize)
         .checked_mul(8)
         .ok_or("freed count overflows")?;
@@ -384,14 +459,15 @@ pub fn decode_body(h: &RecordHeader, record: &[u8]) -> Result<DecodedRecord, Str
                 h.page_count
             ));
         }
-        let image =
-            match form {
-                FORM_FULL => decode_full(body, &mut at, i, no, run_pages)?,
-                FORM_DIFF if run_pages == 1 => decode_diff(body, &mut at, i, no, h.page_count)?,
-                other => return Err(format!(
+        let image = match form {
+            FORM_FULL => decode_full(body, &mut at, i, no, run_pages)?,
+            FORM_DIFF if run_pages == 1 => decode_diff(body, &mut at, i, no, h.page_count)?,
+            other => {
+                return Err(format!(
                     "page image {i} (page {no}): unknown form {other} for a {run_pages}-page run"
-                )),
-            };
+                ))
+            }
+        };
         images.push((no, image));
     }
     if at != body.len() {

@@ -158,6 +158,18 @@ impl JournalFiles {
             .map_err(|e| Error::io(&self.dir, None, "fsync journal directory", e))
     }
 
+    /// Makes the current journal file durable (background sync in buffered mode;
+    /// files left behind were synced when the writer moved on).
+    pub fn sync_current(&self) -> Result<()> {
+        let path = file_path(&self.dir, self.state.lock().current);
+        let f = self
+            .vfs
+            .open(&path, OpenMode::default())
+            .map_err(|e| Error::io(&path, None, "open journal file", e))?;
+        f.sync_data()
+            .map_err(|e| Error::io(&path, None, "fdatasync journal", e))
+    }
+
     fn set_current(&self, seq: u64) {
         self.state.lock().current = seq;
     }
@@ -170,16 +182,74 @@ struct OpenJournal {
     size: u64,
 }
 
+/// When a commit is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Acknowledged = durable: the journal write is O_DIRECT|O_DSYNC (or followed by
+    /// fdatasync). Never loses an acknowledged commit.
+    #[default]
+    Immediate,
+    /// Acknowledged once written to the OS; the journal is synced in the background
+    /// every `sync_interval_ms`. A power loss (not a process crash) can lose the
+    /// commits of up to that interval. Recovery after such a loss may find records
+    /// missing in the middle: an environment used this way opens despite a journal gap.
+    Buffered { sync_interval_ms: u64 },
+}
+
+/// A record encoded and placed in the chain, waiting for its journal write.
+pub struct PreparedRecord {
+    pub txn_id: u64,
+    buf: PageRun,
+    len: usize,
+    checksum: u32,
+    /// Body bytes before and after compression.
+    pub raw_body_len: usize,
+    pub stored_body_len: usize,
+}
+
+/// Places records in the chain. Used under the writer lock, so records are chained
+/// in commit order while their journal writes may still be in flight.
+pub struct RecordEncoder {
+    chain_checksum: u32,
+    nonce: u64,
+    compress: bool,
+}
+
+impl RecordEncoder {
+    pub fn new(chain_checksum: u32, compress: bool) -> Self {
+        RecordEncoder {
+            chain_checksum,
+            nonce: rand::random(),
+            compress,
+        }
+    }
+
+    pub fn encode(&mut self, mut input: RecordInput) -> PreparedRecord {
+        input.nonce = self.nonce;
+        input.prev_checksum = self.chain_checksum;
+        let mut buf = PageRun::zeroed(1);
+        let enc = record::encode(&input, &mut buf, self.compress);
+        self.chain_checksum = enc.checksum;
+        PreparedRecord {
+            txn_id: input.txn_id,
+            buf,
+            len: enc.padded_len,
+            checksum: enc.checksum,
+            raw_body_len: enc.raw_body_len,
+            stored_body_len: enc.stored_body_len,
+        }
+    }
+}
+
+/// Writes prepared records, in order, to the journal files.
 pub struct JournalWriter {
     vfs: Arc<dyn Vfs>,
     files: Arc<JournalFiles>,
     counters: Arc<EngineCounters>,
     current: OpenJournal,
     offset: u64,
-    chain_checksum: u32,
-    nonce: u64,
     direct_io: bool,
-    buffer: PageRun,
+    durability: Durability,
     /// Test-only canary: skip making journal writes durable.
     pub(crate) unsafe_skip_durability: bool,
 }
@@ -191,10 +261,13 @@ impl JournalWriter {
         counters: Arc<EngineCounters>,
         pos: JournalPos,
         direct_io: bool,
+        durability: Durability,
     ) -> Result<Self> {
         let path = files.ensure_file(pos.file_seq, files.file_size_bytes, true)?;
         files.set_current(pos.file_seq);
-        let (file, direct_io) = open_journal_file(vfs.as_ref(), &path, direct_io, &counters)?;
+        let buffered = durability != Durability::Immediate;
+        let (file, direct_io) =
+            open_journal_file(vfs.as_ref(), &path, direct_io, buffered, &counters)?;
         let size = file
             .len()
             .map_err(|e| Error::io(&path, None, "stat journal file", e))?;
@@ -209,10 +282,8 @@ impl JournalWriter {
                 size,
             },
             offset: pos.offset,
-            chain_checksum: pos.chain_checksum,
-            nonce: rand::random(),
             direct_io,
-            buffer: PageRun::zeroed(4),
+            durability,
             unsafe_skip_durability: false,
         })
     }
@@ -237,43 +308,45 @@ impl JournalWriter {
         Ok(())
     }
 
-    /// Writes one record and returns once it is durable. On error nothing is
-    /// acknowledged; the caller must not reuse this writer for the same position
-    /// without knowing what reached the disk (the environment latches).
-    pub fn append(&mut self, mut input: RecordInput) -> Result<JournalPos> {
-        input.nonce = self.nonce;
-        input.prev_checksum = self.chain_checksum;
-        let (len, checksum) = record::encode(&input, &mut self.buffer);
-        if self.offset + len as u64 > self.current.size {
-            self.switch_file(len as u64)?;
+    fn skips_sync(&self) -> bool {
+        self.unsafe_skip_durability || self.durability != Durability::Immediate
+    }
+
+    /// Writes one record (records must come in chain order) and returns once it is
+    /// durable (or, in buffered mode, written to the OS). On error nothing is
+    /// acknowledged; the environment latches, since what reached the disk is unknown.
+    pub fn write(&mut self, rec: &PreparedRecord) -> Result<JournalPos> {
+        if self.offset + rec.len as u64 > self.current.size {
+            self.switch_file(rec.len as u64)?;
         }
         let start = Instant::now();
-        self.write_durable(len)?;
+        self.write_durable(&rec.buf.bytes()[..rec.len])?;
         self.counters.journal_write_latency.record(start.elapsed());
         self.counters.journal_writes.fetch_add(1, Relaxed);
-        self.counters.journal_bytes.fetch_add(len as u64, Relaxed);
-        self.offset += len as u64;
-        self.chain_checksum = checksum;
-        Ok(self.position())
-    }
-
-    pub fn position(&self) -> JournalPos {
-        JournalPos {
+        self.counters
+            .journal_bytes
+            .fetch_add(rec.len as u64, Relaxed);
+        self.counters
+            .journal_body_bytes_raw
+            .fetch_add(rec.raw_body_len as u64, Relaxed);
+        self.counters
+            .journal_body_bytes_stored
+            .fetch_add(rec.stored_body_len as u64, Relaxed);
+        self.offset += rec.len as u64;
+        Ok(JournalPos {
             file_seq: self.current.seq,
             offset: self.offset,
-            chain_checksum: self.chain_checksum,
-        }
+            chain_checksum: rec.checksum,
+        })
     }
 
-    fn write_durable(&mut self, len: usize) -> Result<()> {
-        let bytes = &self.buffer.bytes()[..len];
+    fn write_durable(&mut self, bytes: &[u8]) -> Result<()> {
         let off = self.offset;
-        let res = self.current.file.write_all_at(bytes, off);
-        match res {
+        match self.current.file.write_all_at(bytes, off) {
             Err(e) if self.direct_io && e.raw_os_error() == Some(libc::EINVAL) => {
                 // The file system accepted O_DIRECT at open but refuses the write.
                 self.fall_back_to_buffered()?;
-                return self.write_durable(len);
+                return self.write_durable(bytes);
             }
             Err(e) => {
                 return Err(Error::io(
@@ -285,7 +358,7 @@ impl JournalWriter {
             }
             Ok(()) => {}
         }
-        if !self.direct_io && !self.unsafe_skip_durability {
+        if !self.direct_io && !self.skips_sync() {
             self.current
                 .file
                 .sync_data()
@@ -295,8 +368,13 @@ impl JournalWriter {
     }
 
     fn fall_back_to_buffered(&mut self) -> Result<()> {
-        let (file, _) =
-            open_journal_file(self.vfs.as_ref(), &self.current.path, false, &self.counters)?;
+        let (file, _) = open_journal_file(
+            self.vfs.as_ref(),
+            &self.current.path,
+            false,
+            false,
+            &self.counters,
+        )?;
         note_fallback(
             &self.counters,
             &self.current.path,
@@ -312,10 +390,19 @@ impl JournalWriter {
         let path = self
             .files
             .ensure_file(next, self.files.file_size_bytes, true)?;
+        if self.durability != Durability::Immediate && !self.unsafe_skip_durability {
+            // Buffered mode: the background sync only looks at the current file, so
+            // make the one we leave durable now.
+            self.current
+                .file
+                .sync_data()
+                .map_err(|e| Error::io(&self.current.path, None, "fdatasync journal", e))?;
+        }
         let (file, direct) = open_journal_file(
             self.vfs.as_ref(),
             &path,
             self.direct_io && !self.unsafe_skip_durability,
+            self.skips_sync(),
             &self.counters,
         )?;
         let mut size = file
@@ -356,9 +443,10 @@ fn open_journal_file(
     vfs: &dyn Vfs,
     path: &Path,
     direct: bool,
+    buffered: bool,
     counters: &EngineCounters,
 ) -> Result<(Box<dyn VfsFile>, bool)> {
-    if direct {
+    if direct && !buffered {
         let mode = OpenMode {
             write: true,
             direct: true,
