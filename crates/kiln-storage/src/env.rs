@@ -10,6 +10,7 @@ use crate::journal::writer::{
     Durability, JournalFiles, JournalPos, JournalWriter, PreparedRecord, RecordEncoder,
 };
 use crate::page::{self, PageNo, PageRun, PAGE_SIZE};
+use crate::queue::{CommitQueue, QueueLimits, QueueStats};
 use crate::stats::{EngineCounters, Stats};
 use crate::store::PageStore;
 use crate::txn::{ReadTxn, Snapshot, WriteTxn};
@@ -48,6 +49,8 @@ pub struct Options {
     pub journal_direct_io: bool,
     /// When a commit is acknowledged: `Immediate` (default, durable) or `Buffered`.
     pub durability: Durability,
+    /// Bounds of the commit queue (`Env::submit`).
+    pub queue_limits: QueueLimits,
     /// Compress journal records with LZ4 when that makes them smaller.
     pub journal_compression: bool,
     /// Open even if the journal shows that transactions were lost in the middle,
@@ -70,6 +73,7 @@ impl Default for Options {
             journal_direct_io: true,
             durability: Durability::Immediate,
             journal_compression: true,
+            queue_limits: QueueLimits::default(),
             open_despite_journal_gap: false,
             vfs: Arc::new(OsVfs),
         }
@@ -135,6 +139,7 @@ pub(crate) struct Shared {
     writer: Mutex<WriterState>,
     journal: Mutex<JournalStage>,
     journal_turn: Condvar,
+    pub(crate) queue: CommitQueue,
     poisoned: Mutex<Option<String>>,
     flusher_tx: Mutex<Option<mpsc::Sender<FlushMsg>>>,
     unflushed_bytes: AtomicU64,
@@ -189,6 +194,36 @@ impl Shared {
                 .wait_for(&mut g, Duration::from_millis(10));
         }
         Ok(())
+    }
+
+    /// Starts the write transaction, waiting while another one is open.
+    pub(crate) fn begin_write_txn(&self) -> Result<WriteTxn<'_>> {
+        if let Some(why) = self.poison_reason() {
+            return Err(Error::Poisoned(why));
+        }
+        let mut w = self.writer.lock();
+        let horizon = self.oldest_reader().min(self.synced_txn_id.load(SeqCst));
+        let store = &self.store;
+        w.alloc.release(horizon, |pages| store.forget(pages));
+        // Built on the latest commit, which may still be waiting for its journal write.
+        let base = w.latest;
+        Ok(WriteTxn {
+            env: self,
+            writer: Some(w),
+            txn_id: base.txn_id + 1,
+            base,
+            pins: Default::default(),
+            dirty: HashMap::new(),
+            sources: HashMap::new(),
+            freed_committed: Vec::new(),
+            local_free: Vec::new(),
+            taken_from_free: Vec::new(),
+            catalog_root: base.catalog_root,
+            trees: HashMap::new(),
+            dropped: Vec::new(),
+            broken: None,
+            savepoint: None,
+        })
     }
 
     /// Commits a write transaction: `prepare_commit`, then `finish_commit`.
@@ -527,6 +562,7 @@ impl Env {
                 last_txn: outcome.last_txn_id,
             }),
             journal_turn: Condvar::new(),
+            queue: CommitQueue::default(),
             poisoned: Mutex::new(None),
             flusher_tx: Mutex::new(None),
             unflushed_bytes: AtomicU64::new(0),
@@ -587,34 +623,35 @@ impl Env {
 
     /// Starts the write transaction, waiting while another one is open.
     pub fn begin_write(&self) -> Result<WriteTxn<'_>> {
-        if let Some(why) = self.shared.poison_reason() {
-            return Err(Error::Poisoned(why));
-        }
-        let mut w = self.shared.writer.lock();
-        let horizon = self
-            .shared
-            .oldest_reader()
-            .min(self.shared.synced_txn_id.load(SeqCst));
-        let store = &self.shared.store;
-        w.alloc.release(horizon, |pages| store.forget(pages));
-        // Built on the latest commit, which may still be waiting for its journal write.
-        let base = w.latest;
-        Ok(WriteTxn {
-            env: &self.shared,
-            writer: Some(w),
-            txn_id: base.txn_id + 1,
-            base,
-            pins: Default::default(),
-            dirty: HashMap::new(),
-            sources: HashMap::new(),
-            freed_committed: Vec::new(),
-            local_free: Vec::new(),
-            taken_from_free: Vec::new(),
-            catalog_root: base.catalog_root,
-            trees: HashMap::new(),
-            dropped: Vec::new(),
-            broken: None,
+        self.shared.begin_write_txn()
+    }
+
+    /// Submits a unit of work to the commit queue and blocks until it is durable.
+    /// Units from many threads are merged: run back to back in one write transaction
+    /// and committed with one journal write. If the unit returns an error or panics,
+    /// only it is rolled back and its error is returned; the rest of its group
+    /// commits. Fails fast with `Error::Overloaded` when the queue is over its limits.
+    pub fn submit<T, F>(&self, unit: F) -> Result<T>
+    where
+        F: for<'a, 'e> FnOnce(&'a mut WriteTxn<'e>) -> Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let out = Arc::new(Mutex::new(None));
+        let slot = out.clone();
+        self.shared.submit_unit(Box::new(move |txn| {
+            let value = unit(txn)?;
+            *slot.lock() = Some(value);
+            Ok(())
+        }))?;
+        let value = out.lock().take();
+        value.ok_or_else(|| {
+            Error::GroupFailed("the unit reported success but left no result".into())
         })
+    }
+
+    /// Figures of the commit queue.
+    pub fn queue_stats(&self) -> QueueStats {
+        self.shared.queue.stats()
     }
 
     /// Forces the flusher to write back and sync everything committed so far.

@@ -71,6 +71,28 @@ pub enum Error {
     #[error("environment at {path} is already open (lock held by another process or handle)")]
     Locked { path: PathBuf },
 
+    #[error(
+        "overloaded: {queued} units waiting, the oldest for {oldest_wait_ms} ms \
+         (limits: {max_units} units, {max_delay_ms} ms); retry later"
+    )]
+    Overloaded {
+        queued: usize,
+        oldest_wait_ms: u64,
+        max_units: usize,
+        max_delay_ms: u64,
+    },
+
+    /// A unit of work given to `Env::submit` failed with an error of its own; its
+    /// changes were rolled back.
+    #[error("the unit of work failed: {0}")]
+    UnitFailed(Box<dyn std::error::Error + Send + Sync>),
+
+    #[error("the unit of work panicked: {0}; it was rolled back, the rest of its group commits")]
+    UnitPanicked(String),
+
+    #[error("the commit group failed: {0}")]
+    GroupFailed(String),
+
     #[error("invalid option: {0}")]
     InvalidOption(String),
 

@@ -208,6 +208,8 @@ pub struct WriteTxn<'env> {
     pub(crate) catalog_root: PageNo,
     pub(crate) trees: HashMap<String, TreeState>,
     pub(crate) dropped: Vec<String>,
+    /// Open savepoint of the unit being run by the commit queue, if any.
+    pub(crate) savepoint: Option<crate::savepoint::Savepoint>,
     /// Set when an operation failed half-way: the in-memory tree may be inconsistent,
     /// so the transaction can only be aborted.
     pub(crate) broken: Option<String>,
@@ -216,6 +218,10 @@ pub struct WriteTxn<'env> {
 impl<'env> WriteTxn<'env> {
     pub fn txn_id(&self) -> u64 {
         self.txn_id
+    }
+
+    pub(crate) fn base_txn_id(&self) -> u64 {
+        self.base.txn_id
     }
 
     pub(crate) fn alloc(&mut self) -> &mut crate::alloc::Allocator {

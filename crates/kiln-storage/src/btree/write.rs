@@ -51,6 +51,7 @@ fn split_point(cells: &[Vec<u8>]) -> usize {
 
 impl WriteTxn<'_> {
     fn dirty_mut(&mut self, no: PageNo) -> &mut [u8] {
+        self.note_page_change(no);
         self.dirty
             .get_mut(&no)
             .expect("page made writable before mutation")
@@ -80,6 +81,7 @@ impl WriteTxn<'_> {
 
     /// Releases a page or run that this transaction no longer references.
     fn free_pages(&mut self, start: PageNo, n: u64) {
+        self.note_page_change(start);
         if self.dirty.remove(&start).is_some() {
             self.sources.remove(&start);
             self.local_free.extend(start..start + n);

@@ -1,0 +1,270 @@
+//! The commit queue: many threads submit units of work; one of them at a time (the
+//! leader) runs the queued units back to back in ONE write transaction, and the group
+//! is committed with ONE journal write. Each submitter is answered when that write is
+//! durable. A unit that fails or panics is rolled back alone (a savepoint per unit).
+//!
+//! Group size adapts by itself: a lone submitter finds the queue empty and leads its
+//! own unit at once (no waiting for company); under load, units pile up while the
+//! previous group is executing or writing, and the next leader takes them all (up to
+//! `max_group_units` / `max_group_bytes`).
+//!
+//! Pipelining: a leader gives up leadership as soon as its group is encoded (phase 1),
+//! so the next group executes in memory while this one's journal write is in flight.
+//! At most one group waits for the journal behind the one being written: more would
+//! only split the work into smaller writes.
+
+use crate::env::Shared;
+use crate::txn::WriteTxn;
+use crate::{Error, Result};
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+type Unit = Box<dyn for<'a, 'e> FnOnce(&'a mut WriteTxn<'e>) -> Result<()> + Send>;
+
+/// Where a submitter's answer lands: the id of the transaction that committed its
+/// unit, or why it did not.
+#[derive(Default)]
+struct Answer(Mutex<Option<Result<u64>>>);
+
+struct Job {
+    unit: Unit,
+    answer: Arc<Answer>,
+    enqueued: Instant,
+}
+
+#[derive(Default)]
+struct QueueState {
+    jobs: VecDeque<Job>,
+    /// A leader is executing a group (phase 1).
+    leader_active: bool,
+    /// Groups encoded and not yet through their journal write.
+    groups_in_flight: usize,
+}
+
+/// Limits of the commit queue.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueLimits {
+    /// Submissions fail with `Overloaded` when this many units are waiting...
+    pub max_queued_units: usize,
+    /// ...or when the oldest waiting unit has waited this long.
+    pub max_queue_delay_ms: u64,
+    /// Upper bounds of one group.
+    pub max_group_units: usize,
+    pub max_group_bytes: usize,
+}
+
+impl Default for QueueLimits {
+    fn default() -> Self {
+        QueueLimits {
+            max_queued_units: 100_000,
+            max_queue_delay_ms: 2_000,
+            max_group_units: 4096,
+            max_group_bytes: 32 << 20,
+        }
+    }
+}
+
+/// Figures of the commit queue (`Env::queue_stats`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueueStats {
+    pub units_committed: u64,
+    pub units_failed: u64,
+    pub groups: u64,
+    pub max_group_units: u64,
+    pub overloaded_rejections: u64,
+}
+
+impl QueueStats {
+    pub fn avg_group_units(&self) -> f64 {
+        if self.groups == 0 {
+            0.0
+        } else {
+            self.units_committed as f64 / self.groups as f64
+        }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct CommitQueue {
+    state: Mutex<QueueState>,
+    changed: Condvar,
+    units_committed: AtomicU64,
+    units_failed: AtomicU64,
+    groups: AtomicU64,
+    max_group_units: AtomicU64,
+    overloaded: AtomicU64,
+}
+
+impl CommitQueue {
+    pub fn stats(&self) -> QueueStats {
+        QueueStats {
+            units_committed: self.units_committed.load(Relaxed),
+            units_failed: self.units_failed.load(Relaxed),
+            groups: self.groups.load(Relaxed),
+            max_group_units: self.max_group_units.load(Relaxed),
+            overloaded_rejections: self.overloaded.load(Relaxed),
+        }
+    }
+
+    fn enqueue(&self, unit: Unit, limits: &QueueLimits) -> Result<Arc<Answer>> {
+        let mut st = self.state.lock();
+        let oldest_wait_ms = st
+            .jobs
+            .front()
+            .map_or(0, |j| j.enqueued.elapsed().as_millis() as u64);
+        if st.jobs.len() >= limits.max_queued_units || oldest_wait_ms > limits.max_queue_delay_ms {
+            self.overloaded.fetch_add(1, Relaxed);
+            return Err(Error::Overloaded {
+                queued: st.jobs.len(),
+                oldest_wait_ms,
+                max_units: limits.max_queued_units,
+                max_delay_ms: limits.max_queue_delay_ms,
+            });
+        }
+        let answer = Arc::new(Answer::default());
+        st.jobs.push_back(Job {
+            unit,
+            answer: answer.clone(),
+            enqueued: Instant::now(),
+        });
+        Ok(answer)
+    }
+
+    fn answer(&self, job_answer: &Answer, r: Result<u64>) {
+        *job_answer.0.lock() = Some(r);
+    }
+
+    fn notify(&self) {
+        let _g = self.state.lock();
+        self.changed.notify_all();
+    }
+}
+
+impl Shared {
+    /// Submits a unit and blocks until it is durable (or failed).
+    pub(crate) fn submit_unit(&self, unit: Unit) -> Result<u64> {
+        let q = &self.queue;
+        let answer = q.enqueue(unit, &self.opts.queue_limits)?;
+        let mut st = q.state.lock();
+        loop {
+            // Checked under the queue lock: a leader answers, then notifies under it.
+            if let Some(r) = answer.0.lock().take() {
+                return r;
+            }
+            if !st.leader_active && st.groups_in_flight <= 1 && !st.jobs.is_empty() {
+                st.leader_active = true;
+                let take = st
+                    .jobs
+                    .len()
+                    .min(self.opts.queue_limits.max_group_units.max(1));
+                let group: Vec<Job> = st.jobs.drain(..take).collect();
+                drop(st);
+                self.lead_group(group);
+                st = q.state.lock();
+                continue;
+            }
+            q.changed.wait(&mut st);
+        }
+    }
+
+    /// Runs a group in one write transaction and commits it with one journal write.
+    fn lead_group(&self, group: Vec<Job>) {
+        let q = &self.queue;
+        let mut txn = match self.begin_write_txn() {
+            Ok(t) => t,
+            Err(e) => {
+                let why = e.to_string();
+                for job in group {
+                    q.answer(&job.answer, Err(Error::GroupFailed(why.clone())));
+                }
+                self.end_leadership(false);
+                return;
+            }
+        };
+        let mut committed = Vec::with_capacity(group.len());
+        let mut rest = group.into_iter();
+        for job in rest.by_ref() {
+            txn.savepoint();
+            match catch_unwind(AssertUnwindSafe(|| (job.unit)(&mut txn))) {
+                Ok(Ok(())) => {
+                    txn.release_savepoint();
+                    committed.push(job.answer);
+                }
+                Ok(Err(e)) => {
+                    txn.rollback_to_savepoint();
+                    q.units_failed.fetch_add(1, Relaxed);
+                    q.answer(&job.answer, Err(e));
+                }
+                Err(panic) => {
+                    txn.rollback_to_savepoint();
+                    q.units_failed.fetch_add(1, Relaxed);
+                    let msg = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "non-string panic payload".into());
+                    q.answer(&job.answer, Err(Error::UnitPanicked(msg)));
+                }
+            }
+            if txn.dirty_bytes() >= self.opts.queue_limits.max_group_bytes {
+                break;
+            }
+        }
+        // Units beyond the byte bound go back to the front of the queue, in order.
+        let leftover: Vec<Job> = rest.collect();
+        if !leftover.is_empty() {
+            let mut st = q.state.lock();
+            for job in leftover.into_iter().rev() {
+                st.jobs.push_front(job);
+            }
+        }
+        let prepared = self.prepare_commit(&mut txn);
+        let base_txn = txn.base_txn_id();
+        drop(txn);
+        let in_flight = matches!(prepared, Ok(Some(_)));
+        self.end_leadership(in_flight);
+        let result = match prepared {
+            Ok(Some(p)) => {
+                let r = self.finish_commit(p);
+                q.state.lock().groups_in_flight -= 1;
+                r
+            }
+            Ok(None) => Ok(base_txn),
+            Err(e) => Err(e),
+        };
+        if !committed.is_empty() {
+            q.groups.fetch_add(1, Relaxed);
+            q.max_group_units.fetch_max(committed.len() as u64, Relaxed);
+        }
+        match result {
+            Ok(txn_id) => {
+                q.units_committed.fetch_add(committed.len() as u64, Relaxed);
+                for a in &committed {
+                    q.answer(a, Ok(txn_id));
+                }
+            }
+            Err(e) => {
+                let why = e.to_string();
+                q.units_failed.fetch_add(committed.len() as u64, Relaxed);
+                for a in &committed {
+                    q.answer(a, Err(Error::GroupFailed(why.clone())));
+                }
+            }
+        }
+        q.notify();
+    }
+
+    fn end_leadership(&self, group_in_flight: bool) {
+        let q = &self.queue;
+        let mut st = q.state.lock();
+        st.leader_active = false;
+        if group_in_flight {
+            st.groups_in_flight += 1;
+        }
+        q.changed.notify_all();
+    }
+}

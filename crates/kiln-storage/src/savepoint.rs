@@ -1,0 +1,89 @@
+//! Savepoints: roll back one unit of work inside a write transaction that carries
+//! others (the commit queue runs many units in one transaction).
+//!
+//! A savepoint copies the transaction's bookkeeping (small), and keeps an undo copy of
+//! each page that was already dirty at the savepoint the first time the unit changes
+//! or frees it. Pages the unit allocated are dropped on rollback and their numbers go
+//! back where they came from.
+
+use crate::page::{PageNo, PageRun};
+use crate::txn::{TreeState, WriteTxn};
+use std::collections::{HashMap, HashSet};
+
+pub(crate) struct Savepoint {
+    trees: HashMap<String, TreeState>,
+    dropped: Vec<String>,
+    catalog_root: PageNo,
+    freed_committed_len: usize,
+    local_free: Vec<PageNo>,
+    taken_from_free_len: usize,
+    page_count: u64,
+    sources: HashMap<PageNo, PageNo>,
+    dirty_before: HashSet<PageNo>,
+    undo: HashMap<PageNo, PageRun>,
+}
+
+impl WriteTxn<'_> {
+    /// Starts a savepoint (replacing any open one).
+    pub(crate) fn savepoint(&mut self) {
+        let page_count = self.alloc().page_count;
+        self.savepoint = Some(Savepoint {
+            trees: self.trees.clone(),
+            dropped: self.dropped.clone(),
+            catalog_root: self.catalog_root,
+            freed_committed_len: self.freed_committed.len(),
+            local_free: self.local_free.clone(),
+            taken_from_free_len: self.taken_from_free.len(),
+            page_count,
+            sources: self.sources.clone(),
+            dirty_before: self.dirty.keys().copied().collect(),
+            undo: HashMap::new(),
+        });
+    }
+
+    /// Keeps the changes made since the savepoint.
+    pub(crate) fn release_savepoint(&mut self) {
+        self.savepoint = None;
+    }
+
+    /// Called before a dirty page is changed or dropped: saves its bytes once if it
+    /// predates the savepoint.
+    pub(crate) fn note_page_change(&mut self, no: PageNo) {
+        let Some(sp) = self.savepoint.as_mut() else {
+            return;
+        };
+        if sp.dirty_before.contains(&no) && !sp.undo.contains_key(&no) {
+            if let Some(run) = self.dirty.get(&no) {
+                sp.undo.insert(no, run.clone());
+            }
+        }
+    }
+
+    /// Undoes everything since the savepoint.
+    pub(crate) fn rollback_to_savepoint(&mut self) {
+        let Some(sp) = self.savepoint.take() else {
+            return;
+        };
+        self.dirty.retain(|no, _| sp.dirty_before.contains(no));
+        self.dirty.extend(sp.undo);
+        self.trees = sp.trees;
+        self.dropped = sp.dropped;
+        self.catalog_root = sp.catalog_root;
+        self.freed_committed.truncate(sp.freed_committed_len);
+        self.local_free = sp.local_free;
+        self.sources = sp.sources;
+        let taken: Vec<PageNo> = self
+            .taken_from_free
+            .drain(sp.taken_from_free_len..)
+            .collect();
+        let alloc = self.alloc();
+        alloc.free.extend(taken);
+        alloc.page_count = sp.page_count;
+        self.broken = None;
+    }
+
+    /// Bytes of pages this transaction has written so far (bounds a commit group).
+    pub(crate) fn dirty_bytes(&self) -> usize {
+        self.dirty.values().map(|r| r.bytes().len()).sum()
+    }
+}
