@@ -5,12 +5,15 @@ use crate::rawdisk;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_storage::{Env, Options};
 use rand::{rngs::SmallRng, Rng, RngCore, SeedableRng};
+use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Comma-separated workload ids (W1, W4).
+    /// Comma-separated workload ids: W1, W2, W3, W4, W6.
     #[arg(long, default_value = "W1,W4")]
     workloads: String,
     /// Directory to run in (a fresh subdirectory per run, removed afterwards).
@@ -25,17 +28,25 @@ pub struct BenchArgs {
     /// Runs per workload (the median is reported); workloads over 10 s run once.
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Thread counts for W6.
+    #[arg(long, default_value = "1,8,64")]
+    threads: String,
 }
 
 const SEED: u64 = 0x4B494C4E;
 
-struct RunResult {
+/// One run of a workload: its operation count, time, and figures to report.
+struct Run {
     ops: u64,
     commits: u64,
     seconds: f64,
-    journal_bytes: u64,
-    journal_p99_us: u64,
-    journal_mean_us: f64,
+    extra: Map<String, Value>,
+}
+
+impl Run {
+    fn ops_per_sec(&self) -> f64 {
+        self.ops as f64 / self.seconds
+    }
 }
 
 fn progress(len: u64, label: &str) -> ProgressBar {
@@ -49,28 +60,59 @@ fn progress(len: u64, label: &str) -> ProgressBar {
     pb
 }
 
-fn fresh_env(dir: &Path) -> Result<Env, Box<dyn std::error::Error>> {
+fn fresh_env(dir: &Path) -> BenchResult<Env> {
     if dir.exists() {
         std::fs::remove_dir_all(dir)?;
     }
-    Ok(Env::open(dir, Options::default())?)
+    let env = Env::open(dir, Options::default())?;
+    let mut w = env.begin_write()?;
+    w.create_tree("bench")?;
+    w.commit()?;
+    Ok(env)
 }
 
-/// W1: 65,536 transactions, each one 16 KiB random value under a sequential 8-byte key.
-fn w1(dir: &Path, quick: bool) -> Result<RunResult, Box<dyn std::error::Error>> {
+/// Journal figures per operation, including what the journal would have written
+/// without page diffs and without compression.
+fn journal_figures(env: &Env, ops: u64) -> Map<String, Value> {
+    let s = env.stats();
+    let per = |b: u64| b as f64 / ops as f64;
+    let mut m = Map::new();
+    m.insert("journal_bytes_per_op".into(), json!(per(s.journal_bytes)));
+    m.insert(
+        "journal_body_bytes_per_op_full_images".into(),
+        json!(per(s.journal_body_bytes_full_images)),
+    );
+    m.insert(
+        "journal_body_bytes_per_op_with_diffs".into(),
+        json!(per(s.journal_body_bytes_raw)),
+    );
+    m.insert(
+        "journal_body_bytes_per_op_with_diffs_and_lz4".into(),
+        json!(per(s.journal_body_bytes_stored)),
+    );
+    m.insert(
+        "journal_write_mean_us".into(),
+        json!(s.journal_write_latency.mean_us),
+    );
+    m.insert(
+        "journal_write_p99_us".into(),
+        json!(s.journal_write_latency.p99_us),
+    );
+    m
+}
+
+/// W1: transactions of one 16 KiB random value under a sequential 8-byte key.
+fn w1(dir: &Path, quick: bool) -> BenchResult<Run> {
     let n: u64 = if quick { 4096 } else { 65_536 };
     let env = fresh_env(dir)?;
     let mut rng = SmallRng::seed_from_u64(SEED);
     let mut value = vec![0u8; 16 * 1024];
-    let mut w = env.begin_write()?;
-    w.create_tree("w1")?;
-    w.commit()?;
     let pb = progress(n, "W1");
     let start = Instant::now();
     for i in 0..n {
         rng.fill_bytes(&mut value);
         let mut w = env.begin_write()?;
-        w.put("w1", &i.to_be_bytes(), &value)?;
+        w.put("bench", &i.to_be_bytes(), &value)?;
         w.commit()?;
         if i % 256 == 0 {
             pb.set_position(i);
@@ -78,54 +120,113 @@ fn w1(dir: &Path, quick: bool) -> Result<RunResult, Box<dyn std::error::Error>> 
     }
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
-    let s = env.stats();
+    let extra = journal_figures(&env, n);
     env.close()?;
-    Ok(RunResult {
+    Ok(Run {
         ops: n,
         commits: n,
         seconds,
-        journal_bytes: s.journal_bytes,
-        journal_p99_us: s.journal_write_latency.p99_us,
-        journal_mean_us: s.journal_write_latency.mean_us,
+        extra,
     })
 }
 
-/// W4: 10,000 durable transactions x 100 random puts (16-byte keys, 100-byte values).
-fn w4(dir: &Path, quick: bool) -> Result<RunResult, Box<dyn std::error::Error>> {
-    let txns: u64 = if quick { 1000 } else { 10_000 };
-    let per_txn = 100;
+/// W2/W3/W4: durable transactions of `per_txn` puts (16-byte keys, 100-byte values),
+/// keys sequential (W2) or random (W3, W4).
+fn fill(dir: &Path, label: &str, txns: u64, per_txn: u64, sequential: bool) -> BenchResult<Run> {
     let env = fresh_env(dir)?;
     let mut rng = SmallRng::seed_from_u64(SEED);
-    let mut w = env.begin_write()?;
-    w.create_tree("w4")?;
-    w.commit()?;
     let mut key = [0u8; 16];
     let mut value = [0u8; 100];
-    let pb = progress(txns, "W4");
+    let pb = progress(txns, label);
     let start = Instant::now();
+    let mut n = 0u64;
     for t in 0..txns {
         let mut w = env.begin_write()?;
         for _ in 0..per_txn {
-            rng.fill(&mut key);
+            if sequential {
+                key[8..].copy_from_slice(&n.to_be_bytes());
+            } else {
+                rng.fill(&mut key);
+            }
+            n += 1;
             rng.fill_bytes(&mut value);
-            w.put("w4", &key, &value)?;
+            w.put("bench", &key, &value)?;
         }
         w.commit()?;
-        if t % 64 == 0 {
+        if t % 16 == 0 {
             pb.set_position(t);
         }
     }
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
-    let s = env.stats();
+    let extra = journal_figures(&env, n);
     env.close()?;
-    Ok(RunResult {
-        ops: txns * per_txn,
+    Ok(Run {
+        ops: n,
         commits: txns,
         seconds,
-        journal_bytes: s.journal_bytes,
-        journal_p99_us: s.journal_write_latency.p99_us,
-        journal_mean_us: s.journal_write_latency.mean_us,
+        extra,
+    })
+}
+
+/// W6: `threads` threads each committing transactions of one random put through the
+/// commit queue, 20,000 commits in total, each durable.
+fn w6(dir: &Path, quick: bool, threads: u64) -> BenchResult<Run> {
+    let total: u64 = if quick { 4_000 } else { 20_000 };
+    let per_thread = total / threads;
+    let env = fresh_env(dir)?;
+    let pb = progress(per_thread * threads, &format!("W6 T={threads}"));
+    let start = Instant::now();
+    let latencies: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let env = &env;
+                let pb = &pb;
+                s.spawn(move || -> Result<Vec<u32>, kiln_storage::Error> {
+                    let mut rng = SmallRng::seed_from_u64(SEED + t);
+                    let mut lat = Vec::with_capacity(per_thread as usize);
+                    for i in 0..per_thread {
+                        let mut key = [0u8; 16];
+                        rng.fill(&mut key);
+                        let mut value = [0u8; 100];
+                        rng.fill_bytes(&mut value);
+                        let begin = Instant::now();
+                        env.submit(move |txn| txn.put("bench", &key, &value))?;
+                        lat.push(begin.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                        if i % 64 == 0 {
+                            pb.inc(64);
+                        }
+                    }
+                    Ok(lat)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread panicked"))
+            .collect::<Result<_, _>>()
+    })?;
+    let seconds = start.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    let mut all: Vec<u32> = latencies.into_iter().flatten().collect();
+    all.sort_unstable();
+    let q = |f: f64| all[((all.len() as f64 * f) as usize).min(all.len() - 1)];
+    let commits = all.len() as u64;
+    let qs = env.queue_stats();
+    let mut extra = journal_figures(&env, commits);
+    extra.insert("threads".into(), json!(threads));
+    extra.insert("commits_per_sec".into(), json!(commits as f64 / seconds));
+    extra.insert("p50_us".into(), json!(q(0.50)));
+    extra.insert("p99_us".into(), json!(q(0.99)));
+    extra.insert("avg_group_size".into(), json!(qs.avg_group_units()));
+    extra.insert("max_group_size".into(), json!(qs.max_group_units));
+    extra.insert("groups".into(), json!(qs.groups));
+    env.close()?;
+    Ok(Run {
+        ops: commits,
+        commits,
+        seconds,
+        extra,
     })
 }
 
@@ -134,7 +235,24 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+/// Runs a workload `runs` times (once if a run takes over 10 s) and returns the
+/// median run by throughput.
+fn measure(runs: usize, mut f: impl FnMut() -> BenchResult<Run>) -> BenchResult<(Run, usize)> {
+    let mut results = Vec::new();
+    for i in 0..runs.max(1) {
+        let r = f()?;
+        let long = r.seconds > 10.0;
+        results.push(r);
+        if long && i == 0 {
+            break;
+        }
+    }
+    let n = results.len();
+    results.sort_by(|a, b| a.ops_per_sec().total_cmp(&b.ops_per_sec()));
+    Ok((results.swap_remove(n / 2), n))
+}
+
+pub fn run(args: BenchArgs) -> BenchResult<()> {
     std::fs::create_dir_all(&args.dir)?;
     let raw_writes = if args.quick { 1024 } else { 4096 };
     let raw: Vec<rawdisk::RawDiskResult> = (0..3)
@@ -155,74 +273,133 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             args.dir.display()
         );
         println!(
-            "{:<4} {:>6} {:>12} {:>10} {:>12} {:>14} {:>13} {:>13}",
-            "wl",
+            "{:<8} {:>4} {:>11} {:>10} {:>8} {:>10} {:>28} {:>9} {:>9} {:>7}",
+            "workload",
             "runs",
             "ops/s",
             "ms/commit",
-            "x raw write",
-            "journal B/op",
-            "jrnl mean us",
-            "jrnl p99 us"
+            "x raw",
+            "jrnl B/op",
+            "body B/op full|diff|diff+lz4",
+            "p50 us",
+            "p99 us",
+            "group"
         );
     }
+    let run_dir = args.dir.join("run");
+    let run_dir = run_dir.as_path();
+    let threads: Vec<u64> = args
+        .threads
+        .split(',')
+        .filter_map(|t| t.trim().parse().ok())
+        .filter(|t| *t > 0)
+        .collect();
+    let quick = args.quick;
+    let scale = move |full: u64| if quick { full / 10 } else { full };
     for wl in args
         .workloads
         .split(',')
-        .map(str::trim)
+        .map(|w| w.trim().to_ascii_uppercase())
         .filter(|w| !w.is_empty())
     {
-        let f: fn(&Path, bool) -> Result<RunResult, Box<dyn std::error::Error>> =
-            match wl.to_ascii_uppercase().as_str() {
-                "W1" => w1,
-                "W4" => w4,
-                other => {
-                    return Err(format!(
-                        "unknown or not yet implemented workload {other:?} (available: W1, W4)"
+        let variants: Vec<(String, Box<dyn Fn() -> BenchResult<Run>>)> = match wl.as_str() {
+            "W1" => vec![(wl.clone(), Box::new(|| w1(run_dir, args.quick)))],
+            "W2" => vec![(
+                wl.clone(),
+                Box::new(|| fill(run_dir, "W2", scale(1000), 1000, true)),
+            )],
+            "W3" => vec![(
+                wl.clone(),
+                Box::new(|| fill(run_dir, "W3", scale(1000), 1000, false)),
+            )],
+            "W4" => vec![(
+                wl.clone(),
+                Box::new(|| fill(run_dir, "W4", scale(10_000), 100, false)),
+            )],
+            "W6" => threads
+                .iter()
+                .map(|&t| {
+                    (
+                        format!("W6 T={t}"),
+                        Box::new(move || w6(run_dir, quick, t))
+                            as Box<dyn Fn() -> BenchResult<Run>>,
                     )
-                    .into())
-                }
-            };
-        let run_dir = args.dir.join(format!("{wl}-run"));
-        let mut results = Vec::new();
-        for i in 0..args.runs.max(1) {
-            let r = f(&run_dir, args.quick)?;
-            let long = r.seconds > 10.0;
-            results.push(r);
-            if long && i == 0 {
-                break;
-            }
-        }
-        let _ = std::fs::remove_dir_all(&run_dir);
-        results.sort_by(|a, b| (a.ops as f64 / a.seconds).total_cmp(&(b.ops as f64 / b.seconds)));
-        let m = &results[results.len() / 2];
-        let ops_per_sec = m.ops as f64 / m.seconds;
-        let ms_per_commit = m.seconds * 1e3 / m.commits as f64;
-        let bytes_per_op = m.journal_bytes as f64 / m.ops as f64;
-        if args.json {
-            println!(
-                "{}",
-                serde_json::json!({
-                    "workload": wl, "runs": results.len(), "ops": m.ops, "commits": m.commits,
-                    "seconds": m.seconds, "ops_per_sec": ops_per_sec, "ms_per_commit": ms_per_commit,
-                    "raw_disk_ms_per_write": raw_ms, "raw_disk_direct_io": raw_direct,
-                    "ratio_to_raw_write": ms_per_commit / raw_ms, "journal_bytes_per_op": bytes_per_op,
-                    "journal_write_p99_us": m.journal_p99_us, "journal_write_mean_us": m.journal_mean_us, "quick": args.quick,
                 })
-            );
-        } else {
-            println!(
-                "{:<4} {:>6} {:>12.0} {:>10.3} {:>12.2} {:>14.0} {:>13.0} {:>13}",
-                wl,
-                results.len(),
-                ops_per_sec,
-                ms_per_commit,
-                ms_per_commit / raw_ms,
-                bytes_per_op,
-                m.journal_mean_us,
-                m.journal_p99_us
+                .collect(),
+            other => {
+                return Err(
+                    format!("unknown workload {other:?} (available: W1, W2, W3, W4, W6)").into(),
+                )
+            }
+        };
+        for (label, f) in variants {
+            let (m, runs) = measure(args.runs, &*f)?;
+            let _ = std::fs::remove_dir_all(&run_dir);
+            report(
+                &wl, &label, &m, runs, raw_ms, raw_direct, args.json, args.quick,
             );
         }
     }
     Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    wl: &str,
+    label: &str,
+    m: &Run,
+    runs: usize,
+    raw_ms: f64,
+    raw_direct: bool,
+    as_json: bool,
+    quick: bool,
+) {
+    let ms_per_commit = m.seconds * 1e3 / m.commits as f64;
+    if as_json {
+        let mut obj = Map::new();
+        obj.insert("workload".into(), json!(wl));
+        obj.insert("runs".into(), json!(runs));
+        obj.insert("ops".into(), json!(m.ops));
+        obj.insert("commits".into(), json!(m.commits));
+        obj.insert("seconds".into(), json!(m.seconds));
+        obj.insert("ops_per_sec".into(), json!(m.ops_per_sec()));
+        obj.insert("ms_per_commit".into(), json!(ms_per_commit));
+        obj.insert("raw_disk_ms_per_write".into(), json!(raw_ms));
+        obj.insert("raw_disk_direct_io".into(), json!(raw_direct));
+        obj.insert("ratio_to_raw_write".into(), json!(ms_per_commit / raw_ms));
+        obj.insert("quick".into(), json!(quick));
+        obj.extend(m.extra.clone());
+        println!("{}", Value::Object(obj));
+        return;
+    }
+    let f = |k: &str| m.extra.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    let opt = |k: &str| {
+        m.extra
+            .get(k)
+            .and_then(Value::as_f64)
+            .map_or("-".to_string(), |v| format!("{v:.0}"))
+    };
+    let group = m
+        .extra
+        .get("avg_group_size")
+        .and_then(Value::as_f64)
+        .map_or("-".to_string(), |v| format!("{v:.1}"));
+    println!(
+        "{:<8} {:>4} {:>11.0} {:>10.3} {:>8.2} {:>10.0} {:>28} {:>9} {:>9} {:>7}",
+        label,
+        runs,
+        m.ops_per_sec(),
+        ms_per_commit,
+        ms_per_commit / raw_ms,
+        f("journal_bytes_per_op"),
+        format!(
+            "{:.0}|{:.0}|{:.0}",
+            f("journal_body_bytes_per_op_full_images"),
+            f("journal_body_bytes_per_op_with_diffs"),
+            f("journal_body_bytes_per_op_with_diffs_and_lz4")
+        ),
+        opt("p50_us"),
+        opt("p99_us"),
+        group
+    );
 }

@@ -223,6 +223,7 @@ impl Shared {
             dropped: Vec::new(),
             broken: None,
             savepoint: None,
+            dirty_bytes_written: 0,
         })
     }
 
@@ -685,6 +686,7 @@ impl Env {
             aborts: c.aborts.load(Relaxed),
             journal_writes: c.journal_writes.load(Relaxed),
             journal_bytes: c.journal_bytes.load(Relaxed),
+            journal_body_bytes_full_images: c.journal_body_bytes_full_images.load(Relaxed),
             journal_body_bytes_raw: c.journal_body_bytes_raw.load(Relaxed),
             journal_body_bytes_stored: c.journal_body_bytes_stored.load(Relaxed),
             journal_write_latency: c.journal_write_latency.summary(),

@@ -45,10 +45,46 @@ pub struct PageRun {
     pages: Vec<AlignedPage>,
 }
 
+/// Recycled page buffers of 1..=POOLED_RUN_PAGES pages. Every commit copies pages
+/// (copy-on-write) and builds a record; taking buffers from here instead of the
+/// allocator avoids fresh memory, whose page faults cost more than the copies.
+const POOLED_RUN_PAGES: usize = 4;
+const POOL_MAX_BYTES: usize = 64 << 20;
+static POOL: parking_lot::Mutex<[Vec<Vec<AlignedPage>>; POOLED_RUN_PAGES]> =
+    parking_lot::Mutex::new([Vec::new(), Vec::new(), Vec::new(), Vec::new()]);
+
+fn pool_take(page_count: usize) -> Option<Vec<AlignedPage>> {
+    if page_count == 0 || page_count > POOLED_RUN_PAGES {
+        return None;
+    }
+    POOL.lock()[page_count - 1].pop()
+}
+
+impl Drop for PageRun {
+    fn drop(&mut self) {
+        let n = self.pages.len();
+        if n == 0 || n > POOLED_RUN_PAGES || self.pages.capacity() != n {
+            return;
+        }
+        let mut pool = POOL.lock();
+        let slot = &mut pool[n - 1];
+        if (slot.len() + 1) * n * PAGE_SIZE <= POOL_MAX_BYTES / POOLED_RUN_PAGES {
+            slot.push(std::mem::take(&mut self.pages));
+        }
+    }
+}
+
 impl PageRun {
     pub fn zeroed(page_count: usize) -> Self {
+        let count = page_count.max(1);
+        if let Some(mut pages) = pool_take(count) {
+            for p in &mut pages {
+                p.0.fill(0);
+            }
+            return PageRun { pages };
+        }
         PageRun {
-            pages: vec![AlignedPage([0; PAGE_SIZE]); page_count.max(1)],
+            pages: vec![AlignedPage([0; PAGE_SIZE]); count],
         }
     }
     pub fn from_bytes(bytes: &[u8]) -> Self {
@@ -56,6 +92,11 @@ impl PageRun {
         if bytes.len() != count * PAGE_SIZE {
             let mut run = PageRun::zeroed(count);
             run.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
+            return run;
+        }
+        if let Some(pages) = pool_take(count) {
+            let mut run = PageRun { pages };
+            run.bytes_mut().copy_from_slice(bytes);
             return run;
         }
         // Whole pages (the common case: copy-on-write of a page): copy without zeroing.

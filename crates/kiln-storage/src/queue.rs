@@ -25,10 +25,27 @@ use std::time::Instant;
 
 type Unit = Box<dyn for<'a, 'e> FnOnce(&'a mut WriteTxn<'e>) -> Result<()> + Send>;
 
-/// Where a submitter's answer lands: the id of the transaction that committed its
-/// unit, or why it did not.
-#[derive(Default)]
-struct Answer(Mutex<Option<Result<u64>>>);
+/// What a waiting submitter is told: lead the next group, or the outcome of its unit
+/// (the id of the transaction that committed it, or why it did not).
+enum Word {
+    Wait,
+    Lead,
+    Done(Result<u64>),
+}
+
+/// Each submitter waits on its own answer, so a leader wakes exactly the threads it
+/// has news for (waking all 64 waiters per group costs more than the group's write).
+struct Answer {
+    word: Mutex<Word>,
+    cv: Condvar,
+}
+
+impl Answer {
+    fn tell(&self, w: Word) {
+        *self.word.lock() = w;
+        self.cv.notify_one();
+    }
+}
 
 struct Job {
     unit: Unit,
@@ -91,7 +108,6 @@ impl QueueStats {
 #[derive(Default)]
 pub(crate) struct CommitQueue {
     state: Mutex<QueueState>,
-    changed: Condvar,
     units_committed: AtomicU64,
     units_failed: AtomicU64,
     groups: AtomicU64,
@@ -125,22 +141,60 @@ impl CommitQueue {
                 max_delay_ms: limits.max_queue_delay_ms,
             });
         }
-        let answer = Arc::new(Answer::default());
+        let answer = Arc::new(Answer {
+            word: Mutex::new(Word::Wait),
+            cv: Condvar::new(),
+        });
         st.jobs.push_back(Job {
             unit,
             answer: answer.clone(),
             enqueued: Instant::now(),
         });
+        Self::appoint_leader(&mut st);
         Ok(answer)
     }
 
-    fn answer(&self, job_answer: &Answer, r: Result<u64>) {
-        *job_answer.0.lock() = Some(r);
+    /// Makes the owner of the first queued unit the leader, if a group may start:
+    /// nobody is executing one, and at most one group waits for the journal.
+    fn appoint_leader(st: &mut QueueState) {
+        if st.leader_active || st.groups_in_flight > 1 {
+            return;
+        }
+        if let Some(first) = st.jobs.front() {
+            st.leader_active = true;
+            first.answer.tell(Word::Lead);
+        }
     }
 
-    fn notify(&self) {
-        let _g = self.state.lock();
-        self.changed.notify_all();
+    /// The leader's group is encoded: let the next group start.
+    fn end_leadership(&self, group_in_flight: bool) {
+        let mut st = self.state.lock();
+        st.leader_active = false;
+        if group_in_flight {
+            st.groups_in_flight += 1;
+        }
+        Self::appoint_leader(&mut st);
+    }
+
+    /// A group's journal write is done.
+    fn group_written(&self) {
+        let mut st = self.state.lock();
+        st.groups_in_flight -= 1;
+        Self::appoint_leader(&mut st);
+    }
+
+    /// The leader takes the units at the front of the queue (its own is first).
+    fn take_group(&self, max_units: usize) -> Vec<Job> {
+        let mut st = self.state.lock();
+        let take = st.jobs.len().min(max_units.max(1));
+        st.jobs.drain(..take).collect()
+    }
+
+    fn put_back(&self, jobs: Vec<Job>) {
+        let mut st = self.state.lock();
+        for job in jobs.into_iter().rev() {
+            st.jobs.push_front(job);
+        }
     }
 }
 
@@ -149,25 +203,18 @@ impl Shared {
     pub(crate) fn submit_unit(&self, unit: Unit) -> Result<u64> {
         let q = &self.queue;
         let answer = q.enqueue(unit, &self.opts.queue_limits)?;
-        let mut st = q.state.lock();
+        let mut word = answer.word.lock();
         loop {
-            // Checked under the queue lock: a leader answers, then notifies under it.
-            if let Some(r) = answer.0.lock().take() {
-                return r;
+            match std::mem::replace(&mut *word, Word::Wait) {
+                Word::Done(r) => return r,
+                Word::Lead => {
+                    drop(word);
+                    let group = q.take_group(self.opts.queue_limits.max_group_units);
+                    self.lead_group(group);
+                    word = answer.word.lock();
+                }
+                Word::Wait => answer.cv.wait(&mut word),
             }
-            if !st.leader_active && st.groups_in_flight <= 1 && !st.jobs.is_empty() {
-                st.leader_active = true;
-                let take = st
-                    .jobs
-                    .len()
-                    .min(self.opts.queue_limits.max_group_units.max(1));
-                let group: Vec<Job> = st.jobs.drain(..take).collect();
-                drop(st);
-                self.lead_group(group);
-                st = q.state.lock();
-                continue;
-            }
-            q.changed.wait(&mut st);
         }
     }
 
@@ -179,9 +226,10 @@ impl Shared {
             Err(e) => {
                 let why = e.to_string();
                 for job in group {
-                    q.answer(&job.answer, Err(Error::GroupFailed(why.clone())));
+                    job.answer
+                        .tell(Word::Done(Err(Error::GroupFailed(why.clone()))));
                 }
-                self.end_leadership(false);
+                q.end_leadership(false);
                 return;
             }
         };
@@ -197,7 +245,7 @@ impl Shared {
                 Ok(Err(e)) => {
                     txn.rollback_to_savepoint();
                     q.units_failed.fetch_add(1, Relaxed);
-                    q.answer(&job.answer, Err(e));
+                    job.answer.tell(Word::Done(Err(e)));
                 }
                 Err(panic) => {
                     txn.rollback_to_savepoint();
@@ -207,7 +255,7 @@ impl Shared {
                         .map(|s| s.to_string())
                         .or_else(|| panic.downcast_ref::<String>().cloned())
                         .unwrap_or_else(|| "non-string panic payload".into());
-                    q.answer(&job.answer, Err(Error::UnitPanicked(msg)));
+                    job.answer.tell(Word::Done(Err(Error::UnitPanicked(msg))));
                 }
             }
             if txn.dirty_bytes() >= self.opts.queue_limits.max_group_bytes {
@@ -217,20 +265,17 @@ impl Shared {
         // Units beyond the byte bound go back to the front of the queue, in order.
         let leftover: Vec<Job> = rest.collect();
         if !leftover.is_empty() {
-            let mut st = q.state.lock();
-            for job in leftover.into_iter().rev() {
-                st.jobs.push_front(job);
-            }
+            q.put_back(leftover);
         }
         let prepared = self.prepare_commit(&mut txn);
         let base_txn = txn.base_txn_id();
         drop(txn);
         let in_flight = matches!(prepared, Ok(Some(_)));
-        self.end_leadership(in_flight);
+        q.end_leadership(in_flight);
         let result = match prepared {
             Ok(Some(p)) => {
                 let r = self.finish_commit(p);
-                q.state.lock().groups_in_flight -= 1;
+                q.group_written();
                 r
             }
             Ok(None) => Ok(base_txn),
@@ -244,27 +289,16 @@ impl Shared {
             Ok(txn_id) => {
                 q.units_committed.fetch_add(committed.len() as u64, Relaxed);
                 for a in &committed {
-                    q.answer(a, Ok(txn_id));
+                    a.tell(Word::Done(Ok(txn_id)));
                 }
             }
             Err(e) => {
                 let why = e.to_string();
                 q.units_failed.fetch_add(committed.len() as u64, Relaxed);
                 for a in &committed {
-                    q.answer(a, Err(Error::GroupFailed(why.clone())));
+                    a.tell(Word::Done(Err(Error::GroupFailed(why.clone()))));
                 }
             }
         }
-        q.notify();
-    }
-
-    fn end_leadership(&self, group_in_flight: bool) {
-        let q = &self.queue;
-        let mut st = q.state.lock();
-        st.leader_active = false;
-        if group_in_flight {
-            st.groups_in_flight += 1;
-        }
-        q.changed.notify_all();
     }
 }

@@ -1,10 +1,11 @@
 //! Savepoints: roll back one unit of work inside a write transaction that carries
 //! others (the commit queue runs many units in one transaction).
 //!
-//! A savepoint copies the transaction's bookkeeping (small), and keeps an undo copy of
-//! each page that was already dirty at the savepoint the first time the unit changes
-//! or frees it. Pages the unit allocated are dropped on rollback and their numbers go
-//! back where they came from.
+//! A savepoint copies the transaction's small bookkeeping, records the pages the unit
+//! creates, and keeps an undo copy of each page that was already dirty at the
+//! savepoint the first time the unit changes or frees it. So its cost follows what
+//! the unit touches, not the size of the transaction. On rollback, created pages are
+//! dropped (their numbers go back where they came from) and undo copies restored.
 
 use crate::page::{PageNo, PageRun};
 use crate::txn::{TreeState, WriteTxn};
@@ -18,9 +19,10 @@ pub(crate) struct Savepoint {
     local_free: Vec<PageNo>,
     taken_from_free_len: usize,
     page_count: u64,
-    sources: HashMap<PageNo, PageNo>,
-    dirty_before: HashSet<PageNo>,
-    undo: HashMap<PageNo, PageRun>,
+    /// Dirty pages created since the savepoint.
+    created: HashSet<PageNo>,
+    /// Pages dirty before the savepoint, as they were, with their diff source.
+    undo: HashMap<PageNo, (PageRun, Option<PageNo>)>,
 }
 
 impl WriteTxn<'_> {
@@ -35,8 +37,7 @@ impl WriteTxn<'_> {
             local_free: self.local_free.clone(),
             taken_from_free_len: self.taken_from_free.len(),
             page_count,
-            sources: self.sources.clone(),
-            dirty_before: self.dirty.keys().copied().collect(),
+            created: HashSet::new(),
             undo: HashMap::new(),
         });
     }
@@ -52,11 +53,21 @@ impl WriteTxn<'_> {
         let Some(sp) = self.savepoint.as_mut() else {
             return;
         };
-        if sp.dirty_before.contains(&no) && !sp.undo.contains_key(&no) {
+        if !sp.created.contains(&no) && !sp.undo.contains_key(&no) {
             if let Some(run) = self.dirty.get(&no) {
-                sp.undo.insert(no, run.clone());
+                sp.undo
+                    .insert(no, (run.clone(), self.sources.get(&no).copied()));
             }
         }
+    }
+
+    /// Adds a page this transaction created (so a rollback knows to drop it).
+    pub(crate) fn insert_dirty(&mut self, no: PageNo, run: PageRun) {
+        if let Some(sp) = self.savepoint.as_mut() {
+            sp.created.insert(no);
+        }
+        self.dirty_bytes_written += run.bytes().len();
+        self.dirty.insert(no, run);
     }
 
     /// Undoes everything since the savepoint.
@@ -64,14 +75,22 @@ impl WriteTxn<'_> {
         let Some(sp) = self.savepoint.take() else {
             return;
         };
-        self.dirty.retain(|no, _| sp.dirty_before.contains(no));
-        self.dirty.extend(sp.undo);
+        for no in &sp.created {
+            self.dirty.remove(no);
+            self.sources.remove(no);
+        }
+        for (no, (run, source)) in sp.undo {
+            self.dirty.insert(no, run);
+            match source {
+                Some(s) => self.sources.insert(no, s),
+                None => self.sources.remove(&no),
+            };
+        }
         self.trees = sp.trees;
         self.dropped = sp.dropped;
         self.catalog_root = sp.catalog_root;
         self.freed_committed.truncate(sp.freed_committed_len);
         self.local_free = sp.local_free;
-        self.sources = sp.sources;
         let taken: Vec<PageNo> = self
             .taken_from_free
             .drain(sp.taken_from_free_len..)
@@ -82,8 +101,9 @@ impl WriteTxn<'_> {
         self.broken = None;
     }
 
-    /// Bytes of pages this transaction has written so far (bounds a commit group).
+    /// Bytes of pages this transaction has created so far, including ones freed
+    /// again (an upper bound, kept as a running count: it bounds a commit group).
     pub(crate) fn dirty_bytes(&self) -> usize {
-        self.dirty.values().map(|r| r.bytes().len()).sum()
+        self.dirty_bytes_written
     }
 }

@@ -98,6 +98,7 @@ pub struct LatencySummary {
 pub(crate) struct EngineCounters {
     pub journal_writes: AtomicU64,
     pub journal_bytes: AtomicU64,
+    pub journal_body_bytes_full_images: AtomicU64,
     pub journal_body_bytes_raw: AtomicU64,
     pub journal_body_bytes_stored: AtomicU64,
     pub journal_write_latency: LatencyHistogram,
@@ -122,7 +123,9 @@ pub struct Stats {
     pub aborts: u64,
     pub journal_writes: u64,
     pub journal_bytes: u64,
-    /// Journal record bodies before and after LZ4 (diffs are already applied).
+    /// Journal record bodies as they would be with full page images (no diffs, no
+    /// compression), with diffs, and as stored (diffs, then LZ4 where it pays).
+    pub journal_body_bytes_full_images: u64,
     pub journal_body_bytes_raw: u64,
     pub journal_body_bytes_stored: u64,
     pub journal_write_latency: LatencySummary,

@@ -210,6 +210,8 @@ pub struct WriteTxn<'env> {
     pub(crate) dropped: Vec<String>,
     /// Open savepoint of the unit being run by the commit queue, if any.
     pub(crate) savepoint: Option<crate::savepoint::Savepoint>,
+    /// Running total of bytes of pages created (see `dirty_bytes`).
+    pub(crate) dirty_bytes_written: usize,
     /// Set when an operation failed half-way: the in-memory tree may be inconsistent,
     /// so the transaction can only be aborted.
     pub(crate) broken: Option<String>,

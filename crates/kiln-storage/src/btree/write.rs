@@ -75,7 +75,7 @@ impl WriteTxn<'_> {
         let no = self.take_pages(1);
         let mut run = PageRun::zeroed(1);
         page::init_node(run.bytes_mut(), kind, no);
-        self.dirty.insert(no, run);
+        self.insert_dirty(no, run);
         no
     }
 
@@ -97,7 +97,7 @@ impl WriteTxn<'_> {
         }
         let copy = PageRun::from_bytes(node(&*self, no)?);
         let new_no = self.take_pages(1);
-        self.dirty.insert(new_no, copy);
+        self.insert_dirty(new_no, copy);
         hdr::set_page_no(self.dirty_mut(new_no), new_no);
         self.sources.insert(new_no, no);
         self.freed_committed.push(no);
@@ -112,7 +112,7 @@ impl WriteTxn<'_> {
         let start = self.take_pages(n as u64);
         let mut run = PageRun::zeroed(n);
         page::init_overflow(run.bytes_mut(), value);
-        self.dirty.insert(start, run);
+        self.insert_dirty(start, run);
         page::encode_overflow_cell(key, start, value.len())
     }
 

@@ -199,6 +199,8 @@ fn choose_form<'a>(p: &'a JournalPage<'a>) -> Form<'a> {
 }
 
 pub struct Encoded {
+    /// What the body would have been with full page images (no diffs).
+    pub full_image_body_len: usize,
     pub padded_len: usize,
     pub checksum: u32,
     pub raw_body_len: usize,
@@ -282,7 +284,17 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: bool) -> Encoded
     b[end..total].fill(0);
     let sum = crc32c::crc32c(&b[..end]);
     write_u32(b, 28, sum);
+    let full_image_body_len = input.freed.len() * 8
+        + input
+            .pages
+            .iter()
+            .map(|p| {
+                let (head, tail) = image_parts(p.run);
+                Form::Full { head, tail }.encoded_len()
+            })
+            .sum::<usize>();
     Encoded {
+        full_image_body_len,
         padded_len: total,
         checksum: sum,
         raw_body_len: body_len,

@@ -202,7 +202,8 @@ pub struct PreparedRecord {
     buf: PageRun,
     len: usize,
     checksum: u32,
-    /// Body bytes before and after compression.
+    /// Body bytes with full page images, with diffs, and after compression.
+    pub full_image_body_len: usize,
     pub raw_body_len: usize,
     pub stored_body_len: usize,
 }
@@ -235,6 +236,7 @@ impl RecordEncoder {
             buf,
             len: enc.padded_len,
             checksum: enc.checksum,
+            full_image_body_len: enc.full_image_body_len,
             raw_body_len: enc.raw_body_len,
             stored_body_len: enc.stored_body_len,
         }
@@ -326,6 +328,9 @@ impl JournalWriter {
         self.counters
             .journal_bytes
             .fetch_add(rec.len as u64, Relaxed);
+        self.counters
+            .journal_body_bytes_full_images
+            .fetch_add(rec.full_image_body_len as u64, Relaxed);
         self.counters
             .journal_body_bytes_raw
             .fetch_add(rec.raw_body_len as u64, Relaxed);
