@@ -215,12 +215,20 @@ fn print_stats(s: &kiln_storage::Stats, json: bool) {
         "journal_writes": s.journal_writes, "journal_bytes": s.journal_bytes,
         "journal_write_latency": lat(&s.journal_write_latency),
         "journal_files": s.journal_files, "journal_files_created": s.journal_files_created, "journal_files_recycled": s.journal_files_recycled,
-        "journal_direct_io_fallback": s.journal_direct_io_fallback,
+        "journal_direct_io_fallback": s.journal_direct_io_fallback, "journal_direct_io": s.journal_direct_io,
         "data_syncs": s.data_syncs, "data_sync_latency": lat(&s.data_sync_latency),
         "pages_written_back": s.pages_written_back, "checkpoints": s.checkpoints,
         "records_replayed_on_open": s.records_replayed_on_open,
         "pages_total": s.pages_total, "pages_in_use": s.pages_in_use, "pages_free": s.pages_free, "pages_pending_free": s.pages_pending_free,
         "pages_unflushed": s.pages_unflushed, "readers_open": s.readers_open, "data_file_bytes": s.data_file_bytes,
+        "journal_body_bytes_full_images": s.journal_body_bytes_full_images,
+        "journal_body_bytes_with_diffs": s.journal_body_bytes_raw,
+        "journal_body_bytes_stored": s.journal_body_bytes_stored,
+        "commit_queue": {
+            "units_committed": s.commit_queue.units_committed, "units_failed": s.commit_queue.units_failed,
+            "groups": s.commit_queue.groups, "avg_group_units": s.commit_queue.avg_group_units(),
+            "max_group_units": s.commit_queue.max_group_units, "overloaded_rejections": s.commit_queue.overloaded_rejections,
+        },
     });
     if json {
         println!("{v}");

@@ -674,7 +674,6 @@ impl Env {
                 w.alloc.page_count,
             )
         };
-        let direct = self.shared.journal.lock().writer.direct_io();
         let (last, readers) = {
             let s = self.shared.snap.lock();
             (s.current.txn_id, s.readers.values().sum::<usize>() as u64)
@@ -693,7 +692,8 @@ impl Env {
             journal_files: self.shared.journal_files.count(),
             journal_files_created: c.journal_files_created.load(Relaxed),
             journal_files_recycled: c.journal_files_recycled.load(Relaxed),
-            journal_direct_io_fallback: !direct || c.journal_direct_io_fallback.load(Relaxed),
+            journal_direct_io_fallback: c.journal_direct_io_fallback.load(Relaxed),
+            journal_direct_io: self.shared.journal.lock().writer.direct_io(),
             data_syncs: c.data_syncs.load(Relaxed),
             data_sync_latency: c.data_sync_latency.summary(),
             pages_written_back: c.pages_written_back.load(Relaxed),
@@ -705,6 +705,7 @@ impl Env {
             pages_in_use: page_count.saturating_sub(free + pending + page::FIRST_DATA_PAGE),
             pages_unflushed: self.shared.store.unflushed_len() as u64,
             readers_open: readers,
+            commit_queue: self.shared.queue.stats(),
             data_file_bytes: self.shared.store.file_len().unwrap_or(0),
         }
     }

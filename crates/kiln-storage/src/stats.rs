@@ -135,6 +135,9 @@ pub struct Stats {
     /// True when the journal file system refused O_DIRECT and the journal falls back
     /// to buffered writes followed by fdatasync.
     pub journal_direct_io_fallback: bool,
+    /// Whether journal writes currently go out with O_DIRECT (false in buffered
+    /// durability mode or after a fallback).
+    pub journal_direct_io: bool,
     pub data_syncs: u64,
     pub data_sync_latency: LatencySummary,
     pub pages_written_back: u64,
@@ -146,6 +149,8 @@ pub struct Stats {
     pub pages_in_use: u64,
     pub pages_unflushed: u64,
     pub readers_open: u64,
+    /// The commit queue (`Env::submit`): units, groups, group sizes, rejections.
+    pub commit_queue: crate::QueueStats,
     pub data_file_bytes: u64,
 }
 
