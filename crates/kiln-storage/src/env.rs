@@ -231,7 +231,7 @@ impl Shared {
     pub(crate) fn commit(&self, txn: &mut WriteTxn) -> Result<u64> {
         match self.prepare_commit(txn)? {
             Some(pending) => self.finish_commit(pending),
-            None => Ok(txn.base.txn_id),
+            None => self.wait_durable(txn.base.txn_id).map(|_| txn.base.txn_id),
         }
     }
 
@@ -255,6 +255,14 @@ impl Shared {
             sealed.into_iter().map(|(n, r)| (n, Arc::new(r))).collect();
         let mut freed = txn.freed_committed.clone();
         freed.extend_from_slice(&txn.local_free);
+        let page_bytes: usize = pages.iter().map(|(_, r)| r.bytes().len()).sum();
+        if page_bytes > crate::journal::record::MAX_RECORD_BODY {
+            txn.rollback();
+            return Err(Error::TransactionTooLarge {
+                bytes: page_bytes as u64,
+                max: crate::journal::record::MAX_RECORD_BODY as u64,
+            });
+        }
         let mut w = txn.writer.take().expect("writer guard held until commit");
         let sourced: Result<Vec<JournalPage>> = pages
             .iter()
@@ -371,6 +379,16 @@ impl Shared {
         drop(j);
         self.journal_turn.notify_all();
         result
+    }
+
+    /// Waits until transaction `txn_id` is durable (or the environment failed, in
+    /// which case it may never be).
+    pub(crate) fn wait_durable(&self, txn_id: u64) -> Result<()> {
+        self.wait_journal_idle(txn_id);
+        match self.poison_reason() {
+            Some(why) => Err(Error::Poisoned(why)),
+            None => Ok(()),
+        }
     }
 
     /// Waits until every prepared commit has finished its journal write.
@@ -693,7 +711,7 @@ impl Env {
             journal_files_created: c.journal_files_created.load(Relaxed),
             journal_files_recycled: c.journal_files_recycled.load(Relaxed),
             journal_direct_io_fallback: c.journal_direct_io_fallback.load(Relaxed),
-            journal_direct_io: self.shared.journal.lock().writer.direct_io(),
+            journal_direct_io: c.journal_direct_io_active.load(Relaxed),
             data_syncs: c.data_syncs.load(Relaxed),
             data_sync_latency: c.data_sync_latency.summary(),
             pages_written_back: c.pages_written_back.load(Relaxed),
@@ -752,6 +770,10 @@ impl Env {
     /// Walks every tree and page of the current state and reports problems. Holds
     /// the writer lock meanwhile, so the free list and the snapshot agree.
     pub fn check(&self) -> Result<crate::check::CheckReport> {
+        if let Some(why) = self.shared.poison_reason() {
+            // The in-memory free list includes commits that never became durable.
+            return Err(Error::Poisoned(why));
+        }
         let w = self.shared.writer.lock();
         // The free list includes commits still in flight: let them become visible.
         self.shared.wait_journal_idle(w.latest.txn_id);
@@ -805,6 +827,15 @@ fn create_environment(
         .into_iter()
         .filter(|s| *s != 1)
         .collect();
+    let first = crate::journal::file_path(journal_dir, 1);
+    if vfs.exists(&first) && holds_records(vfs.as_ref(), &first)? {
+        return Err(Error::InvalidOption(format!(
+            "{} holds journal records but {} has no data file: it belongs to another \
+             environment; move it away or choose another journal_dir",
+            first.display(),
+            dir.display()
+        )));
+    }
     if !leftovers.is_empty() {
         return Err(Error::InvalidOption(format!(
             "journal directory {} already holds journal files ({} of them) but {} has no data file: \
@@ -856,6 +887,24 @@ fn create_environment(
     vfs.sync_dir(dir)
         .map_err(|e| Error::io(dir, None, "fsync data directory", e))?;
     Ok(h)
+}
+
+/// True if the file's first block is a journal record header (zeros otherwise: a
+/// file made by an interrupted creation of this environment).
+fn holds_records(vfs: &dyn Vfs, path: &Path) -> Result<bool> {
+    let f = vfs
+        .open(path, OpenMode::default())
+        .map_err(|e| Error::io(path, None, "open journal file", e))?;
+    let len = f
+        .len()
+        .map_err(|e| Error::io(path, None, "stat journal file", e))?;
+    if len < crate::journal::record::RECORD_HEADER as u64 {
+        return Ok(false);
+    }
+    let mut head = vec![0u8; crate::journal::record::RECORD_HEADER];
+    f.read_exact_at(&mut head, 0)
+        .map_err(|e| Error::io(path, Some(0), "read journal file", e))?;
+    Ok(crate::journal::record::parse_header(&head).is_some())
 }
 
 /// Reads the newer valid copy of the file header.

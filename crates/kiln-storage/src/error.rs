@@ -53,6 +53,9 @@ pub enum Error {
     #[error("value of {len} bytes exceeds the limit of {max} bytes")]
     ValueTooLarge { len: usize, max: usize },
 
+    #[error("transaction writes {bytes} bytes of pages; one transaction may write at most {max}: split it")]
+    TransactionTooLarge { bytes: u64, max: u64 },
+
     #[error("tree name of {len} bytes is invalid (1..={max} bytes allowed)")]
     InvalidTreeName { len: usize, max: usize },
 

@@ -43,6 +43,6 @@ pub use error::{Error, Result};
 pub use journal::recovery::JournalTail;
 pub use journal::writer::Durability;
 pub use page::{MAX_KEY_SIZE, MAX_VALUE_SIZE, PAGE_SIZE};
-pub use queue::QueueStats;
+pub use queue::{QueueLimits, QueueStats};
 pub use stats::{LatencySummary, Stats};
 pub use txn::{ReadTxn, WriteTxn, MAX_TREE_NAME};

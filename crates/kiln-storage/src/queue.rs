@@ -260,6 +260,16 @@ impl Shared {
         for job in rest.by_ref() {
             txn.savepoint();
             match catch_unwind(AssertUnwindSafe(|| (job.unit)(&mut txn))) {
+                Ok(Ok(())) if txn.is_broken() => {
+                    // The unit ignored a failed operation: its changes may be half
+                    // done, so they go, and the unit is told why.
+                    let why = txn.broken_reason();
+                    txn.rollback_to_savepoint();
+                    q.units_failed.fetch_add(1, Relaxed);
+                    job.answer.tell(Word::Done(Err(Error::Poisoned(format!(
+                        "an operation of this unit failed and the unit went on: {why}"
+                    )))));
+                }
                 Ok(Ok(())) => {
                     txn.release_savepoint();
                     committed.push(job.answer);
@@ -300,7 +310,8 @@ impl Shared {
                 q.group_written();
                 r
             }
-            Ok(None) => Ok(base_txn),
+            // Nothing changed, but what the units read may still be in flight.
+            Ok(None) => self.wait_durable(base_txn).map(|_| base_txn),
             Err(e) => Err(e),
         };
         if !committed.is_empty() {

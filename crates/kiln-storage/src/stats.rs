@@ -105,6 +105,8 @@ pub(crate) struct EngineCounters {
     pub journal_files_created: AtomicU64,
     pub journal_files_recycled: AtomicU64,
     pub journal_direct_io_fallback: AtomicBool,
+    /// Whether the journal file being written is open with O_DIRECT.
+    pub journal_direct_io_active: AtomicBool,
     pub commits: AtomicU64,
     pub aborts: AtomicU64,
     pub data_syncs: AtomicU64,

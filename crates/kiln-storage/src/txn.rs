@@ -222,6 +222,14 @@ impl<'env> WriteTxn<'env> {
         self.txn_id
     }
 
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken.is_some()
+    }
+
+    pub(crate) fn broken_reason(&self) -> String {
+        self.broken.clone().unwrap_or_default()
+    }
+
     pub(crate) fn base_txn_id(&self) -> u64 {
         self.base.txn_id
     }

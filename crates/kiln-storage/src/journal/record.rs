@@ -207,6 +207,9 @@ pub struct Encoded {
     pub stored_body_len: usize,
 }
 
+/// The largest transaction a record can hold (its body length is a u32).
+pub const MAX_RECORD_BODY: usize = u32::MAX as usize - (64 << 20);
+
 /// Encodes a record into `buf` (grown as needed, aligned). With `compress`, the body
 /// is LZ4-compressed when that makes it smaller.
 pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: bool) -> Encoded {
@@ -270,7 +273,10 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: bool) -> Encoded
     debug_assert_eq!(at, RECORD_HEADER + body_len);
     write_u32(b, 44, body_len as u32);
     let mut stored = body_len;
-    if compress && body_len >= MIN_COMPRESS_BODY && worth_compressing(&b[RECORD_HEADER..at]) {
+    if compress
+        && (MIN_COMPRESS_BODY..=MAX_RAW_BODY).contains(&body_len)
+        && worth_compressing(&b[RECORD_HEADER..at])
+    {
         let packed = lz4_flex::block::compress(&b[RECORD_HEADER..at]);
         if packed.len() + DIRECT_IO_ALIGN / 4 < body_len {
             b[RECORD_HEADER..RECORD_HEADER + packed.len()].copy_from_slice(&packed);

@@ -290,8 +290,10 @@ impl JournalWriter {
         })
     }
 
-    pub fn direct_io(&self) -> bool {
-        self.direct_io
+    fn note_direct_io(&self) {
+        self.counters
+            .journal_direct_io_active
+            .store(self.direct_io, Relaxed);
     }
 
     /// Test-only canary: journal writes become plain buffered writes with no sync,
@@ -318,6 +320,7 @@ impl JournalWriter {
     /// durable (or, in buffered mode, written to the OS). On error nothing is
     /// acknowledged; the environment latches, since what reached the disk is unknown.
     pub fn write(&mut self, rec: &PreparedRecord) -> Result<JournalPos> {
+        self.note_direct_io();
         if self.offset + rec.len as u64 > self.current.size {
             self.switch_file(rec.len as u64)?;
         }

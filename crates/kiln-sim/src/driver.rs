@@ -1,0 +1,478 @@
+//! The randomized crash driver: a random workload against an environment on a
+//! simulated disk, power cuts and faults at random operations, then reopen and
+//! compare with a model. Deterministic from a seed: the flusher only does I/O when
+//! the workload calls `Env::sync` (no timers, no size triggers), so every operation
+//! happens in the same order on every run of a seed.
+
+use crate::{CutMode, Fault, OpKind, SimDisk};
+use kiln_storage::{Env, Error, Options};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+type Tree = BTreeMap<Vec<u8>, Vec<u8>>;
+pub type Model = BTreeMap<String, Tree>;
+
+/// Figures of a driver run.
+#[derive(Debug, Default, Clone)]
+pub struct DriverStats {
+    pub power_cuts: u64,
+    pub process_restarts: u64,
+    pub faults_injected: u64,
+    pub bit_flips: u64,
+    pub commits_acknowledged: u64,
+    pub commits_verified: u64,
+    pub acknowledged_commits_lost: u64,
+    pub corruptions_returned_as_data: u64,
+    pub corruptions_detected: u64,
+    /// Injected faults by operation and error, and what the simulated disk did to
+    /// pending writes at power cuts.
+    pub faults_by_kind: BTreeMap<String, u64>,
+    pub writes_torn: u64,
+    pub writes_garbled: u64,
+    pub pending_writes_dropped: u64,
+    pub files_vanished: u64,
+}
+
+impl DriverStats {
+    pub fn add(&mut self, o: &DriverStats) {
+        self.power_cuts += o.power_cuts;
+        self.process_restarts += o.process_restarts;
+        self.faults_injected += o.faults_injected;
+        self.bit_flips += o.bit_flips;
+        self.commits_acknowledged += o.commits_acknowledged;
+        self.commits_verified += o.commits_verified;
+        self.acknowledged_commits_lost += o.acknowledged_commits_lost;
+        self.corruptions_returned_as_data += o.corruptions_returned_as_data;
+        self.corruptions_detected += o.corruptions_detected;
+        for (k, v) in &o.faults_by_kind {
+            *self.faults_by_kind.entry(k.clone()).or_insert(0) += v;
+        }
+        self.writes_torn += o.writes_torn;
+        self.writes_garbled += o.writes_garbled;
+        self.pending_writes_dropped += o.pending_writes_dropped;
+        self.files_vanished += o.files_vanished;
+    }
+
+    fn absorb_disk(&mut self, disk: &SimDisk) {
+        let s = disk.stats();
+        self.faults_by_kind = s.faults_injected;
+        self.faults_injected = self.faults_by_kind.values().sum();
+        self.writes_torn = s.writes_torn;
+        self.writes_garbled = s.writes_garbled;
+        self.pending_writes_dropped = s.pending_writes_dropped;
+        self.files_vanished = s.files_vanished;
+    }
+}
+
+pub fn env_dir() -> PathBuf {
+    PathBuf::from("/sim/env")
+}
+
+pub fn options(disk: &Arc<SimDisk>) -> Options {
+    Options {
+        vfs: disk.vfs(),
+        journal_file_size_bytes: 1 << 20,
+        data_grow_step_bytes: 256 << 10,
+        sync_interval_ms: u64::MAX / 4,
+        sync_after_bytes: u64::MAX / 4,
+        ..Options::default()
+    }
+}
+
+/// What a workload step did.
+enum Step {
+    Committed,
+    /// The commit failed: it may or may not have become durable.
+    InDoubt(Model),
+    Failed,
+}
+
+fn random_key(rng: &mut StdRng) -> Vec<u8> {
+    let len = if rng.gen_bool(0.05) {
+        rng.gen_range(200..=1024)
+    } else {
+        rng.gen_range(1..24)
+    };
+    // A small alphabet so that keys repeat (overwrites, deletes of present keys).
+    (0..len).map(|_| b"abcdef"[rng.gen_range(0..6)]).collect()
+}
+
+fn random_value(rng: &mut StdRng) -> Vec<u8> {
+    let len = match rng.gen_range(0..20) {
+        0 => rng.gen_range(3000..60_000), // overflow runs
+        1..=3 => rng.gen_range(0..2000),
+        _ => rng.gen_range(0..120),
+    };
+    (0..len).map(|_| rng.gen()).collect()
+}
+
+/// One transaction's operations, applied to `next` (a copy of the model).
+fn plan_txn(rng: &mut StdRng, next: &mut Model) -> Vec<(String, Vec<u8>, Option<Vec<u8>>, u8)> {
+    let mut ops = Vec::new();
+    if next.is_empty() || rng.gen_bool(0.05) {
+        let name = format!("tree{}", rng.gen_range(0..3));
+        next.entry(name.clone()).or_default();
+        ops.push((name, Vec::new(), None, 1)); // create
+    }
+    if next.len() > 1 && rng.gen_bool(0.03) {
+        let name = next
+            .keys()
+            .nth(rng.gen_range(0..next.len()))
+            .cloned()
+            .unwrap_or_default();
+        next.remove(&name);
+        ops.push((name, Vec::new(), None, 2)); // drop
+    }
+    let names: Vec<String> = next.keys().cloned().collect();
+    if names.is_empty() {
+        return ops;
+    }
+    for _ in 0..rng.gen_range(1..12) {
+        let name = names[rng.gen_range(0..names.len())].clone();
+        let key = random_key(rng);
+        let tree = next.get_mut(&name).expect("tree in model");
+        if rng.gen_bool(0.25) {
+            tree.remove(&key);
+            ops.push((name, key, None, 0));
+        } else {
+            let v = random_value(rng);
+            tree.insert(key.clone(), v.clone());
+            ops.push((name, key, Some(v), 0));
+        }
+    }
+    ops
+}
+
+fn apply_ops(
+    txn: &mut kiln_storage::WriteTxn,
+    ops: &[(String, Vec<u8>, Option<Vec<u8>>, u8)],
+) -> kiln_storage::Result<()> {
+    for (tree, key, value, kind) in ops {
+        match kind {
+            1 => txn.ensure_tree(tree)?,
+            2 => {
+                txn.drop_tree(tree)?;
+            }
+            _ => match value {
+                Some(v) => txn.put(tree, key, v)?,
+                None => {
+                    txn.delete(tree, key)?;
+                }
+            },
+        }
+    }
+    Ok(())
+}
+
+fn run_txn(env: &Env, rng: &mut StdRng, model: &Model) -> Step {
+    let mut next = model.clone();
+    let ops = plan_txn(rng, &mut next);
+    let result = if rng.gen_bool(0.3) {
+        let ops = ops.clone();
+        env.submit(move |txn| apply_ops(txn, &ops))
+    } else {
+        env.begin_write().and_then(|mut w| {
+            apply_ops(&mut w, &ops)?;
+            w.commit().map(|_| ())
+        })
+    };
+    match result {
+        Ok(()) => {
+            // Stash the new model in the caller through InDoubt's sibling.
+            NEXT.with(|n| *n.borrow_mut() = Some(next));
+            Step::Committed
+        }
+        Err(Error::Io { .. } | Error::Poisoned(_) | Error::GroupFailed(_)) => Step::InDoubt(next),
+        Err(_) => Step::Failed,
+    }
+}
+
+thread_local!(static NEXT: std::cell::RefCell<Option<Model>> = const { std::cell::RefCell::new(None) });
+
+/// Reads the whole environment into a model. Errors are corruption detected.
+fn read_state(env: &Env) -> Result<Model, Error> {
+    let r = env.begin_read()?;
+    let mut m = Model::new();
+    for name in r.tree_names()? {
+        let mut t = Tree::new();
+        let mut c = r.cursor(&name)?;
+        let mut e = c.first()?;
+        while let Some((k, v)) = e {
+            t.insert(k.to_vec(), v.to_vec());
+            e = c.next()?;
+        }
+        if t.len() as u64 != r.tree_len(&name)? {
+            return Err(Error::Poisoned(format!(
+                "tree {name}: length disagrees with its entries"
+            )));
+        }
+        m.insert(name, t);
+    }
+    Ok(m)
+}
+
+fn describe_difference(want: &Model, got: &Model) -> String {
+    for (name, t) in want {
+        match got.get(name) {
+            None => return format!("tree {name:?} missing"),
+            Some(g) if g != t => {
+                let missing = t.keys().find(|k| g.get(*k) != t.get(*k));
+                return format!(
+                    "tree {name:?}: {} entries, expected {}; first differing key {:?}",
+                    g.len(),
+                    t.len(),
+                    missing.map(|k| String::from_utf8_lossy(k).into_owned())
+                );
+            }
+            _ => {}
+        }
+    }
+    format!(
+        "unexpected trees {:?}",
+        got.keys()
+            .filter(|k| !want.contains_key(*k))
+            .collect::<Vec<_>>()
+    )
+}
+
+/// Opens after a cut or restart and checks the state is `model`, or `in_doubt` if a
+/// commit was in flight. Returns the state now (which becomes the model).
+fn reopen_and_verify(
+    disk: &Arc<SimDisk>,
+    model: &Model,
+    in_doubt: Option<&Model>,
+    stats: &mut DriverStats,
+    commits: u64,
+) -> Result<(Env, Model), String> {
+    let env = Env::open(env_dir(), options(disk)).map_err(|e| format!("reopen failed: {e}"))?;
+    let state = read_state(&env).map_err(|e| format!("reading after reopen failed: {e}"))?;
+    let ok = &state == model || in_doubt.is_some_and(|d| &state == d);
+    if !ok {
+        stats.acknowledged_commits_lost += 1;
+        return Err(format!(
+            "state after reopen differs from every acknowledged state: {}",
+            describe_difference(model, &state)
+        ));
+    }
+    let report = env.check().map_err(|e| format!("check failed: {e}"))?;
+    if !report.is_clean() {
+        return Err(format!("check after reopen: {:?}", report.problems));
+    }
+    stats.commits_verified += commits;
+    Ok((env, state))
+}
+
+/// Runs `cycles` power cuts (and sometimes faults and bit flips) for one seed.
+pub fn run_seed(seed: u64, cycles: u32, canary: bool) -> Result<DriverStats, String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let disk = SimDisk::new(seed ^ 0x5EED);
+    let mut stats = DriverStats::default();
+    let mut model = Model::new();
+    let mut in_doubt: Option<Model> = None;
+    let mut commits = 0u64;
+    for cycle in 0..cycles {
+        let (env, state) = reopen_and_verify(&disk, &model, in_doubt.as_ref(), &mut stats, commits)
+            .map_err(|e| format!("cycle {cycle}: {e}"))?;
+        model = state;
+        in_doubt = None;
+        if canary {
+            env.unsafe_disable_journal_durability_for_tests()
+                .map_err(|e| e.to_string())?;
+        }
+        let fault_cycle = rng.gen_bool(0.2);
+        if fault_cycle {
+            let kind =
+                [OpKind::Write, OpKind::Sync, OpKind::Allocate, OpKind::Read][rng.gen_range(0..4)];
+            let fault = if rng.gen_bool(0.5) {
+                Fault::Eio
+            } else {
+                Fault::Enospc
+            };
+            disk.inject_fault(kind, rng.gen_range(0..30), fault);
+        } else {
+            let mode = [
+                CutMode::DropAll,
+                CutMode::KeepAll,
+                CutMode::Random,
+                CutMode::Random,
+            ][rng.gen_range(0..4)];
+            disk.cut_power_at(disk.ops() + rng.gen_range(1..150), mode);
+        }
+        for _ in 0..rng.gen_range(1..40) {
+            if rng.gen_bool(0.15) {
+                if env.sync().is_err() {
+                    break;
+                }
+                continue;
+            }
+            match run_txn(&env, &mut rng, &model) {
+                Step::Committed => {
+                    model = NEXT
+                        .with(|n| n.borrow_mut().take())
+                        .expect("committed model");
+                    commits += 1;
+                    stats.commits_acknowledged += 1;
+                }
+                Step::InDoubt(next) => {
+                    in_doubt = Some(next);
+                    break;
+                }
+                Step::Failed => break,
+            }
+            if disk.is_dead() {
+                break;
+            }
+        }
+        if fault_cycle && !disk.is_dead() {
+            // A process restart after the fault: the OS keeps every write.
+            drop(env);
+            disk.clear_faults();
+            stats.process_restarts += 1;
+            continue;
+        }
+        if !disk.is_dead() {
+            disk.cut_power(CutMode::Random);
+        }
+        drop(env);
+        disk.restart();
+        stats.power_cuts += 1;
+        if rng.gen_bool(0.1) {
+            flip_and_check(&disk, &mut rng, &model, in_doubt.as_ref(), &mut stats)?;
+            // Damage is permanent: start this seed's history over on a new disk.
+            stats.absorb_disk(&disk);
+            return Ok(stats);
+        }
+    }
+    stats.absorb_disk(&disk);
+    Ok(stats)
+}
+
+/// Flips a bit in a used page of the data file and checks the damage is reported,
+/// never returned as data.
+fn flip_and_check(
+    disk: &Arc<SimDisk>,
+    rng: &mut StdRng,
+    model: &Model,
+    in_doubt: Option<&Model>,
+    stats: &mut DriverStats,
+) -> Result<(), String> {
+    // Checkpoint first, so that the data lives in the data file, not the journal.
+    {
+        let Ok(env) = Env::open(env_dir(), options(disk)) else {
+            return Ok(());
+        };
+        let _ = env.sync();
+    }
+    let data = env_dir().join(kiln_storage::DATA_FILE);
+    let Some(bytes) = disk.read_file(&data) else {
+        return Ok(());
+    };
+    let pages = bytes.len() / kiln_storage::PAGE_SIZE;
+    let used: Vec<usize> = (2..pages)
+        .filter(|p| bytes[p * kiln_storage::PAGE_SIZE + 4] != 0)
+        .collect();
+    if used.is_empty() {
+        return Ok(());
+    }
+    let page = used[rng.gen_range(0..used.len())];
+    let offset = page * kiln_storage::PAGE_SIZE + rng.gen_range(0..kiln_storage::PAGE_SIZE);
+    disk.flip_bit(&data, offset as u64, rng.gen_range(0..8));
+    stats.bit_flips += 1;
+    let env = match Env::open(env_dir(), options(disk)) {
+        Ok(e) => e,
+        Err(_) => {
+            stats.corruptions_detected += 1;
+            return Ok(());
+        }
+    };
+    match read_state(&env) {
+        Err(_) => stats.corruptions_detected += 1,
+        Ok(state) if &state == model || in_doubt.is_some_and(|d| &state == d) => {
+            // The flip hit a free page or bytes no reader looks at; `check` walks
+            // only reachable pages, so it may or may not notice.
+        }
+        Ok(state) => {
+            stats.corruptions_returned_as_data += 1;
+            return Err(format!(
+                "bit flip at {data:?} offset {offset} (page {page}) was returned as data: {}",
+                describe_difference(model, &state)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Exhaustive mode: a fixed workload of up to 3 transactions; the power is cut at
+/// every mutating operation in turn, with every cut mode.
+pub fn exhaustive(txns: u32, seed: u64) -> Result<DriverStats, String> {
+    // First a clean run to count the operations.
+    let total_ops = {
+        let disk = SimDisk::new(seed);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let env = Env::open(env_dir(), options(&disk)).map_err(|e| e.to_string())?;
+        let mut model = Model::new();
+        for i in 0..txns {
+            if let Step::Committed = run_txn(&env, &mut rng, &model) {
+                model = NEXT.with(|n| n.borrow_mut().take()).expect("model");
+            }
+            if i == 1 {
+                env.sync().map_err(|e| e.to_string())?;
+            }
+        }
+        drop(env);
+        disk.ops()
+    };
+    let mut stats = DriverStats::default();
+    for cut in 0..total_ops {
+        for mode in [
+            CutMode::DropAll,
+            CutMode::KeepAll,
+            CutMode::Random,
+            CutMode::Random,
+        ] {
+            let disk = SimDisk::new(seed ^ cut);
+            let mut rng = StdRng::seed_from_u64(seed);
+            disk.cut_power_at(cut, mode);
+            let mut model = Model::new();
+            let mut in_doubt = None;
+            let mut commits = 0;
+            if let Ok(env) = Env::open(env_dir(), options(&disk)) {
+                for i in 0..txns {
+                    match run_txn(&env, &mut rng, &model) {
+                        Step::Committed => {
+                            model = NEXT.with(|n| n.borrow_mut().take()).expect("model");
+                            commits += 1;
+                        }
+                        Step::InDoubt(next) => {
+                            in_doubt = Some(next);
+                            break;
+                        }
+                        Step::Failed => break,
+                    }
+                    if i == 1 && env.sync().is_err() {
+                        break;
+                    }
+                }
+            }
+            if !disk.is_dead() {
+                disk.cut_power(mode);
+            }
+            disk.restart();
+            stats.power_cuts += 1;
+            stats.commits_acknowledged += commits;
+            // A cut during environment creation may leave no environment at all.
+            let created = disk
+                .files()
+                .iter()
+                .any(|p| p.ends_with(kiln_storage::DATA_FILE));
+            if !created && commits == 0 {
+                continue;
+            }
+            reopen_and_verify(&disk, &model, in_doubt.as_ref(), &mut stats, commits)
+                .map_err(|e| format!("cut at op {cut} of {total_ops}, {mode:?}: {e}"))?;
+        }
+    }
+    Ok(stats)
+}
