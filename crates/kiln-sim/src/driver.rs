@@ -462,6 +462,10 @@ pub fn exhaustive(txns: u32, seed: u64) -> Result<DriverStats, String> {
             disk.restart();
             stats.power_cuts += 1;
             stats.commits_acknowledged += commits;
+            let mut this = DriverStats::default();
+            this.absorb_disk(&disk);
+            this.power_cuts = 0;
+            stats.add(&this);
             // A cut during environment creation may leave no environment at all.
             let created = disk
                 .files()
