@@ -349,8 +349,9 @@ pub fn run_seed(seed: u64, cycles: u32, canary: bool) -> Result<DriverStats, Str
     Ok(stats)
 }
 
-/// Flips a bit in a used page of the data file and checks the damage is reported,
-/// never returned as data.
+/// Flips a bit at rest and checks the damage is reported, never returned as data:
+/// either in a used page of the data file (after a checkpoint, so the data lives
+/// there), or in the journal (before any checkpoint, so recovery must read it).
 fn flip_and_check(
     disk: &Arc<SimDisk>,
     rng: &mut StdRng,
@@ -358,50 +359,78 @@ fn flip_and_check(
     in_doubt: Option<&Model>,
     stats: &mut DriverStats,
 ) -> Result<(), String> {
-    // Checkpoint first, so that the data lives in the data file, not the journal.
-    {
+    let in_journal = rng.gen_bool(0.5);
+    if !in_journal {
         let Ok(env) = Env::open(env_dir(), options(disk)) else {
             return Ok(());
         };
         let _ = env.sync();
     }
-    let data = env_dir().join(kiln_storage::DATA_FILE);
-    let Some(bytes) = disk.read_file(&data) else {
+    let Some((path, offset)) = pick_flip_target(disk, rng, in_journal) else {
         return Ok(());
     };
-    let pages = bytes.len() / kiln_storage::PAGE_SIZE;
-    let used: Vec<usize> = (2..pages)
-        .filter(|p| bytes[p * kiln_storage::PAGE_SIZE + 4] != 0)
-        .collect();
-    if used.is_empty() {
-        return Ok(());
-    }
-    let page = used[rng.gen_range(0..used.len())];
-    let offset = page * kiln_storage::PAGE_SIZE + rng.gen_range(0..kiln_storage::PAGE_SIZE);
-    disk.flip_bit(&data, offset as u64, rng.gen_range(0..8));
+    disk.flip_bit(&path, offset, rng.gen_range(0..8));
     stats.bit_flips += 1;
-    let env = match Env::open(env_dir(), options(disk)) {
+    let (env, report) = match Env::open_with_report(env_dir(), options(disk)) {
         Ok(e) => e,
         Err(_) => {
             stats.corruptions_detected += 1;
             return Ok(());
         }
     };
+    // Recovery may drop a damaged journal record and what follows it: allowed only
+    // if it says so.
+    let loss_reported = report.tail != kiln_storage::JournalTail::Clean;
     match read_state(&env) {
         Err(_) => stats.corruptions_detected += 1,
         Ok(state) if &state == model || in_doubt.is_some_and(|d| &state == d) => {
-            // The flip hit a free page or bytes no reader looks at; `check` walks
-            // only reachable pages, so it may or may not notice.
+            // The flip hit bytes no read depends on (free space, padding, an old
+            // record); `check` walks only reachable pages.
         }
+        Ok(_) if loss_reported => stats.corruptions_detected += 1,
         Ok(state) => {
             stats.corruptions_returned_as_data += 1;
             return Err(format!(
-                "bit flip at {data:?} offset {offset} (page {page}) was returned as data: {}",
+                "bit flip at {path:?} offset {offset} was returned as data: {}",
                 describe_difference(model, &state)
             ));
         }
     }
     Ok(())
+}
+
+/// A byte to damage: in a used data page, or in the journal's records.
+fn pick_flip_target(
+    disk: &Arc<SimDisk>,
+    rng: &mut StdRng,
+    in_journal: bool,
+) -> Option<(PathBuf, u64)> {
+    if in_journal {
+        let files: Vec<PathBuf> = disk
+            .files()
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "log"))
+            .collect();
+        let path = files.last()?.clone();
+        let bytes = disk.read_file(&path)?;
+        // Only where records are (non-zero blocks).
+        let used: Vec<usize> = (0..bytes.len() / 4096)
+            .filter(|b| bytes[b * 4096..(b + 1) * 4096].iter().any(|x| *x != 0))
+            .collect();
+        let block = *used.get(rng.gen_range(0..used.len().max(1)))?;
+        return Some((path, (block * 4096 + rng.gen_range(0..4096)) as u64));
+    }
+    let data = env_dir().join(kiln_storage::DATA_FILE);
+    let bytes = disk.read_file(&data)?;
+    let pages = bytes.len() / kiln_storage::PAGE_SIZE;
+    let used: Vec<usize> = (2..pages)
+        .filter(|p| bytes[p * kiln_storage::PAGE_SIZE + 4] != 0)
+        .collect();
+    let page = *used.get(rng.gen_range(0..used.len().max(1)))?;
+    Some((
+        data,
+        (page * kiln_storage::PAGE_SIZE + rng.gen_range(0..kiln_storage::PAGE_SIZE)) as u64,
+    ))
 }
 
 /// Exhaustive mode: a fixed workload of up to 3 transactions; the power is cut at
