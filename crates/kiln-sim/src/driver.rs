@@ -77,6 +77,8 @@ pub fn options(disk: &Arc<SimDisk>) -> Options {
         data_grow_step_bytes: 256 << 10,
         sync_interval_ms: u64::MAX / 4,
         sync_after_bytes: u64::MAX / 4,
+        // All background I/O happens inside `Env::sync`, at points the workload picks.
+        prepare_journal_files_ahead: false,
         ..Options::default()
     }
 }

@@ -49,6 +49,11 @@ pub struct Options {
     pub journal_direct_io: bool,
     /// When a commit is acknowledged: `Immediate` (default, durable) or `Buffered`.
     pub durability: Durability,
+    /// The flusher prepares the next journal file as soon as the writer moves to a new
+    /// one (default), instead of only at checkpoints, so that a commit never waits
+    /// for a file to be created. Simulation tests turn it off to keep all background
+    /// I/O at points they choose (determinism).
+    pub prepare_journal_files_ahead: bool,
     /// Bounds of the commit queue (`Env::submit`).
     pub queue_limits: QueueLimits,
     /// Compress journal records with LZ4 when that makes them smaller.
@@ -74,6 +79,7 @@ impl Default for Options {
             durability: Durability::Immediate,
             journal_compression: true,
             queue_limits: QueueLimits::default(),
+            prepare_journal_files_ahead: true,
             open_despite_journal_gap: false,
             vfs: Arc::new(OsVfs),
         }

@@ -90,6 +90,15 @@ impl Flusher {
                 }
                 wait = wait.min(j.saturating_sub(last_journal_sync.elapsed()));
             }
+            if self.shared.opts.prepare_journal_files_ahead
+                && self.shared.journal_files.spare_wanted()
+                && self.shared.poison_reason().is_none()
+            {
+                if let Err(e) = self.shared.journal_files.prepare_next() {
+                    // Not fatal: the writer creates the file itself when it needs it.
+                    tracing::warn!(error = %e, "could not prepare the next journal file");
+                }
+            }
             match rx.recv_timeout(wait.max(Duration::from_millis(1))) {
                 Ok(FlushMsg::Apply(a)) => {
                     self.batch_bytes += a

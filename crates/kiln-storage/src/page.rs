@@ -75,6 +75,16 @@ impl Drop for PageRun {
 }
 
 impl PageRun {
+    /// A buffer whose bytes are unspecified (recycled): for callers that overwrite
+    /// every byte they later read.
+    pub fn scratch(page_count: usize) -> Self {
+        let count = page_count.max(1);
+        match pool_take(count) {
+            Some(pages) => PageRun { pages },
+            None => PageRun::zeroed(count),
+        }
+    }
+
     pub fn zeroed(page_count: usize) -> Self {
         let count = page_count.max(1);
         if let Some(mut pages) = pool_take(count) {
@@ -586,8 +596,11 @@ pub fn overflow_run_pages(value_len: usize) -> usize {
     (OVERFLOW_HEADER + value_len).div_ceil(PAGE_SIZE)
 }
 
+/// Fills an overflow run: header, value, and zeros after it (`run` may hold old bytes).
 pub fn init_overflow(run: &mut [u8], value: &[u8]) {
     let pages = run.len() / PAGE_SIZE;
+    run[..OVERFLOW_HEADER].fill(0);
+    run[OVERFLOW_HEADER + value.len()..].fill(0);
     run[4] = KIND_OVERFLOW;
     write_u32(run, 28, pages as u32);
     hdr::set_extra(run, value.len() as u64);

@@ -23,7 +23,12 @@ fn crash_copy(from: &Path, to: &Path) {
         let rel = entry.strip_prefix(from).unwrap();
         let dest = to.join(rel);
         std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
-        std::fs::copy(&entry, &dest).unwrap();
+        // A journal file being prepared may be renamed while we copy: skip it.
+        match std::fs::copy(&entry, &dest) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("copy {entry:?}: {e}"),
+        }
     }
 }
 

@@ -64,7 +64,13 @@ fn copy_env_files(src: &Path, dst: &Path) {
             if entry.file_type().unwrap().is_dir() || entry.file_name() == "kiln.lock" {
                 continue;
             }
-            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+            // The flusher may rename a journal file it is preparing meanwhile: a file
+            // gone before it could be copied is not part of the crash image.
+            match std::fs::copy(entry.path(), to.join(entry.file_name())) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => panic!("copy {:?}: {e}", entry.path()),
+            }
         }
     }
 }

@@ -84,11 +84,21 @@ fn copy_env_files(src: &Path, dst: &Path) {
         if entry.file_type().unwrap().is_dir() || name == "kiln.lock" {
             continue;
         }
-        fs::copy(entry.path(), dst.join(&name)).unwrap();
+        copy_if_present(&entry.path(), &dst.join(&name));
     }
     for entry in fs::read_dir(src.join("journal")).unwrap() {
         let entry = entry.unwrap();
-        fs::copy(entry.path(), dst.join("journal").join(entry.file_name())).unwrap();
+        copy_if_present(&entry.path(), &dst.join("journal").join(entry.file_name()));
+    }
+}
+
+/// The flusher may rename a journal file it is preparing while we copy: a file that
+/// vanished between listing and copying is simply not part of the crash image.
+fn copy_if_present(from: &Path, to: &Path) {
+    match fs::copy(from, to) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("copy {from:?}: {e}"),
     }
 }
 

@@ -110,7 +110,7 @@ impl WriteTxn<'_> {
         }
         let n = page::overflow_run_pages(value.len());
         let start = self.take_pages(n as u64);
-        let mut run = PageRun::zeroed(n);
+        let mut run = PageRun::scratch(n);
         page::init_overflow(run.bytes_mut(), value);
         self.insert_dirty(start, run);
         page::encode_overflow_cell(key, start, value.len())

@@ -217,7 +217,8 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: bool) -> Encoded
     let body_len = input.freed.len() * 8 + forms.iter().map(Form::encoded_len).sum::<usize>();
     let total = padded(RECORD_HEADER + body_len);
     if buf.page_count() * PAGE_SIZE < total {
-        *buf = PageRun::zeroed(total.div_ceil(PAGE_SIZE));
+        // Every byte up to `total` is written below (header, body, zero padding).
+        *buf = PageRun::scratch(total.div_ceil(PAGE_SIZE));
     }
     let b = buf.bytes_mut();
     b[..RECORD_HEADER].fill(0);

@@ -32,6 +32,10 @@ pub struct JournalFiles {
     /// Serializes file creation and recycling between the writer and the flusher, so
     /// that both never build the same file at once.
     create_lock: Mutex<()>,
+    /// Set when the writer moved to a new file: the flusher should prepare the one
+    /// after it now, not at its next checkpoint (or the writer may have to create it
+    /// on the commit path).
+    spare_wanted: std::sync::atomic::AtomicBool,
 }
 
 struct FilesState {
@@ -63,6 +67,7 @@ impl JournalFiles {
                 current,
             }),
             create_lock: Mutex::new(()),
+            spare_wanted: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -86,6 +91,7 @@ impl JournalFiles {
     /// are already written, which makes O_DSYNC writes into it cheapest); otherwise
     /// creates one and fills it with zeros once.
     pub fn prepare_next(&self) -> Result<()> {
+        self.spare_wanted.store(false, Relaxed);
         let next = self.state.lock().current + 1;
         self.ensure_file(next, self.file_size_bytes, true)
             .map(|_| ())
@@ -170,6 +176,11 @@ impl JournalFiles {
             .map_err(|e| Error::io(&path, None, "fdatasync journal", e))
     }
 
+    /// True once after the writer moved to a new file.
+    pub fn spare_wanted(&self) -> bool {
+        self.spare_wanted.load(Relaxed)
+    }
+
     fn set_current(&self, seq: u64) {
         self.state.lock().current = seq;
     }
@@ -228,7 +239,7 @@ impl RecordEncoder {
     pub fn encode(&mut self, mut input: RecordInput) -> PreparedRecord {
         input.nonce = self.nonce;
         input.prev_checksum = self.chain_checksum;
-        let mut buf = PageRun::zeroed(1);
+        let mut buf = PageRun::scratch(1);
         let enc = record::encode(&input, &mut buf, self.compress);
         self.chain_checksum = enc.checksum;
         PreparedRecord {
@@ -434,6 +445,7 @@ impl JournalWriter {
         };
         self.offset = 0;
         self.files.set_current(next);
+        self.files.spare_wanted.store(true, Relaxed);
         Ok(())
     }
 }
