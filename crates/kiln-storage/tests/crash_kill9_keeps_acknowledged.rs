@@ -6,12 +6,11 @@
 //!
 //! Cycles: KILN_CRASH_CYCLES (default 25; the slow tier runs 500).
 
+mod common;
+
 use kiln_storage::{Env, Options};
 use rand::{Rng, SeedableRng};
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const CHILD_ENV: &str = "KILN_CRASH_CHILD_DIR";
 
@@ -133,55 +132,17 @@ fn verify(dir: &std::path::Path, acked: Option<u64>) -> u64 {
 
 #[test]
 fn kill9_never_loses_an_acknowledged_commit() {
-    let cycles: usize = std::env::var("KILN_CRASH_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(25);
-    let seed: u64 = std::env::var("KILN_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(rand::random);
-    eprintln!(
-        "kill -9 crash test: {cycles} cycles, seed {seed} (rerun with KILN_CRASH_SEED={seed})"
-    );
+    let (cycles, seed) = common::cycles_and_seed("kill -9 crash test");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     let mut total_acked = 0u64;
     let started = Instant::now();
     for cycle in 0..cycles {
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "crash_child_entry",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(n) = line.strip_prefix("ACK ") {
-                    let _ = tx.send(n.parse::<u64>().unwrap());
-                }
-            }
-        });
-        // Let it run a random while once it has started committing.
-        let first = rx.recv_timeout(Duration::from_secs(30));
-        let mut acked = first.ok();
-        std::thread::sleep(Duration::from_millis(rng.gen_range(0..150)));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
-        reader.join().unwrap();
-        while let Ok(n) = rx.try_recv() {
-            acked = Some(n);
-        }
+        let acks = common::run_child_and_kill("crash_child_entry", CHILD_ENV, dir.path(), &mut rng);
+        let acked = acks
+            .iter()
+            .map(|a| a.parse::<u64>().expect("ACK <txn>"))
+            .max();
         let last = verify(dir.path(), acked);
         total_acked += acked.map_or(0, |a| a + 1);
         if cycle % 50 == 49 {

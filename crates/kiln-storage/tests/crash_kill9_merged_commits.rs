@@ -5,12 +5,11 @@
 //!
 //! Cycles: KILN_CRASH_CYCLES (default 25; the slow tier runs more).
 
+mod common;
+
 use kiln_storage::{Env, Options};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::time::Duration;
 
 const CHILD_ENV: &str = "KILN_MERGED_CRASH_CHILD_DIR";
 const SUBMITTERS: u64 = 16;
@@ -124,50 +123,19 @@ fn verify(dir: &std::path::Path, acked: &HashMap<u64, u64>) {
 
 #[test]
 fn kill9_with_16_submitters_never_loses_an_acknowledged_unit() {
-    let cycles: usize = std::env::var("KILN_CRASH_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(25);
-    let seed: u64 = std::env::var("KILN_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(rand::random);
-    eprintln!("merged-commit kill -9 test: {cycles} cycles, {SUBMITTERS} submitters, seed {seed} (rerun with KILN_CRASH_SEED={seed})");
+    let (cycles, seed) = common::cycles_and_seed(&format!(
+        "merged-commit kill -9 test ({SUBMITTERS} submitters)"
+    ));
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     let mut acked_total = 0u64;
     for _ in 0..cycles {
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "merged_crash_child_entry",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let mut it = line.strip_prefix("ACK ").unwrap_or("").split(' ');
-                if let (Some(t), Some(i)) = (it.next(), it.next()) {
-                    let _ = tx.send((t.parse::<u64>().unwrap(), i.parse::<u64>().unwrap()));
-                }
-            }
-        });
-        let first = rx.recv_timeout(Duration::from_secs(30));
-        std::thread::sleep(Duration::from_millis(rng.gen_range(0..150)));
-        child.kill().unwrap();
-        child.wait().unwrap();
-        reader.join().unwrap();
+        let acks =
+            common::run_child_and_kill("merged_crash_child_entry", CHILD_ENV, dir.path(), &mut rng);
         let mut acked: HashMap<u64, u64> = HashMap::new();
-        for (t, i) in first.into_iter().chain(rx.try_iter()) {
+        for ack in &acks {
+            let (t, i) = ack.split_once(' ').expect("ACK <thread> <unit>");
+            let (t, i) = (t.parse::<u64>().unwrap(), i.parse::<u64>().unwrap());
             let e = acked.entry(t).or_insert(i);
             *e = (*e).max(i);
             acked_total += 1;

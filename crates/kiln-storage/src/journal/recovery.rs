@@ -212,40 +212,34 @@ pub fn replay(
     let mut expected = synced_txn_id + 1;
     let mut replayed = 0;
     let mut tail = loop {
-        let here = reader.probe(pos.file_seq, pos.offset, expected, pos.chain_checksum)?;
-        let here_bad = match here {
-            Probe::Valid(rec, len) => {
-                let checksum = rec.header.checksum;
-                apply(*rec)?;
-                replayed += 1;
-                expected += 1;
-                pos = JournalPos {
-                    file_seq: pos.file_seq,
-                    offset: pos.offset + len,
-                    chain_checksum: checksum,
-                };
-                continue;
+        // Here, or at the start of the next file: the writer moves on to the next
+        // file when a record does not fit in the current one.
+        let candidates = [(pos.file_seq, pos.offset), (pos.file_seq + 1, 0)];
+        let mut bad = [None, None];
+        let mut advanced = false;
+        for (i, (seq, offset)) in candidates.into_iter().enumerate() {
+            match reader.probe(seq, offset, expected, pos.chain_checksum)? {
+                Probe::Valid(rec, len) => {
+                    let checksum = rec.header.checksum;
+                    apply(*rec)?;
+                    replayed += 1;
+                    expected += 1;
+                    pos = JournalPos {
+                        file_seq: seq,
+                        offset: offset + len,
+                        chain_checksum: checksum,
+                    };
+                    advanced = true;
+                    break;
+                }
+                Probe::Clean => {}
+                Probe::Bad(what) => bad[i] = Some(what),
             }
-            Probe::Clean => None,
-            Probe::Bad(what) => Some(what),
-        };
-        // The writer moves to the next file when a record does not fit.
-        let next_bad = match reader.probe(pos.file_seq + 1, 0, expected, pos.chain_checksum)? {
-            Probe::Valid(rec, len) => {
-                let checksum = rec.header.checksum;
-                apply(*rec)?;
-                replayed += 1;
-                expected += 1;
-                pos = JournalPos {
-                    file_seq: pos.file_seq + 1,
-                    offset: len,
-                    chain_checksum: checksum,
-                };
-                continue;
-            }
-            Probe::Clean => None,
-            Probe::Bad(what) => Some(what),
-        };
+        }
+        if advanced {
+            continue;
+        }
+        let [here_bad, next_bad] = bad;
         break match (here_bad, next_bad) {
             (Some(what), _) => JournalTail::Dropped {
                 path: file_path(dir, pos.file_seq),
