@@ -83,6 +83,13 @@ pub fn options(disk: &Arc<SimDisk>) -> Options {
     }
 }
 
+/// `KILN_SIM_TRACE=1` prints what each cycle does (for debugging a failing seed).
+fn trace(msg: impl FnOnce() -> String) {
+    if std::env::var_os("KILN_SIM_TRACE").is_some() {
+        eprintln!("[sim] {}", msg());
+    }
+}
+
 /// What a workload step did.
 enum Step {
     Committed,
@@ -248,7 +255,9 @@ fn reopen_and_verify(
     stats: &mut DriverStats,
     commits: u64,
 ) -> Result<(Env, Model), String> {
-    let env = Env::open(env_dir(), options(disk)).map_err(|e| format!("reopen failed: {e}"))?;
+    let (env, report) = Env::open_with_report(env_dir(), options(disk))
+        .map_err(|e| format!("reopen failed: {e}"))?;
+    trace(|| format!("reopened: {report:?}"));
     let state = read_state(&env).map_err(|e| format!("reading after reopen failed: {e}"))?;
     let ok = &state == model || in_doubt.is_some_and(|d| &state == d);
     if !ok {
@@ -292,7 +301,9 @@ pub fn run_seed(seed: u64, cycles: u32, canary: bool) -> Result<DriverStats, Str
             } else {
                 Fault::Enospc
             };
-            disk.inject_fault(kind, rng.gen_range(0..30), fault);
+            let nth = rng.gen_range(0..30);
+            trace(|| format!("cycle {cycle}: fault {fault:?} on {kind:?} #{nth}"));
+            disk.inject_fault(kind, nth, fault);
         } else {
             let mode = [
                 CutMode::DropAll,
@@ -300,16 +311,38 @@ pub fn run_seed(seed: u64, cycles: u32, canary: bool) -> Result<DriverStats, Str
                 CutMode::Random,
                 CutMode::Random,
             ][rng.gen_range(0..4)];
-            disk.cut_power_at(disk.ops() + rng.gen_range(1..150), mode);
+            let at = disk.ops() + rng.gen_range(1..150);
+            trace(|| {
+                format!(
+                    "cycle {cycle}: power cut at op {at} ({mode:?}), now at op {}",
+                    disk.ops()
+                )
+            });
+            disk.cut_power_at(at, mode);
         }
         for _ in 0..rng.gen_range(1..40) {
             if rng.gen_bool(0.15) {
-                if env.sync().is_err() {
+                let r = env.sync();
+                trace(|| format!("  sync -> {r:?} (op {})", disk.ops()));
+                if r.is_err() {
                     break;
                 }
                 continue;
             }
-            match run_txn(&env, &mut rng, &model) {
+            let step = run_txn(&env, &mut rng, &model);
+            trace(|| {
+                format!(
+                    "  txn -> {} (op {}, dead {})",
+                    match &step {
+                        Step::Committed => "committed",
+                        Step::InDoubt(_) => "in doubt",
+                        Step::Failed => "failed",
+                    },
+                    disk.ops(),
+                    disk.is_dead()
+                )
+            });
+            match step {
                 Step::Committed => {
                     model = NEXT
                         .with(|n| n.borrow_mut().take())
@@ -457,13 +490,15 @@ pub fn exhaustive(txns: u32, seed: u64) -> Result<DriverStats, String> {
     };
     let mut stats = DriverStats::default();
     for cut in 0..total_ops {
-        for mode in [
+        let modes = [
             CutMode::DropAll,
             CutMode::KeepAll,
             CutMode::Random,
             CutMode::Random,
-        ] {
-            let disk = SimDisk::new(seed ^ cut);
+        ];
+        for (m, mode) in modes.into_iter().enumerate() {
+            // Each mode (and each of the two random ones) gets its own disk seed.
+            let disk = SimDisk::new(seed ^ (cut << 8) ^ m as u64);
             let mut rng = StdRng::seed_from_u64(seed);
             disk.cut_power_at(cut, mode);
             let mut model = Model::new();
@@ -497,14 +532,8 @@ pub fn exhaustive(txns: u32, seed: u64) -> Result<DriverStats, String> {
             this.absorb_disk(&disk);
             this.power_cuts = 0;
             stats.add(&this);
-            // A cut during environment creation may leave no environment at all.
-            let created = disk
-                .files()
-                .iter()
-                .any(|p| p.ends_with(kiln_storage::DATA_FILE));
-            if !created && commits == 0 {
-                continue;
-            }
+            // A cut during environment creation may leave no environment, or parts
+            // of one: opening again must create it (empty) or recover it.
             reopen_and_verify(&disk, &model, in_doubt.as_ref(), &mut stats, commits)
                 .map_err(|e| format!("cut at op {cut} of {total_ops}, {mode:?}: {e}"))?;
         }

@@ -348,14 +348,22 @@ impl State {
             names.insert(path.clone(), i);
         }
         // Entries not made durable by a directory sync: a created file may still
-        // appear (the kernel wrote the directory block anyway) or vanish.
-        for (path, &i) in &self.names {
-            if !names.contains_key(path) {
-                if mode == CutMode::KeepAll || (mode == CutMode::Random && self.rng.gen_bool(0.3)) {
-                    names.insert(path.clone(), i);
-                } else {
-                    self.stats.files_vanished += 1;
-                }
+        // appear (the kernel wrote the directory block anyway) or vanish. A rename is
+        // atomic: the file shows under its old name or its new one, never both.
+        // Sorted, so that the seed alone decides (HashMap order varies per process).
+        let mut unsynced: Vec<(&PathBuf, usize)> = self
+            .names
+            .iter()
+            .filter(|(p, _)| !names.contains_key(*p))
+            .map(|(p, i)| (p, *i))
+            .collect();
+        unsynced.sort();
+        for (path, i) in unsynced {
+            if mode == CutMode::KeepAll || (mode == CutMode::Random && self.rng.gen_bool(0.3)) {
+                names.retain(|_, inode| *inode != i);
+                names.insert(path.clone(), i);
+            } else {
+                self.stats.files_vanished += 1;
             }
         }
         let mut new_inodes = Vec::with_capacity(self.inodes.len());

@@ -11,7 +11,9 @@ use std::collections::{BTreeSet, VecDeque};
 #[derive(Debug, Default)]
 pub(crate) struct Allocator {
     pub free: BTreeSet<PageNo>,
-    pub pending: VecDeque<(u64, Vec<PageNo>)>,
+    pending: VecDeque<(u64, Vec<PageNo>)>,
+    /// Pages in `pending` (kept as a count: read on every commit).
+    pending_pages: u64,
     /// High-water mark: pages [0, page_count) exist in the logical file.
     pub page_count: u64,
 }
@@ -21,6 +23,7 @@ impl Allocator {
         Allocator {
             free: free.into_iter().collect(),
             pending: VecDeque::new(),
+            pending_pages: 0,
             page_count: page_count.max(FIRST_DATA_PAGE),
         }
     }
@@ -30,6 +33,7 @@ impl Allocator {
     pub fn release(&mut self, horizon: u64, mut released: impl FnMut(&[PageNo])) {
         while self.pending.front().is_some_and(|(txn, _)| *txn <= horizon) {
             if let Some((_, pages)) = self.pending.pop_front() {
+                self.pending_pages -= pages.len() as u64;
                 released(&pages);
                 self.free.extend(pages);
             }
@@ -37,7 +41,18 @@ impl Allocator {
     }
 
     pub fn pending_len(&self) -> u64 {
-        self.pending.iter().map(|(_, p)| p.len() as u64).sum()
+        self.pending_pages
+    }
+
+    /// Pages freed by transaction `txn_id`, reusable once `release` passes it.
+    pub fn add_pending(&mut self, txn_id: u64, pages: Vec<PageNo>) {
+        self.pending_pages += pages.len() as u64;
+        self.pending.push_back((txn_id, pages));
+    }
+
+    /// Every page not reusable yet.
+    pub fn pending_pages(&self) -> impl Iterator<Item = PageNo> + '_ {
+        self.pending.iter().flat_map(|(_, p)| p.iter().copied())
     }
 
     /// Takes `n` contiguous pages; returns (start, came_from_free_list).
@@ -83,8 +98,8 @@ mod tests {
     #[test]
     fn pending_pages_wait_for_the_horizon() {
         let mut a = Allocator::new(10, []);
-        a.pending.push_back((5, vec![3, 4]));
-        a.pending.push_back((7, vec![8]));
+        a.add_pending(5, vec![3, 4]);
+        a.add_pending(7, vec![8]);
         a.release(4, |_| {});
         assert!(a.free.is_empty());
         a.release(6, |_| {});

@@ -145,6 +145,8 @@ pub(crate) struct Shared {
     writer: Mutex<WriterState>,
     journal: Mutex<JournalStage>,
     journal_turn: Condvar,
+    /// (free, pending, total) pages, refreshed under the writer lock.
+    alloc_summary: Mutex<(u64, u64, u64)>,
     pub(crate) queue: CommitQueue,
     poisoned: Mutex<Option<String>>,
     flusher_tx: Mutex<Option<mpsc::Sender<FlushMsg>>>,
@@ -211,6 +213,11 @@ impl Shared {
         let horizon = self.oldest_reader().min(self.synced_txn_id.load(SeqCst));
         let store = &self.store;
         w.alloc.release(horizon, |pages| store.forget(pages));
+        *self.alloc_summary.lock() = (
+            w.alloc.free.len() as u64,
+            w.alloc.pending_len(),
+            w.alloc.page_count,
+        );
         // Built on the latest commit, which may still be waiting for its journal write.
         let base = w.latest;
         Ok(WriteTxn {
@@ -261,7 +268,12 @@ impl Shared {
             sealed.into_iter().map(|(n, r)| (n, Arc::new(r))).collect();
         let mut freed = txn.freed_committed.clone();
         freed.extend_from_slice(&txn.local_free);
-        let page_bytes: usize = pages.iter().map(|(_, r)| r.bytes().len()).sum();
+        // An upper bound of the record body: page bytes, image headers, freed list.
+        let page_bytes: usize = pages
+            .iter()
+            .map(|(_, r)| r.bytes().len() + 64)
+            .sum::<usize>()
+            + (txn.freed_committed.len() + txn.local_free.len()) * 8;
         if page_bytes > crate::journal::record::MAX_RECORD_BODY {
             txn.rollback();
             return Err(Error::TransactionTooLarge {
@@ -312,9 +324,13 @@ impl Shared {
         let bytes: u64 = pages.iter().map(|(_, r)| r.bytes().len() as u64).sum();
         self.unflushed_bytes.fetch_add(bytes, SeqCst);
         w.alloc
-            .pending
-            .push_back((txn.txn_id, std::mem::take(&mut txn.freed_committed)));
+            .add_pending(txn.txn_id, std::mem::take(&mut txn.freed_committed));
         w.alloc.free.extend(txn.local_free.drain(..));
+        *self.alloc_summary.lock() = (
+            w.alloc.free.len() as u64,
+            w.alloc.pending_len(),
+            w.alloc.page_count,
+        );
         w.latest = Snapshot {
             txn_id: txn.txn_id,
             catalog_root: txn.catalog_root,
@@ -484,6 +500,11 @@ impl Env {
             )
             .map_err(|e| Error::io(&data_path, None, "open data file", e))?;
         let store = PageStore::open(&data_path, data_file, opts.data_grow_step_bytes)?;
+        // What we read may be only in the OS's cache: a header whose fsync failed before
+        // a process restart is visible but not durable, and trusting it (reusing the
+        // pages its transactions freed, skipping their replay) would leave the journal
+        // unable to rebuild them after a later power loss. Make it durable now, or fail.
+        store.sync()?;
         let free: BTreeSet<PageNo> = header::read_freelist(vfs.as_ref(), &dir, &header)?
             .into_iter()
             .collect();
@@ -587,6 +608,7 @@ impl Env {
                 last_txn: outcome.last_txn_id,
             }),
             journal_turn: Condvar::new(),
+            alloc_summary: Mutex::new((free.len() as u64, 0, page_count)),
             queue: CommitQueue::default(),
             poisoned: Mutex::new(None),
             flusher_tx: Mutex::new(None),
@@ -690,14 +712,9 @@ impl Env {
 
     pub fn stats(&self) -> Stats {
         let c = &self.shared.counters;
-        let (free, pending, page_count) = {
-            let w = self.shared.writer.lock();
-            (
-                w.alloc.free.len() as u64,
-                w.alloc.pending_len(),
-                w.alloc.page_count,
-            )
-        };
+        // As of the last commit or transaction start: never waits for the writer
+        // (stats may be called while holding a write transaction).
+        let (free, pending, page_count) = *self.shared.alloc_summary.lock();
         let (last, readers) = {
             let s = self.shared.snap.lock();
             (s.current.txn_id, s.readers.values().sum::<usize>() as u64)
@@ -776,17 +793,15 @@ impl Env {
     /// Walks every tree and page of the current state and reports problems. Holds
     /// the writer lock meanwhile, so the free list and the snapshot agree.
     pub fn check(&self) -> Result<crate::check::CheckReport> {
+        let w = self.shared.writer.lock();
+        // The free list includes commits still in flight: let them become visible.
+        self.shared.wait_journal_idle(w.latest.txn_id);
         if let Some(why) = self.shared.poison_reason() {
             // The in-memory free list includes commits that never became durable.
             return Err(Error::Poisoned(why));
         }
-        let w = self.shared.writer.lock();
-        // The free list includes commits still in flight: let them become visible.
-        self.shared.wait_journal_idle(w.latest.txn_id);
         let mut free: BTreeSet<PageNo> = w.alloc.free.clone();
-        for (_, pages) in &w.alloc.pending {
-            free.extend(pages.iter().copied());
-        }
+        free.extend(w.alloc.pending_pages());
         let txn = self.begin_read()?;
         let report = crate::check::run(&txn, &free);
         drop(txn);

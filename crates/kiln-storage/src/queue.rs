@@ -266,9 +266,10 @@ impl Shared {
                     let why = txn.broken_reason();
                     txn.rollback_to_savepoint();
                     q.units_failed.fetch_add(1, Relaxed);
-                    job.answer.tell(Word::Done(Err(Error::Poisoned(format!(
-                        "an operation of this unit failed and the unit went on: {why}"
-                    )))));
+                    job.answer.tell(Word::Done(Err(Error::UnitFailed(
+                        format!("an operation of this unit failed and the unit went on: {why}")
+                            .into(),
+                    ))));
                 }
                 Ok(Ok(())) => {
                     txn.release_savepoint();

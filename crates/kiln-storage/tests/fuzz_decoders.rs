@@ -1,8 +1,9 @@
 //! Fuzzing the decoders of bytes read from disk (a proptest harness: cargo-fuzz needs
 //! a nightly toolchain, which this machine does not have). Arbitrary bytes, and
 //! valid records and pages with bytes changed and checksums recomputed (to get past
-//! the checksum and into the parser), give an error, never a panic, a hang or an
-//! allocation beyond the input's size.
+//! the checksum and into the parser), give an error, never a panic. (Hangs and huge
+//! allocations are prevented by construction — every length is checked against the
+//! bytes that remain before anything is allocated — not measured here.)
 
 use kiln_storage::journal::record;
 use kiln_storage::page::{self, hdr, PAGE_SIZE};

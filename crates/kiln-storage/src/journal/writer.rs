@@ -284,6 +284,7 @@ impl JournalWriter {
         let size = file
             .len()
             .map_err(|e| Error::io(&path, None, "stat journal file", e))?;
+        counters.journal_direct_io_active.store(direct_io, Relaxed);
         Ok(JournalWriter {
             vfs,
             files,
@@ -320,6 +321,7 @@ impl JournalWriter {
             .open(&self.current.path, mode)
             .map_err(|e| Error::io(&self.current.path, None, "open journal file", e))?;
         self.direct_io = false;
+        self.note_direct_io();
         Ok(())
     }
 
