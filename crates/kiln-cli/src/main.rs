@@ -1,6 +1,7 @@
 //! `kiln`: the command-line tool.
 
 mod bench;
+mod diskbench;
 mod rawdisk;
 
 use clap::{Parser, Subcommand};
@@ -63,6 +64,10 @@ enum Command {
     },
     /// Run benchmark workloads from shared/BENCHMARKS.md against Kiln and the raw disk.
     Bench(bench::BenchArgs),
+    /// Measure what the disk itself does: sequential writes in every journal mode,
+    /// durable writes by size, concurrent durable writers; tells a slow or lying disk
+    /// from a slow database.
+    DiskBench(diskbench::DiskBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -191,6 +196,7 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
             print_stats(&env.stats(), json);
         }
         Command::Bench(args) => bench::run(args)?,
+        Command::DiskBench(args) => diskbench::run(args)?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,13 +1,367 @@
-//! What the disk itself does: durable O_DIRECT|O_DSYNC writes into a preallocated,
-//! already-written file — the physical floor under a journal commit.
+//! What the disk itself does: timed sequential writes into a preallocated file, in
+//! any of the ways a journal can make them durable. `durable_writes` (O_DIRECT|O_DSYNC
+//! into an already-written file) is the physical floor under a journal commit; it is
+//! what `kiln bench` compares against, and `kiln disk-bench` reports all the modes.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::Path;
-use std::time::Instant;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The alignment O_DIRECT needs for buffers, offsets and lengths (enough for every
+/// logical block size in use).
+pub const ALIGN: usize = 4096;
 
 #[repr(C, align(4096))]
-struct Block([u8; 4096]);
+#[derive(Clone)]
+struct Block([u8; ALIGN]);
+
+/// A 4096-aligned buffer of whole blocks, usable for O_DIRECT writes.
+pub struct AlignedBuf {
+    blocks: Vec<Block>,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// `len` bytes of incompressible filler (rounded up to whole blocks underneath), so
+    /// a device or host that compresses or deduplicates cannot make writes look cheap.
+    pub fn new(len: usize) -> AlignedBuf {
+        let mut b = AlignedBuf {
+            blocks: vec![Block([0; ALIGN]); len.div_ceil(ALIGN).max(1)],
+            len,
+        };
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for chunk in b.bytes_mut().chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+        }
+        b
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: Block is repr(C) around bytes; the Vec is contiguous and holds at
+        // least `len` bytes.
+        unsafe { std::slice::from_raw_parts(self.blocks.as_ptr().cast::<u8>(), self.len) }
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, and we hold the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.blocks.as_mut_ptr().cast::<u8>(), self.len) }
+    }
+}
+
+/// An I/O error together with what was being done and to which file.
+#[derive(Debug)]
+pub struct RawDiskError {
+    pub op: &'static str,
+    pub path: PathBuf,
+    pub source: std::io::Error,
+}
+
+impl std::fmt::Display for RawDiskError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.op, self.path.display(), self.source)
+    }
+}
+
+impl std::error::Error for RawDiskError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+fn err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> RawDiskError + 'a {
+    move |source| RawDiskError {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// How each write is made durable (or not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteMode {
+    /// pwrite into the page cache, never synced while timed.
+    Buffered,
+    /// pwrite, then fsync after each write.
+    BufferedFsync,
+    /// pwrite, then fdatasync after each write.
+    BufferedFdatasync,
+    /// pwrite on an O_DSYNC descriptor.
+    Dsync,
+    /// pwrite on an O_DIRECT descriptor, never synced while timed.
+    Direct,
+    /// pwrite on an O_DIRECT|O_DSYNC descriptor: what a journal commit costs.
+    DirectDsync,
+}
+
+impl WriteMode {
+    pub const ALL: [WriteMode; 6] = [
+        WriteMode::Buffered,
+        WriteMode::BufferedFsync,
+        WriteMode::BufferedFdatasync,
+        WriteMode::Dsync,
+        WriteMode::Direct,
+        WriteMode::DirectDsync,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            WriteMode::Buffered => "buffered",
+            WriteMode::BufferedFsync => "buffered+fsync",
+            WriteMode::BufferedFdatasync => "buffered+fdatasync",
+            WriteMode::Dsync => "O_DSYNC",
+            WriteMode::Direct => "O_DIRECT",
+            WriteMode::DirectDsync => "O_DIRECT|O_DSYNC",
+        }
+    }
+
+    /// Whether each write is on stable storage when the timed call returns.
+    pub fn durable(self) -> bool {
+        !matches!(self, WriteMode::Buffered | WriteMode::Direct)
+    }
+
+    pub fn wants_direct(self) -> bool {
+        matches!(self, WriteMode::Direct | WriteMode::DirectDsync)
+    }
+
+    fn open_flags(self) -> i32 {
+        match self {
+            WriteMode::Dsync => libc::O_DSYNC,
+            WriteMode::Direct => libc::O_DIRECT,
+            WriteMode::DirectDsync => libc::O_DIRECT | libc::O_DSYNC,
+            _ => 0,
+        }
+    }
+
+    /// What is measured instead when the file system refuses O_DIRECT.
+    fn without_direct(self) -> WriteMode {
+        match self {
+            WriteMode::Direct => WriteMode::Buffered,
+            WriteMode::DirectDsync => WriteMode::BufferedFdatasync,
+            m => m,
+        }
+    }
+}
+
+/// How a file's blocks were prepared before the timed writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prealloc {
+    /// fallocate, then every byte written with zeros and synced: the timed writes
+    /// overwrite blocks that are already allocated and written (a recycled journal).
+    ZeroFilled,
+    /// fallocate only: the blocks are allocated but unwritten, so each durable write
+    /// also has to record that they now hold data (a fresh journal file).
+    Fallocated,
+    /// The file system has no fallocate: a sparse file of the right length.
+    Sparse,
+}
+
+impl Prealloc {
+    pub fn label(self) -> &'static str {
+        match self {
+            Prealloc::ZeroFilled => "zero-filled",
+            Prealloc::Fallocated => "fallocated",
+            Prealloc::Sparse => "sparse",
+        }
+    }
+}
+
+/// Creates (or truncates) `path` with `len` bytes prepared as asked (`ZeroFilled` or
+/// `Fallocated`), synced. `progress` is told the bytes zero-filled so far and returns
+/// false to stop early (an error of kind `Interrupted`). Returns what was actually done.
+pub fn preallocate(
+    path: &Path,
+    len: u64,
+    want: Prealloc,
+    progress: &mut dyn FnMut(u64) -> bool,
+) -> Result<Prealloc, RawDiskError> {
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(path)
+        .map_err(err("create", path))?;
+    // SAFETY: a valid descriptor; fallocate only reads its arguments.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
+    let mut done = if rc == 0 {
+        Prealloc::Fallocated
+    } else {
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => {
+                f.set_len(len).map_err(err("extend", path))?;
+                Prealloc::Sparse
+            }
+            _ => return Err(err("fallocate", path)(e)),
+        }
+    };
+    if want == Prealloc::ZeroFilled {
+        let zeros = vec![0u8; 1 << 20];
+        let mut off = 0;
+        while off < len {
+            let n = zeros.len().min((len - off) as usize);
+            f.write_all_at(&zeros[..n], off)
+                .map_err(err("zero-fill", path))?;
+            off += n as u64;
+            if !progress(off) {
+                return Err(err("zero-fill", path)(
+                    std::io::ErrorKind::Interrupted.into(),
+                ));
+            }
+        }
+        done = Prealloc::ZeroFilled;
+    }
+    f.sync_all().map_err(err("fsync", path))?;
+    Ok(done)
+}
+
+/// A descriptor opened for one write mode.
+pub struct WriteFile {
+    file: File,
+    path: PathBuf,
+    /// The mode measured: the one asked for, or its fallback when O_DIRECT is refused.
+    pub mode: WriteMode,
+    pub direct_io: bool,
+    /// O_DIRECT was asked for and refused (EINVAL: tmpfs before Linux 6.6, some FUSE
+    /// and network file systems); `mode` is the buffered stand-in.
+    pub direct_io_refused: bool,
+}
+
+/// Opens the existing file `path` for writes in `mode`, falling back to buffered
+/// writes (with fdatasync when the mode is durable) if O_DIRECT is refused.
+pub fn open_for_writes(path: &Path, mode: WriteMode) -> Result<WriteFile, RawDiskError> {
+    let open = |m: WriteMode| {
+        OpenOptions::new()
+            .write(true)
+            .custom_flags(m.open_flags())
+            .open(path)
+    };
+    match open(mode) {
+        Ok(file) => Ok(WriteFile {
+            file,
+            path: path.to_path_buf(),
+            mode,
+            direct_io: mode.wants_direct(),
+            direct_io_refused: false,
+        }),
+        Err(e) if mode.wants_direct() && e.raw_os_error() == Some(libc::EINVAL) => {
+            let m = mode.without_direct();
+            Ok(WriteFile {
+                file: open(m).map_err(err("open", path))?,
+                path: path.to_path_buf(),
+                mode: m,
+                direct_io: false,
+                direct_io_refused: true,
+            })
+        }
+        Err(e) => Err(err("open", path)(e)),
+    }
+}
+
+impl WriteFile {
+    /// Makes everything written so far durable (untimed, between measurements).
+    pub fn sync_all(&self) -> Result<(), RawDiskError> {
+        self.file.sync_all().map_err(err("fsync", &self.path))
+    }
+}
+
+/// The writes one stream made and how long each took.
+pub struct WriteRun {
+    pub writes: u64,
+    pub seconds: f64,
+    pub latencies_ms: Vec<f64>,
+    /// Stopped by the time bound (or by `keep_going`) before `max_writes`.
+    pub stopped_early: bool,
+}
+
+/// Times up to `max_writes` sequential writes of `buf` through `wf`, starting at
+/// `region_start` and wrapping around within `region_len` bytes, stopping once
+/// `max_time` has passed. `keep_going` is called after each write with the count so
+/// far and returns false to stop.
+pub fn timed_writes(
+    wf: &WriteFile,
+    buf: &mut AlignedBuf,
+    region_start: u64,
+    region_len: u64,
+    max_writes: u64,
+    max_time: Duration,
+    keep_going: &mut dyn FnMut(u64) -> bool,
+) -> Result<WriteRun, RawDiskError> {
+    let size = buf.bytes().len() as u64;
+    let slots = (region_len / size.max(1)).max(1);
+    let mut lat = Vec::with_capacity(max_writes.min(1 << 20) as usize);
+    let start = Instant::now();
+    let mut writes = 0;
+    let mut stopped_early = false;
+    while writes < max_writes {
+        // A different payload each time, as a log would write.
+        let stamp = writes.to_le_bytes();
+        let n = stamp.len().min(buf.bytes().len());
+        buf.bytes_mut()[..n].copy_from_slice(&stamp[..n]);
+        let off = region_start + (writes % slots) * size;
+        let t = Instant::now();
+        wf.file
+            .write_all_at(buf.bytes(), off)
+            .map_err(err("write", &wf.path))?;
+        match wf.mode {
+            WriteMode::BufferedFsync => wf.file.sync_all().map_err(err("fsync", &wf.path))?,
+            WriteMode::BufferedFdatasync => {
+                wf.file.sync_data().map_err(err("fdatasync", &wf.path))?
+            }
+            _ => {}
+        }
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+        writes += 1;
+        if writes < max_writes && (start.elapsed() >= max_time || !keep_going(writes)) {
+            stopped_early = true;
+            break;
+        }
+    }
+    Ok(WriteRun {
+        writes,
+        seconds: start.elapsed().as_secs_f64(),
+        latencies_ms: lat,
+        stopped_early,
+    })
+}
+
+/// Mean and percentiles (nearest rank) of latencies in ms.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LatencySummary {
+    pub mean_ms: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+pub fn summarize(lat: &mut [f64]) -> LatencySummary {
+    let mean_ms = lat.iter().sum::<f64>() / lat.len().max(1) as f64;
+    lat.sort_by(f64::total_cmp);
+    let q = |f: f64| {
+        lat.get(((lat.len() as f64 * f) as usize).min(lat.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    LatencySummary {
+        mean_ms,
+        p50_ms: q(0.5),
+        p99_ms: q(0.99),
+        max_ms: lat.last().copied().unwrap_or(0.0),
+    }
+}
+
+/// Removes a file when dropped, whatever happened in between.
+pub struct RemoveOnDrop(pub PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
 
 pub struct RawDiskResult {
     /// Total time / writes: comparable with a workload's ms per commit.
@@ -24,61 +378,29 @@ pub fn durable_writes(
     dir: &Path,
     write_size: usize,
     writes: usize,
-) -> std::io::Result<RawDiskResult> {
+) -> Result<RawDiskResult, RawDiskError> {
     let path = dir.join(format!("rawdisk-{}.kiln-tmp", std::process::id()));
+    let _remove = RemoveOnDrop(path.clone());
     let file_len = (write_size * writes) as u64;
-    {
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .open(&path)?;
-        let zeros = vec![0u8; 1 << 20];
-        let mut off = 0;
-        while off < file_len {
-            let n = zeros.len().min((file_len - off) as usize);
-            f.write_all_at(&zeros[..n], off)?;
-            off += n as u64;
-        }
-        f.sync_all()?;
-    }
-    let direct = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
-        .open(&path);
-    let (file, is_direct) = match direct {
-        Ok(f) => (f, true),
-        Err(_) => (OpenOptions::new().write(true).open(&path)?, false),
-    };
-    let mut buf: Vec<Block> = (0..write_size.div_ceil(4096))
-        .map(|_| Block([0xA5; 4096]))
-        .collect();
-    // SAFETY: Block is repr(C) around bytes; the Vec is contiguous.
-    let bytes =
-        unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len() * 4096) };
-    let mut lat = Vec::with_capacity(writes);
-    for i in 0..writes {
-        bytes[0] = i as u8;
-        let t = Instant::now();
-        file.write_all_at(&bytes[..write_size], (i * write_size) as u64)?;
-        if !is_direct {
-            file.sync_data()?;
-        }
-        lat.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    drop(file);
-    let _ = std::fs::remove_file(&path);
-    let mean_ms = lat.iter().sum::<f64>() / lat.len().max(1) as f64;
-    lat.sort_by(f64::total_cmp);
-    let q = |f: f64| {
-        lat.get(((lat.len() as f64 * f) as usize).min(lat.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or(0.0)
-    };
+    preallocate(&path, file_len, Prealloc::ZeroFilled, &mut |_| true)?;
+    let wf = open_for_writes(&path, WriteMode::DirectDsync)?;
+    let mut buf = AlignedBuf::new(write_size);
+    let mut run = timed_writes(
+        &wf,
+        &mut buf,
+        0,
+        file_len,
+        writes as u64,
+        Duration::MAX,
+        &mut |_| true,
+    )?;
+    let direct_io = wf.direct_io;
+    drop(wf);
+    let s = summarize(&mut run.latencies_ms);
     Ok(RawDiskResult {
-        mean_ms,
-        p50_ms: q(0.5),
-        p99_ms: q(0.99),
-        direct_io: is_direct,
+        mean_ms: s.mean_ms,
+        p50_ms: s.p50_ms,
+        p99_ms: s.p99_ms,
+        direct_io,
     })
 }

@@ -1,0 +1,1047 @@
+//! `kiln disk-bench`: what the disk really does, so a slow or lying disk can be told
+//! apart from a slow database. Sequential writes in every journal mode, durable
+//! writes of several sizes, and concurrent durable writers, each row with writes/s,
+//! MB/s and p50/p99 latency; then a few lines of interpretation.
+
+use crate::rawdisk::{
+    open_for_writes, preallocate, summarize, timed_writes, AlignedBuf, LatencySummary, Prealloc,
+    RawDiskError, WriteMode,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+const KIB: usize = 1024;
+const MIB: u64 = 1 << 20;
+/// The journal's write size, and the size of the journal-mode and concurrent rows.
+const JOURNAL_WRITE: usize = 16 * KIB;
+/// Below this p50, a durable 16 KiB write cannot have reached stable media through a
+/// real flush (unless the device has a power-loss-protected cache).
+const LYING_P50_MS: f64 = 0.020;
+
+#[derive(clap::Args)]
+pub struct DiskBenchArgs {
+    /// Directory to write in; created if missing (and then removed afterwards).
+    #[arg(long, default_value = "./kiln-disk-bench")]
+    dir: PathBuf,
+    /// One JSON object per row on stdout, then one summary object.
+    #[arg(long)]
+    json: bool,
+    /// 4,096 writes and about 1 s per test instead of 65,536 writes and about 5 s.
+    #[arg(long)]
+    quick: bool,
+    /// Time bound per test in seconds (overrides the one --quick or the default sets).
+    #[arg(long, hide = true)]
+    max_seconds_per_test: Option<f64>,
+    /// Free space required beyond what the run writes, in bytes (default: 64 MiB plus
+    /// a tenth of what it writes).
+    #[arg(long, hide = true)]
+    margin_bytes: Option<u64>,
+}
+
+#[derive(Debug)]
+pub enum DiskBenchError {
+    /// An I/O error on one of the benchmark's files.
+    Io(RawDiskError),
+    /// An I/O error on the directory itself.
+    Dir {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    NotADirectory(PathBuf),
+    NoSpace {
+        dir: PathBuf,
+        need: u64,
+        margin: u64,
+        free: u64,
+    },
+    BadArgument(String),
+    Interrupted,
+    WriterPanicked,
+}
+
+impl std::fmt::Display for DiskBenchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DiskBenchError::Io(e) => write!(f, "disk-bench: {e}"),
+            DiskBenchError::Dir { op, path, source } => {
+                write!(f, "disk-bench: {op} {}: {source}", path.display())
+            }
+            DiskBenchError::NotADirectory(p) => {
+                write!(
+                    f,
+                    "disk-bench: {} exists and is not a directory",
+                    p.display()
+                )
+            }
+            DiskBenchError::NoSpace {
+                dir,
+                need,
+                margin,
+                free,
+            } => write!(
+                f,
+                "disk-bench: not enough free space in {}: the run writes {} MiB and wants {} MiB \
+                 more as a margin, but only {} MiB are free to this user; free some space or \
+                 pass --dir on another file system (--quick writes 128 MiB)",
+                dir.display(),
+                need / MIB,
+                margin / MIB,
+                free / MIB
+            ),
+            DiskBenchError::BadArgument(s) => write!(f, "disk-bench: {s}"),
+            DiskBenchError::Interrupted => {
+                write!(f, "disk-bench: interrupted; its files were removed")
+            }
+            DiskBenchError::WriterPanicked => write!(f, "disk-bench: a writer thread panicked"),
+        }
+    }
+}
+
+impl std::error::Error for DiskBenchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DiskBenchError::Io(e) => Some(e),
+            DiskBenchError::Dir { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl From<RawDiskError> for DiskBenchError {
+    fn from(e: RawDiskError) -> Self {
+        if e.source.kind() == std::io::ErrorKind::Interrupted && interrupted() {
+            DiskBenchError::Interrupted
+        } else {
+            DiskBenchError::Io(e)
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, DiskBenchError>;
+
+// ---- Ctrl-C: stop at the next write, so the guard can remove the files ----
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+    // A second signal kills the process as usual. signal() is async-signal-safe.
+    // SAFETY: restoring the default disposition.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+    }
+}
+
+fn catch_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic and calls signal().
+        unsafe {
+            libc::signal(
+                sig,
+                on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            );
+        }
+    }
+}
+
+fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
+// ---- the guard that removes what the run made ----
+
+/// Removes the files the run made and the directories it created, on every exit path.
+struct Cleanup {
+    files: Vec<PathBuf>,
+    /// Deepest first.
+    dirs: Vec<PathBuf>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for f in &self.files {
+            match std::fs::remove_file(f) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => eprintln!("warning: could not remove {}: {e}", f.display()),
+            }
+        }
+        for d in &self.dirs {
+            if let Err(e) = std::fs::remove_dir(d) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    eprintln!("warning: could not remove directory {}: {e}", d.display());
+                }
+            }
+        }
+    }
+}
+
+// ---- what to run ----
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Test {
+    JournalMode,
+    SingleStream,
+    Concurrent,
+}
+
+impl Test {
+    fn id(self) -> &'static str {
+        match self {
+            Test::JournalMode => "journal_mode",
+            Test::SingleStream => "single_stream",
+            Test::Concurrent => "concurrent",
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Spec {
+    test: Test,
+    mode: WriteMode,
+    size: usize,
+    writers: usize,
+    /// Into the fallocated (unwritten) file instead of the zero-filled one.
+    fresh: bool,
+}
+
+fn specs() -> Vec<Spec> {
+    let mut v = Vec::new();
+    for mode in WriteMode::ALL {
+        v.push(Spec {
+            test: Test::JournalMode,
+            mode,
+            size: JOURNAL_WRITE,
+            writers: 1,
+            fresh: false,
+        });
+    }
+    for size in [4 * KIB, 16 * KIB, 64 * KIB, 1024 * KIB] {
+        v.push(Spec {
+            test: Test::SingleStream,
+            mode: WriteMode::DirectDsync,
+            size,
+            writers: 1,
+            fresh: false,
+        });
+    }
+    v.push(Spec {
+        test: Test::SingleStream,
+        mode: WriteMode::DirectDsync,
+        size: JOURNAL_WRITE,
+        writers: 1,
+        fresh: true,
+    });
+    for writers in [1, 4, 8] {
+        v.push(Spec {
+            test: Test::Concurrent,
+            mode: WriteMode::DirectDsync,
+            size: JOURNAL_WRITE,
+            writers,
+            fresh: false,
+        });
+    }
+    v
+}
+
+struct Plan {
+    /// Write count bound per row (split between the writers of a concurrent row).
+    n: u64,
+    max_time: Duration,
+    /// Length of each of the two files: n 16 KiB writes never wrap around.
+    file_len: u64,
+}
+
+struct Row {
+    spec: Spec,
+    /// What was measured: `spec.mode`, or its buffered stand-in if O_DIRECT was refused.
+    measured: WriteMode,
+    direct_io: bool,
+    direct_io_refused: bool,
+    prealloc: Prealloc,
+    writes: u64,
+    max_writes: u64,
+    time_bounded: bool,
+    seconds: f64,
+    lat: LatencySummary,
+    /// The untimed fsync after a non-durable row: the cost it deferred.
+    settle_sync_ms: f64,
+}
+
+impl Row {
+    fn writes_per_sec(&self) -> f64 {
+        self.writes as f64 / self.seconds.max(1e-9)
+    }
+    fn mb_per_sec(&self) -> f64 {
+        self.writes_per_sec() * self.spec.size as f64 / 1e6
+    }
+    fn json(&self) -> Value {
+        json!({
+            "test": self.spec.test.id(),
+            "mode": self.spec.mode.label(),
+            "measured_mode": self.measured.label(),
+            "durable": self.measured.durable(),
+            "write_size_bytes": self.spec.size,
+            "writers": self.spec.writers,
+            "prealloc": self.prealloc.label(),
+            "writes": self.writes,
+            "max_writes": self.max_writes,
+            "time_bounded": self.time_bounded,
+            "seconds": self.seconds,
+            "writes_per_sec": self.writes_per_sec(),
+            "mb_per_sec": self.mb_per_sec(),
+            "mean_ms": self.lat.mean_ms,
+            "p50_ms": self.lat.p50_ms,
+            "p99_ms": self.lat.p99_ms,
+            "max_ms": self.lat.max_ms,
+            "direct_io": self.direct_io,
+            "direct_io_refused": self.direct_io_refused,
+            "settle_sync_ms": self.settle_sync_ms,
+        })
+    }
+}
+
+// ---- the run ----
+
+pub fn run(args: DiskBenchArgs) -> Result<()> {
+    let started = Instant::now();
+    let secs = args
+        .max_seconds_per_test
+        .unwrap_or(if args.quick { 1.0 } else { 5.0 });
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(DiskBenchError::BadArgument(format!(
+            "--max-seconds-per-test must be a positive number of seconds, not {secs}"
+        )));
+    }
+    let n: u64 = if args.quick { 4096 } else { 65_536 };
+    let plan = Plan {
+        n,
+        max_time: Duration::from_secs_f64(secs),
+        file_len: n * JOURNAL_WRITE as u64,
+    };
+    let dir = &args.dir;
+    if dir.exists() && !dir.is_dir() {
+        return Err(DiskBenchError::NotADirectory(dir.clone()));
+    }
+
+    // Refuse before making anything if the file system cannot take it.
+    let need = 2 * plan.file_len;
+    let margin = args.margin_bytes.unwrap_or(64 * MIB + need / 10);
+    let existing = nearest_existing(dir);
+    let free = free_bytes(&existing)?;
+    if free < need.saturating_add(margin) {
+        return Err(DiskBenchError::NoSpace {
+            dir: existing,
+            need,
+            margin,
+            free,
+        });
+    }
+
+    catch_signals();
+    let mut cleanup = Cleanup {
+        files: Vec::new(),
+        dirs: missing_ancestors(dir),
+    };
+    std::fs::create_dir_all(dir).map_err(|source| DiskBenchError::Dir {
+        op: "create directory",
+        path: dir.clone(),
+        source,
+    })?;
+    let facts = machine_facts(dir);
+    let pid = std::process::id();
+    let main_path = dir.join(format!("disk-bench-{pid}-written.kiln-tmp"));
+    let fresh_path = dir.join(format!("disk-bench-{pid}-fallocated.kiln-tmp"));
+    cleanup.files.push(main_path.clone());
+    cleanup.files.push(fresh_path.clone());
+
+    if !args.json {
+        print_header(dir, &facts, &plan, free);
+    }
+
+    let pb = bar(plan.file_len, "prepare", "zero-filling the test file");
+    let main_prealloc = preallocate(&main_path, plan.file_len, Prealloc::ZeroFilled, &mut |b| {
+        pb.set_position(b);
+        !interrupted()
+    })?;
+    pb.finish_and_clear();
+
+    let specs = specs();
+    let mut rows: Vec<Row> = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        if interrupted() {
+            return Err(DiskBenchError::Interrupted);
+        }
+        let label = format!("{}/{}", i + 1, specs.len());
+        if !args.json && (i == 0 || specs[i - 1].test != spec.test) {
+            print_section(spec.test, &plan);
+        }
+        let row = if spec.fresh {
+            let p = preallocate(
+                &fresh_path,
+                plan.file_len,
+                Prealloc::Fallocated,
+                &mut |_| true,
+            )?;
+            let row = single_row(*spec, &fresh_path, p, &plan, &label)?;
+            let _ = std::fs::remove_file(&fresh_path);
+            row
+        } else if spec.test == Test::Concurrent {
+            concurrent_row(*spec, &main_path, main_prealloc, &plan, &label)?
+        } else {
+            single_row(*spec, &main_path, main_prealloc, &plan, &label)?
+        };
+        if args.json {
+            println!("{}", row.json());
+        } else {
+            print_row(&row);
+        }
+        rows.push(row);
+    }
+
+    let notes = interpret(&rows, &facts);
+    if args.json {
+        let mut summary = json!({
+            "test": "summary",
+            "dir": dir.display().to_string(),
+            "quick": args.quick,
+            "max_writes_per_test": plan.n,
+            "max_seconds_per_test": secs,
+            "file_bytes": plan.file_len,
+            "free_bytes_before": free,
+            "lying_disk_suspected": notes.lying,
+            "memory_backed": memory_backed(&facts),
+            "interpretation": notes.lines,
+            "elapsed_seconds": started.elapsed().as_secs_f64(),
+        });
+        if let (Value::Object(s), Value::Object(f)) = (&mut summary, facts.json()) {
+            s.extend(f);
+        }
+        println!("{summary}");
+    } else {
+        if rows.iter().any(|r| r.time_bounded) {
+            println!(
+                "\n* stopped at the time bound ({secs} s) before {} writes",
+                plan.n
+            );
+        }
+        if rows.iter().any(|r| r.direct_io_refused) {
+            println!(
+                "! O_DIRECT refused by the file system: measured with buffered writes \
+                 (plus fdatasync after each write where the mode is durable)"
+            );
+        }
+        println!("\ninterpretation:");
+        for l in &notes.lines {
+            println!("  {l}");
+        }
+        println!(
+            "(done in {:.0} s; its files are removed)",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    drop(cleanup);
+    Ok(())
+}
+
+fn bar(len: u64, prefix: &str, msg: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template("{prefix:>7} [{bar:30}] {msg} {elapsed}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(prefix.to_string());
+    pb.set_message(msg.to_string());
+    pb
+}
+
+fn row_message(spec: &Spec) -> String {
+    format!(
+        "{} {} {} KiB x{}{}",
+        spec.test.id(),
+        spec.mode.label(),
+        spec.size / KIB,
+        spec.writers,
+        if spec.fresh { " fallocated" } else { "" }
+    )
+}
+
+/// Progress toward whichever bound comes first, in thousandths.
+fn permille(done: u64, max: u64, start: Instant, max_time: Duration) -> u64 {
+    let by_count = done as f64 / max.max(1) as f64;
+    let by_time = start.elapsed().as_secs_f64() / max_time.as_secs_f64();
+    (by_count.max(by_time).min(1.0) * 1000.0) as u64
+}
+
+fn single_row(
+    spec: Spec,
+    path: &Path,
+    prealloc: Prealloc,
+    plan: &Plan,
+    label: &str,
+) -> Result<Row> {
+    let wf = open_for_writes(path, spec.mode)?;
+    let mut buf = AlignedBuf::new(spec.size);
+    let pb = bar(1000, label, &row_message(&spec));
+    let start = Instant::now();
+    let mut run = timed_writes(
+        &wf,
+        &mut buf,
+        0,
+        plan.file_len,
+        plan.n,
+        plan.max_time,
+        &mut |w| {
+            if w % 64 == 0 {
+                pb.set_position(permille(w, plan.n, start, plan.max_time));
+            }
+            !interrupted()
+        },
+    )?;
+    pb.finish_and_clear();
+    if interrupted() {
+        return Err(DiskBenchError::Interrupted);
+    }
+    let t = Instant::now();
+    wf.sync_all()?;
+    let settle_sync_ms = t.elapsed().as_secs_f64() * 1e3;
+    Ok(Row {
+        spec,
+        measured: wf.mode,
+        direct_io: wf.direct_io,
+        direct_io_refused: wf.direct_io_refused,
+        prealloc,
+        writes: run.writes,
+        max_writes: plan.n,
+        time_bounded: run.stopped_early,
+        seconds: run.seconds,
+        lat: summarize(&mut run.latencies_ms),
+        settle_sync_ms,
+    })
+}
+
+/// `spec.writers` threads, each writing its own region of the zero-filled file
+/// through its own descriptor; writes/s is the total over the wall time.
+fn concurrent_row(
+    spec: Spec,
+    path: &Path,
+    prealloc: Prealloc,
+    plan: &Plan,
+    label: &str,
+) -> Result<Row> {
+    let writers = spec.writers.max(1);
+    let per_writer = (plan.n / writers as u64).max(1);
+    let size = spec.size as u64;
+    let region = (plan.file_len / writers as u64) / size * size;
+    // Open every descriptor before any thread waits on the barrier.
+    let files = (0..writers)
+        .map(|_| open_for_writes(path, spec.mode))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let barrier = Barrier::new(writers + 1);
+    let count = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let pb = bar(1000, label, &row_message(&spec));
+    let (start, results) = std::thread::scope(|s| {
+        let handles: Vec<_> = files
+            .iter()
+            .enumerate()
+            .map(|(i, wf)| {
+                let (barrier, count, stop) = (&barrier, &count, &stop);
+                s.spawn(move || {
+                    let mut buf = AlignedBuf::new(spec.size);
+                    barrier.wait();
+                    let r = timed_writes(
+                        wf,
+                        &mut buf,
+                        i as u64 * region,
+                        region,
+                        per_writer,
+                        plan.max_time,
+                        &mut |_| {
+                            count.fetch_add(1, Ordering::Relaxed);
+                            !stop.load(Ordering::Relaxed)
+                        },
+                    );
+                    if r.is_err() {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                    (r, Instant::now())
+                })
+            })
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        while !handles.iter().all(|h| h.is_finished()) {
+            if interrupted() {
+                stop.store(true, Ordering::Relaxed);
+            }
+            pb.set_position(permille(
+                count.load(Ordering::Relaxed),
+                per_writer * writers as u64,
+                start,
+                plan.max_time,
+            ));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let results: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
+        (start, results)
+    });
+    pb.finish_and_clear();
+    if interrupted() {
+        return Err(DiskBenchError::Interrupted);
+    }
+    let mut lat = Vec::new();
+    let mut writes = 0;
+    let mut end = start;
+    let mut time_bounded = false;
+    for r in results {
+        let (run, finished) = r.map_err(|_| DiskBenchError::WriterPanicked)?;
+        let run = run?;
+        writes += run.writes;
+        time_bounded |= run.stopped_early;
+        lat.extend(run.latencies_ms);
+        end = end.max(finished);
+    }
+    let t = Instant::now();
+    files[0].sync_all()?;
+    let settle_sync_ms = t.elapsed().as_secs_f64() * 1e3;
+    Ok(Row {
+        spec,
+        measured: files[0].mode,
+        direct_io: files[0].direct_io,
+        direct_io_refused: files[0].direct_io_refused,
+        prealloc,
+        writes,
+        max_writes: per_writer * writers as u64,
+        time_bounded,
+        seconds: (end - start).as_secs_f64(),
+        lat: summarize(&mut lat),
+        settle_sync_ms,
+    })
+}
+
+// ---- the directory and the machine ----
+
+fn nearest_existing(dir: &Path) -> PathBuf {
+    let mut p = dir;
+    loop {
+        if p.as_os_str().is_empty() {
+            return PathBuf::from(".");
+        }
+        if p.exists() {
+            return p.to_path_buf();
+        }
+        match p.parent() {
+            Some(q) => p = q,
+            None => return PathBuf::from("."),
+        }
+    }
+}
+
+/// The directories `create_dir_all(dir)` would create, deepest first.
+fn missing_ancestors(dir: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    let mut p = dir;
+    while !p.as_os_str().is_empty() && !p.exists() {
+        v.push(p.to_path_buf());
+        match p.parent() {
+            Some(q) => p = q,
+            None => break,
+        }
+    }
+    v
+}
+
+fn c_path(p: &Path) -> Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| DiskBenchError::BadArgument(format!("path {} holds a NUL", p.display())))
+}
+
+/// Bytes an unprivileged user can still allocate on the file system holding `p`.
+fn free_bytes(p: &Path) -> Result<u64> {
+    let c = c_path(p)?;
+    // SAFETY: a zeroed statvfs is a valid out-parameter; `c` is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(DiskBenchError::Dir {
+            op: "statvfs",
+            path: p.to_path_buf(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+#[derive(Default)]
+struct Facts {
+    cores: Option<usize>,
+    kernel: Option<String>,
+    fs_type: Option<String>,
+    fs_magic: Option<u64>,
+    mount_point: Option<String>,
+    mount_source: Option<String>,
+    mount_options: Option<String>,
+    block_device: Option<String>,
+    write_cache: Option<String>,
+    rotational: Option<bool>,
+    model: Option<String>,
+}
+
+impl Facts {
+    fn json(&self) -> Value {
+        json!({
+            "cores": self.cores,
+            "kernel": self.kernel,
+            "fs_type": self.fs_type,
+            "fs_magic": self.fs_magic.map(|m| format!("{m:#x}")),
+            "mount_point": self.mount_point,
+            "mount_source": self.mount_source,
+            "mount_options": self.mount_options,
+            "block_device": self.block_device,
+            "write_cache": self.write_cache,
+            "rotational": self.rotational,
+            "model": self.model,
+        })
+    }
+}
+
+fn read_trimmed(p: impl AsRef<Path>) -> Option<String> {
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+fn fs_name(magic: u64) -> Option<&'static str> {
+    Some(match magic {
+        0xEF53 => "ext2/3/4",
+        0x5846_5342 => "xfs",
+        0x9123_683E => "btrfs",
+        0x0102_1994 => "tmpfs",
+        0x794C_7630 => "overlayfs",
+        0x6969 => "nfs",
+        0x2FC1_2FC1 => "zfs",
+        0xF2F5_2010 => "f2fs",
+        0x6573_5546 => "fuse",
+        0xCA45_1A4E => "bcachefs",
+        0x5346_544E => "ntfs",
+        0x4d44 => "vfat",
+        _ => return None,
+    })
+}
+
+/// Undoes the octal escapes (\040 for a space) of /proc/mounts.
+fn unescape_mount(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Cheap facts: cores, kernel, file system, mount options and the block device's
+/// write-cache setting; whatever cannot be read is left out.
+fn machine_facts(dir: &Path) -> Facts {
+    let mut f = Facts {
+        cores: std::thread::available_parallelism().ok().map(|n| n.get()),
+        kernel: read_trimmed("/proc/sys/kernel/osrelease"),
+        ..Facts::default()
+    };
+    if let Ok(c) = c_path(dir) {
+        // SAFETY: zeroed out-parameter, NUL-terminated path.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 {
+            f.fs_magic = Some((st.f_type as u64) & 0xFFFF_FFFF);
+        }
+    }
+    let canon = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    if let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") {
+        let mut best: Option<(usize, Vec<String>)> = None;
+        for line in mounts.lines() {
+            let fields: Vec<String> = line.split_whitespace().map(unescape_mount).collect();
+            if fields.len() < 4 || !canon.starts_with(&fields[1]) {
+                continue;
+            }
+            // Later entries over the same mount point shadow earlier ones.
+            if best.as_ref().is_none_or(|(len, _)| fields[1].len() >= *len) {
+                best = Some((fields[1].len(), fields));
+            }
+        }
+        if let Some((_, fields)) = best {
+            f.mount_source = Some(fields[0].clone());
+            f.mount_point = Some(fields[1].clone());
+            f.fs_type = Some(fields[2].clone());
+            f.mount_options = Some(fields[3].clone());
+        }
+    }
+    if f.fs_type.is_none() {
+        f.fs_type = f.fs_magic.and_then(fs_name).map(str::to_string);
+    }
+    if let Ok(md) = std::fs::metadata(dir) {
+        use std::os::unix::fs::MetadataExt;
+        let dev = md.dev();
+        let (major, minor) = (libc::major(dev), libc::minor(dev));
+        if let Ok(sys) = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")) {
+            // A partition's queue settings live with its whole disk.
+            let disk = if sys.join("queue").exists() {
+                Some(sys)
+            } else {
+                sys.parent()
+                    .filter(|p| p.join("queue").exists())
+                    .map(Path::to_path_buf)
+            };
+            if let Some(disk) = disk {
+                f.block_device = disk.file_name().map(|n| n.to_string_lossy().into_owned());
+                f.write_cache = read_trimmed(disk.join("queue/write_cache"));
+                f.rotational = read_trimmed(disk.join("queue/rotational")).map(|r| r == "1");
+                f.model = read_trimmed(disk.join("device/model"));
+            }
+        }
+    }
+    f
+}
+
+// ---- output ----
+
+fn print_header(dir: &Path, f: &Facts, plan: &Plan, free: u64) {
+    let or = |o: &Option<String>| o.clone().unwrap_or_else(|| "?".into());
+    println!(
+        "kiln disk-bench in {} ({} on {}, {}; {} MiB free)",
+        dir.display(),
+        or(&f.fs_type),
+        or(&f.mount_source),
+        or(&f.mount_options),
+        free / MIB
+    );
+    println!(
+        "machine: {} cores, kernel {}, block device {} (write cache: {}, rotational: {}{})",
+        f.cores.map_or("?".into(), |c| c.to_string()),
+        or(&f.kernel),
+        or(&f.block_device),
+        or(&f.write_cache),
+        f.rotational.map_or("?", |r| if r { "yes" } else { "no" }),
+        f.model
+            .as_ref()
+            .map_or(String::new(), |m| format!(", model {m}"))
+    );
+    println!(
+        "files: {} MiB zero-filled and synced first (every row overwrites already-written \
+         blocks, as a recycled journal does), except the 'fallocated' row, which writes into \
+         a fresh {} MiB fallocated file (unwritten extents, as a new journal file); each row \
+         stops after {} writes or {} s; MB = 10^6 bytes",
+        plan.file_len / MIB,
+        plan.file_len / MIB,
+        plan.n,
+        plan.max_time.as_secs_f64()
+    );
+}
+
+fn print_section(test: Test, plan: &Plan) {
+    let title = match test {
+        Test::JournalMode => {
+            "journal modes: 16 KiB sequential writes (buffered and O_DIRECT alone are not durable)"
+                .to_string()
+        }
+        Test::SingleStream => {
+            "single-stream durable writes (O_DIRECT|O_DSYNC), by write size".to_string()
+        }
+        Test::Concurrent => format!(
+            "concurrent durable writers: 16 KiB O_DIRECT|O_DSYNC, each thread its own region \
+             and descriptor, {} writes in all at most; writes/s is the total",
+            plan.n
+        ),
+    };
+    println!("\n{title}");
+    println!(
+        "  {:<19} {:>8} {:>7} {:<11} {:>8} {:>6} {:>10} {:>9} {:>8} {:>8}",
+        "mode",
+        "size",
+        "writers",
+        "prealloc",
+        "writes",
+        "s",
+        "writes/s",
+        "MB/s",
+        "p50 ms",
+        "p99 ms"
+    );
+}
+
+fn size_label(size: usize) -> String {
+    if size >= 1024 * KIB && size.is_multiple_of(1024 * KIB) {
+        format!("{} MiB", size / (1024 * KIB))
+    } else {
+        format!("{} KiB", size / KIB)
+    }
+}
+
+fn print_row(r: &Row) {
+    let mode = format!(
+        "{}{}",
+        r.spec.mode.label(),
+        if r.direct_io_refused { "!" } else { "" }
+    );
+    let writes = format!("{}{}", r.writes, if r.time_bounded { "*" } else { " " });
+    let mut line = format!(
+        "  {:<19} {:>8} {:>7} {:<11} {:>9} {:>6.2} {:>10.0} {:>9.1} {:>8.3} {:>8.3}",
+        mode,
+        size_label(r.spec.size),
+        r.spec.writers,
+        r.prealloc.label(),
+        writes,
+        r.seconds,
+        r.writes_per_sec(),
+        r.mb_per_sec(),
+        r.lat.p50_ms,
+        r.lat.p99_ms
+    );
+    if !r.measured.durable() {
+        line.push_str(&format!("  (then fsync: {:.1} ms)", r.settle_sync_ms));
+    }
+    println!("{line}");
+}
+
+fn memory_backed(f: &Facts) -> bool {
+    matches!(f.fs_type.as_deref(), Some("tmpfs" | "ramfs"))
+        || f.fs_magic
+            .is_some_and(|m| m == 0x0102_1994 || m == 0x8584_58F6)
+}
+
+struct Notes {
+    lines: Vec<String>,
+    lying: bool,
+}
+
+fn interpret(rows: &[Row], f: &Facts) -> Notes {
+    let find = |test: Test, mode: WriteMode, writers: usize, fresh: bool| {
+        rows.iter().find(|r| {
+            r.spec.test == test
+                && r.spec.mode == mode
+                && r.spec.size == JOURNAL_WRITE
+                && r.spec.writers == writers
+                && r.spec.fresh == fresh
+        })
+    };
+    let mut lines = Vec::new();
+    let mut lying = false;
+    let durable = find(Test::JournalMode, WriteMode::DirectDsync, 1, false);
+    let buffered = find(Test::JournalMode, WriteMode::Buffered, 1, false);
+    if let Some(d) = durable {
+        let how = if d.direct_io_refused {
+            "pwrite+fdatasync (O_DIRECT refused)"
+        } else {
+            "O_DIRECT|O_DSYNC"
+        };
+        let us = d.lat.p50_ms * 1e3;
+        if memory_backed(f) {
+            lines.push(format!(
+                "{} keeps files in memory: nothing written here survives a power cut or \
+                 reboot, so the durable rows ({us:.1} us p50 at 16 KiB) measure memory \
+                 copies, not a disk; run with --dir on the disk that will hold the data.",
+                f.fs_type.as_deref().unwrap_or("this file system")
+            ));
+        } else if d.lat.p50_ms < LYING_P50_MS {
+            lying = true;
+            lines.push(format!(
+                "LYING DISK? a durable 16 KiB {how} write takes {us:.1} us (p50): too fast for a \
+                 flush to stable media unless the device has a power-loss-protected cache; \
+                 acknowledged commits may be lost on power failure{}.",
+                match f.write_cache.as_deref() {
+                    Some("write through") =>
+                        " (the kernel sees a write-through cache, so it sends no flushes)",
+                    _ => "",
+                }
+            ));
+        } else {
+            lines.push(format!(
+                "a durable 16 KiB {how} write takes {:.3} ms (p50), so one stream of durable \
+                 commits tops out near {:.0}/s here; not fast enough to show that flushes are \
+                 ignored{} (only a power-cut test proves they are honoured).",
+                d.lat.p50_ms,
+                d.writes_per_sec(),
+                match f.write_cache.as_deref() {
+                    Some("write back") => ", and the kernel sends them to a write-back cache",
+                    Some("write through") => {
+                        ", though the kernel sees a write-through cache and sends none"
+                    }
+                    _ => "",
+                }
+            ));
+        }
+        if let Some(b) = buffered {
+            lines.push(format!(
+                "durable vs buffered: {:.0} vs {:.0} writes/s ({:.1}x); a database that is \
+                 much slower than the durable row is slow itself, one near it is bound by the disk.",
+                d.writes_per_sec(),
+                b.writes_per_sec(),
+                b.writes_per_sec() / d.writes_per_sec().max(1e-9)
+            ));
+        }
+    }
+    if let (Some(fs), Some(fds)) = (
+        find(Test::JournalMode, WriteMode::BufferedFsync, 1, false),
+        find(Test::JournalMode, WriteMode::BufferedFdatasync, 1, false),
+    ) {
+        let ratio = fs.lat.p50_ms / fds.lat.p50_ms.max(1e-9);
+        if ratio > 1.3 {
+            lines.push(format!(
+                "fsync costs {ratio:.1}x fdatasync per write (metadata flushed too): journals \
+                 should use fdatasync or O_DSYNC."
+            ));
+        }
+    }
+    if let (Some(fresh), Some(written)) = (
+        find(Test::SingleStream, WriteMode::DirectDsync, 1, true),
+        find(Test::SingleStream, WriteMode::DirectDsync, 1, false),
+    ) {
+        let ratio = fresh.lat.p50_ms / written.lat.p50_ms.max(1e-9);
+        if ratio > 1.3 {
+            lines.push(format!(
+                "durable writes into fallocated (unwritten) blocks cost {ratio:.1}x those into \
+                 already-written ones (each also commits an extent change): reuse zero-filled \
+                 journal files."
+            ));
+        }
+    }
+    if let (Some(one), Some(eight)) = (
+        find(Test::Concurrent, WriteMode::DirectDsync, 1, false),
+        find(Test::Concurrent, WriteMode::DirectDsync, 8, false),
+    ) {
+        let scale = eight.writes_per_sec() / one.writes_per_sec().max(1e-9);
+        lines.push(format!(
+            "8 concurrent durable writers reach {:.0} writes/s, {scale:.1}x one writer{}.",
+            eight.writes_per_sec(),
+            if scale < 1.5 {
+                ": the disk serialises flushes, so only group commit raises commits/s"
+            } else {
+                ": the disk overlaps flushes, so parallel commits pay off"
+            }
+        ));
+    }
+    if rows.iter().any(|r| r.direct_io_refused) {
+        lines.push(
+            "O_DIRECT was refused here: the figures go through the page cache, and a \
+             journal on this file system runs in its fallback mode."
+                .to_string(),
+        );
+    }
+    Notes { lines, lying }
+}
