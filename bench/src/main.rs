@@ -1,0 +1,833 @@
+//! Comparative benchmark: the workloads of shared/BENCHMARKS.md (W1-W6) run against
+//! Kiln and its peers (SQLite, LMDB, redb, fjall, RocksDB), each commit durable by the
+//! engine's own mechanism. The parameters are those of `kiln bench`
+//! (crates/kiln-cli/src/bench.rs): same seed, same key and value generation, same
+//! operation counts.
+//!
+//! The parent process runs every (engine, workload, run) in a child process — this
+//! binary re-executed — in a fresh directory under `--dir`, one after another. Each
+//! child prints one JSON line; the parent takes medians, prints a Markdown table with
+//! the ratio of Kiln to the best peer, and writes every figure to `--out`.
+
+mod engines;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::{rngs::SmallRng, Rng, RngCore, SeedableRng};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+include!(concat!(env!("OUT_DIR"), "/versions.rs"));
+
+/// The seed of `kiln bench`: every engine gets the same key and value sequence.
+const SEED: u64 = 0x4B494C4E;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kiln-bench",
+    about = "Kiln against its peers on the workloads of BENCHMARKS.md"
+)]
+struct Args {
+    /// Comma-separated engines: kiln, sqlite, lmdb, redb, fjall, rocksdb.
+    #[arg(long, default_value = "kiln,sqlite,lmdb,redb,fjall,rocksdb")]
+    engines: String,
+    /// Comma-separated workloads: W1, W2, W3, W4, W5, W6.
+    #[arg(long, default_value = "W1,W2,W3,W4,W5,W6")]
+    workloads: String,
+    /// 1/20 of the operations of every workload: the whole suite in about a minute.
+    #[arg(long)]
+    quick: bool,
+    /// Runs per engine and workload, the median reported. Default: 3, or 1 when the
+    /// first run takes over 10 s.
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Thread counts for W6.
+    #[arg(long, default_value = "1,8,64")]
+    threads: String,
+    /// Directory to run in: a fresh subdirectory per run, removed afterwards.
+    #[arg(long, default_value = "./bench-data")]
+    dir: PathBuf,
+    /// Where to write every figure as JSON.
+    #[arg(long, default_value = "bench-results.json")]
+    out: PathBuf,
+
+    /// (internal) Run one workload against one engine in this process.
+    #[arg(long, hide = true)]
+    child_engine: Option<String>,
+    #[arg(long, hide = true)]
+    child_workload: Option<String>,
+    #[arg(long, hide = true, default_value_t = 1)]
+    child_threads: u64,
+}
+
+// ---------------------------------------------------------------------------------
+// Workloads (run in the child)
+// ---------------------------------------------------------------------------------
+
+/// One figure a workload reports.
+fn row(name: &str, unit: &str, value: f64, lower_is_better: bool) -> Value {
+    json!({ "row": name, "unit": unit, "value": value, "lower_is_better": lower_is_better })
+}
+
+fn scaled(full: u64, quick: bool) -> u64 {
+    if quick {
+        (full / 20).max(1)
+    } else {
+        full
+    }
+}
+
+/// W1: transactions of one 16 KiB random value under a sequential 8-byte big-endian
+/// key, each durable.
+fn w1(db: &dyn engines::Engine, quick: bool) -> Result<(Vec<Value>, f64, Map<String, Value>)> {
+    let n = scaled(65_536, quick);
+    let mut rng = SmallRng::seed_from_u64(SEED);
+    let mut value = vec![0u8; 16 * 1024];
+    let start = Instant::now();
+    for i in 0..n {
+        rng.fill_bytes(&mut value);
+        db.commit(&[(&i.to_be_bytes(), &value)])?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let ms_per_commit = seconds * 1e3 / n as f64;
+    let mut extra = Map::new();
+    extra.insert("transactions".into(), json!(n));
+    extra.insert("total_ms".into(), json!(seconds * 1e3));
+    extra.insert("commits_per_sec".into(), json!(n as f64 / seconds));
+    Ok((
+        vec![row("W1 journal-16k", "ms/commit", ms_per_commit, true)],
+        seconds,
+        extra,
+    ))
+}
+
+/// W2/W3/W4 (and W5's data): `txns` durable transactions of `per_txn` puts of 16-byte
+/// keys and 100-byte random values, keys sequential big-endian or random, generated as
+/// `kiln bench` generates them. Returns the seconds taken and, if asked, the keys.
+fn fill(
+    db: &dyn engines::Engine,
+    txns: u64,
+    per_txn: u64,
+    sequential: bool,
+    keep_keys: bool,
+) -> Result<(f64, Vec<[u8; 16]>)> {
+    let mut rng = SmallRng::seed_from_u64(SEED);
+    let mut kept = Vec::new();
+    let mut keys = vec![[0u8; 16]; per_txn as usize];
+    let mut values = vec![[0u8; 100]; per_txn as usize];
+    let mut n = 0u64;
+    let start = Instant::now();
+    for _ in 0..txns {
+        for (key, value) in keys.iter_mut().zip(values.iter_mut()) {
+            if sequential {
+                *key = [0u8; 16];
+                key[8..].copy_from_slice(&n.to_be_bytes());
+            } else {
+                rng.fill(&mut key[..]);
+            }
+            n += 1;
+            rng.fill_bytes(value);
+        }
+        let pairs: Vec<engines::Pair> = keys
+            .iter()
+            .zip(values.iter())
+            .map(|(k, v)| (&k[..], &v[..]))
+            .collect();
+        db.commit(&pairs)?;
+        if keep_keys {
+            kept.extend_from_slice(&keys);
+        }
+    }
+    Ok((start.elapsed().as_secs_f64(), kept))
+}
+
+fn fill_workload(
+    db: &dyn engines::Engine,
+    name: &str,
+    txns: u64,
+    per_txn: u64,
+    sequential: bool,
+) -> Result<(Vec<Value>, f64, Map<String, Value>)> {
+    let (seconds, _) = fill(db, txns, per_txn, sequential, false)?;
+    let puts = txns * per_txn;
+    let mut extra = Map::new();
+    extra.insert("puts".into(), json!(puts));
+    extra.insert("transactions".into(), json!(txns));
+    extra.insert("seconds".into(), json!(seconds));
+    extra.insert("ms_per_commit".into(), json!(seconds * 1e3 / txns as f64));
+    Ok((
+        vec![row(name, "puts/s", puts as f64 / seconds, false)],
+        seconds,
+        extra,
+    ))
+}
+
+/// W5: the W3 data, reopened, one warming scan, then a full forward scan, a full
+/// reverse scan and random point gets of existing keys (one thread).
+fn w5(engine: &str, dir: &Path, quick: bool) -> Result<(Vec<Value>, f64, Map<String, Value>)> {
+    let txns = scaled(1000, quick);
+    let db = engines::open(engine, dir)?;
+    let (fill_seconds, keys) = fill(&*db, txns, 1000, false, true)?;
+    db.close()?;
+    let n = keys.len() as u64;
+    let db = engines::open(engine, dir)?;
+    let (warm, _) = db.scan(false)?;
+    if warm != n {
+        bail!("{engine}: warming scan saw {warm} entries, {n} were written");
+    }
+    let t = Instant::now();
+    let (fwd, fwd_bytes) = db.scan(false)?;
+    let fwd_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let (rev, _) = db.scan(true)?;
+    let rev_s = t.elapsed().as_secs_f64();
+    if fwd != n || rev != n {
+        bail!("{engine}: scans saw {fwd} / {rev} entries, {n} were written");
+    }
+    let gets = scaled(1_000_000, quick);
+    let mut rng = SmallRng::seed_from_u64(SEED ^ 0x5735);
+    let lookup: Vec<[u8; 16]> = (0..gets)
+        .map(|_| keys[rng.gen_range(0..keys.len())])
+        .collect();
+    let t = Instant::now();
+    let found = db.gets(&lookup)?;
+    let get_s = t.elapsed().as_secs_f64();
+    if found != gets {
+        bail!("{engine}: {found} of {gets} point gets found their key");
+    }
+    db.close()?;
+    let mut extra = Map::new();
+    extra.insert("entries".into(), json!(n));
+    extra.insert("gets".into(), json!(gets));
+    extra.insert("fill_seconds".into(), json!(fill_seconds));
+    extra.insert("forward_scan_seconds".into(), json!(fwd_s));
+    extra.insert("forward_scan_bytes".into(), json!(fwd_bytes));
+    extra.insert("reverse_scan_seconds".into(), json!(rev_s));
+    extra.insert("gets_seconds".into(), json!(get_s));
+    Ok((
+        vec![
+            row("W5 scan forward", "reads/s", n as f64 / fwd_s, false),
+            row("W5 scan reverse", "reads/s", n as f64 / rev_s, false),
+            row("W5 random gets", "reads/s", gets as f64 / get_s, false),
+        ],
+        fwd_s + rev_s + get_s,
+        extra,
+    ))
+}
+
+/// W6: `threads` threads each committing transactions of one random put, durable,
+/// 20,000 commits in total (the keys and values of `kiln bench` W6).
+fn w6(
+    db: &dyn engines::Engine,
+    quick: bool,
+    threads: u64,
+) -> Result<(Vec<Value>, f64, Map<String, Value>)> {
+    let total = scaled(20_000, quick);
+    let per_thread = (total / threads).max(1);
+    let start = Instant::now();
+    let latencies: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || -> Result<Vec<u32>> {
+                    let mut rng = SmallRng::seed_from_u64(SEED + t);
+                    let mut lat = Vec::with_capacity(per_thread as usize);
+                    for _ in 0..per_thread {
+                        let mut key = [0u8; 16];
+                        rng.fill(&mut key);
+                        let mut value = [0u8; 100];
+                        rng.fill_bytes(&mut value);
+                        let begin = Instant::now();
+                        db.commit_one(&key, &value)?;
+                        lat.push(begin.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                    }
+                    Ok(lat)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| anyhow!("W6 thread panicked"))?)
+            .collect::<Result<_>>()
+    })?;
+    let seconds = start.elapsed().as_secs_f64();
+    let mut all: Vec<u32> = latencies.into_iter().flatten().collect();
+    all.sort_unstable();
+    let q = |f: f64| all[((all.len() as f64 * f) as usize).min(all.len() - 1)];
+    let commits = all.len() as u64;
+    let mut extra = Map::new();
+    extra.insert("threads".into(), json!(threads));
+    extra.insert("commits".into(), json!(commits));
+    extra.insert("p50_us".into(), json!(q(0.50)));
+    extra.insert("p99_us".into(), json!(q(0.99)));
+    Ok((
+        vec![row(
+            &format!("W6 T={threads}"),
+            "commits/s",
+            commits as f64 / seconds,
+            false,
+        )],
+        seconds,
+        extra,
+    ))
+}
+
+/// The child: one workload against one engine, in `dir`; prints one JSON line.
+fn child(engine: &str, workload: &str, dir: &Path, quick: bool, threads: u64) -> Result<()> {
+    let (rows, seconds, extra) = match workload {
+        "W5" => w5(engine, dir, quick)?,
+        wl => {
+            let db = engines::open(engine, dir)?;
+            let out = match wl {
+                "W1" => w1(&*db, quick)?,
+                "W2" => fill_workload(&*db, "W2 fill-seq", scaled(1000, quick), 1000, true)?,
+                "W3" => fill_workload(&*db, "W3 fill-rnd", scaled(1000, quick), 1000, false)?,
+                "W4" => fill_workload(
+                    &*db,
+                    "W4 fill-rnd-10k-tx",
+                    scaled(10_000, quick),
+                    100,
+                    false,
+                )?,
+                "W6" => w6(&*db, quick, threads)?,
+                other => bail!("unknown workload {other:?} (available: W1..W6)"),
+            };
+            db.close()?;
+            out
+        }
+    };
+    let line = json!({
+        "engine": engine,
+        "workload": workload,
+        "threads": threads,
+        "rows": rows,
+        "seconds": seconds,
+        "extra": extra,
+    });
+    println!("{line}");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// The parent
+// ---------------------------------------------------------------------------------
+
+/// One (workload, variant) the parent runs for every engine.
+struct Job {
+    workload: String,
+    threads: u64,
+    label: String,
+}
+
+/// The figures of one row for one engine across runs.
+#[derive(Default)]
+struct Cell {
+    values: Vec<f64>,
+    extras: Vec<Value>,
+    unit: String,
+    lower_is_better: bool,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn spawn_child(args: &Args, engine: &str, job: &Job, run_dir: &Path) -> Result<Value> {
+    let exe = std::env::current_exe().context("current_exe")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("--child-engine")
+        .arg(engine)
+        .arg("--child-workload")
+        .arg(&job.workload)
+        .arg("--child-threads")
+        .arg(job.threads.to_string())
+        .arg("--dir")
+        .arg(run_dir);
+    if args.quick {
+        cmd.arg("--quick");
+    }
+    cmd.stderr(std::process::Stdio::piped());
+    let out = cmd.output().context("spawning the child")?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        bail!("child exited with {}: {}", out.status, last.trim());
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .ok_or_else(|| anyhow!("child printed no JSON line"))?;
+    Ok(serde_json::from_str(line)?)
+}
+
+fn fmt_value(v: f64, unit: &str) -> String {
+    if unit == "ms/commit" {
+        format!("{v:.3}")
+    } else if v >= 100.0 {
+        // Thousands separators keep wide numbers readable.
+        let s = format!("{:.0}", v);
+        let mut out = String::new();
+        for (i, c) in s.chars().enumerate() {
+            if i > 0 && (s.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+fn machine() -> Value {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0 / 1024.0);
+    json!({ "cores": cores, "cpu": cpu, "kernel": kernel, "memory_gib": mem_gib })
+}
+
+/// The file system holding `dir`: (type, mount point, device) from /proc/self/mounts.
+fn file_system(dir: &Path) -> Value {
+    let path = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mut best: Option<(usize, &str, &str, &str)> = None;
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 3 {
+            continue;
+        }
+        let mp = f[1];
+        if path.starts_with(mp) && best.is_none_or(|b| mp.len() >= b.0) {
+            best = Some((mp.len(), f[2], mp, f[0]));
+        }
+    }
+    match best {
+        Some((_, fs, mp, dev)) => {
+            json!({ "path": path, "type": fs, "mount_point": mp, "device": dev })
+        }
+        None => json!({ "path": path, "type": "unknown" }),
+    }
+}
+
+/// Days since 1970-01-01 to (year, month, day) (H. Hinnant's civil_from_days).
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+fn parent(args: &Args) -> Result<()> {
+    let engines: Vec<String> = args
+        .engines
+        .split(',')
+        .map(|e| e.trim().to_ascii_lowercase())
+        .filter(|e| !e.is_empty())
+        .collect();
+    let threads: Vec<u64> = args
+        .threads
+        .split(',')
+        .filter_map(|t| t.trim().parse().ok())
+        .filter(|t| *t > 0)
+        .collect();
+    let mut jobs = Vec::new();
+    for wl in args
+        .workloads
+        .split(',')
+        .map(|w| w.trim().to_ascii_uppercase())
+        .filter(|w| !w.is_empty())
+    {
+        match wl.as_str() {
+            "W1" | "W2" | "W3" | "W4" | "W5" => jobs.push(Job {
+                label: wl.clone(),
+                workload: wl,
+                threads: 1,
+            }),
+            "W6" => {
+                for &t in &threads {
+                    jobs.push(Job {
+                        workload: wl.clone(),
+                        threads: t,
+                        label: format!("W6 T={t}"),
+                    })
+                }
+            }
+            other => bail!("unknown workload {other:?} (available: W1, W2, W3, W4, W5, W6)"),
+        }
+    }
+
+    if let Some(bad) = engines.iter().find(|e| !engines::ALL.contains(&e.as_str())) {
+        bail!(
+            "unknown engine {bad:?} (known: {})",
+            engines::ALL.join(", ")
+        );
+    }
+    let mut missing: BTreeMap<String, String> = BTreeMap::new();
+    let mut runnable = Vec::new();
+    for e in &engines {
+        match engines::missing_reason(e) {
+            Some(why) => {
+                eprintln!("{e}: {why}");
+                missing.insert(e.clone(), why);
+            }
+            None => runnable.push(e.clone()),
+        }
+    }
+
+    let created_dir = !args.dir.exists();
+    std::fs::create_dir_all(&args.dir)?;
+    let fs = file_system(&args.dir);
+    let machine = machine();
+    eprintln!(
+        "kiln-bench: {} engine(s) x {} workload variant(s){}, in {} ({}); {} cores, kernel {}",
+        runnable.len(),
+        jobs.len(),
+        if args.quick {
+            ", --quick (1/20 scale)"
+        } else {
+            ""
+        },
+        args.dir.display(),
+        fs["type"].as_str().unwrap_or("?"),
+        machine["cores"],
+        machine["kernel"].as_str().unwrap_or("?"),
+    );
+
+    let pb = ProgressBar::new((runnable.len() * jobs.len()) as u64);
+    pb.set_style(
+        ProgressStyle::with_template("[{elapsed_precise}] [{bar:30}] {pos}/{len} {msg}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+
+    // row name -> engine -> cell; rows kept in first-seen order.
+    let mut row_order: Vec<String> = Vec::new();
+    let mut cells: BTreeMap<String, BTreeMap<String, Cell>> = BTreeMap::new();
+    let mut errors: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let suite_start = Instant::now();
+    for job in &jobs {
+        for engine in &runnable {
+            let mut run = 0usize;
+            loop {
+                run += 1;
+                pb.set_message(format!("{} {engine} run {run}", job.label));
+                let run_dir = args.dir.join(format!(
+                    "{engine}-{}-{}-{}",
+                    job.label.replace([' ', '='], ""),
+                    run,
+                    std::process::id()
+                ));
+                let _ = std::fs::remove_dir_all(&run_dir);
+                std::fs::create_dir_all(&run_dir)?;
+                let t = Instant::now();
+                let res = spawn_child(args, engine, job, &run_dir);
+                let _ = std::fs::remove_dir_all(&run_dir);
+                let out = match res {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let msg = format!("{e:#}");
+                        pb.suspend(|| eprintln!("{} {engine}: FAILED: {msg}", job.label));
+                        errors
+                            .entry(job.label.clone())
+                            .or_default()
+                            .insert(engine.clone(), msg);
+                        break;
+                    }
+                };
+                let seconds = out["seconds"].as_f64().unwrap_or(0.0);
+                let mut summary = Vec::new();
+                for r in out["rows"].as_array().into_iter().flatten() {
+                    let name = r["row"].as_str().unwrap_or("?").to_string();
+                    let value = r["value"].as_f64().unwrap_or(f64::NAN);
+                    let unit = r["unit"].as_str().unwrap_or("").to_string();
+                    summary.push(format!("{name} {} {unit}", fmt_value(value, &unit)));
+                    if !row_order.contains(&name) {
+                        row_order.push(name.clone());
+                    }
+                    let cell = cells
+                        .entry(name)
+                        .or_default()
+                        .entry(engine.clone())
+                        .or_default();
+                    cell.values.push(value);
+                    cell.extras.push(out["extra"].clone());
+                    cell.unit = unit;
+                    cell.lower_is_better = r["lower_is_better"].as_bool().unwrap_or(false);
+                }
+                pb.suspend(|| {
+                    eprintln!(
+                        "  {engine:<8} run {run}: {} ({:.1} s wall)",
+                        summary.join(", "),
+                        t.elapsed().as_secs_f64()
+                    )
+                });
+                let wanted = match args.runs {
+                    Some(n) => n.max(1),
+                    None if run == 1 && seconds > 10.0 => 1,
+                    None => 3,
+                };
+                if run >= wanted {
+                    break;
+                }
+            }
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    if created_dir {
+        let _ = std::fs::remove_dir(&args.dir);
+    }
+
+    // The table.
+    let mut cols: Vec<String> = engines.clone();
+    cols.dedup();
+    let peers: Vec<&String> = cols.iter().filter(|e| *e != "kiln").collect();
+    let has_kiln = cols.iter().any(|e| e == "kiln");
+    let mut md = String::new();
+    md.push_str("| workload | unit |");
+    for c in &cols {
+        md.push_str(&format!(" {c} |"));
+    }
+    if has_kiln {
+        md.push_str(" Kiln / best peer |");
+    }
+    md.push('\n');
+    md.push_str("|---|---|");
+    for _ in &cols {
+        md.push_str("---:|");
+    }
+    if has_kiln {
+        md.push_str("---:|");
+    }
+    md.push('\n');
+    let mut results = Vec::new();
+    let mut behind = Vec::new();
+    for name in &row_order {
+        let row_cells = &cells[name];
+        let any = row_cells.values().next().expect("a row has a cell");
+        let (unit, lower) = (any.unit.clone(), any.lower_is_better);
+        let unit_label = if lower {
+            format!("{unit} (lower is better)")
+        } else {
+            unit.clone()
+        };
+        md.push_str(&format!("| {name} | {unit_label} |"));
+        let job_label = jobs
+            .iter()
+            .find(|j| *name == j.label || name.starts_with(&format!("{} ", j.label)))
+            .map(|j| j.label.clone())
+            .unwrap_or_default();
+        let mut per_engine = Map::new();
+        for c in &cols {
+            let text = match (row_cells.get(c), missing.get(c)) {
+                (Some(cell), _) => {
+                    let m = median(&cell.values);
+                    per_engine.insert(
+                        c.clone(),
+                        json!({ "median": m, "runs": cell.values, "extra": cell.extras }),
+                    );
+                    fmt_value(m, &unit)
+                }
+                (None, Some(_)) => "not built".to_string(),
+                (None, None) => {
+                    let err = errors.get(&job_label).and_then(|m| m.get(c));
+                    if let Some(e) = err {
+                        per_engine.insert(c.clone(), json!({ "error": e }));
+                    }
+                    if err.is_some() {
+                        "failed".to_string()
+                    } else {
+                        "-".to_string()
+                    }
+                }
+            };
+            md.push_str(&format!(" {text} |"));
+        }
+        let mut ratio_json = Value::Null;
+        if has_kiln {
+            let kiln = row_cells.get("kiln").map(|c| median(&c.values));
+            let best = peers
+                .iter()
+                .filter_map(|p| row_cells.get(*p).map(|c| (p.as_str(), median(&c.values))))
+                .reduce(|a, b| {
+                    let b_better = if lower { b.1 < a.1 } else { b.1 > a.1 };
+                    if b_better {
+                        b
+                    } else {
+                        a
+                    }
+                });
+            let text = match (kiln, best) {
+                (Some(k), Some((peer, b))) => {
+                    // > 1 means Kiln is ahead, whichever way the unit goes.
+                    let ratio = if lower { b / k } else { k / b };
+                    ratio_json = json!({ "ratio": ratio, "best_peer": peer, "best_peer_value": b,
+                                         "meaning": "Kiln's speed over the best peer's: > 1 means Kiln is ahead" });
+                    if ratio < 1.0 {
+                        behind.push(format!("{name}: {ratio:.2}x of {peer}"));
+                    }
+                    format!("{ratio:.2}x ({peer})")
+                }
+                _ => "-".to_string(),
+            };
+            md.push_str(&format!(" {text} |"));
+        }
+        md.push('\n');
+        results.push(json!({
+            "row": name,
+            "unit": unit,
+            "lower_is_better": lower,
+            "engines": per_engine,
+            "kiln_vs_best_peer": ratio_json,
+        }));
+    }
+    // Workloads where every engine failed have no row yet: list them.
+    for (label, errs) in &errors {
+        if !row_order
+            .iter()
+            .any(|r| r == label || r.starts_with(&format!("{label} ")))
+        {
+            results.push(json!({ "row": label, "engines": errs }));
+        }
+    }
+
+    let date = utc_now();
+    println!(
+        "Kiln vs peers, {}, {}{}; {} ({} cores, kernel {}), {} on {}",
+        date,
+        args.runs
+            .map_or("median of 3 runs (1 if over 10 s)".to_string(), |n| {
+                if n == 1 {
+                    "1 run".to_string()
+                } else {
+                    format!("median of {n} runs")
+                }
+            }),
+        if args.quick {
+            ", --quick (1/20 scale)"
+        } else {
+            ", full scale"
+        },
+        machine["cpu"].as_str().unwrap_or("?"),
+        machine["cores"],
+        machine["kernel"].as_str().unwrap_or("?"),
+        fs["type"].as_str().unwrap_or("?"),
+        fs["device"].as_str().unwrap_or("?"),
+    );
+    println!();
+    print!("{md}");
+    println!();
+    println!("Kiln / best peer: Kiln's speed over the best peer's in the same run (> 1: Kiln ahead; for ms/commit the peer's time over Kiln's).");
+    for (e, why) in &missing {
+        println!("{e}: {why}");
+    }
+    for (label, errs) in &errors {
+        for (e, msg) in errs {
+            println!("{label} {e}: failed: {msg}");
+        }
+    }
+    if !behind.is_empty() {
+        println!("Kiln behind the best peer: {}", behind.join("; "));
+    }
+
+    let versions: Map<String, Value> = CRATE_VERSIONS
+        .iter()
+        .map(|(n, v)| (n.to_string(), json!(v)))
+        .collect();
+    let report = json!({
+        "date": date,
+        "command": std::env::args().collect::<Vec<_>>(),
+        "settings": {
+            "engines": engines,
+            "workloads": jobs.iter().map(|j| j.label.clone()).collect::<Vec<_>>(),
+            "quick": args.quick,
+            "scale": if args.quick { "1/20" } else { "full" },
+            "runs": args.runs.map_or(json!("3, or 1 when the first run takes over 10 s"), |n| json!(n)),
+            "seed": SEED,
+            "key_bytes": 16,
+            "value_bytes": 100,
+            "dir": args.dir,
+            "durability": {
+                "kiln": "Options::default() (journal, Durability::Immediate); W6 through Env::submit",
+                "sqlite": "WAL, synchronous=FULL, table kv(key BLOB PRIMARY KEY, value BLOB)",
+                "lmdb": "heed, default flags (sync on commit)",
+                "redb": "Durability::Immediate",
+                "fjall": "batch commit + Keyspace::persist(PersistMode::SyncAll) per transaction",
+                "rocksdb": "WriteOptions::set_sync(true), default Options",
+            },
+            "suite_seconds": suite_start.elapsed().as_secs_f64(),
+        },
+        "machine": { "host": machine, "file_system": fs },
+        "crate_versions": versions,
+        "not_built": missing,
+        "errors": errors,
+        "results": results,
+        "markdown": md,
+    });
+    std::fs::write(&args.out, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    eprintln!("wrote {}", args.out.display());
+    let failed: usize = errors.values().map(BTreeMap::len).sum();
+    if failed > 0 {
+        bail!("{failed} engine/workload run(s) failed (see above); the other figures are in the table");
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = Args::parse();
+    let res = match (&args.child_engine, &args.child_workload) {
+        (Some(engine), Some(workload)) => {
+            child(engine, workload, &args.dir, args.quick, args.child_threads)
+        }
+        _ => parent(&args),
+    };
+    if let Err(e) = res {
+        eprintln!("kiln-bench: {e:#}");
+        std::process::exit(1);
+    }
+}
