@@ -1,0 +1,647 @@
+//! One database: a storage environment holding documents, the collection index,
+//! per-collection counts and the etag counter.
+//!
+//! Trees:
+//! - `docs`: id -> stored record (see `record.rs`)
+//! - `by_collection`: collection, 0x00, etag sequence (u64 BE) -> id; a collection
+//!   listed in etag order is a range scan
+//! - `counts`: collection -> number of documents (u64 BE)
+//! - `meta`: `incarnation` (u32 BE), `last_etag` (u64 BE)
+
+use crate::document::{now_ms, PreparedDoc};
+use crate::id::validate_id;
+use crate::{record, DocError, Document, Etag, Result};
+use kiln_storage::{Env, WriteTxn};
+use serde_json::Value;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub(crate) const DOCS: &str = "docs";
+pub(crate) const BY_COLLECTION: &str = "by_collection";
+pub(crate) const COUNTS: &str = "counts";
+pub(crate) const META: &str = "meta";
+pub(crate) const META_INCARNATION: &[u8] = b"incarnation";
+const META_LAST_ETAG: &[u8] = b"last_etag";
+
+/// A precondition on the current state of a document, checked inside the write's
+/// transaction (so two writers with the same `IfMatch` cannot both win).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Condition {
+    None,
+    /// The document exists and has this etag (HTTP `If-Match: "<etag>"`).
+    IfMatch(Etag),
+    /// The document exists (HTTP `If-Match: *`).
+    IfExists,
+    /// The document does not exist (HTTP `If-None-Match: *` on a write).
+    IfNotExists,
+}
+
+/// Which id a put writes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DocId {
+    Given(String),
+    /// A new unique id under this prefix, which ends with `/` (`users/` -> `users/17`).
+    Generate {
+        prefix: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutOutcome {
+    pub id: String,
+    pub etag: Etag,
+    pub collection: Option<String>,
+    pub last_modified_ms: u64,
+    /// False when an existing document was replaced.
+    pub created: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeleteOutcome {
+    pub id: String,
+    /// The etag the document had when it was deleted.
+    pub etag: Etag,
+}
+
+#[derive(Debug, Clone)]
+pub enum BatchOp {
+    Put {
+        id: DocId,
+        document: Value,
+        condition: Condition,
+    },
+    Delete {
+        id: String,
+        condition: Condition,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchOutcome {
+    Put(PutOutcome),
+    Delete(DeleteOutcome),
+}
+
+/// One page of a listing. `next` is given to the same call to get the next page;
+/// `None` means this was the last.
+#[derive(Debug, Clone)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollectionCount {
+    pub name: String,
+    pub documents: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct DatabaseStats {
+    pub name: String,
+    pub documents: u64,
+    pub last_etag: Option<Etag>,
+    pub collections: Vec<CollectionCount>,
+    pub engine: kiln_storage::Stats,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub max_document_bytes: usize,
+    pub max_id_bytes: usize,
+    pub max_batch_ops: usize,
+}
+
+pub struct Database {
+    /// `None` only while closing (see `close_env`).
+    env: Option<Env>,
+    name: String,
+    incarnation: u32,
+    limits: Limits,
+    deleted: AtomicBool,
+}
+
+/// What a unit of work needs besides the transaction (copied into each unit, which
+/// must be `'static`).
+#[derive(Clone, Copy)]
+struct WriteCtx {
+    incarnation: u32,
+    limits: Limits,
+    now_ms: u64,
+}
+
+impl Database {
+    /// Opens the environment at `dir`; `init` writes the trees and meta of a new one.
+    pub(crate) fn open(
+        name: &str,
+        dir: &std::path::Path,
+        opts: kiln_storage::Options,
+        limits: Limits,
+        init: bool,
+    ) -> Result<Database> {
+        let env = Env::open(dir, opts)?;
+        if init {
+            let mut w = env.begin_write()?;
+            for tree in [DOCS, BY_COLLECTION, COUNTS, META] {
+                w.ensure_tree(tree)?;
+            }
+            let incarnation: u32 = rand::random();
+            w.put(META, META_INCARNATION, &incarnation.to_be_bytes())?;
+            w.put(META, META_LAST_ETAG, &0u64.to_be_bytes())?;
+            w.commit()?;
+        }
+        let incarnation = {
+            let r = env.begin_read()?;
+            let missing = |what: &str| DocError::CorruptRecord {
+                id: format!("(database {name} meta)"),
+                why: format!("{what} is missing or malformed"),
+            };
+            if !r.tree_exists(META)? {
+                return Err(missing("the meta tree"));
+            }
+            let raw = r
+                .get(META, META_INCARNATION)?
+                .ok_or_else(|| missing("incarnation"))?;
+            u32::from_be_bytes(raw.try_into().map_err(|_| missing("incarnation"))?)
+        };
+        Ok(Database {
+            env: Some(env),
+            name: name.to_string(),
+            incarnation,
+            limits,
+            deleted: AtomicBool::new(false),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The storage environment (for stats and maintenance).
+    pub fn env(&self) -> &Env {
+        self.env
+            .as_ref()
+            .expect("the environment is only taken when the database closes")
+    }
+
+    pub(crate) fn mark_deleted(&self) {
+        self.deleted.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn close_env(&mut self) -> Result<()> {
+        match self.env.take() {
+            Some(env) => Ok(env.close()?),
+            None => Ok(()),
+        }
+    }
+
+    fn live(&self) -> Result<&Env> {
+        if self.deleted.load(Ordering::SeqCst) {
+            return Err(DocError::DatabaseNotFound(self.name.clone()));
+        }
+        Ok(self.env())
+    }
+
+    fn ctx(&self) -> WriteCtx {
+        WriteCtx {
+            incarnation: self.incarnation,
+            limits: self.limits,
+            now_ms: now_ms(),
+        }
+    }
+
+    fn check_id(&self, id: &DocId) -> Result<()> {
+        match id {
+            DocId::Given(id) => validate_id(id, self.limits.max_id_bytes),
+            DocId::Generate { prefix } => {
+                if !prefix.ends_with('/') {
+                    return Err(DocError::InvalidId {
+                        id: prefix.clone(),
+                        why: "a prefix for a generated id must end with '/'".into(),
+                    });
+                }
+                // Room for the generated number (up to 20 digits).
+                validate_id(prefix, self.limits.max_id_bytes.saturating_sub(20))
+            }
+        }
+    }
+
+    fn check_body_size(&self, len: usize) -> Result<()> {
+        if len > self.limits.max_document_bytes {
+            return Err(DocError::DocumentTooLarge {
+                len,
+                max: self.limits.max_document_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes a document (JSON text of an object). Durable when it returns.
+    pub fn put(&self, id: &str, json: &[u8], condition: Condition) -> Result<PutOutcome> {
+        self.put_to(DocId::Given(id.to_string()), json, condition)
+    }
+
+    /// Writes a document under a given or a generated id.
+    pub fn put_to(&self, id: DocId, json: &[u8], condition: Condition) -> Result<PutOutcome> {
+        let env = self.live()?;
+        self.check_id(&id)?;
+        self.check_body_size(json.len())?;
+        let doc = PreparedDoc::parse(json)?;
+        let ctx = self.ctx();
+        env.submit(move |txn| {
+            apply_put(txn, ctx, &id, &doc, condition).map_err(DocError::into_unit)
+        })
+        .map_err(DocError::from_unit)
+    }
+
+    /// Deletes a document; `DocumentNotFound` if there is none.
+    pub fn delete(&self, id: &str, condition: Condition) -> Result<DeleteOutcome> {
+        let env = self.live()?;
+        validate_id(id, self.limits.max_id_bytes)?;
+        let ctx = self.ctx();
+        let id = id.to_string();
+        env.submit(move |txn| apply_delete(txn, ctx, &id, condition).map_err(DocError::into_unit))
+            .map_err(DocError::from_unit)
+    }
+
+    /// Applies all operations in one transaction: all of them or none.
+    pub fn batch(&self, ops: Vec<BatchOp>) -> Result<Vec<BatchOutcome>> {
+        let env = self.live()?;
+        if ops.len() > self.limits.max_batch_ops {
+            return Err(DocError::BatchTooLong {
+                len: ops.len(),
+                max: self.limits.max_batch_ops,
+            });
+        }
+        let at = |index: usize| {
+            move |e: DocError| DocError::BatchOpFailed {
+                index,
+                source: Box::new(e),
+            }
+        };
+        let mut prepared = Vec::with_capacity(ops.len());
+        for (index, op) in ops.into_iter().enumerate() {
+            prepared.push(match op {
+                BatchOp::Put {
+                    id,
+                    document,
+                    condition,
+                } => {
+                    self.check_id(&id).map_err(at(index))?;
+                    let doc = PreparedDoc::from_value(document).map_err(at(index))?;
+                    PreparedOp::Put(id, doc, condition)
+                }
+                BatchOp::Delete { id, condition } => {
+                    validate_id(&id, self.limits.max_id_bytes).map_err(at(index))?;
+                    PreparedOp::Delete(id, condition)
+                }
+            });
+        }
+        let ctx = self.ctx();
+        env.submit(move |txn| {
+            let mut out = Vec::with_capacity(prepared.len());
+            for (index, op) in prepared.iter().enumerate() {
+                let done = match op {
+                    PreparedOp::Put(id, doc, cond) => {
+                        apply_put(txn, ctx, id, doc, *cond).map(BatchOutcome::Put)
+                    }
+                    PreparedOp::Delete(id, cond) => {
+                        apply_delete(txn, ctx, id, *cond).map(BatchOutcome::Delete)
+                    }
+                };
+                out.push(done.map_err(|e| match e {
+                    DocError::Storage(s) => s,
+                    other => at(index)(other).into_unit(),
+                })?);
+            }
+            Ok(out)
+        })
+        .map_err(DocError::from_unit)
+    }
+
+    /// Reads a document from the latest committed snapshot.
+    pub fn get(&self, id: &str) -> Result<Option<Document>> {
+        let env = self.live()?;
+        validate_id(id, self.limits.max_id_bytes)?;
+        let r = env.begin_read()?;
+        match r.get(DOCS, id.as_bytes())? {
+            None => Ok(None),
+            Some(bytes) => Ok(Some(to_document(id, bytes)?)),
+        }
+    }
+
+    /// Documents whose id starts with `prefix`, in id order, after `start_after`.
+    pub fn list_by_prefix(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<Document>> {
+        let env = self.live()?;
+        let r = env.begin_read()?;
+        let mut cursor = r.cursor(DOCS)?;
+        let from = match start_after {
+            Some(after) if after.as_bytes() >= prefix.as_bytes() => after.as_bytes(),
+            _ => prefix.as_bytes(),
+        };
+        let mut entry = if from.is_empty() {
+            cursor.first()?
+        } else {
+            cursor.seek(from)?
+        };
+        let mut items = Vec::new();
+        while let Some((key, value)) = entry {
+            if !key.starts_with(prefix.as_bytes()) {
+                return Ok(Page { items, next: None });
+            }
+            if Some(key) != start_after.map(str::as_bytes) {
+                if items.len() == limit {
+                    let next = items.last().map(|d: &Document| d.id.clone());
+                    return Ok(Page { items, next });
+                }
+                let id = std::str::from_utf8(key).map_err(|_| DocError::CorruptRecord {
+                    id: String::from_utf8_lossy(key).into_owned(),
+                    why: "stored id is not UTF-8".into(),
+                })?;
+                items.push(to_document(id, value)?);
+            }
+            entry = cursor.next()?;
+        }
+        Ok(Page { items, next: None })
+    }
+
+    /// Documents of a collection in etag order (oldest write first), after the
+    /// etag sequence `after`.
+    pub fn list_collection(
+        &self,
+        collection: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Page<Document>> {
+        let env = self.live()?;
+        crate::id::validate_collection(collection)?;
+        let r = env.begin_read()?;
+        let start = collection_key(collection, after.map_or(0, |a| a.saturating_add(1)));
+        let prefix = &start[..collection.len() + 1];
+        let mut cursor = r.cursor(BY_COLLECTION)?;
+        let mut entry = cursor.seek(&start)?;
+        let mut items: Vec<Document> = Vec::new();
+        while let Some((key, id)) = entry {
+            if !key.starts_with(prefix) || after == Some(u64::MAX) {
+                break;
+            }
+            if items.len() == limit {
+                let next = items.last().map(|d| d.etag.sequence.to_string());
+                return Ok(Page { items, next });
+            }
+            let id = String::from_utf8_lossy(id).into_owned();
+            let bytes = r
+                .get(DOCS, id.as_bytes())?
+                .ok_or_else(|| DocError::CorruptRecord {
+                    id: id.clone(),
+                    why: format!("listed in collection {collection:?} but not stored"),
+                })?;
+            items.push(to_document(&id, bytes)?);
+            entry = cursor.next()?;
+        }
+        Ok(Page { items, next: None })
+    }
+
+    /// Named collections and their document counts, by name.
+    pub fn collections(&self) -> Result<Vec<CollectionCount>> {
+        let env = self.live()?;
+        let r = env.begin_read()?;
+        let mut cursor = r.cursor(COUNTS)?;
+        let mut out = Vec::new();
+        let mut entry = cursor.first()?;
+        while let Some((name, count)) = entry {
+            out.push(CollectionCount {
+                name: String::from_utf8_lossy(name).into_owned(),
+                documents: decode_u64(count, "collection count")?,
+            });
+            entry = cursor.next()?;
+        }
+        Ok(out)
+    }
+
+    pub fn document_count(&self) -> Result<u64> {
+        let env = self.live()?;
+        Ok(env.begin_read()?.tree_len(DOCS)?)
+    }
+
+    pub fn stats(&self) -> Result<DatabaseStats> {
+        let env = self.live()?;
+        let (documents, last) = {
+            let r = env.begin_read()?;
+            let last = r
+                .get(META, META_LAST_ETAG)?
+                .map(|b| decode_u64(b, "last etag"))
+                .transpose()?;
+            (r.tree_len(DOCS)?, last.unwrap_or(0))
+        };
+        Ok(DatabaseStats {
+            name: self.name.clone(),
+            documents,
+            last_etag: (last > 0).then_some(Etag {
+                incarnation: self.incarnation,
+                sequence: last,
+            }),
+            collections: self.collections()?,
+            engine: env.stats(),
+        })
+    }
+}
+
+enum PreparedOp {
+    Put(DocId, PreparedDoc, Condition),
+    Delete(String, Condition),
+}
+
+fn to_document(id: &str, bytes: &[u8]) -> Result<Document> {
+    let rec = record::decode(id, bytes)?;
+    Ok(Document {
+        id: id.to_string(),
+        etag: rec.etag,
+        last_modified_ms: rec.last_modified_ms,
+        collection: rec.collection.map(str::to_string),
+        json: rec.json.to_vec(),
+    })
+}
+
+fn decode_u64(b: &[u8], what: &str) -> Result<u64> {
+    let arr: [u8; 8] = b.try_into().map_err(|_| DocError::CorruptRecord {
+        id: "(meta)".into(),
+        why: format!("{what} has {} bytes, expected 8", b.len()),
+    })?;
+    Ok(u64::from_be_bytes(arr))
+}
+
+fn collection_key(collection: &str, sequence: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(collection.len() + 9);
+    k.extend_from_slice(collection.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&sequence.to_be_bytes());
+    k
+}
+
+fn next_etag(txn: &mut WriteTxn<'_>, incarnation: u32) -> Result<Etag> {
+    let last = match txn.get(META, META_LAST_ETAG)? {
+        Some(b) => decode_u64(b, "last etag")?,
+        None => 0,
+    };
+    let sequence = last + 1;
+    txn.put(META, META_LAST_ETAG, &sequence.to_be_bytes())?;
+    Ok(Etag {
+        incarnation,
+        sequence,
+    })
+}
+
+/// The etag and collection of the stored document, if any.
+fn current(txn: &mut WriteTxn<'_>, id: &str) -> Result<Option<(Etag, Option<String>)>> {
+    match txn.get(DOCS, id.as_bytes())? {
+        None => Ok(None),
+        Some(bytes) => {
+            let rec = record::decode(id, bytes)?;
+            Ok(Some((rec.etag, rec.collection.map(str::to_string))))
+        }
+    }
+}
+
+fn check_condition(id: &str, condition: Condition, current: Option<Etag>) -> Result<()> {
+    let conflict = |why: String| {
+        Err(DocError::Conflict {
+            id: id.to_string(),
+            current,
+            why,
+        })
+    };
+    match (condition, current) {
+        (Condition::None, _) => Ok(()),
+        (Condition::IfMatch(want), Some(have)) if want == have => Ok(()),
+        (Condition::IfMatch(want), Some(have)) => {
+            conflict(format!("expected etag {want}, the document has {have}"))
+        }
+        (Condition::IfMatch(want), None) => {
+            conflict(format!("expected etag {want}, the document does not exist"))
+        }
+        (Condition::IfExists, Some(_)) => Ok(()),
+        (Condition::IfExists, None) => conflict("the document does not exist".into()),
+        (Condition::IfNotExists, None) => Ok(()),
+        (Condition::IfNotExists, Some(have)) => {
+            conflict(format!("the document already exists (etag {have})"))
+        }
+    }
+}
+
+fn add_to_count(txn: &mut WriteTxn<'_>, collection: &str, delta: i64) -> Result<()> {
+    let now = match txn.get(COUNTS, collection.as_bytes())? {
+        Some(b) => decode_u64(b, "collection count")?,
+        None => 0,
+    };
+    let new = now
+        .checked_add_signed(delta)
+        .ok_or_else(|| DocError::CorruptRecord {
+            id: format!("(count of {collection})"),
+            why: format!("count {now} {delta:+} goes below zero"),
+        })?;
+    if new == 0 {
+        txn.delete(COUNTS, collection.as_bytes())?;
+    } else {
+        txn.put(COUNTS, collection.as_bytes(), &new.to_be_bytes())?;
+    }
+    Ok(())
+}
+
+fn apply_put(
+    txn: &mut WriteTxn<'_>,
+    ctx: WriteCtx,
+    id: &DocId,
+    doc: &PreparedDoc,
+    condition: Condition,
+) -> Result<PutOutcome> {
+    let (id, etag, existing) = match id {
+        DocId::Given(id) => {
+            let existing = current(txn, id)?;
+            check_condition(id, condition, existing.as_ref().map(|e| e.0))?;
+            (id.clone(), next_etag(txn, ctx.incarnation)?, existing)
+        }
+        DocId::Generate { prefix } => loop {
+            // The etag sequence is unique in the database, so it makes a unique id
+            // unless a client took that id by hand; then the next one is tried.
+            let etag = next_etag(txn, ctx.incarnation)?;
+            let id = format!("{prefix}{}", etag.sequence);
+            if txn.get(DOCS, id.as_bytes())?.is_none() {
+                check_condition(&id, condition, None)?;
+                break (id, etag, None);
+            }
+        },
+    };
+    let collection = doc.collection_for(&id).map(str::to_string);
+    let json = doc.render(&id, collection.as_deref(), etag, ctx.now_ms);
+    if json.len() > ctx.limits.max_document_bytes {
+        return Err(DocError::DocumentTooLarge {
+            len: json.len(),
+            max: ctx.limits.max_document_bytes,
+        });
+    }
+    txn.put(
+        DOCS,
+        id.as_bytes(),
+        &record::encode(etag, ctx.now_ms, collection.as_deref(), &json),
+    )?;
+    let created = existing.is_none();
+    if let Some((old_etag, old_collection)) = existing {
+        if let Some(old) = &old_collection {
+            txn.delete(BY_COLLECTION, &collection_key(old, old_etag.sequence))?;
+        }
+        if old_collection != collection {
+            if let Some(old) = &old_collection {
+                add_to_count(txn, old, -1)?;
+            }
+            if let Some(new) = &collection {
+                add_to_count(txn, new, 1)?;
+            }
+        }
+    } else if let Some(new) = &collection {
+        add_to_count(txn, new, 1)?;
+    }
+    if let Some(c) = &collection {
+        txn.put(
+            BY_COLLECTION,
+            &collection_key(c, etag.sequence),
+            id.as_bytes(),
+        )?;
+    }
+    Ok(PutOutcome {
+        id,
+        etag,
+        collection,
+        last_modified_ms: ctx.now_ms,
+        created,
+    })
+}
+
+fn apply_delete(
+    txn: &mut WriteTxn<'_>,
+    _ctx: WriteCtx,
+    id: &str,
+    condition: Condition,
+) -> Result<DeleteOutcome> {
+    let Some((etag, collection)) = current(txn, id)? else {
+        if condition == Condition::None {
+            return Err(DocError::DocumentNotFound { id: id.to_string() });
+        }
+        check_condition(id, condition, None)?;
+        return Err(DocError::DocumentNotFound { id: id.to_string() });
+    };
+    check_condition(id, condition, Some(etag))?;
+    txn.delete(DOCS, id.as_bytes())?;
+    if let Some(c) = &collection {
+        txn.delete(BY_COLLECTION, &collection_key(c, etag.sequence))?;
+        add_to_count(txn, c, -1)?;
+    }
+    Ok(DeleteOutcome {
+        id: id.to_string(),
+        etag,
+    })
+}

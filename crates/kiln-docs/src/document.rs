@@ -1,0 +1,197 @@
+//! Documents as clients send them (parsed and checked before a write is queued) and
+//! as they are read back.
+
+use crate::id::{collection_from_id, validate_collection};
+use crate::{DocError, Etag, Result};
+use serde_json::{Map, Value};
+
+/// Keys of `@metadata` that the server owns; a client's values for them are replaced.
+const SERVER_METADATA_KEYS: [&str; 4] = ["@id", "@collection", "@etag", "@last-modified"];
+
+/// A document read from a database. `json` is the stored JSON text, `@metadata`
+/// included, ready to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Document {
+    pub id: String,
+    pub etag: Etag,
+    pub last_modified_ms: u64,
+    pub collection: Option<String>,
+    pub json: Vec<u8>,
+}
+
+impl Document {
+    pub fn to_value(&self) -> Result<Value> {
+        serde_json::from_slice(&self.json).map_err(|e| DocError::CorruptRecord {
+            id: self.id.clone(),
+            why: format!("stored JSON does not parse: {e}"),
+        })
+    }
+}
+
+/// A document body checked and split before its write is queued, so that the
+/// commit queue (which holds the writer) only has to splice in the metadata.
+#[derive(Debug, Clone)]
+pub(crate) struct PreparedDoc {
+    /// The document's own fields as JSON text, without `@metadata`, e.g. `{"a":1}`.
+    body_json: Vec<u8>,
+    /// What the client put under `@metadata`, less the server's keys.
+    client_metadata: Map<String, Value>,
+    /// The collection named in `@metadata`, if any.
+    explicit_collection: Option<String>,
+}
+
+impl PreparedDoc {
+    pub fn parse(body: &[u8]) -> Result<PreparedDoc> {
+        let value: Value = serde_json::from_slice(body).map_err(|e| DocError::MalformedJson {
+            line: e.line(),
+            column: e.column(),
+            message: e.to_string(),
+        })?;
+        Self::from_value(value)
+    }
+
+    pub fn from_value(value: Value) -> Result<PreparedDoc> {
+        let Value::Object(mut fields) = value else {
+            return Err(DocError::InvalidDocument(
+                "a document must be a JSON object".into(),
+            ));
+        };
+        let mut client_metadata = match fields.shift_remove("@metadata") {
+            None => Map::new(),
+            Some(Value::Object(m)) => m,
+            Some(_) => {
+                return Err(DocError::InvalidDocument(
+                    "@metadata must be a JSON object".into(),
+                ))
+            }
+        };
+        let explicit_collection = match client_metadata.get("@collection") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(c)) => {
+                validate_collection(c)?;
+                Some(c.clone())
+            }
+            Some(_) => {
+                return Err(DocError::InvalidDocument(
+                    "@metadata.@collection must be a string".into(),
+                ))
+            }
+        };
+        for key in SERVER_METADATA_KEYS {
+            client_metadata.shift_remove(key);
+        }
+        let body_json =
+            serde_json::to_vec(&Value::Object(fields)).expect("a Value always serializes");
+        Ok(PreparedDoc {
+            body_json,
+            client_metadata,
+            explicit_collection,
+        })
+    }
+
+    /// The collection of this document when stored under `id`.
+    pub fn collection_for<'a>(&'a self, id: &'a str) -> Option<&'a str> {
+        self.explicit_collection
+            .as_deref()
+            .or_else(|| collection_from_id(id))
+    }
+
+    /// The stored JSON: the body with `@metadata` appended as its last key.
+    pub fn render(
+        &self,
+        id: &str,
+        collection: Option<&str>,
+        etag: Etag,
+        last_modified_ms: u64,
+    ) -> Vec<u8> {
+        let mut meta = Map::with_capacity(self.client_metadata.len() + 4);
+        meta.insert("@id".into(), Value::String(id.to_string()));
+        if let Some(c) = collection {
+            meta.insert("@collection".into(), Value::String(c.to_string()));
+        }
+        meta.insert("@etag".into(), Value::String(etag.to_string()));
+        meta.insert(
+            "@last-modified".into(),
+            Value::String(format_rfc3339_ms(last_modified_ms)),
+        );
+        for (k, v) in &self.client_metadata {
+            meta.insert(k.clone(), v.clone());
+        }
+        let meta_json =
+            serde_json::to_vec(&Value::Object(meta)).expect("a Value always serializes");
+        // body_json is a serialized object: it ends with '}' and is "{}" when empty.
+        let body = &self.body_json[..self.body_json.len() - 1];
+        let mut out = Vec::with_capacity(body.len() + meta_json.len() + 16);
+        out.extend_from_slice(body);
+        if body.len() > 1 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"\"@metadata\":");
+        out.extend_from_slice(&meta_json);
+        out.push(b'}');
+        out
+    }
+}
+
+pub(crate) fn format_rfc3339_ms(ms_since_epoch: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms_since_epoch);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn etag() -> Etag {
+        Etag {
+            incarnation: 1,
+            sequence: 5,
+        }
+    }
+
+    #[test]
+    fn metadata_is_spliced_and_server_keys_replaced() {
+        let p = PreparedDoc::parse(
+            br#"{"name":"Ada","@metadata":{"@etag":"forged","tag":"x","@collection":"people"}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.collection_for("users/1"), Some("people"));
+        let out = p.render("users/1", Some("people"), etag(), 0);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["name"], "Ada");
+        assert_eq!(v["@metadata"]["@etag"], "5-00000001");
+        assert_eq!(v["@metadata"]["tag"], "x");
+        assert_eq!(v["@metadata"]["@collection"], "people");
+        assert_eq!(v["@metadata"]["@last-modified"], "1970-01-01T00:00:00.000Z");
+        let empty = PreparedDoc::parse(b"{}")
+            .unwrap()
+            .render("a", None, etag(), 0);
+        let v: Value = serde_json::from_slice(&empty).unwrap();
+        assert_eq!(v["@metadata"]["@id"], "a");
+        assert!(v["@metadata"].get("@collection").is_none());
+    }
+
+    #[test]
+    fn rejects_non_objects_and_names_the_position_of_bad_json() {
+        assert!(matches!(
+            PreparedDoc::parse(b"[1]"),
+            Err(DocError::InvalidDocument(_))
+        ));
+        match PreparedDoc::parse(b"{\n  \"a\": tru }") {
+            Err(DocError::MalformedJson { line, column, .. }) => {
+                assert_eq!((line, column), (2, 11))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(PreparedDoc::parse(br#"{"@metadata":[]}"#).is_err());
+        assert!(PreparedDoc::parse(br#"{"@metadata":{"@collection":"@x"}}"#).is_err());
+        assert!(PreparedDoc::parse(br#"{"@metadata":{"@collection":5}}"#).is_err());
+    }
+}

@@ -1,0 +1,105 @@
+//! Typed errors of the document layer. The server maps each variant to an HTTP
+//! status and a stable error code.
+
+pub type Result<T, E = DocError> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DocError {
+    #[error("database {0:?} does not exist")]
+    DatabaseNotFound(String),
+
+    #[error("database {0:?} already exists")]
+    DatabaseExists(String),
+
+    #[error("database {name:?} is still in use after {waited_ms} ms; try again")]
+    DatabaseBusy { name: String, waited_ms: u64 },
+
+    #[error("invalid database name {name:?}: {why}")]
+    InvalidDatabaseName { name: String, why: String },
+
+    #[error("invalid document id {id:?}: {why}")]
+    InvalidId { id: String, why: String },
+
+    #[error("invalid collection name {name:?}: {why}")]
+    InvalidCollection { name: String, why: String },
+
+    #[error("document {id:?} does not exist")]
+    DocumentNotFound { id: String },
+
+    /// A conditional write found another etag (or no document, or a document where
+    /// none was expected). `current` is the etag the document has now, if any.
+    #[error("document {id:?}: {why}")]
+    Conflict {
+        id: String,
+        current: Option<crate::Etag>,
+        why: String,
+    },
+
+    #[error("invalid JSON at line {line}, column {column}: {message}")]
+    MalformedJson {
+        line: usize,
+        column: usize,
+        message: String,
+    },
+
+    #[error("invalid document: {0}")]
+    InvalidDocument(String),
+
+    #[error("document of {len} bytes exceeds the limit of {max} bytes")]
+    DocumentTooLarge { len: usize, max: usize },
+
+    #[error("batch of {len} operations exceeds the limit of {max}")]
+    BatchTooLong { len: usize, max: usize },
+
+    #[error("batch operation {index} failed, nothing in the batch was applied: {source}")]
+    BatchOpFailed {
+        index: usize,
+        #[source]
+        source: Box<DocError>,
+    },
+
+    #[error("invalid etag {0:?}")]
+    InvalidEtag(String),
+
+    #[error("stored document {id:?} is unreadable: {why}")]
+    CorruptRecord { id: String, why: String },
+
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error(transparent)]
+    Storage(#[from] kiln_storage::Error),
+}
+
+impl DocError {
+    pub(crate) fn io(path: impl Into<std::path::PathBuf>, source: std::io::Error) -> Self {
+        DocError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// A unit of work run by the commit queue can only fail with a storage error; a
+    /// document error travels inside `UnitFailed` and is taken out again here.
+    pub(crate) fn from_unit(e: kiln_storage::Error) -> Self {
+        match e {
+            kiln_storage::Error::UnitFailed(inner) => match inner.downcast::<DocError>() {
+                Ok(doc) => *doc,
+                Err(other) => DocError::Storage(kiln_storage::Error::UnitFailed(other)),
+            },
+            other => DocError::Storage(other),
+        }
+    }
+
+    pub(crate) fn into_unit(self) -> kiln_storage::Error {
+        match self {
+            DocError::Storage(e) => e,
+            other => kiln_storage::Error::UnitFailed(Box::new(other)),
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! What a database name, a document id and a collection name may be.
+
+use crate::{DocError, Result};
+
+/// Collection names are short: they prefix every key of the collection index.
+pub const MAX_COLLECTION_LEN: usize = 128;
+const MAX_DATABASE_NAME_LEN: usize = 64;
+
+/// Database names become directory names, so they are kept to a portable set:
+/// lowercase ASCII letters, digits, `_` and `-`, starting with a letter or digit.
+pub fn validate_database_name(name: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Err(DocError::InvalidDatabaseName {
+            name: name.to_string(),
+            why: why.to_string(),
+        })
+    };
+    if name.is_empty() || name.len() > MAX_DATABASE_NAME_LEN {
+        return bad("must be 1 to 64 characters");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    {
+        return bad("only lowercase letters, digits, '_' and '-' are allowed");
+    }
+    if !name.as_bytes()[0].is_ascii_alphanumeric() {
+        return bad("must start with a letter or a digit");
+    }
+    Ok(())
+}
+
+/// Ids are any UTF-8 text without control characters, up to `max_len` bytes (the
+/// engine's key limit bounds it from above).
+pub fn validate_id(id: &str, max_len: usize) -> Result<()> {
+    let bad = |why: String| {
+        Err(DocError::InvalidId {
+            id: id.chars().take(80).collect(),
+            why,
+        })
+    };
+    if id.is_empty() {
+        return bad("ids may not be empty".into());
+    }
+    if id.len() > max_len {
+        return bad(format!(
+            "{} bytes is over the limit of {max_len} bytes",
+            id.len()
+        ));
+    }
+    if let Some(c) = id.chars().find(|c| c.is_control()) {
+        return bad(format!(
+            "control character U+{:04X} is not allowed",
+            c as u32
+        ));
+    }
+    Ok(())
+}
+
+/// Collection names: 1..=128 bytes, no control characters (a NUL would break the
+/// collection index's key layout), not starting with `@` (reserved).
+pub fn validate_collection(name: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Err(DocError::InvalidCollection {
+            name: name.chars().take(80).collect(),
+            why: why.to_string(),
+        })
+    };
+    if name.is_empty() || name.len() > MAX_COLLECTION_LEN {
+        return bad("must be 1 to 128 bytes");
+    }
+    if name.chars().any(|c| c.is_control()) {
+        return bad("control characters are not allowed");
+    }
+    if name.starts_with('@') {
+        return bad("names starting with '@' are reserved");
+    }
+    Ok(())
+}
+
+/// The collection a document belongs to when its `@metadata` names none: the part
+/// of its id before the first `/` (`users/ada` -> `users`), else no collection.
+pub(crate) fn collection_from_id(id: &str) -> Option<&str> {
+    match id.split_once('/') {
+        Some((prefix, _)) if validate_collection(prefix).is_ok() => Some(prefix),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_ids_and_collections() {
+        assert!(validate_database_name("shop-2_x").is_ok());
+        for bad in ["", "Shop", "-x", "a/b", "a.b", &"x".repeat(65)] {
+            assert!(validate_database_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_id("users/ada", 10).is_ok());
+        assert!(validate_id("", 10).is_err());
+        assert!(validate_id("users/ada!", 9).is_err());
+        assert!(validate_id("a\u{0}b", 10).is_err());
+        assert!(validate_id("é/ü", 10).is_ok());
+        assert_eq!(collection_from_id("users/ada"), Some("users"));
+        assert_eq!(collection_from_id("ada"), None);
+        assert_eq!(collection_from_id("/ada"), None);
+        assert_eq!(collection_from_id("@x/ada"), None);
+    }
+}

@@ -1,0 +1,41 @@
+//! `kiln-docs`: Kiln's document layer, embeddable without HTTP.
+//!
+//! - A [`DocStore`] is a directory of databases; each [`Database`] is its own
+//!   `kiln-storage` environment (its own journal, data file and flusher).
+//! - Documents are JSON objects stored by id. The server keeps `@metadata` in each
+//!   document: `@id`, `@collection`, `@etag` and `@last-modified`; other keys a client
+//!   puts under `@metadata` are kept.
+//! - Every write gets a new etag from a counter per database, so etags only grow.
+//!   A database also has a random incarnation number that is part of every etag, so
+//!   that a database deleted and created again never hands out an etag a cache
+//!   might still hold for a different document.
+//! - Writes go through the engine's commit queue (`Env::submit`): concurrent writers
+//!   are merged into one transaction and one durable journal write.
+//!
+//! ```no_run
+//! use kiln_docs::{Condition, DocStore, DocsOptions};
+//! let store = DocStore::open("./kiln-data", DocsOptions::default())?;
+//! let db = store.create_database("shop")?;
+//! let put = db.put("users/ada", br#"{"name":"Ada"}"#, Condition::None)?;
+//! let doc = db.get("users/ada")?.expect("just written");
+//! assert_eq!(doc.etag, put.etag);
+//! # Ok::<(), kiln_docs::DocError>(())
+//! ```
+
+mod database;
+mod document;
+mod error;
+mod etag;
+mod id;
+mod record;
+mod store;
+
+pub use database::{
+    BatchOp, BatchOutcome, CollectionCount, Condition, Database, DatabaseStats, DeleteOutcome,
+    DocId, Page, PutOutcome,
+};
+pub use document::Document;
+pub use error::{DocError, Result};
+pub use etag::Etag;
+pub use id::{validate_collection, validate_database_name, validate_id, MAX_COLLECTION_LEN};
+pub use store::{DocStore, DocsOptions};

@@ -1,0 +1,241 @@
+//! A directory of databases.
+//!
+//! ```text
+//! <dir>/databases/<name>/   one storage environment per database
+//! <dir>/trash/              databases being created or deleted
+//! ```
+//! A database is created in `trash/` and renamed into `databases/` once its trees
+//! and meta are committed, and deleted by renaming it back into `trash/` before
+//! removing its files, so that a crash never leaves half a database that would open
+//! at the next start.
+
+use crate::database::Limits;
+use crate::{validate_database_name, Database, DocError, Result};
+use parking_lot::{Mutex, RwLock};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const DATABASES_DIR: &str = "databases";
+const TRASH_DIR: &str = "trash";
+
+#[derive(Clone)]
+pub struct DocsOptions {
+    /// Options for each database's storage environment. A `journal_dir` here is a
+    /// parent: each database journals into `<journal_dir>/<name>`.
+    pub storage: kiln_storage::Options,
+    pub max_document_bytes: usize,
+    pub max_id_bytes: usize,
+    pub max_batch_ops: usize,
+    /// How long deleting a database waits for requests still using it.
+    pub delete_wait_ms: u64,
+}
+
+impl Default for DocsOptions {
+    fn default() -> Self {
+        DocsOptions {
+            storage: kiln_storage::Options::default(),
+            max_document_bytes: 16 << 20,
+            max_id_bytes: 512,
+            max_batch_ops: 10_000,
+            delete_wait_ms: 10_000,
+        }
+    }
+}
+
+impl DocsOptions {
+    fn limits(&self) -> Result<Limits> {
+        if self.max_id_bytes == 0 || self.max_id_bytes > kiln_storage::MAX_KEY_SIZE {
+            return Err(DocError::Storage(kiln_storage::Error::InvalidOption(
+                format!(
+                    "max_id_bytes must be 1..={} (the engine's key limit)",
+                    kiln_storage::MAX_KEY_SIZE
+                ),
+            )));
+        }
+        Ok(Limits {
+            max_document_bytes: self.max_document_bytes,
+            max_id_bytes: self.max_id_bytes,
+            max_batch_ops: self.max_batch_ops,
+        })
+    }
+
+    fn storage_for(&self, name: &str) -> kiln_storage::Options {
+        let mut o = self.storage.clone();
+        o.journal_dir = self.storage.journal_dir.as_ref().map(|j| j.join(name));
+        o
+    }
+}
+
+pub struct DocStore {
+    dir: PathBuf,
+    opts: DocsOptions,
+    databases: RwLock<BTreeMap<String, Arc<Database>>>,
+    /// Creating and deleting databases take turns.
+    admin: Mutex<()>,
+}
+
+impl DocStore {
+    /// Opens (creating if needed) the store at `dir` and every database in it.
+    pub fn open(dir: impl AsRef<Path>, opts: DocsOptions) -> Result<DocStore> {
+        let dir = dir.as_ref().to_path_buf();
+        let limits = opts.limits()?;
+        let dbs_dir = dir.join(DATABASES_DIR);
+        let trash = dir.join(TRASH_DIR);
+        std::fs::create_dir_all(&dbs_dir).map_err(|e| DocError::io(&dbs_dir, e))?;
+        if trash.exists() {
+            std::fs::remove_dir_all(&trash).map_err(|e| DocError::io(&trash, e))?;
+        }
+        std::fs::create_dir_all(&trash).map_err(|e| DocError::io(&trash, e))?;
+        let mut databases = BTreeMap::new();
+        let entries = std::fs::read_dir(&dbs_dir).map_err(|e| DocError::io(&dbs_dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| DocError::io(&dbs_dir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if validate_database_name(&name).is_err() {
+                tracing::warn!(path = %entry.path().display(), "ignoring a directory that is not a database name");
+                continue;
+            }
+            let db = Database::open(&name, &entry.path(), opts.storage_for(&name), limits, false)?;
+            databases.insert(name, Arc::new(db));
+        }
+        Ok(DocStore {
+            dir,
+            opts,
+            databases: RwLock::new(databases),
+            admin: Mutex::new(()),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn database(&self, name: &str) -> Result<Arc<Database>> {
+        self.databases
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| DocError::DatabaseNotFound(name.to_string()))
+    }
+
+    pub fn database_names(&self) -> Vec<String> {
+        self.databases.read().keys().cloned().collect()
+    }
+
+    pub fn databases(&self) -> Vec<Arc<Database>> {
+        self.databases.read().values().cloned().collect()
+    }
+
+    pub fn create_database(&self, name: &str) -> Result<Arc<Database>> {
+        validate_database_name(name)?;
+        let limits = self.opts.limits()?;
+        let _turn = self.admin.lock();
+        if self.databases.read().contains_key(name) {
+            return Err(DocError::DatabaseExists(name.to_string()));
+        }
+        let final_dir = self.dir.join(DATABASES_DIR).join(name);
+        if final_dir.exists() {
+            return Err(DocError::DatabaseExists(name.to_string()));
+        }
+        let staging = self
+            .dir
+            .join(TRASH_DIR)
+            .join(format!("creating-{name}-{}", unique_suffix()));
+        let storage = self.opts.storage_for(name);
+        let mut db = Database::open(name, &staging, storage.clone(), limits, true)?;
+        db.close_env()?;
+        std::fs::rename(&staging, &final_dir).map_err(|e| DocError::io(&final_dir, e))?;
+        sync_dir(&self.dir.join(DATABASES_DIR))?;
+        let db = Arc::new(Database::open(name, &final_dir, storage, limits, false)?);
+        self.databases.write().insert(name.to_string(), db.clone());
+        tracing::info!(database = name, "database created");
+        Ok(db)
+    }
+
+    /// Deletes a database and its files. Requests already using it finish (or fail
+    /// with `DatabaseNotFound`); new ones see it gone at once.
+    pub fn delete_database(&self, name: &str) -> Result<()> {
+        validate_database_name(name)?;
+        let _turn = self.admin.lock();
+        let db = self
+            .databases
+            .write()
+            .remove(name)
+            .ok_or_else(|| DocError::DatabaseNotFound(name.to_string()))?;
+        db.mark_deleted();
+        // Its environment must be closed before its files go: wait for the requests
+        // still holding it.
+        let deadline = Instant::now() + Duration::from_millis(self.opts.delete_wait_ms);
+        let mut db = db;
+        let mut owned = loop {
+            match Arc::try_unwrap(db) {
+                Ok(owned) => break owned,
+                Err(shared) if Instant::now() < deadline => {
+                    db = shared;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(shared) => {
+                    self.databases.write().insert(name.to_string(), shared);
+                    return Err(DocError::DatabaseBusy {
+                        name: name.to_string(),
+                        waited_ms: self.opts.delete_wait_ms,
+                    });
+                }
+            }
+        };
+        owned.close_env()?;
+        let dir = self.dir.join(DATABASES_DIR).join(name);
+        let doomed = self
+            .dir
+            .join(TRASH_DIR)
+            .join(format!("deleted-{name}-{}", unique_suffix()));
+        std::fs::rename(&dir, &doomed).map_err(|e| DocError::io(&dir, e))?;
+        sync_dir(&self.dir.join(DATABASES_DIR))?;
+        std::fs::remove_dir_all(&doomed).map_err(|e| DocError::io(&doomed, e))?;
+        if let Some(journal_parent) = &self.opts.storage.journal_dir {
+            let j = journal_parent.join(name);
+            if j.exists() {
+                std::fs::remove_dir_all(&j).map_err(|e| DocError::io(&j, e))?;
+            }
+        }
+        tracing::info!(database = name, "database deleted");
+        Ok(())
+    }
+
+    /// Closes every database (flushing and syncing each).
+    pub fn close(self) -> Result<()> {
+        let dbs = std::mem::take(&mut *self.databases.write());
+        let mut first_err = None;
+        for (name, db) in dbs {
+            match Arc::try_unwrap(db) {
+                Ok(mut db) => {
+                    if let Err(e) = db.close_env() {
+                        tracing::error!(database = %name, error = %e, "closing failed");
+                        first_err.get_or_insert(e);
+                    }
+                }
+                // Still in use somewhere: it closes when its last user drops it.
+                Err(_) => {
+                    tracing::warn!(database = %name, "still in use at close; it closes when released")
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+fn unique_suffix() -> String {
+    format!(
+        "{}-{:08x}",
+        crate::document::now_ms(),
+        rand::random::<u32>()
+    )
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| DocError::io(dir, e))
+}
