@@ -2,7 +2,10 @@
 
 mod bench;
 mod diskbench;
+mod docs_cmd;
+mod kv;
 mod rawdisk;
+mod serve_cmd;
 
 use clap::{Parser, Subcommand};
 use kiln_storage::{Env, Options};
@@ -22,35 +25,42 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Store a value (creates the environment and the tree if needed).
+    /// Run the document server (HTTP/HTTPS) on a data directory (created if needed).
+    Serve(serve_cmd::ServeArgs),
+    /// Manage API keys (hashed at rest in <data-dir>/api-keys.json).
+    #[command(subcommand)]
+    ApiKey(serve_cmd::ApiKeyCommand),
+    /// Write a JSON document (creates the database if needed). An id ending in `/`
+    /// gets a generated id under that prefix.
     Put {
         #[arg(long, default_value = "./kiln-data")]
         data_dir: PathBuf,
-        tree: String,
-        key: String,
-        value: String,
+        database: String,
+        id: String,
+        json: String,
     },
-    /// Print a value.
+    /// Print a document.
     Get {
         #[arg(long, default_value = "./kiln-data")]
         data_dir: PathBuf,
-        tree: String,
-        key: String,
+        database: String,
+        id: String,
     },
-    /// List keys and values of a tree in order (or in reverse).
-    Scan {
+    /// List documents of a database by id prefix.
+    List {
         #[arg(long, default_value = "./kiln-data")]
         data_dir: PathBuf,
-        tree: String,
-        /// Start at the first key >= this one.
-        #[arg(long)]
-        from: Option<String>,
-        #[arg(long)]
-        reverse: bool,
+        database: String,
+        #[arg(long, default_value = "")]
+        prefix: String,
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
-    /// Walk every tree and page; exit code 1 if anything is wrong.
+    /// Raw key-value access to one storage environment (no documents).
+    #[command(subcommand)]
+    Kv(kv::KvCommand),
+    /// Walk every tree and page of a storage environment, or of every database of a
+    /// data directory; exit code 1 if anything is wrong.
     Check {
         dir: PathBuf,
         #[arg(long)]
@@ -91,68 +101,67 @@ type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn run(cmd: Command) -> AnyResult<ExitCode> {
     match cmd {
+        Command::Serve(args) => serve_cmd::serve(args)?,
+        Command::ApiKey(cmd) => serve_cmd::api_key(cmd)?,
         Command::Put {
             data_dir,
-            tree,
-            key,
-            value,
-        } => {
-            let env = Env::open(&data_dir, Options::default())?;
-            let mut w = env.begin_write()?;
-            w.ensure_tree(&tree)?;
-            w.put(&tree, key.as_bytes(), value.as_bytes())?;
-            let txn = w.commit()?;
-            env.close()?;
-            println!("committed txn {txn}");
-        }
+            database,
+            id,
+            json,
+        } => return docs_cmd::put(&data_dir, &database, &id, &json),
         Command::Get {
             data_dir,
-            tree,
-            key,
-        } => {
-            let env = Env::open(&data_dir, Options::default())?;
-            let r = env.begin_read()?;
-            match r.get(&tree, key.as_bytes())? {
-                Some(v) => println!("{}", String::from_utf8_lossy(v)),
-                None => {
-                    eprintln!("not found: {key:?} in tree {tree:?}");
-                    return Ok(ExitCode::from(1));
-                }
-            }
-        }
-        Command::Scan {
+            database,
+            id,
+        } => return docs_cmd::get(&data_dir, &database, &id),
+        Command::List {
             data_dir,
-            tree,
-            from,
-            reverse,
+            database,
+            prefix,
             limit,
-        } => {
-            let env = Env::open(&data_dir, Options::default())?;
-            let r = env.begin_read()?;
-            let mut c = r.cursor(&tree)?;
-            let mut e = match (&from, reverse) {
-                (Some(k), false) => c.seek(k.as_bytes())?,
-                (Some(k), true) => c.seek_for_prev(k.as_bytes())?,
-                (None, false) => c.first()?,
-                (None, true) => c.last()?,
-            };
-            let mut n = 0;
-            while let Some((k, v)) = e {
-                if n == limit {
-                    break;
-                }
-                println!(
-                    "{}\t{}",
-                    String::from_utf8_lossy(k),
-                    String::from_utf8_lossy(v)
-                );
-                n += 1;
-                e = if reverse { c.prev()? } else { c.next()? };
+        } => return docs_cmd::list(&data_dir, &database, &prefix, limit),
+        Command::Kv(cmd) => return kv::run(cmd),
+        Command::Check { dir, json } => {
+            if let Some(databases) = docs_cmd::database_dirs(&dir)? {
+                return check_all(&databases, json);
+            }
+            require_env(&dir)?;
+            if !check_env(&dir, json)? {
+                return Ok(ExitCode::from(1));
             }
         }
-        Command::Check { dir, json } => {
+        Command::Stats { dir, json } => {
             require_env(&dir)?;
             let env = Env::open(&dir, Options::default())?;
+            print_stats(&env.stats(), json);
+        }
+        Command::Bench(args) => bench::run(args)?,
+        Command::DiskBench(args) => diskbench::run(args)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Checks every database of a document data directory.
+fn check_all(databases: &[PathBuf], json: bool) -> AnyResult<ExitCode> {
+    let mut clean = true;
+    for dir in databases {
+        if !json {
+            println!("database {}:", dir.display());
+        }
+        clean &= check_env(dir, json)?;
+    }
+    Ok(if clean {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Checks one environment and prints the report; false if it found problems.
+fn check_env(dir: &std::path::Path, json: bool) -> AnyResult<bool> {
+    {
+        {
+            let env = Env::open(dir, Options::default())?;
             let report = env.check()?;
             if json {
                 let problems: Vec<_> = report
@@ -186,19 +195,9 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
                     }
                 );
             }
-            if !report.is_clean() {
-                return Ok(ExitCode::from(1));
-            }
+            Ok(report.is_clean())
         }
-        Command::Stats { dir, json } => {
-            require_env(&dir)?;
-            let env = Env::open(&dir, Options::default())?;
-            print_stats(&env.stats(), json);
-        }
-        Command::Bench(args) => bench::run(args)?,
-        Command::DiskBench(args) => diskbench::run(args)?,
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 fn require_env(dir: &std::path::Path) -> AnyResult<()> {

@@ -24,8 +24,9 @@ fn check_finds_a_flipped_byte_and_names_the_page() {
     let d = dir.path().to_str().unwrap();
     for i in 0..20 {
         let o = kiln(&[
+            "kv",
             "put",
-            "--data-dir",
+            "--dir",
             d,
             "users",
             &format!("user{i:03}"),
@@ -33,7 +34,7 @@ fn check_finds_a_flipped_byte_and_names_the_page() {
         ]);
         assert!(o.status.success(), "{}", text(&o));
     }
-    let o = kiln(&["get", "--data-dir", d, "users", "user007"]);
+    let o = kiln(&["kv", "get", "--dir", d, "users", "user007"]);
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "{\"n\":7}");
     let o = kiln(&["check", d]);
     assert!(o.status.success(), "{}", text(&o));

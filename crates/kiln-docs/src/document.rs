@@ -42,11 +42,8 @@ pub(crate) struct PreparedDoc {
 
 impl PreparedDoc {
     pub fn parse(body: &[u8]) -> Result<PreparedDoc> {
-        let value: Value = serde_json::from_slice(body).map_err(|e| DocError::MalformedJson {
-            line: e.line(),
-            column: e.column(),
-            message: e.to_string(),
-        })?;
+        let value: Value =
+            serde_json::from_slice(body).map_err(|e| DocError::malformed_json(&e))?;
         Self::from_value(value)
     }
 

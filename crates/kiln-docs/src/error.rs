@@ -77,6 +77,17 @@ pub enum DocError {
 }
 
 impl DocError {
+    /// From a serde_json error, keeping its position apart from its message.
+    pub fn malformed_json(e: &serde_json::Error) -> Self {
+        let text = e.to_string();
+        let suffix = format!(" at line {} column {}", e.line(), e.column());
+        DocError::MalformedJson {
+            line: e.line(),
+            column: e.column(),
+            message: text.strip_suffix(&suffix).unwrap_or(&text).to_string(),
+        }
+    }
+
     pub(crate) fn io(path: impl Into<std::path::PathBuf>, source: std::io::Error) -> Self {
         DocError::Io {
             path: path.into(),

@@ -1,0 +1,86 @@
+//! `kiln put/get/list`: documents in a data directory without a server (the server
+//! must not be running on the same directory: each database is locked by one
+//! process at a time).
+
+use kiln_docs::{Condition, DocError, DocId, DocStore, DocsOptions};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+fn open(data_dir: &Path) -> crate::AnyResult<DocStore> {
+    Ok(DocStore::open(data_dir, DocsOptions::default())?)
+}
+
+pub fn put(data_dir: &Path, database: &str, id: &str, json: &str) -> crate::AnyResult<ExitCode> {
+    let store = open(data_dir)?;
+    let db = match store.database(database) {
+        Ok(db) => db,
+        Err(DocError::DatabaseNotFound(_)) => store.create_database(database)?,
+        Err(e) => return Err(e.into()),
+    };
+    let target = if id.ends_with('/') {
+        DocId::Generate {
+            prefix: id.to_string(),
+        }
+    } else {
+        DocId::Given(id.to_string())
+    };
+    let out = db.put_to(target, json.as_bytes(), Condition::None)?;
+    drop(db);
+    store.close()?;
+    println!(
+        "{}",
+        serde_json::json!({"id": out.id, "etag": out.etag.to_string(), "created": out.created})
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn get(data_dir: &Path, database: &str, id: &str) -> crate::AnyResult<ExitCode> {
+    let store = open(data_dir)?;
+    match store.database(database)?.get(id)? {
+        Some(doc) => {
+            println!("{}", String::from_utf8_lossy(&doc.json));
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            eprintln!("not found: document {id:?} in database {database:?}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+pub fn list(
+    data_dir: &Path,
+    database: &str,
+    prefix: &str,
+    limit: usize,
+) -> crate::AnyResult<ExitCode> {
+    let store = open(data_dir)?;
+    let page = store
+        .database(database)?
+        .list_by_prefix(prefix, None, limit)?;
+    for doc in &page.items {
+        println!("{}", String::from_utf8_lossy(&doc.json));
+    }
+    if let Some(next) = page.next {
+        eprintln!("(more after {next:?})");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The database directories of a document data directory, or `None` if `dir` is
+/// not one (then it may be a single storage environment).
+pub fn database_dirs(dir: &Path) -> crate::AnyResult<Option<Vec<PathBuf>>> {
+    let dbs = dir.join("databases");
+    if !dbs.is_dir() || dir.join(kiln_storage::DATA_FILE).exists() {
+        return Ok(None);
+    }
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dbs).map_err(|e| format!("{}: {e}", dbs.display()))? {
+        let path = entry.map_err(|e| format!("{}: {e}", dbs.display()))?.path();
+        if path.join(kiln_storage::DATA_FILE).exists() {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Ok(Some(out))
+}

@@ -1,0 +1,102 @@
+//! `kiln kv`: raw key-value access to one storage environment, below the document
+//! layer (for inspecting a database's trees or using the engine on its own).
+
+use clap::Subcommand;
+use kiln_storage::{Env, Options};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Subcommand)]
+pub enum KvCommand {
+    /// Store a value (creates the environment and the tree if needed).
+    Put {
+        #[arg(long, default_value = "./kiln-kv")]
+        dir: PathBuf,
+        tree: String,
+        key: String,
+        value: String,
+    },
+    /// Print a value.
+    Get {
+        #[arg(long, default_value = "./kiln-kv")]
+        dir: PathBuf,
+        tree: String,
+        key: String,
+    },
+    /// List keys and values of a tree in order (or in reverse).
+    Scan {
+        #[arg(long, default_value = "./kiln-kv")]
+        dir: PathBuf,
+        tree: String,
+        /// Start at the first key >= this one.
+        #[arg(long)]
+        from: Option<String>,
+        #[arg(long)]
+        reverse: bool,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+}
+
+pub fn run(cmd: KvCommand) -> crate::AnyResult<ExitCode> {
+    match cmd {
+        KvCommand::Put {
+            dir,
+            tree,
+            key,
+            value,
+        } => {
+            let env = Env::open(&dir, Options::default())?;
+            let mut w = env.begin_write()?;
+            w.ensure_tree(&tree)?;
+            w.put(&tree, key.as_bytes(), value.as_bytes())?;
+            let txn = w.commit()?;
+            env.close()?;
+            println!("committed txn {txn}");
+        }
+        KvCommand::Get { dir, tree, key } => {
+            crate::require_env(&dir)?;
+            let env = Env::open(&dir, Options::default())?;
+            let r = env.begin_read()?;
+            match r.get(&tree, key.as_bytes())? {
+                Some(v) => println!("{}", String::from_utf8_lossy(v)),
+                None => {
+                    eprintln!("not found: {key:?} in tree {tree:?}");
+                    return Ok(ExitCode::from(1));
+                }
+            }
+        }
+        KvCommand::Scan {
+            dir,
+            tree,
+            from,
+            reverse,
+            limit,
+        } => {
+            crate::require_env(&dir)?;
+            let env = Env::open(&dir, Options::default())?;
+            let r = env.begin_read()?;
+            let mut c = r.cursor(&tree)?;
+            let mut e = match (&from, reverse) {
+                (Some(k), false) => c.seek(k.as_bytes())?,
+                (Some(k), true) => c.seek_for_prev(k.as_bytes())?,
+                (None, false) => c.first()?,
+                (None, true) => c.last()?,
+            };
+            let mut n = 0;
+            while let Some((k, v)) = e {
+                if n == limit {
+                    break;
+                }
+                println!(
+                    "{}\t{}",
+                    String::from_utf8_lossy(k),
+                    String::from_utf8_lossy(v)
+                );
+                n += 1;
+                e = if reverse { c.prev()? } else { c.next()? };
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,138 @@
+//! `kiln serve` and `kiln api-key`.
+
+use clap::{Args, Subcommand};
+use kiln_server::{Limits, ServerConfig, TlsConfig};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Where the databases live (created if missing).
+    #[arg(long, default_value = "./kiln-data")]
+    data_dir: PathBuf,
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    bind: SocketAddr,
+    /// PEM certificate chain; with --tls-key, serves HTTPS.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA certificates: a client certificate signed by one authenticates.
+    #[arg(long, requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Require an API key (or a verified client certificate) on every request.
+    #[arg(long)]
+    auth: bool,
+    /// Listen on a non-loopback address without TLS and authentication anyway.
+    #[arg(long)]
+    unsecured: bool,
+    #[arg(long, default_value_t = Limits::default().max_body_bytes)]
+    max_body_bytes: usize,
+    #[arg(long, default_value_t = kiln_docs::DocsOptions::default().max_document_bytes)]
+    max_document_bytes: usize,
+    #[arg(long, default_value_t = kiln_docs::DocsOptions::default().max_batch_ops)]
+    max_batch_ops: usize,
+    #[arg(long, default_value_t = kiln_docs::DocsOptions::default().max_id_bytes)]
+    max_id_bytes: usize,
+    #[arg(long, default_value_t = Limits::default().max_page_size)]
+    max_page_size: usize,
+    #[arg(long, default_value_t = Limits::default().max_connections)]
+    max_connections: usize,
+    #[arg(long, default_value_t = Limits::default().request_read_timeout_ms)]
+    request_read_timeout_ms: u64,
+    /// Worker threads for the async runtime (default: one per core).
+    #[arg(long)]
+    worker_threads: Option<usize>,
+}
+
+#[derive(Subcommand)]
+pub enum ApiKeyCommand {
+    /// Create a key and print it (the only time it is shown).
+    Create {
+        #[arg(long, default_value = "./kiln-data")]
+        data_dir: PathBuf,
+        /// A name to recognise the key by.
+        #[arg(long)]
+        name: String,
+    },
+    /// List keys (ids and names; never secrets).
+    List {
+        #[arg(long, default_value = "./kiln-data")]
+        data_dir: PathBuf,
+    },
+    /// Revoke a key by id; a running server notices within a request.
+    Revoke {
+        #[arg(long, default_value = "./kiln-data")]
+        data_dir: PathBuf,
+        id: String,
+    },
+}
+
+pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
+    let mut config = ServerConfig::new(&a.data_dir, a.bind);
+    config.tls = match (a.tls_cert, a.tls_key) {
+        (Some(cert_chain_pem), Some(private_key_pem)) => Some(TlsConfig {
+            cert_chain_pem,
+            private_key_pem,
+            client_ca_pem: a.tls_client_ca,
+        }),
+        _ => None,
+    };
+    config.require_auth = a.auth;
+    config.unsecured = a.unsecured;
+    config.limits = Limits {
+        max_body_bytes: a.max_body_bytes,
+        max_page_size: a.max_page_size,
+        max_connections: a.max_connections,
+        request_read_timeout_ms: a.request_read_timeout_ms,
+        default_page_size: Limits::default().default_page_size.min(a.max_page_size),
+    };
+    config.docs.max_document_bytes = a.max_document_bytes;
+    config.docs.max_batch_ops = a.max_batch_ops;
+    config.docs.max_id_bytes = a.max_id_bytes;
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all()
+        // Every write waits for its commit on a blocking thread: allow one per
+        // connection.
+        .max_blocking_threads(a.max_connections.clamp(16, 4096));
+    if let Some(n) = a.worker_threads {
+        rt.worker_threads(n);
+    }
+    let rt = rt.build()?;
+    eprintln!(
+        "kiln serving {} on {}://{} (Ctrl-C to stop)",
+        a.data_dir.display(),
+        if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        },
+        a.bind
+    );
+    rt.block_on(kiln_server::run_until_signal(config))?;
+    Ok(())
+}
+
+pub fn api_key(cmd: ApiKeyCommand) -> crate::AnyResult<()> {
+    use kiln_server::auth;
+    match cmd {
+        ApiKeyCommand::Create { data_dir, name } => {
+            let (rec, key) = auth::create_api_key(&data_dir, &name)?;
+            eprintln!(
+                "created key {} ({}); store it now, it is not kept:",
+                rec.id, rec.name
+            );
+            println!("{key}");
+        }
+        ApiKeyCommand::List { data_dir } => {
+            for k in auth::list_api_keys(&data_dir)? {
+                println!("{}\t{}\tcreated {}", k.id, k.name, k.created_ms);
+            }
+        }
+        ApiKeyCommand::Revoke { data_dir, id } => {
+            auth::revoke_api_key(&data_dir, &id)?;
+            println!("revoked {id}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,143 @@
+//! The router: routes, shared state, and the layers every request passes
+//! (metrics, then authentication).
+
+use crate::auth::KeyVerifier;
+use crate::config::Limits;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::{routes_admin, routes_docs};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::Router;
+use kiln_docs::DocStore;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub struct AppState {
+    pub store: Arc<DocStore>,
+    pub metrics: Arc<Metrics>,
+    pub limits: Limits,
+    pub require_auth: bool,
+    pub keys: Arc<KeyVerifier>,
+}
+
+pub type SharedState = Arc<AppState>;
+
+/// What the connection knows about its client; inserted into every request.
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    pub peer: std::net::SocketAddr,
+    /// The client presented a certificate that the configured CA verified.
+    pub client_certificate: bool,
+}
+
+pub fn router(state: SharedState) -> Router {
+    Router::new()
+        .route("/metrics", get(routes_admin::metrics))
+        .route("/stats", get(routes_admin::server_stats))
+        .route("/dbs", get(routes_admin::list_databases))
+        .route(
+            "/dbs/{db}",
+            put(routes_admin::create_database)
+                .get(routes_admin::database_stats)
+                .delete(routes_admin::delete_database),
+        )
+        .route("/dbs/{db}/docs", get(routes_docs::list_by_prefix))
+        .route(
+            "/dbs/{db}/docs/{*id}",
+            get(routes_docs::get_document)
+                .put(routes_docs::put_document)
+                .post(routes_docs::put_document)
+                .delete(routes_docs::delete_document),
+        )
+        .route("/dbs/{db}/batch", post(routes_docs::batch))
+        .route("/dbs/{db}/collections", get(routes_docs::collections))
+        .route(
+            "/dbs/{db}/collections/{collection}/docs",
+            get(routes_docs::list_collection),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ))
+        // /health answers without authentication (load balancers, probes).
+        .route("/health", get(routes_admin::health))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), track))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such endpoint; see the README or openapi.yaml",
+    )
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this endpoint does not take that method",
+    )
+}
+
+/// Counts and times every routed request by its route template.
+async fn track(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let method = req.method().to_string();
+    let resp = next.run(req).await;
+    state
+        .metrics
+        .record_request(&route, &method, resp.status().as_u16(), started.elapsed());
+    resp
+}
+
+/// With authentication on, a request needs a verified client certificate or a valid
+/// API key (`Authorization: Bearer <key>` or `X-Api-Key: <key>`).
+async fn authenticate(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+    if !state.require_auth {
+        return next.run(req).await;
+    }
+    if req
+        .extensions()
+        .get::<ConnInfo>()
+        .is_some_and(|c| c.client_certificate)
+    {
+        return next.run(req).await;
+    }
+    let headers = req.headers();
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
+    let Some(key) = presented else {
+        return unauthorized("authentication required: send an API key (Authorization: Bearer <key>) or a client certificate");
+    };
+    let keys = state.keys.clone();
+    let key = key.trim().to_string();
+    match keys.verify(&key) {
+        Some(_name) => next.run(req).await,
+        None => unauthorized("the API key is not valid (unknown, revoked or mistyped)"),
+    }
+}
+
+fn unauthorized(message: &str) -> Response {
+    let mut r = ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).into_response();
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"kiln\""),
+    );
+    r
+}

@@ -1,0 +1,204 @@
+//! API keys: `kiln_<id>_<secret>`. Only the SHA-256 of the secret is kept, in
+//! `<data_dir>/api-keys.json` (written whole to a temporary file, synced, renamed).
+//! The secrets are 256 random bits, so a fast hash is enough: there is nothing to
+//! brute-force. The server re-reads the file when it changes, so keys created or
+//! revoked with the CLI take effect without a restart.
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+pub const API_KEYS_FILE: &str = "api-keys.json";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ApiKeyRecord {
+    pub id: String,
+    pub name: String,
+    /// Hex SHA-256 of the secret part.
+    pub secret_sha256: String,
+    pub created_ms: u64,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct KeyFile {
+    keys: Vec<ApiKeyRecord>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid key file: {why}")]
+    Malformed { path: PathBuf, why: String },
+    #[error("no API key with id {0:?}")]
+    NoSuchKey(String),
+    #[error("invalid key name {0:?}: 1 to 64 printable characters")]
+    InvalidName(String),
+}
+
+fn key_file(data_dir: &Path) -> PathBuf {
+    data_dir.join(API_KEYS_FILE)
+}
+
+fn read_keys(path: &Path) -> Result<KeyFile, AuthError> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| AuthError::Malformed {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(KeyFile::default()),
+        Err(source) => Err(AuthError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+fn write_keys(data_dir: &Path, file: &KeyFile) -> Result<(), AuthError> {
+    use std::io::Write;
+    let path = key_file(data_dir);
+    let tmp = data_dir.join(format!("{API_KEYS_FILE}.tmp"));
+    let io = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| AuthError::Io { path: p, source }
+    };
+    std::fs::create_dir_all(data_dir).map_err(io(data_dir))?;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts.open(&tmp).map_err(io(&tmp))?;
+    f.write_all(&serde_json::to_vec_pretty(file).expect("serializable"))
+        .and_then(|_| f.sync_all())
+        .map_err(io(&tmp))?;
+    std::fs::rename(&tmp, &path).map_err(io(&path))?;
+    std::fs::File::open(data_dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(data_dir))?;
+    Ok(())
+}
+
+fn sha256_hex(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// Creates a key and returns it in full; this is the only time the secret is seen.
+pub fn create_api_key(data_dir: &Path, name: &str) -> Result<(ApiKeyRecord, String), AuthError> {
+    if name.is_empty() || name.len() > 64 || name.chars().any(|c| c.is_control()) {
+        return Err(AuthError::InvalidName(name.to_string()));
+    }
+    let mut file = read_keys(&key_file(data_dir))?;
+    let id = hex::encode(rand::random::<[u8; 4]>());
+    let secret = hex::encode(rand::random::<[u8; 32]>());
+    let record = ApiKeyRecord {
+        id: id.clone(),
+        name: name.to_string(),
+        secret_sha256: sha256_hex(&secret),
+        created_ms: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+    };
+    file.keys.push(record.clone());
+    write_keys(data_dir, &file)?;
+    Ok((record, format!("kiln_{id}_{secret}")))
+}
+
+pub fn list_api_keys(data_dir: &Path) -> Result<Vec<ApiKeyRecord>, AuthError> {
+    Ok(read_keys(&key_file(data_dir))?.keys)
+}
+
+pub fn revoke_api_key(data_dir: &Path, id: &str) -> Result<(), AuthError> {
+    let mut file = read_keys(&key_file(data_dir))?;
+    let before = file.keys.len();
+    file.keys.retain(|k| k.id != id);
+    if file.keys.len() == before {
+        return Err(AuthError::NoSuchKey(id.to_string()));
+    }
+    write_keys(data_dir, &file)
+}
+
+/// Checks presented keys against the key file, re-reading it when it changed.
+pub struct KeyVerifier {
+    path: PathBuf,
+    cache: Mutex<(Option<SystemTime>, Vec<ApiKeyRecord>)>,
+}
+
+impl KeyVerifier {
+    pub fn new(data_dir: &Path) -> Result<KeyVerifier, AuthError> {
+        let v = KeyVerifier {
+            path: key_file(data_dir),
+            cache: Mutex::new((None, Vec::new())),
+        };
+        v.refresh()?;
+        Ok(v)
+    }
+
+    fn refresh(&self) -> Result<(), AuthError> {
+        let mtime = std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok();
+        let mut cache = self.cache.lock();
+        if cache.0 != mtime || mtime.is_none() {
+            let keys = read_keys(&self.path)?.keys;
+            *cache = (mtime, keys);
+        }
+        Ok(())
+    }
+
+    /// The name of the key, if `presented` is a valid one.
+    pub fn verify(&self, presented: &str) -> Option<String> {
+        let rest = presented.strip_prefix("kiln_")?;
+        let (id, secret) = rest.split_once('_')?;
+        if let Err(e) = self.refresh() {
+            // Keep the keys last read rather than locking everybody out.
+            tracing::error!(error = %e, "could not re-read the API key file");
+        }
+        let digest = sha256_hex(secret);
+        let cache = self.cache.lock();
+        cache
+            .1
+            .iter()
+            .find(|k| k.id == id && constant_time_eq(k.secret_sha256.as_bytes(), digest.as_bytes()))
+            .map(|k| k.name.clone())
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_hashed_at_rest_verified_and_revoked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rec, key) = create_api_key(dir.path(), "ci").unwrap();
+        let on_disk = std::fs::read_to_string(dir.path().join(API_KEYS_FILE)).unwrap();
+        let secret = key.rsplit('_').next().unwrap();
+        assert!(!on_disk.contains(secret), "the secret must not be stored");
+        let v = KeyVerifier::new(dir.path()).unwrap();
+        assert_eq!(v.verify(&key).as_deref(), Some("ci"));
+        assert_eq!(v.verify(&format!("{key}x")), None);
+        assert_eq!(v.verify("kiln_nope_nope"), None);
+        assert_eq!(v.verify(""), None);
+        revoke_api_key(dir.path(), &rec.id).unwrap();
+        // The verifier notices the file changed (mtime granularity permitting).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let v2 = KeyVerifier::new(dir.path()).unwrap();
+        assert_eq!(v2.verify(&key), None);
+        assert!(matches!(
+            revoke_api_key(dir.path(), &rec.id),
+            Err(AuthError::NoSuchKey(_))
+        ));
+        assert!(create_api_key(dir.path(), "").is_err());
+    }
+}

@@ -1,0 +1,138 @@
+//! What `kiln serve` is told: where, how securely, and within which limits.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Clone)]
+pub struct ServerConfig {
+    pub data_dir: PathBuf,
+    pub bind: SocketAddr,
+    pub tls: Option<TlsConfig>,
+    /// Every request (but `GET /health`) must carry a valid API key or come over a
+    /// connection with a verified client certificate.
+    pub require_auth: bool,
+    /// Allow a non-loopback address without TLS and authentication.
+    pub unsecured: bool,
+    pub limits: Limits,
+    pub docs: kiln_docs::DocsOptions,
+    /// How long a graceful shutdown waits for in-flight requests.
+    pub shutdown_grace_ms: u64,
+}
+
+#[derive(Clone)]
+pub struct TlsConfig {
+    pub cert_chain_pem: PathBuf,
+    pub private_key_pem: PathBuf,
+    /// CA certificates whose client certificates authenticate a connection.
+    pub client_ca_pem: Option<PathBuf>,
+}
+
+/// Limits on what a client may send; each has its own clear error when crossed.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Request bodies above this get 413 `body_too_large`.
+    pub max_body_bytes: usize,
+    /// Listing pages above this get 400 `page_size_too_large`.
+    pub max_page_size: usize,
+    /// Connections beyond this get 429 `too_many_connections` and are closed.
+    pub max_connections: usize,
+    /// A request whose headers or body take longer than this to arrive gets 408
+    /// `request_timeout` (or, for headers, a closed connection).
+    pub request_read_timeout_ms: u64,
+    /// Default page size of listings.
+    pub default_page_size: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 32 << 20,
+            max_page_size: 1024,
+            max_connections: 1024,
+            request_read_timeout_ms: 30_000,
+            default_page_size: 100,
+        }
+    }
+}
+
+impl ServerConfig {
+    pub fn new(data_dir: impl Into<PathBuf>, bind: SocketAddr) -> ServerConfig {
+        ServerConfig {
+            data_dir: data_dir.into(),
+            bind,
+            tls: None,
+            require_auth: false,
+            unsecured: false,
+            limits: Limits::default(),
+            docs: kiln_docs::DocsOptions::default(),
+            shutdown_grace_ms: 10_000,
+        }
+    }
+
+    /// Refuses to expose data in the clear: off loopback, TLS and authentication are
+    /// required unless `unsecured` says otherwise.
+    pub fn check_security(&self) -> Result<(), String> {
+        if self.bind.ip().is_loopback() || self.unsecured {
+            return Ok(());
+        }
+        let mut missing = Vec::new();
+        if self.tls.is_none() {
+            missing.push("TLS (--tls-cert and --tls-key)");
+        }
+        if !self.require_auth {
+            missing.push("authentication (--auth)");
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "refusing to listen on {} (not a loopback address) without {}; \
+             pass --unsecured to do it anyway",
+            self.bind,
+            missing.join(" and ")
+        ))
+    }
+
+    pub fn check_limits(&self) -> Result<(), String> {
+        let l = &self.limits;
+        if l.max_connections == 0 || l.max_page_size == 0 || l.max_body_bytes == 0 {
+            return Err("limits must be positive".into());
+        }
+        if l.default_page_size == 0 || l.default_page_size > l.max_page_size {
+            return Err("the default page size must be 1..=max_page_size".into());
+        }
+        if l.request_read_timeout_ms == 0 {
+            return Err("the request read timeout must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_loopback_needs_tls_and_auth_or_unsecured() {
+        let mut c = ServerConfig::new("/tmp/x", "0.0.0.0:8080".parse().unwrap());
+        let e = c.check_security().unwrap_err();
+        assert!(e.contains("TLS") && e.contains("authentication"), "{e}");
+        c.require_auth = true;
+        assert!(c.check_security().unwrap_err().contains("TLS"));
+        c.tls = Some(TlsConfig {
+            cert_chain_pem: "c".into(),
+            private_key_pem: "k".into(),
+            client_ca_pem: None,
+        });
+        assert!(c.check_security().is_ok());
+        let mut open = ServerConfig::new("/tmp/x", "0.0.0.0:8080".parse().unwrap());
+        open.unsecured = true;
+        assert!(open.check_security().is_ok());
+        assert!(ServerConfig::new("/tmp/x", "127.0.0.1:0".parse().unwrap())
+            .check_security()
+            .is_ok());
+        assert!(ServerConfig::new("/tmp/x", "[::1]:0".parse().unwrap())
+            .check_security()
+            .is_ok());
+    }
+}

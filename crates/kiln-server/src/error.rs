@@ -1,0 +1,111 @@
+//! Errors as HTTP answers: a status, a stable code, a human message, as JSON
+//! `{"error": code, "message": text}` (plus `current_etag` on a conflict).
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kiln_docs::{DocError, Etag};
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    /// On a conflict: the document's current etag, also sent as the `ETag` header.
+    pub current_etag: Option<Etag>,
+    pub retry_after_s: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            current_etag: None,
+            retry_after_s: None,
+        }
+    }
+
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    pub fn body_json(&self) -> String {
+        let mut v = serde_json::json!({"error": self.code, "message": self.message});
+        if let Some(e) = self.current_etag {
+            v["current_etag"] = e.to_string().into();
+        }
+        v.to_string()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, self.body_json()).into_response();
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(e) = self.current_etag {
+            if let Ok(v) = HeaderValue::from_str(&format!("\"{e}\"")) {
+                h.insert(header::ETAG, v);
+            }
+        }
+        if let Some(s) = self.retry_after_s {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        resp
+    }
+}
+
+impl From<DocError> for ApiError {
+    fn from(e: DocError) -> ApiError {
+        let (status, code) = status_and_code(&e);
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(error = %e, "request failed in the storage layer");
+        }
+        ApiError {
+            status,
+            code,
+            message: e.to_string(),
+            current_etag: current_etag(&e),
+            retry_after_s: (code == "overloaded").then_some(1),
+        }
+    }
+}
+
+fn current_etag(e: &DocError) -> Option<Etag> {
+    match e {
+        DocError::Conflict { current, .. } => *current,
+        DocError::BatchOpFailed { source, .. } => current_etag(source),
+        _ => None,
+    }
+}
+
+fn status_and_code(e: &DocError) -> (StatusCode, &'static str) {
+    use kiln_storage::Error as E;
+    use StatusCode as S;
+    match e {
+        DocError::DatabaseNotFound(_) => (S::NOT_FOUND, "database_not_found"),
+        DocError::DatabaseExists(_) => (S::CONFLICT, "database_exists"),
+        DocError::DatabaseBusy { .. } => (S::SERVICE_UNAVAILABLE, "database_busy"),
+        DocError::InvalidDatabaseName { .. } => (S::BAD_REQUEST, "invalid_database_name"),
+        DocError::InvalidId { .. } => (S::BAD_REQUEST, "invalid_id"),
+        DocError::InvalidCollection { .. } => (S::BAD_REQUEST, "invalid_collection"),
+        DocError::DocumentNotFound { .. } => (S::NOT_FOUND, "document_not_found"),
+        DocError::Conflict { .. } => (S::CONFLICT, "conflict"),
+        DocError::MalformedJson { .. } => (S::BAD_REQUEST, "malformed_json"),
+        DocError::InvalidDocument(_) => (S::BAD_REQUEST, "invalid_document"),
+        DocError::DocumentTooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "document_too_large"),
+        DocError::BatchTooLong { .. } => (S::PAYLOAD_TOO_LARGE, "batch_too_long"),
+        DocError::InvalidEtag(_) => (S::BAD_REQUEST, "invalid_etag"),
+        // A batch fails as its failing operation does; the message names the index.
+        DocError::BatchOpFailed { source, .. } => status_and_code(source),
+        DocError::Storage(E::Overloaded { .. }) => (S::SERVICE_UNAVAILABLE, "overloaded"),
+        DocError::Storage(E::KeyTooLarge { .. }) => (S::BAD_REQUEST, "invalid_id"),
+        DocError::Storage(E::ValueTooLarge { .. })
+        | DocError::Storage(E::TransactionTooLarge { .. }) => (S::PAYLOAD_TOO_LARGE, "too_large"),
+        _ => (S::INTERNAL_SERVER_ERROR, "storage_error"),
+    }
+}

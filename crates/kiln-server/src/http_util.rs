@@ -1,0 +1,223 @@
+//! HTTP details shared by the handlers: reading a body within the limits, the
+//! etag headers, JSON answers.
+
+use crate::config::Limits;
+use crate::error::ApiError;
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+use kiln_docs::{Condition, DocError, Etag};
+use std::time::Duration;
+
+/// Reads the whole body, refusing more than `max_body_bytes` (413) and giving up
+/// after `request_read_timeout_ms` (408). Nothing is written before this returns,
+/// so a client that disconnects mid-body changes nothing.
+pub async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limits: &Limits,
+) -> Result<Bytes, ApiError> {
+    let too_large = |len: String| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!(
+                "request body of {len} bytes exceeds the limit of {} bytes",
+                limits.max_body_bytes
+            ),
+        )
+    };
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > limits.max_body_bytes as u64 {
+            return Err(too_large(len.to_string()));
+        }
+    }
+    let limited = http_body_util::Limited::new(body, limits.max_body_bytes);
+    let timeout = Duration::from_millis(limits.request_read_timeout_ms);
+    match tokio::time::timeout(timeout, limited.collect()).await {
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the request body did not arrive within {} ms",
+                limits.request_read_timeout_ms
+            ),
+        )),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(too_large("more than that".into()))
+        }
+        Ok(Err(e)) => Err(ApiError::bad_request(
+            "body_read_failed",
+            format!("could not read the request body: {e}"),
+        )),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+    }
+}
+
+/// The condition a write's `If-Match` / `If-None-Match` headers express.
+pub fn write_condition(headers: &HeaderMap) -> Result<Condition, ApiError> {
+    let if_match = header_str(headers, header::IF_MATCH)?;
+    let if_none_match = header_str(headers, header::IF_NONE_MATCH)?;
+    match (if_match, if_none_match) {
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "invalid_precondition",
+            "send either If-Match or If-None-Match, not both",
+        )),
+        (Some(m), None) => condition_from_if_match(m),
+        (None, Some("*")) => Ok(Condition::IfNotExists),
+        (None, Some(_)) => Err(ApiError::bad_request(
+            "invalid_precondition",
+            "on a write, If-None-Match may only be \"*\" (create only)",
+        )),
+        (None, None) => Ok(Condition::None),
+    }
+}
+
+/// `*` or one strong etag (quoted or not).
+pub fn condition_from_if_match(value: &str) -> Result<Condition, ApiError> {
+    let v = value.trim();
+    if v == "*" {
+        return Ok(Condition::IfExists);
+    }
+    if v.starts_with("W/") {
+        return Err(ApiError::bad_request(
+            "invalid_etag",
+            "If-Match needs a strong etag; weak etags never match",
+        ));
+    }
+    if v.contains(',') {
+        return Err(ApiError::bad_request(
+            "invalid_etag",
+            "If-Match takes a single etag",
+        ));
+    }
+    let bare = v
+        .strip_prefix('"')
+        .and_then(|s| s.strip_suffix('"'))
+        .unwrap_or(v);
+    Ok(Condition::IfMatch(
+        Etag::parse(bare).map_err(ApiError::from)?,
+    ))
+}
+
+/// Whether `If-None-Match` names this etag (weak comparison, lists and `*` allowed).
+pub fn none_match_hits(headers: &HeaderMap, etag: Etag) -> bool {
+    let Some(v) = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let want = etag.to_string();
+    v.split(',').map(str::trim).any(|tag| {
+        let tag = tag.strip_prefix("W/").unwrap_or(tag);
+        tag == "*" || tag.trim_matches('"') == want
+    })
+}
+
+fn header_str(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<&str>, ApiError> {
+    match headers.get(&name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|s| Some(s.trim()))
+            .map_err(|_| ApiError::bad_request("invalid_header", format!("{name} is not ASCII"))),
+    }
+}
+
+pub fn etag_header(etag: Etag) -> HeaderValue {
+    HeaderValue::from_str(&format!("\"{etag}\"")).expect("etags are ASCII")
+}
+
+pub fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
+    let mut r = (status, body.into()).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+pub fn json_value(status: StatusCode, v: serde_json::Value) -> Response {
+    json_response(status, v.to_string())
+}
+
+/// Percent-encodes an id for a `Location` header, keeping `/` readable.
+pub fn encode_path(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for b in id.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Runs a storage call off the async workers (writes wait for a durable commit).
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, DocError> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(ApiError::from),
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            format!("the request's worker failed: {e}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn preconditions() {
+        let e = Etag {
+            incarnation: 1,
+            sequence: 7,
+        };
+        assert_eq!(write_condition(&headers(&[])).unwrap(), Condition::None);
+        assert_eq!(
+            write_condition(&headers(&[("if-match", "\"7-00000001\"")])).unwrap(),
+            Condition::IfMatch(e)
+        );
+        assert_eq!(
+            write_condition(&headers(&[("if-match", "*")])).unwrap(),
+            Condition::IfExists
+        );
+        assert_eq!(
+            write_condition(&headers(&[("if-none-match", "*")])).unwrap(),
+            Condition::IfNotExists
+        );
+        assert!(write_condition(&headers(&[("if-match", "W/\"7-00000001\"")])).is_err());
+        assert!(write_condition(&headers(&[("if-match", "\"a\", \"b\"")])).is_err());
+        assert!(write_condition(&headers(&[("if-match", "garbage")])).is_err());
+        assert!(write_condition(&headers(&[("if-none-match", "\"7-00000001\"")])).is_err());
+        assert!(none_match_hits(
+            &headers(&[("if-none-match", "\"1-00000001\", W/\"7-00000001\"")]),
+            e
+        ));
+        assert!(!none_match_hits(
+            &headers(&[("if-none-match", "\"7-00000002\"")]),
+            e
+        ));
+        assert!(none_match_hits(&headers(&[("if-none-match", "*")]), e));
+        assert_eq!(encode_path("users/a b?é"), "users/a%20b%3F%C3%A9");
+    }
+}

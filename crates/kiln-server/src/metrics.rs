@@ -1,0 +1,310 @@
+//! `GET /metrics` in the Prometheus text format: HTTP figures kept here, engine
+//! figures read from each database at scrape time, process figures from /proc.
+
+use kiln_docs::DocStore;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// Upper bounds of the request latency buckets, in microseconds.
+const LATENCY_BUCKETS_US: [u64; 16] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
+];
+
+pub struct Metrics {
+    started: Instant,
+    requests: Mutex<BTreeMap<(String, String, u16), u64>>,
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
+    latency_count: AtomicU64,
+    latency_sum_us: AtomicU64,
+    pub connections_open: AtomicUsize,
+    pub connections_total: AtomicU64,
+    pub connections_refused: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            started: Instant::now(),
+            requests: Mutex::new(BTreeMap::new()),
+            latency_buckets: Default::default(),
+            latency_count: AtomicU64::new(0),
+            latency_sum_us: AtomicU64::new(0),
+            connections_open: AtomicUsize::new(0),
+            connections_total: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn record_request(&self, route: &str, method: &str, status: u16, elapsed: Duration) {
+        *self
+            .requests
+            .lock()
+            .entry((route.to_string(), method.to_string(), status))
+            .or_insert(0) += 1;
+        let us = elapsed.as_micros() as u64;
+        if let Some(i) = LATENCY_BUCKETS_US.iter().position(|&b| us <= b) {
+            self.latency_buckets[i].fetch_add(1, Relaxed);
+        }
+        self.latency_count.fetch_add(1, Relaxed);
+        self.latency_sum_us.fetch_add(us, Relaxed);
+    }
+
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    pub fn render(&self, store: &DocStore) -> String {
+        let mut out = String::with_capacity(8192);
+        let o = &mut out;
+        header(
+            o,
+            "kiln_http_requests_total",
+            "counter",
+            "HTTP requests by route, method and status",
+        );
+        for ((route, method, status), n) in self.requests.lock().iter() {
+            let _ = writeln!(
+                o,
+                "kiln_http_requests_total{{route=\"{}\",method=\"{method}\",status=\"{status}\"}} {n}",
+                escape(route)
+            );
+        }
+        header(
+            o,
+            "kiln_http_request_duration_seconds",
+            "histogram",
+            "HTTP request latency",
+        );
+        let mut cumulative = 0;
+        for (i, bound) in LATENCY_BUCKETS_US.iter().enumerate() {
+            cumulative += self.latency_buckets[i].load(Relaxed);
+            let _ = writeln!(
+                o,
+                "kiln_http_request_duration_seconds_bucket{{le=\"{}\"}} {cumulative}",
+                *bound as f64 / 1e6
+            );
+        }
+        let count = self.latency_count.load(Relaxed);
+        let _ = writeln!(
+            o,
+            "kiln_http_request_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
+        );
+        let _ = writeln!(
+            o,
+            "kiln_http_request_duration_seconds_sum {}",
+            self.latency_sum_us.load(Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(o, "kiln_http_request_duration_seconds_count {count}");
+        gauge(
+            o,
+            "kiln_http_connections_open",
+            "Open client connections",
+            self.connections_open.load(Relaxed) as f64,
+        );
+        counter(
+            o,
+            "kiln_http_connections_total",
+            "Accepted connections",
+            self.connections_total.load(Relaxed),
+        );
+        counter(
+            o,
+            "kiln_http_connections_refused_total",
+            "Connections refused over the connection limit",
+            self.connections_refused.load(Relaxed),
+        );
+        self.render_engines(o, store);
+        gauge(
+            o,
+            "kiln_uptime_seconds",
+            "Seconds since the server started",
+            self.uptime().as_secs_f64(),
+        );
+        if let Some(rss) = resident_memory_bytes() {
+            gauge(
+                o,
+                "kiln_process_resident_memory_bytes",
+                "Resident memory",
+                rss as f64,
+            );
+        }
+        if let Some(fds) = open_fds() {
+            gauge(
+                o,
+                "kiln_process_open_fds",
+                "Open file descriptors",
+                fds as f64,
+            );
+        }
+        out
+    }
+
+    fn render_engines(&self, o: &mut String, store: &DocStore) {
+        let stats: Vec<(String, kiln_storage::Stats, u64)> = store
+            .databases()
+            .iter()
+            .map(|db| {
+                let docs = db.document_count().unwrap_or(0);
+                (db.name().to_string(), db.env().stats(), docs)
+            })
+            .collect();
+        type Field = fn(&kiln_storage::Stats) -> f64;
+        let series: [(&str, &str, &str, Field); 12] = [
+            (
+                "kiln_commits_total",
+                "counter",
+                "Committed write transactions",
+                |s| s.commits as f64,
+            ),
+            (
+                "kiln_commit_groups_total",
+                "counter",
+                "Groups of merged units committed by the commit queue",
+                |s| s.commit_queue.groups as f64,
+            ),
+            (
+                "kiln_commit_units_total",
+                "counter",
+                "Units committed through the commit queue",
+                |s| s.commit_queue.units_committed as f64,
+            ),
+            (
+                "kiln_commit_group_units_max",
+                "gauge",
+                "Largest commit group so far",
+                |s| s.commit_queue.max_group_units as f64,
+            ),
+            (
+                "kiln_commit_overloaded_total",
+                "counter",
+                "Writes refused because the commit queue was full",
+                |s| s.commit_queue.overloaded_rejections as f64,
+            ),
+            (
+                "kiln_journal_writes_total",
+                "counter",
+                "Durable journal writes",
+                |s| s.journal_writes as f64,
+            ),
+            (
+                "kiln_journal_bytes_total",
+                "counter",
+                "Bytes written to the journal",
+                |s| s.journal_bytes as f64,
+            ),
+            (
+                "kiln_data_file_syncs_total",
+                "counter",
+                "Data-file syncs by the flusher",
+                |s| s.data_syncs as f64,
+            ),
+            (
+                "kiln_data_file_bytes",
+                "gauge",
+                "Size of the data file",
+                |s| s.data_file_bytes as f64,
+            ),
+            (
+                "kiln_pages_unflushed",
+                "gauge",
+                "Committed pages not yet written back",
+                |s| s.pages_unflushed as f64,
+            ),
+            (
+                "kiln_readers_open",
+                "gauge",
+                "Open read transactions",
+                |s| s.readers_open as f64,
+            ),
+            (
+                "kiln_journal_direct_io",
+                "gauge",
+                "1 when the journal is written with O_DIRECT",
+                |s| s.journal_direct_io as u8 as f64,
+            ),
+        ];
+        for (name, kind, help, field) in series {
+            header(o, name, kind, help);
+            for (db, s, _) in &stats {
+                let _ = writeln!(o, "{name}{{db=\"{db}\"}} {}", field(s));
+            }
+        }
+        header(o, "kiln_documents", "gauge", "Documents per database");
+        for (db, _, docs) in &stats {
+            let _ = writeln!(o, "kiln_documents{{db=\"{db}\"}} {docs}");
+        }
+        for (name, help, pick) in [
+            (
+                "kiln_journal_write_seconds",
+                "Durable journal write latency",
+                (|s: &kiln_storage::Stats| s.journal_write_latency)
+                    as fn(&kiln_storage::Stats) -> kiln_storage::LatencySummary,
+            ),
+            (
+                "kiln_data_file_sync_seconds",
+                "Data-file sync latency",
+                |s| s.data_sync_latency,
+            ),
+        ] {
+            header(o, name, "summary", help);
+            for (db, s, _) in &stats {
+                let l = pick(s);
+                let _ = writeln!(
+                    o,
+                    "{name}{{db=\"{db}\",quantile=\"0.5\"}} {}",
+                    l.p50_us as f64 / 1e6
+                );
+                let _ = writeln!(
+                    o,
+                    "{name}{{db=\"{db}\",quantile=\"0.99\"}} {}",
+                    l.p99_us as f64 / 1e6
+                );
+                let _ = writeln!(
+                    o,
+                    "{name}_sum{{db=\"{db}\"}} {}",
+                    l.mean_us * l.count as f64 / 1e6
+                );
+                let _ = writeln!(o, "{name}_count{{db=\"{db}\"}} {}", l.count);
+            }
+        }
+    }
+}
+
+fn header(o: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn gauge(o: &mut String, name: &str, help: &str, v: f64) {
+    header(o, name, "gauge", help);
+    let _ = writeln!(o, "{name} {v}");
+}
+
+fn counter(o: &mut String, name: &str, help: &str, v: u64) {
+    header(o, name, "counter", help);
+    let _ = writeln!(o, "{name} {v}");
+}
+
+fn escape(label: &str) -> String {
+    label
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn resident_memory_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
+}
+
+fn open_fds() -> Option<usize> {
+    Some(std::fs::read_dir("/proc/self/fd").ok()?.count())
+}

@@ -1,0 +1,108 @@
+//! Databases, stats, metrics and health.
+
+use crate::app::SharedState;
+use crate::error::ApiError;
+use crate::http_util::{blocking, json_value};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+pub async fn health() -> Response {
+    json_value(StatusCode::OK, json!({"status": "ok"}))
+}
+
+pub async fn metrics(State(state): State<SharedState>) -> Response {
+    let text = state.metrics.render(&state.store);
+    let mut r = (StatusCode::OK, text).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+pub async fn list_databases(State(state): State<SharedState>) -> Response {
+    json_value(
+        StatusCode::OK,
+        json!({"databases": state.store.database_names()}),
+    )
+}
+
+pub async fn create_database(
+    State(state): State<SharedState>,
+    Path(db): Path<String>,
+) -> Result<Response, ApiError> {
+    let store = state.store.clone();
+    let name = db.clone();
+    blocking(move || store.create_database(&name).map(|_| ())).await?;
+    let mut r = json_value(StatusCode::CREATED, json!({"name": db}));
+    if let Ok(v) = HeaderValue::from_str(&format!("/dbs/{db}")) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(r)
+}
+
+pub async fn delete_database(
+    State(state): State<SharedState>,
+    Path(db): Path<String>,
+) -> Result<Response, ApiError> {
+    let store = state.store.clone();
+    let name = db.clone();
+    blocking(move || store.delete_database(&name)).await?;
+    Ok(json_value(StatusCode::OK, json!({"deleted": db})))
+}
+
+pub async fn database_stats(
+    State(state): State<SharedState>,
+    Path(db): Path<String>,
+) -> Result<Response, ApiError> {
+    let database = state.store.database(&db)?;
+    let s = database.stats()?;
+    let e = &s.engine;
+    Ok(json_value(
+        StatusCode::OK,
+        json!({
+            "name": s.name,
+            "documents": s.documents,
+            "last_etag": s.last_etag.map(|e| e.to_string()),
+            "collections": s.collections.iter().map(|c| json!({"name": c.name, "documents": c.documents})).collect::<Vec<_>>(),
+            "engine": {
+                "last_txn_id": e.last_txn_id,
+                "synced_txn_id": e.synced_txn_id,
+                "commits": e.commits,
+                "journal_writes": e.journal_writes,
+                "journal_bytes": e.journal_bytes,
+                "journal_write_p50_us": e.journal_write_latency.p50_us,
+                "journal_write_p99_us": e.journal_write_latency.p99_us,
+                "journal_direct_io": e.journal_direct_io,
+                "commit_groups": e.commit_queue.groups,
+                "commit_units": e.commit_queue.units_committed,
+                "avg_group_units": e.commit_queue.avg_group_units(),
+                "data_syncs": e.data_syncs,
+                "data_file_bytes": e.data_file_bytes,
+                "pages_in_use": e.pages_in_use,
+                "pages_free": e.pages_free,
+            }
+        }),
+    ))
+}
+
+pub async fn server_stats(State(state): State<SharedState>) -> Response {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dbs: Vec<_> = state
+        .store
+        .databases()
+        .iter()
+        .map(|db| json!({"name": db.name(), "documents": db.document_count().unwrap_or(0)}))
+        .collect();
+    json_value(
+        StatusCode::OK,
+        json!({
+            "uptime_seconds": state.metrics.uptime().as_secs(),
+            "connections_open": state.metrics.connections_open.load(Relaxed),
+            "connections_total": state.metrics.connections_total.load(Relaxed),
+            "databases": dbs,
+        }),
+    )
+}

@@ -1,0 +1,281 @@
+//! Documents: get/head/put/post/delete, listings, collections and batches.
+
+use crate::app::SharedState;
+use crate::error::ApiError;
+use crate::http_util::{
+    blocking, condition_from_if_match, encode_path, etag_header, json_response, json_value,
+    none_match_hits, read_body, write_condition,
+};
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kiln_docs::{BatchOp, BatchOutcome, Condition, DocId, Document, Page, PutOutcome};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    q.map(|Query(t)| t)
+        .map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))
+}
+
+fn page_size(state: &SharedState, asked: Option<usize>) -> Result<usize, ApiError> {
+    let max = state.limits.max_page_size;
+    match asked {
+        None => Ok(state.limits.default_page_size),
+        Some(0) => Err(ApiError::bad_request(
+            "invalid_page_size",
+            "page_size must be at least 1",
+        )),
+        Some(n) if n > max => Err(ApiError::bad_request(
+            "page_size_too_large",
+            format!("page_size {n} exceeds the limit of {max}"),
+        )),
+        Some(n) => Ok(n),
+    }
+}
+
+fn last_modified(doc_ms: u64) -> Option<HeaderValue> {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(doc_ms);
+    HeaderValue::from_str(&httpdate::fmt_http_date(t)).ok()
+}
+
+pub async fn get_document(
+    State(state): State<SharedState>,
+    Path((db, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let database = state.store.database(&db)?;
+    // A read is a snapshot lookup in the memory map: no need to leave the worker.
+    let doc = database
+        .get(&id)?
+        .ok_or_else(|| ApiError::from(kiln_docs::DocError::DocumentNotFound { id: id.clone() }))?;
+    let mut resp = if none_match_hits(&headers, doc.etag) {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        json_response(StatusCode::OK, doc.json)
+    };
+    let h = resp.headers_mut();
+    h.insert(header::ETAG, etag_header(doc.etag));
+    if let Some(lm) = last_modified(doc.last_modified_ms) {
+        h.insert(header::LAST_MODIFIED, lm);
+    }
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(resp)
+}
+
+/// PUT to an id writes it; PUT or POST to an id ending in `/` (`users/`) creates a
+/// document with a new id under that prefix.
+pub async fn put_document(
+    State(state): State<SharedState>,
+    Path((db, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let condition = write_condition(&headers)?;
+    let database = state.store.database(&db)?;
+    let bytes = read_body(&headers, body, &state.limits).await?;
+    let target = if id.ends_with('/') {
+        DocId::Generate { prefix: id }
+    } else {
+        DocId::Given(id)
+    };
+    let out = blocking(move || database.put_to(target, &bytes, condition)).await?;
+    Ok(put_response(&db, &out))
+}
+
+fn put_response(db: &str, out: &PutOutcome) -> Response {
+    let status = if out.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let mut resp = json_value(status, put_json(out));
+    let h = resp.headers_mut();
+    h.insert(header::ETAG, etag_header(out.etag));
+    if out.created {
+        if let Ok(v) = HeaderValue::from_str(&format!("/dbs/{db}/docs/{}", encode_path(&out.id))) {
+            h.insert(header::LOCATION, v);
+        }
+    }
+    resp
+}
+
+fn put_json(out: &PutOutcome) -> Value {
+    json!({"id": out.id, "etag": out.etag.to_string(), "collection": out.collection, "created": out.created})
+}
+
+pub async fn delete_document(
+    State(state): State<SharedState>,
+    Path((db, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let condition = write_condition(&headers)?;
+    let database = state.store.database(&db)?;
+    let out = blocking(move || database.delete(&id, condition)).await?;
+    Ok(json_value(
+        StatusCode::OK,
+        json!({"id": out.id, "deleted_etag": out.etag.to_string()}),
+    ))
+}
+
+#[derive(Deserialize)]
+pub struct PrefixQuery {
+    #[serde(default)]
+    prefix: String,
+    start_after: Option<String>,
+    page_size: Option<usize>,
+}
+
+pub async fn list_by_prefix(
+    State(state): State<SharedState>,
+    Path(db): Path<String>,
+    q: Result<Query<PrefixQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let q = query(q)?;
+    let limit = page_size(&state, q.page_size)?;
+    let database = state.store.database(&db)?;
+    let page =
+        blocking(move || database.list_by_prefix(&q.prefix, q.start_after.as_deref(), limit))
+            .await?;
+    Ok(page_response(page))
+}
+
+#[derive(Deserialize)]
+pub struct CollectionQuery {
+    /// Etag sequence to continue after (the `next` of the previous page).
+    after: Option<u64>,
+    page_size: Option<usize>,
+}
+
+pub async fn list_collection(
+    State(state): State<SharedState>,
+    Path((db, collection)): Path<(String, String)>,
+    q: Result<Query<CollectionQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let q = query(q)?;
+    let limit = page_size(&state, q.page_size)?;
+    let database = state.store.database(&db)?;
+    let page = blocking(move || database.list_collection(&collection, q.after, limit)).await?;
+    Ok(page_response(page))
+}
+
+/// `{"results": [<documents as stored>], "next": ...}`, written without re-parsing
+/// the stored JSON.
+fn page_response(page: Page<Document>) -> Response {
+    let size: usize = page.items.iter().map(|d| d.json.len() + 1).sum();
+    let mut out = Vec::with_capacity(size + 64);
+    out.extend_from_slice(b"{\"results\":[");
+    for (i, d) in page.items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&d.json);
+    }
+    out.extend_from_slice(b"],\"next\":");
+    out.extend_from_slice(
+        serde_json::to_string(&page.next)
+            .expect("an Option<String> serializes")
+            .as_bytes(),
+    );
+    out.push(b'}');
+    json_response(StatusCode::OK, out)
+}
+
+pub async fn collections(
+    State(state): State<SharedState>,
+    Path(db): Path<String>,
+) -> Result<Response, ApiError> {
+    let database = state.store.database(&db)?;
+    let list = database.collections()?;
+    let items: Vec<Value> = list
+        .iter()
+        .map(|c| json!({"name": c.name, "documents": c.documents}))
+        .collect();
+    Ok(json_value(StatusCode::OK, json!({"collections": items})))
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+enum BatchOpJson {
+    Put {
+        id: String,
+        document: Value,
+        if_match: Option<String>,
+        #[serde(default)]
+        create_only: bool,
+    },
+    Delete {
+        id: String,
+        if_match: Option<String>,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchJson {
+    ops: Vec<BatchOpJson>,
+}
+
+/// `POST /dbs/{db}/batch` with `{"ops": [...]}`: one transaction, all or nothing.
+pub async fn batch(
+    State(state): State<SharedState>,
+    Path(db): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let database = state.store.database(&db)?;
+    let bytes = read_body(&headers, body, &state.limits).await?;
+    let parsed: BatchJson = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::from(kiln_docs::DocError::malformed_json(&e)))?;
+    let cond = |if_match: Option<String>, create_only: bool| -> Result<Condition, ApiError> {
+        match (if_match, create_only) {
+            (Some(_), true) => Err(ApiError::bad_request(
+                "invalid_precondition",
+                "an operation may have if_match or create_only, not both",
+            )),
+            (Some(m), false) => condition_from_if_match(&m),
+            (None, true) => Ok(Condition::IfNotExists),
+            (None, false) => Ok(Condition::None),
+        }
+    };
+    let mut ops = Vec::with_capacity(parsed.ops.len());
+    for op in parsed.ops {
+        ops.push(match op {
+            BatchOpJson::Put {
+                id,
+                document,
+                if_match,
+                create_only,
+            } => BatchOp::Put {
+                id: if id.ends_with('/') {
+                    DocId::Generate { prefix: id }
+                } else {
+                    DocId::Given(id)
+                },
+                document,
+                condition: cond(if_match, create_only)?,
+            },
+            BatchOpJson::Delete { id, if_match } => BatchOp::Delete {
+                id,
+                condition: cond(if_match, false)?,
+            },
+        });
+    }
+    let outcomes = blocking(move || database.batch(ops)).await?;
+    let results: Vec<Value> = outcomes
+        .iter()
+        .map(|o| match o {
+            BatchOutcome::Put(p) => {
+                let mut v = put_json(p);
+                v["op"] = "put".into();
+                v
+            }
+            BatchOutcome::Delete(d) => {
+                json!({"op": "delete", "id": d.id, "deleted_etag": d.etag.to_string()})
+            }
+        })
+        .collect();
+    Ok(json_value(StatusCode::OK, json!({"results": results})))
+}

@@ -1,0 +1,282 @@
+//! The listener: accepts connections within the connection limit, does the TLS
+//! handshake, serves HTTP/1.1 with keep-alive, and shuts down gracefully.
+
+use crate::app::{router, AppState, ConnInfo, SharedState};
+use crate::auth::{AuthError, KeyVerifier};
+use crate::config::ServerConfig;
+use crate::metrics::Metrics;
+use axum::body::Body;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use kiln_docs::{DocError, DocStore};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{0}")]
+    Config(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error(transparent)]
+    Store(#[from] DocError),
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+}
+
+/// A server running on the current tokio runtime.
+pub struct RunningServer {
+    local_addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    accept_loop: tokio::task::JoinHandle<()>,
+    connections: Arc<Semaphore>,
+    max_connections: u32,
+    state: SharedState,
+    grace: Duration,
+}
+
+impl RunningServer {
+    /// Opens the data directory and starts listening.
+    pub async fn start(config: ServerConfig) -> Result<RunningServer, ServeError> {
+        config.check_security().map_err(ServeError::Config)?;
+        config.check_limits().map_err(ServeError::Config)?;
+        let tls = match &config.tls {
+            Some(t) => Some(tokio_rustls::TlsAcceptor::from(
+                crate::tls::server_config(t).map_err(ServeError::Tls)?,
+            )),
+            None => None,
+        };
+        if config.require_auth
+            && config
+                .tls
+                .as_ref()
+                .is_none_or(|t| t.client_ca_pem.is_none())
+        {
+            let keys = crate::auth::list_api_keys(&config.data_dir)?;
+            if keys.is_empty() {
+                tracing::warn!("authentication is on but no API key exists yet: create one with `kiln api-key create`");
+            }
+        }
+        let data_dir = config.data_dir.clone();
+        let docs = config.docs.clone();
+        let store = tokio::task::spawn_blocking(move || DocStore::open(&data_dir, docs))
+            .await
+            .map_err(|e| ServeError::Config(format!("opening the data directory failed: {e}")))??;
+        let listener = TcpListener::bind(config.bind)
+            .await
+            .map_err(|source| ServeError::Bind {
+                addr: config.bind,
+                source,
+            })?;
+        let local_addr = listener.local_addr().map_err(|source| ServeError::Bind {
+            addr: config.bind,
+            source,
+        })?;
+        let state = Arc::new(AppState {
+            store: Arc::new(store),
+            metrics: Arc::new(Metrics::default()),
+            limits: config.limits,
+            require_auth: config.require_auth,
+            keys: Arc::new(KeyVerifier::new(&config.data_dir)?),
+        });
+        let max_connections = u32::try_from(config.limits.max_connections)
+            .map_err(|_| ServeError::Config("max_connections is too large".into()))?;
+        let connections = Arc::new(Semaphore::new(max_connections as usize));
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let accept_loop = tokio::spawn(accept_loop(
+            listener,
+            tls,
+            router(state.clone()),
+            state.clone(),
+            connections.clone(),
+            shutdown_rx,
+        ));
+        tracing::info!(addr = %local_addr, tls = config.tls.is_some(), auth = config.require_auth, "kiln serving");
+        Ok(RunningServer {
+            local_addr,
+            shutdown,
+            accept_loop,
+            connections,
+            max_connections,
+            state,
+            grace: Duration::from_millis(config.shutdown_grace_ms),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn store(&self) -> Arc<DocStore> {
+        self.state.store.clone()
+    }
+
+    /// Stops accepting, lets in-flight requests finish (up to the grace period),
+    /// then flushes and closes every database.
+    pub async fn shutdown(self) -> Result<(), ServeError> {
+        let _ = self.shutdown.send(true);
+        let _ = self.accept_loop.await;
+        match tokio::time::timeout(
+            self.grace,
+            self.connections.acquire_many(self.max_connections),
+        )
+        .await
+        {
+            Ok(_) => tracing::info!("all connections finished"),
+            Err(_) => tracing::warn!(
+                grace_ms = self.grace.as_millis() as u64,
+                "connections still open after the grace period"
+            ),
+        }
+        let mut store = self.state.store.clone();
+        drop(self.state);
+        // Writes still running on blocking threads hold the store; give them the
+        // grace period, then close (or leave closing to the last holder).
+        let deadline = tokio::time::Instant::now() + self.grace;
+        loop {
+            match Arc::try_unwrap(store) {
+                Ok(owned) => {
+                    tokio::task::spawn_blocking(move || owned.close())
+                        .await
+                        .map_err(|e| ServeError::Config(format!("closing failed: {e}")))??;
+                    tracing::info!("databases flushed and closed");
+                    return Ok(());
+                }
+                Err(shared) if tokio::time::Instant::now() < deadline => {
+                    store = shared;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(_) => {
+                    tracing::warn!("the store is still in use; it closes when released");
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    app: Router,
+    state: SharedState,
+    connections: Arc<Semaphore>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.changed() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            state.metrics.connections_refused.fetch_add(1, Relaxed);
+            tokio::spawn(refuse(stream, tls.is_some()));
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        state.metrics.connections_total.fetch_add(1, Relaxed);
+        let (app, state, tls, shutdown) =
+            (app.clone(), state.clone(), tls.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            state.metrics.connections_open.fetch_add(1, Relaxed);
+            let read_timeout = Duration::from_millis(state.limits.request_read_timeout_ms);
+            match tls {
+                None => {
+                    let info = ConnInfo {
+                        peer,
+                        client_certificate: false,
+                    };
+                    serve_connection(stream, info, app, read_timeout, shutdown).await
+                }
+                Some(acceptor) => {
+                    match tokio::time::timeout(read_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(tls_stream)) => {
+                            let client_certificate = tls_stream
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .is_some_and(|c| !c.is_empty());
+                            let info = ConnInfo {
+                                peer,
+                                client_certificate,
+                            };
+                            serve_connection(tls_stream, info, app, read_timeout, shutdown).await
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
+            }
+            state.metrics.connections_open.fetch_sub(1, Relaxed);
+            drop(permit);
+        });
+    }
+}
+
+/// Over the connection limit: a plain-HTTP client gets a 429 it can read; a TLS
+/// client only sees the connection close (answering would need a handshake).
+async fn refuse(mut stream: TcpStream, tls: bool) {
+    if !tls {
+        let body = r#"{"error":"too_many_connections","message":"the server is at its connection limit; retry later"}"#;
+        let resp = format!(
+            "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+             connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let _ =
+            tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
+        let _ = stream.shutdown().await;
+    }
+}
+
+async fn serve_connection<S>(
+    io: S,
+    info: ConnInfo,
+    app: Router,
+    header_read_timeout: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let peer = info.peer;
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        req.extensions_mut().insert(info.clone());
+        tower::ServiceExt::oneshot(app.clone(), req.map(Body::new))
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = shutdown.changed() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
