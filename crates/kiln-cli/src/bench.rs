@@ -1,6 +1,7 @@
 //! `kiln bench`: workloads of shared/BENCHMARKS.md run against Kiln, beside the raw
 //! disk measured in the same run.
 
+use crate::httpbench::{self, request_bytes, ServerProcess};
 use crate::rawdisk;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_storage::{Env, Options};
@@ -13,7 +14,7 @@ type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Comma-separated workload ids: W1, W2, W3, W4, W6.
+    /// Comma-separated workload ids: W1, W2, W3, W4, W6, W8, W9.
     #[arg(long, default_value = "W1,W4")]
     workloads: String,
     /// Directory to run in (a fresh subdirectory per run, removed afterwards).
@@ -31,6 +32,9 @@ pub struct BenchArgs {
     /// Thread counts for W6.
     #[arg(long, default_value = "1,8,64")]
     threads: String,
+    /// Client connections for W8 and W9.
+    #[arg(long, default_value_t = 64)]
+    connections: usize,
 }
 
 const SEED: u64 = 0x4B494C4E;
@@ -230,6 +234,166 @@ fn w6(dir: &Path, quick: bool, threads: u64) -> BenchResult<Run> {
     })
 }
 
+/// A JSON document of about 1 KiB (W8, W9).
+fn doc_1k(rng: &mut SmallRng, n: u64) -> Vec<u8> {
+    let payload: String = (0..900)
+        .map(|_| (b'a' + rng.gen_range(0..26)) as char)
+        .collect();
+    serde_json::to_vec(&json!({"name": format!("user-{n}"), "age": n % 100, "tags": ["bench", "w8"], "payload": payload}))
+        .expect("serializable")
+}
+
+/// Starts `kiln serve` on a fresh data directory with a database `bench`.
+fn fresh_server(dir: &Path) -> BenchResult<ServerProcess> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    let server = ServerProcess::start(dir)?;
+    let (status, body) = httpbench::blocking_request(server.addr, "PUT", "/dbs/bench", b"")?;
+    if status != 201 {
+        return Err(format!(
+            "creating the bench database: {status} {}",
+            String::from_utf8_lossy(&body)
+        )
+        .into());
+    }
+    Ok(server)
+}
+
+fn load_figures(
+    extra: &mut Map<String, Value>,
+    r: &httpbench::LoadResult,
+    connections: usize,
+) -> BenchResult<()> {
+    if let Some((status, body)) = r.unexpected.first() {
+        return Err(format!("unexpected answer {status}: {body}").into());
+    }
+    extra.insert("connections".into(), json!(connections));
+    extra.insert("requests_per_sec".into(), json!(r.per_sec()));
+    extra.insert("p50_us".into(), json!(r.quantile_ms(0.5) * 1e3));
+    extra.insert("p99_us".into(), json!(r.quantile_ms(0.99) * 1e3));
+    Ok(())
+}
+
+/// W8: `connections` keep-alive connections PUT 1 KiB JSON documents, one per
+/// request, to a `kiln serve` child process. The engine's own W6 at 64 threads is
+/// measured right before, in this run, for the ratio the target is set against.
+fn w8(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
+    let w6_t64 = w6(dir, quick, 64)?;
+    let per_connection = if quick { 100 } else { 500 };
+    let server = fresh_server(dir)?;
+    let mut rng = SmallRng::seed_from_u64(SEED);
+    let bodies: Vec<Vec<u8>> = (0..256).map(|n| doc_1k(&mut rng, n)).collect();
+    let pb = progress((connections * per_connection) as u64, "W8");
+    let r = httpbench::run_load(
+        server.addr,
+        connections,
+        per_connection,
+        201,
+        move |c, i| {
+            request_bytes(
+                "PUT",
+                &format!("/dbs/bench/docs/users/{c}-{i}"),
+                &[("content-type", "application/json")],
+                &bodies[(c * 31 + i) % bodies.len()],
+            )
+        },
+        &pb,
+    )?;
+    pb.finish_and_clear();
+    let mut extra = Map::new();
+    load_figures(&mut extra, &r, connections)?;
+    let (_, stats) = httpbench::blocking_request(server.addr, "GET", "/dbs/bench", b"")?;
+    let stats: Value = serde_json::from_slice(&stats)?;
+    extra.insert(
+        "avg_group_size".into(),
+        stats["engine"]["avg_group_units"].clone(),
+    );
+    extra.insert(
+        "journal_write_p99_us".into(),
+        stats["engine"]["journal_write_p99_us"].clone(),
+    );
+    let w6_rate = w6_t64.ops_per_sec();
+    extra.insert("w6_t64_commits_per_sec".into(), json!(w6_rate));
+    extra.insert("ratio_to_w6_t64".into(), json!(r.per_sec() / w6_rate));
+    drop(server);
+    Ok(Run {
+        ops: r.requests,
+        commits: r.requests,
+        seconds: r.seconds,
+        extra,
+    })
+}
+
+/// W9: `connections` connections GET existing documents at random, with
+/// If-None-Match of the current etag (every answer a 304) or without (200s).
+fn w9(dir: &Path, quick: bool, connections: usize, conditional: bool) -> BenchResult<Run> {
+    let docs: usize = if quick { 2_000 } else { 10_000 };
+    let per_connection = if quick { 200 } else { 2_000 };
+    let server = fresh_server(dir)?;
+    let mut rng = SmallRng::seed_from_u64(SEED);
+    let mut etags = Vec::with_capacity(docs);
+    for chunk in (0..docs).collect::<Vec<_>>().chunks(500) {
+        let ops: Vec<Value> = chunk
+            .iter()
+            .map(|&n| {
+                let doc: Value =
+                    serde_json::from_slice(&doc_1k(&mut rng, n as u64)).expect("valid");
+                json!({"op": "put", "id": format!("users/{n}"), "document": doc})
+            })
+            .collect();
+        let body = serde_json::to_vec(&json!({ "ops": ops }))?;
+        let (status, answer) =
+            httpbench::blocking_request(server.addr, "POST", "/dbs/bench/batch", &body)?;
+        if status != 200 {
+            return Err(format!(
+                "preload batch: {status} {}",
+                String::from_utf8_lossy(&answer)
+            )
+            .into());
+        }
+        let answer: Value = serde_json::from_slice(&answer)?;
+        for r in answer["results"]
+            .as_array()
+            .ok_or("batch answer without results")?
+        {
+            etags.push(format!(
+                "\"{}\"",
+                r["etag"].as_str().ok_or("batch result without etag")?
+            ));
+        }
+    }
+    let label = if conditional { "W9 304" } else { "W9 GET" };
+    let pb = progress((connections * per_connection) as u64, label);
+    let r = httpbench::run_load(
+        server.addr,
+        connections,
+        per_connection,
+        if conditional { 304 } else { 200 },
+        move |c, i| {
+            let n = (c * 7919 + i * 104_729) % docs;
+            let path = format!("/dbs/bench/docs/users/{n}");
+            if conditional {
+                request_bytes("GET", &path, &[("if-none-match", &etags[n])], b"")
+            } else {
+                request_bytes("GET", &path, &[], b"")
+            }
+        },
+        &pb,
+    )?;
+    pb.finish_and_clear();
+    let mut extra = Map::new();
+    load_figures(&mut extra, &r, connections)?;
+    extra.insert("documents".into(), json!(docs));
+    drop(server);
+    Ok(Run {
+        ops: r.requests,
+        commits: r.requests,
+        seconds: r.seconds,
+        extra,
+    })
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -295,6 +459,7 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
         .filter(|t| *t > 0)
         .collect();
     let quick = args.quick;
+    let connections = args.connections;
     let scale = move |full: u64| if quick { full / 10 } else { full };
     for wl in args
         .workloads
@@ -326,10 +491,26 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
                     )
                 })
                 .collect(),
+            "W8" => vec![(
+                wl.clone(),
+                Box::new(move || w8(run_dir, quick, connections)),
+            )],
+            "W9" => vec![
+                (
+                    "W9 GET".to_string(),
+                    Box::new(move || w9(run_dir, quick, connections, false))
+                        as Box<dyn Fn() -> BenchResult<Run>>,
+                ),
+                (
+                    "W9 304".to_string(),
+                    Box::new(move || w9(run_dir, quick, connections, true)),
+                ),
+            ],
             other => {
-                return Err(
-                    format!("unknown workload {other:?} (available: W1, W2, W3, W4, W6)").into(),
+                return Err(format!(
+                    "unknown workload {other:?} (available: W1, W2, W3, W4, W6, W8, W9)"
                 )
+                .into())
             }
         };
         for (label, f) in variants {
@@ -372,6 +553,16 @@ fn report(
         println!("{}", Value::Object(obj));
         return;
     }
+    if let Some(ratio) = m.extra.get("ratio_to_w6_t64").and_then(Value::as_f64) {
+        println!(
+            "         {label}: {:.0} requests/s over HTTP vs the engine's W6 T=64 {:.0} commits/s \
+             measured alongside: {ratio:.2}x (target >= 0.5x)",
+            m.ops_per_sec(),
+            m.extra["w6_t64_commits_per_sec"]
+                .as_f64()
+                .unwrap_or(f64::NAN)
+        );
+    }
     let f = |k: &str| m.extra.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
     let opt = |k: &str| {
         m.extra
@@ -384,13 +575,22 @@ fn report(
         .get("avg_group_size")
         .and_then(Value::as_f64)
         .map_or("-".to_string(), |v| format!("{v:.1}"));
+    // HTTP workloads: a request is not a commit of its own; no per-commit columns.
+    let http = m.extra.contains_key("requests_per_sec");
+    let per_commit = |v: f64, digits: usize| {
+        if http {
+            "-".to_string()
+        } else {
+            format!("{v:.digits$}")
+        }
+    };
     println!(
-        "{:<8} {:>4} {:>11.0} {:>10.3} {:>8.2} {:>10.0} {:>28} {:>9} {:>9} {:>7}",
+        "{:<8} {:>4} {:>11.0} {:>10} {:>8} {:>10.0} {:>28} {:>9} {:>9} {:>7}",
         label,
         runs,
         m.ops_per_sec(),
-        ms_per_commit,
-        ms_per_commit / raw_ms,
+        per_commit(ms_per_commit, 3),
+        per_commit(ms_per_commit / raw_ms, 2),
         f("journal_bytes_per_op"),
         format!(
             "{:.0}|{:.0}|{:.0}",

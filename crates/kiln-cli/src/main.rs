@@ -3,6 +3,7 @@
 mod bench;
 mod diskbench;
 mod docs_cmd;
+mod httpbench;
 mod kv;
 mod rawdisk;
 mod serve_cmd;

@@ -75,6 +75,31 @@ pub enum BatchOp {
     },
 }
 
+/// A document parsed and checked ahead of its write (e.g. on a server's request
+/// thread), so that the write itself only splices in the metadata.
+#[derive(Debug, Clone)]
+pub struct ParsedDocument(PreparedDoc);
+
+impl ParsedDocument {
+    pub fn parse(json: &[u8]) -> Result<ParsedDocument> {
+        PreparedDoc::parse(json).map(ParsedDocument)
+    }
+}
+
+/// One write of `Database::write_each`.
+#[derive(Debug, Clone)]
+pub enum WriteOp {
+    Put {
+        id: DocId,
+        document: ParsedDocument,
+        condition: Condition,
+    },
+    Delete {
+        id: String,
+        condition: Condition,
+    },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BatchOutcome {
     Put(PutOutcome),
@@ -235,6 +260,13 @@ impl Database {
         Ok(())
     }
 
+    /// Checks a document's size against this database's limit and parses it, ready
+    /// for `write_each`.
+    pub fn parse_document(&self, json: &[u8]) -> Result<ParsedDocument> {
+        self.check_body_size(json.len())?;
+        ParsedDocument::parse(json)
+    }
+
     /// Writes a document (JSON text of an object). Durable when it returns.
     pub fn put(&self, id: &str, json: &[u8], condition: Condition) -> Result<PutOutcome> {
         self.put_to(DocId::Given(id.to_string()), json, condition)
@@ -316,6 +348,92 @@ impl Database {
             Ok(out)
         })
         .map_err(DocError::from_unit)
+    }
+
+    /// Applies independent writes in ONE commit-queue unit, each succeeding or
+    /// failing on its own (a conflict fails only its write), and returns one result
+    /// per write, in order. A server gathers the writes of concurrent requests into
+    /// one call so that they cost one hand-off to the commit queue instead of one
+    /// each. A storage failure fails them all.
+    pub fn write_each(&self, ops: Vec<WriteOp>) -> Vec<Result<BatchOutcome>> {
+        let n = ops.len();
+        let env = match self.live() {
+            Ok(env) => env,
+            Err(_) => {
+                return (0..n)
+                    .map(|_| Err(DocError::DatabaseNotFound(self.name.clone())))
+                    .collect()
+            }
+        };
+        let mut checked = Vec::with_capacity(n);
+        let mut early: Vec<Option<DocError>> = Vec::with_capacity(n);
+        for op in ops {
+            let check = match &op {
+                WriteOp::Put { id, .. } => self.check_id(id),
+                WriteOp::Delete { id, .. } => validate_id(id, self.limits.max_id_bytes),
+            };
+            match check {
+                Ok(()) => {
+                    checked.push(op);
+                    early.push(None);
+                }
+                Err(e) => early.push(Some(e)),
+            }
+        }
+        let ctx = self.ctx();
+        let applied = env
+            .submit(move |txn| {
+                let mut out = Vec::with_capacity(checked.len());
+                for op in &checked {
+                    let r = match op {
+                        WriteOp::Put {
+                            id,
+                            document,
+                            condition,
+                        } => {
+                            apply_put(txn, ctx, id, &document.0, *condition).map(BatchOutcome::Put)
+                        }
+                        WriteOp::Delete { id, condition } => {
+                            apply_delete(txn, ctx, id, *condition).map(BatchOutcome::Delete)
+                        }
+                    };
+                    match r {
+                        Err(e) if !e.leaves_transaction_untouched() => return Err(e.into_unit()),
+                        r => out.push(r),
+                    }
+                }
+                Ok(out)
+            })
+            .map_err(DocError::from_unit);
+        match applied {
+            Ok(results) => {
+                let mut results = results.into_iter();
+                early
+                    .into_iter()
+                    .map(|e| match e {
+                        Some(e) => Err(e),
+                        None => results.next().unwrap_or_else(|| {
+                            Err(DocError::InvalidDocument(
+                                "internal: a write lost its result".into(),
+                            ))
+                        }),
+                    })
+                    .collect()
+            }
+            Err(e) => {
+                let shared = e.to_string();
+                let mut first = Some(e);
+                early
+                    .into_iter()
+                    .map(|pre| match pre {
+                        Some(pre) => Err(pre),
+                        None => Err(first.take().unwrap_or_else(|| {
+                            DocError::Storage(kiln_storage::Error::GroupFailed(shared.clone()))
+                        })),
+                    })
+                    .collect()
+            }
+        }
     }
 
     /// Reads a document from the latest committed snapshot.
@@ -483,17 +601,23 @@ fn collection_key(collection: &str, sequence: u64) -> Vec<u8> {
     k
 }
 
-fn next_etag(txn: &mut WriteTxn<'_>, incarnation: u32) -> Result<Etag> {
+/// The etag the next write gets (written back by `advance_etag` once the write is
+/// sure to happen: an operation that fails must leave the transaction untouched,
+/// so that other operations of the same unit can still commit).
+fn peek_next_etag(txn: &mut WriteTxn<'_>, incarnation: u32) -> Result<Etag> {
     let last = match txn.get(META, META_LAST_ETAG)? {
         Some(b) => decode_u64(b, "last etag")?,
         None => 0,
     };
-    let sequence = last + 1;
-    txn.put(META, META_LAST_ETAG, &sequence.to_be_bytes())?;
     Ok(Etag {
         incarnation,
-        sequence,
+        sequence: last + 1,
     })
+}
+
+fn advance_etag(txn: &mut WriteTxn<'_>, to: Etag) -> Result<()> {
+    txn.put(META, META_LAST_ETAG, &to.sequence.to_be_bytes())?;
+    Ok(())
 }
 
 /// The etag and collection of the stored document, if any.
@@ -559,21 +683,23 @@ fn apply_put(
     doc: &PreparedDoc,
     condition: Condition,
 ) -> Result<PutOutcome> {
-    let (id, etag, existing) = match id {
+    // Every check comes before the first write (see `peek_next_etag`).
+    let mut etag = peek_next_etag(txn, ctx.incarnation)?;
+    let (id, existing) = match id {
         DocId::Given(id) => {
             let existing = current(txn, id)?;
             check_condition(id, condition, existing.as_ref().map(|e| e.0))?;
-            (id.clone(), next_etag(txn, ctx.incarnation)?, existing)
+            (id.clone(), existing)
         }
         DocId::Generate { prefix } => loop {
             // The etag sequence is unique in the database, so it makes a unique id
             // unless a client took that id by hand; then the next one is tried.
-            let etag = next_etag(txn, ctx.incarnation)?;
             let id = format!("{prefix}{}", etag.sequence);
             if txn.get(DOCS, id.as_bytes())?.is_none() {
                 check_condition(&id, condition, None)?;
-                break (id, etag, None);
+                break (id, None);
             }
+            etag.sequence += 1;
         },
     };
     let collection = doc.collection_for(&id).map(str::to_string);
@@ -584,6 +710,7 @@ fn apply_put(
             max: ctx.limits.max_document_bytes,
         });
     }
+    advance_etag(txn, etag)?;
     txn.put(
         DOCS,
         id.as_bytes(),

@@ -107,6 +107,18 @@ impl DocError {
         }
     }
 
+    /// Errors an operation reports before its first write (see `apply_put`).
+    pub(crate) fn leaves_transaction_untouched(&self) -> bool {
+        matches!(
+            self,
+            DocError::Conflict { .. }
+                | DocError::DocumentNotFound { .. }
+                | DocError::DocumentTooLarge { .. }
+                | DocError::InvalidId { .. }
+                | DocError::InvalidCollection { .. }
+        )
+    }
+
     pub(crate) fn into_unit(self) -> kiln_storage::Error {
         match self {
             DocError::Storage(e) => e,

@@ -32,7 +32,7 @@ mod store;
 
 pub use database::{
     BatchOp, BatchOutcome, CollectionCount, Condition, Database, DatabaseStats, DeleteOutcome,
-    DocId, Page, PutOutcome,
+    DocId, Page, ParsedDocument, PutOutcome, WriteOp,
 };
 pub use document::Document;
 pub use error::{DocError, Result};

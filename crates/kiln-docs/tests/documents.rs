@@ -360,3 +360,73 @@ fn deleted_database_refuses_handles_still_held() {
     drop(db);
     store.delete_database("busy").unwrap();
 }
+
+#[test]
+fn write_each_applies_independent_writes_in_one_unit() {
+    use kiln_docs::{ParsedDocument, WriteOp};
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), small_options()).unwrap();
+    let db = store.create_database("each").unwrap();
+    let old = db.put("a", b"{}", Condition::None).unwrap();
+    db.put("a", b"{\"v\":2}", Condition::None).unwrap();
+    let doc = |j: &str| ParsedDocument::parse(j.as_bytes()).unwrap();
+    let commits_before = db.env().stats().commits;
+    let results = db.write_each(vec![
+        WriteOp::Put {
+            id: DocId::Given("b".into()),
+            document: doc("{\"v\":1}"),
+            condition: Condition::None,
+        },
+        // Stale etag: fails alone.
+        WriteOp::Put {
+            id: DocId::Given("a".into()),
+            document: doc("{\"v\":3}"),
+            condition: Condition::IfMatch(old.etag),
+        },
+        WriteOp::Delete {
+            id: "missing".into(),
+            condition: Condition::None,
+        },
+        WriteOp::Put {
+            id: DocId::Given("".into()),
+            document: doc("{}"),
+            condition: Condition::None,
+        },
+        WriteOp::Put {
+            id: DocId::Generate {
+                prefix: "g/".into(),
+            },
+            document: doc("{}"),
+            condition: Condition::None,
+        },
+        WriteOp::Delete {
+            id: "b".into(),
+            condition: Condition::None,
+        },
+    ]);
+    assert_eq!(results.len(), 6);
+    assert!(matches!(&results[0], Ok(BatchOutcome::Put(p)) if p.id == "b"));
+    assert!(matches!(&results[1], Err(DocError::Conflict { .. })));
+    assert!(matches!(
+        &results[2],
+        Err(DocError::DocumentNotFound { .. })
+    ));
+    assert!(matches!(&results[3], Err(DocError::InvalidId { .. })));
+    let generated = match &results[4] {
+        Ok(BatchOutcome::Put(p)) => p.id.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(&results[5], Ok(BatchOutcome::Delete(d)) if d.id == "b"));
+    assert_eq!(
+        db.env().stats().commits,
+        commits_before + 1,
+        "one unit, one commit"
+    );
+    assert_eq!(db.get("a").unwrap().unwrap().to_value().unwrap()["v"], 2);
+    assert!(db.get("b").unwrap().is_none());
+    assert!(db.get(&generated).unwrap().is_some());
+    // Etags stay strictly increasing across the failed writes.
+    let e_gen = db.get(&generated).unwrap().unwrap().etag.sequence;
+    let next = db.put("c", b"{}", Condition::None).unwrap();
+    assert!(next.etag.sequence > e_gen);
+}

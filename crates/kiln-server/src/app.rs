@@ -22,6 +22,8 @@ pub struct AppState {
     pub limits: Limits,
     pub require_auth: bool,
     pub keys: Arc<KeyVerifier>,
+    /// Single-document writes go through here (see `combiner.rs`).
+    pub writes: crate::combiner::WriteCombiner,
 }
 
 pub type SharedState = Arc<AppState>;

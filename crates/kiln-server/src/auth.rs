@@ -124,10 +124,37 @@ pub fn revoke_api_key(data_dir: &Path, id: &str) -> Result<(), AuthError> {
     write_keys(data_dir, &file)
 }
 
+/// What tells one version of the key file from another. The mtime alone does not:
+/// timestamps are coarse (a kernel tick), so a revocation written right after the
+/// last read could keep the same mtime. The file is replaced by a rename, so a new
+/// version also has a new inode (the old one still exists while it is written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileVersion {
+    modified: Option<SystemTime>,
+    len: u64,
+    #[cfg(unix)]
+    inode: (u64, u64),
+}
+
+impl FileVersion {
+    fn of(path: &Path) -> Option<FileVersion> {
+        let m = std::fs::metadata(path).ok()?;
+        Some(FileVersion {
+            modified: m.modified().ok(),
+            len: m.len(),
+            #[cfg(unix)]
+            inode: {
+                use std::os::unix::fs::MetadataExt;
+                (m.dev(), m.ino())
+            },
+        })
+    }
+}
+
 /// Checks presented keys against the key file, re-reading it when it changed.
 pub struct KeyVerifier {
     path: PathBuf,
-    cache: Mutex<(Option<SystemTime>, Vec<ApiKeyRecord>)>,
+    cache: Mutex<(Option<FileVersion>, Vec<ApiKeyRecord>)>,
 }
 
 impl KeyVerifier {
@@ -141,13 +168,11 @@ impl KeyVerifier {
     }
 
     fn refresh(&self) -> Result<(), AuthError> {
-        let mtime = std::fs::metadata(&self.path)
-            .and_then(|m| m.modified())
-            .ok();
+        let version = FileVersion::of(&self.path);
         let mut cache = self.cache.lock();
-        if cache.0 != mtime || mtime.is_none() {
+        if cache.0 != version || version.is_none_or(|v| v.modified.is_none()) {
             let keys = read_keys(&self.path)?.keys;
-            *cache = (mtime, keys);
+            *cache = (version, keys);
         }
         Ok(())
     }

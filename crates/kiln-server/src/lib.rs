@@ -4,6 +4,7 @@
 
 mod app;
 pub mod auth;
+mod combiner;
 mod config;
 mod error;
 mod http_util;

@@ -11,7 +11,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use kiln_docs::{BatchOp, BatchOutcome, Condition, DocId, Document, Page, PutOutcome};
+use kiln_docs::{BatchOp, BatchOutcome, Condition, DocId, Document, Page, PutOutcome, WriteOp};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -81,8 +81,24 @@ pub async fn put_document(
     } else {
         DocId::Given(id)
     };
-    let out = blocking(move || database.put_to(target, &bytes, condition)).await?;
-    Ok(put_response(&db, &out))
+    let document = database.parse_document(&bytes)?;
+    let op = WriteOp::Put {
+        id: target,
+        document,
+        condition,
+    };
+    match state.writes.write(database, op).await? {
+        BatchOutcome::Put(out) => Ok(put_response(&db, &out)),
+        BatchOutcome::Delete(_) => Err(mismatched_outcome()),
+    }
+}
+
+fn mismatched_outcome() -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal_error",
+        "a write came back with another kind of outcome",
+    )
 }
 
 fn put_response(db: &str, out: &PutOutcome) -> Response {
@@ -113,7 +129,14 @@ pub async fn delete_document(
 ) -> Result<Response, ApiError> {
     let condition = write_condition(&headers)?;
     let database = state.store.database(&db)?;
-    let out = blocking(move || database.delete(&id, condition)).await?;
+    let out = match state
+        .writes
+        .write(database, WriteOp::Delete { id, condition })
+        .await?
+    {
+        BatchOutcome::Delete(out) => out,
+        BatchOutcome::Put(_) => return Err(mismatched_outcome()),
+    };
     Ok(json_value(
         StatusCode::OK,
         json!({"id": out.id, "deleted_etag": out.etag.to_string()}),

@@ -90,6 +90,7 @@ impl RunningServer {
             limits: config.limits,
             require_auth: config.require_auth,
             keys: Arc::new(KeyVerifier::new(&config.data_dir)?),
+            writes: crate::combiner::WriteCombiner::start(4, 256, 65_536),
         });
         let max_connections = u32::try_from(config.limits.max_connections)
             .map_err(|_| ServeError::Config("max_connections is too large".into()))?;
