@@ -242,7 +242,18 @@ impl Shared {
 
     /// Commits a write transaction: `prepare_commit`, then `finish_commit`.
     pub(crate) fn commit(&self, txn: &mut WriteTxn) -> Result<u64> {
-        match self.prepare_commit(txn)? {
+        let prepared =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.prepare_commit(txn)))
+                .unwrap_or_else(|panic| {
+                    // Half-done commit state cannot be trusted: latch, then let the panic
+                    // continue to the caller.
+                    self.poison(format!(
+                        "preparing a commit panicked: {}",
+                        crate::error::panic_message(&*panic)
+                    ));
+                    std::panic::resume_unwind(panic)
+                });
+        match prepared? {
             Some(pending) => self.finish_commit(pending),
             None => self.wait_durable(txn.base.txn_id).map(|_| txn.base.txn_id),
         }
@@ -372,7 +383,17 @@ impl Shared {
         }
         let written = match self.poison_reason() {
             Some(why) => Err(Error::Poisoned(why)),
-            None => j.writer.write(&record),
+            // A panic here must still pass the turn on below, or every later commit
+            // would wait for this one forever.
+            None => {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| j.writer.write(&record)))
+                    .unwrap_or_else(|panic| {
+                        Err(Error::GroupFailed(format!(
+                            "the journal write panicked: {}",
+                            crate::error::panic_message(&*panic)
+                        )))
+                    })
+            }
         };
         let result = match written {
             Ok(end) => {

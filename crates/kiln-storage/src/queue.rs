@@ -283,11 +283,7 @@ impl Shared {
                 Err(panic) => {
                     txn.rollback_to_savepoint();
                     q.units_failed.fetch_add(1, Relaxed);
-                    let msg = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "non-string panic payload".into());
+                    let msg = crate::error::panic_message(&*panic);
                     job.answer.tell(Word::Done(Err(Error::UnitPanicked(msg))));
                 }
             }
@@ -300,7 +296,20 @@ impl Shared {
         if !leftover.is_empty() {
             q.put_back(leftover);
         }
-        let prepared = self.prepare_commit(&mut txn);
+        // A panic in the engine must not leave this group's submitters, or the queue's
+        // leadership, waiting forever: it becomes an error and latches the
+        // environment (its state after a half-done commit cannot be trusted).
+        let prepared = match catch_unwind(AssertUnwindSafe(|| self.prepare_commit(&mut txn))) {
+            Ok(p) => p,
+            Err(panic) => {
+                let why = format!(
+                    "preparing a commit panicked: {}",
+                    crate::error::panic_message(&*panic)
+                );
+                self.poison(why.clone());
+                Err(Error::Poisoned(why))
+            }
+        };
         let base_txn = txn.base_txn_id();
         drop(txn);
         let in_flight = matches!(prepared, Ok(Some(_)));

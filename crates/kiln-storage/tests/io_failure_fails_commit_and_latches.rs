@@ -14,6 +14,8 @@ use std::sync::Arc;
 struct Switches {
     fail_journal_writes: AtomicBool,
     fail_data_sync: AtomicBool,
+    /// A bug stand-in: the journal write panics instead of returning an error.
+    panic_journal_writes: AtomicBool,
 }
 
 struct FaultyVfs {
@@ -40,6 +42,9 @@ impl VfsFile for FaultyFile {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         if is_journal(&self.path) && self.switches.fail_journal_writes.load(SeqCst) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        if is_journal(&self.path) && self.switches.panic_journal_writes.load(SeqCst) {
+            panic!("injected panic in a journal write");
         }
         self.inner.write_all_at(buf, offset)
     }
@@ -180,4 +185,56 @@ fn data_file_fsync_eio_latches_and_journal_replay_recovers() {
     }
     drop(r);
     assert!(env.check().unwrap().is_clean());
+}
+
+/// A panic inside the engine's commit path (here: in the journal write) must not
+/// leave anyone waiting: the group's submitters, later submitters and plain commits
+/// all get an error, the environment latches, and a reopen keeps what was
+/// acknowledged.
+#[test]
+fn panic_in_journal_write_fails_everyone_and_hangs_no_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let env = Arc::new(Env::open(dir.path(), opts(&sw)).unwrap());
+    commit_one(&env, "before").unwrap();
+    sw.panic_journal_writes.store(true, SeqCst);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let mut handles = Vec::new();
+    for t in 0..8 {
+        let env = env.clone();
+        let done = done_tx.clone();
+        handles.push(std::thread::spawn(move || {
+            let results: Vec<bool> = (0..10)
+                .map(|i| {
+                    let key = format!("t{t}-{i}");
+                    env.submit(move |txn| txn.put("t", key.as_bytes(), b"v"))
+                        .is_ok()
+                })
+                .collect();
+            let _ = done.send(results);
+        }));
+    }
+    drop(done_tx);
+    for _ in 0..8 {
+        let results = done_rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("a submitter hung after a panic in the commit path");
+        assert!(
+            results.iter().all(|ok| !ok),
+            "no commit may succeed once the journal write panicked"
+        );
+    }
+    assert!(matches!(commit_one(&env, "after"), Err(Error::Poisoned(_))));
+    sw.panic_journal_writes.store(false, SeqCst);
+    for h in handles {
+        h.join()
+            .expect("submitter threads return errors, they do not panic");
+    }
+    let env = Arc::try_unwrap(env).ok().expect("all threads are done");
+    drop(env);
+    let env = Env::open(dir.path(), opts(&sw)).unwrap();
+    let r = env.begin_read().unwrap();
+    assert_eq!(r.get("t", b"before").unwrap(), Some(&b"v"[..]));
+    drop(r);
+    commit_one(&env, "again").unwrap();
 }
