@@ -122,7 +122,12 @@ async fn authenticate(State(state): State<SharedState>, req: Request, next: Next
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        // The scheme name is case-insensitive (RFC 9110, section 11.1).
+        .and_then(|v| {
+            v.get(..7)
+                .filter(|s| s.eq_ignore_ascii_case("bearer "))
+                .map(|_| &v[7..])
+        })
         .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
     let Some(key) = presented else {
         return unauthorized("authentication required: send an API key (Authorization: Bearer <key>) or a client certificate");

@@ -59,6 +59,15 @@ async fn api_keys_are_required_and_revocable() {
     // The right key, either way.
     let r = h.http.get(&dbs).bearer_auth(&key).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
+    // The scheme name is case-insensitive.
+    let r = h
+        .http
+        .get(&dbs)
+        .header("authorization", format!("bearer {key}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
     let r = h
         .http
         .get(&dbs)
