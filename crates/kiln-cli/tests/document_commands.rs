@@ -1,0 +1,94 @@
+//! `kiln put/get/list` on a data directory, `kiln check` over all its databases, and
+//! `kiln api-key` round trips.
+
+use std::process::Command;
+
+fn kiln(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .output()
+        .expect("run kiln")
+}
+
+fn out(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn put_get_list_check_on_a_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = kiln(&[
+        "put",
+        "--data-dir",
+        d,
+        "shop",
+        "users/ada",
+        r#"{"name":"Ada"}"#,
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let put: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(put["id"], "users/ada");
+    assert_eq!(put["created"], true);
+    let o = kiln(&[
+        "put",
+        "--data-dir",
+        d,
+        "shop",
+        "users/",
+        r#"{"name":"Bob"}"#,
+    ]);
+    let generated: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(generated["id"].as_str().unwrap().starts_with("users/"));
+
+    let o = kiln(&["get", "--data-dir", d, "shop", "users/ada"]);
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["name"], "Ada");
+    assert_eq!(doc["@metadata"]["@etag"], put["etag"]);
+    let o = kiln(&["get", "--data-dir", d, "shop", "users/nobody"]);
+    assert_eq!(o.status.code(), Some(1));
+    let o = kiln(&["get", "--data-dir", d, "nodb", "x"]);
+    assert_eq!(o.status.code(), Some(2), "a missing database is an error");
+
+    let o = kiln(&["list", "--data-dir", d, "shop", "--prefix", "users/"]);
+    assert_eq!(out(&o).lines().count(), 2, "{}", out(&o));
+
+    let o = kiln(&["put", "--data-dir", d, "shop", "bad", "{not json"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("line 1"),
+        "{o:?}"
+    );
+
+    let o = kiln(&["check", d]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(out(&o).contains("databases/shop"), "{}", out(&o));
+    assert!(out(&o).contains("no problems"), "{}", out(&o));
+}
+
+#[test]
+fn api_keys_are_created_listed_and_revoked() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = kiln(&["api-key", "create", "--data-dir", d, "--name", "ci"]);
+    assert!(o.status.success(), "{o:?}");
+    let key = out(&o).trim().to_string();
+    assert!(key.starts_with("kiln_"), "{key}");
+    let id = key.split('_').nth(1).unwrap().to_string();
+    let listed = out(&kiln(&["api-key", "list", "--data-dir", d]));
+    assert!(listed.contains(&id) && listed.contains("ci"), "{listed}");
+    assert!(
+        !listed.contains(key.rsplit('_').next().unwrap()),
+        "secrets are never listed"
+    );
+    assert!(kiln(&["api-key", "revoke", "--data-dir", d, &id])
+        .status
+        .success());
+    assert!(!out(&kiln(&["api-key", "list", "--data-dir", d])).contains(&id));
+    assert_eq!(
+        kiln(&["api-key", "revoke", "--data-dir", d, &id])
+            .status
+            .code(),
+        Some(2)
+    );
+}
