@@ -12,6 +12,8 @@ const CRATES: &[&str] = &[
     "fjall",
     "rocksdb",
     "librocksdb-sys",
+    "postgres",
+    "tokio-postgres",
 ];
 
 fn main() {

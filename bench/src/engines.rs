@@ -2,6 +2,7 @@
 //! engine's own mechanism (see shared/BENCHMARKS.md, "Durable").
 
 use anyhow::Result;
+use serde_json::{Map, Value};
 use std::path::Path;
 
 /// A key and its value.
@@ -15,18 +16,64 @@ pub trait Engine: Send + Sync {
     fn commit_one(&self, key: &[u8], value: &[u8]) -> Result<()> {
         self.commit(&[(key, value)])
     }
+    /// What one W6 thread commits through, opened before the clock starts. For an
+    /// embedded engine, the shared handle itself; a client/server engine (PostgreSQL)
+    /// opens one connection per thread.
+    fn client(&self) -> Result<Box<dyn Client + '_>> {
+        Ok(Box::new(Shared(self)))
+    }
     /// Reads every entry in key order (or reverse); returns (entries, bytes read).
     fn scan(&self, reverse: bool) -> Result<(u64, u64)>;
     /// Point gets of `keys`, in one read transaction; returns how many were found.
     fn gets(&self, keys: &[[u8; 16]]) -> Result<u64>;
+    /// Engine facts for the results file (server version, settings), merged into the
+    /// run's `extra`.
+    fn info(&self) -> Map<String, Value> {
+        Map::new()
+    }
     /// Closes the engine (flushing what it flushes on close).
     fn close(self: Box<Self>) -> Result<()>;
 }
 
-/// Every engine the tool knows, in table order.
-pub const ALL: &[&str] = &["kiln", "sqlite", "lmdb", "redb", "fjall", "rocksdb"];
+/// One W6 committer, owned by one thread.
+pub trait Client: Send {
+    fn commit_one(&mut self, key: &[u8], value: &[u8]) -> Result<()>;
+}
 
-/// Why an engine is not in this binary (None when it is).
+/// The default [`Client`]: every thread commits through the shared engine.
+struct Shared<'a, E: ?Sized>(&'a E);
+
+impl<E: Engine + ?Sized> Client for Shared<'_, E> {
+    fn commit_one(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.0.commit_one(key, value)
+    }
+}
+
+/// An engine that is built in but cannot run on this machine (PostgreSQL not installed,
+/// or its server would not start). The child exits with [`UNAVAILABLE_EXIT`]; the parent
+/// skips the engine for the rest of the suite instead of failing.
+#[derive(Debug)]
+pub struct Unavailable(pub String);
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+/// The child's exit code for [`Unavailable`].
+pub const UNAVAILABLE_EXIT: i32 = 3;
+
+/// Every engine the tool knows, in table order.
+pub const ALL: &[&str] = &[
+    "kiln", "sqlite", "lmdb", "redb", "fjall", "rocksdb", "postgres",
+];
+
+/// Why an engine is not in this binary, or cannot run on this machine (None when it
+/// can run). A reason starting with "not built" is a missing cargo feature; any other
+/// means the engine is skipped.
 pub fn missing_reason(name: &str) -> Option<String> {
     let built = match name {
         "kiln" => true,
@@ -35,6 +82,7 @@ pub fn missing_reason(name: &str) -> Option<String> {
         "redb" => cfg!(feature = "redb"),
         "fjall" => cfg!(feature = "fjall"),
         "rocksdb" => cfg!(feature = "rocksdb"),
+        "postgres" => cfg!(feature = "postgres"),
         other => {
             return Some(format!(
                 "unknown engine {other:?} (known: {})",
@@ -43,6 +91,10 @@ pub fn missing_reason(name: &str) -> Option<String> {
         }
     };
     if built {
+        #[cfg(feature = "postgres")]
+        if name == "postgres" {
+            return pg::preflight().err().map(|e| format!("skipped: {e}"));
+        }
         None
     } else if name == "rocksdb" {
         Some(
@@ -58,10 +110,25 @@ pub fn missing_reason(name: &str) -> Option<String> {
     }
 }
 
+/// Why `engine` does not run `workload` at all (None when it does).
+pub fn not_applicable(engine: &str, workload: &str) -> Option<&'static str> {
+    match (engine, workload) {
+        ("postgres", "W6") => None,
+        ("postgres", _) => Some(
+            "PostgreSQL is a peer for W6 (concurrent durable commits, one connection per \
+             thread) only; W1-W5 measure embedded engines called in-process",
+        ),
+        _ => None,
+    }
+}
+
 /// Opens (creating if needed) engine `name` in `dir`.
 pub fn open(name: &str, dir: &Path) -> Result<Box<dyn Engine>> {
     if let Some(why) = missing_reason(name) {
-        anyhow::bail!("{name}: {why}");
+        if why.starts_with("not built") {
+            anyhow::bail!("{name}: {why}");
+        }
+        return Err(Unavailable(format!("{name}: {why}")).into());
     }
     std::fs::create_dir_all(dir)?;
     Ok(match name {
@@ -76,6 +143,8 @@ pub fn open(name: &str, dir: &Path) -> Result<Box<dyn Engine>> {
         "fjall" => Box::new(fjall_engine::Fjall::open(dir)?),
         #[cfg(feature = "rocksdb")]
         "rocksdb" => Box::new(rocks::Rocks::open(dir)?),
+        #[cfg(feature = "postgres")]
+        "postgres" => Box::new(pg::Postgres::open(dir)?),
         other => anyhow::bail!("unknown engine {other:?}"),
     })
 }
@@ -515,6 +584,493 @@ mod rocks {
             self.db.flush_wal(true)?;
             drop(self);
             Ok(())
+        }
+    }
+}
+
+/// PostgreSQL, for W6 only: a throwaway server of its own (initdb in a directory inside
+/// the run's directory, so on the same disk as the other engines; listening only on a
+/// Unix socket there), one connection per W6 thread, each commit an autocommit upsert.
+#[cfg(feature = "postgres")]
+mod pg {
+    use super::*;
+    use anyhow::{bail, Context};
+    use postgres::{Config, NoTls, Statement};
+    use serde_json::json;
+    use std::ffi::CString;
+    use std::os::unix::process::CommandExt;
+    use std::path::PathBuf;
+    use std::process::{Command, Stdio};
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    const PORT: u16 = 5432;
+    /// Server settings beyond initdb's defaults. fsync, synchronous_commit and
+    /// full_page_writes stay at their (durable) defaults and are checked after start.
+    const SETTINGS: &[(&str, &str)] = &[
+        ("listen_addresses", "''"),
+        ("shared_buffers", "'256MB'"),
+        ("max_connections", "200"),
+        ("fsync", "on"),
+        ("synchronous_commit", "on"),
+        ("full_page_writes", "on"),
+    ];
+    /// Settings recorded in the results file.
+    const REPORTED: &[&str] = &[
+        "fsync",
+        "synchronous_commit",
+        "full_page_writes",
+        "wal_sync_method",
+        "wal_level",
+        "wal_buffers",
+        "commit_delay",
+        "commit_siblings",
+        "shared_buffers",
+        "max_connections",
+        "listen_addresses",
+    ];
+    const UPSERT: &str = "INSERT INTO kv (key, value) VALUES ($1, $2) \
+                          ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value";
+
+    /// The directory holding initdb and pg_ctl: $KILN_BENCH_PG_BINDIR if set, else
+    /// `pg_config --bindir`, else the newest /usr/lib/postgresql/*/bin, else PATH.
+    fn bindir() -> Result<PathBuf> {
+        let has = |d: &Path| d.join("initdb").is_file() && d.join("pg_ctl").is_file();
+        if let Some(d) = std::env::var_os("KILN_BENCH_PG_BINDIR") {
+            let d = PathBuf::from(d);
+            if has(&d) {
+                return Ok(d);
+            }
+            bail!(
+                "no initdb and pg_ctl in KILN_BENCH_PG_BINDIR={}",
+                d.display()
+            );
+        }
+        if let Ok(out) = Command::new("pg_config")
+            .arg("--bindir")
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+        {
+            let d = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+            if out.status.success() && has(&d) {
+                return Ok(d);
+            }
+        }
+        let mut versioned: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+                Some((v, e.path().join("bin")))
+            })
+            .filter(|(_, d)| has(d))
+            .collect();
+        versioned.sort();
+        if let Some((_, d)) = versioned.pop() {
+            return Ok(d);
+        }
+        if let Some(path) = std::env::var_os("PATH") {
+            if let Some(d) = std::env::split_paths(&path).find(|d| has(d)) {
+                return Ok(d);
+            }
+        }
+        bail!(
+            "PostgreSQL is not installed (no initdb and pg_ctl in `pg_config --bindir`, \
+             /usr/lib/postgresql/*/bin or PATH; apt-get install -y postgresql)"
+        )
+    }
+
+    /// The unprivileged user that runs initdb and the server when we are root (initdb
+    /// refuses to run as root).
+    #[derive(Clone)]
+    struct User {
+        name: String,
+        uid: u32,
+        gid: u32,
+    }
+
+    fn lookup(name: &str) -> Option<User> {
+        let c = CString::new(name).ok()?;
+        // SAFETY: getpwnam returns null or a pointer to a static record, read at once
+        // (no other thread calls it meanwhile: this runs before the workload's threads).
+        unsafe {
+            let pw = libc::getpwnam(c.as_ptr());
+            (!pw.is_null()).then(|| User {
+                name: name.to_string(),
+                uid: (*pw).pw_uid,
+                gid: (*pw).pw_gid,
+            })
+        }
+    }
+
+    fn run_as() -> Result<Option<User>> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Ok(None);
+        }
+        match ["postgres", "nobody"].iter().find_map(|u| lookup(u)) {
+            Some(u) => Ok(Some(u)),
+            None => bail!(
+                "running as root, and there is no unprivileged user (postgres or nobody) \
+                 to run initdb and the server as"
+            ),
+        }
+    }
+
+    /// What the parent checks before the suite: the binaries and, as root, the user.
+    pub fn preflight() -> Result<()> {
+        bindir()?;
+        run_as()?;
+        Ok(())
+    }
+
+    /// Runs `cmd` to completion; on failure, says which step failed and its last line.
+    fn run(cmd: &mut Command, what: &str) -> Result<()> {
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {what}"))?;
+        if !out.status.success() {
+            let text = format!(
+                "{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let last = text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            bail!("{what} failed ({}): {last}", out.status);
+        }
+        Ok(())
+    }
+
+    fn chown(path: &Path, user: &User) -> Result<()> {
+        std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid))
+            .with_context(|| format!("chown {} to {}", path.display(), user.name))
+    }
+
+    /// The throwaway server; stopping it and removing its directory on drop, so also
+    /// when the run fails.
+    struct Server {
+        bin: PathBuf,
+        user: Option<User>,
+        /// `postgres/` inside the run's directory: data/, server.log and the socket.
+        root: PathBuf,
+        data: PathBuf,
+        socket_dir: PathBuf,
+        /// A short directory of our own under /tmp, when `root` is too long a path for
+        /// a Unix socket (108 bytes).
+        own_socket_dir: bool,
+        started: bool,
+        version: String,
+        start_seconds: f64,
+    }
+
+    impl Server {
+        fn cmd(&self, program: &str) -> Command {
+            let mut c = Command::new(self.bin.join(program));
+            c.current_dir(&self.root)
+                .env_remove("PGDATA")
+                .env_remove("PGHOST")
+                .env_remove("PGPORT")
+                .env_remove("PGOPTIONS");
+            if let Some(u) = &self.user {
+                // The child sets its groups, gid and uid before exec (std drops the
+                // supplementary groups when root changes uid).
+                c.uid(u.uid).gid(u.gid).env("USER", &u.name);
+            }
+            c
+        }
+
+        fn start(dir: &Path) -> Result<Server> {
+            let t = Instant::now();
+            let bin = bindir()?;
+            let user = run_as()?;
+            let root = std::fs::canonicalize(dir)
+                .with_context(|| format!("resolving {}", dir.display()))?
+                .join("postgres");
+            let _ = std::fs::remove_dir_all(&root);
+            std::fs::create_dir(&root).with_context(|| format!("creating {}", root.display()))?;
+            let mut server = Server {
+                bin,
+                user,
+                data: root.join("data"),
+                socket_dir: root.clone(),
+                root,
+                own_socket_dir: false,
+                started: false,
+                version: String::new(),
+                start_seconds: 0.0,
+            };
+            if let Some(u) = &server.user {
+                chown(&server.root, u)?;
+            }
+            let socket = server.root.join(format!(".s.PGSQL.{PORT}"));
+            if socket.as_os_str().len() > 100 {
+                let mut template = *b"/tmp/kiln-pg-XXXXXX\0";
+                // SAFETY: a writable NUL-terminated template, as mkdtemp wants.
+                let p = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
+                if p.is_null() {
+                    bail!(
+                        "mkdtemp for the socket: {}",
+                        std::io::Error::last_os_error()
+                    );
+                }
+                server.socket_dir = PathBuf::from(
+                    std::str::from_utf8(&template[..template.len() - 1]).expect("ascii"),
+                );
+                server.own_socket_dir = true;
+                if let Some(u) = &server.user {
+                    chown(&server.socket_dir, u)?;
+                }
+            }
+            // Reachable by the server's user at all? (A parent directory of --dir that
+            // only root may enter makes initdb fail with a less obvious message.)
+            if let Some(u) = &server.user {
+                let mut probe = Command::new("test");
+                probe.arg("-w").arg(&server.root).uid(u.uid).gid(u.gid);
+                if !probe
+                    .stdin(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+                {
+                    bail!(
+                        "user {} cannot write {} (a parent directory of --dir is not \
+                         searchable by it: chmod o+x it, or use another --dir)",
+                        u.name,
+                        server.root.display()
+                    );
+                }
+            }
+
+            let mut initdb = server.cmd("initdb");
+            initdb.arg("-D").arg(&server.data).args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-locale",
+            ]);
+            run(&mut initdb, "initdb")?;
+            let mut conf = String::from("\n# kiln-bench\n");
+            for (k, v) in SETTINGS {
+                conf.push_str(&format!("{k} = {v}\n"));
+            }
+            let sock = server
+                .socket_dir
+                .to_str()
+                .context("socket path is not UTF-8")?;
+            conf.push_str(&format!(
+                "unix_socket_directories = '{}'\nport = {PORT}\n",
+                sock.replace('\'', "''")
+            ));
+            use std::io::Write as _;
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(server.data.join("postgresql.conf"))
+                .and_then(|mut f| f.write_all(conf.as_bytes()))
+                .context("writing postgresql.conf")?;
+
+            let version = server
+                .cmd("postgres")
+                .arg("--version")
+                .stdin(Stdio::null())
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                .unwrap_or_default();
+            server.version = version;
+
+            server.started = true;
+            let log = server.root.join("server.log");
+            let mut pg_ctl = server.cmd("pg_ctl");
+            pg_ctl
+                .arg("-D")
+                .arg(&server.data)
+                .arg("-l")
+                .arg(&log)
+                .args(["-w", "-t", "60", "start"]);
+            if let Err(e) = run(&mut pg_ctl, "pg_ctl start") {
+                let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                let last = tail
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("")
+                    .trim()
+                    .to_string();
+                bail!("{e:#}; server.log: {last}");
+            }
+            server.start_seconds = t.elapsed().as_secs_f64();
+            Ok(server)
+        }
+
+        /// pg_ctl stop -m fast (immediate if that fails), then removes the directory.
+        fn stop(&mut self) -> Result<()> {
+            let mut res = Ok(());
+            if self.started {
+                self.started = false;
+                let mut fast = self.cmd("pg_ctl");
+                fast.arg("-D")
+                    .arg(&self.data)
+                    .args(["-m", "fast", "-w", "-t", "60", "stop"]);
+                res = run(&mut fast, "pg_ctl stop -m fast");
+                if res.is_err() {
+                    let mut immediate = self.cmd("pg_ctl");
+                    immediate
+                        .arg("-D")
+                        .arg(&self.data)
+                        .args(["-m", "immediate", "-w", "stop"]);
+                    let _ = run(&mut immediate, "pg_ctl stop -m immediate");
+                }
+            }
+            let _ = std::fs::remove_dir_all(&self.root);
+            if self.own_socket_dir {
+                self.own_socket_dir = false;
+                let _ = std::fs::remove_dir_all(&self.socket_dir);
+            }
+            res
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.stop();
+        }
+    }
+
+    pub struct Postgres {
+        /// The setup connection (table, settings; `commit` for completeness).
+        conn: Mutex<postgres::Client>,
+        config: Config,
+        info: Map<String, Value>,
+        /// Last, so that it is dropped (stopped) after the connection.
+        server: Server,
+    }
+
+    impl Postgres {
+        pub fn open(dir: &Path) -> Result<Self> {
+            let unavailable =
+                |e: anyhow::Error| Unavailable(format!("PostgreSQL could not start: {e:#}"));
+            let server = Server::start(dir).map_err(unavailable)?;
+            let mut config = Config::new();
+            config
+                .host_path(&server.socket_dir)
+                .port(PORT)
+                .user("postgres")
+                .dbname("postgres")
+                .application_name("kiln-bench");
+            let mut conn = config
+                .connect(NoTls)
+                .context("connecting over the Unix socket")
+                .map_err(unavailable)?;
+            conn.batch_execute("CREATE TABLE kv (key bytea PRIMARY KEY, value bytea)")?;
+            let mut settings = Map::new();
+            for name in REPORTED {
+                let v: String = conn
+                    .query_one("SELECT current_setting($1)", &[name])?
+                    .get(0);
+                settings.insert(name.to_string(), json!(v));
+            }
+            for name in ["fsync", "synchronous_commit", "full_page_writes"] {
+                if settings[name] != "on" {
+                    bail!("PostgreSQL {name} is {}, not on", settings[name]);
+                }
+            }
+            let server_version: String = conn.query_one("SHOW server_version", &[])?.get(0);
+            let version: String = conn.query_one("SELECT version()", &[])?.get(0);
+            let mut info = Map::new();
+            info.insert("server_version".into(), json!(server_version));
+            info.insert("server_version_full".into(), json!(version));
+            info.insert("server_binary".into(), json!(server.version));
+            info.insert("server_bindir".into(), json!(server.bin));
+            info.insert(
+                "server_user".into(),
+                json!(server.user.as_ref().map(|u| u.name.clone())),
+            );
+            info.insert("settings".into(), Value::Object(settings));
+            info.insert(
+                "table".into(),
+                json!("kv(key bytea PRIMARY KEY, value bytea)"),
+            );
+            info.insert("statement".into(), json!(UPSERT));
+            info.insert(
+                "connection".into(),
+                json!(format!(
+                    "Unix socket in {} (listen_addresses=''), one connection per W6 thread, autocommit",
+                    server.socket_dir.display()
+                )),
+            );
+            info.insert(
+                "initdb_and_start_seconds".into(),
+                json!(server.start_seconds),
+            );
+            Ok(Postgres {
+                conn: Mutex::new(conn),
+                config,
+                info,
+                server,
+            })
+        }
+    }
+
+    /// One W6 thread's connection, with the upsert prepared.
+    struct PgClient {
+        client: postgres::Client,
+        upsert: Statement,
+    }
+
+    impl Client for PgClient {
+        fn commit_one(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+            // Outside a transaction block: autocommit, durable when it returns.
+            self.client.execute(&self.upsert, &[&key, &value])?;
+            Ok(())
+        }
+    }
+
+    impl Engine for Postgres {
+        fn commit(&self, pairs: &[Pair]) -> Result<()> {
+            let mut conn = self.conn.lock().unwrap();
+            let mut tx = conn.transaction()?;
+            let st = tx.prepare(UPSERT)?;
+            for (k, v) in pairs {
+                tx.execute(&st, &[k, v])?;
+            }
+            tx.commit()?;
+            Ok(())
+        }
+        fn client(&self) -> Result<Box<dyn Client + '_>> {
+            let mut client = self.config.connect(NoTls)?;
+            let upsert = client.prepare(UPSERT)?;
+            Ok(Box::new(PgClient { client, upsert }))
+        }
+        fn scan(&self, _reverse: bool) -> Result<(u64, u64)> {
+            bail!("postgres runs W6 only")
+        }
+        fn gets(&self, _keys: &[[u8; 16]]) -> Result<u64> {
+            bail!("postgres runs W6 only")
+        }
+        fn info(&self) -> Map<String, Value> {
+            let mut info = self.info.clone();
+            if let Ok(mut conn) = self.conn.lock() {
+                if let Ok(row) = conn.query_one("SELECT count(*) FROM kv", &[]) {
+                    info.insert("rows_in_table".into(), json!(row.get::<_, i64>(0)));
+                }
+            }
+            info
+        }
+        fn close(self: Box<Self>) -> Result<()> {
+            let Postgres {
+                conn, mut server, ..
+            } = *self;
+            drop(conn);
+            server.stop()
         }
     }
 }

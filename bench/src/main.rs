@@ -1,6 +1,6 @@
 //! Comparative benchmark: the workloads of shared/BENCHMARKS.md (W1-W6) run against
-//! Kiln and its peers (SQLite, LMDB, redb, fjall, RocksDB), each commit durable by the
-//! engine's own mechanism. The parameters are those of `kiln bench`
+//! Kiln and its peers (SQLite, LMDB, redb, fjall, RocksDB; PostgreSQL for W6 only), each
+//! commit durable by the engine's own mechanism. The parameters are those of `kiln bench`
 //! (crates/kiln-cli/src/bench.rs): same seed, same key and value generation, same
 //! operation counts.
 //!
@@ -31,8 +31,9 @@ const SEED: u64 = 0x4B494C4E;
     about = "Kiln against its peers on the workloads of BENCHMARKS.md"
 )]
 struct Args {
-    /// Comma-separated engines: kiln, sqlite, lmdb, redb, fjall, rocksdb.
-    #[arg(long, default_value = "kiln,sqlite,lmdb,redb,fjall,rocksdb")]
+    /// Comma-separated engines: kiln, sqlite, lmdb, redb, fjall, rocksdb, postgres
+    /// (W6 only; a throwaway server of its own, skipped if PostgreSQL is not installed).
+    #[arg(long, default_value = "kiln,sqlite,lmdb,redb,fjall,rocksdb,postgres")]
     engines: String,
     /// Comma-separated workloads: W1, W2, W3, W4, W5, W6.
     #[arg(long, default_value = "W1,W2,W3,W4,W5,W6")]
@@ -227,10 +228,18 @@ fn w6(
 ) -> Result<(Vec<Value>, f64, Map<String, Value>)> {
     let total = scaled(20_000, quick);
     let per_thread = (total / threads).max(1);
+    // Each thread's client (its own connection, for a server), opened before the clock.
+    let opened = Instant::now();
+    let clients = (0..threads)
+        .map(|_| db.client())
+        .collect::<Result<Vec<_>>>()?;
+    let clients_open_seconds = opened.elapsed().as_secs_f64();
     let start = Instant::now();
     let latencies: Vec<Vec<u32>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
+        let handles: Vec<_> = clients
+            .into_iter()
+            .zip(0u64..)
+            .map(|(mut client, t)| {
                 s.spawn(move || -> Result<Vec<u32>> {
                     let mut rng = SmallRng::seed_from_u64(SEED + t);
                     let mut lat = Vec::with_capacity(per_thread as usize);
@@ -240,7 +249,7 @@ fn w6(
                         let mut value = [0u8; 100];
                         rng.fill_bytes(&mut value);
                         let begin = Instant::now();
-                        db.commit_one(&key, &value)?;
+                        client.commit_one(&key, &value)?;
                         lat.push(begin.elapsed().as_micros().min(u32::MAX as u128) as u32);
                     }
                     Ok(lat)
@@ -262,6 +271,7 @@ fn w6(
     extra.insert("commits".into(), json!(commits));
     extra.insert("p50_us".into(), json!(q(0.50)));
     extra.insert("p99_us".into(), json!(q(0.99)));
+    extra.insert("clients_open_seconds".into(), json!(clients_open_seconds));
     Ok((
         vec![row(
             &format!("W6 T={threads}"),
@@ -280,7 +290,7 @@ fn child(engine: &str, workload: &str, dir: &Path, quick: bool, threads: u64) ->
         "W5" => w5(engine, dir, quick)?,
         wl => {
             let db = engines::open(engine, dir)?;
-            let out = match wl {
+            let mut out = match wl {
                 "W1" => w1(&*db, quick)?,
                 "W2" => fill_workload(&*db, "W2 fill-seq", scaled(1000, quick), 1000, true)?,
                 "W3" => fill_workload(&*db, "W3 fill-rnd", scaled(1000, quick), 1000, false)?,
@@ -294,6 +304,7 @@ fn child(engine: &str, workload: &str, dir: &Path, quick: bool, threads: u64) ->
                 "W6" => w6(&*db, quick, threads)?,
                 other => bail!("unknown workload {other:?} (available: W1..W6)"),
             };
+            out.2.extend(db.info());
             db.close()?;
             out
         }
@@ -359,6 +370,11 @@ fn spawn_child(args: &Args, engine: &str, job: &Job, run_dir: &Path) -> Result<V
             .rev()
             .find(|l| !l.trim().is_empty())
             .unwrap_or("");
+        if out.status.code() == Some(engines::UNAVAILABLE_EXIT) {
+            let why = last.trim().trim_start_matches("kiln-bench: ");
+            let why = why.strip_prefix(&format!("{engine}: ")).unwrap_or(why);
+            return Err(engines::Unavailable(why.to_string()).into());
+        }
         bail!("child exited with {}: {}", out.status, last.trim());
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -537,7 +553,28 @@ fn parent(args: &Args) -> Result<()> {
         machine["kernel"].as_str().unwrap_or("?"),
     );
 
-    let pb = ProgressBar::new((runnable.len() * jobs.len()) as u64);
+    // Engines that do not run some workloads at all (PostgreSQL: W6 only).
+    let mut not_applicable: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for job in &jobs {
+        for engine in &engines {
+            if let Some(why) = engines::not_applicable(engine, &job.workload) {
+                not_applicable
+                    .entry(job.label.clone())
+                    .or_default()
+                    .insert(engine.clone(), why.to_string());
+            }
+        }
+    }
+    let applies = |engine: &String, job: &Job| {
+        not_applicable
+            .get(&job.label)
+            .is_none_or(|m| !m.contains_key(engine))
+    };
+    let planned = jobs
+        .iter()
+        .map(|j| runnable.iter().filter(|e| applies(e, j)).count())
+        .sum::<usize>();
+    let pb = ProgressBar::new(planned as u64);
     pb.set_style(
         ProgressStyle::with_template("[{elapsed_precise}] [{bar:30}] {pos}/{len} {msg}")
             .expect("static template")
@@ -551,6 +588,14 @@ fn parent(args: &Args) -> Result<()> {
     let suite_start = Instant::now();
     for job in &jobs {
         for engine in &runnable {
+            if !applies(engine, job) {
+                continue;
+            }
+            if missing.contains_key(engine) {
+                // Became unavailable in an earlier job (its server would not start).
+                pb.inc(1);
+                continue;
+            }
             let mut run = 0usize;
             loop {
                 run += 1;
@@ -568,6 +613,13 @@ fn parent(args: &Args) -> Result<()> {
                 let _ = std::fs::remove_dir_all(&run_dir);
                 let out = match res {
                     Ok(v) => v,
+                    Err(e) if e.is::<engines::Unavailable>() => {
+                        // Built in, but cannot run here: one line, and the suite goes on.
+                        let why = format!("skipped: {e}");
+                        pb.suspend(|| eprintln!("{engine}: {why}"));
+                        missing.insert(engine.clone(), why);
+                        break;
+                    }
                     Err(e) => {
                         let msg = format!("{e:#}");
                         pb.suspend(|| eprintln!("{} {engine}: FAILED: {msg}", job.label));
@@ -661,6 +713,7 @@ fn parent(args: &Args) -> Result<()> {
             .find(|j| *name == j.label || name.starts_with(&format!("{} ", j.label)))
             .map(|j| j.label.clone())
             .unwrap_or_default();
+        let na = not_applicable.get(&job_label);
         let mut per_engine = Map::new();
         for c in &cols {
             let text = match (row_cells.get(c), missing.get(c)) {
@@ -672,7 +725,20 @@ fn parent(args: &Args) -> Result<()> {
                     );
                     fmt_value(m, &unit)
                 }
-                (None, Some(_)) => "not built".to_string(),
+                // A workload the engine never runs (PostgreSQL: all but W6): "-",
+                // whether or not the engine is built or available.
+                (None, _) if na.is_some_and(|m| m.contains_key(c)) => {
+                    per_engine.insert(c.clone(), json!({ "not_applicable": na.unwrap()[c] }));
+                    "-".to_string()
+                }
+                (None, Some(why)) => {
+                    per_engine.insert(c.clone(), json!({ "not_run": why }));
+                    if why.starts_with("not built") {
+                        "not built".to_string()
+                    } else {
+                        "skipped".to_string()
+                    }
+                }
                 (None, None) => {
                     let err = errors.get(&job_label).and_then(|m| m.get(c));
                     if let Some(e) = err {
@@ -778,6 +844,45 @@ fn parent(args: &Args) -> Result<()> {
         .iter()
         .map(|(n, v)| (n.to_string(), json!(v)))
         .collect();
+    // Server engines (PostgreSQL): version and settings, as the first run reported them.
+    let mut servers = Map::new();
+    for by_engine in cells.values() {
+        for (engine, cell) in by_engine {
+            if servers.contains_key(engine) {
+                continue;
+            }
+            if let Some(x) = cell
+                .extras
+                .iter()
+                .find(|x| x.get("server_version").is_some())
+            {
+                let keep = [
+                    "server_version",
+                    "server_version_full",
+                    "server_bindir",
+                    "server_user",
+                    "settings",
+                ];
+                let picked: Map<String, Value> = keep
+                    .iter()
+                    .filter_map(|k| x.get(*k).map(|v| (k.to_string(), v.clone())))
+                    .collect();
+                servers.insert(engine.clone(), Value::Object(picked));
+            }
+        }
+    }
+    // Why an engine shows "-" for a workload it does not run.
+    let mut notes = Map::new();
+    for m in not_applicable.values() {
+        for (engine, why) in m {
+            if engines.contains(engine) {
+                notes.insert(engine.clone(), json!(why));
+            }
+        }
+    }
+    let (not_built, skipped): (BTreeMap<_, _>, BTreeMap<_, _>) = missing
+        .iter()
+        .partition(|(_, why)| why.starts_with("not built"));
     let report = json!({
         "date": date,
         "command": std::env::args().collect::<Vec<_>>(),
@@ -798,12 +903,16 @@ fn parent(args: &Args) -> Result<()> {
                 "redb": "Durability::Immediate",
                 "fjall": "batch commit + Keyspace::persist(PersistMode::SyncAll) per transaction",
                 "rocksdb": "WriteOptions::set_sync(true), default Options",
+                "postgres": "W6 only: a throwaway server (initdb in the run's directory, Unix socket only) with fsync=on, synchronous_commit=on, full_page_writes=on (the defaults), shared_buffers=256MB, max_connections=200; table kv(key bytea PRIMARY KEY, value bytea); one connection per thread, each commit an autocommit INSERT ... ON CONFLICT (key) DO UPDATE",
             },
             "suite_seconds": suite_start.elapsed().as_secs_f64(),
         },
         "machine": { "host": machine, "file_system": fs },
         "crate_versions": versions,
-        "not_built": missing,
+        "servers": servers,
+        "notes": notes,
+        "not_built": not_built,
+        "skipped": skipped,
         "errors": errors,
         "results": results,
         "markdown": md,
@@ -827,7 +936,12 @@ fn main() {
         _ => parent(&args),
     };
     if let Err(e) = res {
-        eprintln!("kiln-bench: {e:#}");
-        std::process::exit(1);
+        eprintln!("kiln-bench: {}", format!("{e:#}").replace('\n', " "));
+        let unavailable = e.chain().any(|c| c.is::<engines::Unavailable>());
+        std::process::exit(if unavailable {
+            engines::UNAVAILABLE_EXIT
+        } else {
+            1
+        });
     }
 }
