@@ -309,10 +309,29 @@ fn w8(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
         "avg_group_size".into(),
         stats["engine"]["avg_group_units"].clone(),
     );
-    extra.insert(
-        "journal_write_p99_us".into(),
-        stats["engine"]["journal_write_p99_us"].clone(),
-    );
+    for k in [
+        "journal_write_p50_us",
+        "journal_write_p99_us",
+        "journal_writes",
+        "journal_bytes",
+        "commit_units",
+        "data_syncs",
+    ] {
+        extra.insert(k.into(), stats["engine"][k].clone());
+    }
+    if let (Some(bytes), Some(writes)) = (
+        stats["engine"]["journal_bytes"].as_f64(),
+        stats["engine"]["journal_writes"].as_f64(),
+    ) {
+        extra.insert(
+            "journal_bytes_per_write".into(),
+            json!(bytes / writes.max(1.0)),
+        );
+        extra.insert(
+            "requests_per_journal_write".into(),
+            json!(r.requests as f64 / writes.max(1.0)),
+        );
+    }
     let w6_rate = w6_t64.ops_per_sec();
     extra.insert("w6_t64_commits_per_sec".into(), json!(w6_rate));
     extra.insert("ratio_to_w6_t64".into(), json!(r.per_sec() / w6_rate));

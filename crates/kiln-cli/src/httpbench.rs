@@ -28,6 +28,11 @@ impl ServerProcess {
         let child = Command::new(exe)
             .args(["serve", "--bind", &addr.to_string(), "--data-dir"])
             .arg(data_dir)
+            .args(
+                std::env::var("KILN_BENCH_SERVE_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()?;

@@ -16,7 +16,7 @@ use crate::store::PageStore;
 use crate::txn::{ReadTxn, Snapshot, WriteTxn};
 use crate::{Error, Result};
 use parking_lot::{Condvar, Mutex};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{
     AtomicU64,
@@ -226,13 +226,13 @@ impl Shared {
             txn_id: base.txn_id + 1,
             base,
             pins: Default::default(),
-            dirty: HashMap::new(),
-            sources: HashMap::new(),
+            dirty: Default::default(),
+            sources: Default::default(),
             freed_committed: Vec::new(),
             local_free: Vec::new(),
             taken_from_free: Vec::new(),
             catalog_root: base.catalog_root,
-            trees: HashMap::new(),
+            trees: Default::default(),
             dropped: Vec::new(),
             broken: None,
             savepoint: None,

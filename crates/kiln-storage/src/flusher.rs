@@ -171,8 +171,7 @@ impl Flusher {
         if batch.is_empty() || self.shared.poison_reason().is_some() {
             return Ok(());
         }
-        let mut last_freed_at: std::collections::HashMap<PageNo, usize> =
-            std::collections::HashMap::new();
+        let mut last_freed_at: crate::fasthash::FastMap<PageNo, usize> = Default::default();
         for (i, a) in batch.iter().enumerate() {
             for p in &a.freed {
                 last_freed_at.insert(*p, i);

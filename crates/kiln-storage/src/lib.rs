@@ -26,6 +26,7 @@ pub mod btree;
 pub mod check;
 mod env;
 mod error;
+mod fasthash;
 mod flusher;
 mod header;
 pub mod io;

@@ -9,10 +9,9 @@
 
 use crate::page::{PageNo, PageRun};
 use crate::txn::{TreeState, WriteTxn};
-use std::collections::{HashMap, HashSet};
 
 pub(crate) struct Savepoint {
-    trees: HashMap<String, TreeState>,
+    trees: crate::fasthash::FastMap<String, TreeState>,
     dropped: Vec<String>,
     catalog_root: PageNo,
     freed_committed_len: usize,
@@ -20,9 +19,9 @@ pub(crate) struct Savepoint {
     taken_from_free_len: usize,
     page_count: u64,
     /// Dirty pages created since the savepoint.
-    created: HashSet<PageNo>,
+    created: crate::fasthash::FastSet<PageNo>,
     /// Pages dirty before the savepoint, as they were, with their diff source.
-    undo: HashMap<PageNo, (PageRun, Option<PageNo>)>,
+    undo: crate::fasthash::FastMap<PageNo, (PageRun, Option<PageNo>)>,
 }
 
 impl WriteTxn<'_> {
@@ -37,8 +36,8 @@ impl WriteTxn<'_> {
             local_free: self.local_free.clone(),
             taken_from_free_len: self.taken_from_free.len(),
             page_count,
-            created: HashSet::new(),
-            undo: HashMap::new(),
+            created: Default::default(),
+            undo: Default::default(),
         });
     }
 

@@ -11,7 +11,6 @@ use crate::page::{self, PageNo, PageRun, PAGE_SIZE};
 use crate::{Error, Result};
 use parking_lot::RwLock;
 use std::cell::UnsafeCell;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -94,7 +93,7 @@ pub(crate) struct PageStore {
     pub path: PathBuf,
     pub file: Box<dyn VfsFile>,
     map: RwLock<Arc<MapGen>>,
-    unflushed: RwLock<HashMap<PageNo, Arc<PageRun>>>,
+    unflushed: RwLock<crate::fasthash::FastMap<PageNo, Arc<PageRun>>>,
     verified: VerifiedBits,
     grow_step_bytes: u64,
 }
@@ -109,7 +108,7 @@ impl PageStore {
             path: path.to_path_buf(),
             file,
             map: RwLock::new(map),
-            unflushed: RwLock::new(HashMap::new()),
+            unflushed: RwLock::new(Default::default()),
             verified: VerifiedBits {
                 words: RwLock::new(Vec::new()),
             },

@@ -8,7 +8,6 @@ use crate::store::Pins;
 use crate::{Error, Result};
 use parking_lot::MutexGuard;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::path::Path;
 
 /// The committed state a transaction starts from.
@@ -101,7 +100,7 @@ pub struct ReadTxn<'env> {
     env: &'env Shared,
     snap: Snapshot,
     pins: Pins,
-    trees: RefCell<HashMap<String, TreeInfo>>,
+    trees: RefCell<crate::fasthash::FastMap<String, TreeInfo>>,
 }
 
 impl<'env> ReadTxn<'env> {
@@ -110,7 +109,7 @@ impl<'env> ReadTxn<'env> {
             env,
             snap,
             pins: Pins::default(),
-            trees: RefCell::new(HashMap::new()),
+            trees: RefCell::new(Default::default()),
         }
     }
 
@@ -195,10 +194,10 @@ pub struct WriteTxn<'env> {
     pub(crate) base: Snapshot,
     pub(crate) pins: Pins,
     /// Pages (and overflow runs, keyed by first page) written by this transaction.
-    pub(crate) dirty: HashMap<PageNo, PageRun>,
+    pub(crate) dirty: crate::fasthash::FastMap<PageNo, PageRun>,
     /// For dirty pages copied from a committed page: that page (the journal may
     /// record the difference instead of the whole page).
-    pub(crate) sources: HashMap<PageNo, PageNo>,
+    pub(crate) sources: crate::fasthash::FastMap<PageNo, PageNo>,
     /// Committed pages this transaction made unreachable.
     pub(crate) freed_committed: Vec<PageNo>,
     /// Pages allocated and freed again within this transaction.
@@ -206,7 +205,7 @@ pub struct WriteTxn<'env> {
     /// Pages taken from the allocator's free list (returned on abort).
     pub(crate) taken_from_free: Vec<PageNo>,
     pub(crate) catalog_root: PageNo,
-    pub(crate) trees: HashMap<String, TreeState>,
+    pub(crate) trees: crate::fasthash::FastMap<String, TreeState>,
     pub(crate) dropped: Vec<String>,
     /// Open savepoint of the unit being run by the commit queue, if any.
     pub(crate) savepoint: Option<crate::savepoint::Savepoint>,

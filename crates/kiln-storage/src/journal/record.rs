@@ -124,6 +124,12 @@ pub fn diff_runs(old: &[u8], new: &[u8]) -> Vec<(usize, usize)> {
     };
     let mut w = 0;
     while w < words {
+        // Most of a copied page is unchanged: skip equal 64-byte blocks with one
+        // (vectorized) comparison each before looking at words.
+        if w % 8 == 0 && w + 8 <= words && old[w * 8..w * 8 + 64] == new[w * 8..w * 8 + 64] {
+            w += 8;
+            continue;
+        }
         if word(old, w) == word(new, w) {
             w += 1;
             continue;
@@ -210,9 +216,11 @@ pub struct Encoded {
 /// The largest transaction a record can hold (its body length is a u32).
 pub const MAX_RECORD_BODY: usize = u32::MAX as usize - (64 << 20);
 
-/// Encodes a record into `buf` (grown as needed, aligned). With `compress`, the body
-/// is LZ4-compressed when that makes it smaller.
-pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: bool) -> Encoded {
+/// Encodes a record into `buf` (grown as needed, aligned). With a compression
+/// scratch buffer, the body is LZ4-compressed when that makes it smaller; the
+/// buffer is reused from record to record (a fresh output allocation per record
+/// cost more than the compression itself: new memory is zeroed by the kernel).
+pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<u8>>) -> Encoded {
     let forms: Vec<Form> = input.pages.iter().map(choose_form).collect();
     let body_len = input.freed.len() * 8 + forms.iter().map(Form::encoded_len).sum::<usize>();
     let total = padded(RECORD_HEADER + body_len);
@@ -274,16 +282,19 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: bool) -> Encoded
     debug_assert_eq!(at, RECORD_HEADER + body_len);
     write_u32(b, 44, body_len as u32);
     let mut stored = body_len;
-    if compress
-        && (MIN_COMPRESS_BODY..=MAX_RAW_BODY).contains(&body_len)
-        && worth_compressing(&b[RECORD_HEADER..at])
-    {
-        let packed = lz4_flex::block::compress(&b[RECORD_HEADER..at]);
-        if packed.len() + DIRECT_IO_ALIGN / 4 < body_len {
-            b[RECORD_HEADER..RECORD_HEADER + packed.len()].copy_from_slice(&packed);
-            stored = packed.len();
-            b[5] |= FLAG_LZ4;
-            write_u32(b, 32, stored as u32);
+    if let Some(scratch) = compress {
+        if (MIN_COMPRESS_BODY..=MAX_RAW_BODY).contains(&body_len)
+            && worth_compressing(&b[RECORD_HEADER..at], scratch)
+        {
+            if let Some(packed_len) = compress_into_scratch(&b[RECORD_HEADER..at], scratch) {
+                if packed_len + DIRECT_IO_ALIGN / 4 < body_len {
+                    b[RECORD_HEADER..RECORD_HEADER + packed_len]
+                        .copy_from_slice(&scratch[..packed_len]);
+                    stored = packed_len;
+                    b[5] |= FLAG_LZ4;
+                    write_u32(b, 32, stored as u32);
+                }
+            }
         }
     }
     let end = RECORD_HEADER + stored;
@@ -311,9 +322,19 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: bool) -> Encoded
 
 /// Compressing random bytes (a typical large value) costs time and saves nothing:
 /// try a 4 KiB sample first.
-fn worth_compressing(body: &[u8]) -> bool {
+fn worth_compressing(body: &[u8], scratch: &mut Vec<u8>) -> bool {
     let sample = &body[..body.len().min(4096)];
-    lz4_flex::block::compress(sample).len() < sample.len() * 9 / 10
+    compress_into_scratch(sample, scratch).is_some_and(|n| n < sample.len() * 9 / 10)
+}
+
+/// LZ4-compresses `input` into `scratch` (grown once to the worst case, then
+/// reused); the compressed length, or `None` if LZ4 refused.
+fn compress_into_scratch(input: &[u8], scratch: &mut Vec<u8>) -> Option<usize> {
+    let need = lz4_flex::block::get_maximum_output_size(input.len());
+    if scratch.len() < need {
+        scratch.resize(need, 0);
+    }
+    lz4_flex::block::compress_into(input, scratch).ok()
 }
 
 /// Parses and sanity-checks a header block. `None` if it is not a record header.

@@ -225,6 +225,8 @@ pub struct RecordEncoder {
     chain_checksum: u32,
     nonce: u64,
     compress: bool,
+    /// LZ4 output, reused from record to record.
+    compress_scratch: Vec<u8>,
 }
 
 impl RecordEncoder {
@@ -233,6 +235,7 @@ impl RecordEncoder {
             chain_checksum,
             nonce: rand::random(),
             compress,
+            compress_scratch: Vec::new(),
         }
     }
 
@@ -240,7 +243,8 @@ impl RecordEncoder {
         input.nonce = self.nonce;
         input.prev_checksum = self.chain_checksum;
         let mut buf = PageRun::scratch(1);
-        let enc = record::encode(&input, &mut buf, self.compress);
+        let scratch = self.compress.then_some(&mut self.compress_scratch);
+        let enc = record::encode(&input, &mut buf, scratch);
         self.chain_checksum = enc.checksum;
         PreparedRecord {
             txn_id: input.txn_id,
