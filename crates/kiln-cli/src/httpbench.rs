@@ -25,6 +25,10 @@ impl ServerProcess {
             .port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let exe: PathBuf = std::env::current_exe()?;
+        // The server's log goes beside its data directory, out of the table's way;
+        // it is quoted if the server fails to start.
+        let log_path = data_dir.with_extension("serve.log");
+        let log = std::fs::File::create(&log_path)?;
         let child = Command::new(exe)
             .args(["serve", "--bind", &addr.to_string(), "--data-dir"])
             .arg(data_dir)
@@ -34,14 +38,16 @@ impl ServerProcess {
                     .split_whitespace(),
             )
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()?;
         let mut server = ServerProcess { child, addr };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(Some(status)) = server.child.try_wait() {
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
                 return Err(io::Error::other(format!(
-                    "kiln serve exited at start: {status}"
+                    "kiln serve exited at start ({status}): {}",
+                    log.trim()
                 )));
             }
             if blocking_request(addr, "GET", "/health", b"")
