@@ -10,6 +10,28 @@ use http_body_util::BodyExt;
 use kiln_docs::{Condition, DocError, Etag};
 use std::time::Duration;
 
+/// Path parameters, with a bad one (e.g. percent-encoding that is not UTF-8) answered
+/// as a JSON error like every other.
+pub struct ApiPath<T>(pub T);
+
+impl<S, T> axum::extract::FromRequestParts<S> for ApiPath<T>
+where
+    S: Send + Sync,
+    T: serde::de::DeserializeOwned + Send,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(t)| ApiPath(t))
+            .map_err(|e| ApiError::bad_request("invalid_path", e.body_text()))
+    }
+}
+
 /// Reads the whole body, refusing more than `max_body_bytes` (413) and giving up
 /// after `request_read_timeout_ms` (408). Nothing is written before this returns,
 /// so a client that disconnects mid-body changes nothing.

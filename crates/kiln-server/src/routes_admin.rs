@@ -2,8 +2,8 @@
 
 use crate::app::SharedState;
 use crate::error::ApiError;
-use crate::http_util::{blocking, json_value};
-use axum::extract::{Path, State};
+use crate::http_util::{blocking, json_value, ApiPath};
+use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -31,7 +31,7 @@ pub async fn list_databases(State(state): State<SharedState>) -> Response {
 
 pub async fn create_database(
     State(state): State<SharedState>,
-    Path(db): Path<String>,
+    ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     let store = state.store.clone();
     let name = db.clone();
@@ -45,7 +45,7 @@ pub async fn create_database(
 
 pub async fn delete_database(
     State(state): State<SharedState>,
-    Path(db): Path<String>,
+    ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     let store = state.store.clone();
     let name = db.clone();
@@ -55,7 +55,7 @@ pub async fn delete_database(
 
 pub async fn database_stats(
     State(state): State<SharedState>,
-    Path(db): Path<String>,
+    ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     let database = state.store.database(&db)?;
     let s = database.stats()?;

@@ -4,11 +4,11 @@ use crate::app::SharedState;
 use crate::error::ApiError;
 use crate::http_util::{
     blocking, condition_from_if_match, encode_path, etag_header, json_response, json_value,
-    none_match_hits, read_body, write_condition,
+    none_match_hits, read_body, write_condition, ApiPath,
 };
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use kiln_docs::{BatchOp, BatchOutcome, Condition, DocId, Document, Page, PutOutcome, WriteOp};
@@ -43,7 +43,7 @@ fn last_modified(doc_ms: u64) -> Option<HeaderValue> {
 
 pub async fn get_document(
     State(state): State<SharedState>,
-    Path((db, id)): Path<(String, String)>,
+    ApiPath((db, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let database = state.store.database(&db)?;
@@ -69,7 +69,7 @@ pub async fn get_document(
 /// document with a new id under that prefix.
 pub async fn put_document(
     State(state): State<SharedState>,
-    Path((db, id)): Path<(String, String)>,
+    ApiPath((db, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -124,7 +124,7 @@ fn put_json(out: &PutOutcome) -> Value {
 
 pub async fn delete_document(
     State(state): State<SharedState>,
-    Path((db, id)): Path<(String, String)>,
+    ApiPath((db, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let condition = write_condition(&headers)?;
@@ -153,7 +153,7 @@ pub struct PrefixQuery {
 
 pub async fn list_by_prefix(
     State(state): State<SharedState>,
-    Path(db): Path<String>,
+    ApiPath(db): ApiPath<String>,
     q: Result<Query<PrefixQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = query(q)?;
@@ -174,7 +174,7 @@ pub struct CollectionQuery {
 
 pub async fn list_collection(
     State(state): State<SharedState>,
-    Path((db, collection)): Path<(String, String)>,
+    ApiPath((db, collection)): ApiPath<(String, String)>,
     q: Result<Query<CollectionQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let q = query(q)?;
@@ -208,7 +208,7 @@ fn page_response(page: Page<Document>) -> Response {
 
 pub async fn collections(
     State(state): State<SharedState>,
-    Path(db): Path<String>,
+    ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     let database = state.store.database(&db)?;
     let list = database.collections()?;
@@ -244,7 +244,7 @@ struct BatchJson {
 /// `POST /dbs/{db}/batch` with `{"ops": [...]}`: one transaction, all or nothing.
 pub async fn batch(
     State(state): State<SharedState>,
-    Path(db): Path<String>,
+    ApiPath(db): ApiPath<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {

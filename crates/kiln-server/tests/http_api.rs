@@ -851,3 +851,16 @@ async fn documents_and_etags_survive_a_restart() {
     assert_eq!(r.json::<Value>().await.unwrap()["documents"], 10);
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_that_is_not_utf8_gets_a_json_error() {
+    let h = Harness::start().await;
+    h.create_db("shop").await;
+    let r = h
+        .http
+        .get(h.url("/dbs/shop/docs/bad%FF%FEid"))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 400, "invalid_path").await;
+}
