@@ -103,9 +103,61 @@ fn status_and_code(e: &DocError) -> (StatusCode, &'static str) {
         // A batch fails as its failing operation does; the message names the index.
         DocError::BatchOpFailed { source, .. } => status_and_code(source),
         DocError::Storage(E::Overloaded { .. }) => (S::SERVICE_UNAVAILABLE, "overloaded"),
+        DocError::Storage(E::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOSPC) => {
+            (S::INSUFFICIENT_STORAGE, "disk_full")
+        }
+        // After a failed write the database refuses writes until it is reopened (the
+        // journal then decides what was committed): say so instead of a bare 500.
+        DocError::Storage(E::Poisoned(_)) => (S::SERVICE_UNAVAILABLE, "database_failed"),
         DocError::Storage(E::KeyTooLarge { .. }) => (S::BAD_REQUEST, "invalid_id"),
         DocError::Storage(E::ValueTooLarge { .. })
         | DocError::Storage(E::TransactionTooLarge { .. }) => (S::PAYLOAD_TOO_LARGE, "too_large"),
         _ => (S::INTERNAL_SERVER_ERROR, "storage_error"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_failures_get_their_own_codes() {
+        let full = DocError::Storage(kiln_storage::Error::Io {
+            path: "/data/journal/journal-1.log".into(),
+            offset: Some(4096),
+            op: "write",
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        });
+        let e = ApiError::from(full);
+        assert_eq!((e.status.as_u16(), e.code), (507, "disk_full"));
+        assert!(e.message.contains("journal-1.log"), "{}", e.message);
+        let latched = ApiError::from(DocError::Storage(kiln_storage::Error::Poisoned(
+            "journal write failed".into(),
+        )));
+        assert_eq!(
+            (latched.status.as_u16(), latched.code),
+            (503, "database_failed")
+        );
+        let conflict_in_batch = ApiError::from(DocError::BatchOpFailed {
+            index: 3,
+            source: Box::new(DocError::Conflict {
+                id: "a".into(),
+                current: Some(kiln_docs::Etag {
+                    incarnation: 1,
+                    sequence: 2,
+                }),
+                why: "stale".into(),
+            }),
+        });
+        assert_eq!(
+            (conflict_in_batch.status.as_u16(), conflict_in_batch.code),
+            (409, "conflict")
+        );
+        assert!(
+            conflict_in_batch.message.contains("operation 3"),
+            "{}",
+            conflict_in_batch.message
+        );
+        assert!(conflict_in_batch.current_etag.is_some());
     }
 }
