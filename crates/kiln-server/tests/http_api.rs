@@ -864,3 +864,67 @@ async fn a_path_that_is_not_utf8_gets_a_json_error() {
         .unwrap();
     expect_error(r, 400, "invalid_path").await;
 }
+
+/// Deleting a database while writers hammer it: every request gets an answer (written,
+/// or 404 once the database is gone), nothing hangs, and the server goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_database_under_concurrent_writes() {
+    let h = Harness::start().await;
+    h.create_db("busy").await;
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let http = h.http.clone();
+        let url = h.url("/dbs/busy/docs/");
+        writers.push(tokio::spawn(async move {
+            // Write until the deletion is seen (bounded, so a missed deletion fails).
+            let mut statuses = Vec::new();
+            for i in 0..20_000 {
+                let r = http
+                    .put(format!("{url}w{w}-{i}"))
+                    .json(&json!({"i": i}))
+                    .send()
+                    .await
+                    .expect("every request gets an answer");
+                statuses.push(r.status().as_u16());
+                if r.status() == StatusCode::NOT_FOUND {
+                    break;
+                }
+            }
+            statuses
+        }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let r = h.http.delete(h.url("/dbs/busy")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "{}", r.text().await.unwrap());
+    let mut seen = BTreeSet::new();
+    for w in writers {
+        let statuses = tokio::time::timeout(std::time::Duration::from_secs(30), w)
+            .await
+            .expect("no writer hangs")
+            .unwrap();
+        assert_eq!(
+            statuses.last(),
+            Some(&404),
+            "each writer ends by seeing the database gone"
+        );
+        seen.extend(statuses);
+    }
+    assert!(
+        seen.iter().all(|s| [200, 201, 404].contains(s)),
+        "statuses {seen:?}"
+    );
+    assert!(
+        seen.contains(&404),
+        "writes after the deletion must see it gone: {seen:?}"
+    );
+    // The server goes on, and the name can be used again, empty.
+    h.create_db("busy").await;
+    let r = h
+        .http
+        .get(h.url("/dbs/busy/docs?prefix=w"))
+        .send()
+        .await
+        .unwrap();
+    let page: Value = r.json().await.unwrap();
+    assert_eq!(page["results"].as_array().unwrap().len(), 0);
+}
