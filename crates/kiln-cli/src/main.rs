@@ -9,14 +9,14 @@ mod rawdisk;
 mod serve_cmd;
 
 use clap::{Parser, Subcommand};
+use kiln_storage::{Env, Options};
+use std::path::PathBuf;
+use std::process::ExitCode;
 
 // glibc's allocator showed up at ~10% of the server's CPU under load (many small,
 // short-lived allocations across threads); mimalloc handles that pattern better.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use kiln_storage::{Env, Options};
-use std::path::PathBuf;
-use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(

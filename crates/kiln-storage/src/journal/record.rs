@@ -283,10 +283,8 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<
     write_u32(b, 44, body_len as u32);
     let mut stored = body_len;
     if let Some(scratch) = compress {
-        if (MIN_COMPRESS_BODY..=MAX_RAW_BODY).contains(&body_len)
-            && worth_compressing(&b[RECORD_HEADER..at], scratch)
-        {
-            if let Some(packed_len) = compress_into_scratch(&b[RECORD_HEADER..at], scratch) {
+        if (MIN_COMPRESS_BODY..=MAX_RAW_BODY).contains(&body_len) {
+            if let Some(packed_len) = compress_if_worth_it(&b[RECORD_HEADER..at], scratch) {
                 if packed_len + DIRECT_IO_ALIGN / 4 < body_len {
                     b[RECORD_HEADER..RECORD_HEADER + packed_len]
                         .copy_from_slice(&scratch[..packed_len]);
@@ -320,11 +318,21 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<
     }
 }
 
-/// Compressing random bytes (a typical large value) costs time and saves nothing:
-/// try a 4 KiB sample first.
-fn worth_compressing(body: &[u8], scratch: &mut Vec<u8>) -> bool {
-    let sample = &body[..body.len().min(4096)];
-    compress_into_scratch(sample, scratch).is_some_and(|n| n < sample.len() * 9 / 10)
+/// Compresses `body` into `scratch` and returns the compressed length, unless a
+/// 4 KiB sample shows it does not pay: compressing random bytes (a typical large
+/// value) costs time and saves nothing. A body no larger than the sample is
+/// compressed once.
+fn compress_if_worth_it(body: &[u8], scratch: &mut Vec<u8>) -> Option<usize> {
+    const SAMPLE: usize = 4096;
+    let sample = &body[..body.len().min(SAMPLE)];
+    let sample_len = compress_into_scratch(sample, scratch)?;
+    if sample_len >= sample.len() * 9 / 10 {
+        return None;
+    }
+    if body.len() <= SAMPLE {
+        return Some(sample_len);
+    }
+    compress_into_scratch(body, scratch)
 }
 
 /// LZ4-compresses `input` into `scratch` (grown once to the worst case, then
