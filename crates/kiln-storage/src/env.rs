@@ -1,7 +1,7 @@
 //! The environment: a data file, a journal, one writer and many readers.
 
 use crate::alloc::Allocator;
-use crate::flusher::{self, Applied, FlushMsg, Flusher};
+use crate::flusher::{self, Applied, FlushControl, FlushQueue, Flusher};
 use crate::header::{self, FileHeader};
 use crate::io::{OpenMode, OsVfs, Vfs};
 use crate::journal::record::{JournalPage, RecordInput};
@@ -149,7 +149,7 @@ pub(crate) struct Shared {
     alloc_summary: Mutex<(u64, u64, u64)>,
     pub(crate) queue: CommitQueue,
     poisoned: Mutex<Option<String>>,
-    flusher_tx: Mutex<Option<mpsc::Sender<FlushMsg>>>,
+    pub(crate) flush_queue: FlushQueue,
     unflushed_bytes: AtomicU64,
     flushed_signal: (Mutex<()>, Condvar),
 }
@@ -182,20 +182,12 @@ impl Shared {
         s.readers.keys().next().copied().unwrap_or(s.current.txn_id)
     }
 
-    fn send_to_flusher(&self, msg: FlushMsg) -> Result<()> {
-        match self.flusher_tx.lock().as_ref() {
-            Some(tx) => tx
-                .send(msg)
-                .map_err(|_| Error::Poisoned("the flusher thread has stopped".into())),
-            None => Err(Error::Poisoned("the environment is closed".into())),
-        }
-    }
-
     fn wait_for_flusher_room(&self) -> Result<()> {
         while self.unflushed_bytes.load(SeqCst) > self.opts.max_unflushed_bytes {
             if let Some(why) = self.poison_reason() {
                 return Err(Error::Poisoned(why));
             }
+            self.flush_queue.nudge();
             let mut g = self.flushed_signal.0.lock();
             self.flushed_signal
                 .1
@@ -404,7 +396,10 @@ impl Shared {
                     page_count: applied.page_count,
                 };
                 self.counters.commits.fetch_add(1, Relaxed);
-                if let Err(e) = self.send_to_flusher(FlushMsg::Apply(Box::new(applied))) {
+                // A journal file to prepare is the one thing that cannot wait for
+                // the flusher's next window.
+                let wake_now = self.journal_files.spare_wanted();
+                if let Err(e) = self.flush_queue.push_applied(Box::new(applied), wake_now) {
                     // The commit is durable and visible: report it as committed, but no
                     // further commits can be written back, so latch.
                     self.poison(format!("cannot hand commits to the flusher: {e}"));
@@ -632,7 +627,7 @@ impl Env {
             alloc_summary: Mutex::new((free.len() as u64, 0, page_count)),
             queue: CommitQueue::default(),
             poisoned: Mutex::new(None),
-            flusher_tx: Mutex::new(None),
+            flush_queue: FlushQueue::new(),
             unflushed_bytes: AtomicU64::new(0),
             flushed_signal: (Mutex::new(()), Condvar::new()),
         });
@@ -663,12 +658,10 @@ impl Env {
             tail: outcome.tail.clone(),
             gap_records_discarded: outcome.gap_records_discarded,
         };
-        let (tx, rx) = mpsc::channel();
-        *shared.flusher_tx.lock() = Some(tx);
         let fl = Flusher::new(shared.clone(), header, free);
         let handle = std::thread::Builder::new()
             .name("kiln-flusher".into())
-            .spawn(move || fl.run(rx))
+            .spawn(move || fl.run())
             .map_err(|e| Error::io(&dir, None, "spawn flusher thread", e))?;
         Ok((
             Env {
@@ -726,7 +719,9 @@ impl Env {
     /// Returns the synced transaction id.
     pub fn sync(&self) -> Result<u64> {
         let (tx, rx) = mpsc::channel();
-        self.shared.send_to_flusher(FlushMsg::Checkpoint(tx))?;
+        self.shared
+            .flush_queue
+            .push_control(FlushControl::Checkpoint(tx))?;
         rx.recv()
             .map_err(|_| Error::Poisoned("the flusher thread has stopped".into()))?
     }
@@ -787,7 +782,10 @@ impl Env {
             return Ok(());
         };
         let (tx, rx) = mpsc::channel();
-        let sent = self.shared.send_to_flusher(FlushMsg::Shutdown(tx));
+        let sent = self
+            .shared
+            .flush_queue
+            .push_control(FlushControl::Shutdown(tx));
         let result = match sent {
             Ok(()) => rx
                 .recv()
@@ -795,7 +793,6 @@ impl Env {
                 .and_then(|r| r.map(|_| ())),
             Err(e) => Err(e),
         };
-        *self.shared.flusher_tx.lock() = None;
         let _ = handle.join();
         result
     }
