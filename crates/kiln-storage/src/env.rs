@@ -177,7 +177,7 @@ impl Shared {
     }
 
     /// Oldest snapshot any reader still uses (or the current one).
-    fn oldest_reader(&self) -> u64 {
+    pub(crate) fn oldest_reader(&self) -> u64 {
         let s = self.snap.lock();
         s.readers.keys().next().copied().unwrap_or(s.current.txn_id)
     }

@@ -288,10 +288,13 @@ impl Flusher {
     }
 
     /// Writes the batch back to the data file. A page written by one commit of the
-    /// batch and freed by a *later* one is skipped: the checkpoint that follows is at
-    /// the end of the batch, where that version is dead, so its bytes are never needed
-    /// on disk. (It stays in the unflushed table for readers until the writer releases
-    /// it.) "Later" matters: a page allocated and freed inside one transaction is listed
+    /// batch and freed by a *later* one is skipped when no open reader can still see
+    /// that version: the checkpoint that follows is at the end of the batch, where it
+    /// is dead, so its bytes are never needed on disk. If an older reader can see it,
+    /// it is written like any other page (its number cannot be reused while that
+    /// reader lives), so that the memory copy can go: a long reader must cost data-file
+    /// writes, not memory that grows with every commit made while it is open.
+    /// "Later" matters: a page allocated and freed inside one transaction is listed
     /// as freed by it yet reusable at once, so an earlier free says nothing about a
     /// later write of the same page number.
     fn write_back_batch(&mut self) -> Result<()> {
@@ -306,6 +309,10 @@ impl Flusher {
                 last_freed_at.insert(*p, i);
             }
         }
+        let txn_ids: Vec<u64> = batch.iter().map(|a| a.txn_id).collect();
+        // Readers only start at durable commits, all of which are at or past this
+        // batch's last one: a reader that starts later sees none of its dead versions.
+        let oldest_reader = self.shared.oldest_reader();
         let mut prev = self
             .applied
             .as_ref()
@@ -321,7 +328,9 @@ impl Flusher {
             prev = a.txn_id;
             for (no, run) in &a.pages {
                 let n = run.page_count() as u64;
-                let superseded = last_freed_at.get(no).is_some_and(|j| *j > i);
+                let superseded = last_freed_at
+                    .get(no)
+                    .is_some_and(|&j| j > i && txn_ids[j] <= oldest_reader);
                 if !superseded {
                     self.shared.store.write_back(*no, run)?;
                     written_pages += n;

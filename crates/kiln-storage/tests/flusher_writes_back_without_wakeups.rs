@@ -106,3 +106,42 @@ fn back_pressure_gets_the_flusher_going() {
     assert!(env.stats().pages_written_back >= (64 << 20) / 8192);
     env.close().unwrap();
 }
+
+#[test]
+fn an_old_reader_does_not_pin_superseded_pages_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = Env::open(dir.path(), opts(3_600_000, 1 << 40)).unwrap();
+    let key = |i: u32| format!("key{i:06}").into_bytes();
+    let mut w = env.begin_write().unwrap();
+    w.create_tree("t").unwrap();
+    for i in 0..2000u32 {
+        w.put("t", &key(i), &[b'a'; 100]).unwrap();
+    }
+    w.commit().unwrap();
+    env.sync().unwrap();
+    // A long reader (a backup, say) while the same pages are rewritten again and
+    // again: every version it cannot see any more used to stay in memory until it
+    // ended. They must go to the data file instead.
+    let reader = env.begin_read().unwrap();
+    for round in 0..300u32 {
+        let mut w = env.begin_write().unwrap();
+        for i in (0..2000u32).step_by(40) {
+            w.put("t", &key(i), format!("round {round}").as_bytes())
+                .unwrap();
+        }
+        w.commit().unwrap();
+    }
+    env.sync().unwrap();
+    let s = env.stats();
+    assert!(
+        s.pages_unflushed < 200,
+        "superseded pages pinned in memory by the reader: {s:?}"
+    );
+    // The reader still sees its snapshot, now read from the data file.
+    for i in (0..2000u32).step_by(40) {
+        assert_eq!(reader.get("t", &key(i)).unwrap(), Some(&[b'a'; 100][..]));
+    }
+    drop(reader);
+    let r = env.begin_read().unwrap();
+    assert_eq!(r.get("t", &key(40)).unwrap(), Some(&b"round 299"[..]));
+}
