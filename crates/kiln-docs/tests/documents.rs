@@ -430,3 +430,28 @@ fn write_each_applies_independent_writes_in_one_unit() {
     let next = db.put("c", b"{}", Condition::None).unwrap();
     assert!(next.etag.sequence > e_gen);
 }
+
+#[test]
+fn numbers_are_stored_exactly_as_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), small_options()).unwrap();
+    let db = store.create_database("nums").unwrap();
+    // Beyond u64 and f64: a database must not round what it was given.
+    let sent = br#"{"big":123456789012345678901234567890,"neg":-98765432109876543210,"precise":0.1000000000000000055511151231257827,"exp":1.5e300,"small":42}"#;
+    db.put("n/1", sent, Condition::None).unwrap();
+    let doc = db.get("n/1").unwrap().unwrap();
+    let text = String::from_utf8(doc.json.clone()).unwrap();
+    for literal in [
+        "123456789012345678901234567890",
+        "-98765432109876543210",
+        "0.1000000000000000055511151231257827",
+        "42",
+    ] {
+        assert!(text.contains(literal), "{literal} not kept in {text}");
+    }
+    // The same number; only the exponent's spelling may be normalized.
+    assert!(
+        text.contains("1.5e+300") || text.contains("1.5e300"),
+        "{text}"
+    );
+}
