@@ -102,6 +102,12 @@ fn journal_figures(env: &Env, ops: u64) -> Map<String, Value> {
         "journal_write_p99_us".into(),
         json!(s.journal_write_latency.p99_us),
     );
+    m.insert("journal_files_created".into(), json!(s.journal_files_created));
+    m.insert("journal_files_recycled".into(), json!(s.journal_files_recycled));
+    m.insert("data_syncs".into(), json!(s.data_syncs));
+    m.insert("data_sync_mean_us".into(), json!(s.data_sync_latency.mean_us));
+    m.insert("checkpoints".into(), json!(s.checkpoints));
+    m.insert("pages_written_back".into(), json!(s.pages_written_back));
     m
 }
 
