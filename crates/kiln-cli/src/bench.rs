@@ -186,6 +186,7 @@ fn w6(dir: &Path, quick: bool, threads: u64) -> BenchResult<Run> {
     let per_thread = total / threads;
     let env = fresh_env(dir)?;
     let pb = progress(per_thread * threads, &format!("W6 T={threads}"));
+    let cpu_start = httpbench::process_cpu_seconds();
     let start = Instant::now();
     let latencies: Vec<Vec<u32>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
@@ -217,6 +218,7 @@ fn w6(dir: &Path, quick: bool, threads: u64) -> BenchResult<Run> {
             .collect::<Result<_, _>>()
     })?;
     let seconds = start.elapsed().as_secs_f64();
+    let cpu_seconds = httpbench::process_cpu_seconds() - cpu_start;
     pb.finish_and_clear();
     let mut all: Vec<u32> = latencies.into_iter().flatten().collect();
     all.sort_unstable();
@@ -226,6 +228,11 @@ fn w6(dir: &Path, quick: bool, threads: u64) -> BenchResult<Run> {
     let mut extra = journal_figures(&env, commits);
     extra.insert("threads".into(), json!(threads));
     extra.insert("commits_per_sec".into(), json!(commits as f64 / seconds));
+    // All of this process's threads: the submitters, the flusher, the kernel work.
+    extra.insert(
+        "cpu_us_per_commit".into(),
+        json!(cpu_seconds * 1e6 / commits.max(1) as f64),
+    );
     extra.insert("p50_us".into(), json!(q(0.50)));
     extra.insert("p99_us".into(), json!(q(0.99)));
     extra.insert("avg_group_size".into(), json!(qs.avg_group_units()));
@@ -270,10 +277,20 @@ fn load_figures(
     extra: &mut Map<String, Value>,
     r: &httpbench::LoadResult,
     connections: usize,
+    server_cpu_seconds: f64,
 ) -> BenchResult<()> {
     if let Some((status, body)) = r.unexpected.first() {
         return Err(format!("unexpected answer {status}: {body}").into());
     }
+    let per_request_us = |s: f64| s * 1e6 / r.requests.max(1) as f64;
+    extra.insert(
+        "server_cpu_us_per_request".into(),
+        json!(per_request_us(server_cpu_seconds)),
+    );
+    extra.insert(
+        "load_generator_cpu_us_per_request".into(),
+        json!(per_request_us(r.load_generator_cpu_seconds)),
+    );
     extra.insert("connections".into(), json!(connections));
     extra.insert("requests_per_sec".into(), json!(r.per_sec()));
     extra.insert("p50_us".into(), json!(r.quantile_ms(0.5) * 1e3));
@@ -291,6 +308,7 @@ fn w8(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
     let mut rng = SmallRng::seed_from_u64(SEED);
     let bodies: Vec<Vec<u8>> = (0..256).map(|n| doc_1k(&mut rng, n)).collect();
     let pb = progress((connections * per_connection) as u64, "W8");
+    let server_cpu_before = server.cpu_seconds()?;
     let r = httpbench::run_load(
         server.addr,
         connections,
@@ -308,7 +326,8 @@ fn w8(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
     )?;
     pb.finish_and_clear();
     let mut extra = Map::new();
-    load_figures(&mut extra, &r, connections)?;
+    let server_cpu = server.cpu_seconds()? - server_cpu_before;
+    load_figures(&mut extra, &r, connections, server_cpu)?;
     let (_, stats) = httpbench::blocking_request(server.addr, "GET", "/dbs/bench", b"")?;
     let stats: Value = serde_json::from_slice(&stats)?;
     extra.insert(
@@ -340,6 +359,9 @@ fn w8(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
     }
     let w6_rate = w6_t64.ops_per_sec();
     extra.insert("w6_t64_commits_per_sec".into(), json!(w6_rate));
+    if let Some(cpu) = w6_t64.extra.get("cpu_us_per_commit") {
+        extra.insert("w6_t64_cpu_us_per_commit".into(), cpu.clone());
+    }
     extra.insert("ratio_to_w6_t64".into(), json!(r.per_sec() / w6_rate));
     drop(server);
     Ok(Run {
@@ -390,6 +412,7 @@ fn w9(dir: &Path, quick: bool, connections: usize, conditional: bool) -> BenchRe
     }
     let label = if conditional { "W9 304" } else { "W9 GET" };
     let pb = progress((connections * per_connection) as u64, label);
+    let server_cpu_before = server.cpu_seconds()?;
     let r = httpbench::run_load(
         server.addr,
         connections,
@@ -408,7 +431,8 @@ fn w9(dir: &Path, quick: bool, connections: usize, conditional: bool) -> BenchRe
     )?;
     pb.finish_and_clear();
     let mut extra = Map::new();
-    load_figures(&mut extra, &r, connections)?;
+    let server_cpu = server.cpu_seconds()? - server_cpu_before;
+    load_figures(&mut extra, &r, connections, server_cpu)?;
     extra.insert("documents".into(), json!(docs));
     drop(server);
     Ok(Run {
@@ -586,6 +610,19 @@ fn report(
             m.extra["w6_t64_commits_per_sec"]
                 .as_f64()
                 .unwrap_or(f64::NAN)
+        );
+    }
+    if let Some(server_us) = m.extra.get("server_cpu_us_per_request").and_then(Value::as_f64) {
+        let load_us = m.extra["load_generator_cpu_us_per_request"]
+            .as_f64()
+            .unwrap_or(f64::NAN);
+        let w6_us = m
+            .extra
+            .get("w6_t64_cpu_us_per_commit")
+            .and_then(Value::as_f64)
+            .map_or(String::new(), |v| format!(" (W6 T=64: {v:.1} us of CPU per commit)"));
+        println!(
+            "         {label}: CPU per request: server {server_us:.1} us, load generator {load_us:.1} us{w6_us}"
         );
     }
     let f = |k: &str| m.extra.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);

@@ -66,6 +66,52 @@ impl ServerProcess {
     }
 }
 
+impl ServerProcess {
+    /// CPU time (user + system, all threads) the server process has used so far,
+    /// from /proc: where the time per request goes on a machine the load
+    /// generator shares.
+    pub fn cpu_seconds(&self) -> io::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        // Fields after the parenthesised command name; utime and stime are the
+        // 14th and 15th fields of the line, in clock ticks.
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .ok_or_else(|| io::Error::other("unexpected /proc/<pid>/stat format"))?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| -> io::Result<f64> {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<f64>().ok())
+                .ok_or_else(|| io::Error::other("unexpected /proc/<pid>/stat format"))
+        };
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        Ok((ticks(11)? + ticks(12)?) / hz)
+    }
+}
+
+/// CPU time (user + system) of the calling thread.
+fn thread_cpu_seconds() -> f64 {
+    rusage_cpu_seconds(libc::RUSAGE_THREAD)
+}
+
+/// CPU time (user + system) of this whole process.
+pub fn process_cpu_seconds() -> f64 {
+    rusage_cpu_seconds(libc::RUSAGE_SELF)
+}
+
+fn rusage_cpu_seconds(who: libc::c_int) -> f64 {
+    // SAFETY: getrusage writes into the struct we pass; all-zero is a valid rusage.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid `who` and a valid pointer.
+    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 impl Drop for ServerProcess {
     fn drop(&mut self) {
         // SAFETY: kill(2) on our own child's pid.
@@ -185,6 +231,8 @@ pub struct LoadResult {
     pub seconds: f64,
     pub latencies_us: Vec<u32>,
     pub unexpected: Vec<(u16, String)>,
+    /// CPU time (user + system) of the load generator's thread during the load.
+    pub load_generator_cpu_seconds: f64,
 }
 
 impl LoadResult {
@@ -221,6 +269,7 @@ pub fn run_load(
             conns.push(Conn::connect(addr).await?);
         }
         let start = Instant::now();
+        let cpu_start = thread_cpu_seconds();
         let tasks: Vec<_> = conns
             .into_iter()
             .enumerate()
@@ -257,12 +306,14 @@ pub fn run_load(
             unexpected.extend(unexp);
         }
         let seconds = start.elapsed().as_secs_f64();
+        let load_generator_cpu_seconds = thread_cpu_seconds() - cpu_start;
         latencies_us.sort_unstable();
         Ok(LoadResult {
             requests: latencies_us.len() as u64,
             seconds,
             latencies_us,
             unexpected,
+            load_generator_cpu_seconds,
         })
     })
 }
