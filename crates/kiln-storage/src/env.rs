@@ -45,6 +45,13 @@ pub struct Options {
     pub sync_after_bytes: u64,
     /// Commits wait when pages not yet written back exceed this (back-pressure).
     pub max_unflushed_bytes: u64,
+    /// The flusher writes pages back in windows of about this many bytes of commits
+    /// (or when a sync is due, whichever comes first). A page rewritten by a later
+    /// commit of the same window is written once: a larger window writes less (W3,
+    /// 1M random puts: 867k pages written back with 8 MiB windows, 460k with 128
+    /// MiB) and holds up to that much more memory. At most half of
+    /// `max_unflushed_bytes`, so commits never wait on a window filling up.
+    pub write_back_window_bytes: u64,
     /// Write the journal with O_DIRECT|O_DSYNC (falls back by itself where refused).
     pub journal_direct_io: bool,
     /// When a commit is acknowledged: `Immediate` (default, durable) or `Buffered`.
@@ -75,6 +82,7 @@ impl Default for Options {
             sync_interval_ms: 1000,
             sync_after_bytes: 64 << 20,
             max_unflushed_bytes: 512 << 20,
+            write_back_window_bytes: 128 << 20,
             journal_direct_io: true,
             durability: Durability::Immediate,
             journal_compression: true,
@@ -98,8 +106,16 @@ impl Options {
             return bad("data_grow_step_bytes must be a positive multiple of the page size");
         }
         if self.max_unflushed_bytes < 32 << 20 {
-            // Write-back happens in 8 MiB windows; less headroom would stall commits.
             return bad("max_unflushed_bytes must be at least 32 MiB");
+        }
+        if self.write_back_window_bytes < 1 << 20
+            || self.write_back_window_bytes > self.max_unflushed_bytes / 2
+        {
+            // A window that cannot fill before back-pressure starts would stall
+            // commits until the sync timer fires.
+            return bad(
+                "write_back_window_bytes must be at least 1 MiB and at most half of max_unflushed_bytes",
+            );
         }
         Ok(())
     }
@@ -627,7 +643,7 @@ impl Env {
             alloc_summary: Mutex::new((free.len() as u64, 0, page_count)),
             queue: CommitQueue::default(),
             poisoned: Mutex::new(None),
-            flush_queue: FlushQueue::new(),
+            flush_queue: FlushQueue::new(opts.write_back_window_bytes),
             unflushed_bytes: AtomicU64::new(0),
             flushed_signal: (Mutex::new(()), Condvar::new()),
         });

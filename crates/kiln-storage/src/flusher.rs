@@ -18,10 +18,6 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Commits are written back in windows of about this many bytes of pages. Pages
-/// superseded within a window are never written; each window's writes are handed to
-/// the OS at once so that the checkpoint's fsync finds little left to do.
-const WRITE_BACK_WINDOW_BYTES: u64 = 8 << 20;
 
 /// A durable commit, handed over for write-back.
 pub(crate) struct Applied {
@@ -49,6 +45,11 @@ pub(crate) enum FlushControl {
 pub(crate) struct FlushQueue {
     state: Mutex<FlushQueueState>,
     wake: Condvar,
+    /// `Options::write_back_window_bytes`: commits are written back in windows of
+    /// about this many bytes of pages. Pages superseded within a window are never
+    /// written; each window's writes are handed to the OS at once so that the
+    /// checkpoint's fsync finds little left to do.
+    window_bytes: u64,
 }
 
 #[derive(Default)]
@@ -69,10 +70,11 @@ struct FlushWork {
 }
 
 impl FlushQueue {
-    pub fn new() -> Self {
+    pub fn new(window_bytes: u64) -> Self {
         FlushQueue {
             state: Mutex::new(FlushQueueState::default()),
             wake: Condvar::new(),
+            window_bytes,
         }
     }
 
@@ -89,7 +91,7 @@ impl FlushQueue {
         }
         st.applied.push(applied);
         st.applied_bytes += bytes;
-        let wake = wake_now || st.applied_bytes >= WRITE_BACK_WINDOW_BYTES;
+        let wake = wake_now || st.applied_bytes >= self.window_bytes;
         drop(st);
         if wake {
             // No system call unless the flusher is actually waiting.
@@ -128,7 +130,7 @@ impl FlushQueue {
         let deadline = Instant::now() + timeout;
         let mut st = self.state.lock();
         let mut timed_out = false;
-        while st.control.is_empty() && st.applied_bytes < WRITE_BACK_WINDOW_BYTES {
+        while st.control.is_empty() && st.applied_bytes < self.window_bytes {
             if self.wake.wait_until(&mut st, deadline).timed_out() {
                 timed_out = true;
                 break;
@@ -235,7 +237,7 @@ impl Flusher {
                     .map(|(_, r)| r.bytes().len() as u64)
                     .sum::<u64>();
                 self.batch.push(a);
-                if self.batch_bytes >= WRITE_BACK_WINDOW_BYTES {
+                if self.batch_bytes >= self.shared.flush_queue.window_bytes {
                     let r = self.write_back_batch();
                     self.record_failure(r);
                 }

@@ -10,6 +10,7 @@ fn opts(sync_interval_ms: u64, sync_after_bytes: u64) -> Options {
         data_grow_step_bytes: 1 << 20,
         sync_interval_ms,
         sync_after_bytes,
+        write_back_window_bytes: 8 << 20,
         ..Options::default()
     }
 }
@@ -144,4 +145,53 @@ fn an_old_reader_does_not_pin_superseded_pages_in_memory() {
     drop(reader);
     let r = env.begin_read().unwrap();
     assert_eq!(r.get("t", &key(40)).unwrap(), Some(&b"round 299"[..]));
+}
+
+#[test]
+fn a_window_larger_than_half_the_memory_bound_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = Env::open(
+        dir.path(),
+        Options {
+            max_unflushed_bytes: 64 << 20,
+            write_back_window_bytes: 48 << 20,
+            ..Options::default()
+        },
+    )
+    .err()
+    .expect("a window that cannot fill before back-pressure must be refused");
+    assert!(err.to_string().contains("write_back_window_bytes"), "{err}");
+}
+
+/// Pages rewritten within one write-back window are written to the data file once:
+/// 200 commits each rewriting the same leaf write back far fewer than 200 pages, and
+/// every value is there after a reopen.
+#[test]
+fn pages_rewritten_within_a_window_are_written_back_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = || Options {
+        write_back_window_bytes: 64 << 20,
+        ..opts(3_600_000, 1 << 40)
+    };
+    let env = Env::open(dir.path(), o()).unwrap();
+    let mut w = env.begin_write().unwrap();
+    w.create_tree("t").unwrap();
+    w.commit().unwrap();
+    for i in 0..200u32 {
+        let mut w = env.begin_write().unwrap();
+        w.put("t", &(i % 10).to_be_bytes(), &i.to_be_bytes()).unwrap();
+        w.commit().unwrap();
+    }
+    env.sync().unwrap();
+    let written = env.stats().pages_written_back;
+    assert!(written < 20, "{written} pages written back for one hot leaf");
+    env.close().unwrap();
+    let env = Env::open(dir.path(), o()).unwrap();
+    let r = env.begin_read().unwrap();
+    for k in 0..10u32 {
+        assert_eq!(
+            r.get("t", &k.to_be_bytes()).unwrap(),
+            Some(&(190 + k).to_be_bytes()[..])
+        );
+    }
 }
