@@ -29,6 +29,8 @@ fn busy_flusher_opts() -> Options {
         data_grow_step_bytes: 1 << 20,
         sync_interval_ms: 5,
         sync_after_bytes: 256 << 10,
+        // Small write-back windows: pages also go back between checkpoints.
+        write_back_window_bytes: 1 << 20,
         ..Options::default()
     }
 }
