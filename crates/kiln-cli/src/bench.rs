@@ -106,10 +106,19 @@ fn journal_figures(env: &Env, ops: u64) -> Map<String, Value> {
         "journal_write_p99_us".into(),
         json!(s.journal_write_latency.p99_us),
     );
-    m.insert("journal_files_created".into(), json!(s.journal_files_created));
-    m.insert("journal_files_recycled".into(), json!(s.journal_files_recycled));
+    m.insert(
+        "journal_files_created".into(),
+        json!(s.journal_files_created),
+    );
+    m.insert(
+        "journal_files_recycled".into(),
+        json!(s.journal_files_recycled),
+    );
     m.insert("data_syncs".into(), json!(s.data_syncs));
-    m.insert("data_sync_mean_us".into(), json!(s.data_sync_latency.mean_us));
+    m.insert(
+        "data_sync_mean_us".into(),
+        json!(s.data_sync_latency.mean_us),
+    );
     m.insert("checkpoints".into(), json!(s.checkpoints));
     m.insert("pages_written_back".into(), json!(s.pages_written_back));
     m
@@ -588,7 +597,15 @@ struct RawFigures {
     direct_io: bool,
 }
 
-fn report(wl: &str, label: &str, m: &Run, runs: usize, raw: &RawFigures, as_json: bool, quick: bool) {
+fn report(
+    wl: &str,
+    label: &str,
+    m: &Run,
+    runs: usize,
+    raw: &RawFigures,
+    as_json: bool,
+    quick: bool,
+) {
     let (raw_ms, raw_direct) = (raw.mean_ms, raw.direct_io);
     let ms_per_commit = m.seconds * 1e3 / m.commits as f64;
     if as_json {
@@ -619,7 +636,11 @@ fn report(wl: &str, label: &str, m: &Run, runs: usize, raw: &RawFigures, as_json
                 .unwrap_or(f64::NAN)
         );
     }
-    if let Some(server_us) = m.extra.get("server_cpu_us_per_request").and_then(Value::as_f64) {
+    if let Some(server_us) = m
+        .extra
+        .get("server_cpu_us_per_request")
+        .and_then(Value::as_f64)
+    {
         let load_us = m.extra["load_generator_cpu_us_per_request"]
             .as_f64()
             .unwrap_or(f64::NAN);
@@ -627,7 +648,9 @@ fn report(wl: &str, label: &str, m: &Run, runs: usize, raw: &RawFigures, as_json
             .extra
             .get("w6_t64_cpu_us_per_commit")
             .and_then(Value::as_f64)
-            .map_or(String::new(), |v| format!(" (W6 T=64: {v:.1} us of CPU per commit)"));
+            .map_or(String::new(), |v| {
+                format!(" (W6 T=64: {v:.1} us of CPU per commit)")
+            });
         println!(
             "         {label}: CPU per request: server {server_us:.1} us, load generator {load_us:.1} us{w6_us}"
         );

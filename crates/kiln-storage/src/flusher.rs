@@ -18,7 +18,6 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-
 /// A durable commit, handed over for write-back.
 pub(crate) struct Applied {
     pub txn_id: u64,

@@ -179,12 +179,16 @@ fn pages_rewritten_within_a_window_are_written_back_once() {
     w.commit().unwrap();
     for i in 0..200u32 {
         let mut w = env.begin_write().unwrap();
-        w.put("t", &(i % 10).to_be_bytes(), &i.to_be_bytes()).unwrap();
+        w.put("t", &(i % 10).to_be_bytes(), &i.to_be_bytes())
+            .unwrap();
         w.commit().unwrap();
     }
     env.sync().unwrap();
     let written = env.stats().pages_written_back;
-    assert!(written < 20, "{written} pages written back for one hot leaf");
+    assert!(
+        written < 20,
+        "{written} pages written back for one hot leaf"
+    );
     env.close().unwrap();
     let env = Env::open(dir.path(), o()).unwrap();
     let r = env.begin_read().unwrap();
