@@ -245,6 +245,7 @@ fn print_stats(s: &kiln_storage::Stats, json: bool) {
         "journal_files": s.journal_files, "journal_files_created": s.journal_files_created, "journal_files_recycled": s.journal_files_recycled,
         "journal_direct_io_fallback": s.journal_direct_io_fallback, "journal_direct_io": s.journal_direct_io,
         "data_syncs": s.data_syncs, "data_sync_latency": lat(&s.data_sync_latency),
+        "buffered_journal_sync_latency": lat(&s.buffered_journal_sync_latency),
         "pages_written_back": s.pages_written_back, "checkpoints": s.checkpoints,
         "records_replayed_on_open": s.records_replayed_on_open,
         "pages_total": s.pages_total, "pages_in_use": s.pages_in_use, "pages_free": s.pages_free, "pages_pending_free": s.pages_pending_free,

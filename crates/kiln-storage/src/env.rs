@@ -458,6 +458,8 @@ impl Shared {
 pub struct Env {
     shared: Arc<Shared>,
     flusher: Option<JoinHandle<()>>,
+    /// `Durability::Buffered` only: syncs the journal every `sync_interval_ms`.
+    journal_syncer: Option<crate::journal_sync::JournalSyncer>,
     _lock: Box<dyn Send + Sync>,
 }
 
@@ -679,14 +681,21 @@ impl Env {
             .name("kiln-flusher".into())
             .spawn(move || fl.run())
             .map_err(|e| Error::io(&dir, None, "spawn flusher thread", e))?;
-        Ok((
-            Env {
-                shared,
-                flusher: Some(handle),
-                _lock: lock,
-            },
-            report,
-        ))
+        let mut env = Env {
+            shared,
+            flusher: Some(handle),
+            journal_syncer: None,
+            _lock: lock,
+        };
+        if let Durability::Buffered { sync_interval_ms } = env.shared.opts.durability {
+            let interval = Duration::from_millis(sync_interval_ms.max(1));
+            // On failure `env` drops here, which stops the flusher cleanly.
+            env.journal_syncer = Some(
+                crate::journal_sync::JournalSyncer::start(env.shared.clone(), interval)
+                    .map_err(|e| Error::io(&dir, None, "spawn journal sync thread", e))?,
+            );
+        }
+        Ok((env, report))
     }
 
     /// Starts a read-only snapshot of the last commit.
@@ -769,6 +778,7 @@ impl Env {
             journal_direct_io: c.journal_direct_io_active.load(Relaxed),
             data_syncs: c.data_syncs.load(Relaxed),
             data_sync_latency: c.data_sync_latency.summary(),
+            buffered_journal_sync_latency: c.buffered_journal_sync_latency.summary(),
             pages_written_back: c.pages_written_back.load(Relaxed),
             checkpoints: c.checkpoints.load(Relaxed),
             records_replayed_on_open: c.records_replayed_on_open.load(Relaxed),
@@ -794,6 +804,16 @@ impl Env {
     }
 
     fn shutdown(&mut self) -> Result<()> {
+        let result = self.stop_flusher();
+        // The flusher's last checkpoint made everything applied durable; the
+        // buffered-mode journal sync has nothing left to protect.
+        if let Some(mut syncer) = self.journal_syncer.take() {
+            syncer.stop();
+        }
+        result
+    }
+
+    fn stop_flusher(&mut self) -> Result<()> {
         let Some(handle) = self.flusher.take() else {
             return Ok(());
         };

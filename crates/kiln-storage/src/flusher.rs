@@ -7,7 +7,7 @@
 
 use crate::env::Shared;
 use crate::header::{self, FileHeader};
-use crate::journal::writer::{Durability, JournalPos};
+use crate::journal::writer::JournalPos;
 use crate::page::{PageNo, PageRun, PAGE_SIZE};
 use crate::{Error, Result};
 use parking_lot::{Condvar, Mutex};
@@ -195,26 +195,10 @@ impl Flusher {
     pub fn run(mut self) {
         let _gone = GoneOnDrop(self.shared.clone());
         let interval = Duration::from_millis(self.shared.opts.sync_interval_ms.max(1));
-        let journal_sync_interval = match self.shared.opts.durability {
-            Durability::Buffered { sync_interval_ms } => {
-                Some(Duration::from_millis(sync_interval_ms.max(1)))
-            }
-            Durability::Immediate => None,
-        };
-        let mut last_journal_sync = Instant::now();
+        // Buffered durability's journal syncs run on their own thread
+        // (`journal_sync.rs`), so that a long write-back cannot delay them.
         loop {
-            let mut wait = interval.saturating_sub(self.last_sync.elapsed());
-            if let Some(j) = journal_sync_interval {
-                if last_journal_sync.elapsed() >= j {
-                    // Buffered durability: the journal is made durable here, in the
-                    // background, at the stated interval.
-                    if let Err(e) = self.shared.journal_files.sync_current() {
-                        self.record_failure(Err(e));
-                    }
-                    last_journal_sync = Instant::now();
-                }
-                wait = wait.min(j.saturating_sub(last_journal_sync.elapsed()));
-            }
+            let wait = interval.saturating_sub(self.last_sync.elapsed());
             if self.shared.opts.prepare_journal_files_ahead
                 && self.shared.journal_files.spare_wanted()
                 && self.shared.poison_reason().is_none()

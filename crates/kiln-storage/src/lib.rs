@@ -31,6 +31,7 @@ mod flusher;
 mod header;
 pub mod io;
 pub mod journal;
+mod journal_sync;
 pub mod page;
 mod queue;
 mod savepoint;

@@ -111,6 +111,8 @@ pub(crate) struct EngineCounters {
     pub aborts: AtomicU64,
     pub data_syncs: AtomicU64,
     pub data_sync_latency: LatencyHistogram,
+    /// `Durability::Buffered`: the background journal syncs (count and latency).
+    pub buffered_journal_sync_latency: LatencyHistogram,
     pub pages_written_back: AtomicU64,
     pub checkpoints: AtomicU64,
     pub records_replayed_on_open: AtomicU64,
@@ -142,6 +144,8 @@ pub struct Stats {
     pub journal_direct_io: bool,
     pub data_syncs: u64,
     pub data_sync_latency: LatencySummary,
+    /// `Durability::Buffered`: background journal syncs (count and latency).
+    pub buffered_journal_sync_latency: LatencySummary,
     pub pages_written_back: u64,
     pub checkpoints: u64,
     pub records_replayed_on_open: u64,

@@ -1,12 +1,13 @@
 //! A failed journal write or data-file sync must fail the commit (or latch the
 //! environment) with an error that names the file, never acknowledge, and never lose
-//! what was acknowledged before: after reopening, the journal decides.
+//! what was acknowledged before: after reopening, the journal decides. And a slow
+//! data file must not stretch buffered durability's journal-sync interval.
 
 use kiln_storage::io::{MappedRegion, OpenMode, OsVfs, Vfs, VfsFile};
 use kiln_storage::{Env, Error, Options};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 
 /// Fails writes to journal files, or fsyncs of the data file, while a switch is on.
@@ -16,6 +17,10 @@ struct Switches {
     fail_data_sync: AtomicBool,
     /// A bug stand-in: the journal write panics instead of returning an error.
     panic_journal_writes: AtomicBool,
+    /// A slow disk: every write to the data file takes this long.
+    data_write_delay_ms: AtomicU64,
+    /// fdatasyncs of journal files seen so far.
+    journal_syncs: AtomicU64,
 }
 
 struct FaultyVfs {
@@ -46,9 +51,16 @@ impl VfsFile for FaultyFile {
         if is_journal(&self.path) && self.switches.panic_journal_writes.load(SeqCst) {
             panic!("injected panic in a journal write");
         }
+        let delay_ms = self.switches.data_write_delay_ms.load(SeqCst);
+        if delay_ms > 0 && self.path.ends_with(kiln_storage::DATA_FILE) {
+            std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        }
         self.inner.write_all_at(buf, offset)
     }
     fn sync_data(&self) -> io::Result<()> {
+        if is_journal(&self.path) {
+            self.switches.journal_syncs.fetch_add(1, SeqCst);
+        }
         if self.path.ends_with(kiln_storage::DATA_FILE) && self.switches.fail_data_sync.load(SeqCst)
         {
             return Err(io::Error::from_raw_os_error(libc::EIO));
@@ -237,4 +249,58 @@ fn panic_in_journal_write_fails_everyone_and_hangs_no_one() {
     assert_eq!(r.get("t", b"before").unwrap(), Some(&b"v"[..]));
     drop(r);
     commit_one(&env, "again").unwrap();
+}
+
+/// Buffered durability promises to lose at most `sync_interval_ms` of acknowledged
+/// commits. The journal syncs used to run between the flusher's tasks, so a slow
+/// write-back (here: every data-file write takes 300 ms, and a checkpoint has dozens)
+/// silently stretched that interval to seconds. They must keep their pace.
+#[test]
+fn buffered_journal_syncs_keep_their_interval_while_write_back_is_slow() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let env = Arc::new(
+        Env::open(
+            dir.path(),
+            Options {
+                durability: kiln_storage::Durability::Buffered {
+                    sync_interval_ms: 20,
+                },
+                ..opts(&sw)
+            },
+        )
+        .unwrap(),
+    );
+    // ~15 leaves' worth of distinct pages for the flusher to write back.
+    for i in 0..50u32 {
+        let mut w = env.begin_write().unwrap();
+        w.ensure_tree("t").unwrap();
+        w.put("t", &i.to_be_bytes(), &[7u8; 2000]).unwrap();
+        w.commit().unwrap();
+    }
+    sw.data_write_delay_ms.store(300, SeqCst);
+    // The flusher now spends seconds writing the pages of those commits back.
+    let busy = {
+        let env = env.clone();
+        std::thread::spawn(move || env.sync())
+    };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let before = sw.journal_syncs.load(SeqCst);
+    for i in 0..10 {
+        commit_one(&env, &format!("late{i}")).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let synced = sw.journal_syncs.load(SeqCst) - before;
+    assert!(
+        !busy.is_finished(),
+        "the write-back should still be running: the test proves nothing otherwise"
+    );
+    // 500 ms at a 20 ms interval: ~25 syncs; a generous floor for a loaded machine.
+    assert!(
+        synced >= 5,
+        "only {synced} journal syncs in 500 ms of slow write-back"
+    );
+    sw.data_write_delay_ms.store(0, SeqCst);
+    busy.join().unwrap().unwrap();
+    assert!(env.stats().buffered_journal_sync_latency.count > 0);
 }
