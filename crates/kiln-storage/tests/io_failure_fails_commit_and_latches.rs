@@ -21,6 +21,9 @@ struct Switches {
     data_write_delay_ms: AtomicU64,
     /// fdatasyncs of journal files seen so far.
     journal_syncs: AtomicU64,
+    /// Buffered mode's sync thread pauses this long before opening a journal file,
+    /// so that the writer can move on and the file be recycled meanwhile.
+    journal_sync_open_delay_ms: AtomicU64,
 }
 
 struct FaultyVfs {
@@ -86,6 +89,13 @@ impl VfsFile for FaultyFile {
 
 impl Vfs for FaultyVfs {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>> {
+        let delay_ms = self.switches.journal_sync_open_delay_ms.load(SeqCst);
+        if delay_ms > 0
+            && is_journal(path)
+            && std::thread::current().name() == Some("kiln-journal-sync")
+        {
+            std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        }
         let inner = self.inner.open(path, mode)?;
         Ok(Box::new(FaultyFile {
             inner,
@@ -303,4 +313,47 @@ fn buffered_journal_syncs_keep_their_interval_while_write_back_is_slow() {
     sw.data_write_delay_ms.store(0, SeqCst);
     busy.join().unwrap().unwrap();
     assert!(env.stats().buffered_journal_sync_latency.count > 0);
+}
+
+/// The journal sync thread reads which file is current, then opens it. Meanwhile the
+/// writer may fill that file, move on (syncing it as it leaves), and a checkpoint let
+/// it be recycled under a new name: the open then finds nothing. That is not a failure
+/// (it used to latch the environment: every later commit refused).
+#[test]
+fn a_journal_file_recycled_under_the_buffered_sync_is_not_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    sw.journal_sync_open_delay_ms.store(40, SeqCst);
+    let o = Options {
+        durability: kiln_storage::Durability::Buffered {
+            sync_interval_ms: 1,
+        },
+        sync_interval_ms: 2,
+        sync_after_bytes: 256 << 10,
+        write_back_window_bytes: 1 << 20,
+        ..opts(&sw)
+    };
+    let env = Env::open(dir.path(), o.clone()).unwrap();
+    let mut value = vec![0u8; 20_000];
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for i in 0..3000u32 {
+        // Incompressible bytes, so that every commit fills the journal.
+        for b in value.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        let mut w = env.begin_write().unwrap();
+        w.ensure_tree("t").unwrap();
+        w.put("t", &(i % 300).to_be_bytes(), &value).unwrap();
+        w.commit()
+            .unwrap_or_else(|e| panic!("commit {i} refused: {e}"));
+    }
+    let s = env.stats();
+    assert!(s.journal_files_recycled > 5, "{s:?}");
+    env.close().unwrap();
+    sw.journal_sync_open_delay_ms.store(0, SeqCst);
+    let env = Env::open(dir.path(), o).unwrap();
+    assert_eq!(env.begin_read().unwrap().tree_len("t").unwrap(), 300);
 }

@@ -167,11 +167,21 @@ impl JournalFiles {
     /// Makes the current journal file durable (background sync in buffered mode;
     /// files left behind were synced when the writer moved on).
     pub fn sync_current(&self) -> Result<()> {
-        let path = file_path(&self.dir, self.state.lock().current);
-        let f = self
-            .vfs
-            .open(&path, OpenMode::default())
-            .map_err(|e| Error::io(&path, None, "open journal file", e))?;
+        let seq = self.state.lock().current;
+        let path = file_path(&self.dir, seq);
+        let f = match self.vfs.open(&path, OpenMode::default()) {
+            Ok(f) => f,
+            // The sync runs on its own thread: between reading `current` and the open,
+            // the writer may have moved on (syncing this file as it left it) and a
+            // checkpoint may have recycled it under another name. Only a file that is
+            // still current and missing is an error.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound && self.state.lock().current != seq =>
+            {
+                return Ok(())
+            }
+            Err(e) => return Err(Error::io(&path, None, "open journal file", e)),
+        };
         f.sync_data()
             .map_err(|e| Error::io(&path, None, "fdatasync journal", e))
     }
