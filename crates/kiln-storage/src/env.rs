@@ -806,9 +806,15 @@ impl Env {
     fn shutdown(&mut self) -> Result<()> {
         let result = self.stop_flusher();
         // The flusher's last checkpoint made everything applied durable; the
-        // buffered-mode journal sync has nothing left to protect.
+        // buffered-mode journal sync has nothing left to protect, unless that
+        // checkpoint failed: then the journal is all there is, so sync it once more.
         if let Some(mut syncer) = self.journal_syncer.take() {
             syncer.stop();
+            if result.is_err() {
+                if let Err(e) = self.shared.journal_files.sync_current() {
+                    tracing::error!(error = %e, "final journal sync at close failed");
+                }
+            }
         }
         result
     }
