@@ -95,7 +95,8 @@ impl Default for Options {
 }
 
 impl Options {
-    fn validate(&self) -> Result<()> {
+    /// Checks the options as `Env::open` does, without opening anything.
+    pub fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::InvalidOption(m.to_string()));
         if self.journal_file_size_bytes < 1 << 20 || self.journal_file_size_bytes % 4096 != 0 {
             return bad("journal_file_size_bytes must be a multiple of 4096 and at least 1 MiB");
