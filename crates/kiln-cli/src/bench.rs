@@ -45,14 +45,6 @@ pub struct BenchArgs {
     write_back_window_mib: Option<u64>,
 }
 
-/// Engine options every benchmark environment is opened with (set once from the
-/// command line).
-static ENGINE_OPTIONS: std::sync::OnceLock<Options> = std::sync::OnceLock::new();
-
-fn engine_options() -> Options {
-    ENGINE_OPTIONS.get().cloned().unwrap_or_default()
-}
-
 const SEED: u64 = 0x4B494C4E;
 
 /// One run of a workload: its operation count, time, and figures to report.
@@ -80,11 +72,11 @@ fn progress(len: u64, label: &str) -> ProgressBar {
     pb
 }
 
-fn fresh_env(dir: &Path) -> BenchResult<Env> {
+fn fresh_env(dir: &Path, opts: &Options) -> BenchResult<Env> {
     if dir.exists() {
         std::fs::remove_dir_all(dir)?;
     }
-    let env = Env::open(dir, engine_options())?;
+    let env = Env::open(dir, opts.clone())?;
     let mut w = env.begin_write()?;
     w.create_tree("bench")?;
     w.commit()?;
@@ -141,9 +133,9 @@ fn journal_figures(env: &Env, ops: u64) -> Map<String, Value> {
 }
 
 /// W1: transactions of one 16 KiB random value under a sequential 8-byte key.
-fn w1(dir: &Path, quick: bool) -> BenchResult<Run> {
+fn w1(dir: &Path, opts: &Options, quick: bool) -> BenchResult<Run> {
     let n: u64 = if quick { 4096 } else { 65_536 };
-    let env = fresh_env(dir)?;
+    let env = fresh_env(dir, opts)?;
     let mut rng = SmallRng::seed_from_u64(SEED);
     let mut value = vec![0u8; 16 * 1024];
     let pb = progress(n, "W1");
@@ -171,8 +163,15 @@ fn w1(dir: &Path, quick: bool) -> BenchResult<Run> {
 
 /// W2/W3/W4: durable transactions of `per_txn` puts (16-byte keys, 100-byte values),
 /// keys sequential (W2) or random (W3, W4).
-fn fill(dir: &Path, label: &str, txns: u64, per_txn: u64, sequential: bool) -> BenchResult<Run> {
-    let env = fresh_env(dir)?;
+fn fill(
+    dir: &Path,
+    opts: &Options,
+    label: &str,
+    txns: u64,
+    per_txn: u64,
+    sequential: bool,
+) -> BenchResult<Run> {
+    let env = fresh_env(dir, opts)?;
     let mut rng = SmallRng::seed_from_u64(SEED);
     let mut key = [0u8; 16];
     let mut value = [0u8; 100];
@@ -210,10 +209,16 @@ fn fill(dir: &Path, label: &str, txns: u64, per_txn: u64, sequential: bool) -> B
 
 /// W6: `threads` threads each committing transactions of one random put through the
 /// commit queue, 20,000 commits in total unless `commits` says otherwise, each durable.
-fn w6(dir: &Path, quick: bool, threads: u64, commits: Option<u64>) -> BenchResult<Run> {
+fn w6(
+    dir: &Path,
+    opts: &Options,
+    quick: bool,
+    threads: u64,
+    commits: Option<u64>,
+) -> BenchResult<Run> {
     let total: u64 = commits.unwrap_or(if quick { 4_000 } else { 20_000 });
     let per_thread = total / threads;
-    let env = fresh_env(dir)?;
+    let env = fresh_env(dir, opts)?;
     let pb = progress(per_thread * threads, &format!("W6 T={threads}"));
     let cpu_start = httpbench::process_cpu_seconds();
     let start = Instant::now();
@@ -330,8 +335,8 @@ fn load_figures(
 /// W8: `connections` keep-alive connections PUT 1 KiB JSON documents, one per
 /// request, to a `kiln serve` child process. The engine's own W6 at 64 threads is
 /// measured right before, in this run, for the ratio the target is set against.
-fn w8(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
-    let w6_t64 = w6(dir, quick, 64, None)?;
+fn w8(dir: &Path, opts: &Options, quick: bool, connections: usize) -> BenchResult<Run> {
+    let w6_t64 = w6(dir, opts, quick, 64, None)?;
     let per_connection = if quick { 100 } else { 500 };
     let server = fresh_server(dir)?;
     let mut rng = SmallRng::seed_from_u64(SEED);
@@ -502,7 +507,7 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
     }
     // Refuse a bad setting before any workload runs.
     options.validate()?;
-    let _ = ENGINE_OPTIONS.set(options);
+    let opts = &options;
     let w6_commits = args.w6_commits;
     let raw_writes = if args.quick { 1024 } else { 4096 };
     let raw: Vec<rawdisk::RawDiskResult> = (0..3)
@@ -555,32 +560,32 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
         .filter(|w| !w.is_empty())
     {
         let variants: Vec<(String, Box<dyn Fn() -> BenchResult<Run>>)> = match wl.as_str() {
-            "W1" => vec![(wl.clone(), Box::new(|| w1(run_dir, args.quick)))],
+            "W1" => vec![(wl.clone(), Box::new(|| w1(run_dir, opts, args.quick)))],
             "W2" => vec![(
                 wl.clone(),
-                Box::new(|| fill(run_dir, "W2", scale(1000), 1000, true)),
+                Box::new(|| fill(run_dir, opts, "W2", scale(1000), 1000, true)),
             )],
             "W3" => vec![(
                 wl.clone(),
-                Box::new(|| fill(run_dir, "W3", scale(1000), 1000, false)),
+                Box::new(|| fill(run_dir, opts, "W3", scale(1000), 1000, false)),
             )],
             "W4" => vec![(
                 wl.clone(),
-                Box::new(|| fill(run_dir, "W4", scale(10_000), 100, false)),
+                Box::new(|| fill(run_dir, opts, "W4", scale(10_000), 100, false)),
             )],
             "W6" => threads
                 .iter()
                 .map(|&t| {
                     (
                         format!("W6 T={t}"),
-                        Box::new(move || w6(run_dir, quick, t, w6_commits))
+                        Box::new(move || w6(run_dir, opts, quick, t, w6_commits))
                             as Box<dyn Fn() -> BenchResult<Run>>,
                     )
                 })
                 .collect(),
             "W8" => vec![(
                 wl.clone(),
-                Box::new(move || w8(run_dir, quick, connections)),
+                Box::new(move || w8(run_dir, opts, quick, connections)),
             )],
             "W9" => vec![
                 (

@@ -71,19 +71,22 @@ impl ServerProcess {
     /// from /proc: where the time per request goes on a machine the load
     /// generator shares.
     pub fn cpu_seconds(&self) -> io::Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        let path = format!("/proc/{}/stat", self.child.id());
+        let stat = std::fs::read_to_string(&path)
+            .map_err(|e| io::Error::new(e.kind(), format!("reading {path}: {e}")))?;
+        let unexpected = || io::Error::other(format!("unexpected format of {path}: {stat:?}"));
         // Fields after the parenthesised command name; utime and stime are the
         // 14th and 15th fields of the line, in clock ticks.
         let rest = stat
             .rsplit_once(')')
             .map(|(_, r)| r)
-            .ok_or_else(|| io::Error::other("unexpected /proc/<pid>/stat format"))?;
+            .ok_or_else(unexpected)?;
         let fields: Vec<&str> = rest.split_whitespace().collect();
         let ticks = |i: usize| -> io::Result<f64> {
             fields
                 .get(i)
                 .and_then(|f| f.parse::<f64>().ok())
-                .ok_or_else(|| io::Error::other("unexpected /proc/<pid>/stat format"))
+                .ok_or_else(unexpected)
         };
         // SAFETY: sysconf has no memory-safety preconditions.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
@@ -106,7 +109,8 @@ fn rusage_cpu_seconds(who: libc::c_int) -> f64 {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: a valid `who` and a valid pointer.
     if unsafe { libc::getrusage(who, &mut ru) } != 0 {
-        return 0.0;
+        // Unknown rather than a plausible-looking zero: the figure prints as NaN.
+        return f64::NAN;
     }
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(ru.ru_utime) + tv(ru.ru_stime)
