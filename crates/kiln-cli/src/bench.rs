@@ -139,6 +139,7 @@ fn w1(dir: &Path, opts: &Options, quick: bool) -> BenchResult<Run> {
     let mut rng = SmallRng::seed_from_u64(SEED);
     let mut value = vec![0u8; 16 * 1024];
     let pb = progress(n, "W1");
+    let cpu = CpuClock::start();
     let start = Instant::now();
     for i in 0..n {
         rng.fill_bytes(&mut value);
@@ -151,7 +152,8 @@ fn w1(dir: &Path, opts: &Options, quick: bool) -> BenchResult<Run> {
     }
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
-    let extra = journal_figures(&env, n);
+    let mut extra = journal_figures(&env, n);
+    cpu.report(&mut extra, n, "op");
     env.close()?;
     Ok(Run {
         ops: n,
@@ -159,6 +161,31 @@ fn w1(dir: &Path, opts: &Options, quick: bool) -> BenchResult<Run> {
         seconds,
         extra,
     })
+}
+
+/// CPU time spent during a workload: the committing thread's alone (the part that
+/// bounds a single-writer workload) and the whole process's (flusher included).
+/// Unlike throughput, these barely move when the shared machine is busy.
+struct CpuClock {
+    thread_start: f64,
+    process_start: f64,
+}
+
+impl CpuClock {
+    fn start() -> Self {
+        CpuClock {
+            thread_start: httpbench::thread_cpu_seconds(),
+            process_start: httpbench::process_cpu_seconds(),
+        }
+    }
+    /// Adds `writer_cpu_us_per_<unit>` and `process_cpu_us_per_<unit>` to `extra`.
+    fn report(&self, extra: &mut Map<String, Value>, ops: u64, unit: &str) {
+        let per_op = |seconds: f64| json!(seconds * 1e6 / ops.max(1) as f64);
+        let thread = httpbench::thread_cpu_seconds() - self.thread_start;
+        let process = httpbench::process_cpu_seconds() - self.process_start;
+        extra.insert(format!("writer_cpu_us_per_{unit}"), per_op(thread));
+        extra.insert(format!("process_cpu_us_per_{unit}"), per_op(process));
+    }
 }
 
 /// W2/W3/W4: durable transactions of `per_txn` puts (16-byte keys, 100-byte values),
@@ -176,6 +203,7 @@ fn fill(
     let mut key = [0u8; 16];
     let mut value = [0u8; 100];
     let pb = progress(txns, label);
+    let cpu = CpuClock::start();
     let start = Instant::now();
     let mut n = 0u64;
     for t in 0..txns {
@@ -197,7 +225,8 @@ fn fill(
     }
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
-    let extra = journal_figures(&env, n);
+    let mut extra = journal_figures(&env, n);
+    cpu.report(&mut extra, n, "op");
     env.close()?;
     Ok(Run {
         ops: n,

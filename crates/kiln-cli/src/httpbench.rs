@@ -95,7 +95,7 @@ impl ServerProcess {
 }
 
 /// CPU time (user + system) of the calling thread.
-fn thread_cpu_seconds() -> f64 {
+pub fn thread_cpu_seconds() -> f64 {
     rusage_cpu_seconds(libc::RUSAGE_THREAD)
 }
 
