@@ -605,6 +605,29 @@ mod tests {
     }
 
     #[test]
+    fn diff_runs_of_random_edits_are_exact() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..500 {
+            let old: Vec<u8> = (0..PAGE_SIZE).map(|_| rng.gen()).collect();
+            let mut new = old.clone();
+            for _ in 0..rng.gen_range(0..6) {
+                let at = rng.gen_range(0..PAGE_SIZE);
+                let len = rng.gen_range(1..300).min(PAGE_SIZE - at);
+                for b in &mut new[at..at + len] {
+                    *b = rng.gen();
+                }
+            }
+            let runs = diff_runs(&old, &new);
+            assert_eq!(apply(&old, &new), new);
+            for (s, e) in runs {
+                // Ends are exact: a run starts and ends on a changed byte.
+                assert!(old[s] != new[s] && old[e - 1] != new[e - 1]);
+            }
+        }
+    }
+
+    #[test]
     fn diff_runs_reproduce_the_new_bytes() {
         let old: Vec<u8> = (0..PAGE_SIZE).map(|i| (i * 7) as u8).collect();
         for edits in [
