@@ -636,7 +636,7 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
         };
         for (label, f) in variants {
             let (m, runs) = measure(args.runs, &*f)?;
-            let _ = std::fs::remove_dir_all(&run_dir);
+            let _ = std::fs::remove_dir_all(run_dir);
             let raw = RawFigures {
                 mean_ms: raw_ms,
                 p50_ms: raw_p50_ms,

@@ -488,7 +488,14 @@ impl VfsFile for SimFile {
         )
     }
     fn sync_data(&self) -> io::Result<()> {
-        self.mutate(OpKind::Sync, |st, i| Ok(st.inodes[i].sync()), None)
+        self.mutate(
+            OpKind::Sync,
+            |st, i| {
+                st.inodes[i].sync();
+                Ok(())
+            },
+            None,
+        )
     }
     fn sync_all(&self) -> io::Result<()> {
         self.sync_data()

@@ -281,7 +281,7 @@ pub fn verify(p: &[u8], page_no: PageNo, file: &Path) -> Result<()> {
         ));
     }
     if kind != KIND_OVERFLOW {
-        check_node_bounds(p).or_else(|what| bad(what))?;
+        check_node_bounds(p).or_else(bad)?;
     }
     Ok(())
 }

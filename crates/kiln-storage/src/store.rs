@@ -35,7 +35,7 @@ pub(crate) struct Pins {
 unsafe impl Send for Pins {}
 
 impl Pins {
-    fn pin_run<'a>(&'a self, run: Arc<PageRun>) -> &'a [u8] {
+    fn pin_run(&self, run: Arc<PageRun>) -> &[u8] {
         // SAFETY: the transaction owning `self` is !Sync, so no concurrent access; the
         // vector only grows, and the returned slice points into the Arc's heap buffer,
         // which does not move when the vector reallocates and lives as long as `self`.
@@ -244,7 +244,7 @@ impl PageStore {
         let needed = pages * PAGE_SIZE as u64;
         if cur < needed {
             let step = self.grow_step_bytes.max(cur / 8);
-            let target = (needed + step - 1) / step * step;
+            let target = needed.div_ceil(step) * step;
             self.file
                 .allocate(cur, target - cur)
                 .map_err(|e| Error::io(&self.path, Some(cur), "preallocate data file", e))?;

@@ -23,7 +23,7 @@ pub(crate) fn corrupt(src: &dyn PageSource, no: PageNo, what: impl Into<String>)
 }
 
 /// Fetches a node page and checks it is of an expected kind.
-pub(crate) fn node<'a, S: PageSource + ?Sized>(src: &'a S, no: PageNo) -> Result<&'a [u8]> {
+pub(crate) fn node<S: PageSource + ?Sized>(src: &S, no: PageNo) -> Result<&[u8]> {
     let p = src.page(no)?;
     match hdr::kind(p) {
         KIND_BRANCH | KIND_LEAF => Ok(p),
