@@ -122,6 +122,7 @@ fn journal_figures(env: &Env, ops: u64) -> Map<String, Value> {
         "journal_files_recycled".into(),
         json!(s.journal_files_recycled),
     );
+    m.insert("journal_switch_waits".into(), json!(s.journal_switch_waits));
     m.insert("data_syncs".into(), json!(s.data_syncs));
     m.insert(
         "data_sync_mean_us".into(),

@@ -104,6 +104,7 @@ pub(crate) struct EngineCounters {
     pub journal_write_latency: LatencyHistogram,
     pub journal_files_created: AtomicU64,
     pub journal_files_recycled: AtomicU64,
+    pub journal_switch_waits: AtomicU64,
     pub journal_direct_io_fallback: AtomicBool,
     /// Whether the journal file being written is open with O_DIRECT.
     pub journal_direct_io_active: AtomicBool,
@@ -136,6 +137,9 @@ pub struct Stats {
     pub journal_files: u64,
     pub journal_files_created: u64,
     pub journal_files_recycled: u64,
+    /// Switches to the next journal file that found it not ready: the commit making
+    /// the switch waited while the file was created (or recycled) and synced.
+    pub journal_switch_waits: u64,
     /// True when the journal file system refused O_DIRECT and the journal falls back
     /// to buffered writes followed by fdatasync.
     pub journal_direct_io_fallback: bool,

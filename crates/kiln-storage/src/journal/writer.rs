@@ -32,9 +32,9 @@ pub struct JournalFiles {
     /// Serializes file creation and recycling between the writer and the flusher, so
     /// that both never build the same file at once.
     create_lock: Mutex<()>,
-    /// Set when the writer moved to a new file: the flusher should prepare the one
-    /// after it now, not at its next checkpoint (or the writer may have to create it
-    /// on the commit path).
+    /// Set when the writer moved to a new file or used half of it: the flusher should
+    /// prepare the next one now, not at its next checkpoint (or the writer may have to
+    /// create it on the commit path).
     spare_wanted: std::sync::atomic::AtomicBool,
 }
 
@@ -299,6 +299,9 @@ impl JournalWriter {
             .len()
             .map_err(|e| Error::io(&path, None, "stat journal file", e))?;
         counters.journal_direct_io_active.store(direct_io, Relaxed);
+        if pos.offset >= size / 2 {
+            files.spare_wanted.store(true, Relaxed);
+        }
         Ok(JournalWriter {
             vfs,
             files,
@@ -367,6 +370,13 @@ impl JournalWriter {
         self.counters
             .journal_body_bytes_stored
             .fetch_add(rec.stored_body_len as u64, Relaxed);
+        let half = self.current.size / 2;
+        if self.offset < half && self.offset + rec.len as u64 >= half {
+            // Half of this file is used: have the flusher make the next one ready
+            // now. Asking only at a switch (or a checkpoint) left the first switch
+            // after open to create and zero-fill a file on the commit path.
+            self.files.spare_wanted.store(true, Relaxed);
+        }
         self.offset += rec.len as u64;
         Ok(JournalPos {
             file_seq: self.current.seq,
@@ -422,6 +432,10 @@ impl JournalWriter {
 
     fn switch_file(&mut self, record_len: u64) -> Result<()> {
         let next = self.current.seq + 1;
+        if !self.files.state.lock().existing.contains(&next) {
+            // Not prepared (or being prepared right now): this commit waits for it.
+            self.counters.journal_switch_waits.fetch_add(1, Relaxed);
+        }
         let path = self
             .files
             .ensure_file(next, self.files.file_size_bytes, true)?;

@@ -1,0 +1,85 @@
+//! The next journal file is made ready before the writer needs it, so that a commit
+//! never waits for a file to be created, zero-filled and synced — including the first
+//! switch after open, before any checkpoint has run.
+
+use kiln_storage::{Env, Options};
+use std::time::{Duration, Instant};
+
+const VALUE_BYTES: usize = 16 << 10;
+const JOURNAL_FILE_BYTES: u64 = 1 << 20;
+
+/// No checkpoint during the test (checkpoints also prepare files): only the writer's
+/// own request can get the next file made.
+fn opts(prepare_ahead: bool) -> Options {
+    Options {
+        journal_file_size_bytes: JOURNAL_FILE_BYTES,
+        data_grow_step_bytes: 1 << 20,
+        sync_interval_ms: 600_000,
+        sync_after_bytes: 1 << 40,
+        prepare_journal_files_ahead: prepare_ahead,
+        ..Options::default()
+    }
+}
+
+fn commit_until_journal_bytes(env: &Env, next_key: &mut u64, bytes: u64) {
+    let value = vec![0xA5u8; VALUE_BYTES];
+    while env.stats().journal_bytes < bytes {
+        let mut w = env.begin_write().unwrap();
+        w.put("t", &next_key.to_be_bytes(), &value).unwrap();
+        w.commit().unwrap();
+        *next_key += 1;
+    }
+}
+
+fn open_with_tree(dir: &std::path::Path, prepare_ahead: bool) -> Env {
+    let env = Env::open(dir, opts(prepare_ahead)).unwrap();
+    let mut w = env.begin_write().unwrap();
+    w.create_tree("t").unwrap();
+    w.commit().unwrap();
+    env
+}
+
+#[test]
+fn the_first_switch_after_open_finds_its_file_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = open_with_tree(dir.path(), true);
+    assert_eq!(env.stats().journal_files, 1);
+    let mut key = 0;
+    // Past half of the first file: the flusher is asked for the next one.
+    commit_until_journal_bytes(&env, &mut key, JOURNAL_FILE_BYTES * 6 / 10);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while env.stats().journal_files < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the next journal file was not prepared within 20 s of the first file \
+             being half used"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Past the end of the first file: the switch uses the prepared file.
+    commit_until_journal_bytes(&env, &mut key, JOURNAL_FILE_BYTES * 13 / 10);
+    let s = env.stats();
+    assert_eq!(s.journal_switch_waits, 0, "{s:?}");
+    assert!(s.journal_files >= 2);
+    drop(env);
+    // Everything committed is there after reopening.
+    let env = Env::open(dir.path(), opts(true)).unwrap();
+    let r = env.begin_read().unwrap();
+    for k in 0..key {
+        assert_eq!(
+            r.get("t", &k.to_be_bytes()).unwrap().map(<[u8]>::len),
+            Some(VALUE_BYTES)
+        );
+    }
+}
+
+#[test]
+fn a_switch_to_a_file_nobody_prepared_is_counted_as_a_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = open_with_tree(dir.path(), false);
+    let mut key = 0;
+    commit_until_journal_bytes(&env, &mut key, JOURNAL_FILE_BYTES * 13 / 10);
+    let s = env.stats();
+    assert_eq!(s.journal_switch_waits, 1, "{s:?}");
+    assert_eq!(s.journal_files, 2);
+}
