@@ -186,7 +186,13 @@ impl JournalFiles {
             .map_err(|e| Error::io(&path, None, "fdatasync journal", e))
     }
 
-    /// True once after the writer moved to a new file.
+    /// Whether journal file `seq` is on disk, ready to be written.
+    fn exists(&self, seq: u64) -> bool {
+        self.state.lock().existing.contains(&seq)
+    }
+
+    /// True once after the writer moved to a new file or used half of it (until the
+    /// flusher prepares the next one).
     pub fn spare_wanted(&self) -> bool {
         self.spare_wanted.load(Relaxed)
     }
@@ -432,7 +438,7 @@ impl JournalWriter {
 
     fn switch_file(&mut self, record_len: u64) -> Result<()> {
         let next = self.current.seq + 1;
-        if !self.files.state.lock().existing.contains(&next) {
+        if !self.files.exists(next) {
             // Not prepared (or being prepared right now): this commit waits for it.
             self.counters.journal_switch_waits.fetch_add(1, Relaxed);
         }
