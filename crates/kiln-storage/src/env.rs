@@ -29,6 +29,10 @@ use std::time::Duration;
 
 pub const DATA_FILE: &str = "data.kiln";
 pub const LOCK_FILE: &str = "kiln.lock";
+/// Keys of the frozen write-buffer generation merged per commit, at least.
+const MIN_MERGE_SLICE_KEYS: usize = 256;
+/// Keys merged per commit when the whole buffer must go (close, check).
+const FORCED_MERGE_SLICE_KEYS: usize = 1 << 16;
 
 /// How an environment is opened. `Default` is fully durable.
 #[derive(Clone)]
@@ -69,6 +73,15 @@ pub struct Options {
     /// keeping only those before the hole. Off by default: that situation means
     /// acknowledged commits are gone, and an operator should decide.
     pub open_despite_journal_gap: bool,
+    /// The write buffer (docs/design.md, "The write buffer"): puts and deletes whose
+    /// key and value together are at most `write_buffer_max_entry_bytes` are
+    /// journaled as logical entries and kept in memory, and reach the trees in key
+    /// order, merged a slice per commit once this many bytes are buffered. Bounds
+    /// the memory held (about twice this) and the journal kept for replay. 0 turns
+    /// buffering off: every write goes into its tree at once.
+    pub write_buffer_bytes: u64,
+    /// See `write_buffer_bytes`; larger puts go into their tree at once.
+    pub write_buffer_max_entry_bytes: usize,
     /// The file system seam (tests substitute a fault-injecting one).
     pub vfs: Arc<dyn Vfs>,
 }
@@ -89,6 +102,8 @@ impl Default for Options {
             queue_limits: QueueLimits::default(),
             prepare_journal_files_ahead: true,
             open_despite_journal_gap: false,
+            write_buffer_bytes: 32 << 20,
+            write_buffer_max_entry_bytes: 2048,
             vfs: Arc::new(OsVfs),
         }
     }
@@ -98,6 +113,9 @@ impl Options {
     /// Checks the options as `Env::open` does, without opening anything.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::InvalidOption(m.to_string()));
+        if self.write_buffer_max_entry_bytes > 64 << 10 {
+            return bad("write_buffer_max_entry_bytes must be at most 64 KiB");
+        }
         if self.journal_file_size_bytes < 1 << 20 || self.journal_file_size_bytes % 4096 != 0 {
             return bad("journal_file_size_bytes must be a multiple of 4096 and at least 1 MiB");
         }
@@ -128,6 +146,8 @@ pub(crate) struct WriterState {
     pub encoder: RecordEncoder,
     pub alloc: Allocator,
     pub latest: Snapshot,
+    /// How far the merge of the frozen generation got (the last buffer key merged).
+    pub merge_cursor: Option<Box<[u8]>>,
 }
 
 /// The journal's write side: records are written strictly in transaction order.
@@ -142,6 +162,7 @@ struct JournalStage {
 pub(crate) struct PendingCommit {
     record: PreparedRecord,
     applied: Applied,
+    gens: crate::buffer::Gens,
 }
 
 struct SnapState {
@@ -228,11 +249,14 @@ impl Shared {
             w.alloc.page_count,
         );
         // Built on the latest commit, which may still be waiting for its journal write.
-        let base = w.latest;
+        let base = w.latest.clone();
+        let gens = base.gens.clone();
         Ok(WriteTxn {
             env: self,
             writer: Some(w),
             txn_id: base.txn_id + 1,
+            catalog_root: base.catalog_root,
+            gens,
             base,
             pins: Default::default(),
             dirty: Default::default(),
@@ -240,7 +264,9 @@ impl Shared {
             freed_committed: Vec::new(),
             local_free: Vec::new(),
             taken_from_free: Vec::new(),
-            catalog_root: base.catalog_root,
+            undo: Vec::new(),
+            trees_named: 0,
+            force_merge: false,
             trees: Default::default(),
             dropped: Vec::new(),
             broken: None,
@@ -282,6 +308,8 @@ impl Shared {
             return Err(Error::Poisoned(why));
         }
         self.wait_for_flusher_room()?;
+        let (gens, merge_cursor, buffer_flags) = self.buffer_step(txn)?;
+        let logical = txn.logical_entries();
         txn.mutate(|t| t.update_catalog())?;
         let sealed = txn.seal_dirty();
         let pages: Vec<(PageNo, Arc<PageRun>)> =
@@ -293,7 +321,8 @@ impl Shared {
             .iter()
             .map(|(_, r)| r.bytes().len() + 64)
             .sum::<usize>()
-            + (txn.freed_committed.len() + txn.local_free.len()) * 8;
+            + (txn.freed_committed.len() + txn.local_free.len()) * 8
+            + crate::journal::record::logical_len(&logical);
         if page_bytes > crate::journal::record::MAX_RECORD_BODY {
             txn.rollback();
             return Err(Error::TransactionTooLarge {
@@ -338,8 +367,13 @@ impl Shared {
             page_count,
             freed: &freed,
             pages: &journal_pages,
+            logical: &logical,
+            buffer_flags,
         });
         drop(journal_pages);
+        // The point of no return: the buffer writes are part of the commit now.
+        txn.undo.clear();
+        w.merge_cursor = merge_cursor;
         self.store.publish(&pages);
         let bytes: u64 = pages.iter().map(|(_, r)| r.bytes().len() as u64).sum();
         self.unflushed_bytes.fetch_add(bytes, SeqCst);
@@ -355,6 +389,7 @@ impl Shared {
             txn_id: txn.txn_id,
             catalog_root: txn.catalog_root,
             page_count: w.alloc.page_count,
+            gens: gens.clone(),
         };
         let applied = Applied {
             txn_id: txn.txn_id,
@@ -362,6 +397,9 @@ impl Shared {
             page_count: w.latest.page_count,
             pages,
             freed,
+            froze: buffer_flags & crate::journal::record::FLAG_FREEZE != 0,
+            merge_done: buffer_flags & crate::journal::record::FLAG_MERGE_DONE != 0,
+            buffer_empty: gens.is_empty(),
             end: JournalPos {
                 file_seq: 0,
                 offset: 0,
@@ -369,7 +407,53 @@ impl Shared {
             },
         };
         drop(w);
-        Ok(Some(PendingCommit { record, applied }))
+        Ok(Some(PendingCommit {
+            record,
+            applied,
+            gens,
+        }))
+    }
+
+    /// The write buffer's part of a commit, before its catalog update: merges the
+    /// next slice of the frozen generation into the trees, and decides whether the
+    /// active generation freezes. Returns the generations after the commit, the
+    /// merge position to keep if it commits, and the record's buffer flags.
+    fn buffer_step(
+        &self,
+        txn: &mut WriteTxn,
+    ) -> Result<(crate::buffer::Gens, Option<Box<[u8]>>, u8)> {
+        use crate::journal::record::{FLAG_FREEZE, FLAG_MERGE_DONE};
+        let mut gens = txn.gens.clone();
+        let mut cursor = txn
+            .writer
+            .as_ref()
+            .expect("writer guard held until commit")
+            .merge_cursor
+            .clone();
+        let threshold = self.opts.write_buffer_bytes;
+        if gens.frozen.is_some() {
+            // Merge faster than commits fill the active generation, so it is done
+            // before that one is due to freeze; much faster once it is overdue.
+            let mut limit = (2 * txn.undo.len()).max(MIN_MERGE_SLICE_KEYS);
+            if txn.force_merge {
+                limit = FORCED_MERGE_SLICE_KEYS;
+            } else if gens.active.bytes() > threshold {
+                limit *= 8;
+            }
+            let done = txn.mutate(|t| t.merge_slice(&mut cursor, limit))?;
+            if done {
+                gens.frozen = None;
+                return Ok((gens, None, FLAG_MERGE_DONE));
+            }
+            return Ok((gens, cursor, 0));
+        }
+        let full = gens.active.bytes() >= threshold || txn.force_merge;
+        if full && !gens.active.is_empty() {
+            // This transaction's own entries are in the generation that freezes.
+            gens.frozen = Some(std::mem::take(&mut gens.active));
+            return Ok((gens, None, FLAG_FREEZE));
+        }
+        Ok((gens, cursor, 0))
     }
 
     /// Phase 2: waits for this transaction's turn, writes its record durably, then
@@ -380,6 +464,7 @@ impl Shared {
         let PendingCommit {
             record,
             mut applied,
+            gens,
         } = pending;
         let txn_id = applied.txn_id;
         assert_eq!(
@@ -411,8 +496,15 @@ impl Shared {
                     txn_id,
                     catalog_root: applied.catalog_root,
                     page_count: applied.page_count,
+                    gens,
                 };
                 self.counters.commits.fetch_add(1, Relaxed);
+                if applied.froze {
+                    self.counters.write_buffer_freezes.fetch_add(1, Relaxed);
+                }
+                if applied.merge_done {
+                    self.counters.write_buffer_merges.fetch_add(1, Relaxed);
+                }
                 // A journal file to prepare is the one thing that cannot wait for
                 // the flusher's next window.
                 let wake_now = self.journal_files.spare_wanted();
@@ -544,48 +636,74 @@ impl Env {
             .into_iter()
             .collect();
 
-        // Replay the journal into the data file.
+        // Replay the journal into the data file: page images of transactions after
+        // the synced one; write-buffer entries from the replay start on (it is at or
+        // before the synced point: entries stay in the journal until merged).
         let mut state = (header.catalog_root, header.page_count, free);
-        let start = JournalPos {
-            file_seq: header.journal_file_seq,
-            offset: header.journal_offset,
-            chain_checksum: header.journal_chain_checksum,
-        };
+        let mut replay_start = header.replay_start();
+        let start = replay_start.pos;
+        let mut gens = crate::buffer::Gens::default();
+        let mut physical_records = 0u64;
         let outcome = recovery::replay(
             vfs.as_ref(),
             &journal_dir,
             start,
-            header.synced_txn_id,
+            replay_start.txn_id,
             // After a power loss in buffered mode, records missing in the middle are the
             // documented cost of that mode, not a surprise.
             opts.open_despite_journal_gap || opts.durability != Durability::Immediate,
-            |rec| {
+            |rec, end| {
                 let txn_id = rec.header.txn_id;
-                for (no, image) in rec.images {
-                    let pages = image.page_count() as u64;
-                    let run = image.materialize(|source| store.read_page(source))?;
-                    page::verify(run.bytes(), no, &data_path).map_err(|e| {
-                        Error::corrupted(
+                let flags = rec.header.flags;
+                if txn_id > header.synced_txn_id {
+                    physical_records += 1;
+                    for (no, image) in rec.images {
+                        let pages = image.page_count() as u64;
+                        let run = image.materialize(|source| store.read_page(source))?;
+                        page::verify(run.bytes(), no, &data_path).map_err(|e| {
+                            Error::corrupted(
+                                &journal_dir,
+                                format!("record of txn {txn_id}"),
+                                format!("page image fails verification: {e}"),
+                            )
+                        })?;
+                        store.write_raw(no, run.bytes())?;
+                        for p in no..no + pages {
+                            state.2.remove(&p);
+                        }
+                    }
+                    state.2.extend(rec.freed.iter().copied());
+                    state.0 = rec.header.catalog_root;
+                    state.1 = rec.header.page_count;
+                }
+                for (bkey, slot) in rec.logical {
+                    gens.active.write(&bkey, txn_id, slot);
+                }
+                let froze = flags & crate::journal::record::FLAG_FREEZE != 0;
+                let merge_done = flags & crate::journal::record::FLAG_MERGE_DONE != 0;
+                if merge_done {
+                    // (A merge that finished before the replay start refers to a
+                    // generation not read again: nothing to drop.)
+                    gens.frozen = None;
+                }
+                if froze {
+                    if gens.frozen.is_some() {
+                        return Err(Error::corrupted(
                             &journal_dir,
                             format!("record of txn {txn_id}"),
-                            format!("page image fails verification: {e}"),
-                        )
-                    })?;
-                    store.write_raw(no, run.bytes())?;
-                    for p in no..no + pages {
-                        state.2.remove(&p);
+                            "freezes the write buffer while the previous generation is not merged",
+                        ));
                     }
+                    gens.frozen = Some(std::mem::take(&mut gens.active));
                 }
-                state.2.extend(rec.freed.iter().copied());
-                state.0 = rec.header.catalog_root;
-                state.1 = rec.header.page_count;
+                replay_start.note(txn_id, end, froze, merge_done, gens.is_empty());
                 Ok(())
             },
         )?;
         let (catalog_root, page_count, free) = state;
         counters
             .records_replayed_on_open
-            .store(outcome.records_replayed, Relaxed);
+            .store(physical_records, Relaxed);
         if let JournalTail::Dropped { path, offset, what } = &outcome.tail {
             tracing::warn!(path = %path.display(), offset, what, "journal: discarded an incomplete record at the tail (crash during a commit)");
         }
@@ -597,7 +715,7 @@ impl Env {
             outcome.end.file_seq,
         )?);
 
-        let shared_header = FileHeader {
+        let mut shared_header = FileHeader {
             sequence: header.sequence,
             synced_txn_id: outcome.last_txn_id,
             catalog_root,
@@ -605,9 +723,9 @@ impl Env {
             journal_file_seq: outcome.end.file_seq,
             journal_offset: outcome.end.offset,
             journal_chain_checksum: outcome.end.chain_checksum,
-            freelist_checksum: 0,
-            freelist_len: 0,
+            ..FileHeader::default()
         };
+        shared_header.set_replay_start(&replay_start);
         let journal = JournalWriter::open(
             vfs.clone(),
             journal_files.clone(),
@@ -620,6 +738,7 @@ impl Env {
             txn_id: outcome.last_txn_id,
             catalog_root,
             page_count,
+            gens,
         };
         let shared = Arc::new(Shared {
             dir: dir.clone(),
@@ -630,13 +749,14 @@ impl Env {
             journal_files,
             synced_txn_id: AtomicU64::new(outcome.last_txn_id),
             snap: Mutex::new(SnapState {
-                current: snap,
+                current: snap.clone(),
                 readers: BTreeMap::new(),
             }),
             writer: Mutex::new(WriterState {
                 encoder: RecordEncoder::new(outcome.end.chain_checksum, opts.journal_compression),
                 alloc: Allocator::new(page_count, free.iter().copied()),
-                latest: snap,
+                latest: snap.clone(),
+                merge_cursor: None,
             }),
             journal: Mutex::new(JournalStage {
                 writer: journal,
@@ -651,7 +771,7 @@ impl Env {
             flushed_signal: (Mutex::new(()), Condvar::new()),
         });
         // Make the replayed state the synced point, so the journal before it is free.
-        let header = if outcome.records_replayed > 0 || outcome.tail != JournalTail::Clean {
+        let header = if physical_records > 0 || outcome.tail != JournalTail::Clean {
             shared.store.sync()?;
             let freelist = header::encode_freelist(free.iter().copied());
             let h = FileHeader {
@@ -669,15 +789,17 @@ impl Env {
                 ..shared_header
             }
         };
-        shared.journal_files.release_below(header.journal_file_seq);
+        shared
+            .journal_files
+            .release_below(header.journal_file_seq.min(header.replay_from_file_seq));
         let report = RecoveryReport {
-            synced_txn_id: start_synced(&outcome, header.synced_txn_id),
-            records_replayed: outcome.records_replayed,
+            synced_txn_id: outcome.last_txn_id - physical_records,
+            records_replayed: physical_records,
             last_txn_id: outcome.last_txn_id,
             tail: outcome.tail.clone(),
             gap_records_discarded: outcome.gap_records_discarded,
         };
-        let fl = Flusher::new(shared.clone(), header, free);
+        let fl = Flusher::new(shared.clone(), header, free, replay_start);
         let handle = std::thread::Builder::new()
             .name("kiln-flusher".into())
             .spawn(move || fl.run())
@@ -702,7 +824,7 @@ impl Env {
     /// Starts a read-only snapshot of the last commit.
     pub fn begin_read(&self) -> Result<ReadTxn<'_>> {
         let mut s = self.shared.snap.lock();
-        let snap = s.current;
+        let snap = s.current.clone();
         *s.readers.entry(snap.txn_id).or_insert(0) += 1;
         drop(s);
         Ok(ReadTxn::new(&self.shared, snap))
@@ -757,9 +879,13 @@ impl Env {
         // As of the last commit or transaction start: never waits for the writer
         // (stats may be called while holding a write transaction).
         let (free, pending, page_count) = *self.shared.alloc_summary.lock();
-        let (last, readers) = {
+        let (last, readers, buffer_bytes) = {
             let s = self.shared.snap.lock();
-            (s.current.txn_id, s.readers.values().sum::<usize>() as u64)
+            (
+                s.current.txn_id,
+                s.readers.values().sum::<usize>() as u64,
+                s.current.gens.bytes(),
+            )
         };
         Stats {
             last_txn_id: last,
@@ -792,6 +918,9 @@ impl Env {
             readers_open: readers,
             commit_queue: self.shared.queue.stats(),
             data_file_bytes: self.shared.store.file_len().unwrap_or(0),
+            write_buffer_bytes: buffer_bytes,
+            write_buffer_freezes: c.write_buffer_freezes.load(Relaxed),
+            write_buffer_merges: c.write_buffer_merges.load(Relaxed),
         }
     }
 
@@ -805,7 +934,26 @@ impl Env {
         self.shutdown()
     }
 
+    /// Merges the whole write buffer into the trees (commits of merge slices), so
+    /// that a reopen has nothing to replay and `check` sees every entry in a tree.
+    fn merge_write_buffer(&self) -> Result<()> {
+        loop {
+            if self.shared.writer.lock().latest.gens.is_empty() {
+                return Ok(());
+            }
+            let mut txn = self.shared.begin_write_txn()?;
+            txn.force_merge = true;
+            txn.commit()?;
+        }
+    }
+
     fn shutdown(&mut self) -> Result<()> {
+        if self.flusher.is_some() && self.shared.poison_reason().is_none() {
+            if let Err(e) = self.merge_write_buffer() {
+                // Not lost: the journal still holds the buffered entries.
+                tracing::warn!(error = %e, "merging the write buffer at close failed; the next open replays it");
+            }
+        }
         let result = self.stop_flusher();
         // The flusher's last checkpoint made everything applied durable; the
         // buffered-mode journal sync has nothing left to protect, unless that
@@ -855,6 +1003,8 @@ impl Env {
     /// Walks every tree and page of the current state and reports problems. Holds
     /// the writer lock meanwhile, so the free list and the snapshot agree.
     pub fn check(&self) -> Result<crate::check::CheckReport> {
+        // `check` reads trees and pages: buffered entries must be in them first.
+        self.merge_write_buffer()?;
         let w = self.shared.writer.lock();
         // The free list includes commits still in flight: let them become visible.
         self.shared.wait_journal_idle(w.latest.txn_id);
@@ -870,13 +1020,6 @@ impl Env {
         drop(w);
         report
     }
-}
-
-fn start_synced(outcome: &recovery::ScanOutcome, synced_now: u64) -> u64 {
-    outcome
-        .last_txn_id
-        .saturating_sub(outcome.records_replayed)
-        .min(synced_now)
 }
 
 impl Drop for Env {
@@ -930,10 +1073,13 @@ fn create_environment(
     }
     // A random chain start: records left in the journal directory by an earlier
     // environment can never pass as this one's.
+    let chain: u32 = rand::random();
     let h = FileHeader {
         page_count: page::FIRST_DATA_PAGE,
         journal_file_seq: 1,
-        journal_chain_checksum: rand::random(),
+        journal_chain_checksum: chain,
+        replay_from_file_seq: 1,
+        replay_from_chain_checksum: chain,
         ..Default::default()
     };
     JournalFiles::open(

@@ -26,6 +26,12 @@ pub(crate) struct Applied {
     pub pages: Vec<(PageNo, Arc<PageRun>)>,
     pub freed: Vec<PageNo>,
     pub end: JournalPos,
+    /// The write buffer's active generation froze after this commit.
+    pub froze: bool,
+    /// This commit finished merging the frozen generation.
+    pub merge_done: bool,
+    /// Nothing is buffered after this commit.
+    pub buffer_empty: bool,
 }
 
 /// A request that needs the flusher now, answered on the given channel.
@@ -176,11 +182,19 @@ pub(crate) struct Flusher {
     /// Metadata of the last commit written back.
     applied: Option<Box<Applied>>,
     last_sync: Instant,
+    /// Where recovery would have to start, following the commits written back.
+    replay_start: crate::buffer::ReplayStart,
 }
 
 impl Flusher {
-    pub fn new(shared: Arc<Shared>, header: FileHeader, free: BTreeSet<PageNo>) -> Self {
+    pub fn new(
+        shared: Arc<Shared>,
+        header: FileHeader,
+        free: BTreeSet<PageNo>,
+        replay_start: crate::buffer::ReplayStart,
+    ) -> Self {
         Flusher {
+            replay_start,
             shared,
             free,
             header,
@@ -327,6 +341,8 @@ impl Flusher {
                 }
             }
             self.free.extend(a.freed.iter().copied());
+            self.replay_start
+                .note(a.txn_id, a.end, a.froze, a.merge_done, a.buffer_empty);
             // Keep only the metadata; the page buffers can go.
             self.applied = Some(Box::new(Applied {
                 pages: Vec::new(),
@@ -366,7 +382,7 @@ impl Flusher {
         shared.counters.data_sync_latency.record(start.elapsed());
         shared.counters.data_syncs.fetch_add(1, Relaxed);
         let freelist = header::encode_freelist(self.free.iter().copied());
-        let next = FileHeader {
+        let mut next = FileHeader {
             sequence: self.header.sequence + 1,
             synced_txn_id: a.txn_id,
             catalog_root: a.catalog_root,
@@ -376,7 +392,9 @@ impl Flusher {
             journal_chain_checksum: a.end.chain_checksum,
             freelist_checksum: crc32c::crc32c(&freelist),
             freelist_len: freelist.len() as u64,
+            ..FileHeader::default()
         };
+        next.set_replay_start(&self.replay_start);
         write_header(&shared, &next, &freelist)?;
         self.header = next;
         self.bytes_since_sync = 0;
@@ -384,9 +402,11 @@ impl Flusher {
             .synced_txn_id
             .store(self.header.synced_txn_id, SeqCst);
         shared.counters.checkpoints.fetch_add(1, Relaxed);
-        shared
-            .journal_files
-            .release_below(self.header.journal_file_seq);
+        shared.journal_files.release_below(
+            self.header
+                .journal_file_seq
+                .min(self.header.replay_from_file_seq),
+        );
         if let Err(e) = shared.journal_files.prepare_next() {
             // Not fatal: the writer creates the file itself when it needs it.
             tracing::warn!(error = %e, "could not prepare the next journal file");

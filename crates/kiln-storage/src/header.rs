@@ -18,8 +18,17 @@
 //! 64     4    checksum of the record of synced_txn_id (the journal chain continues from it)
 //! 68     4    checksum of the free-page snapshot file of this copy
 //! 72     8    length in bytes of that snapshot
-//! 80     4    crc32c of bytes 0..80
+//! 80     4    crc32c of bytes 0..80 (format 1 ends here)
+//! 84     8    replay start: the transaction whose record ends where recovery must
+//!             start reading, so that every write-buffer entry not yet merged into
+//!             the synced data file is read again (format 2)
+//! 92     8    journal file sequence of that position
+//! 100    8    byte offset of that position
+//! 108    4    chain checksum at that position
+//! 112    4    crc32c of bytes 0..112 (format 2)
 //! ```
+//! A format 1 header (no write buffer) reads as a replay start equal to the synced
+//! position.
 
 use crate::io::{OpenMode, Vfs};
 use crate::page::{read_u32, read_u64, write_u32, write_u64, PageNo, PAGE_SIZE};
@@ -27,8 +36,9 @@ use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"KILNDAT1";
-pub const FORMAT_VERSION: u32 = 1;
-const HEADER_LEN: usize = 84;
+pub const FORMAT_VERSION: u32 = 2;
+const HEADER_LEN_V1: usize = 84;
+const HEADER_LEN: usize = 116;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct FileHeader {
@@ -41,6 +51,10 @@ pub struct FileHeader {
     pub journal_chain_checksum: u32,
     pub freelist_checksum: u32,
     pub freelist_len: u64,
+    pub replay_from_txn_id: u64,
+    pub replay_from_file_seq: u64,
+    pub replay_from_offset: u64,
+    pub replay_from_chain_checksum: u32,
 }
 
 impl FileHeader {
@@ -58,8 +72,14 @@ impl FileHeader {
         write_u32(&mut b, 64, self.journal_chain_checksum);
         write_u32(&mut b, 68, self.freelist_checksum);
         write_u64(&mut b, 72, self.freelist_len);
-        let sum = crc32c::crc32c(&b[..80]);
-        write_u32(&mut b, 80, sum);
+        let v1_sum = crc32c::crc32c(&b[..80]);
+        write_u32(&mut b, 80, v1_sum);
+        write_u64(&mut b, 84, self.replay_from_txn_id);
+        write_u64(&mut b, 92, self.replay_from_file_seq);
+        write_u64(&mut b, 100, self.replay_from_offset);
+        write_u32(&mut b, 108, self.replay_from_chain_checksum);
+        let sum = crc32c::crc32c(&b[..112]);
+        write_u32(&mut b, 112, sum);
         b
     }
 
@@ -71,7 +91,7 @@ impl FileHeader {
 
     fn decode_inner(b: &[u8], path: &Path) -> Result<Self, (String, bool)> {
         let damaged = |s: &str| Err((s.to_string(), false));
-        if b.len() < HEADER_LEN {
+        if b.len() < HEADER_LEN_V1 {
             return damaged("header truncated");
         }
         if &b[..8] != MAGIC {
@@ -82,7 +102,7 @@ impl FileHeader {
         }
         let version = read_u32(b, 8);
         let page_size = read_u32(b, 12);
-        if version != FORMAT_VERSION || page_size as usize != PAGE_SIZE {
+        if !(1..=FORMAT_VERSION).contains(&version) || page_size as usize != PAGE_SIZE {
             return Err((
                 format!(
                     "format version {version} with {page_size}-byte pages ({})",
@@ -91,7 +111,15 @@ impl FileHeader {
                 true,
             ));
         }
+        if version >= 2 && (b.len() < HEADER_LEN || crc32c::crc32c(&b[..112]) != read_u32(b, 112)) {
+            return damaged("checksum mismatch (replay start)");
+        }
+        let v2 = version >= 2;
         Ok(FileHeader {
+            replay_from_txn_id: if v2 { read_u64(b, 84) } else { read_u64(b, 24) },
+            replay_from_file_seq: if v2 { read_u64(b, 92) } else { read_u64(b, 48) },
+            replay_from_offset: if v2 { read_u64(b, 100) } else { read_u64(b, 56) },
+            replay_from_chain_checksum: if v2 { read_u32(b, 108) } else { read_u32(b, 64) },
             sequence: read_u64(b, 16),
             synced_txn_id: read_u64(b, 24),
             catalog_root: read_u64(b, 32),
@@ -107,6 +135,24 @@ impl FileHeader {
     /// Which of the two slots this header lives in.
     pub fn slot(&self) -> u64 {
         self.sequence % 2
+    }
+
+    pub fn replay_start(&self) -> crate::buffer::ReplayStart {
+        crate::buffer::ReplayStart::new(
+            self.replay_from_txn_id,
+            crate::journal::writer::JournalPos {
+                file_seq: self.replay_from_file_seq,
+                offset: self.replay_from_offset,
+                chain_checksum: self.replay_from_chain_checksum,
+            },
+        )
+    }
+
+    pub fn set_replay_start(&mut self, r: &crate::buffer::ReplayStart) {
+        self.replay_from_txn_id = r.txn_id;
+        self.replay_from_file_seq = r.pos.file_seq;
+        self.replay_from_offset = r.pos.offset;
+        self.replay_from_chain_checksum = r.pos.chain_checksum;
     }
 }
 

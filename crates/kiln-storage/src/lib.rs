@@ -23,7 +23,9 @@
 
 mod alloc;
 pub mod btree;
+mod buffer;
 pub mod check;
+mod cursor;
 mod env;
 mod error;
 mod fasthash;
@@ -32,6 +34,7 @@ mod header;
 pub mod io;
 pub mod journal;
 mod journal_sync;
+mod merge;
 pub mod page;
 mod queue;
 mod savepoint;
@@ -39,7 +42,8 @@ mod stats;
 mod store;
 mod txn;
 
-pub use btree::cursor::{Cursor, Entry};
+pub use btree::cursor::Entry;
+pub use cursor::Cursor;
 pub use env::{Env, Options, RecoveryReport, DATA_FILE};
 pub use error::{Error, Result};
 pub use journal::recovery::JournalTail;

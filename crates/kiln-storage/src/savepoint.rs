@@ -18,6 +18,8 @@ pub(crate) struct Savepoint {
     local_free: Vec<PageNo>,
     taken_from_free_len: usize,
     page_count: u64,
+    /// Write-buffer writes before the savepoint.
+    undo_len: usize,
     /// Dirty pages created since the savepoint.
     created: crate::fasthash::FastSet<PageNo>,
     /// Pages dirty before the savepoint, as they were, with their diff source.
@@ -36,6 +38,7 @@ impl WriteTxn<'_> {
             local_free: self.local_free.clone(),
             taken_from_free_len: self.taken_from_free.len(),
             page_count,
+            undo_len: self.undo.len(),
             created: Default::default(),
             undo: Default::default(),
         });
@@ -74,6 +77,7 @@ impl WriteTxn<'_> {
         let Some(sp) = self.savepoint.take() else {
             return;
         };
+        self.undo_buffer_writes(sp.undo_len);
         for no in &sp.created {
             self.dirty.remove(no);
             self.sources.remove(no);

@@ -96,6 +96,8 @@ pub struct LatencySummary {
 
 #[derive(Default)]
 pub(crate) struct EngineCounters {
+    pub write_buffer_freezes: AtomicU64,
+    pub write_buffer_merges: AtomicU64,
     pub journal_writes: AtomicU64,
     pub journal_bytes: AtomicU64,
     pub journal_body_bytes_full_images: AtomicU64,
@@ -162,6 +164,11 @@ pub struct Stats {
     /// The commit queue (`Env::submit`): units, groups, group sizes, rejections.
     pub commit_queue: crate::QueueStats,
     pub data_file_bytes: u64,
+    /// Memory held by the write buffer's generations (as of the last commit).
+    pub write_buffer_bytes: u64,
+    /// Generations frozen and merged into the trees since open.
+    pub write_buffer_freezes: u64,
+    pub write_buffer_merges: u64,
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! Read and write transactions.
 
-use crate::btree::cursor::Cursor;
+use crate::btree::cursor::TreeCursor;
 use crate::btree::{self, PageSource};
+use crate::buffer::{buffer_key, Found, Gens, Slot, TreeId};
+use crate::cursor::Cursor;
 use crate::env::Shared;
 use crate::page::{self, PageNo, PageRun};
 use crate::store::Pins;
@@ -10,35 +12,43 @@ use parking_lot::MutexGuard;
 use std::cell::RefCell;
 use std::path::Path;
 
-/// The committed state a transaction starts from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The committed state a transaction starts from: the trees' pages, and the write
+/// buffer's generations (filtered by `txn_id`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Snapshot {
     pub txn_id: u64,
     pub catalog_root: PageNo,
     pub page_count: u64,
+    pub gens: Gens,
 }
 
-/// A tree as recorded in the catalog: its root and its number of entries.
+/// A tree as recorded in the catalog: its root, its number of entries (buffered ones
+/// included) and its id (which the write buffer keys its entries by).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct TreeInfo {
     pub root: PageNo,
     pub entries: u64,
+    /// Unique over the environment's life (a tree dropped and created again gets a
+    /// new one), so buffered entries of a dropped tree can never resurface. 0: a tree
+    /// from before ids existed, given one when it is next written.
+    pub id: TreeId,
 }
 
 impl TreeInfo {
-    pub fn encode(&self) -> [u8; 16] {
-        let mut b = [0u8; 16];
+    pub fn encode(&self) -> [u8; 24] {
+        let mut b = [0u8; 24];
         b[..8].copy_from_slice(&self.root.to_le_bytes());
-        b[8..].copy_from_slice(&self.entries.to_le_bytes());
+        b[8..16].copy_from_slice(&self.entries.to_le_bytes());
+        b[16..].copy_from_slice(&self.id.to_le_bytes());
         b
     }
     pub fn decode(b: &[u8], path: &Path, name: &[u8]) -> Result<Self> {
-        if b.len() != 16 {
+        if b.len() != 16 && b.len() != 24 {
             return Err(Error::corrupted(
                 path,
                 "catalog",
                 format!(
-                    "entry for tree {:?} has {} bytes, expected 16",
+                    "entry for tree {:?} has {} bytes, expected 16 or 24",
                     String::from_utf8_lossy(name),
                     b.len()
                 ),
@@ -47,7 +57,23 @@ impl TreeInfo {
         Ok(TreeInfo {
             root: page::read_u64(b, 0),
             entries: page::read_u64(b, 8),
+            id: if b.len() == 24 { page::read_u64(b, 16) } else { 0 },
         })
+    }
+}
+
+/// What the write buffer says, falling back to the tree.
+fn get_through<'a, S: PageSource + ?Sized>(
+    src: &'a S,
+    gens: &'a Gens,
+    info: &TreeInfo,
+    key: &[u8],
+    upto_txn: u64,
+) -> Result<Option<&'a [u8]>> {
+    match gens.lookup(info.id, key, upto_txn) {
+        Found::Value(v) => Ok(Some(v)),
+        Found::Deleted => Ok(None),
+        Found::InTree => btree::get(src, info.root, key),
     }
 }
 
@@ -85,7 +111,7 @@ fn lookup_tree(src: &dyn PageSource, catalog_root: PageNo, name: &str) -> Result
 
 fn list_trees(src: &dyn PageSource, catalog_root: PageNo) -> Result<Vec<String>> {
     let mut names = Vec::new();
-    let mut c = Cursor::new(src, catalog_root);
+    let mut c = TreeCursor::new(src, catalog_root);
     let mut e = c.first()?;
     while let Some((k, _)) = e {
         names.push(String::from_utf8_lossy(k).into_owned());
@@ -146,13 +172,18 @@ impl<'env> ReadTxn<'env> {
     }
 
     pub fn get(&self, tree: &str, key: &[u8]) -> Result<Option<&[u8]>> {
-        let root = self.tree(tree)?.root;
-        btree::get(self, root, key)
+        let info = self.tree(tree)?;
+        get_through(self, &self.snap.gens, &info, key, self.snap.txn_id)
     }
 
     pub fn cursor(&self, tree: &str) -> Result<Cursor<'_>> {
-        let root = self.tree(tree)?.root;
-        Ok(Cursor::new(self, root))
+        let info = self.tree(tree)?;
+        Ok(Cursor::new(
+            TreeCursor::new(self, info.root),
+            &self.snap.gens,
+            info.id,
+            self.snap.txn_id,
+        ))
     }
 
     pub(crate) fn catalog_root(&self) -> PageNo {
@@ -211,6 +242,15 @@ pub struct WriteTxn<'env> {
     pub(crate) savepoint: Option<crate::savepoint::Savepoint>,
     /// Running total of bytes of pages created (see `dirty_bytes`).
     pub(crate) dirty_bytes_written: usize,
+    /// The write buffer's generations this transaction reads and writes through.
+    pub(crate) gens: Gens,
+    /// Every buffer write of this transaction, with the version it replaced (its own
+    /// earlier one), so that an abort or a savepoint can take it back.
+    pub(crate) undo: Vec<(Box<[u8]>, Option<Slot>)>,
+    /// Trees given an id by this transaction (ids are txn id << 20 | this).
+    pub(crate) trees_named: u64,
+    /// Merge the whole write buffer into the trees, a slice per commit (close, check).
+    pub(crate) force_merge: bool,
     /// Set when an operation failed half-way: the in-memory tree may be inconsistent,
     /// so the transaction can only be aborted.
     pub(crate) broken: Option<String>,
@@ -292,10 +332,14 @@ impl<'env> WriteTxn<'env> {
             return Err(Error::TreeExists(name.to_string()));
         }
         self.dropped.retain(|d| d != name);
+        let id = self.new_tree_id();
         self.trees.insert(
             name.to_string(),
             TreeState {
-                info: TreeInfo::default(),
+                info: TreeInfo {
+                    id,
+                    ..TreeInfo::default()
+                },
                 modified: true,
             },
         );
@@ -339,13 +383,54 @@ impl<'env> WriteTxn<'env> {
     }
 
     pub fn get(&mut self, tree: &str, key: &[u8]) -> Result<Option<&[u8]>> {
-        let root = self.tree_state(tree)?.info.root;
-        btree::get(&*self, root, key)
+        let info = self.tree_state(tree)?.info;
+        get_through(&*self, &self.gens, &info, key, self.txn_id)
     }
 
     pub fn cursor(&mut self, tree: &str) -> Result<Cursor<'_>> {
-        let root = self.tree_state(tree)?.info.root;
-        Ok(Cursor::new(&*self, root))
+        let info = self.tree_state(tree)?.info;
+        Ok(Cursor::new(
+            TreeCursor::new(&*self, info.root),
+            &self.gens,
+            info.id,
+            self.txn_id,
+        ))
+    }
+
+    fn new_tree_id(&mut self) -> TreeId {
+        assert!(self.trees_named < 1 << 20, "more than 2^20 trees created in one transaction");
+        self.trees_named += 1;
+        (self.txn_id << 20) | self.trees_named
+    }
+
+    /// Whether a put of this size goes to the write buffer (else into the tree).
+    fn buffers(&self, key: &[u8], value: &[u8]) -> bool {
+        self.env.opts.write_buffer_bytes > 0
+            && key.len() + value.len() <= self.env.opts.write_buffer_max_entry_bytes
+    }
+
+    fn buffer_write(&mut self, bkey: Box<[u8]>, slot: Slot) {
+        let previous = self.gens.active.write(&bkey, self.txn_id, slot);
+        self.undo.push((bkey, previous));
+    }
+
+    /// Takes back the buffer writes made after the first `keep`.
+    pub(crate) fn undo_buffer_writes(&mut self, keep: usize) {
+        while self.undo.len() > keep {
+            let (bkey, previous) = self.undo.pop().expect("checked");
+            self.gens.active.undo(&bkey, self.txn_id, previous);
+        }
+    }
+
+    /// The tree's state, with an id if it had none (a tree from an older format).
+    fn tree_state_with_id(&mut self, tree: &str) -> Result<TreeState> {
+        let mut st = self.tree_state(tree)?;
+        if st.info.id == 0 {
+            st.info.id = self.new_tree_id();
+            st.modified = true;
+            self.trees.insert(tree.to_string(), st);
+        }
+        Ok(st)
     }
 
     /// Inserts or replaces a value.
@@ -357,11 +442,33 @@ impl<'env> WriteTxn<'env> {
                 max: page::MAX_VALUE_SIZE,
             });
         }
-        let mut st = self.tree_state(tree)?;
-        let (root, existed) = self.mutate(|t| t.tree_put(st.info.root, key, value))?;
-        st.info.root = root;
-        st.info.entries += u64::from(!existed);
-        st.modified = true;
+        self.guard_usable()?;
+        let mut st = self.tree_state_with_id(tree)?;
+        let existed = if self.buffers(key, value) {
+            let existed = get_through(&*self, &self.gens, &st.info, key, self.txn_id)?.is_some();
+            self.buffer_write(buffer_key(st.info.id, key), Slot::Value(value.into()));
+            existed
+        } else if self.gens.is_empty() {
+            let (root, existed) = self.mutate(|t| t.tree_put(st.info.root, key, value))?;
+            st.info.root = root;
+            st.modified = true;
+            existed
+        } else {
+            // Written into the tree: older buffered versions must stop hiding it.
+            let existed = get_through(&*self, &self.gens, &st.info, key, self.txn_id)?.is_some();
+            let (root, _) = self.mutate(|t| t.tree_put(st.info.root, key, value))?;
+            st.info.root = root;
+            st.modified = true;
+            let bkey = buffer_key(st.info.id, key);
+            if self.gens.holds(&bkey) {
+                self.buffer_write(bkey, Slot::InTree);
+            }
+            existed
+        };
+        if !existed {
+            st.info.entries += 1;
+            st.modified = true;
+        }
         self.trees.insert(tree.to_string(), st);
         Ok(())
     }
@@ -369,11 +476,22 @@ impl<'env> WriteTxn<'env> {
     /// Removes a key; false if it was absent.
     pub fn delete(&mut self, tree: &str, key: &[u8]) -> Result<bool> {
         check_key(key)?;
-        let mut st = self.tree_state(tree)?;
-        if btree::get(&*self, st.info.root, key)?.is_none() {
+        self.guard_usable()?;
+        let mut st = self.tree_state_with_id(tree)?;
+        if get_through(&*self, &self.gens, &st.info, key, self.txn_id)?.is_none() {
             return Ok(false);
         }
-        st.info.root = self.mutate(|t| t.tree_delete(st.info.root, key))?;
+        if self.env.opts.write_buffer_bytes > 0 {
+            self.buffer_write(buffer_key(st.info.id, key), Slot::Tombstone);
+        } else {
+            if btree::get(&*self, st.info.root, key)?.is_some() {
+                st.info.root = self.mutate(|t| t.tree_delete(st.info.root, key))?;
+            }
+            let bkey = buffer_key(st.info.id, key);
+            if self.gens.holds(&bkey) {
+                self.buffer_write(bkey, Slot::Tombstone);
+            }
+        }
         st.info.entries -= 1;
         st.modified = true;
         self.trees.insert(tree.to_string(), st);
@@ -394,6 +512,9 @@ impl<'env> WriteTxn<'env> {
     }
 
     pub(crate) fn rollback(&mut self) {
+        if self.writer.is_some() {
+            self.undo_buffer_writes(0);
+        }
         if let Some(mut w) = self.writer.take() {
             for p in self.taken_from_free.drain(..) {
                 w.alloc.free.insert(p);
@@ -411,6 +532,8 @@ impl<'env> WriteTxn<'env> {
             || !self.freed_committed.is_empty()
             || !self.dropped.is_empty()
             || self.trees.values().any(|t| t.modified)
+            || !self.undo.is_empty()
+            || (self.force_merge && !self.gens.is_empty())
     }
 }
 

@@ -901,7 +901,16 @@ fn run_seed(seed: u64, steps: usize) {
     } else {
         small_opts()
     };
+    // The write buffer: off, merged often, merged now and then, or (the default) only
+    // at close.
+    let opts = Options {
+        write_buffer_bytes: [0, 16 << 10, 256 << 10, 32 << 20][(seed / 2 % 4) as usize],
+        ..opts
+    };
+    log(|| format!("write_buffer_bytes {}", opts.write_buffer_bytes));
     let mut dir = tempfile::tempdir().unwrap();
+    // A clean close merges the write buffer into the trees with commits of its own.
+    let mut closed_cleanly = false;
     // Commits the next open must replay (those after the last checkpoint of a crash image).
     let mut to_replay = 0;
     let mut d = Driver {
@@ -929,6 +938,10 @@ fn run_seed(seed: u64, steps: usize) {
         );
         d.replayed += report.records_replayed;
         assert_eq!(report.gap_records_discarded, 0, "{report:?}");
+        if closed_cleanly && report.last_txn_id > d.last_txn {
+            log(|| format!("the close committed merges up to txn {}", report.last_txn_id));
+            d.last_txn = report.last_txn_id;
+        }
         assert_eq!(report.last_txn_id, d.last_txn, "{report:?}");
         // Every reopen here follows a clean close or a copy taken between commits: the
         // tail is clean even once journal files are recycled (old bytes after the last
@@ -947,6 +960,7 @@ fn run_seed(seed: u64, steps: usize) {
         }
         d.reopens += 1;
         to_replay = 0;
+        closed_cleanly = true;
         if d.profile.crashes && d.rng.gen_bool(0.5) {
             // Crash: continue from a copy of the files taken while the environment is
             // open; every commit since the last checkpoint must come from the journal.
@@ -960,6 +974,7 @@ fn run_seed(seed: u64, steps: usize) {
                 )
             });
             d.crashes += 1;
+            closed_cleanly = false;
             let image = tempfile::tempdir().unwrap();
             copy_env_files(dir.path(), image.path());
             drop(env);

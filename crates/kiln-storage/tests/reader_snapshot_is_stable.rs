@@ -31,6 +31,9 @@ fn busy_flusher_opts() -> Options {
         sync_after_bytes: 256 << 10,
         // Small write-back windows: pages also go back between checkpoints.
         write_back_window_bytes: 1 << 20,
+        // A small write buffer: generations freeze and merge into the trees many
+        // times while readers hold snapshots across them.
+        write_buffer_bytes: 64 << 10,
         ..Options::default()
     }
 }

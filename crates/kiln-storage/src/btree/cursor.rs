@@ -5,7 +5,7 @@ use crate::page::{self, hdr, PageNo, KIND_LEAF};
 use crate::{Error, Result};
 
 /// A position in a tree. Entries returned borrow from the transaction.
-pub struct Cursor<'t> {
+pub struct TreeCursor<'t> {
     src: &'t dyn PageSource,
     root: PageNo,
     /// Path from the root: (page, index). Branch indexes are in 0..fanout (0 is the
@@ -27,9 +27,9 @@ enum State {
 
 pub type Entry<'t> = (&'t [u8], &'t [u8]);
 
-impl<'t> Cursor<'t> {
+impl<'t> TreeCursor<'t> {
     pub(crate) fn new(src: &'t dyn PageSource, root: PageNo) -> Self {
-        Cursor {
+        TreeCursor {
             src,
             root,
             stack: Vec::new(),

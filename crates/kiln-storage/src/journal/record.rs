@@ -24,6 +24,9 @@
 //!       1 diff:  source page u64 | run count u32 | runs: offset u16 | len u16 | bytes
 //!                (the page is the source page's bytes with the runs written over them;
 //!                 single pages only)
+//!     if flag bit 1: write-buffer entries: count u32, then each
+//!       buffer key len u16 | kind u8 (0 value, 1 tombstone, 2 in tree) | value len u32 |
+//!       buffer key (tree id u64 big endian + key) | value
 //!
 //! A diff is used when it is smaller than the full image. Its source is the page this
 //! one was copied from (copy-on-write). Replaying it is safe because a page freed by
@@ -39,12 +42,18 @@ use crate::io::DIRECT_IO_ALIGN;
 use crate::page::{
     self, read_u16, read_u32, read_u64, write_u16, write_u32, write_u64, PageNo, PageRun, PAGE_SIZE,
 };
+use crate::buffer::Slot;
 use std::sync::Arc;
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KJR1");
 pub const VERSION: u8 = 1;
 pub const RECORD_HEADER: usize = 64;
 const FLAG_LZ4: u8 = 1;
+const FLAG_LOGICAL: u8 = 2;
+pub const FLAG_FREEZE: u8 = 4;
+pub const FLAG_MERGE_DONE: u8 = 8;
+const KNOWN_FLAGS: u8 = FLAG_LZ4 | FLAG_LOGICAL | FLAG_FREEZE | FLAG_MERGE_DONE;
+const LOGICAL_ENTRY_HEADER: usize = 7;
 /// Bodies smaller than this are not worth compressing.
 const MIN_COMPRESS_BODY: usize = 1024;
 /// A record's body may not decompress to more than this (bounds allocation).
@@ -95,6 +104,28 @@ pub struct RecordInput<'a> {
     pub page_count: u64,
     pub freed: &'a [PageNo],
     pub pages: &'a [JournalPage<'a>],
+    /// Write-buffer entries of the transaction: buffer key and what it wrote.
+    pub logical: &'a [(Box<[u8]>, Slot)],
+    /// `FLAG_FREEZE` / `FLAG_MERGE_DONE`.
+    pub buffer_flags: u8,
+}
+
+/// Encoded size of write-buffer entries (0 when there are none).
+pub fn logical_len(entries: &[(Box<[u8]>, Slot)]) -> usize {
+    if entries.is_empty() {
+        return 0;
+    }
+    4 + entries
+        .iter()
+        .map(|(k, s)| {
+            LOGICAL_ENTRY_HEADER
+                + k.len()
+                + match s {
+                    Slot::Value(v) => v.len(),
+                    _ => 0,
+                }
+        })
+        .sum::<usize>()
 }
 
 /// A page of a commit, with the committed page it was copied from, if any.
@@ -222,7 +253,10 @@ pub const MAX_RECORD_BODY: usize = u32::MAX as usize - (64 << 20);
 /// cost more than the compression itself: new memory is zeroed by the kernel).
 pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<u8>>) -> Encoded {
     let forms: Vec<Form> = input.pages.iter().map(choose_form).collect();
-    let body_len = input.freed.len() * 8 + forms.iter().map(Form::encoded_len).sum::<usize>();
+    let logical_bytes = logical_len(input.logical);
+    let body_len = input.freed.len() * 8
+        + forms.iter().map(Form::encoded_len).sum::<usize>()
+        + logical_bytes;
     let total = padded(RECORD_HEADER + body_len);
     if buf.page_count() * PAGE_SIZE < total {
         // Every byte up to `total` is written below (header, body, zero padding).
@@ -232,6 +266,8 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<
     b[..RECORD_HEADER].fill(0);
     write_u32(b, 0, MAGIC);
     b[4] = VERSION;
+    debug_assert_eq!(input.buffer_flags & !(FLAG_FREEZE | FLAG_MERGE_DONE), 0);
+    b[5] = input.buffer_flags | if logical_bytes > 0 { FLAG_LOGICAL } else { 0 };
     write_u64(b, 8, input.txn_id);
     write_u64(b, 16, input.nonce);
     write_u32(b, 24, input.prev_checksum);
@@ -279,6 +315,23 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<
             }
         }
     }
+    if logical_bytes > 0 {
+        write_u32(b, at, input.logical.len() as u32);
+        at += 4;
+        for (k, slot) in input.logical {
+            let (kind, value): (u8, &[u8]) = match slot {
+                Slot::Value(v) => (0, v),
+                Slot::Tombstone => (1, &[]),
+                Slot::InTree => (2, &[]),
+            };
+            write_u16(b, at, k.len() as u16);
+            b[at + 2] = kind;
+            write_u32(b, at + 3, value.len() as u32);
+            at += LOGICAL_ENTRY_HEADER;
+            put(b, &mut at, k);
+            put(b, &mut at, value);
+        }
+    }
     debug_assert_eq!(at, RECORD_HEADER + body_len);
     write_u32(b, 44, body_len as u32);
     let mut stored = body_len;
@@ -301,6 +354,7 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<
     let sum = crc32c::crc32c(&b[..end]);
     write_u32(b, 28, sum);
     let full_image_body_len = input.freed.len() * 8
+        + logical_bytes
         + input
             .pages
             .iter()
@@ -420,6 +474,7 @@ pub struct DecodedRecord {
     pub header: RecordHeader,
     pub freed: Vec<PageNo>,
     pub images: Vec<(PageNo, Image)>,
+    pub logical: Vec<(Box<[u8]>, Slot)>,
 }
 
 /// Reads `n` bytes at `*at` from `body`, or explains why it can't.
@@ -442,7 +497,7 @@ pub fn decode_body(h: &RecordHeader, record: &[u8]) -> Result<DecodedRecord, Str
         .filter(|e| *e <= record.len())
         .ok_or("body length beyond the record")?;
     let stored = &record[RECORD_HEADER..end];
-    if h.flags & !FLAG_LZ4 != 0 {
+    if h.flags & !KNOWN_FLAGS != 0 {
         return Err(format!("unknown record flags {:#x}", h.flags));
     }
     if h.flags & FLAG_LZ4 == 0 {
@@ -518,6 +573,25 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> 
         };
         images.push((no, image));
     }
+    let mut logical = Vec::new();
+    if h.flags & FLAG_LOGICAL != 0 {
+        let count = read_u32(take(body, &mut at, 4, "buffer entry count")?, 0) as usize;
+        for e in 0..count {
+            let eh = take(body, &mut at, LOGICAL_ENTRY_HEADER, "buffer entry header")?;
+            let (klen, kind, vlen) = (read_u16(eh, 0) as usize, eh[2], read_u32(eh, 3) as usize);
+            if !(9..=8 + page::MAX_KEY_SIZE).contains(&klen) {
+                return Err(format!("buffer entry {e}: key of {klen} bytes"));
+            }
+            let key: Box<[u8]> = take(body, &mut at, klen, "buffer entry key")?.into();
+            let slot = match (kind, vlen) {
+                (0, _) => Slot::Value(take(body, &mut at, vlen, "buffer entry value")?.into()),
+                (1, 0) => Slot::Tombstone,
+                (2, 0) => Slot::InTree,
+                _ => return Err(format!("buffer entry {e}: kind {kind} with {vlen} value bytes")),
+            };
+            logical.push((key, slot));
+        }
+    }
     if at != body.len() {
         return Err(format!(
             "{} unexplained bytes after the page images",
@@ -528,6 +602,7 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> 
         header: *h,
         freed,
         images,
+        logical,
     })
 }
 

@@ -186,15 +186,15 @@ impl Reader<'_> {
     }
 }
 
-/// Replays records after `start` (the position after `synced_txn_id`) through
-/// `apply`, in order.
+/// Replays records after `start` (the position after the record of `start_txn_id`)
+/// through `apply`, in order, with the position where each ends.
 pub fn replay(
     vfs: &dyn Vfs,
     dir: &Path,
     start: JournalPos,
-    synced_txn_id: u64,
+    start_txn_id: u64,
     allow_gap: bool,
-    mut apply: impl FnMut(DecodedRecord) -> Result<()>,
+    mut apply: impl FnMut(DecodedRecord, JournalPos) -> Result<()>,
 ) -> Result<ScanOutcome> {
     let reader = Reader { vfs, dir };
     let first = file_path(dir, start.file_seq);
@@ -203,13 +203,13 @@ pub fn replay(
             &first,
             "journal",
             format!(
-                "missing: the data file is synced up to txn {synced_txn_id} and the journal continues in this file \
+                "missing: recovery starts after txn {start_txn_id} and the journal continues in this file \
                  (is the journal volume mounted? were files deleted?)"
             ),
         ));
     }
     let mut pos = start;
-    let mut expected = synced_txn_id + 1;
+    let mut expected = start_txn_id + 1;
     let mut replayed = 0;
     let mut tail = loop {
         // Here, or at the start of the next file: the writer moves on to the next
@@ -221,14 +221,14 @@ pub fn replay(
             match reader.probe(seq, offset, expected, pos.chain_checksum)? {
                 Probe::Valid(rec, len) => {
                     let checksum = rec.header.checksum;
-                    apply(*rec)?;
-                    replayed += 1;
-                    expected += 1;
                     pos = JournalPos {
                         file_seq: seq,
                         offset: offset + len,
                         chain_checksum: checksum,
                     };
+                    apply(*rec, pos)?;
+                    replayed += 1;
+                    expected += 1;
                     advanced = true;
                     break;
                 }

@@ -1,0 +1,410 @@
+//! The write buffer: small puts and deletes land here, and in the journal as logical
+//! entries (tree, key, value or tombstone), instead of in B-tree pages. They reach the
+//! trees later, merged in key order a slice per commit, so that a leaf is copied,
+//! journaled and written back once for all the buffered puts that land in it rather
+//! than once per put. See docs/design.md, "The write buffer".
+//!
+//! A generation is an ordered map from (tree id, key) to the versions written by
+//! each transaction. A reader at snapshot `s` takes, for a key, the newest version
+//! with a transaction id `<= s`, so a generation can keep taking commits while older
+//! readers use it. At most two generations are live: the active one that commits
+//! write into, and a frozen one being merged into the trees. A snapshot holds both
+//! (`Gens`), so a reader's view is its catalog root plus the versions it may see.
+//!
+//! Values handed to readers borrow from a generation: a value lives in its own heap
+//! allocation, which never moves, and a version visible to any reader is never
+//! removed or replaced while the generation lives (only the writer's own,
+//! uncommitted versions are: see `write` and `undo`).
+
+use crate::journal::writer::JournalPos;
+use parking_lot::RwLock;
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// Identifies a tree across drops and re-creations (see `TreeInfo::id`).
+pub(crate) type TreeId = u64;
+
+/// Bytes a version costs beyond its key and value (map node, vectors, boxes).
+const VERSION_OVERHEAD_BYTES: u64 = 64;
+
+/// What a transaction wrote for a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot {
+    Value(Box<[u8]>),
+    Tombstone,
+    /// The key was written directly into its tree (a value too large to buffer):
+    /// hides older buffered versions, the tree holds the current one.
+    InTree,
+}
+
+impl Slot {
+    fn bytes(&self) -> u64 {
+        match self {
+            Slot::Value(v) => v.len() as u64,
+            _ => 0,
+        }
+    }
+}
+
+/// A version as a reader sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found<'a> {
+    Value(&'a [u8]),
+    Deleted,
+    /// Look in the tree (the key is not buffered, or was written there).
+    InTree,
+}
+
+#[derive(Debug)]
+struct Version {
+    txn_id: u64,
+    slot: Slot,
+}
+
+/// The buffer key: tree id (big endian, so one tree's keys are contiguous) + key.
+pub(crate) fn buffer_key(tree: TreeId, key: &[u8]) -> Box<[u8]> {
+    let mut k = Vec::with_capacity(8 + key.len());
+    k.extend_from_slice(&tree.to_be_bytes());
+    k.extend_from_slice(key);
+    k.into_boxed_slice()
+}
+
+pub(crate) fn split_buffer_key(k: &[u8]) -> (TreeId, &[u8]) {
+    let id = u64::from_be_bytes(k[..8].try_into().expect("buffer keys start with a tree id"));
+    (id, &k[8..])
+}
+
+/// Extends a borrow of bytes owned by a generation to the lifetime of whoever holds
+/// the generation alive.
+///
+/// SAFETY (for callers): `bytes` must lie in a heap allocation owned by a version
+/// (a key or a value) that stays in place as long as the generation is alive and
+/// visible to the borrower: versions visible to a reader are never removed or
+/// replaced, and the writer cannot change its own versions while it holds a borrow
+/// (every mutation takes the transaction by `&mut`).
+unsafe fn extend<'a>(bytes: &[u8]) -> &'a [u8] {
+    std::slice::from_raw_parts(bytes.as_ptr(), bytes.len())
+}
+
+fn visible(versions: &[Version], upto_txn: u64) -> Option<&Slot> {
+    versions
+        .iter()
+        .rev()
+        .find(|v| v.txn_id <= upto_txn)
+        .map(|v| &v.slot)
+}
+
+fn found<'a>(slot: &Slot) -> Found<'a> {
+    match slot {
+        // SAFETY: see `extend`; the value's box lives as long as its version.
+        Slot::Value(v) => Found::Value(unsafe { extend(v) }),
+        Slot::Tombstone => Found::Deleted,
+        Slot::InTree => Found::InTree,
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Generation {
+    map: RwLock<BTreeMap<Box<[u8]>, Vec<Version>>>,
+    bytes: AtomicU64,
+    versions: AtomicU64,
+}
+
+impl Generation {
+    /// Memory the generation holds, approximately.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.versions.load(Relaxed) == 0
+    }
+
+    fn lookup<'a>(&self, bkey: &[u8], upto_txn: u64) -> Option<Found<'a>> {
+        let map = self.map.read();
+        map.get(bkey)
+            .and_then(|vs| visible(vs, upto_txn))
+            .map(found)
+    }
+
+    pub fn contains(&self, bkey: &[u8]) -> bool {
+        self.map.read().contains_key(bkey)
+    }
+
+    /// Writes the version of transaction `txn_id` (the writer's, not yet visible to
+    /// anyone else), replacing its earlier one. Returns that earlier one, for undo.
+    pub fn write(&self, bkey: &[u8], txn_id: u64, slot: Slot) -> Option<Slot> {
+        let mut map = self.map.write();
+        let add = slot.bytes();
+        if let Some(vs) = map.get_mut(bkey) {
+            if let Some(last) = vs.last_mut() {
+                assert!(
+                    last.txn_id <= txn_id,
+                    "write buffer: txn {txn_id} writes under a newer version of txn {}",
+                    last.txn_id
+                );
+                if last.txn_id == txn_id {
+                    let old = std::mem::replace(&mut last.slot, slot);
+                    self.bytes.fetch_add(add, Relaxed);
+                    self.bytes.fetch_sub(old.bytes(), Relaxed);
+                    return Some(old);
+                }
+            }
+            vs.push(Version { txn_id, slot });
+        } else {
+            self.bytes.fetch_add(bkey.len() as u64, Relaxed);
+            map.insert(bkey.into(), vec![Version { txn_id, slot }]);
+        }
+        self.bytes.fetch_add(add + VERSION_OVERHEAD_BYTES, Relaxed);
+        self.versions.fetch_add(1, Relaxed);
+        None
+    }
+
+    /// Undoes one `write` of transaction `txn_id`: restores the version it replaced,
+    /// or removes the version it added.
+    pub fn undo(&self, bkey: &[u8], txn_id: u64, previous: Option<Slot>) {
+        let mut map = self.map.write();
+        let Some(vs) = map.get_mut(bkey) else {
+            panic!("write buffer: undo of a key that holds no version");
+        };
+        let last = vs.last_mut().expect("a buffered key has versions");
+        assert_eq!(last.txn_id, txn_id, "write buffer: undo of another transaction's version");
+        match previous {
+            Some(prev) => {
+                self.bytes.fetch_add(prev.bytes(), Relaxed);
+                let cur = std::mem::replace(&mut last.slot, prev);
+                self.bytes.fetch_sub(cur.bytes(), Relaxed);
+            }
+            None => {
+                let cur = vs.pop().expect("checked above");
+                self.bytes
+                    .fetch_sub(cur.slot.bytes() + VERSION_OVERHEAD_BYTES, Relaxed);
+                self.versions.fetch_sub(1, Relaxed);
+                if vs.is_empty() {
+                    map.remove(bkey);
+                    self.bytes.fetch_sub(bkey.len() as u64, Relaxed);
+                }
+            }
+        }
+    }
+
+    /// The version transaction `txn_id` wrote for `bkey`, if any (journaling it).
+    pub fn own_version(&self, bkey: &[u8], txn_id: u64) -> Option<Slot> {
+        let map = self.map.read();
+        map.get(bkey)
+            .and_then(|vs| vs.last())
+            .filter(|v| v.txn_id == txn_id)
+            .map(|v| v.slot.clone())
+    }
+
+    /// The nearest key of `tree` from `from` on, forward or backward (`None` = from
+    /// the start or the end; `inclusive` says whether `from` itself counts), with a
+    /// version visible at `upto_txn`.
+    pub fn step<'a>(
+        &self,
+        tree: TreeId,
+        from: Option<&[u8]>,
+        inclusive: bool,
+        forward: bool,
+        upto_txn: u64,
+    ) -> Option<(&'a [u8], Found<'a>)> {
+        let start_of_tree: Box<[u8]> = tree.to_be_bytes().to_vec().into_boxed_slice();
+        let end_of_tree: Option<Box<[u8]>> = tree
+            .checked_add(1)
+            .map(|next| next.to_be_bytes().to_vec().into_boxed_slice());
+        let from_key = from.map(|k| buffer_key(tree, k));
+        fn at(k: &[u8], inclusive: bool) -> Bound<&[u8]> {
+            if inclusive {
+                Bound::Included(k)
+            } else {
+                Bound::Excluded(k)
+            }
+        }
+        let (lo, hi): (Bound<&[u8]>, Bound<&[u8]>) = if forward {
+            let lo = match &from_key {
+                Some(k) => at(k, inclusive),
+                None => Bound::Included(&start_of_tree[..]),
+            };
+            let hi = match &end_of_tree {
+                Some(e) => Bound::Excluded(&e[..]),
+                None => Bound::Unbounded,
+            };
+            (lo, hi)
+        } else {
+            let hi = match (&from_key, &end_of_tree) {
+                (Some(k), _) => at(k, inclusive),
+                (None, Some(e)) => Bound::Excluded(&e[..]),
+                (None, None) => Bound::Unbounded,
+            };
+            (Bound::Included(&start_of_tree[..]), hi)
+        };
+        let map = self.map.read();
+        let hit = |(k, vs): (&Box<[u8]>, &Vec<Version>)| {
+            visible(vs, upto_txn).map(|slot| {
+                // SAFETY: see `extend`; keys live as long as their versions.
+                (unsafe { extend(&k[8..]) }, found(slot))
+            })
+        };
+        let range = map.range::<[u8], _>((lo, hi));
+        if forward {
+            range.filter_map(hit).next()
+        } else {
+            range.rev().filter_map(hit).next()
+        }
+    }
+
+    /// Up to `limit` keys from `after` (exclusive) on, each with its newest version:
+    /// a slice of a frozen generation to merge.
+    pub fn newest_from(&self, after: Option<&[u8]>, limit: usize) -> Vec<(Box<[u8]>, Slot)> {
+        let map = self.map.read();
+        let lo = match after {
+            Some(k) => Bound::Excluded(k),
+            None => Bound::Unbounded,
+        };
+        map.range::<[u8], _>((lo, Bound::Unbounded))
+            .take(limit)
+            .map(|(k, vs)| (k.clone(), vs.last().expect("versions").slot.clone()))
+            .collect()
+    }
+}
+
+/// The generations a snapshot reads through: `active` first, then `frozen`.
+#[derive(Clone, Default)]
+pub(crate) struct Gens {
+    pub active: Arc<Generation>,
+    pub frozen: Option<Arc<Generation>>,
+}
+
+impl std::fmt::Debug for Gens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Gens {{ active: {} bytes, frozen: {:?} }}",
+            self.active.bytes(),
+            self.frozen.as_ref().map(|g| g.bytes())
+        )
+    }
+}
+
+impl PartialEq for Gens {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.active, &other.active)
+            && match (&self.frozen, &other.frozen) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            }
+    }
+}
+impl Eq for Gens {}
+
+impl Gens {
+    pub fn is_empty(&self) -> bool {
+        self.active.is_empty() && self.frozen.is_none()
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.active.bytes() + self.frozen.as_ref().map_or(0, |f| f.bytes())
+    }
+
+    /// What the buffer says about `key` at `upto_txn`.
+    pub fn lookup<'a>(&self, tree: TreeId, key: &[u8], upto_txn: u64) -> Found<'a> {
+        if self.is_empty() {
+            return Found::InTree;
+        }
+        let bkey = buffer_key(tree, key);
+        if let Some(f) = self.active.lookup(&bkey, upto_txn) {
+            return f;
+        }
+        match &self.frozen {
+            Some(fz) => fz.lookup(&bkey, upto_txn).unwrap_or(Found::InTree),
+            None => Found::InTree,
+        }
+    }
+
+    /// True if any generation holds a version of the key (of any transaction).
+    pub fn holds(&self, bkey: &[u8]) -> bool {
+        self.active.contains(bkey) || self.frozen.as_ref().is_some_and(|f| f.contains(bkey))
+    }
+
+    /// The nearest buffered key after/before `from` visible at `upto_txn`, with the
+    /// version that wins (the active generation's over the frozen one's).
+    pub fn step<'a>(
+        &self,
+        tree: TreeId,
+        from: Option<&[u8]>,
+        inclusive: bool,
+        forward: bool,
+        upto_txn: u64,
+    ) -> Option<(&'a [u8], Found<'a>)> {
+        let a = self.active.step(tree, from, inclusive, forward, upto_txn);
+        let Some(fz) = &self.frozen else {
+            return a;
+        };
+        let f = fz.step(tree, from, inclusive, forward, upto_txn);
+        match (a, f) {
+            (Some(a), Some(f)) => {
+                let a_first = if forward { a.0 <= f.0 } else { a.0 >= f.0 };
+                if a_first {
+                    Some(a)
+                } else {
+                    Some(f)
+                }
+            }
+            (a, None) => a,
+            (None, f) => f,
+        }
+    }
+}
+
+/// Where recovery must start reading the journal so that every buffered entry not
+/// yet merged into a synced data file is read again: just after the record that
+/// froze the newest generation whose merge is synced (or the journal's start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplayStart {
+    /// The transaction whose record ends at `pos` (0 at the journal's start).
+    pub txn_id: u64,
+    pub pos: JournalPos,
+    /// The last freeze seen, not yet known to be merged.
+    last_freeze: Option<(u64, JournalPos)>,
+}
+
+impl ReplayStart {
+    pub fn new(txn_id: u64, pos: JournalPos) -> Self {
+        ReplayStart {
+            txn_id,
+            pos,
+            last_freeze: None,
+        }
+    }
+
+    /// Follows the commits in order: `end` is where transaction `txn_id`'s record
+    /// ends; `buffer_empty` says nothing is buffered after it.
+    pub fn note(
+        &mut self,
+        txn_id: u64,
+        end: JournalPos,
+        froze: bool,
+        merge_done: bool,
+        buffer_empty: bool,
+    ) {
+        if buffer_empty {
+            // No record up to here holds an entry still needed.
+            *self = ReplayStart::new(txn_id, end);
+            return;
+        }
+        // A commit does not both finish a merge and freeze (see `prepare_commit`),
+        // and a merge that finishes refers to the last freeze.
+        if merge_done {
+            if let Some((t, p)) = self.last_freeze.take() {
+                self.txn_id = t;
+                self.pos = p;
+            }
+        }
+        if froze {
+            self.last_freeze = Some((txn_id, end));
+        }
+    }
+}

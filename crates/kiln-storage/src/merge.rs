@@ -1,0 +1,88 @@
+//! Merging the write buffer's frozen generation into the trees, a slice per commit.
+//!
+//! A slice is the next keys of the frozen generation in key order, so the puts that
+//! land in one leaf are applied to it together: the leaf is copied, journaled and
+//! written back once for all of them. Re-applying a slice is harmless (each key gets
+//! its newest buffered value again), so after a crash the merge simply starts over.
+
+use crate::btree;
+use crate::buffer::{split_buffer_key, Slot, TreeId};
+use crate::fasthash::FastMap;
+use crate::txn::WriteTxn;
+use crate::Result;
+
+impl WriteTxn<'_> {
+    /// Applies up to `limit` keys of the frozen generation after `*cursor` to the
+    /// trees, and moves `*cursor` past them. True when the generation is done.
+    pub(crate) fn merge_slice(&mut self, cursor: &mut Option<Box<[u8]>>, limit: usize) -> Result<bool> {
+        let Some(frozen) = self.gens.frozen.clone() else {
+            return Ok(false);
+        };
+        let slice = frozen.newest_from(cursor.as_deref(), limit);
+        let done = slice.len() < limit;
+        let names = self.trees_by_id()?;
+        for (bkey, slot) in &slice {
+            let (id, key) = split_buffer_key(bkey);
+            // A dropped tree's entries die with it.
+            let Some(name) = names.get(&id) else {
+                continue;
+            };
+            // A newer version waits in the active generation (or the key was written
+            // into the tree since): this one is superseded.
+            if self.gens.active.contains(bkey) {
+                continue;
+            }
+            let mut st = self.tree_state(name)?;
+            match slot {
+                Slot::Value(v) => {
+                    let (root, _) = self.mutate(|t| t.tree_put(st.info.root, key, v))?;
+                    st.info.root = root;
+                }
+                Slot::Tombstone => {
+                    if btree::get(&*self, st.info.root, key)?.is_none() {
+                        continue;
+                    }
+                    st.info.root = self.mutate(|t| t.tree_delete(st.info.root, key))?;
+                }
+                Slot::InTree => continue,
+            }
+            // The entry count already includes buffered entries: only the root moves.
+            st.modified = true;
+            self.trees.insert(name.clone(), st);
+        }
+        *cursor = if done {
+            None
+        } else {
+            slice.last().map(|(k, _)| k.clone())
+        };
+        Ok(done)
+    }
+
+    fn trees_by_id(&mut self) -> Result<FastMap<TreeId, String>> {
+        let mut names = FastMap::default();
+        for name in self.tree_names()? {
+            let id = self.tree_state(&name)?.info.id;
+            if id != 0 {
+                names.insert(id, name);
+            }
+        }
+        Ok(names)
+    }
+}
+
+impl WriteTxn<'_> {
+    /// What this transaction wrote into the write buffer, once per key, for its
+    /// journal record.
+    pub(crate) fn logical_entries(&self) -> Vec<(Box<[u8]>, Slot)> {
+        let mut seen: crate::fasthash::FastSet<&[u8]> = Default::default();
+        let mut entries = Vec::new();
+        for (bkey, _) in &self.undo {
+            if seen.insert(&bkey[..]) {
+                if let Some(slot) = self.gens.active.own_version(bkey, self.txn_id) {
+                    entries.push((bkey.clone(), slot));
+                }
+            }
+        }
+        entries
+    }
+}
