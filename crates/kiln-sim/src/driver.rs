@@ -79,6 +79,8 @@ pub fn options(disk: &Arc<SimDisk>) -> Options {
         sync_after_bytes: u64::MAX / 4,
         // All background I/O happens inside `Env::sync`, at points the workload picks.
         prepare_journal_files_ahead: false,
+        // A small write buffer, so that power cuts land during freezes and merges.
+        write_buffer_bytes: 32 << 10,
         ..Options::default()
     }
 }

@@ -24,6 +24,8 @@ fn opts() -> Options {
         sync_after_bytes: 256 << 10,
         // Small write-back windows: pages also go back between checkpoints.
         write_back_window_bytes: 1 << 20,
+        // A small write buffer: kills land during freezes and merges too.
+        write_buffer_bytes: 64 << 10,
         ..Options::default()
     }
 }
