@@ -170,7 +170,10 @@ impl Generation {
             panic!("write buffer: undo of a key that holds no version");
         };
         let last = vs.last_mut().expect("a buffered key has versions");
-        assert_eq!(last.txn_id, txn_id, "write buffer: undo of another transaction's version");
+        assert_eq!(
+            last.txn_id, txn_id,
+            "write buffer: undo of another transaction's version"
+        );
         match previous {
             Some(prev) => {
                 self.bytes.fetch_add(prev.bytes(), Relaxed);
@@ -241,6 +244,7 @@ impl Generation {
             (Bound::Included(&start_of_tree[..]), hi)
         };
         let map = self.map.read();
+        #[allow(clippy::borrowed_box)] // the map's own item type
         let hit = |(k, vs): (&Box<[u8]>, &Vec<Version>)| {
             visible(vs, upto_txn).map(|slot| {
                 // SAFETY: see `extend`; keys live as long as their versions.

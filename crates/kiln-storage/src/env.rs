@@ -29,6 +29,9 @@ use std::time::Duration;
 
 pub const DATA_FILE: &str = "data.kiln";
 pub const LOCK_FILE: &str = "kiln.lock";
+/// What a commit does to the write buffer: generations after it, merge position to
+/// keep, record flags (`Shared::buffer_step`).
+type BufferStep = (crate::buffer::Gens, Option<Box<[u8]>>, u8);
 /// Keys of the frozen write-buffer generation merged per commit, at least.
 const MIN_MERGE_SLICE_KEYS: usize = 256;
 /// Keys merged per commit when the whole buffer must go (close, check).
@@ -418,10 +421,7 @@ impl Shared {
     /// next slice of the frozen generation into the trees, and decides whether the
     /// active generation freezes. Returns the generations after the commit, the
     /// merge position to keep if it commits, and the record's buffer flags.
-    fn buffer_step(
-        &self,
-        txn: &mut WriteTxn,
-    ) -> Result<(crate::buffer::Gens, Option<Box<[u8]>>, u8)> {
+    fn buffer_step(&self, txn: &mut WriteTxn) -> Result<BufferStep> {
         use crate::journal::record::{FLAG_FREEZE, FLAG_MERGE_DONE};
         let mut gens = txn.gens.clone();
         let mut cursor = txn
@@ -701,6 +701,12 @@ impl Env {
             },
         )?;
         let (catalog_root, page_count, free) = state;
+        if outcome.records_replayed > physical_records {
+            tracing::info!(
+                records = outcome.records_replayed - physical_records,
+                "journal: read buffered entries back from records already in the data file"
+            );
+        }
         counters
             .records_replayed_on_open
             .store(physical_records, Relaxed);

@@ -118,8 +118,16 @@ impl FileHeader {
         Ok(FileHeader {
             replay_from_txn_id: if v2 { read_u64(b, 84) } else { read_u64(b, 24) },
             replay_from_file_seq: if v2 { read_u64(b, 92) } else { read_u64(b, 48) },
-            replay_from_offset: if v2 { read_u64(b, 100) } else { read_u64(b, 56) },
-            replay_from_chain_checksum: if v2 { read_u32(b, 108) } else { read_u32(b, 64) },
+            replay_from_offset: if v2 {
+                read_u64(b, 100)
+            } else {
+                read_u64(b, 56)
+            },
+            replay_from_chain_checksum: if v2 {
+                read_u32(b, 108)
+            } else {
+                read_u32(b, 64)
+            },
             sequence: read_u64(b, 16),
             synced_txn_id: read_u64(b, 24),
             catalog_root: read_u64(b, 32),

@@ -14,7 +14,11 @@ use crate::Result;
 impl WriteTxn<'_> {
     /// Applies up to `limit` keys of the frozen generation after `*cursor` to the
     /// trees, and moves `*cursor` past them. True when the generation is done.
-    pub(crate) fn merge_slice(&mut self, cursor: &mut Option<Box<[u8]>>, limit: usize) -> Result<bool> {
+    pub(crate) fn merge_slice(
+        &mut self,
+        cursor: &mut Option<Box<[u8]>>,
+        limit: usize,
+    ) -> Result<bool> {
         let Some(frozen) = self.gens.frozen.clone() else {
             return Ok(false);
         };

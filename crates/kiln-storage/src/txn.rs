@@ -57,7 +57,11 @@ impl TreeInfo {
         Ok(TreeInfo {
             root: page::read_u64(b, 0),
             entries: page::read_u64(b, 8),
-            id: if b.len() == 24 { page::read_u64(b, 16) } else { 0 },
+            id: if b.len() == 24 {
+                page::read_u64(b, 16)
+            } else {
+                0
+            },
         })
     }
 }
@@ -398,7 +402,10 @@ impl<'env> WriteTxn<'env> {
     }
 
     fn new_tree_id(&mut self) -> TreeId {
-        assert!(self.trees_named < 1 << 20, "more than 2^20 trees created in one transaction");
+        assert!(
+            self.trees_named < 1 << 20,
+            "more than 2^20 trees created in one transaction"
+        );
         self.trees_named += 1;
         (self.txn_id << 20) | self.trees_named
     }

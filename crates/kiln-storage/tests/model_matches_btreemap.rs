@@ -939,7 +939,12 @@ fn run_seed(seed: u64, steps: usize) {
         d.replayed += report.records_replayed;
         assert_eq!(report.gap_records_discarded, 0, "{report:?}");
         if closed_cleanly && report.last_txn_id > d.last_txn {
-            log(|| format!("the close committed merges up to txn {}", report.last_txn_id));
+            log(|| {
+                format!(
+                    "the close committed merges up to txn {}",
+                    report.last_txn_id
+                )
+            });
             d.last_txn = report.last_txn_id;
         }
         assert_eq!(report.last_txn_id, d.last_txn, "{report:?}");

@@ -38,11 +38,11 @@
 //! checksummed bytes) means a stale record left in a recycled or rewritten region can
 //! never pass as the continuation of the current history.
 
+use crate::buffer::Slot;
 use crate::io::DIRECT_IO_ALIGN;
 use crate::page::{
     self, read_u16, read_u32, read_u64, write_u16, write_u32, write_u64, PageNo, PageRun, PAGE_SIZE,
 };
-use crate::buffer::Slot;
 use std::sync::Arc;
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KJR1");
@@ -254,9 +254,8 @@ pub const MAX_RECORD_BODY: usize = u32::MAX as usize - (64 << 20);
 pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<u8>>) -> Encoded {
     let forms: Vec<Form> = input.pages.iter().map(choose_form).collect();
     let logical_bytes = logical_len(input.logical);
-    let body_len = input.freed.len() * 8
-        + forms.iter().map(Form::encoded_len).sum::<usize>()
-        + logical_bytes;
+    let body_len =
+        input.freed.len() * 8 + forms.iter().map(Form::encoded_len).sum::<usize>() + logical_bytes;
     let total = padded(RECORD_HEADER + body_len);
     if buf.page_count() * PAGE_SIZE < total {
         // Every byte up to `total` is written below (header, body, zero padding).
@@ -587,7 +586,11 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> 
                 (0, _) => Slot::Value(take(body, &mut at, vlen, "buffer entry value")?.into()),
                 (1, 0) => Slot::Tombstone,
                 (2, 0) => Slot::InTree,
-                _ => return Err(format!("buffer entry {e}: kind {kind} with {vlen} value bytes")),
+                _ => {
+                    return Err(format!(
+                        "buffer entry {e}: kind {kind} with {vlen} value bytes"
+                    ))
+                }
             };
             logical.push((key, slot));
         }
