@@ -123,6 +123,8 @@ fn journal_figures(env: &Env, ops: u64) -> Map<String, Value> {
         json!(s.journal_files_recycled),
     );
     m.insert("journal_switch_waits".into(), json!(s.journal_switch_waits));
+    m.insert("write_buffer_freezes".into(), json!(s.write_buffer_freezes));
+    m.insert("write_buffer_merges".into(), json!(s.write_buffer_merges));
     m.insert("data_syncs".into(), json!(s.data_syncs));
     m.insert(
         "data_sync_mean_us".into(),
