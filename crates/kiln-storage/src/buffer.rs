@@ -318,12 +318,19 @@ impl Gens {
         if self.is_empty() {
             return Found::InTree;
         }
-        let bkey = buffer_key(tree, key);
-        if let Some(f) = self.active.lookup(&bkey, upto_txn) {
+        self.lookup_bkey(&buffer_key(tree, key), upto_txn)
+    }
+
+    /// `lookup` by buffer key.
+    pub fn lookup_bkey<'a>(&self, bkey: &[u8], upto_txn: u64) -> Found<'a> {
+        if self.is_empty() {
+            return Found::InTree;
+        }
+        if let Some(f) = self.active.lookup(bkey, upto_txn) {
             return f;
         }
         match &self.frozen {
-            Some(fz) => fz.lookup(&bkey, upto_txn).unwrap_or(Found::InTree),
+            Some(fz) => fz.lookup(bkey, upto_txn).unwrap_or(Found::InTree),
             None => Found::InTree,
         }
     }

@@ -122,13 +122,28 @@ impl<'t> Cursor<'t> {
         inclusive: bool,
         forward: bool,
     ) -> Result<Option<Entry<'t>>> {
-        match (from, inclusive, forward) {
-            (None, _, true) => self.tree.first(),
-            (None, _, false) => self.tree.last(),
-            (Some(k), true, true) => self.tree.seek(k),
-            (Some(k), true, false) => self.tree.seek_for_prev(k),
-            (Some(_), false, true) => self.tree.next(),
-            (Some(_), false, false) => self.tree.prev(),
+        match (from, inclusive) {
+            // A step from the current entry: the tree cursor is on it.
+            (Some(_), false) => self.tree_step(forward),
+            _ => self.tree_seek(from, forward),
+        }
+    }
+
+    fn tree_step(&mut self, forward: bool) -> Result<Option<Entry<'t>>> {
+        if forward {
+            self.tree.next()
+        } else {
+            self.tree.prev()
+        }
+    }
+
+    /// The tree's nearest entry at or beyond `from` (the first or last without it).
+    fn tree_seek(&mut self, from: Option<&[u8]>, forward: bool) -> Result<Option<Entry<'t>>> {
+        match (from, forward) {
+            (None, true) => self.tree.first(),
+            (None, false) => self.tree.last(),
+            (Some(k), true) => self.tree.seek(k),
+            (Some(k), false) => self.tree.seek_for_prev(k),
         }
     }
 
@@ -150,30 +165,17 @@ impl<'t> Cursor<'t> {
         let reused = match (self.tree_at, from) {
             (TreeAt::Exhausted(dir), Some(_)) if dir == forward => Some(None),
             (TreeAt::On(e, dir), Some(f)) if dir == forward && beyond(e.0, f) => Some(Some(e)),
-            (TreeAt::On(e, dir), Some(f)) if dir == forward && e.0 == f => Some(if forward {
-                self.tree.next()?
-            } else {
-                self.tree.prev()?
-            }),
+            (TreeAt::On(e, dir), Some(f)) if dir == forward && e.0 == f => {
+                Some(self.tree_step(forward)?)
+            }
             _ => None,
         };
         let entry = match reused {
             Some(e) => e,
             None => {
-                let e = match (from, forward) {
-                    (None, true) => self.tree.first()?,
-                    (None, false) => self.tree.last()?,
-                    (Some(k), true) => self.tree.seek(k)?,
-                    (Some(k), false) => self.tree.seek_for_prev(k)?,
-                };
+                let e = self.tree_seek(from, forward)?;
                 match (e, from) {
-                    (Some(e), Some(f)) if !inclusive && e.0 == f => {
-                        if forward {
-                            self.tree.next()?
-                        } else {
-                            self.tree.prev()?
-                        }
-                    }
+                    (Some(e), Some(f)) if !inclusive && e.0 == f => self.tree_step(forward)?,
                     (e, _) => e,
                 }
             }

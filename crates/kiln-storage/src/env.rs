@@ -253,13 +253,11 @@ impl Shared {
         );
         // Built on the latest commit, which may still be waiting for its journal write.
         let base = w.latest.clone();
-        let gens = base.gens.clone();
         Ok(WriteTxn {
             env: self,
             writer: Some(w),
             txn_id: base.txn_id + 1,
             catalog_root: base.catalog_root,
-            gens,
             base,
             pins: Default::default(),
             dirty: Default::default(),
@@ -423,7 +421,7 @@ impl Shared {
     /// merge position to keep if it commits, and the record's buffer flags.
     fn buffer_step(&self, txn: &mut WriteTxn) -> Result<BufferStep> {
         use crate::journal::record::{FLAG_FREEZE, FLAG_MERGE_DONE};
-        let mut gens = txn.gens.clone();
+        let mut gens = txn.base.gens.clone();
         let mut cursor = txn
             .writer
             .as_ref()

@@ -19,7 +19,7 @@ impl WriteTxn<'_> {
         cursor: &mut Option<Box<[u8]>>,
         limit: usize,
     ) -> Result<bool> {
-        let Some(frozen) = self.gens.frozen.clone() else {
+        let Some(frozen) = self.base.gens.frozen.clone() else {
             return Ok(false);
         };
         let slice = frozen.newest_from(cursor.as_deref(), limit);
@@ -33,7 +33,7 @@ impl WriteTxn<'_> {
             };
             // A newer version waits in the active generation (or the key was written
             // into the tree since): this one is superseded.
-            if self.gens.active.contains(bkey) {
+            if self.base.gens.active.contains(bkey) {
                 continue;
             }
             let mut st = self.tree_state(name)?;
@@ -82,7 +82,7 @@ impl WriteTxn<'_> {
         let mut entries = Vec::new();
         for (bkey, _) in &self.undo {
             if seen.insert(&bkey[..]) {
-                if let Some(slot) = self.gens.active.own_version(bkey, self.txn_id) {
+                if let Some(slot) = self.base.gens.active.own_version(bkey, self.txn_id) {
                     entries.push((bkey.clone(), slot));
                 }
             }

@@ -246,8 +246,6 @@ pub struct WriteTxn<'env> {
     pub(crate) savepoint: Option<crate::savepoint::Savepoint>,
     /// Running total of bytes of pages created (see `dirty_bytes`).
     pub(crate) dirty_bytes_written: usize,
-    /// The write buffer's generations this transaction reads and writes through.
-    pub(crate) gens: Gens,
     /// Every buffer write of this transaction, with the version it replaced (its own
     /// earlier one), so that an abort or a savepoint can take it back.
     pub(crate) undo: Vec<(Box<[u8]>, Option<Slot>)>,
@@ -388,14 +386,14 @@ impl<'env> WriteTxn<'env> {
 
     pub fn get(&mut self, tree: &str, key: &[u8]) -> Result<Option<&[u8]>> {
         let info = self.tree_state(tree)?.info;
-        get_through(&*self, &self.gens, &info, key, self.txn_id)
+        get_through(&*self, &self.base.gens, &info, key, self.txn_id)
     }
 
     pub fn cursor(&mut self, tree: &str) -> Result<Cursor<'_>> {
         let info = self.tree_state(tree)?.info;
         Ok(Cursor::new(
             TreeCursor::new(&*self, info.root),
-            &self.gens,
+            &self.base.gens,
             info.id,
             self.txn_id,
         ))
@@ -417,7 +415,7 @@ impl<'env> WriteTxn<'env> {
     }
 
     fn buffer_write(&mut self, bkey: Box<[u8]>, slot: Slot) {
-        let previous = self.gens.active.write(&bkey, self.txn_id, slot);
+        let previous = self.base.gens.active.write(&bkey, self.txn_id, slot);
         self.undo.push((bkey, previous));
     }
 
@@ -425,7 +423,7 @@ impl<'env> WriteTxn<'env> {
     pub(crate) fn undo_buffer_writes(&mut self, keep: usize) {
         while self.undo.len() > keep {
             let (bkey, previous) = self.undo.pop().expect("checked");
-            self.gens.active.undo(&bkey, self.txn_id, previous);
+            self.base.gens.active.undo(&bkey, self.txn_id, previous);
         }
     }
 
@@ -440,6 +438,15 @@ impl<'env> WriteTxn<'env> {
         Ok(st)
     }
 
+    /// Whether `key` exists for this transaction; `bkey` is its buffer key.
+    fn exists(&self, info: &TreeInfo, bkey: &[u8], key: &[u8]) -> Result<bool> {
+        match self.base.gens.lookup_bkey(bkey, self.txn_id) {
+            Found::Value(_) => Ok(true),
+            Found::Deleted => Ok(false),
+            Found::InTree => Ok(btree::get(self, info.root, key)?.is_some()),
+        }
+    }
+
     /// Inserts or replaces a value.
     pub fn put(&mut self, tree: &str, key: &[u8], value: &[u8]) -> Result<()> {
         check_key(key)?;
@@ -452,22 +459,23 @@ impl<'env> WriteTxn<'env> {
         self.guard_usable()?;
         let mut st = self.tree_state_with_id(tree)?;
         let existed = if self.buffers(key, value) {
-            let existed = get_through(&*self, &self.gens, &st.info, key, self.txn_id)?.is_some();
-            self.buffer_write(buffer_key(st.info.id, key), Slot::Value(value.into()));
+            let bkey = buffer_key(st.info.id, key);
+            let existed = self.exists(&st.info, &bkey, key)?;
+            self.buffer_write(bkey, Slot::Value(value.into()));
             existed
-        } else if self.gens.is_empty() {
+        } else if self.base.gens.is_empty() {
             let (root, existed) = self.mutate(|t| t.tree_put(st.info.root, key, value))?;
             st.info.root = root;
             st.modified = true;
             existed
         } else {
             // Written into the tree: older buffered versions must stop hiding it.
-            let existed = get_through(&*self, &self.gens, &st.info, key, self.txn_id)?.is_some();
+            let bkey = buffer_key(st.info.id, key);
+            let existed = self.exists(&st.info, &bkey, key)?;
             let (root, _) = self.mutate(|t| t.tree_put(st.info.root, key, value))?;
             st.info.root = root;
             st.modified = true;
-            let bkey = buffer_key(st.info.id, key);
-            if self.gens.holds(&bkey) {
+            if self.base.gens.holds(&bkey) {
                 self.buffer_write(bkey, Slot::InTree);
             }
             existed
@@ -485,17 +493,17 @@ impl<'env> WriteTxn<'env> {
         check_key(key)?;
         self.guard_usable()?;
         let mut st = self.tree_state_with_id(tree)?;
-        if get_through(&*self, &self.gens, &st.info, key, self.txn_id)?.is_none() {
+        let bkey = buffer_key(st.info.id, key);
+        if !self.exists(&st.info, &bkey, key)? {
             return Ok(false);
         }
         if self.env.opts.write_buffer_bytes > 0 {
-            self.buffer_write(buffer_key(st.info.id, key), Slot::Tombstone);
+            self.buffer_write(bkey, Slot::Tombstone);
         } else {
             if btree::get(&*self, st.info.root, key)?.is_some() {
                 st.info.root = self.mutate(|t| t.tree_delete(st.info.root, key))?;
             }
-            let bkey = buffer_key(st.info.id, key);
-            if self.gens.holds(&bkey) {
+            if self.base.gens.holds(&bkey) {
                 self.buffer_write(bkey, Slot::Tombstone);
             }
         }
@@ -540,7 +548,7 @@ impl<'env> WriteTxn<'env> {
             || !self.dropped.is_empty()
             || self.trees.values().any(|t| t.modified)
             || !self.undo.is_empty()
-            || (self.force_merge && !self.gens.is_empty())
+            || (self.force_merge && !self.base.gens.is_empty())
     }
 }
 
