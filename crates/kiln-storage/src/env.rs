@@ -266,6 +266,7 @@ impl Shared {
             local_free: Vec::new(),
             taken_from_free: Vec::new(),
             undo: Vec::new(),
+            logical: Default::default(),
             trees_named: 0,
             force_merge: false,
             trees: Default::default(),
@@ -310,7 +311,6 @@ impl Shared {
         }
         self.wait_for_flusher_room()?;
         let (gens, merge_cursor, buffer_flags) = self.buffer_step(txn)?;
-        let logical = txn.logical_entries();
         txn.mutate(|t| t.update_catalog())?;
         let sealed = txn.seal_dirty();
         let pages: Vec<(PageNo, Arc<PageRun>)> =
@@ -323,7 +323,7 @@ impl Shared {
             .map(|(_, r)| r.bytes().len() + 64)
             .sum::<usize>()
             + (txn.freed_committed.len() + txn.local_free.len()) * 8
-            + crate::journal::record::logical_len(&logical);
+            + txn.logical.encoded_len();
         if page_bytes > crate::journal::record::MAX_RECORD_BODY {
             txn.rollback();
             return Err(Error::TransactionTooLarge {
@@ -368,12 +368,13 @@ impl Shared {
             page_count,
             freed: &freed,
             pages: &journal_pages,
-            logical: &logical,
+            logical: &txn.logical,
             buffer_flags,
         });
         drop(journal_pages);
         // The point of no return: the buffer writes are part of the commit now.
         txn.undo.clear();
+        txn.logical.clear();
         w.merge_cursor = merge_cursor;
         self.store.publish(&pages);
         let bytes: u64 = pages.iter().map(|(_, r)| r.bytes().len() as u64).sum();

@@ -37,20 +37,22 @@ impl WriteTxn<'_> {
                 continue;
             }
             let mut st = self.tree_state(name)?;
+            // The entry count is the tree's own: it moves with the merge.
             match slot {
                 Slot::Value(v) => {
-                    let (root, _) = self.mutate(|t| t.tree_put(st.info.root, key, v))?;
+                    let (root, existed) = self.mutate(|t| t.tree_put(st.info.root, key, v))?;
                     st.info.root = root;
+                    st.info.entries += u64::from(!existed);
                 }
                 Slot::Tombstone => {
                     if btree::get(&*self, st.info.root, key)?.is_none() {
                         continue;
                     }
                     st.info.root = self.mutate(|t| t.tree_delete(st.info.root, key))?;
+                    st.info.entries -= 1;
                 }
                 Slot::InTree => continue,
             }
-            // The entry count already includes buffered entries: only the root moves.
             st.modified = true;
             self.trees.insert(name.clone(), st);
         }
@@ -71,22 +73,5 @@ impl WriteTxn<'_> {
             }
         }
         Ok(names)
-    }
-}
-
-impl WriteTxn<'_> {
-    /// What this transaction wrote into the write buffer, once per key, for its
-    /// journal record.
-    pub(crate) fn logical_entries(&self) -> Vec<(Box<[u8]>, Slot)> {
-        let mut seen: crate::fasthash::FastSet<&[u8]> = Default::default();
-        let mut entries = Vec::new();
-        for (bkey, _) in &self.undo {
-            if seen.insert(&bkey[..]) {
-                if let Some(slot) = self.base.gens.active.own_version(bkey, self.txn_id) {
-                    entries.push((bkey.clone(), slot));
-                }
-            }
-        }
-        entries
     }
 }

@@ -81,6 +81,31 @@ fn get_through<'a, S: PageSource + ?Sized>(
     }
 }
 
+/// The entries of a tree as a reader at `upto_txn` sees them: those of the tree
+/// itself (`TreeInfo::entries`, exact) plus the write buffer's changes.
+fn logical_len<S: PageSource + ?Sized>(
+    src: &S,
+    gens: &Gens,
+    info: &TreeInfo,
+    upto_txn: u64,
+) -> Result<u64> {
+    let change = gens.count_change(info.id, upto_txn, |key| {
+        Ok(btree::get(src, info.root, key)?.is_some())
+    })?;
+    let len = info.entries as i64 + change;
+    if len < 0 {
+        return Err(Error::corrupted(
+            src.data_path(),
+            format!("tree {}", info.id),
+            format!(
+                "the tree holds {} entries but its buffered deletions remove {}",
+                info.entries, -change
+            ),
+        ));
+    }
+    Ok(len as u64)
+}
+
 pub const MAX_TREE_NAME: usize = 255;
 
 pub(crate) fn check_tree_name(name: &str) -> Result<()> {
@@ -170,9 +195,11 @@ impl<'env> ReadTxn<'env> {
         list_trees(self, self.snap.catalog_root)
     }
 
-    /// Number of entries in a tree.
+    /// Number of entries in a tree. Costs a tree lookup per key of the tree that
+    /// is in the write buffer (see `Gens::count_change`).
     pub fn tree_len(&self, name: &str) -> Result<u64> {
-        Ok(self.tree(name)?.entries)
+        let info = self.tree(name)?;
+        logical_len(self, &self.snap.gens, &info, self.snap.txn_id)
     }
 
     pub fn get(&self, tree: &str, key: &[u8]) -> Result<Option<&[u8]>> {
@@ -246,9 +273,12 @@ pub struct WriteTxn<'env> {
     pub(crate) savepoint: Option<crate::savepoint::Savepoint>,
     /// Running total of bytes of pages created (see `dirty_bytes`).
     pub(crate) dirty_bytes_written: usize,
-    /// Every buffer write of this transaction, with the version it replaced (its own
-    /// earlier one), so that an abort or a savepoint can take it back.
-    pub(crate) undo: Vec<(Box<[u8]>, Option<Slot>)>,
+    /// Every buffer write of this transaction: where its entry starts in `logical`,
+    /// and the version it replaced (its own earlier one), so that an abort or a
+    /// savepoint can take it back. One per entry of `logical`.
+    pub(crate) undo: Vec<(usize, Option<Slot>)>,
+    /// The buffer writes in their journal form (the record copies them at commit).
+    pub(crate) logical: crate::journal::record::LogicalLog,
     /// Trees given an id by this transaction (ids are txn id << 20 | this).
     pub(crate) trees_named: u64,
     /// Merge the whole write buffer into the trees, a slice per commit (close, check).
@@ -380,8 +410,10 @@ impl<'env> WriteTxn<'env> {
         Ok(names)
     }
 
+    /// Number of entries in a tree (see `ReadTxn::tree_len`).
     pub fn tree_len(&mut self, name: &str) -> Result<u64> {
-        Ok(self.tree_state(name)?.info.entries)
+        let info = self.tree_state(name)?.info;
+        logical_len(&*self, &self.base.gens, &info, self.txn_id)
     }
 
     pub fn get(&mut self, tree: &str, key: &[u8]) -> Result<Option<&[u8]>> {
@@ -414,16 +446,27 @@ impl<'env> WriteTxn<'env> {
             && key.len() + value.len() <= self.env.opts.write_buffer_max_entry_bytes
     }
 
-    fn buffer_write(&mut self, bkey: Box<[u8]>, slot: Slot) {
-        let previous = self.base.gens.active.write(&bkey, self.txn_id, slot);
-        self.undo.push((bkey, previous));
+    /// Journals a buffer write of `slot` for `key` of tree `tree` and writes it into
+    /// the active generation.
+    fn buffer_write(&mut self, tree: TreeId, key: &[u8], slot: Slot) {
+        let at = self.logical.push(tree, key, &slot);
+        let previous = self
+            .base
+            .gens
+            .active
+            .write(self.logical.buffer_key(at), self.txn_id, slot);
+        self.undo.push((at, previous));
     }
 
     /// Takes back the buffer writes made after the first `keep`.
     pub(crate) fn undo_buffer_writes(&mut self, keep: usize) {
         while self.undo.len() > keep {
-            let (bkey, previous) = self.undo.pop().expect("checked");
-            self.base.gens.active.undo(&bkey, self.txn_id, previous);
+            let (at, previous) = self.undo.pop().expect("checked");
+            self.base
+                .gens
+                .active
+                .undo(self.logical.buffer_key(at), self.txn_id, previous);
+            self.logical.truncate(at, self.undo.len());
         }
     }
 
@@ -458,33 +501,23 @@ impl<'env> WriteTxn<'env> {
         }
         self.guard_usable()?;
         let mut st = self.tree_state_with_id(tree)?;
-        let existed = if self.buffers(key, value) {
-            let bkey = buffer_key(st.info.id, key);
-            let existed = self.exists(&st.info, &bkey, key)?;
-            self.buffer_write(bkey, Slot::Value(value.into()));
-            existed
-        } else if self.base.gens.is_empty() {
-            let (root, existed) = self.mutate(|t| t.tree_put(st.info.root, key, value))?;
-            st.info.root = root;
-            st.modified = true;
-            existed
-        } else {
-            // Written into the tree: older buffered versions must stop hiding it.
-            let bkey = buffer_key(st.info.id, key);
-            let existed = self.exists(&st.info, &bkey, key)?;
-            let (root, _) = self.mutate(|t| t.tree_put(st.info.root, key, value))?;
-            st.info.root = root;
-            st.modified = true;
-            if self.base.gens.holds(&bkey) {
-                self.buffer_write(bkey, Slot::InTree);
-            }
-            existed
-        };
-        if !existed {
-            st.info.entries += 1;
-            st.modified = true;
+        if self.buffers(key, value) {
+            // No look at the tree: a tree's entry count is that of the tree itself,
+            // and `tree_len` adds what the buffer changes (see there).
+            self.buffer_write(st.info.id, key, Slot::Value(value.into()));
+            return Ok(());
         }
+        // Written into the tree: older buffered versions must stop hiding it.
+        let buffered =
+            !self.base.gens.is_empty() && self.base.gens.holds(&buffer_key(st.info.id, key));
+        let (root, existed) = self.mutate(|t| t.tree_put(st.info.root, key, value))?;
+        st.info.root = root;
+        st.info.entries += u64::from(!existed);
+        st.modified = true;
         self.trees.insert(tree.to_string(), st);
+        if buffered {
+            self.buffer_write(st.info.id, key, Slot::InTree);
+        }
         Ok(())
     }
 
@@ -498,18 +531,18 @@ impl<'env> WriteTxn<'env> {
             return Ok(false);
         }
         if self.env.opts.write_buffer_bytes > 0 {
-            self.buffer_write(bkey, Slot::Tombstone);
-        } else {
-            if btree::get(&*self, st.info.root, key)?.is_some() {
-                st.info.root = self.mutate(|t| t.tree_delete(st.info.root, key))?;
-            }
-            if self.base.gens.holds(&bkey) {
-                self.buffer_write(bkey, Slot::Tombstone);
-            }
+            self.buffer_write(st.info.id, key, Slot::Tombstone);
+            return Ok(true);
         }
-        st.info.entries -= 1;
-        st.modified = true;
-        self.trees.insert(tree.to_string(), st);
+        if btree::get(&*self, st.info.root, key)?.is_some() {
+            st.info.root = self.mutate(|t| t.tree_delete(st.info.root, key))?;
+            st.info.entries -= 1;
+            st.modified = true;
+            self.trees.insert(tree.to_string(), st);
+        }
+        if self.base.gens.holds(&bkey) {
+            self.buffer_write(st.info.id, key, Slot::Tombstone);
+        }
         Ok(true)
     }
 

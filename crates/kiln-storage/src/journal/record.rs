@@ -104,28 +104,73 @@ pub struct RecordInput<'a> {
     pub page_count: u64,
     pub freed: &'a [PageNo],
     pub pages: &'a [JournalPage<'a>],
-    /// Write-buffer entries of the transaction: buffer key and what it wrote.
-    pub logical: &'a [(Box<[u8]>, Slot)],
+    /// Write-buffer entries of the transaction, already in their journal form.
+    pub logical: &'a LogicalLog,
     /// `FLAG_FREEZE` / `FLAG_MERGE_DONE`.
     pub buffer_flags: u8,
 }
 
-/// Encoded size of write-buffer entries (0 when there are none).
-pub fn logical_len(entries: &[(Box<[u8]>, Slot)]) -> usize {
-    if entries.is_empty() {
-        return 0;
+/// A transaction's write-buffer entries in their journal encoding, appended as the
+/// transaction writes (so a commit copies bytes rather than searching the buffer
+/// again for each key's final version). Every write is an entry, in order: a key
+/// written twice appears twice, and replay applies both, the later replacing the
+/// earlier. Entry: `key_len u16 | kind u8 (0 value, 1 tombstone, 2 in tree) |
+/// value_len u32 | buffer key (tree id BE ++ key) | value`.
+#[derive(Debug, Default)]
+pub struct LogicalLog {
+    bytes: Vec<u8>,
+    count: u32,
+}
+
+impl LogicalLog {
+    /// Appends an entry; returns its offset (for `buffer_key` and `truncate`).
+    pub fn push(&mut self, tree: crate::buffer::TreeId, key: &[u8], slot: &Slot) -> usize {
+        let (kind, value): (u8, &[u8]) = match slot {
+            Slot::Value(v) => (0, v),
+            Slot::Tombstone => (1, &[]),
+            Slot::InTree => (2, &[]),
+        };
+        let at = self.bytes.len();
+        self.bytes
+            .extend_from_slice(&((8 + key.len()) as u16).to_le_bytes());
+        self.bytes.push(kind);
+        self.bytes
+            .extend_from_slice(&(value.len() as u32).to_le_bytes());
+        self.bytes.extend_from_slice(&tree.to_be_bytes());
+        self.bytes.extend_from_slice(key);
+        self.bytes.extend_from_slice(value);
+        self.count += 1;
+        at
     }
-    4 + entries
-        .iter()
-        .map(|(k, s)| {
-            LOGICAL_ENTRY_HEADER
-                + k.len()
-                + match s {
-                    Slot::Value(v) => v.len(),
-                    _ => 0,
-                }
-        })
-        .sum::<usize>()
+
+    /// The buffer key of the entry at `at`.
+    pub fn buffer_key(&self, at: usize) -> &[u8] {
+        let len = read_u16(&self.bytes, at) as usize;
+        &self.bytes[at + LOGICAL_ENTRY_HEADER..at + LOGICAL_ENTRY_HEADER + len]
+    }
+
+    /// Drops the entry at `at` and all after it; `count` entries remain.
+    pub fn truncate(&mut self, at: usize, count: usize) {
+        self.bytes.truncate(at);
+        self.count = count as u32;
+    }
+
+    pub fn clear(&mut self) {
+        self.truncate(0, 0);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Encoded size in a record body (0 when there are no entries).
+    pub fn encoded_len(&self) -> usize {
+        if self.is_empty() {
+            0
+        } else {
+            4 + self.bytes.len()
+        }
+    }
 }
 
 /// A page of a commit, with the committed page it was copied from, if any.
@@ -253,7 +298,7 @@ pub const MAX_RECORD_BODY: usize = u32::MAX as usize - (64 << 20);
 /// cost more than the compression itself: new memory is zeroed by the kernel).
 pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<u8>>) -> Encoded {
     let forms: Vec<Form> = input.pages.iter().map(choose_form).collect();
-    let logical_bytes = logical_len(input.logical);
+    let logical_bytes = input.logical.encoded_len();
     let body_len =
         input.freed.len() * 8 + forms.iter().map(Form::encoded_len).sum::<usize>() + logical_bytes;
     let total = padded(RECORD_HEADER + body_len);
@@ -315,21 +360,9 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<
         }
     }
     if logical_bytes > 0 {
-        write_u32(b, at, input.logical.len() as u32);
+        write_u32(b, at, input.logical.count);
         at += 4;
-        for (k, slot) in input.logical {
-            let (kind, value): (u8, &[u8]) = match slot {
-                Slot::Value(v) => (0, v),
-                Slot::Tombstone => (1, &[]),
-                Slot::InTree => (2, &[]),
-            };
-            write_u16(b, at, k.len() as u16);
-            b[at + 2] = kind;
-            write_u32(b, at + 3, value.len() as u32);
-            at += LOGICAL_ENTRY_HEADER;
-            put(b, &mut at, k);
-            put(b, &mut at, value);
-        }
+        put(b, &mut at, &input.logical.bytes);
     }
     debug_assert_eq!(at, RECORD_HEADER + body_len);
     write_u32(b, 44, body_len as u32);
@@ -727,6 +760,51 @@ mod tests {
         let mut odd_new = odd_old.clone();
         odd_new[12] = 9;
         assert_eq!(apply(&odd_old, &odd_new), odd_new);
+    }
+
+    #[test]
+    fn logical_entries_round_trip_in_order_with_truncation() {
+        let mut log = LogicalLog::default();
+        let a = log.push(7, b"alpha", &Slot::Value(b"one".to_vec().into()));
+        log.push(7, b"beta", &Slot::Tombstone);
+        let c = log.push(9, b"alpha", &Slot::InTree);
+        log.push(9, b"gamma", &Slot::Value(vec![5u8; 3000].into()));
+        assert_eq!(
+            log.buffer_key(a),
+            crate::buffer::buffer_key(7, b"alpha").as_ref()
+        );
+        assert_eq!(
+            log.buffer_key(c),
+            crate::buffer::buffer_key(9, b"alpha").as_ref()
+        );
+        log.truncate(c, 2);
+        log.push(9, b"alpha", &Slot::Value(b"two".to_vec().into()));
+        let mut buf = PageRun::scratch(1);
+        let input = RecordInput {
+            txn_id: 3,
+            nonce: 1,
+            prev_checksum: 0,
+            catalog_root: 2,
+            page_count: 3,
+            freed: &[],
+            pages: &[],
+            logical: &log,
+            buffer_flags: 0,
+        };
+        let enc = encode(&input, &mut buf, Some(&mut Vec::new()));
+        let rec = decode(&buf.bytes()[..enc.padded_len]).expect("decodes");
+        let expect: Vec<(Box<[u8]>, Slot)> = vec![
+            (
+                crate::buffer::buffer_key(7, b"alpha"),
+                Slot::Value(b"one".to_vec().into()),
+            ),
+            (crate::buffer::buffer_key(7, b"beta"), Slot::Tombstone),
+            (
+                crate::buffer::buffer_key(9, b"alpha"),
+                Slot::Value(b"two".to_vec().into()),
+            ),
+        ];
+        assert_eq!(rec.logical, expect);
     }
 
     #[test]
