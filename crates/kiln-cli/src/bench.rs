@@ -230,6 +230,19 @@ fn fill(
     pb.finish_and_clear();
     let mut extra = journal_figures(&env, n);
     cpu.report(&mut extra, n, "op");
+    // Counting is what the write buffer makes dear (a tree lookup per buffered key
+    // of the tree): time it with the buffer as the workload left it.
+    let count_start = Instant::now();
+    let entries = env.begin_read()?.tree_len("bench")?;
+    extra.insert(
+        "tree_len_ms".into(),
+        json!(count_start.elapsed().as_secs_f64() * 1e3),
+    );
+    extra.insert(
+        "write_buffer_bytes_at_end".into(),
+        json!(env.stats().write_buffer_bytes),
+    );
+    extra.insert("entries".into(), json!(entries));
     env.close()?;
     Ok(Run {
         ops: n,

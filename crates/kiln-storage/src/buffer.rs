@@ -48,6 +48,14 @@ impl Slot {
     }
 }
 
+/// What a version is, without its value (counting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Value,
+    Tombstone,
+    InTree,
+}
+
 /// A version as a reader sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Found<'a> {
@@ -362,6 +370,47 @@ impl Generation {
         }
     }
 
+    /// Up to `limit` keys of `tree` after `after` (a buffer key; `None`: from the
+    /// tree's first) that have a version visible at `upto_txn`, with its kind; and
+    /// whether the limit was reached (more may follow).
+    fn visible_kinds(
+        &self,
+        tree: TreeId,
+        after: Option<&[u8]>,
+        upto_txn: u64,
+        limit: usize,
+    ) -> (Vec<(Box<[u8]>, Kind)>, bool) {
+        let start_of_tree = tree.to_be_bytes();
+        let end_of_tree = tree.checked_add(1).map(u64::to_be_bytes);
+        let (start_probe, after_probe) = (probe(&start_of_tree), after.map(probe));
+        let end_probe = end_of_tree.as_ref().map(|e| probe(e));
+        let lo: Bound<&dyn KeyView> = match &after_probe {
+            Some(p) => Bound::Excluded(p),
+            None => Bound::Included(&start_probe),
+        };
+        let hi: Bound<&dyn KeyView> = match &end_probe {
+            Some(p) => Bound::Excluded(p),
+            None => Bound::Unbounded,
+        };
+        let map = self.map.read();
+        let out: Vec<(Box<[u8]>, Kind)> = map
+            .range::<dyn KeyView, _>((lo, hi))
+            .filter_map(|(k, vs)| {
+                visible(vs, upto_txn).map(|slot| {
+                    let kind = match slot {
+                        Slot::Value(_) => Kind::Value,
+                        Slot::Tombstone => Kind::Tombstone,
+                        Slot::InTree => Kind::InTree,
+                    };
+                    (k.bytes.clone(), kind)
+                })
+            })
+            .take(limit)
+            .collect();
+        let full = out.len() == limit;
+        (out, full)
+    }
+
     /// Up to `limit` keys from `after` (exclusive) on, each with its newest version:
     /// a slice of a frozen generation to merge.
     pub fn newest_from(&self, after: Option<&[u8]>, limit: usize) -> Vec<(Box<[u8]>, Slot)> {
@@ -444,24 +493,65 @@ impl Gens {
     /// the tree lacks, -1 for each visible tombstone of a key the tree holds
     /// (`in_tree` looks a key up in the reader's tree). Puts do not count as they go
     /// (that took a tree lookup per put, half the time of a random buffered put);
-    /// this pays it per buffered key of the tree when a count is asked for.
+    /// this pays it per buffered key of the tree when a count is asked for. Keys are
+    /// taken a chunk at a time, so the map locks are not held across tree lookups
+    /// (which may read the disk) and the writer is never held up for long.
     pub fn count_change(
         &self,
         tree: TreeId,
         upto_txn: u64,
+        in_tree: impl FnMut(&[u8]) -> crate::Result<bool>,
+    ) -> crate::Result<i64> {
+        self.count_change_by_chunks(tree, upto_txn, in_tree, 1024)
+    }
+
+    fn count_change_by_chunks(
+        &self,
+        tree: TreeId,
+        upto_txn: u64,
         mut in_tree: impl FnMut(&[u8]) -> crate::Result<bool>,
+        chunk_keys: usize,
     ) -> crate::Result<i64> {
         let mut change = 0;
-        let mut from: Option<&[u8]> = None;
-        while let Some((key, found)) = self.step(tree, from, false, true, upto_txn) {
-            change += match found {
-                Found::Value(_) => i64::from(!in_tree(key)?),
-                Found::Deleted => -i64::from(in_tree(key)?),
-                Found::InTree => 0,
+        let mut after: Option<Box<[u8]>> = None;
+        loop {
+            let chunk =
+                |g: &Generation| g.visible_kinds(tree, after.as_deref(), upto_txn, chunk_keys);
+            let (mut a, a_full) = chunk(&self.active);
+            let (mut f, f_full) = match &self.frozen {
+                Some(fz) => chunk(fz),
+                None => (Vec::new(), false),
             };
-            from = Some(key);
+            // Up to where both chunks are complete; beyond it the next round looks.
+            let bound = match (a_full, f_full) {
+                (false, false) => None,
+                (true, false) => a.last().map(|e| e.0.clone()),
+                (false, true) => f.last().map(|e| e.0.clone()),
+                (true, true) => {
+                    let (la, lf) = (&a.last().expect("full").0, &f.last().expect("full").0);
+                    Some(if la <= lf { la.clone() } else { lf.clone() })
+                }
+            };
+            if let Some(b) = &bound {
+                a.retain(|e| &e.0 <= b);
+                f.retain(|e| &e.0 <= b);
+            }
+            // Merge by key; the active generation's version wins.
+            let mut merged: BTreeMap<Box<[u8]>, Kind> = f.into_iter().collect();
+            merged.extend(a);
+            for (bkey, kind) in &merged {
+                let key = &bkey[8..];
+                change += match kind {
+                    Kind::Value => i64::from(!in_tree(key)?),
+                    Kind::Tombstone => -i64::from(in_tree(key)?),
+                    Kind::InTree => 0,
+                };
+            }
+            match bound {
+                Some(b) => after = Some(b),
+                None => return Ok(change),
+            }
         }
-        Ok(change)
     }
 
     /// True if any generation holds a version of the key (of any transaction).
@@ -560,7 +650,50 @@ mod tests {
         prop::collection::vec(prop::sample::select(vec![0u8, 1, 0x7f, 0x80, 0xff]), 0..34)
     }
 
+    /// (tree, key byte, txn, kind 0 value / 1 tombstone / 2 in tree, into frozen?)
+    type Write = (u64, u8, u64, u8, bool);
+
     proptest! {
+        /// Counting by chunks of any size gives what a key-by-key look at the
+        /// buffer gives: frozen and active generations, versions newer than the
+        /// reader, keys of neighbouring trees, every kind of version.
+        #[test]
+        fn count_change_matches_key_by_key(
+            writes in prop::collection::vec(
+                (1u64..4, 0u8..40, 1u64..30, 0u8..3, any::<bool>()), 0..120),
+            in_tree in prop::collection::btree_set(0u8..40, 0..40),
+            upto in 0u64..32,
+            chunk in 1usize..6,
+        ) {
+            let mut writes: Vec<Write> = writes;
+            // Frozen versions are older than active ones; txn ids rise per key.
+            writes.sort_by_key(|w| (!w.4, w.2));
+            let gens = Gens { active: Default::default(), frozen: Some(Default::default()) };
+            for (tree, key, txn, kind, frozen) in &writes {
+                let slot = match kind {
+                    0 => Slot::Value(vec![*key].into()),
+                    1 => Slot::Tombstone,
+                    _ => Slot::InTree,
+                };
+                let g = if *frozen { gens.frozen.as_ref().unwrap() } else { &gens.active };
+                g.write(&buffer_key(*tree, &[*key]), *txn, slot);
+            }
+            let tree = 2;
+            let mut expect = 0i64;
+            for key in 0u8..40 {
+                let t = in_tree.contains(&key);
+                expect += match gens.lookup(tree, &[key], upto) {
+                    Found::Value(_) => i64::from(!t),
+                    Found::Deleted => -i64::from(t),
+                    Found::InTree => 0,
+                };
+            }
+            let got = gens
+                .count_change_by_chunks(tree, upto, |k| Ok(in_tree.contains(&k[0])), chunk)
+                .unwrap();
+            prop_assert_eq!(got, expect);
+        }
+
         /// The map's word-wise order is exactly the byte order that cursors promise.
         #[test]
         fn map_key_order_is_byte_order(a in key_bytes(), b in key_bytes()) {
