@@ -48,6 +48,9 @@ impl Slot {
     }
 }
 
+/// A chunk of keys with the kind of their visible version, and whether more follow.
+type KindChunk = (Vec<(Box<[u8]>, Kind)>, bool);
+
 /// What a version is, without its value (counting).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -379,7 +382,7 @@ impl Generation {
         after: Option<&[u8]>,
         upto_txn: u64,
         limit: usize,
-    ) -> (Vec<(Box<[u8]>, Kind)>, bool) {
+    ) -> KindChunk {
         let start_of_tree = tree.to_be_bytes();
         let end_of_tree = tree.checked_add(1).map(u64::to_be_bytes);
         let (start_probe, after_probe) = (probe(&start_of_tree), after.map(probe));
