@@ -404,19 +404,27 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<
     }
 }
 
-/// Compresses `body` into `scratch` and returns the compressed length, unless a
-/// 4 KiB sample shows it does not pay: compressing random bytes (a typical large
-/// value) costs time and saves nothing. A body no larger than the sample is
-/// compressed once.
+/// Compresses `body` into `scratch` and returns the compressed length, unless
+/// samples show it does not pay: compressing random bytes (a typical value) costs
+/// time and saves nothing. Four 1 KiB windows spread over the body are tried, not
+/// just its start: a record's page images come first and compress well even when
+/// the buffered values after them (most of the bytes) do not. A body no larger than
+/// 4 KiB is compressed whole at once.
 fn compress_if_worth_it(body: &[u8], scratch: &mut Vec<u8>) -> Option<usize> {
-    const SAMPLE: usize = 4096;
-    let sample = &body[..body.len().min(SAMPLE)];
-    let sample_len = compress_into_scratch(sample, scratch)?;
-    if sample_len >= sample.len() * 9 / 10 {
-        return None;
+    const WINDOW: usize = 1024;
+    const WINDOWS: usize = 4;
+    if body.len() <= WINDOW * WINDOWS {
+        let packed = compress_into_scratch(body, scratch)?;
+        return (packed < body.len() * 9 / 10).then_some(packed);
     }
-    if body.len() <= SAMPLE {
-        return Some(sample_len);
+    let stride = (body.len() - WINDOW) / (WINDOWS - 1);
+    let mut packed = 0;
+    for w in 0..WINDOWS {
+        let at = w * stride;
+        packed += compress_into_scratch(&body[at..at + WINDOW], scratch)?;
+    }
+    if packed >= WINDOW * WINDOWS * 9 / 10 {
+        return None;
     }
     compress_into_scratch(body, scratch)
 }
