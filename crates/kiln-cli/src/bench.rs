@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// (default: the engine's own, `Options::write_back_window_bytes`).
     #[arg(long)]
     write_back_window_mib: Option<u64>,
+    /// The engine's write buffer in MiB for the environments of W1-W6; 0 turns it
+    /// off (default: the engine's own, `Options::write_buffer_bytes`).
+    #[arg(long)]
+    write_buffer_mib: Option<u64>,
 }
 
 const SEED: u64 = 0x4B494C4E;
@@ -549,6 +553,9 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
     let mut options = Options::default();
     if let Some(mib) = args.write_back_window_mib {
         options.write_back_window_bytes = mib << 20;
+    }
+    if let Some(mib) = args.write_buffer_mib {
+        options.write_buffer_bytes = mib << 20;
     }
     // Refuse a bad setting before any workload runs.
     options.validate()?;

@@ -267,6 +267,7 @@ impl Shared {
             taken_from_free: Vec::new(),
             undo: Vec::new(),
             logical: Default::default(),
+            tree_last_key: Default::default(),
             trees_named: 0,
             force_merge: false,
             trees: Default::default(),

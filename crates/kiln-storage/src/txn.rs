@@ -279,6 +279,9 @@ pub struct WriteTxn<'env> {
     pub(crate) undo: Vec<(usize, Option<Slot>)>,
     /// The buffer writes in their journal form (the record copies them at commit).
     pub(crate) logical: crate::journal::record::LogicalLog,
+    /// Per tree id, the largest key in the tree itself as this transaction last saw
+    /// it (`None`: empty), found once per transaction (see `appends`).
+    pub(crate) tree_last_key: crate::fasthash::FastMap<TreeId, Option<Box<[u8]>>>,
     /// Trees given an id by this transaction (ids are txn id << 20 | this).
     pub(crate) trees_named: u64,
     /// Merge the whole write buffer into the trees, a slice per commit (close, check).
@@ -440,10 +443,30 @@ impl<'env> WriteTxn<'env> {
         (self.txn_id << 20) | self.trees_named
     }
 
-    /// Whether a put of this size goes to the write buffer (else into the tree).
-    fn buffers(&self, key: &[u8], value: &[u8]) -> bool {
-        self.env.opts.write_buffer_bytes > 0
-            && key.len() + value.len() <= self.env.opts.write_buffer_max_entry_bytes
+    /// Whether a put goes to the write buffer (else into the tree): a small entry
+    /// that does not extend the tree past its last key. Appends go into the tree:
+    /// they land in the rightmost leaf, already copied and in cache after the first,
+    /// so the tree takes them at about half the CPU and journal bytes the buffer
+    /// would (W2, sequential keys: 1.38M puts/s into the tree, 0.63M through the
+    /// buffer). A put anywhere else would copy a cold leaf, which is what the buffer
+    /// saves.
+    fn buffers(&mut self, st: &TreeState, key: &[u8], value: &[u8]) -> Result<bool> {
+        if self.env.opts.write_buffer_bytes == 0
+            || key.len() + value.len() > self.env.opts.write_buffer_max_entry_bytes
+        {
+            return Ok(false);
+        }
+        let last = match self.tree_last_key.get(&st.info.id) {
+            Some(last) => last.as_deref(),
+            None => {
+                let last = btree::cursor::TreeCursor::new(&*self, st.info.root)
+                    .last()?
+                    .map(|(k, _)| Box::<[u8]>::from(k));
+                self.tree_last_key.insert(st.info.id, last);
+                self.tree_last_key[&st.info.id].as_deref()
+            }
+        };
+        Ok(last.is_some_and(|last| key <= last))
     }
 
     /// Journals a buffer write of `slot` for `key` of tree `tree` and writes it into
@@ -501,7 +524,7 @@ impl<'env> WriteTxn<'env> {
         }
         self.guard_usable()?;
         let mut st = self.tree_state_with_id(tree)?;
-        if self.buffers(key, value) {
+        if self.buffers(&st, key, value)? {
             // No look at the tree: a tree's entry count is that of the tree itself,
             // and `tree_len` adds what the buffer changes (see there).
             self.buffer_write(st.info.id, key, Slot::Value(value.into()));
@@ -515,6 +538,11 @@ impl<'env> WriteTxn<'env> {
         st.info.entries += u64::from(!existed);
         st.modified = true;
         self.trees.insert(tree.to_string(), st);
+        if let Some(last) = self.tree_last_key.get_mut(&st.info.id) {
+            if last.as_deref().is_none_or(|l| key > l) {
+                *last = Some(key.into());
+            }
+        }
         if buffered {
             self.buffer_write(st.info.id, key, Slot::InTree);
         }
