@@ -280,7 +280,7 @@ pub struct WriteTxn<'env> {
     /// The buffer writes in their journal form (the record copies them at commit).
     pub(crate) logical: crate::journal::record::LogicalLog,
     /// Per tree id, the largest key in the tree itself as this transaction last saw
-    /// it (`None`: empty), found once per transaction (see `appends`).
+    /// it (`None`: empty), found once per transaction (see `buffers`).
     pub(crate) tree_last_key: crate::fasthash::FastMap<TreeId, Option<Box<[u8]>>>,
     /// Trees given an id by this transaction (ids are txn id << 20 | this).
     pub(crate) trees_named: u64,
