@@ -387,10 +387,13 @@ fn readers_see_stable_snapshots_while_a_writer_commits() {
         stats.checkpoints
     );
     assert_eq!(stats.readers_open, 0);
-    // Pages were recycled during the run (otherwise the test proves little): far
-    // fewer pages exist than were ever written.
+    // Pages were recycled during the run (otherwise the test proves little). Pages
+    // are copied on write, never written in place, so without reuse every page
+    // written back would be a page of its own: fewer pages than writes means reuse.
+    // (How many fewer depends on how long the readers happen to hold old pages:
+    // 2.0x-2.7x over five runs; the margin asked for is 1.5x.)
     assert!(
-        stats.pages_total * 2 < stats.pages_written_back,
+        stats.pages_total * 3 < stats.pages_written_back * 2,
         "pages do not seem to be reused: {} pages in the file, {} written back",
         stats.pages_total,
         stats.pages_written_back
