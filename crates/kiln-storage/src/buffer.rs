@@ -74,6 +74,11 @@ struct Version {
     slot: Slot,
 }
 
+/// A key's versions, oldest first. Most keys have one: kept inline in the map's
+/// node, it costs no allocation of its own (values are boxed, so a version moving
+/// with its node never moves the bytes a reader borrows).
+type Versions = smallvec::SmallVec<[Version; 1]>;
+
 /// The buffer key: tree id (big endian, so one tree's keys are contiguous) + key.
 pub(crate) fn buffer_key(tree: TreeId, key: &[u8]) -> Box<[u8]> {
     let mut k = Vec::with_capacity(8 + key.len());
@@ -230,7 +235,7 @@ fn found<'a>(slot: &Slot) -> Found<'a> {
 
 #[derive(Default)]
 pub(crate) struct Generation {
-    map: RwLock<BTreeMap<MapKey, Vec<Version>>>,
+    map: RwLock<BTreeMap<MapKey, Versions>>,
     bytes: AtomicU64,
     versions: AtomicU64,
 }
@@ -283,7 +288,7 @@ impl Generation {
                     head: head_of(bkey),
                     bytes: bkey.into(),
                 },
-                vec![Version { txn_id, slot }],
+                smallvec::smallvec![Version { txn_id, slot }],
             );
         }
         self.bytes.fetch_add(add + VERSION_OVERHEAD_BYTES, Relaxed);
@@ -359,7 +364,7 @@ impl Generation {
             (None, _) => (start, end),
         };
         let map = self.map.read();
-        let hit = |(k, vs): (&MapKey, &Vec<Version>)| {
+        let hit = |(k, vs): (&MapKey, &Versions)| {
             visible(vs, upto_txn).map(|slot| {
                 // SAFETY: see `extend`; keys live as long as their versions.
                 (unsafe { extend(&k.bytes[8..]) }, found(slot))
