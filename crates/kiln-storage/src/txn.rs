@@ -83,15 +83,10 @@ fn get_through<'a, S: PageSource + ?Sized>(
 
 /// The entries of a tree as a reader at `upto_txn` sees them: those of the tree
 /// itself (`TreeInfo::entries`, exact) plus the write buffer's changes.
-fn logical_len<S: PageSource + ?Sized>(
-    src: &S,
-    gens: &Gens,
-    info: &TreeInfo,
-    upto_txn: u64,
-) -> Result<u64> {
-    let change = gens.count_change(info.id, upto_txn, |key| {
-        Ok(btree::get(src, info.root, key)?.is_some())
-    })?;
+fn logical_len(src: &dyn PageSource, gens: &Gens, info: &TreeInfo, upto_txn: u64) -> Result<u64> {
+    // The buffered keys come in ascending order: one cursor walks the tree with them.
+    let mut tree = btree::cursor::TreeCursor::new(src, info.root);
+    let change = gens.count_change(info.id, upto_txn, |key| tree.contains(key))?;
     let len = info.entries as i64 + change;
     if len < 0 {
         return Err(Error::corrupted(

@@ -132,6 +132,24 @@ impl<'t> TreeCursor<'t> {
         }
     }
 
+    /// Whether the tree holds `key`, leaving the cursor at or after it. Keys asked
+    /// in ascending order reuse the leaf the cursor is on while they fall inside its
+    /// first and last keys (no descent from the root): counting a tree's buffered
+    /// keys asks for thousands in order, several per leaf.
+    pub fn contains(&mut self, key: &[u8]) -> Result<bool> {
+        if self.state == State::On {
+            if let Some((leaf, idx)) = self.stack.last_mut() {
+                let n = hdr::count(leaf);
+                if n > 0 && page::cell_key(leaf, 0) <= key && key <= page::cell_key(leaf, n - 1) {
+                    let found = page::search(leaf, key);
+                    *idx = found.unwrap_or_else(|i| i);
+                    return Ok(found.is_ok());
+                }
+            }
+        }
+        Ok(matches!(self.seek(key)?, Some((k, _)) if k == key))
+    }
+
     /// Positions at the largest key <= `key`.
     pub fn seek_for_prev(&mut self, key: &[u8]) -> Result<Option<Entry<'t>>> {
         match self.seek(key)? {
