@@ -423,7 +423,9 @@ fn compress_if_worth_it(body: &[u8], scratch: &mut Vec<u8>) -> Option<usize> {
         let at = w * stride;
         packed += compress_into_scratch(&body[at..at + WINDOW], scratch)?;
     }
-    if packed >= WINDOW * WINDOWS * 9 / 10 {
+    // Samples of W3's records (page diffs, then random values) reached ~85 %, and
+    // compressing them saved 4 % of the bytes for 9 % of the committing thread's time.
+    if packed >= WINDOW * WINDOWS * 8 / 10 {
         return None;
     }
     compress_into_scratch(body, scratch)
