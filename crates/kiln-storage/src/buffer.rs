@@ -199,6 +199,26 @@ impl PartialEq for MapKey {
 
 impl Eq for MapKey {}
 
+/// Runs `f` with the bounds of `tree`'s keys in a generation's map: from its first
+/// possible buffer key (included) to the next tree's (excluded; unbounded for the last
+/// possible tree id).
+fn within_tree<R>(
+    tree: TreeId,
+    f: impl FnOnce(Bound<&dyn KeyView>, Bound<&dyn KeyView>) -> R,
+) -> R {
+    let start_key = tree.to_be_bytes();
+    let end_key = tree.checked_add(1).map(u64::to_be_bytes);
+    let start = probe(&start_key);
+    let end = end_key.as_ref().map(|e| probe(e));
+    f(
+        Bound::Included(&start),
+        match &end {
+            Some(e) => Bound::Excluded(e),
+            None => Bound::Unbounded,
+        },
+    )
+}
+
 pub(crate) fn split_buffer_key(k: &[u8]) -> (TreeId, &[u8]) {
     let id = u64::from_be_bytes(k[..8].try_into().expect("buffer keys start with a tree id"));
     (id, &k[8..])
@@ -338,19 +358,8 @@ impl Generation {
         forward: bool,
         upto_txn: u64,
     ) -> Option<(&'a [u8], Found<'a>)> {
-        let start_of_tree: Box<[u8]> = tree.to_be_bytes().to_vec().into_boxed_slice();
-        let end_of_tree: Option<Box<[u8]>> = tree
-            .checked_add(1)
-            .map(|next| next.to_be_bytes().to_vec().into_boxed_slice());
         let from_key = from.map(|k| buffer_key(tree, k));
-        let start_probe = probe(&start_of_tree);
-        let end_probe = end_of_tree.as_deref().map(probe);
         let from_probe = from_key.as_deref().map(probe);
-        let start: Bound<&dyn KeyView> = Bound::Included(&start_probe);
-        let end: Bound<&dyn KeyView> = match &end_probe {
-            Some(e) => Bound::Excluded(e),
-            None => Bound::Unbounded,
-        };
         let at: Option<Bound<&dyn KeyView>> = from_probe.as_ref().map(|k| {
             if inclusive {
                 Bound::Included(k as &dyn KeyView)
@@ -358,11 +367,6 @@ impl Generation {
                 Bound::Excluded(k as &dyn KeyView)
             }
         });
-        let (lo, hi) = match (at, forward) {
-            (Some(at), true) => (at, end),
-            (Some(at), false) => (start, at),
-            (None, _) => (start, end),
-        };
         let map = self.map.read();
         let hit = |(k, vs): (&MapKey, &Versions)| {
             visible(vs, upto_txn).map(|slot| {
@@ -370,12 +374,19 @@ impl Generation {
                 (unsafe { extend(&k.bytes[8..]) }, found(slot))
             })
         };
-        let range = map.range::<dyn KeyView, _>((lo, hi));
-        if forward {
-            range.filter_map(hit).next()
-        } else {
-            range.rev().filter_map(hit).next()
-        }
+        within_tree(tree, |start, end| {
+            let (lo, hi) = match (at, forward) {
+                (Some(at), true) => (at, end),
+                (Some(at), false) => (start, at),
+                (None, _) => (start, end),
+            };
+            let range = map.range::<dyn KeyView, _>((lo, hi));
+            if forward {
+                range.filter_map(hit).next()
+            } else {
+                range.rev().filter_map(hit).next()
+            }
+        })
     }
 
     /// Up to `limit` keys of `tree` after `after` (a buffer key; `None`: from the
@@ -388,33 +399,27 @@ impl Generation {
         upto_txn: u64,
         limit: usize,
     ) -> KindChunk {
-        let start_of_tree = tree.to_be_bytes();
-        let end_of_tree = tree.checked_add(1).map(u64::to_be_bytes);
-        let (start_probe, after_probe) = (probe(&start_of_tree), after.map(probe));
-        let end_probe = end_of_tree.as_ref().map(|e| probe(e));
-        let lo: Bound<&dyn KeyView> = match &after_probe {
-            Some(p) => Bound::Excluded(p),
-            None => Bound::Included(&start_probe),
-        };
-        let hi: Bound<&dyn KeyView> = match &end_probe {
-            Some(p) => Bound::Excluded(p),
-            None => Bound::Unbounded,
-        };
+        let after_probe = after.map(probe);
         let map = self.map.read();
-        let out: Vec<(Box<[u8]>, Kind)> = map
-            .range::<dyn KeyView, _>((lo, hi))
-            .filter_map(|(k, vs)| {
-                visible(vs, upto_txn).map(|slot| {
-                    let kind = match slot {
-                        Slot::Value(_) => Kind::Value,
-                        Slot::Tombstone => Kind::Tombstone,
-                        Slot::InTree => Kind::InTree,
-                    };
-                    (k.bytes.clone(), kind)
+        let out: Vec<(Box<[u8]>, Kind)> = within_tree(tree, |start, end| {
+            let lo = match &after_probe {
+                Some(p) => Bound::Excluded(p as &dyn KeyView),
+                None => start,
+            };
+            map.range::<dyn KeyView, _>((lo, end))
+                .filter_map(|(k, vs)| {
+                    visible(vs, upto_txn).map(|slot| {
+                        let kind = match slot {
+                            Slot::Value(_) => Kind::Value,
+                            Slot::Tombstone => Kind::Tombstone,
+                            Slot::InTree => Kind::InTree,
+                        };
+                        (k.bytes.clone(), kind)
+                    })
                 })
-            })
-            .take(limit)
-            .collect();
+                .take(limit)
+                .collect()
+        });
         let full = out.len() == limit;
         (out, full)
     }
