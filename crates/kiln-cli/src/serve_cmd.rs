@@ -40,6 +40,12 @@ pub struct ServeArgs {
     max_connections: usize,
     #[arg(long, default_value_t = Limits::default().request_read_timeout_ms)]
     request_read_timeout_ms: u64,
+    /// An idle changes-feed WebSocket gets a heartbeat this often (one shared timer).
+    #[arg(long, default_value_t = kiln_server::ChangesConfig::default().heartbeat_ms)]
+    changes_heartbeat_ms: u64,
+    /// Changes queued toward one WebSocket at most before it is closed as too slow.
+    #[arg(long, default_value_t = kiln_server::ChangesConfig::default().subscriber_queue_len)]
+    changes_queue_len: usize,
     /// Worker threads for the async runtime (default: one per core).
     #[arg(long)]
     worker_threads: Option<usize>,
@@ -90,6 +96,9 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
     config.docs.max_document_bytes = a.max_document_bytes;
     config.docs.max_batch_ops = a.max_batch_ops;
     config.docs.max_id_bytes = a.max_id_bytes;
+    config.changes.heartbeat_ms = a.changes_heartbeat_ms.max(1);
+    config.changes.subscriber_queue_len = a.changes_queue_len.max(1);
+    raise_open_file_limit(a.max_connections);
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all()
         // Every write waits for its commit on a blocking thread: allow one per
@@ -135,4 +144,26 @@ pub fn api_key(cmd: ApiKeyCommand) -> crate::AnyResult<()> {
         }
     }
     Ok(())
+}
+
+/// Each connection is a file descriptor (and each database several): raise the soft
+/// limit toward the hard one so that `--max-connections` can actually be reached.
+fn raise_open_file_limit(max_connections: usize) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return;
+        }
+        let wanted = (max_connections as u64 + 1024).min(lim.rlim_max);
+        if wanted > lim.rlim_cur {
+            lim.rlim_cur = wanted;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                eprintln!("warning: could not raise the open-file limit to {wanted}");
+            }
+        }
+    }
 }

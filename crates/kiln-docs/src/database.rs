@@ -7,11 +7,15 @@
 //!   listed in etag order is a range scan
 //! - `counts`: collection -> number of documents (u64 BE)
 //! - `meta`: `incarnation` (u32 BE), `last_etag` (u64 BE)
+//! - `changes`, `tombstones`, `consumers`: the change log (see `changes/log.rs`)
 
+use crate::changes::{
+    change_key, encode_entry, ChangeKind, CommitNotifier, CHANGES, CONSUMERS, TOMBSTONES,
+};
 use crate::document::{now_ms, PreparedDoc};
 use crate::id::validate_id;
 use crate::{record, DocError, Document, Etag, Result};
-use kiln_storage::{Env, WriteTxn};
+use kiln_storage::{Env, ReadTxn, WriteTxn};
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -60,6 +64,8 @@ pub struct DeleteOutcome {
     pub id: String,
     /// The etag the document had when it was deleted.
     pub etag: Etag,
+    /// The etag of the delete itself (its tombstone's place in the change log).
+    pub tombstone_etag: Etag,
 }
 
 #[derive(Debug, Clone)]
@@ -140,9 +146,10 @@ pub struct Database {
     /// `None` only while closing (see `close_env`).
     env: Option<Env>,
     name: String,
-    incarnation: u32,
+    pub(crate) incarnation: u32,
     limits: Limits,
     deleted: AtomicBool,
+    pub(crate) notifier: CommitNotifier,
 }
 
 /// What a unit of work needs besides the transaction (copied into each unit, which
@@ -166,7 +173,15 @@ impl Database {
         let env = Env::open(dir, opts)?;
         if init {
             let mut w = env.begin_write()?;
-            for tree in [DOCS, BY_COLLECTION, COUNTS, META] {
+            for tree in [
+                DOCS,
+                BY_COLLECTION,
+                COUNTS,
+                META,
+                CHANGES,
+                TOMBSTONES,
+                CONSUMERS,
+            ] {
                 w.ensure_tree(tree)?;
             }
             let incarnation: u32 = rand::random();
@@ -188,13 +203,37 @@ impl Database {
                 .ok_or_else(|| missing("incarnation"))?;
             u32::from_be_bytes(raw.try_into().map_err(|_| missing("incarnation"))?)
         };
+        crate::changes::upgrade::add_change_log(&env, name)?;
+        let last_sequence = {
+            let r = env.begin_read()?;
+            read_last_sequence(&r)?
+        };
         Ok(Database {
             env: Some(env),
             name: name.to_string(),
             incarnation,
             limits,
             deleted: AtomicBool::new(false),
+            notifier: CommitNotifier::new(last_sequence),
         })
+    }
+
+    pub(crate) fn read_last_sequence(&self, r: &ReadTxn<'_>) -> Result<u64> {
+        read_last_sequence(r)
+    }
+
+    /// Tells waiting readers about writes that are now durable.
+    fn published<'a>(&self, outcomes: impl IntoIterator<Item = &'a BatchOutcome>) {
+        let last = outcomes
+            .into_iter()
+            .map(|o| match o {
+                BatchOutcome::Put(p) => p.etag.sequence,
+                BatchOutcome::Delete(d) => d.tombstone_etag.sequence,
+            })
+            .max();
+        if let Some(last) = last {
+            self.notifier.published(last);
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -219,7 +258,7 @@ impl Database {
         }
     }
 
-    fn live(&self) -> Result<&Env> {
+    pub(crate) fn live(&self) -> Result<&Env> {
         if self.deleted.load(Ordering::SeqCst) {
             return Err(DocError::DatabaseNotFound(self.name.clone()));
         }
@@ -279,10 +318,13 @@ impl Database {
         self.check_body_size(json.len())?;
         let doc = PreparedDoc::parse(json)?;
         let ctx = self.ctx();
-        env.submit(move |txn| {
-            apply_put(txn, ctx, &id, &doc, condition).map_err(DocError::into_unit)
-        })
-        .map_err(DocError::from_unit)
+        let out = env
+            .submit(move |txn| {
+                apply_put(txn, ctx, &id, &doc, condition).map_err(DocError::into_unit)
+            })
+            .map_err(DocError::from_unit)?;
+        self.notifier.published(out.etag.sequence);
+        Ok(out)
     }
 
     /// Deletes a document; `DocumentNotFound` if there is none.
@@ -291,25 +333,17 @@ impl Database {
         validate_id(id, self.limits.max_id_bytes)?;
         let ctx = self.ctx();
         let id = id.to_string();
-        env.submit(move |txn| apply_delete(txn, ctx, &id, condition).map_err(DocError::into_unit))
-            .map_err(DocError::from_unit)
+        let out = env
+            .submit(move |txn| apply_delete(txn, ctx, &id, condition).map_err(DocError::into_unit))
+            .map_err(DocError::from_unit)?;
+        self.notifier.published(out.tombstone_etag.sequence);
+        Ok(out)
     }
 
     /// Applies all operations in one transaction: all of them or none.
     pub fn batch(&self, ops: Vec<BatchOp>) -> Result<Vec<BatchOutcome>> {
-        let env = self.live()?;
-        if ops.len() > self.limits.max_batch_ops {
-            return Err(DocError::BatchTooLong {
-                len: ops.len(),
-                max: self.limits.max_batch_ops,
-            });
-        }
-        let at = |index: usize| {
-            move |e: DocError| DocError::BatchOpFailed {
-                index,
-                source: Box::new(e),
-            }
-        };
+        self.live()?;
+        self.check_batch_len(ops.len())?;
         let mut prepared = Vec::with_capacity(ops.len());
         for (index, op) in ops.into_iter().enumerate() {
             prepared.push(match op {
@@ -317,37 +351,59 @@ impl Database {
                     id,
                     document,
                     condition,
-                } => {
-                    self.check_id(&id).map_err(at(index))?;
-                    let doc = PreparedDoc::from_value(document).map_err(at(index))?;
-                    PreparedOp::Put(id, doc, condition)
-                }
-                BatchOp::Delete { id, condition } => {
-                    validate_id(&id, self.limits.max_id_bytes).map_err(at(index))?;
-                    PreparedOp::Delete(id, condition)
-                }
+                } => WriteOp::Put {
+                    id,
+                    document: ParsedDocument(
+                        PreparedDoc::from_value(document).map_err(at_index(index))?,
+                    ),
+                    condition,
+                },
+                BatchOp::Delete { id, condition } => WriteOp::Delete { id, condition },
             });
         }
+        self.write_all(prepared)
+    }
+
+    fn check_batch_len(&self, len: usize) -> Result<()> {
+        if len > self.limits.max_batch_ops {
+            return Err(DocError::BatchTooLong {
+                len,
+                max: self.limits.max_batch_ops,
+            });
+        }
+        Ok(())
+    }
+
+    /// Applies parsed writes in one transaction: all of them or none (a bulk insert's
+    /// batch, a client's batch). The first failing write's error names its index.
+    pub fn write_all(&self, ops: Vec<WriteOp>) -> Result<Vec<BatchOutcome>> {
+        let env = self.live()?;
+        self.check_batch_len(ops.len())?;
+        for (index, op) in ops.iter().enumerate() {
+            self.check_op(op).map_err(at_index(index))?;
+        }
         let ctx = self.ctx();
-        env.submit(move |txn| {
-            let mut out = Vec::with_capacity(prepared.len());
-            for (index, op) in prepared.iter().enumerate() {
-                let done = match op {
-                    PreparedOp::Put(id, doc, cond) => {
-                        apply_put(txn, ctx, id, doc, *cond).map(BatchOutcome::Put)
-                    }
-                    PreparedOp::Delete(id, cond) => {
-                        apply_delete(txn, ctx, id, *cond).map(BatchOutcome::Delete)
-                    }
-                };
-                out.push(done.map_err(|e| match e {
-                    DocError::Storage(s) => s,
-                    other => at(index)(other).into_unit(),
-                })?);
-            }
-            Ok(out)
-        })
-        .map_err(DocError::from_unit)
+        let out = env
+            .submit(move |txn| {
+                let mut out = Vec::with_capacity(ops.len());
+                for (index, op) in ops.iter().enumerate() {
+                    out.push(apply_op(txn, ctx, op).map_err(|e| match e {
+                        DocError::Storage(s) => s,
+                        other => at_index(index)(other).into_unit(),
+                    })?);
+                }
+                Ok(out)
+            })
+            .map_err(DocError::from_unit)?;
+        self.published(&out);
+        Ok(out)
+    }
+
+    fn check_op(&self, op: &WriteOp) -> Result<()> {
+        match op {
+            WriteOp::Put { id, .. } => self.check_id(id),
+            WriteOp::Delete { id, .. } => validate_id(id, self.limits.max_id_bytes),
+        }
     }
 
     /// Applies independent writes in ONE commit-queue unit, each succeeding or
@@ -368,11 +424,7 @@ impl Database {
         let mut checked = Vec::with_capacity(n);
         let mut early: Vec<Option<DocError>> = Vec::with_capacity(n);
         for op in ops {
-            let check = match &op {
-                WriteOp::Put { id, .. } => self.check_id(id),
-                WriteOp::Delete { id, .. } => validate_id(id, self.limits.max_id_bytes),
-            };
-            match check {
+            match self.check_op(&op) {
                 Ok(()) => {
                     checked.push(op);
                     early.push(None);
@@ -385,19 +437,7 @@ impl Database {
             .submit(move |txn| {
                 let mut out = Vec::with_capacity(checked.len());
                 for op in &checked {
-                    let r = match op {
-                        WriteOp::Put {
-                            id,
-                            document,
-                            condition,
-                        } => {
-                            apply_put(txn, ctx, id, &document.0, *condition).map(BatchOutcome::Put)
-                        }
-                        WriteOp::Delete { id, condition } => {
-                            apply_delete(txn, ctx, id, *condition).map(BatchOutcome::Delete)
-                        }
-                    };
-                    match r {
+                    match apply_op(txn, ctx, op) {
                         Err(e) if !e.leaves_transaction_untouched() => return Err(e.into_unit()),
                         r => out.push(r),
                     }
@@ -407,6 +447,7 @@ impl Database {
             .map_err(DocError::from_unit);
         match applied {
             Ok(results) => {
+                self.published(results.iter().filter_map(|r| r.as_ref().ok()));
                 let mut results = results.into_iter();
                 early
                     .into_iter()
@@ -550,11 +591,7 @@ impl Database {
         let env = self.live()?;
         let (documents, last) = {
             let r = env.begin_read()?;
-            let last = r
-                .get(META, META_LAST_ETAG)?
-                .map(|b| decode_u64(b, "last etag"))
-                .transpose()?;
-            (r.tree_len(DOCS)?, last.unwrap_or(0))
+            (r.tree_len(DOCS)?, read_last_sequence(&r)?)
         };
         Ok(DatabaseStats {
             name: self.name.clone(),
@@ -569,12 +606,34 @@ impl Database {
     }
 }
 
-enum PreparedOp {
-    Put(DocId, PreparedDoc, Condition),
-    Delete(String, Condition),
+fn at_index(index: usize) -> impl Fn(DocError) -> DocError {
+    move |e: DocError| DocError::BatchOpFailed {
+        index,
+        source: Box::new(e),
+    }
 }
 
-fn to_document(id: &str, bytes: &[u8]) -> Result<Document> {
+fn apply_op(txn: &mut WriteTxn<'_>, ctx: WriteCtx, op: &WriteOp) -> Result<BatchOutcome> {
+    match op {
+        WriteOp::Put {
+            id,
+            document,
+            condition,
+        } => apply_put(txn, ctx, id, &document.0, *condition).map(BatchOutcome::Put),
+        WriteOp::Delete { id, condition } => {
+            apply_delete(txn, ctx, id, *condition).map(BatchOutcome::Delete)
+        }
+    }
+}
+
+pub(crate) fn read_last_sequence(r: &ReadTxn<'_>) -> Result<u64> {
+    Ok(r.get(META, META_LAST_ETAG)?
+        .map(|b| decode_u64(b, "last etag"))
+        .transpose()?
+        .unwrap_or(0))
+}
+
+pub(crate) fn to_document(id: &str, bytes: &[u8]) -> Result<Document> {
     let rec = record::decode(id, bytes)?;
     Ok(Document {
         id: id.to_string(),
@@ -585,7 +644,7 @@ fn to_document(id: &str, bytes: &[u8]) -> Result<Document> {
     })
 }
 
-fn decode_u64(b: &[u8], what: &str) -> Result<u64> {
+pub(crate) fn decode_u64(b: &[u8], what: &str) -> Result<u64> {
     let arr: [u8; 8] = b.try_into().map_err(|_| DocError::CorruptRecord {
         id: "(meta)".into(),
         why: format!("{what} has {} bytes, expected 8", b.len()),
@@ -710,6 +769,7 @@ fn apply_put(
             max: ctx.limits.max_document_bytes,
         });
     }
+    let change = encode_entry(ChangeKind::Put, ctx.now_ms, collection.as_deref(), &id)?;
     advance_etag(txn, etag)?;
     txn.put(
         DOCS,
@@ -717,6 +777,13 @@ fn apply_put(
         &record::encode(etag, ctx.now_ms, collection.as_deref(), &json),
     )?;
     let created = existing.is_none();
+    match &existing {
+        Some((old_etag, _)) => {
+            txn.delete(CHANGES, &change_key(old_etag.sequence))?;
+        }
+        None => forget_tombstone(txn, &id)?,
+    }
+    txn.put(CHANGES, &change_key(etag.sequence), &change)?;
     if let Some((old_etag, old_collection)) = existing {
         if let Some(old) = &old_collection {
             txn.delete(BY_COLLECTION, &collection_key(old, old_etag.sequence))?;
@@ -748,9 +815,21 @@ fn apply_put(
     })
 }
 
+/// A document written again after a delete no longer needs its tombstone: its new
+/// change log entry supersedes it.
+fn forget_tombstone(txn: &mut WriteTxn<'_>, id: &str) -> Result<()> {
+    let Some(raw) = txn.get(TOMBSTONES, id.as_bytes())? else {
+        return Ok(());
+    };
+    let sequence = decode_u64(raw, "tombstone sequence")?;
+    txn.delete(TOMBSTONES, id.as_bytes())?;
+    txn.delete(CHANGES, &change_key(sequence))?;
+    Ok(())
+}
+
 fn apply_delete(
     txn: &mut WriteTxn<'_>,
-    _ctx: WriteCtx,
+    ctx: WriteCtx,
     id: &str,
     condition: Condition,
 ) -> Result<DeleteOutcome> {
@@ -762,13 +841,24 @@ fn apply_delete(
         return Err(DocError::DocumentNotFound { id: id.to_string() });
     };
     check_condition(id, condition, Some(etag))?;
+    let tombstone_etag = peek_next_etag(txn, ctx.incarnation)?;
+    let tombstone = encode_entry(ChangeKind::Delete, ctx.now_ms, collection.as_deref(), id)?;
+    advance_etag(txn, tombstone_etag)?;
     txn.delete(DOCS, id.as_bytes())?;
     if let Some(c) = &collection {
         txn.delete(BY_COLLECTION, &collection_key(c, etag.sequence))?;
         add_to_count(txn, c, -1)?;
     }
+    txn.delete(CHANGES, &change_key(etag.sequence))?;
+    txn.put(CHANGES, &change_key(tombstone_etag.sequence), &tombstone)?;
+    txn.put(
+        TOMBSTONES,
+        id.as_bytes(),
+        &tombstone_etag.sequence.to_be_bytes(),
+    )?;
     Ok(DeleteOutcome {
         id: id.to_string(),
         etag,
+        tombstone_etag,
     })
 }

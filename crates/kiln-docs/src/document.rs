@@ -130,7 +130,7 @@ impl PreparedDoc {
     }
 }
 
-pub(crate) fn format_rfc3339_ms(ms_since_epoch: u64) -> String {
+pub fn format_rfc3339_ms(ms_since_epoch: u64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms_since_epoch);
     humantime::format_rfc3339_millis(t).to_string()
 }

@@ -62,6 +62,19 @@ pub enum DocError {
     #[error("invalid etag {0:?}")]
     InvalidEtag(String),
 
+    /// An etag handed out by an earlier database of the same name (deleted and created
+    /// again): a reader must start over from the beginning.
+    #[error(
+        "etag {etag:?} belongs to an earlier database named {database:?}; start over without it"
+    )]
+    EtagFromOtherIncarnation { etag: String, database: String },
+
+    #[error("overloaded: {queued} writes are waiting; retry later")]
+    Overloaded { queued: usize },
+
+    #[error("the store is shutting down")]
+    ShuttingDown,
+
     #[error("stored document {id:?} is unreadable: {why}")]
     CorruptRecord { id: String, why: String },
 

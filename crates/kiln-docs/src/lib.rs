@@ -22,6 +22,7 @@
 //! # Ok::<(), kiln_docs::DocError>(())
 //! ```
 
+mod changes;
 mod database;
 mod document;
 mod error;
@@ -29,13 +30,19 @@ mod etag;
 mod id;
 mod record;
 mod store;
+mod write_queue;
 
+pub use changes::{
+    Change, ChangeEntry, ChangeFilter, ChangeKind, ChangesPage, CommitListener, PurgeOutcome,
+    PurgeRule, TombstoneStats,
+};
 pub use database::{
     BatchOp, BatchOutcome, CollectionCount, Condition, Database, DatabaseStats, DeleteOutcome,
     DocId, Page, ParsedDocument, PutOutcome, WriteOp,
 };
-pub use document::Document;
+pub use document::{format_rfc3339_ms, Document};
 pub use error::{DocError, Result};
 pub use etag::Etag;
 pub use id::{validate_collection, validate_database_name, validate_id, MAX_COLLECTION_LEN};
 pub use store::{DocStore, DocsOptions};
+pub use write_queue::{Reply, WriteQueue, WriteQueueOptions};

@@ -28,6 +28,8 @@ pub struct DocsOptions {
     pub max_document_bytes: usize,
     pub max_id_bytes: usize,
     pub max_batch_ops: usize,
+    /// The write queue every writer of this store shares (see `write_queue.rs`).
+    pub write_queue: crate::WriteQueueOptions,
     /// How long deleting a database waits for requests still using it.
     pub delete_wait_ms: u64,
 }
@@ -39,6 +41,7 @@ impl Default for DocsOptions {
             max_document_bytes: 16 << 20,
             max_id_bytes: 512,
             max_batch_ops: 10_000,
+            write_queue: crate::WriteQueueOptions::default(),
             delete_wait_ms: 10_000,
         }
     }
@@ -74,6 +77,7 @@ pub struct DocStore {
     databases: RwLock<BTreeMap<String, Arc<Database>>>,
     /// Creating and deleting databases take turns.
     admin: Mutex<()>,
+    writes: crate::WriteQueue,
 }
 
 impl DocStore {
@@ -100,8 +104,10 @@ impl DocStore {
             let db = Database::open(&name, &entry.path(), opts.storage_for(&name), limits, false)?;
             databases.insert(name, Arc::new(db));
         }
+        let writes = crate::WriteQueue::start(opts.write_queue)?;
         Ok(DocStore {
             dir,
+            writes,
             opts,
             databases: RwLock::new(databases),
             admin: Mutex::new(()),
@@ -110,6 +116,11 @@ impl DocStore {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The write queue: the way every writer of this store's documents commits.
+    pub fn writes(&self) -> &crate::WriteQueue {
+        &self.writes
     }
 
     pub fn database(&self, name: &str) -> Result<Arc<Database>> {
@@ -206,6 +217,8 @@ impl DocStore {
 
     /// Closes every database (flushing and syncing each).
     pub fn close(self) -> Result<()> {
+        // Queued writes finish first: they hold references to their databases.
+        self.writes.close();
         let dbs = std::mem::take(&mut *self.databases.write());
         let mut first_err = None;
         for (name, db) in dbs {

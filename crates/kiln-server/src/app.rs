@@ -5,7 +5,7 @@ use crate::auth::KeyVerifier;
 use crate::config::Limits;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::{routes_admin, routes_docs};
+use crate::routes::{admin as routes_admin, bulk, changes, docs as routes_docs};
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -22,8 +22,11 @@ pub struct AppState {
     pub limits: Limits,
     pub require_auth: bool,
     pub keys: Arc<KeyVerifier>,
-    /// Single-document writes go through here (see `combiner.rs`).
-    pub writes: crate::combiner::WriteCombiner,
+    pub changes: crate::config::ChangesConfig,
+    /// The changes hubs, one per database with subscribers.
+    pub hubs: crate::changes::hub::Hubs,
+    /// The shared heartbeat tick of the changes connections.
+    pub heartbeat: tokio::sync::watch::Receiver<u64>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -56,6 +59,13 @@ pub fn router(state: SharedState) -> Router {
                 .delete(routes_docs::delete_document),
         )
         .route("/dbs/{db}/batch", post(routes_docs::batch))
+        .route("/dbs/{db}/bulk", post(bulk::bulk_insert))
+        .route("/dbs/{db}/changes", get(changes::pull))
+        .route("/dbs/{db}/changes/ws", get(changes::websocket))
+        .route(
+            "/dbs/{db}/tombstones",
+            get(routes_admin::tombstones).delete(routes_admin::purge_tombstones),
+        )
         .route("/dbs/{db}/collections", get(routes_docs::collections))
         .route(
             "/dbs/{db}/collections/{collection}/docs",

@@ -15,6 +15,7 @@ pub struct ServerConfig {
     pub unsecured: bool,
     pub limits: Limits,
     pub docs: kiln_docs::DocsOptions,
+    pub changes: ChangesConfig,
     /// How long a graceful shutdown waits for in-flight requests.
     pub shutdown_grace_ms: u64,
 }
@@ -25,6 +26,27 @@ pub struct TlsConfig {
     pub private_key_pem: PathBuf,
     /// CA certificates whose client certificates authenticate a connection.
     pub client_ca_pem: Option<PathBuf>,
+}
+
+/// The WebSocket changes feed.
+#[derive(Debug, Clone, Copy)]
+pub struct ChangesConfig {
+    /// An idle subscriber gets a heartbeat this often (one shared timer).
+    pub heartbeat_ms: u64,
+    /// Changes queued toward one connection at most; a reader that lets it fill is
+    /// disconnected as a slow consumer.
+    pub subscriber_queue_len: usize,
+    pub max_subscriptions_per_connection: usize,
+}
+
+impl Default for ChangesConfig {
+    fn default() -> Self {
+        ChangesConfig {
+            heartbeat_ms: 5_000,
+            subscriber_queue_len: 4_096,
+            max_subscriptions_per_connection: 256,
+        }
+    }
 }
 
 /// Limits on what a client may send; each has its own clear error when crossed.
@@ -65,6 +87,7 @@ impl ServerConfig {
             unsecured: false,
             limits: Limits::default(),
             docs: kiln_docs::DocsOptions::default(),
+            changes: ChangesConfig::default(),
             shutdown_grace_ms: 10_000,
         }
     }

@@ -100,6 +100,9 @@ fn status_and_code(e: &DocError) -> (StatusCode, &'static str) {
         DocError::DocumentTooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "document_too_large"),
         DocError::BatchTooLong { .. } => (S::PAYLOAD_TOO_LARGE, "batch_too_long"),
         DocError::InvalidEtag(_) => (S::BAD_REQUEST, "invalid_etag"),
+        DocError::EtagFromOtherIncarnation { .. } => (S::GONE, "etag_from_other_incarnation"),
+        DocError::Overloaded { .. } => (S::SERVICE_UNAVAILABLE, "overloaded"),
+        DocError::ShuttingDown => (S::SERVICE_UNAVAILABLE, "shutting_down"),
         // A batch fails as its failing operation does; the message names the index.
         DocError::BatchOpFailed { source, .. } => status_and_code(source),
         DocError::Storage(E::Overloaded { .. }) => (S::SERVICE_UNAVAILABLE, "overloaded"),

@@ -4,17 +4,16 @@
 
 mod app;
 pub mod auth;
-mod combiner;
+mod changes;
 mod config;
 mod error;
 mod http_util;
 mod metrics;
-mod routes_admin;
-mod routes_docs;
+mod routes;
 mod serve;
 mod tls;
 
-pub use config::{Limits, ServerConfig, TlsConfig};
+pub use config::{ChangesConfig, Limits, ServerConfig, TlsConfig};
 pub use serve::{RunningServer, ServeError};
 
 /// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.

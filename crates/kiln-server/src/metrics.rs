@@ -23,6 +23,12 @@ pub struct Metrics {
     pub connections_open: AtomicUsize,
     pub connections_total: AtomicU64,
     pub connections_refused: AtomicU64,
+    pub ws_connections_open: AtomicUsize,
+    pub ws_connections_total: AtomicU64,
+    pub ws_messages: AtomicU64,
+    pub ws_slow_consumers_dropped: AtomicU64,
+    pub bulk_running: AtomicUsize,
+    pub bulk_documents: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -36,6 +42,12 @@ impl Default for Metrics {
             connections_open: AtomicUsize::new(0),
             connections_total: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
+            ws_connections_open: AtomicUsize::new(0),
+            ws_connections_total: AtomicU64::new(0),
+            ws_messages: AtomicU64::new(0),
+            ws_slow_consumers_dropped: AtomicU64::new(0),
+            bulk_running: AtomicUsize::new(0),
+            bulk_documents: AtomicU64::new(0),
         }
     }
 }
@@ -53,6 +65,45 @@ impl Metrics {
         }
         self.latency_count.fetch_add(1, Relaxed);
         self.latency_sum_us.fetch_add(us, Relaxed);
+    }
+
+    fn render_feeds(&self, o: &mut String) {
+        gauge(
+            o,
+            "kiln_changes_ws_connections_open",
+            "Open WebSocket changes connections",
+            self.ws_connections_open.load(Relaxed) as f64,
+        );
+        counter(
+            o,
+            "kiln_changes_ws_connections_total",
+            "WebSocket changes connections accepted",
+            self.ws_connections_total.load(Relaxed),
+        );
+        counter(
+            o,
+            "kiln_changes_ws_messages_total",
+            "Messages sent on changes connections (changes, heartbeats, acks)",
+            self.ws_messages.load(Relaxed),
+        );
+        counter(
+            o,
+            "kiln_changes_ws_slow_consumers_dropped_total",
+            "Changes connections closed because their reader fell behind",
+            self.ws_slow_consumers_dropped.load(Relaxed),
+        );
+        gauge(
+            o,
+            "kiln_bulk_inserts_running",
+            "Bulk inserts in progress",
+            self.bulk_running.load(Relaxed) as f64,
+        );
+        counter(
+            o,
+            "kiln_bulk_documents_total",
+            "Documents committed by bulk inserts",
+            self.bulk_documents.load(Relaxed),
+        );
     }
 
     pub fn uptime(&self) -> Duration {
@@ -119,6 +170,7 @@ impl Metrics {
             "Connections refused over the connection limit",
             self.connections_refused.load(Relaxed),
         );
+        self.render_feeds(o);
         self.render_engines(o, store);
         gauge(
             o,

@@ -90,7 +90,11 @@ impl RunningServer {
             limits: config.limits,
             require_auth: config.require_auth,
             keys: Arc::new(KeyVerifier::new(&config.data_dir)?),
-            writes: crate::combiner::WriteCombiner::start(4, 256, 65_536),
+            changes: config.changes,
+            hubs: crate::changes::hub::Hubs::default(),
+            heartbeat: crate::changes::start_heartbeat(Duration::from_millis(
+                config.changes.heartbeat_ms.max(1),
+            )),
         });
         let max_connections = u32::try_from(config.limits.max_connections)
             .map_err(|_| ServeError::Config("max_connections is too large".into()))?;

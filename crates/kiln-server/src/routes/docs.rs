@@ -6,6 +6,7 @@ use crate::http_util::{
     blocking, condition_from_if_match, encode_path, etag_header, json_response, json_value,
     none_match_hits, read_body, write_condition, ApiPath,
 };
+use crate::routes::{page_size, query};
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -14,27 +15,6 @@ use axum::response::{IntoResponse, Response};
 use kiln_docs::{BatchOp, BatchOutcome, Condition, DocId, Document, Page, PutOutcome, WriteOp};
 use serde::Deserialize;
 use serde_json::{json, Value};
-
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
-    q.map(|Query(t)| t)
-        .map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))
-}
-
-fn page_size(state: &SharedState, asked: Option<usize>) -> Result<usize, ApiError> {
-    let max = state.limits.max_page_size;
-    match asked {
-        None => Ok(state.limits.default_page_size),
-        Some(0) => Err(ApiError::bad_request(
-            "invalid_page_size",
-            "page_size must be at least 1",
-        )),
-        Some(n) if n > max => Err(ApiError::bad_request(
-            "page_size_too_large",
-            format!("page_size {n} exceeds the limit of {max}"),
-        )),
-        Some(n) => Ok(n),
-    }
-}
 
 fn last_modified(doc_ms: u64) -> Option<HeaderValue> {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(doc_ms);
@@ -87,7 +67,7 @@ pub async fn put_document(
         document,
         condition,
     };
-    match state.writes.write(database, op).await? {
+    match crate::routes::write(&state, database, op).await? {
         BatchOutcome::Put(out) => Ok(put_response(&db, &out)),
         BatchOutcome::Delete(_) => Err(mismatched_outcome()),
     }
@@ -129,17 +109,14 @@ pub async fn delete_document(
 ) -> Result<Response, ApiError> {
     let condition = write_condition(&headers)?;
     let database = state.store.database(&db)?;
-    let out = match state
-        .writes
-        .write(database, WriteOp::Delete { id, condition })
-        .await?
-    {
-        BatchOutcome::Delete(out) => out,
-        BatchOutcome::Put(_) => return Err(mismatched_outcome()),
-    };
+    let out =
+        match crate::routes::write(&state, database, WriteOp::Delete { id, condition }).await? {
+            BatchOutcome::Delete(out) => out,
+            BatchOutcome::Put(_) => return Err(mismatched_outcome()),
+        };
     Ok(json_value(
         StatusCode::OK,
-        json!({"id": out.id, "deleted_etag": out.etag.to_string()}),
+        json!({"id": out.id, "deleted_etag": out.etag.to_string(), "etag": out.tombstone_etag.to_string()}),
     ))
 }
 
@@ -296,7 +273,7 @@ pub async fn batch(
                 v
             }
             BatchOutcome::Delete(d) => {
-                json!({"op": "delete", "id": d.id, "deleted_etag": d.etag.to_string()})
+                json!({"op": "delete", "id": d.id, "deleted_etag": d.etag.to_string(), "etag": d.tombstone_etag.to_string()})
             }
         })
         .collect();

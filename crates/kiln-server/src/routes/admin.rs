@@ -49,6 +49,8 @@ pub async fn delete_database(
 ) -> Result<Response, ApiError> {
     let store = state.store.clone();
     let name = db.clone();
+    // Its changes connections end first: they hold the database open.
+    state.hubs.remove(&db);
     blocking(move || store.delete_database(&name)).await?;
     Ok(json_value(StatusCode::OK, json!({"deleted": db})))
 }
@@ -105,4 +107,64 @@ pub async fn server_stats(State(state): State<SharedState>) -> Response {
             "databases": dbs,
         }),
     )
+}
+
+fn tombstone_json(db: &kiln_docs::Database, t: &kiln_docs::TombstoneStats) -> serde_json::Value {
+    json!({
+        "tombstones": t.count,
+        "oldest_etag": t.oldest.map(|e| e.to_string()),
+        "oldest_at": t.oldest_at_ms.map(kiln_docs::format_rfc3339_ms),
+        "consumers": t.consumers.iter().map(|(name, seq)| json!({"name": name, "etag": db.etag_at(*seq).to_string()})).collect::<Vec<_>>(),
+    })
+}
+
+/// `GET /dbs/{db}/tombstones`: how many deletes the change log still remembers.
+pub async fn tombstones(
+    State(state): State<SharedState>,
+    ApiPath(db): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    let database = state.store.database(&db)?;
+    let d = database.clone();
+    let stats = blocking(move || d.tombstone_stats()).await?;
+    Ok(json_value(
+        StatusCode::OK,
+        tombstone_json(&database, &stats),
+    ))
+}
+
+#[derive(serde::Deserialize)]
+pub struct PurgeQuery {
+    before: Option<String>,
+    older_than_ms: Option<u64>,
+}
+
+/// `DELETE /dbs/{db}/tombstones?before=<etag>&older_than_ms=N`: forgets deletes
+/// below the etag and older than the age, never one a registered consumer has not
+/// read yet. With neither, every tombstone the consumers allow.
+pub async fn purge_tombstones(
+    State(state): State<SharedState>,
+    ApiPath(db): ApiPath<String>,
+    q: Result<axum::extract::Query<PurgeQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let q = crate::routes::query(q)?;
+    let database = state.store.database(&db)?;
+    let before_sequence = q
+        .before
+        .as_deref()
+        .map(|e| database.sequence_of(e))
+        .transpose()?;
+    let rule = kiln_docs::PurgeRule {
+        before_sequence,
+        older_than_ms: q.older_than_ms,
+    };
+    let d = database.clone();
+    let (out, stats) =
+        blocking(move || Ok((d.purge_tombstones(rule)?, d.tombstone_stats()?))).await?;
+    let mut v = tombstone_json(&database, &stats);
+    v["purged"] = out.purged.into();
+    v["purged_below_etag"] = database
+        .etag_at(out.purged_below_sequence)
+        .to_string()
+        .into();
+    Ok(json_value(StatusCode::OK, v))
 }

@@ -1,0 +1,72 @@
+//! Databases created before the change log existed get one on open: the trees are
+//! created and every stored document is entered at its etag's sequence. Deletes made
+//! before then left no tombstone and cannot be recovered.
+
+use super::{change_key, encode_entry, ChangeKind, CHANGES, CONSUMERS, TOMBSTONES};
+use crate::database::DOCS;
+use crate::{record, DocError, Result};
+use kiln_storage::Env;
+
+/// Documents entered per transaction while building the log.
+const CHUNK: usize = 10_000;
+
+pub(crate) fn add_change_log(env: &Env, database: &str) -> Result<()> {
+    if env.begin_read()?.tree_exists(TOMBSTONES)? {
+        return Ok(());
+    }
+    tracing::info!(
+        database,
+        "building the change log of a database made before it existed"
+    );
+    // CHANGES is filled before TOMBSTONES is created: a crash in between leaves the
+    // trees to be built again, entries already written are written again harmlessly.
+    env.submit(|txn| {
+        txn.ensure_tree(CHANGES)?;
+        txn.ensure_tree(CONSUMERS)
+    })?;
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let chunk = {
+            let r = env.begin_read()?;
+            let mut cursor = r.cursor(DOCS)?;
+            let mut item = match &after {
+                None => cursor.first()?,
+                Some(k) => {
+                    let mut i = cursor.seek(k)?;
+                    if i.as_ref().is_some_and(|(key, _)| key == k) {
+                        i = cursor.next()?;
+                    }
+                    i
+                }
+            };
+            let mut chunk = Vec::with_capacity(CHUNK);
+            while let Some((key, value)) = item {
+                let id = std::str::from_utf8(key).map_err(|_| DocError::CorruptRecord {
+                    id: String::from_utf8_lossy(key).into_owned(),
+                    why: "stored id is not UTF-8".into(),
+                })?;
+                let rec = record::decode(id, value)?;
+                let entry =
+                    encode_entry(ChangeKind::Put, rec.last_modified_ms, rec.collection, id)?;
+                chunk.push((rec.etag.sequence, entry, key.to_vec()));
+                if chunk.len() == CHUNK {
+                    break;
+                }
+                item = cursor.next()?;
+            }
+            chunk
+        };
+        let Some(last) = chunk.last().map(|c| c.2.clone()) else {
+            break;
+        };
+        env.submit(move |txn| {
+            for (sequence, entry, _) in &chunk {
+                txn.put(CHANGES, &change_key(*sequence), entry)?;
+            }
+            Ok(())
+        })?;
+        after = Some(last);
+    }
+    env.submit(|txn| txn.ensure_tree(TOMBSTONES))?;
+    Ok(())
+}

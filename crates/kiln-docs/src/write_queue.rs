@@ -1,0 +1,240 @@
+//! The one batching layer for document writes.
+//!
+//! Every writer of documents — the server's single-document requests, bulk insert,
+//! and later the indexer — hands its writes here instead of calling the engine from
+//! its own thread. A few worker threads take whatever has queued up, turn the
+//! independent writes for one database into ONE commit-queue unit
+//! (`Database::write_each`: each write succeeds or fails on its own) and answer each
+//! caller through its reply when that unit is durable. While one worker waits on the
+//! journal, the next gathers the writes that arrived meanwhile, so under load many
+//! requests share one journal write; a lone write goes out at once.
+//!
+//! A reply is a plain callback, so the queue serves any caller: a blocking thread
+//! (`write_blocking`), or an async runtime (the server passes a closure that sends
+//! on a oneshot channel). Callbacks run on a worker thread and must not block.
+
+use crate::{BatchOutcome, Database, DocError, Result, WriteOp};
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+pub type Reply<T> = Box<dyn FnOnce(Result<T>) + Send>;
+
+enum Job {
+    /// An independent write: merged with others, fails alone.
+    One {
+        op: WriteOp,
+        reply: Reply<BatchOutcome>,
+    },
+    /// Writes that commit together or not at all (a bulk insert's batch).
+    All {
+        ops: Vec<WriteOp>,
+        reply: Reply<Vec<BatchOutcome>>,
+    },
+}
+
+/// How the queue runs: workers are units in flight at once.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteQueueOptions {
+    pub workers: usize,
+    /// Independent writes merged into one unit at most.
+    pub max_writes_per_unit: usize,
+    /// Jobs waiting at most; past it a write fails at once with `Overloaded`.
+    pub max_queued_jobs: usize,
+}
+
+impl Default for WriteQueueOptions {
+    fn default() -> Self {
+        WriteQueueOptions {
+            workers: 4,
+            max_writes_per_unit: 256,
+            max_queued_jobs: 65_536,
+        }
+    }
+}
+
+struct State {
+    jobs: VecDeque<(Arc<Database>, Job)>,
+    closed: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    ready: Condvar,
+    opts: WriteQueueOptions,
+}
+
+pub struct WriteQueue {
+    shared: Arc<Shared>,
+    workers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl WriteQueue {
+    pub fn start(opts: WriteQueueOptions) -> Result<WriteQueue> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                jobs: VecDeque::new(),
+                closed: false,
+            }),
+            ready: Condvar::new(),
+            opts,
+        });
+        let mut workers = Vec::new();
+        for i in 0..opts.workers.max(1) {
+            let s = shared.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("kiln-write-{i}"))
+                .spawn(move || work(&s))
+                .map_err(|e| DocError::io("(write queue worker thread)", e))?;
+            workers.push(handle);
+        }
+        Ok(WriteQueue {
+            shared,
+            workers: Mutex::new(workers),
+        })
+    }
+
+    /// Queues an independent write; `reply` gets its outcome once durable or failed.
+    /// Fails at once (and does not call `reply`) when the queue is full or closed.
+    pub fn write(
+        &self,
+        db: Arc<Database>,
+        op: WriteOp,
+        reply: impl FnOnce(Result<BatchOutcome>) + Send + 'static,
+    ) -> Result<()> {
+        self.push(
+            db,
+            Job::One {
+                op,
+                reply: Box::new(reply),
+            },
+        )
+    }
+
+    /// Queues writes that commit together or not at all.
+    pub fn write_all(
+        &self,
+        db: Arc<Database>,
+        ops: Vec<WriteOp>,
+        reply: impl FnOnce(Result<Vec<BatchOutcome>>) + Send + 'static,
+    ) -> Result<()> {
+        self.push(
+            db,
+            Job::All {
+                ops,
+                reply: Box::new(reply),
+            },
+        )
+    }
+
+    /// Queues an independent write and waits for it on this thread.
+    pub fn write_blocking(&self, db: Arc<Database>, op: WriteOp) -> Result<BatchOutcome> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.write(db, op, move |r| {
+            let _ = tx.send(r);
+        })?;
+        rx.recv().unwrap_or(Err(DocError::ShuttingDown))
+    }
+
+    /// Jobs waiting for a worker.
+    pub fn queued(&self) -> usize {
+        self.shared.state.lock().jobs.len()
+    }
+
+    fn push(&self, db: Arc<Database>, job: Job) -> Result<()> {
+        let mut state = self.shared.state.lock();
+        if state.closed {
+            return Err(DocError::ShuttingDown);
+        }
+        if state.jobs.len() >= self.shared.opts.max_queued_jobs {
+            return Err(DocError::Overloaded {
+                queued: state.jobs.len(),
+            });
+        }
+        state.jobs.push_back((db, job));
+        drop(state);
+        self.shared.ready.notify_one();
+        Ok(())
+    }
+
+    /// Stops taking writes, finishes the queued ones and joins the workers.
+    pub fn close(&self) {
+        self.shared.state.lock().closed = true;
+        self.shared.ready.notify_all();
+        for w in self.workers.lock().drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for WriteQueue {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn work(shared: &Shared) {
+    loop {
+        let Some((db, taken)) = take(shared) else {
+            return;
+        };
+        match taken {
+            Taken::All(ops, reply) => {
+                let result = db.write_all(ops);
+                reply(result);
+            }
+            Taken::Many(ops, replies) => {
+                let results = db.write_each(ops);
+                drop(db);
+                for (reply, result) in replies.into_iter().zip(results) {
+                    reply(result);
+                }
+            }
+        }
+    }
+}
+
+enum Taken {
+    All(Vec<WriteOp>, Reply<Vec<BatchOutcome>>),
+    Many(Vec<WriteOp>, Vec<Reply<BatchOutcome>>),
+}
+
+/// Waits for work; takes an all-or-nothing job alone, or the independent writes at
+/// the front of the queue that go to the same database (up to a unit's worth).
+/// `None` once the queue is closed and empty.
+fn take(shared: &Shared) -> Option<(Arc<Database>, Taken)> {
+    let mut state = shared.state.lock();
+    while state.jobs.is_empty() {
+        if state.closed {
+            return None;
+        }
+        shared.ready.wait(&mut state);
+    }
+    let (db, first) = state.jobs.pop_front()?;
+    let taken = match first {
+        Job::All { ops, reply } => Taken::All(ops, reply),
+        Job::One { op, reply } => {
+            let mut ops = vec![op];
+            let mut replies = vec![reply];
+            while ops.len() < shared.opts.max_writes_per_unit {
+                let same_db_single = matches!(
+                    state.jobs.front(),
+                    Some((next, Job::One { .. })) if Arc::ptr_eq(next, &db)
+                );
+                if !same_db_single {
+                    break;
+                }
+                if let Some((_, Job::One { op, reply })) = state.jobs.pop_front() {
+                    ops.push(op);
+                    replies.push(reply);
+                }
+            }
+            Taken::Many(ops, replies)
+        }
+    };
+    // Others may be waiting behind what this worker took.
+    if !state.jobs.is_empty() {
+        shared.ready.notify_one();
+    }
+    Some((db, taken))
+}

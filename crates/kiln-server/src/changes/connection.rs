@@ -1,0 +1,347 @@
+//! One WebSocket connection of the changes feed.
+//!
+//! The connection's task waits on three things at once: a message from the client
+//! (subscribe / unsubscribe), a change the hub queued for it, and the shared
+//! heartbeat tick. The tick is ONE interval task for the whole server publishing on a
+//! watch channel (the seed's single shared timer): no timer per connection, no
+//! allocation per tick. An idle connection answers a tick with a heartbeat frame; a
+//! busy one has just sent something and skips it.
+//!
+//! Protocol (text frames, JSON):
+//! - client: `{"op":"subscribe","sub":NAME,"id"?,"prefix"?,"collection"?,"since"?}`,
+//!   `{"op":"unsubscribe","sub":NAME}`
+//! - server: `{"type":"subscribed",...}`, backlog `{"type":"change",...}` then
+//!   `{"type":"caught_up",...}` when `since` was given, live changes, `{"type":
+//!   "heartbeat","last_etag"}`, `{"type":"error","code","message"}`; a slow reader is
+//!   closed with code 4008 and "slow consumer: resume from etag E".
+
+use super::hub::{Hub, Outgoing, Subscriber, Subscription};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use kiln_docs::{Change, ChangeFilter, Database};
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+/// Backlog entries read per step while a subscription catches up.
+const BACKLOG_PAGE: usize = 512;
+/// Close code for a reader that fell too far behind (private range 4000-4999).
+pub const CLOSE_SLOW_CONSUMER: u16 = 4008;
+
+pub struct ConnectionConfig {
+    pub queue_len: usize,
+    pub max_subscriptions: usize,
+    pub heartbeat: watch::Receiver<u64>,
+    pub heartbeat_interval: Duration,
+    pub metrics: Arc<crate::metrics::Metrics>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+enum ClientMessage {
+    Subscribe {
+        sub: String,
+        id: Option<String>,
+        prefix: Option<String>,
+        collection: Option<String>,
+        since: Option<String>,
+    },
+    Unsubscribe {
+        sub: String,
+    },
+}
+
+struct Conn {
+    socket: WebSocket,
+    hub: Arc<Hub>,
+    me: Arc<Subscriber>,
+    /// The last etag sequence sent per subscription name (a resume point).
+    sent_up_to: Vec<(Arc<str>, u64)>,
+    last_sent: Instant,
+    cfg: ConnectionConfig,
+}
+
+pub async fn run(socket: WebSocket, hub: Arc<Hub>, cfg: ConnectionConfig) {
+    let (me, mut queue) = Subscriber::new(cfg.queue_len);
+    let id = hub.subscribe(me.clone());
+    cfg.metrics
+        .ws_connections_open
+        .fetch_add(1, Ordering::Relaxed);
+    cfg.metrics
+        .ws_connections_total
+        .fetch_add(1, Ordering::Relaxed);
+    let mut heartbeat = cfg.heartbeat.clone();
+    let mut stopped = hub.stopped();
+    let mut c = Conn {
+        socket,
+        hub: hub.clone(),
+        me,
+        sent_up_to: Vec::new(),
+        last_sent: Instant::now(),
+        cfg,
+    };
+    let result = c.serve(&mut queue, &mut heartbeat, &mut stopped).await;
+    hub.unsubscribe(id);
+    c.cfg
+        .metrics
+        .ws_connections_open
+        .fetch_sub(1, Ordering::Relaxed);
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "changes connection ended");
+    }
+}
+
+impl Conn {
+    async fn serve(
+        &mut self,
+        queue: &mut mpsc::Receiver<Outgoing>,
+        heartbeat: &mut watch::Receiver<u64>,
+        stopped: &mut watch::Receiver<bool>,
+    ) -> Result<(), axum::Error> {
+        loop {
+            if *stopped.borrow() {
+                let frame = CloseFrame {
+                    code: 1001,
+                    reason: Utf8Bytes::from_static("the database was deleted"),
+                };
+                return self.socket.send(Message::Close(Some(frame))).await;
+            }
+            if self.me.overflowed.load(Ordering::Relaxed) {
+                return self.close_slow().await;
+            }
+            tokio::select! {
+                msg = self.socket.recv() => match msg {
+                    None => return Ok(()),
+                    Some(Err(e)) => return Err(e),
+                    Some(Ok(Message::Text(t))) => self.on_client_text(&t).await?,
+                    Some(Ok(Message::Close(_))) => return Ok(()),
+                    // Pings are answered by the library; binary frames mean nothing here.
+                    Some(Ok(Message::Binary(_))) => self.send_error("unsupported", "send JSON text frames").await?,
+                    Some(Ok(_)) => {}
+                },
+                out = queue.recv() => match out {
+                    Some(out) => self.send_change(&out.sub, &out.change).await?,
+                    None => return Ok(()),
+                },
+                _ = stopped.changed() => continue,
+                tick = heartbeat.changed() => {
+                    if tick.is_err() {
+                        return Ok(()); // the server is stopping
+                    }
+                    if self.last_sent.elapsed() >= self.cfg.heartbeat_interval / 2 {
+                        let last = self.hub.db.etag_at(self.hub.db.last_sequence());
+                        self.send_json(json!({"type": "heartbeat", "last_etag": last.to_string()})).await?;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn send_json(&mut self, v: serde_json::Value) -> Result<(), axum::Error> {
+        self.last_sent = Instant::now();
+        self.cfg.metrics.ws_messages.fetch_add(1, Ordering::Relaxed);
+        self.socket
+            .send(Message::Text(Utf8Bytes::from(v.to_string())))
+            .await
+    }
+
+    async fn send_error(&mut self, code: &str, message: &str) -> Result<(), axum::Error> {
+        self.send_json(json!({"type": "error", "code": code, "message": message}))
+            .await
+    }
+
+    async fn send_change(&mut self, sub: &Arc<str>, c: &Change) -> Result<(), axum::Error> {
+        let seq = c.etag.sequence;
+        match self.sent_up_to.iter_mut().find(|(n, _)| n == sub) {
+            Some((_, at)) => *at = (*at).max(seq),
+            None => self.sent_up_to.push((sub.clone(), seq)),
+        }
+        self.send_json(json!({
+            "type": "change",
+            "sub": &**sub,
+            "id": c.id,
+            "etag": c.etag.to_string(),
+            "change": c.kind.as_str(),
+            "collection": c.collection,
+        }))
+        .await
+    }
+
+    async fn close_slow(&mut self) -> Result<(), axum::Error> {
+        self.cfg
+            .metrics
+            .ws_slow_consumers_dropped
+            .fetch_add(1, Ordering::Relaxed);
+        // Resuming every subscription from the lowest etag sent misses nothing.
+        let from = self.sent_up_to.iter().map(|s| s.1).min().unwrap_or(0);
+        let etag = self.hub.db.etag_at(from);
+        let reason = format!("slow consumer: resume from etag {etag}");
+        let frame = CloseFrame {
+            code: CLOSE_SLOW_CONSUMER,
+            reason: Utf8Bytes::from(reason),
+        };
+        // A reader this slow may not take even the close frame: don't wait for it.
+        let _ = tokio::time::timeout(
+            Duration::from_secs(1),
+            self.socket.send(Message::Close(Some(frame))),
+        )
+        .await;
+        Ok(())
+    }
+
+    async fn on_client_text(&mut self, text: &str) -> Result<(), axum::Error> {
+        let msg: ClientMessage = match serde_json::from_str(text) {
+            Ok(m) => m,
+            Err(e) => return self.send_error("invalid_message", &e.to_string()).await,
+        };
+        match msg {
+            ClientMessage::Unsubscribe { sub } => {
+                self.me.subs.lock().retain(|s| *s.name != *sub);
+                self.sent_up_to.retain(|s| *s.0 != *sub);
+                self.send_json(json!({"type": "unsubscribed", "sub": sub}))
+                    .await
+            }
+            ClientMessage::Subscribe {
+                sub,
+                id,
+                prefix,
+                collection,
+                since,
+            } => {
+                let filter = ChangeFilter {
+                    id,
+                    prefix,
+                    collection,
+                };
+                self.subscribe(sub, filter, since).await
+            }
+        }
+    }
+
+    async fn subscribe(
+        &mut self,
+        sub: String,
+        filter: ChangeFilter,
+        since: Option<String>,
+    ) -> Result<(), axum::Error> {
+        let name: Arc<str> = Arc::from(sub.as_str());
+        let count = {
+            let mut subs = self.me.subs.lock();
+            subs.retain(|s| s.name != name); // subscribing again replaces it
+            subs.len()
+        };
+        if count >= self.cfg.max_subscriptions {
+            let msg = format!(
+                "at most {} subscriptions per connection",
+                self.cfg.max_subscriptions
+            );
+            return self.send_error("too_many_subscriptions", &msg).await;
+        }
+        let db = self.hub.db.clone();
+        let from = match since.as_deref().map(|e| db.sequence_of(e)).transpose() {
+            Ok(f) => f,
+            Err(e) => return self.send_error("invalid_etag", &e.to_string()).await,
+        };
+        let Some(from) = from else {
+            // Live only: from the hub's position on.
+            let position = {
+                let d = self.hub.dispatch.lock();
+                self.me.subs.lock().push(Subscription {
+                    name: name.clone(),
+                    filter,
+                    live_after: Some(d.position),
+                });
+                d.position
+            };
+            let etag = db.etag_at(position).to_string();
+            return self
+                .send_json(json!({"type": "subscribed", "sub": sub, "last_etag": etag}))
+                .await;
+        };
+        self.me.subs.lock().push(Subscription {
+            name: name.clone(),
+            filter: filter.clone(),
+            live_after: None,
+        });
+        let etag = db.etag_at(db.last_sequence()).to_string();
+        self.send_json(json!({"type": "subscribed", "sub": sub, "last_etag": etag}))
+            .await?;
+        let up_to = self.backlog(&name, &filter, from).await?;
+        let etag = db.etag_at(up_to).to_string();
+        self.send_json(json!({"type": "caught_up", "sub": sub, "last_etag": etag}))
+            .await
+    }
+
+    /// Sends the changes after `from` matching `filter`, then turns the subscription
+    /// live at the hub's position (see the module comment of `hub.rs`). Returns the
+    /// sequence it is caught up to.
+    async fn backlog(
+        &mut self,
+        name: &Arc<str>,
+        filter: &ChangeFilter,
+        mut from: u64,
+    ) -> Result<u64, axum::Error> {
+        let db: Arc<Database> = self.hub.db.clone();
+        loop {
+            let position = self.hub.dispatch.lock().position;
+            if position.saturating_sub(from) <= BACKLOG_PAGE as u64 {
+                break;
+            }
+            let page = match read_changes(&db, from, filter).await {
+                Ok(p) => p,
+                Err(e) => {
+                    self.send_error("read_failed", &e.to_string()).await?;
+                    return Ok(from);
+                }
+            };
+            let stalled = page.last_sequence <= from;
+            for entry in page.changes {
+                self.send_change(name, &entry.change).await?;
+            }
+            from = page.last_sequence;
+            if stalled {
+                break;
+            }
+        }
+        // The seam: under `dispatch` the hub cannot advance, so what is at or below
+        // its position is read here and what is above comes live.
+        let (rest, position) = {
+            let d = self.hub.dispatch.lock();
+            let rest = db.changes_between(from, d.position, usize::MAX, filter, false);
+            let mut subs = self.me.subs.lock();
+            if let Some(s) = subs.iter_mut().find(|s| s.name == *name) {
+                s.live_after = Some(d.position);
+            }
+            (rest, d.position)
+        };
+        match rest {
+            Ok(page) => {
+                for entry in page.changes {
+                    if entry.change.etag.sequence <= position {
+                        self.send_change(name, &entry.change).await?;
+                    }
+                }
+            }
+            Err(e) => self.send_error("read_failed", &e.to_string()).await?,
+        }
+        Ok(position)
+    }
+}
+
+async fn read_changes(
+    db: &Arc<Database>,
+    from: u64,
+    filter: &ChangeFilter,
+) -> kiln_docs::Result<kiln_docs::ChangesPage> {
+    let db = db.clone();
+    let filter = filter.clone();
+    tokio::task::spawn_blocking(move || db.changes_since(from, BACKLOG_PAGE, &filter, false))
+        .await
+        .unwrap_or_else(|e| {
+            Err(kiln_docs::DocError::InvalidDocument(format!(
+                "backlog read failed: {e}"
+            )))
+        })
+}

@@ -1,0 +1,361 @@
+//! `POST /dbs/{db}/bulk`: streaming bulk insert of NDJSON.
+//!
+//! The body is read, parsed and committed as it arrives; the answer streams back
+//! while the upload goes on: one `{"acked": n, "last_etag": e}` line per committed
+//! batch, then `{"done": true, ...}` or `{"error": code, "line": k, ...}`.
+//!
+//! Batches size themselves like a group commit: while one batch commits (through the
+//! store's write queue, all or nothing), the lines that arrive meanwhile are parsed
+//! into the next, which goes out as soon as the previous one is durable. A fast
+//! uploader thus gets large batches (up to `MAX_BATCH_DOCS` / `MAX_BATCH_BYTES`),
+//! a trickle gets each document committed at once. Memory stays bounded: at most
+//! one batch committing, one filling, and one partial line.
+//!
+//! A bad line k: the lines before it are committed, then the error names line k;
+//! nothing from k on is written. A client that disconnects loses at most the batch
+//! that was filling (never half a batch: each batch is one transaction).
+
+use crate::app::SharedState;
+use crate::error::ApiError;
+use crate::http_util::ApiPath;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kiln_docs::{BatchOutcome, Condition, Database, DocError, DocId, Etag, WriteOp};
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+const MAX_BATCH_DOCS: usize = 8192;
+const MAX_BATCH_BYTES: usize = 16 << 20;
+/// Answer lines buffered toward a client that reads them slowly.
+const ACK_QUEUE: usize = 64;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line<'a> {
+    #[serde(borrow)]
+    id: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    document: &'a serde_json::value::RawValue,
+}
+
+/// A line that stops the stream.
+struct LineError {
+    line: u64,
+    code: &'static str,
+    message: String,
+}
+
+pub async fn bulk_insert(
+    State(state): State<SharedState>,
+    ApiPath(db): ApiPath<String>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let database = state.store.database(&db)?;
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(ACK_QUEUE);
+    let run = BulkRun {
+        state: state.clone(),
+        db: database,
+        acked: 0,
+        last_etag: None,
+        out: tx,
+        max_line_bytes: state.limits.max_body_bytes,
+        idle_timeout: Duration::from_millis(state.limits.request_read_timeout_ms),
+    };
+    tokio::spawn(run.run(body));
+    let stream = tokio_stream_from(rx);
+    let mut resp = (StatusCode::OK, Body::from_stream(stream)).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    Ok(resp)
+}
+
+fn tokio_stream_from(
+    mut rx: mpsc::Receiver<Result<Bytes, std::io::Error>>,
+) -> impl futures_core::Stream<Item = Result<Bytes, std::io::Error>> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+type Commit = oneshot::Receiver<Result<Vec<BatchOutcome>, DocError>>;
+
+struct BulkRun {
+    state: SharedState,
+    db: Arc<Database>,
+    acked: u64,
+    last_etag: Option<Etag>,
+    out: mpsc::Sender<Result<Bytes, std::io::Error>>,
+    max_line_bytes: usize,
+    idle_timeout: Duration,
+}
+
+/// The batch being filled.
+#[derive(Default)]
+struct Filling {
+    ops: Vec<WriteOp>,
+    bytes: usize,
+}
+
+impl BulkRun {
+    async fn run(mut self, body: Body) {
+        let metrics = self.state.metrics.clone();
+        metrics
+            .bulk_running
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let end = self.stream(body).await;
+        metrics
+            .bulk_running
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        metrics
+            .bulk_documents
+            .fetch_add(self.acked, std::sync::atomic::Ordering::Relaxed);
+        let last = self.last_etag.map(|e| e.to_string());
+        let line = match end {
+            Ok(()) => json!({"done": true, "acked": self.acked, "last_etag": last}),
+            Err(e) => json!({
+                "error": e.code,
+                "message": e.message,
+                "line": e.line,
+                "acked": self.acked,
+                "last_etag": last,
+                "note": "every document before this line is committed; nothing from it on was written",
+            }),
+        };
+        self.send_line(line).await;
+    }
+
+    async fn send_line(&self, v: serde_json::Value) {
+        let mut text = v.to_string();
+        text.push('\n');
+        // The client may be gone; what was committed stays committed.
+        let _ = self.out.send(Ok(Bytes::from(text))).await;
+    }
+
+    /// Reads the body line by line, committing batches; returns at the end of the
+    /// body or at the first bad line (after committing the lines before it).
+    async fn stream(&mut self, body: Body) -> Result<(), LineError> {
+        let mut body = body.into_data_stream();
+        let mut partial: Vec<u8> = Vec::new();
+        let mut line_no: u64 = 0;
+        let mut filling = Filling::default();
+        let mut committing: Option<Commit> = None;
+        loop {
+            // Submit the filled batch as soon as nothing is committing.
+            if committing.is_none() && !filling.ops.is_empty() {
+                committing = Some(self.submit(std::mem::take(&mut filling)).await?);
+            }
+            let full = filling.ops.len() >= MAX_BATCH_DOCS || filling.bytes >= MAX_BATCH_BYTES;
+            let chunk = tokio::select! {
+                // Biased: a finished commit is acknowledged before more is read.
+                biased;
+                done = async { committing.as_mut().expect("guarded").await }, if committing.is_some() => {
+                    committing = None;
+                    self.finish(done, line_no).await?;
+                    continue;
+                }
+                chunk = tokio::time::timeout(self.idle_timeout, futures_util::StreamExt::next(&mut body)), if !full => chunk,
+            };
+            let chunk = match chunk {
+                Err(_) => {
+                    return self
+                        .stop(
+                            committing,
+                            line_no + 1,
+                            "request_timeout",
+                            format!("no data for {} ms", self.idle_timeout.as_millis()),
+                        )
+                        .await
+                }
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    // The client went away (or sent garbage framing): the batch that
+                    // was filling is dropped whole; the committing one finishes.
+                    let line = line_no + 1;
+                    return self
+                        .stop(
+                            committing,
+                            line,
+                            "body_read_failed",
+                            format!("reading the body failed: {e}"),
+                        )
+                        .await;
+                }
+                Ok(Some(Ok(chunk))) => chunk,
+            };
+            let mut rest: &[u8] = &chunk;
+            while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+                let (head, tail) = rest.split_at(nl);
+                rest = &tail[1..];
+                line_no += 1;
+                let line: std::borrow::Cow<[u8]> = if partial.is_empty() {
+                    head.into()
+                } else {
+                    partial.extend_from_slice(head);
+                    std::mem::take(&mut partial).into()
+                };
+                if let Err(e) = self.parse_into(&line, line_no, &mut filling) {
+                    return self.fail_after(committing, filling, e).await;
+                }
+            }
+            partial.extend_from_slice(rest);
+            if partial.len() > self.max_line_bytes {
+                let e = LineError {
+                    line: line_no + 1,
+                    code: "document_too_large",
+                    message: format!(
+                        "a line longer than {} bytes (--max-body-bytes)",
+                        self.max_line_bytes
+                    ),
+                };
+                return self.fail_after(committing, filling, e).await;
+            }
+        }
+        if !partial.is_empty() {
+            line_no += 1;
+            let last = std::mem::take(&mut partial);
+            if let Err(e) = self.parse_into(&last, line_no, &mut filling) {
+                return self.fail_after(committing, filling, e).await;
+            }
+        }
+        if let Some(c) = committing.take() {
+            self.finish(c.await, line_no).await?;
+        }
+        if !filling.ops.is_empty() {
+            let c = self.submit(filling).await?;
+            self.finish(c.await, line_no).await?;
+        }
+        Ok(())
+    }
+
+    fn parse_into(
+        &self,
+        line: &[u8],
+        line_no: u64,
+        filling: &mut Filling,
+    ) -> Result<(), LineError> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(());
+        }
+        let bad = |code: &'static str, message: String| LineError {
+            line: line_no,
+            code,
+            message,
+        };
+        let parsed: Line = serde_json::from_slice(line).map_err(|e| {
+            bad(
+                "malformed_json",
+                format!("{e} (a line is {{\"id\": ..., \"document\": {{...}}}})"),
+            )
+        })?;
+        let document = self
+            .db
+            .parse_document(parsed.document.get().as_bytes())
+            .map_err(|e| {
+                let message = e.to_string();
+                bad(ApiError::from(e).code, message)
+            })?;
+        let id = parsed.id.into_owned();
+        let target = if id.ends_with('/') {
+            DocId::Generate { prefix: id }
+        } else {
+            DocId::Given(id)
+        };
+        filling.bytes += line.len();
+        filling.ops.push(WriteOp::Put {
+            id: target,
+            document,
+            condition: Condition::None,
+        });
+        Ok(())
+    }
+
+    async fn submit(&self, filling: Filling) -> Result<Commit, LineError> {
+        let (reply, answer) = oneshot::channel();
+        self.state
+            .store
+            .writes()
+            .write_all(self.db.clone(), filling.ops, move |r| {
+                let _ = reply.send(r);
+            })
+            .map_err(|e| LineError {
+                line: 0,
+                code: ApiError::from(e).code,
+                message: "the write queue refused the batch".into(),
+            })?;
+        Ok(answer)
+    }
+
+    /// Records a committed batch (or turns its failure into the stream's end).
+    async fn finish(
+        &mut self,
+        done: Result<Result<Vec<BatchOutcome>, DocError>, oneshot::error::RecvError>,
+        line_no: u64,
+    ) -> Result<(), LineError> {
+        match done {
+            Ok(Ok(outcomes)) => {
+                self.acked += outcomes.len() as u64;
+                if let Some(BatchOutcome::Put(p)) = outcomes.last() {
+                    self.last_etag = Some(p.etag);
+                }
+                let last = self.last_etag.map(|e| e.to_string());
+                self.send_line(json!({"acked": self.acked, "last_etag": last}))
+                    .await;
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                let e = ApiError::from(e);
+                Err(LineError {
+                    line: line_no,
+                    code: e.code,
+                    message: format!("a batch failed and was not applied: {}", e.message),
+                })
+            }
+            Err(_) => Err(LineError {
+                line: line_no,
+                code: "internal_error",
+                message: "a batch was dropped before it finished".into(),
+            }),
+        }
+    }
+
+    /// A bad line: commit what came before it, then report it.
+    async fn fail_after(
+        &mut self,
+        committing: Option<Commit>,
+        filling: Filling,
+        e: LineError,
+    ) -> Result<(), LineError> {
+        if let Some(c) = committing {
+            self.finish(c.await, e.line).await?;
+        }
+        if !filling.ops.is_empty() {
+            let c = self.submit(filling).await?;
+            self.finish(c.await, e.line).await?;
+        }
+        Err(e)
+    }
+
+    /// The body ended badly: the committing batch finishes, the filling one is dropped.
+    async fn stop(
+        &mut self,
+        committing: Option<Commit>,
+        line: u64,
+        code: &'static str,
+        message: String,
+    ) -> Result<(), LineError> {
+        if let Some(c) = committing {
+            self.finish(c.await, line).await?;
+        }
+        Err(LineError {
+            line,
+            code,
+            message,
+        })
+    }
+}

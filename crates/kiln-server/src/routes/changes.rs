@@ -1,0 +1,141 @@
+//! `GET /dbs/{db}/changes` (a page of the change log, optionally long-polled) and
+//! `GET /dbs/{db}/changes/ws` (subscriptions over one WebSocket).
+
+use crate::app::SharedState;
+use crate::changes::connection::{self, ConnectionConfig};
+use crate::error::ApiError;
+use crate::http_util::{json_response, ApiPath};
+use crate::routes::query;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use kiln_docs::{ChangeFilter, ChangesPage, Database};
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The longest a pull may wait for a change.
+const MAX_WAIT_MS: u64 = 60_000;
+
+#[derive(Deserialize)]
+pub struct ChangesQuery {
+    since: Option<String>,
+    limit: Option<usize>,
+    wait_ms: Option<u64>,
+    id: Option<String>,
+    prefix: Option<String>,
+    collection: Option<String>,
+    #[serde(default)]
+    include_docs: bool,
+}
+
+pub async fn pull(
+    State(state): State<SharedState>,
+    ApiPath(db): ApiPath<String>,
+    q: Result<Query<ChangesQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let q = query(q)?;
+    let database = state.store.database(&db)?;
+    let since = database.sequence_of(q.since.as_deref().unwrap_or(""))?;
+    let limit = crate::routes::page_size(&state, q.limit)?;
+    let wait_ms = q.wait_ms.unwrap_or(0);
+    if wait_ms > MAX_WAIT_MS {
+        return Err(ApiError::bad_request(
+            "invalid_wait",
+            format!("wait_ms {wait_ms} exceeds the limit of {MAX_WAIT_MS}"),
+        ));
+    }
+    let filter = ChangeFilter {
+        id: q.id,
+        prefix: q.prefix,
+        collection: q.collection,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    let mut commits = (wait_ms > 0).then(|| state.hubs.hub(&database).commits());
+    let mut from = since;
+    loop {
+        let page = read(&database, from, limit, &filter, q.include_docs).await?;
+        let Some(rx) = commits.as_mut().filter(|_| page.changes.is_empty()) else {
+            return Ok(page_response(&database, page));
+        };
+        // Nothing yet: wait for the next durable write (or the deadline). Marking the
+        // channel seen before looking at the last sequence loses no wake-up.
+        from = page.last_sequence;
+        rx.borrow_and_update();
+        if database.last_sequence() > from {
+            continue;
+        }
+        match tokio::time::timeout_at(deadline, rx.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => return Ok(page_response(&database, page)),
+        }
+    }
+}
+
+async fn read(
+    db: &Arc<Database>,
+    since: u64,
+    limit: usize,
+    filter: &ChangeFilter,
+    include_docs: bool,
+) -> Result<ChangesPage, ApiError> {
+    let db = db.clone();
+    let filter = filter.clone();
+    crate::http_util::blocking(move || db.changes_since(since, limit, &filter, include_docs)).await
+}
+
+fn page_response(db: &Database, page: ChangesPage) -> Response {
+    let results: Vec<serde_json::Value> = page
+        .changes
+        .into_iter()
+        .map(|e| {
+            let c = e.change;
+            let mut v = json!({
+                "id": c.id,
+                "etag": c.etag.to_string(),
+                "change": c.kind.as_str(),
+                "collection": c.collection,
+            });
+            if let Some(doc) = e.document {
+                match serde_json::from_slice::<serde_json::Value>(&doc.json) {
+                    Ok(d) => v["document"] = d,
+                    Err(err) => {
+                        v["document_error"] = format!("stored document unreadable: {err}").into()
+                    }
+                }
+            }
+            v
+        })
+        .collect();
+    let body = json!({
+        "results": results,
+        "last_etag": db.etag_at(page.last_sequence).to_string(),
+    });
+    json_response(StatusCode::OK, body.to_string().into_bytes())
+}
+
+pub async fn websocket(
+    State(state): State<SharedState>,
+    ApiPath(db): ApiPath<String>,
+    upgrade: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    let database = state.store.database(&db)?;
+    let hub = state.hubs.hub(&database);
+    let cfg = ConnectionConfig {
+        queue_len: state.changes.subscriber_queue_len,
+        max_subscriptions: state.changes.max_subscriptions_per_connection,
+        heartbeat: state.heartbeat.clone(),
+        heartbeat_interval: Duration::from_millis(state.changes.heartbeat_ms),
+        metrics: state.metrics.clone(),
+    };
+    // Small buffers: an idle subscriber should cost kilobytes, not the library's
+    // 128 KiB defaults; they grow for a large message.
+    Ok(upgrade
+        .read_buffer_size(4 << 10)
+        .write_buffer_size(0)
+        .max_message_size(64 << 10)
+        .on_upgrade(move |socket| connection::run(socket, hub, cfg)))
+}

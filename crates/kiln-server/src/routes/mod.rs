@@ -1,0 +1,57 @@
+//! The HTTP routes, one module per area.
+
+pub mod admin;
+pub mod bulk;
+pub mod changes;
+pub mod docs;
+
+use crate::app::SharedState;
+use crate::error::ApiError;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::Query;
+use axum::http::StatusCode;
+use kiln_docs::{BatchOutcome, Database, WriteOp};
+use std::sync::Arc;
+
+/// Queues one write on the store's write queue and waits until it is durable.
+pub async fn write(
+    state: &SharedState,
+    db: Arc<Database>,
+    op: WriteOp,
+) -> Result<BatchOutcome, ApiError> {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    state.store.writes().write(db, op, move |r| {
+        // A request whose client went away no longer listens; its write stands,
+        // as with any database once the commit was made.
+        let _ = reply.send(r);
+    })?;
+    match answer.await {
+        Ok(result) => result.map_err(ApiError::from),
+        Err(_) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "the write was dropped before it finished",
+        )),
+    }
+}
+
+pub fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    q.map(|Query(t)| t)
+        .map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))
+}
+
+pub fn page_size(state: &SharedState, asked: Option<usize>) -> Result<usize, ApiError> {
+    let max = state.limits.max_page_size;
+    match asked {
+        None => Ok(state.limits.default_page_size),
+        Some(0) => Err(ApiError::bad_request(
+            "invalid_page_size",
+            "page_size must be at least 1",
+        )),
+        Some(n) if n > max => Err(ApiError::bad_request(
+            "page_size_too_large",
+            format!("page_size {n} exceeds the limit of {max}"),
+        )),
+        Some(n) => Ok(n),
+    }
+}
