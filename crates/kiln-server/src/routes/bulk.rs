@@ -248,9 +248,15 @@ impl BulkRun {
             message,
         };
         let parsed: Line = serde_json::from_slice(line).map_err(|e| {
+            let why = match DocError::malformed_json(&e) {
+                DocError::MalformedJson {
+                    column, message, ..
+                } => format!("{message} at column {column}"),
+                other => other.to_string(),
+            };
             bad(
                 "malformed_json",
-                format!("{e} (a line is {{\"id\": ..., \"document\": {{...}}}})"),
+                format!("{why} (a line is {{\"id\": ..., \"document\": {{...}}}})"),
             )
         })?;
         let document = self
