@@ -93,39 +93,43 @@ impl PreparedDoc {
             .or_else(|| collection_from_id(id))
     }
 
-    /// The stored JSON: the body with `@metadata` appended as its last key.
+    /// The stored JSON: the body with `@metadata` appended as its last key. Written
+    /// straight into bytes (this runs inside the commit, once per document).
     pub fn render(
         &self,
         id: &str,
         collection: Option<&str>,
         etag: Etag,
-        last_modified_ms: u64,
+        last_modified: &str,
     ) -> Vec<u8> {
-        let mut meta = Map::with_capacity(self.client_metadata.len() + 4);
-        meta.insert("@id".into(), Value::String(id.to_string()));
-        if let Some(c) = collection {
-            meta.insert("@collection".into(), Value::String(c.to_string()));
-        }
-        meta.insert("@etag".into(), Value::String(etag.to_string()));
-        meta.insert(
-            "@last-modified".into(),
-            Value::String(format_rfc3339_ms(last_modified_ms)),
-        );
-        for (k, v) in &self.client_metadata {
-            meta.insert(k.clone(), v.clone());
-        }
-        let meta_json =
-            serde_json::to_vec(&Value::Object(meta)).expect("a Value always serializes");
         // body_json is a serialized object: it ends with '}' and is "{}" when empty.
         let body = &self.body_json[..self.body_json.len() - 1];
-        let mut out = Vec::with_capacity(body.len() + meta_json.len() + 16);
+        let mut out = Vec::with_capacity(body.len() + id.len() + 128);
         out.extend_from_slice(body);
         if body.len() > 1 {
             out.push(b',');
         }
-        out.extend_from_slice(b"\"@metadata\":");
-        out.extend_from_slice(&meta_json);
-        out.push(b'}');
+        let string = |out: &mut Vec<u8>, s: &str| {
+            serde_json::to_writer(out, s).expect("writing to a Vec cannot fail");
+        };
+        out.extend_from_slice(b"\"@metadata\":{\"@id\":");
+        string(&mut out, id);
+        if let Some(c) = collection {
+            out.extend_from_slice(b",\"@collection\":");
+            string(&mut out, c);
+        }
+        out.extend_from_slice(b",\"@etag\":\"");
+        out.extend_from_slice(etag.to_string().as_bytes());
+        out.extend_from_slice(b"\",\"@last-modified\":");
+        string(&mut out, last_modified);
+        // The server's own keys were removed from these (`from_value`): no duplicates.
+        for (k, v) in &self.client_metadata {
+            out.push(b',');
+            string(&mut out, k);
+            out.push(b':');
+            serde_json::to_writer(&mut out, v).expect("a Value always serializes");
+        }
+        out.extend_from_slice(b"}}");
         out
     }
 }
@@ -160,16 +164,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.collection_for("users/1"), Some("people"));
-        let out = p.render("users/1", Some("people"), etag(), 0);
+        let out = p.render("users/1", Some("people"), etag(), &format_rfc3339_ms(0));
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["name"], "Ada");
         assert_eq!(v["@metadata"]["@etag"], "5-00000001");
         assert_eq!(v["@metadata"]["tag"], "x");
         assert_eq!(v["@metadata"]["@collection"], "people");
         assert_eq!(v["@metadata"]["@last-modified"], "1970-01-01T00:00:00.000Z");
-        let empty = PreparedDoc::parse(b"{}")
-            .unwrap()
-            .render("a", None, etag(), 0);
+        let empty =
+            PreparedDoc::parse(b"{}")
+                .unwrap()
+                .render("a", None, etag(), &format_rfc3339_ms(0));
         let v: Value = serde_json::from_slice(&empty).unwrap();
         assert_eq!(v["@metadata"]["@id"], "a");
         assert!(v["@metadata"].get("@collection").is_none());

@@ -9,22 +9,27 @@
 //! - `meta`: `incarnation` (u32 BE), `last_etag` (u64 BE)
 //! - `changes`, `tombstones`, `consumers`: the change log (see `changes/log.rs`)
 
-use crate::changes::{
-    change_key, encode_entry, ChangeKind, CommitNotifier, CHANGES, CONSUMERS, TOMBSTONES,
-};
+mod apply;
+mod keys;
+
+pub(crate) use keys::{collection_key, decode_u64, read_last_sequence, to_document};
+
+use crate::changes::{CommitNotifier, CHANGES, CONSUMERS, TOMBSTONES};
 use crate::document::{now_ms, PreparedDoc};
 use crate::id::validate_id;
-use crate::{record, DocError, Document, Etag, Result};
-use kiln_storage::{Env, ReadTxn, WriteTxn};
+use crate::{DocError, Document, Etag, Result};
+use apply::{apply_op, Unit};
+use kiln_storage::{Env, ReadTxn};
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 pub(crate) const DOCS: &str = "docs";
 pub(crate) const BY_COLLECTION: &str = "by_collection";
 pub(crate) const COUNTS: &str = "counts";
 pub(crate) const META: &str = "meta";
 pub(crate) const META_INCARNATION: &[u8] = b"incarnation";
-const META_LAST_ETAG: &[u8] = b"last_etag";
+pub(crate) const META_LAST_ETAG: &[u8] = b"last_etag";
 
 /// A precondition on the current state of a document, checked inside the write's
 /// transaction (so two writers with the same `IfMatch` cannot both win).
@@ -150,15 +155,8 @@ pub struct Database {
     limits: Limits,
     deleted: AtomicBool,
     pub(crate) notifier: CommitNotifier,
-}
-
-/// What a unit of work needs besides the transaction (copied into each unit, which
-/// must be `'static`).
-#[derive(Clone, Copy)]
-struct WriteCtx {
-    incarnation: u32,
-    limits: Limits,
-    now_ms: u64,
+    /// False until the database has a tombstone (see `apply::Unit`).
+    tombstones_possible: Arc<AtomicBool>,
 }
 
 impl Database {
@@ -204,9 +202,9 @@ impl Database {
             u32::from_be_bytes(raw.try_into().map_err(|_| missing("incarnation"))?)
         };
         crate::changes::upgrade::add_change_log(&env, name)?;
-        let last_sequence = {
+        let (last_sequence, tombstones) = {
             let r = env.begin_read()?;
-            read_last_sequence(&r)?
+            (read_last_sequence(&r)?, r.tree_len(TOMBSTONES)?)
         };
         Ok(Database {
             env: Some(env),
@@ -215,6 +213,7 @@ impl Database {
             limits,
             deleted: AtomicBool::new(false),
             notifier: CommitNotifier::new(last_sequence),
+            tombstones_possible: Arc::new(AtomicBool::new(tombstones > 0)),
         })
     }
 
@@ -265,12 +264,14 @@ impl Database {
         Ok(self.env())
     }
 
-    fn ctx(&self) -> WriteCtx {
-        WriteCtx {
-            incarnation: self.incarnation,
-            limits: self.limits,
-            now_ms: now_ms(),
-        }
+    /// The state a commit-queue unit of this database's writes starts with.
+    fn unit(&self) -> Unit {
+        Unit::new(
+            self.incarnation,
+            self.limits,
+            now_ms(),
+            self.tombstones_possible.clone(),
+        )
     }
 
     fn check_id(&self, id: &DocId) -> Result<()> {
@@ -316,14 +317,36 @@ impl Database {
         let env = self.live()?;
         self.check_id(&id)?;
         self.check_body_size(json.len())?;
-        let doc = PreparedDoc::parse(json)?;
-        let ctx = self.ctx();
+        let document = ParsedDocument(PreparedDoc::parse(json)?);
+        match self.write_one(
+            env,
+            WriteOp::Put {
+                id,
+                document,
+                condition,
+            },
+        )? {
+            BatchOutcome::Put(p) => Ok(p),
+            BatchOutcome::Delete(_) => Err(DocError::InvalidDocument(
+                "internal: a put came back as a delete".into(),
+            )),
+        }
+    }
+
+    /// One write in its own unit; its error comes back as it is.
+    fn write_one(&self, env: &Env, op: WriteOp) -> Result<BatchOutcome> {
+        let mut unit = self.unit();
         let out = env
             .submit(move |txn| {
-                apply_put(txn, ctx, &id, &doc, condition).map_err(DocError::into_unit)
+                let mut run = |txn: &mut kiln_storage::WriteTxn<'_>| -> Result<BatchOutcome> {
+                    let out = apply_op(txn, &mut unit, &op)?;
+                    unit.finish(txn)?;
+                    Ok(out)
+                };
+                run(txn).map_err(DocError::into_unit)
             })
             .map_err(DocError::from_unit)?;
-        self.notifier.published(out.etag.sequence);
+        self.published(std::iter::once(&out));
         Ok(out)
     }
 
@@ -331,13 +354,16 @@ impl Database {
     pub fn delete(&self, id: &str, condition: Condition) -> Result<DeleteOutcome> {
         let env = self.live()?;
         validate_id(id, self.limits.max_id_bytes)?;
-        let ctx = self.ctx();
-        let id = id.to_string();
-        let out = env
-            .submit(move |txn| apply_delete(txn, ctx, &id, condition).map_err(DocError::into_unit))
-            .map_err(DocError::from_unit)?;
-        self.notifier.published(out.tombstone_etag.sequence);
-        Ok(out)
+        let op = WriteOp::Delete {
+            id: id.to_string(),
+            condition,
+        };
+        match self.write_one(env, op)? {
+            BatchOutcome::Delete(d) => Ok(d),
+            BatchOutcome::Put(_) => Err(DocError::InvalidDocument(
+                "internal: a delete came back as a put".into(),
+            )),
+        }
     }
 
     /// Applies all operations in one transaction: all of them or none.
@@ -382,16 +408,17 @@ impl Database {
         for (index, op) in ops.iter().enumerate() {
             self.check_op(op).map_err(at_index(index))?;
         }
-        let ctx = self.ctx();
+        let mut unit = self.unit();
         let out = env
             .submit(move |txn| {
                 let mut out = Vec::with_capacity(ops.len());
                 for (index, op) in ops.iter().enumerate() {
-                    out.push(apply_op(txn, ctx, op).map_err(|e| match e {
+                    out.push(apply_op(txn, &mut unit, op).map_err(|e| match e {
                         DocError::Storage(s) => s,
                         other => at_index(index)(other).into_unit(),
                     })?);
                 }
+                unit.finish(txn).map_err(DocError::into_unit)?;
                 Ok(out)
             })
             .map_err(DocError::from_unit)?;
@@ -432,16 +459,17 @@ impl Database {
                 Err(e) => early.push(Some(e)),
             }
         }
-        let ctx = self.ctx();
+        let mut unit = self.unit();
         let applied = env
             .submit(move |txn| {
                 let mut out = Vec::with_capacity(checked.len());
                 for op in &checked {
-                    match apply_op(txn, ctx, op) {
+                    match apply_op(txn, &mut unit, op) {
                         Err(e) if !e.leaves_transaction_untouched() => return Err(e.into_unit()),
                         r => out.push(r),
                     }
                 }
+                unit.finish(txn).map_err(DocError::into_unit)?;
                 Ok(out)
             })
             .map_err(DocError::from_unit);
@@ -611,254 +639,4 @@ fn at_index(index: usize) -> impl Fn(DocError) -> DocError {
         index,
         source: Box::new(e),
     }
-}
-
-fn apply_op(txn: &mut WriteTxn<'_>, ctx: WriteCtx, op: &WriteOp) -> Result<BatchOutcome> {
-    match op {
-        WriteOp::Put {
-            id,
-            document,
-            condition,
-        } => apply_put(txn, ctx, id, &document.0, *condition).map(BatchOutcome::Put),
-        WriteOp::Delete { id, condition } => {
-            apply_delete(txn, ctx, id, *condition).map(BatchOutcome::Delete)
-        }
-    }
-}
-
-pub(crate) fn read_last_sequence(r: &ReadTxn<'_>) -> Result<u64> {
-    Ok(r.get(META, META_LAST_ETAG)?
-        .map(|b| decode_u64(b, "last etag"))
-        .transpose()?
-        .unwrap_or(0))
-}
-
-pub(crate) fn to_document(id: &str, bytes: &[u8]) -> Result<Document> {
-    let rec = record::decode(id, bytes)?;
-    Ok(Document {
-        id: id.to_string(),
-        etag: rec.etag,
-        last_modified_ms: rec.last_modified_ms,
-        collection: rec.collection.map(str::to_string),
-        json: rec.json.to_vec(),
-    })
-}
-
-pub(crate) fn decode_u64(b: &[u8], what: &str) -> Result<u64> {
-    let arr: [u8; 8] = b.try_into().map_err(|_| DocError::CorruptRecord {
-        id: "(meta)".into(),
-        why: format!("{what} has {} bytes, expected 8", b.len()),
-    })?;
-    Ok(u64::from_be_bytes(arr))
-}
-
-fn collection_key(collection: &str, sequence: u64) -> Vec<u8> {
-    let mut k = Vec::with_capacity(collection.len() + 9);
-    k.extend_from_slice(collection.as_bytes());
-    k.push(0);
-    k.extend_from_slice(&sequence.to_be_bytes());
-    k
-}
-
-/// The etag the next write gets (written back by `advance_etag` once the write is
-/// sure to happen: an operation that fails must leave the transaction untouched,
-/// so that other operations of the same unit can still commit).
-fn peek_next_etag(txn: &mut WriteTxn<'_>, incarnation: u32) -> Result<Etag> {
-    let last = match txn.get(META, META_LAST_ETAG)? {
-        Some(b) => decode_u64(b, "last etag")?,
-        None => 0,
-    };
-    Ok(Etag {
-        incarnation,
-        sequence: last + 1,
-    })
-}
-
-fn advance_etag(txn: &mut WriteTxn<'_>, to: Etag) -> Result<()> {
-    txn.put(META, META_LAST_ETAG, &to.sequence.to_be_bytes())?;
-    Ok(())
-}
-
-/// The etag and collection of the stored document, if any.
-fn current(txn: &mut WriteTxn<'_>, id: &str) -> Result<Option<(Etag, Option<String>)>> {
-    match txn.get(DOCS, id.as_bytes())? {
-        None => Ok(None),
-        Some(bytes) => {
-            let rec = record::decode(id, bytes)?;
-            Ok(Some((rec.etag, rec.collection.map(str::to_string))))
-        }
-    }
-}
-
-fn check_condition(id: &str, condition: Condition, current: Option<Etag>) -> Result<()> {
-    let conflict = |why: String| {
-        Err(DocError::Conflict {
-            id: id.to_string(),
-            current,
-            why,
-        })
-    };
-    match (condition, current) {
-        (Condition::None, _) => Ok(()),
-        (Condition::IfMatch(want), Some(have)) if want == have => Ok(()),
-        (Condition::IfMatch(want), Some(have)) => {
-            conflict(format!("expected etag {want}, the document has {have}"))
-        }
-        (Condition::IfMatch(want), None) => {
-            conflict(format!("expected etag {want}, the document does not exist"))
-        }
-        (Condition::IfExists, Some(_)) => Ok(()),
-        (Condition::IfExists, None) => conflict("the document does not exist".into()),
-        (Condition::IfNotExists, None) => Ok(()),
-        (Condition::IfNotExists, Some(have)) => {
-            conflict(format!("the document already exists (etag {have})"))
-        }
-    }
-}
-
-fn add_to_count(txn: &mut WriteTxn<'_>, collection: &str, delta: i64) -> Result<()> {
-    let now = match txn.get(COUNTS, collection.as_bytes())? {
-        Some(b) => decode_u64(b, "collection count")?,
-        None => 0,
-    };
-    let new = now
-        .checked_add_signed(delta)
-        .ok_or_else(|| DocError::CorruptRecord {
-            id: format!("(count of {collection})"),
-            why: format!("count {now} {delta:+} goes below zero"),
-        })?;
-    if new == 0 {
-        txn.delete(COUNTS, collection.as_bytes())?;
-    } else {
-        txn.put(COUNTS, collection.as_bytes(), &new.to_be_bytes())?;
-    }
-    Ok(())
-}
-
-fn apply_put(
-    txn: &mut WriteTxn<'_>,
-    ctx: WriteCtx,
-    id: &DocId,
-    doc: &PreparedDoc,
-    condition: Condition,
-) -> Result<PutOutcome> {
-    // Every check comes before the first write (see `peek_next_etag`).
-    let mut etag = peek_next_etag(txn, ctx.incarnation)?;
-    let (id, existing) = match id {
-        DocId::Given(id) => {
-            let existing = current(txn, id)?;
-            check_condition(id, condition, existing.as_ref().map(|e| e.0))?;
-            (id.clone(), existing)
-        }
-        DocId::Generate { prefix } => loop {
-            // The etag sequence is unique in the database, so it makes a unique id
-            // unless a client took that id by hand; then the next one is tried.
-            let id = format!("{prefix}{}", etag.sequence);
-            if txn.get(DOCS, id.as_bytes())?.is_none() {
-                check_condition(&id, condition, None)?;
-                break (id, None);
-            }
-            etag.sequence += 1;
-        },
-    };
-    let collection = doc.collection_for(&id).map(str::to_string);
-    let json = doc.render(&id, collection.as_deref(), etag, ctx.now_ms);
-    if json.len() > ctx.limits.max_document_bytes {
-        return Err(DocError::DocumentTooLarge {
-            len: json.len(),
-            max: ctx.limits.max_document_bytes,
-        });
-    }
-    let change = encode_entry(ChangeKind::Put, ctx.now_ms, collection.as_deref(), &id)?;
-    advance_etag(txn, etag)?;
-    txn.put(
-        DOCS,
-        id.as_bytes(),
-        &record::encode(etag, ctx.now_ms, collection.as_deref(), &json),
-    )?;
-    let created = existing.is_none();
-    match &existing {
-        Some((old_etag, _)) => {
-            txn.delete(CHANGES, &change_key(old_etag.sequence))?;
-        }
-        None => forget_tombstone(txn, &id)?,
-    }
-    txn.put(CHANGES, &change_key(etag.sequence), &change)?;
-    if let Some((old_etag, old_collection)) = existing {
-        if let Some(old) = &old_collection {
-            txn.delete(BY_COLLECTION, &collection_key(old, old_etag.sequence))?;
-        }
-        if old_collection != collection {
-            if let Some(old) = &old_collection {
-                add_to_count(txn, old, -1)?;
-            }
-            if let Some(new) = &collection {
-                add_to_count(txn, new, 1)?;
-            }
-        }
-    } else if let Some(new) = &collection {
-        add_to_count(txn, new, 1)?;
-    }
-    if let Some(c) = &collection {
-        txn.put(
-            BY_COLLECTION,
-            &collection_key(c, etag.sequence),
-            id.as_bytes(),
-        )?;
-    }
-    Ok(PutOutcome {
-        id,
-        etag,
-        collection,
-        last_modified_ms: ctx.now_ms,
-        created,
-    })
-}
-
-/// A document written again after a delete no longer needs its tombstone: its new
-/// change log entry supersedes it.
-fn forget_tombstone(txn: &mut WriteTxn<'_>, id: &str) -> Result<()> {
-    let Some(raw) = txn.get(TOMBSTONES, id.as_bytes())? else {
-        return Ok(());
-    };
-    let sequence = decode_u64(raw, "tombstone sequence")?;
-    txn.delete(TOMBSTONES, id.as_bytes())?;
-    txn.delete(CHANGES, &change_key(sequence))?;
-    Ok(())
-}
-
-fn apply_delete(
-    txn: &mut WriteTxn<'_>,
-    ctx: WriteCtx,
-    id: &str,
-    condition: Condition,
-) -> Result<DeleteOutcome> {
-    let Some((etag, collection)) = current(txn, id)? else {
-        if condition == Condition::None {
-            return Err(DocError::DocumentNotFound { id: id.to_string() });
-        }
-        check_condition(id, condition, None)?;
-        return Err(DocError::DocumentNotFound { id: id.to_string() });
-    };
-    check_condition(id, condition, Some(etag))?;
-    let tombstone_etag = peek_next_etag(txn, ctx.incarnation)?;
-    let tombstone = encode_entry(ChangeKind::Delete, ctx.now_ms, collection.as_deref(), id)?;
-    advance_etag(txn, tombstone_etag)?;
-    txn.delete(DOCS, id.as_bytes())?;
-    if let Some(c) = &collection {
-        txn.delete(BY_COLLECTION, &collection_key(c, etag.sequence))?;
-        add_to_count(txn, c, -1)?;
-    }
-    txn.delete(CHANGES, &change_key(etag.sequence))?;
-    txn.put(CHANGES, &change_key(tombstone_etag.sequence), &tombstone)?;
-    txn.put(
-        TOMBSTONES,
-        id.as_bytes(),
-        &tombstone_etag.sequence.to_be_bytes(),
-    )?;
-    Ok(DeleteOutcome {
-        id: id.to_string(),
-        etag,
-        tombstone_etag,
-    })
 }

@@ -1,0 +1,308 @@
+//! Applying writes inside a commit-queue unit.
+//!
+//! A `Unit` carries what the writes of one unit share: the etag counter and the
+//! per-collection count changes are kept in memory while the writes run and written
+//! once when the unit ends (`Unit::finish`), instead of a read and a write of the
+//! same two keys per document. Every check of a write comes before its first change
+//! to the transaction or to the unit, so a write that fails a check leaves both
+//! untouched and the other writes of the unit can still commit.
+
+use super::keys::{collection_key, decode_u64};
+use super::{
+    BatchOutcome, Condition, DeleteOutcome, DocId, Limits, PutOutcome, WriteOp, BY_COLLECTION,
+    COUNTS, DOCS, META, META_LAST_ETAG,
+};
+use crate::changes::{change_key, encode_entry, ChangeKind, CHANGES, TOMBSTONES};
+use crate::document::PreparedDoc;
+use crate::{record, DocError, Etag, Result};
+use kiln_storage::WriteTxn;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// What a unit needs besides the transaction (moved into the unit's closure).
+pub(super) struct Unit {
+    pub incarnation: u32,
+    pub limits: Limits,
+    pub now_ms: u64,
+    /// `now_ms` as the RFC 3339 text documents carry, formatted once per unit.
+    pub now_text: String,
+    /// The last etag sequence handed out, once read from `meta`.
+    last_sequence: Option<u64>,
+    /// The sequence in `meta` when the unit began (to know if it must be written).
+    stored_sequence: u64,
+    count_deltas: Vec<(String, i64)>,
+    /// False while the database has never had a tombstone: a new document then
+    /// need not look for one.
+    pub tombstones_possible: Arc<AtomicBool>,
+}
+
+impl Unit {
+    pub fn new(
+        incarnation: u32,
+        limits: Limits,
+        now_ms: u64,
+        tombstones_possible: Arc<AtomicBool>,
+    ) -> Unit {
+        Unit {
+            incarnation,
+            limits,
+            now_ms,
+            now_text: crate::document::format_rfc3339_ms(now_ms),
+            last_sequence: None,
+            stored_sequence: 0,
+            count_deltas: Vec::new(),
+            tombstones_possible,
+        }
+    }
+
+    /// The etag the next write gets; taken by `advance` once the write is sure.
+    fn peek_next_etag(&mut self, txn: &mut WriteTxn<'_>) -> Result<Etag> {
+        let last = match self.last_sequence {
+            Some(l) => l,
+            None => {
+                let l = match txn.get(META, META_LAST_ETAG)? {
+                    Some(b) => decode_u64(b, "last etag")?,
+                    None => 0,
+                };
+                self.last_sequence = Some(l);
+                self.stored_sequence = l;
+                l
+            }
+        };
+        Ok(Etag {
+            incarnation: self.incarnation,
+            sequence: last + 1,
+        })
+    }
+
+    fn advance(&mut self, to: Etag) {
+        debug_assert!(self.last_sequence.is_some_and(|l| to.sequence > l));
+        self.last_sequence = Some(to.sequence);
+    }
+
+    fn count(&mut self, collection: &str, delta: i64) {
+        match self.count_deltas.iter_mut().find(|(c, _)| c == collection) {
+            Some((_, d)) => *d += delta,
+            None => self.count_deltas.push((collection.to_string(), delta)),
+        }
+    }
+
+    /// Writes the etag counter and the collection counts the unit changed.
+    pub fn finish(&mut self, txn: &mut WriteTxn<'_>) -> Result<()> {
+        if let Some(last) = self.last_sequence {
+            if last != self.stored_sequence {
+                txn.put(META, META_LAST_ETAG, &last.to_be_bytes())?;
+                self.stored_sequence = last;
+            }
+        }
+        for (collection, delta) in std::mem::take(&mut self.count_deltas) {
+            if delta != 0 {
+                add_to_count(txn, &collection, delta)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn apply_op(
+    txn: &mut WriteTxn<'_>,
+    unit: &mut Unit,
+    op: &WriteOp,
+) -> Result<BatchOutcome> {
+    match op {
+        WriteOp::Put {
+            id,
+            document,
+            condition,
+        } => apply_put(txn, unit, id, &document.0, *condition).map(BatchOutcome::Put),
+        WriteOp::Delete { id, condition } => {
+            apply_delete(txn, unit, id, *condition).map(BatchOutcome::Delete)
+        }
+    }
+}
+
+fn current(txn: &mut WriteTxn<'_>, id: &str) -> Result<Option<(Etag, Option<String>)>> {
+    match txn.get(DOCS, id.as_bytes())? {
+        None => Ok(None),
+        Some(bytes) => {
+            let rec = record::decode(id, bytes)?;
+            Ok(Some((rec.etag, rec.collection.map(str::to_string))))
+        }
+    }
+}
+
+fn check_condition(id: &str, condition: Condition, current: Option<Etag>) -> Result<()> {
+    let conflict = |why: String| {
+        Err(DocError::Conflict {
+            id: id.to_string(),
+            current,
+            why,
+        })
+    };
+    match (condition, current) {
+        (Condition::None, _) => Ok(()),
+        (Condition::IfMatch(want), Some(have)) if want == have => Ok(()),
+        (Condition::IfMatch(want), Some(have)) => {
+            conflict(format!("expected etag {want}, the document has {have}"))
+        }
+        (Condition::IfMatch(want), None) => {
+            conflict(format!("expected etag {want}, the document does not exist"))
+        }
+        (Condition::IfExists, Some(_)) => Ok(()),
+        (Condition::IfExists, None) => conflict("the document does not exist".into()),
+        (Condition::IfNotExists, None) => Ok(()),
+        (Condition::IfNotExists, Some(have)) => {
+            conflict(format!("the document already exists (etag {have})"))
+        }
+    }
+}
+
+fn add_to_count(txn: &mut WriteTxn<'_>, collection: &str, delta: i64) -> Result<()> {
+    let now = match txn.get(COUNTS, collection.as_bytes())? {
+        Some(b) => decode_u64(b, "collection count")?,
+        None => 0,
+    };
+    let new = now
+        .checked_add_signed(delta)
+        .ok_or_else(|| DocError::CorruptRecord {
+            id: format!("(count of {collection})"),
+            why: format!("count {now} {delta:+} goes below zero"),
+        })?;
+    if new == 0 {
+        txn.delete(COUNTS, collection.as_bytes())?;
+    } else {
+        txn.put(COUNTS, collection.as_bytes(), &new.to_be_bytes())?;
+    }
+    Ok(())
+}
+
+fn apply_put(
+    txn: &mut WriteTxn<'_>,
+    unit: &mut Unit,
+    id: &DocId,
+    doc: &PreparedDoc,
+    condition: Condition,
+) -> Result<PutOutcome> {
+    // Every check comes before the first write (see the module comment).
+    let mut etag = unit.peek_next_etag(txn)?;
+    let (id, existing) = match id {
+        DocId::Given(id) => {
+            let existing = current(txn, id)?;
+            check_condition(id, condition, existing.as_ref().map(|e| e.0))?;
+            (id.clone(), existing)
+        }
+        DocId::Generate { prefix } => loop {
+            // The etag sequence is unique in the database, so it makes a unique id
+            // unless a client took that id by hand; then the next one is tried.
+            let id = format!("{prefix}{}", etag.sequence);
+            if txn.get(DOCS, id.as_bytes())?.is_none() {
+                check_condition(&id, condition, None)?;
+                break (id, None);
+            }
+            etag.sequence += 1;
+        },
+    };
+    let collection = doc.collection_for(&id).map(str::to_string);
+    let json = doc.render(&id, collection.as_deref(), etag, &unit.now_text);
+    if json.len() > unit.limits.max_document_bytes {
+        return Err(DocError::DocumentTooLarge {
+            len: json.len(),
+            max: unit.limits.max_document_bytes,
+        });
+    }
+    let change = encode_entry(ChangeKind::Put, unit.now_ms, collection.as_deref(), &id)?;
+    unit.advance(etag);
+    txn.put(
+        DOCS,
+        id.as_bytes(),
+        &record::encode(etag, unit.now_ms, collection.as_deref(), &json),
+    )?;
+    let created = existing.is_none();
+    match &existing {
+        Some((old_etag, _)) => {
+            txn.delete(CHANGES, &change_key(old_etag.sequence))?;
+        }
+        None if unit.tombstones_possible.load(Ordering::SeqCst) => forget_tombstone(txn, &id)?,
+        None => {}
+    }
+    txn.put(CHANGES, &change_key(etag.sequence), &change)?;
+    if let Some((old_etag, old_collection)) = existing {
+        if let Some(old) = &old_collection {
+            txn.delete(BY_COLLECTION, &collection_key(old, old_etag.sequence))?;
+        }
+        if old_collection != collection {
+            if let Some(old) = &old_collection {
+                unit.count(old, -1);
+            }
+            if let Some(new) = &collection {
+                unit.count(new, 1);
+            }
+        }
+    } else if let Some(new) = &collection {
+        unit.count(new, 1);
+    }
+    if let Some(c) = &collection {
+        txn.put(
+            BY_COLLECTION,
+            &collection_key(c, etag.sequence),
+            id.as_bytes(),
+        )?;
+    }
+    Ok(PutOutcome {
+        id,
+        etag,
+        collection,
+        last_modified_ms: unit.now_ms,
+        created,
+    })
+}
+
+/// A document written again after a delete no longer needs its tombstone: its new
+/// change log entry supersedes it.
+fn forget_tombstone(txn: &mut WriteTxn<'_>, id: &str) -> Result<()> {
+    let Some(raw) = txn.get(TOMBSTONES, id.as_bytes())? else {
+        return Ok(());
+    };
+    let sequence = decode_u64(raw, "tombstone sequence")?;
+    txn.delete(TOMBSTONES, id.as_bytes())?;
+    txn.delete(CHANGES, &change_key(sequence))?;
+    Ok(())
+}
+
+fn apply_delete(
+    txn: &mut WriteTxn<'_>,
+    unit: &mut Unit,
+    id: &str,
+    condition: Condition,
+) -> Result<DeleteOutcome> {
+    let Some((etag, collection)) = current(txn, id)? else {
+        if condition == Condition::None {
+            return Err(DocError::DocumentNotFound { id: id.to_string() });
+        }
+        check_condition(id, condition, None)?;
+        return Err(DocError::DocumentNotFound { id: id.to_string() });
+    };
+    check_condition(id, condition, Some(etag))?;
+    let tombstone_etag = unit.peek_next_etag(txn)?;
+    let tombstone = encode_entry(ChangeKind::Delete, unit.now_ms, collection.as_deref(), id)?;
+    unit.advance(tombstone_etag);
+    // Set before this unit commits, so every later unit looks for tombstones.
+    unit.tombstones_possible.store(true, Ordering::SeqCst);
+    txn.delete(DOCS, id.as_bytes())?;
+    if let Some(c) = &collection {
+        txn.delete(BY_COLLECTION, &collection_key(c, etag.sequence))?;
+        unit.count(c, -1);
+    }
+    txn.delete(CHANGES, &change_key(etag.sequence))?;
+    txn.put(CHANGES, &change_key(tombstone_etag.sequence), &tombstone)?;
+    txn.put(
+        TOMBSTONES,
+        id.as_bytes(),
+        &tombstone_etag.sequence.to_be_bytes(),
+    )?;
+    Ok(DeleteOutcome {
+        id: id.to_string(),
+        etag,
+        tombstone_etag,
+    })
+}
