@@ -46,6 +46,14 @@ pub struct ServeArgs {
     /// Changes queued toward one WebSocket at most before it is closed as too slow.
     #[arg(long, default_value_t = kiln_server::ChangesConfig::default().subscriber_queue_len)]
     changes_queue_len: usize,
+    /// Page copies a database may hold for write-back before commits wait (MiB):
+    /// the bound on the engine's memory per busy database.
+    #[arg(long, default_value_t = kiln_docs::DocsOptions::default().storage.max_unflushed_bytes >> 20)]
+    max_unflushed_mib: u64,
+    /// The flusher writes pages back in windows of this many MiB of commits
+    /// (at most half of --max-unflushed-mib).
+    #[arg(long, default_value_t = kiln_docs::DocsOptions::default().storage.write_back_window_bytes >> 20)]
+    write_back_window_mib: u64,
     /// Worker threads for the async runtime (default: one per core).
     #[arg(long)]
     worker_threads: Option<usize>,
@@ -96,6 +104,8 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
     config.docs.max_document_bytes = a.max_document_bytes;
     config.docs.max_batch_ops = a.max_batch_ops;
     config.docs.max_id_bytes = a.max_id_bytes;
+    config.docs.storage.max_unflushed_bytes = a.max_unflushed_mib << 20;
+    config.docs.storage.write_back_window_bytes = a.write_back_window_mib << 20;
     config.changes.heartbeat_ms = a.changes_heartbeat_ms.max(1);
     config.changes.subscriber_queue_len = a.changes_queue_len.max(1);
     raise_open_file_limit(a.max_connections);
