@@ -72,6 +72,10 @@ pub enum DocError {
     #[error("overloaded: {queued} writes are waiting; retry later")]
     Overloaded { queued: usize },
 
+    /// A bug: something that must not happen did. Never the client's fault.
+    #[error("internal error: {0}")]
+    Internal(String),
+
     #[error("the store is shutting down")]
     ShuttingDown,
 

@@ -62,13 +62,21 @@ impl IntoResponse for ApiError {
 impl From<DocError> for ApiError {
     fn from(e: DocError) -> ApiError {
         let (status, code) = status_and_code(&e);
-        if status == StatusCode::INTERNAL_SERVER_ERROR {
-            tracing::error!(error = %e, "request failed in the storage layer");
-        }
+        let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
+            // A server fault: the log has the whole story under an id the client sees.
+            let id = format!("{:016x}", rand::random::<u64>());
+            tracing::error!(error_id = %id, error = %e, "request failed inside the server");
+            format!("{e} (error id {id}; the server log has the details)")
+        } else {
+            if status.is_server_error() {
+                tracing::warn!(error = %e, code, "request failed");
+            }
+            e.to_string()
+        };
         ApiError {
             status,
             code,
-            message: e.to_string(),
+            message,
             current_etag: current_etag(&e),
             retry_after_s: (code == "overloaded").then_some(1),
         }
@@ -103,20 +111,45 @@ fn status_and_code(e: &DocError) -> (StatusCode, &'static str) {
         DocError::EtagFromOtherIncarnation { .. } => (S::GONE, "etag_from_other_incarnation"),
         DocError::Overloaded { .. } => (S::SERVICE_UNAVAILABLE, "overloaded"),
         DocError::ShuttingDown => (S::SERVICE_UNAVAILABLE, "shutting_down"),
+        DocError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal_error"),
+        DocError::CorruptRecord { .. } => (S::INTERNAL_SERVER_ERROR, "corruption"),
+        // A directory of the data directory could not be made or removed.
+        DocError::Io { source, .. } if is_disk_full(source) => {
+            (S::INSUFFICIENT_STORAGE, "disk_full")
+        }
+        DocError::Io { .. } => (S::SERVICE_UNAVAILABLE, "io_error"),
         // A batch fails as its failing operation does; the message names the index.
         DocError::BatchOpFailed { source, .. } => status_and_code(source),
         DocError::Storage(E::Overloaded { .. }) => (S::SERVICE_UNAVAILABLE, "overloaded"),
-        DocError::Storage(E::Io { source, .. }) if source.raw_os_error() == Some(libc::ENOSPC) => {
-            (S::INSUFFICIENT_STORAGE, "disk_full")
+        DocError::Storage(se) => storage_status_and_code(se),
+        _ => (S::INTERNAL_SERVER_ERROR, "internal_error"),
+    }
+}
+
+/// The engine's failures keep their kind: a full disk is 507 whatever wrapped it; a
+/// database that latched after a failed write is 503 until the server restarts; a
+/// corruption or a bug is 500 (with an id in the log); never a client error.
+fn storage_status_and_code(e: &kiln_storage::Error) -> (StatusCode, &'static str) {
+    use kiln_storage::Error as E;
+    use StatusCode as S;
+    match e {
+        E::Overloaded { .. } => (S::SERVICE_UNAVAILABLE, "overloaded"),
+        E::KeyTooLarge { .. } => (S::BAD_REQUEST, "invalid_id"),
+        E::ValueTooLarge { .. } | E::TransactionTooLarge { .. } => {
+            (S::PAYLOAD_TOO_LARGE, "too_large")
         }
+        E::Io { source, .. } if is_disk_full(source) => (S::INSUFFICIENT_STORAGE, "disk_full"),
         // After a failed write the database refuses writes until it is reopened (the
         // journal then decides what was committed): say so instead of a bare 500.
-        DocError::Storage(E::Poisoned(_)) => (S::SERVICE_UNAVAILABLE, "database_failed"),
-        DocError::Storage(E::KeyTooLarge { .. }) => (S::BAD_REQUEST, "invalid_id"),
-        DocError::Storage(E::ValueTooLarge { .. })
-        | DocError::Storage(E::TransactionTooLarge { .. }) => (S::PAYLOAD_TOO_LARGE, "too_large"),
+        E::Poisoned(_) => (S::SERVICE_UNAVAILABLE, "database_failed"),
+        E::Io { .. } => (S::SERVICE_UNAVAILABLE, "io_error"),
+        e if e.is_corruption() => (S::INTERNAL_SERVER_ERROR, "corruption"),
         _ => (S::INTERNAL_SERVER_ERROR, "storage_error"),
     }
+}
+
+fn is_disk_full(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
 #[cfg(test)]

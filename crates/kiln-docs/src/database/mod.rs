@@ -327,9 +327,9 @@ impl Database {
             },
         )? {
             BatchOutcome::Put(p) => Ok(p),
-            BatchOutcome::Delete(_) => Err(DocError::InvalidDocument(
-                "internal: a put came back as a delete".into(),
-            )),
+            BatchOutcome::Delete(_) => {
+                Err(DocError::Internal("a put came back as a delete".into()))
+            }
         }
     }
 
@@ -360,9 +360,7 @@ impl Database {
         };
         match self.write_one(env, op)? {
             BatchOutcome::Delete(d) => Ok(d),
-            BatchOutcome::Put(_) => Err(DocError::InvalidDocument(
-                "internal: a delete came back as a put".into(),
-            )),
+            BatchOutcome::Put(_) => Err(DocError::Internal("a delete came back as a put".into())),
         }
     }
 
@@ -482,9 +480,7 @@ impl Database {
                     .map(|e| match e {
                         Some(e) => Err(e),
                         None => results.next().unwrap_or_else(|| {
-                            Err(DocError::InvalidDocument(
-                                "internal: a write lost its result".into(),
-                            ))
+                            Err(DocError::Internal("a write lost its result".into()))
                         }),
                     })
                     .collect()

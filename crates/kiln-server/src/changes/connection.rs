@@ -340,7 +340,7 @@ async fn read_changes(
     tokio::task::spawn_blocking(move || db.changes_since(from, BACKLOG_PAGE, &filter, false))
         .await
         .unwrap_or_else(|e| {
-            Err(kiln_docs::DocError::InvalidDocument(format!(
+            Err(kiln_docs::DocError::Internal(format!(
                 "backlog read failed: {e}"
             )))
         })

@@ -185,7 +185,7 @@ impl Hub {
                 db.changes_since(from, HUB_READ_PAGE, &everything, false)
             })
             .await
-            .map_err(|e| kiln_docs::DocError::InvalidDocument(format!("hub read failed: {e}")))??;
+            .map_err(|e| kiln_docs::DocError::Internal(format!("hub read failed: {e}")))??;
             let changes: Vec<Arc<Change>> = page
                 .changes
                 .into_iter()
