@@ -46,6 +46,10 @@ pub struct ServeArgs {
     /// Changes queued toward one WebSocket at most before it is closed as too slow.
     #[arg(long, default_value_t = kiln_server::ChangesConfig::default().subscriber_queue_len)]
     changes_queue_len: usize,
+    /// Deletes are remembered in the changes feed (as tombstones) this many hours,
+    /// then purged hourly; 0 keeps them until `DELETE /dbs/{db}/tombstones`.
+    #[arg(long, default_value_t = 14 * 24)]
+    tombstone_retention_hours: u64,
     /// Page copies a database may hold for write-back before commits wait (MiB):
     /// the bound on the engine's memory per busy database.
     #[arg(long, default_value_t = kiln_docs::DocsOptions::default().storage.max_unflushed_bytes >> 20)]
@@ -107,6 +111,8 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
     config.docs.storage.max_unflushed_bytes = a.max_unflushed_mib << 20;
     config.docs.storage.write_back_window_bytes = a.write_back_window_mib << 20;
     config.changes.heartbeat_ms = a.changes_heartbeat_ms.max(1);
+    config.changes.tombstone_retention_ms =
+        (a.tombstone_retention_hours > 0).then(|| a.tombstone_retention_hours * 3_600_000);
     config.changes.subscriber_queue_len = a.changes_queue_len.max(1);
     raise_open_file_limit(a.max_connections);
     let mut rt = tokio::runtime::Builder::new_multi_thread();

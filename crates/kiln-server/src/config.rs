@@ -37,6 +37,9 @@ pub struct ChangesConfig {
     /// disconnected as a slow consumer.
     pub subscriber_queue_len: usize,
     pub max_subscriptions_per_connection: usize,
+    /// Tombstones older than this are purged once an hour (as far as the registered
+    /// consumers allow); `None` keeps them until purged by hand.
+    pub tombstone_retention_ms: Option<u64>,
 }
 
 impl Default for ChangesConfig {
@@ -45,6 +48,7 @@ impl Default for ChangesConfig {
             heartbeat_ms: 5_000,
             subscriber_queue_len: 4_096,
             max_subscriptions_per_connection: 256,
+            tombstone_retention_ms: Some(14 * 24 * 3_600_000),
         }
     }
 }

@@ -100,6 +100,13 @@ impl RunningServer {
             .map_err(|_| ServeError::Config("max_connections is too large".into()))?;
         let connections = Arc::new(Semaphore::new(max_connections as usize));
         let (shutdown, shutdown_rx) = watch::channel(false);
+        if let Some(retention_ms) = config.changes.tombstone_retention_ms {
+            tokio::spawn(purge_tombstones_hourly(
+                Arc::downgrade(&state),
+                retention_ms,
+                shutdown_rx.clone(),
+            ));
+        }
         let accept_loop = tokio::spawn(accept_loop(
             listener,
             tls,
@@ -283,5 +290,38 @@ async fn serve_connection<S>(
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// The tombstone retention rule: once an hour, every database forgets the deletes
+/// older than `retention_ms` that no registered consumer still needs.
+async fn purge_tombstones_hourly(
+    state: std::sync::Weak<crate::app::AppState>,
+    retention_ms: u64,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut timer = tokio::time::interval(Duration::from_secs(3_600));
+    loop {
+        tokio::select! {
+            _ = timer.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let Some(state) = state.upgrade() else { return };
+        for db in state.store.databases() {
+            let rule = kiln_docs::PurgeRule {
+                before_sequence: None,
+                older_than_ms: Some(retention_ms),
+            };
+            let name = db.name().to_string();
+            match tokio::task::spawn_blocking(move || db.purge_tombstones(rule)).await {
+                Ok(Ok(out)) if out.purged > 0 => {
+                    tracing::info!(database = %name, purged = out.purged, remaining = out.remaining, "tombstones purged by the retention rule")
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(database = %name, error = %e, "tombstone purge failed")
+                }
+                _ => {}
+            }
+        }
     }
 }
