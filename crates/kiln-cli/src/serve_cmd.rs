@@ -46,6 +46,9 @@ pub struct ServeArgs {
     /// Changes queued toward one WebSocket at most before it is closed as too slow.
     #[arg(long, default_value_t = kiln_server::ChangesConfig::default().subscriber_queue_len)]
     changes_queue_len: usize,
+    /// Open changes-feed WebSockets at most (apart from --max-connections).
+    #[arg(long, default_value_t = kiln_server::ChangesConfig::default().max_connections)]
+    max_changes_connections: usize,
     /// Deletes are remembered in the changes feed (as tombstones) this many hours,
     /// then purged hourly; 0 keeps them until `DELETE /dbs/{db}/tombstones`.
     #[arg(long, default_value_t = 14 * 24)]
@@ -111,10 +114,11 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
     config.docs.storage.max_unflushed_bytes = a.max_unflushed_mib << 20;
     config.docs.storage.write_back_window_bytes = a.write_back_window_mib << 20;
     config.changes.heartbeat_ms = a.changes_heartbeat_ms.max(1);
+    config.changes.max_connections = a.max_changes_connections;
     config.changes.tombstone_retention_ms =
         (a.tombstone_retention_hours > 0).then(|| a.tombstone_retention_hours * 3_600_000);
     config.changes.subscriber_queue_len = a.changes_queue_len.max(1);
-    raise_open_file_limit(a.max_connections);
+    raise_open_file_limit(a.max_connections + a.max_changes_connections);
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all()
         // Every write waits for its commit on a blocking thread: allow one per

@@ -37,6 +37,9 @@ pub struct ChangesConfig {
     /// disconnected as a slow consumer.
     pub subscriber_queue_len: usize,
     pub max_subscriptions_per_connection: usize,
+    /// Open changes WebSockets at most (they do not count in `max_connections`: an
+    /// upgraded connection leaves the HTTP connection pool).
+    pub max_connections: usize,
     /// Tombstones older than this are purged once an hour (as far as the registered
     /// consumers allow); `None` keeps them until purged by hand.
     pub tombstone_retention_ms: Option<u64>,
@@ -48,6 +51,7 @@ impl Default for ChangesConfig {
             heartbeat_ms: 5_000,
             subscriber_queue_len: 4_096,
             max_subscriptions_per_connection: 256,
+            max_connections: 20_000,
             tombstone_retention_ms: Some(14 * 24 * 3_600_000),
         }
     }

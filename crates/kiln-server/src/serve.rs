@@ -140,6 +140,8 @@ impl RunningServer {
     pub async fn shutdown(self) -> Result<(), ServeError> {
         let _ = self.shutdown.send(true);
         let _ = self.accept_loop.await;
+        // Changes connections left the HTTP pool when they upgraded: end them here.
+        self.state.hubs.stop_all();
         match tokio::time::timeout(
             self.grace,
             self.connections.acquire_many(self.max_connections),
@@ -279,7 +281,10 @@ async fn serve_connection<S>(
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
         .keep_alive(true)
-        .serve_connection(TokioIo::new(io), service);
+        .serve_connection(TokioIo::new(io), service)
+        // A changes-feed WebSocket takes the connection over (it then lives in its
+        // own task, outside this connection's permit; see `routes/changes.rs`).
+        .with_upgrades();
     tokio::pin!(conn);
     let result = tokio::select! {
         r = conn.as_mut() => r,

@@ -247,6 +247,13 @@ impl Hubs {
 
     /// Forgets the hub of a deleted database (its subscribers' connections end when
     /// they next read from it).
+    /// Ends every changes connection (the server is stopping).
+    pub fn stop_all(&self) {
+        for (_, h) in self.hubs.lock().drain() {
+            let _ = h.stop.send(true);
+        }
+    }
+
     pub fn remove(&self, name: &str) {
         if let Some(h) = self.hubs.lock().remove(name) {
             let _ = h.stop.send(true);

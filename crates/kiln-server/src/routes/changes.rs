@@ -123,6 +123,20 @@ pub async fn websocket(
     upgrade: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     let database = state.store.database(&db)?;
+    let open = state
+        .metrics
+        .ws_connections_open
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if open >= state.changes.max_connections {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_connections",
+            format!(
+                "{open} changes connections are open, the limit is {}",
+                state.changes.max_connections
+            ),
+        ));
+    }
     let hub = state.hubs.hub(&database);
     let cfg = ConnectionConfig {
         queue_len: state.changes.subscriber_queue_len,
