@@ -22,8 +22,9 @@ use serde::Deserialize;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 /// Backlog entries read per step while a subscription catches up.
 const BACKLOG_PAGE: usize = 512;
@@ -131,8 +132,8 @@ impl Conn {
                         return Ok(()); // the server is stopping
                     }
                     if self.last_sent.elapsed() >= self.cfg.heartbeat_interval / 2 {
-                        let last = self.hub.db.etag_at(self.hub.db.last_sequence());
-                        self.send_json(json!({"type": "heartbeat", "last_etag": last.to_string()})).await?;
+                        let frame = self.hub.heartbeat_frame(*heartbeat.borrow_and_update());
+                        self.send_frame(frame).await?;
                     }
                 }
             }
@@ -140,11 +141,13 @@ impl Conn {
     }
 
     async fn send_json(&mut self, v: serde_json::Value) -> Result<(), axum::Error> {
+        self.send_frame(Utf8Bytes::from(v.to_string())).await
+    }
+
+    async fn send_frame(&mut self, text: Utf8Bytes) -> Result<(), axum::Error> {
         self.last_sent = Instant::now();
         self.cfg.metrics.ws_messages.fetch_add(1, Ordering::Relaxed);
-        self.socket
-            .send(Message::Text(Utf8Bytes::from(v.to_string())))
-            .await
+        self.socket.send(Message::Text(text)).await
     }
 
     async fn send_error(&mut self, code: &str, message: &str) -> Result<(), axum::Error> {

@@ -13,6 +13,7 @@
 //! while holding `dispatch`, so every change is either in that last read (at or below
 //! `position`) or dispatched live afterwards (above it): none missed, none twice.
 
+use axum::extract::ws::Utf8Bytes;
 use kiln_docs::{Change, ChangeFilter, Database};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -97,6 +98,9 @@ pub struct Hub {
     listener_id: u64,
     stop: watch::Sender<bool>,
     commits: watch::Receiver<u64>,
+    /// The heartbeat frame of the current tick, made by the first connection that
+    /// needs it and shared by the rest (a frame is reference-counted bytes).
+    heartbeat_frame: Mutex<(u64, Utf8Bytes)>,
     /// Slow consumers disconnected since start (for /metrics).
     pub dropped_slow: AtomicU64,
     pub changes_read: AtomicU64,
@@ -122,6 +126,7 @@ impl Hub {
             listener_id,
             stop,
             commits,
+            heartbeat_frame: Mutex::new((u64::MAX, Utf8Bytes::from_static(""))),
             dropped_slow: AtomicU64::new(0),
             changes_read: AtomicU64::new(0),
         });
@@ -139,6 +144,17 @@ impl Hub {
             }
         });
         hub
+    }
+
+    /// The heartbeat of tick `tick`: `{"type":"heartbeat","last_etag":...}`.
+    pub fn heartbeat_frame(&self, tick: u64) -> Utf8Bytes {
+        let mut f = self.heartbeat_frame.lock();
+        if f.0 != tick {
+            let last = self.db.etag_at(self.db.last_sequence());
+            let text = format!(r#"{{"type":"heartbeat","last_etag":"{last}"}}"#);
+            *f = (tick, Utf8Bytes::from(text));
+        }
+        f.1.clone()
     }
 
     /// Changes value after every durable write to the database (for long polls).
