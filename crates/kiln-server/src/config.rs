@@ -37,6 +37,8 @@ pub struct ChangesConfig {
     /// disconnected as a slow consumer.
     pub subscriber_queue_len: usize,
     pub max_subscriptions_per_connection: usize,
+    /// A reader that takes no frame for this long is closed as a slow consumer.
+    pub send_timeout_ms: u64,
     /// Open changes WebSockets at most (they do not count in `max_connections`: an
     /// upgraded connection leaves the HTTP connection pool).
     pub max_connections: usize,
@@ -51,6 +53,7 @@ impl Default for ChangesConfig {
             heartbeat_ms: 5_000,
             subscriber_queue_len: 4_096,
             max_subscriptions_per_connection: 256,
+            send_timeout_ms: 10_000,
             max_connections: 20_000,
             tombstone_retention_ms: Some(14 * 24 * 3_600_000),
         }

@@ -36,6 +36,7 @@ pub struct ConnectionConfig {
     pub max_subscriptions: usize,
     pub heartbeat: watch::Receiver<u64>,
     pub heartbeat_interval: Duration,
+    pub send_timeout: Duration,
     pub metrics: Arc<crate::metrics::Metrics>,
 }
 
@@ -144,10 +145,24 @@ impl Conn {
         self.send_frame(Utf8Bytes::from(v.to_string())).await
     }
 
+    /// Sends one frame. A reader that takes none for `send_timeout` is a slow
+    /// consumer: its queue is full or about to be, and its task must not hang in a
+    /// send forever, so the connection is closed (code 4008, with the etag to resume).
     async fn send_frame(&mut self, text: Utf8Bytes) -> Result<(), axum::Error> {
         self.last_sent = Instant::now();
         self.cfg.metrics.ws_messages.fetch_add(1, Ordering::Relaxed);
-        self.socket.send(Message::Text(text)).await
+        match tokio::time::timeout(self.cfg.send_timeout, self.socket.send(Message::Text(text)))
+            .await
+        {
+            Ok(sent) => sent,
+            Err(_) => {
+                self.me.overflowed.store(true, Ordering::Relaxed);
+                self.close_slow().await?;
+                Err(axum::Error::new(
+                    "the reader took nothing within the send timeout",
+                ))
+            }
+        }
     }
 
     async fn send_error(&mut self, code: &str, message: &str) -> Result<(), axum::Error> {
@@ -157,10 +172,6 @@ impl Conn {
 
     async fn send_change(&mut self, sub: &Arc<str>, c: &Change) -> Result<(), axum::Error> {
         let seq = c.etag.sequence;
-        match self.sent_up_to.iter_mut().find(|(n, _)| n == sub) {
-            Some((_, at)) => *at = (*at).max(seq),
-            None => self.sent_up_to.push((sub.clone(), seq)),
-        }
         self.send_json(json!({
             "type": "change",
             "sub": &**sub,
@@ -169,7 +180,17 @@ impl Conn {
             "change": c.kind.as_str(),
             "collection": c.collection,
         }))
-        .await
+        .await?;
+        self.note_sent(sub, seq);
+        Ok(())
+    }
+
+    /// Records how far a subscription has been sent (its resume point).
+    fn note_sent(&mut self, sub: &Arc<str>, sequence: u64) {
+        match self.sent_up_to.iter_mut().find(|(n, _)| n == sub) {
+            Some((_, at)) => *at = (*at).max(sequence),
+            None => self.sent_up_to.push((sub.clone(), sequence)),
+        }
     }
 
     async fn close_slow(&mut self) -> Result<(), axum::Error> {
@@ -235,6 +256,7 @@ impl Conn {
             subs.retain(|s| s.name != name); // subscribing again replaces it
             subs.len()
         };
+        self.sent_up_to.retain(|s| s.0 != name);
         if count >= self.cfg.max_subscriptions {
             let msg = format!(
                 "at most {} subscriptions per connection",
@@ -258,6 +280,7 @@ impl Conn {
                 });
                 d.position
             };
+            self.note_sent(&name, position);
             let etag = db.etag_at(position).to_string();
             return self
                 .send_json(json!({"type": "subscribed", "sub": sub, "last_etag": etag}))
@@ -268,6 +291,7 @@ impl Conn {
             filter: filter.clone(),
             live_after: None,
         });
+        self.note_sent(&name, from);
         let etag = db.etag_at(db.last_sequence()).to_string();
         self.send_json(json!({"type": "subscribed", "sub": sub, "last_etag": etag}))
             .await?;

@@ -143,6 +143,7 @@ pub async fn websocket(
         max_subscriptions: state.changes.max_subscriptions_per_connection,
         heartbeat: state.heartbeat.clone(),
         heartbeat_interval: Duration::from_millis(state.changes.heartbeat_ms),
+        send_timeout: Duration::from_millis(state.changes.send_timeout_ms),
         metrics: state.metrics.clone(),
     };
     // Small buffers: an idle subscriber should cost kilobytes, not the library's
