@@ -315,3 +315,82 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
             .ok()
     })
 }
+
+// ---- Changes feed and bulk insert helpers (changes_feed.rs, bulk_insert.rs) ----
+
+/// The sequence part of an etag `"<sequence>-<incarnation>"`; panics on anything else.
+pub fn seq_of(etag: &str) -> u64 {
+    etag.split_once('-')
+        .and_then(|(s, _)| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an etag: {etag:?}"))
+}
+
+impl Harness {
+    /// `GET /dbs/{db}/changes?{query}`; panics unless it answers 200. Returns the body.
+    pub async fn changes(&self, db: &str, query: &str) -> Value {
+        let r = self
+            .http
+            .get(self.url(&format!("/dbs/{db}/changes?{query}")))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, StatusCode::OK, "changes?{query}: {text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    }
+
+    /// Every entry of the change log after `since` (an etag or ""), read in pages of
+    /// `limit` with `extra` query parameters; also returns the final `last_etag`.
+    pub async fn all_changes(
+        &self,
+        db: &str,
+        since: &str,
+        limit: usize,
+        extra: &str,
+    ) -> (Vec<Value>, String) {
+        let mut since = since.to_string();
+        let mut out = Vec::new();
+        for _ in 0..100_000 {
+            let page = self
+                .changes(db, &format!("since={since}&limit={limit}{extra}"))
+                .await;
+            let results = page["results"].as_array().unwrap().clone();
+            assert!(results.len() <= limit, "a page over its limit: {page}");
+            let last = page["last_etag"].as_str().unwrap().to_string();
+            if results.is_empty() {
+                return (out, last);
+            }
+            assert_ne!(last, since, "a non-empty page must move last_etag: {page}");
+            since = last;
+            out.extend(results);
+        }
+        panic!("the change log never ended");
+    }
+
+    /// `DELETE /dbs/{db}/docs/{id}` that must succeed; returns its JSON answer.
+    pub async fn delete_ok(&self, db: &str, id: &str) -> Value {
+        let r = self.http.delete(self.doc_url(db, id)).send().await.unwrap();
+        let status = r.status();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, StatusCode::OK, "DELETE {id}: {text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// `GET /dbs/{db}` stats' `documents`.
+    pub async fn doc_count(&self, db: &str) -> u64 {
+        let (status, text) = self.get_text(&format!("/dbs/{db}")).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        v["documents"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no document count: {v}"))
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics_text(&self) -> String {
+        let (status, text) = self.get_text("/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        text
+    }
+}
