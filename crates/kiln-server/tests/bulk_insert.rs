@@ -300,19 +300,9 @@ async fn a_bad_line_k_stops_the_stream_with_k_minus_1_documents_committed() {
     h.shutdown().await;
 }
 
-// SERVER BUG (found by this test, not fixed here): an invalid id is not checked when
-// its line is parsed (src/routes/bulk.rs `parse_into` checks JSON and the document,
-// not the id), only when the batch is written, and `write_all` then refuses the
-// WHOLE batch. Sent in one request, 3,000 lines with an empty id on line 1,234
-// answer e.g. `{"error":"invalid_id","line":3000,"acked":0,...}` or
-// `{"error":"invalid_id","line":1389,"acked":200,...}` (it depends on how the body
-// was batched): the wrong line (the last line read when the batch failed, not
-// 1,234), lines before 1,234 in the failed batch are not committed although the note
-// says "every document before this line is committed", and lines after the bad one
-// are read and parsed instead of stopping there. Ignored so the fast tier stays green;
-// run it with `--ignored`.
+// An id is checked when its line is parsed (it once was checked only when its batch
+// was written, which refused the whole batch and named the last line read).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "SERVER BUG: an invalid id fails its whole batch and names the wrong line"]
 async fn an_invalid_id_on_line_k_stops_the_stream_with_k_minus_1_documents_committed() {
     let h = Harness::start().await;
     bad_line_case(
@@ -532,17 +522,10 @@ async fn ids_ending_in_a_slash_generate_distinct_ids_under_the_prefix() {
     h.shutdown().await;
 }
 
-// SERVER BUG (found by this test, not fixed here): when a bulk insert stops at a bad
-// line before the end of the body, the server answers `200` with a chunked NDJSON
-// body and then closes the connection without reading the rest, but the answer does
-// not say `Connection: close`. A pooling client (reqwest; seen as a flaky
-// `IncompleteMessage` on the request after the bulk insert, before
-// `bad_line_case` got a non-pooling client) sends its next request on that
-// connection and it fails for no reason of its own. Expected: `connection: close` in
-// the answer's head (or the connection keeps serving). Ignored so the fast tier
-// stays green; run it with `--ignored`.
+// A bulk answer goes out before the body is read, and a bad line leaves the rest of
+// the body unread: the head must say `Connection: close` (or the connection must keep
+// serving), else a pooling client reuses a connection the server is closing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "SERVER BUG: an answer that leaves the body unread does not announce Connection: close"]
 async fn a_bulk_answer_that_leaves_the_body_unread_announces_connection_close() {
     let h = Harness::start().await;
     h.create_db("early").await;

@@ -760,14 +760,9 @@ async fn reader_that_never_reads_is_dropped_and_the_server_and_other_subscribers
 // The same, and the stalled reader, when it reads again, finds the close frame 4008
 // "slow consumer: resume from etag E" after the frames that were already sent.
 //
-// SERVER BUG (found by this test, not fixed here): the close frame never reaches a
-// reader whose socket buffers are full. `close_slow` (src/changes/connection.rs)
-// waits at most 1 s to send the close frame, behind the megabytes the reader has not
-// taken, then drops the socket: the reader sees "Connection reset without closing
-// handshake" and never learns the resume etag. Ignored so the fast tier stays green;
-// run it with `--ignored` (it must pass once the server is fixed).
+// The close frame waits behind the frames the reader has not taken (it once was
+// given 1 s and then the socket was dropped: a reset without the resume etag).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "SERVER BUG: a stalled reader never receives the 4008 close frame (see the comment)"]
 async fn reader_that_never_reads_finds_close_4008_with_a_resume_etag_when_it_reads_again() {
     stalled_reader(true).await;
 }
@@ -905,7 +900,7 @@ async fn stalled_reader(require_close_frame: bool) {
             resume
         }
         (None, true) => panic!(
-            "SERVER BUG: no close frame for the slow consumer after {} changes; the stream \
+            "no close frame for the slow consumer after {} changes; the stream \
              ended as: {}",
             d.changes.len(),
             d.end
@@ -1113,14 +1108,9 @@ async fn tombstones_are_deletes_in_the_feed_vanish_on_rewrite_and_purge_below_an
     h.shutdown().await;
 }
 
-// SERVER BUG (found by this test, not fixed here): a purge with neither `before` nor
-// `older_than_ms` ("every tombstone the consumers allow") keeps a tombstone that is
-// the database's last write: `purge_tombstones` (kiln-docs/src/changes/mod.rs) bounds
-// the scan by `last_sequence` exclusively (`sequence >= bound` stops it), so the
-// newest change is never eligible; the hourly retention purge has the same blind
-// spot. Ignored so the fast tier stays green; run with `--ignored`.
+// A purge with neither `before` nor `older_than_ms` removes every tombstone the
+// consumers allow, the database's last write included (its bound is exclusive).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "SERVER BUG: a tombstone that is the last write survives a purge of everything"]
 async fn purge_of_everything_also_removes_a_tombstone_that_is_the_last_write() {
     let h = Harness::start().await;
     h.create_db("tomb").await;

@@ -271,8 +271,9 @@ impl Database {
             let r = env.begin_read()?;
             let consumers_min = read_consumers(&r)?.iter().map(|c| c.1).min();
             let last = self.read_last_sequence(&r)?;
+            // `bound` is exclusive: the last write itself may be a tombstone to purge.
             let bound = [
-                Some(last),
+                Some(last + 1),
                 rule.before_sequence,
                 consumers_min.map(|s| s + 1),
             ]

@@ -274,7 +274,9 @@ impl Database {
         )
     }
 
-    fn check_id(&self, id: &DocId) -> Result<()> {
+    /// Checks a given id, or a prefix for a generated one, against this database's
+    /// rules; a streaming writer calls it per line so a bad id stops the stream there.
+    pub fn check_id(&self, id: &DocId) -> Result<()> {
         match id {
             DocId::Given(id) => validate_id(id, self.limits.max_id_bytes),
             DocId::Generate { prefix } => {

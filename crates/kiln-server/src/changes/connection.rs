@@ -30,6 +30,24 @@ use tokio::time::Instant;
 const BACKLOG_PAGE: usize = 512;
 /// Close code for a reader that fell too far behind (private range 4000-4999).
 pub const CLOSE_SLOW_CONSUMER: u16 = 4008;
+/// How long the close frame of a slow consumer may wait behind the frames its reader
+/// has not taken yet. The connection has left the hub and the gauges by then: all it
+/// holds is its socket's buffers.
+const SLOW_CLOSE_LINGER: Duration = Duration::from_secs(30);
+
+/// Why a connection stopped before its client or the server ended it.
+enum ConnError {
+    /// The reader fell behind (its queue overflowed, or a send timed out): it gets
+    /// the close frame 4008 with the etag to resume from.
+    SlowConsumer,
+    Socket(axum::Error),
+}
+
+impl From<axum::Error> for ConnError {
+    fn from(e: axum::Error) -> Self {
+        ConnError::Socket(e)
+    }
+}
 
 pub struct ConnectionConfig {
     pub queue_len: usize,
@@ -86,12 +104,15 @@ pub async fn run(socket: WebSocket, hub: Arc<Hub>, cfg: ConnectionConfig) {
     };
     let result = c.serve(&mut queue, &mut heartbeat, &mut stopped).await;
     hub.unsubscribe(id);
+    drop(queue);
     c.cfg
         .metrics
         .ws_connections_open
         .fetch_sub(1, Ordering::Relaxed);
-    if let Err(e) = result {
-        tracing::debug!(error = %e, "changes connection ended");
+    match result {
+        Ok(()) => {}
+        Err(ConnError::SlowConsumer) => c.close_slow().await,
+        Err(ConnError::Socket(e)) => tracing::debug!(error = %e, "changes connection ended"),
     }
 }
 
@@ -101,22 +122,22 @@ impl Conn {
         queue: &mut mpsc::Receiver<Outgoing>,
         heartbeat: &mut watch::Receiver<u64>,
         stopped: &mut watch::Receiver<bool>,
-    ) -> Result<(), axum::Error> {
+    ) -> Result<(), ConnError> {
         loop {
             if *stopped.borrow() {
                 let frame = CloseFrame {
                     code: 1001,
                     reason: Utf8Bytes::from_static("the database was deleted"),
                 };
-                return self.socket.send(Message::Close(Some(frame))).await;
+                return Ok(self.socket.send(Message::Close(Some(frame))).await?);
             }
             if self.me.overflowed.load(Ordering::Relaxed) {
-                return self.close_slow().await;
+                return Err(ConnError::SlowConsumer);
             }
             tokio::select! {
                 msg = self.socket.recv() => match msg {
                     None => return Ok(()),
-                    Some(Err(e)) => return Err(e),
+                    Some(Err(e)) => return Err(e.into()),
                     Some(Ok(Message::Text(t))) => self.on_client_text(&t).await?,
                     Some(Ok(Message::Close(_))) => return Ok(()),
                     // Pings are answered by the library; binary frames mean nothing here.
@@ -141,36 +162,32 @@ impl Conn {
         }
     }
 
-    async fn send_json(&mut self, v: serde_json::Value) -> Result<(), axum::Error> {
+    async fn send_json(&mut self, v: serde_json::Value) -> Result<(), ConnError> {
         self.send_frame(Utf8Bytes::from(v.to_string())).await
     }
 
     /// Sends one frame. A reader that takes none for `send_timeout` is a slow
     /// consumer: its queue is full or about to be, and its task must not hang in a
     /// send forever, so the connection is closed (code 4008, with the etag to resume).
-    async fn send_frame(&mut self, text: Utf8Bytes) -> Result<(), axum::Error> {
+    /// A frame cut off by the timeout stays in the socket's write buffer, whole, ahead
+    /// of the close frame.
+    async fn send_frame(&mut self, text: Utf8Bytes) -> Result<(), ConnError> {
         self.last_sent = Instant::now();
         self.cfg.metrics.ws_messages.fetch_add(1, Ordering::Relaxed);
         match tokio::time::timeout(self.cfg.send_timeout, self.socket.send(Message::Text(text)))
             .await
         {
-            Ok(sent) => sent,
-            Err(_) => {
-                self.me.overflowed.store(true, Ordering::Relaxed);
-                self.close_slow().await?;
-                Err(axum::Error::new(
-                    "the reader took nothing within the send timeout",
-                ))
-            }
+            Ok(sent) => Ok(sent?),
+            Err(_) => Err(ConnError::SlowConsumer),
         }
     }
 
-    async fn send_error(&mut self, code: &str, message: &str) -> Result<(), axum::Error> {
+    async fn send_error(&mut self, code: &str, message: &str) -> Result<(), ConnError> {
         self.send_json(json!({"type": "error", "code": code, "message": message}))
             .await
     }
 
-    async fn send_change(&mut self, sub: &Arc<str>, c: &Change) -> Result<(), axum::Error> {
+    async fn send_change(&mut self, sub: &Arc<str>, c: &Change) -> Result<(), ConnError> {
         let seq = c.etag.sequence;
         self.send_json(json!({
             "type": "change",
@@ -193,7 +210,8 @@ impl Conn {
         }
     }
 
-    async fn close_slow(&mut self) -> Result<(), axum::Error> {
+    /// Called once the connection has left the hub and the gauges.
+    async fn close_slow(&mut self) {
         self.cfg
             .metrics
             .ws_slow_consumers_dropped
@@ -206,16 +224,20 @@ impl Conn {
             code: CLOSE_SLOW_CONSUMER,
             reason: Utf8Bytes::from(reason),
         };
-        // A reader this slow may not take even the close frame: don't wait for it.
-        let _ = tokio::time::timeout(
-            Duration::from_secs(1),
+        // The reader may take its backlog later and must then find the close reason
+        // after it: the frame waits behind what is buffered (bounded by the linger)
+        // instead of going down with the socket (a reset tells the reader nothing).
+        let sent = tokio::time::timeout(
+            SLOW_CLOSE_LINGER,
             self.socket.send(Message::Close(Some(frame))),
         )
         .await;
-        Ok(())
+        if !matches!(sent, Ok(Ok(()))) {
+            tracing::debug!("a slow consumer never took its close frame");
+        }
     }
 
-    async fn on_client_text(&mut self, text: &str) -> Result<(), axum::Error> {
+    async fn on_client_text(&mut self, text: &str) -> Result<(), ConnError> {
         let msg: ClientMessage = match serde_json::from_str(text) {
             Ok(m) => m,
             Err(e) => return self.send_error("invalid_message", &e.to_string()).await,
@@ -249,7 +271,7 @@ impl Conn {
         sub: String,
         filter: ChangeFilter,
         since: Option<String>,
-    ) -> Result<(), axum::Error> {
+    ) -> Result<(), ConnError> {
         let name: Arc<str> = Arc::from(sub.as_str());
         let count = {
             let mut subs = self.me.subs.lock();
@@ -309,7 +331,7 @@ impl Conn {
         name: &Arc<str>,
         filter: &ChangeFilter,
         mut from: u64,
-    ) -> Result<u64, axum::Error> {
+    ) -> Result<u64, ConnError> {
         let db: Arc<Database> = self.hub.db.clone();
         loop {
             let position = self.hub.dispatch.lock().position;

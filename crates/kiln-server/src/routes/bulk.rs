@@ -73,6 +73,11 @@ pub async fn bulk_insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/x-ndjson"),
     );
+    // The head goes out before the body is read, and a bad line stops the reading
+    // early: the rest of the body is never consumed, so the connection cannot carry
+    // another request. Said up front so a pooling client does not reuse it.
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     Ok(resp)
 }
 
@@ -259,19 +264,23 @@ impl BulkRun {
                 format!("{why} (a line is {{\"id\": ..., \"document\": {{...}}}})"),
             )
         })?;
+        let refused = |e: DocError| {
+            let message = e.to_string();
+            bad(ApiError::from(e).code, message)
+        };
         let document = self
             .db
             .parse_document(parsed.document.get().as_bytes())
-            .map_err(|e| {
-                let message = e.to_string();
-                bad(ApiError::from(e).code, message)
-            })?;
+            .map_err(refused)?;
         let id = parsed.id.into_owned();
         let target = if id.ends_with('/') {
             DocId::Generate { prefix: id }
         } else {
             DocId::Given(id)
         };
+        // Checked here, not when the batch is written: a bad id must stop the stream
+        // at its own line, with every line before it committed.
+        self.db.check_id(&target).map_err(refused)?;
         filling.bytes += line.len();
         filling.ops.push(WriteOp::Put {
             id: target,
