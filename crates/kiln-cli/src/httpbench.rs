@@ -20,6 +20,11 @@ pub struct ServerProcess {
 
 impl ServerProcess {
     pub fn start(data_dir: &Path) -> io::Result<ServerProcess> {
+        Self::start_with(data_dir, &[])
+    }
+
+    /// Starts `kiln serve` with `args` added to its command line.
+    pub fn start_with(data_dir: &Path, args: &[&str]) -> io::Result<ServerProcess> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -32,6 +37,7 @@ impl ServerProcess {
         let child = Command::new(exe)
             .args(["serve", "--bind", &addr.to_string(), "--data-dir"])
             .arg(data_dir)
+            .args(args)
             .args(
                 std::env::var("KILN_BENCH_SERVE_ARGS")
                     .unwrap_or_default()
@@ -67,6 +73,10 @@ impl ServerProcess {
 }
 
 impl ServerProcess {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// CPU time (user + system, all threads) the server process has used so far,
     /// from /proc: where the time per request goes on a machine the load
     /// generator shares.

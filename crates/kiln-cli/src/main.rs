@@ -7,6 +7,7 @@ mod httpbench;
 mod kv;
 mod rawdisk;
 mod serve_cmd;
+mod streambench;
 
 use clap::{Parser, Subcommand};
 use kiln_storage::{Env, Options};
