@@ -647,7 +647,7 @@ mod tests {
 
     #[test]
     fn segment_rates_split_by_documents() {
-        let acks = [(1.0, 50), (2.0, 100), (4.0, 200)];
+        let acks = [(0.5, 50), (1.0, 100), (3.0, 200)];
         assert_eq!(segment_rates(&acks, 200, 2), vec![100.0, 50.0]);
     }
 
