@@ -6,7 +6,7 @@
 
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::TcpStream;
 use std::time::Duration;
 
 /// Where the server is: `http://host:port[/base]`, and the API key to send.
@@ -197,10 +197,9 @@ impl ChunkedWriter {
 
     pub fn finish(mut self) -> io::Result<()> {
         self.out.write_all(b"0\r\n\r\n")?;
-        self.out.flush()?;
-        // Only our direction: the answer is still to be read.
-        let _ = self.out.shutdown(Shutdown::Write);
-        Ok(())
+        // No half-close: the server would take the end of the connection's input
+        // for a client gone and drop the rest of its answer.
+        self.out.flush()
     }
 }
 
