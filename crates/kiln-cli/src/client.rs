@@ -21,10 +21,16 @@ pub struct Endpoint {
 #[derive(Debug)]
 pub enum ClientError {
     Url(String),
-    Io { what: String, source: io::Error },
+    Io {
+        what: String,
+        source: io::Error,
+    },
     Protocol(String),
     /// A non-2xx answer: status and the body's text (the server's error JSON).
-    Status { status: u16, body: String },
+    Status {
+        status: u16,
+        body: String,
+    },
 }
 
 impl fmt::Display for ClientError {

@@ -126,8 +126,9 @@ fn sequence(etag: &str) -> Option<u64> {
 fn export(args: &ExportArgs, started: Instant) -> Result<Summary, ExportError> {
     let endpoint = Endpoint::parse(&args.url, args.api_key.clone())?;
     let db = path_escape(&args.db);
-    let stats: Value = serde_json::from_slice(&endpoint.request("GET", &format!("/dbs/{db}"), b"")?)
-        .map_err(|e| ExportError::Answer(format!("database stats: {e}")))?;
+    let stats: Value =
+        serde_json::from_slice(&endpoint.request("GET", &format!("/dbs/{db}"), b"")?)
+            .map_err(|e| ExportError::Answer(format!("database stats: {e}")))?;
     let total = stats.get("documents").and_then(Value::as_u64);
     let end_etag = stats
         .get("last_etag")
@@ -137,10 +138,12 @@ fn export(args: &ExportArgs, started: Instant) -> Result<Summary, ExportError> {
     let out: Box<dyn Write> = if args.out.as_os_str() == "-" {
         Box::new(io::stdout().lock())
     } else {
-        Box::new(File::create(&args.out).map_err(|source| ExportError::Write {
-            what: what.clone(),
-            source,
-        })?)
+        Box::new(
+            File::create(&args.out).map_err(|source| ExportError::Write {
+                what: what.clone(),
+                source,
+            })?,
+        )
     };
     let mut out = BufWriter::with_capacity(256 << 10, out);
     let write_err = |source| ExportError::Write {

@@ -23,8 +23,12 @@ use std::time::Instant;
 
 /// The largest document (one NDJSON line, array element or file) read into memory.
 const MAX_RECORD_BYTES: u64 = 64 << 20;
-/// The upload is sent in chunks of about this size.
-const CHUNK_BYTES: usize = 256 << 10;
+/// The upload is sent in HTTP chunks of about this size. Kept small on purpose: the
+/// server stops reading when its filling batch holds 8,192 documents, but it parses
+/// the whole chunk it has in hand first, so a batch can overshoot by one chunk's
+/// lines; past `--max-batch-ops` (10,000) the batch is refused (`batch_too_long`).
+/// 16 KiB is at most ~630 of the smallest possible lines.
+const CHUNK_BYTES: usize = 16 << 10;
 
 #[derive(clap::Args)]
 #[command(after_long_help = IMPORT_HELP)]
@@ -101,9 +105,15 @@ impl fmt::Display for Loc {
 #[derive(Debug)]
 pub enum ImportError {
     /// A bad record in an input.
-    Input { loc: String, why: String },
+    Input {
+        loc: String,
+        why: String,
+    },
     /// Reading an input failed.
-    Read { what: String, source: io::Error },
+    Read {
+        what: String,
+        source: io::Error,
+    },
     /// The server refused a line of the upload.
     Server {
         loc: Option<String>,
@@ -612,7 +622,9 @@ fn bulk_line(rec: &Record, ordinal: u64, ids: &Ids) -> Result<Vec<u8>, String> {
             None => {
                 let prefix = match &ids.prefix {
                     Some(p) => p.clone(),
-                    None => match meta.and_then(|m| m.get("@collection")).and_then(Value::as_str)
+                    None => match meta
+                        .and_then(|m| m.get("@collection"))
+                        .and_then(Value::as_str)
                     {
                         Some(c) => format!("{c}/"),
                         None => "docs/".to_string(),
@@ -793,7 +805,8 @@ impl Summary {
 type Failure = (ImportError, Option<Summary>);
 
 fn import(args: &ImportArgs, started: Instant) -> Result<Summary, Failure> {
-    let endpoint = Endpoint::parse(&args.url, args.api_key.clone()).map_err(|e| (e.into(), None))?;
+    let endpoint =
+        Endpoint::parse(&args.url, args.api_key.clone()).map_err(|e| (e.into(), None))?;
     let inputs: Vec<Input> = args
         .inputs
         .iter()
@@ -989,10 +1002,7 @@ fn send_all(
             })?;
             line += 1;
             if let Ok(mut q) = shared.unacked.lock() {
-                q.push_back(Sent {
-                    line,
-                    loc: rec.loc,
-                });
+                q.push_back(Sent { line, loc: rec.loc });
             }
             buf.extend_from_slice(&bulk);
             if buf.len() >= CHUNK_BYTES || last_flush.elapsed().as_millis() >= 200 {
