@@ -850,10 +850,11 @@ fn import(args: &ImportArgs, started: Instant) -> Result<Summary, Failure> {
     };
     let skip: Vec<u64> = state.inputs.iter().map(|i| i.acked).collect();
     let skipped: u64 = skip.iter().sum();
+    // Checked before the state file is written: a refused start leaves nothing behind.
+    ensure_database(&endpoint, &args.db).map_err(|e| (e, None))?;
     if let Some(p) = &state_file {
         save_state(p, &state).map_err(|e| (e, None))?;
     }
-    ensure_database(&endpoint, &args.db).map_err(|e| (e, None))?;
 
     let total: Option<u64> = inputs.iter().map(|i| i.size).sum();
     let pb = progress_bar(args.quiet, total);
