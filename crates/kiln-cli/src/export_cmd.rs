@@ -166,7 +166,11 @@ fn export(args: &ExportArgs, started: Instant) -> Result<Summary, ExportError> {
     };
     let end = end_etag.as_deref().and_then(sequence).unwrap_or(0);
     let mut since = String::new();
-    while end > 0 {
+    loop {
+        if end == 0 {
+            // An empty database: nothing to export.
+            break;
+        }
         let path = format!(
             "/dbs/{db}/changes?include_docs=true&limit={}&since={}",
             args.page_size,

@@ -740,7 +740,8 @@ pub fn run(args: ImportArgs) -> crate::AnyResult<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Err((e, summary)) => {
+        Err(failure) => {
+            let (e, summary) = *failure;
             eprintln!("error: {e}");
             if let Some(s) = summary {
                 if args.json {
@@ -802,37 +803,40 @@ impl Summary {
     }
 }
 
-type Failure = (ImportError, Option<Summary>);
+type Failure = Box<(ImportError, Option<Summary>)>;
 
 fn import(args: &ImportArgs, started: Instant) -> Result<Summary, Failure> {
     let endpoint =
-        Endpoint::parse(&args.url, args.api_key.clone()).map_err(|e| (e.into(), None))?;
+        Endpoint::parse(&args.url, args.api_key.clone()).map_err(|e| Box::new((e.into(), None)))?;
     let inputs: Vec<Input> = args
         .inputs
         .iter()
         .map(|p| classify(p))
         .collect::<Result<_, _>>()
-        .map_err(|e| (e, None))?;
+        .map_err(|e| Box::new((e, None)))?;
     if inputs.iter().filter(|i| i.path.as_os_str() == "-").count() > 1 {
-        return Err((ImportError::Other("stdin (`-`) given twice".into()), None));
+        return Err(Box::new((
+            ImportError::Other("stdin (`-`) given twice".into()),
+            None,
+        )));
     }
     let state_file = state_path(args);
     let mut state = match (&state_file, args.resume) {
-        (Some(p), true) => load_state(p, args).map_err(|e| (e, None))?,
+        (Some(p), true) => load_state(p, args).map_err(|e| Box::new((e, None)))?,
         (None, true) => {
-            return Err((
+            return Err(Box::new((
                 ImportError::State("--resume needs --state FILE when reading stdin".into()),
                 None,
-            ))
+            )))
         }
         (Some(p), false) if p.exists() => {
-            return Err((
+            return Err(Box::new((
                 ImportError::State(format!(
                     "{} exists: an earlier import was interrupted; continue it with --resume, or delete the file to start over",
                     p.display()
                 )),
                 None,
-            ))
+            )))
         }
         _ => State {
             version: 1,
@@ -851,9 +855,9 @@ fn import(args: &ImportArgs, started: Instant) -> Result<Summary, Failure> {
     let skip: Vec<u64> = state.inputs.iter().map(|i| i.acked).collect();
     let skipped: u64 = skip.iter().sum();
     // Checked before the state file is written: a refused start leaves nothing behind.
-    ensure_database(&endpoint, &args.db).map_err(|e| (e, None))?;
+    ensure_database(&endpoint, &args.db).map_err(|e| Box::new((e, None)))?;
     if let Some(p) = &state_file {
-        save_state(p, &state).map_err(|e| (e, None))?;
+        save_state(p, &state).map_err(|e| Box::new((e, None)))?;
     }
 
     let total: Option<u64> = inputs.iter().map(|i| i.size).sum();
@@ -869,8 +873,10 @@ fn import(args: &ImportArgs, started: Instant) -> Result<Summary, Failure> {
     };
     let (writer, upload) = endpoint
         .start_upload(&format!("/dbs/{}/bulk", path_escape(&args.db)))
-        .map_err(|e| (e.into(), None))?;
-    let killer = upload.shutdown_handle().map_err(|e| (e.into(), None))?;
+        .map_err(|e| Box::new((e.into(), None)))?;
+    let killer = upload
+        .shutdown_handle()
+        .map_err(|e| Box::new((e.into(), None)))?;
     let sender = {
         let shared = shared.clone();
         let pb = pb.clone();
@@ -910,10 +916,10 @@ fn import(args: &ImportArgs, started: Instant) -> Result<Summary, Failure> {
     };
     // A server error explains a failed send; an input error ends a good upload.
     if let Err(e) = outcome {
-        return Err((e, Some(summary)));
+        return Err(Box::new((e, Some(summary))));
     }
     if let Err(e) = sent {
-        return Err((e, Some(summary)));
+        return Err(Box::new((e, Some(summary))));
     }
     if let Some(p) = &state_file {
         let _ = std::fs::remove_file(p);
