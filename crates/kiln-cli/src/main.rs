@@ -1,9 +1,12 @@
 //! `kiln`: the command-line tool.
 
 mod bench;
+mod client;
 mod diskbench;
 mod docs_cmd;
+mod export_cmd;
 mod httpbench;
+mod import_cmd;
 mod kv;
 mod rawdisk;
 mod serve_cmd;
@@ -72,6 +75,13 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
+    /// Stream documents into a database of a running server (NDJSON, JSON arrays,
+    /// directories or .tar/.tar.gz of .json files) through its bulk endpoint;
+    /// `--resume` continues an interrupted import.
+    Import(import_cmd::ImportArgs),
+    /// Write a database of a running server as NDJSON bulk lines that `kiln import`
+    /// reads back.
+    Export(export_cmd::ExportArgs),
     /// Raw key-value access to one storage environment (no documents).
     #[command(subcommand)]
     Kv(kv::KvCommand),
@@ -144,6 +154,8 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
             prefix,
             limit,
         } => return docs_cmd::list(&data_dir, &database, &prefix, limit),
+        Command::Import(args) => return import_cmd::run(args),
+        Command::Export(args) => return export_cmd::run(args),
         Command::Kv(cmd) => return kv::run(cmd),
         Command::Check { dir, json } => {
             if let Some(databases) = docs_cmd::database_dirs(&dir)? {

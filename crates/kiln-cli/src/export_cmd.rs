@@ -1,0 +1,232 @@
+//! `kiln export`: writes a database as NDJSON bulk lines `{"id", "document"}`, the
+//! form `kiln import` (and `POST /dbs/{db}/bulk`) reads back.
+//!
+//! Consistency: export reads the changes feed (`GET /dbs/{db}/changes?include_docs=
+//! true`) in etag order, page by page, up to the database's last etag when the export
+//! started. Each page is one snapshot, the whole export is not: while writes go on,
+//! every document that existed at the start and is not deleted before its page is
+//! read is exported, at its version at the start or a later one; a document written
+//! during the export may or may not be in it, and may appear twice (an older version,
+//! then the newer one later in the file: importing applies them in order, so the
+//! newer wins); a delete during the export is not reflected if the document was
+//! already written out. With no writes during the export, it is exactly the
+//! database's documents.
+
+use crate::client::{path_escape, query_escape, ClientError, Endpoint};
+use serde_json::{json, Value};
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// `@metadata` keys the server sets on every write; the others (`@collection` and a
+/// client's own keys) are kept so that an import gives the same documents.
+const SERVER_KEYS: [&str; 3] = ["@id", "@etag", "@last-modified"];
+
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    /// The server, e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    pub url: String,
+    /// The database.
+    #[arg(long)]
+    pub db: String,
+    /// API key for a server running with --auth (sent as `Authorization: Bearer`).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Where to write the NDJSON (`-`: stdout).
+    #[arg(long, default_value = "-")]
+    pub out: PathBuf,
+    /// Documents per request to the changes feed (at most the server's
+    /// --max-page-size).
+    #[arg(long, default_value_t = 1000)]
+    pub page_size: usize,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Print the summary as JSON (on stderr when the export goes to stdout).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug)]
+enum ExportError {
+    Client(ClientError),
+    Write { what: String, source: io::Error },
+    Answer(String),
+}
+
+impl std::fmt::Display for ExportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExportError::Client(e) => write!(f, "{e}"),
+            ExportError::Write { what, source } => write!(f, "writing {what}: {source}"),
+            ExportError::Answer(m) => write!(f, "unexpected answer from the server: {m}"),
+        }
+    }
+}
+
+impl From<ClientError> for ExportError {
+    fn from(e: ClientError) -> Self {
+        ExportError::Client(e)
+    }
+}
+
+struct Summary {
+    documents: u64,
+    bytes: u64,
+    seconds: f64,
+    last_etag: Option<String>,
+}
+
+pub fn run(args: ExportArgs) -> crate::AnyResult<ExitCode> {
+    let started = Instant::now();
+    let to_stdout = args.out.as_os_str() == "-";
+    match export(&args, started) {
+        Ok(s) => {
+            let rate = if s.seconds > 0.0 {
+                s.documents as f64 / s.seconds
+            } else {
+                0.0
+            };
+            if args.json {
+                let v = json!({"documents": s.documents, "bytes": s.bytes, "seconds": s.seconds, "docs_per_sec": rate, "last_etag": s.last_etag});
+                if to_stdout {
+                    eprintln!("{v}");
+                } else {
+                    println!("{v}");
+                }
+            } else if !args.quiet {
+                eprintln!(
+                    "exported {} documents ({:.1} MB) in {:.2} s, {:.0} docs/s{}",
+                    s.documents,
+                    s.bytes as f64 / 1e6,
+                    s.seconds,
+                    rate,
+                    s.last_etag
+                        .map(|e| format!("; up to etag {e}"))
+                        .unwrap_or_default()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// The sequence part of an etag `<sequence>-<incarnation>`.
+fn sequence(etag: &str) -> Option<u64> {
+    etag.split('-').next()?.parse().ok()
+}
+
+fn export(args: &ExportArgs, started: Instant) -> Result<Summary, ExportError> {
+    let endpoint = Endpoint::parse(&args.url, args.api_key.clone())?;
+    let db = path_escape(&args.db);
+    let stats: Value =
+        serde_json::from_slice(&endpoint.request("GET", &format!("/dbs/{db}"), b"")?)
+            .map_err(|e| ExportError::Answer(format!("database stats: {e}")))?;
+    let total = stats.get("documents").and_then(Value::as_u64);
+    let end_etag = stats
+        .get("last_etag")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let what = args.out.display().to_string();
+    let out: Box<dyn Write> = if args.out.as_os_str() == "-" {
+        Box::new(io::stdout().lock())
+    } else {
+        Box::new(
+            File::create(&args.out).map_err(|source| ExportError::Write {
+                what: what.clone(),
+                source,
+            })?,
+        )
+    };
+    let mut out = BufWriter::with_capacity(256 << 10, out);
+    let write_err = |source| ExportError::Write {
+        what: what.clone(),
+        source,
+    };
+    let pb = crate::import_cmd::progress_bar(args.quiet, total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{bar:30} {pos}/{len} docs {per_sec} {msg} ETA {eta}",
+    ) {
+        if total.is_some() {
+            pb.set_style(style);
+        }
+    }
+    let mut summary = Summary {
+        documents: 0,
+        bytes: 0,
+        seconds: 0.0,
+        last_etag: end_etag.clone(),
+    };
+    let end = end_etag.as_deref().and_then(sequence).unwrap_or(0);
+    let mut since = String::new();
+    loop {
+        if end == 0 {
+            // An empty database: nothing to export.
+            break;
+        }
+        let path = format!(
+            "/dbs/{db}/changes?include_docs=true&limit={}&since={}",
+            args.page_size,
+            query_escape(&since)
+        );
+        let page: Value = serde_json::from_slice(&endpoint.request("GET", &path, b"")?)
+            .map_err(|e| ExportError::Answer(format!("changes page: {e}")))?;
+        let results = page
+            .get("results")
+            .and_then(Value::as_array)
+            .ok_or_else(|| ExportError::Answer("a changes page without results".into()))?;
+        for r in results {
+            if r.get("change").and_then(Value::as_str) != Some("put") {
+                continue;
+            }
+            let id = r
+                .get("id")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ExportError::Answer("a change without an id".into()))?;
+            let Some(Value::Object(doc)) = r.get("document") else {
+                let why = r
+                    .get("document_error")
+                    .and_then(Value::as_str)
+                    .unwrap_or("no document");
+                return Err(ExportError::Answer(format!("document {id:?}: {why}")));
+            };
+            let mut doc = doc.clone();
+            if let Some(Value::Object(meta)) = doc.get_mut("@metadata") {
+                for k in SERVER_KEYS {
+                    meta.shift_remove(k);
+                }
+                if meta.is_empty() {
+                    doc.shift_remove("@metadata");
+                }
+            }
+            let mut line = serde_json::to_vec(&json!({"id": id, "document": Value::Object(doc)}))
+                .map_err(|e| ExportError::Answer(format!("document {id:?}: {e}")))?;
+            line.push(b'\n');
+            out.write_all(&line).map_err(write_err)?;
+            summary.documents += 1;
+            summary.bytes += line.len() as u64;
+            pb.inc(1);
+        }
+        let next = page
+            .get("last_etag")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ExportError::Answer("a changes page without last_etag".into()))?
+            .to_string();
+        let reached = sequence(&next).unwrap_or(0);
+        if reached >= end || (next == since && results.is_empty()) {
+            break;
+        }
+        since = next;
+    }
+    out.flush().map_err(write_err)?;
+    pb.finish_and_clear();
+    summary.seconds = started.elapsed().as_secs_f64();
+    Ok(summary)
+}
