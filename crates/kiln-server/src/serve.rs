@@ -281,6 +281,9 @@ async fn serve_connection<S>(
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
         .keep_alive(true)
+        // A client may shut down its sending side once its request is sent (a bulk
+        // upload does) and still read the answer streaming back.
+        .half_close(true)
         .serve_connection(TokioIo::new(io), service)
         // A changes-feed WebSocket takes the connection over (it then lives in its
         // own task, outside this connection's permit; see `routes/changes.rs`).

@@ -578,3 +578,67 @@ async fn a_bulk_answer_that_leaves_the_body_unread_announces_connection_close() 
         String::from_utf8_lossy(&next)
     );
 }
+
+// A body that arrives as one large piece holds more lines than a batch may: the
+// batches still stay within the database's batch limit (they once grew to the whole
+// piece and failed with `batch_too_long`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_in_one_piece_is_cut_into_batches_within_the_batch_limit() {
+    let h = Harness::start_with(|c| c.docs.max_batch_ops = 500).await;
+    h.create_db("big").await;
+    let body = ndjson((0..5_000).map(|i| line(&format!("b/{i:05}"), json!({"i": i}))));
+    let resp = h
+        .http
+        .post(h.url("/dbs/big/bulk"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let answer = Lines::new(resp).all().await;
+    let last = answer.last().unwrap();
+    assert_eq!(
+        (last["done"].as_bool(), last["acked"].as_u64()),
+        (Some(true), Some(5_000)),
+        "{last}"
+    );
+    let mut previous = 0;
+    for ack in &answer {
+        let acked = ack["acked"].as_u64().unwrap();
+        assert!(
+            acked - previous <= 500,
+            "a batch of {} documents: {answer:?}",
+            acked - previous
+        );
+        previous = acked;
+    }
+    assert_eq!(h.doc_count("big").await, 5_000);
+    h.shutdown().await;
+}
+
+// A client that shuts down its sending side after the body still gets the whole
+// answer (hyper's half-close: without it the server dropped the streamed answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_after_the_body_still_reads_the_whole_answer() {
+    let h = Harness::start().await;
+    h.create_db("half").await;
+    let body = ndjson((0..3_000).map(|i| line(&format!("h/{i}"), json!({}))));
+    let mut s = TcpStream::connect(h.addr).await.unwrap();
+    let head = format!(
+        "POST /dbs/half/bulk HTTP/1.1\r\nHost: kiln\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&body).await.unwrap();
+    s.shutdown().await.unwrap(); // half-close: nothing more will be sent
+    let mut seen = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut seen))
+        .await
+        .expect("the answer ends");
+    let text = String::from_utf8_lossy(&seen);
+    assert!(
+        text.contains("\"done\":true") && text.contains("\"acked\":3000"),
+        "{text}"
+    );
+    assert_eq!(h.doc_count("half").await, 3_000);
+    h.shutdown().await;
+}

@@ -390,6 +390,11 @@ impl Database {
         self.write_all(prepared)
     }
 
+    /// Writes one batch may hold at most (`DocsOptions::max_batch_ops`).
+    pub fn max_batch_ops(&self) -> usize {
+        self.limits.max_batch_ops
+    }
+
     fn check_batch_len(&self, len: usize) -> Result<()> {
         if len > self.limits.max_batch_ops {
             return Err(DocError::BatchTooLong {

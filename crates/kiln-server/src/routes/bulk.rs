@@ -59,6 +59,7 @@ pub async fn bulk_insert(
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(ACK_QUEUE);
     let run = BulkRun {
         state: state.clone(),
+        max_batch_docs: MAX_BATCH_DOCS.min(database.max_batch_ops()).max(1),
         db: database,
         acked: 0,
         last_etag: None,
@@ -97,6 +98,8 @@ struct BulkRun {
     out: mpsc::Sender<Result<Bytes, std::io::Error>>,
     max_line_bytes: usize,
     idle_timeout: Duration,
+    /// Documents per batch at most: `MAX_BATCH_DOCS` or the database's batch limit.
+    max_batch_docs: usize,
 }
 
 /// The batch being filled.
@@ -154,7 +157,7 @@ impl BulkRun {
             if committing.is_none() && !filling.ops.is_empty() {
                 committing = Some(self.submit(std::mem::take(&mut filling)).await?);
             }
-            let full = filling.ops.len() >= MAX_BATCH_DOCS || filling.bytes >= MAX_BATCH_BYTES;
+            let full = self.is_full(&filling);
             let chunk = tokio::select! {
                 // Biased: a finished commit is acknowledged before more is read.
                 biased;
@@ -206,6 +209,14 @@ impl BulkRun {
                 if let Err(e) = self.parse_into(&line, line_no, &mut filling) {
                     return self.fail_after(committing, filling, e).await;
                 }
+                // A chunk may hold more lines than a batch: a full batch goes out
+                // (after the one committing) before the chunk's next line is parsed.
+                if self.is_full(&filling) {
+                    if let Some(c) = committing.take() {
+                        self.finish(c.await, line_no).await?;
+                    }
+                    committing = Some(self.submit(std::mem::take(&mut filling)).await?);
+                }
             }
             partial.extend_from_slice(rest);
             if partial.len() > self.max_line_bytes {
@@ -235,6 +246,10 @@ impl BulkRun {
             self.finish(c.await, line_no).await?;
         }
         Ok(())
+    }
+
+    fn is_full(&self, filling: &Filling) -> bool {
+        filling.ops.len() >= self.max_batch_docs || filling.bytes >= MAX_BATCH_BYTES
     }
 
     fn parse_into(
