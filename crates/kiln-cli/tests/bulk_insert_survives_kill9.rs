@@ -87,16 +87,21 @@ fn bulk_until_killed(
     let mut w = s.try_clone().unwrap();
     let acked = Arc::new(AtomicU64::new(0));
     let acks_seen = Arc::new(AtomicU64::new(0));
+    // The server's answer if it ends the upload with an error (not an ack).
+    let refused = Arc::new(std::sync::Mutex::new(None::<String>));
     let reader = {
         let acked = acked.clone();
         let acks_seen = acks_seen.clone();
+        let refused = refused.clone();
         std::thread::spawn(move || {
             let mut r = BufReader::new(s);
             let mut line = String::new();
             while r.read_line(&mut line).unwrap_or(0) > 0 {
                 // Chunked framing: the NDJSON lines are the ones that parse.
                 if let Ok(v) = serde_json::from_str::<serde_json::Value>(line.trim()) {
-                    if let Some(n) = v.get("acked").and_then(|n| n.as_u64()) {
+                    if v.get("error").is_some() {
+                        *refused.lock().unwrap() = Some(line.trim().to_string());
+                    } else if let Some(n) = v.get("acked").and_then(|n| n.as_u64()) {
                         acked.fetch_max(n, Ordering::SeqCst);
                         acks_seen.fetch_add(1, Ordering::SeqCst);
                     }
@@ -127,9 +132,14 @@ fn bulk_until_killed(
     let timeout = Duration::from_secs(60);
     let deadline = Instant::now() + timeout;
     while acks_seen.load(Ordering::SeqCst) < kill_after_acks {
+        if let Some(answer) = refused.lock().unwrap().take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("cycle {cycle}: the server ended the upload with an error after {} acknowledgements: {answer}", acks_seen.load(Ordering::SeqCst));
+        }
         if let Some(status) = child.try_wait().unwrap() {
             panic!(
-                "cycle {cycle}: kiln serve exited by itself ({status}) after {} of the {kill_after_acks} acknowledgements awaited",
+                "cycle {cycle}: kiln serve exited ({status}) before the test killed it, after {} of the {kill_after_acks} acknowledgements awaited",
                 acks_seen.load(Ordering::SeqCst)
             );
         }
@@ -148,7 +158,7 @@ fn bulk_until_killed(
     // after an acknowledgement.
     std::thread::sleep(Duration::from_micros(jitter_us));
     if let Some(status) = child.try_wait().unwrap() {
-        panic!("cycle {cycle}: kiln serve exited by itself ({status}) before it was killed");
+        panic!("cycle {cycle}: kiln serve exited ({status}) before the test killed it");
     }
     child.kill().unwrap(); // SIGKILL
     let status = child.wait().unwrap();
