@@ -23,6 +23,8 @@ pub struct DriverStats {
     pub bit_flips: u64,
     pub commits_acknowledged: u64,
     pub commits_verified: u64,
+    /// Entries (keys of every tree) compared with the model after reopens.
+    pub keys_verified: u64,
     pub acknowledged_commits_lost: u64,
     pub corruptions_returned_as_data: u64,
     pub corruptions_detected: u64,
@@ -43,6 +45,7 @@ impl DriverStats {
         self.bit_flips += o.bit_flips;
         self.commits_acknowledged += o.commits_acknowledged;
         self.commits_verified += o.commits_verified;
+        self.keys_verified += o.keys_verified;
         self.acknowledged_commits_lost += o.acknowledged_commits_lost;
         self.corruptions_returned_as_data += o.corruptions_returned_as_data;
         self.corruptions_detected += o.corruptions_detected;
@@ -274,6 +277,7 @@ fn reopen_and_verify(
         return Err(format!("check after reopen: {:?}", report.problems));
     }
     stats.commits_verified += commits;
+    stats.keys_verified += state.values().map(|t| t.len() as u64).sum::<u64>();
     Ok((env, state))
 }
 
@@ -382,6 +386,10 @@ pub fn run_seed(seed: u64, cycles: u32, canary: bool) -> Result<DriverStats, Str
             return Ok(stats);
         }
     }
+    // The last cycle's cut (or restart) is verified too, not only those followed by
+    // another cycle.
+    reopen_and_verify(&disk, &model, in_doubt.as_ref(), &mut stats, commits)
+        .map_err(|e| format!("after the last cycle: {e}"))?;
     stats.absorb_disk(&disk);
     Ok(stats)
 }
@@ -404,7 +412,8 @@ fn flip_and_check(
         let _ = env.sync();
     }
     let Some((path, offset)) = pick_flip_target(disk, rng, in_journal) else {
-        return Ok(());
+        // Nothing to flip: still check the cut, as the next cycle would have.
+        return reopen_and_verify(disk, model, in_doubt, stats, 0).map(|_| ());
     };
     disk.flip_bit(&path, offset, rng.gen_range(0..8));
     stats.bit_flips += 1;
@@ -423,6 +432,7 @@ fn flip_and_check(
         Ok(state) if &state == model || in_doubt.is_some_and(|d| &state == d) => {
             // The flip hit bytes no read depends on (free space, padding, an old
             // record); `check` walks only reachable pages.
+            stats.keys_verified += state.values().map(|t| t.len() as u64).sum::<u64>();
         }
         Ok(_) if loss_reported => stats.corruptions_detected += 1,
         Ok(state) => {
