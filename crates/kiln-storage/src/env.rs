@@ -569,9 +569,10 @@ impl Shared {
             }
             Err(e) => {
                 // What reached the disk is unknown: latch, so that only a reopen (which
-                // reads the journal back) decides what was committed.
-                self.poison(Failure::from_error("journal write failed", &e));
-                Err(e)
+                // reads the journal back) decides what was committed; and say so.
+                let failure = Failure::from_error("journal write failed", &e);
+                self.poison(failure.clone());
+                Err(Error::Poisoned(failure))
             }
         };
         j.last_txn = txn_id;

@@ -318,9 +318,9 @@ impl Flusher {
             }
             Err(FlushError::Fatal(e)) => {
                 tracing::error!(error = %e, "flusher failed; the environment now refuses writes until reopened");
-                self.shared
-                    .poison(Failure::from_error("background flush failed", &e));
-                Err(e)
+                let failure = Failure::from_error("background flush failed", &e);
+                self.shared.poison(failure.clone());
+                Err(Error::Poisoned(failure))
             }
         }
     }
