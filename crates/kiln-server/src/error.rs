@@ -82,10 +82,7 @@ impl From<DocError> for ApiError {
             e.to_string()
         };
         if needs_restart {
-            message.push_str(
-                "; this database refuses writes until the server is restarted \
-                 (it then recovers from its journal)",
-            );
+            message.push_str("; restarting the server does that");
         }
         ApiError {
             status,
