@@ -210,7 +210,11 @@ mod tests {
             (503, "database_failed")
         );
         assert!(latched.message.contains("data.kiln"), "{}", latched.message);
-        assert!(latched.message.contains("restarting the server"), "{}", latched.message);
+        assert!(
+            latched.message.contains("restarting the server"),
+            "{}",
+            latched.message
+        );
         assert!(latched.body_json().contains("\"needs_restart\":true"));
         // A latch after a full disk keeps its kind: 507, names the file, needs a restart.
         let latched_full = ApiError::from(DocError::Storage(kiln_storage::Error::Poisoned(

@@ -421,3 +421,62 @@ fn no_space_on_the_data_file_fsync_latches_as_disk_full() {
     let env = Env::open(dir.path(), opts(&sw)).unwrap();
     assert_has(&env, &(0..20).collect::<Vec<_>>(), 500);
 }
+
+/// While write-back waits for space, unflushed pages pile up in memory; past
+/// `max_unflushed_bytes` a commit used to wait for room that never came. It fails
+/// instead (disk full, naming the data file, nothing of it written), and commits
+/// resume once the data file can grow.
+#[test]
+fn past_the_memory_bound_a_stalled_write_back_fails_commits_instead_of_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let o = Options {
+        max_unflushed_bytes: 32 << 20,
+        write_back_window_bytes: 1 << 20,
+        ..opts(&sw)
+    };
+    let env = Arc::new(Env::open(dir.path(), o.clone()).unwrap());
+    sw.full_for_data_growth.store(true, SeqCst);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = {
+        let env = env.clone();
+        std::thread::spawn(move || {
+            let mut acked = Vec::new();
+            for i in 0..4000u32 {
+                match put(&env, i, 20_000) {
+                    Ok(_) => acked.push(i),
+                    Err(e) => {
+                        let _ = tx.send((acked, Some((i, e))));
+                        return;
+                    }
+                }
+            }
+            let _ = tx.send((acked, None));
+        })
+    };
+    let (mut acked, failed) = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("a commit hung waiting for a write-back that cannot happen");
+    worker.join().unwrap();
+    let (i, e) = failed.expect("80 MB of commits should not fit in 32 MiB of memory");
+    assert!(e.is_disk_full(), "commit {i}: {e}");
+    assert!(e.to_string().contains(kiln_storage::DATA_FILE), "{e}");
+    assert!(env.failure().is_none(), "{:?}", env.failure());
+    assert!(acked.len() > 500, "{} acknowledged", acked.len());
+    assert_eq!(
+        env.begin_read()
+            .unwrap()
+            .get("t", &i.to_be_bytes())
+            .unwrap(),
+        None
+    );
+
+    sw.full_for_data_growth.store(false, SeqCst);
+    put(&env, i, 20_000).unwrap();
+    acked.push(i);
+    assert!(env.write_back_stalled().is_none());
+    let env = Arc::try_unwrap(env).ok().unwrap();
+    env.close().unwrap();
+    let env = Env::open(dir.path(), o).unwrap();
+    assert_has(&env, &acked, 20_000);
+}
