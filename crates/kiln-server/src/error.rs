@@ -13,6 +13,9 @@ pub struct ApiError {
     /// On a conflict: the document's current etag, also sent as the `ETag` header.
     pub current_etag: Option<Etag>,
     pub retry_after_s: Option<u32>,
+    /// The database latched after a failure: it refuses writes until the server
+    /// restarts (sent as `"needs_restart": true`).
+    pub needs_restart: bool,
 }
 
 impl ApiError {
@@ -23,6 +26,7 @@ impl ApiError {
             message: message.into(),
             current_etag: None,
             retry_after_s: None,
+            needs_restart: false,
         }
     }
 
@@ -34,6 +38,9 @@ impl ApiError {
         let mut v = serde_json::json!({"error": self.code, "message": self.message});
         if let Some(e) = self.current_etag {
             v["current_etag"] = e.to_string().into();
+        }
+        if self.needs_restart {
+            v["needs_restart"] = true.into();
         }
         v.to_string()
     }
@@ -62,7 +69,8 @@ impl IntoResponse for ApiError {
 impl From<DocError> for ApiError {
     fn from(e: DocError) -> ApiError {
         let (status, code) = status_and_code(&e);
-        let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
+        let needs_restart = latched(&e);
+        let mut message = if status == StatusCode::INTERNAL_SERVER_ERROR {
             // A server fault: the log has the whole story under an id the client sees.
             let id = format!("{:016x}", rand::random::<u64>());
             tracing::error!(error_id = %id, error = %e, "request failed inside the server");
@@ -73,13 +81,26 @@ impl From<DocError> for ApiError {
             }
             e.to_string()
         };
+        if needs_restart {
+            message.push_str("; restarting the server does that");
+        }
         ApiError {
             status,
             code,
             message,
             current_etag: current_etag(&e),
             retry_after_s: (code == "overloaded").then_some(1),
+            needs_restart,
         }
+    }
+}
+
+/// True if the error reports a latched database (it needs a restart).
+fn latched(e: &DocError) -> bool {
+    match e {
+        DocError::Storage(se) => se.latched().is_some(),
+        DocError::BatchOpFailed { source, .. } => latched(source),
+        _ => false,
     }
 }
 
@@ -126,19 +147,26 @@ fn status_and_code(e: &DocError) -> (StatusCode, &'static str) {
     }
 }
 
-/// The engine's failures keep their kind: a full disk is 507 whatever wrapped it; a
-/// database that latched after a failed write is 503 until the server restarts; a
-/// corruption or a bug is 500 (with an id in the log); never a client error.
+/// The engine's failures keep their kind: a full disk is 507 whatever wrapped it (a
+/// failed commit group, a latch); a database that latched after a failed write is
+/// 503 `database_failed` until the server restarts; a corruption or a bug is 500
+/// (with an id in the log); never a client error.
 fn storage_status_and_code(e: &kiln_storage::Error) -> (StatusCode, &'static str) {
     use kiln_storage::Error as E;
     use StatusCode as S;
     match e {
+        // A unit merged into a commit that failed: it fails as the commit did.
+        E::GroupFailed(cause) => storage_status_and_code(cause),
         E::Overloaded { .. } => (S::SERVICE_UNAVAILABLE, "overloaded"),
         E::KeyTooLarge { .. } => (S::BAD_REQUEST, "invalid_id"),
         E::ValueTooLarge { .. } | E::TransactionTooLarge { .. } => {
             (S::PAYLOAD_TOO_LARGE, "too_large")
         }
-        E::Io { source, .. } if is_disk_full(source) => (S::INSUFFICIENT_STORAGE, "disk_full"),
+        e if e.is_disk_full() => (S::INSUFFICIENT_STORAGE, "disk_full"),
+        // A latch after a bug (a panic in the commit path) is a server fault.
+        E::Poisoned(f) if f.kind() == kiln_storage::FailureKind::Internal => {
+            (S::INTERNAL_SERVER_ERROR, "internal_error")
+        }
         // After a failed write the database refuses writes until it is reopened (the
         // journal then decides what was committed): say so instead of a bare 500.
         E::Poisoned(_) => (S::SERVICE_UNAVAILABLE, "database_failed"),
@@ -149,7 +177,7 @@ fn storage_status_and_code(e: &kiln_storage::Error) -> (StatusCode, &'static str
 }
 
 fn is_disk_full(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+    kiln_storage::io_is_disk_full(e)
 }
 
 #[cfg(test)]
@@ -167,13 +195,70 @@ mod tests {
         let e = ApiError::from(full);
         assert_eq!((e.status.as_u16(), e.code), (507, "disk_full"));
         assert!(e.message.contains("journal-1.log"), "{}", e.message);
+        let io = |code| kiln_storage::Error::Io {
+            path: "/data/dbs/a/data.kiln".into(),
+            offset: Some(8192),
+            op: "fsync data file",
+            source: std::io::Error::from_raw_os_error(code),
+        };
+        // A latch after an I/O error: 503, says a restart is needed.
         let latched = ApiError::from(DocError::Storage(kiln_storage::Error::Poisoned(
-            "journal write failed".into(),
+            kiln_storage::Failure::from_error("background flush failed", &io(libc::EIO)),
         )));
         assert_eq!(
             (latched.status.as_u16(), latched.code),
             (503, "database_failed")
         );
+        assert!(latched.message.contains("data.kiln"), "{}", latched.message);
+        assert!(
+            latched.message.contains("restarting the server"),
+            "{}",
+            latched.message
+        );
+        assert!(latched.body_json().contains("\"needs_restart\":true"));
+        // A latch after a full disk keeps its kind: 507, names the file, needs a restart.
+        let latched_full = ApiError::from(DocError::Storage(kiln_storage::Error::Poisoned(
+            kiln_storage::Failure::from_error("journal write failed", &io(libc::ENOSPC)),
+        )));
+        assert_eq!(
+            (latched_full.status.as_u16(), latched_full.code),
+            (507, "disk_full")
+        );
+        assert!(latched_full.needs_restart);
+        assert!(latched_full.message.contains("data.kiln"));
+        // A unit of a commit group that failed for lack of space (the other writes
+        // merged into the same commit): 507 as well, not a 500 `storage_error`.
+        let group = ApiError::from(DocError::Storage(kiln_storage::Error::GroupFailed(
+            Box::new(io(libc::EDQUOT)),
+        )));
+        assert_eq!((group.status.as_u16(), group.code), (507, "disk_full"));
+        assert!(!group.needs_restart);
+        // A group failing after a latch: as the latch.
+        let group_latched = ApiError::from(DocError::Storage(kiln_storage::Error::GroupFailed(
+            Box::new(kiln_storage::Error::Poisoned(
+                kiln_storage::Failure::from_error("journal write failed", &io(libc::EIO)),
+            )),
+        )));
+        assert_eq!(
+            (group_latched.status.as_u16(), group_latched.code),
+            (503, "database_failed")
+        );
+        assert!(group_latched.needs_restart);
+        // An I/O error that latched nothing (a journal file could not be created).
+        let plain = ApiError::from(DocError::Storage(io(libc::EIO)));
+        assert_eq!((plain.status.as_u16(), plain.code), (503, "io_error"));
+        assert!(!plain.needs_restart);
+        // A bug: 500 with an id that the log has too.
+        for bug in [
+            DocError::Internal("a write lost its result".into()),
+            DocError::Storage(kiln_storage::Error::Poisoned(
+                kiln_storage::Failure::internal("preparing a commit panicked", "boom"),
+            )),
+        ] {
+            let e = ApiError::from(bug);
+            assert_eq!((e.status.as_u16(), e.code), (500, "internal_error"));
+            assert!(e.message.contains("error id"), "{}", e.message);
+        }
         let conflict_in_batch = ApiError::from(DocError::BatchOpFailed {
             index: 3,
             source: Box::new(DocError::Conflict {

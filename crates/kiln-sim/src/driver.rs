@@ -218,8 +218,9 @@ fn read_state(env: &Env) -> Result<Model, Error> {
             e = c.next()?;
         }
         if t.len() as u64 != r.tree_len(&name)? {
-            return Err(Error::Poisoned(format!(
-                "tree {name}: length disagrees with its entries"
+            return Err(Error::Poisoned(kiln_storage::Failure::internal(
+                "reading the state back",
+                format!("tree {name}: length disagrees with its entries"),
             )));
         }
         m.insert(name, t);

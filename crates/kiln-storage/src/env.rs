@@ -7,14 +7,14 @@ use crate::io::{OpenMode, OsVfs, Vfs};
 use crate::journal::record::{JournalPage, RecordInput};
 use crate::journal::recovery::{self, JournalTail};
 use crate::journal::writer::{
-    Durability, JournalFiles, JournalPos, JournalWriter, PreparedRecord, RecordEncoder,
+    Durability, JournalEnd, JournalFiles, JournalPos, JournalWriter, PreparedRecord, RecordEncoder,
 };
 use crate::page::{self, PageNo, PageRun, PAGE_SIZE};
 use crate::queue::{CommitQueue, QueueLimits, QueueStats};
 use crate::stats::{EngineCounters, Stats};
 use crate::store::PageStore;
 use crate::txn::{ReadTxn, Snapshot, WriteTxn};
-use crate::{Error, Result};
+use crate::{Error, Failure, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -151,6 +151,8 @@ pub(crate) struct WriterState {
     pub latest: Snapshot,
     /// How far the merge of the frozen generation got (the last buffer key merged).
     pub merge_cursor: Option<Box<[u8]>>,
+    /// Where the journal will be once every record encoded so far is written.
+    pub journal_end: JournalEnd,
 }
 
 /// The journal's write side: records are written strictly in transaction order.
@@ -189,18 +191,30 @@ pub(crate) struct Shared {
     /// (free, pending, total) pages, refreshed under the writer lock.
     alloc_summary: Mutex<(u64, u64, u64)>,
     pub(crate) queue: CommitQueue,
-    poisoned: Mutex<Option<String>>,
+    poisoned: Mutex<Option<Failure>>,
+    /// Set while the flusher cannot write back because the data file cannot grow
+    /// (no space): nothing is lost (the journal holds it all), and it retries.
+    stalled: Mutex<Option<Failure>>,
     pub(crate) flush_queue: FlushQueue,
     unflushed_bytes: AtomicU64,
     flushed_signal: (Mutex<()>, Condvar),
 }
 
 impl Shared {
-    pub fn poison(&self, why: String) {
+    /// Latches the environment: it refuses writes until reopened. The first
+    /// failure is the one reported.
+    pub fn poison(&self, why: Failure) {
         self.poisoned.lock().get_or_insert(why);
     }
-    pub fn poison_reason(&self) -> Option<String> {
+    pub fn poison_reason(&self) -> Option<Failure> {
         self.poisoned.lock().clone()
+    }
+    /// The flusher could not write back for lack of space (`None` clears it).
+    pub fn set_stalled(&self, why: Option<Failure>) {
+        *self.stalled.lock() = why;
+    }
+    pub fn stalled(&self) -> Option<Failure> {
+        self.stalled.lock().clone()
     }
     pub fn end_read(&self, txn_id: u64) {
         let mut s = self.snap.lock();
@@ -227,6 +241,24 @@ impl Shared {
         while self.unflushed_bytes.load(SeqCst) > self.opts.max_unflushed_bytes {
             if let Some(why) = self.poison_reason() {
                 return Err(Error::Poisoned(why));
+            }
+            if self.stalled().is_some() {
+                // The flusher cannot grow the data file: have it try once more now
+                // (space may be back), and fail this commit (nothing of it written)
+                // if it still cannot, instead of waiting for room that never comes.
+                let (tx, rx) = mpsc::channel();
+                self.flush_queue
+                    .push_control(FlushControl::Checkpoint(tx))?;
+                match rx.recv() {
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => {
+                        return Err(Error::Poisoned(Failure::internal(
+                            "waiting for the flusher",
+                            "the flusher thread has stopped",
+                        )))
+                    }
+                }
             }
             self.flush_queue.nudge();
             let mut g = self.flushed_signal.0.lock();
@@ -285,9 +317,9 @@ impl Shared {
                 .unwrap_or_else(|panic| {
                     // Half-done commit state cannot be trusted: latch, then let the panic
                     // continue to the caller.
-                    self.poison(format!(
-                        "preparing a commit panicked: {}",
-                        crate::error::panic_message(&*panic)
+                    self.poison(Failure::internal(
+                        "preparing a commit panicked",
+                        crate::error::panic_message(&*panic),
                     ));
                     std::panic::resume_unwind(panic)
                 });
@@ -361,6 +393,7 @@ impl Shared {
             "transaction ids must increase by one"
         );
         let page_count = w.alloc.page_count;
+        let chain_before = w.encoder.chain_checksum();
         let record = w.encoder.encode(RecordInput {
             txn_id: txn.txn_id,
             nonce: 0,
@@ -373,6 +406,22 @@ impl Shared {
             buffer_flags,
         });
         drop(journal_pages);
+        // The journal file this record goes to must exist before the point of no
+        // return: creating one can fail for lack of space, and then only this commit
+        // fails, with nothing of it written (later commits are built on this one once
+        // it passes that point, so a failure after it latches).
+        match w
+            .journal_end
+            .advance(record.journal_len() as u64, &self.journal_files)
+        {
+            Ok(end) => w.journal_end = end,
+            Err(e) => {
+                w.encoder.rewind_chain(chain_before);
+                txn.writer = Some(w);
+                txn.rollback();
+                return Err(e);
+            }
+        }
         // The point of no return: the buffer writes are part of the commit now.
         txn.undo.clear();
         txn.logical.clear();
@@ -482,9 +531,9 @@ impl Shared {
             None => {
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| j.writer.write(&record)))
                     .unwrap_or_else(|panic| {
-                        Err(Error::GroupFailed(format!(
-                            "the journal write panicked: {}",
-                            crate::error::panic_message(&*panic)
+                        Err(Error::Poisoned(Failure::internal(
+                            "the journal write panicked",
+                            crate::error::panic_message(&*panic),
                         )))
                     })
             }
@@ -511,15 +560,19 @@ impl Shared {
                 if let Err(e) = self.flush_queue.push_applied(Box::new(applied), wake_now) {
                     // The commit is durable and visible: report it as committed, but no
                     // further commits can be written back, so latch.
-                    self.poison(format!("cannot hand commits to the flusher: {e}"));
+                    self.poison(Failure::from_error(
+                        "cannot hand commits to the flusher",
+                        &e,
+                    ));
                 }
                 Ok(txn_id)
             }
             Err(e) => {
                 // What reached the disk is unknown: latch, so that only a reopen (which
-                // reads the journal back) decides what was committed.
-                self.poison(format!("journal write failed: {e}"));
-                Err(e)
+                // reads the journal back) decides what was committed; and say so.
+                let failure = Failure::from_error("journal write failed", &e);
+                self.poison(failure.clone());
+                Err(Error::Poisoned(failure))
             }
         };
         j.last_txn = txn_id;
@@ -763,6 +816,7 @@ impl Env {
                 alloc: Allocator::new(page_count, free.iter().copied()),
                 latest: snap.clone(),
                 merge_cursor: None,
+                journal_end: journal.end(),
             }),
             journal: Mutex::new(JournalStage {
                 writer: journal,
@@ -772,6 +826,7 @@ impl Env {
             alloc_summary: Mutex::new((free.len() as u64, 0, page_count)),
             queue: CommitQueue::default(),
             poisoned: Mutex::new(None),
+            stalled: Mutex::new(None),
             flush_queue: FlushQueue::new(opts.write_back_window_bytes),
             unflushed_bytes: AtomicU64::new(0),
             flushed_signal: (Mutex::new(()), Condvar::new()),
@@ -859,9 +914,24 @@ impl Env {
             Ok(())
         }))?;
         let value = out.lock().take();
-        value.ok_or_else(|| {
-            Error::GroupFailed("the unit reported success but left no result".into())
-        })
+        value
+            .ok_or_else(|| Error::UnitFailed("the unit reported success but left no result".into()))
+    }
+
+    /// Why the environment latched, if it did: it then refuses writes until it is
+    /// closed and reopened (the journal decides what was committed). A failure that
+    /// can be retried safely (no space to grow the data file or to create a journal
+    /// file) does not latch: see `write_back_stalled`.
+    pub fn failure(&self) -> Option<Failure> {
+        self.shared.poison_reason()
+    }
+
+    /// Set while the flusher cannot write pages back because the data file cannot
+    /// grow (no space). Nothing is lost: the journal holds every commit, commits go
+    /// on while the journal has room, and the flusher retries (every
+    /// `sync_interval_ms`, and when a commit needs room); cleared once it succeeds.
+    pub fn write_back_stalled(&self) -> Option<Failure> {
+        self.shared.stalled()
     }
 
     /// Figures of the commit queue.
@@ -876,8 +946,9 @@ impl Env {
         self.shared
             .flush_queue
             .push_control(FlushControl::Checkpoint(tx))?;
-        rx.recv()
-            .map_err(|_| Error::Poisoned("the flusher thread has stopped".into()))?
+        rx.recv().map_err(|_| {
+            Error::Poisoned(Failure::internal("sync", "the flusher thread has stopped"))
+        })?
     }
 
     pub fn stats(&self) -> Stats {
@@ -987,7 +1058,9 @@ impl Env {
         let result = match sent {
             Ok(()) => rx
                 .recv()
-                .map_err(|_| Error::Poisoned("the flusher thread has stopped".into()))
+                .map_err(|_| {
+                    Error::Poisoned(Failure::internal("close", "the flusher thread has stopped"))
+                })
                 .and_then(|r| r.map(|_| ())),
             Err(e) => Err(e),
         };

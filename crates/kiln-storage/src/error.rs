@@ -65,11 +65,20 @@ pub enum Error {
     #[error("tree {0:?} already exists")]
     TreeExists(String),
 
+    /// The environment latched after a failure that may have lost or torn data the
+    /// journal is needed for (a failed journal write, a failed data-file write or
+    /// fsync, a bug): it refuses writes until it is closed and reopened, which
+    /// replays the journal. The failure keeps its kind (`Failure::is_disk_full`).
     #[error(
         "the environment refuses further writes after an earlier failure ({0}); \
          close and reopen it to recover from the journal"
     )]
-    Poisoned(String),
+    Poisoned(Failure),
+
+    /// An earlier operation of this transaction failed and it went on regardless:
+    /// the transaction must be rolled back (the environment itself is fine).
+    #[error("an earlier operation in this transaction failed: {0}")]
+    TransactionBroken(String),
 
     #[error("environment at {path} is already open (lock held by another process or handle)")]
     Locked { path: PathBuf },
@@ -93,8 +102,9 @@ pub enum Error {
     #[error("the unit of work panicked: {0}; it was rolled back, the rest of its group commits")]
     UnitPanicked(String),
 
+    /// The commit this unit of work was merged into failed; the cause keeps its kind.
     #[error("the commit group failed: {0}")]
-    GroupFailed(String),
+    GroupFailed(Box<Error>),
 
     #[error("invalid option: {0}")]
     InvalidOption(String),
@@ -136,7 +146,240 @@ impl Error {
 
     /// True if this error says the bytes on disk are wrong (as opposed to the disk failing).
     pub fn is_corruption(&self) -> bool {
-        matches!(self, Error::Corrupted { .. } | Error::JournalGap { .. })
+        match self {
+            Error::Corrupted { .. } | Error::JournalGap { .. } => true,
+            Error::GroupFailed(e) => e.is_corruption(),
+            _ => false,
+        }
+    }
+
+    /// True if a file system refused space (ENOSPC, EDQUOT), directly or as the
+    /// cause of a latch or of a failed commit group.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            Error::Io { source, .. } => io_is_disk_full(source),
+            Error::Poisoned(f) => f.is_disk_full(),
+            Error::GroupFailed(e) => e.is_disk_full(),
+            _ => false,
+        }
+    }
+
+    /// The latch this error reports, if it is one (directly or as a group's cause):
+    /// the environment refuses writes until it is closed and reopened.
+    pub fn latched(&self) -> Option<&Failure> {
+        match self {
+            Error::Poisoned(f) => Some(f),
+            Error::GroupFailed(e) => e.latched(),
+            _ => None,
+        }
+    }
+
+    /// A copy of this error, for answering every unit of a failed commit group.
+    /// I/O errors keep their OS error code (or kind); boxed unit errors become text.
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::Io {
+                path,
+                offset,
+                op,
+                source,
+            } => Error::Io {
+                path: path.clone(),
+                offset: *offset,
+                op,
+                source: copy_io_error(source),
+            },
+            Error::Corrupted {
+                path,
+                location,
+                what,
+            } => Error::Corrupted {
+                path: path.clone(),
+                location: location.clone(),
+                what: what.clone(),
+            },
+            Error::JournalGap {
+                last_valid_txn,
+                missing_from,
+                missing_to,
+                found_txn,
+                path,
+                offset,
+            } => Error::JournalGap {
+                last_valid_txn: *last_valid_txn,
+                missing_from: *missing_from,
+                missing_to: *missing_to,
+                found_txn: *found_txn,
+                path: path.clone(),
+                offset: *offset,
+            },
+            Error::KeyTooLarge { len, max } => Error::KeyTooLarge {
+                len: *len,
+                max: *max,
+            },
+            Error::EmptyKey => Error::EmptyKey,
+            Error::ValueTooLarge { len, max } => Error::ValueTooLarge {
+                len: *len,
+                max: *max,
+            },
+            Error::TransactionTooLarge { bytes, max } => Error::TransactionTooLarge {
+                bytes: *bytes,
+                max: *max,
+            },
+            Error::InvalidTreeName { len, max } => Error::InvalidTreeName {
+                len: *len,
+                max: *max,
+            },
+            Error::TreeNotFound(n) => Error::TreeNotFound(n.clone()),
+            Error::TreeExists(n) => Error::TreeExists(n.clone()),
+            Error::Poisoned(f) => Error::Poisoned(f.clone()),
+            Error::TransactionBroken(w) => Error::TransactionBroken(w.clone()),
+            Error::Locked { path } => Error::Locked { path: path.clone() },
+            Error::Overloaded {
+                queued,
+                oldest_wait_ms,
+                max_units,
+                max_delay_ms,
+            } => Error::Overloaded {
+                queued: *queued,
+                oldest_wait_ms: *oldest_wait_ms,
+                max_units: *max_units,
+                max_delay_ms: *max_delay_ms,
+            },
+            Error::UnitFailed(e) => Error::UnitFailed(e.to_string().into()),
+            Error::UnitPanicked(m) => Error::UnitPanicked(m.clone()),
+            Error::GroupFailed(e) => Error::GroupFailed(Box::new(e.duplicate())),
+            Error::InvalidOption(m) => Error::InvalidOption(m.clone()),
+            Error::Incompatible {
+                path,
+                found,
+                expected,
+            } => Error::Incompatible {
+                path: path.clone(),
+                found: found.clone(),
+                expected: expected.clone(),
+            },
+        }
+    }
+}
+
+/// True for the OS errors that mean "no space": ENOSPC, and EDQUOT (a quota).
+pub fn io_is_disk_full(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        || e.kind() == std::io::ErrorKind::StorageFull
+}
+
+fn copy_io_error(e: &std::io::Error) -> std::io::Error {
+    match e.raw_os_error() {
+        Some(code) => std::io::Error::from_raw_os_error(code),
+        None => std::io::Error::new(e.kind(), e.to_string()),
+    }
+}
+
+/// What kind of failure latched an environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// The file system refused space (ENOSPC, EDQUOT) where a retry is not safe
+    /// (a journal write, a data-file write or fsync).
+    DiskFull,
+    /// Any other I/O error.
+    Io,
+    /// A bug or an unexpected state (a panic, a corruption found while writing, a
+    /// background thread that stopped).
+    Internal,
+}
+
+/// Why an environment latched: the kind, the file and operation where known, and the
+/// text of the error, so that later refusals still tell a full disk from a failing
+/// one and name the file.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    kind: FailureKind,
+    context: String,
+    path: Option<PathBuf>,
+    offset: Option<u64>,
+    op: Option<&'static str>,
+    os_error: Option<i32>,
+    detail: String,
+}
+
+impl Failure {
+    /// From the error that caused it; `context` says what the engine was doing
+    /// ("journal write failed", "background flush failed").
+    pub fn from_error(context: impl Into<String>, e: &Error) -> Failure {
+        let context = context.into();
+        match e {
+            Error::Io {
+                path,
+                offset,
+                op,
+                source,
+            } => Failure {
+                kind: if io_is_disk_full(source) {
+                    FailureKind::DiskFull
+                } else {
+                    FailureKind::Io
+                },
+                context,
+                path: Some(path.clone()),
+                offset: *offset,
+                op: Some(op),
+                os_error: source.raw_os_error(),
+                detail: e.to_string(),
+            },
+            Error::Poisoned(f) => f.clone(),
+            Error::GroupFailed(inner) => Failure::from_error(context, inner),
+            other => Failure {
+                kind: FailureKind::Internal,
+                context,
+                path: None,
+                offset: None,
+                op: None,
+                os_error: None,
+                detail: other.to_string(),
+            },
+        }
+    }
+
+    /// A failure that is not an I/O error (a panic, a stopped thread).
+    pub fn internal(context: impl Into<String>, detail: impl Into<String>) -> Failure {
+        Failure {
+            kind: FailureKind::Internal,
+            context: context.into(),
+            path: None,
+            offset: None,
+            op: None,
+            os_error: None,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn kind(&self) -> FailureKind {
+        self.kind
+    }
+    pub fn is_disk_full(&self) -> bool {
+        self.kind == FailureKind::DiskFull
+    }
+    /// The file whose operation failed, where known.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        self.path.as_deref()
+    }
+    pub fn offset(&self) -> Option<u64> {
+        self.offset
+    }
+    /// The operation that failed ("write journal record", "fsync data file"...).
+    pub fn op(&self) -> Option<&'static str> {
+        self.op
+    }
+    pub fn os_error(&self) -> Option<i32> {
+        self.os_error
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.context, self.detail)
     }
 }
 

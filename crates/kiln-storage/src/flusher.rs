@@ -9,7 +9,7 @@ use crate::env::Shared;
 use crate::header::{self, FileHeader};
 use crate::journal::writer::JournalPos;
 use crate::page::{PageNo, PageRun, PAGE_SIZE};
-use crate::{Error, Result};
+use crate::{Error, Failure, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::BTreeSet;
 use std::collections::VecDeque;
@@ -92,7 +92,7 @@ impl FlushQueue {
             .sum();
         let mut st = self.state.lock();
         if let Some(why) = st.closed {
-            return Err(Error::Poisoned(why.into()));
+            return Err(Error::Poisoned(Failure::internal("flusher", why)));
         }
         st.applied.push(applied);
         st.applied_bytes += bytes;
@@ -108,7 +108,7 @@ impl FlushQueue {
     pub fn push_control(&self, control: FlushControl) -> Result<()> {
         let mut st = self.state.lock();
         if let Some(why) = st.closed {
-            return Err(Error::Poisoned(why.into()));
+            return Err(Error::Poisoned(Failure::internal("flusher", why)));
         }
         st.control.push_back(control);
         drop(st);
@@ -158,6 +158,26 @@ impl FlushQueue {
         }
     }
 }
+
+/// How a write-back or checkpoint failed.
+enum FlushError {
+    /// No space to grow the data file, or to write the free-page snapshot: nothing
+    /// was written that recovery or an acknowledged commit depends on (the pages are
+    /// still in memory and in the journal, the header did not move). Try again later.
+    Stalled(Error),
+    /// A write or fsync of the data file (or its header) failed: what is on disk is
+    /// unknown, and a retried fsync may "succeed" after the kernel dropped the dirty
+    /// pages. Latch; the journal replays on reopen.
+    Fatal(Error),
+}
+
+impl From<Error> for FlushError {
+    fn from(e: Error) -> Self {
+        FlushError::Fatal(e)
+    }
+}
+
+type FlushResult = std::result::Result<(), FlushError>;
 
 /// Marks the queue closed however the flusher thread ends (a panic included).
 struct GoneOnDrop(Arc<Shared>);
@@ -267,22 +287,41 @@ impl Flusher {
         if let Some(why) = self.shared.poison_reason() {
             return Err(Error::Poisoned(why));
         }
-        match self.checkpoint() {
-            Ok(()) => Ok(self.header.synced_txn_id),
-            Err(e) => {
-                self.shared.poison(format!("background flush failed: {e}"));
-                Err(e)
-            }
-        }
+        let r = self.checkpoint();
+        self.note_outcome(r).map(|()| self.header.synced_txn_id)
+    }
+
+    fn record_failure(&mut self, r: FlushResult) {
+        let _ = self.note_outcome(r);
     }
 
     /// After a failed write or fsync the data file's state is unknown (the kernel may
     /// have dropped the dirty pages): stop, and make the environment refuse writes.
-    /// The journal still holds everything; reopening replays it.
-    fn record_failure(&mut self, r: Result<()>) {
-        if let Err(e) = r {
-            tracing::error!(error = %e, "flusher failed; the environment now refuses writes until reopened");
-            self.shared.poison(format!("background flush failed: {e}"));
+    /// The journal still holds everything; reopening replays it. A stall (no space
+    /// to grow the data file) only waits: the next attempt may succeed.
+    fn note_outcome(&mut self, r: FlushResult) -> Result<()> {
+        match r {
+            Ok(()) => {
+                if self.shared.stalled().is_some() {
+                    tracing::info!("write-back resumed: the data file could grow again");
+                    self.shared.set_stalled(None);
+                }
+                Ok(())
+            }
+            Err(FlushError::Stalled(e)) => {
+                if self.shared.stalled().is_none() {
+                    tracing::warn!(error = %e, "write-back waits for disk space; commits go on while the journal has room, and the flusher retries");
+                }
+                self.shared
+                    .set_stalled(Some(Failure::from_error("write-back waits for space", &e)));
+                Err(e)
+            }
+            Err(FlushError::Fatal(e)) => {
+                tracing::error!(error = %e, "flusher failed; the environment now refuses writes until reopened");
+                let failure = Failure::from_error("background flush failed", &e);
+                self.shared.poison(failure.clone());
+                Err(Error::Poisoned(failure))
+            }
         }
     }
 
@@ -296,11 +335,29 @@ impl Flusher {
     /// "Later" matters: a page allocated and freed inside one transaction is listed
     /// as freed by it yet reusable at once, so an earlier free says nothing about a
     /// later write of the same page number.
-    fn write_back_batch(&mut self) -> Result<()> {
+    fn write_back_batch(&mut self) -> FlushResult {
         let batch = std::mem::take(&mut self.batch);
         let batch_bytes = std::mem::take(&mut self.batch_bytes);
         if batch.is_empty() || self.shared.poison_reason().is_some() {
             return Ok(());
+        }
+        // Grow the data file for the whole batch before writing any of it: if there
+        // is no space, nothing is written and the batch waits for the next attempt
+        // (its pages stay readable in memory, and the journal holds them).
+        let end_page = batch
+            .iter()
+            .flat_map(|a| a.pages.iter())
+            .map(|(no, run)| no + run.page_count() as u64)
+            .max()
+            .unwrap_or(0);
+        if let Err(e) = self.shared.store.ensure_mapped(end_page) {
+            self.batch = batch;
+            self.batch_bytes = batch_bytes;
+            return Err(if e.is_disk_full() {
+                FlushError::Stalled(e)
+            } else {
+                FlushError::Fatal(e)
+            });
         }
         let mut last_freed_at: crate::fasthash::FastMap<PageNo, usize> = Default::default();
         for (i, a) in batch.iter().enumerate() {
@@ -362,7 +419,7 @@ impl Flusher {
         Ok(())
     }
 
-    fn checkpoint(&mut self) -> Result<()> {
+    fn checkpoint(&mut self) -> FlushResult {
         self.last_sync = Instant::now();
         // After a failure the data file's state is unknown: a retried fsync may
         // "succeed" after the kernel dropped the dirty pages. Never claim a sync then.
@@ -395,7 +452,19 @@ impl Flusher {
             ..FileHeader::default()
         };
         next.set_replay_start(&self.replay_start);
-        write_header(&shared, &next, &freelist)?;
+        // The snapshot goes to the slot of the older header copy, which the current
+        // one does not use: if it cannot be written for lack of space, nothing moved,
+        // and the next checkpoint writes it again.
+        header::write_freelist(shared.vfs.as_ref(), &shared.dir, next.slot(), &freelist).map_err(
+            |e| {
+                if e.is_disk_full() {
+                    FlushError::Stalled(e)
+                } else {
+                    FlushError::Fatal(e)
+                }
+            },
+        )?;
+        write_header_page(&shared, &next)?;
         self.header = next;
         self.bytes_since_sync = 0;
         shared
@@ -418,6 +487,11 @@ impl Flusher {
 /// Writes the free-page snapshot and the header copy for `h`'s slot, durably.
 pub(crate) fn write_header(shared: &Shared, h: &FileHeader, freelist: &[u8]) -> Result<()> {
     header::write_freelist(shared.vfs.as_ref(), &shared.dir, h.slot(), freelist)?;
+    write_header_page(shared, h)
+}
+
+/// Writes the header copy for `h`'s slot (its free-page snapshot written before), durably.
+fn write_header_page(shared: &Shared, h: &FileHeader) -> Result<()> {
     let offset = h.slot() * PAGE_SIZE as u64;
     shared
         .store

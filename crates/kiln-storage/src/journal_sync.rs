@@ -73,7 +73,10 @@ fn run(shared: &Shared, interval: Duration, stop: &(Mutex<bool>, Condvar)) {
                 .record(start.elapsed()),
             Err(e) => {
                 tracing::error!(error = %e, "background journal sync failed; the environment now refuses writes until reopened");
-                shared.poison(format!("background journal sync failed: {e}"));
+                shared.poison(crate::Failure::from_error(
+                    "background journal sync failed",
+                    &e,
+                ));
             }
         }
     }

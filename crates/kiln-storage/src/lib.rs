@@ -45,7 +45,7 @@ mod txn;
 pub use btree::cursor::Entry;
 pub use cursor::Cursor;
 pub use env::{Env, Options, RecoveryReport, DATA_FILE};
-pub use error::{Error, Result};
+pub use error::{io_is_disk_full, Error, Failure, FailureKind, Result};
 pub use journal::recovery::JournalTail;
 pub use journal::writer::Durability;
 pub use page::{MAX_KEY_SIZE, MAX_VALUE_SIZE, PAGE_SIZE};

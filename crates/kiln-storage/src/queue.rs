@@ -246,10 +246,9 @@ impl Shared {
         let mut txn = match self.begin_write_txn() {
             Ok(t) => t,
             Err(e) => {
-                let why = e.to_string();
                 for job in group {
                     job.answer
-                        .tell(Word::Done(Err(Error::GroupFailed(why.clone()))));
+                        .tell(Word::Done(Err(Error::GroupFailed(Box::new(e.duplicate())))));
                 }
                 q.end_leadership(false);
                 return;
@@ -302,9 +301,9 @@ impl Shared {
         let prepared = match catch_unwind(AssertUnwindSafe(|| self.prepare_commit(&mut txn))) {
             Ok(p) => p,
             Err(panic) => {
-                let why = format!(
-                    "preparing a commit panicked: {}",
-                    crate::error::panic_message(&*panic)
+                let why = crate::Failure::internal(
+                    "preparing a commit panicked",
+                    crate::error::panic_message(&*panic),
                 );
                 self.poison(why.clone());
                 Err(Error::Poisoned(why))
@@ -337,10 +336,9 @@ impl Shared {
                 }
             }
             Err(e) => {
-                let why = e.to_string();
                 q.units_failed.fetch_add(committed.len() as u64, Relaxed);
                 for a in &committed {
-                    a.tell(Word::Done(Err(Error::GroupFailed(why.clone()))));
+                    a.tell(Word::Done(Err(Error::GroupFailed(Box::new(e.duplicate())))));
                 }
             }
         }

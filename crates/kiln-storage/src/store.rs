@@ -245,9 +245,14 @@ impl PageStore {
         if cur < needed {
             let step = self.grow_step_bytes.max(cur / 8);
             let target = needed.div_ceil(step) * step;
-            self.file
-                .allocate(cur, target - cur)
-                .map_err(|e| Error::io(&self.path, Some(cur), "preallocate data file", e))?;
+            let grown = match self.file.allocate(cur, target - cur) {
+                // A full step does not fit: what is needed now may.
+                Err(e) if crate::error::io_is_disk_full(&e) && target > needed => {
+                    self.file.allocate(cur, needed - cur)
+                }
+                r => r,
+            };
+            grown.map_err(|e| Error::io(&self.path, Some(cur), "preallocate data file", e))?;
         }
         let len = self
             .file

@@ -313,9 +313,7 @@ impl<'env> WriteTxn<'env> {
 
     fn guard_usable(&self) -> Result<()> {
         match &self.broken {
-            Some(why) => Err(Error::Poisoned(format!(
-                "an earlier operation in this transaction failed: {why}"
-            ))),
+            Some(why) => Err(Error::TransactionBroken(why.clone())),
             None => Ok(()),
         }
     }

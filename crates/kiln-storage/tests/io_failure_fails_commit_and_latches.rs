@@ -153,15 +153,18 @@ fn journal_eio_fails_the_commit_latches_and_reopen_keeps_acknowledged() {
     commit_one(&env, "a").unwrap();
     sw.fail_journal_writes.store(true, SeqCst);
     let err = commit_one(&env, "b").unwrap_err();
+    // The failed commit itself reports the latch, which keeps the I/O error's file,
+    // offset and kind.
     match &err {
-        Error::Io { path, offset, .. } => {
+        Error::Poisoned(f) => {
             assert!(
-                is_journal(path),
+                f.path().is_some_and(is_journal),
                 "error should name the journal file: {err}"
             );
-            assert!(offset.is_some(), "error should carry the offset: {err}");
+            assert!(f.offset().is_some(), "error should carry the offset: {err}");
+            assert_eq!(f.kind(), kiln_storage::FailureKind::Io, "{err}");
         }
-        other => panic!("expected an I/O error, got {other}"),
+        other => panic!("expected the latch, got {other}"),
     }
     sw.fail_journal_writes.store(false, SeqCst);
     // Latched: what reached the disk is unknown, so no more writes until reopen.

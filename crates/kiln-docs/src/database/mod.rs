@@ -246,6 +246,17 @@ impl Database {
             .expect("the environment is only taken when the database closes")
     }
 
+    /// Why the database's storage latched, if it did: it refuses writes until it is
+    /// reopened (for the server: until a restart).
+    pub fn failure(&self) -> Option<kiln_storage::Failure> {
+        self.env.as_ref().and_then(|e| e.failure())
+    }
+
+    /// Set while write-back waits for disk space (resumes by itself).
+    pub fn write_back_stalled(&self) -> Option<kiln_storage::Failure> {
+        self.env.as_ref().and_then(|e| e.write_back_stalled())
+    }
+
     pub(crate) fn mark_deleted(&self) {
         self.deleted.store(true, Ordering::SeqCst);
     }
@@ -493,14 +504,21 @@ impl Database {
                     .collect()
             }
             Err(e) => {
-                let shared = e.to_string();
+                // Every write of the unit failed as the unit did, with the cause's kind
+                // (a full disk stays a full disk for each of them).
+                let cause = match &e {
+                    DocError::Storage(se) => se.duplicate(),
+                    other => kiln_storage::Error::UnitFailed(other.to_string().into()),
+                };
                 let mut first = Some(e);
                 early
                     .into_iter()
                     .map(|pre| match pre {
                         Some(pre) => Err(pre),
                         None => Err(first.take().unwrap_or_else(|| {
-                            DocError::Storage(kiln_storage::Error::GroupFailed(shared.clone()))
+                            DocError::Storage(kiln_storage::Error::GroupFailed(Box::new(
+                                cause.duplicate(),
+                            )))
                         })),
                     })
                     .collect()

@@ -8,7 +8,40 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-pub async fn health() -> Response {
+/// 200 `{"status": "ok"}`; 200 `{"status": "degraded", "waiting_for_space": [...]}`
+/// while a database's write-back waits for disk space (it resumes by itself); 503
+/// `{"status": "needs_restart", "needs_restart": [...]}` once a database latched after
+/// a failed write (it refuses writes until the server restarts). Each entry names the
+/// database and the failure's kind (`disk_full`, `io_error`, `internal_error`); the
+/// details (file, operation) are in the log and in the answers to writes.
+pub async fn health(State(state): State<SharedState>) -> Response {
+    let kind = |f: &kiln_storage::Failure| match f.kind() {
+        kiln_storage::FailureKind::DiskFull => "disk_full",
+        kiln_storage::FailureKind::Io => "io_error",
+        _ => "internal_error",
+    };
+    let mut latched = Vec::new();
+    let mut waiting = Vec::new();
+    for db in state.store.databases() {
+        if let Some(f) = db.failure() {
+            latched.push(json!({"database": db.name(), "kind": kind(&f)}));
+        } else if let Some(f) = db.write_back_stalled() {
+            waiting.push(json!({"database": db.name(), "kind": kind(&f)}));
+        }
+    }
+    if !latched.is_empty() {
+        let mut body = json!({"status": "needs_restart", "needs_restart": latched});
+        if !waiting.is_empty() {
+            body["waiting_for_space"] = waiting.into();
+        }
+        return json_value(StatusCode::SERVICE_UNAVAILABLE, body);
+    }
+    if !waiting.is_empty() {
+        return json_value(
+            StatusCode::OK,
+            json!({"status": "degraded", "waiting_for_space": waiting}),
+        );
+    }
     json_value(StatusCode::OK, json!({"status": "ok"}))
 }
 

@@ -131,23 +131,13 @@ impl JournalFiles {
             .vfs
             .open(&tmp, mode)
             .map_err(|e| Error::io(&tmp, None, "create journal file", e))?;
-        // A leftover from a crash may be longer or hold anything: start from empty.
-        file.set_len(0)
-            .map_err(|e| Error::io(&tmp, None, "truncate journal file", e))?;
-        file.allocate(0, min_size)
-            .map_err(|e| Error::io(&tmp, Some(0), "preallocate journal file", e))?;
-        if zero_fill {
-            let zeros = vec![0u8; 1 << 20];
-            let mut off = 0;
-            while off < min_size {
-                let n = zeros.len().min((min_size - off) as usize);
-                file.write_all_at(&zeros[..n], off)
-                    .map_err(|e| Error::io(&tmp, Some(off), "zero-fill journal file", e))?;
-                off += n as u64;
-            }
+        if let Err(e) = self.fill_new_file(file.as_ref(), &tmp, min_size, zero_fill) {
+            // Give back whatever space the half-made file holds (a full disk is the
+            // usual cause): nothing refers to it.
+            drop(file);
+            let _ = self.vfs.remove_file(&tmp);
+            return Err(e);
         }
-        file.sync_all()
-            .map_err(|e| Error::io(&tmp, None, "fsync journal file", e))?;
         drop(file);
         self.vfs
             .rename(&tmp, &path)
@@ -156,6 +146,66 @@ impl JournalFiles {
         self.counters.journal_files_created.fetch_add(1, Relaxed);
         self.state.lock().existing.insert(seq);
         Ok(path)
+    }
+
+    /// Sizes, fills and syncs a new journal file under its temporary name.
+    fn fill_new_file(
+        &self,
+        file: &dyn VfsFile,
+        tmp: &Path,
+        min_size: u64,
+        zero_fill: bool,
+    ) -> Result<()> {
+        // A leftover from a crash may be longer or hold anything: start from empty.
+        file.set_len(0)
+            .map_err(|e| Error::io(tmp, None, "truncate journal file", e))?;
+        file.allocate(0, min_size)
+            .map_err(|e| Error::io(tmp, Some(0), "preallocate journal file", e))?;
+        if zero_fill {
+            let zeros = vec![0u8; 1 << 20];
+            let mut off = 0;
+            while off < min_size {
+                let n = zeros.len().min((min_size - off) as usize);
+                file.write_all_at(&zeros[..n], off)
+                    .map_err(|e| Error::io(tmp, Some(off), "zero-fill journal file", e))?;
+                off += n as u64;
+            }
+        }
+        file.sync_all()
+            .map_err(|e| Error::io(tmp, None, "fsync journal file", e))
+    }
+
+    /// Makes sure journal file `seq` exists (prepared, recycled or created now) with
+    /// room for a record of `record_len` bytes at its start, and returns its size.
+    /// Used before a commit's point of no return: if this fails (no space for a new
+    /// file), nothing of the commit is written and only it fails.
+    pub(crate) fn reserve(&self, seq: u64, record_len: u64) -> Result<u64> {
+        if !self.exists(seq) {
+            // Not prepared (or being prepared right now): this commit waits for it.
+            self.counters.journal_switch_waits.fetch_add(1, Relaxed);
+        }
+        let path = self.ensure_file(seq, self.file_size_bytes, true)?;
+        let mode = OpenMode {
+            write: true,
+            ..Default::default()
+        };
+        let file = self
+            .vfs
+            .open(&path, mode)
+            .map_err(|e| Error::io(&path, None, "open journal file", e))?;
+        let size = file
+            .len()
+            .map_err(|e| Error::io(&path, None, "stat journal file", e))?;
+        if size >= record_len {
+            return Ok(size);
+        }
+        // A record larger than a journal file (a huge value): grow this file for it.
+        let target = record_len.div_ceil(DIRECT_IO_ALIGN as u64) * DIRECT_IO_ALIGN as u64;
+        file.allocate(0, target)
+            .map_err(|e| Error::io(&path, Some(0), "grow journal file", e))?;
+        file.sync_all()
+            .map_err(|e| Error::io(&path, None, "fsync journal file", e))?;
+        Ok(target)
     }
 
     fn sync_dir(&self) -> Result<()> {
@@ -245,6 +295,13 @@ pub struct RecordEncoder {
     compress_scratch: Vec<u8>,
 }
 
+impl PreparedRecord {
+    /// Bytes this record takes in the journal (padded).
+    pub fn journal_len(&self) -> usize {
+        self.len
+    }
+}
+
 impl RecordEncoder {
     pub fn new(chain_checksum: u32, compress: bool) -> Self {
         RecordEncoder {
@@ -253,6 +310,17 @@ impl RecordEncoder {
             compress,
             compress_scratch: Vec::new(),
         }
+    }
+
+    /// The chain value the next record links to.
+    pub fn chain_checksum(&self) -> u32 {
+        self.chain_checksum
+    }
+
+    /// Takes back records encoded after the chain stood at `chain_checksum` (their
+    /// commit failed before its point of no return).
+    pub fn rewind_chain(&mut self, chain_checksum: u32) {
+        self.chain_checksum = chain_checksum;
     }
 
     pub fn encode(&mut self, mut input: RecordInput) -> PreparedRecord {
@@ -271,6 +339,35 @@ impl RecordEncoder {
             raw_body_len: enc.raw_body_len,
             stored_body_len: enc.stored_body_len,
         }
+    }
+}
+
+/// Where the next record will go once every record encoded so far is written (the
+/// journal writer's position, projected past the records still in flight). Kept
+/// under the writer lock, so that a commit makes sure the journal file it needs
+/// exists before its point of no return.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JournalEnd {
+    seq: u64,
+    offset: u64,
+    size: u64,
+}
+
+impl JournalEnd {
+    /// The position after a record of `len` bytes, switching files the way
+    /// `JournalWriter::write` will, with the next file made ready (`reserve`).
+    pub fn advance(&self, len: u64, files: &JournalFiles) -> Result<JournalEnd> {
+        let mut end = *self;
+        if end.offset + len > end.size {
+            let seq = end.seq + 1;
+            end = JournalEnd {
+                seq,
+                offset: 0,
+                size: files.reserve(seq, len)?,
+            };
+        }
+        end.offset += len;
+        Ok(end)
     }
 }
 
@@ -323,6 +420,15 @@ impl JournalWriter {
             durability,
             unsafe_skip_durability: false,
         })
+    }
+
+    /// Where the next record goes (see `JournalEnd`).
+    pub(crate) fn end(&self) -> JournalEnd {
+        JournalEnd {
+            seq: self.current.seq,
+            offset: self.offset,
+            size: self.current.size,
+        }
     }
 
     fn note_direct_io(&self) {
