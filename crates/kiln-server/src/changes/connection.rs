@@ -355,15 +355,20 @@ impl Conn {
             }
         }
         // The seam: under `dispatch` the hub cannot advance, so what is at or below
-        // its position is read here and what is above comes live.
+        // `up_to` is read here and what is above comes live. `up_to` is the last
+        // durable write, not just the hub's position (the hub may lag behind the
+        // commits): everything written before the subscription arrives in its backlog,
+        // ahead of `caught_up`, and the hub skips what it later dispatches at or below
+        // `live_after`.
         let (rest, position) = {
             let d = self.hub.dispatch.lock();
-            let rest = db.changes_between(from, d.position, usize::MAX, filter, false);
+            let up_to = d.position.max(db.last_sequence());
+            let rest = db.changes_between(from, up_to, usize::MAX, filter, false);
             let mut subs = self.me.subs.lock();
             if let Some(s) = subs.iter_mut().find(|s| s.name == *name) {
-                s.live_after = Some(d.position);
+                s.live_after = Some(up_to);
             }
-            (rest, d.position)
+            (rest, up_to)
         };
         match rest {
             Ok(page) => {

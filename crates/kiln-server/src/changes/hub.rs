@@ -9,9 +9,11 @@
 //!
 //! The seam between a subscription's backlog and its live changes: the connection
 //! reads the backlog itself, then, holding `dispatch`, reads what is left up to the
-//! hub's `position` and turns live from there. The hub advances `position` only
-//! while holding `dispatch`, so every change is either in that last read (at or below
-//! `position`) or dispatched live afterwards (above it): none missed, none twice.
+//! last durable write (at least the hub's `position`; the hub may lag behind the
+//! commits) and turns live above it (`live_after`). The hub advances `position` and
+//! offers changes only while holding `dispatch`, and offers a subscription only what
+//! is above its `live_after`, so every change is either in that last read or
+//! dispatched live afterwards: none missed, none twice.
 
 use axum::extract::ws::Utf8Bytes;
 use kiln_docs::{Change, ChangeFilter, Database};
