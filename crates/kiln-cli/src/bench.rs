@@ -358,10 +358,15 @@ fn doc_1k(rng: &mut SmallRng, n: u64) -> Vec<u8> {
 
 /// Starts `kiln serve` on a fresh data directory with a database `bench`.
 fn fresh_server(dir: &Path) -> BenchResult<ServerProcess> {
+    fresh_server_with(dir, &[])
+}
+
+/// `fresh_server` with extra `kiln serve` flags.
+fn fresh_server_with(dir: &Path, args: &[&str]) -> BenchResult<ServerProcess> {
     if dir.exists() {
         std::fs::remove_dir_all(dir)?;
     }
-    let server = ServerProcess::start(dir)?;
+    let server = ServerProcess::start_with(dir, args)?;
     let (status, body) = httpbench::blocking_request(server.addr, "PUT", "/dbs/bench", b"")?;
     if status != 201 {
         return Err(format!(
@@ -585,19 +590,8 @@ fn w11(dir: &Path, quick: bool, connections: Option<usize>) -> BenchResult<Run> 
     } else {
         (5_000, Duration::from_secs(16))
     };
-    if dir.exists() {
-        std::fs::remove_dir_all(dir)?;
-    }
     let hb = heartbeat_ms.to_string();
-    let server = ServerProcess::start_with(dir, &["--changes-heartbeat-ms", &hb])?;
-    let (status, body) = httpbench::blocking_request(server.addr, "PUT", "/dbs/bench", b"")?;
-    if status != 201 {
-        return Err(format!(
-            "creating the bench database: {status} {}",
-            String::from_utf8_lossy(&body)
-        )
-        .into());
-    }
+    let server = fresh_server_with(dir, &["--changes-heartbeat-ms", &hb])?;
     let mut extra = Map::new();
     extra.insert("idle_connections_wanted".into(), json!(wanted));
     extra.insert("open_file_limit".into(), json!(open_files));
