@@ -19,11 +19,7 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    pub fn start(data_dir: &Path) -> io::Result<ServerProcess> {
-        Self::start_with(data_dir, &[])
-    }
-
-    /// Starts `kiln serve` with `args` added to its command line.
+    /// Starts `kiln serve` on `data_dir` with `args` added to its command line.
     pub fn start_with(data_dir: &Path, args: &[&str]) -> io::Result<ServerProcess> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
