@@ -225,7 +225,9 @@ class Changes:
         delay = self.reconnect_delay
         while not self._closed.is_set():
             try:
-                ws = connect(
+                # Entered by hand: websockets >= 17 connects in __enter__ (and warns
+                # about a bare connect()), older versions in connect() itself.
+                cm = connect(
                     self.ws_url,
                     additional_headers=self._store.auth_headers,
                     ssl=self._store.ssl_context,
@@ -234,6 +236,7 @@ class Changes:
                     ping_timeout=10,
                     max_size=1 << 20,
                 )
+                ws = cm.__enter__()
             except Exception as e:  # refused, TLS, 401/429 at the upgrade
                 log.debug("changes connection failed: %r", e)
                 self.last_close = f"connect failed: {e!r}"
@@ -266,7 +269,7 @@ class Changes:
                 if was and self._on_disconnected is not None:
                     self._on_disconnected()
                 try:
-                    ws.close()
+                    cm.__exit__(None, None, None)
                 except Exception:
                     pass
             if self._closed.wait(delay):

@@ -259,7 +259,7 @@ class Query:
         if self._session is None:
             raise ValueError("this query is not bound to a session")
         s = self._session
-        store = s.store
+        store = s.document_store
         body = json.dumps(self.request_body(), separators=(",", ":"), sort_keys=True).encode()
         r = store.cached_request("POST", f"{store.db_path}/queries", body=body,
                                  on_request=s._count_request)

@@ -95,7 +95,7 @@ class Session:
     """Made by :meth:`DocumentStore.session`; use it as a context manager."""
 
     def __init__(self, store: "DocumentStore", max_requests: int = 30) -> None:
-        self.store = store
+        self.document_store = store
         self.max_requests = max_requests
         #: Requests this session sent to the server (304s count, aggressive hits don't).
         self.requests = 0
@@ -141,7 +141,7 @@ class Session:
         from .errors import DocumentNotFoundError
 
         try:
-            r = self.store.cached_request("GET", self.store.doc_path(doc_id),
+            r = self.document_store.cached_request("GET", self.document_store.doc_path(doc_id),
                                           on_request=self._count_request, is_document=True)
         except DocumentNotFoundError:
             self._missing.add(doc_id)
@@ -266,7 +266,7 @@ class Session:
         targets = self._op_targets
         self._count_request()
         try:
-            results = self.store.batch(ops)
+            results = self.document_store.batch(ops)
         except ConcurrencyError as e:
             raise self._conflict(e, ops) from None
         for op, t, res in zip(ops, targets, results):
