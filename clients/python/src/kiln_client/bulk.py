@@ -39,7 +39,13 @@ class BulkInsert:
     server stopped at a bad line (every line before it is committed).
     """
 
-    def __init__(self, store: "DocumentStore", *, chunk_bytes: int = 256 << 10,
+    #: Lines per HTTP chunk at most. The server parses a whole chunk into the batch it
+    #: is filling before checking the batch's 8,192-document bound, so a chunk of many
+    #: small lines could overshoot `kiln serve --max-batch-ops` (10,000) and fail the
+    #: stream with `batch_too_long`; 1,024 lines per chunk keeps it below.
+    MAX_LINES_PER_CHUNK = 1024
+
+    def __init__(self, store: "DocumentStore", *, chunk_bytes: int = 64 << 10,
                  max_pending_bytes: int = 8 << 20,
                  on_ack: Optional[Callable[[int, Optional[str]], None]] = None,
                  timeout: float = 60.0) -> None:
@@ -82,7 +88,7 @@ class BulkInsert:
         self._buf.append(b"\n")
         self._buf_len += len(line) + 1
         self.stored += 1
-        if self._buf_len >= self.chunk_bytes:
+        if self._buf_len >= self.chunk_bytes or len(self._buf) >= 2 * self.MAX_LINES_PER_CHUNK:
             self._flush()
 
     def _flush(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -197,7 +198,8 @@ class Changes:
         ws = self._ws
         if ws is not None:
             try:
-                ws.socket.close()
+                # shutdown() wakes the reader blocked in recv; close() alone would not.
+                ws.socket.shutdown(socket.SHUT_RDWR)
             except Exception:
                 pass
 
