@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -74,7 +75,7 @@ class KilnServer:
             args += ["--tls-cert", self.tls["cert"], "--tls-key", self.tls["key"]]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
-        verify = self.tls["cert"] if self.tls else True
+        verify = ssl.create_default_context(cafile=self.tls["cert"]) if self.tls else True
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -111,7 +112,7 @@ class KilnServer:
 
     def metrics(self, api_key: Optional[str] = None) -> str:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        verify = self.tls["cert"] if self.tls else True
+        verify = ssl.create_default_context(cafile=self.tls["cert"]) if self.tls else True
         return httpx.get(f"{self.url}/metrics", headers=headers, verify=verify).text
 
 

@@ -236,6 +236,7 @@ class Changes:
                     open_timeout=5,
                     ping_interval=10,
                     ping_timeout=10,
+                    close_timeout=1,
                     max_size=1 << 20,
                 )
                 ws = cm.__enter__()
@@ -270,17 +271,23 @@ class Changes:
                     s.subscribed.clear()
                 if was and self._on_disconnected is not None:
                     self._on_disconnected()
-                try:
-                    cm.__exit__(None, None, None)
-                except Exception:
-                    pass
+                if not self._closed.is_set():  # else close() is closing it
+                    try:
+                        cm.__exit__(None, None, None)
+                    except Exception:
+                        pass
             if self._closed.wait(delay):
                 return
             delay = min(delay * 2, self.max_reconnect_delay)
 
     def _read(self, ws: ClientConnection) -> None:
-        while not self._closed.is_set():
+        while True:
+            # Reads on after close() until the connection is closed: websockets stops
+            # reading the socket while its queue of unread messages is full, and the
+            # server's close frame would wait behind them until close_timeout.
             text = ws.recv()
+            if self._closed.is_set():
+                continue
             msg = json.loads(text)
             kind = msg.get("type")
             sub = self._subs.get(msg.get("sub", ""))
