@@ -103,7 +103,7 @@ class Query:
     def _clause(self, text: str) -> "Query":
         if self._raw is not None:
             raise ValueError("a raw query takes no builder clauses")
-        if self._where and self._where[-1] != "(":
+        if self._where and not self._where[-1].endswith("("):
             self._where.append(self._next_join)
         if self._negate:
             text = f"not {text}"
@@ -151,7 +151,7 @@ class Query:
         return self
 
     def or_else(self) -> "Query":
-        if not self._where or self._where[-1] == "(":
+        if not self._where or self._where[-1].endswith("("):
             raise ValueError("or_else() needs a clause before it")
         self._next_join = "or"
         return self
@@ -162,7 +162,7 @@ class Query:
         return self
 
     def open_subclause(self) -> "Query":
-        if self._where and self._where[-1] != "(":
+        if self._where and not self._where[-1].endswith("("):
             self._where.append(self._next_join)
         self._where.append("not (" if self._negate else "(")
         self._negate = False
