@@ -207,8 +207,8 @@ class BulkInsert:
                     except queue.Empty:
                         pass
                 want_write = write_ok and bool(out)
-                rl = [sock, self._wake_r]
-                wl = [sock] if want_write else []
+                rl: List[Any] = [sock, self._wake_r]
+                wl: List[Any] = [sock] if want_write else []
                 pending = isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
                 if not pending:
                     r, w, _ = select.select(rl, wl, [], self.timeout)

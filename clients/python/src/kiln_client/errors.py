@@ -356,7 +356,7 @@ def error_class(code: Optional[str], status: Optional[int]) -> Type[KilnError]:
     if code and code in ERROR_CLASSES:
         return ERROR_CLASSES[code]
     if status in _BY_STATUS:
-        return _BY_STATUS[status]  # type: ignore[index]
+        return _BY_STATUS[status]
     if status is not None and status >= 500:
         return ServerError
     return KilnError

@@ -14,7 +14,7 @@ import copy
 import dataclasses
 import json
 import re
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Type, TypeVar
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Type, TypeVar
 
 from .errors import ConcurrencyError, RequestBudgetExceededError, SessionClosedError
 
@@ -59,7 +59,7 @@ def collection_prefix(entity: Any, body: Optional[Dict[str, Any]] = None) -> str
     body = body if body is not None else to_document(entity)
     meta = body.get("@metadata")
     if isinstance(meta, dict) and isinstance(meta.get("@collection"), str):
-        return meta["@collection"] + "/"
+        return str(meta["@collection"]) + "/"
     raise ValueError("no id given and no collection known: pass id= (or a prefix such as "
                      "'users/'), use a dataclass, or set @metadata.@collection")
 
@@ -101,7 +101,7 @@ class Session:
         self.requests = 0
         self._by_id: Dict[str, _Tracked] = {}
         self._by_obj: Dict[int, _Tracked] = {}
-        self._missing: set = set()
+        self._missing: Set[str] = set()
         self._deletes: Dict[str, Optional[str]] = {}
         self._new: List[_Tracked] = []
         self._closed = False
