@@ -7,6 +7,7 @@
 ...     s.save_changes()
 """
 
+from .aio import AsyncDocumentStore, AsyncSession
 from .bulk import BulkInsert
 from .cache import CacheStats, HttpCache
 from .changes import Change, Changes, Subscription
@@ -19,7 +20,7 @@ from .store import DocumentStore
 __version__ = "0.1.0"
 
 __all__ = [
-    "DocumentStore", "Session", "Query", "QueryResult", "BulkInsert", "Changes", "Change",
+    "DocumentStore", "Session", "AsyncDocumentStore", "AsyncSession", "Query", "QueryResult", "BulkInsert", "Changes", "Change",
     "Subscription", "HttpCache", "CacheStats", "KilnError", "ConcurrencyError",
     "RequestBudgetExceededError", "ERROR_CLASSES", "__version__",
 ]

@@ -263,14 +263,16 @@ class Query:
         body = json.dumps(self.request_body(), separators=(",", ":"), sort_keys=True).encode()
         r = store.cached_request("POST", f"{store.db_path}/queries", body=body,
                                  on_request=s._count_request)
-        a = json.loads(r.content)
+        return self._result(json.loads(r.content), r.from_cache)
+
+    def _result(self, a: Dict[str, Any], from_cache: str) -> QueryResult:
         results = a.get("results", [])
-        if not self._select:
-            results = [s._track_query_result(d, self._cls) for d in results]
+        if not self._select and self._session is not None:
+            results = [self._session._track_query_result(d, self._cls) for d in results]
         return QueryResult(results=results, total=int(a.get("total", len(results))),
                            skipped=int(a.get("skipped", 0)), stale=bool(a.get("stale")),
                            index=a.get("index"), index_etag=a.get("index_etag"),
-                           duration_ms=a.get("duration_ms"), raw=a, from_cache=r.from_cache)
+                           duration_ms=a.get("duration_ms"), raw=a, from_cache=from_cache)
 
     def to_list(self) -> List[Any]:
         return self.execute().results

@@ -14,9 +14,11 @@ import copy
 import dataclasses
 import json
 import re
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Type, TypeVar
+from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Tuple, Type,
+                    TypeVar)
 
-from .errors import ConcurrencyError, RequestBudgetExceededError, SessionClosedError
+from .errors import (ConcurrencyError, DocumentNotFoundError, RequestBudgetExceededError,
+                     SessionClosedError)
 
 if TYPE_CHECKING:
     from .query import Query, QueryResult
@@ -133,13 +135,9 @@ class Session:
     def load(self, doc_id: str, cls: Optional[Type[T]] = None) -> Any:
         """The document (a dict, or an instance of the dataclass ``cls``), or None if it
         does not exist. Loading an id again returns the same object."""
-        t = self._by_id.get(doc_id)
-        if t is not None:
-            return None if t.deleted else t.entity
-        if doc_id in self._missing:
-            return None
-        from .errors import DocumentNotFoundError
-
+        known, value = self._known(doc_id)
+        if known:
+            return value
         try:
             r = self.document_store.cached_request("GET", self.document_store.doc_path(doc_id),
                                           on_request=self._count_request, is_document=True)
@@ -148,6 +146,15 @@ class Session:
             return None
         body = json.loads(r.content)
         return self._track_loaded(doc_id, body, r.etag, cls)
+
+    def _known(self, doc_id: str) -> Tuple[bool, Any]:
+        """(True, the object or None) when the session knows the id without asking."""
+        t = self._by_id.get(doc_id)
+        if t is not None:
+            return True, (None if t.deleted else t.entity)
+        if doc_id in self._missing:
+            return True, None
+        return False, None
 
     def load_many(self, ids: Iterable[str], cls: Optional[Type[T]] = None) -> Dict[str, Any]:
         """``{id: document or None}``; each id not yet in the session costs a request."""
@@ -269,6 +276,11 @@ class Session:
             results = self.document_store.batch(ops)
         except ConcurrencyError as e:
             raise self._conflict(e, ops) from None
+        self._apply(ops, targets, results)
+
+    def _apply(self, ops: List[Dict[str, Any]], targets: List[_Tracked],
+               results: List[Dict[str, Any]]) -> None:
+        """Records what a committed batch did: new etags, generated ids, deletes."""
         for op, t, res in zip(ops, targets, results):
             if op["op"] == "delete":
                 self._by_id.pop(op["id"], None)
