@@ -105,6 +105,8 @@ class KilnServer:
                 self.proc.kill()
                 self.proc.wait(10)
         self.proc = None
+        if os.path.exists(self.log_path):
+            os.unlink(self.log_path)
 
     def restart(self) -> None:
         self.kill()

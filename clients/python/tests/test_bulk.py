@@ -74,3 +74,21 @@ def test_bulk_unknown_database(server) -> None:
         with pytest.raises(DatabaseNotFoundError):
             with st.bulk_insert() as bulk:
                 bulk.store({"a": 1}, "a/1")
+
+
+def test_bulk_client_memory_is_bounded(store: DocumentStore) -> None:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with store.bulk_insert(max_pending_bytes=1 << 20) as bulk:
+            base = tracemalloc.get_traced_memory()[0]
+            for i in range(30_000):
+                bulk.store({"i": i, "pad": "p" * 300}, f"m/{i}")
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    total = 30_000 * 330
+    print(f"bulk insert: {total / 1e6:.1f} MB sent, client peak {peak / 1e6:.1f} MB")
+    assert bulk.acked == 30_000
+    assert peak < 4 << 20, "the client holds about max_pending_bytes, not the whole upload"
