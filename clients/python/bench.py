@@ -177,7 +177,8 @@ def main() -> None:
         for mode, rs in runs.items():
             rs.sort(key=lambda r: r["loads_per_sec"])
             results[mode] = dict(rs[len(rs) // 2],
-                                 all_loads_per_sec=[r["loads_per_sec"] for r in rs])
+                                 all_loads_per_sec=[r["loads_per_sec"] for r in rs],
+                                 all_http_requests=[r["http_requests"] for r in rs])
         results["bulk_insert"] = bulk(url, "pybulk", a.bulk_docs)
         if a.rust_w10:
             w = rust_w10(a.bulk_docs)
