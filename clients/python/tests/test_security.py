@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from typing import Dict, Iterator, Tuple
 
 import pytest
@@ -129,6 +130,9 @@ def test_missing_or_wrong_key_is_refused(secure_server) -> None:
         with st.changes() as ch:
             ch.for_all()
             assert not ch.wait_connected(0.5)
+            deadline = time.monotonic() + 5
+            while ch.last_close is None and time.monotonic() < deadline:
+                time.sleep(0.01)
             assert ch.last_close and "401" in ch.last_close
 
 

@@ -266,11 +266,11 @@ class Changes:
                 with self._lock:
                     self._ws = None
                 was = self._connected.is_set()
+                if was and self._on_disconnected is not None:
+                    self._on_disconnected()
                 self._connected.clear()
                 for s in self._subs.values():
                     s.subscribed.clear()
-                if was and self._on_disconnected is not None:
-                    self._on_disconnected()
                 if not self._closed.is_set():  # else close() is closing it
                     try:
                         cm.__exit__(None, None, None)
@@ -303,9 +303,11 @@ class Changes:
                     sub.subscribed.set()
                     if all(s.subscribed.is_set() for s in self._subs.values()):
                         if not self._connected.is_set():
-                            self._connected.set()
+                            # The callback first: whoever waits on the event must
+                            # find the aggressive cache's state already connected.
                             if self._on_connected is not None:
                                 self._on_connected()
+                            self._connected.set()
             elif kind == "caught_up":
                 if sub is not None:
                     e = msg.get("last_etag")
