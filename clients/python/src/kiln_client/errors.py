@@ -1,0 +1,392 @@
+"""Exceptions: one class per error code the server sends.
+
+The server answers errors as ``{"error": code, "message": text}`` (plus
+``current_etag`` on a conflict). :func:`error_from_response` turns such an answer into
+the class registered for its code in :data:`ERROR_CLASSES`; an unknown code falls back
+to a class chosen by the HTTP status, so a newer server never breaks the client.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Type
+
+
+class KilnError(Exception):
+    """Base of every error this client raises."""
+
+    code: str = "error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: Optional[str] = None,
+        status: Optional[int] = None,
+        body: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.status = status
+        self.body: Dict[str, Any] = dict(body or {})
+
+    def __str__(self) -> str:
+        prefix = f"{self.status} " if self.status else ""
+        return f"{prefix}{self.code}: {self.message}"
+
+
+# --- client-side errors -------------------------------------------------------------
+
+
+class ClientError(KilnError):
+    """Raised by the client itself, not sent by the server."""
+
+
+class RequestBudgetExceededError(ClientError):
+    """A session made more requests than its budget (``max_requests``, default 30)."""
+
+    code = "request_budget_exceeded"
+
+
+class SessionClosedError(ClientError):
+    code = "session_closed"
+
+
+class ConnectionFailedError(ClientError):
+    """The server could not be reached (refused, reset, TLS failure, timeout)."""
+
+    code = "connection_failed"
+
+
+class BulkInsertError(KilnError):
+    """A bulk insert stopped: ``line`` names the first line not written; every line
+    before it was committed (``acked`` documents)."""
+
+    code = "bulk_insert_failed"
+
+    def __init__(self, message: str, *, line: Optional[int] = None, acked: int = 0,
+                 last_etag: Optional[str] = None, cause: Optional[KilnError] = None,
+                 **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.line = line
+        self.acked = acked
+        self.last_etag = last_etag
+        self.cause = cause
+
+
+# --- server errors by status family ---------------------------------------------------
+
+
+class BadRequestError(KilnError):
+    """400: the request is malformed."""
+
+
+class AuthenticationError(KilnError):
+    """401 ``unauthorized``: no API key, or a key the server does not know."""
+
+    code = "unauthorized"
+
+
+class NotFoundError(KilnError):
+    """404."""
+
+
+class MethodNotAllowedError(KilnError):
+    code = "method_not_allowed"
+
+
+class RequestTimeoutError(KilnError):
+    code = "request_timeout"
+
+
+class ConflictError(KilnError):
+    """409."""
+
+
+class GoneError(KilnError):
+    """410."""
+
+
+class PayloadTooLargeError(KilnError):
+    """413."""
+
+
+class TooManyConnectionsError(KilnError):
+    """429 ``too_many_connections``."""
+
+    code = "too_many_connections"
+
+
+class ServerError(KilnError):
+    """500: a fault inside the server (the message carries an error id for its log)."""
+
+
+class ServiceUnavailableError(KilnError):
+    """503: try again later."""
+
+    @property
+    def retry_after(self) -> Optional[float]:
+        v = self.body.get("_retry_after")
+        return float(v) if v is not None else None
+
+
+class InsufficientStorageError(KilnError):
+    """507."""
+
+
+# --- one class per code --------------------------------------------------------------
+
+
+class InvalidDatabaseNameError(BadRequestError):
+    code = "invalid_database_name"
+
+
+class InvalidIdError(BadRequestError):
+    code = "invalid_id"
+
+
+class InvalidCollectionError(BadRequestError):
+    code = "invalid_collection"
+
+
+class MalformedJsonError(BadRequestError):
+    code = "malformed_json"
+
+
+class InvalidDocumentError(BadRequestError):
+    code = "invalid_document"
+
+
+class InvalidEtagError(BadRequestError):
+    code = "invalid_etag"
+
+
+class InvalidPreconditionError(BadRequestError):
+    code = "invalid_precondition"
+
+
+class InvalidQueryError(BadRequestError):
+    """``invalid_query``: a bad query string parameter, or a query the server's query
+    language rejects (its message points at the line and column)."""
+
+    code = "invalid_query"
+
+
+class InvalidPathError(BadRequestError):
+    code = "invalid_path"
+
+
+class InvalidHeaderError(BadRequestError):
+    code = "invalid_header"
+
+
+class InvalidPageSizeError(BadRequestError):
+    code = "invalid_page_size"
+
+
+class PageSizeTooLargeError(BadRequestError):
+    code = "page_size_too_large"
+
+
+class InvalidWaitError(BadRequestError):
+    code = "invalid_wait"
+
+
+class BodyReadFailedError(BadRequestError):
+    code = "body_read_failed"
+
+
+class InvalidMessageError(BadRequestError):
+    """Changes feed: the server could not read a message the client sent."""
+
+    code = "invalid_message"
+
+
+class UnsupportedMessageError(BadRequestError):
+    """Changes feed: a binary frame."""
+
+    code = "unsupported"
+
+
+class TooManySubscriptionsError(BadRequestError):
+    """Changes feed: more subscriptions on one connection than the server allows."""
+
+    code = "too_many_subscriptions"
+
+
+class ChangesReadFailedError(ServerError):
+    """Changes feed: the server could not read the change log for a backlog."""
+
+    code = "read_failed"
+
+
+class RouteNotFoundError(NotFoundError):
+    """``not_found``: the server has no such endpoint (an older server, or a feature
+    it does not have, such as queries before indexes landed)."""
+
+    code = "not_found"
+
+
+class DatabaseNotFoundError(NotFoundError):
+    code = "database_not_found"
+
+
+class DocumentNotFoundError(NotFoundError):
+    code = "document_not_found"
+
+
+class DatabaseExistsError(ConflictError):
+    code = "database_exists"
+
+
+class ConcurrencyError(ConflictError):
+    """``conflict``: an ``If-Match`` (or create-only) condition failed.
+
+    ``id`` names the document, ``expected_etag`` the etag the client sent (None for a
+    create-only write), ``current_etag`` the document's etag on the server (None when
+    it does not exist).
+    """
+
+    code = "conflict"
+
+    def __init__(self, message: str, *, id: Optional[str] = None,
+                 expected_etag: Optional[str] = None, current_etag: Optional[str] = None,
+                 **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.id = id
+        self.expected_etag = expected_etag
+        self.current_etag = current_etag
+
+    def __str__(self) -> str:
+        return (f"409 conflict on document {self.id!r}: expected etag {self.expected_etag!r}, "
+                f"current etag {self.current_etag!r} ({self.message})")
+
+
+class EtagFromOtherIncarnationError(GoneError):
+    code = "etag_from_other_incarnation"
+
+
+class DocumentTooLargeError(PayloadTooLargeError):
+    code = "document_too_large"
+
+
+class BatchTooLongError(PayloadTooLargeError):
+    code = "batch_too_long"
+
+
+class BodyTooLargeError(PayloadTooLargeError):
+    code = "body_too_large"
+
+
+class TooLargeError(PayloadTooLargeError):
+    """``too_large``: a value or a transaction beyond the storage engine's limits."""
+
+    code = "too_large"
+
+
+class InternalServerError(ServerError):
+    code = "internal_error"
+
+
+class CorruptionError(ServerError):
+    code = "corruption"
+
+
+class StorageError(ServerError):
+    code = "storage_error"
+
+
+class DatabaseBusyError(ServiceUnavailableError):
+    code = "database_busy"
+
+
+class OverloadedError(ServiceUnavailableError):
+    """503 ``overloaded`` with ``Retry-After``."""
+
+    code = "overloaded"
+
+
+class ShuttingDownError(ServiceUnavailableError):
+    code = "shutting_down"
+
+
+class IoError(ServiceUnavailableError):
+    code = "io_error"
+
+
+class DatabaseFailedError(ServiceUnavailableError):
+    """503 ``database_failed``: the database refuses writes until the server restarts."""
+
+    code = "database_failed"
+
+
+class DiskFullError(InsufficientStorageError):
+    code = "disk_full"
+
+
+ERROR_CLASSES: Dict[str, Type[KilnError]] = {
+    cls.code: cls
+    for cls in [
+        AuthenticationError, MethodNotAllowedError, RequestTimeoutError,
+        TooManyConnectionsError, InvalidDatabaseNameError, InvalidIdError,
+        InvalidCollectionError, MalformedJsonError, InvalidDocumentError, InvalidEtagError,
+        InvalidPreconditionError, InvalidQueryError, InvalidPathError, InvalidHeaderError,
+        InvalidPageSizeError, PageSizeTooLargeError, InvalidWaitError, BodyReadFailedError,
+        InvalidMessageError, UnsupportedMessageError, TooManySubscriptionsError,
+        ChangesReadFailedError, RouteNotFoundError, DatabaseNotFoundError,
+        DocumentNotFoundError, DatabaseExistsError, ConcurrencyError,
+        EtagFromOtherIncarnationError, DocumentTooLargeError, BatchTooLongError,
+        BodyTooLargeError, TooLargeError, InternalServerError, CorruptionError,
+        StorageError, DatabaseBusyError, OverloadedError, ShuttingDownError, IoError,
+        DatabaseFailedError, DiskFullError,
+    ]
+}
+"""Every error code the server sends, mapped to its exception class."""
+
+_BY_STATUS: Dict[int, Type[KilnError]] = {
+    400: BadRequestError, 401: AuthenticationError, 404: NotFoundError,
+    405: MethodNotAllowedError, 408: RequestTimeoutError, 409: ConflictError,
+    410: GoneError, 413: PayloadTooLargeError, 429: TooManyConnectionsError,
+    500: ServerError, 503: ServiceUnavailableError, 507: InsufficientStorageError,
+}
+
+
+def error_class(code: Optional[str], status: Optional[int]) -> Type[KilnError]:
+    if code and code in ERROR_CLASSES:
+        return ERROR_CLASSES[code]
+    if status in _BY_STATUS:
+        return _BY_STATUS[status]
+    if status is not None and status >= 500:
+        return ServerError
+    return KilnError
+
+
+def make_error(code: Optional[str], message: str, status: Optional[int] = None,
+               body: Optional[Mapping[str, Any]] = None, **extra: Any) -> KilnError:
+    cls = error_class(code, status)
+    if cls is ConcurrencyError:
+        extra.setdefault("current_etag", (body or {}).get("current_etag"))
+        return ConcurrencyError(message, code=code, status=status, body=body, **extra)
+    return cls(message, code=code or cls.code, status=status, body=body)
+
+
+def error_from_response(status: int, content: bytes,
+                        headers: Optional[Mapping[str, str]] = None) -> KilnError:
+    """The exception for an error answer (any status >= 400)."""
+    import json
+
+    body: Dict[str, Any] = {}
+    try:
+        parsed = json.loads(content) if content else {}
+        if isinstance(parsed, dict):
+            body = parsed
+    except ValueError:
+        pass
+    code = body.get("error") if isinstance(body.get("error"), str) else None
+    message = body.get("message")
+    if not isinstance(message, str):
+        message = content.decode("utf-8", "replace")[:500] or f"HTTP {status}"
+    if headers is not None and headers.get("retry-after"):
+        body["_retry_after"] = headers.get("retry-after")
+    return make_error(code, message, status, body)

@@ -1,0 +1,299 @@
+"""The query builder: text in the server's query language, values as parameters.
+
+``session.query("users").where_greater_than("age", 30).order_by("name").take(20)``
+is ``from users where age > $p0 order by name limit 20`` with ``{"p0": 30}``.
+Values are never spliced into the text; field, collection and index names are checked
+against the language's grammar (or quoted) and anything else is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple)
+
+if TYPE_CHECKING:
+    from .session import Session
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_FIELD_RE = re.compile(rf"^{_IDENT}(\[\])?(\.{_IDENT}(\[\])?)*$")
+_COLLECTION_RE = re.compile(rf"^{_IDENT}$")
+_KEYWORDS = {"from", "where", "and", "or", "not", "order", "by", "asc", "desc", "limit",
+             "offset", "select", "between", "in", "startswith", "exists", "index", "true",
+             "false", "null"}
+
+
+def check_field(name: str) -> str:
+    """A field path (``age``, ``address.city``, ``tags[]``), or ValueError."""
+    if not isinstance(name, str) or not _FIELD_RE.match(name) or name.lower() in _KEYWORDS:
+        raise ValueError(f"invalid field path {name!r}: identifiers joined by '.', "
+                         "optionally ending in [] (each element of an array)")
+    return name
+
+
+def quote_string(text: str) -> str:
+    """A single-quoted string literal of the language (for an index name)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@dataclass
+class QueryResult:
+    """What ``POST /dbs/{db}/queries`` answered."""
+
+    results: List[Any]
+    total: int
+    skipped: int = 0
+    #: True when the index had not caught up at the query's snapshot.
+    stale: bool = False
+    index: Optional[str] = None
+    index_etag: Optional[str] = None
+    duration_ms: Optional[float] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+    #: "" (a fresh answer), "304" (revalidated) or "aggressive".
+    from_cache: str = ""
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+
+class Query:
+    """Built by :meth:`Session.query` / :meth:`Session.raw_query`. Each ``where_*``
+    clause joins the previous one with ``and`` unless :meth:`or_else` came between.
+    """
+
+    def __init__(self, session: Optional["Session"], collection: Optional[str] = None, *,
+                 index: Optional[str] = None, raw: Optional[str] = None,
+                 raw_params: Optional[Dict[str, Any]] = None,
+                 cls: Optional[type] = None) -> None:
+        if raw is None and (collection is None) == (index is None):
+            raise ValueError("give a collection or an index (one of them)")
+        if collection is not None and not _COLLECTION_RE.match(collection):
+            raise ValueError(f"invalid collection name {collection!r}")
+        self._session = session
+        self._collection = collection
+        self._index = index
+        self._raw = raw
+        self._params: Dict[str, Any] = dict(raw_params or {})
+        self._where: List[str] = []
+        self._next_join = "and"
+        self._negate = False
+        self._open = 0
+        self._order: List[str] = []
+        self._limit: Optional[int] = None
+        self._offset: Optional[int] = None
+        self._select: List[str] = []
+        self._wait_ms: Optional[int] = None
+        self._cls = cls
+        self._n = 0
+
+    # --- where ---------------------------------------------------------------------------
+
+    def _param(self, value: Any) -> str:
+        while f"p{self._n}" in self._params:
+            self._n += 1
+        name = f"p{self._n}"
+        self._n += 1
+        self._params[name] = value
+        return f"${name}"
+
+    def _clause(self, text: str) -> "Query":
+        if self._raw is not None:
+            raise ValueError("a raw query takes no builder clauses")
+        if self._where and not self._where[-1].endswith("("):
+            self._where.append(self._next_join)
+        if self._negate:
+            text = f"not {text}"
+            self._negate = False
+        self._where.append(text)
+        self._next_join = "and"
+        return self
+
+    def _cmp(self, name: str, op: str, value: Any) -> "Query":
+        return self._clause(f"{check_field(name)} {op} {self._param(value)}")
+
+    def where_equals(self, name: str, value: Any) -> "Query":
+        return self._cmp(name, "=", value)
+
+    def where_not_equals(self, name: str, value: Any) -> "Query":
+        return self._cmp(name, "!=", value)
+
+    def where_greater_than(self, name: str, value: Any) -> "Query":
+        return self._cmp(name, ">", value)
+
+    def where_greater_than_or_equal(self, name: str, value: Any) -> "Query":
+        return self._cmp(name, ">=", value)
+
+    def where_less_than(self, name: str, value: Any) -> "Query":
+        return self._cmp(name, "<", value)
+
+    def where_less_than_or_equal(self, name: str, value: Any) -> "Query":
+        return self._cmp(name, "<=", value)
+
+    def where_between(self, name: str, low: Any, high: Any) -> "Query":
+        return self._clause(
+            f"{check_field(name)} between {self._param(low)} and {self._param(high)}")
+
+    def where_in(self, name: str, values: Sequence[Any]) -> "Query":
+        return self._clause(f"{check_field(name)} in {self._param(list(values))}")
+
+    def where_starts_with(self, name: str, prefix: str) -> "Query":
+        return self._cmp(name, "startsWith", prefix)
+
+    def where_exists(self, name: str) -> "Query":
+        return self._clause(f"exists({check_field(name)})")
+
+    def and_also(self) -> "Query":
+        self._next_join = "and"
+        return self
+
+    def or_else(self) -> "Query":
+        if not self._where or self._where[-1].endswith("("):
+            raise ValueError("or_else() needs a clause before it")
+        self._next_join = "or"
+        return self
+
+    def not_(self) -> "Query":
+        """Negates the next clause or sub-clause."""
+        self._negate = not self._negate
+        return self
+
+    def open_subclause(self) -> "Query":
+        if self._where and not self._where[-1].endswith("("):
+            self._where.append(self._next_join)
+        self._where.append("not (" if self._negate else "(")
+        self._negate = False
+        self._next_join = "and"
+        self._open += 1
+        return self
+
+    def close_subclause(self) -> "Query":
+        if self._open == 0 or not self._where or self._where[-1] in ("(", "not ("):
+            raise ValueError("close_subclause() without an open, non-empty subclause")
+        self._where.append(")")
+        self._open -= 1
+        return self
+
+    # --- the rest --------------------------------------------------------------------------
+
+    def order_by(self, *names: str) -> "Query":
+        self._order += [check_field(n) for n in names]
+        return self
+
+    def order_by_descending(self, *names: str) -> "Query":
+        self._order += [f"{check_field(n)} desc" for n in names]
+        return self
+
+    def take(self, n: int) -> "Query":
+        if not isinstance(n, int) or n < 0:
+            raise ValueError("take() needs a non-negative integer")
+        self._limit = n
+        return self
+
+    def skip(self, n: int) -> "Query":
+        if not isinstance(n, int) or n < 0:
+            raise ValueError("skip() needs a non-negative integer")
+        self._offset = n
+        return self
+
+    def select_fields(self, *names: str) -> "Query":
+        """Projects the results to these fields (they are not tracked by the session)."""
+        self._select += [check_field(n) for n in names]
+        return self
+
+    def wait_for_non_stale(self, timeout_ms: int = 15_000) -> "Query":
+        """The server waits (bounded) for the index to catch up with the database's
+        etag at the time of the query."""
+        self._wait_ms = int(timeout_ms)
+        return self
+
+    # --- the text --------------------------------------------------------------------------
+
+    def to_rql(self) -> Tuple[str, Dict[str, Any]]:
+        """``(text, params)`` as sent to the server."""
+        if self._raw is not None:
+            return self._raw, dict(self._params)
+        if self._open:
+            raise ValueError(f"{self._open} subclause(s) left open")
+        if self._collection is not None:
+            parts = [f"from {self._collection}"]
+        else:
+            parts = [f"from index {quote_string(self._index or '')}"]
+        if self._where:
+            text = ""
+            for tok in self._where:
+                if tok == ")":
+                    text += ")"
+                elif text.endswith("("):
+                    text += tok
+                else:
+                    text += (" " if text else "") + tok
+            parts.append(f"where {text}")
+        if self._order:
+            parts.append("order by " + ", ".join(self._order))
+        if self._limit is not None:
+            parts.append(f"limit {self._limit}")
+        if self._offset is not None:
+            parts.append(f"offset {self._offset}")
+        if self._select:
+            parts.append("select " + ", ".join(self._select))
+        return " ".join(parts), dict(self._params)
+
+    def __str__(self) -> str:
+        return self.to_rql()[0]
+
+    def request_body(self) -> Dict[str, Any]:
+        text, params = self.to_rql()
+        body: Dict[str, Any] = {"query": text, "params": params}
+        if self._wait_ms is not None:
+            body["wait_for_non_stale_ms"] = self._wait_ms
+        return body
+
+    # --- running -------------------------------------------------------------------------
+
+    def execute(self) -> QueryResult:
+        """Runs the query (``POST /dbs/{db}/queries``, through the HTTP cache)."""
+        if self._session is None:
+            raise ValueError("this query is not bound to a session")
+        s = self._session
+        store = s.document_store
+        body = json.dumps(self.request_body(), separators=(",", ":"), sort_keys=True).encode()
+        r = store.cached_request("POST", f"{store.db_path}/queries", body=body,
+                                 on_request=s._count_request)
+        return self._result(json.loads(r.content), r.from_cache)
+
+    def _result(self, a: Dict[str, Any], from_cache: str) -> QueryResult:
+        results = a.get("results", [])
+        if not self._select and self._session is not None:
+            results = [self._session._track_query_result(d, self._cls) for d in results]
+        return QueryResult(results=results, total=int(a.get("total", len(results))),
+                           skipped=int(a.get("skipped", 0)), stale=bool(a.get("stale")),
+                           index=a.get("index"), index_etag=a.get("index_etag"),
+                           duration_ms=a.get("duration_ms"), raw=a, from_cache=from_cache)
+
+    def to_list(self) -> List[Any]:
+        return self.execute().results
+
+    def first(self) -> Optional[Any]:
+        saved = self._limit
+        self._limit = 1
+        try:
+            res = self.execute().results
+        finally:
+            self._limit = saved
+        return res[0] if res else None
+
+    def count(self) -> int:
+        """The exact number of matches (the answer's ``total``)."""
+        saved = self._limit
+        self._limit = 1
+        try:
+            return self.execute().total
+        finally:
+            self._limit = saved
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.execute().results)

@@ -1,0 +1,356 @@
+"""The document store: one per server and database, shared by the whole program.
+
+It holds the HTTP connection pool, the HTTP cache and (in aggressive mode) a changes
+connection that keeps the cache honest; sessions, bulk inserts and changes
+subscriptions are made from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import ssl
+import threading
+import time
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
+                    Sequence, Tuple, Union)
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from .cache import AggressiveState, CacheStats, HttpCache
+from .errors import (ConnectionFailedError, DocumentNotFoundError, KilnError,
+                     error_from_response)
+
+if TYPE_CHECKING:
+    from .bulk import BulkInsert
+    from .changes import Change, Changes
+    from .session import Session
+
+CertArg = Union[str, Tuple[str, str], None]
+
+
+def doc_path(database: str, doc_id: str) -> str:
+    """The URL path of a document, encoded as the server encodes it."""
+    return f"/dbs/{quote(database, safe='')}/docs/{quote(doc_id, safe='/-._~')}"
+
+
+def strip_quotes(etag: Optional[str]) -> Optional[str]:
+    if etag is None:
+        return None
+    e = etag.strip()
+    if e.startswith("W/"):
+        e = e[2:]
+    if len(e) >= 2 and e[0] == '"' and e[-1] == '"':
+        e = e[1:-1]
+    return e
+
+
+class Response:
+    """What a request answered, after the cache had its say."""
+
+    __slots__ = ("status", "content", "etag", "from_cache", "headers")
+
+    def __init__(self, status: int, content: bytes, etag: Optional[str],
+                 from_cache: str = "", headers: Optional[httpx.Headers] = None) -> None:
+        self.status = status
+        self.content = content
+        self.etag = etag
+        #: "" (the server sent the body), "304" (revalidated) or "aggressive".
+        self.from_cache = from_cache
+        self.headers = headers
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+class DocumentStore:
+    """A Kiln server and one of its databases.
+
+    ``url`` is ``http://host:port`` or ``https://host:port``; ``api_key`` is sent as
+    ``Authorization: Bearer <key>``; ``ca`` is a PEM file of certificates to trust
+    (for a self-signed server certificate); ``cert`` is a client certificate, a PEM
+    file holding certificate and key or a ``(cert, key)`` pair.
+    """
+
+    def __init__(self, url: str, database: str, api_key: Optional[str] = None,
+                 ca: Optional[str] = None, cert: CertArg = None, *,
+                 cache_size_bytes: int = 64 << 20, max_requests_per_session: int = 30,
+                 timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"url must start with http:// or https://, not {url!r}")
+        self.database = database
+        self.api_key = api_key
+        self.max_requests_per_session = max_requests_per_session
+        self.timeout = timeout
+        self._ssl: Optional[ssl.SSLContext] = None
+        if parts.scheme == "https":
+            self._ssl = self.make_ssl_context(ca, cert)
+        headers = {"Accept": "application/json", "User-Agent": "kiln-client-python/0.1"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._headers = headers
+        self._client = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout,
+            verify=self._ssl if self._ssl is not None else True,
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=16),
+        )
+        self.cache = HttpCache(cache_size_bytes)
+        self.stats = CacheStats()
+        self._stats_lock = threading.Lock()
+        self._aggressive = AggressiveState()
+        self._aggressive_local = threading.local()
+        self._watcher: Optional["Changes"] = None
+        self._watcher_lock = threading.Lock()
+        self._closed = False
+
+    # --- plumbing ---------------------------------------------------------------------
+
+    @staticmethod
+    def make_ssl_context(ca: Optional[str], cert: CertArg) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
+        if cert is not None:
+            if isinstance(cert, tuple):
+                ctx.load_cert_chain(cert[0], cert[1])
+            else:
+                ctx.load_cert_chain(cert)
+        return ctx
+
+    @property
+    def ssl_context(self) -> Optional[ssl.SSLContext]:
+        return self._ssl
+
+    @property
+    def auth_headers(self) -> Dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    @property
+    def db_path(self) -> str:
+        return f"/dbs/{quote(self.database, safe='')}"
+
+    def doc_path(self, doc_id: str) -> str:
+        return doc_path(self.database, doc_id)
+
+    def _count(self, n_bytes: int) -> None:
+        with self._stats_lock:
+            self.stats.requests += 1
+            self.stats.bytes_received += n_bytes
+
+    def send(self, method: str, path: str, *, json_body: Any = None,
+             content: Optional[bytes] = None, headers: Optional[Dict[str, str]] = None,
+             params: Optional[Dict[str, Any]] = None) -> httpx.Response:
+        """One HTTP request; connection failures become :class:`ConnectionFailedError`
+        (error answers are returned, not raised)."""
+        if self._closed:
+            raise KilnError("the document store is closed", code="store_closed")
+        if json_body is not None:
+            content = json.dumps(json_body, separators=(",", ":")).encode()
+            headers = dict(headers or {})
+            headers["Content-Type"] = "application/json"
+        try:
+            r = self._client.request(method, path, content=content, headers=headers,
+                                     params=params)
+        except httpx.TransportError as e:
+            raise ConnectionFailedError(f"{method} {self.url}{path}: {e!r}") from e
+        self._count(len(r.content))
+        return r
+
+    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """Like :meth:`send`, raising the mapped :class:`KilnError` for an error answer."""
+        r = self.send(method, path, **kw)
+        if r.status_code >= 400:
+            raise error_from_response(r.status_code, r.content, r.headers)
+        return r
+
+    def cached_request(self, method: str, path: str, body: Optional[bytes] = None,
+                       on_request: Optional[Callable[[], None]] = None,
+                       is_document: bool = False) -> Response:
+        """A GET (or a query POST) through the HTTP cache.
+
+        ``on_request`` is called before a request is actually sent (a session counts it
+        against its budget); an answer from the aggressive cache sends none.
+        """
+        key = path if body is None else f"{method} {path}\n{body.decode()}"
+        entry = self.cache.get(key)
+        duration = self._aggressive_duration()
+        if duration is not None and entry is not None:
+            self._ensure_watcher()
+            if self._aggressive.can_serve(key, entry, duration):
+                with self._stats_lock:
+                    self.stats.aggressive_hits += 1
+                return Response(200, entry.content, entry.etag, "aggressive")
+        counter = self._aggressive.counter
+        headers: Dict[str, str] = {}
+        if entry is not None:
+            headers["If-None-Match"] = f'"{entry.etag}"'
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        if on_request is not None:
+            on_request()
+        r = self.send(method, path, content=body, headers=headers)
+        etag = strip_quotes(r.headers.get("etag"))
+        if r.status_code == 304 and entry is not None:
+            with self._stats_lock:
+                self.stats.not_modified += 1
+            self.cache.revalidated(key, counter)
+            return Response(200, entry.content, entry.etag, "304", r.headers)
+        if r.status_code == 200 and etag:
+            self.cache.put(key, etag, r.content, counter, is_document)
+        elif entry is not None:
+            self.cache.remove(key)
+        if r.status_code >= 400:
+            raise error_from_response(r.status_code, r.content, r.headers)
+        return Response(r.status_code, r.content, etag, "", r.headers)
+
+    def invalidate(self, doc_id: str) -> None:
+        """Forgets the cached answer for a document (after this client wrote it)."""
+        self.cache.remove(self.doc_path(doc_id))
+        self._aggressive.on_change(self.doc_path(doc_id))
+
+    # --- aggressive caching -------------------------------------------------------------
+
+    def _aggressive_duration(self) -> Optional[float]:
+        stack = getattr(self._aggressive_local, "stack", None)
+        return stack[-1] if stack else None
+
+    @contextlib.contextmanager
+    def aggressive_caching(self, duration: Union[float, Any] = 300.0,
+                           wait_connected: float = 2.0) -> Iterator[None]:
+        """Within the block (on this thread), answers cached by the HTTP cache are
+        given without asking the server while the changes feed is connected and has
+        announced no change to them, for at most ``duration`` seconds (a number or a
+        ``timedelta``) after the server last confirmed them. A change announced by the
+        feed invalidates the affected answers at once; while the feed is down every
+        read is revalidated (If-None-Match) as usual.
+        """
+        if hasattr(duration, "total_seconds"):
+            duration = duration.total_seconds()
+        stack = getattr(self._aggressive_local, "stack", None)
+        if stack is None:
+            stack = self._aggressive_local.stack = []
+        watcher = self._ensure_watcher()
+        if not self._aggressive.connected and wait_connected > 0:
+            watcher.wait_connected(wait_connected)
+        stack.append(float(duration))
+        try:
+            yield
+        finally:
+            stack.pop()
+
+    @property
+    def aggressive_feed_connected(self) -> bool:
+        return self._aggressive.connected
+
+    def _ensure_watcher(self) -> "Changes":
+        with self._watcher_lock:
+            if self._watcher is None:
+                from .changes import Changes
+
+                agg = self._aggressive
+                w = Changes(self, on_connected=agg.on_connected,
+                            on_disconnected=agg.on_disconnected, name="aggressive-cache")
+
+                def on_change(c: "Change") -> None:
+                    agg.on_change(self.doc_path(c.id))
+
+                w.for_all().subscribe(on_change)
+                self._watcher = w
+            return self._watcher
+
+    # --- the API ------------------------------------------------------------------------
+
+    def session(self, max_requests: Optional[int] = None) -> "Session":
+        from .session import Session
+
+        return Session(self, max_requests if max_requests is not None
+                       else self.max_requests_per_session)
+
+    def changes(self, **kw: Any) -> "Changes":
+        """A changes connection (one WebSocket): ``.for_document(id)``, ``.for_prefix(p)``,
+        ``.for_collection(c)``, ``.for_all()``. Reconnects and resumes by itself."""
+        from .changes import Changes
+
+        return Changes(self, **kw)
+
+    def bulk_insert(self, **kw: Any) -> "BulkInsert":
+        """``with store.bulk_insert() as bulk: bulk.store(doc, id)``: streams NDJSON to
+        ``POST /dbs/{db}/bulk``; see :class:`kiln_client.bulk.BulkInsert`."""
+        from .bulk import BulkInsert
+
+        return BulkInsert(self, **kw)
+
+    def create_database(self, exist_ok: bool = True) -> None:
+        r = self.send("PUT", self.db_path)
+        if r.status_code == 409 and exist_ok:
+            return
+        if r.status_code >= 400:
+            raise error_from_response(r.status_code, r.content, r.headers)
+
+    def delete_database(self) -> None:
+        self.request("DELETE", self.db_path)
+        self.cache.clear()
+
+    def database_stats(self) -> Dict[str, Any]:
+        return self.request("GET", self.db_path).json()  # type: ignore[no-any-return]
+
+    def get(self, doc_id: str) -> Optional[Dict[str, Any]]:
+        """One document (through the cache), or None; outside any session."""
+        try:
+            r = self.cached_request("GET", self.doc_path(doc_id), is_document=True)
+        except DocumentNotFoundError:
+            return None
+        return r.json()  # type: ignore[no-any-return]
+
+    def put(self, doc_id: str, document: Dict[str, Any],
+            if_match: Optional[str] = None) -> str:
+        """Writes one document outside any session; returns its new etag."""
+        headers = {"If-Match": f'"{if_match}"'} if if_match else None
+        r = self.request("PUT", self.doc_path(doc_id), json_body=document, headers=headers)
+        self.invalidate(doc_id)
+        return str(r.json()["etag"])
+
+    def delete(self, doc_id: str, if_match: Optional[str] = None) -> None:
+        headers = {"If-Match": f'"{if_match}"'} if if_match else None
+        self.request("DELETE", self.doc_path(doc_id), headers=headers)
+        self.invalidate(doc_id)
+
+    def batch(self, ops: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """``POST /dbs/{db}/batch``: one transaction, all or nothing."""
+        r = self.request("POST", f"{self.db_path}/batch", json_body={"ops": list(ops)})
+        results: List[Dict[str, Any]] = r.json()["results"]
+        for res in results:
+            self.invalidate(res["id"])
+        return results
+
+    def metrics_text(self) -> str:
+        return self.request("GET", "/metrics").text
+
+    def wait_feed(self, timeout: float = 5.0) -> bool:
+        """Waits for the aggressive-cache feed to be connected."""
+        w = self._ensure_watcher()
+        return w.wait_connected(timeout)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._watcher_lock:
+            if self._watcher is not None:
+                self._watcher.close()
+                self._watcher = None
+        self._closed = True
+        self._client.close()
+
+    def __enter__(self) -> "DocumentStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"DocumentStore({self.url!r}, {self.database!r})"
+
+
+def _monotonic_ms() -> float:
+    return time.monotonic() * 1000
