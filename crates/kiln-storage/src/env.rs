@@ -10,7 +10,7 @@ use crate::journal::writer::{
     Durability, JournalEnd, JournalFiles, JournalPos, JournalWriter, PreparedRecord, RecordEncoder,
 };
 use crate::page::{self, PageNo, PageRun, PAGE_SIZE};
-use crate::queue::{CommitQueue, QueueLimits, QueueStats};
+use crate::commit::queue::{CommitQueue, QueueLimits, QueueStats};
 use crate::stats::{EngineCounters, Stats};
 use crate::store::PageStore;
 use crate::txn::{ReadTxn, Snapshot, WriteTxn};
@@ -31,7 +31,7 @@ pub const DATA_FILE: &str = "data.kiln";
 pub const LOCK_FILE: &str = "kiln.lock";
 /// What a commit does to the write buffer: generations after it, merge position to
 /// keep, record flags (`Shared::buffer_step`).
-type BufferStep = (crate::buffer::Gens, Option<Box<[u8]>>, u8);
+type BufferStep = (crate::write_buffer::Gens, Option<Box<[u8]>>, u8);
 /// Keys of the frozen write-buffer generation merged per commit, at least.
 const MIN_MERGE_SLICE_KEYS: usize = 256;
 /// Keys merged per commit when the whole buffer must go (close, check).
@@ -167,7 +167,7 @@ struct JournalStage {
 pub(crate) struct PendingCommit {
     record: PreparedRecord,
     applied: Applied,
-    gens: crate::buffer::Gens,
+    gens: crate::write_buffer::Gens,
 }
 
 struct SnapState {
@@ -605,7 +605,7 @@ pub struct Env {
     shared: Arc<Shared>,
     flusher: Option<JoinHandle<()>>,
     /// `Durability::Buffered` only: syncs the journal every `sync_interval_ms`.
-    journal_syncer: Option<crate::journal_sync::JournalSyncer>,
+    journal_syncer: Option<crate::journal::sync::JournalSyncer>,
     _lock: Box<dyn Send + Sync>,
 }
 
@@ -695,7 +695,7 @@ impl Env {
         let mut state = (header.catalog_root, header.page_count, free);
         let mut replay_start = header.replay_start();
         let start = replay_start.pos;
-        let mut gens = crate::buffer::Gens::default();
+        let mut gens = crate::write_buffer::Gens::default();
         let mut physical_records = 0u64;
         let outcome = recovery::replay(
             vfs.as_ref(),
@@ -875,7 +875,7 @@ impl Env {
             let interval = Duration::from_millis(sync_interval_ms.max(1));
             // On failure `env` drops here, which stops the flusher cleanly.
             env.journal_syncer = Some(
-                crate::journal_sync::JournalSyncer::start(env.shared.clone(), interval)
+                crate::journal::sync::JournalSyncer::start(env.shared.clone(), interval)
                     .map_err(|e| Error::io(&dir, None, "spawn journal sync thread", e))?,
             );
         }

@@ -203,7 +203,7 @@ pub(crate) struct Flusher {
     applied: Option<Box<Applied>>,
     last_sync: Instant,
     /// Where recovery would have to start, following the commits written back.
-    replay_start: crate::buffer::ReplayStart,
+    replay_start: crate::write_buffer::ReplayStart,
 }
 
 impl Flusher {
@@ -211,7 +211,7 @@ impl Flusher {
         shared: Arc<Shared>,
         header: FileHeader,
         free: BTreeSet<PageNo>,
-        replay_start: crate::buffer::ReplayStart,
+        replay_start: crate::write_buffer::ReplayStart,
     ) -> Self {
         Flusher {
             replay_start,
@@ -230,7 +230,7 @@ impl Flusher {
         let _gone = GoneOnDrop(self.shared.clone());
         let interval = Duration::from_millis(self.shared.opts.sync_interval_ms.max(1));
         // Buffered durability's journal syncs run on their own thread
-        // (`journal_sync.rs`), so that a long write-back cannot delay them.
+        // (`journal/sync.rs`), so that a long write-back cannot delay them.
         loop {
             let wait = interval.saturating_sub(self.last_sync.elapsed());
             if self.shared.opts.prepare_journal_files_ahead

@@ -2,8 +2,8 @@
 
 use crate::btree::cursor::TreeCursor;
 use crate::btree::{self, PageSource};
-use crate::buffer::{buffer_key, Found, Gens, Slot, TreeId};
-use crate::cursor::Cursor;
+use crate::write_buffer::{buffer_key, Found, Gens, Slot, TreeId};
+use crate::write_buffer::Cursor;
 use crate::env::Shared;
 use crate::page::{self, PageNo, PageRun};
 use crate::store::Pins;

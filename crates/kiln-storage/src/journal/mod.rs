@@ -3,6 +3,7 @@
 
 pub mod record;
 pub(crate) mod recovery;
+pub(crate) mod sync;
 pub(crate) mod writer;
 
 use crate::io::Vfs;

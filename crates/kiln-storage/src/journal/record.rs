@@ -38,7 +38,7 @@
 //! checksummed bytes) means a stale record left in a recycled or rewritten region can
 //! never pass as the continuation of the current history.
 
-use crate::buffer::Slot;
+use crate::write_buffer::Slot;
 use crate::io::DIRECT_IO_ALIGN;
 use crate::page::{
     self, read_u16, read_u32, read_u64, write_u16, write_u32, write_u64, PageNo, PageRun, PAGE_SIZE,
@@ -124,7 +124,7 @@ pub struct LogicalLog {
 
 impl LogicalLog {
     /// Appends an entry; returns its offset (for `buffer_key` and `truncate`).
-    pub fn push(&mut self, tree: crate::buffer::TreeId, key: &[u8], slot: &Slot) -> usize {
+    pub fn push(&mut self, tree: crate::write_buffer::TreeId, key: &[u8], slot: &Slot) -> usize {
         let (kind, value): (u8, &[u8]) = match slot {
             Slot::Value(v) => (0, v),
             Slot::Tombstone => (1, &[]),
@@ -781,11 +781,11 @@ mod tests {
         log.push(9, b"gamma", &Slot::Value(vec![5u8; 3000].into()));
         assert_eq!(
             log.buffer_key(a),
-            crate::buffer::buffer_key(7, b"alpha").as_ref()
+            crate::write_buffer::buffer_key(7, b"alpha").as_ref()
         );
         assert_eq!(
             log.buffer_key(c),
-            crate::buffer::buffer_key(9, b"alpha").as_ref()
+            crate::write_buffer::buffer_key(9, b"alpha").as_ref()
         );
         log.truncate(c, 2);
         log.push(9, b"alpha", &Slot::Value(b"two".to_vec().into()));
@@ -805,12 +805,12 @@ mod tests {
         let rec = decode(&buf.bytes()[..enc.padded_len]).expect("decodes");
         let expect: Vec<(Box<[u8]>, Slot)> = vec![
             (
-                crate::buffer::buffer_key(7, b"alpha"),
+                crate::write_buffer::buffer_key(7, b"alpha"),
                 Slot::Value(b"one".to_vec().into()),
             ),
-            (crate::buffer::buffer_key(7, b"beta"), Slot::Tombstone),
+            (crate::write_buffer::buffer_key(7, b"beta"), Slot::Tombstone),
             (
-                crate::buffer::buffer_key(9, b"alpha"),
+                crate::write_buffer::buffer_key(9, b"alpha"),
                 Slot::Value(b"two".to_vec().into()),
             ),
         ];

@@ -6,7 +6,7 @@
 //! its newest buffered value again), so after a crash the merge simply starts over.
 
 use crate::btree;
-use crate::buffer::{split_buffer_key, Slot, TreeId};
+use crate::write_buffer::{split_buffer_key, Slot, TreeId};
 use crate::fasthash::FastMap;
 use crate::txn::WriteTxn;
 use crate::Result;
