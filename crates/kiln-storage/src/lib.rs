@@ -32,6 +32,7 @@ mod flusher;
 mod header;
 pub mod io;
 pub mod journal;
+mod options;
 pub mod page;
 mod savepoint;
 mod stats;
