@@ -5,11 +5,11 @@ use crate::flusher::{self, Applied, FlushControl, FlushQueue, Flusher};
 use crate::header::{self, FileHeader};
 use crate::io::{OpenMode, Vfs};
 use crate::journal::record::{JournalPage, RecordInput};
-use crate::journal::recovery::{self, JournalTail};
+use crate::recovery::{create::{create_environment, load_header}, replay, JournalTail};
 use crate::journal::writer::{
     Durability, JournalEnd, JournalFiles, JournalPos, JournalWriter, PreparedRecord, RecordEncoder,
 };
-use crate::page::{self, PageNo, PageRun, PAGE_SIZE};
+use crate::page::{self, PageNo, PageRun};
 use crate::commit::queue::{CommitQueue, QueueStats};
 use crate::stats::{EngineCounters, Stats};
 use crate::store::PageStore;
@@ -584,83 +584,28 @@ impl Env {
             .into_iter()
             .collect();
 
-        // Replay the journal into the data file: page images of transactions after
-        // the synced one; write-buffer entries from the replay start on (it is at or
-        // before the synced point: entries stay in the journal until merged).
-        let mut state = (header.catalog_root, header.page_count, free);
-        let mut replay_start = header.replay_start();
-        let start = replay_start.pos;
-        let mut gens = crate::write_buffer::Gens::default();
-        let mut physical_records = 0u64;
-        let outcome = recovery::replay(
+        // Replay the journal into the data file (recovery/replay.rs).
+        let replayed = replay::replay(
             vfs.as_ref(),
             &journal_dir,
-            start,
-            replay_start.txn_id,
-            // After a power loss in buffered mode, records missing in the middle are the
-            // documented cost of that mode, not a surprise.
-            opts.open_despite_journal_gap || opts.durability != Durability::Immediate,
-            |rec, end| {
-                let txn_id = rec.header.txn_id;
-                let flags = rec.header.flags;
-                if txn_id > header.synced_txn_id {
-                    physical_records += 1;
-                    for (no, image) in rec.images {
-                        let pages = image.page_count() as u64;
-                        let run = image.materialize(|source| store.read_page(source))?;
-                        page::verify(run.bytes(), no, &data_path).map_err(|e| {
-                            Error::corrupted(
-                                &journal_dir,
-                                format!("record of txn {txn_id}"),
-                                format!("page image fails verification: {e}"),
-                            )
-                        })?;
-                        store.write_raw(no, run.bytes())?;
-                        for p in no..no + pages {
-                            state.2.remove(&p);
-                        }
-                    }
-                    state.2.extend(rec.freed.iter().copied());
-                    state.0 = rec.header.catalog_root;
-                    state.1 = rec.header.page_count;
-                }
-                for (bkey, slot) in rec.logical {
-                    gens.active.write(&bkey, txn_id, slot);
-                }
-                let froze = flags & crate::journal::record::FLAG_FREEZE != 0;
-                let merge_done = flags & crate::journal::record::FLAG_MERGE_DONE != 0;
-                if merge_done {
-                    // (A merge that finished before the replay start refers to a
-                    // generation not read again: nothing to drop.)
-                    gens.frozen = None;
-                }
-                if froze {
-                    if gens.frozen.is_some() {
-                        return Err(Error::corrupted(
-                            &journal_dir,
-                            format!("record of txn {txn_id}"),
-                            "freezes the write buffer while the previous generation is not merged",
-                        ));
-                    }
-                    gens.frozen = Some(std::mem::take(&mut gens.active));
-                }
-                replay_start.note(txn_id, end, froze, merge_done, gens.is_empty());
-                Ok(())
-            },
+            &data_path,
+            &header,
+            &store,
+            free,
+            &opts,
         )?;
-        let (catalog_root, page_count, free) = state;
-        if outcome.records_replayed > physical_records {
-            tracing::info!(
-                records = outcome.records_replayed - physical_records,
-                "journal: read buffered entries back from records already in the data file"
-            );
-        }
         counters
             .records_replayed_on_open
-            .store(physical_records, Relaxed);
-        if let JournalTail::Dropped { path, offset, what } = &outcome.tail {
-            tracing::warn!(path = %path.display(), offset, what, "journal: discarded an incomplete record at the tail (crash during a commit)");
-        }
+            .store(replayed.physical_records, Relaxed);
+        let replay::Replayed {
+            catalog_root,
+            page_count,
+            free,
+            gens,
+            replay_start,
+            outcome,
+            physical_records,
+        } = replayed;
         let journal_files = Arc::new(JournalFiles::open(
             vfs.clone(),
             &journal_dir,
@@ -1002,158 +947,4 @@ impl Drop for Env {
             tracing::error!(error = %e, "closing the environment failed; the journal will be replayed on the next open");
         }
     }
-}
-
-/// Creates a new environment. The data file is built under a temporary name and
-/// renamed into place last, so a crash part-way leaves no half-made environment; the
-/// first journal file exists before the data file does.
-fn create_environment(
-    vfs: Arc<dyn Vfs>,
-    dir: &Path,
-    journal_dir: &Path,
-    data_path: &Path,
-    opts: &Options,
-    counters: Arc<EngineCounters>,
-) -> Result<FileHeader> {
-    vfs.create_dir_all(journal_dir)
-        .map_err(|e| Error::io(journal_dir, None, "create journal directory", e))?;
-    if let Some(parent) = journal_dir.parent() {
-        vfs.sync_dir(parent)
-            .map_err(|e| Error::io(parent, None, "fsync journal directory's parent", e))?;
-    }
-    // Journal files of another environment must never be mistaken for ours; and a
-    // leftover journal-1 from an interrupted creation of this one holds no commits.
-    let leftovers: Vec<u64> = crate::journal::list_files(vfs.as_ref(), journal_dir)?
-        .into_iter()
-        .filter(|s| *s != 1)
-        .collect();
-    let first = crate::journal::file_path(journal_dir, 1);
-    if vfs.exists(&first) && holds_records(vfs.as_ref(), &first)? {
-        return Err(Error::InvalidOption(format!(
-            "{} holds journal records but {} has no data file: it belongs to another \
-             environment; move it away or choose another journal_dir",
-            first.display(),
-            dir.display()
-        )));
-    }
-    if !leftovers.is_empty() {
-        return Err(Error::InvalidOption(format!(
-            "journal directory {} already holds journal files ({} of them) but {} has no data file: \
-             they belong to another environment; move them away or choose another journal_dir",
-            journal_dir.display(),
-            leftovers.len(),
-            dir.display()
-        )));
-    }
-    // A random chain start: records left in the journal directory by an earlier
-    // environment can never pass as this one's.
-    let chain: u32 = rand::random();
-    let h = FileHeader {
-        page_count: page::FIRST_DATA_PAGE,
-        journal_file_seq: 1,
-        journal_chain_checksum: chain,
-        replay_from_file_seq: 1,
-        replay_from_chain_checksum: chain,
-        ..Default::default()
-    };
-    JournalFiles::open(
-        vfs.clone(),
-        journal_dir,
-        opts.journal_file_size_bytes,
-        counters,
-        0,
-    )?
-    .ensure_file(h.journal_file_seq, opts.journal_file_size_bytes, true)?;
-    for slot in 0..2 {
-        header::write_freelist(vfs.as_ref(), dir, slot, &[])?;
-    }
-    let tmp = data_path.with_extension("kiln.tmp");
-    let mode = OpenMode {
-        create: true,
-        write: true,
-        ..Default::default()
-    };
-    let file = vfs
-        .open(&tmp, mode)
-        .map_err(|e| Error::io(&tmp, None, "create data file", e))?;
-    file.set_len(0)
-        .map_err(|e| Error::io(&tmp, None, "truncate data file", e))?;
-    file.allocate(0, opts.data_grow_step_bytes.max(2 * PAGE_SIZE as u64))
-        .map_err(|e| Error::io(&tmp, Some(0), "preallocate data file", e))?;
-    file.write_all_at(&h.encode(), 0)
-        .map_err(|e| Error::io(&tmp, Some(0), "write file header", e))?;
-    file.sync_all()
-        .map_err(|e| Error::io(&tmp, None, "fsync data file", e))?;
-    drop(file);
-    vfs.rename(&tmp, data_path)
-        .map_err(|e| Error::io(&tmp, None, "rename new data file into place", e))?;
-    vfs.sync_dir(dir)
-        .map_err(|e| Error::io(dir, None, "fsync data directory", e))?;
-    Ok(h)
-}
-
-/// True if the file's first block is a journal record header (zeros otherwise: a
-/// file made by an interrupted creation of this environment).
-fn holds_records(vfs: &dyn Vfs, path: &Path) -> Result<bool> {
-    let f = vfs
-        .open(path, OpenMode::default())
-        .map_err(|e| Error::io(path, None, "open journal file", e))?;
-    let len = f
-        .len()
-        .map_err(|e| Error::io(path, None, "stat journal file", e))?;
-    if len < crate::journal::record::RECORD_HEADER as u64 {
-        return Ok(false);
-    }
-    let mut head = vec![0u8; crate::journal::record::RECORD_HEADER];
-    f.read_exact_at(&mut head, 0)
-        .map_err(|e| Error::io(path, Some(0), "read journal file", e))?;
-    Ok(crate::journal::record::parse_header(&head).is_some())
-}
-
-/// Reads the newer valid copy of the file header.
-fn load_header(vfs: &dyn Vfs, data_path: &Path) -> Result<FileHeader> {
-    let file = vfs
-        .open(data_path, OpenMode::default())
-        .map_err(|e| Error::io(data_path, None, "open data file", e))?;
-    let mut copies = Vec::new();
-    let mut problems = Vec::new();
-    for slot in 0..2u64 {
-        let mut b = vec![0u8; PAGE_SIZE];
-        let off = slot * PAGE_SIZE as u64;
-        match file.read_exact_at(&mut b, off) {
-            Ok(()) => match FileHeader::decode(&b, data_path) {
-                Ok(h) if h.slot() == slot => copies.push(h),
-                Ok(h) => problems.push(format!(
-                    "copy {slot}: sequence {} belongs in the other slot",
-                    h.sequence
-                )),
-                Err((why, true)) => {
-                    return Err(Error::Incompatible {
-                        path: data_path.to_path_buf(),
-                        found: why,
-                        expected: format!(
-                            "format version {} with {PAGE_SIZE}-byte pages",
-                            header::FORMAT_VERSION
-                        ),
-                    })
-                }
-                Err((why, false)) => problems.push(format!("copy {slot}: {why}")),
-            },
-            Err(e) => problems.push(format!("copy {slot}: unreadable: {e}")),
-        }
-    }
-    if !problems.is_empty() && !copies.is_empty() {
-        // Normal after a crash during a header write (the older copy is the one torn).
-        tracing::info!(path = %data_path.display(), problems = problems.join("; "), "one file header copy is not valid; using the other");
-    }
-    copies
-        .into_iter()
-        .max_by_key(|h| h.sequence)
-        .ok_or_else(|| {
-            Error::corrupted(
-                data_path,
-                "pages 0-1 (file header)",
-                format!("no valid header copy ({})", problems.join("; ")),
-            )
-        })
 }

@@ -2,7 +2,6 @@
 //! O_DIRECT|O_DSYNC, one record per commit.
 
 pub mod record;
-pub(crate) mod recovery;
 pub(crate) mod sync;
 pub(crate) mod writer;
 
