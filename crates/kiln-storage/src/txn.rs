@@ -2,11 +2,11 @@
 
 use crate::btree::cursor::TreeCursor;
 use crate::btree::{self, PageSource};
-use crate::write_buffer::{buffer_key, Found, Gens, Slot, TreeId};
-use crate::write_buffer::Cursor;
-use crate::env::Shared;
 use crate::page::{self, PageNo, PageRun};
+use crate::shared::{Shared, WriterState};
 use crate::store::Pins;
+use crate::write_buffer::Cursor;
+use crate::write_buffer::{buffer_key, Found, Gens, Slot, TreeId};
 use crate::{Error, Result};
 use parking_lot::MutexGuard;
 use std::cell::RefCell;
@@ -246,7 +246,7 @@ pub(crate) struct TreeState {
 /// without committing aborts.
 pub struct WriteTxn<'env> {
     pub(crate) env: &'env Shared,
-    pub(crate) writer: Option<MutexGuard<'env, crate::env::WriterState>>,
+    pub(crate) writer: Option<MutexGuard<'env, WriterState>>,
     pub(crate) txn_id: u64,
     pub(crate) base: Snapshot,
     pub(crate) pins: Pins,
@@ -287,6 +287,35 @@ pub struct WriteTxn<'env> {
 }
 
 impl<'env> WriteTxn<'env> {
+    /// A transaction on the latest commit (which may still be waiting for its
+    /// journal write), holding the writer lock `w` until it commits or aborts.
+    pub(crate) fn new(env: &'env Shared, w: MutexGuard<'env, WriterState>) -> Self {
+        let base = w.latest.clone();
+        WriteTxn {
+            env,
+            txn_id: base.txn_id + 1,
+            catalog_root: base.catalog_root,
+            writer: Some(w),
+            base,
+            pins: Default::default(),
+            dirty: Default::default(),
+            sources: Default::default(),
+            freed_committed: Vec::new(),
+            local_free: Vec::new(),
+            taken_from_free: Vec::new(),
+            undo: Vec::new(),
+            logical: Default::default(),
+            tree_last_key: Default::default(),
+            trees_named: 0,
+            force_merge: false,
+            trees: Default::default(),
+            dropped: Vec::new(),
+            broken: None,
+            savepoint: None,
+            dirty_bytes_written: 0,
+        }
+    }
+
     pub fn txn_id(&self) -> u64 {
         self.txn_id
     }

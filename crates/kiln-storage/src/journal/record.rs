@@ -38,11 +38,11 @@
 //! checksummed bytes) means a stale record left in a recycled or rewritten region can
 //! never pass as the continuation of the current history.
 
-use crate::write_buffer::Slot;
 use crate::io::DIRECT_IO_ALIGN;
 use crate::page::{
     self, read_u16, read_u32, read_u64, write_u16, write_u32, write_u64, PageNo, PageRun, PAGE_SIZE,
 };
+use crate::write_buffer::Slot;
 use std::sync::Arc;
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KJR1");

@@ -18,9 +18,9 @@
 //! for a valid record with a higher transaction id: one means transactions were lost
 //! in the middle, and open fails unless explicitly allowed.
 
+use crate::io::{OpenMode, Vfs, VfsFile, DIRECT_IO_ALIGN};
 use crate::journal::record::{self, DecodedRecord, RecordHeader, RECORD_HEADER};
 use crate::journal::{file_path, list_files, writer::JournalPos};
-use crate::io::{OpenMode, Vfs, VfsFile, DIRECT_IO_ALIGN};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 

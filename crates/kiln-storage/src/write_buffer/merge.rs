@@ -6,9 +6,9 @@
 //! its newest buffered value again), so after a crash the merge simply starts over.
 
 use crate::btree;
-use crate::write_buffer::{split_buffer_key, Slot, TreeId};
 use crate::fasthash::FastMap;
 use crate::txn::WriteTxn;
+use crate::write_buffer::{split_buffer_key, Slot, TreeId};
 use crate::Result;
 
 impl WriteTxn<'_> {
