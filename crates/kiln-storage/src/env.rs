@@ -383,7 +383,7 @@ impl Env {
                 return Ok(());
             }
             let mut txn = self.shared.begin_write_txn()?;
-            txn.force_merge = true;
+            txn.set_force_merge();
             txn.commit()?;
         }
     }

@@ -35,7 +35,6 @@ pub mod journal;
 mod options;
 pub mod page;
 mod recovery;
-mod savepoint;
 mod shared;
 mod stats;
 mod store;

@@ -5,15 +5,11 @@
 
 use super::PendingCommit;
 use crate::flusher::Applied;
-use crate::journal::record::{
-    JournalPage, RecordInput, FLAG_FREEZE, FLAG_MERGE_DONE, MAX_RECORD_BODY,
-};
+use crate::journal::record::{RecordInput, FLAG_FREEZE, FLAG_MERGE_DONE, MAX_RECORD_BODY};
 use crate::journal::writer::JournalPos;
-use crate::page::{PageNo, PageRun};
 use crate::shared::Shared;
-use crate::txn::{Snapshot, WriteTxn};
+use crate::txn::{Committed, Snapshot, WriteTxn};
 use crate::{Error, Result};
-use std::sync::Arc;
 
 /// What a commit does to the write buffer: generations after it, merge position to
 /// keep, record flags (`Shared::buffer_step`).
@@ -39,65 +35,40 @@ impl Shared {
         }
         self.wait_for_flusher_room()?;
         let (gens, merge_cursor, buffer_flags) = self.buffer_step(txn)?;
-        txn.mutate(|t| t.update_catalog())?;
-        let sealed = txn.seal_dirty();
-        let pages: Vec<(PageNo, Arc<PageRun>)> =
-            sealed.into_iter().map(|(n, r)| (n, Arc::new(r))).collect();
-        let mut freed = txn.freed_committed.clone();
-        freed.extend_from_slice(&txn.local_free);
-        // An upper bound of the record body: page bytes, image headers, freed list.
-        let page_bytes: usize = pages
-            .iter()
-            .map(|(_, r)| r.bytes().len() + 64)
-            .sum::<usize>()
-            + (txn.freed_committed.len() + txn.local_free.len()) * 8
-            + txn.logical.encoded_len();
-        if page_bytes > MAX_RECORD_BODY {
-            txn.rollback();
+        let mut sealed = txn.seal()?;
+        let body_bound = sealed.content.record_body_bound();
+        if body_bound > MAX_RECORD_BODY {
+            sealed.abort();
             return Err(Error::TransactionTooLarge {
-                bytes: page_bytes as u64,
+                bytes: body_bound as u64,
                 max: MAX_RECORD_BODY as u64,
             });
         }
-        let mut w = txn.writer.take().expect("writer guard held until commit");
-        let sourced: Result<Vec<JournalPage>> = pages
-            .iter()
-            .map(|(no, run)| {
-                let source = match txn.sources.get(no) {
-                    Some(s) => Some((*s, crate::btree::PageSource::page(&*txn, *s)?)),
-                    None => None,
-                };
-                Ok(JournalPage {
-                    no: *no,
-                    run,
-                    source,
-                })
-            })
-            .collect();
-        let journal_pages = match sourced {
+        let journal_pages = match sealed.content.journal_pages() {
             Ok(j) => j,
             Err(e) => {
-                txn.writer = Some(w);
-                txn.rollback();
+                sealed.abort();
                 return Err(e);
             }
         };
+        let txn_id = sealed.content.txn_id();
+        let w = &mut sealed.writer;
         assert_eq!(
-            txn.txn_id,
+            txn_id,
             w.latest.txn_id + 1,
             "transaction ids must increase by one"
         );
         let page_count = w.alloc.page_count;
         let chain_before = w.encoder.chain_checksum();
         let record = w.encoder.encode(RecordInput {
-            txn_id: txn.txn_id,
+            txn_id,
             nonce: 0,
             prev_checksum: 0,
-            catalog_root: txn.catalog_root,
+            catalog_root: sealed.content.catalog_root(),
             page_count,
-            freed: &freed,
+            freed: &sealed.content.freed,
             pages: &journal_pages,
-            logical: &txn.logical,
+            logical: sealed.content.logical(),
             buffer_flags,
         });
         drop(journal_pages);
@@ -105,38 +76,40 @@ impl Shared {
         // return: creating one can fail for lack of space, and then only this commit
         // fails, with nothing of it written (later commits are built on this one once
         // it passes that point, so a failure after it latches).
-        match w
+        match sealed
+            .writer
             .journal_end
             .advance(record.journal_len() as u64, &self.journal_files)
         {
-            Ok(end) => w.journal_end = end,
+            Ok(end) => sealed.writer.journal_end = end,
             Err(e) => {
-                w.encoder.rewind_chain(chain_before);
-                txn.writer = Some(w);
-                txn.rollback();
+                sealed.writer.encoder.rewind_chain(chain_before);
+                sealed.abort();
                 return Err(e);
             }
         }
-        // The point of no return: the buffer writes are part of the commit now.
-        txn.undo.clear();
-        txn.logical.clear();
+        // The point of no return.
+        let Committed {
+            writer: mut w,
+            txn_id,
+            catalog_root,
+            pages,
+            freed,
+        } = sealed.commit();
         w.merge_cursor = merge_cursor;
         self.store.publish(&pages);
         let bytes: u64 = pages.iter().map(|(_, r)| r.bytes().len() as u64).sum();
         self.backlog.add(bytes);
-        w.alloc
-            .add_pending(txn.txn_id, std::mem::take(&mut txn.freed_committed));
-        w.alloc.free.extend(txn.local_free.drain(..));
         self.note_alloc(&w.alloc);
         w.latest = Snapshot {
-            txn_id: txn.txn_id,
-            catalog_root: txn.catalog_root,
+            txn_id,
+            catalog_root,
             page_count: w.alloc.page_count,
             gens: gens.clone(),
         };
         let applied = Applied {
-            txn_id: txn.txn_id,
-            catalog_root: txn.catalog_root,
+            txn_id,
+            catalog_root,
             page_count: w.latest.page_count,
             pages,
             freed,
@@ -162,19 +135,14 @@ impl Shared {
     /// active generation freezes. Returns the generations after the commit, the
     /// merge position to keep if it commits, and the record's buffer flags.
     fn buffer_step(&self, txn: &mut WriteTxn) -> Result<BufferStep> {
-        let mut gens = txn.base.gens.clone();
-        let mut cursor = txn
-            .writer
-            .as_ref()
-            .expect("writer guard held until commit")
-            .merge_cursor
-            .clone();
+        let mut gens = txn.base_gens().clone();
+        let mut cursor = txn.merge_cursor();
         let threshold = self.opts.write_buffer_bytes;
         if gens.frozen.is_some() {
             // Merge faster than commits fill the active generation, so it is done
             // before that one is due to freeze; much faster once it is overdue.
-            let mut limit = (2 * txn.undo.len()).max(MIN_MERGE_SLICE_KEYS);
-            if txn.force_merge {
+            let mut limit = (2 * txn.buffer_writes()).max(MIN_MERGE_SLICE_KEYS);
+            if txn.force_merge() {
                 limit = FORCED_MERGE_SLICE_KEYS;
             } else if gens.active.bytes() > threshold {
                 limit *= 8;
@@ -186,7 +154,7 @@ impl Shared {
             }
             return Ok((gens, cursor, 0));
         }
-        let full = gens.active.bytes() >= threshold || txn.force_merge;
+        let full = gens.active.bytes() >= threshold || txn.force_merge();
         if full && !gens.active.is_empty() {
             // This transaction's own entries are in the generation that freezes.
             gens.frozen = Some(std::mem::take(&mut gens.active));

@@ -19,7 +19,7 @@ impl WriteTxn<'_> {
         cursor: &mut Option<Box<[u8]>>,
         limit: usize,
     ) -> Result<bool> {
-        let Some(frozen) = self.base.gens.frozen.clone() else {
+        let Some(frozen) = self.base_gens().frozen.clone() else {
             return Ok(false);
         };
         let slice = frozen.newest_from(cursor.as_deref(), limit);
@@ -33,7 +33,7 @@ impl WriteTxn<'_> {
             };
             // A newer version waits in the active generation (or the key was written
             // into the tree since): this one is superseded.
-            if self.base.gens.active.contains(bkey) {
+            if self.base_gens().active.contains(bkey) {
                 continue;
             }
             let mut st = self.tree_state(name)?;
@@ -54,7 +54,7 @@ impl WriteTxn<'_> {
                 Slot::InTree => continue,
             }
             st.modified = true;
-            self.trees.insert(name.clone(), st);
+            self.set_tree_state(name, st);
         }
         *cursor = if done {
             None

@@ -1,4 +1,15 @@
 //! Read and write transactions.
+//!
+//! `WriteTxn`'s fields are private to this module: `pages` (allocating, freeing and
+//! copying pages), `savepoint` (rolling back one unit of a merged group) and `seal`
+//! (what a commit takes from the transaction: `WriteTxn::seal` returns a
+//! `SealedTxn`) are its children.
+
+mod pages;
+mod savepoint;
+mod seal;
+
+pub(crate) use seal::Committed;
 
 use crate::btree::cursor::TreeCursor;
 use crate::btree::{self, PageSource};
@@ -245,45 +256,45 @@ pub(crate) struct TreeState {
 /// returns, which happens only once the journal record is durable. Dropping it
 /// without committing aborts.
 pub struct WriteTxn<'env> {
-    pub(crate) env: &'env Shared,
-    pub(crate) writer: Option<MutexGuard<'env, WriterState>>,
-    pub(crate) txn_id: u64,
-    pub(crate) base: Snapshot,
-    pub(crate) pins: Pins,
+    env: &'env Shared,
+    writer: Option<MutexGuard<'env, WriterState>>,
+    txn_id: u64,
+    base: Snapshot,
+    pins: Pins,
     /// Pages (and overflow runs, keyed by first page) written by this transaction.
-    pub(crate) dirty: crate::fasthash::FastMap<PageNo, PageRun>,
+    dirty: crate::fasthash::FastMap<PageNo, PageRun>,
     /// For dirty pages copied from a committed page: that page (the journal may
     /// record the difference instead of the whole page).
-    pub(crate) sources: crate::fasthash::FastMap<PageNo, PageNo>,
+    sources: crate::fasthash::FastMap<PageNo, PageNo>,
     /// Committed pages this transaction made unreachable.
-    pub(crate) freed_committed: Vec<PageNo>,
+    freed_committed: Vec<PageNo>,
     /// Pages allocated and freed again within this transaction.
-    pub(crate) local_free: Vec<PageNo>,
+    local_free: Vec<PageNo>,
     /// Pages taken from the allocator's free list (returned on abort).
-    pub(crate) taken_from_free: Vec<PageNo>,
-    pub(crate) catalog_root: PageNo,
-    pub(crate) trees: crate::fasthash::FastMap<String, TreeState>,
-    pub(crate) dropped: Vec<String>,
+    taken_from_free: Vec<PageNo>,
+    catalog_root: PageNo,
+    trees: crate::fasthash::FastMap<String, TreeState>,
+    dropped: Vec<String>,
     /// Open savepoint of the unit being run by the commit queue, if any.
-    pub(crate) savepoint: Option<crate::savepoint::Savepoint>,
+    savepoint: Option<savepoint::Savepoint>,
     /// Running total of bytes of pages created (see `dirty_bytes`).
-    pub(crate) dirty_bytes_written: usize,
+    dirty_bytes_written: usize,
     /// Every buffer write of this transaction: where its entry starts in `logical`,
     /// and the version it replaced (its own earlier one), so that an abort or a
     /// savepoint can take it back. One per entry of `logical`.
-    pub(crate) undo: Vec<(usize, Option<Slot>)>,
+    undo: Vec<(usize, Option<Slot>)>,
     /// The buffer writes in their journal form (the record copies them at commit).
-    pub(crate) logical: crate::journal::record::LogicalLog,
+    logical: crate::journal::record::LogicalLog,
     /// Per tree id, the largest key in the tree itself as this transaction last saw
     /// it (`None`: empty), found once per transaction (see `buffers`).
-    pub(crate) tree_last_key: crate::fasthash::FastMap<TreeId, Option<Box<[u8]>>>,
+    tree_last_key: crate::fasthash::FastMap<TreeId, Option<Box<[u8]>>>,
     /// Trees given an id by this transaction (ids are txn id << 20 | this).
-    pub(crate) trees_named: u64,
+    trees_named: u64,
     /// Merge the whole write buffer into the trees, a slice per commit (close, check).
-    pub(crate) force_merge: bool,
+    force_merge: bool,
     /// Set when an operation failed half-way: the in-memory tree may be inconsistent,
     /// so the transaction can only be aborted.
-    pub(crate) broken: Option<String>,
+    broken: Option<String>,
 }
 
 impl<'env> WriteTxn<'env> {
@@ -355,6 +366,11 @@ impl<'env> WriteTxn<'env> {
             self.broken = Some(e.to_string());
         }
         r
+    }
+
+    /// Records a tree's new state (its root, entry count, or id changed).
+    pub(crate) fn set_tree_state(&mut self, name: &str, st: TreeState) {
+        self.trees.insert(name.to_string(), st);
     }
 
     pub(crate) fn tree_state(&mut self, name: &str) -> Result<TreeState> {

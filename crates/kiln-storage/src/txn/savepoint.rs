@@ -7,8 +7,8 @@
 //! the unit touches, not the size of the transaction. On rollback, created pages are
 //! dropped (their numbers go back where they came from) and undo copies restored.
 
+use super::{TreeState, WriteTxn};
 use crate::page::{PageNo, PageRun};
-use crate::txn::{TreeState, WriteTxn};
 
 pub(crate) struct Savepoint {
     trees: crate::fasthash::FastMap<String, TreeState>,
