@@ -203,7 +203,7 @@ pub(crate) struct Flusher {
     applied: Option<Box<Applied>>,
     last_sync: Instant,
     /// Where recovery would have to start, following the commits written back.
-    replay_start: crate::write_buffer::ReplayStart,
+    replay_start: crate::journal::ReplayStart,
 }
 
 impl Flusher {
@@ -211,7 +211,7 @@ impl Flusher {
         env: FlusherHandle,
         header: FileHeader,
         free: BTreeSet<PageNo>,
-        replay_start: crate::write_buffer::ReplayStart,
+        replay_start: crate::journal::ReplayStart,
     ) -> Self {
         Flusher {
             replay_start,

@@ -145,8 +145,8 @@ impl FileHeader {
         self.sequence % 2
     }
 
-    pub fn replay_start(&self) -> crate::write_buffer::ReplayStart {
-        crate::write_buffer::ReplayStart::new(
+    pub fn replay_start(&self) -> crate::journal::ReplayStart {
+        crate::journal::ReplayStart::new(
             self.replay_from_txn_id,
             crate::journal::writer::JournalPos {
                 file_seq: self.replay_from_file_seq,
@@ -156,7 +156,7 @@ impl FileHeader {
         )
     }
 
-    pub fn set_replay_start(&mut self, r: &crate::write_buffer::ReplayStart) {
+    pub fn set_replay_start(&mut self, r: &crate::journal::ReplayStart) {
         self.replay_from_txn_id = r.txn_id;
         self.replay_from_file_seq = r.pos.file_seq;
         self.replay_from_offset = r.pos.offset;

@@ -38,6 +38,8 @@
 //! checksummed bytes) means a stale record left in a recycled or rewritten region can
 //! never pass as the continuation of the current history.
 
+use super::logical;
+pub use super::logical::LogicalLog;
 use crate::io::DIRECT_IO_ALIGN;
 use crate::page::{
     self, read_u16, read_u32, read_u64, write_u16, write_u32, write_u64, PageNo, PageRun, PAGE_SIZE,
@@ -53,7 +55,6 @@ const FLAG_LOGICAL: u8 = 2;
 pub const FLAG_FREEZE: u8 = 4;
 pub const FLAG_MERGE_DONE: u8 = 8;
 const KNOWN_FLAGS: u8 = FLAG_LZ4 | FLAG_LOGICAL | FLAG_FREEZE | FLAG_MERGE_DONE;
-const LOGICAL_ENTRY_HEADER: usize = 7;
 /// Bodies smaller than this are not worth compressing.
 const MIN_COMPRESS_BODY: usize = 1024;
 /// A record's body may not decompress to more than this (bounds allocation).
@@ -108,69 +109,6 @@ pub struct RecordInput<'a> {
     pub logical: &'a LogicalLog,
     /// `FLAG_FREEZE` / `FLAG_MERGE_DONE`.
     pub buffer_flags: u8,
-}
-
-/// A transaction's write-buffer entries in their journal encoding, appended as the
-/// transaction writes (so a commit copies bytes rather than searching the buffer
-/// again for each key's final version). Every write is an entry, in order: a key
-/// written twice appears twice, and replay applies both, the later replacing the
-/// earlier. Entry: `key_len u16 | kind u8 (0 value, 1 tombstone, 2 in tree) |
-/// value_len u32 | buffer key (tree id BE ++ key) | value`.
-#[derive(Debug, Default)]
-pub struct LogicalLog {
-    bytes: Vec<u8>,
-    count: u32,
-}
-
-impl LogicalLog {
-    /// Appends an entry; returns its offset (for `buffer_key` and `truncate`).
-    pub fn push(&mut self, tree: crate::write_buffer::TreeId, key: &[u8], slot: &Slot) -> usize {
-        let (kind, value): (u8, &[u8]) = match slot {
-            Slot::Value(v) => (0, v),
-            Slot::Tombstone => (1, &[]),
-            Slot::InTree => (2, &[]),
-        };
-        let at = self.bytes.len();
-        self.bytes
-            .extend_from_slice(&((8 + key.len()) as u16).to_le_bytes());
-        self.bytes.push(kind);
-        self.bytes
-            .extend_from_slice(&(value.len() as u32).to_le_bytes());
-        self.bytes.extend_from_slice(&tree.to_be_bytes());
-        self.bytes.extend_from_slice(key);
-        self.bytes.extend_from_slice(value);
-        self.count += 1;
-        at
-    }
-
-    /// The buffer key of the entry at `at`.
-    pub fn buffer_key(&self, at: usize) -> &[u8] {
-        let len = read_u16(&self.bytes, at) as usize;
-        &self.bytes[at + LOGICAL_ENTRY_HEADER..at + LOGICAL_ENTRY_HEADER + len]
-    }
-
-    /// Drops the entry at `at` and all after it; `count` entries remain.
-    pub fn truncate(&mut self, at: usize, count: usize) {
-        self.bytes.truncate(at);
-        self.count = count as u32;
-    }
-
-    pub fn clear(&mut self) {
-        self.truncate(0, 0);
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-
-    /// Encoded size in a record body (0 when there are no entries).
-    pub fn encoded_len(&self) -> usize {
-        if self.is_empty() {
-            0
-        } else {
-            4 + self.bytes.len()
-        }
-    }
 }
 
 /// A page of a commit, with the committed page it was copied from, if any.
@@ -360,9 +298,9 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<
         }
     }
     if logical_bytes > 0 {
-        write_u32(b, at, input.logical.count);
+        write_u32(b, at, input.logical.count());
         at += 4;
-        put(b, &mut at, &input.logical.bytes);
+        put(b, &mut at, input.logical.bytes());
     }
     debug_assert_eq!(at, RECORD_HEADER + body_len);
     write_u32(b, 44, body_len as u32);
@@ -520,7 +458,12 @@ pub struct DecodedRecord {
 }
 
 /// Reads `n` bytes at `*at` from `body`, or explains why it can't.
-fn take<'b>(body: &'b [u8], at: &mut usize, n: usize, what: &str) -> Result<&'b [u8], String> {
+pub(super) fn take<'b>(
+    body: &'b [u8],
+    at: &mut usize,
+    n: usize,
+    what: &str,
+) -> Result<&'b [u8], String> {
     let end = at
         .checked_add(n)
         .filter(|e| *e <= body.len())
@@ -615,29 +558,11 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> 
         };
         images.push((no, image));
     }
-    let mut logical = Vec::new();
-    if h.flags & FLAG_LOGICAL != 0 {
-        let count = read_u32(take(body, &mut at, 4, "buffer entry count")?, 0) as usize;
-        for e in 0..count {
-            let eh = take(body, &mut at, LOGICAL_ENTRY_HEADER, "buffer entry header")?;
-            let (klen, kind, vlen) = (read_u16(eh, 0) as usize, eh[2], read_u32(eh, 3) as usize);
-            if !(9..=8 + page::MAX_KEY_SIZE).contains(&klen) {
-                return Err(format!("buffer entry {e}: key of {klen} bytes"));
-            }
-            let key: Box<[u8]> = take(body, &mut at, klen, "buffer entry key")?.into();
-            let slot = match (kind, vlen) {
-                (0, _) => Slot::Value(take(body, &mut at, vlen, "buffer entry value")?.into()),
-                (1, 0) => Slot::Tombstone,
-                (2, 0) => Slot::InTree,
-                _ => {
-                    return Err(format!(
-                        "buffer entry {e}: kind {kind} with {vlen} value bytes"
-                    ))
-                }
-            };
-            logical.push((key, slot));
-        }
-    }
+    let logical = if h.flags & FLAG_LOGICAL != 0 {
+        logical::decode_entries(body, &mut at)?
+    } else {
+        Vec::new()
+    };
     if at != body.len() {
         return Err(format!(
             "{} unexplained bytes after the page images",
