@@ -2,6 +2,8 @@
 
 use crate::alloc::Allocator;
 use crate::commit::queue::{CommitQueue, QueueStats};
+use crate::error::Latch;
+use crate::flusher::Backlog;
 use crate::flusher::{self, FlushControl, FlushQueue, Flusher};
 use crate::header::{self, FileHeader};
 use crate::io::OpenMode;
@@ -12,10 +14,10 @@ use crate::recovery::{
     create::{create_environment, load_header},
     replay, JournalTail,
 };
-use crate::shared::{Backlog, JournalStage, Latch, Readers, Shared, WriterState};
+use crate::shared::{JournalStage, Readers, Shared, Snapshot, WriterState};
 use crate::stats::{EngineCounters, Stats};
 use crate::store::PageStore;
-use crate::txn::{ReadTxn, Snapshot, WriteTxn};
+use crate::txn::{ReadTxn, WriteTxn};
 use crate::{Error, Failure, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::BTreeSet;
@@ -34,6 +36,8 @@ pub const LOCK_FILE: &str = "kiln.lock";
 /// An open storage environment. Share it between threads by reference (or `Arc`).
 pub struct Env {
     shared: Arc<Shared>,
+    /// Merges units of work from many callers (`submit`) into one transaction.
+    queue: CommitQueue,
     flusher: Option<JoinHandle<()>>,
     /// `Durability::Buffered` only: syncs the journal every `sync_interval_ms`.
     journal_syncer: Option<crate::journal::sync::JournalSyncer>,
@@ -197,7 +201,6 @@ impl Env {
             }),
             journal_turn: Condvar::new(),
             alloc_summary: Mutex::new((free.len() as u64, 0, page_count)),
-            queue: CommitQueue::default(),
             latch: Arc::new(Latch::default()),
             flush_queue: Arc::new(FlushQueue::new(opts.write_back_window_bytes)),
             backlog: Arc::new(Backlog::default()),
@@ -238,6 +241,7 @@ impl Env {
             .map_err(|e| Error::io(&dir, None, "spawn flusher thread", e))?;
         let mut env = Env {
             shared,
+            queue: CommitQueue::default(),
             flusher: Some(handle),
             journal_syncer: None,
             _lock: lock,
@@ -261,7 +265,7 @@ impl Env {
 
     /// Starts the write transaction, waiting while another one is open.
     pub fn begin_write(&self) -> Result<WriteTxn<'_>> {
-        self.shared.begin_write_txn()
+        WriteTxn::begin(&self.shared)
     }
 
     /// Submits a unit of work to the commit queue and blocks until it is durable.
@@ -276,7 +280,7 @@ impl Env {
     {
         let out = Arc::new(Mutex::new(None));
         let slot = out.clone();
-        self.shared.queue.submit(
+        self.queue.submit(
             &*self.shared,
             Box::new(move |txn| {
                 let value = unit(txn)?;
@@ -307,7 +311,7 @@ impl Env {
 
     /// Figures of the commit queue.
     pub fn queue_stats(&self) -> QueueStats {
-        self.shared.queue.stats()
+        self.queue.stats()
     }
 
     /// Forces the flusher to write back and sync everything committed so far.
@@ -357,7 +361,7 @@ impl Env {
             pages_in_use: page_count.saturating_sub(free + pending + page::FIRST_DATA_PAGE),
             pages_unflushed: self.shared.store.unflushed_len() as u64,
             readers_open: readers,
-            commit_queue: self.shared.queue.stats(),
+            commit_queue: self.queue.stats(),
             data_file_bytes: self.shared.store.file_len().unwrap_or(0),
             write_buffer_bytes: buffer_bytes,
             write_buffer_freezes: c.write_buffer_freezes.load(Relaxed),
@@ -382,7 +386,7 @@ impl Env {
             if self.shared.writer.lock().latest.gens.is_empty() {
                 return Ok(());
             }
-            let mut txn = self.shared.begin_write_txn()?;
+            let mut txn = WriteTxn::begin(&self.shared)?;
             txn.set_force_merge();
             txn.commit()?;
         }

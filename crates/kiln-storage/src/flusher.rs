@@ -5,18 +5,75 @@
 //! Commits never wait for it, except when unflushed pages exceed the configured
 //! memory bound (back-pressure instead of unbounded growth).
 
+use crate::error::Latch;
 use crate::header::{self, FileHeader};
+use crate::io::Vfs;
 use crate::journal::writer::JournalPos;
+use crate::journal::JournalFiles;
 use crate::page::{PageNo, PageRun, PAGE_SIZE};
-use crate::shared::FlusherHandle;
+use crate::stats::EngineCounters;
+use crate::store::PageStore;
 use crate::{Error, Failure, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::BTreeSet;
 use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The readers' horizon, as the flusher sees it: a page freed by a commit newer than
+/// the oldest reader's snapshot cannot be written over yet.
+pub(crate) trait OldestReader: Send + Sync {
+    fn oldest_reader(&self) -> u64;
+}
+
+/// What the flusher thread may touch.
+#[derive(Clone)]
+pub(crate) struct FlusherHandle {
+    pub dir: PathBuf,
+    pub vfs: Arc<dyn Vfs>,
+    pub store: Arc<PageStore>,
+    pub counters: Arc<EngineCounters>,
+    pub journal_files: Arc<JournalFiles>,
+    pub synced_txn_id: Arc<AtomicU64>,
+    pub readers: Arc<dyn OldestReader>,
+    pub latch: Arc<Latch>,
+    pub flush_queue: Arc<FlushQueue>,
+    pub backlog: Arc<Backlog>,
+    /// `Options::sync_interval_ms`, `sync_after_bytes`, `prepare_journal_files_ahead`.
+    pub sync_interval_ms: u64,
+    pub sync_after_bytes: u64,
+    pub prepare_journal_files_ahead: bool,
+}
+
+/// Bytes of pages committed but not yet written back (back-pressure on commits).
+#[derive(Default)]
+pub(crate) struct Backlog {
+    unflushed_bytes: AtomicU64,
+    flushed_signal: (Mutex<()>, Condvar),
+}
+
+impl Backlog {
+    pub fn add(&self, bytes: u64) {
+        self.unflushed_bytes.fetch_add(bytes, SeqCst);
+    }
+    pub fn bytes(&self) -> u64 {
+        self.unflushed_bytes.load(SeqCst)
+    }
+    pub fn note_written_back(&self, bytes: u64) {
+        self.unflushed_bytes.fetch_sub(bytes, SeqCst);
+        let _g = self.flushed_signal.0.lock();
+        self.flushed_signal.1.notify_all();
+    }
+    /// Waits for a write-back to finish, or `timeout`.
+    pub fn wait(&self, timeout: Duration) {
+        let mut g = self.flushed_signal.0.lock();
+        self.flushed_signal.1.wait_for(&mut g, timeout);
+    }
+}
 
 /// A durable commit, handed over for write-back.
 pub(crate) struct Applied {

@@ -3,28 +3,43 @@
 //!
 //! - `Shared`: everything, for `Env`, the transactions and the commit phases
 //!   (`commit/`);
-//! - `FlusherHandle`: what the flusher may touch (the data file, the journal files
+//! - `flusher::FlusherHandle`: what the flusher may touch (the data file, the journal files
 //!   to prepare and recycle, the latch, the readers' horizon, back-pressure);
-//! - `SyncHandle`: what the buffered-mode journal syncer may touch;
+//! - `journal::sync::SyncHandle`: what the buffered-mode journal syncer may touch;
 //! - the commit queue sees the environment through `commit::queue::Committer`.
+//!
+//! The handles are defined by their users (`flusher.rs`, `journal/sync.rs`), so
+//! that those import nothing from here.
 
 use crate::alloc::Allocator;
-use crate::commit::queue::CommitQueue;
-use crate::flusher::{FlushControl, FlushQueue};
+use crate::error::Latch;
+use crate::flusher::{Backlog, FlushControl, FlushQueue, FlusherHandle, OldestReader};
 use crate::io::Vfs;
+use crate::journal::sync::SyncHandle;
 use crate::journal::writer::{JournalEnd, JournalFiles, JournalWriter, RecordEncoder};
 use crate::options::Options;
+use crate::page::PageNo;
 use crate::stats::EngineCounters;
 use crate::store::PageStore;
-use crate::txn::{Snapshot, WriteTxn};
+use crate::write_buffer::Gens;
 use crate::{Error, Failure, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The committed state a transaction starts from: the trees' pages, and the write
+/// buffer's generations (filtered by `txn_id`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Snapshot {
+    pub txn_id: u64,
+    pub catalog_root: PageNo,
+    pub page_count: u64,
+    pub gens: Gens,
+}
 
 /// State of the (single) in-memory writer. It may run ahead of what is durable:
 /// `latest` includes commits whose journal write is still in flight.
@@ -45,33 +60,6 @@ pub(crate) struct JournalStage {
     pub last_txn: u64,
 }
 
-/// Why the environment refuses writes (the latch), and why write-back is stalled.
-#[derive(Default)]
-pub(crate) struct Latch {
-    poisoned: Mutex<Option<Failure>>,
-    /// Set while the flusher cannot write back because the data file cannot grow
-    /// (no space): nothing is lost (the journal holds it all), and it retries.
-    stalled: Mutex<Option<Failure>>,
-}
-
-impl Latch {
-    /// Latches the environment: it refuses writes until reopened. The first
-    /// failure is the one reported.
-    pub fn poison(&self, why: Failure) {
-        self.poisoned.lock().get_or_insert(why);
-    }
-    pub fn poison_reason(&self) -> Option<Failure> {
-        self.poisoned.lock().clone()
-    }
-    /// The flusher could not write back for lack of space (`None` clears it).
-    pub fn set_stalled(&self, why: Option<Failure>) {
-        *self.stalled.lock() = why;
-    }
-    pub fn stalled(&self) -> Option<Failure> {
-        self.stalled.lock().clone()
-    }
-}
-
 struct SnapState {
     current: Snapshot,
     /// Open readers by snapshot txn id (a multiset).
@@ -81,6 +69,12 @@ struct SnapState {
 /// The published snapshot and the readers using snapshots.
 pub(crate) struct Readers {
     snap: Mutex<SnapState>,
+}
+
+impl OldestReader for Readers {
+    fn oldest_reader(&self) -> u64 {
+        Readers::oldest_reader(self)
+    }
 }
 
 impl Readers {
@@ -128,32 +122,6 @@ impl Readers {
     }
 }
 
-/// Bytes of pages committed but not yet written back (back-pressure on commits).
-#[derive(Default)]
-pub(crate) struct Backlog {
-    unflushed_bytes: AtomicU64,
-    flushed_signal: (Mutex<()>, Condvar),
-}
-
-impl Backlog {
-    pub fn add(&self, bytes: u64) {
-        self.unflushed_bytes.fetch_add(bytes, SeqCst);
-    }
-    pub fn bytes(&self) -> u64 {
-        self.unflushed_bytes.load(SeqCst)
-    }
-    pub fn note_written_back(&self, bytes: u64) {
-        self.unflushed_bytes.fetch_sub(bytes, SeqCst);
-        let _g = self.flushed_signal.0.lock();
-        self.flushed_signal.1.notify_all();
-    }
-    /// Waits for a write-back to finish, or `timeout`.
-    fn wait(&self, timeout: Duration) {
-        let mut g = self.flushed_signal.0.lock();
-        self.flushed_signal.1.wait_for(&mut g, timeout);
-    }
-}
-
 pub(crate) struct Shared {
     pub dir: PathBuf,
     pub opts: Options,
@@ -168,36 +136,9 @@ pub(crate) struct Shared {
     pub journal_turn: Condvar,
     /// (free, pending, total) pages, refreshed under the writer lock.
     pub alloc_summary: Mutex<(u64, u64, u64)>,
-    pub queue: CommitQueue,
     pub latch: Arc<Latch>,
     pub flush_queue: Arc<FlushQueue>,
     pub backlog: Arc<Backlog>,
-}
-
-/// What the flusher thread may touch.
-#[derive(Clone)]
-pub(crate) struct FlusherHandle {
-    pub dir: PathBuf,
-    pub vfs: Arc<dyn Vfs>,
-    pub store: Arc<PageStore>,
-    pub counters: Arc<EngineCounters>,
-    pub journal_files: Arc<JournalFiles>,
-    pub synced_txn_id: Arc<AtomicU64>,
-    pub readers: Arc<Readers>,
-    pub latch: Arc<Latch>,
-    pub flush_queue: Arc<FlushQueue>,
-    pub backlog: Arc<Backlog>,
-    /// `Options::sync_interval_ms`, `sync_after_bytes`, `prepare_journal_files_ahead`.
-    pub sync_interval_ms: u64,
-    pub sync_after_bytes: u64,
-    pub prepare_journal_files_ahead: bool,
-}
-
-/// What the buffered-mode journal syncer may touch.
-pub(crate) struct SyncHandle {
-    pub journal_files: Arc<JournalFiles>,
-    pub counters: Arc<EngineCounters>,
-    pub latch: Arc<Latch>,
 }
 
 impl Shared {
@@ -277,22 +218,6 @@ impl Shared {
             self.backlog.wait(Duration::from_millis(10));
         }
         Ok(())
-    }
-
-    /// Starts the write transaction, waiting while another one is open.
-    pub(crate) fn begin_write_txn(&self) -> Result<WriteTxn<'_>> {
-        if let Some(why) = self.poison_reason() {
-            return Err(Error::Poisoned(why));
-        }
-        let mut w = self.writer.lock();
-        let horizon = self
-            .readers
-            .oldest_reader()
-            .min(self.synced_txn_id.load(SeqCst));
-        let store = &self.store;
-        w.alloc.release(horizon, |pages| store.forget(pages));
-        self.note_alloc(&w.alloc);
-        Ok(WriteTxn::new(self, w))
     }
 
     /// Waits until transaction `txn_id` is durable (or the environment failed, in

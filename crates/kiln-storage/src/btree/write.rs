@@ -1,6 +1,13 @@
 //! Tree mutations, copy-on-write: every page on the path to a change is copied to a
 //! fresh page number inside the write transaction, so readers of older snapshots
 //! keep seeing the old pages untouched.
+//!
+//! A circle, on purpose: these are `WriteTxn` methods (btree -> txn) and the
+//! transaction reads its trees through `btree` (txn -> btree). A mutation takes and
+//! frees pages through the transaction's bookkeeping (`txn/pages.rs`, which keeps
+//! them private to it), and the tree code is the only user of that bookkeeping;
+//! passing the bookkeeping as a separate object would mean a second borrow of the
+//! transaction on every page access in the hot path.
 
 use super::{node, PageSource, MAX_DEPTH};
 use crate::page::{self, hdr, LeafValue, PageNo, PageRun, KIND_BRANCH, KIND_LEAF, NODE_CAPACITY};

@@ -3,7 +3,7 @@
 
 use super::PendingCommit;
 use crate::shared::Shared;
-use crate::txn::Snapshot;
+use crate::shared::Snapshot;
 use crate::{Error, Failure, Result};
 use std::sync::atomic::Ordering::Relaxed;
 

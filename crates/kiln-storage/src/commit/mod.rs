@@ -55,7 +55,7 @@ impl queue::Committer for Shared {
         &self.opts.queue_limits
     }
     fn begin(&self) -> Result<WriteTxn<'_>> {
-        self.begin_write_txn()
+        WriteTxn::begin(self)
     }
     fn prepare(&self, txn: &mut WriteTxn) -> Result<Option<PendingCommit>> {
         self.prepare_commit(txn)

@@ -8,7 +8,8 @@ use crate::flusher::Applied;
 use crate::journal::record::{RecordInput, FLAG_FREEZE, FLAG_MERGE_DONE, MAX_RECORD_BODY};
 use crate::journal::writer::JournalPos;
 use crate::shared::Shared;
-use crate::txn::{Committed, Snapshot, WriteTxn};
+use crate::shared::Snapshot;
+use crate::txn::{Committed, WriteTxn};
 use crate::{Error, Result};
 
 /// What a commit does to the write buffer: generations after it, merge position to

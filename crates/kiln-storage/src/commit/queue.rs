@@ -14,6 +14,7 @@
 //! only split the work into smaller writes.
 
 use super::PendingCommit;
+pub use crate::stats::QueueStats;
 use crate::txn::WriteTxn;
 use crate::Failure;
 use crate::{Error, Result};
@@ -82,26 +83,6 @@ impl Default for QueueLimits {
             max_queue_delay_ms: 2_000,
             max_group_units: 4096,
             max_group_bytes: 32 << 20,
-        }
-    }
-}
-
-/// Figures of the commit queue (`Env::queue_stats`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct QueueStats {
-    pub units_committed: u64,
-    pub units_failed: u64,
-    pub groups: u64,
-    pub max_group_units: u64,
-    pub overloaded_rejections: u64,
-}
-
-impl QueueStats {
-    pub fn avg_group_units(&self) -> f64 {
-        if self.groups == 0 {
-            0.0
-        } else {
-            self.units_committed as f64 / self.groups as f64
         }
     }
 }

@@ -6,11 +6,20 @@
 //! data-file fsync (tens of milliseconds to seconds) stretched the window silently.
 //! Here nothing else runs on the thread: the interval holds however busy the flusher is.
 
-use crate::shared::SyncHandle;
+use crate::error::Latch;
+use crate::journal::JournalFiles;
+use crate::stats::EngineCounters;
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// What the buffered-mode journal syncer may touch.
+pub(crate) struct SyncHandle {
+    pub journal_files: Arc<JournalFiles>,
+    pub counters: Arc<EngineCounters>,
+    pub latch: Arc<Latch>,
+}
 
 pub(crate) struct JournalSyncer {
     stop: Arc<(Mutex<bool>, Condvar)>,

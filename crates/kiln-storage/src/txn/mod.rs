@@ -14,7 +14,7 @@ pub(crate) use seal::Committed;
 use crate::btree::cursor::TreeCursor;
 use crate::btree::{self, PageSource};
 use crate::page::{self, PageNo, PageRun};
-use crate::shared::{Shared, WriterState};
+use crate::shared::{Shared, Snapshot, WriterState};
 use crate::store::Pins;
 use crate::write_buffer::Cursor;
 use crate::write_buffer::{buffer_key, Found, Gens, Slot, TreeId};
@@ -22,16 +22,6 @@ use crate::{Error, Result};
 use parking_lot::MutexGuard;
 use std::cell::RefCell;
 use std::path::Path;
-
-/// The committed state a transaction starts from: the trees' pages, and the write
-/// buffer's generations (filtered by `txn_id`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Snapshot {
-    pub txn_id: u64,
-    pub catalog_root: PageNo,
-    pub page_count: u64,
-    pub gens: Gens,
-}
 
 /// A tree as recorded in the catalog: its root, its number of entries (buffered ones
 /// included) and its id (which the write buffer keys its entries by).
@@ -298,11 +288,23 @@ pub struct WriteTxn<'env> {
 }
 
 impl<'env> WriteTxn<'env> {
-    /// A transaction on the latest commit (which may still be waiting for its
-    /// journal write), holding the writer lock `w` until it commits or aborts.
-    pub(crate) fn new(env: &'env Shared, w: MutexGuard<'env, WriterState>) -> Self {
+    /// Starts the write transaction, waiting while another one is open. It is
+    /// built on the latest commit (which may still be waiting for its journal
+    /// write) and holds the writer lock until it commits or aborts.
+    pub(crate) fn begin(env: &'env Shared) -> Result<Self> {
+        if let Some(why) = env.poison_reason() {
+            return Err(Error::Poisoned(why));
+        }
+        let mut w = env.writer.lock();
+        let horizon = env
+            .readers
+            .oldest_reader()
+            .min(env.synced_txn_id.load(std::sync::atomic::Ordering::SeqCst));
+        let store = &env.store;
+        w.alloc.release(horizon, |pages| store.forget(pages));
+        env.note_alloc(&w.alloc);
         let base = w.latest.clone();
-        WriteTxn {
+        Ok(WriteTxn {
             env,
             txn_id: base.txn_id + 1,
             catalog_root: base.catalog_root,
@@ -324,7 +326,7 @@ impl<'env> WriteTxn<'env> {
             broken: None,
             savepoint: None,
             dirty_bytes_written: 0,
-        }
+        })
     }
 
     pub fn txn_id(&self) -> u64 {

@@ -4,6 +4,12 @@
 //! land in one leaf are applied to it together: the leaf is copied, journaled and
 //! written back once for all of them. Re-applying a slice is harmless (each key gets
 //! its newest buffered value again), so after a crash the merge simply starts over.
+//!
+//! A circle, on purpose: merging is a `WriteTxn` method (write_buffer -> txn), and
+//! the transaction reads through the buffer's generations (txn -> write_buffer). A
+//! slice is applied to the trees by the transaction being committed, with its
+//! copy-on-write and savepoint bookkeeping, through the transaction's own methods
+//! (`tree_state`, `tree_put`, `tree_delete`), not its fields.
 
 use crate::btree;
 use crate::fasthash::FastMap;
