@@ -443,7 +443,7 @@ impl Flusher {
                 let n = run.page_count() as u64;
                 let superseded = last_freed_at
                     .get(no)
-                    .is_some_and(|&j| j > i && txn_ids[j] <= oldest_reader);
+                    .is_some_and(|&j| j > i && txn_ids.get(j).is_some_and(|&t| t <= oldest_reader));
                 if !superseded {
                     self.env.store.write_back(*no, run)?;
                     written_pages += n;

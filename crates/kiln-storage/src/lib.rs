@@ -21,6 +21,8 @@
 //! # Ok::<(), kiln_storage::Error>(())
 //! ```
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
+
 mod alloc;
 pub mod btree;
 pub mod check;

@@ -22,6 +22,8 @@ struct Split {
     right: PageNo,
 }
 
+// Bounds: a cell of a node this transaction holds: pages read from disk passed `page::verify` (cell bounds), cells built here are well formed.
+#[allow(clippy::indexing_slicing)]
 fn cell_key_of(kind: u8, cell: &[u8]) -> &[u8] {
     let len = page::read_u16(cell, 0) as usize;
     let start = if kind == KIND_BRANCH {
@@ -158,6 +160,8 @@ impl WriteTxn<'_> {
     }
 
     /// Inserts a cell at slot `idx`, splitting the node if it does not fit.
+    // Bounds: `m` is a split point from `split_point`, which keeps it inside `cells`.
+    #[allow(clippy::indexing_slicing)]
     fn insert_or_split(&mut self, no: PageNo, idx: usize, cell: &[u8]) -> Result<Option<Split>> {
         if page::insert_cell(self.dirty_mut(no), idx, cell) {
             return Ok(None);

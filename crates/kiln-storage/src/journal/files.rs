@@ -164,7 +164,7 @@ impl JournalFiles {
             let mut off = 0;
             while off < min_size {
                 let n = zeros.len().min((min_size - off) as usize);
-                file.write_all_at(&zeros[..n], off)
+                file.write_all_at(zeros.get(..n).unwrap_or(&zeros), off)
                     .map_err(|e| Error::io(tmp, Some(off), "zero-fill journal file", e))?;
                 off += n as u64;
             }

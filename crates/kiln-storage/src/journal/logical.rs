@@ -43,6 +43,8 @@ impl LogicalLog {
     }
 
     /// The buffer key of the entry at `at`.
+    // Bounds: `at` is an offset `push` returned for this log, whose entry holds a key of the stated length.
+    #[allow(clippy::indexing_slicing)]
     pub fn buffer_key(&self, at: usize) -> &[u8] {
         let len = read_u16(&self.bytes, at) as usize;
         &self.bytes[at + LOGICAL_ENTRY_HEADER..at + LOGICAL_ENTRY_HEADER + len]
@@ -91,7 +93,8 @@ pub(super) fn decode_entries(
     let count = read_u32(take(body, at, 4, "buffer entry count")?, 0) as usize;
     for e in 0..count {
         let eh = take(body, at, LOGICAL_ENTRY_HEADER, "buffer entry header")?;
-        let (klen, kind, vlen) = (read_u16(eh, 0) as usize, eh[2], read_u32(eh, 3) as usize);
+        let kind = *eh.get(2).ok_or("buffer entry header too short")?;
+        let (klen, vlen) = (read_u16(eh, 0) as usize, read_u32(eh, 3) as usize);
         if !(9..=8 + page::MAX_KEY_SIZE).contains(&klen) {
             return Err(format!("buffer entry {e}: key of {klen} bytes"));
         }

@@ -118,6 +118,8 @@ pub struct JournalPage<'a> {
     pub source: Option<(PageNo, &'a [u8])>,
 }
 
+// Bounds: `head <= tail <= bytes.len()`, computed from the run itself just above.
+#[allow(clippy::indexing_slicing)]
 fn image_parts(run: &PageRun) -> (&[u8], &[u8]) {
     let bytes = run.bytes();
     let (head, tail) = page::image_extent(bytes);
@@ -126,6 +128,9 @@ fn image_parts(run: &PageRun) -> (&[u8], &[u8]) {
 
 /// Byte ranges where `new` differs from `old` (equal lengths), merged across small
 /// gaps. Compares 8-byte words and narrows to bytes only inside differing words.
+// Bounds: every word and byte index stays below `n = min(old.len(), new.len())`,
+// computed at the top; this is the commit path, so no per-byte `get`.
+#[allow(clippy::indexing_slicing)]
 pub fn diff_runs(old: &[u8], new: &[u8]) -> Vec<(usize, usize)> {
     let n = old.len().min(new.len());
     let words = n / 8;
@@ -234,6 +239,8 @@ pub const MAX_RECORD_BODY: usize = u32::MAX as usize - (64 << 20);
 /// scratch buffer, the body is LZ4-compressed when that makes it smaller; the
 /// buffer is reused from record to record (a fresh output allocation per record
 /// cost more than the compression itself: new memory is zeroed by the kernel).
+// Bounds: the record buffer is sized above for the header, every image, the freed list and the buffer entries, so every offset written lies below it; the hot path of a commit.
+#[allow(clippy::indexing_slicing)]
 pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<u8>>) -> Encoded {
     let forms: Vec<Form> = input.pages.iter().map(choose_form).collect();
     let logical_bytes = input.logical.encoded_len();
@@ -348,6 +355,8 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<
 /// just its start: a record's page images come first and compress well even when
 /// the buffered values after them (most of the bytes) do not. A body no larger than
 /// 4 KiB is compressed whole at once.
+// Bounds: sample windows start at `w * stride` with `stride = (len - WINDOW) / (WINDOWS - 1)`, so each window ends within the body.
+#[allow(clippy::indexing_slicing)]
 fn compress_if_worth_it(body: &[u8], scratch: &mut Vec<u8>) -> Option<usize> {
     const WINDOW: usize = 1024;
     const WINDOWS: usize = 4;
@@ -381,9 +390,10 @@ fn compress_into_scratch(input: &[u8], scratch: &mut Vec<u8>) -> Option<usize> {
 
 /// Parses and sanity-checks a header block. `None` if it is not a record header.
 pub fn parse_header(b: &[u8]) -> Option<RecordHeader> {
-    if b.len() < RECORD_HEADER || read_u32(b, 0) != MAGIC || b[4] != VERSION {
+    if b.len() < RECORD_HEADER || read_u32(b, 0) != MAGIC || b.get(4) != Some(&VERSION) {
         return None;
     }
+    let flags = *b.get(5)?;
     Some(RecordHeader {
         txn_id: read_u64(b, 8),
         nonce: read_u64(b, 16),
@@ -392,7 +402,7 @@ pub fn parse_header(b: &[u8]) -> Option<RecordHeader> {
         body_len: read_u32(b, 32),
         image_count: read_u32(b, 36),
         freed_count: read_u32(b, 40),
-        flags: b[5],
+        flags,
         raw_body_len: read_u32(b, 44),
         catalog_root: read_u64(b, 48),
         page_count: read_u64(b, 56),
@@ -406,10 +416,15 @@ pub fn checksum_ok(h: &RecordHeader, record: &[u8]) -> bool {
     if record.len() < len {
         return false;
     }
+    let (Some(stored_head), Some(body)) =
+        (record.get(..RECORD_HEADER), record.get(RECORD_HEADER..len))
+    else {
+        return false;
+    };
     let mut head = [0u8; RECORD_HEADER];
-    head.copy_from_slice(&record[..RECORD_HEADER]);
+    head.copy_from_slice(stored_head);
     write_u32(&mut head, 28, 0);
-    let sum = crc32c::crc32c_append(crc32c::crc32c(&head), &record[RECORD_HEADER..len]);
+    let sum = crc32c::crc32c_append(crc32c::crc32c(&head), body);
     sum == h.checksum
 }
 
@@ -432,6 +447,8 @@ impl Image {
     }
 
     /// Rebuilds the page; `source` is called for the source page of a diff.
+    // Bounds: diff runs were checked to lie inside one page by `decode_diff`, and the source is a whole page.
+    #[allow(clippy::indexing_slicing)]
     pub fn materialize(
         self,
         source: impl FnOnce(PageNo) -> crate::Result<Vec<u8>>,
@@ -468,7 +485,9 @@ pub(super) fn take<'b>(
         .checked_add(n)
         .filter(|e| *e <= body.len())
         .ok_or_else(|| format!("{what} runs past the body"))?;
-    let s = &body[*at..end];
+    let s = body
+        .get(*at..end)
+        .ok_or_else(|| format!("{what} runs past the body"))?;
     *at = end;
     Ok(s)
 }
@@ -481,7 +500,9 @@ pub fn decode_body(h: &RecordHeader, record: &[u8]) -> Result<DecodedRecord, Str
         .checked_add(h.body_len as usize)
         .filter(|e| *e <= record.len())
         .ok_or("body length beyond the record")?;
-    let stored = &record[RECORD_HEADER..end];
+    let stored = record
+        .get(RECORD_HEADER..end)
+        .ok_or("body length beyond the record")?;
     if h.flags & !KNOWN_FLAGS != 0 {
         return Err(format!("unknown record flags {:#x}", h.flags));
     }
@@ -577,6 +598,8 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> 
     })
 }
 
+// Bounds: `head + tail <= run_bytes` and `bytes.len() == head + tail` are checked just above.
+#[allow(clippy::indexing_slicing)]
 fn decode_full(
     body: &[u8],
     at: &mut usize,

@@ -226,7 +226,13 @@ impl JournalWriter {
             self.switch_file(rec.len as u64)?;
         }
         let start = Instant::now();
-        self.write_durable(&rec.buf.bytes()[..rec.len])?;
+        let bytes = rec.buf.bytes().get(..rec.len).ok_or_else(|| {
+            Error::Poisoned(crate::Failure::internal(
+                "journal write",
+                "an encoded record is longer than its buffer",
+            ))
+        })?;
+        self.write_durable(bytes)?;
         self.counters.journal_write_latency.record(start.elapsed());
         self.counters.journal_writes.fetch_add(1, Relaxed);
         self.counters

@@ -496,16 +496,16 @@ impl<'env> WriteTxn<'env> {
         {
             return Ok(false);
         }
-        let last = match self.tree_last_key.get(&st.info.id) {
-            Some(last) => last.as_deref(),
-            None => {
-                let last = btree::cursor::TreeCursor::new(&*self, st.info.root)
-                    .last()?
-                    .map(|(k, _)| Box::<[u8]>::from(k));
-                self.tree_last_key.insert(st.info.id, last);
-                self.tree_last_key[&st.info.id].as_deref()
-            }
-        };
+        if !self.tree_last_key.contains_key(&st.info.id) {
+            let last = btree::cursor::TreeCursor::new(&*self, st.info.root)
+                .last()?
+                .map(|(k, _)| Box::<[u8]>::from(k));
+            self.tree_last_key.insert(st.info.id, last);
+        }
+        let last = self
+            .tree_last_key
+            .get(&st.info.id)
+            .and_then(|l| l.as_deref());
         Ok(last.is_some_and(|last| key <= last))
     }
 
@@ -632,9 +632,7 @@ impl<'env> WriteTxn<'env> {
             self.undo_buffer_writes(0);
         }
         if let Some(mut w) = self.writer.take() {
-            for p in self.taken_from_free.drain(..) {
-                w.alloc.free.insert(p);
-            }
+            w.alloc.put_free(self.taken_from_free.drain(..));
             w.alloc.page_count = self.base.page_count;
             self.env
                 .counters

@@ -99,7 +99,7 @@ impl WriteTxn<'_> {
             .drain(sp.taken_from_free_len..)
             .collect();
         let alloc = self.alloc();
-        alloc.free.extend(taken);
+        alloc.put_free(taken);
         alloc.page_count = sp.page_count;
         self.broken = None;
     }

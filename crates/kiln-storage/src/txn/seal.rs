@@ -101,7 +101,9 @@ impl<'env> WriteTxn<'env> {
             .collect();
         names.sort();
         for name in names {
-            let info = self.trees[&name].info;
+            let Some(info) = self.trees.get(&name).map(|t| t.info) else {
+                continue;
+            };
             let (root, _) = self.tree_put(self.catalog_root, name.as_bytes(), &info.encode())?;
             self.catalog_root = root;
         }
@@ -122,7 +124,28 @@ impl<'env> WriteTxn<'env> {
         for (no, run) in &mut pages {
             let b = run.bytes_mut();
             debug_assert!(b.len() >= PAGE_SIZE);
+            debug_assert!(
+                *no >= page::FIRST_DATA_PAGE,
+                "sealing page {no}, a header page"
+            );
+            #[cfg(debug_assertions)]
+            match page::hdr::kind(b) {
+                page::KIND_BRANCH | page::KIND_LEAF => {
+                    if let Err(e) = page::check_node_bounds(b) {
+                        panic!("sealing node page {no}: {e}");
+                    }
+                }
+                page::KIND_OVERFLOW => debug_assert!(
+                    page::hdr::run_pages(b) as usize * PAGE_SIZE <= b.len(),
+                    "sealing overflow page {no}: its run is longer than its buffer"
+                ),
+                other => panic!("sealing page {no} of unknown kind {other}"),
+            }
             page::seal(b, *no, txn_id);
+            debug_assert!(
+                page::verify(b, *no, std::path::Path::new("<memory>")).is_ok(),
+                "page {no} fails verification right after sealing"
+            );
         }
         pages
     }
@@ -192,7 +215,7 @@ impl<'t, 'env> SealedTxn<'t, 'env> {
         writer
             .alloc
             .add_pending(txn.txn_id, std::mem::take(&mut txn.freed_committed));
-        writer.alloc.free.extend(txn.local_free.drain(..));
+        writer.alloc.put_free(txn.local_free.drain(..));
         Committed {
             writer,
             txn_id: txn.txn_id,

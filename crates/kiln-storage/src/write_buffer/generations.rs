@@ -93,6 +93,8 @@ pub(crate) fn buffer_key(tree: TreeId, key: &[u8]) -> Box<[u8]> {
 /// random puts showed a third of the committing thread's time in the map's searches.
 type Head = [u64; 3];
 
+// Bounds: `from <= to <= bytes.len()` and `to - from <= 8`, computed just above.
+#[allow(clippy::indexing_slicing)]
 fn head_of(bytes: &[u8]) -> Head {
     let mut head = [0u64; 3];
     for (i, word) in head.iter_mut().enumerate() {
@@ -219,8 +221,11 @@ fn within_tree<R>(
 }
 
 pub(crate) fn split_buffer_key(k: &[u8]) -> (TreeId, &[u8]) {
-    let id = u64::from_be_bytes(k[..8].try_into().expect("buffer keys start with a tree id"));
-    (id, &k[8..])
+    let (id, key) = k
+        .split_at_checked(8)
+        .expect("buffer keys start with a tree id");
+    let id = u64::from_be_bytes(id.try_into().expect("8 bytes"));
+    (id, key)
 }
 
 /// Extends a borrow of bytes owned by a generation to the lifetime of whoever holds
@@ -370,7 +375,10 @@ impl Generation {
         let hit = |(k, vs): (&MapKey, &Versions)| {
             visible(vs, upto_txn).map(|slot| {
                 // SAFETY: see `extend`; keys live as long as their versions.
-                (unsafe { extend(&k.bytes[8..]) }, found(slot))
+                (
+                    unsafe { extend(k.bytes.get(8..).unwrap_or_default()) },
+                    found(slot),
+                )
             })
         };
         within_tree(tree, |start, end| {
@@ -552,7 +560,7 @@ impl Gens {
             let mut merged: BTreeMap<Box<[u8]>, Kind> = f.into_iter().collect();
             merged.extend(a);
             for (bkey, kind) in &merged {
-                let key = &bkey[8..];
+                let key = bkey.get(8..).unwrap_or_default();
                 change += match kind {
                     Kind::Value => i64::from(!in_tree(key)?),
                     Kind::Tombstone => -i64::from(in_tree(key)?),
