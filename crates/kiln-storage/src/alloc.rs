@@ -35,7 +35,7 @@ impl Allocator {
             if let Some((_, pages)) = self.pending.pop_front() {
                 self.pending_pages -= pages.len() as u64;
                 released(&pages);
-                self.free.extend(pages);
+                self.put_free(pages);
             }
         }
     }
@@ -46,6 +46,11 @@ impl Allocator {
 
     /// Pages freed by transaction `txn_id`, reusable once `release` passes it.
     pub fn add_pending(&mut self, txn_id: u64, pages: Vec<PageNo>) {
+        #[cfg(debug_assertions)]
+        for &p in &pages {
+            self.debug_check_in_range(p);
+            debug_assert!(!self.free.contains(&p), "page {p} freed while already free");
+        }
         self.pending_pages += pages.len() as u64;
         self.pending.push_back((txn_id, pages));
     }
@@ -60,6 +65,8 @@ impl Allocator {
         debug_assert!(n >= 1);
         if n == 1 {
             if let Some(p) = self.free.pop_first() {
+                #[cfg(debug_assertions)]
+                self.debug_check_in_range(p);
                 return (p, true);
             }
         } else if let Some(start) = self.find_run(n) {
@@ -70,7 +77,31 @@ impl Allocator {
         }
         let start = self.page_count;
         self.page_count += n;
+        debug_assert!(
+            start >= FIRST_DATA_PAGE,
+            "page {start} handed out over the file header"
+        );
         (start, false)
+    }
+
+    /// Returns pages to the free list (pages of an aborted transaction, or freed
+    /// and reusable). A page must be in the file and not free already.
+    pub fn put_free(&mut self, pages: impl IntoIterator<Item = PageNo>) {
+        for p in pages {
+            #[cfg(debug_assertions)]
+            self.debug_check_in_range(p);
+            let fresh = self.free.insert(p);
+            debug_assert!(fresh, "page {p} freed twice");
+        }
+    }
+
+    #[cfg(debug_assertions)]
+    fn debug_check_in_range(&self, p: PageNo) {
+        debug_assert!(
+            (FIRST_DATA_PAGE..self.page_count).contains(&p),
+            "page {p} outside the data pages {FIRST_DATA_PAGE}..{}",
+            self.page_count
+        );
     }
 
     fn find_run(&self, n: u64) -> Option<PageNo> {

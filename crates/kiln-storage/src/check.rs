@@ -294,7 +294,7 @@ pub(crate) fn run(txn: &ReadTxn, free: &BTreeSet<PageNo>) -> Result<CheckReport>
     if !leaked.is_empty() {
         let sample: Vec<String> = leaked.iter().take(10).map(|p| p.to_string()).collect();
         w.problem(
-            Some(leaked[0]),
+            leaked.first().copied(),
             format!(
                 "{} pages neither reachable nor free (leaked), e.g. {}",
                 leaked.len(),

@@ -1,622 +1,37 @@
 //! The environment: a data file, a journal, one writer and many readers.
+//!
+//! The facade: `open` (recovery/ does the work, this starts the threads),
+//! `begin_read`/`begin_write`, `submit` (commit/), `sync`, `stats`, `check`, `close`.
 
-use crate::alloc::Allocator;
-use crate::flusher::{self, Applied, FlushControl, FlushQueue, Flusher};
-use crate::header::{self, FileHeader};
-use crate::io::{OpenMode, OsVfs, Vfs};
-use crate::journal::record::{JournalPage, RecordInput};
-use crate::journal::recovery::{self, JournalTail};
-use crate::journal::writer::{
-    Durability, JournalEnd, JournalFiles, JournalPos, JournalWriter, PreparedRecord, RecordEncoder,
-};
-use crate::page::{self, PageNo, PageRun, PAGE_SIZE};
-use crate::queue::{CommitQueue, QueueLimits, QueueStats};
-use crate::stats::{EngineCounters, Stats};
-use crate::store::PageStore;
-use crate::txn::{ReadTxn, Snapshot, WriteTxn};
+use crate::commit::queue::{CommitQueue, QueueStats};
+use crate::flusher::{FlushControl, Flusher};
+use crate::journal::writer::Durability;
+pub use crate::options::Options;
+use crate::page::{self, PageNo};
+use crate::recovery::open;
+use crate::shared::Shared;
+use crate::stats::Stats;
+use crate::txn::{ReadTxn, WriteTxn};
 use crate::{Error, Failure, Result};
-use parking_lot::{Condvar, Mutex};
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{
-    AtomicU64,
-    Ordering::{Relaxed, SeqCst},
-};
+use parking_lot::Mutex;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub const DATA_FILE: &str = "data.kiln";
-pub const LOCK_FILE: &str = "kiln.lock";
-/// What a commit does to the write buffer: generations after it, merge position to
-/// keep, record flags (`Shared::buffer_step`).
-type BufferStep = (crate::buffer::Gens, Option<Box<[u8]>>, u8);
-/// Keys of the frozen write-buffer generation merged per commit, at least.
-const MIN_MERGE_SLICE_KEYS: usize = 256;
-/// Keys merged per commit when the whole buffer must go (close, check).
-const FORCED_MERGE_SLICE_KEYS: usize = 1 << 16;
-
-/// How an environment is opened. `Default` is fully durable.
-#[derive(Clone)]
-pub struct Options {
-    /// Where journal files go; default `<dir>/journal`. May be on another volume.
-    pub journal_dir: Option<PathBuf>,
-    /// Size of each preallocated journal file.
-    pub journal_file_size_bytes: u64,
-    /// The data file grows in steps of at least this many bytes.
-    pub data_grow_step_bytes: u64,
-    /// The flusher syncs the data file at least this often while there is work...
-    pub sync_interval_ms: u64,
-    /// ...and whenever this many bytes were written back since the last sync.
-    pub sync_after_bytes: u64,
-    /// Commits wait when pages not yet written back exceed this (back-pressure).
-    pub max_unflushed_bytes: u64,
-    /// The flusher writes pages back in windows of about this many bytes of commits
-    /// (or when a sync is due, whichever comes first). A page rewritten by a later
-    /// commit of the same window is written once: a larger window writes less (W3,
-    /// 1M random puts: 867k pages written back with 8 MiB windows, 460k with 128
-    /// MiB) and holds up to that much more memory. At most half of
-    /// `max_unflushed_bytes`, so commits never wait on a window filling up.
-    pub write_back_window_bytes: u64,
-    /// Write the journal with O_DIRECT|O_DSYNC (falls back by itself where refused).
-    pub journal_direct_io: bool,
-    /// When a commit is acknowledged: `Immediate` (default, durable) or `Buffered`.
-    pub durability: Durability,
-    /// The flusher prepares the next journal file as soon as the writer moves to a new
-    /// one (default), instead of only at checkpoints, so that a commit never waits
-    /// for a file to be created. Simulation tests turn it off to keep all background
-    /// I/O at points they choose (determinism).
-    pub prepare_journal_files_ahead: bool,
-    /// Bounds of the commit queue (`Env::submit`).
-    pub queue_limits: QueueLimits,
-    /// Compress journal records with LZ4 when that makes them smaller.
-    pub journal_compression: bool,
-    /// Open even if the journal shows that transactions were lost in the middle,
-    /// keeping only those before the hole. Off by default: that situation means
-    /// acknowledged commits are gone, and an operator should decide.
-    pub open_despite_journal_gap: bool,
-    /// The write buffer (docs/design.md, "The write buffer"): puts and deletes whose
-    /// key and value together are at most `write_buffer_max_entry_bytes` are
-    /// journaled as logical entries and kept in memory, and reach the trees in key
-    /// order, merged a slice per commit once this many bytes are buffered. Bounds
-    /// the memory held (about twice this) and the journal kept for replay. 0 turns
-    /// buffering off: every write goes into its tree at once.
-    pub write_buffer_bytes: u64,
-    /// See `write_buffer_bytes`; larger puts go into their tree at once.
-    pub write_buffer_max_entry_bytes: usize,
-    /// The file system seam (tests substitute a fault-injecting one).
-    pub vfs: Arc<dyn Vfs>,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            journal_dir: None,
-            journal_file_size_bytes: 64 << 20,
-            data_grow_step_bytes: 64 << 20,
-            sync_interval_ms: 1000,
-            sync_after_bytes: 64 << 20,
-            max_unflushed_bytes: 512 << 20,
-            write_back_window_bytes: 128 << 20,
-            journal_direct_io: true,
-            durability: Durability::Immediate,
-            journal_compression: true,
-            queue_limits: QueueLimits::default(),
-            prepare_journal_files_ahead: true,
-            open_despite_journal_gap: false,
-            write_buffer_bytes: 32 << 20,
-            write_buffer_max_entry_bytes: 2048,
-            vfs: Arc::new(OsVfs),
-        }
-    }
-}
-
-impl Options {
-    /// Checks the options as `Env::open` does, without opening anything.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |m: &str| Err(Error::InvalidOption(m.to_string()));
-        if self.write_buffer_max_entry_bytes > 64 << 10 {
-            return bad("write_buffer_max_entry_bytes must be at most 64 KiB");
-        }
-        if self.journal_file_size_bytes < 1 << 20 || self.journal_file_size_bytes % 4096 != 0 {
-            return bad("journal_file_size_bytes must be a multiple of 4096 and at least 1 MiB");
-        }
-        if self.data_grow_step_bytes < PAGE_SIZE as u64
-            || self.data_grow_step_bytes % PAGE_SIZE as u64 != 0
-        {
-            return bad("data_grow_step_bytes must be a positive multiple of the page size");
-        }
-        if self.max_unflushed_bytes < 32 << 20 {
-            return bad("max_unflushed_bytes must be at least 32 MiB");
-        }
-        if self.write_back_window_bytes < 1 << 20
-            || self.write_back_window_bytes > self.max_unflushed_bytes / 2
-        {
-            // A window that cannot fill before back-pressure starts would stall
-            // commits until the sync timer fires.
-            return bad(
-                "write_back_window_bytes must be at least 1 MiB and at most half of max_unflushed_bytes",
-            );
-        }
-        Ok(())
-    }
-}
-
-/// State of the (single) in-memory writer. It may run ahead of what is durable:
-/// `latest` includes commits whose journal write is still in flight.
-pub(crate) struct WriterState {
-    pub encoder: RecordEncoder,
-    pub alloc: Allocator,
-    pub latest: Snapshot,
-    /// How far the merge of the frozen generation got (the last buffer key merged).
-    pub merge_cursor: Option<Box<[u8]>>,
-    /// Where the journal will be once every record encoded so far is written.
-    pub journal_end: JournalEnd,
-}
-
-/// The journal's write side: records are written strictly in transaction order.
-struct JournalStage {
-    writer: JournalWriter,
-    /// The last transaction whose journal write finished (or failed).
-    last_txn: u64,
-}
-
-/// A commit whose record is encoded and whose pages are in place, waiting for its
-/// journal write.
-pub(crate) struct PendingCommit {
-    record: PreparedRecord,
-    applied: Applied,
-    gens: crate::buffer::Gens,
-}
-
-struct SnapState {
-    current: Snapshot,
-    /// Open readers by snapshot txn id (a multiset).
-    readers: BTreeMap<u64, usize>,
-}
-
-pub(crate) struct Shared {
-    pub dir: PathBuf,
-    pub opts: Options,
-    pub vfs: Arc<dyn Vfs>,
-    pub store: PageStore,
-    pub counters: Arc<EngineCounters>,
-    pub journal_files: Arc<JournalFiles>,
-    pub synced_txn_id: AtomicU64,
-    snap: Mutex<SnapState>,
-    writer: Mutex<WriterState>,
-    journal: Mutex<JournalStage>,
-    journal_turn: Condvar,
-    /// (free, pending, total) pages, refreshed under the writer lock.
-    alloc_summary: Mutex<(u64, u64, u64)>,
-    pub(crate) queue: CommitQueue,
-    poisoned: Mutex<Option<Failure>>,
-    /// Set while the flusher cannot write back because the data file cannot grow
-    /// (no space): nothing is lost (the journal holds it all), and it retries.
-    stalled: Mutex<Option<Failure>>,
-    pub(crate) flush_queue: FlushQueue,
-    unflushed_bytes: AtomicU64,
-    flushed_signal: (Mutex<()>, Condvar),
-}
-
-impl Shared {
-    /// Latches the environment: it refuses writes until reopened. The first
-    /// failure is the one reported.
-    pub fn poison(&self, why: Failure) {
-        self.poisoned.lock().get_or_insert(why);
-    }
-    pub fn poison_reason(&self) -> Option<Failure> {
-        self.poisoned.lock().clone()
-    }
-    /// The flusher could not write back for lack of space (`None` clears it).
-    pub fn set_stalled(&self, why: Option<Failure>) {
-        *self.stalled.lock() = why;
-    }
-    pub fn stalled(&self) -> Option<Failure> {
-        self.stalled.lock().clone()
-    }
-    pub fn end_read(&self, txn_id: u64) {
-        let mut s = self.snap.lock();
-        if let Some(n) = s.readers.get_mut(&txn_id) {
-            *n -= 1;
-            if *n == 0 {
-                s.readers.remove(&txn_id);
-            }
-        }
-    }
-    pub fn note_written_back(&self, bytes: u64) {
-        self.unflushed_bytes.fetch_sub(bytes, SeqCst);
-        let _g = self.flushed_signal.0.lock();
-        self.flushed_signal.1.notify_all();
-    }
-
-    /// Oldest snapshot any reader still uses (or the current one).
-    pub(crate) fn oldest_reader(&self) -> u64 {
-        let s = self.snap.lock();
-        s.readers.keys().next().copied().unwrap_or(s.current.txn_id)
-    }
-
-    fn wait_for_flusher_room(&self) -> Result<()> {
-        while self.unflushed_bytes.load(SeqCst) > self.opts.max_unflushed_bytes {
-            if let Some(why) = self.poison_reason() {
-                return Err(Error::Poisoned(why));
-            }
-            if self.stalled().is_some() {
-                // The flusher cannot grow the data file: have it try once more now
-                // (space may be back), and fail this commit (nothing of it written)
-                // if it still cannot, instead of waiting for room that never comes.
-                let (tx, rx) = mpsc::channel();
-                self.flush_queue
-                    .push_control(FlushControl::Checkpoint(tx))?;
-                match rx.recv() {
-                    Ok(Ok(_)) => continue,
-                    Ok(Err(e)) => return Err(e),
-                    Err(_) => {
-                        return Err(Error::Poisoned(Failure::internal(
-                            "waiting for the flusher",
-                            "the flusher thread has stopped",
-                        )))
-                    }
-                }
-            }
-            self.flush_queue.nudge();
-            let mut g = self.flushed_signal.0.lock();
-            self.flushed_signal
-                .1
-                .wait_for(&mut g, Duration::from_millis(10));
-        }
-        Ok(())
-    }
-
-    /// Starts the write transaction, waiting while another one is open.
-    pub(crate) fn begin_write_txn(&self) -> Result<WriteTxn<'_>> {
-        if let Some(why) = self.poison_reason() {
-            return Err(Error::Poisoned(why));
-        }
-        let mut w = self.writer.lock();
-        let horizon = self.oldest_reader().min(self.synced_txn_id.load(SeqCst));
-        let store = &self.store;
-        w.alloc.release(horizon, |pages| store.forget(pages));
-        *self.alloc_summary.lock() = (
-            w.alloc.free.len() as u64,
-            w.alloc.pending_len(),
-            w.alloc.page_count,
-        );
-        // Built on the latest commit, which may still be waiting for its journal write.
-        let base = w.latest.clone();
-        Ok(WriteTxn {
-            env: self,
-            writer: Some(w),
-            txn_id: base.txn_id + 1,
-            catalog_root: base.catalog_root,
-            base,
-            pins: Default::default(),
-            dirty: Default::default(),
-            sources: Default::default(),
-            freed_committed: Vec::new(),
-            local_free: Vec::new(),
-            taken_from_free: Vec::new(),
-            undo: Vec::new(),
-            logical: Default::default(),
-            tree_last_key: Default::default(),
-            trees_named: 0,
-            force_merge: false,
-            trees: Default::default(),
-            dropped: Vec::new(),
-            broken: None,
-            savepoint: None,
-            dirty_bytes_written: 0,
-        })
-    }
-
-    /// Commits a write transaction: `prepare_commit`, then `finish_commit`.
-    pub(crate) fn commit(&self, txn: &mut WriteTxn) -> Result<u64> {
-        let prepared =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.prepare_commit(txn)))
-                .unwrap_or_else(|panic| {
-                    // Half-done commit state cannot be trusted: latch, then let the panic
-                    // continue to the caller.
-                    self.poison(Failure::internal(
-                        "preparing a commit panicked",
-                        crate::error::panic_message(&*panic),
-                    ));
-                    std::panic::resume_unwind(panic)
-                });
-        match prepared? {
-            Some(pending) => self.finish_commit(pending),
-            None => self.wait_durable(txn.base.txn_id).map(|_| txn.base.txn_id),
-        }
-    }
-
-    /// Phase 1, under the writer lock: catalog update, sealing, encoding the record
-    /// (which fixes its place in the journal chain), and making the pages readable for
-    /// the next transaction. Readers cannot reach them yet: the snapshot they start
-    /// from moves only in phase 2. Releases the writer lock, so the next transaction
-    /// can run while this one's journal write is in flight. `None` if nothing changed.
-    pub(crate) fn prepare_commit(&self, txn: &mut WriteTxn) -> Result<Option<PendingCommit>> {
-        if !txn.has_changes() {
-            txn.rollback();
-            return Ok(None);
-        }
-        if let Some(why) = self.poison_reason() {
-            return Err(Error::Poisoned(why));
-        }
-        self.wait_for_flusher_room()?;
-        let (gens, merge_cursor, buffer_flags) = self.buffer_step(txn)?;
-        txn.mutate(|t| t.update_catalog())?;
-        let sealed = txn.seal_dirty();
-        let pages: Vec<(PageNo, Arc<PageRun>)> =
-            sealed.into_iter().map(|(n, r)| (n, Arc::new(r))).collect();
-        let mut freed = txn.freed_committed.clone();
-        freed.extend_from_slice(&txn.local_free);
-        // An upper bound of the record body: page bytes, image headers, freed list.
-        let page_bytes: usize = pages
-            .iter()
-            .map(|(_, r)| r.bytes().len() + 64)
-            .sum::<usize>()
-            + (txn.freed_committed.len() + txn.local_free.len()) * 8
-            + txn.logical.encoded_len();
-        if page_bytes > crate::journal::record::MAX_RECORD_BODY {
-            txn.rollback();
-            return Err(Error::TransactionTooLarge {
-                bytes: page_bytes as u64,
-                max: crate::journal::record::MAX_RECORD_BODY as u64,
-            });
-        }
-        let mut w = txn.writer.take().expect("writer guard held until commit");
-        let sourced: Result<Vec<JournalPage>> = pages
-            .iter()
-            .map(|(no, run)| {
-                let source = match txn.sources.get(no) {
-                    Some(s) => Some((*s, crate::btree::PageSource::page(&*txn, *s)?)),
-                    None => None,
-                };
-                Ok(JournalPage {
-                    no: *no,
-                    run,
-                    source,
-                })
-            })
-            .collect();
-        let journal_pages = match sourced {
-            Ok(j) => j,
-            Err(e) => {
-                txn.writer = Some(w);
-                txn.rollback();
-                return Err(e);
-            }
-        };
-        assert_eq!(
-            txn.txn_id,
-            w.latest.txn_id + 1,
-            "transaction ids must increase by one"
-        );
-        let page_count = w.alloc.page_count;
-        let chain_before = w.encoder.chain_checksum();
-        let record = w.encoder.encode(RecordInput {
-            txn_id: txn.txn_id,
-            nonce: 0,
-            prev_checksum: 0,
-            catalog_root: txn.catalog_root,
-            page_count,
-            freed: &freed,
-            pages: &journal_pages,
-            logical: &txn.logical,
-            buffer_flags,
-        });
-        drop(journal_pages);
-        // The journal file this record goes to must exist before the point of no
-        // return: creating one can fail for lack of space, and then only this commit
-        // fails, with nothing of it written (later commits are built on this one once
-        // it passes that point, so a failure after it latches).
-        match w
-            .journal_end
-            .advance(record.journal_len() as u64, &self.journal_files)
-        {
-            Ok(end) => w.journal_end = end,
-            Err(e) => {
-                w.encoder.rewind_chain(chain_before);
-                txn.writer = Some(w);
-                txn.rollback();
-                return Err(e);
-            }
-        }
-        // The point of no return: the buffer writes are part of the commit now.
-        txn.undo.clear();
-        txn.logical.clear();
-        w.merge_cursor = merge_cursor;
-        self.store.publish(&pages);
-        let bytes: u64 = pages.iter().map(|(_, r)| r.bytes().len() as u64).sum();
-        self.unflushed_bytes.fetch_add(bytes, SeqCst);
-        w.alloc
-            .add_pending(txn.txn_id, std::mem::take(&mut txn.freed_committed));
-        w.alloc.free.extend(txn.local_free.drain(..));
-        *self.alloc_summary.lock() = (
-            w.alloc.free.len() as u64,
-            w.alloc.pending_len(),
-            w.alloc.page_count,
-        );
-        w.latest = Snapshot {
-            txn_id: txn.txn_id,
-            catalog_root: txn.catalog_root,
-            page_count: w.alloc.page_count,
-            gens: gens.clone(),
-        };
-        let applied = Applied {
-            txn_id: txn.txn_id,
-            catalog_root: txn.catalog_root,
-            page_count: w.latest.page_count,
-            pages,
-            freed,
-            froze: buffer_flags & crate::journal::record::FLAG_FREEZE != 0,
-            merge_done: buffer_flags & crate::journal::record::FLAG_MERGE_DONE != 0,
-            buffer_empty: gens.is_empty(),
-            end: JournalPos {
-                file_seq: 0,
-                offset: 0,
-                chain_checksum: 0,
-            },
-        };
-        drop(w);
-        Ok(Some(PendingCommit {
-            record,
-            applied,
-            gens,
-        }))
-    }
-
-    /// The write buffer's part of a commit, before its catalog update: merges the
-    /// next slice of the frozen generation into the trees, and decides whether the
-    /// active generation freezes. Returns the generations after the commit, the
-    /// merge position to keep if it commits, and the record's buffer flags.
-    fn buffer_step(&self, txn: &mut WriteTxn) -> Result<BufferStep> {
-        use crate::journal::record::{FLAG_FREEZE, FLAG_MERGE_DONE};
-        let mut gens = txn.base.gens.clone();
-        let mut cursor = txn
-            .writer
-            .as_ref()
-            .expect("writer guard held until commit")
-            .merge_cursor
-            .clone();
-        let threshold = self.opts.write_buffer_bytes;
-        if gens.frozen.is_some() {
-            // Merge faster than commits fill the active generation, so it is done
-            // before that one is due to freeze; much faster once it is overdue.
-            let mut limit = (2 * txn.undo.len()).max(MIN_MERGE_SLICE_KEYS);
-            if txn.force_merge {
-                limit = FORCED_MERGE_SLICE_KEYS;
-            } else if gens.active.bytes() > threshold {
-                limit *= 8;
-            }
-            let done = txn.mutate(|t| t.merge_slice(&mut cursor, limit))?;
-            if done {
-                gens.frozen = None;
-                return Ok((gens, None, FLAG_MERGE_DONE));
-            }
-            return Ok((gens, cursor, 0));
-        }
-        let full = gens.active.bytes() >= threshold || txn.force_merge;
-        if full && !gens.active.is_empty() {
-            // This transaction's own entries are in the generation that freezes.
-            gens.frozen = Some(std::mem::take(&mut gens.active));
-            return Ok((gens, None, FLAG_FREEZE));
-        }
-        Ok((gens, cursor, 0))
-    }
-
-    /// Phase 2: waits for this transaction's turn, writes its record durably, then
-    /// publishes the snapshot and hands the pages to the flusher. A failed write
-    /// latches the environment; transactions prepared after it then fail too, since
-    /// they were built on it.
-    pub(crate) fn finish_commit(&self, pending: PendingCommit) -> Result<u64> {
-        let PendingCommit {
-            record,
-            mut applied,
-            gens,
-        } = pending;
-        let txn_id = applied.txn_id;
-        assert_eq!(
-            record.txn_id, txn_id,
-            "record and commit disagree on the transaction id"
-        );
-        let mut j = self.journal.lock();
-        while j.last_txn + 1 != txn_id {
-            self.journal_turn.wait(&mut j);
-        }
-        let written = match self.poison_reason() {
-            Some(why) => Err(Error::Poisoned(why)),
-            // A panic here must still pass the turn on below, or every later commit
-            // would wait for this one forever.
-            None => {
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| j.writer.write(&record)))
-                    .unwrap_or_else(|panic| {
-                        Err(Error::Poisoned(Failure::internal(
-                            "the journal write panicked",
-                            crate::error::panic_message(&*panic),
-                        )))
-                    })
-            }
-        };
-        let result = match written {
-            Ok(end) => {
-                applied.end = end;
-                self.snap.lock().current = Snapshot {
-                    txn_id,
-                    catalog_root: applied.catalog_root,
-                    page_count: applied.page_count,
-                    gens,
-                };
-                self.counters.commits.fetch_add(1, Relaxed);
-                if applied.froze {
-                    self.counters.write_buffer_freezes.fetch_add(1, Relaxed);
-                }
-                if applied.merge_done {
-                    self.counters.write_buffer_merges.fetch_add(1, Relaxed);
-                }
-                // A journal file to prepare is the one thing that cannot wait for
-                // the flusher's next window.
-                let wake_now = self.journal_files.spare_wanted();
-                if let Err(e) = self.flush_queue.push_applied(Box::new(applied), wake_now) {
-                    // The commit is durable and visible: report it as committed, but no
-                    // further commits can be written back, so latch.
-                    self.poison(Failure::from_error(
-                        "cannot hand commits to the flusher",
-                        &e,
-                    ));
-                }
-                Ok(txn_id)
-            }
-            Err(e) => {
-                // What reached the disk is unknown: latch, so that only a reopen (which
-                // reads the journal back) decides what was committed; and say so.
-                let failure = Failure::from_error("journal write failed", &e);
-                self.poison(failure.clone());
-                Err(Error::Poisoned(failure))
-            }
-        };
-        j.last_txn = txn_id;
-        drop(j);
-        self.journal_turn.notify_all();
-        result
-    }
-
-    /// Waits until transaction `txn_id` is durable (or the environment failed, in
-    /// which case it may never be).
-    pub(crate) fn wait_durable(&self, txn_id: u64) -> Result<()> {
-        self.wait_journal_idle(txn_id);
-        match self.poison_reason() {
-            Some(why) => Err(Error::Poisoned(why)),
-            None => Ok(()),
-        }
-    }
-
-    /// Waits until every prepared commit has finished its journal write.
-    pub(crate) fn wait_journal_idle(&self, latest: u64) {
-        let mut j = self.journal.lock();
-        while j.last_txn < latest {
-            self.journal_turn.wait(&mut j);
-        }
-    }
-}
-
+pub use crate::recovery::{RecoveryReport, DATA_FILE};
 /// An open storage environment. Share it between threads by reference (or `Arc`).
 pub struct Env {
     shared: Arc<Shared>,
+    /// Merges units of work from many callers (`submit`) into one transaction.
+    queue: CommitQueue,
     flusher: Option<JoinHandle<()>>,
     /// `Durability::Buffered` only: syncs the journal every `sync_interval_ms`.
-    journal_syncer: Option<crate::journal_sync::JournalSyncer>,
+    journal_syncer: Option<crate::journal::sync::JournalSyncer>,
     _lock: Box<dyn Send + Sync>,
-}
-
-/// What happened while opening: useful to tests and operators.
-#[derive(Debug, Clone)]
-pub struct RecoveryReport {
-    pub synced_txn_id: u64,
-    pub records_replayed: u64,
-    pub last_txn_id: u64,
-    pub tail: JournalTail,
-    pub gap_records_discarded: u64,
 }
 
 impl Env {
@@ -625,248 +40,24 @@ impl Env {
     }
 
     pub fn open_with_report(dir: impl AsRef<Path>, opts: Options) -> Result<(Env, RecoveryReport)> {
-        opts.validate()?;
         let dir = dir.as_ref().to_path_buf();
-        let vfs = opts.vfs.clone();
-        let journal_dir = opts
-            .journal_dir
-            .clone()
-            .unwrap_or_else(|| dir.join("journal"));
-        vfs.create_dir_all(&dir)
-            .map_err(|e| Error::io(&dir, None, "create data directory", e))?;
-        let same = |a: &Path, b: &Path| {
-            a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
-        };
-        if same(&journal_dir, &dir) {
-            return Err(Error::InvalidOption(
-                "journal_dir must not be the data directory itself".into(),
-            ));
-        }
-        let lock_path = dir.join(LOCK_FILE);
-        let lock = vfs
-            .lock_exclusive(&lock_path)
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::EWOULDBLOCK) => Error::Locked { path: dir.clone() },
-                _ => Error::io(&lock_path, None, "lock environment", e),
-            })?;
-        let data_path = dir.join(DATA_FILE);
-        let counters = Arc::new(EngineCounters::default());
-        let header = if vfs.exists(&data_path) {
-            if !vfs.exists(&journal_dir) {
-                return Err(Error::corrupted(
-                    &journal_dir,
-                    "journal directory",
-                    "missing while the data file exists (is the journal volume mounted?)",
-                ));
-            }
-            load_header(vfs.as_ref(), &data_path)?
-        } else {
-            create_environment(
-                vfs.clone(),
-                &dir,
-                &journal_dir,
-                &data_path,
-                &opts,
-                counters.clone(),
-            )?
-        };
-        let data_file = vfs
-            .open(
-                &data_path,
-                OpenMode {
-                    write: true,
-                    ..Default::default()
-                },
-            )
-            .map_err(|e| Error::io(&data_path, None, "open data file", e))?;
-        let store = PageStore::open(&data_path, data_file, opts.data_grow_step_bytes)?;
-        // What we read may be only in the OS's cache: a header whose fsync failed before
-        // a process restart is visible but not durable, and trusting it (reusing the
-        // pages its transactions freed, skipping their replay) would leave the journal
-        // unable to rebuild them after a later power loss. Make it durable now, or fail.
-        store.sync()?;
-        let free: BTreeSet<PageNo> = header::read_freelist(vfs.as_ref(), &dir, &header)?
-            .into_iter()
-            .collect();
-
-        // Replay the journal into the data file: page images of transactions after
-        // the synced one; write-buffer entries from the replay start on (it is at or
-        // before the synced point: entries stay in the journal until merged).
-        let mut state = (header.catalog_root, header.page_count, free);
-        let mut replay_start = header.replay_start();
-        let start = replay_start.pos;
-        let mut gens = crate::buffer::Gens::default();
-        let mut physical_records = 0u64;
-        let outcome = recovery::replay(
-            vfs.as_ref(),
-            &journal_dir,
-            start,
-            replay_start.txn_id,
-            // After a power loss in buffered mode, records missing in the middle are the
-            // documented cost of that mode, not a surprise.
-            opts.open_despite_journal_gap || opts.durability != Durability::Immediate,
-            |rec, end| {
-                let txn_id = rec.header.txn_id;
-                let flags = rec.header.flags;
-                if txn_id > header.synced_txn_id {
-                    physical_records += 1;
-                    for (no, image) in rec.images {
-                        let pages = image.page_count() as u64;
-                        let run = image.materialize(|source| store.read_page(source))?;
-                        page::verify(run.bytes(), no, &data_path).map_err(|e| {
-                            Error::corrupted(
-                                &journal_dir,
-                                format!("record of txn {txn_id}"),
-                                format!("page image fails verification: {e}"),
-                            )
-                        })?;
-                        store.write_raw(no, run.bytes())?;
-                        for p in no..no + pages {
-                            state.2.remove(&p);
-                        }
-                    }
-                    state.2.extend(rec.freed.iter().copied());
-                    state.0 = rec.header.catalog_root;
-                    state.1 = rec.header.page_count;
-                }
-                for (bkey, slot) in rec.logical {
-                    gens.active.write(&bkey, txn_id, slot);
-                }
-                let froze = flags & crate::journal::record::FLAG_FREEZE != 0;
-                let merge_done = flags & crate::journal::record::FLAG_MERGE_DONE != 0;
-                if merge_done {
-                    // (A merge that finished before the replay start refers to a
-                    // generation not read again: nothing to drop.)
-                    gens.frozen = None;
-                }
-                if froze {
-                    if gens.frozen.is_some() {
-                        return Err(Error::corrupted(
-                            &journal_dir,
-                            format!("record of txn {txn_id}"),
-                            "freezes the write buffer while the previous generation is not merged",
-                        ));
-                    }
-                    gens.frozen = Some(std::mem::take(&mut gens.active));
-                }
-                replay_start.note(txn_id, end, froze, merge_done, gens.is_empty());
-                Ok(())
-            },
-        )?;
-        let (catalog_root, page_count, free) = state;
-        if outcome.records_replayed > physical_records {
-            tracing::info!(
-                records = outcome.records_replayed - physical_records,
-                "journal: read buffered entries back from records already in the data file"
-            );
-        }
-        counters
-            .records_replayed_on_open
-            .store(physical_records, Relaxed);
-        if let JournalTail::Dropped { path, offset, what } = &outcome.tail {
-            tracing::warn!(path = %path.display(), offset, what, "journal: discarded an incomplete record at the tail (crash during a commit)");
-        }
-        let journal_files = Arc::new(JournalFiles::open(
-            vfs.clone(),
-            &journal_dir,
-            opts.journal_file_size_bytes,
-            counters.clone(),
-            outcome.end.file_seq,
-        )?);
-
-        let mut shared_header = FileHeader {
-            sequence: header.sequence,
-            synced_txn_id: outcome.last_txn_id,
-            catalog_root,
-            page_count,
-            journal_file_seq: outcome.end.file_seq,
-            journal_offset: outcome.end.offset,
-            journal_chain_checksum: outcome.end.chain_checksum,
-            ..FileHeader::default()
-        };
-        shared_header.set_replay_start(&replay_start);
-        let journal = JournalWriter::open(
-            vfs.clone(),
-            journal_files.clone(),
-            counters.clone(),
-            outcome.end,
-            opts.journal_direct_io,
-            opts.durability,
-        )?;
-        let snap = Snapshot {
-            txn_id: outcome.last_txn_id,
-            catalog_root,
-            page_count,
-            gens,
-        };
-        let shared = Arc::new(Shared {
-            dir: dir.clone(),
-            opts: opts.clone(),
-            vfs: vfs.clone(),
-            store,
-            counters,
-            journal_files,
-            synced_txn_id: AtomicU64::new(outcome.last_txn_id),
-            snap: Mutex::new(SnapState {
-                current: snap.clone(),
-                readers: BTreeMap::new(),
-            }),
-            writer: Mutex::new(WriterState {
-                encoder: RecordEncoder::new(outcome.end.chain_checksum, opts.journal_compression),
-                alloc: Allocator::new(page_count, free.iter().copied()),
-                latest: snap.clone(),
-                merge_cursor: None,
-                journal_end: journal.end(),
-            }),
-            journal: Mutex::new(JournalStage {
-                writer: journal,
-                last_txn: outcome.last_txn_id,
-            }),
-            journal_turn: Condvar::new(),
-            alloc_summary: Mutex::new((free.len() as u64, 0, page_count)),
-            queue: CommitQueue::default(),
-            poisoned: Mutex::new(None),
-            stalled: Mutex::new(None),
-            flush_queue: FlushQueue::new(opts.write_back_window_bytes),
-            unflushed_bytes: AtomicU64::new(0),
-            flushed_signal: (Mutex::new(()), Condvar::new()),
-        });
-        // Make the replayed state the synced point, so the journal before it is free.
-        let header = if physical_records > 0 || outcome.tail != JournalTail::Clean {
-            shared.store.sync()?;
-            let freelist = header::encode_freelist(free.iter().copied());
-            let h = FileHeader {
-                sequence: header.sequence + 1,
-                freelist_checksum: crc32c::crc32c(&freelist),
-                freelist_len: freelist.len() as u64,
-                ..shared_header
-            };
-            flusher::write_header(&shared, &h, &freelist)?;
-            h
-        } else {
-            FileHeader {
-                freelist_checksum: header.freelist_checksum,
-                freelist_len: header.freelist_len,
-                ..shared_header
-            }
-        };
-        shared
-            .journal_files
-            .release_below(header.journal_file_seq.min(header.replay_from_file_seq));
-        let report = RecoveryReport {
-            synced_txn_id: outcome.last_txn_id - physical_records,
-            records_replayed: physical_records,
-            last_txn_id: outcome.last_txn_id,
-            tail: outcome.tail.clone(),
-            gap_records_discarded: outcome.gap_records_discarded,
-        };
-        let fl = Flusher::new(shared.clone(), header, free, replay_start);
+        // Lock, create or read the header, replay the journal (recovery/open.rs).
+        let open::Opened {
+            shared,
+            lock,
+            header,
+            free,
+            replay_start,
+            report,
+        } = open::open(&dir, opts)?;
+        let fl = Flusher::new(shared.flusher_handle(), header, free, replay_start);
         let handle = std::thread::Builder::new()
             .name("kiln-flusher".into())
             .spawn(move || fl.run())
             .map_err(|e| Error::io(&dir, None, "spawn flusher thread", e))?;
         let mut env = Env {
             shared,
+            queue: CommitQueue::default(),
             flusher: Some(handle),
             journal_syncer: None,
             _lock: lock,
@@ -875,7 +66,7 @@ impl Env {
             let interval = Duration::from_millis(sync_interval_ms.max(1));
             // On failure `env` drops here, which stops the flusher cleanly.
             env.journal_syncer = Some(
-                crate::journal_sync::JournalSyncer::start(env.shared.clone(), interval)
+                crate::journal::sync::JournalSyncer::start(env.shared.sync_handle(), interval)
                     .map_err(|e| Error::io(&dir, None, "spawn journal sync thread", e))?,
             );
         }
@@ -884,16 +75,13 @@ impl Env {
 
     /// Starts a read-only snapshot of the last commit.
     pub fn begin_read(&self) -> Result<ReadTxn<'_>> {
-        let mut s = self.shared.snap.lock();
-        let snap = s.current.clone();
-        *s.readers.entry(snap.txn_id).or_insert(0) += 1;
-        drop(s);
+        let snap = self.shared.readers.begin_read();
         Ok(ReadTxn::new(&self.shared, snap))
     }
 
     /// Starts the write transaction, waiting while another one is open.
     pub fn begin_write(&self) -> Result<WriteTxn<'_>> {
-        self.shared.begin_write_txn()
+        WriteTxn::begin(&self.shared)
     }
 
     /// Submits a unit of work to the commit queue and blocks until it is durable.
@@ -908,11 +96,14 @@ impl Env {
     {
         let out = Arc::new(Mutex::new(None));
         let slot = out.clone();
-        self.shared.submit_unit(Box::new(move |txn| {
-            let value = unit(txn)?;
-            *slot.lock() = Some(value);
-            Ok(())
-        }))?;
+        self.queue.submit(
+            &*self.shared,
+            Box::new(move |txn| {
+                let value = unit(txn)?;
+                *slot.lock() = Some(value);
+                Ok(())
+            }),
+        )?;
         let value = out.lock().take();
         value
             .ok_or_else(|| Error::UnitFailed("the unit reported success but left no result".into()))
@@ -936,7 +127,7 @@ impl Env {
 
     /// Figures of the commit queue.
     pub fn queue_stats(&self) -> QueueStats {
-        self.shared.queue.stats()
+        self.queue.stats()
     }
 
     /// Forces the flusher to write back and sync everything committed so far.
@@ -956,14 +147,7 @@ impl Env {
         // As of the last commit or transaction start: never waits for the writer
         // (stats may be called while holding a write transaction).
         let (free, pending, page_count) = *self.shared.alloc_summary.lock();
-        let (last, readers, buffer_bytes) = {
-            let s = self.shared.snap.lock();
-            (
-                s.current.txn_id,
-                s.readers.values().sum::<usize>() as u64,
-                s.current.gens.bytes(),
-            )
-        };
+        let (last, readers, buffer_bytes) = self.shared.readers.figures();
         Stats {
             last_txn_id: last,
             synced_txn_id: self.shared.synced_txn_id.load(SeqCst),
@@ -993,7 +177,7 @@ impl Env {
             pages_in_use: page_count.saturating_sub(free + pending + page::FIRST_DATA_PAGE),
             pages_unflushed: self.shared.store.unflushed_len() as u64,
             readers_open: readers,
-            commit_queue: self.shared.queue.stats(),
+            commit_queue: self.queue.stats(),
             data_file_bytes: self.shared.store.file_len().unwrap_or(0),
             write_buffer_bytes: buffer_bytes,
             write_buffer_freezes: c.write_buffer_freezes.load(Relaxed),
@@ -1018,8 +202,8 @@ impl Env {
             if self.shared.writer.lock().latest.gens.is_empty() {
                 return Ok(());
             }
-            let mut txn = self.shared.begin_write_txn()?;
-            txn.force_merge = true;
+            let mut txn = WriteTxn::begin(&self.shared)?;
+            txn.set_force_merge();
             txn.commit()?;
         }
     }
@@ -1107,158 +291,4 @@ impl Drop for Env {
             tracing::error!(error = %e, "closing the environment failed; the journal will be replayed on the next open");
         }
     }
-}
-
-/// Creates a new environment. The data file is built under a temporary name and
-/// renamed into place last, so a crash part-way leaves no half-made environment; the
-/// first journal file exists before the data file does.
-fn create_environment(
-    vfs: Arc<dyn Vfs>,
-    dir: &Path,
-    journal_dir: &Path,
-    data_path: &Path,
-    opts: &Options,
-    counters: Arc<EngineCounters>,
-) -> Result<FileHeader> {
-    vfs.create_dir_all(journal_dir)
-        .map_err(|e| Error::io(journal_dir, None, "create journal directory", e))?;
-    if let Some(parent) = journal_dir.parent() {
-        vfs.sync_dir(parent)
-            .map_err(|e| Error::io(parent, None, "fsync journal directory's parent", e))?;
-    }
-    // Journal files of another environment must never be mistaken for ours; and a
-    // leftover journal-1 from an interrupted creation of this one holds no commits.
-    let leftovers: Vec<u64> = crate::journal::list_files(vfs.as_ref(), journal_dir)?
-        .into_iter()
-        .filter(|s| *s != 1)
-        .collect();
-    let first = crate::journal::file_path(journal_dir, 1);
-    if vfs.exists(&first) && holds_records(vfs.as_ref(), &first)? {
-        return Err(Error::InvalidOption(format!(
-            "{} holds journal records but {} has no data file: it belongs to another \
-             environment; move it away or choose another journal_dir",
-            first.display(),
-            dir.display()
-        )));
-    }
-    if !leftovers.is_empty() {
-        return Err(Error::InvalidOption(format!(
-            "journal directory {} already holds journal files ({} of them) but {} has no data file: \
-             they belong to another environment; move them away or choose another journal_dir",
-            journal_dir.display(),
-            leftovers.len(),
-            dir.display()
-        )));
-    }
-    // A random chain start: records left in the journal directory by an earlier
-    // environment can never pass as this one's.
-    let chain: u32 = rand::random();
-    let h = FileHeader {
-        page_count: page::FIRST_DATA_PAGE,
-        journal_file_seq: 1,
-        journal_chain_checksum: chain,
-        replay_from_file_seq: 1,
-        replay_from_chain_checksum: chain,
-        ..Default::default()
-    };
-    JournalFiles::open(
-        vfs.clone(),
-        journal_dir,
-        opts.journal_file_size_bytes,
-        counters,
-        0,
-    )?
-    .ensure_file(h.journal_file_seq, opts.journal_file_size_bytes, true)?;
-    for slot in 0..2 {
-        header::write_freelist(vfs.as_ref(), dir, slot, &[])?;
-    }
-    let tmp = data_path.with_extension("kiln.tmp");
-    let mode = OpenMode {
-        create: true,
-        write: true,
-        ..Default::default()
-    };
-    let file = vfs
-        .open(&tmp, mode)
-        .map_err(|e| Error::io(&tmp, None, "create data file", e))?;
-    file.set_len(0)
-        .map_err(|e| Error::io(&tmp, None, "truncate data file", e))?;
-    file.allocate(0, opts.data_grow_step_bytes.max(2 * PAGE_SIZE as u64))
-        .map_err(|e| Error::io(&tmp, Some(0), "preallocate data file", e))?;
-    file.write_all_at(&h.encode(), 0)
-        .map_err(|e| Error::io(&tmp, Some(0), "write file header", e))?;
-    file.sync_all()
-        .map_err(|e| Error::io(&tmp, None, "fsync data file", e))?;
-    drop(file);
-    vfs.rename(&tmp, data_path)
-        .map_err(|e| Error::io(&tmp, None, "rename new data file into place", e))?;
-    vfs.sync_dir(dir)
-        .map_err(|e| Error::io(dir, None, "fsync data directory", e))?;
-    Ok(h)
-}
-
-/// True if the file's first block is a journal record header (zeros otherwise: a
-/// file made by an interrupted creation of this environment).
-fn holds_records(vfs: &dyn Vfs, path: &Path) -> Result<bool> {
-    let f = vfs
-        .open(path, OpenMode::default())
-        .map_err(|e| Error::io(path, None, "open journal file", e))?;
-    let len = f
-        .len()
-        .map_err(|e| Error::io(path, None, "stat journal file", e))?;
-    if len < crate::journal::record::RECORD_HEADER as u64 {
-        return Ok(false);
-    }
-    let mut head = vec![0u8; crate::journal::record::RECORD_HEADER];
-    f.read_exact_at(&mut head, 0)
-        .map_err(|e| Error::io(path, Some(0), "read journal file", e))?;
-    Ok(crate::journal::record::parse_header(&head).is_some())
-}
-
-/// Reads the newer valid copy of the file header.
-fn load_header(vfs: &dyn Vfs, data_path: &Path) -> Result<FileHeader> {
-    let file = vfs
-        .open(data_path, OpenMode::default())
-        .map_err(|e| Error::io(data_path, None, "open data file", e))?;
-    let mut copies = Vec::new();
-    let mut problems = Vec::new();
-    for slot in 0..2u64 {
-        let mut b = vec![0u8; PAGE_SIZE];
-        let off = slot * PAGE_SIZE as u64;
-        match file.read_exact_at(&mut b, off) {
-            Ok(()) => match FileHeader::decode(&b, data_path) {
-                Ok(h) if h.slot() == slot => copies.push(h),
-                Ok(h) => problems.push(format!(
-                    "copy {slot}: sequence {} belongs in the other slot",
-                    h.sequence
-                )),
-                Err((why, true)) => {
-                    return Err(Error::Incompatible {
-                        path: data_path.to_path_buf(),
-                        found: why,
-                        expected: format!(
-                            "format version {} with {PAGE_SIZE}-byte pages",
-                            header::FORMAT_VERSION
-                        ),
-                    })
-                }
-                Err((why, false)) => problems.push(format!("copy {slot}: {why}")),
-            },
-            Err(e) => problems.push(format!("copy {slot}: unreadable: {e}")),
-        }
-    }
-    if !problems.is_empty() && !copies.is_empty() {
-        // Normal after a crash during a header write (the older copy is the one torn).
-        tracing::info!(path = %data_path.display(), problems = problems.join("; "), "one file header copy is not valid; using the other");
-    }
-    copies
-        .into_iter()
-        .max_by_key(|h| h.sequence)
-        .ok_or_else(|| {
-            Error::corrupted(
-                data_path,
-                "pages 0-1 (file header)",
-                format!("no valid header copy ({})", problems.join("; ")),
-            )
-        })
 }

@@ -5,6 +5,7 @@
 //! `Corrupted` is distinct from `Io`: the disk answered, but what it returned
 //! failed a checksum or an invariant.
 
+use parking_lot::Mutex;
 use std::path::PathBuf;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -390,4 +391,31 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-string panic payload".into())
+}
+
+/// Why the environment refuses writes (the latch), and why write-back is stalled.
+#[derive(Default)]
+pub(crate) struct Latch {
+    poisoned: Mutex<Option<Failure>>,
+    /// Set while the flusher cannot write back because the data file cannot grow
+    /// (no space): nothing is lost (the journal holds it all), and it retries.
+    stalled: Mutex<Option<Failure>>,
+}
+
+impl Latch {
+    /// Latches the environment: it refuses writes until reopened. The first
+    /// failure is the one reported.
+    pub fn poison(&self, why: Failure) {
+        self.poisoned.lock().get_or_insert(why);
+    }
+    pub fn poison_reason(&self) -> Option<Failure> {
+        self.poisoned.lock().clone()
+    }
+    /// The flusher could not write back for lack of space (`None` clears it).
+    pub fn set_stalled(&self, why: Option<Failure>) {
+        *self.stalled.lock() = why;
+    }
+    pub fn stalled(&self) -> Option<Failure> {
+        self.stalled.lock().clone()
+    }
 }

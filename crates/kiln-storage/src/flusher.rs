@@ -5,18 +5,75 @@
 //! Commits never wait for it, except when unflushed pages exceed the configured
 //! memory bound (back-pressure instead of unbounded growth).
 
-use crate::env::Shared;
+use crate::error::Latch;
 use crate::header::{self, FileHeader};
+use crate::io::Vfs;
 use crate::journal::writer::JournalPos;
+use crate::journal::JournalFiles;
 use crate::page::{PageNo, PageRun, PAGE_SIZE};
+use crate::stats::EngineCounters;
+use crate::store::PageStore;
 use crate::{Error, Failure, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::BTreeSet;
 use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The readers' horizon, as the flusher sees it: a page freed by a commit newer than
+/// the oldest reader's snapshot cannot be written over yet.
+pub(crate) trait OldestReader: Send + Sync {
+    fn oldest_reader(&self) -> u64;
+}
+
+/// What the flusher thread may touch.
+#[derive(Clone)]
+pub(crate) struct FlusherHandle {
+    pub dir: PathBuf,
+    pub vfs: Arc<dyn Vfs>,
+    pub store: Arc<PageStore>,
+    pub counters: Arc<EngineCounters>,
+    pub journal_files: Arc<JournalFiles>,
+    pub synced_txn_id: Arc<AtomicU64>,
+    pub readers: Arc<dyn OldestReader>,
+    pub latch: Arc<Latch>,
+    pub flush_queue: Arc<FlushQueue>,
+    pub backlog: Arc<Backlog>,
+    /// `Options::sync_interval_ms`, `sync_after_bytes`, `prepare_journal_files_ahead`.
+    pub sync_interval_ms: u64,
+    pub sync_after_bytes: u64,
+    pub prepare_journal_files_ahead: bool,
+}
+
+/// Bytes of pages committed but not yet written back (back-pressure on commits).
+#[derive(Default)]
+pub(crate) struct Backlog {
+    unflushed_bytes: AtomicU64,
+    flushed_signal: (Mutex<()>, Condvar),
+}
+
+impl Backlog {
+    pub fn add(&self, bytes: u64) {
+        self.unflushed_bytes.fetch_add(bytes, SeqCst);
+    }
+    pub fn bytes(&self) -> u64 {
+        self.unflushed_bytes.load(SeqCst)
+    }
+    pub fn note_written_back(&self, bytes: u64) {
+        self.unflushed_bytes.fetch_sub(bytes, SeqCst);
+        let _g = self.flushed_signal.0.lock();
+        self.flushed_signal.1.notify_all();
+    }
+    /// Waits for a write-back to finish, or `timeout`.
+    pub fn wait(&self, timeout: Duration) {
+        let mut g = self.flushed_signal.0.lock();
+        self.flushed_signal.1.wait_for(&mut g, timeout);
+    }
+}
 
 /// A durable commit, handed over for write-back.
 pub(crate) struct Applied {
@@ -180,16 +237,16 @@ impl From<Error> for FlushError {
 type FlushResult = std::result::Result<(), FlushError>;
 
 /// Marks the queue closed however the flusher thread ends (a panic included).
-struct GoneOnDrop(Arc<Shared>);
+struct GoneOnDrop(Arc<FlushQueue>);
 
 impl Drop for GoneOnDrop {
     fn drop(&mut self) {
-        self.0.flush_queue.close("the flusher thread has stopped");
+        self.0.close("the flusher thread has stopped");
     }
 }
 
 pub(crate) struct Flusher {
-    shared: Arc<Shared>,
+    env: FlusherHandle,
     /// Free pages as of the last applied transaction (pending ones included: after a
     /// crash no reader exists, so they are all free).
     free: BTreeSet<PageNo>,
@@ -203,19 +260,19 @@ pub(crate) struct Flusher {
     applied: Option<Box<Applied>>,
     last_sync: Instant,
     /// Where recovery would have to start, following the commits written back.
-    replay_start: crate::buffer::ReplayStart,
+    replay_start: crate::journal::ReplayStart,
 }
 
 impl Flusher {
     pub fn new(
-        shared: Arc<Shared>,
+        env: FlusherHandle,
         header: FileHeader,
         free: BTreeSet<PageNo>,
-        replay_start: crate::buffer::ReplayStart,
+        replay_start: crate::journal::ReplayStart,
     ) -> Self {
         Flusher {
             replay_start,
-            shared,
+            env,
             free,
             header,
             batch: Vec::new(),
@@ -227,23 +284,23 @@ impl Flusher {
     }
 
     pub fn run(mut self) {
-        let _gone = GoneOnDrop(self.shared.clone());
-        let interval = Duration::from_millis(self.shared.opts.sync_interval_ms.max(1));
+        let _gone = GoneOnDrop(self.env.flush_queue.clone());
+        let interval = Duration::from_millis(self.env.sync_interval_ms.max(1));
         // Buffered durability's journal syncs run on their own thread
-        // (`journal_sync.rs`), so that a long write-back cannot delay them.
+        // (`journal/sync.rs`), so that a long write-back cannot delay them.
         loop {
             let wait = interval.saturating_sub(self.last_sync.elapsed());
-            if self.shared.opts.prepare_journal_files_ahead
-                && self.shared.journal_files.spare_wanted()
-                && self.shared.poison_reason().is_none()
+            if self.env.prepare_journal_files_ahead
+                && self.env.journal_files.spare_wanted()
+                && self.env.latch.poison_reason().is_none()
             {
-                if let Err(e) = self.shared.journal_files.prepare_next() {
+                if let Err(e) = self.env.journal_files.prepare_next() {
                     // Not fatal: the writer creates the file itself when it needs it.
                     tracing::warn!(error = %e, "could not prepare the next journal file");
                 }
             }
             let work = self
-                .shared
+                .env
                 .flush_queue
                 .wait_for_work(wait.max(Duration::from_millis(1)));
             let got_commits = !work.applied.is_empty();
@@ -254,7 +311,7 @@ impl Flusher {
                     .map(|(_, r)| r.bytes().len() as u64)
                     .sum::<u64>();
                 self.batch.push(a);
-                if self.batch_bytes >= self.shared.flush_queue.window_bytes {
+                if self.batch_bytes >= self.env.flush_queue.window_bytes {
                     let r = self.write_back_batch();
                     self.record_failure(r);
                 }
@@ -265,14 +322,13 @@ impl Flusher {
                 }
                 Some(FlushControl::Shutdown(reply)) => {
                     let result = self.checkpoint_or_failure();
-                    self.shared.flush_queue.close("the environment is closed");
+                    self.env.flush_queue.close("the environment is closed");
                     let _ = reply.send(result);
                     return;
                 }
                 None => {
                     // Sync by bytes, and by time even under a steady stream of commits.
-                    let due = self.bytes_since_sync + self.batch_bytes
-                        >= self.shared.opts.sync_after_bytes
+                    let due = self.bytes_since_sync + self.batch_bytes >= self.env.sync_after_bytes
                         || self.last_sync.elapsed() >= interval;
                     if work.timed_out || (got_commits && due) {
                         let r = self.checkpoint();
@@ -284,7 +340,7 @@ impl Flusher {
     }
 
     fn checkpoint_or_failure(&mut self) -> Result<u64> {
-        if let Some(why) = self.shared.poison_reason() {
+        if let Some(why) = self.env.latch.poison_reason() {
             return Err(Error::Poisoned(why));
         }
         let r = self.checkpoint();
@@ -302,24 +358,25 @@ impl Flusher {
     fn note_outcome(&mut self, r: FlushResult) -> Result<()> {
         match r {
             Ok(()) => {
-                if self.shared.stalled().is_some() {
+                if self.env.latch.stalled().is_some() {
                     tracing::info!("write-back resumed: the data file could grow again");
-                    self.shared.set_stalled(None);
+                    self.env.latch.set_stalled(None);
                 }
                 Ok(())
             }
             Err(FlushError::Stalled(e)) => {
-                if self.shared.stalled().is_none() {
+                if self.env.latch.stalled().is_none() {
                     tracing::warn!(error = %e, "write-back waits for disk space; commits go on while the journal has room, and the flusher retries");
                 }
-                self.shared
+                self.env
+                    .latch
                     .set_stalled(Some(Failure::from_error("write-back waits for space", &e)));
                 Err(e)
             }
             Err(FlushError::Fatal(e)) => {
                 tracing::error!(error = %e, "flusher failed; the environment now refuses writes until reopened");
                 let failure = Failure::from_error("background flush failed", &e);
-                self.shared.poison(failure.clone());
+                self.env.latch.poison(failure.clone());
                 Err(Error::Poisoned(failure))
             }
         }
@@ -338,7 +395,7 @@ impl Flusher {
     fn write_back_batch(&mut self) -> FlushResult {
         let batch = std::mem::take(&mut self.batch);
         let batch_bytes = std::mem::take(&mut self.batch_bytes);
-        if batch.is_empty() || self.shared.poison_reason().is_some() {
+        if batch.is_empty() || self.env.latch.poison_reason().is_some() {
             return Ok(());
         }
         // Grow the data file for the whole batch before writing any of it: if there
@@ -350,7 +407,7 @@ impl Flusher {
             .map(|(no, run)| no + run.page_count() as u64)
             .max()
             .unwrap_or(0);
-        if let Err(e) = self.shared.store.ensure_mapped(end_page) {
+        if let Err(e) = self.env.store.ensure_mapped(end_page) {
             self.batch = batch;
             self.batch_bytes = batch_bytes;
             return Err(if e.is_disk_full() {
@@ -368,7 +425,7 @@ impl Flusher {
         let txn_ids: Vec<u64> = batch.iter().map(|a| a.txn_id).collect();
         // Readers only start at durable commits, all of which are at or past this
         // batch's last one: a reader that starts later sees none of its dead versions.
-        let oldest_reader = self.shared.oldest_reader();
+        let oldest_reader = self.env.readers.oldest_reader();
         let mut prev = self
             .applied
             .as_ref()
@@ -386,9 +443,9 @@ impl Flusher {
                 let n = run.page_count() as u64;
                 let superseded = last_freed_at
                     .get(no)
-                    .is_some_and(|&j| j > i && txn_ids[j] <= oldest_reader);
+                    .is_some_and(|&j| j > i && txn_ids.get(j).is_some_and(|&t| t <= oldest_reader));
                 if !superseded {
-                    self.shared.store.write_back(*no, run)?;
+                    self.env.store.write_back(*no, run)?;
                     written_pages += n;
                     lowest = lowest.min(*no);
                     highest = highest.max(*no + n);
@@ -407,14 +464,14 @@ impl Flusher {
                 ..*a
             }));
         }
-        self.shared
+        self.env
             .counters
             .pages_written_back
             .fetch_add(written_pages, Relaxed);
-        self.shared.note_written_back(batch_bytes);
+        self.env.backlog.note_written_back(batch_bytes);
         self.bytes_since_sync += written_pages * PAGE_SIZE as u64;
         if highest > lowest {
-            self.shared.store.start_writeback(lowest, highest - lowest);
+            self.env.store.start_writeback(lowest, highest - lowest);
         }
         Ok(())
     }
@@ -423,7 +480,7 @@ impl Flusher {
         self.last_sync = Instant::now();
         // After a failure the data file's state is unknown: a retried fsync may
         // "succeed" after the kernel dropped the dirty pages. Never claim a sync then.
-        if self.shared.poison_reason().is_some() {
+        if self.env.latch.poison_reason().is_some() {
             return Ok(());
         }
         self.write_back_batch()?;
@@ -433,7 +490,7 @@ impl Flusher {
         if a.txn_id <= self.header.synced_txn_id {
             return Ok(());
         }
-        let shared = self.shared.clone();
+        let shared = self.env.clone();
         let start = Instant::now();
         shared.store.sync()?;
         shared.counters.data_sync_latency.record(start.elapsed());
@@ -485,13 +542,13 @@ impl Flusher {
 }
 
 /// Writes the free-page snapshot and the header copy for `h`'s slot, durably.
-pub(crate) fn write_header(shared: &Shared, h: &FileHeader, freelist: &[u8]) -> Result<()> {
+pub(crate) fn write_header(shared: &FlusherHandle, h: &FileHeader, freelist: &[u8]) -> Result<()> {
     header::write_freelist(shared.vfs.as_ref(), &shared.dir, h.slot(), freelist)?;
     write_header_page(shared, h)
 }
 
 /// Writes the header copy for `h`'s slot (its free-page snapshot written before), durably.
-fn write_header_page(shared: &Shared, h: &FileHeader) -> Result<()> {
+fn write_header_page(shared: &FlusherHandle, h: &FileHeader) -> Result<()> {
     let offset = h.slot() * PAGE_SIZE as u64;
     shared
         .store

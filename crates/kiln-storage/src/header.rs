@@ -58,6 +58,8 @@ pub struct FileHeader {
 }
 
 impl FileHeader {
+    // Bounds: fixed offsets inside the `HEADER_LEN`-byte array built here.
+    #[allow(clippy::indexing_slicing)]
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; PAGE_SIZE];
         b[..8].copy_from_slice(MAGIC);
@@ -94,10 +96,10 @@ impl FileHeader {
         if b.len() < HEADER_LEN_V1 {
             return damaged("header truncated");
         }
-        if &b[..8] != MAGIC {
+        if b.get(..8) != Some(&MAGIC[..]) {
             return damaged("bad magic");
         }
-        if crc32c::crc32c(&b[..80]) != read_u32(b, 80) {
+        if b.get(..80).map(crc32c::crc32c) != Some(read_u32(b, 80)) {
             return damaged("checksum mismatch");
         }
         let version = read_u32(b, 8);
@@ -111,7 +113,9 @@ impl FileHeader {
                 true,
             ));
         }
-        if version >= 2 && (b.len() < HEADER_LEN || crc32c::crc32c(&b[..112]) != read_u32(b, 112)) {
+        if version >= 2
+            && (b.len() < HEADER_LEN || b.get(..112).map(crc32c::crc32c) != Some(read_u32(b, 112)))
+        {
             return damaged("checksum mismatch (replay start)");
         }
         let v2 = version >= 2;
@@ -145,8 +149,8 @@ impl FileHeader {
         self.sequence % 2
     }
 
-    pub fn replay_start(&self) -> crate::buffer::ReplayStart {
-        crate::buffer::ReplayStart::new(
+    pub fn replay_start(&self) -> crate::journal::ReplayStart {
+        crate::journal::ReplayStart::new(
             self.replay_from_txn_id,
             crate::journal::writer::JournalPos {
                 file_seq: self.replay_from_file_seq,
@@ -156,7 +160,7 @@ impl FileHeader {
         )
     }
 
-    pub fn set_replay_start(&mut self, r: &crate::buffer::ReplayStart) {
+    pub fn set_replay_start(&mut self, r: &crate::journal::ReplayStart) {
         self.replay_from_txn_id = r.txn_id;
         self.replay_from_file_seq = r.pos.file_seq;
         self.replay_from_offset = r.pos.offset;

@@ -21,11 +21,12 @@
 //! # Ok::<(), kiln_storage::Error>(())
 //! ```
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
+
 mod alloc;
 pub mod btree;
-mod buffer;
 pub mod check;
-mod cursor;
+mod commit;
 mod env;
 mod error;
 mod fasthash;
@@ -33,22 +34,22 @@ mod flusher;
 mod header;
 pub mod io;
 pub mod journal;
-mod journal_sync;
-mod merge;
+mod options;
 pub mod page;
-mod queue;
-mod savepoint;
+mod recovery;
+mod shared;
 mod stats;
 mod store;
 mod txn;
+mod write_buffer;
 
 pub use btree::cursor::Entry;
-pub use cursor::Cursor;
+pub use commit::{QueueLimits, QueueStats};
 pub use env::{Env, Options, RecoveryReport, DATA_FILE};
 pub use error::{io_is_disk_full, Error, Failure, FailureKind, Result};
-pub use journal::recovery::JournalTail;
 pub use journal::writer::Durability;
 pub use page::{MAX_KEY_SIZE, MAX_VALUE_SIZE, PAGE_SIZE};
-pub use queue::{QueueLimits, QueueStats};
+pub use recovery::JournalTail;
 pub use stats::{LatencySummary, Stats};
 pub use txn::{ReadTxn, WriteTxn, MAX_TREE_NAME};
+pub use write_buffer::Cursor;

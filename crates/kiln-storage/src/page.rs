@@ -53,6 +53,8 @@ const POOL_MAX_BYTES: usize = 64 << 20;
 static POOL: parking_lot::Mutex<[Vec<Vec<AlignedPage>>; POOLED_RUN_PAGES]> =
     parking_lot::Mutex::new([Vec::new(), Vec::new(), Vec::new(), Vec::new()]);
 
+// Bounds: `1 <= page_count <= POOLED_RUN_PAGES`, checked just above.
+#[allow(clippy::indexing_slicing)]
 fn pool_take(page_count: usize) -> Option<Vec<AlignedPage>> {
     if page_count == 0 || page_count > POOLED_RUN_PAGES {
         return None;
@@ -61,6 +63,8 @@ fn pool_take(page_count: usize) -> Option<Vec<AlignedPage>> {
 }
 
 impl Drop for PageRun {
+    // Bounds: `1 <= n <= POOLED_RUN_PAGES`, checked just above.
+    #[allow(clippy::indexing_slicing)]
     fn drop(&mut self) {
         let n = self.pages.len();
         if n == 0 || n > POOLED_RUN_PAGES || self.pages.capacity() != n {
@@ -97,6 +101,8 @@ impl PageRun {
             pages: vec![AlignedPage([0; PAGE_SIZE]); count],
         }
     }
+    // Bounds: the run has `count` pages, `count * PAGE_SIZE >= bytes.len()`.
+    #[allow(clippy::indexing_slicing)]
     pub fn from_bytes(bytes: &[u8]) -> Self {
         let count = bytes.len().div_ceil(PAGE_SIZE).max(1);
         if bytes.len() != count * PAGE_SIZE {
@@ -146,25 +152,37 @@ impl PageRun {
     }
 }
 
+// Bounds: fixed header offsets and cell offsets of a page that passed `verify` (or was built here); the hottest path of every read, so the slice's own bounds check is the only one.
+#[allow(clippy::indexing_slicing)]
 pub fn read_u16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
+// Bounds: as `read_u16`.
+#[allow(clippy::indexing_slicing)]
 pub fn read_u32(b: &[u8], at: usize) -> u32 {
     let mut a = [0; 4];
     a.copy_from_slice(&b[at..at + 4]);
     u32::from_le_bytes(a)
 }
+// Bounds: as `read_u16`.
+#[allow(clippy::indexing_slicing)]
 pub fn read_u64(b: &[u8], at: usize) -> u64 {
     let mut a = [0; 8];
     a.copy_from_slice(&b[at..at + 8]);
     u64::from_le_bytes(a)
 }
+// Bounds: as `read_u16`, on pages this process builds.
+#[allow(clippy::indexing_slicing)]
 pub fn write_u16(b: &mut [u8], at: usize, v: u16) {
     b[at..at + 2].copy_from_slice(&v.to_le_bytes());
 }
+// Bounds: as `read_u16`, on pages this process builds.
+#[allow(clippy::indexing_slicing)]
 pub fn write_u32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
+// Bounds: as `read_u16`, on pages this process builds.
+#[allow(clippy::indexing_slicing)]
 pub fn write_u64(b: &mut [u8], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
@@ -172,6 +190,8 @@ pub fn write_u64(b: &mut [u8], at: usize, v: u64) {
 /// Header accessors over a page's bytes.
 pub mod hdr {
     use super::*;
+    // Bounds: byte 4 of the page header: every page is at least `HEADER_SIZE` bytes.
+    #[allow(clippy::indexing_slicing)]
     pub fn kind(p: &[u8]) -> u8 {
         p[4]
     }
@@ -218,7 +238,11 @@ pub mod hdr {
 }
 
 /// Initializes an empty branch or leaf page.
+// Bounds: `p` is a page buffer of at least `PAGE_SIZE` bytes (asserted in debug builds).
+#[allow(clippy::indexing_slicing)]
 pub fn init_node(p: &mut [u8], kind: u8, page_no: PageNo) {
+    debug_assert!(p.len() >= PAGE_SIZE, "a node needs a whole page");
+    debug_assert!(matches!(kind, KIND_BRANCH | KIND_LEAF), "node kind {kind}");
     p[..PAGE_SIZE].fill(0);
     p[4] = kind;
     hdr::set_page_no(p, page_no);
@@ -234,6 +258,8 @@ fn checksummed_len(p: &[u8]) -> usize {
     }
 }
 
+// Bounds: `checksummed_len` is at most `p.len()` and a page is longer than 4 bytes.
+#[allow(clippy::indexing_slicing)]
 pub fn compute_checksum(p: &[u8], page_no: PageNo) -> u32 {
     let len = checksummed_len(p);
     let seed = crc32c::crc32c(&page_no.to_le_bytes());
@@ -242,10 +268,18 @@ pub fn compute_checksum(p: &[u8], page_no: PageNo) -> u32 {
 
 /// Stamps the transaction id, page number and checksum before a page leaves memory.
 pub fn seal(p: &mut [u8], page_no: PageNo, txn_id: u64) {
+    // (Fuzz tests seal arbitrary bytes: what makes a page well formed is asserted
+    // where the engine seals its own pages, `WriteTxn::seal_dirty`.)
+    debug_assert!(p.len() >= PAGE_SIZE, "sealing a page of {} bytes", p.len());
     hdr::set_page_no(p, page_no);
     hdr::set_txn_id(p, txn_id);
     let sum = compute_checksum(p, page_no);
     write_u32(p, 0, sum);
+    debug_assert_eq!(
+        read_u32(p, 0),
+        compute_checksum(p, page_no),
+        "checksum written"
+    );
 }
 
 /// Checks a page read from disk: its checksum, self-identity and structural bounds.
@@ -283,10 +317,13 @@ pub fn verify(p: &[u8], page_no: PageNo, file: &Path) -> Result<()> {
     if kind != KIND_OVERFLOW {
         check_node_bounds(p).or_else(bad)?;
     }
+    debug_assert!(checksummed_len(p) <= p.len() && checksummed_len(p) >= PAGE_SIZE.min(p.len()));
     Ok(())
 }
 
 /// Structural checks that make every later slot/cell access in bounds.
+// Bounds: each cell offset is checked against the page before its bytes are read.
+#[allow(clippy::indexing_slicing)]
 pub fn check_node_bounds(p: &[u8]) -> std::result::Result<(), String> {
     let count = hdr::count(p);
     let upper = hdr::upper(p);
@@ -351,6 +388,8 @@ pub fn slot(p: &[u8], i: usize) -> usize {
     read_u16(p, HEADER_SIZE + 2 * i) as usize
 }
 
+// Bounds: as `cell_size`.
+#[allow(clippy::indexing_slicing)]
 pub fn cell_key(p: &[u8], i: usize) -> &[u8] {
     let off = slot(p, i);
     let len = read_u16(p, off) as usize;
@@ -375,6 +414,8 @@ pub enum LeafValue<'a> {
     Overflow { start: PageNo, len: u64 },
 }
 
+// Bounds: as `cell_size`.
+#[allow(clippy::indexing_slicing)]
 pub fn leaf_value(p: &[u8], i: usize) -> LeafValue<'_> {
     let off = slot(p, i);
     let key_len = read_u16(p, off) as usize;
@@ -400,6 +441,8 @@ pub fn set_branch_child(p: &mut [u8], i: usize, child: PageNo) {
 }
 
 /// Byte size of the cell in slot `i` (excluding its slot).
+// Bounds: cell offsets of a page that passed `verify` (cell bounds) or was built here.
+#[allow(clippy::indexing_slicing)]
 pub fn cell_size(p: &[u8], i: usize) -> usize {
     let off = slot(p, i);
     let key_len = read_u16(p, off) as usize;
@@ -413,6 +456,8 @@ pub fn cell_size(p: &[u8], i: usize) -> usize {
     }
 }
 
+// Bounds: as `cell_size`.
+#[allow(clippy::indexing_slicing)]
 pub fn cell_bytes(p: &[u8], i: usize) -> &[u8] {
     let off = slot(p, i);
     &p[off..off + cell_size(p, i)]
@@ -503,6 +548,8 @@ pub fn used_space(p: &[u8]) -> usize {
 
 /// Inserts `cell` at slot `i` if there is room (compacting if that makes room).
 /// Returns false when the page is too full.
+// Bounds: the free space between the cell array and `upper` was checked to hold the cell just above.
+#[allow(clippy::indexing_slicing)]
 pub fn insert_cell(p: &mut [u8], i: usize, cell: &[u8]) -> bool {
     let need = cell.len() + 2;
     if free_space(p) < need {
@@ -524,6 +571,8 @@ pub fn insert_cell(p: &mut [u8], i: usize, cell: &[u8]) -> bool {
 
 /// Removes slot `i`; its cell becomes fragmented space (zeroed, to keep the page
 /// image compressible and free of stale data).
+// Bounds: `i < count`, and the cell array and the cell lie inside the page.
+#[allow(clippy::indexing_slicing)]
 pub fn remove_cell(p: &mut [u8], i: usize) {
     let count = hdr::count(p);
     let off = slot(p, i);
@@ -552,6 +601,8 @@ pub fn compact(p: &mut [u8]) {
 
 /// Replaces the entries of a node page with `cells` (in order). Header fields other
 /// than count/upper/fragmented are kept.
+// Bounds: the cells were checked to fit the page (`cells_space`) by the caller; `upper` moves down from `PAGE_SIZE` by each cell's length.
+#[allow(clippy::indexing_slicing)]
 pub fn rebuild(p: &mut [u8], cells: &[Vec<u8>]) {
     p[HEADER_SIZE..PAGE_SIZE].fill(0);
     let mut upper = PAGE_SIZE;
@@ -597,6 +648,8 @@ pub fn overflow_run_pages(value_len: usize) -> usize {
 }
 
 /// Fills an overflow run: header, value, and zeros after it (`run` may hold old bytes).
+// Bounds: the run was allocated for `OVERFLOW_HEADER + value.len()` bytes just above.
+#[allow(clippy::indexing_slicing)]
 pub fn init_overflow(run: &mut [u8], value: &[u8]) {
     let pages = run.len() / PAGE_SIZE;
     run[..OVERFLOW_HEADER].fill(0);

@@ -47,7 +47,9 @@ fn bucket_upper_us(b: usize) -> u64 {
 impl LatencyHistogram {
     pub fn record(&self, d: Duration) {
         let us = d.as_micros().min(u64::MAX as u128) as u64;
-        self.buckets[bucket_of(us)].fetch_add(1, Relaxed);
+        if let Some(b) = self.buckets.get(bucket_of(us)) {
+            b.fetch_add(1, Relaxed);
+        }
         self.count.fetch_add(1, Relaxed);
         self.sum_us.fetch_add(us, Relaxed);
         self.max_us.fetch_max(us, Relaxed);
@@ -162,13 +164,33 @@ pub struct Stats {
     pub pages_unflushed: u64,
     pub readers_open: u64,
     /// The commit queue (`Env::submit`): units, groups, group sizes, rejections.
-    pub commit_queue: crate::QueueStats,
+    pub commit_queue: QueueStats,
     pub data_file_bytes: u64,
     /// Memory held by the write buffer's generations (as of the last commit).
     pub write_buffer_bytes: u64,
     /// Generations frozen and merged into the trees since open.
     pub write_buffer_freezes: u64,
     pub write_buffer_merges: u64,
+}
+
+/// Figures of the commit queue (`Env::queue_stats`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueueStats {
+    pub units_committed: u64,
+    pub units_failed: u64,
+    pub groups: u64,
+    pub max_group_units: u64,
+    pub overloaded_rejections: u64,
+}
+
+impl QueueStats {
+    pub fn avg_group_units(&self) -> f64 {
+        if self.groups == 0 {
+            0.0
+        } else {
+            self.units_committed as f64 / self.groups as f64
+        }
+    }
 }
 
 #[cfg(test)]

@@ -85,7 +85,9 @@ impl VerifiedBits {
         while words.len() <= idx {
             words.push(AtomicU64::new(0));
         }
-        words[idx].fetch_or(1 << (no % 64), Ordering::Relaxed);
+        if let Some(w) = words.get(idx) {
+            w.fetch_or(1 << (no % 64), Ordering::Relaxed);
+        }
     }
 }
 
@@ -148,7 +150,14 @@ impl PageStore {
         }
         let bytes = map.region.bytes();
         let start = no as usize * PAGE_SIZE;
-        let first = &bytes[start..start + PAGE_SIZE];
+        let outside = || {
+            Error::corrupted(
+                &self.path,
+                format!("page {no}"),
+                format!("page {no} lies past the end of the mapped data file"),
+            )
+        };
+        let first = bytes.get(start..start + PAGE_SIZE).ok_or_else(outside)?;
         let run_len = if page::hdr::kind(first) == page::KIND_OVERFLOW {
             let run = page::hdr::run_pages(first) as u64;
             if run == 0 || no + run > map.pages {
@@ -162,7 +171,7 @@ impl PageStore {
         } else {
             PAGE_SIZE
         };
-        let run = &bytes[start..start + run_len];
+        let run = bytes.get(start..start + run_len).ok_or_else(outside)?;
         if !self.verified.get(no) {
             page::verify(run, no, &self.path)?;
             self.verified.set(no);

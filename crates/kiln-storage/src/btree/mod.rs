@@ -55,7 +55,14 @@ pub(crate) fn value_bytes<'a, S: PageSource + ?Sized>(
                     format!("overflow run does not hold a value of {len} bytes (kind {}, length {stored})", hdr::kind(run)),
                 ));
             }
-            Ok(&run[page::OVERFLOW_HEADER..page::OVERFLOW_HEADER + len as usize])
+            run.get(page::OVERFLOW_HEADER..page::OVERFLOW_HEADER + len as usize)
+                .ok_or_else(|| {
+                    Error::corrupted(
+                        src.data_path(),
+                        format!("page {start}"),
+                        format!("overflow run shorter than its value of {len} bytes"),
+                    )
+                })
         }
     }
 }

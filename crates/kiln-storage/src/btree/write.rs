@@ -1,11 +1,16 @@
 //! Tree mutations, copy-on-write: every page on the path to a change is copied to a
 //! fresh page number inside the write transaction, so readers of older snapshots
 //! keep seeing the old pages untouched.
+//!
+//! A circle, on purpose: these are `WriteTxn` methods (btree -> txn) and the
+//! transaction reads its trees through `btree` (txn -> btree). A mutation takes and
+//! frees pages through the transaction's bookkeeping (`txn/pages.rs`, which keeps
+//! them private to it), and the tree code is the only user of that bookkeeping;
+//! passing the bookkeeping as a separate object would mean a second borrow of the
+//! transaction on every page access in the hot path.
 
 use super::{node, PageSource, MAX_DEPTH};
-use crate::page::{
-    self, hdr, LeafValue, PageNo, PageRun, KIND_BRANCH, KIND_LEAF, NODE_CAPACITY, PAGE_SIZE,
-};
+use crate::page::{self, hdr, LeafValue, PageNo, PageRun, KIND_BRANCH, KIND_LEAF, NODE_CAPACITY};
 use crate::txn::WriteTxn;
 use crate::Result;
 
@@ -17,6 +22,8 @@ struct Split {
     right: PageNo,
 }
 
+// Bounds: a cell of a node this transaction holds: pages read from disk passed `page::verify` (cell bounds), cells built here are well formed.
+#[allow(clippy::indexing_slicing)]
 fn cell_key_of(kind: u8, cell: &[u8]) -> &[u8] {
     let len = page::read_u16(cell, 0) as usize;
     let start = if kind == KIND_BRANCH {
@@ -50,60 +57,6 @@ fn split_point(cells: &[Vec<u8>]) -> usize {
 }
 
 impl WriteTxn<'_> {
-    fn dirty_mut(&mut self, no: PageNo) -> &mut [u8] {
-        self.note_page_change(no);
-        self.dirty
-            .get_mut(&no)
-            .expect("page made writable before mutation")
-            .bytes_mut()
-    }
-
-    fn take_pages(&mut self, n: u64) -> PageNo {
-        if n == 1 {
-            if let Some(p) = self.local_free.pop() {
-                return p;
-            }
-        }
-        let (start, from_free) = self.alloc().take(n);
-        if from_free {
-            self.taken_from_free.extend(start..start + n);
-        }
-        start
-    }
-
-    fn new_node(&mut self, kind: u8) -> PageNo {
-        let no = self.take_pages(1);
-        let mut run = PageRun::zeroed(1);
-        page::init_node(run.bytes_mut(), kind, no);
-        self.insert_dirty(no, run);
-        no
-    }
-
-    /// Releases a page or run that this transaction no longer references.
-    fn free_pages(&mut self, start: PageNo, n: u64) {
-        self.note_page_change(start);
-        if self.dirty.remove(&start).is_some() {
-            self.sources.remove(&start);
-            self.local_free.extend(start..start + n);
-        } else {
-            self.freed_committed.extend(start..start + n);
-        }
-    }
-
-    /// Returns a page number holding a private, mutable copy of `no`.
-    fn writable(&mut self, no: PageNo) -> Result<PageNo> {
-        if self.dirty.contains_key(&no) {
-            return Ok(no);
-        }
-        let copy = PageRun::from_bytes(node(&*self, no)?);
-        let new_no = self.take_pages(1);
-        self.insert_dirty(new_no, copy);
-        hdr::set_page_no(self.dirty_mut(new_no), new_no);
-        self.sources.insert(new_no, no);
-        self.freed_committed.push(no);
-        Ok(new_no)
-    }
-
     fn leaf_cell_for(&mut self, key: &[u8], value: &[u8]) -> Vec<u8> {
         if page::LEAF_CELL_FIXED + key.len() + value.len() <= page::MAX_INLINE_CELL {
             return page::encode_leaf_cell(key, value);
@@ -207,6 +160,8 @@ impl WriteTxn<'_> {
     }
 
     /// Inserts a cell at slot `idx`, splitting the node if it does not fit.
+    // Bounds: `m` is a split point from `split_point`, which keeps it inside `cells`.
+    #[allow(clippy::indexing_slicing)]
     fn insert_or_split(&mut self, no: PageNo, idx: usize, cell: &[u8]) -> Result<Option<Split>> {
         if page::insert_cell(self.dirty_mut(no), idx, cell) {
             return Ok(None);
@@ -256,7 +211,7 @@ impl WriteTxn<'_> {
                 }
                 _ => return Ok(root),
             }
-            if !self.dirty.contains_key(&root) {
+            if !self.is_dirty(root) {
                 return Ok(root);
             }
         }
@@ -363,42 +318,6 @@ impl WriteTxn<'_> {
             self.free_pages(no, 1);
         }
         Ok(())
-    }
-
-    /// Writes modified tree roots into the catalog and removes dropped trees.
-    pub(crate) fn update_catalog(&mut self) -> Result<()> {
-        let mut names: Vec<String> = self
-            .trees
-            .iter()
-            .filter(|(_, t)| t.modified)
-            .map(|(n, _)| n.clone())
-            .collect();
-        names.sort();
-        for name in names {
-            let info = self.trees[&name].info;
-            let (root, _) = self.tree_put(self.catalog_root, name.as_bytes(), &info.encode())?;
-            self.catalog_root = root;
-        }
-        for name in std::mem::take(&mut self.dropped) {
-            if super::get(&*self, self.catalog_root, name.as_bytes())?.is_some() {
-                self.catalog_root = self.tree_delete(self.catalog_root, name.as_bytes())?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Seals every dirty page (txn id, page number, checksum) for the journal.
-    /// (The copy-on-write sources stay in `self.sources`.)
-    pub(crate) fn seal_dirty(&mut self) -> Vec<(PageNo, PageRun)> {
-        let txn_id = self.txn_id;
-        let mut pages: Vec<(PageNo, PageRun)> = self.dirty.drain().collect();
-        pages.sort_unstable_by_key(|(no, _)| *no);
-        for (no, run) in &mut pages {
-            let b = run.bytes_mut();
-            debug_assert!(b.len() >= PAGE_SIZE);
-            page::seal(b, *no, txn_id);
-        }
-        pages
     }
 }
 

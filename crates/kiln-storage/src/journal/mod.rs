@@ -1,8 +1,14 @@
 //! The write-ahead journal: preallocated files written sequentially with
 //! O_DIRECT|O_DSYNC, one record per commit.
 
+mod files;
+pub mod logical;
 pub mod record;
-pub(crate) mod recovery;
+mod replay_start;
+pub(crate) mod sync;
+
+pub(crate) use files::{JournalFiles, JournalPos};
+pub(crate) use replay_start::ReplayStart;
 pub(crate) mod writer;
 
 use crate::io::Vfs;

@@ -38,11 +38,13 @@
 //! checksummed bytes) means a stale record left in a recycled or rewritten region can
 //! never pass as the continuation of the current history.
 
-use crate::buffer::Slot;
+use super::logical;
+pub use super::logical::LogicalLog;
 use crate::io::DIRECT_IO_ALIGN;
 use crate::page::{
     self, read_u16, read_u32, read_u64, write_u16, write_u32, write_u64, PageNo, PageRun, PAGE_SIZE,
 };
+use crate::write_buffer::Slot;
 use std::sync::Arc;
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KJR1");
@@ -53,7 +55,6 @@ const FLAG_LOGICAL: u8 = 2;
 pub const FLAG_FREEZE: u8 = 4;
 pub const FLAG_MERGE_DONE: u8 = 8;
 const KNOWN_FLAGS: u8 = FLAG_LZ4 | FLAG_LOGICAL | FLAG_FREEZE | FLAG_MERGE_DONE;
-const LOGICAL_ENTRY_HEADER: usize = 7;
 /// Bodies smaller than this are not worth compressing.
 const MIN_COMPRESS_BODY: usize = 1024;
 /// A record's body may not decompress to more than this (bounds allocation).
@@ -110,69 +111,6 @@ pub struct RecordInput<'a> {
     pub buffer_flags: u8,
 }
 
-/// A transaction's write-buffer entries in their journal encoding, appended as the
-/// transaction writes (so a commit copies bytes rather than searching the buffer
-/// again for each key's final version). Every write is an entry, in order: a key
-/// written twice appears twice, and replay applies both, the later replacing the
-/// earlier. Entry: `key_len u16 | kind u8 (0 value, 1 tombstone, 2 in tree) |
-/// value_len u32 | buffer key (tree id BE ++ key) | value`.
-#[derive(Debug, Default)]
-pub struct LogicalLog {
-    bytes: Vec<u8>,
-    count: u32,
-}
-
-impl LogicalLog {
-    /// Appends an entry; returns its offset (for `buffer_key` and `truncate`).
-    pub fn push(&mut self, tree: crate::buffer::TreeId, key: &[u8], slot: &Slot) -> usize {
-        let (kind, value): (u8, &[u8]) = match slot {
-            Slot::Value(v) => (0, v),
-            Slot::Tombstone => (1, &[]),
-            Slot::InTree => (2, &[]),
-        };
-        let at = self.bytes.len();
-        self.bytes
-            .extend_from_slice(&((8 + key.len()) as u16).to_le_bytes());
-        self.bytes.push(kind);
-        self.bytes
-            .extend_from_slice(&(value.len() as u32).to_le_bytes());
-        self.bytes.extend_from_slice(&tree.to_be_bytes());
-        self.bytes.extend_from_slice(key);
-        self.bytes.extend_from_slice(value);
-        self.count += 1;
-        at
-    }
-
-    /// The buffer key of the entry at `at`.
-    pub fn buffer_key(&self, at: usize) -> &[u8] {
-        let len = read_u16(&self.bytes, at) as usize;
-        &self.bytes[at + LOGICAL_ENTRY_HEADER..at + LOGICAL_ENTRY_HEADER + len]
-    }
-
-    /// Drops the entry at `at` and all after it; `count` entries remain.
-    pub fn truncate(&mut self, at: usize, count: usize) {
-        self.bytes.truncate(at);
-        self.count = count as u32;
-    }
-
-    pub fn clear(&mut self) {
-        self.truncate(0, 0);
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-
-    /// Encoded size in a record body (0 when there are no entries).
-    pub fn encoded_len(&self) -> usize {
-        if self.is_empty() {
-            0
-        } else {
-            4 + self.bytes.len()
-        }
-    }
-}
-
 /// A page of a commit, with the committed page it was copied from, if any.
 pub struct JournalPage<'a> {
     pub no: PageNo,
@@ -180,6 +118,8 @@ pub struct JournalPage<'a> {
     pub source: Option<(PageNo, &'a [u8])>,
 }
 
+// Bounds: `head <= tail <= bytes.len()`, computed from the run itself just above.
+#[allow(clippy::indexing_slicing)]
 fn image_parts(run: &PageRun) -> (&[u8], &[u8]) {
     let bytes = run.bytes();
     let (head, tail) = page::image_extent(bytes);
@@ -188,6 +128,9 @@ fn image_parts(run: &PageRun) -> (&[u8], &[u8]) {
 
 /// Byte ranges where `new` differs from `old` (equal lengths), merged across small
 /// gaps. Compares 8-byte words and narrows to bytes only inside differing words.
+// Bounds: every word and byte index stays below `n = min(old.len(), new.len())`,
+// computed at the top; this is the commit path, so no per-byte `get`.
+#[allow(clippy::indexing_slicing)]
 pub fn diff_runs(old: &[u8], new: &[u8]) -> Vec<(usize, usize)> {
     let n = old.len().min(new.len());
     let words = n / 8;
@@ -296,6 +239,8 @@ pub const MAX_RECORD_BODY: usize = u32::MAX as usize - (64 << 20);
 /// scratch buffer, the body is LZ4-compressed when that makes it smaller; the
 /// buffer is reused from record to record (a fresh output allocation per record
 /// cost more than the compression itself: new memory is zeroed by the kernel).
+// Bounds: the record buffer is sized above for the header, every image, the freed list and the buffer entries, so every offset written lies below it; the hot path of a commit.
+#[allow(clippy::indexing_slicing)]
 pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<u8>>) -> Encoded {
     let forms: Vec<Form> = input.pages.iter().map(choose_form).collect();
     let logical_bytes = input.logical.encoded_len();
@@ -360,9 +305,9 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<
         }
     }
     if logical_bytes > 0 {
-        write_u32(b, at, input.logical.count);
+        write_u32(b, at, input.logical.count());
         at += 4;
-        put(b, &mut at, &input.logical.bytes);
+        put(b, &mut at, input.logical.bytes());
     }
     debug_assert_eq!(at, RECORD_HEADER + body_len);
     write_u32(b, 44, body_len as u32);
@@ -410,6 +355,8 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<
 /// just its start: a record's page images come first and compress well even when
 /// the buffered values after them (most of the bytes) do not. A body no larger than
 /// 4 KiB is compressed whole at once.
+// Bounds: sample windows start at `w * stride` with `stride = (len - WINDOW) / (WINDOWS - 1)`, so each window ends within the body.
+#[allow(clippy::indexing_slicing)]
 fn compress_if_worth_it(body: &[u8], scratch: &mut Vec<u8>) -> Option<usize> {
     const WINDOW: usize = 1024;
     const WINDOWS: usize = 4;
@@ -443,9 +390,10 @@ fn compress_into_scratch(input: &[u8], scratch: &mut Vec<u8>) -> Option<usize> {
 
 /// Parses and sanity-checks a header block. `None` if it is not a record header.
 pub fn parse_header(b: &[u8]) -> Option<RecordHeader> {
-    if b.len() < RECORD_HEADER || read_u32(b, 0) != MAGIC || b[4] != VERSION {
+    if b.len() < RECORD_HEADER || read_u32(b, 0) != MAGIC || b.get(4) != Some(&VERSION) {
         return None;
     }
+    let flags = *b.get(5)?;
     Some(RecordHeader {
         txn_id: read_u64(b, 8),
         nonce: read_u64(b, 16),
@@ -454,7 +402,7 @@ pub fn parse_header(b: &[u8]) -> Option<RecordHeader> {
         body_len: read_u32(b, 32),
         image_count: read_u32(b, 36),
         freed_count: read_u32(b, 40),
-        flags: b[5],
+        flags,
         raw_body_len: read_u32(b, 44),
         catalog_root: read_u64(b, 48),
         page_count: read_u64(b, 56),
@@ -468,10 +416,15 @@ pub fn checksum_ok(h: &RecordHeader, record: &[u8]) -> bool {
     if record.len() < len {
         return false;
     }
+    let (Some(stored_head), Some(body)) =
+        (record.get(..RECORD_HEADER), record.get(RECORD_HEADER..len))
+    else {
+        return false;
+    };
     let mut head = [0u8; RECORD_HEADER];
-    head.copy_from_slice(&record[..RECORD_HEADER]);
+    head.copy_from_slice(stored_head);
     write_u32(&mut head, 28, 0);
-    let sum = crc32c::crc32c_append(crc32c::crc32c(&head), &record[RECORD_HEADER..len]);
+    let sum = crc32c::crc32c_append(crc32c::crc32c(&head), body);
     sum == h.checksum
 }
 
@@ -494,6 +447,8 @@ impl Image {
     }
 
     /// Rebuilds the page; `source` is called for the source page of a diff.
+    // Bounds: diff runs were checked to lie inside one page by `decode_diff`, and the source is a whole page.
+    #[allow(clippy::indexing_slicing)]
     pub fn materialize(
         self,
         source: impl FnOnce(PageNo) -> crate::Result<Vec<u8>>,
@@ -520,12 +475,19 @@ pub struct DecodedRecord {
 }
 
 /// Reads `n` bytes at `*at` from `body`, or explains why it can't.
-fn take<'b>(body: &'b [u8], at: &mut usize, n: usize, what: &str) -> Result<&'b [u8], String> {
+pub(super) fn take<'b>(
+    body: &'b [u8],
+    at: &mut usize,
+    n: usize,
+    what: &str,
+) -> Result<&'b [u8], String> {
     let end = at
         .checked_add(n)
         .filter(|e| *e <= body.len())
         .ok_or_else(|| format!("{what} runs past the body"))?;
-    let s = &body[*at..end];
+    let s = body
+        .get(*at..end)
+        .ok_or_else(|| format!("{what} runs past the body"))?;
     *at = end;
     Ok(s)
 }
@@ -538,7 +500,9 @@ pub fn decode_body(h: &RecordHeader, record: &[u8]) -> Result<DecodedRecord, Str
         .checked_add(h.body_len as usize)
         .filter(|e| *e <= record.len())
         .ok_or("body length beyond the record")?;
-    let stored = &record[RECORD_HEADER..end];
+    let stored = record
+        .get(RECORD_HEADER..end)
+        .ok_or("body length beyond the record")?;
     if h.flags & !KNOWN_FLAGS != 0 {
         return Err(format!("unknown record flags {:#x}", h.flags));
     }
@@ -615,29 +579,11 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> 
         };
         images.push((no, image));
     }
-    let mut logical = Vec::new();
-    if h.flags & FLAG_LOGICAL != 0 {
-        let count = read_u32(take(body, &mut at, 4, "buffer entry count")?, 0) as usize;
-        for e in 0..count {
-            let eh = take(body, &mut at, LOGICAL_ENTRY_HEADER, "buffer entry header")?;
-            let (klen, kind, vlen) = (read_u16(eh, 0) as usize, eh[2], read_u32(eh, 3) as usize);
-            if !(9..=8 + page::MAX_KEY_SIZE).contains(&klen) {
-                return Err(format!("buffer entry {e}: key of {klen} bytes"));
-            }
-            let key: Box<[u8]> = take(body, &mut at, klen, "buffer entry key")?.into();
-            let slot = match (kind, vlen) {
-                (0, _) => Slot::Value(take(body, &mut at, vlen, "buffer entry value")?.into()),
-                (1, 0) => Slot::Tombstone,
-                (2, 0) => Slot::InTree,
-                _ => {
-                    return Err(format!(
-                        "buffer entry {e}: kind {kind} with {vlen} value bytes"
-                    ))
-                }
-            };
-            logical.push((key, slot));
-        }
-    }
+    let logical = if h.flags & FLAG_LOGICAL != 0 {
+        logical::decode_entries(body, &mut at)?
+    } else {
+        Vec::new()
+    };
     if at != body.len() {
         return Err(format!(
             "{} unexplained bytes after the page images",
@@ -652,6 +598,8 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> 
     })
 }
 
+// Bounds: `head + tail <= run_bytes` and `bytes.len() == head + tail` are checked just above.
+#[allow(clippy::indexing_slicing)]
 fn decode_full(
     body: &[u8],
     at: &mut usize,
@@ -781,11 +729,11 @@ mod tests {
         log.push(9, b"gamma", &Slot::Value(vec![5u8; 3000].into()));
         assert_eq!(
             log.buffer_key(a),
-            crate::buffer::buffer_key(7, b"alpha").as_ref()
+            crate::write_buffer::buffer_key(7, b"alpha").as_ref()
         );
         assert_eq!(
             log.buffer_key(c),
-            crate::buffer::buffer_key(9, b"alpha").as_ref()
+            crate::write_buffer::buffer_key(9, b"alpha").as_ref()
         );
         log.truncate(c, 2);
         log.push(9, b"alpha", &Slot::Value(b"two".to_vec().into()));
@@ -805,12 +753,12 @@ mod tests {
         let rec = decode(&buf.bytes()[..enc.padded_len]).expect("decodes");
         let expect: Vec<(Box<[u8]>, Slot)> = vec![
             (
-                crate::buffer::buffer_key(7, b"alpha"),
+                crate::write_buffer::buffer_key(7, b"alpha"),
                 Slot::Value(b"one".to_vec().into()),
             ),
-            (crate::buffer::buffer_key(7, b"beta"), Slot::Tombstone),
+            (crate::write_buffer::buffer_key(7, b"beta"), Slot::Tombstone),
             (
-                crate::buffer::buffer_key(9, b"alpha"),
+                crate::write_buffer::buffer_key(9, b"alpha"),
                 Slot::Value(b"two".to_vec().into()),
             ),
         ];

@@ -13,8 +13,10 @@
 //! At most one group waits for the journal behind the one being written: more would
 //! only split the work into smaller writes.
 
-use crate::env::Shared;
+use super::PendingCommit;
+pub use crate::stats::QueueStats;
 use crate::txn::WriteTxn;
+use crate::Failure;
 use crate::{Error, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
@@ -23,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-type Unit = Box<dyn for<'a, 'e> FnOnce(&'a mut WriteTxn<'e>) -> Result<()> + Send>;
+pub(crate) type Unit = Box<dyn for<'a, 'e> FnOnce(&'a mut WriteTxn<'e>) -> Result<()> + Send>;
 
 /// What a waiting submitter is told: lead the next group, or the outcome of its unit
 /// (the id of the transaction that committed it, or why it did not).
@@ -81,26 +83,6 @@ impl Default for QueueLimits {
             max_queue_delay_ms: 2_000,
             max_group_units: 4096,
             max_group_bytes: 32 << 20,
-        }
-    }
-}
-
-/// Figures of the commit queue (`Env::queue_stats`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct QueueStats {
-    pub units_committed: u64,
-    pub units_failed: u64,
-    pub groups: u64,
-    pub max_group_units: u64,
-    pub overloaded_rejections: u64,
-}
-
-impl QueueStats {
-    pub fn avg_group_units(&self) -> f64 {
-        if self.groups == 0 {
-            0.0
-        } else {
-            self.units_committed as f64 / self.groups as f64
         }
     }
 }
@@ -219,11 +201,22 @@ impl CommitQueue {
     }
 }
 
-impl Shared {
+/// The environment as the queue sees it: the commit phases, and the latch for a
+/// panic in them.
+pub(crate) trait Committer {
+    fn limits(&self) -> &QueueLimits;
+    fn begin(&self) -> Result<WriteTxn<'_>>;
+    fn prepare(&self, txn: &mut WriteTxn) -> Result<Option<PendingCommit>>;
+    fn finish(&self, pending: PendingCommit) -> Result<u64>;
+    fn wait_durable(&self, txn_id: u64) -> Result<()>;
+    fn latch(&self, why: Failure);
+}
+
+impl CommitQueue {
     /// Submits a unit and blocks until it is durable (or failed).
-    pub(crate) fn submit_unit(&self, unit: Unit) -> Result<u64> {
-        let q = &self.queue;
-        let answer = q.enqueue(unit, &self.opts.queue_limits)?;
+    pub(crate) fn submit(&self, env: &impl Committer, unit: Unit) -> Result<u64> {
+        let q = self;
+        let answer = q.enqueue(unit, env.limits())?;
         let mut word = answer.word.lock();
         loop {
             match std::mem::replace(&mut *word, Word::Wait) {
@@ -231,8 +224,8 @@ impl Shared {
                 Word::Lead => {
                     drop(word);
                     q.let_company_arrive();
-                    let group = q.take_group(self.opts.queue_limits.max_group_units);
-                    self.lead_group(group);
+                    let group = q.take_group(env.limits().max_group_units);
+                    q.lead_group(env, group);
                     word = answer.word.lock();
                 }
                 Word::Wait => answer.cv.wait(&mut word),
@@ -241,9 +234,9 @@ impl Shared {
     }
 
     /// Runs a group in one write transaction and commits it with one journal write.
-    fn lead_group(&self, group: Vec<Job>) {
-        let q = &self.queue;
-        let mut txn = match self.begin_write_txn() {
+    fn lead_group(&self, env: &impl Committer, group: Vec<Job>) {
+        let q = self;
+        let mut txn = match env.begin() {
             Ok(t) => t,
             Err(e) => {
                 for job in group {
@@ -286,7 +279,7 @@ impl Shared {
                     job.answer.tell(Word::Done(Err(Error::UnitPanicked(msg))));
                 }
             }
-            if txn.dirty_bytes() >= self.opts.queue_limits.max_group_bytes {
+            if txn.dirty_bytes() >= env.limits().max_group_bytes {
                 break;
             }
         }
@@ -298,14 +291,14 @@ impl Shared {
         // A panic in the engine must not leave this group's submitters, or the queue's
         // leadership, waiting forever: it becomes an error and latches the
         // environment (its state after a half-done commit cannot be trusted).
-        let prepared = match catch_unwind(AssertUnwindSafe(|| self.prepare_commit(&mut txn))) {
+        let prepared = match catch_unwind(AssertUnwindSafe(|| env.prepare(&mut txn))) {
             Ok(p) => p,
             Err(panic) => {
                 let why = crate::Failure::internal(
                     "preparing a commit panicked",
                     crate::error::panic_message(&*panic),
                 );
-                self.poison(why.clone());
+                env.latch(why.clone());
                 Err(Error::Poisoned(why))
             }
         };
@@ -315,12 +308,12 @@ impl Shared {
         q.end_leadership(in_flight);
         let result = match prepared {
             Ok(Some(p)) => {
-                let r = self.finish_commit(p);
+                let r = env.finish(p);
                 q.group_written();
                 r
             }
             // Nothing changed, but what the units read may still be in flight.
-            Ok(None) => self.wait_durable(base_txn).map(|_| base_txn),
+            Ok(None) => env.wait_durable(base_txn).map(|_| base_txn),
             Err(e) => Err(e),
         };
         if !committed.is_empty() {

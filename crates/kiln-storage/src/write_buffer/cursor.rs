@@ -2,7 +2,7 @@
 //! them (buffered values win, tombstones hide tree entries), both directions.
 
 use crate::btree::cursor::{Entry, TreeCursor};
-use crate::buffer::{Found, Gens, TreeId};
+use crate::write_buffer::{Found, Gens, TreeId};
 use crate::Result;
 
 /// A position in a tree. Entries returned borrow from the transaction.

@@ -16,7 +16,6 @@
 //! removed or replaced while the generation lives (only the writer's own,
 //! uncommitted versions are: see `write` and `undo`).
 
-use crate::journal::writer::JournalPos;
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -94,6 +93,8 @@ pub(crate) fn buffer_key(tree: TreeId, key: &[u8]) -> Box<[u8]> {
 /// random puts showed a third of the committing thread's time in the map's searches.
 type Head = [u64; 3];
 
+// Bounds: `from <= to <= bytes.len()` and `to - from <= 8`, computed just above.
+#[allow(clippy::indexing_slicing)]
 fn head_of(bytes: &[u8]) -> Head {
     let mut head = [0u64; 3];
     for (i, word) in head.iter_mut().enumerate() {
@@ -220,8 +221,11 @@ fn within_tree<R>(
 }
 
 pub(crate) fn split_buffer_key(k: &[u8]) -> (TreeId, &[u8]) {
-    let id = u64::from_be_bytes(k[..8].try_into().expect("buffer keys start with a tree id"));
-    (id, &k[8..])
+    let (id, key) = k
+        .split_at_checked(8)
+        .expect("buffer keys start with a tree id");
+    let id = u64::from_be_bytes(id.try_into().expect("8 bytes"));
+    (id, key)
 }
 
 /// Extends a borrow of bytes owned by a generation to the lifetime of whoever holds
@@ -371,7 +375,10 @@ impl Generation {
         let hit = |(k, vs): (&MapKey, &Versions)| {
             visible(vs, upto_txn).map(|slot| {
                 // SAFETY: see `extend`; keys live as long as their versions.
-                (unsafe { extend(&k.bytes[8..]) }, found(slot))
+                (
+                    unsafe { extend(k.bytes.get(8..).unwrap_or_default()) },
+                    found(slot),
+                )
             })
         };
         within_tree(tree, |start, end| {
@@ -553,7 +560,7 @@ impl Gens {
             let mut merged: BTreeMap<Box<[u8]>, Kind> = f.into_iter().collect();
             merged.extend(a);
             for (bkey, kind) in &merged {
-                let key = &bkey[8..];
+                let key = bkey.get(8..).unwrap_or_default();
                 change += match kind {
                     Kind::Value => i64::from(!in_tree(key)?),
                     Kind::Tombstone => -i64::from(in_tree(key)?),
@@ -598,56 +605,6 @@ impl Gens {
             }
             (a, None) => a,
             (None, f) => f,
-        }
-    }
-}
-
-/// Where recovery must start reading the journal so that every buffered entry not
-/// yet merged into a synced data file is read again: just after the record that
-/// froze the newest generation whose merge is synced (or the journal's start).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ReplayStart {
-    /// The transaction whose record ends at `pos` (0 at the journal's start).
-    pub txn_id: u64,
-    pub pos: JournalPos,
-    /// The last freeze seen, not yet known to be merged.
-    last_freeze: Option<(u64, JournalPos)>,
-}
-
-impl ReplayStart {
-    pub fn new(txn_id: u64, pos: JournalPos) -> Self {
-        ReplayStart {
-            txn_id,
-            pos,
-            last_freeze: None,
-        }
-    }
-
-    /// Follows the commits in order: `end` is where transaction `txn_id`'s record
-    /// ends; `buffer_empty` says nothing is buffered after it.
-    pub fn note(
-        &mut self,
-        txn_id: u64,
-        end: JournalPos,
-        froze: bool,
-        merge_done: bool,
-        buffer_empty: bool,
-    ) {
-        if buffer_empty {
-            // No record up to here holds an entry still needed.
-            *self = ReplayStart::new(txn_id, end);
-            return;
-        }
-        // A commit does not both finish a merge and freeze (see `prepare_commit`),
-        // and a merge that finishes refers to the last freeze.
-        if merge_done {
-            if let Some((t, p)) = self.last_freeze.take() {
-                self.txn_id = t;
-                self.pos = p;
-            }
-        }
-        if froze {
-            self.last_freeze = Some((txn_id, end));
         }
     }
 }

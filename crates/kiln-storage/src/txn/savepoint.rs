@@ -7,8 +7,8 @@
 //! the unit touches, not the size of the transaction. On rollback, created pages are
 //! dropped (their numbers go back where they came from) and undo copies restored.
 
+use super::{TreeState, WriteTxn};
 use crate::page::{PageNo, PageRun};
-use crate::txn::{TreeState, WriteTxn};
 
 pub(crate) struct Savepoint {
     trees: crate::fasthash::FastMap<String, TreeState>,
@@ -99,7 +99,7 @@ impl WriteTxn<'_> {
             .drain(sp.taken_from_free_len..)
             .collect();
         let alloc = self.alloc();
-        alloc.free.extend(taken);
+        alloc.put_free(taken);
         alloc.page_count = sp.page_count;
         self.broken = None;
     }

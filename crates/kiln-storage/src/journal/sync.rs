@@ -6,11 +6,20 @@
 //! data-file fsync (tens of milliseconds to seconds) stretched the window silently.
 //! Here nothing else runs on the thread: the interval holds however busy the flusher is.
 
-use crate::env::Shared;
+use crate::error::Latch;
+use crate::journal::JournalFiles;
+use crate::stats::EngineCounters;
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// What the buffered-mode journal syncer may touch.
+pub(crate) struct SyncHandle {
+    pub journal_files: Arc<JournalFiles>,
+    pub counters: Arc<EngineCounters>,
+    pub latch: Arc<Latch>,
+}
 
 pub(crate) struct JournalSyncer {
     stop: Arc<(Mutex<bool>, Condvar)>,
@@ -19,7 +28,7 @@ pub(crate) struct JournalSyncer {
 
 impl JournalSyncer {
     /// Starts syncing the current journal file every `interval`.
-    pub fn start(shared: Arc<Shared>, interval: Duration) -> std::io::Result<JournalSyncer> {
+    pub fn start(shared: SyncHandle, interval: Duration) -> std::io::Result<JournalSyncer> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let stop_seen = stop.clone();
         let handle = std::thread::Builder::new()
@@ -47,7 +56,7 @@ impl Drop for JournalSyncer {
     }
 }
 
-fn run(shared: &Shared, interval: Duration, stop: &(Mutex<bool>, Condvar)) {
+fn run(shared: &SyncHandle, interval: Duration, stop: &(Mutex<bool>, Condvar)) {
     let mut next = Instant::now() + interval;
     loop {
         {
@@ -62,7 +71,7 @@ fn run(shared: &Shared, interval: Duration, stop: &(Mutex<bool>, Condvar)) {
         next = Instant::now() + interval;
         // After a failure the environment refuses writes until reopened; recovery
         // then reads the journal back and decides what was committed.
-        if shared.poison_reason().is_some() {
+        if shared.latch.poison_reason().is_some() {
             continue;
         }
         let start = Instant::now();
@@ -73,7 +82,7 @@ fn run(shared: &Shared, interval: Duration, stop: &(Mutex<bool>, Condvar)) {
                 .record(start.elapsed()),
             Err(e) => {
                 tracing::error!(error = %e, "background journal sync failed; the environment now refuses writes until reopened");
-                shared.poison(crate::Failure::from_error(
+                shared.latch.poison(crate::Failure::from_error(
                     "background journal sync failed",
                     &e,
                 ));

@@ -1,26 +1,27 @@
 //! Read and write transactions.
+//!
+//! `WriteTxn`'s fields are private to this module: `pages` (allocating, freeing and
+//! copying pages), `savepoint` (rolling back one unit of a merged group) and `seal`
+//! (what a commit takes from the transaction: `WriteTxn::seal` returns a
+//! `SealedTxn`) are its children.
+
+mod pages;
+mod savepoint;
+mod seal;
+
+pub(crate) use seal::Committed;
 
 use crate::btree::cursor::TreeCursor;
 use crate::btree::{self, PageSource};
-use crate::buffer::{buffer_key, Found, Gens, Slot, TreeId};
-use crate::cursor::Cursor;
-use crate::env::Shared;
 use crate::page::{self, PageNo, PageRun};
+use crate::shared::{Shared, Snapshot, WriterState};
 use crate::store::Pins;
+use crate::write_buffer::Cursor;
+use crate::write_buffer::{buffer_key, Found, Gens, Slot, TreeId};
 use crate::{Error, Result};
 use parking_lot::MutexGuard;
 use std::cell::RefCell;
 use std::path::Path;
-
-/// The committed state a transaction starts from: the trees' pages, and the write
-/// buffer's generations (filtered by `txn_id`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Snapshot {
-    pub txn_id: u64,
-    pub catalog_root: PageNo,
-    pub page_count: u64,
-    pub gens: Gens,
-}
 
 /// A tree as recorded in the catalog: its root, its number of entries (buffered ones
 /// included) and its id (which the write buffer keys its entries by).
@@ -245,48 +246,89 @@ pub(crate) struct TreeState {
 /// returns, which happens only once the journal record is durable. Dropping it
 /// without committing aborts.
 pub struct WriteTxn<'env> {
-    pub(crate) env: &'env Shared,
-    pub(crate) writer: Option<MutexGuard<'env, crate::env::WriterState>>,
-    pub(crate) txn_id: u64,
-    pub(crate) base: Snapshot,
-    pub(crate) pins: Pins,
+    env: &'env Shared,
+    writer: Option<MutexGuard<'env, WriterState>>,
+    txn_id: u64,
+    base: Snapshot,
+    pins: Pins,
     /// Pages (and overflow runs, keyed by first page) written by this transaction.
-    pub(crate) dirty: crate::fasthash::FastMap<PageNo, PageRun>,
+    dirty: crate::fasthash::FastMap<PageNo, PageRun>,
     /// For dirty pages copied from a committed page: that page (the journal may
     /// record the difference instead of the whole page).
-    pub(crate) sources: crate::fasthash::FastMap<PageNo, PageNo>,
+    sources: crate::fasthash::FastMap<PageNo, PageNo>,
     /// Committed pages this transaction made unreachable.
-    pub(crate) freed_committed: Vec<PageNo>,
+    freed_committed: Vec<PageNo>,
     /// Pages allocated and freed again within this transaction.
-    pub(crate) local_free: Vec<PageNo>,
+    local_free: Vec<PageNo>,
     /// Pages taken from the allocator's free list (returned on abort).
-    pub(crate) taken_from_free: Vec<PageNo>,
-    pub(crate) catalog_root: PageNo,
-    pub(crate) trees: crate::fasthash::FastMap<String, TreeState>,
-    pub(crate) dropped: Vec<String>,
+    taken_from_free: Vec<PageNo>,
+    catalog_root: PageNo,
+    trees: crate::fasthash::FastMap<String, TreeState>,
+    dropped: Vec<String>,
     /// Open savepoint of the unit being run by the commit queue, if any.
-    pub(crate) savepoint: Option<crate::savepoint::Savepoint>,
+    savepoint: Option<savepoint::Savepoint>,
     /// Running total of bytes of pages created (see `dirty_bytes`).
-    pub(crate) dirty_bytes_written: usize,
+    dirty_bytes_written: usize,
     /// Every buffer write of this transaction: where its entry starts in `logical`,
     /// and the version it replaced (its own earlier one), so that an abort or a
     /// savepoint can take it back. One per entry of `logical`.
-    pub(crate) undo: Vec<(usize, Option<Slot>)>,
+    undo: Vec<(usize, Option<Slot>)>,
     /// The buffer writes in their journal form (the record copies them at commit).
-    pub(crate) logical: crate::journal::record::LogicalLog,
+    logical: crate::journal::record::LogicalLog,
     /// Per tree id, the largest key in the tree itself as this transaction last saw
     /// it (`None`: empty), found once per transaction (see `buffers`).
-    pub(crate) tree_last_key: crate::fasthash::FastMap<TreeId, Option<Box<[u8]>>>,
+    tree_last_key: crate::fasthash::FastMap<TreeId, Option<Box<[u8]>>>,
     /// Trees given an id by this transaction (ids are txn id << 20 | this).
-    pub(crate) trees_named: u64,
+    trees_named: u64,
     /// Merge the whole write buffer into the trees, a slice per commit (close, check).
-    pub(crate) force_merge: bool,
+    force_merge: bool,
     /// Set when an operation failed half-way: the in-memory tree may be inconsistent,
     /// so the transaction can only be aborted.
-    pub(crate) broken: Option<String>,
+    broken: Option<String>,
 }
 
 impl<'env> WriteTxn<'env> {
+    /// Starts the write transaction, waiting while another one is open. It is
+    /// built on the latest commit (which may still be waiting for its journal
+    /// write) and holds the writer lock until it commits or aborts.
+    pub(crate) fn begin(env: &'env Shared) -> Result<Self> {
+        if let Some(why) = env.poison_reason() {
+            return Err(Error::Poisoned(why));
+        }
+        let mut w = env.writer.lock();
+        let horizon = env
+            .readers
+            .oldest_reader()
+            .min(env.synced_txn_id.load(std::sync::atomic::Ordering::SeqCst));
+        let store = &env.store;
+        w.alloc.release(horizon, |pages| store.forget(pages));
+        env.note_alloc(&w.alloc);
+        let base = w.latest.clone();
+        Ok(WriteTxn {
+            env,
+            txn_id: base.txn_id + 1,
+            catalog_root: base.catalog_root,
+            writer: Some(w),
+            base,
+            pins: Default::default(),
+            dirty: Default::default(),
+            sources: Default::default(),
+            freed_committed: Vec::new(),
+            local_free: Vec::new(),
+            taken_from_free: Vec::new(),
+            undo: Vec::new(),
+            logical: Default::default(),
+            tree_last_key: Default::default(),
+            trees_named: 0,
+            force_merge: false,
+            trees: Default::default(),
+            dropped: Vec::new(),
+            broken: None,
+            savepoint: None,
+            dirty_bytes_written: 0,
+        })
+    }
+
     pub fn txn_id(&self) -> u64 {
         self.txn_id
     }
@@ -326,6 +368,11 @@ impl<'env> WriteTxn<'env> {
             self.broken = Some(e.to_string());
         }
         r
+    }
+
+    /// Records a tree's new state (its root, entry count, or id changed).
+    pub(crate) fn set_tree_state(&mut self, name: &str, st: TreeState) {
+        self.trees.insert(name.to_string(), st);
     }
 
     pub(crate) fn tree_state(&mut self, name: &str) -> Result<TreeState> {
@@ -449,16 +496,16 @@ impl<'env> WriteTxn<'env> {
         {
             return Ok(false);
         }
-        let last = match self.tree_last_key.get(&st.info.id) {
-            Some(last) => last.as_deref(),
-            None => {
-                let last = btree::cursor::TreeCursor::new(&*self, st.info.root)
-                    .last()?
-                    .map(|(k, _)| Box::<[u8]>::from(k));
-                self.tree_last_key.insert(st.info.id, last);
-                self.tree_last_key[&st.info.id].as_deref()
-            }
-        };
+        if !self.tree_last_key.contains_key(&st.info.id) {
+            let last = btree::cursor::TreeCursor::new(&*self, st.info.root)
+                .last()?
+                .map(|(k, _)| Box::<[u8]>::from(k));
+            self.tree_last_key.insert(st.info.id, last);
+        }
+        let last = self
+            .tree_last_key
+            .get(&st.info.id)
+            .and_then(|l| l.as_deref());
         Ok(last.is_some_and(|last| key <= last))
     }
 
@@ -585,9 +632,7 @@ impl<'env> WriteTxn<'env> {
             self.undo_buffer_writes(0);
         }
         if let Some(mut w) = self.writer.take() {
-            for p in self.taken_from_free.drain(..) {
-                w.alloc.free.insert(p);
-            }
+            w.alloc.put_free(self.taken_from_free.drain(..));
             w.alloc.page_count = self.base.page_count;
             self.env
                 .counters

@@ -18,9 +18,9 @@
 //! for a valid record with a higher transaction id: one means transactions were lost
 //! in the middle, and open fails unless explicitly allowed.
 
-use super::record::{self, DecodedRecord, RecordHeader, RECORD_HEADER};
-use super::{file_path, list_files, writer::JournalPos};
 use crate::io::{OpenMode, Vfs, VfsFile, DIRECT_IO_ALIGN};
+use crate::journal::record::{self, DecodedRecord, RecordHeader, RECORD_HEADER};
+use crate::journal::{file_path, list_files, writer::JournalPos};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -151,6 +151,8 @@ impl Reader<'_> {
 
     /// Finds valid records with txn id >= `expected` after the end position. Reads in
     /// 1 MiB chunks: this runs on every open.
+    // Bounds: `n <= chunk.len()` and `block + DIRECT_IO_ALIGN <= n`, from the loop bounds.
+    #[allow(clippy::indexing_slicing)]
     fn scan_for_gap(&self, from: JournalPos, expected: u64) -> Result<Vec<(u64, PathBuf, u64)>> {
         const CHUNK: u64 = 1 << 20;
         let mut found = Vec::new();
@@ -233,7 +235,11 @@ pub fn replay(
                     break;
                 }
                 Probe::Clean => {}
-                Probe::Bad(what) => bad[i] = Some(what),
+                Probe::Bad(what) => {
+                    if let Some(b) = bad.get_mut(i) {
+                        *b = Some(what);
+                    }
+                }
             }
         }
         if advanced {

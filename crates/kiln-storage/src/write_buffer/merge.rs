@@ -4,11 +4,17 @@
 //! land in one leaf are applied to it together: the leaf is copied, journaled and
 //! written back once for all of them. Re-applying a slice is harmless (each key gets
 //! its newest buffered value again), so after a crash the merge simply starts over.
+//!
+//! A circle, on purpose: merging is a `WriteTxn` method (write_buffer -> txn), and
+//! the transaction reads through the buffer's generations (txn -> write_buffer). A
+//! slice is applied to the trees by the transaction being committed, with its
+//! copy-on-write and savepoint bookkeeping, through the transaction's own methods
+//! (`tree_state`, `tree_put`, `tree_delete`), not its fields.
 
 use crate::btree;
-use crate::buffer::{split_buffer_key, Slot, TreeId};
 use crate::fasthash::FastMap;
 use crate::txn::WriteTxn;
+use crate::write_buffer::{split_buffer_key, Slot, TreeId};
 use crate::Result;
 
 impl WriteTxn<'_> {
@@ -19,7 +25,7 @@ impl WriteTxn<'_> {
         cursor: &mut Option<Box<[u8]>>,
         limit: usize,
     ) -> Result<bool> {
-        let Some(frozen) = self.base.gens.frozen.clone() else {
+        let Some(frozen) = self.base_gens().frozen.clone() else {
             return Ok(false);
         };
         let slice = frozen.newest_from(cursor.as_deref(), limit);
@@ -33,7 +39,7 @@ impl WriteTxn<'_> {
             };
             // A newer version waits in the active generation (or the key was written
             // into the tree since): this one is superseded.
-            if self.base.gens.active.contains(bkey) {
+            if self.base_gens().active.contains(bkey) {
                 continue;
             }
             let mut st = self.tree_state(name)?;
@@ -54,7 +60,7 @@ impl WriteTxn<'_> {
                 Slot::InTree => continue,
             }
             st.modified = true;
-            self.trees.insert(name.clone(), st);
+            self.set_tree_state(name, st);
         }
         *cursor = if done {
             None

@@ -1,0 +1,115 @@
+//! How an environment is opened (`Options`) and the checks `Env::open` makes of them.
+
+use crate::commit::QueueLimits;
+use crate::io::{OsVfs, Vfs};
+use crate::journal::writer::Durability;
+use crate::page::PAGE_SIZE;
+use crate::{Error, Result};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// How an environment is opened. `Default` is fully durable.
+#[derive(Clone)]
+pub struct Options {
+    /// Where journal files go; default `<dir>/journal`. May be on another volume.
+    pub journal_dir: Option<PathBuf>,
+    /// Size of each preallocated journal file.
+    pub journal_file_size_bytes: u64,
+    /// The data file grows in steps of at least this many bytes.
+    pub data_grow_step_bytes: u64,
+    /// The flusher syncs the data file at least this often while there is work...
+    pub sync_interval_ms: u64,
+    /// ...and whenever this many bytes were written back since the last sync.
+    pub sync_after_bytes: u64,
+    /// Commits wait when pages not yet written back exceed this (back-pressure).
+    pub max_unflushed_bytes: u64,
+    /// The flusher writes pages back in windows of about this many bytes of commits
+    /// (or when a sync is due, whichever comes first). A page rewritten by a later
+    /// commit of the same window is written once: a larger window writes less (W3,
+    /// 1M random puts: 867k pages written back with 8 MiB windows, 460k with 128
+    /// MiB) and holds up to that much more memory. At most half of
+    /// `max_unflushed_bytes`, so commits never wait on a window filling up.
+    pub write_back_window_bytes: u64,
+    /// Write the journal with O_DIRECT|O_DSYNC (falls back by itself where refused).
+    pub journal_direct_io: bool,
+    /// When a commit is acknowledged: `Immediate` (default, durable) or `Buffered`.
+    pub durability: Durability,
+    /// The flusher prepares the next journal file as soon as the writer moves to a new
+    /// one (default), instead of only at checkpoints, so that a commit never waits
+    /// for a file to be created. Simulation tests turn it off to keep all background
+    /// I/O at points they choose (determinism).
+    pub prepare_journal_files_ahead: bool,
+    /// Bounds of the commit queue (`Env::submit`).
+    pub queue_limits: QueueLimits,
+    /// Compress journal records with LZ4 when that makes them smaller.
+    pub journal_compression: bool,
+    /// Open even if the journal shows that transactions were lost in the middle,
+    /// keeping only those before the hole. Off by default: that situation means
+    /// acknowledged commits are gone, and an operator should decide.
+    pub open_despite_journal_gap: bool,
+    /// The write buffer (docs/design.md, "The write buffer"): puts and deletes whose
+    /// key and value together are at most `write_buffer_max_entry_bytes` are
+    /// journaled as logical entries and kept in memory, and reach the trees in key
+    /// order, merged a slice per commit once this many bytes are buffered. Bounds
+    /// the memory held (about twice this) and the journal kept for replay. 0 turns
+    /// buffering off: every write goes into its tree at once.
+    pub write_buffer_bytes: u64,
+    /// See `write_buffer_bytes`; larger puts go into their tree at once.
+    pub write_buffer_max_entry_bytes: usize,
+    /// The file system seam (tests substitute a fault-injecting one).
+    pub vfs: Arc<dyn Vfs>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            journal_dir: None,
+            journal_file_size_bytes: 64 << 20,
+            data_grow_step_bytes: 64 << 20,
+            sync_interval_ms: 1000,
+            sync_after_bytes: 64 << 20,
+            max_unflushed_bytes: 512 << 20,
+            write_back_window_bytes: 128 << 20,
+            journal_direct_io: true,
+            durability: Durability::Immediate,
+            journal_compression: true,
+            queue_limits: QueueLimits::default(),
+            prepare_journal_files_ahead: true,
+            open_despite_journal_gap: false,
+            write_buffer_bytes: 32 << 20,
+            write_buffer_max_entry_bytes: 2048,
+            vfs: Arc::new(OsVfs),
+        }
+    }
+}
+
+impl Options {
+    /// Checks the options as `Env::open` does, without opening anything.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(Error::InvalidOption(m.to_string()));
+        if self.write_buffer_max_entry_bytes > 64 << 10 {
+            return bad("write_buffer_max_entry_bytes must be at most 64 KiB");
+        }
+        if self.journal_file_size_bytes < 1 << 20 || self.journal_file_size_bytes % 4096 != 0 {
+            return bad("journal_file_size_bytes must be a multiple of 4096 and at least 1 MiB");
+        }
+        if self.data_grow_step_bytes < PAGE_SIZE as u64
+            || self.data_grow_step_bytes % PAGE_SIZE as u64 != 0
+        {
+            return bad("data_grow_step_bytes must be a positive multiple of the page size");
+        }
+        if self.max_unflushed_bytes < 32 << 20 {
+            return bad("max_unflushed_bytes must be at least 32 MiB");
+        }
+        if self.write_back_window_bytes < 1 << 20
+            || self.write_back_window_bytes > self.max_unflushed_bytes / 2
+        {
+            // A window that cannot fill before back-pressure starts would stall
+            // commits until the sync timer fires.
+            return bad(
+                "write_back_window_bytes must be at least 1 MiB and at most half of max_unflushed_bytes",
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,126 @@
+//! Replaying the journal on open: page images of transactions after the synced one
+//! go into the data file; write-buffer entries from the replay start on are read back
+//! into memory.
+
+use super::scan::{self, JournalTail, ScanOutcome};
+use crate::header::FileHeader;
+use crate::io::Vfs;
+use crate::journal::writer::Durability;
+use crate::journal::ReplayStart;
+use crate::options::Options;
+use crate::page::{self, PageNo};
+use crate::store::PageStore;
+use crate::write_buffer::Gens;
+use crate::{Error, Result};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// The state the journal rebuilt: what the environment opens with.
+pub(crate) struct Replayed {
+    pub catalog_root: PageNo,
+    pub page_count: u64,
+    pub free: BTreeSet<PageNo>,
+    pub gens: Gens,
+    pub replay_start: ReplayStart,
+    pub outcome: ScanOutcome,
+    /// Records whose page images were applied (those after the synced point).
+    pub physical_records: u64,
+}
+
+/// Replays the journal from the header's replay start into `store` (page images of
+/// transactions after the synced one) and into a fresh write buffer (logical
+/// entries: they stay in the journal until merged, so the replay start is at or
+/// before the synced point).
+pub(crate) fn replay(
+    vfs: &dyn Vfs,
+    journal_dir: &Path,
+    data_path: &Path,
+    header: &FileHeader,
+    store: &PageStore,
+    free: BTreeSet<PageNo>,
+    opts: &Options,
+) -> Result<Replayed> {
+    // Replay the journal into the data file: page images of transactions after
+    // the synced one; write-buffer entries from the replay start on (it is at or
+    // before the synced point: entries stay in the journal until merged).
+    let mut state = (header.catalog_root, header.page_count, free);
+    let mut replay_start = header.replay_start();
+    let start = replay_start.pos;
+    let mut gens = crate::write_buffer::Gens::default();
+    let mut physical_records = 0u64;
+    let outcome = scan::replay(
+        vfs,
+        journal_dir,
+        start,
+        replay_start.txn_id,
+        // After a power loss in buffered mode, records missing in the middle are the
+        // documented cost of that mode, not a surprise.
+        opts.open_despite_journal_gap || opts.durability != Durability::Immediate,
+        |rec, end| {
+            let txn_id = rec.header.txn_id;
+            let flags = rec.header.flags;
+            if txn_id > header.synced_txn_id {
+                physical_records += 1;
+                for (no, image) in rec.images {
+                    let pages = image.page_count() as u64;
+                    let run = image.materialize(|source| store.read_page(source))?;
+                    page::verify(run.bytes(), no, data_path).map_err(|e| {
+                        Error::corrupted(
+                            journal_dir,
+                            format!("record of txn {txn_id}"),
+                            format!("page image fails verification: {e}"),
+                        )
+                    })?;
+                    store.write_raw(no, run.bytes())?;
+                    for p in no..no + pages {
+                        state.2.remove(&p);
+                    }
+                }
+                state.2.extend(rec.freed.iter().copied());
+                state.0 = rec.header.catalog_root;
+                state.1 = rec.header.page_count;
+            }
+            for (bkey, slot) in rec.logical {
+                gens.active.write(&bkey, txn_id, slot);
+            }
+            let froze = flags & crate::journal::record::FLAG_FREEZE != 0;
+            let merge_done = flags & crate::journal::record::FLAG_MERGE_DONE != 0;
+            if merge_done {
+                // (A merge that finished before the replay start refers to a
+                // generation not read again: nothing to drop.)
+                gens.frozen = None;
+            }
+            if froze {
+                if gens.frozen.is_some() {
+                    return Err(Error::corrupted(
+                        journal_dir,
+                        format!("record of txn {txn_id}"),
+                        "freezes the write buffer while the previous generation is not merged",
+                    ));
+                }
+                gens.frozen = Some(std::mem::take(&mut gens.active));
+            }
+            replay_start.note(txn_id, end, froze, merge_done, gens.is_empty());
+            Ok(())
+        },
+    )?;
+    let (catalog_root, page_count, free) = state;
+    if outcome.records_replayed > physical_records {
+        tracing::info!(
+            records = outcome.records_replayed - physical_records,
+            "journal: read buffered entries back from records already in the data file"
+        );
+    }
+    if let JournalTail::Dropped { path, offset, what } = &outcome.tail {
+        tracing::warn!(path = %path.display(), offset, what, "journal: discarded an incomplete record at the tail (crash during a commit)");
+    }
+    Ok(Replayed {
+        catalog_root,
+        page_count,
+        free,
+        gens,
+        replay_start,
+        outcome,
+        physical_records,
+    })
+}
