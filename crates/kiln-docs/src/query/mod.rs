@@ -1,0 +1,726 @@
+//! Queries: parsing (`parse.rs`), the meaning of a filter on one document
+//! (`eval.rs`), and running a query against an index or a small collection (here).
+//!
+//! Plans, from the cheapest:
+//! - an index whose first field is the field of the most selective conjunct of the
+//!   `where` (`=`, `in`, `startsWith`, `between`, ranges, `exists`): a range scan of
+//!   its entries. When that conjunct is the whole `where` the index answers it
+//!   exactly: documents are loaded only for the page, the rest is counted from the
+//!   entries (`covered`). Otherwise each candidate is loaded and the rest of the
+//!   filter checked.
+//! - `order by f` on an index of `f`: the entries in order (either direction), so the
+//!   first page reads O(page) entries.
+//! - a collection scan, only for collections up to `max_scan_docs` documents, or
+//!   without a `where` (then in etag order, counted from the collection count).
+//!
+//! A query on a collection whose fields no index covers creates an auto index (the
+//! answer says so). Ranges compare within a type (`n < 5` never matches a string or
+//! null); `=`/`in` are exact; `order by` follows the total order of `index/value.rs`.
+
+mod eval;
+pub(crate) mod parse;
+
+use crate::database::{
+    collection_key, decode_u64, read_last_sequence, to_document, BY_COLLECTION, COUNTS, DOCS,
+};
+use crate::index::def::Step;
+use crate::index::value::{prefix_successor, sort_key, Scalar, TAG_NULL};
+use crate::index::{entries_tree, read_state, IndexDefinition, IndexField, Runtime};
+use crate::{Database, DocError, Document, Etag, Result};
+use eval::{eval, field_values};
+use kiln_storage::ReadTxn;
+use parse::{CmpOp, Expr, Field, Query, Source};
+use serde_json::{Map, Value};
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Longest `wait_for_non_stale_ms` honoured.
+pub const MAX_WAIT_MS: u64 = 30_000;
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueryOptions {
+    /// Wait (bounded by `MAX_WAIT_MS`) for the index to reach the database's etag
+    /// as of the start of the query.
+    pub wait_for_non_stale_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct QueryResult {
+    /// The documents (JSON text with `@metadata`) or their projections, in order.
+    pub results: Vec<Vec<u8>>,
+    /// Exact number of matches (at the index's state when `stale`).
+    pub total: u64,
+    pub skipped: u64,
+    pub stale: bool,
+    pub index: Option<String>,
+    pub index_etag: Option<Etag>,
+    pub database_etag: Option<Etag>,
+    /// The auto index this query created, if it did.
+    pub auto_index_created: Option<String>,
+    pub duration_ms: f64,
+    /// Index entries looked at, documents loaded (the query's cost).
+    pub entries_read: u64,
+    pub documents_loaded: u64,
+}
+
+type Range = (Vec<u8>, Option<Vec<u8>>);
+
+/// How much a conjunct narrows (lower is better).
+fn priority(e: &Expr) -> u8 {
+    match e {
+        Expr::Cmp(_, CmpOp::Eq, _) => 0,
+        Expr::In(..) => 1,
+        Expr::StartsWith(..) => 2,
+        Expr::Between(..) => 3,
+        Expr::Cmp(..) => 4,
+        _ => 5,
+    }
+}
+
+/// The key ranges of a conjunct on its field, if an index can answer it exactly.
+fn ranges_of(e: &Expr) -> Option<(&Field, Vec<Range>)> {
+    let succ = |k: &[u8]| prefix_successor(k);
+    Some(match e {
+        Expr::Cmp(f, op, v) => {
+            let enc = v.encode();
+            let (lo, hi) = v.class().bounds();
+            let r = match op {
+                CmpOp::Eq => (enc.clone(), succ(&enc)),
+                CmpOp::Ne => return None,
+                CmpOp::Lt => (lo, Some(enc)),
+                CmpOp::Le => (lo, succ(&enc)),
+                CmpOp::Gt => (succ(&enc)?, Some(hi)),
+                CmpOp::Ge => (enc, Some(hi)),
+            };
+            (f, vec![r])
+        }
+        Expr::In(f, values) => {
+            let mut encs: Vec<Vec<u8>> = values.iter().map(Scalar::encode).collect();
+            encs.sort();
+            encs.dedup();
+            (
+                f,
+                encs.into_iter()
+                    .map(|k| {
+                        let hi = succ(&k);
+                        (k, hi)
+                    })
+                    .collect(),
+            )
+        }
+        Expr::Between(f, lo, hi) => {
+            let (l, h) = (lo.encode(), hi.encode());
+            if l > h {
+                (f, vec![])
+            } else {
+                (f, vec![(l, succ(&h))])
+            }
+        }
+        Expr::StartsWith(f, p) => {
+            let lo = Scalar::string_prefix(p);
+            let hi = succ(&lo);
+            (f, vec![(lo, hi)])
+        }
+        Expr::Exists(f) => (f, vec![(vec![TAG_NULL], None)]),
+        _ => return None,
+    })
+}
+
+fn conjuncts(e: &Expr) -> Vec<&Expr> {
+    match e {
+        Expr::And(parts) => parts.iter().flat_map(conjuncts).collect(),
+        other => vec![other],
+    }
+}
+
+fn index_matches(def: &IndexDefinition, f: &Field) -> bool {
+    def.fields
+        .first()
+        .is_some_and(|x| x.path == f.path && x.case_insensitive == f.ci)
+}
+
+enum Plan {
+    Scan {
+        collection: String,
+    },
+    Index {
+        rt: Arc<Runtime>,
+        ranges: Vec<Range>,
+        /// The driving conjunct is the whole filter: the index answers it exactly.
+        covered: bool,
+        /// Entries in the order asked for (no sort in memory): (stream, desc).
+        ordered: Option<bool>,
+    },
+}
+
+fn auto_name(collection: &str, f: &Field) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "-_.@".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    let path = f.path.replace("[]", "@each");
+    let mut name = format!("auto/{}/{}", clean(collection), clean(&path));
+    if f.ci {
+        name.push_str("@ci");
+    }
+    name.truncate(128);
+    name
+}
+
+impl Database {
+    /// Runs a query (see `parse.rs` for the language).
+    pub fn query(
+        &self,
+        text: &str,
+        params: &Map<String, Value>,
+        opts: QueryOptions,
+    ) -> Result<QueryResult> {
+        let started = Instant::now();
+        let env = self.live()?;
+        let q = parse::parse(text, params)?;
+        let max_scan = self.indexer().options().max_scan_docs;
+        let mut auto_created = None;
+        let plan = self.plan(&q, &mut auto_created)?;
+        if let Plan::Index { rt, .. } = &plan {
+            rt.last_used_ms
+                .store(crate::document::now_ms(), Ordering::Relaxed);
+            if opts.wait_for_non_stale_ms > 0 {
+                let target = self.last_sequence();
+                let wait = Duration::from_millis(opts.wait_for_non_stale_ms.min(MAX_WAIT_MS));
+                self.indexer().wait_for(rt, target, wait);
+            }
+        }
+        let r = env.begin_read()?;
+        let db_seq = read_last_sequence(&r)?;
+        let mut out = QueryResult {
+            results: Vec::new(),
+            total: 0,
+            skipped: 0,
+            stale: false,
+            index: None,
+            index_etag: None,
+            database_etag: (db_seq > 0).then(|| self.etag_at(db_seq)),
+            auto_index_created: auto_created,
+            duration_ms: 0.0,
+            entries_read: 0,
+            documents_loaded: 0,
+        };
+        let mut docs: Vec<Document> = Vec::new();
+        match plan {
+            Plan::Scan { collection } => {
+                self.run_scan(&r, &q, &collection, max_scan, &mut out, &mut docs)?
+            }
+            Plan::Index {
+                rt,
+                ranges,
+                covered,
+                ordered,
+            } => {
+                let st = read_state(&r, rt.name())?
+                    .filter(|st| st.id == rt.id)
+                    .ok_or_else(|| DocError::IndexNotFound(rt.name().to_string()))?;
+                out.index = Some(rt.name().to_string());
+                out.index_etag = (st.last_sequence > 0).then(|| self.etag_at(st.last_sequence));
+                out.stale = st.last_sequence < db_seq;
+                let tree = entries_tree(st.id);
+                match ordered {
+                    Some(desc) => self.run_stream(
+                        &r, &q, &rt, &tree, &ranges, covered, desc, st.entries, max_scan, &mut out,
+                        &mut docs,
+                    )?,
+                    None => {
+                        let ids = collect_ids(
+                            &r,
+                            &tree,
+                            &ranges,
+                            rt.compiled.def.multi_valued(),
+                            max_scan,
+                            &mut out,
+                        )?;
+                        let mut matched = Vec::new();
+                        for id in ids {
+                            if let Some((d, v)) = load(&r, &id, &mut out)? {
+                                if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                                    matched.push((d, v));
+                                }
+                            }
+                        }
+                        page_sorted(&q, matched, &mut out, &mut docs);
+                    }
+                }
+            }
+        }
+        out.results = docs
+            .into_iter()
+            .map(|d| project(&q, d))
+            .collect::<Result<_>>()?;
+        out.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        Ok(out)
+    }
+
+    /// What an answer to this query depends on, as an HTTP entity tag: the query and
+    /// its parameters, the database's last etag and the index's (no query is run).
+    pub fn query_fingerprint(&self, text: &str, params: &Map<String, Value>) -> Result<String> {
+        self.live()?;
+        let q = parse::parse(text, params)?;
+        let index_seq = match self.find_index(&q)? {
+            Some((rt, _)) => rt.last_sequence.load(Ordering::SeqCst),
+            None => 0,
+        };
+        Ok(fingerprint(text, params, self.last_sequence(), index_seq))
+    }
+
+    /// The entity tag of an answer.
+    pub fn query_result_fingerprint(
+        &self,
+        text: &str,
+        params: &Map<String, Value>,
+        result: &QueryResult,
+    ) -> String {
+        fingerprint(
+            text,
+            params,
+            result.database_etag.map_or(0, |e| e.sequence),
+            result.index_etag.map_or(0, |e| e.sequence),
+        )
+    }
+
+    /// The index a query would use and its driving conjunct (no auto index made).
+    fn find_index<'q>(&self, q: &'q Query) -> Result<Option<(Arc<Runtime>, Option<&'q Expr>)>> {
+        let candidates: Vec<Arc<Runtime>> = match &q.source {
+            Source::Index(name) => {
+                vec![self
+                    .indexer()
+                    .get(name)
+                    .ok_or_else(|| DocError::InvalidQuery {
+                        line: 1,
+                        column: 1,
+                        message: format!("index {name:?} does not exist"),
+                    })?]
+            }
+            Source::Collection(c) => self
+                .indexer()
+                .all()
+                .into_iter()
+                .filter(|rt| rt.compiled.def.collection.as_deref() == Some(c.as_str()))
+                .collect(),
+        };
+        let pick = |f: &Field| -> Option<Arc<Runtime>> {
+            candidates
+                .iter()
+                .filter(|rt| index_matches(&rt.compiled.def, f))
+                .min_by_key(|rt| (rt.compiled.def.fields.len(), rt.compiled.def.multi_valued()))
+                .cloned()
+        };
+        let mut best: Option<(u8, Arc<Runtime>, &Expr)> = None;
+        if let Some(filter) = &q.filter {
+            for c in conjuncts(filter) {
+                if let Some((f, _)) = ranges_of(c) {
+                    if let Some(rt) = pick(f) {
+                        let p = priority(c);
+                        if best.as_ref().is_none_or(|(bp, ..)| p < *bp) {
+                            best = Some((p, rt, c));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some((_, rt, c)) = best {
+            return Ok(Some((rt, Some(c))));
+        }
+        if let [(f, _)] = q.order.as_slice() {
+            if let Some(rt) = pick(f) {
+                return Ok(Some((rt, None)));
+            }
+        }
+        if let Source::Index(_) = q.source {
+            return Ok(candidates.into_iter().next().map(|rt| (rt, None)));
+        }
+        Ok(None)
+    }
+
+    fn plan(&self, q: &Query, auto_created: &mut Option<String>) -> Result<Plan> {
+        let mut found = self.find_index(q)?;
+        if found.is_none() {
+            if let Source::Collection(c) = &q.source {
+                // The field an auto index should cover: the best conjunct's, or the
+                // single order-by field.
+                let mut field: Option<(u8, &Field)> = None;
+                if let Some(filter) = &q.filter {
+                    for conj in conjuncts(filter) {
+                        if let Some((f, _)) = ranges_of(conj) {
+                            let p = priority(conj);
+                            if field.is_none_or(|(bp, _)| p < bp) {
+                                field = Some((p, f));
+                            }
+                        }
+                    }
+                }
+                if field.is_none() {
+                    if let [(f, _)] = q.order.as_slice() {
+                        field = Some((9, f));
+                    }
+                }
+                if let Some((_, f)) = field {
+                    let name = auto_name(c, f);
+                    let def = IndexDefinition {
+                        name: name.clone(),
+                        collection: Some(c.clone()),
+                        fields: vec![IndexField {
+                            path: f.path.clone(),
+                            case_insensitive: f.ci,
+                        }],
+                        auto: true,
+                    };
+                    match self.define_index(def) {
+                        Ok(true) => *auto_created = Some(name),
+                        Ok(false) => {}
+                        Err(DocError::IndexExists(_)) => {}
+                        Err(e) => return Err(e),
+                    }
+                    found = self.find_index(q)?;
+                    // A new index has nothing yet: a small collection is answered
+                    // exactly by a scan this time.
+                    if auto_created.is_some()
+                        && self.collection_len(c)? <= self.indexer().options().max_scan_docs as u64
+                    {
+                        return Ok(Plan::Scan {
+                            collection: c.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        let Some((rt, driver)) = found else {
+            return match &q.source {
+                Source::Collection(c) => Ok(Plan::Scan {
+                    collection: c.clone(),
+                }),
+                Source::Index(n) => Err(DocError::IndexNotFound(n.clone())),
+            };
+        };
+        let ranges = match driver.and_then(ranges_of) {
+            Some((_, r)) => r,
+            None => vec![(vec![0u8], None)],
+        };
+        let covered = match (&q.filter, driver) {
+            (None, _) => true,
+            (Some(f), Some(d)) => conjuncts(f).len() == 1 && std::ptr::eq(conjuncts(f)[0], d),
+            _ => false,
+        };
+        let ordered = match q.order.as_slice() {
+            [] => Some(false),
+            [(f, desc)] if index_matches(&rt.compiled.def, f) => Some(*desc),
+            _ => None,
+        };
+        Ok(Plan::Index {
+            rt,
+            ranges,
+            covered,
+            ordered,
+        })
+    }
+
+    fn collection_len(&self, c: &str) -> Result<u64> {
+        let env = self.live()?;
+        let r = env.begin_read()?;
+        r.get(COUNTS, c.as_bytes())?
+            .map_or(Ok(0), |b| decode_u64(b, "collection count"))
+    }
+
+    fn run_scan(
+        &self,
+        r: &ReadTxn<'_>,
+        q: &Query,
+        collection: &str,
+        max_scan: usize,
+        out: &mut QueryResult,
+        docs: &mut Vec<Document>,
+    ) -> Result<()> {
+        let count = r
+            .get(COUNTS, collection.as_bytes())?
+            .map_or(Ok(0), |b| decode_u64(b, "collection count"))?;
+        let prefix = collection_key(collection, 0);
+        let prefix = &prefix[..collection.len() + 1];
+        let mut c = r.cursor(BY_COLLECTION)?;
+        let mut item = c.seek(prefix)?;
+        if q.filter.is_none() && q.order.is_empty() {
+            // Etag order, counted from the collection count.
+            out.total = count;
+            let mut i = 0usize;
+            while let Some((k, id)) = item {
+                if !k.starts_with(prefix) || docs.len() == q.limit {
+                    break;
+                }
+                out.entries_read += 1;
+                if i >= q.offset {
+                    let id = String::from_utf8_lossy(id).into_owned();
+                    if let Some((d, _)) = load(r, &id, out)? {
+                        docs.push(d);
+                    }
+                } else {
+                    out.skipped += 1;
+                }
+                i += 1;
+                item = c.next()?;
+            }
+            return Ok(());
+        }
+        if count > max_scan as u64 {
+            return Err(DocError::QueryTooExpensive(format!(
+                "no index covers this query and collection {collection:?} has {count} documents \
+                 (a scan reads at most {max_scan}); define an index on a field of the where or order by"
+            )));
+        }
+        let mut matched = Vec::new();
+        while let Some((k, id)) = item {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.entries_read += 1;
+            let id = String::from_utf8_lossy(id).into_owned();
+            if let Some((d, v)) = load(r, &id, out)? {
+                if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                    matched.push((d, v));
+                }
+            }
+            item = c.next()?;
+        }
+        page_sorted(q, matched, out, docs);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_stream(
+        &self,
+        r: &ReadTxn<'_>,
+        q: &Query,
+        rt: &Runtime,
+        tree: &str,
+        ranges: &[Range],
+        covered: bool,
+        desc: bool,
+        entries: u64,
+        max_scan: usize,
+        out: &mut QueryResult,
+        docs: &mut Vec<Document>,
+    ) -> Result<()> {
+        let multi = rt.compiled.def.multi_valued();
+        let mut seen: HashSet<Vec<u8>> = HashSet::new();
+        let mut matches = 0u64;
+        // Counting the whole index needs no walk: its entry count is kept.
+        let whole =
+            covered && !multi && ranges.len() == 1 && ranges[0].0 == [0u8] && ranges[0].1.is_none();
+        let mut c = r.cursor(tree)?;
+        let order: Vec<&Range> = if desc {
+            ranges.iter().rev().collect()
+        } else {
+            ranges.iter().collect()
+        };
+        'ranges: for (lo, hi) in order {
+            let mut item = if desc {
+                match hi {
+                    Some(h) => {
+                        let mut it = c.seek_for_prev(h)?;
+                        if it.is_some_and(|(k, _)| k >= h.as_slice()) {
+                            it = c.prev()?;
+                        }
+                        it
+                    }
+                    None => c.last()?,
+                }
+            } else {
+                c.seek(lo)?
+            };
+            while let Some((k, id)) = item {
+                let inside = if desc {
+                    k >= lo.as_slice()
+                } else {
+                    hi.as_ref().is_none_or(|h| k < h.as_slice())
+                };
+                if !inside {
+                    break;
+                }
+                out.entries_read += 1;
+                if multi && !seen.insert(id.to_vec()) {
+                    item = if desc { c.prev()? } else { c.next()? };
+                    continue;
+                }
+                let page_full = docs.len() >= q.limit;
+                if covered {
+                    if page_full && whole {
+                        matches = entries;
+                        break 'ranges;
+                    }
+                    if matches >= q.offset as u64 && !page_full {
+                        let id = String::from_utf8_lossy(id).into_owned();
+                        if let Some((d, v)) = load(r, &id, out)? {
+                            // A stale index may list a document that changed since.
+                            if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                                docs.push(d);
+                            }
+                        }
+                    } else if matches < q.offset as u64 {
+                        out.skipped += 1;
+                    }
+                    matches += 1;
+                } else {
+                    if out.documents_loaded as usize >= max_scan {
+                        return Err(DocError::QueryTooExpensive(format!(
+                            "the query would load more than {max_scan} documents to check its where; \
+                             put its most selective field first in an index, or narrow it"
+                        )));
+                    }
+                    let id = String::from_utf8_lossy(id).into_owned();
+                    if let Some((d, v)) = load(r, &id, out)? {
+                        if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                            if matches < q.offset as u64 {
+                                out.skipped += 1;
+                            } else if !page_full {
+                                docs.push(d);
+                            }
+                            matches += 1;
+                        }
+                    }
+                }
+                item = if desc { c.prev()? } else { c.next()? };
+            }
+        }
+        out.total = matches;
+        Ok(())
+    }
+}
+
+fn fingerprint(text: &str, params: &Map<String, Value>, db_seq: u64, index_seq: u64) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    Value::Object(params.clone()).to_string().hash(&mut h);
+    format!("q{:016x}-{db_seq}-{index_seq}", h.finish())
+}
+
+/// The distinct ids in the ranges, bounded by `max`.
+fn collect_ids(
+    r: &ReadTxn<'_>,
+    tree: &str,
+    ranges: &[Range],
+    multi: bool,
+    max: usize,
+    out: &mut QueryResult,
+) -> Result<Vec<String>> {
+    let mut ids = Vec::new();
+    let mut seen = HashSet::new();
+    let mut c = r.cursor(tree)?;
+    for (lo, hi) in ranges {
+        let mut item = c.seek(lo)?;
+        while let Some((k, id)) = item {
+            if hi.as_ref().is_some_and(|h| k >= h.as_slice()) {
+                break;
+            }
+            out.entries_read += 1;
+            if !multi || seen.insert(id.to_vec()) {
+                if ids.len() >= max {
+                    return Err(DocError::QueryTooExpensive(format!(
+                        "more than {max} documents match before sorting; add an index whose first field is the order by field"
+                    )));
+                }
+                ids.push(String::from_utf8_lossy(id).into_owned());
+            }
+            item = c.next()?;
+        }
+    }
+    Ok(ids)
+}
+
+fn load(r: &ReadTxn<'_>, id: &str, out: &mut QueryResult) -> Result<Option<(Document, Value)>> {
+    let Some(bytes) = r.get(DOCS, id.as_bytes())? else {
+        return Ok(None);
+    };
+    out.documents_loaded += 1;
+    let d = to_document(id, bytes)?;
+    let v = d.to_value()?;
+    Ok(Some((d, v)))
+}
+
+/// Sorts the matches in memory (by the order-by fields, then id) and takes the page.
+fn page_sorted(
+    q: &Query,
+    mut matched: Vec<(Document, Value)>,
+    out: &mut QueryResult,
+    docs: &mut Vec<Document>,
+) {
+    out.total = matched.len() as u64;
+    if !q.order.is_empty() {
+        let mut keyed: Vec<(Vec<Vec<u8>>, Document)> = matched
+            .drain(..)
+            .map(|(d, v)| {
+                let keys = q
+                    .order
+                    .iter()
+                    .map(|(f, _)| sort_key(field_values(f, &v).first().copied(), f.ci))
+                    .collect();
+                (keys, d)
+            })
+            .collect();
+        keyed.sort_by(|a, b| {
+            for (i, (_, desc)) in q.order.iter().enumerate() {
+                let o = a.0[i].cmp(&b.0[i]);
+                let o = if *desc { o.reverse() } else { o };
+                if o.is_ne() {
+                    return o;
+                }
+            }
+            a.1.id.cmp(&b.1.id)
+        });
+        out.skipped = (q.offset as u64).min(out.total);
+        docs.extend(
+            keyed
+                .into_iter()
+                .skip(q.offset)
+                .take(q.limit)
+                .map(|(_, d)| d),
+        );
+    } else {
+        out.skipped = (q.offset as u64).min(out.total);
+        docs.extend(
+            matched
+                .into_iter()
+                .skip(q.offset)
+                .take(q.limit)
+                .map(|(d, _)| d),
+        );
+    }
+}
+
+/// The document's JSON, or with `select` an object of the selected fields (by their
+/// path) and `@metadata`.
+fn project(q: &Query, d: Document) -> Result<Vec<u8>> {
+    let Some(fields) = &q.select else {
+        return Ok(d.json);
+    };
+    let v = d.to_value()?;
+    let mut obj = Map::new();
+    for f in fields {
+        let values = field_values(f, &v);
+        let each = f.steps.iter().any(|s| *s == Step::Each);
+        let value = if each {
+            Value::Array(values.into_iter().cloned().collect())
+        } else {
+            values.first().map_or(Value::Null, |x| (*x).clone())
+        };
+        obj.insert(f.path.clone(), value);
+    }
+    if let Some(m) = v.get("@metadata") {
+        obj.insert("@metadata".into(), m.clone());
+    }
+    serde_json::to_vec(&Value::Object(obj)).map_err(|e| DocError::Internal(e.to_string()))
+}
