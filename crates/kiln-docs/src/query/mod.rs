@@ -517,9 +517,14 @@ impl Database {
         let multi = rt.compiled.def.multi_valued();
         let mut seen: HashSet<Vec<u8>> = HashSet::new();
         let mut matches = 0u64;
-        // Counting the whole index needs no walk: its entry count is kept.
-        let whole =
-            covered && !multi && ranges.len() == 1 && ranges[0].0 == [0u8] && ranges[0].1.is_none();
+        // One range answered by a single-valued index: counted without walking it
+        // all (see `count_range`), so the walk stops when the page is full.
+        let fast_total = match ranges {
+            [(lo, hi)] if covered && !multi => {
+                Some(count_range(r, tree, lo, hi.as_deref(), entries, out)?)
+            }
+            _ => None,
+        };
         let mut c = r.cursor(tree)?;
         let order: Vec<&Range> = if desc {
             ranges.iter().rev().collect()
@@ -557,8 +562,7 @@ impl Database {
                 }
                 let page_full = docs.len() >= q.limit;
                 if covered {
-                    if page_full && whole {
-                        matches = entries;
+                    if page_full && fast_total.is_some() {
                         break 'ranges;
                     }
                     if matches >= q.offset as u64 && !page_full {
@@ -595,8 +599,60 @@ impl Database {
                 item = if desc { c.prev()? } else { c.next()? };
             }
         }
-        out.total = matches;
+        out.total = fast_total.unwrap_or(matches);
         Ok(())
+    }
+}
+
+/// The number of entries in `[lo, hi)`, walking the range and its complement (the
+/// entries below `lo` and from `hi`) a step at a time each, and stopping when either
+/// ends: the range's size, or `entries` less the complement's. So the cost is twice
+/// the smaller of the two: `n > 0` over a million matching entries reads almost
+/// nothing.
+fn count_range(
+    r: &ReadTxn<'_>,
+    tree: &str,
+    lo: &[u8],
+    hi: Option<&[u8]>,
+    entries: u64,
+    out: &mut QueryResult,
+) -> Result<u64> {
+    let mut inside = r.cursor(tree)?;
+    let mut below = r.cursor(tree)?;
+    let mut above = r.cursor(tree)?;
+    let mut it_in = inside.seek(lo)?;
+    let mut it_below = below.first()?;
+    let mut it_above = match hi {
+        Some(h) => above.seek(h)?,
+        None => None,
+    };
+    let (mut n_in, mut n_out) = (0u64, 0u64);
+    loop {
+        match it_in {
+            Some((k, _)) if hi.is_none_or(|h| k < h) => {
+                n_in += 1;
+                it_in = inside.next()?;
+            }
+            _ => {
+                out.entries_read += n_in + n_out;
+                return Ok(n_in);
+            }
+        }
+        if let Some((k, _)) = it_below {
+            if k < lo {
+                n_out += 1;
+                it_below = below.next()?;
+                continue;
+            }
+            it_below = None;
+        }
+        if it_above.is_some() {
+            n_out += 1;
+            it_above = above.next()?;
+            continue;
+        }
+        out.entries_read += n_in + n_out;
+        return Ok(entries.saturating_sub(n_out));
     }
 }
 
