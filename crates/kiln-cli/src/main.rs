@@ -5,6 +5,8 @@ mod diskbench;
 mod docs_cmd;
 mod httpbench;
 mod kv;
+mod query_cmd;
+mod querybench;
 mod rawdisk;
 mod serve_cmd;
 mod streambench;
@@ -72,6 +74,8 @@ enum Command {
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
+    /// Run a query against a server: `kiln query --url U --db DB "from users where ..."`.
+    Query(query_cmd::QueryArgs),
     /// Raw key-value access to one storage environment (no documents).
     #[command(subcommand)]
     Kv(kv::KvCommand),
@@ -145,6 +149,7 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
             limit,
         } => return docs_cmd::list(&data_dir, &database, &prefix, limit),
         Command::Kv(cmd) => return kv::run(cmd),
+        Command::Query(args) => return query_cmd::run(args),
         Command::Check { dir, json } => {
             if let Some(databases) = docs_cmd::database_dirs(&dir)? {
                 return check_all(&databases, json);

@@ -24,7 +24,7 @@ use crate::{record, Database, DocError, Result};
 use kiln_storage::WriteTxn;
 use parking_lot::{Condvar, Mutex};
 use serde_json::Value;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -34,7 +34,8 @@ struct State {
     /// Bumped by every commit, definition change and stop: the thread's wake-up.
     generation: u64,
     stop: bool,
-    recent_batches: VecDeque<usize>,
+    /// Batches run, by size (since the database opened).
+    batches: BTreeMap<usize, u64>,
 }
 
 struct Shared {
@@ -77,7 +78,7 @@ impl Indexer {
                     indexes,
                     generation: 0,
                     stop: false,
-                    recent_batches: VecDeque::new(),
+                    batches: BTreeMap::new(),
                 }),
                 wake: Condvar::new(),
                 progress: Condvar::new(),
@@ -154,13 +155,13 @@ impl Indexer {
         self.shared.batch.load(Ordering::Relaxed)
     }
 
-    pub fn recent_batches(&self) -> Vec<usize> {
+    pub fn batch_histogram(&self) -> Vec<(usize, u64)> {
         self.shared
             .state
             .lock()
-            .recent_batches
+            .batches
             .iter()
-            .copied()
+            .map(|(k, v)| (*k, *v))
             .collect()
     }
 
@@ -385,10 +386,7 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
     }
     {
         let mut st = shared.state.lock();
-        st.recent_batches.push_back(batch);
-        if st.recent_batches.len() > 256 {
-            st.recent_batches.pop_front();
-        }
+        *st.batches.entry(batch).or_insert(0) += 1;
     }
     shared.progress.notify_all();
     let next = if full {

@@ -424,9 +424,9 @@ impl Database {
         Ok(self.indexer().wait_for(&rt, sequence, timeout))
     }
 
-    /// The batch sizes the indexer chose recently (oldest first).
-    pub fn index_batch_sizes(&self) -> Vec<usize> {
-        self.indexer().recent_batches()
+    /// The batch sizes the indexer chose since the database opened: (size, batches).
+    pub fn index_batch_sizes(&self) -> Vec<(usize, u64)> {
+        self.indexer().batch_histogram()
     }
 }
 
