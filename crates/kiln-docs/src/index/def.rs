@@ -141,6 +141,14 @@ impl Compiled {
         Ok(Compiled { def, paths })
     }
 
+    /// The top-level keys of the document this index reads.
+    pub fn top_keys(&self) -> impl Iterator<Item = &str> {
+        self.paths.iter().filter_map(|p| match p.first() {
+            Some(Step::Key(k)) => Some(k.as_str()),
+            _ => None,
+        })
+    }
+
     pub fn covers_collection(&self, collection: Option<&str>) -> bool {
         match &self.def.collection {
             None => true,
@@ -206,4 +214,43 @@ fn kind(v: &Value) -> &'static str {
         Value::Number(_) => "a number out of range",
         _ => "not indexable",
     }
+}
+
+/// Parses a document's JSON keeping only the given top-level keys (the others are
+/// skipped without being built), for the indexer, which reads few fields of many
+/// documents.
+pub(crate) fn parse_fields(json: &[u8], keys: &[&str]) -> std::result::Result<Value, String> {
+    use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+    struct Only<'k>(&'k [&'k str]);
+    impl<'de> Visitor<'de> for Only<'_> {
+        type Value = Value;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Value, A::Error> {
+            let mut out = serde_json::Map::new();
+            while let Some(k) = m.next_key::<String>()? {
+                if self.0.contains(&k.as_str()) {
+                    let v: Value = m.next_value()?;
+                    out.insert(k, v);
+                } else {
+                    m.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(Value::Object(out))
+        }
+    }
+    impl<'de> DeserializeSeed<'de> for Only<'_> {
+        type Value = Value;
+        fn deserialize<D: serde::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<Value, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let v = Only(keys).deserialize(&mut de).map_err(|e| e.to_string())?;
+    de.end().map_err(|e| e.to_string())?;
+    Ok(v)
 }

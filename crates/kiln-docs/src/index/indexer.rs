@@ -14,6 +14,7 @@
 //! Batch sizes tune themselves: from `min_batch`, doubled after each full batch
 //! (still behind) up to `max_batch`, halved after a batch that caught up.
 
+use super::def::parse_fields;
 use super::{
     docs_tree, entries_tree, errors_tree, read_state_w, write_state, IndexState, IndexingOptions,
     Runtime,
@@ -319,15 +320,41 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
         })
         .collect();
     wanted.sort_by(|&a, &b| changes[a].id.cmp(&changes[b].id));
+    let mut keys: Vec<&str> = group.iter().flat_map(|rt| rt.compiled.top_keys()).collect();
+    keys.sort_unstable();
+    keys.dedup();
     let mut parsed: Vec<Option<std::result::Result<Value, String>>> =
         (0..changes.len()).map(|_| None).collect();
+    let mut raw: Vec<(usize, &[u8])> = Vec::with_capacity(wanted.len());
     for i in wanted {
         let id = &changes[i].id;
         let Some(bytes) = r.get(DOCS, id.as_bytes())? else {
             continue;
         };
-        let rec = record::decode(id, bytes)?;
-        parsed[i] = Some(serde_json::from_slice(rec.json).map_err(|e| e.to_string()));
+        raw.push((i, record::decode(id, bytes)?.json));
+    }
+    // Parsing is most of a batch's work: split over two threads when it is large.
+    if raw.len() >= 2048 {
+        let (a, b) = raw.split_at(raw.len() / 2);
+        let parse_all =
+            |part: &[(usize, &[u8])]| -> Vec<(usize, std::result::Result<Value, String>)> {
+                part.iter()
+                    .map(|(i, json)| (*i, parse_fields(json, &keys)))
+                    .collect()
+            };
+        let (pa, pb) = std::thread::scope(|s| {
+            let h = s.spawn(|| parse_all(b));
+            let pa = parse_all(a);
+            (pa, h.join())
+        });
+        let pb = pb.map_err(|_| DocError::Internal("an indexing thread panicked".into()))?;
+        for (i, v) in pa.into_iter().chain(pb) {
+            parsed[i] = Some(v);
+        }
+    } else {
+        for (i, json) in raw {
+            parsed[i] = Some(parse_fields(json, &keys));
+        }
     }
     drop(r);
 
@@ -367,10 +394,18 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
         });
     }
     let docs = changes.len();
+    let prep = started.elapsed();
     let applied = env
         .submit(move |txn| apply(txn, &planned, from, upto).map_err(DocError::into_unit))
         .map_err(DocError::from_unit)?;
     let secs = started.elapsed().as_secs_f64().max(1e-6);
+    if std::env::var_os("KILN_INDEX_TRACE").is_some() {
+        eprintln!(
+            "batch {batch} docs {docs} prep {:?} total {:?}",
+            prep,
+            started.elapsed()
+        );
+    }
     for rt in &group {
         if applied.contains(&rt.id) {
             rt.last_sequence.store(upto, Ordering::SeqCst);
