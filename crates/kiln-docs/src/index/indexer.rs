@@ -284,6 +284,14 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
             .store((b / 2).max(shared.opts.min_batch.max(1)), Ordering::Relaxed);
         return Ok(false);
     }
+    // An index further ahead (defined earlier, say) is where this batch stops, so
+    // that the two meet there and from then on share their batches.
+    let cap = list
+        .iter()
+        .map(|rt| rt.last_sequence.load(Ordering::SeqCst))
+        .filter(|&e| e > from && e < db_seq)
+        .min()
+        .unwrap_or(db_seq);
     let group: Vec<Arc<Runtime>> = list
         .into_iter()
         .filter(|rt| rt.last_sequence.load(Ordering::SeqCst) == from)
@@ -299,14 +307,18 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
             if changes.len() == batch {
                 break;
             }
-            changes.push(decode_entry(db.incarnation, k, v)?);
+            let change = decode_entry(db.incarnation, k, v)?;
+            if change.etag.sequence > cap {
+                break;
+            }
+            changes.push(change);
             item = c.next()?;
         }
     }
     let full = changes.len() == batch;
     let upto = match changes.last() {
         Some(c) if full => c.etag.sequence,
-        _ => db_seq,
+        _ => cap,
     };
 
     // Load the documents any index of the group wants, in id (page) order.
