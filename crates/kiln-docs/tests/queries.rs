@@ -420,6 +420,58 @@ fn covered_first_page_reads_a_page_of_entries_and_counts_without_loading() {
     let v: Value = serde_json::from_slice(&r.results[0]).unwrap();
     assert_eq!(v["n"], json!(2999));
     assert_eq!(r.total, 3000);
+    // Paging by continuation: the same documents as one big page, in order, and the
+    // same total on every page.
+    for text in [
+        "from items where n >= 100 order by n desc limit 250",
+        "from items where n >= 100 limit 333",
+        "from items where n < 2500 and tag = 't3' order by n limit 17",
+        "from items where tag in ('t1', 't2') order by n desc limit 100",
+    ] {
+        let all = db
+            .query(
+                &text.replace(" limit", " limit 5000 offset 0 select n, tag limit"),
+                &Map::new(),
+                wait(),
+            )
+            .err();
+        assert!(all.is_some(), "two limits are refused");
+        let whole_text = format!("{} limit 5000", text.rsplit_once(" limit").unwrap().0);
+        let whole = db.query(&whole_text, &Map::new(), wait()).unwrap();
+        let mut paged = Vec::new();
+        let mut token: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            let r = db
+                .query_page(text, &Map::new(), wait(), token.as_deref())
+                .unwrap();
+            assert_eq!(r.total, whole.total, "{text} page {pages}");
+            paged.extend(r.results);
+            pages += 1;
+            match r.continuation {
+                Some(t) => token = Some(t),
+                None => break,
+            }
+            assert!(pages < 100);
+        }
+        assert_eq!(paged, whole.results, "{text}");
+    }
+    assert!(db
+        .query_page(
+            "from items where n > 0",
+            &Map::new(),
+            wait(),
+            Some("k999.0.0.00")
+        )
+        .is_err());
+    assert!(db
+        .query_page(
+            "from items where n > 0",
+            &Map::new(),
+            wait(),
+            Some("garbage")
+        )
+        .is_err());
     // An auto index: created by the query, said so, used after.
     let r = db
         .query(

@@ -104,6 +104,34 @@ async fn indexes_and_queries_end_to_end() {
     assert!(a["index_etag"].is_string());
     assert!(a["duration_ms"].is_number());
 
+    // Paging by continuation token.
+    let mut seen = Vec::new();
+    let mut token = Value::Null;
+    loop {
+        let a = query_ok(
+            &h,
+            "shop",
+            json!({"query": "from users where age >= 30 order by age limit 7", "continuation": token}),
+        )
+        .await;
+        assert_eq!(a["total"], 40);
+        for d in a["results"].as_array().unwrap() {
+            seen.push(d["age"].as_i64().unwrap());
+        }
+        token = a["continuation"].clone();
+        if token.is_null() {
+            break;
+        }
+    }
+    assert_eq!(seen, (30..70).collect::<Vec<i64>>());
+    let r = query(
+        &h,
+        "shop",
+        json!({"query": "from users", "continuation": "zz"}),
+    )
+    .await;
+    expect_error(r, 400, "invalid_query").await;
+
     // Case-insensitive: lower(name) uses the case-insensitive index.
     let a = query_ok(
         &h,

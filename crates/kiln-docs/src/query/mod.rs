@@ -63,6 +63,73 @@ pub struct QueryResult {
     /// Index entries looked at, documents loaded (the query's cost).
     pub entries_read: u64,
     pub documents_loaded: u64,
+    /// Given back to `query_page` for the next page; `None` after a page that was
+    /// not full. For a scan of an index in order it names the last entry returned,
+    /// so the next page starts there without walking the ones before.
+    pub continuation: Option<String>,
+}
+
+/// Where a page continues from.
+enum Cont {
+    Offset(usize),
+    After {
+        index_id: u64,
+        desc: bool,
+        /// Matches before the point (for the total when it is counted by walking).
+        before: u64,
+        key: Vec<u8>,
+    },
+}
+
+impl Cont {
+    fn encode(&self) -> String {
+        match self {
+            Cont::Offset(n) => format!("o{n}"),
+            Cont::After {
+                index_id,
+                desc,
+                before,
+                key,
+            } => {
+                let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+                format!("k{index_id}.{}.{before}.{hex}", u8::from(*desc))
+            }
+        }
+    }
+
+    fn decode(t: &str) -> Result<Cont> {
+        let bad = || DocError::InvalidQuery {
+            line: 0,
+            column: 0,
+            message: "malformed continuation token".into(),
+        };
+        if let Some(n) = t.strip_prefix('o') {
+            let n: usize = n.parse().map_err(|_| bad())?;
+            if n > parse::MAX_OFFSET {
+                return Err(bad());
+            }
+            return Ok(Cont::Offset(n));
+        }
+        let rest = t.strip_prefix('k').ok_or_else(bad)?;
+        let parts: Vec<&str> = rest.splitn(4, '.').collect();
+        let [id, desc, before, hex] = parts.as_slice() else {
+            return Err(bad());
+        };
+        if hex.len() % 2 != 0 || hex.len() > 2 * kiln_storage::MAX_KEY_SIZE {
+            return Err(bad());
+        }
+        let key = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(hex.get(i..i + 2).unwrap_or("zz"), 16))
+            .collect::<std::result::Result<Vec<u8>, _>>()
+            .map_err(|_| bad())?;
+        Ok(Cont::After {
+            index_id: id.parse().map_err(|_| bad())?,
+            desc: *desc == "1",
+            before: before.parse().map_err(|_| bad())?,
+            key,
+        })
+    }
 }
 
 type Range = (Vec<u8>, Option<Vec<u8>>);
@@ -184,9 +251,35 @@ impl Database {
         params: &Map<String, Value>,
         opts: QueryOptions,
     ) -> Result<QueryResult> {
+        self.query_page(text, params, opts, None)
+    }
+
+    /// Runs a query from where a previous page's `continuation` left off.
+    pub fn query_page(
+        &self,
+        text: &str,
+        params: &Map<String, Value>,
+        opts: QueryOptions,
+        continuation: Option<&str>,
+    ) -> Result<QueryResult> {
         let started = Instant::now();
         let env = self.live()?;
-        let q = parse::parse(text, params)?;
+        let mut q = parse::parse(text, params)?;
+        let cont = continuation.map(Cont::decode).transpose()?;
+        let mut after: Option<(u64, bool, u64, Vec<u8>)> = None;
+        match cont {
+            Some(Cont::Offset(n)) => q.offset = n,
+            Some(Cont::After {
+                index_id,
+                desc,
+                before,
+                key,
+            }) => {
+                q.offset = 0;
+                after = Some((index_id, desc, before, key));
+            }
+            None => {}
+        }
         let max_scan = self.indexer().options().max_scan_docs;
         let mut auto_created = None;
         let plan = self.plan(&q, &mut auto_created)?;
@@ -213,6 +306,7 @@ impl Database {
             duration_ms: 0.0,
             entries_read: 0,
             documents_loaded: 0,
+            continuation: None,
         };
         let mut docs: Vec<Document> = Vec::new();
         match plan {
@@ -232,9 +326,38 @@ impl Database {
                 out.index_etag = (st.last_sequence > 0).then(|| self.etag_at(st.last_sequence));
                 out.stale = st.last_sequence < db_seq;
                 let tree = entries_tree(st.id);
+                let resume = match after.take() {
+                    None => None,
+                    Some((id, d, before, key))
+                        if id == rt.id && ordered == Some(d) && !rt.compiled.def.multi_valued() =>
+                    {
+                        Some((before, key))
+                    }
+                    Some(_) => {
+                        return Err(DocError::InvalidQuery {
+                            line: 0,
+                            column: 0,
+                            message: "the continuation token belongs to another query, or the \
+                                      index was reset since; start over"
+                                .into(),
+                        })
+                    }
+                };
                 match ordered {
                     Some(desc) => self.run_stream(
-                        &r, &q, &rt, &tree, &ranges, covered, desc, st.entries, max_scan, &mut out,
+                        &r,
+                        &q,
+                        &rt,
+                        Stream {
+                            tree: &tree,
+                            ranges: &ranges,
+                            covered,
+                            desc,
+                            entries: st.entries,
+                            max_scan,
+                            resume,
+                        },
+                        &mut out,
                         &mut docs,
                     )?,
                     None => {
@@ -258,6 +381,16 @@ impl Database {
                     }
                 }
             }
+        }
+        if after.is_some() {
+            return Err(DocError::InvalidQuery {
+                line: 0,
+                column: 0,
+                message: "the continuation token belongs to another query; start over".into(),
+            });
+        }
+        if out.continuation.is_none() && q.limit > 0 && docs.len() == q.limit {
+            out.continuation = Some(Cont::Offset(q.offset + docs.len()).encode());
         }
         out.results = docs
             .into_iter()
@@ -499,21 +632,29 @@ impl Database {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn run_stream(
         &self,
         r: &ReadTxn<'_>,
         q: &Query,
         rt: &Runtime,
-        tree: &str,
-        ranges: &[Range],
-        covered: bool,
-        desc: bool,
-        entries: u64,
-        max_scan: usize,
+        s: Stream<'_>,
         out: &mut QueryResult,
         docs: &mut Vec<Document>,
     ) -> Result<()> {
+        let Stream {
+            tree,
+            ranges,
+            covered,
+            desc,
+            entries,
+            max_scan,
+            resume,
+        } = s;
+        let (before, resume_key) = match resume {
+            Some((b, k)) => (b, Some(k)),
+            None => (0, None),
+        };
+        let mut last: Option<(Vec<u8>, u64)> = None;
         let multi = rt.compiled.def.multi_valued();
         let mut seen: HashSet<Vec<u8>> = HashSet::new();
         let mut matches = 0u64;
@@ -532,11 +673,18 @@ impl Database {
             ranges.iter().collect()
         };
         'ranges: for (lo, hi) in order {
+            // The exclusive end to walk back from, or the start to walk up from,
+            // moved to the continuation point when it lies within the range.
             let mut item = if desc {
-                match hi {
+                let end: Option<&[u8]> = match (&resume_key, hi) {
+                    (Some(k), Some(h)) => Some(if k.as_slice() < h.as_slice() { k } else { h }),
+                    (Some(k), None) => Some(k),
+                    (None, h) => h.as_deref(),
+                };
+                match end {
                     Some(h) => {
                         let mut it = c.seek_for_prev(h)?;
-                        if it.is_some_and(|(k, _)| k >= h.as_slice()) {
+                        if it.is_some_and(|(k, _)| k >= h) {
                             it = c.prev()?;
                         }
                         it
@@ -544,7 +692,16 @@ impl Database {
                     None => c.last()?,
                 }
             } else {
-                c.seek(lo)?
+                match &resume_key {
+                    Some(k) if k.as_slice() >= lo.as_slice() => {
+                        let mut it = c.seek(k)?;
+                        if it.is_some_and(|(x, _)| x == k.as_slice()) {
+                            it = c.next()?;
+                        }
+                        it
+                    }
+                    _ => c.seek(lo)?,
+                }
             };
             while let Some((k, id)) = item {
                 let inside = if desc {
@@ -571,6 +728,7 @@ impl Database {
                             // A stale index may list a document that changed since.
                             if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
                                 docs.push(d);
+                                last = Some((k.to_vec(), before + matches + 1));
                             }
                         }
                     } else if matches < q.offset as u64 {
@@ -591,6 +749,7 @@ impl Database {
                                 out.skipped += 1;
                             } else if !page_full {
                                 docs.push(d);
+                                last = Some((k.to_vec(), before + matches + 1));
                             }
                             matches += 1;
                         }
@@ -599,9 +758,35 @@ impl Database {
                 item = if desc { c.prev()? } else { c.next()? };
             }
         }
-        out.total = fast_total.unwrap_or(matches);
+        out.total = fast_total.unwrap_or(before + matches);
+        if q.limit > 0 && docs.len() == q.limit {
+            out.continuation = Some(if multi {
+                Cont::Offset(q.offset + docs.len()).encode()
+            } else {
+                let (key, before) = last.unwrap_or_default();
+                Cont::After {
+                    index_id: rt.id,
+                    desc,
+                    before,
+                    key,
+                }
+                .encode()
+            });
+        }
         Ok(())
     }
+}
+
+/// How `run_stream` walks an index.
+struct Stream<'a> {
+    tree: &'a str,
+    ranges: &'a [Range],
+    covered: bool,
+    desc: bool,
+    entries: u64,
+    max_scan: usize,
+    /// Continue after this entry; the matches before it.
+    resume: Option<(u64, Vec<u8>)>,
 }
 
 /// The number of entries in `[lo, hi)`, walking the range and its complement (the

@@ -147,6 +147,9 @@ struct QueryBody {
     params: Map<String, Value>,
     #[serde(default)]
     wait_for_non_stale_ms: u64,
+    /// The `continuation` of the previous page.
+    #[serde(default)]
+    continuation: Option<String>,
 }
 
 fn tag_matches(headers: &HeaderMap, tag: &str) -> bool {
@@ -182,18 +185,19 @@ pub async fn run_query(
         .map_err(|e| ApiError::bad_request("invalid_query", format!("query body: {e}")))?;
     let conditional = headers.contains_key(header::IF_NONE_MATCH);
     let answer = blocking(move || {
-        if conditional {
+        if conditional && b.continuation.is_none() {
             let tag = database.query_fingerprint(&b.query, &b.params)?;
             if tag_matches(&headers, &tag) {
                 return Ok(Err(tag));
             }
         }
-        let r = database.query(
+        let r = database.query_page(
             &b.query,
             &b.params,
             QueryOptions {
                 wait_for_non_stale_ms: b.wait_for_non_stale_ms,
             },
+            b.continuation.as_deref(),
         )?;
         let tag = database.query_result_fingerprint(&b.query, &b.params, &r);
         Ok::<_, DocError>(Ok((r, tag)))
@@ -223,6 +227,7 @@ pub async fn run_query(
         "auto_index_created": r.auto_index_created,
         "entries_read": r.entries_read,
         "documents_loaded": r.documents_loaded,
+        "continuation": r.continuation,
         "duration_ms": (r.duration_ms * 1000.0).round() / 1000.0,
     })
     .to_string();
