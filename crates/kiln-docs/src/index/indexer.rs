@@ -30,6 +30,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+/// Index entries written by one commit-queue unit at most (split over the indexes
+/// of a batch).
+const UNIT_ENTRIES: usize = 16_384;
+
 struct State {
     indexes: BTreeMap<String, Arc<Runtime>>,
     /// Bumped by every commit, definition change and stop: the thread's wake-up.
@@ -407,9 +411,47 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
     }
     let docs = changes.len();
     let prep = started.elapsed();
-    let applied = env
-        .submit(move |txn| apply(txn, &planned, from, upto).map_err(DocError::into_unit))
-        .map_err(DocError::from_unit)?;
+    // The batch is applied in units of a few thousand entries, each committing its
+    // entries with the sequence of its last change: a document write merged into
+    // the same commit group never waits long behind the indexer, and a crash still
+    // loses at most the unit in flight.
+    let per_unit = (UNIT_ENTRIES / group.len().max(1)).max(64);
+    let mut parts: Vec<(Arc<Runtime>, std::vec::IntoIter<(String, Update)>)> = planned
+        .into_iter()
+        .map(|p| (p.rt, p.updates.into_iter()))
+        .collect();
+    let mut applied_any: Vec<u64>;
+    let (mut start, mut unit_from) = (0, from);
+    loop {
+        let end = (start + per_unit).min(docs);
+        let unit_upto = if end == docs {
+            upto
+        } else {
+            changes[end - 1].etag.sequence
+        };
+        let unit: Vec<Planned> = parts
+            .iter_mut()
+            .map(|(rt, it)| Planned {
+                rt: rt.clone(),
+                updates: it.by_ref().take(end - start).collect(),
+            })
+            .collect();
+        let applied = env
+            .submit(move |txn| apply(txn, &unit, unit_from, unit_upto).map_err(DocError::into_unit))
+            .map_err(DocError::from_unit)?;
+        for rt in &group {
+            if applied.contains(&rt.id) {
+                rt.last_sequence.store(unit_upto, Ordering::SeqCst);
+            }
+        }
+        shared.progress.notify_all();
+        applied_any = applied;
+        if end == docs {
+            break;
+        }
+        start = end;
+        unit_from = unit_upto;
+    }
     let secs = started.elapsed().as_secs_f64().max(1e-6);
     if std::env::var_os("KILN_INDEX_TRACE").is_some() {
         eprintln!(
@@ -419,8 +461,7 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
         );
     }
     for rt in &group {
-        if applied.contains(&rt.id) {
-            rt.last_sequence.store(upto, Ordering::SeqCst);
+        if applied_any.contains(&rt.id) {
             let old = f64::from_bits(rt.rate.load(Ordering::Relaxed));
             let now = docs as f64 / secs;
             let rate = if old == 0.0 {
