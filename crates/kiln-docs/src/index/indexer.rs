@@ -415,7 +415,14 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
     // entries with the sequence of its last change: a document write merged into
     // the same commit group never waits long behind the indexer, and a crash still
     // loses at most the unit in flight.
-    let per_unit = (UNIT_ENTRIES / group.len().max(1)).max(64);
+    // Far behind (a full batch of the largest size) the whole batch is one unit:
+    // the indexer then takes the writer for longer so that under a flood of writes
+    // it cannot fall behind without bound.
+    let per_unit = if full && batch >= shared.opts.max_batch {
+        docs.max(1)
+    } else {
+        (UNIT_ENTRIES / group.len().max(1)).max(64)
+    };
     let mut parts: Vec<(Arc<Runtime>, std::vec::IntoIter<(String, Update)>)> = planned
         .into_iter()
         .map(|p| (p.rt, p.updates.into_iter()))
