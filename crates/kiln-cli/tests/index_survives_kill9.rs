@@ -38,6 +38,9 @@ fn request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
     (status, body)
 }
 
+// The child is returned to the caller, which kills and waits for it; a failed
+// start panics the test (and the process goes with the test binary's end).
+#[allow(clippy::zombie_processes)]
 fn start_server(dir: &std::path::Path, port: u16) -> Child {
     let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args([

@@ -423,7 +423,8 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
     } else {
         (UNIT_ENTRIES / group.len().max(1)).max(64)
     };
-    let mut parts: Vec<(Arc<Runtime>, std::vec::IntoIter<(String, Update)>)> = planned
+    type Part = (Arc<Runtime>, std::vec::IntoIter<(String, Update)>);
+    let mut parts: Vec<Part> = planned
         .into_iter()
         .map(|p| (p.rt, p.updates.into_iter()))
         .collect();

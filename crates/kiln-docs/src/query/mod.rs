@@ -952,7 +952,7 @@ fn project(q: &Query, d: Document) -> Result<Vec<u8>> {
     let mut obj = Map::new();
     for f in fields {
         let values = field_values(f, &v);
-        let each = f.steps.iter().any(|s| *s == Step::Each);
+        let each = f.steps.contains(&Step::Each);
         let value = if each {
             Value::Array(values.into_iter().cloned().collect())
         } else {
