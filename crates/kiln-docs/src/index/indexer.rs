@@ -266,16 +266,15 @@ fn remove_idle_auto_indexes(db: &Database, shared: &Shared) {
     }
 }
 
-/// One batch for the indexes furthest behind; false when all are caught up.
+/// One batch (or, while they stay full, a run of batches) for the indexes furthest
+/// behind; false when all are caught up.
 fn round(db: &Database, shared: &Shared) -> Result<bool> {
     let env = db.live()?;
     let list: Vec<Arc<Runtime>> = shared.state.lock().indexes.values().cloned().collect();
     if list.is_empty() {
         return Ok(false);
     }
-    let started = Instant::now();
-    let r = env.begin_read()?;
-    let db_seq = read_last_sequence(&r)?;
+    let db_seq = read_last_sequence(&env.begin_read()?)?;
     let from = list
         .iter()
         .map(|rt| rt.last_sequence.load(Ordering::SeqCst))
@@ -300,8 +299,66 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
         .into_iter()
         .filter(|rt| rt.last_sequence.load(Ordering::SeqCst) == from)
         .collect();
-    let batch = shared.batch.load(Ordering::Relaxed).max(1);
+    let mut batch = shared.batch.load(Ordering::Relaxed).max(1);
+    let mut p = prepare(db, &group, from, cap, batch)?;
+    // While batches come full (far behind), the next one is read and parsed while
+    // this one commits: the writer and the parsing overlap.
+    loop {
+        let next = if p.full {
+            (batch * 2).min(shared.opts.max_batch.max(1))
+        } else {
+            (batch / 2).max(shared.opts.min_batch.max(1))
+        };
+        shared.batch.store(next, Ordering::Relaxed);
+        let go_on = p.full && p.upto < cap && {
+            let st = shared.state.lock();
+            !st.stop
+                && group.iter().all(|rt| {
+                    st.indexes
+                        .get(rt.name())
+                        .is_some_and(|x| Arc::ptr_eq(x, rt))
+                })
+        };
+        if !go_on {
+            commit(db, shared, &group, p)?;
+            return Ok(true);
+        }
+        let next_from = p.upto;
+        let (committed, prepared) = std::thread::scope(|s| {
+            let h = s.spawn(|| commit(db, shared, &group, p));
+            let n = prepare(db, &group, next_from, cap, next);
+            (h.join(), n)
+        });
+        committed.map_err(|_| DocError::Internal("an indexing commit panicked".into()))??;
+        p = prepared?;
+        batch = next;
+    }
+}
 
+/// A batch read and turned into index updates, ready to commit.
+struct Prepared {
+    planned: Vec<Planned>,
+    /// The sequence of each change of the batch, in order.
+    sequences: Vec<u64>,
+    from: u64,
+    upto: u64,
+    full: bool,
+    batch: usize,
+    started: Instant,
+}
+
+/// Reads up to `batch` changes after `from` (none past `cap`) from a fresh snapshot,
+/// loads and parses their documents and computes each index's updates.
+fn prepare(
+    db: &Database,
+    group: &[Arc<Runtime>],
+    from: u64,
+    cap: u64,
+    batch: usize,
+) -> Result<Prepared> {
+    let started = Instant::now();
+    let env = db.live()?;
+    let r = env.begin_read()?;
     // The changes after `from`, up to a batch.
     let mut changes = Vec::with_capacity(batch.min(1 << 16));
     {
@@ -375,7 +432,7 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
     drop(r);
 
     let mut planned = Vec::with_capacity(group.len());
-    for rt in &group {
+    for rt in group {
         let mut updates = Vec::with_capacity(changes.len());
         for (i, c) in changes.iter().enumerate() {
             let update = match (
@@ -409,7 +466,30 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
             updates,
         });
     }
-    let docs = changes.len();
+    Ok(Prepared {
+        sequences: changes.iter().map(|c| c.etag.sequence).collect(),
+        planned,
+        from,
+        upto,
+        full,
+        batch,
+        started,
+    })
+}
+
+/// Commits a prepared batch in units (see `UNIT_ENTRIES`).
+fn commit(db: &Database, shared: &Shared, group: &[Arc<Runtime>], p: Prepared) -> Result<()> {
+    let env = db.live()?;
+    let Prepared {
+        planned,
+        sequences,
+        from,
+        upto,
+        full,
+        batch,
+        started,
+    } = p;
+    let docs = sequences.len();
     let prep = started.elapsed();
     // The batch is applied in units of a few thousand entries, each committing its
     // entries with the sequence of its last change: a document write merged into
@@ -435,7 +515,7 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
         let unit_upto = if end == docs {
             upto
         } else {
-            changes[end - 1].etag.sequence
+            sequences[end - 1]
         };
         let unit: Vec<Planned> = parts
             .iter_mut()
@@ -447,7 +527,7 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
         let applied = env
             .submit(move |txn| apply(txn, &unit, unit_from, unit_upto).map_err(DocError::into_unit))
             .map_err(DocError::from_unit)?;
-        for rt in &group {
+        for rt in group {
             if applied.contains(&rt.id) {
                 rt.last_sequence.store(unit_upto, Ordering::SeqCst);
             }
@@ -468,7 +548,7 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
             started.elapsed()
         );
     }
-    for rt in &group {
+    for rt in group {
         if applied_any.contains(&rt.id) {
             let old = f64::from_bits(rt.rate.load(Ordering::Relaxed));
             let now = docs as f64 / secs;
@@ -485,13 +565,7 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
         *st.batches.entry(batch).or_insert(0) += 1;
     }
     shared.progress.notify_all();
-    let next = if full {
-        (batch * 2).min(shared.opts.max_batch.max(1))
-    } else {
-        (batch / 2).max(shared.opts.min_batch.max(1))
-    };
-    shared.batch.store(next, Ordering::Relaxed);
-    Ok(true)
+    Ok(())
 }
 
 /// Applies a batch inside the commit queue; returns the ids of the indexes updated
