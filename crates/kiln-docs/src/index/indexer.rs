@@ -295,6 +295,7 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
         .filter(|&e| e > from && e < db_seq)
         .min()
         .unwrap_or(db_seq);
+    let defined = list.len();
     let group: Vec<Arc<Runtime>> = list
         .into_iter()
         .filter(|rt| rt.last_sequence.load(Ordering::SeqCst) == from)
@@ -311,8 +312,10 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
         };
         shared.batch.store(next, Ordering::Relaxed);
         let go_on = p.full && p.upto < cap && {
+            // A new index ends the run, so that it can catch up and join.
             let st = shared.state.lock();
             !st.stop
+                && st.indexes.len() == defined
                 && group.iter().all(|rt| {
                     st.indexes
                         .get(rt.name())
