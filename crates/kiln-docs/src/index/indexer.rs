@@ -544,13 +544,13 @@ fn commit(db: &Database, shared: &Shared, group: &[Arc<Runtime>], p: Prepared) -
         unit_from = unit_upto;
     }
     let secs = started.elapsed().as_secs_f64().max(1e-6);
-    if std::env::var_os("KILN_INDEX_TRACE").is_some() {
-        eprintln!(
-            "batch {batch} docs {docs} prep {:?} total {:?}",
-            prep,
-            started.elapsed()
-        );
-    }
+    tracing::debug!(
+        batch,
+        docs,
+        prepare_ms = prep.as_secs_f64() * 1e3,
+        total_ms = started.elapsed().as_secs_f64() * 1e3,
+        "index batch committed"
+    );
     for rt in group {
         if applied_any.contains(&rt.id) {
             let old = f64::from_bits(rt.rate.load(Ordering::Relaxed));
