@@ -611,3 +611,32 @@ fn hostile_queries_get_clear_errors() {
     drop(db);
     store.close().unwrap();
 }
+
+#[test]
+fn unused_auto_indexes_are_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options();
+    o.indexing.auto_index_idle_ms = 300;
+    let store = DocStore::open(dir.path(), o).unwrap();
+    let db = store.create_database("a").unwrap();
+    db.define_index(def("kept", "u", &["b"])).unwrap();
+    db.put("u/1", br#"{"a": 1, "b": 2}"#, Condition::None)
+        .unwrap();
+    let r = db
+        .query("from u where a = 1", &Map::new(), QueryOptions::default())
+        .unwrap();
+    assert_eq!(r.auto_index_created.as_deref(), Some("auto/u/a"));
+    assert!(db.index_names().unwrap().contains(&"auto/u/a".to_string()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while db.index_names().unwrap().contains(&"auto/u/a".to_string()) {
+        assert!(
+            Instant::now() < deadline,
+            "the unused auto index is still there"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A client's own index stays, however long unused.
+    assert_eq!(db.index_names().unwrap(), vec!["kept".to_string()]);
+    drop(db);
+    store.close().unwrap();
+}
