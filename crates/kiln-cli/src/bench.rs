@@ -14,7 +14,8 @@ type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Comma-separated workload ids: W1, W2, W3, W4, W6, W8, W9, W10, W11.
+    /// Comma-separated workload ids: W1, W2, W3, W4, W6, W8, W8I (W8 with two indexes),
+    /// W9, W10, W11, W12, W13.
     #[arg(long, default_value = "W1,W4")]
     workloads: String,
     /// Directory to run in (a fresh subdirectory per run, removed afterwards).
@@ -43,6 +44,12 @@ pub struct BenchArgs {
     /// --quick; 3,000,000 shows whether the rate holds).
     #[arg(long)]
     w10_docs: Option<u64>,
+    /// W12 documents (default: 1,000,000; 100,000 with --quick).
+    #[arg(long)]
+    w12_docs: Option<u64>,
+    /// W13 documents of the bulk insert (default: 3,000,000; 300,000 with --quick).
+    #[arg(long)]
+    w13_docs: Option<u64>,
     /// W11 idle WebSocket subscribers (default: 10,000; 1,000 with --quick), bounded
     /// by the open-file limit.
     #[arg(long)]
@@ -423,8 +430,46 @@ fn w8(dir: &Path, opts: &Options, quick: bool, connections: usize) -> BenchResul
 
 /// The HTTP part of W8 alone.
 fn w8_http(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
+    w8_http_indexed(dir, quick, connections, false)
+}
+
+/// W8 with two indexes (users by age, by name) built in the background while it
+/// runs, beside W8 without indexes measured right before (issue 17: >= 0.8x).
+fn w8_indexed(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
+    let plain = w8_http_indexed(dir, quick, connections, false)?;
+    let mut run = w8_http_indexed(dir, quick, connections, true)?;
+    run.extra.insert(
+        "w8_without_indexes_requests_per_sec".into(),
+        json!(plain.ops_per_sec()),
+    );
+    run.extra.insert(
+        "ratio_to_w8_without_indexes".into(),
+        json!(run.ops_per_sec() / plain.ops_per_sec()),
+    );
+    Ok(run)
+}
+
+fn w8_http_indexed(dir: &Path, quick: bool, connections: usize, indexes: bool) -> BenchResult<Run> {
     let per_connection = if quick { 100 } else { 500 };
     let server = fresh_server(dir)?;
+    if indexes {
+        for (name, field) in [("users-by-age", "age"), ("users-by-name", "name")] {
+            let body = json!({"collection": "users", "fields": [field]}).to_string();
+            let (status, text) = httpbench::blocking_request(
+                server.addr,
+                "PUT",
+                &format!("/dbs/bench/indexes/{name}"),
+                body.as_bytes(),
+            )?;
+            if status != 201 {
+                return Err(format!(
+                    "defining {name}: {status} {}",
+                    String::from_utf8_lossy(&text)
+                )
+                .into());
+            }
+        }
+    }
     let mut rng = SmallRng::seed_from_u64(SEED);
     let bodies: Vec<Vec<u8>> = (0..256).map(|n| doc_1k(&mut rng, n)).collect();
     let pb = progress((connections * per_connection) as u64, "W8");
@@ -623,6 +668,30 @@ fn w11(dir: &Path, quick: bool, connections: Option<usize>) -> BenchResult<Run> 
     })
 }
 
+/// W12: index build and queries over 1,000,000 documents (embedded).
+fn w12(dir: &Path, quick: bool, documents: Option<u64>) -> BenchResult<Run> {
+    let documents = documents.unwrap_or(if quick { 100_000 } else { 1_000_000 });
+    let f = crate::querybench::w12(dir, documents)?;
+    Ok(Run {
+        ops: f.documents,
+        commits: 1,
+        seconds: f.seconds,
+        extra: f.extra,
+    })
+}
+
+/// W13: index lag, idle and under a bulk insert with 3 indexes (embedded).
+fn w13(dir: &Path, quick: bool, documents: Option<u64>) -> BenchResult<Run> {
+    let documents = documents.unwrap_or(if quick { 300_000 } else { 3_000_000 });
+    let f = crate::querybench::w13(dir, documents, if quick { 50 } else { 200 })?;
+    Ok(Run {
+        ops: f.documents,
+        commits: 1,
+        seconds: f.seconds,
+        extra: f.extra,
+    })
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -702,6 +771,7 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
     let quick = args.quick;
     let connections = args.connections;
     let (w10_docs, w11_connections) = (args.w10_docs, args.w11_connections);
+    let (w12_docs, w13_docs) = (args.w12_docs, args.w13_docs);
     let scale = move |full: u64| if quick { full / 10 } else { full };
     for wl in args
         .workloads
@@ -756,9 +826,21 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
                 wl.clone(),
                 Box::new(move || w11(run_dir, quick, w11_connections)),
             )],
+            "W8I" => vec![(
+                wl.clone(),
+                Box::new(move || w8_indexed(run_dir, quick, connections)),
+            )],
+            "W12" => vec![(
+                wl.clone(),
+                Box::new(move || w12(run_dir, quick, w12_docs)),
+            )],
+            "W13" => vec![(
+                wl.clone(),
+                Box::new(move || w13(run_dir, quick, w13_docs)),
+            )],
             other => {
                 return Err(format!(
-                    "unknown workload {other:?} (available: W1, W2, W3, W4, W6, W8, W9, W10, W11)"
+                    "unknown workload {other:?} (available: W1, W2, W3, W4, W6, W8, W8I, W9, W10, W11, W12, W13)"
                 )
                 .into())
             }
@@ -835,6 +917,50 @@ fn report(
             mib("peak_rss_growth_bytes"),
             mib("peak_rss_anon_growth_bytes"),
             f("last_tenth_to_first")
+        );
+    }
+    if let Some(ratio) = m
+        .extra
+        .get("ratio_to_w8_without_indexes")
+        .and_then(Value::as_f64)
+    {
+        println!(
+            "         {label}: {:.0} PUTs/s with two indexes kept up in the background vs {:.0} \
+             without: {ratio:.2}x (goal >= 0.8x)",
+            m.ops_per_sec(),
+            f("w8_without_indexes_requests_per_sec")
+        );
+    }
+    if m.extra.contains_key("index_build_docs_per_sec") {
+        println!(
+            "         {label}: {:.0} documents: index build (n, tag) {:.0} docs/s (goal >= 200,000); \
+             where n > 0: first page p50 {:.3} ms p99 {:.3} ms (goal p50 <= 1), count {:.3} ms (goal <= 100); \
+             where tag = 'x': p50 {:.3} ms, count {:.3} ms; half the index: p50 {:.3} ms, count {:.3} ms; \
+             order by n desc limit 20: p50 {:.3} ms",
+            f("documents"),
+            f("index_build_docs_per_sec"),
+            f("first_page_p50_ms"),
+            f("first_page_p99_ms"),
+            f("count_ms"),
+            f("tag_first_page_p50_ms"),
+            f("tag_count_ms"),
+            f("half_first_page_p50_ms"),
+            f("half_count_ms"),
+            f("order_desc_first_page_p50_ms"),
+        );
+    }
+    if m.extra.contains_key("lag_p50_ms") {
+        println!(
+            "         {label}: idle lag ack -> non-stale p50 {:.2} ms p99 {:.2} ms (goal p50 <= 5); \
+             bulk insert of {:.0} docs at {:.0}/s with 3 indexes: max lag {:.0} ms, catch-up {:.0} ms \
+             after it (goal <= 1000); batch sizes {}",
+            f("lag_p50_ms"),
+            f("lag_p99_ms"),
+            f("flood_documents"),
+            f("flood_insert_docs_per_sec"),
+            f("flood_max_lag_ms"),
+            f("catch_up_ms"),
+            m.extra["batch_sizes"]
         );
     }
     if m.extra.contains_key("bytes_per_connection") {

@@ -8,6 +8,8 @@ mod export_cmd;
 mod httpbench;
 mod import_cmd;
 mod kv;
+mod query_cmd;
+mod querybench;
 mod rawdisk;
 mod serve_cmd;
 mod streambench;
@@ -82,6 +84,8 @@ enum Command {
     /// Write a database of a running server as NDJSON bulk lines that `kiln import`
     /// reads back.
     Export(export_cmd::ExportArgs),
+    /// Run a query against a server: `kiln query --url U --db DB "from users where ..."`.
+    Query(query_cmd::QueryArgs),
     /// Raw key-value access to one storage environment (no documents).
     #[command(subcommand)]
     Kv(kv::KvCommand),
@@ -157,6 +161,7 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
         Command::Import(args) => return import_cmd::run(args),
         Command::Export(args) => return export_cmd::run(args),
         Command::Kv(cmd) => return kv::run(cmd),
+        Command::Query(args) => return query_cmd::run(args),
         Command::Check { dir, json } => {
             if let Some(databases) = docs_cmd::database_dirs(&dir)? {
                 return check_all(&databases, json);

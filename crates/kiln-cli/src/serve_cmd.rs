@@ -32,6 +32,13 @@ pub struct ServeArgs {
     max_document_bytes: usize,
     #[arg(long, default_value_t = kiln_docs::DocsOptions::default().max_batch_ops)]
     max_batch_ops: usize,
+    /// An auto index (made by a query) unused for this long is removed; 0: never.
+    #[arg(long, default_value_t = kiln_docs::IndexingOptions::default().auto_index_idle_ms)]
+    auto_index_idle_ms: u64,
+    /// A query that no index narrows reads at most this many documents (400
+    /// query_too_expensive beyond).
+    #[arg(long, default_value_t = kiln_docs::IndexingOptions::default().max_scan_docs)]
+    max_scan_docs: usize,
     #[arg(long, default_value_t = kiln_docs::DocsOptions::default().max_id_bytes)]
     max_id_bytes: usize,
     #[arg(long, default_value_t = Limits::default().max_page_size)]
@@ -110,6 +117,8 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
     };
     config.docs.max_document_bytes = a.max_document_bytes;
     config.docs.max_batch_ops = a.max_batch_ops;
+    config.docs.indexing.auto_index_idle_ms = a.auto_index_idle_ms;
+    config.docs.indexing.max_scan_docs = a.max_scan_docs;
     config.docs.max_id_bytes = a.max_id_bytes;
     config.docs.storage.max_unflushed_bytes = a.max_unflushed_mib << 20;
     config.docs.storage.write_back_window_bytes = a.write_back_window_mib << 20;

@@ -89,6 +89,28 @@ pub enum DocError {
         source: std::io::Error,
     },
 
+    #[error("invalid index definition: {0}")]
+    InvalidIndex(String),
+
+    #[error("index {0:?} does not exist")]
+    IndexNotFound(String),
+
+    #[error("index {0:?} already exists with another definition; delete it first")]
+    IndexExists(String),
+
+    /// A query that does not parse or cannot run; `line` and `column` (1-based) point
+    /// at the offending text, 0 when the error is about the query as a whole.
+    #[error("invalid query at line {line}, column {column}: {message}")]
+    InvalidQuery {
+        line: usize,
+        column: usize,
+        message: String,
+    },
+
+    /// A query that would read more than the limit allows (no index narrows it).
+    #[error("query too expensive: {0}")]
+    QueryTooExpensive(String),
+
     #[error(transparent)]
     Storage(#[from] kiln_storage::Error),
 }

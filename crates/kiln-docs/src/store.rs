@@ -32,6 +32,8 @@ pub struct DocsOptions {
     pub write_queue: crate::WriteQueueOptions,
     /// How long deleting a database waits for requests still using it.
     pub delete_wait_ms: u64,
+    /// The background indexer and query limits of every database.
+    pub indexing: crate::IndexingOptions,
 }
 
 impl Default for DocsOptions {
@@ -43,6 +45,7 @@ impl Default for DocsOptions {
             max_batch_ops: 10_000,
             write_queue: crate::WriteQueueOptions::default(),
             delete_wait_ms: 10_000,
+            indexing: crate::IndexingOptions::default(),
         }
     }
 }
@@ -61,6 +64,7 @@ impl DocsOptions {
             max_document_bytes: self.max_document_bytes,
             max_id_bytes: self.max_id_bytes,
             max_batch_ops: self.max_batch_ops,
+            indexing: self.indexing,
         })
     }
 
@@ -101,8 +105,15 @@ impl DocStore {
                 tracing::warn!(path = %entry.path().display(), "ignoring a directory that is not a database name");
                 continue;
             }
-            let db = Database::open(&name, &entry.path(), opts.storage_for(&name), limits, false)?;
-            databases.insert(name, Arc::new(db));
+            let db = Arc::new(Database::open(
+                &name,
+                &entry.path(),
+                opts.storage_for(&name),
+                limits,
+                false,
+            )?);
+            db.indexer().start(&db)?;
+            databases.insert(name, db);
         }
         let writes = crate::WriteQueue::start(opts.write_queue)?;
         Ok(DocStore {
@@ -160,6 +171,7 @@ impl DocStore {
         std::fs::rename(&staging, &final_dir).map_err(|e| DocError::io(&final_dir, e))?;
         sync_dir(&self.dir.join(DATABASES_DIR))?;
         let db = Arc::new(Database::open(name, &final_dir, storage, limits, false)?);
+        db.indexer().start(&db)?;
         self.databases.write().insert(name.to_string(), db.clone());
         tracing::info!(database = name, "database created");
         Ok(db)
@@ -176,6 +188,7 @@ impl DocStore {
             .remove(name)
             .ok_or_else(|| DocError::DatabaseNotFound(name.to_string()))?;
         db.mark_deleted();
+        db.indexer().stop();
         // Its environment must be closed before its files go: wait for the requests
         // still holding it.
         let deadline = Instant::now() + Duration::from_millis(self.opts.delete_wait_ms);
@@ -221,6 +234,9 @@ impl DocStore {
         self.writes.close();
         let dbs = std::mem::take(&mut *self.databases.write());
         let mut first_err = None;
+        for db in dbs.values() {
+            db.indexer().stop();
+        }
         for (name, db) in dbs {
             match Arc::try_unwrap(db) {
                 Ok(mut db) => {

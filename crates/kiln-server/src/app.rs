@@ -5,7 +5,7 @@ use crate::auth::KeyVerifier;
 use crate::config::Limits;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::routes::{admin as routes_admin, bulk, changes, docs as routes_docs};
+use crate::routes::{admin as routes_admin, bulk, changes, docs as routes_docs, queries};
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -71,6 +71,15 @@ pub fn router(state: SharedState) -> Router {
             "/dbs/{db}/collections/{collection}/docs",
             get(routes_docs::list_collection),
         )
+        .route("/dbs/{db}/indexes", get(queries::list_indexes))
+        .route(
+            "/dbs/{db}/indexes/{name}",
+            put(queries::put_index)
+                .get(queries::get_index)
+                .delete(queries::delete_index),
+        )
+        .route("/dbs/{db}/indexes/{name}/reset", post(queries::reset_index))
+        .route("/dbs/{db}/queries", post(queries::run_query))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             authenticate,

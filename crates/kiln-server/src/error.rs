@@ -133,6 +133,11 @@ fn status_and_code(e: &DocError) -> (StatusCode, &'static str) {
         DocError::Overloaded { .. } => (S::SERVICE_UNAVAILABLE, "overloaded"),
         DocError::ShuttingDown => (S::SERVICE_UNAVAILABLE, "shutting_down"),
         DocError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal_error"),
+        DocError::InvalidIndex(_) => (S::BAD_REQUEST, "invalid_index"),
+        DocError::IndexNotFound(_) => (S::NOT_FOUND, "index_not_found"),
+        DocError::IndexExists(_) => (S::CONFLICT, "index_exists"),
+        DocError::InvalidQuery { .. } => (S::BAD_REQUEST, "invalid_query"),
+        DocError::QueryTooExpensive(_) => (S::BAD_REQUEST, "query_too_expensive"),
         DocError::CorruptRecord { .. } => (S::INTERNAL_SERVER_ERROR, "corruption"),
         // A directory of the data directory could not be made or removed.
         DocError::Io { source, .. } if is_disk_full(source) => {

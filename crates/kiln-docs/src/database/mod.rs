@@ -145,6 +145,7 @@ pub(crate) struct Limits {
     pub max_document_bytes: usize,
     pub max_id_bytes: usize,
     pub max_batch_ops: usize,
+    pub indexing: crate::index::IndexingOptions,
 }
 
 pub struct Database {
@@ -157,6 +158,8 @@ pub struct Database {
     pub(crate) notifier: CommitNotifier,
     /// False until the database has a tombstone (see `apply::Unit`).
     tombstones_possible: Arc<AtomicBool>,
+    /// The background indexer and the running indexes (see `index/`).
+    indexer: crate::index::Indexer,
 }
 
 impl Database {
@@ -202,9 +205,13 @@ impl Database {
             u32::from_be_bytes(raw.try_into().map_err(|_| missing("incarnation"))?)
         };
         crate::changes::upgrade::add_change_log(&env, name)?;
-        let (last_sequence, tombstones) = {
+        let (last_sequence, tombstones, indexes) = {
             let r = env.begin_read()?;
-            (read_last_sequence(&r)?, r.tree_len(TOMBSTONES)?)
+            (
+                read_last_sequence(&r)?,
+                r.tree_len(TOMBSTONES)?,
+                crate::index::load(&r)?,
+            )
         };
         Ok(Database {
             env: Some(env),
@@ -214,7 +221,12 @@ impl Database {
             deleted: AtomicBool::new(false),
             notifier: CommitNotifier::new(last_sequence),
             tombstones_possible: Arc::new(AtomicBool::new(tombstones > 0)),
+            indexer: crate::index::Indexer::new(limits.indexing, indexes),
         })
+    }
+
+    pub(crate) fn indexer(&self) -> &crate::index::Indexer {
+        &self.indexer
     }
 
     pub(crate) fn read_last_sequence(&self, r: &ReadTxn<'_>) -> Result<u64> {

@@ -4,6 +4,7 @@ pub mod admin;
 pub mod bulk;
 pub mod changes;
 pub mod docs;
+pub mod queries;
 
 use crate::app::SharedState;
 use crate::error::ApiError;

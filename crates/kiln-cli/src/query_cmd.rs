@@ -1,0 +1,165 @@
+//! `kiln query --url U --db DB "from users where ..."`: runs a query on a server
+//! and prints the results as a table (the fields of the documents, by column) or,
+//! with `--json`, the server's answer as it is.
+
+use crate::httpbench::{request_bytes, Conn};
+use serde_json::{json, Map, Value};
+use std::net::ToSocketAddrs;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct QueryArgs {
+    /// The server, e.g. http://127.0.0.1:8080 (plain HTTP).
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    url: String,
+    #[arg(long)]
+    db: String,
+    /// Parameters as a JSON object, e.g. '{"min": 21}'.
+    #[arg(long)]
+    params: Option<String>,
+    /// Wait up to this long for the index to catch up.
+    #[arg(long, default_value_t = 0)]
+    wait_ms: u64,
+    /// An API key (sent as `X-Api-Key`).
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Print the server's JSON answer.
+    #[arg(long)]
+    json: bool,
+    /// The query.
+    query: String,
+}
+
+type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+pub fn run(args: QueryArgs) -> AnyResult<ExitCode> {
+    let host = args
+        .url
+        .strip_prefix("http://")
+        .ok_or("--url must start with http:// (use a TLS-terminating proxy or curl for https)")?
+        .trim_end_matches('/');
+    let addr = host
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| format!("{host} does not resolve"))?;
+    let params: Map<String, Value> = match &args.params {
+        Some(p) => serde_json::from_str(p).map_err(|e| format!("--params: {e}"))?,
+        None => Map::new(),
+    };
+    let body =
+        json!({"query": args.query, "params": params, "wait_for_non_stale_ms": args.wait_ms})
+            .to_string();
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(k) = &args.api_key {
+        headers.push(("x-api-key", k.as_str()));
+    }
+    let path = format!("/dbs/{}/queries", args.db);
+    let request = request_bytes("POST", &path, &headers, body.as_bytes());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (status, answer) = rt.block_on(async {
+        let mut conn = Conn::connect(addr).await?;
+        conn.send(&request).await
+    })?;
+    let v: Value = serde_json::from_slice(&answer)
+        .map_err(|e| format!("the server answered {status} with non-JSON: {e}"))?;
+    if status != 200 {
+        eprintln!(
+            "error {status} {}: {}",
+            v["error"].as_str().unwrap_or("?"),
+            v["message"].as_str().unwrap_or("")
+        );
+        return Ok(ExitCode::from(1));
+    }
+    if args.json {
+        println!("{v}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    print_table(&v);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cell(v: &Value) -> String {
+    let s = match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    };
+    if s.chars().count() > 40 {
+        let cut: String = s.chars().take(39).collect();
+        format!("{cut}…")
+    } else {
+        s
+    }
+}
+
+fn print_table(v: &Value) {
+    let results = v["results"].as_array().cloned().unwrap_or_default();
+    let mut columns = vec!["@id".to_string()];
+    for r in &results {
+        if let Some(o) = r.as_object() {
+            for k in o.keys() {
+                if k != "@metadata" && !columns.contains(k) {
+                    columns.push(k.clone());
+                }
+            }
+        }
+    }
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            columns
+                .iter()
+                .map(|c| {
+                    if c == "@id" {
+                        cell(&r["@metadata"]["@id"])
+                    } else {
+                        cell(r.get(c).unwrap_or(&Value::Null))
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let widths: Vec<usize> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .chain([c.chars().count()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: &[String]| {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    println!("{}", line(&columns));
+    for r in &rows {
+        println!("{}", line(r));
+    }
+    println!(
+        "-- {} of {} (skipped {}), index {}, {}{} in {} ms",
+        rows.len(),
+        v["total"],
+        v["skipped"],
+        v["index"].as_str().unwrap_or("none (collection scan)"),
+        if v["stale"] == true {
+            "STALE"
+        } else {
+            "not stale"
+        },
+        v["auto_index_created"]
+            .as_str()
+            .map_or(String::new(), |a| format!(", created auto index {a}")),
+        v["duration_ms"]
+    );
+}

@@ -1,0 +1,256 @@
+//! Index definitions: a name, a collection (or all documents), and fields given as
+//! JSON paths; and the entries a document gives an index.
+
+use super::value::{Scalar, TAG_MISSING};
+use crate::{DocError, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// At most this many fields in a compound index.
+pub const MAX_INDEX_FIELDS: usize = 8;
+/// At most this many entries one document gives one index (arrays multiply).
+pub const MAX_ENTRIES_PER_DOC: usize = 1024;
+const MAX_PATH_LEN: usize = 256;
+const MAX_NAME_LEN: usize = 128;
+
+/// One indexed field: a JSON path (`address.city`, `tags[]`, `lines[].sku`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexField {
+    pub path: String,
+    /// Strings are indexed lowercased.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub case_insensitive: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexDefinition {
+    pub name: String,
+    /// `None`: every document of the database.
+    pub collection: Option<String>,
+    pub fields: Vec<IndexField>,
+    /// Created by a query rather than a client (removed when unused).
+    #[serde(default)]
+    pub auto: bool,
+}
+
+/// A parsed path: segments, each either a key or "each element of the array here".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Step {
+    Key(String),
+    Each,
+}
+
+pub(crate) fn parse_path(path: &str) -> Result<Vec<Step>> {
+    let bad = |why: &str| DocError::InvalidIndex(format!("field path {path:?}: {why}"));
+    if path.is_empty() || path.len() > MAX_PATH_LEN {
+        return Err(bad("must be 1 to 256 bytes"));
+    }
+    let mut steps = Vec::new();
+    for seg in path.split('.') {
+        let mut name = seg;
+        let mut each = 0;
+        while let Some(rest) = name.strip_suffix("[]") {
+            name = rest;
+            each += 1;
+        }
+        if name.is_empty() || name.contains(['[', ']']) {
+            return Err(bad("each segment is a name, optionally followed by []"));
+        }
+        steps.push(Step::Key(name.to_string()));
+        steps.extend(std::iter::repeat_n(Step::Each, each));
+    }
+    Ok(steps)
+}
+
+/// The values at a path; `[]` fans out over an array's elements (a value that is not
+/// an array counts as its only element). Missing gives nothing.
+pub(crate) fn values_at<'a>(doc: &'a Value, steps: &[Step], out: &mut Vec<&'a Value>) {
+    let Some((first, rest)) = steps.split_first() else {
+        out.push(doc);
+        return;
+    };
+    match first {
+        Step::Key(k) => {
+            if let Some(v) = doc.as_object().and_then(|o| o.get(k)) {
+                values_at(v, rest, out)
+            }
+        }
+        Step::Each => match doc {
+            Value::Array(items) => {
+                for item in items {
+                    values_at(item, rest, out)
+                }
+            }
+            other => values_at(other, rest, out),
+        },
+    }
+}
+
+impl IndexDefinition {
+    pub fn validate(&self) -> Result<()> {
+        validate_index_name(&self.name)?;
+        if let Some(c) = &self.collection {
+            crate::id::validate_collection(c)?;
+        }
+        if self.fields.is_empty() || self.fields.len() > MAX_INDEX_FIELDS {
+            return Err(DocError::InvalidIndex(format!(
+                "an index has 1 to {MAX_INDEX_FIELDS} fields"
+            )));
+        }
+        for f in &self.fields {
+            parse_path(&f.path)?;
+        }
+        Ok(())
+    }
+
+    /// Whether a document may give more than one entry (an array path).
+    pub fn multi_valued(&self) -> bool {
+        self.fields.iter().any(|f| f.path.contains("[]"))
+    }
+}
+
+pub fn validate_index_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./@".contains(&b));
+    if !ok {
+        return Err(DocError::InvalidIndex(format!(
+            "index name {name:?}: 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 - _ . / @"
+        )));
+    }
+    Ok(())
+}
+
+/// A definition with its paths parsed, ready to index documents.
+#[derive(Debug, Clone)]
+pub(crate) struct Compiled {
+    pub def: IndexDefinition,
+    pub paths: Vec<Vec<Step>>,
+}
+
+impl Compiled {
+    pub fn new(def: IndexDefinition) -> Result<Compiled> {
+        def.validate()?;
+        let paths = def
+            .fields
+            .iter()
+            .map(|f| parse_path(&f.path))
+            .collect::<Result<_>>()?;
+        Ok(Compiled { def, paths })
+    }
+
+    /// The top-level keys of the document this index reads.
+    pub fn top_keys(&self) -> impl Iterator<Item = &str> {
+        self.paths.iter().filter_map(|p| match p.first() {
+            Some(Step::Key(k)) => Some(k.as_str()),
+            _ => None,
+        })
+    }
+
+    pub fn covers_collection(&self, collection: Option<&str>) -> bool {
+        match &self.def.collection {
+            None => true,
+            Some(c) => collection == Some(c.as_str()),
+        }
+    }
+
+    /// The entry keys (encoded values, without the id) a document gives this index,
+    /// sorted and without duplicates; every document of the collection gives at
+    /// least one (a missing field is encoded as missing). An error says why the
+    /// document cannot be indexed.
+    pub fn entries(&self, doc: &Value) -> std::result::Result<Vec<Vec<u8>>, String> {
+        let mut keys: Vec<Vec<u8>> = vec![Vec::new()];
+        for (field, steps) in self.def.fields.iter().zip(&self.paths) {
+            let mut found = Vec::new();
+            values_at(doc, steps, &mut found);
+            let mut encoded: Vec<Vec<u8>> = Vec::with_capacity(found.len().max(1));
+            for v in found {
+                let s = Scalar::from_json(v).ok_or_else(|| {
+                    format!(
+                        "field {:?} is {}; index its elements with [] or a deeper path",
+                        field.path,
+                        kind(v)
+                    )
+                })?;
+                let s = if field.case_insensitive {
+                    s.folded()
+                } else {
+                    s
+                };
+                encoded.push(s.encode());
+            }
+            if encoded.is_empty() {
+                encoded.push(vec![TAG_MISSING]);
+            }
+            encoded.sort();
+            encoded.dedup();
+            if keys.len().saturating_mul(encoded.len()) > MAX_ENTRIES_PER_DOC {
+                return Err(format!(
+                    "more than {MAX_ENTRIES_PER_DOC} entries for one document"
+                ));
+            }
+            let mut next = Vec::with_capacity(keys.len() * encoded.len());
+            for k in &keys {
+                for e in &encoded {
+                    let mut n = k.clone();
+                    n.extend_from_slice(e);
+                    next.push(n);
+                }
+            }
+            keys = next;
+        }
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+        Value::Number(_) => "a number out of range",
+        _ => "not indexable",
+    }
+}
+
+/// Parses a document's JSON keeping only the given top-level keys (the others are
+/// skipped without being built), for the indexer, which reads few fields of many
+/// documents.
+pub(crate) fn parse_fields(json: &[u8], keys: &[&str]) -> std::result::Result<Value, String> {
+    use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+    struct Only<'k>(&'k [&'k str]);
+    impl<'de> Visitor<'de> for Only<'_> {
+        type Value = Value;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> std::result::Result<Value, A::Error> {
+            let mut out = serde_json::Map::new();
+            while let Some(k) = m.next_key::<String>()? {
+                if self.0.contains(&k.as_str()) {
+                    let v: Value = m.next_value()?;
+                    out.insert(k, v);
+                } else {
+                    m.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(Value::Object(out))
+        }
+    }
+    impl<'de> DeserializeSeed<'de> for Only<'_> {
+        type Value = Value;
+        fn deserialize<D: serde::Deserializer<'de>>(
+            self,
+            d: D,
+        ) -> std::result::Result<Value, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let v = Only(keys).deserialize(&mut de).map_err(|e| e.to_string())?;
+    de.end().map_err(|e| e.to_string())?;
+    Ok(v)
+}

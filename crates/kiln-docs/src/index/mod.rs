@@ -1,0 +1,454 @@
+//! Indexes: B+trees in the database's own environment, built in the background from
+//! the change log in etag order (see `indexer.rs`).
+//!
+//! Trees:
+//! - `index_defs`: name -> JSON `{"definition": ..., "id": n}`
+//! - `index_state`: name -> id (u64 BE), last indexed sequence (u64 BE), entries (u64 BE)
+//! - per index, named by its id (a reset gives a new id and new trees):
+//!   - `ix.<id>.e` entries: encoded values ++ document id -> document id
+//!   - `ix.<id>.d` document id -> the encoded values of its entries (to remove them
+//!     when the document changes or goes)
+//!   - `ix.<id>.x` document id -> why it could not be indexed
+//!
+//! An index's entries and its last indexed sequence are written in ONE transaction,
+//! so after a crash an index never claims a sequence whose entries it lacks.
+
+pub(crate) mod def;
+mod indexer;
+pub(crate) mod value;
+
+pub(crate) use def::Compiled;
+pub use def::{IndexDefinition, IndexField};
+pub(crate) use indexer::Indexer;
+
+use crate::changes::{CHANGES, CONSUMERS};
+use crate::database::{decode_u64, META};
+use crate::{Database, DocError, Etag, Result};
+use kiln_storage::{ReadTxn, WriteTxn};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(crate) const INDEX_DEFS: &str = "index_defs";
+pub(crate) const INDEX_STATE: &str = "index_state";
+const META_NEXT_INDEX_ID: &[u8] = b"next_index_id";
+
+/// How the background indexer runs.
+#[derive(Debug, Clone, Copy)]
+pub struct IndexingOptions {
+    /// Documents per batch when idle; the batch doubles while the index is behind.
+    pub min_batch: usize,
+    pub max_batch: usize,
+    /// An auto index not used by a query for this long is removed (0: never).
+    pub auto_index_idle_ms: u64,
+    /// A query with no index narrowing it reads at most this many documents.
+    pub max_scan_docs: usize,
+}
+
+impl Default for IndexingOptions {
+    fn default() -> Self {
+        IndexingOptions {
+            min_batch: 128,
+            max_batch: 16_384,
+            auto_index_idle_ms: 30 * 60 * 1000,
+            max_scan_docs: 100_000,
+        }
+    }
+}
+
+pub(crate) fn entries_tree(id: u64) -> String {
+    format!("ix.{id}.e")
+}
+pub(crate) fn docs_tree(id: u64) -> String {
+    format!("ix.{id}.d")
+}
+pub(crate) fn errors_tree(id: u64) -> String {
+    format!("ix.{id}.x")
+}
+fn consumer_name(name: &str) -> String {
+    format!("index:{name}")
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredDef {
+    definition: IndexDefinition,
+    id: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IndexState {
+    pub id: u64,
+    pub last_sequence: u64,
+    pub entries: u64,
+}
+
+impl IndexState {
+    fn encode(&self) -> [u8; 24] {
+        let mut out = [0u8; 24];
+        out[..8].copy_from_slice(&self.id.to_be_bytes());
+        out[8..16].copy_from_slice(&self.last_sequence.to_be_bytes());
+        out[16..].copy_from_slice(&self.entries.to_be_bytes());
+        out
+    }
+
+    fn decode(b: &[u8]) -> Result<IndexState> {
+        if b.len() != 24 {
+            return Err(DocError::CorruptRecord {
+                id: "(index state)".into(),
+                why: format!("{} bytes, expected 24", b.len()),
+            });
+        }
+        Ok(IndexState {
+            id: decode_u64(&b[..8], "index id")?,
+            last_sequence: decode_u64(&b[8..16], "index sequence")?,
+            entries: decode_u64(&b[16..], "index entries")?,
+        })
+    }
+}
+
+pub(crate) fn read_state(r: &ReadTxn<'_>, name: &str) -> Result<Option<IndexState>> {
+    if !r.tree_exists(INDEX_STATE)? {
+        return Ok(None);
+    }
+    r.get(INDEX_STATE, name.as_bytes())?
+        .map(IndexState::decode)
+        .transpose()
+}
+
+pub(crate) fn read_state_w(w: &mut WriteTxn<'_>, name: &str) -> Result<Option<IndexState>> {
+    if !w.tree_exists(INDEX_STATE)? {
+        return Ok(None);
+    }
+    w.get(INDEX_STATE, name.as_bytes())?
+        .map(IndexState::decode)
+        .transpose()
+}
+
+pub(crate) fn write_state(w: &mut WriteTxn<'_>, name: &str, st: &IndexState) -> Result<()> {
+    w.put(INDEX_STATE, name.as_bytes(), &st.encode())?;
+    w.put(
+        CONSUMERS,
+        consumer_name(name).as_bytes(),
+        &st.last_sequence.to_be_bytes(),
+    )?;
+    Ok(())
+}
+
+/// An index as the running database knows it.
+pub(crate) struct Runtime {
+    pub compiled: Compiled,
+    pub id: u64,
+    /// The last indexed sequence known to be durable.
+    pub last_sequence: AtomicU64,
+    pub last_used_ms: AtomicU64,
+    /// Documents per second over the last batches (f64 bits).
+    pub rate: AtomicU64,
+}
+
+impl Runtime {
+    fn new(def: IndexDefinition, id: u64, last_sequence: u64) -> Result<Runtime> {
+        Ok(Runtime {
+            compiled: Compiled::new(def)?,
+            id,
+            last_sequence: AtomicU64::new(last_sequence),
+            last_used_ms: AtomicU64::new(crate::document::now_ms()),
+            rate: AtomicU64::new(0f64.to_bits()),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.compiled.def.name
+    }
+}
+
+/// What `GET /indexes` shows of an index.
+#[derive(Debug, Clone)]
+pub struct IndexInfo {
+    pub definition: IndexDefinition,
+    pub last_indexed_etag: Option<Etag>,
+    pub database_etag: Option<Etag>,
+    /// Changed documents the index has not read yet (counted up to 1,000,000).
+    pub docs_behind: u64,
+    pub stale: bool,
+    pub entries: u64,
+    pub errors: u64,
+    /// Up to 10 documents that could not be indexed, and why.
+    pub error_samples: Vec<IndexErrorSample>,
+    /// The indexer's batch size now (shared by the database's indexes).
+    pub batch_size: usize,
+    pub docs_per_sec: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct IndexErrorSample {
+    pub id: String,
+    pub error: String,
+}
+
+/// Loads the definitions stored in a database (at open).
+pub(crate) fn load(r: &ReadTxn<'_>) -> Result<Vec<Runtime>> {
+    let mut out = Vec::new();
+    if !r.tree_exists(INDEX_DEFS)? {
+        return Ok(out);
+    }
+    let mut c = r.cursor(INDEX_DEFS)?;
+    let mut item = c.first()?;
+    while let Some((k, v)) = item {
+        let name = String::from_utf8_lossy(k).into_owned();
+        let stored: StoredDef = serde_json::from_slice(v).map_err(|e| DocError::CorruptRecord {
+            id: format!("(index {name})"),
+            why: e.to_string(),
+        })?;
+        let st = read_state(r, &name)?.ok_or_else(|| DocError::CorruptRecord {
+            id: format!("(index {name})"),
+            why: "no state".into(),
+        })?;
+        out.push(Runtime::new(stored.definition, st.id, st.last_sequence)?);
+        item = c.next()?;
+    }
+    Ok(out)
+}
+
+impl Database {
+    /// Creates an index (it starts empty and fills in the background). Defining the
+    /// same index again is a no-op that returns false; another definition under an
+    /// existing name is `IndexExists`.
+    pub fn define_index(&self, def: IndexDefinition) -> Result<bool> {
+        let env = self.live()?;
+        let compiled = Compiled::new(def.clone())?;
+        let _turn = self.indexer().admin.lock();
+        if let Some(rt) = self.indexer().get(&def.name) {
+            if rt.compiled.def == def {
+                return Ok(false);
+            }
+            return Err(DocError::IndexExists(def.name.clone()));
+        }
+        let name = def.name.clone();
+        let stored_def = def.clone();
+        let id = env
+            .submit(move |txn| {
+                let run = |txn: &mut WriteTxn<'_>| -> Result<u64> {
+                    txn.ensure_tree(INDEX_DEFS)?;
+                    txn.ensure_tree(INDEX_STATE)?;
+                    let id = next_id(txn)?;
+                    let stored = serde_json::to_vec(&StoredDef {
+                        definition: stored_def,
+                        id,
+                    })
+                    .map_err(|e| DocError::Internal(e.to_string()))?;
+                    txn.put(INDEX_DEFS, name.as_bytes(), &stored)?;
+                    create_trees(txn, id)?;
+                    write_state(
+                        txn,
+                        &name,
+                        &IndexState {
+                            id,
+                            last_sequence: 0,
+                            entries: 0,
+                        },
+                    )?;
+                    Ok(id)
+                };
+                run(txn).map_err(DocError::into_unit)
+            })
+            .map_err(DocError::from_unit)?;
+        let rt = Runtime {
+            compiled,
+            id,
+            last_sequence: AtomicU64::new(0),
+            last_used_ms: AtomicU64::new(crate::document::now_ms()),
+            rate: AtomicU64::new(0f64.to_bits()),
+        };
+        self.indexer().insert(Arc::new(rt));
+        tracing::info!(database = self.name(), index = %def.name, auto = def.auto, "index defined");
+        Ok(true)
+    }
+
+    pub fn index_definition(&self, name: &str) -> Result<IndexDefinition> {
+        self.live()?;
+        self.indexer()
+            .get(name)
+            .map(|rt| rt.compiled.def.clone())
+            .ok_or_else(|| DocError::IndexNotFound(name.to_string()))
+    }
+
+    /// Removes an index and its trees.
+    pub fn delete_index(&self, name: &str) -> Result<()> {
+        let env = self.live()?;
+        let _turn = self.indexer().admin.lock();
+        let rt = self
+            .indexer()
+            .get(name)
+            .ok_or_else(|| DocError::IndexNotFound(name.to_string()))?;
+        let name_owned = name.to_string();
+        let id = rt.id;
+        env.submit(move |txn| {
+            let run = |txn: &mut WriteTxn<'_>| -> Result<()> {
+                txn.delete(INDEX_DEFS, name_owned.as_bytes())?;
+                txn.delete(INDEX_STATE, name_owned.as_bytes())?;
+                txn.delete(CONSUMERS, consumer_name(&name_owned).as_bytes())?;
+                drop_trees(txn, id)?;
+                Ok(())
+            };
+            run(txn).map_err(DocError::into_unit)
+        })
+        .map_err(DocError::from_unit)?;
+        self.indexer().remove(name);
+        tracing::info!(database = self.name(), index = name, "index deleted");
+        Ok(())
+    }
+
+    /// Rebuilds an index from scratch: new empty trees, read from the first change.
+    pub fn reset_index(&self, name: &str) -> Result<()> {
+        let env = self.live()?;
+        let _turn = self.indexer().admin.lock();
+        let rt = self
+            .indexer()
+            .get(name)
+            .ok_or_else(|| DocError::IndexNotFound(name.to_string()))?;
+        let old_id = rt.id;
+        let name_owned = name.to_string();
+        let def = rt.compiled.def.clone();
+        let new_id = env
+            .submit(move |txn| {
+                let run = |txn: &mut WriteTxn<'_>| -> Result<u64> {
+                    let id = next_id(txn)?;
+                    drop_trees(txn, old_id)?;
+                    create_trees(txn, id)?;
+                    let stored = serde_json::to_vec(&StoredDef {
+                        definition: def,
+                        id,
+                    })
+                    .map_err(|e| DocError::Internal(e.to_string()))?;
+                    txn.put(INDEX_DEFS, name_owned.as_bytes(), &stored)?;
+                    write_state(
+                        txn,
+                        &name_owned,
+                        &IndexState {
+                            id,
+                            last_sequence: 0,
+                            entries: 0,
+                        },
+                    )?;
+                    Ok(id)
+                };
+                run(txn).map_err(DocError::into_unit)
+            })
+            .map_err(DocError::from_unit)?;
+        let fresh = Runtime::new(rt.compiled.def.clone(), new_id, 0)?;
+        self.indexer().insert(Arc::new(fresh));
+        Ok(())
+    }
+
+    pub fn index_names(&self) -> Result<Vec<String>> {
+        self.live()?;
+        Ok(self.indexer().names())
+    }
+
+    /// The state of one index.
+    pub fn index_info(&self, name: &str) -> Result<IndexInfo> {
+        let env = self.live()?;
+        let rt = self
+            .indexer()
+            .get(name)
+            .ok_or_else(|| DocError::IndexNotFound(name.to_string()))?;
+        let r = env.begin_read()?;
+        let db_seq = self.read_last_sequence(&r)?;
+        let st = read_state(&r, name)?.ok_or_else(|| DocError::IndexNotFound(name.into()))?;
+        let mut behind = 0u64;
+        if st.last_sequence < db_seq {
+            let mut c = r.cursor(CHANGES)?;
+            let mut item = c.seek(&crate::changes::change_key(st.last_sequence + 1))?;
+            while item.is_some() && behind < 1_000_000 {
+                behind += 1;
+                item = c.next()?;
+            }
+        }
+        let errors_name = errors_tree(st.id);
+        let errors = if r.tree_exists(&errors_name)? {
+            r.tree_len(&errors_name)?
+        } else {
+            0
+        };
+        let mut error_samples = Vec::new();
+        if errors > 0 {
+            let mut c = r.cursor(&errors_name)?;
+            let mut item = c.first()?;
+            while let Some((k, v)) = item {
+                if error_samples.len() == 10 {
+                    break;
+                }
+                error_samples.push(IndexErrorSample {
+                    id: String::from_utf8_lossy(k).into_owned(),
+                    error: String::from_utf8_lossy(v).into_owned(),
+                });
+                item = c.next()?;
+            }
+        }
+        let etag = |s: u64| (s > 0).then(|| self.etag_at(s));
+        Ok(IndexInfo {
+            definition: rt.compiled.def.clone(),
+            last_indexed_etag: etag(st.last_sequence),
+            database_etag: etag(db_seq),
+            docs_behind: behind,
+            stale: st.last_sequence < db_seq,
+            entries: st.entries,
+            errors,
+            error_samples,
+            batch_size: self.indexer().batch_size(),
+            docs_per_sec: f64::from_bits(rt.rate.load(Ordering::Relaxed)),
+        })
+    }
+
+    pub fn indexes(&self) -> Result<Vec<IndexInfo>> {
+        let mut out = Vec::new();
+        for name in self.index_names()? {
+            match self.index_info(&name) {
+                Ok(i) => out.push(i),
+                Err(DocError::IndexNotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Blocks until the index has indexed everything up to `sequence` or `timeout`
+    /// passes; true if it caught up.
+    pub fn wait_for_index(&self, name: &str, sequence: u64, timeout: Duration) -> Result<bool> {
+        self.live()?;
+        let rt = self
+            .indexer()
+            .get(name)
+            .ok_or_else(|| DocError::IndexNotFound(name.to_string()))?;
+        Ok(self.indexer().wait_for(&rt, sequence, timeout))
+    }
+
+    /// The batch sizes the indexer chose since the database opened: (size, batches).
+    pub fn index_batch_sizes(&self) -> Vec<(usize, u64)> {
+        self.indexer().batch_histogram()
+    }
+}
+
+fn next_id(txn: &mut WriteTxn<'_>) -> Result<u64> {
+    let id = match txn.get(META, META_NEXT_INDEX_ID)? {
+        Some(b) => decode_u64(b, "next index id")?,
+        None => 1,
+    };
+    txn.put(META, META_NEXT_INDEX_ID, &(id + 1).to_be_bytes())?;
+    Ok(id)
+}
+
+fn create_trees(txn: &mut WriteTxn<'_>, id: u64) -> Result<()> {
+    for t in [entries_tree(id), docs_tree(id), errors_tree(id)] {
+        txn.ensure_tree(&t)?;
+    }
+    Ok(())
+}
+
+fn drop_trees(txn: &mut WriteTxn<'_>, id: u64) -> Result<()> {
+    for t in [entries_tree(id), docs_tree(id), errors_tree(id)] {
+        txn.drop_tree(&t)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,967 @@
+//! Queries: parsing (`parse.rs`), the meaning of a filter on one document
+//! (`eval.rs`), and running a query against an index or a small collection (here).
+//!
+//! Plans, from the cheapest:
+//! - an index whose first field is the field of the most selective conjunct of the
+//!   `where` (`=`, `in`, `startsWith`, `between`, ranges, `exists`): a range scan of
+//!   its entries. When that conjunct is the whole `where` the index answers it
+//!   exactly: documents are loaded only for the page, the rest is counted from the
+//!   entries (`covered`). Otherwise each candidate is loaded and the rest of the
+//!   filter checked.
+//! - `order by f` on an index of `f`: the entries in order (either direction), so the
+//!   first page reads O(page) entries.
+//! - a collection scan, only for collections up to `max_scan_docs` documents, or
+//!   without a `where` (then in etag order, counted from the collection count).
+//!
+//! A query on a collection whose fields no index covers creates an auto index (the
+//! answer says so). Ranges compare within a type (`n < 5` never matches a string or
+//! null); `=`/`in` are exact; `order by` follows the total order of `index/value.rs`.
+
+mod eval;
+pub(crate) mod parse;
+
+use crate::database::{
+    collection_key, decode_u64, read_last_sequence, to_document, BY_COLLECTION, COUNTS, DOCS,
+};
+use crate::index::def::Step;
+use crate::index::value::{prefix_successor, sort_key, Scalar, TAG_NULL};
+use crate::index::{entries_tree, read_state, IndexDefinition, IndexField, Runtime};
+use crate::{Database, DocError, Document, Etag, Result};
+use eval::{eval, field_values};
+use kiln_storage::ReadTxn;
+use parse::{CmpOp, Expr, Field, Query, Source};
+use serde_json::{Map, Value};
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Longest `wait_for_non_stale_ms` honoured.
+pub const MAX_WAIT_MS: u64 = 30_000;
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueryOptions {
+    /// Wait (bounded by `MAX_WAIT_MS`) for the index to reach the database's etag
+    /// as of the start of the query.
+    pub wait_for_non_stale_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct QueryResult {
+    /// The documents (JSON text with `@metadata`) or their projections, in order.
+    pub results: Vec<Vec<u8>>,
+    /// Exact number of matches (at the index's state when `stale`).
+    pub total: u64,
+    pub skipped: u64,
+    pub stale: bool,
+    pub index: Option<String>,
+    pub index_etag: Option<Etag>,
+    pub database_etag: Option<Etag>,
+    /// The auto index this query created, if it did.
+    pub auto_index_created: Option<String>,
+    pub duration_ms: f64,
+    /// Index entries looked at, documents loaded (the query's cost).
+    pub entries_read: u64,
+    pub documents_loaded: u64,
+    /// Given back to `query_page` for the next page; `None` after a page that was
+    /// not full. For a scan of an index in order it names the last entry returned,
+    /// so the next page starts there without walking the ones before.
+    pub continuation: Option<String>,
+}
+
+/// Where a page continues from.
+enum Cont {
+    Offset(usize),
+    After {
+        index_id: u64,
+        desc: bool,
+        /// Matches before the point (for the total when it is counted by walking).
+        before: u64,
+        key: Vec<u8>,
+    },
+}
+
+impl Cont {
+    fn encode(&self) -> String {
+        match self {
+            Cont::Offset(n) => format!("o{n}"),
+            Cont::After {
+                index_id,
+                desc,
+                before,
+                key,
+            } => {
+                let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+                format!("k{index_id}.{}.{before}.{hex}", u8::from(*desc))
+            }
+        }
+    }
+
+    fn decode(t: &str) -> Result<Cont> {
+        let bad = || DocError::InvalidQuery {
+            line: 0,
+            column: 0,
+            message: "malformed continuation token".into(),
+        };
+        if let Some(n) = t.strip_prefix('o') {
+            let n: usize = n.parse().map_err(|_| bad())?;
+            if n > parse::MAX_OFFSET {
+                return Err(bad());
+            }
+            return Ok(Cont::Offset(n));
+        }
+        let rest = t.strip_prefix('k').ok_or_else(bad)?;
+        let parts: Vec<&str> = rest.splitn(4, '.').collect();
+        let [id, desc, before, hex] = parts.as_slice() else {
+            return Err(bad());
+        };
+        if hex.len() % 2 != 0 || hex.len() > 2 * kiln_storage::MAX_KEY_SIZE {
+            return Err(bad());
+        }
+        let key = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(hex.get(i..i + 2).unwrap_or("zz"), 16))
+            .collect::<std::result::Result<Vec<u8>, _>>()
+            .map_err(|_| bad())?;
+        Ok(Cont::After {
+            index_id: id.parse().map_err(|_| bad())?,
+            desc: *desc == "1",
+            before: before.parse().map_err(|_| bad())?,
+            key,
+        })
+    }
+}
+
+type Range = (Vec<u8>, Option<Vec<u8>>);
+
+/// How much a conjunct narrows (lower is better).
+fn priority(e: &Expr) -> u8 {
+    match e {
+        Expr::Cmp(_, CmpOp::Eq, _) => 0,
+        Expr::In(..) => 1,
+        Expr::StartsWith(..) => 2,
+        Expr::Between(..) => 3,
+        Expr::Cmp(..) => 4,
+        _ => 5,
+    }
+}
+
+/// The key ranges of a conjunct on its field, if an index can answer it exactly.
+fn ranges_of(e: &Expr) -> Option<(&Field, Vec<Range>)> {
+    let succ = |k: &[u8]| prefix_successor(k);
+    Some(match e {
+        Expr::Cmp(f, op, v) => {
+            let enc = v.encode();
+            let (lo, hi) = v.class().bounds();
+            let r = match op {
+                CmpOp::Eq => (enc.clone(), succ(&enc)),
+                CmpOp::Ne => return None,
+                CmpOp::Lt => (lo, Some(enc)),
+                CmpOp::Le => (lo, succ(&enc)),
+                CmpOp::Gt => (succ(&enc)?, Some(hi)),
+                CmpOp::Ge => (enc, Some(hi)),
+            };
+            (f, vec![r])
+        }
+        Expr::In(f, values) => {
+            let mut encs: Vec<Vec<u8>> = values.iter().map(Scalar::encode).collect();
+            encs.sort();
+            encs.dedup();
+            (
+                f,
+                encs.into_iter()
+                    .map(|k| {
+                        let hi = succ(&k);
+                        (k, hi)
+                    })
+                    .collect(),
+            )
+        }
+        Expr::Between(f, lo, hi) => {
+            let (l, h) = (lo.encode(), hi.encode());
+            if l > h {
+                (f, vec![])
+            } else {
+                (f, vec![(l, succ(&h))])
+            }
+        }
+        Expr::StartsWith(f, p) => {
+            let lo = Scalar::string_prefix(p);
+            let hi = succ(&lo);
+            (f, vec![(lo, hi)])
+        }
+        Expr::Exists(f) => (f, vec![(vec![TAG_NULL], None)]),
+        _ => return None,
+    })
+}
+
+fn conjuncts(e: &Expr) -> Vec<&Expr> {
+    match e {
+        Expr::And(parts) => parts.iter().flat_map(conjuncts).collect(),
+        other => vec![other],
+    }
+}
+
+fn index_matches(def: &IndexDefinition, f: &Field) -> bool {
+    def.fields
+        .first()
+        .is_some_and(|x| x.path == f.path && x.case_insensitive == f.ci)
+}
+
+enum Plan {
+    Scan {
+        collection: String,
+    },
+    Index {
+        rt: Arc<Runtime>,
+        ranges: Vec<Range>,
+        /// The driving conjunct is the whole filter: the index answers it exactly.
+        covered: bool,
+        /// Entries in the order asked for (no sort in memory): (stream, desc).
+        ordered: Option<bool>,
+    },
+}
+
+fn auto_name(collection: &str, f: &Field) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "-_.@".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    let path = f.path.replace("[]", "@each");
+    let mut name = format!("auto/{}/{}", clean(collection), clean(&path));
+    if f.ci {
+        name.push_str("@ci");
+    }
+    name.truncate(128);
+    name
+}
+
+impl Database {
+    /// Runs a query (see `parse.rs` for the language).
+    pub fn query(
+        &self,
+        text: &str,
+        params: &Map<String, Value>,
+        opts: QueryOptions,
+    ) -> Result<QueryResult> {
+        self.query_page(text, params, opts, None)
+    }
+
+    /// Runs a query from where a previous page's `continuation` left off.
+    pub fn query_page(
+        &self,
+        text: &str,
+        params: &Map<String, Value>,
+        opts: QueryOptions,
+        continuation: Option<&str>,
+    ) -> Result<QueryResult> {
+        let started = Instant::now();
+        let env = self.live()?;
+        let mut q = parse::parse(text, params)?;
+        let cont = continuation.map(Cont::decode).transpose()?;
+        let mut after: Option<(u64, bool, u64, Vec<u8>)> = None;
+        match cont {
+            Some(Cont::Offset(n)) => q.offset = n,
+            Some(Cont::After {
+                index_id,
+                desc,
+                before,
+                key,
+            }) => {
+                q.offset = 0;
+                after = Some((index_id, desc, before, key));
+            }
+            None => {}
+        }
+        let max_scan = self.indexer().options().max_scan_docs;
+        let mut auto_created = None;
+        let plan = self.plan(&q, &mut auto_created)?;
+        if let Plan::Index { rt, .. } = &plan {
+            rt.last_used_ms
+                .store(crate::document::now_ms(), Ordering::Relaxed);
+            if opts.wait_for_non_stale_ms > 0 {
+                let target = self.last_sequence();
+                let wait = Duration::from_millis(opts.wait_for_non_stale_ms.min(MAX_WAIT_MS));
+                self.indexer().wait_for(rt, target, wait);
+            }
+        }
+        let r = env.begin_read()?;
+        let db_seq = read_last_sequence(&r)?;
+        let mut out = QueryResult {
+            results: Vec::new(),
+            total: 0,
+            skipped: 0,
+            stale: false,
+            index: None,
+            index_etag: None,
+            database_etag: (db_seq > 0).then(|| self.etag_at(db_seq)),
+            auto_index_created: auto_created,
+            duration_ms: 0.0,
+            entries_read: 0,
+            documents_loaded: 0,
+            continuation: None,
+        };
+        let mut docs: Vec<Document> = Vec::new();
+        match plan {
+            Plan::Scan { collection } => {
+                self.run_scan(&r, &q, &collection, max_scan, &mut out, &mut docs)?
+            }
+            Plan::Index {
+                rt,
+                ranges,
+                covered,
+                ordered,
+            } => {
+                let st = read_state(&r, rt.name())?
+                    .filter(|st| st.id == rt.id)
+                    .ok_or_else(|| DocError::IndexNotFound(rt.name().to_string()))?;
+                out.index = Some(rt.name().to_string());
+                out.index_etag = (st.last_sequence > 0).then(|| self.etag_at(st.last_sequence));
+                out.stale = st.last_sequence < db_seq;
+                let tree = entries_tree(st.id);
+                let resume = match after.take() {
+                    None => None,
+                    Some((id, d, before, key))
+                        if id == rt.id && ordered == Some(d) && !rt.compiled.def.multi_valued() =>
+                    {
+                        Some((before, key))
+                    }
+                    Some(_) => {
+                        return Err(DocError::InvalidQuery {
+                            line: 0,
+                            column: 0,
+                            message: "the continuation token belongs to another query, or the \
+                                      index was reset since; start over"
+                                .into(),
+                        })
+                    }
+                };
+                match ordered {
+                    Some(desc) => self.run_stream(
+                        &r,
+                        &q,
+                        &rt,
+                        Stream {
+                            tree: &tree,
+                            ranges: &ranges,
+                            covered,
+                            desc,
+                            entries: st.entries,
+                            max_scan,
+                            resume,
+                        },
+                        &mut out,
+                        &mut docs,
+                    )?,
+                    None => {
+                        let ids = collect_ids(
+                            &r,
+                            &tree,
+                            &ranges,
+                            rt.compiled.def.multi_valued(),
+                            max_scan,
+                            &mut out,
+                        )?;
+                        let mut matched = Vec::new();
+                        for id in ids {
+                            if let Some((d, v)) = load(&r, &id, &mut out)? {
+                                if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                                    matched.push((d, v));
+                                }
+                            }
+                        }
+                        page_sorted(&q, matched, &mut out, &mut docs);
+                    }
+                }
+            }
+        }
+        if after.is_some() {
+            return Err(DocError::InvalidQuery {
+                line: 0,
+                column: 0,
+                message: "the continuation token belongs to another query; start over".into(),
+            });
+        }
+        if out.continuation.is_none() && q.limit > 0 && docs.len() == q.limit {
+            out.continuation = Some(Cont::Offset(q.offset + docs.len()).encode());
+        }
+        out.results = docs
+            .into_iter()
+            .map(|d| project(&q, d))
+            .collect::<Result<_>>()?;
+        out.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        Ok(out)
+    }
+
+    /// What an answer to this query depends on, as an HTTP entity tag: the query and
+    /// its parameters, the database's last etag and the index's (no query is run).
+    pub fn query_fingerprint(&self, text: &str, params: &Map<String, Value>) -> Result<String> {
+        self.live()?;
+        let q = parse::parse(text, params)?;
+        let index_seq = match self.find_index(&q)? {
+            Some((rt, _)) => rt.last_sequence.load(Ordering::SeqCst),
+            None => 0,
+        };
+        Ok(fingerprint(text, params, self.last_sequence(), index_seq))
+    }
+
+    /// The entity tag of an answer.
+    pub fn query_result_fingerprint(
+        &self,
+        text: &str,
+        params: &Map<String, Value>,
+        result: &QueryResult,
+    ) -> String {
+        fingerprint(
+            text,
+            params,
+            result.database_etag.map_or(0, |e| e.sequence),
+            result.index_etag.map_or(0, |e| e.sequence),
+        )
+    }
+
+    /// The index a query would use and its driving conjunct (no auto index made).
+    fn find_index<'q>(&self, q: &'q Query) -> Result<Option<(Arc<Runtime>, Option<&'q Expr>)>> {
+        let candidates: Vec<Arc<Runtime>> = match &q.source {
+            Source::Index(name) => {
+                vec![self
+                    .indexer()
+                    .get(name)
+                    .ok_or_else(|| DocError::InvalidQuery {
+                        line: 1,
+                        column: 1,
+                        message: format!("index {name:?} does not exist"),
+                    })?]
+            }
+            Source::Collection(c) => self
+                .indexer()
+                .all()
+                .into_iter()
+                .filter(|rt| rt.compiled.def.collection.as_deref() == Some(c.as_str()))
+                .collect(),
+        };
+        let pick = |f: &Field| -> Option<Arc<Runtime>> {
+            candidates
+                .iter()
+                .filter(|rt| index_matches(&rt.compiled.def, f))
+                .min_by_key(|rt| (rt.compiled.def.fields.len(), rt.compiled.def.multi_valued()))
+                .cloned()
+        };
+        let mut best: Option<(u8, Arc<Runtime>, &Expr)> = None;
+        if let Some(filter) = &q.filter {
+            for c in conjuncts(filter) {
+                if let Some((f, _)) = ranges_of(c) {
+                    if let Some(rt) = pick(f) {
+                        let p = priority(c);
+                        if best.as_ref().is_none_or(|(bp, ..)| p < *bp) {
+                            best = Some((p, rt, c));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some((_, rt, c)) = best {
+            return Ok(Some((rt, Some(c))));
+        }
+        if let [(f, _)] = q.order.as_slice() {
+            if let Some(rt) = pick(f) {
+                return Ok(Some((rt, None)));
+            }
+        }
+        if let Source::Index(_) = q.source {
+            return Ok(candidates.into_iter().next().map(|rt| (rt, None)));
+        }
+        Ok(None)
+    }
+
+    fn plan(&self, q: &Query, auto_created: &mut Option<String>) -> Result<Plan> {
+        let mut found = self.find_index(q)?;
+        if found.is_none() {
+            if let Source::Collection(c) = &q.source {
+                // The field an auto index should cover: the best conjunct's, or the
+                // single order-by field.
+                let mut field: Option<(u8, &Field)> = None;
+                if let Some(filter) = &q.filter {
+                    for conj in conjuncts(filter) {
+                        if let Some((f, _)) = ranges_of(conj) {
+                            let p = priority(conj);
+                            if field.is_none_or(|(bp, _)| p < bp) {
+                                field = Some((p, f));
+                            }
+                        }
+                    }
+                }
+                if field.is_none() {
+                    if let [(f, _)] = q.order.as_slice() {
+                        field = Some((9, f));
+                    }
+                }
+                if let Some((_, f)) = field {
+                    let name = auto_name(c, f);
+                    let def = IndexDefinition {
+                        name: name.clone(),
+                        collection: Some(c.clone()),
+                        fields: vec![IndexField {
+                            path: f.path.clone(),
+                            case_insensitive: f.ci,
+                        }],
+                        auto: true,
+                    };
+                    match self.define_index(def) {
+                        Ok(true) => *auto_created = Some(name),
+                        Ok(false) => {}
+                        Err(DocError::IndexExists(_)) => {}
+                        Err(e) => return Err(e),
+                    }
+                    found = self.find_index(q)?;
+                    // A new index has nothing yet: a small collection is answered
+                    // exactly by a scan this time.
+                    if auto_created.is_some()
+                        && self.collection_len(c)? <= self.indexer().options().max_scan_docs as u64
+                    {
+                        return Ok(Plan::Scan {
+                            collection: c.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        let Some((rt, driver)) = found else {
+            return match &q.source {
+                Source::Collection(c) => Ok(Plan::Scan {
+                    collection: c.clone(),
+                }),
+                Source::Index(n) => Err(DocError::IndexNotFound(n.clone())),
+            };
+        };
+        let ranges = match driver.and_then(ranges_of) {
+            Some((_, r)) => r,
+            None => vec![(vec![0u8], None)],
+        };
+        let covered = match (&q.filter, driver) {
+            (None, _) => true,
+            (Some(f), Some(d)) => conjuncts(f).len() == 1 && std::ptr::eq(conjuncts(f)[0], d),
+            _ => false,
+        };
+        let ordered = match q.order.as_slice() {
+            [] => Some(false),
+            [(f, desc)] if index_matches(&rt.compiled.def, f) => Some(*desc),
+            _ => None,
+        };
+        Ok(Plan::Index {
+            rt,
+            ranges,
+            covered,
+            ordered,
+        })
+    }
+
+    fn collection_len(&self, c: &str) -> Result<u64> {
+        let env = self.live()?;
+        let r = env.begin_read()?;
+        r.get(COUNTS, c.as_bytes())?
+            .map_or(Ok(0), |b| decode_u64(b, "collection count"))
+    }
+
+    fn run_scan(
+        &self,
+        r: &ReadTxn<'_>,
+        q: &Query,
+        collection: &str,
+        max_scan: usize,
+        out: &mut QueryResult,
+        docs: &mut Vec<Document>,
+    ) -> Result<()> {
+        let count = r
+            .get(COUNTS, collection.as_bytes())?
+            .map_or(Ok(0), |b| decode_u64(b, "collection count"))?;
+        let prefix = collection_key(collection, 0);
+        let prefix = &prefix[..collection.len() + 1];
+        let mut c = r.cursor(BY_COLLECTION)?;
+        let mut item = c.seek(prefix)?;
+        if q.filter.is_none() && q.order.is_empty() {
+            // Etag order, counted from the collection count.
+            out.total = count;
+            let mut i = 0usize;
+            while let Some((k, id)) = item {
+                if !k.starts_with(prefix) || docs.len() == q.limit {
+                    break;
+                }
+                out.entries_read += 1;
+                if i >= q.offset {
+                    let id = String::from_utf8_lossy(id).into_owned();
+                    if let Some((d, _)) = load(r, &id, out)? {
+                        docs.push(d);
+                    }
+                } else {
+                    out.skipped += 1;
+                }
+                i += 1;
+                item = c.next()?;
+            }
+            return Ok(());
+        }
+        if count > max_scan as u64 {
+            return Err(DocError::QueryTooExpensive(format!(
+                "no index covers this query and collection {collection:?} has {count} documents \
+                 (a scan reads at most {max_scan}); define an index on a field of the where or order by"
+            )));
+        }
+        let mut matched = Vec::new();
+        while let Some((k, id)) = item {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.entries_read += 1;
+            let id = String::from_utf8_lossy(id).into_owned();
+            if let Some((d, v)) = load(r, &id, out)? {
+                if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                    matched.push((d, v));
+                }
+            }
+            item = c.next()?;
+        }
+        page_sorted(q, matched, out, docs);
+        Ok(())
+    }
+
+    fn run_stream(
+        &self,
+        r: &ReadTxn<'_>,
+        q: &Query,
+        rt: &Runtime,
+        s: Stream<'_>,
+        out: &mut QueryResult,
+        docs: &mut Vec<Document>,
+    ) -> Result<()> {
+        let Stream {
+            tree,
+            ranges,
+            covered,
+            desc,
+            entries,
+            max_scan,
+            resume,
+        } = s;
+        let (before, resume_key) = match resume {
+            Some((b, k)) => (b, Some(k)),
+            None => (0, None),
+        };
+        let mut last: Option<(Vec<u8>, u64)> = None;
+        let multi = rt.compiled.def.multi_valued();
+        let mut seen: HashSet<Vec<u8>> = HashSet::new();
+        let mut matches = 0u64;
+        // One range answered by a single-valued index: counted without walking it
+        // all (see `count_range`), so the walk stops when the page is full.
+        let fast_total = match ranges {
+            [(lo, hi)] if covered && !multi => {
+                Some(count_range(r, tree, lo, hi.as_deref(), entries, out)?)
+            }
+            _ => None,
+        };
+        let mut c = r.cursor(tree)?;
+        let order: Vec<&Range> = if desc {
+            ranges.iter().rev().collect()
+        } else {
+            ranges.iter().collect()
+        };
+        'ranges: for (lo, hi) in order {
+            // The exclusive end to walk back from, or the start to walk up from,
+            // moved to the continuation point when it lies within the range.
+            let mut item = if desc {
+                let end: Option<&[u8]> = match (&resume_key, hi) {
+                    (Some(k), Some(h)) => Some(if k.as_slice() < h.as_slice() { k } else { h }),
+                    (Some(k), None) => Some(k),
+                    (None, h) => h.as_deref(),
+                };
+                match end {
+                    Some(h) => {
+                        let mut it = c.seek_for_prev(h)?;
+                        if it.is_some_and(|(k, _)| k >= h) {
+                            it = c.prev()?;
+                        }
+                        it
+                    }
+                    None => c.last()?,
+                }
+            } else {
+                match &resume_key {
+                    Some(k) if k.as_slice() >= lo.as_slice() => {
+                        let mut it = c.seek(k)?;
+                        if it.is_some_and(|(x, _)| x == k.as_slice()) {
+                            it = c.next()?;
+                        }
+                        it
+                    }
+                    _ => c.seek(lo)?,
+                }
+            };
+            while let Some((k, id)) = item {
+                let inside = if desc {
+                    k >= lo.as_slice()
+                } else {
+                    hi.as_ref().is_none_or(|h| k < h.as_slice())
+                };
+                if !inside {
+                    break;
+                }
+                out.entries_read += 1;
+                if multi && !seen.insert(id.to_vec()) {
+                    item = if desc { c.prev()? } else { c.next()? };
+                    continue;
+                }
+                let page_full = docs.len() >= q.limit;
+                if covered {
+                    if page_full && fast_total.is_some() {
+                        break 'ranges;
+                    }
+                    if matches >= q.offset as u64 && !page_full {
+                        let id = String::from_utf8_lossy(id).into_owned();
+                        if let Some((d, v)) = load(r, &id, out)? {
+                            // A stale index may list a document that changed since.
+                            if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                                docs.push(d);
+                                last = Some((k.to_vec(), before + matches + 1));
+                            }
+                        }
+                    } else if matches < q.offset as u64 {
+                        out.skipped += 1;
+                    }
+                    matches += 1;
+                } else {
+                    if out.documents_loaded as usize >= max_scan {
+                        return Err(DocError::QueryTooExpensive(format!(
+                            "the query would load more than {max_scan} documents to check its where; \
+                             put its most selective field first in an index, or narrow it"
+                        )));
+                    }
+                    let id = String::from_utf8_lossy(id).into_owned();
+                    if let Some((d, v)) = load(r, &id, out)? {
+                        if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                            if matches < q.offset as u64 {
+                                out.skipped += 1;
+                            } else if !page_full {
+                                docs.push(d);
+                                last = Some((k.to_vec(), before + matches + 1));
+                            }
+                            matches += 1;
+                        }
+                    }
+                }
+                item = if desc { c.prev()? } else { c.next()? };
+            }
+        }
+        out.total = fast_total.unwrap_or(before + matches);
+        if q.limit > 0 && docs.len() == q.limit {
+            out.continuation = Some(if multi {
+                Cont::Offset(q.offset + docs.len()).encode()
+            } else {
+                let (key, before) = last.unwrap_or_default();
+                Cont::After {
+                    index_id: rt.id,
+                    desc,
+                    before,
+                    key,
+                }
+                .encode()
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How `run_stream` walks an index.
+struct Stream<'a> {
+    tree: &'a str,
+    ranges: &'a [Range],
+    covered: bool,
+    desc: bool,
+    entries: u64,
+    max_scan: usize,
+    /// Continue after this entry; the matches before it.
+    resume: Option<(u64, Vec<u8>)>,
+}
+
+/// The number of entries in `[lo, hi)`, walking the range and its complement (the
+/// entries below `lo` and from `hi`) a step at a time each, and stopping when either
+/// ends: the range's size, or `entries` less the complement's. So the cost is twice
+/// the smaller of the two: `n > 0` over a million matching entries reads almost
+/// nothing.
+fn count_range(
+    r: &ReadTxn<'_>,
+    tree: &str,
+    lo: &[u8],
+    hi: Option<&[u8]>,
+    entries: u64,
+    out: &mut QueryResult,
+) -> Result<u64> {
+    let mut inside = r.cursor(tree)?;
+    let mut below = r.cursor(tree)?;
+    let mut above = r.cursor(tree)?;
+    let mut it_in = inside.seek(lo)?;
+    let mut it_below = below.first()?;
+    let mut it_above = match hi {
+        Some(h) => above.seek(h)?,
+        None => None,
+    };
+    let (mut n_in, mut n_out) = (0u64, 0u64);
+    loop {
+        match it_in {
+            Some((k, _)) if hi.is_none_or(|h| k < h) => {
+                n_in += 1;
+                it_in = inside.next()?;
+            }
+            _ => {
+                out.entries_read += n_in + n_out;
+                return Ok(n_in);
+            }
+        }
+        if let Some((k, _)) = it_below {
+            if k < lo {
+                n_out += 1;
+                it_below = below.next()?;
+                continue;
+            }
+            it_below = None;
+        }
+        if it_above.is_some() {
+            n_out += 1;
+            it_above = above.next()?;
+            continue;
+        }
+        out.entries_read += n_in + n_out;
+        return Ok(entries.saturating_sub(n_out));
+    }
+}
+
+fn fingerprint(text: &str, params: &Map<String, Value>, db_seq: u64, index_seq: u64) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    Value::Object(params.clone()).to_string().hash(&mut h);
+    format!("q{:016x}-{db_seq}-{index_seq}", h.finish())
+}
+
+/// The distinct ids in the ranges, bounded by `max`.
+fn collect_ids(
+    r: &ReadTxn<'_>,
+    tree: &str,
+    ranges: &[Range],
+    multi: bool,
+    max: usize,
+    out: &mut QueryResult,
+) -> Result<Vec<String>> {
+    let mut ids = Vec::new();
+    let mut seen = HashSet::new();
+    let mut c = r.cursor(tree)?;
+    for (lo, hi) in ranges {
+        let mut item = c.seek(lo)?;
+        while let Some((k, id)) = item {
+            if hi.as_ref().is_some_and(|h| k >= h.as_slice()) {
+                break;
+            }
+            out.entries_read += 1;
+            if !multi || seen.insert(id.to_vec()) {
+                if ids.len() >= max {
+                    return Err(DocError::QueryTooExpensive(format!(
+                        "more than {max} documents match before sorting; add an index whose first field is the order by field"
+                    )));
+                }
+                ids.push(String::from_utf8_lossy(id).into_owned());
+            }
+            item = c.next()?;
+        }
+    }
+    Ok(ids)
+}
+
+fn load(r: &ReadTxn<'_>, id: &str, out: &mut QueryResult) -> Result<Option<(Document, Value)>> {
+    let Some(bytes) = r.get(DOCS, id.as_bytes())? else {
+        return Ok(None);
+    };
+    out.documents_loaded += 1;
+    let d = to_document(id, bytes)?;
+    let v = d.to_value()?;
+    Ok(Some((d, v)))
+}
+
+/// Sorts the matches in memory (by the order-by fields, then id) and takes the page.
+fn page_sorted(
+    q: &Query,
+    mut matched: Vec<(Document, Value)>,
+    out: &mut QueryResult,
+    docs: &mut Vec<Document>,
+) {
+    out.total = matched.len() as u64;
+    if !q.order.is_empty() {
+        let mut keyed: Vec<(Vec<Vec<u8>>, Document)> = matched
+            .drain(..)
+            .map(|(d, v)| {
+                let keys = q
+                    .order
+                    .iter()
+                    .map(|(f, _)| sort_key(field_values(f, &v).first().copied(), f.ci))
+                    .collect();
+                (keys, d)
+            })
+            .collect();
+        keyed.sort_by(|a, b| {
+            for (i, (_, desc)) in q.order.iter().enumerate() {
+                let o = a.0[i].cmp(&b.0[i]);
+                let o = if *desc { o.reverse() } else { o };
+                if o.is_ne() {
+                    return o;
+                }
+            }
+            a.1.id.cmp(&b.1.id)
+        });
+        out.skipped = (q.offset as u64).min(out.total);
+        docs.extend(
+            keyed
+                .into_iter()
+                .skip(q.offset)
+                .take(q.limit)
+                .map(|(_, d)| d),
+        );
+    } else {
+        out.skipped = (q.offset as u64).min(out.total);
+        docs.extend(
+            matched
+                .into_iter()
+                .skip(q.offset)
+                .take(q.limit)
+                .map(|(d, _)| d),
+        );
+    }
+}
+
+/// The document's JSON, or with `select` an object of the selected fields (by their
+/// path) and `@metadata`.
+fn project(q: &Query, d: Document) -> Result<Vec<u8>> {
+    let Some(fields) = &q.select else {
+        return Ok(d.json);
+    };
+    let v = d.to_value()?;
+    let mut obj = Map::new();
+    for f in fields {
+        let values = field_values(f, &v);
+        let each = f.steps.contains(&Step::Each);
+        let value = if each {
+            Value::Array(values.into_iter().cloned().collect())
+        } else {
+            values.first().map_or(Value::Null, |x| (*x).clone())
+        };
+        obj.insert(f.path.clone(), value);
+    }
+    if let Some(m) = v.get("@metadata") {
+        obj.insert("@metadata".into(), m.clone());
+    }
+    serde_json::to_vec(&Value::Object(obj)).map_err(|e| DocError::Internal(e.to_string()))
+}

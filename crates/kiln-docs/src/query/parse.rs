@@ -1,0 +1,749 @@
+//! The query language: a hand-written lexer and recursive-descent parser.
+//!
+//! ```text
+//! query   := 'from' ( 'index' STRING | NAME ) [ 'where' expr ]
+//!            [ 'order' 'by' order ( ',' order )* ] { 'limit' INT | 'offset' INT | 'select' field ( ',' field )* }
+//! order   := field [ 'asc' | 'desc' ]
+//! expr    := and ( 'or' and )*
+//! and     := unary ( 'and' unary )*
+//! unary   := 'not' unary | '(' expr ')' | 'exists' '(' field ')'
+//!          | 'startsWith' '(' field ',' value ')' | field pred
+//! pred    := ( '=' | '==' | '!=' | '<>' | '<' | '<=' | '>' | '>=' ) value
+//!          | 'in' '(' value ( ',' value )* ')' | 'in' PARAM
+//!          | 'between' value 'and' value | 'startsWith' value | 'exists'
+//! field   := PATH | 'lower' '(' PATH ')'          PATH: name ( '.' name | '[]' )*
+//! value   := STRING | NUMBER | 'true' | 'false' | 'null' | '$'name
+//! ```
+//! Keywords are case-insensitive. Values come from the text or from parameters
+//! (`$name`), never spliced. Every error names a line and column.
+
+use crate::index::def::{parse_path, Step};
+use crate::index::value::Scalar;
+use crate::{DocError, Result};
+use serde_json::{Map, Value};
+
+pub const MAX_QUERY_BYTES: usize = 16 * 1024;
+pub const MAX_DEPTH: usize = 32;
+pub const MAX_IN_VALUES: usize = 1024;
+pub const MAX_LIMIT: usize = 10_000;
+pub const MAX_OFFSET: usize = 1_000_000;
+pub const DEFAULT_LIMIT: usize = 128;
+const MAX_TERMS: usize = 256;
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Source {
+    Collection(String),
+    Index(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Field {
+    pub path: String,
+    pub steps: Vec<Step>,
+    /// `lower(path)`: compared case-insensitively.
+    pub ci: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Expr {
+    And(Vec<Expr>),
+    Or(Vec<Expr>),
+    Not(Box<Expr>),
+    Cmp(Field, CmpOp, Scalar),
+    In(Field, Vec<Scalar>),
+    Between(Field, Scalar, Scalar),
+    StartsWith(Field, String),
+    Exists(Field),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Query {
+    pub source: Source,
+    pub filter: Option<Expr>,
+    pub order: Vec<(Field, bool)>,
+    pub limit: usize,
+    pub offset: usize,
+    pub select: Option<Vec<Field>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Tok {
+    Word(String),
+    Str(String),
+    Num(String),
+    Param(String),
+    Sym(&'static str),
+    End,
+}
+
+struct Token {
+    tok: Tok,
+    at: usize,
+}
+
+fn position(text: &str, at: usize) -> (usize, usize) {
+    let before = &text[..at.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+fn error_at(text: &str, at: usize, message: impl Into<String>) -> DocError {
+    let (line, column) = position(text, at);
+    DocError::InvalidQuery {
+        line,
+        column,
+        message: message.into(),
+    }
+}
+
+fn lex(text: &str) -> Result<Vec<Token>> {
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c.is_ascii_whitespace() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let tok = match c {
+            b'(' | b')' | b',' => {
+                i += 1;
+                Tok::Sym(match c {
+                    b'(' => "(",
+                    b')' => ")",
+                    _ => ",",
+                })
+            }
+            b'=' => {
+                i += if b.get(i + 1) == Some(&b'=') { 2 } else { 1 };
+                Tok::Sym("=")
+            }
+            b'!' if b.get(i + 1) == Some(&b'=') => {
+                i += 2;
+                Tok::Sym("!=")
+            }
+            b'<' => match b.get(i + 1) {
+                Some(b'=') => {
+                    i += 2;
+                    Tok::Sym("<=")
+                }
+                Some(b'>') => {
+                    i += 2;
+                    Tok::Sym("!=")
+                }
+                _ => {
+                    i += 1;
+                    Tok::Sym("<")
+                }
+            },
+            b'>' => {
+                if b.get(i + 1) == Some(&b'=') {
+                    i += 2;
+                    Tok::Sym(">=")
+                } else {
+                    i += 1;
+                    Tok::Sym(">")
+                }
+            }
+            b'\'' | b'"' => {
+                let quote = c;
+                i += 1;
+                let mut s = Vec::new();
+                loop {
+                    match b.get(i) {
+                        None => return Err(error_at(text, start, "unterminated string")),
+                        Some(&q) if q == quote => {
+                            if b.get(i + 1) == Some(&quote) {
+                                s.push(quote);
+                                i += 2;
+                            } else {
+                                i += 1;
+                                break;
+                            }
+                        }
+                        Some(b'\\') => {
+                            let e = match b.get(i + 1) {
+                                Some(b'n') => b'\n',
+                                Some(b't') => b'\t',
+                                Some(&x @ (b'\\' | b'\'' | b'"')) => x,
+                                _ => return Err(error_at(text, i, "unknown escape in string")),
+                            };
+                            s.push(e);
+                            i += 2;
+                        }
+                        Some(&x) => {
+                            s.push(x);
+                            i += 1;
+                        }
+                    }
+                }
+                // The text is UTF-8 and only ASCII was unescaped: still UTF-8.
+                Tok::Str(String::from_utf8(s).map_err(|_| error_at(text, start, "bad UTF-8"))?)
+            }
+            b'$' => {
+                i += 1;
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+                    i += 1;
+                }
+                if i == start + 1 {
+                    return Err(error_at(text, start, "a parameter needs a name after $"));
+                }
+                Tok::Param(text[start + 1..i].to_string())
+            }
+            b'-' | b'0'..=b'9' => {
+                i += 1;
+                while i < b.len()
+                    && (b[i].is_ascii_alphanumeric()
+                        || b[i] == b'.'
+                        || b[i] == b'+'
+                        || b[i] == b'-')
+                {
+                    // Sign only right after an exponent mark.
+                    if (b[i] == b'+' || b[i] == b'-') && !matches!(b[i - 1], b'e' | b'E') {
+                        break;
+                    }
+                    i += 1;
+                }
+                Tok::Num(text[start..i].to_string())
+            }
+            c if c.is_ascii_alphabetic() || c == b'_' || c == b'@' => {
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b"_@.[]".contains(&b[i])) {
+                    i += 1;
+                }
+                Tok::Word(text[start..i].to_string())
+            }
+            _ => {
+                let ch = text[i..].chars().next().unwrap_or('?');
+                return Err(error_at(
+                    text,
+                    start,
+                    format!("unexpected character {ch:?}"),
+                ));
+            }
+        };
+        out.push(Token { tok, at: start });
+    }
+    out.push(Token {
+        tok: Tok::End,
+        at: text.len(),
+    });
+    Ok(out)
+}
+
+struct Parser<'a> {
+    text: &'a str,
+    toks: Vec<Token>,
+    pos: usize,
+    params: &'a Map<String, Value>,
+    terms: usize,
+}
+
+pub(crate) fn parse(text: &str, params: &Map<String, Value>) -> Result<Query> {
+    if text.len() > MAX_QUERY_BYTES {
+        return Err(DocError::InvalidQuery {
+            line: 0,
+            column: 0,
+            message: format!(
+                "query of {} bytes exceeds the limit of {MAX_QUERY_BYTES}",
+                text.len()
+            ),
+        });
+    }
+    let toks = lex(text)?;
+    let mut p = Parser {
+        text,
+        toks,
+        pos: 0,
+        params,
+        terms: 0,
+    };
+    p.query()
+}
+
+impl<'a> Parser<'a> {
+    fn peek(&self) -> &Tok {
+        &self.toks[self.pos.min(self.toks.len() - 1)].tok
+    }
+
+    fn at(&self) -> usize {
+        self.toks[self.pos.min(self.toks.len() - 1)].at
+    }
+
+    fn err(&self, message: impl Into<String>) -> DocError {
+        error_at(self.text, self.at(), message)
+    }
+
+    fn describe(&self) -> String {
+        match self.peek() {
+            Tok::Word(w) => format!("{w:?}"),
+            Tok::Str(s) => format!("string '{s}'"),
+            Tok::Num(n) => format!("number {n}"),
+            Tok::Param(p) => format!("${p}"),
+            Tok::Sym(s) => format!("{s:?}"),
+            Tok::End => "the end of the query".into(),
+        }
+    }
+
+    fn bump(&mut self) {
+        if self.pos < self.toks.len() - 1 {
+            self.pos += 1;
+        }
+    }
+
+    fn is_kw(&self, kw: &str) -> bool {
+        matches!(self.peek(), Tok::Word(w) if w.eq_ignore_ascii_case(kw))
+    }
+
+    fn eat_kw(&mut self, kw: &str) -> bool {
+        if self.is_kw(kw) {
+            self.bump();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect_kw(&mut self, kw: &str) -> Result<()> {
+        if self.eat_kw(kw) {
+            Ok(())
+        } else {
+            Err(self.err(format!("expected '{kw}', found {}", self.describe())))
+        }
+    }
+
+    fn eat_sym(&mut self, s: &str) -> bool {
+        if matches!(self.peek(), Tok::Sym(x) if *x == s) {
+            self.bump();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect_sym(&mut self, s: &str) -> Result<()> {
+        if self.eat_sym(s) {
+            Ok(())
+        } else {
+            Err(self.err(format!("expected '{s}', found {}", self.describe())))
+        }
+    }
+
+    fn query(&mut self) -> Result<Query> {
+        self.expect_kw("from")?;
+        let source = if self.eat_kw("index") {
+            match self.peek().clone() {
+                Tok::Str(s) => {
+                    self.bump();
+                    Source::Index(s)
+                }
+                _ => return Err(self.err("expected the index name as a quoted string")),
+            }
+        } else {
+            match self.peek().clone() {
+                Tok::Word(w) if !is_reserved(&w) => {
+                    let at = self.at();
+                    crate::id::validate_collection(&w)
+                        .map_err(|e| error_at(self.text, at, e.to_string()))?;
+                    self.bump();
+                    Source::Collection(w)
+                }
+                Tok::Str(s) => {
+                    self.bump();
+                    Source::Collection(s)
+                }
+                _ => {
+                    return Err(self.err(format!(
+                        "expected a collection or index 'name', found {}",
+                        self.describe()
+                    )))
+                }
+            }
+        };
+        let filter = if self.eat_kw("where") {
+            Some(self.or_expr(0)?)
+        } else {
+            None
+        };
+        let mut order = Vec::new();
+        if self.eat_kw("order") {
+            self.expect_kw("by")?;
+            loop {
+                let f = self.field()?;
+                let desc = if self.eat_kw("desc") || self.eat_kw("descending") {
+                    true
+                } else {
+                    let _ = self.eat_kw("asc") || self.eat_kw("ascending");
+                    false
+                };
+                order.push((f, desc));
+                if order.len() > 8 {
+                    return Err(self.err("at most 8 fields in order by"));
+                }
+                if !self.eat_sym(",") {
+                    break;
+                }
+            }
+        }
+        let (mut limit, mut offset, mut select) = (None, None, None);
+        loop {
+            if self.is_kw("limit") && limit.is_none() {
+                self.bump();
+                limit = Some(self.count("limit", MAX_LIMIT)?);
+            } else if self.is_kw("offset") && offset.is_none() {
+                self.bump();
+                offset = Some(self.count("offset", MAX_OFFSET)?);
+            } else if self.is_kw("select") && select.is_none() {
+                self.bump();
+                let mut fields = vec![self.field()?];
+                while self.eat_sym(",") {
+                    fields.push(self.field()?);
+                    if fields.len() > 64 {
+                        return Err(self.err("at most 64 fields in select"));
+                    }
+                }
+                select = Some(fields);
+            } else {
+                break;
+            }
+        }
+        if *self.peek() != Tok::End {
+            return Err(self.err(format!("unexpected {}", self.describe())));
+        }
+        Ok(Query {
+            source,
+            filter,
+            order,
+            limit: limit.unwrap_or(DEFAULT_LIMIT),
+            offset: offset.unwrap_or(0),
+            select,
+        })
+    }
+
+    fn count(&mut self, what: &str, max: usize) -> Result<usize> {
+        let at = self.at();
+        let v = match self.peek().clone() {
+            Tok::Num(n) => {
+                self.bump();
+                Value::Number(
+                    serde_json::from_str::<serde_json::Number>(&n)
+                        .map_err(|_| error_at(self.text, at, format!("bad number {n}")))?,
+                )
+            }
+            Tok::Param(p) => {
+                self.bump();
+                self.param(&p, at)?.clone()
+            }
+            _ => return Err(self.err(format!("expected a number after {what}"))),
+        };
+        match v.as_u64() {
+            Some(n) if n as usize <= max => Ok(n as usize),
+            Some(n) => Err(error_at(
+                self.text,
+                at,
+                format!("{what} {n} exceeds the limit of {max}"),
+            )),
+            None => Err(error_at(
+                self.text,
+                at,
+                format!("{what} must be a whole number >= 0"),
+            )),
+        }
+    }
+
+    fn param(&self, name: &str, at: usize) -> Result<&'a Value> {
+        self.params
+            .get(name)
+            .ok_or_else(|| error_at(self.text, at, format!("parameter ${name} is not given")))
+    }
+
+    fn or_expr(&mut self, depth: usize) -> Result<Expr> {
+        let mut parts = vec![self.and_expr(depth)?];
+        while self.eat_kw("or") {
+            parts.push(self.and_expr(depth)?);
+        }
+        Ok(if parts.len() == 1 {
+            parts.pop().expect("one")
+        } else {
+            Expr::Or(parts)
+        })
+    }
+
+    fn and_expr(&mut self, depth: usize) -> Result<Expr> {
+        let mut parts = vec![self.unary(depth)?];
+        while self.eat_kw("and") {
+            parts.push(self.unary(depth)?);
+        }
+        Ok(if parts.len() == 1 {
+            parts.pop().expect("one")
+        } else {
+            Expr::And(parts)
+        })
+    }
+
+    fn unary(&mut self, depth: usize) -> Result<Expr> {
+        if depth >= MAX_DEPTH {
+            return Err(self.err(format!("expression nested deeper than {MAX_DEPTH}")));
+        }
+        self.terms += 1;
+        if self.terms > MAX_TERMS {
+            return Err(self.err(format!("more than {MAX_TERMS} terms")));
+        }
+        if self.eat_kw("not") {
+            return Ok(Expr::Not(Box::new(self.unary(depth + 1)?)));
+        }
+        if self.eat_sym("(") {
+            let e = self.or_expr(depth + 1)?;
+            self.expect_sym(")")?;
+            return Ok(e);
+        }
+        if self.is_kw("exists") && self.next_is_paren() {
+            self.bump();
+            self.expect_sym("(")?;
+            let f = self.field()?;
+            self.expect_sym(")")?;
+            return Ok(Expr::Exists(f));
+        }
+        if self.is_kw("startsWith") && self.next_is_paren() {
+            self.bump();
+            self.expect_sym("(")?;
+            let f = self.field()?;
+            self.expect_sym(",")?;
+            let p = self.string_value("startsWith")?;
+            self.expect_sym(")")?;
+            let ci = f.ci;
+            return Ok(Expr::StartsWith(f, fold(p, ci)));
+        }
+        let f = self.field()?;
+        let op = match self.peek() {
+            Tok::Sym("=") => Some(CmpOp::Eq),
+            Tok::Sym("!=") => Some(CmpOp::Ne),
+            Tok::Sym("<") => Some(CmpOp::Lt),
+            Tok::Sym("<=") => Some(CmpOp::Le),
+            Tok::Sym(">") => Some(CmpOp::Gt),
+            Tok::Sym(">=") => Some(CmpOp::Ge),
+            _ => None,
+        };
+        if let Some(op) = op {
+            self.bump();
+            let v = self.value(f.ci)?;
+            return Ok(Expr::Cmp(f, op, v));
+        }
+        if self.eat_kw("in") {
+            let at = self.at();
+            let mut values = Vec::new();
+            if let Tok::Param(p) = self.peek().clone() {
+                self.bump();
+                let Value::Array(items) = self.param(&p, at)? else {
+                    return Err(error_at(
+                        self.text,
+                        at,
+                        format!("${p} must be an array for in"),
+                    ));
+                };
+                if items.len() > MAX_IN_VALUES {
+                    return Err(error_at(
+                        self.text,
+                        at,
+                        format!(
+                            "in list of {} values exceeds the limit of {MAX_IN_VALUES}",
+                            items.len()
+                        ),
+                    ));
+                }
+                for v in items {
+                    values.push(self.scalar(v, at, f.ci)?);
+                }
+            } else {
+                self.expect_sym("(")?;
+                loop {
+                    values.push(self.value(f.ci)?);
+                    if values.len() > MAX_IN_VALUES {
+                        return Err(self.err(format!(
+                            "in list longer than the limit of {MAX_IN_VALUES} values"
+                        )));
+                    }
+                    if !self.eat_sym(",") {
+                        break;
+                    }
+                }
+                self.expect_sym(")")?;
+            }
+            return Ok(Expr::In(f, values));
+        }
+        if self.eat_kw("between") {
+            let at = self.at();
+            let lo = self.value(f.ci)?;
+            self.expect_kw("and")?;
+            let hi = self.value(f.ci)?;
+            if lo.class() != hi.class() {
+                return Err(error_at(
+                    self.text,
+                    at,
+                    "the bounds of between must be of the same type",
+                ));
+            }
+            return Ok(Expr::Between(f, lo, hi));
+        }
+        if self.eat_kw("startsWith") {
+            let p = self.string_value("startsWith")?;
+            return Ok(Expr::StartsWith(f.clone(), fold(p, f.ci)));
+        }
+        if self.eat_kw("exists") {
+            return Ok(Expr::Exists(f));
+        }
+        Err(self.err(format!(
+            "expected an operator (= != < <= > >= in between startsWith exists) after the field, found {}",
+            self.describe()
+        )))
+    }
+
+    fn next_is_paren(&self) -> bool {
+        matches!(
+            self.toks.get(self.pos + 1).map(|t| &t.tok),
+            Some(Tok::Sym("("))
+        )
+    }
+
+    fn field(&mut self) -> Result<Field> {
+        let at = self.at();
+        let Tok::Word(w) = self.peek().clone() else {
+            return Err(self.err(format!("expected a field, found {}", self.describe())));
+        };
+        if w.eq_ignore_ascii_case("lower") && self.next_is_paren() {
+            self.bump();
+            self.bump();
+            let mut f = self.field()?;
+            self.expect_sym(")")?;
+            f.ci = true;
+            return Ok(f);
+        }
+        if is_reserved(&w) {
+            return Err(self.err(format!("expected a field, found the keyword {w:?}")));
+        }
+        self.bump();
+        let steps = parse_path(&w).map_err(|e| error_at(self.text, at, e.to_string()))?;
+        Ok(Field {
+            path: w,
+            steps,
+            ci: false,
+        })
+    }
+
+    fn string_value(&mut self, what: &str) -> Result<String> {
+        let at = self.at();
+        match self.value(false)? {
+            Scalar::String(s) => Ok(s),
+            _ => Err(error_at(self.text, at, format!("{what} takes a string"))),
+        }
+    }
+
+    fn value(&mut self, ci: bool) -> Result<Scalar> {
+        let at = self.at();
+        let v = match self.peek().clone() {
+            Tok::Str(s) => Value::String(s),
+            Tok::Num(n) => Value::Number(
+                serde_json::from_str::<serde_json::Number>(&n)
+                    .map_err(|_| self.err(format!("bad number {n}")))?,
+            ),
+            Tok::Param(p) => self.param(&p, at)?.clone(),
+            Tok::Word(w) if w.eq_ignore_ascii_case("true") => Value::Bool(true),
+            Tok::Word(w) if w.eq_ignore_ascii_case("false") => Value::Bool(false),
+            Tok::Word(w) if w.eq_ignore_ascii_case("null") => Value::Null,
+            _ => return Err(self.err(format!("expected a value, found {}", self.describe()))),
+        };
+        self.bump();
+        self.scalar(&v, at, ci)
+    }
+
+    fn scalar(&self, v: &Value, at: usize, ci: bool) -> Result<Scalar> {
+        let s = Scalar::from_json(v).ok_or_else(|| {
+            error_at(
+                self.text,
+                at,
+                "a value must be a string, number, boolean or null (not an array or object)",
+            )
+        })?;
+        Ok(if ci { s.folded() } else { s })
+    }
+}
+
+fn fold(s: String, ci: bool) -> String {
+    if ci {
+        s.to_lowercase()
+    } else {
+        s
+    }
+}
+
+fn is_reserved(w: &str) -> bool {
+    const RESERVED: [&str; 16] = [
+        "from", "index", "where", "and", "or", "not", "order", "by", "limit", "offset", "select",
+        "in", "between", "true", "false", "null",
+    ];
+    RESERVED.iter().any(|r| r.eq_ignore_ascii_case(w))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(q: &str) -> Result<Query> {
+        parse(q, &Map::new())
+    }
+
+    #[test]
+    fn parses_the_example() {
+        let mut params = Map::new();
+        params.insert("min".into(), serde_json::json!(21));
+        let q = parse(
+            "from users where age >= $min and name startsWith 'A'\norder by age desc, name limit 20 offset 40 select name, age",
+            &params,
+        )
+        .unwrap();
+        assert_eq!(q.source, Source::Collection("users".into()));
+        assert_eq!(q.limit, 20);
+        assert_eq!(q.offset, 40);
+        assert_eq!(q.order.len(), 2);
+        assert!(q.order[0].1);
+        assert!(matches!(q.filter, Some(Expr::And(ref v)) if v.len() == 2));
+    }
+
+    #[test]
+    fn errors_point_at_line_and_column() {
+        match p("from users\nwhere n >") {
+            Err(DocError::InvalidQuery { line, column, .. }) => assert_eq!((line, column), (2, 10)),
+            other => panic!("{other:?}"),
+        }
+        match p("from users where n = 1 limit 999999999") {
+            Err(DocError::InvalidQuery { message, .. }) => assert!(message.contains("limit")),
+            other => panic!("{other:?}"),
+        }
+        let deep = format!("from u where {}n = 1{}", "(".repeat(100), ")".repeat(100));
+        assert!(matches!(p(&deep), Err(DocError::InvalidQuery { .. })));
+        assert!(matches!(
+            p("from u where n = $x"),
+            Err(DocError::InvalidQuery { .. })
+        ));
+        assert!(matches!(
+            p("from u where n between 1 and 'a'"),
+            Err(DocError::InvalidQuery { .. })
+        ));
+        assert!(matches!(
+            p("from u where n = 'unterminated"),
+            Err(DocError::InvalidQuery { .. })
+        ));
+    }
+}
