@@ -1,9 +1,8 @@
 """Queries: the generated text and parameters (unit tests, no server), and queries
 against the server's `POST /dbs/{db}/queries`.
 
-The server-backed tests need the query route (issue 17). Against a server without it
-(the route answers 404 `not_found`), they are skipped with that reason printed; any
-other answer runs them.
+The server-backed tests run against the real server's query route; a server without
+it fails them.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import time
 
 import pytest
 
-from kiln_client import DocumentStore, Query, RouteNotFoundError
+from kiln_client import DocumentStore, Query
 from kiln_client.query import check_field, quote_string
 
 # --- the text (no server) --------------------------------------------------------------
@@ -104,15 +103,6 @@ def users(store: DocumentStore) -> DocumentStore:
             s.store({"name": name, "age": age, "@metadata": {"@collection": "users"}},
                     f"users/{i}")
         s.save_changes()
-    with store.session() as s:
-        try:
-            s.raw_query("from users limit 1").execute()
-        except RouteNotFoundError as e:
-            reason = (f"the server has no query route (POST {store.db_path}/queries "
-                      f"answered 404 not_found: {e.message}); queries are untested against "
-                      "a server")
-            print(f"\nSKIP: {reason}")
-            pytest.skip(reason)
     return store
 
 

@@ -173,6 +173,27 @@ class InvalidQueryError(BadRequestError):
     code = "invalid_query"
 
 
+class InvalidIndexError(BadRequestError):
+    """``invalid_index``: an index definition the server refuses (name, fields)."""
+
+    code = "invalid_index"
+
+
+class QueryTooExpensiveError(BadRequestError):
+    """``query_too_expensive``: a query no index covers over more documents than the
+    server scans without one (``kiln serve --max-scan-docs``)."""
+
+    code = "query_too_expensive"
+
+
+class IndexNotFoundError(NotFoundError):
+    code = "index_not_found"
+
+
+class IndexExistsError(ConflictError):
+    code = "index_exists"
+
+
 class InvalidPathError(BadRequestError):
     code = "invalid_path"
 
@@ -339,7 +360,8 @@ ERROR_CLASSES: Dict[str, Type[KilnError]] = {
         EtagFromOtherIncarnationError, DocumentTooLargeError, BatchTooLongError,
         BodyTooLargeError, TooLargeError, InternalServerError, CorruptionError,
         StorageError, DatabaseBusyError, OverloadedError, ShuttingDownError, IoError,
-        DatabaseFailedError, DiskFullError,
+        DatabaseFailedError, DiskFullError, InvalidIndexError, QueryTooExpensiveError,
+        IndexNotFoundError, IndexExistsError,
     ]
 }
 """Every error code the server sends, mapped to its exception class."""
