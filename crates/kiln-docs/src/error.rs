@@ -134,18 +134,6 @@ impl DocError {
         }
     }
 
-    /// A unit of work run by the commit queue can only fail with a storage error; a
-    /// document error travels inside `UnitFailed` and is taken out again here.
-    pub(crate) fn from_unit(e: kiln_storage::Error) -> Self {
-        match e {
-            kiln_storage::Error::UnitFailed(inner) => match inner.downcast::<DocError>() {
-                Ok(doc) => *doc,
-                Err(other) => DocError::Storage(kiln_storage::Error::UnitFailed(other)),
-            },
-            other => DocError::Storage(other),
-        }
-    }
-
     /// Errors an operation reports before its first write (see `apply_put`).
     pub(crate) fn leaves_transaction_untouched(&self) -> bool {
         matches!(
@@ -156,12 +144,5 @@ impl DocError {
                 | DocError::InvalidId { .. }
                 | DocError::InvalidCollection { .. }
         )
-    }
-
-    pub(crate) fn into_unit(self) -> kiln_storage::Error {
-        match self {
-            DocError::Storage(e) => e,
-            other => kiln_storage::Error::UnitFailed(Box::new(other)),
-        }
     }
 }

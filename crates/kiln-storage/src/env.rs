@@ -13,7 +13,6 @@ use crate::shared::Shared;
 use crate::stats::Stats;
 use crate::txn::{ReadTxn, WriteTxn};
 use crate::{Error, Failure, Result};
-use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
@@ -89,24 +88,57 @@ impl Env {
     /// and committed with one journal write. If the unit returns an error or panics,
     /// only it is rolled back and its error is returned; the rest of its group
     /// commits. Fails fast with `Error::Overloaded` when the queue is over its limits.
+    ///
     pub fn submit<T, F>(&self, unit: F) -> Result<T>
     where
         F: for<'a, 'e> FnOnce(&'a mut WriteTxn<'e>) -> Result<T> + Send + 'static,
         T: Send + 'static,
     {
-        let out = Arc::new(Mutex::new(None));
-        let slot = out.clone();
-        self.queue.submit(
+        self.submit_with(unit)
+    }
+
+    /// `submit` for a unit whose error type is the caller's own (`E`, any type a
+    /// storage error converts into): a unit that fails with, say, a document error
+    /// gets that error back as it was (no boxing into a storage error), and a failure
+    /// of the engine (the group's journal write, a latch) arrives as
+    /// `E::from(storage error)`, keeping its kind.
+    pub fn submit_with<T, E, F>(&self, unit: F) -> std::result::Result<T, E>
+    where
+        F: for<'a, 'e> FnOnce(&'a mut WriteTxn<'e>) -> std::result::Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<Error> + Send + 'static,
+    {
+        // The unit runs on whichever thread leads its group; its outcome comes back
+        // on a one-slot channel, and the queue only needs to know whether to keep it.
+        let (outcome_tx, outcome) = std::sync::mpsc::sync_channel(1);
+        let queued = self.queue.submit(
             &*self.shared,
             Box::new(move |txn| {
-                let value = unit(txn)?;
-                *slot.lock() = Some(value);
-                Ok(())
+                let result = unit(txn);
+                let failed = result.is_err();
+                // The receiver lives until `submit` returns, after the unit ran.
+                let _ = outcome_tx.send(result);
+                if failed {
+                    Err(Error::UnitFailed(
+                        "the unit returned an error of its own".into(),
+                    ))
+                } else {
+                    Ok(())
+                }
             }),
-        )?;
-        let value = out.lock().take();
-        value
-            .ok_or_else(|| Error::UnitFailed("the unit reported success but left no result".into()))
+        );
+        let result = outcome.try_recv().ok();
+        match (queued, result) {
+            // Committed, with the unit's value.
+            (Ok(_), Some(Ok(value))) => Ok(value),
+            // The unit's own error: it alone was rolled back.
+            (_, Some(Err(own))) => Err(own),
+            // The engine failed the unit or its group (a value it made is void).
+            (Err(e), _) => Err(E::from(e)),
+            (Ok(_), None) => Err(E::from(Error::UnitFailed(
+                "the unit reported success but left no result".into(),
+            ))),
+        }
     }
 
     /// Why the environment latched, if it did: it then refuses writes until it is

@@ -361,16 +361,14 @@ impl Database {
     /// One write in its own unit; its error comes back as it is.
     fn write_one(&self, env: &Env, op: WriteOp) -> Result<BatchOutcome> {
         let mut unit = self.unit();
-        let out = env
-            .submit(move |txn| {
-                let mut run = |txn: &mut kiln_storage::WriteTxn<'_>| -> Result<BatchOutcome> {
-                    let out = apply_op(txn, &mut unit, &op)?;
-                    unit.finish(txn)?;
-                    Ok(out)
-                };
-                run(txn).map_err(DocError::into_unit)
-            })
-            .map_err(DocError::from_unit)?;
+        let out = env.submit_with(move |txn| {
+            let mut run = |txn: &mut kiln_storage::WriteTxn<'_>| -> Result<BatchOutcome> {
+                let out = apply_op(txn, &mut unit, &op)?;
+                unit.finish(txn)?;
+                Ok(out)
+            };
+            run(txn)
+        })?;
         self.published(std::iter::once(&out));
         Ok(out)
     }
@@ -437,19 +435,17 @@ impl Database {
             self.check_op(op).map_err(at_index(index))?;
         }
         let mut unit = self.unit();
-        let out = env
-            .submit(move |txn| {
-                let mut out = Vec::with_capacity(ops.len());
-                for (index, op) in ops.iter().enumerate() {
-                    out.push(apply_op(txn, &mut unit, op).map_err(|e| match e {
-                        DocError::Storage(s) => s,
-                        other => at_index(index)(other).into_unit(),
-                    })?);
-                }
-                unit.finish(txn).map_err(DocError::into_unit)?;
-                Ok(out)
-            })
-            .map_err(DocError::from_unit)?;
+        let out = env.submit_with(move |txn| {
+            let mut out = Vec::with_capacity(ops.len());
+            for (index, op) in ops.iter().enumerate() {
+                out.push(apply_op(txn, &mut unit, op).map_err(|e| match e {
+                    DocError::Storage(s) => DocError::Storage(s),
+                    other => at_index(index)(other),
+                })?);
+            }
+            unit.finish(txn)?;
+            Ok::<_, DocError>(out)
+        })?;
         self.published(&out);
         Ok(out)
     }
@@ -488,19 +484,17 @@ impl Database {
             }
         }
         let mut unit = self.unit();
-        let applied = env
-            .submit(move |txn| {
-                let mut out = Vec::with_capacity(checked.len());
-                for op in &checked {
-                    match apply_op(txn, &mut unit, op) {
-                        Err(e) if !e.leaves_transaction_untouched() => return Err(e.into_unit()),
-                        r => out.push(r),
-                    }
+        let applied = env.submit_with(move |txn| {
+            let mut out = Vec::with_capacity(checked.len());
+            for op in &checked {
+                match apply_op(txn, &mut unit, op) {
+                    Err(e) if !e.leaves_transaction_untouched() => return Err(e),
+                    r => out.push(r),
                 }
-                unit.finish(txn).map_err(DocError::into_unit)?;
-                Ok(out)
-            })
-            .map_err(DocError::from_unit);
+            }
+            unit.finish(txn)?;
+            Ok(out)
+        });
         match applied {
             Ok(results) => {
                 self.published(results.iter().filter_map(|r| r.as_ref().ok()));

@@ -527,9 +527,7 @@ fn commit(db: &Database, shared: &Shared, group: &[Arc<Runtime>], p: Prepared) -
                 updates: it.by_ref().take(end - start).collect(),
             })
             .collect();
-        let applied = env
-            .submit(move |txn| apply(txn, &unit, unit_from, unit_upto).map_err(DocError::into_unit))
-            .map_err(DocError::from_unit)?;
+        let applied = env.submit_with(move |txn| apply(txn, &unit, unit_from, unit_upto))?;
         for rt in group {
             if applied.contains(&rt.id) {
                 rt.last_sequence.store(unit_upto, Ordering::SeqCst);

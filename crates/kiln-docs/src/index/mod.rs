@@ -226,33 +226,31 @@ impl Database {
         }
         let name = def.name.clone();
         let stored_def = def.clone();
-        let id = env
-            .submit(move |txn| {
-                let run = |txn: &mut WriteTxn<'_>| -> Result<u64> {
-                    txn.ensure_tree(INDEX_DEFS)?;
-                    txn.ensure_tree(INDEX_STATE)?;
-                    let id = next_id(txn)?;
-                    let stored = serde_json::to_vec(&StoredDef {
-                        definition: stored_def,
+        let id = env.submit_with(move |txn| {
+            let run = |txn: &mut WriteTxn<'_>| -> Result<u64> {
+                txn.ensure_tree(INDEX_DEFS)?;
+                txn.ensure_tree(INDEX_STATE)?;
+                let id = next_id(txn)?;
+                let stored = serde_json::to_vec(&StoredDef {
+                    definition: stored_def,
+                    id,
+                })
+                .map_err(|e| DocError::Internal(e.to_string()))?;
+                txn.put(INDEX_DEFS, name.as_bytes(), &stored)?;
+                create_trees(txn, id)?;
+                write_state(
+                    txn,
+                    &name,
+                    &IndexState {
                         id,
-                    })
-                    .map_err(|e| DocError::Internal(e.to_string()))?;
-                    txn.put(INDEX_DEFS, name.as_bytes(), &stored)?;
-                    create_trees(txn, id)?;
-                    write_state(
-                        txn,
-                        &name,
-                        &IndexState {
-                            id,
-                            last_sequence: 0,
-                            entries: 0,
-                        },
-                    )?;
-                    Ok(id)
-                };
-                run(txn).map_err(DocError::into_unit)
-            })
-            .map_err(DocError::from_unit)?;
+                        last_sequence: 0,
+                        entries: 0,
+                    },
+                )?;
+                Ok(id)
+            };
+            run(txn)
+        })?;
         let rt = Runtime {
             compiled,
             id,
@@ -283,7 +281,7 @@ impl Database {
             .ok_or_else(|| DocError::IndexNotFound(name.to_string()))?;
         let name_owned = name.to_string();
         let id = rt.id;
-        env.submit(move |txn| {
+        env.submit_with(move |txn| {
             let run = |txn: &mut WriteTxn<'_>| -> Result<()> {
                 txn.delete(INDEX_DEFS, name_owned.as_bytes())?;
                 txn.delete(INDEX_STATE, name_owned.as_bytes())?;
@@ -291,9 +289,8 @@ impl Database {
                 drop_trees(txn, id)?;
                 Ok(())
             };
-            run(txn).map_err(DocError::into_unit)
-        })
-        .map_err(DocError::from_unit)?;
+            run(txn)
+        })?;
         self.indexer().remove(name);
         tracing::info!(database = self.name(), index = name, "index deleted");
         Ok(())
@@ -310,32 +307,30 @@ impl Database {
         let old_id = rt.id;
         let name_owned = name.to_string();
         let def = rt.compiled.def.clone();
-        let new_id = env
-            .submit(move |txn| {
-                let run = |txn: &mut WriteTxn<'_>| -> Result<u64> {
-                    let id = next_id(txn)?;
-                    drop_trees(txn, old_id)?;
-                    create_trees(txn, id)?;
-                    let stored = serde_json::to_vec(&StoredDef {
-                        definition: def,
+        let new_id = env.submit_with(move |txn| {
+            let run = |txn: &mut WriteTxn<'_>| -> Result<u64> {
+                let id = next_id(txn)?;
+                drop_trees(txn, old_id)?;
+                create_trees(txn, id)?;
+                let stored = serde_json::to_vec(&StoredDef {
+                    definition: def,
+                    id,
+                })
+                .map_err(|e| DocError::Internal(e.to_string()))?;
+                txn.put(INDEX_DEFS, name_owned.as_bytes(), &stored)?;
+                write_state(
+                    txn,
+                    &name_owned,
+                    &IndexState {
                         id,
-                    })
-                    .map_err(|e| DocError::Internal(e.to_string()))?;
-                    txn.put(INDEX_DEFS, name_owned.as_bytes(), &stored)?;
-                    write_state(
-                        txn,
-                        &name_owned,
-                        &IndexState {
-                            id,
-                            last_sequence: 0,
-                            entries: 0,
-                        },
-                    )?;
-                    Ok(id)
-                };
-                run(txn).map_err(DocError::into_unit)
-            })
-            .map_err(DocError::from_unit)?;
+                        last_sequence: 0,
+                        entries: 0,
+                    },
+                )?;
+                Ok(id)
+            };
+            run(txn)
+        })?;
         let fresh = Runtime::new(rt.compiled.def.clone(), new_id, 0)?;
         self.indexer().insert(Arc::new(fresh));
         Ok(())
