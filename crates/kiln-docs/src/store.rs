@@ -38,8 +38,16 @@ pub struct DocsOptions {
 
 impl Default for DocsOptions {
     fn default() -> Self {
+        // A store holds many databases, each an environment: the page copies one
+        // busy database may hold for write-back are bounded lower than the engine's
+        // own default (512 MiB, 128 MiB windows). Measured with W10 (1M documents in
+        // one bulk insert, back to back): server RSS growth 247-252 -> 161-176 MiB,
+        // the insert 312-314k -> 343-349k documents/s, W8 unchanged within noise.
+        let mut storage = kiln_storage::Options::default();
+        storage.max_unflushed_bytes = 256 << 20;
+        storage.write_back_window_bytes = 64 << 20;
         DocsOptions {
-            storage: kiln_storage::Options::default(),
+            storage,
             max_document_bytes: 16 << 20,
             max_id_bytes: 512,
             max_batch_ops: 10_000,
