@@ -240,9 +240,7 @@ fn verify(file: &Path, quiet: bool, json: bool) -> AnyResult<ExitCode> {
     let len = f.metadata()?.len();
     let pb = bar(quiet, Some(len));
     let started = Instant::now();
-    let r = kiln_docs::verify_backup(BufReader::with_capacity(1 << 20, f), |n| {
-        pb.set_position(n)
-    });
+    let r = kiln_docs::verify_backup(BufReader::with_capacity(1 << 20, f), |n| pb.set_position(n));
     pb.finish_and_clear();
     let r = r?;
     summary(

@@ -51,7 +51,12 @@ fn serve(dir: &Path) -> (Server, u16) {
         .unwrap()
         .port();
     let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["serve", "--bind", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .args([
+            "serve",
+            "--bind",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
         .arg(dir)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -93,7 +98,12 @@ fn backup_over_http_during_writes_restores_every_acknowledged_document() {
         std::thread::spawn(move || {
             let mut j = 0u64;
             while !stop.load(SeqCst) {
-                let r = request(port, "PUT", &format!("/dbs/shop/docs/live/{j}"), r#"{"live":true}"#);
+                let r = request(
+                    port,
+                    "PUT",
+                    &format!("/dbs/shop/docs/live/{j}"),
+                    r#"{"live":true}"#,
+                );
                 assert!(r.starts_with("HTTP/1.1 201"), "{r}");
                 j += 1;
                 written.store(j, SeqCst);
@@ -104,25 +114,64 @@ fn backup_over_http_during_writes_restores_every_acknowledged_document() {
     let file = tmp.path().join("shop.kbak");
     let url = format!("http://127.0.0.1:{port}");
     let before = written.load(SeqCst);
-    let out = kiln(&["backup", "--url", &url, "--db", "shop", "--out", file.to_str().unwrap(), "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = kiln(&[
+        "backup",
+        "--url",
+        &url,
+        "--db",
+        "shop",
+        "--out",
+        file.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     std::thread::sleep(Duration::from_millis(50));
     stop.store(true, SeqCst);
     writer.join().unwrap();
-    assert!(written.load(SeqCst) > before, "no write went on during the backup");
+    assert!(
+        written.load(SeqCst) > before,
+        "no write went on during the backup"
+    );
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["database"], "shop");
     assert!(summary["etag"].is_string(), "{summary}");
     assert!(summary["documents"].as_u64().unwrap() >= N as u64);
 
     let out = kiln(&["backup", "verify", file.to_str().unwrap(), "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let dst = dst_dir.to_str().unwrap();
-    let out = kiln(&["restore", file.to_str().unwrap(), "--data-dir", dst, "--db", "shop", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = kiln(&[
+        "restore",
+        file.to_str().unwrap(),
+        "--data-dir",
+        dst,
+        "--db",
+        "shop",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // An existing database is refused without --force.
-    let again = kiln(&["restore", file.to_str().unwrap(), "--data-dir", dst, "--db", "shop"]);
+    let again = kiln(&[
+        "restore",
+        file.to_str().unwrap(),
+        "--data-dir",
+        dst,
+        "--db",
+        "shop",
+    ]);
     assert!(!again.status.success());
     // A damaged backup is refused and leaves no database behind.
     let mut bytes = std::fs::read(&file).unwrap();
@@ -130,7 +179,14 @@ fn backup_over_http_during_writes_restores_every_acknowledged_document() {
     bytes[mid] ^= 0x10;
     let bad = tmp.path().join("bad.kbak");
     std::fs::write(&bad, &bytes).unwrap();
-    let out = kiln(&["restore", bad.to_str().unwrap(), "--data-dir", dst, "--db", "other"]);
+    let out = kiln(&[
+        "restore",
+        bad.to_str().unwrap(),
+        "--data-dir",
+        dst,
+        "--db",
+        "other",
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("offset"));
     assert!(!dst_dir.join("databases/other").exists());
@@ -148,12 +204,27 @@ fn backup_over_http_during_writes_restores_every_acknowledged_document() {
     }
     // Nothing after the backup's snapshot: every restored live document has an
     // etag at or below the backup's last etag.
-    let seq = |e: &str| e.trim_matches('"').split('-').next().unwrap().parse::<u64>().unwrap();
+    let seq = |e: &str| {
+        e.trim_matches('"')
+            .split('-')
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
     for j in 0..written.load(SeqCst) {
-        let (s, e, _) = parts(&request(port2, "GET", &format!("/dbs/shop/docs/live/{j}"), ""));
+        let (s, e, _) = parts(&request(
+            port2,
+            "GET",
+            &format!("/dbs/shop/docs/live/{j}"),
+            "",
+        ));
         if s.contains("200") {
             live_restored += 1;
-            assert!(seq(&e) <= seq(&last_etag_in_backup), "{e} after {last_etag_in_backup}");
+            assert!(
+                seq(&e) <= seq(&last_etag_in_backup),
+                "{e} after {last_etag_in_backup}"
+            );
         }
     }
     assert_eq!(

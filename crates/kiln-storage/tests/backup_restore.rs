@@ -59,8 +59,12 @@ fn backup_during_writes_is_exactly_its_snapshot_and_restores() {
             w.ensure_tree(t).unwrap();
         }
         for i in 0..20_000u32 {
-            w.put("a", format!("k{i:08}").as_bytes(), &vec![i as u8; (i % 300) as usize + 1])
-                .unwrap();
+            w.put(
+                "a",
+                format!("k{i:08}").as_bytes(),
+                &vec![i as u8; (i % 300) as usize + 1],
+            )
+            .unwrap();
         }
         // A value larger than a chunk.
         w.put("b", b"big", &vec![7u8; 3 << 20]).unwrap();
@@ -84,8 +88,12 @@ fn backup_during_writes_is_exactly_its_snapshot_and_restores() {
                             w.put("a", k.as_bytes(), &v).unwrap();
                         }
                     }
-                    w.put("b", format!("w{t}").as_bytes(), &commits.load(SeqCst).to_le_bytes())
-                        .unwrap();
+                    w.put(
+                        "b",
+                        format!("w{t}").as_bytes(),
+                        &commits.load(SeqCst).to_le_bytes(),
+                    )
+                    .unwrap();
                     w.commit().unwrap();
                     commits.fetch_add(1, SeqCst);
                 }
@@ -154,13 +162,19 @@ fn every_bit_flip_and_truncation_is_refused() {
     w.ensure_tree("t").unwrap();
     w.ensure_tree("u").unwrap();
     for i in 0..40u32 {
-        w.put("t", format!("key{i}").as_bytes(), format!("value {i}").as_bytes()).unwrap();
+        w.put(
+            "t",
+            format!("key{i}").as_bytes(),
+            format!("value {i}").as_bytes(),
+        )
+        .unwrap();
     }
     w.put("u", b"x", &[1, 2, 3]).unwrap();
     w.commit().unwrap();
     for compress in [false, true] {
         let mut good = Vec::new();
-        env.backup_to(&mut good, BackupOptions { compress }, |_| {}).unwrap();
+        env.backup_to(&mut good, BackupOptions { compress }, |_| {})
+            .unwrap();
         backup::verify(&good[..], |_| {}).unwrap();
         let bits = good.len() * 8;
         for bit in 0..bits {
@@ -172,7 +186,10 @@ fn every_bit_flip_and_truncation_is_refused() {
             }
         }
         for len in 0..good.len() {
-            assert!(backup::verify(&good[..len], |_| {}).is_err(), "truncated at {len} accepted");
+            assert!(
+                backup::verify(&good[..len], |_| {}).is_err(),
+                "truncated at {len} accepted"
+            );
         }
         // Trailing garbage.
         let mut longer = good.clone();
@@ -198,7 +215,11 @@ fn every_bit_flip_and_truncation_is_refused() {
                 staging_dir: None,
             };
             assert!(backup::restore_from(&bad[..], &target, opts, |_| {}).is_err());
-            assert!(files_in(&dir).is_empty(), "left behind: {:?}", files_in(&dir));
+            assert!(
+                files_in(&dir).is_empty(),
+                "left behind: {:?}",
+                files_in(&dir)
+            );
         }
     }
 }

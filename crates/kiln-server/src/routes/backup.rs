@@ -34,9 +34,9 @@ impl ChannelWriter {
             return Ok(());
         }
         let piece = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(PIECE)));
-        self.tx.blocking_send(Ok(piece)).map_err(|_| {
-            io::Error::new(io::ErrorKind::BrokenPipe, "the client went away")
-        })
+        self.tx
+            .blocking_send(Ok(piece))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the client went away"))
     }
 }
 

@@ -66,7 +66,9 @@ pub enum BackupError {
     },
     #[error("backup is truncated: it ends in {part} at byte offset {offset}")]
     Truncated { part: String, offset: u64 },
-    #[error("backup format version {0} is not supported (this Kiln reads version {FORMAT_VERSION})")]
+    #[error(
+        "backup format version {0} is not supported (this Kiln reads version {FORMAT_VERSION})"
+    )]
     UnsupportedVersion(u32),
     #[error("restore target {0} already exists: refusing to overwrite it")]
     TargetExists(PathBuf),
@@ -365,7 +367,11 @@ fn read_backup<R: Read>(
     let mut fixed = [0u8; 28];
     rd.exact(&mut fixed, &hpart)?;
     if fixed.get(..8) != Some(&MAGIC[..]) {
-        return Err(corrupt("the header", 0, "not a Kiln backup (bad magic)".into()));
+        return Err(corrupt(
+            "the header",
+            0,
+            "not a Kiln backup (bad magic)".into(),
+        ));
     }
     let version = le32(&fixed, 8);
     let flags = le32(&fixed, 12);
@@ -391,7 +397,11 @@ fn read_backup<R: Read>(
         return Err(BackupError::UnsupportedVersion(version));
     }
     if flags & !FLAG_LZ4 != 0 {
-        return Err(corrupt("the header", 12, format!("unknown flags {flags:#x}")));
+        return Err(corrupt(
+            "the header",
+            12,
+            format!("unknown flags {flags:#x}"),
+        ));
     }
     let mut sum = BackupSummary {
         format_version: version,
@@ -410,7 +420,11 @@ fn read_backup<R: Read>(
         let mut h = [0u8; FRAME_HEADER];
         rd.exact(&mut h, &fpart)?;
         if crc32c::crc32c(&h[..20]) != le32(&h, 20) {
-            return Err(corrupt(&part, start, "frame header checksum mismatch".into()));
+            return Err(corrupt(
+                &part,
+                start,
+                "frame header checksum mismatch".into(),
+            ));
         }
         let (kind, fflags) = (h[0], h[1]);
         let (raw_len, stored_len) = (le32(&h, 8) as usize, le32(&h, 12) as usize);
@@ -418,7 +432,10 @@ fn read_backup<R: Read>(
             return Err(corrupt(
                 &part,
                 start,
-                format!("frame index {} where {index} was expected (frames reordered or missing)", le32(&h, 4)),
+                format!(
+                    "frame index {} where {index} was expected (frames reordered or missing)",
+                    le32(&h, 4)
+                ),
             ));
         }
         if raw_len > MAX_FRAME || stored_len > MAX_FRAME || fflags > 1 || h[2] != 0 || h[3] != 0 {
@@ -435,9 +452,8 @@ fn read_backup<R: Read>(
         }
         (rd.progress)(rd.offset);
         let raw: std::borrow::Cow<'_, [u8]> = if fflags & 1 != 0 {
-            let d = lz4_flex::block::decompress(&payload, raw_len).map_err(|e| {
-                corrupt(&part, start + FRAME_HEADER as u64, format!("lz4: {e}"))
-            })?;
+            let d = lz4_flex::block::decompress(&payload, raw_len)
+                .map_err(|e| corrupt(&part, start + FRAME_HEADER as u64, format!("lz4: {e}")))?;
             std::borrow::Cow::Owned(d)
         } else {
             std::borrow::Cow::Borrowed(&payload[..])
@@ -495,7 +511,11 @@ fn read_backup<R: Read>(
                     && le64(&raw, 16) == sum.kv_bytes
                     && le32(&raw, 24) == index;
                 if !ok {
-                    return Err(corrupt(&part, start, "trailer counts do not match the backup".into()));
+                    return Err(corrupt(
+                        &part,
+                        start,
+                        "trailer counts do not match the backup".into(),
+                    ));
                 }
                 if le32(&raw, 28) != before_crc {
                     return Err(corrupt(&part, start, "whole-file checksum mismatch".into()));
@@ -547,16 +567,20 @@ pub fn verify<R: Read>(input: R, progress: impl FnMut(u64)) -> BackupResult<Back
 pub fn read_header<R: Read>(mut input: R) -> BackupResult<BackupSummary> {
     // Read through the header; stop at the first frame.
     let mut fixed = [0u8; 28];
-    input.read_exact(&mut fixed).map_err(|_| BackupError::Truncated {
-        part: "the header".into(),
-        offset: 0,
-    })?;
+    input
+        .read_exact(&mut fixed)
+        .map_err(|_| BackupError::Truncated {
+            part: "the header".into(),
+            offset: 0,
+        })?;
     let meta_len = (le32(&fixed, 24) as usize).min(MAX_META);
     let mut rest = vec![0u8; meta_len + 4];
-    input.read_exact(&mut rest).map_err(|_| BackupError::Truncated {
-        part: "the header".into(),
-        offset: 28,
-    })?;
+    input
+        .read_exact(&mut rest)
+        .map_err(|_| BackupError::Truncated {
+            part: "the header".into(),
+            offset: 28,
+        })?;
     let mut whole = fixed.to_vec();
     whole.extend_from_slice(&rest);
     read_backup(&whole[..], |_| {}, |_, _| Ok(())).or_else(|e| match e {
