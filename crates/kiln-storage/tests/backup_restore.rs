@@ -223,3 +223,46 @@ fn every_bit_flip_and_truncation_is_refused() {
         }
     }
 }
+
+#[test]
+fn reordered_or_duplicated_chunks_are_refused_with_the_frame_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let env = Env::open(tmp.path().join("src"), small_opts()).unwrap();
+    let mut w = env.begin_write().unwrap();
+    w.ensure_tree("t").unwrap();
+    for i in 0..3000u32 {
+        w.put("t", format!("k{i:06}").as_bytes(), &[i as u8; 1000])
+            .unwrap();
+    }
+    w.commit().unwrap();
+    let mut good = Vec::new();
+    env.backup_to(&mut good, BackupOptions { compress: false }, |_| {})
+        .unwrap();
+    // Frame boundaries: after the header (28 bytes + meta + crc), 24-byte frame
+    // headers with the stored length at 12..16.
+    let meta_len = u32::from_le_bytes(good[24..28].try_into().unwrap()) as usize;
+    let mut at = 28 + meta_len + 4;
+    let mut frames = Vec::new();
+    while at < good.len() {
+        let len = u32::from_le_bytes(good[at + 12..at + 16].try_into().unwrap()) as usize;
+        frames.push(at..at + 24 + len);
+        at += 24 + len;
+    }
+    assert!(frames.len() >= 5, "{} frames", frames.len());
+    let (a, b) = (frames[1].clone(), frames[2].clone()); // two DATA chunks of tree t
+    let mut swapped = good[..a.start].to_vec();
+    swapped.extend_from_slice(&good[b.clone()]);
+    swapped.extend_from_slice(&good[a.clone()]);
+    swapped.extend_from_slice(&good[b.end..]);
+    let e = backup::verify(&swapped[..], |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("frame 1") && e.contains("reordered"), "{e}");
+    let mut duplicated = good[..b.start].to_vec();
+    duplicated.extend_from_slice(&good[a.clone()]);
+    duplicated.extend_from_slice(&good[b.start..]);
+    let e = backup::verify(&duplicated[..], |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("frame 2"), "{e}");
+}
