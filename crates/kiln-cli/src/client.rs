@@ -147,6 +147,26 @@ impl Endpoint {
         Ok((resp.status, out))
     }
 
+    /// `GET path`, answer streamed: the status must be 2xx, the body is read by
+    /// the caller (used by `kiln backup`).
+    pub fn get_stream(&self, path: &str) -> Result<Response, ClientError> {
+        let mut stream = self.connect()?;
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(300)));
+        stream
+            .write_all(self.head("GET", path, "").as_bytes())
+            .map_err(io_err(format!("sending GET {path}")))?;
+        let mut resp = Response::read(BufReader::new(stream))?;
+        if !(200..300).contains(&resp.status) {
+            let mut body = Vec::new();
+            let _ = resp.body.read_to_end(&mut body);
+            return Err(ClientError::Status {
+                status: resp.status,
+                body: String::from_utf8_lossy(&body).into_owned(),
+            });
+        }
+        Ok(resp)
+    }
+
     /// Starts `POST path` with a chunked body: the writer for the body (see
     /// [`ChunkedWriter`]) and a handle that reads the answer when called.
     pub fn start_upload(&self, path: &str) -> Result<(ChunkedWriter, Upload), ClientError> {

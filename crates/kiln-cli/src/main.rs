@@ -1,5 +1,6 @@
 //! `kiln`: the command-line tool.
 
+mod backup_cmd;
 mod bench;
 mod client;
 mod diskbench;
@@ -84,6 +85,11 @@ enum Command {
     /// Write a database of a running server as NDJSON bulk lines that `kiln import`
     /// reads back.
     Export(export_cmd::ExportArgs),
+    /// Full backup of a database (`--url` of a running server, or `--data-dir`
+    /// offline) into one file; `kiln backup verify FILE` checks a backup.
+    Backup(backup_cmd::BackupArgs),
+    /// Create a database in an (offline) data directory from a backup.
+    Restore(backup_cmd::RestoreArgs),
     /// Run a query against a server: `kiln query --url U --db DB "from users where ..."`.
     Query(query_cmd::QueryArgs),
     /// Raw key-value access to one storage environment (no documents).
@@ -160,6 +166,8 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
         } => return docs_cmd::list(&data_dir, &database, &prefix, limit),
         Command::Import(args) => return import_cmd::run(args),
         Command::Export(args) => return export_cmd::run(args),
+        Command::Backup(args) => return backup_cmd::backup(args),
+        Command::Restore(args) => return backup_cmd::restore(args),
         Command::Kv(cmd) => return kv::run(cmd),
         Command::Query(args) => return query_cmd::run(args),
         Command::Check { dir, json } => {

@@ -113,6 +113,9 @@ pub enum DocError {
 
     #[error(transparent)]
     Storage(#[from] kiln_storage::Error),
+
+    #[error("backup: {0}")]
+    Backup(#[from] kiln_storage::BackupError),
 }
 
 impl DocError {

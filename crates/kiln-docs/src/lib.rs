@@ -22,6 +22,7 @@
 //! # Ok::<(), kiln_docs::DocError>(())
 //! ```
 
+mod backup;
 mod changes;
 mod database;
 mod document;
@@ -34,6 +35,7 @@ mod record;
 mod store;
 mod write_queue;
 
+pub use backup::{restore_database, verify_backup, BackupManifest, BackupReport};
 pub use changes::{
     Change, ChangeEntry, ChangeFilter, ChangeKind, ChangesPage, CommitListener, PurgeOutcome,
     PurgeRule, TombstoneStats,

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const DATABASES_DIR: &str = "databases";
-const TRASH_DIR: &str = "trash";
+pub(crate) const DATABASES_DIR: &str = "databases";
+pub(crate) const TRASH_DIR: &str = "trash";
 
 #[derive(Clone)]
 pub struct DocsOptions {
@@ -263,7 +263,7 @@ impl DocStore {
     }
 }
 
-fn unique_suffix() -> String {
+pub(crate) fn unique_suffix() -> String {
     format!(
         "{}-{:08x}",
         crate::document::now_ms(),
@@ -271,7 +271,7 @@ fn unique_suffix() -> String {
     )
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     std::fs::File::open(dir)
         .and_then(|f| f.sync_all())
         .map_err(|e| DocError::io(dir, e))

@@ -58,6 +58,7 @@ pub fn router(state: SharedState) -> Router {
                 .post(routes_docs::put_document)
                 .delete(routes_docs::delete_document),
         )
+        .route("/dbs/{db}/backup", get(crate::routes::backup::backup))
         .route("/dbs/{db}/batch", post(routes_docs::batch))
         .route("/dbs/{db}/bulk", post(bulk::bulk_insert))
         .route("/dbs/{db}/changes", get(changes::pull))

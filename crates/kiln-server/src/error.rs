@@ -148,6 +148,7 @@ fn status_and_code(e: &DocError) -> (StatusCode, &'static str) {
         DocError::BatchOpFailed { source, .. } => status_and_code(source),
         DocError::Storage(E::Overloaded { .. }) => (S::SERVICE_UNAVAILABLE, "overloaded"),
         DocError::Storage(se) => storage_status_and_code(se),
+        DocError::Backup(kiln_storage::BackupError::Storage(se)) => storage_status_and_code(se),
         _ => (S::INTERNAL_SERVER_ERROR, "internal_error"),
     }
 }

@@ -24,6 +24,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::indexing_slicing))]
 
 mod alloc;
+pub mod backup;
 pub mod btree;
 pub mod check;
 mod commit;
@@ -43,6 +44,7 @@ mod store;
 mod txn;
 mod write_buffer;
 
+pub use backup::{BackupError, BackupOptions, BackupSummary, RestoreOptions};
 pub use btree::cursor::Entry;
 pub use commit::{QueueLimits, QueueStats};
 pub use env::{Env, Options, RecoveryReport, DATA_FILE};

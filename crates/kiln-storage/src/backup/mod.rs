@@ -1,0 +1,727 @@
+//! Full backups of an environment: one read snapshot written as a checksummed
+//! stream, restored into a new environment, verified without restoring.
+//!
+//! ## Consistency
+//! A backup reads one `ReadTxn` from start to end. A snapshot never changes and never
+//! blocks the writer, so commits go on during the backup; the image is exactly the
+//! state of the snapshot's transaction (its id is in the header), nothing of the
+//! commits after it. Trees are read through the normal cursors, which merge the
+//! engine's write buffer: buffered entries are included.
+//!
+//! ## Container format (version 1; all integers little-endian)
+//! ```text
+//! header   magic "KILNBAK\0" (8) | version u32 | flags u32 (bit 0: chunks may be lz4)
+//!          | txn_id u64 | meta_len u32 | meta (meta_len bytes, the caller's own:
+//!          kiln-docs puts a JSON manifest here) | crc32c u32 of all of the above
+//! frames   kind u8 | flags u8 (bit 0: payload is lz4) | 0 u16 | index u32 (0, 1, 2..)
+//!          | raw_len u32 | stored_len u32 | payload crc32c u32 | header crc32c u32
+//!          (of the 20 bytes before it) | payload (stored_len bytes)
+//!   kind 1 TREE   payload: the tree's name (UTF-8)
+//!   kind 2 DATA   payload (raw): entries `key_len u32 | value_len u32 | key | value`
+//!                 in key order, ~1 MiB per chunk (one larger entry makes a larger one)
+//!   kind 3 END    payload: entries of the tree u64 (closes the current TREE)
+//!   kind 4 TRAILER payload: trees u64 | entries u64 | raw kv bytes u64 | frames u32
+//!                 | crc32c u32 of every byte of the file before this frame
+//! ```
+//! The trailer is the last frame: bytes after it, a missing trailer, a frame out of
+//! order (its index), a wrong count or any checksum failure rejects the backup with
+//! the part and the byte offset named. Every byte is under a CRC-32C, which detects
+//! every single-bit error.
+
+use crate::{Env, Error, Options, ReadTxn};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+pub const MAGIC: &[u8; 8] = b"KILNBAK\0";
+pub const FORMAT_VERSION: u32 = 1;
+const FLAG_LZ4: u32 = 1;
+const KIND_TREE: u8 = 1;
+const KIND_DATA: u8 = 2;
+const KIND_END: u8 = 3;
+const KIND_TRAILER: u8 = 4;
+const FRAME_HEADER: usize = 24;
+/// Target size of a DATA chunk before compression.
+pub const CHUNK_BYTES: usize = 1 << 20;
+/// Largest frame payload a reader accepts (a chunk holding one maximal entry).
+const MAX_FRAME: usize = crate::MAX_VALUE_SIZE + crate::MAX_KEY_SIZE + 8 + CHUNK_BYTES;
+const MAX_META: usize = 1 << 20;
+/// Restore commits a transaction every this many key/value bytes.
+const RESTORE_TXN_BYTES: u64 = 32 << 20;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackupError {
+    #[error("I/O error {op} at byte offset {offset} of the backup: {source}")]
+    Io {
+        op: &'static str,
+        offset: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("backup is corrupt in {part} at byte offset {offset}: {what}")]
+    Corrupt {
+        part: String,
+        offset: u64,
+        what: String,
+    },
+    #[error("backup is truncated: it ends in {part} at byte offset {offset}")]
+    Truncated { part: String, offset: u64 },
+    #[error(
+        "backup format version {0} is not supported (this Kiln reads version {FORMAT_VERSION})"
+    )]
+    UnsupportedVersion(u32),
+    #[error("restore target {0} already exists: refusing to overwrite it")]
+    TargetExists(PathBuf),
+    #[error("restore: {op} {path}: {source}")]
+    Fs {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("storage engine: {0}")]
+    Storage(#[from] Error),
+}
+
+pub type BackupResult<T> = std::result::Result<T, BackupError>;
+
+#[derive(Debug, Clone, Copy)]
+pub struct BackupOptions {
+    /// lz4-compress chunks (a chunk that does not shrink is stored as it is).
+    pub compress: bool,
+}
+
+impl Default for BackupOptions {
+    fn default() -> Self {
+        BackupOptions { compress: true }
+    }
+}
+
+/// What a backup holds, as written or as read back.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackupSummary {
+    pub format_version: u32,
+    /// The transaction the image is consistent at.
+    pub txn_id: u64,
+    /// The caller's metadata stored in the header.
+    pub meta: Vec<u8>,
+    pub trees: u64,
+    pub entries: u64,
+    /// Sum of key and value lengths.
+    pub kv_bytes: u64,
+    pub frames: u32,
+    /// Size of the backup file.
+    pub file_bytes: u64,
+}
+
+/// A writer that counts and checksums what goes through it.
+struct Tally<W> {
+    inner: W,
+    offset: u64,
+    crc: u32,
+}
+
+impl<W: Write> Tally<W> {
+    fn put(&mut self, b: &[u8]) -> BackupResult<()> {
+        self.inner.write_all(b).map_err(|source| BackupError::Io {
+            op: "writing",
+            offset: self.offset,
+            source,
+        })?;
+        self.crc = crc32c::crc32c_append(self.crc, b);
+        self.offset += b.len() as u64;
+        Ok(())
+    }
+}
+
+struct FrameWriter<W, P> {
+    out: Tally<W>,
+    next_index: u32,
+    compress: bool,
+    progress: P,
+}
+
+impl<W: Write, P: FnMut(u64)> FrameWriter<W, P> {
+    fn frame(&mut self, kind: u8, raw: &[u8]) -> BackupResult<()> {
+        let compressed;
+        let (flags, payload): (u8, &[u8]) = if self.compress && kind == KIND_DATA {
+            compressed = lz4_flex::block::compress(raw);
+            if compressed.len() < raw.len() {
+                (1, &compressed)
+            } else {
+                (0, raw)
+            }
+        } else {
+            (0, raw)
+        };
+        let mut h = [0u8; FRAME_HEADER];
+        h[0] = kind;
+        h[1] = flags;
+        h[4..8].copy_from_slice(&self.next_index.to_le_bytes());
+        h[8..12].copy_from_slice(&(raw.len() as u32).to_le_bytes());
+        h[12..16].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        h[16..20].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+        let hc = crc32c::crc32c(&h[..20]);
+        h[20..24].copy_from_slice(&hc.to_le_bytes());
+        self.out.put(&h)?;
+        self.out.put(payload)?;
+        self.next_index += 1;
+        (self.progress)(self.out.offset);
+        Ok(())
+    }
+}
+
+impl ReadTxn<'_> {
+    /// Writes a full backup of this snapshot to `out`; `meta` (at most 1 MiB) is
+    /// stored in the header as it is. `progress` gets the bytes written so far after
+    /// each chunk.
+    pub fn backup_to<W: Write>(
+        &self,
+        out: W,
+        meta: &[u8],
+        opts: BackupOptions,
+        progress: impl FnMut(u64),
+    ) -> BackupResult<BackupSummary> {
+        write_backup(self, out, meta, opts, progress)
+    }
+}
+
+impl Env {
+    /// A full backup of the last commit, taken from one read snapshot while writes
+    /// go on (see the module documentation).
+    pub fn backup_to<W: Write>(
+        &self,
+        out: W,
+        opts: BackupOptions,
+        progress: impl FnMut(u64),
+    ) -> BackupResult<BackupSummary> {
+        let r = self.begin_read()?;
+        write_backup(&r, out, &[], opts, progress)
+    }
+}
+
+fn write_backup<W: Write>(
+    r: &ReadTxn<'_>,
+    out: W,
+    meta: &[u8],
+    opts: BackupOptions,
+    progress: impl FnMut(u64),
+) -> BackupResult<BackupSummary> {
+    if meta.len() > MAX_META {
+        return Err(BackupError::Corrupt {
+            part: "header".into(),
+            offset: 0,
+            what: format!("metadata of {} bytes exceeds {MAX_META}", meta.len()),
+        });
+    }
+    let mut w = FrameWriter {
+        out: Tally {
+            inner: out,
+            offset: 0,
+            crc: 0,
+        },
+        next_index: 0,
+        compress: opts.compress,
+        progress,
+    };
+    let mut h = Vec::with_capacity(32 + meta.len());
+    h.extend_from_slice(MAGIC);
+    h.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h.extend_from_slice(&(if opts.compress { FLAG_LZ4 } else { 0 }).to_le_bytes());
+    h.extend_from_slice(&r.txn_id().to_le_bytes());
+    h.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+    h.extend_from_slice(meta);
+    let c = crc32c::crc32c(&h);
+    h.extend_from_slice(&c.to_le_bytes());
+    w.out.put(&h)?;
+
+    let mut sum = BackupSummary {
+        format_version: FORMAT_VERSION,
+        txn_id: r.txn_id(),
+        meta: meta.to_vec(),
+        ..Default::default()
+    };
+    let mut chunk = Vec::with_capacity(CHUNK_BYTES + 4096);
+    for name in r.tree_names()? {
+        w.frame(KIND_TREE, name.as_bytes())?;
+        sum.trees += 1;
+        let mut in_tree = 0u64;
+        let mut c = r.cursor(&name)?;
+        let mut e = c.first()?;
+        while let Some((k, v)) = e {
+            chunk.extend_from_slice(&(k.len() as u32).to_le_bytes());
+            chunk.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            chunk.extend_from_slice(k);
+            chunk.extend_from_slice(v);
+            in_tree += 1;
+            sum.kv_bytes += (k.len() + v.len()) as u64;
+            if chunk.len() >= CHUNK_BYTES {
+                w.frame(KIND_DATA, &chunk)?;
+                chunk.clear();
+            }
+            e = c.next()?;
+        }
+        if !chunk.is_empty() {
+            w.frame(KIND_DATA, &chunk)?;
+            chunk.clear();
+        }
+        w.frame(KIND_END, &in_tree.to_le_bytes())?;
+        sum.entries += in_tree;
+    }
+    let mut t = Vec::with_capacity(32);
+    t.extend_from_slice(&sum.trees.to_le_bytes());
+    t.extend_from_slice(&sum.entries.to_le_bytes());
+    t.extend_from_slice(&sum.kv_bytes.to_le_bytes());
+    t.extend_from_slice(&(w.next_index + 1).to_le_bytes());
+    t.extend_from_slice(&w.out.crc.to_le_bytes());
+    w.frame(KIND_TRAILER, &t)?;
+    w.out.inner.flush().map_err(|source| BackupError::Io {
+        op: "flushing",
+        offset: w.out.offset,
+        source,
+    })?;
+    sum.frames = w.next_index;
+    sum.file_bytes = w.out.offset;
+    Ok(sum)
+}
+
+/// What the reader hands to its consumer, in order.
+enum Item<'a> {
+    Tree(&'a str),
+    Entry(&'a [u8], &'a [u8]),
+    EndTree,
+}
+
+struct Reader<R, P> {
+    inner: R,
+    offset: u64,
+    crc: u32,
+    progress: P,
+}
+
+impl<R: Read, P: FnMut(u64)> Reader<R, P> {
+    /// Reads exactly `buf.len()` bytes of `part`; returns false on a clean EOF
+    /// before the first byte when `eof_ok`.
+    fn exact(&mut self, buf: &mut [u8], part: &dyn Fn() -> String) -> BackupResult<()> {
+        let mut got = 0;
+        while got < buf.len() {
+            let slot = buf.get_mut(got..).unwrap_or_default();
+            match self.inner.read(slot) {
+                Ok(0) => {
+                    return Err(BackupError::Truncated {
+                        part: part(),
+                        offset: self.offset + got as u64,
+                    })
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(BackupError::Io {
+                        op: "reading",
+                        offset: self.offset + got as u64,
+                        source,
+                    })
+                }
+            }
+        }
+        self.crc = crc32c::crc32c_append(self.crc, buf);
+        self.offset += buf.len() as u64;
+        Ok(())
+    }
+}
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    if let Some(s) = b.get(at..at + 4) {
+        a.copy_from_slice(s);
+    }
+    u32::from_le_bytes(a)
+}
+
+fn le64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    if let Some(s) = b.get(at..at + 8) {
+        a.copy_from_slice(s);
+    }
+    u64::from_le_bytes(a)
+}
+
+/// Reads and checks a whole backup, handing every tree and entry to `sink`.
+fn read_backup<R: Read>(
+    input: R,
+    mut progress: impl FnMut(u64),
+    mut sink: impl FnMut(&BackupSummary, Item<'_>) -> BackupResult<()>,
+) -> BackupResult<BackupSummary> {
+    let mut rd = Reader {
+        inner: input,
+        offset: 0,
+        crc: 0,
+        progress: &mut progress,
+    };
+    let corrupt = |part: &str, offset: u64, what: String| BackupError::Corrupt {
+        part: part.to_string(),
+        offset,
+        what,
+    };
+    let hpart = || "the header".to_string();
+    let mut fixed = [0u8; 28];
+    rd.exact(&mut fixed, &hpart)?;
+    if fixed.get(..8) != Some(&MAGIC[..]) {
+        return Err(corrupt(
+            "the header",
+            0,
+            "not a Kiln backup (bad magic)".into(),
+        ));
+    }
+    let version = le32(&fixed, 8);
+    let flags = le32(&fixed, 12);
+    let txn_id = le64(&fixed, 16);
+    let meta_len = le32(&fixed, 24) as usize;
+    if meta_len > MAX_META {
+        return Err(corrupt(
+            "the header",
+            24,
+            format!("metadata length {meta_len} exceeds {MAX_META}"),
+        ));
+    }
+    let mut meta = vec![0u8; meta_len];
+    rd.exact(&mut meta, &hpart)?;
+    let mut crc_b = [0u8; 4];
+    let expect = crc32c::crc32c_append(crc32c::crc32c(&fixed), &meta);
+    let at = rd.offset;
+    rd.exact(&mut crc_b, &hpart)?;
+    if u32::from_le_bytes(crc_b) != expect {
+        return Err(corrupt("the header", at, "header checksum mismatch".into()));
+    }
+    if version != FORMAT_VERSION {
+        return Err(BackupError::UnsupportedVersion(version));
+    }
+    if flags & !FLAG_LZ4 != 0 {
+        return Err(corrupt(
+            "the header",
+            12,
+            format!("unknown flags {flags:#x}"),
+        ));
+    }
+    let mut sum = BackupSummary {
+        format_version: version,
+        txn_id,
+        meta,
+        ..Default::default()
+    };
+    let mut index: u32 = 0;
+    let mut in_tree: Option<u64> = None;
+    let mut payload = Vec::new();
+    loop {
+        let start = rd.offset;
+        let before_crc = rd.crc;
+        let part = format!("frame {index}");
+        let fpart = || format!("frame {index}");
+        let mut h = [0u8; FRAME_HEADER];
+        rd.exact(&mut h, &fpart)?;
+        if crc32c::crc32c(&h[..20]) != le32(&h, 20) {
+            return Err(corrupt(
+                &part,
+                start,
+                "frame header checksum mismatch".into(),
+            ));
+        }
+        let (kind, fflags) = (h[0], h[1]);
+        let (raw_len, stored_len) = (le32(&h, 8) as usize, le32(&h, 12) as usize);
+        if le32(&h, 4) != index {
+            return Err(corrupt(
+                &part,
+                start,
+                format!(
+                    "frame index {} where {index} was expected (frames reordered or missing)",
+                    le32(&h, 4)
+                ),
+            ));
+        }
+        if raw_len > MAX_FRAME || stored_len > MAX_FRAME || fflags > 1 || h[2] != 0 || h[3] != 0 {
+            return Err(corrupt(&part, start, "invalid frame header".into()));
+        }
+        payload.resize(stored_len, 0);
+        rd.exact(&mut payload, &fpart)?;
+        if crc32c::crc32c(&payload) != le32(&h, 16) {
+            return Err(corrupt(
+                &part,
+                start + FRAME_HEADER as u64,
+                "payload checksum mismatch".into(),
+            ));
+        }
+        (rd.progress)(rd.offset);
+        let raw: std::borrow::Cow<'_, [u8]> = if fflags & 1 != 0 {
+            let d = lz4_flex::block::decompress(&payload, raw_len)
+                .map_err(|e| corrupt(&part, start + FRAME_HEADER as u64, format!("lz4: {e}")))?;
+            std::borrow::Cow::Owned(d)
+        } else {
+            std::borrow::Cow::Borrowed(&payload[..])
+        };
+        if raw.len() != raw_len {
+            return Err(corrupt(&part, start, "payload length mismatch".into()));
+        }
+        index += 1;
+        match (kind, in_tree) {
+            (KIND_TREE, None) => {
+                let name = std::str::from_utf8(&raw)
+                    .map_err(|_| corrupt(&part, start, "tree name is not UTF-8".into()))?;
+                sum.trees += 1;
+                in_tree = Some(0);
+                sink(&sum, Item::Tree(name))?;
+            }
+            (KIND_DATA, Some(n)) => {
+                let mut p = 0usize;
+                let mut count = n;
+                while p < raw.len() {
+                    let kl = le32(&raw, p) as usize;
+                    let vl = le32(&raw, p + 4) as usize;
+                    let k = raw.get(p + 8..p + 8 + kl);
+                    let v = raw.get(p + 8 + kl..p + 8 + kl + vl);
+                    let (Some(k), Some(v)) = (k, v) else {
+                        return Err(corrupt(
+                            &part,
+                            start,
+                            format!("entry at chunk offset {p} runs past the chunk"),
+                        ));
+                    };
+                    sink(&sum, Item::Entry(k, v))?;
+                    sum.kv_bytes += (kl + vl) as u64;
+                    count += 1;
+                    p += 8 + kl + vl;
+                }
+                in_tree = Some(count);
+            }
+            (KIND_END, Some(n)) => {
+                if raw.len() != 8 || le64(&raw, 0) != n {
+                    return Err(corrupt(
+                        &part,
+                        start,
+                        format!("tree end says {} entries, {n} were read", le64(&raw, 0)),
+                    ));
+                }
+                sum.entries += n;
+                in_tree = None;
+                sink(&sum, Item::EndTree)?;
+            }
+            (KIND_TRAILER, None) => {
+                let ok = raw.len() == 32
+                    && le64(&raw, 0) == sum.trees
+                    && le64(&raw, 8) == sum.entries
+                    && le64(&raw, 16) == sum.kv_bytes
+                    && le32(&raw, 24) == index;
+                if !ok {
+                    return Err(corrupt(
+                        &part,
+                        start,
+                        "trailer counts do not match the backup".into(),
+                    ));
+                }
+                if le32(&raw, 28) != before_crc {
+                    return Err(corrupt(&part, start, "whole-file checksum mismatch".into()));
+                }
+                let mut extra = [0u8; 1];
+                loop {
+                    match rd.inner.read(&mut extra) {
+                        Ok(0) => break,
+                        Ok(_) => {
+                            return Err(corrupt(
+                                "after the trailer",
+                                rd.offset,
+                                "bytes follow the trailer".into(),
+                            ))
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(source) => {
+                            return Err(BackupError::Io {
+                                op: "reading",
+                                offset: rd.offset,
+                                source,
+                            })
+                        }
+                    }
+                }
+                sum.frames = index;
+                sum.file_bytes = rd.offset;
+                return Ok(sum);
+            }
+            (k, _) => {
+                return Err(corrupt(
+                    &part,
+                    start,
+                    format!("frame of kind {k} out of place"),
+                ))
+            }
+        }
+    }
+}
+
+/// Checks a whole backup (every checksum, count and the frame order) without
+/// restoring it.
+pub fn verify<R: Read>(input: R, progress: impl FnMut(u64)) -> BackupResult<BackupSummary> {
+    read_backup(input, progress, |_, _| Ok(()))
+}
+
+/// Reads only the header of a backup (its transaction id and metadata); checked
+/// by its own checksum, the rest is not read.
+pub fn read_header<R: Read>(mut input: R) -> BackupResult<BackupSummary> {
+    // Read through the header; stop at the first frame.
+    let mut fixed = [0u8; 28];
+    input
+        .read_exact(&mut fixed)
+        .map_err(|_| BackupError::Truncated {
+            part: "the header".into(),
+            offset: 0,
+        })?;
+    let meta_len = (le32(&fixed, 24) as usize).min(MAX_META);
+    let mut rest = vec![0u8; meta_len + 4];
+    input
+        .read_exact(&mut rest)
+        .map_err(|_| BackupError::Truncated {
+            part: "the header".into(),
+            offset: 28,
+        })?;
+    let mut whole = fixed.to_vec();
+    whole.extend_from_slice(&rest);
+    read_backup(&whole[..], |_| {}, |_, _| Ok(())).or_else(|e| match e {
+        BackupError::Truncated { ref part, .. } if part.starts_with("frame 0") => {
+            Ok(BackupSummary {
+                format_version: le32(&fixed, 8),
+                txn_id: le64(&fixed, 16),
+                meta: rest.get(..meta_len).unwrap_or_default().to_vec(),
+                ..Default::default()
+            })
+        }
+        e => Err(e),
+    })
+}
+
+#[derive(Clone, Default)]
+pub struct RestoreOptions {
+    /// Options of the new environment.
+    pub storage: Options,
+    /// Where the environment is built before it is renamed to the target (must be
+    /// on the same filesystem). Default: a hidden directory next to the target.
+    pub staging_dir: Option<PathBuf>,
+}
+
+fn fs_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> BackupError + 'a {
+    move |source| BackupError::Fs {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn sync_dir(dir: &Path) -> BackupResult<()> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(fs_err("syncing directory", dir))
+}
+
+/// Restores a backup into a new environment at `target`, which must not exist.
+/// Every checksum is verified while the environment is written into a staging
+/// directory; only a fully verified, synced and closed environment is renamed to
+/// `target`. On any failure the staging directory is removed; a crash leaves only
+/// the staging directory (a hidden `.name.restore-*` next to the target, or the
+/// caller's `staging_dir`), never `target`.
+pub fn restore_from<R: Read>(
+    input: R,
+    target: &Path,
+    opts: RestoreOptions,
+    progress: impl FnMut(u64),
+) -> BackupResult<BackupSummary> {
+    if target.exists() {
+        return Err(BackupError::TargetExists(target.to_path_buf()));
+    }
+    let parent = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let staging = match opts.staging_dir.clone() {
+        Some(s) => s,
+        None => {
+            let name = target
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "kiln".into());
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            parent.join(format!(".{name}.restore-{}-{nanos}", std::process::id()))
+        }
+    };
+    if staging.exists() {
+        return Err(BackupError::TargetExists(staging));
+    }
+    let result = restore_staged(input, &staging, opts.storage, progress);
+    let result = result.and_then(|sum| {
+        if target.exists() {
+            return Err(BackupError::TargetExists(target.to_path_buf()));
+        }
+        std::fs::rename(&staging, target).map_err(fs_err("renaming into place", target))?;
+        sync_dir(&parent)?;
+        Ok(sum)
+    });
+    if result.is_err() && staging.exists() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    result
+}
+
+fn restore_staged<R: Read>(
+    input: R,
+    staging: &Path,
+    mut storage: Options,
+    progress: impl FnMut(u64),
+) -> BackupResult<BackupSummary> {
+    // The restored environment is closed (flushed, synced, checkpointed) before it
+    // is renamed into place; its journal need not be synced commit by commit.
+    storage.journal_dir = None;
+    storage.durability = crate::Durability::Buffered {
+        sync_interval_ms: 1000,
+    };
+    let env = Env::open(staging, storage)?;
+    let sum = {
+        let mut txn: Option<crate::WriteTxn<'_>> = None;
+        let mut tree = String::new();
+        let mut pending = 0u64;
+        let sum = read_backup(input, progress, |_, item| {
+            match item {
+                Item::Tree(name) => {
+                    let w = match txn.as_mut() {
+                        Some(w) => w,
+                        None => txn.insert(env.begin_write()?),
+                    };
+                    w.create_tree(name)?;
+                    tree = name.to_string();
+                }
+                Item::Entry(k, v) => {
+                    let w = match txn.as_mut() {
+                        Some(w) => w,
+                        None => txn.insert(env.begin_write()?),
+                    };
+                    w.put(&tree, k, v)?;
+                    pending += (k.len() + v.len()) as u64;
+                    if pending >= RESTORE_TXN_BYTES {
+                        if let Some(w) = txn.take() {
+                            w.commit()?;
+                        }
+                        pending = 0;
+                    }
+                }
+                Item::EndTree => {}
+            }
+            Ok(())
+        })?;
+        if let Some(w) = txn.take() {
+            w.commit()?;
+        }
+        sum
+    };
+    env.sync()?;
+    env.close()?;
+    sync_dir(staging)?;
+    Ok(sum)
+}
