@@ -43,9 +43,11 @@ impl Default for DocsOptions {
         // own default (512 MiB, 128 MiB windows). Measured with W10 (1M documents in
         // one bulk insert, back to back): server RSS growth 247-252 -> 161-176 MiB,
         // the insert 312-314k -> 343-349k documents/s, W8 unchanged within noise.
-        let mut storage = kiln_storage::Options::default();
-        storage.max_unflushed_bytes = 256 << 20;
-        storage.write_back_window_bytes = 64 << 20;
+        let storage = kiln_storage::Options {
+            max_unflushed_bytes: 256 << 20,
+            write_back_window_bytes: 64 << 20,
+            ..kiln_storage::Options::default()
+        };
         DocsOptions {
             storage,
             max_document_bytes: 16 << 20,
