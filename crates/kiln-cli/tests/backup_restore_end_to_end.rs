@@ -3,13 +3,15 @@
 //! every document acknowledged before the backup started is there with the same
 //! body and etag.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn request(port: u16, method: &str, path: &str, body: &str) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -45,30 +47,8 @@ impl Drop for Server {
 }
 
 fn serve(dir: &Path) -> (Server, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args([
-            "serve",
-            "--bind",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Server(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "kiln serve did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (server, port)
+    let port = common::free_port();
+    (Server(common::spawn_serve(dir, port)), port)
 }
 
 fn kiln(args: &[&str]) -> std::process::Output {

@@ -7,10 +7,12 @@
 //!
 //! Cycles: KILN_BULK_CRASH_CYCLES (default 3; the slow tier runs more).
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,40 +21,7 @@ const DOCS_PER_CYCLE: u64 = 2_000_000;
 /// SIGKILL's number (9 on every Unix; the test does not depend on libc).
 const SIGKILL: i32 = 9;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start_server(dir: &std::path::Path, port: u16) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args([
-            "serve",
-            "--bind",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
-            let _ = s.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
-            let mut out = String::new();
-            if s.read_to_string(&mut out).is_ok() && out.starts_with("HTTP/1.1 200") {
-                return child;
-            }
-        }
-        assert!(Instant::now() < deadline, "kiln serve did not come up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use common::{free_port, spawn_serve as start_server};
 
 fn create_db(port: u16) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();

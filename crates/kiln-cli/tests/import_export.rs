@@ -3,6 +3,8 @@
 //! or a refused line is named by file and line with the documents before it
 //! committed, and `--resume` completes an interrupted import without duplicates.
 
+mod common;
+
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -27,34 +29,13 @@ impl Drop for Server {
 impl Server {
     fn start() -> Server {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args([
-                "serve",
-                "--bind",
-                &format!("127.0.0.1:{port}"),
-                "--data-dir",
-            ])
-            .arg(dir.path().join("data"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let server = Server {
+        let port = common::free_port();
+        let child = common::spawn_serve(&dir.path().join("data"), port);
+        Server {
             child,
             port,
             _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while server.try_request("GET", "/health").is_err() {
-            assert!(Instant::now() < deadline, "kiln serve did not come up");
-            std::thread::sleep(Duration::from_millis(30));
         }
-        server
     }
 
     fn url(&self) -> String {

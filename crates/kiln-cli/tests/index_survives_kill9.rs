@@ -5,23 +5,16 @@
 //!
 //! Slow (~20 s): `cargo test -p kiln-cli --test index_survives_kill9 -- --ignored`
 
+mod common;
+
 use kiln_docs::{Condition, DocStore, DocsOptions, IndexDefinition, IndexField, QueryOptions};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const DOCS: u64 = 300_000;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -38,33 +31,7 @@ fn request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
     (status, body)
 }
 
-// The child is returned to the caller, which kills and waits for it; a failed
-// start panics the test (and the process goes with the test binary's end).
-#[allow(clippy::zombie_processes)]
-fn start_server(dir: &std::path::Path, port: u16) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args([
-            "serve",
-            "--bind",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok()
-            && request(port, "GET", "/health", "").0 == 200
-        {
-            return child;
-        }
-        assert!(Instant::now() < deadline, "kiln serve did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use common::{free_port, spawn_serve as start_server};
 
 fn def(name: &str) -> IndexDefinition {
     IndexDefinition {

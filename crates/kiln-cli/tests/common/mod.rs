@@ -1,0 +1,55 @@
+//! Shared by the tests that run the `kiln` binary: a free loopback port, and a
+//! `kiln serve` child that answers `/health` before it is handed over.
+#![allow(dead_code)] // each test binary uses its own part of this module
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// True when `GET /health` on `port` answers 200.
+pub fn healthy(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    let mut out = String::new();
+    s.read_to_string(&mut out).is_ok() && out.starts_with("HTTP/1.1 200")
+}
+
+/// Starts `kiln serve` on `data_dir` and `port` and waits (30 s at most) until it
+/// answers `/health`; a server that exits first fails the test at once. The caller
+/// owns the child: it kills (or SIGKILLs) and waits for it.
+#[allow(clippy::zombie_processes)]
+pub fn spawn_serve(data_dir: &Path, port: u16) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "serve",
+            "--bind",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(data_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !healthy(port) {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("kiln serve exited before answering /health: {status}");
+        }
+        assert!(Instant::now() < deadline, "kiln serve did not come up");
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    child
+}
