@@ -1,22 +1,28 @@
-//! `kiln backup`, `kiln backup verify`, `kiln restore`: full backups of a database
-//! (see `kiln_storage::backup` for the format and `kiln_docs::backup` for the
-//! manifest).
+//! `kiln backup`, `kiln backup verify`, `kiln backup chain-stop`, `kiln restore`:
+//! full and incremental backups of a database, point-in-time restore (see
+//! `kiln_storage::backup` for the format and `kiln_docs::backup` for the manifest
+//! and the chain).
 //!
-//! - `kiln backup --url U --db DB --out FILE [--api-key K]` streams
-//!   `GET /dbs/{db}/backup` of a running server into FILE, verifying every checksum
-//!   as the bytes arrive.
-//! - `kiln backup --data-dir D --db DB --out FILE` backs up a database of a data
-//!   directory no server is running on.
-//! - `kiln restore FILE --data-dir D --db NAME [--force]` creates database NAME in
-//!   the (offline) data directory D from a backup.
-//! - `kiln backup verify FILE` checks a backup without restoring it.
+//! - `kiln backup --url U --db DB --out FILE [--incremental-since PREV] [--no-chain]`
+//!   streams a backup of a running server into FILE, verifying every checksum as
+//!   the bytes arrive. A full backup starts a backup chain unless `--no-chain`;
+//!   `--incremental-since PREV` takes every write since the backup in file PREV.
+//! - `kiln backup --data-dir D ...` does the same on a data directory no server is
+//!   running on.
+//! - `kiln backup verify FILE...` checks backups without restoring them; several
+//!   files must form one chain (a full backup, then its increments in order).
+//! - `kiln backup chain-stop --url U --db DB` stops the chain (increments are
+//!   refused after it; writes stop paying for the history).
+//! - `kiln restore FULL [INC...] --db NAME (--data-dir D | --url U) [--until P]
+//!   [--force]` creates database NAME from a full backup and its increments, up to
+//!   point P (`etag:E`, `txn:T`, `time:T`), offline or in a running server.
 //!
 //! The output file is written as `FILE.partial`, synced, and renamed to FILE only
 //! once complete and verified.
 
-use crate::client::{path_escape, Endpoint};
+use crate::client::{path_escape, query_escape, Endpoint};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kiln_docs::BackupReport;
+use kiln_docs::{BackupManifest, BackupReport, ChainReport, RestorePoint, RestoreReport};
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -30,21 +36,19 @@ type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 pub struct BackupArgs {
     #[command(subcommand)]
     pub command: Option<BackupCommand>,
-    /// A running server, e.g. http://127.0.0.1:8080 (or use --data-dir).
-    #[arg(long, conflicts_with = "data_dir")]
-    pub url: Option<String>,
-    /// A data directory no server is running on (or use --url).
-    #[arg(long)]
-    pub data_dir: Option<PathBuf>,
-    /// The database.
-    #[arg(long)]
-    pub db: Option<String>,
+    #[command(flatten)]
+    pub target: Target,
     /// Where to write the backup.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// API key for a server running with --auth.
+    /// An incremental backup: every write since the backup in this file (the full
+    /// backup or the last increment of the same chain).
     #[arg(long)]
-    pub api_key: Option<String>,
+    pub incremental_since: Option<PathBuf>,
+    /// A full backup that starts no backup chain (no increments can follow it, and
+    /// writes do not pay for the chain's history).
+    #[arg(long, conflicts_with = "incremental_since")]
+    pub no_chain: bool,
     /// Store chunks without lz4 compression (offline backups).
     #[arg(long)]
     pub no_compress: bool,
@@ -56,14 +60,41 @@ pub struct BackupArgs {
     pub json: bool,
 }
 
+/// Which database: of a running server or of an offline data directory.
+#[derive(clap::Args, Clone)]
+pub struct Target {
+    /// A running server, e.g. http://127.0.0.1:8080 (or use --data-dir).
+    #[arg(long, conflicts_with = "data_dir")]
+    pub url: Option<String>,
+    /// A data directory no server is running on (or use --url).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// The database.
+    #[arg(long)]
+    pub db: Option<String>,
+    /// API key for a server running with --auth.
+    #[arg(long)]
+    pub api_key: Option<String>,
+}
+
 #[derive(clap::Subcommand)]
 pub enum BackupCommand {
-    /// Check a backup file (every checksum, count and the chunk order) without
-    /// restoring it.
+    /// Check backup files (every checksum, count and the chunk order) without
+    /// restoring them; several files must form one chain: the full backup, then
+    /// its increments in order.
     Verify {
-        file: PathBuf,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
         #[arg(long, short)]
         quiet: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop the database's backup chain: increments are refused after it and the
+    /// history it kept is removed.
+    ChainStop {
+        #[command(flatten)]
+        target: Target,
         #[arg(long)]
         json: bool,
     },
@@ -71,14 +102,24 @@ pub enum BackupCommand {
 
 #[derive(clap::Args)]
 pub struct RestoreArgs {
-    /// The backup file.
-    pub file: PathBuf,
-    /// The data directory (no server may be running on it).
+    /// The full backup, then its increments in order.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// The data directory (no server may be running on it), or use --url.
+    #[arg(long, conflicts_with = "url")]
+    pub data_dir: Option<PathBuf>,
+    /// A running server: the database is created there.
     #[arg(long)]
-    pub data_dir: PathBuf,
+    pub url: Option<String>,
+    #[arg(long)]
+    pub api_key: Option<String>,
     /// The name of the database to create.
     #[arg(long)]
     pub db: String,
+    /// Stop at this point: etag:E (every transaction up to the one that wrote E),
+    /// txn:T, time:T (RFC 3339 or ms since the epoch). Default: all of it.
+    #[arg(long)]
+    pub until: Option<String>,
     /// Replace an existing database of that name (only once the restore succeeded).
     #[arg(long)]
     pub force: bool,
@@ -117,12 +158,10 @@ fn summary(what: &str, r: &BackupReport, secs: f64, extra: &[(&str, String)], js
         }
         println!("{v}");
     } else {
+        println!("{what}: {}", describe(r));
         println!(
-            "{what}: database {} at etag {} (txn {}), {} documents, {} entries in {} trees, \
-             {} data bytes, {} file bytes, {:.2} s ({:.1} MB/s), Kiln {}",
-            r.manifest.database,
-            r.manifest.etag.as_deref().unwrap_or("(none)"),
-            r.manifest.txn_id,
+            "  {} documents, {} entries in {} trees, {} data bytes, {} file bytes, {:.2} s \
+             ({:.1} MB/s), Kiln {}",
             r.manifest.documents,
             r.entries,
             r.trees,
@@ -135,6 +174,64 @@ fn summary(what: &str, r: &BackupReport, secs: f64, extra: &[(&str, String)], js
         for (k, val) in extra {
             println!("  {k}: {val}");
         }
+    }
+}
+
+fn describe(r: &BackupReport) -> String {
+    let m = &r.manifest;
+    let chain = match &m.chain_id {
+        Some(c) => format!(", chain {c}"),
+        None => ", no chain".into(),
+    };
+    match m.kind {
+        kiln_docs::BackupKind::Full => format!(
+            "full backup of database {} at etag {} (txn {}){chain}",
+            m.database,
+            m.etag.as_deref().unwrap_or("(none)"),
+            m.txn_id
+        ),
+        kiln_docs::BackupKind::Incremental => format!(
+            "incremental backup of database {}: {} writes after etag {} up to etag {} (txn {}){chain}",
+            m.database,
+            r.entries,
+            m.base_etag.as_deref().unwrap_or("0"),
+            m.etag.as_deref().unwrap_or("(none)"),
+            m.txn_id
+        ),
+    }
+}
+
+fn chain_summary(what: &str, r: &ChainReport, secs: f64, extra: &[(&str, String)], json: bool) {
+    let mb_s = r.bytes_read as f64 / 1e6 / secs.max(1e-9);
+    if json {
+        let mut v = serde_json::to_value(r).unwrap_or_default();
+        v["operation"] = what.into();
+        v["seconds"] = secs.into();
+        v["mb_per_s"] = mb_s.into();
+        for (k, val) in extra {
+            v[*k] = val.clone().into();
+        }
+        println!("{v}");
+        return;
+    }
+    println!(
+        "{what}: {} backups, {} writes replayed, {} after the point; reached etag {} \
+         (txn {}, {}); {} bytes in {:.2} s ({:.1} MB/s)",
+        r.backups.len(),
+        r.writes_replayed,
+        r.writes_skipped,
+        r.reached.etag.as_deref().unwrap_or("(none)"),
+        r.reached.txn,
+        r.reached.at.as_deref().unwrap_or("time unknown"),
+        r.bytes_read,
+        secs,
+        mb_s
+    );
+    for b in &r.backups {
+        println!("  {}", describe(b));
+    }
+    for (k, val) in extra {
+        println!("  {k}: {val}");
     }
 }
 
@@ -169,32 +266,73 @@ fn finish_file(file: File, partial: &Path, out: &Path) -> AnyResult<()> {
     Ok(())
 }
 
+fn read_manifest_file(path: &Path) -> AnyResult<BackupManifest> {
+    let f = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    kiln_docs::read_manifest(BufReader::new(f))
+        .map_err(|e| format!("{}: {e}", path.display()).into())
+}
+
 pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
-    if let Some(BackupCommand::Verify { file, quiet, json }) = a.command {
-        return verify(&file, quiet, json);
+    match a.command {
+        Some(BackupCommand::Verify { files, quiet, json }) => return verify(&files, quiet, json),
+        Some(BackupCommand::ChainStop { target, json }) => return chain_stop(&target, json),
+        None => {}
     }
-    let db = a.db.ok_or("--db is required")?;
+    let db = a.target.db.clone().ok_or("--db is required")?;
     let out = a.out.ok_or("--out is required")?;
+    let since = a
+        .incremental_since
+        .as_deref()
+        .map(read_manifest_file)
+        .transpose()?;
+    if let Some(m) = &since {
+        if m.database != db {
+            eprintln!(
+                "note: --incremental-since is a backup of database {:?}, backing up {db:?}",
+                m.database
+            );
+        }
+    }
     let partial = partial_path(&out);
     let started = Instant::now();
     let result = (|| -> AnyResult<(BackupReport, File)> {
         let file = File::create(&partial)?;
-        if let Some(url) = &a.url {
-            let ep = Endpoint::parse(url, a.api_key.clone())?;
-            let resp = ep.get_stream(&format!("/dbs/{}/backup", path_escape(&db)))?;
+        if let Some(url) = &a.target.url {
+            let ep = Endpoint::parse(url, a.target.api_key.clone())?;
+            let mut path = format!("/dbs/{}/backup", path_escape(&db));
+            match &since {
+                Some(m) => {
+                    path.push_str(&format!(
+                        "?since_chain={}&since_backup={}&since_etag={}",
+                        query_escape(m.chain_id.as_deref().unwrap_or("")),
+                        query_escape(m.backup_id.as_deref().unwrap_or("")),
+                        query_escape(m.etag.as_deref().unwrap_or(""))
+                    ));
+                    if m.chain_id.is_none() {
+                        return Err(kiln_docs::DocError::IncrementNotPossible(
+                            "the base backup is not part of a chain (taken with --no-chain \
+                             or by an older Kiln): take a full backup"
+                                .into(),
+                        )
+                        .into());
+                    }
+                }
+                None if a.no_chain => {}
+                None => path.push_str("?chain=true"),
+            }
+            let resp = ep.get_stream(&path)?;
             let pb = bar(a.quiet, None);
-            let tee = Tee {
+            let mut tee = Tee {
                 inner: resp.body,
                 out: BufWriter::with_capacity(1 << 20, &file),
             };
             // Verified as it arrives: a truncated or damaged stream is refused.
-            let mut tee = tee;
             let report = kiln_docs::verify_backup(&mut tee, |n| pb.set_position(n))?;
             tee.out.flush()?;
             drop(tee);
             pb.finish_and_clear();
             Ok((report, file))
-        } else if let Some(dir) = &a.data_dir {
+        } else if let Some(dir) = &a.target.data_dir {
             let store = kiln_docs::DocStore::open(dir, kiln_docs::DocsOptions::default())?;
             let database = store.database(&db)?;
             let pb = bar(a.quiet, None);
@@ -203,7 +341,13 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
             };
             let report = {
                 let mut w = BufWriter::with_capacity(1 << 20, &file);
-                let r = database.backup_to(&mut w, opts, |n| pb.set_position(n))?;
+                let r = match &since {
+                    Some(m) => {
+                        database.backup_incremental_to(&mut w, m, opts, |n| pb.set_position(n))?
+                    }
+                    None => database
+                        .backup_full_to(&mut w, opts, !a.no_chain, |n| pb.set_position(n))?,
+                };
                 w.flush()?;
                 r
             };
@@ -235,48 +379,201 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
     }
 }
 
-fn verify(file: &Path, quiet: bool, json: bool) -> AnyResult<ExitCode> {
-    let f = File::open(file)?;
-    let len = f.metadata()?.len();
-    let pb = bar(quiet, Some(len));
+fn chain_stop(t: &Target, json: bool) -> AnyResult<ExitCode> {
+    let db = t.db.clone().ok_or("--db is required")?;
+    let stopped = if let Some(url) = &t.url {
+        let ep = Endpoint::parse(url, t.api_key.clone())?;
+        let body = ep.request(
+            "DELETE",
+            &format!("/dbs/{}/backup/chain", path_escape(&db)),
+            b"",
+        )?;
+        let v: serde_json::Value = serde_json::from_slice(&body)?;
+        v["stopped"].as_bool().unwrap_or(false)
+    } else if let Some(dir) = &t.data_dir {
+        let store = kiln_docs::DocStore::open(dir, kiln_docs::DocsOptions::default())?;
+        let stopped = store.database(&db)?.stop_backup_chain()?;
+        store.close()?;
+        stopped
+    } else {
+        return Err("give --url (a running server) or --data-dir (offline)".into());
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"database": db, "stopped": stopped})
+        );
+    } else if stopped {
+        println!("backup chain of database {db} stopped");
+    } else {
+        println!("database {db} had no backup chain");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Opens the files, with their total size.
+fn open_all(files: &[PathBuf]) -> AnyResult<(kiln_docs::RestoreSource<'static>, u64)> {
+    let mut total = 0;
+    let mut v: Vec<(String, Box<dyn Read>)> = Vec::new();
+    for p in files {
+        let f = File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        total += f.metadata()?.len();
+        v.push((
+            p.display().to_string(),
+            Box::new(BufReader::with_capacity(1 << 20, f)),
+        ));
+    }
+    Ok((kiln_docs::RestoreSource::Files(v), total))
+}
+
+/// The manifests of the files checked as one chain (headers only: fails fast).
+fn precheck(files: &[PathBuf]) -> AnyResult<()> {
+    let mut ms = Vec::new();
+    for p in files {
+        ms.push((p.display().to_string(), read_manifest_file(p)?));
+    }
+    kiln_docs::check_chain(&ms)?;
+    Ok(())
+}
+
+fn verify(files: &[PathBuf], quiet: bool, json: bool) -> AnyResult<ExitCode> {
     let started = Instant::now();
-    let r = kiln_docs::verify_backup(BufReader::with_capacity(1 << 20, f), |n| pb.set_position(n));
+    if let [file] = files {
+        let f = File::open(file)?;
+        let len = f.metadata()?.len();
+        let pb = bar(quiet, Some(len));
+        let r =
+            kiln_docs::verify_backup(BufReader::with_capacity(1 << 20, f), |n| pb.set_position(n));
+        pb.finish_and_clear();
+        let r = r?;
+        summary(
+            "verified",
+            &r,
+            started.elapsed().as_secs_f64(),
+            &[("file", file.display().to_string())],
+            json,
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    precheck(files)?;
+    let (source, total) = open_all(files)?;
+    let pb = bar(quiet, Some(total));
+    let r = kiln_docs::verify_chain(source, |n| pb.set_position(n));
     pb.finish_and_clear();
-    let r = r?;
-    summary(
-        "verified",
-        &r,
+    chain_summary(
+        "verified chain",
+        &r?,
         started.elapsed().as_secs_f64(),
-        &[("file", file.display().to_string())],
+        &[],
         json,
     );
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
-    let f = File::open(&a.file)?;
-    let len = f.metadata()?.len();
-    let pb = bar(a.quiet, Some(len));
+    let point = match a.until.as_deref() {
+        Some(u) => RestorePoint::parse(u)?,
+        None => RestorePoint::Latest,
+    };
+    precheck(&a.files)?;
     let started = Instant::now();
-    let r = kiln_docs::restore_database(
-        BufReader::with_capacity(1 << 20, f),
-        &a.data_dir,
-        &a.db,
-        kiln_docs::DocsOptions::default().storage,
-        a.force,
-        |n| pb.set_position(n),
-    );
-    pb.finish_and_clear();
-    let r = r?;
-    summary(
+    let report: RestoreReport = if let Some(url) = &a.url {
+        restore_remote(&a, url)?
+    } else if let Some(dir) = &a.data_dir {
+        let (source, total) = open_all(&a.files)?;
+        let pb = bar(a.quiet, Some(total));
+        let r = kiln_docs::restore_database(
+            source,
+            dir,
+            &a.db,
+            kiln_docs::DocsOptions::default().storage,
+            a.force,
+            point,
+            |n| pb.set_position(n),
+        );
+        pb.finish_and_clear();
+        r?
+    } else {
+        return Err("give --data-dir (offline) or --url (a running server)".into());
+    };
+    let chain = ChainReport {
+        backups: report.backups,
+        reached: report.reached,
+        writes_replayed: report.writes_replayed,
+        writes_skipped: report.writes_skipped,
+        bytes_read: report.bytes_read,
+    };
+    let mut extra = vec![("restored_as", a.db.clone())];
+    match (&a.url, &a.data_dir) {
+        (Some(u), _) => extra.push(("server", u.clone())),
+        (_, Some(d)) => extra.push(("data_dir", d.display().to_string())),
+        _ => {}
+    }
+    chain_summary(
         "restored",
-        &r,
+        &chain,
         started.elapsed().as_secs_f64(),
-        &[
-            ("restored_as", a.db.clone()),
-            ("data_dir", a.data_dir.display().to_string()),
-        ],
+        &extra,
         a.json,
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sends the files back to back to `POST /dbs/{db}/restore`.
+fn restore_remote(a: &RestoreArgs, url: &str) -> AnyResult<RestoreReport> {
+    let ep = Endpoint::parse(url, a.api_key.clone())?;
+    let mut path = format!("/dbs/{}/restore?force={}", path_escape(&a.db), a.force);
+    if let Some(u) = &a.until {
+        path.push_str(&format!("&until={}", query_escape(u)));
+    }
+    let total: u64 = a
+        .files
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let pb = bar(a.quiet, Some(total));
+    let (mut w, upload) = ep.start_upload(&path)?;
+    let mut sent = 0u64;
+    let mut send_error = None;
+    'files: for p in &a.files {
+        let mut f = File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            if let Err(e) = w.chunk(&buf[..n]) {
+                // The server may have answered (and stopped reading) already.
+                send_error = Some(e);
+                break 'files;
+            }
+            sent += n as u64;
+            pb.set_position(sent);
+        }
+    }
+    if send_error.is_none() {
+        if let Err(e) = w.finish() {
+            send_error = Some(e);
+        }
+    }
+    pb.set_message("the server verifies and opens the database");
+    let resp = upload.response();
+    pb.finish_and_clear();
+    let mut resp = match (resp, send_error) {
+        (Ok(r), _) => r,
+        (Err(e), Some(se)) => return Err(format!("sending the backups: {se} ({e})").into()),
+        (Err(e), None) => return Err(e.into()),
+    };
+    let mut body = Vec::new();
+    resp.body.read_to_end(&mut body)?;
+    if !(200..300).contains(&resp.status) {
+        return Err(format!(
+            "the server refused the restore ({}): {}",
+            resp.status,
+            String::from_utf8_lossy(&body)
+        )
+        .into());
+    }
+    Ok(serde_json::from_slice(&body)?)
 }

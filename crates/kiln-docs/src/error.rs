@@ -116,6 +116,24 @@ pub enum DocError {
 
     #[error("backup: {0}")]
     Backup(#[from] kiln_storage::BackupError),
+
+    /// Backups given to a restore or a verify do not form one chain (a gap, the
+    /// wrong base, the wrong order, another database); `part` names the input.
+    #[error("backup chain is broken at {part}, byte offset {offset}: {what}")]
+    BackupChain {
+        part: String,
+        offset: u64,
+        what: String,
+    },
+
+    /// An incremental backup that cannot be taken (no chain, another chain, a base
+    /// whose history was trimmed): a full backup is needed.
+    #[error("incremental backup not possible: {0}")]
+    IncrementNotPossible(String),
+
+    /// A restore point that the backups given cannot reach exactly.
+    #[error("restore point: {0}")]
+    RestorePoint(String),
 }
 
 impl DocError {

@@ -35,7 +35,11 @@ mod record;
 mod store;
 mod write_queue;
 
-pub use backup::{restore_database, verify_backup, BackupManifest, BackupReport};
+pub use backup::{
+    check_chain, parse_manifest, read_manifest, restore_database, verify_backup, verify_chain,
+    BackupChainStats, BackupKind, BackupManifest, BackupReport, ChainReport, ReachedPoint,
+    RestorePoint, RestoreReport, RestoreSource,
+};
 pub use changes::{
     Change, ChangeEntry, ChangeFilter, ChangeKind, ChangesPage, CommitListener, PurgeOutcome,
     PurgeRule, TombstoneStats,

@@ -192,6 +192,14 @@ impl DocStore {
     pub fn delete_database(&self, name: &str) -> Result<()> {
         validate_database_name(name)?;
         let _turn = self.admin.lock();
+        self.delete_locked(name, None)
+    }
+
+    /// Deletes `name` (the caller holds `admin`). With `replace_with`, a complete
+    /// database directory is renamed into its place once the old one is closed and
+    /// moved to trash (so a crash between leaves no database of that name and the
+    /// new one whole in trash).
+    fn delete_locked(&self, name: &str, replace_with: Option<&Path>) -> Result<()> {
         let db = self
             .databases
             .write()
@@ -226,6 +234,9 @@ impl DocStore {
             .join(TRASH_DIR)
             .join(format!("deleted-{name}-{}", unique_suffix()));
         std::fs::rename(&dir, &doomed).map_err(|e| DocError::io(&dir, e))?;
+        if let Some(new) = replace_with {
+            std::fs::rename(new, &dir).map_err(|e| DocError::io(&dir, e))?;
+        }
         sync_dir(&self.dir.join(DATABASES_DIR))?;
         std::fs::remove_dir_all(&doomed).map_err(|e| DocError::io(&doomed, e))?;
         if let Some(journal_parent) = &self.opts.storage.journal_dir {
@@ -234,8 +245,67 @@ impl DocStore {
                 std::fs::remove_dir_all(&j).map_err(|e| DocError::io(&j, e))?;
             }
         }
-        tracing::info!(database = name, "database deleted");
+        tracing::info!(
+            database = name,
+            replaced = replace_with.is_some(),
+            "database deleted"
+        );
         Ok(())
+    }
+
+    /// Restores a full backup and increments (up to `point`) as database `name` of
+    /// this running store. The database is built in `trash/` while every checksum
+    /// is checked, and only then renamed into place and opened; an existing
+    /// database is refused unless `force`, and then replaced only once the new one
+    /// is complete. A failed or interrupted restore leaves nothing in `databases/`.
+    pub fn restore_database(
+        &self,
+        source: crate::RestoreSource<'_>,
+        name: &str,
+        force: bool,
+        point: crate::RestorePoint,
+        progress: impl FnMut(u64),
+    ) -> Result<crate::RestoreReport> {
+        validate_database_name(name)?;
+        let limits = self.opts.limits()?;
+        let exists = || {
+            self.databases.read().contains_key(name)
+                || self.dir.join(DATABASES_DIR).join(name).exists()
+        };
+        if exists() && !force {
+            return Err(DocError::DatabaseExists(name.to_string()));
+        }
+        let built = self
+            .dir
+            .join(TRASH_DIR)
+            .join(format!("restoring-{name}-{}", unique_suffix()));
+        let storage = self.opts.storage_for(name);
+        let report =
+            crate::backup::build_restore(source, &built, storage.clone(), point, progress)?;
+        let _turn = self.admin.lock();
+        let final_dir = self.dir.join(DATABASES_DIR).join(name);
+        let placed = if self.databases.read().contains_key(name) {
+            if force {
+                self.delete_locked(name, Some(&built))
+            } else {
+                Err(DocError::DatabaseExists(name.to_string()))
+            }
+        } else if final_dir.exists() {
+            Err(DocError::DatabaseExists(name.to_string()))
+        } else {
+            std::fs::rename(&built, &final_dir)
+                .map_err(|e| DocError::io(&final_dir, e))
+                .and_then(|_| sync_dir(&self.dir.join(DATABASES_DIR)))
+        };
+        if let Err(e) = placed {
+            let _ = std::fs::remove_dir_all(&built);
+            return Err(e);
+        }
+        let db = Arc::new(Database::open(name, &final_dir, storage, limits, false)?);
+        db.indexer().start(&db)?;
+        self.databases.write().insert(name.to_string(), db);
+        tracing::info!(database = name, reached = ?report.reached.etag, "database restored");
+        Ok(crate::RestoreReport::new(name, report))
     }
 
     /// Closes every database (flushing and syncing each).

@@ -59,6 +59,11 @@ pub fn router(state: SharedState) -> Router {
                 .delete(routes_docs::delete_document),
         )
         .route("/dbs/{db}/backup", get(crate::routes::backup::backup))
+        .route(
+            "/dbs/{db}/backup/chain",
+            get(crate::routes::backup::chain_stats).delete(crate::routes::backup::chain_stop),
+        )
+        .route("/dbs/{db}/restore", post(crate::routes::backup::restore))
         .route("/dbs/{db}/batch", post(routes_docs::batch))
         .route("/dbs/{db}/bulk", post(bulk::bulk_insert))
         .route("/dbs/{db}/changes", get(changes::pull))

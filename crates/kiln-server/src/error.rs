@@ -139,6 +139,9 @@ fn status_and_code(e: &DocError) -> (StatusCode, &'static str) {
         DocError::InvalidQuery { .. } => (S::BAD_REQUEST, "invalid_query"),
         DocError::QueryTooExpensive(_) => (S::BAD_REQUEST, "query_too_expensive"),
         DocError::CorruptRecord { .. } => (S::INTERNAL_SERVER_ERROR, "corruption"),
+        DocError::BackupChain { .. } => (S::BAD_REQUEST, "backup_chain_broken"),
+        DocError::IncrementNotPossible(_) => (S::CONFLICT, "increment_not_possible"),
+        DocError::RestorePoint(_) => (S::BAD_REQUEST, "invalid_restore_point"),
         // A directory of the data directory could not be made or removed.
         DocError::Io { source, .. } if is_disk_full(source) => {
             (S::INSUFFICIENT_STORAGE, "disk_full")
@@ -149,6 +152,15 @@ fn status_and_code(e: &DocError) -> (StatusCode, &'static str) {
         DocError::Storage(E::Overloaded { .. }) => (S::SERVICE_UNAVAILABLE, "overloaded"),
         DocError::Storage(se) => storage_status_and_code(se),
         DocError::Backup(kiln_storage::BackupError::Storage(se)) => storage_status_and_code(se),
+        // A backup sent to the restore endpoint that does not check out.
+        DocError::Backup(
+            kiln_storage::BackupError::Corrupt { .. }
+            | kiln_storage::BackupError::Truncated { .. }
+            | kiln_storage::BackupError::UnsupportedVersion(_),
+        ) => (S::BAD_REQUEST, "backup_invalid"),
+        DocError::Backup(kiln_storage::BackupError::Io { .. }) => {
+            (S::BAD_REQUEST, "backup_read_failed")
+        }
         _ => (S::INTERNAL_SERVER_ERROR, "internal_error"),
     }
 }

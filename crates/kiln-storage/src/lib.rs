@@ -44,7 +44,7 @@ mod store;
 mod txn;
 mod write_buffer;
 
-pub use backup::{BackupError, BackupOptions, BackupSummary, RestoreOptions};
+pub use backup::{BackupError, BackupOptions, BackupSummary, ContainerWriter, RestoreOptions};
 pub use btree::cursor::Entry;
 pub use commit::{QueueLimits, QueueStats};
 pub use env::{Env, Options, RecoveryReport, DATA_FILE};

@@ -7,6 +7,7 @@
 //! to the transaction or to the unit, so a write that fails a check leaves both
 //! untouched and the other writes of the unit can still commit.
 
+use super::history::{self, HistoryEntry, HISTORY};
 use super::keys::{collection_key, decode_u64};
 use super::{
     BatchOutcome, Condition, DeleteOutcome, DocId, Limits, PutOutcome, WriteOp, BY_COLLECTION,
@@ -20,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// What a unit needs besides the transaction (moved into the unit's closure).
-pub(super) struct Unit {
+pub(crate) struct Unit {
     pub incarnation: u32,
     pub limits: Limits,
     pub now_ms: u64,
@@ -34,6 +35,9 @@ pub(super) struct Unit {
     /// False while the database has never had a tombstone: a new document then
     /// need not look for one.
     pub tombstones_possible: Arc<AtomicBool>,
+    /// True while the database has a backup chain: each write also goes to the
+    /// backup history (`history.rs`). Off, it costs one load and a branch.
+    pub history_on: Arc<AtomicBool>,
 }
 
 impl Unit {
@@ -42,6 +46,7 @@ impl Unit {
         limits: Limits,
         now_ms: u64,
         tombstones_possible: Arc<AtomicBool>,
+        history_on: Arc<AtomicBool>,
     ) -> Unit {
         Unit {
             incarnation,
@@ -52,7 +57,26 @@ impl Unit {
             stored_sequence: 0,
             count_deltas: Vec::new(),
             tombstones_possible,
+            history_on,
         }
+    }
+
+    /// A unit that replays a backup's history into a restored environment (no
+    /// limits: the writes were checked when they were made; no history of its own).
+    pub fn for_replay(incarnation: u32) -> Unit {
+        let limits = Limits {
+            max_document_bytes: usize::MAX,
+            max_id_bytes: kiln_storage::MAX_KEY_SIZE,
+            max_batch_ops: usize::MAX,
+            indexing: crate::index::IndexingOptions::default(),
+        };
+        Unit::new(
+            incarnation,
+            limits,
+            0,
+            Arc::new(AtomicBool::new(true)),
+            Arc::new(AtomicBool::new(false)),
+        )
     }
 
     /// The etag the next write gets; taken by `advance` once the write is sure.
@@ -73,6 +97,11 @@ impl Unit {
             incarnation: self.incarnation,
             sequence: last + 1,
         })
+    }
+
+    /// The last sequence handed out (after `peek_next_etag` read it).
+    fn last(&self) -> u64 {
+        self.last_sequence.unwrap_or(0)
     }
 
     fn advance(&mut self, to: Etag) {
@@ -211,42 +240,25 @@ fn apply_put(
         });
     }
     let change = encode_entry(ChangeKind::Put, unit.now_ms, collection.as_deref(), &id)?;
+    let prev = unit.last();
     unit.advance(etag);
-    txn.put(
-        DOCS,
-        id.as_bytes(),
-        &record::encode(etag, unit.now_ms, collection.as_deref(), &json),
-    )?;
+    let rec = record::encode(etag, unit.now_ms, collection.as_deref(), &json);
+    let look_for_tombstone = unit.tombstones_possible.load(Ordering::SeqCst);
     let created = existing.is_none();
-    match &existing {
-        Some((old_etag, _)) => {
-            txn.delete(CHANGES, &change_key(old_etag.sequence))?;
-        }
-        None if unit.tombstones_possible.load(Ordering::SeqCst) => forget_tombstone(txn, &id)?,
-        None => {}
-    }
-    txn.put(CHANGES, &change_key(etag.sequence), &change)?;
-    if let Some((old_etag, old_collection)) = existing {
-        if let Some(old) = &old_collection {
-            txn.delete(BY_COLLECTION, &collection_key(old, old_etag.sequence))?;
-        }
-        if old_collection != collection {
-            if let Some(old) = &old_collection {
-                unit.count(old, -1);
-            }
-            if let Some(new) = &collection {
-                unit.count(new, 1);
-            }
-        }
-    } else if let Some(new) = &collection {
-        unit.count(new, 1);
-    }
-    if let Some(c) = &collection {
-        txn.put(
-            BY_COLLECTION,
-            &collection_key(c, etag.sequence),
-            id.as_bytes(),
-        )?;
+    write_put(
+        txn,
+        unit,
+        &id,
+        existing,
+        etag,
+        collection.as_deref(),
+        &rec,
+        &change,
+        look_for_tombstone,
+    )?;
+    if unit.history_on.load(Ordering::SeqCst) {
+        let entry = history::encode_put(txn.txn_id(), prev, unit.now_ms, &id, &rec);
+        txn.put(HISTORY, &history::key(etag.sequence), &entry)?;
     }
     Ok(PutOutcome {
         id,
@@ -255,6 +267,54 @@ fn apply_put(
         last_modified_ms: unit.now_ms,
         created,
     })
+}
+
+/// The tree writes of a put whose checks passed: the record, the change log (the
+/// document's entry moves to its new sequence), the collection index and counts.
+#[allow(clippy::too_many_arguments)]
+fn write_put(
+    txn: &mut WriteTxn<'_>,
+    unit: &mut Unit,
+    id: &str,
+    existing: Option<(Etag, Option<String>)>,
+    etag: Etag,
+    collection: Option<&str>,
+    rec: &[u8],
+    change: &[u8],
+    look_for_tombstone: bool,
+) -> Result<()> {
+    txn.put(DOCS, id.as_bytes(), rec)?;
+    match &existing {
+        Some((old_etag, _)) => {
+            txn.delete(CHANGES, &change_key(old_etag.sequence))?;
+        }
+        None if look_for_tombstone => forget_tombstone(txn, id)?,
+        None => {}
+    }
+    txn.put(CHANGES, &change_key(etag.sequence), change)?;
+    if let Some((old_etag, old_collection)) = existing {
+        if let Some(old) = &old_collection {
+            txn.delete(BY_COLLECTION, &collection_key(old, old_etag.sequence))?;
+        }
+        if old_collection.as_deref() != collection {
+            if let Some(old) = &old_collection {
+                unit.count(old, -1);
+            }
+            if let Some(new) = collection {
+                unit.count(new, 1);
+            }
+        }
+    } else if let Some(new) = collection {
+        unit.count(new, 1);
+    }
+    if let Some(c) = collection {
+        txn.put(
+            BY_COLLECTION,
+            &collection_key(c, etag.sequence),
+            id.as_bytes(),
+        )?;
+    }
+    Ok(())
 }
 
 /// A document written again after a delete no longer needs its tombstone: its new
@@ -285,24 +345,119 @@ fn apply_delete(
     check_condition(id, condition, Some(etag))?;
     let tombstone_etag = unit.peek_next_etag(txn)?;
     let tombstone = encode_entry(ChangeKind::Delete, unit.now_ms, collection.as_deref(), id)?;
+    let prev = unit.last();
     unit.advance(tombstone_etag);
     // Set before this unit commits, so every later unit looks for tombstones.
     unit.tombstones_possible.store(true, Ordering::SeqCst);
-    txn.delete(DOCS, id.as_bytes())?;
-    if let Some(c) = &collection {
-        txn.delete(BY_COLLECTION, &collection_key(c, etag.sequence))?;
-        unit.count(c, -1);
-    }
-    txn.delete(CHANGES, &change_key(etag.sequence))?;
-    txn.put(CHANGES, &change_key(tombstone_etag.sequence), &tombstone)?;
-    txn.put(
-        TOMBSTONES,
-        id.as_bytes(),
-        &tombstone_etag.sequence.to_be_bytes(),
+    write_delete(
+        txn,
+        unit,
+        id,
+        etag,
+        collection.as_deref(),
+        tombstone_etag,
+        &tombstone,
     )?;
+    if unit.history_on.load(Ordering::SeqCst) {
+        let entry = history::encode_delete(txn.txn_id(), prev, unit.now_ms, id);
+        txn.put(HISTORY, &history::key(tombstone_etag.sequence), &entry)?;
+    }
     Ok(DeleteOutcome {
         id: id.to_string(),
         etag,
         tombstone_etag,
     })
+}
+
+/// The tree writes of a delete whose checks passed.
+fn write_delete(
+    txn: &mut WriteTxn<'_>,
+    unit: &mut Unit,
+    id: &str,
+    etag: Etag,
+    collection: Option<&str>,
+    tombstone_etag: Etag,
+    tombstone: &[u8],
+) -> Result<()> {
+    txn.delete(DOCS, id.as_bytes())?;
+    if let Some(c) = collection {
+        txn.delete(BY_COLLECTION, &collection_key(c, etag.sequence))?;
+        unit.count(c, -1);
+    }
+    txn.delete(CHANGES, &change_key(etag.sequence))?;
+    txn.put(CHANGES, &change_key(tombstone_etag.sequence), tombstone)?;
+    txn.put(
+        TOMBSTONES,
+        id.as_bytes(),
+        &tombstone_etag.sequence.to_be_bytes(),
+    )?;
+    Ok(())
+}
+
+/// Replays one write of a backup's history into a restored environment, keeping
+/// its etag, time and body: the same tree writes the original made (restore only).
+/// The history must continue the state: sequences only grow, a put's record carries
+/// the entry's own etag, a delete finds its document.
+pub(crate) fn replay(txn: &mut WriteTxn<'_>, unit: &mut Unit, e: &HistoryEntry<'_>) -> Result<()> {
+    let corrupt = |why: String| DocError::CorruptRecord {
+        id: format!("(backup history entry {} for {:?})", e.sequence, e.id),
+        why,
+    };
+    let next = unit.peek_next_etag(txn)?;
+    if e.sequence < next.sequence || e.prev != unit.last() {
+        return Err(corrupt(format!(
+            "sequence {} (after {}) does not follow the restored state (at {})",
+            e.sequence,
+            e.prev,
+            unit.last()
+        )));
+    }
+    let etag = Etag {
+        incarnation: unit.incarnation,
+        sequence: e.sequence,
+    };
+    let existing = current(txn, e.id)?;
+    match e.kind {
+        ChangeKind::Put => {
+            let rec = record::decode(e.id, e.record)?;
+            if rec.etag != etag {
+                return Err(corrupt(format!(
+                    "its record carries etag {}, the entry is {etag}",
+                    rec.etag
+                )));
+            }
+            let collection = rec.collection.map(str::to_string);
+            let change = encode_entry(ChangeKind::Put, rec.last_modified_ms, rec.collection, e.id)?;
+            unit.advance(etag);
+            write_put(
+                txn,
+                unit,
+                e.id,
+                existing,
+                etag,
+                collection.as_deref(),
+                e.record,
+                &change,
+                true,
+            )
+        }
+        ChangeKind::Delete => {
+            let Some((old, collection)) = existing else {
+                return Err(corrupt(
+                    "deletes a document the restored state does not have".into(),
+                ));
+            };
+            let tombstone = encode_entry(ChangeKind::Delete, e.at_ms, collection.as_deref(), e.id)?;
+            unit.advance(etag);
+            write_delete(
+                txn,
+                unit,
+                e.id,
+                old,
+                collection.as_deref(),
+                etag,
+                &tombstone,
+            )
+        }
+    }
 }

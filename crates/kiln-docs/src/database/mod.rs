@@ -8,9 +8,13 @@
 //! - `counts`: collection -> number of documents (u64 BE)
 //! - `meta`: `incarnation` (u32 BE), `last_etag` (u64 BE)
 //! - `changes`, `tombstones`, `consumers`: the change log (see `changes/log.rs`)
+//! - `backup_history`: every write while a backup chain is active (`history.rs`)
 
 mod apply;
+pub(crate) mod history;
 mod keys;
+
+pub(crate) use apply::{replay, Unit as ReplayUnit};
 
 pub(crate) use keys::{collection_key, decode_u64, read_last_sequence, to_document};
 
@@ -137,6 +141,8 @@ pub struct DatabaseStats {
     pub documents: u64,
     pub last_etag: Option<Etag>,
     pub collections: Vec<CollectionCount>,
+    /// The backup chain and its history, if one is active.
+    pub backup_chain: Option<crate::BackupChainStats>,
     pub engine: kiln_storage::Stats,
 }
 
@@ -158,6 +164,9 @@ pub struct Database {
     pub(crate) notifier: CommitNotifier,
     /// False until the database has a tombstone (see `apply::Unit`).
     tombstones_possible: Arc<AtomicBool>,
+    /// True while a backup chain is active (`meta` has `backup_chain`): writes then
+    /// also go to the backup history.
+    pub(crate) history_on: Arc<AtomicBool>,
     /// The background indexer and the running indexes (see `index/`).
     indexer: crate::index::Indexer,
 }
@@ -182,6 +191,7 @@ impl Database {
                 CHANGES,
                 TOMBSTONES,
                 CONSUMERS,
+                history::HISTORY,
             ] {
                 w.ensure_tree(tree)?;
             }
@@ -205,12 +215,17 @@ impl Database {
             u32::from_be_bytes(raw.try_into().map_err(|_| missing("incarnation"))?)
         };
         crate::changes::upgrade::add_change_log(&env, name)?;
-        let (last_sequence, tombstones, indexes) = {
+        // Databases made before backup chains get the (empty) history tree.
+        if !env.begin_read()?.tree_exists(history::HISTORY)? {
+            env.submit(|w| w.ensure_tree(history::HISTORY))?;
+        }
+        let (last_sequence, tombstones, indexes, chain) = {
             let r = env.begin_read()?;
             (
                 read_last_sequence(&r)?,
                 r.tree_len(TOMBSTONES)?,
                 crate::index::load(&r)?,
+                r.get(META, history::META_CHAIN)?.is_some(),
             )
         };
         Ok(Database {
@@ -221,6 +236,7 @@ impl Database {
             deleted: AtomicBool::new(false),
             notifier: CommitNotifier::new(last_sequence),
             tombstones_possible: Arc::new(AtomicBool::new(tombstones > 0)),
+            history_on: Arc::new(AtomicBool::new(chain)),
             indexer: crate::index::Indexer::new(limits.indexing, indexes),
         })
     }
@@ -294,6 +310,7 @@ impl Database {
             self.limits,
             now_ms(),
             self.tombstones_possible.clone(),
+            self.history_on.clone(),
         )
     }
 
@@ -656,6 +673,7 @@ impl Database {
                 sequence: last,
             }),
             collections: self.collections()?,
+            backup_chain: self.backup_chain_stats()?,
             engine: env.stats(),
         })
     }

@@ -102,6 +102,7 @@ pub async fn database_stats(
             "documents": s.documents,
             "last_etag": s.last_etag.map(|e| e.to_string()),
             "collections": s.collections.iter().map(|c| json!({"name": c.name, "documents": c.documents})).collect::<Vec<_>>(),
+            "backup_chain": s.backup_chain,
             "engine": {
                 "last_txn_id": e.last_txn_id,
                 "synced_txn_id": e.synced_txn_id,

@@ -1,5 +1,16 @@
-//! `GET /dbs/{db}/backup`: streams a full backup of a live database (the format of
-//! `kiln_storage::backup`, with the kiln-docs manifest in its header).
+//! Backup and restore of live databases (the format of `kiln_storage::backup`, with
+//! the kiln-docs manifest in its header):
+//!
+//! - `GET /dbs/{db}/backup[?chain=true]`: a full backup; with `chain=true` it starts
+//!   a backup chain (replacing any) that increments can follow.
+//! - `GET /dbs/{db}/backup?since_chain=C&since_backup=B&since_etag=E`: an incremental
+//!   backup: every write after backup B (of chain C, ending at etag E).
+//! - `GET /dbs/{db}/backup/chain`: the chain and its history's size;
+//!   `DELETE /dbs/{db}/backup/chain` stops it (and removes the history).
+//! - `POST /dbs/{db}/restore[?force=true&until=P]`: the body is a full backup and
+//!   its increments back to back; creates database `db` (refusing an existing one
+//!   unless `force`), up to point `P` (`etag:E`, `txn:T`, `time:T`), and answers
+//!   with where it got to, once every checksum passed and the database is open.
 //!
 //! The backup reads one snapshot on a blocking thread; writes go on meanwhile and
 //! are not in it. Its bytes travel to the response through a bounded channel, so a
@@ -10,7 +21,7 @@
 
 use crate::app::SharedState;
 use crate::error::ApiError;
-use crate::http_util::ApiPath;
+use crate::http_util::{blocking, json_value, ApiPath};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -53,11 +64,64 @@ impl io::Write for ChannelWriter {
     }
 }
 
+#[derive(serde::Deserialize, Default)]
+pub struct BackupQuery {
+    /// Full backup: start a backup chain at it.
+    chain: Option<bool>,
+    /// Incremental backup: the base backup's chain, id and end etag.
+    since_chain: Option<String>,
+    since_backup: Option<String>,
+    since_etag: Option<String>,
+}
+
 pub async fn backup(
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
+    q: Result<axum::extract::Query<BackupQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let q = crate::routes::query(q)?;
     let database = state.store.database(&db)?;
+    let since = q.since_chain.map(|chain| kiln_docs::BackupManifest {
+        database: db.clone(),
+        kind: kiln_docs::BackupKind::Full,
+        etag: q.since_etag.clone().filter(|e| !e.is_empty()),
+        txn_id: 0,
+        documents: 0,
+        kiln_version: String::new(),
+        created_at: String::new(),
+        incarnation: None,
+        backup_id: q.since_backup.clone(),
+        chain_id: Some(chain),
+        base_backup_id: None,
+        base_etag: None,
+        last_write_ms: None,
+    });
+    if let Some(m) = &since {
+        // Refused before the answer starts (a clear status instead of a cut body).
+        if let Some(e) = &m.etag {
+            database.sequence_of(e)?;
+        }
+        match database.backup_chain()? {
+            Some(c) if Some(&c.chain_id) == m.chain_id.as_ref() => {}
+            Some(c) => {
+                return Err(kiln_docs::DocError::IncrementNotPossible(format!(
+                    "the base backup belongs to chain {}, the database's chain is now {}: \
+                     take a full backup",
+                    m.chain_id.as_deref().unwrap_or(""),
+                    c.chain_id
+                ))
+                .into())
+            }
+            None => {
+                return Err(kiln_docs::DocError::IncrementNotPossible(format!(
+                    "database {db:?} has no backup chain (stopped, or never started): take a \
+                     full backup"
+                ))
+                .into())
+            }
+        }
+    }
+    let chain = q.chain.unwrap_or(false);
     let (tx, mut rx) = mpsc::channel::<Result<Bytes, io::Error>>(QUEUE);
     let name = db.clone();
     tokio::task::spawn_blocking(move || {
@@ -66,9 +130,15 @@ pub async fn backup(
             buf: Vec::with_capacity(PIECE),
         };
         let started = std::time::Instant::now();
-        match database.backup_to(&mut w, kiln_storage::BackupOptions::default(), |_| {}) {
+        let opts = kiln_storage::BackupOptions::default();
+        let result = match &since {
+            Some(m) => database.backup_incremental_to(&mut w, m, opts, |_| {}),
+            None => database.backup_full_to(&mut w, opts, chain, |_| {}),
+        };
+        match result {
             Ok(r) => tracing::info!(
                 database = %name,
+                kind = ?r.manifest.kind,
                 etag = ?r.manifest.etag,
                 bytes = r.file_bytes,
                 ms = started.elapsed().as_millis() as u64,
@@ -91,4 +161,120 @@ pub async fn backup(
         h.insert(header::CONTENT_DISPOSITION, v);
     }
     Ok(resp)
+}
+
+/// `GET /dbs/{db}/backup/chain`
+pub async fn chain_stats(
+    State(state): State<SharedState>,
+    ApiPath(db): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    let database = state.store.database(&db)?;
+    let stats = blocking(move || database.backup_chain()).await?;
+    Ok(json_value(
+        StatusCode::OK,
+        serde_json::json!({ "active": stats.is_some(), "chain": stats }),
+    ))
+}
+
+/// `DELETE /dbs/{db}/backup/chain`: stops the chain; increments are refused after.
+pub async fn chain_stop(
+    State(state): State<SharedState>,
+    ApiPath(db): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    let database = state.store.database(&db)?;
+    let stopped = blocking(move || database.stop_backup_chain()).await?;
+    Ok(json_value(
+        StatusCode::OK,
+        serde_json::json!({ "stopped": stopped }),
+    ))
+}
+
+#[derive(serde::Deserialize, Default)]
+pub struct RestoreQuery {
+    force: Option<bool>,
+    until: Option<String>,
+}
+
+/// Longest wait for the next piece of a restore's body.
+const BODY_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The request body as a blocking reader (the restore runs on a blocking thread).
+struct BodyReader {
+    rx: mpsc::Receiver<Result<Bytes, io::Error>>,
+    cur: Bytes,
+}
+
+impl io::Read for BodyReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.blocking_recv() {
+                None => return Ok(0),
+                Some(Ok(b)) => self.cur = b,
+                Some(Err(e)) => return Err(e),
+            }
+        }
+        let n = buf.len().min(self.cur.len());
+        buf[..n].copy_from_slice(&self.cur[..n]);
+        let _ = self.cur.split_to(n);
+        Ok(n)
+    }
+}
+
+/// `POST /dbs/{db}/restore?force=true&until=P`: see the module documentation.
+pub async fn restore(
+    State(state): State<SharedState>,
+    ApiPath(db): ApiPath<String>,
+    q: Result<axum::extract::Query<RestoreQuery>, axum::extract::rejection::QueryRejection>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let q = crate::routes::query(q)?;
+    kiln_docs::validate_database_name(&db)?;
+    let point = match q.until.as_deref() {
+        Some(u) => kiln_docs::RestorePoint::parse(u)?,
+        None => kiln_docs::RestorePoint::Latest,
+    };
+    let force = q.force.unwrap_or(false);
+    if !force && state.store.database(&db).is_ok() {
+        return Err(kiln_docs::DocError::DatabaseExists(db).into());
+    }
+    let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(QUEUE);
+    tokio::spawn(async move {
+        let mut s = body.into_data_stream();
+        loop {
+            let next = tokio::time::timeout(BODY_IDLE, futures_util::StreamExt::next(&mut s));
+            let piece = match next.await {
+                Ok(None) => return,
+                Ok(Some(Ok(b))) => Ok(b),
+                Ok(Some(Err(e))) => Err(io::Error::other(format!("reading the body: {e}"))),
+                Err(_) => Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the body stopped arriving",
+                )),
+            };
+            let failed = piece.is_err();
+            if tx.send(piece).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    let store = state.store.clone();
+    let name = db.clone();
+    let started = std::time::Instant::now();
+    let report = blocking(move || {
+        let reader = BodyReader {
+            rx,
+            cur: Bytes::new(),
+        };
+        store.restore_database(
+            kiln_docs::RestoreSource::Stream(Box::new(reader)),
+            &name,
+            force,
+            point,
+            |_| {},
+        )
+    })
+    .await?;
+    let mut v = serde_json::to_value(&report).unwrap_or_default();
+    v["seconds"] = started.elapsed().as_secs_f64().into();
+    Ok(json_value(StatusCode::CREATED, v))
 }

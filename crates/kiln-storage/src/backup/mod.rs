@@ -81,6 +81,9 @@ pub enum BackupError {
     },
     #[error("storage engine: {0}")]
     Storage(#[from] Error),
+    /// The caller's sink of `read_container` refused an item (it keeps its own error).
+    #[error("stopped by the reader of the backup: {0}")]
+    Stopped(String),
 }
 
 pub type BackupResult<T> = std::result::Result<T, BackupError>;
@@ -112,6 +115,10 @@ pub struct BackupSummary {
     pub frames: u32,
     /// Size of the backup file.
     pub file_bytes: u64,
+    /// While reading: the frame being handed to the sink (its index and the byte
+    /// offset of its header), so that a caller can name where an entry it refuses is.
+    pub frame: u32,
+    pub frame_offset: u64,
 }
 
 /// A writer that counts and checksums what goes through it.
@@ -182,7 +189,21 @@ impl ReadTxn<'_> {
         opts: BackupOptions,
         progress: impl FnMut(u64),
     ) -> BackupResult<BackupSummary> {
-        write_backup(self, out, meta, opts, progress)
+        write_backup(self, out, meta, opts, progress, |_| true)
+    }
+
+    /// `backup_to`, writing the trees for which `with_entries(name)` is false as
+    /// empty trees (they are created by a restore, without their entries): for a
+    /// caller's own bookkeeping trees that must not travel with an image.
+    pub fn backup_filtered_to<W: Write>(
+        &self,
+        out: W,
+        meta: &[u8],
+        opts: BackupOptions,
+        progress: impl FnMut(u64),
+        with_entries: impl Fn(&str) -> bool,
+    ) -> BackupResult<BackupSummary> {
+        write_backup(self, out, meta, opts, progress, with_entries)
     }
 }
 
@@ -196,7 +217,138 @@ impl Env {
         progress: impl FnMut(u64),
     ) -> BackupResult<BackupSummary> {
         let r = self.begin_read()?;
-        write_backup(&r, out, &[], opts, progress)
+        write_backup(&r, out, &[], opts, progress, |_| true)
+    }
+}
+
+/// Writes a container of the format above from entries the caller supplies (the
+/// document layer's incremental backups use it): `begin_tree`, `entry`s in key
+/// order, `end_tree`, ..., `finish`. `txn_id` and `meta` go in the header.
+pub struct ContainerWriter<W: Write, P: FnMut(u64)> {
+    w: FrameWriter<W, P>,
+    sum: BackupSummary,
+    chunk: Vec<u8>,
+    in_tree: Option<u64>,
+}
+
+impl<W: Write, P: FnMut(u64)> ContainerWriter<W, P> {
+    pub fn new(
+        out: W,
+        txn_id: u64,
+        meta: &[u8],
+        opts: BackupOptions,
+        progress: P,
+    ) -> BackupResult<Self> {
+        if meta.len() > MAX_META {
+            return Err(BackupError::Corrupt {
+                part: "header".into(),
+                offset: 0,
+                what: format!("metadata of {} bytes exceeds {MAX_META}", meta.len()),
+            });
+        }
+        let mut w = FrameWriter {
+            out: Tally {
+                inner: out,
+                offset: 0,
+                crc: 0,
+            },
+            next_index: 0,
+            compress: opts.compress,
+            progress,
+        };
+        let mut h = Vec::with_capacity(32 + meta.len());
+        h.extend_from_slice(MAGIC);
+        h.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        h.extend_from_slice(&(if opts.compress { FLAG_LZ4 } else { 0 }).to_le_bytes());
+        h.extend_from_slice(&txn_id.to_le_bytes());
+        h.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+        h.extend_from_slice(meta);
+        let c = crc32c::crc32c(&h);
+        h.extend_from_slice(&c.to_le_bytes());
+        w.out.put(&h)?;
+        Ok(ContainerWriter {
+            w,
+            sum: BackupSummary {
+                format_version: FORMAT_VERSION,
+                txn_id,
+                meta: meta.to_vec(),
+                ..Default::default()
+            },
+            chunk: Vec::with_capacity(CHUNK_BYTES + 4096),
+            in_tree: None,
+        })
+    }
+
+    fn misuse(what: &str) -> BackupError {
+        BackupError::Storage(Error::InvalidOption(format!(
+            "backup container writer: {what}"
+        )))
+    }
+
+    pub fn begin_tree(&mut self, name: &str) -> BackupResult<()> {
+        if self.in_tree.is_some() {
+            return Err(Self::misuse("begin_tree inside a tree"));
+        }
+        self.w.frame(KIND_TREE, name.as_bytes())?;
+        self.sum.trees += 1;
+        self.in_tree = Some(0);
+        Ok(())
+    }
+
+    pub fn entry(&mut self, k: &[u8], v: &[u8]) -> BackupResult<()> {
+        let Some(n) = self.in_tree.as_mut() else {
+            return Err(Self::misuse("entry outside a tree"));
+        };
+        *n += 1;
+        self.chunk
+            .extend_from_slice(&(k.len() as u32).to_le_bytes());
+        self.chunk
+            .extend_from_slice(&(v.len() as u32).to_le_bytes());
+        self.chunk.extend_from_slice(k);
+        self.chunk.extend_from_slice(v);
+        self.sum.kv_bytes += (k.len() + v.len()) as u64;
+        if self.chunk.len() >= CHUNK_BYTES {
+            self.w.frame(KIND_DATA, &self.chunk)?;
+            self.chunk.clear();
+        }
+        Ok(())
+    }
+
+    pub fn end_tree(&mut self) -> BackupResult<()> {
+        let Some(n) = self.in_tree.take() else {
+            return Err(Self::misuse("end_tree outside a tree"));
+        };
+        if !self.chunk.is_empty() {
+            self.w.frame(KIND_DATA, &self.chunk)?;
+            self.chunk.clear();
+        }
+        self.w.frame(KIND_END, &n.to_le_bytes())?;
+        self.sum.entries += n;
+        Ok(())
+    }
+
+    /// Writes the trailer and flushes; the summary of what was written.
+    pub fn finish(mut self) -> BackupResult<BackupSummary> {
+        if self.in_tree.is_some() {
+            self.end_tree()?;
+        }
+        let sum = &mut self.sum;
+        let w = &mut self.w;
+        let mut t = Vec::with_capacity(32);
+        t.extend_from_slice(&sum.trees.to_le_bytes());
+        t.extend_from_slice(&sum.entries.to_le_bytes());
+        t.extend_from_slice(&sum.kv_bytes.to_le_bytes());
+        t.extend_from_slice(&(w.next_index + 1).to_le_bytes());
+        t.extend_from_slice(&w.out.crc.to_le_bytes());
+        w.frame(KIND_TRAILER, &t)?;
+        w.out.inner.flush().map_err(|source| BackupError::Io {
+            op: "flushing",
+            offset: w.out.offset,
+            source,
+        })?;
+        sum.frames = w.next_index;
+        sum.file_bytes = w.out.offset;
+        Ok(self.sum)
     }
 }
 
@@ -206,87 +358,29 @@ fn write_backup<W: Write>(
     meta: &[u8],
     opts: BackupOptions,
     progress: impl FnMut(u64),
+    with_entries: impl Fn(&str) -> bool,
 ) -> BackupResult<BackupSummary> {
-    if meta.len() > MAX_META {
-        return Err(BackupError::Corrupt {
-            part: "header".into(),
-            offset: 0,
-            what: format!("metadata of {} bytes exceeds {MAX_META}", meta.len()),
-        });
-    }
-    let mut w = FrameWriter {
-        out: Tally {
-            inner: out,
-            offset: 0,
-            crc: 0,
-        },
-        next_index: 0,
-        compress: opts.compress,
-        progress,
-    };
-    let mut h = Vec::with_capacity(32 + meta.len());
-    h.extend_from_slice(MAGIC);
-    h.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    h.extend_from_slice(&(if opts.compress { FLAG_LZ4 } else { 0 }).to_le_bytes());
-    h.extend_from_slice(&r.txn_id().to_le_bytes());
-    h.extend_from_slice(&(meta.len() as u32).to_le_bytes());
-    h.extend_from_slice(meta);
-    let c = crc32c::crc32c(&h);
-    h.extend_from_slice(&c.to_le_bytes());
-    w.out.put(&h)?;
-
-    let mut sum = BackupSummary {
-        format_version: FORMAT_VERSION,
-        txn_id: r.txn_id(),
-        meta: meta.to_vec(),
-        ..Default::default()
-    };
-    let mut chunk = Vec::with_capacity(CHUNK_BYTES + 4096);
+    let mut w = ContainerWriter::new(out, r.txn_id(), meta, opts, progress)?;
     for name in r.tree_names()? {
-        w.frame(KIND_TREE, name.as_bytes())?;
-        sum.trees += 1;
-        let mut in_tree = 0u64;
-        let mut c = r.cursor(&name)?;
-        let mut e = c.first()?;
-        while let Some((k, v)) = e {
-            chunk.extend_from_slice(&(k.len() as u32).to_le_bytes());
-            chunk.extend_from_slice(&(v.len() as u32).to_le_bytes());
-            chunk.extend_from_slice(k);
-            chunk.extend_from_slice(v);
-            in_tree += 1;
-            sum.kv_bytes += (k.len() + v.len()) as u64;
-            if chunk.len() >= CHUNK_BYTES {
-                w.frame(KIND_DATA, &chunk)?;
-                chunk.clear();
+        w.begin_tree(&name)?;
+        if with_entries(&name) {
+            let mut c = r.cursor(&name)?;
+            let mut e = c.first()?;
+            while let Some((k, v)) = e {
+                w.entry(k, v)?;
+                e = c.next()?;
             }
-            e = c.next()?;
         }
-        if !chunk.is_empty() {
-            w.frame(KIND_DATA, &chunk)?;
-            chunk.clear();
-        }
-        w.frame(KIND_END, &in_tree.to_le_bytes())?;
-        sum.entries += in_tree;
+        w.end_tree()?;
     }
-    let mut t = Vec::with_capacity(32);
-    t.extend_from_slice(&sum.trees.to_le_bytes());
-    t.extend_from_slice(&sum.entries.to_le_bytes());
-    t.extend_from_slice(&sum.kv_bytes.to_le_bytes());
-    t.extend_from_slice(&(w.next_index + 1).to_le_bytes());
-    t.extend_from_slice(&w.out.crc.to_le_bytes());
-    w.frame(KIND_TRAILER, &t)?;
-    w.out.inner.flush().map_err(|source| BackupError::Io {
-        op: "flushing",
-        offset: w.out.offset,
-        source,
-    })?;
-    sum.frames = w.next_index;
-    sum.file_bytes = w.out.offset;
-    Ok(sum)
+    w.finish()
 }
 
-/// What the reader hands to its consumer, in order.
-enum Item<'a> {
+/// What the reader hands to its consumer, in order: `Header` once its checksum
+/// passed (the summary then holds the txn id and the metadata), then each tree.
+#[derive(Debug)]
+pub enum Item<'a> {
+    Header,
     Tree(&'a str),
     Entry(&'a [u8], &'a [u8]),
     EndTree,
@@ -349,6 +443,19 @@ fn le64(b: &[u8], at: usize) -> u64 {
 /// Reads and checks a whole backup, handing every tree and entry to `sink`.
 fn read_backup<R: Read>(
     input: R,
+    progress: impl FnMut(u64),
+    sink: impl FnMut(&BackupSummary, Item<'_>) -> BackupResult<()>,
+) -> BackupResult<BackupSummary> {
+    read_container(input, false, progress, sink)
+}
+
+/// Reads and checks a whole container, handing every item to `sink` in order.
+/// With `stop_at_trailer` the reader stops right after the trailer (several
+/// containers may follow each other in one stream); otherwise bytes after the
+/// trailer are refused. `progress` gets this container's bytes read so far.
+pub fn read_container<R: Read>(
+    input: R,
+    stop_at_trailer: bool,
     mut progress: impl FnMut(u64),
     mut sink: impl FnMut(&BackupSummary, Item<'_>) -> BackupResult<()>,
 ) -> BackupResult<BackupSummary> {
@@ -409,6 +516,7 @@ fn read_backup<R: Read>(
         meta,
         ..Default::default()
     };
+    sink(&sum, Item::Header)?;
     let mut index: u32 = 0;
     let mut in_tree: Option<u64> = None;
     let mut payload = Vec::new();
@@ -462,6 +570,8 @@ fn read_backup<R: Read>(
             return Err(corrupt(&part, start, "payload length mismatch".into()));
         }
         index += 1;
+        sum.frame = index - 1;
+        sum.frame_offset = start;
         match (kind, in_tree) {
             (KIND_TREE, None) => {
                 let name = std::str::from_utf8(&raw)
@@ -521,7 +631,7 @@ fn read_backup<R: Read>(
                     return Err(corrupt(&part, start, "whole-file checksum mismatch".into()));
                 }
                 let mut extra = [0u8; 1];
-                loop {
+                while !stop_at_trailer {
                     match rd.inner.read(&mut extra) {
                         Ok(0) => break,
                         Ok(_) => {
@@ -670,58 +780,73 @@ pub fn restore_from<R: Read>(
     result
 }
 
-fn restore_staged<R: Read>(
-    input: R,
-    staging: &Path,
-    mut storage: Options,
-    progress: impl FnMut(u64),
-) -> BackupResult<BackupSummary> {
-    // The restored environment is closed (flushed, synced, checkpointed) before it
-    // is renamed into place; its journal need not be synced commit by commit.
+/// The options a restore builds its environment with: it is synced and closed
+/// before it is put into place, so its journal need not be synced commit by commit.
+pub fn staging_options(mut storage: Options) -> Options {
     storage.journal_dir = None;
     storage.durability = crate::Durability::Buffered {
         sync_interval_ms: 1000,
     };
-    let env = Env::open(staging, storage)?;
-    let sum = {
-        let mut txn: Option<crate::WriteTxn<'_>> = None;
-        let mut tree = String::new();
-        let mut pending = 0u64;
-        let sum = read_backup(input, progress, |_, item| {
-            match item {
-                Item::Tree(name) => {
-                    let w = match txn.as_mut() {
-                        Some(w) => w,
-                        None => txn.insert(env.begin_write()?),
-                    };
-                    w.create_tree(name)?;
-                    tree = name.to_string();
-                }
-                Item::Entry(k, v) => {
-                    let w = match txn.as_mut() {
-                        Some(w) => w,
-                        None => txn.insert(env.begin_write()?),
-                    };
-                    w.put(&tree, k, v)?;
-                    pending += (k.len() + v.len()) as u64;
-                    if pending >= RESTORE_TXN_BYTES {
-                        if let Some(w) = txn.take() {
-                            w.commit()?;
-                        }
-                        pending = 0;
-                    }
-                }
-                Item::EndTree => {}
-            }
-            Ok(())
-        })?;
-        if let Some(w) = txn.take() {
-            w.commit()?;
-        }
-        sum
-    };
+    storage
+}
+
+fn restore_staged<R: Read>(
+    input: R,
+    staging: &Path,
+    storage: Options,
+    progress: impl FnMut(u64),
+) -> BackupResult<BackupSummary> {
+    let env = Env::open(staging, staging_options(storage))?;
+    let sum = restore_into(&env, input, false, progress)?;
     env.sync()?;
     env.close()?;
     sync_dir(staging)?;
+    Ok(sum)
+}
+
+/// Writes every tree and entry of one container into `env` (an environment the
+/// caller opened, normally empty and in a staging place), committing every
+/// ~32 MiB. See `read_container` for `stop_at_trailer`. The caller syncs, closes
+/// and puts the environment into place.
+pub fn restore_into<R: Read>(
+    env: &Env,
+    input: R,
+    stop_at_trailer: bool,
+    progress: impl FnMut(u64),
+) -> BackupResult<BackupSummary> {
+    let mut txn: Option<crate::WriteTxn<'_>> = None;
+    let mut tree = String::new();
+    let mut pending = 0u64;
+    let sum = read_container(input, stop_at_trailer, progress, |_, item| {
+        match item {
+            Item::Header | Item::EndTree => {}
+            Item::Tree(name) => {
+                let w = match txn.as_mut() {
+                    Some(w) => w,
+                    None => txn.insert(env.begin_write()?),
+                };
+                w.create_tree(name)?;
+                tree = name.to_string();
+            }
+            Item::Entry(k, v) => {
+                let w = match txn.as_mut() {
+                    Some(w) => w,
+                    None => txn.insert(env.begin_write()?),
+                };
+                w.put(&tree, k, v)?;
+                pending += (k.len() + v.len()) as u64;
+                if pending >= RESTORE_TXN_BYTES {
+                    if let Some(w) = txn.take() {
+                        w.commit()?;
+                    }
+                    pending = 0;
+                }
+            }
+        }
+        Ok(())
+    })?;
+    if let Some(w) = txn.take() {
+        w.commit()?;
+    }
     Ok(sum)
 }

@@ -1,0 +1,246 @@
+//! Backups of a database: full backups (the engine's backup of one read snapshot,
+//! `kiln_storage::backup`), incremental backups (`chain.rs`: every write since the
+//! previous backup, from the backup history), and restores of a full backup plus
+//! increments up to a chosen point (`restore.rs`). Each backup carries a manifest
+//! (JSON, in the container's header) naming the database, the etag its image or
+//! its writes end at, and for a chain its links (chain id, its own id, its base).
+//!
+//! Restoring builds the database under `<data>/trash/` (which `DocStore::open`
+//! empties) and renames it into place only once every checksum has passed and the
+//! environment is synced and closed: an interrupted restore leaves nothing that
+//! opens as a database.
+
+mod chain;
+mod restore;
+
+pub use chain::BackupChainStats;
+pub(crate) use restore::build as build_restore;
+pub use restore::{
+    restore_database, verify_chain, ChainReport, ReachedPoint, RestorePoint, RestoreReport,
+    RestoreSource,
+};
+
+use crate::changes::{change_key, decode_entry, CHANGES};
+use crate::database::history::HISTORY;
+use crate::database::{read_last_sequence, DOCS};
+use crate::{Database, DocError, Etag, Result};
+use kiln_storage::backup::{self, BackupOptions, BackupSummary};
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+
+/// Byte offset of the manifest in a backup file (after the fixed header fields).
+pub(crate) const MANIFEST_OFFSET: u64 = 28;
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BackupKind {
+    /// An image of the whole database at one snapshot.
+    #[default]
+    Full,
+    /// Every write after the base backup's etag up to this backup's etag.
+    Incremental,
+}
+
+/// The manifest stored in a backup's header. Fields after `created_at` are absent
+/// from backups of the first cut (full backups without chains).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BackupManifest {
+    pub database: String,
+    #[serde(default)]
+    pub kind: BackupKind,
+    /// The last etag committed in the image (`None`: no write yet): where this
+    /// backup ends, for a full backup as for an increment.
+    pub etag: Option<String>,
+    /// The engine transaction the backup is consistent at (its read snapshot).
+    pub txn_id: u64,
+    /// Documents in the database at the snapshot.
+    pub documents: u64,
+    pub kiln_version: String,
+    /// When the snapshot was taken (RFC 3339, UTC).
+    pub created_at: String,
+    /// The database's incarnation (part of every etag it hands out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<u32>,
+    /// This backup's own random id (a later increment names it as its base).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_id: Option<String>,
+    /// The chain this backup belongs to (`None`: a full backup without a chain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain_id: Option<String>,
+    /// Increment: the backup it follows (its id and the etag it ended at).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_backup_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_etag: Option<String>,
+    /// Time of the last write in the image (ms since the Unix epoch), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_write_ms: Option<u64>,
+}
+
+impl BackupManifest {
+    /// The etag sequence this backup ends at (0: before any write).
+    pub(crate) fn end_sequence(&self) -> Result<u64> {
+        etag_sequence(self.etag.as_deref())
+    }
+
+    pub(crate) fn base_sequence(&self) -> Result<u64> {
+        etag_sequence(self.base_etag.as_deref())
+    }
+}
+
+pub(crate) fn etag_sequence(etag: Option<&str>) -> Result<u64> {
+    match etag {
+        None | Some("") | Some("0") => Ok(0),
+        Some(e) => Ok(Etag::parse(e)?.sequence),
+    }
+}
+
+/// A manifest with the sizes known once the whole backup is written or read.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BackupReport {
+    #[serde(flatten)]
+    pub manifest: BackupManifest,
+    pub format_version: u32,
+    pub trees: u64,
+    pub entries: u64,
+    /// Keys and values, before compression.
+    pub data_bytes: u64,
+    /// The backup file's size.
+    pub file_bytes: u64,
+    pub chunks: u32,
+}
+
+impl BackupReport {
+    fn new(manifest: BackupManifest, s: &BackupSummary) -> Self {
+        BackupReport {
+            manifest,
+            format_version: s.format_version,
+            trees: s.trees,
+            entries: s.entries,
+            data_bytes: s.kv_bytes,
+            file_bytes: s.file_bytes,
+            chunks: s.frames,
+        }
+    }
+}
+
+pub(crate) fn manifest_of(s: &BackupSummary) -> Result<BackupManifest> {
+    parse_manifest(&s.meta)
+}
+
+/// Parses a manifest (the metadata of a backup's header).
+pub fn parse_manifest(meta: &[u8]) -> Result<BackupManifest> {
+    serde_json::from_slice(meta).map_err(|e| {
+        DocError::Backup(kiln_storage::BackupError::Corrupt {
+            part: "the header".into(),
+            offset: MANIFEST_OFFSET,
+            what: format!("not a Kiln database backup (manifest: {e})"),
+        })
+    })
+}
+
+/// Reads only the header of a backup (checked by its own checksum) and its
+/// manifest: what an incremental backup needs from its base.
+pub fn read_manifest<R: Read>(input: R) -> Result<BackupManifest> {
+    let sum = backup::read_header(input)?;
+    manifest_of(&sum)
+}
+
+pub(crate) fn new_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+impl Database {
+    /// Writes a full backup of the database as of one snapshot, without a chain;
+    /// writes go on meanwhile. `progress` gets the bytes written so far.
+    pub fn backup_to<W: Write>(
+        &self,
+        out: W,
+        opts: BackupOptions,
+        progress: impl FnMut(u64),
+    ) -> Result<BackupReport> {
+        self.backup_full_to(out, opts, false, progress)
+    }
+
+    /// A full backup; with `chain` it also starts a new backup chain at its
+    /// snapshot (replacing any earlier chain), so that incremental backups can
+    /// follow it (`backup_incremental_to`).
+    pub fn backup_full_to<W: Write>(
+        &self,
+        out: W,
+        opts: BackupOptions,
+        chain: bool,
+        progress: impl FnMut(u64),
+    ) -> Result<BackupReport> {
+        let env = self.live()?;
+        let chain_id = if chain {
+            Some(self.start_backup_chain()?)
+        } else {
+            None
+        };
+        let r = env.begin_read()?;
+        if let Some(id) = &chain_id {
+            // The snapshot is after the chain's start; a chain started by another
+            // full backup in between replaced it, and this image is not its base.
+            let now = chain::read_chain(&r)?.map(|c| c.chain_id);
+            if now.as_ref() != Some(id) {
+                return Err(DocError::IncrementNotPossible(
+                    "another full backup started a new chain while this one began".into(),
+                ));
+            }
+        }
+        let last = read_last_sequence(&r)?;
+        let last_write_ms = match r.get(CHANGES, &change_key(last))? {
+            Some(v) if last > 0 => {
+                Some(decode_entry(self.incarnation, &change_key(last), v)?.at_ms)
+            }
+            _ => None,
+        };
+        let manifest = BackupManifest {
+            database: self.name().to_string(),
+            kind: BackupKind::Full,
+            etag: (last > 0).then(|| self.etag_at(last).to_string()),
+            txn_id: r.txn_id(),
+            documents: r.tree_len(DOCS)?,
+            kiln_version: env!("CARGO_PKG_VERSION").to_string(),
+            created_at: crate::format_rfc3339_ms(crate::document::now_ms()),
+            incarnation: Some(self.incarnation),
+            backup_id: Some(new_id()),
+            chain_id,
+            base_backup_id: None,
+            base_etag: None,
+            last_write_ms,
+        };
+        let meta = serde_json::to_vec(&manifest).map_err(|e| DocError::Internal(e.to_string()))?;
+        // The history is the chain's bookkeeping, not data: a restored database
+        // starts without a chain.
+        let sum = r.backup_filtered_to(out, &meta, opts, progress, |t| t != HISTORY)?;
+        Ok(BackupReport::new(manifest, &sum))
+    }
+}
+
+/// Checks that manifests (labelled, in the order given) form one chain: a full
+/// backup, then its increments in order without gaps. Reads nothing else: a quick
+/// check before a long restore (which checks it again, with every checksum).
+pub fn check_chain(manifests: &[(String, BackupManifest)]) -> Result<()> {
+    let Some((label, first)) = manifests.first() else {
+        return Err(DocError::RestorePoint("no backup given".into()));
+    };
+    chain::check_first(first, label)?;
+    for (i, w) in manifests.windows(2).enumerate() {
+        chain::check_link(&w[0].1, &w[1].1, i + 2, &w[1].0)?;
+    }
+    Ok(())
+}
+
+/// Checks one database backup (full or incremental) without restoring it: every
+/// checksum, and for an increment every history entry. To check a chain, see
+/// `verify_chain`.
+pub fn verify_backup<R: Read>(input: R, progress: impl FnMut(u64)) -> Result<BackupReport> {
+    let source = RestoreSource::Files(vec![("the backup".into(), Box::new(input))]);
+    let done = restore::process(source, None, RestorePoint::Latest, false, progress)?;
+    done.backups
+        .into_iter()
+        .next()
+        .ok_or_else(|| DocError::Internal("verify read no backup".into()))
+}
