@@ -215,3 +215,132 @@ fn backup_over_http_during_writes_restores_every_acknowledged_document() {
     drop(restored);
     drop(server);
 }
+
+fn ok(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn documents(port: u16, db: &str) -> u64 {
+    let (s, _, b) = parts(&request(port, "GET", &format!("/dbs/{db}"), ""));
+    assert!(s.contains("200"), "{s} {b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    v["documents"].as_u64().unwrap()
+}
+
+/// The CLI's chain: a full backup that starts a chain, two increments, `verify` of
+/// the chain (and its refusal of a gap), a point-in-time restore offline, a
+/// restore into the running server, `chain-stop`.
+#[test]
+fn incremental_chain_verify_point_in_time_and_restore_into_a_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src_dir, dst_dir) = (tmp.path().join("src"), tmp.path().join("dst"));
+    let (server, port) = serve(&src_dir);
+    let url = format!("http://127.0.0.1:{port}");
+    assert!(request(port, "PUT", "/dbs/shop", "").starts_with("HTTP/1.1 201"));
+    let put = |i: usize, v: usize| {
+        let r = request(
+            port,
+            "PUT",
+            &format!("/dbs/shop/docs/d/{i}"),
+            &format!(r#"{{"v":{v}}}"#),
+        );
+        assert!(r.starts_with("HTTP/1.1 20"), "{r}");
+    };
+    for i in 0..40 {
+        put(i, 0);
+    }
+    let path = |n: &str| tmp.path().join(n).to_str().unwrap().to_string();
+    let (full, inc1, inc2) = (path("full.kbak"), path("inc1.kbak"), path("inc2.kbak"));
+    let backup = |out: &str, since: Option<&str>| {
+        let mut args = vec![
+            "backup", "--url", &url, "--db", "shop", "--out", out, "--json",
+        ];
+        if let Some(s) = since {
+            args.extend(["--incremental-since", s]);
+        }
+        kiln(&args)
+    };
+    let f = ok(&backup(&full, None));
+    assert_eq!(f["kind"], "full");
+    assert!(f["chain_id"].is_string(), "{f}");
+    for i in 30..60 {
+        put(i, 1);
+    }
+    let r = request(port, "DELETE", "/dbs/shop/docs/d/0", "");
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    let i1 = ok(&backup(&inc1, Some(&full)));
+    assert_eq!(i1["kind"], "incremental");
+    assert_eq!(i1["base_etag"], f["etag"]);
+    assert_eq!(i1["entries"], 31);
+    let docs_at_inc1 = documents(port, "shop");
+    for i in 50..70 {
+        put(i, 2);
+    }
+    let i2 = ok(&backup(&inc2, Some(&inc1)));
+    let docs_at_inc2 = documents(port, "shop");
+
+    let v = ok(&kiln(&["backup", "verify", &full, &inc1, &inc2, "--json"]));
+    assert_eq!(v["backups"].as_array().unwrap().len(), 3);
+    assert_eq!(v["reached"]["etag"], i2["etag"]);
+    let out = kiln(&["backup", "verify", &full, &inc2]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("input 2") && err.contains("gap"), "{err}");
+    ok(&kiln(&["backup", "verify", &inc2, "--json"]));
+
+    // Offline, up to the end of the first increment.
+    let dst = dst_dir.to_str().unwrap();
+    let until = format!("etag:{}", i1["etag"].as_str().unwrap());
+    let r = ok(&kiln(&[
+        "restore",
+        &full,
+        &inc1,
+        &inc2,
+        "--data-dir",
+        dst,
+        "--db",
+        "shop",
+        "--until",
+        &until,
+        "--json",
+    ]));
+    assert_eq!(r["reached"]["etag"], i1["etag"], "{r}");
+    assert_eq!(r["writes_replayed"], 31);
+    assert_eq!(r["writes_skipped"], 20);
+    // Into the running server, all of it.
+    let r = ok(&kiln(&[
+        "restore", &full, &inc1, &inc2, "--url", &url, "--db", "copy", "--json",
+    ]));
+    assert_eq!(r["reached"]["etag"], i2["etag"], "{r}");
+    assert_eq!(documents(port, "copy"), docs_at_inc2);
+    let out = kiln(&["restore", &full, "--url", &url, "--db", "copy"]);
+    assert!(!out.status.success(), "an existing database needs --force");
+
+    let s = ok(&kiln(&[
+        "backup",
+        "chain-stop",
+        "--url",
+        &url,
+        "--db",
+        "shop",
+        "--json",
+    ]));
+    assert_eq!(s["stopped"], true);
+    let out = backup(&path("inc3.kbak"), Some(&inc2));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no backup chain"));
+    assert!(!tmp.path().join("inc3.kbak").exists());
+
+    let (_restored, port2) = serve(&dst_dir);
+    assert_eq!(documents(port2, "shop"), docs_at_inc1);
+    let (s, _, _) = parts(&request(port2, "GET", "/dbs/shop/docs/d/0", ""));
+    assert!(s.contains("404"), "deleted in the first increment: {s}");
+    let (s, _, b) = parts(&request(port2, "GET", "/dbs/shop/docs/d/55", ""));
+    assert!(s.contains("200") && b.contains(r#""v":1"#), "{s} {b}");
+    drop(server);
+}
