@@ -15,6 +15,7 @@ type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Comma-separated workload ids: W1, W2, W3, W4, W6, W8, W8I (W8 with two indexes),
+    /// W8C (W8 with a backup chain active),
     /// W9, W10, W11, W12, W13.
     #[arg(long, default_value = "W1,W4")]
     workloads: String,
@@ -65,6 +66,9 @@ pub struct BenchArgs {
 }
 
 const SEED: u64 = 0x4B494C4E;
+
+/// A workload's variants: a name and the function that runs it once.
+type Variant<'a> = (String, Box<dyn Fn() -> BenchResult<Run> + 'a>);
 
 /// One run of a workload: its operation count, time, and figures to report.
 struct Run {
@@ -430,14 +434,14 @@ fn w8(dir: &Path, opts: &Options, quick: bool, connections: usize) -> BenchResul
 
 /// The HTTP part of W8 alone.
 fn w8_http(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
-    w8_http_indexed(dir, quick, connections, false)
+    w8_http_indexed(dir, quick, connections, false, false)
 }
 
 /// W8 with two indexes (users by age, by name) built in the background while it
 /// runs, beside W8 without indexes measured right before (issue 17: >= 0.8x).
 fn w8_indexed(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
-    let plain = w8_http_indexed(dir, quick, connections, false)?;
-    let mut run = w8_http_indexed(dir, quick, connections, true)?;
+    let plain = w8_http_indexed(dir, quick, connections, false, false)?;
+    let mut run = w8_http_indexed(dir, quick, connections, true, false)?;
     run.extra.insert(
         "w8_without_indexes_requests_per_sec".into(),
         json!(plain.ops_per_sec()),
@@ -449,9 +453,65 @@ fn w8_indexed(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
     Ok(run)
 }
 
-fn w8_http_indexed(dir: &Path, quick: bool, connections: usize, indexes: bool) -> BenchResult<Run> {
+/// W8 with a backup chain active (issue 18: every write also goes to the backup
+/// history, in the same transaction), beside W8 without one measured right before.
+fn w8_chained(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
+    let plain = w8_http_indexed(dir, quick, connections, false, false)?;
+    let mut run = w8_http_indexed(dir, quick, connections, false, true)?;
+    run.extra.insert(
+        "w8_without_chain_requests_per_sec".into(),
+        json!(plain.ops_per_sec()),
+    );
+    for k in ["journal_bytes_per_write", "p99_us"] {
+        if let Some(v) = plain.extra.get(k) {
+            run.extra.insert(format!("w8_without_chain_{k}"), v.clone());
+        }
+    }
+    run.extra.insert(
+        "ratio_to_w8_without_chain".into(),
+        json!(run.ops_per_sec() / plain.ops_per_sec()),
+    );
+    Ok(run)
+}
+
+fn w8_http_indexed(
+    dir: &Path,
+    quick: bool,
+    connections: usize,
+    indexes: bool,
+    chain: bool,
+) -> BenchResult<Run> {
     let per_connection = if quick { 100 } else { 500 };
     let server = fresh_server(dir)?;
+    if chain {
+        // A full backup with chain=true (of the empty database) starts the chain.
+        let (status, text) =
+            httpbench::blocking_request(server.addr, "GET", "/dbs/bench/backup?chain=true", b"")?;
+        // The answer streams (this client reads only its head): the chain starts on
+        // the server's side; wait until it is recorded.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let active = loop {
+            let (_, chain) =
+                httpbench::blocking_request(server.addr, "GET", "/dbs/bench/backup/chain", b"")?;
+            if String::from_utf8_lossy(&chain).contains("\"active\":true") {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        if status != 200 || !active {
+            return Err(format!(
+                "starting the backup chain: {status} {}",
+                String::from_utf8_lossy(&text)
+                    .chars()
+                    .take(200)
+                    .collect::<String>()
+            )
+            .into());
+        }
+    }
     if indexes {
         for (name, field) in [("users-by-age", "age"), ("users-by-name", "name")] {
             let body = json!({"collection": "users", "fields": [field]}).to_string();
@@ -779,7 +839,7 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
         .map(|w| w.trim().to_ascii_uppercase())
         .filter(|w| !w.is_empty())
     {
-        let variants: Vec<(String, Box<dyn Fn() -> BenchResult<Run>>)> = match wl.as_str() {
+        let variants: Vec<Variant<'_>> = match wl.as_str() {
             "W1" => vec![(wl.clone(), Box::new(|| w1(run_dir, opts, args.quick)))],
             "W2" => vec![(
                 wl.clone(),
@@ -830,6 +890,10 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
                 wl.clone(),
                 Box::new(move || w8_indexed(run_dir, quick, connections)),
             )],
+            "W8C" => vec![(
+                wl.clone(),
+                Box::new(move || w8_chained(run_dir, quick, connections)),
+            )],
             "W12" => vec![(
                 wl.clone(),
                 Box::new(move || w12(run_dir, quick, w12_docs)),
@@ -840,7 +904,7 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
             )],
             other => {
                 return Err(format!(
-                    "unknown workload {other:?} (available: W1, W2, W3, W4, W6, W8, W8I, W9, W10, W11, W12, W13)"
+                    "unknown workload {other:?} (available: W1, W2, W3, W4, W6, W8, W8I, W8C, W9, W10, W11, W12, W13)"
                 )
                 .into())
             }

@@ -115,7 +115,7 @@ fn source(files: &[&Vec<u8>]) -> RestoreSource<'static> {
 fn restore(
     files: &[&Vec<u8>],
     point: RestorePoint,
-) -> kiln_docs::Result<(RestoreReport, State, u64)> {
+) -> Result<(RestoreReport, State, u64), Box<DocError>> {
     let dir = tempfile::tempdir().unwrap();
     let report = kiln_docs::restore_database(
         source(files),
@@ -125,7 +125,8 @@ fn restore(
         false,
         point,
         |_| {},
-    )?;
+    )
+    .map_err(Box::new)?;
     let store = DocStore::open(dir.path(), options()).unwrap();
     let db = store.database("copy").unwrap();
     let state = state_of(&db);
@@ -594,7 +595,7 @@ fn restore_points_outside_the_chain_are_refused() {
     let full_seq = seq_of(fm.etag.as_deref().unwrap());
     let before = db.etag_at(full_seq - 1).to_string();
     let e = restore(&[f, i1, i2], RestorePoint::Etag(before)).unwrap_err();
-    assert!(matches!(e, DocError::RestorePoint(_)), "{e}");
+    assert!(matches!(*e, DocError::RestorePoint(_)), "{e}");
     let i1_end = kiln_docs::read_manifest(&i1[..]).unwrap().etag.unwrap();
     let after = db.etag_at(seq_of(&i1_end) + 1).to_string();
     let e = restore(&[f, i1], RestorePoint::Etag(after.clone())).unwrap_err();

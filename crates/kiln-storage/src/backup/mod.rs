@@ -630,24 +630,28 @@ pub fn read_container<R: Read>(
                 if le32(&raw, 28) != before_crc {
                     return Err(corrupt(&part, start, "whole-file checksum mismatch".into()));
                 }
-                let mut extra = [0u8; 1];
-                while !stop_at_trailer {
-                    match rd.inner.read(&mut extra) {
-                        Ok(0) => break,
-                        Ok(_) => {
-                            return Err(corrupt(
-                                "after the trailer",
-                                rd.offset,
-                                "bytes follow the trailer".into(),
-                            ))
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(source) => {
-                            return Err(BackupError::Io {
-                                op: "reading",
-                                offset: rd.offset,
-                                source,
-                            })
+                // With `stop_at_trailer`, what follows is the caller's (the next
+                // container); otherwise it must be the end of the input.
+                if !stop_at_trailer {
+                    let mut extra = [0u8; 1];
+                    loop {
+                        match rd.inner.read(&mut extra) {
+                            Ok(0) => break,
+                            Ok(_) => {
+                                return Err(corrupt(
+                                    "after the trailer",
+                                    rd.offset,
+                                    "bytes follow the trailer".into(),
+                                ))
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(source) => {
+                                return Err(BackupError::Io {
+                                    op: "reading",
+                                    offset: rd.offset,
+                                    source,
+                                })
+                            }
                         }
                     }
                 }
