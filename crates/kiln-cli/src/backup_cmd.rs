@@ -214,12 +214,22 @@ fn chain_summary(what: &str, r: &ChainReport, secs: f64, extra: &[(&str, String)
         println!("{v}");
         return;
     }
+    let writes = if what == "restored" {
+        format!(
+            "{} writes replayed, {} after the point",
+            r.writes_replayed, r.writes_skipped
+        )
+    } else {
+        format!("{} writes in the increments", r.writes_replayed)
+    };
     println!(
-        "{what}: {} backups, {} writes replayed, {} after the point; reached etag {} \
-         (txn {}, {}); {} bytes in {:.2} s ({:.1} MB/s)",
+        "{what}: {} backups, {writes}; {} etag {} (txn {}, {}); {} bytes in {:.2} s ({:.1} MB/s)",
         r.backups.len(),
-        r.writes_replayed,
-        r.writes_skipped,
+        if what == "restored" {
+            "reached"
+        } else {
+            "ends at"
+        },
         r.reached.etag.as_deref().unwrap_or("(none)"),
         r.reached.txn,
         r.reached.at.as_deref().unwrap_or("time unknown"),

@@ -201,8 +201,9 @@ impl Database {
         };
         if since.incarnation.is_some_and(|i| i != self.incarnation) || since.database.is_empty() {
             return refuse(format!(
-                "the base backup is of another database (incarnation {:08x?}, this one is {:08x})",
-                since.incarnation, self.incarnation
+                "the base backup is of another database (incarnation {}, this one is {:08x})",
+                super::incarnation_text(since.incarnation),
+                self.incarnation
             ));
         }
         let base = match since.etag.as_deref() {
@@ -328,9 +329,12 @@ pub(crate) fn check_link(
     }
     if next.database != prev.database || next.incarnation != prev.incarnation {
         return broken(format!(
-            "an increment of another database ({:?}, incarnation {:08x?}); the chain so far is \
-             of {:?}, incarnation {:08x?}",
-            next.database, next.incarnation, prev.database, prev.incarnation
+            "an increment of another database ({:?}, incarnation {}); the chain so far is \
+             of {:?}, incarnation {}",
+            next.database,
+            super::incarnation_text(next.incarnation),
+            prev.database,
+            super::incarnation_text(prev.incarnation)
         ));
     }
     if prev.chain_id.is_none() {

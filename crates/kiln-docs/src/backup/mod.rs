@@ -146,6 +146,11 @@ pub fn read_manifest<R: Read>(input: R) -> Result<BackupManifest> {
     manifest_of(&sum)
 }
 
+/// An incarnation as etags show it (8 hex digits), or "unknown" (older backups).
+pub(crate) fn incarnation_text(i: Option<u32>) -> String {
+    i.map_or_else(|| "unknown".into(), |i| format!("{i:08x}"))
+}
+
 pub(crate) fn new_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }

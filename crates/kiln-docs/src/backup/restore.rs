@@ -427,8 +427,8 @@ pub(crate) fn process(
                     let want = Etag::parse(e)?;
                     if manifest.incarnation.is_some_and(|i| i != want.incarnation) {
                         return Err(DocError::RestorePoint(format!(
-                            "etag {e} is not of this database (incarnation {:08x?})",
-                            manifest.incarnation
+                            "etag {e} is not of this database (incarnation {})",
+                            super::incarnation_text(manifest.incarnation)
                         )));
                     }
                     if want.sequence < at_seq {
