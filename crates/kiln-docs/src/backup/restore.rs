@@ -159,6 +159,40 @@ impl<R: Read> Read for Peek<R> {
     }
 }
 
+/// Decides, entry by entry in history order, which writes a restore takes: a
+/// prefix of the history that never ends inside a transaction of the source.
+struct Stopper {
+    point: RestorePoint,
+    /// The etag sequence of an `Etag` point.
+    point_seq: Option<u64>,
+    /// The transaction of the last entry taken.
+    last_txn: Option<u64>,
+    stopped: bool,
+}
+
+impl Stopper {
+    fn take(&mut self, e: &history::HistoryEntry<'_>) -> bool {
+        if self.stopped {
+            return false;
+        }
+        // The rest of a transaction already begun is always taken.
+        let same_txn = self.last_txn == Some(e.txn);
+        let take = match &self.point {
+            RestorePoint::Latest => true,
+            RestorePoint::Etag(_) => same_txn || e.sequence <= self.point_seq.unwrap_or(u64::MAX),
+            RestorePoint::Txn(t) => e.txn <= *t,
+            // A transaction's time is its first write's.
+            RestorePoint::TimeMs(t) => same_txn || e.at_ms <= *t,
+        };
+        if take {
+            self.last_txn = Some(e.txn);
+        } else {
+            self.stopped = true;
+        }
+        take
+    }
+}
+
 /// The replay state of one restore.
 struct Replay<'e> {
     env: &'e Env,
@@ -228,9 +262,12 @@ pub(crate) fn process(
     let mut replayer: Option<Replay<'_>> = None;
     // Where the state is: (etag sequence, source txn, time) of the last write.
     let mut at_seq = 0u64;
-    let mut last_txn: Option<u64> = None;
-    let mut stopped = false;
-    let mut point_seq = None;
+    let mut stopper = Stopper {
+        point: point.clone(),
+        point_seq: None,
+        last_txn: None,
+        stopped: false,
+    };
     let mut n = 0usize;
     let mut current: Option<(String, Box<dyn Read + '_>)>;
     loop {
@@ -357,30 +394,16 @@ pub(crate) fn process(
                                 crate::record::decode(e.id, e.record)
                                     .map_err(|x| at(x.to_string()))?;
                             }
-                            let take = !stopped
-                                && match &point {
-                                    RestorePoint::Latest => true,
-                                    RestorePoint::Etag(_) => {
-                                        e.sequence <= point_seq.unwrap_or(u64::MAX)
-                                            || last_txn == Some(e.txn)
-                                    }
-                                    RestorePoint::Txn(t) => e.txn <= *t,
-                                    RestorePoint::TimeMs(t) => {
-                                        last_txn == Some(e.txn) || e.at_ms <= *t
-                                    }
-                                };
-                            if !take {
-                                stopped = true;
+                            let boundary = stopper.last_txn != Some(e.txn);
+                            if !stopper.take(&e) {
                                 out.writes_skipped += 1;
                                 return Ok(());
                             }
-                            let boundary = last_txn != Some(e.txn);
                             if let Some(rp) = replayer.as_mut() {
                                 rp.apply(&e, boundary)?;
                             }
                             out.writes_replayed += 1;
                             at_seq = e.sequence;
-                            last_txn = Some(e.txn);
                             out.reached.txn = e.txn;
                             out.reached.at_ms = Some(e.at_ms);
                         }
@@ -391,7 +414,7 @@ pub(crate) fn process(
             });
             r.and_then(|sum| {
                 // Every write of the increment is there, the last one included.
-                if entries > 0 && prev_seq != range.1 || entries == 0 && range.0 != range.1 {
+                if prev_seq != range.1 {
                     return Err(stop(
                         corrupt(
                             n,
@@ -438,7 +461,7 @@ pub(crate) fn process(
                             manifest.etag.as_deref().unwrap_or("0")
                         )));
                     }
-                    point_seq = Some(want.sequence);
+                    stopper.point_seq = Some(want.sequence);
                 }
                 RestorePoint::Txn(t) if *t < manifest.txn_id => {
                     return Err(DocError::RestorePoint(format!(
@@ -487,7 +510,7 @@ pub(crate) fn process(
         .backups
         .first()
         .ok_or_else(|| DocError::RestorePoint("no backup given".into()))?;
-    if let (RestorePoint::Etag(e), Some(want)) = (&point, point_seq) {
+    if let (RestorePoint::Etag(e), Some(want)) = (&point, stopper.point_seq) {
         let end = out
             .backups
             .last()
@@ -665,5 +688,68 @@ impl RestoreReport {
             writes_skipped: r.writes_skipped,
             bytes_read: r.bytes_read,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::changes::ChangeKind;
+
+    /// (sequence, txn, at_ms) entries: three transactions, the middle one of three
+    /// writes stamped out of order with its neighbours.
+    fn entries() -> Vec<history::HistoryEntry<'static>> {
+        [
+            (10, 1, 100),
+            (11, 2, 90),
+            (12, 2, 300),
+            (13, 2, 95),
+            (14, 3, 200),
+        ]
+        .into_iter()
+        .map(|(sequence, txn, at_ms)| history::HistoryEntry {
+            sequence,
+            kind: ChangeKind::Delete,
+            txn,
+            prev: sequence - 1,
+            at_ms,
+            id: "x",
+            record: b"",
+        })
+        .collect()
+    }
+
+    fn taken(point: RestorePoint, point_seq: Option<u64>) -> Vec<u64> {
+        let mut s = Stopper {
+            point,
+            point_seq,
+            last_txn: None,
+            stopped: false,
+        };
+        entries()
+            .iter()
+            .filter(|e| s.take(e))
+            .map(|e| e.sequence)
+            .collect()
+    }
+
+    #[test]
+    fn a_point_never_splits_a_transaction_and_takes_a_prefix() {
+        let etag = |s| taken(RestorePoint::Etag(String::new()), Some(s));
+        assert_eq!(etag(9), Vec::<u64>::new());
+        assert_eq!(etag(10), vec![10]);
+        // Inside transaction 2: all of it.
+        assert_eq!(etag(11), vec![10, 11, 12, 13]);
+        assert_eq!(etag(12), vec![10, 11, 12, 13]);
+        assert_eq!(etag(14), vec![10, 11, 12, 13, 14]);
+        assert_eq!(taken(RestorePoint::Txn(0), None), Vec::<u64>::new());
+        assert_eq!(taken(RestorePoint::Txn(2), None), vec![10, 11, 12, 13]);
+        // Time: transaction 2 starts at 90 (<= 95): taken whole, although its second
+        // write is stamped 300; transaction 3 (200) is after 150.
+        assert_eq!(taken(RestorePoint::TimeMs(150), None), vec![10, 11, 12, 13]);
+        // Transaction 1 (100) is after 99: nothing, not even the earlier-stamped
+        // transaction 2 (a prefix).
+        assert_eq!(taken(RestorePoint::TimeMs(99), None), Vec::<u64>::new());
+        assert_eq!(taken(RestorePoint::Latest, None).len(), 5);
     }
 }

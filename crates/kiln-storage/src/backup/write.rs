@@ -1,0 +1,265 @@
+//! Writing the container: a full backup of a read snapshot (`ReadTxn::backup_to`)
+//! or entries a caller supplies (`ContainerWriter`, the document layer's
+//! incremental backups). The format is documented in `mod.rs`.
+
+use super::{
+    BackupError, BackupOptions, BackupResult, BackupSummary, CHUNK_BYTES, FLAG_LZ4, FORMAT_VERSION,
+    FRAME_HEADER, KIND_DATA, KIND_END, KIND_TRAILER, KIND_TREE, MAGIC, MAX_META,
+};
+use crate::{Env, Error, ReadTxn};
+use std::io::Write;
+
+/// A writer that counts and checksums what goes through it.
+struct Tally<W> {
+    inner: W,
+    offset: u64,
+    crc: u32,
+}
+
+impl<W: Write> Tally<W> {
+    fn put(&mut self, b: &[u8]) -> BackupResult<()> {
+        self.inner.write_all(b).map_err(|source| BackupError::Io {
+            op: "writing",
+            offset: self.offset,
+            source,
+        })?;
+        self.crc = crc32c::crc32c_append(self.crc, b);
+        self.offset += b.len() as u64;
+        Ok(())
+    }
+}
+
+struct FrameWriter<W, P> {
+    out: Tally<W>,
+    next_index: u32,
+    compress: bool,
+    progress: P,
+}
+
+impl<W: Write, P: FnMut(u64)> FrameWriter<W, P> {
+    fn frame(&mut self, kind: u8, raw: &[u8]) -> BackupResult<()> {
+        let compressed;
+        let (flags, payload): (u8, &[u8]) = if self.compress && kind == KIND_DATA {
+            compressed = lz4_flex::block::compress(raw);
+            if compressed.len() < raw.len() {
+                (1, &compressed)
+            } else {
+                (0, raw)
+            }
+        } else {
+            (0, raw)
+        };
+        let mut h = [0u8; FRAME_HEADER];
+        h[0] = kind;
+        h[1] = flags;
+        h[4..8].copy_from_slice(&self.next_index.to_le_bytes());
+        h[8..12].copy_from_slice(&(raw.len() as u32).to_le_bytes());
+        h[12..16].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        h[16..20].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+        let hc = crc32c::crc32c(&h[..20]);
+        h[20..24].copy_from_slice(&hc.to_le_bytes());
+        self.out.put(&h)?;
+        self.out.put(payload)?;
+        self.next_index += 1;
+        (self.progress)(self.out.offset);
+        Ok(())
+    }
+}
+
+impl ReadTxn<'_> {
+    /// Writes a full backup of this snapshot to `out`; `meta` (at most 1 MiB) is
+    /// stored in the header as it is. `progress` gets the bytes written so far after
+    /// each chunk.
+    pub fn backup_to<W: Write>(
+        &self,
+        out: W,
+        meta: &[u8],
+        opts: BackupOptions,
+        progress: impl FnMut(u64),
+    ) -> BackupResult<BackupSummary> {
+        write_backup(self, out, meta, opts, progress, |_| true)
+    }
+
+    /// `backup_to`, writing the trees for which `with_entries(name)` is false as
+    /// empty trees (they are created by a restore, without their entries): for a
+    /// caller's own bookkeeping trees that must not travel with an image.
+    pub fn backup_filtered_to<W: Write>(
+        &self,
+        out: W,
+        meta: &[u8],
+        opts: BackupOptions,
+        progress: impl FnMut(u64),
+        with_entries: impl Fn(&str) -> bool,
+    ) -> BackupResult<BackupSummary> {
+        write_backup(self, out, meta, opts, progress, with_entries)
+    }
+}
+
+impl Env {
+    /// A full backup of the last commit, taken from one read snapshot while writes
+    /// go on (see the module documentation).
+    pub fn backup_to<W: Write>(
+        &self,
+        out: W,
+        opts: BackupOptions,
+        progress: impl FnMut(u64),
+    ) -> BackupResult<BackupSummary> {
+        let r = self.begin_read()?;
+        write_backup(&r, out, &[], opts, progress, |_| true)
+    }
+}
+
+/// Writes a container of the format above from entries the caller supplies (the
+/// document layer's incremental backups use it): `begin_tree`, `entry`s in key
+/// order, `end_tree`, ..., `finish`. `txn_id` and `meta` go in the header.
+pub struct ContainerWriter<W: Write, P: FnMut(u64)> {
+    w: FrameWriter<W, P>,
+    sum: BackupSummary,
+    chunk: Vec<u8>,
+    in_tree: Option<u64>,
+}
+
+impl<W: Write, P: FnMut(u64)> ContainerWriter<W, P> {
+    pub fn new(
+        out: W,
+        txn_id: u64,
+        meta: &[u8],
+        opts: BackupOptions,
+        progress: P,
+    ) -> BackupResult<Self> {
+        if meta.len() > MAX_META {
+            return Err(BackupError::Corrupt {
+                part: "header".into(),
+                offset: 0,
+                what: format!("metadata of {} bytes exceeds {MAX_META}", meta.len()),
+            });
+        }
+        let mut w = FrameWriter {
+            out: Tally {
+                inner: out,
+                offset: 0,
+                crc: 0,
+            },
+            next_index: 0,
+            compress: opts.compress,
+            progress,
+        };
+        let mut h = Vec::with_capacity(32 + meta.len());
+        h.extend_from_slice(MAGIC);
+        h.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        h.extend_from_slice(&(if opts.compress { FLAG_LZ4 } else { 0 }).to_le_bytes());
+        h.extend_from_slice(&txn_id.to_le_bytes());
+        h.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+        h.extend_from_slice(meta);
+        let c = crc32c::crc32c(&h);
+        h.extend_from_slice(&c.to_le_bytes());
+        w.out.put(&h)?;
+        Ok(ContainerWriter {
+            w,
+            sum: BackupSummary {
+                format_version: FORMAT_VERSION,
+                txn_id,
+                meta: meta.to_vec(),
+                ..Default::default()
+            },
+            chunk: Vec::with_capacity(CHUNK_BYTES + 4096),
+            in_tree: None,
+        })
+    }
+
+    fn misuse(what: &str) -> BackupError {
+        BackupError::Storage(Error::InvalidOption(format!(
+            "backup container writer: {what}"
+        )))
+    }
+
+    pub fn begin_tree(&mut self, name: &str) -> BackupResult<()> {
+        if self.in_tree.is_some() {
+            return Err(Self::misuse("begin_tree inside a tree"));
+        }
+        self.w.frame(KIND_TREE, name.as_bytes())?;
+        self.sum.trees += 1;
+        self.in_tree = Some(0);
+        Ok(())
+    }
+
+    pub fn entry(&mut self, k: &[u8], v: &[u8]) -> BackupResult<()> {
+        let Some(n) = self.in_tree.as_mut() else {
+            return Err(Self::misuse("entry outside a tree"));
+        };
+        *n += 1;
+        self.chunk
+            .extend_from_slice(&(k.len() as u32).to_le_bytes());
+        self.chunk
+            .extend_from_slice(&(v.len() as u32).to_le_bytes());
+        self.chunk.extend_from_slice(k);
+        self.chunk.extend_from_slice(v);
+        self.sum.kv_bytes += (k.len() + v.len()) as u64;
+        if self.chunk.len() >= CHUNK_BYTES {
+            self.w.frame(KIND_DATA, &self.chunk)?;
+            self.chunk.clear();
+        }
+        Ok(())
+    }
+
+    pub fn end_tree(&mut self) -> BackupResult<()> {
+        let Some(n) = self.in_tree.take() else {
+            return Err(Self::misuse("end_tree outside a tree"));
+        };
+        if !self.chunk.is_empty() {
+            self.w.frame(KIND_DATA, &self.chunk)?;
+            self.chunk.clear();
+        }
+        self.w.frame(KIND_END, &n.to_le_bytes())?;
+        self.sum.entries += n;
+        Ok(())
+    }
+
+    /// Writes the trailer and flushes; the summary of what was written.
+    pub fn finish(mut self) -> BackupResult<BackupSummary> {
+        if self.in_tree.is_some() {
+            self.end_tree()?;
+        }
+        let sum = &mut self.sum;
+        let w = &mut self.w;
+        let mut t = Vec::with_capacity(32);
+        t.extend_from_slice(&sum.trees.to_le_bytes());
+        t.extend_from_slice(&sum.entries.to_le_bytes());
+        t.extend_from_slice(&sum.kv_bytes.to_le_bytes());
+        t.extend_from_slice(&(w.next_index + 1).to_le_bytes());
+        t.extend_from_slice(&w.out.crc.to_le_bytes());
+        w.frame(KIND_TRAILER, &t)?;
+        w.out.inner.flush().map_err(|source| BackupError::Io {
+            op: "flushing",
+            offset: w.out.offset,
+            source,
+        })?;
+        sum.frames = w.next_index;
+        sum.file_bytes = w.out.offset;
+        Ok(self.sum)
+    }
+}
+
+fn write_backup<W: Write>(
+    r: &ReadTxn<'_>,
+    out: W,
+    meta: &[u8],
+    opts: BackupOptions,
+    progress: impl FnMut(u64),
+    with_entries: impl Fn(&str) -> bool,
+) -> BackupResult<BackupSummary> {
+    let mut w = ContainerWriter::new(out, r.txn_id(), meta, opts, progress)?;
+    for name in r.tree_names()? {
+        w.begin_tree(&name)?;
+        if with_entries(&name) {
+            let mut c = r.cursor(&name)?;
+            let mut e = c.first()?;
+            while let Some((k, v)) = e {
+                w.entry(k, v)?;
+                e = c.next()?;
+            }
+        }
+        w.end_tree()?;
+    }
+    w.finish()
+}
