@@ -520,26 +520,35 @@ fn damaged_truncated_or_reordered_increments_are_refused_with_part_and_offset() 
     )
     .unwrap();
     assert!(entries.len() > 3);
-    let mut holed = Vec::new();
-    let mut w = kiln_storage::ContainerWriter::new(
-        &mut holed,
-        sum.txn_id,
-        &sum.meta,
-        BackupOptions::default(),
-        |_| {},
-    )
-    .unwrap();
-    w.begin_tree("backup_history").unwrap();
-    for (i, (k, v)) in entries.iter().enumerate() {
-        if i != 2 {
-            w.entry(k, v).unwrap();
+    let rewrite = |skip: usize| {
+        let mut out = Vec::new();
+        let mut w = kiln_storage::ContainerWriter::new(
+            &mut out,
+            sum.txn_id,
+            &sum.meta,
+            BackupOptions::default(),
+            |_| {},
+        )
+        .unwrap();
+        w.begin_tree("backup_history").unwrap();
+        for (i, (k, v)) in entries.iter().enumerate() {
+            if i != skip {
+                w.entry(k, v).unwrap();
+            }
         }
-    }
-    w.end_tree().unwrap();
-    w.finish().unwrap();
-    let e = refused(&[f, &holed, i2]);
+        w.end_tree().unwrap();
+        w.finish().unwrap();
+        out
+    };
+    let e = refused(&[f, &rewrite(2), i2]);
     assert!(
         e.contains("input 2 (file2), frame") && e.contains("a write is missing"),
+        "{e}"
+    );
+    // Without its last write (nothing follows to notice the hole but the end).
+    let e = refused(&[f, &rewrite(entries.len() - 1), i2]);
+    assert!(
+        e.contains("input 2 (file2), its end") && e.contains("manifest says"),
         "{e}"
     );
     // Each one alone still verifies.

@@ -358,7 +358,13 @@ pub(crate) fn process(
                         }
                         Item::Tree(name) if name == HISTORY => {}
                         Item::Tree(name) => {
-                            return Err(corrupt(n, &label, format!("unexpected tree {name:?}")))
+                            return Err(corrupt(
+                                n,
+                                &label,
+                                format!("frame {}", sum.frame),
+                                sum.frame_offset,
+                                format!("unexpected tree {name:?} in an increment"),
+                            ))
                         }
                         Item::EndTree => {}
                         Item::Entry(k, v) => {
@@ -419,6 +425,8 @@ pub(crate) fn process(
                         corrupt(
                             n,
                             &label,
+                            "its end (the trailer read)".into(),
+                            sum.file_bytes,
                             format!(
                                 "its writes end at sequence {prev_seq}, its manifest says {}",
                                 range.1
@@ -558,10 +566,10 @@ pub(crate) fn process(
     Ok(out)
 }
 
-fn corrupt(n: usize, label: &str, what: String) -> DocError {
+fn corrupt(n: usize, label: &str, part: String, offset: u64, what: String) -> DocError {
     DocError::Backup(BackupError::Corrupt {
-        part: format!("input {n} ({label}), its history"),
-        offset: 0,
+        part: format!("input {n} ({label}), {part}"),
+        offset,
         what,
     })
 }
