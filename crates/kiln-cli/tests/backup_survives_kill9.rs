@@ -264,7 +264,8 @@ fn kill9_during_backups_and_restores_leaves_no_damage() {
     std::fs::remove_file(&trial).unwrap();
     let mut killed = 0;
     for _ in 0..cycles {
-        let after = took.mul_f64(rng.gen_range(0.05..1.0));
+        // Most of the client's time is the server's work: aim inside it.
+        let after = took.mul_f64(rng.gen_range(0.02..0.6));
         let child = kiln(&a.iter().map(String::as_str).collect::<Vec<_>>())
             .spawn()
             .unwrap();
