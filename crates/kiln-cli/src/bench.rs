@@ -42,8 +42,12 @@ pub struct BenchArgs {
     #[arg(long)]
     w8_requests: Option<u64>,
     /// Skip the Redis peer of W8 and W9.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "redis_only")]
     no_redis: bool,
+    /// W8 and W9 against Redis alone (the comparative benchmark in bench/ runs each
+    /// side as a job of its own).
+    #[arg(long)]
+    redis_only: bool,
     /// W6 commits in total (default: 20,000 as BENCHMARKS.md defines it; 4,000 with
     /// --quick). A longer run shows the sustained rate, data-file write-back included.
     #[arg(long)]
@@ -537,7 +541,8 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
         .collect();
     let quick = args.quick;
     let connections = args.connections;
-    let load = ServerLoad::new(quick, connections, args.w8_requests, !args.no_redis);
+    let mut load = ServerLoad::new(quick, connections, args.w8_requests, !args.no_redis);
+    load.redis_only = args.redis_only;
     let (w10_docs, w11_connections) = (args.w10_docs, args.w11_connections);
     let (w12_docs, w13_docs) = (args.w12_docs, args.w13_docs);
     let scale = move |full: u64| if quick { full / 10 } else { full };
@@ -575,17 +580,21 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
                 wl.clone(),
                 Box::new(move || serverbench::w8(run_dir, load, quick)),
             )],
-            "W9" => vec![
-                (
+            "W9" => {
+                let mut v = vec![(
                     "W9 GET".to_string(),
                     Box::new(move || serverbench::w9(run_dir, load, quick, false))
                         as Box<dyn Fn() -> BenchResult<Run>>,
-                ),
-                (
-                    "W9 304".to_string(),
-                    Box::new(move || serverbench::w9(run_dir, load, quick, true)),
-                ),
-            ],
+                )];
+                // Redis has no conditional GET.
+                if !load.redis_only {
+                    v.push((
+                        "W9 304".to_string(),
+                        Box::new(move || serverbench::w9(run_dir, load, quick, true)),
+                    ));
+                }
+                v
+            }
             "W10" => vec![(
                 wl.clone(),
                 Box::new(move || w10(run_dir, quick, connections, w10_docs)),
@@ -755,9 +764,7 @@ fn report(
         .get("server_cpu_us_per_request")
         .and_then(Value::as_f64)
     {
-        let load_us = m.extra["load_generator_cpu_us_per_request"]
-            .as_f64()
-            .unwrap_or(f64::NAN);
+        let load_us = f("load_generator_cpu_us_per_request");
         println!(
             "         {label}: CPU per request: server {server_us:.1} us, load generator {load_us:.1} us"
         );

@@ -76,6 +76,8 @@ pub(crate) struct ServerLoad {
     pub w9_requests: u64,
     /// Measure Redis beside Kiln (skipped with a line when it is not installed).
     pub redis: bool,
+    /// Measure Redis alone: the run's figures are Redis's.
+    pub redis_only: bool,
 }
 
 impl ServerLoad {
@@ -87,6 +89,7 @@ impl ServerLoad {
             w8_requests: w8_requests.max(connections as u64),
             w9_requests: if quick { 12_800 } else { 128_000 },
             redis,
+            redis_only: false,
         }
     }
 
@@ -99,6 +102,15 @@ impl ServerLoad {
 /// request, to a `kiln serve` child process; then Redis (AOF, `appendfsync always`)
 /// takes as many 1 KiB SETs from as many clients, in the same run, for the ratio.
 pub(crate) fn w8(dir: &Path, load: ServerLoad, quick: bool) -> BenchResult<Run> {
+    if load.redis_only {
+        return redis_alone(
+            dir,
+            "set",
+            load.connections,
+            load.w8_requests,
+            load.w8_requests,
+        );
+    }
     let mut run = w8_http(dir, quick, load.connections, Some(load.w8_requests))?;
     if load.redis {
         // Every SET a new key at first, as every W8 PUT is a new document.
@@ -112,6 +124,58 @@ pub(crate) fn w8(dir: &Path, load: ServerLoad, quick: bool) -> BenchResult<Run> 
         )?;
     }
     Ok(run)
+}
+
+/// Redis alone for `command`: a run whose figures are Redis's.
+fn redis_alone(
+    dir: &Path,
+    command: &str,
+    connections: usize,
+    requests: u64,
+    keyspace: u64,
+) -> BenchResult<Run> {
+    if !redisbench::available() {
+        return Err("redis-server or redis-benchmark is not installed".into());
+    }
+    let r = redis_measure(dir, command, connections, requests, keyspace)?;
+    let mut extra = Map::new();
+    extra.insert("requests_per_sec".into(), json!(r.requests_per_sec));
+    extra.insert("p50_us".into(), json!(r.p50_ms * 1e3));
+    extra.insert("p99_us".into(), json!(r.p99_ms * 1e3));
+    extra.insert(
+        "server_cpu_us_per_request".into(),
+        json!(r.server_cpu_us_per_request),
+    );
+    extra.insert(
+        "server_peak_rss_bytes".into(),
+        json!(r.server_peak_rss_bytes),
+    );
+    extra.insert("redis_version".into(), json!(r.version));
+    extra.insert("redis_settings".into(), json!(redisbench::SETTINGS));
+    Ok(Run {
+        ops: requests,
+        commits: requests,
+        seconds: requests as f64 / r.requests_per_sec,
+        extra,
+    })
+}
+
+/// One throwaway Redis server measured for `command` (GET after SETs that fill the
+/// keyspace).
+fn redis_measure(
+    dir: &Path,
+    command: &str,
+    connections: usize,
+    requests: u64,
+    keyspace: u64,
+) -> BenchResult<redisbench::RedisResult> {
+    let server = redisbench::RedisServer::start(&dir.with_extension("redis"))?;
+    if command == "get" {
+        // The keys GET reads: SETs over the keyspace first (random keys, ten
+        // times as many as the keyspace, so that nearly all exist).
+        server.benchmark("set", connections, keyspace * 10, keyspace)?;
+    }
+    Ok(server.benchmark(command, connections, requests, keyspace)?)
 }
 
 /// Measures Redis for `command` and puts its figures and the ratio in `run`.
@@ -130,13 +194,7 @@ fn redis_peer(
         );
         return Ok(());
     }
-    let server = redisbench::RedisServer::start(&dir.with_extension("redis"))?;
-    if command == "get" {
-        // The keys GET reads: SETs over the keyspace first (random keys, ten
-        // times as many as the keyspace, so that nearly all exist).
-        server.benchmark("set", connections, keyspace * 10, keyspace)?;
-    }
-    let r = server.benchmark(command, connections, requests, keyspace)?;
+    let r = redis_measure(dir, command, connections, requests, keyspace)?;
     let ours = run.ops_per_sec();
     run.extra
         .insert("redis_requests_per_sec".into(), json!(r.requests_per_sec));
@@ -279,6 +337,12 @@ fn w8_http_indexed(dir: &Path, load: ServerLoad, indexes: bool) -> BenchResult<R
 pub(crate) fn w9(dir: &Path, load: ServerLoad, quick: bool, conditional: bool) -> BenchResult<Run> {
     let docs: usize = if quick { 2_000 } else { 10_000 };
     let connections = load.connections;
+    if load.redis_only {
+        if conditional {
+            return Err("Redis has no conditional GET: W9 304 has no Redis run".into());
+        }
+        return redis_alone(dir, "get", connections, load.w9_requests, docs as u64);
+    }
     let per_connection = load.per_connection(load.w9_requests);
     let server = fresh_server(dir)?;
     let mut rng = SmallRng::seed_from_u64(SEED);
