@@ -123,6 +123,7 @@ export async function newPage(browser, { tls = false } = {}) {
     ignoreHTTPSErrors: tls,
   });
   const page = await context.newPage();
+  page.setDefaultTimeout(10000);
   const problems = [];
   page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
   page.on('console', (m) => {
