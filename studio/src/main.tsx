@@ -63,7 +63,8 @@ function Page({ route }: { route: string[] }) {
 function App() {
   const route = useRoute();
   const [needKey, setNeedKey] = useState(false);
-  const [, setTick] = useState(0);
+  // Bumped at each sign-in, so the page under the login form loads again.
+  const [signIns, setSignIns] = useState(0);
   useEffect(() => onAuthRequired(() => setNeedKey(true)), []);
   const db = route[0] === 'db' ? route[1] : undefined;
   return (
@@ -97,11 +98,11 @@ function App() {
           <Login
             onDone={() => {
               setNeedKey(false);
-              setTick((t) => t + 1);
+              setSignIns((n) => n + 1);
             }}
           />
         ) : (
-          <Page key={route.join('/')} route={route} />
+          <Page key={`${route.join('/')}#${signIns}`} route={route} />
         )}
       </main>
     </div>

@@ -89,7 +89,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/health", get(routes_admin::health))
         // The studio's static files: no data in them, so no key needed to load them.
         .route("/", get(studio::root))
-        .route("/studio", get(studio::studio_bare))
+        .route("/studio", get(studio::index))
         .route("/studio/", get(studio::index))
         .route("/studio/{*path}", get(studio::file))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), track))

@@ -36,11 +36,6 @@ pub async fn root() -> Redirect {
     Redirect::to("/studio/")
 }
 
-/// `GET /studio` (no slash): relative asset URLs need the slash.
-pub async fn studio_bare() -> Redirect {
-    Redirect::permanent("/studio/")
-}
-
 pub async fn index(headers: HeaderMap) -> Response {
     serve(INDEX, &headers)
 }
