@@ -201,6 +201,17 @@ describe('studio without auth', () => {
     await page.waitForSelector('[data-testid=indexes] tr[data-index="auto/people/age"]');
     const row = await page.textContent('tr[data-index="auto/people/age"]');
     assert.match(row, /current|stale/);
+    await page.fill('[data-testid=index-name]', 'people-by-name');
+    await page.fill('[data-testid=index-collection]', 'people');
+    await page.fill('[data-testid=index-fields]', 'name');
+    await page.click('[data-testid=define-index]');
+    // Built in the background; the page follows it every second.
+    await until('the new index to hold 60 entries', async () =>
+      (await page.textContent('tr[data-index="people-by-name"] [data-testid=entries]')) === '60',
+    );
+    const info = await kiln.http('GET', `/dbs/${db}/indexes/people-by-name`);
+    assert.equal(info.json.entries, 60);
+    assert.match(await page.textContent('tr[data-index="people-by-name"]'), /current/);
     await screenshot(page, 'indexes');
   });
 

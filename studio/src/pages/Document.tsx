@@ -29,6 +29,15 @@ function validate(text: string): string | null {
   }
 }
 
+/** Tab inserts two spaces; Shift+Tab still moves the focus out of the editor. */
+function indentOnTab(e: KeyboardEvent) {
+  if (e.key !== 'Tab' || e.shiftKey || e.ctrlKey || e.metaKey || e.altKey) return;
+  const t = e.target as HTMLTextAreaElement;
+  e.preventDefault();
+  t.setRangeText('  ', t.selectionStart, t.selectionEnd, 'end');
+  t.dispatchEvent(new Event('input', { bubbles: true }));
+}
+
 const pretty = (v: unknown) => JSON.stringify(v, null, 2);
 
 /** Lines of `a` that `b` does not have, marked. */
@@ -210,6 +219,7 @@ export function DocumentPage({ db, id }: { db: string; id: string | null }) {
         value={text}
         disabled={!loaded}
         onInput={(e) => setText((e.target as HTMLTextAreaElement).value)}
+        onKeyDown={indentOnTab}
         data-testid="editor"
       />
       <div class={'validation ' + (invalid ? 'bad' : 'good')} data-testid="validation">

@@ -68,10 +68,10 @@ export function IndexesPage({ db }: { db: string }) {
     <section>
       <h1>Indexes of {db}</h1>
       <form class="row" onSubmit={create}>
-        <input placeholder="name" value={name} onInput={(e) => setName((e.target as HTMLInputElement).value)} />
-        <input placeholder="collection (empty: all)" value={collection} onInput={(e) => setCollection((e.target as HTMLInputElement).value)} />
-        <input placeholder="fields, e.g. age, address.city" value={fields} onInput={(e) => setFields((e.target as HTMLInputElement).value)} />
-        <button type="submit" disabled={!name.trim() || !fields.trim()}>
+        <input placeholder="name" data-testid="index-name" value={name} onInput={(e) => setName((e.target as HTMLInputElement).value)} />
+        <input placeholder="collection (empty: all)" data-testid="index-collection" value={collection} onInput={(e) => setCollection((e.target as HTMLInputElement).value)} />
+        <input placeholder="fields, e.g. age, address.city" data-testid="index-fields" value={fields} onInput={(e) => setFields((e.target as HTMLInputElement).value)} />
+        <button type="submit" disabled={!name.trim() || !fields.trim()} data-testid="define-index">
           Define index
         </button>
       </form>
@@ -107,7 +107,9 @@ export function IndexesPage({ db }: { db: string }) {
                 <td class="mono">{i.fields.map((f) => f.path + (f.case_insensitive ? ' (ci)' : '')).join(', ')}</td>
                 <td>{i.stale ? <span class="tag warn">stale</span> : <span class="tag good">current</span>}</td>
                 <td class="num">{i.docs_behind.toLocaleString('en')}</td>
-                <td class="num">{i.entries.toLocaleString('en')}</td>
+                <td class="num" data-testid="entries">
+                  {i.entries.toLocaleString('en')}
+                </td>
                 <td class="num">{i.batch_size.toLocaleString('en')}</td>
                 <td class="num">{i.docs_per_sec.toLocaleString('en')}</td>
                 <td class="num" title={i.error_samples.map((s) => JSON.stringify(s)).join('\n')}>
