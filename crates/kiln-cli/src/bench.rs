@@ -3,6 +3,7 @@
 
 use crate::httpbench;
 use crate::rawdisk;
+use crate::recoverybench::W7Case;
 use crate::serverbench::{self, doc_1k, fresh_server, fresh_server_with, ServerLoad};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_storage::{Env, Options};
@@ -15,8 +16,8 @@ pub(crate) type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Comma-separated workload ids: W1, W2, W3, W4, W6, W8, W8I (W8 with two indexes),
-    /// W9, W10, W11, W12, W13.
+    /// Comma-separated workload ids: W1, W2, W3, W4, W6, W7 (recovery after kill -9),
+    /// W8, W8I (W8 with two indexes), W9, W10, W11, W12, W13.
     #[arg(long, default_value = "W1,W4")]
     workloads: String,
     /// Directory to run in (a fresh subdirectory per run, removed afterwards).
@@ -44,6 +45,9 @@ pub struct BenchArgs {
     /// Skip the Redis peer of W8 and W9.
     #[arg(long, conflicts_with = "redis_only")]
     no_redis: bool,
+    /// (internal) W7's child: write a case's data, then wait to be killed.
+    #[arg(long, hide = true)]
+    w7_child: Option<String>,
     /// W8 and W9 against Redis alone (the comparative benchmark in bench/ runs each
     /// side as a job of its own).
     #[arg(long)]
@@ -486,6 +490,10 @@ fn measure(runs: usize, mut f: impl FnMut() -> BenchResult<Run>) -> BenchResult<
 }
 
 pub fn run(args: BenchArgs) -> BenchResult<()> {
+    if let Some(case) = &args.w7_child {
+        let case = W7Case::parse(case).ok_or_else(|| format!("unknown W7 case {case:?}"))?;
+        return crate::recoverybench::child(case, &args.dir, args.quick);
+    }
     std::fs::create_dir_all(&args.dir)?;
     let mut options = Options::default();
     if let Some(mib) = args.write_back_window_mib {
@@ -576,6 +584,16 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
                     )
                 })
                 .collect(),
+            "W7" => [W7Case::AfterW3, W7Case::Journal]
+                .into_iter()
+                .map(|case| {
+                    (
+                        format!("W7 {}", case.name()),
+                        Box::new(move || crate::recoverybench::w7(run_dir, case, quick))
+                            as Box<dyn Fn() -> BenchResult<Run>>,
+                    )
+                })
+                .collect(),
             "W8" => vec![(
                 wl.clone(),
                 Box::new(move || serverbench::w8(run_dir, load, quick)),
@@ -617,7 +635,7 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
             )],
             other => {
                 return Err(format!(
-                    "unknown workload {other:?} (available: W1, W2, W3, W4, W6, W8, W8I, W9, W10, W11, W12, W13)"
+                    "unknown workload {other:?} (available: W1, W2, W3, W4, W6, W7, W8, W8I, W9, W10, W11, W12, W13)"
                 )
                 .into())
             }
@@ -683,6 +701,15 @@ fn report(
             f("redis_requests_per_sec"),
             f("redis_p99_us"),
             f("redis_server_cpu_us_per_request"),
+        );
+    }
+    if let Some(open_ms) = m.extra.get("open_ms").and_then(Value::as_f64) {
+        println!(
+            "         {label}: kill -9 with {:.0} MiB of journal ({} records replayed): open {open_ms:.0} ms, \
+             first read {:.0} ms (target <= 1000 ms)",
+            f("journal_bytes_written") / (1u64 << 20) as f64,
+            f("records_replayed_on_open"),
+            f("first_read_ms"),
         );
     }
     if let Some(why) = m.extra.get("redis_skipped").and_then(Value::as_str) {
@@ -796,8 +823,9 @@ fn report(
         .get("avg_group_size")
         .and_then(Value::as_f64)
         .map_or("-".to_string(), |v| format!("{v:.1}"));
-    // HTTP workloads: a request is not a commit of its own; no per-commit columns.
-    let http = m.extra.contains_key("requests_per_sec");
+    // HTTP workloads (a request is not a commit of its own) and W7 (one reopen):
+    // no per-commit columns.
+    let http = m.extra.contains_key("requests_per_sec") || m.extra.contains_key("open_ms");
     let per_commit = |v: f64, digits: usize| {
         if http {
             "-".to_string()

@@ -13,6 +13,7 @@ mod procstat;
 mod query_cmd;
 mod querybench;
 mod rawdisk;
+mod recoverybench;
 mod redisbench;
 mod serve_cmd;
 mod serverbench;
