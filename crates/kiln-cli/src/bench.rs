@@ -80,6 +80,9 @@ pub struct BenchArgs {
     write_buffer_mib: Option<u64>,
 }
 
+/// A workload variant: its label and how to run it once.
+type Variant<'a> = (String, Box<dyn Fn() -> BenchResult<Run> + 'a>);
+
 pub(crate) const SEED: u64 = 0x4B494C4E;
 
 /// One run of a workload: its operation count, time, and figures to report.
@@ -560,7 +563,7 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
         .map(|w| w.trim().to_ascii_uppercase())
         .filter(|w| !w.is_empty())
     {
-        let variants: Vec<(String, Box<dyn Fn() -> BenchResult<Run>>)> = match wl.as_str() {
+        let variants: Vec<Variant<'_>> = match wl.as_str() {
             "W1" => vec![(wl.clone(), Box::new(|| w1(run_dir, opts, args.quick)))],
             "W2" => vec![(
                 wl.clone(),
