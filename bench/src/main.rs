@@ -10,6 +10,7 @@
 //! the ratio of Kiln to the best peer, and writes every figure to `--out`.
 
 mod engines;
+mod server;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
@@ -32,11 +33,17 @@ const SEED: u64 = 0x4B494C4E;
 )]
 struct Args {
     /// Comma-separated engines: kiln, sqlite, lmdb, redb, fjall, rocksdb, postgres
-    /// (W6 only; a throwaway server of its own, skipped if PostgreSQL is not installed).
-    #[arg(long, default_value = "kiln,sqlite,lmdb,redb,fjall,rocksdb,postgres")]
+    /// (W6 only; a throwaway server of its own, skipped if PostgreSQL is not
+    /// installed), redis (W8 and W9 only, against `kiln serve`; skipped if Debian's
+    /// redis-server is not installed).
+    #[arg(
+        long,
+        default_value = "kiln,sqlite,lmdb,redb,fjall,rocksdb,postgres,redis"
+    )]
     engines: String,
-    /// Comma-separated workloads: W1, W2, W3, W4, W5, W6.
-    #[arg(long, default_value = "W1,W2,W3,W4,W5,W6")]
+    /// Comma-separated workloads: W1, W2, W3, W4, W5, W6 (embedded engines), W8, W9
+    /// (`kiln serve` over HTTP against Redis, through `kiln bench`).
+    #[arg(long, default_value = "W1,W2,W3,W4,W5,W6,W8,W9")]
     workloads: String,
     /// 1/20 of the operations of every workload: the whole suite in about a minute.
     #[arg(long)]
@@ -348,6 +355,9 @@ fn median(v: &[f64]) -> f64 {
 }
 
 fn spawn_child(args: &Args, engine: &str, job: &Job, run_dir: &Path) -> Result<Value> {
+    if server::WORKLOADS.contains(&job.workload.as_str()) {
+        return server::run(engine, &job.workload, run_dir, args.quick);
+    }
     let exe = std::env::current_exe().context("current_exe")?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("--child-engine")
@@ -498,7 +508,7 @@ fn parent(args: &Args) -> Result<()> {
         .filter(|w| !w.is_empty())
     {
         match wl.as_str() {
-            "W1" | "W2" | "W3" | "W4" | "W5" => jobs.push(Job {
+            "W1" | "W2" | "W3" | "W4" | "W5" | "W8" | "W9" => jobs.push(Job {
                 label: wl.clone(),
                 workload: wl,
                 threads: 1,
@@ -512,7 +522,9 @@ fn parent(args: &Args) -> Result<()> {
                     })
                 }
             }
-            other => bail!("unknown workload {other:?} (available: W1, W2, W3, W4, W5, W6)"),
+            other => {
+                bail!("unknown workload {other:?} (available: W1, W2, W3, W4, W5, W6, W8, W9)")
+            }
         }
     }
 
@@ -901,8 +913,10 @@ fn parent(args: &Args) -> Result<()> {
                 "sqlite": "WAL, synchronous=FULL, table kv(key BLOB PRIMARY KEY, value BLOB)",
                 "lmdb": "heed, default flags (sync on commit)",
                 "redb": "Durability::Immediate",
-                "fjall": "batch commit + Keyspace::persist(PersistMode::SyncAll) per transaction",
-                "rocksdb": "WriteOptions::set_sync(true), default Options",
+                "fjall": "batch commit + Keyspace::persist(PersistMode::SyncAll) per transaction; Config::cache_size(256 MiB)",
+                "rocksdb": "WriteOptions::set_sync(true); LRU block cache 256 MiB, Bloom filter 10 bits/key, index and filter blocks cached, level_compaction_dynamic_level_bytes, increase_parallelism(2)",
+                "kiln_serve": "W8/W9: `kiln bench --workloads W8|W9 --no-redis` (kiln serve's defaults; 64 keep-alive connections, one single-threaded load generator; W8 PUTs ~1 KiB JSON documents, each a new id)",
+                "redis": "W8/W9 only: `kiln bench --redis-only`: a throwaway redis-server --appendonly yes --appendfsync always --save '' on loopback; redis-benchmark -c 64 -d 1024 -t set|get (W8: 200,000 SETs over as many keys; W9: GETs of 10,000 keys filled first)",
                 "postgres": "W6 only: a throwaway server (initdb in the run's directory, Unix socket only) with fsync=on, synchronous_commit=on, full_page_writes=on (the defaults), shared_buffers=256MB, max_connections=200; table kv(key bytea PRIMARY KEY, value bytea); one connection per thread, each commit an autocommit INSERT ... ON CONFLICT (key) DO UPDATE",
             },
             "suite_seconds": suite_start.elapsed().as_secs_f64(),

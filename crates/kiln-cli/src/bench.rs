@@ -1,8 +1,10 @@
 //! `kiln bench`: workloads of shared/BENCHMARKS.md run against Kiln, beside the raw
 //! disk measured in the same run.
 
-use crate::httpbench::{self, request_bytes, ServerProcess};
+use crate::httpbench;
 use crate::rawdisk;
+use crate::recoverybench::W7Case;
+use crate::serverbench::{self, doc_1k, fresh_server, fresh_server_with, ServerLoad};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_storage::{Env, Options};
 use rand::{rngs::SmallRng, Rng, RngCore, SeedableRng};
@@ -10,13 +12,13 @@ use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+pub(crate) type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Comma-separated workload ids: W1, W2, W3, W4, W6, W8, W8I (W8 with two indexes),
-    /// W8C (W8 with a backup chain active),
-    /// W9, W10, W11, W12, W13.
+    /// Comma-separated workload ids: W1, W2, W3, W4, W6, W7 (recovery after kill -9),
+    /// W8, W8I (W8 with two indexes), W8C (W8 with a backup chain active), W9, W10, W11,
+    /// W12, W13.
     #[arg(long, default_value = "W1,W4")]
     workloads: String,
     /// Directory to run in (a fresh subdirectory per run, removed afterwards).
@@ -34,9 +36,23 @@ pub struct BenchArgs {
     /// Thread counts for W6.
     #[arg(long, default_value = "1,8,64")]
     threads: String,
-    /// Client connections for W8 and W9.
+    /// Client connections for W8 and W9 (and Redis's clients beside them).
     #[arg(long, default_value_t = 64)]
     connections: usize,
+    /// W8 requests in all (default: 200,000, a few seconds at the rates seen;
+    /// 6,400 with --quick); Redis gets as many SETs.
+    #[arg(long)]
+    w8_requests: Option<u64>,
+    /// Skip the Redis peer of W8 and W9.
+    #[arg(long, conflicts_with = "redis_only")]
+    no_redis: bool,
+    /// (internal) W7's child: write a case's data, then wait to be killed.
+    #[arg(long, hide = true)]
+    w7_child: Option<String>,
+    /// W8 and W9 against Redis alone (the comparative benchmark in bench/ runs each
+    /// side as a job of its own).
+    #[arg(long)]
+    redis_only: bool,
     /// W6 commits in total (default: 20,000 as BENCHMARKS.md defines it; 4,000 with
     /// --quick). A longer run shows the sustained rate, data-file write-back included.
     #[arg(long)]
@@ -65,21 +81,21 @@ pub struct BenchArgs {
     write_buffer_mib: Option<u64>,
 }
 
-const SEED: u64 = 0x4B494C4E;
-
-/// A workload's variants: a name and the function that runs it once.
+/// A workload variant: its label and how to run it once.
 type Variant<'a> = (String, Box<dyn Fn() -> BenchResult<Run> + 'a>);
 
+pub(crate) const SEED: u64 = 0x4B494C4E;
+
 /// One run of a workload: its operation count, time, and figures to report.
-struct Run {
-    ops: u64,
-    commits: u64,
-    seconds: f64,
-    extra: Map<String, Value>,
+pub(crate) struct Run {
+    pub ops: u64,
+    pub commits: u64,
+    pub seconds: f64,
+    pub extra: Map<String, Value>,
 }
 
 impl Run {
-    fn ops_per_sec(&self) -> f64 {
+    pub fn ops_per_sec(&self) -> f64 {
         self.ops as f64 / self.seconds
     }
 }
@@ -358,314 +374,10 @@ fn w6(
     })
 }
 
-/// A JSON document of about 1 KiB (W8, W9).
-fn doc_1k(rng: &mut SmallRng, n: u64) -> Vec<u8> {
-    let payload: String = (0..900)
-        .map(|_| (b'a' + rng.gen_range(0..26)) as char)
-        .collect();
-    serde_json::to_vec(&json!({"name": format!("user-{n}"), "age": n % 100, "tags": ["bench", "w8"], "payload": payload}))
-        .expect("serializable")
-}
-
-/// Starts `kiln serve` on a fresh data directory with a database `bench`.
-fn fresh_server(dir: &Path) -> BenchResult<ServerProcess> {
-    fresh_server_with(dir, &[])
-}
-
-/// `fresh_server` with extra `kiln serve` flags.
-fn fresh_server_with(dir: &Path, args: &[&str]) -> BenchResult<ServerProcess> {
-    if dir.exists() {
-        std::fs::remove_dir_all(dir)?;
-    }
-    let server = ServerProcess::start_with(dir, args)?;
-    let (status, body) = httpbench::blocking_request(server.addr, "PUT", "/dbs/bench", b"")?;
-    if status != 201 {
-        return Err(format!(
-            "creating the bench database: {status} {}",
-            String::from_utf8_lossy(&body)
-        )
-        .into());
-    }
-    Ok(server)
-}
-
-fn load_figures(
-    extra: &mut Map<String, Value>,
-    r: &httpbench::LoadResult,
-    connections: usize,
-    server_cpu_seconds: f64,
-) -> BenchResult<()> {
-    if let Some((status, body)) = r.unexpected.first() {
-        return Err(format!("unexpected answer {status}: {body}").into());
-    }
-    let per_request_us = |s: f64| s * 1e6 / r.requests.max(1) as f64;
-    extra.insert(
-        "server_cpu_us_per_request".into(),
-        json!(per_request_us(server_cpu_seconds)),
-    );
-    extra.insert(
-        "load_generator_cpu_us_per_request".into(),
-        json!(per_request_us(r.load_generator_cpu_seconds)),
-    );
-    extra.insert("connections".into(), json!(connections));
-    extra.insert("requests_per_sec".into(), json!(r.per_sec()));
-    extra.insert("p50_us".into(), json!(r.quantile_ms(0.5) * 1e3));
-    extra.insert("p99_us".into(), json!(r.quantile_ms(0.99) * 1e3));
-    Ok(())
-}
-
-/// W8: `connections` keep-alive connections PUT 1 KiB JSON documents, one per
-/// request, to a `kiln serve` child process. The engine's own W6 at 64 threads is
-/// measured right before, in this run, for the ratio the target is set against.
-fn w8(dir: &Path, opts: &Options, quick: bool, connections: usize) -> BenchResult<Run> {
-    let w6_t64 = w6(dir, opts, quick, 64, None)?;
-    let mut run = w8_http(dir, quick, connections)?;
-    let w6_rate = w6_t64.ops_per_sec();
-    run.extra
-        .insert("w6_t64_commits_per_sec".into(), json!(w6_rate));
-    if let Some(cpu) = w6_t64.extra.get("cpu_us_per_commit") {
-        run.extra
-            .insert("w6_t64_cpu_us_per_commit".into(), cpu.clone());
-    }
-    run.extra
-        .insert("ratio_to_w6_t64".into(), json!(run.ops_per_sec() / w6_rate));
-    Ok(run)
-}
-
-/// The HTTP part of W8 alone.
-fn w8_http(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
-    w8_http_indexed(dir, quick, connections, false, false)
-}
-
-/// W8 with two indexes (users by age, by name) built in the background while it
-/// runs, beside W8 without indexes measured right before (issue 17: >= 0.8x).
-fn w8_indexed(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
-    let plain = w8_http_indexed(dir, quick, connections, false, false)?;
-    let mut run = w8_http_indexed(dir, quick, connections, true, false)?;
-    run.extra.insert(
-        "w8_without_indexes_requests_per_sec".into(),
-        json!(plain.ops_per_sec()),
-    );
-    run.extra.insert(
-        "ratio_to_w8_without_indexes".into(),
-        json!(run.ops_per_sec() / plain.ops_per_sec()),
-    );
-    Ok(run)
-}
-
-/// W8 with a backup chain active (issue 18: every write also goes to the backup
-/// history, in the same transaction), beside W8 without one measured right before.
-fn w8_chained(dir: &Path, quick: bool, connections: usize) -> BenchResult<Run> {
-    let plain = w8_http_indexed(dir, quick, connections, false, false)?;
-    let mut run = w8_http_indexed(dir, quick, connections, false, true)?;
-    run.extra.insert(
-        "w8_without_chain_requests_per_sec".into(),
-        json!(plain.ops_per_sec()),
-    );
-    for k in ["journal_bytes_per_write", "p99_us"] {
-        if let Some(v) = plain.extra.get(k) {
-            run.extra.insert(format!("w8_without_chain_{k}"), v.clone());
-        }
-    }
-    run.extra.insert(
-        "ratio_to_w8_without_chain".into(),
-        json!(run.ops_per_sec() / plain.ops_per_sec()),
-    );
-    Ok(run)
-}
-
-fn w8_http_indexed(
-    dir: &Path,
-    quick: bool,
-    connections: usize,
-    indexes: bool,
-    chain: bool,
-) -> BenchResult<Run> {
-    let per_connection = if quick { 100 } else { 500 };
-    let server = fresh_server(dir)?;
-    if chain {
-        // A full backup with chain=true (of the empty database) starts the chain.
-        let (status, text) =
-            httpbench::blocking_request(server.addr, "GET", "/dbs/bench/backup?chain=true", b"")?;
-        // The answer streams (this client reads only its head): the chain starts on
-        // the server's side; wait until it is recorded.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let active = loop {
-            let (_, chain) =
-                httpbench::blocking_request(server.addr, "GET", "/dbs/bench/backup/chain", b"")?;
-            if String::from_utf8_lossy(&chain).contains("\"active\":true") {
-                break true;
-            }
-            if Instant::now() > deadline {
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        if status != 200 || !active {
-            return Err(format!(
-                "starting the backup chain: {status} {}",
-                String::from_utf8_lossy(&text)
-                    .chars()
-                    .take(200)
-                    .collect::<String>()
-            )
-            .into());
-        }
-    }
-    if indexes {
-        for (name, field) in [("users-by-age", "age"), ("users-by-name", "name")] {
-            let body = json!({"collection": "users", "fields": [field]}).to_string();
-            let (status, text) = httpbench::blocking_request(
-                server.addr,
-                "PUT",
-                &format!("/dbs/bench/indexes/{name}"),
-                body.as_bytes(),
-            )?;
-            if status != 201 {
-                return Err(format!(
-                    "defining {name}: {status} {}",
-                    String::from_utf8_lossy(&text)
-                )
-                .into());
-            }
-        }
-    }
-    let mut rng = SmallRng::seed_from_u64(SEED);
-    let bodies: Vec<Vec<u8>> = (0..256).map(|n| doc_1k(&mut rng, n)).collect();
-    let pb = progress((connections * per_connection) as u64, "W8");
-    let server_cpu_before = server.cpu_seconds()?;
-    let r = httpbench::run_load(
-        server.addr,
-        connections,
-        per_connection,
-        201,
-        move |c, i| {
-            request_bytes(
-                "PUT",
-                &format!("/dbs/bench/docs/users/{c}-{i}"),
-                &[("content-type", "application/json")],
-                &bodies[(c * 31 + i) % bodies.len()],
-            )
-        },
-        &pb,
-    )?;
-    pb.finish_and_clear();
-    let mut extra = Map::new();
-    let server_cpu = server.cpu_seconds()? - server_cpu_before;
-    load_figures(&mut extra, &r, connections, server_cpu)?;
-    let (_, stats) = httpbench::blocking_request(server.addr, "GET", "/dbs/bench", b"")?;
-    let stats: Value = serde_json::from_slice(&stats)?;
-    extra.insert(
-        "avg_group_size".into(),
-        stats["engine"]["avg_group_units"].clone(),
-    );
-    for k in [
-        "journal_write_p50_us",
-        "journal_write_p99_us",
-        "journal_writes",
-        "journal_bytes",
-        "commit_units",
-        "data_syncs",
-    ] {
-        extra.insert(k.into(), stats["engine"][k].clone());
-    }
-    if let (Some(bytes), Some(writes)) = (
-        stats["engine"]["journal_bytes"].as_f64(),
-        stats["engine"]["journal_writes"].as_f64(),
-    ) {
-        extra.insert(
-            "journal_bytes_per_write".into(),
-            json!(bytes / writes.max(1.0)),
-        );
-        extra.insert(
-            "requests_per_journal_write".into(),
-            json!(r.requests as f64 / writes.max(1.0)),
-        );
-    }
-    drop(server);
-    Ok(Run {
-        ops: r.requests,
-        commits: r.requests,
-        seconds: r.seconds,
-        extra,
-    })
-}
-
-/// W9: `connections` connections GET existing documents at random, with
-/// If-None-Match of the current etag (every answer a 304) or without (200s).
-fn w9(dir: &Path, quick: bool, connections: usize, conditional: bool) -> BenchResult<Run> {
-    let docs: usize = if quick { 2_000 } else { 10_000 };
-    let per_connection = if quick { 200 } else { 2_000 };
-    let server = fresh_server(dir)?;
-    let mut rng = SmallRng::seed_from_u64(SEED);
-    let mut etags = Vec::with_capacity(docs);
-    for chunk in (0..docs).collect::<Vec<_>>().chunks(500) {
-        let ops: Vec<Value> = chunk
-            .iter()
-            .map(|&n| {
-                let doc: Value =
-                    serde_json::from_slice(&doc_1k(&mut rng, n as u64)).expect("valid");
-                json!({"op": "put", "id": format!("users/{n}"), "document": doc})
-            })
-            .collect();
-        let body = serde_json::to_vec(&json!({ "ops": ops }))?;
-        let (status, answer) =
-            httpbench::blocking_request(server.addr, "POST", "/dbs/bench/batch", &body)?;
-        if status != 200 {
-            return Err(format!(
-                "preload batch: {status} {}",
-                String::from_utf8_lossy(&answer)
-            )
-            .into());
-        }
-        let answer: Value = serde_json::from_slice(&answer)?;
-        for r in answer["results"]
-            .as_array()
-            .ok_or("batch answer without results")?
-        {
-            etags.push(format!(
-                "\"{}\"",
-                r["etag"].as_str().ok_or("batch result without etag")?
-            ));
-        }
-    }
-    let label = if conditional { "W9 304" } else { "W9 GET" };
-    let pb = progress((connections * per_connection) as u64, label);
-    let server_cpu_before = server.cpu_seconds()?;
-    let r = httpbench::run_load(
-        server.addr,
-        connections,
-        per_connection,
-        if conditional { 304 } else { 200 },
-        move |c, i| {
-            let n = (c * 7919 + i * 104_729) % docs;
-            let path = format!("/dbs/bench/docs/users/{n}");
-            if conditional {
-                request_bytes("GET", &path, &[("if-none-match", &etags[n])], b"")
-            } else {
-                request_bytes("GET", &path, &[], b"")
-            }
-        },
-        &pb,
-    )?;
-    pb.finish_and_clear();
-    let mut extra = Map::new();
-    let server_cpu = server.cpu_seconds()? - server_cpu_before;
-    load_figures(&mut extra, &r, connections, server_cpu)?;
-    extra.insert("documents".into(), json!(docs));
-    drop(server);
-    Ok(Run {
-        ops: r.requests,
-        commits: r.requests,
-        seconds: r.seconds,
-        extra,
-    })
-}
-
 /// W10: one streaming bulk insert of generated ~300-byte documents, with W8 (PUT
 /// per request) measured right before in the same run for the ratio.
 fn w10(dir: &Path, quick: bool, connections: usize, documents: Option<u64>) -> BenchResult<Run> {
-    let w8 = w8_http(dir, quick, connections)?;
+    let w8 = serverbench::w8_http(dir, quick, connections, None)?;
     let documents = documents.unwrap_or(if quick { 100_000 } else { 1_000_000 });
     let server = fresh_server(dir)?;
     let bulk = crate::streambench::bulk_insert(&server, documents)?;
@@ -762,7 +474,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn measure(runs: usize, mut f: impl FnMut() -> BenchResult<Run>) -> BenchResult<(Run, usize)> {
     let mut results = Vec::new();
     for i in 0..runs.max(1) {
-        let r = f()?;
+        // Each run's peak memory is its own (in-process workloads: this process; the
+        // server workloads add their server's).
+        crate::procstat::reset_own_peak_rss();
+        let mut r = f()?;
+        if let Ok(peak) = crate::procstat::peak_rss_bytes(std::process::id()) {
+            r.extra
+                .insert("bench_process_peak_rss_bytes".into(), json!(peak));
+        }
         let long = r.seconds > 10.0;
         results.push(r);
         if long && i == 0 {
@@ -775,6 +494,10 @@ fn measure(runs: usize, mut f: impl FnMut() -> BenchResult<Run>) -> BenchResult<
 }
 
 pub fn run(args: BenchArgs) -> BenchResult<()> {
+    if let Some(case) = &args.w7_child {
+        let case = W7Case::parse(case).ok_or_else(|| format!("unknown W7 case {case:?}"))?;
+        return crate::recoverybench::child(case, &args.dir, args.quick);
+    }
     std::fs::create_dir_all(&args.dir)?;
     let mut options = Options::default();
     if let Some(mib) = args.write_back_window_mib {
@@ -830,6 +553,8 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
         .collect();
     let quick = args.quick;
     let connections = args.connections;
+    let mut load = ServerLoad::new(quick, connections, args.w8_requests, !args.no_redis);
+    load.redis_only = args.redis_only;
     let (w10_docs, w11_connections) = (args.w10_docs, args.w11_connections);
     let (w12_docs, w13_docs) = (args.w12_docs, args.w13_docs);
     let scale = move |full: u64| if quick { full / 10 } else { full };
@@ -863,21 +588,35 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
                     )
                 })
                 .collect(),
+            "W7" => [W7Case::AfterW3, W7Case::Journal]
+                .into_iter()
+                .map(|case| {
+                    (
+                        format!("W7 {}", case.name()),
+                        Box::new(move || crate::recoverybench::w7(run_dir, case, quick))
+                            as Box<dyn Fn() -> BenchResult<Run>>,
+                    )
+                })
+                .collect(),
             "W8" => vec![(
                 wl.clone(),
-                Box::new(move || w8(run_dir, opts, quick, connections)),
+                Box::new(move || serverbench::w8(run_dir, load, quick)),
             )],
-            "W9" => vec![
-                (
+            "W9" => {
+                let mut v = vec![(
                     "W9 GET".to_string(),
-                    Box::new(move || w9(run_dir, quick, connections, false))
+                    Box::new(move || serverbench::w9(run_dir, load, quick, false))
                         as Box<dyn Fn() -> BenchResult<Run>>,
-                ),
-                (
-                    "W9 304".to_string(),
-                    Box::new(move || w9(run_dir, quick, connections, true)),
-                ),
-            ],
+                )];
+                // Redis has no conditional GET.
+                if !load.redis_only {
+                    v.push((
+                        "W9 304".to_string(),
+                        Box::new(move || serverbench::w9(run_dir, load, quick, true)),
+                    ));
+                }
+                v
+            }
             "W10" => vec![(
                 wl.clone(),
                 Box::new(move || w10(run_dir, quick, connections, w10_docs)),
@@ -888,11 +627,11 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
             )],
             "W8I" => vec![(
                 wl.clone(),
-                Box::new(move || w8_indexed(run_dir, quick, connections)),
+                Box::new(move || serverbench::w8_indexed(run_dir, load)),
             )],
             "W8C" => vec![(
                 wl.clone(),
-                Box::new(move || w8_chained(run_dir, quick, connections)),
+                Box::new(move || serverbench::w8_chained(run_dir, load)),
             )],
             "W12" => vec![(
                 wl.clone(),
@@ -904,7 +643,7 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
             )],
             other => {
                 return Err(format!(
-                    "unknown workload {other:?} (available: W1, W2, W3, W4, W6, W8, W8I, W8C, W9, W10, W11, W12, W13)"
+                    "unknown workload {other:?} (available: W1, W2, W3, W4, W6, W7, W8, W8I, W8C, W9, W10, W11, W12, W13)"
                 )
                 .into())
             }
@@ -960,15 +699,29 @@ fn report(
         return;
     }
     let f = |k: &str| m.extra.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
-    if let Some(ratio) = m.extra.get("ratio_to_w6_t64").and_then(Value::as_f64) {
+    if let Some(ratio) = m.extra.get("ratio_to_redis").and_then(Value::as_f64) {
         println!(
-            "         {label}: {:.0} requests/s over HTTP vs the engine's W6 T=64 {:.0} commits/s \
-             measured alongside: {ratio:.2}x (target >= 0.5x)",
+            "         {label}: {:.0} requests/s vs Redis {} (AOF, appendfsync always) {:.0}/s \
+             measured alongside: {ratio:.2}x (target >= 1.0x); Redis p99 {:.0} us, server CPU \
+             {:.1} us per request",
             m.ops_per_sec(),
-            m.extra["w6_t64_commits_per_sec"]
-                .as_f64()
-                .unwrap_or(f64::NAN)
+            m.extra["redis_version"].as_str().unwrap_or("?"),
+            f("redis_requests_per_sec"),
+            f("redis_p99_us"),
+            f("redis_server_cpu_us_per_request"),
         );
+    }
+    if let Some(open_ms) = m.extra.get("open_ms").and_then(Value::as_f64) {
+        println!(
+            "         {label}: kill -9 with {:.0} MiB of journal ({} records replayed): open {open_ms:.0} ms, \
+             first read {:.0} ms (target <= 1000 ms)",
+            f("journal_bytes_written") / (1u64 << 20) as f64,
+            f("records_replayed_on_open"),
+            f("first_read_ms"),
+        );
+    }
+    if let Some(why) = m.extra.get("redis_skipped").and_then(Value::as_str) {
+        println!("         {label}: Redis peer skipped: {why}");
     }
     if let Some(ratio) = m.extra.get("ratio_to_w8").and_then(Value::as_f64) {
         let mib = |k: &str| f(k) / (1u64 << 20) as f64;
@@ -1046,19 +799,26 @@ fn report(
         .get("server_cpu_us_per_request")
         .and_then(Value::as_f64)
     {
-        let load_us = m.extra["load_generator_cpu_us_per_request"]
-            .as_f64()
-            .unwrap_or(f64::NAN);
-        let w6_us = m
-            .extra
-            .get("w6_t64_cpu_us_per_commit")
-            .and_then(Value::as_f64)
-            .map_or(String::new(), |v| {
-                format!(" (W6 T=64: {v:.1} us of CPU per commit)")
-            });
+        let load_us = f("load_generator_cpu_us_per_request");
         println!(
-            "         {label}: CPU per request: server {server_us:.1} us, load generator {load_us:.1} us{w6_us}"
+            "         {label}: CPU per request: server {server_us:.1} us, load generator {load_us:.1} us"
         );
+    }
+    let peak_mib = |k: &str| {
+        m.extra
+            .get(k)
+            .and_then(Value::as_f64)
+            .map(|b| b / (1u64 << 20) as f64)
+    };
+    match (
+        peak_mib("server_peak_rss_bytes"),
+        peak_mib("bench_process_peak_rss_bytes"),
+    ) {
+        (Some(server), _) => println!("         {label}: peak RSS of the server {server:.0} MiB"),
+        (None, Some(own)) => println!(
+            "         {label}: peak RSS of the benchmark process (engine in-process) {own:.0} MiB"
+        ),
+        _ => {}
     }
     let opt = |k: &str| {
         m.extra
@@ -1071,8 +831,9 @@ fn report(
         .get("avg_group_size")
         .and_then(Value::as_f64)
         .map_or("-".to_string(), |v| format!("{v:.1}"));
-    // HTTP workloads: a request is not a commit of its own; no per-commit columns.
-    let http = m.extra.contains_key("requests_per_sec");
+    // HTTP workloads (a request is not a commit of its own) and W7 (one reopen):
+    // no per-commit columns.
+    let http = m.extra.contains_key("requests_per_sec") || m.extra.contains_key("open_ms");
     let per_commit = |v: f64, digits: usize| {
         if http {
             "-".to_string()

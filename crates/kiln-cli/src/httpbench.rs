@@ -73,30 +73,9 @@ impl ServerProcess {
         self.child.id()
     }
 
-    /// CPU time (user + system, all threads) the server process has used so far,
-    /// from /proc: where the time per request goes on a machine the load
-    /// generator shares.
+    /// CPU time (user + system, all threads) the server process has used so far.
     pub fn cpu_seconds(&self) -> io::Result<f64> {
-        let path = format!("/proc/{}/stat", self.child.id());
-        let stat = std::fs::read_to_string(&path)
-            .map_err(|e| io::Error::new(e.kind(), format!("reading {path}: {e}")))?;
-        let unexpected = || io::Error::other(format!("unexpected format of {path}: {stat:?}"));
-        // Fields after the parenthesised command name; utime and stime are the
-        // 14th and 15th fields of the line, in clock ticks.
-        let rest = stat
-            .rsplit_once(')')
-            .map(|(_, r)| r)
-            .ok_or_else(unexpected)?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = |i: usize| -> io::Result<f64> {
-            fields
-                .get(i)
-                .and_then(|f| f.parse::<f64>().ok())
-                .ok_or_else(unexpected)
-        };
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        Ok((ticks(11)? + ticks(12)?) / hz)
+        crate::procstat::cpu_seconds(self.child.id())
     }
 }
 

@@ -9,10 +9,14 @@ mod export_cmd;
 mod httpbench;
 mod import_cmd;
 mod kv;
+mod procstat;
 mod query_cmd;
 mod querybench;
 mod rawdisk;
+mod recoverybench;
+mod redisbench;
 mod serve_cmd;
+mod serverbench;
 mod streambench;
 
 use clap::{Parser, Subcommand};

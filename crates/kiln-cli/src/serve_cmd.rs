@@ -71,6 +71,10 @@ pub struct ServeArgs {
     /// Worker threads for the async runtime (default: one per core).
     #[arg(long)]
     worker_threads: Option<usize>,
+    /// Threads that turn queued document writes into commits: units in flight at
+    /// once. While one waits on the journal, the next gathers what arrived meanwhile.
+    #[arg(long, default_value_t = kiln_docs::WriteQueueOptions::default().workers)]
+    write_workers: usize,
 }
 
 #[derive(Subcommand)]
@@ -122,6 +126,7 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
     config.docs.max_id_bytes = a.max_id_bytes;
     config.docs.storage.max_unflushed_bytes = a.max_unflushed_mib << 20;
     config.docs.storage.write_back_window_bytes = a.write_back_window_mib << 20;
+    config.docs.write_queue.workers = a.write_workers.max(1);
     config.changes.heartbeat_ms = a.changes_heartbeat_ms.max(1);
     config.changes.max_connections = a.max_changes_connections;
     config.changes.tombstone_retention_ms =

@@ -58,26 +58,14 @@ fn bulk_line(rng: &mut SmallRng, n: u64, out: &mut Vec<u8>) {
 
 /// RSS of a process in bytes, from /proc.
 fn rss_bytes(pid: u32) -> io::Result<u64> {
-    proc_status_bytes(pid, "VmRSS:")
+    crate::procstat::status_bytes(pid, "VmRSS:")
 }
 
 /// The anonymous part of a process's RSS: its heap, without the pages of files it
 /// maps (the data file is read through a map, and the page cache pages it touches
 /// count in VmRSS although the kernel can drop them at will).
 fn rss_anon_bytes(pid: u32) -> io::Result<u64> {
-    proc_status_bytes(pid, "RssAnon:")
-}
-
-fn proc_status_bytes(pid: u32, field: &str) -> io::Result<u64> {
-    let path = format!("/proc/{pid}/status");
-    let status = std::fs::read_to_string(&path)
-        .map_err(|e| io::Error::new(e.kind(), format!("reading {path}: {e}")))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .ok_or_else(|| io::Error::other(format!("no {field} in {path}")))
+    crate::procstat::status_bytes(pid, "RssAnon:")
 }
 
 /// Samples a process's RSS (whole and anonymous) every 50 ms on a thread of its own;

@@ -5,7 +5,7 @@ use crate::auth::KeyVerifier;
 use crate::config::Limits;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::routes::{admin as routes_admin, bulk, changes, docs as routes_docs, queries};
+use crate::routes::{admin as routes_admin, bulk, changes, docs as routes_docs, queries, studio};
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -92,6 +92,11 @@ pub fn router(state: SharedState) -> Router {
         ))
         // /health answers without authentication (load balancers, probes).
         .route("/health", get(routes_admin::health))
+        // The studio's static files: no data in them, so no key needed to load them.
+        .route("/", get(studio::root))
+        .route("/studio", get(studio::index))
+        .route("/studio/", get(studio::index))
+        .route("/studio/{*path}", get(studio::file))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), track))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -153,7 +158,8 @@ async fn authenticate(State(state): State<SharedState>, req: Request, next: Next
                 .filter(|s| s.eq_ignore_ascii_case("bearer "))
                 .map(|_| &v[7..])
         })
-        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .or_else(|| key_from_websocket_protocol(headers));
     let Some(key) = presented else {
         return unauthorized("authentication required: send an API key (Authorization: Bearer <key>) or a client certificate");
     };
@@ -163,6 +169,26 @@ async fn authenticate(State(state): State<SharedState>, req: Request, next: Next
         Some(_name) => next.run(req).await,
         None => unauthorized("the API key is not valid (unknown, revoked or mistyped)"),
     }
+}
+
+/// A browser cannot set headers on a WebSocket, and a key must never be in a URL
+/// (logs, history, Referer). So a WebSocket upgrade may carry the key as one of the
+/// subprotocols it offers, `kiln.key.<key>` (keys are `kiln_<hex>_<hex>`, valid
+/// protocol tokens), next to [`changes::WS_PROTOCOL`], the only one the server
+/// selects and echoes: the key never comes back in a response.
+fn key_from_websocket_protocol(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let upgrade = headers
+        .get(header::UPGRADE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+    if !upgrade {
+        return None;
+    }
+    headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .find_map(|p| p.trim().strip_prefix(changes::WS_KEY_PROTOCOL_PREFIX))
 }
 
 fn unauthorized(message: &str) -> Response {

@@ -67,6 +67,19 @@ impl Metrics {
         self.latency_sum_us.fetch_add(us, Relaxed);
     }
 
+    /// Requests so far by status class: `{"2xx": n, "3xx": n, "4xx": n, "5xx": n}`
+    /// (and `1xx` when any).
+    pub fn requests_by_status_class(&self) -> BTreeMap<String, u64> {
+        let mut out: BTreeMap<String, u64> = ["2xx", "3xx", "4xx", "5xx"]
+            .into_iter()
+            .map(|c| (c.to_string(), 0))
+            .collect();
+        for ((_, _, status), n) in self.requests.lock().iter() {
+            *out.entry(format!("{}xx", status / 100)).or_insert(0) += n;
+        }
+        out
+    }
+
     fn render_feeds(&self, o: &mut String) {
         gauge(
             o,
@@ -349,7 +362,7 @@ fn escape(label: &str) -> String {
         .replace('\n', "\\n")
 }
 
-fn resident_memory_bytes() -> Option<u64> {
+pub(crate) fn resident_memory_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     // SAFETY: sysconf has no preconditions.

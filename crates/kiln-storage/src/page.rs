@@ -492,17 +492,78 @@ pub fn encode_branch_cell(key: &[u8], child: PageNo) -> Vec<u8> {
 }
 
 /// Binary search: Ok(i) if key found at slot i, Err(i) for the insertion point.
+///
+/// The hot loop of every lookup (W5's random gets spent 80 % of their time here):
+/// the page kind is read once, and keys are compared by their first eight bytes as
+/// one integer before any byte-wise compare (`key_head`).
 pub fn search(p: &[u8], key: &[u8]) -> std::result::Result<usize, usize> {
+    let leaf = hdr::kind(p) == KIND_LEAF;
+    let head = key_head(key);
     let (mut lo, mut hi) = (0, hdr::count(p));
     while lo < hi {
         let mid = (lo + hi) / 2;
-        match cell_key(p, mid).cmp(key) {
+        let cell = if leaf {
+            leaf_cell_key(p, mid)
+        } else {
+            branch_cell_key(p, mid)
+        };
+        let order = match key_head(cell).cmp(&head) {
+            std::cmp::Ordering::Equal => cell.cmp(key),
+            unequal => unequal,
+        };
+        match order {
             std::cmp::Ordering::Less => lo = mid + 1,
             std::cmp::Ordering::Greater => hi = mid,
             std::cmp::Ordering::Equal => return Ok(mid),
         }
     }
     Err(lo)
+}
+
+/// A key's first eight bytes as a big-endian integer, zero-padded. When two keys'
+/// heads differ they order as the keys do (the first differing byte decides both;
+/// a padding zero sorts a prefix first, as byte order does); equal heads need the
+/// full compare.
+#[inline]
+fn key_head(key: &[u8]) -> u64 {
+    match key.first_chunk::<8>() {
+        Some(first) => u64::from_be_bytes(*first),
+        None => {
+            let mut buf = [0u8; 8];
+            if let Some(dst) = buf.get_mut(..key.len()) {
+                dst.copy_from_slice(key);
+            }
+            u64::from_be_bytes(buf)
+        }
+    }
+}
+
+/// `cell_key` of a page known to be a leaf.
+// Bounds: as `cell_size`.
+#[allow(clippy::indexing_slicing)]
+#[inline]
+fn leaf_cell_key(p: &[u8], i: usize) -> &[u8] {
+    let off = slot(p, i);
+    let len = read_u16(p, off) as usize;
+    let start = off
+        + LEAF_CELL_FIXED
+        + if p[off + 2] == VALUE_OVERFLOW {
+            OVERFLOW_REF_SIZE
+        } else {
+            0
+        };
+    &p[start..start + len]
+}
+
+/// `cell_key` of a page known to be a branch.
+// Bounds: as `cell_size`.
+#[allow(clippy::indexing_slicing)]
+#[inline]
+fn branch_cell_key(p: &[u8], i: usize) -> &[u8] {
+    let off = slot(p, i);
+    let len = read_u16(p, off) as usize;
+    let start = off + BRANCH_CELL_FIXED;
+    &p[start..start + len]
 }
 
 /// Index of the child of a branch that covers `key`: usize::MAX stands for the
@@ -658,4 +719,32 @@ pub fn init_overflow(run: &mut [u8], value: &[u8]) {
     write_u32(run, 28, pages as u32);
     hdr::set_extra(run, value.len() as u64);
     run[OVERFLOW_HEADER..OVERFLOW_HEADER + value.len()].copy_from_slice(value);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_head;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Differing heads order two keys as the bytes do; the search relies on it.
+        #[test]
+        fn key_heads_order_as_bytes(
+            a in proptest::collection::vec(prop_oneof![Just(0u8), Just(1u8), Just(255u8), any::<u8>()], 0..12),
+            b in proptest::collection::vec(prop_oneof![Just(0u8), Just(1u8), Just(255u8), any::<u8>()], 0..12),
+        ) {
+            let (ha, hb) = (key_head(&a), key_head(&b));
+            if ha != hb {
+                prop_assert_eq!(ha.cmp(&hb), a.cmp(&b));
+            }
+        }
+    }
+
+    #[test]
+    fn key_heads_of_prefixes() {
+        assert!(key_head(b"ab") < key_head(b"ab\x01"));
+        assert_eq!(key_head(b"ab"), key_head(b"ab\0"));
+        assert_eq!(key_head(b""), 0);
+        assert_eq!(key_head(b"12345678"), key_head(b"123456789"));
+    }
 }

@@ -12,12 +12,32 @@ use crate::{Error, Result};
 use parking_lot::RwLock;
 use std::cell::UnsafeCell;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub(crate) struct MapGen {
     region: Box<dyn MappedRegion>,
     pages: u64,
+    /// One bit per page of this map: its on-disk version was verified (or written by
+    /// us), so every page from disk has its checksum checked once per map generation,
+    /// not per read. Kept per generation so a read tests a bit without taking a lock;
+    /// a new generation starts from a copy of its predecessor's bits (a bit set in
+    /// the old one meanwhile only costs one more verification).
+    verified: Box<[AtomicU64]>,
+}
+
+impl MapGen {
+    fn is_verified(&self, no: PageNo) -> bool {
+        self.verified
+            .get((no / 64) as usize)
+            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (no % 64)) != 0)
+    }
+
+    fn set_verified(&self, no: PageNo) {
+        if let Some(w) = self.verified.get((no / 64) as usize) {
+            w.fetch_or(1 << (no % 64), Ordering::Relaxed);
+        }
+    }
 }
 
 /// Keeps alive what a transaction has borrowed slices from: page runs taken from the
@@ -46,6 +66,20 @@ impl Pins {
             std::slice::from_raw_parts(last.bytes().as_ptr(), last.bytes().len())
         }
     }
+    /// The last map generation this transaction pinned, if it covers page `no`: a
+    /// snapshot's pages lie within the map of its time or a later one, and the file
+    /// only grows, so an older mapping stays valid for the pages it covers.
+    fn pinned_map_covering(&self, no: PageNo) -> Option<&MapGen> {
+        // SAFETY: as in pin_run; the returned reference points into an Arc the vector
+        // keeps alive for the life of `self`.
+        unsafe {
+            let maps = &*self.maps.get();
+            maps.last()
+                .filter(|m| no < m.pages)
+                .map(|m| &*(Arc::as_ptr(m)))
+        }
+    }
+
     fn pin_map<'a>(&'a self, map: &Arc<MapGen>) -> &'a MapGen {
         // SAFETY: as in pin_run; a map generation is pinned once per change.
         unsafe {
@@ -59,44 +93,16 @@ impl Pins {
     }
 }
 
-/// One bit per page: set once the on-disk version was verified (or written by us),
-/// so every page from disk has its checksum checked once per process, not per read.
-struct VerifiedBits {
-    words: RwLock<Vec<AtomicU64>>,
-}
-
-impl VerifiedBits {
-    fn get(&self, no: PageNo) -> bool {
-        let words = self.words.read();
-        words
-            .get((no / 64) as usize)
-            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (no % 64)) != 0)
-    }
-    fn set(&self, no: PageNo) {
-        let idx = (no / 64) as usize;
-        {
-            let words = self.words.read();
-            if let Some(w) = words.get(idx) {
-                w.fetch_or(1 << (no % 64), Ordering::Relaxed);
-                return;
-            }
-        }
-        let mut words = self.words.write();
-        while words.len() <= idx {
-            words.push(AtomicU64::new(0));
-        }
-        if let Some(w) = words.get(idx) {
-            w.fetch_or(1 << (no % 64), Ordering::Relaxed);
-        }
-    }
-}
-
 pub(crate) struct PageStore {
     pub path: PathBuf,
     pub file: Box<dyn VfsFile>,
     map: RwLock<Arc<MapGen>>,
     unflushed: RwLock<crate::fasthash::FastMap<PageNo, Arc<PageRun>>>,
-    verified: VerifiedBits,
+    /// The table's length, stored under its write lock: a read that sees 0 skips the
+    /// table's lock. Sound because a snapshot's pages were published before the
+    /// snapshot existed, and an entry leaves the table only once its bytes are in the
+    /// data file (`write_back`) or no snapshot can reach it (`forget`).
+    unflushed_count: AtomicUsize,
     grow_step_bytes: u64,
 }
 
@@ -105,33 +111,59 @@ impl PageStore {
         let len = file
             .len()
             .map_err(|e| Error::io(path, None, "stat data file", e))?;
-        let map = Self::map_file(path, file.as_ref(), len)?;
+        let map = Self::map_file(path, file.as_ref(), len, None)?;
         Ok(PageStore {
             path: path.to_path_buf(),
             file,
             map: RwLock::new(map),
             unflushed: RwLock::new(Default::default()),
-            verified: VerifiedBits {
-                words: RwLock::new(Vec::new()),
-            },
+            unflushed_count: AtomicUsize::new(0),
             grow_step_bytes,
         })
     }
 
-    fn map_file(path: &Path, file: &dyn VfsFile, len: u64) -> Result<Arc<MapGen>> {
+    /// Maps the file's first `len` bytes; the verified bits start as `previous`'s.
+    fn map_file(
+        path: &Path,
+        file: &dyn VfsFile,
+        len: u64,
+        previous: Option<&MapGen>,
+    ) -> Result<Arc<MapGen>> {
         let region = file
             .map(len)
             .map_err(|e| Error::io(path, None, "memory-map data file", e))?;
+        let pages = len / PAGE_SIZE as u64;
+        let verified: Box<[AtomicU64]> = (0..pages.div_ceil(64) as usize)
+            .map(|i| {
+                let old = previous
+                    .and_then(|p| p.verified.get(i))
+                    .map_or(0, |w| w.load(Ordering::Relaxed));
+                AtomicU64::new(old)
+            })
+            .collect();
         Ok(Arc::new(MapGen {
             region,
-            pages: len / PAGE_SIZE as u64,
+            pages,
+            verified,
         }))
     }
 
     /// Returns the bytes of committed page `no` (the whole run for overflow pages).
     pub fn page<'a>(&self, no: PageNo, pins: &'a Pins) -> Result<&'a [u8]> {
-        if let Some(run) = self.unflushed.read().get(&no) {
-            return Ok(pins.pin_run(run.clone()));
+        // The read path takes no lock when nothing is waiting for write-back and the
+        // transaction's map covers the page (W5's random gets: three lock
+        // acquisitions per page visited before).
+        if self.unflushed_count.load(Ordering::Acquire) != 0 {
+            if let Some(run) = self.unflushed.read().get(&no) {
+                return Ok(pins.pin_run(run.clone()));
+            }
+        }
+        if let Some(map) = pins.pinned_map_covering(no) {
+            // An overflow run may reach past that map's end: then the current map
+            // (a run past the end of that one is corruption, reported from there).
+            if let Ok(page) = self.page_from_map(no, map) {
+                return Ok(page);
+            }
         }
         let map = pins.pin_map(&self.map.read());
         self.page_from_map(no, map)
@@ -172,9 +204,9 @@ impl PageStore {
             PAGE_SIZE
         };
         let run = bytes.get(start..start + run_len).ok_or_else(outside)?;
-        if !self.verified.get(no) {
+        if !map.is_verified(no) {
             page::verify(run, no, &self.path)?;
-            self.verified.set(no);
+            map.set_verified(no);
         }
         Ok(run)
     }
@@ -195,6 +227,7 @@ impl PageStore {
         for (no, run) in pages {
             table.insert(*no, run.clone());
         }
+        self.unflushed_count.store(table.len(), Ordering::Release);
     }
 
     /// Drops table entries of pages that no snapshot can reach any more (pages the
@@ -204,6 +237,7 @@ impl PageStore {
         for p in pages {
             table.remove(p);
         }
+        self.unflushed_count.store(table.len(), Ordering::Release);
     }
 
     pub fn unflushed_len(&self) -> usize {
@@ -218,11 +252,12 @@ impl PageStore {
         self.file
             .write_all_at(run.bytes(), offset)
             .map_err(|e| Error::io(&self.path, Some(offset), "write data page", e))?;
-        self.verified.set(no);
+        self.map.read().set_verified(no);
         let mut table = self.unflushed.write();
         if table.get(&no).is_some_and(|cur| Arc::ptr_eq(cur, run)) {
             table.remove(&no);
         }
+        self.unflushed_count.store(table.len(), Ordering::Release);
         Ok(())
     }
 
@@ -233,7 +268,7 @@ impl PageStore {
         self.file
             .write_all_at(bytes, offset)
             .map_err(|e| Error::io(&self.path, Some(offset), "write data page", e))?;
-        self.verified.set(no);
+        self.map.read().set_verified(no);
         Ok(())
     }
 
@@ -267,7 +302,7 @@ impl PageStore {
             .file
             .len()
             .map_err(|e| Error::io(&self.path, None, "stat data file", e))?;
-        *map = Self::map_file(&self.path, self.file.as_ref(), len)?;
+        *map = Self::map_file(&self.path, self.file.as_ref(), len, Some(&map))?;
         Ok(())
     }
 

@@ -124,20 +124,49 @@ pub async fn database_stats(
     ))
 }
 
+/// `GET /stats`: the server's and every database's figures as JSON, for dashboards
+/// such as the studio's Live page. Counters are totals since start (a client takes
+/// differences for rates); latencies are the engine's running p50/p99.
+/// `documents_written` is the database's last etag sequence: every put and delete
+/// takes one.
 pub async fn server_stats(State(state): State<SharedState>) -> Response {
     use std::sync::atomic::Ordering::Relaxed;
+    let m = &state.metrics;
     let dbs: Vec<_> = state
         .store
         .databases()
         .iter()
-        .map(|db| json!({"name": db.name(), "documents": db.document_count().unwrap_or(0)}))
+        .map(|db| {
+            let e = db.env().stats();
+            json!({
+                "name": db.name(),
+                "documents": db.document_count().unwrap_or(0),
+                "documents_written": db.last_sequence(),
+                "data_file_bytes": e.data_file_bytes,
+                "commits": e.commits,
+                "commit_groups": e.commit_queue.groups,
+                "commit_units": e.commit_queue.units_committed,
+                "journal_writes": e.journal_writes,
+                "journal_bytes": e.journal_bytes,
+                "journal_write_p50_us": e.journal_write_latency.p50_us,
+                "journal_write_p99_us": e.journal_write_latency.p99_us,
+                "data_syncs": e.data_syncs,
+                "data_sync_p99_us": e.data_sync_latency.p99_us,
+                "pages_written_back": e.pages_written_back,
+                "pages_unflushed": e.pages_unflushed,
+                "readers_open": e.readers_open,
+            })
+        })
         .collect();
     json_value(
         StatusCode::OK,
         json!({
-            "uptime_seconds": state.metrics.uptime().as_secs(),
-            "connections_open": state.metrics.connections_open.load(Relaxed),
-            "connections_total": state.metrics.connections_total.load(Relaxed),
+            "uptime_seconds": m.uptime().as_secs(),
+            "connections_open": m.connections_open.load(Relaxed),
+            "connections_total": m.connections_total.load(Relaxed),
+            "ws_connections_open": m.ws_connections_open.load(Relaxed),
+            "http_requests_by_status": m.requests_by_status_class(),
+            "resident_memory_bytes": crate::metrics::resident_memory_bytes(),
             "databases": dbs,
         }),
     )

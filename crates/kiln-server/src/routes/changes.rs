@@ -17,6 +17,12 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The subprotocol a changes WebSocket may ask for; the server selects it when offered.
+pub const WS_PROTOCOL: &str = "kiln.changes.v1";
+/// A subprotocol offered as `kiln.key.<api key>` authenticates the upgrade (browsers
+/// cannot set headers on a WebSocket); it is never selected nor echoed.
+pub const WS_KEY_PROTOCOL_PREFIX: &str = "kiln.key.";
+
 /// The longest a pull may wait for a change.
 const MAX_WAIT_MS: u64 = 60_000;
 
@@ -149,6 +155,7 @@ pub async fn websocket(
     // Small buffers: an idle subscriber should cost kilobytes, not the library's
     // 128 KiB defaults; they grow for a large message.
     Ok(upgrade
+        .protocols([WS_PROTOCOL])
         .read_buffer_size(4 << 10)
         .write_buffer_size(0)
         .max_message_size(64 << 10)

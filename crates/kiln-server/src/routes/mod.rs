@@ -6,6 +6,7 @@ pub mod bulk;
 pub mod changes;
 pub mod docs;
 pub mod queries;
+pub mod studio;
 
 use crate::app::SharedState;
 use crate::error::ApiError;

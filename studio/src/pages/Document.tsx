@@ -1,0 +1,265 @@
+import { useEffect, useMemo, useState } from 'preact/hooks';
+import { api, ApiError, docUrl, enc, encId, errorText } from '../api';
+import { Confirm, ErrorBox } from '../components';
+import { href, navigate } from '../router';
+
+interface Conflict {
+  mine: string;
+  /** The server's version now, or null when it was deleted there. */
+  theirs: string | null;
+  theirsEtag: string | null;
+}
+
+/** JSON.parse with the error as "line L, column C: message". */
+function validate(text: string): string | null {
+  try {
+    const v = JSON.parse(text);
+    if (v === null || typeof v !== 'object' || Array.isArray(v)) return 'a document must be a JSON object';
+    return null;
+  } catch (e) {
+    const msg = errorText(e);
+    const m = /position (\d+)/.exec(msg);
+    if (m && !/line \d+/.test(msg)) {
+      const before = text.slice(0, Number(m[1]));
+      const line = before.split('\n').length;
+      const col = Number(m[1]) - before.lastIndexOf('\n');
+      return `line ${line}, column ${col}: ${msg}`;
+    }
+    return msg;
+  }
+}
+
+/** Tab inserts two spaces; Shift+Tab still moves the focus out of the editor. */
+function indentOnTab(e: KeyboardEvent) {
+  if (e.key !== 'Tab' || e.shiftKey || e.ctrlKey || e.metaKey || e.altKey) return;
+  const t = e.target as HTMLTextAreaElement;
+  e.preventDefault();
+  t.setRangeText('  ', t.selectionStart, t.selectionEnd, 'end');
+  t.dispatchEvent(new Event('input', { bubbles: true }));
+}
+
+const pretty = (v: unknown) => JSON.stringify(v, null, 2);
+
+/** Lines of `a` that `b` does not have, marked. */
+function Lines({ text, other, testid }: { text: string; other: string; testid: string }) {
+  const others = useMemo(() => new Set(other.split('\n')), [other]);
+  return (
+    <pre class="code" data-testid={testid}>
+      {text.split('\n').map((l, i) => (
+        <div key={i} class={others.has(l) ? '' : 'changed'}>
+          {l || ' '}
+        </div>
+      ))}
+    </pre>
+  );
+}
+
+export function DocumentPage({ db, id }: { db: string; id: string | null }) {
+  const creating = id === null;
+  const [text, setText] = useState(creating ? '{\n  \n}' : '');
+  const [etag, setEtag] = useState<string | null>(null);
+  const [loaded, setLoaded] = useState(creating);
+  const [error, setError] = useState<string | null>(null);
+  const [status, setStatus] = useState<string | null>(null);
+  const [conflict, setConflict] = useState<Conflict | null>(null);
+  const [confirmDelete, setConfirmDelete] = useState(false);
+  const [busy, setBusy] = useState(false);
+  const [prefix, setPrefix] = useState(() => new URLSearchParams(location.search).get('prefix') ?? '');
+  const invalid = useMemo(() => (loaded ? validate(text) : null), [text, loaded]);
+
+  const load = async () => {
+    if (creating) return;
+    try {
+      const r = await api('GET', docUrl(db, id));
+      setText(pretty(r.body));
+      setEtag(r.etag);
+      setLoaded(true);
+    } catch (e) {
+      setError(errorText(e));
+    }
+  };
+  useEffect(() => {
+    load();
+  }, [db, id]);
+
+  /** Writes `body` with If-Match `ifMatch` (or If-None-Match: * for null); a 409 opens the conflict view. */
+  const write = async (body: string, ifMatch: string | null) => {
+    setBusy(true);
+    setError(null);
+    setStatus(null);
+    try {
+      const headers: Record<string, string> = ifMatch ? { 'If-Match': ifMatch } : { 'If-None-Match': '*' };
+      const r = await api('PUT', docUrl(db, id as string), body, headers);
+      setConflict(null);
+      setEtag(r.etag);
+      await load();
+      setStatus(`saved (etag ${r.etag})`);
+    } catch (e) {
+      if (e instanceof ApiError && e.status === 409) {
+        await showConflict(body);
+      } else {
+        setError(errorText(e));
+      }
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  const showConflict = async (mine: string) => {
+    try {
+      const r = await api('GET', docUrl(db, id as string));
+      setConflict({ mine, theirs: pretty(r.body), theirsEtag: r.etag });
+    } catch (e) {
+      if (e instanceof ApiError && e.status === 404) setConflict({ mine, theirs: null, theirsEtag: null });
+      else setError(errorText(e));
+    }
+  };
+
+  const create = async () => {
+    setBusy(true);
+    setError(null);
+    try {
+      let p = prefix.trim() || 'docs/';
+      if (!p.endsWith('/')) p += '/';
+      const r = await api<{ id: string }>('POST', `/dbs/${enc(db)}/docs/${encId(p)}`, text);
+      history.replaceState(null, '', href('db', db, 'doc', r.body.id));
+      dispatchEvent(new PopStateEvent('popstate'));
+    } catch (e) {
+      setError(errorText(e));
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  const remove = async () => {
+    setConfirmDelete(false);
+    try {
+      await api('DELETE', docUrl(db, id as string), undefined, etag ? { 'If-Match': etag } : {});
+      navigate(`db/${enc(db)}`);
+    } catch (e) {
+      if (e instanceof ApiError && e.status === 409) setError('The document changed on the server since you opened it: reload before deleting.');
+      else setError(errorText(e));
+    }
+  };
+
+  const format = () => {
+    if (!invalid) setText(pretty(JSON.parse(text)));
+  };
+
+  if (conflict) {
+    return (
+      <section data-testid="conflict">
+        <h1>Conflict on {id}</h1>
+        <p>
+          Somebody else changed this document after you opened it (your save was refused with 409). Choose the version to
+          keep.
+        </p>
+        <div class="columns">
+          <div>
+            <h3>Your version</h3>
+            <Lines text={conflict.mine} other={conflict.theirs ?? ''} testid="conflict-mine" />
+            <button type="button" disabled={busy} onClick={() => write(conflict.mine, conflict.theirsEtag)} data-testid="keep-mine">
+              {conflict.theirs === null ? 'Recreate it with my version' : 'Keep my version (overwrite theirs)'}
+            </button>
+          </div>
+          <div>
+            <h3>
+              Server's version {conflict.theirsEtag && <span class="mono muted">{conflict.theirsEtag}</span>}
+            </h3>
+            {conflict.theirs === null ? (
+              <p class="muted">It was deleted on the server.</p>
+            ) : (
+              <Lines text={conflict.theirs} other={conflict.mine} testid="conflict-theirs" />
+            )}
+            <button
+              type="button"
+              disabled={busy}
+              data-testid="take-theirs"
+              onClick={() => {
+                if (conflict.theirs === null) {
+                  navigate(`db/${enc(db)}`);
+                  return;
+                }
+                setText(conflict.theirs);
+                setEtag(conflict.theirsEtag);
+                setConflict(null);
+                setStatus('took the server’s version');
+              }}
+            >
+              {conflict.theirs === null ? 'Accept the delete' : 'Take the server’s version'}
+            </button>
+          </div>
+        </div>
+        <ErrorBox error={error} />
+      </section>
+    );
+  }
+
+  return (
+    <section>
+      <p>
+        <a href={href('db', db)}>← {db}</a>
+      </p>
+      <h1>{creating ? 'New document' : id}</h1>
+      {creating ? (
+        <div class="row">
+          <label>
+            id prefix (the server appends a number){' '}
+            <input value={prefix} onInput={(e) => setPrefix((e.target as HTMLInputElement).value)} data-testid="prefix-for-new" placeholder="users/" />
+          </label>
+        </div>
+      ) : (
+        <p class="muted mono" data-testid="etag">
+          etag {etag ?? '…'}
+        </p>
+      )}
+      <textarea
+        class="editor"
+        spellcheck={false}
+        value={text}
+        disabled={!loaded}
+        onInput={(e) => setText((e.target as HTMLTextAreaElement).value)}
+        onKeyDown={indentOnTab}
+        data-testid="editor"
+      />
+      <div class={'validation ' + (invalid ? 'bad' : 'good')} data-testid="validation">
+        {loaded ? (invalid ? `Invalid: ${invalid}` : 'Valid JSON object') : 'loading…'}
+      </div>
+      <div class="row">
+        {creating ? (
+          <button type="button" disabled={!!invalid || busy} onClick={create} data-testid="create-doc">
+            Create
+          </button>
+        ) : (
+          <button type="button" disabled={!!invalid || busy || !loaded} onClick={() => write(text, etag)} data-testid="save">
+            Save
+          </button>
+        )}
+        <button type="button" disabled={!!invalid} onClick={format}>
+          Format
+        </button>
+        {!creating && (
+          <button type="button" onClick={load}>
+            Reload
+          </button>
+        )}
+        {!creating && (
+          <button type="button" class="danger" onClick={() => setConfirmDelete(true)} data-testid="delete-doc">
+            Delete
+          </button>
+        )}
+        {status && (
+          <span class="ok" data-testid="status">
+            {status}
+          </span>
+        )}
+      </div>
+      <ErrorBox error={error} />
+      {confirmDelete && (
+        <Confirm title={`Delete ${id}?`} confirmLabel="Delete document" onConfirm={remove} onCancel={() => setConfirmDelete(false)}>
+          The document is removed (its delete stays in the changes feed as a tombstone).
+        </Confirm>
+      )}
+    </section>
+  );
+}

@@ -1,0 +1,236 @@
+import { useEffect, useRef, useState } from 'preact/hooks';
+import { api, errorText, openChanges } from '../api';
+import { Chart, COLORS, Series } from '../chart';
+import { ErrorBox, usePoll } from '../components';
+
+/** One database's counters in `GET /stats`. */
+interface DbStats {
+  name: string;
+  documents: number;
+  documents_written: number;
+  data_file_bytes: number;
+  commits: number;
+  commit_units: number;
+  journal_writes: number;
+  journal_write_p50_us: number;
+  journal_write_p99_us: number;
+  data_syncs: number;
+  pages_written_back: number;
+  pages_unflushed: number;
+}
+
+interface Stats {
+  connections_open: number;
+  ws_connections_open: number;
+  http_requests_by_status: Record<string, number>;
+  resident_memory_bytes: number | null;
+  databases: DbStats[];
+}
+
+const CAPACITY = 120; // two minutes at one sample a second
+const STATUS_CLASSES = ['2xx', '3xx', '4xx', '5xx'];
+
+type History = Record<string, number[]>;
+
+function sum(dbs: DbStats[], f: (d: DbStats) => number): number {
+  return dbs.reduce((a, d) => a + f(d), 0);
+}
+
+function push(h: History, key: string, v: number) {
+  const a = (h[key] ??= []);
+  a.push(Number.isFinite(v) ? v : 0);
+  if (a.length > CAPACITY) a.shift();
+}
+
+/** The Live figures: every second, `GET /stats`, differences over the elapsed time. */
+function useLiveFigures(db: string) {
+  const prev = useRef<{ at: number; s: Stats } | null>(null);
+  const hist = useRef<History>({});
+  const [, setVersion] = useState(0);
+  const [error, setError] = useState<string | null>(null);
+  const [names, setNames] = useState<string[]>([]);
+
+  useEffect(() => {
+    prev.current = null;
+    hist.current = {};
+  }, [db]);
+
+  usePoll(
+    async () => {
+      let s: Stats;
+      try {
+        s = (await api<Stats>('GET', '/stats')).body;
+        setError(null);
+      } catch (e) {
+        setError(errorText(e));
+        return;
+      }
+      const at = performance.now();
+      setNames(s.databases.map((d) => d.name).sort());
+      const p = prev.current;
+      prev.current = { at, s };
+      if (!p) return;
+      const dt = (at - p.at) / 1000;
+      const pick = (x: Stats) => (db ? x.databases.filter((d) => d.name === db) : x.databases);
+      const now = pick(s);
+      const before = pick(p.s);
+      const rate = (f: (d: DbStats) => number) => Math.max(0, (sum(now, f) - sum(before, f)) / dt);
+      const h = hist.current;
+      push(h, 'commits', rate((d) => d.commits));
+      const writes = sum(now, (d) => d.journal_writes) - sum(before, (d) => d.journal_writes);
+      const units = sum(now, (d) => d.commit_units) - sum(before, (d) => d.commit_units);
+      push(h, 'units_per_write', writes > 0 ? units / writes : 0);
+      const active = now.filter((d) => d.journal_writes > 0);
+      push(h, 'p50', Math.max(0, ...active.map((d) => d.journal_write_p50_us)));
+      push(h, 'p99', Math.max(0, ...active.map((d) => d.journal_write_p99_us)));
+      push(h, 'syncs', rate((d) => d.data_syncs));
+      push(h, 'written_back', rate((d) => d.pages_written_back));
+      push(h, 'unflushed', sum(now, (d) => d.pages_unflushed));
+      push(h, 'docs', rate((d) => d.documents_written));
+      for (const c of STATUS_CLASSES) {
+        const d = (s.http_requests_by_status[c] ?? 0) - (p.s.http_requests_by_status[c] ?? 0);
+        push(h, `http_${c}`, Math.max(0, d / dt));
+      }
+      push(h, 'connections', s.connections_open);
+      push(h, 'ws', s.ws_connections_open);
+      push(h, 'rss', (s.resident_memory_bytes ?? 0) / (1 << 20));
+      setVersion((v) => v + 1);
+    },
+    1000,
+    [db],
+  );
+  return { hist: hist.current, error, names };
+}
+
+function ChangesTail({ db }: { db: string }) {
+  const [lines, setLines] = useState<any[]>([]);
+  const [state, setState] = useState('connecting');
+  useEffect(() => {
+    setLines([]);
+    if (!db) return;
+    let ws: WebSocket | null = null;
+    let closed = false;
+    let retry: ReturnType<typeof setTimeout> | undefined;
+    const connect = () => {
+      ws = openChanges(db);
+      setState('connecting');
+      ws.onopen = () => {
+        setState('live');
+        ws?.send(JSON.stringify({ op: 'subscribe', sub: 'studio' }));
+      };
+      ws.onmessage = (m) => {
+        let msg: any;
+        try {
+          msg = JSON.parse(m.data);
+        } catch {
+          return;
+        }
+        if (msg.type === 'change') setLines((l) => [msg, ...l].slice(0, 200));
+        else if (msg.type === 'error') setState(`error: ${msg.message}`);
+      };
+      ws.onclose = (e) => {
+        if (closed) return;
+        setState(`closed (${e.code}${e.reason ? ': ' + e.reason : ''}); reconnecting`);
+        retry = setTimeout(connect, 2000);
+      };
+    };
+    connect();
+    return () => {
+      closed = true;
+      clearTimeout(retry);
+      ws?.close();
+    };
+  }, [db]);
+  if (!db) return <p class="muted">Choose a database to follow its changes.</p>;
+  return (
+    <div>
+      <p class="muted">
+        changes of <b>{db}</b> over a WebSocket: <span data-testid="tail-state">{state}</span>
+      </p>
+      <table class="tail" data-testid="tail">
+        <thead>
+          <tr>
+            <th>etag</th>
+            <th>change</th>
+            <th>id</th>
+            <th>collection</th>
+          </tr>
+        </thead>
+        <tbody>
+          {lines.map((c) => (
+            <tr key={c.etag}>
+              <td class="mono">{c.etag}</td>
+              <td>{c.change}</td>
+              <td>{c.id}</td>
+              <td>{c.collection}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </div>
+  );
+}
+
+export function LivePage() {
+  const [db, setDb] = useState(() => new URLSearchParams(location.search).get('db') ?? '');
+  const { hist, error, names } = useLiveFigures(db);
+  const s = (key: string, name: string, color: string): Series => ({ name, color, values: hist[key] ?? [] });
+  const charts: { id: string; title: string; unit: string; series: Series[] }[] = [
+    { id: 'commits', title: 'Commits/s', unit: '', series: [s('commits', 'commits', COLORS[0])] },
+    { id: 'docs', title: 'Documents written/s', unit: '', series: [s('docs', 'docs', COLORS[0])] },
+    { id: 'units', title: 'Units per journal write', unit: '', series: [s('units_per_write', 'units', COLORS[0])] },
+    {
+      id: 'latency',
+      title: 'Journal write latency',
+      unit: ' µs',
+      series: [s('p50', 'p50', COLORS[0]), s('p99', 'p99', COLORS[1])],
+    },
+    { id: 'syncs', title: 'Data-file syncs/s', unit: '', series: [s('syncs', 'syncs', COLORS[0])] },
+    {
+      id: 'writeback',
+      title: 'Write-back (pages)',
+      unit: '',
+      series: [s('written_back', 'written back/s', COLORS[0]), s('unflushed', 'unflushed', COLORS[3])],
+    },
+    {
+      id: 'http',
+      title: 'HTTP requests/s by status',
+      unit: '',
+      series: STATUS_CLASSES.map((c, i) => s(`http_${c}`, c, [COLORS[2], COLORS[4], COLORS[3], COLORS[1]][i])),
+    },
+    {
+      id: 'connections',
+      title: 'Open connections',
+      unit: '',
+      series: [s('connections', 'HTTP', COLORS[0]), s('ws', 'WebSocket', COLORS[2])],
+    },
+    { id: 'memory', title: 'Resident memory', unit: ' MiB', series: [s('rss', 'RSS', COLORS[4])] },
+  ];
+  return (
+    <section>
+      <h1>Live</h1>
+      <div class="row">
+        <label>
+          database{' '}
+          <select value={db} onChange={(e) => setDb((e.target as HTMLSelectElement).value)} data-testid="live-db">
+            <option value="">all databases</option>
+            {names.map((n) => (
+              <option key={n} value={n}>
+                {n}
+              </option>
+            ))}
+          </select>
+        </label>
+        <span class="muted">one sample a second from GET /stats; the last two minutes</span>
+      </div>
+      <ErrorBox error={error} />
+      <div class="charts">
+        {charts.map((c) => (
+          <Chart key={c.id} capacity={CAPACITY} {...c} />
+        ))}
+      </div>
+      <h2>Changes</h2>
+      <ChangesTail db={db} />
+    </section>
+  );
+}

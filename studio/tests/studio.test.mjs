@@ -1,0 +1,321 @@
+// The studio in a real headless Chromium against a real `kiln serve`:
+//   node --test tests/   (KILN_BIN=path/to/kiln, CHROMIUM_BIN=/usr/bin/chromium)
+// Each step asserts what a user would see AND what the server then holds, so a
+// broken page or a broken API fails it. Screenshots go to docs/studio/.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { launchBrowser, newPage, screenshot, startKiln, until } from './harness.mjs';
+
+const LOAD_BUDGET_MS = 1000;
+const WEIGHT_BUDGET_BYTES = 500 * 1000;
+
+/** A writer of `threads` loops of PUTs until `stop()`; returns how many it wrote. */
+function writer(kiln, db, threads = 4) {
+  let running = true;
+  let written = 0;
+  const loops = Array.from({ length: threads }, async (_, t) => {
+    let i = 0;
+    while (running) {
+      const r = await kiln.http('PUT', `/dbs/${db}/docs/events/w${t}-${i++}`, { t, i, at: Date.now() });
+      if (r.status >= 300) throw new Error(`writer: ${r.status} ${r.text}`);
+      written++;
+    }
+  });
+  return {
+    async stop() {
+      running = false;
+      await Promise.all(loops);
+      return written;
+    },
+  };
+}
+
+/** The transferred (gzip) size of index.html and every asset it names. */
+async function studioWeight(kiln) {
+  const get = (p) => fetch(kiln.base + p, { headers: { 'Accept-Encoding': 'gzip' } });
+  const index = await get('/studio/');
+  assert.equal(index.headers.get('content-encoding'), 'gzip', 'index.html is served gzipped');
+  const html = await index.text();
+  let total = Number(index.headers.get('content-length'));
+  const assets = [...html.matchAll(/(?:src|href)="(\/studio\/assets\/[^"]+)"/g)].map((m) => m[1]);
+  assert.ok(assets.length >= 2, `index.html names its script and style: ${html}`);
+  for (const a of assets) {
+    const r = await get(a);
+    assert.equal(r.status, 200, a);
+    assert.match(r.headers.get('cache-control') ?? '', /immutable/, `${a} is cached as immutable`);
+    await r.arrayBuffer();
+    total += Number(r.headers.get('content-length'));
+  }
+  return total;
+}
+
+describe('studio without auth', () => {
+  let kiln, browser, page, problems;
+  const db = 'shop';
+  before(async () => {
+    kiln = await startKiln();
+    browser = await launchBrowser();
+    ({ page, problems } = await newPage(browser));
+  });
+  after(async () => {
+    await browser?.close();
+    await kiln?.stop();
+  });
+
+  test('loads under 1 s on loopback and weighs under 500 KB gzipped', async () => {
+    const weight = await studioWeight(kiln);
+    await page.goto(kiln.base + '/studio/');
+    await page.waitForSelector('text=No databases yet.');
+    const nav = await page.evaluate(() => {
+      const n = performance.getEntriesByType('navigation')[0];
+      return { load: n.loadEventEnd - n.startTime, dcl: n.domContentLoadedEventEnd - n.startTime };
+    });
+    const rendered = await page.evaluate(() => performance.now());
+    console.log(
+      `studio load on loopback: DOMContentLoaded ${nav.dcl.toFixed(1)} ms, load ${nav.load.toFixed(1)} ms, ` +
+        `first data rendered by ${rendered.toFixed(1)} ms; weight ${weight} B gzipped`,
+    );
+    assert.ok(nav.load > 0 && nav.load < LOAD_BUDGET_MS, `load took ${nav.load} ms`);
+    assert.ok(weight < WEIGHT_BUDGET_BYTES, `weight ${weight} B`);
+  });
+
+  test('creates a database', async () => {
+    await page.fill('[data-testid=new-db-name]', db);
+    await page.click('[data-testid=create-db]');
+    await page.waitForSelector(`tr[data-db=${db}]`);
+    assert.equal((await kiln.http('GET', `/dbs/${db}`)).status, 200, 'the server has the database');
+    await kiln.http('PUT', '/dbs/archive');
+  });
+
+  let id;
+  test('creates a document with a generated id, then edits and saves it', async () => {
+    await page.click(`tr[data-db=${db}] a`);
+    await page.fill('[data-testid=new-doc-prefix]', 'users/');
+    await page.click('[data-testid=new-doc]');
+    await page.fill('[data-testid=editor]', '{"name": "Ada", "age": 36');
+    await page.waitForSelector('[data-testid=validation].bad');
+    assert.ok(await page.isDisabled('[data-testid=create-doc]'), 'invalid JSON cannot be saved');
+    await page.fill('[data-testid=editor]', '{"name": "Ada", "age": 36}');
+    await page.waitForSelector('[data-testid=validation].good');
+    await page.click('[data-testid=create-doc]');
+    await page.waitForSelector('[data-testid=etag]:not(:has-text("…"))');
+    id = decodeURIComponent(new URL(page.url()).pathname.split('/doc/')[1]);
+    assert.match(id, /^users\/\d+$/, `a generated id: ${id}`);
+    const created = await kiln.http('GET', `/dbs/${db}/docs/${id}`);
+    assert.equal(created.json.name, 'Ada');
+
+    const text = await page.inputValue('[data-testid=editor]');
+    await page.fill('[data-testid=editor]', text.replace('"age": 36', '"age": 37'));
+    await page.click('[data-testid=save]');
+    await page.waitForSelector('[data-testid=status]:has-text("saved")');
+    const saved = await kiln.http('GET', `/dbs/${db}/docs/${id}`);
+    assert.equal(saved.json.age, 37, 'the edit reached the server');
+    assert.notEqual(saved.etag, created.etag);
+    await screenshot(page, 'document');
+  });
+
+  test('a conflicting save (409) shows both versions and keeps the one chosen', async () => {
+    const text = await page.inputValue('[data-testid=editor]');
+    await page.fill('[data-testid=editor]', text.replace('"name": "Ada"', '"name": "Ada Lovelace"'));
+    // Somebody else writes the document meanwhile.
+    const theirs = await kiln.http('PUT', `/dbs/${db}/docs/${id}`, { name: 'Ada King', age: 37, title: 'Countess' });
+    assert.equal(theirs.status, 200);
+    await page.click('[data-testid=save]');
+    await page.waitForSelector('[data-testid=conflict]');
+    assert.match(await page.textContent('[data-testid=conflict-mine]'), /Ada Lovelace/);
+    assert.match(await page.textContent('[data-testid=conflict-theirs]'), /Ada King/);
+    assert.match(await page.textContent('[data-testid=conflict-theirs]'), /Countess/);
+    // The server still holds theirs: nothing was overwritten by the refused save.
+    assert.equal((await kiln.http('GET', `/dbs/${db}/docs/${id}`)).json.name, 'Ada King');
+    await screenshot(page, 'conflict');
+    await page.click('[data-testid=keep-mine]');
+    await page.waitForSelector('[data-testid=status]:has-text("saved")');
+    const now = await kiln.http('GET', `/dbs/${db}/docs/${id}`);
+    assert.equal(now.json.name, 'Ada Lovelace', 'my version was kept');
+    assert.equal(now.json.title, undefined, 'and theirs is gone');
+
+    // Again, choosing the server's version this time.
+    const text2 = await page.inputValue('[data-testid=editor]');
+    await page.fill('[data-testid=editor]', text2.replace('"age": 37', '"age": 99'));
+    await kiln.http('PUT', `/dbs/${db}/docs/${id}`, { name: 'Ada', age: 38 });
+    await page.click('[data-testid=save]');
+    await page.waitForSelector('[data-testid=conflict]');
+    await page.click('[data-testid=take-theirs]');
+    assert.match(await page.inputValue('[data-testid=editor]'), /"age": 38/);
+    assert.equal((await kiln.http('GET', `/dbs/${db}/docs/${id}`)).json.age, 38);
+  });
+
+  test('lists documents by collection and id prefix, in pages', async () => {
+    const ops = Array.from({ length: 60 }, (_, i) => ({
+      op: 'put',
+      id: `people/p${String(i).padStart(3, '0')}`,
+      document: { name: `person ${i}`, age: i },
+    }));
+    assert.equal((await kiln.http('POST', `/dbs/${db}/batch`, { ops })).status, 200);
+    await page.goto(`${kiln.base}/studio/db/${db}`);
+    await page.fill('[data-testid=prefix]', 'people/p0');
+    await page.press('[data-testid=prefix]', 'Enter');
+    await page.waitForSelector('tr[data-id="people/p000"]');
+    assert.equal(await page.locator('[data-testid=documents] tbody tr').count(), 25);
+    await page.click('[data-testid=next]');
+    await page.waitForSelector('tr[data-id="people/p025"]');
+    await page.click('[data-testid=next]');
+    await page.waitForSelector('tr[data-id="people/p050"]');
+    assert.equal(await page.locator('[data-testid=documents] tbody tr').count(), 10, 'p050..p059');
+    assert.ok(await page.isDisabled('[data-testid=next]'));
+    await page.click('[data-testid=collections] >> text=users');
+    await page.waitForSelector(`tr[data-id="${id}"]`);
+    await screenshot(page, 'collection');
+  });
+
+  test('runs a query with total, stale flag, duration and paging', async () => {
+    await page.goto(`${kiln.base}/studio/db/${db}/query`);
+    await page.fill('[data-testid=query]', 'from people where age >= $min order by age limit 20');
+    await page.fill('[data-testid=params]', '{"min": 5}');
+    await page.click('[data-testid=run-query]');
+    await page.waitForSelector('[data-testid=results]');
+    assert.equal(await page.textContent('[data-testid=total]'), '55');
+    assert.equal(await page.textContent('[data-testid=shown]'), '20');
+    assert.match(await page.textContent('[data-testid=stale]'), /^(true|false)$/);
+    assert.match(await page.textContent('[data-testid=duration]'), /ms/);
+    assert.match(await page.textContent('[data-testid=results] tbody tr:first-child'), /person 5/);
+    await screenshot(page, 'query');
+    await page.click('[data-testid=next]');
+    await until('page 2', async () => /person 25/.test(await page.textContent('[data-testid=results] tbody tr:first-child')));
+    await page.click('[data-testid=next]');
+    await until('page 3', async () => (await page.textContent('[data-testid=shown]')) === '15');
+    assert.ok(await page.isDisabled('[data-testid=next]'), 'the last page has no continuation');
+    await page.click('[data-testid=prev]');
+    await until('back to page 2', async () => /person 25/.test(await page.textContent('[data-testid=results] tbody tr:first-child')));
+    await page.click('[data-testid=view-json]');
+    const json = JSON.parse(await page.textContent('[data-testid=results-json]'));
+    assert.equal(json.length, 20);
+    // A bad query shows the server's message.
+    await page.fill('[data-testid=query]', 'from people where');
+    await page.click('[data-testid=run-query]');
+    await page.waitForSelector('[data-testid=error]:has-text("invalid_query")');
+  });
+
+  test('shows the indexes with their state', async () => {
+    await page.goto(`${kiln.base}/studio/db/${db}/indexes`);
+    await page.waitForSelector('[data-testid=indexes] tr[data-index="auto/people/age"]');
+    const row = await page.textContent('tr[data-index="auto/people/age"]');
+    assert.match(row, /current|stale/);
+    await page.fill('[data-testid=index-name]', 'people-by-name');
+    await page.fill('[data-testid=index-collection]', 'people');
+    await page.fill('[data-testid=index-fields]', 'name');
+    await page.click('[data-testid=define-index]');
+    // Built in the background; the page follows it every second.
+    await until('the new index to hold 60 entries', async () =>
+      (await page.textContent('tr[data-index="people-by-name"] [data-testid=entries]')) === '60',
+    );
+    const info = await kiln.http('GET', `/dbs/${db}/indexes/people-by-name`);
+    assert.equal(info.json.entries, 60);
+    assert.match(await page.textContent('tr[data-index="people-by-name"]'), /current/);
+    await screenshot(page, 'indexes');
+  });
+
+  test('live charts move while a writer runs; the changes tail follows', async () => {
+    await page.goto(`${kiln.base}/studio/live?db=${db}`);
+    await page.waitForSelector('[data-testid=tail-state]:has-text("live")');
+    const commits = page.locator('figure[data-chart=commits]');
+    await until('two samples', async () => Number(await commits.getAttribute('data-samples')) >= 2);
+    const idleMax = Number(await commits.getAttribute('data-max'));
+    const w = writer(kiln, db);
+    try {
+      await until('the commits chart to rise', async () => Number(await commits.getAttribute('data-max')) > idleMax + 5, 15000);
+      await until('the documents chart to rise', async () =>
+        Number(await page.locator('figure[data-chart=docs]').getAttribute('data-max')) > 5,
+      );
+      await until('2xx requests on the HTTP chart', async () =>
+        Number((await page.locator('figure[data-chart=http]').getAttribute('data-last')).split(',')[0]) > 5,
+      );
+      await until('the tail to show the writer', async () => (await page.locator('[data-testid=tail] tbody tr').count()) > 5);
+      assert.match(await page.textContent('[data-testid=tail] tbody tr:first-child'), /events\/w/);
+      await page.waitForTimeout(1500);
+      await screenshot(page, 'live');
+    } finally {
+      console.log(`writer wrote ${await w.stop()} documents`);
+    }
+    const latency = await page.locator('figure[data-chart=latency]').getAttribute('data-max');
+    assert.ok(Number(latency) > 0, 'journal write latency is charted');
+    const memory = await page.locator('figure[data-chart=memory]').getAttribute('data-last');
+    assert.ok(Number(memory) > 1, `resident memory is charted (${memory} MiB)`);
+  });
+
+  test('deletes a document and a database, each after a confirmation', async () => {
+    await page.goto(`${kiln.base}/studio/db/${db}/doc/${encodeURIComponent(id)}`);
+    await page.waitForSelector('[data-testid=etag]:not(:has-text("…"))');
+    await page.click('[data-testid=delete-doc]');
+    await page.waitForSelector('[data-testid=confirm]');
+    await page.click('[data-testid=confirm] >> text=Cancel');
+    assert.equal((await kiln.http('GET', `/dbs/${db}/docs/${id}`)).status, 200, 'cancel keeps it');
+    await page.click('[data-testid=delete-doc]');
+    await page.click('[data-testid=confirm-yes]');
+    await page.waitForSelector('[data-testid=documents]');
+    assert.equal((await kiln.http('GET', `/dbs/${db}/docs/${id}`)).status, 404, 'the document is gone');
+
+    await page.goto(`${kiln.base}/studio/`);
+    await page.waitForSelector('tr[data-db=archive]');
+    await screenshot(page, 'databases');
+    await page.click('tr[data-db=archive] [data-testid=delete-db]');
+    await page.waitForSelector('[data-testid=confirm]');
+    await page.click('[data-testid=confirm-yes]');
+    await until('the row to go', async () => (await page.locator('tr[data-db=archive]').count()) === 0);
+    assert.equal((await kiln.http('GET', '/dbs/archive')).status, 404, 'the database is gone');
+    assert.equal((await kiln.http('GET', `/dbs/${db}`)).status, 200, 'the other one stays');
+  });
+
+  test('no page errors', () => {
+    assert.deepEqual(problems, []);
+  });
+});
+
+describe('studio with --auth behind TLS', () => {
+  let kiln, browser, page, problems;
+  const urls = [];
+  before(async () => {
+    // The test's own client talks to a self-signed certificate.
+    process.env.NODE_TLS_REJECT_UNAUTHORIZED = '0';
+    kiln = await startKiln({ auth: true, tls: true });
+    browser = await launchBrowser();
+    ({ page, problems } = await newPage(browser, { tls: true }));
+    page.on('request', (r) => urls.push(r.url()));
+    page.on('websocket', (ws) => urls.push(ws.url()));
+  });
+  after(async () => {
+    await browser?.close();
+    await kiln?.stop();
+  });
+
+  test('asks for a key, refuses a wrong one, keeps the right one in session storage', async () => {
+    assert.equal((await kiln.http('PUT', '/dbs/secure')).status, 201);
+    await page.goto(kiln.base + '/studio/');
+    await page.waitForSelector('[data-testid=login]');
+    await screenshot(page, 'login');
+    await page.fill('[data-testid=api-key]', 'kiln_00000000_nope');
+    await page.click('[data-testid=login-submit]');
+    await page.waitForSelector('[data-testid=login] >> text=That key is not valid.');
+    await page.fill('[data-testid=api-key]', kiln.key);
+    await page.click('[data-testid=login-submit]');
+    await page.waitForSelector('tr[data-db=secure]');
+    assert.equal(await page.evaluate(() => sessionStorage.getItem('kiln.studio.apiKey')), kiln.key);
+    assert.equal(await page.evaluate(() => localStorage.length), 0, 'nothing in local storage');
+  });
+
+  test('the changes tail authenticates its WebSocket without the key in a URL', async () => {
+    await page.goto(`${kiln.base}/studio/live?db=secure`);
+    await page.waitForSelector('[data-testid=tail-state]:has-text("live")');
+    await kiln.http('PUT', '/dbs/secure/docs/notes/1', { text: 'hello' });
+    await page.waitForSelector('[data-testid=tail] >> text=notes/1');
+    const commits = page.locator('figure[data-chart=commits]');
+    await until('a commit charted over TLS', async () => Number(await commits.getAttribute('data-samples')) >= 2);
+    assert.ok(urls.some((u) => u.startsWith('wss://')), `a wss connection was made: ${urls.join(' ')}`);
+    const leaked = urls.filter((u) => u.includes(kiln.key) || u.includes(kiln.key.split('_')[2]));
+    assert.deepEqual(leaked, [], 'the key is never in a URL');
+  });
+
+  test('no page errors', () => {
+    assert.deepEqual(problems, []);
+  });
+});

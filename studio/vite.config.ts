@@ -1,0 +1,26 @@
+import { defineConfig } from 'vite';
+
+// The studio is served by `kiln serve` under /studio/ from the binary itself: every
+// asset URL is absolute under that base, hashed, and nothing is inlined into
+// index.html (the server's Content-Security-Policy allows no inline script or style).
+// `npm run dev` serves the sources and sends the API to a running `kiln serve`
+// (KILN_URL, default http://127.0.0.1:8080).
+const kiln = process.env.KILN_URL ?? 'http://127.0.0.1:8080';
+const proxy = Object.fromEntries(
+  ['/dbs', '/stats', '/health', '/metrics'].map((p) => [p, { target: kiln, ws: true, changeOrigin: true }]),
+);
+
+export default defineConfig({
+  base: '/studio/',
+  server: { proxy },
+  esbuild: { jsx: 'automatic', jsxImportSource: 'preact' },
+  build: {
+    outDir: 'dist',
+    emptyOutDir: true,
+    target: 'es2022',
+    modulePreload: { polyfill: false },
+    assetsInlineLimit: 0,
+    sourcemap: false,
+    reportCompressedSize: false,
+  },
+});
