@@ -54,7 +54,7 @@ echo "== incremental (a chain: full backup, then every document rewritten once, 
 "$KILN" serve --data-dir "$W/data" --bind 127.0.0.1:$PORT >/dev/null 2>&1 &
 SERVER=$!
 for _ in $(seq 100); do curl -sf http://127.0.0.1:$PORT/health >/dev/null && break; sleep 0.1; done
-"$KILN" backup --url http://127.0.0.1:$PORT --db bench --out "$W/chain-full.kbak" -q --json > /dev/null
+"$KILN" backup --url http://127.0.0.1:$PORT --db bench --out "$W/chain-full.kbak" --chain -q --json > /dev/null
 t0=$(now); "$KILN" import --url http://127.0.0.1:$PORT --db bench -q "$W/docs.ndjson" >/dev/null; t1=$(now)
 echo "rewrite of $DOCS documents with the chain active (bulk import): $(secs $t0 $t1) s"
 t0=$(now); "$KILN" backup --url http://127.0.0.1:$PORT --db bench --out "$W/chain-inc.kbak" --incremental-since "$W/chain-full.kbak" -q --json > "$W/inc.json"; t1=$(now)

@@ -3,9 +3,9 @@
 //! `kiln_storage::backup` for the format and `kiln_docs::backup` for the manifest
 //! and the chain).
 //!
-//! - `kiln backup --url U --db DB --out FILE [--incremental-since PREV] [--no-chain]`
+//! - `kiln backup --url U --db DB --out FILE [--incremental-since PREV] [--chain]`
 //!   streams a backup of a running server into FILE, verifying every checksum as
-//!   the bytes arrive. A full backup starts a backup chain unless `--no-chain`;
+//!   the bytes arrive. A full backup with `--chain` starts a backup chain;
 //!   `--incremental-since PREV` takes every write since the backup in file PREV.
 //! - `kiln backup --data-dir D ...` does the same on a data directory no server is
 //!   running on.
@@ -45,10 +45,12 @@ pub struct BackupArgs {
     /// backup or the last increment of the same chain).
     #[arg(long)]
     pub incremental_since: Option<PathBuf>,
-    /// A full backup that starts no backup chain (no increments can follow it, and
-    /// writes do not pay for the chain's history).
+    /// A full backup that starts a backup chain: increments can follow it, and until
+    /// the chain is stopped every write also goes to the chain's history (kept until
+    /// the next increment: a chain nobody takes increments of grows without bound).
+    /// Without it a full backup costs writers nothing afterwards.
     #[arg(long, conflicts_with = "incremental_since")]
-    pub no_chain: bool,
+    pub chain: bool,
     /// Store chunks without lz4 compression (offline backups).
     #[arg(long)]
     pub no_compress: bool,
@@ -320,15 +322,15 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
                     ));
                     if m.chain_id.is_none() {
                         return Err(kiln_docs::DocError::IncrementNotPossible(
-                            "the base backup is not part of a chain (taken with --no-chain \
-                             or by an older Kiln): take a full backup"
+                            "the base backup is not part of a chain (taken without --chain \
+                             or by an older Kiln): take a full backup with --chain"
                                 .into(),
                         )
                         .into());
                     }
                 }
-                None if a.no_chain => {}
-                None => path.push_str("?chain=true"),
+                None if a.chain => path.push_str("?chain=true"),
+                None => {}
             }
             let resp = ep.get_stream(&path)?;
             let pb = bar(a.quiet, None);
@@ -351,13 +353,13 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
             };
             let report = {
                 let mut w = BufWriter::with_capacity(1 << 20, &file);
-                let r = match &since {
-                    Some(m) => {
-                        database.backup_incremental_to(&mut w, m, opts, |n| pb.set_position(n))?
-                    }
-                    None => database
-                        .backup_full_to(&mut w, opts, !a.no_chain, |n| pb.set_position(n))?,
-                };
+                let r =
+                    match &since {
+                        Some(m) => database
+                            .backup_incremental_to(&mut w, m, opts, |n| pb.set_position(n))?,
+                        None => database
+                            .backup_full_to(&mut w, opts, a.chain, |n| pb.set_position(n))?,
+                    };
                 w.flush()?;
                 r
             };

@@ -260,8 +260,9 @@ fn incremental_chain_verify_point_in_time_and_restore_into_a_server() {
         let mut args = vec![
             "backup", "--url", &url, "--db", "shop", "--out", out, "--json",
         ];
-        if let Some(s) = since {
-            args.extend(["--incremental-since", s]);
+        match since {
+            Some(s) => args.extend(["--incremental-since", s]),
+            None => args.push("--chain"),
         }
         kiln(&args)
     };

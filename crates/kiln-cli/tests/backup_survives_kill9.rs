@@ -204,6 +204,7 @@ fn kill9_during_backups_and_restores_leaves_no_damage() {
         "shop",
         "--out",
         s(&full),
+        "--chain",
         "-q",
     ]);
 

@@ -194,7 +194,7 @@ impl Database {
         let refuse = |why: String| Err(DocError::IncrementNotPossible(why));
         let Some(since_chain) = since.chain_id.as_deref() else {
             return refuse(
-                "the base backup is not part of a chain (taken with --no-chain or by an \
+                "the base backup is not part of a chain (taken without --chain or by an \
                  older Kiln): take a full backup"
                     .into(),
             );
@@ -338,7 +338,7 @@ pub(crate) fn check_link(
         ));
     }
     if prev.chain_id.is_none() {
-        return broken("the full backup was taken without a chain (--no-chain)".into());
+        return broken("the full backup was taken without a chain (no --chain)".into());
     }
     if next.chain_id != prev.chain_id {
         return broken(format!(
