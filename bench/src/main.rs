@@ -374,12 +374,8 @@ fn spawn_child(args: &Args, engine: &str, job: &Job, run_dir: &Path) -> Result<V
     cmd.stderr(std::process::Stdio::piped());
     let out = cmd.output().context("spawning the child")?;
     if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let last = err
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
+        let last = last_line(&out.stderr);
+        let last = last.as_str();
         if out.status.code() == Some(engines::UNAVAILABLE_EXIT) {
             let why = last.trim().trim_start_matches("kiln-bench: ");
             let why = why.strip_prefix(&format!("{engine}: ")).unwrap_or(why);
@@ -394,6 +390,16 @@ fn spawn_child(args: &Args, engine: &str, job: &Job, run_dir: &Path) -> Result<V
         .find(|l| l.trim_start().starts_with('{'))
         .ok_or_else(|| anyhow!("child printed no JSON line"))?;
     Ok(serde_json::from_str(line)?)
+}
+
+/// The last non-empty line a child printed (its error, when it failed).
+fn last_line(output: &[u8]) -> String {
+    String::from_utf8_lossy(output)
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .to_string()
 }
 
 fn fmt_value(v: f64, unit: &str) -> String {

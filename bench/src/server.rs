@@ -73,12 +73,7 @@ pub fn run(engine: &str, workload: &str, dir: &Path, quick: bool) -> Result<Valu
         .output()
         .with_context(|| format!("running {} bench", bin.display()))?;
     if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let last = err
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
+        let last = crate::last_line(&out.stderr);
         bail!(
             "kiln bench {workload} exited with {}: {}",
             out.status,

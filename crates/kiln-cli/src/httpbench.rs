@@ -103,18 +103,24 @@ fn rusage_cpu_seconds(who: libc::c_int) -> f64 {
 
 impl Drop for ServerProcess {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        terminate(&mut self.child, Duration::from_secs(30));
     }
+}
+
+/// Stops a child server: SIGTERM, up to `grace` for it to exit on its own (a clean
+/// shutdown), then SIGKILL; always waited for.
+pub fn terminate(child: &mut Child, grace: Duration) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// One request on a fresh connection (setup and health checks).

@@ -42,16 +42,20 @@ pub(crate) fn fresh_server_with(dir: &Path, args: &[&str]) -> BenchResult<Server
     Ok(server)
 }
 
+/// The load's figures, the server's CPU per request since `server_cpu_before` and
+/// its peak memory.
 fn load_figures(
-    extra: &mut Map<String, Value>,
     r: &httpbench::LoadResult,
     connections: usize,
-    server_cpu_seconds: f64,
-) -> BenchResult<()> {
+    server: &ServerProcess,
+    server_cpu_before: f64,
+) -> BenchResult<Map<String, Value>> {
     if let Some((status, body)) = r.unexpected.first() {
         return Err(format!("unexpected answer {status}: {body}").into());
     }
+    let server_cpu_seconds = server.cpu_seconds()? - server_cpu_before;
     let per_request_us = |s: f64| s * 1e6 / r.requests.max(1) as f64;
+    let mut extra = Map::new();
     extra.insert(
         "server_cpu_us_per_request".into(),
         json!(per_request_us(server_cpu_seconds)),
@@ -64,7 +68,11 @@ fn load_figures(
     extra.insert("requests_per_sec".into(), json!(r.per_sec()));
     extra.insert("p50_us".into(), json!(r.quantile_ms(0.5) * 1e3));
     extra.insert("p99_us".into(), json!(r.quantile_ms(0.99) * 1e3));
-    Ok(())
+    extra.insert(
+        "server_peak_rss_bytes".into(),
+        json!(crate::procstat::peak_rss_bytes(server.pid())?),
+    );
+    Ok(extra)
 }
 
 /// The server workloads' scale and the peer they are compared with.
@@ -340,13 +348,7 @@ fn w8_http_indexed(dir: &Path, load: ServerLoad, indexes: bool, chain: bool) -> 
         &pb,
     )?;
     pb.finish_and_clear();
-    let mut extra = Map::new();
-    let server_cpu = server.cpu_seconds()? - server_cpu_before;
-    load_figures(&mut extra, &r, connections, server_cpu)?;
-    extra.insert(
-        "server_peak_rss_bytes".into(),
-        json!(crate::procstat::peak_rss_bytes(server.pid())?),
-    );
+    let mut extra = load_figures(&r, connections, &server, server_cpu_before)?;
     let (_, stats) = httpbench::blocking_request(server.addr, "GET", "/dbs/bench", b"")?;
     let stats: Value = serde_json::from_slice(&stats)?;
     extra.insert(
@@ -450,13 +452,7 @@ pub(crate) fn w9(dir: &Path, load: ServerLoad, quick: bool, conditional: bool) -
         &pb,
     )?;
     pb.finish_and_clear();
-    let mut extra = Map::new();
-    let server_cpu = server.cpu_seconds()? - server_cpu_before;
-    load_figures(&mut extra, &r, connections, server_cpu)?;
-    extra.insert(
-        "server_peak_rss_bytes".into(),
-        json!(crate::procstat::peak_rss_bytes(server.pid())?),
-    );
+    let mut extra = load_figures(&r, connections, &server, server_cpu_before)?;
     extra.insert("documents".into(), json!(docs));
     drop(server);
     let mut run = Run {
