@@ -64,18 +64,35 @@ fn files_under(dir: &Path, out: &mut Vec<PathBuf>) -> BenchResult<()> {
     Ok(())
 }
 
-/// Bytes allocated on disk by the files under `dir`.
+/// Bytes allocated on disk by a database's files (under `dir`) but its journal (its
+/// files are preallocated, and a backup does not read them): what a backup reads.
 fn disk_bytes(dir: &Path) -> BenchResult<u64> {
     let mut files = Vec::new();
     files_under(dir, &mut files)?;
     let mut total = 0;
     for f in files {
+        if f.strip_prefix(dir).is_ok_and(|p| p.starts_with("journal")) {
+            continue;
+        }
         total += std::fs::metadata(&f)
             .map_err(|e| format!("{}: {e}", f.display()))?
             .blocks()
             * 512;
     }
     Ok(total)
+}
+
+/// Every file under `dir`: {relative path: [apparent bytes, allocated bytes]}.
+fn file_sizes(dir: &Path) -> BenchResult<Value> {
+    let mut files = Vec::new();
+    files_under(dir, &mut files)?;
+    let mut m = Map::new();
+    for f in files {
+        let md = std::fs::metadata(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+        let name = f.strip_prefix(dir).unwrap_or(&f).display().to_string();
+        m.insert(name, json!([md.len(), md.blocks() * 512]));
+    }
+    Ok(Value::Object(m))
 }
 
 fn drop_dir_from_cache(dir: &Path) -> BenchResult<()> {
@@ -87,26 +104,42 @@ fn drop_dir_from_cache(dir: &Path) -> BenchResult<()> {
     Ok(())
 }
 
+/// The disk's sequential speed in MB/s.
+struct SeqDisk {
+    write: f64,
+    /// Buffered, after DONTNEED: how a backup file is read by a restore.
+    read: f64,
+    /// With O_DIRECT (None if the file system refuses it): a cross-check.
+    read_direct: Option<f64>,
+}
+
+/// Reads `path` to its end in `buf`-sized reads: bytes read.
+fn read_through(f: &mut File, buf: &mut [u8], path: &Path) -> BenchResult<u64> {
+    let mut read = 0u64;
+    loop {
+        let n = f
+            .read(buf)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        if n == 0 {
+            return Ok(read);
+        }
+        read += n as u64;
+    }
+}
+
 /// Sequential write (4 MiB writes + fdatasync, timed together) and read (after
-/// DONTNEED) of a file of `bytes`: (write MB/s, read MB/s).
-fn sequential_disk(path: &Path, bytes: u64) -> BenchResult<(f64, f64)> {
+/// DONTNEED; then again with O_DIRECT) of a file of `bytes`.
+fn sequential_disk(path: &Path, bytes: u64) -> BenchResult<SeqDisk> {
     let _cleanup = crate::rawdisk::RemoveOnDrop(path.to_path_buf());
     let block = 4usize << 20;
     // Not zeros, not compressible: a file system that compresses would flatter it.
-    let mut buf = vec![0u8; block];
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    for b in buf.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
-    }
+    let mut buf = crate::rawdisk::AlignedBuf::new(block);
     let blocks = bytes.div_ceil(block as u64);
     let mut f = File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let start = Instant::now();
     for i in 0..blocks {
-        buf[..8].copy_from_slice(&i.to_le_bytes());
-        f.write_all(&buf)
+        buf.bytes_mut()[..8].copy_from_slice(&i.to_le_bytes());
+        f.write_all(buf.bytes())
             .map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
     f.sync_data()
@@ -114,27 +147,40 @@ fn sequential_disk(path: &Path, bytes: u64) -> BenchResult<(f64, f64)> {
     let write_s = start.elapsed().as_secs_f64();
     drop(f);
     let total = blocks * block as u64;
+    let mb_s = |s: f64| total as f64 / MB / s.max(1e-9);
+
     drop_from_cache(path)?;
     let mut f = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let start = Instant::now();
-    let mut read = 0u64;
-    loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        read += n as u64;
-    }
+    let read = read_through(&mut f, buf.bytes_mut(), path)?;
     let read_s = start.elapsed().as_secs_f64();
     if read != total {
         return Err(format!("read {read} of the {total} bytes written").into());
     }
-    Ok((
-        total as f64 / MB / write_s.max(1e-9),
-        total as f64 / MB / read_s.max(1e-9),
-    ))
+    drop(f);
+
+    drop_from_cache(path)?;
+    let read_direct = {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+        {
+            Ok(mut f) => {
+                let start = Instant::now();
+                let read = read_through(&mut f, buf.bytes_mut(), path)?;
+                let s = start.elapsed().as_secs_f64();
+                (read == total).then(|| mb_s(s))
+            }
+            Err(_) => None,
+        }
+    };
+    Ok(SeqDisk {
+        write: mb_s(write_s),
+        read: mb_s(read_s),
+        read_direct,
+    })
 }
 
 /// What one full backup over HTTP took.
@@ -184,11 +230,15 @@ pub(crate) fn w14(dir: &Path, gib: f64, load: ServerLoad) -> BenchResult<Run> {
 
     // 1. The disk, sequentially: 1 GiB, or the data's size if smaller.
     let disk_file_bytes = ((gib * (1u64 << 30) as f64) as u64).clamp(64 << 20, 1 << 30);
-    let (disk_write, disk_read) = sequential_disk(&dir.join("seq.bin"), disk_file_bytes)?;
-    let slower = disk_write.min(disk_read);
+    let disk = sequential_disk(&dir.join("seq.bin"), disk_file_bytes)?;
+    let slower = disk.write.min(disk.read);
     extra.insert("disk_file_bytes".into(), json!(disk_file_bytes));
-    extra.insert("disk_seq_write_mb_per_s".into(), json!(disk_write));
-    extra.insert("disk_seq_read_mb_per_s".into(), json!(disk_read));
+    extra.insert("disk_seq_write_mb_per_s".into(), json!(disk.write));
+    extra.insert("disk_seq_read_mb_per_s".into(), json!(disk.read));
+    extra.insert(
+        "disk_seq_read_direct_mb_per_s".into(),
+        json!(disk.read_direct),
+    );
 
     // 2. The data.
     let documents = ((gib * (1u64 << 30) as f64) / LINE_BYTES).max(1.0) as u64;
@@ -213,6 +263,7 @@ pub(crate) fn w14(dir: &Path, gib: f64, load: ServerLoad) -> BenchResult<Run> {
     let database_bytes = disk_bytes(&db_dir)?;
     let backup_s = b.seconds();
     extra.insert("database_disk_bytes".into(), json!(database_bytes));
+    extra.insert("database_files".into(), file_sizes(&db_dir)?);
     extra.insert("backup_data_bytes".into(), json!(b.data_bytes));
     extra.insert("backup_file_bytes".into(), json!(b.file_bytes));
     extra.insert("backup_seconds".into(), json!(backup_s));
@@ -225,6 +276,10 @@ pub(crate) fn w14(dir: &Path, gib: f64, load: ServerLoad) -> BenchResult<Run> {
     extra.insert(
         "backup_ratio_to_slower_disk".into(),
         json!(backup_db_mb_s / slower),
+    );
+    extra.insert(
+        "backup_data_ratio_to_slower_disk".into(),
+        json!(backup_data_mb_s / slower),
     );
 
     drop_from_cache(&full)?;
@@ -243,15 +298,21 @@ pub(crate) fn w14(dir: &Path, gib: f64, load: ServerLoad) -> BenchResult<Run> {
     let restore_s = start.elapsed().as_secs_f64();
     std::fs::remove_file(&full).map_err(|e| format!("{}: {e}", full.display()))?;
     let restored_bytes = disk_bytes(&restored.join("databases").join("bench"))?;
+    extra.insert(
+        "restored_files".into(),
+        file_sizes(&restored.join("databases").join("bench"))?,
+    );
     let restore_db_mb_s = restored_bytes as f64 / MB / restore_s;
     let restore_file_mb_s = report.bytes_read as f64 / MB / restore_s;
     extra.insert("restore_seconds".into(), json!(restore_s));
     extra.insert("restored_disk_bytes".into(), json!(restored_bytes));
     extra.insert("restore_database_mb_per_s".into(), json!(restore_db_mb_s));
     extra.insert("restore_file_mb_per_s".into(), json!(restore_file_mb_s));
+    let restore_data_mb_s = b.data_bytes as f64 / MB / restore_s;
+    extra.insert("restore_data_mb_per_s".into(), json!(restore_data_mb_s));
     extra.insert(
-        "restore_data_mb_per_s".into(),
-        json!(b.data_bytes as f64 / MB / restore_s),
+        "restore_data_ratio_to_slower_disk".into(),
+        json!(restore_data_mb_s / slower),
     );
     extra.insert(
         "restore_ratio_to_slower_disk".into(),
@@ -370,31 +431,40 @@ pub(crate) fn report(label: &str, m: &Run) {
     let gib = |k: &str| f(k) / (1u64 << 30) as f64;
     let slower = f("disk_seq_write_mb_per_s").min(f("disk_seq_read_mb_per_s"));
     println!(
-        "         {label}: disk sequential write {:.0} MB/s, read {:.0} MB/s (slower {slower:.0}); \
-         database {:.2} GiB on disk ({:.0} documents of ~1 KiB, generated at {:.0}/s)",
+        "         {label}: disk sequential write {:.0} MB/s, read {:.0} MB/s (O_DIRECT {:.0}; slower \
+         of write and read {slower:.0}); \
+         database {:.2} GiB on disk without its journal ({:.0} documents of ~1 KiB, {:.2} GiB of \
+         keys and values; generated at {:.0}/s)",
         f("disk_seq_write_mb_per_s"),
         f("disk_seq_read_mb_per_s"),
+        f("disk_seq_read_direct_mb_per_s"),
         gib("database_disk_bytes"),
         f("documents"),
+        gib("backup_data_bytes"),
         f("generate_docs_per_sec"),
     );
     println!(
         "         {label}: full backup over HTTP {:.1} s: {:.0} MB/s of the database = {:.2}x the slower \
-         disk speed (goal >= 0.7x); {:.0} MB/s of data, {:.0} MB/s of file ({:.2} GiB)",
+         disk speed (goal >= 0.7x); {:.0} MB/s of keys and values ({:.2}x), {:.0} MB/s of file \
+         ({:.2} GiB, lz4)",
         f("backup_seconds"),
         f("backup_database_mb_per_s"),
         f("backup_ratio_to_slower_disk"),
         f("backup_data_mb_per_s"),
+        f("backup_data_ratio_to_slower_disk"),
         f("backup_file_mb_per_s"),
         gib("backup_file_bytes"),
     );
     println!(
         "         {label}: restore (offline, file not cached) {:.1} s: {:.0} MB/s of the restored database \
-         = {:.2}x the slower disk speed (goal >= 0.7x); {:.0} MB/s of file; first read after it \
-         (caches dropped): in-process open+get {:.0} ms, `kiln serve` start to first GET {:.0} ms",
+         = {:.2}x the slower disk speed (goal >= 0.7x); {:.0} MB/s of keys and values ({:.2}x), \
+         {:.0} MB/s of file; first read after it (caches dropped): in-process open+get {:.0} ms, \
+         `kiln serve` start to first GET {:.0} ms",
         f("restore_seconds"),
         f("restore_database_mb_per_s"),
         f("restore_ratio_to_slower_disk"),
+        f("restore_data_mb_per_s"),
+        f("restore_data_ratio_to_slower_disk"),
         f("restore_file_mb_per_s"),
         f("first_read_in_process_ms"),
         f("first_read_server_ms"),
