@@ -261,6 +261,25 @@ impl<R: Read, W: Write> Read for Tee<R, W> {
     }
 }
 
+/// `GET path` (a backup of a running server) written to `file`, every checksum
+/// verified as the bytes arrive: a truncated or damaged stream is refused. The file
+/// is flushed, not synced (see [`finish_file`]).
+pub(crate) fn stream_backup_to(
+    ep: &Endpoint,
+    path: &str,
+    file: &File,
+    progress: impl FnMut(u64),
+) -> AnyResult<BackupReport> {
+    let resp = ep.get_stream(path)?;
+    let mut tee = Tee {
+        inner: resp.body,
+        out: BufWriter::with_capacity(1 << 20, file),
+    };
+    let report = kiln_docs::verify_backup(&mut tee, progress)?;
+    tee.out.flush()?;
+    Ok(report)
+}
+
 fn partial_path(out: &Path) -> PathBuf {
     let mut p = out.as_os_str().to_owned();
     p.push(".partial");
@@ -268,7 +287,7 @@ fn partial_path(out: &Path) -> PathBuf {
 }
 
 /// Syncs the finished `.partial` file and renames it to `out`.
-fn finish_file(file: File, partial: &Path, out: &Path) -> AnyResult<()> {
+pub(crate) fn finish_file(file: File, partial: &Path, out: &Path) -> AnyResult<()> {
     file.sync_all()?;
     drop(file);
     std::fs::rename(partial, out)?;
@@ -332,16 +351,8 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
                 None if a.chain => path.push_str("?chain=true"),
                 None => {}
             }
-            let resp = ep.get_stream(&path)?;
             let pb = bar(a.quiet, None);
-            let mut tee = Tee {
-                inner: resp.body,
-                out: BufWriter::with_capacity(1 << 20, &file),
-            };
-            // Verified as it arrives: a truncated or damaged stream is refused.
-            let report = kiln_docs::verify_backup(&mut tee, |n| pb.set_position(n))?;
-            tee.out.flush()?;
-            drop(tee);
+            let report = stream_backup_to(&ep, &path, &file, |n| pb.set_position(n))?;
             pb.finish_and_clear();
             Ok((report, file))
         } else if let Some(dir) = &a.target.data_dir {
@@ -424,7 +435,7 @@ fn chain_stop(t: &Target, json: bool) -> AnyResult<ExitCode> {
 }
 
 /// Opens the files, with their total size.
-fn open_all(files: &[PathBuf]) -> AnyResult<(kiln_docs::RestoreSource<'static>, u64)> {
+pub(crate) fn open_all(files: &[PathBuf]) -> AnyResult<(kiln_docs::RestoreSource<'static>, u64)> {
     let mut total = 0;
     let mut v: Vec<(String, Box<dyn Read>)> = Vec::new();
     for p in files {

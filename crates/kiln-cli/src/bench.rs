@@ -18,7 +18,8 @@ pub(crate) type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 pub struct BenchArgs {
     /// Comma-separated workload ids: W1, W2, W3, W4, W6, W7 (recovery after kill -9),
     /// W8, W8I (W8 with two indexes), W8C (W8 with a backup chain active), W9, W10, W11,
-    /// W12, W13.
+    /// W12, W13, W14 (backup and restore of a generated database, and W8 during a
+    /// backup; not part of the default set: it writes several times --w14-gib).
     #[arg(long, default_value = "W1,W4")]
     workloads: String,
     /// Directory to run in (a fresh subdirectory per run, removed afterwards).
@@ -67,6 +68,9 @@ pub struct BenchArgs {
     /// W13 documents of the bulk insert (default: 3,000,000; 300,000 with --quick).
     #[arg(long)]
     w13_docs: Option<u64>,
+    /// W14: GiB of generated ~1 KiB documents (default: 4; 0.25 with --quick).
+    #[arg(long)]
+    w14_gib: Option<f64>,
     /// W11 idle WebSocket subscribers (default: 10,000; 1,000 with --quick), bounded
     /// by the open-file limit.
     #[arg(long)]
@@ -557,6 +561,7 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
     load.redis_only = args.redis_only;
     let (w10_docs, w11_connections) = (args.w10_docs, args.w11_connections);
     let (w12_docs, w13_docs) = (args.w12_docs, args.w13_docs);
+    let w14_gib = args.w14_gib.unwrap_or(if quick { 0.25 } else { 4.0 });
     let scale = move |full: u64| if quick { full / 10 } else { full };
     for wl in args
         .workloads
@@ -641,15 +646,21 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
                 wl.clone(),
                 Box::new(move || w13(run_dir, quick, w13_docs)),
             )],
+            "W14" => vec![(
+                wl.clone(),
+                Box::new(move || crate::backupbench::w14(run_dir, w14_gib, load)),
+            )],
             other => {
                 return Err(format!(
-                    "unknown workload {other:?} (available: W1, W2, W3, W4, W6, W7, W8, W8I, W8C, W9, W10, W11, W12, W13)"
+                    "unknown workload {other:?} (available: W1, W2, W3, W4, W6, W7, W8, W8I, W8C, W9, W10, W11, W12, W13, W14)"
                 )
                 .into())
             }
         };
         for (label, f) in variants {
-            let (m, runs) = measure(args.runs, &*f)?;
+            // W14 is long and writes several times its data: once.
+            let runs = if wl == "W14" { 1 } else { args.runs };
+            let (m, runs) = measure(runs, &*f)?;
             let _ = std::fs::remove_dir_all(run_dir);
             let raw = RawFigures {
                 mean_ms: raw_ms,
@@ -719,6 +730,9 @@ fn report(
             f("records_replayed_on_open"),
             f("first_read_ms"),
         );
+    }
+    if m.extra.contains_key("backup_ratio_to_slower_disk") {
+        crate::backupbench::report(label, m);
     }
     if let Some(why) = m.extra.get("redis_skipped").and_then(Value::as_str) {
         println!("         {label}: Redis peer skipped: {why}");
@@ -833,7 +847,9 @@ fn report(
         .map_or("-".to_string(), |v| format!("{v:.1}"));
     // HTTP workloads (a request is not a commit of its own) and W7 (one reopen):
     // no per-commit columns.
-    let http = m.extra.contains_key("requests_per_sec") || m.extra.contains_key("open_ms");
+    let http = m.extra.contains_key("requests_per_sec")
+        || m.extra.contains_key("open_ms")
+        || m.extra.contains_key("backup_ratio_to_slower_disk");
     let per_commit = |v: f64, digits: usize| {
         if http {
             "-".to_string()

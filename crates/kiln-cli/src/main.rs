@@ -1,6 +1,7 @@
 //! `kiln`: the command-line tool.
 
 mod backup_cmd;
+mod backupbench;
 mod bench;
 mod client;
 mod diskbench;

@@ -304,8 +304,6 @@ fn start_chain(server: &ServerProcess) -> BenchResult<()> {
 }
 
 fn w8_http_indexed(dir: &Path, load: ServerLoad, indexes: bool, chain: bool) -> BenchResult<Run> {
-    let connections = load.connections;
-    let per_connection = load.per_connection(load.w8_requests);
     let server = fresh_server(dir)?;
     if chain {
         start_chain(&server)?;
@@ -328,9 +326,23 @@ fn w8_http_indexed(dir: &Path, load: ServerLoad, indexes: bool, chain: bool) -> 
             }
         }
     }
+    w8_load(&server, load, "users", "W8")
+}
+
+/// W8's load (`load.w8_requests` PUTs of new 1 KiB documents `{prefix}/{c}-{i}`
+/// over `load.connections` connections) on a running server's `bench` database.
+pub(crate) fn w8_load(
+    server: &ServerProcess,
+    load: ServerLoad,
+    prefix: &str,
+    label: &str,
+) -> BenchResult<Run> {
+    let connections = load.connections;
+    let per_connection = load.per_connection(load.w8_requests);
     let mut rng = SmallRng::seed_from_u64(SEED);
     let bodies: Vec<Vec<u8>> = (0..256).map(|n| doc_1k(&mut rng, n)).collect();
-    let pb = progress((connections * per_connection) as u64, "W8");
+    let prefix = prefix.to_string();
+    let pb = progress((connections * per_connection) as u64, label);
     let server_cpu_before = server.cpu_seconds()?;
     let r = httpbench::run_load(
         server.addr,
@@ -340,7 +352,7 @@ fn w8_http_indexed(dir: &Path, load: ServerLoad, indexes: bool, chain: bool) -> 
         move |c, i| {
             request_bytes(
                 "PUT",
-                &format!("/dbs/bench/docs/users/{c}-{i}"),
+                &format!("/dbs/bench/docs/{prefix}/{c}-{i}"),
                 &[("content-type", "application/json")],
                 &bodies[(c * 31 + i) % bodies.len()],
             )
@@ -378,7 +390,6 @@ fn w8_http_indexed(dir: &Path, load: ServerLoad, indexes: bool, chain: bool) -> 
             json!(r.requests as f64 / writes.max(1.0)),
         );
     }
-    drop(server);
     Ok(Run {
         ops: r.requests,
         commits: r.requests,

@@ -36,9 +36,13 @@ pub struct BulkFigures {
     pub extra: Map<String, Value>,
 }
 
-/// One NDJSON line of about 300 bytes (its document ~270), made from `n` alone.
-fn bulk_line(rng: &mut SmallRng, n: u64, out: &mut Vec<u8>) {
-    let payload: String = (0..150)
+/// The payload length of W10's documents: lines of about 300 bytes.
+pub const W10_PAYLOAD: usize = 150;
+
+/// One NDJSON line of about `payload + 150` bytes (W10: ~300, its document ~270),
+/// made from `n` alone.
+fn bulk_line(rng: &mut SmallRng, n: u64, payload: usize, out: &mut Vec<u8>) {
+    let payload: String = (0..payload)
         .map(|_| (b'a' + rng.gen_range(0..26)) as char)
         .collect();
     let line = json!({
@@ -115,17 +119,29 @@ impl RssSampler {
 
 /// W10: `documents` generated documents streamed to `/dbs/bench/bulk` of `server`.
 pub fn bulk_insert(server: &ServerProcess, documents: u64) -> BenchResult<BulkFigures> {
+    bulk_insert_sized(server, documents, W10_PAYLOAD, "W10")
+}
+
+/// `documents` generated documents with a random payload of `payload` letters each
+/// (a line is ~150 bytes more) streamed to `/dbs/bench/bulk` of `server` (W10, and
+/// the data of W14); `label` names the progress bar.
+pub fn bulk_insert_sized(
+    server: &ServerProcess,
+    documents: u64,
+    payload: usize,
+    label: &str,
+) -> BenchResult<BulkFigures> {
     let pid = server.pid();
     let rss_before = rss_bytes(pid)?;
     let anon_before = rss_anon_bytes(pid)?;
     let sampler = RssSampler::start(pid)?;
     let cpu_before = server.cpu_seconds()?;
-    let pb = crate::bench::progress(documents, "W10");
+    let pb = crate::bench::progress(documents, label);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let start = Instant::now();
-    let acks = rt.block_on(stream_bulk(server.addr, documents, &pb))?;
+    let acks = rt.block_on(stream_bulk(server.addr, documents, payload, &pb))?;
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
     let server_cpu = server.cpu_seconds()? - cpu_before;
@@ -206,6 +222,7 @@ fn segment_rates(acks: &[(f64, u64)], documents: u64, parts: u64) -> Vec<f64> {
 async fn stream_bulk(
     addr: SocketAddr,
     documents: u64,
+    payload: usize,
     pb: &indicatif::ProgressBar,
 ) -> BenchResult<Vec<(f64, u64)>> {
     let stream = TcpStream::connect(addr).await?;
@@ -225,7 +242,7 @@ async fn stream_bulk(
             lines.clear();
             let end = (n + UPLOAD_CHUNK_DOCS).min(documents);
             while n < end {
-                bulk_line(&mut rng, n, &mut lines);
+                bulk_line(&mut rng, n, payload, &mut lines);
                 n += 1;
             }
             let mut chunk = format!("{:x}\r\n", lines.len()).into_bytes();
@@ -643,7 +660,7 @@ mod tests {
     fn bulk_lines_are_about_300_bytes() {
         let mut rng = SmallRng::seed_from_u64(1);
         let mut out = Vec::new();
-        bulk_line(&mut rng, 123_456, &mut out);
+        bulk_line(&mut rng, 123_456, W10_PAYLOAD, &mut out);
         assert!((250..350).contains(&out.len()), "{}", out.len());
         assert_eq!(out.last(), Some(&b'\n'));
         assert_eq!(parse_w11_id("users/12-7", 100), Some(1207));
