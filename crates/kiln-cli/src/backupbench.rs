@@ -6,7 +6,7 @@
 //!    page cache.
 //! 2. A database of `--w14-gib` GiB of ~1 KiB documents, streamed to the bulk
 //!    endpoint of a `kiln serve` child (W10's generator).
-//! 3. A full backup over HTTP without a chain (`kiln backup --no-chain`: verified
+//! 3. A full backup over HTTP without a chain (`kiln backup` without `--chain`: verified
 //!    as it arrives, written, synced), timed; the file is dropped from the page
 //!    cache and restored offline (`kiln_docs::restore_database`, what `kiln restore
 //!    --data-dir` calls), timed; then the first read of the restored database, its
@@ -199,7 +199,7 @@ impl HttpBackup {
 }
 
 /// A full backup of `bench` without a chain over HTTP into `out` (written as
-/// `out.partial`, verified, synced, renamed: `kiln backup --no-chain`).
+/// `out.partial`, verified, synced, renamed: `kiln backup` without `--chain`).
 fn http_backup(addr: SocketAddr, out: &Path) -> BenchResult<HttpBackup> {
     let ep = Endpoint::parse(&format!("http://{addr}"), None)?;
     let mut partial = out.as_os_str().to_owned();

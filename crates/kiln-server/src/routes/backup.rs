@@ -124,32 +124,46 @@ pub async fn backup(
     let chain = q.chain.unwrap_or(false);
     let (tx, mut rx) = mpsc::channel::<Result<Bytes, io::Error>>(QUEUE);
     let name = db.clone();
-    tokio::task::spawn_blocking(move || {
-        let mut w = ChannelWriter {
-            tx: tx.clone(),
-            buf: Vec::with_capacity(PIECE),
-        };
-        let started = std::time::Instant::now();
-        let opts = kiln_storage::BackupOptions::default();
-        let result = match &since {
-            Some(m) => database.backup_incremental_to(&mut w, m, opts, |_| {}),
-            None => database.backup_full_to(&mut w, opts, chain, |_| {}),
-        };
-        match result {
-            Ok(r) => tracing::info!(
-                database = %name,
-                kind = ?r.manifest.kind,
-                etag = ?r.manifest.etag,
-                bytes = r.file_bytes,
-                ms = started.elapsed().as_millis() as u64,
-                "backup streamed"
-            ),
-            Err(e) => {
-                tracing::warn!(database = %name, error = %e, "backup stopped");
-                let _ = tx.blocking_send(Err(io::Error::other(e.to_string())));
+    // A thread of its own at the lowest CPU priority: on a busy server the backup
+    // (reading every tree, compressing) takes what the writers leave, instead of a
+    // core's worth from them (W14: W8 at 0.38-0.54x of its rate during a backup at
+    // normal priority).
+    let spawned = std::thread::Builder::new()
+        .name("kiln-backup".into())
+        .spawn(move || {
+            lower_own_priority();
+            let mut w = ChannelWriter {
+                tx: tx.clone(),
+                buf: Vec::with_capacity(PIECE),
+            };
+            let started = std::time::Instant::now();
+            let opts = kiln_storage::BackupOptions::default();
+            let result = match &since {
+                Some(m) => database.backup_incremental_to(&mut w, m, opts, |_| {}),
+                None => database.backup_full_to(&mut w, opts, chain, |_| {}),
+            };
+            match result {
+                Ok(r) => tracing::info!(
+                    database = %name,
+                    kind = ?r.manifest.kind,
+                    etag = ?r.manifest.etag,
+                    bytes = r.file_bytes,
+                    ms = started.elapsed().as_millis() as u64,
+                    "backup streamed"
+                ),
+                Err(e) => {
+                    tracing::warn!(database = %name, error = %e, "backup stopped");
+                    let _ = tx.blocking_send(Err(io::Error::other(e.to_string())));
+                }
             }
-        }
-    });
+        });
+    if let Err(e) = spawned {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "io_error",
+            format!("could not start the backup thread: {e}"),
+        ));
+    }
     let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
     let mut resp = (StatusCode::OK, Body::from_stream(stream)).into_response();
     let h = resp.headers_mut();
@@ -286,4 +300,15 @@ pub async fn restore(
     let mut v = serde_json::to_value(&report).unwrap_or_default();
     v["seconds"] = started.elapsed().as_secs_f64().into();
     Ok(json_value(StatusCode::CREATED, v))
+}
+
+/// Makes the calling thread the last to get a CPU (nice 19). On Linux the nice value
+/// belongs to the thread, so the rest of the server keeps its priority. Best effort:
+/// a refusal leaves the thread at normal priority.
+fn lower_own_priority() {
+    // SAFETY: gettid and setpriority have no memory-safety preconditions.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        let _ = libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+    }
 }
