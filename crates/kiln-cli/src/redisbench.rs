@@ -60,6 +60,8 @@ impl RedisServer {
             std::fs::remove_dir_all(dir)?;
         }
         std::fs::create_dir_all(dir)?;
+        // Absolute: redis-server changes into --dir before it opens --logfile.
+        let dir = &std::fs::canonicalize(dir)?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
