@@ -346,6 +346,39 @@ class DiskFullError(InsufficientStorageError):
     code = "disk_full"
 
 
+class BackupInvalidError(BadRequestError):
+    """Restore: a backup file is damaged, truncated or not a Kiln backup (the message
+    names the part and the byte offset)."""
+
+    code = "backup_invalid"
+
+
+class BackupReadFailedError(BadRequestError):
+    """Restore: the server could not read the backup stream it was sent."""
+
+    code = "backup_read_failed"
+
+
+class BackupChainBrokenError(BadRequestError):
+    """Restore: the backups do not form one chain (a gap, a wrong base, out of order,
+    another database's or chain's increment)."""
+
+    code = "backup_chain_broken"
+
+
+class InvalidRestorePointError(BadRequestError):
+    """Restore: the ``until`` point is malformed or outside the chain."""
+
+    code = "invalid_restore_point"
+
+
+class IncrementNotPossibleError(ConflictError):
+    """Backup: an increment cannot be complete (no chain, another chain, or the base's
+    history was trimmed): take a full backup with a chain."""
+
+    code = "increment_not_possible"
+
+
 ERROR_CLASSES: Dict[str, Type[KilnError]] = {
     cls.code: cls
     for cls in [
@@ -359,6 +392,8 @@ ERROR_CLASSES: Dict[str, Type[KilnError]] = {
         DocumentNotFoundError, DatabaseExistsError, ConcurrencyError,
         EtagFromOtherIncarnationError, DocumentTooLargeError, BatchTooLongError,
         BodyTooLargeError, TooLargeError, InternalServerError, CorruptionError,
+        BackupInvalidError, BackupReadFailedError, BackupChainBrokenError,
+        InvalidRestorePointError, IncrementNotPossibleError,
         StorageError, DatabaseBusyError, OverloadedError, ShuttingDownError, IoError,
         DatabaseFailedError, DiskFullError, InvalidIndexError, QueryTooExpensiveError,
         IndexNotFoundError, IndexExistsError,
