@@ -148,17 +148,28 @@ fn bar(quiet: bool, total: Option<u64>) -> ProgressBar {
     pb
 }
 
+/// A report as one JSON line, with the operation, its time and rate added.
+fn print_json(
+    report: &impl serde::Serialize,
+    what: &str,
+    secs: f64,
+    mb_s: f64,
+    extra: &[(&str, String)],
+) {
+    let mut v = serde_json::to_value(report).unwrap_or_default();
+    v["operation"] = what.into();
+    v["seconds"] = secs.into();
+    v["mb_per_s"] = mb_s.into();
+    for (k, val) in extra {
+        v[*k] = val.clone().into();
+    }
+    println!("{v}");
+}
+
 fn summary(what: &str, r: &BackupReport, secs: f64, extra: &[(&str, String)], json: bool) {
     let mb_s = r.file_bytes as f64 / 1e6 / secs.max(1e-9);
     if json {
-        let mut v = serde_json::to_value(r).unwrap_or_default();
-        v["operation"] = what.into();
-        v["seconds"] = secs.into();
-        v["mb_per_s"] = mb_s.into();
-        for (k, val) in extra {
-            v[*k] = val.clone().into();
-        }
-        println!("{v}");
+        print_json(r, what, secs, mb_s, extra);
     } else {
         println!("{what}: {}", describe(r));
         println!(
@@ -206,14 +217,7 @@ fn describe(r: &BackupReport) -> String {
 fn chain_summary(what: &str, r: &ChainReport, secs: f64, extra: &[(&str, String)], json: bool) {
     let mb_s = r.bytes_read as f64 / 1e6 / secs.max(1e-9);
     if json {
-        let mut v = serde_json::to_value(r).unwrap_or_default();
-        v["operation"] = what.into();
-        v["seconds"] = secs.into();
-        v["mb_per_s"] = mb_s.into();
-        for (k, val) in extra {
-            v[*k] = val.clone().into();
-        }
-        println!("{v}");
+        print_json(r, what, secs, mb_s, extra);
         return;
     }
     let writes = if what == "restored" {

@@ -12,10 +12,10 @@ use crate::bench::{BenchResult, Run, SEED};
 use kiln_storage::{Env, Options};
 use rand::{rngs::SmallRng, Rng, RngCore, SeedableRng};
 use serde_json::{json, Map};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// What the child writes before it is killed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,10 +98,11 @@ pub fn child(case: W7Case, dir: &Path, quick: bool) -> BenchResult<()> {
         }
     }
     println!("READY {}", env.stats().journal_bytes);
-    // Killed here: never closed, nothing checkpointed after the last commit.
-    loop {
-        std::thread::sleep(Duration::from_secs(60));
-    }
+    // Killed here: never closed, nothing checkpointed after the last commit. Should
+    // the parent die first, its end of stdin closes and the child leaves (without
+    // closing the environment either), instead of lingering.
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    std::process::exit(1);
 }
 
 /// The parent: runs the child, kills it with SIGKILL once it said READY, times the
@@ -113,6 +114,7 @@ pub fn w7(dir: &Path, case: W7Case, quick: bool) -> BenchResult<Run> {
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(["bench", "--w7-child", case.name(), "--dir"])
         .arg(dir)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped());
     if quick {
         cmd.arg("--quick");
