@@ -368,7 +368,7 @@ pub(crate) fn w8_load(
         &pb,
     )?;
     pb.finish_and_clear();
-    let mut extra = load_figures(&r, connections, &server, server_cpu_before)?;
+    let mut extra = load_figures(&r, connections, server, server_cpu_before)?;
     let (_, stats) = httpbench::blocking_request(server.addr, "GET", "/dbs/bench", b"")?;
     let stats: Value = serde_json::from_slice(&stats)?;
     extra.insert(
