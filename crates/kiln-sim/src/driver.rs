@@ -84,6 +84,8 @@ pub fn options(disk: &Arc<SimDisk>) -> Options {
         prepare_journal_files_ahead: false,
         // A small write buffer, so that power cuts land during freezes and merges.
         write_buffer_bytes: 32 << 10,
+        // The same bytes on every run of a seed, whatever the timing.
+        journal_compression_adaptive: false,
         ..Options::default()
     }
 }

@@ -43,6 +43,12 @@ pub struct Options {
     pub queue_limits: QueueLimits,
     /// Compress journal records with LZ4 when that makes them smaller.
     pub journal_compression: bool,
+    /// With `journal_compression`: compress a record only when the disk time its
+    /// sampled saving is worth (measured per byte on this journal) exceeds the CPU
+    /// time compressing takes (measured too); on a fast disk that is rarely. Off:
+    /// whenever a sample shrinks by a fifth, whatever the timing (the simulation,
+    /// which must write the same bytes on every run of a seed).
+    pub journal_compression_adaptive: bool,
     /// Open even if the journal shows that transactions were lost in the middle,
     /// keeping only those before the hole. Off by default: that situation means
     /// acknowledged commits are gone, and an operator should decide.
@@ -73,6 +79,7 @@ impl Default for Options {
             journal_direct_io: true,
             durability: Durability::Immediate,
             journal_compression: true,
+            journal_compression_adaptive: true,
             queue_limits: QueueLimits::default(),
             prepare_journal_files_ahead: true,
             open_despite_journal_gap: false,

@@ -106,6 +106,9 @@ pub(crate) struct EngineCounters {
     pub journal_body_bytes_raw: AtomicU64,
     pub journal_body_bytes_stored: AtomicU64,
     pub journal_write_latency: LatencyHistogram,
+    /// What a durable journal write costs per byte on this disk (compression's
+    /// measure of what a byte saved is worth).
+    pub journal_write_cost: crate::journal::compress::JournalWriteCost,
     pub journal_files_created: AtomicU64,
     pub journal_files_recycled: AtomicU64,
     pub journal_switch_waits: AtomicU64,

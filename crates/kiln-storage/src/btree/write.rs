@@ -56,6 +56,33 @@ fn split_point(cells: &[Vec<u8>]) -> usize {
     cells.len() - 1
 }
 
+/// Where to cut when a cell appended at the end of a right-edge node overflows it:
+/// everything before it stays. A leaf's right half is the new cell alone; a branch
+/// keeps one separator on the right, since the middle separator moves up (so the
+/// last old one goes up and the new one stays with its child).
+fn append_split_point(kind: u8, cells: usize) -> usize {
+    if kind == KIND_LEAF {
+        cells - 1
+    } else {
+        cells.saturating_sub(2).max(1)
+    }
+}
+
+/// `page::search`, first checking the last key when `at_right_edge`: there, keys
+/// beyond every key of the node are the common case (appends), answered with one
+/// comparison instead of a binary search.
+fn search_for_insert(
+    p: &[u8],
+    key: &[u8],
+    at_right_edge: bool,
+) -> std::result::Result<usize, usize> {
+    let count = hdr::count(p);
+    if at_right_edge && count > 0 && page::cell_key(p, count - 1) < key {
+        return Err(count);
+    }
+    page::search(p, key)
+}
+
 impl WriteTxn<'_> {
     fn leaf_cell_for(&mut self, key: &[u8], value: &[u8]) -> Vec<u8> {
         if page::LEAF_CELL_FIXED + key.len() + value.len() <= page::MAX_INLINE_CELL {
@@ -101,7 +128,7 @@ impl WriteTxn<'_> {
             assert!(inserted, "a cell always fits in an empty leaf");
             return Ok((leaf, false));
         }
-        let (new_root, split, existed) = self.insert_rec(root, key, &cell, 0)?;
+        let (new_root, split, existed) = self.insert_rec(root, key, &cell, 0, true)?;
         let Some(split) = split else {
             return Ok((new_root, existed));
         };
@@ -117,12 +144,15 @@ impl WriteTxn<'_> {
         Ok((top, existed))
     }
 
+    /// `rightmost`: `no` is the last node of its level (every ancestor routed to its
+    /// last child), where ascending keys (appends) arrive.
     fn insert_rec(
         &mut self,
         no: PageNo,
         key: &[u8],
         cell: &[u8],
         depth: usize,
+        rightmost: bool,
     ) -> Result<(PageNo, Option<Split>, bool)> {
         if depth >= MAX_DEPTH {
             return Err(super::corrupt(
@@ -133,7 +163,7 @@ impl WriteTxn<'_> {
         }
         let no = self.writable(no)?;
         if hdr::kind(self.dirty_mut(no)) == KIND_LEAF {
-            let (idx, existed) = match page::search(self.dirty_mut(no), key) {
+            let (idx, existed) = match search_for_insert(self.dirty_mut(no), key, rightmost) {
                 Ok(i) => {
                     self.free_value(no, i)?;
                     page::remove_cell(self.dirty_mut(no), i);
@@ -141,28 +171,49 @@ impl WriteTxn<'_> {
                 }
                 Err(i) => (i, false),
             };
-            let split = self.insert_or_split(no, idx, cell)?;
+            let split = self.insert_or_split(no, idx, cell, rightmost)?;
             return Ok((no, split, existed));
         }
         let p = self.dirty_mut(no);
-        let route = page::branch_route(p, key);
+        let route = match search_for_insert(p, key, rightmost) {
+            Ok(i) => i,
+            Err(0) => usize::MAX,
+            Err(i) => i - 1,
+        };
+        let last_route = hdr::count(p).wrapping_sub(1);
         let child = page::branch_child_at(p, route);
-        let (new_child, child_split, existed) = self.insert_rec(child, key, cell, depth + 1)?;
+        let child_rightmost = rightmost && route == last_route;
+        let (new_child, child_split, existed) =
+            self.insert_rec(child, key, cell, depth + 1, child_rightmost)?;
         let p = self.dirty_mut(no);
         set_route_child(p, route, new_child);
         let Some(s) = child_split else {
             return Ok((no, None, existed));
         };
         let at = if route == usize::MAX { 0 } else { route + 1 };
-        let split =
-            self.insert_or_split(no, at, &page::encode_branch_cell(&s.separator, s.right))?;
+        let split = self.insert_or_split(
+            no,
+            at,
+            &page::encode_branch_cell(&s.separator, s.right),
+            rightmost,
+        )?;
         Ok((no, split, existed))
     }
 
-    /// Inserts a cell at slot `idx`, splitting the node if it does not fit.
-    // Bounds: `m` is a split point from `split_point`, which keeps it inside `cells`.
+    /// Inserts a cell at slot `idx`, splitting the node if it does not fit. A node at
+    /// the right edge of its level that overflows by a cell appended at its end is
+    /// split there, leaving it full: keys arriving in ascending order (W2, ids from
+    /// a counter) then fill whole pages instead of halves, which halved the data
+    /// file, the journal's page images and the write-back of a sequential fill.
+    // Bounds: `m` is a split point from `split_point` or `append_split_point`, which keep it inside `cells`.
     #[allow(clippy::indexing_slicing)]
-    fn insert_or_split(&mut self, no: PageNo, idx: usize, cell: &[u8]) -> Result<Option<Split>> {
+    fn insert_or_split(
+        &mut self,
+        no: PageNo,
+        idx: usize,
+        cell: &[u8],
+        rightmost: bool,
+    ) -> Result<Option<Split>> {
         if page::insert_cell(self.dirty_mut(no), idx, cell) {
             return Ok(None);
         }
@@ -171,7 +222,12 @@ impl WriteTxn<'_> {
         let mut cells = node_cells(p);
         cells.insert(idx, cell.to_vec());
         let right = self.new_node(kind);
-        let m = split_point(&cells);
+        let appended = rightmost && idx + 1 == cells.len();
+        let m = if appended {
+            append_split_point(kind, cells.len())
+        } else {
+            split_point(&cells)
+        };
         let (separator, right_cells, right_leftmost) = if kind == KIND_LEAF {
             (
                 cell_key_of(kind, &cells[m]).to_vec(),

@@ -1,6 +1,7 @@
 //! The write-ahead journal: preallocated files written sequentially with
 //! O_DIRECT|O_DSYNC, one record per commit.
 
+pub(crate) mod compress;
 mod files;
 pub mod logical;
 pub mod record;

@@ -38,6 +38,7 @@
 //! checksummed bytes) means a stale record left in a recycled or rewritten region can
 //! never pass as the continuation of the current history.
 
+use super::compress::{Compressor, JournalWriteCost, Verdict};
 use super::logical;
 pub use super::logical::LogicalLog;
 use crate::io::DIRECT_IO_ALIGN;
@@ -241,7 +242,11 @@ pub const MAX_RECORD_BODY: usize = u32::MAX as usize - (64 << 20);
 /// cost more than the compression itself: new memory is zeroed by the kernel).
 // Bounds: the record buffer is sized above for the header, every image, the freed list and the buffer entries, so every offset written lies below it; the hot path of a commit.
 #[allow(clippy::indexing_slicing)]
-pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<u8>>) -> Encoded {
+pub(crate) fn encode(
+    input: &RecordInput,
+    buf: &mut PageRun,
+    compress: Option<(&mut Compressor, &JournalWriteCost)>,
+) -> Encoded {
     let forms: Vec<Form> = input.pages.iter().map(choose_form).collect();
     let logical_bytes = input.logical.encoded_len();
     let body_len =
@@ -312,12 +317,13 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<
     debug_assert_eq!(at, RECORD_HEADER + body_len);
     write_u32(b, 44, body_len as u32);
     let mut stored = body_len;
-    if let Some(scratch) = compress {
+    if let Some((compressor, disk)) = compress {
         if (MIN_COMPRESS_BODY..=MAX_RAW_BODY).contains(&body_len) {
-            if let Some(packed_len) = compress_if_worth_it(&b[RECORD_HEADER..at], scratch) {
+            if let Some(packed_len) = compress_if_worth_it(&b[RECORD_HEADER..at], compressor, disk)
+            {
                 if packed_len + DIRECT_IO_ALIGN / 4 < body_len {
                     b[RECORD_HEADER..RECORD_HEADER + packed_len]
-                        .copy_from_slice(&scratch[..packed_len]);
+                        .copy_from_slice(&compressor.output()[..packed_len]);
                     stored = packed_len;
                     b[5] |= FLAG_LZ4;
                     write_u32(b, 32, stored as u32);
@@ -349,43 +355,35 @@ pub fn encode(input: &RecordInput, buf: &mut PageRun, compress: Option<&mut Vec<
     }
 }
 
-/// Compresses `body` into `scratch` and returns the compressed length, unless
-/// samples show it does not pay: compressing random bytes (a typical value) costs
-/// time and saves nothing. Four 1 KiB windows spread over the body are tried, not
-/// just its start: a record's page images come first and compress well even when
-/// the buffered values after them (most of the bytes) do not. A body no larger than
-/// 4 KiB is compressed whole at once.
+/// Compresses `body` into the compressor's scratch and returns the compressed
+/// length, unless it does not pay (see `compress.rs`): compressing random bytes (a
+/// typical value) costs time and saves nothing, and on a fast disk even a 16 %
+/// saving costs more CPU than it saves disk time. Four 1 KiB windows spread over the
+/// body are sampled, not just its start: a record's page images come first and
+/// compress well even when the buffered values after them (most of the bytes) do
+/// not. A body no larger than 4 KiB is compressed whole at once.
 // Bounds: sample windows start at `w * stride` with `stride = (len - WINDOW) / (WINDOWS - 1)`, so each window ends within the body.
 #[allow(clippy::indexing_slicing)]
-fn compress_if_worth_it(body: &[u8], scratch: &mut Vec<u8>) -> Option<usize> {
+fn compress_if_worth_it(
+    body: &[u8],
+    compressor: &mut Compressor,
+    disk: &JournalWriteCost,
+) -> Option<usize> {
     const WINDOW: usize = 1024;
     const WINDOWS: usize = 4;
     if body.len() <= WINDOW * WINDOWS {
-        let packed = compress_into_scratch(body, scratch)?;
+        let packed = compressor.compress(body)?;
         return (packed < body.len() * 9 / 10).then_some(packed);
     }
-    let stride = (body.len() - WINDOW) / (WINDOWS - 1);
-    let mut packed = 0;
-    for w in 0..WINDOWS {
-        let at = w * stride;
-        packed += compress_into_scratch(&body[at..at + WINDOW], scratch)?;
-    }
-    // Samples of W3's records (page diffs, then random values) fall between 80 and 90 %;
-    // compressing them saved 4 % of the bytes for 9 % of the committing thread's time.
-    if packed >= WINDOW * WINDOWS * 8 / 10 {
+    if compressor.hopeless(disk) {
         return None;
     }
-    compress_into_scratch(body, scratch)
-}
-
-/// LZ4-compresses `input` into `scratch` (grown once to the worst case, then
-/// reused); the compressed length, or `None` if LZ4 refused.
-fn compress_into_scratch(input: &[u8], scratch: &mut Vec<u8>) -> Option<usize> {
-    let need = lz4_flex::block::get_maximum_output_size(input.len());
-    if scratch.len() < need {
-        scratch.resize(need, 0);
+    let stride = (body.len() - WINDOW) / (WINDOWS - 1);
+    let windows = (0..WINDOWS).map(|w| &body[w * stride..w * stride + WINDOW]);
+    match compressor.judge(windows, disk) {
+        Verdict::Store => None,
+        Verdict::Compress => compressor.compress(body),
     }
-    lz4_flex::block::compress_into(input, scratch).ok()
 }
 
 /// Parses and sanity-checks a header block. `None` if it is not a record header.
@@ -749,7 +747,8 @@ mod tests {
             logical: &log,
             buffer_flags: 0,
         };
-        let enc = encode(&input, &mut buf, Some(&mut Vec::new()));
+        let (mut c, disk) = (Compressor::new(false), JournalWriteCost::default());
+        let enc = encode(&input, &mut buf, Some((&mut c, &disk)));
         let rec = decode(&buf.bytes()[..enc.padded_len]).expect("decodes");
         let expect: Vec<(Box<[u8]>, Slot)> = vec![
             (

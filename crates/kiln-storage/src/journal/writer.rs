@@ -1,5 +1,6 @@
 //! Appends records to the journal and makes each durable before returning.
 
+use super::compress::Compressor;
 pub use super::files::{JournalFiles, JournalPos};
 use super::record::{self, RecordInput};
 use crate::io::{OpenMode, Vfs, VfsFile, DIRECT_IO_ALIGN};
@@ -49,9 +50,9 @@ pub struct PreparedRecord {
 pub struct RecordEncoder {
     chain_checksum: u32,
     nonce: u64,
-    compress: bool,
-    /// LZ4 output, reused from record to record.
-    compress_scratch: Vec<u8>,
+    /// `None`: compression is off.
+    compressor: Option<Compressor>,
+    counters: Arc<EngineCounters>,
 }
 
 impl PreparedRecord {
@@ -62,12 +63,17 @@ impl PreparedRecord {
 }
 
 impl RecordEncoder {
-    pub fn new(chain_checksum: u32, compress: bool) -> Self {
+    /// `compression`: off, or on and adaptive or not (see `journal/compress.rs`).
+    pub fn new(
+        chain_checksum: u32,
+        compression: Option<bool>,
+        counters: Arc<EngineCounters>,
+    ) -> Self {
         RecordEncoder {
             chain_checksum,
             nonce: rand::random(),
-            compress,
-            compress_scratch: Vec::new(),
+            compressor: compression.map(Compressor::new),
+            counters,
         }
     }
 
@@ -86,8 +92,9 @@ impl RecordEncoder {
         input.nonce = self.nonce;
         input.prev_checksum = self.chain_checksum;
         let mut buf = PageRun::scratch(1);
-        let scratch = self.compress.then_some(&mut self.compress_scratch);
-        let enc = record::encode(&input, &mut buf, scratch);
+        let disk = &self.counters.journal_write_cost;
+        let compress = self.compressor.as_mut().map(|c| (c, disk));
+        let enc = record::encode(&input, &mut buf, compress);
         self.chain_checksum = enc.checksum;
         PreparedRecord {
             txn_id: input.txn_id,
@@ -233,7 +240,9 @@ impl JournalWriter {
             ))
         })?;
         self.write_durable(bytes)?;
-        self.counters.journal_write_latency.record(start.elapsed());
+        let elapsed = start.elapsed();
+        self.counters.journal_write_latency.record(elapsed);
+        self.counters.journal_write_cost.observe(rec.len, elapsed);
         self.counters.journal_writes.fetch_add(1, Relaxed);
         self.counters
             .journal_bytes

@@ -160,12 +160,17 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
         opts: opts.clone(),
         vfs: vfs.clone(),
         store: Arc::new(store),
-        counters,
+        counters: counters.clone(),
         journal_files,
         synced_txn_id: Arc::new(AtomicU64::new(outcome.last_txn_id)),
         readers: Arc::new(Readers::new(snap.clone())),
         writer: Mutex::new(WriterState {
-            encoder: RecordEncoder::new(outcome.end.chain_checksum, opts.journal_compression),
+            encoder: RecordEncoder::new(
+                outcome.end.chain_checksum,
+                opts.journal_compression
+                    .then_some(opts.journal_compression_adaptive),
+                counters.clone(),
+            ),
             alloc: Allocator::new(page_count, free.iter().copied()),
             latest: snap.clone(),
             merge_cursor: None,

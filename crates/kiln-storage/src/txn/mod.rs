@@ -372,7 +372,14 @@ impl<'env> WriteTxn<'env> {
 
     /// Records a tree's new state (its root, entry count, or id changed).
     pub(crate) fn set_tree_state(&mut self, name: &str, st: TreeState) {
-        self.trees.insert(name.to_string(), st);
+        // Called per put: an existing entry is updated in place, without
+        // allocating its name again.
+        match self.trees.get_mut(name) {
+            Some(t) => *t = st,
+            None => {
+                self.trees.insert(name.to_string(), st);
+            }
+        }
     }
 
     pub(crate) fn tree_state(&mut self, name: &str) -> Result<TreeState> {
@@ -577,7 +584,7 @@ impl<'env> WriteTxn<'env> {
         st.info.root = root;
         st.info.entries += u64::from(!existed);
         st.modified = true;
-        self.trees.insert(tree.to_string(), st);
+        self.set_tree_state(tree, st);
         if let Some(last) = self.tree_last_key.get_mut(&st.info.id) {
             if last.as_deref().is_none_or(|l| key > l) {
                 *last = Some(key.into());
@@ -606,7 +613,7 @@ impl<'env> WriteTxn<'env> {
             st.info.root = self.mutate(|t| t.tree_delete(st.info.root, key))?;
             st.info.entries -= 1;
             st.modified = true;
-            self.trees.insert(tree.to_string(), st);
+            self.set_tree_state(tree, st);
         }
         if self.base.gens.holds(&bkey) {
             self.buffer_write(st.info.id, key, Slot::Tombstone);
