@@ -4,7 +4,7 @@
 
 use super::record::take;
 use crate::page::{self, read_u16, read_u32};
-use crate::write_buffer::{Slot, TreeId};
+use crate::write_buffer::{Slot, SlotRef, TreeId};
 
 /// `key_len u16 | kind u8 | value_len u32`.
 const LOGICAL_ENTRY_HEADER: usize = 7;
@@ -23,11 +23,11 @@ pub struct LogicalLog {
 
 impl LogicalLog {
     /// Appends an entry; returns its offset (for `buffer_key` and `truncate`).
-    pub fn push(&mut self, tree: TreeId, key: &[u8], slot: &Slot) -> usize {
+    pub(crate) fn push(&mut self, tree: TreeId, key: &[u8], slot: SlotRef<'_>) -> usize {
         let (kind, value): (u8, &[u8]) = match slot {
-            Slot::Value(v) => (0, v),
-            Slot::Tombstone => (1, &[]),
-            Slot::InTree => (2, &[]),
+            SlotRef::Value(v) => (0, v),
+            SlotRef::Tombstone => (1, &[]),
+            SlotRef::InTree => (2, &[]),
         };
         let at = self.bytes.len();
         self.bytes

@@ -662,6 +662,7 @@ pub fn decode(record: &[u8]) -> Result<DecodedRecord, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::write_buffer::SlotRef;
 
     fn apply(old: &[u8], new: &[u8]) -> Vec<u8> {
         let mut out = old.to_vec();
@@ -721,10 +722,10 @@ mod tests {
     #[test]
     fn logical_entries_round_trip_in_order_with_truncation() {
         let mut log = LogicalLog::default();
-        let a = log.push(7, b"alpha", &Slot::Value(b"one".to_vec().into()));
-        log.push(7, b"beta", &Slot::Tombstone);
-        let c = log.push(9, b"alpha", &Slot::InTree);
-        log.push(9, b"gamma", &Slot::Value(vec![5u8; 3000].into()));
+        let a = log.push(7, b"alpha", Slot::Value(b"one".to_vec().into()).as_ref());
+        log.push(7, b"beta", SlotRef::Tombstone);
+        let c = log.push(9, b"alpha", SlotRef::InTree);
+        log.push(9, b"gamma", SlotRef::Value(&[5u8; 3000]));
         assert_eq!(
             log.buffer_key(a),
             crate::write_buffer::buffer_key(7, b"alpha").as_ref()
@@ -734,7 +735,7 @@ mod tests {
             crate::write_buffer::buffer_key(9, b"alpha").as_ref()
         );
         log.truncate(c, 2);
-        log.push(9, b"alpha", &Slot::Value(b"two".to_vec().into()));
+        log.push(9, b"alpha", Slot::Value(b"two".to_vec().into()).as_ref());
         let mut buf = PageRun::scratch(1);
         let input = RecordInput {
             txn_id: 3,

@@ -81,7 +81,7 @@ pub(crate) fn replay(
                 state.1 = rec.header.page_count;
             }
             for (bkey, slot) in rec.logical {
-                gens.active.write(&bkey, txn_id, slot);
+                gens.active.write(&bkey, txn_id, slot.as_ref());
             }
             let froze = flags & crate::journal::record::FLAG_FREEZE != 0;
             let merge_done = flags & crate::journal::record::FLAG_MERGE_DONE != 0;

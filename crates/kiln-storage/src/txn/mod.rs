@@ -17,7 +17,7 @@ use crate::page::{self, PageNo, PageRun};
 use crate::shared::{Shared, Snapshot, WriterState};
 use crate::store::Pins;
 use crate::write_buffer::Cursor;
-use crate::write_buffer::{buffer_key, Found, Gens, Slot, TreeId};
+use crate::write_buffer::{buffer_key, Found, Gens, SlotRef, Stored, TreeId};
 use crate::{Error, Result};
 use parking_lot::MutexGuard;
 use std::cell::RefCell;
@@ -272,7 +272,7 @@ pub struct WriteTxn<'env> {
     /// Every buffer write of this transaction: where its entry starts in `logical`,
     /// and the version it replaced (its own earlier one), so that an abort or a
     /// savepoint can take it back. One per entry of `logical`.
-    undo: Vec<(usize, Option<Slot>)>,
+    undo: Vec<(usize, Option<Stored>)>,
     /// The buffer writes in their journal form (the record copies them at commit).
     logical: crate::journal::record::LogicalLog,
     /// Per tree id, the largest key in the tree itself as this transaction last saw
@@ -518,8 +518,8 @@ impl<'env> WriteTxn<'env> {
 
     /// Journals a buffer write of `slot` for `key` of tree `tree` and writes it into
     /// the active generation.
-    fn buffer_write(&mut self, tree: TreeId, key: &[u8], slot: Slot) {
-        let at = self.logical.push(tree, key, &slot);
+    fn buffer_write(&mut self, tree: TreeId, key: &[u8], slot: SlotRef<'_>) {
+        let at = self.logical.push(tree, key, slot);
         let previous = self
             .base
             .gens
@@ -574,7 +574,7 @@ impl<'env> WriteTxn<'env> {
         if self.buffers(&st, key, value)? {
             // No look at the tree: a tree's entry count is that of the tree itself,
             // and `tree_len` adds what the buffer changes (see there).
-            self.buffer_write(st.info.id, key, Slot::Value(value.into()));
+            self.buffer_write(st.info.id, key, SlotRef::Value(value));
             return Ok(());
         }
         // Written into the tree: older buffered versions must stop hiding it.
@@ -591,7 +591,7 @@ impl<'env> WriteTxn<'env> {
             }
         }
         if buffered {
-            self.buffer_write(st.info.id, key, Slot::InTree);
+            self.buffer_write(st.info.id, key, SlotRef::InTree);
         }
         Ok(())
     }
@@ -606,7 +606,7 @@ impl<'env> WriteTxn<'env> {
             return Ok(false);
         }
         if self.env.opts.write_buffer_bytes > 0 {
-            self.buffer_write(st.info.id, key, Slot::Tombstone);
+            self.buffer_write(st.info.id, key, SlotRef::Tombstone);
             return Ok(true);
         }
         if btree::get(&*self, st.info.root, key)?.is_some() {
@@ -616,7 +616,7 @@ impl<'env> WriteTxn<'env> {
             self.set_tree_state(tree, st);
         }
         if self.base.gens.holds(&bkey) {
-            self.buffer_write(st.info.id, key, Slot::Tombstone);
+            self.buffer_write(st.info.id, key, SlotRef::Tombstone);
         }
         Ok(true)
     }

@@ -11,10 +11,14 @@
 //! write into, and a frozen one being merged into the trees. A snapshot holds both
 //! (`Gens`), so a reader's view is its catalog root plus the versions it may see.
 //!
-//! Values handed to readers borrow from a generation: a value lives in its own heap
-//! allocation, which never moves, and a version visible to any reader is never
-//! removed or replaced while the generation lives (only the writer's own,
-//! uncommitted versions are: see `write` and `undo`).
+//! Keys and values are copied into the generation's arena (`Arena`): chunks of
+//! memory that never move and are freed only with the generation. A buffered put
+//! then costs no allocation of its own (it cost three: key, value, and their clones
+//! when merged; with glibc's allocator a quarter of a random fill's time), and
+//! values handed to readers borrow from the arena: a version visible to any reader
+//! is never removed or replaced while the generation lives (only the writer's own,
+//! uncommitted versions are: see `write` and `undo`), and even those leave their
+//! bytes in place.
 
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
@@ -39,10 +43,99 @@ pub enum Slot {
 }
 
 impl Slot {
-    fn bytes(&self) -> u64 {
+    pub(crate) fn as_ref(&self) -> SlotRef<'_> {
         match self {
-            Slot::Value(v) => v.len() as u64,
-            _ => 0,
+            Slot::Value(v) => SlotRef::Value(v),
+            Slot::Tombstone => SlotRef::Tombstone,
+            Slot::InTree => SlotRef::InTree,
+        }
+    }
+}
+
+/// A `Slot` whose value is borrowed: what writers hand in and merges take out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotRef<'a> {
+    Value(&'a [u8]),
+    Tombstone,
+    InTree,
+}
+
+/// Bytes of an arena chunk; a larger value gets a chunk of its own size.
+const ARENA_CHUNK_BYTES: usize = 256 << 10;
+
+/// Where a generation keeps its keys and values: append-only chunks that never
+/// move (a `Box<[u8]>`'s bytes stay put when the list of chunks grows).
+#[derive(Default)]
+struct Arena {
+    chunks: Vec<Box<[u8]>>,
+    /// Bytes used of the last chunk.
+    used: usize,
+}
+
+impl Arena {
+    fn copy(&mut self, bytes: &[u8]) -> ArenaRef {
+        if bytes.is_empty() {
+            // An empty value: no chunk needed (a dangling pointer is a valid empty slice).
+            return ArenaRef {
+                ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+                len: 0,
+            };
+        }
+        let room = self.chunks.last().map_or(0, |c| c.len() - self.used);
+        if room < bytes.len() {
+            self.chunks
+                .push(vec![0u8; ARENA_CHUNK_BYTES.max(bytes.len())].into_boxed_slice());
+            self.used = 0;
+        }
+        let chunk = self.chunks.last_mut().expect("a chunk was just ensured");
+        let dst = chunk
+            .get_mut(self.used..self.used + bytes.len())
+            .expect("the chunk has room: checked above");
+        dst.copy_from_slice(bytes);
+        self.used += bytes.len();
+        ArenaRef {
+            ptr: dst.as_ptr(),
+            len: bytes.len() as u32,
+        }
+    }
+}
+
+/// Bytes in a generation's arena.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ArenaRef {
+    ptr: *const u8,
+    len: u32,
+}
+
+// SAFETY: an `ArenaRef` points at bytes that are never written again once copied,
+// owned by an arena that outlives every map entry holding the reference.
+unsafe impl Send for ArenaRef {}
+// SAFETY: as for `Send`: shared access only ever reads.
+unsafe impl Sync for ArenaRef {}
+
+impl ArenaRef {
+    /// SAFETY (for callers): the arena that made this reference must be alive for
+    /// `'a` (it lives as long as its generation).
+    unsafe fn get<'a>(self) -> &'a [u8] {
+        std::slice::from_raw_parts(self.ptr, self.len as usize)
+    }
+}
+
+/// A version's content as the generation stores it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Stored {
+    Value(ArenaRef),
+    Tombstone,
+    InTree,
+}
+
+impl Stored {
+    /// SAFETY: as `ArenaRef::get`.
+    unsafe fn get<'a>(self) -> SlotRef<'a> {
+        match self {
+            Stored::Value(v) => SlotRef::Value(v.get()),
+            Stored::Tombstone => SlotRef::Tombstone,
+            Stored::InTree => SlotRef::InTree,
         }
     }
 }
@@ -70,12 +163,12 @@ pub(crate) enum Found<'a> {
 #[derive(Debug)]
 struct Version {
     txn_id: u64,
-    slot: Slot,
+    slot: Stored,
 }
 
 /// A key's versions, oldest first. Most keys have one: kept inline in the map's
-/// node, it costs no allocation of its own (values are boxed, so a version moving
-/// with its node never moves the bytes a reader borrows).
+/// node, it costs no allocation of its own (values live in the arena, so a version
+/// moving with its node never moves the bytes a reader borrows).
 type Versions = smallvec::SmallVec<[Version; 1]>;
 
 /// The buffer key: tree id (big endian, so one tree's keys are contiguous) + key.
@@ -117,7 +210,7 @@ trait KeyView {
 
 struct MapKey {
     head: Head,
-    bytes: Box<[u8]>,
+    bytes: ArenaRef,
 }
 
 /// A borrowed key to search with, so that lookups allocate nothing.
@@ -138,7 +231,8 @@ impl KeyView for MapKey {
         &self.head
     }
     fn bytes(&self) -> &[u8] {
-        &self.bytes
+        // SAFETY: a map key's bytes live in the arena beside the map, dropped after it.
+        unsafe { self.bytes.get() }
     }
 }
 
@@ -228,38 +322,40 @@ pub(crate) fn split_buffer_key(k: &[u8]) -> (TreeId, &[u8]) {
     (id, key)
 }
 
-/// Extends a borrow of bytes owned by a generation to the lifetime of whoever holds
-/// the generation alive.
-///
-/// SAFETY (for callers): `bytes` must lie in a heap allocation owned by a version
-/// (a key or a value) that stays in place as long as the generation is alive and
-/// visible to the borrower: versions visible to a reader are never removed or
-/// replaced, and the writer cannot change its own versions while it holds a borrow
-/// (every mutation takes the transaction by `&mut`).
-unsafe fn extend<'a>(bytes: &[u8]) -> &'a [u8] {
-    std::slice::from_raw_parts(bytes.as_ptr(), bytes.len())
-}
-
-fn visible(versions: &[Version], upto_txn: u64) -> Option<&Slot> {
+fn visible(versions: &[Version], upto_txn: u64) -> Option<Stored> {
     versions
         .iter()
         .rev()
         .find(|v| v.txn_id <= upto_txn)
-        .map(|v| &v.slot)
+        .map(|v| v.slot)
 }
 
-fn found<'a>(slot: &Slot) -> Found<'a> {
-    match slot {
-        // SAFETY: see `extend`; the value's box lives as long as its version.
-        Slot::Value(v) => Found::Value(unsafe { extend(v) }),
-        Slot::Tombstone => Found::Deleted,
-        Slot::InTree => Found::InTree,
+/// A version as a reader sees it, borrowed for as long as the reader holds the
+/// generation alive.
+///
+/// SAFETY (for callers): `slot` must come from a generation that `'a` keeps alive:
+/// the arena holding its bytes is freed only with the generation, and nothing
+/// overwrites bytes once copied there.
+unsafe fn found<'a>(slot: Stored) -> Found<'a> {
+    match slot.get() {
+        SlotRef::Value(v) => Found::Value(v),
+        SlotRef::Tombstone => Found::Deleted,
+        SlotRef::InTree => Found::InTree,
     }
 }
 
 #[derive(Default)]
+struct Inner {
+    map: BTreeMap<MapKey, Versions>,
+    /// Declared after `map`, so dropped after it: map keys point into it.
+    arena: Arena,
+}
+
+#[derive(Default)]
 pub(crate) struct Generation {
-    map: RwLock<BTreeMap<MapKey, Versions>>,
+    inner: RwLock<Inner>,
+    /// Memory held: arena bytes (including those of replaced or undone versions,
+    /// which stay until the generation is dropped) plus the map's overhead.
     bytes: AtomicU64,
     versions: AtomicU64,
 }
@@ -274,23 +370,37 @@ impl Generation {
         self.versions.load(Relaxed) == 0
     }
 
-    fn lookup<'a>(&self, bkey: &[u8], upto_txn: u64) -> Option<Found<'a>> {
-        let map = self.map.read();
-        map.get(&probe(bkey) as &dyn KeyView)
+    /// SAFETY (for callers): `'a` must not outlive this generation (see `found`).
+    unsafe fn lookup<'a>(&self, bkey: &[u8], upto_txn: u64) -> Option<Found<'a>> {
+        let inner = self.inner.read();
+        inner
+            .map
+            .get(&probe(bkey) as &dyn KeyView)
             .and_then(|vs| visible(vs, upto_txn))
-            .map(found)
+            .map(|slot| found(slot))
     }
 
     pub fn contains(&self, bkey: &[u8]) -> bool {
-        self.map.read().contains_key(&probe(bkey) as &dyn KeyView)
+        self.inner
+            .read()
+            .map
+            .contains_key(&probe(bkey) as &dyn KeyView)
     }
 
     /// Writes the version of transaction `txn_id` (the writer's, not yet visible to
     /// anyone else), replacing its earlier one. Returns that earlier one, for undo.
-    pub fn write(&self, bkey: &[u8], txn_id: u64, slot: Slot) -> Option<Slot> {
-        let mut map = self.map.write();
-        let add = slot.bytes();
-        if let Some(vs) = map.get_mut(&probe(bkey) as &dyn KeyView) {
+    pub fn write(&self, bkey: &[u8], txn_id: u64, slot: SlotRef<'_>) -> Option<Stored> {
+        let mut guard = self.inner.write();
+        let inner = &mut *guard;
+        let stored = match slot {
+            SlotRef::Value(v) => {
+                self.bytes.fetch_add(v.len() as u64, Relaxed);
+                Stored::Value(inner.arena.copy(v))
+            }
+            SlotRef::Tombstone => Stored::Tombstone,
+            SlotRef::InTree => Stored::InTree,
+        };
+        if let Some(vs) = inner.map.get_mut(&probe(bkey) as &dyn KeyView) {
             if let Some(last) = vs.last_mut() {
                 assert!(
                     last.txn_id <= txn_id,
@@ -298,33 +408,38 @@ impl Generation {
                     last.txn_id
                 );
                 if last.txn_id == txn_id {
-                    let old = std::mem::replace(&mut last.slot, slot);
-                    self.bytes.fetch_add(add, Relaxed);
-                    self.bytes.fetch_sub(old.bytes(), Relaxed);
-                    return Some(old);
+                    return Some(std::mem::replace(&mut last.slot, stored));
                 }
             }
-            vs.push(Version { txn_id, slot });
+            vs.push(Version {
+                txn_id,
+                slot: stored,
+            });
         } else {
             self.bytes.fetch_add(bkey.len() as u64, Relaxed);
-            map.insert(
-                MapKey {
-                    head: head_of(bkey),
-                    bytes: bkey.into(),
-                },
-                smallvec::smallvec![Version { txn_id, slot }],
+            let key = MapKey {
+                head: head_of(bkey),
+                bytes: inner.arena.copy(bkey),
+            };
+            inner.map.insert(
+                key,
+                smallvec::smallvec![Version {
+                    txn_id,
+                    slot: stored
+                }],
             );
         }
-        self.bytes.fetch_add(add + VERSION_OVERHEAD_BYTES, Relaxed);
+        self.bytes.fetch_add(VERSION_OVERHEAD_BYTES, Relaxed);
         self.versions.fetch_add(1, Relaxed);
         None
     }
 
     /// Undoes one `write` of transaction `txn_id`: restores the version it replaced,
-    /// or removes the version it added.
-    pub fn undo(&self, bkey: &[u8], txn_id: u64, previous: Option<Slot>) {
-        let mut map = self.map.write();
-        let Some(vs) = map.get_mut(&probe(bkey) as &dyn KeyView) else {
+    /// or removes the version it added. (Its bytes stay in the arena, and counted,
+    /// until the generation is dropped.)
+    pub fn undo(&self, bkey: &[u8], txn_id: u64, previous: Option<Stored>) {
+        let mut inner = self.inner.write();
+        let Some(vs) = inner.map.get_mut(&probe(bkey) as &dyn KeyView) else {
             panic!("write buffer: undo of a key that holds no version");
         };
         let last = vs.last_mut().expect("a buffered key has versions");
@@ -333,19 +448,13 @@ impl Generation {
             "write buffer: undo of another transaction's version"
         );
         match previous {
-            Some(prev) => {
-                self.bytes.fetch_add(prev.bytes(), Relaxed);
-                let cur = std::mem::replace(&mut last.slot, prev);
-                self.bytes.fetch_sub(cur.bytes(), Relaxed);
-            }
+            Some(prev) => last.slot = prev,
             None => {
-                let cur = vs.pop().expect("checked above");
-                self.bytes
-                    .fetch_sub(cur.slot.bytes() + VERSION_OVERHEAD_BYTES, Relaxed);
+                vs.pop().expect("checked above");
+                self.bytes.fetch_sub(VERSION_OVERHEAD_BYTES, Relaxed);
                 self.versions.fetch_sub(1, Relaxed);
                 if vs.is_empty() {
-                    map.remove(&probe(bkey) as &dyn KeyView);
-                    self.bytes.fetch_sub(bkey.len() as u64, Relaxed);
+                    inner.map.remove(&probe(bkey) as &dyn KeyView);
                 }
             }
         }
@@ -371,14 +480,13 @@ impl Generation {
                 Bound::Excluded(k as &dyn KeyView)
             }
         });
-        let map = self.map.read();
+        let inner = self.inner.read();
+        let map = &inner.map;
         let hit = |(k, vs): (&MapKey, &Versions)| {
             visible(vs, upto_txn).map(|slot| {
-                // SAFETY: see `extend`; keys live as long as their versions.
-                (
-                    unsafe { extend(k.bytes.get(8..).unwrap_or_default()) },
-                    found(slot),
-                )
+                // SAFETY: the caller holds this generation alive for `'a` (it came
+                // from a snapshot's `Gens`), so its arena outlives the borrow.
+                unsafe { (k.bytes.get().get(8..).unwrap_or_default(), found(slot)) }
             })
         };
         within_tree(tree, |start, end| {
@@ -407,7 +515,8 @@ impl Generation {
         limit: usize,
     ) -> KindChunk {
         let after_probe = after.map(probe);
-        let map = self.map.read();
+        let inner = self.inner.read();
+        let map = &inner.map;
         let out: Vec<(Box<[u8]>, Kind)> = within_tree(tree, |start, end| {
             let lo = match &after_probe {
                 Some(p) => Bound::Excluded(p as &dyn KeyView),
@@ -417,11 +526,11 @@ impl Generation {
                 .filter_map(|(k, vs)| {
                     visible(vs, upto_txn).map(|slot| {
                         let kind = match slot {
-                            Slot::Value(_) => Kind::Value,
-                            Slot::Tombstone => Kind::Tombstone,
-                            Slot::InTree => Kind::InTree,
+                            Stored::Value(_) => Kind::Value,
+                            Stored::Tombstone => Kind::Tombstone,
+                            Stored::InTree => Kind::InTree,
                         };
-                        (k.bytes.clone(), kind)
+                        (Box::from((k as &dyn KeyView).bytes()), kind)
                     })
                 })
                 .take(limit)
@@ -432,17 +541,24 @@ impl Generation {
     }
 
     /// Up to `limit` keys from `after` (exclusive) on, each with its newest version:
-    /// a slice of a frozen generation to merge.
-    pub fn newest_from(&self, after: Option<&[u8]>, limit: usize) -> Vec<(Box<[u8]>, Slot)> {
-        let map = self.map.read();
+    /// a slice of a frozen generation to merge, borrowed from it (nothing copied).
+    pub fn newest_from(&self, after: Option<&[u8]>, limit: usize) -> Vec<(&[u8], SlotRef<'_>)> {
+        let inner = self.inner.read();
         let after = after.map(probe);
         let lo: Bound<&dyn KeyView> = match &after {
             Some(k) => Bound::Excluded(k),
             None => Bound::Unbounded,
         };
-        map.range::<dyn KeyView, _>((lo, Bound::Unbounded))
+        inner
+            .map
+            .range::<dyn KeyView, _>((lo, Bound::Unbounded))
             .take(limit)
-            .map(|(k, vs)| (k.bytes.clone(), vs.last().expect("versions").slot.clone()))
+            .map(|(k, vs)| {
+                let slot = vs.last().expect("versions").slot;
+                // SAFETY: the borrow is bound to `&self`, and the arena lives as long
+                // as the generation.
+                unsafe { (k.bytes.get(), slot.get()) }
+            })
             .collect()
     }
 }
@@ -499,12 +615,16 @@ impl Gens {
         if self.is_empty() {
             return Found::InTree;
         }
-        if let Some(f) = self.active.lookup(bkey, upto_txn) {
-            return f;
-        }
-        match &self.frozen {
-            Some(fz) => fz.lookup(bkey, upto_txn).unwrap_or(Found::InTree),
-            None => Found::InTree,
+        // SAFETY: whoever asks holds these generations alive for `'a` (a snapshot's
+        // `Gens`, kept by the reader or the transaction for as long as it borrows).
+        unsafe {
+            if let Some(f) = self.active.lookup(bkey, upto_txn) {
+                return f;
+            }
+            match &self.frozen {
+                Some(fz) => fz.lookup(bkey, upto_txn).unwrap_or(Found::InTree),
+                None => Found::InTree,
+            }
         }
     }
 
@@ -623,6 +743,36 @@ mod tests {
     /// (tree, key byte, txn, kind 0 value / 1 tombstone / 2 in tree, into frozen?)
     type Write = (u64, u8, u64, u8, bool);
 
+    /// Values of every size land in the arena and read back unchanged: empty ones,
+    /// ones larger than a chunk, and enough small ones to fill several chunks.
+    #[test]
+    fn arena_values_read_back_across_chunks() {
+        let g = Generation::default();
+        let value = |i: usize| vec![(i % 251) as u8; (i * 37) % 3000];
+        let big = vec![9u8; ARENA_CHUNK_BYTES + 5];
+        for i in 0..2000 {
+            g.write(
+                &buffer_key(1, &(i as u32).to_be_bytes()),
+                1,
+                SlotRef::Value(&value(i)),
+            );
+        }
+        g.write(&buffer_key(1, b"big"), 1, SlotRef::Value(&big));
+        g.write(&buffer_key(1, b""), 1, SlotRef::Value(&[]));
+        let gens = Gens {
+            active: Arc::new(g),
+            frozen: None,
+        };
+        for i in 0..2000 {
+            let key = (i as u32).to_be_bytes();
+            assert_eq!(gens.lookup(1, &key, 1), Found::Value(&value(i)[..]));
+        }
+        assert_eq!(gens.lookup(1, b"big", 1), Found::Value(&big[..]));
+        assert_eq!(gens.lookup(1, b"", 1), Found::Value(&[][..]));
+        assert_eq!(gens.lookup(1, b"absent", 1), Found::InTree);
+        assert!(gens.active.inner.read().arena.chunks.len() > 3);
+    }
+
     proptest! {
         /// Counting by chunks of any size gives what a key-by-key look at the
         /// buffer gives: frozen and active generations, versions newer than the
@@ -646,7 +796,7 @@ mod tests {
                     _ => Slot::InTree,
                 };
                 let g = if *frozen { gens.frozen.as_ref().unwrap() } else { &gens.active };
-                g.write(&buffer_key(*tree, &[*key]), *txn, slot);
+                g.write(&buffer_key(*tree, &[*key]), *txn, slot.as_ref());
             }
             let tree = 2;
             let mut expect = 0i64;

@@ -13,8 +13,9 @@
 
 use crate::btree;
 use crate::fasthash::FastMap;
+use crate::txn::TreeState;
 use crate::txn::WriteTxn;
-use crate::write_buffer::{split_buffer_key, Slot, TreeId};
+use crate::write_buffer::{split_buffer_key, SlotRef, TreeId};
 use crate::Result;
 
 impl WriteTxn<'_> {
@@ -28,13 +29,25 @@ impl WriteTxn<'_> {
         let Some(frozen) = self.base_gens().frozen.clone() else {
             return Ok(false);
         };
+        // Borrowed from the frozen generation, which `frozen` keeps alive and nobody
+        // writes to any more.
         let slice = frozen.newest_from(cursor.as_deref(), limit);
         let done = slice.len() < limit;
         let names = self.trees_by_id()?;
-        for (bkey, slot) in &slice {
+        // Keys come sorted by tree id first: one tree's state is looked up once per
+        // run of its keys and stored back when the run ends, not per key.
+        let mut current: Option<(TreeId, &str, TreeState)> = None;
+        for &(bkey, slot) in &slice {
             let (id, key) = split_buffer_key(bkey);
-            // A dropped tree's entries die with it.
-            let Some(name) = names.get(&id) else {
+            if current.as_ref().is_none_or(|c| c.0 != id) {
+                self.store_tree_run(current.take());
+                // A dropped tree's entries die with it.
+                let Some(name) = names.get(&id) else {
+                    continue;
+                };
+                current = Some((id, name.as_str(), self.tree_state(name)?));
+            }
+            let Some((_, _, st)) = current.as_mut() else {
                 continue;
             };
             // A newer version waits in the active generation (or the key was written
@@ -42,32 +55,42 @@ impl WriteTxn<'_> {
             if self.base_gens().active.contains(bkey) {
                 continue;
             }
-            let mut st = self.tree_state(name)?;
             // The entry count is the tree's own: it moves with the merge.
             match slot {
-                Slot::Value(v) => {
-                    let (root, existed) = self.mutate(|t| t.tree_put(st.info.root, key, v))?;
+                SlotRef::Value(v) => {
+                    let root = st.info.root;
+                    let (root, existed) = self.mutate(|t| t.tree_put(root, key, v))?;
                     st.info.root = root;
                     st.info.entries += u64::from(!existed);
                 }
-                Slot::Tombstone => {
+                SlotRef::Tombstone => {
                     if btree::get(&*self, st.info.root, key)?.is_none() {
                         continue;
                     }
-                    st.info.root = self.mutate(|t| t.tree_delete(st.info.root, key))?;
+                    let root = st.info.root;
+                    st.info.root = self.mutate(|t| t.tree_delete(root, key))?;
                     st.info.entries -= 1;
                 }
-                Slot::InTree => continue,
+                SlotRef::InTree => continue,
             }
             st.modified = true;
-            self.set_tree_state(name, st);
         }
+        self.store_tree_run(current);
         *cursor = if done {
             None
         } else {
-            slice.last().map(|(k, _)| k.clone())
+            slice.last().map(|(k, _)| Box::from(*k))
         };
         Ok(done)
+    }
+
+    /// Records the state a run of merged keys left its tree in, if they changed it.
+    fn store_tree_run(&mut self, run: Option<(TreeId, &str, TreeState)>) {
+        if let Some((_, name, st)) = run {
+            if st.modified {
+                self.set_tree_state(name, st);
+            }
+        }
     }
 
     fn trees_by_id(&mut self) -> Result<FastMap<TreeId, String>> {

@@ -12,4 +12,4 @@ mod merge;
 
 pub use cursor::Cursor;
 pub use generations::Slot;
-pub(crate) use generations::{buffer_key, split_buffer_key, Found, Gens, TreeId};
+pub(crate) use generations::{buffer_key, split_buffer_key, Found, Gens, SlotRef, Stored, TreeId};
