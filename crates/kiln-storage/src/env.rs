@@ -49,8 +49,15 @@ impl Env {
             free,
             replay_start,
             report,
+            unsynced_replay,
         } = open::open(&dir, opts)?;
-        let fl = Flusher::new(shared.flusher_handle(), header, free, replay_start);
+        let fl = Flusher::new(
+            shared.flusher_handle(),
+            header,
+            free,
+            replay_start,
+            unsynced_replay,
+        );
         let handle = std::thread::Builder::new()
             .name("kiln-flusher".into())
             .spawn(move || fl.run())

@@ -269,6 +269,8 @@ impl Flusher {
         header: FileHeader,
         free: BTreeSet<PageNo>,
         replay_start: crate::journal::ReplayStart,
+        // The state recovery replayed without syncing it: the first checkpoint's.
+        unsynced_replay: Option<Box<Applied>>,
     ) -> Self {
         Flusher {
             replay_start,
@@ -278,7 +280,7 @@ impl Flusher {
             batch: Vec::new(),
             batch_bytes: 0,
             bytes_since_sync: 0,
-            applied: None,
+            applied: unsynced_replay,
             last_sync: Instant::now(),
         }
     }

@@ -2,6 +2,9 @@
 //! a process crash (the OS has the writes); compressed journal records replay
 //! correctly after a crash.
 
+mod crash_copy;
+
+use crash_copy::crash_copy;
 use kiln_storage::{Durability, Env, Options};
 use std::path::Path;
 
@@ -17,35 +20,6 @@ fn opts() -> Options {
         journal_compression_adaptive: false,
         ..Options::default()
     }
-}
-
-/// Copies an open environment's files: what a process crash leaves behind (the page
-/// cache survives a kill -9).
-fn crash_copy(from: &Path, to: &Path) {
-    for entry in walk(from) {
-        let rel = entry.strip_prefix(from).unwrap();
-        let dest = to.join(rel);
-        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
-        // A journal file being prepared may be renamed while we copy: skip it.
-        match std::fs::copy(&entry, &dest) {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => panic!("copy {entry:?}: {e}"),
-        }
-    }
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else if !p.ends_with("kiln.lock") {
-            out.push(p);
-        }
-    }
-    out
 }
 
 fn commit_batches(env: &Env, batches: u32, compressible: bool) {

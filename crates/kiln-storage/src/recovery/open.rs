@@ -6,7 +6,7 @@ use super::create::{create_environment, load_header};
 use super::{replay, JournalTail, RecoveryReport, DATA_FILE, LOCK_FILE};
 use crate::alloc::Allocator;
 use crate::error::Latch;
-use crate::flusher::{self, Backlog, FlushQueue};
+use crate::flusher::{self, Applied, Backlog, FlushQueue};
 use crate::header::{self, FileHeader};
 use crate::io::OpenMode;
 use crate::journal::writer::{JournalFiles, JournalWriter, RecordEncoder};
@@ -33,6 +33,9 @@ pub(crate) struct Opened {
     pub free: BTreeSet<PageNo>,
     pub replay_start: ReplayStart,
     pub report: RecoveryReport,
+    /// The replayed state, when it is left for the flusher's first checkpoint to
+    /// sync (see `defer_sync` in `open`).
+    pub unsynced_replay: Option<Box<Applied>>,
 }
 
 pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
@@ -121,7 +124,32 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
         replay_start,
         outcome,
         physical_records,
+        unsynced_frees,
     } = replayed;
+    // The replayed page images are in the data file, not yet synced. Syncing them
+    // here made a reopen after 1 GiB of journal wait ~1 s for the disk. Instead the
+    // header on disk stays as it is (a second crash replays the same records again:
+    // page images are idempotent) and the flusher's first checkpoint syncs them in
+    // the background, as it would have after the commits themselves. Until then the
+    // pages those records freed stay pending (`alloc.rs`): a second replay may read
+    // their old bytes. A torn tail or a hole keeps the sync at open, so that the
+    // header moves past what was discarded before anything is written after it.
+    let defer_sync = physical_records > 0
+        && outcome.tail == JournalTail::Clean
+        && outcome.gap_records_discarded == 0;
+    let mut alloc = Allocator::new(page_count, free.iter().copied());
+    let synced_txn_id = if defer_sync {
+        for (txn, pages) in unsynced_frees {
+            for p in &pages {
+                alloc.free.remove(p);
+            }
+            alloc.add_pending(txn, pages);
+        }
+        header.synced_txn_id
+    } else {
+        outcome.last_txn_id
+    };
+    let on_disk_header = header.clone();
     let journal_files = Arc::new(JournalFiles::open(
         vfs.clone(),
         &journal_dir,
@@ -162,7 +190,7 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
         store: Arc::new(store),
         counters: counters.clone(),
         journal_files,
-        synced_txn_id: Arc::new(AtomicU64::new(outcome.last_txn_id)),
+        synced_txn_id: Arc::new(AtomicU64::new(synced_txn_id)),
         readers: Arc::new(Readers::new(snap.clone())),
         writer: Mutex::new(WriterState {
             encoder: RecordEncoder::new(
@@ -171,7 +199,7 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
                     .then_some(opts.journal_compression_adaptive),
                 counters.clone(),
             ),
-            alloc: Allocator::new(page_count, free.iter().copied()),
+            alloc,
             latest: snap.clone(),
             merge_cursor: None,
             journal_end: journal.end(),
@@ -181,13 +209,29 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
             last_txn: outcome.last_txn_id,
         }),
         journal_turn: Condvar::new(),
-        alloc_summary: Mutex::new((free.len() as u64, 0, page_count)),
+        alloc_summary: Mutex::new((0, 0, page_count)),
         latch: Arc::new(Latch::default()),
         flush_queue: Arc::new(FlushQueue::new(opts.write_back_window_bytes)),
         backlog: Arc::new(Backlog::default()),
     });
-    // Make the replayed state the synced point, so the journal before it is free.
-    let header = if physical_records > 0 || outcome.tail != JournalTail::Clean {
+    shared.note_alloc(&shared.writer.lock().alloc);
+    // Make the replayed state the synced point, so the journal before it is free
+    // (now, or at the flusher's first checkpoint: see `defer_sync`).
+    let mut unsynced_replay = None;
+    let header = if defer_sync {
+        unsynced_replay = Some(Box::new(Applied {
+            txn_id: outcome.last_txn_id,
+            catalog_root,
+            page_count,
+            pages: Vec::new(),
+            freed: Vec::new(),
+            end: outcome.end,
+            froze: false,
+            merge_done: false,
+            buffer_empty: false,
+        }));
+        on_disk_header
+    } else if physical_records > 0 || outcome.tail != JournalTail::Clean {
         shared.store.sync()?;
         let freelist = header::encode_freelist(free.iter().copied());
         let h = FileHeader {
@@ -222,5 +266,6 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
         free,
         replay_start,
         report,
+        unsynced_replay,
     })
 }

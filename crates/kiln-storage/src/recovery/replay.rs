@@ -25,6 +25,11 @@ pub(crate) struct Replayed {
     pub outcome: ScanOutcome,
     /// Records whose page images were applied (those after the synced point).
     pub physical_records: u64,
+    /// Pages freed by those records (and not written again by a later one), by
+    /// freeing transaction, oldest first: free in the replayed state, but not
+    /// reusable until that state is synced (`alloc.rs`), since until then a second
+    /// replay may need their old bytes.
+    pub unsynced_frees: Vec<(u64, Vec<PageNo>)>,
 }
 
 /// Replays the journal from the header's replay start into `store` (page images of
@@ -48,6 +53,7 @@ pub(crate) fn replay(
     let start = replay_start.pos;
     let mut gens = crate::write_buffer::Gens::default();
     let mut physical_records = 0u64;
+    let mut freed_by: std::collections::BTreeMap<PageNo, u64> = Default::default();
     let outcome = scan::replay(
         vfs,
         journal_dir,
@@ -74,9 +80,11 @@ pub(crate) fn replay(
                     store.write_raw(no, run.bytes())?;
                     for p in no..no + pages {
                         state.2.remove(&p);
+                        freed_by.remove(&p);
                     }
                 }
                 state.2.extend(rec.freed.iter().copied());
+                freed_by.extend(rec.freed.iter().map(|&p| (p, txn_id)));
                 state.0 = rec.header.catalog_root;
                 state.1 = rec.header.page_count;
             }
@@ -105,6 +113,10 @@ pub(crate) fn replay(
         },
     )?;
     let (catalog_root, page_count, free) = state;
+    let mut by_txn: std::collections::BTreeMap<u64, Vec<PageNo>> = Default::default();
+    for (page, txn) in freed_by {
+        by_txn.entry(txn).or_default().push(page);
+    }
     if outcome.records_replayed > physical_records {
         tracing::info!(
             records = outcome.records_replayed - physical_records,
@@ -122,5 +134,6 @@ pub(crate) fn replay(
         replay_start,
         outcome,
         physical_records,
+        unsynced_frees: by_txn.into_iter().collect(),
     })
 }
