@@ -98,6 +98,18 @@ impl Arena {
             len: bytes.len() as u32,
         }
     }
+
+    /// Gives back the bytes of `r` if it is the latest copy (nothing else uses
+    /// them yet); otherwise they stay as garbage until the arena is dropped.
+    fn take_back(&mut self, r: ArenaRef) {
+        let Some(chunk) = self.chunks.last() else {
+            return;
+        };
+        let len = r.len as usize;
+        if len <= self.used && std::ptr::eq(chunk.as_ptr().wrapping_add(self.used - len), r.ptr) {
+            self.used -= len;
+        }
+    }
 }
 
 /// Bytes in a generation's arena.
@@ -391,43 +403,49 @@ impl Generation {
     /// anyone else), replacing its earlier one. Returns that earlier one, for undo.
     pub fn write(&self, bkey: &[u8], txn_id: u64, slot: SlotRef<'_>) -> Option<Stored> {
         let mut guard = self.inner.write();
-        let inner = &mut *guard;
+        let Inner { map, arena } = &mut *guard;
         let stored = match slot {
             SlotRef::Value(v) => {
                 self.bytes.fetch_add(v.len() as u64, Relaxed);
-                Stored::Value(inner.arena.copy(v))
+                Stored::Value(arena.copy(v))
             }
             SlotRef::Tombstone => Stored::Tombstone,
             SlotRef::InTree => Stored::InTree,
         };
-        if let Some(vs) = inner.map.get_mut(&probe(bkey) as &dyn KeyView) {
-            if let Some(last) = vs.last_mut() {
-                assert!(
-                    last.txn_id <= txn_id,
-                    "write buffer: txn {txn_id} writes under a newer version of txn {}",
-                    last.txn_id
-                );
-                if last.txn_id == txn_id {
-                    return Some(std::mem::replace(&mut last.slot, stored));
+        // One search of the map, not two (a lookup, then an insert for a new key,
+        // was a sixth of a random put): the key is copied into the arena first and
+        // the copy taken back if the key turns out to be there already.
+        let copied = arena.copy(bkey);
+        let key = MapKey {
+            head: head_of(bkey),
+            bytes: copied,
+        };
+        match map.entry(key) {
+            std::collections::btree_map::Entry::Occupied(mut e) => {
+                arena.take_back(copied);
+                let vs = e.get_mut();
+                if let Some(last) = vs.last_mut() {
+                    assert!(
+                        last.txn_id <= txn_id,
+                        "write buffer: txn {txn_id} writes under a newer version of txn {}",
+                        last.txn_id
+                    );
+                    if last.txn_id == txn_id {
+                        return Some(std::mem::replace(&mut last.slot, stored));
+                    }
                 }
+                vs.push(Version {
+                    txn_id,
+                    slot: stored,
+                });
             }
-            vs.push(Version {
-                txn_id,
-                slot: stored,
-            });
-        } else {
-            self.bytes.fetch_add(bkey.len() as u64, Relaxed);
-            let key = MapKey {
-                head: head_of(bkey),
-                bytes: inner.arena.copy(bkey),
-            };
-            inner.map.insert(
-                key,
-                smallvec::smallvec![Version {
+            std::collections::btree_map::Entry::Vacant(e) => {
+                self.bytes.fetch_add(bkey.len() as u64, Relaxed);
+                e.insert(smallvec::smallvec![Version {
                     txn_id,
                     slot: stored
-                }],
-            );
+                }]);
+            }
         }
         self.bytes.fetch_add(VERSION_OVERHEAD_BYTES, Relaxed);
         self.versions.fetch_add(1, Relaxed);
@@ -771,6 +789,13 @@ mod tests {
         assert_eq!(gens.lookup(1, b"", 1), Found::Value(&[][..]));
         assert_eq!(gens.lookup(1, b"absent", 1), Found::InTree);
         assert!(gens.active.inner.read().arena.chunks.len() > 3);
+        // A key written again costs its value only: the key's copy is taken back.
+        let used = |g: &Generation| g.inner.read().arena.used;
+        let before = used(&gens.active);
+        gens.active.write(&buffer_key(1, b"big"), 2, SlotRef::Value(b"v2"));
+        assert_eq!(used(&gens.active), before + 2);
+        assert_eq!(gens.lookup(1, b"big", 2), Found::Value(&b"v2"[..]));
+        assert_eq!(gens.lookup(1, b"big", 1), Found::Value(&big[..]));
     }
 
     proptest! {
