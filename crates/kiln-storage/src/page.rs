@@ -463,8 +463,12 @@ pub fn cell_bytes(p: &[u8], i: usize) -> &[u8] {
     &p[off..off + cell_size(p, i)]
 }
 
-pub fn encode_leaf_cell(key: &[u8], value: &[u8]) -> Vec<u8> {
-    let mut c = Vec::with_capacity(LEAF_CELL_FIXED + key.len() + value.len());
+/// A cell being built: on the stack up to this size (a put's cell was a heap
+/// allocation of its own, once per put and per merged key).
+pub type CellBytes = smallvec::SmallVec<[u8; 192]>;
+
+pub fn encode_leaf_cell(key: &[u8], value: &[u8]) -> CellBytes {
+    let mut c = CellBytes::with_capacity(LEAF_CELL_FIXED + key.len() + value.len());
     c.extend_from_slice(&(key.len() as u16).to_le_bytes());
     c.push(VALUE_INLINE);
     c.extend_from_slice(&(value.len() as u32).to_le_bytes());
@@ -473,8 +477,8 @@ pub fn encode_leaf_cell(key: &[u8], value: &[u8]) -> Vec<u8> {
     c
 }
 
-pub fn encode_overflow_cell(key: &[u8], start: PageNo, value_len: usize) -> Vec<u8> {
-    let mut c = Vec::with_capacity(LEAF_CELL_FIXED + OVERFLOW_REF_SIZE + key.len());
+pub fn encode_overflow_cell(key: &[u8], start: PageNo, value_len: usize) -> CellBytes {
+    let mut c = CellBytes::with_capacity(LEAF_CELL_FIXED + OVERFLOW_REF_SIZE + key.len());
     c.extend_from_slice(&(key.len() as u16).to_le_bytes());
     c.push(VALUE_OVERFLOW);
     c.extend_from_slice(&(value_len as u32).to_le_bytes());

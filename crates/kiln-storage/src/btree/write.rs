@@ -84,7 +84,7 @@ fn search_for_insert(
 }
 
 impl WriteTxn<'_> {
-    fn leaf_cell_for(&mut self, key: &[u8], value: &[u8]) -> Vec<u8> {
+    fn leaf_cell_for(&mut self, key: &[u8], value: &[u8]) -> page::CellBytes {
         if page::LEAF_CELL_FIXED + key.len() + value.len() <= page::MAX_INLINE_CELL {
             return page::encode_leaf_cell(key, value);
         }

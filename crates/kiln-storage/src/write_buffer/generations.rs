@@ -792,7 +792,8 @@ mod tests {
         // A key written again costs its value only: the key's copy is taken back.
         let used = |g: &Generation| g.inner.read().arena.used;
         let before = used(&gens.active);
-        gens.active.write(&buffer_key(1, b"big"), 2, SlotRef::Value(b"v2"));
+        gens.active
+            .write(&buffer_key(1, b"big"), 2, SlotRef::Value(b"v2"));
         assert_eq!(used(&gens.active), before + 2);
         assert_eq!(gens.lookup(1, b"big", 2), Found::Value(&b"v2"[..]));
         assert_eq!(gens.lookup(1, b"big", 1), Found::Value(&big[..]));
