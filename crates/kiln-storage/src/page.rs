@@ -465,7 +465,7 @@ pub fn cell_bytes(p: &[u8], i: usize) -> &[u8] {
 
 /// A cell being built: on the stack up to this size (a put's cell was a heap
 /// allocation of its own, once per put and per merged key).
-pub type CellBytes = smallvec::SmallVec<[u8; 192]>;
+pub type CellBytes = smallvec::SmallVec<[u8; 256]>;
 
 pub fn encode_leaf_cell(key: &[u8], value: &[u8]) -> CellBytes {
     let mut c = CellBytes::with_capacity(LEAF_CELL_FIXED + key.len() + value.len());
