@@ -40,7 +40,7 @@ pub struct ConnInfo {
 }
 
 pub fn router(state: SharedState) -> Router {
-    Router::new()
+    let api = Router::new()
         .route("/metrics", get(routes_admin::metrics))
         .route("/stats", get(routes_admin::server_stats))
         .route("/dbs", get(routes_admin::list_databases))
@@ -85,11 +85,17 @@ pub fn router(state: SharedState) -> Router {
                 .delete(queries::delete_index),
         )
         .route("/dbs/{db}/indexes/{name}/reset", post(queries::reset_index))
-        .route("/dbs/{db}/queries", post(queries::run_query))
-        .route_layer(axum::middleware::from_fn_with_state(
+        .route("/dbs/{db}/queries", post(queries::run_query));
+    // Without authentication the layer would only pass requests on: leave it out.
+    let api = if state.require_auth {
+        api.route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             authenticate,
         ))
+    } else {
+        api
+    };
+    api
         // /health answers without authentication (load balancers, probes).
         .route("/health", get(routes_admin::health))
         // The studio's static files: no data in them, so no key needed to load them.
@@ -122,16 +128,15 @@ async fn method_not_allowed() -> ApiError {
 /// Counts and times every routed request by its route template.
 async fn track(State(state): State<SharedState>, req: Request, next: Next) -> Response {
     let started = Instant::now();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".into());
-    let method = req.method().to_string();
+    let route = req.extensions().get::<MatchedPath>().cloned();
+    let method = req.method().clone();
     let resp = next.run(req).await;
-    state
-        .metrics
-        .record_request(&route, &method, resp.status().as_u16(), started.elapsed());
+    state.metrics.record_request(
+        route.as_ref().map_or("unmatched", MatchedPath::as_str),
+        method.as_str(),
+        resp.status().as_u16(),
+        started.elapsed(),
+    );
     resp
 }
 
