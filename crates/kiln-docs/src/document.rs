@@ -42,6 +42,15 @@ pub(crate) struct PreparedDoc {
 
 impl PreparedDoc {
     pub fn parse(body: &[u8]) -> Result<PreparedDoc> {
+        // Most bodies need no `Value`: they are stored as they came, compacted
+        // (see `compact_json`); the rest, errors included, take the long way.
+        if let Some(body_json) = crate::compact_json::compact(body) {
+            return Ok(PreparedDoc {
+                body_json,
+                client_metadata: Map::new(),
+                explicit_collection: None,
+            });
+        }
         let value: Value =
             serde_json::from_slice(body).map_err(|e| DocError::malformed_json(&e))?;
         Self::from_value(value)

@@ -24,6 +24,7 @@
 
 mod backup;
 mod changes;
+mod compact_json;
 mod database;
 mod document;
 mod error;

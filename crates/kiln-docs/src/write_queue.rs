@@ -9,6 +9,14 @@
 //! journal, the next gathers the writes that arrived meanwhile, so under load many
 //! requests share one journal write; a lone write goes out at once.
 //!
+//! One worker at a time gathers a database's independent writes: while it commits
+//! them, new ones for that database wait in the queue without waking another worker
+//! (it takes them all when it comes back, one commit later). Units for one database
+//! go through its commit queue one after another anyway; a second worker would only
+//! split the next unit in two and pay a thread wake-up per write. Other databases'
+//! writes, all-or-nothing jobs, and a backlog larger than a unit still wake an idle
+//! worker at once.
+//!
 //! A reply is a plain callback, so the queue serves any caller: a blocking thread
 //! (`write_blocking`), or an async runtime (the server passes a closure that sends
 //! on a oneshot channel). Callbacks run on a worker thread and must not block.
@@ -56,6 +64,64 @@ impl Default for WriteQueueOptions {
 struct State {
     jobs: VecDeque<(Arc<Database>, Job)>,
     closed: bool,
+    /// The databases whose independent writes a worker is committing now (by the
+    /// address of their `Database`, only compared), with how many workers are at it
+    /// (usually one; as many entries as databases written at once).
+    gathering: Vec<(usize, usize)>,
+    /// Workers waiting for work.
+    idle: usize,
+    /// Of those, woken and not yet back at the queue: each takes what is queued
+    /// when it gets there, so a job pushed meanwhile needs no wake-up of its own.
+    woken: usize,
+}
+
+fn db_key(db: &Arc<Database>) -> usize {
+    Arc::as_ptr(db) as usize
+}
+
+impl State {
+    fn gathering_for(&self, db: &Arc<Database>) -> bool {
+        let k = db_key(db);
+        self.gathering.iter().any(|&(g, _)| g == k)
+    }
+
+    fn start_gathering(&mut self, db: &Arc<Database>) {
+        let k = db_key(db);
+        match self.gathering.iter_mut().find(|(g, _)| *g == k) {
+            Some((_, n)) => *n += 1,
+            None => self.gathering.push((k, 1)),
+        }
+    }
+
+    fn stop_gathering(&mut self, db: usize) {
+        if let Some(i) = self.gathering.iter().position(|&(g, _)| g == db) {
+            self.gathering[i].1 -= 1;
+            if self.gathering[i].1 == 0 {
+                self.gathering.swap_remove(i);
+            }
+        }
+    }
+
+    /// Whether a queued job would wait for no busy worker: an all-or-nothing job, an
+    /// independent write for a database no worker is committing, or more of them
+    /// than the worker committing that database takes in one unit.
+    fn needs_a_worker(&self, unit: usize) -> bool {
+        if self.jobs.len() > unit {
+            return true;
+        }
+        self.jobs.iter().any(|(db, job)| match job {
+            Job::All { .. } => true,
+            Job::One { .. } => !self.gathering_for(db),
+        })
+    }
+
+    /// Wakes an idle worker when queued work needs one and none is on its way.
+    fn wake_if_needed(&mut self, ready: &Condvar, unit: usize) {
+        if self.idle > self.woken && self.woken == 0 && self.needs_a_worker(unit) {
+            self.woken += 1;
+            ready.notify_one();
+        }
+    }
 }
 
 struct Shared {
@@ -75,6 +141,9 @@ impl WriteQueue {
             state: Mutex::new(State {
                 jobs: VecDeque::new(),
                 closed: false,
+                gathering: Vec::new(),
+                idle: 0,
+                woken: 0,
             }),
             ready: Condvar::new(),
             opts,
@@ -151,9 +220,10 @@ impl WriteQueue {
                 queued: state.jobs.len(),
             });
         }
+        // A worker committing this database's independent writes takes this one
+        // too when it comes back: no need to wake another (see the module doc).
         state.jobs.push_back((db, job));
-        drop(state);
-        self.shared.ready.notify_one();
+        state.wake_if_needed(&self.shared.ready, self.shared.opts.max_writes_per_unit);
         Ok(())
     }
 
@@ -174,8 +244,10 @@ impl Drop for WriteQueue {
 }
 
 fn work(shared: &Shared) {
+    // The database whose independent writes this worker just committed.
+    let mut gathered = None;
     loop {
-        let Some((db, taken)) = take(shared) else {
+        let Some((db, taken)) = take(shared, gathered.take()) else {
             return;
         };
         match taken {
@@ -185,6 +257,7 @@ fn work(shared: &Shared) {
             }
             Taken::Many(ops, replies) => {
                 let results = db.write_each(ops);
+                gathered = Some(db_key(&db));
                 drop(db);
                 for (reply, result) in replies.into_iter().zip(results) {
                     reply(result);
@@ -201,14 +274,21 @@ enum Taken {
 
 /// Waits for work; takes an all-or-nothing job alone, or the independent writes at
 /// the front of the queue that go to the same database (up to a unit's worth).
-/// `None` once the queue is closed and empty.
-fn take(shared: &Shared) -> Option<(Arc<Database>, Taken)> {
+/// `None` once the queue is closed and empty. `gathered`: the database whose
+/// independent writes this worker has just answered.
+fn take(shared: &Shared, gathered: Option<usize>) -> Option<(Arc<Database>, Taken)> {
     let mut state = shared.state.lock();
+    if let Some(db) = gathered {
+        state.stop_gathering(db);
+    }
     while state.jobs.is_empty() {
         if state.closed {
             return None;
         }
+        state.idle += 1;
         shared.ready.wait(&mut state);
+        state.idle -= 1;
+        state.woken = state.woken.saturating_sub(1);
     }
     let (db, first) = state.jobs.pop_front()?;
     let taken = match first {
@@ -229,12 +309,11 @@ fn take(shared: &Shared) -> Option<(Arc<Database>, Taken)> {
                     replies.push(reply);
                 }
             }
+            state.start_gathering(&db);
             Taken::Many(ops, replies)
         }
     };
     // Others may be waiting behind what this worker took.
-    if !state.jobs.is_empty() {
-        shared.ready.notify_one();
-    }
+    state.wake_if_needed(&shared.ready, shared.opts.max_writes_per_unit);
     Some((db, taken))
 }

@@ -8,6 +8,8 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+type RequestCounts = BTreeMap<String, BTreeMap<String, BTreeMap<u16, u64>>>;
+
 /// Upper bounds of the request latency buckets, in microseconds.
 const LATENCY_BUCKETS_US: [u64; 16] = [
     100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
@@ -16,7 +18,9 @@ const LATENCY_BUCKETS_US: [u64; 16] = [
 
 pub struct Metrics {
     started: Instant,
-    requests: Mutex<BTreeMap<(String, String, u16), u64>>,
+    /// Requests by route template, method and status (nested so that counting one
+    /// looks up borrowed strings and allocates only the first time).
+    requests: Mutex<RequestCounts>,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
     latency_count: AtomicU64,
     latency_sum_us: AtomicU64,
@@ -54,11 +58,18 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn record_request(&self, route: &str, method: &str, status: u16, elapsed: Duration) {
-        *self
-            .requests
-            .lock()
-            .entry((route.to_string(), method.to_string(), status))
-            .or_insert(0) += 1;
+        {
+            let mut requests = self.requests.lock();
+            let methods = match requests.get_mut(route) {
+                Some(m) => m,
+                None => requests.entry(route.to_string()).or_default(),
+            };
+            let statuses = match methods.get_mut(method) {
+                Some(s) => s,
+                None => methods.entry(method.to_string()).or_default(),
+            };
+            *statuses.entry(status).or_insert(0) += 1;
+        }
         let us = elapsed.as_micros() as u64;
         if let Some(i) = LATENCY_BUCKETS_US.iter().position(|&b| us <= b) {
             self.latency_buckets[i].fetch_add(1, Relaxed);
@@ -74,8 +85,10 @@ impl Metrics {
             .into_iter()
             .map(|c| (c.to_string(), 0))
             .collect();
-        for ((_, _, status), n) in self.requests.lock().iter() {
-            *out.entry(format!("{}xx", status / 100)).or_insert(0) += n;
+        for statuses in self.requests.lock().values().flat_map(BTreeMap::values) {
+            for (status, n) in statuses {
+                *out.entry(format!("{}xx", status / 100)).or_insert(0) += n;
+            }
         }
         out
     }
@@ -132,12 +145,16 @@ impl Metrics {
             "counter",
             "HTTP requests by route, method and status",
         );
-        for ((route, method, status), n) in self.requests.lock().iter() {
-            let _ = writeln!(
-                o,
-                "kiln_http_requests_total{{route=\"{}\",method=\"{method}\",status=\"{status}\"}} {n}",
-                escape(route)
-            );
+        for (route, methods) in self.requests.lock().iter() {
+            for (method, statuses) in methods {
+                for (status, n) in statuses {
+                    let _ = writeln!(
+                        o,
+                        "kiln_http_requests_total{{route=\"{}\",method=\"{method}\",status=\"{status}\"}} {n}",
+                        escape(route)
+                    );
+                }
+            }
         }
         header(
             o,

@@ -7,9 +7,11 @@ use crate::config::ServerConfig;
 use crate::metrics::Metrics;
 use axum::body::Body;
 use axum::Router;
+use futures_util::future::{Either, FutureExt};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use kiln_docs::{DocError, DocStore};
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -220,7 +222,7 @@ async fn accept_loop(
                         peer,
                         client_certificate: false,
                     };
-                    serve_connection(stream, info, app, read_timeout, shutdown).await
+                    serve_connection(stream, info, app, state.clone(), read_timeout, shutdown).await
                 }
                 Some(acceptor) => {
                     match tokio::time::timeout(read_timeout, acceptor.accept(stream)).await {
@@ -234,7 +236,15 @@ async fn accept_loop(
                                 peer,
                                 client_certificate,
                             };
-                            serve_connection(tls_stream, info, app, read_timeout, shutdown).await
+                            serve_connection(
+                                tls_stream,
+                                info,
+                                app,
+                                state.clone(),
+                                read_timeout,
+                                shutdown,
+                            )
+                            .await
                         }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -267,6 +277,7 @@ async fn serve_connection<S>(
     io: S,
     info: ConnInfo,
     app: Router,
+    state: SharedState,
     header_read_timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) where
@@ -274,8 +285,20 @@ async fn serve_connection<S>(
 {
     let peer = info.peer;
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        // One document's GET, PUT or POST skips the router (see `serve_document`).
+        if let Some(target) = crate::app::document_fast_path(req.method(), req.uri().path()) {
+            return Either::Left(
+                crate::app::serve_document(
+                    state.clone(),
+                    info.client_certificate,
+                    target,
+                    req.map(Body::new),
+                )
+                .map(Ok::<_, Infallible>),
+            );
+        }
         req.extensions_mut().insert(info.clone());
-        tower::ServiceExt::oneshot(app.clone(), req.map(Body::new))
+        Either::Right(tower::ServiceExt::oneshot(app.clone(), req.map(Body::new)))
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

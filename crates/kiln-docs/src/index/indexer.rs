@@ -108,7 +108,7 @@ impl Indexer {
         let weak = Arc::downgrade(db);
         let shared = self.shared.clone();
         let waker = self.shared.clone();
-        db.add_commit_listener(Arc::new(move |_| waker.poke()));
+        db.add_commit_listener(Arc::new(move |_| waker.poke_for_commit()));
         let handle = std::thread::Builder::new()
             .name(format!("kiln-index-{}", db.name()))
             .spawn(move || run(weak, shared))
@@ -199,6 +199,19 @@ impl Indexer {
 impl Shared {
     fn poke(&self) {
         self.state.lock().generation += 1;
+        self.wake.notify_all();
+    }
+
+    /// A commit grew the log: only an index can have anything to do about it (a
+    /// database without any would wake the thread for nothing on every commit;
+    /// defining one pokes it anyway).
+    fn poke_for_commit(&self) {
+        let mut st = self.state.lock();
+        if st.indexes.is_empty() {
+            return;
+        }
+        st.generation += 1;
+        drop(st);
         self.wake.notify_all();
     }
 }

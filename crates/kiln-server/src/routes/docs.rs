@@ -87,7 +87,7 @@ fn put_response(db: &str, out: &PutOutcome) -> Response {
     } else {
         StatusCode::OK
     };
-    let mut resp = json_value(status, put_json(out));
+    let mut resp = json_response(status, put_json_bytes(out));
     let h = resp.headers_mut();
     h.insert(header::ETAG, etag_header(out.etag));
     if out.created {
@@ -98,8 +98,60 @@ fn put_response(db: &str, out: &PutOutcome) -> Response {
     resp
 }
 
+/// `put_json(out)` as text, written straight into one buffer (every PUT answers
+/// with it): the same keys in the same order.
+fn put_json_bytes(out: &PutOutcome) -> Vec<u8> {
+    use std::io::Write;
+    let string = |b: &mut Vec<u8>, s: &str| {
+        serde_json::to_writer(b, s).expect("writing to a Vec cannot fail");
+    };
+    let mut b = Vec::with_capacity(out.id.len() + 96);
+    b.extend_from_slice(b"{\"id\":");
+    string(&mut b, &out.id);
+    let _ = write!(b, ",\"etag\":\"{}\",\"collection\":", out.etag);
+    match &out.collection {
+        Some(c) => string(&mut b, c),
+        None => b.extend_from_slice(b"null"),
+    }
+    b.extend_from_slice(if out.created {
+        b",\"created\":true}"
+    } else {
+        b",\"created\":false}"
+    });
+    b
+}
+
 fn put_json(out: &PutOutcome) -> Value {
     json!({"id": out.id, "etag": out.etag.to_string(), "collection": out.collection, "created": out.created})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_json_bytes_is_put_json() {
+        for (id, collection, created) in [
+            ("users/1", Some("users"), true),
+            ("x \"quoted\" \\ é \u{1}", None, false),
+            ("a/b/", Some("a \"b\""), false),
+        ] {
+            let out = PutOutcome {
+                id: id.into(),
+                etag: kiln_docs::Etag {
+                    incarnation: 0x9f3a_1c2b,
+                    sequence: 42,
+                },
+                collection: collection.map(Into::into),
+                last_modified_ms: 0,
+                created,
+            };
+            assert_eq!(
+                String::from_utf8(put_json_bytes(&out)).unwrap(),
+                put_json(&out).to_string()
+            );
+        }
+    }
 }
 
 pub async fn delete_document(
