@@ -154,13 +154,24 @@ describe('studio without auth', () => {
     assert.equal((await kiln.http('POST', `/dbs/${db}/batch`, { ops })).status, 200);
     await page.goto(`${kiln.base}/studio/db/${db}`);
     await page.fill('[data-testid=prefix]', 'people/p0');
+    // The unfiltered list (also starting at people/p000) may still be on screen, or
+    // the table empty while the filtered one loads: wait for the filtered answer,
+    // then for its rows (a bare count right after the selector raced in CI: 0 rows).
+    const filtered = page.waitForResponse((r) => r.url().includes('prefix=people%2Fp0'));
     await page.press('[data-testid=prefix]', 'Enter');
+    await filtered;
     await page.waitForSelector('tr[data-id="people/p000"]');
+    await page.waitForFunction(
+      () => document.querySelectorAll('[data-testid=documents] tbody tr').length === 25,
+    );
     assert.equal(await page.locator('[data-testid=documents] tbody tr').count(), 25);
     await page.click('[data-testid=next]');
     await page.waitForSelector('tr[data-id="people/p025"]');
     await page.click('[data-testid=next]');
     await page.waitForSelector('tr[data-id="people/p050"]');
+    await page.waitForFunction(
+      () => document.querySelectorAll('[data-testid=documents] tbody tr').length === 10,
+    );
     assert.equal(await page.locator('[data-testid=documents] tbody tr').count(), 10, 'p050..p059');
     assert.ok(await page.isDisabled('[data-testid=next]'));
     await page.click('[data-testid=collections] >> text=users');
