@@ -117,19 +117,8 @@ impl<'a> Scanner<'a> {
             self.out.push(b':');
             self.skip_ws();
             self.value(depth)?;
-            self.skip_ws();
-            match self.peek()? {
-                b',' => {
-                    self.pos += 1;
-                    self.out.push(b',');
-                    self.skip_ws();
-                }
-                b'}' => {
-                    self.pos += 1;
-                    self.out.push(b'}');
-                    return Some(());
-                }
-                _ => return None,
+            if self.comma_or_close(b'}')? {
+                return Some(());
             }
         }
     }
@@ -148,21 +137,26 @@ impl<'a> Scanner<'a> {
         }
         loop {
             self.value(depth)?;
-            self.skip_ws();
-            match self.peek()? {
-                b',' => {
-                    self.pos += 1;
-                    self.out.push(b',');
-                    self.skip_ws();
-                }
-                b']' => {
-                    self.pos += 1;
-                    self.out.push(b']');
-                    return Some(());
-                }
-                _ => return None,
+            if self.comma_or_close(b']')? {
+                return Some(());
             }
         }
+    }
+
+    /// After a member or element: copies a `,` (false: more follow) or `close`
+    /// (true: the container ended); anything else is not for the fast path.
+    fn comma_or_close(&mut self, close: u8) -> Option<bool> {
+        self.skip_ws();
+        let b = self.peek()?;
+        if b != b',' && b != close {
+            return None;
+        }
+        self.pos += 1;
+        self.out.push(b);
+        if b == b',' {
+            self.skip_ws();
+        }
+        Some(b == close)
     }
 
     /// A string (at `"`) copied as it is when every escape in it is the one

@@ -22,14 +22,17 @@ const LARGE_WRITE_BYTES: usize = 32 << 10;
 const UNKNOWN: u64 = u64::MAX;
 
 /// An exponential moving average with weight 1/8 for the new sample.
-fn ewma(cell: &AtomicU64, sample: u64) {
-    let old = cell.load(Relaxed);
-    let new = if old == UNKNOWN {
+fn averaged(old: u64, sample: u64) -> u64 {
+    if old == UNKNOWN {
         sample
     } else {
-        (old * 7 + sample) / 8
-    };
-    cell.store(new, Relaxed);
+        (old.saturating_mul(7).saturating_add(sample)) / 8
+    }
+}
+
+/// `averaged`, for a figure one thread updates and another reads.
+fn ewma(cell: &AtomicU64, sample: u64) {
+    cell.store(averaged(cell.load(Relaxed), sample), Relaxed);
 }
 
 /// What a durable journal write costs on this disk: a fixed part (small writes) and
@@ -81,7 +84,9 @@ pub(crate) struct Compressor {
     /// Off: compress whenever a sample saves at least a fifth (tests and the
     /// simulation, which need the same bytes whatever the timing).
     adaptive: bool,
-    compress_ps_per_byte: AtomicU64,
+    /// Moving average; `UNKNOWN` until the first sample. The encoder owns the
+    /// compressor (under the writer lock), so no atomic is needed here.
+    compress_ps_per_byte: u64,
 }
 
 /// What the sample of a record says.
@@ -97,7 +102,7 @@ impl Compressor {
         Compressor {
             scratch: Vec::new(),
             adaptive,
-            compress_ps_per_byte: AtomicU64::new(UNKNOWN),
+            compress_ps_per_byte: UNKNOWN,
         }
     }
 
@@ -129,8 +134,7 @@ impl Compressor {
     }
 
     fn cost_ps_per_byte(&self) -> Option<u64> {
-        let v = self.compress_ps_per_byte.load(Relaxed);
-        (v != UNKNOWN).then_some(v)
+        (self.compress_ps_per_byte != UNKNOWN).then_some(self.compress_ps_per_byte)
     }
 
     /// Compresses `samples` (windows of a body), timing it, and decides for the
@@ -158,7 +162,7 @@ impl Compressor {
             .unwrap_or(u64::MAX / 2)
             .saturating_mul(1000)
             / input as u64;
-        ewma(&self.compress_ps_per_byte, ps);
+        self.compress_ps_per_byte = averaged(self.compress_ps_per_byte, ps);
         let saved_per_thousand = 1000u64.saturating_sub(packed as u64 * 1000 / input as u64);
         let cheap_rule = saved_per_thousand >= 200;
         if !self.adaptive {
