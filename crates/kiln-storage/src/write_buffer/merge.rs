@@ -12,6 +12,7 @@
 //! (`tree_state`, `tree_put`, `tree_delete`), not its fields.
 
 use crate::btree;
+use crate::page::prefetch;
 use crate::fasthash::FastMap;
 use crate::txn::TreeState;
 use crate::txn::WriteTxn;
@@ -20,21 +21,6 @@ use crate::Result;
 
 /// How many keys ahead of the one being merged the arena is prefetched.
 const PREFETCH_AHEAD: usize = 8;
-
-/// Asks the CPU to bring the start of `bytes` into the cache (a hint: no effect on
-/// what the program computes).
-#[inline]
-fn prefetch(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults, whatever the address; `bytes` is valid anyway.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-            bytes.as_ptr().cast(),
-        );
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
-}
 
 impl WriteTxn<'_> {
     /// Applies up to `limit` keys of the frozen generation after `*cursor` to the
