@@ -181,6 +181,12 @@ fn journal_figures(env: &Env, ops: u64) -> Map<String, Value> {
 /// W1: transactions of one 16 KiB random value under a sequential 8-byte key.
 fn w1(dir: &Path, opts: &Options, quick: bool) -> BenchResult<Run> {
     let n: u64 = if quick { 4096 } else { 65_536 };
+    // The raw disk's speed drifts on a shared machine (its mean over the three
+    // samples at the start of `kiln bench` has ranged 0.073-0.106 ms within minutes):
+    // a raw sample right before and right after this run is the fairer yardstick.
+    let raw_dir = dir.parent().unwrap_or(dir);
+    let raw_writes = if quick { 512 } else { 2048 };
+    let raw_before = rawdisk::durable_writes(raw_dir, 16 * 1024, raw_writes)?;
     let env = fresh_env(dir, opts)?;
     let mut rng = SmallRng::seed_from_u64(SEED);
     let mut value = vec![0u8; 16 * 1024];
@@ -210,6 +216,14 @@ fn w1(dir: &Path, opts: &Options, quick: bool) -> BenchResult<Run> {
     );
     cpu.report(&mut extra, n, "op");
     env.close()?;
+    let raw_after = rawdisk::durable_writes(raw_dir, 16 * 1024, raw_writes)?;
+    let raw_around_ms = (raw_before.mean_ms + raw_after.mean_ms) / 2.0;
+    extra.insert("raw_disk_ms_before_run".into(), json!(raw_before.mean_ms));
+    extra.insert("raw_disk_ms_after_run".into(), json!(raw_after.mean_ms));
+    extra.insert(
+        "ratio_to_raw_write_around_run".into(),
+        json!(seconds * 1e3 / n as f64 / raw_around_ms),
+    );
     Ok(Run {
         ops: n,
         commits: n,
@@ -720,6 +734,18 @@ fn report(
             f("redis_requests_per_sec"),
             f("redis_p99_us"),
             f("redis_server_cpu_us_per_request"),
+        );
+    }
+    if let Some(ratio) = m
+        .extra
+        .get("ratio_to_raw_write_around_run")
+        .and_then(Value::as_f64)
+    {
+        println!(
+            "         {label}: raw 16 KiB durable write {:.3} ms before and {:.3} ms after the \
+             run: {ratio:.2}x of their mean (target <= 1.25x)",
+            f("raw_disk_ms_before_run"),
+            f("raw_disk_ms_after_run"),
         );
     }
     if let Some(open_ms) = m.extra.get("open_ms").and_then(Value::as_f64) {
