@@ -195,7 +195,7 @@ pub fn encode_freelist(pages: impl Iterator<Item = PageNo>) -> Vec<u8> {
 }
 
 pub fn decode_freelist(b: &[u8], page_count: u64, path: &Path) -> Result<Vec<PageNo>> {
-    if b.len() % 16 != 0 {
+    if !b.len().is_multiple_of(16) {
         return Err(Error::corrupted(
             path,
             "whole file",

@@ -30,7 +30,7 @@ pub const KIND_BRANCH: u8 = 1;
 pub const KIND_LEAF: u8 = 2;
 pub const KIND_OVERFLOW: u8 = 3;
 
-const _: () = assert!(PAGE_SIZE % crate::io::DIRECT_IO_ALIGN == 0);
+const _: () = assert!(PAGE_SIZE.is_multiple_of(crate::io::DIRECT_IO_ALIGN));
 const _: () = assert!(PAGE_SIZE <= u16::MAX as usize + 1);
 
 /// One 8 KiB page, aligned for O_DIRECT.

@@ -84,11 +84,14 @@ impl LogicalLog {
     }
 }
 
+/// One decoded write-buffer entry: its buffer key and what it holds.
+pub(crate) type LogicalEntry = (Box<[u8]>, Slot);
+
 /// Decodes the entry section of a record body at `*at` (count, then entries).
 pub(super) fn decode_entries(
     body: &[u8],
     at: &mut usize,
-) -> Result<Vec<(Box<[u8]>, Slot)>, String> {
+) -> Result<Vec<LogicalEntry>, String> {
     let mut logical = Vec::new();
     let count = read_u32(take(body, at, 4, "buffer entry count")?, 0) as usize;
     for e in 0..count {

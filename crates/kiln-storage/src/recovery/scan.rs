@@ -58,8 +58,11 @@ struct Reader<'a> {
     dir: &'a Path,
 }
 
+type OpenJournalFile = (PathBuf, Box<dyn VfsFile>, u64);
+
 impl Reader<'_> {
-    fn open(&self, seq: u64) -> Result<Option<(PathBuf, Box<dyn VfsFile>, u64)>> {
+    /// The journal file `seq` (path, open file, length), or `None` if it does not exist.
+    fn open(&self, seq: u64) -> Result<Option<OpenJournalFile>> {
         let path = file_path(self.dir, seq);
         if !self.vfs.exists(&path) {
             return Ok(None);
