@@ -390,10 +390,13 @@ fn readers_see_stable_snapshots_while_a_writer_commits() {
     // Pages were recycled during the run (otherwise the test proves little). Pages
     // are copied on write, never written in place, so without reuse every page
     // written back would be a page of its own: fewer pages than writes means reuse.
-    // (How many fewer depends on how long the readers happen to hold old pages:
-    // 2.0x-2.7x over five runs; the margin asked for is 1.5x.)
+    // How many fewer depends on how long the readers happen to hold old pages
+    // (2.0x-2.7x over five quiet runs, 1.45x on a loaded CI machine where reader 0
+    // held one snapshot across 178 commits), while without reuse it is 1.0x (5,057
+    // written back into 5,068 pages, with reuse switched off on purpose): the test
+    // asks for 1.1x, a margin over no reuse rather than a guess about timing.
     assert!(
-        stats.pages_total * 3 < stats.pages_written_back * 2,
+        stats.pages_total * 11 < stats.pages_written_back * 10,
         "pages do not seem to be reused: {} pages in the file, {} written back",
         stats.pages_total,
         stats.pages_written_back
