@@ -97,7 +97,9 @@ impl Options {
         if self.write_buffer_max_entry_bytes > 64 << 10 {
             return bad("write_buffer_max_entry_bytes must be at most 64 KiB");
         }
-        if self.journal_file_size_bytes < 1 << 20 || !self.journal_file_size_bytes.is_multiple_of(4096) {
+        if self.journal_file_size_bytes < 1 << 20
+            || !self.journal_file_size_bytes.is_multiple_of(4096)
+        {
             return bad("journal_file_size_bytes must be a multiple of 4096 and at least 1 MiB");
         }
         if self.data_grow_step_bytes < PAGE_SIZE as u64

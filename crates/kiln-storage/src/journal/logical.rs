@@ -88,10 +88,7 @@ impl LogicalLog {
 pub(crate) type LogicalEntry = (Box<[u8]>, Slot);
 
 /// Decodes the entry section of a record body at `*at` (count, then entries).
-pub(super) fn decode_entries(
-    body: &[u8],
-    at: &mut usize,
-) -> Result<Vec<LogicalEntry>, String> {
+pub(super) fn decode_entries(body: &[u8], at: &mut usize) -> Result<Vec<LogicalEntry>, String> {
     let mut logical = Vec::new();
     let count = read_u32(take(body, at, 4, "buffer entry count")?, 0) as usize;
     for e in 0..count {

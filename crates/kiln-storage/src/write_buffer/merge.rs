@@ -12,8 +12,8 @@
 //! (`tree_state`, `tree_put`, `tree_delete`), not its fields.
 
 use crate::btree;
-use crate::page::prefetch;
 use crate::fasthash::FastMap;
+use crate::page::prefetch;
 use crate::txn::TreeState;
 use crate::txn::WriteTxn;
 use crate::write_buffer::{split_buffer_key, SlotRef, TreeId};
