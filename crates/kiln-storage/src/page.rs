@@ -608,7 +608,14 @@ fn branch_cell_key(p: &[u8], i: usize) -> &[u8] {
 /// Index of the child of a branch that covers `key`: usize::MAX stands for the
 /// leftmost child (keys below the first separator).
 pub fn branch_route(p: &[u8], key: &[u8]) -> usize {
-    match search(p, key) {
+    route_of(search(p, key))
+}
+
+/// The child a branch search's answer routes to (see `branch_route`): a separator
+/// equal to the key routes to its own child, otherwise the one before the
+/// insertion point.
+pub fn route_of(found: std::result::Result<usize, usize>) -> usize {
+    match found {
         Ok(i) => i,
         Err(0) => usize::MAX,
         Err(i) => i - 1,

@@ -7,23 +7,19 @@
 
 mod crash_copy;
 
-use crash_copy::crash_copy;
+use crash_copy::{crash_copy, without_checkpoints};
 use kiln_storage::{Env, Options};
 use std::collections::BTreeMap;
 
+/// No checkpoint on its own: each crash copy keeps the journal to replay.
 fn opts() -> Options {
     Options {
-        journal_file_size_bytes: 1 << 20,
-        data_grow_step_bytes: 1 << 20,
-        // No checkpoint on its own: each crash copy keeps the journal to replay.
-        sync_interval_ms: 3_600_000,
-        sync_after_bytes: 1 << 40,
         // Small write-back windows: pages of new commits reach the data file (not
         // synced) before each crash copy, so reusing a page too early would show.
         write_back_window_bytes: 1 << 20,
         max_unflushed_bytes: 32 << 20,
         write_buffer_bytes: 0,
-        ..Options::default()
+        ..without_checkpoints()
     }
 }
 

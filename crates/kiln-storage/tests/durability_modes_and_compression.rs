@@ -4,21 +4,17 @@
 
 mod crash_copy;
 
-use crash_copy::crash_copy;
+use crash_copy::{crash_copy, without_checkpoints};
 use kiln_storage::{Durability, Env, Options};
 use std::path::Path;
 
+/// No checkpoint during the test: everything must come back from the journal.
 fn opts() -> Options {
     Options {
-        journal_file_size_bytes: 1 << 20,
-        data_grow_step_bytes: 1 << 20,
-        // No checkpoint during the test: everything must come back from the journal.
-        sync_interval_ms: 3_600_000,
-        sync_after_bytes: 1 << 40,
         // Compress by the fixed rule: on a fast disk the adaptive one would rightly
         // store these records as they are, and the test is about compressed ones.
         journal_compression_adaptive: false,
-        ..Options::default()
+        ..without_checkpoints()
     }
 }
 

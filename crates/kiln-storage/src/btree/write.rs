@@ -175,11 +175,7 @@ impl WriteTxn<'_> {
             return Ok((no, split, existed));
         }
         let p = self.dirty_mut(no);
-        let route = match search_for_insert(p, key, rightmost) {
-            Ok(i) => i,
-            Err(0) => usize::MAX,
-            Err(i) => i - 1,
-        };
+        let route = page::route_of(search_for_insert(p, key, rightmost));
         let last_route = hdr::count(p).wrapping_sub(1);
         let child = page::branch_child_at(p, route);
         let child_rightmost = rightmost && route == last_route;

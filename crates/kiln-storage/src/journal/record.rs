@@ -45,7 +45,6 @@ use crate::io::DIRECT_IO_ALIGN;
 use crate::page::{
     self, read_u16, read_u32, read_u64, write_u16, write_u32, write_u64, PageNo, PageRun, PAGE_SIZE,
 };
-use crate::write_buffer::Slot;
 use std::sync::Arc;
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KJR1");
@@ -469,7 +468,7 @@ pub struct DecodedRecord {
     pub header: RecordHeader,
     pub freed: Vec<PageNo>,
     pub images: Vec<(PageNo, Image)>,
-    pub logical: Vec<(Box<[u8]>, Slot)>,
+    pub logical: Vec<logical::LogicalEntry>,
 }
 
 /// Reads `n` bytes at `*at` from `body`, or explains why it can't.
@@ -662,7 +661,7 @@ pub fn decode(record: &[u8]) -> Result<DecodedRecord, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::write_buffer::SlotRef;
+    use crate::write_buffer::{Slot, SlotRef};
 
     fn apply(old: &[u8], new: &[u8]) -> Vec<u8> {
         let mut out = old.to_vec();

@@ -1,6 +1,21 @@
-//! What a process crash leaves behind, taken from a running environment.
+//! What a process crash leaves behind, taken from a running environment, and the
+//! options that keep everything since the test began in the journal to replay.
 
+use kiln_storage::Options;
 use std::path::Path;
+
+/// Small journal files and data-file growth steps, and no checkpoint on its own
+/// (neither by time nor by bytes): a crash copy taken at any point replays every
+/// commit since the environment was opened from the journal.
+pub fn without_checkpoints() -> Options {
+    Options {
+        journal_file_size_bytes: 1 << 20,
+        data_grow_step_bytes: 1 << 20,
+        sync_interval_ms: 3_600_000,
+        sync_after_bytes: 1 << 40,
+        ..Options::default()
+    }
+}
 
 /// Copies an open environment's files: what a process crash leaves behind (the page
 /// cache survives a kill -9).
