@@ -150,7 +150,9 @@ fn canary_non_durable_journal_is_caught() {
 /// the data file before trusting what it reads.
 #[test]
 fn regression_seeds() {
-    for seed in [3_423_113_117u64] {
+    // 161_652_026: a bit flip in the last journal record's magic was taken for a
+    // clean end of the journal (acknowledged commits dropped without a report).
+    for seed in [3_423_113_117u64, 161_652_026] {
         let s = driver::run_seed(seed, 10, false)
             .unwrap_or_else(|e| panic!("regression seed {seed}: {e}"));
         assert!(

@@ -275,6 +275,10 @@ fn patch(path: &Path, offset: u64, bytes: &[u8]) {
 }
 
 fn flip_byte(path: &Path, offset: u64) {
+    flip_bits(path, offset, 0x5a);
+}
+
+fn flip_bits(path: &Path, offset: u64, mask: u8) {
     use std::os::unix::fs::FileExt;
     let f = fs::OpenOptions::new()
         .read(true)
@@ -283,7 +287,7 @@ fn flip_byte(path: &Path, offset: u64) {
         .unwrap();
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, offset).unwrap();
-    b[0] ^= 0x5a;
+    b[0] ^= mask;
     f.write_all_at(&b, offset).unwrap();
     f.sync_all().unwrap();
 }
@@ -470,6 +474,11 @@ enum Tear {
     FlipChecksum,
     /// The file ends inside the record.
     TruncateFile,
+    /// One bit of the header's magic is wrong (at rest, after the commit was
+    /// acknowledged): it must be reported, not taken for zeros or stale bytes.
+    FlipMagicBit,
+    /// One bit of the header's version byte is wrong.
+    FlipVersionBit,
 }
 
 fn tear_last_record(tear: Tear, sync_base: bool) {
@@ -498,6 +507,8 @@ fn tear_last_record(tear: Tear, sync_base: bool) {
         }
         Tear::FlipBodyByte => flip_byte(&last.path, last.offset + last.len - 10),
         Tear::FlipChecksum => flip_byte(&last.path, last.offset + 29),
+        Tear::FlipMagicBit => flip_bits(&last.path, last.offset, 0x01),
+        Tear::FlipVersionBit => flip_bits(&last.path, last.offset + 4, 0x80),
         Tear::TruncateFile => {
             let f = fs::OpenOptions::new().write(true).open(&last.path).unwrap();
             f.set_len(last.offset + last.len / 2).unwrap();
@@ -534,6 +545,15 @@ fn torn_last_record_flipped_body_byte() {
 #[test]
 fn torn_last_record_flipped_checksum() {
     tear_last_record(Tear::FlipChecksum, true);
+}
+
+#[test]
+fn last_record_with_a_flipped_magic_or_version_bit_is_reported_dropped() {
+    // Found by the power-loss simulator (seed 161652026): a flipped bit in the
+    // magic made the last record look like the clean end of the journal.
+    tear_last_record(Tear::FlipMagicBit, true);
+    tear_last_record(Tear::FlipMagicBit, false);
+    tear_last_record(Tear::FlipVersionBit, true);
 }
 
 #[test]

@@ -113,7 +113,8 @@ fn holds_records(vfs: &dyn Vfs, path: &Path) -> Result<bool> {
     let mut head = vec![0u8; crate::journal::record::RECORD_HEADER];
     f.read_exact_at(&mut head, 0)
         .map_err(|e| Error::io(path, Some(0), "read journal file", e))?;
-    Ok(crate::journal::record::parse_header(&head).is_some())
+    Ok(crate::journal::record::parse_header(&head).is_some()
+        || crate::journal::record::is_damaged_header(&head))
 }
 
 /// Reads the newer valid copy of the file header.

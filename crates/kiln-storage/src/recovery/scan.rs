@@ -9,8 +9,12 @@
 //! | yes           | ok       | lower id             | stale record of an older cycle: end     |
 //! | yes           | ok       | other / chain broken | not our history: end, scan for a gap    |
 //! | yes           | bad      | any                  | torn or corrupt record: end, scan       |
+//! | nearly (*)    | -        | -                    | damaged header: end, scan               |
 //! | no            | -        | -                    | zeros or old bytes of a recycled file:  |
 //! |               |          |                      | clean end (the gap scan still runs)     |
+//!
+//! (*) magic and version within a few bit errors of ours: a flipped bit in the
+//! header of the last acknowledged record is reported, not taken for a clean end.
 //!
 //! Before declaring the end we also try the start of the next file, because the
 //! writer moves to a new file when a record does not fit in the current one.
@@ -125,6 +129,12 @@ impl Reader<'_> {
         // record was ever started here (a commit whose first block never landed was not
         // acknowledged); the gap scan still catches valid records beyond this point.
         let Some(h) = record::parse_header(&block) else {
+            if record::is_damaged_header(&block) {
+                return Ok(Probe::Bad(
+                    "record header damaged (its magic or version bytes differ in a few bits)"
+                        .to_string(),
+                ));
+            }
             return Ok(Probe::Clean);
         };
         let Some(buf) = self.full_record(file.as_ref(), &path, len, offset, &h)? else {
