@@ -420,6 +420,7 @@ fn flip_and_check(
     };
     disk.flip_bit(&path, offset, rng.gen_range(0..8));
     stats.bit_flips += 1;
+    trace(|| format!("bit flip at {path:?} offset {offset}"));
     let (env, report) = match Env::open_with_report(env_dir(), options(disk)) {
         Ok(e) => e,
         Err(_) => {
@@ -449,7 +450,8 @@ fn flip_and_check(
     Ok(())
 }
 
-/// A byte to damage: in a used data page, or in the journal's records.
+/// A byte to damage: in a used data page, a file-header copy, a free-page snapshot,
+/// or the journal's records.
 fn pick_flip_target(
     disk: &Arc<SimDisk>,
     rng: &mut StdRng,
@@ -472,6 +474,34 @@ fn pick_flip_target(
     }
     let data = env_dir().join(kiln_storage::DATA_FILE);
     let bytes = disk.read_file(&data)?;
+    // Sometimes the metadata instead: a byte of either file-header copy (its first
+    // 116 bytes are the header; the newer copy damaged, open must fall back to the
+    // older one and still lose nothing acknowledged), or a free-page snapshot.
+    match rng.gen_range(0..10) {
+        0 | 1 => {
+            let copy = rng.gen_range(0..2u64);
+            return Some((
+                data,
+                copy * kiln_storage::PAGE_SIZE as u64 + rng.gen_range(0..116),
+            ));
+        }
+        2 => {
+            let snapshots: Vec<PathBuf> = disk
+                .files()
+                .into_iter()
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("freelist-"))
+                })
+                .filter(|p| disk.read_file(p).is_some_and(|b| !b.is_empty()))
+                .collect();
+            if let Some(path) = snapshots.get(rng.gen_range(0..snapshots.len().max(1))) {
+                let len = disk.read_file(path)?.len() as u64;
+                return Some((path.clone(), rng.gen_range(0..len)));
+            }
+        }
+        _ => {}
+    }
     let pages = bytes.len() / kiln_storage::PAGE_SIZE;
     let used: Vec<usize> = (2..pages)
         .filter(|p| bytes[p * kiln_storage::PAGE_SIZE + 4] != 0)
