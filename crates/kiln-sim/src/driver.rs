@@ -463,13 +463,16 @@ fn pick_flip_target(
             .into_iter()
             .filter(|p| p.extension().is_some_and(|e| e == "log"))
             .collect();
-        let path = files.last()?.clone();
-        let bytes = disk.read_file(&path)?;
-        // Only where records are (non-zero blocks).
-        let used: Vec<usize> = (0..bytes.len() / 4096)
-            .filter(|b| bytes[b * 4096..(b + 1) * 4096].iter().any(|x| *x != 0))
-            .collect();
-        let block = *used.get(rng.gen_range(0..used.len().max(1)))?;
+        // The newest file holding records (the last one may be preallocated zeros),
+        // and only where records are (non-zero blocks).
+        let (path, used) = files.iter().rev().find_map(|path| {
+            let bytes = disk.read_file(path)?;
+            let used: Vec<usize> = (0..bytes.len() / 4096)
+                .filter(|b| bytes[b * 4096..(b + 1) * 4096].iter().any(|x| *x != 0))
+                .collect();
+            (!used.is_empty()).then(|| (path.clone(), used))
+        })?;
+        let block = used[rng.gen_range(0..used.len())];
         return Some((path, (block * 4096 + rng.gen_range(0..4096)) as u64));
     }
     let data = env_dir().join(kiln_storage::DATA_FILE);
