@@ -201,9 +201,61 @@ impl Reader<'_> {
     }
 }
 
+/// Records read, checked and decoded ahead of the one being applied.
+const READ_AHEAD_RECORDS: usize = 4;
+
 /// Replays records after `start` (the position after the record of `start_txn_id`)
 /// through `apply`, in order, with the position where each ends.
+///
+/// Reading and checking the journal runs on a thread of its own, a few records
+/// ahead of `apply` (which writes their pages into the data file): after 1 GiB of
+/// journal, open spent 0.9 s of CPU, most of it in the kernel copying the journal in
+/// and the pages out, one after the other. The order of records is unchanged, and
+/// nothing is applied past a record that failed: the reader stops at the end it
+/// finds, as before.
 pub fn replay(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    start: JournalPos,
+    start_txn_id: u64,
+    allow_gap: bool,
+    mut apply: impl FnMut(DecodedRecord, JournalPos) -> Result<()>,
+) -> Result<ScanOutcome> {
+    std::thread::scope(|scope| {
+        let (records, received) =
+            std::sync::mpsc::sync_channel::<(DecodedRecord, JournalPos)>(READ_AHEAD_RECORDS);
+        let reader = std::thread::Builder::new()
+            .name("kiln-replay-read".into())
+            .spawn_scoped(scope, move || {
+                read_records(vfs, dir, start, start_txn_id, allow_gap, |rec, end| {
+                    // The receiver is gone only if `apply` failed: stop reading (this
+                    // error is dropped; `apply`'s is the one returned).
+                    records.send((rec, end)).map_err(|_| {
+                        Error::corrupted(dir, "journal", "replay stopped: applying a record failed")
+                    })
+                })
+            })
+            .map_err(|e| Error::io(dir, None, "start the journal reader thread", e))?;
+        let mut applied = Ok(());
+        for (rec, end) in received.iter() {
+            applied = apply(rec, end);
+            if applied.is_err() {
+                break;
+            }
+        }
+        drop(received);
+        let outcome = match reader.join() {
+            Ok(outcome) => outcome,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        applied?;
+        outcome
+    })
+}
+
+/// `replay`'s reader: reads, checks and decodes records in order and hands each to
+/// `apply`; then looks past the end for a gap.
+fn read_records(
     vfs: &dyn Vfs,
     dir: &Path,
     start: JournalPos,
@@ -329,4 +381,98 @@ fn neutralize(vfs: &dyn Vfs, found: &[(u64, PathBuf, u64)]) -> Result<u64> {
             .map_err(|e| Error::io(path, None, "fdatasync journal", e))?;
     }
     Ok(found.len() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::OsVfs;
+    use crate::{Env, Options};
+
+    /// A journal of `commits` records, copied while the environment is open (as a
+    /// crash leaves it): the copy's directory and where replay starts.
+    fn crashed_journal(commits: u64) -> (tempfile::TempDir, JournalPos, u64) {
+        let live = tempfile::tempdir().unwrap();
+        let opts = Options {
+            sync_interval_ms: 3_600_000,
+            sync_after_bytes: 1 << 40,
+            max_unflushed_bytes: 1 << 32,
+            write_buffer_bytes: 0,
+            ..Options::default()
+        };
+        let env = Env::open(live.path(), opts).unwrap();
+        let mut w = env.begin_write().unwrap();
+        w.create_tree("t").unwrap();
+        w.commit().unwrap();
+        for i in 0..commits {
+            let mut w = env.begin_write().unwrap();
+            w.put("t", &i.to_be_bytes(), &[7u8; 3000]).unwrap();
+            w.commit().unwrap();
+        }
+        let copy = tempfile::tempdir().unwrap();
+        for name in ["journal", ""] {
+            std::fs::create_dir_all(copy.path().join(name)).unwrap();
+            for entry in std::fs::read_dir(live.path().join(name)).unwrap() {
+                let entry = entry.unwrap();
+                if entry.file_type().unwrap().is_file() {
+                    std::fs::copy(entry.path(), copy.path().join(name).join(entry.file_name()))
+                        .unwrap();
+                }
+            }
+        }
+        drop(env);
+        let header =
+            crate::recovery::create::load_header(&OsVfs, &copy.path().join(crate::DATA_FILE))
+                .unwrap();
+        let start = header.replay_start();
+        (copy, start.pos, start.txn_id)
+    }
+
+    #[test]
+    fn replay_hands_every_record_over_in_order() {
+        let (dir, start, start_txn) = crashed_journal(40);
+        let mut seen = Vec::new();
+        let outcome = replay(
+            &OsVfs,
+            &dir.path().join("journal"),
+            start,
+            start_txn,
+            false,
+            |rec, _| {
+                seen.push(rec.header.txn_id);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert!(seen.len() >= 40, "{} records replayed", seen.len());
+        let expected: Vec<u64> = (start_txn + 1..=outcome.last_txn_id).collect();
+        assert_eq!(seen, expected);
+        assert_eq!(outcome.records_replayed, seen.len() as u64);
+        assert_eq!(outcome.tail, JournalTail::Clean);
+    }
+
+    #[test]
+    fn a_failed_apply_stops_replay_with_its_own_error() {
+        let (dir, start, start_txn) = crashed_journal(40);
+        let mut applied = 0;
+        let result = replay(
+            &OsVfs,
+            &dir.path().join("journal"),
+            start,
+            start_txn,
+            false,
+            |_, _| {
+                applied += 1;
+                if applied == 3 {
+                    return Err(Error::InvalidOption("apply failed on purpose".into()));
+                }
+                Ok(())
+            },
+        );
+        match result {
+            Err(Error::InvalidOption(what)) => assert_eq!(what, "apply failed on purpose"),
+            other => panic!("expected the apply error, got {other:?}"),
+        }
+        assert_eq!(applied, 3, "nothing is applied after the failed record");
+    }
 }
