@@ -5,6 +5,7 @@
 use super::scan::{self, JournalTail, ScanOutcome};
 use crate::header::FileHeader;
 use crate::io::Vfs;
+use crate::journal::record::Image;
 use crate::journal::writer::Durability;
 use crate::journal::ReplayStart;
 use crate::options::Options;
@@ -54,6 +55,15 @@ pub(crate) fn replay(
     let mut gens = crate::write_buffer::Gens::default();
     let mut physical_records = 0u64;
     let mut freed_by: std::collections::BTreeMap<PageNo, u64> = Default::default();
+    let verify_image = |bytes: &[u8], no: PageNo, txn_id: u64| {
+        page::verify(bytes, no, data_path).map_err(|e| {
+            Error::corrupted(
+                journal_dir,
+                format!("record of txn {txn_id}"),
+                format!("page image fails verification: {e}"),
+            )
+        })
+    };
     let outcome = scan::replay(
         vfs,
         journal_dir,
@@ -62,6 +72,19 @@ pub(crate) fn replay(
         // After a power loss in buffered mode, records missing in the middle are the
         // documented cost of that mode, not a surprise.
         opts.open_despite_journal_gap || opts.durability != Durability::Immediate,
+        // Full page images need nothing but their own bytes to be verified: the
+        // journal's reader thread does it, beside the writing of pages here.
+        |rec| {
+            if rec.header.txn_id <= header.synced_txn_id {
+                return Ok(());
+            }
+            for (no, image) in &rec.images {
+                if let Image::Full(run) = image {
+                    verify_image(run.bytes(), *no, rec.header.txn_id)?;
+                }
+            }
+            Ok(())
+        },
         |rec, end| {
             let txn_id = rec.header.txn_id;
             let flags = rec.header.flags;
@@ -69,14 +92,11 @@ pub(crate) fn replay(
                 physical_records += 1;
                 for (no, image) in rec.images {
                     let pages = image.page_count() as u64;
+                    let diff = matches!(image, Image::Diff { .. });
                     let run = image.materialize(|source| store.read_page(source))?;
-                    page::verify(run.bytes(), no, data_path).map_err(|e| {
-                        Error::corrupted(
-                            journal_dir,
-                            format!("record of txn {txn_id}"),
-                            format!("page image fails verification: {e}"),
-                        )
-                    })?;
+                    if diff {
+                        verify_image(run.bytes(), no, txn_id)?;
+                    }
                     store.write_raw(no, run.bytes())?;
                     for p in no..no + pages {
                         state.2.remove(&p);
