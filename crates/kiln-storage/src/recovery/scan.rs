@@ -393,9 +393,34 @@ mod tests {
     use crate::{Env, Options};
     use std::sync::atomic::Ordering::Relaxed;
 
-    /// A journal of `commits` records, copied while the environment is open (as a
-    /// crash leaves it): the copy's directory and where replay starts.
-    fn crashed_journal(commits: u64) -> (tempfile::TempDir, JournalPos, u64) {
+    /// A journal copied while its environment was open, as a crash leaves it.
+    struct Crashed {
+        dir: tempfile::TempDir,
+        start: JournalPos,
+        start_txn: u64,
+    }
+
+    impl Crashed {
+        fn replay(
+            &self,
+            check: impl Fn(&DecodedRecord) -> Result<()> + Send,
+            apply: impl FnMut(DecodedRecord, JournalPos) -> Result<()>,
+        ) -> Result<ScanOutcome> {
+            let journal = self.dir.path().join("journal");
+            replay(
+                &OsVfs,
+                &journal,
+                self.start,
+                self.start_txn,
+                false,
+                check,
+                apply,
+            )
+        }
+    }
+
+    /// A journal of `commits` records (and the tree's creation), crashed.
+    fn crashed_journal(commits: u64) -> Crashed {
         let live = tempfile::tempdir().unwrap();
         let opts = Options {
             sync_interval_ms: 3_600_000,
@@ -429,26 +454,27 @@ mod tests {
             crate::recovery::create::load_header(&OsVfs, &copy.path().join(crate::DATA_FILE))
                 .unwrap();
         let start = header.replay_start();
-        (copy, start.pos, start.txn_id)
+        Crashed {
+            dir: copy,
+            start: start.pos,
+            start_txn: start.txn_id,
+        }
     }
 
     #[test]
     fn replay_hands_every_record_over_in_order() {
-        let (dir, start, start_txn) = crashed_journal(40);
+        let crashed = crashed_journal(40);
+        let start_txn = crashed.start_txn;
         let mut seen = Vec::new();
-        let outcome = replay(
-            &OsVfs,
-            &dir.path().join("journal"),
-            start,
-            start_txn,
-            false,
-            |_| Ok(()),
-            |rec, _| {
-                seen.push(rec.header.txn_id);
-                Ok(())
-            },
-        )
-        .unwrap();
+        let outcome = crashed
+            .replay(
+                |_| Ok(()),
+                |rec, _| {
+                    seen.push(rec.header.txn_id);
+                    Ok(())
+                },
+            )
+            .unwrap();
         assert!(seen.len() >= 40, "{} records replayed", seen.len());
         let expected: Vec<u64> = (start_txn + 1..=outcome.last_txn_id).collect();
         assert_eq!(seen, expected);
@@ -458,14 +484,9 @@ mod tests {
 
     #[test]
     fn a_failed_apply_stops_replay_with_its_own_error() {
-        let (dir, start, start_txn) = crashed_journal(40);
+        let crashed = crashed_journal(40);
         let mut applied = 0;
-        let result = replay(
-            &OsVfs,
-            &dir.path().join("journal"),
-            start,
-            start_txn,
-            false,
+        let result = crashed.replay(
             |_| Ok(()),
             |_, _| {
                 applied += 1;
@@ -484,15 +505,11 @@ mod tests {
 
     #[test]
     fn a_failed_check_stops_replay_before_that_record() {
-        let (dir, start, start_txn) = crashed_journal(40);
+        let crashed = crashed_journal(40);
+        let start_txn = crashed.start_txn;
         let checked = std::sync::atomic::AtomicU64::new(0);
         let mut applied = Vec::new();
-        let result = replay(
-            &OsVfs,
-            &dir.path().join("journal"),
-            start,
-            start_txn,
-            false,
+        let result = crashed.replay(
             |rec| {
                 checked.fetch_add(1, Relaxed);
                 if rec.header.txn_id == start_txn + 5 {
