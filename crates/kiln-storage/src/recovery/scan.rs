@@ -201,14 +201,16 @@ impl Reader<'_> {
     }
 }
 
-/// Records read, checked and decoded ahead of the one being applied.
-const READ_AHEAD_RECORDS: usize = 4;
+/// Records waiting between the reader and `apply`. One is enough to keep both
+/// threads busy, and bounds replay's memory at three records (one being read, one
+/// waiting, one being applied): a record may hold a transaction of a GiB or more.
+const READ_AHEAD_RECORDS: usize = 1;
 
 /// Replays records after `start` (the position after the record of `start_txn_id`)
 /// through `apply`, in order, with the position where each ends.
 ///
-/// Reading and checking the journal runs on a thread of its own, a few records
-/// ahead of `apply` (which writes their pages into the data file): after 1 GiB of
+/// Reading and checking the journal runs on a thread of its own, a record ahead
+/// of `apply` (which writes their pages into the data file): after 1 GiB of
 /// journal, open spent 0.9 s of CPU, most of it in the kernel copying the journal in
 /// and the pages out, one after the other. The order of records is unchanged, and
 /// nothing is applied past a record that failed: the reader stops at the end it
