@@ -489,18 +489,21 @@ fn pick_flip_target(
             ));
         }
         2 => {
-            let snapshots: Vec<PathBuf> = disk
+            // Non-empty snapshots, with their lengths.
+            let snapshots: Vec<(PathBuf, u64)> = disk
                 .files()
                 .into_iter()
                 .filter(|p| {
                     p.file_name()
                         .is_some_and(|n| n.to_string_lossy().starts_with("freelist-"))
                 })
-                .filter(|p| disk.read_file(p).is_some_and(|b| !b.is_empty()))
+                .filter_map(|p| {
+                    let len = disk.read_file(&p)?.len() as u64;
+                    (len > 0).then_some((p, len))
+                })
                 .collect();
-            if let Some(path) = snapshots.get(rng.gen_range(0..snapshots.len().max(1))) {
-                let len = disk.read_file(path)?.len() as u64;
-                return Some((path.clone(), rng.gen_range(0..len)));
+            if let Some((path, len)) = snapshots.get(rng.gen_range(0..snapshots.len().max(1))) {
+                return Some((path.clone(), rng.gen_range(0..*len)));
             }
         }
         _ => {}

@@ -407,21 +407,18 @@ pub fn parse_header(b: &[u8]) -> Option<RecordHeader> {
 }
 
 /// Bit errors in the magic and version bytes up to which a block still counts as a
-/// damaged record header. A bit flip there must not make the last acknowledged
-/// record look like the zeros or stale bytes of a clean end; random bytes come
-/// within 3 of these 40 bits about once in 10^8 blocks.
-const DAMAGED_HEADER_MAX_BIT_ERRORS: u32 = 3;
+/// record header (damaged if it does not parse). A bit flip there must not make the
+/// last acknowledged record look like the zeros or stale bytes of a clean end;
+/// random bytes come within 3 of these 40 bits about once in 10^8 blocks.
+const HEADER_MAX_BIT_ERRORS: u32 = 3;
 
-/// True if `b` is not a record header but nearly one: its magic and version differ
-/// from ours in a few bits only. Recovery treats it as a damaged record (reported),
-/// never as the clean end of the journal.
-pub fn is_damaged_header(b: &[u8]) -> bool {
+/// True if `b` starts with our magic and version, or with bytes a few bits away from
+/// them. A block that resembles a header but does not parse is a damaged record
+/// (recovery reports it), never the clean end of the journal.
+pub fn resembles_header(b: &[u8]) -> bool {
     let Some(head) = b.get(..5) else {
         return false;
     };
-    if parse_header(b).is_some() {
-        return false;
-    }
     let mut expected = [0u8; 5];
     expected[..4].copy_from_slice(&MAGIC.to_le_bytes());
     expected[4] = VERSION;
@@ -430,7 +427,7 @@ pub fn is_damaged_header(b: &[u8]) -> bool {
         .zip(expected)
         .map(|(a, e)| (a ^ e).count_ones())
         .sum();
-    bit_errors <= DAMAGED_HEADER_MAX_BIT_ERRORS
+    bit_errors <= HEADER_MAX_BIT_ERRORS
 }
 
 /// True if the checksum over header and body matches. `record` holds at least

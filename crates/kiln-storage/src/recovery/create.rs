@@ -98,8 +98,8 @@ pub(crate) fn create_environment(
     Ok(h)
 }
 
-/// True if the file's first block is a journal record header (zeros otherwise: a
-/// file made by an interrupted creation of this environment).
+/// True if the file's first block is (or resembles) a journal record header (zeros
+/// otherwise: a file made by an interrupted creation of this environment).
 fn holds_records(vfs: &dyn Vfs, path: &Path) -> Result<bool> {
     let f = vfs
         .open(path, OpenMode::default())
@@ -113,8 +113,9 @@ fn holds_records(vfs: &dyn Vfs, path: &Path) -> Result<bool> {
     let mut head = vec![0u8; crate::journal::record::RECORD_HEADER];
     f.read_exact_at(&mut head, 0)
         .map_err(|e| Error::io(path, Some(0), "read journal file", e))?;
-    Ok(crate::journal::record::parse_header(&head).is_some()
-        || crate::journal::record::is_damaged_header(&head))
+    // A damaged header counts too: better to refuse than to reuse another
+    // environment's journal.
+    Ok(crate::journal::record::resembles_header(&head))
 }
 
 /// Reads the newer valid copy of the file header.

@@ -129,7 +129,7 @@ impl Reader<'_> {
         // record was ever started here (a commit whose first block never landed was not
         // acknowledged); the gap scan still catches valid records beyond this point.
         let Some(h) = record::parse_header(&block) else {
-            if record::is_damaged_header(&block) {
+            if record::resembles_header(&block) {
                 return Ok(Probe::Bad(
                     "record header damaged (its magic or version bytes differ in a few bits)"
                         .to_string(),
