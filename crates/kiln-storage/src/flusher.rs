@@ -473,7 +473,7 @@ impl Flusher {
         self.env.backlog.note_written_back(batch_bytes);
         self.bytes_since_sync += written_pages * PAGE_SIZE as u64;
         if highest > lowest {
-            self.env.store.start_writeback(lowest, highest - lowest);
+            self.env.store.write_back_range(lowest, highest - lowest);
         }
         Ok(())
     }

@@ -1,7 +1,8 @@
 //! A failed journal write or data-file sync must fail the commit (or latch the
 //! environment) with an error that names the file, never acknowledge, and never lose
 //! what was acknowledged before: after reopening, the journal decides. And a slow
-//! data file must not stretch buffered durability's journal-sync interval.
+//! data file must not stretch buffered durability's journal-sync interval; write-back
+//! reaches the disk in bounded chunks.
 
 use kiln_storage::io::{MappedRegion, OpenMode, OsVfs, Vfs, VfsFile};
 use kiln_storage::{Env, Error, Options};
@@ -24,6 +25,8 @@ struct Switches {
     /// Buffered mode's sync thread pauses this long before opening a journal file,
     /// so that the writer can move on and the file be recycled meanwhile.
     journal_sync_open_delay_ms: AtomicU64,
+    /// Ranges of the data file written back (offset, length), in order.
+    data_write_backs: std::sync::Mutex<Vec<(u64, u64)>>,
 }
 
 struct FaultyVfs {
@@ -84,6 +87,13 @@ impl VfsFile for FaultyFile {
     }
     fn map(&self, len: u64) -> io::Result<Box<dyn MappedRegion>> {
         self.inner.map(len)
+    }
+    fn write_back(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.path.ends_with(kiln_storage::DATA_FILE) {
+            let mut seen = self.switches.data_write_backs.lock().unwrap();
+            seen.push((offset, len));
+        }
+        self.inner.write_back(offset, len)
     }
 }
 
@@ -359,4 +369,52 @@ fn a_journal_file_recycled_under_the_buffered_sync_is_not_a_failure() {
     sw.journal_sync_open_delay_ms.store(0, SeqCst);
     let env = Env::open(dir.path(), o).unwrap();
     assert_eq!(env.begin_read().unwrap().tree_len("t").unwrap(), 300);
+}
+
+/// The flusher hands write-back to the disk a few MiB at a time, each waited for:
+/// a whole window at once (up to 128 MiB) made every durable journal write behind
+/// it wait for all of it (a cache flush waits for every write in flight).
+#[test]
+fn write_back_goes_to_the_disk_in_chunks_of_at_most_4_mib() {
+    let dir = tempfile::tempdir().unwrap();
+    let switches = Arc::new(Switches::default());
+    let env = Env::open(
+        dir.path(),
+        Options {
+            write_back_window_bytes: 16 << 20,
+            ..opts(&switches)
+        },
+    )
+    .unwrap();
+    // 8 KiB values skip the write buffer: each puts an overflow run in the tree.
+    let value = vec![0x5a_u8; 8 << 10];
+    for batch in 0..40 {
+        let mut w = env.begin_write().unwrap();
+        if batch == 0 {
+            w.create_tree("t").unwrap();
+        }
+        for i in 0..100 {
+            w.put("t", format!("k{batch:03}-{i:03}").as_bytes(), &value)
+                .unwrap();
+        }
+        w.commit().unwrap();
+    }
+    env.sync().unwrap();
+    let seen = switches.data_write_backs.lock().unwrap().clone();
+    let total: u64 = seen.iter().map(|&(_, len)| len).sum();
+    assert!(
+        total >= 24 << 20,
+        "the ~32 MiB written were written back: {total} bytes in {} calls",
+        seen.len()
+    );
+    for &(offset, len) in &seen {
+        assert!(
+            len <= 4 << 20,
+            "write-back of {len} bytes at {offset} in one piece"
+        );
+    }
+    drop(env);
+    let env = Env::open(dir.path(), opts(&switches)).unwrap();
+    let r = env.begin_read().unwrap();
+    assert_eq!(r.get("t", b"k039-099").unwrap(), Some(&value[..]));
 }

@@ -46,9 +46,11 @@ pub trait VfsFile: Send + Sync {
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Maps the first `len` bytes read-only.
     fn map(&self, len: u64) -> io::Result<Box<dyn MappedRegion>>;
-    /// Asks the OS to start writing `[offset, offset+len)` to disk without waiting
-    /// (a hint that spreads write-back over time; durability still needs a sync).
-    fn start_writeback(&self, _offset: u64, _len: u64) -> io::Result<()> {
+    /// Writes `[offset, offset+len)` of the page cache to the disk and waits for it,
+    /// without a cache flush (durability still needs a sync). A way to spread
+    /// write-back over time and bound what is in flight at once; no-op where there
+    /// is no page cache.
+    fn write_back(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
 }

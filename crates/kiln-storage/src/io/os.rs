@@ -65,13 +65,20 @@ impl VfsFile for OsFile {
         }
         Err(err)
     }
-    fn start_writeback(&self, offset: u64, len: u64) -> io::Result<()> {
+    fn write_back(&self, offset: u64, len: u64) -> io::Result<()> {
         let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
             return Ok(());
         };
         // SAFETY: plain syscall on an owned, open descriptor.
         let rc = unsafe {
-            libc::sync_file_range(self.file.as_raw_fd(), off, l, libc::SYNC_FILE_RANGE_WRITE)
+            libc::sync_file_range(
+                self.file.as_raw_fd(),
+                off,
+                l,
+                libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                    | libc::SYNC_FILE_RANGE_WRITE
+                    | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+            )
         };
         if rc == 0 {
             Ok(())
