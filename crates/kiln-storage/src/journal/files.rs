@@ -175,36 +175,12 @@ impl JournalFiles {
     /// random fill (README, "Round 2, fifth pass"). Direct writes of a MiB keep at
     /// most that much in flight, and leave the page cache alone.
     fn zero_fill(&self, file: &dyn VfsFile, tmp: &Path, len: u64) -> Result<()> {
-        const CHUNK_PAGES: usize = (1 << 20) / crate::page::PAGE_SIZE;
-        let zeros = crate::page::PageRun::zeroed(CHUNK_PAGES);
-        let zeros = zeros.bytes();
         let direct_mode = OpenMode {
             write: true,
             direct: true,
             ..Default::default()
         };
-        let mut direct = self.vfs.open(tmp, direct_mode).ok();
-        let mut off = 0;
-        while off < len {
-            let n = zeros.len().min((len - off) as usize);
-            let chunk = zeros.get(..n).unwrap_or(zeros);
-            // The tail of an unaligned length goes through the buffered handle.
-            if let Some(d) = direct.as_ref().filter(|_| n % DIRECT_IO_ALIGN == 0) {
-                match d.write_all_at(chunk, off) {
-                    Ok(()) => {
-                        off += n as u64;
-                        continue;
-                    }
-                    // Took O_DIRECT at open but refuses the write: buffered from here.
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => direct = None,
-                    Err(e) => return Err(Error::io(tmp, Some(off), "zero-fill journal file", e)),
-                }
-            }
-            file.write_all_at(chunk, off)
-                .map_err(|e| Error::io(tmp, Some(off), "zero-fill journal file", e))?;
-            off += n as u64;
-        }
-        Ok(())
+        write_zeros(file, self.vfs.open(tmp, direct_mode).ok(), tmp, len)
     }
 
     /// Makes sure journal file `seq` exists (prepared, recycled or created now) with
@@ -284,6 +260,40 @@ impl JournalFiles {
     }
 }
 
+/// Writes zeros over `[0, len)` of `tmp`, a MiB at a time, through `direct` (an
+/// O_DIRECT handle) while it takes them, else through `file`.
+fn write_zeros(
+    file: &dyn VfsFile,
+    mut direct: Option<Box<dyn VfsFile>>,
+    tmp: &Path,
+    len: u64,
+) -> Result<()> {
+    const CHUNK_PAGES: usize = (1 << 20) / crate::page::PAGE_SIZE;
+    let zeros = crate::page::PageRun::zeroed(CHUNK_PAGES);
+    let zeros = zeros.bytes();
+    let mut off = 0;
+    while off < len {
+        let n = zeros.len().min((len - off) as usize);
+        let chunk = zeros.get(..n).unwrap_or(zeros);
+        // The tail of an unaligned length goes through the buffered handle.
+        if let Some(d) = direct.as_ref().filter(|_| n % DIRECT_IO_ALIGN == 0) {
+            match d.write_all_at(chunk, off) {
+                Ok(()) => {
+                    off += n as u64;
+                    continue;
+                }
+                // Took O_DIRECT at open but refuses the write: buffered from here.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => direct = None,
+                Err(e) => return Err(Error::io(tmp, Some(off), "zero-fill journal file", e)),
+            }
+        }
+        file.write_all_at(chunk, off)
+            .map_err(|e| Error::io(tmp, Some(off), "zero-fill journal file", e))?;
+        off += n as u64;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,40 +333,85 @@ mod tests {
         resident.iter().filter(|&&b| b & 1 != 0).count()
     }
 
+    /// Whether `dir`'s file system takes an O_DIRECT write (probed in a subdirectory
+    /// of its own: the journal directory must hold journal files only).
+    fn direct_io_works_in(dir: &Path) -> bool {
+        let probe_dir = dir.join("probe");
+        std::fs::create_dir(&probe_dir).expect("mkdir");
+        let mode = OpenMode {
+            create: true,
+            write: true,
+            direct: true,
+            ..Default::default()
+        };
+        let block = crate::page::PageRun::zeroed(1);
+        let works = OsVfs
+            .open(&probe_dir.join("probe"), mode)
+            .is_ok_and(|f| f.write_all_at(block.bytes(), 0).is_ok());
+        std::fs::remove_dir_all(&probe_dir).expect("rm probe");
+        works
+    }
+
     #[test]
     fn a_new_file_is_zero_filled_through_o_direct_where_the_file_system_takes_it() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let journal_dir = dir.path().join("journal");
-        std::fs::create_dir(&journal_dir).expect("mkdir");
-        let probe = OsVfs.open(
-            &dir.path().join("probe"),
-            OpenMode {
-                create: true,
-                write: true,
-                direct: true,
-                ..Default::default()
-            },
-        );
-        let block = crate::page::PageRun::zeroed(1);
-        if !probe.is_ok_and(|f| f.write_all_at(block.bytes(), 0).is_ok()) {
+        if !direct_io_works_in(dir.path()) {
             eprintln!("skipped: the temporary directory's file system refuses O_DIRECT");
             return;
         }
-        let path = create_one(&journal_dir);
+        let path = create_one(dir.path());
         // Buffered zeros would all be in the page cache after the fsync.
         assert_eq!(cached_pages(&path), 0, "zeros went through the page cache");
     }
 
-    /// tmpfs refuses O_DIRECT at open: the zeros are then written buffered.
-    #[test]
-    fn a_file_system_without_o_direct_still_gets_its_file() {
-        let shm = Path::new("/dev/shm");
-        if !shm.is_dir() {
-            eprintln!("skipped: no /dev/shm");
-            return;
+    /// A handle that took O_DIRECT at open and refuses every write with EINVAL, as
+    /// some file systems do.
+    struct RefusesWrites;
+
+    impl VfsFile for RefusesWrites {
+        fn read_exact_at(&self, _: &mut [u8], _: u64) -> std::io::Result<()> {
+            Err(std::io::ErrorKind::Unsupported.into())
         }
-        let dir = tempfile::tempdir_in(shm).expect("tempdir in /dev/shm");
-        let path = create_one(dir.path());
-        assert_eq!(cached_pages(&path), 3 << 20 >> 12, "tmpfs holds every page");
+        fn write_all_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::from_raw_os_error(libc::EINVAL))
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn sync_all(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            Ok(0)
+        }
+        fn set_len(&self, _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn allocate(&self, _: u64, _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn map(&self, _: u64) -> std::io::Result<Box<dyn crate::io::MappedRegion>> {
+            Err(std::io::ErrorKind::Unsupported.into())
+        }
+    }
+
+    #[test]
+    fn zeros_refused_by_the_direct_handle_go_through_the_buffered_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal-0000000000000001.tmp");
+        let mode = OpenMode {
+            create: true,
+            write: true,
+            ..Default::default()
+        };
+        let file = OsVfs.open(&path, mode).expect("create");
+        write_zeros(file.as_ref(), Some(Box::new(RefusesWrites)), &path, 3 << 20)
+            .expect("zero-fill falls back");
+        assert_eq!(std::fs::metadata(&path).expect("stat").len(), 3 << 20);
+        assert_eq!(
+            cached_pages(&path),
+            3 << 20 >> 12,
+            "every page written buffered"
+        );
     }
 }
