@@ -10,11 +10,11 @@
 mod common;
 
 use common::{client, expect_error, Harness};
-use kiln_storage::io::{MappedRegion, OpenMode, OsVfs, Vfs, VfsFile};
+use kiln_storage::io::{ForwardFile, ForwardVfs, OpenMode, OsVfs, Vfs, VfsFile};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
@@ -161,9 +161,9 @@ struct FailingFile {
     error: Arc<AtomicU64>,
 }
 
-impl VfsFile for FailingFile {
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_exact_at(buf, offset)
+impl ForwardFile for FailingFile {
+    fn inner(&self) -> &dyn VfsFile {
+        self.inner.as_ref()
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let code = self.error.load(SeqCst) as i32;
@@ -172,27 +172,12 @@ impl VfsFile for FailingFile {
         }
         self.inner.write_all_at(buf, offset)
     }
-    fn sync_data(&self) -> io::Result<()> {
-        self.inner.sync_data()
-    }
-    fn sync_all(&self) -> io::Result<()> {
-        self.inner.sync_all()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.inner.allocate(offset, len)
-    }
-    fn map(&self, len: u64) -> io::Result<Box<dyn MappedRegion>> {
-        self.inner.map(len)
-    }
 }
 
-impl Vfs for FailingJournal {
+impl ForwardVfs for FailingJournal {
+    fn inner(&self) -> &dyn Vfs {
+        &OsVfs
+    }
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         Ok(Box::new(FailingFile {
@@ -200,27 +185,6 @@ impl Vfs for FailingJournal {
             journal: name.starts_with("journal-") && name.ends_with(".log"),
             error: self.error.clone(),
         }))
-    }
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        OsVfs.create_dir_all(path)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        OsVfs.sync_dir(dir)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        OsVfs.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        OsVfs.remove_file(path)
-    }
-    fn exists(&self, path: &Path) -> bool {
-        OsVfs.exists(path)
-    }
-    fn list_dir(&self, dir: &Path) -> io::Result<Vec<(PathBuf, bool)>> {
-        OsVfs.list_dir(dir)
-    }
-    fn lock_exclusive(&self, path: &Path) -> io::Result<Box<dyn Send + Sync>> {
-        OsVfs.lock_exclusive(path)
     }
 }
 

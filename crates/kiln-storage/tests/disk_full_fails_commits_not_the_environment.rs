@@ -7,7 +7,7 @@
 //! A failed journal write or data-file fsync still latches, and the latch keeps the
 //! failure's kind (disk full or I/O error) and its file.
 
-use kiln_storage::io::{MappedRegion, OpenMode, OsVfs, Vfs, VfsFile};
+use kiln_storage::io::{ForwardFile, ForwardVfs, OpenMode, OsVfs, Vfs, VfsFile};
 use kiln_storage::{Env, Error, FailureKind, Options};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -58,9 +58,9 @@ impl FaultyFile {
     }
 }
 
-impl VfsFile for FaultyFile {
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_exact_at(buf, offset)
+impl ForwardFile for FaultyFile {
+    fn inner(&self) -> &dyn VfsFile {
+        self.inner.as_ref()
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let code = self.switches.journal_write_error.load(SeqCst) as i32;
@@ -79,15 +79,6 @@ impl VfsFile for FaultyFile {
         }
         self.inner.sync_data()
     }
-    fn sync_all(&self) -> io::Result<()> {
-        self.inner.sync_all()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
         if is_data(&self.path) && self.switches.full_for_data_growth.load(SeqCst) {
             return self.fail(libc::ENOSPC);
@@ -97,12 +88,12 @@ impl VfsFile for FaultyFile {
         }
         self.inner.allocate(offset, len)
     }
-    fn map(&self, len: u64) -> io::Result<Box<dyn MappedRegion>> {
-        self.inner.map(len)
-    }
 }
 
-impl Vfs for FaultyVfs {
+impl ForwardVfs for FaultyVfs {
+    fn inner(&self) -> &dyn Vfs {
+        &OsVfs
+    }
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>> {
         let inner = OsVfs.open(path, mode)?;
         Ok(Box::new(FaultyFile {
@@ -110,27 +101,6 @@ impl Vfs for FaultyVfs {
             path: path.to_path_buf(),
             switches: self.switches.clone(),
         }))
-    }
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        OsVfs.create_dir_all(path)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        OsVfs.sync_dir(dir)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        OsVfs.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        OsVfs.remove_file(path)
-    }
-    fn exists(&self, path: &Path) -> bool {
-        OsVfs.exists(path)
-    }
-    fn list_dir(&self, dir: &Path) -> io::Result<Vec<(PathBuf, bool)>> {
-        OsVfs.list_dir(dir)
-    }
-    fn lock_exclusive(&self, path: &Path) -> io::Result<Box<dyn Send + Sync>> {
-        OsVfs.lock_exclusive(path)
     }
 }
 

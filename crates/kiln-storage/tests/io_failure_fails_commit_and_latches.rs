@@ -4,7 +4,7 @@
 //! data file must not stretch buffered durability's journal-sync interval; write-back
 //! reaches the disk in bounded chunks.
 
-use kiln_storage::io::{MappedRegion, OpenMode, OsVfs, Vfs, VfsFile};
+use kiln_storage::io::{ForwardFile, ForwardVfs, OpenMode, OsVfs, Vfs, VfsFile};
 use kiln_storage::{Env, Error, Options};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -46,9 +46,9 @@ fn is_journal(p: &Path) -> bool {
         .is_some_and(|n| n.starts_with("journal-") && n.ends_with(".log"))
 }
 
-impl VfsFile for FaultyFile {
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_exact_at(buf, offset)
+impl ForwardFile for FaultyFile {
+    fn inner(&self) -> &dyn VfsFile {
+        self.inner.as_ref()
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         if is_journal(&self.path) && self.switches.fail_journal_writes.load(SeqCst) {
@@ -73,21 +73,6 @@ impl VfsFile for FaultyFile {
         }
         self.inner.sync_data()
     }
-    fn sync_all(&self) -> io::Result<()> {
-        self.inner.sync_all()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.inner.allocate(offset, len)
-    }
-    fn map(&self, len: u64) -> io::Result<Box<dyn MappedRegion>> {
-        self.inner.map(len)
-    }
     fn write_back(&self, offset: u64, len: u64) -> io::Result<()> {
         if self.path.ends_with(kiln_storage::DATA_FILE) {
             let mut seen = self.switches.data_write_backs.lock().unwrap();
@@ -97,7 +82,10 @@ impl VfsFile for FaultyFile {
     }
 }
 
-impl Vfs for FaultyVfs {
+impl ForwardVfs for FaultyVfs {
+    fn inner(&self) -> &dyn Vfs {
+        &self.inner
+    }
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>> {
         let delay_ms = self.switches.journal_sync_open_delay_ms.load(SeqCst);
         if delay_ms > 0
@@ -112,27 +100,6 @@ impl Vfs for FaultyVfs {
             path: path.to_path_buf(),
             switches: self.switches.clone(),
         }))
-    }
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.inner.create_dir_all(path)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.inner.sync_dir(dir)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_file(path)
-    }
-    fn exists(&self, path: &Path) -> bool {
-        self.inner.exists(path)
-    }
-    fn list_dir(&self, dir: &Path) -> io::Result<Vec<(PathBuf, bool)>> {
-        self.inner.list_dir(dir)
-    }
-    fn lock_exclusive(&self, path: &Path) -> io::Result<Box<dyn Send + Sync>> {
-        self.inner.lock_exclusive(path)
     }
 }
 

@@ -4,8 +4,10 @@
 //!
 //! Errors here are plain `std::io::Error`; the caller adds the path and offset.
 
+mod forward;
 mod os;
 
+pub use forward::{ForwardFile, ForwardVfs};
 pub use os::OsVfs;
 
 use std::io;
