@@ -49,6 +49,9 @@ pub trait ForwardFile: Send + Sync {
     fn write_back(&self, offset: u64, len: u64) -> io::Result<()> {
         self.inner().write_back(offset, len)
     }
+    fn wait_written_back(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner().wait_written_back(offset, len)
+    }
 }
 
 impl<T: ForwardFile> VfsFile for T {
@@ -78,6 +81,9 @@ impl<T: ForwardFile> VfsFile for T {
     }
     fn write_back(&self, offset: u64, len: u64) -> io::Result<()> {
         ForwardFile::write_back(self, offset, len)
+    }
+    fn wait_written_back(&self, offset: u64, len: u64) -> io::Result<()> {
+        ForwardFile::wait_written_back(self, offset, len)
     }
 }
 

@@ -48,11 +48,15 @@ pub trait VfsFile: Send + Sync {
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Maps the first `len` bytes read-only.
     fn map(&self, len: u64) -> io::Result<Box<dyn MappedRegion>>;
-    /// Writes `[offset, offset+len)` of the page cache to the disk and waits for it,
-    /// without a cache flush (durability still needs a sync). A way to spread
-    /// write-back over time and bound what is in flight at once; no-op where there
-    /// is no page cache.
+    /// Starts writing `[offset, offset+len)` of the page cache to the disk, without
+    /// a cache flush (durability still needs a sync); no-op where there is no page
+    /// cache. With `wait_written_back`, a way to spread write-back over time and
+    /// bound what is in flight at once.
     fn write_back(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
+    /// Waits until the write-back of `[offset, offset+len)` started earlier is done.
+    fn wait_written_back(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
 }

@@ -22,6 +22,21 @@ impl MappedRegion for OsMap {
     }
 }
 
+impl OsFile {
+    fn sync_file_range(&self, offset: u64, len: u64, flags: libc::c_uint) -> io::Result<()> {
+        let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Ok(());
+        };
+        // SAFETY: plain syscall on an owned, open descriptor.
+        let rc = unsafe { libc::sync_file_range(self.file.as_raw_fd(), off, l, flags) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
 impl VfsFile for OsFile {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.file.read_exact_at(buf, offset)
@@ -66,25 +81,10 @@ impl VfsFile for OsFile {
         Err(err)
     }
     fn write_back(&self, offset: u64, len: u64) -> io::Result<()> {
-        let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
-            return Ok(());
-        };
-        // SAFETY: plain syscall on an owned, open descriptor.
-        let rc = unsafe {
-            libc::sync_file_range(
-                self.file.as_raw_fd(),
-                off,
-                l,
-                libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                    | libc::SYNC_FILE_RANGE_WRITE
-                    | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        self.sync_file_range(offset, len, libc::SYNC_FILE_RANGE_WRITE)
+    }
+    fn wait_written_back(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.sync_file_range(offset, len, libc::SYNC_FILE_RANGE_WAIT_BEFORE)
     }
     fn map(&self, len: u64) -> io::Result<Box<dyn MappedRegion>> {
         let len = usize::try_from(len)
