@@ -25,8 +25,9 @@ struct Switches {
     /// Buffered mode's sync thread pauses this long before opening a journal file,
     /// so that the writer can move on and the file be recycled meanwhile.
     journal_sync_open_delay_ms: AtomicU64,
-    /// Ranges of the data file written back (offset, length), in order.
-    data_write_backs: std::sync::Mutex<Vec<(u64, u64)>>,
+    /// Write-back of the data file, in order: started (true) or waited for (false),
+    /// with the range (offset, length).
+    data_write_backs: std::sync::Mutex<Vec<(bool, u64, u64)>>,
 }
 
 struct FaultyVfs {
@@ -74,11 +75,21 @@ impl ForwardFile for FaultyFile {
         self.inner.sync_data()
     }
     fn write_back(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.note_write_back(true, offset, len);
+        self.inner.write_back(offset, len)
+    }
+    fn wait_written_back(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.note_write_back(false, offset, len);
+        self.inner.wait_written_back(offset, len)
+    }
+}
+
+impl FaultyFile {
+    fn note_write_back(&self, started: bool, offset: u64, len: u64) {
         if self.path.ends_with(kiln_storage::DATA_FILE) {
             let mut seen = self.switches.data_write_backs.lock().unwrap();
-            seen.push((offset, len));
+            seen.push((started, offset, len));
         }
-        self.inner.write_back(offset, len)
     }
 }
 
@@ -338,9 +349,10 @@ fn a_journal_file_recycled_under_the_buffered_sync_is_not_a_failure() {
     assert_eq!(env.begin_read().unwrap().tree_len("t").unwrap(), 300);
 }
 
-/// The flusher hands write-back to the disk a few MiB at a time, each waited for:
-/// a whole window at once (up to 128 MiB) made every durable journal write behind
-/// it wait for all of it (a cache flush waits for every write in flight).
+/// The flusher hands write-back to the disk 4 MiB at a time, with at most two pieces
+/// under way: a whole window at once (up to 128 MiB) made every durable journal
+/// write behind it wait for all of it (a cache flush waits for every write in
+/// flight).
 #[test]
 fn write_back_goes_to_the_disk_in_chunks_of_at_most_4_mib() {
     let dir = tempfile::tempdir().unwrap();
@@ -368,18 +380,38 @@ fn write_back_goes_to_the_disk_in_chunks_of_at_most_4_mib() {
     }
     env.sync().unwrap();
     let seen = switches.data_write_backs.lock().unwrap().clone();
-    let total: u64 = seen.iter().map(|&(_, len)| len).sum();
+    let started: Vec<(u64, u64)> = seen
+        .iter()
+        .filter(|&&(start, ..)| start)
+        .map(|&(_, offset, len)| (offset, len))
+        .collect();
+    let total: u64 = started.iter().map(|&(_, len)| len).sum();
     assert!(
         total >= 24 << 20,
         "the ~32 MiB written were written back: {total} bytes in {} calls",
-        seen.len()
+        started.len()
     );
-    for &(offset, len) in &seen {
+    for &(offset, len) in &started {
         assert!(
             len <= 4 << 20,
             "write-back of {len} bytes at {offset} in one piece"
         );
     }
+    // Every piece started is waited for, and never more than two are under way.
+    let mut under_way: Vec<(u64, u64)> = Vec::new();
+    for &(start, offset, len) in &seen {
+        if start {
+            assert!(under_way.len() < 2, "a third piece started at {offset}");
+            under_way.push((offset, len));
+        } else {
+            let i = under_way.iter().position(|&r| r == (offset, len));
+            under_way.remove(i.expect("waits only for a piece it started"));
+        }
+    }
+    assert!(
+        under_way.is_empty(),
+        "pieces never waited for: {under_way:?}"
+    );
     drop(env);
     let env = Env::open(dir.path(), opts(&switches)).unwrap();
     let r = env.begin_read().unwrap();
