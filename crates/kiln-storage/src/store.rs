@@ -38,6 +38,25 @@ impl MapGen {
             w.fetch_or(1 << (no % 64), Ordering::Relaxed);
         }
     }
+
+    /// Notes what a write of `run` at `no` by this process left on disk.
+    fn note_written(&self, no: PageNo, run: &PageRun) {
+        if run.is_bare() {
+            self.clear_verified(no..no + run.page_count() as u64);
+        } else {
+            self.set_verified(no);
+        }
+    }
+
+    /// Pages of a bare run are value bytes, never a verified page: should anything
+    /// read one of them as a page, its header and checksum get checked.
+    fn clear_verified(&self, pages: std::ops::Range<PageNo>) {
+        for no in pages {
+            if let Some(w) = self.verified.get((no / 64) as usize) {
+                w.fetch_and(!(1 << (no % 64)), Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// Keeps alive what a transaction has borrowed slices from: page runs taken from the
@@ -174,6 +193,42 @@ impl PageStore {
         self.page_from_map(no, map)
     }
 
+    /// Returns the `pages` pages of the bare run at `no` (see `page::VALUE_BARE_RUN`),
+    /// unverified: a bare run has no header, and its checksum is in the leaf cell
+    /// that points here, which the caller checks.
+    pub fn bare_run<'a>(&self, no: PageNo, pages: u64, pins: &'a Pins) -> Result<&'a [u8]> {
+        if self.unflushed_count.load(Ordering::Acquire) != 0 {
+            if let Some(run) = self.unflushed.read().get(&no) {
+                return Ok(pins.pin_run(run.clone()));
+            }
+        }
+        let in_map = |map: &'a MapGen| -> Result<&'a [u8]> {
+            let end = no
+                .checked_add(pages)
+                .filter(|&end| no >= page::FIRST_DATA_PAGE && end <= map.pages);
+            let range = end.and_then(|end| {
+                let (start, end) = (usize::try_from(no).ok()?, usize::try_from(end).ok()?);
+                map.region.bytes().get(start * PAGE_SIZE..end * PAGE_SIZE)
+            });
+            range.ok_or_else(|| {
+                Error::corrupted(
+                    &self.path,
+                    format!("page {no}"),
+                    format!(
+                        "bare run of {pages} pages at page {no} lies outside the data file's {} pages",
+                        map.pages
+                    ),
+                )
+            })
+        };
+        if let Some(map) = pins.pinned_map_covering(no) {
+            if let Ok(run) = in_map(map) {
+                return Ok(run);
+            }
+        }
+        in_map(pins.pin_map(&self.map.read()))
+    }
+
     fn page_from_map<'a>(&self, no: PageNo, map: &'a MapGen) -> Result<&'a [u8]> {
         if no < page::FIRST_DATA_PAGE || no >= map.pages {
             return Err(Error::corrupted(
@@ -257,7 +312,7 @@ impl PageStore {
         self.file
             .write_all_at(run.bytes(), offset)
             .map_err(|e| Error::io(&self.path, Some(offset), "write data page", e))?;
-        self.map.read().set_verified(no);
+        self.map.read().note_written(no, run);
         let mut table = self.unflushed.write();
         if table.get(&no).is_some_and(|cur| Arc::ptr_eq(cur, run)) {
             table.remove(&no);
@@ -267,13 +322,14 @@ impl PageStore {
     }
 
     /// Writes raw page bytes during recovery (no table involved).
-    pub fn write_raw(&self, no: PageNo, bytes: &[u8]) -> Result<()> {
-        self.ensure_mapped(no + bytes.len().div_ceil(PAGE_SIZE) as u64)?;
+    pub fn write_raw(&self, no: PageNo, run: &PageRun) -> Result<()> {
+        let end_page = no + run.page_count() as u64;
+        self.ensure_mapped(end_page)?;
         let offset = no * PAGE_SIZE as u64;
         self.file
-            .write_all_at(bytes, offset)
+            .write_all_at(run.bytes(), offset)
             .map_err(|e| Error::io(&self.path, Some(offset), "write data page", e))?;
-        self.map.read().set_verified(no);
+        self.map.read().note_written(no, run);
         Ok(())
     }
 

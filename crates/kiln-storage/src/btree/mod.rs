@@ -15,6 +15,9 @@ pub const MAX_DEPTH: usize = 48;
 /// Something that can produce the bytes of a page visible to a transaction.
 pub trait PageSource {
     fn page(&self, no: PageNo) -> Result<&[u8]>;
+    /// The `pages` pages of the bare run at `no`, unverified (the caller checks the
+    /// value's checksum from its leaf cell).
+    fn bare_run(&self, no: PageNo, pages: u64) -> Result<&[u8]>;
     fn data_path(&self) -> &Path;
 }
 
@@ -63,6 +66,30 @@ pub(crate) fn value_bytes<'a, S: PageSource + ?Sized>(
                         format!("overflow run shorter than its value of {len} bytes"),
                     )
                 })
+        }
+        LeafValue::BareRun {
+            start,
+            len,
+            checksum,
+        } => {
+            let bad =
+                |what: String| Error::corrupted(src.data_path(), format!("page {start}"), what);
+            let len = usize::try_from(len)
+                .ok()
+                .filter(|&l| l <= page::MAX_VALUE_SIZE)
+                .ok_or_else(|| bad(format!("bare run claims a value of {len} bytes")))?;
+            let pages = page::bare_run_pages(len) as u64;
+            let value = src
+                .bare_run(start, pages)?
+                .get(..len)
+                .ok_or_else(|| bad(format!("bare run shorter than its value of {len} bytes")))?;
+            let actual = page::bare_run_checksum(start, value);
+            if actual != checksum {
+                return Err(bad(format!(
+                    "bare run of a {len}-byte value: checksum mismatch: the leaf cell says {checksum:#010x}, the bytes give {actual:#010x}"
+                )));
+            }
+            Ok(value)
         }
     }
 }

@@ -28,10 +28,8 @@ fn cell_key_of(kind: u8, cell: &[u8]) -> &[u8] {
     let len = page::read_u16(cell, 0) as usize;
     let start = if kind == KIND_BRANCH {
         page::BRANCH_CELL_FIXED
-    } else if cell[2] == page::VALUE_OVERFLOW {
-        page::LEAF_CELL_FIXED + page::OVERFLOW_REF_SIZE
     } else {
-        page::LEAF_CELL_FIXED
+        page::LEAF_CELL_FIXED + page::value_ref_size(cell[2])
     };
     &cell[start..start + len]
 }
@@ -88,28 +86,50 @@ impl WriteTxn<'_> {
         if page::LEAF_CELL_FIXED + key.len() + value.len() <= page::MAX_INLINE_CELL {
             return page::encode_leaf_cell(key, value);
         }
-        let n = page::overflow_run_pages(value.len());
-        let start = self.take_pages(n as u64);
-        let mut run = PageRun::scratch(n);
-        page::init_overflow(run.bytes_mut(), value);
-        self.insert_dirty(start, run);
-        page::encode_overflow_cell(key, start, value.len())
+        let start = self.take_pages(page::bare_run_pages(value.len()) as u64);
+        self.insert_dirty(start, PageRun::bare_value(value));
+        page::encode_bare_run_cell(
+            key,
+            start,
+            value.len(),
+            page::bare_run_checksum(start, value),
+        )
     }
 
     /// Frees the overflow run a leaf cell points to, if any.
     fn free_value(&mut self, leaf: PageNo, i: usize) -> Result<()> {
         let p = node(&*self, leaf)?;
-        if let LeafValue::Overflow { start, .. } = page::leaf_value(p, i) {
-            let run = self.page(start)?;
-            if hdr::kind(run) != page::KIND_OVERFLOW {
-                return Err(super::corrupt(
-                    &*self,
-                    start,
-                    "leaf points to a page that is not an overflow run",
-                ));
+        let run = match page::leaf_value(p, i) {
+            LeafValue::Inline(_) => None,
+            // The cell alone says how long a bare run is: no need to read it.
+            LeafValue::BareRun { start, len, .. } => {
+                let pages = usize::try_from(len)
+                    .ok()
+                    .filter(|&l| l <= page::MAX_VALUE_SIZE)
+                    .map(page::bare_run_pages)
+                    .ok_or_else(|| {
+                        super::corrupt(
+                            &*self,
+                            leaf,
+                            format!("a leaf cell claims a value of {len} bytes"),
+                        )
+                    })?;
+                Some((start, pages as u64))
             }
-            let n = hdr::run_pages(run) as u64;
-            self.free_pages(start, n);
+            LeafValue::Overflow { start, .. } => {
+                let run = self.page(start)?;
+                if hdr::kind(run) != page::KIND_OVERFLOW {
+                    return Err(super::corrupt(
+                        &*self,
+                        start,
+                        "leaf points to a page that is not an overflow run",
+                    ));
+                }
+                Some((start, hdr::run_pages(run) as u64))
+            }
+        };
+        if let Some((start, pages)) = run {
+            self.free_pages(start, pages);
         }
         Ok(())
     }

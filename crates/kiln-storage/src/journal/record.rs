@@ -65,6 +65,9 @@ const DIFF_HEADER: usize = 12;
 const RUN_HEADER: usize = 4;
 const FORM_FULL: u32 = 0;
 const FORM_DIFF: u32 = 1;
+/// A full image of a bare run (`page::VALUE_BARE_RUN`): laid out as `FORM_FULL`, but
+/// replay must not verify it as a page, since it has no header.
+const FORM_BARE: u32 = 2;
 /// Equal stretches shorter than this do not split a diff run (a run header costs 4).
 const DIFF_MERGE_GAP: usize = 8;
 /// The largest run a record may describe (a value of the maximum size).
@@ -122,6 +125,9 @@ pub struct JournalPage<'a> {
 #[allow(clippy::indexing_slicing)]
 fn image_parts(run: &PageRun) -> (&[u8], &[u8]) {
     let bytes = run.bytes();
+    if run.is_bare() {
+        return (&bytes[..page::bare_image_len(bytes)], &[]);
+    }
     let (head, tail) = page::image_extent(bytes);
     (&bytes[..head], &bytes[tail..])
 }
@@ -204,7 +210,7 @@ impl Form<'_> {
 fn choose_form<'a>(p: &'a JournalPage<'a>) -> Form<'a> {
     let (head, tail) = image_parts(p.run);
     let full = Form::Full { head, tail };
-    let Some((source, old)) = p.source else {
+    let Some((source, old)) = p.source.filter(|_| !p.run.is_bare()) else {
         return full;
     };
     let new = p.run.bytes();
@@ -283,7 +289,15 @@ pub(crate) fn encode(
         write_u32(b, at + 8, p.run.page_count() as u32);
         match form {
             Form::Full { head, tail } => {
-                write_u32(b, at + 12, FORM_FULL);
+                write_u32(
+                    b,
+                    at + 12,
+                    if p.run.is_bare() {
+                        FORM_BARE
+                    } else {
+                        FORM_FULL
+                    },
+                );
                 write_u32(b, at + 16, head.len() as u32);
                 write_u32(b, at + 20, tail.len() as u32);
                 at += IMAGE_HEADER + FULL_HEADER;
@@ -591,6 +605,10 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> 
         }
         let image = match form {
             FORM_FULL => decode_full(body, &mut at, i, no, run_pages)?,
+            FORM_BARE => match decode_full(body, &mut at, i, no, run_pages)? {
+                Image::Full(run) => Image::Full(run.into_bare()),
+                diff => diff,
+            },
             FORM_DIFF if run_pages == 1 => decode_diff(body, &mut at, i, no, h.page_count)?,
             other => {
                 return Err(format!(

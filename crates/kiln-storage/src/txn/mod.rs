@@ -225,6 +225,9 @@ impl PageSource for ReadTxn<'_> {
     fn page(&self, no: PageNo) -> Result<&[u8]> {
         self.env.store.page(no, &self.pins)
     }
+    fn bare_run(&self, no: PageNo, pages: u64) -> Result<&[u8]> {
+        self.env.store.bare_run(no, pages, &self.pins)
+    }
     fn data_path(&self) -> &Path {
         &self.env.store.path
     }
@@ -667,6 +670,12 @@ impl PageSource for WriteTxn<'_> {
             return Ok(run.bytes());
         }
         self.env.store.page(no, &self.pins)
+    }
+    fn bare_run(&self, no: PageNo, pages: u64) -> Result<&[u8]> {
+        if let Some(run) = self.dirty.get(&no) {
+            return Ok(run.bytes());
+        }
+        self.env.store.bare_run(no, pages, &self.pins)
     }
     fn data_path(&self) -> &Path {
         &self.env.store.path
