@@ -831,6 +831,13 @@ pub fn bare_image_len(run: &[u8]) -> usize {
     used.max(run.len().saturating_sub(PAGE_SIZE - 1))
 }
 
+/// Test hook: when set, large values are written in headered overflow runs, the
+/// format before bare runs, so that a test can build such a file and check that it
+/// stays readable. Process-wide: a test that sets it runs in a binary of its own.
+#[doc(hidden)]
+pub static WRITE_HEADERED_OVERFLOW_RUNS_FOR_TESTS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Pages of a bare run holding `value_len` bytes.
 pub fn bare_run_pages(value_len: usize) -> usize {
     value_len.div_ceil(PAGE_SIZE).max(1)

@@ -86,6 +86,14 @@ impl WriteTxn<'_> {
         if page::LEAF_CELL_FIXED + key.len() + value.len() <= page::MAX_INLINE_CELL {
             return page::encode_leaf_cell(key, value);
         }
+        if page::WRITE_HEADERED_OVERFLOW_RUNS_FOR_TESTS.load(std::sync::atomic::Ordering::Relaxed) {
+            let n = page::overflow_run_pages(value.len());
+            let start = self.take_pages(n as u64);
+            let mut run = PageRun::scratch(n);
+            page::init_overflow(run.bytes_mut(), value);
+            self.insert_dirty(start, run);
+            return page::encode_overflow_cell(key, start, value.len());
+        }
         let start = self.take_pages(page::bare_run_pages(value.len()) as u64);
         self.insert_dirty(start, PageRun::bare_value(value));
         page::encode_bare_run_cell(
