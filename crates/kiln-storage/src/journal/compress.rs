@@ -87,7 +87,17 @@ pub(crate) struct Compressor {
     /// Moving average; `UNKNOWN` until the first sample. The encoder owns the
     /// compressor (under the writer lock), so no atomic is needed here.
     compress_ps_per_byte: u64,
+    /// Records refused in a row (adaptive only), capped at `MAX_BACKOFF_SHIFT`.
+    refusals: u32,
+    /// Records still to store without even a sample.
+    skip_records: u32,
 }
+
+/// After `n` refusals in a row the next `2^n - 1` records are stored without a
+/// sample, at most 63: a stream of incompressible values (W1's random 16 KiB) paid
+/// ~1.5 us of LZ4 per commit for samples that always said no, and a stream that turns
+/// compressible is noticed within 64 records.
+const MAX_BACKOFF_SHIFT: u32 = 6;
 
 /// What the sample of a record says.
 pub(crate) enum Verdict {
@@ -103,6 +113,32 @@ impl Compressor {
             scratch: Vec::new(),
             adaptive,
             compress_ps_per_byte: UNKNOWN,
+            refusals: 0,
+            skip_records: 0,
+        }
+    }
+
+    /// Whether this record is stored without a sample (adaptive mode, backing off
+    /// after refusals; see `MAX_BACKOFF_SHIFT`). Not adaptive, every record is tried:
+    /// tests and the simulation need the same bytes whatever came before.
+    pub fn skips_this_record(&mut self) -> bool {
+        if !self.adaptive || self.skip_records == 0 {
+            return false;
+        }
+        self.skip_records -= 1;
+        true
+    }
+
+    /// Notes whether the record just tried was compressed.
+    pub fn note_outcome(&mut self, compressed: bool) {
+        if !self.adaptive {
+            return;
+        }
+        if compressed {
+            self.refusals = 0;
+        } else {
+            self.refusals = (self.refusals + 1).min(MAX_BACKOFF_SHIFT);
+            self.skip_records = (1 << self.refusals) - 1;
         }
     }
 
@@ -237,6 +273,40 @@ mod tests {
             Verdict::Compress
         ));
         assert!(!fixed.hopeless(&fast));
+    }
+
+    #[test]
+    fn refusals_in_a_row_back_off_to_one_sample_in_64_and_a_success_resets() {
+        let mut c = Compressor::new(true);
+        let mut sampled_after = |c: &mut Compressor, refusals: u32| {
+            for _ in 0..refusals {
+                assert!(!c.skips_this_record());
+                c.note_outcome(false);
+                while c.skips_this_record() {}
+            }
+        };
+        sampled_after(&mut c, 10);
+        // Ten refusals in: 63 records skipped, then a sample.
+        c.note_outcome(false);
+        let skipped = std::iter::from_fn(|| c.skips_this_record().then_some(())).count();
+        assert_eq!(skipped, 63);
+        c.note_outcome(true);
+        assert!(
+            !c.skips_this_record(),
+            "a compressed record resets the backoff"
+        );
+        c.note_outcome(false);
+        assert!(c.skips_this_record());
+        assert!(!c.skips_this_record(), "one refusal skips one record");
+
+        let mut fixed = Compressor::new(false);
+        for _ in 0..100 {
+            fixed.note_outcome(false);
+            assert!(
+                !fixed.skips_this_record(),
+                "not adaptive: every record is tried"
+            );
+        }
     }
 
     #[test]

@@ -384,19 +384,25 @@ fn compress_if_worth_it(
 ) -> Option<usize> {
     const WINDOW: usize = 1024;
     const WINDOWS: usize = 4;
-    if body.len() <= WINDOW * WINDOWS {
-        let packed = compressor.compress(body)?;
-        return (packed < body.len() * 9 / 10).then_some(packed);
-    }
-    if compressor.hopeless(disk) {
+    if compressor.skips_this_record() {
         return None;
     }
-    let stride = (body.len() - WINDOW) / (WINDOWS - 1);
-    let windows = (0..WINDOWS).map(|w| &body[w * stride..w * stride + WINDOW]);
-    match compressor.judge(windows, disk) {
-        Verdict::Store => None,
-        Verdict::Compress => compressor.compress(body),
-    }
+    let packed = if body.len() <= WINDOW * WINDOWS {
+        compressor
+            .compress(body)
+            .filter(|&packed| packed < body.len() * 9 / 10)
+    } else if compressor.hopeless(disk) {
+        return None;
+    } else {
+        let stride = (body.len() - WINDOW) / (WINDOWS - 1);
+        let windows = (0..WINDOWS).map(|w| &body[w * stride..w * stride + WINDOW]);
+        match compressor.judge(windows, disk) {
+            Verdict::Store => None,
+            Verdict::Compress => compressor.compress(body),
+        }
+    };
+    compressor.note_outcome(packed.is_some());
+    packed
 }
 
 /// Parses and sanity-checks a header block. `None` if it is not a record header.
