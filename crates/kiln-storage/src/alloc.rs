@@ -20,11 +20,12 @@ pub(crate) struct Allocator {
     run_search_from: PageNo,
 }
 
-/// Free pages a search for a multi-page run looks at, at most. Scanning the whole
-/// free list cost every large value's put time in proportion to the list (5 % of
-/// W1's committing thread, whose freed leaves leave thousands of single pages); with
-/// a bound and a search that resumes where the last one stopped, the whole list is
-/// still covered over successive puts, and a put that finds nothing grows the file.
+/// Free pages a search for a run of `n` pages looks at, at most: this many, or `2n`
+/// for a longer run. Scanning the whole free list cost every large value's put time
+/// in proportion to the list (5 % of W1's committing thread, whose freed leaves leave
+/// thousands of single pages). With a bound, and a search that resumes at the start of
+/// the partial run it stopped in, the whole list is still covered over successive
+/// puts and no run is cut in two for good; a put that finds nothing grows the file.
 const MAX_RUN_SEARCH_PAGES: usize = 1024;
 
 impl Allocator {
@@ -114,27 +115,31 @@ impl Allocator {
         );
     }
 
-    /// `n` contiguous free pages, looking at no more than `MAX_RUN_SEARCH_PAGES`
-    /// free pages from where the previous search stopped (wrapping around once).
+    /// `n` contiguous free pages, looking at no more than `MAX_RUN_SEARCH_PAGES` (or
+    /// `2n`) free pages from where the previous search stopped, wrapping around once.
     fn find_run(&mut self, n: u64) -> Option<PageNo> {
         let from = self.run_search_from;
+        let window = usize::try_from(n.saturating_mul(2))
+            .unwrap_or(usize::MAX)
+            .max(MAX_RUN_SEARCH_PAGES);
         let in_order = self.free.range(from..).chain(self.free.range(..from));
-        let (mut run_start, mut run_len, mut last) = (0, 0, from);
-        for &p in in_order.take(MAX_RUN_SEARCH_PAGES) {
-            // (At the wrap-around `p` is below `last`: a new run starts.)
+        let (mut run_start, mut run_len) = (from, 0);
+        for &p in in_order.take(window) {
+            // (At the wrap-around `p` is below the run: a new run starts.)
             if run_len > 0 && p == run_start + run_len {
                 run_len += 1;
             } else {
                 run_start = p;
                 run_len = 1;
             }
-            last = p;
             if run_len == n {
                 self.run_search_from = run_start + n;
                 return Some(run_start);
             }
         }
-        self.run_search_from = last + 1;
+        // The next search starts with the run this one stopped in: it may go on past
+        // the window, or (after the wrap-around) continue into pages at `from`.
+        self.run_search_from = run_start;
         None
     }
 }
@@ -175,6 +180,27 @@ mod tests {
             a.free.iter().all(|&p| p % 2 == 0),
             "only the singles are left"
         );
+    }
+
+    #[test]
+    fn a_run_across_the_resume_point_or_longer_than_the_bound_is_found() {
+        // Free {10, 11}, the search resuming at 11: it sees 11, wraps to 10, and must
+        // not resume at 11 again, or no search would ever join them.
+        let mut a = Allocator::new(100, [10, 11, 50]);
+        a.run_search_from = 11;
+        let found = (0..3).find_map(|_| match a.take(2) {
+            (start, true) => Some(start),
+            _ => None,
+        });
+        assert_eq!(found, Some(10));
+        // A run longer than the search bound (a value of over 8 MiB freed and written
+        // again) is reused, not appended at the file's end every time.
+        let long = 3 * MAX_RUN_SEARCH_PAGES as u64;
+        let mut a = Allocator::new(
+            10 * long,
+            (5..5 + long).chain((8 * long..8 * long + 5).step_by(2)),
+        );
+        assert_eq!(a.take(long), (5, true));
     }
 
     #[test]

@@ -334,7 +334,7 @@ pub(crate) fn encode(
         if (MIN_COMPRESS_BODY..=MAX_RAW_BODY).contains(&body_len) {
             if let Some(packed_len) = compress_if_worth_it(&b[RECORD_HEADER..at], compressor, disk)
             {
-                if packed_len + DIRECT_IO_ALIGN / 4 < body_len {
+                if worth_storing_packed(packed_len, body_len) {
                     b[RECORD_HEADER..RECORD_HEADER + packed_len]
                         .copy_from_slice(&compressor.output()[..packed_len]);
                     stored = packed_len;
@@ -401,8 +401,15 @@ fn compress_if_worth_it(
             Verdict::Compress => compressor.compress(body),
         }
     };
+    let packed = packed.filter(|&p| worth_storing_packed(p, body.len()));
     compressor.note_outcome(packed.is_some());
     packed
+}
+
+/// Whether a body compressed to `packed` bytes is stored so: it must save at least a
+/// quarter of a direct-I/O block, or the record is written as it is.
+fn worth_storing_packed(packed: usize, body: usize) -> bool {
+    packed + DIRECT_IO_ALIGN / 4 < body
 }
 
 /// Parses and sanity-checks a header block. `None` if it is not a record header.
