@@ -59,6 +59,17 @@ impl MapGen {
     }
 }
 
+/// A page asked for where a bare run (value bytes, no header) starts: only a damaged
+/// pointer leads there. Pages from the data file are caught by `page::verify`; this
+/// catches runs still in memory, whose value bytes could pass for a node's header.
+pub(crate) fn bare_run_read_as_page(path: &Path, no: PageNo) -> Error {
+    Error::corrupted(
+        path,
+        format!("page {no}"),
+        format!("page {no} starts a bare value run, not a page (a damaged pointer)"),
+    )
+}
+
 /// Keeps alive what a transaction has borrowed slices from: page runs taken from the
 /// unflushed table and the map generations it read through. Slices handed out by a
 /// transaction point into these, so they stay valid for the transaction's lifetime
@@ -179,6 +190,9 @@ impl PageStore {
         // acquisitions per page visited before).
         if self.unflushed_count.load(Ordering::Acquire) != 0 {
             if let Some(run) = self.unflushed.read().get(&no) {
+                if run.is_bare() {
+                    return Err(bare_run_read_as_page(&self.path, no));
+                }
                 return Ok(pins.pin_run(run.clone()));
             }
         }

@@ -667,6 +667,12 @@ impl<'env> WriteTxn<'env> {
 impl PageSource for WriteTxn<'_> {
     fn page(&self, no: PageNo) -> Result<&[u8]> {
         if let Some(run) = self.dirty.get(&no) {
+            if run.is_bare() {
+                return Err(crate::store::bare_run_read_as_page(
+                    &self.env.store.path,
+                    no,
+                ));
+            }
             return Ok(run.bytes());
         }
         self.env.store.page(no, &self.pins)
@@ -685,5 +691,41 @@ impl PageSource for WriteTxn<'_> {
 impl Drop for WriteTxn<'_> {
     fn drop(&mut self) {
         self.rollback();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::btree::PageSource;
+    use crate::{Env, Error, Options};
+
+    /// Only a damaged pointer asks for a page where a bare run starts; the run's value
+    /// bytes could pass for a node's header, so the page read must refuse it, whether
+    /// the run is still the writer's, waiting for write-back, or in the data file.
+    #[test]
+    fn a_bare_run_is_never_read_as_a_page() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = Env::open(dir.path(), Options::default()).unwrap();
+        // Byte 4 of the value is 2, a leaf's kind: the value looks like a leaf header.
+        let value = vec![2u8; 20_000];
+        let mut w = env.begin_write().unwrap();
+        w.create_tree("t").unwrap();
+        w.put("t", b"k", &value).unwrap();
+        let start = *w
+            .dirty
+            .iter()
+            .find(|(_, run)| run.is_bare())
+            .map(|(no, _)| no)
+            .unwrap();
+        let refused = |r: crate::Result<&[u8]>| matches!(r, Err(Error::Corrupted { .. }));
+        assert!(refused(PageSource::page(&w, start)), "the writer's own run");
+        w.commit().unwrap();
+        let r = env.begin_read().unwrap();
+        assert!(refused(PageSource::page(&r, start)), "after the commit");
+        drop(r);
+        env.sync().unwrap();
+        let r = env.begin_read().unwrap();
+        assert!(refused(PageSource::page(&r, start)), "from the data file");
+        assert_eq!(r.get("t", b"k").unwrap(), Some(&value[..]));
     }
 }
