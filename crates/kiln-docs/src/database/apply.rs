@@ -17,13 +17,15 @@ use crate::changes::{change_key, encode_entry, ChangeKind, CHANGES, TOMBSTONES};
 use crate::document::PreparedDoc;
 use crate::{record, DocError, Etag, Result};
 use kiln_storage::WriteTxn;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// What a unit needs besides the transaction (moved into the unit's closure).
 pub(crate) struct Unit {
     pub incarnation: u32,
     pub limits: Limits,
+    /// The unit's time (every write of the unit carries it), taken by `stamp` when
+    /// the unit's first write is applied.
     pub now_ms: u64,
     /// `now_ms` as the RFC 3339 text documents carry, formatted once per unit.
     pub now_text: String,
@@ -38,21 +40,27 @@ pub(crate) struct Unit {
     /// True while the database has a backup chain: each write also goes to the
     /// backup history (`history.rs`). Off, it costs one load and a branch.
     pub history_on: Arc<AtomicBool>,
+    /// The database's write clock: the latest time a unit took. `None` for a replay,
+    /// whose writes keep the times they were made at.
+    clock: Option<Arc<AtomicU64>>,
+    stamped: bool,
 }
 
 impl Unit {
     pub fn new(
         incarnation: u32,
         limits: Limits,
-        now_ms: u64,
+        clock: Option<Arc<AtomicU64>>,
         tombstones_possible: Arc<AtomicBool>,
         history_on: Arc<AtomicBool>,
     ) -> Unit {
         Unit {
             incarnation,
             limits,
-            now_ms,
-            now_text: crate::document::format_rfc3339_ms(now_ms),
+            clock,
+            stamped: false,
+            now_ms: 0,
+            now_text: crate::document::format_rfc3339_ms(0),
             last_sequence: None,
             stored_sequence: 0,
             count_deltas: Vec::new(),
@@ -73,10 +81,29 @@ impl Unit {
         Unit::new(
             incarnation,
             limits,
-            0,
+            None,
             Arc::new(AtomicBool::new(true)),
             Arc::new(AtomicBool::new(false)),
         )
+    }
+
+    /// Takes the unit's time. It runs inside the commit queue's unit, under the
+    /// writer lock, where units run in transaction order; and it is never earlier
+    /// than the time the unit before took (the wall clock may step back). So times
+    /// never decrease along the transactions, and a restore to a time takes a prefix
+    /// of the history. (Taken when the unit was built, before it queued, a unit that
+    /// waited could commit after one built a millisecond later: a restore to the
+    /// later one's time then stopped short of it.)
+    fn stamp(&mut self) {
+        if self.stamped {
+            return;
+        }
+        self.stamped = true;
+        if let Some(clock) = &self.clock {
+            let now = crate::document::now_ms();
+            self.now_ms = now.max(clock.fetch_max(now, Ordering::SeqCst));
+            self.now_text = crate::document::format_rfc3339_ms(self.now_ms);
+        }
     }
 
     /// The etag the next write gets; taken by `advance` once the write is sure.
@@ -138,6 +165,7 @@ pub(super) fn apply_op(
     unit: &mut Unit,
     op: &WriteOp,
 ) -> Result<BatchOutcome> {
+    unit.stamp();
     match op {
         WriteOp::Put {
             id,
@@ -459,5 +487,48 @@ pub(crate) fn replay(txn: &mut WriteTxn<'_>, unit: &mut Unit, e: &HistoryEntry<'
                 &tombstone,
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Unit;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    fn unit(clock: &Arc<AtomicU64>) -> Unit {
+        let mut u = Unit::for_replay(1);
+        u.clock = Some(clock.clone());
+        u.tombstones_possible = Arc::new(AtomicBool::new(false));
+        u
+    }
+
+    /// Units stamp their time in transaction order, and a time never goes below the
+    /// previous unit's, even when the wall clock is behind it.
+    #[test]
+    fn a_unit_never_takes_a_time_before_the_previous_units() {
+        let clock = Arc::new(AtomicU64::new(0));
+        let (mut first, mut second) = (unit(&clock), unit(&clock));
+        first.stamp();
+        let now = first.now_ms;
+        assert!(
+            now > 0 && first.now_text.starts_with("20"),
+            "{}",
+            first.now_text
+        );
+        // A unit stamped a minute ahead (a wall clock since stepped back).
+        clock.store(now + 60_000, Ordering::SeqCst);
+        second.stamp();
+        assert_eq!(second.now_ms, now + 60_000);
+        // A unit's time is taken once, by its first write.
+        second.stamp();
+        assert_eq!(second.now_ms, now + 60_000);
+        let mut third = unit(&clock);
+        third.stamp();
+        assert!(third.now_ms >= second.now_ms);
+        // A replay keeps the times the writes were made at: no clock, no stamp.
+        let mut replay = Unit::for_replay(1);
+        replay.stamp();
+        assert_eq!(replay.now_ms, 0);
     }
 }

@@ -19,7 +19,7 @@ pub(crate) use apply::{replay, Unit as ReplayUnit};
 pub(crate) use keys::{collection_key, decode_u64, read_last_sequence, to_document};
 
 use crate::changes::{CommitNotifier, CHANGES, CONSUMERS, TOMBSTONES};
-use crate::document::{now_ms, PreparedDoc};
+use crate::document::PreparedDoc;
 use crate::id::validate_id;
 use crate::{DocError, Document, Etag, Result};
 use apply::{apply_op, Unit};
@@ -164,6 +164,8 @@ pub struct Database {
     pub(crate) notifier: CommitNotifier,
     /// False until the database has a tombstone (see `apply::Unit`).
     tombstones_possible: Arc<AtomicBool>,
+    /// The latest time a write unit of this database took (`Unit::stamp`).
+    write_clock_ms: Arc<std::sync::atomic::AtomicU64>,
     /// True while a backup chain is active (`meta` has `backup_chain`): writes then
     /// also go to the backup history.
     pub(crate) history_on: Arc<AtomicBool>,
@@ -236,6 +238,7 @@ impl Database {
             deleted: AtomicBool::new(false),
             notifier: CommitNotifier::new(last_sequence),
             tombstones_possible: Arc::new(AtomicBool::new(tombstones > 0)),
+            write_clock_ms: Default::default(),
             history_on: Arc::new(AtomicBool::new(chain)),
             indexer: crate::index::Indexer::new(limits.indexing, indexes),
         })
@@ -308,7 +311,7 @@ impl Database {
         Unit::new(
             self.incarnation,
             self.limits,
-            now_ms(),
+            Some(self.write_clock_ms.clone()),
             self.tombstones_possible.clone(),
             self.history_on.clone(),
         )
