@@ -278,7 +278,7 @@ mod tests {
     #[test]
     fn refusals_in_a_row_back_off_to_one_sample_in_64_and_a_success_resets() {
         let mut c = Compressor::new(true);
-        let mut sampled_after = |c: &mut Compressor, refusals: u32| {
+        let sampled_after = |c: &mut Compressor, refusals: u32| {
             for _ in 0..refusals {
                 assert!(!c.skips_this_record());
                 c.note_outcome(false);
