@@ -20,7 +20,6 @@ pub use restore::{
     RestoreSource,
 };
 
-use crate::changes::{change_key, decode_entry, CHANGES};
 use crate::database::history::HISTORY;
 use crate::database::{read_last_sequence, DOCS};
 use crate::{Database, DocError, Etag, Result};
@@ -195,12 +194,7 @@ impl Database {
             }
         }
         let last = read_last_sequence(&r)?;
-        let last_write_ms = match r.get(CHANGES, &change_key(last))? {
-            Some(v) if last > 0 => {
-                Some(decode_entry(self.incarnation, &change_key(last), v)?.at_ms)
-            }
-            _ => None,
-        };
+        let last_write_ms = crate::changes::last_write_ms(&r, self.incarnation, last)?;
         let manifest = BackupManifest {
             database: self.name().to_string(),
             kind: BackupKind::Full,

@@ -17,6 +17,21 @@ use crate::{Database, DocError, Document, Etag, Result};
 use kiln_storage::WriteTxn;
 use std::time::Duration;
 
+/// The time of the write with etag sequence `last` (the last one), if there is one.
+pub(crate) fn last_write_ms(
+    r: &kiln_storage::ReadTxn<'_>,
+    incarnation: u32,
+    last: u64,
+) -> Result<Option<u64>> {
+    if last == 0 {
+        return Ok(None);
+    }
+    match r.get(CHANGES, &change_key(last))? {
+        Some(v) => Ok(Some(decode_entry(incarnation, &change_key(last), v)?.at_ms)),
+        None => Ok(None),
+    }
+}
+
 /// Consumers of the log (indexes, backups, replication) record how far they read
 /// here; tombstones they have not read yet are never purged.
 pub(crate) const CONSUMERS: &str = "consumers";

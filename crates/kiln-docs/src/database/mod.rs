@@ -221,10 +221,12 @@ impl Database {
         if !env.begin_read()?.tree_exists(history::HISTORY)? {
             env.submit(|w| w.ensure_tree(history::HISTORY))?;
         }
-        let (last_sequence, tombstones, indexes, chain) = {
+        let (last_sequence, last_write_ms, tombstones, indexes, chain) = {
             let r = env.begin_read()?;
+            let last_sequence = read_last_sequence(&r)?;
             (
-                read_last_sequence(&r)?,
+                last_sequence,
+                crate::changes::last_write_ms(&r, incarnation, last_sequence)?,
                 r.tree_len(TOMBSTONES)?,
                 crate::index::load(&r)?,
                 r.get(META, history::META_CHAIN)?.is_some(),
@@ -238,7 +240,11 @@ impl Database {
             deleted: AtomicBool::new(false),
             notifier: CommitNotifier::new(last_sequence),
             tombstones_possible: Arc::new(AtomicBool::new(tombstones > 0)),
-            write_clock_ms: Default::default(),
+            // A wall clock that stepped back across a restart must not give the
+            // next write an earlier time than the last one (see `Unit::stamp`).
+            write_clock_ms: Arc::new(std::sync::atomic::AtomicU64::new(
+                last_write_ms.unwrap_or(0),
+            )),
             history_on: Arc::new(AtomicBool::new(chain)),
             indexer: crate::index::Indexer::new(limits.indexing, indexes),
         })
@@ -686,5 +692,37 @@ fn at_index(index: usize) -> impl Fn(DocError) -> DocError {
     move |e: DocError| DocError::BatchOpFailed {
         index,
         source: Box::new(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Condition, DocStore, DocsOptions};
+    use std::sync::atomic::Ordering;
+
+    /// The write clock starts at the last write's time when a database opens, so a
+    /// wall clock behind it (stepped back across a restart) cannot give the next write
+    /// an earlier time than the last one: restores to a time rely on it.
+    #[test]
+    fn the_write_clock_resumes_from_the_last_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let ahead = crate::document::now_ms() + 3_600_000;
+        {
+            let store = DocStore::open(dir.path(), DocsOptions::default()).unwrap();
+            let db = store.create_database("d").unwrap();
+            // As if the last write had been made before the clock stepped back an hour.
+            db.write_clock_ms.store(ahead, Ordering::SeqCst);
+            db.put("a", br#"{"n":1}"#, Condition::None).unwrap();
+            assert_eq!(db.get("a").unwrap().unwrap().last_modified_ms, ahead);
+        }
+        let store = DocStore::open(dir.path(), DocsOptions::default()).unwrap();
+        let db = store.database("d").unwrap();
+        db.put("b", br#"{"n":2}"#, Condition::None).unwrap();
+        let b = db.get("b").unwrap().unwrap();
+        assert!(
+            b.last_modified_ms >= ahead,
+            "{} < {ahead}",
+            b.last_modified_ms
+        );
     }
 }
