@@ -207,10 +207,12 @@ impl<'a, 't> Walker<'a, 't> {
         value: LeafValue,
     ) {
         // Claim the pages first: a run overlapping another owner is reported as such
-        // even when its bytes also fail their checksum.
-        let pages = page::bare_run_pages(len.min(page::MAX_VALUE_SIZE as u64) as usize) as u64;
-        if self.claim(start, pages, &format!("{who} (bare run of leaf {leaf})")) {
-            self.report.pages_reachable += pages;
+        // even when its bytes also fail their checksum. (A length no value can have
+        // claims nothing; `value_bytes` reports it.)
+        if let Some(pages) = page::bare_value_len(len).map(|l| page::bare_run_pages(l) as u64) {
+            if self.claim(start, pages, &format!("{who} (bare run of leaf {leaf})")) {
+                self.report.pages_reachable += pages;
+            }
         }
         if let Err(e) = crate::btree::value_bytes(self.txn, value) {
             self.problem(Some(start), format!("{who}: value of leaf {leaf}: {e}"));

@@ -826,9 +826,16 @@ pub fn overflow_run_pages(value_len: usize) -> usize {
 /// How much of a bare run a journal image keeps: up to its last non-zero byte (the
 /// zeros after the value are restored by the replay), but always into its last
 /// page, so that the image's gap stays under a page as a full image's must.
+// Bounds: `floor <= run.len()` by `saturating_sub`.
+#[allow(clippy::indexing_slicing)]
 pub fn bare_image_len(run: &[u8]) -> usize {
-    let used = run.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-    used.max(run.len().saturating_sub(PAGE_SIZE - 1))
+    // Only the last page can hold the zeros to leave out: look no further back.
+    let floor = run.len().saturating_sub(PAGE_SIZE - 1);
+    floor
+        + run[floor..]
+            .iter()
+            .rposition(|&b| b != 0)
+            .map_or(0, |i| i + 1)
 }
 
 /// Test hook: when set, large values are written in headered overflow runs, the
@@ -841,6 +848,12 @@ pub static WRITE_HEADERED_OVERFLOW_RUNS_FOR_TESTS: std::sync::atomic::AtomicBool
 /// Pages of a bare run holding `value_len` bytes.
 pub fn bare_run_pages(value_len: usize) -> usize {
     value_len.div_ceil(PAGE_SIZE).max(1)
+}
+
+/// A bare run's value length as its leaf cell gives it, if it is one a value can
+/// have (a damaged cell could claim more than `MAX_VALUE_SIZE`).
+pub fn bare_value_len(len: u64) -> Option<usize> {
+    usize::try_from(len).ok().filter(|&l| l <= MAX_VALUE_SIZE)
 }
 
 /// The checksum a bare run's cell carries: crc32c of the value, seeded with the

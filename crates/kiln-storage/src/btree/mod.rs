@@ -74,9 +74,7 @@ pub(crate) fn value_bytes<'a, S: PageSource + ?Sized>(
         } => {
             let bad =
                 |what: String| Error::corrupted(src.data_path(), format!("page {start}"), what);
-            let len = usize::try_from(len)
-                .ok()
-                .filter(|&l| l <= page::MAX_VALUE_SIZE)
+            let len = page::bare_value_len(len)
                 .ok_or_else(|| bad(format!("bare run claims a value of {len} bytes")))?;
             let pages = page::bare_run_pages(len) as u64;
             let value = src

@@ -111,9 +111,7 @@ impl WriteTxn<'_> {
             LeafValue::Inline(_) => None,
             // The cell alone says how long a bare run is: no need to read it.
             LeafValue::BareRun { start, len, .. } => {
-                let pages = usize::try_from(len)
-                    .ok()
-                    .filter(|&l| l <= page::MAX_VALUE_SIZE)
+                let pages = page::bare_value_len(len)
                     .map(page::bare_run_pages)
                     .ok_or_else(|| {
                         super::corrupt(

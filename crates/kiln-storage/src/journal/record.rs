@@ -332,15 +332,14 @@ pub(crate) fn encode(
     let mut stored = body_len;
     if let Some((compressor, disk)) = compress {
         if (MIN_COMPRESS_BODY..=MAX_RAW_BODY).contains(&body_len) {
+            // (Only a saving worth storing comes back: `worth_storing_packed`.)
             if let Some(packed_len) = compress_if_worth_it(&b[RECORD_HEADER..at], compressor, disk)
             {
-                if worth_storing_packed(packed_len, body_len) {
-                    b[RECORD_HEADER..RECORD_HEADER + packed_len]
-                        .copy_from_slice(&compressor.output()[..packed_len]);
-                    stored = packed_len;
-                    b[5] |= FLAG_LZ4;
-                    write_u32(b, 32, stored as u32);
-                }
+                b[RECORD_HEADER..RECORD_HEADER + packed_len]
+                    .copy_from_slice(&compressor.output()[..packed_len]);
+                stored = packed_len;
+                b[5] |= FLAG_LZ4;
+                write_u32(b, 32, stored as u32);
             }
         }
     }
@@ -617,11 +616,8 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> 
             ));
         }
         let image = match form {
-            FORM_FULL => decode_full(body, &mut at, i, no, run_pages)?,
-            FORM_BARE => match decode_full(body, &mut at, i, no, run_pages)? {
-                Image::Full(run) => Image::Full(run.into_bare()),
-                diff => diff,
-            },
+            FORM_FULL => Image::Full(decode_full(body, &mut at, i, no, run_pages)?),
+            FORM_BARE => Image::Full(decode_full(body, &mut at, i, no, run_pages)?.into_bare()),
             FORM_DIFF if run_pages == 1 => decode_diff(body, &mut at, i, no, h.page_count)?,
             other => {
                 return Err(format!(
@@ -658,7 +654,7 @@ fn decode_full(
     i: u32,
     no: PageNo,
     run_pages: u64,
-) -> Result<Image, String> {
+) -> Result<PageRun, String> {
     let fh = take(body, at, FULL_HEADER, "full image header")?;
     let (head, tail) = (read_u32(fh, 0) as usize, read_u32(fh, 4) as usize);
     let run_bytes = run_pages as usize * PAGE_SIZE;
@@ -673,7 +669,7 @@ fn decode_full(
     let rb = run.bytes_mut();
     rb[..head].copy_from_slice(&bytes[..head]);
     rb[run_bytes - tail..].copy_from_slice(&bytes[head..]);
-    Ok(Image::Full(run))
+    Ok(run)
 }
 
 fn decode_diff(
