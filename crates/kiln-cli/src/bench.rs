@@ -168,6 +168,10 @@ fn journal_figures(env: &Env, ops: u64) -> Map<String, Value> {
     m.insert("journal_switch_waits".into(), json!(s.journal_switch_waits));
     m.insert("write_buffer_freezes".into(), json!(s.write_buffer_freezes));
     m.insert("write_buffer_merges".into(), json!(s.write_buffer_merges));
+    m.insert(
+        "write_buffer_keys_merged_ahead".into(),
+        json!(s.write_buffer_keys_merged_ahead),
+    );
     m.insert("data_syncs".into(), json!(s.data_syncs));
     m.insert(
         "data_sync_mean_us".into(),

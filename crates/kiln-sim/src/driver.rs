@@ -5,7 +5,7 @@
 //! happens in the same order on every run of a seed.
 
 use crate::{CutMode, Fault, OpKind, SimDisk};
-use kiln_storage::{Env, Error, Options};
+use kiln_storage::{Env, Error, MergeAhead, Options};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -35,6 +35,8 @@ pub struct DriverStats {
     pub writes_garbled: u64,
     pub pending_writes_dropped: u64,
     pub files_vanished: u64,
+    /// Keys the merge thread merged ahead for committing transactions.
+    pub keys_merged_ahead: u64,
 }
 
 impl DriverStats {
@@ -56,6 +58,7 @@ impl DriverStats {
         self.writes_garbled += o.writes_garbled;
         self.pending_writes_dropped += o.pending_writes_dropped;
         self.files_vanished += o.files_vanished;
+        self.keys_merged_ahead += o.keys_merged_ahead;
     }
 
     fn absorb_disk(&mut self, disk: &SimDisk) {
@@ -86,6 +89,9 @@ pub fn options(disk: &Arc<SimDisk>) -> Options {
         write_buffer_bytes: 32 << 10,
         // The same bytes on every run of a seed, whatever the timing.
         journal_compression_adaptive: false,
+        // Merging ahead on its thread, but a fixed number of keys per transaction,
+        // so that the records do not depend on timing either.
+        merge_ahead: MergeAhead::ExactKeys(40),
         ..Options::default()
     }
 }
@@ -369,6 +375,7 @@ pub fn run_seed(seed: u64, cycles: u32, canary: bool) -> Result<DriverStats, Str
                 break;
             }
         }
+        stats.keys_merged_ahead += env.stats().write_buffer_keys_merged_ahead;
         if fault_cycle && !disk.is_dead() {
             // A process restart after the fault: the OS keeps every write.
             drop(env);

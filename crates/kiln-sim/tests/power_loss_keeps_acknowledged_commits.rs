@@ -19,13 +19,14 @@ fn env_u64(name: &str, default: u64) -> u64 {
 fn print(label: &str, s: &DriverStats, seeds: u64) {
     eprintln!(
         "{label}: {seeds} seeds, {} power cuts, {} process restarts after {} injected I/O faults, {} bit flips \
-         ({} detected), {} commits acknowledged, {} commit checks ({} keys compared), {} acknowledged commits lost, {} corruptions returned as data",
+         ({} detected), {} commits acknowledged ({} keys merged ahead), {} commit checks ({} keys compared), {} acknowledged commits lost, {} corruptions returned as data",
         s.power_cuts,
         s.process_restarts,
         s.faults_injected,
         s.bit_flips,
         s.corruptions_detected,
         s.commits_acknowledged,
+        s.keys_merged_ahead,
         s.commits_verified,
         s.keys_verified,
         s.acknowledged_commits_lost,
@@ -95,6 +96,10 @@ fn random_power_cuts_and_faults_lose_nothing_acknowledged() {
     assert!(
         total.keys_verified > 0,
         "verification compared no key with the model"
+    );
+    assert!(
+        total.keys_merged_ahead > 0,
+        "no transaction had keys merged ahead by the merge thread: that path went untested"
     );
     for (what, list) in [
         ("acknowledged no commit", &seeds_acknowledging_nothing),

@@ -29,6 +29,8 @@ pub struct Env {
     /// Merges units of work from many callers (`submit`) into one transaction.
     queue: CommitQueue,
     flusher: Option<JoinHandle<()>>,
+    /// Merges the write buffer ahead of commits (`Options::merge_ahead`).
+    merge_thread: Option<JoinHandle<()>>,
     /// `Durability::Buffered` only: syncs the journal every `sync_interval_ms`.
     journal_syncer: Option<crate::journal::sync::JournalSyncer>,
     _lock: Box<dyn Send + Sync>,
@@ -66,9 +68,22 @@ impl Env {
             shared,
             queue: CommitQueue::default(),
             flusher: Some(handle),
+            merge_thread: None,
             journal_syncer: None,
             _lock: lock,
         };
+        if env.shared.opts.merge_ahead != crate::MergeAhead::Off {
+            let (jobs, receiver) = mpsc::channel();
+            let shared = env.shared.clone();
+            // On failure `env` drops here, which stops the flusher cleanly.
+            env.merge_thread = Some(
+                std::thread::Builder::new()
+                    .name("kiln-merge".into())
+                    .spawn(move || crate::txn::run_merge_thread(shared, receiver))
+                    .map_err(|e| Error::io(&dir, None, "spawn merge thread", e))?,
+            );
+            env.shared.writer.lock().merge_jobs = Some(jobs);
+        }
         if let Durability::Buffered { sync_interval_ms } = env.shared.opts.durability {
             let interval = Duration::from_millis(sync_interval_ms.max(1));
             // On failure `env` drops here, which stops the flusher cleanly.
@@ -225,6 +240,7 @@ impl Env {
             write_buffer_bytes: buffer_bytes,
             write_buffer_freezes: c.write_buffer_freezes.load(Relaxed),
             write_buffer_merges: c.write_buffer_merges.load(Relaxed),
+            write_buffer_keys_merged_ahead: c.write_buffer_keys_merged_ahead.load(Relaxed),
         }
     }
 
@@ -242,7 +258,7 @@ impl Env {
     /// that a reopen has nothing to replay and `check` sees every entry in a tree.
     fn merge_write_buffer(&self) -> Result<()> {
         loop {
-            if self.shared.writer.lock().latest.gens.is_empty() {
+            if crate::txn::lock_writer(&self.shared).latest.gens.is_empty() {
                 return Ok(());
             }
             let mut txn = WriteTxn::begin(&self.shared)?;
@@ -258,6 +274,7 @@ impl Env {
                 tracing::warn!(error = %e, "merging the write buffer at close failed; the next open replays it");
             }
         }
+        self.stop_merge_thread();
         let result = self.stop_flusher();
         // The flusher's last checkpoint made everything applied durable; the
         // buffered-mode journal sync has nothing left to protect, unless that
@@ -271,6 +288,18 @@ impl Env {
             }
         }
         result
+    }
+
+    /// Ends the merge thread: dropping the job sender ends its loop. (A transaction
+    /// that leaked its trees to it still holds the writer lock: the lock waits.)
+    fn stop_merge_thread(&mut self) {
+        let Some(handle) = self.merge_thread.take() else {
+            return;
+        };
+        crate::txn::lock_writer(&self.shared).merge_jobs = None;
+        if handle.join().is_err() {
+            tracing::error!("the merge thread panicked");
+        }
     }
 
     fn stop_flusher(&mut self) -> Result<()> {
@@ -311,7 +340,7 @@ impl Env {
     pub fn check(&self) -> Result<crate::check::CheckReport> {
         // `check` reads trees and pages: buffered entries must be in them first.
         self.merge_write_buffer()?;
-        let w = self.shared.writer.lock();
+        let w = crate::txn::lock_writer(&self.shared);
         // The free list includes commits still in flight: let them become visible.
         self.shared.wait_journal_idle(w.latest.txn_id);
         if let Some(why) = self.shared.poison_reason() {

@@ -50,6 +50,7 @@ pub use commit::{QueueLimits, QueueStats};
 pub use env::{Env, Options, RecoveryReport, DATA_FILE};
 pub use error::{io_is_disk_full, Error, Failure, FailureKind, Result};
 pub use journal::writer::Durability;
+pub use options::MergeAhead;
 pub use page::{MAX_KEY_SIZE, MAX_VALUE_SIZE, PAGE_SIZE};
 pub use recovery::JournalTail;
 pub use stats::{LatencySummary, Stats};

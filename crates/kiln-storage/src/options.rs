@@ -62,6 +62,10 @@ pub struct Options {
     pub write_buffer_bytes: u64,
     /// See `write_buffer_bytes`; larger puts go into their tree at once.
     pub write_buffer_max_entry_bytes: usize,
+    /// Whether the frozen generation's merge runs on a second thread while a write
+    /// transaction is still putting, instead of all of it at commit
+    /// (docs/design.md §13, "Merging ahead").
+    pub merge_ahead: MergeAhead,
     /// The file system seam (tests substitute a fault-injecting one).
     pub vfs: Arc<dyn Vfs>,
 }
@@ -85,6 +89,7 @@ impl Default for Options {
             open_despite_journal_gap: false,
             write_buffer_bytes: 32 << 20,
             write_buffer_max_entry_bytes: 2048,
+            merge_ahead: MergeAhead::WhileOpen,
             vfs: Arc::new(OsVfs),
         }
     }
@@ -121,4 +126,20 @@ impl Options {
         }
         Ok(())
     }
+}
+
+/// How the write buffer's merge uses a second thread (`Options::merge_ahead`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MergeAhead {
+    /// Every slice is merged at commit, on the committing thread.
+    Off,
+    /// A transaction begun with `Env::begin_write` (after one that buffered at least
+    /// a few dozen writes) lends its trees to the merge thread, which merges keys
+    /// until the transaction needs them back: a tree write, a savepoint, the commit.
+    /// What the thread merged counts toward the commit's slice.
+    WhileOpen,
+    /// As `WhileOpen`, but the thread merges exactly this many keys per transaction
+    /// (fewer if the generation ends) and the transaction waits for all of them, so
+    /// that what a commit holds does not depend on thread timing (the simulator).
+    ExactKeys(usize),
 }

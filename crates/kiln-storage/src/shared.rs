@@ -51,6 +51,11 @@ pub(crate) struct WriterState {
     pub merge_cursor: Option<Box<[u8]>>,
     /// Where the journal will be once every record encoded so far is written.
     pub journal_end: JournalEnd,
+    /// Where transactions send their tree side to be merged ahead (`txn/ahead.rs`);
+    /// `None` when the option is off or the environment is closing.
+    pub merge_jobs: Option<crate::txn::MergeJobSender>,
+    /// Buffer writes of the last transaction sealed (whether to merge ahead).
+    pub last_txn_buffer_writes: usize,
 }
 
 /// The journal's write side: records are written strictly in transaction order.
@@ -132,6 +137,10 @@ pub(crate) struct Shared {
     pub synced_txn_id: Arc<AtomicU64>,
     pub readers: Arc<Readers>,
     pub writer: Mutex<WriterState>,
+    /// A transaction lent to the merge thread with the writer lock, waiting for the
+    /// next `begin` (`txn/ahead.rs`). Anything else wanting the writer lock goes
+    /// through `txn::lock_writer`.
+    pub merge_ahead_pending: Mutex<Option<crate::txn::LentToMergeThread>>,
     pub journal: Mutex<JournalStage>,
     pub journal_turn: Condvar,
     /// (free, pending, total) pages, refreshed under the writer lock.

@@ -100,6 +100,7 @@ pub struct LatencySummary {
 pub(crate) struct EngineCounters {
     pub write_buffer_freezes: AtomicU64,
     pub write_buffer_merges: AtomicU64,
+    pub write_buffer_keys_merged_ahead: AtomicU64,
     pub journal_writes: AtomicU64,
     pub journal_bytes: AtomicU64,
     pub journal_body_bytes_full_images: AtomicU64,
@@ -174,6 +175,9 @@ pub struct Stats {
     /// Generations frozen and merged into the trees since open.
     pub write_buffer_freezes: u64,
     pub write_buffer_merges: u64,
+    /// Keys of frozen generations the merge thread went past for transactions that
+    /// reached their commit (`Options::merge_ahead`).
+    pub write_buffer_keys_merged_ahead: u64,
 }
 
 /// Figures of the commit queue (`Env::queue_stats`).

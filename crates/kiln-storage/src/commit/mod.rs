@@ -55,7 +55,7 @@ impl queue::Committer for Shared {
         &self.opts.queue_limits
     }
     fn begin(&self) -> Result<WriteTxn<'_>> {
-        WriteTxn::begin(self)
+        WriteTxn::begin_for_queue(self)
     }
     fn prepare(&self, txn: &mut WriteTxn) -> Result<Option<PendingCommit>> {
         self.prepare_commit(txn)

@@ -27,6 +27,9 @@ impl Shared {
     /// from moves only in phase 2. Releases the writer lock, so the next transaction
     /// can run while this one's journal write is in flight. `None` if nothing changed.
     pub(crate) fn prepare_commit(&self, txn: &mut WriteTxn) -> Result<Option<PendingCommit>> {
+        // The trees back from the merge thread: what it merged is a change too.
+        txn.join_ahead();
+        let lends_next = txn.lends_next();
         if !txn.has_changes() {
             txn.rollback();
             return Ok(None);
@@ -123,7 +126,11 @@ impl Shared {
                 chain_checksum: 0,
             },
         };
-        drop(w);
+        if lends_next {
+            crate::txn::lend_next_or_release(self, w);
+        } else {
+            drop(w);
+        }
         Ok(Some(PendingCommit {
             record,
             applied,
@@ -148,7 +155,15 @@ impl Shared {
             } else if gens.active.bytes() > threshold {
                 limit *= 8;
             }
-            let done = txn.mutate(|t| t.merge_slice(&mut cursor, limit))?;
+            // Keys the merge thread went past count toward the slice.
+            let (ahead_keys, ahead_done) =
+                txn.merged_ahead().map_or((0, false), |m| (m.keys, m.done));
+            self.counters
+                .write_buffer_keys_merged_ahead
+                .fetch_add(ahead_keys as u64, std::sync::atomic::Ordering::Relaxed);
+            let done = ahead_done
+                || (ahead_keys < limit
+                    && txn.mutate(|t| t.merge_slice(&mut cursor, limit - ahead_keys))?);
             if done {
                 gens.frozen = None;
                 return Ok((gens, None, FLAG_MERGE_DONE));

@@ -203,7 +203,10 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
             latest: snap.clone(),
             merge_cursor: None,
             journal_end: journal.end(),
+            merge_jobs: None,
+            last_txn_buffer_writes: 0,
         }),
+        merge_ahead_pending: Mutex::new(None),
         journal: Mutex::new(JournalStage {
             writer: journal,
             last_txn: outcome.last_txn_id,

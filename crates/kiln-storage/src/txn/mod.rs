@@ -5,9 +5,15 @@
 //! (what a commit takes from the transaction: `WriteTxn::seal` returns a
 //! `SealedTxn`) are its children.
 
+mod ahead;
 mod pages;
 mod savepoint;
 mod seal;
+
+pub(crate) use ahead::{
+    lend_next_or_release, lock_writer, run_merge_thread, JobSender as MergeJobSender,
+    Lent as LentToMergeThread,
+};
 
 pub(crate) use seal::Committed;
 
@@ -288,6 +294,15 @@ pub struct WriteTxn<'env> {
     /// Set when an operation failed half-way: the in-memory tree may be inconsistent,
     /// so the transaction can only be aborted.
     broken: Option<String>,
+    /// While the merge thread works on this transaction's trees (`ahead.rs`): the
+    /// fields above that hold tree state (pages, allocator, writer lock) are lent to
+    /// it, and any use of them first takes them back (`join_ahead`).
+    ahead: Option<ahead::Lent>,
+    /// What the merge thread did for this transaction, once taken back.
+    merged_ahead: Option<ahead::Merged>,
+    /// Whether its commit lends the next transaction to the merge thread (begun by
+    /// `begin`, not by the commit queue, and not merging everything at close).
+    lends_next: bool,
 }
 
 impl<'env> WriteTxn<'env> {
@@ -295,10 +310,38 @@ impl<'env> WriteTxn<'env> {
     /// built on the latest commit (which may still be waiting for its journal
     /// write) and holds the writer lock until it commits or aborts.
     pub(crate) fn begin(env: &'env Shared) -> Result<Self> {
+        Self::start(env, true)
+    }
+
+    /// As `begin`, but the trees are never lent to the merge thread: the commit queue
+    /// opens a savepoint per unit at once, which would take them straight back.
+    pub(crate) fn begin_for_queue(env: &'env Shared) -> Result<Self> {
+        Self::start(env, false)
+    }
+
+    fn start(env: &'env Shared, may_merge_ahead: bool) -> Result<Self> {
         if let Some(why) = env.poison_reason() {
             return Err(Error::Poisoned(why));
         }
-        let mut w = env.writer.lock();
+        let mut txn = match ahead::acquire_writer(env) {
+            ahead::Acquired::Writer(mut w) => {
+                Self::make_writer_ready(env, &mut w);
+                let base = w.latest.clone();
+                WriteTxn::with_state(env, Some(w), base)
+            }
+            ahead::Acquired::Lent(lent) => WriteTxn::adopt(env, lent),
+        };
+        if !may_merge_ahead {
+            // The commit queue opens a savepoint per unit at once.
+            txn.join_ahead();
+        }
+        txn.lends_next = may_merge_ahead;
+        Ok(txn)
+    }
+
+    /// Before a transaction starts on the writer: pages freed by commits no reader
+    /// can see any more become reusable.
+    fn make_writer_ready(env: &Shared, w: &mut WriterState) {
         let horizon = env
             .readers
             .oldest_reader()
@@ -306,12 +349,19 @@ impl<'env> WriteTxn<'env> {
         let store = &env.store;
         w.alloc.release(horizon, |pages| store.forget(pages));
         env.note_alloc(&w.alloc);
-        let base = w.latest.clone();
-        Ok(WriteTxn {
+    }
+
+    /// A transaction on `base` that has written nothing yet.
+    fn with_state(
+        env: &'env Shared,
+        writer: Option<MutexGuard<'env, WriterState>>,
+        base: Snapshot,
+    ) -> Self {
+        WriteTxn {
             env,
             txn_id: base.txn_id + 1,
             catalog_root: base.catalog_root,
-            writer: Some(w),
+            writer,
             base,
             pins: Default::default(),
             dirty: Default::default(),
@@ -329,7 +379,10 @@ impl<'env> WriteTxn<'env> {
             broken: None,
             savepoint: None,
             dirty_bytes_written: 0,
-        })
+            ahead: None,
+            merged_ahead: None,
+            lends_next: false,
+        }
     }
 
     pub fn txn_id(&self) -> u64 {
@@ -349,6 +402,7 @@ impl<'env> WriteTxn<'env> {
     }
 
     pub(crate) fn alloc(&mut self) -> &mut crate::alloc::Allocator {
+        self.join_ahead();
         &mut self
             .writer
             .as_mut()
@@ -365,6 +419,7 @@ impl<'env> WriteTxn<'env> {
 
     /// Runs a mutation; if it fails, the transaction is marked unusable.
     pub(crate) fn mutate<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.join_ahead();
         self.guard_usable()?;
         let r = f(self);
         if let Err(e) = &r {
@@ -375,6 +430,7 @@ impl<'env> WriteTxn<'env> {
 
     /// Records a tree's new state (its root, entry count, or id changed).
     pub(crate) fn set_tree_state(&mut self, name: &str, st: TreeState) {
+        self.join_ahead();
         // Called per put: an existing entry is updated in place, without
         // allocating its name again.
         match self.trees.get_mut(name) {
@@ -385,6 +441,9 @@ impl<'env> WriteTxn<'env> {
         }
     }
 
+    /// A tree's state as this transaction sees it. While the trees are lent to the
+    /// merge thread that is the base's: good for reading, not for writing, which
+    /// goes through `tree_state_for_write`.
     pub(crate) fn tree_state(&mut self, name: &str) -> Result<TreeState> {
         if let Some(t) = self.trees.get(name) {
             return Ok(*t);
@@ -402,6 +461,13 @@ impl<'env> WriteTxn<'env> {
         Ok(st)
     }
 
+    /// A tree's state to write to: the trees taken back from the merge thread first,
+    /// so that its root is the newest.
+    pub(crate) fn tree_state_for_write(&mut self, name: &str) -> Result<TreeState> {
+        self.join_ahead();
+        self.tree_state(name)
+    }
+
     pub fn tree_exists(&mut self, name: &str) -> Result<bool> {
         match self.tree_state(name) {
             Ok(_) => Ok(true),
@@ -413,6 +479,7 @@ impl<'env> WriteTxn<'env> {
     /// Creates an empty tree; an error if it exists.
     pub fn create_tree(&mut self, name: &str) -> Result<()> {
         check_tree_name(name)?;
+        self.join_ahead();
         if self.tree_exists(name)? {
             return Err(Error::TreeExists(name.to_string()));
         }
@@ -444,7 +511,7 @@ impl<'env> WriteTxn<'env> {
         if !self.tree_exists(name)? {
             return Ok(false);
         }
-        let st = self.tree_state(name)?;
+        let st = self.tree_state_for_write(name)?;
         self.mutate(|t| t.free_tree(st.info.root))?;
         self.trees.remove(name);
         self.dropped.push(name.to_string());
@@ -545,6 +612,7 @@ impl<'env> WriteTxn<'env> {
     fn tree_state_with_id(&mut self, tree: &str) -> Result<TreeState> {
         let mut st = self.tree_state(tree)?;
         if st.info.id == 0 {
+            st = self.tree_state_for_write(tree)?;
             st.info.id = self.new_tree_id();
             st.modified = true;
             self.trees.insert(tree.to_string(), st);
@@ -571,14 +639,16 @@ impl<'env> WriteTxn<'env> {
             });
         }
         self.guard_usable()?;
-        let mut st = self.tree_state_with_id(tree)?;
+        let st = self.tree_state_with_id(tree)?;
         if self.buffers(&st, key, value)? {
             // No look at the tree: a tree's entry count is that of the tree itself,
             // and `tree_len` adds what the buffer changes (see there).
             self.buffer_write(st.info.id, key, SlotRef::Value(value));
             return Ok(());
         }
-        // Written into the tree: older buffered versions must stop hiding it.
+        // Written into the tree: its root must be the newest.
+        let mut st = self.tree_state_for_write(tree)?;
+        // Older buffered versions must stop hiding it.
         let buffered =
             !self.base.gens.is_empty() && self.base.gens.holds(&buffer_key(st.info.id, key));
         let (root, existed) = self.mutate(|t| t.tree_put(st.info.root, key, value))?;
@@ -606,7 +676,7 @@ impl<'env> WriteTxn<'env> {
     pub fn delete(&mut self, tree: &str, key: &[u8]) -> Result<bool> {
         check_key(key)?;
         self.guard_usable()?;
-        let mut st = self.tree_state_with_id(tree)?;
+        let st = self.tree_state_with_id(tree)?;
         let bkey = buffer_key(st.info.id, key);
         if !self.exists(&st.info, &bkey, key)? {
             return Ok(false);
@@ -615,6 +685,7 @@ impl<'env> WriteTxn<'env> {
             self.buffer_write(st.info.id, key, SlotRef::Tombstone);
             return Ok(true);
         }
+        let mut st = self.tree_state_for_write(tree)?;
         if btree::get(&*self, st.info.root, key)?.is_some() {
             st.info.root = self.mutate(|t| t.tree_delete(st.info.root, key))?;
             st.info.entries -= 1;
@@ -641,12 +712,7 @@ impl<'env> WriteTxn<'env> {
     }
 
     pub(crate) fn rollback(&mut self) {
-        if self.writer.is_some() {
-            self.undo_buffer_writes(0);
-        }
-        if let Some(mut w) = self.writer.take() {
-            w.alloc.put_free(self.taken_from_free.drain(..));
-            w.alloc.page_count = self.base.page_count;
+        if self.roll_back_state() {
             self.env
                 .counters
                 .aborts
@@ -654,7 +720,32 @@ impl<'env> WriteTxn<'env> {
         }
     }
 
+    /// Takes back everything the transaction did and releases the writer lock; false
+    /// if it no longer held it (committed, or rolled back already).
+    fn roll_back_state(&mut self) -> bool {
+        self.join_ahead();
+        if self.writer.is_none() {
+            return false;
+        }
+        self.undo_buffer_writes(0);
+        let mut w = self.writer.take().expect("checked above");
+        w.alloc.put_free(self.taken_from_free.drain(..));
+        w.alloc.page_count = self.base.page_count;
+        true
+    }
+
+    /// Drops a transaction adopted only to release the writer lock (not an abort).
+    fn discard(mut self) {
+        self.roll_back_state();
+    }
+
+    /// Whether committing it lends the next transaction to the merge thread.
+    pub(crate) fn lends_next(&self) -> bool {
+        self.lends_next
+    }
+
     pub(crate) fn has_changes(&self) -> bool {
+        debug_assert!(self.ahead.is_none(), "trees taken back before the commit");
         !self.dirty.is_empty()
             || !self.freed_committed.is_empty()
             || !self.dropped.is_empty()

@@ -46,8 +46,13 @@ impl<'env> WriteTxn<'env> {
         &self.base.gens
     }
 
-    /// How far the merge of the frozen generation got (kept by the writer).
-    pub(crate) fn merge_cursor(&self) -> Option<Box<[u8]>> {
+    /// How far the merge of the frozen generation got: kept by the writer, or moved
+    /// on by the merge thread for this transaction.
+    pub(crate) fn merge_cursor(&mut self) -> Option<Box<[u8]>> {
+        self.join_ahead();
+        if let Some(merged) = self.merged_ahead() {
+            return merged.cursor.clone();
+        }
         self.writer.as_ref().and_then(|w| w.merge_cursor.clone())
     }
 
@@ -63,12 +68,18 @@ impl<'env> WriteTxn<'env> {
 
     pub(crate) fn set_force_merge(&mut self) {
         self.force_merge = true;
+        // The loop that merges everything takes the lock between its commits.
+        self.lends_next = false;
     }
 
     /// Updates the catalog, seals every dirty page, and takes the writer lock out
     /// of the transaction for the commit code. The transaction is unusable
     /// afterwards except through the returned `SealedTxn`.
     pub(crate) fn seal(&mut self) -> Result<SealedTxn<'_, 'env>> {
+        self.join_ahead();
+        if let Some(w) = self.writer.as_mut() {
+            w.last_txn_buffer_writes = self.undo.len();
+        }
         self.mutate(|t| t.update_catalog())?;
         let pages: Vec<(PageNo, Arc<PageRun>)> = self
             .seal_dirty()

@@ -370,6 +370,8 @@ pub(crate) struct Generation {
     /// which stay until the generation is dropped) plus the map's overhead.
     bytes: AtomicU64,
     versions: AtomicU64,
+    /// Set by the first in-tree version written (see `has_had_in_tree_versions`).
+    in_tree_written: std::sync::atomic::AtomicBool,
 }
 
 impl Generation {
@@ -399,6 +401,18 @@ impl Generation {
             .contains_key(&probe(bkey) as &dyn KeyView)
     }
 
+    /// For each key, whether it holds a version. One read lock for all of them.
+    pub fn holds_each<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) -> Vec<bool> {
+        let inner = self.inner.read();
+        keys.map(|bkey| inner.map.contains_key(&probe(bkey) as &dyn KeyView))
+            .collect()
+    }
+
+    /// Whether an in-tree version was ever written here (undone ones included).
+    pub fn has_had_in_tree_versions(&self) -> bool {
+        self.in_tree_written.load(Relaxed)
+    }
+
     /// Writes the version of transaction `txn_id` (the writer's, not yet visible to
     /// anyone else), replacing its earlier one. Returns that earlier one, for undo.
     pub fn write(&self, bkey: &[u8], txn_id: u64, slot: SlotRef<'_>) -> Option<Stored> {
@@ -410,7 +424,10 @@ impl Generation {
                 Stored::Value(arena.copy(v))
             }
             SlotRef::Tombstone => Stored::Tombstone,
-            SlotRef::InTree => Stored::InTree,
+            SlotRef::InTree => {
+                self.in_tree_written.store(true, Relaxed);
+                Stored::InTree
+            }
         };
         // One search of the map, not two (a lookup, then an insert for a new key,
         // was a sixth of a random put): the key is copied into the arena first and

@@ -22,6 +22,24 @@ use crate::Result;
 /// How many keys ahead of the one being merged the arena is prefetched.
 const PREFETCH_AHEAD: usize = 8;
 
+/// Whether a frozen key is looked up in the active generation before it is merged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Superseded {
+    /// Skipped if the active generation holds the key: a newer version waits there
+    /// (or the key was written into the tree since, an in-tree version).
+    Skip,
+    /// Merged anyway; the caller has made sure the active generation holds no
+    /// in-tree version. Merging a key the active generation holds is then only
+    /// work done early: its newer version hides the tree's from every reader (and
+    /// from counts), and its own merge later replaces it. The merge thread runs so,
+    /// as the caller's puts would contend for the generation's lock with its
+    /// lookups (they made W3 slower, not faster).
+    Merge,
+}
+
+/// The trees with buffered entries, by id (a tree dropped has none).
+pub(crate) type TreeNames = FastMap<TreeId, String>;
+
 impl WriteTxn<'_> {
     /// Applies up to `limit` keys of the frozen generation after `*cursor` to the
     /// trees, and moves `*cursor` past them. True when the generation is done.
@@ -30,14 +48,39 @@ impl WriteTxn<'_> {
         cursor: &mut Option<Box<[u8]>>,
         limit: usize,
     ) -> Result<bool> {
+        let mut names = None;
+        let (_, done) = self.merge_keys(cursor, limit, Superseded::Skip, &mut names)?;
+        Ok(done)
+    }
+
+    /// `merge_slice`, returning how many keys it went past, under a rule for what
+    /// supersedes a key, with the trees' names looked up once (`names`) for a
+    /// caller that merges in many small steps.
+    pub(crate) fn merge_keys(
+        &mut self,
+        cursor: &mut Option<Box<[u8]>>,
+        limit: usize,
+        rule: Superseded,
+        names: &mut Option<TreeNames>,
+    ) -> Result<(usize, bool)> {
         let Some(frozen) = self.base_gens().frozen.clone() else {
-            return Ok(false);
+            return Ok((0, false));
         };
         // Borrowed from the frozen generation, which `frozen` keeps alive and nobody
         // writes to any more.
         let slice = frozen.newest_from(cursor.as_deref(), limit);
         let done = slice.len() < limit;
-        let names = self.trees_by_id()?;
+        if names.is_none() {
+            *names = Some(self.trees_by_id()?);
+        }
+        let names = names.as_ref().expect("set above");
+        let superseded = match rule {
+            Superseded::Skip => self
+                .base_gens()
+                .active
+                .holds_each(slice.iter().map(|(k, _)| *k)),
+            Superseded::Merge => vec![false; slice.len()],
+        };
         // Keys come sorted by tree id first: one tree's state is looked up once per
         // run of its keys and stored back when the run ends, not per key.
         let mut current: Option<(TreeId, &str, TreeState)> = None;
@@ -62,9 +105,7 @@ impl WriteTxn<'_> {
             let Some((_, _, st)) = current.as_mut() else {
                 continue;
             };
-            // A newer version waits in the active generation (or the key was written
-            // into the tree since): this one is superseded.
-            if self.base_gens().active.contains(bkey) {
+            if superseded[i] {
                 continue;
             }
             // The entry count is the tree's own: it moves with the merge.
@@ -93,7 +134,7 @@ impl WriteTxn<'_> {
         } else {
             slice.last().map(|(k, _)| Box::from(*k))
         };
-        Ok(done)
+        Ok((slice.len(), done))
     }
 
     /// Records the state a run of merged keys left its tree in, if they changed it.

@@ -1,0 +1,352 @@
+//! Merging ahead: while a write transaction is still putting into the write buffer,
+//! a second thread merges the frozen generation's next keys into the trees for it.
+//!
+//! Why: a buffered random put costs the committing thread its buffer write and,
+//! later, its share of a merge slice (leaves found, copied, changed). Merged at
+//! commit, the slice was a third of W3's committing thread while the other core
+//! idled.
+//!
+//! How: `begin` lends the transaction's tree state (the writer lock with the
+//! allocator, the dirty pages, the trees' roots) to the merge thread, as a second
+//! `WriteTxn` of the same id and base. The caller keeps the write buffer's side (its
+//! logical log and undo list) and may put, delete and read meanwhile. Reads see the
+//! base's pages, and merging changes nothing a read can tell: a merged key's version
+//! is still in the frozen generation, which reads consult before the tree. Any use of
+//! the tree state (a tree write, a savepoint, the allocator, the commit, an abort)
+//! first takes it back (`join_ahead`): the thread stops after its current step of
+//! `STEP_KEYS` keys and hands the second transaction back, whose pages and roots
+//! become the caller's. The commit counts the keys merged ahead toward its slice and
+//! merges the rest itself.
+//!
+//! The thread does not look keys up in the active generation (`Superseded::Merge`):
+//! the caller puts there meanwhile, and the lookups' read locks against its write
+//! locks made W3 slower. A key with a newer version there is merged anyway, which a
+//! reader cannot tell; only an in-tree version must not be merged over, so the thread
+//! stops once the active generation has had one. An abort rolls back what the
+//! thread merged with the rest (the merge position moves only when a commit passes
+//! its point of no return), so nothing of a frozen key can be lost, and a crash finds
+//! the same records it would without the thread: the merged pages are in the
+//! commit's record like any slice's.
+
+use super::WriteTxn;
+use crate::options::MergeAhead;
+use crate::shared::{Shared, Snapshot, WriterState};
+use crate::write_buffer::{Superseded, TreeNames};
+use crate::Failure;
+use parking_lot::MutexGuard;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// Keys merged between two looks at the stop flag: about what a join waits for.
+const STEP_KEYS: usize = 64;
+/// Keys merged ahead for one transaction at most: its commit carries their pages.
+const MAX_AHEAD_KEYS: usize = 1 << 15;
+/// A transaction lends its trees only if the one before it made this many buffer
+/// writes: a short one takes them back before the thread has merged anything, and
+/// pays the hand-over for nothing (W6's one-put commits).
+const MIN_PREVIOUS_BUFFER_WRITES: usize = 64;
+
+/// Work for the merge thread: a transaction's tree side and where to merge from.
+pub(crate) struct Job {
+    txn: WriteTxn<'static>,
+    cursor: Option<Box<[u8]>>,
+    max_keys: usize,
+    /// False for `MergeAhead::ExactKeys`: the caller waits for all `max_keys`.
+    stops_when_asked: bool,
+    stop: Arc<AtomicBool>,
+    reply: mpsc::SyncSender<Returned>,
+}
+
+/// The tree side handed back, with what was merged into it.
+struct Returned {
+    txn: WriteTxn<'static>,
+    merged: Merged,
+}
+
+/// What the merge thread did for a transaction.
+#[derive(Debug, Default)]
+pub(crate) struct Merged {
+    /// The last buffer key merged (`None` when done).
+    pub cursor: Option<Box<[u8]>>,
+    /// Keys of the frozen generation gone past, superseded ones included.
+    pub keys: usize,
+    /// The frozen generation is merged to its end.
+    pub done: bool,
+}
+
+/// The caller's side of a transaction whose tree side is with the merge thread.
+pub(crate) struct Lent {
+    stop: Arc<AtomicBool>,
+    reply: mpsc::Receiver<Returned>,
+    /// The commit the side was built on.
+    base: Snapshot,
+}
+
+pub(crate) type JobSender = mpsc::Sender<Job>;
+
+/// The merge thread: runs jobs until the environment drops the sender (at close).
+pub(crate) fn run_merge_thread(env: Arc<Shared>, jobs: mpsc::Receiver<Job>) {
+    lower_own_priority();
+    while let Some(job) = receive_soon(&jobs, NEXT_JOB_SPIN, true) {
+        let Job {
+            mut txn,
+            cursor,
+            max_keys,
+            stops_when_asked,
+            stop,
+            reply,
+        } = job;
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            merge_into(&mut txn, cursor, max_keys, stops_when_asked, &stop)
+        }));
+        let merged = run.unwrap_or_else(|panic| {
+            // The trees may be half-changed: the transaction can only abort, and the
+            // environment latches (as a panic in a commit's preparation does).
+            let why = crate::error::panic_message(&*panic);
+            env.poison(Failure::internal("merging ahead panicked", why.clone()));
+            txn.broken
+                .get_or_insert(format!("merging ahead panicked: {why}"));
+            Merged::default()
+        });
+        // A caller that leaked its transaction is not listening: the tree side then
+        // drops here, rolling back and releasing the writer lock.
+        let _ = reply.send(Returned { txn, merged });
+    }
+    // `env` drops last: it kept every job's `'static` borrow of it valid.
+}
+
+fn merge_into(
+    txn: &mut WriteTxn<'static>,
+    mut cursor: Option<Box<[u8]>>,
+    max_keys: usize,
+    stops_when_asked: bool,
+    stop: &AtomicBool,
+) -> Merged {
+    let mut keys = 0;
+    let mut names: Option<TreeNames> = None;
+    while keys < max_keys {
+        if stops_when_asked && stop.load(Ordering::Acquire) {
+            break;
+        }
+        // Keys superseded by an in-tree version must be skipped, which takes a
+        // lookup each: rare, left to the commit (the caller's own in-tree writes
+        // take the trees back first, so this holds for the whole step).
+        if txn.base_gens().active.has_had_in_tree_versions() {
+            break;
+        }
+        let step = STEP_KEYS.min(max_keys - keys);
+        match txn.merge_keys(&mut cursor, step, Superseded::Merge, &mut names) {
+            Ok((went, true)) => {
+                return Merged {
+                    cursor: None,
+                    keys: keys + went,
+                    done: true,
+                }
+            }
+            Ok((went, false)) => keys += went,
+            Err(e) => {
+                txn.broken.get_or_insert(e.to_string());
+                break;
+            }
+        }
+    }
+    Merged {
+        cursor,
+        keys,
+        done: false,
+    }
+}
+
+/// Makes the calling thread yield its core to the committing thread whenever both
+/// want it: the merge is work done early, while a commit's journal write, once
+/// complete, must wake its thread at once (at equal priority the journal writes of
+/// W3 took 100 us longer with the merge thread beside them).
+fn lower_own_priority() {
+    // SAFETY: plain system calls on the calling thread; failure is harmless.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, MERGE_THREAD_NICE);
+    }
+}
+
+/// The merge thread's nice value (0 is the default; 19 the lowest priority).
+const MERGE_THREAD_NICE: libc::c_int = 10;
+
+/// How long the merge thread keeps looking for the next job before it sleeps: the
+/// next transaction usually begins within a commit's journal write, and waking a
+/// sleeping thread took 100-150 us on the 2-core VM (a tenth of a W3 commit).
+const NEXT_JOB_SPIN: Duration = Duration::from_millis(2);
+/// How long a join looks for the trees coming back before it sleeps: the thread
+/// stops within a step (tens of us), while a wake-up takes longer.
+const JOIN_SPIN: Duration = Duration::from_micros(200);
+
+/// The next message, looked for (spinning, or yielding the core between looks)
+/// for up to `spin`, then waited for. `None` once the sender is gone.
+fn receive_soon<T>(from: &mpsc::Receiver<T>, spin: Duration, yielding: bool) -> Option<T> {
+    let start = Instant::now();
+    loop {
+        match from.try_recv() {
+            Ok(message) => return Some(message),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) if start.elapsed() < spin => {
+                if yielding {
+                    std::thread::yield_now()
+                } else {
+                    std::hint::spin_loop()
+                }
+            }
+            Err(mpsc::TryRecvError::Empty) => return from.recv().ok(),
+        }
+    }
+}
+
+/// A poll's wait for the writer lock: while the lock is lent to the merge thread
+/// (between a commit and the next `begin`), it is not released but handed over
+/// through `Shared::merge_ahead_pending`, which a waiting `begin` looks at this often.
+const PENDING_POLL: Duration = Duration::from_micros(200);
+
+/// The writer lock, or the tree side of a transaction lent to the merge thread
+/// (which holds the lock) for the next transaction to adopt.
+pub(crate) enum Acquired<'env> {
+    Writer(MutexGuard<'env, WriterState>),
+    Lent(Lent),
+}
+
+/// Waits for the writer lock or a lent transaction, whichever comes.
+pub(crate) fn acquire_writer(env: &Shared) -> Acquired<'_> {
+    loop {
+        if let Some(lent) = env.merge_ahead_pending.lock().take() {
+            return Acquired::Lent(lent);
+        }
+        if let Some(w) = env.writer.try_lock_for(PENDING_POLL) {
+            return Acquired::Writer(w);
+        }
+    }
+}
+
+/// The writer lock for work outside a transaction (close, check): a transaction
+/// lent to the merge thread is taken back and dropped (what it merged is merged
+/// again later).
+pub(crate) fn lock_writer(env: &Shared) -> MutexGuard<'_, WriterState> {
+    loop {
+        match acquire_writer(env) {
+            Acquired::Writer(w) => return w,
+            Acquired::Lent(lent) => WriteTxn::adopt(env, lent).discard(),
+        }
+    }
+}
+
+/// At the end of a commit's phase 1, with the writer lock: if the frozen generation
+/// is still being merged, builds the next transaction's tree side on this commit,
+/// lends it with the lock to the merge thread, and leaves it for the next `begin`
+/// (so the thread also has the journal write's time). Otherwise releases the lock.
+pub(crate) fn lend_next_or_release(env: &Shared, mut w: MutexGuard<'_, WriterState>) {
+    let (max_keys, stops_when_asked) = match env.opts.merge_ahead {
+        MergeAhead::Off => return,
+        MergeAhead::WhileOpen => (MAX_AHEAD_KEYS, true),
+        MergeAhead::ExactKeys(n) => (n, false),
+    };
+    if w.latest.gens.frozen.is_none()
+        || max_keys == 0
+        || (stops_when_asked && w.last_txn_buffer_writes < MIN_PREVIOUS_BUFFER_WRITES)
+    {
+        return;
+    }
+    let Some(jobs) = w.merge_jobs.clone() else {
+        return;
+    };
+    WriteTxn::make_writer_ready(env, &mut w);
+    let cursor = w.merge_cursor.clone();
+    let base = w.latest.clone();
+    let side = WriteTxn::with_state(env, Some(w), base.clone());
+    // SAFETY: only the lifetime changes. The side borrows the environment's `Shared`,
+    // which the merge thread keeps alive (it holds an `Arc` of it until it ends) for
+    // as long as it may use the side; the side comes back through `join_ahead`, or,
+    // if the transaction that adopted it was leaked, drops on the merge thread.
+    let side: WriteTxn<'static> = unsafe { std::mem::transmute(side) };
+    let stop = Arc::new(AtomicBool::new(false));
+    let (reply, replies) = mpsc::sync_channel(1);
+    let job = Job {
+        txn: side,
+        cursor,
+        max_keys,
+        stops_when_asked,
+        stop: stop.clone(),
+        reply,
+    };
+    // If the thread has ended (the environment is closing), the job drops with the
+    // side, which releases the lock.
+    if jobs.send(job).is_ok() {
+        *env.merge_ahead_pending.lock() = Some(Lent {
+            stop,
+            reply: replies,
+            base,
+        });
+    }
+}
+
+impl<'env> WriteTxn<'env> {
+    /// The next transaction, on a tree side lent to the merge thread.
+    pub(super) fn adopt(env: &'env Shared, lent: Lent) -> Self {
+        let mut txn = WriteTxn::with_state(env, None, lent.base.clone());
+        txn.ahead = Some(lent);
+        txn
+    }
+
+    /// Takes the tree side back from the merge thread, if lent (see the module
+    /// comment): every use of the writer lock, the allocator, the dirty pages or a
+    /// tree's root for writing comes through here first.
+    pub(crate) fn join_ahead(&mut self) {
+        let Some(lent) = self.ahead.take() else {
+            return;
+        };
+        lent.stop.store(true, Ordering::Release);
+        let r = receive_soon(&lent.reply, JOIN_SPIN, false).ok_or(());
+        match r {
+            Ok(Returned { txn, merged }) => {
+                self.take_back(txn);
+                self.merged_ahead = Some(merged);
+            }
+            Err(_) => {
+                // The thread dropped the side without answering, which releases the
+                // writer lock: this transaction's buffer writes can no longer be
+                // undone under it, so nothing may commit after it.
+                let why = "the merge thread ended holding a transaction's trees";
+                self.env.poison(Failure::internal(why, ""));
+                self.broken.get_or_insert(why.to_string());
+            }
+        }
+    }
+
+    fn take_back(&mut self, mut side: WriteTxn<'env>) {
+        debug_assert!(
+            side.undo.is_empty() && side.dropped.is_empty() && side.savepoint.is_none(),
+            "the merge thread only merges"
+        );
+        debug_assert!(
+            self.dirty.is_empty() && self.freed_committed.is_empty() && self.local_free.is_empty(),
+            "a transaction changes no tree while its trees are lent"
+        );
+        self.writer = side.writer.take();
+        self.dirty = std::mem::take(&mut side.dirty);
+        self.sources = std::mem::take(&mut side.sources);
+        self.freed_committed = std::mem::take(&mut side.freed_committed);
+        self.local_free = std::mem::take(&mut side.local_free);
+        self.taken_from_free = std::mem::take(&mut side.taken_from_free);
+        self.catalog_root = side.catalog_root;
+        // The side's roots are the newer; the caller's own entries are lookups of
+        // the base (it changes none while lent).
+        self.trees.extend(side.trees.drain());
+        self.dirty_bytes_written += side.dirty_bytes_written;
+        if let Some(why) = side.broken.take() {
+            self.broken.get_or_insert(why);
+        }
+        // `side` drops holding nothing: its rollback has no lock and no writes.
+    }
+
+    /// What the merge thread merged for this transaction, once taken back.
+    pub(crate) fn merged_ahead(&self) -> Option<&Merged> {
+        self.merged_ahead.as_ref()
+    }
+}
