@@ -28,6 +28,10 @@ fn opts() -> Options {
         write_back_window_bytes: 1 << 20,
         // A small write buffer: kills land during freezes and merges too.
         write_buffer_bytes: 64 << 10,
+        // Six buffer writes per transaction are below the default's threshold for
+        // merging ahead: a fixed count makes every commit during a merge lend the
+        // next transaction to the merge thread, so kills land there too.
+        merge_ahead: kiln_storage::MergeAhead::ExactKeys(32),
         ..Options::default()
     }
 }
