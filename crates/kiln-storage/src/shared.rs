@@ -136,11 +136,12 @@ pub(crate) struct Shared {
     pub journal_files: Arc<JournalFiles>,
     pub synced_txn_id: Arc<AtomicU64>,
     pub readers: Arc<Readers>,
-    pub writer: Mutex<WriterState>,
     /// A transaction lent to the merge thread with the writer lock, waiting for the
     /// next `begin` (`txn/ahead.rs`). Anything else wanting the writer lock goes
-    /// through `txn::lock_writer`.
+    /// through `txn::lock_writer`. Declared before `writer`, so dropped before it: a
+    /// side still in its channel refers to the lock.
     pub merge_ahead_pending: Mutex<Option<crate::txn::LentToMergeThread>>,
+    pub writer: Mutex<WriterState>,
     pub journal: Mutex<JournalStage>,
     pub journal_turn: Condvar,
     /// (free, pending, total) pages, refreshed under the writer lock.

@@ -109,9 +109,13 @@ pub(crate) fn run_merge_thread(env: Arc<Shared>, jobs: mpsc::Receiver<Job>) {
                 .get_or_insert(format!("merging ahead panicked: {why}"));
             Merged::default()
         });
-        // A caller that leaked its transaction is not listening: the tree side then
-        // drops here, rolling back and releasing the writer lock.
-        let _ = reply.send(Returned { txn, merged });
+        // The receiver is gone only if the environment dropped a parked handle
+        // without taking it back; the side then gives up its lock here. (A caller
+        // that leaked its transaction still owns the receiver: the side waits in the
+        // channel with the lock, as a leaked transaction always held it.)
+        if let Err(mpsc::SendError(returned)) = reply.send(Returned { txn, merged }) {
+            returned.txn.discard();
+        }
     }
     // `env` drops last: it kept every job's `'static` borrow of it valid.
 }
@@ -275,14 +279,16 @@ pub(crate) fn lend_next_or_release(env: &Shared, mut w: MutexGuard<'_, WriterSta
         stop: stop.clone(),
         reply,
     };
-    // If the thread has ended (the environment is closing), the job drops with the
-    // side, which releases the lock.
-    if jobs.send(job).is_ok() {
-        *env.merge_ahead_pending.lock() = Some(Lent {
-            stop,
-            reply: replies,
-            base,
-        });
+    match jobs.send(job) {
+        Ok(()) => {
+            *env.merge_ahead_pending.lock() = Some(Lent {
+                stop,
+                reply: replies,
+                base,
+            })
+        }
+        // The thread has ended (the environment is closing): the lock goes back.
+        Err(mpsc::SendError(job)) => job.txn.discard(),
     }
 }
 
@@ -305,8 +311,8 @@ impl<'env> WriteTxn<'env> {
         let r = receive_soon(&lent.reply, JOIN_SPIN, false).ok_or(());
         match r {
             Ok(Returned { txn, merged }) => {
-                self.take_back(txn);
                 self.merged_ahead = Some(merged);
+                self.take_back(txn);
             }
             Err(_) => {
                 // The thread dropped the side without answering, which releases the
@@ -329,6 +335,17 @@ impl<'env> WriteTxn<'env> {
             "a transaction changes no tree while its trees are lent"
         );
         self.writer = side.writer.take();
+        if let Some(why) = side.broken.take() {
+            // A step failed half-way (its pages changed, its trees' counts not
+            // stored): none of the side's work is kept. The commit merges from the
+            // last committed position itself and meets the error if it persists.
+            tracing::warn!(error = %why, "merging ahead failed; the commit merges instead");
+            self.merged_ahead = None;
+            let w = self.writer.as_mut().expect("the side held the lock");
+            w.alloc.put_free(side.taken_from_free.drain(..));
+            w.alloc.page_count = self.base.page_count;
+            return;
+        }
         self.dirty = std::mem::take(&mut side.dirty);
         self.sources = std::mem::take(&mut side.sources);
         self.freed_committed = std::mem::take(&mut side.freed_committed);
@@ -339,9 +356,6 @@ impl<'env> WriteTxn<'env> {
         // the base (it changes none while lent).
         self.trees.extend(side.trees.drain());
         self.dirty_bytes_written += side.dirty_bytes_written;
-        if let Some(why) = side.broken.take() {
-            self.broken.get_or_insert(why);
-        }
         // `side` drops holding nothing: its rollback has no lock and no writes.
     }
 

@@ -334,6 +334,9 @@ impl<'env> WriteTxn<'env> {
         if !may_merge_ahead {
             // The commit queue opens a savepoint per unit at once.
             txn.join_ahead();
+            if let Some(why) = txn.broken.clone() {
+                return Err(Error::TransactionBroken(why));
+            }
         }
         txn.lends_next = may_merge_ahead;
         Ok(txn)
@@ -734,7 +737,8 @@ impl<'env> WriteTxn<'env> {
         true
     }
 
-    /// Drops a transaction adopted only to release the writer lock (not an abort).
+    /// Drops a transaction adopted only to release the writer lock, or a tree side
+    /// that cannot be handed on (not an abort).
     fn discard(mut self) {
         self.roll_back_state();
     }
@@ -744,8 +748,9 @@ impl<'env> WriteTxn<'env> {
         self.lends_next
     }
 
+    /// Whether committing would change anything. While the trees are lent, the tree
+    /// state here is untouched, so this is whether the caller changed anything.
     pub(crate) fn has_changes(&self) -> bool {
-        debug_assert!(self.ahead.is_none(), "trees taken back before the commit");
         !self.dirty.is_empty()
             || !self.freed_committed.is_empty()
             || !self.dropped.is_empty()

@@ -84,7 +84,7 @@ impl WriteTxn<'_> {
         // Keys come sorted by tree id first: one tree's state is looked up once per
         // run of its keys and stored back when the run ends, not per key.
         let mut current: Option<(TreeId, &str, TreeState)> = None;
-        for (i, &(bkey, slot)) in slice.iter().enumerate() {
+        for (i, (&(bkey, slot), &superseded)) in slice.iter().zip(&superseded).enumerate() {
             // Keys and values sit in the arena in the order they were written, not
             // in key order: each one merged is a cache miss unless asked for early.
             if let Some((ahead_key, ahead_slot)) = slice.get(i + PREFETCH_AHEAD) {
@@ -105,7 +105,7 @@ impl WriteTxn<'_> {
             let Some((_, _, st)) = current.as_mut() else {
                 continue;
             };
-            if superseded[i] {
+            if superseded {
                 continue;
             }
             // The entry count is the tree's own: it moves with the merge.
