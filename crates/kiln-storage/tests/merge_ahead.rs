@@ -318,3 +318,31 @@ fn an_abort_returns_what_was_merged_ahead() {
     );
     env.close().unwrap();
 }
+
+/// A transaction that writes nothing commits nothing, even when the merge thread
+/// merged keys for it: its commit returns the last id and writes no record.
+#[test]
+fn an_empty_transaction_stays_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = Env::open(dir.path(), options(MergeAhead::ExactKeys(64), 16 << 10)).unwrap();
+    let mut w = env.begin_write().unwrap();
+    w.create_tree("t").unwrap();
+    w.put("t", b"zzzz", b"end").unwrap();
+    w.commit().unwrap();
+    let mut w = env.begin_write().unwrap();
+    for i in 0..1000 {
+        w.put("t", &key(i), b"v").unwrap();
+    }
+    let froze_at = w.commit().unwrap();
+    let commits = env.stats().commits;
+    // Adopts the transaction lent at that commit, with 64 keys merged.
+    let w = env.begin_write().unwrap();
+    assert_eq!(w.commit().unwrap(), froze_at);
+    assert_eq!(env.stats().commits, commits);
+    let mut w = env.begin_write().unwrap();
+    assert_eq!(w.txn_id(), froze_at + 1);
+    w.put("t", &key(5000), b"v").unwrap();
+    w.commit().unwrap();
+    let r = env.begin_read().unwrap();
+    assert_eq!(r.tree_len("t").unwrap(), 1002);
+}
