@@ -166,18 +166,7 @@ fn an_in_tree_version_is_never_merged_over() {
     let late = key(900);
     let large = vec![9u8; 5000];
     {
-        let env = Env::open(dir.path(), opts.clone()).unwrap();
-        let mut w = env.begin_write().unwrap();
-        w.create_tree("t").unwrap();
-        w.put("t", b"zzzz", b"end").unwrap();
-        w.commit().unwrap();
-        // 1,000 buffered keys, past the buffer's bound: this commit freezes them.
-        let mut w = env.begin_write().unwrap();
-        for i in 0..1000 {
-            w.put("t", &key(i), b"old").unwrap();
-        }
-        w.commit().unwrap();
-        assert_eq!(env.stats().write_buffer_freezes, 1);
+        let (env, _) = frozen_thousand(dir.path(), 256, b"old");
         // The merge thread has the first 256 keys; `late` is key 900.
         let mut w = env.begin_write().unwrap();
         w.put("t", &late, &large).unwrap();
@@ -273,21 +262,31 @@ fn writers_on_many_threads_hand_the_lent_lock_on() {
     done.store(true, Ordering::Relaxed);
 }
 
+/// An environment in `dir` whose last commit (its id returned) froze 1,000 buffered
+/// keys of `value` and lent the next transaction to the merge thread, which merges
+/// `keys_ahead` keys a transaction.
+fn frozen_thousand(dir: &std::path::Path, keys_ahead: usize, value: &[u8]) -> (Env, u64) {
+    let env = Env::open(dir, options(MergeAhead::ExactKeys(keys_ahead), 16 << 10)).unwrap();
+    let mut w = env.begin_write().unwrap();
+    w.create_tree("t").unwrap();
+    // A last key above all others: the keys below go to the write buffer.
+    w.put("t", b"zzzz", b"end").unwrap();
+    w.commit().unwrap();
+    let mut w = env.begin_write().unwrap();
+    for i in 0..1000 {
+        w.put("t", &key(i), value).unwrap();
+    }
+    let froze_at = w.commit().unwrap();
+    assert_eq!(env.stats().write_buffer_freezes, 1);
+    (env, froze_at)
+}
+
 /// An abort of a transaction that adopted merged pages returns them, and only
 /// explicit aborts count as aborts (taking a lent transaction back at close does not).
 #[test]
 fn an_abort_returns_what_was_merged_ahead() {
     let dir = tempfile::tempdir().unwrap();
-    let env = Env::open(dir.path(), options(MergeAhead::ExactKeys(64), 16 << 10)).unwrap();
-    let mut w = env.begin_write().unwrap();
-    w.create_tree("t").unwrap();
-    w.put("t", b"zzzz", b"end").unwrap();
-    w.commit().unwrap();
-    let mut w = env.begin_write().unwrap();
-    for i in 0..1000 {
-        w.put("t", &key(i), b"v").unwrap();
-    }
-    w.commit().unwrap();
+    let (env, _) = frozen_thousand(dir.path(), 64, b"v");
     let pages_before = env.stats();
     for i in 0..5 {
         let mut w = env.begin_write().unwrap();
@@ -324,16 +323,7 @@ fn an_abort_returns_what_was_merged_ahead() {
 #[test]
 fn an_empty_transaction_stays_empty() {
     let dir = tempfile::tempdir().unwrap();
-    let env = Env::open(dir.path(), options(MergeAhead::ExactKeys(64), 16 << 10)).unwrap();
-    let mut w = env.begin_write().unwrap();
-    w.create_tree("t").unwrap();
-    w.put("t", b"zzzz", b"end").unwrap();
-    w.commit().unwrap();
-    let mut w = env.begin_write().unwrap();
-    for i in 0..1000 {
-        w.put("t", &key(i), b"v").unwrap();
-    }
-    let froze_at = w.commit().unwrap();
+    let (env, froze_at) = frozen_thousand(dir.path(), 64, b"v");
     let commits = env.stats().commits;
     // Adopts the transaction lent at that commit, with 64 keys merged.
     let w = env.begin_write().unwrap();
