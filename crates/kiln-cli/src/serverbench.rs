@@ -382,6 +382,7 @@ pub(crate) fn w8_load(
         "journal_bytes",
         "commit_units",
         "data_syncs",
+        "write_buffer_keys_merged_ahead",
     ] {
         extra.insert(k.into(), stats["engine"][k].clone());
     }

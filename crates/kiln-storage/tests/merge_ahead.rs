@@ -336,3 +336,60 @@ fn an_empty_transaction_stays_empty() {
     let r = env.begin_read().unwrap();
     assert_eq!(r.tree_len("t").unwrap(), 1002);
 }
+
+/// Commits through the queue lend the next group's trees when no group waits (the
+/// next one then comes after this one's journal write): its leader adopts them and
+/// takes them back before the first unit. A unit that fails is rolled back alone,
+/// what was merged ahead for its group stays.
+#[test]
+fn queued_groups_merge_ahead_and_roll_back_units_alone() {
+    let done = watchdog("queued");
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = Model::new();
+    {
+        let env = Env::open(dir.path(), options(MergeAhead::WhileOpen, 32 << 10)).unwrap();
+        env.submit(|w| {
+            w.ensure_tree("t")?;
+            w.put("t", b"zzzz", b"end")
+        })
+        .unwrap();
+        model.insert(b"zzzz".to_vec(), b"end".to_vec());
+        for round in 0..200u32 {
+            let keys: Vec<Vec<u8>> = (0..40)
+                .map(|i| key((round * 7919 + i * 13) % 5000))
+                .collect();
+            let fails = round % 9 == 4;
+            let unit_keys = keys.clone();
+            let r = env.submit(move |w| {
+                for k in &unit_keys {
+                    w.put("t", k, k)?;
+                }
+                if fails {
+                    return Err(kiln_storage::Error::TreeNotFound("on purpose".into()));
+                }
+                Ok(())
+            });
+            assert_eq!(r.is_err(), fails, "round {round}");
+            if !fails {
+                for k in keys {
+                    model.insert(k.clone(), k);
+                }
+            }
+        }
+        assert!(
+            env.stats().write_buffer_keys_merged_ahead > 0,
+            "no queued group merged ahead"
+        );
+        let r = env.begin_read().unwrap();
+        assert_eq!(r.tree_len("t").unwrap(), model.len() as u64);
+        drop(r);
+        env.close().unwrap();
+    }
+    let env = Env::open(dir.path(), Options::default()).unwrap();
+    let r = env.begin_read().unwrap();
+    assert_eq!(r.tree_len("t").unwrap(), model.len() as u64);
+    for (k, v) in &model {
+        assert_eq!(r.get("t", k).unwrap(), Some(&v[..]));
+    }
+    done.store(true, Ordering::Relaxed);
+}

@@ -39,13 +39,14 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// Keys merged between two looks at the stop flag: about what a join waits for.
-const STEP_KEYS: usize = 64;
+const STEP_KEYS: usize = 32;
 /// Keys merged ahead for one transaction at most: its commit carries their pages.
 const MAX_AHEAD_KEYS: usize = 1 << 15;
-/// A transaction lends its trees only if the one before it made this many buffer
-/// writes: a short one takes them back before the thread has merged anything, and
-/// pays the hand-over for nothing (W6's one-put commits).
-const MIN_PREVIOUS_BUFFER_WRITES: usize = 64;
+/// A commit lends the next transaction only if it made this many buffer writes: a
+/// short transaction takes its trees back before the thread has merged anything, and
+/// pays the hand-over for nothing (W6's one-put commits). W8's groups of ~22 PUTs make
+/// 2-3 each (the document, the change log's and the collection's old entries).
+const MIN_PREVIOUS_BUFFER_WRITES: usize = 32;
 
 /// Work for the merge thread: a transaction's tree side and where to merge from.
 pub(crate) struct Job {
