@@ -141,6 +141,8 @@ pub(crate) struct Shared {
     /// through `txn::lock_writer`. Declared before `writer`, so dropped before it: a
     /// side still in its channel refers to the lock.
     pub merge_ahead_pending: Mutex<Option<crate::txn::LentToMergeThread>>,
+    /// Threads in `txn::acquire_writer` (a commit does not lend the lock past them).
+    pub writer_waiters: std::sync::atomic::AtomicUsize,
     pub writer: Mutex<WriterState>,
     pub journal: Mutex<JournalStage>,
     pub journal_turn: Condvar,

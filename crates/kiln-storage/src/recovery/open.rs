@@ -207,6 +207,7 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
             last_txn_buffer_writes: 0,
         }),
         merge_ahead_pending: Mutex::new(None),
+        writer_waiters: Default::default(),
         journal: Mutex::new(JournalStage {
             writer: journal,
             last_txn: outcome.last_txn_id,

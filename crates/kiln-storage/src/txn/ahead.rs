@@ -206,11 +206,6 @@ fn receive_soon<T>(from: &mpsc::Receiver<T>, spin: Duration, yielding: bool) -> 
     }
 }
 
-/// A poll's wait for the writer lock: while the lock is lent to the merge thread
-/// (between a commit and the next `begin`), it is not released but handed over
-/// through `Shared::merge_ahead_pending`, which a waiting `begin` looks at this often.
-const PENDING_POLL: Duration = Duration::from_micros(200);
-
 /// The writer lock, or the tree side of a transaction lent to the merge thread
 /// (which holds the lock) for the next transaction to adopt.
 pub(crate) enum Acquired<'env> {
@@ -219,15 +214,21 @@ pub(crate) enum Acquired<'env> {
 }
 
 /// Waits for the writer lock or a lent transaction, whichever comes.
+///
+/// A lent lock is handed over, not released, so a thread parked on the mutex would
+/// not see it: a waiter counts itself in `writer_waiters` before it looks for a lent
+/// transaction, and a commit that lends looks at that count after it parks one, and
+/// takes it back (releasing the lock) if anyone waits. Both sides are `SeqCst`, so at
+/// least one of them sees the other: the waiter adopts, or the lock is released.
 pub(crate) fn acquire_writer(env: &Shared) -> Acquired<'_> {
-    loop {
-        if let Some(lent) = env.merge_ahead_pending.lock().take() {
-            return Acquired::Lent(lent);
-        }
-        if let Some(w) = env.writer.try_lock_for(PENDING_POLL) {
-            return Acquired::Writer(w);
-        }
-    }
+    env.writer_waiters.fetch_add(1, Ordering::SeqCst);
+    let pending = env.merge_ahead_pending.lock().take();
+    let acquired = match pending {
+        Some(lent) => Acquired::Lent(lent),
+        None => Acquired::Writer(env.writer.lock()),
+    };
+    env.writer_waiters.fetch_sub(1, Ordering::SeqCst);
+    acquired
 }
 
 /// The writer lock for work outside a transaction (close, check): a transaction
@@ -289,7 +290,15 @@ pub(crate) fn lend_next_or_release(env: &Shared, mut w: MutexGuard<'_, WriterSta
             })
         }
         // The thread has ended (the environment is closing): the lock goes back.
-        Err(mpsc::SendError(job)) => job.txn.discard(),
+        Err(mpsc::SendError(job)) => return job.txn.discard(),
+    }
+    // Someone already waits on the mutex (see `acquire_writer`): release the lock to
+    // them, unless one of them adopted the transaction meanwhile.
+    if env.writer_waiters.load(Ordering::SeqCst) > 0 {
+        let parked = env.merge_ahead_pending.lock().take();
+        if let Some(lent) = parked {
+            WriteTxn::adopt(env, lent).discard();
+        }
     }
 }
 
