@@ -88,7 +88,6 @@ pub(crate) type JobSender = mpsc::Sender<Job>;
 
 /// The merge thread: runs jobs until the environment drops the sender (at close).
 pub(crate) fn run_merge_thread(env: Arc<Shared>, jobs: mpsc::Receiver<Job>) {
-    lower_own_priority();
     while let Some(job) = receive_soon(&jobs, NEXT_JOB_SPIN, true) {
         let Job {
             mut txn,
@@ -162,21 +161,6 @@ fn merge_into(
         done: false,
     }
 }
-
-/// Makes the calling thread yield its core to the committing thread whenever both
-/// want it: the merge is work done early, while a commit's journal write, once
-/// complete, must wake its thread at once (at equal priority the journal writes of
-/// W3 took 100 us longer with the merge thread beside them).
-fn lower_own_priority() {
-    // SAFETY: plain system calls on the calling thread; failure is harmless.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, MERGE_THREAD_NICE);
-    }
-}
-
-/// The merge thread's nice value (0 is the default; 19 the lowest priority).
-const MERGE_THREAD_NICE: libc::c_int = 10;
 
 /// How long the merge thread keeps looking for the next job before it sleeps: the
 /// next transaction usually begins within a commit's journal write, and waking a
