@@ -351,10 +351,9 @@ fn an_empty_transaction_stays_empty() {
     assert_eq!(r.tree_len("t").unwrap(), 1002);
 }
 
-/// Commits through the queue lend the next group's trees when no group waits (the
-/// next one then comes after this one's journal write): its leader adopts them and
-/// takes them back before the first unit. A unit that fails is rolled back alone,
-/// what was merged ahead for its group stays.
+/// A queued group adopts a transaction lent by a direct commit and takes its trees
+/// back before its first unit: a unit that fails is rolled back alone, and what was
+/// merged ahead for the group stays.
 #[test]
 fn queued_groups_merge_ahead_and_roll_back_units_alone() {
     let done = watchdog("queued");
@@ -384,6 +383,15 @@ fn queued_groups_merge_ahead_and_roll_back_units_alone() {
                 Ok(())
             });
             assert_eq!(r.is_err(), fails, "round {round}");
+            // A direct commit of 40 buffer writes lends the next transaction, which
+            // the next round's group adopts.
+            let mut w = env.begin_write().unwrap();
+            for i in 0..40 {
+                let k = key(6000 + (round * 31 + i) % 3000);
+                w.put("t", &k, b"direct").unwrap();
+                model.insert(k, b"direct".to_vec());
+            }
+            w.commit().unwrap();
             if !fails {
                 for k in keys {
                     model.insert(k.clone(), k);
@@ -392,7 +400,7 @@ fn queued_groups_merge_ahead_and_roll_back_units_alone() {
         }
         assert!(
             env.stats().write_buffer_keys_merged_ahead > 0,
-            "no queued group merged ahead"
+            "nothing was merged ahead"
         );
         let r = env.begin_read().unwrap();
         assert_eq!(r.tree_len("t").unwrap(), model.len() as u64);

@@ -291,11 +291,6 @@ impl CommitQueue {
         // A panic in the engine must not leave this group's submitters, or the queue's
         // leadership, waiting forever: it becomes an error and latches the
         // environment (its state after a half-done commit cannot be trusted).
-        // With no unit queued, the next group begins a while after this one's
-        // journal write (its units come from the submitters it answers): that while
-        // is the merge thread's. A next group already queued would take the trees
-        // back at once.
-        txn.set_lends_next(q.state.lock().jobs.is_empty());
         let prepared = match catch_unwind(AssertUnwindSafe(|| env.prepare(&mut txn))) {
             Ok(p) => p,
             Err(panic) => {

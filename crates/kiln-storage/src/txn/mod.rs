@@ -748,12 +748,6 @@ impl<'env> WriteTxn<'env> {
         self.lends_next
     }
 
-    /// Whether committing it lends the next transaction to the merge thread (the
-    /// commit queue decides per group; never while merging everything at close).
-    pub(crate) fn set_lends_next(&mut self, lends: bool) {
-        self.lends_next = lends && !self.force_merge;
-    }
-
     /// Whether committing would change anything. While the trees are lent, the tree
     /// state here is untouched, so this is whether the caller changed anything.
     pub(crate) fn has_changes(&self) -> bool {
