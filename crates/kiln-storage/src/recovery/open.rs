@@ -73,6 +73,10 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
                 "missing while the data file exists (is the journal volume mounted?)",
             ));
         }
+        // As for the journal's files (`JournalFiles::open`): a data file created by a
+        // process whose directory sync failed has a name only until a power cut.
+        vfs.sync_dir(&dir)
+            .map_err(|e| Error::io(&dir, None, "fsync data directory at open", e))?;
         load_header(vfs.as_ref(), &data_path)?
     } else {
         create_environment(
