@@ -39,6 +39,9 @@ pub struct JournalFiles {
 struct FilesState {
     /// Every journal file on disk.
     existing: BTreeSet<u64>,
+    /// A rename into the directory whose sync failed: the names may not be durable,
+    /// so no file is handed out before a sync succeeds.
+    dir_unsynced: bool,
     /// Files below the synced point: free to be renamed into a future sequence.
     recyclable: Vec<u64>,
     /// The file the writer appends to.
@@ -69,6 +72,7 @@ impl JournalFiles {
             counters,
             state: Mutex::new(FilesState {
                 existing,
+                dir_unsynced: false,
                 recyclable: Vec::new(),
                 current,
             }),
@@ -110,18 +114,28 @@ impl JournalFiles {
         let path = file_path(&self.dir, seq);
         let _creating = self.create_lock.lock();
         let mut st = self.state.lock();
+        if st.dir_unsynced {
+            self.sync_dir()?;
+            st.dir_unsynced = false;
+        }
         if st.existing.contains(&seq) {
             return Ok(path);
         }
         if let Some(old) = st.recyclable.pop() {
             let from = file_path(&self.dir, old);
-            self.vfs
-                .rename(&from, &path)
-                .map_err(|e| Error::io(&from, None, "rename journal file for reuse", e))?;
-            self.sync_dir()?;
+            if let Err(e) = self.vfs.rename(&from, &path) {
+                st.recyclable.push(old);
+                return Err(Error::io(&from, None, "rename journal file for reuse", e));
+            }
+            // The file has its new name now, durable or not: the state says so, and
+            // records go into it only once the directory sync has succeeded.
             st.existing.remove(&old);
             st.existing.insert(seq);
             self.counters.journal_files_recycled.fetch_add(1, Relaxed);
+            if let Err(e) = self.sync_dir() {
+                st.dir_unsynced = true;
+                return Err(e);
+            }
             return Ok(path);
         }
         drop(st);
@@ -148,9 +162,13 @@ impl JournalFiles {
         self.vfs
             .rename(&tmp, &path)
             .map_err(|e| Error::io(&tmp, None, "rename new journal file", e))?;
-        self.sync_dir()?;
         self.counters.journal_files_created.fetch_add(1, Relaxed);
-        self.state.lock().existing.insert(seq);
+        let mut st = self.state.lock();
+        st.existing.insert(seq);
+        if let Err(e) = self.sync_dir() {
+            st.dir_unsynced = true;
+            return Err(e);
+        }
         Ok(path)
     }
 
