@@ -465,6 +465,19 @@ fn precheck(files: &[PathBuf]) -> AnyResult<()> {
 
 fn verify(files: &[PathBuf], quiet: bool, json: bool) -> AnyResult<ExitCode> {
     let started = Instant::now();
+    // A `.partial` file is never a backup, whatever its bytes: its writer stopped
+    // before the rename that says it finished (killed while syncing it, the bytes may
+    // all be there, but nothing says they were checked and made durable).
+    if let Some(partial) = files
+        .iter()
+        .find(|f| f.to_string_lossy().ends_with(".partial"))
+    {
+        return Err(format!(
+            "{}: an unfinished backup (its writer stopped before renaming it); run the backup again",
+            partial.display()
+        )
+        .into());
+    }
     if let [file] = files {
         let f = File::open(file)?;
         let len = f.metadata()?.len();
