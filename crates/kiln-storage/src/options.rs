@@ -133,10 +133,12 @@ impl Options {
 pub enum MergeAhead {
     /// Every slice is merged at commit, on the committing thread.
     Off,
-    /// A transaction begun with `Env::begin_write` (after one that buffered at least
-    /// a few dozen writes) lends its trees to the merge thread, which merges keys
-    /// until the transaction needs them back: a tree write, a savepoint, the commit.
-    /// What the thread merged counts toward the commit's slice.
+    /// A commit of a transaction begun with `Env::begin_write` that made at least 32
+    /// buffer writes, with a frozen generation still to merge, lends the next
+    /// transaction's trees to the merge thread, which merges keys until that
+    /// transaction needs them back: a tree write, a savepoint, the commit. What the
+    /// thread merged counts toward the commit's slice. Queued commits (`Env::submit`)
+    /// adopt a lent transaction but do not lend.
     WhileOpen,
     /// As `WhileOpen`, but the thread merges exactly this many keys per transaction
     /// (fewer if the generation ends) and the transaction waits for all of them, so

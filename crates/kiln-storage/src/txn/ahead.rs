@@ -6,9 +6,11 @@
 //! commit, the slice was a third of W3's committing thread while the other core
 //! idled.
 //!
-//! How: `begin` lends the transaction's tree state (the writer lock with the
-//! allocator, the dirty pages, the trees' roots) to the merge thread, as a second
-//! `WriteTxn` of the same id and base. The caller keeps the write buffer's side (its
+//! How: a commit that leaves a frozen generation to merge builds the next
+//! transaction's tree state (the writer lock with the allocator, the dirty pages,
+//! the trees' roots) at the end of its phase 1, as a `WriteTxn` of the next id on
+//! itself, and lends it to the merge thread; the next `begin` adopts it
+//! (`lend_next_or_release`, `acquire_writer`). The caller keeps the write buffer's side (its
 //! logical log and undo list) and may put, delete and read meanwhile. Reads see the
 //! base's pages, and merging changes nothing a read can tell: a merged key's version
 //! is still in the frozen generation, which reads consult before the tree. Any use of
@@ -44,8 +46,7 @@ const STEP_KEYS: usize = 32;
 const MAX_AHEAD_KEYS: usize = 1 << 15;
 /// A commit lends the next transaction only if it made this many buffer writes: a
 /// short transaction takes its trees back before the thread has merged anything, and
-/// pays the hand-over for nothing (W6's one-put commits). W8's groups of ~22 PUTs make
-/// 2-3 each (the document, the change log's and the collection's old entries).
+/// pays the hand-over for nothing (W6's one-put commits).
 const MIN_PREVIOUS_BUFFER_WRITES: usize = 32;
 
 /// Work for the merge thread: a transaction's tree side and where to merge from.
