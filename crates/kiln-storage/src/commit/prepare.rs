@@ -27,19 +27,16 @@ impl Shared {
     /// from moves only in phase 2. Releases the writer lock, so the next transaction
     /// can run while this one's journal write is in flight. `None` if nothing changed.
     pub(crate) fn prepare_commit(&self, txn: &mut WriteTxn) -> Result<Option<PendingCommit>> {
-        // A transaction that wrote nothing still writes nothing, whatever the merge
-        // thread did for it (that is dropped with it).
+        // Asked before the trees come back from the merge thread: a transaction that
+        // wrote nothing still writes nothing, whatever the thread merged for it (that
+        // is dropped with it).
         if !txn.has_changes() {
             txn.rollback();
             return Ok(None);
         }
-        // The trees back from the merge thread: what it merged goes in this record.
+        // What the thread merged goes in this record.
         txn.join_ahead();
         let lends_next = txn.lends_next();
-        if !txn.has_changes() {
-            txn.rollback();
-            return Ok(None);
-        }
         if let Some(why) = self.poison_reason() {
             return Err(Error::Poisoned(why));
         }
