@@ -347,7 +347,7 @@ impl Env {
             // The in-memory free list includes commits that never became durable.
             return Err(Error::Poisoned(why));
         }
-        let mut free: BTreeSet<PageNo> = w.alloc.free.clone();
+        let mut free: BTreeSet<PageNo> = w.alloc.free.iter().collect();
         free.extend(w.alloc.pending_pages());
         let txn = self.begin_read()?;
         let report = crate::check::run(&txn, &free);

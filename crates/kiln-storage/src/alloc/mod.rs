@@ -5,28 +5,21 @@
 //! and (b) T is synced to the data file, so recovery from the journal never needs
 //! the page's old bytes. Until then it is not handed out again.
 
+mod free_set;
+
 use crate::page::{PageNo, FIRST_DATA_PAGE};
-use std::collections::{BTreeSet, VecDeque};
+pub(crate) use free_set::FreeSet;
+use std::collections::VecDeque;
 
 #[derive(Debug, Default)]
 pub(crate) struct Allocator {
-    pub free: BTreeSet<PageNo>,
+    pub free: FreeSet,
     pending: VecDeque<(u64, Vec<PageNo>)>,
     /// Pages in `pending` (kept as a count: read on every commit).
     pending_pages: u64,
     /// High-water mark: pages [0, page_count) exist in the logical file.
     pub page_count: u64,
-    /// Where the next search for a multi-page run starts (next fit; see `find_run`).
-    run_search_from: PageNo,
 }
-
-/// Free pages a search for a run of `n` pages looks at, at most: this many, or `2n`
-/// for a longer run. Scanning the whole free list cost every large value's put time
-/// in proportion to the list (5 % of W1's committing thread, whose freed leaves leave
-/// thousands of single pages). With a bound, and a search that resumes at the start of
-/// the partial run it stopped in, the whole list is still covered over successive
-/// puts and no run is cut in two for good; a put that finds nothing grows the file.
-const MAX_RUN_SEARCH_PAGES: usize = 1024;
 
 impl Allocator {
     pub fn new(page_count: u64, free: impl IntoIterator<Item = PageNo>) -> Self {
@@ -35,7 +28,6 @@ impl Allocator {
             pending: VecDeque::new(),
             pending_pages: 0,
             page_count: page_count.max(FIRST_DATA_PAGE),
-            run_search_from: 0,
         }
     }
 
@@ -80,10 +72,9 @@ impl Allocator {
                 self.debug_check_in_range(p);
                 return (p, true);
             }
-        } else if let Some(start) = self.find_run(n) {
-            for p in start..start + n {
-                self.free.remove(&p);
-            }
+        } else if let Some(start) = self.free.take_run(n) {
+            #[cfg(debug_assertions)]
+            self.debug_check_in_range(start + n - 1);
             return (start, true);
         }
         let start = self.page_count;
@@ -114,34 +105,6 @@ impl Allocator {
             self.page_count
         );
     }
-
-    /// `n` contiguous free pages, looking at no more than `MAX_RUN_SEARCH_PAGES` (or
-    /// `2n`) free pages from where the previous search stopped, wrapping around once.
-    fn find_run(&mut self, n: u64) -> Option<PageNo> {
-        let from = self.run_search_from;
-        let window = usize::try_from(n.saturating_mul(2))
-            .unwrap_or(usize::MAX)
-            .max(MAX_RUN_SEARCH_PAGES);
-        let in_order = self.free.range(from..).chain(self.free.range(..from));
-        let (mut run_start, mut run_len) = (from, 0);
-        for &p in in_order.take(window) {
-            // (At the wrap-around `p` is below the run: a new run starts.)
-            if run_len > 0 && p == run_start + run_len {
-                run_len += 1;
-            } else {
-                run_start = p;
-                run_len = 1;
-            }
-            if run_len == n {
-                self.run_search_from = run_start + n;
-                return Some(run_start);
-            }
-        }
-        // The next search starts with the run this one stopped in: it may go on past
-        // the window, or (after the wrap-around) continue into pages at `from`.
-        self.run_search_from = run_start;
-        None
-    }
 }
 
 #[cfg(test)]
@@ -149,53 +112,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_run_past_the_search_bound_is_found_by_a_later_search() {
-        // Single free pages (no two adjacent) in front of one free run of three.
-        let singles: Vec<PageNo> = (0..3 * MAX_RUN_SEARCH_PAGES as u64)
-            .map(|i| 10 + 2 * i)
-            .collect();
+    fn a_run_is_found_among_thousands_of_single_pages() {
+        // Single free pages (no two adjacent, as freed leaves leave them) and one run
+        // of three far behind them: found at once, and a run freed later is reused.
+        let singles = (0..3_000u64).map(|i| 10 + 2 * i);
         let run_at = 100_000;
-        let mut a = Allocator::new(200_000, singles.iter().copied().chain(run_at..run_at + 3));
-        let mut grown = 0;
-        let found = (0..10).find_map(|_| match a.take(3) {
-            (start, true) => Some(start),
-            (_, false) => {
-                grown += 1;
-                None
-            }
-        });
-        assert_eq!(found, Some(run_at));
-        assert!(
-            (1..=4).contains(&grown),
-            "{grown} searches before the run was found"
+        let mut a = Allocator::new(200_000, singles.chain(run_at..run_at + 3));
+        assert_eq!(a.take(3), (run_at, true));
+        assert_eq!(
+            a.take(2),
+            (200_000, false),
+            "no run of two is left: the file grows"
         );
-        // The search wraps around: a run freed below where it stopped is found too.
         a.put_free([4, 5]);
-        let found = (0..10).find_map(|_| match a.take(2) {
-            (start, true) => Some(start),
-            _ => None,
-        });
-        assert_eq!(found, Some(4));
+        assert_eq!(a.take(2), (4, true));
         assert!(
-            a.free.iter().all(|&p| p % 2 == 0),
+            a.free.iter().all(|p| p % 2 == 0),
             "only the singles are left"
         );
-    }
-
-    #[test]
-    fn a_run_across_the_resume_point_or_longer_than_the_bound_is_found() {
-        // Free {10, 11}, the search resuming at 11: it sees 11, wraps to 10, and must
-        // not resume at 11 again, or no search would ever join them.
-        let mut a = Allocator::new(100, [10, 11, 50]);
-        a.run_search_from = 11;
-        let found = (0..3).find_map(|_| match a.take(2) {
-            (start, true) => Some(start),
-            _ => None,
-        });
-        assert_eq!(found, Some(10));
-        // A run longer than the search bound (a value of over 8 MiB freed and written
-        // again) is reused, not appended at the file's end every time.
-        let long = 3 * MAX_RUN_SEARCH_PAGES as u64;
+        // A run longer than any the old bounded search looked at is reused too.
+        let long = 3_000;
         let mut a = Allocator::new(
             10 * long,
             (5..5 + long).chain((8 * long..8 * long + 5).step_by(2)),
@@ -211,7 +147,7 @@ mod tests {
         a.release(4, |_| {});
         assert!(a.free.is_empty());
         a.release(6, |_| {});
-        assert_eq!(a.free.iter().copied().collect::<Vec<_>>(), vec![3, 4]);
+        assert_eq!(a.free.iter().collect::<Vec<_>>(), vec![3, 4]);
         assert_eq!(a.take(2), (3, true));
         assert_eq!(a.take(1), (10, false));
     }
