@@ -41,6 +41,8 @@ impl FreeSet {
         (p < start + len).then_some((start, len))
     }
 
+    /// (Debug builds check with it that a page freed was not free already.)
+    #[cfg(any(test, debug_assertions))]
     pub fn contains(&self, p: &PageNo) -> bool {
         self.extent_of(*p).is_some()
     }

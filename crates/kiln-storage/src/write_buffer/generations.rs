@@ -198,14 +198,24 @@ pub(crate) fn buffer_key(tree: TreeId, key: &[u8]) -> Box<[u8]> {
 /// random puts showed a third of the committing thread's time in the map's searches.
 type Head = [u64; 3];
 
-// Bounds: `from <= to <= bytes.len()` and `to - from <= 8`, computed just above.
-#[allow(clippy::indexing_slicing)]
+/// Every put and every lookup makes one: a key of 24 bytes or more (most document
+/// ids with their tree id) is read as three words straight away; a shorter one is
+/// padded byte by byte. (A `copy_from_slice` of a length known only at run time is a
+/// call to `memmove`: W8's profile showed it at 4 % of the commit thread.)
 fn head_of(bytes: &[u8]) -> Head {
+    let mut padded = [0u8; 24];
+    match bytes.first_chunk::<24>() {
+        Some(first) => padded = *first,
+        None => {
+            for (to, from) in padded.iter_mut().zip(bytes) {
+                *to = *from;
+            }
+        }
+    }
     let mut head = [0u64; 3];
-    for (i, word) in head.iter_mut().enumerate() {
-        let (from, to) = ((i * 8).min(bytes.len()), (i * 8 + 8).min(bytes.len()));
+    for (word, chunk) in head.iter_mut().zip(padded.chunks_exact(8)) {
         let mut be = [0u8; 8];
-        be[..to - from].copy_from_slice(&bytes[from..to]);
+        be.copy_from_slice(chunk);
         *word = u64::from_be_bytes(be);
     }
     head
@@ -817,6 +827,25 @@ mod tests {
     }
 
     proptest! {
+        /// A head is the key's first 24 bytes, zero-padded, as big-endian words,
+        /// whichever way it was read (short keys byte by byte, long ones at once);
+        /// and heads order keys as their bytes do wherever they differ.
+        #[test]
+        fn head_is_the_padded_prefix(a in key_bytes(), b in key_bytes()) {
+            for k in [&a, &b] {
+                let mut padded = k.clone();
+                padded.resize(padded.len().max(24), 0);
+                let words: Vec<u64> = padded[..24]
+                    .chunks(8)
+                    .map(|c| u64::from_be_bytes(c.try_into().expect("8 bytes")))
+                    .collect();
+                prop_assert_eq!(head_of(k).to_vec(), words);
+            }
+            if head_of(&a) != head_of(&b) {
+                prop_assert_eq!(head_of(&a).cmp(&head_of(&b)), a.cmp(&b));
+            }
+        }
+
         /// Counting by chunks of any size gives what a key-by-key look at the
         /// buffer gives: frozen and active generations, versions newer than the
         /// reader, keys of neighbouring trees, every kind of version.
