@@ -108,8 +108,12 @@ async fn concurrent_writers_feed_is_in_etag_order_once_per_id_with_final_state()
             let mut refused_deletes = 0;
             for i in 0..45 {
                 let r = lcg(&mut rng);
-                let id = format!("{}/{}", if r % 2 == 0 { "a" } else { "b" }, (r >> 3) % 24);
-                if (r >> 10) % 4 == 0 {
+                let id = format!(
+                    "{}/{}",
+                    if r.is_multiple_of(2) { "a" } else { "b" },
+                    (r >> 3) % 24
+                );
+                if (r >> 10).is_multiple_of(4) {
                     let resp = h.http.delete(h.doc_url("feed", &id)).send().await.unwrap();
                     match resp.status().as_u16() {
                         200 => {
@@ -386,7 +390,7 @@ async fn websocket_backlog_and_live_meet_at_the_seam_and_resume_misses_nothing()
             let mut acked: Vec<(String, String)> = Vec::new();
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let id = if i % 3 == 0 {
+                let id = if i.is_multiple_of(3) {
                     format!("init/{:03}", (i * 37) % 200)
                 } else {
                     format!("live/{i}")

@@ -13,6 +13,9 @@ use std::sync::Arc;
 
 type Tree = BTreeMap<Vec<u8>, Vec<u8>>;
 pub type Model = BTreeMap<String, Tree>;
+/// A planned operation: tree, key, value (`None` deletes the key) and what it does
+/// (0 a put or delete, 1 creates the tree, 2 drops it).
+type PlannedOp = (String, Vec<u8>, Option<Vec<u8>>, u8);
 
 /// Figures of a driver run.
 #[derive(Debug, Default, Clone)]
@@ -131,7 +134,7 @@ fn random_value(rng: &mut StdRng) -> Vec<u8> {
 }
 
 /// One transaction's operations, applied to `next` (a copy of the model).
-fn plan_txn(rng: &mut StdRng, next: &mut Model) -> Vec<(String, Vec<u8>, Option<Vec<u8>>, u8)> {
+fn plan_txn(rng: &mut StdRng, next: &mut Model) -> Vec<PlannedOp> {
     let mut ops = Vec::new();
     if next.is_empty() || rng.gen_bool(0.05) {
         let name = format!("tree{}", rng.gen_range(0..3));
@@ -167,10 +170,7 @@ fn plan_txn(rng: &mut StdRng, next: &mut Model) -> Vec<(String, Vec<u8>, Option<
     ops
 }
 
-fn apply_ops(
-    txn: &mut kiln_storage::WriteTxn,
-    ops: &[(String, Vec<u8>, Option<Vec<u8>>, u8)],
-) -> kiln_storage::Result<()> {
+fn apply_ops(txn: &mut kiln_storage::WriteTxn, ops: &[PlannedOp]) -> kiln_storage::Result<()> {
     for (tree, key, value, kind) in ops {
         match kind {
             1 => txn.ensure_tree(tree)?,

@@ -294,8 +294,14 @@ pub enum FailureKind {
 /// Why an environment latched: the kind, the file and operation where known, and the
 /// text of the error, so that later refusals still tell a full disk from a failing
 /// one and name the file.
-#[derive(Debug, Clone)]
-pub struct Failure {
+///
+/// Boxed: inline it was 120 bytes, which made every `Error` (and every error that
+/// wraps one, such as the document layer's) as large, in each `Result` on the way up.
+#[derive(Clone)]
+pub struct Failure(Box<FailureParts>);
+
+#[derive(Clone)]
+struct FailureParts {
     kind: FailureKind,
     context: String,
     path: Option<PathBuf>,
@@ -316,7 +322,7 @@ impl Failure {
                 offset,
                 op,
                 source,
-            } => Failure {
+            } => Failure::new(FailureParts {
                 kind: if io_is_disk_full(source) {
                     FailureKind::DiskFull
                 } else {
@@ -328,10 +334,10 @@ impl Failure {
                 op: Some(op),
                 os_error: source.raw_os_error(),
                 detail: e.to_string(),
-            },
+            }),
             Error::Poisoned(f) => f.clone(),
             Error::GroupFailed(inner) => Failure::from_error(context, inner),
-            other => Failure {
+            other => Failure::new(FailureParts {
                 kind: FailureKind::Internal,
                 context,
                 path: None,
@@ -339,13 +345,13 @@ impl Failure {
                 op: None,
                 os_error: None,
                 detail: other.to_string(),
-            },
+            }),
         }
     }
 
     /// A failure that is not an I/O error (a panic, a stopped thread).
     pub fn internal(context: impl Into<String>, detail: impl Into<String>) -> Failure {
-        Failure {
+        Failure::new(FailureParts {
             kind: FailureKind::Internal,
             context: context.into(),
             path: None,
@@ -353,34 +359,55 @@ impl Failure {
             op: None,
             os_error: None,
             detail: detail.into(),
-        }
+        })
+    }
+
+    fn new(parts: FailureParts) -> Failure {
+        Failure(Box::new(parts))
     }
 
     pub fn kind(&self) -> FailureKind {
-        self.kind
+        self.0.kind
     }
     pub fn is_disk_full(&self) -> bool {
-        self.kind == FailureKind::DiskFull
+        self.0.kind == FailureKind::DiskFull
     }
     /// The file whose operation failed, where known.
     pub fn path(&self) -> Option<&std::path::Path> {
-        self.path.as_deref()
+        self.0.path.as_deref()
     }
     pub fn offset(&self) -> Option<u64> {
-        self.offset
+        self.0.offset
     }
     /// The operation that failed ("write journal record", "fsync data file"...).
     pub fn op(&self) -> Option<&'static str> {
-        self.op
+        self.0.op
     }
     pub fn os_error(&self) -> Option<i32> {
-        self.os_error
+        self.0.os_error
     }
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.context, self.detail)
+        write!(f, "{}: {}", self.0.context, self.0.detail)
+    }
+}
+
+/// Written out so that the box does not show: the output is what deriving it gave
+/// when the fields were inline.
+impl std::fmt::Debug for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = &*self.0;
+        f.debug_struct("Failure")
+            .field("kind", &p.kind)
+            .field("context", &p.context)
+            .field("path", &p.path)
+            .field("offset", &p.offset)
+            .field("op", &p.op)
+            .field("os_error", &p.os_error)
+            .field("detail", &p.detail)
+            .finish()
     }
 }
 

@@ -116,7 +116,7 @@ pub(crate) struct FlushQueue {
 
 #[derive(Default)]
 struct FlushQueueState {
-    applied: Vec<Box<Applied>>,
+    applied: Vec<Applied>,
     applied_bytes: u64,
     control: VecDeque<FlushControl>,
     /// Why nothing can be queued any more: the environment was closed, or the
@@ -126,7 +126,7 @@ struct FlushQueueState {
 
 /// What the flusher found when it woke.
 struct FlushWork {
-    applied: Vec<Box<Applied>>,
+    applied: Vec<Applied>,
     control: Option<FlushControl>,
     timed_out: bool,
 }
@@ -141,7 +141,7 @@ impl FlushQueue {
     }
 
     /// Queues a durable commit for write-back.
-    pub fn push_applied(&self, applied: Box<Applied>, wake_now: bool) -> Result<()> {
+    pub fn push_applied(&self, applied: Applied, wake_now: bool) -> Result<()> {
         let bytes: u64 = applied
             .pages
             .iter()
@@ -252,7 +252,7 @@ pub(crate) struct Flusher {
     free: BTreeSet<PageNo>,
     header: FileHeader,
     /// Commits received since the last checkpoint, not yet written back.
-    batch: Vec<Box<Applied>>,
+    batch: Vec<Applied>,
     batch_bytes: u64,
     /// Bytes written back since the last checkpoint.
     bytes_since_sync: u64,
@@ -463,7 +463,7 @@ impl Flusher {
             self.applied = Some(Box::new(Applied {
                 pages: Vec::new(),
                 freed: Vec::new(),
-                ..*a
+                ..a
             }));
         }
         self.env

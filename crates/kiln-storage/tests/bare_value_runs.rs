@@ -42,7 +42,7 @@ fn write_all(env: &Env, values: &[(Vec<u8>, Vec<u8>)]) {
     for (k, v) in values {
         w.put("t", k, v).unwrap();
         // Read back inside the writing transaction: the run is still a dirty page.
-        assert_eq!(w.get("t", k).unwrap().as_deref(), Some(&v[..]));
+        assert_eq!(w.get("t", k).unwrap(), Some(&v[..]));
     }
     w.commit().unwrap();
 }

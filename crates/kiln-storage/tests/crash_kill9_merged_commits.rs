@@ -39,7 +39,7 @@ fn key(t: u64, i: u64, part: &str) -> Vec<u8> {
 }
 
 fn value(t: u64, i: u64) -> Vec<u8> {
-    let len = if i % 13 == 0 {
+    let len = if i.is_multiple_of(13) {
         12_000
     } else {
         60 + (i % 50) as usize

@@ -34,7 +34,7 @@ fn churn(env: &Env, model: &mut BTreeMap<Vec<u8>, Vec<u8>>, round: u32) {
         w.ensure_tree("t").unwrap();
         for i in 0..150u32 {
             let k = key((i * 7 + t * 31 + round * 101) % 2000);
-            if (i + t + round) % 5 == 0 {
+            if (i + t + round).is_multiple_of(5) {
                 w.delete("t", &k).unwrap();
                 model.remove(&k);
             } else {

@@ -52,7 +52,7 @@ fn check_reads(w: &mut kiln_storage::WriteTxn, model: &Model, rng: &mut StdRng, 
             String::from_utf8_lossy(&k)
         );
     }
-    if step % 10 == 0 {
+    if step.is_multiple_of(10) {
         assert_eq!(w.tree_len("t").unwrap(), model.len() as u64, "step {step}");
         let mut c = w.cursor("t").unwrap();
         let mut e = c.first().unwrap();

@@ -39,7 +39,7 @@ fn key(t: u64, i: u64, part: &str) -> Vec<u8> {
 
 fn value(t: u64, i: u64) -> Vec<u8> {
     // Some values large enough to need overflow pages.
-    let len = if i % 9 == 0 { 9000 } else { 40 };
+    let len = if i.is_multiple_of(9) { 9000 } else { 40 };
     vec![(t * 7 + i) as u8; len]
 }
 

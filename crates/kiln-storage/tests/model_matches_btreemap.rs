@@ -1014,7 +1014,7 @@ fn random_operations_match_a_btreemap() {
     }
     let seeds = env_usize("KILN_MODEL_SEEDS").unwrap_or(5) as u64;
     for seed in 0..seeds {
-        run_seed(0x6b696c6e_0000 + seed, steps);
+        run_seed(0x6b69_6c6e_0000 + seed, steps);
     }
 }
 

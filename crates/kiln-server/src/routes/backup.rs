@@ -177,9 +177,6 @@ pub async fn backup(
     Ok(resp)
 }
 
-// `blocking`'s closures return `DocError`, the size it is for every route
-// (clippy's result_large_err on each call).
-#[allow(clippy::result_large_err)]
 /// `GET /dbs/{db}/backup/chain`
 pub async fn chain_stats(
     State(state): State<SharedState>,
@@ -193,9 +190,6 @@ pub async fn chain_stats(
     ))
 }
 
-// `blocking`'s closures return `DocError`, the size it is for every route
-// (clippy's result_large_err on each call).
-#[allow(clippy::result_large_err)]
 /// `DELETE /dbs/{db}/backup/chain`: stops the chain; increments are refused after.
 pub async fn chain_stop(
     State(state): State<SharedState>,
@@ -240,9 +234,6 @@ impl io::Read for BodyReader {
     }
 }
 
-// `blocking`'s closures return `DocError`, the size it is for every route
-// (clippy's result_large_err on each call).
-#[allow(clippy::result_large_err)]
 /// `POST /dbs/{db}/restore?force=true&until=P`: see the module documentation.
 pub async fn restore(
     State(state): State<SharedState>,

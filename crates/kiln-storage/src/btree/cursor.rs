@@ -160,6 +160,9 @@ impl<'t> TreeCursor<'t> {
     }
 
     /// Moves to the next entry.
+    // A step of a two-way cursor (beside `prev`, `seek`, `first`, `last`), fallible,
+    // that can turn back after running off either end: not an `Iterator`.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<Entry<'t>>> {
         match self.state {
             State::Fresh | State::BeforeStart => return self.first(),

@@ -60,7 +60,7 @@ impl Shared {
                 // A journal file to prepare is the one thing that cannot wait for
                 // the flusher's next window.
                 let wake_now = self.journal_files.spare_wanted();
-                if let Err(e) = self.flush_queue.push_applied(Box::new(applied), wake_now) {
+                if let Err(e) = self.flush_queue.push_applied(applied, wake_now) {
                     // The commit is durable and visible: report it as committed, but no
                     // further commits can be written back, so latch.
                     self.poison(Failure::from_error(

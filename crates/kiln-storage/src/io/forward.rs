@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 
 /// A file whose calls go to `inner()` unless overridden; a `VfsFile` through the
 /// blanket implementation below.
+// `len` is the file's size in bytes, as in `VfsFile`.
+#[allow(clippy::len_without_is_empty)]
 pub trait ForwardFile: Send + Sync {
     fn inner(&self) -> &dyn VfsFile;
 

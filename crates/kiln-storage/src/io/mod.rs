@@ -34,6 +34,8 @@ pub trait MappedRegion: Send + Sync {
     fn bytes(&self) -> &[u8];
 }
 
+// `len` is the file's size in bytes, not a count of items: an `is_empty` would be no use.
+#[allow(clippy::len_without_is_empty)]
 pub trait VfsFile: Send + Sync {
     /// Reads exactly `buf.len()` bytes at `offset`; a short file is an `UnexpectedEof`.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;

@@ -302,7 +302,10 @@ fn write_zeros(
         let n = zeros.len().min((len - off) as usize);
         let chunk = zeros.get(..n).unwrap_or(zeros);
         // The tail of an unaligned length goes through the buffered handle.
-        if let Some(d) = direct.as_ref().filter(|_| n % DIRECT_IO_ALIGN == 0) {
+        if let Some(d) = direct
+            .as_ref()
+            .filter(|_| n.is_multiple_of(DIRECT_IO_ALIGN))
+        {
             match d.write_all_at(chunk, off) {
                 Ok(()) => {
                     off += n as u64;
