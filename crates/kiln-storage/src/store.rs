@@ -3,7 +3,7 @@
 //!
 //! Pages are copy-on-write: a page number is rewritten only after the transaction
 //! that freed it is synced and no reader predates that transaction (see
-//! `alloc.rs`). So at any moment a page number has at most one unflushed version,
+//! `alloc/mod.rs`). So at any moment a page number has at most one unflushed version,
 //! and the flusher's buffered writes never change bytes an open reader can see.
 
 use crate::io::{MappedRegion, VfsFile};

@@ -63,6 +63,8 @@ impl FreeSet {
     }
 
     /// Adds a page; false if it was free already. Joins it to the extents it touches.
+    /// (Pages are below the allocator's `page_count`, far from `PageNo::MAX`, so
+    /// `p + 1` and `start + len` cannot overflow.)
     pub fn insert(&mut self, p: PageNo) -> bool {
         let before = self.extents.range(..=p).next_back().map(|(&s, &l)| (s, l));
         if let Some((start, len)) = before {
@@ -201,6 +203,16 @@ mod tests {
         assert_consistent(&s);
     }
 
+    #[test]
+    fn a_run_comes_from_the_smallest_fitting_extent_even_above_a_larger_one() {
+        // First fit would take 10 (the lowest extent that holds 3 pages); best fit
+        // takes the 3-page extent at 40 and keeps the long one whole.
+        let mut s: FreeSet = (10..20).chain(40..43).collect();
+        assert_eq!(s.take_run(3), Some(40));
+        assert_eq!(s.take_run(10), Some(10));
+        assert!(s.is_empty());
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Insert(u64),
@@ -243,6 +255,9 @@ mod tests {
                     }
                 }
                 assert_consistent(&s);
+                for p in 0..66 {
+                    prop_assert_eq!(s.contains(&p), model.contains(&p));
+                }
                 prop_assert_eq!(s.iter().collect::<Vec<_>>(), model.iter().copied().collect::<Vec<_>>());
                 prop_assert_eq!(s.len(), model.len());
             }

@@ -30,7 +30,7 @@
 //!
 //! A diff is used when it is smaller than the full image. Its source is the page this
 //! one was copied from (copy-on-write). Replaying it is safe because a page freed by
-//! transaction T is not reused before T is synced (see `alloc.rs`), so while T may still
+//! transaction T is not reused before T is synced (see `alloc/mod.rs`), so while T may still
 //! need replay, the source page still holds the version T copied.
 //! ```
 //! The record is padded with zeros to a multiple of 4 KiB; the next record starts at

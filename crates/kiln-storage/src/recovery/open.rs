@@ -135,7 +135,7 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
     // header on disk stays as it is (a second crash replays the same records again:
     // page images are idempotent) and the flusher's first checkpoint syncs them in
     // the background, as it would have after the commits themselves. Until then the
-    // pages those records freed stay pending (`alloc.rs`): a second replay may read
+    // pages those records freed stay pending (`alloc/mod.rs`): a second replay may read
     // their old bytes. A torn tail or a hole keeps the sync at open, so that the
     // header moves past what was discarded before anything is written after it.
     let defer_sync = physical_records > 0

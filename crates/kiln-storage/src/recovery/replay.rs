@@ -28,7 +28,7 @@ pub(crate) struct Replayed {
     pub physical_records: u64,
     /// Pages freed by those records (and not written again by a later one), by
     /// freeing transaction, oldest first: free in the replayed state, but not
-    /// reusable until that state is synced (`alloc.rs`), since until then a second
+    /// reusable until that state is synced (`alloc/mod.rs`), since until then a second
     /// replay may need their old bytes.
     pub unsynced_frees: Vec<(u64, Vec<PageNo>)>,
 }
