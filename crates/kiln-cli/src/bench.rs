@@ -44,6 +44,14 @@ pub struct BenchArgs {
     /// 6,400 with --quick); Redis gets as many SETs.
     #[arg(long)]
     w8_requests: Option<u64>,
+    /// W9 GETs in all (default: 128,000; 12,800 with --quick); Redis gets as many.
+    /// A longer run gives steadier figures and time to profile the server.
+    #[arg(long)]
+    w9_requests: Option<u64>,
+    /// An extra flag for the `kiln serve` of the server workloads (repeat for more;
+    /// `--serve-flag=--hyper-only` compares hyper with the server's own HTTP/1.1 loop).
+    #[arg(long = "serve-flag", allow_hyphen_values = true)]
+    serve_flags: Vec<String>,
     /// Skip the Redis peer of W8 and W9.
     #[arg(long, conflicts_with = "redis_only")]
     no_redis: bool,
@@ -587,6 +595,10 @@ pub fn run(args: BenchArgs) -> BenchResult<()> {
     let connections = args.connections;
     let mut load = ServerLoad::new(quick, connections, args.w8_requests, !args.no_redis);
     load.redis_only = args.redis_only;
+    let _ = crate::serverbench::SERVE_FLAGS.set(args.serve_flags.clone());
+    if let Some(n) = args.w9_requests {
+        load.w9_requests = n.max(connections as u64);
+    }
     let (w10_docs, w11_connections) = (args.w10_docs, args.w11_connections);
     let (w12_docs, w13_docs) = (args.w12_docs, args.w13_docs);
     let w14_gib = args.w14_gib.unwrap_or(if quick { 0.25 } else { 4.0 });

@@ -75,6 +75,10 @@ pub struct ServeArgs {
     /// once. While one waits on the journal, the next gathers what arrived meanwhile.
     #[arg(long, default_value_t = kiln_docs::WriteQueueOptions::default().workers)]
     write_workers: usize,
+    /// Serve every request through hyper, document GETs and PUTs included, instead
+    /// of the server's own HTTP/1.1 loop for those (to compare the two).
+    #[arg(long)]
+    hyper_only: bool,
 }
 
 #[derive(Subcommand)]
@@ -112,6 +116,7 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
     };
     config.require_auth = a.auth;
     config.unsecured = a.unsecured;
+    config.own_http1 = !a.hyper_only;
     config.limits = Limits {
         max_body_bytes: a.max_body_bytes,
         max_page_size: a.max_page_size,

@@ -22,8 +22,16 @@ pub(crate) fn doc_1k(rng: &mut SmallRng, n: u64) -> Vec<u8> {
 
 /// Starts `kiln serve` on a fresh data directory with a database `bench`.
 pub(crate) fn fresh_server(dir: &Path) -> BenchResult<ServerProcess> {
-    fresh_server_with(dir, &[])
+    let flags: Vec<&str> = SERVE_FLAGS
+        .get()
+        .map(|f| f.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    fresh_server_with(dir, &flags)
 }
+
+/// `kiln bench --serve-flag`: extra `kiln serve` flags for the server workloads'
+/// servers (to compare settings in one build, e.g. `--hyper-only`).
+pub(crate) static SERVE_FLAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
 /// `fresh_server` with extra `kiln serve` flags.
 pub(crate) fn fresh_server_with(dir: &Path, args: &[&str]) -> BenchResult<ServerProcess> {

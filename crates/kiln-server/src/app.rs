@@ -4,7 +4,7 @@
 use crate::auth::KeyVerifier;
 use crate::config::Limits;
 use crate::error::ApiError;
-use crate::http_util::ApiPath;
+use crate::http_util::{visible_ascii, ApiPath, HeaderLookup};
 use crate::metrics::Metrics;
 use crate::routes::{admin as routes_admin, bulk, changes, docs as routes_docs, queries, studio};
 use axum::body::Body;
@@ -29,6 +29,8 @@ pub struct AppState {
     pub hubs: crate::changes::hub::Hubs,
     /// The shared heartbeat tick of the changes connections.
     pub heartbeat: tokio::sync::watch::Receiver<u64>,
+    /// `ServerConfig::own_http1`.
+    pub own_http1: bool,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -161,21 +163,22 @@ pub(crate) fn refusal(
     headers: &axum::http::HeaderMap,
     client_certificate: bool,
 ) -> Option<Response> {
+    refusal_by(state, client_certificate, || {
+        presented_key(headers).or_else(|| key_from_websocket_protocol(headers))
+    })
+}
+
+/// `refusal` given how to find the key the request presents (looked for only when
+/// authentication is on and no verified client certificate came with it).
+pub(crate) fn refusal_by<'h>(
+    state: &AppState,
+    client_certificate: bool,
+    presented: impl FnOnce() -> Option<&'h str>,
+) -> Option<Response> {
     if !state.require_auth || client_certificate {
         return None;
     }
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        // The scheme name is case-insensitive (RFC 9110, section 11.1).
-        .and_then(|v| {
-            v.get(..7)
-                .filter(|s| s.eq_ignore_ascii_case("bearer "))
-                .map(|_| &v[7..])
-        })
-        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
-        .or_else(|| key_from_websocket_protocol(headers));
-    let Some(key) = presented else {
+    let Some(key) = presented() else {
         return Some(unauthorized("authentication required: send an API key (Authorization: Bearer <key>) or a client certificate"));
     };
     match state.keys.verify(key.trim()) {
@@ -184,6 +187,20 @@ pub(crate) fn refusal(
             "the API key is not valid (unknown, revoked or mistyped)",
         )),
     }
+}
+
+/// The API key a request presents: `Authorization: Bearer <key>` or `X-Api-Key`.
+pub(crate) fn presented_key(headers: &impl HeaderLookup) -> Option<&str> {
+    headers
+        .first("authorization")
+        .and_then(visible_ascii)
+        // The scheme name is case-insensitive (RFC 9110, section 11.1).
+        .and_then(|v| {
+            v.get(..7)
+                .filter(|s| s.eq_ignore_ascii_case("bearer "))
+                .map(|_| &v[7..])
+        })
+        .or_else(|| headers.first("x-api-key").and_then(visible_ascii))
 }
 
 /// The route template of the document requests, as metrics label them.
@@ -197,11 +214,16 @@ pub(crate) fn document_fast_path(method: &Method, path: &str) -> Option<(String,
     if !(method == Method::GET || method == Method::PUT || method == Method::POST) {
         return None;
     }
+    document_target(path).map(|(db, id)| (db.to_string(), id.to_string()))
+}
+
+/// `(db, id)` of a plain document path (see `document_fast_path`).
+pub(crate) fn document_target(path: &str) -> Option<(&str, &str)> {
     let (db, id) = path.strip_prefix("/dbs/")?.split_once("/docs/")?;
     if db.is_empty() || db.contains('/') || id.is_empty() || path.contains('%') {
         return None;
     }
-    Some((db.to_string(), id.to_string()))
+    Some((db, id))
 }
 
 /// Serves a request `document_fast_path` took: the same authentication, handlers

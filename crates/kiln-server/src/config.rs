@@ -18,6 +18,10 @@ pub struct ServerConfig {
     pub changes: ChangesConfig,
     /// How long a graceful shutdown waits for in-flight requests.
     pub shutdown_grace_ms: u64,
+    /// Serve one document's GET, PUT and POST with the server's own HTTP/1.1 loop
+    /// (`http1/`); `false` serves every request through hyper, as before it (kept
+    /// to compare the two in one build).
+    pub own_http1: bool,
 }
 
 #[derive(Clone)]
@@ -100,6 +104,7 @@ impl ServerConfig {
             docs: kiln_docs::DocsOptions::default(),
             changes: ChangesConfig::default(),
             shutdown_grace_ms: 10_000,
+            own_http1: true,
         }
     }
 

@@ -32,6 +32,52 @@ where
     }
 }
 
+/// Header access the request logic needs, over hyper's `HeaderMap` and over the
+/// raw headers that the connection's own HTTP/1.1 parser (`http1/`) leaves in its
+/// buffer, so that both paths answer the same headers the same way.
+pub trait HeaderLookup {
+    /// The first value of the header `name` (given in lowercase), as sent.
+    fn first(&self, name: &str) -> Option<&[u8]>;
+}
+
+impl HeaderLookup for HeaderMap {
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        self.get(name).map(HeaderValue::as_bytes)
+    }
+}
+
+/// 413 for a body over `max_body_bytes`; `len` says how long it was.
+pub fn body_too_large(len: &str, limits: &Limits) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!(
+            "request body of {len} bytes exceeds the limit of {} bytes",
+            limits.max_body_bytes
+        ),
+    )
+}
+
+/// 408 for a body that did not arrive within `request_read_timeout_ms`.
+pub fn body_timed_out(limits: &Limits) -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "request_timeout",
+        format!(
+            "the request body did not arrive within {} ms",
+            limits.request_read_timeout_ms
+        ),
+    )
+}
+
+/// 400 for a body that ended early or could not be read.
+pub fn body_read_failed(why: impl std::fmt::Display) -> ApiError {
+    ApiError::bad_request(
+        "body_read_failed",
+        format!("could not read the request body: {why}"),
+    )
+}
+
 /// Reads the whole body, refusing more than `max_body_bytes` (413) and giving up
 /// after `request_read_timeout_ms` (408). Nothing is written before this returns,
 /// so a client that disconnects mid-body changes nothing.
@@ -40,51 +86,31 @@ pub async fn read_body(
     body: Body,
     limits: &Limits,
 ) -> Result<Bytes, ApiError> {
-    let too_large = |len: String| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            format!(
-                "request body of {len} bytes exceeds the limit of {} bytes",
-                limits.max_body_bytes
-            ),
-        )
-    };
     if let Some(len) = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
     {
         if len > limits.max_body_bytes as u64 {
-            return Err(too_large(len.to_string()));
+            return Err(body_too_large(&len.to_string(), limits));
         }
     }
     let limited = http_body_util::Limited::new(body, limits.max_body_bytes);
     let timeout = Duration::from_millis(limits.request_read_timeout_ms);
     match tokio::time::timeout(timeout, limited.collect()).await {
-        Err(_) => Err(ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
-            format!(
-                "the request body did not arrive within {} ms",
-                limits.request_read_timeout_ms
-            ),
-        )),
+        Err(_) => Err(body_timed_out(limits)),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(too_large("more than that".into()))
+            Err(body_too_large("more than that", limits))
         }
-        Ok(Err(e)) => Err(ApiError::bad_request(
-            "body_read_failed",
-            format!("could not read the request body: {e}"),
-        )),
+        Ok(Err(e)) => Err(body_read_failed(e)),
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
     }
 }
 
 /// The condition a write's `If-Match` / `If-None-Match` headers express.
-pub fn write_condition(headers: &HeaderMap) -> Result<Condition, ApiError> {
-    let if_match = header_str(headers, header::IF_MATCH)?;
-    let if_none_match = header_str(headers, header::IF_NONE_MATCH)?;
+pub fn write_condition(headers: &impl HeaderLookup) -> Result<Condition, ApiError> {
+    let if_match = header_str(headers, "if-match")?;
+    let if_none_match = header_str(headers, "if-none-match")?;
     match (if_match, if_none_match) {
         (Some(_), Some(_)) => Err(ApiError::bad_request(
             "invalid_precondition",
@@ -128,11 +154,8 @@ pub fn condition_from_if_match(value: &str) -> Result<Condition, ApiError> {
 }
 
 /// Whether `If-None-Match` names this etag (weak comparison, lists and `*` allowed).
-pub fn none_match_hits(headers: &HeaderMap, etag: Etag) -> bool {
-    let Some(v) = headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-    else {
+pub fn none_match_hits(headers: &impl HeaderLookup, etag: Etag) -> bool {
+    let Some(v) = headers.first("if-none-match").and_then(visible_ascii) else {
         return false;
     };
     let want = etag.to_string();
@@ -142,13 +165,22 @@ pub fn none_match_hits(headers: &HeaderMap, etag: Etag) -> bool {
     })
 }
 
-fn header_str(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<&str>, ApiError> {
-    match headers.get(&name) {
+/// A header value as text, if it is visible ASCII (and tabs), as `HeaderValue::to_str`
+/// accepts.
+pub fn visible_ascii(v: &[u8]) -> Option<&str> {
+    if v.iter().all(|&b| b == b'\t' || (32..127).contains(&b)) {
+        std::str::from_utf8(v).ok()
+    } else {
+        None
+    }
+}
+
+fn header_str<'h>(headers: &'h impl HeaderLookup, name: &str) -> Result<Option<&'h str>, ApiError> {
+    match headers.first(name) {
         None => Ok(None),
-        Some(v) => v
-            .to_str()
+        Some(v) => visible_ascii(v)
             .map(|s| Some(s.trim()))
-            .map_err(|_| ApiError::bad_request("invalid_header", format!("{name} is not ASCII"))),
+            .ok_or_else(|| ApiError::bad_request("invalid_header", format!("{name} is not ASCII"))),
     }
 }
 

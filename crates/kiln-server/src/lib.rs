@@ -7,6 +7,7 @@ pub mod auth;
 mod changes;
 mod config;
 mod error;
+mod http1;
 mod http_util;
 mod metrics;
 mod routes;

@@ -97,6 +97,7 @@ impl RunningServer {
             heartbeat: crate::changes::start_heartbeat(Duration::from_millis(
                 config.changes.heartbeat_ms.max(1),
             )),
+            own_http1: config.own_http1,
         });
         let max_connections = u32::try_from(config.limits.max_connections)
             .map_err(|_| ServeError::Config("max_connections is too large".into()))?;
@@ -274,6 +275,25 @@ async fn refuse(mut stream: TcpStream, tls: bool) {
 }
 
 async fn serve_connection<S>(
+    io: S,
+    info: ConnInfo,
+    app: Router,
+    state: SharedState,
+    header_read_timeout: Duration,
+    shutdown: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    if state.own_http1 {
+        crate::http1::serve_connection(io, info, app, state, header_read_timeout, shutdown).await
+    } else {
+        serve_with_hyper(io, info, app, state, header_read_timeout, shutdown).await
+    }
+}
+
+/// Serves a connection with hyper (see `http1::serve_connection` for which
+/// connections start elsewhere).
+pub(crate) async fn serve_with_hyper<S>(
     io: S,
     info: ConnInfo,
     app: Router,

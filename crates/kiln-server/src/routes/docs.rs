@@ -1,6 +1,6 @@
 //! Documents: get/head/put/post/delete, listings, collections and batches.
 
-use crate::app::SharedState;
+use crate::app::{AppState, SharedState};
 use crate::error::ApiError;
 use crate::http_util::{
     blocking, condition_from_if_match, encode_path, etag_header, json_response, json_value,
@@ -12,13 +12,30 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use kiln_docs::{BatchOp, BatchOutcome, Condition, DocId, Document, Page, PutOutcome, WriteOp};
+use kiln_docs::{
+    BatchOp, BatchOutcome, Condition, Database, DocId, Document, Page, PutOutcome, WriteOp,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// `Last-Modified` of a document written at `doc_ms` (shown as text, or written
+/// into an answer without a `String`).
+pub(crate) fn last_modified_date(doc_ms: u64) -> httpdate::HttpDate {
+    (std::time::UNIX_EPOCH + std::time::Duration::from_millis(doc_ms)).into()
+}
 
 fn last_modified(doc_ms: u64) -> Option<HeaderValue> {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(doc_ms);
-    HeaderValue::from_str(&httpdate::fmt_http_date(t)).ok()
+    HeaderValue::from_str(&last_modified_date(doc_ms).to_string()).ok()
+}
+
+/// The document a GET names, or why there is none.
+pub(crate) fn lookup(state: &AppState, db: &str, id: &str) -> Result<Document, ApiError> {
+    let database = state.store.database(db)?;
+    // A read is a snapshot lookup in the memory map: no need to leave the worker.
+    database
+        .get(id)?
+        .ok_or_else(|| ApiError::from(kiln_docs::DocError::DocumentNotFound { id: id.to_string() }))
 }
 
 pub async fn get_document(
@@ -26,11 +43,7 @@ pub async fn get_document(
     ApiPath((db, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let database = state.store.database(&db)?;
-    // A read is a snapshot lookup in the memory map: no need to leave the worker.
-    let doc = database
-        .get(&id)?
-        .ok_or_else(|| ApiError::from(kiln_docs::DocError::DocumentNotFound { id: id.clone() }))?;
+    let doc = lookup(&state, &db, &id)?;
     let mut resp = if none_match_hits(&headers, doc.etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
@@ -56,21 +69,39 @@ pub async fn put_document(
     let condition = write_condition(&headers)?;
     let database = state.store.database(&db)?;
     let bytes = read_body(&headers, body, &state.limits).await?;
+    let out = put(&state, database, id, &bytes, condition).await?;
+    Ok(put_response(&db, &out))
+}
+
+/// Parses `body` as the document and writes it to `id` (a new id under it when it
+/// ends in `/`), durably.
+pub(crate) async fn put(
+    state: &AppState,
+    database: Arc<Database>,
+    id: String,
+    body: &[u8],
+    condition: Condition,
+) -> Result<PutOutcome, ApiError> {
     let target = if id.ends_with('/') {
         DocId::Generate { prefix: id }
     } else {
         DocId::Given(id)
     };
-    let document = database.parse_document(&bytes)?;
+    let document = database.parse_document(body)?;
     let op = WriteOp::Put {
         id: target,
         document,
         condition,
     };
-    match crate::routes::write(&state, database, op).await? {
-        BatchOutcome::Put(out) => Ok(put_response(&db, &out)),
+    match crate::routes::write(state, database, op).await? {
+        BatchOutcome::Put(out) => Ok(out),
         BatchOutcome::Delete(_) => Err(mismatched_outcome()),
     }
+}
+
+/// The `Location` of a document a write created.
+pub(crate) fn location(db: &str, id: &str) -> String {
+    format!("/dbs/{db}/docs/{}", encode_path(id))
 }
 
 fn mismatched_outcome() -> ApiError {
@@ -91,7 +122,7 @@ fn put_response(db: &str, out: &PutOutcome) -> Response {
     let h = resp.headers_mut();
     h.insert(header::ETAG, etag_header(out.etag));
     if out.created {
-        if let Ok(v) = HeaderValue::from_str(&format!("/dbs/{db}/docs/{}", encode_path(&out.id))) {
+        if let Ok(v) = HeaderValue::from_str(&location(db, &out.id)) {
             h.insert(header::LOCATION, v);
         }
     }
@@ -100,7 +131,7 @@ fn put_response(db: &str, out: &PutOutcome) -> Response {
 
 /// `put_json(out)` as text, written straight into one buffer (every PUT answers
 /// with it): the same keys in the same order.
-fn put_json_bytes(out: &PutOutcome) -> Vec<u8> {
+pub(crate) fn put_json_bytes(out: &PutOutcome) -> Vec<u8> {
     use std::io::Write;
     let string = |b: &mut Vec<u8>, s: &str| {
         serde_json::to_writer(b, s).expect("writing to a Vec cannot fail");

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 /// Queues one write on the store's write queue and waits until it is durable.
 pub async fn write(
-    state: &SharedState,
+    state: &crate::app::AppState,
     db: Arc<Database>,
     op: WriteOp,
 ) -> Result<BatchOutcome, ApiError> {

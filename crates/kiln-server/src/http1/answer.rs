@@ -1,0 +1,196 @@
+//! Answers written straight into the connection's output buffer: the document
+//! GET and PUT answers without building a `Response`, and any other `Response`
+//! (errors, refusals) rendered as hyper would send it.
+
+use crate::routes::docs::{last_modified_date, location, put_json_bytes};
+use axum::http::{header, StatusCode};
+use axum::response::Response;
+use http_body_util::BodyExt;
+use kiln_docs::{Document, PutOutcome};
+use std::cell::RefCell;
+use std::io::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+fn status_line(out: &mut Vec<u8>, status: StatusCode) {
+    let _ = write!(
+        out,
+        "HTTP/1.1 {} {}\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
+    );
+}
+
+/// `date:` (RFC 9110 wants it on every answer), formatted once a second per thread
+/// as hyper does.
+fn date_header(out: &mut Vec<u8>) {
+    thread_local! {
+        static CACHED: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+    }
+    let now = SystemTime::now();
+    let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    CACHED.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != second {
+            *c = (second, httpdate::fmt_http_date(now));
+        }
+        out.extend_from_slice(b"date: ");
+        out.extend_from_slice(c.1.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    });
+}
+
+/// The headers every answer ends with, then the body.
+fn finish(out: &mut Vec<u8>, body: Option<&[u8]>, close: bool) {
+    if let Some(body) = body {
+        let _ = write!(out, "content-length: {}\r\n", body.len());
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    date_header(out);
+    out.extend_from_slice(b"\r\n");
+    if let Some(body) = body {
+        out.extend_from_slice(body);
+    }
+}
+
+/// A document GET: 200 with the stored JSON, or 304 when `If-None-Match` named
+/// its etag. The same headers as `routes::docs::get_document`.
+pub fn document(out: &mut Vec<u8>, doc: &Document, not_modified: bool, close: bool) -> StatusCode {
+    let status = if not_modified {
+        StatusCode::NOT_MODIFIED
+    } else {
+        StatusCode::OK
+    };
+    status_line(out, status);
+    if !not_modified {
+        out.extend_from_slice(b"content-type: application/json\r\n");
+    }
+    let _ = write!(
+        out,
+        "etag: \"{}\"\r\nlast-modified: {}\r\ncache-control: no-cache\r\n",
+        doc.etag,
+        last_modified_date(doc.last_modified_ms)
+    );
+    finish(out, (!not_modified).then_some(&doc.json[..]), close);
+    status
+}
+
+/// A document PUT or POST: the same answer as `routes::docs::put_response`.
+pub fn put(out: &mut Vec<u8>, db: &str, outcome: &PutOutcome, close: bool) -> StatusCode {
+    let status = if outcome.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    status_line(out, status);
+    let _ = write!(
+        out,
+        "content-type: application/json\r\netag: \"{}\"\r\n",
+        outcome.etag
+    );
+    if outcome.created {
+        let _ = write!(out, "location: {}\r\n", location(db, &outcome.id));
+    }
+    finish(out, Some(&put_json_bytes(outcome)), close);
+    status
+}
+
+/// Any other answer (an error, a refusal), with its body read in full: those
+/// bodies are small and already in memory.
+pub async fn response(out: &mut Vec<u8>, resp: Response, close: bool) -> StatusCode {
+    let (parts, body) = resp.into_parts();
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            tracing::warn!(error = %e, "an error answer's body could not be read");
+            Default::default()
+        }
+    };
+    status_line(out, parts.status);
+    for (name, value) in &parts.headers {
+        if name == header::CONTENT_LENGTH || name == header::CONNECTION || name == header::DATE {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let no_body = parts.status == StatusCode::NOT_MODIFIED
+        || parts.status == StatusCode::NO_CONTENT
+        || parts.status.is_informational();
+    finish(out, (!no_body).then_some(&body[..]), close);
+    parts.status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ApiError;
+    use axum::response::IntoResponse;
+    use kiln_docs::Etag;
+
+    fn text(out: &[u8]) -> String {
+        String::from_utf8(out.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_document_answer_has_its_headers_and_length() {
+        let doc = Document {
+            id: "users/1".into(),
+            etag: Etag {
+                incarnation: 0xa,
+                sequence: 3,
+            },
+            last_modified_ms: 1_700_000_000_000,
+            collection: Some("users".into()),
+            json: br#"{"name":"Ada"}"#.to_vec(),
+        };
+        let mut out = Vec::new();
+        assert_eq!(document(&mut out, &doc, false, false), StatusCode::OK);
+        let t = text(&out);
+        assert!(t.starts_with("HTTP/1.1 200 OK\r\n"), "{t}");
+        assert!(t.contains(&format!("etag: \"{}\"\r\n", doc.etag)), "{t}");
+        assert!(
+            t.contains("last-modified: Tue, 14 Nov 2023 22:13:20 GMT\r\n"),
+            "{t}"
+        );
+        assert!(t.contains("content-length: 14\r\n"), "{t}");
+        assert!(!t.contains("connection: close"), "{t}");
+        assert!(t.ends_with("\r\n\r\n{\"name\":\"Ada\"}"), "{t}");
+
+        let mut out = Vec::new();
+        assert_eq!(
+            document(&mut out, &doc, true, true),
+            StatusCode::NOT_MODIFIED
+        );
+        let t = text(&out);
+        assert!(t.starts_with("HTTP/1.1 304 Not Modified\r\n"), "{t}");
+        assert!(!t.contains("content-length"), "{t}");
+        assert!(t.contains("connection: close\r\n"), "{t}");
+        assert!(t.ends_with("\r\n\r\n"), "{t}");
+    }
+
+    #[tokio::test]
+    async fn an_error_answer_is_rendered_with_its_body_and_headers() {
+        let mut e = ApiError::new(StatusCode::CONFLICT, "etag_mismatch", "no");
+        e.current_etag = Some(Etag {
+            incarnation: 1,
+            sequence: 2,
+        });
+        let body = e.body_json();
+        let mut out = Vec::new();
+        let status = response(&mut out, e.into_response(), false).await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        let t = text(&out);
+        assert!(t.starts_with("HTTP/1.1 409 Conflict\r\n"), "{t}");
+        assert!(t.contains("content-type: application/json\r\n"), "{t}");
+        assert!(t.contains("etag: \"2-"), "{t}");
+        assert!(
+            t.contains(&format!("content-length: {}\r\n", body.len())),
+            "{t}"
+        );
+        assert!(t.ends_with(&format!("\r\n\r\n{body}")), "{t}");
+    }
+}

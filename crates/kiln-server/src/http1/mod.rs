@@ -1,0 +1,338 @@
+//! The connection's own HTTP/1.1 loop for the busiest requests: one document's
+//! GET, PUT or POST in plain HTTP/1.1 (no chunked body, no `Expect`, no upgrade,
+//! nothing to percent-decode). Under W8 and W9 those are every request, and hyper,
+//! the router and their per-request allocations cost about as much CPU as the
+//! storage work itself (README, "Round 2"). The first request of any other kind
+//! hands the connection, with every byte already read, to hyper for the rest of its
+//! life, so everything else is served exactly as before.
+//!
+//! What the loop keeps from hyper's behaviour: keep-alive and pipelining (answers
+//! to pipelined requests go out together), `Connection: close`, half-closed clients,
+//! the same header read timeout (an idle connection is closed after it too), 413
+//! before reading an oversized body, 408 for a stalled body, 400 for a body cut
+//! short, and a graceful shutdown that finishes the request in hand.
+
+mod answer;
+mod head;
+mod rewind;
+
+use crate::app::{ConnInfo, SharedState, DOCUMENT_ROUTE};
+use crate::http_util::{body_read_failed, body_timed_out, body_too_large, none_match_hits};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Router;
+use head::{DocHead, DocMethod, HeadHeaders, Parsed};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
+
+/// A buffer kept between requests; a larger one (a big body) is given back.
+const KEPT_BUFFER_BYTES: usize = 16 << 10;
+/// A head longer than this goes to hyper, which refuses it with its own limit.
+const MAX_HEAD_BYTES: usize = 64 << 10;
+/// Answers to pipelined requests are sent together up to this size.
+const MAX_PENDING_OUTPUT_BYTES: usize = 64 << 10;
+
+/// Serves a connection: document requests here, the rest (from the first request
+/// that is not one) through hyper.
+pub(crate) async fn serve_connection<S>(
+    io: S,
+    info: ConnInfo,
+    app: Router,
+    state: SharedState,
+    header_read_timeout: Duration,
+    shutdown: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut conn = Conn {
+        io,
+        buf: Vec::with_capacity(8 << 10),
+        out: Vec::with_capacity(8 << 10),
+        deadline: Instant::now() + header_read_timeout,
+        timer: Box::pin(tokio::time::sleep(header_read_timeout)),
+        read_timeout: header_read_timeout,
+        client_certificate: info.client_certificate,
+        state: state.clone(),
+        shutdown: shutdown.clone(),
+        shutdown_signal: Some(Box::pin(shutdown_signal(shutdown.clone()))),
+    };
+    let next = conn.run().await;
+    if next == Next::HandOver {
+        state
+            .metrics
+            .connections_to_hyper
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let io = rewind::Rewind::new(conn.buf, conn.io);
+        crate::serve::serve_with_hyper(io, info, app, state, header_read_timeout, shutdown).await;
+    } else {
+        let _ = conn.io.shutdown().await;
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    Close,
+    HandOver,
+}
+
+/// Why a wait for more bytes ended without them.
+enum Stop {
+    Eof,
+    TimedOut,
+    Shutdown,
+}
+
+struct Conn<S> {
+    io: S,
+    /// Bytes read and not yet consumed; the next request starts at 0.
+    buf: Vec<u8>,
+    /// Answers not yet written.
+    out: Vec<u8>,
+    /// When the current wait (for a head, or for a body) times out. Moving it is a
+    /// store; `timer` fires at an earlier deadline at most once per timeout period
+    /// and is then set again, so a request does not touch the timer wheel.
+    deadline: Instant,
+    timer: Pin<Box<Sleep>>,
+    read_timeout: Duration,
+    client_certificate: bool,
+    state: SharedState,
+    shutdown: watch::Receiver<bool>,
+    /// Resolves at shutdown; made once per connection (a `changed()` per wait
+    /// registered and dropped a waiter on every request), `None` once resolved.
+    shutdown_signal: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+async fn shutdown_signal(mut shutdown: watch::Receiver<bool>) {
+    // Err: the server is gone, which is a shutdown too.
+    while !*shutdown.borrow_and_update() {
+        if shutdown.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    async fn run(&mut self) -> Next {
+        self.deadline = Instant::now() + self.read_timeout;
+        loop {
+            match head::parse(&self.buf) {
+                Parsed::Document(head) => {
+                    if let Err(next) = self.serve(head).await {
+                        return next;
+                    }
+                    if self.buf.is_empty() {
+                        if self.buf.capacity() > KEPT_BUFFER_BYTES {
+                            self.buf = Vec::with_capacity(8 << 10);
+                        }
+                        // The wait for the next request starts now.
+                        self.deadline = Instant::now() + self.read_timeout;
+                    }
+                    if self.out.len() >= MAX_PENDING_OUTPUT_BYTES && self.flush().await.is_err() {
+                        return Next::Close;
+                    }
+                }
+                Parsed::Other => {
+                    return match self.flush().await {
+                        Ok(()) => Next::HandOver,
+                        Err(()) => Next::Close,
+                    };
+                }
+                Parsed::Partial if self.buf.len() > MAX_HEAD_BYTES => {
+                    return match self.flush().await {
+                        Ok(()) => Next::HandOver,
+                        Err(()) => Next::Close,
+                    };
+                }
+                Parsed::Partial => {
+                    // Everything buffered is answered: send it before waiting.
+                    if self.flush().await.is_err() {
+                        return Next::Close;
+                    }
+                    let idle = self.buf.is_empty();
+                    if idle && *self.shutdown.borrow() {
+                        return Next::Close;
+                    }
+                    if self.read_more(idle).await.is_err() {
+                        // End of stream, a timed-out head or an idle connection at
+                        // shutdown: close, as hyper does.
+                        return Next::Close;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Serves one document request; `Err` ends the loop (the answer is flushed).
+    async fn serve(&mut self, head: DocHead) -> Result<(), Next> {
+        let started = std::time::Instant::now();
+        let close = head.close || *self.shutdown.borrow();
+        let (status, close) = match head.method {
+            DocMethod::Get => (self.get(&head, close).await, close),
+            DocMethod::Put | DocMethod::Post => self.put(&head, close).await,
+        };
+        self.state.metrics.record_request(
+            DOCUMENT_ROUTE,
+            head.method.as_str(),
+            status.as_u16(),
+            started.elapsed(),
+        );
+        if close {
+            let _ = self.flush().await;
+            return Err(Next::Close);
+        }
+        Ok(())
+    }
+
+    async fn get(&mut self, head: &DocHead, close: bool) -> StatusCode {
+        let headers = HeadHeaders {
+            head,
+            buf: &self.buf,
+        };
+        let state = &*self.state;
+        let found = match crate::app::refusal_by(state, self.client_certificate, || {
+            crate::app::presented_key(&headers)
+        }) {
+            Some(refused) => Err(refused),
+            None => crate::routes::docs::lookup(state, head.db(&self.buf), head.id(&self.buf))
+                .map_err(IntoResponse::into_response),
+        };
+        let status = match found {
+            Ok(doc) => {
+                let not_modified = none_match_hits(&headers, doc.etag);
+                answer::document(&mut self.out, &doc, not_modified, close)
+            }
+            Err(resp) => answer::response(&mut self.out, resp, close).await,
+        };
+        self.buf.drain(..head.head_len);
+        status
+    }
+
+    /// A PUT or POST: checks that need no body first, then the body (within the
+    /// size and time limits), then the durable write. Returns the answer's status
+    /// and whether the connection closes after it.
+    async fn put(&mut self, head: &DocHead, close: bool) -> (StatusCode, bool) {
+        let state = self.state.clone();
+        let limits = &state.limits;
+        let body_end = head.head_len + head.content_length;
+        let checked = {
+            let headers = HeadHeaders {
+                head,
+                buf: &self.buf,
+            };
+            if head.content_length > limits.max_body_bytes {
+                Err(body_too_large(&head.content_length.to_string(), limits).into_response())
+            } else if let Some(refused) =
+                crate::app::refusal_by(&state, self.client_certificate, || {
+                    crate::app::presented_key(&headers)
+                })
+            {
+                Err(refused)
+            } else {
+                crate::http_util::write_condition(&headers)
+                    .and_then(|condition| {
+                        let database = state.store.database(head.db(&self.buf))?;
+                        Ok((condition, database))
+                    })
+                    .map_err(IntoResponse::into_response)
+            }
+        };
+        let (condition, database) = match checked {
+            Ok(ready) => ready,
+            Err(resp) => {
+                // The body stays unread: skipped when all of it is here already,
+                // otherwise the connection closes (its rest would be taken for the
+                // next request).
+                let skip =
+                    head.content_length <= limits.max_body_bytes && self.buf.len() >= body_end;
+                let close = close || !skip;
+                let status = answer::response(&mut self.out, resp, close).await;
+                if skip {
+                    self.buf.drain(..body_end);
+                }
+                return (status, close);
+            }
+        };
+        self.deadline = Instant::now() + self.read_timeout;
+        while self.buf.len() < body_end {
+            self.buf.reserve(body_end - self.buf.len());
+            if let Err(stop) = self.read_more(false).await {
+                let e = match stop {
+                    Stop::TimedOut => body_timed_out(limits),
+                    Stop::Eof | Stop::Shutdown => body_read_failed(format_args!(
+                        "the connection ended after {} of {} bytes",
+                        self.buf.len() - head.head_len,
+                        head.content_length
+                    )),
+                };
+                return (
+                    answer::response(&mut self.out, e.into_response(), true).await,
+                    true,
+                );
+            }
+        }
+        let id = head.id(&self.buf).to_string();
+        let body = &self.buf[head.head_len..body_end];
+        let status = match crate::routes::docs::put(&state, database, id, body, condition).await {
+            Ok(outcome) => answer::put(&mut self.out, head.db(&self.buf), &outcome, close),
+            Err(e) => answer::response(&mut self.out, e.into_response(), close).await,
+        };
+        self.buf.drain(..body_end);
+        (status, close)
+    }
+
+    /// Reads more bytes into `buf`. An `idle` connection (between requests) also
+    /// stops at shutdown.
+    async fn read_more(&mut self, idle: bool) -> Result<(), Stop> {
+        let Conn {
+            io,
+            buf,
+            deadline,
+            timer,
+            shutdown_signal,
+            ..
+        } = self;
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(8 << 10);
+        }
+        loop {
+            tokio::select! {
+                biased;
+                read = io.read_buf(buf) => {
+                    return match read {
+                        Ok(0) | Err(_) => Err(Stop::Eof),
+                        Ok(_) => Ok(()),
+                    };
+                }
+                () = timer.as_mut() => {
+                    if Instant::now() >= *deadline {
+                        return Err(Stop::TimedOut);
+                    }
+                    let at = *deadline;
+                    timer.as_mut().reset(at);
+                }
+                () = async { shutdown_signal.as_mut().expect("checked").await }, if idle && shutdown_signal.is_some() => {
+                    *shutdown_signal = None;
+                    return Err(Stop::Shutdown);
+                }
+            }
+        }
+    }
+
+    /// Writes the pending answers; `Err` when the client is gone.
+    async fn flush(&mut self) -> Result<(), ()> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let written = self.io.write_all(&self.out).await;
+        self.out.clear();
+        if self.out.capacity() > KEPT_BUFFER_BYTES {
+            self.out = Vec::with_capacity(8 << 10);
+        }
+        written.map_err(drop)?;
+        self.io.flush().await.map_err(drop)
+    }
+}
