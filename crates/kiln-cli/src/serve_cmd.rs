@@ -79,6 +79,12 @@ pub struct ServeArgs {
     /// of the server's own HTTP/1.1 loop for those (to compare the two).
     #[arg(long)]
     hyper_only: bool,
+    /// Threads that serve connections, each with a single-threaded async runtime of
+    /// its own (default: one per core but one, which is left to the engine's write
+    /// and flush threads; at least one); 0 serves them on the shared runtime of
+    /// --worker-threads instead.
+    #[arg(long)]
+    connection_threads: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -117,6 +123,9 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
     config.require_auth = a.auth;
     config.unsecured = a.unsecured;
     config.own_http1 = !a.hyper_only;
+    if let Some(n) = a.connection_threads {
+        config.connection_threads = n;
+    }
     config.limits = Limits {
         max_body_bytes: a.max_body_bytes,
         max_page_size: a.max_page_size,

@@ -22,6 +22,12 @@ pub struct ServerConfig {
     /// (`http1/`); `false` serves every request through hyper, as before it (kept
     /// to compare the two in one build).
     pub own_http1: bool,
+    /// Threads that serve connections, each with a single-threaded runtime of its
+    /// own (`conn_threads.rs`); 0 serves them on the runtime that started the server
+    /// (a test on tokio's paused clock needs that). The default leaves a core to the
+    /// engine's threads (write queue, commits, flusher): one fewer than the cores,
+    /// at least one (`default_connection_threads`).
+    pub connection_threads: usize,
 }
 
 #[derive(Clone)]
@@ -92,6 +98,17 @@ impl Default for Limits {
     }
 }
 
+/// One thread per core but one, at least one. On 2 cores (`kiln bench`, medians
+/// of alternated runs, README "Round 2, ninth pass"): W8 55-58k PUTs/s with one
+/// connection thread, 54-56k with two, 48-50k on the shared runtime; W9 147-158k
+/// GETs/s with one, 125-129k with two, 133-144k on the shared runtime.
+pub fn default_connection_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .saturating_sub(1)
+        .max(1)
+}
+
 impl ServerConfig {
     pub fn new(data_dir: impl Into<PathBuf>, bind: SocketAddr) -> ServerConfig {
         ServerConfig {
@@ -105,6 +122,7 @@ impl ServerConfig {
             changes: ChangesConfig::default(),
             shutdown_grace_ms: 10_000,
             own_http1: true,
+            connection_threads: default_connection_threads(),
         }
     }
 

@@ -6,6 +6,7 @@ mod app;
 pub mod auth;
 mod changes;
 mod config;
+mod conn_threads;
 mod error;
 mod http1;
 mod http_util;
@@ -14,7 +15,7 @@ mod routes;
 mod serve;
 mod tls;
 
-pub use config::{ChangesConfig, Limits, ServerConfig, TlsConfig};
+pub use config::{default_connection_threads, ChangesConfig, Limits, ServerConfig, TlsConfig};
 pub use serve::{RunningServer, ServeError};
 
 /// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.

@@ -4,6 +4,7 @@
 use crate::app::{router, AppState, ConnInfo, SharedState};
 use crate::auth::{AuthError, KeyVerifier};
 use crate::config::ServerConfig;
+use crate::conn_threads::ConnThreads;
 use crate::metrics::Metrics;
 use axum::body::Body;
 use axum::Router;
@@ -47,6 +48,8 @@ pub struct RunningServer {
     max_connections: u32,
     state: SharedState,
     grace: Duration,
+    /// Kept until the connections have finished: dropping them ends their threads.
+    conn_threads: Option<Arc<ConnThreads>>,
 }
 
 impl RunningServer {
@@ -110,12 +113,19 @@ impl RunningServer {
                 shutdown_rx.clone(),
             ));
         }
+        let conn_threads = match config.connection_threads {
+            0 => None,
+            n => Some(Arc::new(ConnThreads::start(n).map_err(|e| {
+                ServeError::Config(format!("starting {n} connection threads: {e}"))
+            })?)),
+        };
         let accept_loop = tokio::spawn(accept_loop(
             listener,
             tls,
             router(state.clone()),
             state.clone(),
             connections.clone(),
+            conn_threads.clone(),
             shutdown_rx,
         ));
         tracing::info!(addr = %local_addr, tls = config.tls.is_some(), auth = config.require_auth, "kiln serving");
@@ -127,6 +137,7 @@ impl RunningServer {
             max_connections,
             state,
             grace: Duration::from_millis(config.shutdown_grace_ms),
+            conn_threads,
         })
     }
 
@@ -157,6 +168,7 @@ impl RunningServer {
                 "connections still open after the grace period"
             ),
         }
+        drop(self.conn_threads);
         let mut store = self.state.store.clone();
         drop(self.state);
         // Writes still running on blocking threads hold the store; give them the
@@ -190,6 +202,7 @@ async fn accept_loop(
     app: Router,
     state: SharedState,
     connections: Arc<Semaphore>,
+    conn_threads: Option<Arc<ConnThreads>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -214,7 +227,7 @@ async fn accept_loop(
         state.metrics.connections_total.fetch_add(1, Relaxed);
         let (app, state, tls, shutdown) =
             (app.clone(), state.clone(), tls.clone(), shutdown.clone());
-        tokio::spawn(async move {
+        let connection = move |stream: TcpStream| async move {
             state.metrics.connections_open.fetch_add(1, Relaxed);
             let read_timeout = Duration::from_millis(state.limits.request_read_timeout_ms);
             match tls {
@@ -254,7 +267,25 @@ async fn accept_loop(
             }
             state.metrics.connections_open.fetch_sub(1, Relaxed);
             drop(permit);
-        });
+        };
+        let Some(threads) = &conn_threads else {
+            tokio::spawn(connection(stream));
+            continue;
+        };
+        // The socket leaves this runtime's reactor and joins its thread's.
+        match stream.into_std() {
+            Ok(stream) => threads.serve(move || async move {
+                match TcpStream::from_std(stream) {
+                    Ok(stream) => connection(stream).await,
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "a connection could not join its thread")
+                    }
+                }
+            }),
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "a connection could not leave the accept loop")
+            }
+        }
     }
 }
 

@@ -665,6 +665,8 @@ async fn idle_subscriber_gets_heartbeats_spaced_by_the_interval_on_a_paused_cloc
         c.changes.heartbeat_ms = 5_000;
         c.changes.tombstone_retention_ms = None;
         c.changes.send_timeout_ms = 3_600_000;
+        // Connections on this runtime, so that they run on its paused clock.
+        c.connection_threads = 0;
     })
     .await;
     // HTTP writes wait on the store's write-queue thread, which tokio cannot see: on

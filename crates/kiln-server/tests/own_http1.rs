@@ -398,3 +398,33 @@ async fn the_own_loop_answers_as_hyper_does() {
         ]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_spread_over_several_connection_threads() {
+    for threads in [3, 0] {
+        let h = Harness::start_with(|c| c.connection_threads = threads).await;
+        h.create_db("t").await;
+        let mut clients = Vec::new();
+        for n in 0..12 {
+            let mut c = RawConn::open(&h).await;
+            clients.push(tokio::spawn(async move {
+                for i in 0..20 {
+                    let path = format!("/dbs/t/docs/c{n}/{i}");
+                    c.send(put(&path, &format!("{{\"n\":{i}}}"), "").as_bytes())
+                        .await;
+                    assert_eq!(c.answer().await.unwrap().status, 201);
+                    c.send(get(&path, "").as_bytes()).await;
+                    let r = c.answer().await.unwrap();
+                    assert_eq!(r.status, 200);
+                    assert_eq!(r.json()["n"], i);
+                }
+            }));
+        }
+        for c in clients {
+            c.await.unwrap();
+        }
+        assert_eq!(h.doc_count("t").await, 240, "{threads} connection threads");
+        // Shutdown waits for the connection threads' connections, then ends them.
+        h.shutdown().await;
+    }
+}

@@ -448,10 +448,7 @@ impl Generation {
     }
 
     pub fn contains(&self, bkey: &[u8]) -> bool {
-        self.inner
-            .read()
-            .map
-            .contains_key(&probe_key(bkey).key)
+        self.inner.read().map.contains_key(&probe_key(bkey).key)
     }
 
     /// For each key, whether it holds a version. One read lock for all of them.
