@@ -20,6 +20,17 @@ pub struct Document {
 }
 
 impl Document {
+    /// An owned copy of a stored document borrowed from a snapshot.
+    pub fn from_view(id: &str, view: crate::DocumentView<'_>) -> Document {
+        Document {
+            id: id.to_string(),
+            etag: view.etag,
+            last_modified_ms: view.last_modified_ms,
+            collection: view.collection.map(str::to_string),
+            json: view.json.to_vec(),
+        }
+    }
+
     pub fn to_value(&self) -> Result<Value> {
         serde_json::from_slice(&self.json).map_err(|e| DocError::CorruptRecord {
             id: self.id.clone(),

@@ -15,7 +15,9 @@ use crate::{DocError, Etag, Result};
 const FORMAT_VERSION: u8 = 1;
 const HEADER_LEN: usize = 23;
 
-pub(crate) struct RecordView<'a> {
+/// A stored document as borrowed from a read snapshot: what a GET answers with,
+/// without copying the JSON out (see `Database::get_with`).
+pub struct RecordView<'a> {
     pub etag: Etag,
     pub last_modified_ms: u64,
     pub collection: Option<&'a str>,

@@ -30,12 +30,5 @@ pub(crate) fn read_last_sequence(r: &ReadTxn<'_>) -> Result<u64> {
 }
 
 pub(crate) fn to_document(id: &str, bytes: &[u8]) -> Result<Document> {
-    let rec = record::decode(id, bytes)?;
-    Ok(Document {
-        id: id.to_string(),
-        etag: rec.etag,
-        last_modified_ms: rec.last_modified_ms,
-        collection: rec.collection.map(str::to_string),
-        json: rec.json.to_vec(),
-    })
+    Ok(Document::from_view(id, record::decode(id, bytes)?))
 }

@@ -560,12 +560,22 @@ impl Database {
 
     /// Reads a document from the latest committed snapshot.
     pub fn get(&self, id: &str) -> Result<Option<Document>> {
+        self.get_with(id, |view| Document::from_view(id, view))
+    }
+
+    /// The document `id` as `read` makes of it, borrowed from the read snapshot
+    /// (an answer written straight from it copies the JSON once, not twice).
+    pub fn get_with<R>(
+        &self,
+        id: &str,
+        read: impl FnOnce(crate::DocumentView<'_>) -> R,
+    ) -> Result<Option<R>> {
         let env = self.live()?;
         validate_id(id, self.limits.max_id_bytes)?;
         let r = env.begin_read()?;
         match r.get(DOCS, id.as_bytes())? {
             None => Ok(None),
-            Some(bytes) => Ok(Some(to_document(id, bytes)?)),
+            Some(bytes) => Ok(Some(read(crate::record::decode(id, bytes)?))),
         }
     }
 

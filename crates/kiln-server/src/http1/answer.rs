@@ -6,7 +6,7 @@ use crate::routes::docs::{last_modified_date, location, put_json_bytes};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 use http_body_util::BodyExt;
-use kiln_docs::{Document, PutOutcome};
+use kiln_docs::{DocumentView, PutOutcome};
 use std::cell::RefCell;
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -56,7 +56,12 @@ fn finish(out: &mut Vec<u8>, body: Option<&[u8]>, close: bool) {
 
 /// A document GET: 200 with the stored JSON, or 304 when `If-None-Match` named
 /// its etag. The same headers as `routes::docs::get_document`.
-pub fn document(out: &mut Vec<u8>, doc: &Document, not_modified: bool, close: bool) -> StatusCode {
+pub fn document(
+    out: &mut Vec<u8>,
+    doc: &DocumentView<'_>,
+    not_modified: bool,
+    close: bool,
+) -> StatusCode {
     let status = if not_modified {
         StatusCode::NOT_MODIFIED
     } else {
@@ -72,7 +77,7 @@ pub fn document(out: &mut Vec<u8>, doc: &Document, not_modified: bool, close: bo
         doc.etag,
         last_modified_date(doc.last_modified_ms)
     );
-    finish(out, (!not_modified).then_some(&doc.json[..]), close);
+    finish(out, (!not_modified).then_some(doc.json), close);
     status
 }
 
@@ -129,7 +134,7 @@ mod tests {
     use super::*;
     use crate::error::ApiError;
     use axum::response::IntoResponse;
-    use kiln_docs::Etag;
+    use kiln_docs::{Document, Etag};
 
     fn text(out: &[u8]) -> String {
         String::from_utf8(out.to_vec()).unwrap()
@@ -147,8 +152,14 @@ mod tests {
             collection: Some("users".into()),
             json: br#"{"name":"Ada"}"#.to_vec(),
         };
+        let view = DocumentView {
+            etag: doc.etag,
+            last_modified_ms: doc.last_modified_ms,
+            collection: doc.collection.as_deref(),
+            json: &doc.json,
+        };
         let mut out = Vec::new();
-        assert_eq!(document(&mut out, &doc, false, false), StatusCode::OK);
+        assert_eq!(document(&mut out, &view, false, false), StatusCode::OK);
         let t = text(&out);
         assert!(t.starts_with("HTTP/1.1 200 OK\r\n"), "{t}");
         assert!(t.contains(&format!("etag: \"{}\"\r\n", doc.etag)), "{t}");
@@ -162,7 +173,7 @@ mod tests {
 
         let mut out = Vec::new();
         assert_eq!(
-            document(&mut out, &doc, true, true),
+            document(&mut out, &view, true, true),
             StatusCode::NOT_MODIFIED
         );
         let t = text(&out);

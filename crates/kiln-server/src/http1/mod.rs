@@ -193,18 +193,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             buf: &self.buf,
         };
         let state = &*self.state;
-        let found = match crate::app::refusal_by(state, self.client_certificate, || {
+        let out = &mut self.out;
+        let answered = match crate::app::refusal_by(state, self.client_certificate, || {
             crate::app::presented_key(&headers)
         }) {
             Some(refused) => Err(refused),
-            None => crate::routes::docs::lookup(state, head.db(&self.buf), head.id(&self.buf))
-                .map_err(IntoResponse::into_response),
+            None => crate::routes::docs::lookup_with(
+                state,
+                head.db(&self.buf),
+                head.id(&self.buf),
+                |doc| {
+                    let not_modified = none_match_hits(&headers, doc.etag);
+                    answer::document(out, &doc, not_modified, close)
+                },
+            )
+            .map_err(IntoResponse::into_response),
         };
-        let status = match found {
-            Ok(doc) => {
-                let not_modified = none_match_hits(&headers, doc.etag);
-                answer::document(&mut self.out, &doc, not_modified, close)
-            }
+        let status = match answered {
+            Ok(status) => status,
             Err(resp) => answer::response(&mut self.out, resp, close).await,
         };
         self.buf.drain(..head.head_len);

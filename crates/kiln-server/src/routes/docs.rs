@@ -31,11 +31,21 @@ fn last_modified(doc_ms: u64) -> Option<HeaderValue> {
 
 /// The document a GET names, or why there is none.
 pub(crate) fn lookup(state: &AppState, db: &str, id: &str) -> Result<Document, ApiError> {
+    lookup_with(state, db, id, |view| Document::from_view(id, view))
+}
+
+/// `lookup`, with the document borrowed from the read snapshot while `read` runs.
+pub(crate) fn lookup_with<R>(
+    state: &AppState,
+    db: &str,
+    id: &str,
+    read: impl FnOnce(kiln_docs::DocumentView<'_>) -> R,
+) -> Result<R, ApiError> {
     let database = state.store.database(db)?;
     // A read is a snapshot lookup in the memory map: no need to leave the worker.
-    database
-        .get(id)?
-        .ok_or_else(|| ApiError::from(kiln_docs::DocError::DocumentNotFound { id: id.to_string() }))
+    database.get_with(id, read)?.ok_or_else(|| {
+        ApiError::from(kiln_docs::DocError::DocumentNotFound { id: id.to_string() })
+    })
 }
 
 pub async fn get_document(
