@@ -19,6 +19,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
+/// A body up to this size is parsed where it arrived; a larger one on a blocking
+/// thread. A connection thread serves many connections: a 16 MiB document parsed
+/// inline would hold all of them up for tens of milliseconds.
+const INLINE_PARSE_BYTES: usize = 64 << 10;
+
 /// `Last-Modified` of a document written at `doc_ms` (shown as text, or written
 /// into an answer without a `String`).
 pub(crate) fn last_modified_date(doc_ms: u64) -> httpdate::HttpDate {
@@ -97,7 +102,12 @@ pub(crate) async fn put(
     } else {
         DocId::Given(id)
     };
-    let document = database.parse_document(body)?;
+    let document = if body.len() <= INLINE_PARSE_BYTES {
+        database.parse_document(body)?
+    } else {
+        let (database, body) = (database.clone(), body.to_vec());
+        blocking(move || database.parse_document(&body)).await?
+    };
     let op = WriteOp::Put {
         id: target,
         document,
@@ -320,8 +330,16 @@ pub async fn batch(
 ) -> Result<Response, ApiError> {
     let database = state.store.database(&db)?;
     let bytes = read_body(&headers, body, &state.limits).await?;
-    let parsed: BatchJson = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::from(kiln_docs::DocError::malformed_json(&e)))?;
+    let inline = bytes.len() <= INLINE_PARSE_BYTES;
+    let parse = move || {
+        serde_json::from_slice::<BatchJson>(&bytes)
+            .map_err(|e| kiln_docs::DocError::malformed_json(&e))
+    };
+    let parsed = if inline {
+        parse()?
+    } else {
+        blocking(parse).await?
+    };
     let cond = |if_match: Option<String>, create_only: bool| -> Result<Condition, ApiError> {
         match (if_match, create_only) {
             (Some(_), true) => Err(ApiError::bad_request(
