@@ -52,9 +52,9 @@ pub use database::{
 pub use document::{format_rfc3339_ms, Document};
 pub use error::{DocError, Result};
 pub use etag::Etag;
-pub use record::RecordView as DocumentView;
 pub use id::{validate_collection, validate_database_name, validate_id, MAX_COLLECTION_LEN};
 pub use index::{IndexDefinition, IndexErrorSample, IndexField, IndexInfo, IndexingOptions};
 pub use query::{QueryOptions, QueryResult};
+pub use record::RecordView as DocumentView;
 pub use store::{DocStore, DocsOptions};
 pub use write_queue::{Reply, WriteQueue, WriteQueueOptions};

@@ -19,8 +19,26 @@ pub(crate) type Job = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send
 
 struct ConnThread {
     jobs: mpsc::UnboundedSender<Job>,
+    handle: std::thread::JoinHandle<()>,
     /// Connections this thread serves now.
     serving: Arc<AtomicUsize>,
+}
+
+/// One connection counted as served by a thread until dropped (also when the
+/// connection's task panics or is cancelled).
+struct Serving(Arc<AtomicUsize>);
+
+impl Serving {
+    fn count(serving: Arc<AtomicUsize>) -> Serving {
+        serving.fetch_add(1, Relaxed);
+        Serving(serving)
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
 }
 
 pub(crate) struct ConnThreads {
@@ -35,7 +53,7 @@ impl ConnThreads {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            std::thread::Builder::new()
+            let handle = std::thread::Builder::new()
                 .name(format!("kiln-conn-{i}"))
                 .spawn(move || {
                     runtime.block_on(async move {
@@ -48,10 +66,23 @@ impl ConnThreads {
                 })?;
             threads.push(ConnThread {
                 jobs,
+                handle,
                 serving: Arc::new(AtomicUsize::new(0)),
             });
         }
         Ok(ConnThreads { threads })
+    }
+
+    /// Ends the threads: each stops taking connections, drops its runtime (ending
+    /// the connections it still serves) and exits. Returns them, to be joined.
+    pub fn stop(self) -> Vec<std::thread::JoinHandle<()>> {
+        self.threads
+            .into_iter()
+            .map(|t| {
+                drop(t.jobs);
+                t.handle
+            })
+            .collect()
     }
 
     /// Serves `connection` on the thread with the fewest connections. `connection`
@@ -66,12 +97,11 @@ impl ConnThreads {
             .iter()
             .min_by_key(|t| t.serving.load(Relaxed))
             .expect("at least one connection thread");
-        let serving = thread.serving.clone();
-        serving.fetch_add(1, Relaxed);
+        let serving = Serving::count(thread.serving.clone());
         let job: Job = Box::new(move || {
             Box::pin(async move {
                 connection().await;
-                serving.fetch_sub(1, Relaxed);
+                drop(serving);
             })
         });
         if thread.jobs.send(job).is_err() {

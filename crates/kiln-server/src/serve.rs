@@ -168,7 +168,18 @@ impl RunningServer {
                 "connections still open after the grace period"
             ),
         }
-        drop(self.conn_threads);
+        // The accept loop has ended, so this is the last holder of the threads.
+        if let Some(threads) = self.conn_threads.and_then(Arc::into_inner) {
+            let handles = threads.stop();
+            let joined = tokio::task::spawn_blocking(move || {
+                for h in handles {
+                    let _ = h.join();
+                }
+            });
+            if tokio::time::timeout(self.grace, joined).await.is_err() {
+                tracing::warn!("connection threads still running after the grace period");
+            }
+        }
         let mut store = self.state.store.clone();
         drop(self.state);
         // Writes still running on blocking threads hold the store; give them the
@@ -228,7 +239,7 @@ async fn accept_loop(
         let (app, state, tls, shutdown) =
             (app.clone(), state.clone(), tls.clone(), shutdown.clone());
         let connection = move |stream: TcpStream| async move {
-            state.metrics.connections_open.fetch_add(1, Relaxed);
+            let open = OpenConnection::count(state.clone());
             let read_timeout = Duration::from_millis(state.limits.request_read_timeout_ms);
             match tls {
                 None => {
@@ -265,7 +276,7 @@ async fn accept_loop(
                     }
                 }
             }
-            state.metrics.connections_open.fetch_sub(1, Relaxed);
+            drop(open);
             drop(permit);
         };
         let Some(threads) = &conn_threads else {
@@ -286,6 +297,23 @@ async fn accept_loop(
                 tracing::warn!(%peer, error = %e, "a connection could not leave the accept loop")
             }
         }
+    }
+}
+
+/// A connection counted in `connections_open` until dropped (also when its task
+/// panics or is cancelled).
+struct OpenConnection(SharedState);
+
+impl OpenConnection {
+    fn count(state: SharedState) -> OpenConnection {
+        state.metrics.connections_open.fetch_add(1, Relaxed);
+        OpenConnection(state)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.metrics.connections_open.fetch_sub(1, Relaxed);
     }
 }
 

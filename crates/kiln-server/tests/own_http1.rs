@@ -239,6 +239,24 @@ async fn a_refused_write_skips_its_body_and_keeps_the_connection() {
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["ok"], true);
 
+    // Authentication comes before the body's size, as on the hyper path: an
+    // unauthenticated client learns nothing about the limits.
+    let mut c = RawConn::open(&h).await;
+    c.send(b"PUT /dbs/a/docs/z HTTP/1.1\r\nContent-Length: 18446744073709551615\r\n\r\n{")
+        .await;
+    assert_eq!(c.answer().await.unwrap().status, 401);
+    assert!(c.closed_within(Duration::from_secs(2)).await);
+    let mut c = RawConn::open(&h).await;
+    c.send(
+        format!(
+            "PUT /dbs/a/docs/z HTTP/1.1\r\n{bearer}Content-Length: 18446744073709551615\r\n\r\n{{"
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert_eq!(c.answer().await.unwrap().status, 413);
+    assert!(c.closed_within(Duration::from_secs(2)).await);
+
     // A refused write whose body has not all arrived: answered, then closed (the
     // rest of its body would otherwise be read as a request).
     let mut c = RawConn::open(&h).await;
@@ -351,6 +369,8 @@ async fn the_own_loop_answers_as_hyper_does() {
                 "POST /dbs/e/docs/u/ HTTP/1.1\r\nContent-Length: 7\r\n\r\n{\"n\":5}".to_string()
             }),
             Box::new(|_| get("/dbs/e/docs/nothing", "")),
+            // A fragment is cut off by hyper: the same document either way.
+            Box::new(|_| get("/dbs/e/docs/u/1#part", "")),
             Box::new(|_| get("/dbs/nodb/docs/x", "")),
             Box::new(|_| put("/dbs/nodb/docs/x", "{}", "")),
             Box::new(|_| get("/health", "")),
@@ -373,6 +393,10 @@ async fn the_own_loop_answers_as_hyper_does() {
             }
             seen.push(shape(&r));
         }
+        // A path `http::Uri` refuses: 400, and hyper closes the connection.
+        let mut c = RawConn::open(&h).await;
+        c.send(get("/dbs/e/docs/u/<1>", "").as_bytes()).await;
+        seen.push(shape(&c.answer().await.expect("an answer")));
         // The own loop served the documents and gave the connection to hyper at
         // /health (as it did the client's that created the database).
         let handed = common::metric(
@@ -393,8 +417,8 @@ async fn the_own_loop_answers_as_hyper_does() {
     assert_eq!(
         statuses,
         [
-            201, 200, 200, 304, 304, 200, 409, 409, 409, 200, 400, 400, 400, 201, 404, 404, 404,
-            200, 413
+            201, 200, 200, 304, 304, 200, 409, 409, 409, 200, 400, 400, 400, 201, 404, 200, 404,
+            404, 200, 413, 400
         ]
     );
 }
@@ -427,4 +451,29 @@ async fn connections_spread_over_several_connection_threads() {
         // Shutdown waits for the connection threads' connections, then ends them.
         h.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_pipelining_connection_outlives_the_read_timeout() {
+    let h = Harness::start_with(|c| c.limits.request_read_timeout_ms = 300).await;
+    h.create_db("b").await;
+    h.put_ok("b", "d", &json!({})).await;
+    let mut c = RawConn::open(&h).await;
+    // Each write ends with the start of the next request, so the buffer is never
+    // empty between requests; the timeout must still count from each request.
+    let request = get("/dbs/b/docs/d", "");
+    let (first, rest) = request.split_at(12);
+    c.send(first.as_bytes()).await;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(1_000) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        c.send(format!("{rest}{first}").as_bytes()).await;
+        let r = c.answer().await.expect("still open");
+        assert_eq!(r.status, 200);
+    }
+    // An idle connection still ends after the timeout.
+    c.send(rest.as_bytes()).await;
+    assert_eq!(c.answer().await.unwrap().status, 200);
+    assert!(c.closed_within(Duration::from_secs(2)).await);
+    h.shutdown().await;
 }

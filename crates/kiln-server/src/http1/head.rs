@@ -9,6 +9,16 @@ use std::ops::Range;
 /// which applies its own limit.
 const MAX_HEADERS: usize = 32;
 
+/// The longest request target `http::Uri` accepts (longer ones get 414 from hyper).
+const MAX_PATH_BYTES: usize = u16::MAX as usize - 1;
+
+/// A byte `http::Uri` takes in a path as it is: not `?` (a query), not `#` (a
+/// fragment, which it cuts off), not `<`, `>` or a backtick (which it refuses), and
+/// ASCII only (it checks other bytes as UTF-8 first).
+fn plain_path_byte(b: u8) -> bool {
+    matches!(b, 0x21 | 0x22 | 0x24..=0x3B | 0x3D | 0x40..=0x5F | 0x61..=0x7E)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DocMethod {
     Get,
@@ -76,8 +86,9 @@ pub fn parse(buf: &[u8]) -> Parsed {
     let Some(path) = req.path else {
         return Parsed::Other;
     };
-    // A query string, absolute form, percent-encoding: the router decodes those.
-    if path.contains('?') {
+    // A query or a fragment, bytes that `http::Uri` refuses or would need to check
+    // (non-ASCII), a path longer than it takes: hyper answers those as it did.
+    if path.len() > MAX_PATH_BYTES || !path.bytes().all(plain_path_byte) {
         return Parsed::Other;
     }
     let Some((db, id)) = crate::app::document_target(path) else {
@@ -244,6 +255,9 @@ mod tests {
             "DELETE /dbs/a/docs/x HTTP/1.1\r\n\r\n",
             "HEAD /dbs/a/docs/x HTTP/1.1\r\n\r\n",
             "GET /dbs/a/docs/x?y=1 HTTP/1.1\r\n\r\n",
+            "GET /dbs/a/docs/x#frag HTTP/1.1\r\n\r\n",
+            "PUT /dbs/a/docs/x<y> HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+            "GET /dbs/a/docs/x`y HTTP/1.1\r\n\r\n",
             "GET /dbs/a/docs/a%20b HTTP/1.1\r\n\r\n",
             "GET /dbs/a HTTP/1.1\r\n\r\n",
             "GET /health HTTP/1.1\r\n\r\n",
@@ -261,6 +275,21 @@ mod tests {
         ] {
             assert!(is_other(raw), "{raw:?} should go to hyper");
         }
+        let non_ascii = "GET /dbs/a/docs/caf\u{e9} HTTP/1.1\r\n\r\n";
+        assert!(is_other(non_ascii), "non-ASCII paths are hyper's");
+        let long = format!(
+            "GET /dbs/a/docs/{} HTTP/1.1\r\n\r\n",
+            "x".repeat(MAX_PATH_BYTES)
+        );
+        assert!(
+            is_other(&long),
+            "a target over http's limit is hyper's (414)"
+        );
+        let odd = doc("GET /dbs/a/docs/{\"k\"}!|~$ HTTP/1.1\r\n\r\n");
+        assert_eq!(
+            odd.id(b"GET /dbs/a/docs/{\"k\"}!|~$ HTTP/1.1\r\n\r\n"),
+            "{\"k\"}!|~$"
+        );
         let many = format!(
             "GET /dbs/a/docs/x HTTP/1.1\r\n{}\r\n",
             "x-h: 1\r\n".repeat(MAX_HEADERS + 1)

@@ -51,6 +51,7 @@ pub(crate) async fn serve_connection<S>(
     let mut conn = Conn {
         io,
         buf: Vec::with_capacity(8 << 10),
+        start: 0,
         out: Vec::with_capacity(8 << 10),
         deadline: Instant::now() + header_read_timeout,
         timer: Box::pin(tokio::time::sleep(header_read_timeout)),
@@ -66,7 +67,9 @@ pub(crate) async fn serve_connection<S>(
             .metrics
             .connections_to_hyper
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let io = rewind::Rewind::new(conn.buf, conn.io);
+        let mut read_ahead = conn.buf;
+        read_ahead.drain(..conn.start);
+        let io = rewind::Rewind::new(read_ahead, conn.io);
         crate::serve::serve_with_hyper(io, info, app, state, header_read_timeout, shutdown).await;
     } else {
         let _ = conn.io.shutdown().await;
@@ -88,8 +91,9 @@ enum Stop {
 
 struct Conn<S> {
     io: S,
-    /// Bytes read and not yet consumed; the next request starts at 0.
+    /// Bytes read; those before `start` are consumed (see `pending`).
     buf: Vec<u8>,
+    start: usize,
     /// Answers not yet written.
     out: Vec<u8>,
     /// When the current wait (for a head, or for a body) times out. Moving it is a
@@ -116,21 +120,29 @@ async fn shutdown_signal(mut shutdown: watch::Receiver<bool>) {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    /// The bytes read and not yet consumed: the next request starts here. Requests
+    /// are consumed by moving `start`, so pipelined requests do not each move the
+    /// rest of the buffer; it is compacted once before each read.
+    fn pending(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        debug_assert!(self.start <= self.buf.len());
+    }
+
     async fn run(&mut self) -> Next {
         self.deadline = Instant::now() + self.read_timeout;
         loop {
-            match head::parse(&self.buf) {
+            match head::parse(self.pending()) {
                 Parsed::Document(head) => {
                     if let Err(next) = self.serve(head).await {
                         return next;
                     }
-                    if self.buf.is_empty() {
-                        if self.buf.capacity() > KEPT_BUFFER_BYTES {
-                            self.buf = Vec::with_capacity(8 << 10);
-                        }
-                        // The wait for the next request starts now.
-                        self.deadline = Instant::now() + self.read_timeout;
-                    }
+                    // The wait for the next request's head starts now (it may be
+                    // partly here already).
+                    self.deadline = Instant::now() + self.read_timeout;
                     if self.out.len() >= MAX_PENDING_OUTPUT_BYTES && self.flush().await.is_err() {
                         return Next::Close;
                     }
@@ -141,7 +153,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                         Err(()) => Next::Close,
                     };
                 }
-                Parsed::Partial if self.buf.len() > MAX_HEAD_BYTES => {
+                Parsed::Partial if self.pending().len() > MAX_HEAD_BYTES => {
                     return match self.flush().await {
                         Ok(()) => Next::HandOver,
                         Err(()) => Next::Close,
@@ -152,13 +164,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     if self.flush().await.is_err() {
                         return Next::Close;
                     }
-                    let idle = self.buf.is_empty();
-                    if idle && *self.shutdown.borrow() {
+                    if *self.shutdown.borrow() {
                         return Next::Close;
                     }
-                    if self.read_more(idle).await.is_err() {
-                        // End of stream, a timed-out head or an idle connection at
-                        // shutdown: close, as hyper does.
+                    if self.read_more(true).await.is_err() {
+                        // End of stream, a head that timed out, or shutdown while
+                        // no request is in hand: close, as hyper does.
                         return Next::Close;
                     }
                 }
@@ -188,89 +199,90 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     }
 
     async fn get(&mut self, head: &DocHead, close: bool) -> StatusCode {
-        let headers = HeadHeaders {
-            head,
-            buf: &self.buf,
-        };
+        let pending = &self.buf[self.start..];
+        let headers = HeadHeaders { head, buf: pending };
         let state = &*self.state;
         let out = &mut self.out;
         let answered = match crate::app::refusal_by(state, self.client_certificate, || {
             crate::app::presented_key(&headers)
         }) {
             Some(refused) => Err(refused),
-            None => crate::routes::docs::lookup_with(
-                state,
-                head.db(&self.buf),
-                head.id(&self.buf),
-                |doc| {
+            None => {
+                crate::routes::docs::lookup_with(state, head.db(pending), head.id(pending), |doc| {
                     let not_modified = none_match_hits(&headers, doc.etag);
                     answer::document(out, &doc, not_modified, close)
-                },
-            )
-            .map_err(IntoResponse::into_response),
+                })
+                .map_err(IntoResponse::into_response)
+            }
         };
         let status = match answered {
             Ok(status) => status,
             Err(resp) => answer::response(&mut self.out, resp, close).await,
         };
-        self.buf.drain(..head.head_len);
+        self.consume(head.head_len);
         status
     }
 
-    /// A PUT or POST: checks that need no body first, then the body (within the
-    /// size and time limits), then the durable write. Returns the answer's status
+    /// A PUT or POST, checked in the order of the hyper path (authentication, the
+    /// preconditions, the database, then the body's size), then its body read within
+    /// the size and time limits, then the durable write. Returns the answer's status
     /// and whether the connection closes after it.
     async fn put(&mut self, head: &DocHead, close: bool) -> (StatusCode, bool) {
         let state = self.state.clone();
         let limits = &state.limits;
-        let body_end = head.head_len + head.content_length;
         let checked = {
-            let headers = HeadHeaders {
-                head,
-                buf: &self.buf,
-            };
-            if head.content_length > limits.max_body_bytes {
-                Err(body_too_large(&head.content_length.to_string(), limits).into_response())
-            } else if let Some(refused) =
-                crate::app::refusal_by(&state, self.client_certificate, || {
-                    crate::app::presented_key(&headers)
-                })
-            {
+            let pending = self.pending();
+            let headers = HeadHeaders { head, buf: pending };
+            if let Some(refused) = crate::app::refusal_by(&state, self.client_certificate, || {
+                crate::app::presented_key(&headers)
+            }) {
                 Err(refused)
             } else {
                 crate::http_util::write_condition(&headers)
                     .and_then(|condition| {
-                        let database = state.store.database(head.db(&self.buf))?;
+                        let database = state.store.database(head.db(pending))?;
                         Ok((condition, database))
+                    })
+                    .and_then(|ready| match head.content_length > limits.max_body_bytes {
+                        true => Err(body_too_large(&head.content_length.to_string(), limits)),
+                        false => Ok(ready),
                     })
                     .map_err(IntoResponse::into_response)
             }
         };
+        // Within max_body_bytes from here on (or not read at all): no overflow.
+        let body_end = head.head_len.saturating_add(head.content_length);
         let (condition, database) = match checked {
             Ok(ready) => ready,
             Err(resp) => {
                 // The body stays unread: skipped when all of it is here already,
                 // otherwise the connection closes (its rest would be taken for the
                 // next request).
-                let skip =
-                    head.content_length <= limits.max_body_bytes && self.buf.len() >= body_end;
+                let skip = self.pending().len() >= body_end;
                 let close = close || !skip;
                 let status = answer::response(&mut self.out, resp, close).await;
                 if skip {
-                    self.buf.drain(..body_end);
+                    self.consume(body_end);
                 }
                 return (status, close);
             }
         };
+        // Earlier pipelined answers do not wait for this body and its commit.
+        if self.flush().await.is_err() {
+            // The client is gone; nothing was read or written for this request. The
+            // status is only what the metrics count.
+            return (StatusCode::BAD_REQUEST, true);
+        }
         self.deadline = Instant::now() + self.read_timeout;
-        while self.buf.len() < body_end {
-            self.buf.reserve(body_end - self.buf.len());
+        while self.pending().len() < body_end {
+            let missing = body_end - self.pending().len();
+            self.buf.reserve(missing);
             if let Err(stop) = self.read_more(false).await {
                 let e = match stop {
                     Stop::TimedOut => body_timed_out(limits),
                     Stop::Eof | Stop::Shutdown => body_read_failed(format_args!(
                         "the connection ended after {} of {} bytes",
-                        self.buf.len() - head.head_len,
+                        self.pending().len() - head.head_len,
                         head.content_length
                     )),
                 };
@@ -280,19 +292,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 );
             }
         }
-        let id = head.id(&self.buf).to_string();
-        let body = &self.buf[head.head_len..body_end];
+        let pending = &self.buf[self.start..];
+        let id = head.id(pending).to_string();
+        let body = &pending[head.head_len..body_end];
         let status = match crate::routes::docs::put(&state, database, id, body, condition).await {
-            Ok(outcome) => answer::put(&mut self.out, head.db(&self.buf), &outcome, close),
+            Ok(outcome) => answer::put(&mut self.out, head.db(pending), &outcome, close),
             Err(e) => answer::response(&mut self.out, e.into_response(), close).await,
         };
-        self.buf.drain(..body_end);
+        self.consume(body_end);
         (status, close)
     }
 
-    /// Reads more bytes into `buf`. An `idle` connection (between requests) also
-    /// stops at shutdown.
-    async fn read_more(&mut self, idle: bool) -> Result<(), Stop> {
+    /// Compacts the buffer (the pending bytes move to its front, into a smaller
+    /// buffer when a large body left it big) and reads more bytes into it. While
+    /// waiting for a head (`head_phase`) the wait also ends at shutdown.
+    async fn read_more(&mut self, head_phase: bool) -> Result<(), Stop> {
+        let pending = self.buf.len() - self.start;
+        if self.buf.capacity() > KEPT_BUFFER_BYTES && pending <= KEPT_BUFFER_BYTES / 2 {
+            let mut smaller = Vec::with_capacity(KEPT_BUFFER_BYTES / 2);
+            smaller.extend_from_slice(&self.buf[self.start..]);
+            self.buf = smaller;
+        } else if self.start > 0 {
+            self.buf.drain(..self.start);
+        }
+        self.start = 0;
         let Conn {
             io,
             buf,
@@ -320,7 +343,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     let at = *deadline;
                     timer.as_mut().reset(at);
                 }
-                () = async { shutdown_signal.as_mut().expect("checked").await }, if idle && shutdown_signal.is_some() => {
+                () = async { shutdown_signal.as_mut().expect("checked").await }, if head_phase && shutdown_signal.is_some() => {
                     *shutdown_signal = None;
                     return Err(Stop::Shutdown);
                 }

@@ -48,9 +48,9 @@ pub(crate) fn lookup_with<R>(
 ) -> Result<R, ApiError> {
     let database = state.store.database(db)?;
     // A read is a snapshot lookup in the memory map: no need to leave the worker.
-    database.get_with(id, read)?.ok_or_else(|| {
-        ApiError::from(kiln_docs::DocError::DocumentNotFound { id: id.to_string() })
-    })
+    database
+        .get_with(id, read)?
+        .ok_or_else(|| ApiError::from(kiln_docs::DocError::DocumentNotFound { id: id.to_string() }))
 }
 
 pub async fn get_document(
