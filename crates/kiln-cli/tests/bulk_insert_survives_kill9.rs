@@ -11,15 +11,12 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::os::unix::process::ExitStatusExt;
 use std::process::Child;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const DOCS_PER_CYCLE: u64 = 2_000_000;
-/// SIGKILL's number (9 on every Unix; the test does not depend on libc).
-const SIGKILL: i32 = 9;
 
 use common::{free_port, spawn_serve as start_server};
 
@@ -126,16 +123,7 @@ fn bulk_until_killed(
     // Then a little later, so that kills land inside batches too, not only right
     // after an acknowledgement.
     std::thread::sleep(Duration::from_micros(jitter_us));
-    if let Some(status) = child.try_wait().unwrap() {
-        panic!("cycle {cycle}: kiln serve exited ({status}) before the test killed it");
-    }
-    child.kill().unwrap(); // SIGKILL
-    let status = child.wait().unwrap();
-    assert_eq!(
-        status.signal(),
-        Some(SIGKILL),
-        "cycle {cycle}: kiln serve was not killed by SIGKILL but exited ({status})"
-    );
+    common::kill9(child, cycle);
     writer.join().unwrap();
     reader.join().unwrap();
     acked.load(Ordering::SeqCst)
@@ -143,11 +131,7 @@ fn bulk_until_killed(
 
 #[test]
 fn acknowledged_bulk_batches_survive_kill9() {
-    let cycles: u64 = std::env::var("KILN_BULK_CRASH_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
-    assert!(cycles > 0, "KILN_BULK_CRASH_CYCLES must be at least 1");
+    let cycles = common::cycles_from_env("KILN_BULK_CRASH_CYCLES", 3);
     let mut total_acked = 0;
     for cycle in 0..cycles {
         let dir = tempfile::tempdir().unwrap();

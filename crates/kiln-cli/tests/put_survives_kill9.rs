@@ -13,7 +13,6 @@ use common::{free_port, spawn_serve};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,7 +20,6 @@ use std::time::{Duration, Instant};
 const CLIENTS: u64 = 8;
 /// Ids per client: writes cycle over them, so most writes replace a document.
 const IDS_PER_CLIENT: u64 = 40;
-const SIGKILL: i32 = 9;
 
 /// One answer off a keep-alive connection: (status, body).
 fn exchange(s: &mut TcpStream, request: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
@@ -129,13 +127,7 @@ fn write_until_killed(
     }
     // A little later still, so that kills land in the middle of commits.
     std::thread::sleep(Duration::from_micros(1_000 + 3_517 * cycle % 20_000));
-    child.kill().unwrap(); // SIGKILL
-    let status = child.wait().unwrap();
-    assert_eq!(
-        status.signal(),
-        Some(SIGKILL),
-        "cycle {cycle}: kiln serve was not killed by SIGKILL but exited ({status})"
-    );
+    common::kill9(child, cycle);
     stop.store(true, Ordering::SeqCst);
     for c in clients {
         c.join().expect("a client thread panicked");
@@ -145,10 +137,7 @@ fn write_until_killed(
 
 #[test]
 fn acknowledged_puts_survive_kill9() {
-    let cycles: u64 = std::env::var("KILN_PUT_CRASH_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
+    let cycles = common::cycles_from_env("KILN_PUT_CRASH_CYCLES", 2);
     let dir = tempfile::tempdir().unwrap();
     let versions = Arc::new(Mutex::new(HashMap::<String, Versions>::new()));
     let next_version = Arc::new(AtomicU64::new(1));

@@ -247,7 +247,14 @@ async fn accept_loop(
                         peer,
                         client_certificate: false,
                     };
-                    serve_connection(stream, info, app, state.clone(), read_timeout, shutdown).await
+                    let cx = ConnContext {
+                        info,
+                        app,
+                        state: state.clone(),
+                        header_read_timeout: read_timeout,
+                        shutdown,
+                    };
+                    serve_connection(stream, cx).await
                 }
                 Some(acceptor) => {
                     match tokio::time::timeout(read_timeout, acceptor.accept(stream)).await {
@@ -261,15 +268,14 @@ async fn accept_loop(
                                 peer,
                                 client_certificate,
                             };
-                            serve_connection(
-                                tls_stream,
+                            let cx = ConnContext {
                                 info,
                                 app,
-                                state.clone(),
-                                read_timeout,
+                                state: state.clone(),
+                                header_read_timeout: read_timeout,
                                 shutdown,
-                            )
-                            .await
+                            };
+                            serve_connection(tls_stream, cx).await
                         }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -333,35 +339,39 @@ async fn refuse(mut stream: TcpStream, tls: bool) {
     }
 }
 
-async fn serve_connection<S>(
-    io: S,
-    info: ConnInfo,
-    app: Router,
-    state: SharedState,
-    header_read_timeout: Duration,
-    shutdown: watch::Receiver<bool>,
-) where
+/// What serving a connection needs besides its socket.
+pub(crate) struct ConnContext {
+    pub info: ConnInfo,
+    pub app: Router,
+    pub state: SharedState,
+    pub header_read_timeout: Duration,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+async fn serve_connection<S>(io: S, cx: ConnContext)
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    if state.own_http1 {
-        crate::http1::serve_connection(io, info, app, state, header_read_timeout, shutdown).await
+    if cx.state.own_http1 {
+        crate::http1::serve_connection(io, cx).await
     } else {
-        serve_with_hyper(io, info, app, state, header_read_timeout, shutdown).await
+        serve_with_hyper(io, cx).await
     }
 }
 
 /// Serves a connection with hyper (see `http1::serve_connection` for which
 /// connections start elsewhere).
-pub(crate) async fn serve_with_hyper<S>(
-    io: S,
-    info: ConnInfo,
-    app: Router,
-    state: SharedState,
-    header_read_timeout: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) where
+pub(crate) async fn serve_with_hyper<S>(io: S, cx: ConnContext)
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let ConnContext {
+        info,
+        app,
+        state,
+        header_read_timeout,
+        mut shutdown,
+    } = cx;
     let peer = info.peer;
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         // One document's GET, PUT or POST skips the router (see `serve_document`).

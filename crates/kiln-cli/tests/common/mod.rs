@@ -53,3 +53,31 @@ pub fn spawn_serve(data_dir: &Path, port: u16) -> Child {
     }
     child
 }
+
+/// Crash cycles to run: the variable `name` when set (at least 1), else `default`.
+pub fn cycles_from_env(name: &str, default: u64) -> u64 {
+    let cycles = std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    assert!(cycles > 0, "{name} must be at least 1");
+    cycles
+}
+
+/// SIGKILLs `child` (a `kiln serve` the test started) and fails the cycle unless
+/// it died of that signal: a server that had exited by itself tested nothing.
+pub fn kill9(child: &mut Child, cycle: u64) {
+    use std::os::unix::process::ExitStatusExt;
+    /// SIGKILL's number (9 on every Unix; the tests do not depend on libc).
+    const SIGKILL: i32 = 9;
+    if let Some(status) = child.try_wait().unwrap() {
+        panic!("cycle {cycle}: kiln serve exited ({status}) before the test killed it");
+    }
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.signal(),
+        Some(SIGKILL),
+        "cycle {cycle}: kiln serve was not killed by SIGKILL but exited ({status})"
+    );
+}

@@ -16,11 +16,11 @@ mod answer;
 mod head;
 mod rewind;
 
-use crate::app::{ConnInfo, SharedState, DOCUMENT_ROUTE};
+use crate::app::{SharedState, DOCUMENT_ROUTE};
 use crate::http_util::{body_read_failed, body_timed_out, body_too_large, none_match_hits};
+use crate::serve::ConnContext;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::Router;
 use head::{DocHead, DocMethod, HeadHeaders, Parsed};
 use std::future::Future;
 use std::pin::Pin;
@@ -38,14 +38,8 @@ const MAX_PENDING_OUTPUT_BYTES: usize = 64 << 10;
 
 /// Serves a connection: document requests here, the rest (from the first request
 /// that is not one) through hyper.
-pub(crate) async fn serve_connection<S>(
-    io: S,
-    info: ConnInfo,
-    app: Router,
-    state: SharedState,
-    header_read_timeout: Duration,
-    shutdown: watch::Receiver<bool>,
-) where
+pub(crate) async fn serve_connection<S>(io: S, cx: ConnContext)
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut conn = Conn {
@@ -53,24 +47,24 @@ pub(crate) async fn serve_connection<S>(
         buf: Vec::with_capacity(8 << 10),
         start: 0,
         out: Vec::with_capacity(8 << 10),
-        deadline: Instant::now() + header_read_timeout,
-        timer: Box::pin(tokio::time::sleep(header_read_timeout)),
-        read_timeout: header_read_timeout,
-        client_certificate: info.client_certificate,
-        state: state.clone(),
-        shutdown: shutdown.clone(),
-        shutdown_signal: Some(Box::pin(shutdown_signal(shutdown.clone()))),
+        deadline: Instant::now() + cx.header_read_timeout,
+        timer: Box::pin(tokio::time::sleep(cx.header_read_timeout)),
+        read_timeout: cx.header_read_timeout,
+        client_certificate: cx.info.client_certificate,
+        state: cx.state.clone(),
+        shutdown: cx.shutdown.clone(),
+        shutdown_signal: Some(Box::pin(shutdown_signal(cx.shutdown.clone()))),
     };
     let next = conn.run().await;
     if next == Next::HandOver {
-        state
+        cx.state
             .metrics
             .connections_to_hyper
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut read_ahead = conn.buf;
         read_ahead.drain(..conn.start);
         let io = rewind::Rewind::new(read_ahead, conn.io);
-        crate::serve::serve_with_hyper(io, info, app, state, header_read_timeout, shutdown).await;
+        crate::serve::serve_with_hyper(io, cx).await;
     } else {
         let _ = conn.io.shutdown().await;
     }
