@@ -241,21 +241,18 @@ async fn accept_loop(
         let connection = move |stream: TcpStream| async move {
             let open = OpenConnection::count(state.clone());
             let read_timeout = Duration::from_millis(state.limits.request_read_timeout_ms);
+            let context = |client_certificate| ConnContext {
+                info: ConnInfo {
+                    peer,
+                    client_certificate,
+                },
+                app,
+                state: state.clone(),
+                header_read_timeout: read_timeout,
+                shutdown,
+            };
             match tls {
-                None => {
-                    let info = ConnInfo {
-                        peer,
-                        client_certificate: false,
-                    };
-                    let cx = ConnContext {
-                        info,
-                        app,
-                        state: state.clone(),
-                        header_read_timeout: read_timeout,
-                        shutdown,
-                    };
-                    serve_connection(stream, cx).await
-                }
+                None => serve_connection(stream, context(false)).await,
                 Some(acceptor) => {
                     match tokio::time::timeout(read_timeout, acceptor.accept(stream)).await {
                         Ok(Ok(tls_stream)) => {
@@ -264,18 +261,7 @@ async fn accept_loop(
                                 .1
                                 .peer_certificates()
                                 .is_some_and(|c| !c.is_empty());
-                            let info = ConnInfo {
-                                peer,
-                                client_certificate,
-                            };
-                            let cx = ConnContext {
-                                info,
-                                app,
-                                state: state.clone(),
-                                header_read_timeout: read_timeout,
-                                shutdown,
-                            };
-                            serve_connection(tls_stream, cx).await
+                            serve_connection(tls_stream, context(client_certificate)).await
                         }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
