@@ -185,7 +185,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_error_answer_is_rendered_with_its_body_and_headers() {
-        let mut e = ApiError::new(StatusCode::CONFLICT, "etag_mismatch", "no");
+        let mut e = ApiError::new(StatusCode::CONFLICT, "conflict", "no");
         e.current_etag = Some(Etag {
             incarnation: 1,
             sequence: 2,
