@@ -53,6 +53,23 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ClientError {
     move |source| ClientError::Io { what, source }
 }
 
+/// `--url` and `--api-key`: the server that `kiln import` and `kiln export` talk to.
+#[derive(clap::Args)]
+pub struct ServerArgs {
+    /// The server, e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    pub url: String,
+    /// API key for a server running with --auth (sent as `Authorization: Bearer`).
+    #[arg(long)]
+    pub api_key: Option<String>,
+}
+
+impl ServerArgs {
+    pub fn endpoint(&self) -> Result<Endpoint, ClientError> {
+        Endpoint::parse(&self.url, self.api_key.clone())
+    }
+}
+
 impl Endpoint {
     pub fn parse(url: &str, api_key: Option<String>) -> Result<Endpoint, ClientError> {
         let rest = if let Some(r) = url.strip_prefix("http://") {

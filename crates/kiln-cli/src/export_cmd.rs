@@ -12,7 +12,7 @@
 //! already written out. With no writes during the export, it is exactly the
 //! database's documents.
 
-use crate::client::{path_escape, query_escape, ClientError, Endpoint};
+use crate::client::{path_escape, query_escape, ClientError};
 use serde_json::{json, Value};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -26,15 +26,11 @@ const SERVER_KEYS: [&str; 3] = ["@id", "@etag", "@last-modified"];
 
 #[derive(clap::Args)]
 pub struct ExportArgs {
-    /// The server, e.g. http://127.0.0.1:8080.
-    #[arg(long)]
-    pub url: String,
+    #[command(flatten)]
+    pub server: crate::client::ServerArgs,
     /// The database.
     #[arg(long)]
     pub db: String,
-    /// API key for a server running with --auth (sent as `Authorization: Bearer`).
-    #[arg(long)]
-    pub api_key: Option<String>,
     /// Where to write the NDJSON (`-`: stdout).
     #[arg(long, default_value = "-")]
     pub out: PathBuf,
@@ -124,7 +120,7 @@ fn sequence(etag: &str) -> Option<u64> {
 }
 
 fn export(args: &ExportArgs, started: Instant) -> Result<Summary, ExportError> {
-    let endpoint = Endpoint::parse(&args.url, args.api_key.clone())?;
+    let endpoint = args.server.endpoint()?;
     let db = path_escape(&args.db);
     let stats: Value =
         serde_json::from_slice(&endpoint.request("GET", &format!("/dbs/{db}"), b"")?)

@@ -40,15 +40,11 @@ const CHUNK_BYTES: usize = 16 << 10;
 #[derive(clap::Args)]
 #[command(after_long_help = IMPORT_HELP)]
 pub struct ImportArgs {
-    /// The server, e.g. http://127.0.0.1:8080.
-    #[arg(long)]
-    pub url: String,
+    #[command(flatten)]
+    pub server: crate::client::ServerArgs,
     /// The database (created if it does not exist).
     #[arg(long)]
     pub db: String,
-    /// API key for a server running with --auth (sent as `Authorization: Bearer`).
-    #[arg(long)]
-    pub api_key: Option<String>,
     /// Prefix of generated ids for documents without one (default: the document's
     /// `@metadata.@collection` + `/`, else `docs/`).
     #[arg(long)]
@@ -254,8 +250,10 @@ impl Summary {
 type Failure = Box<(ImportError, Option<Summary>)>;
 
 fn import(args: &ImportArgs, started: Instant) -> Result<Summary, Failure> {
-    let endpoint =
-        Endpoint::parse(&args.url, args.api_key.clone()).map_err(|e| Box::new((e.into(), None)))?;
+    let endpoint = args
+        .server
+        .endpoint()
+        .map_err(|e| Box::new((e.into(), None)))?;
     let inputs: Vec<Input> = args
         .inputs
         .iter()

@@ -298,11 +298,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     }
 
     /// Compacts the buffer (the pending bytes move to its front, into a smaller
-    /// buffer when a large body left it big) and reads more bytes into it. While
+    /// buffer when a large body left it big and a head is awaited) and reads more
+    /// bytes into it. While
     /// waiting for a head (`head_phase`) the wait also ends at shutdown.
     async fn read_more(&mut self, head_phase: bool) -> Result<(), Stop> {
         let pending = self.buf.len() - self.start;
-        if self.buf.capacity() > KEPT_BUFFER_BYTES && pending <= KEPT_BUFFER_BYTES / 2 {
+        // Not while a body arrives: its room was just reserved.
+        if head_phase && self.buf.capacity() > KEPT_BUFFER_BYTES && pending <= KEPT_BUFFER_BYTES / 2
+        {
             let mut smaller = Vec::with_capacity(KEPT_BUFFER_BYTES / 2);
             smaller.extend_from_slice(&self.buf[self.start..]);
             self.buf = smaller;
