@@ -13,7 +13,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Barrier;
+use std::sync::{Barrier, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 const KIB: usize = 1024;
@@ -190,7 +190,37 @@ enum Test {
     JournalMode,
     SingleStream,
     Concurrent,
+    /// A commit that writes a 16 KiB value once, beside a small journal record.
+    ValueBesideRecord,
 }
+
+/// How the two writes of a `ValueBesideRecord` commit are made.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pairing {
+    /// The value with O_DIRECT alone, then the record with O_DIRECT|O_DSYNC: the
+    /// record's cache flush also persists the value, which completed before it.
+    ValueThenRecord,
+    /// Both with O_DIRECT|O_DSYNC at once (two threads): each pays its own flush.
+    BothAtOnce,
+}
+
+impl Pairing {
+    fn id(self) -> &'static str {
+        match self {
+            Pairing::ValueThenRecord => "value_then_record",
+            Pairing::BothAtOnce => "both_at_once",
+        }
+    }
+    fn label(self) -> &'static str {
+        match self {
+            Pairing::ValueThenRecord => "value, then record",
+            Pairing::BothAtOnce => "value || record",
+        }
+    }
+}
+
+/// The journal record beside a value written in place: a 4 KiB block.
+const RECORD_BESIDE_VALUE: usize = 4 * KIB;
 
 impl Test {
     fn id(self) -> &'static str {
@@ -198,6 +228,7 @@ impl Test {
             Test::JournalMode => "journal_mode",
             Test::SingleStream => "single_stream",
             Test::Concurrent => "concurrent",
+            Test::ValueBesideRecord => "value_beside_record",
         }
     }
 }
@@ -210,6 +241,8 @@ struct Spec {
     writers: usize,
     /// Into the fallocated (unwritten) file instead of the zero-filled one.
     fresh: bool,
+    /// For `ValueBesideRecord` rows: how the value and the record are written.
+    pairing: Option<Pairing>,
 }
 
 fn specs() -> Vec<Spec> {
@@ -221,6 +254,7 @@ fn specs() -> Vec<Spec> {
             size: JOURNAL_WRITE,
             writers: 1,
             fresh: false,
+            pairing: None,
         });
     }
     for size in [4 * KIB, 16 * KIB, 64 * KIB, 1024 * KIB] {
@@ -230,6 +264,7 @@ fn specs() -> Vec<Spec> {
             size,
             writers: 1,
             fresh: false,
+            pairing: None,
         });
     }
     v.push(Spec {
@@ -238,6 +273,7 @@ fn specs() -> Vec<Spec> {
         size: JOURNAL_WRITE,
         writers: 1,
         fresh: true,
+        pairing: None,
     });
     for writers in [1, 4, 8] {
         v.push(Spec {
@@ -246,6 +282,17 @@ fn specs() -> Vec<Spec> {
             size: JOURNAL_WRITE,
             writers,
             fresh: false,
+            pairing: None,
+        });
+    }
+    for pairing in [Pairing::ValueThenRecord, Pairing::BothAtOnce] {
+        v.push(Spec {
+            test: Test::ValueBesideRecord,
+            mode: WriteMode::DirectDsync,
+            size: JOURNAL_WRITE,
+            writers: 1,
+            fresh: false,
+            pairing: Some(pairing),
         });
     }
     v
@@ -286,6 +333,7 @@ impl Row {
         json!({
             "test": self.spec.test.id(),
             "mode": self.spec.mode.label(),
+            "pairing": self.spec.pairing.map(Pairing::id),
             "measured_mode": self.measured.label(),
             "durable": self.measured.durable(),
             "write_size_bytes": self.spec.size,
@@ -395,6 +443,8 @@ pub fn run(args: DiskBenchArgs) -> Result<()> {
             row
         } else if spec.test == Test::Concurrent {
             concurrent_row(*spec, &main_path, main_prealloc, &plan, &label)?
+        } else if let Some(pairing) = spec.pairing {
+            value_beside_record_row(*spec, pairing, &main_path, main_prealloc, &plan, &label)?
         } else {
             single_row(*spec, &main_path, main_prealloc, &plan, &label)?
         };
@@ -625,6 +675,128 @@ fn concurrent_row(
         seconds: (end - start).as_secs_f64(),
         lat: summarize(&mut lat),
         settle_sync_ms,
+    })
+}
+
+/// Commits of one 16 KiB value written in place plus a 4 KiB record, as a design
+/// that writes a large value once (not in the journal, then again at write-back)
+/// would make them; a commit's latency is from the first write's start until both
+/// are done. The value goes to the first half of the zero-filled file, the record
+/// to the second.
+fn value_beside_record_row(
+    spec: Spec,
+    pairing: Pairing,
+    path: &Path,
+    prealloc: Prealloc,
+    plan: &Plan,
+    label: &str,
+) -> Result<Row> {
+    let value_mode = match pairing {
+        Pairing::ValueThenRecord => WriteMode::Direct,
+        Pairing::BothAtOnce => WriteMode::DirectDsync,
+    };
+    let value_file = open_for_writes(path, value_mode)?;
+    let record_file = open_for_writes(path, WriteMode::DirectDsync)?;
+    let half = plan.file_len / 2;
+    let value_slots = (half / spec.size as u64).max(1);
+    let record_slots = (half / RECORD_BESIDE_VALUE as u64).max(1);
+    let mut value = AlignedBuf::new(spec.size);
+    let record = AlignedBuf::new(RECORD_BESIDE_VALUE);
+    let record_offset = |i: u64| half + (i % record_slots) * RECORD_BESIDE_VALUE as u64;
+    let pb = bar(1000, label, &row_message(&spec));
+    let mut lat = Vec::with_capacity(plan.n.min(1 << 20) as usize);
+    let start = Instant::now();
+    let mut commits = 0;
+    let mut time_bounded = false;
+    let record_error: Mutex<Option<RawDiskError>> = Mutex::new(None);
+    // BothAtOnce: a second thread writes commit i's record while `go` and `done`
+    // bracket it. It keeps to the barriers after a failure (kept in `record_error`)
+    // and leaves only on `stop`, so neither side waits forever.
+    let go = Barrier::new(2);
+    let done = Barrier::new(2);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| -> Result<()> {
+        let record_writer = (pairing == Pairing::BothAtOnce).then(|| {
+            let (go, done, stop, record_error) = (&go, &done, &stop, &record_error);
+            let (record_file, record) = (&record_file, &record);
+            s.spawn(move || {
+                let mut i = 0;
+                loop {
+                    go.wait();
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    if let Err(e) = record_file.write_at(record.bytes(), record_offset(i)) {
+                        record_error
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .get_or_insert(e);
+                    }
+                    done.wait();
+                    i += 1;
+                }
+            })
+        });
+        let mut outcome = Ok(());
+        while commits < plan.n {
+            let stamp = commits.to_le_bytes();
+            value.bytes_mut()[..stamp.len()].copy_from_slice(&stamp);
+            let value_offset = (commits % value_slots) * spec.size as u64;
+            let t = Instant::now();
+            let step = if record_writer.is_some() {
+                go.wait();
+                let r = value_file.write_at(value.bytes(), value_offset);
+                done.wait();
+                r.and_then(|()| {
+                    let failed = record_error
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .take();
+                    failed.map_or(Ok(()), Err)
+                })
+            } else {
+                value_file
+                    .write_at(value.bytes(), value_offset)
+                    .and_then(|()| record_file.write_at(record.bytes(), record_offset(commits)))
+            };
+            if let Err(e) = step {
+                outcome = Err(e.into());
+                break;
+            }
+            lat.push(t.elapsed().as_secs_f64() * 1e3);
+            commits += 1;
+            if commits % 64 == 0 {
+                pb.set_position(permille(commits, plan.n, start, plan.max_time));
+            }
+            if commits < plan.n && (start.elapsed() >= plan.max_time || interrupted()) {
+                time_bounded = true;
+                break;
+            }
+        }
+        if let Some(h) = record_writer {
+            stop.store(true, Ordering::Relaxed);
+            go.wait();
+            h.join().map_err(|_| DiskBenchError::WriterPanicked)?;
+        }
+        outcome
+    })?;
+    let seconds = start.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    if interrupted() {
+        return Err(DiskBenchError::Interrupted);
+    }
+    Ok(Row {
+        spec,
+        measured: record_file.mode,
+        direct_io: value_file.direct_io && record_file.direct_io,
+        direct_io_refused: value_file.direct_io_refused || record_file.direct_io_refused,
+        prealloc,
+        writes: commits,
+        max_writes: plan.n,
+        time_bounded,
+        seconds,
+        lat: summarize(&mut lat),
+        settle_sync_ms: 0.0,
     })
 }
 
@@ -868,6 +1040,9 @@ fn print_section(test: Test, plan: &Plan) {
              and descriptor, {} writes in all at most; writes/s is the total",
             plan.n
         ),
+        Test::ValueBesideRecord => "a large value written once: 16 KiB in place plus a 4 KiB \
+             journal record per commit; latency until both are durable"
+            .to_string(),
     };
     println!("\n{title}");
     println!(
@@ -896,14 +1071,17 @@ fn size_label(size: usize) -> String {
 fn print_row(r: &Row) {
     let mode = format!(
         "{}{}",
-        r.spec.mode.label(),
+        r.spec.pairing.map_or(r.spec.mode.label(), Pairing::label),
         if r.direct_io_refused { "!" } else { "" }
     );
     let writes = format!("{}{}", r.writes, if r.time_bounded { "*" } else { " " });
     let mut line = format!(
         "  {:<19} {:>8} {:>7} {:<11} {:>9} {:>6.2} {:>10.0} {:>9.1} {:>8.3} {:>8.3}",
         mode,
-        size_label(r.spec.size),
+        match r.spec.pairing {
+            Some(_) => format!("{}+{}", r.spec.size / KIB, size_label(RECORD_BESIDE_VALUE)),
+            None => size_label(r.spec.size),
+        },
         r.spec.writers,
         r.prealloc.label(),
         writes,
@@ -1033,6 +1211,28 @@ fn interpret(rows: &[Row], f: &Facts) -> Notes {
                 ": the disk serialises flushes, so only group commit raises commits/s"
             } else {
                 ": the disk overlaps flushes, so parallel commits pay off"
+            }
+        ));
+    }
+    let paired = |pairing: Pairing| rows.iter().find(|r| r.spec.pairing == Some(pairing));
+    if let (Some(single), Some(then), Some(both)) = (
+        find(Test::SingleStream, WriteMode::DirectDsync, 1, false),
+        paired(Pairing::ValueThenRecord),
+        paired(Pairing::BothAtOnce),
+    ) {
+        let best = then.lat.p50_ms.min(both.lat.p50_ms);
+        let ratio = best / single.lat.p50_ms.max(1e-9);
+        lines.push(format!(
+            "a 16 KiB value written in place beside a 4 KiB record takes {:.3} ms (value, then \
+             record) or {:.3} ms (both at once) per commit (p50), {ratio:.2}x one 16 KiB durable \
+             write{}",
+            then.lat.p50_ms,
+            both.lat.p50_ms,
+            if ratio > 1.1 {
+                ": a second write per commit costs more than carrying the value in the journal \
+                 record, so large values stay in the journal here"
+            } else {
+                ": writing large values once, beside a small record, would pay here"
             }
         ));
     }

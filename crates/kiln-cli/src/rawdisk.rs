@@ -231,6 +231,22 @@ pub struct WriteFile {
     pub direct_io_refused: bool,
 }
 
+impl WriteFile {
+    /// One write of `bytes` at `offset`, with the sync its mode adds after it.
+    pub fn write_at(&self, bytes: &[u8], offset: u64) -> Result<(), RawDiskError> {
+        self.file
+            .write_all_at(bytes, offset)
+            .map_err(err("write", &self.path))?;
+        match self.mode {
+            WriteMode::BufferedFsync => self.file.sync_all().map_err(err("fsync", &self.path)),
+            WriteMode::BufferedFdatasync => {
+                self.file.sync_data().map_err(err("fdatasync", &self.path))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Opens the existing file `path` for writes in `mode`, falling back to buffered
 /// writes (with fdatasync when the mode is durable) if O_DIRECT is refused.
 pub fn open_for_writes(path: &Path, mode: WriteMode) -> Result<WriteFile, RawDiskError> {
@@ -304,16 +320,7 @@ pub fn timed_writes(
         buf.bytes_mut()[..n].copy_from_slice(&stamp[..n]);
         let off = region_start + (writes % slots) * size;
         let t = Instant::now();
-        wf.file
-            .write_all_at(buf.bytes(), off)
-            .map_err(err("write", &wf.path))?;
-        match wf.mode {
-            WriteMode::BufferedFsync => wf.file.sync_all().map_err(err("fsync", &wf.path))?,
-            WriteMode::BufferedFdatasync => {
-                wf.file.sync_data().map_err(err("fdatasync", &wf.path))?
-            }
-            _ => {}
-        }
+        wf.write_at(buf.bytes(), off)?;
         lat.push(t.elapsed().as_secs_f64() * 1e3);
         writes += 1;
         if writes < max_writes && (start.elapsed() >= max_time || !keep_going(writes)) {

@@ -107,7 +107,24 @@ fn quick_json_run_reports_every_mode_and_removes_what_it_made() {
             "{writers}: {rows:?}"
         );
     }
-    assert_eq!(rows.len(), 6 + 5 + 3, "{rows:?}");
+    for pairing in ["value_then_record", "both_at_once"] {
+        assert!(
+            rows.iter().any(|r| r["test"] == "value_beside_record"
+                && r["pairing"] == pairing
+                && r["write_size_bytes"] == 16384
+                && r["durable"] == true),
+            "{pairing}: {rows:?}"
+        );
+    }
+    assert!(
+        s["interpretation"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l.as_str().unwrap().contains("beside a 4 KiB record")),
+        "{s}"
+    );
+    assert_eq!(rows.len(), 6 + 5 + 3 + 2, "{rows:?}");
     for r in &rows {
         for f in [
             "writes",
@@ -136,7 +153,7 @@ fn an_existing_directory_is_kept_with_only_what_was_there() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("keep.txt"), b"mine").unwrap();
     let out = quick_json(tmp.path(), "0.05");
-    assert_eq!(out.len(), 6 + 5 + 3 + 1);
+    assert_eq!(out.len(), 6 + 5 + 3 + 2 + 1);
     assert_eq!(names(tmp.path()), ["keep.txt"]);
 }
 
