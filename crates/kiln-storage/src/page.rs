@@ -65,6 +65,23 @@ fn pool_take(page_count: usize) -> Option<Vec<AlignedPage>> {
     POOL.lock()[page_count - 1].pop()
 }
 
+/// `count` zeroed pages from the allocator's zeroed allocation: memory fresh from
+/// the OS is zero already, so it is not cleared a second time.
+fn fresh_zeroed_pages(count: usize) -> Vec<AlignedPage> {
+    let layout =
+        std::alloc::Layout::array::<AlignedPage>(count).expect("a page run's size fits in isize");
+    // SAFETY: the layout has a non-zero size (count >= 1 pages of 8 KiB). The
+    // allocation has the layout `Vec<AlignedPage>` expects for capacity `count`, and
+    // all-zero bytes are a valid AlignedPage, so all `count` elements are initialized.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout).cast::<AlignedPage>();
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Vec::from_raw_parts(ptr, count, count)
+    }
+}
+
 impl Drop for PageRun {
     // Bounds: `1 <= n <= POOLED_RUN_PAGES`, checked just above.
     #[allow(clippy::indexing_slicing)]
@@ -101,43 +118,48 @@ impl PageRun {
             return PageRun { pages, bare: false };
         }
         PageRun {
-            pages: vec![AlignedPage([0; PAGE_SIZE]); count],
+            pages: fresh_zeroed_pages(count),
             bare: false,
         }
     }
-    // Bounds: the run has `count` pages, `count * PAGE_SIZE >= bytes.len()`.
-    #[allow(clippy::indexing_slicing)]
+
+    /// A copy of `bytes` (a whole number of pages, or zeros after them up to the
+    /// next page boundary).
     pub fn from_bytes(bytes: &[u8]) -> Self {
-        let count = bytes.len().div_ceil(PAGE_SIZE).max(1);
-        if bytes.len() != count * PAGE_SIZE {
-            let mut run = PageRun::zeroed(count);
-            run.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
-            return run;
-        }
+        PageRun::from_prefix(bytes, bytes.len().div_ceil(PAGE_SIZE))
+    }
+
+    /// `page_count` pages (at least one, and at least enough for `prefix`): the bytes
+    /// of `prefix`, then zeros. Every byte is written once: a pooled buffer gets the
+    /// copy and the zeros, a fresh allocation is not zeroed first.
+    // Bounds: `count * PAGE_SIZE >= prefix.len()` by the `max` below.
+    #[allow(clippy::indexing_slicing)]
+    fn from_prefix(prefix: &[u8], page_count: usize) -> Self {
+        let count = page_count.max(prefix.len().div_ceil(PAGE_SIZE)).max(1);
+        let len = count * PAGE_SIZE;
         if let Some(pages) = pool_take(count) {
             let mut run = PageRun { pages, bare: false };
-            run.bytes_mut().copy_from_slice(bytes);
+            let b = run.bytes_mut();
+            b[..prefix.len()].copy_from_slice(prefix);
+            b[prefix.len()..].fill(0);
             return run;
         }
-        // Whole pages (the common case: copy-on-write of a page): copy without zeroing.
         let mut pages: Vec<AlignedPage> = Vec::with_capacity(count);
-        // SAFETY: the capacity holds `count` pages = bytes.len() bytes; every byte is
-        // written by the copy before set_len, and AlignedPage is plain bytes.
+        // SAFETY: the capacity holds `count` pages = `len` bytes, of which the copy
+        // writes the first `prefix.len()` and `write_bytes` the rest before `set_len`;
+        // AlignedPage is plain bytes, so any initialized bytes are a valid value.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                pages.as_mut_ptr().cast::<u8>(),
-                bytes.len(),
-            );
+            let dst = pages.as_mut_ptr().cast::<u8>();
+            std::ptr::copy_nonoverlapping(prefix.as_ptr(), dst, prefix.len());
+            std::ptr::write_bytes(dst.add(prefix.len()), 0, len - prefix.len());
             pages.set_len(count);
         }
         PageRun { pages, bare: false }
     }
 
-    /// A bare run holding `value` (see `VALUE_BARE_RUN`).
+    /// A bare run holding `value` (see `VALUE_BARE_RUN`): the value, then zeros.
     pub fn bare_value(value: &[u8]) -> Self {
-        let mut run = PageRun::scratch(bare_run_pages(value.len()));
-        init_bare_run(run.bytes_mut(), value);
+        let mut run = PageRun::from_prefix(value, bare_run_pages(value.len()));
         run.bare = true;
         run
     }
@@ -273,9 +295,13 @@ pub fn init_node(p: &mut [u8], kind: u8, page_no: PageNo) {
 }
 
 /// Number of bytes of a run that a checksum covers: a node page, or a whole run.
+/// At least a page (or all of `p`): a damaged header that claims a run of no pages
+/// must fail its checksum, not make the checksum's range empty.
 fn checksummed_len(p: &[u8]) -> usize {
     if hdr::kind(p) == KIND_OVERFLOW {
-        (hdr::run_pages(p) as usize * PAGE_SIZE).min(p.len())
+        (hdr::run_pages(p) as usize * PAGE_SIZE)
+            .max(PAGE_SIZE)
+            .min(p.len())
     } else {
         PAGE_SIZE.min(p.len())
     }
@@ -863,14 +889,6 @@ pub fn bare_run_checksum(start: PageNo, value: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&start.to_le_bytes()), value)
 }
 
-/// Fills a bare run: the value, then zeros (`run` may hold old bytes).
-// Bounds: the run was allocated for `bare_run_pages(value.len())` pages.
-#[allow(clippy::indexing_slicing)]
-pub fn init_bare_run(run: &mut [u8], value: &[u8]) {
-    run[..value.len()].copy_from_slice(value);
-    run[value.len()..].fill(0);
-}
-
 /// Fills an overflow run: header, value, and zeros after it (`run` may hold old bytes).
 // Bounds: the run was allocated for `OVERFLOW_HEADER + value.len()` bytes just above.
 #[allow(clippy::indexing_slicing)]
@@ -899,6 +917,54 @@ mod tests {
             let (ha, hb) = (key_head(&a), key_head(&b));
             if ha != hb {
                 prop_assert_eq!(ha.cmp(&hb), a.cmp(&b));
+            }
+        }
+    }
+
+    /// A damaged header may claim an overflow run of no pages: sealing it (the fuzz
+    /// tests reseal mutated pages) and verifying it must not panic.
+    #[test]
+    fn an_overflow_header_of_no_pages_is_rejected_without_panicking() {
+        let mut p = vec![0u8; super::PAGE_SIZE];
+        p[4] = super::KIND_OVERFLOW;
+        super::seal(&mut p, 9, 1);
+        let err = super::verify(&p, 9, std::path::Path::new("data")).unwrap_err();
+        assert!(err.to_string().contains("overflow run of 0 pages"), "{err}");
+    }
+
+    /// Runs built from a prefix hold the prefix, then zeros to the end, whether their
+    /// buffer is fresh or recycled with old bytes in it.
+    #[test]
+    fn runs_from_a_prefix_are_zero_after_it_fresh_or_recycled() {
+        use super::{PageRun, PAGE_SIZE};
+        for round in 0..3 {
+            // Dirty buffers of every pooled size go back to the pool on drop.
+            for pages in 1..=4 {
+                let mut junk = PageRun::zeroed(pages);
+                junk.bytes_mut().fill(0xAB);
+            }
+            for len in [
+                0,
+                1,
+                PAGE_SIZE - 1,
+                PAGE_SIZE,
+                PAGE_SIZE + 7,
+                2 * PAGE_SIZE,
+                16_384 + 5,
+            ] {
+                let value: Vec<u8> = (0..len).map(|i| (i * 7 + round) as u8 | 1).collect();
+                let run = PageRun::bare_value(&value);
+                assert!(run.is_bare());
+                assert_eq!(run.page_count(), len.div_ceil(PAGE_SIZE).max(1), "{len}");
+                assert_eq!(&run.bytes()[..len], &value[..], "{len}");
+                assert!(run.bytes()[len..].iter().all(|&b| b == 0), "{len}");
+                let copy = PageRun::from_bytes(&value);
+                assert!(!copy.is_bare());
+                assert_eq!(&copy.bytes()[..len], &value[..], "{len}");
+                assert!(copy.bytes()[len..].iter().all(|&b| b == 0), "{len}");
+            }
+            for pages in [1, 3, 5] {
+                assert!(PageRun::zeroed(pages).bytes().iter().all(|&b| b == 0));
             }
         }
     }
