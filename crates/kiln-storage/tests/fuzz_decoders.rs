@@ -29,7 +29,17 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::cell::Cell;
 
-/// Runs `test` on `cases` inputs from `strategy`; a failing or panicking case fails
+/// `KILN_FUZZ_SCALE`: how many times each test's number of cases to run (1 unless set).
+fn fuzz_scale() -> u32 {
+    std::env::var("KILN_FUZZ_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Runs `test` on `cases` inputs from `strategy` (times `KILN_FUZZ_SCALE`, 1 unless
+/// set: the slow tier of `.ci/run` runs many more); a failing or panicking case fails
 /// the test (after shrinking), with the minimal input.
 fn run_cases<S: Strategy>(
     cases: u32,
@@ -37,7 +47,7 @@ fn run_cases<S: Strategy>(
     test: impl Fn(S::Value) -> Result<(), TestCaseError>,
 ) {
     let mut runner = TestRunner::new(Config {
-        cases,
+        cases: cases.saturating_mul(fuzz_scale()),
         failure_persistence: None,
         ..Config::default()
     });
@@ -204,7 +214,7 @@ fn arbitrary_bytes_are_not_a_record() {
             Ok(())
         },
     );
-    assert_eq!(rejected.get(), 400);
+    assert_eq!(rejected.get(), 400 * u64::from(fuzz_scale()));
 }
 
 #[test]
