@@ -1,8 +1,9 @@
 //! Fuzzing the decoders of bytes read from disk (a proptest harness: cargo-fuzz needs
 //! a nightly toolchain, which this machine does not have): journal records
 //! (`record::decode`) and pages (`page::verify` and the cell accessors it guards).
-//! The data-file header and free-list decoders are private to the crate and not
-//! reached from here.
+//! The data-file header and free-list decoders are private to the crate: their
+//! property tests (damaged copies refused, snapshots round-trip, overlapping runs
+//! refused) are in `src/header.rs`.
 //!
 //! What is asserted, not only "no panic":
 //! - A journal record's crc32c covers its 64-byte header (checksum field zeroed) and
