@@ -65,23 +65,6 @@ fn pool_take(page_count: usize) -> Option<Vec<AlignedPage>> {
     POOL.lock()[page_count - 1].pop()
 }
 
-/// `count` zeroed pages from the allocator's zeroed allocation: memory fresh from
-/// the OS is zero already, so it is not cleared a second time.
-fn fresh_zeroed_pages(count: usize) -> Vec<AlignedPage> {
-    let layout =
-        std::alloc::Layout::array::<AlignedPage>(count).expect("a page run's size fits in isize");
-    // SAFETY: the layout has a non-zero size (count >= 1 pages of 8 KiB). The
-    // allocation has the layout `Vec<AlignedPage>` expects for capacity `count`, and
-    // all-zero bytes are a valid AlignedPage, so all `count` elements are initialized.
-    unsafe {
-        let ptr = std::alloc::alloc_zeroed(layout).cast::<AlignedPage>();
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        Vec::from_raw_parts(ptr, count, count)
-    }
-}
-
 impl Drop for PageRun {
     // Bounds: `1 <= n <= POOLED_RUN_PAGES`, checked just above.
     #[allow(clippy::indexing_slicing)]
@@ -118,48 +101,43 @@ impl PageRun {
             return PageRun { pages, bare: false };
         }
         PageRun {
-            pages: fresh_zeroed_pages(count),
+            pages: vec![AlignedPage([0; PAGE_SIZE]); count],
             bare: false,
         }
     }
-
-    /// A copy of `bytes` (a whole number of pages, or zeros after them up to the
-    /// next page boundary).
-    pub fn from_bytes(bytes: &[u8]) -> Self {
-        PageRun::from_prefix(bytes, bytes.len().div_ceil(PAGE_SIZE))
-    }
-
-    /// `page_count` pages (at least one, and at least enough for `prefix`): the bytes
-    /// of `prefix`, then zeros. Every byte is written once: a pooled buffer gets the
-    /// copy and the zeros, a fresh allocation is not zeroed first.
-    // Bounds: `count * PAGE_SIZE >= prefix.len()` by the `max` below.
+    // Bounds: the run has `count` pages, `count * PAGE_SIZE >= bytes.len()`.
     #[allow(clippy::indexing_slicing)]
-    fn from_prefix(prefix: &[u8], page_count: usize) -> Self {
-        let count = page_count.max(prefix.len().div_ceil(PAGE_SIZE)).max(1);
-        let len = count * PAGE_SIZE;
-        if let Some(pages) = pool_take(count) {
-            let mut run = PageRun { pages, bare: false };
-            let b = run.bytes_mut();
-            b[..prefix.len()].copy_from_slice(prefix);
-            b[prefix.len()..].fill(0);
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        let count = bytes.len().div_ceil(PAGE_SIZE).max(1);
+        if bytes.len() != count * PAGE_SIZE {
+            let mut run = PageRun::zeroed(count);
+            run.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
             return run;
         }
+        if let Some(pages) = pool_take(count) {
+            let mut run = PageRun { pages, bare: false };
+            run.bytes_mut().copy_from_slice(bytes);
+            return run;
+        }
+        // Whole pages (the common case: copy-on-write of a page): copy without zeroing.
         let mut pages: Vec<AlignedPage> = Vec::with_capacity(count);
-        // SAFETY: the capacity holds `count` pages = `len` bytes, of which the copy
-        // writes the first `prefix.len()` and `write_bytes` the rest before `set_len`;
-        // AlignedPage is plain bytes, so any initialized bytes are a valid value.
+        // SAFETY: the capacity holds `count` pages = bytes.len() bytes; every byte is
+        // written by the copy before set_len, and AlignedPage is plain bytes.
         unsafe {
-            let dst = pages.as_mut_ptr().cast::<u8>();
-            std::ptr::copy_nonoverlapping(prefix.as_ptr(), dst, prefix.len());
-            std::ptr::write_bytes(dst.add(prefix.len()), 0, len - prefix.len());
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                pages.as_mut_ptr().cast::<u8>(),
+                bytes.len(),
+            );
             pages.set_len(count);
         }
         PageRun { pages, bare: false }
     }
 
-    /// A bare run holding `value` (see `VALUE_BARE_RUN`): the value, then zeros.
+    /// A bare run holding `value` (see `VALUE_BARE_RUN`).
     pub fn bare_value(value: &[u8]) -> Self {
-        let mut run = PageRun::from_prefix(value, bare_run_pages(value.len()));
+        let mut run = PageRun::scratch(bare_run_pages(value.len()));
+        init_bare_run(run.bytes_mut(), value);
         run.bare = true;
         run
     }
@@ -887,6 +865,14 @@ pub fn bare_value_len(len: u64) -> Option<usize> {
 /// fails it). It covers the value only: the zeros after it are never read.
 pub fn bare_run_checksum(start: PageNo, value: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&start.to_le_bytes()), value)
+}
+
+/// Fills a bare run: the value, then zeros (`run` may hold old bytes).
+// Bounds: the run was allocated for `bare_run_pages(value.len())` pages.
+#[allow(clippy::indexing_slicing)]
+pub fn init_bare_run(run: &mut [u8], value: &[u8]) {
+    run[..value.len()].copy_from_slice(value);
+    run[value.len()..].fill(0);
 }
 
 /// Fills an overflow run: header, value, and zeros after it (`run` may hold old bytes).
