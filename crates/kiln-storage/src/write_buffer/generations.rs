@@ -223,53 +223,10 @@ fn head_of(bytes: &[u8]) -> Head {
 /// A buffer key as the map compares it: by head, then by all its bytes. That is the
 /// bytes' own order: heads differ only at a byte where the keys differ or where the
 /// shorter one ended (its padding 0 below the other's non-zero byte), and equal
-/// heads defer to the bytes.
-trait KeyView {
-    fn head(&self) -> &Head;
-    fn bytes(&self) -> &[u8];
-}
-
+/// heads defer to the bytes (`tie_break`).
 struct MapKey {
     head: Head,
     bytes: ArenaRef,
-}
-
-/// A borrowed key to search with, so that lookups allocate nothing.
-struct Probe<'a> {
-    head: Head,
-    bytes: &'a [u8],
-}
-
-fn probe(bytes: &[u8]) -> Probe<'_> {
-    Probe {
-        head: head_of(bytes),
-        bytes,
-    }
-}
-
-impl KeyView for MapKey {
-    fn head(&self) -> &Head {
-        &self.head
-    }
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: a map key's bytes live in the arena beside the map, dropped after it.
-        unsafe { self.bytes.get() }
-    }
-}
-
-impl KeyView for Probe<'_> {
-    fn head(&self) -> &Head {
-        &self.head
-    }
-    fn bytes(&self) -> &[u8] {
-        self.bytes
-    }
-}
-
-impl<'a> std::borrow::Borrow<dyn KeyView + 'a> for MapKey {
-    fn borrow(&self) -> &(dyn KeyView + 'a) {
-        self
-    }
 }
 
 /// The order of two keys whose heads are equal. When both fit in a head, the head
@@ -287,33 +244,10 @@ fn tie_break(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     }
 }
 
-impl Ord for dyn KeyView + '_ {
-    #[inline]
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.head()
-            .cmp(other.head())
-            .then_with(|| tie_break(self.bytes(), other.bytes()))
-    }
-}
-
-impl PartialOrd for dyn KeyView + '_ {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for dyn KeyView + '_ {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other).is_eq()
-    }
-}
-
-impl Eq for dyn KeyView + '_ {}
-
 impl Ord for MapKey {
-    /// The same order as `dyn KeyView`'s, without its virtual calls: point lookups
-    /// (W9's GETs spent a tenth of the server's CPU in this map) search with a
-    /// `MapKey` probe (`ProbeKey`), so the whole search is monomorphic and inlined.
+    /// Searches use a `MapKey`-shaped probe (`ProbeKey`), so the whole search is
+    /// monomorphic and inlined (W9's GETs once spent a tenth of the server's CPU in
+    /// this map's searches through a trait object).
     #[inline]
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         self.head.cmp(&other.head).then_with(|| {
@@ -324,9 +258,9 @@ impl Ord for MapKey {
     }
 }
 
-/// A borrowed key to search with, shaped as a map key so that the map compares it
-/// with its own `Ord` (see `MapKey::cmp`). It is only ever searched with, never
-/// inserted: its bytes are not in the arena.
+/// A borrowed key to search with (lookups and range bounds), shaped as a map key so
+/// that the map compares it with its own `Ord` and nothing is allocated. It is only
+/// ever searched with, never inserted: its bytes are not in the arena.
 struct ProbeKey<'a> {
     key: MapKey,
     _bytes: std::marker::PhantomData<&'a [u8]>,
@@ -362,18 +296,15 @@ impl Eq for MapKey {}
 /// Runs `f` with the bounds of `tree`'s keys in a generation's map: from its first
 /// possible buffer key (included) to the next tree's (excluded; unbounded for the last
 /// possible tree id).
-fn within_tree<R>(
-    tree: TreeId,
-    f: impl FnOnce(Bound<&dyn KeyView>, Bound<&dyn KeyView>) -> R,
-) -> R {
+fn within_tree<R>(tree: TreeId, f: impl FnOnce(Bound<&MapKey>, Bound<&MapKey>) -> R) -> R {
     let start_key = tree.to_be_bytes();
     let end_key = tree.checked_add(1).map(u64::to_be_bytes);
-    let start = probe(&start_key);
-    let end = end_key.as_ref().map(|e| probe(e));
+    let start = probe_key(&start_key);
+    let end = end_key.as_ref().map(|e| probe_key(e));
     f(
-        Bound::Included(&start),
+        Bound::Included(&start.key),
         match &end {
-            Some(e) => Bound::Excluded(e),
+            Some(e) => Bound::Excluded(&e.key),
             None => Bound::Unbounded,
         },
     )
@@ -557,12 +488,12 @@ impl Generation {
         upto_txn: u64,
     ) -> Option<(&'a [u8], Found<'a>)> {
         let from_key = from.map(|k| buffer_key(tree, k));
-        let from_probe = from_key.as_deref().map(probe);
-        let at: Option<Bound<&dyn KeyView>> = from_probe.as_ref().map(|k| {
+        let from_probe = from_key.as_deref().map(probe_key);
+        let at: Option<Bound<&MapKey>> = from_probe.as_ref().map(|p| {
             if inclusive {
-                Bound::Included(k as &dyn KeyView)
+                Bound::Included(&p.key)
             } else {
-                Bound::Excluded(k as &dyn KeyView)
+                Bound::Excluded(&p.key)
             }
         });
         let inner = self.inner.read();
@@ -580,7 +511,7 @@ impl Generation {
                 (Some(at), false) => (start, at),
                 (None, _) => (start, end),
             };
-            let range = map.range::<dyn KeyView, _>((lo, hi));
+            let range = map.range((lo, hi));
             if forward {
                 range.filter_map(hit).next()
             } else {
@@ -599,15 +530,15 @@ impl Generation {
         upto_txn: u64,
         limit: usize,
     ) -> KindChunk {
-        let after_probe = after.map(probe);
+        let after_probe = after.map(probe_key);
         let inner = self.inner.read();
         let map = &inner.map;
         let out: Vec<(Box<[u8]>, Kind)> = within_tree(tree, |start, end| {
             let lo = match &after_probe {
-                Some(p) => Bound::Excluded(p as &dyn KeyView),
+                Some(p) => Bound::Excluded(&p.key),
                 None => start,
             };
-            map.range::<dyn KeyView, _>((lo, end))
+            map.range((lo, end))
                 .filter_map(|(k, vs)| {
                     visible(vs, upto_txn).map(|slot| {
                         let kind = match slot {
@@ -615,7 +546,9 @@ impl Generation {
                             Stored::Tombstone => Kind::Tombstone,
                             Stored::InTree => Kind::InTree,
                         };
-                        (Box::from((k as &dyn KeyView).bytes()), kind)
+                        // SAFETY: the map's keys live in the arena beside it, and
+                        // the read lock keeps the map (and so the arena) alive.
+                        (Box::from(unsafe { k.bytes.get() }), kind)
                     })
                 })
                 .take(limit)
@@ -629,14 +562,14 @@ impl Generation {
     /// a slice of a frozen generation to merge, borrowed from it (nothing copied).
     pub fn newest_from(&self, after: Option<&[u8]>, limit: usize) -> Vec<(&[u8], SlotRef<'_>)> {
         let inner = self.inner.read();
-        let after = after.map(probe);
-        let lo: Bound<&dyn KeyView> = match &after {
-            Some(k) => Bound::Excluded(k),
+        let after = after.map(probe_key);
+        let lo: Bound<&MapKey> = match &after {
+            Some(p) => Bound::Excluded(&p.key),
             None => Bound::Unbounded,
         };
         inner
             .map
-            .range::<dyn KeyView, _>((lo, Bound::Unbounded))
+            .range((lo, Bound::Unbounded))
             .take(limit)
             .map(|(k, vs)| {
                 let slot = vs.last().expect("versions").slot;
@@ -929,15 +862,11 @@ mod tests {
         /// The map's word-wise order is exactly the byte order that cursors promise.
         #[test]
         fn map_key_order_is_byte_order(a in key_bytes(), b in key_bytes()) {
-            let (pa, pb) = (probe(&a), probe(&b));
-            prop_assert_eq!((&pa as &dyn KeyView).cmp(&pb as &dyn KeyView), a.cmp(&b));
-            // The monomorphic order of point lookups is the same order.
             let (ka, kb) = (probe_key(&a), probe_key(&b));
             prop_assert_eq!(ka.key.cmp(&kb.key), a.cmp(&b));
         }
 
-        /// Point lookups (a `MapKey` probe) and range scans (a `dyn KeyView` probe)
-        /// find the same keys in one map.
+        /// Point lookups and range scans find the same keys in one map.
         #[test]
         fn point_lookups_find_what_was_written(
             keys in prop::collection::btree_set(key_bytes(), 1..60),
@@ -954,7 +883,7 @@ mod tests {
                 prop_assert!(matches!(found, Some(Found::Value(v)) if v == &k[..]));
             }
             prop_assert_eq!(g.contains(&absent), keys.contains(&absent));
-            let scanned = g.inner.read().map.range::<dyn KeyView, _>(..).count();
+            let scanned = g.inner.read().map.range::<MapKey, _>(..).count();
             prop_assert_eq!(scanned, keys.len());
         }
     }
