@@ -141,17 +141,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                         return Next::Close;
                     }
                 }
-                Parsed::Other => {
-                    return match self.flush().await {
-                        Ok(()) => Next::HandOver,
-                        Err(()) => Next::Close,
-                    };
-                }
+                Parsed::Other => return self.hand_over().await,
                 Parsed::Partial if self.pending().len() > MAX_HEAD_BYTES => {
-                    return match self.flush().await {
-                        Ok(()) => Next::HandOver,
-                        Err(()) => Next::Close,
-                    };
+                    return self.hand_over().await;
                 }
                 Parsed::Partial => {
                     // Everything buffered is answered: send it before waiting.
@@ -168,6 +160,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     }
                 }
             }
+        }
+    }
+
+    /// Sends the answers in hand, then gives the connection to hyper (or closes it
+    /// when the client is gone).
+    async fn hand_over(&mut self) -> Next {
+        match self.flush().await {
+            Ok(()) => Next::HandOver,
+            Err(()) => Next::Close,
         }
     }
 
@@ -193,6 +194,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     }
 
     async fn get(&mut self, head: &DocHead, close: bool) -> StatusCode {
+        // Split borrows: the head's bytes are read while the answer is written.
         let pending = &self.buf[self.start..];
         let headers = HeadHeaders { head, buf: pending };
         let state = &*self.state;
