@@ -747,3 +747,143 @@ mod tests {
         ));
     }
 }
+
+/// The parser's input comes from clients: whatever the text, it answers with a query
+/// or an `InvalidQuery` that points inside the text, and never panics.
+#[cfg(test)]
+mod never_panics {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Pieces a query is made of, and pieces that break it: keywords in any case,
+    /// names and paths, every operator, strings (closed, unclosed, escaped,
+    /// non-ASCII), numbers (huge, negative, fractional, malformed), parameters that
+    /// exist and do not, brackets, stray bytes.
+    fn piece() -> impl Strategy<Value = String> {
+        let fixed = prop::sample::select(vec![
+            "from", "FROM", "where", "Where", "index", "order", "by", "asc", "desc", "limit",
+            "offset", "select", "and", "or", "not", "exists", "startsWith", "in", "between",
+            "lower", "true", "false", "null", "users", "u", "name", "age", "a.b", "tags[]",
+            "a[].b", "x.", ".x", "[]", "=", "==", "!=", "<>", "<", "<=", ">", ">=", "(", ")",
+            ",", ".", "'Ann'", "\"Bo\"", "'it''s'", "'\\''", "'unclosed", "\"", "'é'", "1",
+            "0", "-1", "2.5", "1e400", "99999999999999999999999", "1.2.3", "-", "$min",
+            "$list", "$missing", "$", "\n", "\t", "é", "日本", "\u{0}", "%", "@", "#", "`",
+            "\\",
+        ])
+        .prop_map(str::to_string);
+        prop_oneof![8 => fixed, 1 => "\\PC{0,6}", 1 => "[a-z_]{1,12}"]
+    }
+
+    /// A query that follows the grammar, so that a good share of cases parse.
+    fn grammatical() -> impl Strategy<Value = String> {
+        let field = prop::sample::select(vec!["name", "age", "a.b", "tags[]", "lower(name)"]);
+        let value = prop::sample::select(vec!["1", "-2.5", "'x'", "true", "null", "$min"]);
+        let op = prop::sample::select(vec!["=", "!=", "<", ">=", "<>"]);
+        (
+            prop::sample::select(vec!["from users", "from index 'by_age'", "FROM u"]),
+            prop::option::of((field.clone(), op, value)),
+            prop::option::of((field, prop::bool::ANY)),
+            prop::option::of(0usize..20_000),
+        )
+            .prop_map(|(from, cond, order, limit)| {
+                let mut q = from.to_string();
+                if let Some((f, o, v)) = cond {
+                    q += &format!(" where {f} {o} {v}");
+                }
+                if let Some((f, desc)) = order {
+                    q += &format!(" order by {f}{}", if desc { " desc" } else { "" });
+                }
+                if let Some(l) = limit {
+                    q += &format!(" limit {l}");
+                }
+                q
+            })
+    }
+
+    fn params() -> Map<String, Value> {
+        let mut p = Map::new();
+        p.insert("min".into(), serde_json::json!(21));
+        p.insert("list".into(), serde_json::json!([1, "a", null]));
+        p
+    }
+
+    /// Parses `text` and checks what any answer must satisfy. Counts in `advanced`
+    /// the answers that got past the first `past` bytes: a query, or an error after
+    /// them.
+    fn check(text: &str, past: usize, advanced: &AtomicUsize) {
+        match parse(text, &params()) {
+            Ok(q) => {
+                advanced.fetch_add(1, Ordering::Relaxed);
+                assert!(q.limit <= MAX_LIMIT, "limit {} over the maximum", q.limit);
+                assert!(q.offset <= MAX_OFFSET, "offset {} over the maximum", q.offset);
+            }
+            Err(DocError::InvalidQuery { line, column, message }) => {
+                let lines = text.matches('\n').count() + 1;
+                assert!((1..=lines).contains(&line), "line {line} of {lines}: {message}");
+                let line_text = text.split('\n').nth(line - 1).unwrap_or("");
+                let columns = line_text.chars().count() + 1;
+                assert!((1..=columns).contains(&column), "column {column} of {columns}: {message}");
+                assert!(!message.is_empty());
+                if line > 1 || column > past + 1 {
+                    advanced.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(other) => panic!("not an InvalidQuery: {other:?}"),
+        }
+    }
+
+    const CASES: u32 = 3000;
+
+    #[test]
+    fn pieces_in_any_order_never_panic_and_errors_point_inside_the_text() {
+        let advanced = AtomicUsize::new(0);
+        let cfg = ProptestConfig {
+            cases: CASES,
+            ..ProptestConfig::default()
+        };
+        let separator = prop::sample::select(vec![" ", " ", " ", "", "\n"]);
+        let start = prop::sample::select(vec!["", "from users ", "from users where "]);
+        proptest!(cfg, |(start in start, pieces in prop::collection::vec((piece(), separator), 0..24))| {
+            let text: String = std::iter::once(start)
+                .chain(pieces.iter().flat_map(|(p, s)| [p.as_str(), *s]))
+                .collect();
+            check(&text, start.len(), &advanced);
+        });
+        // Without a check that cases get past the first words, a parser that refused
+        // everything at once would pass.
+        let advanced = advanced.load(Ordering::Relaxed) as u32;
+        assert!(advanced > CASES / 10, "only {advanced} cases got past their start");
+    }
+
+    #[test]
+    fn grammatical_queries_parse_and_damaged_ones_fail_cleanly() {
+        let parsed = AtomicUsize::new(0);
+        let cfg = ProptestConfig {
+            cases: CASES,
+            ..ProptestConfig::default()
+        };
+        proptest!(cfg, |(q in grammatical(), cut in any::<prop::sample::Index>(), byte in any::<u8>())| {
+            let whole = AtomicUsize::new(0);
+            check(&q, 0, &whole);
+            // A limit over the maximum is the one way a grammatical query may fail.
+            let over_limit = q.rsplit(' ').next().and_then(|l| l.parse::<usize>().ok())
+                .is_some_and(|l| q.contains(" limit ") && l > MAX_LIMIT);
+            prop_assert!(whole.load(Ordering::Relaxed) == 1 || over_limit, "{q:?} did not parse");
+            parsed.fetch_add(whole.load(Ordering::Relaxed), Ordering::Relaxed);
+            // Cut anywhere (on a character boundary), or one byte replaced.
+            let mut at = cut.index(q.len() + 1);
+            while !q.is_char_boundary(at) {
+                at -= 1;
+            }
+            check(&q[..at], 0, &AtomicUsize::new(0));
+            let mut bytes = q.clone().into_bytes();
+            if !bytes.is_empty() {
+                let i = cut.index(bytes.len());
+                bytes[i] = byte;
+                check(&String::from_utf8_lossy(&bytes), 0, &AtomicUsize::new(0));
+            }
+        });
+        assert!(parsed.load(Ordering::Relaxed) as u32 > CASES / 2);
+    }
+}
