@@ -24,7 +24,13 @@ impl Etag {
     pub fn parse(text: &str) -> Result<Etag> {
         let bad = || DocError::InvalidEtag(text.to_string());
         let (seq, inc) = text.split_once('-').ok_or_else(bad)?;
-        if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) || inc.len() != 8 {
+        // Only the form `Display` writes: `from_str_radix` alone would also take a
+        // sign (`42-+1234567`), upper case or a leading zero, and two spellings of
+        // one etag would both match.
+        let digits = !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit());
+        let leading_zero = seq.len() > 1 && seq.starts_with('0');
+        let hex = inc.len() == 8 && inc.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        if !digits || leading_zero || !hex {
             return Err(bad());
         }
         Ok(Etag {
@@ -54,8 +60,50 @@ mod tests {
             "42-9f3a",
             "42-zzzzzzzz",
             "+4-9f3a1c2b",
+            "42-+9f3a1c2",
+            "42-9F3A1C2B",
+            "042-9f3a1c2b",
         ] {
             assert!(Etag::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever a client sends as an etag: no panic, and what parses is exactly
+        /// what `Display` writes for it (one spelling per etag).
+        #[test]
+        fn only_the_canonical_spelling_parses(text in prop_oneof![
+            "\\PC{0,24}",
+            "[0-9+-]{0,6}-[0-9a-fA-F+ ]{6,10}",
+            (any::<u64>(), any::<u32>(), any::<prop::sample::Index>(), prop::sample::select(
+                vec!["0", "+", "-", " ", "A", "F", "g", "\u{e9}", "00"],
+            ))
+                .prop_map(|(s, i, at, put)| {
+                    // A real etag with one character inserted or replaced.
+                    let mut t = format!("{s}-{i:08x}");
+                    let mut at = at.index(t.len() + 1);
+                    while !t.is_char_boundary(at) {
+                        at -= 1;
+                    }
+                    if at % 2 == 0 {
+                        t.insert_str(at, put);
+                    } else if at < t.len() {
+                        t.replace_range(at..at + 1, put);
+                    }
+                    t
+                }),
+        ]) {
+            if let Ok(etag) = Etag::parse(&text) {
+                prop_assert_eq!(etag.to_string(), text);
+            }
+        }
+
+        #[test]
+        fn every_etag_round_trips(sequence in any::<u64>(), incarnation in any::<u32>()) {
+            let etag = Etag { sequence, incarnation };
+            prop_assert_eq!(Etag::parse(&etag.to_string()).ok(), Some(etag));
         }
     }
 }
