@@ -108,4 +108,38 @@ mod tests {
         long[21] = 0xff;
         assert!(decode("x", &long).is_err());
     }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Records as written decode to what was written; a record cut short or
+        /// with a byte replaced is a `CorruptRecord` or decodes within its bytes,
+        /// never a panic.
+        #[test]
+        fn records_round_trip_and_damage_never_panics(
+            sequence in any::<u64>(),
+            incarnation in any::<u32>(),
+            ms in any::<u64>(),
+            collection in prop::option::of("\\PC{1,12}"),
+            json in prop::collection::vec(any::<u8>(), 0..64),
+            cut in any::<prop::sample::Index>(),
+            byte in any::<u8>(),
+        ) {
+            let etag = Etag { sequence, incarnation };
+            let rec = encode(etag, ms, collection.as_deref(), &json);
+            let v = decode("x", &rec).unwrap();
+            prop_assert_eq!((v.etag, v.last_modified_ms, v.collection, v.json),
+                (etag, ms, collection.as_deref(), &json[..]));
+            let at = cut.index(rec.len());
+            if at < HEADER_LEN + collection.as_ref().map_or(0, String::len) {
+                prop_assert!(decode("x", &rec[..at]).is_err());
+            }
+            let mut flipped = rec.clone();
+            flipped[at] = byte;
+            if let Ok(v) = decode("x", &flipped) {
+                prop_assert!(v.json.len() + v.collection.map_or(0, str::len) + HEADER_LEN == flipped.len());
+            }
+        }
+    }
 }
+

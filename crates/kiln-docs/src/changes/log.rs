@@ -212,4 +212,47 @@ mod tests {
         assert!(f(None, None, Some("users")).matches(&c));
         assert!(!f(None, None, Some("orders")).matches(&c));
     }
+
+    use proptest::prelude::*;
+
+    fn kind() -> impl Strategy<Value = ChangeKind> {
+        prop_oneof![Just(ChangeKind::Put), Just(ChangeKind::Delete)]
+    }
+
+    proptest! {
+        /// What the engine hands back is checksummed, but a decoder must not trust
+        /// it: damaged entries are a `CorruptRecord`, never a panic, and entries as
+        /// written decode to what was written.
+        #[test]
+        fn entries_round_trip_and_damage_is_an_error(
+            k in kind(),
+            at_ms in any::<u64>(),
+            collection in prop::option::of("\\PC{1,12}"),
+            id in "\\PC{1,24}",
+            sequence in any::<u64>(),
+            cut in any::<prop::sample::Index>(),
+            byte in any::<u8>(),
+        ) {
+            let value = encode(k, at_ms, collection.as_deref(), &id).unwrap();
+            let c = decode(7, &key(sequence), &value).unwrap();
+            prop_assert_eq!((c.kind, c.at_ms, c.collection.as_deref(), c.id.as_str()),
+                (k, at_ms, collection.as_deref(), id.as_str()));
+            prop_assert_eq!(c.etag, Etag { incarnation: 7, sequence });
+            let short = &value[..cut.index(value.len())];
+            if short.len() < HEADER_LEN + collection.as_ref().map_or(0, String::len) {
+                prop_assert!(decode(7, &key(sequence), short).is_err());
+            }
+            let mut flipped = value.clone();
+            flipped[cut.index(value.len())] = byte;
+            let _ = decode(7, &key(sequence), &flipped);
+            prop_assert!(decode(7, &value[..cut.index(value.len()).min(7)], &value).is_err());
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(k in prop::collection::vec(any::<u8>(), 0..12),
+                                       v in prop::collection::vec(any::<u8>(), 0..64)) {
+            let _ = decode(1, &k, &v);
+        }
+    }
 }
+
