@@ -835,16 +835,19 @@ mod never_panics {
 
     const CASES: u32 = 3000;
 
+    fn cases() -> ProptestConfig {
+        ProptestConfig {
+            cases: CASES,
+            ..ProptestConfig::default()
+        }
+    }
+
     #[test]
     fn pieces_in_any_order_never_panic_and_errors_point_inside_the_text() {
         let advanced = AtomicUsize::new(0);
-        let cfg = ProptestConfig {
-            cases: CASES,
-            ..ProptestConfig::default()
-        };
         let separator = prop::sample::select(vec![" ", " ", " ", "", "\n"]);
         let start = prop::sample::select(vec!["", "from users ", "from users where "]);
-        proptest!(cfg, |(start in start, pieces in prop::collection::vec((piece(), separator), 0..24))| {
+        proptest!(cases(), |(start in start, pieces in prop::collection::vec((piece(), separator), 0..24))| {
             let text: String = std::iter::once(start)
                 .chain(pieces.iter().flat_map(|(p, s)| [p.as_str(), *s]))
                 .collect();
@@ -859,11 +862,7 @@ mod never_panics {
     #[test]
     fn grammatical_queries_parse_and_damaged_ones_fail_cleanly() {
         let parsed = AtomicUsize::new(0);
-        let cfg = ProptestConfig {
-            cases: CASES,
-            ..ProptestConfig::default()
-        };
-        proptest!(cfg, |(q in grammatical(), cut in any::<prop::sample::Index>(), byte in any::<u8>())| {
+        proptest!(cases(), |(q in grammatical(), cut in any::<prop::sample::Index>(), byte in any::<u8>())| {
             let whole = AtomicUsize::new(0);
             check(&q, 0, &whole);
             // A limit over the maximum is the one way a grammatical query may fail.
