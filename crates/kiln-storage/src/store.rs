@@ -264,6 +264,15 @@ impl PageStore {
             )
         };
         let first = bytes.get(start..start + PAGE_SIZE).ok_or_else(outside)?;
+        // The header read next is usually a cache miss, and the search that follows
+        // reads the slot array behind it (a leaf of W3's data: ~45 slots, up to byte
+        // ~130): asking for the slot array's next two lines now overlaps their misses
+        // with the header's. W5's random gets, isolated: +7-14 % (alternated).
+        for line in [64, 128] {
+            if let Some(rest) = first.get(line..) {
+                page::prefetch(rest);
+            }
+        }
         let run_len = if page::hdr::kind(first) == page::KIND_OVERFLOW {
             let run = page::hdr::run_pages(first) as u64;
             if run == 0 || no + run > map.pages {
