@@ -190,11 +190,11 @@ fn journal_figures(env: &Env, ops: u64) -> Map<String, Value> {
     m
 }
 
-/// W1: transactions of one 16 KiB random value under a sequential 8-byte key.
 /// W1's proposed target: a commit costs at most this much beyond the raw 16 KiB
 /// durable write measured around the run (docs/design.md §12).
 const W1_PROPOSED_EXCESS_US: u32 = 45;
 
+/// W1: transactions of one 16 KiB random value under a sequential 8-byte key.
 fn w1(dir: &Path, opts: &Options, quick: bool) -> BenchResult<Run> {
     let n: u64 = if quick { 4096 } else { 65_536 };
     // The raw disk's speed drifts on a shared machine (its mean over the three
