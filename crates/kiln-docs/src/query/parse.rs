@@ -762,13 +762,79 @@ mod never_panics {
     /// exist and do not, brackets, stray bytes.
     fn piece() -> impl Strategy<Value = String> {
         let fixed = prop::sample::select(vec![
-            "from", "FROM", "where", "Where", "index", "order", "by", "asc", "desc", "limit",
-            "offset", "select", "and", "or", "not", "exists", "startsWith", "in", "between",
-            "lower", "true", "false", "null", "users", "u", "name", "age", "a.b", "tags[]",
-            "a[].b", "x.", ".x", "[]", "=", "==", "!=", "<>", "<", "<=", ">", ">=", "(", ")",
-            ",", ".", "'Ann'", "\"Bo\"", "'it''s'", "'\\''", "'unclosed", "\"", "'é'", "1",
-            "0", "-1", "2.5", "1e400", "99999999999999999999999", "1.2.3", "-", "$min",
-            "$list", "$missing", "$", "\n", "\t", "é", "日本", "\u{0}", "%", "@", "#", "`",
+            "from",
+            "FROM",
+            "where",
+            "Where",
+            "index",
+            "order",
+            "by",
+            "asc",
+            "desc",
+            "limit",
+            "offset",
+            "select",
+            "and",
+            "or",
+            "not",
+            "exists",
+            "startsWith",
+            "in",
+            "between",
+            "lower",
+            "true",
+            "false",
+            "null",
+            "users",
+            "u",
+            "name",
+            "age",
+            "a.b",
+            "tags[]",
+            "a[].b",
+            "x.",
+            ".x",
+            "[]",
+            "=",
+            "==",
+            "!=",
+            "<>",
+            "<",
+            "<=",
+            ">",
+            ">=",
+            "(",
+            ")",
+            ",",
+            ".",
+            "'Ann'",
+            "\"Bo\"",
+            "'it''s'",
+            "'\\''",
+            "'unclosed",
+            "\"",
+            "'é'",
+            "1",
+            "0",
+            "-1",
+            "2.5",
+            "1e400",
+            "99999999999999999999999",
+            "1.2.3",
+            "-",
+            "$min",
+            "$list",
+            "$missing",
+            "$",
+            "\n",
+            "\t",
+            "é",
+            "日本",
+            "\u{0}",
+            "%",
+            "@",
+            "#",
+            "`",
             "\\",
         ])
         .prop_map(str::to_string);
@@ -816,14 +882,28 @@ mod never_panics {
             Ok(q) => {
                 advanced.fetch_add(1, Ordering::Relaxed);
                 assert!(q.limit <= MAX_LIMIT, "limit {} over the maximum", q.limit);
-                assert!(q.offset <= MAX_OFFSET, "offset {} over the maximum", q.offset);
+                assert!(
+                    q.offset <= MAX_OFFSET,
+                    "offset {} over the maximum",
+                    q.offset
+                );
             }
-            Err(DocError::InvalidQuery { line, column, message }) => {
+            Err(DocError::InvalidQuery {
+                line,
+                column,
+                message,
+            }) => {
                 let lines = text.matches('\n').count() + 1;
-                assert!((1..=lines).contains(&line), "line {line} of {lines}: {message}");
+                assert!(
+                    (1..=lines).contains(&line),
+                    "line {line} of {lines}: {message}"
+                );
                 let line_text = text.split('\n').nth(line - 1).unwrap_or("");
                 let columns = line_text.chars().count() + 1;
-                assert!((1..=columns).contains(&column), "column {column} of {columns}: {message}");
+                assert!(
+                    (1..=columns).contains(&column),
+                    "column {column} of {columns}: {message}"
+                );
                 assert!(!message.is_empty());
                 if line > 1 || column > past + 1 {
                     advanced.fetch_add(1, Ordering::Relaxed);
@@ -856,7 +936,10 @@ mod never_panics {
         // Without a check that cases get past the first words, a parser that refused
         // everything at once would pass.
         let advanced = advanced.load(Ordering::Relaxed) as u32;
-        assert!(advanced > CASES / 10, "only {advanced} cases got past their start");
+        assert!(
+            advanced > CASES / 10,
+            "only {advanced} cases got past their start"
+        );
     }
 
     #[test]
