@@ -125,6 +125,10 @@ pub struct RestoreArgs {
     /// Replace an existing database of that name (only once the restore succeeded).
     #[arg(long)]
     pub force: bool,
+    /// The restored database's storage (offline restores; a server restores with
+    /// its own).
+    #[command(flatten)]
+    pub storage: crate::storage_args::StorageArgs,
     #[arg(long, short)]
     pub quiet: bool,
     #[arg(long)]
@@ -518,19 +522,22 @@ pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
     precheck(&a.files)?;
     let started = Instant::now();
     let report: RestoreReport = if let Some(url) = &a.url {
+        if a.storage.any_given() {
+            return Err(
+                "--journal-file-size-mib is for offline restores (--data-dir): \
+                        a server restores with its own storage options"
+                    .into(),
+            );
+        }
         restore_remote(&a, url)?
     } else if let Some(dir) = &a.data_dir {
         let (source, total) = open_all(&a.files)?;
         let pb = bar(a.quiet, Some(total));
-        let r = kiln_docs::restore_database(
-            source,
-            dir,
-            &a.db,
-            kiln_docs::DocsOptions::default().storage,
-            a.force,
-            point,
-            |n| pb.set_position(n),
-        );
+        let mut storage = kiln_docs::DocsOptions::default().storage;
+        a.storage.apply_to(&mut storage);
+        let r = kiln_docs::restore_database(source, dir, &a.db, storage, a.force, point, |n| {
+            pb.set_position(n)
+        });
         pb.finish_and_clear();
         r?
     } else {

@@ -18,6 +18,7 @@ mod recoverybench;
 mod redisbench;
 mod serve_cmd;
 mod serverbench;
+mod storage_args;
 mod streambench;
 
 use clap::{Parser, Subcommand};

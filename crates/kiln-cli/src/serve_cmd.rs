@@ -85,6 +85,8 @@ pub struct ServeArgs {
     /// --worker-threads instead.
     #[arg(long)]
     connection_threads: Option<usize>,
+    #[command(flatten)]
+    storage: crate::storage_args::StorageArgs,
 }
 
 #[derive(Subcommand)]
@@ -140,6 +142,7 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
     config.docs.max_id_bytes = a.max_id_bytes;
     config.docs.storage.max_unflushed_bytes = a.max_unflushed_mib << 20;
     config.docs.storage.write_back_window_bytes = a.write_back_window_mib << 20;
+    a.storage.apply_to(&mut config.docs.storage);
     config.docs.write_queue.workers = a.write_workers.max(1);
     config.changes.heartbeat_ms = a.changes_heartbeat_ms.max(1);
     config.changes.max_connections = a.max_changes_connections;

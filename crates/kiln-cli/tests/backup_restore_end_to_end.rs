@@ -136,6 +136,8 @@ fn backup_over_http_during_writes_restores_every_acknowledged_document() {
         dst,
         "--db",
         "shop",
+        "--journal-file-size-mib",
+        common::TEST_JOURNAL_FILE_SIZE_MIB,
         "--json",
     ]);
     assert!(
@@ -308,6 +310,8 @@ fn incremental_chain_verify_point_in_time_and_restore_into_a_server() {
         "shop",
         "--until",
         &until,
+        "--journal-file-size-mib",
+        common::TEST_JOURNAL_FILE_SIZE_MIB,
         "--json",
     ]));
     assert_eq!(r["reached"]["etag"], i1["etag"], "{r}");
@@ -321,6 +325,24 @@ fn incremental_chain_verify_point_in_time_and_restore_into_a_server() {
     assert_eq!(documents(port, "copy"), docs_at_inc2);
     let out = kiln(&["restore", &full, "--url", &url, "--db", "copy"]);
     assert!(!out.status.success(), "an existing database needs --force");
+    // A server restores with its own storage options: one given here is refused,
+    // not ignored.
+    let out = kiln(&[
+        "restore",
+        &full,
+        "--url",
+        &url,
+        "--db",
+        "copy2",
+        "--journal-file-size-mib",
+        "8",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("offline restores"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let s = ok(&kiln(&[
         "backup",

@@ -308,6 +308,13 @@ fn kill9_during_backups_and_restores_leaves_no_damage() {
         let mut v: Vec<String> = ["restore"].into_iter().map(String::from).collect();
         v.extend(chain.iter().map(|c| c.to_string()));
         v.extend(["--data-dir", s(dir), "--db", "shop", "-q"].map(String::from));
+        v.extend(
+            [
+                "--journal-file-size-mib",
+                common::TEST_JOURNAL_FILE_SIZE_MIB,
+            ]
+            .map(String::from),
+        );
         if force {
             v.push("--force".into());
         }

@@ -26,6 +26,12 @@ pub fn healthy(port: u16) -> bool {
     s.read_to_string(&mut out).is_ok() && out.starts_with("HTTP/1.1 200")
 }
 
+/// The journal file size (MiB) of the databases the tests make: the default's 64 MiB,
+/// zero-filled, plus a spare, per database, filled a CI machine's small disk (the
+/// backup tests hold several databases at once), and small files also make the
+/// crash tests cross journal files.
+pub const TEST_JOURNAL_FILE_SIZE_MIB: &str = "4";
+
 /// Starts `kiln serve` on `data_dir` and `port` and waits (30 s at most) until it
 /// answers `/health`; a server that exits first fails the test at once. The caller
 /// owns the child: it kills (or SIGKILLs) and waits for it.
@@ -36,6 +42,8 @@ pub fn spawn_serve(data_dir: &Path, port: u16) -> Child {
             "serve",
             "--bind",
             &format!("127.0.0.1:{port}"),
+            "--journal-file-size-mib",
+            TEST_JOURNAL_FILE_SIZE_MIB,
             "--data-dir",
         ])
         .arg(data_dir)

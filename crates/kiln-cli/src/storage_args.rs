@@ -1,0 +1,73 @@
+//! Storage options the commands that create databases share (`kiln serve`,
+//! `kiln restore --data-dir`).
+
+use clap::Args;
+
+/// The largest journal file a command line may ask for. Each database preallocates
+/// (and zero-fills) its current journal file and, past half of it, a spare: 4 GiB
+/// files would take 8 GiB of disk per database before a single write.
+const MAX_JOURNAL_FILE_SIZE_MIB: u64 = 4096;
+
+#[derive(Args, Clone, Debug)]
+pub struct StorageArgs {
+    /// Size of each journal file of a database (MiB), preallocated and zero-filled
+    /// when the file is made: a database holds one, plus a spare once the current
+    /// one is half full. Smaller files save disk for many small databases; larger
+    /// ones roll over less often. Existing files keep the size they were made with.
+    /// Default: 64.
+    #[arg(
+        long,
+        value_parser = clap::value_parser!(u64).range(1..=MAX_JOURNAL_FILE_SIZE_MIB)
+    )]
+    pub journal_file_size_mib: Option<u64>,
+}
+
+impl StorageArgs {
+    /// Sets what these arguments choose on `options`, leaving the rest as it is.
+    pub fn apply_to(&self, options: &mut kiln_storage::Options) {
+        if let Some(mib) = self.journal_file_size_mib {
+            options.journal_file_size_bytes = mib << 20;
+        }
+    }
+
+    /// Whether any storage option was given (a command that cannot honour them
+    /// refuses rather than ignores them).
+    pub fn any_given(&self) -> bool {
+        self.journal_file_size_mib.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        storage: StorageArgs,
+    }
+
+    #[test]
+    fn default_is_the_engine_default_and_out_of_range_sizes_are_refused() {
+        let cli = Cli::try_parse_from(["kiln"]).unwrap();
+        let mut options = kiln_docs::DocsOptions::default().storage;
+        let before = options.journal_file_size_bytes;
+        cli.storage.apply_to(&mut options);
+        assert_eq!(options.journal_file_size_bytes, before);
+        assert_eq!(before, 64 << 20, "the help text says 64");
+        assert!(!cli.storage.any_given());
+
+        let cli = Cli::try_parse_from(["kiln", "--journal-file-size-mib", "4"]).unwrap();
+        cli.storage.apply_to(&mut options);
+        assert_eq!(options.journal_file_size_bytes, 4 << 20);
+        assert!(cli.storage.any_given());
+
+        for bad in ["0", "4097", "-1", "lots", "18446744073709551615"] {
+            assert!(
+                Cli::try_parse_from(["kiln", "--journal-file-size-mib", bad]).is_err(),
+                "{bad} was accepted"
+            );
+        }
+    }
+}
