@@ -2,6 +2,7 @@
 //! must not be running on the same directory: each database is locked by one
 //! process at a time).
 
+use crate::storage_args::StorageArgs;
 use kiln_docs::{Condition, DocError, DocId, DocStore, DocsOptions};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -10,8 +11,16 @@ fn open(data_dir: &Path) -> crate::AnyResult<DocStore> {
     Ok(DocStore::open(data_dir, DocsOptions::default())?)
 }
 
-pub fn put(data_dir: &Path, database: &str, id: &str, json: &str) -> crate::AnyResult<ExitCode> {
-    let store = open(data_dir)?;
+pub fn put(
+    data_dir: &Path,
+    database: &str,
+    id: &str,
+    json: &str,
+    storage: &StorageArgs,
+) -> crate::AnyResult<ExitCode> {
+    let mut options = DocsOptions::default();
+    storage.apply_to(&mut options.storage);
+    let store = DocStore::open(data_dir, options)?;
     let db = match store.database(database) {
         Ok(db) => db,
         Err(DocError::DatabaseNotFound(_)) => store.create_database(database)?,

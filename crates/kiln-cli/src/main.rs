@@ -66,6 +66,9 @@ enum Command {
         database: String,
         id: String,
         json: String,
+        /// For the database this creates, if it does.
+        #[command(flatten)]
+        storage: storage_args::StorageArgs,
     },
     /// Print a document.
     Get {
@@ -158,7 +161,8 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
             database,
             id,
             json,
-        } => return docs_cmd::put(&data_dir, &database, &id, &json),
+            storage,
+        } => return docs_cmd::put(&data_dir, &database, &id, &json, &storage),
         Command::Get {
             data_dir,
             database,

@@ -1,5 +1,5 @@
 //! Storage options the commands that create databases share (`kiln serve`,
-//! `kiln restore --data-dir`).
+//! `kiln restore --data-dir`, `kiln put`).
 
 use clap::Args;
 

@@ -22,11 +22,21 @@ fn put_get_list_check_on_a_data_directory() {
         "put",
         "--data-dir",
         d,
+        "--journal-file-size-mib",
+        "2",
         "shop",
         "users/ada",
         r#"{"name":"Ada"}"#,
     ]);
     assert!(o.status.success(), "{o:?}");
+    // The database it created journals into files of the size asked for.
+    let journal_dir = dir.path().join("databases/shop/journal");
+    let sizes: Vec<u64> = std::fs::read_dir(&journal_dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .collect();
+    assert!(!sizes.is_empty(), "no journal file in {journal_dir:?}");
+    assert!(sizes.iter().all(|&len| len == 2 << 20), "{sizes:?}");
     let put: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(put["id"], "users/ada");
     assert_eq!(put["created"], true);

@@ -535,9 +535,15 @@ impl Flusher {
                 .journal_file_seq
                 .min(self.header.replay_from_file_seq),
         );
-        if let Err(e) = shared.journal_files.prepare_next() {
-            // Not fatal: the writer creates the file itself when it needs it.
-            tracing::warn!(error = %e, "could not prepare the next journal file");
+        // Only when the writer asked (its file half used, or just switched): a spare
+        // made at every checkpoint gave each new database a second zero-filled
+        // journal file at its first checkpoint, 64 MiB of disk that a database whose
+        // first file never fills half never uses.
+        if shared.journal_files.spare_wanted() {
+            if let Err(e) = shared.journal_files.prepare_next() {
+                // Not fatal: the writer creates the file itself when it needs it.
+                tracing::warn!(error = %e, "could not prepare the next journal file");
+            }
         }
         Ok(())
     }

@@ -35,9 +35,10 @@ pub struct Options {
     /// When a commit is acknowledged: `Immediate` (default, durable) or `Buffered`.
     pub durability: Durability,
     /// The flusher prepares the next journal file as soon as the writer moves to a new
-    /// one (default), instead of only at checkpoints, so that a commit never waits
-    /// for a file to be created. Simulation tests turn it off to keep all background
-    /// I/O at points they choose (determinism).
+    /// one or has used half of its file (default), instead of only at checkpoints
+    /// after that, so that a commit never waits for a file to be created. Simulation
+    /// tests turn it off to keep all background I/O at points they choose
+    /// (determinism).
     pub prepare_journal_files_ahead: bool,
     /// Bounds of the commit queue (`Env::submit`).
     pub queue_limits: QueueLimits,

@@ -83,3 +83,35 @@ fn a_switch_to_a_file_nobody_prepared_is_counted_as_a_wait() {
     assert_eq!(s.journal_switch_waits, 1, "{s:?}");
     assert_eq!(s.journal_files, 2);
 }
+
+/// A database that has used little of its first journal file keeps one file through
+/// checkpoints: a spare is made only once the file is half used (each is preallocated
+/// and zero-filled, 64 MiB by default), not at every checkpoint.
+#[test]
+fn checkpoints_make_no_spare_while_the_file_is_far_from_half_used() {
+    for prepare_ahead in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let env = open_with_tree(dir.path(), prepare_ahead);
+        let mut key = 0;
+        for _ in 0..3 {
+            commit_until_journal_bytes(&env, &mut key, env.stats().journal_bytes + 1);
+            env.sync().unwrap();
+        }
+        let s = env.stats();
+        assert!(s.checkpoints >= 3, "{s:?}");
+        assert_eq!(s.journal_files, 1, "prepare_ahead={prepare_ahead}: {s:?}");
+        // Past half: the next checkpoint (or the flusher before it) makes the spare.
+        commit_until_journal_bytes(&env, &mut key, JOURNAL_FILE_BYTES * 6 / 10);
+        env.sync().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while env.stats().journal_files < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "prepare_ahead={prepare_ahead}: no spare once the file was half used: {:?}",
+                env.stats()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(env.stats().journal_switch_waits, 0);
+    }
+}
