@@ -533,8 +533,7 @@ pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
     } else if let Some(dir) = &a.data_dir {
         let (source, total) = open_all(&a.files)?;
         let pb = bar(a.quiet, Some(total));
-        let mut storage = kiln_docs::DocsOptions::default().storage;
-        a.storage.apply_to(&mut storage);
+        let storage = a.storage.docs_options().storage;
         let r = kiln_docs::restore_database(source, dir, &a.db, storage, a.force, point, |n| {
             pb.set_position(n)
         });

@@ -18,9 +18,7 @@ pub fn put(
     json: &str,
     storage: &StorageArgs,
 ) -> crate::AnyResult<ExitCode> {
-    let mut options = DocsOptions::default();
-    storage.apply_to(&mut options.storage);
-    let store = DocStore::open(data_dir, options)?;
+    let store = DocStore::open(data_dir, storage.docs_options())?;
     let db = match store.database(database) {
         Ok(db) => db,
         Err(DocError::DatabaseNotFound(_)) => store.create_database(database)?,

@@ -30,6 +30,13 @@ impl StorageArgs {
         }
     }
 
+    /// The document store's default options with these applied.
+    pub fn docs_options(&self) -> kiln_docs::DocsOptions {
+        let mut options = kiln_docs::DocsOptions::default();
+        self.apply_to(&mut options.storage);
+        options
+    }
+
     /// Whether any storage option was given (a command that cannot honour them
     /// refuses rather than ignores them).
     pub fn any_given(&self) -> bool {

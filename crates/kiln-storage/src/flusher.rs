@@ -292,14 +292,8 @@ impl Flusher {
         // (`journal/sync.rs`), so that a long write-back cannot delay them.
         loop {
             let wait = interval.saturating_sub(self.last_sync.elapsed());
-            if self.env.prepare_journal_files_ahead
-                && self.env.journal_files.spare_wanted()
-                && self.env.latch.poison_reason().is_none()
-            {
-                if let Err(e) = self.env.journal_files.prepare_next() {
-                    // Not fatal: the writer creates the file itself when it needs it.
-                    tracing::warn!(error = %e, "could not prepare the next journal file");
-                }
+            if self.env.prepare_journal_files_ahead && self.env.latch.poison_reason().is_none() {
+                prepare_spare_if_wanted(&self.env.journal_files);
             }
             let work = self
                 .env
@@ -539,17 +533,22 @@ impl Flusher {
         // made at every checkpoint gave each new database a second zero-filled
         // journal file at its first checkpoint, 64 MiB of disk that a database whose
         // first file never fills half never uses.
-        if shared.journal_files.spare_wanted() {
-            if let Err(e) = shared.journal_files.prepare_next() {
-                // Not fatal: the writer creates the file itself when it needs it.
-                tracing::warn!(error = %e, "could not prepare the next journal file");
-            }
-        }
+        prepare_spare_if_wanted(&shared.journal_files);
         Ok(())
     }
 }
 
 /// Writes the free-page snapshot and the header copy for `h`'s slot, durably.
+/// Makes the next journal file ready if the writer has asked for it.
+fn prepare_spare_if_wanted(files: &JournalFiles) {
+    if files.spare_wanted() {
+        if let Err(e) = files.prepare_next() {
+            // Not fatal: the writer creates the file itself when it needs it.
+            tracing::warn!(error = %e, "could not prepare the next journal file");
+        }
+    }
+}
+
 pub(crate) fn write_header(shared: &FlusherHandle, h: &FileHeader, freelist: &[u8]) -> Result<()> {
     header::write_freelist(shared.vfs.as_ref(), &shared.dir, h.slot(), freelist)?;
     write_header_page(shared, h)

@@ -39,11 +39,7 @@ fn assert_matches(env: &Env, model: &BTreeMap<u64, u8>) {
     let r = env.begin_read().unwrap();
     for (key, fill) in model {
         let value = r.get("t", &key.to_be_bytes()).unwrap();
-        assert_eq!(
-            value.as_deref(),
-            Some(&vec![*fill; VALUE_BYTES][..]),
-            "key {key}"
-        );
+        assert_eq!(value, Some(&vec![*fill; VALUE_BYTES][..]), "key {key}");
     }
 }
 
