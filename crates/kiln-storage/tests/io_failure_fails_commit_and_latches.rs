@@ -4,6 +4,8 @@
 //! data file must not stretch buffered durability's journal-sync interval; write-back
 //! reaches the disk in bounded chunks.
 
+mod crash_copy;
+
 use kiln_storage::io::{ForwardFile, ForwardVfs, OpenMode, OsVfs, Vfs, VfsFile};
 use kiln_storage::{Env, Error, Options};
 use std::io;
@@ -194,6 +196,62 @@ fn data_file_fsync_eio_latches_and_journal_replay_recovers() {
             r.get("t", format!("k{i}").as_bytes()).unwrap(),
             Some(&b"v"[..]),
             "k{i}"
+        );
+    }
+    drop(r);
+    assert!(env.check().unwrap().is_clean());
+}
+
+/// The data file's sync at open (which makes the header recovery trusts durable)
+/// runs beside the journal's replay. If it fails, the open must fail with it, even
+/// though the replay has written pages meanwhile; the next open replays again and
+/// finds every acknowledged commit.
+#[test]
+fn a_failed_data_sync_at_open_fails_the_open_and_the_next_one_recovers() {
+    let live = tempfile::tempdir().unwrap();
+    let sw = Arc::new(Switches::default());
+    let opts = || Options {
+        vfs: Arc::new(FaultyVfs {
+            inner: OsVfs,
+            switches: sw.clone(),
+        }),
+        ..crash_copy::without_checkpoints()
+    };
+    let env = Env::open(live.path(), opts()).unwrap();
+    // Values above the write buffer's bound: their pages are in the records, so the
+    // open replays page images into the data file while its sync fails.
+    let value = vec![7u8; 6000];
+    let mut w = env.begin_write().unwrap();
+    w.create_tree("t").unwrap();
+    w.commit().unwrap();
+    for i in 0..200u32 {
+        let mut w = env.begin_write().unwrap();
+        w.put("t", &i.to_be_bytes(), &value).unwrap();
+        w.commit().unwrap();
+    }
+    let crashed = tempfile::tempdir().unwrap();
+    crash_copy::crash_copy(live.path(), crashed.path());
+    drop(env);
+
+    sw.fail_data_sync.store(true, SeqCst);
+    let err = match Env::open(crashed.path(), opts()) {
+        Err(e) => e,
+        Ok(_) => panic!("the open succeeded although the data file's sync failed"),
+    };
+    assert!(err.to_string().contains(kiln_storage::DATA_FILE), "{err}");
+    sw.fail_data_sync.store(false, SeqCst);
+
+    let (env, report) = Env::open_with_report(crashed.path(), opts()).unwrap();
+    assert!(
+        report.records_replayed >= 200,
+        "the journal should have been replayed again: {report:?}"
+    );
+    let r = env.begin_read().unwrap();
+    for i in 0..200u32 {
+        assert_eq!(
+            r.get("t", &i.to_be_bytes()).unwrap(),
+            Some(&value[..]),
+            "key {i}"
         );
     }
     drop(r);

@@ -665,11 +665,12 @@ fn decode_full(
         return Err(format!("page image {i} (page {no}): head {head} + tail {tail} inconsistent with a {run_pages}-page run"));
     }
     let bytes = take(body, at, parts, "page image bytes")?;
-    let mut run = PageRun::zeroed(run_pages as usize);
-    let rb = run.bytes_mut();
-    rb[..head].copy_from_slice(&bytes[..head]);
-    rb[run_bytes - tail..].copy_from_slice(&bytes[head..]);
-    Ok(run)
+    let (head_bytes, tail_bytes) = bytes.split_at(head);
+    Ok(PageRun::from_head_tail(
+        run_pages as usize,
+        head_bytes,
+        tail_bytes,
+    ))
 }
 
 fn decode_diff(
