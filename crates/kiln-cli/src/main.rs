@@ -278,7 +278,7 @@ fn print_stats(s: &kiln_storage::Stats, json: bool) {
         "commits": s.commits, "aborts": s.aborts,
         "journal_writes": s.journal_writes, "journal_bytes": s.journal_bytes,
         "journal_write_latency": lat(&s.journal_write_latency),
-        "journal_files": s.journal_files, "journal_files_created": s.journal_files_created, "journal_files_recycled": s.journal_files_recycled,
+        "journal_files": s.journal_files, "journal_files_created": s.journal_files_created, "journal_files_recycled": s.journal_files_recycled, "journal_files_removed": s.journal_files_removed,
         "journal_switch_waits": s.journal_switch_waits,
         "write_buffer_bytes": s.write_buffer_bytes, "write_buffer_freezes": s.write_buffer_freezes, "write_buffer_merges": s.write_buffer_merges, "write_buffer_keys_merged_ahead": s.write_buffer_keys_merged_ahead,
         "journal_direct_io_fallback": s.journal_direct_io_fallback, "journal_direct_io": s.journal_direct_io,

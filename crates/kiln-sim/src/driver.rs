@@ -40,6 +40,9 @@ pub struct DriverStats {
     pub files_vanished: u64,
     /// Keys the merge thread merged ahead for committing transactions.
     pub keys_merged_ahead: u64,
+    /// Journal files made (of growing sizes) and outgrown ones removed.
+    pub journal_files_created: u64,
+    pub journal_files_removed: u64,
 }
 
 impl DriverStats {
@@ -62,6 +65,8 @@ impl DriverStats {
         self.pending_writes_dropped += o.pending_writes_dropped;
         self.files_vanished += o.files_vanished;
         self.keys_merged_ahead += o.keys_merged_ahead;
+        self.journal_files_created += o.journal_files_created;
+        self.journal_files_removed += o.journal_files_removed;
     }
 
     fn absorb_disk(&mut self, disk: &SimDisk) {
@@ -83,6 +88,9 @@ pub fn options(disk: &Arc<SimDisk>) -> Options {
     Options {
         vfs: disk.vfs(),
         journal_file_size_bytes: 1 << 20,
+        // Files of 64, 128, 256 and 512 KiB before full-size ones: cuts land on
+        // switches between sizes and on the removal of outgrown files.
+        journal_first_file_bytes: 64 << 10,
         data_grow_step_bytes: 256 << 10,
         sync_interval_ms: u64::MAX / 4,
         sync_after_bytes: u64::MAX / 4,
@@ -375,7 +383,10 @@ pub fn run_seed(seed: u64, cycles: u32, canary: bool) -> Result<DriverStats, Str
                 break;
             }
         }
-        stats.keys_merged_ahead += env.stats().write_buffer_keys_merged_ahead;
+        let env_stats = env.stats();
+        stats.keys_merged_ahead += env_stats.write_buffer_keys_merged_ahead;
+        stats.journal_files_created += env_stats.journal_files_created;
+        stats.journal_files_removed += env_stats.journal_files_removed;
         if fault_cycle && !disk.is_dead() {
             // A process restart after the fault: the OS keeps every write.
             drop(env);

@@ -13,8 +13,16 @@ use std::sync::Arc;
 pub struct Options {
     /// Where journal files go; default `<dir>/journal`. May be on another volume.
     pub journal_dir: Option<PathBuf>,
-    /// Size of each preallocated journal file.
+    /// Size of each preallocated journal file, once the environment has written
+    /// enough: see `journal_first_file_bytes`.
     pub journal_file_size_bytes: u64,
+    /// Size of a new environment's first journal file (at most
+    /// `journal_file_size_bytes`). Each file made after it doubles the size of the
+    /// last one made, up to `journal_file_size_bytes`, and a recycled file smaller
+    /// than the size then wanted is removed instead of reused. A database that stays
+    /// small holds 4 MiB of journal (12 with its spare) rather than 64 (or 128); one
+    /// that writes reaches full-size files after 60 MiB of journal.
+    pub journal_first_file_bytes: u64,
     /// The data file grows in steps of at least this many bytes.
     pub data_grow_step_bytes: u64,
     /// The flusher syncs the data file at least this often while there is work...
@@ -76,6 +84,7 @@ impl Default for Options {
         Options {
             journal_dir: None,
             journal_file_size_bytes: 64 << 20,
+            journal_first_file_bytes: 4 << 20,
             data_grow_step_bytes: 64 << 20,
             sync_interval_ms: 1000,
             sync_after_bytes: 64 << 20,
@@ -107,6 +116,11 @@ impl Options {
             || !self.journal_file_size_bytes.is_multiple_of(4096)
         {
             return bad("journal_file_size_bytes must be a multiple of 4096 and at least 1 MiB");
+        }
+        if self.journal_first_file_bytes < 64 << 10
+            || !self.journal_first_file_bytes.is_multiple_of(4096)
+        {
+            return bad("journal_first_file_bytes must be a multiple of 4096 and at least 64 KiB");
         }
         if self.data_grow_step_bytes < PAGE_SIZE as u64
             || !self.data_grow_step_bytes.is_multiple_of(PAGE_SIZE as u64)

@@ -123,6 +123,29 @@ impl Pins {
     }
 }
 
+/// The data file of a new environment, when `data_grow_step_bytes` is larger: a
+/// database that stays small takes 1 MiB, not a whole step (64 MiB by default).
+pub(crate) const FIRST_DATA_FILE_BYTES: u64 = 1 << 20;
+
+/// The length the data file grows to from `cur` bytes when `needed` are wanted:
+/// at least double while it is smaller than one step (a small database stays small,
+/// a growing one reaches full steps after a few remaps), then whole steps of the
+/// larger of `step_bytes` and an eighth of the file (few remaps for a large one).
+/// Growth reserves the space the pages will take (fallocate), so write-back never
+/// meets a full disk midway.
+fn grow_target(cur: u64, needed: u64, step_bytes: u64) -> u64 {
+    if cur < step_bytes {
+        needed.max(
+            cur.saturating_mul(2)
+                .max(FIRST_DATA_FILE_BYTES)
+                .min(step_bytes),
+        )
+    } else {
+        let step = step_bytes.max(cur / 8);
+        needed.div_ceil(step) * step
+    }
+}
+
 /// What the flusher hands the disk at once when writing back, and how many such
 /// pieces may be under way (`write_back_range`).
 pub(crate) const WRITE_BACK_CHUNK_BYTES: u64 = 4 << 20;
@@ -371,8 +394,7 @@ impl PageStore {
             .map_err(|e| Error::io(&self.path, None, "stat data file", e))?;
         let needed = pages * PAGE_SIZE as u64;
         if cur < needed {
-            let step = self.grow_step_bytes.max(cur / 8);
-            let target = needed.div_ceil(step) * step;
+            let target = grow_target(cur, needed, self.grow_step_bytes);
             let grown = match self.file.allocate(cur, target - cur) {
                 // A full step does not fit: what is needed now may.
                 Err(e) if crate::error::io_is_disk_full(&e) && target > needed => {
@@ -433,5 +455,29 @@ impl PageStore {
         self.file
             .len()
             .map_err(|e| Error::io(&self.path, None, "stat data file", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grow_target;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn the_data_file_doubles_up_to_a_step_then_grows_by_steps() {
+        let step = 64 * MIB;
+        // Doubling from the first size while below a step, whatever little is needed.
+        assert_eq!(grow_target(MIB, MIB + 8192, step), 2 * MIB);
+        assert_eq!(grow_target(2 * MIB, 2 * MIB + 8192, step), 4 * MIB);
+        assert_eq!(grow_target(32 * MIB, 33 * MIB, step), 64 * MIB);
+        // A write-back batch needing more than double gets what it needs.
+        assert_eq!(grow_target(MIB, 129 * MIB, step), 129 * MIB);
+        // Past one step: whole steps, or an eighth of a large file.
+        assert_eq!(grow_target(64 * MIB, 65 * MIB, step), 128 * MIB);
+        assert_eq!(grow_target(129 * MIB, 130 * MIB, step), 192 * MIB);
+        assert_eq!(grow_target(1024 * MIB, 1025 * MIB, step), 1152 * MIB);
+        // A step smaller than the first size: steps from the start.
+        assert_eq!(grow_target(8192 * 2, 8192 * 3, 8192), 8192 * 3);
     }
 }

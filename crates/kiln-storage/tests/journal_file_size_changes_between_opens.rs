@@ -1,13 +1,15 @@
-//! `journal_file_size_bytes` may differ from one open to the next (`kiln serve
-//! --journal-file-size-mib` changed between restarts): files that exist keep their
-//! size, new ones take the new size, and recovery replays a journal whose files have
-//! different sizes.
+//! Journal files of different sizes. `journal_file_size_bytes` may differ from one
+//! open to the next (`kiln serve --journal-file-size-mib` changed between restarts):
+//! files that exist keep their size, new ones take the new size, and recovery
+//! replays a journal whose files have different sizes. And a new environment starts
+//! small: its journal files grow from `journal_first_file_bytes`, doubling, and its
+//! data file from 1 MiB.
 
 mod crash_copy;
 
 use crash_copy::{crash_copy, without_checkpoints};
 use kiln_storage::{Env, Options};
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::path::Path;
 
 const VALUE_BYTES: usize = 16 << 10;
@@ -19,27 +21,39 @@ fn options(journal_file_size_bytes: u64) -> Options {
     }
 }
 
+/// The value of `key`: incompressible (the journal compresses records), so that a
+/// MiB of journal takes few commits.
+fn value_of(key: u64) -> Vec<u8> {
+    let mut x = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..VALUE_BYTES)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// Commits one 16 KiB value per transaction until the journal has grown by `bytes`,
-/// recording what was committed in `model`.
-fn commit_journal_bytes(env: &Env, model: &mut BTreeMap<u64, u8>, bytes: u64) {
+/// recording the keys committed in `model`.
+fn commit_journal_bytes(env: &Env, model: &mut BTreeSet<u64>, bytes: u64) {
     let target = env.stats().journal_bytes + bytes;
-    let mut key = model.keys().next_back().map_or(0, |k| k + 1);
+    let mut key = model.iter().next_back().map_or(0, |k| k + 1);
     while env.stats().journal_bytes < target {
-        let fill = (key % 251) as u8;
         let mut w = env.begin_write().unwrap();
-        w.put("t", &key.to_be_bytes(), &vec![fill; VALUE_BYTES])
-            .unwrap();
+        w.put("t", &key.to_be_bytes(), &value_of(key)).unwrap();
         w.commit().unwrap();
-        model.insert(key, fill);
+        model.insert(key);
         key += 1;
     }
 }
 
-fn assert_matches(env: &Env, model: &BTreeMap<u64, u8>) {
+fn assert_matches(env: &Env, model: &BTreeSet<u64>) {
     let r = env.begin_read().unwrap();
-    for (key, fill) in model {
+    for key in model {
         let value = r.get("t", &key.to_be_bytes()).unwrap();
-        assert_eq!(value, Some(&vec![*fill; VALUE_BYTES][..]), "key {key}");
+        assert_eq!(value, Some(&value_of(*key)[..]), "key {key}");
     }
 }
 
@@ -62,7 +76,7 @@ fn journal_file_sizes(dir: &Path) -> Vec<u64> {
 fn files_of_two_sizes_are_written_and_replayed_after_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let crashed = tempfile::tempdir().unwrap();
-    let mut model = BTreeMap::new();
+    let mut model = BTreeSet::new();
 
     // 1 MiB files, across two switches, then closed cleanly.
     let env = Env::open(dir.path(), options(1 << 20)).unwrap();
@@ -109,5 +123,119 @@ fn files_of_two_sizes_are_written_and_replayed_after_a_crash() {
     env.close().unwrap();
     let env = Env::open(crashed.path(), options(2 << 20)).unwrap();
     assert_matches(&env, &model);
-    assert!(model.len() > 900, "{} commits", model.len());
+    assert!(model.len() > 600, "{} commits", model.len());
+}
+
+const MIB: u64 = 1 << 20;
+
+fn growing_options(first_mib: u64, cap_mib: u64) -> Options {
+    Options {
+        journal_first_file_bytes: first_mib * MIB,
+        journal_file_size_bytes: cap_mib * MIB,
+        data_grow_step_bytes: 64 * MIB,
+        ..without_checkpoints()
+    }
+}
+
+/// Journal file sizes in order: `first`, doubling, at most `cap`.
+fn assert_doubling(sizes: &[u64], first: u64, cap: u64) {
+    assert!(sizes.len() >= 2, "{sizes:?}");
+    for (i, len) in sizes.iter().enumerate() {
+        assert_eq!(*len, (first << i).min(cap), "file {i} of {sizes:?}");
+    }
+}
+
+fn data_file_len(dir: &Path) -> u64 {
+    std::fs::metadata(dir.join(kiln_storage::DATA_FILE))
+        .unwrap()
+        .len()
+}
+
+fn open_with_tree(dir: &Path, opts: Options) -> Env {
+    let env = Env::open(dir, opts).unwrap();
+    let mut w = env.begin_write().unwrap();
+    w.ensure_tree("t").unwrap();
+    w.commit().unwrap();
+    env
+}
+
+/// A new environment takes little disk, and its files grow with use: the first
+/// journal file is `journal_first_file_bytes`, each file made after it doubles the
+/// last up to `journal_file_size_bytes`, and outgrown files are removed as they are
+/// recycled; the data file starts at 1 MiB and doubles up to a growth step. A crash
+/// replays a journal made of files of every size.
+#[test]
+fn a_new_environment_starts_small_and_its_files_grow_with_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = tempfile::tempdir().unwrap();
+    let mut model = BTreeSet::new();
+    let env = open_with_tree(dir.path(), growing_options(4, 16));
+    assert_eq!(journal_file_sizes(dir.path()), vec![4 * MIB]);
+    assert_eq!(data_file_len(dir.path()), MIB);
+
+    // Sixteen commits written back: still one 4 MiB journal file, and a data file
+    // of a few MiB (a whole 64 MiB step before).
+    commit_journal_bytes(&env, &mut model, 256 << 10);
+    env.sync().unwrap();
+    assert_eq!(journal_file_sizes(dir.path()), vec![4 * MIB]);
+    let data_len = data_file_len(dir.path());
+    assert!(data_len <= 4 * MIB, "data file of {data_len} bytes");
+
+    // 40 MiB of journal, no checkpoint: files of 4, 8, 16, 16... MiB, in order.
+    let synced_commits = model.len() as u64;
+    commit_journal_bytes(&env, &mut model, 40 * MIB);
+    assert_doubling(&journal_file_sizes(dir.path()), 4 * MIB, 16 * MIB);
+
+    crash_copy(dir.path(), crashed.path());
+    let (copy, report) = Env::open_with_report(crashed.path(), growing_options(4, 16)).unwrap();
+    let commits_since_sync = model.len() as u64 - synced_commits;
+    assert!(report.records_replayed >= commits_since_sync, "{report:?}");
+    assert_matches(&copy, &model);
+    drop(copy);
+
+    // Checkpoints now and then: files below the synced point are recycled, and the
+    // 4 and 8 MiB ones are removed rather than reused.
+    for _ in 0..8 {
+        commit_journal_bytes(&env, &mut model, 8 * MIB);
+        env.sync().unwrap();
+    }
+    let stats = env.stats();
+    assert!(stats.journal_files_removed >= 2, "{stats:?}");
+    assert!(stats.journal_files_recycled >= 1, "{stats:?}");
+    let sizes = journal_file_sizes(dir.path());
+    assert!(sizes.iter().all(|&len| len == 16 * MIB), "{sizes:?}");
+    env.close().unwrap();
+    let env = Env::open(dir.path(), growing_options(4, 16)).unwrap();
+    assert_matches(&env, &model);
+}
+
+/// A young environment reopened goes on doubling from its largest file; one whose
+/// files are already full size (made before files grew, or with the first size equal
+/// to the full one) keeps making full-size files.
+#[test]
+fn reopening_goes_on_from_the_largest_file() {
+    let young = tempfile::tempdir().unwrap();
+    let mut model = BTreeSet::new();
+    let env = open_with_tree(young.path(), growing_options(4, 64));
+    commit_journal_bytes(&env, &mut model, 64 << 10);
+    env.close().unwrap();
+    assert_eq!(journal_file_sizes(young.path()), vec![4 * MIB]);
+    let env = Env::open(young.path(), growing_options(4, 64)).unwrap();
+    commit_journal_bytes(&env, &mut model, 5 * MIB);
+    // (A 16 MiB spare may be ready already: the writer asks for one on switching.)
+    assert_doubling(&journal_file_sizes(young.path()), 4 * MIB, 64 * MIB);
+    assert_matches(&env, &model);
+    drop(env);
+
+    let grown = tempfile::tempdir().unwrap();
+    let env = open_with_tree(grown.path(), growing_options(16, 16));
+    commit_journal_bytes(&env, &mut model, MIB);
+    env.close().unwrap();
+    let env = Env::open(grown.path(), growing_options(4, 16)).unwrap();
+    commit_journal_bytes(&env, &mut model, 20 * MIB);
+    let sizes = journal_file_sizes(grown.path());
+    assert!(
+        sizes.len() >= 2 && sizes.iter().all(|&len| len == 16 * MIB),
+        "{sizes:?}"
+    );
 }

@@ -23,6 +23,8 @@ pub struct JournalPos {
 /// recycles files wholly below the synced point and prepares the next one).
 pub struct JournalFiles {
     pub dir: PathBuf,
+    /// The size files grow to (`Options::journal_file_size_bytes`), doubling from
+    /// `Options::journal_first_file_bytes`.
     pub file_size_bytes: u64,
     vfs: Arc<dyn Vfs>,
     counters: Arc<EngineCounters>,
@@ -46,13 +48,15 @@ struct FilesState {
     recyclable: Vec<u64>,
     /// The file the writer appends to.
     current: u64,
+    /// The size of the next file made (doubling up to `file_size_bytes`).
+    next_new_size: u64,
 }
 
 impl JournalFiles {
     pub fn open(
         vfs: Arc<dyn Vfs>,
         dir: &Path,
-        file_size_bytes: u64,
+        (first_file_bytes, file_size_bytes): (u64, u64),
         counters: Arc<EngineCounters>,
         current: u64,
     ) -> Result<Self> {
@@ -65,6 +69,16 @@ impl JournalFiles {
         // them before this sync.
         vfs.sync_dir(dir)
             .map_err(|e| Error::io(dir, None, "fsync journal directory at open", e))?;
+        let mut largest = 0;
+        for &seq in &existing {
+            largest = largest.max(file_len(vfs.as_ref(), &file_path(dir, seq))?);
+        }
+        let next_new_size = if existing.is_empty() {
+            first_file_bytes
+        } else {
+            largest.saturating_mul(2).max(first_file_bytes)
+        }
+        .min(file_size_bytes);
         Ok(JournalFiles {
             dir: dir.to_path_buf(),
             file_size_bytes,
@@ -75,6 +89,7 @@ impl JournalFiles {
                 dir_unsynced: false,
                 recyclable: Vec::new(),
                 current,
+                next_new_size,
             }),
             create_lock: Mutex::new(()),
             spare_wanted: std::sync::atomic::AtomicBool::new(false),
@@ -103,14 +118,14 @@ impl JournalFiles {
     pub fn prepare_next(&self) -> Result<()> {
         self.spare_wanted.store(false, Relaxed);
         let next = self.state.lock().current + 1;
-        self.ensure_file(next, self.file_size_bytes, true)
-            .map(|_| ())
+        self.ensure_file(next, true).map(|_| ())
     }
 
-    /// Returns the path of file `seq`, creating or recycling it if needed, with at
-    /// least `min_size` bytes allocated. `zero_fill` makes new files cheaper to write
-    /// later at the price of writing them once now.
-    pub(crate) fn ensure_file(&self, seq: u64, min_size: u64, zero_fill: bool) -> Result<PathBuf> {
+    /// Returns the path of file `seq`, creating or recycling it if needed; a new file
+    /// gets the size now wanted (`Options::journal_first_file_bytes`, doubling).
+    /// `zero_fill` makes new files cheaper to write later at the price of writing
+    /// them once now.
+    pub(crate) fn ensure_file(&self, seq: u64, zero_fill: bool) -> Result<PathBuf> {
         let path = file_path(&self.dir, seq);
         let _creating = self.create_lock.lock();
         let mut st = self.state.lock();
@@ -121,7 +136,8 @@ impl JournalFiles {
         if st.existing.contains(&seq) {
             return Ok(path);
         }
-        if let Some(old) = st.recyclable.pop() {
+        let new_size = st.next_new_size;
+        if let Some(old) = self.take_recyclable(&mut st, new_size) {
             let from = file_path(&self.dir, old);
             if let Err(e) = self.vfs.rename(&from, &path) {
                 st.recyclable.push(old);
@@ -151,7 +167,7 @@ impl JournalFiles {
             .vfs
             .open(&tmp, mode)
             .map_err(|e| Error::io(&tmp, None, "create journal file", e))?;
-        if let Err(e) = self.fill_new_file(file.as_ref(), &tmp, min_size, zero_fill) {
+        if let Err(e) = self.fill_new_file(file.as_ref(), &tmp, new_size, zero_fill) {
             // Give back whatever space the half-made file holds (a full disk is the
             // usual cause): nothing refers to it.
             drop(file);
@@ -165,11 +181,45 @@ impl JournalFiles {
         self.counters.journal_files_created.fetch_add(1, Relaxed);
         let mut st = self.state.lock();
         st.existing.insert(seq);
+        st.next_new_size = new_size
+            .saturating_mul(2)
+            .min(self.file_size_bytes)
+            .max(new_size);
         if let Err(e) = self.sync_dir() {
             st.dir_unsynced = true;
             return Err(e);
         }
         Ok(path)
+    }
+
+    /// A recyclable file to reuse, after removing every recyclable file smaller than
+    /// `wanted` (made while the environment was young: never wanted again). A
+    /// removal becomes durable with the directory sync that follows the next rename
+    /// or creation; a crash before that may leave the file in place, below the
+    /// journal's start, to be recycled or removed again. A file that cannot be
+    /// removed stays recyclable: a smaller journal file still works.
+    fn take_recyclable(&self, st: &mut FilesState, wanted: u64) -> Option<u64> {
+        let mut kept = Vec::with_capacity(st.recyclable.len());
+        for old in std::mem::take(&mut st.recyclable) {
+            let path = file_path(&self.dir, old);
+            let outgrown = file_len(self.vfs.as_ref(), &path).is_ok_and(|len| len < wanted);
+            if !outgrown {
+                kept.push(old);
+                continue;
+            }
+            match self.vfs.remove_file(&path) {
+                Ok(()) => {
+                    st.existing.remove(&old);
+                    self.counters.journal_files_removed.fetch_add(1, Relaxed);
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "journal: could not remove an outgrown file; it stays in use");
+                    kept.push(old);
+                }
+            }
+        }
+        st.recyclable = kept;
+        st.recyclable.pop()
     }
 
     /// Sizes, fills and syncs a new journal file under its temporary name.
@@ -218,7 +268,7 @@ impl JournalFiles {
             // Not prepared (or being prepared right now): this commit waits for it.
             self.counters.journal_switch_waits.fetch_add(1, Relaxed);
         }
-        let path = self.ensure_file(seq, self.file_size_bytes, true)?;
+        let path = self.ensure_file(seq, true)?;
         let mode = OpenMode {
             write: true,
             ..Default::default()
@@ -288,6 +338,13 @@ impl JournalFiles {
 
 /// Writes zeros over `[0, len)` of `tmp`, a MiB at a time, through `direct` (an
 /// O_DIRECT handle) while it takes them, else through `file`.
+/// The length of the journal file at `path`.
+fn file_len(vfs: &dyn Vfs, path: &Path) -> Result<u64> {
+    vfs.open(path, OpenMode::default())
+        .and_then(|f| f.len())
+        .map_err(|e| Error::io(path, None, "stat journal file", e))
+}
+
 fn write_zeros(
     file: &dyn VfsFile,
     mut direct: Option<Box<dyn VfsFile>>,
@@ -333,12 +390,12 @@ mod tests {
         let files = JournalFiles::open(
             Arc::new(OsVfs),
             dir,
-            3 << 20,
+            (3 << 20, 3 << 20),
             Arc::new(EngineCounters::default()),
             0,
         )
         .expect("open journal files");
-        let path = files.ensure_file(1, 3 << 20, true).expect("create file 1");
+        let path = files.ensure_file(1, true).expect("create file 1");
         assert_eq!(std::fs::metadata(&path).expect("stat").len(), 3 << 20);
         path
     }

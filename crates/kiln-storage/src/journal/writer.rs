@@ -159,7 +159,7 @@ impl JournalWriter {
         direct_io: bool,
         durability: Durability,
     ) -> Result<Self> {
-        let path = files.ensure_file(pos.file_seq, files.file_size_bytes, true)?;
+        let path = files.ensure_file(pos.file_seq, true)?;
         files.set_current(pos.file_seq);
         let buffered = durability != Durability::Immediate;
         let (file, direct_io) =
@@ -322,9 +322,7 @@ impl JournalWriter {
             // Not prepared (or being prepared right now): this commit waits for it.
             self.counters.journal_switch_waits.fetch_add(1, Relaxed);
         }
-        let path = self
-            .files
-            .ensure_file(next, self.files.file_size_bytes, true)?;
+        let path = self.files.ensure_file(next, true)?;
         if self.durability != Durability::Immediate && !self.unsafe_skip_durability {
             // Buffered mode: the background sync only looks at the current file, so
             // make the one we leave durable now.

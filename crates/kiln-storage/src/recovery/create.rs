@@ -65,11 +65,11 @@ pub(crate) fn create_environment(
     JournalFiles::open(
         vfs.clone(),
         journal_dir,
-        opts.journal_file_size_bytes,
+        (opts.journal_first_file_bytes, opts.journal_file_size_bytes),
         counters,
         0,
     )?
-    .ensure_file(h.journal_file_seq, opts.journal_file_size_bytes, true)?;
+    .ensure_file(h.journal_file_seq, true)?;
     for slot in 0..2 {
         header::write_freelist(vfs.as_ref(), dir, slot, &[])?;
     }
@@ -84,7 +84,11 @@ pub(crate) fn create_environment(
         .map_err(|e| Error::io(&tmp, None, "create data file", e))?;
     file.set_len(0)
         .map_err(|e| Error::io(&tmp, None, "truncate data file", e))?;
-    file.allocate(0, opts.data_grow_step_bytes.max(2 * PAGE_SIZE as u64))
+    let first_bytes = opts
+        .data_grow_step_bytes
+        .min(crate::store::FIRST_DATA_FILE_BYTES)
+        .max(2 * PAGE_SIZE as u64);
+    file.allocate(0, first_bytes)
         .map_err(|e| Error::io(&tmp, Some(0), "preallocate data file", e))?;
     file.write_all_at(&h.encode(), 0)
         .map_err(|e| Error::io(&tmp, Some(0), "write file header", e))?;
