@@ -10,12 +10,11 @@ const MAX_JOURNAL_FILE_SIZE_MIB: u64 = 4096;
 
 #[derive(Args, Clone, Debug)]
 pub struct StorageArgs {
-    /// Size journal files of a database grow to (MiB). Files are preallocated and
-    /// zero-filled when made: a new database's first file is 4 MiB (or this size if
-    /// smaller), each file made after it doubles the last up to this size, and
-    /// outgrown files are removed as they are recycled. A database holds one, plus a
-    /// spare once the current one is half full. Larger files roll over less often.
-    /// Existing files keep the size they were made with. Default: 64.
+    /// Size of each journal file of a database (MiB), preallocated and zero-filled
+    /// when the file is made; a new database's first file is 4 MiB (or this size if
+    /// smaller), and smaller files are removed as they are recycled. A database holds
+    /// one, plus a spare once the current one is half full. Larger files roll over
+    /// less often. Existing files keep the size they were made with. Default: 64.
     #[arg(
         long,
         value_parser = clap::value_parser!(u64).range(1..=MAX_JOURNAL_FILE_SIZE_MIB)

@@ -88,8 +88,8 @@ pub fn options(disk: &Arc<SimDisk>) -> Options {
     Options {
         vfs: disk.vfs(),
         journal_file_size_bytes: 1 << 20,
-        // Files of 64, 128, 256 and 512 KiB before full-size ones: cuts land on
-        // switches between sizes and on the removal of outgrown files.
+        // A first file of 64 KiB: cuts land on the switch to a full-size file and
+        // on the removal of the small one.
         journal_first_file_bytes: 64 << 10,
         data_grow_step_bytes: 256 << 10,
         sync_interval_ms: u64::MAX / 4,

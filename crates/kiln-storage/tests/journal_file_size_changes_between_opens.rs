@@ -2,8 +2,8 @@
 //! open to the next (`kiln serve --journal-file-size-mib` changed between restarts):
 //! files that exist keep their size, new ones take the new size, and recovery
 //! replays a journal whose files have different sizes. And a new environment starts
-//! small: its journal files grow from `journal_first_file_bytes`, doubling, and its
-//! data file from 1 MiB.
+//! small: its first journal file is `journal_first_file_bytes`, and its data file
+//! grows from 1 MiB, doubling.
 
 mod crash_copy;
 
@@ -137,11 +137,15 @@ fn growing_options(first_mib: u64, cap_mib: u64) -> Options {
     }
 }
 
-/// Journal file sizes in order: `first`, doubling, at most `cap`.
-fn assert_doubling(sizes: &[u64], first: u64, cap: u64) {
+/// Journal file sizes in order: `first`, then `full` ones.
+fn assert_first_small(sizes: &[u64], first: u64, full: u64) {
     assert!(sizes.len() >= 2, "{sizes:?}");
     for (i, len) in sizes.iter().enumerate() {
-        assert_eq!(*len, (first << i).min(cap), "file {i} of {sizes:?}");
+        assert_eq!(
+            *len,
+            if i == 0 { first } else { full },
+            "file {i} of {sizes:?}"
+        );
     }
 }
 
@@ -160,10 +164,10 @@ fn open_with_tree(dir: &Path, opts: Options) -> Env {
 }
 
 /// A new environment takes little disk, and its files grow with use: the first
-/// journal file is `journal_first_file_bytes`, each file made after it doubles the
-/// last up to `journal_file_size_bytes`, and outgrown files are removed as they are
-/// recycled; the data file starts at 1 MiB and doubles up to a growth step. A crash
-/// replays a journal made of files of every size.
+/// journal file is `journal_first_file_bytes`, each file made after it is full size
+/// (`journal_file_size_bytes`), and the small one is removed when it is recycled; the
+/// data file starts at 1 MiB and doubles up to a growth step. A crash replays a
+/// journal made of files of both sizes.
 #[test]
 fn a_new_environment_starts_small_and_its_files_grow_with_use() {
     let dir = tempfile::tempdir().unwrap();
@@ -181,10 +185,10 @@ fn a_new_environment_starts_small_and_its_files_grow_with_use() {
     let data_len = data_file_len(dir.path());
     assert!(data_len <= 4 * MIB, "data file of {data_len} bytes");
 
-    // 40 MiB of journal, no checkpoint: files of 4, 8, 16, 16... MiB, in order.
+    // 40 MiB of journal, no checkpoint: files of 4, 16, 16... MiB, in order.
     let synced_commits = model.len() as u64;
     commit_journal_bytes(&env, &mut model, 40 * MIB);
-    assert_doubling(&journal_file_sizes(dir.path()), 4 * MIB, 16 * MIB);
+    assert_first_small(&journal_file_sizes(dir.path()), 4 * MIB, 16 * MIB);
 
     crash_copy(dir.path(), crashed.path());
     let (copy, report) = Env::open_with_report(crashed.path(), growing_options(4, 16)).unwrap();
@@ -194,13 +198,13 @@ fn a_new_environment_starts_small_and_its_files_grow_with_use() {
     drop(copy);
 
     // Checkpoints now and then: files below the synced point are recycled, and the
-    // 4 and 8 MiB ones are removed rather than reused.
+    // 4 MiB one is removed rather than reused.
     for _ in 0..8 {
         commit_journal_bytes(&env, &mut model, 8 * MIB);
         env.sync().unwrap();
     }
     let stats = env.stats();
-    assert!(stats.journal_files_removed >= 2, "{stats:?}");
+    assert_eq!(stats.journal_files_removed, 1, "{stats:?}");
     assert!(stats.journal_files_recycled >= 1, "{stats:?}");
     let sizes = journal_file_sizes(dir.path());
     assert!(sizes.iter().all(|&len| len == 16 * MIB), "{sizes:?}");
@@ -209,11 +213,11 @@ fn a_new_environment_starts_small_and_its_files_grow_with_use() {
     assert_matches(&env, &model);
 }
 
-/// A young environment reopened goes on doubling from its largest file; one whose
+/// A young environment reopened makes full-size files from then on; one whose
 /// files are already full size (made before files grew, or with the first size equal
 /// to the full one) keeps making full-size files.
 #[test]
-fn reopening_goes_on_from_the_largest_file() {
+fn a_reopened_environment_makes_full_size_files() {
     let young = tempfile::tempdir().unwrap();
     let mut model = BTreeSet::new();
     let env = open_with_tree(young.path(), growing_options(4, 64));
@@ -222,8 +226,9 @@ fn reopening_goes_on_from_the_largest_file() {
     assert_eq!(journal_file_sizes(young.path()), vec![4 * MIB]);
     let env = Env::open(young.path(), growing_options(4, 64)).unwrap();
     commit_journal_bytes(&env, &mut model, 5 * MIB);
-    // (A 16 MiB spare may be ready already: the writer asks for one on switching.)
-    assert_doubling(&journal_file_sizes(young.path()), 4 * MIB, 64 * MIB);
+    // (A second 64 MiB file may be ready already: the writer asks for a spare on
+    // switching.)
+    assert_first_small(&journal_file_sizes(young.path()), 4 * MIB, 64 * MIB);
     assert_matches(&env, &model);
     drop(env);
 

@@ -23,8 +23,8 @@ pub struct JournalPos {
 /// recycles files wholly below the synced point and prepares the next one).
 pub struct JournalFiles {
     pub dir: PathBuf,
-    /// The size files grow to (`Options::journal_file_size_bytes`), doubling from
-    /// `Options::journal_first_file_bytes`.
+    /// The size of every file but a new environment's first one
+    /// (`Options::journal_first_file_bytes`).
     pub file_size_bytes: u64,
     vfs: Arc<dyn Vfs>,
     counters: Arc<EngineCounters>,
@@ -48,7 +48,8 @@ struct FilesState {
     recyclable: Vec<u64>,
     /// The file the writer appends to.
     current: u64,
-    /// The size of the next file made (doubling up to `file_size_bytes`).
+    /// The size of the next file made: the first size while none exists, then
+    /// `file_size_bytes`.
     next_new_size: u64,
 }
 
@@ -69,16 +70,13 @@ impl JournalFiles {
         // them before this sync.
         vfs.sync_dir(dir)
             .map_err(|e| Error::io(dir, None, "fsync journal directory at open", e))?;
-        let mut largest = 0;
-        for &seq in &existing {
-            largest = largest.max(file_len(vfs.as_ref(), &file_path(dir, seq))?);
-        }
+        // A new environment's first file is small; every later one (and every file
+        // of an environment reopened) is full size.
         let next_new_size = if existing.is_empty() {
-            first_file_bytes
+            first_file_bytes.min(file_size_bytes)
         } else {
-            largest.saturating_mul(2).max(first_file_bytes)
-        }
-        .min(file_size_bytes);
+            file_size_bytes
+        };
         Ok(JournalFiles {
             dir: dir.to_path_buf(),
             file_size_bytes,
@@ -122,7 +120,7 @@ impl JournalFiles {
     }
 
     /// Returns the path of file `seq`, creating or recycling it if needed; a new file
-    /// gets the size now wanted (`Options::journal_first_file_bytes`, doubling).
+    /// gets the size now wanted (`Options::journal_first_file_bytes` for the first).
     /// `zero_fill` makes new files cheaper to write later at the price of writing
     /// them once now.
     pub(crate) fn ensure_file(&self, seq: u64, zero_fill: bool) -> Result<PathBuf> {
@@ -181,10 +179,7 @@ impl JournalFiles {
         self.counters.journal_files_created.fetch_add(1, Relaxed);
         let mut st = self.state.lock();
         st.existing.insert(seq);
-        st.next_new_size = new_size
-            .saturating_mul(2)
-            .min(self.file_size_bytes)
-            .max(new_size);
+        st.next_new_size = self.file_size_bytes.max(new_size);
         if let Err(e) = self.sync_dir() {
             st.dir_unsynced = true;
             return Err(e);
