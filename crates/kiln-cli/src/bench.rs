@@ -177,6 +177,10 @@ fn journal_figures(env: &Env, ops: u64) -> Map<String, Value> {
         "journal_files_removed".into(),
         json!(s.journal_files_removed),
     );
+    m.insert(
+        "journal_files_cut_short".into(),
+        json!(s.journal_files_cut_short),
+    );
     m.insert("journal_switch_waits".into(), json!(s.journal_switch_waits));
     m.insert("write_buffer_freezes".into(), json!(s.write_buffer_freezes));
     m.insert("write_buffer_merges".into(), json!(s.write_buffer_merges));

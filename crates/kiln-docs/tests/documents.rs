@@ -455,3 +455,69 @@ fn numbers_are_stored_exactly_as_sent() {
         "{text}"
     );
 }
+
+/// A server hosts many databases, most of them small: a new database takes a 4 MiB
+/// journal file and a 1 MiB data file (it took a 64 MiB one of each), and one that
+/// writes more moves on to full-size journal files.
+#[test]
+fn a_new_database_takes_little_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), DocsOptions::default()).unwrap();
+    let db = store.create_database("small").unwrap();
+    db.put("a", &body(json!({"n": 1})), Condition::None)
+        .unwrap();
+    let db_dir = dir.path().join("databases").join("small");
+    let lens = |sub: &str| -> Vec<u64> {
+        let mut v: Vec<u64> = std::fs::read_dir(db_dir.join(sub))
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| {
+                e.path()
+                    .extension()
+                    .is_some_and(|x| x == "log" || x == "kiln")
+            })
+            .map(|e| e.metadata().unwrap().len())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(lens("journal"), vec![4 << 20]);
+    assert_eq!(lens(""), vec![1 << 20]);
+    // Past half of that file (incompressible text: the journal compresses records):
+    // the next file made is a full-size one (or one cut short if the writer caught
+    // up with its zero-filling, then a full-size one).
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut text = || -> String {
+        (0..60_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                char::from(b'a' + (x % 26) as u8)
+            })
+            .collect()
+    };
+    for i in 0..40 {
+        db.put(
+            &format!("big/{i}"),
+            &body(json!({ "s": text() })),
+            Condition::None,
+        )
+        .unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !lens("journal").contains(&(64 << 20)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no full-size journal file: {:?}",
+            lens("journal")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let journal = lens("journal");
+    assert_eq!(
+        journal.iter().filter(|&&l| l == 4 << 20).count(),
+        1,
+        "{journal:?}"
+    );
+}

@@ -90,7 +90,7 @@ pub fn options(disk: &Arc<SimDisk>) -> Options {
         journal_file_size_bytes: 1 << 20,
         // A first file of 64 KiB: cuts land on the switch to a full-size file and
         // on the removal of the small one.
-        journal_first_file_bytes: 64 << 10,
+        journal_first_file_bytes: Some(64 << 10),
         data_grow_step_bytes: 256 << 10,
         sync_interval_ms: u64::MAX / 4,
         sync_after_bytes: u64::MAX / 4,

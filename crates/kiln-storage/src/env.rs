@@ -221,6 +221,7 @@ impl Env {
             journal_files_created: c.journal_files_created.load(Relaxed),
             journal_files_recycled: c.journal_files_recycled.load(Relaxed),
             journal_files_removed: c.journal_files_removed.load(Relaxed),
+            journal_files_cut_short: c.journal_files_cut_short.load(Relaxed),
             journal_switch_waits: c.journal_switch_waits.load(Relaxed),
             journal_direct_io_fallback: c.journal_direct_io_fallback.load(Relaxed),
             journal_direct_io: c.journal_direct_io_active.load(Relaxed),

@@ -113,6 +113,7 @@ pub(crate) struct EngineCounters {
     pub journal_files_created: AtomicU64,
     pub journal_files_recycled: AtomicU64,
     pub journal_files_removed: AtomicU64,
+    pub journal_files_cut_short: AtomicU64,
     pub journal_switch_waits: AtomicU64,
     pub journal_direct_io_fallback: AtomicBool,
     /// Whether the journal file being written is open with O_DIRECT.
@@ -149,6 +150,8 @@ pub struct Stats {
     /// Recyclable files removed for being smaller than the size now wanted (made
     /// while the environment was young; `journal::files::FIRST_FILE_BYTES`).
     pub journal_files_removed: u64,
+    /// Files made ahead and cut short because the writer came to wait for them.
+    pub journal_files_cut_short: u64,
     /// Switches to the next journal file that found it not ready: the commit making
     /// the switch waited while the file was created (or recycled) and synced.
     pub journal_switch_waits: u64,

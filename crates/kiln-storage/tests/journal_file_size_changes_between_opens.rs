@@ -130,7 +130,7 @@ const MIB: u64 = 1 << 20;
 
 fn growing_options(first_mib: u64, cap_mib: u64) -> Options {
     Options {
-        journal_first_file_bytes: first_mib * MIB,
+        journal_first_file_bytes: Some(first_mib * MIB),
         journal_file_size_bytes: cap_mib * MIB,
         data_grow_step_bytes: 64 * MIB,
         ..without_checkpoints()

@@ -2,7 +2,10 @@
 //! never waits for a file to be created, zero-filled and synced — including the first
 //! switch after open, before any checkpoint has run.
 
+use kiln_storage::io::{ForwardFile, ForwardVfs, OpenMode, OsVfs, Vfs, VfsFile};
 use kiln_storage::{Env, Options};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const VALUE_BYTES: usize = 16 << 10;
@@ -113,5 +116,86 @@ fn checkpoints_make_no_spare_while_the_file_is_far_from_half_used() {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(env.stats().journal_switch_waits, 0);
+    }
+}
+
+/// A disk on which making a journal file is slow: every write to a file under its
+/// temporary name (zero-filling, a MiB at a time) takes 25 ms.
+struct SlowZeroFillVfs(OsVfs);
+
+struct SlowZeroFillFile {
+    inner: Box<dyn VfsFile>,
+    path: PathBuf,
+}
+
+impl ForwardFile for SlowZeroFillFile {
+    fn inner(&self) -> &dyn VfsFile {
+        self.inner.as_ref()
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        if self.path.extension().is_some_and(|e| e == "tmp") {
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        self.inner.write_all_at(buf, offset)
+    }
+}
+
+impl ForwardVfs for SlowZeroFillVfs {
+    fn inner(&self) -> &dyn Vfs {
+        &self.0
+    }
+    fn open(&self, path: &Path, mode: OpenMode) -> std::io::Result<Box<dyn VfsFile>> {
+        Ok(Box::new(SlowZeroFillFile {
+            inner: self.0.open(path, mode)?,
+            path: path.to_path_buf(),
+        }))
+    }
+}
+
+/// A writer faster than the zero-filling of its next file (a new database's small
+/// first file, then a full-size one) does not wait for all of it: the file being made
+/// is cut short where its zeros have reached, and the writer moves into it. Nothing
+/// committed is lost across files cut short.
+#[test]
+fn a_spare_the_writer_overtakes_is_cut_short_rather_than_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = || Options {
+        journal_first_file_bytes: Some(1 << 20),
+        journal_file_size_bytes: 32 << 20,
+        vfs: Arc::new(SlowZeroFillVfs(OsVfs)),
+        ..opts(true)
+    };
+    let env = Env::open(dir.path(), opts()).unwrap();
+    let mut w = env.begin_write().unwrap();
+    w.create_tree("t").unwrap();
+    w.commit().unwrap();
+    let mut key = 0;
+    // 32 MiB of zeros take the flusher 0.8 s; the writer crosses the rest of the
+    // first file and two more MiB in much less.
+    commit_until_journal_bytes(&env, &mut key, 3 << 20);
+    let s = env.stats();
+    assert!(s.journal_files_cut_short >= 1, "{s:?}");
+    let mut sizes: Vec<u64> = std::fs::read_dir(dir.path().join("journal"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .map(|e| e.metadata().unwrap().len())
+        .collect();
+    sizes.sort();
+    assert!(
+        sizes
+            .iter()
+            .any(|&len| len > 1 << 20 && len < 32 << 20 && len % (1 << 20) == 0),
+        "a file cut short to whole MiB: {sizes:?}"
+    );
+    drop(env);
+    let env = Env::open(dir.path(), opts()).unwrap();
+    let r = env.begin_read().unwrap();
+    for k in 0..key {
+        assert_eq!(
+            r.get("t", &k.to_be_bytes()).unwrap().map(<[u8]>::len),
+            Some(VALUE_BYTES),
+            "key {k}"
+        );
     }
 }

@@ -8,7 +8,7 @@ use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
 /// Where a record ended: the position of the next one, and the chain value.
@@ -35,7 +35,33 @@ pub struct JournalFiles {
     /// Set when the writer moved to a new file or used half of it: the flusher should
     /// prepare the next one now, not at its next checkpoint (or the writer may have to
     /// create it on the commit path).
-    pub(super) spare_wanted: std::sync::atomic::AtomicBool,
+    pub(super) spare_wanted: AtomicBool,
+    /// Set while the writer waits for a file (`ensure_file` with `Need::Now`).
+    writer_waiting: AtomicBool,
+}
+
+/// Who asks for a journal file: the writer, which waits for it, or the flusher,
+/// preparing the next one ahead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Need {
+    Now,
+    Ahead,
+}
+
+/// Sets a flag for its lifetime.
+struct WriterWaiting<'a>(&'a AtomicBool);
+
+impl<'a> WriterWaiting<'a> {
+    fn new(flag: &'a AtomicBool) -> Self {
+        flag.store(true, Relaxed);
+        WriterWaiting(flag)
+    }
+}
+
+impl Drop for WriterWaiting<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Relaxed);
+    }
 }
 
 struct FilesState {
@@ -90,7 +116,8 @@ impl JournalFiles {
                 next_new_size,
             }),
             create_lock: Mutex::new(()),
-            spare_wanted: std::sync::atomic::AtomicBool::new(false),
+            spare_wanted: AtomicBool::new(false),
+            writer_waiting: AtomicBool::new(false),
         })
     }
 
@@ -116,15 +143,16 @@ impl JournalFiles {
     pub fn prepare_next(&self) -> Result<()> {
         self.spare_wanted.store(false, Relaxed);
         let next = self.state.lock().current + 1;
-        self.ensure_file(next, true).map(|_| ())
+        self.ensure_file(next, Need::Ahead).map(|_| ())
     }
 
     /// Returns the path of file `seq`, creating or recycling it if needed; a new file
-    /// gets the size now wanted (`Options::journal_first_file_bytes` for the first).
-    /// `zero_fill` makes new files cheaper to write later at the price of writing
-    /// them once now.
-    pub(crate) fn ensure_file(&self, seq: u64, zero_fill: bool) -> Result<PathBuf> {
+    /// gets the size now wanted (`Options::journal_first_file_bytes` for the first),
+    /// zero-filled once now so that durable writes into it need no allocation later.
+    pub(crate) fn ensure_file(&self, seq: u64, need: Need) -> Result<PathBuf> {
         let path = file_path(&self.dir, seq);
+        // While the writer waits here, a file being made ahead is cut short.
+        let _waiting = (need == Need::Now).then(|| WriterWaiting::new(&self.writer_waiting));
         let _creating = self.create_lock.lock();
         let mut st = self.state.lock();
         if st.dir_unsynced {
@@ -165,7 +193,7 @@ impl JournalFiles {
             .vfs
             .open(&tmp, mode)
             .map_err(|e| Error::io(&tmp, None, "create journal file", e))?;
-        if let Err(e) = self.fill_new_file(file.as_ref(), &tmp, new_size, zero_fill) {
+        if let Err(e) = self.fill_new_file(file.as_ref(), &tmp, new_size, need) {
             // Give back whatever space the half-made file holds (a full disk is the
             // usual cause): nothing refers to it.
             drop(file);
@@ -217,21 +245,23 @@ impl JournalFiles {
         st.recyclable.pop()
     }
 
-    /// Sizes, fills and syncs a new journal file under its temporary name.
-    fn fill_new_file(
-        &self,
-        file: &dyn VfsFile,
-        tmp: &Path,
-        min_size: u64,
-        zero_fill: bool,
-    ) -> Result<()> {
+    /// Sizes, fills and syncs a new journal file under its temporary name. A file
+    /// made ahead is cut short (to the zeros written so far, at least a MiB) if the
+    /// writer comes to wait for it: a shorter file now rather than a commit waiting
+    /// for 64 MiB of zeros (the next spare is asked for as soon as the writer moves
+    /// into this one).
+    fn fill_new_file(&self, file: &dyn VfsFile, tmp: &Path, size: u64, need: Need) -> Result<()> {
         // A leftover from a crash may be longer or hold anything: start from empty.
         file.set_len(0)
             .map_err(|e| Error::io(tmp, None, "truncate journal file", e))?;
-        file.allocate(0, min_size)
+        file.allocate(0, size)
             .map_err(|e| Error::io(tmp, Some(0), "preallocate journal file", e))?;
-        if zero_fill {
-            self.zero_fill(file, tmp, min_size)?;
+        let stop = (need == Need::Ahead).then_some(&self.writer_waiting);
+        let filled = self.zero_fill(file, tmp, size, stop)?;
+        if filled < size {
+            file.set_len(filled)
+                .map_err(|e| Error::io(tmp, Some(filled), "cut journal file short", e))?;
+            self.counters.journal_files_cut_short.fetch_add(1, Relaxed);
         }
         file.sync_all()
             .map_err(|e| Error::io(tmp, None, "fsync journal file", e))
@@ -245,13 +275,19 @@ impl JournalFiles {
     /// ending with a cache flush, then waited behind them: 18–28 ms per new file in a
     /// random fill (README, "Round 2, fifth pass"). Direct writes of a MiB keep at
     /// most that much in flight, and leave the page cache alone.
-    fn zero_fill(&self, file: &dyn VfsFile, tmp: &Path, len: u64) -> Result<()> {
+    fn zero_fill(
+        &self,
+        file: &dyn VfsFile,
+        tmp: &Path,
+        len: u64,
+        stop: Option<&AtomicBool>,
+    ) -> Result<u64> {
         let direct_mode = OpenMode {
             write: true,
             direct: true,
             ..Default::default()
         };
-        write_zeros(file, self.vfs.open(tmp, direct_mode).ok(), tmp, len)
+        write_zeros(file, self.vfs.open(tmp, direct_mode).ok(), tmp, len, stop)
     }
 
     /// Makes sure journal file `seq` exists (prepared, recycled or created now) with
@@ -263,7 +299,7 @@ impl JournalFiles {
             // Not prepared (or being prepared right now): this commit waits for it.
             self.counters.journal_switch_waits.fetch_add(1, Relaxed);
         }
-        let path = self.ensure_file(seq, true)?;
+        let path = self.ensure_file(seq, Need::Now)?;
         let mode = OpenMode {
             write: true,
             ..Default::default()
@@ -331,8 +367,6 @@ impl JournalFiles {
     }
 }
 
-/// Writes zeros over `[0, len)` of `tmp`, a MiB at a time, through `direct` (an
-/// O_DIRECT handle) while it takes them, else through `file`.
 /// The length of the journal file at `path`.
 fn file_len(vfs: &dyn Vfs, path: &Path) -> Result<u64> {
     vfs.open(path, OpenMode::default())
@@ -340,17 +374,24 @@ fn file_len(vfs: &dyn Vfs, path: &Path) -> Result<u64> {
         .map_err(|e| Error::io(path, None, "stat journal file", e))
 }
 
+/// Writes zeros over `[0, len)` of `tmp`, a MiB at a time, through `direct` (an
+/// O_DIRECT handle) while it takes them, else through `file`. Stops early, after at
+/// least a MiB, once `stop` is set; returns how many bytes it filled.
 fn write_zeros(
     file: &dyn VfsFile,
     mut direct: Option<Box<dyn VfsFile>>,
     tmp: &Path,
     len: u64,
-) -> Result<()> {
+    stop: Option<&AtomicBool>,
+) -> Result<u64> {
     const CHUNK_PAGES: usize = (1 << 20) / crate::page::PAGE_SIZE;
     let zeros = crate::page::PageRun::zeroed(CHUNK_PAGES);
     let zeros = zeros.bytes();
     let mut off = 0;
     while off < len {
+        if off > 0 && stop.is_some_and(|s| s.load(Relaxed)) {
+            return Ok(off);
+        }
         let n = zeros.len().min((len - off) as usize);
         let chunk = zeros.get(..n).unwrap_or(zeros);
         // The tail of an unaligned length goes through the buffered handle.
@@ -372,7 +413,7 @@ fn write_zeros(
             .map_err(|e| Error::io(tmp, Some(off), "zero-fill journal file", e))?;
         off += n as u64;
     }
-    Ok(())
+    Ok(off)
 }
 
 #[cfg(test)]
@@ -390,7 +431,7 @@ mod tests {
             0,
         )
         .expect("open journal files");
-        let path = files.ensure_file(1, true).expect("create file 1");
+        let path = files.ensure_file(1, Need::Now).expect("create file 1");
         assert_eq!(std::fs::metadata(&path).expect("stat").len(), 3 << 20);
         path
     }
@@ -486,8 +527,14 @@ mod tests {
             ..Default::default()
         };
         let file = OsVfs.open(&path, mode).expect("create");
-        write_zeros(file.as_ref(), Some(Box::new(RefusesWrites)), &path, 3 << 20)
-            .expect("zero-fill falls back");
+        write_zeros(
+            file.as_ref(),
+            Some(Box::new(RefusesWrites)),
+            &path,
+            3 << 20,
+            None,
+        )
+        .expect("zero-fill falls back");
         assert_eq!(std::fs::metadata(&path).expect("stat").len(), 3 << 20);
         assert_eq!(
             cached_pages(&path),

@@ -3,6 +3,7 @@
 use super::compress::Compressor;
 pub use super::files::{JournalFiles, JournalPos};
 use super::record::{self, RecordInput};
+use super::FileNeed as Need;
 use crate::io::{OpenMode, Vfs, VfsFile, DIRECT_IO_ALIGN};
 use crate::page::PageRun;
 use crate::stats::EngineCounters;
@@ -159,7 +160,7 @@ impl JournalWriter {
         direct_io: bool,
         durability: Durability,
     ) -> Result<Self> {
-        let path = files.ensure_file(pos.file_seq, true)?;
+        let path = files.ensure_file(pos.file_seq, Need::Now)?;
         files.set_current(pos.file_seq);
         let buffered = durability != Durability::Immediate;
         let (file, direct_io) =
@@ -322,7 +323,7 @@ impl JournalWriter {
             // Not prepared (or being prepared right now): this commit waits for it.
             self.counters.journal_switch_waits.fetch_add(1, Relaxed);
         }
-        let path = self.files.ensure_file(next, true)?;
+        let path = self.files.ensure_file(next, Need::Now)?;
         if self.durability != Durability::Immediate && !self.unsafe_skip_durability {
             // Buffered mode: the background sync only looks at the current file, so
             // make the one we leave durable now.

@@ -65,11 +65,14 @@ pub(crate) fn create_environment(
     JournalFiles::open(
         vfs.clone(),
         journal_dir,
-        (opts.journal_first_file_bytes, opts.journal_file_size_bytes),
+        (
+            opts.first_journal_file_bytes(),
+            opts.journal_file_size_bytes,
+        ),
         counters,
         0,
     )?
-    .ensure_file(h.journal_file_seq, true)?;
+    .ensure_file(h.journal_file_seq, crate::journal::FileNeed::Now)?;
     for slot in 0..2 {
         header::write_freelist(vfs.as_ref(), dir, slot, &[])?;
     }

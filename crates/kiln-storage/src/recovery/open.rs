@@ -172,7 +172,10 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
     let journal_files = Arc::new(JournalFiles::open(
         vfs.clone(),
         &journal_dir,
-        (opts.journal_first_file_bytes, opts.journal_file_size_bytes),
+        (
+            opts.first_journal_file_bytes(),
+            opts.journal_file_size_bytes,
+        ),
         counters.clone(),
         outcome.end.file_seq,
     )?);
