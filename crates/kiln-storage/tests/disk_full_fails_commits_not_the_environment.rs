@@ -7,6 +7,8 @@
 //! A failed journal write or data-file fsync still latches, and the latch keeps the
 //! failure's kind (disk full or I/O error) and its file.
 
+mod values;
+
 use kiln_storage::io::{ForwardFile, ForwardVfs, OpenMode, OsVfs, Vfs, VfsFile};
 use kiln_storage::{Env, Error, FailureKind, Options};
 use std::io;
@@ -123,15 +125,7 @@ fn opts(sw: &Arc<Switches>) -> Options {
 
 /// A value that does not compress, so that each commit takes its size of journal.
 fn value(i: u32, len: usize) -> Vec<u8> {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(i);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    values::incompressible(u64::from(i), len)
 }
 
 fn put(env: &Env, i: u32, len: usize) -> kiln_storage::Result<u64> {

@@ -6,6 +6,7 @@
 //! grows from 1 MiB, doubling.
 
 mod crash_copy;
+mod values;
 
 use crash_copy::{crash_copy, without_checkpoints};
 use kiln_storage::{Env, Options};
@@ -24,15 +25,7 @@ fn options(journal_file_size_bytes: u64) -> Options {
 /// The value of `key`: incompressible (the journal compresses records), so that a
 /// MiB of journal takes few commits.
 fn value_of(key: u64) -> Vec<u8> {
-    let mut x = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..VALUE_BYTES)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    values::incompressible(key, VALUE_BYTES)
 }
 
 /// Commits one 16 KiB value per transaction until the journal has grown by `bytes`,

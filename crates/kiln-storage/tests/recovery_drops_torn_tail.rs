@@ -9,6 +9,8 @@
 //! Every commit `i` of a scenario puts `key(i)` and overwrites `"last"` with `i`, so
 //! the recovered state says exactly which commits survived.
 
+mod values;
+
 use kiln_storage::journal::file_name;
 use kiln_storage::journal::record::{parse_header, RECORD_HEADER};
 use kiln_storage::{Env, Error, JournalTail, Options, RecoveryReport, DATA_FILE};
@@ -40,15 +42,7 @@ fn key(i: usize) -> Vec<u8> {
 
 /// A deterministic value of `len` bytes for commit `i`.
 fn value(i: usize, len: usize) -> Vec<u8> {
-    let mut x = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    values::incompressible(i as u64 + 1, len)
 }
 
 /// One committed transaction of a scenario.
