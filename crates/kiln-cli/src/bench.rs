@@ -174,10 +174,6 @@ fn journal_figures(env: &Env, ops: u64) -> Map<String, Value> {
         json!(s.journal_files_recycled),
     );
     m.insert(
-        "journal_files_removed".into(),
-        json!(s.journal_files_removed),
-    );
-    m.insert(
         "journal_files_cut_short".into(),
         json!(s.journal_files_cut_short),
     );

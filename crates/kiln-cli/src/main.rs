@@ -298,7 +298,6 @@ fn print_stats(s: &kiln_storage::Stats, json: bool) {
         },
     });
     // (Beside the literal above, which is at the macro's recursion limit.)
-    v["journal_files_removed"] = s.journal_files_removed.into();
     v["journal_files_cut_short"] = s.journal_files_cut_short.into();
     if json {
         println!("{v}");

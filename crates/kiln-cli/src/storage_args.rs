@@ -12,7 +12,7 @@ const MAX_JOURNAL_FILE_SIZE_MIB: u64 = 4096;
 pub struct StorageArgs {
     /// Size of each journal file of a database (MiB), preallocated and zero-filled
     /// when the file is made; a new database's first file is 4 MiB (or this size if
-    /// smaller), and smaller files are removed as they are recycled. A database holds
+    /// smaller), reused among the others once recyclable. A database holds
     /// one, plus a spare once the current one is half full. Larger files roll over
     /// less often. Existing files keep the size they were made with. Default: 64.
     #[arg(

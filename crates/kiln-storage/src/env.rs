@@ -220,7 +220,6 @@ impl Env {
             journal_files: self.shared.journal_files.count(),
             journal_files_created: c.journal_files_created.load(Relaxed),
             journal_files_recycled: c.journal_files_recycled.load(Relaxed),
-            journal_files_removed: c.journal_files_removed.load(Relaxed),
             journal_files_cut_short: c.journal_files_cut_short.load(Relaxed),
             journal_switch_waits: c.journal_switch_waits.load(Relaxed),
             journal_direct_io_fallback: c.journal_direct_io_fallback.load(Relaxed),

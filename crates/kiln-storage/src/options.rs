@@ -18,8 +18,8 @@ pub struct Options {
     pub journal_file_size_bytes: u64,
     /// Size of a new environment's first journal file, if smaller than
     /// `journal_file_size_bytes` (`None`: full size). Every file made after it is
-    /// full size, and a recycled file smaller than that is removed instead of
-    /// reused. An environment that stays small (under half this much journal) then
+    /// full size; the small one, once recyclable, is reused like any other (one more
+    /// switch per round of the files). An environment that stays small (under half this much journal) then
     /// holds that much journal rather than a full file: what a server of many small
     /// databases wants (the document layer uses 4 MiB). The price, for one that writes
     /// more: the full-size files are zero-filled while it writes its first ~128 MiB of

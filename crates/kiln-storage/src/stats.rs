@@ -112,7 +112,6 @@ pub(crate) struct EngineCounters {
     pub journal_write_cost: crate::journal::compress::JournalWriteCost,
     pub journal_files_created: AtomicU64,
     pub journal_files_recycled: AtomicU64,
-    pub journal_files_removed: AtomicU64,
     pub journal_files_cut_short: AtomicU64,
     pub journal_switch_waits: AtomicU64,
     pub journal_direct_io_fallback: AtomicBool,
@@ -147,9 +146,6 @@ pub struct Stats {
     pub journal_files: u64,
     pub journal_files_created: u64,
     pub journal_files_recycled: u64,
-    /// Recyclable files removed for being smaller than the size now wanted (made
-    /// while the environment was young; `journal::files::FIRST_FILE_BYTES`).
-    pub journal_files_removed: u64,
     /// Files made ahead and cut short because the writer came to wait for them.
     pub journal_files_cut_short: u64,
     /// Switches to the next journal file that found it not ready: the commit making

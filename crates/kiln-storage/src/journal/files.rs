@@ -8,7 +8,7 @@ use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
 /// Where a record ended: the position of the next one, and the chain value.
@@ -36,8 +36,9 @@ pub struct JournalFiles {
     /// prepare the next one now, not at its next checkpoint (or the writer may have to
     /// create it on the commit path).
     pub(super) spare_wanted: AtomicBool,
-    /// Set while the writer waits for a file (`ensure_file` with `Need::Now`).
-    writer_waiting: AtomicBool,
+    /// How many writer-side callers wait for a file (`ensure_file` with
+    /// `Need::Now`: the commit preparing a switch and the journal writer may both).
+    writers_waiting: AtomicUsize,
 }
 
 /// Who asks for a journal file: the writer, which waits for it, or the flusher,
@@ -48,19 +49,19 @@ pub(crate) enum Need {
     Ahead,
 }
 
-/// Sets a flag for its lifetime.
-struct WriterWaiting<'a>(&'a AtomicBool);
+/// Counts one waiting writer for its lifetime.
+struct WriterWaiting<'a>(&'a AtomicUsize);
 
 impl<'a> WriterWaiting<'a> {
-    fn new(flag: &'a AtomicBool) -> Self {
-        flag.store(true, Relaxed);
-        WriterWaiting(flag)
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Relaxed);
+        WriterWaiting(count)
     }
 }
 
 impl Drop for WriterWaiting<'_> {
     fn drop(&mut self) {
-        self.0.store(false, Relaxed);
+        self.0.fetch_sub(1, Relaxed);
     }
 }
 
@@ -117,7 +118,7 @@ impl JournalFiles {
             }),
             create_lock: Mutex::new(()),
             spare_wanted: AtomicBool::new(false),
-            writer_waiting: AtomicBool::new(false),
+            writers_waiting: AtomicUsize::new(0),
         })
     }
 
@@ -151,8 +152,15 @@ impl JournalFiles {
     /// zero-filled once now so that durable writes into it need no allocation later.
     pub(crate) fn ensure_file(&self, seq: u64, need: Need) -> Result<PathBuf> {
         let path = file_path(&self.dir, seq);
+        {
+            // Ready (the usual case): no need to queue behind a file being made.
+            let st = self.state.lock();
+            if st.existing.contains(&seq) && !st.dir_unsynced {
+                return Ok(path);
+            }
+        }
         // While the writer waits here, a file being made ahead is cut short.
-        let _waiting = (need == Need::Now).then(|| WriterWaiting::new(&self.writer_waiting));
+        let _waiting = (need == Need::Now).then(|| WriterWaiting::new(&self.writers_waiting));
         let _creating = self.create_lock.lock();
         let mut st = self.state.lock();
         if st.dir_unsynced {
@@ -163,7 +171,9 @@ impl JournalFiles {
             return Ok(path);
         }
         let new_size = st.next_new_size;
-        if let Some(old) = self.take_recyclable(&mut st, new_size) {
+        // (A recycled file keeps its size, small or full: a smaller file only means
+        // one more switch per round of the files.)
+        if let Some(old) = st.recyclable.pop() {
             let from = file_path(&self.dir, old);
             if let Err(e) = self.vfs.rename(&from, &path) {
                 st.recyclable.push(old);
@@ -215,36 +225,6 @@ impl JournalFiles {
         Ok(path)
     }
 
-    /// A recyclable file to reuse, after removing every recyclable file smaller than
-    /// `wanted` (made while the environment was young: never wanted again). A
-    /// removal becomes durable with the directory sync that follows the next rename
-    /// or creation; a crash before that may leave the file in place, below the
-    /// journal's start, to be recycled or removed again. A file that cannot be
-    /// removed stays recyclable: a smaller journal file still works.
-    fn take_recyclable(&self, st: &mut FilesState, wanted: u64) -> Option<u64> {
-        let mut kept = Vec::with_capacity(st.recyclable.len());
-        for old in std::mem::take(&mut st.recyclable) {
-            let path = file_path(&self.dir, old);
-            let outgrown = file_len(self.vfs.as_ref(), &path).is_ok_and(|len| len < wanted);
-            if !outgrown {
-                kept.push(old);
-                continue;
-            }
-            match self.vfs.remove_file(&path) {
-                Ok(()) => {
-                    st.existing.remove(&old);
-                    self.counters.journal_files_removed.fetch_add(1, Relaxed);
-                }
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "journal: could not remove an outgrown file; it stays in use");
-                    kept.push(old);
-                }
-            }
-        }
-        st.recyclable = kept;
-        st.recyclable.pop()
-    }
-
     /// Sizes, fills and syncs a new journal file under its temporary name. A file
     /// made ahead is cut short (to the zeros written so far, at least a MiB) if the
     /// writer comes to wait for it: a shorter file now rather than a commit waiting
@@ -256,7 +236,7 @@ impl JournalFiles {
             .map_err(|e| Error::io(tmp, None, "truncate journal file", e))?;
         file.allocate(0, size)
             .map_err(|e| Error::io(tmp, Some(0), "preallocate journal file", e))?;
-        let stop = (need == Need::Ahead).then_some(&self.writer_waiting);
+        let stop = (need == Need::Ahead).then_some(&self.writers_waiting);
         let filled = self.zero_fill(file, tmp, size, stop)?;
         if filled < size {
             file.set_len(filled)
@@ -280,7 +260,7 @@ impl JournalFiles {
         file: &dyn VfsFile,
         tmp: &Path,
         len: u64,
-        stop: Option<&AtomicBool>,
+        stop: Option<&AtomicUsize>,
     ) -> Result<u64> {
         let direct_mode = OpenMode {
             write: true,
@@ -367,29 +347,22 @@ impl JournalFiles {
     }
 }
 
-/// The length of the journal file at `path`.
-fn file_len(vfs: &dyn Vfs, path: &Path) -> Result<u64> {
-    vfs.open(path, OpenMode::default())
-        .and_then(|f| f.len())
-        .map_err(|e| Error::io(path, None, "stat journal file", e))
-}
-
 /// Writes zeros over `[0, len)` of `tmp`, a MiB at a time, through `direct` (an
 /// O_DIRECT handle) while it takes them, else through `file`. Stops early, after at
-/// least a MiB, once `stop` is set; returns how many bytes it filled.
+/// least a MiB, once `stop` counts a waiting writer; returns how many bytes it filled.
 fn write_zeros(
     file: &dyn VfsFile,
     mut direct: Option<Box<dyn VfsFile>>,
     tmp: &Path,
     len: u64,
-    stop: Option<&AtomicBool>,
+    stop: Option<&AtomicUsize>,
 ) -> Result<u64> {
     const CHUNK_PAGES: usize = (1 << 20) / crate::page::PAGE_SIZE;
     let zeros = crate::page::PageRun::zeroed(CHUNK_PAGES);
     let zeros = zeros.bytes();
     let mut off = 0;
     while off < len {
-        if off > 0 && stop.is_some_and(|s| s.load(Relaxed)) {
+        if off > 0 && stop.is_some_and(|s| s.load(Relaxed) > 0) {
             return Ok(off);
         }
         let n = zeros.len().min((len - off) as usize);

@@ -102,10 +102,15 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
     // a process restart is visible but not durable, and trusting it (reusing the
     // pages its transactions freed, skipping their replay) would leave the journal
     // unable to rebuild them after a later power loss. Make it durable before open
-    // returns, or fail. The sync runs beside the replay, which acts on nothing but
-    // idempotent page images (a second replay from an older header writes them
-    // again): after a kill -9 it took 50-100 ms of the disk's time, on a data file
-    // grown by fallocate, that the journal's reading does not need.
+    // returns, or fail. The sync runs beside the replay (after a kill -9 it took
+    // 50-100 ms of the disk's time, on a data file grown by fallocate, that the
+    // journal's reading does not need). That is safe because the replay writes only
+    // page images of records after this header, whose writer allocated them from
+    // pages freed by transactions it had *synced* (`alloc/mod.rs`: a freed page is
+    // reused only after the header covering its freeing transaction was fsynced):
+    // none is a diff source that a replay from an older durable header would read,
+    // and writing them again is idempotent. Nothing else acts on the header before
+    // the sync returns (design.md §6.1, step 3).
     let replayed = std::thread::scope(|scope| {
         let header_sync = std::thread::Builder::new()
             .name("kiln-open-sync".into())
