@@ -538,7 +538,6 @@ impl Flusher {
     }
 }
 
-/// Writes the free-page snapshot and the header copy for `h`'s slot, durably.
 /// Makes the next journal file ready if the writer has asked for it.
 fn prepare_spare_if_wanted(files: &JournalFiles) {
     if files.spare_wanted() {
@@ -549,6 +548,7 @@ fn prepare_spare_if_wanted(files: &JournalFiles) {
     }
 }
 
+/// Writes the free-page snapshot and the header copy for `h`'s slot, durably.
 pub(crate) fn write_header(shared: &FlusherHandle, h: &FileHeader, freelist: &[u8]) -> Result<()> {
     header::write_freelist(shared.vfs.as_ref(), &shared.dir, h.slot(), freelist)?;
     write_header_page(shared, h)

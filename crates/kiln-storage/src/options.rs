@@ -109,11 +109,14 @@ impl Default for Options {
 }
 
 impl Options {
-    /// The size of a new environment's first journal file.
-    pub fn first_journal_file_bytes(&self) -> u64 {
-        self.journal_first_file_bytes
-            .unwrap_or(self.journal_file_size_bytes)
-            .min(self.journal_file_size_bytes)
+    /// The sizes of new journal files: a new environment's first, and every other.
+    pub(crate) fn journal_file_sizes(&self) -> crate::journal::FileSizes {
+        crate::journal::FileSizes {
+            first: self
+                .journal_first_file_bytes
+                .unwrap_or(self.journal_file_size_bytes),
+            full: self.journal_file_size_bytes,
+        }
     }
 
     /// Checks the options as `Env::open` does, without opening anything.

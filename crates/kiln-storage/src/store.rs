@@ -125,7 +125,7 @@ impl Pins {
 
 /// The data file of a new environment, when `data_grow_step_bytes` is larger: a
 /// database that stays small takes 1 MiB, not a whole step (64 MiB by default).
-pub(crate) const FIRST_DATA_FILE_BYTES: u64 = 1 << 20;
+const FIRST_DATA_FILE_BYTES: u64 = 1 << 20;
 
 /// The length the data file grows to from `cur` bytes when `needed` are wanted:
 /// at least double while it is smaller than one step (a small database stays small,
@@ -133,7 +133,7 @@ pub(crate) const FIRST_DATA_FILE_BYTES: u64 = 1 << 20;
 /// larger of `step_bytes` and an eighth of the file (few remaps for a large one).
 /// Growth reserves the space the pages will take (fallocate), so write-back never
 /// meets a full disk midway.
-fn grow_target(cur: u64, needed: u64, step_bytes: u64) -> u64 {
+pub(crate) fn grow_target(cur: u64, needed: u64, step_bytes: u64) -> u64 {
     if cur < step_bytes {
         needed.max(
             cur.saturating_mul(2)
@@ -479,5 +479,8 @@ mod tests {
         assert_eq!(grow_target(1024 * MIB, 1025 * MIB, step), 1152 * MIB);
         // A step smaller than the first size: steps from the start.
         assert_eq!(grow_target(8192 * 2, 8192 * 3, 8192), 8192 * 3);
+        // A new data file (`recovery/create.rs`): the first size, or one step if smaller.
+        assert_eq!(grow_target(0, 2 * 8192, step), MIB);
+        assert_eq!(grow_target(0, 2 * 8192, 8192), 2 * 8192);
     }
 }

@@ -19,13 +19,21 @@ pub struct JournalPos {
     pub chain_checksum: u32,
 }
 
+/// The sizes of new journal files: a new environment's first, and every other.
+#[derive(Clone, Copy, Debug)]
+pub struct FileSizes {
+    pub first: u64,
+    pub full: u64,
+}
+
 /// Files shared between the writer (which consumes them) and the flusher (which
 /// recycles files wholly below the synced point and prepares the next one).
 pub struct JournalFiles {
     pub dir: PathBuf,
-    /// The size of every file but a new environment's first one
-    /// (`Options::journal_first_file_bytes`).
+    /// The size of every file but a new environment's first one.
     pub file_size_bytes: u64,
+    /// The size of a new environment's first file (`Options::journal_first_file_bytes`).
+    first_file_bytes: u64,
     vfs: Arc<dyn Vfs>,
     counters: Arc<EngineCounters>,
     state: Mutex<FilesState>,
@@ -75,16 +83,13 @@ struct FilesState {
     recyclable: Vec<u64>,
     /// The file the writer appends to.
     current: u64,
-    /// The size of the next file made: the first size while none exists, then
-    /// `file_size_bytes`.
-    next_new_size: u64,
 }
 
 impl JournalFiles {
     pub fn open(
         vfs: Arc<dyn Vfs>,
         dir: &Path,
-        (first_file_bytes, file_size_bytes): (u64, u64),
+        sizes: FileSizes,
         counters: Arc<EngineCounters>,
         current: u64,
     ) -> Result<Self> {
@@ -97,16 +102,10 @@ impl JournalFiles {
         // them before this sync.
         vfs.sync_dir(dir)
             .map_err(|e| Error::io(dir, None, "fsync journal directory at open", e))?;
-        // A new environment's first file is small; every later one (and every file
-        // of an environment reopened) is full size.
-        let next_new_size = if existing.is_empty() {
-            first_file_bytes.min(file_size_bytes)
-        } else {
-            file_size_bytes
-        };
         Ok(JournalFiles {
             dir: dir.to_path_buf(),
-            file_size_bytes,
+            file_size_bytes: sizes.full,
+            first_file_bytes: sizes.first.min(sizes.full),
             vfs,
             counters,
             state: Mutex::new(FilesState {
@@ -114,7 +113,6 @@ impl JournalFiles {
                 dir_unsynced: false,
                 recyclable: Vec::new(),
                 current,
-                next_new_size,
             }),
             create_lock: Mutex::new(()),
             spare_wanted: AtomicBool::new(false),
@@ -170,7 +168,13 @@ impl JournalFiles {
         if st.existing.contains(&seq) {
             return Ok(path);
         }
-        let new_size = st.next_new_size;
+        // A new environment's first file is small; every later one (and every file
+        // of an environment reopened: files exist) is full size.
+        let new_size = if st.existing.is_empty() {
+            self.first_file_bytes
+        } else {
+            self.file_size_bytes
+        };
         // (A recycled file keeps its size, small or full: a smaller file only means
         // one more switch per round of the files.)
         if let Some(old) = st.recyclable.pop() {
@@ -217,7 +221,6 @@ impl JournalFiles {
         self.counters.journal_files_created.fetch_add(1, Relaxed);
         let mut st = self.state.lock();
         st.existing.insert(seq);
-        st.next_new_size = self.file_size_bytes.max(new_size);
         if let Err(e) = self.sync_dir() {
             st.dir_unsynced = true;
             return Err(e);
@@ -399,7 +402,10 @@ mod tests {
         let files = JournalFiles::open(
             Arc::new(OsVfs),
             dir,
-            (3 << 20, 3 << 20),
+            FileSizes {
+                first: 3 << 20,
+                full: 3 << 20,
+            },
             Arc::new(EngineCounters::default()),
             0,
         )

@@ -8,7 +8,7 @@ pub mod record;
 mod replay_start;
 pub(crate) mod sync;
 
-pub(crate) use files::{JournalFiles, JournalPos, Need as FileNeed};
+pub(crate) use files::{FileSizes, JournalFiles, JournalPos, Need as FileNeed};
 pub(crate) use replay_start::ReplayStart;
 pub(crate) mod writer;
 

@@ -65,10 +65,7 @@ pub(crate) fn create_environment(
     JournalFiles::open(
         vfs.clone(),
         journal_dir,
-        (
-            opts.first_journal_file_bytes(),
-            opts.journal_file_size_bytes,
-        ),
+        opts.journal_file_sizes(),
         counters,
         0,
     )?
@@ -87,10 +84,8 @@ pub(crate) fn create_environment(
         .map_err(|e| Error::io(&tmp, None, "create data file", e))?;
     file.set_len(0)
         .map_err(|e| Error::io(&tmp, None, "truncate data file", e))?;
-    let first_bytes = opts
-        .data_grow_step_bytes
-        .min(crate::store::FIRST_DATA_FILE_BYTES)
-        .max(2 * PAGE_SIZE as u64);
+    // Sized as the data file's growth would size it from nothing (`store.rs`).
+    let first_bytes = crate::store::grow_target(0, 2 * PAGE_SIZE as u64, opts.data_grow_step_bytes);
     file.allocate(0, first_bytes)
         .map_err(|e| Error::io(&tmp, Some(0), "preallocate data file", e))?;
     file.write_all_at(&h.encode(), 0)

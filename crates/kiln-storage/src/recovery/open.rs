@@ -177,10 +177,7 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
     let journal_files = Arc::new(JournalFiles::open(
         vfs.clone(),
         &journal_dir,
-        (
-            opts.first_journal_file_bytes(),
-            opts.journal_file_size_bytes,
-        ),
+        opts.journal_file_sizes(),
         counters.clone(),
         outcome.end.file_seq,
     )?);
