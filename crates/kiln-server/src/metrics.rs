@@ -288,7 +288,7 @@ impl Metrics {
             })
             .collect();
         type Field = fn(&kiln_storage::Stats) -> f64;
-        let series: [(&str, &str, &str, Field); 12] = [
+        let series: [(&str, &str, &str, Field); 13] = [
             (
                 "kiln_commits_total",
                 "counter",
@@ -330,6 +330,12 @@ impl Metrics {
                 "counter",
                 "Bytes written to the journal",
                 |s| s.journal_bytes as f64,
+            ),
+            (
+                "kiln_journal_referenced_value_bytes_total",
+                "counter",
+                "Bytes of merged values the journal named by key instead of writing again",
+                |s| s.journal_referenced_value_bytes as f64,
             ),
             (
                 "kiln_data_file_syncs_total",

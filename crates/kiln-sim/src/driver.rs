@@ -42,6 +42,8 @@ pub struct DriverStats {
     pub keys_merged_ahead: u64,
     /// Journal files made after the (small) first one of each environment.
     pub journal_files_created: u64,
+    /// Bytes of merged values that records named by buffer key (patched images).
+    pub referenced_value_bytes: u64,
 }
 
 impl DriverStats {
@@ -65,6 +67,7 @@ impl DriverStats {
         self.files_vanished += o.files_vanished;
         self.keys_merged_ahead += o.keys_merged_ahead;
         self.journal_files_created += o.journal_files_created;
+        self.referenced_value_bytes += o.referenced_value_bytes;
     }
 
     fn absorb_disk(&mut self, disk: &SimDisk) {
@@ -384,6 +387,7 @@ pub fn run_seed(seed: u64, cycles: u32, canary: bool) -> Result<DriverStats, Str
         let env_stats = env.stats();
         stats.keys_merged_ahead += env_stats.write_buffer_keys_merged_ahead;
         stats.journal_files_created += env_stats.journal_files_created;
+        stats.referenced_value_bytes += env_stats.journal_referenced_value_bytes;
         if fault_cycle && !disk.is_dead() {
             // A process restart after the fault: the OS keeps every write.
             drop(env);

@@ -19,7 +19,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 fn print(label: &str, s: &DriverStats, seeds: u64) {
     eprintln!(
         "{label}: {seeds} seeds, {} power cuts, {} process restarts after {} injected I/O faults, {} bit flips \
-         ({} detected), {} commits acknowledged ({} keys merged ahead; {} journal files made after a small first one), {} commit checks ({} keys compared), {} acknowledged commits lost, {} corruptions returned as data",
+         ({} detected), {} commits acknowledged ({} keys merged ahead; {} journal files made after a small first one; {} merged value bytes named by key), {} commit checks ({} keys compared), {} acknowledged commits lost, {} corruptions returned as data",
         s.power_cuts,
         s.process_restarts,
         s.faults_injected,
@@ -28,6 +28,7 @@ fn print(label: &str, s: &DriverStats, seeds: u64) {
         s.commits_acknowledged,
         s.keys_merged_ahead,
         s.journal_files_created,
+        s.referenced_value_bytes,
         s.commits_verified,
         s.keys_verified,
         s.acknowledged_commits_lost,
@@ -105,6 +106,10 @@ fn random_power_cuts_and_faults_lose_nothing_acknowledged() {
     assert!(
         total.journal_files_created > 0,
         "no journal file was made after the small first one: files of two sizes went untested"
+    );
+    assert!(
+        total.referenced_value_bytes > 0,
+        "no record named a merged value by its key: patched page images went untested"
     );
     for (what, list) in [
         ("acknowledged no commit", &seeds_acknowledging_nothing),

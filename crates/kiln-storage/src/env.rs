@@ -216,6 +216,7 @@ impl Env {
             journal_body_bytes_full_images: c.journal_body_bytes_full_images.load(Relaxed),
             journal_body_bytes_raw: c.journal_body_bytes_raw.load(Relaxed),
             journal_body_bytes_stored: c.journal_body_bytes_stored.load(Relaxed),
+            journal_referenced_value_bytes: c.journal_referenced_value_bytes.load(Relaxed),
             journal_write_latency: c.journal_write_latency.summary(),
             journal_files: self.shared.journal_files.count(),
             journal_files_created: c.journal_files_created.load(Relaxed),

@@ -106,6 +106,7 @@ pub(crate) struct EngineCounters {
     pub journal_body_bytes_full_images: AtomicU64,
     pub journal_body_bytes_raw: AtomicU64,
     pub journal_body_bytes_stored: AtomicU64,
+    pub journal_referenced_value_bytes: AtomicU64,
     pub journal_write_latency: LatencyHistogram,
     /// What a durable journal write costs per byte on this disk (compression's
     /// measure of what a byte saved is worth).
@@ -142,6 +143,10 @@ pub struct Stats {
     pub journal_body_bytes_full_images: u64,
     pub journal_body_bytes_raw: u64,
     pub journal_body_bytes_stored: u64,
+    /// Bytes of values merged from the write buffer that records named by their
+    /// buffer key instead of carrying them again (patched images; already counted
+    /// out of the body lengths above).
+    pub journal_referenced_value_bytes: u64,
     pub journal_write_latency: LatencySummary,
     pub journal_files: u64,
     pub journal_files_created: u64,

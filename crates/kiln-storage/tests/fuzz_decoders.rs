@@ -142,6 +142,18 @@ fn same_record(a: &DecodedRecord, b: &DecodedRecord) -> bool {
                             runs: rb,
                         },
                     ) => sa == sb && ra == rb,
+                    (
+                        Image::Patched {
+                            source: sa,
+                            runs: ra,
+                            refs: fa,
+                        },
+                        Image::Patched {
+                            source: sb,
+                            runs: rb,
+                            refs: fb,
+                        },
+                    ) => sa == sb && ra == rb && fa == fb,
                     _ => false,
                 }
         })

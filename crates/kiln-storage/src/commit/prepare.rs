@@ -77,6 +77,7 @@ impl Shared {
             pages: &journal_pages,
             logical: sealed.content.logical(),
             buffer_flags,
+            merged: sealed.content.merged_values(),
         });
         drop(journal_pages);
         // The journal file this record goes to must exist before the point of no

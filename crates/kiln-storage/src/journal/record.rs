@@ -24,6 +24,13 @@
 //!       1 diff:  source page u64 | run count u32 | runs: offset u16 | len u16 | bytes
 //!                (the page is the source page's bytes with the runs written over them;
 //!                 single pages only)
+//!       2 bare:  as full, for a bare value run (no page header to verify)
+//!       3 patched: source page u64 (0: none, start from zeros) | run count u32 |
+//!                ref count u32 | runs as in a diff | refs: offset u16 | len u16 |
+//!                buffer key len u16 | buffer key
+//!                (single leaf pages only: the runs, then at each ref the value the
+//!                 write buffer's frozen generation holds for that buffer key, which
+//!                 this transaction merged into the page; see `MergedValueSource`)
 //!     if flag bit 1: write-buffer entries: count u32, then each
 //!       buffer key len u16 | kind u8 (0 value, 1 tombstone, 2 in tree) | value len u32 |
 //!       buffer key (tree id u64 big endian + key) | value
@@ -68,6 +75,16 @@ const FORM_DIFF: u32 = 1;
 /// A full image of a bare run (`page::VALUE_BARE_RUN`): laid out as `FORM_FULL`, but
 /// replay must not verify it as a page, since it has no header.
 const FORM_BARE: u32 = 2;
+/// A leaf page as runs over a source page (or zeros) plus values named by their
+/// buffer key (`Form::Patched`).
+const FORM_PATCHED: u32 = 3;
+const PATCHED_HEADER: usize = 16;
+const REF_HEADER: usize = 6;
+/// Values shorter than this are always written out: naming one costs its buffer key,
+/// and finding it costs a lookup per cell.
+pub const MIN_REFERENCED_VALUE: usize = 256;
+/// The longest buffer key a reference may carry (tree id + the longest key).
+const MAX_REF_KEY: usize = 8 + page::MAX_KEY_SIZE;
 /// Equal stretches shorter than this do not split a diff run (a run header costs 4).
 const DIFF_MERGE_GAP: usize = 8;
 /// The largest run a record may describe (a value of the maximum size).
@@ -99,6 +116,17 @@ pub fn padded(len: usize) -> usize {
     len.div_ceil(DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN
 }
 
+/// The values a transaction merged from the write buffer's frozen generation into
+/// leaf pages. A record names such a value by its buffer key instead of repeating
+/// its bytes, which are already in the journal as the entry that buffered it: replay
+/// rebuilds the frozen generation from those entries before it reaches the merge
+/// (docs/design.md §2.4, "Patched images").
+pub trait MergedValueSource {
+    /// The buffer key under which this transaction merged exactly `value` for `key`
+    /// (a key of the leaf's tree), if it did.
+    fn merged_as(&self, key: &[u8], value: &[u8]) -> Option<&[u8]>;
+}
+
 /// What a commit hands to the journal.
 pub struct RecordInput<'a> {
     pub txn_id: u64,
@@ -112,6 +140,8 @@ pub struct RecordInput<'a> {
     pub logical: &'a LogicalLog,
     /// `FLAG_FREEZE` / `FLAG_MERGE_DONE`.
     pub buffer_flags: u8,
+    /// Values this transaction merged, which leaf images may name instead of carry.
+    pub merged: Option<&'a dyn MergedValueSource>,
 }
 
 /// A page of a commit, with the committed page it was copied from, if any.
@@ -193,6 +223,14 @@ enum Form<'a> {
         runs: Vec<(usize, usize)>,
         bytes: &'a [u8],
     },
+    /// Runs of `bytes` over the source page (0: over zeros), then merged values by
+    /// buffer key: `(offset, len, buffer key)`.
+    Patched {
+        source: PageNo,
+        runs: Vec<(usize, usize)>,
+        refs: Vec<(usize, usize, &'a [u8])>,
+        bytes: &'a [u8],
+    },
 }
 
 impl Form<'_> {
@@ -200,38 +238,129 @@ impl Form<'_> {
         IMAGE_HEADER
             + match self {
                 Form::Full { head, tail } => FULL_HEADER + head.len() + tail.len(),
-                Form::Diff { runs, .. } => {
-                    DIFF_HEADER + runs.iter().map(|(s, e)| RUN_HEADER + e - s).sum::<usize>()
+                Form::Diff { runs, .. } => DIFF_HEADER + runs_len(runs),
+                Form::Patched { runs, refs, .. } => {
+                    PATCHED_HEADER
+                        + runs_len(runs)
+                        + refs
+                            .iter()
+                            .map(|(_, _, k)| REF_HEADER + k.len())
+                            .sum::<usize>()
                 }
             }
     }
+
+    /// Value bytes the image names rather than carries.
+    fn referenced_bytes(&self) -> usize {
+        match self {
+            Form::Patched { refs, .. } => refs.iter().map(|(_, len, _)| len).sum(),
+            _ => 0,
+        }
+    }
 }
 
-fn choose_form<'a>(p: &'a JournalPage<'a>) -> Form<'a> {
+fn runs_len(runs: &[(usize, usize)]) -> usize {
+    runs.iter().map(|(s, e)| RUN_HEADER + e - s).sum()
+}
+
+/// The values of a leaf page this transaction merged: `(offset, len, buffer key)` in
+/// page order.
+fn merged_values_in<'a>(
+    page_bytes: &[u8],
+    merged: &'a dyn MergedValueSource,
+) -> Vec<(usize, usize, &'a [u8])> {
+    let mut refs = Vec::new();
+    for i in 0..page::hdr::count(page_bytes) {
+        if let page::LeafValue::Inline(v) = page::leaf_value(page_bytes, i) {
+            if v.len() < MIN_REFERENCED_VALUE {
+                continue;
+            }
+            if let Some(bkey) = merged.merged_as(page::cell_key(page_bytes, i), v) {
+                let offset = v.as_ptr() as usize - page_bytes.as_ptr() as usize;
+                refs.push((offset, v.len(), bkey));
+            }
+        }
+    }
+    refs.sort_unstable_by_key(|r| r.0);
+    refs
+}
+
+/// `runs` (sorted, disjoint) without the byte ranges of `holes` (sorted, disjoint).
+pub fn cut_runs(runs: &[(usize, usize)], holes: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let mut out = Vec::with_capacity(runs.len() + holes.len());
+    let mut first_hole = 0;
+    for &(start, end) in runs {
+        while holes.get(first_hole).is_some_and(|h| h.1 <= start) {
+            first_hole += 1;
+        }
+        let mut at = start;
+        for &(hole_start, hole_end) in holes.get(first_hole..).unwrap_or_default() {
+            if hole_start >= end || at >= end {
+                break;
+            }
+            if hole_start > at {
+                out.push((at, hole_start));
+            }
+            at = at.max(hole_end);
+        }
+        if at < end {
+            out.push((at, end));
+        }
+    }
+    out
+}
+
+fn choose_form<'a>(p: &'a JournalPage<'a>, merged: Option<&'a dyn MergedValueSource>) -> Form<'a> {
     let (head, tail) = image_parts(p.run);
     let full = Form::Full { head, tail };
-    let Some((source, old)) = p.source.filter(|_| !p.run.is_bare()) else {
-        return full;
-    };
     let new = p.run.bytes();
-    if new.len() != PAGE_SIZE || old.len() != PAGE_SIZE {
-        return full;
-    }
-    let diff = Form::Diff {
+    let single_node = !p.run.is_bare() && new.len() == PAGE_SIZE;
+    let source = p
+        .source
+        .filter(|(_, old)| single_node && old.len() == PAGE_SIZE);
+    let diff = source.map(|(source, old)| Form::Diff {
         source,
         runs: diff_runs(old, new),
         bytes: new,
+    });
+    let refs = match merged {
+        Some(m) if single_node && page::hdr::kind(new) == page::KIND_LEAF => {
+            merged_values_in(new, m)
+        }
+        _ => Vec::new(),
     };
-    if diff.encoded_len() < full.encoded_len() {
-        diff
-    } else {
-        full
-    }
+    let patched = (!refs.is_empty()).then(|| {
+        let holes: Vec<(usize, usize)> = refs.iter().map(|&(at, len, _)| (at, at + len)).collect();
+        let (source_no, base_runs) = match &diff {
+            Some(Form::Diff { source, runs, .. }) => (*source, cut_runs(runs, &holes)),
+            _ => {
+                let tail_start = PAGE_SIZE - tail.len();
+                let parts = [(0, head.len()), (tail_start, PAGE_SIZE)];
+                let parts: Vec<(usize, usize)> = parts.into_iter().filter(|(s, e)| s < e).collect();
+                (0, cut_runs(&parts, &holes))
+            }
+        };
+        Form::Patched {
+            source: source_no,
+            runs: base_runs,
+            refs,
+            bytes: new,
+        }
+    });
+    [diff, patched].into_iter().flatten().fold(full, |best, f| {
+        if f.encoded_len() < best.encoded_len() {
+            f
+        } else {
+            best
+        }
+    })
 }
 
 pub struct Encoded {
     /// What the body would have been with full page images (no diffs).
     pub full_image_body_len: usize,
+    /// Merged value bytes the record names instead of carrying (patched images).
+    pub referenced_value_bytes: usize,
     pub padded_len: usize,
     pub checksum: u32,
     pub raw_body_len: usize,
@@ -252,7 +381,11 @@ pub(crate) fn encode(
     buf: &mut PageRun,
     compress: Option<(&mut Compressor, &JournalWriteCost)>,
 ) -> Encoded {
-    let forms: Vec<Form> = input.pages.iter().map(choose_form).collect();
+    let forms: Vec<Form> = input
+        .pages
+        .iter()
+        .map(|p| choose_form(p, input.merged))
+        .collect();
     let logical_bytes = input.logical.encoded_len();
     let body_len =
         input.freed.len() * 8 + forms.iter().map(Form::encoded_len).sum::<usize>() + logical_bytes;
@@ -320,6 +453,31 @@ pub(crate) fn encode(
                     put(b, &mut at, &bytes[*s..*e]);
                 }
             }
+            Form::Patched {
+                source,
+                runs,
+                refs,
+                bytes,
+            } => {
+                write_u32(b, at + 12, FORM_PATCHED);
+                write_u64(b, at + 16, *source);
+                write_u32(b, at + 24, runs.len() as u32);
+                write_u32(b, at + 28, refs.len() as u32);
+                at += IMAGE_HEADER + PATCHED_HEADER;
+                for (s, e) in runs {
+                    write_u16(b, at, *s as u16);
+                    write_u16(b, at + 2, (e - s) as u16);
+                    at += RUN_HEADER;
+                    put(b, &mut at, &bytes[*s..*e]);
+                }
+                for (offset, len, bkey) in refs {
+                    write_u16(b, at, *offset as u16);
+                    write_u16(b, at + 2, *len as u16);
+                    write_u16(b, at + 4, bkey.len() as u16);
+                    at += REF_HEADER;
+                    put(b, &mut at, bkey);
+                }
+            }
         }
     }
     if logical_bytes > 0 {
@@ -360,6 +518,7 @@ pub(crate) fn encode(
             .sum::<usize>();
     Encoded {
         full_image_body_len,
+        referenced_value_bytes: forms.iter().map(Form::referenced_bytes).sum(),
         padded_len: total,
         checksum: sum,
         raw_body_len: body_len,
@@ -483,30 +642,64 @@ pub enum Image {
         source: PageNo,
         runs: Vec<(usize, Vec<u8>)>,
     },
+    /// Runs over the source page (or zeros), then merged values named by buffer key:
+    /// `(offset, len, buffer key)`.
+    Patched {
+        source: Option<PageNo>,
+        runs: Vec<(usize, Vec<u8>)>,
+        refs: Vec<(usize, usize, Vec<u8>)>,
+    },
 }
 
 impl Image {
     pub fn page_count(&self) -> usize {
         match self {
             Image::Full(run) => run.page_count(),
-            Image::Diff { .. } => 1,
+            Image::Diff { .. } | Image::Patched { .. } => 1,
         }
     }
 
-    /// Rebuilds the page; `source` is called for the source page of a diff.
-    // Bounds: diff runs were checked to lie inside one page by `decode_diff`, and the source is a whole page.
+    /// Whether the image is the page's bytes as they stand (else it is rebuilt from
+    /// a source page or buffered values, and can be verified only then).
+    pub fn is_self_contained(&self) -> bool {
+        matches!(self, Image::Full(_))
+    }
+
+    /// Rebuilds the page; `source` is called for the source page of a diff or a
+    /// patched image, `value` to fill a referenced value's bytes from its buffer key.
+    // Bounds: runs and refs were checked to lie inside one page when decoded, and the source is a whole page.
     #[allow(clippy::indexing_slicing)]
     pub fn materialize(
         self,
         source: impl FnOnce(PageNo) -> crate::Result<Vec<u8>>,
+        mut value: impl FnMut(&[u8], &mut [u8]) -> crate::Result<()>,
     ) -> crate::Result<PageRun> {
+        let patch = |run: &mut PageRun, runs: Vec<(usize, Vec<u8>)>| {
+            let b = run.bytes_mut();
+            for (off, bytes) in runs {
+                b[off..off + bytes.len()].copy_from_slice(&bytes);
+            }
+        };
         match self {
             Image::Full(run) => Ok(run),
             Image::Diff { source: s, runs } => {
                 let mut run = PageRun::from_bytes(&source(s)?);
+                patch(&mut run, runs);
+                Ok(run)
+            }
+            Image::Patched {
+                source: s,
+                runs,
+                refs,
+            } => {
+                let mut run = match s {
+                    Some(s) => PageRun::from_bytes(&source(s)?),
+                    None => PageRun::zeroed(1),
+                };
+                patch(&mut run, runs);
                 let b = run.bytes_mut();
-                for (off, bytes) in runs {
-                    b[off..off + bytes.len()].copy_from_slice(&bytes);
+                for (off, len, bkey) in refs {
+                    value(&bkey, &mut b[off..off + len])?;
                 }
                 Ok(run)
             }
@@ -619,6 +812,7 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> 
             FORM_FULL => Image::Full(decode_full(body, &mut at, i, no, run_pages)?),
             FORM_BARE => Image::Full(decode_full(body, &mut at, i, no, run_pages)?.into_bare()),
             FORM_DIFF if run_pages == 1 => decode_diff(body, &mut at, i, no, h.page_count)?,
+            FORM_PATCHED if run_pages == 1 => decode_patched(body, &mut at, i, no, h.page_count)?,
             other => {
                 return Err(format!(
                     "page image {i} (page {no}): unknown form {other} for a {run_pages}-page run"
@@ -687,6 +881,17 @@ fn decode_diff(
             "page image {i} (page {no}): diff source {source} outside 2..{page_count}"
         ));
     }
+    let runs = decode_runs(body, at, i, no, count)?;
+    Ok(Image::Diff { source, runs })
+}
+
+fn decode_runs(
+    body: &[u8],
+    at: &mut usize,
+    i: u32,
+    no: PageNo,
+    count: usize,
+) -> Result<Vec<(usize, Vec<u8>)>, String> {
     let mut runs = Vec::with_capacity(count.min(PAGE_SIZE / RUN_HEADER));
     for r in 0..count {
         let rh = take(body, at, RUN_HEADER, "diff run header")?;
@@ -698,7 +903,57 @@ fn decode_diff(
         }
         runs.push((off, take(body, at, len, "diff run bytes")?.to_vec()));
     }
-    Ok(Image::Diff { source, runs })
+    Ok(runs)
+}
+
+fn decode_patched(
+    body: &[u8],
+    at: &mut usize,
+    i: u32,
+    no: PageNo,
+    page_count: u64,
+) -> Result<Image, String> {
+    let ph = take(body, at, PATCHED_HEADER, "patched image header")?;
+    let (source, run_count, ref_count) = (
+        read_u64(ph, 0),
+        read_u32(ph, 8) as usize,
+        read_u32(ph, 12) as usize,
+    );
+    let source = match source {
+        0 => None,
+        s if (page::FIRST_DATA_PAGE..page_count).contains(&s) => Some(s),
+        s => {
+            return Err(format!(
+                "page image {i} (page {no}): patch source {s} outside 2..{page_count}"
+            ))
+        }
+    };
+    let runs = decode_runs(body, at, i, no, run_count)?;
+    let mut refs = Vec::with_capacity(ref_count.min(PAGE_SIZE / MIN_REFERENCED_VALUE));
+    for r in 0..ref_count {
+        let rh = take(body, at, REF_HEADER, "value reference header")?;
+        let (off, len, key_len) = (
+            read_u16(rh, 0) as usize,
+            read_u16(rh, 2) as usize,
+            read_u16(rh, 4) as usize,
+        );
+        if off + len > PAGE_SIZE || len == 0 {
+            return Err(format!(
+                "page image {i} (page {no}): value reference {r} at {off}+{len} outside the page"
+            ));
+        }
+        if !(9..=MAX_REF_KEY).contains(&key_len) {
+            return Err(format!(
+                "page image {i} (page {no}): value reference {r} has a buffer key of {key_len} bytes"
+            ));
+        }
+        refs.push((
+            off,
+            len,
+            take(body, at, key_len, "value reference key")?.to_vec(),
+        ));
+    }
+    Ok(Image::Patched { source, runs, refs })
 }
 
 /// Parses and verifies a complete record from arbitrary bytes (the fuzzing entry point).
@@ -798,6 +1053,7 @@ mod tests {
             pages: &[],
             logical: &log,
             buffer_flags: 0,
+            merged: None,
         };
         let (mut c, disk) = (Compressor::new(false), JournalWriteCost::default());
         let enc = encode(&input, &mut buf, Some((&mut c, &disk)));
@@ -814,6 +1070,216 @@ mod tests {
             ),
         ];
         assert_eq!(rec.logical, expect);
+    }
+
+    #[test]
+    fn cut_runs_removes_exactly_the_holes() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let ranges = |rng: &mut rand::rngs::StdRng, n: usize| {
+            let mut at = 0;
+            let mut out = Vec::new();
+            for _ in 0..n {
+                let start = at + rng.gen_range(0..200);
+                let end = start + rng.gen_range(1..300);
+                if end > PAGE_SIZE {
+                    break;
+                }
+                out.push((start, end));
+                at = end + 1;
+            }
+            out
+        };
+        for _ in 0..2000 {
+            let (n_runs, n_holes) = (rng.gen_range(0..12), rng.gen_range(0..12));
+            let runs = ranges(&mut rng, n_runs);
+            let holes = ranges(&mut rng, n_holes);
+            let cut = cut_runs(&runs, &holes);
+            let covered =
+                |rs: &[(usize, usize)], i: usize| rs.iter().any(|&(s, e)| s <= i && i < e);
+            for i in 0..PAGE_SIZE {
+                assert_eq!(
+                    covered(&cut, i),
+                    covered(&runs, i) && !covered(&holes, i),
+                    "byte {i}: runs {runs:?} holes {holes:?} cut {cut:?}"
+                );
+            }
+            assert!(cut.windows(2).all(|w| w[0].1 <= w[1].0));
+            assert!(cut.iter().all(|(s, e)| s < e));
+        }
+    }
+
+    /// Values merged by a test transaction, by key.
+    struct Merged(std::collections::HashMap<Vec<u8>, (Vec<u8>, Vec<u8>)>);
+
+    impl MergedValueSource for Merged {
+        fn merged_as(&self, key: &[u8], value: &[u8]) -> Option<&[u8]> {
+            let (bkey, v) = self.0.get(key)?;
+            (v.as_slice() == value).then_some(bkey.as_slice())
+        }
+    }
+
+    fn leaf_with(no: PageNo, cells: &[(Vec<u8>, Vec<u8>)]) -> PageRun {
+        let mut run = PageRun::zeroed(1);
+        let b = run.bytes_mut();
+        page::init_node(b, page::KIND_LEAF, no);
+        for (i, (k, v)) in cells.iter().enumerate() {
+            assert!(page::insert_cell(b, i, &page::encode_leaf_cell(k, v)));
+        }
+        page::seal(b, no, 9);
+        run
+    }
+
+    /// Encodes one page with `merged`, decodes it and rebuilds it, resolving buffer
+    /// keys through `merged`: (rebuilt page, referenced bytes, record length).
+    fn patched_round_trip(
+        page: &JournalPage,
+        merged: Option<&Merged>,
+        source_bytes: &[u8],
+    ) -> (Vec<u8>, usize, usize) {
+        let log = LogicalLog::default();
+        let input = RecordInput {
+            txn_id: 9,
+            nonce: 1,
+            prev_checksum: 0,
+            catalog_root: 2,
+            page_count: 100,
+            freed: &[],
+            pages: std::slice::from_ref(page),
+            logical: &log,
+            buffer_flags: 0,
+            merged: merged.map(|m| m as &dyn MergedValueSource),
+        };
+        let mut buf = PageRun::scratch(1);
+        let enc = encode(&input, &mut buf, None);
+        let mut rec = decode(&buf.bytes()[..enc.padded_len]).expect("decodes");
+        let (no, image) = rec.images.pop().expect("one image");
+        assert_eq!(no, page.no);
+        let rebuilt = image
+            .materialize(
+                |_| Ok(source_bytes.to_vec()),
+                |bkey, dest| {
+                    let m = merged.expect("references only when values were merged");
+                    let (_, v) =
+                        m.0.values()
+                            .find(|(b, _)| b.as_slice() == bkey)
+                            .expect("a named value");
+                    dest.copy_from_slice(v);
+                    Ok(())
+                },
+            )
+            .expect("materializes");
+        (
+            rebuilt.bytes().to_vec(),
+            enc.referenced_value_bytes,
+            enc.raw_body_len,
+        )
+    }
+
+    #[test]
+    fn patched_images_name_merged_values_and_rebuild_the_page() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let cells: Vec<(Vec<u8>, Vec<u8>)> = (0..6u8)
+            .map(|i| {
+                let len = [10, 63, 64, 300, 900, 1000][i as usize];
+                (vec![b'k', i], (0..len).map(|_| rng.gen()).collect())
+            })
+            .collect();
+        // Cells 1..5 were merged by the transaction, 0 and 2 not (and 1 is too
+        // short to be named); the page was copied from one without cells 3 and 5.
+        let merged = Merged(
+            [1usize, 3, 4, 5]
+                .iter()
+                .map(|&i| {
+                    let (k, v) = &cells[i];
+                    let mut bkey = 7u64.to_be_bytes().to_vec();
+                    bkey.extend_from_slice(k);
+                    (k.clone(), (bkey, v.clone()))
+                })
+                .collect(),
+        );
+        let new = Arc::new(leaf_with(40, &cells));
+        let old_cells: Vec<_> = [0usize, 1, 2, 4]
+            .iter()
+            .map(|&i| cells[i].clone())
+            .collect();
+        let old = leaf_with(40, &old_cells);
+        let named: usize = [3usize, 4, 5].iter().map(|&i| cells[i].1.len()).sum();
+        let no_source = JournalPage {
+            no: 40,
+            run: &new,
+            source: None,
+        };
+        let copied = JournalPage {
+            no: 40,
+            run: &new,
+            source: Some((33, old.bytes())),
+        };
+        for page in [&no_source, &copied] {
+            let (plain, plain_refs, plain_len) = patched_round_trip(page, None, old.bytes());
+            assert_eq!(plain, new.bytes());
+            assert_eq!(plain_refs, 0);
+            let (rebuilt, refs, len) = patched_round_trip(page, Some(&merged), old.bytes());
+            assert_eq!(rebuilt, new.bytes(), "the page comes back byte for byte");
+            assert!(page::verify(&rebuilt, 40, std::path::Path::new("<test>")).is_ok());
+            assert_eq!(refs, named, "exactly the merged values of 64 bytes or more");
+            assert!(
+                len + named - 3 * 40 <= plain_len,
+                "the record carries the named values' keys, not their bytes: {len} vs {plain_len}"
+            );
+        }
+        // A value that differs from what was merged is carried, not named.
+        let mut stale = Merged(merged.0.clone());
+        stale.0.get_mut(&cells[4].0).expect("merged").1[0] ^= 1;
+        let (rebuilt, refs, _) = patched_round_trip(&no_source, Some(&stale), old.bytes());
+        assert_eq!(rebuilt, new.bytes());
+        assert_eq!(refs, named - cells[4].1.len());
+    }
+
+    #[test]
+    fn a_reference_that_cannot_be_resolved_fails_the_rebuild() {
+        let cells = vec![(b"key".to_vec(), vec![3u8; 500])];
+        let new = Arc::new(leaf_with(12, &cells));
+        let mut bkey = 1u64.to_be_bytes().to_vec();
+        bkey.extend_from_slice(b"key");
+        let merged = Merged(
+            [(b"key".to_vec(), (bkey, vec![3u8; 500]))]
+                .into_iter()
+                .collect(),
+        );
+        let page = JournalPage {
+            no: 12,
+            run: &new,
+            source: None,
+        };
+        let log = LogicalLog::default();
+        let input = RecordInput {
+            txn_id: 4,
+            nonce: 1,
+            prev_checksum: 0,
+            catalog_root: 2,
+            page_count: 100,
+            freed: &[],
+            pages: std::slice::from_ref(&page),
+            logical: &log,
+            buffer_flags: 0,
+            merged: Some(&merged),
+        };
+        let mut buf = PageRun::scratch(1);
+        let enc = encode(&input, &mut buf, None);
+        assert_eq!(enc.referenced_value_bytes, 500);
+        let mut rec = decode(&buf.bytes()[..enc.padded_len]).expect("decodes");
+        let (_, image) = rec.images.pop().expect("one image");
+        assert!(!image.is_self_contained());
+        let err = image
+            .materialize(
+                |_| unreachable!("no source"),
+                |_, _| Err(crate::Error::InvalidOption("not held".into())),
+            )
+            .err()
+            .expect("fails");
+        assert!(err.to_string().contains("not held"), "{err}");
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub struct PreparedRecord {
     checksum: u32,
     /// Body bytes with full page images, with diffs, and after compression.
     pub full_image_body_len: usize,
+    /// Merged value bytes named by buffer key instead of carried (patched images).
+    pub referenced_value_bytes: usize,
     pub raw_body_len: usize,
     pub stored_body_len: usize,
 }
@@ -103,6 +105,7 @@ impl RecordEncoder {
             len: enc.padded_len,
             checksum: enc.checksum,
             full_image_body_len: enc.full_image_body_len,
+            referenced_value_bytes: enc.referenced_value_bytes,
             raw_body_len: enc.raw_body_len,
             stored_body_len: enc.stored_body_len,
         }
@@ -254,6 +257,9 @@ impl JournalWriter {
         self.counters
             .journal_body_bytes_raw
             .fetch_add(rec.raw_body_len as u64, Relaxed);
+        self.counters
+            .journal_referenced_value_bytes
+            .fetch_add(rec.referenced_value_bytes as u64, Relaxed);
         self.counters
             .journal_body_bytes_stored
             .fetch_add(rec.stored_body_len as u64, Relaxed);

@@ -148,6 +148,7 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
         replay_start,
         outcome,
         physical_records,
+        merged_values_filled,
         unsynced_frees,
     } = replayed;
     // The replayed page images are in the data file, not yet synced. Syncing them
@@ -283,6 +284,7 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
     let report = RecoveryReport {
         synced_txn_id: outcome.last_txn_id - physical_records,
         records_replayed: physical_records,
+        merged_values_filled,
         last_txn_id: outcome.last_txn_id,
         tail: outcome.tail.clone(),
         gap_records_discarded: outcome.gap_records_discarded,

@@ -26,6 +26,8 @@ pub(crate) struct Replayed {
     pub outcome: ScanOutcome,
     /// Records whose page images were applied (those after the synced point).
     pub physical_records: u64,
+    /// Values those images named by buffer key, filled from the frozen generation.
+    pub merged_values_filled: u64,
     /// Pages freed by those records (and not written again by a later one), by
     /// freeing transaction, oldest first: free in the replayed state, but not
     /// reusable until that state is synced (`alloc/mod.rs`), since until then a second
@@ -54,6 +56,7 @@ pub(crate) fn replay(
     let start = replay_start.pos;
     let mut gens = crate::write_buffer::Gens::default();
     let mut physical_records = 0u64;
+    let mut merged_values_filled = 0u64;
     let mut freed_by: std::collections::BTreeMap<PageNo, u64> = Default::default();
     let verify_image = |bytes: &[u8], no: PageNo, txn_id: u64| {
         page::verify(bytes, no, data_path).map_err(|e| {
@@ -96,9 +99,32 @@ pub(crate) fn replay(
                 physical_records += 1;
                 for (no, image) in rec.images {
                     let pages = image.page_count() as u64;
-                    let diff = matches!(image, Image::Diff { .. });
-                    let run = image.materialize(|source| store.read_page(source))?;
-                    if diff {
+                    let rebuilt = !image.is_self_contained();
+                    // A patched image names values the transaction merged from the
+                    // frozen generation, rebuilt above from its entries: the replay
+                    // start is before the freeze of any generation whose merge is not
+                    // synced, and this record's images are replayed only because it
+                    // is not (docs/design.md §2.4, "Patched images").
+                    let frozen = gens.frozen.as_ref();
+                    let run = image.materialize(
+                        |source| store.read_page(source),
+                        |bkey, dest| match frozen {
+                            Some(f) if f.copy_newest_value(bkey, dest) => {
+                                merged_values_filled += 1;
+                                Ok(())
+                            }
+                            _ => Err(Error::corrupted(
+                                journal_dir,
+                                format!("record of txn {txn_id}"),
+                                format!(
+                                    "page image of page {no} names a merged value ({} bytes, buffer key {}) that the write buffer's frozen generation does not hold",
+                                    dest.len(),
+                                    hex_prefix(bkey)
+                                ),
+                            )),
+                        },
+                    )?;
+                    if rebuilt {
                         verify_image(run.bytes(), no, txn_id)?;
                     }
                     store.write_raw(no, &run)?;
@@ -158,6 +184,17 @@ pub(crate) fn replay(
         replay_start,
         outcome,
         physical_records,
+        merged_values_filled,
         unsynced_frees: by_txn.into_iter().collect(),
     })
+}
+
+/// The first bytes of a buffer key in hex, for an error message.
+fn hex_prefix(bkey: &[u8]) -> String {
+    let shown: String = bkey.iter().take(24).map(|b| format!("{b:02x}")).collect();
+    if bkey.len() > 24 {
+        format!("{shown}...")
+    } else {
+        shown
+    }
 }

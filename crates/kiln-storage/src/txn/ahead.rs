@@ -351,6 +351,8 @@ impl<'env> WriteTxn<'env> {
         // the base (it changes none while lent).
         self.trees.extend(side.trees.drain());
         self.dirty_bytes_written += side.dirty_bytes_written;
+        self.merged_values
+            .absorb(std::mem::take(&mut side.merged_values));
         // `side` drops holding nothing: its rollback has no lock and no writes.
     }
 

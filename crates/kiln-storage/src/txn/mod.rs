@@ -284,6 +284,9 @@ pub struct WriteTxn<'env> {
     undo: Vec<(usize, Option<Stored>)>,
     /// The buffer writes in their journal form (the record copies them at commit).
     logical: crate::journal::record::LogicalLog,
+    /// Values merged from the frozen generation by this transaction, which its
+    /// record may name instead of carrying (`MergedValues`).
+    merged_values: crate::write_buffer::MergedValues,
     /// Per tree id, the largest key in the tree itself as this transaction last saw
     /// it (`None`: empty), found once per transaction (see `buffers`).
     tree_last_key: crate::fasthash::FastMap<TreeId, Option<Vec<u8>>>,
@@ -374,6 +377,7 @@ impl<'env> WriteTxn<'env> {
             taken_from_free: Vec::new(),
             undo: Vec::new(),
             logical: Default::default(),
+            merged_values: Default::default(),
             tree_last_key: Default::default(),
             trees_named: 0,
             force_merge: false,

@@ -46,6 +46,19 @@ impl<'env> WriteTxn<'env> {
         &self.base.gens
     }
 
+    /// Notes a value merged from the frozen generation, which the record may name
+    /// instead of carrying.
+    ///
+    /// SAFETY (for callers): as `MergedValues::note`.
+    pub(crate) unsafe fn note_merged(
+        &mut self,
+        frozen: &Arc<crate::write_buffer::Generation>,
+        bkey: &[u8],
+        value: &[u8],
+    ) {
+        self.merged_values.note(frozen, bkey, value);
+    }
+
     /// How far the merge of the frozen generation got: kept by the writer, or moved
     /// on by the merge thread for this transaction.
     pub(crate) fn merge_cursor(&mut self) -> Option<Box<[u8]>> {
@@ -176,6 +189,12 @@ impl<'t, 'env> Sealed<'t, 'env> {
     /// The transaction's write-buffer entries in their journal form.
     pub fn logical(&self) -> &LogicalLog {
         &self.txn.logical
+    }
+
+    /// The values the transaction merged, which its record may name by buffer key.
+    pub fn merged_values(&self) -> Option<&dyn crate::journal::record::MergedValueSource> {
+        let m = &self.txn.merged_values;
+        (!m.is_empty()).then_some(m as &dyn crate::journal::record::MergedValueSource)
     }
 
     /// An upper bound of the record body: page bytes, image headers, freed list,

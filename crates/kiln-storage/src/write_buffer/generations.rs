@@ -581,6 +581,102 @@ impl Generation {
     }
 }
 
+impl Generation {
+    /// Copies the value of `bkey`'s newest version into `dest`: false unless that
+    /// version is a value of exactly `dest.len()` bytes (replay of a patched page
+    /// image, which names a value this generation held when it was merged).
+    pub fn copy_newest_value(&self, bkey: &[u8], dest: &mut [u8]) -> bool {
+        let inner = self.inner.read();
+        let Some(newest) = inner.map.get(&probe_key(bkey).key).and_then(|vs| vs.last()) else {
+            return false;
+        };
+        match newest.slot {
+            Stored::Value(v) => {
+                // SAFETY: the read lock is held and the arena lives as long as `self`.
+                let v = unsafe { v.get() };
+                if v.len() != dest.len() {
+                    return false;
+                }
+                dest.copy_from_slice(v);
+                true
+            }
+            Stored::Tombstone | Stored::InTree => false,
+        }
+    }
+}
+
+/// The values a transaction merged from the frozen generation, by key, so that its
+/// journal record can name a value by its buffer key instead of repeating its bytes
+/// (`journal::record::MergedValueSource`; docs/design.md §2.4, "Patched images").
+#[derive(Default)]
+pub(crate) struct MergedValues {
+    /// The generation the references point into, kept alive by this.
+    frozen: Option<Arc<Generation>>,
+    /// By the hash of the key (without its tree id): buffer key and value. A key
+    /// with the same hash as another replaces it; it only loses the chance to be
+    /// named, since `merged_as` compares the bytes.
+    by_key: crate::fasthash::FastMap<u64, (ArenaRef, ArenaRef)>,
+}
+
+fn key_hash(key: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = crate::fasthash::FastHasher::default();
+    h.write(key);
+    h.finish()
+}
+
+impl MergedValues {
+    /// Notes that this transaction merged `value` for `bkey`, as the newest version of
+    /// `frozen` holds them. Values too short to be worth naming are not noted.
+    ///
+    /// SAFETY (for callers): `bkey` and `value` must be borrowed from `frozen` (from
+    /// `Generation::newest_from`): they are kept as pointers into its arena, which
+    /// the `Arc` kept here holds alive and which nobody writes again.
+    pub unsafe fn note(&mut self, frozen: &Arc<Generation>, bkey: &[u8], value: &[u8]) {
+        if value.len() < crate::journal::record::MIN_REFERENCED_VALUE {
+            return;
+        }
+        if !self.frozen.as_ref().is_some_and(|f| Arc::ptr_eq(f, frozen)) {
+            self.by_key.clear();
+            self.frozen = Some(frozen.clone());
+        }
+        let (_, key) = split_buffer_key(bkey);
+        let arena_ref = |b: &[u8]| ArenaRef {
+            ptr: b.as_ptr(),
+            len: b.len() as u32,
+        };
+        self.by_key
+            .insert(key_hash(key), (arena_ref(bkey), arena_ref(value)));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// Takes over what `other` noted (the merge thread's side of this transaction).
+    pub fn absorb(&mut self, other: MergedValues) {
+        let same = match (&self.frozen, &other.frozen) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        if same {
+            self.by_key.extend(other.by_key);
+        } else if !other.by_key.is_empty() {
+            *self = other;
+        }
+    }
+}
+
+impl crate::journal::record::MergedValueSource for MergedValues {
+    fn merged_as(&self, key: &[u8], value: &[u8]) -> Option<&[u8]> {
+        let (bkey, merged) = self.by_key.get(&key_hash(key))?;
+        // SAFETY: `note`'s contract: both point into the arena of `self.frozen`,
+        // alive while `self` is.
+        let (bkey, merged) = unsafe { (bkey.get(), merged.get()) };
+        (split_buffer_key(bkey).1 == key && merged == value).then_some(bkey)
+    }
+}
+
 /// The generations a snapshot reads through: `active` first, then `frozen`.
 #[derive(Clone, Default)]
 pub(crate) struct Gens {

@@ -111,6 +111,8 @@ impl WriteTxn<'_> {
             // The entry count is the tree's own: it moves with the merge.
             match slot {
                 SlotRef::Value(v) => {
+                    // SAFETY: `bkey` and `v` are borrowed from `frozen` (`newest_from`).
+                    unsafe { self.note_merged(&frozen, bkey, v) };
                     let root = st.info.root;
                     let (root, existed) = self.mutate(|t| t.tree_put(root, key, v))?;
                     st.info.root = root;

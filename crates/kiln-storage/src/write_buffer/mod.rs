@@ -12,5 +12,7 @@ mod merge;
 
 pub use cursor::Cursor;
 pub use generations::Slot;
-pub(crate) use generations::{buffer_key, split_buffer_key, Found, Gens, SlotRef, Stored, TreeId};
+pub(crate) use generations::{
+    buffer_key, split_buffer_key, Found, Generation, Gens, MergedValues, SlotRef, Stored, TreeId,
+};
 pub(crate) use merge::{Superseded, TreeNames};
