@@ -116,10 +116,72 @@ fn valid_record(compressed: bool) -> ValidRecord {
     rec
 }
 
-/// The valid records, uncompressed (0) and compressed (1).
-fn valid_records() -> &'static [ValidRecord; 2] {
-    static RECS: std::sync::OnceLock<[ValidRecord; 2]> = std::sync::OnceLock::new();
-    RECS.get_or_init(|| [valid_record(false), valid_record(true)])
+/// A record of a real environment with a patched page image (a merge slice naming
+/// the values it merged by their buffer keys): commits of random 300..1,000-byte
+/// values into a 64 KiB write buffer until one record holds such an image.
+fn valid_patched_record() -> ValidRecord {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    let dir = tempfile::tempdir().unwrap();
+    let o = kiln_storage::Options {
+        journal_file_size_bytes: 4 << 20,
+        data_grow_step_bytes: 1 << 20,
+        write_buffer_bytes: 64 << 10,
+        ..Default::default()
+    };
+    let env = kiln_storage::Env::open(dir.path(), o).unwrap();
+    for _ in 0..40 {
+        let mut w = env.begin_write().unwrap();
+        w.ensure_tree("t").unwrap();
+        for _ in 0..20 {
+            let key = rng.gen_range(0..5_000u32).to_be_bytes();
+            let len = rng.gen_range(300..1_000);
+            let value: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            w.put("t", &key, &value).unwrap();
+        }
+        w.commit().unwrap();
+    }
+    assert!(
+        env.stats().journal_referenced_value_bytes > 0,
+        "no value was named"
+    );
+    let journal = std::fs::read(
+        dir.path()
+            .join("journal")
+            .join("journal-0000000000000001.log"),
+    )
+    .unwrap();
+    drop(env);
+    let mut at = 0;
+    while let Some(h) = record::parse_header(&journal[at..]) {
+        let padded = h.padded_len() as usize;
+        let bytes = journal[at..at + padded].to_vec();
+        let decoded = record::decode(&bytes).expect("a record of the live journal decodes");
+        if decoded
+            .images
+            .iter()
+            .any(|(_, i)| matches!(i, Image::Patched { .. }))
+        {
+            let covered = record::RECORD_HEADER + h.body_len as usize;
+            if padded > covered {
+                return ValidRecord { bytes, covered };
+            }
+        }
+        at += padded;
+    }
+    panic!("no record with a patched image and padding in the first journal file");
+}
+
+/// The valid records: uncompressed (0), compressed (1), with a patched image (2).
+fn valid_records() -> &'static [ValidRecord; 3] {
+    static RECS: std::sync::OnceLock<[ValidRecord; 3]> = std::sync::OnceLock::new();
+    RECS.get_or_init(|| {
+        [
+            valid_record(false),
+            valid_record(true),
+            valid_patched_record(),
+        ]
+    })
 }
 
 /// True if two decoded records are the same in every field.
@@ -241,7 +303,7 @@ fn mutated_records_are_rejected_unless_only_padding_changed() {
     run_cases(
         600,
         (
-            0..2usize,
+            0..3usize,
             proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
             any::<bool>(),
             proptest::option::weighted(0.25, any::<usize>()),
