@@ -154,6 +154,10 @@ fn journal_figures(env: &Env, ops: u64) -> Map<String, Value> {
         json!(per(s.journal_body_bytes_stored)),
     );
     m.insert(
+        "journal_referenced_value_bytes_per_op".into(),
+        json!(per(s.journal_referenced_value_bytes)),
+    );
+    m.insert(
         "journal_write_mean_us".into(),
         json!(s.journal_write_latency.mean_us),
     );

@@ -299,6 +299,7 @@ fn print_stats(s: &kiln_storage::Stats, json: bool) {
     });
     // (Beside the literal above, which is at the macro's recursion limit.)
     v["journal_files_cut_short"] = s.journal_files_cut_short.into();
+    v["journal_referenced_value_bytes"] = s.journal_referenced_value_bytes.into();
     if json {
         println!("{v}");
         return;
