@@ -329,6 +329,15 @@ fn choose_form<'a>(p: &'a JournalPage<'a>, merged: Option<&'a dyn MergedValueSou
         }
         _ => Vec::new(),
     };
+    // Over a source, a value the page still holds unchanged is left to the source:
+    // naming it would cost its key and make the image depend on the write buffer.
+    let refs = match &diff {
+        Some(Form::Diff { runs, .. }) => refs
+            .into_iter()
+            .filter(|&(at, len, _)| runs.iter().any(|&(s, e)| s < at + len && at < e))
+            .collect(),
+        _ => refs,
+    };
     let patched = (!refs.is_empty()).then(|| {
         let holes: Vec<(usize, usize)> = refs.iter().map(|&(at, len, _)| (at, at + len)).collect();
         let (source_no, base_runs) = match &diff {
@@ -894,14 +903,14 @@ fn decode_runs(
 ) -> Result<Vec<(usize, Vec<u8>)>, String> {
     let mut runs = Vec::with_capacity(count.min(PAGE_SIZE / RUN_HEADER));
     for r in 0..count {
-        let rh = take(body, at, RUN_HEADER, "diff run header")?;
+        let rh = take(body, at, RUN_HEADER, "run header")?;
         let (off, len) = (read_u16(rh, 0) as usize, read_u16(rh, 2) as usize);
         if off + len > PAGE_SIZE {
             return Err(format!(
-                "page image {i} (page {no}): diff run {r} at {off}+{len} outside the page"
+                "page image {i} (page {no}): run {r} at {off}+{len} outside the page"
             ));
         }
-        runs.push((off, take(body, at, len, "diff run bytes")?.to_vec()));
+        runs.push((off, take(body, at, len, "run bytes")?.to_vec()));
     }
     Ok(runs)
 }
@@ -1223,7 +1232,10 @@ mod tests {
             let (rebuilt, refs, len) = patched_round_trip(page, Some(&merged), old.bytes());
             assert_eq!(rebuilt, new.bytes(), "the page comes back byte for byte");
             assert!(page::verify(&rebuilt, 40, std::path::Path::new("<test>")).is_ok());
-            assert_eq!(refs, named, "exactly the merged values of 64 bytes or more");
+            assert_eq!(
+                refs, named,
+                "exactly the merged values of 256 bytes or more"
+            );
             assert!(
                 len + named - 3 * 40 <= plain_len,
                 "the record carries the named values' keys, not their bytes: {len} vs {plain_len}"

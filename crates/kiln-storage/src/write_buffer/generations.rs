@@ -895,6 +895,87 @@ mod tests {
         assert_eq!(gens.lookup(1, b"big", 1), Found::Value(&big[..]));
     }
 
+    /// `MergedValues` names a value only for its key and exact bytes (from any tree:
+    /// equal bytes rebuild the same page), forgets a generation it is no longer fed
+    /// from, and takes over a side's notes.
+    #[test]
+    fn merged_values_match_key_and_bytes_and_follow_their_generation() {
+        use crate::journal::record::MergedValueSource;
+        let value = |b: u8| vec![b; 300];
+        let frozen = |entries: &[(u64, &[u8], u8)]| {
+            let g = Generation::default();
+            for (tree, key, b) in entries {
+                g.write(&buffer_key(*tree, key), 1, SlotRef::Value(&value(*b)));
+            }
+            Arc::new(g)
+        };
+        // Notes what `newest_from` hands a merge, as `merge_keys` does.
+        let note_all = |m: &mut MergedValues, g: &Arc<Generation>| {
+            for (bkey, slot) in g.newest_from(None, usize::MAX) {
+                if let SlotRef::Value(v) = slot {
+                    // SAFETY: both borrowed from `g` (`newest_from`).
+                    unsafe { m.note(g, bkey, v) };
+                }
+            }
+        };
+        let g1 = frozen(&[(1, b"a", 1), (2, b"b", 2), (1, b"short", 3)]);
+        let mut m = MergedValues::default();
+        note_all(&mut m, &g1);
+        assert_eq!(m.merged_as(b"a", &value(1)), Some(&buffer_key(1, b"a")[..]));
+        assert_eq!(m.merged_as(b"a", &value(9)), None, "other bytes");
+        assert_eq!(m.merged_as(b"zz", &value(1)), None, "other key");
+        // Short values are not worth naming and are not noted.
+        let g_short = Generation::default();
+        g_short.write(&buffer_key(1, b"s"), 1, SlotRef::Value(&[7u8; 100]));
+        let g_short = Arc::new(g_short);
+        let mut short = MergedValues::default();
+        note_all(&mut short, &g_short);
+        assert!(short.is_empty());
+        // A side fed from the same generation adds to the notes.
+        let mut side = MergedValues::default();
+        let g1_more = g1.clone();
+        // SAFETY: borrowed from `g1_more` (the same generation as `g1`).
+        for (bkey, slot) in g1_more.newest_from(None, usize::MAX) {
+            if let SlotRef::Value(v) = slot {
+                unsafe { side.note(&g1_more, bkey, v) };
+            }
+        }
+        m.absorb(side);
+        assert_eq!(m.merged_as(b"b", &value(2)), Some(&buffer_key(2, b"b")[..]));
+        // A note from another generation replaces the old ones, which point into an
+        // arena this no longer keeps alive.
+        let g2 = frozen(&[(1, b"c", 4)]);
+        note_all(&mut m, &g2);
+        assert_eq!(m.merged_as(b"a", &value(1)), None);
+        assert_eq!(m.merged_as(b"c", &value(4)), Some(&buffer_key(1, b"c")[..]));
+        drop(g1);
+        // And absorbing a side of another generation takes the side's.
+        let mut side = MergedValues::default();
+        note_all(&mut side, &frozen(&[(3, b"d", 5)]));
+        m.absorb(side);
+        assert_eq!(m.merged_as(b"c", &value(4)), None);
+        assert_eq!(m.merged_as(b"d", &value(5)), Some(&buffer_key(3, b"d")[..]));
+        // The generation's newest value is what replay copies back.
+        let g3 = frozen(&[(1, b"e", 6)]);
+        g3.write(&buffer_key(1, b"e"), 2, SlotRef::Value(&value(7)));
+        let mut dest = vec![0u8; 300];
+        assert!(g3.copy_newest_value(&buffer_key(1, b"e"), &mut dest));
+        assert_eq!(dest, value(7));
+        assert!(
+            !g3.copy_newest_value(&buffer_key(1, b"e"), &mut [0u8; 299]),
+            "length"
+        );
+        assert!(
+            !g3.copy_newest_value(&buffer_key(2, b"e"), &mut dest),
+            "other tree"
+        );
+        g3.write(&buffer_key(1, b"e"), 3, SlotRef::Tombstone);
+        assert!(
+            !g3.copy_newest_value(&buffer_key(1, b"e"), &mut dest),
+            "tombstone"
+        );
+    }
+
     proptest! {
         /// A head is the key's first 24 bytes, zero-padded, as big-endian words,
         /// whichever way it was read (short keys byte by byte, long ones at once);
