@@ -93,12 +93,7 @@ fn valid_record(compressed: bool) -> ValidRecord {
     }
     w.put("t", b"big", &value(20_000, 9)).unwrap();
     w.commit().unwrap();
-    let journal = std::fs::read(
-        dir.path()
-            .join("journal")
-            .join("journal-0000000000000001.log"),
-    )
-    .unwrap();
+    let journal = first_journal_file(dir.path());
     drop(env);
     let h = record::parse_header(&journal).expect("first record");
     assert_eq!(h.flags & 1 != 0, compressed, "LZ4 flag of the record");
@@ -145,12 +140,7 @@ fn valid_patched_record() -> ValidRecord {
         env.stats().journal_referenced_value_bytes > 0,
         "no value was named"
     );
-    let journal = std::fs::read(
-        dir.path()
-            .join("journal")
-            .join("journal-0000000000000001.log"),
-    )
-    .unwrap();
+    let journal = first_journal_file(dir.path());
     drop(env);
     let mut at = 0;
     while let Some(h) = record::parse_header(&journal[at..]) {
@@ -170,6 +160,11 @@ fn valid_patched_record() -> ValidRecord {
         at += padded;
     }
     panic!("no record with a patched image and padding in the first journal file");
+}
+
+/// The bytes of an environment's first journal file.
+fn first_journal_file(env_dir: &std::path::Path) -> Vec<u8> {
+    std::fs::read(env_dir.join("journal").join("journal-0000000000000001.log")).unwrap()
 }
 
 /// The valid records: uncompressed (0), compressed (1), with a patched image (2).

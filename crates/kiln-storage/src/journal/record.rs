@@ -455,12 +455,7 @@ pub(crate) fn encode(
                 write_u64(b, at + 16, *source);
                 write_u32(b, at + 24, runs.len() as u32);
                 at += IMAGE_HEADER + DIFF_HEADER;
-                for (s, e) in runs {
-                    write_u16(b, at, *s as u16);
-                    write_u16(b, at + 2, (e - s) as u16);
-                    at += RUN_HEADER;
-                    put(b, &mut at, &bytes[*s..*e]);
-                }
+                write_runs(b, &mut at, runs, bytes);
             }
             Form::Patched {
                 source,
@@ -473,12 +468,7 @@ pub(crate) fn encode(
                 write_u32(b, at + 24, runs.len() as u32);
                 write_u32(b, at + 28, refs.len() as u32);
                 at += IMAGE_HEADER + PATCHED_HEADER;
-                for (s, e) in runs {
-                    write_u16(b, at, *s as u16);
-                    write_u16(b, at + 2, (e - s) as u16);
-                    at += RUN_HEADER;
-                    put(b, &mut at, &bytes[*s..*e]);
-                }
+                write_runs(b, &mut at, runs, bytes);
                 for (offset, len, bkey) in refs {
                     write_u16(b, at, *offset as u16);
                     write_u16(b, at + 2, *len as u16);
@@ -532,6 +522,19 @@ pub(crate) fn encode(
         checksum: sum,
         raw_body_len: body_len,
         stored_body_len: stored,
+    }
+}
+
+/// Writes `runs` of `bytes` at `*at`: `offset u16 | len u16 | bytes` each.
+// Bounds: as `encode`'s, whose buffer is sized for every run; runs lie inside the page.
+#[allow(clippy::indexing_slicing)]
+fn write_runs(b: &mut [u8], at: &mut usize, runs: &[(usize, usize)], bytes: &[u8]) {
+    for &(s, e) in runs {
+        write_u16(b, *at, s as u16);
+        write_u16(b, *at + 2, (e - s) as u16);
+        *at += RUN_HEADER;
+        b[*at..*at + e - s].copy_from_slice(&bytes[s..e]);
+        *at += e - s;
     }
 }
 
