@@ -315,46 +315,46 @@ fn choose_form<'a>(p: &'a JournalPage<'a>, merged: Option<&'a dyn MergedValueSou
     let full = Form::Full { head, tail };
     let new = p.run.bytes();
     let single_node = !p.run.is_bare() && new.len() == PAGE_SIZE;
-    let source = p
+    // (source page, where this page differs from it)
+    let diff = p
         .source
-        .filter(|(_, old)| single_node && old.len() == PAGE_SIZE);
-    let diff = source.map(|(source, old)| Form::Diff {
-        source,
-        runs: diff_runs(old, new),
-        bytes: new,
-    });
-    let refs = match merged {
+        .filter(|(_, old)| single_node && old.len() == PAGE_SIZE)
+        .map(|(source, old)| (source, diff_runs(old, new)));
+    let mut refs = match merged {
         Some(m) if single_node && page::hdr::kind(new) == page::KIND_LEAF => {
             merged_values_in(new, m)
         }
         _ => Vec::new(),
     };
-    // Over a source, a value the page still holds unchanged is left to the source:
-    // naming it would cost its key and make the image depend on the write buffer.
-    let refs = match &diff {
-        Some(Form::Diff { runs, .. }) => refs
-            .into_iter()
-            .filter(|&(at, len, _)| runs.iter().any(|&(s, e)| s < at + len && at < e))
-            .collect(),
-        _ => refs,
-    };
+    if let Some((_, runs)) = &diff {
+        // A value the page holds unchanged from its source is left to the source:
+        // naming it would cost its key and make the image depend on the write buffer.
+        refs.retain(|&(at, len, _)| runs.iter().any(|&(s, e)| s < at + len && at < e));
+    }
     let patched = (!refs.is_empty()).then(|| {
         let holes: Vec<(usize, usize)> = refs.iter().map(|&(at, len, _)| (at, at + len)).collect();
-        let (source_no, base_runs) = match &diff {
-            Some(Form::Diff { source, runs, .. }) => (*source, cut_runs(runs, &holes)),
-            _ => {
+        let (source, runs) = match &diff {
+            Some((source, runs)) => (*source, cut_runs(runs, &holes)),
+            None => {
                 let tail_start = PAGE_SIZE - tail.len();
-                let parts = [(0, head.len()), (tail_start, PAGE_SIZE)];
-                let parts: Vec<(usize, usize)> = parts.into_iter().filter(|(s, e)| s < e).collect();
+                let parts: Vec<(usize, usize)> = [(0, head.len()), (tail_start, PAGE_SIZE)]
+                    .into_iter()
+                    .filter(|(s, e)| s < e)
+                    .collect();
                 (0, cut_runs(&parts, &holes))
             }
         };
         Form::Patched {
-            source: source_no,
-            runs: base_runs,
+            source,
+            runs,
             refs,
             bytes: new,
         }
+    });
+    let diff = diff.map(|(source, runs)| Form::Diff {
+        source,
+        runs,
+        bytes: new,
     });
     [diff, patched].into_iter().flatten().fold(full, |best, f| {
         if f.encoded_len() < best.encoded_len() {

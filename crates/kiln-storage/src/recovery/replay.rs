@@ -117,7 +117,7 @@ pub(crate) fn replay(
                                 journal_dir,
                                 format!("record of txn {txn_id}"),
                                 format!(
-                                    "page image of page {no} names a merged value ({} bytes, buffer key {}) that the write buffer's frozen generation does not hold",
+                                    "page image of page {no} names a merged value ({} bytes, buffer key {}) that the write buffer's frozen generation does not hold: the journal records before this one are damaged or missing; restore the environment from a backup",
                                     dest.len(),
                                     hex_prefix(bkey)
                                 ),
