@@ -1,8 +1,12 @@
 //! How an environment is opened (`Options`) and the checks `Env::open` makes of them.
+//!
+//! The types of the options (`QueueLimits`, `Durability`, `MergeAhead`) are defined
+//! here and re-exported where they are used (`commit`, `journal::writer`), so that
+//! this module imports only `io` and `page`: it is read by nearly every other module,
+//! and importing `commit` or `journal` from here closed import circles (options ->
+//! commit -> txn -> options; options -> journal -> write_buffer -> txn -> options).
 
-use crate::commit::QueueLimits;
 use crate::io::{OsVfs, Vfs};
-use crate::journal::writer::Durability;
 use crate::page::PAGE_SIZE;
 use crate::{Error, Result};
 use std::path::PathBuf;
@@ -109,16 +113,6 @@ impl Default for Options {
 }
 
 impl Options {
-    /// The sizes of new journal files: a new environment's first, and every other.
-    pub(crate) fn journal_file_sizes(&self) -> crate::journal::FileSizes {
-        crate::journal::FileSizes {
-            first: self
-                .journal_first_file_bytes
-                .unwrap_or(self.journal_file_size_bytes),
-            full: self.journal_file_size_bytes,
-        }
-    }
-
     /// Checks the options as `Env::open` does, without opening anything.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::InvalidOption(m.to_string()));
@@ -173,4 +167,41 @@ pub enum MergeAhead {
     /// (fewer if the generation ends) and the transaction waits for all of them, so
     /// that what a commit holds does not depend on thread timing (the simulator).
     ExactKeys(usize),
+}
+
+/// Limits of the commit queue.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueLimits {
+    /// Submissions fail with `Overloaded` when this many units are waiting...
+    pub max_queued_units: usize,
+    /// ...or when the oldest waiting unit has waited this long.
+    pub max_queue_delay_ms: u64,
+    /// Upper bounds of one group.
+    pub max_group_units: usize,
+    pub max_group_bytes: usize,
+}
+
+impl Default for QueueLimits {
+    fn default() -> Self {
+        QueueLimits {
+            max_queued_units: 100_000,
+            max_queue_delay_ms: 2_000,
+            max_group_units: 4096,
+            max_group_bytes: 32 << 20,
+        }
+    }
+}
+
+/// When a commit is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Acknowledged = durable: the journal write is O_DIRECT|O_DSYNC (or followed by
+    /// fdatasync). Never loses an acknowledged commit.
+    #[default]
+    Immediate,
+    /// Acknowledged once written to the OS; the journal is synced in the background
+    /// every `sync_interval_ms`. A power loss (not a process crash) can lose the
+    /// commits of up to that interval. Recovery after such a loss may find records
+    /// missing in the middle: an environment used this way opens despite a journal gap.
+    Buffered { sync_interval_ms: u64 },
 }

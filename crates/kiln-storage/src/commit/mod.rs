@@ -8,7 +8,9 @@ mod finish;
 mod prepare;
 pub(crate) mod queue;
 
-pub use queue::{QueueLimits, QueueStats};
+// (`QueueLimits` is defined with the other options, which import nothing of this module.)
+pub use crate::options::QueueLimits;
+pub use queue::QueueStats;
 
 use crate::flusher::Applied;
 use crate::journal::writer::PreparedRecord;

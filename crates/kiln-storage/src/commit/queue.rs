@@ -14,6 +14,7 @@
 //! only split the work into smaller writes.
 
 use super::PendingCommit;
+use crate::options::QueueLimits;
 pub use crate::stats::QueueStats;
 use crate::txn::WriteTxn;
 use crate::Failure;
@@ -62,29 +63,6 @@ struct QueueState {
     leader_active: bool,
     /// Groups encoded and not yet through their journal write.
     groups_in_flight: usize,
-}
-
-/// Limits of the commit queue.
-#[derive(Debug, Clone, Copy)]
-pub struct QueueLimits {
-    /// Submissions fail with `Overloaded` when this many units are waiting...
-    pub max_queued_units: usize,
-    /// ...or when the oldest waiting unit has waited this long.
-    pub max_queue_delay_ms: u64,
-    /// Upper bounds of one group.
-    pub max_group_units: usize,
-    pub max_group_bytes: usize,
-}
-
-impl Default for QueueLimits {
-    fn default() -> Self {
-        QueueLimits {
-            max_queued_units: 100_000,
-            max_queue_delay_ms: 2_000,
-            max_group_units: 4096,
-            max_group_bytes: 32 << 20,
-        }
-    }
 }
 
 #[derive(Default)]

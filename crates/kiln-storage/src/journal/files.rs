@@ -26,6 +26,18 @@ pub struct FileSizes {
     pub full: u64,
 }
 
+impl FileSizes {
+    /// The sizes `opts` asks for (`journal_file_size_bytes`, `journal_first_file_bytes`).
+    pub fn of(opts: &crate::options::Options) -> Self {
+        FileSizes {
+            first: opts
+                .journal_first_file_bytes
+                .unwrap_or(opts.journal_file_size_bytes),
+            full: opts.journal_file_size_bytes,
+        }
+    }
+}
+
 /// Files shared between the writer (which consumes them) and the flusher (which
 /// recycles files wholly below the synced point and prepares the next one).
 pub struct JournalFiles {

@@ -5,6 +5,8 @@ pub use super::files::{JournalFiles, JournalPos};
 use super::record::{self, RecordInput};
 use super::FileNeed as Need;
 use crate::io::{OpenMode, Vfs, VfsFile, DIRECT_IO_ALIGN};
+// Defined with the other options, so that `options` imports nothing that imports it.
+pub use crate::options::Durability;
 use crate::page::PageRun;
 use crate::stats::EngineCounters;
 use crate::{Error, Result};
@@ -18,20 +20,6 @@ struct OpenJournal {
     path: PathBuf,
     file: Box<dyn VfsFile>,
     size: u64,
-}
-
-/// When a commit is acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Durability {
-    /// Acknowledged = durable: the journal write is O_DIRECT|O_DSYNC (or followed by
-    /// fdatasync). Never loses an acknowledged commit.
-    #[default]
-    Immediate,
-    /// Acknowledged once written to the OS; the journal is synced in the background
-    /// every `sync_interval_ms`. A power loss (not a process crash) can lose the
-    /// commits of up to that interval. Recovery after such a loss may find records
-    /// missing in the middle: an environment used this way opens despite a journal gap.
-    Buffered { sync_interval_ms: u64 },
 }
 
 /// A record encoded and placed in the chain, waiting for its journal write.

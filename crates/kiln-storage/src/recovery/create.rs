@@ -65,7 +65,7 @@ pub(crate) fn create_environment(
     JournalFiles::open(
         vfs.clone(),
         journal_dir,
-        opts.journal_file_sizes(),
+        crate::journal::FileSizes::of(opts),
         counters,
         0,
     )?

@@ -178,7 +178,7 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
     let journal_files = Arc::new(JournalFiles::open(
         vfs.clone(),
         &journal_dir,
-        opts.journal_file_sizes(),
+        crate::journal::FileSizes::of(&opts),
         counters.clone(),
         outcome.end.file_seq,
     )?);
