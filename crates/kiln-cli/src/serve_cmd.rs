@@ -10,11 +10,15 @@ pub struct ServeArgs {
     /// Where the databases live (created if missing).
     #[arg(long, default_value = "./kiln-data")]
     data_dir: PathBuf,
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    /// The address to listen on, HOST:PORT (a name such as localhost:8080 is
+    /// resolved; port 0 picks a free port). Off loopback, --tls-cert and --auth are
+    /// required (or --unsecured).
+    #[arg(long, default_value = "127.0.0.1:8080", value_parser = parse_bind)]
     bind: SocketAddr,
     /// PEM certificate chain; with --tls-key, serves HTTPS.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
     /// PEM CA certificates: a client certificate signed by one authenticates.
@@ -26,10 +30,14 @@ pub struct ServeArgs {
     /// Listen on a non-loopback address without TLS and authentication anyway.
     #[arg(long)]
     unsecured: bool,
+    /// A request body above this many bytes is refused (413 body_too_large) before
+    /// it is read.
     #[arg(long, default_value_t = Limits::default().max_body_bytes)]
     max_body_bytes: usize,
+    /// A document above this many bytes of JSON is refused (413 document_too_large).
     #[arg(long, default_value_t = kiln_docs::DocsOptions::default().max_document_bytes)]
     max_document_bytes: usize,
+    /// A batch of more operations is refused (413 batch_too_long).
     #[arg(long, default_value_t = kiln_docs::DocsOptions::default().max_batch_ops)]
     max_batch_ops: usize,
     /// An auto index (made by a query) unused for this long is removed; 0: never.
@@ -39,12 +47,17 @@ pub struct ServeArgs {
     /// query_too_expensive beyond).
     #[arg(long, default_value_t = kiln_docs::IndexingOptions::default().max_scan_docs)]
     max_scan_docs: usize,
+    /// A document id longer than this many bytes is refused (400 invalid_id).
     #[arg(long, default_value_t = kiln_docs::DocsOptions::default().max_id_bytes)]
     max_id_bytes: usize,
+    /// The largest page_size a listing may ask for (400 page_size_too_large).
     #[arg(long, default_value_t = Limits::default().max_page_size)]
     max_page_size: usize,
+    /// Open HTTP connections at most; one more gets 429 too_many_connections.
     #[arg(long, default_value_t = Limits::default().max_connections)]
     max_connections: usize,
+    /// A request whose head or body stalls this long is answered 408 and closed;
+    /// an idle keep-alive connection is closed after it too.
     #[arg(long, default_value_t = Limits::default().request_read_timeout_ms)]
     request_read_timeout_ms: u64,
     /// An idle changes-feed WebSocket gets a heartbeat this often (one shared timer).
@@ -159,18 +172,38 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
         rt.worker_threads(n);
     }
     let rt = rt.build()?;
-    eprintln!(
-        "kiln serving {} on {}://{} (Ctrl-C to stop)",
-        a.data_dir.display(),
-        if config.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        },
-        a.bind
-    );
-    rt.block_on(kiln_server::run_until_signal(config))?;
+    let scheme = if config.tls.is_some() { "https" } else { "http" };
+    let data_dir = a.data_dir.display().to_string();
+    rt.block_on(kiln_server::run_until_signal(config, |server| {
+        eprintln!(
+            "kiln serving {data_dir} on {scheme}://{} (Ctrl-C to stop)",
+            server.local_addr()
+        );
+    }))?;
+    eprintln!("kiln stopped: every database flushed and closed");
     Ok(())
+}
+
+/// `--bind`: an address, or a host name and port resolved now (its first IPv4
+/// address, else its first address).
+fn parse_bind(text: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if !text.contains(':') {
+        return Err(format!("{text:?}: give HOST:PORT, e.g. 127.0.0.1:8080"));
+    }
+    let addrs: Vec<SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|e| format!("{text:?} does not resolve: {e}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{text:?} resolves to no address"))
 }
 
 pub fn api_key(cmd: ApiKeyCommand) -> crate::AnyResult<()> {
@@ -185,8 +218,23 @@ pub fn api_key(cmd: ApiKeyCommand) -> crate::AnyResult<()> {
             println!("{key}");
         }
         ApiKeyCommand::List { data_dir } => {
-            for k in auth::list_api_keys(&data_dir)? {
-                println!("{}\t{}\tcreated {}", k.id, k.name, k.created_ms);
+            if !data_dir.is_dir() {
+                return Err(format!(
+                    "{} is not a data directory (give --data-dir of the server)",
+                    data_dir.display()
+                )
+                .into());
+            }
+            let keys = auth::list_api_keys(&data_dir)?;
+            if keys.is_empty() {
+                eprintln!(
+                    "no API keys in {} (create one with `kiln api-key create`)",
+                    data_dir.display()
+                );
+            }
+            for k in keys {
+                let created = kiln_docs::format_rfc3339_ms(k.created_ms);
+                println!("{}\t{}\tcreated {created}", k.id, k.name);
             }
         }
         ApiKeyCommand::Revoke { data_dir, id } => {

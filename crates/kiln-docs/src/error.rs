@@ -12,6 +12,14 @@ pub enum DocError {
     #[error("database {0:?} already exists")]
     DatabaseExists(String),
 
+    /// Another process (named by `holder`, from the lock file) has the data
+    /// directory open.
+    #[error("the data directory {} is in use by {holder}: stop it first, or reach it over HTTP (--url)", dir.display())]
+    DataDirLocked {
+        dir: std::path::PathBuf,
+        holder: String,
+    },
+
     #[error("database {name:?} is still in use after {waited_ms} ms; try again")]
     DatabaseBusy { name: String, waited_ms: u64 },
 

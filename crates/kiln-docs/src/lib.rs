@@ -25,6 +25,7 @@
 mod backup;
 mod changes;
 mod compact_json;
+mod data_dir_lock;
 mod database;
 mod document;
 mod error;
@@ -45,6 +46,7 @@ pub use changes::{
     Change, ChangeEntry, ChangeFilter, ChangeKind, ChangesPage, CommitListener, PurgeOutcome,
     PurgeRule, TombstoneStats,
 };
+pub use data_dir_lock::{DataDirLock, DATA_DIR_LOCK_FILE};
 pub use database::{
     BatchOp, BatchOutcome, CollectionCount, Condition, Database, DatabaseStats, DeleteOutcome,
     DocId, Page, ParsedDocument, PutOutcome, WriteOp,

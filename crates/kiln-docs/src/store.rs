@@ -97,6 +97,8 @@ pub struct DocStore {
     /// Creating and deleting databases take turns.
     admin: Mutex<()>,
     writes: crate::WriteQueue,
+    /// Held while the store is open: no other process opens the directory.
+    _lock: crate::DataDirLock,
 }
 
 impl DocStore {
@@ -104,6 +106,9 @@ impl DocStore {
     pub fn open(dir: impl AsRef<Path>, opts: DocsOptions) -> Result<DocStore> {
         let dir = dir.as_ref().to_path_buf();
         let limits = opts.limits()?;
+        // First: nothing below (the trash's removal above all) may run beside
+        // another process that has the directory open.
+        let lock = crate::DataDirLock::acquire(&dir, &crate::data_dir_lock::this_process())?;
         let dbs_dir = dir.join(DATABASES_DIR);
         let trash = dir.join(TRASH_DIR);
         std::fs::create_dir_all(&dbs_dir).map_err(|e| DocError::io(&dbs_dir, e))?;
@@ -137,6 +142,7 @@ impl DocStore {
             opts,
             databases: RwLock::new(databases),
             admin: Mutex::new(()),
+            _lock: lock,
         })
     }
 

@@ -19,8 +19,15 @@ pub use config::{default_connection_threads, ChangesConfig, Limits, ServerConfig
 pub use serve::{RunningServer, ServeError};
 
 /// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.
-pub async fn run_until_signal(config: ServerConfig) -> Result<(), ServeError> {
+/// `on_ready` is called once the data directory is locked and open and the
+/// address is bound (so that "serving" is never said of a server that then fails
+/// to start); `on_stopped` once the databases are flushed and closed.
+pub async fn run_until_signal(
+    config: ServerConfig,
+    on_ready: impl FnOnce(&RunningServer),
+) -> Result<(), ServeError> {
     let server = RunningServer::start(config).await?;
+    on_ready(&server);
     wait_for_signal().await;
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     server.shutdown().await

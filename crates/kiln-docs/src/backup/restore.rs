@@ -646,6 +646,10 @@ pub fn restore_database(
     progress: impl FnMut(u64),
 ) -> Result<RestoreReport> {
     validate_database_name(name)?;
+    // A server running on the directory would never see the restored database
+    // (it lists its databases once, at start): refuse, as a second server is.
+    let _lock =
+        crate::DataDirLock::acquire(data_dir, &crate::data_dir_lock::this_process())?;
     let dbs = data_dir.join(crate::store::DATABASES_DIR);
     let trash = data_dir.join(crate::store::TRASH_DIR);
     for d in [&dbs, &trash] {
