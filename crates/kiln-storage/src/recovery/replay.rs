@@ -5,15 +5,17 @@
 use super::scan::{self, JournalTail, ScanOutcome};
 use crate::header::FileHeader;
 use crate::io::Vfs;
-use crate::journal::record::Image;
+use crate::journal::logical::LogicalEntry;
+use crate::journal::record::{DecodedRecord, Image, RecordHeader, FLAG_FREEZE, FLAG_MERGE_DONE};
 use crate::journal::writer::Durability;
+use crate::journal::writer::JournalPos;
 use crate::journal::ReplayStart;
 use crate::options::Options;
 use crate::page::{self, PageNo};
 use crate::store::PageStore;
 use crate::write_buffer::Gens;
 use crate::{Error, Result};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// The state the journal rebuilt: what the environment opens with.
@@ -48,30 +50,26 @@ pub(crate) fn replay(
     free: BTreeSet<PageNo>,
     opts: &Options,
 ) -> Result<Replayed> {
-    // Replay the journal into the data file: page images of transactions after
-    // the synced one; write-buffer entries from the replay start on (it is at or
-    // before the synced point: entries stay in the journal until merged).
-    let mut state = (header.catalog_root, header.page_count, free);
-    let mut replay_start = header.replay_start();
-    let start = replay_start.pos;
-    let mut gens = crate::write_buffer::Gens::default();
-    let mut physical_records = 0u64;
-    let mut merged_values_filled = 0u64;
-    let mut freed_by: std::collections::BTreeMap<PageNo, u64> = Default::default();
-    let verify_image = |bytes: &[u8], no: PageNo, txn_id: u64| {
-        page::verify(bytes, no, data_path).map_err(|e| {
-            Error::corrupted(
-                journal_dir,
-                format!("record of txn {txn_id}"),
-                format!("page image fails verification: {e}"),
-            )
-        })
+    let mut rebuild = Rebuild {
+        journal_dir,
+        data_path,
+        store,
+        synced_txn_id: header.synced_txn_id,
+        catalog_root: header.catalog_root,
+        page_count: header.page_count,
+        free,
+        freed_by: BTreeMap::new(),
+        gens: Gens::default(),
+        replay_start: header.replay_start(),
+        physical_records: 0,
+        merged_values_filled: 0,
     };
+    let start = rebuild.replay_start;
     let outcome = scan::replay(
         vfs,
         journal_dir,
-        start,
-        replay_start.txn_id,
+        start.pos,
+        start.txn_id,
         // After a power loss in buffered mode, records missing in the middle are the
         // documented cost of that mode, not a surprise.
         opts.open_despite_journal_gap || opts.durability != Durability::Immediate,
@@ -86,107 +84,190 @@ pub(crate) fn replay(
                 // its bytes, and the leaf cell's checksum covers them from here on.)
                 if let Image::Full(run) = image {
                     if !run.is_bare() {
-                        verify_image(run.bytes(), *no, rec.header.txn_id)?;
+                        verify_image(journal_dir, data_path, run.bytes(), *no, rec.header.txn_id)?;
                     }
                 }
             }
             Ok(())
         },
-        |rec, end| {
-            let txn_id = rec.header.txn_id;
-            let flags = rec.header.flags;
-            if txn_id > header.synced_txn_id {
-                physical_records += 1;
-                for (no, image) in rec.images {
-                    let pages = image.page_count() as u64;
-                    let rebuilt = !image.is_self_contained();
-                    // A patched image names values the transaction merged from the
-                    // frozen generation, rebuilt above from its entries: the replay
-                    // start is before the freeze of any generation whose merge is not
-                    // synced, and this record's images are replayed only because it
-                    // is not (docs/design.md §2.4, "Patched images").
-                    let frozen = gens.frozen.as_ref();
-                    let run = image.materialize(
-                        |source| store.read_page(source),
-                        |bkey, dest| match frozen {
-                            Some(f) if f.copy_newest_value(bkey, dest) => {
-                                merged_values_filled += 1;
-                                Ok(())
-                            }
-                            _ => Err(Error::corrupted(
-                                journal_dir,
-                                format!("record of txn {txn_id}"),
-                                format!(
-                                    "page image of page {no} names a merged value ({} bytes, buffer key {}) that the write buffer's frozen generation does not hold: the journal records before this one are damaged or missing; restore the environment from a backup",
-                                    dest.len(),
-                                    hex_prefix(bkey)
-                                ),
-                            )),
-                        },
-                    )?;
-                    if rebuilt {
-                        verify_image(run.bytes(), no, txn_id)?;
+        |rec, end| rebuild.apply(rec, end),
+    )?;
+    Ok(rebuild.finish(outcome))
+}
+
+/// A page image read back from the journal must pass the checks of a page read
+/// from the data file.
+fn verify_image(
+    journal_dir: &Path,
+    data_path: &Path,
+    bytes: &[u8],
+    no: PageNo,
+    txn_id: u64,
+) -> Result<()> {
+    page::verify(bytes, no, data_path).map_err(|e| {
+        Error::corrupted(
+            journal_dir,
+            format!("record of txn {txn_id}"),
+            format!("page image fails verification: {e}"),
+        )
+    })
+}
+
+/// The state the replay rebuilds, record by record.
+struct Rebuild<'a> {
+    journal_dir: &'a Path,
+    data_path: &'a Path,
+    store: &'a PageStore,
+    /// Records of transactions up to this one are in the data file already: only
+    /// their write-buffer entries are read back.
+    synced_txn_id: u64,
+    catalog_root: PageNo,
+    page_count: u64,
+    free: BTreeSet<PageNo>,
+    /// The transaction that freed each page freed by a replayed record (and not
+    /// written again by a later one).
+    freed_by: BTreeMap<PageNo, u64>,
+    gens: Gens,
+    replay_start: ReplayStart,
+    physical_records: u64,
+    merged_values_filled: u64,
+}
+
+impl Rebuild<'_> {
+    /// Applies one record, which ends at `end`: its page images if it is after the
+    /// synced point, its write-buffer entries in any case.
+    fn apply(&mut self, rec: DecodedRecord, end: JournalPos) -> Result<()> {
+        let DecodedRecord {
+            header,
+            freed,
+            images,
+            logical,
+        } = rec;
+        if header.txn_id > self.synced_txn_id {
+            self.apply_pages(&header, images, freed)?;
+        }
+        self.apply_buffer_entries(&header, logical, end)
+    }
+
+    /// Writes a record's page images into the data file (materializing diffs and
+    /// patched images first), and takes its freed pages, catalog root and page count.
+    fn apply_pages(
+        &mut self,
+        header: &RecordHeader,
+        images: Vec<(PageNo, Image)>,
+        freed: Vec<PageNo>,
+    ) -> Result<()> {
+        let txn_id = header.txn_id;
+        self.physical_records += 1;
+        for (no, image) in images {
+            let pages = image.page_count() as u64;
+            let rebuilt = !image.is_self_contained();
+            // A patched image names values the transaction merged from the frozen
+            // generation, rebuilt above from its entries: the replay start is before
+            // the freeze of any generation whose merge is not synced, and this
+            // record's images are replayed only because it is not (docs/design.md
+            // §2.4, "Patched images").
+            let frozen = self.gens.frozen.as_ref();
+            let filled = &mut self.merged_values_filled;
+            let journal_dir = self.journal_dir;
+            let store = self.store;
+            let run = image.materialize(
+                |source| store.read_page(source),
+                |bkey, dest| match frozen {
+                    Some(f) if f.copy_newest_value(bkey, dest) => {
+                        *filled += 1;
+                        Ok(())
                     }
-                    store.write_raw(no, &run)?;
-                    for p in no..no + pages {
-                        state.2.remove(&p);
-                        freed_by.remove(&p);
-                    }
-                }
-                state.2.extend(rec.freed.iter().copied());
-                freed_by.extend(rec.freed.iter().map(|&p| (p, txn_id)));
-                state.0 = rec.header.catalog_root;
-                state.1 = rec.header.page_count;
-            }
-            for (bkey, slot) in rec.logical {
-                gens.active.write(&bkey, txn_id, slot.as_ref());
-            }
-            let froze = flags & crate::journal::record::FLAG_FREEZE != 0;
-            let merge_done = flags & crate::journal::record::FLAG_MERGE_DONE != 0;
-            if merge_done {
-                // (A merge that finished before the replay start refers to a
-                // generation not read again: nothing to drop.)
-                gens.frozen = None;
-            }
-            if froze {
-                if gens.frozen.is_some() {
-                    return Err(Error::corrupted(
+                    _ => Err(Error::corrupted(
                         journal_dir,
                         format!("record of txn {txn_id}"),
-                        "freezes the write buffer while the previous generation is not merged",
-                    ));
-                }
-                gens.frozen = Some(std::mem::take(&mut gens.active));
+                        format!(
+                            "page image of page {no} names a merged value ({} bytes, buffer key {}) that the write buffer's frozen generation does not hold: the journal records before this one are damaged or missing; restore the environment from a backup",
+                            dest.len(),
+                            hex_prefix(bkey)
+                        ),
+                    )),
+                },
+            )?;
+            if rebuilt {
+                verify_image(self.journal_dir, self.data_path, run.bytes(), no, txn_id)?;
             }
-            replay_start.note(txn_id, end, froze, merge_done, gens.is_empty());
-            Ok(())
-        },
-    )?;
-    let (catalog_root, page_count, free) = state;
-    let mut by_txn: std::collections::BTreeMap<u64, Vec<PageNo>> = Default::default();
-    for (page, txn) in freed_by {
-        by_txn.entry(txn).or_default().push(page);
+            self.store.write_raw(no, &run)?;
+            for p in no..no + pages {
+                self.free.remove(&p);
+                self.freed_by.remove(&p);
+            }
+        }
+        self.free.extend(freed.iter().copied());
+        self.freed_by.extend(freed.iter().map(|&p| (p, txn_id)));
+        self.catalog_root = header.catalog_root;
+        self.page_count = header.page_count;
+        Ok(())
     }
-    if outcome.records_replayed > physical_records {
-        tracing::info!(
-            records = outcome.records_replayed - physical_records,
-            "journal: read buffered entries back from records already in the data file"
-        );
+
+    /// Reads a record's write-buffer entries back into the active generation, freezes
+    /// it or drops the merged one as the record's flags say, and follows the replay
+    /// start past the record.
+    fn apply_buffer_entries(
+        &mut self,
+        header: &RecordHeader,
+        logical: Vec<LogicalEntry>,
+        end: JournalPos,
+    ) -> Result<()> {
+        let txn_id = header.txn_id;
+        let gens = &mut self.gens;
+        for (bkey, slot) in logical {
+            gens.active.write(&bkey, txn_id, slot.as_ref());
+        }
+        let froze = header.flags & FLAG_FREEZE != 0;
+        let merge_done = header.flags & FLAG_MERGE_DONE != 0;
+        if merge_done {
+            // (A merge that finished before the replay start refers to a
+            // generation not read again: nothing to drop.)
+            gens.frozen = None;
+        }
+        if froze {
+            if gens.frozen.is_some() {
+                return Err(Error::corrupted(
+                    self.journal_dir,
+                    format!("record of txn {txn_id}"),
+                    "freezes the write buffer while the previous generation is not merged",
+                ));
+            }
+            gens.frozen = Some(std::mem::take(&mut gens.active));
+        }
+        self.replay_start
+            .note(txn_id, end, froze, merge_done, gens.is_empty());
+        Ok(())
     }
-    if let JournalTail::Dropped { path, offset, what } = &outcome.tail {
-        tracing::warn!(path = %path.display(), offset, what, "journal: discarded an incomplete record at the tail (crash during a commit)");
+
+    /// The rebuilt state, once the scan found the journal's end.
+    fn finish(self, outcome: ScanOutcome) -> Replayed {
+        let mut by_txn: BTreeMap<u64, Vec<PageNo>> = BTreeMap::new();
+        for (page, txn) in self.freed_by {
+            by_txn.entry(txn).or_default().push(page);
+        }
+        if outcome.records_replayed > self.physical_records {
+            tracing::info!(
+                records = outcome.records_replayed - self.physical_records,
+                "journal: read buffered entries back from records already in the data file"
+            );
+        }
+        if let JournalTail::Dropped { path, offset, what } = &outcome.tail {
+            tracing::warn!(path = %path.display(), offset, what, "journal: discarded an incomplete record at the tail (crash during a commit)");
+        }
+        Replayed {
+            catalog_root: self.catalog_root,
+            page_count: self.page_count,
+            free: self.free,
+            gens: self.gens,
+            replay_start: self.replay_start,
+            outcome,
+            physical_records: self.physical_records,
+            merged_values_filled: self.merged_values_filled,
+            unsynced_frees: by_txn.into_iter().collect(),
+        }
     }
-    Ok(Replayed {
-        catalog_root,
-        page_count,
-        free,
-        gens,
-        replay_start,
-        outcome,
-        physical_records,
-        merged_values_filled,
-        unsynced_frees: by_txn.into_iter().collect(),
-    })
 }
 
 /// The first bytes of a buffer key in hex, for an error message.

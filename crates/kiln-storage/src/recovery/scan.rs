@@ -266,7 +266,7 @@ fn read_records(
     start: JournalPos,
     start_txn_id: u64,
     allow_gap: bool,
-    mut apply: impl FnMut(DecodedRecord, JournalPos) -> Result<()>,
+    apply: impl FnMut(DecodedRecord, JournalPos) -> Result<()>,
 ) -> Result<ScanOutcome> {
     let reader = Reader { vfs, dir };
     let first = file_path(dir, start.file_seq);
@@ -280,89 +280,127 @@ fn read_records(
             ),
         ));
     }
-    let mut pos = start;
-    let mut expected = start_txn_id + 1;
-    let mut replayed = 0;
-    let mut tail = loop {
-        // Here, or at the start of the next file: the writer moves on to the next
-        // file when a record does not fit in the current one.
-        let candidates = [(pos.file_seq, pos.offset), (pos.file_seq + 1, 0)];
-        let mut bad = [None, None];
-        let mut advanced = false;
-        for (i, (seq, offset)) in candidates.into_iter().enumerate() {
-            match reader.probe(seq, offset, expected, pos.chain_checksum)? {
-                Probe::Valid(rec, len) => {
-                    let checksum = rec.header.checksum;
-                    pos = JournalPos {
-                        file_seq: seq,
-                        offset: offset + len,
-                        chain_checksum: checksum,
-                    };
-                    apply(*rec, pos)?;
-                    replayed += 1;
-                    expected += 1;
-                    advanced = true;
-                    break;
-                }
-                Probe::Clean => {}
-                Probe::Bad(what) => {
-                    if let Some(b) = bad.get_mut(i) {
-                        *b = Some(what);
-                    }
-                }
-            }
-        }
-        if advanced {
-            continue;
-        }
-        let [here_bad, next_bad] = bad;
-        break match (here_bad, next_bad) {
-            (Some(what), _) => JournalTail::Dropped {
-                path: file_path(dir, pos.file_seq),
-                offset: pos.offset,
-                what,
-            },
-            (None, Some(what)) => JournalTail::Dropped {
-                path: file_path(dir, pos.file_seq + 1),
-                offset: 0,
-                what,
-            },
-            (None, None) => JournalTail::Clean,
-        };
+    let mut chain = Chain {
+        pos: start,
+        expected: start_txn_id + 1,
+        replayed: 0,
     };
-    // Always look past the end: a lost write in the middle (zeros where a record was)
-    // looks like a clean end, and only the valid records after it reveal the hole.
-    let mut gap_records_discarded = 0;
-    {
-        let found = reader.scan_for_gap(pos, expected)?;
-        if let Some((found_txn, path, offset)) = found.iter().min_by_key(|f| f.0).cloned() {
-            if !allow_gap {
-                return Err(Error::JournalGap {
-                    last_valid_txn: expected - 1,
-                    missing_from: expected,
-                    missing_to: found_txn.saturating_sub(1).max(expected),
-                    found_txn,
-                    path,
-                    offset,
-                });
-            }
-            gap_records_discarded = neutralize(vfs, &found)?;
-            if tail == JournalTail::Clean {
-                tail = JournalTail::Dropped {
-                    path: file_path(dir, pos.file_seq),
-                    offset: pos.offset,
-                    what: format!("no record where txn {expected} belongs, but valid later records follow (lost write)"),
-                };
-            }
-        }
-    }
+    let tail = reader.follow_chain(&mut chain, apply)?;
+    let (tail, gap_records_discarded) = reader.look_past_the_end(&chain, tail, allow_gap)?;
     Ok(ScanOutcome {
-        records_replayed: replayed,
-        last_txn_id: expected - 1,
-        end: pos,
+        records_replayed: chain.replayed,
+        last_txn_id: chain.expected - 1,
+        end: chain.pos,
         tail,
         gap_records_discarded,
     })
+}
+
+/// How far `read_records` followed the chain of records.
+struct Chain {
+    /// Where the last record accepted ends (and the chain value it leaves).
+    pos: JournalPos,
+    /// The transaction whose record must come next.
+    expected: u64,
+    /// Records accepted.
+    replayed: u64,
+}
+
+impl Reader<'_> {
+    /// Hands every record that continues the chain to `apply`, in order, and returns
+    /// what ended it (the decision table in this module's comment).
+    fn follow_chain(
+        &self,
+        chain: &mut Chain,
+        mut apply: impl FnMut(DecodedRecord, JournalPos) -> Result<()>,
+    ) -> Result<JournalTail> {
+        loop {
+            let pos = chain.pos;
+            // Here, or at the start of the next file: the writer moves on to the next
+            // file when a record does not fit in the current one.
+            let candidates = [(pos.file_seq, pos.offset), (pos.file_seq + 1, 0)];
+            let mut bad = [None, None];
+            let mut advanced = false;
+            for (i, (seq, offset)) in candidates.into_iter().enumerate() {
+                match self.probe(seq, offset, chain.expected, pos.chain_checksum)? {
+                    Probe::Valid(rec, len) => {
+                        let checksum = rec.header.checksum;
+                        chain.pos = JournalPos {
+                            file_seq: seq,
+                            offset: offset + len,
+                            chain_checksum: checksum,
+                        };
+                        apply(*rec, chain.pos)?;
+                        chain.replayed += 1;
+                        chain.expected += 1;
+                        advanced = true;
+                        break;
+                    }
+                    Probe::Clean => {}
+                    Probe::Bad(what) => {
+                        if let Some(b) = bad.get_mut(i) {
+                            *b = Some(what);
+                        }
+                    }
+                }
+            }
+            if advanced {
+                continue;
+            }
+            let [here_bad, next_bad] = bad;
+            return Ok(match (here_bad, next_bad) {
+                (Some(what), _) => JournalTail::Dropped {
+                    path: file_path(self.dir, pos.file_seq),
+                    offset: pos.offset,
+                    what,
+                },
+                (None, Some(what)) => JournalTail::Dropped {
+                    path: file_path(self.dir, pos.file_seq + 1),
+                    offset: 0,
+                    what,
+                },
+                (None, None) => JournalTail::Clean,
+            });
+        }
+    }
+
+    /// Always looks past the end: a lost write in the middle (zeros where a record
+    /// was) looks like a clean end, and only the valid records after it reveal the
+    /// hole. Fails with `JournalGap` if there is one and it is not allowed; else
+    /// neutralizes the records past it. Returns the tail (a clean end before a hole
+    /// becomes a dropped one) and how many records were discarded.
+    fn look_past_the_end(
+        &self,
+        chain: &Chain,
+        tail: JournalTail,
+        allow_gap: bool,
+    ) -> Result<(JournalTail, u64)> {
+        let (pos, expected) = (chain.pos, chain.expected);
+        let found = self.scan_for_gap(pos, expected)?;
+        let Some((found_txn, path, offset)) = found.iter().min_by_key(|f| f.0).cloned() else {
+            return Ok((tail, 0));
+        };
+        if !allow_gap {
+            return Err(Error::JournalGap {
+                last_valid_txn: expected - 1,
+                missing_from: expected,
+                missing_to: found_txn.saturating_sub(1).max(expected),
+                found_txn,
+                path,
+                offset,
+            });
+        }
+        let discarded = neutralize(self.vfs, &found)?;
+        let tail = match tail {
+            JournalTail::Clean => JournalTail::Dropped {
+                path: file_path(self.dir, pos.file_seq),
+                offset: pos.offset,
+                what: format!("no record where txn {expected} belongs, but valid later records follow (lost write)"),
+            },
+            dropped => dropped,
+        };
+        Ok((tail, discarded))
+    }
 }
 
 /// Zeroes the header blocks of records past a hole, so that the next open does not
