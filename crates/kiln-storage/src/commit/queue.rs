@@ -213,7 +213,6 @@ impl CommitQueue {
 
     /// Runs a group in one write transaction and commits it with one journal write.
     fn lead_group(&self, env: &impl Committer, group: Vec<Job>) {
-        let q = self;
         let mut txn = match env.begin() {
             Ok(t) => t,
             Err(e) => {
@@ -221,15 +220,31 @@ impl CommitQueue {
                     job.answer
                         .tell(Word::Done(Err(Error::GroupFailed(Box::new(e.duplicate())))));
                 }
-                q.end_leadership(false);
+                self.end_leadership(false);
                 return;
             }
         };
+        let committed = self.run_units(env, &mut txn, group);
+        let result = self.commit_group(env, txn);
+        self.answer_group(&committed, result);
+    }
+
+    /// Runs the group's units in `txn`, each under a savepoint, until the group's
+    /// byte bound; units beyond it go back to the front of the queue, in order. A
+    /// unit that fails, panics or ignores a failed operation is rolled back and
+    /// answered now; the others' answers are returned, to be told the group's outcome.
+    fn run_units(
+        &self,
+        env: &impl Committer,
+        txn: &mut WriteTxn,
+        group: Vec<Job>,
+    ) -> Vec<Arc<Answer>> {
+        let q = self;
         let mut committed = Vec::with_capacity(group.len());
         let mut rest = group.into_iter();
         for job in rest.by_ref() {
             txn.savepoint();
-            match catch_unwind(AssertUnwindSafe(|| (job.unit)(&mut txn))) {
+            match catch_unwind(AssertUnwindSafe(|| (job.unit)(txn))) {
                 Ok(Ok(())) if txn.is_broken() => {
                     // The unit ignored a failed operation: its changes may be half
                     // done, so they go, and the unit is told why.
@@ -266,6 +281,13 @@ impl CommitQueue {
         if !leftover.is_empty() {
             q.put_back(leftover);
         }
+        committed
+    }
+
+    /// Commits the group's transaction: prepares it (phase 1), lets the next group
+    /// start, then writes its record (phase 2). Returns the id of the transaction
+    /// that holds the group's units.
+    fn commit_group<'e>(&self, env: &'e impl Committer, mut txn: WriteTxn<'e>) -> Result<u64> {
         // A panic in the engine must not leave this group's submitters, or the queue's
         // leadership, waiting forever: it becomes an error and latches the
         // environment (its state after a half-done commit cannot be trusted).
@@ -283,17 +305,22 @@ impl CommitQueue {
         let base_txn = txn.base_txn_id();
         drop(txn);
         let in_flight = matches!(prepared, Ok(Some(_)));
-        q.end_leadership(in_flight);
-        let result = match prepared {
+        self.end_leadership(in_flight);
+        match prepared {
             Ok(Some(p)) => {
                 let r = env.finish(p);
-                q.group_written();
+                self.group_written();
                 r
             }
             // Nothing changed, but what the units read may still be in flight.
             Ok(None) => env.wait_durable(base_txn).map(|_| base_txn),
             Err(e) => Err(e),
-        };
+        }
+    }
+
+    /// Tells the group's committed units the outcome of its commit.
+    fn answer_group(&self, committed: &[Arc<Answer>], result: Result<u64>) {
+        let q = self;
         if !committed.is_empty() {
             q.groups.fetch_add(1, Relaxed);
             q.max_group_units.fetch_max(committed.len() as u64, Relaxed);
@@ -302,13 +329,13 @@ impl CommitQueue {
         match result {
             Ok(txn_id) => {
                 q.units_committed.fetch_add(committed.len() as u64, Relaxed);
-                for a in &committed {
+                for a in committed {
                     a.tell(Word::Done(Ok(txn_id)));
                 }
             }
             Err(e) => {
                 q.units_failed.fetch_add(committed.len() as u64, Relaxed);
-                for a in &committed {
+                for a in committed {
                     a.tell(Word::Done(Err(Error::GroupFailed(Box::new(e.duplicate())))));
                 }
             }
