@@ -169,15 +169,23 @@ fn generated_ids_collections_counts_and_paging() {
     db.put(&ids[0], &body(json!({"n": "again"})), Condition::None)
         .unwrap();
     let mut order = Vec::new();
-    let mut after: Option<u64> = None;
+    let mut after: Option<String> = None;
     loop {
-        let page = db.list_collection("orders", after, 7).unwrap();
+        let page = db.list_collection("orders", after.as_deref(), 7).unwrap();
         order.extend(page.items.iter().map(|d| (d.etag.sequence, d.id.clone())));
         match page.next {
-            Some(n) => after = Some(n.parse().unwrap()),
+            Some(n) => {
+                assert_eq!(n, page.items.last().unwrap().etag.to_string(), "an etag cursor");
+                after = Some(n)
+            }
             None => break,
         }
     }
+    // A cursor that is not an etag of this database is refused, not read as 0.
+    assert!(matches!(
+        db.list_collection("orders", Some("12"), 7),
+        Err(kiln_docs::DocError::InvalidEtag(_))
+    ));
     assert_eq!(order.len(), 25);
     assert!(order.windows(2).all(|w| w[0].0 < w[1].0));
     assert_eq!(order.last().unwrap().1, ids[0]);

@@ -1,15 +1,20 @@
-//! The router: routes, shared state, and the layers every request passes
-//! (metrics, then authentication).
+//! The router: routes, shared state, and the layers every request passes:
+//! compression, then `observe` (request id, metrics, access log), then CORS, then
+//! (on the API routes) authentication. The own HTTP/1.1 loop (`http1/`) serves
+//! plain document GETs and PUTs through the same admission (`admit`), handlers'
+//! helpers and `observe`, and hands anything CORS or compression could change to
+//! this router.
 
 use crate::auth::KeyVerifier;
 use crate::config::Limits;
-use crate::error::ApiError;
-use crate::http_util::{visible_ascii, ApiPath, HeaderLookup};
+use crate::error::{ApiError, ErrorCode};
+use crate::http_util::{visible_ascii, HeaderLookup};
 use crate::metrics::Metrics;
+use crate::observe::{AccessLog, Exchange, KeyId, RequestId, REQUEST_ID_HEADER};
 use crate::routes::{admin as routes_admin, bulk, changes, docs as routes_docs, queries, studio};
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -31,6 +36,8 @@ pub struct AppState {
     pub heartbeat: tokio::sync::watch::Receiver<u64>,
     /// `ServerConfig::own_http1`.
     pub own_http1: bool,
+    /// `ServerConfig::access_log`.
+    pub access_log: AccessLog,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -43,7 +50,8 @@ pub struct ConnInfo {
     pub client_certificate: bool,
 }
 
-pub fn router(state: SharedState) -> Router {
+/// The router with every layer; `cors_origins` as `ServerConfig::cors_origins`.
+pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
     let api = Router::new()
         .route("/metrics", get(routes_admin::metrics))
         .route("/stats", get(routes_admin::server_stats))
@@ -59,7 +67,7 @@ pub fn router(state: SharedState) -> Router {
             DOCUMENT_ROUTE,
             get(routes_docs::get_document)
                 .put(routes_docs::put_document)
-                .post(routes_docs::put_document)
+                .post(routes_docs::post_document)
                 .delete(routes_docs::delete_document),
         )
         .route("/dbs/{db}/backup", get(crate::routes::backup::backup))
@@ -107,41 +115,99 @@ pub fn router(state: SharedState) -> Router {
         .route("/studio", get(studio::index))
         .route("/studio/", get(studio::index))
         .route("/studio/{*path}", get(studio::file))
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), track))
+        .route_layer(axum::middleware::from_fn(label_route))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(tower::util::option_layer(crate::cross_origin::layer(cors_origins)))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
+        .layer(crate::cross_origin::compression())
         .with_state(state)
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "not_found",
+    ApiError::new(ErrorCode::NotFound,
         "no such endpoint; see the README or openapi.yaml",
     )
 }
 
 async fn method_not_allowed() -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+    ApiError::new(ErrorCode::MethodNotAllowed,
         "this endpoint does not take that method",
     )
 }
 
-/// Counts and times every routed request by its route template.
-async fn track(State(state): State<SharedState>, req: Request, next: Next) -> Response {
-    let started = Instant::now();
+/// The route template a request matched, for `observe` (which runs outside the
+/// routing and so sees only the answer).
+#[derive(Clone)]
+struct RouteLabel(MatchedPath);
+
+async fn label_route(req: Request, next: Next) -> Response {
     let route = req.extensions().get::<MatchedPath>().cloned();
+    let mut resp = next.run(req).await;
+    if let Some(route) = route {
+        resp.extensions_mut().insert(RouteLabel(route));
+    }
+    resp
+}
+
+/// Every request through the router: its id (kept or made, echoed, in an error's
+/// body), then its count, latency and access-log line (`observe::finished`).
+async fn observe(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let id = RequestId::from_presented(
+        req.headers()
+            .get(REQUEST_ID_HEADER)
+            .map(HeaderValue::as_bytes),
+    );
     let method = req.method().clone();
-    let resp = next.run(req).await;
-    state.metrics.record_request(
-        route.as_ref().map_or("unmatched", MatchedPath::as_str),
-        method.as_str(),
-        resp.status().as_u16(),
-        started.elapsed(),
+    let path = req.uri().path().to_owned();
+    req.extensions_mut().insert(id.clone());
+    let resp = with_request_id(next.run(req).await, &id).await;
+    let route = resp.extensions().get::<RouteLabel>();
+    let bytes = axum::body::HttpBody::size_hint(resp.body()).exact();
+    crate::observe::finished(
+        &state,
+        &Exchange {
+            route: route.map_or("unmatched", |r| r.0.as_str()),
+            method: method.as_str(),
+            path: &path,
+            status: resp.status().as_u16(),
+            bytes,
+            elapsed: started.elapsed(),
+            request_id: &id,
+            key_id: resp.extensions().get::<KeyId>().map(|k| k.0.as_str()),
+        },
     );
     resp
+}
+
+/// An error's JSON body at most this large gets the request id added.
+const MAX_STAMPED_BODY_BYTES: u64 = 64 << 10;
+
+/// The answer with `X-Request-Id`, and the id in its JSON body if it is an error.
+pub(crate) async fn with_request_id(resp: Response, id: &RequestId) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    if let Ok(v) = HeaderValue::from_str(id.as_str()) {
+        parts.headers.insert(REQUEST_ID_HEADER, v);
+    }
+    let json_error = parts.status.as_u16() >= 400
+        && !parts.headers.contains_key(header::CONTENT_ENCODING)
+        && parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/json"))
+        && axum::body::HttpBody::size_hint(&body)
+            .exact()
+            .is_some_and(|n| n <= MAX_STAMPED_BODY_BYTES);
+    if !json_error {
+        return Response::from_parts(parts, body);
+    }
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_STAMPED_BODY_BYTES as usize).await else {
+        return Response::from_parts(parts, Body::empty());
+    };
+    let stamped = crate::observe::error_body_with_id(&bytes, id).map_or(bytes, Into::into);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(stamped))
 }
 
 /// With authentication on, a request needs a verified client certificate or a valid
@@ -151,39 +217,39 @@ async fn authenticate(State(state): State<SharedState>, req: Request, next: Next
         .extensions()
         .get::<ConnInfo>()
         .is_some_and(|c| c.client_certificate);
-    match refusal(&state, req.headers(), client_certificate) {
-        Some(refused) => refused,
-        None => next.run(req).await,
+    let headers = req.headers();
+    match admit(&state, client_certificate, || {
+        presented_key(headers).or_else(|| key_from_websocket_protocol(headers))
+    }) {
+        Err(refused) => refused,
+        Ok(key) => {
+            let mut resp = next.run(req).await;
+            if let Some(key) = key {
+                resp.extensions_mut().insert(key);
+            }
+            resp
+        }
     }
 }
 
-/// The answer to a request that authentication turns away; `None` lets it in.
-pub(crate) fn refusal(
-    state: &AppState,
-    headers: &axum::http::HeaderMap,
-    client_certificate: bool,
-) -> Option<Response> {
-    refusal_by(state, client_certificate, || {
-        presented_key(headers).or_else(|| key_from_websocket_protocol(headers))
-    })
-}
-
-/// `refusal` given how to find the key the request presents (looked for only when
-/// authentication is on and no verified client certificate came with it).
-pub(crate) fn refusal_by<'h>(
+/// Admission, the one rule of both HTTP paths: with authentication on, a request
+/// needs a verified client certificate or a valid API key. `presented` finds the
+/// key the request presents (looked for only when needed). `Ok` lets the request
+/// in, with the key's id when a key let it in; `Err` is the 401 to answer.
+pub(crate) fn admit<'h>(
     state: &AppState,
     client_certificate: bool,
     presented: impl FnOnce() -> Option<&'h str>,
-) -> Option<Response> {
+) -> Result<Option<KeyId>, Response> {
     if !state.require_auth || client_certificate {
-        return None;
+        return Ok(None);
     }
     let Some(key) = presented() else {
-        return Some(unauthorized("authentication required: send an API key (Authorization: Bearer <key>) or a client certificate"));
+        return Err(unauthorized("authentication required: send an API key (Authorization: Bearer <key>) or a client certificate"));
     };
     match state.keys.verify(key.trim()) {
-        Some(_name) => None,
-        None => Some(unauthorized(
+        Some(id) => Ok(Some(KeyId(id))),
+        None => Err(unauthorized(
             "the API key is not valid (unknown, revoked or mistyped)",
         )),
     }
@@ -206,58 +272,14 @@ pub(crate) fn presented_key(headers: &impl HeaderLookup) -> Option<&str> {
 /// The route template of the document requests, as metrics label them.
 pub(crate) const DOCUMENT_ROUTE: &str = "/dbs/{db}/docs/{*id}";
 
-/// `(db, id)` of a GET, PUT or POST of one document (`/dbs/{db}/docs/{*id}`) that
-/// the document fast path can serve as the router would: a path with nothing to
-/// percent-decode, a database name and a non-empty id. Anything else (`None`)
-/// goes through the router.
-pub(crate) fn document_fast_path(method: &Method, path: &str) -> Option<(String, String)> {
-    if !(method == Method::GET || method == Method::PUT || method == Method::POST) {
-        return None;
-    }
-    document_target(path).map(|(db, id)| (db.to_string(), id.to_string()))
-}
-
-/// `(db, id)` of a plain document path (see `document_fast_path`).
+/// `(db, id)` of a plain document path, which the own HTTP/1.1 loop serves: one
+/// with nothing to percent-decode, a database name and a non-empty id.
 pub(crate) fn document_target(path: &str) -> Option<(&str, &str)> {
     let (db, id) = path.strip_prefix("/dbs/")?.split_once("/docs/")?;
     if db.is_empty() || db.contains('/') || id.is_empty() || path.contains('%') {
         return None;
     }
     Some((db, id))
-}
-
-/// Serves a request `document_fast_path` took: the same authentication, handlers
-/// and request metrics as through the router, without the router's layers (a
-/// boxed service, two middleware futures, path matching and decoding, a copy of
-/// the headers) on the busiest routes.
-pub(crate) async fn serve_document(
-    state: SharedState,
-    client_certificate: bool,
-    (db, id): (String, String),
-    req: axum::http::Request<Body>,
-) -> Response {
-    let started = Instant::now();
-    let (parts, body) = req.into_parts();
-    let resp = match refusal(&state, &parts.headers, client_certificate) {
-        Some(refused) => refused,
-        None if parts.method == Method::GET => {
-            routes_docs::get_document(State(state.clone()), ApiPath((db, id)), parts.headers)
-                .await
-                .into_response()
-        }
-        None => {
-            routes_docs::put_document(State(state.clone()), ApiPath((db, id)), parts.headers, body)
-                .await
-                .into_response()
-        }
-    };
-    state.metrics.record_request(
-        DOCUMENT_ROUTE,
-        parts.method.as_str(),
-        resp.status().as_u16(),
-        started.elapsed(),
-    );
-    resp
 }
 
 /// A browser cannot set headers on a WebSocket, and a key must never be in a URL
@@ -281,7 +303,7 @@ fn key_from_websocket_protocol(headers: &axum::http::HeaderMap) -> Option<&str> 
 }
 
 fn unauthorized(message: &str) -> Response {
-    let mut r = ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).into_response();
+    let mut r = ApiError::new(ErrorCode::Unauthorized, message).into_response();
     r.headers_mut().insert(
         header::WWW_AUTHENTICATE,
         HeaderValue::from_static("Bearer realm=\"kiln\""),
@@ -294,29 +316,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_document_fast_path_takes_only_plain_document_paths() {
-        let take = |m: Method, p: &str| document_fast_path(&m, p);
-        assert_eq!(
-            take(Method::PUT, "/dbs/bench/docs/users/1"),
-            Some(("bench".into(), "users/1".into()))
-        );
-        assert_eq!(
-            take(Method::POST, "/dbs/b/docs/users/"),
-            Some(("b".into(), "users/".into()))
-        );
-        assert_eq!(
-            take(Method::GET, "/dbs/b/docs/a/docs/c"),
-            Some(("b".into(), "a/docs/c".into()))
-        );
-        // Left to the router: other methods, percent-encoding, other routes, and
-        // paths the route template would not match as such.
-        assert_eq!(take(Method::DELETE, "/dbs/b/docs/x"), None);
-        assert_eq!(take(Method::HEAD, "/dbs/b/docs/x"), None);
-        assert_eq!(take(Method::GET, "/dbs/b/docs/a%20b"), None);
-        assert_eq!(take(Method::GET, "/dbs/b/docs"), None);
-        assert_eq!(take(Method::GET, "/dbs/b/docs/"), None);
-        assert_eq!(take(Method::GET, "/dbs//docs/x"), None);
-        assert_eq!(take(Method::GET, "/dbs/a/b/docs/x"), None);
-        assert_eq!(take(Method::GET, "/dbs/b/collections"), None);
+    fn a_document_target_is_a_plain_document_path() {
+        assert_eq!(document_target("/dbs/bench/docs/users/1"), Some(("bench", "users/1")));
+        assert_eq!(document_target("/dbs/b/docs/users/"), Some(("b", "users/")));
+        assert_eq!(document_target("/dbs/b/docs/a/docs/c"), Some(("b", "a/docs/c")));
+        // Left to the router: percent-encoding, other routes, and paths the route
+        // template would not match as such.
+        assert_eq!(document_target("/dbs/b/docs/a%20b"), None);
+        assert_eq!(document_target("/dbs/b/docs"), None);
+        assert_eq!(document_target("/dbs/b/docs/"), None);
+        assert_eq!(document_target("/dbs//docs/x"), None);
+        assert_eq!(document_target("/dbs/a/b/docs/x"), None);
+        assert_eq!(document_target("/dbs/b/collections"), None);
     }
 }

@@ -177,7 +177,7 @@ impl KeyVerifier {
         Ok(())
     }
 
-    /// The name of the key, if `presented` is a valid one.
+    /// The id of the key (its public part), if `presented` is a valid one.
     pub fn verify(&self, presented: &str) -> Option<String> {
         let rest = presented.strip_prefix("kiln_")?;
         let (id, secret) = rest.split_once('_')?;
@@ -191,12 +191,14 @@ impl KeyVerifier {
             .1
             .iter()
             .find(|k| k.id == id && constant_time_eq(k.secret_sha256.as_bytes(), digest.as_bytes()))
-            .map(|k| k.name.clone())
+            .map(|k| k.id.clone())
     }
 }
 
+/// Compares digests in time that does not depend on where they differ.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 #[cfg(test)]
@@ -211,7 +213,7 @@ mod tests {
         let secret = key.rsplit('_').next().unwrap();
         assert!(!on_disk.contains(secret), "the secret must not be stored");
         let v = KeyVerifier::new(dir.path()).unwrap();
-        assert_eq!(v.verify(&key).as_deref(), Some("ci"));
+        assert_eq!(v.verify(&key).as_deref(), Some(rec.id.as_str()));
         assert_eq!(v.verify(&format!("{key}x")), None);
         assert_eq!(v.verify("kiln_nope_nope"), None);
         assert_eq!(v.verify(""), None);

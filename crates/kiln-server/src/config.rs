@@ -28,6 +28,10 @@ pub struct ServerConfig {
     /// engine's threads (write queue, commits, flusher): one fewer than the cores,
     /// at least one (`default_connection_threads`).
     pub connection_threads: usize,
+    /// Browser origins allowed to call the API (CORS); `*` for any, empty for none.
+    pub cors_origins: Vec<String>,
+    /// A line per request (`observe::finished`).
+    pub access_log: crate::observe::AccessLog,
 }
 
 #[derive(Clone)]
@@ -123,6 +127,8 @@ impl ServerConfig {
             shutdown_grace_ms: 10_000,
             own_http1: true,
             connection_threads: default_connection_threads(),
+            cors_origins: Vec::new(),
+            access_log: crate::observe::AccessLog::Off,
         }
     }
 
@@ -161,7 +167,7 @@ impl ServerConfig {
         if l.request_read_timeout_ms == 0 {
             return Err("the request read timeout must be positive".into());
         }
-        Ok(())
+        crate::cross_origin::check_origins(&self.cors_origins)
     }
 }
 

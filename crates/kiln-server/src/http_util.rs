@@ -2,7 +2,7 @@
 //! etag headers, JSON answers.
 
 use crate::config::Limits;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -28,7 +28,7 @@ where
         axum::extract::Path::<T>::from_request_parts(parts, state)
             .await
             .map(|axum::extract::Path(t)| ApiPath(t))
-            .map_err(|e| ApiError::bad_request("invalid_path", e.body_text()))
+            .map_err(|e| ApiError::new(ErrorCode::InvalidPath, e.body_text()))
     }
 }
 
@@ -48,9 +48,7 @@ impl HeaderLookup for HeaderMap {
 
 /// 413 for a body over `max_body_bytes`; `len` says how long it was.
 pub fn body_too_large(len: &str, limits: &Limits) -> ApiError {
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "body_too_large",
+    ApiError::new(ErrorCode::BodyTooLarge,
         format!(
             "request body of {len} bytes exceeds the limit of {} bytes",
             limits.max_body_bytes
@@ -60,9 +58,7 @@ pub fn body_too_large(len: &str, limits: &Limits) -> ApiError {
 
 /// 408 for a body that did not arrive within `request_read_timeout_ms`.
 pub fn body_timed_out(limits: &Limits) -> ApiError {
-    ApiError::new(
-        StatusCode::REQUEST_TIMEOUT,
-        "request_timeout",
+    ApiError::new(ErrorCode::RequestTimeout,
         format!(
             "the request body did not arrive within {} ms",
             limits.request_read_timeout_ms
@@ -72,8 +68,7 @@ pub fn body_timed_out(limits: &Limits) -> ApiError {
 
 /// 400 for a body that ended early or could not be read.
 pub fn body_read_failed(why: impl std::fmt::Display) -> ApiError {
-    ApiError::bad_request(
-        "body_read_failed",
+    ApiError::new(ErrorCode::BodyReadFailed,
         format!("could not read the request body: {why}"),
     )
 }
@@ -112,14 +107,12 @@ pub fn write_condition(headers: &impl HeaderLookup) -> Result<Condition, ApiErro
     let if_match = header_str(headers, "if-match")?;
     let if_none_match = header_str(headers, "if-none-match")?;
     match (if_match, if_none_match) {
-        (Some(_), Some(_)) => Err(ApiError::bad_request(
-            "invalid_precondition",
+        (Some(_), Some(_)) => Err(ApiError::new(ErrorCode::InvalidPrecondition,
             "send either If-Match or If-None-Match, not both",
         )),
         (Some(m), None) => condition_from_if_match(m),
         (None, Some("*")) => Ok(Condition::IfNotExists),
-        (None, Some(_)) => Err(ApiError::bad_request(
-            "invalid_precondition",
+        (None, Some(_)) => Err(ApiError::new(ErrorCode::InvalidPrecondition,
             "on a write, If-None-Match may only be \"*\" (create only)",
         )),
         (None, None) => Ok(Condition::None),
@@ -133,14 +126,12 @@ pub fn condition_from_if_match(value: &str) -> Result<Condition, ApiError> {
         return Ok(Condition::IfExists);
     }
     if v.starts_with("W/") {
-        return Err(ApiError::bad_request(
-            "invalid_etag",
+        return Err(ApiError::new(ErrorCode::InvalidEtag,
             "If-Match needs a strong etag; weak etags never match",
         ));
     }
     if v.contains(',') {
-        return Err(ApiError::bad_request(
-            "invalid_etag",
+        return Err(ApiError::new(ErrorCode::InvalidEtag,
             "If-Match takes a single etag",
         ));
     }
@@ -180,7 +171,7 @@ fn header_str<'h>(headers: &'h impl HeaderLookup, name: &str) -> Result<Option<&
         None => Ok(None),
         Some(v) => visible_ascii(v)
             .map(|s| Some(s.trim()))
-            .ok_or_else(|| ApiError::bad_request("invalid_header", format!("{name} is not ASCII"))),
+            .ok_or_else(|| ApiError::new(ErrorCode::InvalidHeader, format!("{name} is not ASCII"))),
     }
 }
 
@@ -201,17 +192,33 @@ pub fn json_value(status: StatusCode, v: serde_json::Value) -> Response {
     json_response(status, v.to_string())
 }
 
+/// What a path keeps as it is: RFC 3986's unreserved characters, and `/` (an id's
+/// separator stays readable).
+const PATH_KEEPS: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
+/// What a query value keeps as it is: the unreserved characters only.
+const QUERY_VALUE_KEEPS: &percent_encoding::AsciiSet = &PATH_KEEPS.add(b'/');
+
 /// Percent-encodes an id for a `Location` header, keeping `/` readable.
 pub fn encode_path(id: &str) -> String {
-    let mut out = String::with_capacity(id.len());
-    for b in id.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
+    percent_encoding::utf8_percent_encode(id, PATH_KEEPS).to_string()
+}
+
+/// Percent-encodes a query parameter's value.
+pub fn encode_query_value(value: &str) -> String {
+    percent_encoding::utf8_percent_encode(value, QUERY_VALUE_KEEPS).to_string()
+}
+
+/// `Link: <target>; rel="next"` (RFC 8288) on a page that has a next one.
+pub fn link_next(resp: &mut Response, target: &str) {
+    if let Ok(v) = HeaderValue::from_str(&format!("<{target}>; rel=\"next\"")) {
+        resp.headers_mut().insert(header::LINK, v);
     }
-    out
 }
 
 /// Runs a storage call off the async workers (writes wait for a durable commit).
@@ -220,9 +227,7 @@ pub async fn blocking<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     match tokio::task::spawn_blocking(f).await {
         Ok(r) => r.map_err(ApiError::from),
-        Err(e) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
+        Err(e) => Err(ApiError::new(ErrorCode::InternalError,
             format!("the request's worker failed: {e}"),
         )),
     }

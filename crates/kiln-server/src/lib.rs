@@ -7,14 +7,18 @@ pub mod auth;
 mod changes;
 mod config;
 mod conn_threads;
-mod error;
+mod cross_origin;
+pub mod error;
 mod http1;
 mod http_util;
+mod query_params;
 mod metrics;
+mod observe;
 mod routes;
 mod serve;
 mod tls;
 
+pub use observe::AccessLog;
 pub use config::{default_connection_threads, ChangesConfig, Limits, ServerConfig, TlsConfig};
 pub use serve::{RunningServer, ServeError};
 

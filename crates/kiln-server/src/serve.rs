@@ -8,11 +8,9 @@ use crate::conn_threads::ConnThreads;
 use crate::metrics::Metrics;
 use axum::body::Body;
 use axum::Router;
-use futures_util::future::{Either, FutureExt};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use kiln_docs::{DocError, DocStore};
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -101,6 +99,7 @@ impl RunningServer {
                 config.changes.heartbeat_ms.max(1),
             )),
             own_http1: config.own_http1,
+            access_log: config.access_log,
         });
         let max_connections = u32::try_from(config.limits.max_connections)
             .map_err(|_| ServeError::Config("max_connections is too large".into()))?;
@@ -122,7 +121,7 @@ impl RunningServer {
         let accept_loop = tokio::spawn(accept_loop(
             listener,
             tls,
-            router(state.clone()),
+            router(state.clone(), &config.cors_origins),
             state.clone(),
             connections.clone(),
             conn_threads.clone(),
@@ -254,6 +253,12 @@ async fn accept_loop(
             match tls {
                 None => serve_connection(stream, context(false)).await,
                 Some(acceptor) => {
+                    if speaks_plain_http(&stream, read_timeout).await {
+                        answer_plain_http_on_tls_port(stream).await;
+                        drop(open);
+                        drop(permit);
+                        return;
+                    }
                     match tokio::time::timeout(read_timeout, acceptor.accept(stream)).await {
                         Ok(Ok(tls_stream)) => {
                             let client_certificate = tls_stream
@@ -313,7 +318,11 @@ impl Drop for OpenConnection {
 /// client only sees the connection close (answering would need a handshake).
 async fn refuse(mut stream: TcpStream, tls: bool) {
     if !tls {
-        let body = r#"{"error":"too_many_connections","message":"the server is at its connection limit; retry later"}"#;
+        let body = crate::error::ApiError::new(
+            crate::error::ErrorCode::TooManyConnections,
+            "the server is at its connection limit; retry later",
+        )
+        .body_json();
         let resp = format!(
             "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
              connection: close\r\ncontent-length: {}\r\n\r\n{body}",
@@ -323,6 +332,34 @@ async fn refuse(mut stream: TcpStream, tls: bool) {
             tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
         let _ = stream.shutdown().await;
     }
+}
+
+/// True when a client on the TLS port starts with what looks like a plain HTTP
+/// request line (an ASCII method) rather than a TLS record (a handshake starts
+/// with byte 0x16).
+async fn speaks_plain_http(stream: &TcpStream, wait: Duration) -> bool {
+    let mut first = [0u8; 1];
+    matches!(
+        tokio::time::timeout(wait, stream.peek(&mut first)).await,
+        Ok(Ok(1)) if first[0].is_ascii_uppercase()
+    )
+}
+
+/// The answer curl and browsers can read instead of a failed handshake ("Received
+/// HTTP/0.9"): a 400 in plain HTTP that says to use https.
+async fn answer_plain_http_on_tls_port(mut stream: TcpStream) {
+    let e = crate::error::ApiError::new(
+        crate::error::ErrorCode::BadRequest,
+        "this port speaks HTTPS: use an https:// URL",
+    );
+    let body = e.body_json();
+    let resp = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
+    let _ = stream.shutdown().await;
 }
 
 /// What serving a connection needs besides its socket.
@@ -354,26 +391,14 @@ where
     let ConnContext {
         info,
         app,
-        state,
+        state: _,
         header_read_timeout,
         mut shutdown,
     } = cx;
     let peer = info.peer;
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-        // One document's GET, PUT or POST skips the router (see `serve_document`).
-        if let Some(target) = crate::app::document_fast_path(req.method(), req.uri().path()) {
-            return Either::Left(
-                crate::app::serve_document(
-                    state.clone(),
-                    info.client_certificate,
-                    target,
-                    req.map(Body::new),
-                )
-                .map(Ok::<_, Infallible>),
-            );
-        }
         req.extensions_mut().insert(info.clone());
-        Either::Right(tower::ServiceExt::oneshot(app.clone(), req.map(Body::new)))
+        tower::ServiceExt::oneshot(app.clone(), req.map(Body::new))
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

@@ -461,9 +461,22 @@ async fn listings_page_in_order_and_collections_count() {
             .await
             .unwrap();
         assert_eq!(r.status(), StatusCode::OK);
+        let link = r
+            .headers()
+            .get("link")
+            .map(|v| v.to_str().unwrap().to_string());
         let page: Value = r.json().await.unwrap();
         let items = page["results"].as_array().unwrap();
         assert!(items.len() <= 6);
+        // The next page's address in a Link header (RFC 8288), with the cursor.
+        match (&page["next"], &link) {
+            (Value::String(n), Some(l)) => assert_eq!(
+                l,
+                &format!("</dbs/shop/collections/items/docs?after={n}&page_size=6>; rel=\"next\"")
+            ),
+            (Value::Null, None) => {}
+            other => panic!("next and Link disagree: {other:?}"),
+        }
         for d in items {
             seen.push(d["@metadata"]["@id"].as_str().unwrap().to_string());
             let etag = d["@metadata"]["@etag"].as_str().unwrap();
@@ -472,7 +485,9 @@ async fn listings_page_in_order_and_collections_count() {
         match &page["next"] {
             Value::Null => break,
             Value::String(n) => {
-                assert_eq!(n.parse::<u64>().unwrap(), *etag_seqs.last().unwrap());
+                // The cursor is the last document's etag, as every cursor is.
+                let last = items.last().unwrap()["@metadata"]["@etag"].as_str().unwrap();
+                assert_eq!(n, last);
                 after = Some(n.clone());
             }
             other => panic!("next is {other}"),
@@ -486,6 +501,15 @@ async fn listings_page_in_order_and_collections_count() {
         seen.iter().cloned().collect::<BTreeSet<_>>(),
         expected.iter().cloned().collect::<BTreeSet<_>>()
     );
+
+    // A cursor that is not an etag is a JSON 400, not a deserializer's text.
+    let r = h
+        .http
+        .get(h.url("/dbs/shop/collections/items/docs?after=7"))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 400, "invalid_etag").await;
 
     // Bad paging parameters.
     let r = h
@@ -515,7 +539,21 @@ async fn listings_page_in_order_and_collections_count() {
         .send()
         .await
         .unwrap();
-    expect_error(r, 400, "invalid_query").await;
+    expect_error(r, 400, "invalid_etag").await;
+    // Typos and repeats are refused, naming what the route takes.
+    for (query, says) in [
+        ("/dbs/shop/docs?limit=2", "prefix, start_after, page_size"),
+        ("/dbs/shop/docs?prefx=items", "\"prefx\""),
+        ("/dbs/shop/docs?prefix=a&prefix=b", "more than once"),
+        ("/dbs/shop/changes?limt=1", "since, limit"),
+        ("/dbs/shop/docs/items/001?rev=1", "no query parameters"),
+        ("/dbs?x=1", "no query parameters"),
+    ] {
+        let r = h.http.get(h.url(query)).send().await.unwrap();
+        let v = expect_error(r, 400, "invalid_query").await;
+        assert!(v["message"].as_str().unwrap().contains(says), "{query}: {v}");
+        assert!(v["request_id"].is_string(), "{query}: {v}");
+    }
     let r = h
         .http
         .get(h.url("/dbs/shop/docs?page_size=0"))

@@ -280,17 +280,18 @@ async fn https_with_a_trusted_ca_and_no_plain_http() {
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(r.json::<Value>().await.unwrap()["v"], "over TLS");
 
-    // Plain HTTP to the TLS port gets no HTTP answer.
+    // Plain HTTP to the TLS port: a 400 that says to use https, never data (not
+    // even /health's), and the connection closes.
     let plain = h
         .http
-        .get(format!("http://127.0.0.1:{port}/health"))
+        .get(format!("http://127.0.0.1:{port}/dbs/tls/docs/secret/1"))
         .send()
-        .await;
-    assert!(
-        plain.is_err(),
-        "plain HTTP got {:?}",
-        plain.map(|r| r.status())
-    );
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), StatusCode::BAD_REQUEST);
+    let v: Value = plain.json().await.unwrap();
+    assert_eq!(v["error"], "bad_request");
+    assert!(v["message"].as_str().unwrap().contains("https"), "{v}");
     // A client that does not trust the CA refuses the server.
     let untrusting = Client::builder()
         .no_proxy()

@@ -620,15 +620,20 @@ impl Database {
     }
 
     /// Documents of a collection in etag order (oldest write first), after the
-    /// etag sequence `after`.
+    /// document whose etag is `after` (the `next` of the previous page: an etag of
+    /// this database, as every cursor of the document layer is).
     pub fn list_collection(
         &self,
         collection: &str,
-        after: Option<u64>,
+        after: Option<&str>,
         limit: usize,
     ) -> Result<Page<Document>> {
         let env = self.live()?;
         crate::id::validate_collection(collection)?;
+        let after = match after {
+            Some(etag) => Some(self.sequence_of(etag)?),
+            None => None,
+        };
         let r = env.begin_read()?;
         let start = collection_key(collection, after.map_or(0, |a| a.saturating_add(1)));
         let prefix = &start[..collection.len() + 1];
@@ -640,7 +645,7 @@ impl Database {
                 break;
             }
             if items.len() == limit {
-                let next = items.last().map(|d| d.etag.sequence.to_string());
+                let next = items.last().map(|d| d.etag.to_string());
                 return Ok(Page { items, next });
             }
             let id = String::from_utf8_lossy(id).into_owned();

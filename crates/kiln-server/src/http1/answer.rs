@@ -7,9 +7,17 @@ use axum::http::{header, StatusCode};
 use axum::response::Response;
 use http_body_util::BodyExt;
 use kiln_docs::{DocumentView, PutOutcome};
+use crate::observe::RequestId;
 use std::cell::RefCell;
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+/// What an answer was, for the metrics and the access log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answered {
+    pub status: StatusCode,
+    pub body_bytes: u64,
+}
 
 fn status_line(out: &mut Vec<u8>, status: StatusCode) {
     let _ = write!(
@@ -39,8 +47,18 @@ fn date_header(out: &mut Vec<u8>) {
     });
 }
 
-/// The headers every answer ends with, then the body.
-fn finish(out: &mut Vec<u8>, body: Option<&[u8]>, close: bool) {
+/// The headers every answer ends with (the request id among them, as the
+/// router's `observe` sends it), then the body.
+fn finish(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    id: &RequestId,
+    body: Option<&[u8]>,
+    close: bool,
+) -> Answered {
+    out.extend_from_slice(b"x-request-id: ");
+    out.extend_from_slice(id.as_str().as_bytes());
+    out.extend_from_slice(b"\r\n");
     if let Some(body) = body {
         let _ = write!(out, "content-length: {}\r\n", body.len());
     }
@@ -52,6 +70,10 @@ fn finish(out: &mut Vec<u8>, body: Option<&[u8]>, close: bool) {
     if let Some(body) = body {
         out.extend_from_slice(body);
     }
+    Answered {
+        status,
+        body_bytes: body.map_or(0, |b| b.len() as u64),
+    }
 }
 
 /// A document GET: 200 with the stored JSON, or 304 when `If-None-Match` named
@@ -60,8 +82,9 @@ pub fn document(
     out: &mut Vec<u8>,
     doc: &DocumentView<'_>,
     not_modified: bool,
+    id: &RequestId,
     close: bool,
-) -> StatusCode {
+) -> Answered {
     let status = if not_modified {
         StatusCode::NOT_MODIFIED
     } else {
@@ -77,12 +100,17 @@ pub fn document(
         doc.etag,
         last_modified_date(doc.last_modified_ms)
     );
-    finish(out, (!not_modified).then_some(doc.json), close);
-    status
+    finish(out, status, id, (!not_modified).then_some(doc.json), close)
 }
 
 /// A document PUT or POST: the same answer as `routes::docs::put_response`.
-pub fn put(out: &mut Vec<u8>, db: &str, outcome: &PutOutcome, close: bool) -> StatusCode {
+pub fn put(
+    out: &mut Vec<u8>,
+    db: &str,
+    outcome: &PutOutcome,
+    id: &RequestId,
+    close: bool,
+) -> Answered {
     let status = if outcome.created {
         StatusCode::CREATED
     } else {
@@ -97,13 +125,14 @@ pub fn put(out: &mut Vec<u8>, db: &str, outcome: &PutOutcome, close: bool) -> St
     if outcome.created {
         let _ = write!(out, "location: {}\r\n", location(db, &outcome.id));
     }
-    finish(out, Some(&put_json_bytes(outcome)), close);
-    status
+    finish(out, status, id, Some(&put_json_bytes(outcome)), close)
 }
 
 /// Any other answer (an error, a refusal), with its body read in full: those
-/// bodies are small and already in memory.
-pub async fn response(out: &mut Vec<u8>, resp: Response, close: bool) -> StatusCode {
+/// bodies are small and already in memory. The request id goes in as the
+/// router's `observe` puts it (header, and into an error's JSON body).
+pub async fn response(out: &mut Vec<u8>, resp: Response, id: &RequestId, close: bool) -> Answered {
+    let resp = crate::app::with_request_id(resp, id).await;
     let (parts, body) = resp.into_parts();
     let body = match body.collect().await {
         Ok(collected) => collected.to_bytes(),
@@ -114,7 +143,11 @@ pub async fn response(out: &mut Vec<u8>, resp: Response, close: bool) -> StatusC
     };
     status_line(out, parts.status);
     for (name, value) in &parts.headers {
-        if name == header::CONTENT_LENGTH || name == header::CONNECTION || name == header::DATE {
+        if name == header::CONTENT_LENGTH
+            || name == header::CONNECTION
+            || name == header::DATE
+            || name.as_str() == crate::observe::REQUEST_ID_HEADER
+        {
             continue;
         }
         out.extend_from_slice(name.as_str().as_bytes());
@@ -125,14 +158,13 @@ pub async fn response(out: &mut Vec<u8>, resp: Response, close: bool) -> StatusC
     let no_body = parts.status == StatusCode::NOT_MODIFIED
         || parts.status == StatusCode::NO_CONTENT
         || parts.status.is_informational();
-    finish(out, (!no_body).then_some(&body[..]), close);
-    parts.status
+    finish(out, parts.status, id, (!no_body).then_some(&body[..]), close)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ApiError;
+    use crate::error::{ApiError, ErrorCode};
     use axum::response::IntoResponse;
     use kiln_docs::{Document, Etag};
 
@@ -159,7 +191,8 @@ mod tests {
             json: &doc.json,
         };
         let mut out = Vec::new();
-        assert_eq!(document(&mut out, &view, false, false), StatusCode::OK);
+        let id = RequestId::from_presented(Some(b"r-1"));
+        assert_eq!(document(&mut out, &view, false, &id, false).status, StatusCode::OK);
         let t = text(&out);
         assert!(t.starts_with("HTTP/1.1 200 OK\r\n"), "{t}");
         assert!(t.contains(&format!("etag: \"{}\"\r\n", doc.etag)), "{t}");
@@ -168,12 +201,13 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("content-length: 14\r\n"), "{t}");
+        assert!(t.contains("x-request-id: r-1\r\n"), "{t}");
         assert!(!t.contains("connection: close"), "{t}");
         assert!(t.ends_with("\r\n\r\n{\"name\":\"Ada\"}"), "{t}");
 
         let mut out = Vec::new();
         assert_eq!(
-            document(&mut out, &view, true, true),
+            document(&mut out, &view, true, &id, true).status,
             StatusCode::NOT_MODIFIED
         );
         let t = text(&out);
@@ -185,15 +219,20 @@ mod tests {
 
     #[tokio::test]
     async fn an_error_answer_is_rendered_with_its_body_and_headers() {
-        let mut e = ApiError::new(StatusCode::CONFLICT, "conflict", "no");
+        let mut e = ApiError::new(ErrorCode::Conflict, "no");
         e.current_etag = Some(Etag {
             incarnation: 1,
             sequence: 2,
         });
-        let body = e.body_json();
+        let id = RequestId::from_presented(Some(b"r-2"));
+        let body = String::from_utf8(
+            crate::observe::error_body_with_id(e.body_json().as_bytes(), &id).unwrap(),
+        )
+        .unwrap();
         let mut out = Vec::new();
-        let status = response(&mut out, e.into_response(), false).await;
-        assert_eq!(status, StatusCode::CONFLICT);
+        let answered = response(&mut out, e.into_response(), &id, false).await;
+        assert_eq!(answered.status, StatusCode::CONFLICT);
+        assert_eq!(answered.body_bytes, body.len() as u64);
         let t = text(&out);
         assert!(t.starts_with("HTTP/1.1 409 Conflict\r\n"), "{t}");
         assert!(t.contains("content-type: application/json\r\n"), "{t}");

@@ -17,8 +17,13 @@ mod head;
 mod rewind;
 
 use crate::app::{SharedState, DOCUMENT_ROUTE};
-use crate::http_util::{body_read_failed, body_timed_out, body_too_large, none_match_hits};
+use crate::error::{ApiError, ErrorCode};
+use crate::http_util::{
+    body_read_failed, body_timed_out, body_too_large, none_match_hits, HeaderLookup,
+};
+use crate::observe::{Exchange, KeyId, RequestId};
 use crate::serve::ConnContext;
+use answer::Answered;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use head::{DocHead, DocMethod, HeadHeaders, Parsed};
@@ -142,6 +147,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     }
                 }
                 Parsed::Other => return self.hand_over().await,
+                Parsed::Malformed(why) => {
+                    let id = RequestId::new();
+                    let refused = ApiError::new(ErrorCode::BadRequest, why).into_response();
+                    answer::response(&mut self.out, refused, &id, true).await;
+                    let _ = self.flush().await;
+                    return Next::Close;
+                }
                 Parsed::Partial if self.pending().len() > MAX_HEAD_BYTES => {
                     return self.hand_over().await;
                 }
@@ -176,15 +188,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     async fn serve(&mut self, head: DocHead) -> Result<(), Next> {
         let started = std::time::Instant::now();
         let close = head.close || *self.shutdown.borrow();
-        let (status, close) = match head.method {
-            DocMethod::Get => (self.get(&head, close).await, close),
-            DocMethod::Put | DocMethod::Post => self.put(&head, close).await,
+        let pending = self.pending();
+        let headers = HeadHeaders { head: &head, buf: pending };
+        let id = RequestId::from_presented(headers.first("x-request-id"));
+        // The path as the access log shows it; only built when it is on.
+        let path = match self.state.access_log {
+            crate::observe::AccessLog::Off => String::new(),
+            _ => format!("/dbs/{}/docs/{}", head.db(pending), head.id(pending)),
         };
-        self.state.metrics.record_request(
-            DOCUMENT_ROUTE,
-            head.method.as_str(),
-            status.as_u16(),
-            started.elapsed(),
+        let ((answered, key), close) = match head.method {
+            DocMethod::Get => (self.get(&head, &id, close).await, close),
+            DocMethod::Put | DocMethod::Post => self.put(&head, &id, close).await,
+        };
+        crate::observe::finished(
+            &self.state,
+            &Exchange {
+                route: DOCUMENT_ROUTE,
+                method: head.method.as_str(),
+                path: &path,
+                status: answered.status.as_u16(),
+                bytes: Some(answered.body_bytes),
+                elapsed: started.elapsed(),
+                request_id: &id,
+                key_id: key.as_ref().map(|k| k.0.as_str()),
+            },
         );
         if close {
             let _ = self.flush().await;
@@ -193,47 +220,62 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         Ok(())
     }
 
-    async fn get(&mut self, head: &DocHead, close: bool) -> StatusCode {
+    /// Admission (`app::admit`), as the router's `authenticate` does it.
+    fn admit(&self, head: &DocHead) -> Result<Option<KeyId>, axum::response::Response> {
+        let headers = HeadHeaders {
+            head,
+            buf: self.pending(),
+        };
+        crate::app::admit(&self.state, self.client_certificate, || {
+            crate::app::presented_key(&headers)
+        })
+    }
+
+    async fn get(&mut self, head: &DocHead, id: &RequestId, close: bool) -> (Answered, Option<KeyId>) {
+        let admitted = self.admit(head);
         // Split borrows: the head's bytes are read while the answer is written.
         let pending = &self.buf[self.start..];
         let headers = HeadHeaders { head, buf: pending };
         let state = &*self.state;
         let out = &mut self.out;
-        let answered = match crate::app::refusal_by(state, self.client_certificate, || {
-            crate::app::presented_key(&headers)
-        }) {
-            Some(refused) => Err(refused),
-            None => {
+        let (answered, key) = match admitted {
+            Err(refused) => (Err(refused), None),
+            Ok(key) => (
                 crate::routes::docs::lookup_with(state, head.db(pending), head.id(pending), |doc| {
                     let not_modified = none_match_hits(&headers, doc.etag);
-                    answer::document(out, &doc, not_modified, close)
+                    answer::document(out, &doc, not_modified, id, close)
                 })
-                .map_err(IntoResponse::into_response)
-            }
+                .map_err(IntoResponse::into_response),
+                key,
+            ),
         };
-        let status = match answered {
-            Ok(status) => status,
-            Err(resp) => answer::response(&mut self.out, resp, close).await,
+        let answered = match answered {
+            Ok(answered) => answered,
+            Err(resp) => answer::response(&mut self.out, resp, id, close).await,
         };
         self.consume(head.head_len);
-        status
+        (answered, key)
     }
 
     /// A PUT or POST, checked in the order of the hyper path (authentication, the
     /// preconditions, the database, then the body's size), then its body read within
     /// the size and time limits, then the durable write. Returns the answer's status
     /// and whether the connection closes after it.
-    async fn put(&mut self, head: &DocHead, close: bool) -> (StatusCode, bool) {
+    async fn put(
+        &mut self,
+        head: &DocHead,
+        id: &RequestId,
+        close: bool,
+    ) -> ((Answered, Option<KeyId>), bool) {
         let state = self.state.clone();
         let limits = &state.limits;
-        let checked = {
-            let pending = self.pending();
-            let headers = HeadHeaders { head, buf: pending };
-            if let Some(refused) = crate::app::refusal_by(&state, self.client_certificate, || {
-                crate::app::presented_key(&headers)
-            }) {
-                Err(refused)
-            } else {
+        let admitted = self.admit(head);
+        let key = admitted.as_ref().ok().cloned().flatten();
+        let checked = match admitted {
+            Err(refused) => Err(refused),
+            Ok(_) => {
+                let pending = self.pending();
+                let headers = HeadHeaders { head, buf: pending };
                 crate::http_util::write_condition(&headers)
                     .and_then(|condition| {
                         let database = state.store.database(head.db(pending))?;
@@ -256,18 +298,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 // next request).
                 let skip = self.pending().len() >= body_end;
                 let close = close || !skip;
-                let status = answer::response(&mut self.out, resp, close).await;
+                let answered = answer::response(&mut self.out, resp, id, close).await;
                 if skip {
                     self.consume(body_end);
                 }
-                return (status, close);
+                return ((answered, key), close);
             }
         };
         // Earlier pipelined answers do not wait for this body and its commit.
         if self.flush().await.is_err() {
             // The client is gone; nothing was read or written for this request. The
             // status is only what the metrics count.
-            return (StatusCode::BAD_REQUEST, true);
+            let gone = Answered {
+                status: StatusCode::BAD_REQUEST,
+                body_bytes: 0,
+            };
+            return ((gone, key), true);
         }
         self.deadline = Instant::now() + self.read_timeout;
         while self.pending().len() < body_end {
@@ -282,21 +328,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                         head.content_length
                     )),
                 };
-                return (
-                    answer::response(&mut self.out, e.into_response(), true).await,
-                    true,
-                );
+                let answered = answer::response(&mut self.out, e.into_response(), id, true).await;
+                return ((answered, key), true);
             }
         }
         let pending = &self.buf[self.start..];
-        let id = head.id(pending).to_string();
+        let doc_id = head.id(pending).to_string();
         let body = &pending[head.head_len..body_end];
-        let status = match crate::routes::docs::put(&state, database, id, body, condition).await {
-            Ok(outcome) => answer::put(&mut self.out, head.db(pending), &outcome, close),
-            Err(e) => answer::response(&mut self.out, e.into_response(), close).await,
+        let answered = match crate::routes::docs::put(&state, database, doc_id, body, condition).await {
+            Ok(outcome) => answer::put(&mut self.out, head.db(pending), &outcome, id, close),
+            Err(e) => answer::response(&mut self.out, e.into_response(), id, close).await,
         };
         self.consume(body_end);
-        (status, close)
+        ((answered, key), close)
     }
 
     /// Compacts the buffer (the pending bytes move to its front, into a smaller

@@ -1,5 +1,6 @@
 //! Databases, stats, metrics and health.
 
+use crate::query_params::{NoParams, Params};
 use crate::app::SharedState;
 use crate::error::ApiError;
 use crate::http_util::{blocking, json_value, ApiPath};
@@ -14,7 +15,7 @@ use serde_json::json;
 /// a failed write (it refuses writes until the server restarts). Each entry names the
 /// database and the failure's kind (`disk_full`, `io_error`, `internal_error`); the
 /// details (file, operation) are in the log and in the answers to writes.
-pub async fn health(State(state): State<SharedState>) -> Response {
+pub async fn health(_: NoParams, State(state): State<SharedState>) -> Response {
     let kind = |f: &kiln_storage::Failure| match f.kind() {
         kiln_storage::FailureKind::DiskFull => "disk_full",
         kiln_storage::FailureKind::Io => "io_error",
@@ -45,7 +46,7 @@ pub async fn health(State(state): State<SharedState>) -> Response {
     json_value(StatusCode::OK, json!({"status": "ok"}))
 }
 
-pub async fn metrics(State(state): State<SharedState>) -> Response {
+pub async fn metrics(_: NoParams, State(state): State<SharedState>) -> Response {
     let text = state.metrics.render(&state.store);
     let mut r = (StatusCode::OK, text).into_response();
     r.headers_mut().insert(
@@ -55,14 +56,14 @@ pub async fn metrics(State(state): State<SharedState>) -> Response {
     r
 }
 
-pub async fn list_databases(State(state): State<SharedState>) -> Response {
+pub async fn list_databases(_: NoParams, State(state): State<SharedState>) -> Response {
     json_value(
         StatusCode::OK,
         json!({"databases": state.store.database_names()}),
     )
 }
 
-pub async fn create_database(
+pub async fn create_database(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
@@ -76,7 +77,7 @@ pub async fn create_database(
     Ok(r)
 }
 
-pub async fn delete_database(
+pub async fn delete_database(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
@@ -88,7 +89,7 @@ pub async fn delete_database(
     Ok(json_value(StatusCode::OK, json!({"deleted": db})))
 }
 
-pub async fn database_stats(
+pub async fn database_stats(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
@@ -133,7 +134,7 @@ pub async fn database_stats(
 /// differences for rates); latencies are the engine's running p50/p99.
 /// `documents_written` is the database's last etag sequence: every put and delete
 /// takes one.
-pub async fn server_stats(State(state): State<SharedState>) -> Response {
+pub async fn server_stats(_: NoParams, State(state): State<SharedState>) -> Response {
     use std::sync::atomic::Ordering::Relaxed;
     let m = &state.metrics;
     let dbs: Vec<_> = state
@@ -186,7 +187,7 @@ fn tombstone_json(db: &kiln_docs::Database, t: &kiln_docs::TombstoneStats) -> se
 }
 
 /// `GET /dbs/{db}/tombstones`: how many deletes the change log still remembers.
-pub async fn tombstones(
+pub async fn tombstones(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
@@ -211,9 +212,8 @@ pub struct PurgeQuery {
 pub async fn purge_tombstones(
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
-    q: Result<axum::extract::Query<PurgeQuery>, axum::extract::rejection::QueryRejection>,
+    Params(q): Params<PurgeQuery>,
 ) -> Result<Response, ApiError> {
-    let q = crate::routes::query(q)?;
     let database = state.store.database(&db)?;
     let before_sequence = q
         .before

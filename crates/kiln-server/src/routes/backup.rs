@@ -19,8 +19,9 @@
 //! A failure after the answer started aborts the response (the client sees a
 //! truncated body, which `verify` refuses).
 
+use crate::query_params::{NoParams, Params};
 use crate::app::SharedState;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{blocking, json_value, ApiPath};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -77,9 +78,8 @@ pub struct BackupQuery {
 pub async fn backup(
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
-    q: Result<axum::extract::Query<BackupQuery>, axum::extract::rejection::QueryRejection>,
+    Params(q): Params<BackupQuery>,
 ) -> Result<Response, ApiError> {
-    let q = crate::routes::query(q)?;
     let database = state.store.database(&db)?;
     let since = q.since_chain.map(|chain| kiln_docs::BackupManifest {
         database: db.clone(),
@@ -158,9 +158,7 @@ pub async fn backup(
             }
         });
     if let Err(e) = spawned {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "io_error",
+        return Err(ApiError::new(ErrorCode::IoError,
             format!("could not start the backup thread: {e}"),
         ));
     }
@@ -178,7 +176,7 @@ pub async fn backup(
 }
 
 /// `GET /dbs/{db}/backup/chain`
-pub async fn chain_stats(
+pub async fn chain_stats(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
@@ -191,7 +189,7 @@ pub async fn chain_stats(
 }
 
 /// `DELETE /dbs/{db}/backup/chain`: stops the chain; increments are refused after.
-pub async fn chain_stop(
+pub async fn chain_stop(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
@@ -238,10 +236,9 @@ impl io::Read for BodyReader {
 pub async fn restore(
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
-    q: Result<axum::extract::Query<RestoreQuery>, axum::extract::rejection::QueryRejection>,
+    Params(q): Params<RestoreQuery>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let q = crate::routes::query(q)?;
     kiln_docs::validate_database_name(&db)?;
     let point = match q.until.as_deref() {
         Some(u) => kiln_docs::RestorePoint::parse(u)?,

@@ -15,8 +15,9 @@
 //! nothing from k on is written. A client that disconnects loses at most the batch
 //! that was filling (never half a batch: each batch is one transaction).
 
+use crate::query_params::NoParams;
 use crate::app::SharedState;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::http_util::ApiPath;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -46,11 +47,11 @@ struct Line<'a> {
 /// A line that stops the stream.
 struct LineError {
     line: u64,
-    code: &'static str,
+    code: ErrorCode,
     message: String,
 }
 
-pub async fn bulk_insert(
+pub async fn bulk_insert(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
     body: Body,
@@ -126,7 +127,7 @@ impl BulkRun {
         let line = match end {
             Ok(()) => json!({"done": true, "acked": self.acked, "last_etag": last}),
             Err(e) => json!({
-                "error": e.code,
+                "error": e.code.as_str(),
                 "message": e.message,
                 "line": e.line,
                 "acked": self.acked,
@@ -174,7 +175,7 @@ impl BulkRun {
                         .stop(
                             committing,
                             line_no + 1,
-                            "request_timeout",
+                            ErrorCode::RequestTimeout,
                             format!("no data for {} ms", self.idle_timeout.as_millis()),
                         )
                         .await
@@ -188,7 +189,7 @@ impl BulkRun {
                         .stop(
                             committing,
                             line,
-                            "body_read_failed",
+                            ErrorCode::BodyReadFailed,
                             format!("reading the body failed: {e}"),
                         )
                         .await;
@@ -222,7 +223,7 @@ impl BulkRun {
             if partial.len() > self.max_line_bytes {
                 let e = LineError {
                     line: line_no + 1,
-                    code: "document_too_large",
+                    code: ErrorCode::DocumentTooLarge,
                     message: format!(
                         "a line longer than {} bytes (--max-body-bytes)",
                         self.max_line_bytes
@@ -262,7 +263,7 @@ impl BulkRun {
         if line.iter().all(u8::is_ascii_whitespace) {
             return Ok(());
         }
-        let bad = |code: &'static str, message: String| LineError {
+        let bad = |code: ErrorCode, message: String| LineError {
             line: line_no,
             code,
             message,
@@ -275,7 +276,7 @@ impl BulkRun {
                 other => other.to_string(),
             };
             bad(
-                "malformed_json",
+                ErrorCode::MalformedJson,
                 format!("{why} (a line is {{\"id\": ..., \"document\": {{...}}}})"),
             )
         })?;
@@ -348,7 +349,7 @@ impl BulkRun {
             }
             Err(_) => Err(LineError {
                 line: line_no,
-                code: "internal_error",
+                code: ErrorCode::InternalError,
                 message: "a batch was dropped before it finished".into(),
             }),
         }
@@ -376,7 +377,7 @@ impl BulkRun {
         &mut self,
         committing: Option<Commit>,
         line: u64,
-        code: &'static str,
+        code: ErrorCode,
         message: String,
     ) -> Result<(), LineError> {
         if let Some(c) = committing {

@@ -1,14 +1,15 @@
 //! `GET /dbs/{db}/changes` (a page of the change log, optionally long-polled) and
 //! `GET /dbs/{db}/changes/ws` (subscriptions over one WebSocket).
 
+use crate::query_params::{NoParams, Params};
 use crate::app::SharedState;
 use crate::changes::connection::{self, ConnectionConfig};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
+use crate::http_util::{encode_path, encode_query_value};
 use crate::http_util::{json_response, ApiPath};
-use crate::routes::query;
-use axum::extract::rejection::QueryRejection;
+
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use kiln_docs::{ChangeFilter, ChangesPage, Database};
@@ -41,19 +42,36 @@ pub struct ChangesQuery {
 pub async fn pull(
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
-    q: Result<Query<ChangesQuery>, QueryRejection>,
+    Params(q): Params<ChangesQuery>,
 ) -> Result<Response, ApiError> {
-    let q = query(q)?;
     let database = state.store.database(&db)?;
     let since = database.sequence_of(q.since.as_deref().unwrap_or(""))?;
     let limit = crate::routes::page_size(&state, q.limit)?;
     let wait_ms = q.wait_ms.unwrap_or(0);
     if wait_ms > MAX_WAIT_MS {
-        return Err(ApiError::bad_request(
-            "invalid_wait",
+        return Err(ApiError::new(ErrorCode::InvalidWait,
             format!("wait_ms {wait_ms} exceeds the limit of {MAX_WAIT_MS}"),
         ));
     }
+    // The next page's query, but for `since` (added when there may be one).
+    let mut next_query = format!("limit={limit}");
+    for (name, value) in [("id", &q.id), ("prefix", &q.prefix), ("collection", &q.collection)] {
+        if let Some(v) = value {
+            next_query.push_str(&format!("&{name}={}", encode_query_value(v)));
+        }
+    }
+    if q.include_docs {
+        next_query.push_str("&include_docs=true");
+    }
+    let next = |page: &ChangesPage| {
+        (page.changes.len() >= limit).then(|| {
+            format!(
+                "/dbs/{}/changes?{next_query}&since={}",
+                encode_path(&db),
+                database.etag_at(page.last_sequence)
+            )
+        })
+    };
     let filter = ChangeFilter {
         id: q.id,
         prefix: q.prefix,
@@ -65,7 +83,8 @@ pub async fn pull(
     loop {
         let page = read(&database, from, limit, &filter, q.include_docs).await?;
         let Some(rx) = commits.as_mut().filter(|_| page.changes.is_empty()) else {
-            return Ok(page_response(&database, page));
+            let link = next(&page);
+            return Ok(page_response(&database, page, link.as_deref()));
         };
         // Nothing yet: wait for the next durable write (or the deadline). Marking the
         // channel seen before looking at the last sequence loses no wake-up.
@@ -76,7 +95,10 @@ pub async fn pull(
         }
         match tokio::time::timeout_at(deadline, rx.changed()).await {
             Ok(Ok(())) => continue,
-            _ => return Ok(page_response(&database, page)),
+            _ => {
+                let link = next(&page);
+                return Ok(page_response(&database, page, link.as_deref()));
+            }
         }
     }
 }
@@ -93,7 +115,7 @@ async fn read(
     crate::http_util::blocking(move || db.changes_since(since, limit, &filter, include_docs)).await
 }
 
-fn page_response(db: &Database, page: ChangesPage) -> Response {
+fn page_response(db: &Database, page: ChangesPage, next_target: Option<&str>) -> Response {
     let results: Vec<serde_json::Value> = page
         .changes
         .into_iter()
@@ -120,10 +142,14 @@ fn page_response(db: &Database, page: ChangesPage) -> Response {
         "results": results,
         "last_etag": db.etag_at(page.last_sequence).to_string(),
     });
-    json_response(StatusCode::OK, body.to_string().into_bytes())
+    let mut resp = json_response(StatusCode::OK, body.to_string().into_bytes());
+    if let Some(target) = next_target {
+        crate::http_util::link_next(&mut resp, target);
+    }
+    resp
 }
 
-pub async fn websocket(
+pub async fn websocket(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
     upgrade: WebSocketUpgrade,
@@ -134,9 +160,7 @@ pub async fn websocket(
         .ws_connections_open
         .load(std::sync::atomic::Ordering::Relaxed);
     if open >= state.changes.max_connections {
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "too_many_connections",
+        return Err(ApiError::new(ErrorCode::TooManyConnections,
             format!(
                 "{open} changes connections are open, the limit is {}",
                 state.changes.max_connections

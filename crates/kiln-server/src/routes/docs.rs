@@ -1,15 +1,15 @@
 //! Documents: get/head/put/post/delete, listings, collections and batches.
 
+use crate::query_params::{NoParams, Params};
 use crate::app::{AppState, SharedState};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{
-    blocking, condition_from_if_match, encode_path, etag_header, json_response, json_value,
+    blocking, condition_from_if_match, encode_path, encode_query_value, link_next, etag_header, json_response, json_value,
     none_match_hits, read_body, write_condition, ApiPath,
 };
-use crate::routes::{page_size, query};
+use crate::routes::page_size;
 use axum::body::Body;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use kiln_docs::{
@@ -53,7 +53,7 @@ pub(crate) fn lookup_with<R>(
         .ok_or_else(|| ApiError::from(kiln_docs::DocError::DocumentNotFound { id: id.to_string() }))
 }
 
-pub async fn get_document(
+pub async fn get_document(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath((db, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
@@ -73,9 +73,34 @@ pub async fn get_document(
     Ok(resp)
 }
 
+/// POST to a prefix ending in `/` (`users/`) creates a document with a new id
+/// under it. POST to a whole id is refused: it would silently overwrite what PUT
+/// is for (and what a retried POST must never do).
+pub async fn post_document(
+    params: NoParams,
+    state: State<SharedState>,
+    ApiPath((db, id)): ApiPath<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    if !id.ends_with('/') {
+        let mut e = ApiError::new(
+            ErrorCode::MethodNotAllowed,
+            format!(
+                "POST creates a document with a generated id under a prefix ending in \"/\" \
+                 (POST /dbs/{db}/docs/{}/); to write the document {id:?} itself, use PUT",
+                id.rsplit_once('/').map_or("prefix", |(p, _)| p)
+            ),
+        );
+        e.allow = Some("GET, PUT, DELETE");
+        return Err(e);
+    }
+    put_document(params, state, ApiPath((db, id)), headers, body).await
+}
+
 /// PUT to an id writes it; PUT or POST to an id ending in `/` (`users/`) creates a
 /// document with a new id under that prefix.
-pub async fn put_document(
+pub async fn put_document(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath((db, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
@@ -125,9 +150,7 @@ pub(crate) fn location(db: &str, id: &str) -> String {
 }
 
 fn mismatched_outcome() -> ApiError {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal_error",
+    ApiError::new(ErrorCode::InternalError,
         "a write came back with another kind of outcome",
     )
 }
@@ -205,7 +228,7 @@ mod tests {
     }
 }
 
-pub async fn delete_document(
+pub async fn delete_document(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath((db, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
@@ -234,39 +257,55 @@ pub struct PrefixQuery {
 pub async fn list_by_prefix(
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
-    q: Result<Query<PrefixQuery>, QueryRejection>,
+    Params(q): Params<PrefixQuery>,
 ) -> Result<Response, ApiError> {
-    let q = query(q)?;
     let limit = page_size(&state, q.page_size)?;
     let database = state.store.database(&db)?;
+    let prefix = q.prefix.clone();
     let page =
         blocking(move || database.list_by_prefix(&q.prefix, q.start_after.as_deref(), limit))
             .await?;
-    Ok(page_response(page))
+    let next = page.next.as_ref().map(|after| {
+        format!(
+            "/dbs/{}/docs?prefix={}&start_after={}&page_size={limit}",
+            encode_path(&db),
+            encode_query_value(&prefix),
+            encode_query_value(after)
+        )
+    });
+    Ok(page_response(page, next.as_deref()))
 }
 
 #[derive(Deserialize)]
 pub struct CollectionQuery {
-    /// Etag sequence to continue after (the `next` of the previous page).
-    after: Option<u64>,
+    /// The etag to continue after (the `next` of the previous page).
+    after: Option<String>,
     page_size: Option<usize>,
 }
 
 pub async fn list_collection(
     State(state): State<SharedState>,
     ApiPath((db, collection)): ApiPath<(String, String)>,
-    q: Result<Query<CollectionQuery>, QueryRejection>,
+    Params(q): Params<CollectionQuery>,
 ) -> Result<Response, ApiError> {
-    let q = query(q)?;
     let limit = page_size(&state, q.page_size)?;
     let database = state.store.database(&db)?;
-    let page = blocking(move || database.list_collection(&collection, q.after, limit)).await?;
-    Ok(page_response(page))
+    let name = collection.clone();
+    let page = blocking(move || database.list_collection(&collection, q.after.as_deref(), limit)).await?;
+    let next = page.next.as_ref().map(|after| {
+        format!(
+            "/dbs/{}/collections/{}/docs?after={}&page_size={limit}",
+            encode_path(&db),
+            encode_query_value(&name),
+            encode_query_value(after)
+        )
+    });
+    Ok(page_response(page, next.as_deref()))
 }
 
 /// `{"results": [<documents as stored>], "next": ...}`, written without re-parsing
-/// the stored JSON.
-fn page_response(page: Page<Document>) -> Response {
+/// the stored JSON, with a `Link` to `next_target` when there is a next page.
+fn page_response(page: Page<Document>, next_target: Option<&str>) -> Response {
     let size: usize = page.items.iter().map(|d| d.json.len() + 1).sum();
     let mut out = Vec::with_capacity(size + 64);
     out.extend_from_slice(b"{\"results\":[");
@@ -283,10 +322,14 @@ fn page_response(page: Page<Document>) -> Response {
             .as_bytes(),
     );
     out.push(b'}');
-    json_response(StatusCode::OK, out)
+    let mut resp = json_response(StatusCode::OK, out);
+    if let Some(target) = next_target {
+        link_next(&mut resp, target);
+    }
+    resp
 }
 
-pub async fn collections(
+pub async fn collections(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
@@ -322,7 +365,7 @@ struct BatchJson {
 }
 
 /// `POST /dbs/{db}/batch` with `{"ops": [...]}`: one transaction, all or nothing.
-pub async fn batch(
+pub async fn batch(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
     headers: HeaderMap,
@@ -342,8 +385,7 @@ pub async fn batch(
     };
     let cond = |if_match: Option<String>, create_only: bool| -> Result<Condition, ApiError> {
         match (if_match, create_only) {
-            (Some(_), true) => Err(ApiError::bad_request(
-                "invalid_precondition",
+            (Some(_), true) => Err(ApiError::new(ErrorCode::InvalidPrecondition,
                 "an operation may have if_match or create_only, not both",
             )),
             (Some(m), false) => condition_from_if_match(&m),

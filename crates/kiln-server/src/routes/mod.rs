@@ -9,10 +9,7 @@ pub mod queries;
 pub mod studio;
 
 use crate::app::SharedState;
-use crate::error::ApiError;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::Query;
-use axum::http::StatusCode;
+use crate::error::{ApiError, ErrorCode};
 use kiln_docs::{BatchOutcome, Database, WriteOp};
 use std::sync::Arc;
 
@@ -30,29 +27,20 @@ pub async fn write(
     })?;
     match answer.await {
         Ok(result) => result.map_err(ApiError::from),
-        Err(_) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
+        Err(_) => Err(ApiError::new(ErrorCode::InternalError,
             "the write was dropped before it finished",
         )),
     }
-}
-
-pub fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
-    q.map(|Query(t)| t)
-        .map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))
 }
 
 pub fn page_size(state: &SharedState, asked: Option<usize>) -> Result<usize, ApiError> {
     let max = state.limits.max_page_size;
     match asked {
         None => Ok(state.limits.default_page_size),
-        Some(0) => Err(ApiError::bad_request(
-            "invalid_page_size",
+        Some(0) => Err(ApiError::new(ErrorCode::InvalidPageSize,
             "page_size must be at least 1",
         )),
-        Some(n) if n > max => Err(ApiError::bad_request(
-            "page_size_too_large",
+        Some(n) if n > max => Err(ApiError::new(ErrorCode::PageSizeTooLarge,
             format!("page_size {n} exceeds the limit of {max}"),
         )),
         Some(n) => Ok(n),

@@ -7,8 +7,9 @@
 //! database's last etag and the index's; `If-None-Match` with it gives 304 without
 //! running the query while none of them changed.
 
+use crate::query_params::NoParams;
 use crate::app::SharedState;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{blocking, json_response, json_value, read_body, ApiPath};
 use axum::body::Body;
 use axum::extract::State;
@@ -36,7 +37,7 @@ enum FieldSpec {
 }
 
 fn bad_json(e: serde_json::Error) -> ApiError {
-    ApiError::bad_request("invalid_index", format!("index definition: {e}"))
+    ApiError::new(ErrorCode::InvalidIndex, format!("index definition: {e}"))
 }
 
 pub fn info_json(i: &IndexInfo) -> Value {
@@ -57,7 +58,7 @@ pub fn info_json(i: &IndexInfo) -> Value {
     })
 }
 
-pub async fn put_index(
+pub async fn put_index(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath((db, name)): ApiPath<(String, String)>,
     headers: HeaderMap,
@@ -95,7 +96,7 @@ pub async fn put_index(
     Ok(json_value(status, info_json(&created.1)))
 }
 
-pub async fn get_index(
+pub async fn get_index(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath((db, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
@@ -104,7 +105,7 @@ pub async fn get_index(
     Ok(json_value(StatusCode::OK, info_json(&info)))
 }
 
-pub async fn delete_index(
+pub async fn delete_index(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath((db, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
@@ -114,7 +115,7 @@ pub async fn delete_index(
     Ok(json_value(StatusCode::OK, json!({"deleted": name})))
 }
 
-pub async fn reset_index(
+pub async fn reset_index(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath((db, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
@@ -127,7 +128,7 @@ pub async fn reset_index(
     Ok(json_value(StatusCode::OK, info_json(&info)))
 }
 
-pub async fn list_indexes(
+pub async fn list_indexes(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
@@ -173,7 +174,7 @@ fn with_etag(mut resp: Response, tag: &str) -> Response {
     resp
 }
 
-pub async fn run_query(
+pub async fn run_query(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
     headers: HeaderMap,
@@ -182,7 +183,7 @@ pub async fn run_query(
     let database = state.store.database(&db)?;
     let bytes = read_body(&headers, body, &state.limits).await?;
     let b: QueryBody = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request("invalid_query", format!("query body: {e}")))?;
+        .map_err(|e| ApiError::new(ErrorCode::InvalidQuery, format!("query body: {e}")))?;
     let conditional = headers.contains_key(header::IF_NONE_MATCH);
     let answer = blocking(move || {
         if conditional && b.continuation.is_none() {

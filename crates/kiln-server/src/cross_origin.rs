@@ -1,0 +1,108 @@
+//! The tower-http layers of the router: CORS (`--cors-origin`) and response
+//! compression. The own HTTP/1.1 loop hands every request they could change to
+//! the router (`http1::head`: an `Origin` header; a GET that accepts an encoding),
+//! so that they apply to every answer.
+
+use axum::http::{header, HeaderName, HeaderValue, Method};
+use std::time::Duration;
+use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove};
+use tower_http::compression::CompressionLayer;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+/// Answers at least this large are compressed (smaller ones gain nothing worth
+/// the CPU: a document PUT's answer is ~100 bytes).
+pub const COMPRESSION_MIN_BYTES: u16 = 1024;
+
+/// CORS for the browser origins given (`*` for any). None given: no CORS headers
+/// at all (browsers then refuse cross-origin reads, as before), and `OPTIONS`
+/// stays a 405.
+///
+/// As the Fetch standard has it: a listed origin is echoed (with `Vary: Origin`)
+/// and may send credentials (an `Authorization` header); `*` allows any origin but
+/// without credentials (browsers refuse `*` together with credentials). The
+/// preflight allows the methods and request headers the API takes and is cached
+/// for 10 minutes; the answers expose the headers a client reads (ETag above all).
+pub fn layer(origins: &[String]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let exposed = [
+        header::ETAG,
+        header::LOCATION,
+        header::LAST_MODIFIED,
+        header::RETRY_AFTER,
+        header::LINK,
+        header::WWW_AUTHENTICATE,
+        HeaderName::from_static(crate::observe::REQUEST_ID_HEADER),
+    ];
+    let cors = CorsLayer::new()
+        .allow_methods([
+            Method::GET,
+            Method::HEAD,
+            Method::PUT,
+            Method::POST,
+            Method::DELETE,
+        ])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::IF_MATCH,
+            header::IF_NONE_MATCH,
+            HeaderName::from_static("x-api-key"),
+            HeaderName::from_static(crate::observe::REQUEST_ID_HEADER),
+        ])
+        .expose_headers(exposed)
+        .max_age(Duration::from_secs(600));
+    if origins.iter().any(|o| o == "*") {
+        return Some(cors.allow_origin(AllowOrigin::any()));
+    }
+    let listed: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o.trim_end_matches('/')).ok())
+        .collect();
+    Some(
+        cors.allow_origin(AllowOrigin::list(listed))
+            .allow_credentials(true),
+    )
+}
+
+/// Checks `--cors-origin` values: `*`, or `scheme://host[:port]` as browsers send
+/// it in `Origin`.
+pub fn check_origins(origins: &[String]) -> Result<(), String> {
+    for o in origins {
+        if o == "*" {
+            continue;
+        }
+        let o = o.trim_end_matches('/');
+        let Some((scheme, rest)) = o.split_once("://") else {
+            return Err(format!(
+                "--cors-origin {o:?}: give an origin as a browser sends it, e.g. https://app.example.com or http://localhost:3000, or *"
+            ));
+        };
+        if !(scheme == "http" || scheme == "https") || rest.is_empty() || rest.contains('/') {
+            return Err(format!(
+                "--cors-origin {o:?}: an origin is scheme://host[:port], without a path"
+            ));
+        }
+        HeaderValue::from_str(o).map_err(|_| format!("--cors-origin {o:?}: not a valid header value"))?;
+    }
+    Ok(())
+}
+
+/// gzip, br or zstd by `Accept-Encoding`, for answers of at least
+/// [`COMPRESSION_MIN_BYTES`]; never for streams a client reads as they come
+/// (bulk progress lines, backups, which are compressed already).
+pub fn compression() -> CompressionLayer<impl Predicate> {
+    let predicate = SizeAbove::new(COMPRESSION_MIN_BYTES)
+        .and(NotForContentType::const_new("application/x-ndjson"))
+        .and(NotForContentType::const_new("application/octet-stream"))
+        .and(NotForContentType::GRPC)
+        .and(NotForContentType::IMAGES)
+        .and(NotForContentType::SSE);
+    CompressionLayer::new()
+        .gzip(true)
+        .br(true)
+        .zstd(true)
+        .no_deflate()
+        .compress_when(predicate)
+}
