@@ -441,7 +441,9 @@ impl Flusher {
                     .get(no)
                     .is_some_and(|&j| j > i && txn_ids.get(j).is_some_and(|&t| t <= oldest_reader));
                 if !superseded {
-                    self.env.store.write_back(*no, run)?;
+                    self.env
+                        .store
+                        .write_back(*no, run, a.txn_id, a.page_count)?;
                     written_pages += n;
                     lowest = lowest.min(*no);
                     highest = highest.max(*no + n);
@@ -486,6 +488,25 @@ impl Flusher {
         if a.txn_id <= self.header.synced_txn_id {
             return Ok(());
         }
+        let at = |p: JournalPos| (p.file_seq, p.offset);
+        let start = &self.replay_start;
+        assert!(
+            start.txn_id <= a.txn_id && at(start.pos) <= at(a.end),
+            "checkpoint of txn {} (journal file {} offset {}) with its replay start past it: txn {} (file {} offset {})",
+            a.txn_id,
+            a.end.file_seq,
+            a.end.offset,
+            start.txn_id,
+            start.pos.file_seq,
+            start.pos.offset
+        );
+        // A free page is never referenced (one lookup, once per checkpoint).
+        assert!(
+            a.catalog_root == 0 || !self.free.contains(&a.catalog_root),
+            "checkpoint of txn {}: its catalog root, page {}, is in the free-page snapshot",
+            a.txn_id,
+            a.catalog_root
+        );
         let shared = self.env.clone();
         let start = Instant::now();
         shared.store.sync()?;

@@ -30,7 +30,7 @@
 //! A format 1 header (no write buffer) reads as a replay start equal to the synced
 //! position.
 
-use crate::io::{OpenMode, Vfs};
+use crate::io::{OpenMode, Vfs, DIRECT_IO_ALIGN};
 use crate::page::{read_u32, read_u64, write_u32, write_u64, PageNo, PAGE_SIZE};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -164,6 +164,60 @@ impl FileHeader {
         )
     }
 
+    /// Checks a header read from disk for what its checksum cannot vouch for: the
+    /// catalog root lies inside the data pages, both journal positions are where a
+    /// record can end (a multiple of `DIRECT_IO_ALIGN`), and the replay start is at
+    /// or before the synced position (a later one would skip the page images of
+    /// records the data file lacks). A copy that fails was written this way or
+    /// damaged beyond its checksum: it is refused, never trusted.
+    pub fn check(&self, path: &Path) -> Result<()> {
+        let bad = |what: String| {
+            Err(Error::corrupted(
+                path,
+                format!(
+                    "file header copy {} (page {}, sequence {})",
+                    self.slot(),
+                    self.slot(),
+                    self.sequence
+                ),
+                what,
+            ))
+        };
+        let root = self.catalog_root;
+        if self.page_count < crate::page::FIRST_DATA_PAGE
+            || (root != 0 && !(crate::page::FIRST_DATA_PAGE..self.page_count).contains(&root))
+        {
+            return bad(format!(
+                "catalog root {root} outside the data pages 2..{} of synced txn {}",
+                self.page_count, self.synced_txn_id
+            ));
+        }
+        let align = DIRECT_IO_ALIGN as u64;
+        if !self.journal_offset.is_multiple_of(align)
+            || !self.replay_from_offset.is_multiple_of(align)
+        {
+            return bad(format!(
+                "journal offsets {} (synced position) and {} (replay start) must be multiples of {align}",
+                self.journal_offset, self.replay_from_offset
+            ));
+        }
+        let synced = (self.journal_file_seq, self.journal_offset);
+        let start = (self.replay_from_file_seq, self.replay_from_offset);
+        if self.replay_from_txn_id > self.synced_txn_id || start > synced {
+            return bad(format!(
+                "replay start (after txn {}, journal file {} offset {}) is past the synced position \
+                 (after txn {}, journal file {} offset {})",
+                self.replay_from_txn_id,
+                start.0,
+                start.1,
+                self.synced_txn_id,
+                synced.0,
+                synced.1
+            ));
+        }
+        Ok(())
+    }
+
     pub fn set_replay_start(&mut self, r: &crate::journal::ReplayStart) {
         self.replay_from_txn_id = r.txn_id;
         self.replay_from_file_seq = r.pos.file_seq;
@@ -279,7 +333,21 @@ pub fn read_freelist(vfs: &dyn Vfs, dir: &Path, header: &FileHeader) -> Result<V
     if crc32c::crc32c(&buf) != header.freelist_checksum {
         return Err(Error::corrupted(&path, "whole file", "checksum mismatch"));
     }
-    decode_freelist(&buf, header.page_count, &path)
+    let pages = decode_freelist(&buf, header.page_count, &path)?;
+    // A free page is never referenced; the catalog root is checked (its pages are
+    // sorted, so this is one lookup): handing it out would overwrite the catalog.
+    let root = header.catalog_root;
+    if root != 0 && pages.binary_search(&root).is_ok() {
+        return Err(Error::corrupted(
+            &path,
+            format!("page {root}"),
+            format!(
+                "lists page {root} as free, the catalog root of synced txn {}",
+                header.synced_txn_id
+            ),
+        ));
+    }
+    Ok(pages)
 }
 
 #[cfg(test)]
@@ -324,6 +392,128 @@ mod tests {
             let back = decode_freelist(&bytes, 5_000, Path::new("freelist-0")).unwrap();
             prop_assert_eq!(back.into_iter().collect::<BTreeSet<_>>(), pages);
         }
+    }
+
+    /// What a checksum cannot vouch for in a header read from disk is refused as
+    /// corruption naming the copy: a replay start past the synced position, journal
+    /// offsets no record ends at, a catalog root outside the data pages.
+    #[test]
+    fn headers_with_impossible_journal_positions_or_root_are_refused() {
+        let path = Path::new("data.kiln");
+        let good = FileHeader {
+            sequence: 5,
+            synced_txn_id: 40,
+            catalog_root: 7,
+            page_count: 100,
+            journal_file_seq: 3,
+            journal_offset: 8192,
+            replay_from_txn_id: 30,
+            replay_from_file_seq: 2,
+            replay_from_offset: 4096,
+            ..Default::default()
+        };
+        good.check(path).unwrap();
+        FileHeader {
+            replay_from_txn_id: 40,
+            replay_from_file_seq: 3,
+            replay_from_offset: 8192,
+            ..good.clone()
+        }
+        .check(path)
+        .unwrap();
+        for (bad, why) in [
+            (
+                FileHeader {
+                    replay_from_txn_id: 41,
+                    ..good.clone()
+                },
+                "replay start (after txn 41, journal file 2 offset 4096) is past the synced position",
+            ),
+            (
+                FileHeader {
+                    replay_from_file_seq: 3,
+                    replay_from_offset: 12288,
+                    ..good.clone()
+                },
+                "is past the synced position (after txn 40, journal file 3 offset 8192)",
+            ),
+            (
+                FileHeader {
+                    replay_from_file_seq: 4,
+                    replay_from_offset: 0,
+                    ..good.clone()
+                },
+                "past the synced position",
+            ),
+            (
+                FileHeader {
+                    journal_offset: 8200,
+                    ..good.clone()
+                },
+                "must be multiples of 4096",
+            ),
+            (
+                FileHeader {
+                    catalog_root: 100,
+                    ..good.clone()
+                },
+                "catalog root 100 outside the data pages 2..100",
+            ),
+            (
+                FileHeader {
+                    catalog_root: 1,
+                    ..good.clone()
+                },
+                "catalog root 1 outside",
+            ),
+        ] {
+            let err = bad.check(path).unwrap_err();
+            assert!(err.is_corruption(), "{err}");
+            let msg = err.to_string();
+            assert!(
+                msg.contains(why) && msg.contains("file header copy 1 (page 1, sequence 5)"),
+                "{msg}"
+            );
+        }
+    }
+
+    /// A free-page snapshot that lists the catalog root is refused (page named).
+    #[test]
+    fn a_snapshot_listing_the_catalog_root_as_free_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let vfs = crate::io::OsVfs;
+        let bytes = encode_freelist([5u64, 6, 7, 20].into_iter());
+        super::write_freelist(&vfs, dir.path(), 0, &bytes).unwrap();
+        let header = FileHeader {
+            sequence: 2,
+            synced_txn_id: 9,
+            catalog_root: 9,
+            page_count: 50,
+            freelist_checksum: crc32c::crc32c(&bytes),
+            freelist_len: bytes.len() as u64,
+            ..Default::default()
+        };
+        assert_eq!(
+            super::read_freelist(&vfs, dir.path(), &header).unwrap(),
+            [5, 6, 7, 20]
+        );
+        let err = super::read_freelist(
+            &vfs,
+            dir.path(),
+            &FileHeader {
+                catalog_root: 6,
+                ..header
+            },
+        )
+        .unwrap_err();
+        assert!(err.is_corruption(), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("freelist-0")
+                && msg.contains("page 6")
+                && msg.contains("the catalog root of synced txn 9"),
+            "{msg}"
+        );
     }
 
     #[test]

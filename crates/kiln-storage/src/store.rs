@@ -350,8 +350,39 @@ impl PageStore {
         self.unflushed.read().len()
     }
 
-    /// Writes a run to the data file (buffered) and retires it from the table.
-    pub fn write_back(&self, no: PageNo, run: &Arc<PageRun>) -> Result<()> {
+    /// Checks, before `run` is written at page `no`, what the code guarantees: its
+    /// pages are data pages (never the file header's) of the state it belongs to,
+    /// which has `page_count` pages, and a run with a page header is the page it is
+    /// written to, and the version of transaction `txn_id` when that is known.
+    fn check_write(&self, no: PageNo, run: &PageRun, page_count: u64, txn_id: Option<u64>) {
+        let pages = run.page_count() as u64;
+        assert!(
+            no >= page::FIRST_DATA_PAGE && no + pages <= page_count,
+            "writing {pages} pages at page {no} of {}: outside the data pages {}..{page_count}",
+            self.path.display(),
+            page::FIRST_DATA_PAGE
+        );
+        if !run.is_bare() {
+            let b = run.bytes();
+            let (claimed_no, claimed_txn) = (page::hdr::page_no(b), page::hdr::txn_id(b));
+            assert!(
+                claimed_no == no && txn_id.is_none_or(|t| t == claimed_txn),
+                "writing page {no} of txn {txn_id:?} to {}: the page says it is page {claimed_no} of txn {claimed_txn}",
+                self.path.display()
+            );
+        }
+    }
+
+    /// Writes a run of transaction `txn_id` (whose state has `page_count` pages) to
+    /// the data file (buffered) and retires it from the table.
+    pub fn write_back(
+        &self,
+        no: PageNo,
+        run: &Arc<PageRun>,
+        txn_id: u64,
+        page_count: u64,
+    ) -> Result<()> {
+        self.check_write(no, run, page_count, Some(txn_id));
         let end_page = no + run.page_count() as u64;
         self.ensure_mapped(end_page)?;
         let offset = no * PAGE_SIZE as u64;
@@ -367,8 +398,11 @@ impl PageStore {
         Ok(())
     }
 
-    /// Writes raw page bytes during recovery (no table involved).
-    pub fn write_raw(&self, no: PageNo, run: &PageRun) -> Result<()> {
+    /// Writes raw page bytes during recovery (no table involved): a page image of a
+    /// record whose state has `page_count` pages, decoded (page number in bounds) and
+    /// verified (header names the page) before.
+    pub fn write_raw(&self, no: PageNo, run: &PageRun, page_count: u64) -> Result<()> {
+        self.check_write(no, run, page_count, None);
         let end_page = no + run.page_count() as u64;
         self.ensure_mapped(end_page)?;
         let offset = no * PAGE_SIZE as u64;

@@ -27,6 +27,13 @@ pub(crate) struct PendingCommit {
     gens: Gens,
 }
 
+impl PendingCommit {
+    /// The transaction this commit makes durable.
+    pub(crate) fn txn_id(&self) -> u64 {
+        self.applied.txn_id
+    }
+}
+
 impl Shared {
     /// Commits a write transaction: `prepare_commit`, then `finish_commit`.
     pub(crate) fn commit(&self, txn: &mut WriteTxn) -> Result<u64> {

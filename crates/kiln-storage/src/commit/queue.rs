@@ -63,6 +63,8 @@ struct QueueState {
     leader_active: bool,
     /// Groups encoded and not yet through their journal write.
     groups_in_flight: usize,
+    /// The transaction of the last group prepared (ids only increase).
+    last_group_txn: u64,
 }
 
 #[derive(Default)]
@@ -128,21 +130,46 @@ impl CommitQueue {
         }
     }
 
-    /// The leader's group is encoded: let the next group start.
-    fn end_leadership(&self, group_in_flight: bool) {
+    /// The leader's group is encoded (as transaction `prepared`, if it changed
+    /// anything): let the next group start. `Err` says which invariant of the queue
+    /// does not hold (`Broken`); the state is updated all the same.
+    fn end_leadership(&self, prepared: Option<u64>) -> std::result::Result<(), Broken> {
         let mut st = self.state.lock();
+        let mut broken = Broken::check(st.leader_active, || {
+            "a group ended its leadership while no group was being led".into()
+        });
         st.leader_active = false;
-        if group_in_flight {
+        if let Some(txn_id) = prepared {
+            // Leaders follow each other (`appoint_leader`), and each prepares its
+            // transaction under the writer lock: on top of the previous one.
+            broken = broken.and(Broken::check(txn_id > st.last_group_txn, || {
+                format!(
+                    "a group prepared txn {txn_id} after a group prepared txn {}: transaction ids must increase",
+                    st.last_group_txn
+                )
+            }));
+            st.last_group_txn = txn_id;
             st.groups_in_flight += 1;
+            broken = broken.and(Broken::check(st.groups_in_flight <= 2, || {
+                format!(
+                    "{} groups wait for the journal; a leader starts only while at most one does",
+                    st.groups_in_flight
+                )
+            }));
         }
         Self::appoint_leader(&mut st);
+        broken
     }
 
-    /// A group's journal write is done.
-    fn group_written(&self) {
+    /// A group's journal write is done. `Err`: no group was in flight.
+    fn group_written(&self) -> std::result::Result<(), Broken> {
         let mut st = self.state.lock();
-        st.groups_in_flight -= 1;
+        let broken = Broken::check(st.groups_in_flight > 0, || {
+            "a journal write finished while no group was in flight".into()
+        });
+        st.groups_in_flight = st.groups_in_flight.saturating_sub(1);
         Self::appoint_leader(&mut st);
+        broken
     }
 
     /// Under load, gives the submitters just answered a moment to queue their next
@@ -176,6 +203,36 @@ impl CommitQueue {
         for job in jobs.into_iter().rev() {
             st.jobs.push_front(job);
         }
+    }
+}
+
+/// A broken invariant of the queue. Found where an assertion's panic would leave
+/// other threads waiting forever (a leader holds the journal's turn from its group's
+/// point of no return to its journal write, and its group's submitters wait for its
+/// answer), so it latches the environment instead: this group and every later
+/// commit fail with `Poisoned`, the message saying what was expected and found.
+#[derive(Debug)]
+pub(crate) struct Broken(String);
+
+impl Broken {
+    fn new(what: String) -> Self {
+        Broken(what)
+    }
+
+    /// `Err` if `holds` is false (the message is only built then).
+    fn check(holds: bool, what: impl FnOnce() -> String) -> std::result::Result<(), Broken> {
+        if holds {
+            Ok(())
+        } else {
+            Err(Broken(what()))
+        }
+    }
+
+    /// Latches the environment; the error to answer with.
+    fn latch(self, env: &impl Committer) -> Error {
+        let why = Failure::internal("commit queue invariant broken", self.0);
+        env.latch(why.clone());
+        Error::Poisoned(why)
     }
 }
 
@@ -220,7 +277,9 @@ impl CommitQueue {
                     job.answer
                         .tell(Word::Done(Err(Error::GroupFailed(Box::new(e.duplicate())))));
                 }
-                self.end_leadership(false);
+                if let Err(broken) = self.end_leadership(None) {
+                    broken.latch(env);
+                }
                 return;
             }
         };
@@ -304,13 +363,28 @@ impl CommitQueue {
         };
         let base_txn = txn.base_txn_id();
         drop(txn);
-        let in_flight = matches!(prepared, Ok(Some(_)));
-        self.end_leadership(in_flight);
+        let prepared_txn = match &prepared {
+            Ok(Some(p)) => Some(p.txn_id()),
+            _ => None,
+        };
+        // (Latched before `finish`: it then fails the group, passing the turn on.)
+        if let Err(broken) = self.end_leadership(prepared_txn) {
+            broken.latch(env);
+        }
         match prepared {
             Ok(Some(p)) => {
+                let txn_id = p.txn_id();
                 let r = env.finish(p);
-                self.group_written();
-                r
+                if let Err(broken) = self.group_written() {
+                    broken.latch(env);
+                }
+                match r {
+                    Ok(committed) if committed != txn_id => Err(Broken::new(format!(
+                        "txn {txn_id} was prepared, and its journal write answered txn {committed}"
+                    ))
+                    .latch(env)),
+                    r => r,
+                }
             }
             // Nothing changed, but what the units read may still be in flight.
             Ok(None) => env.wait_durable(base_txn).map(|_| base_txn),
@@ -340,5 +414,48 @@ impl CommitQueue {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A broken invariant of the queue is reported (to be latched), not panicked
+    /// over, and the queue's state still moves on.
+    #[test]
+    fn broken_queue_invariants_are_reported_with_what_was_found() {
+        let q = CommitQueue::default();
+        let lead = || q.state.lock().leader_active = true;
+        lead();
+        q.end_leadership(Some(5)).unwrap();
+        lead();
+        q.end_leadership(Some(6)).unwrap();
+        lead();
+        let order = q.end_leadership(Some(6)).unwrap_err().0;
+        assert!(
+            order.contains("prepared txn 6 after a group prepared txn 6"),
+            "{order}"
+        );
+        assert!(order.contains("must increase"), "{order}");
+        // (Three groups in flight now: reported too, after the first problem.)
+        q.group_written().unwrap();
+        lead();
+        let too_many = q.end_leadership(Some(9)).unwrap_err().0;
+        assert!(
+            too_many.contains("3 groups wait for the journal"),
+            "{too_many}"
+        );
+        let not_leading = q.end_leadership(None).unwrap_err().0;
+        assert!(
+            not_leading.contains("no group was being led"),
+            "{not_leading}"
+        );
+        for _ in 0..3 {
+            q.group_written().unwrap();
+        }
+        let none = q.group_written().unwrap_err().0;
+        assert!(none.contains("no group was in flight"), "{none}");
+        assert_eq!(q.state.lock().groups_in_flight, 0);
     }
 }

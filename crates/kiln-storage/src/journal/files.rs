@@ -139,6 +139,12 @@ impl JournalFiles {
     /// Called after a checkpoint: files before `resume_seq` hold only synced records.
     pub fn release_below(&self, resume_seq: u64) {
         let mut st = self.state.lock();
+        // The synced point and the replay start are at or before the writer's position.
+        assert!(
+            resume_seq <= st.current,
+            "journal files below {resume_seq} released for reuse while the writer appends to file {}",
+            st.current
+        );
         let below: Vec<u64> = st.existing.range(..resume_seq).copied().collect();
         for seq in below {
             if !st.recyclable.contains(&seq) {

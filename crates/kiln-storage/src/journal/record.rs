@@ -804,6 +804,13 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> 
             h.page_count
         ));
     }
+    let root = h.catalog_root;
+    if root != 0 && !(page::FIRST_DATA_PAGE..h.page_count).contains(&root) {
+        return Err(format!(
+            "catalog root {root} outside the data pages 2..{}",
+            h.page_count
+        ));
+    }
     let mut images = Vec::new();
     for i in 0..h.image_count {
         let ih = take(body, &mut at, IMAGE_HEADER, "page image header")?;
@@ -1082,6 +1089,37 @@ mod tests {
             ),
         ];
         assert_eq!(rec.logical, expect);
+    }
+
+    /// A record whose checksum holds but whose catalog root lies outside its data
+    /// pages is refused by the decoder (replay then fails with the file and offset).
+    #[test]
+    fn a_catalog_root_outside_the_data_pages_is_refused() {
+        let log = LogicalLog::default();
+        for (root, ok) in [(0, true), (2, true), (9, true), (1, false), (10, false)] {
+            let mut buf = PageRun::scratch(1);
+            let input = RecordInput {
+                txn_id: 3,
+                nonce: 1,
+                prev_checksum: 0,
+                catalog_root: root,
+                page_count: 10,
+                freed: &[],
+                pages: &[],
+                logical: &log,
+                buffer_flags: 0,
+                merged: None,
+            };
+            let enc = encode(&input, &mut buf, None);
+            let decoded = decode(&buf.bytes()[..enc.padded_len]);
+            match decoded {
+                Ok(rec) => assert!(ok && rec.header.catalog_root == root, "root {root} decoded"),
+                Err(e) => assert!(
+                    !ok && e.contains(&format!("catalog root {root} outside the data pages 2..10")),
+                    "root {root}: {e}"
+                ),
+            }
+        }
     }
 
     #[test]

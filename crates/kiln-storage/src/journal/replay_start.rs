@@ -33,6 +33,20 @@ impl ReplayStart {
         merge_done: bool,
         buffer_empty: bool,
     ) {
+        let at = |p: JournalPos| (p.file_seq, p.offset);
+        assert!(
+            txn_id > self.txn_id
+                && at(end) > at(self.pos)
+                && self.last_freeze.is_none_or(|(t, p)| t < txn_id && at(p) < at(end)),
+            "replay start after txn {} (journal file {} offset {}, last freeze {:?}) was shown txn {txn_id} \
+             ending at file {} offset {}: commits must be noted in order, each after the replay start",
+            self.txn_id,
+            self.pos.file_seq,
+            self.pos.offset,
+            self.last_freeze.map(|(t, _)| t),
+            end.file_seq,
+            end.offset
+        );
         if buffer_empty {
             // No record up to here holds an entry still needed.
             *self = ReplayStart::new(txn_id, end);

@@ -115,6 +115,10 @@ impl JournalEnd {
     /// The position after a record of `len` bytes, switching files the way
     /// `JournalWriter::write` will, with the next file made ready (`reserve`).
     pub fn advance(&self, len: u64, files: &JournalFiles) -> Result<JournalEnd> {
+        assert!(
+            len.is_multiple_of(DIRECT_IO_ALIGN as u64),
+            "a journal record of {len} bytes: records are padded to {DIRECT_IO_ALIGN} bytes"
+        );
         let mut end = *self;
         if end.offset + len > end.size {
             let seq = end.seq + 1;
@@ -125,6 +129,14 @@ impl JournalEnd {
             };
         }
         end.offset += len;
+        // (`reserve` grows a file too small for the record.)
+        assert!(
+            end.offset <= end.size,
+            "journal file {} of {} bytes: a record of {len} bytes projected to end at {}",
+            end.seq,
+            end.size,
+            end.offset
+        );
         Ok(end)
     }
 }
@@ -136,6 +148,9 @@ pub struct JournalWriter {
     counters: Arc<EngineCounters>,
     current: OpenJournal,
     offset: u64,
+    /// The transaction whose record ends at `offset`: the next record must be the
+    /// next transaction's (recovery follows the chain one txn id at a time).
+    last_txn_id: u64,
     direct_io: bool,
     durability: Durability,
     /// Test-only canary: skip making journal writes durable.
@@ -143,11 +158,15 @@ pub struct JournalWriter {
 }
 
 impl JournalWriter {
+    /// Opens the writer at `pos`, where the record of transaction `last_txn_id` ends
+    /// (recovery's replay end). `pos` comes from the journal or the file header read
+    /// from disk: an offset that no record can end at is refused as corruption.
     pub fn open(
         vfs: Arc<dyn Vfs>,
         files: Arc<JournalFiles>,
         counters: Arc<EngineCounters>,
         pos: JournalPos,
+        last_txn_id: u64,
         direct_io: bool,
         durability: Durability,
     ) -> Result<Self> {
@@ -159,6 +178,18 @@ impl JournalWriter {
         let size = file
             .len()
             .map_err(|e| Error::io(&path, None, "stat journal file", e))?;
+        if !pos.offset.is_multiple_of(DIRECT_IO_ALIGN as u64) || pos.offset > size {
+            return Err(Error::corrupted(
+                &path,
+                format!("offset {}", pos.offset),
+                format!(
+                    "the journal continues after txn {last_txn_id} at offset {} of this {size}-byte file, \
+                     but records end on {DIRECT_IO_ALIGN}-byte boundaries inside their file \
+                     (a damaged file header or journal)",
+                    pos.offset
+                ),
+            ));
+        }
         counters.journal_direct_io_active.store(direct_io, Relaxed);
         if pos.offset >= size / 2 {
             files.spare_wanted.store(true, Relaxed);
@@ -174,6 +205,7 @@ impl JournalWriter {
                 size,
             },
             offset: pos.offset,
+            last_txn_id,
             direct_io,
             durability,
             unsafe_skip_durability: false,
@@ -220,10 +252,29 @@ impl JournalWriter {
     /// durable (or, in buffered mode, written to the OS). On error nothing is
     /// acknowledged; the environment latches, since what reached the disk is unknown.
     pub fn write(&mut self, rec: &PreparedRecord) -> Result<JournalPos> {
+        assert_eq!(
+            rec.txn_id,
+            self.last_txn_id + 1,
+            "journal write of txn {} after txn {}: records are written in transaction order, one per transaction",
+            rec.txn_id,
+            self.last_txn_id
+        );
         self.note_direct_io();
         if self.offset + rec.len as u64 > self.current.size {
             self.switch_file(rec.len as u64)?;
         }
+        assert!(
+            self.offset.is_multiple_of(DIRECT_IO_ALIGN as u64)
+                && rec.len.is_multiple_of(DIRECT_IO_ALIGN)
+                && self.offset + rec.len as u64 <= self.current.size,
+            "journal record of txn {} ({} bytes) at offset {} of {} ({} bytes): a record must start \
+             on a {DIRECT_IO_ALIGN}-byte boundary, be padded to one and lie inside its file",
+            rec.txn_id,
+            rec.len,
+            self.offset,
+            self.current.path.display(),
+            self.current.size
+        );
         let start = Instant::now();
         let bytes = rec.buf.bytes().get(..rec.len).ok_or_else(|| {
             Error::Poisoned(crate::Failure::internal(
@@ -259,6 +310,7 @@ impl JournalWriter {
             self.files.spare_wanted.store(true, Relaxed);
         }
         self.offset += rec.len as u64;
+        self.last_txn_id = rec.txn_id;
         Ok(JournalPos {
             file_seq: self.current.seq,
             offset: self.offset,
@@ -398,4 +450,56 @@ fn open_journal_file(
         .open(path, mode)
         .map_err(|e| Error::io(path, None, "open journal file", e))?;
     Ok((f, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::FileSizes;
+
+    /// The writer continues where recovery says the journal ends, a position read
+    /// from disk: one no record can end at is refused as corruption, with the file
+    /// and offset, instead of writing there.
+    #[test]
+    fn open_refuses_a_position_no_record_ends_at() {
+        let dir = tempfile::tempdir().unwrap();
+        let vfs: Arc<dyn Vfs> = Arc::new(crate::io::OsVfs);
+        let counters = Arc::new(EngineCounters::default());
+        let sizes = FileSizes {
+            first: 1 << 20,
+            full: 1 << 20,
+        };
+        let files = Arc::new(
+            JournalFiles::open(vfs.clone(), dir.path(), sizes, counters.clone(), 1).unwrap(),
+        );
+        let open_at = |offset| {
+            let pos = JournalPos {
+                file_seq: 1,
+                offset,
+                chain_checksum: 0,
+            };
+            JournalWriter::open(
+                vfs.clone(),
+                files.clone(),
+                counters.clone(),
+                pos,
+                7,
+                false,
+                Durability::Immediate,
+            )
+        };
+        assert!(open_at(8192).is_ok());
+        assert!(open_at(1 << 20).is_ok(), "a file filled to its end");
+        for offset in [100, (1 << 20) + 4096] {
+            let err = open_at(offset).err().expect("refused");
+            assert!(err.is_corruption(), "{err}");
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&format!("offset {offset}"))
+                    && msg.contains("after txn 7")
+                    && msg.contains("journal-0000000000000001.log"),
+                "{msg}"
+            );
+        }
+    }
 }

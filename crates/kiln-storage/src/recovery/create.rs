@@ -156,7 +156,7 @@ pub(crate) fn load_header(vfs: &dyn Vfs, data_path: &Path) -> Result<FileHeader>
         // Normal after a crash during a header write (the older copy is the one torn).
         tracing::info!(path = %data_path.display(), problems = problems.join("; "), "one file header copy is not valid; using the other");
     }
-    copies
+    let newest = copies
         .into_iter()
         .max_by_key(|h| h.sequence)
         .ok_or_else(|| {
@@ -165,5 +165,8 @@ pub(crate) fn load_header(vfs: &dyn Vfs, data_path: &Path) -> Result<FileHeader>
                 "pages 0-1 (file header)",
                 format!("no valid header copy ({})", problems.join("; ")),
             )
-        })
+        })?;
+    // (Not the older copy instead: journal files it needs may have been recycled.)
+    newest.check(data_path)?;
+    Ok(newest)
 }

@@ -72,7 +72,7 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
         SyncAtOpen::Nothing | SyncAtOpen::Now => outcome.last_txn_id,
     };
     // Step 6: the journal writer at the replay end, the shared state.
-    let journal = open_journal(&paths, &opts, &counters, outcome.end)?;
+    let journal = open_journal(&paths, &opts, &counters, outcome.end, outcome.last_txn_id)?;
     let recovered = Recovered {
         snap: Snapshot {
             txn_id: outcome.last_txn_id,
@@ -337,12 +337,14 @@ fn allocator_after_replay(
     alloc
 }
 
-/// Step 6: the journal's files (recycled from here on) and its writer, at the replay end.
+/// Step 6: the journal's files (recycled from here on) and its writer, at the replay
+/// end (`end`, after the record of `last_txn_id`).
 fn open_journal(
     paths: &EnvPaths,
     opts: &Options,
     counters: &Arc<EngineCounters>,
     end: JournalPos,
+    last_txn_id: u64,
 ) -> Result<(Arc<JournalFiles>, JournalWriter)> {
     let journal_files = Arc::new(JournalFiles::open(
         opts.vfs.clone(),
@@ -356,6 +358,7 @@ fn open_journal(
         journal_files.clone(),
         counters.clone(),
         end,
+        last_txn_id,
         opts.journal_direct_io,
         opts.durability,
     )?;

@@ -61,6 +61,7 @@ pub(crate) fn replay(
         freed_by: BTreeMap::new(),
         gens: Gens::default(),
         replay_start: header.replay_start(),
+        last_txn_id: header.replay_from_txn_id,
         physical_records: 0,
         merged_values_filled: 0,
     };
@@ -129,6 +130,8 @@ struct Rebuild<'a> {
     freed_by: BTreeMap<PageNo, u64>,
     gens: Gens,
     replay_start: ReplayStart,
+    /// The last record's transaction (the replay start's before the first).
+    last_txn_id: u64,
     physical_records: u64,
     merged_values_filled: u64,
 }
@@ -143,8 +146,17 @@ impl Rebuild<'_> {
             images,
             logical,
         } = rec;
+        // The scan hands over only the record of the next transaction.
+        assert_eq!(
+            header.txn_id,
+            self.last_txn_id + 1,
+            "replay was handed txn {} after txn {}: records must come in transaction order",
+            header.txn_id,
+            self.last_txn_id
+        );
+        self.last_txn_id = header.txn_id;
         if header.txn_id > self.synced_txn_id {
-            self.apply_pages(&header, images, freed)?;
+            self.apply_pages(&header, images, freed, end)?;
         }
         self.apply_buffer_entries(&header, logical, end)
     }
@@ -156,6 +168,7 @@ impl Rebuild<'_> {
         header: &RecordHeader,
         images: Vec<(PageNo, Image)>,
         freed: Vec<PageNo>,
+        end: JournalPos,
     ) -> Result<()> {
         let txn_id = header.txn_id;
         self.physical_records += 1;
@@ -192,7 +205,7 @@ impl Rebuild<'_> {
             if rebuilt {
                 verify_image(self.journal_dir, self.data_path, run.bytes(), no, txn_id)?;
             }
-            self.store.write_raw(no, &run)?;
+            self.store.write_raw(no, &run, header.page_count)?;
             for p in no..no + pages {
                 self.free.remove(&p);
                 self.freed_by.remove(&p);
@@ -202,6 +215,19 @@ impl Rebuild<'_> {
         self.freed_by.extend(freed.iter().map(|&p| (p, txn_id)));
         self.catalog_root = header.catalog_root;
         self.page_count = header.page_count;
+        // A free page is never referenced: a catalog root left free would be handed
+        // out and overwritten. (The record's checksum held: the journal says so.)
+        if self.catalog_root != 0 && self.free.contains(&self.catalog_root) {
+            return Err(Error::corrupted(
+                crate::journal::file_path(self.journal_dir, end.file_seq),
+                format!("offset {}", end.offset.saturating_sub(header.padded_len())),
+                format!(
+                    "the record of txn {txn_id} leaves its catalog root, page {}, free \
+                     (the free-page snapshot or an earlier record frees it, and no record writes it again)",
+                    self.catalog_root
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -243,6 +269,19 @@ impl Rebuild<'_> {
 
     /// The rebuilt state, once the scan found the journal's end.
     fn finish(self, outcome: ScanOutcome) -> Replayed {
+        let (start, end) = (self.replay_start, outcome.end);
+        assert!(
+            start.txn_id <= outcome.last_txn_id
+                && (start.pos.file_seq, start.pos.offset) <= (end.file_seq, end.offset),
+            "replay ended after txn {} (journal file {} offset {}) with its replay start past that, \
+             after txn {} (file {} offset {})",
+            outcome.last_txn_id,
+            end.file_seq,
+            end.offset,
+            start.txn_id,
+            start.pos.file_seq,
+            start.pos.offset
+        );
         let mut by_txn: BTreeMap<u64, Vec<PageNo>> = BTreeMap::new();
         for (page, txn) in self.freed_by {
             by_txn.entry(txn).or_default().push(page);

@@ -330,6 +330,13 @@ impl Reader<'_> {
                             offset: offset + len,
                             chain_checksum: checksum,
                         };
+                        // (The start was checked with the file header; lengths are padded.)
+                        assert!(
+                            chain.pos.offset.is_multiple_of(DIRECT_IO_ALIGN as u64),
+                            "record of txn {} in journal file {seq} ends at offset {}, not on a {DIRECT_IO_ALIGN}-byte boundary",
+                            rec.header.txn_id,
+                            chain.pos.offset
+                        );
                         apply(*rec, chain.pos)?;
                         chain.replayed += 1;
                         chain.expected += 1;

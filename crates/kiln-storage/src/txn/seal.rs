@@ -146,6 +146,17 @@ impl<'env> WriteTxn<'env> {
         let mut pages: Vec<(PageNo, PageRun)> = self.dirty.drain().collect();
         pages.sort_unstable_by_key(|(no, _)| *no);
         for (no, run) in &mut pages {
+            #[cfg(debug_assertions)]
+            if let Some(w) = self.writer.as_ref() {
+                // A free page is never referenced: a page (or bare run) this transaction
+                // writes was taken from the free set (a lookup per page: debug builds only).
+                let end = *no + run.page_count() as u64;
+                debug_assert!(
+                    end <= w.alloc.page_count && !(*no..end).any(|p| w.alloc.free.contains(&p)),
+                    "sealing pages {no}..{end} of txn {txn_id}: outside the {} pages, or free",
+                    w.alloc.page_count
+                );
+            }
             if run.is_bare() {
                 // Value bytes only: the leaf cell pointing here carries their checksum.
                 continue;
