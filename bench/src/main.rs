@@ -1,8 +1,8 @@
 //! Comparative benchmark: the workloads of shared/BENCHMARKS.md (W1-W6) run against
 //! Kiln and its peers (SQLite, LMDB, redb, fjall, RocksDB; PostgreSQL for W6 only), each
 //! commit durable by the engine's own mechanism. The parameters are those of `kiln bench`
-//! (crates/kiln-cli/src/bench.rs): same seed, same key and value generation, same
-//! operation counts.
+//! (crates/kiln-bench): the same seed, keys, values and operation counts, taken from
+//! its `workload` module.
 //!
 //! The parent process runs every (engine, workload, run) in a child process — this
 //! binary re-executed — in a fresh directory under `--dir`, one after another. Each
@@ -15,16 +15,15 @@ mod server;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use rand::{rngs::SmallRng, Rng, RngCore, SeedableRng};
+use kiln_bench::stats::{median, quantile};
+use kiln_bench::workload::{self, Fill, Puts, Values, KEY_BYTES, SEED, VALUE_BYTES};
+use rand::{rngs::SmallRng, Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 include!(concat!(env!("OUT_DIR"), "/versions.rs"));
-
-/// The seed of `kiln bench`: every engine gets the same key and value sequence.
-const SEED: u64 = 0x4B494C4E;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -91,12 +90,12 @@ fn scaled(full: u64, quick: bool) -> u64 {
 /// W1: transactions of one 16 KiB random value under a sequential 8-byte big-endian
 /// key, each durable.
 fn w1(db: &dyn engines::Engine, quick: bool) -> Result<(Vec<Value>, f64, Map<String, Value>)> {
-    let n = scaled(65_536, quick);
-    let mut rng = SmallRng::seed_from_u64(SEED);
-    let mut value = vec![0u8; 16 * 1024];
+    let n = scaled(workload::W1_COMMITS, quick);
+    let mut values = Values::w1();
+    let mut value = vec![0u8; workload::W1_VALUE_BYTES];
     let start = Instant::now();
     for i in 0..n {
-        rng.fill_bytes(&mut value);
+        values.next(&mut value);
         db.commit(&[(&i.to_be_bytes(), &value)])?;
     }
     let seconds = start.elapsed().as_secs_f64();
@@ -121,23 +120,15 @@ fn fill(
     per_txn: u64,
     sequential: bool,
     keep_keys: bool,
-) -> Result<(f64, Vec<[u8; 16]>)> {
-    let mut rng = SmallRng::seed_from_u64(SEED);
+) -> Result<(f64, Vec<[u8; KEY_BYTES]>)> {
+    let mut puts = Puts::fill(sequential);
     let mut kept = Vec::new();
-    let mut keys = vec![[0u8; 16]; per_txn as usize];
-    let mut values = vec![[0u8; 100]; per_txn as usize];
-    let mut n = 0u64;
+    let mut keys = vec![[0u8; KEY_BYTES]; per_txn as usize];
+    let mut values = vec![[0u8; VALUE_BYTES]; per_txn as usize];
     let start = Instant::now();
     for _ in 0..txns {
         for (key, value) in keys.iter_mut().zip(values.iter_mut()) {
-            if sequential {
-                *key = [0u8; 16];
-                key[8..].copy_from_slice(&n.to_be_bytes());
-            } else {
-                rng.fill(&mut key[..]);
-            }
-            n += 1;
-            rng.fill_bytes(value);
+            puts.next(key, value);
         }
         let pairs: Vec<engines::Pair> = keys
             .iter()
@@ -155,11 +146,11 @@ fn fill(
 fn fill_workload(
     db: &dyn engines::Engine,
     name: &str,
-    txns: u64,
-    per_txn: u64,
-    sequential: bool,
+    spec: Fill,
+    quick: bool,
 ) -> Result<(Vec<Value>, f64, Map<String, Value>)> {
-    let (seconds, _) = fill(db, txns, per_txn, sequential, false)?;
+    let (txns, per_txn) = (scaled(spec.txns, quick), spec.per_txn);
+    let (seconds, _) = fill(db, txns, per_txn, spec.sequential, false)?;
     let puts = txns * per_txn;
     let mut extra = Map::new();
     extra.insert("puts".into(), json!(puts));
@@ -177,9 +168,15 @@ fn fill_workload(
 /// reverse scan and random point gets of existing keys (one thread, then the same
 /// gets split between two threads).
 fn w5(engine: &str, dir: &Path, quick: bool) -> Result<(Vec<Value>, f64, Map<String, Value>)> {
-    let txns = scaled(1000, quick);
+    let w3 = workload::W3;
     let db = engines::open(engine, dir)?;
-    let (fill_seconds, keys) = fill(&*db, txns, 1000, false, true)?;
+    let (fill_seconds, keys) = fill(
+        &*db,
+        scaled(w3.txns, quick),
+        w3.per_txn,
+        w3.sequential,
+        true,
+    )?;
     db.close()?;
     let n = keys.len() as u64;
     let db = engines::open(engine, dir)?;
@@ -198,7 +195,7 @@ fn w5(engine: &str, dir: &Path, quick: bool) -> Result<(Vec<Value>, f64, Map<Str
     }
     let gets = scaled(1_000_000, quick);
     let mut rng = SmallRng::seed_from_u64(SEED ^ 0x5735);
-    let lookup: Vec<[u8; 16]> = (0..gets)
+    let lookup: Vec<[u8; KEY_BYTES]> = (0..gets)
         .map(|_| keys[rng.gen_range(0..keys.len())])
         .collect();
     let t = Instant::now();
@@ -253,7 +250,7 @@ fn w6(
     quick: bool,
     threads: u64,
 ) -> Result<(Vec<Value>, f64, Map<String, Value>)> {
-    let total = scaled(20_000, quick);
+    let total = scaled(workload::W6_COMMITS, quick);
     let per_thread = (total / threads).max(1);
     // Each thread's client (its own connection, for a server), opened before the clock.
     let opened = Instant::now();
@@ -268,13 +265,11 @@ fn w6(
             .zip(0u64..)
             .map(|(mut client, t)| {
                 s.spawn(move || -> Result<Vec<u32>> {
-                    let mut rng = SmallRng::seed_from_u64(SEED + t);
+                    let mut puts = Puts::w6_thread(t);
                     let mut lat = Vec::with_capacity(per_thread as usize);
                     for _ in 0..per_thread {
-                        let mut key = [0u8; 16];
-                        rng.fill(&mut key);
-                        let mut value = [0u8; 100];
-                        rng.fill_bytes(&mut value);
+                        let (mut key, mut value) = ([0u8; KEY_BYTES], [0u8; VALUE_BYTES]);
+                        puts.next(&mut key, &mut value);
                         let begin = Instant::now();
                         client.commit_one(&key, &value)?;
                         lat.push(begin.elapsed().as_micros().min(u32::MAX as u128) as u32);
@@ -291,7 +286,7 @@ fn w6(
     let seconds = start.elapsed().as_secs_f64();
     let mut all: Vec<u32> = latencies.into_iter().flatten().collect();
     all.sort_unstable();
-    let q = |f: f64| all[((all.len() as f64 * f) as usize).min(all.len() - 1)];
+    let q = |f: f64| quantile(&all, f);
     let commits = all.len() as u64;
     let mut extra = Map::new();
     extra.insert("threads".into(), json!(threads));
@@ -319,15 +314,9 @@ fn child(engine: &str, workload: &str, dir: &Path, quick: bool, threads: u64) ->
             let db = engines::open(engine, dir)?;
             let mut out = match wl {
                 "W1" => w1(&*db, quick)?,
-                "W2" => fill_workload(&*db, "W2 fill-seq", scaled(1000, quick), 1000, true)?,
-                "W3" => fill_workload(&*db, "W3 fill-rnd", scaled(1000, quick), 1000, false)?,
-                "W4" => fill_workload(
-                    &*db,
-                    "W4 fill-rnd-10k-tx",
-                    scaled(10_000, quick),
-                    100,
-                    false,
-                )?,
+                "W2" => fill_workload(&*db, "W2 fill-seq", workload::W2, quick)?,
+                "W3" => fill_workload(&*db, "W3 fill-rnd", workload::W3, quick)?,
+                "W4" => fill_workload(&*db, "W4 fill-rnd-10k-tx", workload::W4, quick)?,
                 "W6" => w6(&*db, quick, threads)?,
                 other => bail!("unknown workload {other:?} (available: W1..W6)"),
             };
@@ -366,12 +355,6 @@ struct Cell {
     extras: Vec<Value>,
     unit: String,
     lower_is_better: bool,
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn spawn_child(args: &Args, engine: &str, job: &Job, run_dir: &Path) -> Result<Value> {
@@ -442,49 +425,21 @@ fn fmt_value(v: f64, unit: &str) -> String {
 }
 
 fn machine() -> Value {
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let mem_gib = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map(|kb| kb / 1024.0 / 1024.0);
-    json!({ "cores": cores, "cpu": cpu, "kernel": kernel, "memory_gib": mem_gib })
+    use kiln_bench::machine;
+    json!({
+        "cores": machine::cores().unwrap_or(0),
+        "cpu": machine::cpu_model().unwrap_or_else(|| "unknown".into()),
+        "kernel": machine::kernel().unwrap_or_else(|| "unknown".into()),
+        "memory_gib": machine::memory_gib(),
+    })
 }
 
 /// The file system holding `dir`: (type, mount point, device) from /proc/self/mounts.
 fn file_system(dir: &Path) -> Value {
     let path = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let mut best: Option<(usize, &str, &str, &str)> = None;
-    for line in mounts.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 3 {
-            continue;
-        }
-        let mp = f[1];
-        if path.starts_with(mp) && best.is_none_or(|b| mp.len() >= b.0) {
-            best = Some((mp.len(), f[2], mp, f[0]));
-        }
-    }
-    match best {
-        Some((_, fs, mp, dev)) => {
-            json!({ "path": path, "type": fs, "mount_point": mp, "device": dev })
+    match kiln_bench::machine::mount_of(&path) {
+        Some(m) => {
+            json!({ "path": path, "type": m.fs_type, "mount_point": m.point, "device": m.source })
         }
         None => json!({ "path": path, "type": "unknown" }),
     }
@@ -513,13 +468,30 @@ fn utc_now() -> String {
     )
 }
 
-fn parent(args: &Args) -> Result<()> {
+/// Engine -> why (it cannot run here, it does not run a workload, it failed).
+type Reasons = BTreeMap<String, String>;
+/// Job label -> engine -> why.
+type ByJob = BTreeMap<String, Reasons>;
+
+/// The engines of `--engines`, all known ones.
+fn plan_engines(args: &Args) -> Result<Vec<String>> {
     let engines: Vec<String> = args
         .engines
         .split(',')
         .map(|e| e.trim().to_ascii_lowercase())
         .filter(|e| !e.is_empty())
         .collect();
+    if let Some(bad) = engines.iter().find(|e| !engines::ALL.contains(&e.as_str())) {
+        bail!(
+            "unknown engine {bad:?} (known: {})",
+            engines::ALL.join(", ")
+        );
+    }
+    Ok(engines)
+}
+
+/// The jobs of `--workloads`: one per workload, W6 one per thread count.
+fn plan_jobs(args: &Args) -> Result<Vec<Job>> {
     let threads: Vec<u64> = args
         .threads
         .split(',')
@@ -553,16 +525,15 @@ fn parent(args: &Args) -> Result<()> {
             }
         }
     }
+    Ok(jobs)
+}
 
-    if let Some(bad) = engines.iter().find(|e| !engines::ALL.contains(&e.as_str())) {
-        bail!(
-            "unknown engine {bad:?} (known: {})",
-            engines::ALL.join(", ")
-        );
-    }
-    let mut missing: BTreeMap<String, String> = BTreeMap::new();
+/// The engines built in and available here, and why the others are not (said on
+/// stderr as they are found).
+fn runnable_engines(engines: &[String]) -> (Vec<String>, Reasons) {
+    let mut missing = Reasons::new();
     let mut runnable = Vec::new();
-    for e in &engines {
+    for e in engines {
         match engines::missing_reason(e) {
             Some(why) => {
                 eprintln!("{e}: {why}");
@@ -571,46 +542,49 @@ fn parent(args: &Args) -> Result<()> {
             None => runnable.push(e.clone()),
         }
     }
+    (runnable, missing)
+}
 
-    let created_dir = !args.dir.exists();
-    std::fs::create_dir_all(&args.dir)?;
-    let fs = file_system(&args.dir);
-    let machine = machine();
-    eprintln!(
-        "kiln-bench: {} engine(s) x {} workload variant(s){}, in {} ({}); {} cores, kernel {}",
-        runnable.len(),
-        jobs.len(),
-        if args.quick {
-            ", --quick (1/20 scale)"
-        } else {
-            ""
-        },
-        args.dir.display(),
-        fs["type"].as_str().unwrap_or("?"),
-        machine["cores"],
-        machine["kernel"].as_str().unwrap_or("?"),
-    );
-
-    // Engines that do not run some workloads at all (PostgreSQL: W6 only).
-    let mut not_applicable: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    for job in &jobs {
-        for engine in &engines {
+/// Engines that do not run some workloads at all (PostgreSQL: W6 only).
+fn not_applicable(jobs: &[Job], engines: &[String]) -> ByJob {
+    let mut na = ByJob::new();
+    for job in jobs {
+        for engine in engines {
             if let Some(why) = engines::not_applicable(engine, &job.workload) {
-                not_applicable
-                    .entry(job.label.clone())
+                na.entry(job.label.clone())
                     .or_default()
                     .insert(engine.clone(), why.to_string());
             }
         }
     }
-    let applies = |engine: &String, job: &Job| {
-        not_applicable
-            .get(&job.label)
-            .is_none_or(|m| !m.contains_key(engine))
-    };
+    na
+}
+
+fn applies(na: &ByJob, engine: &str, job: &Job) -> bool {
+    na.get(&job.label).is_none_or(|m| !m.contains_key(engine))
+}
+
+/// What the runs gave: row name -> engine -> cell, rows in first-seen order; and
+/// the failed runs.
+#[derive(Default)]
+struct Collected {
+    row_order: Vec<String>,
+    cells: BTreeMap<String, BTreeMap<String, Cell>>,
+    errors: ByJob,
+}
+
+/// Every job for every engine that runs it, one child process per run; engines
+/// that turn out unavailable go to `missing`.
+fn run_suite(
+    args: &Args,
+    jobs: &[Job],
+    runnable: &[String],
+    na: &ByJob,
+    missing: &mut Reasons,
+) -> Result<Collected> {
     let planned = jobs
         .iter()
-        .map(|j| runnable.iter().filter(|e| applies(e, j)).count())
+        .map(|j| runnable.iter().filter(|e| applies(na, e, j)).count())
         .sum::<usize>();
     let pb = ProgressBar::new(planned as u64);
     pb.set_style(
@@ -618,104 +592,134 @@ fn parent(args: &Args) -> Result<()> {
             .expect("static template")
             .progress_chars("=> "),
     );
-
-    // row name -> engine -> cell; rows kept in first-seen order.
-    let mut row_order: Vec<String> = Vec::new();
-    let mut cells: BTreeMap<String, BTreeMap<String, Cell>> = BTreeMap::new();
-    let mut errors: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    let suite_start = Instant::now();
-    for job in &jobs {
-        for engine in &runnable {
-            if !applies(engine, job) {
+    let mut collected = Collected::default();
+    for job in jobs {
+        for engine in runnable {
+            if !applies(na, engine, job) {
                 continue;
             }
-            if missing.contains_key(engine) {
-                // Became unavailable in an earlier job (its server would not start).
-                pb.inc(1);
-                continue;
-            }
-            let mut run = 0usize;
-            loop {
-                run += 1;
-                pb.set_message(format!("{} {engine} run {run}", job.label));
-                let run_dir = args.dir.join(format!(
-                    "{engine}-{}-{}-{}",
-                    job.label.replace([' ', '='], ""),
-                    run,
-                    std::process::id()
-                ));
-                let _ = std::fs::remove_dir_all(&run_dir);
-                std::fs::create_dir_all(&run_dir)?;
-                let t = Instant::now();
-                let res = spawn_child(args, engine, job, &run_dir);
-                let _ = std::fs::remove_dir_all(&run_dir);
-                let out = match res {
-                    Ok(v) => v,
-                    Err(e) if e.is::<engines::Unavailable>() => {
-                        // Built in, but cannot run here: one line, and the suite goes on.
-                        let why = format!("skipped: {e}");
-                        pb.suspend(|| eprintln!("{engine}: {why}"));
-                        missing.insert(engine.clone(), why);
-                        break;
-                    }
-                    Err(e) => {
-                        let msg = format!("{e:#}");
-                        pb.suspend(|| eprintln!("{} {engine}: FAILED: {msg}", job.label));
-                        errors
-                            .entry(job.label.clone())
-                            .or_default()
-                            .insert(engine.clone(), msg);
-                        break;
-                    }
-                };
-                let seconds = out["seconds"].as_f64().unwrap_or(0.0);
-                let mut summary = Vec::new();
-                for r in out["rows"].as_array().into_iter().flatten() {
-                    let name = r["row"].as_str().unwrap_or("?").to_string();
-                    let value = r["value"].as_f64().unwrap_or(f64::NAN);
-                    let unit = r["unit"].as_str().unwrap_or("").to_string();
-                    summary.push(format!("{name} {} {unit}", fmt_value(value, &unit)));
-                    if !row_order.contains(&name) {
-                        row_order.push(name.clone());
-                    }
-                    let cell = cells
-                        .entry(name)
-                        .or_default()
-                        .entry(engine.clone())
-                        .or_default();
-                    cell.values.push(value);
-                    cell.extras.push(out["extra"].clone());
-                    cell.unit = unit;
-                    cell.lower_is_better = r["lower_is_better"].as_bool().unwrap_or(false);
-                }
-                pb.suspend(|| {
-                    eprintln!(
-                        "  {engine:<8} run {run}: {} ({:.1} s wall)",
-                        summary.join(", "),
-                        t.elapsed().as_secs_f64()
-                    )
-                });
-                let wanted = match args.runs {
-                    Some(n) => n.max(1),
-                    None if run == 1 && seconds > 10.0 => 1,
-                    None => 3,
-                };
-                if run >= wanted {
-                    break;
-                }
+            // An engine already in `missing` became unavailable in an earlier job
+            // (its server would not start).
+            if !missing.contains_key(engine) {
+                run_engine_job(args, engine, job, &pb, &mut collected, missing)?;
             }
             pb.inc(1);
         }
     }
     pb.finish_and_clear();
-    if created_dir {
-        let _ = std::fs::remove_dir(&args.dir);
-    }
+    Ok(collected)
+}
 
-    // The table.
-    let mut cols: Vec<String> = engines.clone();
+/// The runs of one job for one engine: `--runs` of them (default 3, or 1 when the
+/// first takes over 10 s), or fewer if one fails or finds the engine unavailable.
+fn run_engine_job(
+    args: &Args,
+    engine: &str,
+    job: &Job,
+    pb: &ProgressBar,
+    collected: &mut Collected,
+    missing: &mut Reasons,
+) -> Result<()> {
+    let mut run = 0usize;
+    loop {
+        run += 1;
+        pb.set_message(format!("{} {engine} run {run}", job.label));
+        let run_dir = args.dir.join(format!(
+            "{engine}-{}-{}-{}",
+            job.label.replace([' ', '='], ""),
+            run,
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&run_dir);
+        std::fs::create_dir_all(&run_dir)?;
+        let t = Instant::now();
+        let res = spawn_child(args, engine, job, &run_dir);
+        let _ = std::fs::remove_dir_all(&run_dir);
+        let out = match res {
+            Ok(v) => v,
+            Err(e) if e.is::<engines::Unavailable>() => {
+                // Built in, but cannot run here: one line, and the suite goes on.
+                let why = format!("skipped: {e}");
+                pb.suspend(|| eprintln!("{engine}: {why}"));
+                missing.insert(engine.to_string(), why);
+                return Ok(());
+            }
+            Err(e) => {
+                let msg = format!("{e:#}");
+                pb.suspend(|| eprintln!("{} {engine}: FAILED: {msg}", job.label));
+                collected
+                    .errors
+                    .entry(job.label.clone())
+                    .or_default()
+                    .insert(engine.to_string(), msg);
+                return Ok(());
+            }
+        };
+        let summary = collect_rows(&out, engine, collected);
+        pb.suspend(|| {
+            eprintln!(
+                "  {engine:<8} run {run}: {} ({:.1} s wall)",
+                summary.join(", "),
+                t.elapsed().as_secs_f64()
+            )
+        });
+        let seconds = out["seconds"].as_f64().unwrap_or(0.0);
+        let wanted = match args.runs {
+            Some(n) => n.max(1),
+            None if run == 1 && seconds > 10.0 => 1,
+            None => 3,
+        };
+        if run >= wanted {
+            return Ok(());
+        }
+    }
+}
+
+/// Adds the rows of one child's answer to the cells of `engine`; returns them as
+/// "name value unit" for the progress line.
+fn collect_rows(out: &Value, engine: &str, collected: &mut Collected) -> Vec<String> {
+    let mut summary = Vec::new();
+    for r in out["rows"].as_array().into_iter().flatten() {
+        let name = r["row"].as_str().unwrap_or("?").to_string();
+        let value = r["value"].as_f64().unwrap_or(f64::NAN);
+        let unit = r["unit"].as_str().unwrap_or("").to_string();
+        summary.push(format!("{name} {} {unit}", fmt_value(value, &unit)));
+        if !collected.row_order.contains(&name) {
+            collected.row_order.push(name.clone());
+        }
+        let cell = collected
+            .cells
+            .entry(name)
+            .or_default()
+            .entry(engine.to_string())
+            .or_default();
+        cell.values.push(value);
+        cell.extras.push(out["extra"].clone());
+        cell.unit = unit;
+        cell.lower_is_better = r["lower_is_better"].as_bool().unwrap_or(false);
+    }
+    summary
+}
+
+/// The results: the Markdown table, every row for the results file, and where Kiln
+/// is behind its best peer.
+struct Table {
+    md: String,
+    results: Vec<Value>,
+    behind: Vec<String>,
+}
+
+/// The table's columns (one per engine asked for, in order) and rows (one per row
+/// name seen, in order), with a last column of Kiln over its best peer.
+fn table(
+    engines: &[String],
+    jobs: &[Job],
+    na: &ByJob,
+    missing: &Reasons,
+    collected: &Collected,
+) -> Table {
+    let mut cols: Vec<String> = engines.to_vec();
     cols.dedup();
-    let peers: Vec<&String> = cols.iter().filter(|e| *e != "kiln").collect();
     let has_kiln = cols.iter().any(|e| e == "kiln");
     let mut md = String::new();
     md.push_str("| workload | unit |");
@@ -734,112 +738,142 @@ fn parent(args: &Args) -> Result<()> {
         md.push_str("---:|");
     }
     md.push('\n');
-    let mut results = Vec::new();
-    let mut behind = Vec::new();
-    for name in &row_order {
-        let row_cells = &cells[name];
-        let any = row_cells.values().next().expect("a row has a cell");
-        let (unit, lower) = (any.unit.clone(), any.lower_is_better);
-        let unit_label = if lower {
-            format!("{unit} (lower is better)")
-        } else {
-            unit.clone()
-        };
-        md.push_str(&format!("| {name} | {unit_label} |"));
-        let job_label = jobs
-            .iter()
-            .find(|j| *name == j.label || name.starts_with(&format!("{} ", j.label)))
-            .map(|j| j.label.clone())
-            .unwrap_or_default();
-        let na = not_applicable.get(&job_label);
-        let mut per_engine = Map::new();
-        for c in &cols {
-            let text = match (row_cells.get(c), missing.get(c)) {
-                (Some(cell), _) => {
-                    let m = median(&cell.values);
-                    per_engine.insert(
-                        c.clone(),
-                        json!({ "median": m, "runs": cell.values, "extra": cell.extras }),
-                    );
-                    fmt_value(m, &unit)
-                }
-                // A workload the engine never runs (PostgreSQL: all but W6): "-",
-                // whether or not the engine is built or available.
-                (None, _) if na.is_some_and(|m| m.contains_key(c)) => {
-                    per_engine.insert(c.clone(), json!({ "not_applicable": na.unwrap()[c] }));
-                    "-".to_string()
-                }
-                (None, Some(why)) => {
-                    per_engine.insert(c.clone(), json!({ "not_run": why }));
-                    if why.starts_with("not built") {
-                        "not built".to_string()
-                    } else {
-                        "skipped".to_string()
-                    }
-                }
-                (None, None) => {
-                    let err = errors.get(&job_label).and_then(|m| m.get(c));
-                    if let Some(e) = err {
-                        per_engine.insert(c.clone(), json!({ "error": e }));
-                    }
-                    if err.is_some() {
-                        "failed".to_string()
-                    } else {
-                        "-".to_string()
-                    }
-                }
-            };
-            md.push_str(&format!(" {text} |"));
-        }
-        let mut ratio_json = Value::Null;
-        if has_kiln {
-            let kiln = row_cells.get("kiln").map(|c| median(&c.values));
-            let best = peers
-                .iter()
-                .filter_map(|p| row_cells.get(*p).map(|c| (p.as_str(), median(&c.values))))
-                .reduce(|a, b| {
-                    let b_better = if lower { b.1 < a.1 } else { b.1 > a.1 };
-                    if b_better {
-                        b
-                    } else {
-                        a
-                    }
-                });
-            let text = match (kiln, best) {
-                (Some(k), Some((peer, b))) => {
-                    // > 1 means Kiln is ahead, whichever way the unit goes.
-                    let ratio = if lower { b / k } else { k / b };
-                    ratio_json = json!({ "ratio": ratio, "best_peer": peer, "best_peer_value": b,
-                                         "meaning": "Kiln's speed over the best peer's: > 1 means Kiln is ahead" });
-                    if ratio < 1.0 {
-                        behind.push(format!("{name}: {ratio:.2}x of {peer}"));
-                    }
-                    format!("{ratio:.2}x ({peer})")
-                }
-                _ => "-".to_string(),
-            };
-            md.push_str(&format!(" {text} |"));
-        }
-        md.push('\n');
-        results.push(json!({
-            "row": name,
-            "unit": unit,
-            "lower_is_better": lower,
-            "engines": per_engine,
-            "kiln_vs_best_peer": ratio_json,
-        }));
+    let mut t = Table {
+        md,
+        results: Vec::new(),
+        behind: Vec::new(),
+    };
+    for name in &collected.row_order {
+        table_row(&mut t, name, &cols, jobs, na, missing, collected);
     }
     // Workloads where every engine failed have no row yet: list them.
-    for (label, errs) in &errors {
-        if !row_order
+    for (label, errs) in &collected.errors {
+        if !collected
+            .row_order
             .iter()
             .any(|r| r == label || r.starts_with(&format!("{label} ")))
         {
-            results.push(json!({ "row": label, "engines": errs }));
+            t.results.push(json!({ "row": label, "engines": errs }));
         }
     }
+    t
+}
 
-    let date = utc_now();
+/// One row of the table (and of the results file).
+fn table_row(
+    t: &mut Table,
+    name: &str,
+    cols: &[String],
+    jobs: &[Job],
+    na: &ByJob,
+    missing: &Reasons,
+    collected: &Collected,
+) {
+    let row_cells = &collected.cells[name];
+    let any = row_cells.values().next().expect("a row has a cell");
+    let (unit, lower) = (any.unit.clone(), any.lower_is_better);
+    let unit_label = if lower {
+        format!("{unit} (lower is better)")
+    } else {
+        unit.clone()
+    };
+    t.md.push_str(&format!("| {name} | {unit_label} |"));
+    let job_label = jobs
+        .iter()
+        .find(|j| name == j.label || name.starts_with(&format!("{} ", j.label)))
+        .map(|j| j.label.clone())
+        .unwrap_or_default();
+    let na = na.get(&job_label);
+    let mut per_engine = Map::new();
+    for c in cols {
+        let text = match (row_cells.get(c), missing.get(c)) {
+            (Some(cell), _) => {
+                let m = median(&cell.values);
+                per_engine.insert(
+                    c.clone(),
+                    json!({ "median": m, "runs": cell.values, "extra": cell.extras }),
+                );
+                fmt_value(m, &unit)
+            }
+            // A workload the engine never runs (PostgreSQL: all but W6): "-",
+            // whether or not the engine is built or available.
+            (None, _) if na.is_some_and(|m| m.contains_key(c)) => {
+                per_engine.insert(c.clone(), json!({ "not_applicable": na.unwrap()[c] }));
+                "-".to_string()
+            }
+            (None, Some(why)) => {
+                per_engine.insert(c.clone(), json!({ "not_run": why }));
+                if why.starts_with("not built") {
+                    "not built".to_string()
+                } else {
+                    "skipped".to_string()
+                }
+            }
+            (None, None) => {
+                let err = collected.errors.get(&job_label).and_then(|m| m.get(c));
+                if let Some(e) = err {
+                    per_engine.insert(c.clone(), json!({ "error": e }));
+                }
+                if err.is_some() {
+                    "failed".to_string()
+                } else {
+                    "-".to_string()
+                }
+            }
+        };
+        t.md.push_str(&format!(" {text} |"));
+    }
+    let mut ratio_json = Value::Null;
+    if cols.iter().any(|e| e == "kiln") {
+        let kiln = row_cells.get("kiln").map(|c| median(&c.values));
+        let best = cols
+            .iter()
+            .filter(|e| *e != "kiln")
+            .filter_map(|p| row_cells.get(p).map(|c| (p.as_str(), median(&c.values))))
+            .reduce(|a, b| {
+                let b_better = if lower { b.1 < a.1 } else { b.1 > a.1 };
+                if b_better {
+                    b
+                } else {
+                    a
+                }
+            });
+        let text = match (kiln, best) {
+            (Some(k), Some((peer, b))) => {
+                // > 1 means Kiln is ahead, whichever way the unit goes.
+                let ratio = if lower { b / k } else { k / b };
+                ratio_json = json!({ "ratio": ratio, "best_peer": peer, "best_peer_value": b,
+                                     "meaning": "Kiln's speed over the best peer's: > 1 means Kiln is ahead" });
+                if ratio < 1.0 {
+                    t.behind.push(format!("{name}: {ratio:.2}x of {peer}"));
+                }
+                format!("{ratio:.2}x ({peer})")
+            }
+            _ => "-".to_string(),
+        };
+        t.md.push_str(&format!(" {text} |"));
+    }
+    t.md.push('\n');
+    t.results.push(json!({
+        "row": name,
+        "unit": unit,
+        "lower_is_better": lower,
+        "engines": per_engine,
+        "kiln_vs_best_peer": ratio_json,
+    }));
+}
+
+/// The table on stdout: a title line with the run's settings and machine, the
+/// table, then what did not run or failed.
+fn print_table(
+    args: &Args,
+    date: &str,
+    machine: &Value,
+    fs: &Value,
+    t: &Table,
+    missing: &Reasons,
+    errors: &ByJob,
+) {
     println!(
         "Kiln vs peers, {}, {}{}; {} ({} cores, kernel {}), {} on {}",
         date,
@@ -863,28 +897,26 @@ fn parent(args: &Args) -> Result<()> {
         fs["device"].as_str().unwrap_or("?"),
     );
     println!();
-    print!("{md}");
+    print!("{}", t.md);
     println!();
     println!("Kiln / best peer: Kiln's speed over the best peer's in the same run (> 1: Kiln ahead; for ms/commit the peer's time over Kiln's).");
-    for (e, why) in &missing {
+    for (e, why) in missing {
         println!("{e}: {why}");
     }
-    for (label, errs) in &errors {
+    for (label, errs) in errors {
         for (e, msg) in errs {
             println!("{label} {e}: failed: {msg}");
         }
     }
-    if !behind.is_empty() {
-        println!("Kiln behind the best peer: {}", behind.join("; "));
+    if !t.behind.is_empty() {
+        println!("Kiln behind the best peer: {}", t.behind.join("; "));
     }
+}
 
-    let versions: Map<String, Value> = CRATE_VERSIONS
-        .iter()
-        .map(|(n, v)| (n.to_string(), json!(v)))
-        .collect();
-    // Server engines (PostgreSQL): version and settings, as the first run reported them.
+/// Server engines (PostgreSQL): version and settings, as the first run reported them.
+fn servers(collected: &Collected) -> Map<String, Value> {
     let mut servers = Map::new();
-    for by_engine in cells.values() {
+    for by_engine in collected.cells.values() {
         for (engine, cell) in by_engine {
             if servers.contains_key(engine) {
                 continue;
@@ -909,58 +941,150 @@ fn parent(args: &Args) -> Result<()> {
             }
         }
     }
+    servers
+}
+
+/// How each engine made its commits durable (the results file's settings).
+fn durability() -> Value {
+    json!({
+        "kiln": "Options::default() (journal, Durability::Immediate); W6 through Env::submit",
+        "sqlite": "WAL, synchronous=FULL, table kv(key BLOB PRIMARY KEY, value BLOB)",
+        "lmdb": "heed, default flags (sync on commit)",
+        "redb": "Durability::Immediate",
+        "fjall": "batch commit + Keyspace::persist(PersistMode::SyncAll) per transaction; Config::cache_size(256 MiB)",
+        "rocksdb": "WriteOptions::set_sync(true); LRU block cache 256 MiB, Bloom filter 10 bits/key, index and filter blocks cached, level_compaction_dynamic_level_bytes, increase_parallelism(2)",
+        "kiln_serve": "W8/W9: `kiln bench --workloads W8|W9 --no-redis` (kiln serve's defaults; 64 keep-alive connections, one single-threaded load generator; W8 PUTs ~1 KiB JSON documents, each a new id)",
+        "redis": "W8/W9 only: `kiln bench --redis-only`: a throwaway redis-server --appendonly yes --appendfsync always --save '' on loopback; redis-benchmark -c 64 -d 1024 -t set|get (W8: 200,000 SETs over as many keys; W9: GETs of 10,000 keys filled first)",
+        "postgres": "W6 only: a throwaway server (initdb in the run's directory, Unix socket only) with fsync=on, synchronous_commit=on, full_page_writes=on (the defaults), shared_buffers=256MB, max_connections=200; table kv(key bytea PRIMARY KEY, value bytea); one connection per thread, each commit an autocommit INSERT ... ON CONFLICT (key) DO UPDATE",
+    })
+}
+
+/// Everything the suite ran and measured, as the results file holds it.
+struct Suite<'a> {
+    args: &'a Args,
+    engines: &'a [String],
+    jobs: &'a [Job],
+    na: &'a ByJob,
+    missing: &'a Reasons,
+    collected: &'a Collected,
+    table: &'a Table,
+    date: &'a str,
+    machine: Value,
+    fs: Value,
+    seconds: f64,
+}
+
+/// The results file (`--out`): settings, machine, versions, every figure.
+fn write_results(s: &Suite) -> Result<()> {
+    let args = s.args;
+    let versions: Map<String, Value> = CRATE_VERSIONS
+        .iter()
+        .map(|(n, v)| (n.to_string(), json!(v)))
+        .collect();
     // Why an engine shows "-" for a workload it does not run.
     let mut notes = Map::new();
-    for m in not_applicable.values() {
+    for m in s.na.values() {
         for (engine, why) in m {
-            if engines.contains(engine) {
+            if s.engines.contains(engine) {
                 notes.insert(engine.clone(), json!(why));
             }
         }
     }
-    let (not_built, skipped): (BTreeMap<_, _>, BTreeMap<_, _>) = missing
+    let (not_built, skipped): (Reasons, Reasons) = s
+        .missing
         .iter()
+        .map(|(e, why)| (e.clone(), why.clone()))
         .partition(|(_, why)| why.starts_with("not built"));
     let report = json!({
-        "date": date,
+        "date": s.date,
         "command": std::env::args().collect::<Vec<_>>(),
         "settings": {
-            "engines": engines,
-            "workloads": jobs.iter().map(|j| j.label.clone()).collect::<Vec<_>>(),
+            "engines": s.engines,
+            "workloads": s.jobs.iter().map(|j| j.label.clone()).collect::<Vec<_>>(),
             "quick": args.quick,
             "scale": if args.quick { "1/20" } else { "full" },
             "runs": args.runs.map_or(json!("3, or 1 when the first run takes over 10 s"), |n| json!(n)),
             "seed": SEED,
-            "key_bytes": 16,
-            "value_bytes": 100,
+            "key_bytes": KEY_BYTES,
+            "value_bytes": VALUE_BYTES,
             "dir": args.dir,
-            "durability": {
-                "kiln": "Options::default() (journal, Durability::Immediate); W6 through Env::submit",
-                "sqlite": "WAL, synchronous=FULL, table kv(key BLOB PRIMARY KEY, value BLOB)",
-                "lmdb": "heed, default flags (sync on commit)",
-                "redb": "Durability::Immediate",
-                "fjall": "batch commit + Keyspace::persist(PersistMode::SyncAll) per transaction; Config::cache_size(256 MiB)",
-                "rocksdb": "WriteOptions::set_sync(true); LRU block cache 256 MiB, Bloom filter 10 bits/key, index and filter blocks cached, level_compaction_dynamic_level_bytes, increase_parallelism(2)",
-                "kiln_serve": "W8/W9: `kiln bench --workloads W8|W9 --no-redis` (kiln serve's defaults; 64 keep-alive connections, one single-threaded load generator; W8 PUTs ~1 KiB JSON documents, each a new id)",
-                "redis": "W8/W9 only: `kiln bench --redis-only`: a throwaway redis-server --appendonly yes --appendfsync always --save '' on loopback; redis-benchmark -c 64 -d 1024 -t set|get (W8: 200,000 SETs over as many keys; W9: GETs of 10,000 keys filled first)",
-                "postgres": "W6 only: a throwaway server (initdb in the run's directory, Unix socket only) with fsync=on, synchronous_commit=on, full_page_writes=on (the defaults), shared_buffers=256MB, max_connections=200; table kv(key bytea PRIMARY KEY, value bytea); one connection per thread, each commit an autocommit INSERT ... ON CONFLICT (key) DO UPDATE",
-            },
-            "suite_seconds": suite_start.elapsed().as_secs_f64(),
+            "durability": durability(),
+            "suite_seconds": s.seconds,
         },
-        "machine": { "host": machine, "file_system": fs },
+        "machine": { "host": s.machine, "file_system": s.fs },
         "crate_versions": versions,
-        "servers": servers,
+        "servers": servers(s.collected),
         "notes": notes,
         "not_built": not_built,
         "skipped": skipped,
-        "errors": errors,
-        "results": results,
-        "markdown": md,
+        "errors": s.collected.errors,
+        "results": s.table.results,
+        "markdown": s.table.md,
     });
     std::fs::write(&args.out, serde_json::to_string_pretty(&report)? + "\n")
         .with_context(|| format!("writing {}", args.out.display()))?;
     eprintln!("wrote {}", args.out.display());
-    let failed: usize = errors.values().map(BTreeMap::len).sum();
+    Ok(())
+}
+
+/// The parent: plans the jobs, runs each (engine, job, run) in a child, prints the
+/// table and writes the results file.
+fn parent(args: &Args) -> Result<()> {
+    let jobs = plan_jobs(args)?;
+    let engines = plan_engines(args)?;
+    let (runnable, mut missing) = runnable_engines(&engines);
+
+    let created_dir = !args.dir.exists();
+    std::fs::create_dir_all(&args.dir)?;
+    let fs = file_system(&args.dir);
+    let machine = machine();
+    eprintln!(
+        "kiln-bench: {} engine(s) x {} workload variant(s){}, in {} ({}); {} cores, kernel {}",
+        runnable.len(),
+        jobs.len(),
+        if args.quick {
+            ", --quick (1/20 scale)"
+        } else {
+            ""
+        },
+        args.dir.display(),
+        fs["type"].as_str().unwrap_or("?"),
+        machine["cores"],
+        machine["kernel"].as_str().unwrap_or("?"),
+    );
+
+    let na = not_applicable(&jobs, &engines);
+    let suite_start = Instant::now();
+    let collected = run_suite(args, &jobs, &runnable, &na, &mut missing)?;
+    if created_dir {
+        let _ = std::fs::remove_dir(&args.dir);
+    }
+
+    let table = table(&engines, &jobs, &na, &missing, &collected);
+    let date = utc_now();
+    print_table(
+        args,
+        &date,
+        &machine,
+        &fs,
+        &table,
+        &missing,
+        &collected.errors,
+    );
+    write_results(&Suite {
+        args,
+        engines: &engines,
+        jobs: &jobs,
+        na: &na,
+        missing: &missing,
+        collected: &collected,
+        table: &table,
+        date: &date,
+        machine,
+        fs,
+        seconds: suite_start.elapsed().as_secs_f64(),
+    })?;
+    let failed: usize = collected.errors.values().map(BTreeMap::len).sum();
     if failed > 0 {
         bail!("{failed} engine/workload run(s) failed (see above); the other figures are in the table");
     }

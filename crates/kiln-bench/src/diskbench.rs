@@ -3,6 +3,7 @@
 //! writes of several sizes, and concurrent durable writers, each row with writes/s,
 //! MB/s and p50/p99 latency; then a few lines of interpretation.
 
+use crate::machine::{self, read_trimmed};
 use crate::rawdisk::{
     open_for_writes, preallocate, summarize, timed_writes, AlignedBuf, LatencySummary, Prealloc,
     RawDiskError, WriteMode,
@@ -885,13 +886,6 @@ impl Facts {
     }
 }
 
-fn read_trimmed(p: impl AsRef<Path>) -> Option<String> {
-    std::fs::read_to_string(p)
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-}
-
 fn fs_name(magic: u64) -> Option<&'static str> {
     Some(match magic {
         0xEF53 => "ext2/3/4",
@@ -910,31 +904,12 @@ fn fs_name(magic: u64) -> Option<&'static str> {
     })
 }
 
-/// Undoes the octal escapes (\040 for a space) of /proc/mounts.
-fn unescape_mount(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Cheap facts: cores, kernel, file system, mount options and the block device's
 /// write-cache setting; whatever cannot be read is left out.
 fn machine_facts(dir: &Path) -> Facts {
     let mut f = Facts {
-        cores: std::thread::available_parallelism().ok().map(|n| n.get()),
-        kernel: read_trimmed("/proc/sys/kernel/osrelease"),
+        cores: machine::cores(),
+        kernel: machine::kernel(),
         ..Facts::default()
     };
     if let Ok(c) = c_path(dir) {
@@ -944,25 +919,11 @@ fn machine_facts(dir: &Path) -> Facts {
             f.fs_magic = Some((st.f_type as u64) & 0xFFFF_FFFF);
         }
     }
-    let canon = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    if let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") {
-        let mut best: Option<(usize, Vec<String>)> = None;
-        for line in mounts.lines() {
-            let fields: Vec<String> = line.split_whitespace().map(unescape_mount).collect();
-            if fields.len() < 4 || !canon.starts_with(&fields[1]) {
-                continue;
-            }
-            // Later entries over the same mount point shadow earlier ones.
-            if best.as_ref().is_none_or(|(len, _)| fields[1].len() >= *len) {
-                best = Some((fields[1].len(), fields));
-            }
-        }
-        if let Some((_, fields)) = best {
-            f.mount_source = Some(fields[0].clone());
-            f.mount_point = Some(fields[1].clone());
-            f.fs_type = Some(fields[2].clone());
-            f.mount_options = Some(fields[3].clone());
-        }
+    if let Some(m) = machine::mount_of(dir) {
+        f.mount_source = Some(m.source);
+        f.mount_point = Some(m.point);
+        f.fs_type = Some(m.fs_type);
+        f.mount_options = Some(m.options);
     }
     if f.fs_type.is_none() {
         f.fs_type = f.fs_magic.and_then(fs_name).map(str::to_string);

@@ -21,9 +21,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+use crate::run::{BenchResult, Run};
 
-pub struct Figures {
+/// What W12 or W13 measured.
+struct Figures {
     pub documents: u64,
     pub seconds: f64,
     pub extra: Map<String, Value>,
@@ -132,7 +133,33 @@ fn batch_summary(before: &[(usize, u64)], after: &[(usize, u64)]) -> Value {
     Value::Object(out)
 }
 
-pub fn w12(dir: &Path, documents: u64) -> BenchResult<Figures> {
+/// W12: index build and queries over 1,000,000 documents (100,000 with `quick`)
+/// unless `documents` says otherwise.
+pub fn w12(dir: &Path, quick: bool, documents: Option<u64>) -> BenchResult<Run> {
+    let documents = documents.unwrap_or(if quick { 100_000 } else { 1_000_000 });
+    Ok(index_and_queries(dir, documents)?.run())
+}
+
+/// W13: index lag, idle and under a bulk insert of 3,000,000 documents (300,000
+/// with `quick`, unless `documents` says otherwise) with 3 indexes.
+pub fn w13(dir: &Path, quick: bool, documents: Option<u64>) -> BenchResult<Run> {
+    let documents = documents.unwrap_or(if quick { 300_000 } else { 3_000_000 });
+    Ok(index_lag(dir, documents, if quick { 50 } else { 200 })?.run())
+}
+
+impl Figures {
+    /// As a run of `kiln bench`: one commit (the figures are not per commit).
+    fn run(self) -> Run {
+        Run {
+            ops: self.documents,
+            commits: 1,
+            seconds: self.seconds,
+            extra: self.extra,
+        }
+    }
+}
+
+fn index_and_queries(dir: &Path, documents: u64) -> BenchResult<Figures> {
     let (store, db) = fresh(dir)?;
     let mut extra = Map::new();
     let t = Instant::now();
@@ -209,7 +236,7 @@ pub fn w12(dir: &Path, documents: u64) -> BenchResult<Figures> {
     })
 }
 
-pub fn w13(dir: &Path, flood_documents: u64, idle_writes: u64) -> BenchResult<Figures> {
+fn index_lag(dir: &Path, flood_documents: u64, idle_writes: u64) -> BenchResult<Figures> {
     let (store, db) = fresh(dir)?;
     let names = ["items-by-n", "items-by-tag", "items-by-name"];
     db.define_index(index(names[0], "n"))?;

@@ -17,11 +17,11 @@
 //!    without a backup, then while a second full backup streams (started on a
 //!    thread just before); the share of W8's time the backup overlapped is reported.
 
-use crate::backup_cmd::{finish_file, open_all, stream_backup_to};
-use crate::bench::{BenchResult, Run};
-use crate::client::Endpoint;
 use crate::httpbench::{self, ServerProcess};
+use crate::rawdisk;
+use crate::run::{BenchResult, Run};
 use crate::serverbench::{fresh_server, w8_load, ServerLoad};
+use crate::streambench;
 use serde_json::{json, Map, Value};
 use std::fs::File;
 use std::io::{Read, Write};
@@ -130,10 +130,10 @@ fn read_through(f: &mut File, buf: &mut [u8], path: &Path) -> BenchResult<u64> {
 /// Sequential write (4 MiB writes + fdatasync, timed together) and read (after
 /// DONTNEED; then again with O_DIRECT) of a file of `bytes`.
 fn sequential_disk(path: &Path, bytes: u64) -> BenchResult<SeqDisk> {
-    let _cleanup = crate::rawdisk::RemoveOnDrop(path.to_path_buf());
+    let _cleanup = rawdisk::RemoveOnDrop(path.to_path_buf());
     let block = 4usize << 20;
     // Not zeros, not compressible: a file system that compresses would flatter it.
-    let mut buf = crate::rawdisk::AlignedBuf::new(block);
+    let mut buf = rawdisk::AlignedBuf::new(block);
     let blocks = bytes.div_ceil(block as u64);
     let mut f = File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let start = Instant::now();
@@ -183,11 +183,28 @@ fn sequential_disk(path: &Path, bytes: u64) -> BenchResult<SeqDisk> {
     })
 }
 
+/// `kiln backup`'s and `kiln restore`'s own code, which W14 measures: it lives in
+/// kiln-cli, which this crate cannot depend on, so `kiln bench` hands it in.
+#[derive(Clone, Copy)]
+pub struct BackupTool {
+    /// A full backup without a chain of database `bench` of the server at the
+    /// address into the file (written as `FILE.partial`, verified as it arrives,
+    /// synced, renamed: `kiln backup --url` without `--chain`).
+    pub http_backup: fn(SocketAddr, &Path) -> BenchResult<BackupFigures>,
+    /// A backup file opened as `kiln restore` reads it.
+    pub open_backup: fn(&Path) -> BenchResult<kiln_docs::RestoreSource<'static>>,
+}
+
+/// What a full backup reported.
+pub struct BackupFigures {
+    pub data_bytes: u64,
+    pub file_bytes: u64,
+    pub documents: u64,
+}
+
 /// What one full backup over HTTP took.
 struct HttpBackup {
-    data_bytes: u64,
-    file_bytes: u64,
-    documents: u64,
+    figures: BackupFigures,
     started: Instant,
     finished: Instant,
 }
@@ -198,29 +215,20 @@ impl HttpBackup {
     }
 }
 
-/// A full backup of `bench` without a chain over HTTP into `out` (written as
-/// `out.partial`, verified, synced, renamed: `kiln backup` without `--chain`).
-fn http_backup(addr: SocketAddr, out: &Path) -> BenchResult<HttpBackup> {
-    let ep = Endpoint::parse(&format!("http://{addr}"), None)?;
-    let mut partial = out.as_os_str().to_owned();
-    partial.push(".partial");
-    let partial = PathBuf::from(partial);
+/// A full backup of `bench` without a chain over HTTP into `out`, timed.
+fn http_backup(tool: BackupTool, addr: SocketAddr, out: &Path) -> BenchResult<HttpBackup> {
     let started = Instant::now();
-    let file = File::create(&partial).map_err(|e| format!("{}: {e}", partial.display()))?;
-    let report = stream_backup_to(&ep, "/dbs/bench/backup", &file, |_| {})?;
-    finish_file(file, &partial, out)?;
+    let figures = (tool.http_backup)(addr, out)?;
     let finished = Instant::now();
     Ok(HttpBackup {
-        data_bytes: report.data_bytes,
-        file_bytes: report.file_bytes,
-        documents: report.manifest.documents,
+        figures,
         started,
         finished,
     })
 }
 
 /// W14: see the module's documentation. `gib` is the generated data's size.
-pub(crate) fn w14(dir: &Path, gib: f64, load: ServerLoad) -> BenchResult<Run> {
+pub fn w14(dir: &Path, gib: f64, load: ServerLoad, tool: BackupTool) -> BenchResult<Run> {
     let workload_start = Instant::now();
     if dir.exists() {
         std::fs::remove_dir_all(dir)?;
@@ -244,7 +252,7 @@ pub(crate) fn w14(dir: &Path, gib: f64, load: ServerLoad) -> BenchResult<Run> {
     let documents = ((gib * (1u64 << 30) as f64) / LINE_BYTES).max(1.0) as u64;
     let data_dir = dir.join("data");
     let server = fresh_server(&data_dir)?;
-    let bulk = crate::streambench::bulk_insert_sized(&server, documents, PAYLOAD, "W14 data")?;
+    let bulk = streambench::bulk_insert_sized(&server, documents, PAYLOAD, "W14 data")?;
     let db_dir = data_dir.join("databases").join("bench");
     extra.insert("documents".into(), json!(documents));
     extra.insert(
@@ -256,20 +264,24 @@ pub(crate) fn w14(dir: &Path, gib: f64, load: ServerLoad) -> BenchResult<Run> {
     // page cache first (best effort: pages the server has mapped stay).
     drop_dir_from_cache(&db_dir)?;
     let full = dir.join("full.kbak");
-    let b = http_backup(server.addr, &full)?;
-    if b.documents != documents {
-        return Err(format!("the backup holds {} of {documents} documents", b.documents).into());
+    let b = http_backup(tool, server.addr, &full)?;
+    if b.figures.documents != documents {
+        return Err(format!(
+            "the backup holds {} of {documents} documents",
+            b.figures.documents
+        )
+        .into());
     }
     let database_bytes = disk_bytes(&db_dir)?;
     let backup_s = b.seconds();
     extra.insert("database_disk_bytes".into(), json!(database_bytes));
     extra.insert("database_files".into(), file_sizes(&db_dir)?);
-    extra.insert("backup_data_bytes".into(), json!(b.data_bytes));
-    extra.insert("backup_file_bytes".into(), json!(b.file_bytes));
+    extra.insert("backup_data_bytes".into(), json!(b.figures.data_bytes));
+    extra.insert("backup_file_bytes".into(), json!(b.figures.file_bytes));
     extra.insert("backup_seconds".into(), json!(backup_s));
     let backup_db_mb_s = database_bytes as f64 / MB / backup_s;
-    let backup_data_mb_s = b.data_bytes as f64 / MB / backup_s;
-    let backup_file_mb_s = b.file_bytes as f64 / MB / backup_s;
+    let backup_data_mb_s = b.figures.data_bytes as f64 / MB / backup_s;
+    let backup_file_mb_s = b.figures.file_bytes as f64 / MB / backup_s;
     extra.insert("backup_database_mb_per_s".into(), json!(backup_db_mb_s));
     extra.insert("backup_data_mb_per_s".into(), json!(backup_data_mb_s));
     extra.insert("backup_file_mb_per_s".into(), json!(backup_file_mb_s));
@@ -285,7 +297,7 @@ pub(crate) fn w14(dir: &Path, gib: f64, load: ServerLoad) -> BenchResult<Run> {
     drop_from_cache(&full)?;
     let restored = dir.join("restored");
     let start = Instant::now();
-    let (source, _) = open_all(std::slice::from_ref(&full))?;
+    let source = (tool.open_backup)(&full)?;
     let report = kiln_docs::restore_database(
         source,
         &restored,
@@ -308,7 +320,7 @@ pub(crate) fn w14(dir: &Path, gib: f64, load: ServerLoad) -> BenchResult<Run> {
     extra.insert("restored_disk_bytes".into(), json!(restored_bytes));
     extra.insert("restore_database_mb_per_s".into(), json!(restore_db_mb_s));
     extra.insert("restore_file_mb_per_s".into(), json!(restore_file_mb_s));
-    let restore_data_mb_s = b.data_bytes as f64 / MB / restore_s;
+    let restore_data_mb_s = b.figures.data_bytes as f64 / MB / restore_s;
     extra.insert("restore_data_mb_per_s".into(), json!(restore_data_mb_s));
     extra.insert(
         "restore_data_ratio_to_slower_disk".into(),
@@ -365,7 +377,7 @@ pub(crate) fn w14(dir: &Path, gib: f64, load: ServerLoad) -> BenchResult<Run> {
     let addr = server.addr;
     let out = during_file.clone();
     let backup_thread =
-        std::thread::spawn(move || http_backup(addr, &out).map_err(|e| e.to_string()));
+        std::thread::spawn(move || http_backup(tool, addr, &out).map_err(|e| e.to_string()));
     // Let the backup take its snapshot and start streaming.
     std::thread::sleep(std::time::Duration::from_millis(200));
     let w8_start = Instant::now();
@@ -409,7 +421,7 @@ pub(crate) fn w14(dir: &Path, gib: f64, load: ServerLoad) -> BenchResult<Run> {
     extra.insert("backup_during_w8_seconds".into(), json!(during.seconds()));
     extra.insert(
         "backup_during_w8_data_mb_per_s".into(),
-        json!(during.data_bytes as f64 / MB / during.seconds()),
+        json!(during.figures.data_bytes as f64 / MB / during.seconds()),
     );
     drop(server);
     std::fs::remove_dir_all(dir)?;
@@ -426,7 +438,7 @@ pub(crate) fn w14(dir: &Path, gib: f64, load: ServerLoad) -> BenchResult<Run> {
 }
 
 /// The lines `kiln bench` prints for W14.
-pub(crate) fn report(label: &str, m: &Run) {
+pub fn report(label: &str, m: &Run) {
     let f = |k: &str| m.extra.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
     let gib = |k: &str| f(k) / (1u64 << 30) as f64;
     let slower = f("disk_seq_write_mb_per_s").min(f("disk_seq_read_mb_per_s"));

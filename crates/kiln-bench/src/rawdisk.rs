@@ -3,6 +3,7 @@
 //! into an already-written file) is the physical floor under a journal commit; it is
 //! what `kiln bench` compares against, and `kiln disk-bench` reports all the modes.
 
+use crate::stats;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
@@ -348,11 +349,7 @@ pub struct LatencySummary {
 pub fn summarize(lat: &mut [f64]) -> LatencySummary {
     let mean_ms = lat.iter().sum::<f64>() / lat.len().max(1) as f64;
     lat.sort_by(f64::total_cmp);
-    let q = |f: f64| {
-        lat.get(((lat.len() as f64 * f) as usize).min(lat.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or(0.0)
-    };
+    let q = |f: f64| stats::quantile(lat, f).unwrap_or(0.0);
     LatencySummary {
         mean_ms,
         p50_ms: q(0.5),

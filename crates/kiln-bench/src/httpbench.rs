@@ -3,6 +3,7 @@
 //! minimal HTTP/1.1 keep-alive client per connection over raw sockets, on one
 //! thread, so that it costs the server as little CPU as possible on a small machine.
 
+use crate::{procstat, stats};
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -25,7 +26,7 @@ impl ServerProcess {
             .local_addr()?
             .port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let exe: PathBuf = std::env::current_exe()?;
+        let exe: PathBuf = crate::kiln_exe()?;
         // The server's log goes beside its data directory, out of the table's way;
         // it is quoted if the server fails to start.
         let log_path = data_dir.with_extension("serve.log");
@@ -75,30 +76,8 @@ impl ServerProcess {
 
     /// CPU time (user + system, all threads) the server process has used so far.
     pub fn cpu_seconds(&self) -> io::Result<f64> {
-        crate::procstat::cpu_seconds(self.child.id())
+        procstat::cpu_seconds(self.child.id())
     }
-}
-
-/// CPU time (user + system) of the calling thread.
-pub fn thread_cpu_seconds() -> f64 {
-    rusage_cpu_seconds(libc::RUSAGE_THREAD)
-}
-
-/// CPU time (user + system) of this whole process.
-pub fn process_cpu_seconds() -> f64 {
-    rusage_cpu_seconds(libc::RUSAGE_SELF)
-}
-
-fn rusage_cpu_seconds(who: libc::c_int) -> f64 {
-    // SAFETY: getrusage writes into the struct we pass; all-zero is a valid rusage.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid `who` and a valid pointer.
-    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
-        // Unknown rather than a plausible-looking zero: the figure prints as NaN.
-        return f64::NAN;
-    }
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 impl Drop for ServerProcess {
@@ -236,11 +215,7 @@ impl LoadResult {
     }
 
     pub fn quantile_ms(&self, q: f64) -> f64 {
-        if self.latencies_us.is_empty() {
-            return f64::NAN;
-        }
-        let i = ((self.latencies_us.len() as f64 * q) as usize).min(self.latencies_us.len() - 1);
-        self.latencies_us[i] as f64 / 1e3
+        stats::quantile(&self.latencies_us, q).map_or(f64::NAN, |us| us as f64 / 1e3)
     }
 }
 
@@ -264,7 +239,7 @@ pub fn run_load(
             conns.push(Conn::connect(addr).await?);
         }
         let start = Instant::now();
-        let cpu_start = thread_cpu_seconds();
+        let cpu_start = procstat::thread_cpu_seconds();
         let tasks: Vec<_> = conns
             .into_iter()
             .enumerate()
@@ -301,7 +276,7 @@ pub fn run_load(
             unexpected.extend(unexp);
         }
         let seconds = start.elapsed().as_secs_f64();
-        let load_generator_cpu_seconds = thread_cpu_seconds() - cpu_start;
+        let load_generator_cpu_seconds = procstat::thread_cpu_seconds() - cpu_start;
         latencies_us.sort_unstable();
         Ok(LoadResult {
             requests: latencies_us.len() as u64,

@@ -1,6 +1,6 @@
-//! Figures of a process read from /proc: CPU time, resident memory and its peak.
-//! The benchmarks use them for the server child, a peer server (Redis) and the
-//! benchmark process itself.
+//! Figures of a process read from /proc (CPU time, resident memory and its peak) and
+//! from getrusage (this thread's and this process's CPU time). The benchmarks use
+//! them for the server child, a peer server (Redis) and the benchmark process itself.
 
 use std::io;
 
@@ -52,4 +52,26 @@ pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
     // SAFETY: sysconf has no memory-safety preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     Ok((ticks(11)? + ticks(12)?) / hz)
+}
+
+/// CPU time (user + system) of the calling thread.
+pub fn thread_cpu_seconds() -> f64 {
+    rusage_cpu_seconds(libc::RUSAGE_THREAD)
+}
+
+/// CPU time (user + system) of this whole process.
+pub fn process_cpu_seconds() -> f64 {
+    rusage_cpu_seconds(libc::RUSAGE_SELF)
+}
+
+fn rusage_cpu_seconds(who: libc::c_int) -> f64 {
+    // SAFETY: getrusage writes into the struct we pass; all-zero is a valid rusage.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid `who` and a valid pointer.
+    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
+        // Unknown rather than a plausible-looking zero: the figure prints as NaN.
+        return f64::NAN;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }

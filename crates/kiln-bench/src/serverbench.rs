@@ -3,16 +3,18 @@
 //! child on a fresh data directory, with Redis measured beside W8 and W9 in the
 //! same run as the peer (`redisbench`).
 
-use crate::bench::{progress, BenchResult, Run, SEED};
 use crate::httpbench::{self, request_bytes, ServerProcess};
+use crate::procstat;
 use crate::redisbench;
+use crate::run::{progress, BenchResult, Run};
+use crate::workload::SEED;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// A JSON document of about 1 KiB (W8, W9).
-pub(crate) fn doc_1k(rng: &mut SmallRng, n: u64) -> Vec<u8> {
+pub fn doc_1k(rng: &mut SmallRng, n: u64) -> Vec<u8> {
     let payload: String = (0..900)
         .map(|_| (b'a' + rng.gen_range(0..26)) as char)
         .collect();
@@ -21,7 +23,7 @@ pub(crate) fn doc_1k(rng: &mut SmallRng, n: u64) -> Vec<u8> {
 }
 
 /// Starts `kiln serve` on a fresh data directory with a database `bench`.
-pub(crate) fn fresh_server(dir: &Path) -> BenchResult<ServerProcess> {
+pub fn fresh_server(dir: &Path) -> BenchResult<ServerProcess> {
     let flags: Vec<&str> = SERVE_FLAGS
         .get()
         .map(|f| f.iter().map(String::as_str).collect())
@@ -31,10 +33,10 @@ pub(crate) fn fresh_server(dir: &Path) -> BenchResult<ServerProcess> {
 
 /// `kiln bench --serve-flag`: extra `kiln serve` flags for the server workloads'
 /// servers (to compare settings in one build, e.g. `--hyper-only`).
-pub(crate) static SERVE_FLAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+pub static SERVE_FLAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
 /// `fresh_server` with extra `kiln serve` flags.
-pub(crate) fn fresh_server_with(dir: &Path, args: &[&str]) -> BenchResult<ServerProcess> {
+pub fn fresh_server_with(dir: &Path, args: &[&str]) -> BenchResult<ServerProcess> {
     if dir.exists() {
         std::fs::remove_dir_all(dir)?;
     }
@@ -78,14 +80,14 @@ fn load_figures(
     extra.insert("p99_us".into(), json!(r.quantile_ms(0.99) * 1e3));
     extra.insert(
         "server_peak_rss_bytes".into(),
-        json!(crate::procstat::peak_rss_bytes(server.pid())?),
+        json!(procstat::peak_rss_bytes(server.pid())?),
     );
     Ok(extra)
 }
 
 /// The server workloads' scale and the peer they are compared with.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct ServerLoad {
+pub struct ServerLoad {
     pub connections: usize,
     /// W8's PUTs in all (and Redis's SETs).
     pub w8_requests: u64,
@@ -118,7 +120,7 @@ impl ServerLoad {
 /// W8: `connections` keep-alive connections PUT 1 KiB JSON documents, one per
 /// request, to a `kiln serve` child process; then Redis (AOF, `appendfsync always`)
 /// takes as many 1 KiB SETs from as many clients, in the same run, for the ratio.
-pub(crate) fn w8(dir: &Path, load: ServerLoad, quick: bool) -> BenchResult<Run> {
+pub fn w8(dir: &Path, load: ServerLoad, quick: bool) -> BenchResult<Run> {
     if load.redis_only {
         return redis_alone(
             dir,
@@ -244,7 +246,7 @@ fn redis_peer(
 }
 
 /// The HTTP part of W8 alone.
-pub(crate) fn w8_http(
+pub fn w8_http(
     dir: &Path,
     quick: bool,
     connections: usize,
@@ -256,7 +258,7 @@ pub(crate) fn w8_http(
 
 /// W8 with two indexes (users by age, by name) built in the background while it
 /// runs, beside W8 without indexes measured right before (issue 17: >= 0.8x).
-pub(crate) fn w8_indexed(dir: &Path, load: ServerLoad) -> BenchResult<Run> {
+pub fn w8_indexed(dir: &Path, load: ServerLoad) -> BenchResult<Run> {
     let plain = w8_http_indexed(dir, load, false, false)?;
     let mut run = w8_http_indexed(dir, load, true, false)?;
     run.extra.insert(
@@ -272,7 +274,7 @@ pub(crate) fn w8_indexed(dir: &Path, load: ServerLoad) -> BenchResult<Run> {
 
 /// W8 with a backup chain active (issue 18: every write also goes to the backup
 /// history, in the same transaction), beside W8 without one measured right before.
-pub(crate) fn w8_chained(dir: &Path, load: ServerLoad) -> BenchResult<Run> {
+pub fn w8_chained(dir: &Path, load: ServerLoad) -> BenchResult<Run> {
     let plain = w8_http_indexed(dir, load, false, false)?;
     let mut run = w8_http_indexed(dir, load, false, true)?;
     run.extra.insert(
@@ -347,7 +349,7 @@ fn w8_http_indexed(dir: &Path, load: ServerLoad, indexes: bool, chain: bool) -> 
 
 /// W8's load (`load.w8_requests` PUTs of new 1 KiB documents `{prefix}/{c}-{i}`
 /// over `load.connections` connections) on a running server's `bench` database.
-pub(crate) fn w8_load(
+pub fn w8_load(
     server: &ServerProcess,
     load: ServerLoad,
     prefix: &str,
@@ -417,7 +419,7 @@ pub(crate) fn w8_load(
 
 /// W9: `connections` connections GET existing documents at random, with
 /// If-None-Match of the current etag (every answer a 304) or without (200s).
-pub(crate) fn w9(dir: &Path, load: ServerLoad, quick: bool, conditional: bool) -> BenchResult<Run> {
+pub fn w9(dir: &Path, load: ServerLoad, quick: bool, conditional: bool) -> BenchResult<Run> {
     let docs: usize = if quick { 2_000 } else { 10_000 };
     let connections = load.connections;
     if load.redis_only {

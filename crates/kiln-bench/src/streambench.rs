@@ -11,11 +11,17 @@
 //! takes as little as possible from the server on a 2-core machine.
 
 use crate::httpbench::{self, ServerProcess};
+use crate::procstat;
+use crate::run::{progress, BenchResult, Run};
+use crate::serverbench::{self, doc_1k, fresh_server, fresh_server_with};
+use crate::stats;
+use crate::workload::SEED;
 use futures_util::{SinkExt, StreamExt};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 use std::io;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,8 +29,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-
-type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// Documents per chunk of the chunked upload (~150 KB).
 const UPLOAD_CHUNK_DOCS: u64 = 512;
@@ -38,6 +42,65 @@ pub struct BulkFigures {
 
 /// The payload length of W10's documents: lines of about 300 bytes.
 pub const W10_PAYLOAD: usize = 150;
+
+/// W10: one streaming bulk insert of generated ~300-byte documents, with W8 (PUT
+/// per request) measured right before in the same run for the ratio.
+pub fn w10(
+    dir: &Path,
+    quick: bool,
+    connections: usize,
+    documents: Option<u64>,
+) -> BenchResult<Run> {
+    let w8 = serverbench::w8_http(dir, quick, connections, None)?;
+    let documents = documents.unwrap_or(if quick { 100_000 } else { 1_000_000 });
+    let server = fresh_server(dir)?;
+    let bulk = bulk_insert(&server, documents)?;
+    drop(server);
+    let mut extra = bulk.extra;
+    let rate = bulk.documents as f64 / bulk.seconds;
+    extra.insert("w8_requests_per_sec".into(), json!(w8.ops_per_sec()));
+    extra.insert("ratio_to_w8".into(), json!(rate / w8.ops_per_sec()));
+    Ok(Run {
+        ops: bulk.documents,
+        commits: extra["acks"].as_u64().unwrap_or(1).max(1),
+        seconds: bulk.seconds,
+        extra,
+    })
+}
+
+/// W11: idle WebSocket subscribers (memory per connection, idle CPU with heartbeats),
+/// then PUT-answer-to-notification latency with 64 subscribers under W8-style load.
+pub fn w11(dir: &Path, quick: bool, connections: Option<usize>) -> BenchResult<Run> {
+    // Each subscriber is a socket in this process and one in the server.
+    let open_files = raise_open_file_limit();
+    let wanted = connections.unwrap_or(if quick { 1_000 } else { 10_000 });
+    let idle_connections = wanted.min(open_files.saturating_sub(256) as usize).max(1);
+    // --quick shortens the heartbeat so the idle phase sees several in a few seconds.
+    let (heartbeat_ms, idle) = if quick {
+        (1_000, Duration::from_secs(4))
+    } else {
+        (5_000, Duration::from_secs(16))
+    };
+    let hb = heartbeat_ms.to_string();
+    let server = fresh_server_with(dir, &["--changes-heartbeat-ms", &hb])?;
+    let mut extra = Map::new();
+    extra.insert("idle_connections_wanted".into(), json!(wanted));
+    extra.insert("open_file_limit".into(), json!(open_files));
+    idle_subscribers(&server, idle_connections, idle, heartbeat_ms, &mut extra)?;
+    let per_connection = if quick { 50 } else { 200 };
+    let mut rng = SmallRng::seed_from_u64(SEED);
+    let start = Instant::now();
+    notify_latency(&server, 64, per_connection, doc_1k(&mut rng, 0), &mut extra)?;
+    let seconds = start.elapsed().as_secs_f64();
+    drop(server);
+    let ops = extra["live_puts"].as_u64().unwrap_or(0);
+    Ok(Run {
+        ops,
+        commits: ops,
+        seconds,
+        extra,
+    })
+}
 
 /// One NDJSON line of about `payload + 150` bytes (W10: ~300, its document ~270),
 /// made from `n` alone.
@@ -62,14 +125,14 @@ fn bulk_line(rng: &mut SmallRng, n: u64, payload: usize, out: &mut Vec<u8>) {
 
 /// RSS of a process in bytes, from /proc.
 fn rss_bytes(pid: u32) -> io::Result<u64> {
-    crate::procstat::status_bytes(pid, "VmRSS:")
+    procstat::status_bytes(pid, "VmRSS:")
 }
 
 /// The anonymous part of a process's RSS: its heap, without the pages of files it
 /// maps (the data file is read through a map, and the page cache pages it touches
 /// count in VmRSS although the kernel can drop them at will).
 fn rss_anon_bytes(pid: u32) -> io::Result<u64> {
-    crate::procstat::status_bytes(pid, "RssAnon:")
+    procstat::status_bytes(pid, "RssAnon:")
 }
 
 /// Samples a process's RSS (whole and anonymous) every 50 ms on a thread of its own;
@@ -136,7 +199,7 @@ pub fn bulk_insert_sized(
     let anon_before = rss_anon_bytes(pid)?;
     let sampler = RssSampler::start(pid)?;
     let cpu_before = server.cpu_seconds()?;
-    let pb = crate::bench::progress(documents, label);
+    let pb = progress(documents, label);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -235,7 +298,7 @@ async fn stream_bulk(
                   content-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n",
             )
             .await?;
-        let mut rng = SmallRng::seed_from_u64(0x4B494C4E);
+        let mut rng = SmallRng::seed_from_u64(SEED);
         let mut lines = Vec::with_capacity(256 << 10);
         let mut n = 0;
         while n < documents {
@@ -406,7 +469,7 @@ pub fn idle_subscribers(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let pb = crate::bench::progress(connections as u64, "W11 idle");
+    let pb = progress(connections as u64, "W11 idle");
     rt.block_on(async {
         // One subscriber first, so that what every connection shares (the database's
         // hub, its task) is not counted per connection.
@@ -502,7 +565,7 @@ pub fn notify_latency(
     let total = connections * per_connection;
     let answered: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; total]));
     let notified: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; total]));
-    let pb = crate::bench::progress(total as u64, "W11 live");
+    let pb = progress(total as u64, "W11 live");
     let body = Arc::new(body);
     let (requests, seconds) = rt.block_on(async {
         let mut subscribers = Vec::with_capacity(connections);
@@ -608,8 +671,7 @@ pub fn notify_latency(
         })
         .collect();
     deltas_us.sort_by(f64::total_cmp);
-    let q =
-        |p: f64| deltas_us[((deltas_us.len() as f64 * p) as usize).min(deltas_us.len() - 1)] / 1e3;
+    let q = |p: f64| stats::quantile(&deltas_us, p).unwrap_or(f64::NAN) / 1e3;
     extra.insert("live_subscribers".into(), json!(connections));
     extra.insert("live_puts".into(), json!(requests));
     extra.insert("live_puts_per_sec".into(), json!(requests as f64 / seconds));

@@ -8,9 +8,9 @@
 //! held back (16 KiB values; `max_unflushed_bytes` 2 GiB, windows of 1 GiB, syncs
 //! due after an hour or 4 GiB).
 
-use crate::bench::{BenchResult, Run, SEED};
+use crate::run::{BenchResult, Run};
+use crate::workload::{self, Puts, Values};
 use kiln_storage::{Env, Options};
-use rand::{rngs::SmallRng, Rng, RngCore, SeedableRng};
 use serde_json::{json, Map};
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
@@ -69,28 +69,30 @@ pub fn child(case: W7Case, dir: &Path, quick: bool) -> BenchResult<()> {
     let mut w = env.begin_write()?;
     w.create_tree("bench")?;
     w.commit()?;
-    let mut rng = SmallRng::seed_from_u64(SEED);
     match case {
         W7Case::AfterW3 => {
-            let txns = if quick { 100 } else { 1000 };
-            let (mut key, mut value) = ([0u8; 16], [0u8; 100]);
+            let fill = workload::W3;
+            let txns = if quick { fill.txns / 10 } else { fill.txns };
+            let mut puts = Puts::fill(fill.sequential);
+            let mut key = [0u8; workload::KEY_BYTES];
+            let mut value = [0u8; workload::VALUE_BYTES];
             for _ in 0..txns {
                 let mut w = env.begin_write()?;
-                for _ in 0..1000 {
-                    rng.fill(&mut key);
-                    rng.fill_bytes(&mut value);
+                for _ in 0..fill.per_txn {
+                    puts.next(&mut key, &mut value);
                     w.put("bench", &key, &value)?;
                 }
                 w.commit()?;
             }
         }
         W7Case::Journal => {
+            let mut values = Values::w1();
             let mut value = vec![0u8; 16 << 10];
             let puts = journal_case_bytes(quick) / value.len() as u64;
             for chunk in 0..puts.div_ceil(64) {
                 let mut w = env.begin_write()?;
                 for i in chunk * 64..((chunk + 1) * 64).min(puts) {
-                    rng.fill_bytes(&mut value);
+                    values.next(&mut value);
                     w.put("bench", &i.to_be_bytes(), &value)?;
                 }
                 w.commit()?;
@@ -111,7 +113,7 @@ pub fn w7(dir: &Path, case: W7Case, quick: bool) -> BenchResult<Run> {
     if dir.exists() {
         std::fs::remove_dir_all(dir)?;
     }
-    let mut cmd = Command::new(std::env::current_exe()?);
+    let mut cmd = Command::new(crate::kiln_exe()?);
     cmd.args(["bench", "--w7-child", case.name(), "--dir"])
         .arg(dir)
         .stdin(Stdio::piped())

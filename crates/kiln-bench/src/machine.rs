@@ -1,0 +1,122 @@
+//! Facts about the machine a benchmark runs on, read from /proc: cores, kernel, CPU
+//! model, memory, and the mount that holds a directory. `kiln disk-bench` prints
+//! them beside its rows; bench/ records them in its results file.
+
+use std::path::Path;
+
+/// A file's contents, trimmed; None if unreadable or empty.
+pub fn read_trimmed(p: impl AsRef<Path>) -> Option<String> {
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// The CPUs this process may run on.
+pub fn cores() -> Option<usize> {
+    std::thread::available_parallelism().ok().map(|n| n.get())
+}
+
+/// The kernel's release (`uname -r`).
+pub fn kernel() -> Option<String> {
+    read_trimmed("/proc/sys/kernel/osrelease")
+}
+
+/// The first CPU's model name.
+pub fn cpu_model() -> Option<String> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_string())
+}
+
+/// Total memory in GiB.
+pub fn memory_gib() -> Option<f64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map(|kb| kb / 1024.0 / 1024.0)
+}
+
+/// A line of /proc/self/mounts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// The device (or what stands for one: `tmpfs`, `overlay`).
+    pub source: String,
+    pub point: String,
+    pub fs_type: String,
+    pub options: String,
+}
+
+/// The mount that holds `dir` (canonicalized if it exists): the longest mount point
+/// that is a prefix of it, the last one listed if several are mounted there.
+pub fn mount_of(dir: &Path) -> Option<Mount> {
+    let canon = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    let mut best: Option<Vec<String>> = None;
+    for line in mounts.lines() {
+        let fields: Vec<String> = line.split_whitespace().map(unescape_mount).collect();
+        if fields.len() < 4 || !canon.starts_with(&fields[1]) {
+            continue;
+        }
+        // Later entries over the same mount point shadow earlier ones.
+        if best.as_ref().is_none_or(|b| fields[1].len() >= b[1].len()) {
+            best = Some(fields);
+        }
+    }
+    best.map(|mut f| {
+        f.truncate(4);
+        let options = f.pop().unwrap_or_default();
+        let fs_type = f.pop().unwrap_or_default();
+        let point = f.pop().unwrap_or_default();
+        let source = f.pop().unwrap_or_default();
+        Mount {
+            source,
+            point,
+            fs_type,
+            options,
+        }
+    })
+}
+
+/// Undoes the octal escapes (\040 for a space) of /proc/mounts.
+fn unescape_mount(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_root_is_mounted_somewhere() {
+        let m = mount_of(Path::new("/")).expect("a mount for /");
+        assert_eq!(m.point, "/");
+        assert!(!m.fs_type.is_empty());
+    }
+
+    #[test]
+    fn mount_fields_are_unescaped() {
+        assert_eq!(unescape_mount(r"/mnt/my\040disk"), "/mnt/my disk");
+        assert_eq!(unescape_mount(r"C:\\x"), r"C:\\x");
+    }
+}
