@@ -214,11 +214,82 @@ pub fn read_container<R: Read>(
         crc: 0,
         progress: &mut progress,
     };
-    let corrupt = |part: &str, offset: u64, what: String| BackupError::Corrupt {
+    let mut sum = read_container_header(&mut rd)?;
+    sink(&sum, Item::Header)?;
+    let mut index: u32 = 0;
+    let mut in_tree: Option<u64> = None;
+    let mut payload = Vec::new();
+    loop {
+        let before_crc = rd.crc;
+        let frame = read_frame(&mut rd, index, &mut payload)?;
+        let Frame {
+            kind,
+            start,
+            ref part,
+            ref raw,
+        } = frame;
+        index += 1;
+        sum.frame = index - 1;
+        sum.frame_offset = start;
+        match (kind, in_tree) {
+            (KIND_TREE, None) => {
+                let name = std::str::from_utf8(raw)
+                    .map_err(|_| corrupt(part, start, "tree name is not UTF-8".into()))?;
+                sum.trees += 1;
+                in_tree = Some(0);
+                sink(&sum, Item::Tree(name))?;
+            }
+            (KIND_DATA, Some(n)) => {
+                in_tree = Some(read_entries(&frame, n, &mut sum, &mut sink)?);
+            }
+            (KIND_END, Some(n)) => {
+                if raw.len() != 8 || le64(raw, 0) != n {
+                    return Err(corrupt(
+                        part,
+                        start,
+                        format!("tree end says {} entries, {n} were read", le64(raw, 0)),
+                    ));
+                }
+                sum.entries += n;
+                in_tree = None;
+                sink(&sum, Item::EndTree)?;
+            }
+            (KIND_TRAILER, None) => {
+                check_trailer(&frame, &sum, index, before_crc)?;
+                // With `stop_at_trailer`, what follows is the caller's (the next
+                // container); otherwise it must be the end of the input.
+                if !stop_at_trailer {
+                    refuse_bytes_after_trailer(&mut rd)?;
+                }
+                sum.frames = index;
+                sum.file_bytes = rd.offset;
+                return Ok(sum);
+            }
+            (k, _) => {
+                return Err(corrupt(
+                    part,
+                    start,
+                    format!("frame of kind {k} out of place"),
+                ))
+            }
+        }
+    }
+}
+
+/// A corrupt part of a backup, at a byte offset.
+fn corrupt(part: &str, offset: u64, what: String) -> BackupError {
+    BackupError::Corrupt {
         part: part.to_string(),
         offset,
         what,
-    };
+    }
+}
+
+/// Reads and checks the container's header (magic, checksum, version, flags): the
+/// summary as of it.
+fn read_container_header<R: Read, P: FnMut(u64)>(
+    rd: &mut Reader<R, P>,
+) -> BackupResult<BackupSummary> {
     let hpart = || "the header".to_string();
     let mut fixed = [0u8; 28];
     rd.exact(&mut fixed, &hpart)?;
@@ -259,161 +330,169 @@ pub fn read_container<R: Read>(
             format!("unknown flags {flags:#x}"),
         ));
     }
-    let mut sum = BackupSummary {
+    Ok(BackupSummary {
         format_version: version,
         txn_id,
         meta,
         ..Default::default()
+    })
+}
+
+/// A frame read and checked (header, index, payload checksum, decompressed length).
+struct Frame<'a> {
+    kind: u8,
+    /// Byte offset of the frame's header.
+    start: u64,
+    /// "frame {index}", for messages.
+    part: String,
+    /// The payload, decompressed.
+    raw: std::borrow::Cow<'a, [u8]>,
+}
+
+/// Reads frame `index` into `payload` (reused between frames) and checks it.
+fn read_frame<'a, R: Read, P: FnMut(u64)>(
+    rd: &mut Reader<R, P>,
+    index: u32,
+    payload: &'a mut Vec<u8>,
+) -> BackupResult<Frame<'a>> {
+    let start = rd.offset;
+    let part = format!("frame {index}");
+    let fpart = || format!("frame {index}");
+    let mut h = [0u8; FRAME_HEADER];
+    rd.exact(&mut h, &fpart)?;
+    if crc32c::crc32c(&h[..20]) != le32(&h, 20) {
+        return Err(corrupt(
+            &part,
+            start,
+            "frame header checksum mismatch".into(),
+        ));
+    }
+    let (kind, fflags) = (h[0], h[1]);
+    let (raw_len, stored_len) = (le32(&h, 8) as usize, le32(&h, 12) as usize);
+    if le32(&h, 4) != index {
+        return Err(corrupt(
+            &part,
+            start,
+            format!(
+                "frame index {} where {index} was expected (frames reordered or missing)",
+                le32(&h, 4)
+            ),
+        ));
+    }
+    if raw_len > MAX_FRAME || stored_len > MAX_FRAME || fflags > 1 || h[2] != 0 || h[3] != 0 {
+        return Err(corrupt(&part, start, "invalid frame header".into()));
+    }
+    payload.resize(stored_len, 0);
+    rd.exact(payload, &fpart)?;
+    if crc32c::crc32c(payload) != le32(&h, 16) {
+        return Err(corrupt(
+            &part,
+            start + FRAME_HEADER as u64,
+            "payload checksum mismatch".into(),
+        ));
+    }
+    (rd.progress)(rd.offset);
+    let raw: std::borrow::Cow<'a, [u8]> = if fflags & 1 != 0 {
+        let d = lz4_flex::block::decompress(payload, raw_len)
+            .map_err(|e| corrupt(&part, start + FRAME_HEADER as u64, format!("lz4: {e}")))?;
+        std::borrow::Cow::Owned(d)
+    } else {
+        std::borrow::Cow::Borrowed(&payload[..])
     };
-    sink(&sum, Item::Header)?;
-    let mut index: u32 = 0;
-    let mut in_tree: Option<u64> = None;
-    let mut payload = Vec::new();
-    loop {
-        let start = rd.offset;
-        let before_crc = rd.crc;
-        let part = format!("frame {index}");
-        let fpart = || format!("frame {index}");
-        let mut h = [0u8; FRAME_HEADER];
-        rd.exact(&mut h, &fpart)?;
-        if crc32c::crc32c(&h[..20]) != le32(&h, 20) {
+    if raw.len() != raw_len {
+        return Err(corrupt(&part, start, "payload length mismatch".into()));
+    }
+    Ok(Frame {
+        kind,
+        start,
+        part,
+        raw,
+    })
+}
+
+/// Hands a DATA frame's entries to `sink`; returns the tree's entries so far
+/// (`n` before this frame).
+fn read_entries(
+    frame: &Frame<'_>,
+    n: u64,
+    sum: &mut BackupSummary,
+    sink: &mut impl FnMut(&BackupSummary, Item<'_>) -> BackupResult<()>,
+) -> BackupResult<u64> {
+    let raw = &frame.raw;
+    let mut p = 0usize;
+    let mut count = n;
+    while p < raw.len() {
+        let kl = le32(raw, p) as usize;
+        let vl = le32(raw, p + 4) as usize;
+        let k = raw.get(p + 8..p + 8 + kl);
+        let v = raw.get(p + 8 + kl..p + 8 + kl + vl);
+        let (Some(k), Some(v)) = (k, v) else {
             return Err(corrupt(
-                &part,
-                start,
-                "frame header checksum mismatch".into(),
+                &frame.part,
+                frame.start,
+                format!("entry at chunk offset {p} runs past the chunk"),
             ));
-        }
-        let (kind, fflags) = (h[0], h[1]);
-        let (raw_len, stored_len) = (le32(&h, 8) as usize, le32(&h, 12) as usize);
-        if le32(&h, 4) != index {
-            return Err(corrupt(
-                &part,
-                start,
-                format!(
-                    "frame index {} where {index} was expected (frames reordered or missing)",
-                    le32(&h, 4)
-                ),
-            ));
-        }
-        if raw_len > MAX_FRAME || stored_len > MAX_FRAME || fflags > 1 || h[2] != 0 || h[3] != 0 {
-            return Err(corrupt(&part, start, "invalid frame header".into()));
-        }
-        payload.resize(stored_len, 0);
-        rd.exact(&mut payload, &fpart)?;
-        if crc32c::crc32c(&payload) != le32(&h, 16) {
-            return Err(corrupt(
-                &part,
-                start + FRAME_HEADER as u64,
-                "payload checksum mismatch".into(),
-            ));
-        }
-        (rd.progress)(rd.offset);
-        let raw: std::borrow::Cow<'_, [u8]> = if fflags & 1 != 0 {
-            let d = lz4_flex::block::decompress(&payload, raw_len)
-                .map_err(|e| corrupt(&part, start + FRAME_HEADER as u64, format!("lz4: {e}")))?;
-            std::borrow::Cow::Owned(d)
-        } else {
-            std::borrow::Cow::Borrowed(&payload[..])
         };
-        if raw.len() != raw_len {
-            return Err(corrupt(&part, start, "payload length mismatch".into()));
-        }
-        index += 1;
-        sum.frame = index - 1;
-        sum.frame_offset = start;
-        match (kind, in_tree) {
-            (KIND_TREE, None) => {
-                let name = std::str::from_utf8(&raw)
-                    .map_err(|_| corrupt(&part, start, "tree name is not UTF-8".into()))?;
-                sum.trees += 1;
-                in_tree = Some(0);
-                sink(&sum, Item::Tree(name))?;
-            }
-            (KIND_DATA, Some(n)) => {
-                let mut p = 0usize;
-                let mut count = n;
-                while p < raw.len() {
-                    let kl = le32(&raw, p) as usize;
-                    let vl = le32(&raw, p + 4) as usize;
-                    let k = raw.get(p + 8..p + 8 + kl);
-                    let v = raw.get(p + 8 + kl..p + 8 + kl + vl);
-                    let (Some(k), Some(v)) = (k, v) else {
-                        return Err(corrupt(
-                            &part,
-                            start,
-                            format!("entry at chunk offset {p} runs past the chunk"),
-                        ));
-                    };
-                    sink(&sum, Item::Entry(k, v))?;
-                    sum.kv_bytes += (kl + vl) as u64;
-                    count += 1;
-                    p += 8 + kl + vl;
-                }
-                in_tree = Some(count);
-            }
-            (KIND_END, Some(n)) => {
-                if raw.len() != 8 || le64(&raw, 0) != n {
-                    return Err(corrupt(
-                        &part,
-                        start,
-                        format!("tree end says {} entries, {n} were read", le64(&raw, 0)),
-                    ));
-                }
-                sum.entries += n;
-                in_tree = None;
-                sink(&sum, Item::EndTree)?;
-            }
-            (KIND_TRAILER, None) => {
-                let ok = raw.len() == 32
-                    && le64(&raw, 0) == sum.trees
-                    && le64(&raw, 8) == sum.entries
-                    && le64(&raw, 16) == sum.kv_bytes
-                    && le32(&raw, 24) == index;
-                if !ok {
-                    return Err(corrupt(
-                        &part,
-                        start,
-                        "trailer counts do not match the backup".into(),
-                    ));
-                }
-                if le32(&raw, 28) != before_crc {
-                    return Err(corrupt(&part, start, "whole-file checksum mismatch".into()));
-                }
-                // With `stop_at_trailer`, what follows is the caller's (the next
-                // container); otherwise it must be the end of the input.
-                if !stop_at_trailer {
-                    let mut extra = [0u8; 1];
-                    loop {
-                        match rd.inner.read(&mut extra) {
-                            Ok(0) => break,
-                            Ok(_) => {
-                                return Err(corrupt(
-                                    "after the trailer",
-                                    rd.offset,
-                                    "bytes follow the trailer".into(),
-                                ))
-                            }
-                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                            Err(source) => {
-                                return Err(BackupError::Io {
-                                    op: "reading",
-                                    offset: rd.offset,
-                                    source,
-                                })
-                            }
-                        }
-                    }
-                }
-                sum.frames = index;
-                sum.file_bytes = rd.offset;
-                return Ok(sum);
-            }
-            (k, _) => {
+        sink(sum, Item::Entry(k, v))?;
+        sum.kv_bytes += (kl + vl) as u64;
+        count += 1;
+        p += 8 + kl + vl;
+    }
+    Ok(count)
+}
+
+/// Checks the trailer's counts against what was read (`frames` frames, this one
+/// included) and its checksum against `before_crc`, the checksum of every byte
+/// before it.
+fn check_trailer(
+    frame: &Frame<'_>,
+    sum: &BackupSummary,
+    frames: u32,
+    before_crc: u32,
+) -> BackupResult<()> {
+    let raw = &frame.raw;
+    let ok = raw.len() == 32
+        && le64(raw, 0) == sum.trees
+        && le64(raw, 8) == sum.entries
+        && le64(raw, 16) == sum.kv_bytes
+        && le32(raw, 24) == frames;
+    if !ok {
+        return Err(corrupt(
+            &frame.part,
+            frame.start,
+            "trailer counts do not match the backup".into(),
+        ));
+    }
+    if le32(raw, 28) != before_crc {
+        return Err(corrupt(
+            &frame.part,
+            frame.start,
+            "whole-file checksum mismatch".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The input must end right after the trailer.
+fn refuse_bytes_after_trailer<R: Read, P: FnMut(u64)>(rd: &mut Reader<R, P>) -> BackupResult<()> {
+    let mut extra = [0u8; 1];
+    loop {
+        match rd.inner.read(&mut extra) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {
                 return Err(corrupt(
-                    &part,
-                    start,
-                    format!("frame of kind {k} out of place"),
+                    "after the trailer",
+                    rd.offset,
+                    "bytes follow the trailer".into(),
                 ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(source) => {
+                return Err(BackupError::Io {
+                    op: "reading",
+                    offset: rd.offset,
+                    source,
+                })
             }
         }
     }

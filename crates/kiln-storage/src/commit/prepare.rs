@@ -6,10 +6,10 @@
 use super::PendingCommit;
 use crate::flusher::Applied;
 use crate::journal::record::{RecordInput, FLAG_FREEZE, FLAG_MERGE_DONE, MAX_RECORD_BODY};
-use crate::journal::writer::JournalPos;
+use crate::journal::writer::{JournalPos, PreparedRecord};
 use crate::shared::Shared;
 use crate::shared::Snapshot;
-use crate::txn::{Committed, WriteTxn};
+use crate::txn::{Committed, SealedTxn, WriteTxn};
 use crate::{Error, Result};
 
 /// What a commit does to the write buffer: generations after it, merge position to
@@ -43,59 +43,13 @@ impl Shared {
         self.wait_for_flusher_room()?;
         let (gens, merge_cursor, buffer_flags) = self.buffer_step(txn)?;
         let mut sealed = txn.seal()?;
-        let body_bound = sealed.content.record_body_bound();
-        if body_bound > MAX_RECORD_BODY {
-            sealed.abort();
-            return Err(Error::TransactionTooLarge {
-                bytes: body_bound as u64,
-                max: MAX_RECORD_BODY as u64,
-            });
-        }
-        let journal_pages = match sealed.content.journal_pages() {
-            Ok(j) => j,
+        let record = match self.encode_record(&mut sealed, buffer_flags) {
+            Ok(record) => record,
             Err(e) => {
                 sealed.abort();
                 return Err(e);
             }
         };
-        let txn_id = sealed.content.txn_id();
-        let w = &mut sealed.writer;
-        assert_eq!(
-            txn_id,
-            w.latest.txn_id + 1,
-            "transaction ids must increase by one"
-        );
-        let page_count = w.alloc.page_count;
-        let chain_before = w.encoder.chain_checksum();
-        let record = w.encoder.encode(RecordInput {
-            txn_id,
-            nonce: 0,
-            prev_checksum: 0,
-            catalog_root: sealed.content.catalog_root(),
-            page_count,
-            freed: &sealed.content.freed,
-            pages: &journal_pages,
-            logical: sealed.content.logical(),
-            buffer_flags,
-            merged: sealed.content.merged_values(),
-        });
-        drop(journal_pages);
-        // The journal file this record goes to must exist before the point of no
-        // return: creating one can fail for lack of space, and then only this commit
-        // fails, with nothing of it written (later commits are built on this one once
-        // it passes that point, so a failure after it latches).
-        match sealed
-            .writer
-            .journal_end
-            .advance(record.journal_len() as u64, &self.journal_files)
-        {
-            Ok(end) => sealed.writer.journal_end = end,
-            Err(e) => {
-                sealed.writer.encoder.rewind_chain(chain_before);
-                sealed.abort();
-                return Err(e);
-            }
-        }
         // The point of no return.
         let Committed {
             writer: mut w,
@@ -140,6 +94,58 @@ impl Shared {
             applied,
             gens,
         }))
+    }
+
+    /// Encodes the sealed transaction's record, which fixes its place in the journal
+    /// chain, and makes sure the journal file it goes to exists. On error the chain
+    /// is as before and nothing is written: the caller aborts the transaction.
+    fn encode_record(&self, sealed: &mut SealedTxn, buffer_flags: u8) -> Result<PreparedRecord> {
+        let body_bound = sealed.content.record_body_bound();
+        if body_bound > MAX_RECORD_BODY {
+            return Err(Error::TransactionTooLarge {
+                bytes: body_bound as u64,
+                max: MAX_RECORD_BODY as u64,
+            });
+        }
+        let journal_pages = sealed.content.journal_pages()?;
+        let txn_id = sealed.content.txn_id();
+        let w = &mut sealed.writer;
+        assert_eq!(
+            txn_id,
+            w.latest.txn_id + 1,
+            "transaction ids must increase by one"
+        );
+        let page_count = w.alloc.page_count;
+        let chain_before = w.encoder.chain_checksum();
+        let record = w.encoder.encode(RecordInput {
+            txn_id,
+            nonce: 0,
+            prev_checksum: 0,
+            catalog_root: sealed.content.catalog_root(),
+            page_count,
+            freed: &sealed.content.freed,
+            pages: &journal_pages,
+            logical: sealed.content.logical(),
+            buffer_flags,
+            merged: sealed.content.merged_values(),
+        });
+        drop(journal_pages);
+        // The journal file this record goes to must exist before the point of no
+        // return: creating one can fail for lack of space, and then only this commit
+        // fails, with nothing of it written (later commits are built on this one once
+        // it passes that point, so a failure after it latches).
+        match sealed
+            .writer
+            .journal_end
+            .advance(record.journal_len() as u64, &self.journal_files)
+        {
+            Ok(end) => sealed.writer.journal_end = end,
+            Err(e) => {
+                sealed.writer.encoder.rewind_chain(chain_before);
+                return Err(e);
+            }
+        }
+        Ok(record)
     }
 
     /// The write buffer's part of a commit, before its catalog update: merges the

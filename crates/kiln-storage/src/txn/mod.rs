@@ -15,7 +15,7 @@ pub(crate) use ahead::{
     Lent as LentToMergeThread,
 };
 
-pub(crate) use seal::Committed;
+pub(crate) use seal::{Committed, SealedTxn};
 
 use crate::btree::cursor::TreeCursor;
 use crate::btree::{self, PageSource};
