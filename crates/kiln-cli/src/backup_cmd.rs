@@ -75,8 +75,10 @@ pub struct Target {
     #[arg(long)]
     pub db: Option<String>,
     /// API key for a server running with --auth.
-    #[arg(long)]
+    #[arg(long, env = "KILN_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    #[command(flatten)]
+    pub tls: crate::client::TlsArgs,
 }
 
 #[derive(clap::Subcommand)]
@@ -113,8 +115,11 @@ pub struct RestoreArgs {
     /// A running server: the database is created there.
     #[arg(long)]
     pub url: Option<String>,
-    #[arg(long)]
+    /// API key for a server running with --auth.
+    #[arg(long, env = "KILN_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    #[command(flatten)]
+    pub tls: crate::client::TlsArgs,
     /// The name of the database to create.
     #[arg(long)]
     pub db: String,
@@ -129,8 +134,10 @@ pub struct RestoreArgs {
     /// its own).
     #[command(flatten)]
     pub storage: crate::storage_args::StorageArgs,
+    /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -337,7 +344,7 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
     let result = (|| -> AnyResult<(BackupReport, File)> {
         let file = File::create(&partial)?;
         if let Some(url) = &a.target.url {
-            let ep = Endpoint::parse(url, a.target.api_key.clone())?;
+            let ep = Endpoint::parse(url, a.target.api_key.clone(), &a.target.tls)?;
             let mut path = format!("/dbs/{}/backup", path_escape(&db));
             match &since {
                 Some(m) => {
@@ -387,7 +394,7 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
             store.close()?;
             Ok((report, file))
         } else {
-            Err("give --url (a running server) or --data-dir (offline)".into())
+            Err(crate::UsageError("give --url (a running server) or --data-dir (offline)".into()).into())
         }
     })();
     match result {
@@ -413,7 +420,7 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
 fn chain_stop(t: &Target, json: bool) -> AnyResult<ExitCode> {
     let db = t.db.clone().ok_or("--db is required")?;
     let stopped = if let Some(url) = &t.url {
-        let ep = Endpoint::parse(url, t.api_key.clone())?;
+        let ep = Endpoint::parse(url, t.api_key.clone(), &t.tls)?;
         let body = ep.request(
             "DELETE",
             &format!("/dbs/{}/backup/chain", path_escape(&db)),
@@ -427,7 +434,7 @@ fn chain_stop(t: &Target, json: bool) -> AnyResult<ExitCode> {
         store.close()?;
         stopped
     } else {
-        return Err("give --url (a running server) or --data-dir (offline)".into());
+        return Err(crate::UsageError("give --url (a running server) or --data-dir (offline)".into()).into());
     };
     if json {
         println!(
@@ -519,15 +526,22 @@ pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
         Some(u) => RestorePoint::parse(u)?,
         None => RestorePoint::Latest,
     };
+    if a.url.is_none() && a.data_dir.is_none() {
+        return Err(crate::UsageError(
+            "give --data-dir (offline) or --url (a running server)".into(),
+        )
+        .into());
+    }
     precheck(&a.files)?;
     let started = Instant::now();
     let report: RestoreReport = if let Some(url) = &a.url {
         if a.storage.any_given() {
-            return Err(
+            return Err(crate::UsageError(
                 "--journal-file-size-mib is for offline restores (--data-dir): \
                         a server restores with its own storage options"
                     .into(),
-            );
+            )
+            .into());
         }
         restore_remote(&a, url)?
     } else if let Some(dir) = &a.data_dir {
@@ -540,7 +554,7 @@ pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
         pb.finish_and_clear();
         r?
     } else {
-        return Err("give --data-dir (offline) or --url (a running server)".into());
+        return Err(crate::UsageError("give --data-dir (offline) or --url (a running server)".into()).into());
     };
     let chain = ChainReport {
         backups: report.backups,
@@ -567,7 +581,7 @@ pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
 
 /// Sends the files back to back to `POST /dbs/{db}/restore`.
 fn restore_remote(a: &RestoreArgs, url: &str) -> AnyResult<RestoreReport> {
-    let ep = Endpoint::parse(url, a.api_key.clone())?;
+    let ep = Endpoint::parse(url, a.api_key.clone(), &a.tls)?;
     let mut path = format!("/dbs/{}/restore?force={}", path_escape(&a.db), a.force);
     if let Some(u) = &a.until {
         path.push_str(&format!("&until={}", query_escape(u)));

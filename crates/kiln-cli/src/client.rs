@@ -1,26 +1,97 @@
-//! A small blocking HTTP/1.1 client for `kiln import` / `kiln export`: plain
-//! `std::net` sockets, one connection per request (`Connection: close`), bodies
-//! with `content-length`, chunked, or up to the end of the connection. A bulk
-//! upload is full duplex: one thread writes the chunked request body while the
-//! caller reads the streamed answer on a clone of the same socket.
+//! A small blocking HTTP/1.1 client for the commands that talk to a server
+//! (import, export, backup, restore, query): one connection per request
+//! (`Connection: close`), bodies with `content-length`, chunked, or up to the end
+//! of the connection, over plain TCP or TLS (rustls). A bulk upload is full
+//! duplex: one thread writes the chunked request body while the caller reads the
+//! streamed answer on the other half of the same connection.
 
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-/// Where the server is: `http://host:port[/base]`, and the API key to send.
-#[derive(Clone, Debug)]
+/// Where the server is: `http[s]://host:port[/base]`, the API key to send and,
+/// for https, the TLS client settings.
+#[derive(Clone)]
 pub struct Endpoint {
     host: String,
     port: u16,
     base: String,
     api_key: Option<String>,
+    tls: Option<TlsClient>,
+}
+
+#[derive(Clone)]
+struct TlsClient {
+    config: Arc<rustls::ClientConfig>,
+    server_name: rustls::pki_types::ServerName<'static>,
+}
+
+/// How to reach a server over https: whom to trust and who we are.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct TlsArgs {
+    /// PEM CA certificate(s) that signed an https:// server's certificate
+    /// (default: the system's trusted roots).
+    #[arg(long)]
+    pub ca_cert: Option<PathBuf>,
+    /// PEM client certificate chain, for a server started with --tls-client-ca
+    /// (it then needs no API key).
+    #[arg(long, requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// The PEM private key of --client-cert.
+    #[arg(long, requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, ClientError> {
+        let tls = |m: String| ClientError::Tls(m);
+        let mut roots = rustls::RootCertStore::empty();
+        match &self.ca_cert {
+            Some(path) => {
+                for cert in kiln_server::tls::load_certs(path).map_err(tls)? {
+                    roots.add(cert).map_err(|e| {
+                        tls(format!("{}: unusable CA certificate: {e}", path.display()))
+                    })?;
+                }
+            }
+            None => {
+                let found = rustls_native_certs::load_native_certs();
+                for cert in found.certs {
+                    let _ = roots.add(cert);
+                }
+                if roots.is_empty() {
+                    return Err(tls(
+                        "no trusted root certificates on this system: give --ca-cert".into(),
+                    ));
+                }
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| tls(format!("TLS setup: {e}")))?
+            .with_root_certificates(roots);
+        let mut config = match (&self.client_cert, &self.client_key) {
+            (Some(cert), Some(key)) => builder
+                .with_client_auth_cert(
+                    kiln_server::tls::load_certs(cert).map_err(tls)?,
+                    kiln_server::tls::load_private_key(key).map_err(tls)?,
+                )
+                .map_err(|e| tls(format!("client certificate and key do not fit together: {e}")))?,
+            _ => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
 }
 
 #[derive(Debug)]
 pub enum ClientError {
     Url(String),
+    Tls(String),
     Io {
         what: String,
         source: io::Error,
@@ -37,6 +108,7 @@ impl fmt::Display for ClientError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ClientError::Url(m) => write!(f, "bad --url: {m}"),
+            ClientError::Tls(m) => write!(f, "TLS: {m}"),
             ClientError::Io { what, source } => write!(f, "{what}: {source}"),
             ClientError::Protocol(m) => write!(f, "unexpected answer from the server: {m}"),
             ClientError::Status { status, body } => {
@@ -53,35 +125,58 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ClientError {
     move |source| ClientError::Io { what, source }
 }
 
-/// `--url` and `--api-key`: the server that `kiln import` and `kiln export` talk to.
+/// `--url`, `--api-key` and the TLS options: the server a command talks to.
 #[derive(clap::Args)]
 pub struct ServerArgs {
-    /// The server, e.g. http://127.0.0.1:8080.
+    /// The server, e.g. http://127.0.0.1:8080 or https://kiln.example:8443.
     #[arg(long)]
     pub url: String,
     /// API key for a server running with --auth (sent as `Authorization: Bearer`).
-    #[arg(long)]
+    #[arg(long, env = "KILN_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 impl ServerArgs {
     pub fn endpoint(&self) -> Result<Endpoint, ClientError> {
-        Endpoint::parse(&self.url, self.api_key.clone())
+        Endpoint::parse(&self.url, self.api_key.clone(), &self.tls)
     }
 }
 
+/// The runtime that drives TLS connections (rustls over tokio, bridged to the
+/// blocking reads and writes of the commands): one worker, made on first use.
+fn tls_runtime() -> Result<&'static tokio::runtime::Runtime, ClientError> {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(io_err("starting the TLS runtime"))?;
+    Ok(RUNTIME.get_or_init(|| rt))
+}
+
+/// A connection: its read and write halves, and the socket itself (to end it
+/// from another thread, and for timeouts on plain TCP).
+struct Connection {
+    read: Box<dyn Read + Send>,
+    write: Box<dyn Write + Send>,
+    socket: TcpStream,
+}
+
 impl Endpoint {
-    pub fn parse(url: &str, api_key: Option<String>) -> Result<Endpoint, ClientError> {
-        let rest = if let Some(r) = url.strip_prefix("http://") {
-            r
-        } else if url.starts_with("https://") {
-            return Err(ClientError::Url(format!(
-                "{url}: https is not supported by import/export yet (use http, e.g. through a local proxy)"
-            )));
+    pub fn parse(url: &str, api_key: Option<String>, tls: &TlsArgs) -> Result<Endpoint, ClientError> {
+        let (rest, https) = if let Some(r) = url.strip_prefix("http://") {
+            (r, false)
+        } else if let Some(r) = url.strip_prefix("https://") {
+            (r, true)
         } else if url.contains("://") {
-            return Err(ClientError::Url(format!("{url}: only http:// URLs")));
+            return Err(ClientError::Url(format!("{url}: only http:// and https:// URLs")));
         } else {
-            url
+            (url, false)
         };
         let (authority, base) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
@@ -94,25 +189,75 @@ impl Endpoint {
                     .map_err(|_| ClientError::Url(format!("{url}: bad port {p:?}")))?;
                 (h.to_string(), port)
             }
-            _ => (authority.to_string(), 80),
+            _ => (authority.to_string(), if https { 443 } else { 80 }),
         };
         if host.is_empty() {
             return Err(ClientError::Url(format!("{url}: no host")));
         }
+        let given_tls = tls.ca_cert.is_some() || tls.client_cert.is_some();
+        let tls = match https {
+            true => {
+                let name = host.trim_start_matches('[').trim_end_matches(']');
+                let server_name = rustls::pki_types::ServerName::try_from(name.to_string())
+                    .map_err(|e| ClientError::Url(format!("{url}: {e}")))?;
+                Some(TlsClient {
+                    config: tls.client_config()?,
+                    server_name,
+                })
+            }
+            false if given_tls => {
+                return Err(ClientError::Url(format!(
+                    "{url}: --ca-cert and --client-cert are for https:// URLs"
+                )))
+            }
+            false => None,
+        };
         Ok(Endpoint {
             host,
             port,
             base: base.to_string(),
             api_key,
+            tls,
         })
     }
 
-    fn connect(&self) -> Result<TcpStream, ClientError> {
+    fn connect(&self) -> Result<Connection, ClientError> {
         let host = self.host.trim_start_matches('[').trim_end_matches(']');
-        let stream = TcpStream::connect((host, self.port))
-            .map_err(io_err(format!("connecting to {}:{}", self.host, self.port)))?;
+        let at = || format!("connecting to {}:{}", self.host, self.port);
+        let stream = TcpStream::connect((host, self.port)).map_err(io_err(at()))?;
         let _ = stream.set_nodelay(true);
-        Ok(stream)
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(300)));
+        let socket = stream.try_clone().map_err(io_err(at()))?;
+        let Some(tls) = &self.tls else {
+            return Ok(Connection {
+                read: Box::new(stream.try_clone().map_err(io_err(at()))?),
+                write: Box::new(stream),
+                socket,
+            });
+        };
+        let rt = tls_runtime()?;
+        stream.set_nonblocking(true).map_err(io_err(at()))?;
+        let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+        let name = tls.server_name.clone();
+        let tls_stream = rt
+            .block_on(async move {
+                let tcp = tokio::net::TcpStream::from_std(stream)?;
+                connector.connect(name, tcp).await
+            })
+            .map_err(|e| {
+                ClientError::Tls(format!(
+                    "handshake with {}:{} failed: {e} (is it an https port? is --ca-cert the CA that signed its certificate?)",
+                    self.host, self.port
+                ))
+            })?;
+        // Two halves: a bulk upload writes while the answer is read.
+        let (read, write) = tokio::io::split(tls_stream);
+        let handle = rt.handle().clone();
+        Ok(Connection {
+            read: Box::new(tokio_util::io::SyncIoBridge::new_with_handle(read, handle.clone())),
+            write: Box::new(tokio_util::io::SyncIoBridge::new_with_handle(write, handle)),
+            socket,
+        })
     }
 
     fn head(&self, method: &str, path: &str, extra: &str) -> String {
@@ -147,16 +292,16 @@ impl Endpoint {
         path: &str,
         body: &[u8],
     ) -> Result<(u16, Vec<u8>), ClientError> {
-        let mut stream = self.connect()?;
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(300)));
+        let mut conn = self.connect()?;
         let mut req = self
             .head(method, path, &format!("content-length: {}\r\n", body.len()))
             .into_bytes();
         req.extend_from_slice(body);
-        stream
+        conn.write
             .write_all(&req)
+            .and_then(|()| conn.write.flush())
             .map_err(io_err(format!("sending {method} {path}")))?;
-        let mut resp = Response::read(BufReader::new(stream))?;
+        let mut resp = Response::read(BufReader::new(conn.read))?;
         let mut out = Vec::new();
         resp.body
             .read_to_end(&mut out)
@@ -167,12 +312,12 @@ impl Endpoint {
     /// `GET path`, answer streamed: the status must be 2xx, the body is read by
     /// the caller (used by `kiln backup`).
     pub fn get_stream(&self, path: &str) -> Result<Response, ClientError> {
-        let mut stream = self.connect()?;
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(300)));
-        stream
+        let mut conn = self.connect()?;
+        conn.write
             .write_all(self.head("GET", path, "").as_bytes())
+            .and_then(|()| conn.write.flush())
             .map_err(io_err(format!("sending GET {path}")))?;
-        let mut resp = Response::read(BufReader::new(stream))?;
+        let mut resp = Response::read(BufReader::new(conn.read))?;
         if !(200..300).contains(&resp.status) {
             let mut body = Vec::new();
             let _ = resp.body.read_to_end(&mut body);
@@ -187,10 +332,11 @@ impl Endpoint {
     /// Starts `POST path` with a chunked body: the writer for the body (see
     /// [`ChunkedWriter`]) and a handle that reads the answer when called.
     pub fn start_upload(&self, path: &str) -> Result<(ChunkedWriter, Upload), ClientError> {
-        let stream = self.connect()?;
-        let mut w = stream
-            .try_clone()
-            .map_err(io_err("cloning the socket for the upload"))?;
+        let Connection {
+            read,
+            write: mut w,
+            socket,
+        } = self.connect()?;
         let head = self.head(
             "POST",
             path,
@@ -198,32 +344,33 @@ impl Endpoint {
         );
         w.write_all(head.as_bytes())
             .map_err(io_err(format!("sending POST {path}")))?;
-        Ok((ChunkedWriter { out: w }, Upload { stream }))
+        Ok((ChunkedWriter { out: w }, Upload { read, socket }))
     }
 }
 
 /// The read side of an upload.
 pub struct Upload {
-    stream: TcpStream,
+    read: Box<dyn Read + Send>,
+    socket: TcpStream,
 }
 
 impl Upload {
     /// A handle to end the whole connection (both directions) from another thread.
     pub fn shutdown_handle(&self) -> Result<TcpStream, ClientError> {
-        self.stream
+        self.socket
             .try_clone()
             .map_err(io_err("cloning the socket"))
     }
 
     /// Waits for the answer's head; its body to read line by line.
     pub fn response(self) -> Result<Response, ClientError> {
-        Response::read(BufReader::new(self.stream))
+        Response::read(BufReader::new(self.read))
     }
 }
 
 /// Writes a request body as HTTP/1.1 chunks; `finish` writes the last chunk.
 pub struct ChunkedWriter {
-    out: TcpStream,
+    out: Box<dyn Write + Send>,
 }
 
 impl ChunkedWriter {
@@ -235,7 +382,9 @@ impl ChunkedWriter {
         frame.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
         frame.extend_from_slice(data);
         frame.extend_from_slice(b"\r\n");
-        self.out.write_all(&frame)
+        self.out.write_all(&frame)?;
+        // Over TLS the bytes wait in the record layer until flushed.
+        self.out.flush()
     }
 
     pub fn finish(mut self) -> io::Result<()> {
@@ -252,8 +401,11 @@ pub struct Response {
     pub body: Box<dyn BufRead + Send>,
 }
 
+/// What an answer is read from.
+type Source = BufReader<Box<dyn Read + Send>>;
+
 impl Response {
-    fn read(mut r: BufReader<TcpStream>) -> Result<Response, ClientError> {
+    fn read(mut r: Source) -> Result<Response, ClientError> {
         let mut status_line = String::new();
         r.read_line(&mut status_line)
             .map_err(io_err("reading the answer's status line"))?;
@@ -305,7 +457,7 @@ impl Response {
 
 /// De-chunks a chunked body.
 struct Chunked {
-    inner: BufReader<TcpStream>,
+    inner: Source,
     left: u64,
     done: bool,
 }
@@ -360,17 +512,17 @@ impl Read for Chunked {
     }
 }
 
+/// What a query value or a path segment keeps as it is: RFC 3986's unreserved
+/// characters.
+const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
 /// Percent-encodes a query parameter value.
 pub fn query_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string()
 }
 
 /// Percent-encodes a path segment (a database name).

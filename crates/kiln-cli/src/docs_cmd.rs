@@ -18,6 +18,7 @@ pub fn put(
     json: &str,
     storage: &StorageArgs,
 ) -> crate::AnyResult<ExitCode> {
+    let json = document_text(json)?;
     let store = DocStore::open(data_dir, storage.docs_options())?;
     let db = match store.database(database) {
         Ok(db) => db,
@@ -41,6 +42,24 @@ pub fn put(
     Ok(ExitCode::SUCCESS)
 }
 
+/// The document argument of `kiln put`: the JSON itself, `-` for standard input,
+/// or `@FILE`.
+fn document_text(arg: &str) -> crate::AnyResult<String> {
+    use std::io::Read;
+    if arg == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| format!("reading the document from standard input: {e}"))?;
+        return Ok(text);
+    }
+    match arg.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("reading the document from {path}: {e}").into()),
+        None => Ok(arg.to_string()),
+    }
+}
+
 pub fn get(data_dir: &Path, database: &str, id: &str) -> crate::AnyResult<ExitCode> {
     let store = open(data_dir)?;
     match store.database(database)?.get(id)? {
@@ -59,17 +78,18 @@ pub fn list(
     data_dir: &Path,
     database: &str,
     prefix: &str,
+    start_after: Option<&str>,
     limit: usize,
 ) -> crate::AnyResult<ExitCode> {
     let store = open(data_dir)?;
     let page = store
         .database(database)?
-        .list_by_prefix(prefix, None, limit)?;
+        .list_by_prefix(prefix, start_after, limit)?;
     for doc in &page.items {
         println!("{}", String::from_utf8_lossy(&doc.json));
     }
     if let Some(next) = page.next {
-        eprintln!("(more after {next:?})");
+        eprintln!("(more: continue with --start-after {next:?})");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -55,7 +55,7 @@ pub fn run(cmd: KvCommand) -> crate::AnyResult<ExitCode> {
             println!("committed txn {txn}");
         }
         KvCommand::Get { dir, tree, key } => {
-            crate::require_env(&dir)?;
+            crate::inspect_cmd::require_env(&dir)?;
             let env = Env::open(&dir, Options::default())?;
             let r = env.begin_read()?;
             match r.get(&tree, key.as_bytes())? {
@@ -73,7 +73,7 @@ pub fn run(cmd: KvCommand) -> crate::AnyResult<ExitCode> {
             reverse,
             limit,
         } => {
-            crate::require_env(&dir)?;
+            crate::inspect_cmd::require_env(&dir)?;
             let env = Env::open(&dir, Options::default())?;
             let r = env.begin_read()?;
             let mut c = r.cursor(&tree)?;

@@ -1,28 +1,18 @@
 //! `kiln`: the command-line tool.
 
 mod backup_cmd;
-mod backupbench;
-mod bench;
+mod bench_cmd;
 mod client;
-mod diskbench;
 mod docs_cmd;
 mod export_cmd;
-mod httpbench;
 mod import_cmd;
+mod inspect_cmd;
 mod kv;
-mod procstat;
 mod query_cmd;
-mod querybench;
-mod rawdisk;
-mod recoverybench;
-mod redisbench;
 mod serve_cmd;
-mod serverbench;
 mod storage_args;
-mod streambench;
 
 use clap::{Parser, Subcommand};
-use kiln_storage::{Env, Options};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -59,31 +49,50 @@ enum Command {
     #[command(subcommand)]
     ApiKey(serve_cmd::ApiKeyCommand),
     /// Write a JSON document (creates the database if needed). An id ending in `/`
-    /// gets a generated id under that prefix.
+    /// gets a generated id under that prefix. Offline: the data directory must not
+    /// be in use by a server.
     Put {
+        /// The data directory (as given to `kiln serve`).
         #[arg(long, default_value = "./kiln-data")]
         data_dir: PathBuf,
+        /// The database's name.
         database: String,
+        /// The document's id, e.g. users/ada; a prefix ending in `/` (users/) gets a
+        /// generated id under it.
         id: String,
+        /// The document: JSON text, `-` to read it from standard input, or
+        /// `@FILE` to read it from a file.
         json: String,
         /// For the database this creates, if it does.
         #[command(flatten)]
         storage: storage_args::StorageArgs,
     },
-    /// Print a document.
+    /// Print a document (exit code 1 if there is none). Offline, as `kiln put`.
     Get {
+        /// The data directory (as given to `kiln serve`).
         #[arg(long, default_value = "./kiln-data")]
         data_dir: PathBuf,
+        /// The database's name.
         database: String,
+        /// The document's id.
         id: String,
     },
-    /// List documents of a database by id prefix.
+    /// List documents of a database by id prefix, one JSON document per line; the
+    /// id to continue after is printed on stderr when there are more. Offline, as
+    /// `kiln put`.
     List {
+        /// The data directory (as given to `kiln serve`).
         #[arg(long, default_value = "./kiln-data")]
         data_dir: PathBuf,
+        /// The database's name.
         database: String,
+        /// Only ids that start with this.
         #[arg(long, default_value = "")]
         prefix: String,
+        /// Start after this id (the one a previous page ended with).
+        #[arg(long)]
+        start_after: Option<String>,
+        /// Documents at most.
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
@@ -107,22 +116,28 @@ enum Command {
     /// Walk every tree and page of a storage environment, or of every database of a
     /// data directory; exit code 1 if anything is wrong.
     Check {
+        /// A data directory (every database in it) or one database's directory.
         dir: PathBuf,
+        /// One JSON object per database, on one line each.
         #[arg(long)]
         json: bool,
     },
-    /// Print the engine's figures for an environment.
+    /// Print the engine's figures for a database (or every database of a data
+    /// directory). Counters such as `commits` count since this open; `last_txn_id`
+    /// is the database's whole history.
     Stats {
+        /// A data directory (every database in it) or one database's directory.
         dir: PathBuf,
+        /// One JSON object per database, on one line each.
         #[arg(long)]
         json: bool,
     },
     /// Run benchmark workloads from shared/BENCHMARKS.md against Kiln and the raw disk.
-    Bench(bench::BenchArgs),
+    Bench(kiln_bench::BenchArgs),
     /// Measure what the disk itself does: sequential writes in every journal mode,
     /// durable writes by size, concurrent durable writers; tells a slow or lying disk
     /// from a slow database.
-    DiskBench(diskbench::DiskBenchArgs),
+    DiskBench(kiln_bench::DiskBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -134,21 +149,69 @@ fn main() -> ExitCode {
     // the CPU and W6 at 64 threads fell from ~42,000 to ~16,000 commits/s.
     // SAFETY: a process-wide flag with no pointers involved; failure only keeps THP.
     unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    init_logging(&cli.command);
+    if !matches!(cli.command, Command::Serve(_)) {
+        // A command whose output goes to a pipe that closes (`kiln list | head`)
+        // ends quietly, as other command-line tools do, instead of panicking in
+        // println!. Not for the server: a client going away is no reason to stop.
+        // SAFETY: sets a signal's disposition to its default; no handler involved.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match run(cli.command) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(2)
+            if e.is::<UsageError>() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::from(EXIT_FAILED)
+            }
         }
     }
 }
+
+/// Log lines go to stderr: warnings and errors (RUST_LOG overrides), the access
+/// log of `kiln serve --access-log`, as text (coloured only on a terminal) or as
+/// JSON objects (`--log-format json`).
+fn init_logging(command: &Command) {
+    use std::io::IsTerminal;
+    let (access_log, json) = match command {
+        Command::Serve(a) => (a.access_log, a.log_format == serve_cmd::LogFormat::Json),
+        _ => (false, false),
+    };
+    let default = if access_log { "warn,kiln::access=info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| default.into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Exit codes, the same for every command: 0 done, 1 a runtime error (the server
+/// refused, a file is missing, a check found problems), 2 a usage error (clap's
+/// own, and [`UsageError`]).
+const EXIT_FAILED: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+
+/// A command line that cannot be right whatever the state of the world (two
+/// options that exclude each other, a missing choice): exit code 2, as clap's.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -172,141 +235,21 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
             data_dir,
             database,
             prefix,
+            start_after,
             limit,
-        } => return docs_cmd::list(&data_dir, &database, &prefix, limit),
+        } => {
+            return docs_cmd::list(&data_dir, &database, &prefix, start_after.as_deref(), limit)
+        }
         Command::Import(args) => return import_cmd::run(args),
         Command::Export(args) => return export_cmd::run(args),
         Command::Backup(args) => return backup_cmd::backup(args),
         Command::Restore(args) => return backup_cmd::restore(args),
         Command::Kv(cmd) => return kv::run(cmd),
         Command::Query(args) => return query_cmd::run(args),
-        Command::Check { dir, json } => {
-            if let Some(databases) = docs_cmd::database_dirs(&dir)? {
-                return check_all(&databases, json);
-            }
-            require_env(&dir)?;
-            if !check_env(&dir, json)? {
-                return Ok(ExitCode::from(1));
-            }
-        }
-        Command::Stats { dir, json } => {
-            require_env(&dir)?;
-            let env = Env::open(&dir, Options::default())?;
-            print_stats(&env.stats(), json);
-        }
-        Command::Bench(args) => bench::run(args)?,
-        Command::DiskBench(args) => diskbench::run(args)?,
+        Command::Check { dir, json } => return inspect_cmd::check(&dir, json),
+        Command::Stats { dir, json } => return inspect_cmd::stats(&dir, json),
+        Command::Bench(args) => bench_cmd::bench(args)?,
+        Command::DiskBench(args) => bench_cmd::disk_bench(args)?,
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Checks every database of a document data directory.
-fn check_all(databases: &[PathBuf], json: bool) -> AnyResult<ExitCode> {
-    let mut clean = true;
-    for dir in databases {
-        if !json {
-            println!("database {}:", dir.display());
-        }
-        clean &= check_env(dir, json)?;
-    }
-    Ok(if clean {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
-}
-
-/// Checks one environment and prints the report; false if it found problems.
-fn check_env(dir: &std::path::Path, json: bool) -> AnyResult<bool> {
-    {
-        {
-            let env = Env::open(dir, Options::default())?;
-            let report = env.check()?;
-            if json {
-                let problems: Vec<_> = report
-                    .problems
-                    .iter()
-                    .map(|p| serde_json::json!({"file": p.file, "page": p.page, "what": p.what}))
-                    .collect();
-                println!(
-                    "{}",
-                    serde_json::json!({"txn_id": report.txn_id, "trees": report.trees, "entries": report.entries, "pages_total": report.pages_total, "pages_reachable": report.pages_reachable, "pages_free": report.pages_free, "problems": problems})
-                );
-            } else {
-                println!(
-                    "checked txn {}: {} trees, {} entries, {} pages ({} reachable, {} free)",
-                    report.txn_id,
-                    report.trees,
-                    report.entries,
-                    report.pages_total,
-                    report.pages_reachable,
-                    report.pages_free
-                );
-                for p in &report.problems {
-                    println!("PROBLEM {p}");
-                }
-                println!(
-                    "{}",
-                    if report.is_clean() {
-                        "ok: no problems found"
-                    } else {
-                        "FAILED"
-                    }
-                );
-            }
-            Ok(report.is_clean())
-        }
-    }
-}
-
-fn require_env(dir: &std::path::Path) -> AnyResult<()> {
-    if !dir.join(kiln_storage::DATA_FILE).exists() {
-        return Err(format!(
-            "{} holds no Kiln environment (no {})",
-            dir.display(),
-            kiln_storage::DATA_FILE
-        )
-        .into());
-    }
-    Ok(())
-}
-
-fn print_stats(s: &kiln_storage::Stats, json: bool) {
-    let lat = |l: &kiln_storage::LatencySummary| serde_json::json!({"count": l.count, "mean_us": l.mean_us, "p50_us": l.p50_us, "p99_us": l.p99_us, "max_us": l.max_us});
-    let mut v = serde_json::json!({
-        "last_txn_id": s.last_txn_id, "synced_txn_id": s.synced_txn_id,
-        "commits": s.commits, "aborts": s.aborts,
-        "journal_writes": s.journal_writes, "journal_bytes": s.journal_bytes,
-        "journal_write_latency": lat(&s.journal_write_latency),
-        "journal_files": s.journal_files, "journal_files_created": s.journal_files_created, "journal_files_recycled": s.journal_files_recycled,
-        "journal_switch_waits": s.journal_switch_waits,
-        "write_buffer_bytes": s.write_buffer_bytes, "write_buffer_freezes": s.write_buffer_freezes, "write_buffer_merges": s.write_buffer_merges, "write_buffer_keys_merged_ahead": s.write_buffer_keys_merged_ahead,
-        "journal_direct_io_fallback": s.journal_direct_io_fallback, "journal_direct_io": s.journal_direct_io,
-        "data_syncs": s.data_syncs, "data_sync_latency": lat(&s.data_sync_latency),
-        "buffered_journal_sync_latency": lat(&s.buffered_journal_sync_latency),
-        "pages_written_back": s.pages_written_back, "checkpoints": s.checkpoints,
-        "records_replayed_on_open": s.records_replayed_on_open,
-        "pages_total": s.pages_total, "pages_in_use": s.pages_in_use, "pages_free": s.pages_free, "pages_pending_free": s.pages_pending_free,
-        "pages_unflushed": s.pages_unflushed, "readers_open": s.readers_open, "data_file_bytes": s.data_file_bytes,
-        "journal_body_bytes_full_images": s.journal_body_bytes_full_images,
-        "journal_body_bytes_with_diffs": s.journal_body_bytes_raw,
-        "journal_body_bytes_stored": s.journal_body_bytes_stored,
-        "commit_queue": {
-            "units_committed": s.commit_queue.units_committed, "units_failed": s.commit_queue.units_failed,
-            "groups": s.commit_queue.groups, "avg_group_units": s.commit_queue.avg_group_units(),
-            "max_group_units": s.commit_queue.max_group_units, "overloaded_rejections": s.commit_queue.overloaded_rejections,
-        },
-    });
-    // (Beside the literal above, which is at the macro's recursion limit.)
-    v["journal_files_cut_short"] = s.journal_files_cut_short.into();
-    v["journal_referenced_value_bytes"] = s.journal_referenced_value_bytes.into();
-    if json {
-        println!("{v}");
-        return;
-    }
-    if let serde_json::Value::Object(m) = v {
-        for (k, val) in m {
-            println!("{k:<28} {val}");
-        }
-    }
 }

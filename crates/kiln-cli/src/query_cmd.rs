@@ -2,16 +2,16 @@
 //! and prints the results as a table (the fields of the documents, by column) or,
 //! with `--json`, the server's answer as it is.
 
-use crate::httpbench::{request_bytes, Conn};
+use crate::client::{path_escape, Endpoint, TlsArgs};
 use serde_json::{json, Map, Value};
-use std::net::ToSocketAddrs;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct QueryArgs {
-    /// The server, e.g. http://127.0.0.1:8080 (plain HTTP).
+    /// The server, e.g. http://127.0.0.1:8080 or https://kiln.example:8443.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     url: String,
+    /// The database to query.
     #[arg(long)]
     db: String,
     /// Parameters as a JSON object, e.g. '{"min": 21}'.
@@ -20,9 +20,11 @@ pub struct QueryArgs {
     /// Wait up to this long for the index to catch up.
     #[arg(long, default_value_t = 0)]
     wait_ms: u64,
-    /// An API key (sent as `X-Api-Key`).
-    #[arg(long)]
+    /// API key for a server running with --auth.
+    #[arg(long, env = "KILN_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    #[command(flatten)]
+    tls: TlsArgs,
     /// Print the server's JSON answer.
     #[arg(long)]
     json: bool,
@@ -33,35 +35,17 @@ pub struct QueryArgs {
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 pub fn run(args: QueryArgs) -> AnyResult<ExitCode> {
-    let host = args
-        .url
-        .strip_prefix("http://")
-        .ok_or("--url must start with http:// (use a TLS-terminating proxy or curl for https)")?
-        .trim_end_matches('/');
-    let addr = host
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| format!("{host} does not resolve"))?;
+    let endpoint = Endpoint::parse(&args.url, args.api_key.clone(), &args.tls)?;
     let params: Map<String, Value> = match &args.params {
-        Some(p) => serde_json::from_str(p).map_err(|e| format!("--params: {e}"))?,
+        Some(p) => serde_json::from_str(p)
+            .map_err(|e| crate::UsageError(format!("--params: {e}")))?,
         None => Map::new(),
     };
     let body =
         json!({"query": args.query, "params": params, "wait_for_non_stale_ms": args.wait_ms})
             .to_string();
-    let mut headers = vec![("content-type", "application/json")];
-    if let Some(k) = &args.api_key {
-        headers.push(("x-api-key", k.as_str()));
-    }
-    let path = format!("/dbs/{}/queries", args.db);
-    let request = request_bytes("POST", &path, &headers, body.as_bytes());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (status, answer) = rt.block_on(async {
-        let mut conn = Conn::connect(addr).await?;
-        conn.send(&request).await
-    })?;
+    let path = format!("/dbs/{}/queries", path_escape(&args.db));
+    let (status, answer) = endpoint.request_any("POST", &path, body.as_bytes())?;
     let v: Value = serde_json::from_slice(&answer)
         .map_err(|e| format!("the server answered {status} with non-JSON: {e}"))?;
     if status != 200 {

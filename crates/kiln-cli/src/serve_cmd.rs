@@ -98,8 +98,26 @@ pub struct ServeArgs {
     /// --worker-threads instead.
     #[arg(long)]
     connection_threads: Option<usize>,
+    /// A browser origin allowed to call the API (CORS), e.g.
+    /// https://app.example.com; repeat it or separate with commas; `*` allows any
+    /// origin without credentials. None: no CORS headers.
+    #[arg(long, value_delimiter = ',')]
+    cors_origin: Vec<String>,
+    /// Log a line per request (method, path, status, bytes, microseconds, request
+    /// id, API key id) to stderr, in --log-format.
+    #[arg(long)]
+    pub access_log: bool,
+    /// The format of the log lines on stderr: text, or json (one object per line).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(flatten)]
     storage: crate::storage_args::StorageArgs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -136,6 +154,12 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
         _ => None,
     };
     config.require_auth = a.auth;
+    config.cors_origins = a.cors_origin.clone();
+    config.access_log = match (a.access_log, a.log_format) {
+        (false, _) => kiln_server::AccessLog::Off,
+        (true, LogFormat::Text) => kiln_server::AccessLog::Text,
+        (true, LogFormat::Json) => kiln_server::AccessLog::Json,
+    };
     config.unsecured = a.unsecured;
     config.own_http1 = !a.hyper_only;
     if let Some(n) = a.connection_threads {

@@ -74,6 +74,10 @@ fn check_finds_a_flipped_byte_and_names_the_page() {
 fn check_on_a_directory_without_an_environment_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let o = kiln(&["check", dir.path().to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o).contains("no Kiln environment"), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).contains("neither a data directory"),
+        "{}",
+        text(&o)
+    );
 }

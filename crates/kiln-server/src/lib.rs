@@ -16,7 +16,7 @@ mod metrics;
 mod observe;
 mod routes;
 mod serve;
-mod tls;
+pub mod tls;
 
 pub use observe::AccessLog;
 pub use config::{default_connection_threads, ChangesConfig, Limits, ServerConfig, TlsConfig};

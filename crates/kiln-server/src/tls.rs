@@ -3,17 +3,16 @@
 //! still connect and present an API key).
 
 use crate::config::TlsConfig;
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::path::Path;
 use std::sync::Arc;
 
-fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
-}
-
-fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem = read_pem(path)?;
-    let certs = rustls_pemfile::certs(&mut &pem[..])
+/// The certificates of a PEM file (a chain, or CA certificates), at least one.
+/// Shared with the CLI's client (`--ca-cert`, `--client-cert`).
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("{}: not a PEM certificate file: {e}", path.display()))?;
     if certs.is_empty() {
@@ -22,11 +21,14 @@ fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     Ok(certs)
 }
 
-fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    let pem = read_pem(path)?;
-    rustls_pemfile::private_key(&mut &pem[..])
-        .map_err(|e| format!("{}: not a PEM key file: {e}", path.display()))?
-        .ok_or_else(|| format!("{}: no private key found", path.display()))
+/// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
+pub fn load_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| match e {
+        rustls::pki_types::pem::Error::NoItemsFound => {
+            format!("{}: no private key found", path.display())
+        }
+        e => format!("{}: not a PEM key file: {e}", path.display()),
+    })
 }
 
 pub fn server_config(tls: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, String> {
@@ -38,7 +40,7 @@ pub fn server_config(tls: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, Strin
         None => builder.with_no_client_auth(),
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
-            for c in certs(ca)? {
+            for c in load_certs(ca)? {
                 roots
                     .add(c)
                     .map_err(|e| format!("{}: unusable CA certificate: {e}", ca.display()))?;
@@ -55,8 +57,8 @@ pub fn server_config(tls: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, Strin
     };
     let mut config = builder
         .with_single_cert(
-            certs(&tls.cert_chain_pem)?,
-            private_key(&tls.private_key_pem)?,
+            load_certs(&tls.cert_chain_pem)?,
+            load_private_key(&tls.private_key_pem)?,
         )
         .map_err(|e| format!("certificate and key do not fit together: {e}"))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];

@@ -1,0 +1,153 @@
+//! `kiln check` and `kiln stats`: what the engine says of a database, offline.
+//! Both take a data directory (every database in it, by name) or one database's
+//! (or one raw environment's) directory.
+
+use crate::AnyResult;
+use kiln_storage::{Env, Options};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// `(name, directory)` of every database `dir` names: the databases of a data
+/// directory, or `dir` itself when it is one environment.
+fn environments(dir: &Path) -> AnyResult<Vec<(String, PathBuf)>> {
+    if let Some(databases) = crate::docs_cmd::database_dirs(dir)? {
+        if databases.is_empty() {
+            eprintln!("{} holds no database yet", dir.display());
+        }
+        return Ok(databases
+            .into_iter()
+            .map(|d| (name_of(&d), d))
+            .collect());
+    }
+    if !dir.join(kiln_storage::DATA_FILE).exists() {
+        return Err(format!(
+            "{} is neither a data directory (no databases/) nor a database (no {})",
+            dir.display(),
+            kiln_storage::DATA_FILE
+        )
+        .into());
+    }
+    Ok(vec![(name_of(dir), dir.to_path_buf())])
+}
+
+fn name_of(dir: &Path) -> String {
+    dir.file_name()
+        .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// Checks every database; exit code 1 if any has a problem.
+pub fn check(dir: &Path, json: bool) -> AnyResult<ExitCode> {
+    let mut clean = true;
+    for (name, env_dir) in environments(dir)? {
+        clean &= check_one(&name, &env_dir, json)?;
+    }
+    Ok(if clean {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Checks one environment and prints the report; false if it found problems.
+fn check_one(name: &str, dir: &Path, json: bool) -> AnyResult<bool> {
+    let env = Env::open(dir, Options::default())?;
+    let report = env.check()?;
+    if json {
+        let problems: Vec<_> = report
+            .problems
+            .iter()
+            .map(|p| serde_json::json!({"file": p.file, "page": p.page, "what": p.what}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"database": name, "path": dir, "clean": report.is_clean(), "txn_id": report.txn_id, "trees": report.trees, "entries": report.entries, "pages_total": report.pages_total, "pages_reachable": report.pages_reachable, "pages_free": report.pages_free, "problems": problems})
+        );
+    } else {
+        println!("database {name}:");
+        println!(
+            "checked txn {}: {} trees, {} entries, {} pages ({} reachable, {} free)",
+            report.txn_id,
+            report.trees,
+            report.entries,
+            report.pages_total,
+            report.pages_reachable,
+            report.pages_free
+        );
+        for p in &report.problems {
+            println!("PROBLEM {p}");
+        }
+        println!(
+            "{}",
+            if report.is_clean() {
+                "ok: no problems found"
+            } else {
+                "FAILED"
+            }
+        );
+    }
+    Ok(report.is_clean())
+}
+
+/// Prints every database's figures.
+pub fn stats(dir: &Path, json: bool) -> AnyResult<ExitCode> {
+    for (name, env_dir) in environments(dir)? {
+        let env = Env::open(&env_dir, Options::default())?;
+        print_stats(&name, &env.stats(), json);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_stats(database: &str, s: &kiln_storage::Stats, json: bool) {
+    let lat = |l: &kiln_storage::LatencySummary| serde_json::json!({"count": l.count, "mean_us": l.mean_us, "p50_us": l.p50_us, "p99_us": l.p99_us, "max_us": l.max_us});
+    let mut v = serde_json::json!({
+        "database": database,
+        "last_txn_id": s.last_txn_id, "synced_txn_id": s.synced_txn_id,
+        "commits": s.commits, "aborts": s.aborts,
+        "journal_writes": s.journal_writes, "journal_bytes": s.journal_bytes,
+        "journal_write_latency": lat(&s.journal_write_latency),
+        "journal_files": s.journal_files, "journal_files_created": s.journal_files_created, "journal_files_recycled": s.journal_files_recycled,
+        "journal_switch_waits": s.journal_switch_waits,
+        "write_buffer_bytes": s.write_buffer_bytes, "write_buffer_freezes": s.write_buffer_freezes, "write_buffer_merges": s.write_buffer_merges, "write_buffer_keys_merged_ahead": s.write_buffer_keys_merged_ahead,
+        "journal_direct_io_fallback": s.journal_direct_io_fallback, "journal_direct_io": s.journal_direct_io,
+        "data_syncs": s.data_syncs, "data_sync_latency": lat(&s.data_sync_latency),
+        "buffered_journal_sync_latency": lat(&s.buffered_journal_sync_latency),
+        "pages_written_back": s.pages_written_back, "checkpoints": s.checkpoints,
+        "records_replayed_on_open": s.records_replayed_on_open,
+        "pages_total": s.pages_total, "pages_in_use": s.pages_in_use, "pages_free": s.pages_free, "pages_pending_free": s.pages_pending_free,
+        "pages_unflushed": s.pages_unflushed, "readers_open": s.readers_open, "data_file_bytes": s.data_file_bytes,
+        "journal_body_bytes_full_images": s.journal_body_bytes_full_images,
+        "journal_body_bytes_with_diffs": s.journal_body_bytes_raw,
+        "journal_body_bytes_stored": s.journal_body_bytes_stored,
+        "commit_queue": {
+            "units_committed": s.commit_queue.units_committed, "units_failed": s.commit_queue.units_failed,
+            "groups": s.commit_queue.groups, "avg_group_units": s.commit_queue.avg_group_units(),
+            "max_group_units": s.commit_queue.max_group_units, "overloaded_rejections": s.commit_queue.overloaded_rejections,
+        },
+    });
+    // (Beside the literal above, which is at the macro's recursion limit.)
+    v["journal_files_cut_short"] = s.journal_files_cut_short.into();
+    v["journal_referenced_value_bytes"] = s.journal_referenced_value_bytes.into();
+    if json {
+        println!("{v}");
+        return;
+    }
+    println!("database {database}:");
+    if let serde_json::Value::Object(m) = v {
+        for (k, val) in m.into_iter().filter(|(k, _)| k != "database") {
+            println!("{k:<28} {val}");
+        }
+    }
+}
+
+/// Fails unless `dir` holds a storage environment.
+pub fn require_env(dir: &Path) -> AnyResult<()> {
+    if !dir.join(kiln_storage::DATA_FILE).exists() {
+        return Err(format!(
+            "{} holds no Kiln environment (no {})",
+            dir.display(),
+            kiln_storage::DATA_FILE
+        )
+        .into());
+    }
+    Ok(())
+}
