@@ -474,6 +474,30 @@ impl Flusher {
         Ok(())
     }
 
+    /// What a checkpoint of `a` may assume: its replay start is not past it, and
+    /// its catalog root is not in the free-page snapshot (one lookup).
+    fn check_checkpoint(&self, a: &Applied) {
+        let at = |p: JournalPos| (p.file_seq, p.offset);
+        let start = &self.replay_start;
+        assert!(
+            start.txn_id <= a.txn_id && at(start.pos) <= at(a.end),
+            "checkpoint of txn {} (journal file {} offset {}) with its replay start past it: txn {} (file {} offset {})",
+            a.txn_id,
+            a.end.file_seq,
+            a.end.offset,
+            start.txn_id,
+            start.pos.file_seq,
+            start.pos.offset
+        );
+        // A free page is never referenced.
+        assert!(
+            a.catalog_root == 0 || !self.free.contains(&a.catalog_root),
+            "checkpoint of txn {}: its catalog root, page {}, is in the free-page snapshot",
+            a.txn_id,
+            a.catalog_root
+        );
+    }
+
     fn checkpoint(&mut self) -> FlushResult {
         self.last_sync = Instant::now();
         // After a failure the data file's state is unknown: a retried fsync may
@@ -488,25 +512,7 @@ impl Flusher {
         if a.txn_id <= self.header.synced_txn_id {
             return Ok(());
         }
-        let at = |p: JournalPos| (p.file_seq, p.offset);
-        let start = &self.replay_start;
-        assert!(
-            start.txn_id <= a.txn_id && at(start.pos) <= at(a.end),
-            "checkpoint of txn {} (journal file {} offset {}) with its replay start past it: txn {} (file {} offset {})",
-            a.txn_id,
-            a.end.file_seq,
-            a.end.offset,
-            start.txn_id,
-            start.pos.file_seq,
-            start.pos.offset
-        );
-        // A free page is never referenced (one lookup, once per checkpoint).
-        assert!(
-            a.catalog_root == 0 || !self.free.contains(&a.catalog_root),
-            "checkpoint of txn {}: its catalog root, page {}, is in the free-page snapshot",
-            a.txn_id,
-            a.catalog_root
-        );
+        self.check_checkpoint(a);
         let shared = self.env.clone();
         let start = Instant::now();
         shared.store.sync()?;

@@ -27,30 +27,7 @@ pub(crate) fn create_environment(
         vfs.sync_dir(parent)
             .map_err(|e| Error::io(parent, None, "fsync journal directory's parent", e))?;
     }
-    // Journal files of another environment must never be mistaken for ours; and a
-    // leftover journal-1 from an interrupted creation of this one holds no commits.
-    let leftovers: Vec<u64> = crate::journal::list_files(vfs.as_ref(), journal_dir)?
-        .into_iter()
-        .filter(|s| *s != 1)
-        .collect();
-    let first = crate::journal::file_path(journal_dir, 1);
-    if vfs.exists(&first) && holds_records(vfs.as_ref(), &first)? {
-        return Err(Error::InvalidOption(format!(
-            "{} holds journal records but {} has no data file: it belongs to another \
-             environment; move it away or choose another journal_dir",
-            first.display(),
-            dir.display()
-        )));
-    }
-    if !leftovers.is_empty() {
-        return Err(Error::InvalidOption(format!(
-            "journal directory {} already holds journal files ({} of them) but {} has no data file: \
-             they belong to another environment; move them away or choose another journal_dir",
-            journal_dir.display(),
-            leftovers.len(),
-            dir.display()
-        )));
-    }
+    refuse_another_environments_journal(vfs.as_ref(), dir, journal_dir)?;
     // A random chain start: records left in the journal directory by an earlier
     // environment can never pass as this one's.
     let chain: u32 = rand::random();
@@ -73,6 +50,51 @@ pub(crate) fn create_environment(
     for slot in 0..2 {
         header::write_freelist(vfs.as_ref(), dir, slot, &[])?;
     }
+    build_data_file(vfs.as_ref(), dir, data_path, &h, opts)?;
+    Ok(h)
+}
+
+/// Journal files of another environment must never be mistaken for ours; and a
+/// leftover journal-1 from an interrupted creation of this one holds no commits.
+fn refuse_another_environments_journal(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    journal_dir: &Path,
+) -> Result<()> {
+    let leftovers: Vec<u64> = crate::journal::list_files(vfs, journal_dir)?
+        .into_iter()
+        .filter(|s| *s != 1)
+        .collect();
+    let first = crate::journal::file_path(journal_dir, 1);
+    if vfs.exists(&first) && holds_records(vfs, &first)? {
+        return Err(Error::InvalidOption(format!(
+            "{} holds journal records but {} has no data file: it belongs to another \
+             environment; move it away or choose another journal_dir",
+            first.display(),
+            dir.display()
+        )));
+    }
+    if !leftovers.is_empty() {
+        return Err(Error::InvalidOption(format!(
+            "journal directory {} already holds journal files ({} of them) but {} has no data file: \
+             they belong to another environment; move them away or choose another journal_dir",
+            journal_dir.display(),
+            leftovers.len(),
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Builds the data file with header `h` as `data.kiln.tmp` (truncated, preallocated,
+/// synced) and renames it into place, then syncs the directory.
+fn build_data_file(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    data_path: &Path,
+    h: &FileHeader,
+    opts: &Options,
+) -> Result<()> {
     let tmp = data_path.with_extension("kiln.tmp");
     let mode = OpenMode {
         create: true,
@@ -96,8 +118,7 @@ pub(crate) fn create_environment(
     vfs.rename(&tmp, data_path)
         .map_err(|e| Error::io(&tmp, None, "rename new data file into place", e))?;
     vfs.sync_dir(dir)
-        .map_err(|e| Error::io(dir, None, "fsync data directory", e))?;
-    Ok(h)
+        .map_err(|e| Error::io(dir, None, "fsync data directory", e))
 }
 
 /// True if the file's first block is (or resembles) a journal record header (zeros
