@@ -318,3 +318,64 @@ fn hex_prefix(bkey: &[u8]) -> String {
         shown
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::io::{OpenMode, OsVfs, Vfs};
+    use crate::journal::record::{self, LogicalLog, RecordInput};
+    use crate::page::PageRun;
+    use crate::{Env, Error, Options};
+
+    /// A record whose checksum and chain hold but that frees its own catalog root
+    /// (only a bug in the writer, or a forger, makes one): open fails naming the
+    /// journal file, the record's offset and the page, and hands nothing out.
+    #[test]
+    fn a_record_leaving_its_catalog_root_free_fails_the_open() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Env::open(dir.path(), Options::default()).unwrap());
+        let header =
+            super::super::create::load_header(&OsVfs, &dir.path().join(crate::DATA_FILE)).unwrap();
+        let log = LogicalLog::default();
+        let input = RecordInput {
+            txn_id: header.synced_txn_id + 1,
+            nonce: 1,
+            prev_checksum: header.journal_chain_checksum,
+            catalog_root: 5,
+            page_count: 6,
+            freed: &[5],
+            pages: &[],
+            logical: &log,
+            buffer_flags: 0,
+            merged: None,
+        };
+        let mut buf = PageRun::scratch(1);
+        let enc = record::encode(&input, &mut buf, None);
+        let journal =
+            crate::journal::file_path(&dir.path().join("journal"), header.journal_file_seq);
+        let file = OsVfs
+            .open(
+                &journal,
+                OpenMode {
+                    write: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        file.write_all_at(&buf.bytes()[..enc.padded_len], header.journal_offset)
+            .unwrap();
+        drop(file);
+        match Env::open(dir.path(), Options::default()) {
+            Err(e @ Error::Corrupted { .. }) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains(&journal.display().to_string())
+                        && msg.contains(&format!("offset {}", header.journal_offset))
+                        && msg.contains("leaves its catalog root, page 5, free"),
+                    "{msg}"
+                );
+            }
+            Err(e) => panic!("expected Corrupted, got {e}"),
+            Ok(_) => panic!("opened with its catalog root free"),
+        }
+    }
+}
