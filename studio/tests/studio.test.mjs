@@ -201,10 +201,12 @@ describe('studio without auth', () => {
     await page.click('[data-testid=view-json]');
     const json = JSON.parse(await page.textContent('[data-testid=results-json]'));
     assert.equal(json.length, 20);
-    // A bad query shows the server's message.
+    // A bad query shows the server's message, alone: not above the previous
+    // query's results, which would read as this query's.
     await page.fill('[data-testid=query]', 'from people where');
     await page.click('[data-testid=run-query]');
     await page.waitForSelector('[data-testid=error]:has-text("invalid_query")');
+    assert.equal(await page.locator('[data-testid=query-summary]').count(), 0, 'no stale results under the error');
   });
 
   test('shows the indexes with their state', async () => {

@@ -72,6 +72,8 @@ export function QueryPage({ db }: { db: string }) {
     try {
       p = JSON.parse(params || '{}');
     } catch (e) {
+      // The results on screen belong to the last query that ran: not to this one.
+      setAnswer(null);
       setError(`parameters: ${errorText(e)}`);
       return;
     }
@@ -86,6 +88,9 @@ export function QueryPage({ db }: { db: string }) {
       setAnswer(r.body);
       setContinuations(stack);
     } catch (e) {
+      // A failed query shows its error alone, not above the previous query's
+      // results (which would read as this query's).
+      setAnswer(null);
       setError(errorText(e));
     } finally {
       setBusy(false);
@@ -129,8 +134,8 @@ export function QueryPage({ db }: { db: string }) {
         </div>
       </form>
       <p class="muted">
-        <code>from users where age &gt;= $min and name startsWith 'A' order by age desc limit 20</code> — see the README for
-        the language.
+        <code>from users where age &gt;= $min and name startsWith 'A' order by age desc limit 20</code> — see docs/query-language.md
+        for the language.
       </p>
       <ErrorBox error={error} />
       {answer && (
