@@ -87,10 +87,13 @@ pub enum BackupCommand {
     /// restoring them; several files must form one chain: the full backup, then
     /// its increments in order.
     Verify {
+        /// The full backup, then its increments in order.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// No progress bar.
         #[arg(long, short)]
         quiet: bool,
+        /// Print the summary as JSON.
         #[arg(long)]
         json: bool,
     },

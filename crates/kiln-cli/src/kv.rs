@@ -10,29 +10,40 @@ use std::process::ExitCode;
 pub enum KvCommand {
     /// Store a value (creates the environment and the tree if needed).
     Put {
+        /// The storage environment's directory.
         #[arg(long, default_value = "./kiln-kv")]
         dir: PathBuf,
+        /// The tree (a named key space).
         tree: String,
+        /// The key.
         key: String,
+        /// The value, as text.
         value: String,
     },
     /// Print a value.
     Get {
+        /// The storage environment's directory.
         #[arg(long, default_value = "./kiln-kv")]
         dir: PathBuf,
+        /// The tree (a named key space).
         tree: String,
+        /// The key.
         key: String,
     },
     /// List keys and values of a tree in order (or in reverse).
     Scan {
+        /// The storage environment's directory.
         #[arg(long, default_value = "./kiln-kv")]
         dir: PathBuf,
+        /// The tree (a named key space).
         tree: String,
         /// Start at the first key >= this one.
         #[arg(long)]
         from: Option<String>,
+        /// From the last key down.
         #[arg(long)]
         reverse: bool,
+        /// Entries at most.
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },

@@ -124,6 +124,7 @@ pub enum LogFormat {
 pub enum ApiKeyCommand {
     /// Create a key and print it (the only time it is shown).
     Create {
+        /// The server's data directory (the keys live in its api-keys.json).
         #[arg(long, default_value = "./kiln-data")]
         data_dir: PathBuf,
         /// A name to recognise the key by.
@@ -132,13 +133,16 @@ pub enum ApiKeyCommand {
     },
     /// List keys (ids and names; never secrets).
     List {
+        /// The server's data directory (the keys live in its api-keys.json).
         #[arg(long, default_value = "./kiln-data")]
         data_dir: PathBuf,
     },
     /// Revoke a key by id; a running server notices within a request.
     Revoke {
+        /// The server's data directory (the keys live in its api-keys.json).
         #[arg(long, default_value = "./kiln-data")]
         data_dir: PathBuf,
+        /// The key's id (the part after `kiln_`, as `kiln api-key list` shows it).
         id: String,
     },
 }
