@@ -91,11 +91,12 @@ pub fn check_origins(origins: &[String]) -> Result<(), String> {
 
 /// gzip, br or zstd by `Accept-Encoding`, for answers of at least
 /// [`COMPRESSION_MIN_BYTES`]; never for streams a client reads as they come
-/// (bulk progress lines, backups, which are compressed already).
+/// (bulk progress lines) nor for backups (lz4-compressed already).
 pub fn compression() -> CompressionLayer<impl Predicate> {
     let predicate = SizeAbove::new(COMPRESSION_MIN_BYTES)
         .and(NotForContentType::const_new("application/x-ndjson"))
         .and(NotForContentType::const_new("application/octet-stream"))
+        .and(NotForContentType::const_new("application/vnd.kiln.backup"))
         .and(NotForContentType::GRPC)
         .and(NotForContentType::IMAGES)
         .and(NotForContentType::SSE);

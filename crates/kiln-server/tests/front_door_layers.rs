@@ -179,6 +179,16 @@ async fn large_answers_are_compressed_as_the_client_accepts() {
     let r = h.http.get(h.doc_url("z", "big")).send().await.unwrap();
     assert!(r.headers().get("content-encoding").is_none());
     assert_eq!(r.json::<Value>().await.unwrap()["text"], big["text"]);
+    // A backup is lz4-compressed already: never encoded again.
+    let r = h
+        .http
+        .get(h.url("/dbs/z/backup"))
+        .header("accept-encoding", "gzip, br, zstd")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("content-encoding").is_none(), "{:?}", r.headers());
     h.shutdown().await;
 }
 
