@@ -316,22 +316,27 @@ impl Drop for OpenConnection {
 
 /// Over the connection limit: a plain-HTTP client gets a 429 it can read; a TLS
 /// client only sees the connection close (answering would need a handshake).
-async fn refuse(mut stream: TcpStream, tls: bool) {
+async fn refuse(stream: TcpStream, tls: bool) {
     if !tls {
-        let body = crate::error::ApiError::new(
+        let mut e = crate::error::ApiError::new(
             crate::error::ErrorCode::TooManyConnections,
             "the server is at its connection limit; retry later",
-        )
-        .body_json();
-        let resp = format!(
-            "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
-             connection: close\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
         );
-        let _ =
-            tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
-        let _ = stream.shutdown().await;
+        e.retry_after_s = Some(1);
+        answer_and_close(stream, e).await;
     }
+}
+
+/// An answer sent before any request was read (the connection limit, plain HTTP
+/// on the TLS port), rendered as every other answer is (a request id made for it,
+/// the JSON error), then the connection closes.
+async fn answer_and_close(mut stream: TcpStream, e: crate::error::ApiError) {
+    use axum::response::IntoResponse;
+    let mut out = Vec::new();
+    let id = crate::observe::RequestId::new();
+    crate::http1::answer::response(&mut out, e.into_response(), &id, true).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&out)).await;
+    let _ = stream.shutdown().await;
 }
 
 /// True when a client on the TLS port starts with what looks like a plain HTTP
@@ -347,19 +352,12 @@ async fn speaks_plain_http(stream: &TcpStream, wait: Duration) -> bool {
 
 /// The answer curl and browsers can read instead of a failed handshake ("Received
 /// HTTP/0.9"): a 400 in plain HTTP that says to use https.
-async fn answer_plain_http_on_tls_port(mut stream: TcpStream) {
+async fn answer_plain_http_on_tls_port(stream: TcpStream) {
     let e = crate::error::ApiError::new(
         crate::error::ErrorCode::BadRequest,
         "this port speaks HTTPS: use an https:// URL",
     );
-    let body = e.body_json();
-    let resp = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n\
-         content-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(resp.as_bytes())).await;
-    let _ = stream.shutdown().await;
+    answer_and_close(stream, e).await;
 }
 
 /// What serving a connection needs besides its socket.

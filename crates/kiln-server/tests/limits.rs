@@ -183,6 +183,9 @@ async fn connections_over_the_limit_get_429() {
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(r.header("content-type"), Some("application/json"));
     assert_eq!(r.json()["error"], "too_many_connections");
+    // A request id as on every answer, though no request was read.
+    let id = r.header("x-request-id").expect("a request id").to_string();
+    assert_eq!(r.json()["request_id"], id.as_str());
     assert!(closed_within(&mut third, Duration::from_secs(2)).await);
 
     // The held connections still work.

@@ -12,7 +12,7 @@
 //! before reading an oversized body, 408 for a stalled body, 400 for a body cut
 //! short, and a graceful shutdown that finishes the request in hand.
 
-mod answer;
+pub(crate) mod answer;
 mod head;
 mod rewind;
 
