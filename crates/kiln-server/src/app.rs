@@ -1,9 +1,9 @@
 //! The router: routes, shared state, and the layers every request passes:
 //! compression, then `observe` (request id, metrics, access log), then CORS, then
 //! (on the API routes) authentication. The own HTTP/1.1 loop (`http1/`) serves
-//! plain document GETs and PUTs through the same admission (`admit`), handlers'
-//! helpers and `observe`, and hands anything CORS or compression could change to
-//! this router.
+//! plain document GETs, PUTs and POSTs (to a prefix) through the same admission
+//! (`admit`), handlers' helpers and `observe`, and hands anything CORS or
+//! compression could change to this router.
 
 use crate::auth::KeyVerifier;
 use crate::config::Limits;

@@ -103,7 +103,7 @@ impl Default for Limits {
 }
 
 /// One thread per core but one, at least one. On 2 cores (`kiln bench`, medians
-/// of alternated runs, README "Round 2, ninth pass"): W8 55-58k PUTs/s with one
+/// of alternated runs, docs/benchmarks-history.md, "Round 2, ninth pass"): W8 55-58k PUTs/s with one
 /// connection thread, 54-56k with two, 48-50k on the shared runtime; W9 147-158k
 /// GETs/s with one, 125-129k with two, 133-144k on the shared runtime.
 pub fn default_connection_threads() -> usize {

@@ -2,7 +2,7 @@
 //! GET, PUT or POST in plain HTTP/1.1 (no chunked body, no `Expect`, no upgrade,
 //! nothing to percent-decode). Under W8 and W9 those are every request, and hyper,
 //! the router and their per-request allocations cost about as much CPU as the
-//! storage work itself (README, "Round 2"). The first request of any other kind
+//! storage work itself (docs/benchmarks-history.md, "Round 2"). The first request of any other kind
 //! hands the connection, with every byte already read, to hyper for the rest of its
 //! life, so everything else is served exactly as before.
 //!
