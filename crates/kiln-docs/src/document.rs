@@ -154,21 +154,10 @@ impl PreparedDoc {
     }
 }
 
-pub fn format_rfc3339_ms(ms_since_epoch: u64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms_since_epoch);
-    humantime::format_rfc3339_millis(t).to_string()
-}
-
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::time::format_rfc3339_ms;
 
     fn etag() -> Etag {
         Etag {

@@ -35,6 +35,7 @@ mod index;
 mod query;
 mod record;
 mod store;
+mod time;
 mod write_queue;
 
 pub use backup::{
@@ -51,7 +52,7 @@ pub use database::{
     BatchOp, BatchOutcome, CollectionCount, Condition, Database, DatabaseStats, DeleteOutcome,
     DocId, Page, ParsedDocument, PutOutcome, WriteOp,
 };
-pub use document::{format_rfc3339_ms, Document};
+pub use document::Document;
 pub use error::{DocError, Result};
 pub use etag::Etag;
 pub use id::{validate_collection, validate_database_name, validate_id, MAX_COLLECTION_LEN};
@@ -59,4 +60,5 @@ pub use index::{IndexDefinition, IndexErrorSample, IndexField, IndexInfo, Indexi
 pub use query::{QueryOptions, QueryResult};
 pub use record::RecordView as DocumentView;
 pub use store::{DocStore, DocsOptions};
+pub use time::format_rfc3339_ms;
 pub use write_queue::{Reply, WriteQueue, WriteQueueOptions};

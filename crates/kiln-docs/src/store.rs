@@ -349,7 +349,7 @@ impl DocStore {
 pub(crate) fn unique_suffix() -> String {
     format!(
         "{}-{:08x}",
-        crate::document::now_ms(),
+        crate::time::now_ms(),
         rand::random::<u32>()
     )
 }

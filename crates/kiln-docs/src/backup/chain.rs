@@ -245,7 +245,7 @@ impl Database {
             txn_id: r.txn_id(),
             documents: r.tree_len(DOCS)?,
             kiln_version: env!("CARGO_PKG_VERSION").to_string(),
-            created_at: crate::format_rfc3339_ms(crate::document::now_ms()),
+            created_at: crate::format_rfc3339_ms(crate::time::now_ms()),
             incarnation: Some(self.incarnation),
             backup_id: Some(new_id()),
             chain_id: Some(chain.chain_id.clone()),

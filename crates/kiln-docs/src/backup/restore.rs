@@ -50,11 +50,8 @@ impl RestorePoint {
             }
             let at = humantime::parse_rfc3339_weak(t)
                 .map_err(|e| bad(&format!("not an RFC 3339 time or ms since the epoch ({e})")))?;
-            let ms = at
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_err(|_| bad("before 1970"))?
-                .as_millis();
-            Ok(RestorePoint::TimeMs(ms as u64))
+            let ms = crate::time::ms_since_epoch(at).ok_or_else(|| bad("before 1970"))?;
+            Ok(RestorePoint::TimeMs(ms))
         };
         if let Some(e) = s.strip_prefix("etag:") {
             Etag::parse(e).map_err(|_| bad("not an etag (sequence-incarnation)"))?;

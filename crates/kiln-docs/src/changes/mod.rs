@@ -300,7 +300,7 @@ impl Database {
         };
         let cutoff_ms = rule
             .older_than_ms
-            .map(|age| crate::document::now_ms().saturating_sub(age));
+            .map(|age| crate::time::now_ms().saturating_sub(age));
         let mut purged = 0;
         loop {
             // Find a chunk under a read snapshot, then delete it in one write; a

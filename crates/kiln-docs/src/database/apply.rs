@@ -60,7 +60,7 @@ impl Unit {
             clock,
             stamped: false,
             now_ms: 0,
-            now_text: crate::document::format_rfc3339_ms(0),
+            now_text: crate::time::format_rfc3339_ms(0),
             last_sequence: None,
             stored_sequence: 0,
             count_deltas: Vec::new(),
@@ -100,9 +100,9 @@ impl Unit {
         }
         self.stamped = true;
         if let Some(clock) = &self.clock {
-            let now = crate::document::now_ms();
+            let now = crate::time::now_ms();
             self.now_ms = now.max(clock.fetch_max(now, Ordering::SeqCst));
-            self.now_text = crate::document::format_rfc3339_ms(self.now_ms);
+            self.now_text = crate::time::format_rfc3339_ms(self.now_ms);
         }
     }
 

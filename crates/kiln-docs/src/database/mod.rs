@@ -721,7 +721,7 @@ mod tests {
     #[test]
     fn the_write_clock_resumes_from_the_last_write() {
         let dir = tempfile::tempdir().unwrap();
-        let ahead = crate::document::now_ms() + 3_600_000;
+        let ahead = crate::time::now_ms() + 3_600_000;
         {
             let store = DocStore::open(dir.path(), DocsOptions::default()).unwrap();
             let db = store.create_database("d").unwrap();

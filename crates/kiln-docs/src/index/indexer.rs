@@ -257,7 +257,7 @@ fn remove_idle_auto_indexes(db: &Database, shared: &Shared) {
     if idle_ms == 0 {
         return;
     }
-    let now = crate::document::now_ms();
+    let now = crate::time::now_ms();
     let doomed: Vec<String> = shared
         .state
         .lock()

@@ -152,7 +152,7 @@ impl Runtime {
             compiled: Compiled::new(def)?,
             id,
             last_sequence: AtomicU64::new(last_sequence),
-            last_used_ms: AtomicU64::new(crate::document::now_ms()),
+            last_used_ms: AtomicU64::new(crate::time::now_ms()),
             rate: AtomicU64::new(0f64.to_bits()),
         })
     }
@@ -255,7 +255,7 @@ impl Database {
             compiled,
             id,
             last_sequence: AtomicU64::new(0),
-            last_used_ms: AtomicU64::new(crate::document::now_ms()),
+            last_used_ms: AtomicU64::new(crate::time::now_ms()),
             rate: AtomicU64::new(0f64.to_bits()),
         };
         self.indexer().insert(Arc::new(rt));

@@ -285,7 +285,7 @@ impl Database {
         let plan = self.plan(&q, &mut auto_created)?;
         if let Plan::Index { rt, .. } = &plan {
             rt.last_used_ms
-                .store(crate::document::now_ms(), Ordering::Relaxed);
+                .store(crate::time::now_ms(), Ordering::Relaxed);
             if opts.wait_for_non_stale_ms > 0 {
                 let target = self.last_sequence();
                 let wait = Duration::from_millis(opts.wait_for_non_stale_ms.min(MAX_WAIT_MS));
