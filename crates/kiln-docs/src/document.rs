@@ -31,6 +31,11 @@ impl Document {
         }
     }
 
+    /// Decodes a stored record (a value of the `docs` tree) into an owned document.
+    pub(crate) fn from_record(id: &str, bytes: &[u8]) -> Result<Document> {
+        Ok(Document::from_view(id, crate::record::decode(id, bytes)?))
+    }
+
     pub fn to_value(&self) -> Result<Value> {
         serde_json::from_slice(&self.json).map_err(|e| DocError::CorruptRecord {
             id: self.id.clone(),

@@ -25,6 +25,7 @@
 mod backup;
 mod changes;
 mod compact_json;
+mod data_dir;
 mod data_dir_lock;
 mod database;
 mod document;
@@ -34,6 +35,7 @@ mod id;
 mod index;
 mod query;
 mod record;
+mod schema;
 mod store;
 mod time;
 mod write_queue;

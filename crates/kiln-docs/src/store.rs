@@ -1,14 +1,11 @@
-//! A directory of databases.
+//! A directory of databases (its layout: `data_dir.rs`).
 //!
-//! ```text
-//! <dir>/databases/<name>/   one storage environment per database
-//! <dir>/trash/              databases being created or deleted
-//! ```
 //! A database is created in `trash/` and renamed into `databases/` once its trees
 //! and meta are committed, and deleted by renaming it back into `trash/` before
 //! removing its files, so that a crash never leaves half a database that would open
 //! at the next start.
 
+use crate::data_dir::{sync_dir, unique_suffix, DATABASES_DIR, TRASH_DIR};
 use crate::database::Limits;
 use crate::{validate_database_name, Database, DocError, Result};
 use parking_lot::{Mutex, RwLock};
@@ -16,9 +13,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-pub(crate) const DATABASES_DIR: &str = "databases";
-pub(crate) const TRASH_DIR: &str = "trash";
 
 #[derive(Clone)]
 pub struct DocsOptions {
@@ -344,18 +338,4 @@ impl DocStore {
         }
         first_err.map_or(Ok(()), Err)
     }
-}
-
-pub(crate) fn unique_suffix() -> String {
-    format!(
-        "{}-{:08x}",
-        crate::time::now_ms(),
-        rand::random::<u32>()
-    )
-}
-
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| DocError::io(dir, e))
 }

@@ -16,9 +16,11 @@
 //! - Stopping the chain removes `meta.backup_chain`, the consumer and the history.
 
 use super::{new_id, BackupKind, BackupManifest, BackupReport, MANIFEST_OFFSET};
-use crate::changes::CONSUMERS;
-use crate::database::history::{self, ChainState, CHAIN_CONSUMER, HISTORY, META_CHAIN};
-use crate::database::{read_last_sequence, DOCS, META, META_LAST_ETAG};
+use crate::database::history::{self, ChainState};
+use crate::schema::{
+    decode_last_sequence, decode_u64, read_last_sequence, sequence_key, CHAIN_CONSUMER, CONSUMERS,
+    DOCS, HISTORY, META, META_CHAIN, META_LAST_ETAG,
+};
 use crate::{Database, DocError, Result};
 use kiln_storage::backup::BackupOptions;
 use kiln_storage::{ContainerWriter, ReadTxn, WriteTxn};
@@ -50,10 +52,7 @@ fn read_chain_w(w: &mut WriteTxn<'_>) -> Result<Option<ChainState>> {
 }
 
 fn last_sequence_w(w: &mut WriteTxn<'_>) -> Result<u64> {
-    match w.get(META, META_LAST_ETAG)? {
-        Some(b) => crate::database::decode_u64(b, "last etag"),
-        None => Ok(0),
-    }
+    decode_last_sequence(w.get(META, META_LAST_ETAG)?)
 }
 
 impl Database {
@@ -157,11 +156,11 @@ impl Database {
                 let mut item = c.first()?;
                 let mut chunk = Vec::new();
                 while let Some((k, _)) = item {
-                    let seq = crate::database::decode_u64(k, "history key")?;
+                    let seq = decode_u64(k, "history key")?;
                     if seq > upto || chunk.len() == TRIM_CHUNK {
                         break;
                     }
-                    chunk.push(history::key(seq));
+                    chunk.push(sequence_key(seq));
                     item = c.next()?;
                 }
                 chunk
@@ -257,7 +256,7 @@ impl Database {
         let mut w = ContainerWriter::new(out, r.txn_id(), &meta, opts, progress)?;
         w.begin_tree(HISTORY)?;
         let mut c = r.cursor(HISTORY)?;
-        let mut item = c.seek(&history::key(base.saturating_add(1)))?;
+        let mut item = c.seek(&sequence_key(base.saturating_add(1)))?;
         let mut seen = base;
         let mut last_ms = None;
         while let Some((k, v)) = item {

@@ -20,8 +20,7 @@ pub use restore::{
     RestoreSource,
 };
 
-use crate::database::history::HISTORY;
-use crate::database::{read_last_sequence, DOCS};
+use crate::schema::{read_last_sequence, DOCS, HISTORY};
 use crate::{Database, DocError, Etag, Result};
 use kiln_storage::backup::{self, BackupOptions, BackupSummary};
 use serde::{Deserialize, Serialize};

@@ -11,9 +11,11 @@
 
 use super::chain::{check_first, check_link};
 use super::{manifest_of, BackupKind, BackupManifest, BackupReport};
-use crate::changes::{ChangeKind, CONSUMERS};
-use crate::database::history::{self, CHAIN_CONSUMER, HISTORY, META_CHAIN};
-use crate::database::{replay, ReplayUnit, META, META_INCARNATION};
+use crate::changes::ChangeKind;
+use crate::data_dir::{sync_dir, unique_suffix, DATABASES_DIR, TRASH_DIR};
+use crate::database::history;
+use crate::database::{replay, ReplayUnit};
+use crate::schema::{CHAIN_CONSUMER, CONSUMERS, HISTORY, META, META_CHAIN, META_INCARNATION};
 use crate::{validate_database_name, DocError, Etag, Result};
 use kiln_storage::backup::{self, Item};
 use kiln_storage::{BackupError, Env, WriteTxn};
@@ -620,7 +622,7 @@ pub(crate) fn build(
         };
         env.sync()?;
         env.close()?;
-        crate::store::sync_dir(staging)?;
+        sync_dir(staging)?;
         Ok(report)
     })();
     if result.is_err() && staging.exists() {
@@ -647,8 +649,8 @@ pub fn restore_database(
     // (it lists its databases once, at start): refuse, as a second server is.
     let _lock =
         crate::DataDirLock::acquire(data_dir, &crate::data_dir_lock::this_process())?;
-    let dbs = data_dir.join(crate::store::DATABASES_DIR);
-    let trash = data_dir.join(crate::store::TRASH_DIR);
+    let dbs = data_dir.join(DATABASES_DIR);
+    let trash = data_dir.join(TRASH_DIR);
     for d in [&dbs, &trash] {
         std::fs::create_dir_all(d).map_err(|e| DocError::io(d, e))?;
     }
@@ -656,7 +658,7 @@ pub fn restore_database(
     if target.exists() && !force {
         return Err(DocError::DatabaseExists(name.to_string()));
     }
-    let suffix = crate::store::unique_suffix();
+    let suffix = unique_suffix();
     let built: PathBuf = trash.join(format!("restoring-{name}-{suffix}"));
     let report = build(source, &built, storage, point, progress)?;
     put_in_place(&built, &target, &trash, name, &suffix)?;
@@ -678,11 +680,11 @@ pub(crate) fn put_in_place(
         let old = trash.join(format!("replaced-{name}-{suffix}"));
         std::fs::rename(target, &old).map_err(|e| DocError::io(target, e))?;
         std::fs::rename(built, target).map_err(|e| DocError::io(target, e))?;
-        crate::store::sync_dir(dbs)?;
+        sync_dir(dbs)?;
         std::fs::remove_dir_all(&old).map_err(|e| DocError::io(&old, e))?;
     } else {
         std::fs::rename(built, target).map_err(|e| DocError::io(target, e))?;
-        crate::store::sync_dir(dbs)?;
+        sync_dir(dbs)?;
     }
     Ok(())
 }

@@ -9,12 +9,10 @@
 //!   id is written anew or purged.
 //!
 //! Entry layout: kind (1 byte: 1 put, 2 delete), time in ms (u64 BE), collection
-//! length (u16 BE, 0xFFFF for none), collection bytes, id bytes (the rest).
+//! length (u16 BE, 0xFFFF for none), collection bytes, id bytes (the rest). The
+//! trees' names and the key encoding are in `schema.rs`.
 
 use crate::{DocError, Etag, Result};
-
-pub(crate) const CHANGES: &str = "changes";
-pub(crate) const TOMBSTONES: &str = "tombstones";
 
 const KIND_PUT: u8 = 1;
 const KIND_DELETE: u8 = 2;
@@ -46,10 +44,6 @@ pub struct Change {
     pub collection: Option<String>,
     /// When the write happened (ms since the Unix epoch).
     pub at_ms: u64,
-}
-
-pub(crate) fn key(sequence: u64) -> [u8; 8] {
-    sequence.to_be_bytes()
 }
 
 pub(crate) fn encode(
@@ -152,6 +146,7 @@ impl ChangeFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schema::sequence_key;
 
     #[test]
     fn entries_round_trip_and_bad_ones_are_corruption() {
@@ -161,7 +156,7 @@ mod tests {
             (ChangeKind::Put, Some("")),
         ] {
             let v = encode(kind, 1234, coll, "users/ada").unwrap();
-            let c = decode(7, &key(42), &v).unwrap();
+            let c = decode(7, &sequence_key(42), &v).unwrap();
             assert_eq!(c.kind, kind);
             assert_eq!(c.collection.as_deref(), coll);
             assert_eq!(c.id, "users/ada");
@@ -175,13 +170,13 @@ mod tests {
             // Cutting into the header or the collection must be caught; cutting the
             // id only shortens it (the id is the rest), which the key check can't see.
             if cut < HEADER_LEN + 5 {
-                assert!(decode(1, &key(1), &v[..cut]).is_err(), "cut at {cut}");
+                assert!(decode(1, &sequence_key(1), &v[..cut]).is_err(), "cut at {cut}");
             }
         }
         let mut bad = v.clone();
         bad[0] = 9;
         assert!(matches!(
-            decode(1, &key(1), &bad),
+            decode(1, &sequence_key(1), &bad),
             Err(DocError::CorruptRecord { .. })
         ));
         assert!(decode(1, b"short", &v).is_err());
@@ -234,17 +229,17 @@ mod tests {
             byte in any::<u8>(),
         ) {
             let value = encode(k, at_ms, collection.as_deref(), &id).unwrap();
-            let c = decode(7, &key(sequence), &value).unwrap();
+            let c = decode(7, &sequence_key(sequence), &value).unwrap();
             prop_assert_eq!((c.kind, c.at_ms, c.collection.as_deref(), c.id.as_str()),
                 (k, at_ms, collection.as_deref(), id.as_str()));
             prop_assert_eq!(c.etag, Etag { incarnation: 7, sequence });
             let short = &value[..cut.index(value.len())];
             if short.len() < HEADER_LEN + collection.as_ref().map_or(0, String::len) {
-                prop_assert!(decode(7, &key(sequence), short).is_err());
+                prop_assert!(decode(7, &sequence_key(sequence), short).is_err());
             }
             let mut flipped = value.clone();
             flipped[cut.index(value.len())] = byte;
-            let _ = decode(7, &key(sequence), &flipped);
+            let _ = decode(7, &sequence_key(sequence), &flipped);
             prop_assert!(decode(7, &value[..cut.index(value.len()).min(7)], &value).is_err());
         }
 

@@ -6,13 +6,12 @@ mod notify;
 pub(crate) mod upgrade;
 
 pub use log::{Change, ChangeFilter, ChangeKind};
-pub(crate) use log::{CHANGES, TOMBSTONES};
 pub use notify::CommitListener;
 pub(crate) use notify::CommitNotifier;
 
-pub(crate) use log::{decode as decode_entry, encode as encode_entry, key as change_key};
+pub(crate) use log::{decode as decode_entry, encode as encode_entry};
 
-use crate::database::{decode_u64, to_document, DOCS};
+use crate::schema::{decode_u64, sequence_key, CHANGES, CONSUMERS, DOCS, TOMBSTONES};
 use crate::{Database, DocError, Document, Etag, Result};
 use kiln_storage::WriteTxn;
 use std::time::Duration;
@@ -26,15 +25,11 @@ pub(crate) fn last_write_ms(
     if last == 0 {
         return Ok(None);
     }
-    match r.get(CHANGES, &change_key(last))? {
-        Some(v) => Ok(Some(decode_entry(incarnation, &change_key(last), v)?.at_ms)),
+    match r.get(CHANGES, &sequence_key(last))? {
+        Some(v) => Ok(Some(decode_entry(incarnation, &sequence_key(last), v)?.at_ms)),
         None => Ok(None),
     }
 }
-
-/// Consumers of the log (indexes, backups, replication) record how far they read
-/// here; tombstones they have not read yet are never purged.
-pub(crate) const CONSUMERS: &str = "consumers";
 
 /// Bound on entries looked at by one filtered read, so that a filter matching
 /// nothing cannot make one request walk the whole log; the page then ends early
@@ -175,7 +170,7 @@ impl Database {
             return Ok(page);
         }
         let mut cursor = r.cursor(CHANGES)?;
-        let mut item = cursor.seek(&change_key(since.saturating_add(1)))?;
+        let mut item = cursor.seek(&sequence_key(since.saturating_add(1)))?;
         let mut scanned = 0;
         while let Some((k, v)) = item {
             if page.changes.len() >= limit || scanned >= MAX_SCANNED_PER_READ {
@@ -207,12 +202,12 @@ impl Database {
             },
         };
         let raw =
-            r.get(CHANGES, &change_key(sequence))?
+            r.get(CHANGES, &sequence_key(sequence))?
                 .ok_or_else(|| DocError::CorruptRecord {
                     id: id.to_string(),
                     why: format!("no change log entry at its sequence {sequence}"),
                 })?;
-        decode_entry(self.incarnation, &change_key(sequence), raw).map(Some)
+        decode_entry(self.incarnation, &sequence_key(sequence), raw).map(Some)
     }
 
     fn entry(
@@ -229,7 +224,7 @@ impl Database {
                             id: change.id.clone(),
                             why: "in the change log as written but not stored".into(),
                         })?;
-                Some(to_document(&change.id, bytes)?)
+                Some(Document::from_record(&change.id, bytes)?)
             }
             _ => None,
         };
@@ -309,7 +304,7 @@ impl Database {
             let (chunk, next_from, done) = {
                 let r = env.begin_read()?;
                 let mut cursor = r.cursor(CHANGES)?;
-                let mut item = cursor.seek(&change_key(from))?;
+                let mut item = cursor.seek(&sequence_key(from))?;
                 let mut chunk = Vec::new();
                 let mut next_from = from;
                 let mut done = true;
@@ -353,7 +348,7 @@ fn remove_tombstones(txn: &mut WriteTxn<'_>, chunk: &[(u64, String)]) -> kiln_st
         let current = txn.get(TOMBSTONES, id.as_bytes())?;
         if current == Some(&sequence.to_be_bytes()[..]) {
             txn.delete(TOMBSTONES, id.as_bytes())?;
-            txn.delete(CHANGES, &change_key(*sequence))?;
+            txn.delete(CHANGES, &sequence_key(*sequence))?;
             removed += 1;
         }
     }

@@ -2,8 +2,8 @@
 //! created and every stored document is entered at its etag's sequence. Deletes made
 //! before then left no tombstone and cannot be recovered.
 
-use super::{change_key, encode_entry, ChangeKind, CHANGES, CONSUMERS, TOMBSTONES};
-use crate::database::DOCS;
+use super::{encode_entry, ChangeKind};
+use crate::schema::{sequence_key, CHANGES, CONSUMERS, DOCS, TOMBSTONES};
 use crate::{record, DocError, Result};
 use kiln_storage::Env;
 
@@ -61,7 +61,7 @@ pub(crate) fn add_change_log(env: &Env, database: &str) -> Result<()> {
         };
         env.submit(move |txn| {
             for (sequence, entry, _) in &chunk {
-                txn.put(CHANGES, &change_key(*sequence), entry)?;
+                txn.put(CHANGES, &sequence_key(*sequence), entry)?;
             }
             Ok(())
         })?;

@@ -7,14 +7,14 @@
 //! to the transaction or to the unit, so a write that fails a check leaves both
 //! untouched and the other writes of the unit can still commit.
 
-use super::history::{self, HistoryEntry, HISTORY};
-use super::keys::{collection_key, decode_u64};
-use super::{
-    BatchOutcome, Condition, DeleteOutcome, DocId, Limits, PutOutcome, WriteOp, BY_COLLECTION,
-    COUNTS, DOCS, META, META_LAST_ETAG,
-};
-use crate::changes::{change_key, encode_entry, ChangeKind, CHANGES, TOMBSTONES};
+use super::history::{self, HistoryEntry};
+use super::{BatchOutcome, Condition, DeleteOutcome, DocId, Limits, PutOutcome, WriteOp};
+use crate::changes::{encode_entry, ChangeKind};
 use crate::document::PreparedDoc;
+use crate::schema::{
+    collection_key, decode_last_sequence, decode_u64, sequence_key, BY_COLLECTION, CHANGES,
+    COUNTS, DOCS, HISTORY, META, META_LAST_ETAG, TOMBSTONES,
+};
 use crate::{record, DocError, Etag, Result};
 use kiln_storage::WriteTxn;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -111,10 +111,7 @@ impl Unit {
         let last = match self.last_sequence {
             Some(l) => l,
             None => {
-                let l = match txn.get(META, META_LAST_ETAG)? {
-                    Some(b) => decode_u64(b, "last etag")?,
-                    None => 0,
-                };
+                let l = decode_last_sequence(txn.get(META, META_LAST_ETAG)?)?;
                 self.last_sequence = Some(l);
                 self.stored_sequence = l;
                 l
@@ -286,7 +283,7 @@ fn apply_put(
     )?;
     if unit.history_on.load(Ordering::SeqCst) {
         let entry = history::encode_put(txn.txn_id(), prev, unit.now_ms, &id, &rec);
-        txn.put(HISTORY, &history::key(etag.sequence), &entry)?;
+        txn.put(HISTORY, &sequence_key(etag.sequence), &entry)?;
     }
     Ok(PutOutcome {
         id,
@@ -314,12 +311,12 @@ fn write_put(
     txn.put(DOCS, id.as_bytes(), rec)?;
     match &existing {
         Some((old_etag, _)) => {
-            txn.delete(CHANGES, &change_key(old_etag.sequence))?;
+            txn.delete(CHANGES, &sequence_key(old_etag.sequence))?;
         }
         None if look_for_tombstone => forget_tombstone(txn, id)?,
         None => {}
     }
-    txn.put(CHANGES, &change_key(etag.sequence), change)?;
+    txn.put(CHANGES, &sequence_key(etag.sequence), change)?;
     if let Some((old_etag, old_collection)) = existing {
         if let Some(old) = &old_collection {
             txn.delete(BY_COLLECTION, &collection_key(old, old_etag.sequence))?;
@@ -353,7 +350,7 @@ fn forget_tombstone(txn: &mut WriteTxn<'_>, id: &str) -> Result<()> {
     };
     let sequence = decode_u64(raw, "tombstone sequence")?;
     txn.delete(TOMBSTONES, id.as_bytes())?;
-    txn.delete(CHANGES, &change_key(sequence))?;
+    txn.delete(CHANGES, &sequence_key(sequence))?;
     Ok(())
 }
 
@@ -388,7 +385,7 @@ fn apply_delete(
     )?;
     if unit.history_on.load(Ordering::SeqCst) {
         let entry = history::encode_delete(txn.txn_id(), prev, unit.now_ms, id);
-        txn.put(HISTORY, &history::key(tombstone_etag.sequence), &entry)?;
+        txn.put(HISTORY, &sequence_key(tombstone_etag.sequence), &entry)?;
     }
     Ok(DeleteOutcome {
         id: id.to_string(),
@@ -412,8 +409,8 @@ fn write_delete(
         txn.delete(BY_COLLECTION, &collection_key(c, etag.sequence))?;
         unit.count(c, -1);
     }
-    txn.delete(CHANGES, &change_key(etag.sequence))?;
-    txn.put(CHANGES, &change_key(tombstone_etag.sequence), tombstone)?;
+    txn.delete(CHANGES, &sequence_key(etag.sequence))?;
+    txn.put(CHANGES, &sequence_key(tombstone_etag.sequence), tombstone)?;
     txn.put(
         TOMBSTONES,
         id.as_bytes(),

@@ -21,16 +21,12 @@
 //! consecutive keys with the same transaction id.
 //!
 //! `meta` key `backup_chain` holds the chain (`ChainState`, JSON) while one is
-//! active; `Database::history_on` caches "there is one" for the write path.
+//! active; `Database::history_on` caches "there is one" for the write path. The
+//! tree's name, the meta key and the key encoding are in `schema.rs`.
 
 use crate::changes::ChangeKind;
 use crate::{DocError, Result};
 use serde::{Deserialize, Serialize};
-
-pub(crate) const HISTORY: &str = "backup_history";
-pub(crate) const META_CHAIN: &[u8] = b"backup_chain";
-/// The chain's name among the change log's consumers.
-pub(crate) const CHAIN_CONSUMER: &str = "backup-chain";
 
 const KIND_PUT: u8 = 1;
 const KIND_DELETE: u8 = 2;
@@ -74,10 +70,6 @@ pub(crate) struct HistoryEntry<'a> {
     pub id: &'a str,
     /// The stored record of a put (empty for a delete).
     pub record: &'a [u8],
-}
-
-pub(crate) fn key(sequence: u64) -> [u8; 8] {
-    sequence.to_be_bytes()
 }
 
 fn header(kind: u8, txn: u64, prev: u64, at_ms: u64, id: &str, extra: usize) -> Vec<u8> {
@@ -148,11 +140,12 @@ pub(crate) fn decode<'a>(k: &[u8], v: &'a [u8]) -> std::result::Result<HistoryEn
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schema::sequence_key;
 
     #[test]
     fn entries_round_trip_and_damage_is_refused() {
         let p = encode_put(7, 40, 1234, "users/ada", b"record");
-        let e = decode(&key(42), &p).unwrap();
+        let e = decode(&sequence_key(42), &p).unwrap();
         assert_eq!(
             (e.sequence, e.kind, e.txn, e.prev, e.at_ms, e.id, e.record),
             (
@@ -166,14 +159,14 @@ mod tests {
             )
         );
         let d = encode_delete(8, 42, 99, "x");
-        let e = decode(&key(43), &d).unwrap();
+        let e = decode(&sequence_key(43), &d).unwrap();
         assert_eq!((e.kind, e.id, e.record.len()), (ChangeKind::Delete, "x", 0));
         for cut in 0..HEADER_LEN + 9 {
-            assert!(decode(&key(1), &p[..cut]).is_err(), "cut at {cut}");
+            assert!(decode(&sequence_key(1), &p[..cut]).is_err(), "cut at {cut}");
         }
         let mut bad = p.clone();
         bad[0] = 3;
-        assert!(decode(&key(1), &bad).is_err());
+        assert!(decode(&sequence_key(1), &bad).is_err());
         assert!(decode(b"short", &p).is_err());
     }
 }

@@ -1,39 +1,25 @@
 //! One database: a storage environment holding documents, the collection index,
-//! per-collection counts and the etag counter.
-//!
-//! Trees:
-//! - `docs`: id -> stored record (see `record.rs`)
-//! - `by_collection`: collection, 0x00, etag sequence (u64 BE) -> id; a collection
-//!   listed in etag order is a range scan
-//! - `counts`: collection -> number of documents (u64 BE)
-//! - `meta`: `incarnation` (u32 BE), `last_etag` (u64 BE)
-//! - `changes`, `tombstones`, `consumers`: the change log (see `changes/log.rs`)
-//! - `backup_history`: every write while a backup chain is active (`history.rs`)
+//! per-collection counts and the etag counter, the change log, the backup history
+//! and the indexes (its trees: `schema.rs`).
 
 mod apply;
 pub(crate) mod history;
-mod keys;
 
 pub(crate) use apply::{replay, Unit as ReplayUnit};
 
-pub(crate) use keys::{collection_key, decode_u64, read_last_sequence, to_document};
-
-use crate::changes::{CommitNotifier, CHANGES, CONSUMERS, TOMBSTONES};
+use crate::changes::CommitNotifier;
 use crate::document::PreparedDoc;
 use crate::id::validate_id;
+use crate::schema::{
+    collection_key, decode_u64, read_last_sequence, BY_COLLECTION, COUNTS, DATABASE_TREES, DOCS,
+    HISTORY, META, META_CHAIN, META_INCARNATION, META_LAST_ETAG, TOMBSTONES,
+};
 use crate::{DocError, Document, Etag, Result};
 use apply::{apply_op, Unit};
 use kiln_storage::{Env, ReadTxn};
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-
-pub(crate) const DOCS: &str = "docs";
-pub(crate) const BY_COLLECTION: &str = "by_collection";
-pub(crate) const COUNTS: &str = "counts";
-pub(crate) const META: &str = "meta";
-pub(crate) const META_INCARNATION: &[u8] = b"incarnation";
-pub(crate) const META_LAST_ETAG: &[u8] = b"last_etag";
 
 /// A precondition on the current state of a document, checked inside the write's
 /// transaction (so two writers with the same `IfMatch` cannot both win).
@@ -185,16 +171,7 @@ impl Database {
         let env = Env::open(dir, opts)?;
         if init {
             let mut w = env.begin_write()?;
-            for tree in [
-                DOCS,
-                BY_COLLECTION,
-                COUNTS,
-                META,
-                CHANGES,
-                TOMBSTONES,
-                CONSUMERS,
-                history::HISTORY,
-            ] {
+            for tree in DATABASE_TREES {
                 w.ensure_tree(tree)?;
             }
             let incarnation: u32 = rand::random();
@@ -218,8 +195,8 @@ impl Database {
         };
         crate::changes::upgrade::add_change_log(&env, name)?;
         // Databases made before backup chains get the (empty) history tree.
-        if !env.begin_read()?.tree_exists(history::HISTORY)? {
-            env.submit(|w| w.ensure_tree(history::HISTORY))?;
+        if !env.begin_read()?.tree_exists(HISTORY)? {
+            env.submit(|w| w.ensure_tree(HISTORY))?;
         }
         let (last_sequence, last_write_ms, tombstones, indexes, chain) = {
             let r = env.begin_read()?;
@@ -229,7 +206,7 @@ impl Database {
                 crate::changes::last_write_ms(&r, incarnation, last_sequence)?,
                 r.tree_len(TOMBSTONES)?,
                 crate::index::load(&r)?,
-                r.get(META, history::META_CHAIN)?.is_some(),
+                r.get(META, META_CHAIN)?.is_some(),
             )
         };
         Ok(Database {
@@ -537,20 +514,23 @@ impl Database {
             }
             Err(e) => {
                 // Every write of the unit failed as the unit did, with the cause's kind
-                // (a full disk stays a full disk for each of them).
-                let cause = match &e {
-                    DocError::Storage(se) => se.duplicate(),
-                    other => kiln_storage::Error::UnitFailed(other.to_string().into()),
+                // (a full disk stays a full disk for each of them): an engine failure
+                // is shared by all the writes, another error goes to the first as it is.
+                let writes = early.iter().filter(|pre| pre.is_none()).count();
+                let (mut first, cause) = match e {
+                    DocError::Storage(kiln_storage::Error::GroupFailed(cause)) => (None, cause),
+                    DocError::Storage(se) if writes > 1 => (None, Arc::new(se)),
+                    e => {
+                        let cause = kiln_storage::Error::UnitFailed(e.to_string().into());
+                        (Some(e), Arc::new(cause))
+                    }
                 };
-                let mut first = Some(e);
                 early
                     .into_iter()
                     .map(|pre| match pre {
                         Some(pre) => Err(pre),
                         None => Err(first.take().unwrap_or_else(|| {
-                            DocError::Storage(kiln_storage::Error::GroupFailed(Box::new(
-                                cause.duplicate(),
-                            )))
+                            DocError::Storage(kiln_storage::Error::GroupFailed(cause.clone()))
                         })),
                     })
                     .collect()
@@ -612,7 +592,7 @@ impl Database {
                     id: String::from_utf8_lossy(key).into_owned(),
                     why: "stored id is not UTF-8".into(),
                 })?;
-                items.push(to_document(id, value)?);
+                items.push(Document::from_record(id, value)?);
             }
             entry = cursor.next()?;
         }
@@ -655,7 +635,7 @@ impl Database {
                     id: id.clone(),
                     why: format!("listed in collection {collection:?} but not stored"),
                 })?;
-            items.push(to_document(&id, bytes)?);
+            items.push(Document::from_record(&id, bytes)?);
             entry = cursor.next()?;
         }
         Ok(Page { items, next: None })

@@ -15,12 +15,11 @@
 //! (still behind) up to `max_batch`, halved after a batch that caught up.
 
 use super::def::parse_fields;
-use super::{
-    docs_tree, entries_tree, errors_tree, read_state_w, write_state, IndexState, IndexingOptions,
-    Runtime,
+use super::{read_state_w, write_state, IndexState, IndexingOptions, Runtime};
+use crate::changes::{decode_entry, ChangeKind};
+use crate::schema::{
+    docs_tree, entries_tree, errors_tree, read_last_sequence, sequence_key, CHANGES, DOCS,
 };
-use crate::changes::{change_key, decode_entry, ChangeKind, CHANGES};
-use crate::database::{read_last_sequence, DOCS};
 use crate::{record, Database, DocError, Result};
 use kiln_storage::WriteTxn;
 use parking_lot::{Condvar, Mutex};
@@ -379,7 +378,7 @@ fn prepare(
     let mut changes = Vec::with_capacity(batch.min(1 << 16));
     {
         let mut c = r.cursor(CHANGES)?;
-        let mut item = c.seek(&change_key(from + 1))?;
+        let mut item = c.seek(&sequence_key(from + 1))?;
         while let Some((k, v)) = item {
             if changes.len() == batch {
                 break;

@@ -1,7 +1,7 @@
 //! Indexes: B+trees in the database's own environment, built in the background from
 //! the change log in etag order (see `indexer.rs`).
 //!
-//! Trees:
+//! Trees (their names: `schema.rs`):
 //! - `index_defs`: name -> JSON `{"definition": ..., "id": n}`
 //! - `index_state`: name -> id (u64 BE), last indexed sequence (u64 BE), entries (u64 BE)
 //! - per index, named by its id (a reset gives a new id and new trees):
@@ -21,18 +21,16 @@ pub(crate) use def::Compiled;
 pub use def::{IndexDefinition, IndexField};
 pub(crate) use indexer::Indexer;
 
-use crate::changes::{CHANGES, CONSUMERS};
-use crate::database::{decode_u64, META};
+use crate::schema::{
+    decode_u64, docs_tree, entries_tree, errors_tree, index_consumer, sequence_key, CHANGES,
+    CONSUMERS, INDEX_DEFS, INDEX_STATE, META, META_NEXT_INDEX_ID,
+};
 use crate::{Database, DocError, Etag, Result};
 use kiln_storage::{ReadTxn, WriteTxn};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-
-pub(crate) const INDEX_DEFS: &str = "index_defs";
-pub(crate) const INDEX_STATE: &str = "index_state";
-const META_NEXT_INDEX_ID: &[u8] = b"next_index_id";
 
 /// How the background indexer runs.
 #[derive(Debug, Clone, Copy)]
@@ -55,19 +53,6 @@ impl Default for IndexingOptions {
             max_scan_docs: 100_000,
         }
     }
-}
-
-pub(crate) fn entries_tree(id: u64) -> String {
-    format!("ix.{id}.e")
-}
-pub(crate) fn docs_tree(id: u64) -> String {
-    format!("ix.{id}.d")
-}
-pub(crate) fn errors_tree(id: u64) -> String {
-    format!("ix.{id}.x")
-}
-fn consumer_name(name: &str) -> String {
-    format!("index:{name}")
 }
 
 #[derive(Serialize, Deserialize)]
@@ -129,7 +114,7 @@ pub(crate) fn write_state(w: &mut WriteTxn<'_>, name: &str, st: &IndexState) -> 
     w.put(INDEX_STATE, name.as_bytes(), &st.encode())?;
     w.put(
         CONSUMERS,
-        consumer_name(name).as_bytes(),
+        index_consumer(name).as_bytes(),
         &st.last_sequence.to_be_bytes(),
     )?;
     Ok(())
@@ -285,7 +270,7 @@ impl Database {
             let run = |txn: &mut WriteTxn<'_>| -> Result<()> {
                 txn.delete(INDEX_DEFS, name_owned.as_bytes())?;
                 txn.delete(INDEX_STATE, name_owned.as_bytes())?;
-                txn.delete(CONSUMERS, consumer_name(&name_owned).as_bytes())?;
+                txn.delete(CONSUMERS, index_consumer(&name_owned).as_bytes())?;
                 drop_trees(txn, id)?;
                 Ok(())
             };
@@ -354,7 +339,7 @@ impl Database {
         let mut behind = 0u64;
         if st.last_sequence < db_seq {
             let mut c = r.cursor(CHANGES)?;
-            let mut item = c.seek(&crate::changes::change_key(st.last_sequence + 1))?;
+            let mut item = c.seek(&sequence_key(st.last_sequence + 1))?;
             while item.is_some() && behind < 1_000_000 {
                 behind += 1;
                 item = c.next()?;

@@ -20,12 +20,12 @@
 mod eval;
 pub(crate) mod parse;
 
-use crate::database::{
-    collection_key, decode_u64, read_last_sequence, to_document, BY_COLLECTION, COUNTS, DOCS,
-};
 use crate::index::def::Step;
 use crate::index::value::{prefix_successor, sort_key, Scalar, TAG_NULL};
-use crate::index::{entries_tree, read_state, IndexDefinition, IndexField, Runtime};
+use crate::index::{read_state, IndexDefinition, IndexField, Runtime};
+use crate::schema::{
+    collection_key, decode_u64, entries_tree, read_last_sequence, BY_COLLECTION, COUNTS, DOCS,
+};
 use crate::{Database, DocError, Document, Etag, Result};
 use eval::{eval, field_values};
 use kiln_storage::ReadTxn;
@@ -887,7 +887,7 @@ fn load(r: &ReadTxn<'_>, id: &str, out: &mut QueryResult) -> Result<Option<(Docu
         return Ok(None);
     };
     out.documents_loaded += 1;
-    let d = to_document(id, bytes)?;
+    let d = Document::from_record(id, bytes)?;
     let v = d.to_value()?;
     Ok(Some((d, v)))
 }

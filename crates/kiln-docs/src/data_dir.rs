@@ -1,0 +1,30 @@
+//! The layout of a data directory, shared by the store that runs on it and the
+//! offline restore that writes into it:
+//!
+//! ```text
+//! <dir>/databases/<name>/   one storage environment per database
+//! <dir>/trash/              databases being created, restored or deleted
+//! <dir>/kiln-data.lock      who has the directory open (`data_dir_lock.rs`)
+//! ```
+//! A database is built in `trash/` and renamed into `databases/` once it is
+//! complete, and deleted by renaming it back into `trash/` before its files are
+//! removed, so that a crash never leaves half a database that would open at the
+//! next start (`DocStore::open` empties `trash/`).
+
+use crate::{DocError, Result};
+use std::path::Path;
+
+pub(crate) const DATABASES_DIR: &str = "databases";
+pub(crate) const TRASH_DIR: &str = "trash";
+
+/// A name that no other entry of `trash/` has: the time and a random number.
+pub(crate) fn unique_suffix() -> String {
+    format!("{}-{:08x}", crate::time::now_ms(), rand::random::<u32>())
+}
+
+/// Makes the renames and removals inside `dir` durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| DocError::io(dir, e))
+}

@@ -1,0 +1,113 @@
+//! The names of a database's trees and of its `meta` keys, and how their keys are
+//! encoded: one leaf that every module writing or reading a tree takes them from
+//! (the documents, the change log, the backup history, indexes, backups), so that
+//! none of them has to import another for a name.
+//!
+//! Trees of a database's environment:
+//! - `docs`: id -> stored record (see `record.rs`)
+//! - `by_collection`: collection, 0x00, etag sequence (u64 BE) -> id; a collection
+//!   listed in etag order is a range scan (`collection_key`)
+//! - `counts`: collection -> number of documents (u64 BE)
+//! - `meta`: `incarnation` (u32 BE), `last_etag` (u64 BE), `backup_chain` (JSON,
+//!   while a backup chain is active), `next_index_id` (u64 BE)
+//! - `changes` (sequence -> entry) and `tombstones` (id -> sequence): the change
+//!   log (see `changes/log.rs`)
+//! - `consumers`: reader of the change log -> the sequence it has read up to
+//!   (`index:<name>` for an index, `backup-chain` for the backup chain)
+//! - `backup_history`: sequence -> entry, every write while a backup chain is
+//!   active (see `database/history.rs`)
+//! - `index_defs`, `index_state` and per index `ix.<id>.e`, `ix.<id>.d`,
+//!   `ix.<id>.x` (see `index/mod.rs`)
+//!
+//! Every number in a key or a small value is big-endian, so that keys sort as
+//! their numbers do.
+
+use crate::{DocError, Result};
+use kiln_storage::ReadTxn;
+
+pub(crate) const DOCS: &str = "docs";
+pub(crate) const BY_COLLECTION: &str = "by_collection";
+pub(crate) const COUNTS: &str = "counts";
+pub(crate) const META: &str = "meta";
+pub(crate) const CHANGES: &str = "changes";
+pub(crate) const TOMBSTONES: &str = "tombstones";
+/// Consumers of the change log (indexes, backups, replication) record how far they
+/// read here; tombstones they have not read yet are never purged.
+pub(crate) const CONSUMERS: &str = "consumers";
+pub(crate) const HISTORY: &str = "backup_history";
+pub(crate) const INDEX_DEFS: &str = "index_defs";
+pub(crate) const INDEX_STATE: &str = "index_state";
+
+/// The trees a new database is created with (indexes make theirs when defined).
+pub(crate) const DATABASE_TREES: [&str; 8] = [
+    DOCS,
+    BY_COLLECTION,
+    COUNTS,
+    META,
+    CHANGES,
+    TOMBSTONES,
+    CONSUMERS,
+    HISTORY,
+];
+
+pub(crate) const META_INCARNATION: &[u8] = b"incarnation";
+pub(crate) const META_LAST_ETAG: &[u8] = b"last_etag";
+/// The active backup chain (`history::ChainState`, JSON).
+pub(crate) const META_CHAIN: &[u8] = b"backup_chain";
+pub(crate) const META_NEXT_INDEX_ID: &[u8] = b"next_index_id";
+
+/// The backup chain's name among the change log's consumers.
+pub(crate) const CHAIN_CONSUMER: &str = "backup-chain";
+
+/// An index's name among the change log's consumers.
+pub(crate) fn index_consumer(index: &str) -> String {
+    format!("index:{index}")
+}
+
+/// Index `id`'s entries: encoded values ++ document id -> document id.
+pub(crate) fn entries_tree(id: u64) -> String {
+    format!("ix.{id}.e")
+}
+
+/// Index `id`'s documents: document id -> the encoded values of its entries.
+pub(crate) fn docs_tree(id: u64) -> String {
+    format!("ix.{id}.d")
+}
+
+/// Index `id`'s errors: document id -> why it could not be indexed.
+pub(crate) fn errors_tree(id: u64) -> String {
+    format!("ix.{id}.x")
+}
+
+/// The key of an etag sequence (`changes`, `backup_history`): u64 BE.
+pub(crate) fn sequence_key(sequence: u64) -> [u8; 8] {
+    sequence.to_be_bytes()
+}
+
+/// `by_collection` key: collection, 0x00, etag sequence (u64 BE).
+pub(crate) fn collection_key(collection: &str, sequence: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(collection.len() + 9);
+    k.extend_from_slice(collection.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&sequence.to_be_bytes());
+    k
+}
+
+/// A u64 BE key or value; `what` names it in the error.
+pub(crate) fn decode_u64(b: &[u8], what: &str) -> Result<u64> {
+    let arr: [u8; 8] = b.try_into().map_err(|_| DocError::CorruptRecord {
+        id: "(meta)".into(),
+        why: format!("{what} has {} bytes, expected 8", b.len()),
+    })?;
+    Ok(u64::from_be_bytes(arr))
+}
+
+/// The last etag sequence handed out, from `meta`'s `last_etag` as read (0 when
+/// there is none).
+pub(crate) fn decode_last_sequence(raw: Option<&[u8]>) -> Result<u64> {
+    raw.map_or(Ok(0), |b| decode_u64(b, "last etag"))
+}
+
+pub(crate) fn read_last_sequence(r: &ReadTxn<'_>) -> Result<u64> {
+    decode_last_sequence(r.get(META, META_LAST_ETAG)?)
+}
