@@ -84,6 +84,15 @@ pub enum DocError {
     #[error("internal error: {0}")]
     Internal(String),
 
+    /// A value of this layer did not encode as JSON (a bug, as `Internal`: what is
+    /// encoded is made of strings, numbers and JSON values). `what` names the value.
+    #[error("internal error: {what} did not encode as JSON: {source}")]
+    EncodeJson {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+
     #[error("the store is shutting down")]
     ShuttingDown,
 
@@ -156,6 +165,11 @@ impl DocError {
         }
     }
 
+    /// For `map_err` on a `serde_json` encoding of `what`.
+    pub(crate) fn encode_json(what: &'static str) -> impl FnOnce(serde_json::Error) -> Self {
+        move |source| DocError::EncodeJson { what, source }
+    }
+
     pub(crate) fn io(path: impl Into<std::path::PathBuf>, source: std::io::Error) -> Self {
         DocError::Io {
             path: path.into(),
@@ -173,5 +187,25 @@ impl DocError {
                 | DocError::InvalidId { .. }
                 | DocError::InvalidCollection { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_encoding_failure_keeps_its_cause_and_says_what_it_was() {
+        // Maps with keys other than strings do not encode as JSON.
+        let map = std::collections::BTreeMap::from([(vec![1u8], 1u8)]);
+        let e = serde_json::to_vec(&map)
+            .map_err(DocError::encode_json("a test value"))
+            .unwrap_err();
+        let cause = std::error::Error::source(&e).expect("the serde_json error is kept");
+        assert!(cause.is::<serde_json::Error>());
+        assert_eq!(
+            e.to_string(),
+            format!("internal error: a test value did not encode as JSON: {cause}")
+        );
     }
 }

@@ -19,7 +19,7 @@ use super::{new_id, BackupKind, BackupManifest, BackupReport, MANIFEST_OFFSET};
 use crate::database::history::{self, ChainState};
 use crate::schema::{
     decode_last_sequence, decode_u64, read_last_sequence, sequence_key, CHAIN_CONSUMER, CONSUMERS,
-    DOCS, HISTORY, META, META_CHAIN, META_LAST_ETAG,
+    HISTORY, META, META_CHAIN, META_LAST_ETAG,
 };
 use crate::{Database, DocError, Result};
 use kiln_storage::backup::BackupOptions;
@@ -238,21 +238,16 @@ impl Database {
             ));
         }
         let manifest = BackupManifest {
-            database: self.name().to_string(),
-            kind: BackupKind::Incremental,
-            etag: (last > 0).then(|| self.etag_at(last).to_string()),
-            txn_id: r.txn_id(),
-            documents: r.tree_len(DOCS)?,
-            kiln_version: env!("CARGO_PKG_VERSION").to_string(),
-            created_at: crate::format_rfc3339_ms(crate::time::now_ms()),
-            incarnation: Some(self.incarnation),
-            backup_id: Some(new_id()),
-            chain_id: Some(chain.chain_id.clone()),
             base_backup_id: since.backup_id.clone(),
             base_etag: since.etag.clone(),
-            last_write_ms: None,
+            ..self.new_manifest(
+                &r,
+                BackupKind::Incremental,
+                last,
+                Some(chain.chain_id.clone()),
+            )?
         };
-        let meta = serde_json::to_vec(&manifest).map_err(|e| DocError::Internal(e.to_string()))?;
+        let meta = manifest.encode()?;
         let mut w = ContainerWriter::new(out, r.txn_id(), &meta, opts, progress)?;
         w.begin_tree(HISTORY)?;
         let mut c = r.cursor(HISTORY)?;

@@ -23,6 +23,7 @@ pub use restore::{
 use crate::schema::{read_last_sequence, DOCS, HISTORY};
 use crate::{Database, DocError, Etag, Result};
 use kiln_storage::backup::{self, BackupOptions, BackupSummary};
+use kiln_storage::ReadTxn;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 
@@ -83,6 +84,11 @@ impl BackupManifest {
 
     pub(crate) fn base_sequence(&self) -> Result<u64> {
         etag_sequence(self.base_etag.as_deref())
+    }
+
+    /// The manifest as a backup's header carries it.
+    pub(crate) fn encode(&self) -> Result<Vec<u8>> {
+        serde_json::to_vec(self).map_err(DocError::encode_json("a backup manifest"))
     }
 }
 
@@ -154,6 +160,33 @@ pub(crate) fn new_id() -> String {
 }
 
 impl Database {
+    /// The manifest of a backup of snapshot `r` of this database, ending at etag
+    /// sequence `last`: with a new backup id and no base or last write time (the
+    /// caller fills those in where it has them).
+    fn new_manifest(
+        &self,
+        r: &ReadTxn<'_>,
+        kind: BackupKind,
+        last: u64,
+        chain_id: Option<String>,
+    ) -> Result<BackupManifest> {
+        Ok(BackupManifest {
+            database: self.name().to_string(),
+            kind,
+            etag: (last > 0).then(|| self.etag_at(last).to_string()),
+            txn_id: r.txn_id(),
+            documents: r.tree_len(DOCS)?,
+            kiln_version: env!("CARGO_PKG_VERSION").to_string(),
+            created_at: crate::format_rfc3339_ms(crate::time::now_ms()),
+            incarnation: Some(self.incarnation),
+            backup_id: Some(new_id()),
+            chain_id,
+            base_backup_id: None,
+            base_etag: None,
+            last_write_ms: None,
+        })
+    }
+
     /// Writes a full backup of the database as of one snapshot, without a chain;
     /// writes go on meanwhile. `progress` gets the bytes written so far.
     pub fn backup_to<W: Write>(
@@ -195,21 +228,10 @@ impl Database {
         let last = read_last_sequence(&r)?;
         let last_write_ms = crate::changes::last_write_ms(&r, self.incarnation, last)?;
         let manifest = BackupManifest {
-            database: self.name().to_string(),
-            kind: BackupKind::Full,
-            etag: (last > 0).then(|| self.etag_at(last).to_string()),
-            txn_id: r.txn_id(),
-            documents: r.tree_len(DOCS)?,
-            kiln_version: env!("CARGO_PKG_VERSION").to_string(),
-            created_at: crate::format_rfc3339_ms(crate::time::now_ms()),
-            incarnation: Some(self.incarnation),
-            backup_id: Some(new_id()),
-            chain_id,
-            base_backup_id: None,
-            base_etag: None,
             last_write_ms,
+            ..self.new_manifest(&r, BackupKind::Full, last, chain_id)?
         };
-        let meta = serde_json::to_vec(&manifest).map_err(|e| DocError::Internal(e.to_string()))?;
+        let meta = manifest.encode()?;
         // The history is the chain's bookkeeping, not data: a restored database
         // starts without a chain.
         let sum = r.backup_filtered_to(out, &meta, opts, progress, |t| t != HISTORY)?;

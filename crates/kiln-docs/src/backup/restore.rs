@@ -647,8 +647,7 @@ pub fn restore_database(
     validate_database_name(name)?;
     // A server running on the directory would never see the restored database
     // (it lists its databases once, at start): refuse, as a second server is.
-    let _lock =
-        crate::DataDirLock::acquire(data_dir, &crate::data_dir_lock::this_process())?;
+    let _lock = crate::DataDirLock::acquire(data_dir, &crate::data_dir_lock::this_process())?;
     let dbs = data_dir.join(DATABASES_DIR);
     let trash = data_dir.join(TRASH_DIR);
     for d in [&dbs, &trash] {

@@ -170,7 +170,10 @@ mod tests {
             // Cutting into the header or the collection must be caught; cutting the
             // id only shortens it (the id is the rest), which the key check can't see.
             if cut < HEADER_LEN + 5 {
-                assert!(decode(1, &sequence_key(1), &v[..cut]).is_err(), "cut at {cut}");
+                assert!(
+                    decode(1, &sequence_key(1), &v[..cut]).is_err(),
+                    "cut at {cut}"
+                );
             }
         }
         let mut bad = v.clone();

@@ -26,7 +26,9 @@ pub(crate) fn last_write_ms(
         return Ok(None);
     }
     match r.get(CHANGES, &sequence_key(last))? {
-        Some(v) => Ok(Some(decode_entry(incarnation, &sequence_key(last), v)?.at_ms)),
+        Some(v) => Ok(Some(
+            decode_entry(incarnation, &sequence_key(last), v)?.at_ms,
+        )),
         None => Ok(None),
     }
 }

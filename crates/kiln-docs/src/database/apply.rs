@@ -12,8 +12,8 @@ use super::{BatchOutcome, Condition, DeleteOutcome, DocId, Limits, PutOutcome, W
 use crate::changes::{encode_entry, ChangeKind};
 use crate::document::PreparedDoc;
 use crate::schema::{
-    collection_key, decode_last_sequence, decode_u64, sequence_key, BY_COLLECTION, CHANGES,
-    COUNTS, DOCS, HISTORY, META, META_LAST_ETAG, TOMBSTONES,
+    collection_key, decode_last_sequence, decode_u64, sequence_key, BY_COLLECTION, CHANGES, COUNTS,
+    DOCS, HISTORY, META, META_LAST_ETAG, TOMBSTONES,
 };
 use crate::{record, DocError, Etag, Result};
 use kiln_storage::WriteTxn;

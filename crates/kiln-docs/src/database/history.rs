@@ -47,7 +47,7 @@ pub(crate) struct ChainState {
 
 impl ChainState {
     pub fn encode(&self) -> Result<Vec<u8>> {
-        serde_json::to_vec(self).map_err(|e| DocError::Internal(e.to_string()))
+        serde_json::to_vec(self).map_err(DocError::encode_json("the backup chain state"))
     }
 
     pub fn decode(b: &[u8]) -> Result<ChainState> {

@@ -133,13 +133,17 @@ pub(crate) struct Runtime {
 
 impl Runtime {
     fn new(def: IndexDefinition, id: u64, last_sequence: u64) -> Result<Runtime> {
-        Ok(Runtime {
-            compiled: Compiled::new(def)?,
+        Ok(Runtime::of(Compiled::new(def)?, id, last_sequence))
+    }
+
+    fn of(compiled: Compiled, id: u64, last_sequence: u64) -> Runtime {
+        Runtime {
+            compiled,
             id,
             last_sequence: AtomicU64::new(last_sequence),
             last_used_ms: AtomicU64::new(crate::time::now_ms()),
             rate: AtomicU64::new(0f64.to_bits()),
-        })
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -209,72 +213,42 @@ impl Database {
             }
             return Err(DocError::IndexExists(def.name.clone()));
         }
-        let name = def.name.clone();
         let stored_def = def.clone();
-        let id = env.submit_with(move |txn| {
-            let run = |txn: &mut WriteTxn<'_>| -> Result<u64> {
-                txn.ensure_tree(INDEX_DEFS)?;
-                txn.ensure_tree(INDEX_STATE)?;
-                let id = next_id(txn)?;
-                let stored = serde_json::to_vec(&StoredDef {
-                    definition: stored_def,
-                    id,
-                })
-                .map_err(|e| DocError::Internal(e.to_string()))?;
-                txn.put(INDEX_DEFS, name.as_bytes(), &stored)?;
-                create_trees(txn, id)?;
-                write_state(
-                    txn,
-                    &name,
-                    &IndexState {
-                        id,
-                        last_sequence: 0,
-                        entries: 0,
-                    },
-                )?;
-                Ok(id)
-            };
-            run(txn)
+        let id = env.submit_with(move |txn| -> Result<u64> {
+            txn.ensure_tree(INDEX_DEFS)?;
+            txn.ensure_tree(INDEX_STATE)?;
+            create_index(txn, stored_def)
         })?;
-        let rt = Runtime {
-            compiled,
-            id,
-            last_sequence: AtomicU64::new(0),
-            last_used_ms: AtomicU64::new(crate::time::now_ms()),
-            rate: AtomicU64::new(0f64.to_bits()),
-        };
-        self.indexer().insert(Arc::new(rt));
+        self.indexer()
+            .insert(Arc::new(Runtime::of(compiled, id, 0)));
         tracing::info!(database = self.name(), index = %def.name, auto = def.auto, "index defined");
         Ok(true)
     }
 
-    pub fn index_definition(&self, name: &str) -> Result<IndexDefinition> {
-        self.live()?;
+    /// The running index `name`, or `IndexNotFound`.
+    fn running_index(&self, name: &str) -> Result<Arc<Runtime>> {
         self.indexer()
             .get(name)
-            .map(|rt| rt.compiled.def.clone())
             .ok_or_else(|| DocError::IndexNotFound(name.to_string()))
+    }
+
+    pub fn index_definition(&self, name: &str) -> Result<IndexDefinition> {
+        self.live()?;
+        Ok(self.running_index(name)?.compiled.def.clone())
     }
 
     /// Removes an index and its trees.
     pub fn delete_index(&self, name: &str) -> Result<()> {
         let env = self.live()?;
         let _turn = self.indexer().admin.lock();
-        let rt = self
-            .indexer()
-            .get(name)
-            .ok_or_else(|| DocError::IndexNotFound(name.to_string()))?;
+        let rt = self.running_index(name)?;
         let name_owned = name.to_string();
         let id = rt.id;
-        env.submit_with(move |txn| {
-            let run = |txn: &mut WriteTxn<'_>| -> Result<()> {
-                txn.delete(INDEX_DEFS, name_owned.as_bytes())?;
-                txn.delete(INDEX_STATE, name_owned.as_bytes())?;
-                txn.delete(CONSUMERS, index_consumer(&name_owned).as_bytes())?;
-                drop_trees(txn, id)?;
-                Ok(())
-            };
-            run(txn)
+        env.submit_with(move |txn| -> Result<()> {
+            txn.delete(INDEX_DEFS, name_owned.as_bytes())?;
+            txn.delete(INDEX_STATE, name_owned.as_bytes())?;
+            txn.delete(CONSUMERS, index_consumer(&name_owned).as_bytes())?;
+            drop_trees(txn, id)
         })?;
         self.indexer().remove(name);
         tracing::info!(database = self.name(), index = name, "index deleted");
@@ -285,36 +259,12 @@ impl Database {
     pub fn reset_index(&self, name: &str) -> Result<()> {
         let env = self.live()?;
         let _turn = self.indexer().admin.lock();
-        let rt = self
-            .indexer()
-            .get(name)
-            .ok_or_else(|| DocError::IndexNotFound(name.to_string()))?;
+        let rt = self.running_index(name)?;
         let old_id = rt.id;
-        let name_owned = name.to_string();
         let def = rt.compiled.def.clone();
-        let new_id = env.submit_with(move |txn| {
-            let run = |txn: &mut WriteTxn<'_>| -> Result<u64> {
-                let id = next_id(txn)?;
-                drop_trees(txn, old_id)?;
-                create_trees(txn, id)?;
-                let stored = serde_json::to_vec(&StoredDef {
-                    definition: def,
-                    id,
-                })
-                .map_err(|e| DocError::Internal(e.to_string()))?;
-                txn.put(INDEX_DEFS, name_owned.as_bytes(), &stored)?;
-                write_state(
-                    txn,
-                    &name_owned,
-                    &IndexState {
-                        id,
-                        last_sequence: 0,
-                        entries: 0,
-                    },
-                )?;
-                Ok(id)
-            };
-            run(txn)
+        let new_id = env.submit_with(move |txn| -> Result<u64> {
+            drop_trees(txn, old_id)?;
+            create_index(txn, def)
         })?;
         let fresh = Runtime::new(rt.compiled.def.clone(), new_id, 0)?;
         self.indexer().insert(Arc::new(fresh));
@@ -329,10 +279,7 @@ impl Database {
     /// The state of one index.
     pub fn index_info(&self, name: &str) -> Result<IndexInfo> {
         let env = self.live()?;
-        let rt = self
-            .indexer()
-            .get(name)
-            .ok_or_else(|| DocError::IndexNotFound(name.to_string()))?;
+        let rt = self.running_index(name)?;
         let r = env.begin_read()?;
         let db_seq = self.read_last_sequence(&r)?;
         let st = read_state(&r, name)?.ok_or_else(|| DocError::IndexNotFound(name.into()))?;
@@ -397,10 +344,7 @@ impl Database {
     /// passes; true if it caught up.
     pub fn wait_for_index(&self, name: &str, sequence: u64, timeout: Duration) -> Result<bool> {
         self.live()?;
-        let rt = self
-            .indexer()
-            .get(name)
-            .ok_or_else(|| DocError::IndexNotFound(name.to_string()))?;
+        let rt = self.running_index(name)?;
         Ok(self.indexer().wait_for(&rt, sequence, timeout))
     }
 
@@ -408,6 +352,27 @@ impl Database {
     pub fn index_batch_sizes(&self) -> Vec<(usize, u64)> {
         self.indexer().batch_histogram()
     }
+}
+
+/// Writes index `definition` afresh (defined, or reset): a new id, its empty trees,
+/// its stored definition and its state, nothing indexed yet. Returns the id.
+fn create_index(txn: &mut WriteTxn<'_>, definition: IndexDefinition) -> Result<u64> {
+    let id = next_id(txn)?;
+    create_trees(txn, id)?;
+    let name = definition.name.clone();
+    let stored = serde_json::to_vec(&StoredDef { definition, id })
+        .map_err(DocError::encode_json("an index definition"))?;
+    txn.put(INDEX_DEFS, name.as_bytes(), &stored)?;
+    write_state(
+        txn,
+        &name,
+        &IndexState {
+            id,
+            last_sequence: 0,
+            entries: 0,
+        },
+    )?;
+    Ok(id)
 }
 
 fn next_id(txn: &mut WriteTxn<'_>) -> Result<u64> {

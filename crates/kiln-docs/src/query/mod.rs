@@ -963,5 +963,5 @@ fn project(q: &Query, d: Document) -> Result<Vec<u8>> {
     if let Some(m) = v.get("@metadata") {
         obj.insert("@metadata".into(), m.clone());
     }
-    serde_json::to_vec(&Value::Object(obj)).map_err(|e| DocError::Internal(e.to_string()))
+    serde_json::to_vec(&Value::Object(obj)).map_err(DocError::encode_json("a query's projection"))
 }
