@@ -18,8 +18,10 @@ use crate::database::{replay, ReplayUnit};
 use crate::schema::{CHAIN_CONSUMER, CONSUMERS, HISTORY, META, META_CHAIN, META_INCARNATION};
 use crate::{validate_database_name, DocError, Etag, Result};
 use kiln_storage::backup::{self, Item};
+use kiln_storage::BackupSummary;
 use kiln_storage::{BackupError, Env, WriteTxn};
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -201,6 +203,16 @@ struct Replay<'e> {
 }
 
 impl<'e> Replay<'e> {
+    /// Replays into `env`, where the full backup was just restored.
+    fn start(env: &'e Env) -> Result<Replay<'e>> {
+        Ok(Replay {
+            env,
+            txn: None,
+            unit: ReplayUnit::for_replay(restored_incarnation(env)?),
+            pending: 0,
+        })
+    }
+
     fn apply(&mut self, e: &history::HistoryEntry<'_>, boundary: bool) -> Result<()> {
         if boundary && self.pending >= REPLAY_TXN_BYTES {
             self.commit()?;
@@ -222,6 +234,35 @@ impl<'e> Replay<'e> {
         self.pending = 0;
         Ok(())
     }
+
+    /// Commits the rest; the restored database starts without a backup chain.
+    fn finish(mut self) -> Result<()> {
+        self.commit()?;
+        let mut w = self.env.begin_write()?;
+        w.delete(META, META_CHAIN)?;
+        w.delete(CONSUMERS, CHAIN_CONSUMER.as_bytes())?;
+        w.drop_tree(HISTORY)?;
+        w.ensure_tree(HISTORY)?;
+        w.commit()?;
+        Ok(())
+    }
+}
+
+/// The incarnation of the database the full backup restored into `env`.
+fn restored_incarnation(env: &Env) -> Result<u32> {
+    let r = env.begin_read()?;
+    let raw = r
+        .get(META, META_INCARNATION)?
+        .ok_or_else(|| DocError::CorruptRecord {
+            id: "(restored meta)".into(),
+            why: "no incarnation".into(),
+        })?;
+    Ok(u32::from_be_bytes(raw.try_into().map_err(|_| {
+        DocError::CorruptRecord {
+            id: "(restored meta)".into(),
+            why: "incarnation of the wrong size".into(),
+        }
+    })?))
 }
 
 /// Reads every input in order; with `env`, restores the full backup into it and
@@ -234,335 +275,467 @@ pub(crate) fn process(
     check_links: bool,
     mut progress: impl FnMut(u64),
 ) -> Result<ChainReport> {
-    let mut files: std::collections::VecDeque<(String, Box<dyn Read + '_>)> =
-        std::collections::VecDeque::new();
-    let mut stream = None;
-    match source {
-        RestoreSource::Files(f) => files.extend(f),
-        RestoreSource::Stream(s) => {
-            stream = Some(Peek {
-                inner: s,
-                peeked: None,
-            })
+    let mut inputs = Inputs::new(source);
+    let mut chain = ChainReader::new(env, point, check_links);
+    while let Some(mut input) = inputs.next(chain.out.bytes_read)? {
+        chain.read(&mut input, &mut progress)?;
+    }
+    chain.finish()
+}
+
+/// The inputs of a restore, one at a time.
+struct Inputs<'a> {
+    files: VecDeque<(String, Box<dyn Read + 'a>)>,
+    stream: Option<Peek<Box<dyn Read + 'a>>>,
+    /// The file being read.
+    current: Option<(String, Box<dyn Read + 'a>)>,
+    /// Inputs begun (the next one's number, 1-based, less one).
+    begun: usize,
+}
+
+/// One backup of the inputs.
+struct Input<'i> {
+    /// Its place among the inputs, from 1 (the full backup).
+    n: usize,
+    /// How errors name it.
+    label: String,
+    reader: &'i mut dyn Read,
+    /// In a stream, a backup ends at its trailer: another may follow.
+    stop_at_trailer: bool,
+}
+
+impl<'a> Inputs<'a> {
+    fn new(source: RestoreSource<'a>) -> Inputs<'a> {
+        let (files, stream) = match source {
+            RestoreSource::Files(f) => (f.into(), None),
+            RestoreSource::Stream(s) => (
+                VecDeque::new(),
+                Some(Peek {
+                    inner: s,
+                    peeked: None,
+                }),
+            ),
+        };
+        Inputs {
+            files,
+            stream,
+            current: None,
+            begun: 0,
         }
     }
-    let mut out = ChainReport {
-        backups: Vec::new(),
-        reached: ReachedPoint {
-            etag: None,
-            txn: 0,
-            at_ms: None,
-            at: None,
-        },
-        writes_replayed: 0,
-        writes_skipped: 0,
-        bytes_read: 0,
-    };
-    let mut replayer: Option<Replay<'_>> = None;
-    // Where the state is: (etag sequence, source txn, time) of the last write.
-    let mut at_seq = 0u64;
-    let mut stopper = Stopper {
-        point: point.clone(),
-        point_seq: None,
-        last_txn: None,
-        stopped: false,
-    };
-    let mut n = 0usize;
-    let mut current: Option<(String, Box<dyn Read + '_>)>;
-    loop {
-        n += 1;
-        let (label, rd, stop_at_trailer): (String, &mut dyn Read, bool) = match stream.as_mut() {
-            Some(s) => {
-                if s.at_end().map_err(|e| {
-                    DocError::Backup(BackupError::Io {
-                        op: "reading",
-                        offset: out.bytes_read,
-                        source: e,
-                    })
-                })? {
-                    break;
-                }
-                (
-                    format!("backup {n} of the stream"),
-                    s as &mut dyn Read,
-                    true,
-                )
+
+    /// The next backup, if there is one; `offset` (the bytes read so far) names
+    /// where a stream failed.
+    fn next(&mut self, offset: u64) -> Result<Option<Input<'_>>> {
+        self.begun += 1;
+        let n = self.begun;
+        if let Some(s) = self.stream.as_mut() {
+            let at_end = s.at_end().map_err(|e| {
+                DocError::Backup(BackupError::Io {
+                    op: "reading",
+                    offset,
+                    source: e,
+                })
+            })?;
+            return Ok((!at_end).then(|| Input {
+                n,
+                label: format!("backup {n} of the stream"),
+                reader: s,
+                stop_at_trailer: true,
+            }));
+        }
+        self.current = self.files.pop_front();
+        Ok(self.current.as_mut().map(|(label, r)| Input {
+            n,
+            label: label.clone(),
+            reader: &mut **r,
+            stop_at_trailer: false,
+        }))
+    }
+}
+
+/// An error of this layer raised inside the engine's reader (whose sink can only
+/// return the engine's errors): the reader is stopped with `BackupError::Stopped`
+/// and the error kept here, to be returned as it was.
+#[derive(Default)]
+struct Sink {
+    failed: Option<DocError>,
+}
+
+impl Sink {
+    fn stop(&mut self, e: DocError) -> BackupError {
+        let msg = e.to_string();
+        self.failed = Some(e);
+        BackupError::Stopped(msg)
+    }
+
+    /// What the reader gave: an error stopped in the sink as it was, an engine
+    /// error naming the input.
+    fn finish(
+        self,
+        read: std::result::Result<BackupSummary, BackupError>,
+        input: &Input<'_>,
+    ) -> Result<BackupSummary> {
+        match (read, self.failed) {
+            (Ok(sum), _) => Ok(sum),
+            (Err(BackupError::Stopped(_)), Some(failed)) => Err(failed),
+            (Err(e), _) => Err(name_input(e, input.n, &input.label)),
+        }
+    }
+}
+
+/// A chain of backups being read (and, with an environment, restored).
+struct ChainReader<'e> {
+    env: Option<&'e Env>,
+    check_links: bool,
+    out: ChainReport,
+    /// Set once the full backup is restored into `env`.
+    replayer: Option<Replay<'e>>,
+    /// The etag sequence of the last write of the state.
+    at_seq: u64,
+    /// Holds the restore point.
+    stopper: Stopper,
+}
+
+impl<'e> ChainReader<'e> {
+    fn new(env: Option<&'e Env>, point: RestorePoint, check_links: bool) -> ChainReader<'e> {
+        ChainReader {
+            env,
+            check_links,
+            out: ChainReport {
+                backups: Vec::new(),
+                reached: ReachedPoint {
+                    etag: None,
+                    txn: 0,
+                    at_ms: None,
+                    at: None,
+                },
+                writes_replayed: 0,
+                writes_skipped: 0,
+                bytes_read: 0,
+            },
+            replayer: None,
+            at_seq: 0,
+            stopper: Stopper {
+                point,
+                point_seq: None,
+                last_txn: None,
+                stopped: false,
+            },
+        }
+    }
+
+    /// Reads one input to its end (checking every checksum), restores or replays
+    /// it, and adds its report.
+    fn read(&mut self, input: &mut Input<'_>, progress: &mut impl FnMut(u64)) -> Result<()> {
+        let base_bytes = self.out.bytes_read;
+        let mut on_bytes = |b: u64| progress(base_bytes + b);
+        let sum = if input.n == 1 {
+            self.read_full(input, &mut on_bytes)?
+        } else {
+            self.read_increment(input, &mut on_bytes)?
+        };
+        self.out.bytes_read += sum.file_bytes;
+        let manifest = manifest_of(&sum)?;
+        if input.n == 1 {
+            self.start_after_full(&manifest)?;
+        }
+        self.out.backups.push(BackupReport::new(manifest, &sum));
+        Ok(())
+    }
+
+    /// The full backup: restored into the environment, or only read.
+    fn read_full(
+        &mut self,
+        input: &mut Input<'_>,
+        on_bytes: impl FnMut(u64),
+    ) -> Result<BackupSummary> {
+        let check = |sum: &BackupSummary| -> Result<BackupManifest> {
+            let m = manifest_of(sum)?;
+            if self.check_links {
+                check_first(&m, &input.label)?;
+            }
+            Ok(m)
+        };
+        let mut sink = Sink::default();
+        match self.env {
+            Some(env) => {
+                // The image only goes to the staging environment; its manifest is
+                // checked once it is read.
+                let read =
+                    backup::restore_into(env, &mut *input.reader, input.stop_at_trailer, on_bytes);
+                let sum = sink.finish(read, input)?;
+                check(&sum)?;
+                Ok(sum)
             }
             None => {
-                current = files.pop_front();
-                match current.as_mut() {
-                    Some((label, r)) => (label.clone(), &mut **r as &mut dyn Read, false),
-                    None => break,
-                }
-            }
-        };
-        let base_bytes = out.bytes_read;
-        let prog = &mut progress;
-        let mut on_bytes = |b: u64| prog(base_bytes + b);
-        // Errors of this layer raised inside the reader's sink.
-        let mut failed: Option<DocError> = None;
-        let stop = |e: DocError, failed: &mut Option<DocError>| {
-            let msg = e.to_string();
-            *failed = Some(e);
-            BackupError::Stopped(msg)
-        };
-        let result = if n == 1 {
-            let check = |sum: &kiln_storage::BackupSummary| -> Result<BackupManifest> {
-                let m = manifest_of(sum)?;
-                if check_links {
-                    check_first(&m, &label)?;
-                }
-                Ok(m)
-            };
-            match env {
-                Some(env) => {
-                    // The image only goes to the staging environment; its manifest
-                    // is checked once it is read.
-                    let r = backup::restore_into(env, rd, stop_at_trailer, &mut on_bytes);
-                    r.and_then(|sum| {
-                        check(&sum).map_err(|e| stop(e, &mut failed))?;
-                        Ok(sum)
-                    })
-                }
-                None => backup::read_container(rd, stop_at_trailer, &mut on_bytes, |sum, item| {
-                    if let Item::Header = item {
-                        check(sum).map_err(|e| stop(e, &mut failed))?;
-                    }
-                    Ok(())
-                }),
-            }
-        } else {
-            let prev = out
-                .backups
-                .last()
-                .map(|b| b.manifest.clone())
-                .ok_or_else(|| DocError::Internal("no backup before an increment".into()))?;
-            let mut manifest: Option<BackupManifest> = None;
-            let mut prev_seq = 0u64;
-            let mut range = (0u64, 0u64);
-            let mut entries = 0u64;
-            let r = backup::read_container(rd, stop_at_trailer, &mut on_bytes, |sum, item| {
-                let mut step = || -> Result<()> {
-                    match item {
-                        Item::Header => {
-                            let m = manifest_of(sum)?;
-                            if check_links {
-                                check_link(&prev, &m, n, &label)?;
-                            } else if m.kind != BackupKind::Incremental {
-                                return Err(DocError::Internal("not an increment".into()));
-                            }
-                            range = (m.base_sequence()?, m.end_sequence()?);
-                            prev_seq = range.0;
-                            manifest = Some(m);
+                let read = backup::read_container(
+                    &mut *input.reader,
+                    input.stop_at_trailer,
+                    on_bytes,
+                    |sum, item| {
+                        if let Item::Header = item {
+                            check(sum).map_err(|e| sink.stop(e))?;
                         }
-                        Item::Tree(name) if name == HISTORY => {}
-                        Item::Tree(name) => {
-                            return Err(corrupt(
-                                n,
-                                &label,
-                                format!("frame {}", sum.frame),
-                                sum.frame_offset,
-                                format!("unexpected tree {name:?} in an increment"),
-                            ))
-                        }
-                        Item::EndTree => {}
-                        Item::Entry(k, v) => {
-                            let at = |what: String| {
-                                DocError::Backup(BackupError::Corrupt {
-                                    part: format!(
-                                        "input {n} ({label}), frame {} (its history)",
-                                        sum.frame
-                                    ),
-                                    offset: sum.frame_offset,
-                                    what,
-                                })
-                            };
-                            let e = history::decode(k, v).map_err(at)?;
-                            if e.sequence <= prev_seq || e.sequence > range.1 {
-                                return Err(at(format!(
-                                    "history entry {} out of order or outside the increment \
-                                         ({}, {}] (after {prev_seq})",
-                                    e.sequence, range.0, range.1
-                                )));
-                            }
-                            if e.prev != prev_seq {
-                                return Err(at(format!(
-                                    "a write is missing: history entry {} follows the \
-                                         write at {}, the entry before it is at {prev_seq}",
-                                    e.sequence, e.prev
-                                )));
-                            }
-                            prev_seq = e.sequence;
-                            entries += 1;
-                            if let ChangeKind::Put = e.kind {
-                                // Checked here too so a verify catches it.
-                                crate::record::decode(e.id, e.record)
-                                    .map_err(|x| at(x.to_string()))?;
-                            }
-                            let boundary = stopper.last_txn != Some(e.txn);
-                            if !stopper.take(&e) {
-                                out.writes_skipped += 1;
-                                return Ok(());
-                            }
-                            if let Some(rp) = replayer.as_mut() {
-                                rp.apply(&e, boundary)?;
-                            }
-                            out.writes_replayed += 1;
-                            at_seq = e.sequence;
-                            out.reached.txn = e.txn;
-                            out.reached.at_ms = Some(e.at_ms);
-                        }
-                    }
-                    Ok(())
-                };
-                step().map_err(|e| stop(e, &mut failed))
-            });
-            r.and_then(|sum| {
-                // Every write of the increment is there, the last one included.
-                if prev_seq != range.1 {
-                    return Err(stop(
-                        corrupt(
-                            n,
-                            &label,
-                            "its end (the trailer read)".into(),
-                            sum.file_bytes,
-                            format!(
-                                "its writes end at sequence {prev_seq}, its manifest says {}",
-                                range.1
-                            ),
-                        ),
-                        &mut failed,
-                    ));
-                }
-                Ok(sum)
-            })
-        };
-        let sum = match result {
-            Ok(sum) => sum,
-            Err(BackupError::Stopped(_)) if failed.is_some() => {
-                return Err(failed.unwrap_or(DocError::Internal("lost error".into())))
-            }
-            Err(e) => return Err(name_input(e, n, &label)),
-        };
-        out.bytes_read += sum.file_bytes;
-        let manifest = manifest_of(&sum)?;
-        if n == 1 {
-            at_seq = manifest.end_sequence()?;
-            out.reached.txn = manifest.txn_id;
-            out.reached.at_ms = manifest.last_write_ms;
-            // The point must not be inside the full backup.
-            match &point {
-                RestorePoint::Latest => {}
-                RestorePoint::Etag(e) => {
-                    let want = Etag::parse(e)?;
-                    if manifest.incarnation.is_some_and(|i| i != want.incarnation) {
-                        return Err(DocError::RestorePoint(format!(
-                            "etag {e} is not of this database (incarnation {})",
-                            super::incarnation_text(manifest.incarnation)
-                        )));
-                    }
-                    if want.sequence < at_seq {
-                        return Err(DocError::RestorePoint(format!(
-                            "etag {e} is before the full backup's point (etag {}): use an \
-                             older full backup",
-                            manifest.etag.as_deref().unwrap_or("0")
-                        )));
-                    }
-                    stopper.point_seq = Some(want.sequence);
-                }
-                RestorePoint::Txn(t) if *t < manifest.txn_id => {
-                    return Err(DocError::RestorePoint(format!(
-                        "transaction {t} is before the full backup's snapshot (transaction {}): \
-                         use an older full backup",
-                        manifest.txn_id
-                    )));
-                }
-                RestorePoint::Txn(_) => {}
-                RestorePoint::TimeMs(t) => {
-                    if manifest.last_write_ms.is_some_and(|w| w > *t) {
-                        return Err(DocError::RestorePoint(format!(
-                            "time {} is before the full backup's last write ({}): use an \
-                             older full backup",
-                            crate::format_rfc3339_ms(*t),
-                            crate::format_rfc3339_ms(manifest.last_write_ms.unwrap_or(0))
-                        )));
-                    }
-                }
-            }
-            if let Some(env) = env {
-                let incarnation = {
-                    let r = env.begin_read()?;
-                    let raw =
-                        r.get(META, META_INCARNATION)?
-                            .ok_or_else(|| DocError::CorruptRecord {
-                                id: "(restored meta)".into(),
-                                why: "no incarnation".into(),
-                            })?;
-                    u32::from_be_bytes(raw.try_into().map_err(|_| DocError::CorruptRecord {
-                        id: "(restored meta)".into(),
-                        why: "incarnation of the wrong size".into(),
-                    })?)
-                };
-                replayer = Some(Replay {
-                    env,
-                    txn: None,
-                    unit: ReplayUnit::for_replay(incarnation),
-                    pending: 0,
-                });
+                        Ok(())
+                    },
+                );
+                sink.finish(read, input)
             }
         }
-        out.backups.push(BackupReport::new(manifest, &sum));
     }
-    let full = out
-        .backups
-        .first()
-        .ok_or_else(|| DocError::RestorePoint("no backup given".into()))?;
-    if let (RestorePoint::Etag(e), Some(want)) = (&point, stopper.point_seq) {
-        let end = out
+
+    /// An increment: its history entries checked, and replayed up to the point.
+    fn read_increment(
+        &mut self,
+        input: &mut Input<'_>,
+        on_bytes: impl FnMut(u64),
+    ) -> Result<BackupSummary> {
+        let prev = self
+            .out
             .backups
             .last()
-            .map(|b| b.manifest.end_sequence())
-            .transpose()?;
-        if end.is_some_and(|end| want > end) {
-            return Err(DocError::RestorePoint(format!(
-                "etag {e} is after the last backup given (it ends at etag {})",
-                out.backups
-                    .last()
-                    .and_then(|b| b.manifest.etag.clone())
-                    .unwrap_or_else(|| "0".into())
+            .map(|b| b.manifest.clone())
+            .ok_or_else(|| DocError::Internal("no backup before an increment".into()))?;
+        let mut inc = Increment {
+            n: input.n,
+            label: &input.label,
+            range: (0, 0),
+            prev_seq: 0,
+        };
+        let mut sink = Sink::default();
+        let read = backup::read_container(
+            &mut *input.reader,
+            input.stop_at_trailer,
+            on_bytes,
+            |sum, item| {
+                let step = match item {
+                    Item::Header => {
+                        manifest_of(sum).and_then(|m| inc.start(m, &prev, self.check_links))
+                    }
+                    Item::Tree(name) => inc.check_tree(sum, name),
+                    Item::EndTree => Ok(()),
+                    Item::Entry(k, v) => inc.check_entry(sum, k, v).and_then(|e| self.take(&e)),
+                };
+                step.map_err(|e| sink.stop(e))
+            },
+        );
+        let sum = sink.finish(read, input)?;
+        inc.check_complete(&sum)?;
+        Ok(sum)
+    }
+
+    /// A write of an increment, checked: replayed if the point takes it.
+    fn take(&mut self, e: &history::HistoryEntry<'_>) -> Result<()> {
+        let boundary = self.stopper.last_txn != Some(e.txn);
+        if !self.stopper.take(e) {
+            self.out.writes_skipped += 1;
+            return Ok(());
+        }
+        if let Some(rp) = self.replayer.as_mut() {
+            rp.apply(e, boundary)?;
+        }
+        self.out.writes_replayed += 1;
+        self.at_seq = e.sequence;
+        self.out.reached.txn = e.txn;
+        self.out.reached.at_ms = Some(e.at_ms);
+        Ok(())
+    }
+
+    /// The state is the full backup's: the point must not be inside it; the
+    /// increments are replayed from here.
+    fn start_after_full(&mut self, full: &BackupManifest) -> Result<()> {
+        self.at_seq = full.end_sequence()?;
+        self.out.reached.txn = full.txn_id;
+        self.out.reached.at_ms = full.last_write_ms;
+        self.stopper.point_seq = point_after_full(&self.stopper.point, full, self.at_seq)?;
+        if let Some(env) = self.env {
+            self.replayer = Some(Replay::start(env)?);
+        }
+        Ok(())
+    }
+
+    /// After the last input: the point reached, and the replay committed.
+    fn finish(mut self) -> Result<ChainReport> {
+        let full = self
+            .out
+            .backups
+            .first()
+            .ok_or_else(|| DocError::RestorePoint("no backup given".into()))?;
+        if let (RestorePoint::Etag(e), Some(want)) = (&self.stopper.point, self.stopper.point_seq) {
+            let last = self.out.backups.last().map(|b| &b.manifest);
+            if last
+                .map(BackupManifest::end_sequence)
+                .transpose()?
+                .is_some_and(|end| want > end)
+            {
+                return Err(DocError::RestorePoint(format!(
+                    "etag {e} is after the last backup given (it ends at etag {})",
+                    last.and_then(|m| m.etag.as_deref()).unwrap_or("0")
+                )));
+            }
+        }
+        let incarnation = full.manifest.incarnation.or_else(|| {
+            full.manifest
+                .etag
+                .as_deref()
+                .and_then(|e| Etag::parse(e).ok())
+                .map(|e| e.incarnation)
+        });
+        self.out.reached.etag = match (self.at_seq, incarnation) {
+            (0, _) => None,
+            (s, Some(i)) => Some(
+                Etag {
+                    incarnation: i,
+                    sequence: s,
+                }
+                .to_string(),
+            ),
+            (s, None) => Some(s.to_string()),
+        };
+        self.out.reached.at = self.out.reached.at_ms.map(crate::format_rfc3339_ms);
+        if let Some(rp) = self.replayer {
+            rp.finish()?;
+        }
+        Ok(self.out)
+    }
+}
+
+/// Checks that `point` is not inside the full backup (whose state ends at etag
+/// sequence `at_seq`); the etag sequence of an `Etag` point.
+fn point_after_full(
+    point: &RestorePoint,
+    full: &BackupManifest,
+    at_seq: u64,
+) -> Result<Option<u64>> {
+    match point {
+        RestorePoint::Latest => Ok(None),
+        RestorePoint::Etag(e) => {
+            let want = Etag::parse(e)?;
+            if full.incarnation.is_some_and(|i| i != want.incarnation) {
+                return Err(DocError::RestorePoint(format!(
+                    "etag {e} is not of this database (incarnation {})",
+                    super::incarnation_text(full.incarnation)
+                )));
+            }
+            if want.sequence < at_seq {
+                return Err(DocError::RestorePoint(format!(
+                    "etag {e} is before the full backup's point (etag {}): use an older full \
+                     backup",
+                    full.etag.as_deref().unwrap_or("0")
+                )));
+            }
+            Ok(Some(want.sequence))
+        }
+        RestorePoint::Txn(t) if *t < full.txn_id => Err(DocError::RestorePoint(format!(
+            "transaction {t} is before the full backup's snapshot (transaction {}): use an \
+             older full backup",
+            full.txn_id
+        ))),
+        RestorePoint::Txn(_) => Ok(None),
+        RestorePoint::TimeMs(t) if full.last_write_ms.is_some_and(|w| w > *t) => {
+            Err(DocError::RestorePoint(format!(
+                "time {} is before the full backup's last write ({}): use an older full backup",
+                crate::format_rfc3339_ms(*t),
+                crate::format_rfc3339_ms(full.last_write_ms.unwrap_or(0))
+            )))
+        }
+        RestorePoint::TimeMs(_) => Ok(None),
+    }
+}
+
+/// What is known of the increment being read, checked item by item.
+struct Increment<'l> {
+    n: usize,
+    label: &'l str,
+    /// The etag sequences it holds, (base, end], from its manifest.
+    range: (u64, u64),
+    /// The sequence of the last entry read (the base before the first).
+    prev_seq: u64,
+}
+
+impl Increment<'_> {
+    /// Its header: an increment, following `prev` when links are checked.
+    fn start(&mut self, m: BackupManifest, prev: &BackupManifest, check_links: bool) -> Result<()> {
+        if check_links {
+            check_link(prev, &m, self.n, self.label)?;
+        } else if m.kind != BackupKind::Incremental {
+            return Err(DocError::Internal("not an increment".into()));
+        }
+        self.range = (m.base_sequence()?, m.end_sequence()?);
+        self.prev_seq = self.range.0;
+        Ok(())
+    }
+
+    /// An increment holds the history tree alone.
+    fn check_tree(&self, sum: &BackupSummary, name: &str) -> Result<()> {
+        if name == HISTORY {
+            return Ok(());
+        }
+        Err(corrupt(
+            self.n,
+            self.label,
+            format!("frame {}", sum.frame),
+            sum.frame_offset,
+            format!("unexpected tree {name:?} in an increment"),
+        ))
+    }
+
+    /// Decodes a history entry and checks that it is the next write of the
+    /// increment (in its range, linked to the one before) and, for a put, that its
+    /// record decodes (so that a verify catches it too).
+    fn check_entry<'v>(
+        &mut self,
+        sum: &BackupSummary,
+        k: &[u8],
+        v: &'v [u8],
+    ) -> Result<history::HistoryEntry<'v>> {
+        let (n, label, (base, end), prev_seq) = (self.n, self.label, self.range, self.prev_seq);
+        let at = |what: String| {
+            DocError::Backup(BackupError::Corrupt {
+                part: format!("input {n} ({label}), frame {} (its history)", sum.frame),
+                offset: sum.frame_offset,
+                what,
+            })
+        };
+        let e = history::decode(k, v).map_err(at)?;
+        if e.sequence <= prev_seq || e.sequence > end {
+            return Err(at(format!(
+                "history entry {} out of order or outside the increment ({base}, {end}] \
+                 (after {prev_seq})",
+                e.sequence
             )));
         }
+        if e.prev != prev_seq {
+            return Err(at(format!(
+                "a write is missing: history entry {} follows the write at {}, the entry \
+                 before it is at {prev_seq}",
+                e.sequence, e.prev
+            )));
+        }
+        self.prev_seq = e.sequence;
+        if let ChangeKind::Put = e.kind {
+            crate::record::decode(e.id, e.record).map_err(|x| at(x.to_string()))?;
+        }
+        Ok(e)
     }
-    let incarnation = full.manifest.incarnation.or_else(|| {
-        full.manifest
-            .etag
-            .as_deref()
-            .and_then(|e| Etag::parse(e).ok())
-            .map(|e| e.incarnation)
-    });
-    out.reached.etag = match (at_seq, incarnation) {
-        (0, _) => None,
-        (s, Some(i)) => Some(
-            Etag {
-                incarnation: i,
-                sequence: s,
-            }
-            .to_string(),
-        ),
-        (s, None) => Some(s.to_string()),
-    };
-    out.reached.at = out.reached.at_ms.map(crate::format_rfc3339_ms);
-    if let Some(mut rp) = replayer {
-        rp.commit()?;
-        // The restored database starts without a backup chain.
-        let mut w = rp.env.begin_write()?;
-        w.delete(META, META_CHAIN)?;
-        w.delete(CONSUMERS, CHAIN_CONSUMER.as_bytes())?;
-        w.drop_tree(HISTORY)?;
-        w.ensure_tree(HISTORY)?;
-        w.commit()?;
+
+    /// Every write of the increment is there, the last one included.
+    fn check_complete(&self, sum: &BackupSummary) -> Result<()> {
+        if self.prev_seq == self.range.1 {
+            return Ok(());
+        }
+        Err(corrupt(
+            self.n,
+            self.label,
+            "its end (the trailer read)".into(),
+            sum.file_bytes,
+            format!(
+                "its writes end at sequence {}, its manifest says {}",
+                self.prev_seq, self.range.1
+            ),
+        ))
     }
-    Ok(out)
 }
 
 fn corrupt(n: usize, label: &str, part: String, offset: u64, what: String) -> DocError {
