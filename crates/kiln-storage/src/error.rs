@@ -5,8 +5,10 @@
 //! `Corrupted` is distinct from `Io`: the disk answered, but what it returned
 //! failed a checksum or an invariant.
 
+use crate::journal::record::DecodeError;
 use parking_lot::Mutex;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -27,6 +29,9 @@ pub enum Error {
         path: PathBuf,
         location: String,
         what: String,
+        /// Why a journal record did not decode, where that is what was found.
+        #[source]
+        source: Option<Arc<DecodeError>>,
     },
 
     #[error(
@@ -142,6 +147,23 @@ impl Error {
             path: path.into(),
             location: location.into(),
             what: what.into(),
+            source: None,
+        }
+    }
+
+    /// The journal record for `txn_id` at `offset` of `path` passed its checksum but
+    /// does not decode.
+    pub(crate) fn undecodable_record(
+        path: impl Into<PathBuf>,
+        offset: u64,
+        txn_id: u64,
+        source: DecodeError,
+    ) -> Self {
+        Error::Corrupted {
+            path: path.into(),
+            location: format!("offset {offset}"),
+            what: format!("journal record for txn {txn_id}: {source}"),
+            source: Some(Arc::new(source)),
         }
     }
 
@@ -194,10 +216,12 @@ impl Error {
                 path,
                 location,
                 what,
+                source,
             } => Error::Corrupted {
                 path: path.clone(),
                 location: location.clone(),
                 what: what.clone(),
+                source: source.clone(),
             },
             Error::JournalGap {
                 last_valid_txn,

@@ -49,6 +49,7 @@ pub use btree::cursor::Entry;
 pub use commit::{QueueLimits, QueueStats};
 pub use env::{Env, Options, RecoveryReport, DATA_FILE};
 pub use error::{io_is_disk_full, Error, Failure, FailureKind, Result};
+pub use journal::record::DecodeError;
 pub use journal::writer::Durability;
 pub use options::MergeAhead;
 pub use page::{MAX_KEY_SIZE, MAX_VALUE_SIZE, PAGE_SIZE};

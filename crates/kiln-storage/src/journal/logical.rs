@@ -2,7 +2,7 @@
 //! value or tombstone), as opposed to page images. Encoded by the transaction as it
 //! writes (`LogicalLog`), decoded on replay (`decode_entries`).
 
-use super::record::take;
+use super::record::{take, DecodeError, EntryProblem};
 use crate::page::{self, read_u16, read_u32};
 use crate::write_buffer::{Slot, SlotRef, TreeId};
 
@@ -88,15 +88,25 @@ impl LogicalLog {
 pub(crate) type LogicalEntry = (Box<[u8]>, Slot);
 
 /// Decodes the entry section of a record body at `*at` (count, then entries).
-pub(super) fn decode_entries(body: &[u8], at: &mut usize) -> Result<Vec<LogicalEntry>, String> {
+pub(super) fn decode_entries(
+    body: &[u8],
+    at: &mut usize,
+) -> Result<Vec<LogicalEntry>, DecodeError> {
     let mut logical = Vec::new();
     let count = read_u32(take(body, at, 4, "buffer entry count")?, 0) as usize;
-    for e in 0..count {
+    for index in 0..count {
+        let entry_at = *at;
+        let bad = |problem| DecodeError::Entry {
+            index,
+            at: entry_at,
+            problem,
+        };
         let eh = take(body, at, LOGICAL_ENTRY_HEADER, "buffer entry header")?;
-        let kind = *eh.get(2).ok_or("buffer entry header too short")?;
         let (klen, vlen) = (read_u16(eh, 0) as usize, read_u32(eh, 3) as usize);
+        // Byte 2: the low byte of the little-endian u16 there.
+        let kind = read_u16(eh, 2) as u8;
         if !(9..=8 + page::MAX_KEY_SIZE).contains(&klen) {
-            return Err(format!("buffer entry {e}: key of {klen} bytes"));
+            return Err(bad(EntryProblem::KeyLength { len: klen }));
         }
         let key: Box<[u8]> = take(body, at, klen, "buffer entry key")?.into();
         let slot = match (kind, vlen) {
@@ -104,9 +114,10 @@ pub(super) fn decode_entries(body: &[u8], at: &mut usize) -> Result<Vec<LogicalE
             (1, 0) => Slot::Tombstone,
             (2, 0) => Slot::InTree,
             _ => {
-                return Err(format!(
-                    "buffer entry {e}: kind {kind} with {vlen} value bytes"
-                ))
+                return Err(bad(EntryProblem::Kind {
+                    kind,
+                    value_len: vlen,
+                }))
             }
         };
         logical.push((key, slot));

@@ -2,6 +2,7 @@
 //! O_DIRECT|O_DSYNC, one record per commit.
 
 pub(crate) mod compress;
+mod decode_error;
 mod files;
 pub mod logical;
 pub mod record;

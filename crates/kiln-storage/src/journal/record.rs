@@ -46,6 +46,7 @@
 //! never pass as the continuation of the current history.
 
 use super::compress::{Compressor, JournalWriteCost, Verdict};
+pub use super::decode_error::{DecodeError, EntryProblem, ImageProblem};
 use super::logical;
 pub use super::logical::LogicalLog;
 use crate::io::DIRECT_IO_ALIGN;
@@ -726,119 +727,134 @@ pub struct DecodedRecord {
     pub logical: Vec<logical::LogicalEntry>,
 }
 
-/// Reads `n` bytes at `*at` from `body`, or explains why it can't.
+/// Reads `n` bytes at `*at` from `body` (`what` they are, for the error).
 pub(super) fn take<'b>(
     body: &'b [u8],
     at: &mut usize,
     n: usize,
-    what: &str,
-) -> Result<&'b [u8], String> {
-    let end = at
+    what: &'static str,
+) -> Result<&'b [u8], DecodeError> {
+    let s = at
         .checked_add(n)
-        .filter(|e| *e <= body.len())
-        .ok_or_else(|| format!("{what} runs past the body"))?;
-    let s = body
-        .get(*at..end)
-        .ok_or_else(|| format!("{what} runs past the body"))?;
-    *at = end;
+        .and_then(|end| body.get(*at..end))
+        .ok_or(DecodeError::Truncated {
+            what,
+            at: *at,
+            len: n,
+            body_len: body.len(),
+        })?;
+    *at += n;
     Ok(s)
 }
 
 /// Decodes a record whose checksum already passed. Arbitrary bytes give an error,
 /// never a panic or an allocation much larger than the body (or its stated raw size,
 /// which is bounded).
-pub fn decode_body(h: &RecordHeader, record: &[u8]) -> Result<DecodedRecord, String> {
-    let end = RECORD_HEADER
+pub fn decode_body(h: &RecordHeader, record: &[u8]) -> Result<DecodedRecord, DecodeError> {
+    let stored = RECORD_HEADER
         .checked_add(h.body_len as usize)
-        .filter(|e| *e <= record.len())
-        .ok_or("body length beyond the record")?;
-    let stored = record
-        .get(RECORD_HEADER..end)
-        .ok_or("body length beyond the record")?;
+        .and_then(|end| record.get(RECORD_HEADER..end))
+        .ok_or(DecodeError::BodyPastRecord {
+            body_len: h.body_len,
+            record_len: record.len(),
+        })?;
     if h.flags & !KNOWN_FLAGS != 0 {
-        return Err(format!("unknown record flags {:#x}", h.flags));
+        return Err(DecodeError::UnknownFlags { flags: h.flags });
     }
     if h.flags & FLAG_LZ4 == 0 {
         if h.raw_body_len != h.body_len {
-            return Err(format!(
-                "uncompressed body of {} bytes claims a raw length of {}",
-                h.body_len, h.raw_body_len
-            ));
+            return Err(DecodeError::RawLengthMismatch {
+                body_len: h.body_len,
+                raw_len: h.raw_body_len,
+            });
         }
         return decode_parts(h, stored);
     }
     let raw_len = h.raw_body_len as usize;
     // LZ4 expands at most ~255x; anything claiming more is damage.
     if raw_len > MAX_RAW_BODY || raw_len > stored.len().saturating_mul(255) {
-        return Err(format!(
-            "compressed body of {} bytes claims a raw length of {raw_len}",
-            stored.len()
-        ));
+        return Err(DecodeError::RawLengthImplausible {
+            stored: stored.len(),
+            raw_len,
+        });
     }
     let raw = lz4_flex::block::decompress(stored, raw_len)
-        .map_err(|e| format!("LZ4 body does not decompress: {e}"))?;
+        .map_err(|source| DecodeError::Lz4 { source })?;
     if raw.len() != raw_len {
-        return Err(format!(
-            "LZ4 body decompressed to {} bytes, header says {raw_len}",
-            raw.len()
-        ));
+        return Err(DecodeError::Lz4Length {
+            got: raw.len(),
+            expected: raw_len,
+        });
     }
     decode_parts(h, &raw)
 }
 
-fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> {
-    let freed_bytes = (h.freed_count as usize)
-        .checked_mul(8)
-        .ok_or("freed count overflows")?;
+fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, DecodeError> {
+    let freed_bytes =
+        (h.freed_count as usize)
+            .checked_mul(8)
+            .ok_or(DecodeError::FreedCountOverflows {
+                count: h.freed_count,
+            })?;
     let mut at = 0;
     let freed: Vec<PageNo> = take(body, &mut at, freed_bytes, "freed page list")?
         .chunks_exact(8)
         .map(|c| read_u64(c, 0))
         .collect();
-    if let Some(bad) = freed
+    if let Some((i, &bad)) = freed
         .iter()
-        .find(|p| **p < page::FIRST_DATA_PAGE || **p >= h.page_count)
+        .enumerate()
+        .find(|(_, p)| **p < page::FIRST_DATA_PAGE || **p >= h.page_count)
     {
-        return Err(format!(
-            "freed page {bad} outside the data pages 2..{}",
-            h.page_count
-        ));
+        return Err(DecodeError::FreedPageOutside {
+            page: bad,
+            at: i * 8,
+            page_count: h.page_count,
+        });
     }
     let root = h.catalog_root;
     if root != 0 && !(page::FIRST_DATA_PAGE..h.page_count).contains(&root) {
-        return Err(format!(
-            "catalog root {root} outside the data pages 2..{}",
-            h.page_count
-        ));
+        return Err(DecodeError::CatalogRootOutside {
+            root,
+            page_count: h.page_count,
+        });
     }
     let mut images = Vec::new();
-    for i in 0..h.image_count {
+    for index in 0..h.image_count {
+        let image_at = at;
         let ih = take(body, &mut at, IMAGE_HEADER, "page image header")?;
         let (no, run_pages, form) = (read_u64(ih, 0), read_u32(ih, 8) as u64, read_u32(ih, 12));
+        let bad = |problem| DecodeError::Image {
+            index,
+            page: no,
+            at: image_at,
+            problem,
+        };
         if run_pages == 0 || run_pages > MAX_RUN_PAGES {
-            return Err(format!(
-                "page image {i} (page {no}) has a run of {run_pages} pages"
-            ));
+            return Err(bad(ImageProblem::RunLength { run_pages }));
         }
         if no < page::FIRST_DATA_PAGE || no.checked_add(run_pages).is_none_or(|e| e > h.page_count)
         {
-            return Err(format!(
-                "page image {i}: page {no} outside the data pages 2..{}",
-                h.page_count
-            ));
+            return Err(bad(ImageProblem::OutsideDataPages {
+                run_pages,
+                page_count: h.page_count,
+            }));
         }
         let image = match form {
-            FORM_FULL => Image::Full(decode_full(body, &mut at, i, no, run_pages)?),
-            FORM_BARE => Image::Full(decode_full(body, &mut at, i, no, run_pages)?.into_bare()),
-            FORM_DIFF if run_pages == 1 => decode_diff(body, &mut at, i, no, h.page_count)?,
-            FORM_PATCHED if run_pages == 1 => decode_patched(body, &mut at, i, no, h.page_count)?,
-            other => {
-                return Err(format!(
-                    "page image {i} (page {no}): unknown form {other} for a {run_pages}-page run"
-                ))
-            }
+            FORM_FULL => decode_full(body, &mut at, run_pages).map(Image::Full),
+            FORM_BARE => decode_full(body, &mut at, run_pages).map(|r| Image::Full(r.into_bare())),
+            FORM_DIFF if run_pages == 1 => decode_diff(body, &mut at, h.page_count),
+            FORM_PATCHED if run_pages == 1 => decode_patched(body, &mut at, h.page_count),
+            form => Err(Problem::Image(ImageProblem::UnknownForm {
+                form,
+                run_pages,
+            })),
         };
-        images.push((no, image));
+        match image {
+            Ok(image) => images.push((no, image)),
+            Err(Problem::Image(problem)) => return Err(bad(problem)),
+            Err(Problem::Decode(e)) => return Err(e),
+        }
     }
     let logical = if h.flags & FLAG_LOGICAL != 0 {
         logical::decode_entries(body, &mut at)?
@@ -846,10 +862,10 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> 
         Vec::new()
     };
     if at != body.len() {
-        return Err(format!(
-            "{} unexplained bytes after the page images",
-            body.len() - at
-        ));
+        return Err(DecodeError::TrailingBytes {
+            at,
+            count: body.len() - at,
+        });
     }
     Ok(DecodedRecord {
         header: *h,
@@ -859,23 +875,41 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, String> 
     })
 }
 
+/// What went wrong decoding one page image: about the image (the caller names it),
+/// or the body running short.
+enum Problem {
+    Image(ImageProblem),
+    Decode(DecodeError),
+}
+
+impl From<DecodeError> for Problem {
+    fn from(e: DecodeError) -> Self {
+        Problem::Decode(e)
+    }
+}
+
+impl From<ImageProblem> for Problem {
+    fn from(p: ImageProblem) -> Self {
+        Problem::Image(p)
+    }
+}
+
 // Bounds: `head + tail <= run_bytes` and `bytes.len() == head + tail` are checked just above.
 #[allow(clippy::indexing_slicing)]
-fn decode_full(
-    body: &[u8],
-    at: &mut usize,
-    i: u32,
-    no: PageNo,
-    run_pages: u64,
-) -> Result<PageRun, String> {
+fn decode_full(body: &[u8], at: &mut usize, run_pages: u64) -> Result<PageRun, Problem> {
     let fh = take(body, at, FULL_HEADER, "full image header")?;
     let (head, tail) = (read_u32(fh, 0) as usize, read_u32(fh, 4) as usize);
     let run_bytes = run_pages as usize * PAGE_SIZE;
-    let parts = head.checked_add(tail).ok_or("image length overflows")?;
+    let inconsistent = ImageProblem::HeadAndTail {
+        head,
+        tail,
+        run_pages,
+    };
+    let parts = head.checked_add(tail).ok_or(inconsistent)?;
     // The zero gap between head and tail is less than a page, so a record can never
     // make us allocate much more than its own size.
     if parts > run_bytes || run_bytes - parts >= PAGE_SIZE {
-        return Err(format!("page image {i} (page {no}): head {head} + tail {tail} inconsistent with a {run_pages}-page run"));
+        return Err(inconsistent.into());
     }
     let bytes = take(body, at, parts, "page image bytes")?;
     let (head_bytes, tail_bytes) = bytes.split_at(head);
@@ -886,52 +920,38 @@ fn decode_full(
     ))
 }
 
-fn decode_diff(
-    body: &[u8],
-    at: &mut usize,
-    i: u32,
-    no: PageNo,
-    page_count: u64,
-) -> Result<Image, String> {
+fn decode_diff(body: &[u8], at: &mut usize, page_count: u64) -> Result<Image, Problem> {
     let dh = take(body, at, DIFF_HEADER, "diff header")?;
     let (source, count) = (read_u64(dh, 0), read_u32(dh, 8) as usize);
     if source < page::FIRST_DATA_PAGE || source >= page_count {
-        return Err(format!(
-            "page image {i} (page {no}): diff source {source} outside 2..{page_count}"
-        ));
+        return Err(ImageProblem::DiffSource {
+            from_page: source,
+            page_count,
+        }
+        .into());
     }
-    let runs = decode_runs(body, at, i, no, count)?;
+    let runs = decode_runs(body, at, count)?;
     Ok(Image::Diff { source, runs })
 }
 
 fn decode_runs(
     body: &[u8],
     at: &mut usize,
-    i: u32,
-    no: PageNo,
     count: usize,
-) -> Result<Vec<(usize, Vec<u8>)>, String> {
+) -> Result<Vec<(usize, Vec<u8>)>, Problem> {
     let mut runs = Vec::with_capacity(count.min(PAGE_SIZE / RUN_HEADER));
-    for r in 0..count {
+    for run in 0..count {
         let rh = take(body, at, RUN_HEADER, "run header")?;
-        let (off, len) = (read_u16(rh, 0) as usize, read_u16(rh, 2) as usize);
-        if off + len > PAGE_SIZE {
-            return Err(format!(
-                "page image {i} (page {no}): run {r} at {off}+{len} outside the page"
-            ));
+        let (offset, len) = (read_u16(rh, 0) as usize, read_u16(rh, 2) as usize);
+        if offset + len > PAGE_SIZE {
+            return Err(ImageProblem::RunOutsidePage { run, offset, len }.into());
         }
-        runs.push((off, take(body, at, len, "run bytes")?.to_vec()));
+        runs.push((offset, take(body, at, len, "run bytes")?.to_vec()));
     }
     Ok(runs)
 }
 
-fn decode_patched(
-    body: &[u8],
-    at: &mut usize,
-    i: u32,
-    no: PageNo,
-    page_count: u64,
-) -> Result<Image, String> {
+fn decode_patched(body: &[u8], at: &mut usize, page_count: u64) -> Result<Image, Problem> {
     let ph = take(body, at, PATCHED_HEADER, "patched image header")?;
     let (source, run_count, ref_count) = (
         read_u64(ph, 0),
@@ -942,32 +962,35 @@ fn decode_patched(
         0 => None,
         s if (page::FIRST_DATA_PAGE..page_count).contains(&s) => Some(s),
         s => {
-            return Err(format!(
-                "page image {i} (page {no}): patch source {s} outside 2..{page_count}"
-            ))
+            return Err(ImageProblem::PatchSource {
+                from_page: s,
+                page_count,
+            }
+            .into())
         }
     };
-    let runs = decode_runs(body, at, i, no, run_count)?;
+    let runs = decode_runs(body, at, run_count)?;
     let mut refs = Vec::with_capacity(ref_count.min(PAGE_SIZE / MIN_REFERENCED_VALUE));
-    for r in 0..ref_count {
+    for reference in 0..ref_count {
         let rh = take(body, at, REF_HEADER, "value reference header")?;
-        let (off, len, key_len) = (
+        let (offset, len, key_len) = (
             read_u16(rh, 0) as usize,
             read_u16(rh, 2) as usize,
             read_u16(rh, 4) as usize,
         );
-        if off + len > PAGE_SIZE || len == 0 {
-            return Err(format!(
-                "page image {i} (page {no}): value reference {r} at {off}+{len} outside the page"
-            ));
+        if offset + len > PAGE_SIZE || len == 0 {
+            return Err(ImageProblem::ReferenceOutsidePage {
+                reference,
+                offset,
+                len,
+            }
+            .into());
         }
         if !(9..=MAX_REF_KEY).contains(&key_len) {
-            return Err(format!(
-                "page image {i} (page {no}): value reference {r} has a buffer key of {key_len} bytes"
-            ));
+            return Err(ImageProblem::ReferenceKeyLength { reference, key_len }.into());
         }
         refs.push((
-            off,
+            offset,
             len,
             take(body, at, key_len, "value reference key")?.to_vec(),
         ));
@@ -976,10 +999,10 @@ fn decode_patched(
 }
 
 /// Parses and verifies a complete record from arbitrary bytes (the fuzzing entry point).
-pub fn decode(record: &[u8]) -> Result<DecodedRecord, String> {
-    let h = parse_header(record).ok_or("not a record header")?;
+pub fn decode(record: &[u8]) -> Result<DecodedRecord, DecodeError> {
+    let h = parse_header(record).ok_or(DecodeError::NotARecord)?;
     if !checksum_ok(&h, record) {
-        return Err("checksum mismatch or truncated".into());
+        return Err(DecodeError::Checksum);
     }
     decode_body(&h, record)
 }
@@ -1093,6 +1116,71 @@ mod tests {
 
     /// A record whose checksum holds but whose catalog root lies outside its data
     /// pages is refused by the decoder (replay then fails with the file and offset).
+    /// A body that does not decode says what is wrong and at which byte of the body.
+    #[test]
+    fn decode_errors_say_what_and_where() {
+        let log = LogicalLog::default();
+        let mut buf = PageRun::scratch(1);
+        let input = RecordInput {
+            txn_id: 3,
+            nonce: 1,
+            prev_checksum: 0,
+            catalog_root: 0,
+            page_count: 10,
+            freed: &[],
+            pages: &[],
+            logical: &log,
+            buffer_flags: 0,
+            merged: None,
+        };
+        let enc = encode(&input, &mut buf, None);
+        let mut h = parse_header(&buf.bytes()[..enc.padded_len]).expect("a header");
+        // One freed page, then an image of page 3 with a run of no pages.
+        h.freed_count = 1;
+        h.image_count = 1;
+        let mut body = 2u64.to_le_bytes().to_vec();
+        body.extend_from_slice(&3u64.to_le_bytes());
+        body.extend_from_slice(&0u32.to_le_bytes());
+        body.extend_from_slice(&FORM_FULL.to_le_bytes());
+        let e = decode_parts(&h, &body).err().expect("refused");
+        assert!(
+            matches!(
+                e,
+                DecodeError::Image {
+                    index: 0,
+                    page: 3,
+                    at: 8,
+                    problem: ImageProblem::RunLength { run_pages: 0 }
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "page image 0 (page 3) at byte 8: a run of 0 pages"
+        );
+        body.truncate(12);
+        let e = decode_parts(&h, &body).err().expect("refused");
+        assert_eq!(
+            e.to_string(),
+            "page image header of 16 bytes at byte 8 runs past the body of 12 bytes"
+        );
+        h.image_count = 0;
+        body.truncate(11);
+        let e = decode_parts(&h, &body).err().expect("refused");
+        assert!(
+            matches!(e, DecodeError::TrailingBytes { at: 8, count: 3 }),
+            "{e:?}"
+        );
+        h.freed_count = 2;
+        body = [2u64.to_le_bytes(), 10u64.to_le_bytes()].concat();
+        let e = decode_parts(&h, &body).err().expect("refused");
+        assert_eq!(
+            e.to_string(),
+            "freed page 10 (at byte 8) outside the data pages 2..10"
+        );
+    }
+
     #[test]
     fn a_catalog_root_outside_the_data_pages_is_refused() {
         let log = LogicalLog::default();
@@ -1115,7 +1203,8 @@ mod tests {
             match decoded {
                 Ok(rec) => assert!(ok && rec.header.catalog_root == root, "root {root} decoded"),
                 Err(e) => assert!(
-                    !ok && e.contains(&format!("catalog root {root} outside the data pages 2..10")),
+                    !ok && e.to_string()
+                        == format!("catalog root {root} outside the data pages 2..10"),
                     "root {root}: {e}"
                 ),
             }

@@ -152,13 +152,8 @@ impl Reader<'_> {
                 h.txn_id
             )));
         }
-        let rec = record::decode_body(&h, &buf).map_err(|what| {
-            Error::corrupted(
-                &path,
-                format!("offset {offset}"),
-                format!("journal record for txn {}: {what}", h.txn_id),
-            )
-        })?;
+        let rec = record::decode_body(&h, &buf)
+            .map_err(|e| Error::undecodable_record(&path, offset, h.txn_id, e))?;
         Ok(Probe::Valid(Box::new(rec), h.padded_len()))
     }
 
