@@ -23,7 +23,7 @@ use crate::schema::{
 };
 use crate::{Database, DocError, Result};
 use kiln_storage::backup::BackupOptions;
-use kiln_storage::{ContainerWriter, ReadTxn, WriteTxn};
+use kiln_storage::{BackupSummary, ContainerWriter, Env, ReadTxn, WriteTxn};
 use serde::Serialize;
 use std::io::Write;
 use std::sync::atomic::Ordering;
@@ -190,27 +190,62 @@ impl Database {
         progress: impl FnMut(u64),
     ) -> Result<BackupReport> {
         let env = self.live()?;
-        let refuse = |why: String| Err(DocError::IncrementNotPossible(why));
+        let (since_chain, base) = self.increment_base(since)?;
+        let r = env.begin_read()?;
+        let (chain, last) = self.increment_snapshot(&r, since_chain, base)?;
+        let mut manifest = BackupManifest {
+            base_backup_id: since.backup_id.clone(),
+            base_etag: since.etag.clone(),
+            ..self.new_manifest(
+                &r,
+                BackupKind::Incremental,
+                last,
+                Some(chain.chain_id.clone()),
+            )?
+        };
+        let meta = manifest.encode()?;
+        let (sum, last_ms) = write_history(out, &r, &meta, opts, progress, base, last)?;
+        drop(r);
+        manifest.last_write_ms = last_ms;
+        // The client holds the base: what is at or below it is no longer needed.
+        self.retain_after(env, chain.chain_id, base)?;
+        Ok(BackupReport::new(manifest, &sum))
+    }
+
+    /// The chain of a base backup and the etag sequence it ends at, or why an
+    /// increment cannot follow it (from its manifest alone).
+    fn increment_base<'m>(&self, since: &'m BackupManifest) -> Result<(&'m str, u64)> {
         let Some(since_chain) = since.chain_id.as_deref() else {
-            return refuse(
+            return Err(DocError::IncrementNotPossible(
                 "the base backup is not part of a chain (taken without --chain or by an \
                  older Kiln): take a full backup"
                     .into(),
-            );
+            ));
         };
         if since.incarnation.is_some_and(|i| i != self.incarnation) || since.database.is_empty() {
-            return refuse(format!(
+            return Err(DocError::IncrementNotPossible(format!(
                 "the base backup is of another database (incarnation {}, this one is {:08x})",
                 super::incarnation_text(since.incarnation),
                 self.incarnation
-            ));
+            )));
         }
         let base = match since.etag.as_deref() {
             None => 0,
             Some(e) => self.sequence_of(e)?,
         };
-        let r = env.begin_read()?;
-        let Some(chain) = read_chain(&r)? else {
+        Ok((since_chain, base))
+    }
+
+    /// The database's chain and last etag sequence at snapshot `r`, or why the
+    /// increment since `base` (of chain `since_chain`) cannot be taken from it.
+    fn increment_snapshot(
+        &self,
+        r: &ReadTxn<'_>,
+        since_chain: &str,
+        base: u64,
+    ) -> Result<(ChainState, u64)> {
+        let refuse = |why: String| Err(DocError::IncrementNotPossible(why));
+        let Some(chain) = read_chain(r)? else {
             return refuse(format!(
                 "database {:?} has no backup chain (stopped, or never started): take a full backup",
                 self.name()
@@ -223,7 +258,7 @@ impl Database {
                 chain.chain_id
             ));
         }
-        let last = read_last_sequence(&r)?;
+        let last = read_last_sequence(r)?;
         if base < chain.retained_after {
             return refuse(format!(
                 "the history before etag sequence {} was trimmed when an increment since a \
@@ -237,51 +272,12 @@ impl Database {
                 "the base ends at sequence {base}, after the database's last write ({last})"
             ));
         }
-        let manifest = BackupManifest {
-            base_backup_id: since.backup_id.clone(),
-            base_etag: since.etag.clone(),
-            ..self.new_manifest(
-                &r,
-                BackupKind::Incremental,
-                last,
-                Some(chain.chain_id.clone()),
-            )?
-        };
-        let meta = manifest.encode()?;
-        let mut w = ContainerWriter::new(out, r.txn_id(), &meta, opts, progress)?;
-        w.begin_tree(HISTORY)?;
-        let mut c = r.cursor(HISTORY)?;
-        let mut item = c.seek(&sequence_key(base.saturating_add(1)))?;
-        let mut seen = base;
-        let mut last_ms = None;
-        while let Some((k, v)) = item {
-            let e = history::decode(k, v).map_err(|why| DocError::CorruptRecord {
-                id: "(backup history)".into(),
-                why,
-            })?;
-            if e.sequence > last {
-                break;
-            }
-            seen = e.sequence;
-            last_ms = Some(e.at_ms);
-            w.entry(k, v)?;
-            item = c.next()?;
-        }
-        // Every write has its entry, the last write included: anything else is a
-        // history with a hole, which must not pass for a complete increment.
-        if seen != last {
-            return Err(DocError::Internal(format!(
-                "the backup history ends at sequence {seen}, the database at {last}"
-            )));
-        }
-        w.end_tree()?;
-        let sum = w.finish()?;
-        drop(c);
-        drop(r);
-        let mut manifest = manifest;
-        manifest.last_write_ms = last_ms;
-        // The client holds the base: what is at or below it is no longer needed.
-        let chain_id = chain.chain_id.clone();
+        Ok((chain, last))
+    }
+
+    /// Moves the chain's `retained_after` up to `base` (if the chain is still
+    /// `chain_id`), and trims the history below it.
+    fn retain_after(&self, env: &Env, chain_id: String, base: u64) -> Result<()> {
         let advanced = env.submit_with(move |txn| -> Result<bool> {
             match read_chain_w(txn)? {
                 Some(mut st) if st.chain_id == chain_id && base > st.retained_after => {
@@ -296,8 +292,50 @@ impl Database {
         if advanced {
             self.trim_history(base)?;
         }
-        Ok(BackupReport::new(manifest, &sum))
+        Ok(())
     }
+}
+
+/// Writes an increment's container (header `meta`): the history entries of
+/// snapshot `r` after `base` up to `last`, each write's, none missing. Returns its
+/// summary and the time of its last write.
+fn write_history<W: Write>(
+    out: W,
+    r: &ReadTxn<'_>,
+    meta: &[u8],
+    opts: BackupOptions,
+    progress: impl FnMut(u64),
+    base: u64,
+    last: u64,
+) -> Result<(BackupSummary, Option<u64>)> {
+    let mut w = ContainerWriter::new(out, r.txn_id(), meta, opts, progress)?;
+    w.begin_tree(HISTORY)?;
+    let mut c = r.cursor(HISTORY)?;
+    let mut item = c.seek(&sequence_key(base.saturating_add(1)))?;
+    let mut seen = base;
+    let mut last_ms = None;
+    while let Some((k, v)) = item {
+        let e = history::decode(k, v).map_err(|why| DocError::CorruptRecord {
+            id: "(backup history)".into(),
+            why,
+        })?;
+        if e.sequence > last {
+            break;
+        }
+        seen = e.sequence;
+        last_ms = Some(e.at_ms);
+        w.entry(k, v)?;
+        item = c.next()?;
+    }
+    // Every write has its entry, the last write included: anything else is a
+    // history with a hole, which must not pass for a complete increment.
+    if seen != last {
+        return Err(DocError::Internal(format!(
+            "the backup history ends at sequence {seen}, the database at {last}"
+        )));
+    }
+    w.end_tree()?;
+    Ok((w.finish()?, last_ms))
 }
 
 /// Checks that `next` (input `n`, named `label`) follows `prev` in a chain.

@@ -16,12 +16,12 @@
 
 use super::def::parse_fields;
 use super::{read_state_w, write_state, IndexState, IndexingOptions, Runtime};
-use crate::changes::{decode_entry, ChangeKind};
+use crate::changes::{decode_entry, Change, ChangeKind};
 use crate::schema::{
     docs_tree, entries_tree, errors_tree, read_last_sequence, sequence_key, CHANGES, DOCS,
 };
 use crate::{record, Database, DocError, Result};
-use kiln_storage::WriteTxn;
+use kiln_storage::{ReadTxn, WriteTxn};
 use parking_lot::{Condvar, Mutex};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -69,6 +69,10 @@ struct Planned {
     rt: Arc<Runtime>,
     updates: Vec<(String, Update)>,
 }
+
+/// A changed document's fields as the indexes read them, or why its JSON does not
+/// parse; `None` where no index of the batch needs it.
+type Parsed = Option<std::result::Result<Value, String>>;
 
 impl Indexer {
     pub fn new(opts: IndexingOptions, loaded: Vec<Runtime>) -> Indexer {
@@ -374,30 +378,65 @@ fn prepare(
     let started = Instant::now();
     let env = db.live()?;
     let r = env.begin_read()?;
-    // The changes after `from`, up to a batch.
-    let mut changes = Vec::with_capacity(batch.min(1 << 16));
-    {
-        let mut c = r.cursor(CHANGES)?;
-        let mut item = c.seek(&sequence_key(from + 1))?;
-        while let Some((k, v)) = item {
-            if changes.len() == batch {
-                break;
-            }
-            let change = decode_entry(db.incarnation, k, v)?;
-            if change.etag.sequence > cap {
-                break;
-            }
-            changes.push(change);
-            item = c.next()?;
-        }
-    }
+    let changes = read_changes(db, &r, from, cap, batch)?;
     let full = changes.len() == batch;
     let upto = match changes.last() {
         Some(c) if full => c.etag.sequence,
         _ => cap,
     };
+    let parsed = load_documents(&r, group, &changes)?;
+    drop(r);
+    let planned = group
+        .iter()
+        .map(|rt| Planned {
+            rt: rt.clone(),
+            updates: updates(rt, &changes, &parsed),
+        })
+        .collect();
+    Ok(Prepared {
+        sequences: changes.iter().map(|c| c.etag.sequence).collect(),
+        planned,
+        from,
+        upto,
+        full,
+        batch,
+        started,
+    })
+}
 
-    // Load the documents any index of the group wants, in id (page) order.
+/// The changes after `from`, up to `batch` of them, none past `cap`.
+fn read_changes(
+    db: &Database,
+    r: &ReadTxn<'_>,
+    from: u64,
+    cap: u64,
+    batch: usize,
+) -> Result<Vec<Change>> {
+    let mut changes = Vec::with_capacity(batch.min(1 << 16));
+    let mut c = r.cursor(CHANGES)?;
+    let mut item = c.seek(&sequence_key(from + 1))?;
+    while let Some((k, v)) = item {
+        if changes.len() == batch {
+            break;
+        }
+        let change = decode_entry(db.incarnation, k, v)?;
+        if change.etag.sequence > cap {
+            break;
+        }
+        changes.push(change);
+        item = c.next()?;
+    }
+    Ok(changes)
+}
+
+/// The fields any index of the group reads, parsed from the documents of the
+/// changes (one entry per change: `None` for a delete, a document no index of the
+/// group covers or one gone since). Documents are loaded in id (page) order.
+fn load_documents(
+    r: &ReadTxn<'_>,
+    group: &[Arc<Runtime>],
+    changes: &[Change],
+) -> Result<Vec<Parsed>> {
     let mut wanted: Vec<usize> = (0..changes.len())
         .filter(|&i| {
             let c = &changes[i];
@@ -411,8 +450,7 @@ fn prepare(
     let mut keys: Vec<&str> = group.iter().flat_map(|rt| rt.compiled.top_keys()).collect();
     keys.sort_unstable();
     keys.dedup();
-    let mut parsed: Vec<Option<std::result::Result<Value, String>>> =
-        (0..changes.len()).map(|_| None).collect();
+    let mut parsed: Vec<Parsed> = (0..changes.len()).map(|_| None).collect();
     let mut raw: Vec<(usize, &[u8])> = Vec::with_capacity(wanted.len());
     for i in wanted {
         let id = &changes[i].id;
@@ -444,52 +482,40 @@ fn prepare(
             parsed[i] = Some(parse_fields(json, &keys));
         }
     }
-    drop(r);
+    Ok(parsed)
+}
 
-    let mut planned = Vec::with_capacity(group.len());
-    for rt in group {
-        let mut updates = Vec::with_capacity(changes.len());
-        for (i, c) in changes.iter().enumerate() {
-            let update = match (
-                &parsed[i],
-                rt.compiled.covers_collection(c.collection.as_deref()),
-            ) {
-                (Some(Ok(doc)), true) => match rt.compiled.entries(doc) {
-                    Ok(keys) => {
-                        if let Some(k) = keys
-                            .iter()
-                            .find(|k| k.len() + c.id.len() > kiln_storage::MAX_KEY_SIZE)
-                        {
-                            Update::Error(format!(
-                                "an entry of {} bytes exceeds the key limit of {} bytes",
-                                k.len() + c.id.len(),
-                                kiln_storage::MAX_KEY_SIZE
-                            ))
-                        } else {
-                            Update::Entries(keys)
-                        }
+/// What each change of the batch gives index `rt`.
+fn updates(rt: &Runtime, changes: &[Change], parsed: &[Parsed]) -> Vec<(String, Update)> {
+    let mut updates = Vec::with_capacity(changes.len());
+    for (i, c) in changes.iter().enumerate() {
+        let update = match (
+            &parsed[i],
+            rt.compiled.covers_collection(c.collection.as_deref()),
+        ) {
+            (Some(Ok(doc)), true) => match rt.compiled.entries(doc) {
+                Ok(keys) => {
+                    if let Some(k) = keys
+                        .iter()
+                        .find(|k| k.len() + c.id.len() > kiln_storage::MAX_KEY_SIZE)
+                    {
+                        Update::Error(format!(
+                            "an entry of {} bytes exceeds the key limit of {} bytes",
+                            k.len() + c.id.len(),
+                            kiln_storage::MAX_KEY_SIZE
+                        ))
+                    } else {
+                        Update::Entries(keys)
                     }
-                    Err(e) => Update::Error(e),
-                },
-                (Some(Err(e)), true) => Update::Error(format!("stored JSON does not parse: {e}")),
-                _ => Update::Remove,
-            };
-            updates.push((c.id.clone(), update));
-        }
-        planned.push(Planned {
-            rt: rt.clone(),
-            updates,
-        });
+                }
+                Err(e) => Update::Error(e),
+            },
+            (Some(Err(e)), true) => Update::Error(format!("stored JSON does not parse: {e}")),
+            _ => Update::Remove,
+        };
+        updates.push((c.id.clone(), update));
     }
-    Ok(Prepared {
-        sequences: changes.iter().map(|c| c.etag.sequence).collect(),
-        planned,
-        from,
-        upto,
-        full,
-        batch,
-        started,
-    })
+    updates
 }
 
 /// Commits a prepared batch in units (see `UNIT_ENTRIES`).
@@ -506,18 +532,7 @@ fn commit(db: &Database, shared: &Shared, group: &[Arc<Runtime>], p: Prepared) -
     } = p;
     let docs = sequences.len();
     let prep = started.elapsed();
-    // The batch is applied in units of a few thousand entries, each committing its
-    // entries with the sequence of its last change: a document write merged into
-    // the same commit group never waits long behind the indexer, and a crash still
-    // loses at most the unit in flight.
-    // Far behind (a full batch of the largest size) the whole batch is one unit:
-    // the indexer then takes the writer for longer so that under a flood of writes
-    // it cannot fall behind without bound.
-    let per_unit = if full && batch >= shared.opts.max_batch {
-        docs.max(1)
-    } else {
-        (UNIT_ENTRIES / group.len().max(1)).max(64)
-    };
+    let per_unit = unit_docs(shared, group.len(), full, batch, docs);
     type Part = (Arc<Runtime>, std::vec::IntoIter<(String, Update)>);
     let mut parts: Vec<Part> = planned
         .into_iter()
@@ -561,10 +576,37 @@ fn commit(db: &Database, shared: &Shared, group: &[Arc<Runtime>], p: Prepared) -
         total_ms = started.elapsed().as_secs_f64() * 1e3,
         "index batch committed"
     );
+    record_rates(group, &applied_any, docs as f64 / secs);
+    {
+        let mut st = shared.state.lock();
+        *st.batches.entry(batch).or_insert(0) += 1;
+    }
+    shared.progress.notify_all();
+    Ok(())
+}
+
+/// How many of a batch's `docs` documents one unit commits for `indexes` indexes.
+/// The batch is applied in units of a few thousand entries, each committing its
+/// entries with the sequence of its last change: a document write merged into the
+/// same commit group never waits long behind the indexer, and a crash still loses
+/// at most the unit in flight.
+/// Far behind (a full batch of the largest size) the whole batch is one unit: the
+/// indexer then takes the writer for longer so that under a flood of writes it
+/// cannot fall behind without bound.
+fn unit_docs(shared: &Shared, indexes: usize, full: bool, batch: usize, docs: usize) -> usize {
+    if full && batch >= shared.opts.max_batch {
+        docs.max(1)
+    } else {
+        (UNIT_ENTRIES / indexes.max(1)).max(64)
+    }
+}
+
+/// Folds a batch's rate (documents per second) into the rate of each index of
+/// the group that the last unit updated.
+fn record_rates(group: &[Arc<Runtime>], applied: &[u64], now: f64) {
     for rt in group {
-        if applied_any.contains(&rt.id) {
+        if applied.contains(&rt.id) {
             let old = f64::from_bits(rt.rate.load(Ordering::Relaxed));
-            let now = docs as f64 / secs;
             let rate = if old == 0.0 {
                 now
             } else {
@@ -573,12 +615,6 @@ fn commit(db: &Database, shared: &Shared, group: &[Arc<Runtime>], p: Prepared) -
             rt.rate.store(rate.to_bits(), Ordering::Relaxed);
         }
     }
-    {
-        let mut st = shared.state.lock();
-        *st.batches.entry(batch).or_insert(0) += 1;
-    }
-    shared.progress.notify_all();
-    Ok(())
 }
 
 /// Applies a batch inside the commit queue; returns the ids of the indexes updated

@@ -28,7 +28,7 @@ use crate::schema::{
 };
 use crate::{Database, DocError, Document, Etag, Result};
 use eval::{eval, field_values};
-use kiln_storage::ReadTxn;
+use kiln_storage::{Cursor, Entry, ReadTxn};
 use parse::{CmpOp, Expr, Field, Query, Source};
 use serde_json::{Map, Value};
 use std::collections::HashSet;
@@ -209,17 +209,87 @@ fn index_matches(def: &IndexDefinition, f: &Field) -> bool {
 }
 
 enum Plan {
-    Scan {
-        collection: String,
-    },
-    Index {
-        rt: Arc<Runtime>,
-        ranges: Vec<Range>,
-        /// The driving conjunct is the whole filter: the index answers it exactly.
-        covered: bool,
-        /// Entries in the order asked for (no sort in memory): (stream, desc).
-        ordered: Option<bool>,
-    },
+    Scan { collection: String },
+    Index(IndexPlan),
+}
+
+struct IndexPlan {
+    rt: Arc<Runtime>,
+    ranges: Vec<Range>,
+    /// The driving conjunct is the whole filter: the index answers it exactly.
+    covered: bool,
+    /// Entries in the order asked for (no sort in memory): (stream, desc).
+    ordered: Option<bool>,
+}
+
+/// Where a page of an index in order resumes: (index id, descending, matches
+/// before it, the entry's key).
+type After = (u64, bool, u64, Vec<u8>);
+
+/// Where a walk of index `rt` (in the order `ordered`) resumes: the matches before
+/// the point and its key, when the point is of this index in this order.
+fn resume_in(
+    after: Option<After>,
+    rt: &Runtime,
+    ordered: Option<bool>,
+) -> Result<Option<(u64, Vec<u8>)>> {
+    match after {
+        None => Ok(None),
+        Some((id, d, before, key))
+            if id == rt.id && ordered == Some(d) && !rt.compiled.def.multi_valued() =>
+        {
+            Ok(Some((before, key)))
+        }
+        Some(_) => Err(DocError::InvalidQuery {
+            line: 0,
+            column: 0,
+            message: "the continuation token belongs to another query, or the \
+                      index was reset since; start over"
+                .into(),
+        }),
+    }
+}
+
+/// A continuation token's offset (set on `q`), or the index entry it resumes after.
+fn resume_point(q: &mut Query, continuation: Option<&str>) -> Result<Option<After>> {
+    Ok(match continuation.map(Cont::decode).transpose()? {
+        Some(Cont::Offset(n)) => {
+            q.offset = n;
+            None
+        }
+        Some(Cont::After {
+            index_id,
+            desc,
+            before,
+            key,
+        }) => {
+            q.offset = 0;
+            Some((index_id, desc, before, key))
+        }
+        None => None,
+    })
+}
+
+/// The field an auto index should cover: the best conjunct's, or the single
+/// order-by field.
+fn auto_index_field(q: &Query) -> Option<&Field> {
+    let mut field: Option<(u8, &Field)> = None;
+    if let Some(filter) = &q.filter {
+        for conj in conjuncts(filter) {
+            if let Some((f, _)) = ranges_of(conj) {
+                let p = priority(conj);
+                if field.is_none_or(|(bp, _)| p < bp) {
+                    field = Some((p, f));
+                }
+            }
+        }
+    }
+    if field.is_none() {
+        if let [(f, _)] = q.order.as_slice() {
+            field = Some((9, f));
+        }
+    }
+    field.map(|(_, f)| f)
 }
 
 fn auto_name(collection: &str, f: &Field) -> String {
@@ -265,32 +335,12 @@ impl Database {
         let started = Instant::now();
         let env = self.live()?;
         let mut q = parse::parse(text, params)?;
-        let cont = continuation.map(Cont::decode).transpose()?;
-        let mut after: Option<(u64, bool, u64, Vec<u8>)> = None;
-        match cont {
-            Some(Cont::Offset(n)) => q.offset = n,
-            Some(Cont::After {
-                index_id,
-                desc,
-                before,
-                key,
-            }) => {
-                q.offset = 0;
-                after = Some((index_id, desc, before, key));
-            }
-            None => {}
-        }
+        let mut after = resume_point(&mut q, continuation)?;
         let max_scan = self.indexer().options().max_scan_docs;
         let mut auto_created = None;
         let plan = self.plan(&q, &mut auto_created)?;
-        if let Plan::Index { rt, .. } = &plan {
-            rt.last_used_ms
-                .store(crate::time::now_ms(), Ordering::Relaxed);
-            if opts.wait_for_non_stale_ms > 0 {
-                let target = self.last_sequence();
-                let wait = Duration::from_millis(opts.wait_for_non_stale_ms.min(MAX_WAIT_MS));
-                self.indexer().wait_for(rt, target, wait);
-            }
+        if let Plan::Index(IndexPlan { rt, .. }) = &plan {
+            self.use_index(rt, opts);
         }
         let r = env.begin_read()?;
         let db_seq = read_last_sequence(&r)?;
@@ -313,73 +363,10 @@ impl Database {
             Plan::Scan { collection } => {
                 self.run_scan(&r, &q, &collection, max_scan, &mut out, &mut docs)?
             }
-            Plan::Index {
-                rt,
-                ranges,
-                covered,
-                ordered,
-            } => {
-                let st = read_state(&r, rt.name())?
-                    .filter(|st| st.id == rt.id)
-                    .ok_or_else(|| DocError::IndexNotFound(rt.name().to_string()))?;
-                out.index = Some(rt.name().to_string());
-                out.index_etag = (st.last_sequence > 0).then(|| self.etag_at(st.last_sequence));
-                out.stale = st.last_sequence < db_seq;
-                let tree = entries_tree(st.id);
-                let resume = match after.take() {
-                    None => None,
-                    Some((id, d, before, key))
-                        if id == rt.id && ordered == Some(d) && !rt.compiled.def.multi_valued() =>
-                    {
-                        Some((before, key))
-                    }
-                    Some(_) => {
-                        return Err(DocError::InvalidQuery {
-                            line: 0,
-                            column: 0,
-                            message: "the continuation token belongs to another query, or the \
-                                      index was reset since; start over"
-                                .into(),
-                        })
-                    }
-                };
-                match ordered {
-                    Some(desc) => self.run_stream(
-                        &r,
-                        &q,
-                        &rt,
-                        Stream {
-                            tree: &tree,
-                            ranges: &ranges,
-                            covered,
-                            desc,
-                            entries: st.entries,
-                            max_scan,
-                            resume,
-                        },
-                        &mut out,
-                        &mut docs,
-                    )?,
-                    None => {
-                        let ids = collect_ids(
-                            &r,
-                            &tree,
-                            &ranges,
-                            rt.compiled.def.multi_valued(),
-                            max_scan,
-                            &mut out,
-                        )?;
-                        let mut matched = Vec::new();
-                        for id in ids {
-                            if let Some((d, v)) = load(&r, &id, &mut out)? {
-                                if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
-                                    matched.push((d, v));
-                                }
-                            }
-                        }
-                        page_sorted(&q, matched, &mut out, &mut docs);
-                    }
-                }
+            Plan::Index(plan) => {
+                let indexed = self.run_index(&r, &q, plan, after.take(), &mut out, &mut docs)?;
+                out.index_etag = (indexed > 0).then(|| self.etag_at(indexed));
+                out.stale = indexed < db_seq;
             }
         }
         if after.is_some() {
@@ -398,6 +385,82 @@ impl Database {
             .collect::<Result<_>>()?;
         out.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
         Ok(out)
+    }
+
+    /// Marks the index used (an auto index unused for long is removed) and, if the
+    /// query asks to, waits until it has caught up with the database (bounded).
+    fn use_index(&self, rt: &Arc<Runtime>, opts: QueryOptions) {
+        rt.last_used_ms
+            .store(crate::time::now_ms(), Ordering::Relaxed);
+        if opts.wait_for_non_stale_ms > 0 {
+            let target = self.last_sequence();
+            let wait = Duration::from_millis(opts.wait_for_non_stale_ms.min(MAX_WAIT_MS));
+            self.indexer().wait_for(rt, target, wait);
+        }
+    }
+
+    /// Runs a query on an index: its entries in order, or the matching documents
+    /// loaded and sorted. Returns the sequence the index is at.
+    fn run_index(
+        &self,
+        r: &ReadTxn<'_>,
+        q: &Query,
+        plan: IndexPlan,
+        after: Option<After>,
+        out: &mut QueryResult,
+        docs: &mut Vec<Document>,
+    ) -> Result<u64> {
+        let IndexPlan {
+            rt,
+            ranges,
+            covered,
+            ordered,
+        } = plan;
+        let st = read_state(r, rt.name())?
+            .filter(|st| st.id == rt.id)
+            .ok_or_else(|| DocError::IndexNotFound(rt.name().to_string()))?;
+        out.index = Some(rt.name().to_string());
+        let tree = entries_tree(st.id);
+        let resume = resume_in(after, &rt, ordered)?;
+        let max_scan = self.indexer().options().max_scan_docs;
+        match ordered {
+            Some(desc) => self.run_stream(
+                r,
+                q,
+                &rt,
+                Stream {
+                    tree: &tree,
+                    ranges: &ranges,
+                    covered,
+                    desc,
+                    entries: st.entries,
+                    max_scan,
+                    resume,
+                },
+                out,
+                docs,
+            )?,
+            None => {
+                let ids = collect_ids(
+                    r,
+                    &tree,
+                    &ranges,
+                    rt.compiled.def.multi_valued(),
+                    max_scan,
+                    out,
+                )?;
+                let mut matched = Vec::new();
+                for id in ids {
+                    if let Some((d, v)) = load(r, &id, out)? {
+                        if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                            matched.push((d, v));
+                        }
+                    }
+                }
+                page_sorted(q, matched, out, docs);
+            }
+        }
+        Ok(st.last_sequence)
     }
 
     /// What an answer to this query depends on, as an HTTP entity tag: the query and
@@ -485,40 +548,9 @@ impl Database {
         let mut found = self.find_index(q)?;
         if found.is_none() {
             if let Source::Collection(c) = &q.source {
-                // The field an auto index should cover: the best conjunct's, or the
-                // single order-by field.
-                let mut field: Option<(u8, &Field)> = None;
-                if let Some(filter) = &q.filter {
-                    for conj in conjuncts(filter) {
-                        if let Some((f, _)) = ranges_of(conj) {
-                            let p = priority(conj);
-                            if field.is_none_or(|(bp, _)| p < bp) {
-                                field = Some((p, f));
-                            }
-                        }
-                    }
-                }
-                if field.is_none() {
-                    if let [(f, _)] = q.order.as_slice() {
-                        field = Some((9, f));
-                    }
-                }
-                if let Some((_, f)) = field {
-                    let name = auto_name(c, f);
-                    let def = IndexDefinition {
-                        name: name.clone(),
-                        collection: Some(c.clone()),
-                        fields: vec![IndexField {
-                            path: f.path.clone(),
-                            case_insensitive: f.ci,
-                        }],
-                        auto: true,
-                    };
-                    match self.define_index(def) {
-                        Ok(true) => *auto_created = Some(name),
-                        Ok(false) => {}
-                        Err(DocError::IndexExists(_)) => {}
-                        Err(e) => return Err(e),
+                if let Some(f) = auto_index_field(q) {
+                    if let Some(name) = self.define_auto_index(c, f)? {
+                        *auto_created = Some(name);
                     }
                     found = self.find_index(q)?;
                     // A new index has nothing yet: a small collection is answered
@@ -555,12 +587,32 @@ impl Database {
             [(f, desc)] if index_matches(&rt.compiled.def, f) => Some(*desc),
             _ => None,
         };
-        Ok(Plan::Index {
+        Ok(Plan::Index(IndexPlan {
             rt,
             ranges,
             covered,
             ordered,
-        })
+        }))
+    }
+
+    /// Defines the auto index of collection `c` on field `f`; its name if this call
+    /// created it (not if it exists already).
+    fn define_auto_index(&self, c: &str, f: &Field) -> Result<Option<String>> {
+        let name = auto_name(c, f);
+        let def = IndexDefinition {
+            name: name.clone(),
+            collection: Some(c.to_string()),
+            fields: vec![IndexField {
+                path: f.path.clone(),
+                case_insensitive: f.ci,
+            }],
+            auto: true,
+        };
+        match self.define_index(def) {
+            Ok(true) => Ok(Some(name)),
+            Ok(false) | Err(DocError::IndexExists(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     fn collection_len(&self, c: &str) -> Result<u64> {
@@ -673,36 +725,7 @@ impl Database {
             ranges.iter().collect()
         };
         'ranges: for (lo, hi) in order {
-            // The exclusive end to walk back from, or the start to walk up from,
-            // moved to the continuation point when it lies within the range.
-            let mut item = if desc {
-                let end: Option<&[u8]> = match (&resume_key, hi) {
-                    (Some(k), Some(h)) => Some(if k.as_slice() < h.as_slice() { k } else { h }),
-                    (Some(k), None) => Some(k),
-                    (None, h) => h.as_deref(),
-                };
-                match end {
-                    Some(h) => {
-                        let mut it = c.seek_for_prev(h)?;
-                        if it.is_some_and(|(k, _)| k >= h) {
-                            it = c.prev()?;
-                        }
-                        it
-                    }
-                    None => c.last()?,
-                }
-            } else {
-                match &resume_key {
-                    Some(k) if k.as_slice() >= lo.as_slice() => {
-                        let mut it = c.seek(k)?;
-                        if it.is_some_and(|(x, _)| x == k.as_slice()) {
-                            it = c.next()?;
-                        }
-                        it
-                    }
-                    _ => c.seek(lo)?,
-                }
-            };
+            let mut item = range_start(&mut c, lo, hi.as_deref(), desc, resume_key.as_deref())?;
             while let Some((k, id)) = item {
                 let inside = if desc {
                     k >= lo.as_slice()
@@ -774,6 +797,47 @@ impl Database {
             });
         }
         Ok(())
+    }
+}
+
+/// The first entry of the range `[lo, hi)` to walk up from, or with `desc` the
+/// last one to walk back from; past the continuation point `resume` when that lies
+/// within the range.
+fn range_start<'t>(
+    c: &mut Cursor<'t>,
+    lo: &[u8],
+    hi: Option<&[u8]>,
+    desc: bool,
+    resume: Option<&[u8]>,
+) -> Result<Option<Entry<'t>>> {
+    if desc {
+        // The exclusive end to walk back from.
+        let end = match (resume, hi) {
+            (Some(k), Some(h)) => Some(if k < h { k } else { h }),
+            (Some(k), None) => Some(k),
+            (None, h) => h,
+        };
+        Ok(match end {
+            Some(h) => {
+                let mut it = c.seek_for_prev(h)?;
+                if it.is_some_and(|(k, _)| k >= h) {
+                    it = c.prev()?;
+                }
+                it
+            }
+            None => c.last()?,
+        })
+    } else {
+        Ok(match resume {
+            Some(k) if k >= lo => {
+                let mut it = c.seek(k)?;
+                if it.is_some_and(|(x, _)| x == k) {
+                    it = c.next()?;
+                }
+                it
+            }
+            _ => c.seek(lo)?,
+        })
     }
 }
 
