@@ -8,6 +8,7 @@ use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{encode_path, encode_query_value};
 use crate::http_util::{json_response, ApiPath};
 
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -152,8 +153,16 @@ fn page_response(db: &Database, page: ChangesPage, next_target: Option<&str>) ->
 pub async fn websocket(_: NoParams, 
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
-    upgrade: WebSocketUpgrade,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
+    // A request that is no WebSocket upgrade gets a JSON error like any other, not
+    // axum's plain-text rejection.
+    let upgrade = upgrade.map_err(|r| {
+        ApiError::new(
+            ErrorCode::BadRequest,
+            format!("this route takes a WebSocket upgrade (GET with Connection: upgrade, Upgrade: websocket, Sec-WebSocket-Version: 13 and Sec-WebSocket-Key): {}", r.body_text()),
+        )
+    })?;
     let database = state.store.database(&db)?;
     let open = state
         .metrics

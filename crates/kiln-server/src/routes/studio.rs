@@ -4,7 +4,7 @@
 //! `index.html` and anything else is revalidated (ETag, 304). Unknown paths under
 //! `/studio/` get `index.html`: the studio routes on the client.
 
-use axum::extract::Path;
+use crate::http_util::ApiPath;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 
@@ -40,7 +40,9 @@ pub async fn index(headers: HeaderMap) -> Response {
     serve(INDEX, &headers)
 }
 
-pub async fn file(Path(path): Path<String>, headers: HeaderMap) -> Response {
+/// A path that does not decode (percent-encoding that is not UTF-8) is a JSON 400
+/// `invalid_path`, as on every other route.
+pub async fn file(ApiPath(path): ApiPath<String>, headers: HeaderMap) -> Response {
     serve(&path, &headers)
 }
 
