@@ -119,79 +119,10 @@ fn lex(text: &str) -> Result<Vec<Token>> {
         }
         let start = i;
         let tok = match c {
-            b'(' | b')' | b',' => {
-                i += 1;
-                Tok::Sym(match c {
-                    b'(' => "(",
-                    b')' => ")",
-                    _ => ",",
-                })
-            }
-            b'=' => {
-                i += if b.get(i + 1) == Some(&b'=') { 2 } else { 1 };
-                Tok::Sym("=")
-            }
-            b'!' if b.get(i + 1) == Some(&b'=') => {
-                i += 2;
-                Tok::Sym("!=")
-            }
-            b'<' => match b.get(i + 1) {
-                Some(b'=') => {
-                    i += 2;
-                    Tok::Sym("<=")
-                }
-                Some(b'>') => {
-                    i += 2;
-                    Tok::Sym("!=")
-                }
-                _ => {
-                    i += 1;
-                    Tok::Sym("<")
-                }
-            },
-            b'>' => {
-                if b.get(i + 1) == Some(&b'=') {
-                    i += 2;
-                    Tok::Sym(">=")
-                } else {
-                    i += 1;
-                    Tok::Sym(">")
-                }
-            }
             b'\'' | b'"' => {
-                let quote = c;
-                i += 1;
-                let mut s = Vec::new();
-                loop {
-                    match b.get(i) {
-                        None => return Err(error_at(text, start, "unterminated string")),
-                        Some(&q) if q == quote => {
-                            if b.get(i + 1) == Some(&quote) {
-                                s.push(quote);
-                                i += 2;
-                            } else {
-                                i += 1;
-                                break;
-                            }
-                        }
-                        Some(b'\\') => {
-                            let e = match b.get(i + 1) {
-                                Some(b'n') => b'\n',
-                                Some(b't') => b'\t',
-                                Some(&x @ (b'\\' | b'\'' | b'"')) => x,
-                                _ => return Err(error_at(text, i, "unknown escape in string")),
-                            };
-                            s.push(e);
-                            i += 2;
-                        }
-                        Some(&x) => {
-                            s.push(x);
-                            i += 1;
-                        }
-                    }
-                }
-                // The text is UTF-8 and only ASCII was unescaped: still UTF-8.
-                Tok::Str(String::from_utf8(s).map_err(|_| error_at(text, start, "bad UTF-8"))?)
+                let (s, end) = string_literal(text, start)?;
+                i = end;
+                Tok::Str(s)
             }
             b'$' => {
                 i += 1;
@@ -204,19 +135,7 @@ fn lex(text: &str) -> Result<Vec<Token>> {
                 Tok::Param(text[start + 1..i].to_string())
             }
             b'-' | b'0'..=b'9' => {
-                i += 1;
-                while i < b.len()
-                    && (b[i].is_ascii_alphanumeric()
-                        || b[i] == b'.'
-                        || b[i] == b'+'
-                        || b[i] == b'-')
-                {
-                    // Sign only right after an exponent mark.
-                    if (b[i] == b'+' || b[i] == b'-') && !matches!(b[i - 1], b'e' | b'E') {
-                        break;
-                    }
-                    i += 1;
-                }
+                i = number_end(b, start);
                 Tok::Num(text[start..i].to_string())
             }
             c if c.is_ascii_alphabetic() || c == b'_' || c == b'@' => {
@@ -225,14 +144,20 @@ fn lex(text: &str) -> Result<Vec<Token>> {
                 }
                 Tok::Word(text[start..i].to_string())
             }
-            _ => {
-                let ch = text[i..].chars().next().unwrap_or('?');
-                return Err(error_at(
-                    text,
-                    start,
-                    format!("unexpected character {ch:?}"),
-                ));
-            }
+            _ => match symbol(&b[i..]) {
+                Some((sym, len)) => {
+                    i += len;
+                    Tok::Sym(sym)
+                }
+                None => {
+                    let ch = text[i..].chars().next().unwrap_or('?');
+                    return Err(error_at(
+                        text,
+                        start,
+                        format!("unexpected character {ch:?}"),
+                    ));
+                }
+            },
         };
         out.push(Token { tok, at: start });
     }
@@ -241,6 +166,82 @@ fn lex(text: &str) -> Result<Vec<Token>> {
         at: text.len(),
     });
     Ok(out)
+}
+
+/// The operator or punctuation `b` starts with, and its length in bytes.
+fn symbol(b: &[u8]) -> Option<(&'static str, usize)> {
+    Some(match b {
+        [b'(', ..] => ("(", 1),
+        [b')', ..] => (")", 1),
+        [b',', ..] => (",", 1),
+        [b'=', b'=', ..] => ("=", 2),
+        [b'=', ..] => ("=", 1),
+        [b'!', b'=', ..] => ("!=", 2),
+        [b'<', b'=', ..] => ("<=", 2),
+        [b'<', b'>', ..] => ("!=", 2),
+        [b'<', ..] => ("<", 1),
+        [b'>', b'=', ..] => (">=", 2),
+        [b'>', ..] => (">", 1),
+        _ => return None,
+    })
+}
+
+/// Where the number at `start` (a digit or `-`) ends: letters, digits and dots
+/// (the number is checked when it is parsed), and a sign right after an exponent
+/// mark.
+fn number_end(b: &[u8], start: usize) -> usize {
+    let mut i = start + 1;
+    while i < b.len()
+        && (b[i].is_ascii_alphanumeric() || b[i] == b'.' || b[i] == b'+' || b[i] == b'-')
+    {
+        // Sign only right after an exponent mark.
+        if (b[i] == b'+' || b[i] == b'-') && !matches!(b[i - 1], b'e' | b'E') {
+            break;
+        }
+        i += 1;
+    }
+    i
+}
+
+/// The string literal at `start` (its opening quote, `'` or `"`): its text, and
+/// where the text after it starts. A doubled quote stands for one; `\n`, `\t`,
+/// `\\` and escaped quotes are unescaped.
+fn string_literal(text: &str, start: usize) -> Result<(String, usize)> {
+    let b = text.as_bytes();
+    let quote = b[start];
+    let mut i = start + 1;
+    let mut s = Vec::new();
+    loop {
+        match b.get(i) {
+            None => return Err(error_at(text, start, "unterminated string")),
+            Some(&q) if q == quote => {
+                if b.get(i + 1) == Some(&quote) {
+                    s.push(quote);
+                    i += 2;
+                } else {
+                    i += 1;
+                    break;
+                }
+            }
+            Some(b'\\') => {
+                let e = match b.get(i + 1) {
+                    Some(b'n') => b'\n',
+                    Some(b't') => b'\t',
+                    Some(&x @ (b'\\' | b'\'' | b'"')) => x,
+                    _ => return Err(error_at(text, i, "unknown escape in string")),
+                };
+                s.push(e);
+                i += 2;
+            }
+            Some(&x) => {
+                s.push(x);
+                i += 1;
+            }
+        }
+    }
+    // The text is UTF-8 and only ASCII was unescaped: still UTF-8.
+    let s = String::from_utf8(s).map_err(|_| error_at(text, start, "bad UTF-8"))?;
+    Ok((s, i))
 }
 
 struct Parser<'a> {
@@ -343,60 +344,17 @@ impl<'a> Parser<'a> {
 
     fn query(&mut self) -> Result<Query> {
         self.expect_kw("from")?;
-        let source = if self.eat_kw("index") {
-            match self.peek().clone() {
-                Tok::Str(s) => {
-                    self.bump();
-                    Source::Index(s)
-                }
-                _ => return Err(self.err("expected the index name as a quoted string")),
-            }
-        } else {
-            match self.peek().clone() {
-                Tok::Word(w) if !is_reserved(&w) => {
-                    let at = self.at();
-                    crate::id::validate_collection(&w)
-                        .map_err(|e| error_at(self.text, at, e.to_string()))?;
-                    self.bump();
-                    Source::Collection(w)
-                }
-                Tok::Str(s) => {
-                    self.bump();
-                    Source::Collection(s)
-                }
-                _ => {
-                    return Err(self.err(format!(
-                        "expected a collection or index 'name', found {}",
-                        self.describe()
-                    )))
-                }
-            }
-        };
+        let source = self.source()?;
         let filter = if self.eat_kw("where") {
             Some(self.or_expr(0)?)
         } else {
             None
         };
-        let mut order = Vec::new();
-        if self.eat_kw("order") {
-            self.expect_kw("by")?;
-            loop {
-                let f = self.field()?;
-                let desc = if self.eat_kw("desc") || self.eat_kw("descending") {
-                    true
-                } else {
-                    let _ = self.eat_kw("asc") || self.eat_kw("ascending");
-                    false
-                };
-                order.push((f, desc));
-                if order.len() > 8 {
-                    return Err(self.err("at most 8 fields in order by"));
-                }
-                if !self.eat_sym(",") {
-                    break;
-                }
-            }
-        }
+        let order = if self.eat_kw("order") {
+            self.order_by()?
+        } else {
+            Vec::new()
+        };
         let (mut limit, mut offset, mut select) = (None, None, None);
         loop {
             if self.is_kw("limit") && limit.is_none() {
@@ -430,6 +388,59 @@ impl<'a> Parser<'a> {
             offset: offset.unwrap_or(0),
             select,
         })
+    }
+
+    /// After `from`: `index 'name'`, or a collection.
+    fn source(&mut self) -> Result<Source> {
+        if self.eat_kw("index") {
+            return match self.peek().clone() {
+                Tok::Str(s) => {
+                    self.bump();
+                    Ok(Source::Index(s))
+                }
+                _ => Err(self.err("expected the index name as a quoted string")),
+            };
+        }
+        match self.peek().clone() {
+            Tok::Word(w) if !is_reserved(&w) => {
+                let at = self.at();
+                crate::id::validate_collection(&w)
+                    .map_err(|e| error_at(self.text, at, e.to_string()))?;
+                self.bump();
+                Ok(Source::Collection(w))
+            }
+            Tok::Str(s) => {
+                self.bump();
+                Ok(Source::Collection(s))
+            }
+            _ => Err(self.err(format!(
+                "expected a collection or index 'name', found {}",
+                self.describe()
+            ))),
+        }
+    }
+
+    /// After `order`: `by` and up to 8 fields, each ascending or descending.
+    fn order_by(&mut self) -> Result<Vec<(Field, bool)>> {
+        self.expect_kw("by")?;
+        let mut order = Vec::new();
+        loop {
+            let f = self.field()?;
+            let desc = if self.eat_kw("desc") || self.eat_kw("descending") {
+                true
+            } else {
+                let _ = self.eat_kw("asc") || self.eat_kw("ascending");
+                false
+            };
+            order.push((f, desc));
+            if order.len() > 8 {
+                return Err(self.err("at most 8 fields in order by"));
+            }
+            if !self.eat_sym(",") {
+                break;
+            }
+        }
+        Ok(order)
     }
 
     fn count(&mut self, what: &str, max: usize) -> Result<usize> {
@@ -509,78 +520,17 @@ impl<'a> Parser<'a> {
             self.expect_sym(")")?;
             return Ok(e);
         }
-        if self.is_kw("exists") && self.next_is_paren() {
-            self.bump();
-            self.expect_sym("(")?;
-            let f = self.field()?;
-            self.expect_sym(")")?;
-            return Ok(Expr::Exists(f));
-        }
-        if self.is_kw("startsWith") && self.next_is_paren() {
-            self.bump();
-            self.expect_sym("(")?;
-            let f = self.field()?;
-            self.expect_sym(",")?;
-            let p = self.string_value("startsWith")?;
-            self.expect_sym(")")?;
-            let ci = f.ci;
-            return Ok(Expr::StartsWith(f, fold(p, ci)));
+        if let Some(e) = self.call()? {
+            return Ok(e);
         }
         let f = self.field()?;
-        let op = match self.peek() {
-            Tok::Sym("=") => Some(CmpOp::Eq),
-            Tok::Sym("!=") => Some(CmpOp::Ne),
-            Tok::Sym("<") => Some(CmpOp::Lt),
-            Tok::Sym("<=") => Some(CmpOp::Le),
-            Tok::Sym(">") => Some(CmpOp::Gt),
-            Tok::Sym(">=") => Some(CmpOp::Ge),
-            _ => None,
-        };
-        if let Some(op) = op {
+        if let Some(op) = cmp_op(self.peek()) {
             self.bump();
             let v = self.value(f.ci)?;
             return Ok(Expr::Cmp(f, op, v));
         }
         if self.eat_kw("in") {
-            let at = self.at();
-            let mut values = Vec::new();
-            if let Tok::Param(p) = self.peek().clone() {
-                self.bump();
-                let Value::Array(items) = self.param(&p, at)? else {
-                    return Err(error_at(
-                        self.text,
-                        at,
-                        format!("${p} must be an array for in"),
-                    ));
-                };
-                if items.len() > MAX_IN_VALUES {
-                    return Err(error_at(
-                        self.text,
-                        at,
-                        format!(
-                            "in list of {} values exceeds the limit of {MAX_IN_VALUES}",
-                            items.len()
-                        ),
-                    ));
-                }
-                for v in items {
-                    values.push(self.scalar(v, at, f.ci)?);
-                }
-            } else {
-                self.expect_sym("(")?;
-                loop {
-                    values.push(self.value(f.ci)?);
-                    if values.len() > MAX_IN_VALUES {
-                        return Err(self.err(format!(
-                            "in list longer than the limit of {MAX_IN_VALUES} values"
-                        )));
-                    }
-                    if !self.eat_sym(",") {
-                        break;
-                    }
-                }
-                self.expect_sym(")")?;
-            }
+            let values = self.in_values(f.ci)?;
             return Ok(Expr::In(f, values));
         }
         if self.eat_kw("between") {
@@ -608,6 +558,72 @@ impl<'a> Parser<'a> {
             "expected an operator (= != < <= > >= in between startsWith exists) after the field, found {}",
             self.describe()
         )))
+    }
+
+    /// `exists(field)` or `startsWith(field, 'prefix')`, if that comes next.
+    fn call(&mut self) -> Result<Option<Expr>> {
+        if self.is_kw("exists") && self.next_is_paren() {
+            self.bump();
+            self.expect_sym("(")?;
+            let f = self.field()?;
+            self.expect_sym(")")?;
+            return Ok(Some(Expr::Exists(f)));
+        }
+        if self.is_kw("startsWith") && self.next_is_paren() {
+            self.bump();
+            self.expect_sym("(")?;
+            let f = self.field()?;
+            self.expect_sym(",")?;
+            let p = self.string_value("startsWith")?;
+            self.expect_sym(")")?;
+            let ci = f.ci;
+            return Ok(Some(Expr::StartsWith(f, fold(p, ci))));
+        }
+        Ok(None)
+    }
+
+    /// The values after `in`: a parameter holding an array, or a list in brackets.
+    fn in_values(&mut self, ci: bool) -> Result<Vec<Scalar>> {
+        let at = self.at();
+        let mut values = Vec::new();
+        if let Tok::Param(p) = self.peek().clone() {
+            self.bump();
+            let Value::Array(items) = self.param(&p, at)? else {
+                return Err(error_at(
+                    self.text,
+                    at,
+                    format!("${p} must be an array for in"),
+                ));
+            };
+            if items.len() > MAX_IN_VALUES {
+                return Err(error_at(
+                    self.text,
+                    at,
+                    format!(
+                        "in list of {} values exceeds the limit of {MAX_IN_VALUES}",
+                        items.len()
+                    ),
+                ));
+            }
+            for v in items {
+                values.push(self.scalar(v, at, ci)?);
+            }
+        } else {
+            self.expect_sym("(")?;
+            loop {
+                values.push(self.value(ci)?);
+                if values.len() > MAX_IN_VALUES {
+                    return Err(self.err(format!(
+                        "in list longer than the limit of {MAX_IN_VALUES} values"
+                    )));
+                }
+                if !self.eat_sym(",") {
+                    break;
+                }
+            }
+            self.expect_sym(")")?;
+        }
+        Ok(values)
     }
 
     fn next_is_paren(&self) -> bool {
@@ -678,6 +694,18 @@ impl<'a> Parser<'a> {
         })?;
         Ok(if ci { s.folded() } else { s })
     }
+}
+
+fn cmp_op(t: &Tok) -> Option<CmpOp> {
+    Some(match t {
+        Tok::Sym("=") => CmpOp::Eq,
+        Tok::Sym("!=") => CmpOp::Ne,
+        Tok::Sym("<") => CmpOp::Lt,
+        Tok::Sym("<=") => CmpOp::Le,
+        Tok::Sym(">") => CmpOp::Gt,
+        Tok::Sym(">=") => CmpOp::Ge,
+        _ => return None,
+    })
 }
 
 fn fold(s: String, ci: bool) -> String {
