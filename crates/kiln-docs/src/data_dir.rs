@@ -12,10 +12,22 @@
 //! next start (`DocStore::open` empties `trash/`).
 
 use crate::{DocError, Result};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub(crate) const DATABASES_DIR: &str = "databases";
 pub(crate) const TRASH_DIR: &str = "trash";
+
+/// Where database `name` of data directory `dir` lives.
+pub(crate) fn database_dir(dir: &Path, name: &str) -> PathBuf {
+    dir.join(DATABASES_DIR).join(name)
+}
+
+/// A new entry of `dir`'s `trash/` for database `name` while it is `what`
+/// (creating, restoring, deleted).
+pub(crate) fn trash_entry(dir: &Path, what: &str, name: &str) -> PathBuf {
+    dir.join(TRASH_DIR)
+        .join(format!("{what}-{name}-{}", unique_suffix()))
+}
 
 /// A name that no other entry of `trash/` has: the time and a random number.
 pub(crate) fn unique_suffix() -> String {

@@ -5,7 +5,7 @@
 //! removing its files, so that a crash never leaves half a database that would open
 //! at the next start.
 
-use crate::data_dir::{sync_dir, unique_suffix, DATABASES_DIR, TRASH_DIR};
+use crate::data_dir::{database_dir, sync_dir, trash_entry, DATABASES_DIR, TRASH_DIR};
 use crate::database::Limits;
 use crate::{validate_database_name, Database, DocError, Result};
 use parking_lot::{Mutex, RwLock};
@@ -172,14 +172,11 @@ impl DocStore {
         if self.databases.read().contains_key(name) {
             return Err(DocError::DatabaseExists(name.to_string()));
         }
-        let final_dir = self.dir.join(DATABASES_DIR).join(name);
+        let final_dir = database_dir(&self.dir, name);
         if final_dir.exists() {
             return Err(DocError::DatabaseExists(name.to_string()));
         }
-        let staging = self
-            .dir
-            .join(TRASH_DIR)
-            .join(format!("creating-{name}-{}", unique_suffix()));
+        let staging = trash_entry(&self.dir, "creating", name);
         let storage = self.opts.storage_for(name);
         let mut db = Database::open(name, &staging, storage.clone(), limits, true)?;
         db.close_env()?;
@@ -233,11 +230,8 @@ impl DocStore {
             }
         };
         owned.close_env()?;
-        let dir = self.dir.join(DATABASES_DIR).join(name);
-        let doomed = self
-            .dir
-            .join(TRASH_DIR)
-            .join(format!("deleted-{name}-{}", unique_suffix()));
+        let dir = database_dir(&self.dir, name);
+        let doomed = trash_entry(&self.dir, "deleted", name);
         std::fs::rename(&dir, &doomed).map_err(|e| DocError::io(&dir, e))?;
         if let Some(new) = replace_with {
             std::fs::rename(new, &dir).map_err(|e| DocError::io(&dir, e))?;
@@ -273,22 +267,17 @@ impl DocStore {
     ) -> Result<crate::RestoreReport> {
         validate_database_name(name)?;
         let limits = self.opts.limits()?;
-        let exists = || {
-            self.databases.read().contains_key(name)
-                || self.dir.join(DATABASES_DIR).join(name).exists()
-        };
+        let exists =
+            || self.databases.read().contains_key(name) || database_dir(&self.dir, name).exists();
         if exists() && !force {
             return Err(DocError::DatabaseExists(name.to_string()));
         }
-        let built = self
-            .dir
-            .join(TRASH_DIR)
-            .join(format!("restoring-{name}-{}", unique_suffix()));
+        let built = trash_entry(&self.dir, "restoring", name);
         let storage = self.opts.storage_for(name);
         let report =
             crate::backup::build_restore(source, &built, storage.clone(), point, progress)?;
         let _turn = self.admin.lock();
-        let final_dir = self.dir.join(DATABASES_DIR).join(name);
+        let final_dir = database_dir(&self.dir, name);
         let placed = if self.databases.read().contains_key(name) {
             if force {
                 self.delete_locked(name, Some(&built))
