@@ -353,13 +353,13 @@ mod tests {
         // A unit of a commit group that failed for lack of space (the other writes
         // merged into the same commit): 507 as well, not a 500 `storage_error`.
         let group = ApiError::from(DocError::Storage(kiln_storage::Error::GroupFailed(
-            Box::new(io(libc::EDQUOT)),
+            std::sync::Arc::new(io(libc::EDQUOT)),
         )));
         assert_eq!((group.status.as_u16(), group.code.as_str()), (507, "disk_full"));
         assert!(!group.needs_restart);
         // A group failing after a latch: as the latch.
         let group_latched = ApiError::from(DocError::Storage(kiln_storage::Error::GroupFailed(
-            Box::new(kiln_storage::Error::Poisoned(
+            std::sync::Arc::new(kiln_storage::Error::Poisoned(
                 kiln_storage::Failure::from_error("journal write failed", &io(libc::EIO)),
             )),
         )));

@@ -81,10 +81,11 @@ pub enum Error {
     )]
     Poisoned(Failure),
 
-    /// An earlier operation of this transaction failed and it went on regardless:
-    /// the transaction must be rolled back (the environment itself is fine).
+    /// An earlier operation of this transaction failed (the source) and it went on
+    /// regardless: the transaction must be rolled back. The environment itself is
+    /// fine unless that failure says otherwise (`kind` is the failure's kind).
     #[error("an earlier operation in this transaction failed: {0}")]
-    TransactionBroken(String),
+    TransactionBroken(#[source] Arc<Error>),
 
     #[error("environment at {path} is already open (lock held by another process or handle)")]
     Locked { path: PathBuf },
@@ -108,12 +109,27 @@ pub enum Error {
     #[error("the unit of work panicked: {0}; it was rolled back, the rest of its group commits")]
     UnitPanicked(String),
 
-    /// The commit this unit of work was merged into failed; the cause keeps its kind.
+    /// The commit this unit of work was merged into failed: the cause, shared by every
+    /// unit of the group (`kind` is the cause's kind).
     #[error("the commit group failed: {0}")]
-    GroupFailed(Box<Error>),
+    GroupFailed(#[source] Arc<Error>),
 
     #[error("invalid option: {0}")]
     InvalidOption(String),
+
+    /// A new environment (its directory has no data file yet) found another
+    /// environment's journal where its own goes: opening would take those records
+    /// for its own.
+    #[error(
+        "{found} but {dir} has no data file: the journal belongs to another \
+         environment; move it away or choose another journal_dir"
+    )]
+    ForeignJournal { found: ForeignFiles, dir: PathBuf },
+
+    /// The engine's API was used in a way it does not allow (what, and by whom): a bug
+    /// in the caller.
+    #[error("misuse of the storage API: {0}")]
+    Misuse(&'static str),
 
     #[error("data file {path} was created with {found}; this build expects {expected}")]
     Incompatible {
@@ -121,6 +137,67 @@ pub enum Error {
         found: String,
         expected: String,
     },
+}
+
+/// What a new environment found of another environment's journal
+/// (`Error::ForeignJournal`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ForeignFiles {
+    /// The first journal file, holding records.
+    #[error("{0} holds journal records")]
+    Records(PathBuf),
+    /// Journal files after the first, in this directory.
+    #[error("journal directory {dir} already holds journal files ({files} of them)")]
+    Files { dir: PathBuf, files: usize },
+}
+
+/// What kind of failure an [`Error`] is: what the layers above map it from (to an
+/// HTTP status, a retry, a restart), without matching every variant. It sees through
+/// the wrappers that only say where a failure surfaced (`GroupFailed`,
+/// `TransactionBroken`): their kind is their cause's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A file system refused space (ENOSPC, EDQUOT); the environment did not latch.
+    DiskFull,
+    /// Any other I/O error; the environment did not latch.
+    Io,
+    /// Bytes on disk failed a checksum or an invariant, or the journal has a gap.
+    Corruption,
+    /// The environment latched after a failure (`cause`: a full disk, an I/O error, a
+    /// bug): it refuses writes until it is closed and reopened.
+    Latched {
+        cause: FailureKind,
+    },
+    /// The commit queue is over its limits: retry later.
+    Overloaded,
+    /// A key, a value or a transaction over the engine's limits.
+    TooLarge {
+        what: Limit,
+    },
+    /// A key, tree name or option the engine does not accept.
+    InvalidInput,
+    TreeNotFound,
+    TreeExists,
+    /// Another process or handle has the environment open.
+    Locked,
+    /// Files this environment cannot use: a data file of another format, or another
+    /// environment's journal.
+    Incompatible,
+    /// The caller's unit of work failed with an error of its own, or panicked.
+    UnitFailed,
+    /// The API was used in a way it does not allow (a bug in the caller).
+    Misuse,
+}
+
+/// Which limit `ErrorKind::TooLarge` is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Limit {
+    Key,
+    Value,
+    Transaction,
 }
 
 impl Error {
@@ -167,6 +244,32 @@ impl Error {
         }
     }
 
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Io { source, .. } if io_is_disk_full(source) => ErrorKind::DiskFull,
+            Error::Io { .. } => ErrorKind::Io,
+            Error::Corrupted { .. } | Error::JournalGap { .. } => ErrorKind::Corruption,
+            Error::KeyTooLarge { .. } => ErrorKind::TooLarge { what: Limit::Key },
+            Error::ValueTooLarge { .. } => ErrorKind::TooLarge { what: Limit::Value },
+            Error::TransactionTooLarge { .. } => ErrorKind::TooLarge {
+                what: Limit::Transaction,
+            },
+            Error::EmptyKey | Error::InvalidTreeName { .. } | Error::InvalidOption(_) => {
+                ErrorKind::InvalidInput
+            }
+            Error::TreeNotFound(_) => ErrorKind::TreeNotFound,
+            Error::TreeExists(_) => ErrorKind::TreeExists,
+            Error::Poisoned(f) => ErrorKind::Latched { cause: f.kind() },
+            Error::TransactionBroken(cause) | Error::GroupFailed(cause) => cause.kind(),
+            Error::Locked { .. } => ErrorKind::Locked,
+            Error::Overloaded { .. } => ErrorKind::Overloaded,
+            Error::UnitFailed(_) | Error::UnitPanicked(_) => ErrorKind::UnitFailed,
+            Error::ForeignJournal { .. } | Error::Incompatible { .. } => ErrorKind::Incompatible,
+            Error::Misuse(_) => ErrorKind::Misuse,
+        }
+    }
+
     /// True if this error says the bytes on disk are wrong (as opposed to the disk failing).
     pub fn is_corruption(&self) -> bool {
         match self {
@@ -197,92 +300,47 @@ impl Error {
         }
     }
 
-    /// A copy of this error, for answering every unit of a failed commit group.
-    /// I/O errors keep their OS error code (or kind); boxed unit errors become text.
-    pub fn duplicate(&self) -> Error {
+    /// A second, owned copy of this error, for the one place where an error has two
+    /// owners at once: an operation that fails inside a write transaction returns its
+    /// error to its caller, and the transaction keeps it too, as the source of the
+    /// `TransactionBroken` every later operation gets. (A failure with several
+    /// recipients is otherwise shared, in an `Arc`: `GroupFailed`.) `Error` cannot be
+    /// `Clone`: an `io::Error` cannot be cloned (the copy keeps its OS error code, or
+    /// its kind and text), nor a unit's boxed error (it becomes text; a mutation never
+    /// fails with one). Every other field is cloned.
+    #[rustfmt::skip]
+    pub(crate) fn copy(&self) -> Error {
+        use Error as E;
         match self {
-            Error::Io {
-                path,
-                offset,
-                op,
-                source,
-            } => Error::Io {
-                path: path.clone(),
-                offset: *offset,
-                op,
-                source: copy_io_error(source),
+            E::Io { path, offset, op, source } => E::io(path, *offset, op, copy_io_error(source)),
+            E::UnitFailed(e) => E::UnitFailed(e.to_string().into()),
+            E::Corrupted { path, location, what, source } => E::Corrupted {
+                path: path.clone(), location: location.clone(), what: what.clone(), source: source.clone(),
             },
-            Error::Corrupted {
-                path,
-                location,
-                what,
-                source,
-            } => Error::Corrupted {
-                path: path.clone(),
-                location: location.clone(),
-                what: what.clone(),
-                source: source.clone(),
+            E::JournalGap { last_valid_txn, missing_from, missing_to, found_txn, path, offset } => E::JournalGap {
+                last_valid_txn: *last_valid_txn, missing_from: *missing_from, missing_to: *missing_to,
+                found_txn: *found_txn, path: path.clone(), offset: *offset,
             },
-            Error::JournalGap {
-                last_valid_txn,
-                missing_from,
-                missing_to,
-                found_txn,
-                path,
-                offset,
-            } => Error::JournalGap {
-                last_valid_txn: *last_valid_txn,
-                missing_from: *missing_from,
-                missing_to: *missing_to,
-                found_txn: *found_txn,
-                path: path.clone(),
-                offset: *offset,
+            E::KeyTooLarge { len, max } => E::KeyTooLarge { len: *len, max: *max },
+            E::EmptyKey => E::EmptyKey,
+            E::ValueTooLarge { len, max } => E::ValueTooLarge { len: *len, max: *max },
+            E::TransactionTooLarge { bytes, max } => E::TransactionTooLarge { bytes: *bytes, max: *max },
+            E::InvalidTreeName { len, max } => E::InvalidTreeName { len: *len, max: *max },
+            E::TreeNotFound(name) => E::TreeNotFound(name.clone()),
+            E::TreeExists(name) => E::TreeExists(name.clone()),
+            E::Poisoned(f) => E::Poisoned(f.clone()),
+            E::TransactionBroken(cause) => E::TransactionBroken(cause.clone()),
+            E::Locked { path } => E::Locked { path: path.clone() },
+            E::Overloaded { queued, oldest_wait_ms, max_units, max_delay_ms } => E::Overloaded {
+                queued: *queued, oldest_wait_ms: *oldest_wait_ms, max_units: *max_units, max_delay_ms: *max_delay_ms,
             },
-            Error::KeyTooLarge { len, max } => Error::KeyTooLarge {
-                len: *len,
-                max: *max,
-            },
-            Error::EmptyKey => Error::EmptyKey,
-            Error::ValueTooLarge { len, max } => Error::ValueTooLarge {
-                len: *len,
-                max: *max,
-            },
-            Error::TransactionTooLarge { bytes, max } => Error::TransactionTooLarge {
-                bytes: *bytes,
-                max: *max,
-            },
-            Error::InvalidTreeName { len, max } => Error::InvalidTreeName {
-                len: *len,
-                max: *max,
-            },
-            Error::TreeNotFound(n) => Error::TreeNotFound(n.clone()),
-            Error::TreeExists(n) => Error::TreeExists(n.clone()),
-            Error::Poisoned(f) => Error::Poisoned(f.clone()),
-            Error::TransactionBroken(w) => Error::TransactionBroken(w.clone()),
-            Error::Locked { path } => Error::Locked { path: path.clone() },
-            Error::Overloaded {
-                queued,
-                oldest_wait_ms,
-                max_units,
-                max_delay_ms,
-            } => Error::Overloaded {
-                queued: *queued,
-                oldest_wait_ms: *oldest_wait_ms,
-                max_units: *max_units,
-                max_delay_ms: *max_delay_ms,
-            },
-            Error::UnitFailed(e) => Error::UnitFailed(e.to_string().into()),
-            Error::UnitPanicked(m) => Error::UnitPanicked(m.clone()),
-            Error::GroupFailed(e) => Error::GroupFailed(Box::new(e.duplicate())),
-            Error::InvalidOption(m) => Error::InvalidOption(m.clone()),
-            Error::Incompatible {
-                path,
-                found,
-                expected,
-            } => Error::Incompatible {
-                path: path.clone(),
-                found: found.clone(),
-                expected: expected.clone(),
+            E::UnitPanicked(m) => E::UnitPanicked(m.clone()),
+            E::GroupFailed(cause) => E::GroupFailed(cause.clone()),
+            E::InvalidOption(m) => E::InvalidOption(m.clone()),
+            E::ForeignJournal { found, dir } => E::ForeignJournal { found: found.clone(), dir: dir.clone() },
+            E::Misuse(what) => E::Misuse(what),
+            E::Incompatible { path, found, expected } => E::Incompatible {
+                path: path.clone(), found: found.clone(), expected: expected.clone(),
             },
         }
     }
@@ -302,7 +360,7 @@ fn copy_io_error(e: &std::io::Error) -> std::io::Error {
 }
 
 /// What kind of failure latched an environment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum FailureKind {
     /// The file system refused space (ENOSPC, EDQUOT) where a retry is not safe
@@ -468,5 +526,257 @@ impl Latch {
     }
     pub fn stalled(&self) -> Option<Failure> {
         self.stalled.lock().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    fn io(code: i32) -> Error {
+        Error::io(
+            "/data/journal/journal-1.log",
+            Some(4096),
+            "write journal record",
+            std::io::Error::from_raw_os_error(code),
+        )
+    }
+
+    fn latch(e: &Error) -> Error {
+        Error::Poisoned(Failure::from_error("journal write failed", e))
+    }
+
+    /// One error of every variant, with the kind it must report.
+    fn every_variant() -> Vec<(Error, ErrorKind)> {
+        use ErrorKind as K;
+        let decode = DecodeError::CatalogRootOutside {
+            root: 10,
+            page_count: 10,
+        };
+        vec![
+            (io(libc::ENOSPC), K::DiskFull),
+            (io(libc::EDQUOT), K::DiskFull),
+            (io(libc::EIO), K::Io),
+            (
+                Error::corrupted("/data/data.kiln", "page 7", "bad checksum"),
+                K::Corruption,
+            ),
+            (
+                Error::undecodable_record("/j/journal-1.log", 8192, 5, decode),
+                K::Corruption,
+            ),
+            (
+                Error::JournalGap {
+                    last_valid_txn: 4,
+                    missing_from: 5,
+                    missing_to: 6,
+                    found_txn: 7,
+                    path: "/j/journal-1.log".into(),
+                    offset: 0,
+                },
+                K::Corruption,
+            ),
+            (
+                Error::KeyTooLarge { len: 9, max: 8 },
+                K::TooLarge { what: Limit::Key },
+            ),
+            (
+                Error::ValueTooLarge { len: 9, max: 8 },
+                K::TooLarge { what: Limit::Value },
+            ),
+            (
+                Error::TransactionTooLarge { bytes: 9, max: 8 },
+                K::TooLarge {
+                    what: Limit::Transaction,
+                },
+            ),
+            (Error::EmptyKey, K::InvalidInput),
+            (Error::InvalidTreeName { len: 0, max: 8 }, K::InvalidInput),
+            (Error::InvalidOption("x".into()), K::InvalidInput),
+            (Error::TreeNotFound("t".into()), K::TreeNotFound),
+            (Error::TreeExists("t".into()), K::TreeExists),
+            (
+                latch(&io(libc::ENOSPC)),
+                K::Latched {
+                    cause: FailureKind::DiskFull,
+                },
+            ),
+            (
+                latch(&io(libc::EIO)),
+                K::Latched {
+                    cause: FailureKind::Io,
+                },
+            ),
+            (
+                Error::Poisoned(Failure::internal("preparing a commit panicked", "boom")),
+                K::Latched {
+                    cause: FailureKind::Internal,
+                },
+            ),
+            (Error::Locked { path: "/d".into() }, K::Locked),
+            (
+                Error::Overloaded {
+                    queued: 1,
+                    oldest_wait_ms: 2,
+                    max_units: 1,
+                    max_delay_ms: 1,
+                },
+                K::Overloaded,
+            ),
+            (Error::UnitFailed("refused".into()), K::UnitFailed),
+            (Error::UnitPanicked("boom".into()), K::UnitFailed),
+            (
+                Error::ForeignJournal {
+                    found: ForeignFiles::Files {
+                        dir: "/j".into(),
+                        files: 2,
+                    },
+                    dir: "/d".into(),
+                },
+                K::Incompatible,
+            ),
+            (
+                Error::Incompatible {
+                    path: "/d/data.kiln".into(),
+                    found: "format 1".into(),
+                    expected: "format 2".into(),
+                },
+                K::Incompatible,
+            ),
+            (Error::Misuse("end_tree outside a tree"), K::Misuse),
+        ]
+    }
+
+    #[test]
+    fn every_error_has_its_kind_and_wrappers_report_their_causes() {
+        for (e, kind) in every_variant() {
+            assert_eq!(e.kind(), kind, "{e}");
+            // A failed group and a broken transaction are what their cause is, however
+            // deep, and keep it as their source.
+            let cause_text = e.to_string();
+            let group = Error::GroupFailed(Arc::new(e));
+            assert_eq!(group.kind(), kind, "{group}");
+            let broken = Error::TransactionBroken(Arc::new(group));
+            assert_eq!(broken.kind(), kind, "{broken}");
+            let group_of_broken = Error::GroupFailed(Arc::new(broken));
+            assert_eq!(group_of_broken.kind(), kind);
+            let mut chain = Vec::new();
+            let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&group_of_broken);
+            while let Some(e) = next {
+                chain.push(e.to_string());
+                next = e.source();
+            }
+            assert!(chain.len() >= 4, "{chain:?}");
+            assert_eq!(
+                chain[3], cause_text,
+                "the cause is the source of its wrappers"
+            );
+        }
+    }
+
+    /// `kind` agrees with the older predicates where they look (they do not look
+    /// through a broken transaction: the server's mapping relied on that).
+    #[test]
+    fn kind_agrees_with_is_disk_full_is_corruption_and_latched() {
+        for (e, kind) in every_variant() {
+            let e = Error::GroupFailed(Arc::new(e));
+            let full = matches!(
+                kind,
+                ErrorKind::DiskFull
+                    | ErrorKind::Latched {
+                        cause: FailureKind::DiskFull
+                    }
+            );
+            assert_eq!(e.is_disk_full(), full, "{e}");
+            assert_eq!(e.is_corruption(), kind == ErrorKind::Corruption, "{e}");
+            assert_eq!(
+                e.latched().is_some(),
+                matches!(kind, ErrorKind::Latched { .. }),
+                "{e}"
+            );
+        }
+    }
+
+    /// The copy a broken transaction keeps reads as the original, is of its kind, and
+    /// an I/O error keeps its OS error code.
+    #[test]
+    fn a_copy_reads_as_the_original() {
+        for (e, kind) in every_variant() {
+            let copy = e.copy();
+            assert_eq!(copy.to_string(), e.to_string());
+            assert_eq!(copy.kind(), kind);
+            assert_eq!(
+                copy.source().map(|s| s.to_string()),
+                e.source().map(|s| s.to_string()),
+                "{e}"
+            );
+        }
+        match io(libc::ENOSPC).copy() {
+            Error::Io { source, .. } => assert_eq!(source.raw_os_error(), Some(libc::ENOSPC)),
+            other => panic!("{other}"),
+        }
+    }
+
+    /// A journal record that does not decode names the file and the record's offset,
+    /// and keeps the decoder's error (what, and where in the body) as its source.
+    #[test]
+    fn an_undecodable_record_keeps_the_decode_error() {
+        let e = Error::undecodable_record(
+            "/j/journal-0000000000000001.log",
+            8192,
+            5,
+            DecodeError::TrailingBytes { at: 100, count: 3 },
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("journal-0000000000000001.log")
+                && text.contains("offset 8192")
+                && text.contains("journal record for txn 5")
+                && text.contains("3 unexplained bytes at byte 100"),
+            "{text}"
+        );
+        let source = e.source().expect("the decode error");
+        assert_eq!(
+            source.to_string(),
+            "3 unexplained bytes at byte 100, after the page images"
+        );
+        // (Shared, so that a copy of the error costs no copy of it.)
+        let source = source.downcast_ref::<Arc<DecodeError>>().map(|d| &**d);
+        assert!(matches!(
+            source,
+            Some(DecodeError::TrailingBytes { at: 100, count: 3 })
+        ));
+    }
+
+    /// Another environment's journal and API misuse are no longer "invalid options":
+    /// each says what it is, naming the file or directory.
+    #[test]
+    fn a_foreign_journal_names_its_files() {
+        let records = Error::ForeignJournal {
+            found: ForeignFiles::Records("/j/journal-0000000000000001.log".into()),
+            dir: "/data".into(),
+        }
+        .to_string();
+        assert!(
+            records.starts_with(
+                "/j/journal-0000000000000001.log holds journal records but /data has no data file"
+            ) && records.contains("belongs to another environment"),
+            "{records}"
+        );
+        let files = Error::ForeignJournal {
+            found: ForeignFiles::Files {
+                dir: "/j".into(),
+                files: 3,
+            },
+            dir: "/data".into(),
+        }
+        .to_string();
+        assert!(
+            files.starts_with(
+                "journal directory /j already holds journal files (3 of them) but /data"
+            ),
+            "{files}"
+        );
     }
 }

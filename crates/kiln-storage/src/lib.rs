@@ -48,7 +48,9 @@ pub use backup::{BackupError, BackupOptions, BackupSummary, ContainerWriter, Res
 pub use btree::cursor::Entry;
 pub use commit::{QueueLimits, QueueStats};
 pub use env::{Env, Options, RecoveryReport, DATA_FILE};
-pub use error::{io_is_disk_full, Error, Failure, FailureKind, Result};
+pub use error::{
+    io_is_disk_full, Error, ErrorKind, Failure, FailureKind, ForeignFiles, Limit, Result,
+};
 pub use journal::record::DecodeError;
 pub use journal::writer::Durability;
 pub use options::MergeAhead;

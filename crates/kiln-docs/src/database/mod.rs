@@ -514,20 +514,23 @@ impl Database {
             }
             Err(e) => {
                 // Every write of the unit failed as the unit did, with the cause's kind
-                // (a full disk stays a full disk for each of them).
-                let cause = match &e {
-                    DocError::Storage(se) => se.duplicate(),
-                    other => kiln_storage::Error::UnitFailed(other.to_string().into()),
+                // (a full disk stays a full disk for each of them): an engine failure
+                // is shared by all the writes, another error goes to the first as it is.
+                let writes = early.iter().filter(|pre| pre.is_none()).count();
+                let (mut first, cause) = match e {
+                    DocError::Storage(kiln_storage::Error::GroupFailed(cause)) => (None, cause),
+                    DocError::Storage(se) if writes > 1 => (None, Arc::new(se)),
+                    e => {
+                        let cause = kiln_storage::Error::UnitFailed(e.to_string().into());
+                        (Some(e), Arc::new(cause))
+                    }
                 };
-                let mut first = Some(e);
                 early
                     .into_iter()
                     .map(|pre| match pre {
                         Some(pre) => Err(pre),
                         None => Err(first.take().unwrap_or_else(|| {
-                            DocError::Storage(kiln_storage::Error::GroupFailed(Box::new(
-                                cause.duplicate(),
-                            )))
+                            DocError::Storage(kiln_storage::Error::GroupFailed(cause.clone()))
                         })),
                     })
                     .collect()

@@ -167,15 +167,15 @@ impl<W: Write, P: FnMut(u64)> ContainerWriter<W, P> {
         })
     }
 
-    fn misuse(what: &str) -> BackupError {
-        BackupError::Storage(Error::InvalidOption(format!(
-            "backup container writer: {what}"
-        )))
+    fn misuse(what: &'static str) -> BackupError {
+        BackupError::Storage(Error::Misuse(what))
     }
 
     pub fn begin_tree(&mut self, name: &str) -> BackupResult<()> {
         if self.in_tree.is_some() {
-            return Err(Self::misuse("begin_tree inside a tree"));
+            return Err(Self::misuse(
+                "backup container writer: begin_tree inside a tree",
+            ));
         }
         self.w.frame(KIND_TREE, name.as_bytes())?;
         self.sum.trees += 1;
@@ -185,7 +185,9 @@ impl<W: Write, P: FnMut(u64)> ContainerWriter<W, P> {
 
     pub fn entry(&mut self, k: &[u8], v: &[u8]) -> BackupResult<()> {
         let Some(n) = self.in_tree.as_mut() else {
-            return Err(Self::misuse("entry outside a tree"));
+            return Err(Self::misuse(
+                "backup container writer: entry outside a tree",
+            ));
         };
         *n += 1;
         self.chunk
@@ -204,7 +206,9 @@ impl<W: Write, P: FnMut(u64)> ContainerWriter<W, P> {
 
     pub fn end_tree(&mut self) -> BackupResult<()> {
         let Some(n) = self.in_tree.take() else {
-            return Err(Self::misuse("end_tree outside a tree"));
+            return Err(Self::misuse(
+                "backup container writer: end_tree outside a tree",
+            ));
         };
         if !self.chunk.is_empty() {
             self.w.frame(KIND_DATA, &self.chunk)?;

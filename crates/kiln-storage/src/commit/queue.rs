@@ -206,6 +206,12 @@ impl CommitQueue {
     }
 }
 
+/// Why a unit failed that returned `Ok` after one of its operations failed (the
+/// source): it went on with a transaction that can only be rolled back.
+#[derive(Debug, thiserror::Error)]
+#[error("an operation of this unit failed and the unit went on: {0}")]
+struct WentOn(#[source] Arc<Error>);
+
 /// A broken invariant of the queue. Found where an assertion's panic would leave
 /// other threads waiting forever (a leader holds the journal's turn from its group's
 /// point of no return to its journal write, and its group's submitters wait for its
@@ -273,9 +279,10 @@ impl CommitQueue {
         let mut txn = match env.begin() {
             Ok(t) => t,
             Err(e) => {
+                let e = Arc::new(e);
                 for job in group {
                     job.answer
-                        .tell(Word::Done(Err(Error::GroupFailed(Box::new(e.duplicate())))));
+                        .tell(Word::Done(Err(Error::GroupFailed(e.clone()))));
                 }
                 if let Err(broken) = self.end_leadership(None) {
                     broken.latch(env);
@@ -304,21 +311,20 @@ impl CommitQueue {
         for job in rest.by_ref() {
             txn.savepoint();
             match catch_unwind(AssertUnwindSafe(|| (job.unit)(txn))) {
-                Ok(Ok(())) if txn.is_broken() => {
+                Ok(Ok(())) => match txn.broken_cause() {
                     // The unit ignored a failed operation: its changes may be half
                     // done, so they go, and the unit is told why.
-                    let why = txn.broken_reason();
-                    txn.rollback_to_savepoint();
-                    q.units_failed.fetch_add(1, Relaxed);
-                    job.answer.tell(Word::Done(Err(Error::UnitFailed(
-                        format!("an operation of this unit failed and the unit went on: {why}")
-                            .into(),
-                    ))));
-                }
-                Ok(Ok(())) => {
-                    txn.release_savepoint();
-                    committed.push(job.answer);
-                }
+                    Some(why) => {
+                        txn.rollback_to_savepoint();
+                        q.units_failed.fetch_add(1, Relaxed);
+                        job.answer
+                            .tell(Word::Done(Err(Error::UnitFailed(Box::new(WentOn(why))))));
+                    }
+                    None => {
+                        txn.release_savepoint();
+                        committed.push(job.answer);
+                    }
+                },
                 Ok(Err(e)) => {
                     txn.rollback_to_savepoint();
                     q.units_failed.fetch_add(1, Relaxed);
@@ -409,8 +415,10 @@ impl CommitQueue {
             }
             Err(e) => {
                 q.units_failed.fetch_add(committed.len() as u64, Relaxed);
+                // One failure for the whole group, shared by its units' answers.
+                let e = Arc::new(e);
                 for a in committed {
-                    a.tell(Word::Done(Err(Error::GroupFailed(Box::new(e.duplicate())))));
+                    a.tell(Word::Done(Err(Error::GroupFailed(e.clone()))));
                 }
             }
         }

@@ -1417,7 +1417,7 @@ mod tests {
         let err = image
             .materialize(
                 |_| unreachable!("no source"),
-                |_, _| Err(crate::Error::InvalidOption("not held".into())),
+                |_, _| Err(crate::Error::Misuse("not held")),
             )
             .err()
             .expect("fails");

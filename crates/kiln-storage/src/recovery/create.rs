@@ -6,7 +6,7 @@ use crate::journal::writer::JournalFiles;
 use crate::options::Options;
 use crate::page::{self, PAGE_SIZE};
 use crate::stats::EngineCounters;
-use crate::{Error, Result};
+use crate::{Error, ForeignFiles, Result};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -67,21 +67,19 @@ fn refuse_another_environments_journal(
         .collect();
     let first = crate::journal::file_path(journal_dir, 1);
     if vfs.exists(&first) && holds_records(vfs, &first)? {
-        return Err(Error::InvalidOption(format!(
-            "{} holds journal records but {} has no data file: it belongs to another \
-             environment; move it away or choose another journal_dir",
-            first.display(),
-            dir.display()
-        )));
+        return Err(Error::ForeignJournal {
+            found: ForeignFiles::Records(first),
+            dir: dir.to_path_buf(),
+        });
     }
     if !leftovers.is_empty() {
-        return Err(Error::InvalidOption(format!(
-            "journal directory {} already holds journal files ({} of them) but {} has no data file: \
-             they belong to another environment; move them away or choose another journal_dir",
-            journal_dir.display(),
-            leftovers.len(),
-            dir.display()
-        )));
+        return Err(Error::ForeignJournal {
+            found: ForeignFiles::Files {
+                dir: journal_dir.to_path_buf(),
+                files: leftovers.len(),
+            },
+            dir: dir.to_path_buf(),
+        });
     }
     Ok(())
 }

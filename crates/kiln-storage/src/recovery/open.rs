@@ -126,9 +126,10 @@ fn validate_and_lock(dir: &Path, opts: &Options) -> Result<(EnvPaths, Box<dyn Se
         a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
     };
     if same(&journal_dir, &dir) {
-        return Err(Error::InvalidOption(
-            "journal_dir must not be the data directory itself".into(),
-        ));
+        return Err(Error::InvalidOption(format!(
+            "journal_dir {} must not be the data directory itself",
+            journal_dir.display()
+        )));
     }
     let lock_path = dir.join(LOCK_FILE);
     let lock = vfs

@@ -533,13 +533,13 @@ mod tests {
             |_, _| {
                 applied += 1;
                 if applied == 3 {
-                    return Err(Error::InvalidOption("apply failed on purpose".into()));
+                    return Err(Error::Misuse("apply failed on purpose"));
                 }
                 Ok(())
             },
         );
         match result {
-            Err(Error::InvalidOption(what)) => assert_eq!(what, "apply failed on purpose"),
+            Err(Error::Misuse(what)) => assert_eq!(what, "apply failed on purpose"),
             other => panic!("expected the apply error, got {other:?}"),
         }
         assert_eq!(applied, 3, "nothing is applied after the failed record");
@@ -555,7 +555,7 @@ mod tests {
             |rec| {
                 checked.fetch_add(1, Relaxed);
                 if rec.header.txn_id == start_txn + 5 {
-                    return Err(Error::InvalidOption("check failed on purpose".into()));
+                    return Err(Error::Misuse("check failed on purpose"));
                 }
                 Ok(())
             },
@@ -565,7 +565,7 @@ mod tests {
             },
         );
         match result {
-            Err(Error::InvalidOption(what)) => assert_eq!(what, "check failed on purpose"),
+            Err(Error::Misuse(what)) => assert_eq!(what, "check failed on purpose"),
             other => panic!("expected the check's error, got {other:?}"),
         }
         assert_eq!(checked.load(Relaxed), 5);

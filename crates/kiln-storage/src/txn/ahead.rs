@@ -104,10 +104,13 @@ pub(crate) fn run_merge_thread(env: Arc<Shared>, jobs: mpsc::Receiver<Job>) {
         let merged = run.unwrap_or_else(|panic| {
             // The trees may be half-changed: the transaction can only abort, and the
             // environment latches (as a panic in a commit's preparation does).
-            let why = crate::error::panic_message(&*panic);
-            env.poison(Failure::internal("merging ahead panicked", why.clone()));
+            let why = Failure::internal(
+                "merging ahead panicked",
+                crate::error::panic_message(&*panic),
+            );
+            env.poison(why.clone());
             txn.broken
-                .get_or_insert(format!("merging ahead panicked: {why}"));
+                .get_or_insert_with(|| Arc::new(crate::Error::Poisoned(why)));
             Merged::default()
         });
         // The receiver is gone only if the environment dropped a parked handle
@@ -151,7 +154,7 @@ fn merge_into(
             }
             Ok((went, false)) => keys += went,
             Err(e) => {
-                txn.broken.get_or_insert(e.to_string());
+                txn.broken.get_or_insert_with(|| Arc::new(e));
                 break;
             }
         }
@@ -313,9 +316,11 @@ impl<'env> WriteTxn<'env> {
                 // The thread dropped the side without answering, which releases the
                 // writer lock: this transaction's buffer writes can no longer be
                 // undone under it, so nothing may commit after it.
-                let why = "the merge thread ended holding a transaction's trees";
-                self.env.poison(Failure::internal(why, ""));
-                self.broken.get_or_insert(why.to_string());
+                let why =
+                    Failure::internal("the merge thread ended holding a transaction's trees", "");
+                self.env.poison(why.clone());
+                self.broken
+                    .get_or_insert_with(|| Arc::new(crate::Error::Poisoned(why)));
             }
         }
     }

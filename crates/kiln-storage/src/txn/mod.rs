@@ -28,6 +28,7 @@ use crate::{Error, Result};
 use parking_lot::MutexGuard;
 use std::cell::RefCell;
 use std::path::Path;
+use std::sync::Arc;
 
 /// A tree as recorded in the catalog: its root, its number of entries (buffered ones
 /// included) and its id (which the write buffer keys its entries by).
@@ -294,9 +295,9 @@ pub struct WriteTxn<'env> {
     trees_named: u64,
     /// Merge the whole write buffer into the trees, a slice per commit (close, check).
     force_merge: bool,
-    /// Set when an operation failed half-way: the in-memory tree may be inconsistent,
-    /// so the transaction can only be aborted.
-    broken: Option<String>,
+    /// Set when an operation failed half-way (to its error): the in-memory tree may be
+    /// inconsistent, so the transaction can only be aborted.
+    broken: Option<Arc<Error>>,
     /// While the merge thread works on this transaction's trees (`ahead.rs`): the
     /// fields above that hold tree state (pages, allocator, writer lock) are lent to
     /// it, and any use of them first takes them back (`join_ahead`).
@@ -396,12 +397,9 @@ impl<'env> WriteTxn<'env> {
         self.txn_id
     }
 
-    pub(crate) fn is_broken(&self) -> bool {
-        self.broken.is_some()
-    }
-
-    pub(crate) fn broken_reason(&self) -> String {
-        self.broken.clone().unwrap_or_default()
+    /// The failure that broke the transaction, if one did.
+    pub(crate) fn broken_cause(&self) -> Option<Arc<Error>> {
+        self.broken.clone()
     }
 
     pub(crate) fn base_txn_id(&self) -> u64 {
@@ -424,13 +422,15 @@ impl<'env> WriteTxn<'env> {
         }
     }
 
-    /// Runs a mutation; if it fails, the transaction is marked unusable.
+    /// Runs a mutation; if it fails, the transaction is marked unusable. Its error
+    /// goes to the caller, and a copy stays as the cause every later operation reports
+    /// (`Error::copy` says why it is a copy).
     pub(crate) fn mutate<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         self.join_ahead();
         self.guard_usable()?;
         let r = f(self);
-        if let Err(e) = &r {
-            self.broken = Some(e.to_string());
+        if let (Err(e), None) = (&r, &self.broken) {
+            self.broken = Some(Arc::new(e.copy()));
         }
         r
     }
@@ -797,7 +797,74 @@ impl Drop for WriteTxn<'_> {
 #[cfg(test)]
 mod tests {
     use crate::btree::PageSource;
-    use crate::{Env, Error, Options};
+    use crate::{Env, Error, ErrorKind, Options};
+    use std::error::Error as _;
+
+    fn no_space() -> Error {
+        Error::io(
+            "/elsewhere/data.kiln",
+            Some(8192),
+            "read page",
+            std::io::Error::from_raw_os_error(libc::ENOSPC),
+        )
+    }
+
+    /// An operation that fails half-way gives its caller its error as it was, and
+    /// every later operation of the transaction fails with `TransactionBroken`, whose
+    /// source is that error (its kind too), not its text.
+    #[test]
+    fn a_broken_transaction_keeps_the_failure_as_its_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = Env::open(dir.path(), Options::default()).unwrap();
+        let mut w = env.begin_write().unwrap();
+        w.create_tree("t").unwrap();
+        match w.mutate(|_| Err::<(), _>(no_space())) {
+            Err(Error::Io { source, .. }) => assert_eq!(source.raw_os_error(), Some(libc::ENOSPC)),
+            other => panic!("{other:?}"),
+        }
+        let later = w.put("t", b"k", b"v").unwrap_err();
+        let Error::TransactionBroken(cause) = &later else {
+            panic!("{later}")
+        };
+        assert!(matches!(&**cause, Error::Io { .. }), "{cause}");
+        assert_eq!(later.kind(), ErrorKind::DiskFull);
+        assert_eq!(later.source().unwrap().to_string(), no_space().to_string());
+        assert!(
+            later.to_string().contains("/elsewhere/data.kiln"),
+            "{later}"
+        );
+        assert!(matches!(w.commit(), Err(Error::TransactionBroken(_))));
+        // A unit of work that goes on after such a failure is rolled back and told why,
+        // with the failure as the source of its error.
+        let e = env
+            .submit(|w| {
+                w.ensure_tree("t")?;
+                let _ = w.mutate(|_| Err::<(), _>(no_space()));
+                Ok(())
+            })
+            .unwrap_err();
+        let Error::UnitFailed(why) = &e else {
+            panic!("{e}")
+        };
+        assert!(
+            why.to_string()
+                .starts_with("an operation of this unit failed and the unit went on: I/O error on /elsewhere/data.kiln"),
+            "{why}"
+        );
+        let cause = why
+            .source()
+            .and_then(|s| s.downcast_ref::<std::sync::Arc<Error>>());
+        assert!(
+            matches!(cause.map(|c| &**c), Some(Error::Io { .. })),
+            "{why}"
+        );
+        assert!(env.failure().is_none(), "nothing latched");
+        env.submit(|w| {
+            w.ensure_tree("t")?;
+            w.put("t", b"k", b"v")
+        })
+        .unwrap();
+    }
 
     /// Only a damaged pointer asks for a page where a bare run starts; the run's value
     /// bytes could pass for a node's header, so the page read must refuse it, whether

@@ -104,7 +104,7 @@ impl<'env> WriteTxn<'env> {
         let writer = self
             .writer
             .take()
-            .ok_or_else(|| crate::Error::TransactionBroken("the transaction has ended".into()))?;
+            .ok_or_else(|| crate::Error::Misuse("commit of a transaction that has ended"))?;
         Ok(SealedTxn {
             writer,
             content: Sealed {
