@@ -1,11 +1,12 @@
 //! The listener: accepts connections within the connection limit, does the TLS
 //! handshake, serves HTTP/1.1 with keep-alive, and shuts down gracefully.
 
-use crate::app::{router, AppState, ConnInfo, SharedState};
+use crate::app::router;
 use crate::auth::{AuthError, KeyVerifier};
 use crate::config::ServerConfig;
 use crate::conn_threads::ConnThreads;
 use crate::metrics::Metrics;
+use crate::state::{AppState, ConnInfo, SharedState};
 use axum::body::Body;
 use axum::Router;
 use hyper::body::Incoming;
@@ -98,7 +99,10 @@ impl RunningServer {
             heartbeat: crate::changes::start_heartbeat(Duration::from_millis(
                 config.changes.heartbeat_ms.max(1),
             )),
-            own_http1: config.own_http1,
+            // With CORS on, the CORS layer puts headers on every answer (`Vary`, the
+            // exposed headers), not only on a browser's: every request goes to the
+            // router, which has that layer, rather than a second definition of it.
+            own_http1: config.own_http1 && config.cors_origins.is_empty(),
             access_log: config.access_log,
         });
         let max_connections = u32::try_from(config.limits.max_connections)
@@ -425,7 +429,7 @@ where
 /// The tombstone retention rule: once an hour, every database forgets the deletes
 /// older than `retention_ms` that no registered consumer still needs.
 async fn purge_tombstones_hourly(
-    state: std::sync::Weak<crate::app::AppState>,
+    state: std::sync::Weak<AppState>,
     retention_ms: u64,
     mut shutdown: watch::Receiver<bool>,
 ) {

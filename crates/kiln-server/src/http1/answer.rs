@@ -61,6 +61,11 @@ fn finish(
     out.extend_from_slice(b"\r\n");
     if let Some(body) = body {
         let _ = write!(out, "content-length: {}\r\n", body.len());
+        // The router's compression layer says an answer this long could have been
+        // encoded for another client (caches must keep them apart): so does this.
+        if body.len() >= usize::from(crate::cross_origin::COMPRESSION_MIN_BYTES) {
+            out.extend_from_slice(b"vary: accept-encoding\r\n");
+        }
     }
     if close {
         out.extend_from_slice(b"connection: close\r\n");
