@@ -1,17 +1,16 @@
-//! The router: routes, shared state, and the layers every request passes:
+//! The router: routes and the layers every request passes:
 //! compression, then `observe` (request id, metrics, access log), then CORS, then
 //! (on the API routes) authentication. The own HTTP/1.1 loop (`http1/`) serves
 //! plain document GETs, PUTs and POSTs (to a prefix) through the same admission
 //! (`admit`), handlers' helpers and `observe`, and hands anything CORS or
 //! compression could change to this router.
 
-use crate::auth::KeyVerifier;
-use crate::config::Limits;
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{visible_ascii, HeaderLookup};
-use crate::metrics::Metrics;
-use crate::observe::{AccessLog, Exchange, KeyId, RequestId, REQUEST_ID_HEADER};
+use crate::metrics::DOCUMENT_ROUTE;
+use crate::observe::{Exchange, KeyId, RequestId, REQUEST_ID_HEADER};
 use crate::routes::{admin as routes_admin, bulk, changes, docs as routes_docs, queries, studio};
+use crate::state::{AppState, ConnInfo, SharedState};
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderValue};
@@ -19,36 +18,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
-use kiln_docs::DocStore;
-use std::sync::Arc;
 use std::time::Instant;
-
-pub struct AppState {
-    pub store: Arc<DocStore>,
-    pub metrics: Arc<Metrics>,
-    pub limits: Limits,
-    pub require_auth: bool,
-    pub keys: Arc<KeyVerifier>,
-    pub changes: crate::config::ChangesConfig,
-    /// The changes hubs, one per database with subscribers.
-    pub hubs: crate::changes::hub::Hubs,
-    /// The shared heartbeat tick of the changes connections.
-    pub heartbeat: tokio::sync::watch::Receiver<u64>,
-    /// `ServerConfig::own_http1`.
-    pub own_http1: bool,
-    /// `ServerConfig::access_log`.
-    pub access_log: AccessLog,
-}
-
-pub type SharedState = Arc<AppState>;
-
-/// What the connection knows about its client; inserted into every request.
-#[derive(Clone, Debug)]
-pub struct ConnInfo {
-    pub peer: std::net::SocketAddr,
-    /// The client presented a certificate that the configured CA verified.
-    pub client_certificate: bool,
-}
 
 /// The router with every layer; `cors_origins` as `ServerConfig::cors_origins`.
 pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
@@ -166,7 +136,8 @@ async fn observe(State(state): State<SharedState>, mut req: Request, next: Next)
     let route = resp.extensions().get::<RouteLabel>();
     let bytes = axum::body::HttpBody::size_hint(resp.body()).exact();
     crate::observe::finished(
-        &state,
+        &state.metrics,
+        state.access_log,
         &Exchange {
             route: route.map_or("unmatched", |r| r.0.as_str()),
             method: method.as_str(),
@@ -268,9 +239,6 @@ pub(crate) fn presented_key(headers: &impl HeaderLookup) -> Option<&str> {
         })
         .or_else(|| headers.first("x-api-key").and_then(visible_ascii))
 }
-
-/// The route template of the document requests, as metrics label them.
-pub(crate) const DOCUMENT_ROUTE: &str = "/dbs/{db}/docs/{*id}";
 
 /// `(db, id)` of a plain document path, which the own HTTP/1.1 loop serves: one
 /// with nothing to percent-decode, a database name and a non-empty id.

@@ -16,6 +16,7 @@ mod metrics;
 mod observe;
 mod routes;
 mod serve;
+mod state;
 pub mod tls;
 
 pub use observe::AccessLog;

@@ -4,7 +4,7 @@
 //! and added to an error's JSON body, its count and latency in the metrics, and its
 //! access-log line. One definition, so that the two paths cannot drift apart.
 
-use crate::app::AppState;
+use crate::metrics::Metrics;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -92,12 +92,10 @@ pub struct Exchange<'a> {
     pub key_id: Option<&'a str>,
 }
 
-/// Counts the request and writes its access-log line.
-pub fn finished(state: &AppState, x: &Exchange<'_>) {
-    state
-        .metrics
-        .record_request(x.route, x.method, x.status, x.elapsed);
-    match state.access_log {
+/// Counts the request and writes its access-log line (`log`, as configured).
+pub fn finished(metrics: &Metrics, log: AccessLog, x: &Exchange<'_>) {
+    metrics.record_request(x.route, x.method, x.status, x.elapsed);
+    match log {
         AccessLog::Off => {}
         AccessLog::Text => {
             let bytes = x.bytes.map_or_else(|| "-".to_string(), |b| b.to_string());

@@ -16,7 +16,8 @@ pub(crate) mod answer;
 mod head;
 mod rewind;
 
-use crate::app::{SharedState, DOCUMENT_ROUTE};
+use crate::metrics::DOCUMENT_ROUTE;
+use crate::state::SharedState;
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{
     body_read_failed, body_timed_out, body_too_large, none_match_hits, HeaderLookup,
@@ -201,7 +202,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             DocMethod::Put | DocMethod::Post => self.put(&head, &id, close).await,
         };
         crate::observe::finished(
-            &self.state,
+            &self.state.metrics,
+            self.state.access_log,
             &Exchange {
                 route: DOCUMENT_ROUTE,
                 method: head.method.as_str(),

@@ -1,7 +1,7 @@
 //! Databases, stats, metrics and health.
 
 use crate::query_params::{NoParams, Params};
-use crate::app::SharedState;
+use crate::state::SharedState;
 use crate::error::ApiError;
 use crate::http_util::{blocking, json_value, ApiPath};
 use axum::extract::State;

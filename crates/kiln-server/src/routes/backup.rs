@@ -20,7 +20,7 @@
 //! truncated body, which `verify` refuses).
 
 use crate::query_params::{NoParams, Params};
-use crate::app::SharedState;
+use crate::state::SharedState;
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{blocking, json_value, ApiPath};
 use axum::body::{Body, Bytes};

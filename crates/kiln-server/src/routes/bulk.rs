@@ -16,7 +16,7 @@
 //! that was filling (never half a batch: each batch is one transaction).
 
 use crate::query_params::NoParams;
-use crate::app::SharedState;
+use crate::state::SharedState;
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::ApiPath;
 use axum::body::{Body, Bytes};

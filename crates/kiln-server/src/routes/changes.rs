@@ -2,7 +2,7 @@
 //! `GET /dbs/{db}/changes/ws` (subscriptions over one WebSocket).
 
 use crate::query_params::{NoParams, Params};
-use crate::app::SharedState;
+use crate::state::SharedState;
 use crate::changes::connection::{self, ConnectionConfig};
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{encode_path, encode_query_value};

@@ -1,7 +1,7 @@
 //! Documents: get/head/put/post/delete, listings, collections and batches.
 
 use crate::query_params::{NoParams, Params};
-use crate::app::{AppState, SharedState};
+use crate::state::{AppState, SharedState};
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{
     blocking, condition_from_if_match, encode_path, encode_query_value, link_next, etag_header, json_response, json_value,

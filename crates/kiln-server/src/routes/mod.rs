@@ -8,14 +8,14 @@ pub mod docs;
 pub mod queries;
 pub mod studio;
 
-use crate::app::SharedState;
+use crate::state::SharedState;
 use crate::error::{ApiError, ErrorCode};
 use kiln_docs::{BatchOutcome, Database, WriteOp};
 use std::sync::Arc;
 
 /// Queues one write on the store's write queue and waits until it is durable.
 pub async fn write(
-    state: &crate::app::AppState,
+    state: &crate::state::AppState,
     db: Arc<Database>,
     op: WriteOp,
 ) -> Result<BatchOutcome, ApiError> {

@@ -8,7 +8,7 @@
 //! running the query while none of them changed.
 
 use crate::query_params::NoParams;
-use crate::app::SharedState;
+use crate::state::SharedState;
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{blocking, json_response, json_value, read_body, ApiPath};
 use axum::body::Body;

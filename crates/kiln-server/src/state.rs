@@ -1,0 +1,40 @@
+//! What every request can reach: the state the router's handlers and the own
+//! HTTP/1.1 loop share (`AppState`), and what a connection knows of its client
+//! (`ConnInfo`). A leaf for the router (`app.rs`), the routes and the HTTP paths:
+//! it names their parts (store, metrics, limits, keys, changes hubs) and imports
+//! none of them, so that a handler's module needs nothing of the router's.
+
+use crate::auth::KeyVerifier;
+use crate::changes::hub::Hubs;
+use crate::config::{ChangesConfig, Limits};
+use crate::metrics::Metrics;
+use crate::observe::AccessLog;
+use kiln_docs::DocStore;
+use std::sync::Arc;
+
+pub struct AppState {
+    pub store: Arc<DocStore>,
+    pub metrics: Arc<Metrics>,
+    pub limits: Limits,
+    pub require_auth: bool,
+    pub keys: Arc<KeyVerifier>,
+    pub changes: ChangesConfig,
+    /// The changes hubs, one per database with subscribers.
+    pub hubs: Hubs,
+    /// The shared heartbeat tick of the changes connections.
+    pub heartbeat: tokio::sync::watch::Receiver<u64>,
+    /// `ServerConfig::own_http1`.
+    pub own_http1: bool,
+    /// `ServerConfig::access_log`.
+    pub access_log: AccessLog,
+}
+
+pub type SharedState = Arc<AppState>;
+
+/// What the connection knows about its client; inserted into every request.
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    pub peer: std::net::SocketAddr,
+    /// The client presented a certificate that the configured CA verified.
+    pub client_certificate: bool,
+}
