@@ -219,7 +219,6 @@ fn current_etag(e: &DocError) -> Option<Etag> {
 }
 
 fn error_code(e: &DocError) -> ErrorCode {
-    use kiln_storage::Error as E;
     use ErrorCode as C;
     match e {
         DocError::DatabaseNotFound(_) => C::DatabaseNotFound,
@@ -255,7 +254,6 @@ fn error_code(e: &DocError) -> ErrorCode {
         DocError::Io { .. } => C::IoError,
         // A batch fails as its failing operation does; the message names the index.
         DocError::BatchOpFailed { source, .. } => error_code(source),
-        DocError::Storage(E::Overloaded { .. }) => C::Overloaded,
         DocError::Storage(se) => storage_error_code(se),
         DocError::Backup(kiln_storage::BackupError::Storage(se)) => storage_error_code(se),
         // A backup sent to the restore endpoint that does not check out.
@@ -276,26 +274,23 @@ fn error_code(e: &DocError) -> ErrorCode {
 /// 503 `database_failed` until the server restarts; a corruption or a bug is 500
 /// (with an id in the log); never a client error.
 fn storage_error_code(e: &kiln_storage::Error) -> ErrorCode {
-    use kiln_storage::Error as E;
+    use kiln_storage::{ErrorKind as K, FailureKind as F, Limit};
     use ErrorCode as C;
-    match e {
-        // A unit merged into a commit that failed: it fails as the commit did.
-        E::GroupFailed(cause) => storage_error_code(cause),
-        E::Overloaded { .. } => C::Overloaded,
-        E::KeyTooLarge { .. } => C::InvalidId,
-        E::ValueTooLarge { .. } | E::TransactionTooLarge { .. } => {
-            C::TooLarge
-        }
-        e if e.is_disk_full() => C::DiskFull,
+    // By the engine's own classification (which sees through a failed commit group
+    // and a broken transaction to their cause), not by its variants.
+    match e.kind() {
+        K::Overloaded => C::Overloaded,
+        K::TooLarge { what: Limit::Key } => C::InvalidId,
+        K::TooLarge { .. } => C::TooLarge,
+        // A full disk is 507 whatever wrapped it (a failed group, a latch).
+        K::DiskFull | K::Latched { cause: F::DiskFull } => C::DiskFull,
         // A latch after a bug (a panic in the commit path) is a server fault.
-        E::Poisoned(f) if f.kind() == kiln_storage::FailureKind::Internal => {
-            C::InternalError
-        }
+        K::Latched { cause: F::Internal } => C::InternalError,
         // After a failed write the database refuses writes until it is reopened (the
         // journal then decides what was committed): say so instead of a bare 500.
-        E::Poisoned(_) => C::DatabaseFailed,
-        E::Io { .. } => C::IoError,
-        e if e.is_corruption() => C::Corruption,
+        K::Latched { .. } => C::DatabaseFailed,
+        K::Io => C::IoError,
+        K::Corruption => C::Corruption,
         _ => C::StorageError,
     }
 }
