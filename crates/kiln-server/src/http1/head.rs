@@ -80,39 +80,10 @@ pub fn parse(buf: &[u8]) -> Parsed {
         Err(httparse::Error::TooManyHeaders) => return Parsed::Other,
         Err(e) => return Parsed::Malformed(malformed_reason(e)),
     };
-    // HTTP/1.0 (no keep-alive by default, no chunked) is hyper's.
-    if req.version != Some(1) {
-        return Parsed::Other;
-    }
-    let method = match req.method {
-        Some("GET") => DocMethod::Get,
-        Some("PUT") => DocMethod::Put,
-        Some("POST") => DocMethod::Post,
-        _ => return Parsed::Other,
+    let (method, db, id) = match document_line(&req) {
+        Ok(line) => line,
+        Err(parsed) => return parsed,
     };
-    let Some(path) = req.path else {
-        return Parsed::Other;
-    };
-    // A query or a fragment, bytes that `http::Uri` refuses or would need to check
-    // (non-ASCII), a path longer than it takes: hyper answers those as it did.
-    if path.len() > MAX_PATH_BYTES {
-        return Parsed::Other;
-    }
-    if !path.bytes().all(plain_path_byte) {
-        if axum::http::uri::PathAndQuery::try_from(path).is_err() && path.starts_with('/') {
-            return Parsed::Malformed(
-                "the request target has characters a URL cannot hold as they are: percent-encode them",
-            );
-        }
-        return Parsed::Other;
-    }
-    let Some((db, id)) = crate::app::document_target(path) else {
-        return Parsed::Other;
-    };
-    // POST to a whole id is refused by the router's POST handler (405).
-    if method == DocMethod::Post && !id.ends_with('/') {
-        return Parsed::Other;
-    }
     let range_of = |part: &[u8]| {
         let start = part.as_ptr() as usize - buf.as_ptr() as usize;
         start..start + part.len()
@@ -130,19 +101,82 @@ pub fn parse(buf: &[u8]) -> Parsed {
         x_api_key: None,
         x_request_id: None,
     };
+    let content_length = match read_headers(&mut head, req.headers, range_of) {
+        Ok(length) => length,
+        Err(parsed) => return parsed,
+    };
+    match (method, content_length) {
+        (DocMethod::Get, None | Some(0)) => {}
+        // A GET with a body is unusual enough to leave to hyper.
+        (DocMethod::Get, Some(_)) => return Parsed::Other,
+        (_, Some(n)) => head.content_length = n,
+        // A write without a length: hyper reads it as an empty body.
+        (_, None) => return Parsed::Other,
+    }
+    Parsed::Document(head)
+}
+
+/// The request line of a document request this loop serves: its method, database
+/// and id (`Err` says what else it is).
+fn document_line<'b>(
+    req: &httparse::Request<'_, 'b>,
+) -> Result<(DocMethod, &'b str, &'b str), Parsed> {
+    // HTTP/1.0 (no keep-alive by default, no chunked) is hyper's.
+    if req.version != Some(1) {
+        return Err(Parsed::Other);
+    }
+    let method = match req.method {
+        Some("GET") => DocMethod::Get,
+        Some("PUT") => DocMethod::Put,
+        Some("POST") => DocMethod::Post,
+        _ => return Err(Parsed::Other),
+    };
+    let Some(path) = req.path else {
+        return Err(Parsed::Other);
+    };
+    // A query or a fragment, bytes that `http::Uri` refuses or would need to check
+    // (non-ASCII), a path longer than it takes: hyper answers those as it did.
+    if path.len() > MAX_PATH_BYTES {
+        return Err(Parsed::Other);
+    }
+    if !path.bytes().all(plain_path_byte) {
+        if axum::http::uri::PathAndQuery::try_from(path).is_err() && path.starts_with('/') {
+            return Err(Parsed::Malformed(
+                "the request target has characters a URL cannot hold as they are: percent-encode them",
+            ));
+        }
+        return Err(Parsed::Other);
+    }
+    let Some((db, id)) = crate::app::document_target(path) else {
+        return Err(Parsed::Other);
+    };
+    // POST to a whole id is refused by the router's POST handler (405).
+    if method == DocMethod::Post && !id.ends_with('/') {
+        return Err(Parsed::Other);
+    }
+    Ok((method, db, id))
+}
+
+/// Reads the headers this loop needs into `head`; the Content-Length if any, or
+/// `Err` when a header makes the request hyper's or the router's.
+fn read_headers(
+    head: &mut DocHead,
+    headers: &[httparse::Header<'_>],
+    range_of: impl Fn(&[u8]) -> Range<usize>,
+) -> Result<Option<usize>, Parsed> {
     let mut content_length: Option<usize> = None;
-    for h in req.headers.iter() {
+    for h in headers {
         let name = h.name;
         let value = h.value;
         if name.eq_ignore_ascii_case("content-length") {
             // Two lengths, or one that is not plain digits: hyper refuses it.
             if content_length.is_some() || value.is_empty() || !value.iter().all(u8::is_ascii_digit)
             {
-                return Parsed::Other;
+                return Err(Parsed::Other);
             }
             match std::str::from_utf8(value).ok().and_then(|v| v.parse().ok()) {
                 Some(n) => content_length = Some(n),
-                None => return Parsed::Other,
+                None => return Err(Parsed::Other),
             }
         } else if name.eq_ignore_ascii_case("transfer-encoding")
             || name.eq_ignore_ascii_case("expect")
@@ -151,17 +185,17 @@ pub fn parse(buf: &[u8]) -> Parsed {
         {
             // Chunked bodies, 100-continue and upgrades are hyper's; a request
             // from a browser's page is the router's CORS layer's.
-            return Parsed::Other;
+            return Err(Parsed::Other);
         } else if name.eq_ignore_ascii_case("accept-encoding") {
             // An answer the router's compression layer may encode (a document, or a
             // write's answer: a long id makes it long too).
             if !accepts_identity_only(value) {
-                return Parsed::Other;
+                return Err(Parsed::Other);
             }
         } else if name.eq_ignore_ascii_case("connection") {
             let v = String::from_utf8_lossy(value).to_ascii_lowercase();
             if v.contains("upgrade") {
-                return Parsed::Other;
+                return Err(Parsed::Other);
             }
             head.close |= v.split(',').any(|t| t.trim() == "close");
         } else {
@@ -184,15 +218,7 @@ pub fn parse(buf: &[u8]) -> Parsed {
             }
         }
     }
-    match (method, content_length) {
-        (DocMethod::Get, None | Some(0)) => {}
-        // A GET with a body is unusual enough to leave to hyper.
-        (DocMethod::Get, Some(_)) => return Parsed::Other,
-        (_, Some(n)) => head.content_length = n,
-        // A write without a length: hyper reads it as an empty body.
-        (_, None) => return Parsed::Other,
-    }
-    Parsed::Document(head)
+    Ok(content_length)
 }
 
 /// An `Accept-Encoding` that names no encoding the compression layer would use.
