@@ -13,7 +13,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use kiln_docs::{DocError, DocStore};
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -233,12 +232,12 @@ async fn accept_loop(
             },
         };
         let Ok(permit) = connections.clone().try_acquire_owned() else {
-            state.metrics.connections_refused.fetch_add(1, Relaxed);
+            state.metrics.connections_refused.inc();
             tokio::spawn(refuse(stream, tls.is_some()));
             continue;
         };
         let _ = stream.set_nodelay(true);
-        state.metrics.connections_total.fetch_add(1, Relaxed);
+        state.metrics.connections_total.inc();
         let (app, state, tls, shutdown) =
             (app.clone(), state.clone(), tls.clone(), shutdown.clone());
         let connection = move |stream: TcpStream| async move {
@@ -307,14 +306,14 @@ struct OpenConnection(SharedState);
 
 impl OpenConnection {
     fn count(state: SharedState) -> OpenConnection {
-        state.metrics.connections_open.fetch_add(1, Relaxed);
+        state.metrics.connections_open.inc();
         OpenConnection(state)
     }
 }
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
-        self.0.metrics.connections_open.fetch_sub(1, Relaxed);
+        self.0.metrics.connections_open.dec();
     }
 }
 

@@ -86,12 +86,8 @@ struct Conn {
 pub async fn run(socket: WebSocket, hub: Arc<Hub>, cfg: ConnectionConfig) {
     let (me, mut queue) = Subscriber::new(cfg.queue_len);
     let id = hub.subscribe(me.clone());
-    cfg.metrics
-        .ws_connections_open
-        .fetch_add(1, Ordering::Relaxed);
-    cfg.metrics
-        .ws_connections_total
-        .fetch_add(1, Ordering::Relaxed);
+    cfg.metrics.ws_connections_open.inc();
+    cfg.metrics.ws_connections_total.inc();
     let mut heartbeat = cfg.heartbeat.clone();
     let mut stopped = hub.stopped();
     let mut c = Conn {
@@ -105,10 +101,7 @@ pub async fn run(socket: WebSocket, hub: Arc<Hub>, cfg: ConnectionConfig) {
     let result = c.serve(&mut queue, &mut heartbeat, &mut stopped).await;
     hub.unsubscribe(id);
     drop(queue);
-    c.cfg
-        .metrics
-        .ws_connections_open
-        .fetch_sub(1, Ordering::Relaxed);
+    c.cfg.metrics.ws_connections_open.dec();
     match result {
         Ok(()) => {}
         Err(ConnError::SlowConsumer) => c.close_slow().await,
@@ -173,7 +166,7 @@ impl Conn {
     /// of the close frame.
     async fn send_frame(&mut self, text: Utf8Bytes) -> Result<(), ConnError> {
         self.last_sent = Instant::now();
-        self.cfg.metrics.ws_messages.fetch_add(1, Ordering::Relaxed);
+        self.cfg.metrics.ws_messages.inc();
         match tokio::time::timeout(self.cfg.send_timeout, self.socket.send(Message::Text(text)))
             .await
         {
@@ -212,10 +205,7 @@ impl Conn {
 
     /// Called once the connection has left the hub and the gauges.
     async fn close_slow(&mut self) {
-        self.cfg
-            .metrics
-            .ws_slow_consumers_dropped
-            .fetch_add(1, Ordering::Relaxed);
+        self.cfg.metrics.ws_slow_consumers_dropped.inc();
         // Resuming every subscription from the lowest etag sent misses nothing.
         let from = self.sent_up_to.iter().map(|s| s.1).min().unwrap_or(0);
         let etag = self.hub.db.etag_at(from);

@@ -63,10 +63,7 @@ where
     };
     let next = conn.run().await;
     if next == Next::HandOver {
-        cx.state
-            .metrics
-            .connections_to_hyper
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        cx.state.metrics.connections_to_hyper.inc();
         let mut read_ahead = conn.buf;
         read_ahead.drain(..conn.start);
         let io = rewind::Rewind::new(read_ahead, conn.io);

@@ -51,7 +51,7 @@ pub async fn metrics(_: NoParams, State(state): State<SharedState>) -> Response 
     let mut r = (StatusCode::OK, text).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
     );
     r
 }
@@ -135,7 +135,6 @@ pub async fn database_stats(_: NoParams,
 /// `documents_written` is the database's last etag sequence: every put and delete
 /// takes one.
 pub async fn server_stats(_: NoParams, State(state): State<SharedState>) -> Response {
-    use std::sync::atomic::Ordering::Relaxed;
     let m = &state.metrics;
     let dbs: Vec<_> = state
         .store
@@ -167,9 +166,9 @@ pub async fn server_stats(_: NoParams, State(state): State<SharedState>) -> Resp
         StatusCode::OK,
         json!({
             "uptime_seconds": m.uptime().as_secs(),
-            "connections_open": m.connections_open.load(Relaxed),
-            "connections_total": m.connections_total.load(Relaxed),
-            "ws_connections_open": m.ws_connections_open.load(Relaxed),
+            "connections_open": m.connections_open.get(),
+            "connections_total": m.connections_total.get(),
+            "ws_connections_open": m.ws_connections_open.get(),
             "http_requests_by_status": m.requests_by_status_class(),
             "resident_memory_bytes": crate::metrics::resident_memory_bytes(),
             "databases": dbs,

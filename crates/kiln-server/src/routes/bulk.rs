@@ -113,16 +113,10 @@ struct Filling {
 impl BulkRun {
     async fn run(mut self, body: Body) {
         let metrics = self.state.metrics.clone();
-        metrics
-            .bulk_running
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        metrics.bulk_running.inc();
         let end = self.stream(body).await;
-        metrics
-            .bulk_running
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        metrics
-            .bulk_documents
-            .fetch_add(self.acked, std::sync::atomic::Ordering::Relaxed);
+        metrics.bulk_running.dec();
+        metrics.bulk_documents.inc_by(self.acked);
         let last = self.last_etag.map(|e| e.to_string());
         let line = match end {
             Ok(()) => json!({"done": true, "acked": self.acked, "last_etag": last}),

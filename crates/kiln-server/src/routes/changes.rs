@@ -164,10 +164,7 @@ pub async fn websocket(_: NoParams,
         )
     })?;
     let database = state.store.database(&db)?;
-    let open = state
-        .metrics
-        .ws_connections_open
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let open = usize::try_from(state.metrics.ws_connections_open.get()).unwrap_or(0);
     if open >= state.changes.max_connections {
         return Err(ApiError::new(ErrorCode::TooManyConnections,
             format!(
