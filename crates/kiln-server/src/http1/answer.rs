@@ -2,7 +2,7 @@
 //! GET and PUT answers without building a `Response`, and any other `Response`
 //! (errors, refusals) rendered as hyper would send it.
 
-use crate::routes::docs::{last_modified_date, location, put_json_bytes};
+use crate::routes::docs::{last_modified_date, location, put_answer_json};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 use http_body_util::BodyExt;
@@ -130,7 +130,7 @@ pub fn put(
     if outcome.created {
         let _ = write!(out, "location: {}\r\n", location(db, &outcome.id));
     }
-    finish(out, status, id, Some(&put_json_bytes(outcome)), close)
+    finish(out, status, id, Some(&put_answer_json(outcome)), close)
 }
 
 /// Any other answer (an error, a refusal), with its body read in full: those

@@ -13,9 +13,9 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use kiln_docs::{
-    BatchOp, BatchOutcome, Condition, Database, DocId, Document, Page, PutOutcome, WriteOp,
+    BatchOp, BatchOutcome, Condition, Database, DocId, Document, Etag, Page, PutOutcome, WriteOp,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -161,7 +161,7 @@ fn put_response(db: &str, out: &PutOutcome) -> Response {
     } else {
         StatusCode::OK
     };
-    let mut resp = json_response(status, put_json_bytes(out));
+    let mut resp = json_response(status, put_answer_json(out));
     let h = resp.headers_mut();
     h.insert(header::ETAG, etag_header(out.etag));
     if out.created {
@@ -172,43 +172,71 @@ fn put_response(db: &str, out: &PutOutcome) -> Response {
     resp
 }
 
-/// `put_json(out)` as text, written straight into one buffer (every PUT answers
-/// with it): the same keys in the same order.
-pub(crate) fn put_json_bytes(out: &PutOutcome) -> Vec<u8> {
-    use std::io::Write;
-    let string = |b: &mut Vec<u8>, s: &str| {
-        serde_json::to_writer(b, s).expect("writing to a Vec cannot fail");
-    };
-    let mut b = Vec::with_capacity(out.id.len() + 96);
-    b.extend_from_slice(b"{\"id\":");
-    string(&mut b, &out.id);
-    let _ = write!(b, ",\"etag\":\"{}\",\"collection\":", out.etag);
-    match &out.collection {
-        Some(c) => string(&mut b, c),
-        None => b.extend_from_slice(b"null"),
+/// The answer to a document's PUT or POST, on either HTTP path (and, with `op`,
+/// a put's result in a batch).
+#[derive(Serialize)]
+pub(crate) struct PutAnswer<'a> {
+    id: &'a str,
+    #[serde(serialize_with = "as_text")]
+    etag: Etag,
+    collection: Option<&'a str>,
+    created: bool,
+}
+
+impl<'a> From<&'a PutOutcome> for PutAnswer<'a> {
+    fn from(out: &'a PutOutcome) -> Self {
+        PutAnswer {
+            id: &out.id,
+            etag: out.etag,
+            collection: out.collection.as_deref(),
+            created: out.created,
+        }
     }
-    b.extend_from_slice(if out.created {
-        b",\"created\":true}"
-    } else {
-        b",\"created\":false}"
-    });
+}
+
+/// An etag as JSON text (`"42-9f3a1c2b"`), written without a `String` first.
+fn as_text<S: serde::Serializer>(etag: &Etag, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(etag)
+}
+
+/// `PutAnswer`'s JSON (every PUT answers with it), in one buffer sized for it.
+pub(crate) fn put_answer_json(out: &PutOutcome) -> Vec<u8> {
+    let mut b = Vec::with_capacity(out.id.len() + 96);
+    serde_json::to_writer(&mut b, &PutAnswer::from(out)).expect("a PutAnswer serializes");
     b
 }
 
 fn put_json(out: &PutOutcome) -> Value {
-    json!({"id": out.id, "etag": out.etag.to_string(), "collection": out.collection, "created": out.created})
+    serde_json::to_value(PutAnswer::from(out)).expect("a PutAnswer serializes")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The PUT answer's bytes, exactly as the hand-written writer before it made
+    /// them (the own loop's answer and the router's are this one function's).
     #[test]
-    fn put_json_bytes_is_put_json() {
-        for (id, collection, created) in [
-            ("users/1", Some("users"), true),
-            ("x \"quoted\" \\ é \u{1}", None, false),
-            ("a/b/", Some("a \"b\""), false),
+    fn the_put_answer_is_its_json_byte_for_byte() {
+        for (id, collection, created, expected) in [
+            (
+                "users/1",
+                Some("users"),
+                true,
+                r#"{"id":"users/1","etag":"42-9f3a1c2b","collection":"users","created":true}"#,
+            ),
+            (
+                "x \"quoted\" \\ é \u{1}",
+                None,
+                false,
+                r#"{"id":"x \"quoted\" \\ é \u0001","etag":"42-9f3a1c2b","collection":null,"created":false}"#,
+            ),
+            (
+                "a/b/",
+                Some("a \"b\""),
+                false,
+                r#"{"id":"a/b/","etag":"42-9f3a1c2b","collection":"a \"b\"","created":false}"#,
+            ),
         ] {
             let out = PutOutcome {
                 id: id.into(),
@@ -220,10 +248,11 @@ mod tests {
                 last_modified_ms: 0,
                 created,
             };
-            assert_eq!(
-                String::from_utf8(put_json_bytes(&out)).unwrap(),
-                put_json(&out).to_string()
-            );
+            assert_eq!(String::from_utf8(put_answer_json(&out)).unwrap(), expected);
+            // A batch's put result: the same keys in the same order, then its op.
+            let mut batch = put_json(&out);
+            batch["op"] = "put".into();
+            assert_eq!(batch.to_string(), format!("{},\"op\":\"put\"}}", expected.strip_suffix('}').unwrap()));
         }
     }
 }
