@@ -11,6 +11,7 @@ mod cross_origin;
 pub mod error;
 mod http1;
 mod http_util;
+mod hyper_conn;
 mod query_params;
 mod metrics;
 mod observe;

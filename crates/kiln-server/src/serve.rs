@@ -5,12 +5,10 @@ use crate::app::router;
 use crate::auth::{AuthError, KeyVerifier};
 use crate::config::ServerConfig;
 use crate::conn_threads::ConnThreads;
+use crate::hyper_conn::ConnContext;
 use crate::metrics::Metrics;
 use crate::state::{AppState, ConnInfo, SharedState};
-use axum::body::Body;
 use axum::Router;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use kiln_docs::{DocError, DocStore};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -363,15 +361,6 @@ async fn answer_plain_http_on_tls_port(stream: TcpStream) {
     answer_and_close(stream, e).await;
 }
 
-/// What serving a connection needs besides its socket.
-pub(crate) struct ConnContext {
-    pub info: ConnInfo,
-    pub app: Router,
-    pub state: SharedState,
-    pub header_read_timeout: Duration,
-    pub shutdown: watch::Receiver<bool>,
-}
-
 async fn serve_connection<S>(io: S, cx: ConnContext)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -379,49 +368,7 @@ where
     if cx.state.own_http1 {
         crate::http1::serve_connection(io, cx).await
     } else {
-        serve_with_hyper(io, cx).await
-    }
-}
-
-/// Serves a connection with hyper (see `http1::serve_connection` for which
-/// connections start elsewhere).
-pub(crate) async fn serve_with_hyper<S>(io: S, cx: ConnContext)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let ConnContext {
-        info,
-        app,
-        state: _,
-        header_read_timeout,
-        mut shutdown,
-    } = cx;
-    let peer = info.peer;
-    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-        req.extensions_mut().insert(info.clone());
-        tower::ServiceExt::oneshot(app.clone(), req.map(Body::new))
-    });
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout)
-        .keep_alive(true)
-        // A client may shut down its sending side once its request is sent (a bulk
-        // upload does) and still read the answer streaming back.
-        .half_close(true)
-        .serve_connection(TokioIo::new(io), service)
-        // A changes-feed WebSocket takes the connection over (it then lives in its
-        // own task, outside this connection's permit; see `routes/changes.rs`).
-        .with_upgrades();
-    tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = shutdown.changed() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
-    if let Err(e) = result {
-        tracing::debug!(%peer, error = %e, "connection ended with an error");
+        crate::hyper_conn::serve_with_hyper(io, cx).await
     }
 }
 

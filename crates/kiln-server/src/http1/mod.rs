@@ -23,7 +23,7 @@ use crate::http_util::{
     body_read_failed, body_timed_out, body_too_large, none_match_hits, HeaderLookup,
 };
 use crate::observe::{Exchange, KeyId, RequestId};
-use crate::serve::ConnContext;
+use crate::hyper_conn::ConnContext;
 use answer::Answered;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -67,7 +67,7 @@ where
         let mut read_ahead = conn.buf;
         read_ahead.drain(..conn.start);
         let io = rewind::Rewind::new(read_ahead, conn.io);
-        crate::serve::serve_with_hyper(io, cx).await;
+        crate::hyper_conn::serve_with_hyper(io, cx).await;
     } else {
         let _ = conn.io.shutdown().await;
     }
