@@ -6,7 +6,7 @@
 use kiln_docs::DocStore;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet,
+    prometheus_text, DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet,
 };
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -20,7 +20,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The `Content-Type` of what `render` writes.
-pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// Upper bounds of the request latency buckets, in microseconds.
 const LATENCY_BUCKETS_US: [u64; 16] = [
@@ -247,8 +247,8 @@ impl Metrics {
         let mut scrape = Registry::default();
         scrape.register_collector(Box::new(engines));
         let mut out = String::with_capacity(16 << 10);
-        let written = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
-            .and_then(|()| prometheus_client::encoding::prometheus_text::encode(&mut out, &scrape));
+        let written = prometheus_text::encode(&mut out, &self.registry)
+            .and_then(|()| prometheus_text::encode(&mut out, &scrape));
         if let Err(e) = written {
             // Only a value the format cannot hold fails (a gauge over i64::MAX).
             tracing::warn!(error = %e, "the metrics exposition stopped short");
@@ -290,7 +290,9 @@ impl RequestLatency {
 impl EncodeMetric for RequestLatency {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
         let buckets: [(f64, u64); LATENCY_BUCKETS_US.len() + 1] = std::array::from_fn(|i| {
-            let bound = LATENCY_BUCKETS_US.get(i).map_or(f64::INFINITY, |&us| us as f64 / 1e6);
+            let bound = LATENCY_BUCKETS_US
+                .get(i)
+                .map_or(f64::INFINITY, |&us| us as f64 / 1e6);
             (bound, self.0.counts[i].load(Relaxed))
         });
         let count = buckets.iter().map(|&(_, n)| n).sum();
@@ -365,7 +367,12 @@ type Field = fn(&DatabaseFigures) -> u64;
 /// `(name, type, help, value)` of the per-database series labelled `db`; a
 /// counter's name without the `_total` the encoding adds.
 const ENGINE_SERIES: [(&str, MetricType, &str, Field); 14] = [
-    ("kiln_commits", MetricType::Counter, "Committed write transactions.", |d| d.stats.commits),
+    (
+        "kiln_commits",
+        MetricType::Counter,
+        "Committed write transactions.",
+        |d| d.stats.commits,
+    ),
     (
         "kiln_commit_groups",
         MetricType::Counter,
@@ -390,30 +397,60 @@ const ENGINE_SERIES: [(&str, MetricType, &str, Field); 14] = [
         "Writes refused because the commit queue was full.",
         |d| d.stats.commit_queue.overloaded_rejections,
     ),
-    ("kiln_journal_writes", MetricType::Counter, "Durable journal writes.", |d| d.stats.journal_writes),
-    ("kiln_journal_bytes", MetricType::Counter, "Bytes written to the journal.", |d| d.stats.journal_bytes),
+    (
+        "kiln_journal_writes",
+        MetricType::Counter,
+        "Durable journal writes.",
+        |d| d.stats.journal_writes,
+    ),
+    (
+        "kiln_journal_bytes",
+        MetricType::Counter,
+        "Bytes written to the journal.",
+        |d| d.stats.journal_bytes,
+    ),
     (
         "kiln_journal_referenced_value_bytes",
         MetricType::Counter,
         "Bytes of merged values the journal named by key instead of writing again.",
         |d| d.stats.journal_referenced_value_bytes,
     ),
-    ("kiln_data_file_syncs", MetricType::Counter, "Data-file syncs by the flusher.", |d| d.stats.data_syncs),
-    ("kiln_data_file_bytes", MetricType::Gauge, "Size of the data file.", |d| d.stats.data_file_bytes),
+    (
+        "kiln_data_file_syncs",
+        MetricType::Counter,
+        "Data-file syncs by the flusher.",
+        |d| d.stats.data_syncs,
+    ),
+    (
+        "kiln_data_file_bytes",
+        MetricType::Gauge,
+        "Size of the data file.",
+        |d| d.stats.data_file_bytes,
+    ),
     (
         "kiln_pages_unflushed",
         MetricType::Gauge,
         "Committed pages not yet written back.",
         |d| d.stats.pages_unflushed,
     ),
-    ("kiln_readers_open", MetricType::Gauge, "Open read transactions.", |d| d.stats.readers_open),
+    (
+        "kiln_readers_open",
+        MetricType::Gauge,
+        "Open read transactions.",
+        |d| d.stats.readers_open,
+    ),
     (
         "kiln_journal_direct_io",
         MetricType::Gauge,
         "1 when the journal is written with O_DIRECT.",
         |d| u64::from(d.stats.journal_direct_io),
     ),
-    ("kiln_documents", MetricType::Gauge, "Documents per database.", |d| d.documents),
+    (
+        "kiln_documents",
+        MetricType::Gauge,
+        "Documents per database.",
+        |d| d.documents,
+    ),
 ];
 
 type Latency = fn(&kiln_storage::Stats) -> kiln_storage::LatencySummary;
@@ -426,7 +463,11 @@ const ENGINE_LATENCIES: [(&str, &str, Latency); 2] = [
         "Durable journal write latency",
         |s| s.journal_write_latency,
     ),
-    ("kiln_data_file_sync_seconds", "Data-file sync latency", |s| s.data_sync_latency),
+    (
+        "kiln_data_file_sync_seconds",
+        "Data-file sync latency",
+        |s| s.data_sync_latency,
+    ),
 ];
 
 impl EngineFigures {
@@ -452,7 +493,11 @@ impl EngineFigures {
         encoder: &mut DescriptorEncoder,
         (name, help, which): (&str, &str, Latency),
     ) -> Result<(), std::fmt::Error> {
-        let summaries: Vec<_> = self.databases.iter().map(|d| (d.name.as_str(), which(&d.stats))).collect();
+        let summaries: Vec<_> = self
+            .databases
+            .iter()
+            .map(|d| (d.name.as_str(), which(&d.stats)))
+            .collect();
         let mut quantiles = encoder.encode_descriptor(
             name,
             &format!("{help}: the running p50 and p99."),
@@ -462,21 +507,27 @@ impl EngineFigures {
         for &(db, l) in &summaries {
             for (quantile, us) in [("0.5", l.p50_us), ("0.99", l.p99_us)] {
                 let labels = [("db", db), ("quantile", quantile)];
-                quantiles.encode_family(&labels)?.encode_gauge(&(us as f64 / 1e6))?;
+                quantiles
+                    .encode_family(&labels)?
+                    .encode_gauge(&(us as f64 / 1e6))?;
             }
         }
         let sum_name = format!("{name}_sum");
         let sum_help = format!("{help}: the sum of the latencies, in seconds.");
-        let mut sums = encoder.encode_descriptor(&sum_name, &sum_help, None, MetricType::Unknown)?;
+        let mut sums =
+            encoder.encode_descriptor(&sum_name, &sum_help, None, MetricType::Unknown)?;
         for &(db, l) in &summaries {
             let sum = l.mean_us * l.count as f64 / 1e6;
             sums.encode_family(&[("db", db)])?.encode_gauge(&sum)?;
         }
         let count_name = format!("{name}_count");
         let count_help = format!("{help}: how many were measured.");
-        let mut counts = encoder.encode_descriptor(&count_name, &count_help, None, MetricType::Unknown)?;
+        let mut counts =
+            encoder.encode_descriptor(&count_name, &count_help, None, MetricType::Unknown)?;
         for &(db, l) in &summaries {
-            counts.encode_family(&[("db", db)])?.encode_gauge(&l.count)?;
+            counts
+                .encode_family(&[("db", db)])?
+                .encode_gauge(&l.count)?;
         }
         Ok(())
     }
@@ -553,7 +604,9 @@ mod tests {
         let requests = |route: &str, method: &str, status: u16| {
             sample(
                 &text,
-                &format!(r#"kiln_http_requests_total{{route="{route}",method="{method}",status="{status}"}}"#),
+                &format!(
+                    r#"kiln_http_requests_total{{route="{route}",method="{method}",status="{status}"}}"#
+                ),
             )
         };
         assert_eq!(requests(DOCUMENT_ROUTE, "GET", 200), Some(3.0));
@@ -570,13 +623,24 @@ mod tests {
             [("2xx", 5), ("3xx", 0), ("4xx", 2), ("5xx", 1)].map(|(c, n)| (c.to_string(), n))
         );
         // The histogram: 1 ms is in the 0.001 bucket, 11 s only in +Inf.
-        let bucket = |le: &str| sample(&text, &format!(r#"kiln_http_request_duration_seconds_bucket{{le="{le}"}}"#));
+        let bucket = |le: &str| {
+            sample(
+                &text,
+                &format!(r#"kiln_http_request_duration_seconds_bucket{{le="{le}"}}"#),
+            )
+        };
         assert_eq!(bucket("0.0001"), Some(0.0));
         assert_eq!(bucket("0.001"), Some(7.0));
         assert_eq!(bucket("10"), Some(7.0));
         assert_eq!(bucket("+Inf"), Some(8.0));
-        assert_eq!(sample(&text, "kiln_http_request_duration_seconds_count"), Some(8.0));
-        assert_eq!(sample(&text, "kiln_http_request_duration_seconds_sum"), Some(11.007));
+        assert_eq!(
+            sample(&text, "kiln_http_request_duration_seconds_count"),
+            Some(8.0)
+        );
+        assert_eq!(
+            sample(&text, "kiln_http_request_duration_seconds_sum"),
+            Some(11.007)
+        );
         assert!(text.contains("# TYPE kiln_http_request_duration_seconds histogram\n"));
         assert!(text.contains("# TYPE kiln_http_requests_total counter\n"));
     }
@@ -608,7 +672,10 @@ mod tests {
         for (name, kind) in unlabelled {
             assert!(sample(&text, name).is_some(), "{name}\n{text}");
             let family = name.strip_suffix("_count").unwrap_or(name);
-            assert!(text.contains(&format!("# TYPE {family} {kind}\n")), "{family} {kind}\n{text}");
+            assert!(
+                text.contains(&format!("# TYPE {family} {kind}\n")),
+                "{family} {kind}\n{text}"
+            );
         }
         let per_database = [
             ("kiln_commits_total", "counter"),
@@ -631,8 +698,14 @@ mod tests {
             ("kiln_data_file_sync_seconds_count", "untyped"),
         ];
         for (name, kind) in per_database {
-            assert!(sample(&text, &format!(r#"{name}{{db="m"}}"#)).is_some(), "{name}\n{text}");
-            assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name} {kind}\n{text}");
+            assert!(
+                sample(&text, &format!(r#"{name}{{db="m"}}"#)).is_some(),
+                "{name}\n{text}"
+            );
+            assert!(
+                text.contains(&format!("# TYPE {name} {kind}\n")),
+                "{name} {kind}\n{text}"
+            );
         }
         assert_eq!(sample(&text, r#"kiln_documents{db="m"}"#), Some(3.0));
         for name in ["kiln_journal_write_seconds", "kiln_data_file_sync_seconds"] {
@@ -642,11 +715,16 @@ mod tests {
             }
         }
         assert_eq!(
-            sample(&text, r#"kiln_http_requests_total{route="/health",method="GET",status="200"}"#),
+            sample(
+                &text,
+                r#"kiln_http_requests_total{route="/health",method="GET",status="200"}"#
+            ),
             Some(1.0)
         );
         // Without databases, no engine family at all (not even its HELP).
-        let bare = m.render_with(EngineFigures { databases: Vec::new() });
+        let bare = m.render_with(EngineFigures {
+            databases: Vec::new(),
+        });
         assert!(!bare.contains("kiln_commits_total"));
         assert!(bare.contains("kiln_uptime_seconds"));
     }
@@ -661,7 +739,12 @@ mod tests {
         let elapsed = Duration::from_micros(180);
         let cases: [(&str, &str, &str, u16); 3] = [
             ("hot (document GET 200)", DOCUMENT_ROUTE, "GET", 200),
-            ("not hot (document DELETE 200)", DOCUMENT_ROUTE, "DELETE", 200),
+            (
+                "not hot (document DELETE 200)",
+                DOCUMENT_ROUTE,
+                "DELETE",
+                200,
+            ),
             ("not hot (another route)", "/dbs/{db}/queries", "POST", 200),
         ];
         for (what, route, method, status) in cases {
