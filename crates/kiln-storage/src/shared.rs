@@ -53,6 +53,10 @@ pub(crate) struct WriterState {
     pub journal_end: JournalEnd,
     /// Where transactions send their tree side to be merged ahead (`txn/ahead.rs`);
     /// `None` when the option is off or the environment is closing.
+    // (The merge thread's handoff types live with the transaction code that drives
+    // them, `txn/ahead.rs`, which itself reads this shared state: a circle kept on
+    // purpose, since splitting the handoff from its only user would scatter one
+    // protocol over two modules.)
     pub merge_jobs: Option<crate::txn::MergeJobSender>,
     /// Buffer writes of the last transaction sealed (whether to merge ahead).
     pub last_txn_buffer_writes: usize,

@@ -137,3 +137,23 @@ pub enum EntryProblem {
     #[error("kind {kind} with {value_len} value bytes")]
     Kind { kind: u8, value_len: usize },
 }
+
+/// Reads `n` bytes at `*at` from `body` (`what` they are, for the error).
+pub(super) fn take<'b>(
+    body: &'b [u8],
+    at: &mut usize,
+    n: usize,
+    what: &'static str,
+) -> Result<&'b [u8], DecodeError> {
+    let s = at
+        .checked_add(n)
+        .and_then(|end| body.get(*at..end))
+        .ok_or(DecodeError::Truncated {
+            what,
+            at: *at,
+            len: n,
+            body_len: body.len(),
+        })?;
+    *at += n;
+    Ok(s)
+}

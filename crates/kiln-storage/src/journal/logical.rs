@@ -2,7 +2,7 @@
 //! value or tombstone), as opposed to page images. Encoded by the transaction as it
 //! writes (`LogicalLog`), decoded on replay (`decode_entries`).
 
-use super::record::{take, DecodeError, EntryProblem};
+use super::decode_error::{take, DecodeError, EntryProblem};
 use crate::page::{self, read_u16, read_u32};
 use crate::write_buffer::{Slot, SlotRef, TreeId};
 

@@ -47,6 +47,7 @@
 
 use super::compress::{Compressor, JournalWriteCost, Verdict};
 pub use super::decode_error::{DecodeError, EntryProblem, ImageProblem};
+use super::decode_error::take;
 use super::logical;
 pub use super::logical::LogicalLog;
 use crate::io::DIRECT_IO_ALIGN;
@@ -727,25 +728,6 @@ pub struct DecodedRecord {
     pub logical: Vec<logical::LogicalEntry>,
 }
 
-/// Reads `n` bytes at `*at` from `body` (`what` they are, for the error).
-pub(super) fn take<'b>(
-    body: &'b [u8],
-    at: &mut usize,
-    n: usize,
-    what: &'static str,
-) -> Result<&'b [u8], DecodeError> {
-    let s = at
-        .checked_add(n)
-        .and_then(|end| body.get(*at..end))
-        .ok_or(DecodeError::Truncated {
-            what,
-            at: *at,
-            len: n,
-            body_len: body.len(),
-        })?;
-    *at += n;
-    Ok(s)
-}
 
 /// Decodes a record whose checksum already passed. Arbitrary bytes give an error,
 /// never a panic or an allocation much larger than the body (or its stated raw size,
