@@ -17,9 +17,9 @@ from kiln_client import DocumentStore
 SERVER_SRC = REPO / "crates" / "kiln-server" / "src"
 
 _PATTERNS = [
-    r'ApiError::new\(\s*[\w:]+,\s*"([a-z_]+)"',
-    r'bad_request\(\s*"([a-z_]+)"',
-    r'\(S::\w+,\s*"([a-z_]+)"\)',
+    # The server's one list of codes: `Variant = "code" => STATUS,` in error.rs.
+    r'(?m)^\s*\w+ = "([a-z_]+)" =>',
+    # The changes feed's WebSocket messages and the bulk stream's in-band errors.
     r'code:\s*"([a-z_]+)"',
     r'send_error\(\s*"([a-z_]+)"',
     r'\bbad\(\s*"([a-z_]+)"',

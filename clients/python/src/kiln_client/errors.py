@@ -194,6 +194,13 @@ class IndexExistsError(ConflictError):
     code = "index_exists"
 
 
+class MalformedRequestError(BadRequestError):
+    """``bad_request``: a request the server cannot parse as HTTP/1.1 (a malformed head,
+    a target with characters a URL cannot hold), or plain HTTP sent to its TLS port."""
+
+    code = "bad_request"
+
+
 class InvalidPathError(BadRequestError):
     code = "invalid_path"
 
@@ -385,7 +392,8 @@ ERROR_CLASSES: Dict[str, Type[KilnError]] = {
         AuthenticationError, MethodNotAllowedError, RequestTimeoutError,
         TooManyConnectionsError, InvalidDatabaseNameError, InvalidIdError,
         InvalidCollectionError, MalformedJsonError, InvalidDocumentError, InvalidEtagError,
-        InvalidPreconditionError, InvalidQueryError, InvalidPathError, InvalidHeaderError,
+        InvalidPreconditionError, InvalidQueryError, MalformedRequestError, InvalidPathError,
+        InvalidHeaderError,
         InvalidPageSizeError, PageSizeTooLargeError, InvalidWaitError, BodyReadFailedError,
         InvalidMessageError, UnsupportedMessageError, TooManySubscriptionsError,
         ChangesReadFailedError, RouteNotFoundError, DatabaseNotFoundError,
