@@ -66,11 +66,11 @@ pub struct BenchArgs {
     /// side as a job of its own).
     #[arg(long)]
     redis_only: bool,
-    /// W6 commits in total (default: 20,000 as BENCHMARKS.md defines it; 4,000 with
+    /// W6 commits in total (default: 20,000 as docs/benchmarks.md has it; 4,000 with
     /// --quick). A longer run shows the sustained rate, data-file write-back included.
     #[arg(long)]
     w6_commits: Option<u64>,
-    /// W10 documents (default: 1,000,000 as BENCHMARKS.md defines it; 100,000 with
+    /// W10 documents (default: 1,000,000 as docs/benchmarks.md has it; 100,000 with
     /// --quick; 3,000,000 shows whether the rate holds).
     #[arg(long)]
     w10_docs: Option<u64>,

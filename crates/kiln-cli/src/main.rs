@@ -132,7 +132,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run benchmark workloads from shared/BENCHMARKS.md against Kiln and the raw disk.
+    /// Run the benchmark workloads (docs/benchmarks.md) against Kiln and the raw disk.
     Bench(kiln_bench::BenchArgs),
     /// Measure what the disk itself does: sequential writes in every journal mode,
     /// durable writes by size, concurrent durable writers; tells a slow or lying disk
