@@ -104,9 +104,16 @@ fn backup_during_writes_is_exactly_its_snapshot_and_restores() {
     let before = commits.load(SeqCst);
     let r = env.begin_read().unwrap();
     let mut buf = Vec::new();
+    let in_backup = commits.clone();
     let sum = r
         .backup_to(&mut buf, b"meta!", BackupOptions::default(), |_| {
-            // Slow the backup down a little so that commits interleave with it.
+            // Hold the backup until a commit has landed while it runs (a fixed sleep
+            // was not enough on a busy machine: the backup could finish between two
+            // commits), then go on slowly so that more interleave.
+            let waiting = std::time::Instant::now();
+            while in_backup.load(SeqCst) == before && waiting.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_micros(200));
+            }
             std::thread::sleep(Duration::from_micros(200));
         })
         .unwrap();
