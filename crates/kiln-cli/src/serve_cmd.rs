@@ -85,7 +85,8 @@ pub struct ServeArgs {
     #[arg(long)]
     worker_threads: Option<usize>,
     /// Threads that turn queued document writes into commits: units in flight at
-    /// once. While one waits on the journal, the next gathers what arrived meanwhile.
+    /// once (for different databases; one database's writes that arrive while its
+    /// unit commits go out together as its next unit).
     #[arg(long, default_value_t = kiln_docs::WriteQueueOptions::default().workers)]
     write_workers: usize,
     /// Serve every request through hyper, document GETs and PUTs included, instead

@@ -1,13 +1,14 @@
 //! The one batching layer for document writes.
 //!
-//! Every writer of documents — the server's single-document requests, bulk insert,
-//! and later the indexer — hands its writes here instead of calling the engine from
-//! its own thread. A few worker threads take whatever has queued up, turn the
-//! independent writes for one database into ONE commit-queue unit
-//! (`Database::write_each`: each write succeeds or fails on its own) and answer each
-//! caller through its reply when that unit is durable. While one worker waits on the
-//! journal, the next gathers the writes that arrived meanwhile, so under load many
-//! requests share one journal write; a lone write goes out at once.
+//! The server's single-document writes and bulk insert hand their writes here
+//! instead of calling the engine from their own thread (`POST /batch`, the indexer
+//! and restores go to the engine's commit queue directly). A few worker threads take
+//! whatever has queued up, turn the independent writes for one database into ONE
+//! commit-queue unit (`Database::write_each`: each write succeeds or fails on its
+//! own) and answer each caller through its reply when that unit is durable. Writes
+//! that arrive while a unit commits queue up and go out together as the next unit,
+//! so under load many requests share one journal write; a lone write goes out at
+//! once. Workers serve different databases (or all-or-nothing jobs) at once.
 //!
 //! One worker at a time gathers a database's independent writes: while it commits
 //! them, new ones for that database wait in the queue without waking another worker
