@@ -397,7 +397,10 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
             store.close()?;
             Ok((report, file))
         } else {
-            Err(crate::UsageError("give --url (a running server) or --data-dir (offline)".into()).into())
+            Err(
+                crate::UsageError("give --url (a running server) or --data-dir (offline)".into())
+                    .into(),
+            )
         }
     })();
     match result {
@@ -437,7 +440,10 @@ fn chain_stop(t: &Target, json: bool) -> AnyResult<ExitCode> {
         store.close()?;
         stopped
     } else {
-        return Err(crate::UsageError("give --url (a running server) or --data-dir (offline)".into()).into());
+        return Err(crate::UsageError(
+            "give --url (a running server) or --data-dir (offline)".into(),
+        )
+        .into());
     };
     if json {
         println!(
@@ -557,7 +563,10 @@ pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
         pb.finish_and_clear();
         r?
     } else {
-        return Err(crate::UsageError("give --data-dir (offline) or --url (a running server)".into()).into());
+        return Err(crate::UsageError(
+            "give --data-dir (offline) or --url (a running server)".into(),
+        )
+        .into());
     };
     let chain = ChainReport {
         backups: report.backups,

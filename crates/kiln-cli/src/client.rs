@@ -80,7 +80,11 @@ impl TlsArgs {
                     kiln_server::tls::load_certs(cert).map_err(tls)?,
                     kiln_server::tls::load_private_key(key).map_err(tls)?,
                 )
-                .map_err(|e| tls(format!("client certificate and key do not fit together: {e}")))?,
+                .map_err(|e| {
+                    tls(format!(
+                        "client certificate and key do not fit together: {e}"
+                    ))
+                })?,
             _ => builder.with_no_client_auth(),
         };
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -168,13 +172,19 @@ struct Connection {
 }
 
 impl Endpoint {
-    pub fn parse(url: &str, api_key: Option<String>, tls: &TlsArgs) -> Result<Endpoint, ClientError> {
+    pub fn parse(
+        url: &str,
+        api_key: Option<String>,
+        tls: &TlsArgs,
+    ) -> Result<Endpoint, ClientError> {
         let (rest, https) = if let Some(r) = url.strip_prefix("http://") {
             (r, false)
         } else if let Some(r) = url.strip_prefix("https://") {
             (r, true)
         } else if url.contains("://") {
-            return Err(ClientError::Url(format!("{url}: only http:// and https:// URLs")));
+            return Err(ClientError::Url(format!(
+                "{url}: only http:// and https:// URLs"
+            )));
         } else {
             (url, false)
         };
@@ -254,7 +264,10 @@ impl Endpoint {
         let (read, write) = tokio::io::split(tls_stream);
         let handle = rt.handle().clone();
         Ok(Connection {
-            read: Box::new(tokio_util::io::SyncIoBridge::new_with_handle(read, handle.clone())),
+            read: Box::new(tokio_util::io::SyncIoBridge::new_with_handle(
+                read,
+                handle.clone(),
+            )),
             write: Box::new(tokio_util::io::SyncIoBridge::new_with_handle(write, handle)),
             socket,
         })

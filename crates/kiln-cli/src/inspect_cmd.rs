@@ -14,10 +14,7 @@ fn environments(dir: &Path) -> AnyResult<Vec<(String, PathBuf)>> {
         if databases.is_empty() {
             eprintln!("{} holds no database yet", dir.display());
         }
-        return Ok(databases
-            .into_iter()
-            .map(|d| (name_of(&d), d))
-            .collect());
+        return Ok(databases.into_iter().map(|d| (name_of(&d), d)).collect());
     }
     if !dir.join(kiln_storage::DATA_FILE).exists() {
         return Err(format!(
@@ -31,8 +28,10 @@ fn environments(dir: &Path) -> AnyResult<Vec<(String, PathBuf)>> {
 }
 
 fn name_of(dir: &Path) -> String {
-    dir.file_name()
-        .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
+    dir.file_name().map_or_else(
+        || dir.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }
 
 /// Checks every database; exit code 1 if any has a problem.

@@ -180,9 +180,13 @@ fn init_logging(command: &Command) {
         Command::Serve(a) => (a.access_log, a.log_format == serve_cmd::LogFormat::Json),
         _ => (false, false),
     };
-    let default = if access_log { "warn,kiln::access=info" } else { "warn" };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| default.into());
+    let default = if access_log {
+        "warn,kiln::access=info"
+    } else {
+        "warn"
+    };
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -229,9 +233,7 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
             prefix,
             start_after,
             limit,
-        } => {
-            return docs_cmd::list(&data_dir, &database, &prefix, start_after.as_deref(), limit)
-        }
+        } => return docs_cmd::list(&data_dir, &database, &prefix, start_after.as_deref(), limit),
         Command::Import(args) => return import_cmd::run(args),
         Command::Export(args) => return export_cmd::run(args),
         Command::Backup(args) => return backup_cmd::backup(args),

@@ -37,8 +37,9 @@ type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 pub fn run(args: QueryArgs) -> AnyResult<ExitCode> {
     let endpoint = Endpoint::parse(&args.url, args.api_key.clone(), &args.tls)?;
     let params: Map<String, Value> = match &args.params {
-        Some(p) => serde_json::from_str(p)
-            .map_err(|e| crate::UsageError(format!("--params: {e}")))?,
+        Some(p) => {
+            serde_json::from_str(p).map_err(|e| crate::UsageError(format!("--params: {e}")))?
+        }
         None => Map::new(),
     };
     let body =

@@ -201,7 +201,11 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
         rt.worker_threads(n);
     }
     let rt = rt.build()?;
-    let scheme = if config.tls.is_some() { "https" } else { "http" };
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let data_dir = a.data_dir.display().to_string();
     rt.block_on(kiln_server::run_until_signal(config, |server| {
         eprintln!(

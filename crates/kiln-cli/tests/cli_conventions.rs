@@ -54,7 +54,14 @@ fn exit_codes_are_zero_one_two_for_every_command() {
     // 1: the world says no (a missing database, an unreachable server).
     let o = kiln(&["get", "--data-dir", d, "nodb", "x"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    let o = kiln(&["query", "--url", "http://127.0.0.1:1", "--db", "x", "from x"]);
+    let o = kiln(&[
+        "query",
+        "--url",
+        "http://127.0.0.1:1",
+        "--db",
+        "x",
+        "from x",
+    ]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let o = kiln(&["api-key", "list", "--data-dir", &format!("{d}/missing")]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
@@ -94,7 +101,11 @@ fn put_reads_stdin_and_files_and_list_pages_with_start_after() {
     let o = kiln(&["list", "--data-dir", d, "db", "--start-after", "a/2"]);
     let ns: Vec<i64> = stdout(&o)
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["n"].as_i64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["n"]
+                .as_i64()
+                .unwrap()
+        })
         .collect();
     assert_eq!(ns, vec![3], "{}", text(&o));
 }

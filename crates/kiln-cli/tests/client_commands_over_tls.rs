@@ -26,7 +26,8 @@ fn new_ca() -> (Certificate, KeyPair) {
     let key = KeyPair::generate().unwrap();
     let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.distinguished_name.push(DnType::CommonName, "Kiln CLI Test CA");
+    p.distinguished_name
+        .push(DnType::CommonName, "Kiln CLI Test CA");
     p.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::DigitalSignature,
@@ -72,7 +73,10 @@ impl Drop for Server {
 fn serve_tls(data: &Path, pki: &Pki, port: u16) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["serve", "--auth", "--bind", &format!("127.0.0.1:{port}")])
-        .args(["--journal-file-size-mib", common::TEST_JOURNAL_FILE_SIZE_MIB])
+        .args([
+            "--journal-file-size-mib",
+            common::TEST_JOURNAL_FILE_SIZE_MIB,
+        ])
         .arg("--data-dir")
         .arg(data)
         .arg("--tls-cert")
@@ -121,7 +125,14 @@ fn every_client_command_works_over_https_with_auth() {
     let data = dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
     let o = kiln(
-        &["api-key", "create", "--data-dir", data.to_str().unwrap(), "--name", "cli"],
+        &[
+            "api-key",
+            "create",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--name",
+            "cli",
+        ],
         None,
     );
     assert!(o.status.success(), "{}", text(&o));
@@ -135,11 +146,26 @@ fn every_client_command_works_over_https_with_auth() {
     // import: NDJSON lines into a database it creates.
     let input = dir.path().join("in.ndjson");
     let lines: String = (0..50)
-        .map(|i| format!("{{\"id\":\"u/{i:03}\",\"document\":{{\"n\":{i},\"age\":{}}}}}\n", 20 + i))
+        .map(|i| {
+            format!(
+                "{{\"id\":\"u/{i:03}\",\"document\":{{\"n\":{i},\"age\":{}}}}}\n",
+                20 + i
+            )
+        })
         .collect();
     std::fs::write(&input, lines).unwrap();
     let o = kiln(
-        &["import", "--url", &url, "--ca-cert", ca, "--db", "shop", &p(&input), "--quiet"],
+        &[
+            "import",
+            "--url",
+            &url,
+            "--ca-cert",
+            ca,
+            "--db",
+            "shop",
+            &p(&input),
+            "--quiet",
+        ],
         Some(&key),
     );
     assert!(o.status.success(), "import: {}", text(&o));
@@ -147,7 +173,18 @@ fn every_client_command_works_over_https_with_auth() {
     // export: all of it back.
     let out = dir.path().join("out.ndjson");
     let o = kiln(
-        &["export", "--url", &url, "--ca-cert", ca, "--db", "shop", "--out", &p(&out), "--quiet"],
+        &[
+            "export",
+            "--url",
+            &url,
+            "--ca-cert",
+            ca,
+            "--db",
+            "shop",
+            "--out",
+            &p(&out),
+            "--quiet",
+        ],
         Some(&key),
     );
     assert!(o.status.success(), "export: {}", text(&o));
@@ -155,8 +192,19 @@ fn every_client_command_works_over_https_with_auth() {
 
     // query, with the key as a flag this time.
     let o = kiln(
-        &["query", "--url", &url, "--ca-cert", ca, "--api-key", &key, "--db", "shop", "--json",
-          "from u where age >= 60"],
+        &[
+            "query",
+            "--url",
+            &url,
+            "--ca-cert",
+            ca,
+            "--api-key",
+            &key,
+            "--db",
+            "shop",
+            "--json",
+            "from u where age >= 60",
+        ],
         None,
     );
     assert!(o.status.success(), "query: {}", text(&o));
@@ -166,19 +214,55 @@ fn every_client_command_works_over_https_with_auth() {
     // backup and restore --url: a second database with the same documents.
     let backup = dir.path().join("shop.kbk");
     let o = kiln(
-        &["backup", "--url", &url, "--ca-cert", ca, "--db", "shop", "--out", &p(&backup), "--quiet"],
+        &[
+            "backup",
+            "--url",
+            &url,
+            "--ca-cert",
+            ca,
+            "--db",
+            "shop",
+            "--out",
+            &p(&backup),
+            "--quiet",
+        ],
         Some(&key),
     );
     assert!(o.status.success(), "backup: {}", text(&o));
     // With a client certificate instead of a key.
     let o = kiln(
-        &["restore", "--url", &url, "--ca-cert", ca, "--client-cert", &p(&pki.client_cert),
-          "--client-key", &p(&pki.client_key), "--db", "copy", &p(&backup), "--quiet", "--json"],
+        &[
+            "restore",
+            "--url",
+            &url,
+            "--ca-cert",
+            ca,
+            "--client-cert",
+            &p(&pki.client_cert),
+            "--client-key",
+            &p(&pki.client_key),
+            "--db",
+            "copy",
+            &p(&backup),
+            "--quiet",
+            "--json",
+        ],
         None,
     );
     assert!(o.status.success(), "restore: {}", text(&o));
     let o = kiln(
-        &["export", "--url", &url, "--ca-cert", ca, "--db", "copy", "--out", &p(&out), "--quiet"],
+        &[
+            "export",
+            "--url",
+            &url,
+            "--ca-cert",
+            ca,
+            "--db",
+            "copy",
+            "--out",
+            &p(&out),
+            "--quiet",
+        ],
         Some(&key),
     );
     assert!(o.status.success(), "export of the copy: {}", text(&o));
@@ -187,7 +271,18 @@ fn every_client_command_works_over_https_with_auth() {
     // Refusals, each saying why: no key, a CA that did not sign the server's
     // certificate, and https options on a plain URL.
     let o = kiln(
-        &["export", "--url", &url, "--ca-cert", ca, "--db", "shop", "--out", &p(&out), "--quiet"],
+        &[
+            "export",
+            "--url",
+            &url,
+            "--ca-cert",
+            ca,
+            "--db",
+            "shop",
+            "--out",
+            &p(&out),
+            "--quiet",
+        ],
         None,
     );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
@@ -195,13 +290,31 @@ fn every_client_command_works_over_https_with_auth() {
     let other = dir.path().join("other-ca.pem");
     std::fs::write(&other, new_ca().0.pem()).unwrap();
     let o = kiln(
-        &["query", "--url", &url, "--ca-cert", &p(&other), "--db", "shop", "from u"],
+        &[
+            "query",
+            "--url",
+            &url,
+            "--ca-cert",
+            &p(&other),
+            "--db",
+            "shop",
+            "from u",
+        ],
         Some(&key),
     );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("TLS"), "{}", text(&o));
     let o = kiln(
-        &["query", "--url", &format!("http://127.0.0.1:{port}"), "--ca-cert", ca, "--db", "shop", "from u"],
+        &[
+            "query",
+            "--url",
+            &format!("http://127.0.0.1:{port}"),
+            "--ca-cert",
+            ca,
+            "--db",
+            "shop",
+            "from u",
+        ],
         Some(&key),
     );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));

@@ -64,7 +64,11 @@ fn put_get_list_check_on_a_data_directory() {
     assert_eq!(out(&o).lines().count(), 2, "{}", out(&o));
 
     let o = kiln(&["put", "--data-dir", d, "shop", "bad", "{not json"]);
-    assert_eq!(o.status.code(), Some(1), "a runtime error, not a usage error");
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "a runtime error, not a usage error"
+    );
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("line 1"),
         "{o:?}"

@@ -17,7 +17,10 @@ fn access_log_lines_are_json_and_the_server_says_when_it_starts_and_stops() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["serve", "--access-log", "--log-format", "json", "--bind"])
         .arg(format!("localhost:{port}"))
-        .args(["--journal-file-size-mib", common::TEST_JOURNAL_FILE_SIZE_MIB])
+        .args([
+            "--journal-file-size-mib",
+            common::TEST_JOURNAL_FILE_SIZE_MIB,
+        ])
         .arg("--data-dir")
         .arg(dir.path())
         .stdout(Stdio::null())
@@ -34,7 +37,9 @@ fn access_log_lines_are_json_and_the_server_says_when_it_starts_and_stops() {
         }
     });
     let deadline = Instant::now() + Duration::from_secs(30);
-    let first = rx.recv_timeout(Duration::from_secs(30)).expect("a first line");
+    let first = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a first line");
     assert!(
         first.starts_with("kiln serving") && first.contains(&format!("http://127.0.0.1:{port}")),
         "{first}"
@@ -51,7 +56,9 @@ fn access_log_lines_are_json_and_the_server_says_when_it_starts_and_stops() {
         s.read_to_string(&mut out).unwrap();
         out
     };
-    let made = exchange("PUT /dbs/logs HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 0\r\n\r\n");
+    let made = exchange(
+        "PUT /dbs/logs HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+    );
     assert!(made.starts_with("HTTP/1.1 201"), "{made}");
     let put = exchange(
         "PUT /dbs/logs/docs/a HTTP/1.1\r\nhost: x\r\nx-request-id: req-7\r\nconnection: close\r\ncontent-length: 7\r\n\r\n{\"n\":1}",
@@ -65,7 +72,10 @@ fn access_log_lines_are_json_and_the_server_says_when_it_starts_and_stops() {
     assert!(status.success(), "{status}");
     let lines: Vec<String> = rx.iter().collect();
     let text = lines.join("\n");
-    assert!(!text.contains('\u{1b}'), "no ANSI colour off a terminal: {text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "no ANSI colour off a terminal: {text}"
+    );
     assert!(lines.last().unwrap().contains("kiln stopped"), "{text}");
     let access: Vec<serde_json::Value> = lines
         .iter()
@@ -83,7 +93,9 @@ fn access_log_lines_are_json_and_the_server_says_when_it_starts_and_stops() {
     assert!(f["bytes"].as_u64().unwrap() > 0, "{f}");
     assert!(f["micros"].as_u64().is_some(), "{f}");
     assert!(
-        access.iter().any(|v| v["fields"]["path"] == "/dbs/logs" && v["fields"]["status"] == 201),
+        access
+            .iter()
+            .any(|v| v["fields"]["path"] == "/dbs/logs" && v["fields"]["status"] == 201),
         "{text}"
     );
 }

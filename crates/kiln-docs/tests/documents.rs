@@ -175,7 +175,11 @@ fn generated_ids_collections_counts_and_paging() {
         order.extend(page.items.iter().map(|d| (d.etag.sequence, d.id.clone())));
         match page.next {
             Some(n) => {
-                assert_eq!(n, page.items.last().unwrap().etag.to_string(), "an etag cursor");
+                assert_eq!(
+                    n,
+                    page.items.last().unwrap().etag.to_string(),
+                    "an etag cursor"
+                );
                 after = Some(n)
             }
             None => break,

@@ -88,20 +88,24 @@ pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
         .route_layer(axum::middleware::from_fn(label_route))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(tower::util::option_layer(crate::cross_origin::layer(cors_origins)))
+        .layer(tower::util::option_layer(crate::cross_origin::layer(
+            cors_origins,
+        )))
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .layer(crate::cross_origin::compression())
         .with_state(state)
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(ErrorCode::NotFound,
+    ApiError::new(
+        ErrorCode::NotFound,
         "no such endpoint; see the README or openapi.yaml",
     )
 }
 
 async fn method_not_allowed() -> ApiError {
-    ApiError::new(ErrorCode::MethodNotAllowed,
+    ApiError::new(
+        ErrorCode::MethodNotAllowed,
         "this endpoint does not take that method",
     )
 }
@@ -285,9 +289,15 @@ mod tests {
 
     #[test]
     fn a_document_target_is_a_plain_document_path() {
-        assert_eq!(document_target("/dbs/bench/docs/users/1"), Some(("bench", "users/1")));
+        assert_eq!(
+            document_target("/dbs/bench/docs/users/1"),
+            Some(("bench", "users/1"))
+        );
         assert_eq!(document_target("/dbs/b/docs/users/"), Some(("b", "users/")));
-        assert_eq!(document_target("/dbs/b/docs/a/docs/c"), Some(("b", "a/docs/c")));
+        assert_eq!(
+            document_target("/dbs/b/docs/a/docs/c"),
+            Some(("b", "a/docs/c"))
+        );
         // Left to the router: percent-encoding, other routes, and paths the route
         // template would not match as such.
         assert_eq!(document_target("/dbs/b/docs/a%20b"), None);

@@ -84,7 +84,8 @@ pub fn check_origins(origins: &[String]) -> Result<(), String> {
                 "--cors-origin {o:?}: an origin is scheme://host[:port], without a path"
             ));
         }
-        HeaderValue::from_str(o).map_err(|_| format!("--cors-origin {o:?}: not a valid header value"))?;
+        HeaderValue::from_str(o)
+            .map_err(|_| format!("--cors-origin {o:?}: not a valid header value"))?;
     }
     Ok(())
 }

@@ -248,9 +248,7 @@ fn error_code(e: &DocError) -> ErrorCode {
         DocError::IncrementNotPossible(_) => C::IncrementNotPossible,
         DocError::RestorePoint(_) => C::InvalidRestorePoint,
         // A directory of the data directory could not be made or removed.
-        DocError::Io { source, .. } if is_disk_full(source) => {
-            C::DiskFull
-        }
+        DocError::Io { source, .. } if is_disk_full(source) => C::DiskFull,
         DocError::Io { .. } => C::IoError,
         // A batch fails as its failing operation does; the message names the index.
         DocError::BatchOpFailed { source, .. } => error_code(source),
@@ -262,9 +260,7 @@ fn error_code(e: &DocError) -> ErrorCode {
             | kiln_storage::BackupError::Truncated { .. }
             | kiln_storage::BackupError::UnsupportedVersion(_),
         ) => C::BackupInvalid,
-        DocError::Backup(kiln_storage::BackupError::Io { .. }) => {
-            C::BackupReadFailed
-        }
+        DocError::Backup(kiln_storage::BackupError::Io { .. }) => C::BackupReadFailed,
         _ => C::InternalError,
     }
 }
@@ -350,7 +346,10 @@ mod tests {
         let group = ApiError::from(DocError::Storage(kiln_storage::Error::GroupFailed(
             std::sync::Arc::new(io(libc::EDQUOT)),
         )));
-        assert_eq!((group.status.as_u16(), group.code.as_str()), (507, "disk_full"));
+        assert_eq!(
+            (group.status.as_u16(), group.code.as_str()),
+            (507, "disk_full")
+        );
         assert!(!group.needs_restart);
         // A group failing after a latch: as the latch.
         let group_latched = ApiError::from(DocError::Storage(kiln_storage::Error::GroupFailed(
@@ -365,7 +364,10 @@ mod tests {
         assert!(group_latched.needs_restart);
         // An I/O error that latched nothing (a journal file could not be created).
         let plain = ApiError::from(DocError::Storage(io(libc::EIO)));
-        assert_eq!((plain.status.as_u16(), plain.code.as_str()), (503, "io_error"));
+        assert_eq!(
+            (plain.status.as_u16(), plain.code.as_str()),
+            (503, "io_error")
+        );
         assert!(!plain.needs_restart);
         // A bug: 500 with an id that the log has too.
         for bug in [
@@ -375,7 +377,10 @@ mod tests {
             )),
         ] {
             let e = ApiError::from(bug);
-            assert_eq!((e.status.as_u16(), e.code.as_str()), (500, "internal_error"));
+            assert_eq!(
+                (e.status.as_u16(), e.code.as_str()),
+                (500, "internal_error")
+            );
             assert!(e.message.contains("error id"), "{}", e.message);
         }
         let conflict_in_batch = ApiError::from(DocError::BatchOpFailed {
@@ -390,7 +395,10 @@ mod tests {
             }),
         });
         assert_eq!(
-            (conflict_in_batch.status.as_u16(), conflict_in_batch.code.as_str()),
+            (
+                conflict_in_batch.status.as_u16(),
+                conflict_in_batch.code.as_str()
+            ),
             (409, "conflict")
         );
         assert!(

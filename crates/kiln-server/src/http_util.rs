@@ -48,7 +48,8 @@ impl HeaderLookup for HeaderMap {
 
 /// 413 for a body over `max_body_bytes`; `len` says how long it was.
 pub fn body_too_large(len: &str, limits: &Limits) -> ApiError {
-    ApiError::new(ErrorCode::BodyTooLarge,
+    ApiError::new(
+        ErrorCode::BodyTooLarge,
         format!(
             "request body of {len} bytes exceeds the limit of {} bytes",
             limits.max_body_bytes
@@ -58,7 +59,8 @@ pub fn body_too_large(len: &str, limits: &Limits) -> ApiError {
 
 /// 408 for a body that did not arrive within `request_read_timeout_ms`.
 pub fn body_timed_out(limits: &Limits) -> ApiError {
-    ApiError::new(ErrorCode::RequestTimeout,
+    ApiError::new(
+        ErrorCode::RequestTimeout,
         format!(
             "the request body did not arrive within {} ms",
             limits.request_read_timeout_ms
@@ -68,7 +70,8 @@ pub fn body_timed_out(limits: &Limits) -> ApiError {
 
 /// 400 for a body that ended early or could not be read.
 pub fn body_read_failed(why: impl std::fmt::Display) -> ApiError {
-    ApiError::new(ErrorCode::BodyReadFailed,
+    ApiError::new(
+        ErrorCode::BodyReadFailed,
         format!("could not read the request body: {why}"),
     )
 }
@@ -107,12 +110,14 @@ pub fn write_condition(headers: &impl HeaderLookup) -> Result<Condition, ApiErro
     let if_match = header_str(headers, "if-match")?;
     let if_none_match = header_str(headers, "if-none-match")?;
     match (if_match, if_none_match) {
-        (Some(_), Some(_)) => Err(ApiError::new(ErrorCode::InvalidPrecondition,
+        (Some(_), Some(_)) => Err(ApiError::new(
+            ErrorCode::InvalidPrecondition,
             "send either If-Match or If-None-Match, not both",
         )),
         (Some(m), None) => condition_from_if_match(m),
         (None, Some("*")) => Ok(Condition::IfNotExists),
-        (None, Some(_)) => Err(ApiError::new(ErrorCode::InvalidPrecondition,
+        (None, Some(_)) => Err(ApiError::new(
+            ErrorCode::InvalidPrecondition,
             "on a write, If-None-Match may only be \"*\" (create only)",
         )),
         (None, None) => Ok(Condition::None),
@@ -126,12 +131,14 @@ pub fn condition_from_if_match(value: &str) -> Result<Condition, ApiError> {
         return Ok(Condition::IfExists);
     }
     if v.starts_with("W/") {
-        return Err(ApiError::new(ErrorCode::InvalidEtag,
+        return Err(ApiError::new(
+            ErrorCode::InvalidEtag,
             "If-Match needs a strong etag; weak etags never match",
         ));
     }
     if v.contains(',') {
-        return Err(ApiError::new(ErrorCode::InvalidEtag,
+        return Err(ApiError::new(
+            ErrorCode::InvalidEtag,
             "If-Match takes a single etag",
         ));
     }
@@ -227,7 +234,8 @@ pub async fn blocking<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     match tokio::task::spawn_blocking(f).await {
         Ok(r) => r.map_err(ApiError::from),
-        Err(e) => Err(ApiError::new(ErrorCode::InternalError,
+        Err(e) => Err(ApiError::new(
+            ErrorCode::InternalError,
             format!("the request's worker failed: {e}"),
         )),
     }

@@ -12,16 +12,16 @@ pub mod error;
 mod http1;
 mod http_util;
 mod hyper_conn;
-mod query_params;
 mod metrics;
 mod observe;
+mod query_params;
 mod routes;
 mod serve;
 mod state;
 pub mod tls;
 
-pub use observe::AccessLog;
 pub use config::{default_connection_threads, ChangesConfig, Limits, ServerConfig, TlsConfig};
+pub use observe::AccessLog;
 pub use serve::{RunningServer, ServeError};
 
 /// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.

@@ -32,7 +32,11 @@ impl RequestId {
     /// The client's id if it is a usable one, else a new one.
     pub fn from_presented(presented: Option<&[u8]>) -> RequestId {
         match presented {
-            Some(v) if !v.is_empty() && v.len() <= MAX_PRESENTED_ID_BYTES && v.iter().all(|&b| id_byte(b)) => {
+            Some(v)
+                if !v.is_empty()
+                    && v.len() <= MAX_PRESENTED_ID_BYTES
+                    && v.iter().all(|&b| id_byte(b)) =>
+            {
                 // All ASCII, checked just above.
                 RequestId::Given(String::from_utf8_lossy(v).into())
             }
@@ -155,7 +159,13 @@ mod tests {
     fn a_presented_id_is_kept_only_when_it_is_safe_to_log() {
         let kept = RequestId::from_presented(Some(b"abc-123.trace:9"));
         assert_eq!(kept.as_str(), "abc-123.trace:9");
-        for bad in [&b""[..], b"has space", b"quote\"", b"back\\slash", &[b'a'; 129]] {
+        for bad in [
+            &b""[..],
+            b"has space",
+            b"quote\"",
+            b"back\\slash",
+            &[b'a'; 129],
+        ] {
             let made = RequestId::from_presented(Some(bad));
             assert_eq!(made.as_str().len(), 16, "{bad:?} replaced by a new id");
         }

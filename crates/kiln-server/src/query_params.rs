@@ -152,12 +152,24 @@ mod tests {
         let typo = parse::<Listing>("prefx=a").unwrap_err();
         assert_eq!(typo.code, ErrorCode::InvalidQuery);
         assert!(typo.message.contains("\"prefx\""), "{}", typo.message);
-        assert!(typo.message.contains("prefix, page_size"), "{}", typo.message);
+        assert!(
+            typo.message.contains("prefix, page_size"),
+            "{}",
+            typo.message
+        );
         let twice = parse::<Listing>("prefix=a&prefix=b").unwrap_err();
-        assert!(twice.message.contains("more than once"), "{}", twice.message);
+        assert!(
+            twice.message.contains("more than once"),
+            "{}",
+            twice.message
+        );
         let bad = parse::<Listing>("page_size=many").unwrap_err();
         assert_eq!(bad.code, ErrorCode::InvalidQuery);
         let none = parse::<Nothing>("limit=2").unwrap_err();
-        assert!(none.message.contains("no query parameters"), "{}", none.message);
+        assert!(
+            none.message.contains("no query parameters"),
+            "{}",
+            none.message
+        );
     }
 }

@@ -36,7 +36,13 @@ async fn request_ids_are_echoed_or_made_and_in_every_error_body() {
     }
     // Made when absent (or unusable): 16 hex digits, different each time.
     let made: Vec<String> = futures_util::future::join_all((0..2).map(|_| async {
-        let r = h.http.get(h.doc_url("r", "a")).header("x-request-id", "has space").send().await.unwrap();
+        let r = h
+            .http
+            .get(h.doc_url("r", "a"))
+            .header("x-request-id", "has space")
+            .send()
+            .await
+            .unwrap();
         r.headers()["x-request-id"].to_str().unwrap().to_string()
     }))
     .await;
@@ -45,10 +51,10 @@ async fn request_ids_are_echoed_or_made_and_in_every_error_body() {
     // Errors from both paths, the fallback and a refused query included, carry it
     // in the body as in the header.
     for (method, path) in [
-        ("GET", "/dbs/r/docs/missing"),   // own loop: 404
-        ("PUT", "/dbs/nodb/docs/x"),      // own loop: 404 before the body
-        ("GET", "/dbs/r/docs?prefx=a"),   // router: 400
-        ("GET", "/no/such/route"),        // router fallback: 404
+        ("GET", "/dbs/r/docs/missing"),    // own loop: 404
+        ("PUT", "/dbs/nodb/docs/x"),       // own loop: 404 before the body
+        ("GET", "/dbs/r/docs?prefx=a"),    // router: 400
+        ("GET", "/no/such/route"),         // router fallback: 404
         ("DELETE", "/dbs/r/docs/missing"), // router: 404
     ] {
         let r = h
@@ -93,9 +99,15 @@ async fn cors_answers_listed_origins_only() {
     assert_eq!(hd["access-control-allow-origin"], "https://app.example");
     assert_eq!(hd["access-control-allow-credentials"], "true");
     let methods = hd["access-control-allow-methods"].to_str().unwrap();
-    assert!(methods.contains("PUT") && methods.contains("DELETE"), "{methods}");
+    assert!(
+        methods.contains("PUT") && methods.contains("DELETE"),
+        "{methods}"
+    );
     let allowed = hd["access-control-allow-headers"].to_str().unwrap();
-    assert!(allowed.contains("if-match") && allowed.contains("authorization"), "{allowed}");
+    assert!(
+        allowed.contains("if-match") && allowed.contains("authorization"),
+        "{allowed}"
+    );
 
     // An actual request from the page (a document GET: the own loop hands it to
     // the router): the origin echoed, ETag exposed so that script can read it.
@@ -107,9 +119,17 @@ async fn cors_answers_listed_origins_only() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(r.headers()["access-control-allow-origin"], "https://app.example");
-    let exposed = r.headers()["access-control-expose-headers"].to_str().unwrap();
-    assert!(exposed.contains("etag") && exposed.contains("x-request-id"), "{exposed}");
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://app.example"
+    );
+    let exposed = r.headers()["access-control-expose-headers"]
+        .to_str()
+        .unwrap();
+    assert!(
+        exposed.contains("etag") && exposed.contains("x-request-id"),
+        "{exposed}"
+    );
     assert!(r.headers()["vary"].to_str().unwrap().contains("origin"));
 
     // Another origin: no allow header (the browser refuses to show the answer).
@@ -146,7 +166,12 @@ async fn large_answers_are_compressed_as_the_client_accepts() {
     let big = json!({"text": "kiln ".repeat(2000)});
     h.put_ok("z", "big", &big).await;
     h.put_ok("z", "small", &json!({"n": 1})).await;
-    for (accept, encoding) in [("gzip", "gzip"), ("br", "br"), ("zstd", "zstd"), ("br;q=1, gzip;q=0.5", "br")] {
+    for (accept, encoding) in [
+        ("gzip", "gzip"),
+        ("br", "br"),
+        ("zstd", "zstd"),
+        ("br;q=1, gzip;q=0.5", "br"),
+    ] {
         for path in ["/dbs/z/docs/big", "/dbs/z/docs?page_size=5", "/metrics"] {
             let r = h
                 .http
@@ -157,7 +182,9 @@ async fn large_answers_are_compressed_as_the_client_accepts() {
                 .unwrap();
             assert_eq!(r.status(), 200, "{path}");
             assert_eq!(
-                r.headers().get("content-encoding").map(|v| v.to_str().unwrap()),
+                r.headers()
+                    .get("content-encoding")
+                    .map(|v| v.to_str().unwrap()),
                 Some(encoding),
                 "{path} with {accept}"
             );
@@ -188,7 +215,11 @@ async fn large_answers_are_compressed_as_the_client_accepts() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.headers().get("content-encoding").is_none(), "{:?}", r.headers());
+    assert!(
+        r.headers().get("content-encoding").is_none(),
+        "{:?}",
+        r.headers()
+    );
     h.shutdown().await;
 }
 
@@ -209,12 +240,20 @@ async fn pages_link_to_the_next_one() {
             assert!(l.ends_with(">; rel=\"next\""), "{l}");
             h.url(&l[1..l.find('>').unwrap()])
         });
-        seen += r.json::<Value>().await.unwrap()["results"].as_array().unwrap().len();
+        seen += r.json::<Value>().await.unwrap()["results"]
+            .as_array()
+            .unwrap()
+            .len();
         assert!(seen <= 5);
     }
     assert_eq!(seen, 5, "following Link visits every document once");
     // The changes feed links to its next page while pages are full.
-    let r = h.http.get(h.url("/dbs/p/changes?limit=2")).send().await.unwrap();
+    let r = h
+        .http
+        .get(h.url("/dbs/p/changes?limit=2"))
+        .send()
+        .await
+        .unwrap();
     let link = r.headers()["link"].to_str().unwrap().to_string();
     assert!(link.starts_with("</dbs/p/changes?limit=2&since="), "{link}");
     h.shutdown().await;

@@ -486,7 +486,9 @@ async fn listings_page_in_order_and_collections_count() {
             Value::Null => break,
             Value::String(n) => {
                 // The cursor is the last document's etag, as every cursor is.
-                let last = items.last().unwrap()["@metadata"]["@etag"].as_str().unwrap();
+                let last = items.last().unwrap()["@metadata"]["@etag"]
+                    .as_str()
+                    .unwrap();
                 assert_eq!(n, last);
                 after = Some(n.clone());
             }
@@ -551,7 +553,10 @@ async fn listings_page_in_order_and_collections_count() {
     ] {
         let r = h.http.get(h.url(query)).send().await.unwrap();
         let v = expect_error(r, 400, "invalid_query").await;
-        assert!(v["message"].as_str().unwrap().contains(says), "{query}: {v}");
+        assert!(
+            v["message"].as_str().unwrap().contains(says),
+            "{query}: {v}"
+        );
         assert!(v["request_id"].is_string(), "{query}: {v}");
     }
     let r = h

@@ -50,7 +50,9 @@ fn documented_codes(yaml: &str) -> (usize, String, Vec<String>) {
         .strip_prefix("enum: [")
         .and_then(|s| s.strip_suffix(']'))
         .unwrap_or_else(|| {
-            panic!("the line after {MARKER:?} must be `enum: [code, ...]` on one line, not {line:?}")
+            panic!(
+                "the line after {MARKER:?} must be `enum: [code, ...]` on one line, not {line:?}"
+            )
         });
     let codes = list
         .split(',')
@@ -123,7 +125,10 @@ fn the_codes_are_unique_and_well_formed() {
             !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
             "{s:?}: codes are snake_case (written bare in the YAML list)"
         );
-        assert!(code.status().as_u16() >= 400, "{s}: an error code with a success status");
+        assert!(
+            code.status().as_u16() >= 400,
+            "{s}: an error code with a success status"
+        );
     }
 }
 
@@ -134,16 +139,29 @@ fn the_codes_are_unique_and_well_formed() {
 async fn refusals_that_were_plain_text_are_json_errors() {
     let h = Harness::start().await;
     h.create_db("shop").await;
-    let r = h.http.get(h.url("/dbs/shop/changes/ws")).send().await.unwrap();
+    let r = h
+        .http
+        .get(h.url("/dbs/shop/changes/ws"))
+        .send()
+        .await
+        .unwrap();
     assert!(r.headers().contains_key("x-request-id"));
     let v = expect_error(r, 400, "bad_request").await;
-    assert!(v["message"].as_str().unwrap().contains("WebSocket upgrade"), "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("WebSocket upgrade"),
+        "{v}"
+    );
     assert!(v["request_id"].is_string(), "{v}");
     let r = h.http.get(h.url("/studio/%FF")).send().await.unwrap();
     expect_error(r, 400, "invalid_path").await;
     // A database that does not exist is still a 400 for a plain GET (the upgrade is
     // checked first), and a real upgrade still works (tests/changes_feed.rs).
-    let r = h.http.get(h.url("/dbs/nope/changes/ws")).send().await.unwrap();
+    let r = h
+        .http
+        .get(h.url("/dbs/nope/changes/ws"))
+        .send()
+        .await
+        .unwrap();
     expect_error(r, 400, "bad_request").await;
     h.shutdown().await;
 }

@@ -414,7 +414,10 @@ async fn the_own_loop_answers_as_hyper_does() {
     // in, answers the JSON error every other 4xx carries.
     let own_bad = shapes[0].pop().unwrap();
     let hyper_bad = shapes[1].pop().unwrap();
-    assert_eq!((own_bad.0, &own_bad.2["error"]), (400, &Value::from("bad_request")));
+    assert_eq!(
+        (own_bad.0, &own_bad.2["error"]),
+        (400, &Value::from("bad_request"))
+    );
     assert!(own_bad.1.contains("x-request-id") && own_bad.1.contains("connection"));
     assert_eq!((hyper_bad.0, &hyper_bad.2), (400, &Value::Null));
     for (i, (own, hyper)) in shapes[0].iter().zip(&shapes[1]).enumerate() {

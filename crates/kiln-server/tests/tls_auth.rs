@@ -289,7 +289,10 @@ async fn https_with_a_trusted_ca_and_no_plain_http() {
         .await
         .unwrap();
     assert_eq!(plain.status(), StatusCode::BAD_REQUEST);
-    let id = plain.headers()["x-request-id"].to_str().unwrap().to_string();
+    let id = plain.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
     let v: Value = plain.json().await.unwrap();
     assert_eq!(v["request_id"], id.as_str());
     assert_eq!(v["error"], "bad_request");

@@ -2,12 +2,12 @@
 //! GET and PUT answers without building a `Response`, and any other `Response`
 //! (errors, refusals) rendered as hyper would send it.
 
+use crate::observe::RequestId;
 use crate::routes::docs::{last_modified_date, location, put_answer_json};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 use http_body_util::BodyExt;
 use kiln_docs::{DocumentView, PutOutcome};
-use crate::observe::RequestId;
 use std::cell::RefCell;
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -163,7 +163,13 @@ pub async fn response(out: &mut Vec<u8>, resp: Response, id: &RequestId, close: 
     let no_body = parts.status == StatusCode::NOT_MODIFIED
         || parts.status == StatusCode::NO_CONTENT
         || parts.status.is_informational();
-    finish(out, parts.status, id, (!no_body).then_some(&body[..]), close)
+    finish(
+        out,
+        parts.status,
+        id,
+        (!no_body).then_some(&body[..]),
+        close,
+    )
 }
 
 #[cfg(test)]
@@ -197,7 +203,10 @@ mod tests {
         };
         let mut out = Vec::new();
         let id = RequestId::from_presented(Some(b"r-1"));
-        assert_eq!(document(&mut out, &view, false, &id, false).status, StatusCode::OK);
+        assert_eq!(
+            document(&mut out, &view, false, &id, false).status,
+            StatusCode::OK
+        );
         let t = text(&out);
         assert!(t.starts_with("HTTP/1.1 200 OK\r\n"), "{t}");
         assert!(t.contains(&format!("etag: \"{}\"\r\n", doc.etag)), "{t}");

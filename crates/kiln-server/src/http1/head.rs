@@ -224,7 +224,11 @@ fn read_headers(
 /// An `Accept-Encoding` that names no encoding the compression layer would use.
 fn accepts_identity_only(value: &[u8]) -> bool {
     value.split(|&b| b == b',').all(|coding| {
-        let name = coding.split(|&b| b == b';').next().unwrap_or_default().trim_ascii();
+        let name = coding
+            .split(|&b| b == b';')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
         name.is_empty() || name.eq_ignore_ascii_case(b"identity")
     })
 }
@@ -505,7 +509,6 @@ mod tests {
             "HEAD /dbs/a/docs/x HTTP/1.1\r\n\r\n",
             "GET /dbs/a/docs/x?y=1 HTTP/1.1\r\n\r\n",
             "GET /dbs/a/docs/x#frag HTTP/1.1\r\n\r\n",
-
             "GET /dbs/a/docs/a%20b HTTP/1.1\r\n\r\n",
             "GET /dbs/a HTTP/1.1\r\n\r\n",
             "GET /health HTTP/1.1\r\n\r\n",

@@ -16,14 +16,14 @@ pub(crate) mod answer;
 mod head;
 mod rewind;
 
-use crate::metrics::DOCUMENT_ROUTE;
-use crate::state::SharedState;
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{
     body_read_failed, body_timed_out, body_too_large, none_match_hits, HeaderLookup,
 };
-use crate::observe::{Exchange, KeyId, RequestId};
 use crate::hyper_conn::ConnContext;
+use crate::metrics::DOCUMENT_ROUTE;
+use crate::observe::{Exchange, KeyId, RequestId};
+use crate::state::SharedState;
 use answer::Answered;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -187,7 +187,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let started = std::time::Instant::now();
         let close = head.close || *self.shutdown.borrow();
         let pending = self.pending();
-        let headers = HeadHeaders { head: &head, buf: pending };
+        let headers = HeadHeaders {
+            head: &head,
+            buf: pending,
+        };
         let id = RequestId::from_presented(headers.first("x-request-id"));
         // The path as the access log shows it; only built when it is on.
         let path = match self.state.access_log {
@@ -230,7 +233,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         })
     }
 
-    async fn get(&mut self, head: &DocHead, id: &RequestId, close: bool) -> (Answered, Option<KeyId>) {
+    async fn get(
+        &mut self,
+        head: &DocHead,
+        id: &RequestId,
+        close: bool,
+    ) -> (Answered, Option<KeyId>) {
         let admitted = self.admit(head);
         // Split borrows: the head's bytes are read while the answer is written.
         let pending = &self.buf[self.start..];
@@ -240,10 +248,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let (answered, key) = match admitted {
             Err(refused) => (Err(refused), None),
             Ok(key) => (
-                crate::routes::docs::lookup_with(state, head.db(pending), head.id(pending), |doc| {
-                    let not_modified = none_match_hits(&headers, doc.etag);
-                    answer::document(out, &doc, not_modified, id, close)
-                })
+                crate::routes::docs::lookup_with(
+                    state,
+                    head.db(pending),
+                    head.id(pending),
+                    |doc| {
+                        let not_modified = none_match_hits(&headers, doc.etag);
+                        answer::document(out, &doc, not_modified, id, close)
+                    },
+                )
                 .map_err(IntoResponse::into_response),
                 key,
             ),
@@ -334,10 +347,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let pending = &self.buf[self.start..];
         let doc_id = head.id(pending).to_string();
         let body = &pending[head.head_len..body_end];
-        let answered = match crate::routes::docs::put(&state, database, doc_id, body, condition).await {
-            Ok(outcome) => answer::put(&mut self.out, head.db(pending), &outcome, id, close),
-            Err(e) => answer::response(&mut self.out, e.into_response(), id, close).await,
-        };
+        let answered =
+            match crate::routes::docs::put(&state, database, doc_id, body, condition).await {
+                Ok(outcome) => answer::put(&mut self.out, head.db(pending), &outcome, id, close),
+                Err(e) => answer::response(&mut self.out, e.into_response(), id, close).await,
+            };
         self.consume(body_end);
         ((answered, key), close)
     }

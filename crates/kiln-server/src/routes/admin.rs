@@ -1,9 +1,9 @@
 //! Databases, stats, metrics and health.
 
-use crate::query_params::{NoParams, Params};
-use crate::state::SharedState;
 use crate::error::ApiError;
 use crate::http_util::{blocking, json_value, ApiPath};
+use crate::query_params::{NoParams, Params};
+use crate::state::SharedState;
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -63,7 +63,8 @@ pub async fn list_databases(_: NoParams, State(state): State<SharedState>) -> Re
     )
 }
 
-pub async fn create_database(_: NoParams, 
+pub async fn create_database(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
@@ -77,7 +78,8 @@ pub async fn create_database(_: NoParams,
     Ok(r)
 }
 
-pub async fn delete_database(_: NoParams, 
+pub async fn delete_database(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
@@ -89,7 +91,8 @@ pub async fn delete_database(_: NoParams,
     Ok(json_value(StatusCode::OK, json!({"deleted": db})))
 }
 
-pub async fn database_stats(_: NoParams, 
+pub async fn database_stats(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
@@ -186,7 +189,8 @@ fn tombstone_json(db: &kiln_docs::Database, t: &kiln_docs::TombstoneStats) -> se
 }
 
 /// `GET /dbs/{db}/tombstones`: how many deletes the change log still remembers.
-pub async fn tombstones(_: NoParams, 
+pub async fn tombstones(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {

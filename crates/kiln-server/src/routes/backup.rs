@@ -19,10 +19,10 @@
 //! A failure after the answer started aborts the response (the client sees a
 //! truncated body, which `verify` refuses).
 
-use crate::query_params::{NoParams, Params};
-use crate::state::SharedState;
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{blocking, json_value, ApiPath};
+use crate::query_params::{NoParams, Params};
+use crate::state::SharedState;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -158,7 +158,8 @@ pub async fn backup(
             }
         });
     if let Err(e) = spawned {
-        return Err(ApiError::new(ErrorCode::IoError,
+        return Err(ApiError::new(
+            ErrorCode::IoError,
             format!("could not start the backup thread: {e}"),
         ));
     }
@@ -176,7 +177,8 @@ pub async fn backup(
 }
 
 /// `GET /dbs/{db}/backup/chain`
-pub async fn chain_stats(_: NoParams, 
+pub async fn chain_stats(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
@@ -189,7 +191,8 @@ pub async fn chain_stats(_: NoParams,
 }
 
 /// `DELETE /dbs/{db}/backup/chain`: stops the chain; increments are refused after.
-pub async fn chain_stop(_: NoParams, 
+pub async fn chain_stop(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {

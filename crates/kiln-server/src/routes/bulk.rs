@@ -15,10 +15,10 @@
 //! nothing from k on is written. A client that disconnects loses at most the batch
 //! that was filling (never half a batch: each batch is one transaction).
 
-use crate::query_params::NoParams;
-use crate::state::SharedState;
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::ApiPath;
+use crate::query_params::NoParams;
+use crate::state::SharedState;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -51,7 +51,8 @@ struct LineError {
     message: String,
 }
 
-pub async fn bulk_insert(_: NoParams, 
+pub async fn bulk_insert(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
     body: Body,

@@ -1,12 +1,12 @@
 //! `GET /dbs/{db}/changes` (a page of the change log, optionally long-polled) and
 //! `GET /dbs/{db}/changes/ws` (subscriptions over one WebSocket).
 
-use crate::query_params::{NoParams, Params};
-use crate::state::SharedState;
 use crate::changes::connection::{self, ConnectionConfig};
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{encode_path, encode_query_value};
 use crate::http_util::{json_response, ApiPath};
+use crate::query_params::{NoParams, Params};
+use crate::state::SharedState;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::WebSocketUpgrade;
@@ -50,13 +50,18 @@ pub async fn pull(
     let limit = crate::routes::page_size(&state, q.limit)?;
     let wait_ms = q.wait_ms.unwrap_or(0);
     if wait_ms > MAX_WAIT_MS {
-        return Err(ApiError::new(ErrorCode::InvalidWait,
+        return Err(ApiError::new(
+            ErrorCode::InvalidWait,
             format!("wait_ms {wait_ms} exceeds the limit of {MAX_WAIT_MS}"),
         ));
     }
     // The next page's query, but for `since` (added when there may be one).
     let mut next_query = format!("limit={limit}");
-    for (name, value) in [("id", &q.id), ("prefix", &q.prefix), ("collection", &q.collection)] {
+    for (name, value) in [
+        ("id", &q.id),
+        ("prefix", &q.prefix),
+        ("collection", &q.collection),
+    ] {
         if let Some(v) = value {
             next_query.push_str(&format!("&{name}={}", encode_query_value(v)));
         }
@@ -150,7 +155,8 @@ fn page_response(db: &Database, page: ChangesPage, next_target: Option<&str>) ->
     resp
 }
 
-pub async fn websocket(_: NoParams, 
+pub async fn websocket(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
@@ -166,7 +172,8 @@ pub async fn websocket(_: NoParams,
     let database = state.store.database(&db)?;
     let open = usize::try_from(state.metrics.ws_connections_open.get()).unwrap_or(0);
     if open >= state.changes.max_connections {
-        return Err(ApiError::new(ErrorCode::TooManyConnections,
+        return Err(ApiError::new(
+            ErrorCode::TooManyConnections,
             format!(
                 "{open} changes connections are open, the limit is {}",
                 state.changes.max_connections

@@ -1,13 +1,13 @@
 //! Documents: get/head/put/post/delete, listings, collections and batches.
 
-use crate::query_params::{NoParams, Params};
-use crate::state::{AppState, SharedState};
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{
-    blocking, condition_from_if_match, encode_path, encode_query_value, link_next, etag_header, json_response, json_value,
-    none_match_hits, read_body, write_condition, ApiPath,
+    blocking, condition_from_if_match, encode_path, encode_query_value, etag_header, json_response,
+    json_value, link_next, none_match_hits, read_body, write_condition, ApiPath,
 };
+use crate::query_params::{NoParams, Params};
 use crate::routes::page_size;
+use crate::state::{AppState, SharedState};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -53,7 +53,8 @@ pub(crate) fn lookup_with<R>(
         .ok_or_else(|| ApiError::from(kiln_docs::DocError::DocumentNotFound { id: id.to_string() }))
 }
 
-pub async fn get_document(_: NoParams, 
+pub async fn get_document(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath((db, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
@@ -100,7 +101,8 @@ pub async fn post_document(
 
 /// PUT to an id writes it; PUT or POST to an id ending in `/` (`users/`) creates a
 /// document with a new id under that prefix.
-pub async fn put_document(_: NoParams, 
+pub async fn put_document(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath((db, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
@@ -150,7 +152,8 @@ pub(crate) fn location(db: &str, id: &str) -> String {
 }
 
 fn mismatched_outcome() -> ApiError {
-    ApiError::new(ErrorCode::InternalError,
+    ApiError::new(
+        ErrorCode::InternalError,
         "a write came back with another kind of outcome",
     )
 }
@@ -252,12 +255,16 @@ mod tests {
             // A batch's put result: the same keys in the same order, then its op.
             let mut batch = put_json(&out);
             batch["op"] = "put".into();
-            assert_eq!(batch.to_string(), format!("{},\"op\":\"put\"}}", expected.strip_suffix('}').unwrap()));
+            assert_eq!(
+                batch.to_string(),
+                format!("{},\"op\":\"put\"}}", expected.strip_suffix('}').unwrap())
+            );
         }
     }
 }
 
-pub async fn delete_document(_: NoParams, 
+pub async fn delete_document(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath((db, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
@@ -320,7 +327,8 @@ pub async fn list_collection(
     let limit = page_size(&state, q.page_size)?;
     let database = state.store.database(&db)?;
     let name = collection.clone();
-    let page = blocking(move || database.list_collection(&collection, q.after.as_deref(), limit)).await?;
+    let page =
+        blocking(move || database.list_collection(&collection, q.after.as_deref(), limit)).await?;
     let next = page.next.as_ref().map(|after| {
         format!(
             "/dbs/{}/collections/{}/docs?after={}&page_size={limit}",
@@ -358,7 +366,8 @@ fn page_response(page: Page<Document>, next_target: Option<&str>) -> Response {
     resp
 }
 
-pub async fn collections(_: NoParams, 
+pub async fn collections(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
@@ -394,7 +403,8 @@ struct BatchJson {
 }
 
 /// `POST /dbs/{db}/batch` with `{"ops": [...]}`: one transaction, all or nothing.
-pub async fn batch(_: NoParams, 
+pub async fn batch(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
     headers: HeaderMap,
@@ -414,7 +424,8 @@ pub async fn batch(_: NoParams,
     };
     let cond = |if_match: Option<String>, create_only: bool| -> Result<Condition, ApiError> {
         match (if_match, create_only) {
-            (Some(_), true) => Err(ApiError::new(ErrorCode::InvalidPrecondition,
+            (Some(_), true) => Err(ApiError::new(
+                ErrorCode::InvalidPrecondition,
                 "an operation may have if_match or create_only, not both",
             )),
             (Some(m), false) => condition_from_if_match(&m),

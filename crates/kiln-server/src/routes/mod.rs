@@ -8,8 +8,8 @@ pub mod docs;
 pub mod queries;
 pub mod studio;
 
-use crate::state::SharedState;
 use crate::error::{ApiError, ErrorCode};
+use crate::state::SharedState;
 use kiln_docs::{BatchOutcome, Database, WriteOp};
 use std::sync::Arc;
 
@@ -27,7 +27,8 @@ pub async fn write(
     })?;
     match answer.await {
         Ok(result) => result.map_err(ApiError::from),
-        Err(_) => Err(ApiError::new(ErrorCode::InternalError,
+        Err(_) => Err(ApiError::new(
+            ErrorCode::InternalError,
             "the write was dropped before it finished",
         )),
     }
@@ -37,10 +38,12 @@ pub fn page_size(state: &SharedState, asked: Option<usize>) -> Result<usize, Api
     let max = state.limits.max_page_size;
     match asked {
         None => Ok(state.limits.default_page_size),
-        Some(0) => Err(ApiError::new(ErrorCode::InvalidPageSize,
+        Some(0) => Err(ApiError::new(
+            ErrorCode::InvalidPageSize,
             "page_size must be at least 1",
         )),
-        Some(n) if n > max => Err(ApiError::new(ErrorCode::PageSizeTooLarge,
+        Some(n) if n > max => Err(ApiError::new(
+            ErrorCode::PageSizeTooLarge,
             format!("page_size {n} exceeds the limit of {max}"),
         )),
         Some(n) => Ok(n),

@@ -7,10 +7,10 @@
 //! database's last etag and the index's; `If-None-Match` with it gives 304 without
 //! running the query while none of them changed.
 
-use crate::query_params::NoParams;
-use crate::state::SharedState;
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{blocking, json_response, json_value, read_body, ApiPath};
+use crate::query_params::NoParams;
+use crate::state::SharedState;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -58,7 +58,8 @@ pub fn info_json(i: &IndexInfo) -> Value {
     })
 }
 
-pub async fn put_index(_: NoParams, 
+pub async fn put_index(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath((db, name)): ApiPath<(String, String)>,
     headers: HeaderMap,
@@ -96,7 +97,8 @@ pub async fn put_index(_: NoParams,
     Ok(json_value(status, info_json(&created.1)))
 }
 
-pub async fn get_index(_: NoParams, 
+pub async fn get_index(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath((db, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
@@ -105,7 +107,8 @@ pub async fn get_index(_: NoParams,
     Ok(json_value(StatusCode::OK, info_json(&info)))
 }
 
-pub async fn delete_index(_: NoParams, 
+pub async fn delete_index(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath((db, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
@@ -115,7 +118,8 @@ pub async fn delete_index(_: NoParams,
     Ok(json_value(StatusCode::OK, json!({"deleted": name})))
 }
 
-pub async fn reset_index(_: NoParams, 
+pub async fn reset_index(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath((db, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
@@ -128,7 +132,8 @@ pub async fn reset_index(_: NoParams,
     Ok(json_value(StatusCode::OK, info_json(&info)))
 }
 
-pub async fn list_indexes(_: NoParams, 
+pub async fn list_indexes(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
@@ -174,7 +179,8 @@ fn with_etag(mut resp: Response, tag: &str) -> Response {
     resp
 }
 
-pub async fn run_query(_: NoParams, 
+pub async fn run_query(
+    _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
     headers: HeaderMap,

@@ -46,8 +46,8 @@
 //! never pass as the continuation of the current history.
 
 use super::compress::{Compressor, JournalWriteCost, Verdict};
-pub use super::decode_error::{DecodeError, EntryProblem, ImageProblem};
 use super::decode_error::take;
+pub use super::decode_error::{DecodeError, EntryProblem, ImageProblem};
 use super::logical;
 pub use super::logical::LogicalLog;
 use crate::io::DIRECT_IO_ALIGN;
@@ -727,7 +727,6 @@ pub struct DecodedRecord {
     pub images: Vec<(PageNo, Image)>,
     pub logical: Vec<logical::LogicalEntry>,
 }
-
 
 /// Decodes a record whose checksum already passed. Arbitrary bytes give an error,
 /// never a panic or an allocation much larger than the body (or its stated raw size,
