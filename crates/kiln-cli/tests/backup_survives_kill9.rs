@@ -17,32 +17,15 @@
 
 mod common;
 
-use common::{free_port, spawn_serve};
+use common::{free_port, request, spawn_serve};
 use kiln_docs::{BatchOp, Condition, DocId, DocStore, DocsOptions};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const DOCS: usize = 40_000;
-
-fn request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    (status, body)
-}
 
 fn body(i: usize, round: usize) -> serde_json::Value {
     json!({"i": i, "round": round, "text": format!("{:0>900}", i * 7919 + round)})

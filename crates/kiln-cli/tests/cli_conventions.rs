@@ -3,16 +3,11 @@
 //! document commands read documents from stdin or a file and page with
 //! --start-after; check and stats name the database they speak of.
 
+mod common;
+
+use common::{kiln, text};
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
-
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
 
 fn kiln_with_stdin(args: &[&str], input: &[u8]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
@@ -24,15 +19,6 @@ fn kiln_with_stdin(args: &[&str], input: &[u8]) -> Output {
         .unwrap();
     child.stdin.take().unwrap().write_all(input).unwrap();
     child.wait_with_output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn stdout(o: &Output) -> String {

@@ -4,24 +4,7 @@
 
 mod common;
 
-use std::process::{Command, Output, Stdio};
-
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use common::{kiln, request, text};
 
 #[test]
 fn a_running_servers_data_directory_is_refused_to_every_other_process() {
@@ -50,8 +33,8 @@ fn a_running_servers_data_directory_is_refused_to_every_other_process() {
     // A backup to restore from: taken over HTTP from the running server.
     let url = format!("http://127.0.0.1:{port}");
     let backup = dir.path().join("b.kbk");
-    let made = common_request(port, "PUT", "/dbs/shop", "");
-    assert!(made.starts_with("HTTP/1.1 201"), "{made}");
+    let (status, made) = request(port, "PUT", "/dbs/shop", "");
+    assert_eq!(status, 201, "{made}");
     let o = kiln(&[
         "backup",
         "--url",
@@ -86,7 +69,7 @@ fn a_running_servers_data_directory_is_refused_to_every_other_process() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
 
     // The server is unharmed: the database it made is still there.
-    let listed = common_request(port, "GET", "/dbs", "");
+    let (_, listed) = request(port, "GET", "/dbs", "");
     assert!(listed.contains("shop"), "{listed}");
     server.kill().unwrap();
     server.wait().unwrap();
@@ -103,18 +86,4 @@ fn a_running_servers_data_directory_is_refused_to_every_other_process() {
         "--quiet",
     ]);
     assert!(o.status.success(), "{}", text(&o));
-}
-
-fn common_request(port: u16, method: &str, path: &str, body: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
 }

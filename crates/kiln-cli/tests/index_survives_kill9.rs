@@ -10,28 +10,11 @@ mod common;
 use kiln_docs::{Condition, DocStore, DocsOptions, IndexDefinition, IndexField, QueryOptions};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 const DOCS: u64 = 300_000;
 
-fn request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out[9..12].parse().unwrap_or(0);
-    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    (status, body)
-}
-
-use common::{free_port, spawn_serve as start_server};
+use common::{free_port, request, spawn_serve as start_server};
 
 fn def(name: &str) -> IndexDefinition {
     IndexDefinition {
