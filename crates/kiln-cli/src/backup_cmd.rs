@@ -535,38 +535,40 @@ pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
         Some(u) => RestorePoint::parse(u)?,
         None => RestorePoint::Latest,
     };
-    if a.url.is_none() && a.data_dir.is_none() {
+    // Where to: checked before the backups are read (a usage error, exit code 2).
+    let offline_dir = match (&a.url, &a.data_dir) {
+        (Some(_), _) => None,
+        (None, Some(dir)) => Some(dir),
+        (None, None) => {
+            return Err(crate::UsageError(
+                "give --data-dir (offline) or --url (a running server)".into(),
+            )
+            .into())
+        }
+    };
+    if offline_dir.is_none() && a.storage.any_given() {
         return Err(crate::UsageError(
-            "give --data-dir (offline) or --url (a running server)".into(),
+            "--journal-file-size-mib is for offline restores (--data-dir): \
+                    a server restores with its own storage options"
+                .into(),
         )
         .into());
     }
     precheck(&a.files)?;
     let started = Instant::now();
-    let report: RestoreReport = if let Some(url) = &a.url {
-        if a.storage.any_given() {
-            return Err(crate::UsageError(
-                "--journal-file-size-mib is for offline restores (--data-dir): \
-                        a server restores with its own storage options"
-                    .into(),
-            )
-            .into());
+    let report: RestoreReport = match (offline_dir, &a.url) {
+        (Some(dir), _) => {
+            let (source, total) = open_all(&a.files)?;
+            let pb = bar(a.quiet, Some(total));
+            let storage = a.storage.docs_options().storage;
+            let r = kiln_docs::restore_database(source, dir, &a.db, storage, a.force, point, |n| {
+                pb.set_position(n)
+            });
+            pb.finish_and_clear();
+            r?
         }
-        restore_remote(&a, url)?
-    } else if let Some(dir) = &a.data_dir {
-        let (source, total) = open_all(&a.files)?;
-        let pb = bar(a.quiet, Some(total));
-        let storage = a.storage.docs_options().storage;
-        let r = kiln_docs::restore_database(source, dir, &a.db, storage, a.force, point, |n| {
-            pb.set_position(n)
-        });
-        pb.finish_and_clear();
-        r?
-    } else {
-        return Err(crate::UsageError(
-            "give --data-dir (offline) or --url (a running server)".into(),
-        )
-        .into());
+        (None, Some(url)) => restore_remote(&a, url)?,
+        (None, None) => unreachable!("checked above: one of --url and --data-dir"),
     };
     let chain = ChainReport {
         backups: report.backups,
