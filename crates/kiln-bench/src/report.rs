@@ -56,155 +56,239 @@ pub fn report(
     as_json: bool,
     quick: bool,
 ) {
-    let (raw_ms, raw_direct) = (raw.mean_ms, raw.direct_io);
-    let ms_per_commit = m.seconds * 1e3 / m.commits as f64;
     if as_json {
-        let mut obj = Map::new();
-        obj.insert("workload".into(), json!(wl));
-        obj.insert("runs".into(), json!(runs));
-        obj.insert("ops".into(), json!(m.ops));
-        obj.insert("commits".into(), json!(m.commits));
-        obj.insert("seconds".into(), json!(m.seconds));
-        obj.insert("ops_per_sec".into(), json!(m.ops_per_sec()));
-        obj.insert("ms_per_commit".into(), json!(ms_per_commit));
-        obj.insert("raw_disk_ms_per_write".into(), json!(raw_ms));
-        obj.insert("raw_disk_p50_ms_per_write".into(), json!(raw.p50_ms));
-        obj.insert("raw_disk_direct_io".into(), json!(raw_direct));
-        obj.insert("ratio_to_raw_write".into(), json!(ms_per_commit / raw_ms));
-        obj.insert("quick".into(), json!(quick));
-        obj.extend(m.extra.clone());
-        println!("{}", Value::Object(obj));
+        print_json_object(wl, m, runs, raw, quick);
         return;
     }
-    let f = |k: &str| m.extra.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
-    if let Some(ratio) = m.extra.get("ratio_to_redis").and_then(Value::as_f64) {
-        println!(
-            "         {label}: {:.0} requests/s vs Redis {} (AOF, appendfsync always) {:.0}/s \
-             measured alongside: {ratio:.2}x (target >= 1.0x); Redis p99 {:.0} us, server CPU \
-             {:.1} us per request",
-            m.ops_per_sec(),
-            m.extra["redis_version"].as_str().unwrap_or("?"),
-            f("redis_requests_per_sec"),
-            f("redis_p99_us"),
-            f("redis_server_cpu_us_per_request"),
-        );
-    }
-    if let Some(ratio) = m
-        .extra
-        .get("ratio_to_raw_write_around_run")
-        .and_then(Value::as_f64)
-    {
-        println!(
-            "         {label}: raw 16 KiB durable write {:.3} ms before and {:.3} ms after the \
-             run: {ratio:.2}x of their mean (target <= 1.25x), {:.0} us over it (proposed \
-             target <= {W1_PROPOSED_EXCESS_US} us)",
-            f("raw_disk_ms_before_run"),
-            f("raw_disk_ms_after_run"),
-            f("excess_over_raw_write_around_run_us"),
-        );
-    }
-    if let Some(open_ms) = m.extra.get("open_ms").and_then(Value::as_f64) {
-        println!(
-            "         {label}: kill -9 with {:.0} MiB of journal ({} records replayed): open {open_ms:.0} ms, \
-             first read {:.0} ms (target <= 1000 ms)",
-            f("journal_bytes_written") / (1u64 << 20) as f64,
-            f("records_replayed_on_open"),
-            f("first_read_ms"),
-        );
-    }
+    print_lines_against_targets(label, m);
+    print_peak_rss(label, m);
+    print_table_row(label, m, runs, raw);
+}
+
+/// A figure of the run's extras, NaN when the workload did not measure it: a
+/// missing figure prints as NaN rather than hiding the whole line.
+fn figure(m: &Run, key: &str) -> f64 {
+    m.extra.get(key).and_then(Value::as_f64).unwrap_or(f64::NAN)
+}
+
+fn bytes_to_mib(bytes: f64) -> f64 {
+    bytes / (1u64 << 20) as f64
+}
+
+fn ms_per_commit(m: &Run) -> f64 {
+    m.seconds * 1e3 / m.commits as f64
+}
+
+/// `--json`: the run's common figures, then every figure the workload added.
+fn print_json_object(wl: &str, m: &Run, runs: usize, raw: &RawFigures, quick: bool) {
+    let ms_per_commit = ms_per_commit(m);
+    let mut obj = Map::new();
+    obj.insert("workload".into(), json!(wl));
+    obj.insert("runs".into(), json!(runs));
+    obj.insert("ops".into(), json!(m.ops));
+    obj.insert("commits".into(), json!(m.commits));
+    obj.insert("seconds".into(), json!(m.seconds));
+    obj.insert("ops_per_sec".into(), json!(m.ops_per_sec()));
+    obj.insert("ms_per_commit".into(), json!(ms_per_commit));
+    obj.insert("raw_disk_ms_per_write".into(), json!(raw.mean_ms));
+    obj.insert("raw_disk_p50_ms_per_write".into(), json!(raw.p50_ms));
+    obj.insert("raw_disk_direct_io".into(), json!(raw.direct_io));
+    obj.insert(
+        "ratio_to_raw_write".into(),
+        json!(ms_per_commit / raw.mean_ms),
+    );
+    obj.insert("quick".into(), json!(quick));
+    obj.extend(m.extra.clone());
+    println!("{}", Value::Object(obj));
+}
+
+/// The lines of the workloads that have targets or goals. Each printer looks for
+/// the figure only its workload sets and prints nothing without it, so a run gets
+/// the lines of its own workload, in this order.
+fn print_lines_against_targets(label: &str, m: &Run) {
+    print_redis_comparison(label, m);
+    print_raw_write_around_run(label, m);
+    print_reopen_after_kill(label, m);
     if m.extra.contains_key("backup_ratio_to_slower_disk") {
         crate::backupbench::report(label, m);
     }
     if let Some(why) = m.extra.get("redis_skipped").and_then(Value::as_str) {
         println!("         {label}: Redis peer skipped: {why}");
     }
-    if let Some(ratio) = m.extra.get("ratio_to_w8").and_then(Value::as_f64) {
-        let mib = |k: &str| f(k) / (1u64 << 20) as f64;
-        println!(
-            "         {label}: {:.0} documents/s in one bulk insert = {ratio:.2}x W8's {:.0} PUTs/s \
-             (targets >= 150,000/s, >= 4x); server RSS growth {:.0} MiB (heap {:.0} MiB; \
-             target <= 256); rate by tenth, last/first {:.2}",
-            m.ops_per_sec(),
-            f("w8_requests_per_sec"),
-            mib("peak_rss_growth_bytes"),
-            mib("peak_rss_anon_growth_bytes"),
-            f("last_tenth_to_first")
-        );
-    }
-    if let Some(ratio) = m
+    print_bulk_insert(label, m);
+    print_index_upkeep_cost(label, m);
+    print_index_build_and_queries(label, m);
+    print_index_lag(label, m);
+    print_idle_subscribers_and_notify(label, m);
+    print_cpu_per_request(label, m);
+}
+
+/// HTTP workloads with a Redis peer: our request rate against Redis measured
+/// alongside on the same machine.
+fn print_redis_comparison(label: &str, m: &Run) {
+    let Some(ratio) = m.extra.get("ratio_to_redis").and_then(Value::as_f64) else {
+        return;
+    };
+    println!(
+        "         {label}: {:.0} requests/s vs Redis {} (AOF, appendfsync always) {:.0}/s \
+         measured alongside: {ratio:.2}x (target >= 1.0x); Redis p99 {:.0} us, server CPU \
+         {:.1} us per request",
+        m.ops_per_sec(),
+        m.extra["redis_version"].as_str().unwrap_or("?"),
+        figure(m, "redis_requests_per_sec"),
+        figure(m, "redis_p99_us"),
+        figure(m, "redis_server_cpu_us_per_request"),
+    );
+}
+
+/// W1: the commit time against the raw durable write measured just before and
+/// after the run, so that a disk whose speed drifts does not skew the ratio.
+fn print_raw_write_around_run(label: &str, m: &Run) {
+    let Some(ratio) = m
+        .extra
+        .get("ratio_to_raw_write_around_run")
+        .and_then(Value::as_f64)
+    else {
+        return;
+    };
+    println!(
+        "         {label}: raw 16 KiB durable write {:.3} ms before and {:.3} ms after the \
+         run: {ratio:.2}x of their mean (target <= 1.25x), {:.0} us over it (proposed \
+         target <= {W1_PROPOSED_EXCESS_US} us)",
+        figure(m, "raw_disk_ms_before_run"),
+        figure(m, "raw_disk_ms_after_run"),
+        figure(m, "excess_over_raw_write_around_run_us"),
+    );
+}
+
+/// W7: opening the database after a kill -9, and its first read.
+fn print_reopen_after_kill(label: &str, m: &Run) {
+    let Some(open_ms) = m.extra.get("open_ms").and_then(Value::as_f64) else {
+        return;
+    };
+    println!(
+        "         {label}: kill -9 with {:.0} MiB of journal ({} records replayed): open {open_ms:.0} ms, \
+         first read {:.0} ms (target <= 1000 ms)",
+        bytes_to_mib(figure(m, "journal_bytes_written")),
+        figure(m, "records_replayed_on_open"),
+        figure(m, "first_read_ms"),
+    );
+}
+
+/// W10: one bulk insert against W8's PUTs, and the server's memory during it.
+fn print_bulk_insert(label: &str, m: &Run) {
+    let Some(ratio) = m.extra.get("ratio_to_w8").and_then(Value::as_f64) else {
+        return;
+    };
+    println!(
+        "         {label}: {:.0} documents/s in one bulk insert = {ratio:.2}x W8's {:.0} PUTs/s \
+         (targets >= 150,000/s, >= 4x); server RSS growth {:.0} MiB (heap {:.0} MiB; \
+         target <= 256); rate by tenth, last/first {:.2}",
+        m.ops_per_sec(),
+        figure(m, "w8_requests_per_sec"),
+        bytes_to_mib(figure(m, "peak_rss_growth_bytes")),
+        bytes_to_mib(figure(m, "peak_rss_anon_growth_bytes")),
+        figure(m, "last_tenth_to_first")
+    );
+}
+
+/// W8 with indexes: what keeping two indexes up costs the PUTs.
+fn print_index_upkeep_cost(label: &str, m: &Run) {
+    let Some(ratio) = m
         .extra
         .get("ratio_to_w8_without_indexes")
         .and_then(Value::as_f64)
-    {
-        println!(
-            "         {label}: {:.0} PUTs/s with two indexes kept up in the background vs {:.0} \
-             without: {ratio:.2}x (goal >= 0.8x)",
-            m.ops_per_sec(),
-            f("w8_without_indexes_requests_per_sec")
-        );
+    else {
+        return;
+    };
+    println!(
+        "         {label}: {:.0} PUTs/s with two indexes kept up in the background vs {:.0} \
+         without: {ratio:.2}x (goal >= 0.8x)",
+        m.ops_per_sec(),
+        figure(m, "w8_without_indexes_requests_per_sec")
+    );
+}
+
+/// W12: building an index, then the queries that use it.
+fn print_index_build_and_queries(label: &str, m: &Run) {
+    if !m.extra.contains_key("index_build_docs_per_sec") {
+        return;
     }
-    if m.extra.contains_key("index_build_docs_per_sec") {
-        println!(
-            "         {label}: {:.0} documents: index build (n, tag) {:.0} docs/s (goal >= 200,000); \
-             where n > 0: first page p50 {:.3} ms p99 {:.3} ms (goal p50 <= 1), count {:.3} ms (goal <= 100); \
-             where tag = 'x': p50 {:.3} ms, count {:.3} ms; half the index: p50 {:.3} ms, count {:.3} ms; \
-             order by n desc limit 20: p50 {:.3} ms",
-            f("documents"),
-            f("index_build_docs_per_sec"),
-            f("first_page_p50_ms"),
-            f("first_page_p99_ms"),
-            f("count_ms"),
-            f("tag_first_page_p50_ms"),
-            f("tag_count_ms"),
-            f("half_first_page_p50_ms"),
-            f("half_count_ms"),
-            f("order_desc_first_page_p50_ms"),
-        );
+    println!(
+        "         {label}: {:.0} documents: index build (n, tag) {:.0} docs/s (goal >= 200,000); \
+         where n > 0: first page p50 {:.3} ms p99 {:.3} ms (goal p50 <= 1), count {:.3} ms (goal <= 100); \
+         where tag = 'x': p50 {:.3} ms, count {:.3} ms; half the index: p50 {:.3} ms, count {:.3} ms; \
+         order by n desc limit 20: p50 {:.3} ms",
+        figure(m, "documents"),
+        figure(m, "index_build_docs_per_sec"),
+        figure(m, "first_page_p50_ms"),
+        figure(m, "first_page_p99_ms"),
+        figure(m, "count_ms"),
+        figure(m, "tag_first_page_p50_ms"),
+        figure(m, "tag_count_ms"),
+        figure(m, "half_first_page_p50_ms"),
+        figure(m, "half_count_ms"),
+        figure(m, "order_desc_first_page_p50_ms"),
+    );
+}
+
+/// W13: how far the indexes lag behind acknowledged writes, idle and under a flood.
+fn print_index_lag(label: &str, m: &Run) {
+    if !m.extra.contains_key("lag_p50_ms") {
+        return;
     }
-    if m.extra.contains_key("lag_p50_ms") {
-        println!(
-            "         {label}: idle lag ack -> non-stale p50 {:.2} ms p99 {:.2} ms (goal p50 <= 5); \
-             bulk insert of {:.0} docs at {:.0}/s with 3 indexes: max lag {:.0} ms, catch-up {:.0} ms \
-             after it (goal <= 1000); batch sizes {}",
-            f("lag_p50_ms"),
-            f("lag_p99_ms"),
-            f("flood_documents"),
-            f("flood_insert_docs_per_sec"),
-            f("flood_max_lag_ms"),
-            f("catch_up_ms"),
-            m.extra["batch_sizes"]
-        );
+    println!(
+        "         {label}: idle lag ack -> non-stale p50 {:.2} ms p99 {:.2} ms (goal p50 <= 5); \
+         bulk insert of {:.0} docs at {:.0}/s with 3 indexes: max lag {:.0} ms, catch-up {:.0} ms \
+         after it (goal <= 1000); batch sizes {}",
+        figure(m, "lag_p50_ms"),
+        figure(m, "lag_p99_ms"),
+        figure(m, "flood_documents"),
+        figure(m, "flood_insert_docs_per_sec"),
+        figure(m, "flood_max_lag_ms"),
+        figure(m, "catch_up_ms"),
+        m.extra["batch_sizes"]
+    );
+}
+
+/// W11: the cost of idle change-stream subscribers, and how soon a PUT reaches them.
+fn print_idle_subscribers_and_notify(label: &str, m: &Run) {
+    if !m.extra.contains_key("bytes_per_connection") {
+        return;
     }
-    if m.extra.contains_key("bytes_per_connection") {
-        println!(
-            "         {label}: {:.0} idle subscribers: {:.0} bytes each (target <= 16,384), idle CPU \
-             {:.2} % of a core with heartbeats every {:.0} ms (target < 2 %); PUT answer -> change \
-             at a subscriber: p50 {:.2} ms, p99 {:.2} ms (target p99 <= 5 ms) under {:.0} PUTs/s",
-            f("idle_connections"),
-            f("bytes_per_connection"),
-            f("idle_cpu_percent"),
-            f("heartbeat_ms"),
-            f("notify_p50_ms"),
-            f("notify_p99_ms"),
-            f("live_puts_per_sec")
-        );
-    }
-    if let Some(server_us) = m
+    println!(
+        "         {label}: {:.0} idle subscribers: {:.0} bytes each (target <= 16,384), idle CPU \
+         {:.2} % of a core with heartbeats every {:.0} ms (target < 2 %); PUT answer -> change \
+         at a subscriber: p50 {:.2} ms, p99 {:.2} ms (target p99 <= 5 ms) under {:.0} PUTs/s",
+        figure(m, "idle_connections"),
+        figure(m, "bytes_per_connection"),
+        figure(m, "idle_cpu_percent"),
+        figure(m, "heartbeat_ms"),
+        figure(m, "notify_p50_ms"),
+        figure(m, "notify_p99_ms"),
+        figure(m, "live_puts_per_sec")
+    );
+}
+
+/// HTTP workloads: the CPU the server and the load generator each spent per request.
+fn print_cpu_per_request(label: &str, m: &Run) {
+    let Some(server_us) = m
         .extra
         .get("server_cpu_us_per_request")
         .and_then(Value::as_f64)
-    {
-        let load_us = f("load_generator_cpu_us_per_request");
-        println!(
-            "         {label}: CPU per request: server {server_us:.1} us, load generator {load_us:.1} us"
-        );
-    }
-    let peak_mib = |k: &str| {
-        m.extra
-            .get(k)
-            .and_then(Value::as_f64)
-            .map(|b| b / (1u64 << 20) as f64)
+    else {
+        return;
     };
+    let load_us = figure(m, "load_generator_cpu_us_per_request");
+    println!(
+        "         {label}: CPU per request: server {server_us:.1} us, load generator {load_us:.1} us"
+    );
+}
+
+/// The server's peak RSS when the engine ran in a server, else the benchmark's own
+/// (the engine ran in-process).
+fn print_peak_rss(label: &str, m: &Run) {
+    let peak_mib = |k: &str| m.extra.get(k).and_then(Value::as_f64).map(bytes_to_mib);
     match (
         peak_mib("server_peak_rss_bytes"),
         peak_mib("bench_process_peak_rss_bytes"),
@@ -215,7 +299,12 @@ pub fn report(
         ),
         _ => {}
     }
-    let opt = |k: &str| {
+}
+
+/// The variant's row of the table, under the header of [`print_header`].
+fn print_table_row(label: &str, m: &Run, runs: usize, raw: &RawFigures) {
+    let ms_per_commit = ms_per_commit(m);
+    let whole_or_dash = |k: &str| {
         m.extra
             .get(k)
             .and_then(Value::as_f64)
@@ -244,16 +333,16 @@ pub fn report(
         runs,
         m.ops_per_sec(),
         per_commit(ms_per_commit, 3),
-        per_commit(ms_per_commit / raw_ms, 2),
-        f("journal_bytes_per_op"),
+        per_commit(ms_per_commit / raw.mean_ms, 2),
+        figure(m, "journal_bytes_per_op"),
         format!(
             "{:.0}|{:.0}|{:.0}",
-            f("journal_body_bytes_per_op_full_images"),
-            f("journal_body_bytes_per_op_with_diffs"),
-            f("journal_body_bytes_per_op_with_diffs_and_lz4")
+            figure(m, "journal_body_bytes_per_op_full_images"),
+            figure(m, "journal_body_bytes_per_op_with_diffs"),
+            figure(m, "journal_body_bytes_per_op_with_diffs_and_lz4")
         ),
-        opt("p50_us"),
-        opt("p99_us"),
+        whole_or_dash("p50_us"),
+        whole_or_dash("p99_us"),
         group
     );
 }
