@@ -12,6 +12,7 @@
 //! next start (`DocStore::open` empties `trash/`).
 
 use crate::{DocError, Result};
+use kiln_storage::io::Vfs;
 use std::path::{Path, PathBuf};
 
 pub(crate) const DATABASES_DIR: &str = "databases";
@@ -36,7 +37,11 @@ pub(crate) fn unique_suffix() -> String {
 
 /// Makes the renames and removals inside `dir` durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| DocError::io(dir, e))
+    sync_dir_in(&kiln_storage::io::OsVfs, dir)
+}
+
+/// `sync_dir` through an I/O layer of the caller's (a restore's, so that a
+/// simulated disk sees and can fail every step).
+pub(crate) fn sync_dir_in(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
+    vfs.sync_dir(dir).map_err(|e| DocError::io(dir, e))
 }

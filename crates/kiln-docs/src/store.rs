@@ -5,7 +5,7 @@
 //! removing its files, so that a crash never leaves half a database that would open
 //! at the next start.
 
-use crate::data_dir::{database_dir, sync_dir, trash_entry, DATABASES_DIR, TRASH_DIR};
+use crate::data_dir::{database_dir, sync_dir, sync_dir_in, trash_entry, DATABASES_DIR, TRASH_DIR};
 use crate::database::Limits;
 use crate::{validate_database_name, Database, DocError, Result};
 use parking_lot::{Mutex, RwLock};
@@ -287,12 +287,14 @@ impl DocStore {
         } else if final_dir.exists() {
             Err(DocError::DatabaseExists(name.to_string()))
         } else {
-            std::fs::rename(&built, &final_dir)
+            storage
+                .vfs
+                .rename(&built, &final_dir)
                 .map_err(|e| DocError::io(&final_dir, e))
-                .and_then(|_| sync_dir(&self.dir.join(DATABASES_DIR)))
+                .and_then(|_| sync_dir_in(storage.vfs.as_ref(), &self.dir.join(DATABASES_DIR)))
         };
         if let Err(e) = placed {
-            let _ = std::fs::remove_dir_all(&built);
+            let _ = storage.vfs.remove_dir_all(&built);
             return Err(e);
         }
         let db = Arc::new(Database::open(name, &final_dir, storage, limits, false)?);

@@ -223,7 +223,8 @@ fn run_txn(env: &Env, rng: &mut StdRng, model: &Model) -> Step {
 thread_local!(static NEXT: std::cell::RefCell<Option<Model>> = const { std::cell::RefCell::new(None) });
 
 /// Reads the whole environment into a model. Errors are corruption detected.
-fn read_state(env: &Env) -> Result<Model, Error> {
+/// Every tree and entry of the last commit of `env`.
+pub fn read_state(env: &Env) -> Result<Model, Error> {
     let r = env.begin_read()?;
     let mut m = Model::new();
     for name in r.tree_names()? {

@@ -71,6 +71,8 @@ pub struct SimStats {
     pub pending_writes_dropped: u64,
     pub pending_writes_kept: u64,
     pub files_vanished: u64,
+    /// Directory renames and removals a power cut undid (not yet durable).
+    pub dir_ops_undone: u64,
     pub bits_flipped: u64,
 }
 
@@ -149,12 +151,72 @@ fn write_into(v: &mut Vec<u8>, offset: usize, bytes: &[u8]) {
     v[offset..offset + bytes.len()].copy_from_slice(bytes);
 }
 
+/// A directory rename or removal the OS already shows but that no sync of the
+/// directory holding it has made durable yet. A power cut keeps or undoes it as a
+/// whole (a directory rename is atomic: never half of its files moved).
+#[derive(Debug, Clone)]
+enum PendingDirOp {
+    Rename { from: PathBuf, to: PathBuf },
+    Remove { path: PathBuf },
+}
+
+impl PendingDirOp {
+    /// The directory whose sync makes this operation durable.
+    fn holder(&self) -> Option<&Path> {
+        match self {
+            PendingDirOp::Rename { to, .. } => to.parent(),
+            PendingDirOp::Remove { path } => path.parent(),
+        }
+    }
+
+    /// Applies the operation to a name table (the durable one, or the post-cut one).
+    fn apply(&self, names: &mut HashMap<PathBuf, usize>) {
+        match self {
+            PendingDirOp::Rename { from, to } => move_under(names, from, to),
+            PendingDirOp::Remove { path } => names.retain(|p, _| !p.starts_with(path)),
+        }
+    }
+
+    /// Where `p` (a path the OS shows) was before this operation, if it moved.
+    fn undo_path(&self, p: &Path) -> Option<PathBuf> {
+        match self {
+            PendingDirOp::Rename { from, to } => rebase(p, to, from),
+            PendingDirOp::Remove { .. } => None,
+        }
+    }
+}
+
+/// `p` with its prefix `from` replaced by `to`, if `p` is `from` or under it.
+fn rebase(p: &Path, from: &Path, to: &Path) -> Option<PathBuf> {
+    let rest = p.strip_prefix(from).ok()?;
+    Some(if rest.as_os_str().is_empty() {
+        to.to_path_buf()
+    } else {
+        to.join(rest)
+    })
+}
+
+/// Moves every entry of `names` under `from` to the same place under `to`.
+fn move_under<V>(names: &mut HashMap<PathBuf, V>, from: &Path, to: &Path) {
+    let moved: Vec<PathBuf> = names
+        .keys()
+        .filter(|p| p.starts_with(from))
+        .cloned()
+        .collect();
+    for old in moved {
+        if let (Some(v), Some(new)) = (names.remove(&old), rebase(&old, from, to)) {
+            names.insert(new, v);
+        }
+    }
+}
+
 struct State {
     rng: StdRng,
     inodes: Vec<Inode>,
     names: HashMap<PathBuf, usize>,
     durable_names: HashMap<PathBuf, usize>,
     dirs: std::collections::HashSet<PathBuf>,
+    pending_dir_ops: Vec<PendingDirOp>,
     locks: std::collections::HashSet<PathBuf>,
     /// Increments on every power cut: handles of an older generation are dead.
     generation: u64,
@@ -180,6 +242,7 @@ impl SimDisk {
                 names: HashMap::new(),
                 durable_names: HashMap::new(),
                 dirs: Default::default(),
+                pending_dir_ops: Vec::new(),
                 locks: Default::default(),
                 generation: 0,
                 dead: false,
@@ -321,6 +384,35 @@ impl State {
         }
     }
 
+    /// Decides, at a power cut, the fate of each directory rename or removal not
+    /// yet durable: kept (applied to `names`, the post-cut table) or undone
+    /// (returned, so that the files the OS showed inside can be found again).
+    fn settle_dir_ops(
+        &mut self,
+        mode: CutMode,
+        names: &mut HashMap<PathBuf, usize>,
+    ) -> Vec<PendingDirOp> {
+        let mut undone = Vec::new();
+        for op in std::mem::take(&mut self.pending_dir_ops) {
+            if mode == CutMode::KeepAll || (mode == CutMode::Random && self.rng.gen_bool(0.3)) {
+                op.apply(names);
+            } else {
+                self.stats.dir_ops_undone += 1;
+                undone.push(op);
+            }
+        }
+        undone
+    }
+
+    /// Where `p`, as the OS shows it now, is in the durable view (before the
+    /// directory renames not yet durable).
+    fn durable_path(&self, p: &Path) -> PathBuf {
+        self.pending_dir_ops
+            .iter()
+            .rev()
+            .fold(p.to_path_buf(), |p, op| op.undo_path(&p).unwrap_or(p))
+    }
+
     /// Builds the post-cut state from the durable view and a choice of pending
     /// writes; `torn` is a write in flight at the moment of the cut.
     fn power_cut(&mut self, mode: CutMode, torn: Option<(usize, u64, Vec<u8>, bool)>) {
@@ -343,28 +435,53 @@ impl State {
                 });
             }
         }
-        let mut names = HashMap::new();
-        for (path, &i) in &self.durable_names {
-            names.insert(path.clone(), i);
-        }
+        let mut names = self.durable_names.clone();
+        let undone = self.settle_dir_ops(mode, &mut names);
         // Entries not made durable by a directory sync: a created file may still
         // appear (the kernel wrote the directory block anyway) or vanish. A rename is
         // atomic: the file shows under its old name or its new one, never both.
+        // A file inside an undone directory rename is looked at where it was.
         // Sorted, so that the seed alone decides (HashMap order varies per process).
-        let mut unsynced: Vec<(&PathBuf, usize)> = self
+        let mut unsynced: Vec<(PathBuf, usize)> = self
             .names
             .iter()
-            .filter(|(p, _)| !names.contains_key(*p))
-            .map(|(p, i)| (p, *i))
+            .map(|(p, i)| {
+                let before = undone
+                    .iter()
+                    .rev()
+                    .fold(p.clone(), |p, op| op.undo_path(&p).unwrap_or(p));
+                (before, *i)
+            })
+            .filter(|(p, i)| names.get(p) != Some(i))
             .collect();
         unsynced.sort();
         for (path, i) in unsynced {
             if mode == CutMode::KeepAll || (mode == CutMode::Random && self.rng.gen_bool(0.3)) {
                 names.retain(|_, inode| *inode != i);
-                names.insert(path.clone(), i);
+                names.insert(path, i);
             } else {
                 self.stats.files_vanished += 1;
             }
+        }
+        // Directories are modelled as durable once created; a directory that a
+        // rename or removal put elsewhere is back where its files are.
+        for op in undone.iter().rev() {
+            if let PendingDirOp::Rename { from, to } = op {
+                let moved: Vec<PathBuf> = self
+                    .dirs
+                    .iter()
+                    .filter(|d| d.starts_with(to))
+                    .cloned()
+                    .collect();
+                for d in moved {
+                    self.dirs.remove(&d);
+                    self.dirs.extend(rebase(&d, to, from));
+                }
+            }
+        }
+        for path in names.keys() {
+            self.dirs
+                .extend(path.ancestors().skip(1).map(Path::to_path_buf));
         }
         let mut new_inodes = Vec::with_capacity(self.inodes.len());
         for inode in std::mem::take(&mut self.inodes) {
@@ -638,19 +755,50 @@ impl Vfs for SimVfs {
             st.power_cut(mode, None);
             return Err(Fault::Eio.error());
         }
-        let in_dir = |p: &Path| p.parent() == Some(dir);
-        st.durable_names.retain(|p, _| !in_dir(p));
+        // Directory renames and removals held by `dir` become durable, in order.
+        let (durable_now, still_pending): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut st.pending_dir_ops)
+                .into_iter()
+                .partition(|op| op.holder() == Some(dir));
+        st.pending_dir_ops = still_pending;
+        for op in &durable_now {
+            op.apply(&mut st.durable_names);
+        }
+        let durable_dir = st.durable_path(dir);
+        st.durable_names
+            .retain(|p, _| p.parent() != Some(durable_dir.as_path()));
         let entries: Vec<(PathBuf, usize)> = st
             .names
             .iter()
-            .filter(|(p, _)| in_dir(p))
-            .map(|(p, i)| (p.clone(), *i))
+            .filter(|(p, _)| p.parent() == Some(dir))
+            .map(|(p, i)| (st.durable_path(p), *i))
             .collect();
         st.durable_names.extend(entries);
         Ok(())
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         self.namespace_op(|st| {
+            if st.dirs.contains(from) {
+                if st.dirs.contains(to) || st.names.keys().any(|p| p.starts_with(to)) {
+                    return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+                }
+                move_under(&mut st.names, from, to);
+                let moved: Vec<PathBuf> = st
+                    .dirs
+                    .iter()
+                    .filter(|d| d.starts_with(from))
+                    .cloned()
+                    .collect();
+                for d in moved {
+                    st.dirs.remove(&d);
+                    st.dirs.extend(rebase(&d, from, to));
+                }
+                st.pending_dir_ops.push(PendingDirOp::Rename {
+                    from: from.to_path_buf(),
+                    to: to.to_path_buf(),
+                });
+                return Ok(());
+            }
             let i = st
                 .names
                 .remove(from)
@@ -665,6 +813,19 @@ impl Vfs for SimVfs {
                 .remove(path)
                 .map(|_| ())
                 .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+        })
+    }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.namespace_op(|st| {
+            if !st.dirs.contains(path) {
+                return Err(io::Error::from(io::ErrorKind::NotFound));
+            }
+            st.names.retain(|p, _| !p.starts_with(path));
+            st.dirs.retain(|d| !d.starts_with(path));
+            st.pending_dir_ops.push(PendingDirOp::Remove {
+                path: path.to_path_buf(),
+            });
+            Ok(())
         })
     }
     fn exists(&self, path: &Path) -> bool {

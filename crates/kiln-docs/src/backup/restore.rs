@@ -12,12 +12,13 @@
 use super::chain::{check_first, check_link};
 use super::{manifest_of, BackupKind, BackupManifest, BackupReport};
 use crate::changes::ChangeKind;
-use crate::data_dir::{sync_dir, unique_suffix, DATABASES_DIR, TRASH_DIR};
+use crate::data_dir::{sync_dir_in, unique_suffix, DATABASES_DIR, TRASH_DIR};
 use crate::database::history;
 use crate::database::{replay, ReplayUnit};
 use crate::schema::{CHAIN_CONSUMER, CONSUMERS, HISTORY, META, META_CHAIN, META_INCARNATION};
 use crate::{validate_database_name, DocError, Etag, Result};
 use kiln_storage::backup::{self, Item};
+use kiln_storage::io::Vfs;
 use kiln_storage::BackupSummary;
 use kiln_storage::{BackupError, Env, WriteTxn};
 use serde::{Deserialize, Serialize};
@@ -778,7 +779,8 @@ pub(crate) fn build(
     point: RestorePoint,
     progress: impl FnMut(u64),
 ) -> Result<ChainReport> {
-    if staging.exists() {
+    let vfs = storage.vfs.clone();
+    if vfs.exists(staging) {
         return Err(DocError::Backup(BackupError::TargetExists(
             staging.to_path_buf(),
         )));
@@ -795,11 +797,11 @@ pub(crate) fn build(
         };
         env.sync()?;
         env.close()?;
-        sync_dir(staging)?;
+        sync_dir_in(vfs.as_ref(), staging)?;
         Ok(report)
     })();
-    if result.is_err() && staging.exists() {
-        let _ = std::fs::remove_dir_all(staging);
+    if result.is_err() && vfs.exists(staging) {
+        let _ = vfs.remove_dir_all(staging);
     }
     result
 }
@@ -823,17 +825,18 @@ pub fn restore_database(
     let _lock = crate::DataDirLock::acquire(data_dir, &crate::data_dir_lock::this_process())?;
     let dbs = data_dir.join(DATABASES_DIR);
     let trash = data_dir.join(TRASH_DIR);
+    let vfs = storage.vfs.clone();
     for d in [&dbs, &trash] {
-        std::fs::create_dir_all(d).map_err(|e| DocError::io(d, e))?;
+        vfs.create_dir_all(d).map_err(|e| DocError::io(d, e))?;
     }
     let target = dbs.join(name);
-    if target.exists() && !force {
+    if vfs.exists(&target) && !force {
         return Err(DocError::DatabaseExists(name.to_string()));
     }
     let suffix = unique_suffix();
     let built: PathBuf = trash.join(format!("restoring-{name}-{suffix}"));
     let report = build(source, &built, storage, point, progress)?;
-    put_in_place(&built, &target, &trash, name, &suffix)?;
+    put_in_place(vfs.as_ref(), &built, &target, &trash, name, &suffix)?;
     Ok(RestoreReport::new(name, report))
 }
 
@@ -841,6 +844,7 @@ pub fn restore_database(
 /// to trash first, so a crash between leaves no `target` and the complete new one
 /// in trash: re-run the restore).
 pub(crate) fn put_in_place(
+    vfs: &dyn Vfs,
     built: &Path,
     target: &Path,
     trash: &Path,
@@ -848,15 +852,19 @@ pub(crate) fn put_in_place(
     suffix: &str,
 ) -> Result<()> {
     let dbs = target.parent().unwrap_or(Path::new("."));
-    if target.exists() {
+    if vfs.exists(target) {
         let old = trash.join(format!("replaced-{name}-{suffix}"));
-        std::fs::rename(target, &old).map_err(|e| DocError::io(target, e))?;
-        std::fs::rename(built, target).map_err(|e| DocError::io(target, e))?;
-        sync_dir(dbs)?;
-        std::fs::remove_dir_all(&old).map_err(|e| DocError::io(&old, e))?;
+        vfs.rename(target, &old)
+            .map_err(|e| DocError::io(target, e))?;
+        vfs.rename(built, target)
+            .map_err(|e| DocError::io(target, e))?;
+        sync_dir_in(vfs, dbs)?;
+        vfs.remove_dir_all(&old)
+            .map_err(|e| DocError::io(&old, e))?;
     } else {
-        std::fs::rename(built, target).map_err(|e| DocError::io(target, e))?;
-        sync_dir(dbs)?;
+        vfs.rename(built, target)
+            .map_err(|e| DocError::io(target, e))?;
+        sync_dir_in(vfs, dbs)?;
     }
     Ok(())
 }

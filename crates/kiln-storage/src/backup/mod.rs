@@ -32,6 +32,7 @@ mod write;
 
 pub use write::ContainerWriter;
 
+use crate::io::Vfs;
 use crate::{Env, Error, Options};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -555,10 +556,8 @@ fn fs_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Bac
     }
 }
 
-fn sync_dir(dir: &Path) -> BackupResult<()> {
-    std::fs::File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(fs_err("syncing directory", dir))
+fn sync_dir(vfs: &dyn Vfs, dir: &Path) -> BackupResult<()> {
+    vfs.sync_dir(dir).map_err(fs_err("syncing directory", dir))
 }
 
 /// Restores a backup into a new environment at `target`, which must not exist.
@@ -566,14 +565,16 @@ fn sync_dir(dir: &Path) -> BackupResult<()> {
 /// directory; only a fully verified, synced and closed environment is renamed to
 /// `target`. On any failure the staging directory is removed; a crash leaves only
 /// the staging directory (a hidden `.name.restore-*` next to the target, or the
-/// caller's `staging_dir`), never `target`.
+/// caller's `staging_dir`), never `target`. Every file operation goes through
+/// `opts.storage.vfs`, so a simulated disk can fail or cut any step.
 pub fn restore_from<R: Read>(
     input: R,
     target: &Path,
     opts: RestoreOptions,
     progress: impl FnMut(u64),
 ) -> BackupResult<BackupSummary> {
-    if target.exists() {
+    let vfs = opts.storage.vfs.clone();
+    if vfs.exists(target) {
         return Err(BackupError::TargetExists(target.to_path_buf()));
     }
     let parent = match target.parent() {
@@ -582,34 +583,44 @@ pub fn restore_from<R: Read>(
     };
     let staging = match opts.staging_dir.clone() {
         Some(s) => s,
-        None => {
-            let name = target
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "kiln".into());
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0);
-            parent.join(format!(".{name}.restore-{}-{nanos}", std::process::id()))
-        }
+        None => default_staging_dir(target, &parent),
     };
-    if staging.exists() {
+    if vfs.exists(&staging) {
         return Err(BackupError::TargetExists(staging));
     }
     let result = restore_staged(input, &staging, opts.storage, progress);
     let result = result.and_then(|sum| {
-        if target.exists() {
+        if vfs.exists(target) {
             return Err(BackupError::TargetExists(target.to_path_buf()));
         }
-        std::fs::rename(&staging, target).map_err(fs_err("renaming into place", target))?;
-        sync_dir(&parent)?;
+        vfs.rename(&staging, target)
+            .map_err(fs_err("renaming into place", target))?;
+        // A failed restore leaves nothing, even here: the target is complete, but
+        // its name may not survive a power cut, and the caller is told it failed.
+        if let Err(e) = sync_dir(vfs.as_ref(), &parent) {
+            let _ = vfs.remove_dir_all(target);
+            return Err(e);
+        }
         Ok(sum)
     });
-    if result.is_err() && staging.exists() {
-        let _ = std::fs::remove_dir_all(&staging);
+    if result.is_err() && vfs.exists(&staging) {
+        let _ = vfs.remove_dir_all(&staging);
     }
     result
+}
+
+/// A hidden `.name.restore-<pid>-<nanos>` beside the target: on the same file
+/// system (so the final rename is atomic) and never the name of an earlier attempt.
+fn default_staging_dir(target: &Path, parent: &Path) -> PathBuf {
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "kiln".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    parent.join(format!(".{name}.restore-{}-{nanos}", std::process::id()))
 }
 
 /// The options a restore builds its environment with: it is synced and closed
@@ -628,11 +639,12 @@ fn restore_staged<R: Read>(
     storage: Options,
     progress: impl FnMut(u64),
 ) -> BackupResult<BackupSummary> {
+    let vfs = storage.vfs.clone();
     let env = Env::open(staging, staging_options(storage))?;
     let sum = restore_into(&env, input, false, progress)?;
     env.sync()?;
     env.close()?;
-    sync_dir(staging)?;
+    sync_dir(vfs.as_ref(), staging)?;
     Ok(sum)
 }
 

@@ -110,6 +110,9 @@ pub trait ForwardVfs: Send + Sync + 'static {
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         self.inner().remove_file(path)
     }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.inner().remove_dir_all(path)
+    }
     fn exists(&self, path: &Path) -> bool {
         self.inner().exists(path)
     }
@@ -136,6 +139,9 @@ impl<T: ForwardVfs> Vfs for T {
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         ForwardVfs::remove_file(self, path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        ForwardVfs::remove_dir_all(self, path)
     }
     fn exists(&self, path: &Path) -> bool {
         ForwardVfs::exists(self, path)

@@ -68,8 +68,13 @@ pub trait Vfs: Send + Sync + 'static {
     fn create_dir_all(&self, path: &Path) -> io::Result<()>;
     /// Makes the directory entries in `dir` (creations, renames, removals) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Renames a file or a directory (with everything in it), atomically; durable
+    /// once the directory that receives it is synced.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Removes a directory and everything in it. Like a file removal, it is durable
+    /// only once the parent directory is synced.
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
     fn exists(&self, path: &Path) -> bool;
     /// Entries of `dir`: (path, is_dir).
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<(PathBuf, bool)>>;

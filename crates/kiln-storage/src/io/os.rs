@@ -130,6 +130,9 @@ impl Vfs for OsVfs {
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path)
     }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_dir_all(path)
+    }
     fn exists(&self, path: &Path) -> bool {
         path.exists()
     }
