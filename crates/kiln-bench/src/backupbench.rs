@@ -236,10 +236,70 @@ pub fn w14(dir: &Path, gib: f64, load: ServerLoad, tool: BackupTool) -> BenchRes
     std::fs::create_dir_all(dir)?;
     let mut extra = Map::new();
 
-    // 1. The disk, sequentially: 1 GiB, or the data's size if smaller.
+    // 1. The disk.
+    let slower_disk_mb_s = measure_sequential_disk(dir, gib, &mut extra)?;
+
+    // 2. The data.
+    let documents = ((gib * (1u64 << 30) as f64) / LINE_BYTES).max(1.0) as u64;
+    let data_dir = dir.join("data");
+    let server = generate_data(&data_dir, documents, &mut extra)?;
+    let setup = BackupSetup {
+        tool,
+        server: &server,
+        db_dir: data_dir.join("databases").join("bench"),
+        documents,
+        slower_disk_mb_s,
+    };
+
+    // 3. Backup, restore, first read.
+    let full = dir.join("full.kbak");
+    let backup = backup_over_http(&setup, &full, &mut extra)?;
+    let restored = dir.join("restored");
+    restore_offline(&setup, &full, &restored, &backup, &mut extra)?;
+    let probe = format!("items/{:09}", documents / 2);
+    first_read_in_process(&restored, &probe, &mut extra)?;
+    first_read_from_server(&restored, &probe, &mut extra)?;
+    std::fs::remove_dir_all(&restored)?;
+
+    // 4. W8 without, then during a backup.
+    let w8 = w8_without_then_during_backup(&setup, load, &dir.join("during.kbak"))?;
+    w8.insert_figures(&mut extra);
+    drop(server);
+    std::fs::remove_dir_all(dir)?;
+    extra.insert(
+        "workload_seconds".into(),
+        json!(workload_start.elapsed().as_secs_f64()),
+    );
+    Ok(Run {
+        ops: documents,
+        commits: 1,
+        seconds: backup.seconds(),
+        extra,
+    })
+}
+
+/// What W14's steps after the data's generation share.
+struct BackupSetup<'a> {
+    tool: BackupTool,
+    /// The server holding the generated data.
+    server: &'a ServerProcess,
+    /// The database's files, under the server's data directory.
+    db_dir: PathBuf,
+    documents: u64,
+    /// The slower of the disk's sequential write and read, in MB/s: what the
+    /// backup's and the restore's speeds are held against (goal >= 0.7x of it).
+    slower_disk_mb_s: f64,
+}
+
+/// Step 1: the disk's sequential speeds, on a file of 1 GiB, or of the data's size
+/// if smaller (64 MiB at least). Returns the slower of write and read, in MB/s.
+fn measure_sequential_disk(
+    dir: &Path,
+    gib: f64,
+    extra: &mut Map<String, Value>,
+) -> BenchResult<f64> {
     let disk_file_bytes = ((gib * (1u64 << 30) as f64) as u64).clamp(64 << 20, 1 << 30);
     let disk = sequential_disk(&dir.join("seq.bin"), disk_file_bytes)?;
-    let slower = disk.write.min(disk.read);
     extra.insert("disk_file_bytes".into(), json!(disk_file_bytes));
     extra.insert("disk_seq_write_mb_per_s".into(), json!(disk.write));
     extra.insert("disk_seq_read_mb_per_s".into(), json!(disk.read));
@@ -247,35 +307,47 @@ pub fn w14(dir: &Path, gib: f64, load: ServerLoad, tool: BackupTool) -> BenchRes
         "disk_seq_read_direct_mb_per_s".into(),
         json!(disk.read_direct),
     );
+    Ok(disk.write.min(disk.read))
+}
 
-    // 2. The data.
-    let documents = ((gib * (1u64 << 30) as f64) / LINE_BYTES).max(1.0) as u64;
-    let data_dir = dir.join("data");
-    let server = fresh_server(&data_dir)?;
+/// Step 2: a server on `data_dir` holding `documents` generated documents of
+/// ~1 KiB, streamed to its bulk endpoint.
+fn generate_data(
+    data_dir: &Path,
+    documents: u64,
+    extra: &mut Map<String, Value>,
+) -> BenchResult<ServerProcess> {
+    let server = fresh_server(data_dir)?;
     let bulk = streambench::bulk_insert_sized(&server, documents, PAYLOAD, "W14 data")?;
-    let db_dir = data_dir.join("databases").join("bench");
     extra.insert("documents".into(), json!(documents));
     extra.insert(
         "generate_docs_per_sec".into(),
         json!(documents as f64 / bulk.seconds),
     );
+    Ok(server)
+}
 
-    // 3. Backup, restore, first read. The database's files are dropped from the
-    // page cache first (best effort: pages the server has mapped stay).
-    drop_dir_from_cache(&db_dir)?;
-    let full = dir.join("full.kbak");
-    let b = http_backup(tool, server.addr, &full)?;
-    if b.figures.documents != documents {
+/// Step 3a: a full backup over HTTP into `full`, timed, against the database's size
+/// on disk and the disk's speed.
+fn backup_over_http(
+    setup: &BackupSetup<'_>,
+    full: &Path,
+    extra: &mut Map<String, Value>,
+) -> BenchResult<HttpBackup> {
+    // Best effort: pages the server has mapped stay in the page cache.
+    drop_dir_from_cache(&setup.db_dir)?;
+    let b = http_backup(setup.tool, setup.server.addr, full)?;
+    if b.figures.documents != setup.documents {
         return Err(format!(
-            "the backup holds {} of {documents} documents",
-            b.figures.documents
+            "the backup holds {} of {} documents",
+            b.figures.documents, setup.documents
         )
         .into());
     }
-    let database_bytes = disk_bytes(&db_dir)?;
+    let database_bytes = disk_bytes(&setup.db_dir)?;
     let backup_s = b.seconds();
     extra.insert("database_disk_bytes".into(), json!(database_bytes));
-    extra.insert("database_files".into(), file_sizes(&db_dir)?);
+    extra.insert("database_files".into(), file_sizes(&setup.db_dir)?);
     extra.insert("backup_data_bytes".into(), json!(b.figures.data_bytes));
     extra.insert("backup_file_bytes".into(), json!(b.figures.file_bytes));
     extra.insert("backup_seconds".into(), json!(backup_s));
@@ -287,20 +359,30 @@ pub fn w14(dir: &Path, gib: f64, load: ServerLoad, tool: BackupTool) -> BenchRes
     extra.insert("backup_file_mb_per_s".into(), json!(backup_file_mb_s));
     extra.insert(
         "backup_ratio_to_slower_disk".into(),
-        json!(backup_db_mb_s / slower),
+        json!(backup_db_mb_s / setup.slower_disk_mb_s),
     );
     extra.insert(
         "backup_data_ratio_to_slower_disk".into(),
-        json!(backup_data_mb_s / slower),
+        json!(backup_data_mb_s / setup.slower_disk_mb_s),
     );
+    Ok(b)
+}
 
-    drop_from_cache(&full)?;
-    let restored = dir.join("restored");
+/// Step 3b: the backup file, dropped from the page cache, restored offline into
+/// `restored` as `kiln restore --data-dir` does, timed; the file is removed after.
+fn restore_offline(
+    setup: &BackupSetup<'_>,
+    full: &Path,
+    restored: &Path,
+    backup: &HttpBackup,
+    extra: &mut Map<String, Value>,
+) -> BenchResult<()> {
+    drop_from_cache(full)?;
     let start = Instant::now();
-    let source = (tool.open_backup)(&full)?;
+    let source = (setup.tool.open_backup)(full)?;
     let report = kiln_docs::restore_database(
         source,
-        &restored,
+        restored,
         "bench",
         kiln_docs::DocsOptions::default().storage,
         false,
@@ -308,133 +390,163 @@ pub fn w14(dir: &Path, gib: f64, load: ServerLoad, tool: BackupTool) -> BenchRes
         |_| {},
     )?;
     let restore_s = start.elapsed().as_secs_f64();
-    std::fs::remove_file(&full).map_err(|e| format!("{}: {e}", full.display()))?;
-    let restored_bytes = disk_bytes(&restored.join("databases").join("bench"))?;
-    extra.insert(
-        "restored_files".into(),
-        file_sizes(&restored.join("databases").join("bench"))?,
-    );
+    std::fs::remove_file(full).map_err(|e| format!("{}: {e}", full.display()))?;
+    let restored_db_dir = restored.join("databases").join("bench");
+    let restored_bytes = disk_bytes(&restored_db_dir)?;
+    extra.insert("restored_files".into(), file_sizes(&restored_db_dir)?);
     let restore_db_mb_s = restored_bytes as f64 / MB / restore_s;
     let restore_file_mb_s = report.bytes_read as f64 / MB / restore_s;
     extra.insert("restore_seconds".into(), json!(restore_s));
     extra.insert("restored_disk_bytes".into(), json!(restored_bytes));
     extra.insert("restore_database_mb_per_s".into(), json!(restore_db_mb_s));
     extra.insert("restore_file_mb_per_s".into(), json!(restore_file_mb_s));
-    let restore_data_mb_s = b.figures.data_bytes as f64 / MB / restore_s;
+    let restore_data_mb_s = backup.figures.data_bytes as f64 / MB / restore_s;
     extra.insert("restore_data_mb_per_s".into(), json!(restore_data_mb_s));
     extra.insert(
         "restore_data_ratio_to_slower_disk".into(),
-        json!(restore_data_mb_s / slower),
+        json!(restore_data_mb_s / setup.slower_disk_mb_s),
     );
     extra.insert(
         "restore_ratio_to_slower_disk".into(),
-        json!(restore_db_mb_s / slower),
+        json!(restore_db_mb_s / setup.slower_disk_mb_s),
     );
+    Ok(())
+}
 
-    let probe = format!("items/{:09}", documents / 2);
-    drop_dir_from_cache(&restored)?;
+/// Step 3c: the restored database's first read in-process (open, database, one
+/// get), its files dropped from the page cache first so that the read meets the disk.
+fn first_read_in_process(
+    restored: &Path,
+    probe: &str,
+    extra: &mut Map<String, Value>,
+) -> BenchResult<()> {
+    drop_dir_from_cache(restored)?;
     let start = Instant::now();
-    {
-        let store = kiln_docs::DocStore::open(&restored, kiln_docs::DocsOptions::default())?;
-        let db = store.database("bench")?;
-        if db.get(&probe)?.is_none() {
-            return Err(format!("{probe} is missing from the restored database").into());
-        }
-        extra.insert(
-            "first_read_in_process_ms".into(),
-            json!(start.elapsed().as_secs_f64() * 1e3),
-        );
-        drop(db);
-        store.close()?;
+    let store = kiln_docs::DocStore::open(restored, kiln_docs::DocsOptions::default())?;
+    let db = store.database("bench")?;
+    if db.get(probe)?.is_none() {
+        return Err(format!("{probe} is missing from the restored database").into());
     }
-    drop_dir_from_cache(&restored)?;
-    let start = Instant::now();
-    {
-        let restored_server = ServerProcess::start_with(&restored, &[])?;
-        let (status, body) = httpbench::blocking_request(
-            restored_server.addr,
-            "GET",
-            &format!("/dbs/bench/docs/{probe}"),
-            b"",
-        )?;
-        if status != 200 {
-            return Err(format!(
-                "GET {probe} of the restored server: {status} {}",
-                String::from_utf8_lossy(&body)
-            )
-            .into());
-        }
-        extra.insert(
-            "first_read_server_ms".into(),
-            json!(start.elapsed().as_secs_f64() * 1e3),
-        );
-    }
-    std::fs::remove_dir_all(&restored)?;
+    extra.insert(
+        "first_read_in_process_ms".into(),
+        json!(start.elapsed().as_secs_f64() * 1e3),
+    );
+    drop(db);
+    store.close()?;
+    Ok(())
+}
 
-    // 4. W8 without, then during a backup.
-    let plain = w8_load(&server, load, "w14a", "W8")?;
-    let during_file = dir.join("during.kbak");
-    let addr = server.addr;
-    let out = during_file.clone();
+/// Step 3d: a `kiln serve` child started on the restored database until its first
+/// GET of a document answers, its files dropped from the page cache first.
+fn first_read_from_server(
+    restored: &Path,
+    probe: &str,
+    extra: &mut Map<String, Value>,
+) -> BenchResult<()> {
+    drop_dir_from_cache(restored)?;
+    let start = Instant::now();
+    let restored_server = ServerProcess::start_with(restored, &[])?;
+    let (status, body) = httpbench::blocking_request(
+        restored_server.addr,
+        "GET",
+        &format!("/dbs/bench/docs/{probe}"),
+        b"",
+    )?;
+    if status != 200 {
+        return Err(format!(
+            "GET {probe} of the restored server: {status} {}",
+            String::from_utf8_lossy(&body)
+        )
+        .into());
+    }
+    extra.insert(
+        "first_read_server_ms".into(),
+        json!(start.elapsed().as_secs_f64() * 1e3),
+    );
+    Ok(())
+}
+
+/// Step 4's runs: W8 alone, then W8 while a full backup streams.
+struct W8BesideBackup {
+    plain: Run,
+    busy: Run,
+    backup: HttpBackup,
+    w8_started: Instant,
+    w8_finished: Instant,
+}
+
+/// Step 4: W8 without a backup, then while a full backup into `during_file` runs
+/// on a thread; the file is removed after.
+fn w8_without_then_during_backup(
+    setup: &BackupSetup<'_>,
+    load: ServerLoad,
+    during_file: &Path,
+) -> BenchResult<W8BesideBackup> {
+    let server = setup.server;
+    let plain = w8_load(server, load, "w14a", "W8")?;
+    let (tool, addr, out) = (setup.tool, server.addr, during_file.to_path_buf());
     let backup_thread =
         std::thread::spawn(move || http_backup(tool, addr, &out).map_err(|e| e.to_string()));
     // Let the backup take its snapshot and start streaming.
     std::thread::sleep(std::time::Duration::from_millis(200));
-    let w8_start = Instant::now();
-    let busy = w8_load(&server, load, "w14b", "W8+bkp")?;
-    let w8_end = Instant::now();
-    let during = backup_thread
+    let w8_started = Instant::now();
+    let busy = w8_load(server, load, "w14b", "W8+bkp")?;
+    let w8_finished = Instant::now();
+    let backup = backup_thread
         .join()
         .map_err(|_| "the backup thread panicked")??;
-    std::fs::remove_file(&during_file).map_err(|e| format!("{}: {e}", during_file.display()))?;
-    let overlap = (during.finished.min(w8_end))
-        .saturating_duration_since(during.started.max(w8_start))
-        .as_secs_f64();
-    let w8_s = (w8_end - w8_start).as_secs_f64();
-    let rate = |r: &Run| {
-        r.extra
-            .get("requests_per_sec")
-            .cloned()
-            .unwrap_or(Value::Null)
-    };
-    extra.insert("w8_requests".into(), json!(plain.ops));
-    extra.insert("w8_without_backup_requests_per_sec".into(), rate(&plain));
-    extra.insert("w8_during_backup_requests_per_sec".into(), rate(&busy));
-    extra.insert(
-        "w8_ratio_during_backup".into(),
-        json!(busy.ops_per_sec() / plain.ops_per_sec()),
-    );
-    for (k, r) in [("without", &plain), ("during", &busy)] {
+    std::fs::remove_file(during_file).map_err(|e| format!("{}: {e}", during_file.display()))?;
+    Ok(W8BesideBackup {
+        plain,
+        busy,
+        backup,
+        w8_started,
+        w8_finished,
+    })
+}
+
+impl W8BesideBackup {
+    /// W8's rates and p99s without and during the backup, and how much of W8's
+    /// time the backup overlapped: a backup that ended early slowed less of W8.
+    fn insert_figures(&self, extra: &mut Map<String, Value>) {
+        let (plain, busy, during) = (&self.plain, &self.busy, &self.backup);
+        let overlap_s = (during.finished.min(self.w8_finished))
+            .saturating_duration_since(during.started.max(self.w8_started))
+            .as_secs_f64();
+        let w8_s = (self.w8_finished - self.w8_started).as_secs_f64();
+        let rate = |r: &Run| {
+            r.extra
+                .get("requests_per_sec")
+                .cloned()
+                .unwrap_or(Value::Null)
+        };
+        extra.insert("w8_requests".into(), json!(plain.ops));
+        extra.insert("w8_without_backup_requests_per_sec".into(), rate(plain));
+        extra.insert("w8_during_backup_requests_per_sec".into(), rate(busy));
         extra.insert(
-            format!("w8_{k}_backup_p99_us"),
-            r.extra.get("p99_us").cloned().unwrap_or(Value::Null),
+            "w8_ratio_during_backup".into(),
+            json!(busy.ops_per_sec() / plain.ops_per_sec()),
+        );
+        for (k, r) in [("without", plain), ("during", busy)] {
+            extra.insert(
+                format!("w8_{k}_backup_p99_us"),
+                r.extra.get("p99_us").cloned().unwrap_or(Value::Null),
+            );
+        }
+        extra.insert(
+            "w8_backup_overlap_fraction".into(),
+            json!((overlap_s / w8_s).min(1.0)),
+        );
+        extra.insert(
+            "backup_finished_before_w8".into(),
+            json!(during.finished < self.w8_finished),
+        );
+        extra.insert("backup_during_w8_seconds".into(), json!(during.seconds()));
+        extra.insert(
+            "backup_during_w8_data_mb_per_s".into(),
+            json!(during.figures.data_bytes as f64 / MB / during.seconds()),
         );
     }
-    extra.insert(
-        "w8_backup_overlap_fraction".into(),
-        json!((overlap / w8_s).min(1.0)),
-    );
-    extra.insert(
-        "backup_finished_before_w8".into(),
-        json!(during.finished < w8_end),
-    );
-    extra.insert("backup_during_w8_seconds".into(), json!(during.seconds()));
-    extra.insert(
-        "backup_during_w8_data_mb_per_s".into(),
-        json!(during.figures.data_bytes as f64 / MB / during.seconds()),
-    );
-    drop(server);
-    std::fs::remove_dir_all(dir)?;
-    extra.insert(
-        "workload_seconds".into(),
-        json!(workload_start.elapsed().as_secs_f64()),
-    );
-    Ok(Run {
-        ops: documents,
-        commits: 1,
-        seconds: backup_s,
-        extra,
-    })
 }
 
 /// The lines `kiln bench` prints for W14.
