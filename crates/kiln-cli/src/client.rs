@@ -5,7 +5,7 @@
 //! duplex: one thread writes the chunked request body while the caller reads the
 //! streamed answer on the other half of the same connection.
 
-use std::fmt;
+use kiln_server::tls::TlsError;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -46,45 +46,32 @@ pub struct TlsArgs {
 }
 
 impl TlsArgs {
-    fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, ClientError> {
-        let tls = |m: String| ClientError::Tls(m);
+    fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
         let mut roots = rustls::RootCertStore::empty();
         match &self.ca_cert {
-            Some(path) => {
-                for cert in kiln_server::tls::load_certs(path).map_err(tls)? {
-                    roots.add(cert).map_err(|e| {
-                        tls(format!("{}: unusable CA certificate: {e}", path.display()))
-                    })?;
-                }
-            }
+            Some(path) => kiln_server::tls::add_ca_certs(&mut roots, path)?,
             None => {
                 let found = rustls_native_certs::load_native_certs();
                 for cert in found.certs {
                     let _ = roots.add(cert);
                 }
                 if roots.is_empty() {
-                    return Err(tls(
-                        "no trusted root certificates on this system: give --ca-cert".into(),
-                    ));
+                    return Err(TlsError::NoTrustedRoots);
                 }
             }
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| tls(format!("TLS setup: {e}")))?
+            .map_err(TlsError::Setup)?
             .with_root_certificates(roots);
         let mut config = match (&self.client_cert, &self.client_key) {
             (Some(cert), Some(key)) => builder
                 .with_client_auth_cert(
-                    kiln_server::tls::load_certs(cert).map_err(tls)?,
-                    kiln_server::tls::load_private_key(key).map_err(tls)?,
+                    kiln_server::tls::load_certs(cert)?,
+                    kiln_server::tls::load_private_key(key)?,
                 )
-                .map_err(|e| {
-                    tls(format!(
-                        "client certificate and key do not fit together: {e}"
-                    ))
-                })?,
+                .map_err(TlsError::KeyMismatch)?,
             _ => builder.with_no_client_auth(),
         };
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -92,37 +79,33 @@ impl TlsArgs {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    #[error("bad --url: {0}")]
     Url(String),
-    Tls(String),
-    Io {
-        what: String,
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
+    #[error(
+        "TLS: handshake with {host}:{port} failed: {source} (is it an https port? is --ca-cert the CA that signed its certificate?)"
+    )]
+    Handshake {
+        host: String,
+        port: u16,
+        #[source]
         source: io::Error,
     },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("unexpected answer from the server: {0}")]
     Protocol(String),
     /// A non-2xx answer: status and the body's text (the server's error JSON).
-    Status {
-        status: u16,
-        body: String,
-    },
+    #[error("the server answered {status}: {}", body.trim())]
+    Status { status: u16, body: String },
 }
-
-impl fmt::Display for ClientError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ClientError::Url(m) => write!(f, "bad --url: {m}"),
-            ClientError::Tls(m) => write!(f, "TLS: {m}"),
-            ClientError::Io { what, source } => write!(f, "{what}: {source}"),
-            ClientError::Protocol(m) => write!(f, "unexpected answer from the server: {m}"),
-            ClientError::Status { status, body } => {
-                write!(f, "the server answered {status}: {}", body.trim())
-            }
-        }
-    }
-}
-
-impl std::error::Error for ClientError {}
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ClientError {
     let what = what.into();
@@ -254,11 +237,10 @@ impl Endpoint {
                 let tcp = tokio::net::TcpStream::from_std(stream)?;
                 connector.connect(name, tcp).await
             })
-            .map_err(|e| {
-                ClientError::Tls(format!(
-                    "handshake with {}:{} failed: {e} (is it an https port? is --ca-cert the CA that signed its certificate?)",
-                    self.host, self.port
-                ))
+            .map_err(|source| ClientError::Handshake {
+                host: self.host.clone(),
+                port: self.port,
+                source,
             })?;
         // Two halves: a bulk upload writes while the answer is read.
         let (read, write) = tokio::io::split(tls_stream);

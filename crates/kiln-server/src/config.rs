@@ -1,5 +1,6 @@
 //! What `kiln serve` is told: where, how securely, and within which limits.
 
+use crate::cross_origin::InvalidOrigin;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -134,7 +135,7 @@ impl ServerConfig {
 
     /// Refuses to expose data in the clear: off loopback, TLS and authentication are
     /// required unless `unsecured` says otherwise.
-    pub fn check_security(&self) -> Result<(), String> {
+    pub fn check_security(&self) -> Result<(), ConfigError> {
         if self.bind.ip().is_loopback() || self.unsecured {
             return Ok(());
         }
@@ -148,27 +149,47 @@ impl ServerConfig {
         if missing.is_empty() {
             return Ok(());
         }
-        Err(format!(
-            "refusing to listen on {} (not a loopback address) without {}; \
-             pass --unsecured to do it anyway",
-            self.bind,
-            missing.join(" and ")
-        ))
+        Err(ConfigError::Insecure {
+            bind: self.bind,
+            missing: missing.join(" and "),
+        })
     }
 
-    pub fn check_limits(&self) -> Result<(), String> {
+    pub fn check_limits(&self) -> Result<(), ConfigError> {
         let l = &self.limits;
         if l.max_connections == 0 || l.max_page_size == 0 || l.max_body_bytes == 0 {
-            return Err("limits must be positive".into());
+            return Err(ConfigError::Limit("limits must be positive"));
         }
         if l.default_page_size == 0 || l.default_page_size > l.max_page_size {
-            return Err("the default page size must be 1..=max_page_size".into());
+            return Err(ConfigError::Limit(
+                "the default page size must be 1..=max_page_size",
+            ));
         }
         if l.request_read_timeout_ms == 0 {
-            return Err("the request read timeout must be positive".into());
+            return Err(ConfigError::Limit(
+                "the request read timeout must be positive",
+            ));
         }
-        crate::cross_origin::check_origins(&self.cors_origins)
+        if u32::try_from(l.max_connections).is_err() {
+            return Err(ConfigError::Limit("max_connections is too large"));
+        }
+        Ok(crate::cross_origin::check_origins(&self.cors_origins)?)
     }
+}
+
+/// A server configuration that cannot start: what is wrong, in the words of the
+/// flag to change.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "refusing to listen on {bind} (not a loopback address) without {missing}; \
+         pass --unsecured to do it anyway"
+    )]
+    Insecure { bind: SocketAddr, missing: String },
+    #[error("{0}")]
+    Limit(&'static str),
+    #[error(transparent)]
+    CorsOrigin(#[from] InvalidOrigin),
 }
 
 #[cfg(test)]
@@ -178,10 +199,10 @@ mod tests {
     #[test]
     fn non_loopback_needs_tls_and_auth_or_unsecured() {
         let mut c = ServerConfig::new("/tmp/x", "0.0.0.0:8080".parse().unwrap());
-        let e = c.check_security().unwrap_err();
+        let e = c.check_security().unwrap_err().to_string();
         assert!(e.contains("TLS") && e.contains("authentication"), "{e}");
         c.require_auth = true;
-        assert!(c.check_security().unwrap_err().contains("TLS"));
+        assert!(c.check_security().unwrap_err().to_string().contains("TLS"));
         c.tls = Some(TlsConfig {
             cert_chain_pem: "c".into(),
             private_key_pem: "k".into(),

@@ -66,26 +66,33 @@ pub fn layer(origins: &[String]) -> Option<CorsLayer> {
     )
 }
 
+/// A `--cors-origin` value that is not an origin.
+#[derive(Debug, thiserror::Error)]
+#[error("--cors-origin {origin:?}: {problem}")]
+pub struct InvalidOrigin {
+    pub origin: String,
+    pub problem: &'static str,
+}
+
 /// Checks `--cors-origin` values: `*`, or `scheme://host[:port]` as browsers send
 /// it in `Origin`.
-pub fn check_origins(origins: &[String]) -> Result<(), String> {
+pub fn check_origins(origins: &[String]) -> Result<(), InvalidOrigin> {
     for o in origins {
         if o == "*" {
             continue;
         }
         let o = o.trim_end_matches('/');
+        let bad = |problem| InvalidOrigin {
+            origin: o.to_string(),
+            problem,
+        };
         let Some((scheme, rest)) = o.split_once("://") else {
-            return Err(format!(
-                "--cors-origin {o:?}: give an origin as a browser sends it, e.g. https://app.example.com or http://localhost:3000, or *"
-            ));
+            return Err(bad("give an origin as a browser sends it, e.g. https://app.example.com or http://localhost:3000, or *"));
         };
         if !(scheme == "http" || scheme == "https") || rest.is_empty() || rest.contains('/') {
-            return Err(format!(
-                "--cors-origin {o:?}: an origin is scheme://host[:port], without a path"
-            ));
+            return Err(bad("an origin is scheme://host[:port], without a path"));
         }
-        HeaderValue::from_str(o)
-            .map_err(|_| format!("--cors-origin {o:?}: not a valid header value"))?;
+        HeaderValue::from_str(o).map_err(|_| bad("not a valid header value"))?;
     }
     Ok(())
 }

@@ -3,11 +3,12 @@
 
 use crate::app::router;
 use crate::auth::{AuthError, KeyVerifier};
-use crate::config::ServerConfig;
+use crate::config::{ConfigError, ServerConfig};
 use crate::conn_threads::ConnThreads;
 use crate::hyper_conn::ConnContext;
 use crate::metrics::Metrics;
 use crate::state::{AppState, ConnInfo, SharedState};
+use crate::tls::TlsError;
 use axum::Router;
 use kiln_docs::{DocError, DocStore};
 use std::net::SocketAddr;
@@ -19,8 +20,8 @@ use tokio::sync::{watch, Semaphore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -28,7 +29,20 @@ pub enum ServeError {
         source: std::io::Error,
     },
     #[error("TLS: {0}")]
-    Tls(String),
+    Tls(#[from] TlsError),
+    #[error("starting {threads} connection threads: {source}")]
+    ConnectionThreads {
+        threads: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A task the server waited for panicked or was cancelled.
+    #[error("{what} failed: {source}")]
+    Task {
+        what: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
     #[error(transparent)]
     Store(#[from] DocError),
     #[error(transparent)]
@@ -51,12 +65,12 @@ pub struct RunningServer {
 impl RunningServer {
     /// Opens the data directory and starts listening.
     pub async fn start(config: ServerConfig) -> Result<RunningServer, ServeError> {
-        config.check_security().map_err(ServeError::Config)?;
-        config.check_limits().map_err(ServeError::Config)?;
+        config.check_security()?;
+        config.check_limits()?;
         let tls = match &config.tls {
-            Some(t) => Some(tokio_rustls::TlsAcceptor::from(
-                crate::tls::server_config(t).map_err(ServeError::Tls)?,
-            )),
+            Some(t) => Some(tokio_rustls::TlsAcceptor::from(crate::tls::server_config(
+                t,
+            )?)),
             None => None,
         };
         if config.require_auth
@@ -74,7 +88,10 @@ impl RunningServer {
         let docs = config.docs.clone();
         let store = tokio::task::spawn_blocking(move || DocStore::open(&data_dir, docs))
             .await
-            .map_err(|e| ServeError::Config(format!("opening the data directory failed: {e}")))??;
+            .map_err(|source| ServeError::Task {
+                what: "opening the data directory",
+                source,
+            })??;
         let listener = TcpListener::bind(config.bind)
             .await
             .map_err(|source| ServeError::Bind {
@@ -102,8 +119,8 @@ impl RunningServer {
             own_http1: config.own_http1 && config.cors_origins.is_empty(),
             access_log: config.access_log,
         });
-        let max_connections = u32::try_from(config.limits.max_connections)
-            .map_err(|_| ServeError::Config("max_connections is too large".into()))?;
+        // `check_limits` refused a count that does not fit.
+        let max_connections = u32::try_from(config.limits.max_connections).unwrap_or(u32::MAX);
         let connections = Arc::new(Semaphore::new(max_connections as usize));
         let (shutdown, shutdown_rx) = watch::channel(false);
         if let Some(retention_ms) = config.changes.tombstone_retention_ms {
@@ -115,9 +132,11 @@ impl RunningServer {
         }
         let conn_threads = match config.connection_threads {
             0 => None,
-            n => Some(Arc::new(ConnThreads::start(n).map_err(|e| {
-                ServeError::Config(format!("starting {n} connection threads: {e}"))
-            })?)),
+            threads => {
+                Some(Arc::new(ConnThreads::start(threads).map_err(|source| {
+                    ServeError::ConnectionThreads { threads, source }
+                })?))
+            }
         };
         let accept_loop = tokio::spawn(accept_loop(
             listener,
@@ -190,7 +209,10 @@ impl RunningServer {
                 Ok(owned) => {
                     tokio::task::spawn_blocking(move || owned.close())
                         .await
-                        .map_err(|e| ServeError::Config(format!("closing failed: {e}")))??;
+                        .map_err(|source| ServeError::Task {
+                            what: "closing the databases",
+                            source,
+                        })??;
                     tracing::info!("databases flushed and closed");
                     return Ok(());
                 }
