@@ -6,7 +6,7 @@
 use crate::machine::{self, read_trimmed};
 use crate::rawdisk::{
     open_for_writes, preallocate, summarize, timed_writes, AlignedBuf, LatencySummary, Prealloc,
-    RawDiskError, WriteMode,
+    RawDiskError, WriteFile, WriteMode,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
@@ -303,6 +303,8 @@ struct Plan {
     /// Write count bound per row (split between the writers of a concurrent row).
     n: u64,
     max_time: Duration,
+    /// `max_time` as given, in seconds, for the reports.
+    max_seconds: f64,
     /// Length of each of the two files: n 16 KiB writes never wrap around.
     file_len: u64,
 }
@@ -361,28 +363,65 @@ impl Row {
 
 pub fn run(args: DiskBenchArgs) -> Result<()> {
     let started = Instant::now();
-    let secs = args
-        .max_seconds_per_test
-        .unwrap_or(if args.quick { 1.0 } else { 5.0 });
-    if !(secs.is_finite() && secs > 0.0) {
-        return Err(DiskBenchError::BadArgument(format!(
-            "--max-seconds-per-test must be a positive number of seconds, not {secs}"
-        )));
-    }
-    let n: u64 = if args.quick { 4096 } else { 65_536 };
-    let plan = Plan {
-        n,
-        max_time: Duration::from_secs_f64(secs),
-        file_len: n * JOURNAL_WRITE as u64,
-    };
+    let plan = Plan::from_args(&args)?;
     let dir = &args.dir;
     if dir.exists() && !dir.is_dir() {
         return Err(DiskBenchError::NotADirectory(dir.clone()));
     }
+    let free = check_free_space(dir, &plan, args.margin_bytes)?;
 
-    // Refuse before making anything if the file system cannot take it.
+    catch_signals();
+    let (cleanup, facts, files) = make_test_dir(dir)?;
+    if !args.json {
+        print_header(dir, &facts, &plan, free);
+    }
+    let main_prealloc = zero_fill(&files.main, &plan)?;
+    let rows = run_rows(&files, main_prealloc, &plan, args.json)?;
+
+    let summary = Summary {
+        dir,
+        quick: args.quick,
+        plan: &plan,
+        free_bytes_before: free,
+        notes: interpret(&rows, &facts),
+        facts: &facts,
+        started,
+    };
+    if args.json {
+        summary.print_json();
+    } else {
+        summary.print_text(&rows);
+    }
+    drop(cleanup);
+    Ok(())
+}
+
+impl Plan {
+    /// The bounds `--quick` and `--max-seconds-per-test` set.
+    fn from_args(args: &DiskBenchArgs) -> Result<Plan> {
+        let secs = args
+            .max_seconds_per_test
+            .unwrap_or(if args.quick { 1.0 } else { 5.0 });
+        if !(secs.is_finite() && secs > 0.0) {
+            return Err(DiskBenchError::BadArgument(format!(
+                "--max-seconds-per-test must be a positive number of seconds, not {secs}"
+            )));
+        }
+        let n: u64 = if args.quick { 4096 } else { 65_536 };
+        Ok(Plan {
+            n,
+            max_time: Duration::from_secs_f64(secs),
+            max_seconds: secs,
+            file_len: n * JOURNAL_WRITE as u64,
+        })
+    }
+}
+
+/// Refuses before making anything if the file system cannot take the two test
+/// files and a margin; returns the free bytes.
+fn check_free_space(dir: &Path, plan: &Plan, margin_bytes: Option<u64>) -> Result<u64> {
     let need = 2 * plan.file_len;
-    let margin = args.margin_bytes.unwrap_or(64 * MIB + need / 10);
+    let margin = margin_bytes.unwrap_or(64 * MIB + need / 10);
     let existing = nearest_existing(dir);
     let free = free_bytes(&existing)?;
     if free < need.saturating_add(margin) {
@@ -393,35 +432,61 @@ pub fn run(args: DiskBenchArgs) -> Result<()> {
             free,
         });
     }
+    Ok(free)
+}
 
-    catch_signals();
+/// The two test files (named after the process, so that two runs in one directory
+/// do not collide).
+struct TestFiles {
+    /// Zero-filled once, then overwritten by every row but the fallocated one.
+    main: PathBuf,
+    /// Fallocated afresh for the fallocated row, and removed after it.
+    fresh: PathBuf,
+}
+
+/// Creates `dir` (and its missing parents) and names the test files, with the guard
+/// that removes all of them whatever happens next; reads the machine's facts once
+/// the directory exists.
+fn make_test_dir(dir: &Path) -> Result<(Cleanup, Facts, TestFiles)> {
     let mut cleanup = Cleanup {
         files: Vec::new(),
         dirs: missing_ancestors(dir),
     };
     std::fs::create_dir_all(dir).map_err(|source| DiskBenchError::Dir {
         op: "create directory",
-        path: dir.clone(),
+        path: dir.to_path_buf(),
         source,
     })?;
     let facts = machine_facts(dir);
     let pid = std::process::id();
-    let main_path = dir.join(format!("disk-bench-{pid}-written.kiln-tmp"));
-    let fresh_path = dir.join(format!("disk-bench-{pid}-fallocated.kiln-tmp"));
-    cleanup.files.push(main_path.clone());
-    cleanup.files.push(fresh_path.clone());
+    let files = TestFiles {
+        main: dir.join(format!("disk-bench-{pid}-written.kiln-tmp")),
+        fresh: dir.join(format!("disk-bench-{pid}-fallocated.kiln-tmp")),
+    };
+    cleanup.files.push(files.main.clone());
+    cleanup.files.push(files.fresh.clone());
+    Ok((cleanup, facts, files))
+}
 
-    if !args.json {
-        print_header(dir, &facts, &plan, free);
-    }
-
+/// Zero-fills the main test file (with a progress bar; Ctrl-C stops it).
+fn zero_fill(main: &Path, plan: &Plan) -> Result<Prealloc> {
     let pb = bar(plan.file_len, "prepare", "zero-filling the test file");
-    let main_prealloc = preallocate(&main_path, plan.file_len, Prealloc::ZeroFilled, &mut |b| {
+    let prealloc = preallocate(main, plan.file_len, Prealloc::ZeroFilled, &mut |b| {
         pb.set_position(b);
         !interrupted()
     })?;
     pb.finish_and_clear();
+    Ok(prealloc)
+}
 
+/// Every row of [`specs`], each printed (or its JSON object) as soon as measured,
+/// under its section's title.
+fn run_rows(
+    files: &TestFiles,
+    main_prealloc: Prealloc,
+    plan: &Plan,
+    as_json: bool,
+) -> Result<Vec<Row>> {
     let specs = specs();
     let mut rows: Vec<Row> = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
@@ -429,58 +494,88 @@ pub fn run(args: DiskBenchArgs) -> Result<()> {
             return Err(DiskBenchError::Interrupted);
         }
         let label = format!("{}/{}", i + 1, specs.len());
-        if !args.json && (i == 0 || specs[i - 1].test != spec.test) {
-            print_section(spec.test, &plan);
+        if !as_json && (i == 0 || specs[i - 1].test != spec.test) {
+            print_section(spec.test, plan);
         }
-        let row = if spec.fresh {
-            let p = preallocate(
-                &fresh_path,
-                plan.file_len,
-                Prealloc::Fallocated,
-                &mut |_| true,
-            )?;
-            let row = single_row(*spec, &fresh_path, p, &plan, &label)?;
-            let _ = std::fs::remove_file(&fresh_path);
-            row
-        } else if spec.test == Test::Concurrent {
-            concurrent_row(*spec, &main_path, main_prealloc, &plan, &label)?
-        } else if let Some(pairing) = spec.pairing {
-            value_beside_record_row(*spec, pairing, &main_path, main_prealloc, &plan, &label)?
-        } else {
-            single_row(*spec, &main_path, main_prealloc, &plan, &label)?
-        };
-        if args.json {
+        let row = measure_row(*spec, files, main_prealloc, plan, &label)?;
+        if as_json {
             println!("{}", row.json());
         } else {
             print_row(&row);
         }
         rows.push(row);
     }
+    Ok(rows)
+}
 
-    let notes = interpret(&rows, &facts);
-    if args.json {
+/// One row, by the kind of test its spec asks for.
+fn measure_row(
+    spec: Spec,
+    files: &TestFiles,
+    main_prealloc: Prealloc,
+    plan: &Plan,
+    label: &str,
+) -> Result<Row> {
+    let main = &files.main;
+    if spec.fresh {
+        let p = preallocate(
+            &files.fresh,
+            plan.file_len,
+            Prealloc::Fallocated,
+            &mut |_| true,
+        )?;
+        let row = single_row(spec, &files.fresh, p, plan, label)?;
+        let _ = std::fs::remove_file(&files.fresh);
+        Ok(row)
+    } else if spec.test == Test::Concurrent {
+        concurrent_row(spec, main, main_prealloc, plan, label)
+    } else if let Some(pairing) = spec.pairing {
+        value_beside_record_row(spec, pairing, main, main_prealloc, plan, label)
+    } else {
+        single_row(spec, main, main_prealloc, plan, label)
+    }
+}
+
+/// What the run prints after its rows.
+struct Summary<'a> {
+    dir: &'a Path,
+    quick: bool,
+    plan: &'a Plan,
+    free_bytes_before: u64,
+    facts: &'a Facts,
+    notes: Notes,
+    started: Instant,
+}
+
+impl Summary<'_> {
+    /// `--json`: one object with the run's bounds, the interpretation and the
+    /// machine's facts.
+    fn print_json(&self) {
         let mut summary = json!({
             "test": "summary",
-            "dir": dir.display().to_string(),
-            "quick": args.quick,
-            "max_writes_per_test": plan.n,
-            "max_seconds_per_test": secs,
-            "file_bytes": plan.file_len,
-            "free_bytes_before": free,
-            "lying_disk_suspected": notes.lying,
-            "memory_backed": memory_backed(&facts),
-            "interpretation": notes.lines,
-            "elapsed_seconds": started.elapsed().as_secs_f64(),
+            "dir": self.dir.display().to_string(),
+            "quick": self.quick,
+            "max_writes_per_test": self.plan.n,
+            "max_seconds_per_test": self.plan.max_seconds,
+            "file_bytes": self.plan.file_len,
+            "free_bytes_before": self.free_bytes_before,
+            "lying_disk_suspected": self.notes.lying,
+            "memory_backed": memory_backed(self.facts),
+            "interpretation": self.notes.lines,
+            "elapsed_seconds": self.started.elapsed().as_secs_f64(),
         });
-        if let (Value::Object(s), Value::Object(f)) = (&mut summary, facts.json()) {
+        if let (Value::Object(s), Value::Object(f)) = (&mut summary, self.facts.json()) {
             s.extend(f);
         }
         println!("{summary}");
-    } else {
+    }
+
+    /// The footnotes of the table's marks (`*`, `!`), then the interpretation.
+    fn print_text(&self, rows: &[Row]) {
         if rows.iter().any(|r| r.time_bounded) {
             println!(
-                "\n* stopped at the time bound ({secs} s) before {} writes",
-                plan.n
+                "\n* stopped at the time bound ({} s) before {} writes",
+                self.plan.max_seconds, self.plan.n
             );
         }
         if rows.iter().any(|r| r.direct_io_refused) {
@@ -490,16 +585,14 @@ pub fn run(args: DiskBenchArgs) -> Result<()> {
             );
         }
         println!("\ninterpretation:");
-        for l in &notes.lines {
+        for l in &self.notes.lines {
             println!("  {l}");
         }
         println!(
             "(done in {:.0} s; its files are removed)",
-            started.elapsed().as_secs_f64()
+            self.started.elapsed().as_secs_f64()
         );
     }
-    drop(cleanup);
-    Ok(())
 }
 
 fn bar(len: u64, prefix: &str, msg: &str) -> ProgressBar {
@@ -698,89 +791,34 @@ fn value_beside_record_row(
     };
     let value_file = open_for_writes(path, value_mode)?;
     let record_file = open_for_writes(path, WriteMode::DirectDsync)?;
-    let half = plan.file_len / 2;
-    let value_slots = (half / spec.size as u64).max(1);
-    let record_slots = (half / RECORD_BESIDE_VALUE as u64).max(1);
+    let layout = ValueBesideRecordLayout::new(plan.file_len, spec.size);
     let mut value = AlignedBuf::new(spec.size);
     let record = AlignedBuf::new(RECORD_BESIDE_VALUE);
-    let record_offset = |i: u64| half + (i % record_slots) * RECORD_BESIDE_VALUE as u64;
     let pb = bar(1000, label, &row_message(&spec));
-    let mut lat = Vec::with_capacity(plan.n.min(1 << 20) as usize);
+    let mut commits = Commits::with_room_for(plan.n);
+    let handoff = RecordHandoff::new();
     let start = Instant::now();
-    let mut commits = 0;
-    let mut time_bounded = false;
-    let record_error: Mutex<Option<RawDiskError>> = Mutex::new(None);
-    // BothAtOnce: a second thread writes commit i's record while `go` and `done`
-    // bracket it. It keeps to the barriers after a failure (kept in `record_error`)
-    // and leaves only on `stop`, so neither side waits forever.
-    let go = Barrier::new(2);
-    let done = Barrier::new(2);
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|s| -> Result<()> {
-        let record_writer = (pairing == Pairing::BothAtOnce).then(|| {
-            let (go, done, stop, record_error) = (&go, &done, &stop, &record_error);
-            let (record_file, record) = (&record_file, &record);
-            s.spawn(move || {
-                let mut i = 0;
-                loop {
-                    go.wait();
-                    if stop.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    if let Err(e) = record_file.write_at(record.bytes(), record_offset(i)) {
-                        record_error
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .get_or_insert(e);
-                    }
-                    done.wait();
-                    i += 1;
-                }
-            })
-        });
-        let mut outcome = Ok(());
-        while commits < plan.n {
-            let stamp = commits.to_le_bytes();
-            value.bytes_mut()[..stamp.len()].copy_from_slice(&stamp);
-            let value_offset = (commits % value_slots) * spec.size as u64;
-            let t = Instant::now();
-            let step = if record_writer.is_some() {
-                go.wait();
-                let r = value_file.write_at(value.bytes(), value_offset);
-                done.wait();
-                r.and_then(|()| {
-                    let failed = record_error
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .take();
-                    failed.map_or(Ok(()), Err)
-                })
-            } else {
-                value_file
-                    .write_at(value.bytes(), value_offset)
-                    .and_then(|()| record_file.write_at(record.bytes(), record_offset(commits)))
-            };
-            if let Err(e) = step {
-                outcome = Err(e.into());
-                break;
-            }
-            lat.push(t.elapsed().as_secs_f64() * 1e3);
-            commits += 1;
-            if commits % 64 == 0 {
-                pb.set_position(permille(commits, plan.n, start, plan.max_time));
-            }
-            if commits < plan.n && (start.elapsed() >= plan.max_time || interrupted()) {
-                time_bounded = true;
-                break;
-            }
-        }
-        if let Some(h) = record_writer {
-            stop.store(true, Ordering::Relaxed);
-            go.wait();
-            h.join().map_err(|_| DiskBenchError::WriterPanicked)?;
-        }
-        outcome
-    })?;
+    let timing = CommitTiming {
+        plan,
+        start,
+        pb: &pb,
+    };
+    match pairing {
+        Pairing::ValueThenRecord => commits.run(&mut value, &layout, &timing, |v, at, i| {
+            value_file
+                .write_at(v, at)
+                .and_then(|()| record_file.write_at(record.bytes(), layout.record_offset(i)))
+        })?,
+        Pairing::BothAtOnce => std::thread::scope(|s| -> Result<()> {
+            let writer = s.spawn(|| handoff.write_records(&record_file, &record, &layout));
+            let outcome = commits.run(&mut value, &layout, &timing, |v, at, _| {
+                handoff.write_value_beside_record(&value_file, v, at)
+            });
+            handoff.stop_writer();
+            writer.join().map_err(|_| DiskBenchError::WriterPanicked)?;
+            outcome
+        })?,
+    }
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
     if interrupted() {
@@ -792,13 +830,170 @@ fn value_beside_record_row(
         direct_io: value_file.direct_io && record_file.direct_io,
         direct_io_refused: value_file.direct_io_refused || record_file.direct_io_refused,
         prealloc,
-        writes: commits,
+        writes: commits.count,
         max_writes: plan.n,
-        time_bounded,
+        time_bounded: commits.time_bounded,
         seconds,
-        lat: summarize(&mut lat),
+        lat: summarize(&mut commits.latencies_ms),
         settle_sync_ms: 0.0,
     })
+}
+
+/// Where a `ValueBesideRecord` row writes: commit i's value to slot i of the first
+/// half of the file, its record to slot i of the second half, each wrapping around.
+struct ValueBesideRecordLayout {
+    value_bytes: u64,
+    value_slots: u64,
+    half: u64,
+    record_slots: u64,
+}
+
+impl ValueBesideRecordLayout {
+    fn new(file_len: u64, value_bytes: usize) -> Self {
+        let half = file_len / 2;
+        ValueBesideRecordLayout {
+            value_bytes: value_bytes as u64,
+            value_slots: (half / value_bytes as u64).max(1),
+            half,
+            record_slots: (half / RECORD_BESIDE_VALUE as u64).max(1),
+        }
+    }
+    fn value_offset(&self, commit: u64) -> u64 {
+        (commit % self.value_slots) * self.value_bytes
+    }
+    fn record_offset(&self, commit: u64) -> u64 {
+        self.half + (commit % self.record_slots) * RECORD_BESIDE_VALUE as u64
+    }
+}
+
+/// The bounds and the progress bar of a row of commits.
+struct CommitTiming<'a> {
+    plan: &'a Plan,
+    start: Instant,
+    pb: &'a ProgressBar,
+}
+
+/// What a row of commits measured.
+struct Commits {
+    count: u64,
+    latencies_ms: Vec<f64>,
+    time_bounded: bool,
+}
+
+impl Commits {
+    /// Made before the clock starts, so that reserving room for the latencies is
+    /// not timed.
+    fn with_room_for(max_commits: u64) -> Self {
+        Commits {
+            count: 0,
+            latencies_ms: Vec::with_capacity(max_commits.min(1 << 20) as usize),
+            time_bounded: false,
+        }
+    }
+
+    /// Commits until the plan's count or time bound (or Ctrl-C), each timed:
+    /// `write_commit(value, value_offset, commit)` makes commit's writes, its number
+    /// stamped into the value first so that no two values are alike.
+    fn run(
+        &mut self,
+        value: &mut AlignedBuf,
+        layout: &ValueBesideRecordLayout,
+        timing: &CommitTiming<'_>,
+        mut write_commit: impl FnMut(&[u8], u64, u64) -> std::result::Result<(), RawDiskError>,
+    ) -> Result<()> {
+        let plan = timing.plan;
+        while self.count < plan.n {
+            let stamp = self.count.to_le_bytes();
+            value.bytes_mut()[..stamp.len()].copy_from_slice(&stamp);
+            let value_offset = layout.value_offset(self.count);
+            let t = Instant::now();
+            write_commit(value.bytes(), value_offset, self.count)?;
+            self.latencies_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            self.count += 1;
+            if self.count.is_multiple_of(64) {
+                timing
+                    .pb
+                    .set_position(permille(self.count, plan.n, timing.start, plan.max_time));
+            }
+            if self.count < plan.n && (timing.start.elapsed() >= plan.max_time || interrupted()) {
+                self.time_bounded = true;
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `Pairing::BothAtOnce`: a second thread writes commit i's record while `go` and
+/// `done` bracket it. It keeps to the barriers after a failure (kept in `error`)
+/// and leaves only on `stop`, so neither side waits forever.
+struct RecordHandoff {
+    go: Barrier,
+    done: Barrier,
+    stop: AtomicBool,
+    error: Mutex<Option<RawDiskError>>,
+}
+
+impl RecordHandoff {
+    fn new() -> Self {
+        RecordHandoff {
+            go: Barrier::new(2),
+            done: Barrier::new(2),
+            stop: AtomicBool::new(false),
+            error: Mutex::new(None),
+        }
+    }
+
+    /// The record writer's thread: one record per commit until stopped.
+    fn write_records(
+        &self,
+        record_file: &WriteFile,
+        record: &AlignedBuf,
+        layout: &ValueBesideRecordLayout,
+    ) {
+        let mut i = 0;
+        loop {
+            self.go.wait();
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            if let Err(e) = record_file.write_at(record.bytes(), layout.record_offset(i)) {
+                self.error
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get_or_insert(e);
+            }
+            self.done.wait();
+            i += 1;
+        }
+    }
+
+    /// One commit on the committing thread: its value written here while the record
+    /// writer writes its record; done when both are, failed if either failed.
+    fn write_value_beside_record(
+        &self,
+        value_file: &WriteFile,
+        value: &[u8],
+        value_offset: u64,
+    ) -> std::result::Result<(), RawDiskError> {
+        self.go.wait();
+        let r = value_file.write_at(value, value_offset);
+        self.done.wait();
+        r.and_then(|()| {
+            let failed = self
+                .error
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            failed.map_or(Ok(()), Err)
+        })
+    }
+
+    /// Lets the record writer leave: it is waiting on `go`.
+    fn stop_writer(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.go.wait();
+    }
 }
 
 // ---- the directory and the machine ----
@@ -1069,140 +1264,183 @@ struct Notes {
     lying: bool,
 }
 
+/// A few lines on what the rows say about the disk, each from the rows it compares
+/// (a line whose rows are missing is left out).
 fn interpret(rows: &[Row], f: &Facts) -> Notes {
-    let find = |test: Test, mode: WriteMode, writers: usize, fresh: bool| {
-        rows.iter().find(|r| {
-            r.spec.test == test
-                && r.spec.mode == mode
-                && r.spec.size == JOURNAL_WRITE
-                && r.spec.writers == writers
-                && r.spec.fresh == fresh
-        })
+    let mut notes = Notes {
+        lines: Vec::new(),
+        lying: false,
     };
-    let mut lines = Vec::new();
-    let mut lying = false;
-    let durable = find(Test::JournalMode, WriteMode::DirectDsync, 1, false);
-    let buffered = find(Test::JournalMode, WriteMode::Buffered, 1, false);
-    if let Some(d) = durable {
-        let how = if d.direct_io_refused {
-            "pwrite+fdatasync (O_DIRECT refused)"
-        } else {
-            "O_DIRECT|O_DSYNC"
-        };
-        let us = d.lat.p50_ms * 1e3;
-        if memory_backed(f) {
-            lines.push(format!(
-                "{} keeps files in memory: nothing written here survives a power cut or \
-                 reboot, so the durable rows ({us:.1} us p50 at 16 KiB) measure memory \
-                 copies, not a disk; run with --dir on the disk that will hold the data.",
-                f.fs_type.as_deref().unwrap_or("this file system")
-            ));
-        } else if d.lat.p50_ms < LYING_P50_MS {
-            lying = true;
-            lines.push(format!(
-                "LYING DISK? a durable 16 KiB {how} write takes {us:.1} us (p50): too fast for a \
-                 flush to stable media unless the device has a power-loss-protected cache; \
-                 acknowledged commits may be lost on power failure{}.",
-                match f.write_cache.as_deref() {
-                    Some("write through") =>
-                        " (the kernel sees a write-through cache, so it sends no flushes)",
-                    _ => "",
-                }
-            ));
-        } else {
-            lines.push(format!(
-                "a durable 16 KiB {how} write takes {:.3} ms (p50), so one stream of durable \
-                 commits tops out near {:.0}/s here; not fast enough to show that flushes are \
-                 ignored{} (only a power-cut test proves they are honoured).",
-                d.lat.p50_ms,
-                d.writes_per_sec(),
-                match f.write_cache.as_deref() {
-                    Some("write back") => ", and the kernel sends them to a write-back cache",
-                    Some("write through") => {
-                        ", though the kernel sees a write-through cache and sends none"
-                    }
-                    _ => "",
-                }
-            ));
-        }
-        if let Some(b) = buffered {
-            lines.push(format!(
-                "durable vs buffered: {:.0} vs {:.0} writes/s ({:.1}x); a database that is \
-                 much slower than the durable row is slow itself, one near it is bound by the disk.",
-                d.writes_per_sec(),
-                b.writes_per_sec(),
-                b.writes_per_sec() / d.writes_per_sec().max(1e-9)
-            ));
+    if let Some(d) = journal_row(rows, Test::JournalMode, WriteMode::DirectDsync, 1, false) {
+        let (verdict, lying) = durable_write_verdict(d, f);
+        notes.lines.push(verdict);
+        notes.lying = lying;
+        if let Some(b) = journal_row(rows, Test::JournalMode, WriteMode::Buffered, 1, false) {
+            notes.lines.push(durable_vs_buffered(d, b));
         }
     }
-    if let (Some(fs), Some(fds)) = (
-        find(Test::JournalMode, WriteMode::BufferedFsync, 1, false),
-        find(Test::JournalMode, WriteMode::BufferedFdatasync, 1, false),
-    ) {
-        let ratio = fs.lat.p50_ms / fds.lat.p50_ms.max(1e-9);
-        if ratio > 1.3 {
-            lines.push(format!(
-                "fsync costs {ratio:.1}x fdatasync per write (metadata flushed too): journals \
-                 should use fdatasync or O_DSYNC."
-            ));
-        }
-    }
-    if let (Some(fresh), Some(written)) = (
-        find(Test::SingleStream, WriteMode::DirectDsync, 1, true),
-        find(Test::SingleStream, WriteMode::DirectDsync, 1, false),
-    ) {
-        let ratio = fresh.lat.p50_ms / written.lat.p50_ms.max(1e-9);
-        if ratio > 1.3 {
-            lines.push(format!(
-                "durable writes into fallocated (unwritten) blocks cost {ratio:.1}x those into \
-                 already-written ones (each also commits an extent change): reuse zero-filled \
-                 journal files."
-            ));
-        }
-    }
-    if let (Some(one), Some(eight)) = (
-        find(Test::Concurrent, WriteMode::DirectDsync, 1, false),
-        find(Test::Concurrent, WriteMode::DirectDsync, 8, false),
-    ) {
-        let scale = eight.writes_per_sec() / one.writes_per_sec().max(1e-9);
-        lines.push(format!(
-            "8 concurrent durable writers reach {:.0} writes/s, {scale:.1}x one writer{}.",
-            eight.writes_per_sec(),
-            if scale < 1.5 {
-                ": the disk serialises flushes, so only group commit raises commits/s"
-            } else {
-                ": the disk overlaps flushes, so parallel commits pay off"
-            }
-        ));
-    }
-    let paired = |pairing: Pairing| rows.iter().find(|r| r.spec.pairing == Some(pairing));
-    if let (Some(single), Some(then), Some(both)) = (
-        find(Test::SingleStream, WriteMode::DirectDsync, 1, false),
-        paired(Pairing::ValueThenRecord),
-        paired(Pairing::BothAtOnce),
-    ) {
-        let best = then.lat.p50_ms.min(both.lat.p50_ms);
-        let ratio = best / single.lat.p50_ms.max(1e-9);
-        lines.push(format!(
-            "a 16 KiB value written in place beside a 4 KiB record takes {:.3} ms (value, then \
-             record) or {:.3} ms (both at once) per commit (p50), {ratio:.2}x one 16 KiB durable \
-             write{}",
-            then.lat.p50_ms,
-            both.lat.p50_ms,
-            if ratio > 1.1 {
-                ": a second write per commit costs more than carrying the value in the journal \
-                 record, so large values stay in the journal here"
-            } else {
-                ": writing large values once, beside a small record, would pay here"
-            }
-        ));
-    }
+    notes.lines.extend(fsync_vs_fdatasync(rows));
+    notes.lines.extend(fallocated_vs_written(rows));
+    notes.lines.extend(concurrent_writers(rows));
+    notes.lines.extend(value_beside_record(rows));
     if rows.iter().any(|r| r.direct_io_refused) {
-        lines.push(
+        notes.lines.push(
             "O_DIRECT was refused here: the figures go through the page cache, and a \
              journal on this file system runs in its fallback mode."
                 .to_string(),
         );
     }
-    Notes { lines, lying }
+    notes
+}
+
+/// The row of 16 KiB writes (the journal's size) of a test, mode and writer count.
+fn journal_row(
+    rows: &[Row],
+    test: Test,
+    mode: WriteMode,
+    writers: usize,
+    fresh: bool,
+) -> Option<&Row> {
+    rows.iter().find(|r| {
+        r.spec.test == test
+            && r.spec.mode == mode
+            && r.spec.size == JOURNAL_WRITE
+            && r.spec.writers == writers
+            && r.spec.fresh == fresh
+    })
+}
+
+/// What the durable 16 KiB write's latency says: a memory-backed file system, a
+/// disk that may ignore flushes (the `bool`), or the rate one stream of commits
+/// can reach.
+fn durable_write_verdict(d: &Row, f: &Facts) -> (String, bool) {
+    let how = if d.direct_io_refused {
+        "pwrite+fdatasync (O_DIRECT refused)"
+    } else {
+        "O_DIRECT|O_DSYNC"
+    };
+    let us = d.lat.p50_ms * 1e3;
+    if memory_backed(f) {
+        let line = format!(
+            "{} keeps files in memory: nothing written here survives a power cut or \
+             reboot, so the durable rows ({us:.1} us p50 at 16 KiB) measure memory \
+             copies, not a disk; run with --dir on the disk that will hold the data.",
+            f.fs_type.as_deref().unwrap_or("this file system")
+        );
+        (line, false)
+    } else if d.lat.p50_ms < LYING_P50_MS {
+        let line = format!(
+            "LYING DISK? a durable 16 KiB {how} write takes {us:.1} us (p50): too fast for a \
+             flush to stable media unless the device has a power-loss-protected cache; \
+             acknowledged commits may be lost on power failure{}.",
+            match f.write_cache.as_deref() {
+                Some("write through") =>
+                    " (the kernel sees a write-through cache, so it sends no flushes)",
+                _ => "",
+            }
+        );
+        (line, true)
+    } else {
+        let line = format!(
+            "a durable 16 KiB {how} write takes {:.3} ms (p50), so one stream of durable \
+             commits tops out near {:.0}/s here; not fast enough to show that flushes are \
+             ignored{} (only a power-cut test proves they are honoured).",
+            d.lat.p50_ms,
+            d.writes_per_sec(),
+            match f.write_cache.as_deref() {
+                Some("write back") => ", and the kernel sends them to a write-back cache",
+                Some("write through") => {
+                    ", though the kernel sees a write-through cache and sends none"
+                }
+                _ => "",
+            }
+        );
+        (line, false)
+    }
+}
+
+/// How far the durable row is from buffered writes: the room a database has between
+/// being bound by the disk and being slow itself.
+fn durable_vs_buffered(d: &Row, b: &Row) -> String {
+    format!(
+        "durable vs buffered: {:.0} vs {:.0} writes/s ({:.1}x); a database that is \
+         much slower than the durable row is slow itself, one near it is bound by the disk.",
+        d.writes_per_sec(),
+        b.writes_per_sec(),
+        b.writes_per_sec() / d.writes_per_sec().max(1e-9)
+    )
+}
+
+/// Only when fsync costs clearly more than fdatasync (30 % or more).
+fn fsync_vs_fdatasync(rows: &[Row]) -> Option<String> {
+    let fs = journal_row(rows, Test::JournalMode, WriteMode::BufferedFsync, 1, false)?;
+    let fds = journal_row(
+        rows,
+        Test::JournalMode,
+        WriteMode::BufferedFdatasync,
+        1,
+        false,
+    )?;
+    let ratio = fs.lat.p50_ms / fds.lat.p50_ms.max(1e-9);
+    (ratio > 1.3).then(|| {
+        format!(
+            "fsync costs {ratio:.1}x fdatasync per write (metadata flushed too): journals \
+             should use fdatasync or O_DSYNC."
+        )
+    })
+}
+
+/// Only when writes into fallocated blocks cost clearly more (30 % or more).
+fn fallocated_vs_written(rows: &[Row]) -> Option<String> {
+    let fresh = journal_row(rows, Test::SingleStream, WriteMode::DirectDsync, 1, true)?;
+    let written = journal_row(rows, Test::SingleStream, WriteMode::DirectDsync, 1, false)?;
+    let ratio = fresh.lat.p50_ms / written.lat.p50_ms.max(1e-9);
+    (ratio > 1.3).then(|| {
+        format!(
+            "durable writes into fallocated (unwritten) blocks cost {ratio:.1}x those into \
+             already-written ones (each also commits an extent change): reuse zero-filled \
+             journal files."
+        )
+    })
+}
+
+/// Whether the disk overlaps concurrent flushes: what decides between group commit
+/// and parallel commits.
+fn concurrent_writers(rows: &[Row]) -> Option<String> {
+    let one = journal_row(rows, Test::Concurrent, WriteMode::DirectDsync, 1, false)?;
+    let eight = journal_row(rows, Test::Concurrent, WriteMode::DirectDsync, 8, false)?;
+    let scale = eight.writes_per_sec() / one.writes_per_sec().max(1e-9);
+    Some(format!(
+        "8 concurrent durable writers reach {:.0} writes/s, {scale:.1}x one writer{}.",
+        eight.writes_per_sec(),
+        if scale < 1.5 {
+            ": the disk serialises flushes, so only group commit raises commits/s"
+        } else {
+            ": the disk overlaps flushes, so parallel commits pay off"
+        }
+    ))
+}
+
+/// Whether writing a large value once, beside a small record, beats carrying it in
+/// the journal record (one 16 KiB durable write).
+fn value_beside_record(rows: &[Row]) -> Option<String> {
+    let paired = |pairing: Pairing| rows.iter().find(|r| r.spec.pairing == Some(pairing));
+    let single = journal_row(rows, Test::SingleStream, WriteMode::DirectDsync, 1, false)?;
+    let then = paired(Pairing::ValueThenRecord)?;
+    let both = paired(Pairing::BothAtOnce)?;
+    let best = then.lat.p50_ms.min(both.lat.p50_ms);
+    let ratio = best / single.lat.p50_ms.max(1e-9);
+    Some(format!(
+        "a 16 KiB value written in place beside a 4 KiB record takes {:.3} ms (value, then \
+         record) or {:.3} ms (both at once) per commit (p50), {ratio:.2}x one 16 KiB durable \
+         write{}",
+        then.lat.p50_ms,
+        both.lat.p50_ms,
+        if ratio > 1.1 {
+            ": a second write per commit costs more than carrying the value in the journal \
+             record, so large values stay in the journal here"
+        } else {
+            ": writing large values once, beside a small record, would pay here"
+        }
+    ))
 }
