@@ -562,89 +562,23 @@ pub fn notify_latency(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let total = connections * per_connection;
-    let answered: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; total]));
-    let notified: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; total]));
+    let load = LiveLoad {
+        addr: server.addr,
+        connections,
+        per_connection,
+    };
+    let total = load.puts();
+    let answered: Stamps = Arc::new(Mutex::new(vec![None; total]));
+    let notified: Stamps = Arc::new(Mutex::new(vec![None; total]));
     let pb = progress(total as u64, "W11 live");
     let body = Arc::new(body);
     let (requests, seconds) = rt.block_on(async {
-        let mut subscribers = Vec::with_capacity(connections);
-        for c in 0..connections {
-            let sub =
-                json!({"op": "subscribe", "sub": format!("c{c}"), "prefix": format!("users/{c}-")});
-            subscribers.push(ws_subscribe(server.addr, &sub).await?);
-        }
-        let readers: Vec<_> = subscribers
-            .into_iter()
-            .map(|mut ws| {
-                let notified = notified.clone();
-                tokio::spawn(async move {
-                    while let Some(Ok(m)) = ws.next().await {
-                        let Message::Text(t) = m else { continue };
-                        let arrived = Instant::now();
-                        let Ok(v) = serde_json::from_str::<Value>(t.as_str()) else {
-                            continue;
-                        };
-                        if let Some(i) = v["id"]
-                            .as_str()
-                            .and_then(|id| parse_w11_id(id, per_connection))
-                        {
-                            if let Some(slot) = notified.lock().expect("not poisoned").get_mut(i) {
-                                slot.get_or_insert(arrived);
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
+        let readers = subscribe_every_connection(load, &notified).await?;
         let start = Instant::now();
-        let writers: Vec<_> = (0..connections)
-            .map(|c| {
-                let answered = answered.clone();
-                let body = body.clone();
-                let pb = pb.clone();
-                let addr = server.addr;
-                tokio::spawn(async move {
-                    let mut conn = httpbench::Conn::connect(addr).await?;
-                    for i in 0..per_connection {
-                        let req = httpbench::request_bytes(
-                            "PUT",
-                            &format!("/dbs/bench/docs/users/{c}-{i}"),
-                            &[("content-type", "application/json")],
-                            &body,
-                        );
-                        let (status, answer) = conn.send(&req).await?;
-                        let at = Instant::now();
-                        if status != 201 {
-                            return Err(io::Error::other(format!(
-                                "PUT answered {status}: {}",
-                                String::from_utf8_lossy(&answer)
-                            )));
-                        }
-                        answered.lock().expect("not poisoned")[c * per_connection + i] = Some(at);
-                        if i % 16 == 15 {
-                            pb.inc(16);
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for w in writers {
-            w.await.map_err(io::Error::other)??;
-        }
+        put_from_every_connection(load, &body, &answered, &pb).await?;
         let seconds = start.elapsed().as_secs_f64();
         // Every change must arrive; give the last ones a moment.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while notified
-            .lock()
-            .expect("not poisoned")
-            .iter()
-            .any(Option::is_none)
-            && Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_every_change(&notified, Instant::now() + Duration::from_secs(10)).await;
         for r in readers {
             r.abort();
         }
@@ -657,7 +591,156 @@ pub fn notify_latency(
     if missing > 0 {
         return Err(format!("{missing} of {total} changes never reached their subscriber").into());
     }
-    // Signed: a notification may arrive before the PUT's own answer is read.
+    let deltas_us = answer_to_change_us(&answered, &notified);
+    let q = |p: f64| stats::quantile(&deltas_us, p).unwrap_or(f64::NAN) / 1e3;
+    extra.insert("live_subscribers".into(), json!(connections));
+    extra.insert("live_puts".into(), json!(requests));
+    extra.insert("live_puts_per_sec".into(), json!(requests as f64 / seconds));
+    extra.insert("notify_p50_ms".into(), json!(q(0.5)));
+    extra.insert("notify_p99_ms".into(), json!(q(0.99)));
+    extra.insert("notify_max_ms".into(), json!(q(1.0)));
+    extra.insert(
+        "notified_before_answer_fraction".into(),
+        json!(deltas_us.iter().filter(|d| **d < 0.0).count() as f64 / deltas_us.len() as f64),
+    );
+    Ok(())
+}
+
+/// W11 part 2's PUTs: PUT `i` of connection `c` writes document `users/{c}-{i}`,
+/// whose times go to slot `c * per_connection + i` of the [`Stamps`].
+#[derive(Clone, Copy)]
+struct LiveLoad {
+    addr: SocketAddr,
+    connections: usize,
+    per_connection: usize,
+}
+
+impl LiveLoad {
+    fn puts(self) -> usize {
+        self.connections * self.per_connection
+    }
+}
+
+/// An instant per PUT, by slot: when its answer was read, or when its change
+/// reached its subscriber (the first time, if it came twice).
+type Stamps = Arc<Mutex<Vec<Option<Instant>>>>;
+
+/// One subscriber per PUT connection, each on a task of its own that stamps when
+/// its changes arrive.
+async fn subscribe_every_connection(
+    load: LiveLoad,
+    notified: &Stamps,
+) -> BenchResult<Vec<tokio::task::JoinHandle<()>>> {
+    let mut subscribers = Vec::with_capacity(load.connections);
+    for c in 0..load.connections {
+        let sub =
+            json!({"op": "subscribe", "sub": format!("c{c}"), "prefix": format!("users/{c}-")});
+        subscribers.push(ws_subscribe(load.addr, &sub).await?);
+    }
+    Ok(subscribers
+        .into_iter()
+        .map(|ws| {
+            tokio::spawn(stamp_change_arrivals(
+                ws,
+                notified.clone(),
+                load.per_connection,
+            ))
+        })
+        .collect())
+}
+
+/// A subscriber's reader: stamps each change of a W11 document when it arrives,
+/// before parsing it, so that the parse is not counted in the latency.
+async fn stamp_change_arrivals(mut ws: Ws, notified: Stamps, per_connection: usize) {
+    while let Some(Ok(m)) = ws.next().await {
+        let Message::Text(t) = m else { continue };
+        let arrived = Instant::now();
+        let Ok(v) = serde_json::from_str::<Value>(t.as_str()) else {
+            continue;
+        };
+        if let Some(i) = v["id"]
+            .as_str()
+            .and_then(|id| parse_w11_id(id, per_connection))
+        {
+            if let Some(slot) = notified.lock().expect("not poisoned").get_mut(i) {
+                slot.get_or_insert(arrived);
+            }
+        }
+    }
+}
+
+/// Every connection's PUTs, the connections concurrently; the first error fails.
+async fn put_from_every_connection(
+    load: LiveLoad,
+    body: &Arc<Vec<u8>>,
+    answered: &Stamps,
+    pb: &indicatif::ProgressBar,
+) -> BenchResult<()> {
+    let writers: Vec<_> = (0..load.connections)
+        .map(|c| {
+            tokio::spawn(put_documents(
+                load,
+                c,
+                body.clone(),
+                answered.clone(),
+                pb.clone(),
+            ))
+        })
+        .collect();
+    for w in writers {
+        w.await.map_err(io::Error::other)??;
+    }
+    Ok(())
+}
+
+/// Connection `c`'s PUTs, one after the other, each stamped when its answer is read.
+async fn put_documents(
+    load: LiveLoad,
+    c: usize,
+    body: Arc<Vec<u8>>,
+    answered: Stamps,
+    pb: indicatif::ProgressBar,
+) -> io::Result<()> {
+    let mut conn = httpbench::Conn::connect(load.addr).await?;
+    for i in 0..load.per_connection {
+        let req = httpbench::request_bytes(
+            "PUT",
+            &format!("/dbs/bench/docs/users/{c}-{i}"),
+            &[("content-type", "application/json")],
+            &body,
+        );
+        let (status, answer) = conn.send(&req).await?;
+        let at = Instant::now();
+        if status != 201 {
+            return Err(io::Error::other(format!(
+                "PUT answered {status}: {}",
+                String::from_utf8_lossy(&answer)
+            )));
+        }
+        answered.lock().expect("not poisoned")[c * load.per_connection + i] = Some(at);
+        if i % 16 == 15 {
+            pb.inc(16);
+        }
+    }
+    Ok(())
+}
+
+/// Until every slot is stamped or `deadline` passes, polling every 20 ms.
+async fn wait_for_every_change(notified: &Stamps, deadline: Instant) {
+    while notified
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .any(Option::is_none)
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Each PUT's time from its answer to its change's arrival, in microseconds,
+/// sorted. Signed: a notification may arrive before the PUT's own answer is read.
+fn answer_to_change_us(answered: &[Option<Instant>], notified: &[Option<Instant>]) -> Vec<f64> {
     let mut deltas_us: Vec<f64> = answered
         .iter()
         .zip(notified.iter())
@@ -671,18 +754,7 @@ pub fn notify_latency(
         })
         .collect();
     deltas_us.sort_by(f64::total_cmp);
-    let q = |p: f64| stats::quantile(&deltas_us, p).unwrap_or(f64::NAN) / 1e3;
-    extra.insert("live_subscribers".into(), json!(connections));
-    extra.insert("live_puts".into(), json!(requests));
-    extra.insert("live_puts_per_sec".into(), json!(requests as f64 / seconds));
-    extra.insert("notify_p50_ms".into(), json!(q(0.5)));
-    extra.insert("notify_p99_ms".into(), json!(q(0.99)));
-    extra.insert("notify_max_ms".into(), json!(q(1.0)));
-    extra.insert(
-        "notified_before_answer_fraction".into(),
-        json!(deltas_us.iter().filter(|d| **d < 0.0).count() as f64 / deltas_us.len() as f64),
-    );
-    Ok(())
+    deltas_us
 }
 
 /// `users/{c}-{i}` -> its slot.
