@@ -300,91 +300,38 @@ fn reopen_and_verify(
     Ok((env, state))
 }
 
+/// What a seed's history has acknowledged so far.
+#[derive(Default)]
+struct History {
+    model: Model,
+    /// The state a transaction whose commit answered an error would have made.
+    in_doubt: Option<Model>,
+    commits: u64,
+}
+
 /// Runs `cycles` power cuts (and sometimes faults and bit flips) for one seed.
 pub fn run_seed(seed: u64, cycles: u32, canary: bool) -> Result<DriverStats, String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let disk = SimDisk::new(seed ^ 0x5EED);
     let mut stats = DriverStats::default();
-    let mut model = Model::new();
-    let mut in_doubt: Option<Model> = None;
-    let mut commits = 0u64;
+    let mut history = History::default();
     for cycle in 0..cycles {
-        let (env, state) = reopen_and_verify(&disk, &model, in_doubt.as_ref(), &mut stats, commits)
-            .map_err(|e| format!("cycle {cycle}: {e}"))?;
-        model = state;
-        in_doubt = None;
+        let (env, state) = reopen_and_verify(
+            &disk,
+            &history.model,
+            history.in_doubt.as_ref(),
+            &mut stats,
+            history.commits,
+        )
+        .map_err(|e| format!("cycle {cycle}: {e}"))?;
+        history.model = state;
+        history.in_doubt = None;
         if canary {
             env.unsafe_disable_journal_durability_for_tests()
                 .map_err(|e| e.to_string())?;
         }
-        let fault_cycle = rng.gen_bool(0.2);
-        if fault_cycle {
-            let kind =
-                [OpKind::Write, OpKind::Sync, OpKind::Allocate, OpKind::Read][rng.gen_range(0..4)];
-            let fault = if rng.gen_bool(0.5) {
-                Fault::Eio
-            } else {
-                Fault::Enospc
-            };
-            let nth = rng.gen_range(0..30);
-            trace(|| format!("cycle {cycle}: fault {fault:?} on {kind:?} #{nth}"));
-            disk.inject_fault(kind, nth, fault);
-        } else {
-            let mode = [
-                CutMode::DropAll,
-                CutMode::KeepAll,
-                CutMode::Random,
-                CutMode::Random,
-            ][rng.gen_range(0..4)];
-            let at = disk.ops() + rng.gen_range(1..150);
-            trace(|| {
-                format!(
-                    "cycle {cycle}: power cut at op {at} ({mode:?}), now at op {}",
-                    disk.ops()
-                )
-            });
-            disk.cut_power_at(at, mode);
-        }
-        for _ in 0..rng.gen_range(1..40) {
-            if rng.gen_bool(0.15) {
-                let r = env.sync();
-                trace(|| format!("  sync -> {r:?} (op {})", disk.ops()));
-                if r.is_err() {
-                    break;
-                }
-                continue;
-            }
-            let step = run_txn(&env, &mut rng, &model);
-            trace(|| {
-                format!(
-                    "  txn -> {} (op {}, dead {})",
-                    match &step {
-                        Step::Committed => "committed",
-                        Step::InDoubt(_) => "in doubt",
-                        Step::Failed => "failed",
-                    },
-                    disk.ops(),
-                    disk.is_dead()
-                )
-            });
-            match step {
-                Step::Committed => {
-                    model = NEXT
-                        .with(|n| n.borrow_mut().take())
-                        .expect("committed model");
-                    commits += 1;
-                    stats.commits_acknowledged += 1;
-                }
-                Step::InDoubt(next) => {
-                    in_doubt = Some(next);
-                    break;
-                }
-                Step::Failed => break,
-            }
-            if disk.is_dead() {
-                break;
-            }
-        }
+        let fault_cycle = arm_fault_or_cut(&disk, &mut rng, cycle);
+        run_transactions(&env, &disk, &mut rng, &mut history, &mut stats);
         let env_stats = env.stats();
         stats.keys_merged_ahead += env_stats.write_buffer_keys_merged_ahead;
         stats.journal_files_created += env_stats.journal_files_created;
@@ -403,7 +350,8 @@ pub fn run_seed(seed: u64, cycles: u32, canary: bool) -> Result<DriverStats, Str
         disk.restart();
         stats.power_cuts += 1;
         if rng.gen_bool(0.1) {
-            flip_and_check(&disk, &mut rng, &model, in_doubt.as_ref(), &mut stats)?;
+            let in_doubt = history.in_doubt.as_ref();
+            flip_and_check(&disk, &mut rng, &history.model, in_doubt, &mut stats)?;
             // Damage is permanent: start this seed's history over on a new disk.
             stats.absorb_disk(&disk);
             return Ok(stats);
@@ -411,10 +359,101 @@ pub fn run_seed(seed: u64, cycles: u32, canary: bool) -> Result<DriverStats, Str
     }
     // The last cycle's cut (or restart) is verified too, not only those followed by
     // another cycle.
-    reopen_and_verify(&disk, &model, in_doubt.as_ref(), &mut stats, commits)
-        .map_err(|e| format!("after the last cycle: {e}"))?;
+    reopen_and_verify(
+        &disk,
+        &history.model,
+        history.in_doubt.as_ref(),
+        &mut stats,
+        history.commits,
+    )
+    .map_err(|e| format!("after the last cycle: {e}"))?;
     stats.absorb_disk(&disk);
     Ok(stats)
+}
+
+/// Arms this cycle's disaster: one in five cycles an I/O fault (EIO or ENOSPC on
+/// the n-th read, write, sync or allocation), otherwise a power cut up to 150
+/// operations ahead. True for a fault cycle.
+fn arm_fault_or_cut(disk: &Arc<SimDisk>, rng: &mut StdRng, cycle: u32) -> bool {
+    if rng.gen_bool(0.2) {
+        let kind =
+            [OpKind::Write, OpKind::Sync, OpKind::Allocate, OpKind::Read][rng.gen_range(0..4)];
+        let fault = if rng.gen_bool(0.5) {
+            Fault::Eio
+        } else {
+            Fault::Enospc
+        };
+        let nth = rng.gen_range(0..30);
+        trace(|| format!("cycle {cycle}: fault {fault:?} on {kind:?} #{nth}"));
+        disk.inject_fault(kind, nth, fault);
+        return true;
+    }
+    let mode = [
+        CutMode::DropAll,
+        CutMode::KeepAll,
+        CutMode::Random,
+        CutMode::Random,
+    ][rng.gen_range(0..4)];
+    let at = disk.ops() + rng.gen_range(1..150);
+    trace(|| {
+        format!(
+            "cycle {cycle}: power cut at op {at} ({mode:?}), now at op {}",
+            disk.ops()
+        )
+    });
+    disk.cut_power_at(at, mode);
+    false
+}
+
+/// Up to 40 transactions and syncs, until the armed fault or cut stops them;
+/// each acknowledged commit becomes the model.
+fn run_transactions(
+    env: &Env,
+    disk: &Arc<SimDisk>,
+    rng: &mut StdRng,
+    history: &mut History,
+    stats: &mut DriverStats,
+) {
+    for _ in 0..rng.gen_range(1..40) {
+        if rng.gen_bool(0.15) {
+            let r = env.sync();
+            trace(|| format!("  sync -> {r:?} (op {})", disk.ops()));
+            if r.is_err() {
+                break;
+            }
+            continue;
+        }
+        let step = run_txn(env, rng, &history.model);
+        trace(|| {
+            format!(
+                "  txn -> {} (op {}, dead {})",
+                match &step {
+                    Step::Committed => "committed",
+                    Step::InDoubt(_) => "in doubt",
+                    Step::Failed => "failed",
+                },
+                disk.ops(),
+                disk.is_dead()
+            )
+        });
+        match step {
+            Step::Committed => {
+                history.model = NEXT
+                    .with(|n| n.borrow_mut().take())
+                    .expect("committed model");
+                history.commits += 1;
+                stats.commits_acknowledged += 1;
+            }
+            Step::InDoubt(next) => {
+                history.in_doubt = Some(next);
+                break;
+            }
+            Step::Failed => break,
+        }
+        if disk.is_dead() {
+            break;
+        }
+    }
 }
 
 /// Flips a bit at rest and checks the damage is reported, never returned as data:

@@ -418,23 +418,45 @@ impl State {
     fn power_cut(&mut self, mode: CutMode, torn: Option<(usize, u64, Vec<u8>, bool)>) {
         self.stats.power_cuts += 1;
         if let Some((inode, offset, bytes, dsync)) = torn {
-            let sectors = bytes.len().div_ceil(SECTOR);
-            let keep = self.rng.gen_range(0..=sectors);
-            let cut = (keep * SECTOR).min(bytes.len());
-            self.stats.writes_torn += 1;
-            if dsync {
-                write_into(
-                    &mut self.inodes[inode].durable,
-                    offset as usize,
-                    &bytes[..cut],
-                );
-            } else {
-                self.inodes[inode].pending.push(PendingWrite {
-                    offset,
-                    bytes: bytes[..cut].to_vec(),
-                });
-            }
+            self.tear_in_flight_write(inode, offset, &bytes, dsync);
         }
+        let names = self.post_cut_names(mode);
+        let inodes = std::mem::take(&mut self.inodes);
+        self.inodes = inodes
+            .into_iter()
+            .map(|inode| self.post_cut_inode(inode, mode))
+            .collect();
+        self.names = names.clone();
+        self.durable_names = names;
+        self.generation += 1;
+        self.dead = true;
+        self.cut_at_op = None;
+        self.faults.clear();
+    }
+
+    /// A write the power cut landed on: a prefix of its sectors made it.
+    fn tear_in_flight_write(&mut self, inode: usize, offset: u64, bytes: &[u8], dsync: bool) {
+        let sectors = bytes.len().div_ceil(SECTOR);
+        let keep = self.rng.gen_range(0..=sectors);
+        let cut = (keep * SECTOR).min(bytes.len());
+        self.stats.writes_torn += 1;
+        if dsync {
+            write_into(
+                &mut self.inodes[inode].durable,
+                offset as usize,
+                &bytes[..cut],
+            );
+        } else {
+            self.inodes[inode].pending.push(PendingWrite {
+                offset,
+                bytes: bytes[..cut].to_vec(),
+            });
+        }
+    }
+
+    /// The name table after the cut: the durable one, the directory operations
+    /// kept, and a choice of the entries no directory sync made durable.
+    fn post_cut_names(&mut self, mode: CutMode) -> HashMap<PathBuf, usize> {
         let mut names = self.durable_names.clone();
         let undone = self.settle_dir_ops(mode, &mut names);
         // Entries not made durable by a directory sync: a created file may still
@@ -463,8 +485,13 @@ impl State {
                 self.stats.files_vanished += 1;
             }
         }
-        // Directories are modelled as durable once created; a directory that a
-        // rename or removal put elsewhere is back where its files are.
+        self.restore_dirs(&undone, &names);
+        names
+    }
+
+    /// Directories are modelled as durable once created; one that an undone
+    /// rename or removal had put elsewhere is back where its files are.
+    fn restore_dirs(&mut self, undone: &[PendingDirOp], names: &HashMap<PathBuf, usize>) {
         for op in undone.iter().rev() {
             if let PendingDirOp::Rename { from, to } = op {
                 let moved: Vec<PathBuf> = self
@@ -483,47 +510,42 @@ impl State {
             self.dirs
                 .extend(path.ancestors().skip(1).map(Path::to_path_buf));
         }
-        let mut new_inodes = Vec::with_capacity(self.inodes.len());
-        for inode in std::mem::take(&mut self.inodes) {
-            let mut content = inode.durable.clone();
-            for w in inode.pending {
-                let fate = match mode {
-                    CutMode::DropAll => 0,
-                    CutMode::KeepAll => 1,
-                    CutMode::Random => self.rng.gen_range(0..4),
-                };
-                match fate {
-                    0 => self.stats.pending_writes_dropped += 1,
-                    1 => {
-                        self.stats.pending_writes_kept += 1;
-                        write_into(&mut content, w.offset as usize, &w.bytes);
-                    }
-                    2 => {
-                        self.stats.writes_torn += 1;
-                        let sectors = w.bytes.len().div_ceil(SECTOR);
-                        let keep = (self.rng.gen_range(0..=sectors) * SECTOR).min(w.bytes.len());
-                        write_into(&mut content, w.offset as usize, &w.bytes[..keep]);
-                    }
-                    _ => {
-                        self.stats.writes_garbled += 1;
-                        let garbage: Vec<u8> = (0..w.bytes.len()).map(|_| self.rng.gen()).collect();
-                        write_into(&mut content, w.offset as usize, &garbage);
-                    }
+    }
+
+    /// A file's bytes after the cut: its durable bytes and, by `mode`, each of its
+    /// pending writes dropped, kept, torn at a sector boundary or garbled.
+    fn post_cut_inode(&mut self, inode: Inode, mode: CutMode) -> Inode {
+        let mut content = inode.durable.clone();
+        for w in inode.pending {
+            let fate = match mode {
+                CutMode::DropAll => 0,
+                CutMode::KeepAll => 1,
+                CutMode::Random => self.rng.gen_range(0..4),
+            };
+            match fate {
+                0 => self.stats.pending_writes_dropped += 1,
+                1 => {
+                    self.stats.pending_writes_kept += 1;
+                    write_into(&mut content, w.offset as usize, &w.bytes);
+                }
+                2 => {
+                    self.stats.writes_torn += 1;
+                    let sectors = w.bytes.len().div_ceil(SECTOR);
+                    let keep = (self.rng.gen_range(0..=sectors) * SECTOR).min(w.bytes.len());
+                    write_into(&mut content, w.offset as usize, &w.bytes[..keep]);
+                }
+                _ => {
+                    self.stats.writes_garbled += 1;
+                    let garbage: Vec<u8> = (0..w.bytes.len()).map(|_| self.rng.gen()).collect();
+                    write_into(&mut content, w.offset as usize, &garbage);
                 }
             }
-            let mut fresh = Inode::new().expect("anonymous memory for a simulated file");
-            let _ = fresh.write_volatile(0, &content);
-            fresh.len = content.len() as u64;
-            fresh.durable = content;
-            new_inodes.push(fresh);
         }
-        self.inodes = new_inodes;
-        self.names = names.clone();
-        self.durable_names = names;
-        self.generation += 1;
-        self.dead = true;
-        self.cut_at_op = None;
-        self.faults.clear();
+        let mut fresh = Inode::new().expect("anonymous memory for a simulated file");
+        let _ = fresh.write_volatile(0, &content);
+        fresh.len = content.len() as u64;
+        fresh.durable = content;
+        fresh
     }
 }
 
