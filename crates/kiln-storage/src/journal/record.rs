@@ -406,80 +406,14 @@ pub(crate) fn encode(
         *buf = PageRun::scratch(total.div_ceil(PAGE_SIZE));
     }
     let b = buf.bytes_mut();
-    b[..RECORD_HEADER].fill(0);
-    write_u32(b, 0, MAGIC);
-    b[4] = VERSION;
-    debug_assert_eq!(input.buffer_flags & !(FLAG_FREEZE | FLAG_MERGE_DONE), 0);
-    b[5] = input.buffer_flags | if logical_bytes > 0 { FLAG_LOGICAL } else { 0 };
-    write_u64(b, 8, input.txn_id);
-    write_u64(b, 16, input.nonce);
-    write_u32(b, 24, input.prev_checksum);
-    write_u32(b, 32, body_len as u32);
-    write_u32(b, 36, input.pages.len() as u32);
-    write_u32(b, 40, input.freed.len() as u32);
-    write_u64(b, 48, input.catalog_root);
-    write_u64(b, 56, input.page_count);
+    write_header(b, input, body_len, logical_bytes > 0);
     let mut at = RECORD_HEADER;
     for p in input.freed {
         write_u64(b, at, *p);
         at += 8;
     }
-    let put = |b: &mut [u8], at: &mut usize, bytes: &[u8]| {
-        b[*at..*at + bytes.len()].copy_from_slice(bytes);
-        *at += bytes.len();
-    };
     for (p, form) in input.pages.iter().zip(&forms) {
-        write_u64(b, at, p.no);
-        write_u32(b, at + 8, p.run.page_count() as u32);
-        match form {
-            Form::Full { head, tail } => {
-                write_u32(
-                    b,
-                    at + 12,
-                    if p.run.is_bare() {
-                        FORM_BARE
-                    } else {
-                        FORM_FULL
-                    },
-                );
-                write_u32(b, at + 16, head.len() as u32);
-                write_u32(b, at + 20, tail.len() as u32);
-                at += IMAGE_HEADER + FULL_HEADER;
-                put(b, &mut at, head);
-                put(b, &mut at, tail);
-            }
-            Form::Diff {
-                source,
-                runs,
-                bytes,
-            } => {
-                write_u32(b, at + 12, FORM_DIFF);
-                write_u64(b, at + 16, *source);
-                write_u32(b, at + 24, runs.len() as u32);
-                at += IMAGE_HEADER + DIFF_HEADER;
-                write_runs(b, &mut at, runs, bytes);
-            }
-            Form::Patched {
-                source,
-                runs,
-                refs,
-                bytes,
-            } => {
-                write_u32(b, at + 12, FORM_PATCHED);
-                write_u64(b, at + 16, *source);
-                write_u32(b, at + 24, runs.len() as u32);
-                write_u32(b, at + 28, refs.len() as u32);
-                at += IMAGE_HEADER + PATCHED_HEADER;
-                write_runs(b, &mut at, runs, bytes);
-                for (offset, len, bkey) in refs {
-                    write_u16(b, at, *offset as u16);
-                    write_u16(b, at + 2, *len as u16);
-                    write_u16(b, at + 4, bkey.len() as u16);
-                    at += REF_HEADER;
-                    put(b, &mut at, bkey);
-                }
-            }
-        }
+        write_image(b, &mut at, p, form);
     }
     if logical_bytes > 0 {
         write_u32(b, at, input.logical.count());
@@ -487,27 +421,141 @@ pub(crate) fn encode(
         put(b, &mut at, input.logical.bytes());
     }
     debug_assert_eq!(at, RECORD_HEADER + body_len);
-    write_u32(b, 44, body_len as u32);
-    let mut stored = body_len;
-    if let Some((compressor, disk)) = compress {
-        if (MIN_COMPRESS_BODY..=MAX_RAW_BODY).contains(&body_len) {
-            // (Only a saving worth storing comes back: `worth_storing_packed`.)
-            if let Some(packed_len) = compress_if_worth_it(&b[RECORD_HEADER..at], compressor, disk)
-            {
-                b[RECORD_HEADER..RECORD_HEADER + packed_len]
-                    .copy_from_slice(&compressor.output()[..packed_len]);
-                stored = packed_len;
-                b[5] |= FLAG_LZ4;
-                write_u32(b, 32, stored as u32);
-            }
-        }
-    }
+    let stored = match compress {
+        Some((compressor, disk)) => compress_body(b, body_len, compressor, disk),
+        None => body_len,
+    };
     let end = RECORD_HEADER + stored;
     let total = padded(end);
     b[end..total].fill(0);
     let sum = crc32c::crc32c(&b[..end]);
     write_u32(b, 28, sum);
-    let full_image_body_len = input.freed.len() * 8
+    Encoded {
+        full_image_body_len: full_image_body_len(input, logical_bytes),
+        referenced_value_bytes: forms.iter().map(Form::referenced_bytes).sum(),
+        padded_len: total,
+        checksum: sum,
+        raw_body_len: body_len,
+        stored_body_len: stored,
+    }
+}
+
+/// The record header, but for its checksum (written last, over the stored body).
+// Bounds: `b` holds at least the header (see `encode`).
+#[allow(clippy::indexing_slicing)]
+#[inline]
+fn write_header(b: &mut [u8], input: &RecordInput, body_len: usize, logical: bool) {
+    b[..RECORD_HEADER].fill(0);
+    write_u32(b, 0, MAGIC);
+    b[4] = VERSION;
+    debug_assert_eq!(input.buffer_flags & !(FLAG_FREEZE | FLAG_MERGE_DONE), 0);
+    b[5] = input.buffer_flags | if logical { FLAG_LOGICAL } else { 0 };
+    write_u64(b, 8, input.txn_id);
+    write_u64(b, 16, input.nonce);
+    write_u32(b, 24, input.prev_checksum);
+    write_u32(b, 32, body_len as u32);
+    write_u32(b, 36, input.pages.len() as u32);
+    write_u32(b, 40, input.freed.len() as u32);
+    write_u32(b, 44, body_len as u32);
+    write_u64(b, 48, input.catalog_root);
+    write_u64(b, 56, input.page_count);
+}
+
+/// Copies `bytes` to `*at` and moves past them.
+// Bounds: as `encode`'s.
+#[allow(clippy::indexing_slicing)]
+#[inline]
+fn put(b: &mut [u8], at: &mut usize, bytes: &[u8]) {
+    b[*at..*at + bytes.len()].copy_from_slice(bytes);
+    *at += bytes.len();
+}
+
+/// One page image in the form chosen for it: full, a diff against the page's
+/// last journaled image, or a diff that names merged values instead of carrying
+/// them.
+#[inline]
+fn write_image(b: &mut [u8], at: &mut usize, p: &JournalPage, form: &Form) {
+    write_u64(b, *at, p.no);
+    write_u32(b, *at + 8, p.run.page_count() as u32);
+    match form {
+        Form::Full { head, tail } => {
+            let kind = if p.run.is_bare() {
+                FORM_BARE
+            } else {
+                FORM_FULL
+            };
+            write_u32(b, *at + 12, kind);
+            write_u32(b, *at + 16, head.len() as u32);
+            write_u32(b, *at + 20, tail.len() as u32);
+            *at += IMAGE_HEADER + FULL_HEADER;
+            put(b, at, head);
+            put(b, at, tail);
+        }
+        Form::Diff {
+            source,
+            runs,
+            bytes,
+        } => {
+            write_u32(b, *at + 12, FORM_DIFF);
+            write_u64(b, *at + 16, *source);
+            write_u32(b, *at + 24, runs.len() as u32);
+            *at += IMAGE_HEADER + DIFF_HEADER;
+            write_runs(b, at, runs, bytes);
+        }
+        Form::Patched {
+            source,
+            runs,
+            refs,
+            bytes,
+        } => {
+            write_u32(b, *at + 12, FORM_PATCHED);
+            write_u64(b, *at + 16, *source);
+            write_u32(b, *at + 24, runs.len() as u32);
+            write_u32(b, *at + 28, refs.len() as u32);
+            *at += IMAGE_HEADER + PATCHED_HEADER;
+            write_runs(b, at, runs, bytes);
+            for (offset, len, bkey) in refs {
+                write_u16(b, *at, *offset as u16);
+                write_u16(b, *at + 2, *len as u16);
+                write_u16(b, *at + 4, bkey.len() as u16);
+                *at += REF_HEADER;
+                put(b, at, bkey);
+            }
+        }
+    }
+}
+
+/// LZ4-compresses the body in place when the saving is worth storing; the
+/// stored body length.
+// Bounds: the packed body is shorter than the raw one, which `b` holds.
+#[allow(clippy::indexing_slicing)]
+fn compress_body(
+    b: &mut [u8],
+    body_len: usize,
+    compressor: &mut Compressor,
+    disk: &JournalWriteCost,
+) -> usize {
+    if !(MIN_COMPRESS_BODY..=MAX_RAW_BODY).contains(&body_len) {
+        return body_len;
+    }
+    let body = RECORD_HEADER..RECORD_HEADER + body_len;
+    // (Only a saving worth storing comes back: `worth_storing_packed`.)
+    match compress_if_worth_it(&b[body], compressor, disk) {
+        Some(packed_len) => {
+            b[RECORD_HEADER..RECORD_HEADER + packed_len]
+                .copy_from_slice(&compressor.output()[..packed_len]);
+            b[5] |= FLAG_LZ4;
+            write_u32(b, 32, packed_len as u32);
+            packed_len
+        }
+        None => body_len,
+    }
+}
+
+/// What the body would have been with full page images (no diffs): the figure
+/// the diffs' saving is measured against.
+fn full_image_body_len(input: &RecordInput, logical_bytes: usize) -> usize {
+    input.freed.len() * 8
         + logical_bytes
         + input
             .pages
@@ -516,15 +564,7 @@ pub(crate) fn encode(
                 let (head, tail) = image_parts(p.run);
                 Form::Full { head, tail }.encoded_len()
             })
-            .sum::<usize>();
-    Encoded {
-        full_image_body_len,
-        referenced_value_bytes: forms.iter().map(Form::referenced_bytes).sum(),
-        padded_len: total,
-        checksum: sum,
-        raw_body_len: body_len,
-        stored_body_len: stored,
-    }
+            .sum::<usize>()
 }
 
 /// Writes `runs` of `bytes` at `*at`: `offset u16 | len u16 | bytes` each.
@@ -771,28 +811,8 @@ pub fn decode_body(h: &RecordHeader, record: &[u8]) -> Result<DecodedRecord, Dec
 }
 
 fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, DecodeError> {
-    let freed_bytes =
-        (h.freed_count as usize)
-            .checked_mul(8)
-            .ok_or(DecodeError::FreedCountOverflows {
-                count: h.freed_count,
-            })?;
     let mut at = 0;
-    let freed: Vec<PageNo> = take(body, &mut at, freed_bytes, "freed page list")?
-        .chunks_exact(8)
-        .map(|c| read_u64(c, 0))
-        .collect();
-    if let Some((i, &bad)) = freed
-        .iter()
-        .enumerate()
-        .find(|(_, p)| **p < page::FIRST_DATA_PAGE || **p >= h.page_count)
-    {
-        return Err(DecodeError::FreedPageOutside {
-            page: bad,
-            at: i * 8,
-            page_count: h.page_count,
-        });
-    }
+    let freed = decode_freed(h, body, &mut at)?;
     let root = h.catalog_root;
     if root != 0 && !(page::FIRST_DATA_PAGE..h.page_count).contains(&root) {
         return Err(DecodeError::CatalogRootOutside {
@@ -802,40 +822,7 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, DecodeEr
     }
     let mut images = Vec::new();
     for index in 0..h.image_count {
-        let image_at = at;
-        let ih = take(body, &mut at, IMAGE_HEADER, "page image header")?;
-        let (no, run_pages, form) = (read_u64(ih, 0), read_u32(ih, 8) as u64, read_u32(ih, 12));
-        let bad = |problem| DecodeError::Image {
-            index,
-            page: no,
-            at: image_at,
-            problem,
-        };
-        if run_pages == 0 || run_pages > MAX_RUN_PAGES {
-            return Err(bad(ImageProblem::RunLength { run_pages }));
-        }
-        if no < page::FIRST_DATA_PAGE || no.checked_add(run_pages).is_none_or(|e| e > h.page_count)
-        {
-            return Err(bad(ImageProblem::OutsideDataPages {
-                run_pages,
-                page_count: h.page_count,
-            }));
-        }
-        let image = match form {
-            FORM_FULL => decode_full(body, &mut at, run_pages).map(Image::Full),
-            FORM_BARE => decode_full(body, &mut at, run_pages).map(|r| Image::Full(r.into_bare())),
-            FORM_DIFF if run_pages == 1 => decode_diff(body, &mut at, h.page_count),
-            FORM_PATCHED if run_pages == 1 => decode_patched(body, &mut at, h.page_count),
-            form => Err(Problem::Image(ImageProblem::UnknownForm {
-                form,
-                run_pages,
-            })),
-        };
-        match image {
-            Ok(image) => images.push((no, image)),
-            Err(Problem::Image(problem)) => return Err(bad(problem)),
-            Err(Problem::Decode(e)) => return Err(e),
-        }
+        images.push(decode_image(h, body, &mut at, index)?);
     }
     let logical = if h.flags & FLAG_LOGICAL != 0 {
         logical::decode_entries(body, &mut at)?
@@ -854,6 +841,74 @@ fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, DecodeEr
         images,
         logical,
     })
+}
+
+/// The freed page list: each a data page inside the file the record describes.
+fn decode_freed(h: &RecordHeader, body: &[u8], at: &mut usize) -> Result<Vec<PageNo>, DecodeError> {
+    let freed_bytes =
+        (h.freed_count as usize)
+            .checked_mul(8)
+            .ok_or(DecodeError::FreedCountOverflows {
+                count: h.freed_count,
+            })?;
+    let freed: Vec<PageNo> = take(body, at, freed_bytes, "freed page list")?
+        .chunks_exact(8)
+        .map(|c| read_u64(c, 0))
+        .collect();
+    if let Some((i, &bad)) = freed
+        .iter()
+        .enumerate()
+        .find(|(_, p)| **p < page::FIRST_DATA_PAGE || **p >= h.page_count)
+    {
+        return Err(DecodeError::FreedPageOutside {
+            page: bad,
+            at: i * 8,
+            page_count: h.page_count,
+        });
+    }
+    Ok(freed)
+}
+
+/// The `index`-th page image at `*at`: its run inside the data pages, its form.
+fn decode_image(
+    h: &RecordHeader,
+    body: &[u8],
+    at: &mut usize,
+    index: u32,
+) -> Result<(PageNo, Image), DecodeError> {
+    let image_at = *at;
+    let ih = take(body, at, IMAGE_HEADER, "page image header")?;
+    let (no, run_pages, form) = (read_u64(ih, 0), read_u32(ih, 8) as u64, read_u32(ih, 12));
+    let bad = |problem| DecodeError::Image {
+        index,
+        page: no,
+        at: image_at,
+        problem,
+    };
+    if run_pages == 0 || run_pages > MAX_RUN_PAGES {
+        return Err(bad(ImageProblem::RunLength { run_pages }));
+    }
+    if no < page::FIRST_DATA_PAGE || no.checked_add(run_pages).is_none_or(|e| e > h.page_count) {
+        return Err(bad(ImageProblem::OutsideDataPages {
+            run_pages,
+            page_count: h.page_count,
+        }));
+    }
+    let image = match form {
+        FORM_FULL => decode_full(body, at, run_pages).map(Image::Full),
+        FORM_BARE => decode_full(body, at, run_pages).map(|r| Image::Full(r.into_bare())),
+        FORM_DIFF if run_pages == 1 => decode_diff(body, at, h.page_count),
+        FORM_PATCHED if run_pages == 1 => decode_patched(body, at, h.page_count),
+        form => Err(Problem::Image(ImageProblem::UnknownForm {
+            form,
+            run_pages,
+        })),
+    };
+    match image {
+        Ok(image) => Ok((no, image)),
+        Err(Problem::Image(problem)) => Err(bad(problem)),
+        Err(Problem::Decode(e)) => Err(e),
+    }
 }
 
 /// What went wrong decoding one page image: about the image (the caller names it),
