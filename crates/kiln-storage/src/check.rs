@@ -110,43 +110,12 @@ impl<'a, 't> Walker<'a, 't> {
         leaf_depth: &mut Option<usize>,
     ) -> u64 {
         let who = format!("tree {tree:?}");
-        if depth >= MAX_DEPTH {
-            self.problem(
-                Some(no),
-                format!("{who}: deeper than {MAX_DEPTH} levels (cycle?)"),
-            );
+        let Some(p) = self.load_node(&who, no, depth) else {
             return 0;
-        }
-        if !self.claim(no, 1, &who) {
-            return 0;
-        }
-        let p = match self.txn.page(no) {
-            Ok(p) => p,
-            Err(e) => {
-                self.problem(Some(no), format!("{who}: {e}"));
-                return 0;
-            }
         };
-        if let Err(e) = page::verify(p, no, &self.file) {
-            self.problem(Some(no), format!("{who}: {e}"));
-            return 0;
-        }
         self.report.pages_reachable += 1;
-        let kind = hdr::kind(p);
-        let count = hdr::count(p);
-        for i in 0..count {
-            let k = page::cell_key(p, i);
-            if i > 0 && page::cell_key(p, i - 1) >= k {
-                self.problem(Some(no), format!("{who}: keys out of order at slot {i}"));
-            }
-            if b.lo.is_some_and(|lo| k < lo) || b.hi.is_some_and(|hi| k >= hi) {
-                self.problem(
-                    Some(no),
-                    format!("{who}: key at slot {i} outside the range its parent allows"),
-                );
-            }
-        }
-        match kind {
+        self.check_keys(&who, no, p, &b);
+        match hdr::kind(p) {
             KIND_LEAF => {
                 match *leaf_depth {
                     None => *leaf_depth = Some(depth),
@@ -156,20 +125,11 @@ impl<'a, 't> Walker<'a, 't> {
                     ),
                     _ => {}
                 }
-                for i in 0..count {
-                    match page::leaf_value(p, i) {
-                        LeafValue::Overflow { start, len } => {
-                            self.check_overflow(&who, no, start, len)
-                        }
-                        value @ LeafValue::BareRun { start, len, .. } => {
-                            self.check_bare_run(&who, no, start, len, value)
-                        }
-                        LeafValue::Inline(_) => {}
-                    }
-                }
-                count as u64
+                self.check_leaf_values(&who, no, p);
+                hdr::count(p) as u64
             }
             KIND_BRANCH => {
+                let count = hdr::count(p);
                 let mut entries = 0;
                 for n in 0..page::branch_fanout(p) {
                     let lo = if n == 0 {
@@ -194,6 +154,62 @@ impl<'a, 't> Walker<'a, 't> {
                     format!("{who}: page kind {k} where a tree node was expected"),
                 );
                 0
+            }
+        }
+    }
+
+    /// A node's page, if it is within the depth limit, not reached twice, readable
+    /// and intact (checksum, page number); otherwise the problem is reported.
+    fn load_node(&mut self, who: &str, no: PageNo, depth: usize) -> Option<&'a [u8]> {
+        if depth >= MAX_DEPTH {
+            self.problem(
+                Some(no),
+                format!("{who}: deeper than {MAX_DEPTH} levels (cycle?)"),
+            );
+            return None;
+        }
+        if !self.claim(no, 1, who) {
+            return None;
+        }
+        let p = match self.txn.page(no) {
+            Ok(p) => p,
+            Err(e) => {
+                self.problem(Some(no), format!("{who}: {e}"));
+                return None;
+            }
+        };
+        if let Err(e) = page::verify(p, no, &self.file) {
+            self.problem(Some(no), format!("{who}: {e}"));
+            return None;
+        }
+        Some(p)
+    }
+
+    /// Keys in strictly increasing order, inside the range the parent gives.
+    fn check_keys(&mut self, who: &str, no: PageNo, p: &[u8], b: &Bounds) {
+        for i in 0..hdr::count(p) {
+            let k = page::cell_key(p, i);
+            if i > 0 && page::cell_key(p, i - 1) >= k {
+                self.problem(Some(no), format!("{who}: keys out of order at slot {i}"));
+            }
+            if b.lo.is_some_and(|lo| k < lo) || b.hi.is_some_and(|hi| k >= hi) {
+                self.problem(
+                    Some(no),
+                    format!("{who}: key at slot {i} outside the range its parent allows"),
+                );
+            }
+        }
+    }
+
+    /// The out-of-page values of a leaf: overflow chains and bare runs.
+    fn check_leaf_values(&mut self, who: &str, no: PageNo, p: &[u8]) {
+        for i in 0..hdr::count(p) {
+            match page::leaf_value(p, i) {
+                LeafValue::Overflow { start, len } => self.check_overflow(who, no, start, len),
+                value @ LeafValue::BareRun { start, len, .. } => {
+                    self.check_bare_run(who, no, start, len, value)
+                }
+                LeafValue::Inline(_) => {}
             }
         }
     }
@@ -282,18 +298,28 @@ pub(crate) fn run(txn: &ReadTxn, free: &BTreeSet<PageNo>) -> Result<CheckReport>
         );
     }
     for name in names {
+        w.check_tree(&name);
+    }
+    w.check_free_list(free);
+    Ok(w.report)
+}
+
+impl Walker<'_, '_> {
+    /// One tree of the catalog: walked, and its entry count as the catalog says.
+    fn check_tree(&mut self, name: &str) {
+        let txn = self.txn;
         let info = match crate::btree::get(txn, txn.catalog_root(), name.as_bytes())
-            .and_then(|v| TreeInfo::decode(v.unwrap_or_default(), &w.file, name.as_bytes()))
+            .and_then(|v| TreeInfo::decode(v.unwrap_or_default(), &self.file, name.as_bytes()))
         {
             Ok(i) => i,
             Err(e) => {
-                w.problem(None, format!("catalog entry for tree {name:?}: {e}"));
-                continue;
+                self.problem(None, format!("catalog entry for tree {name:?}: {e}"));
+                return;
             }
         };
-        let n = w.walk_tree(&name, info.root);
+        let n = self.walk_tree(name, info.root);
         if n != info.entries {
-            w.problem(
+            self.problem(
                 Some(info.root),
                 format!(
                     "tree {name:?}: catalog says {} entries, tree holds {n}",
@@ -301,33 +327,35 @@ pub(crate) fn run(txn: &ReadTxn, free: &BTreeSet<PageNo>) -> Result<CheckReport>
                 ),
             );
         }
-        w.report.trees += 1;
-        w.report.entries += n;
+        self.report.trees += 1;
+        self.report.entries += n;
     }
-    for &p in free {
-        if let Some(who) = w.owner.get(&p).cloned() {
-            w.problem(Some(p), format!("listed as free but referenced by {who}"));
+
+    /// Free pages never referenced and inside the file; every page either
+    /// reachable or free (none leaked).
+    fn check_free_list(&mut self, free: &BTreeSet<PageNo>) {
+        let pages_total = self.report.pages_total;
+        for &p in free {
+            if let Some(who) = self.owner.get(&p).cloned() {
+                self.problem(Some(p), format!("listed as free but referenced by {who}"));
+            }
+            if p < page::FIRST_DATA_PAGE || p >= pages_total {
+                self.problem(Some(p), format!("free page outside 2..{pages_total}"));
+            }
         }
-        if p < page::FIRST_DATA_PAGE || p >= w.report.pages_total {
-            w.problem(
-                Some(p),
-                format!("free page outside 2..{}", w.report.pages_total),
+        let leaked: Vec<PageNo> = (page::FIRST_DATA_PAGE..pages_total)
+            .filter(|p| !self.owner.contains_key(p) && !free.contains(p))
+            .collect();
+        if !leaked.is_empty() {
+            let sample: Vec<String> = leaked.iter().take(10).map(|p| p.to_string()).collect();
+            self.problem(
+                leaked.first().copied(),
+                format!(
+                    "{} pages neither reachable nor free (leaked), e.g. {}",
+                    leaked.len(),
+                    sample.join(", ")
+                ),
             );
         }
     }
-    let leaked: Vec<PageNo> = (page::FIRST_DATA_PAGE..w.report.pages_total)
-        .filter(|p| !w.owner.contains_key(p) && !free.contains(p))
-        .collect();
-    if !leaked.is_empty() {
-        let sample: Vec<String> = leaked.iter().take(10).map(|p| p.to_string()).collect();
-        w.problem(
-            leaked.first().copied(),
-            format!(
-                "{} pages neither reachable nor free (leaked), e.g. {}",
-                leaked.len(),
-                sample.join(", ")
-            ),
-        );
-    }
-    Ok(w.report)
 }
