@@ -397,13 +397,7 @@ impl Flusher {
         // Grow the data file for the whole batch before writing any of it: if there
         // is no space, nothing is written and the batch waits for the next attempt
         // (its pages stay readable in memory, and the journal holds them).
-        let end_page = batch
-            .iter()
-            .flat_map(|a| a.pages.iter())
-            .map(|(no, run)| no + run.page_count() as u64)
-            .max()
-            .unwrap_or(0);
-        if let Err(e) = self.env.store.ensure_mapped(end_page) {
+        if let Err(e) = self.env.store.ensure_mapped(end_page(&batch)) {
             self.batch = batch;
             self.batch_bytes = batch_bytes;
             return Err(if e.is_disk_full() {
@@ -412,16 +406,7 @@ impl Flusher {
                 FlushError::Fatal(e)
             });
         }
-        let mut last_freed_at: crate::fasthash::FastMap<PageNo, usize> = Default::default();
-        for (i, a) in batch.iter().enumerate() {
-            for p in &a.freed {
-                last_freed_at.insert(*p, i);
-            }
-        }
-        let txn_ids: Vec<u64> = batch.iter().map(|a| a.txn_id).collect();
-        // Readers only start at durable commits, all of which are at or past this
-        // batch's last one: a reader that starts later sees none of its dead versions.
-        let oldest_reader = self.env.readers.oldest_reader();
+        let dead = DeadVersions::of(&batch, self.env.readers.oldest_reader());
         let mut prev = self
             .applied
             .as_ref()
@@ -437,10 +422,7 @@ impl Flusher {
             prev = a.txn_id;
             for (no, run) in &a.pages {
                 let n = run.page_count() as u64;
-                let superseded = last_freed_at
-                    .get(no)
-                    .is_some_and(|&j| j > i && txn_ids.get(j).is_some_and(|&t| t <= oldest_reader));
-                if !superseded {
+                if !dead.is_dead(*no, i) {
                     self.env
                         .store
                         .write_back(*no, run, a.txn_id, a.page_count)?;
@@ -594,4 +576,52 @@ fn write_header_page(shared: &FlusherHandle, h: &FileHeader) -> Result<()> {
     shared.counters.data_sync_latency.record(start.elapsed());
     shared.counters.data_syncs.fetch_add(1, Relaxed);
     Ok(())
+}
+
+/// The page after the last one a batch writes: how far the data file must reach.
+fn end_page(batch: &[Applied]) -> PageNo {
+    batch
+        .iter()
+        .flat_map(|a| a.pages.iter())
+        .map(|(no, run)| no + run.page_count() as u64)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Which page versions of a batch no reader will ever read: those a later commit
+/// of the batch freed, when no open reader is older than that commit. Readers
+/// only start at durable commits, all at or past the batch's last one: a reader
+/// that starts later sees none of its dead versions.
+struct DeadVersions {
+    /// The index in the batch of the last commit that freed each page.
+    last_freed_at: crate::fasthash::FastMap<PageNo, usize>,
+    txn_ids: Vec<u64>,
+    oldest_reader: u64,
+}
+
+impl DeadVersions {
+    fn of(batch: &[Applied], oldest_reader: u64) -> DeadVersions {
+        let mut last_freed_at: crate::fasthash::FastMap<PageNo, usize> = Default::default();
+        for (i, a) in batch.iter().enumerate() {
+            for p in &a.freed {
+                last_freed_at.insert(*p, i);
+            }
+        }
+        DeadVersions {
+            last_freed_at,
+            txn_ids: batch.iter().map(|a| a.txn_id).collect(),
+            oldest_reader,
+        }
+    }
+
+    /// Whether the version of page `no` written by the batch's `i`-th commit is dead.
+    fn is_dead(&self, no: PageNo, i: usize) -> bool {
+        self.last_freed_at.get(&no).is_some_and(|&j| {
+            j > i
+                && self
+                    .txn_ids
+                    .get(j)
+                    .is_some_and(|&t| t <= self.oldest_reader)
+        })
+    }
 }
