@@ -16,8 +16,9 @@ use crate::fasthash::FastMap;
 use crate::page::prefetch;
 use crate::txn::TreeState;
 use crate::txn::WriteTxn;
-use crate::write_buffer::{split_buffer_key, SlotRef, TreeId};
+use crate::write_buffer::{split_buffer_key, Generation, SlotRef, TreeId};
 use crate::Result;
+use std::sync::Arc;
 
 /// How many keys ahead of the one being merged the arena is prefetched.
 const PREFETCH_AHEAD: usize = 8;
@@ -108,27 +109,9 @@ impl WriteTxn<'_> {
             if superseded {
                 continue;
             }
-            // The entry count is the tree's own: it moves with the merge.
-            match slot {
-                SlotRef::Value(v) => {
-                    // SAFETY: `bkey` and `v` are borrowed from `frozen` (`newest_from`).
-                    unsafe { self.note_merged(&frozen, bkey, v) };
-                    let root = st.info.root;
-                    let (root, existed) = self.mutate(|t| t.tree_put(root, key, v))?;
-                    st.info.root = root;
-                    st.info.entries += u64::from(!existed);
-                }
-                SlotRef::Tombstone => {
-                    if btree::get(&*self, st.info.root, key)?.is_none() {
-                        continue;
-                    }
-                    let root = st.info.root;
-                    st.info.root = self.mutate(|t| t.tree_delete(root, key))?;
-                    st.info.entries -= 1;
-                }
-                SlotRef::InTree => continue,
-            }
-            st.modified = true;
+            // SAFETY: `bkey` and the slot's value are borrowed from `frozen`
+            // (`newest_from`), which is alive for the whole call.
+            unsafe { self.merge_one(&frozen, st, bkey, key, &slot)? };
         }
         self.store_tree_run(current);
         *cursor = if done {
@@ -137,6 +120,44 @@ impl WriteTxn<'_> {
             slice.last().map(|(k, _)| Box::from(*k))
         };
         Ok((slice.len(), done))
+    }
+
+    /// Applies one frozen key to its tree: a value is put, a tombstone deletes
+    /// (when the tree holds the key). The entry count is the tree's own: it moves
+    /// with the merge.
+    ///
+    /// # Safety
+    /// `bkey` and a `SlotRef::Value` must be borrowed from `frozen`.
+    #[inline]
+    unsafe fn merge_one(
+        &mut self,
+        frozen: &Arc<Generation>,
+        st: &mut TreeState,
+        bkey: &[u8],
+        key: &[u8],
+        slot: &SlotRef,
+    ) -> Result<()> {
+        match *slot {
+            SlotRef::Value(v) => {
+                // SAFETY: the caller's.
+                unsafe { self.note_merged(frozen, bkey, v) };
+                let root = st.info.root;
+                let (root, existed) = self.mutate(|t| t.tree_put(root, key, v))?;
+                st.info.root = root;
+                st.info.entries += u64::from(!existed);
+            }
+            SlotRef::Tombstone => {
+                if btree::get(&*self, st.info.root, key)?.is_none() {
+                    return Ok(());
+                }
+                let root = st.info.root;
+                st.info.root = self.mutate(|t| t.tree_delete(root, key))?;
+                st.info.entries -= 1;
+            }
+            SlotRef::InTree => return Ok(()),
+        }
+        st.modified = true;
+        Ok(())
     }
 
     /// Records the state a run of merged keys left its tree in, if they changed it.
