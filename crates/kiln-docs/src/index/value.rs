@@ -172,6 +172,32 @@ pub(crate) fn sort_key(v: Option<&Value>, case_insensitive: bool) -> Vec<u8> {
     }
 }
 
+/// The length of the first value's encoding at the start of `key` (an index entry:
+/// a compound key's values, then the document id); `None` if `key` does not start
+/// with a whole encoded value.
+pub(crate) fn encoded_len(key: &[u8]) -> Option<usize> {
+    match *key.first()? {
+        TAG_MISSING | TAG_NULL | TAG_FALSE | TAG_TRUE | TAG_COMPOSITE => Some(1),
+        TAG_NUMBER => (key.len() >= 17).then_some(17),
+        TAG_STRING => {
+            // The terminator is 0x00 0x01; 0x00 0xFF is an escaped 0x00.
+            let mut i = 1;
+            while i + 1 < key.len() {
+                if key[i] == 0 {
+                    if key[i + 1] == 0x01 {
+                        return Some(i + 2);
+                    }
+                    i += 2;
+                } else {
+                    i += 1;
+                }
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
 /// The smallest key greater than every key starting with `prefix` (`None`: there is
 /// none, the range runs to the end).
 pub(crate) fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
@@ -284,6 +310,17 @@ mod tests {
             let mut x = a.encode(); c.encode_into(&mut x);
             let mut y = b.encode(); d.encode_into(&mut y);
             prop_assert_eq!(x.cmp(&y), model_cmp(&a, &b).then_with(|| model_cmp(&c, &d)));
+        }
+
+        #[test]
+        fn encoded_len_finds_the_first_value_of_a_compound_key(
+            a in scalar(), b in scalar(), id in "[a-z/0-9\\x00]{0,6}"
+        ) {
+            let mut k = a.encode();
+            let len = k.len();
+            b.encode_into(&mut k);
+            k.extend_from_slice(id.as_bytes());
+            prop_assert_eq!(encoded_len(&k), Some(len));
         }
 
         #[test]

@@ -16,12 +16,28 @@
 //! A query on a collection whose fields no index covers creates an auto index (the
 //! answer says so). Ranges compare within a type (`n < 5` never matches a string or
 //! null); `=`/`in` are exact; `order by` follows the total order of `index/value.rs`.
+//!
+//! Every plan yields the same order, so that offset pages fit together even when
+//! the plan changes between them (the first page scans and creates an auto index,
+//! the next ones use it; an index is defined or removed meanwhile):
+//! - `order by`: by its keys, ties by document id (descending when the last key is
+//!   `desc`, as an index walked backwards gives them).
+//! - no `order by`, a `where` with a conjunct an index could answer: by the value of
+//!   the leading conjunct's field (`leading`: the most selective one, the first of
+//!   equals; the one an auto index is made on), for an array field its smallest
+//!   element that satisfies that conjunct, then by document id. That is the order
+//!   of a range scan of an index of that field (entries are value ++ id), so the
+//!   cheapest plan sorts nothing and stops at the page; a compound index re-sorts
+//!   each run of equal first values by id (`run_stream`); a scan, or an index
+//!   of another conjunct's field (which load every candidate anyway), sort in memory.
+//! - `from index` without such a conjunct: by the index's first field, then id.
+//! - otherwise (a collection scan is the only plan): etag order.
 
 mod eval;
 pub(crate) mod parse;
 
 use crate::index::def::Step;
-use crate::index::value::{prefix_successor, sort_key, Scalar, TAG_NULL};
+use crate::index::value::{encoded_len, prefix_successor, sort_key, Scalar, TAG_NULL};
 use crate::index::{read_state, IndexDefinition, IndexField, Runtime};
 use crate::schema::{
     collection_key, decode_u64, entries_tree, read_last_sequence, BY_COLLECTION, COUNTS, DOCS,
@@ -195,6 +211,58 @@ fn ranges_of(e: &Expr) -> Option<(&Field, Vec<Range>)> {
     })
 }
 
+/// The conjunct of the `where` whose field orders a query without `order by`: the
+/// most selective one an index could answer (the first of equals). `find_index`
+/// drives by this conjunct whenever an index of its field exists.
+fn leading(q: &Query) -> Option<&Expr> {
+    let mut best: Option<(u8, &Expr)> = None;
+    for conj in conjuncts(q.filter.as_ref()?) {
+        if ranges_of(conj).is_some() {
+            let p = priority(conj);
+            if best.is_none_or(|(bp, _)| p < bp) {
+                best = Some((p, conj));
+            }
+        }
+    }
+    best.map(|(_, c)| c)
+}
+
+/// What orders the matches of a query without `order by` (see the module comment).
+struct Lead<'q> {
+    field: &'q Field,
+    /// The leading conjunct's key ranges: an array field sorts by its smallest
+    /// element inside them, as a walk of the ranges first meets the document.
+    ranges: Vec<Range>,
+}
+
+impl<'q> Lead<'q> {
+    fn of(q: &'q Query) -> Option<Lead<'q>> {
+        if !q.order.is_empty() {
+            return None;
+        }
+        let (field, ranges) = ranges_of(leading(q)?)?;
+        Some(Lead { field, ranges })
+    }
+
+    /// The document's sort key: the value an index walk of the ranges meets it at.
+    fn key(&self, v: &Value) -> Vec<u8> {
+        let values = field_values(self.field, v);
+        let inside = |k: &Vec<u8>| {
+            self.ranges
+                .iter()
+                .any(|(lo, hi)| k >= lo && hi.as_ref().is_none_or(|h| k < h))
+        };
+        values
+            .iter()
+            .filter_map(|x| Scalar::from_json(x))
+            .map(|s| if self.field.ci { s.folded() } else { s }.encode())
+            .filter(inside)
+            .min()
+            // Not for a match of the where (its leading conjunct holds); any fixed key.
+            .unwrap_or_else(|| sort_key(values.first().copied(), self.field.ci))
+    }
+}
+
 fn conjuncts(e: &Expr) -> Vec<&Expr> {
     match e {
         Expr::And(parts) => parts.iter().flat_map(conjuncts).collect(),
@@ -218,7 +286,9 @@ struct IndexPlan {
     ranges: Vec<Range>,
     /// The driving conjunct is the whole filter: the index answers it exactly.
     covered: bool,
-    /// Entries in the order asked for (no sort in memory): (stream, desc).
+    /// Entries in the order asked for (no sort in memory): (stream, desc). `None`:
+    /// the matches are sorted in memory (an `order by` on another field, or no
+    /// `order by` and a leading conjunct this index is not driven by).
     ordered: Option<bool>,
 }
 
@@ -236,7 +306,10 @@ fn resume_in(
     match after {
         None => Ok(None),
         Some((id, d, before, key))
-            if id == rt.id && ordered == Some(d) && !rt.compiled.def.multi_valued() =>
+            if id == rt.id
+                && ordered == Some(d)
+                && !rt.compiled.def.multi_valued()
+                && rt.compiled.def.fields.len() == 1 =>
         {
             Ok(Some((before, key)))
         }
@@ -273,23 +346,13 @@ fn resume_point(q: &mut Query, continuation: Option<&str>) -> Result<Option<Afte
 /// The field an auto index should cover: the best conjunct's, or the single
 /// order-by field.
 fn auto_index_field(q: &Query) -> Option<&Field> {
-    let mut field: Option<(u8, &Field)> = None;
-    if let Some(filter) = &q.filter {
-        for conj in conjuncts(filter) {
-            if let Some((f, _)) = ranges_of(conj) {
-                let p = priority(conj);
-                if field.is_none_or(|(bp, _)| p < bp) {
-                    field = Some((p, f));
-                }
-            }
-        }
+    if let Some((f, _)) = leading(q).and_then(ranges_of) {
+        return Some(f);
     }
-    if field.is_none() {
-        if let [(f, _)] = q.order.as_slice() {
-            field = Some((9, f));
-        }
+    match q.order.as_slice() {
+        [(f, _)] => Some(f),
+        _ => None,
     }
-    field.map(|(_, f)| f)
 }
 
 fn auto_name(collection: &str, f: &Field) -> String {
@@ -449,15 +512,18 @@ impl Database {
                     max_scan,
                     out,
                 )?;
+                let lead = Lead::of(q);
                 let mut matched = Vec::new();
                 for id in ids {
                     if let Some((d, v)) = load(r, &id, out)? {
                         if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
-                            matched.push((d, v));
+                            matched.push(sorted_by(q, lead.as_ref(), d.id, &v));
                         }
                     }
                 }
-                page_sorted(q, matched, out, docs);
+                for id in page_sorted(q, matched, out) {
+                    docs.extend(load_document(r, &id, out)?);
+                }
             }
         }
         Ok(st.last_sequence)
@@ -583,7 +649,12 @@ impl Database {
             _ => false,
         };
         let ordered = match q.order.as_slice() {
-            [] => Some(false),
+            // Without `order by`, the leading conjunct's field orders the matches:
+            // the index walk gives that order when the index is driven by it.
+            [] => match leading(q) {
+                Some(lead) if !driver.is_some_and(|d| std::ptr::eq(d, lead)) => None,
+                _ => Some(false),
+            },
             [(f, desc)] if index_matches(&rt.compiled.def, f) => Some(*desc),
             _ => None,
         };
@@ -666,6 +737,7 @@ impl Database {
                  (a scan reads at most {max_scan}); define an index on a field of the where or order by"
             )));
         }
+        let lead = Lead::of(q);
         let mut matched = Vec::new();
         while let Some((k, id)) = item {
             if !k.starts_with(prefix) {
@@ -675,12 +747,16 @@ impl Database {
             let id = String::from_utf8_lossy(id).into_owned();
             if let Some((d, v)) = load(r, &id, out)? {
                 if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
-                    matched.push((d, v));
+                    matched.push(sorted_by(q, lead.as_ref(), d.id, &v));
                 }
             }
             item = c.next()?;
         }
-        page_sorted(q, matched, out, docs);
+        // In etag order so far: `page_sorted` keeps it only for a query that has no
+        // order by and no leading conjunct (only a scan ever answers that).
+        for id in page_sorted(q, matched, out) {
+            docs.extend(load_document(r, &id, out)?);
+        }
         Ok(())
     }
 
@@ -708,6 +784,11 @@ impl Database {
         };
         let mut last: Option<(Vec<u8>, u64)> = None;
         let multi = rt.compiled.def.multi_valued();
+        // A compound index's entries go by all its values, then id; the defined order
+        // is its first field's value, then id: each run of entries with equal first
+        // values is read whole and sorted by id (descending when walking backwards).
+        let grouped = rt.compiled.def.fields.len() > 1;
+        let mut group: Vec<Entry<'_>> = Vec::new();
         let mut seen: HashSet<Vec<u8>> = HashSet::new();
         let mut matches = 0u64;
         // One range answered by a single-valued index: counted without walking it
@@ -725,65 +806,86 @@ impl Database {
             ranges.iter().collect()
         };
         'ranges: for (lo, hi) in order {
-            let mut item = range_start(&mut c, lo, hi.as_deref(), desc, resume_key.as_deref())?;
-            while let Some((k, id)) = item {
-                let inside = if desc {
+            let inside = |k: &[u8]| {
+                if desc {
                     k >= lo.as_slice()
                 } else {
                     hi.as_ref().is_none_or(|h| k < h.as_slice())
-                };
-                if !inside {
+                }
+            };
+            let mut item = range_start(&mut c, lo, hi.as_deref(), desc, resume_key.as_deref())?;
+            loop {
+                // The next entries in the defined order: one, or a compound index's
+                // run of equal first values sorted by id.
+                group.clear();
+                if covered && fast_total.is_some() && docs.len() >= q.limit {
+                    break 'ranges;
+                }
+                let Some((k, id)) = item.filter(|(k, _)| inside(k)) else {
                     break;
-                }
-                out.entries_read += 1;
-                if multi && !seen.insert(id.to_vec()) {
-                    item = if desc { c.prev()? } else { c.next()? };
-                    continue;
-                }
-                let page_full = docs.len() >= q.limit;
-                if covered {
-                    if page_full && fast_total.is_some() {
-                        break 'ranges;
+                };
+                group.push((k, id));
+                item = if desc { c.prev()? } else { c.next()? };
+                if grouped {
+                    let head = &k[..encoded_len(k).unwrap_or(k.len())];
+                    while let Some((k, id)) = item.filter(|(k, _)| inside(k) && k.starts_with(head))
+                    {
+                        group.push((k, id));
+                        item = if desc { c.prev()? } else { c.next()? };
                     }
-                    if matches >= q.offset as u64 && !page_full {
+                    group.sort_by(|a, b| if desc { b.1.cmp(a.1) } else { a.1.cmp(b.1) });
+                }
+                out.entries_read += group.len() as u64;
+                for &(k, id) in &group {
+                    if multi && !seen.insert(id.to_vec()) {
+                        continue;
+                    }
+                    let page_full = docs.len() >= q.limit;
+                    if covered {
+                        if page_full && fast_total.is_some() {
+                            break 'ranges;
+                        }
+                        if matches >= q.offset as u64 && !page_full {
+                            let id = String::from_utf8_lossy(id).into_owned();
+                            if let Some((d, v)) = load(r, &id, out)? {
+                                // A stale index may list a document that changed since.
+                                if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                                    docs.push(d);
+                                    last = Some((k.to_vec(), before + matches + 1));
+                                }
+                            }
+                        } else if matches < q.offset as u64 {
+                            out.skipped += 1;
+                        }
+                        matches += 1;
+                    } else {
+                        if out.documents_loaded as usize >= max_scan {
+                            return Err(DocError::QueryTooExpensive(format!(
+                                "the query would load more than {max_scan} documents to check \
+                                 its where; put its most selective field first in an index, or \
+                                 narrow it"
+                            )));
+                        }
                         let id = String::from_utf8_lossy(id).into_owned();
                         if let Some((d, v)) = load(r, &id, out)? {
-                            // A stale index may list a document that changed since.
                             if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
-                                docs.push(d);
-                                last = Some((k.to_vec(), before + matches + 1));
+                                if matches < q.offset as u64 {
+                                    out.skipped += 1;
+                                } else if !page_full {
+                                    docs.push(d);
+                                    last = Some((k.to_vec(), before + matches + 1));
+                                }
+                                matches += 1;
                             }
-                        }
-                    } else if matches < q.offset as u64 {
-                        out.skipped += 1;
-                    }
-                    matches += 1;
-                } else {
-                    if out.documents_loaded as usize >= max_scan {
-                        return Err(DocError::QueryTooExpensive(format!(
-                            "the query would load more than {max_scan} documents to check its where; \
-                             put its most selective field first in an index, or narrow it"
-                        )));
-                    }
-                    let id = String::from_utf8_lossy(id).into_owned();
-                    if let Some((d, v)) = load(r, &id, out)? {
-                        if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
-                            if matches < q.offset as u64 {
-                                out.skipped += 1;
-                            } else if !page_full {
-                                docs.push(d);
-                                last = Some((k.to_vec(), before + matches + 1));
-                            }
-                            matches += 1;
                         }
                     }
                 }
-                item = if desc { c.prev()? } else { c.next()? };
             }
         }
         out.total = fast_total.unwrap_or(before + matches);
         if q.limit > 0 && docs.len() == q.limit {
-            out.continuation = Some(if multi {
+            // An entry to resume after only where entries come in key order.
+            out.continuation = Some(if multi || grouped {
                 Cont::Offset(q.offset + docs.len()).encode()
             } else {
                 let (key, before) = last.unwrap_or_default();
@@ -935,7 +1037,9 @@ fn collect_ids(
             if !multi || seen.insert(id.to_vec()) {
                 if ids.len() >= max {
                     return Err(DocError::QueryTooExpensive(format!(
-                        "more than {max} documents match before sorting; add an index whose first field is the order by field"
+                        "more than {max} documents match before sorting; add an index whose first \
+                         field is the order by field (without order by: the field of the where's \
+                         most selective condition)"
                     )));
                 }
                 ids.push(String::from_utf8_lossy(id).into_owned());
@@ -944,6 +1048,15 @@ fn collect_ids(
         }
     }
     Ok(ids)
+}
+
+/// A document without parsing its JSON.
+fn load_document(r: &ReadTxn<'_>, id: &str, out: &mut QueryResult) -> Result<Option<Document>> {
+    let Some(bytes) = r.get(DOCS, id.as_bytes())? else {
+        return Ok(None);
+    };
+    out.documents_loaded += 1;
+    Ok(Some(Document::from_record(id, bytes)?))
 }
 
 fn load(r: &ReadTxn<'_>, id: &str, out: &mut QueryResult) -> Result<Option<(Document, Value)>> {
@@ -956,54 +1069,57 @@ fn load(r: &ReadTxn<'_>, id: &str, out: &mut QueryResult) -> Result<Option<(Docu
     Ok(Some((d, v)))
 }
 
-/// Sorts the matches in memory (by the order-by fields, then id) and takes the page.
+/// A match's id with its sort keys: the order-by fields' values, or without
+/// `order by` the leading conjunct's (see `Lead`), or none (etag order is kept).
+fn sorted_by(q: &Query, lead: Option<&Lead>, id: String, v: &Value) -> (Vec<Vec<u8>>, String) {
+    let keys = if q.order.is_empty() {
+        lead.map(|lead| lead.key(v)).into_iter().collect()
+    } else {
+        q.order
+            .iter()
+            .map(|(f, _)| sort_key(field_values(f, v).first().copied(), f.ci))
+            .collect()
+    };
+    (keys, id)
+}
+
+/// Sorts the matches in memory (by their keys, then id) and returns the page's ids
+/// (the documents are loaded again for the page only: a sort holds no document).
+/// Ties go by id descending when the last `order by` key is descending (as the
+/// walk of an index backwards gives them), else ascending. Matches without keys
+/// keep their order.
 fn page_sorted(
     q: &Query,
-    mut matched: Vec<(Document, Value)>,
+    mut matched: Vec<(Vec<Vec<u8>>, String)>,
     out: &mut QueryResult,
-    docs: &mut Vec<Document>,
-) {
+) -> Vec<String> {
     out.total = matched.len() as u64;
-    if !q.order.is_empty() {
-        let mut keyed: Vec<(Vec<Vec<u8>>, Document)> = matched
-            .drain(..)
-            .map(|(d, v)| {
-                let keys = q
-                    .order
-                    .iter()
-                    .map(|(f, _)| sort_key(field_values(f, &v).first().copied(), f.ci))
-                    .collect();
-                (keys, d)
-            })
-            .collect();
-        keyed.sort_by(|a, b| {
-            for (i, (_, desc)) in q.order.iter().enumerate() {
-                let o = a.0[i].cmp(&b.0[i]);
-                let o = if *desc { o.reverse() } else { o };
+    let desc = |i: usize| q.order.get(i).is_some_and(|(_, d)| *d);
+    let id_desc = q.order.last().is_some_and(|(_, d)| *d);
+    if matched.first().is_some_and(|(keys, _)| !keys.is_empty()) {
+        matched.sort_by(|a, b| {
+            for (i, (x, y)) in a.0.iter().zip(&b.0).enumerate() {
+                let o = x.cmp(y);
+                let o = if desc(i) { o.reverse() } else { o };
                 if o.is_ne() {
                     return o;
                 }
             }
-            a.1.id.cmp(&b.1.id)
+            let o = a.1.as_bytes().cmp(b.1.as_bytes());
+            if id_desc {
+                o.reverse()
+            } else {
+                o
+            }
         });
-        out.skipped = (q.offset as u64).min(out.total);
-        docs.extend(
-            keyed
-                .into_iter()
-                .skip(q.offset)
-                .take(q.limit)
-                .map(|(_, d)| d),
-        );
-    } else {
-        out.skipped = (q.offset as u64).min(out.total);
-        docs.extend(
-            matched
-                .into_iter()
-                .skip(q.offset)
-                .take(q.limit)
-                .map(|(d, _)| d),
-        );
     }
+    out.skipped = (q.offset as u64).min(out.total);
+    matched
+        .into_iter()
+        .skip(q.offset)
+        .take(q.limit)
+        .map(|(_, id)| id)
+        .collect()
 }
 
 /// The document's JSON, or with `select` an object of the selected fields (by their
