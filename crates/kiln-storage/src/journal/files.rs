@@ -196,25 +196,41 @@ impl JournalFiles {
         // (A recycled file keeps its size, small or full: a smaller file only means
         // one more switch per round of the files.)
         if let Some(old) = st.recyclable.pop() {
-            let from = file_path(&self.dir, old);
-            if let Err(e) = self.vfs.rename(&from, &path) {
-                st.recyclable.push(old);
-                return Err(Error::io(&from, None, "rename journal file for reuse", e));
-            }
-            // The file has its new name now, durable or not: the state says so, and
-            // records go into it only once the directory sync has succeeded.
-            st.existing.remove(&old);
-            st.existing.insert(seq);
-            self.counters.journal_files_recycled.fetch_add(1, Relaxed);
-            if let Err(e) = self.sync_dir() {
-                st.dir_unsynced = true;
-                return Err(e);
-            }
-            return Ok(path);
+            return self.recycle_file(&mut st, old, seq, path);
         }
         drop(st);
-        // Create under a temporary name, fill, sync, then rename: a crash never leaves a
-        // half-made file under a journal name.
+        self.create_file(seq, path, new_size, need)
+    }
+
+    /// Renames spent file `old` to be file `seq`, and syncs the directory.
+    fn recycle_file(
+        &self,
+        st: &mut FilesState,
+        old: u64,
+        seq: u64,
+        path: PathBuf,
+    ) -> Result<PathBuf> {
+        let from = file_path(&self.dir, old);
+        if let Err(e) = self.vfs.rename(&from, &path) {
+            st.recyclable.push(old);
+            return Err(Error::io(&from, None, "rename journal file for reuse", e));
+        }
+        // The file has its new name now, durable or not: the state says so, and
+        // records go into it only once the directory sync has succeeded.
+        st.existing.remove(&old);
+        st.existing.insert(seq);
+        self.counters.journal_files_recycled.fetch_add(1, Relaxed);
+        if let Err(e) = self.sync_dir() {
+            st.dir_unsynced = true;
+            return Err(e);
+        }
+        Ok(path)
+    }
+
+    /// Makes file `seq` of `new_size` bytes: created under a temporary name,
+    /// filled, synced, then renamed, so that a crash never leaves a half-made file
+    /// under a journal name.
+    fn create_file(&self, seq: u64, path: PathBuf, new_size: u64, need: Need) -> Result<PathBuf> {
         let tmp = self.dir.join(format!("journal-{seq:016}.tmp"));
         let mode = OpenMode {
             create: true,
