@@ -782,15 +782,11 @@ impl Database {
             Some((b, k)) => (b, Some(k)),
             None => (0, None),
         };
-        let mut last: Option<(Vec<u8>, u64)> = None;
         let multi = rt.compiled.def.multi_valued();
         // A compound index's entries go by all its values, then id; the defined order
         // is its first field's value, then id: each run of entries with equal first
         // values is read whole and sorted by id (descending when walking backwards).
         let grouped = rt.compiled.def.fields.len() > 1;
-        let mut group: Vec<Entry<'_>> = Vec::new();
-        let mut seen: HashSet<Vec<u8>> = HashSet::new();
-        let mut matches = 0u64;
         // One range answered by a single-valued index: counted without walking it
         // all (see `count_range`), so the walk stops when the page is full.
         let fast_total = match ranges {
@@ -799,6 +795,18 @@ impl Database {
             }
             _ => None,
         };
+        let mut page = StreamPage {
+            q,
+            r,
+            covered,
+            counted: fast_total.is_some(),
+            max_scan,
+            before,
+            matches: 0,
+            last: None,
+            seen: multi.then(HashSet::new),
+        };
+        let mut group: Vec<Entry<'_>> = Vec::new();
         let mut c = r.cursor(tree)?;
         let order: Vec<&Range> = if desc {
             ranges.iter().rev().collect()
@@ -815,80 +823,28 @@ impl Database {
             };
             let mut item = range_start(&mut c, lo, hi.as_deref(), desc, resume_key.as_deref())?;
             loop {
-                // The next entries in the defined order: one, or a compound index's
-                // run of equal first values sorted by id.
-                group.clear();
-                if covered && fast_total.is_some() && docs.len() >= q.limit {
+                if page.counted && covered && docs.len() >= q.limit {
                     break 'ranges;
                 }
-                let Some((k, id)) = item.filter(|(k, _)| inside(k)) else {
+                let Some(first) = item.filter(|(k, _)| inside(k)) else {
                     break;
                 };
-                group.push((k, id));
-                item = if desc { c.prev()? } else { c.next()? };
-                if grouped {
-                    let head = &k[..encoded_len(k).unwrap_or(k.len())];
-                    while let Some((k, id)) = item.filter(|(k, _)| inside(k) && k.starts_with(head))
-                    {
-                        group.push((k, id));
-                        item = if desc { c.prev()? } else { c.next()? };
-                    }
-                    group.sort_by(|a, b| if desc { b.1.cmp(a.1) } else { a.1.cmp(b.1) });
-                }
+                item = next_in_order(&mut c, first, &inside, desc, grouped, &mut group)?;
                 out.entries_read += group.len() as u64;
                 for &(k, id) in &group {
-                    if multi && !seen.insert(id.to_vec()) {
-                        continue;
-                    }
-                    let page_full = docs.len() >= q.limit;
-                    if covered {
-                        if page_full && fast_total.is_some() {
-                            break 'ranges;
-                        }
-                        if matches >= q.offset as u64 && !page_full {
-                            let id = String::from_utf8_lossy(id).into_owned();
-                            if let Some((d, v)) = load(r, &id, out)? {
-                                // A stale index may list a document that changed since.
-                                if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
-                                    docs.push(d);
-                                    last = Some((k.to_vec(), before + matches + 1));
-                                }
-                            }
-                        } else if matches < q.offset as u64 {
-                            out.skipped += 1;
-                        }
-                        matches += 1;
-                    } else {
-                        if out.documents_loaded as usize >= max_scan {
-                            return Err(DocError::QueryTooExpensive(format!(
-                                "the query would load more than {max_scan} documents to check \
-                                 its where; put its most selective field first in an index, or \
-                                 narrow it"
-                            )));
-                        }
-                        let id = String::from_utf8_lossy(id).into_owned();
-                        if let Some((d, v)) = load(r, &id, out)? {
-                            if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
-                                if matches < q.offset as u64 {
-                                    out.skipped += 1;
-                                } else if !page_full {
-                                    docs.push(d);
-                                    last = Some((k.to_vec(), before + matches + 1));
-                                }
-                                matches += 1;
-                            }
-                        }
+                    if page.take(k, id, out, docs)? == Walk::Stop {
+                        break 'ranges;
                     }
                 }
             }
         }
-        out.total = fast_total.unwrap_or(before + matches);
+        out.total = fast_total.unwrap_or(before + page.matches);
         if q.limit > 0 && docs.len() == q.limit {
             // An entry to resume after only where entries come in key order.
             out.continuation = Some(if multi || grouped {
                 Cont::Offset(q.offset + docs.len()).encode()
             } else {
-                let (key, before) = last.unwrap_or_default();
+                let (key, before) = page.last.unwrap_or_default();
                 Cont::After {
                     index_id: rt.id,
                     desc,
@@ -900,6 +856,130 @@ impl Database {
         }
         Ok(())
     }
+}
+
+/// Whether a stream walks on.
+#[derive(PartialEq, Eq)]
+enum Walk {
+    On,
+    Stop,
+}
+
+/// A page being filled from an index stream: each entry is a match to skip (the
+/// offset), to put on the page, or only to count (the total).
+struct StreamPage<'q, 'r, 't> {
+    q: &'q Query,
+    r: &'r ReadTxn<'t>,
+    /// The index answers the whole where: an entry is a match without loading its
+    /// document (but a stale index's document is checked before it goes on the page).
+    covered: bool,
+    /// The total is known already (`count_range`): stop once the page is full.
+    counted: bool,
+    max_scan: usize,
+    /// Matches before the continuation point.
+    before: u64,
+    matches: u64,
+    /// The last entry put on the page, and its match number.
+    last: Option<(Vec<u8>, u64)>,
+    /// Ids already taken, for a multi-valued index (one entry per array element).
+    seen: Option<HashSet<Vec<u8>>>,
+}
+
+impl StreamPage<'_, '_, '_> {
+    fn take(
+        &mut self,
+        k: &[u8],
+        id: &[u8],
+        out: &mut QueryResult,
+        docs: &mut Vec<Document>,
+    ) -> Result<Walk> {
+        if let Some(seen) = self.seen.as_mut() {
+            if !seen.insert(id.to_vec()) {
+                return Ok(Walk::On);
+            }
+        }
+        let q = self.q;
+        let page_full = docs.len() >= q.limit;
+        let skipping = self.matches < q.offset as u64;
+        if self.covered {
+            if page_full && self.counted {
+                return Ok(Walk::Stop);
+            }
+            if !skipping && !page_full {
+                self.load_onto_page(k, id, out, docs)?;
+            } else if skipping {
+                out.skipped += 1;
+            }
+            self.matches += 1;
+            return Ok(Walk::On);
+        }
+        if out.documents_loaded as usize >= self.max_scan {
+            return Err(DocError::QueryTooExpensive(format!(
+                "the query would load more than {} documents to check \
+                 its where; put its most selective field first in an index, or \
+                 narrow it",
+                self.max_scan
+            )));
+        }
+        let id = String::from_utf8_lossy(id).into_owned();
+        if let Some((d, v)) = load(self.r, &id, out)? {
+            if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                if skipping {
+                    out.skipped += 1;
+                } else if !page_full {
+                    docs.push(d);
+                    self.last = Some((k.to_vec(), self.before + self.matches + 1));
+                }
+                self.matches += 1;
+            }
+        }
+        Ok(Walk::On)
+    }
+
+    /// A covered match's document onto the page, unless it changed since a stale
+    /// index listed it.
+    fn load_onto_page(
+        &mut self,
+        k: &[u8],
+        id: &[u8],
+        out: &mut QueryResult,
+        docs: &mut Vec<Document>,
+    ) -> Result<()> {
+        let id = String::from_utf8_lossy(id).into_owned();
+        if let Some((d, v)) = load(self.r, &id, out)? {
+            if self.q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                docs.push(d);
+                self.last = Some((k.to_vec(), self.before + self.matches + 1));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads the next entries in the defined order into `group`, starting with
+/// `first`: that one entry, or for a compound index (`grouped`) the whole run of
+/// entries with its first value, sorted by id. Returns the entry after them.
+fn next_in_order<'t>(
+    c: &mut Cursor<'t>,
+    first: Entry<'t>,
+    inside: &impl Fn(&[u8]) -> bool,
+    desc: bool,
+    grouped: bool,
+    group: &mut Vec<Entry<'t>>,
+) -> Result<Option<Entry<'t>>> {
+    group.clear();
+    group.push(first);
+    let mut item = if desc { c.prev()? } else { c.next()? };
+    if grouped {
+        let k = first.0;
+        let head = &k[..encoded_len(k).unwrap_or(k.len())];
+        while let Some(e) = item.filter(|(k, _)| inside(k) && k.starts_with(head)) {
+            group.push(e);
+            item = if desc { c.prev()? } else { c.next()? };
+        }
+        group.sort_by(|a, b| if desc { b.1.cmp(a.1) } else { a.1.cmp(b.1) });
+    }
+    Ok(item)
 }
 
 /// The first entry of the range `[lo, hi)` to walk up from, or with `desc` the
