@@ -109,115 +109,154 @@ pub(super) fn visit(
     count: &Arc<AtomicU64>,
     f: &mut Visit<'_>,
 ) -> Result<(), ImportError> {
-    let name: Arc<str> = input.path.display().to_string().into();
-    let open = |p: &Path| -> Result<Box<dyn Read>, ImportError> {
-        let file = File::open(p).map_err(read_err(p.display()))?;
-        Ok(Box::new(Counting {
-            inner: file,
-            count: count.clone(),
-        }))
-    };
     match input.kind {
-        Kind::Stream => {
-            let reader: Box<dyn Read> = if input.path.as_os_str() == "-" {
-                Box::new(Counting {
-                    inner: io::stdin().lock(),
-                    count: count.clone(),
-                })
-            } else {
-                open(&input.path)?
-            };
-            let mut r = BufReader::with_capacity(256 << 10, reader);
-            let first = loop {
-                let buf = r.fill_buf().map_err(read_err(&name))?;
-                match buf.iter().position(|b| !b.is_ascii_whitespace()) {
-                    Some(i) => break Some(buf[i]),
-                    None if buf.is_empty() => break None,
-                    None => {
-                        let n = buf.len();
-                        r.consume(n)
-                    }
-                }
-            };
-            match first {
-                None => Ok(()),
-                Some(b'[') => visit_array(index, name, r, f),
-                Some(_) => visit_ndjson(index, name, r, f),
+        Kind::Stream => visit_stream(index, input, count, f),
+        Kind::Dir => visit_dir(index, input, count, f),
+        Kind::Tar | Kind::TarGz => visit_tar(index, input, count, f),
+    }
+}
+
+/// The input's name in errors and record locations.
+fn input_name(input: &Input) -> Arc<str> {
+    input.path.display().to_string().into()
+}
+
+/// A file opened for reading, its bytes counted into `count`.
+fn open_counted(p: &Path, count: &Arc<AtomicU64>) -> Result<Box<dyn Read>, ImportError> {
+    let file = File::open(p).map_err(read_err(p.display()))?;
+    Ok(Box::new(Counting {
+        inner: file,
+        count: count.clone(),
+    }))
+}
+
+/// A file or stdin of NDJSON or one JSON array, told apart by its first byte that
+/// is not whitespace.
+fn visit_stream(
+    index: usize,
+    input: &Input,
+    count: &Arc<AtomicU64>,
+    f: &mut Visit<'_>,
+) -> Result<(), ImportError> {
+    let name = input_name(input);
+    let reader: Box<dyn Read> = if input.path.as_os_str() == "-" {
+        Box::new(Counting {
+            inner: io::stdin().lock(),
+            count: count.clone(),
+        })
+    } else {
+        open_counted(&input.path, count)?
+    };
+    let mut r = BufReader::with_capacity(256 << 10, reader);
+    match first_non_whitespace(&mut r, &name)? {
+        None => Ok(()),
+        Some(b'[') => visit_array(index, name, r, f),
+        Some(_) => visit_ndjson(index, name, r, f),
+    }
+}
+
+/// The first byte that is not whitespace, left unread (None: there is none).
+fn first_non_whitespace(r: &mut impl BufRead, name: &str) -> Result<Option<u8>, ImportError> {
+    loop {
+        let buf = r.fill_buf().map_err(read_err(name))?;
+        match buf.iter().position(|b| !b.is_ascii_whitespace()) {
+            Some(i) => return Ok(Some(buf[i])),
+            None if buf.is_empty() => return Ok(None),
+            None => {
+                let n = buf.len();
+                r.consume(n)
             }
-        }
-        Kind::Dir => {
-            for file in json_files(&input.path)? {
-                let rel = file.strip_prefix(&input.path).unwrap_or(&file);
-                let id = id_from_path(&rel.to_string_lossy());
-                let mut raw = Vec::new();
-                open(&file)?
-                    .take(MAX_RECORD_BYTES + 1)
-                    .read_to_end(&mut raw)
-                    .map_err(read_err(file.display()))?;
-                let loc = Loc {
-                    input: index,
-                    name: file.display().to_string().into(),
-                    line: 1,
-                };
-                if raw.len() as u64 > MAX_RECORD_BYTES {
-                    return Err(too_large(&loc));
-                }
-                if let Flow::Stop = f(Record {
-                    loc,
-                    raw,
-                    path_id: Some(id),
-                })? {
-                    return Ok(());
-                }
-            }
-            Ok(())
-        }
-        Kind::Tar | Kind::TarGz => {
-            let file = open(&input.path)?;
-            let reader: Box<dyn Read> = if input.kind == Kind::TarGz {
-                Box::new(flate2::read::GzDecoder::new(BufReader::new(file)))
-            } else {
-                Box::new(BufReader::new(file))
-            };
-            let mut archive = tar::Archive::new(reader);
-            let entries = archive.entries().map_err(read_err(&name))?;
-            for entry in entries {
-                let mut entry = entry.map_err(read_err(&name))?;
-                if !entry.header().entry_type().is_file() {
-                    continue;
-                }
-                let path = entry
-                    .path()
-                    .map_err(read_err(&name))?
-                    .to_string_lossy()
-                    .into_owned();
-                if !path.ends_with(".json") {
-                    continue;
-                }
-                let loc = Loc {
-                    input: index,
-                    name: format!("{name}:{path}").into(),
-                    line: 1,
-                };
-                let mut raw = Vec::new();
-                (&mut entry)
-                    .take(MAX_RECORD_BYTES + 1)
-                    .read_to_end(&mut raw)
-                    .map_err(read_err(&loc.name))?;
-                if raw.len() as u64 > MAX_RECORD_BYTES {
-                    return Err(too_large(&loc));
-                }
-                if let Flow::Stop = f(Record {
-                    loc,
-                    raw,
-                    path_id: Some(id_from_path(&path)),
-                })? {
-                    return Ok(());
-                }
-            }
-            Ok(())
         }
     }
+}
+
+/// A directory: each `.json` file under it is a document, its id the file's path
+/// under the directory.
+fn visit_dir(
+    index: usize,
+    input: &Input,
+    count: &Arc<AtomicU64>,
+    f: &mut Visit<'_>,
+) -> Result<(), ImportError> {
+    for file in json_files(&input.path)? {
+        let rel = file.strip_prefix(&input.path).unwrap_or(&file);
+        let id = id_from_path(&rel.to_string_lossy());
+        let reader = open_counted(&file, count)?;
+        let loc = Loc {
+            input: index,
+            name: file.display().to_string().into(),
+            line: 1,
+        };
+        let raw = read_whole_record(reader, &loc)?;
+        if let Flow::Stop = f(Record {
+            loc,
+            raw,
+            path_id: Some(id),
+        })? {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// A tar archive (gzipped or not): each `.json` file in it is a document, its id
+/// the file's path in the archive. Read as a stream, never unpacked.
+fn visit_tar(
+    index: usize,
+    input: &Input,
+    count: &Arc<AtomicU64>,
+    f: &mut Visit<'_>,
+) -> Result<(), ImportError> {
+    let name = input_name(input);
+    let file = open_counted(&input.path, count)?;
+    let reader: Box<dyn Read> = if input.kind == Kind::TarGz {
+        Box::new(flate2::read::GzDecoder::new(BufReader::new(file)))
+    } else {
+        Box::new(BufReader::new(file))
+    };
+    let mut archive = tar::Archive::new(reader);
+    let entries = archive.entries().map_err(read_err(&name))?;
+    for entry in entries {
+        let mut entry = entry.map_err(read_err(&name))?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let path = entry
+            .path()
+            .map_err(read_err(&name))?
+            .to_string_lossy()
+            .into_owned();
+        if !path.ends_with(".json") {
+            continue;
+        }
+        let loc = Loc {
+            input: index,
+            name: format!("{name}:{path}").into(),
+            line: 1,
+        };
+        let raw = read_whole_record(&mut entry, &loc)?;
+        if let Flow::Stop = f(Record {
+            loc,
+            raw,
+            path_id: Some(id_from_path(&path)),
+        })? {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// All of a one-document file or archive entry, refused past MAX_RECORD_BYTES
+/// (one byte more is read to tell).
+fn read_whole_record(r: impl Read, loc: &Loc) -> Result<Vec<u8>, ImportError> {
+    let mut raw = Vec::new();
+    r.take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut raw)
+        .map_err(read_err(&loc.name))?;
+    if raw.len() as u64 > MAX_RECORD_BYTES {
+        return Err(too_large(loc));
+    }
+    Ok(raw)
 }
 
 fn too_large(loc: &Loc) -> ImportError {

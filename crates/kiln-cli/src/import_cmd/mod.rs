@@ -173,6 +173,16 @@ struct Shared {
     bytes_read: Arc<AtomicU64>,
 }
 
+impl Shared {
+    fn new() -> Self {
+        Shared {
+            unacked: Mutex::new(VecDeque::new()),
+            stop: AtomicBool::new(false),
+            bytes_read: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
 pub fn run(args: ImportArgs) -> crate::AnyResult<ExitCode> {
     let started = Instant::now();
     match import(&args, started) {
@@ -249,42 +259,133 @@ impl Summary {
 
 type Failure = Box<(ImportError, Option<Summary>)>;
 
+/// A failure before the upload started: nothing was imported, no summary to print.
+fn failed_before_upload(e: ImportError) -> Failure {
+    Box::new((e, None))
+}
+
 fn import(args: &ImportArgs, started: Instant) -> Result<Summary, Failure> {
-    let endpoint = args
-        .server
-        .endpoint()
-        .map_err(|e| Box::new((e.into(), None)))?;
-    let inputs: Vec<Input> = args
-        .inputs
+    let Prepared {
+        endpoint,
+        inputs,
+        state_file,
+        mut state,
+    } = prepare(args).map_err(failed_before_upload)?;
+    let skip: Vec<u64> = state.inputs.iter().map(|i| i.acked).collect();
+    let skipped: u64 = skip.iter().sum();
+    let total: Option<u64> = inputs.iter().map(|i| i.size).sum();
+    let pb = progress_bar(args.quiet, total);
+    let shared = Arc::new(Shared::new());
+    let ids = Ids {
+        prefix: args.id_prefix.clone(),
+        run: state.run.clone(),
+    };
+    let (writer, upload) = endpoint
+        .start_upload(&format!("/dbs/{}/bulk", path_escape(&args.db)))
+        .map_err(|e| failed_before_upload(e.into()))?;
+    let killer = upload
+        .shutdown_handle()
+        .map_err(|e| failed_before_upload(e.into()))?;
+    let sender = {
+        let shared = shared.clone();
+        let pb = pb.clone();
+        let skip = skip.clone();
+        std::thread::spawn(move || send_all(inputs, skip, ids, writer, &shared, &pb))
+    };
+
+    // Read the acks while the upload goes on.
+    let mut acks = AckReader {
+        shared: &shared,
+        state: &mut state,
+        state_file: state_file.as_deref(),
+        pb: &pb,
+        started,
+        skipped,
+        acked_run: 0,
+        last_etag: None,
+    };
+    let outcome = acks.read_all(upload);
+    // Whatever happened, the sender stops now.
+    shared.stop.store(true, Ordering::Relaxed);
+    if outcome.is_err() {
+        let _ = killer.shutdown(Shutdown::Both);
+    }
+    let sent = sender
+        .join()
+        .unwrap_or_else(|_| Err(ImportError::Other("the upload thread panicked".into())));
+    pb.finish_and_clear();
+    let summary = Summary {
+        documents: acks.acked_run,
+        skipped,
+        bytes: shared.bytes_read.load(Ordering::Relaxed),
+        seconds: started.elapsed().as_secs_f64(),
+        last_etag: acks.last_etag,
+    };
+    // A server error explains a failed send; an input error ends a good upload.
+    if let Err(e) = outcome.and(sent) {
+        return Err(Box::new((e, Some(summary))));
+    }
+    if let Some(p) = &state_file {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(summary)
+}
+
+/// What the upload starts from, once every check that can refuse the import has
+/// passed.
+struct Prepared {
+    endpoint: Endpoint,
+    inputs: Vec<Input>,
+    state_file: Option<PathBuf>,
+    state: State,
+}
+
+/// The checks before the upload (the inputs, the state file, the database), then
+/// the state file written.
+fn prepare(args: &ImportArgs) -> Result<Prepared, ImportError> {
+    let endpoint = args.server.endpoint()?;
+    let inputs = classify_inputs(&args.inputs)?;
+    let state_file = state_path(args);
+    let state = initial_state(args, state_file.as_deref())?;
+    // Checked before the state file is written: a refused start leaves nothing behind.
+    ensure_database(&endpoint, &args.db)?;
+    if let Some(p) = &state_file {
+        save_state(p, &state)?;
+    }
+    Ok(Prepared {
+        endpoint,
+        inputs,
+        state_file,
+        state,
+    })
+}
+
+/// Every input's kind and size; stdin can be read only once.
+fn classify_inputs(paths: &[PathBuf]) -> Result<Vec<Input>, ImportError> {
+    let inputs: Vec<Input> = paths
         .iter()
         .map(|p| classify(p))
-        .collect::<Result<_, _>>()
-        .map_err(|e| Box::new((e, None)))?;
+        .collect::<Result<_, _>>()?;
     if inputs.iter().filter(|i| i.path.as_os_str() == "-").count() > 1 {
-        return Err(Box::new((
-            ImportError::Other("stdin (`-`) given twice".into()),
-            None,
-        )));
+        return Err(ImportError::Other("stdin (`-`) given twice".into()));
     }
-    let state_file = state_path(args);
-    let mut state = match (&state_file, args.resume) {
-        (Some(p), true) => load_state(p, args).map_err(|e| Box::new((e, None)))?,
-        (None, true) => {
-            return Err(Box::new((
-                ImportError::State("--resume needs --state FILE when reading stdin".into()),
-                None,
-            )))
-        }
-        (Some(p), false) if p.exists() => {
-            return Err(Box::new((
-                ImportError::State(format!(
-                    "{} exists: an earlier import was interrupted; continue it with --resume, or delete the file to start over",
-                    p.display()
-                )),
-                None,
-            )))
-        }
-        _ => State {
+    Ok(inputs)
+}
+
+/// The state to start from: the state file's with `--resume`, else a fresh one (with
+/// this run's random part of generated ids). Without `--resume`, an existing state
+/// file is refused rather than overwritten: it holds an interrupted import's progress.
+fn initial_state(args: &ImportArgs, state_file: Option<&Path>) -> Result<State, ImportError> {
+    match (state_file, args.resume) {
+        (Some(p), true) => load_state(p, args),
+        (None, true) => Err(ImportError::State(
+            "--resume needs --state FILE when reading stdin".into(),
+        )),
+        (Some(p), false) if p.exists() => Err(ImportError::State(format!(
+            "{} exists: an earlier import was interrupted; continue it with --resume, or delete the file to start over",
+            p.display()
+        ))),
+        _ => Ok(State {
             version: 1,
             db: args.db.clone(),
             run: format!("{:08x}", rand::random::<u32>()),
@@ -296,81 +397,8 @@ fn import(args: &ImportArgs, started: Instant) -> Result<Summary, Failure> {
                     acked: 0,
                 })
                 .collect(),
-        },
-    };
-    let skip: Vec<u64> = state.inputs.iter().map(|i| i.acked).collect();
-    let skipped: u64 = skip.iter().sum();
-    // Checked before the state file is written: a refused start leaves nothing behind.
-    ensure_database(&endpoint, &args.db).map_err(|e| Box::new((e, None)))?;
-    if let Some(p) = &state_file {
-        save_state(p, &state).map_err(|e| Box::new((e, None)))?;
+        }),
     }
-
-    let total: Option<u64> = inputs.iter().map(|i| i.size).sum();
-    let pb = progress_bar(args.quiet, total);
-    let shared = Arc::new(Shared {
-        unacked: Mutex::new(VecDeque::new()),
-        stop: AtomicBool::new(false),
-        bytes_read: Arc::new(AtomicU64::new(0)),
-    });
-    let ids = Ids {
-        prefix: args.id_prefix.clone(),
-        run: state.run.clone(),
-    };
-    let (writer, upload) = endpoint
-        .start_upload(&format!("/dbs/{}/bulk", path_escape(&args.db)))
-        .map_err(|e| Box::new((e.into(), None)))?;
-    let killer = upload
-        .shutdown_handle()
-        .map_err(|e| Box::new((e.into(), None)))?;
-    let sender = {
-        let shared = shared.clone();
-        let pb = pb.clone();
-        let skip = skip.clone();
-        std::thread::spawn(move || send_all(inputs, skip, ids, writer, &shared, &pb))
-    };
-
-    // Read the acks while the upload goes on.
-    let mut acked_run = 0u64;
-    let mut last_etag: Option<String> = None;
-    let outcome = read_acks(
-        upload,
-        &shared,
-        &mut state,
-        state_file.as_deref(),
-        &pb,
-        started,
-        skipped,
-        &mut acked_run,
-        &mut last_etag,
-    );
-    // Whatever happened, the sender stops now.
-    shared.stop.store(true, Ordering::Relaxed);
-    if outcome.is_err() {
-        let _ = killer.shutdown(Shutdown::Both);
-    }
-    let sent = sender
-        .join()
-        .unwrap_or_else(|_| Err(ImportError::Other("the upload thread panicked".into())));
-    pb.finish_and_clear();
-    let summary = Summary {
-        documents: acked_run,
-        skipped,
-        bytes: shared.bytes_read.load(Ordering::Relaxed),
-        seconds: started.elapsed().as_secs_f64(),
-        last_etag,
-    };
-    // A server error explains a failed send; an input error ends a good upload.
-    if let Err(e) = outcome {
-        return Err(Box::new((e, Some(summary))));
-    }
-    if let Err(e) = sent {
-        return Err(Box::new((e, Some(summary))));
-    }
-    if let Some(p) = &state_file {
-        let _ = std::fs::remove_file(p);
-    }
-    Ok(summary)
 }
 
 fn ensure_database(endpoint: &Endpoint, db: &str) -> Result<(), ImportError> {
@@ -481,74 +509,80 @@ fn send_all(
     result
 }
 
-#[allow(clippy::too_many_arguments)]
-fn read_acks(
-    upload: crate::client::Upload,
-    shared: &Shared,
-    state: &mut State,
-    state_file: Option<&Path>,
-    pb: &ProgressBar,
+/// The main thread's side of the upload: reads the server's acks, moves what they
+/// cover from the unacked queue into the state (and its file), and tells progress.
+struct AckReader<'a> {
+    shared: &'a Shared,
+    state: &'a mut State,
+    state_file: Option<&'a Path>,
+    pb: &'a ProgressBar,
     started: Instant,
+    /// Acknowledged by earlier runs (`--resume`): counted in the progress message.
     skipped: u64,
-    acked_run: &mut u64,
-    last_etag: &mut Option<String>,
-) -> Result<(), ImportError> {
-    let mut resp = upload.response()?;
-    if resp.status != 200 {
-        let mut body = String::new();
-        let _ = resp.body.read_to_string(&mut body);
-        return Err(ClientError::Status {
-            status: resp.status,
-            body,
+    /// Acknowledged in this run so far.
+    acked_run: u64,
+    last_etag: Option<String>,
+}
+
+impl AckReader<'_> {
+    /// Every ack line until the server's final one (`done`), or its error.
+    fn read_all(&mut self, upload: crate::client::Upload) -> Result<(), ImportError> {
+        let mut resp = upload.response()?;
+        if resp.status != 200 {
+            let mut body = String::new();
+            let _ = resp.body.read_to_string(&mut body);
+            return Err(ClientError::Status {
+                status: resp.status,
+                body,
+            }
+            .into());
         }
-        .into());
+        let mut text = String::new();
+        loop {
+            text.clear();
+            let n = resp.body.read_line(&mut text).map_err(|e| {
+                ImportError::Other(format!(
+                    "the connection to the server failed after {} documents were acknowledged: {e}",
+                    self.acked_run
+                ))
+            })?;
+            if n == 0 {
+                return Err(ImportError::Other(format!(
+                    "the server ended the answer without a final line after {} acknowledged documents (was it stopped?); --resume continues",
+                    self.acked_run
+                )));
+            }
+            if text.trim().is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(&text).map_err(|e| {
+                ImportError::Other(format!("unreadable answer line {:?}: {e}", text.trim()))
+            })?;
+            if self.record(&v)? {
+                return Ok(());
+            }
+        }
     }
-    let mut text = String::new();
-    loop {
-        text.clear();
-        let n = resp.body.read_line(&mut text).map_err(|e| {
-            ImportError::Other(format!(
-                "the connection to the server failed after {acked_run} documents were acknowledged: {e}"
-            ))
-        })?;
-        if n == 0 {
-            return Err(ImportError::Other(format!(
-                "the server ended the answer without a final line after {acked_run} acknowledged documents (was it stopped?); --resume continues"
-            )));
-        }
-        if text.trim().is_empty() {
-            continue;
-        }
-        let v: Value = serde_json::from_str(&text).map_err(|e| {
-            ImportError::Other(format!("unreadable answer line {:?}: {e}", text.trim()))
-        })?;
-        let acked = v.get("acked").and_then(Value::as_u64).unwrap_or(*acked_run);
+
+    /// One ack line: its count into the state file and the progress message; then
+    /// the server's error (placed at its input line), or whether it is the last.
+    fn record(&mut self, v: &Value) -> Result<bool, ImportError> {
+        let acked = v
+            .get("acked")
+            .and_then(Value::as_u64)
+            .unwrap_or(self.acked_run);
         if let Some(e) = v.get("last_etag").and_then(Value::as_str) {
-            *last_etag = Some(e.to_string());
+            self.last_etag = Some(e.to_string());
         }
-        // Move what this ack covers from the unacked queue into the state.
-        let mut error_loc = None;
-        let err_line = v.get("line").and_then(Value::as_u64);
-        if let Ok(mut q) = shared.unacked.lock() {
-            while q.front().is_some_and(|s| s.line <= acked) {
-                if let Some(s) = q.pop_front() {
-                    if let Some(si) = state.inputs.get_mut(s.loc.input) {
-                        si.acked += 1;
-                    }
-                }
-            }
-            if let Some(k) = err_line {
-                error_loc = q.iter().find(|s| s.line == k).map(|s| s.loc.to_string());
-            }
+        let error_loc = self.move_acked_into_state(acked, v.get("line").and_then(Value::as_u64));
+        self.acked_run = acked;
+        if let Some(p) = self.state_file {
+            save_state(p, self.state)?;
         }
-        *acked_run = acked;
-        if let Some(p) = state_file {
-            save_state(p, state)?;
-        }
-        let secs = started.elapsed().as_secs_f64().max(1e-9);
-        pb.set_message(format!(
+        let secs = self.started.elapsed().as_secs_f64().max(1e-9);
+        self.pb.set_message(format!(
             "{} docs, {:.0} docs/s",
-            skipped + acked,
+            self.skipped + acked,
             acked as f64 / secs
         ));
         if let Some(code) = v.get("error") {
@@ -562,8 +596,26 @@ fn read_acks(
                     .to_string(),
             });
         }
-        if v.get("done").and_then(Value::as_bool) == Some(true) {
-            return Ok(());
+        Ok(v.get("done").and_then(Value::as_bool) == Some(true))
+    }
+
+    /// Moves the documents up to upload line `acked` from the unacked queue into
+    /// their inputs' counts; returns where upload line `error_line` came from, so
+    /// that a refusal names its input and line rather than the upload's.
+    fn move_acked_into_state(&mut self, acked: u64, error_line: Option<u64>) -> Option<String> {
+        let mut error_loc = None;
+        if let Ok(mut q) = self.shared.unacked.lock() {
+            while q.front().is_some_and(|s| s.line <= acked) {
+                if let Some(s) = q.pop_front() {
+                    if let Some(si) = self.state.inputs.get_mut(s.loc.input) {
+                        si.acked += 1;
+                    }
+                }
+            }
+            if let Some(k) = error_line {
+                error_loc = q.iter().find(|s| s.line == k).map(|s| s.loc.to_string());
+            }
         }
+        error_loc
     }
 }
