@@ -12,11 +12,11 @@
 //! already written out. With no writes during the export, it is exactly the
 //! database's documents.
 
-use crate::client::{path_escape, query_escape, ClientError};
+use crate::client::{path_escape, query_escape, ClientError, Endpoint};
 use serde_json::{json, Value};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -122,90 +122,36 @@ fn sequence(etag: &str) -> Option<u64> {
 fn export(args: &ExportArgs, started: Instant) -> Result<Summary, ExportError> {
     let endpoint = args.server.endpoint()?;
     let db = path_escape(&args.db);
-    let stats: Value =
-        serde_json::from_slice(&endpoint.request("GET", &format!("/dbs/{db}"), b"")?)
-            .map_err(|e| ExportError::Answer(format!("database stats: {e}")))?;
-    let total = stats.get("documents").and_then(Value::as_u64);
-    let end_etag = stats
-        .get("last_etag")
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    let what = args.out.display().to_string();
-    let out: Box<dyn Write> = if args.out.as_os_str() == "-" {
-        Box::new(io::stdout().lock())
-    } else {
-        Box::new(
-            File::create(&args.out).map_err(|source| ExportError::Write {
-                what: what.clone(),
-                source,
-            })?,
-        )
-    };
-    let mut out = BufWriter::with_capacity(256 << 10, out);
-    let write_err = |source| ExportError::Write {
-        what: what.clone(),
-        source,
-    };
-    let pb = crate::import_cmd::progress_bar(args.quiet, total);
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{bar:30} {pos}/{len} docs {per_sec} {msg} ETA {eta}",
-    ) {
-        if total.is_some() {
-            pb.set_style(style);
-        }
-    }
+    let at_start = database_at_start(&endpoint, &db)?;
+    let mut out = Output::open(&args.out)?;
+    let pb = export_progress_bar(args.quiet, at_start.documents);
     let mut summary = Summary {
         documents: 0,
         bytes: 0,
         seconds: 0.0,
-        last_etag: end_etag.clone(),
+        last_etag: at_start.last_etag.clone(),
     };
-    let end = end_etag.as_deref().and_then(sequence).unwrap_or(0);
+    let end = at_start
+        .last_etag
+        .as_deref()
+        .and_then(sequence)
+        .unwrap_or(0);
     let mut since = String::new();
     loop {
         if end == 0 {
             // An empty database: nothing to export.
             break;
         }
-        let path = format!(
-            "/dbs/{db}/changes?include_docs=true&limit={}&since={}",
-            args.page_size,
-            query_escape(&since)
-        );
-        let page: Value = serde_json::from_slice(&endpoint.request("GET", &path, b"")?)
-            .map_err(|e| ExportError::Answer(format!("changes page: {e}")))?;
+        let page = changes_page(&endpoint, &db, args.page_size, &since)?;
         let results = page
             .get("results")
             .and_then(Value::as_array)
             .ok_or_else(|| ExportError::Answer("a changes page without results".into()))?;
-        for r in results {
-            if r.get("change").and_then(Value::as_str) != Some("put") {
+        for change in results {
+            let Some(line) = export_line(change)? else {
                 continue;
-            }
-            let id = r
-                .get("id")
-                .and_then(Value::as_str)
-                .ok_or_else(|| ExportError::Answer("a change without an id".into()))?;
-            let Some(Value::Object(doc)) = r.get("document") else {
-                let why = r
-                    .get("document_error")
-                    .and_then(Value::as_str)
-                    .unwrap_or("no document");
-                return Err(ExportError::Answer(format!("document {id:?}: {why}")));
             };
-            let mut doc = doc.clone();
-            if let Some(Value::Object(meta)) = doc.get_mut("@metadata") {
-                for k in SERVER_KEYS {
-                    meta.shift_remove(k);
-                }
-                if meta.is_empty() {
-                    doc.shift_remove("@metadata");
-                }
-            }
-            let mut line = serde_json::to_vec(&json!({"id": id, "document": Value::Object(doc)}))
-                .map_err(|e| ExportError::Answer(format!("document {id:?}: {e}")))?;
-            line.push(b'\n');
-            out.write_all(&line).map_err(write_err)?;
+            out.write_all(&line)?;
             summary.documents += 1;
             summary.bytes += line.len() as u64;
             pb.inc(1);
@@ -216,13 +162,137 @@ fn export(args: &ExportArgs, started: Instant) -> Result<Summary, ExportError> {
             .ok_or_else(|| ExportError::Answer("a changes page without last_etag".into()))?
             .to_string();
         let reached = sequence(&next).unwrap_or(0);
+        // Past the start's last etag, or a page that moved nothing: done.
         if reached >= end || (next == since && results.is_empty()) {
             break;
         }
         since = next;
     }
-    out.flush().map_err(write_err)?;
+    out.flush()?;
     pb.finish_and_clear();
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
+}
+
+/// The database when the export starts: its document count (for the progress bar)
+/// and its last etag, where the export stops.
+struct AtStart {
+    documents: Option<u64>,
+    last_etag: Option<String>,
+}
+
+fn database_at_start(endpoint: &Endpoint, db: &str) -> Result<AtStart, ExportError> {
+    let stats: Value =
+        serde_json::from_slice(&endpoint.request("GET", &format!("/dbs/{db}"), b"")?)
+            .map_err(|e| ExportError::Answer(format!("database stats: {e}")))?;
+    Ok(AtStart {
+        documents: stats.get("documents").and_then(Value::as_u64),
+        last_etag: stats
+            .get("last_etag")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    })
+}
+
+/// Where the NDJSON goes (stdout or a file), buffered; its errors name it.
+struct Output {
+    out: BufWriter<Box<dyn Write>>,
+    what: String,
+}
+
+impl Output {
+    fn open(path: &Path) -> Result<Output, ExportError> {
+        let what = path.display().to_string();
+        let out: Box<dyn Write> = if path.as_os_str() == "-" {
+            Box::new(io::stdout().lock())
+        } else {
+            Box::new(File::create(path).map_err(|source| ExportError::Write {
+                what: what.clone(),
+                source,
+            })?)
+        };
+        Ok(Output {
+            out: BufWriter::with_capacity(256 << 10, out),
+            what,
+        })
+    }
+
+    fn write_all(&mut self, bytes: &[u8]) -> Result<(), ExportError> {
+        self.out.write_all(bytes).map_err(|e| self.error(e))
+    }
+
+    fn flush(&mut self) -> Result<(), ExportError> {
+        self.out.flush().map_err(|e| self.error(e))
+    }
+
+    fn error(&self, source: io::Error) -> ExportError {
+        ExportError::Write {
+            what: self.what.clone(),
+            source,
+        }
+    }
+}
+
+/// Import's progress bar, counting documents rather than bytes when the total is
+/// known.
+fn export_progress_bar(quiet: bool, total: Option<u64>) -> indicatif::ProgressBar {
+    let pb = crate::import_cmd::progress_bar(quiet, total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{bar:30} {pos}/{len} docs {per_sec} {msg} ETA {eta}",
+    ) {
+        if total.is_some() {
+            pb.set_style(style);
+        }
+    }
+    pb
+}
+
+/// One page of the changes feed after etag `since` (from the start if empty), with
+/// the documents.
+fn changes_page(
+    endpoint: &Endpoint,
+    db: &str,
+    page_size: usize,
+    since: &str,
+) -> Result<Value, ExportError> {
+    let path = format!(
+        "/dbs/{db}/changes?include_docs=true&limit={page_size}&since={}",
+        query_escape(since)
+    );
+    serde_json::from_slice(&endpoint.request("GET", &path, b"")?)
+        .map_err(|e| ExportError::Answer(format!("changes page: {e}")))
+}
+
+/// A change's bulk line `{"id", "document"}` and its newline; None for a change
+/// that is not a put (a delete: nothing to write).
+fn export_line(change: &Value) -> Result<Option<Vec<u8>>, ExportError> {
+    if change.get("change").and_then(Value::as_str) != Some("put") {
+        return Ok(None);
+    }
+    let id = change
+        .get("id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ExportError::Answer("a change without an id".into()))?;
+    let Some(Value::Object(doc)) = change.get("document") else {
+        let why = change
+            .get("document_error")
+            .and_then(Value::as_str)
+            .unwrap_or("no document");
+        return Err(ExportError::Answer(format!("document {id:?}: {why}")));
+    };
+    let mut doc = doc.clone();
+    // The server sets these again on import; the rest of `@metadata` is the
+    // document's own.
+    if let Some(Value::Object(meta)) = doc.get_mut("@metadata") {
+        for k in SERVER_KEYS {
+            meta.shift_remove(k);
+        }
+        if meta.is_empty() {
+            doc.shift_remove("@metadata");
+        }
+    }
+    let mut line = serde_json::to_vec(&json!({"id": id, "document": Value::Object(doc)}))
+        .map_err(|e| ExportError::Answer(format!("document {id:?}: {e}")))?;
+    line.push(b'\n');
+    Ok(Some(line))
 }
