@@ -51,8 +51,8 @@ pub use changes::{
 };
 pub use data_dir_lock::{DataDirLock, DATA_DIR_LOCK_FILE};
 pub use database::{
-    BatchOp, BatchOutcome, CollectionCount, Condition, Database, DatabaseStats, DeleteOutcome,
-    DocId, Page, ParsedDocument, PutOutcome, WriteOp,
+    Atomicity, BatchOp, BatchOutcome, CollectionCount, Condition, Database, DatabaseStats,
+    DeleteOutcome, DocId, LoggedOutcome, Page, ParsedDocument, PutOutcome, WriteOp,
 };
 pub use document::Document;
 pub use error::{DocError, Result};

@@ -52,6 +52,8 @@ pub(crate) const DATABASE_TREES: [&str; 8] = [
 
 pub(crate) const META_INCARNATION: &[u8] = b"incarnation";
 pub(crate) const META_LAST_ETAG: &[u8] = b"last_etag";
+/// The index of the last cluster log entry applied to the database (u64 BE).
+pub(crate) const META_APPLIED_LOG_INDEX: &[u8] = b"applied_log_index";
 /// The active backup chain (`history::ChainState`, JSON).
 pub(crate) const META_CHAIN: &[u8] = b"backup_chain";
 pub(crate) const META_NEXT_INDEX_ID: &[u8] = b"next_index_id";

@@ -124,7 +124,7 @@ impl DocStore {
                 &entry.path(),
                 opts.storage_for(&name),
                 limits,
-                false,
+                None,
             )?);
             db.indexer().start(&db)?;
             databases.insert(name, db);
@@ -166,6 +166,16 @@ impl DocStore {
     }
 
     pub fn create_database(&self, name: &str) -> Result<Arc<Database>> {
+        self.create_database_with_incarnation(name, rand::random())
+    }
+
+    /// `create_database` with the incarnation (the etags' suffix) given: a cluster
+    /// derives it from its log, so that every node gives the same etags.
+    pub fn create_database_with_incarnation(
+        &self,
+        name: &str,
+        incarnation: u32,
+    ) -> Result<Arc<Database>> {
         validate_database_name(name)?;
         let limits = self.opts.limits()?;
         let _turn = self.admin.lock();
@@ -178,11 +188,11 @@ impl DocStore {
         }
         let staging = trash_entry(&self.dir, "creating", name);
         let storage = self.opts.storage_for(name);
-        let mut db = Database::open(name, &staging, storage.clone(), limits, true)?;
+        let mut db = Database::open(name, &staging, storage.clone(), limits, Some(incarnation))?;
         db.close_env()?;
         std::fs::rename(&staging, &final_dir).map_err(|e| DocError::io(&final_dir, e))?;
         sync_dir(&self.dir.join(DATABASES_DIR))?;
-        let db = Arc::new(Database::open(name, &final_dir, storage, limits, false)?);
+        let db = Arc::new(Database::open(name, &final_dir, storage, limits, None)?);
         db.indexer().start(&db)?;
         self.databases.write().insert(name.to_string(), db.clone());
         tracing::info!(database = name, "database created");
@@ -297,7 +307,7 @@ impl DocStore {
             let _ = storage.vfs.remove_dir_all(&built);
             return Err(e);
         }
-        let db = Arc::new(Database::open(name, &final_dir, storage, limits, false)?);
+        let db = Arc::new(Database::open(name, &final_dir, storage, limits, None)?);
         db.indexer().start(&db)?;
         self.databases.write().insert(name.to_string(), db);
         tracing::info!(database = name, reached = ?report.reached.etag, "database restored");

@@ -87,6 +87,16 @@ impl Unit {
         )
     }
 
+    /// This unit's writes take the time `at_ms` (a cluster's leader stamped it in
+    /// its log entry), not the clock's: every node writes the same documents.
+    pub fn at_time(mut self, at_ms: u64) -> Unit {
+        self.clock = None;
+        self.stamped = true;
+        self.now_ms = at_ms;
+        self.now_text = crate::time::format_rfc3339_ms(at_ms);
+        self
+    }
+
     /// Takes the unit's time. It runs inside the commit queue's unit, under the
     /// writer lock, where units run in transaction order; and it is never earlier
     /// than the time the unit before took (the wall clock may step back). So times

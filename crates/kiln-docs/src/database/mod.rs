@@ -3,6 +3,8 @@
 //! and the indexes (its trees: `schema.rs`).
 
 mod apply;
+mod logged;
+pub use logged::{Atomicity, LoggedOutcome};
 pub(crate) mod history;
 
 pub(crate) use apply::{replay, Unit as ReplayUnit};
@@ -160,21 +162,21 @@ pub struct Database {
 }
 
 impl Database {
-    /// Opens the environment at `dir`; `init` writes the trees and meta of a new one.
+    /// Opens the environment at `dir`; with `new_incarnation`, first writes the
+    /// trees and meta of a new database with that incarnation (the etags' suffix).
     pub(crate) fn open(
         name: &str,
         dir: &std::path::Path,
         opts: kiln_storage::Options,
         limits: Limits,
-        init: bool,
+        new_incarnation: Option<u32>,
     ) -> Result<Database> {
         let env = Env::open(dir, opts)?;
-        if init {
+        if let Some(incarnation) = new_incarnation {
             let mut w = env.begin_write()?;
             for tree in DATABASE_TREES {
                 w.ensure_tree(tree)?;
             }
-            let incarnation: u32 = rand::random();
             w.put(META, META_INCARNATION, &incarnation.to_be_bytes())?;
             w.put(META, META_LAST_ETAG, &0u64.to_be_bytes())?;
             w.commit()?;
