@@ -19,7 +19,7 @@ use crate::error::{ApiError, ErrorCode};
 use crate::http_util::ApiPath;
 use crate::query_params::NoParams;
 use crate::state::SharedState;
-use axum::body::{Body, Bytes};
+use axum::body::{Body, BodyDataStream, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -111,6 +111,27 @@ struct Filling {
     bytes: usize,
 }
 
+/// Where the reading of the body stands, between its steps.
+#[derive(Default)]
+struct Reading {
+    /// The start of a line whose newline has not arrived yet.
+    partial: Vec<u8>,
+    /// The number of the last line taken (lines count from 1).
+    line_no: u64,
+    filling: Filling,
+    committing: Option<Commit>,
+}
+
+/// What a wait on the committing batch and the body brought.
+enum Arrived {
+    /// The committing batch finished and was acknowledged.
+    Committed,
+    Chunk(Bytes),
+    BodyEnd,
+    /// The body stopped arriving (too long idle) or could not be read.
+    BodyFailed(LineError),
+}
+
 impl BulkRun {
     async fn run(mut self, body: Body) {
         let metrics = self.state.metrics.clone();
@@ -144,102 +165,136 @@ impl BulkRun {
     /// body or at the first bad line (after committing the lines before it).
     async fn stream(&mut self, body: Body) -> Result<(), LineError> {
         let mut body = body.into_data_stream();
-        let mut partial: Vec<u8> = Vec::new();
-        let mut line_no: u64 = 0;
-        let mut filling = Filling::default();
-        let mut committing: Option<Commit> = None;
+        let mut reading = Reading::default();
         loop {
             // Submit the filled batch as soon as nothing is committing.
-            if committing.is_none() && !filling.ops.is_empty() {
-                committing = Some(self.submit(std::mem::take(&mut filling)).await?);
+            if reading.committing.is_none() && !reading.filling.ops.is_empty() {
+                let filled = std::mem::take(&mut reading.filling);
+                reading.committing = Some(self.submit(filled).await?);
             }
-            let full = self.is_full(&filling);
-            let chunk = tokio::select! {
-                // Biased: a finished commit is acknowledged before more is read.
-                biased;
-                done = async { committing.as_mut().expect("guarded").await }, if committing.is_some() => {
-                    committing = None;
-                    self.finish(done, line_no).await?;
-                    continue;
-                }
-                chunk = tokio::time::timeout(self.idle_timeout, futures_util::StreamExt::next(&mut body)), if !full => chunk,
-            };
-            let chunk = match chunk {
-                Err(_) => {
+            let chunk = match self
+                .wait_for_commit_or_chunk(&mut body, &mut reading)
+                .await?
+            {
+                Arrived::Committed => continue,
+                Arrived::Chunk(chunk) => chunk,
+                Arrived::BodyEnd => break,
+                Arrived::BodyFailed(e) => {
                     return self
-                        .stop(
-                            committing,
-                            line_no + 1,
-                            ErrorCode::RequestTimeout,
-                            format!("no data for {} ms", self.idle_timeout.as_millis()),
-                        )
+                        .stop(reading.committing, e.line, e.code, e.message)
                         .await
                 }
-                Ok(None) => break,
-                Ok(Some(Err(e))) => {
-                    // The client went away (or sent garbage framing): the batch that
-                    // was filling is dropped whole; the committing one finishes.
-                    let line = line_no + 1;
-                    return self
-                        .stop(
-                            committing,
-                            line,
-                            ErrorCode::BodyReadFailed,
-                            format!("reading the body failed: {e}"),
-                        )
-                        .await;
-                }
-                Ok(Some(Ok(chunk))) => chunk,
             };
-            let mut rest: &[u8] = &chunk;
-            while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
-                let (head, tail) = rest.split_at(nl);
-                rest = &tail[1..];
-                line_no += 1;
-                let line: std::borrow::Cow<[u8]> = if partial.is_empty() {
-                    head.into()
-                } else {
-                    partial.extend_from_slice(head);
-                    std::mem::take(&mut partial).into()
-                };
-                if let Err(e) = self.parse_into(&line, line_no, &mut filling) {
-                    return self.fail_after(committing, filling, e).await;
+            if let Some(bad) = self.take_lines(&chunk, &mut reading).await? {
+                return self
+                    .fail_after(reading.committing, reading.filling, bad)
+                    .await;
+            }
+        }
+        self.take_last_line_and_commit(reading).await
+    }
+
+    /// Waits for the committing batch (acknowledged as soon as it is done) or, while
+    /// the filling batch has room, for the body's next chunk.
+    async fn wait_for_commit_or_chunk(
+        &mut self,
+        body: &mut BodyDataStream,
+        reading: &mut Reading,
+    ) -> Result<Arrived, LineError> {
+        let full = self.is_full(&reading.filling);
+        let committing = &mut reading.committing;
+        let chunk = tokio::select! {
+            // Biased: a finished commit is acknowledged before more is read.
+            biased;
+            done = async { committing.as_mut().expect("guarded").await }, if committing.is_some() => {
+                *committing = None;
+                self.finish(done, reading.line_no).await?;
+                return Ok(Arrived::Committed);
+            }
+            chunk = tokio::time::timeout(self.idle_timeout, futures_util::StreamExt::next(body)), if !full => chunk,
+        };
+        Ok(match chunk {
+            Err(_) => Arrived::BodyFailed(LineError {
+                line: reading.line_no + 1,
+                code: ErrorCode::RequestTimeout,
+                message: format!("no data for {} ms", self.idle_timeout.as_millis()),
+            }),
+            Ok(None) => Arrived::BodyEnd,
+            // The client went away (or sent garbage framing): the batch that was
+            // filling is dropped whole; the committing one finishes.
+            Ok(Some(Err(e))) => Arrived::BodyFailed(LineError {
+                line: reading.line_no + 1,
+                code: ErrorCode::BodyReadFailed,
+                message: format!("reading the body failed: {e}"),
+            }),
+            Ok(Some(Ok(chunk))) => Arrived::Chunk(chunk),
+        })
+    }
+
+    /// Parses the chunk's complete lines into the filling batch, submitting it each
+    /// time it is full, and keeps the chunk's unfinished last line. `Some` is the
+    /// first bad line (nothing from it on is parsed); `Err` ends the stream.
+    async fn take_lines(
+        &mut self,
+        chunk: &[u8],
+        reading: &mut Reading,
+    ) -> Result<Option<LineError>, LineError> {
+        let mut rest: &[u8] = chunk;
+        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+            let (head, tail) = rest.split_at(nl);
+            rest = &tail[1..];
+            reading.line_no += 1;
+            let line: std::borrow::Cow<[u8]> = if reading.partial.is_empty() {
+                head.into()
+            } else {
+                reading.partial.extend_from_slice(head);
+                std::mem::take(&mut reading.partial).into()
+            };
+            if let Err(e) = self.parse_into(&line, reading.line_no, &mut reading.filling) {
+                return Ok(Some(e));
+            }
+            // A chunk may hold more lines than a batch: a full batch goes out
+            // (after the one committing) before the chunk's next line is parsed.
+            if self.is_full(&reading.filling) {
+                if let Some(c) = reading.committing.take() {
+                    self.finish(c.await, reading.line_no).await?;
                 }
-                // A chunk may hold more lines than a batch: a full batch goes out
-                // (after the one committing) before the chunk's next line is parsed.
-                if self.is_full(&filling) {
-                    if let Some(c) = committing.take() {
-                        self.finish(c.await, line_no).await?;
-                    }
-                    committing = Some(self.submit(std::mem::take(&mut filling)).await?);
-                }
-            }
-            partial.extend_from_slice(rest);
-            if partial.len() > self.max_line_bytes {
-                let e = LineError {
-                    line: line_no + 1,
-                    code: ErrorCode::DocumentTooLarge,
-                    message: format!(
-                        "a line longer than {} bytes (--max-body-bytes)",
-                        self.max_line_bytes
-                    ),
-                };
-                return self.fail_after(committing, filling, e).await;
+                let filled = std::mem::take(&mut reading.filling);
+                reading.committing = Some(self.submit(filled).await?);
             }
         }
-        if !partial.is_empty() {
-            line_no += 1;
-            let last = std::mem::take(&mut partial);
-            if let Err(e) = self.parse_into(&last, line_no, &mut filling) {
-                return self.fail_after(committing, filling, e).await;
+        reading.partial.extend_from_slice(rest);
+        if reading.partial.len() > self.max_line_bytes {
+            return Ok(Some(LineError {
+                line: reading.line_no + 1,
+                code: ErrorCode::DocumentTooLarge,
+                message: format!(
+                    "a line longer than {} bytes (--max-body-bytes)",
+                    self.max_line_bytes
+                ),
+            }));
+        }
+        Ok(None)
+    }
+
+    /// The body ended: its last line (when it has no newline) joins the filling
+    /// batch, then the committing batch and the filling one commit, in that order.
+    async fn take_last_line_and_commit(&mut self, mut reading: Reading) -> Result<(), LineError> {
+        if !reading.partial.is_empty() {
+            reading.line_no += 1;
+            let last = std::mem::take(&mut reading.partial);
+            if let Err(e) = self.parse_into(&last, reading.line_no, &mut reading.filling) {
+                return self
+                    .fail_after(reading.committing, reading.filling, e)
+                    .await;
             }
         }
-        if let Some(c) = committing.take() {
-            self.finish(c.await, line_no).await?;
+        if let Some(c) = reading.committing.take() {
+            self.finish(c.await, reading.line_no).await?;
         }
-        if !filling.ops.is_empty() {
-            let c = self.submit(filling).await?;
-            self.finish(c.await, line_no).await?;
+        if !reading.filling.ops.is_empty() {
+            let c = self.submit(reading.filling).await?;
+            self.finish(c.await, reading.line_no).await?;
         }
         Ok(())
     }
