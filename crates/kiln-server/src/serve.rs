@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -67,97 +67,12 @@ impl RunningServer {
     pub async fn start(config: ServerConfig) -> Result<RunningServer, ServeError> {
         config.check_security()?;
         config.check_limits()?;
-        let tls = match &config.tls {
-            Some(t) => Some(tokio_rustls::TlsAcceptor::from(crate::tls::server_config(
-                t,
-            )?)),
-            None => None,
-        };
-        if config.require_auth
-            && config
-                .tls
-                .as_ref()
-                .is_none_or(|t| t.client_ca_pem.is_none())
-        {
-            let keys = crate::auth::list_api_keys(&config.data_dir)?;
-            if keys.is_empty() {
-                tracing::warn!("authentication is on but no API key exists yet: create one with `kiln api-key create`");
-            }
-        }
-        let data_dir = config.data_dir.clone();
-        let docs = config.docs.clone();
-        let store = tokio::task::spawn_blocking(move || DocStore::open(&data_dir, docs))
-            .await
-            .map_err(|source| ServeError::Task {
-                what: "opening the data directory",
-                source,
-            })??;
-        let listener = TcpListener::bind(config.bind)
-            .await
-            .map_err(|source| ServeError::Bind {
-                addr: config.bind,
-                source,
-            })?;
-        let local_addr = listener.local_addr().map_err(|source| ServeError::Bind {
-            addr: config.bind,
-            source,
-        })?;
-        let state = Arc::new(AppState {
-            store: Arc::new(store),
-            metrics: Arc::new(Metrics::default()),
-            limits: config.limits,
-            require_auth: config.require_auth,
-            keys: Arc::new(KeyVerifier::new(&config.data_dir)?),
-            changes: config.changes,
-            hubs: crate::changes::hub::Hubs::default(),
-            heartbeat: crate::changes::start_heartbeat(Duration::from_millis(
-                config.changes.heartbeat_ms.max(1),
-            )),
-            // With CORS on, the CORS layer puts headers on every answer (`Vary`, the
-            // exposed headers), not only on a browser's: every request goes to the
-            // router, which has that layer, rather than a second definition of it.
-            own_http1: config.own_http1 && config.cors_origins.is_empty(),
-            access_log: config.access_log,
-        });
-        // `check_limits` refused a count that does not fit.
-        let max_connections = u32::try_from(config.limits.max_connections).unwrap_or(u32::MAX);
-        let connections = Arc::new(Semaphore::new(max_connections as usize));
-        let (shutdown, shutdown_rx) = watch::channel(false);
-        if let Some(retention_ms) = config.changes.tombstone_retention_ms {
-            tokio::spawn(purge_tombstones_hourly(
-                Arc::downgrade(&state),
-                retention_ms,
-                shutdown_rx.clone(),
-            ));
-        }
-        let conn_threads = match config.connection_threads {
-            0 => None,
-            threads => {
-                Some(Arc::new(ConnThreads::start(threads).map_err(|source| {
-                    ServeError::ConnectionThreads { threads, source }
-                })?))
-            }
-        };
-        let accept_loop = tokio::spawn(accept_loop(
-            listener,
-            tls,
-            router(state.clone(), &config.cors_origins),
-            state.clone(),
-            connections.clone(),
-            conn_threads.clone(),
-            shutdown_rx,
-        ));
-        tracing::info!(addr = %local_addr, tls = config.tls.is_some(), auth = config.require_auth, "kiln serving");
-        Ok(RunningServer {
-            local_addr,
-            shutdown,
-            accept_loop,
-            connections,
-            max_connections,
-            state,
-            grace: Duration::from_millis(config.shutdown_grace_ms),
-            conn_threads,
-        })
+        let tls = tls_acceptor(&config)?;
+        warn_when_no_api_key_exists(&config)?;
+        let store = open_store(&config).await?;
+        let listening = listen(config.bind).await?;
+        let state = app_state(&config, store)?;
+        start_tasks(&config, state, listening, tls)
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -229,15 +144,147 @@ impl RunningServer {
     }
 }
 
-async fn accept_loop(
+/// The TLS acceptor of `config.tls` (`None`: plain HTTP).
+fn tls_acceptor(config: &ServerConfig) -> Result<Option<tokio_rustls::TlsAcceptor>, ServeError> {
+    Ok(match &config.tls {
+        Some(t) => Some(tokio_rustls::TlsAcceptor::from(crate::tls::server_config(
+            t,
+        )?)),
+        None => None,
+    })
+}
+
+/// With authentication on and no client CA, an API key is the only way in: until
+/// one is created no client can authenticate, which the log says at start.
+fn warn_when_no_api_key_exists(config: &ServerConfig) -> Result<(), ServeError> {
+    if config.require_auth
+        && config
+            .tls
+            .as_ref()
+            .is_none_or(|t| t.client_ca_pem.is_none())
+    {
+        let keys = crate::auth::list_api_keys(&config.data_dir)?;
+        if keys.is_empty() {
+            tracing::warn!("authentication is on but no API key exists yet: create one with `kiln api-key create`");
+        }
+    }
+    Ok(())
+}
+
+/// Opens the data directory's databases (on a blocking thread: it reads their files).
+async fn open_store(config: &ServerConfig) -> Result<DocStore, ServeError> {
+    let data_dir = config.data_dir.clone();
+    let docs = config.docs.clone();
+    Ok(
+        tokio::task::spawn_blocking(move || DocStore::open(&data_dir, docs))
+            .await
+            .map_err(|source| ServeError::Task {
+                what: "opening the data directory",
+                source,
+            })??,
+    )
+}
+
+/// The bound listener and its address (the port chosen when `bind` asked for 0).
+struct Listening {
     listener: TcpListener,
+    local_addr: SocketAddr,
+}
+
+async fn listen(bind: SocketAddr) -> Result<Listening, ServeError> {
+    let listener = TcpListener::bind(bind)
+        .await
+        .map_err(|source| ServeError::Bind { addr: bind, source })?;
+    let local_addr = listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind { addr: bind, source })?;
+    Ok(Listening {
+        listener,
+        local_addr,
+    })
+}
+
+/// The state every request is served with, around the opened store.
+fn app_state(config: &ServerConfig, store: DocStore) -> Result<SharedState, ServeError> {
+    Ok(Arc::new(AppState {
+        store: Arc::new(store),
+        metrics: Arc::new(Metrics::default()),
+        limits: config.limits,
+        require_auth: config.require_auth,
+        keys: Arc::new(KeyVerifier::new(&config.data_dir)?),
+        changes: config.changes,
+        hubs: crate::changes::hub::Hubs::default(),
+        heartbeat: crate::changes::start_heartbeat(Duration::from_millis(
+            config.changes.heartbeat_ms.max(1),
+        )),
+        // With CORS on, the CORS layer puts headers on every answer (`Vary`, the
+        // exposed headers), not only on a browser's: every request goes to the
+        // router, which has that layer, rather than a second definition of it.
+        own_http1: config.own_http1 && config.cors_origins.is_empty(),
+        access_log: config.access_log,
+    }))
+}
+
+/// Starts what runs beside the requests (the tombstone purge, when a retention is
+/// set; the connection threads, when asked for), then the accept loop.
+fn start_tasks(
+    config: &ServerConfig,
+    state: SharedState,
+    listening: Listening,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> Result<RunningServer, ServeError> {
+    // `check_limits` refused a count that does not fit.
+    let max_connections = u32::try_from(config.limits.max_connections).unwrap_or(u32::MAX);
+    let connections = Arc::new(Semaphore::new(max_connections as usize));
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    if let Some(retention_ms) = config.changes.tombstone_retention_ms {
+        tokio::spawn(purge_tombstones_hourly(
+            Arc::downgrade(&state),
+            retention_ms,
+            shutdown_rx.clone(),
+        ));
+    }
+    let conn_threads = match config.connection_threads {
+        0 => None,
+        threads => {
+            Some(Arc::new(ConnThreads::start(threads).map_err(|source| {
+                ServeError::ConnectionThreads { threads, source }
+            })?))
+        }
+    };
+    let serving = Serving {
+        tls,
+        app: router(state.clone(), &config.cors_origins),
+        state: state.clone(),
+        connections: connections.clone(),
+        conn_threads: conn_threads.clone(),
+    };
+    let accept_loop = tokio::spawn(accept_loop(listening.listener, serving, shutdown_rx));
+    tracing::info!(addr = %listening.local_addr, tls = config.tls.is_some(), auth = config.require_auth, "kiln serving");
+    Ok(RunningServer {
+        local_addr: listening.local_addr,
+        shutdown,
+        accept_loop,
+        connections,
+        max_connections,
+        state,
+        grace: Duration::from_millis(config.shutdown_grace_ms),
+        conn_threads,
+    })
+}
+
+/// What the accept loop serves every connection with.
+struct Serving {
     tls: Option<tokio_rustls::TlsAcceptor>,
     app: Router,
     state: SharedState,
+    /// A permit per open connection: the connection limit.
     connections: Arc<Semaphore>,
+    /// `None`: connections are served on this runtime.
     conn_threads: Option<Arc<ConnThreads>>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+}
+
+async fn accept_loop(listener: TcpListener, serving: Serving, mut shutdown: watch::Receiver<bool>) {
     loop {
         let (stream, peer) = tokio::select! {
             _ = shutdown.changed() => return,
@@ -251,72 +298,129 @@ async fn accept_loop(
                 }
             },
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            state.metrics.connections_refused.inc();
-            tokio::spawn(refuse(stream, tls.is_some()));
+        let Ok(permit) = serving.connections.clone().try_acquire_owned() else {
+            serving.state.metrics.connections_refused.inc();
+            tokio::spawn(refuse(stream, serving.tls.is_some()));
             continue;
         };
         let _ = stream.set_nodelay(true);
-        state.metrics.connections_total.inc();
-        let (app, state, tls, shutdown) =
-            (app.clone(), state.clone(), tls.clone(), shutdown.clone());
-        let connection = move |stream: TcpStream| async move {
-            let open = OpenConnection::count(state.clone());
-            let read_timeout = Duration::from_millis(state.limits.request_read_timeout_ms);
-            let context = |client_certificate| ConnContext {
-                info: ConnInfo {
-                    peer,
-                    client_certificate,
-                },
-                app,
-                state: state.clone(),
-                header_read_timeout: read_timeout,
-                shutdown,
-            };
-            match tls {
-                None => serve_connection(stream, context(false)).await,
-                Some(acceptor) => {
-                    if speaks_plain_http(&stream, read_timeout).await {
-                        answer_plain_http_on_tls_port(stream).await;
-                        drop(open);
-                        drop(permit);
-                        return;
-                    }
-                    match tokio::time::timeout(read_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(tls_stream)) => {
-                            let client_certificate = tls_stream
-                                .get_ref()
-                                .1
-                                .peer_certificates()
-                                .is_some_and(|c| !c.is_empty());
-                            serve_connection(tls_stream, context(client_certificate)).await
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                }
-            }
-            drop(open);
-            drop(permit);
+        serving.state.metrics.connections_total.inc();
+        let accepted = Accepted {
+            tls: serving.tls.clone(),
+            parts: ConnParts {
+                peer,
+                app: serving.app.clone(),
+                state: serving.state.clone(),
+                shutdown: shutdown.clone(),
+            },
+            permit,
         };
-        let Some(threads) = &conn_threads else {
-            tokio::spawn(connection(stream));
-            continue;
-        };
-        // The socket leaves this runtime's reactor and joins its thread's.
-        match stream.into_std() {
-            Ok(stream) => threads.serve(move || async move {
-                match TcpStream::from_std(stream) {
-                    Ok(stream) => connection(stream).await,
-                    Err(e) => {
-                        tracing::warn!(%peer, error = %e, "a connection could not join its thread")
-                    }
-                }
-            }),
-            Err(e) => {
-                tracing::warn!(%peer, error = %e, "a connection could not leave the accept loop")
-            }
+        start_connection(stream, accepted, serving.conn_threads.as_ref());
+    }
+}
+
+/// A connection accepted under the limit, not served yet.
+struct Accepted {
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    parts: ConnParts,
+    /// Its place under the connection limit, held until the connection ends.
+    permit: OwnedSemaphorePermit,
+}
+
+/// What a connection's `ConnContext` is made of, but for whether the client showed
+/// a certificate (known after the TLS handshake).
+struct ConnParts {
+    peer: SocketAddr,
+    app: Router,
+    state: SharedState,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl ConnParts {
+    fn into_context(self, client_certificate: bool, read_timeout: Duration) -> ConnContext {
+        ConnContext {
+            info: ConnInfo {
+                peer: self.peer,
+                client_certificate,
+            },
+            app: self.app,
+            state: self.state,
+            header_read_timeout: read_timeout,
+            shutdown: self.shutdown,
         }
+    }
+}
+
+/// Serves the connection on this runtime, or on one of the connection threads.
+fn start_connection(
+    stream: TcpStream,
+    accepted: Accepted,
+    conn_threads: Option<&Arc<ConnThreads>>,
+) {
+    let Some(threads) = conn_threads else {
+        tokio::spawn(accepted.serve(stream));
+        return;
+    };
+    let peer = accepted.parts.peer;
+    // The socket leaves this runtime's reactor and joins its thread's.
+    match stream.into_std() {
+        Ok(stream) => threads.serve(move || async move {
+            match TcpStream::from_std(stream) {
+                Ok(stream) => accepted.serve(stream).await,
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "a connection could not join its thread")
+                }
+            }
+        }),
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "a connection could not leave the accept loop")
+        }
+    }
+}
+
+impl Accepted {
+    /// Serves the connection (after the TLS handshake when TLS is on), counted in
+    /// `connections_open` and holding its permit until it ends.
+    async fn serve(self, stream: TcpStream) {
+        let open = OpenConnection::count(self.parts.state.clone());
+        let read_timeout = Duration::from_millis(self.parts.state.limits.request_read_timeout_ms);
+        match self.tls {
+            None => serve_connection(stream, self.parts.into_context(false, read_timeout)).await,
+            Some(acceptor) => serve_over_tls(stream, acceptor, self.parts, read_timeout).await,
+        }
+        drop(open);
+        drop(self.permit);
+    }
+}
+
+/// The TLS handshake within `read_timeout`, then the connection; a client speaking
+/// plain HTTP gets an answer it can read instead.
+async fn serve_over_tls(
+    stream: TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    parts: ConnParts,
+    read_timeout: Duration,
+) {
+    if speaks_plain_http(&stream, read_timeout).await {
+        answer_plain_http_on_tls_port(stream).await;
+        return;
+    }
+    let peer = parts.peer;
+    match tokio::time::timeout(read_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(tls_stream)) => {
+            let client_certificate = tls_stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .is_some_and(|c| !c.is_empty());
+            serve_connection(
+                tls_stream,
+                parts.into_context(client_certificate, read_timeout),
+            )
+            .await
+        }
+        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
     }
 }
 
