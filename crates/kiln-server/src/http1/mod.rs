@@ -26,10 +26,12 @@ use crate::observe::{Exchange, KeyId, RequestId};
 use crate::state::SharedState;
 use answer::Answered;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use head::{DocHead, DocMethod, HeadHeaders, Parsed};
+use kiln_docs::{Condition, Database};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
@@ -279,41 +281,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         id: &RequestId,
         close: bool,
     ) -> ((Answered, Option<KeyId>), bool) {
-        let state = self.state.clone();
-        let limits = &state.limits;
         let admitted = self.admit(head);
         let key = admitted.as_ref().ok().cloned().flatten();
         let checked = match admitted {
             Err(refused) => Err(refused),
-            Ok(_) => {
-                let pending = self.pending();
-                let headers = HeadHeaders { head, buf: pending };
-                crate::http_util::write_condition(&headers)
-                    .and_then(|condition| {
-                        let database = state.store.database(head.db(pending))?;
-                        Ok((condition, database))
-                    })
-                    .and_then(|ready| match head.content_length > limits.max_body_bytes {
-                        true => Err(body_too_large(&head.content_length.to_string(), limits)),
-                        false => Ok(ready),
-                    })
-                    .map_err(IntoResponse::into_response)
-            }
+            Ok(_) => self.check_put(head).map_err(IntoResponse::into_response),
         };
         // Within max_body_bytes from here on (or not read at all): no overflow.
         let body_end = head.head_len.saturating_add(head.content_length);
         let (condition, database) = match checked {
             Ok(ready) => ready,
             Err(resp) => {
-                // The body stays unread: skipped when all of it is here already,
-                // otherwise the connection closes (its rest would be taken for the
-                // next request).
-                let skip = self.pending().len() >= body_end;
-                let close = close || !skip;
-                let answered = answer::response(&mut self.out, resp, id, close).await;
-                if skip {
-                    self.consume(body_end);
-                }
+                let (answered, close) = self.refuse_unread_body(resp, body_end, id, close).await;
                 return ((answered, key), close);
             }
         };
@@ -327,33 +306,78 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             };
             return ((gone, key), true);
         }
-        self.deadline = Instant::now() + self.read_timeout;
-        while self.pending().len() < body_end {
-            let missing = body_end - self.pending().len();
-            self.buf.reserve(missing);
-            if let Err(stop) = self.read_more(false).await {
-                let e = match stop {
-                    Stop::TimedOut => body_timed_out(limits),
-                    Stop::Eof | Stop::Shutdown => body_read_failed(format_args!(
-                        "the connection ended after {} of {} bytes",
-                        self.pending().len() - head.head_len,
-                        head.content_length
-                    )),
-                };
-                let answered = answer::response(&mut self.out, e.into_response(), id, true).await;
-                return ((answered, key), true);
-            }
+        if let Err(e) = self.read_body(head, body_end).await {
+            let answered = answer::response(&mut self.out, e.into_response(), id, true).await;
+            return ((answered, key), true);
         }
         let pending = &self.buf[self.start..];
         let doc_id = head.id(pending).to_string();
         let body = &pending[head.head_len..body_end];
         let answered =
-            match crate::routes::docs::put(&state, database, doc_id, body, condition).await {
+            match crate::routes::docs::put(&self.state, database, doc_id, body, condition).await {
                 Ok(outcome) => answer::put(&mut self.out, head.db(pending), &outcome, id, close),
                 Err(e) => answer::response(&mut self.out, e.into_response(), id, close).await,
             };
         self.consume(body_end);
         ((answered, key), close)
+    }
+
+    /// A PUT's checks after authentication: its preconditions, its database, then
+    /// its body's size (refused before the body is read).
+    fn check_put(&self, head: &DocHead) -> Result<(Condition, Arc<Database>), ApiError> {
+        let limits = &self.state.limits;
+        let pending = self.pending();
+        let headers = HeadHeaders { head, buf: pending };
+        crate::http_util::write_condition(&headers)
+            .and_then(|condition| {
+                let database = self.state.store.database(head.db(pending))?;
+                Ok((condition, database))
+            })
+            .and_then(|ready| match head.content_length > limits.max_body_bytes {
+                true => Err(body_too_large(&head.content_length.to_string(), limits)),
+                false => Ok(ready),
+            })
+    }
+
+    /// Answers a request refused before its body was read. The body stays unread:
+    /// skipped when all of it is here already, otherwise the connection closes (its
+    /// rest would be taken for the next request). Returns the answer and whether the
+    /// connection closes.
+    async fn refuse_unread_body(
+        &mut self,
+        refused: Response,
+        body_end: usize,
+        id: &RequestId,
+        close: bool,
+    ) -> (Answered, bool) {
+        let skip = self.pending().len() >= body_end;
+        let close = close || !skip;
+        let answered = answer::response(&mut self.out, refused, id, close).await;
+        if skip {
+            self.consume(body_end);
+        }
+        (answered, close)
+    }
+
+    /// Reads until the body (up to `body_end` in the pending bytes) is all here, the
+    /// read timeout starting over; `Err` is the answer to a stalled or cut body.
+    async fn read_body(&mut self, head: &DocHead, body_end: usize) -> Result<(), ApiError> {
+        self.deadline = Instant::now() + self.read_timeout;
+        while self.pending().len() < body_end {
+            let missing = body_end - self.pending().len();
+            self.buf.reserve(missing);
+            if let Err(stop) = self.read_more(false).await {
+                return Err(match stop {
+                    Stop::TimedOut => body_timed_out(&self.state.limits),
+                    Stop::Eof | Stop::Shutdown => body_read_failed(format_args!(
+                        "the connection ended after {} of {} bytes",
+                        self.pending().len() - head.head_len,
+                        head.content_length
+                    )),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Compacts the buffer (the pending bytes move to its front, into a smaller
