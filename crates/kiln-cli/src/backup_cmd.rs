@@ -328,82 +328,16 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
         None => {}
     }
     let db = a.target.db.clone().ok_or("--db is required")?;
-    let out = a.out.ok_or("--out is required")?;
-    let since = a
-        .incremental_since
-        .as_deref()
-        .map(read_manifest_file)
-        .transpose()?;
-    if let Some(m) = &since {
-        if m.database != db {
-            eprintln!(
-                "note: --incremental-since is a backup of database {:?}, backing up {db:?}",
-                m.database
-            );
-        }
-    }
+    let out = a.out.clone().ok_or("--out is required")?;
+    let since = read_incremental_base(a.incremental_since.as_deref(), &db)?;
     let partial = partial_path(&out);
     let started = Instant::now();
-    let result = (|| -> AnyResult<(BackupReport, File)> {
-        let file = File::create(&partial)?;
-        if let Some(url) = &a.target.url {
-            let ep = Endpoint::parse(url, a.target.api_key.clone(), &a.target.tls)?;
-            let mut path = format!("/dbs/{}/backup", path_escape(&db));
-            match &since {
-                Some(m) => {
-                    path.push_str(&format!(
-                        "?since_chain={}&since_backup={}&since_etag={}",
-                        query_escape(m.chain_id.as_deref().unwrap_or("")),
-                        query_escape(m.backup_id.as_deref().unwrap_or("")),
-                        query_escape(m.etag.as_deref().unwrap_or(""))
-                    ));
-                    if m.chain_id.is_none() {
-                        return Err(kiln_docs::DocError::IncrementNotPossible(
-                            "the base backup is not part of a chain (taken without --chain \
-                             or by an older Kiln): take a full backup with --chain"
-                                .into(),
-                        )
-                        .into());
-                    }
-                }
-                None if a.chain => path.push_str("?chain=true"),
-                None => {}
-            }
-            let pb = bar(a.quiet, None);
-            let report = stream_backup_to(&ep, &path, &file, |n| pb.set_position(n))?;
-            pb.finish_and_clear();
-            Ok((report, file))
-        } else if let Some(dir) = &a.target.data_dir {
-            let store = kiln_docs::DocStore::open(dir, kiln_docs::DocsOptions::default())?;
-            let database = store.database(&db)?;
-            let pb = bar(a.quiet, None);
-            let opts = kiln_storage::BackupOptions {
-                compress: !a.no_compress,
-            };
-            let report = {
-                let mut w = BufWriter::with_capacity(1 << 20, &file);
-                let r =
-                    match &since {
-                        Some(m) => database
-                            .backup_incremental_to(&mut w, m, opts, |n| pb.set_position(n))?,
-                        None => database
-                            .backup_full_to(&mut w, opts, a.chain, |n| pb.set_position(n))?,
-                    };
-                w.flush()?;
-                r
-            };
-            pb.finish_and_clear();
-            drop(database);
-            store.close()?;
-            Ok((report, file))
-        } else {
-            Err(
-                crate::UsageError("give --url (a running server) or --data-dir (offline)".into())
-                    .into(),
-            )
-        }
-    })();
-    match result {
+    let taking = TakeBackup {
+        args: &a,
+        db,
+        since,
+    };
+    match write_backup(&taking, &partial) {
         Ok((report, file)) => {
             finish_file(file, &partial, &out)?;
             let secs = started.elapsed().as_secs_f64();
@@ -421,6 +355,113 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
             Err(e)
         }
     }
+}
+
+/// The manifest in the `--incremental-since` file: the base of an incremental
+/// backup.
+fn read_incremental_base(path: Option<&Path>, db: &str) -> AnyResult<Option<BackupManifest>> {
+    let since = path.map(read_manifest_file).transpose()?;
+    if let Some(m) = &since {
+        if m.database != db {
+            eprintln!(
+                "note: --incremental-since is a backup of database {:?}, backing up {db:?}",
+                m.database
+            );
+        }
+    }
+    Ok(since)
+}
+
+/// The backup `kiln backup` takes.
+struct TakeBackup<'a> {
+    args: &'a BackupArgs,
+    db: String,
+    /// An incremental backup's base (`None`: a full backup).
+    since: Option<BackupManifest>,
+}
+
+/// Writes the backup into the file `partial`, from a running server (`--url`) or
+/// offline (`--data-dir`). The file is created first: on failure the caller removes
+/// it, whatever failed.
+fn write_backup(taking: &TakeBackup, partial: &Path) -> AnyResult<(BackupReport, File)> {
+    let file = File::create(partial)?;
+    let target = &taking.args.target;
+    if let Some(url) = &target.url {
+        let report = backup_from_server(taking, url, &file)?;
+        Ok((report, file))
+    } else if let Some(dir) = &target.data_dir {
+        let report = backup_offline(taking, dir, &file)?;
+        Ok((report, file))
+    } else {
+        Err(
+            crate::UsageError("give --url (a running server) or --data-dir (offline)".into())
+                .into(),
+        )
+    }
+}
+
+/// Streams the backup from the server at `url` into `file`, verifying it as it
+/// arrives.
+fn backup_from_server(taking: &TakeBackup, url: &str, file: &File) -> AnyResult<BackupReport> {
+    let target = &taking.args.target;
+    let ep = Endpoint::parse(url, target.api_key.clone(), &target.tls)?;
+    let path = backup_request_path(&taking.db, taking.since.as_ref(), taking.args.chain)?;
+    let pb = bar(taking.args.quiet, None);
+    let report = stream_backup_to(&ep, &path, file, |n| pb.set_position(n))?;
+    pb.finish_and_clear();
+    Ok(report)
+}
+
+/// The path and query of `GET /dbs/{db}/backup` for a full backup (starting a
+/// chain or not) or an increment after `since`.
+fn backup_request_path(db: &str, since: Option<&BackupManifest>, chain: bool) -> AnyResult<String> {
+    let mut path = format!("/dbs/{}/backup", path_escape(db));
+    match since {
+        Some(m) => {
+            path.push_str(&format!(
+                "?since_chain={}&since_backup={}&since_etag={}",
+                query_escape(m.chain_id.as_deref().unwrap_or("")),
+                query_escape(m.backup_id.as_deref().unwrap_or("")),
+                query_escape(m.etag.as_deref().unwrap_or(""))
+            ));
+            if m.chain_id.is_none() {
+                return Err(kiln_docs::DocError::IncrementNotPossible(
+                    "the base backup is not part of a chain (taken without --chain \
+                     or by an older Kiln): take a full backup with --chain"
+                        .into(),
+                )
+                .into());
+            }
+        }
+        None if chain => path.push_str("?chain=true"),
+        None => {}
+    }
+    Ok(path)
+}
+
+/// Writes the backup of the database in `dir` (no server may be running on it)
+/// into `file`, then closes the store.
+fn backup_offline(taking: &TakeBackup, dir: &Path, file: &File) -> AnyResult<BackupReport> {
+    let a = taking.args;
+    let store = kiln_docs::DocStore::open(dir, kiln_docs::DocsOptions::default())?;
+    let database = store.database(&taking.db)?;
+    let pb = bar(a.quiet, None);
+    let opts = kiln_storage::BackupOptions {
+        compress: !a.no_compress,
+    };
+    let report = {
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        let r = match &taking.since {
+            Some(m) => database.backup_incremental_to(&mut w, m, opts, |n| pb.set_position(n))?,
+            None => database.backup_full_to(&mut w, opts, a.chain, |n| pb.set_position(n))?,
+        };
+        w.flush()?;
+        r
+    };
+    pb.finish_and_clear();
+    drop(database);
+    store.close()?;
+    Ok(report)
 }
 
 fn chain_stop(t: &Target, json: bool) -> AnyResult<ExitCode> {
