@@ -743,8 +743,15 @@ fn table(
         results: Vec::new(),
         behind: Vec::new(),
     };
+    let inputs = TableInputs {
+        cols: &cols,
+        jobs,
+        na,
+        missing,
+        collected,
+    };
     for name in &collected.row_order {
-        table_row(&mut t, name, &cols, jobs, na, missing, collected);
+        table_row(&mut t, name, &inputs);
     }
     // Workloads where every engine failed have no row yet: list them.
     for (label, errs) in &collected.errors {
@@ -759,17 +766,19 @@ fn table(
     t
 }
 
+/// What every row of the table is made from.
+struct TableInputs<'a> {
+    /// The engines' columns, in order.
+    cols: &'a [String],
+    jobs: &'a [Job],
+    na: &'a ByJob,
+    missing: &'a Reasons,
+    collected: &'a Collected,
+}
+
 /// One row of the table (and of the results file).
-fn table_row(
-    t: &mut Table,
-    name: &str,
-    cols: &[String],
-    jobs: &[Job],
-    na: &ByJob,
-    missing: &Reasons,
-    collected: &Collected,
-) {
-    let row_cells = &collected.cells[name];
+fn table_row(t: &mut Table, name: &str, inputs: &TableInputs<'_>) {
+    let row_cells = &inputs.collected.cells[name];
     let any = row_cells.values().next().expect("a row has a cell");
     let (unit, lower) = (any.unit.clone(), any.lower_is_better);
     let unit_label = if lower {
@@ -778,78 +787,32 @@ fn table_row(
         unit.clone()
     };
     t.md.push_str(&format!("| {name} | {unit_label} |"));
-    let job_label = jobs
+    let job_label = inputs
+        .jobs
         .iter()
         .find(|j| name == j.label || name.starts_with(&format!("{} ", j.label)))
         .map(|j| j.label.clone())
         .unwrap_or_default();
-    let na = na.get(&job_label);
     let mut per_engine = Map::new();
-    for c in cols {
-        let text = match (row_cells.get(c), missing.get(c)) {
-            (Some(cell), _) => {
-                let m = median(&cell.values);
-                per_engine.insert(
-                    c.clone(),
-                    json!({ "median": m, "runs": cell.values, "extra": cell.extras }),
-                );
-                fmt_value(m, &unit)
-            }
-            // A workload the engine never runs (PostgreSQL: all but W6): "-",
-            // whether or not the engine is built or available.
-            (None, _) if na.is_some_and(|m| m.contains_key(c)) => {
-                per_engine.insert(c.clone(), json!({ "not_applicable": na.unwrap()[c] }));
-                "-".to_string()
-            }
-            (None, Some(why)) => {
-                per_engine.insert(c.clone(), json!({ "not_run": why }));
-                if why.starts_with("not built") {
-                    "not built".to_string()
-                } else {
-                    "skipped".to_string()
-                }
-            }
-            (None, None) => {
-                let err = collected.errors.get(&job_label).and_then(|m| m.get(c));
-                if let Some(e) = err {
-                    per_engine.insert(c.clone(), json!({ "error": e }));
-                }
-                if err.is_some() {
-                    "failed".to_string()
-                } else {
-                    "-".to_string()
-                }
-            }
-        };
+    for c in inputs.cols {
+        let (text, figures) = engine_cell(c, row_cells.get(c), &unit, &job_label, inputs);
+        if let Some(v) = figures {
+            per_engine.insert(c.clone(), v);
+        }
         t.md.push_str(&format!(" {text} |"));
     }
     let mut ratio_json = Value::Null;
-    if cols.iter().any(|e| e == "kiln") {
-        let kiln = row_cells.get("kiln").map(|c| median(&c.values));
-        let best = cols
-            .iter()
-            .filter(|e| *e != "kiln")
-            .filter_map(|p| row_cells.get(p).map(|c| (p.as_str(), median(&c.values))))
-            .reduce(|a, b| {
-                let b_better = if lower { b.1 < a.1 } else { b.1 > a.1 };
-                if b_better {
-                    b
-                } else {
-                    a
-                }
-            });
-        let text = match (kiln, best) {
-            (Some(k), Some((peer, b))) => {
-                // > 1 means Kiln is ahead, whichever way the unit goes.
-                let ratio = if lower { b / k } else { k / b };
-                ratio_json = json!({ "ratio": ratio, "best_peer": peer, "best_peer_value": b,
+    if inputs.cols.iter().any(|e| e == "kiln") {
+        let text = match kiln_vs_best_peer(inputs.cols, row_cells, lower) {
+            Some(r) => {
+                ratio_json = json!({ "ratio": r.ratio, "best_peer": r.peer, "best_peer_value": r.peer_value,
                                      "meaning": "Kiln's speed over the best peer's: > 1 means Kiln is ahead" });
-                if ratio < 1.0 {
-                    t.behind.push(format!("{name}: {ratio:.2}x of {peer}"));
+                if r.ratio < 1.0 {
+                    t.behind.push(format!("{name}: {:.2}x of {}", r.ratio, r.peer));
                 }
-                format!("{ratio:.2}x ({peer})")
+                format!("{:.2}x ({})", r.ratio, r.peer)
             }
-            _ => "-".to_string(),
+            None => "-".to_string(),
         };
         t.md.push_str(&format!(" {text} |"));
     }
@@ -861,6 +824,86 @@ fn table_row(
         "engines": per_engine,
         "kiln_vs_best_peer": ratio_json,
     }));
+}
+
+/// Engine `c`'s cell of a row: the text of the table (its median, or why there is
+/// none) and its entry in the results file (None: nothing to say).
+fn engine_cell(
+    c: &str,
+    cell: Option<&Cell>,
+    unit: &str,
+    job_label: &str,
+    inputs: &TableInputs<'_>,
+) -> (String, Option<Value>) {
+    let na = inputs.na.get(job_label);
+    match (cell, inputs.missing.get(c)) {
+        (Some(cell), _) => {
+            let m = median(&cell.values);
+            let figures = json!({ "median": m, "runs": cell.values, "extra": cell.extras });
+            (fmt_value(m, unit), Some(figures))
+        }
+        // A workload the engine never runs (PostgreSQL: all but W6): "-",
+        // whether or not the engine is built or available.
+        (None, _) if na.is_some_and(|m| m.contains_key(c)) => (
+            "-".to_string(),
+            Some(json!({ "not_applicable": na.unwrap()[c] })),
+        ),
+        (None, Some(why)) => {
+            let text = if why.starts_with("not built") {
+                "not built"
+            } else {
+                "skipped"
+            };
+            (text.to_string(), Some(json!({ "not_run": why })))
+        }
+        (None, None) => {
+            let err = inputs
+                .collected
+                .errors
+                .get(job_label)
+                .and_then(|m| m.get(c));
+            match err {
+                Some(e) => ("failed".to_string(), Some(json!({ "error": e }))),
+                None => ("-".to_string(), None),
+            }
+        }
+    }
+}
+
+/// Kiln's median over the best peer's in a row.
+struct VsBestPeer<'a> {
+    /// > 1 means Kiln is ahead, whichever way the unit goes.
+    ratio: f64,
+    peer: &'a str,
+    peer_value: f64,
+}
+
+/// Kiln against the best of the other engines' medians in a row; None when Kiln or
+/// every peer has no figure.
+fn kiln_vs_best_peer<'a>(
+    cols: &'a [String],
+    row_cells: &BTreeMap<String, Cell>,
+    lower: bool,
+) -> Option<VsBestPeer<'a>> {
+    let kiln = row_cells.get("kiln").map(|c| median(&c.values));
+    let best = cols
+        .iter()
+        .filter(|e| *e != "kiln")
+        .filter_map(|p| row_cells.get(p).map(|c| (p.as_str(), median(&c.values))))
+        .reduce(|a, b| {
+            let b_better = if lower { b.1 < a.1 } else { b.1 > a.1 };
+            if b_better {
+                b
+            } else {
+                a
+            }
+        });
+    let (k, (peer, b)) = (kiln?, best?);
+    Some(VsBestPeer {
+        ratio: if lower { b / k } else { k / b },
+        peer,
+        peer_value: b,
+    })
 }
 
 /// The table on stdout: a title line with the run's settings and machine, the
