@@ -822,6 +822,29 @@ mod pg {
 
         fn start(dir: &Path) -> Result<Server> {
             let t = Instant::now();
+            let mut server = Server::in_fresh_root(dir)?;
+            if let Some(u) = &server.user {
+                chown(&server.root, u)?;
+            }
+            let socket = server.root.join(format!(".s.PGSQL.{PORT}"));
+            if socket.as_os_str().len() > 100 {
+                server.use_short_socket_dir()?;
+            }
+            server.check_user_can_write_root()?;
+            server.initdb()?;
+            server.append_settings()?;
+            server.version = server.postgres_version();
+            // Set before pg_ctl starts it: a start that fails half-way still gets a
+            // stop on drop.
+            server.started = true;
+            server.pg_ctl_start()?;
+            server.start_seconds = t.elapsed().as_secs_f64();
+            Ok(server)
+        }
+
+        /// A not yet initialised server in `postgres/` under `dir`, emptied first;
+        /// from here on, dropping it removes that directory.
+        fn in_fresh_root(dir: &Path) -> Result<Server> {
             let bin = bindir()?;
             let user = run_as()?;
             let root = std::fs::canonicalize(dir)
@@ -829,7 +852,7 @@ mod pg {
                 .join("postgres");
             let _ = std::fs::remove_dir_all(&root);
             std::fs::create_dir(&root).with_context(|| format!("creating {}", root.display()))?;
-            let mut server = Server {
+            Ok(Server {
                 bin,
                 user,
                 data: root.join("data"),
@@ -839,50 +862,56 @@ mod pg {
                 started: false,
                 version: String::new(),
                 start_seconds: 0.0,
-            };
-            if let Some(u) = &server.user {
-                chown(&server.root, u)?;
-            }
-            let socket = server.root.join(format!(".s.PGSQL.{PORT}"));
-            if socket.as_os_str().len() > 100 {
-                let mut template = *b"/tmp/kiln-pg-XXXXXX\0";
-                // SAFETY: a writable NUL-terminated template, as mkdtemp wants.
-                let p = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
-                if p.is_null() {
-                    bail!(
-                        "mkdtemp for the socket: {}",
-                        std::io::Error::last_os_error()
-                    );
-                }
-                server.socket_dir = PathBuf::from(
-                    std::str::from_utf8(&template[..template.len() - 1]).expect("ascii"),
-                );
-                server.own_socket_dir = true;
-                if let Some(u) = &server.user {
-                    chown(&server.socket_dir, u)?;
-                }
-            }
-            // Reachable by the server's user at all? (A parent directory of --dir that
-            // only root may enter makes initdb fail with a less obvious message.)
-            if let Some(u) = &server.user {
-                let mut probe = Command::new("test");
-                probe.arg("-w").arg(&server.root).uid(u.uid).gid(u.gid);
-                if !probe
-                    .stdin(Stdio::null())
-                    .status()
-                    .is_ok_and(|s| s.success())
-                {
-                    bail!(
-                        "user {} cannot write {} (a parent directory of --dir is not \
-                         searchable by it: chmod o+x it, or use another --dir)",
-                        u.name,
-                        server.root.display()
-                    );
-                }
-            }
+            })
+        }
 
-            let mut initdb = server.cmd("initdb");
-            initdb.arg("-D").arg(&server.data).args([
+        /// The socket in a short directory of our own under /tmp, for a root too
+        /// long a path for a Unix socket.
+        fn use_short_socket_dir(&mut self) -> Result<()> {
+            let mut template = *b"/tmp/kiln-pg-XXXXXX\0";
+            // SAFETY: a writable NUL-terminated template, as mkdtemp wants.
+            let p = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
+            if p.is_null() {
+                bail!(
+                    "mkdtemp for the socket: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+            self.socket_dir =
+                PathBuf::from(std::str::from_utf8(&template[..template.len() - 1]).expect("ascii"));
+            self.own_socket_dir = true;
+            if let Some(u) = &self.user {
+                chown(&self.socket_dir, u)?;
+            }
+            Ok(())
+        }
+
+        /// Reachable by the server's user at all? (A parent directory of --dir that
+        /// only root may enter makes initdb fail with a less obvious message.)
+        fn check_user_can_write_root(&self) -> Result<()> {
+            let Some(u) = &self.user else {
+                return Ok(());
+            };
+            let mut probe = Command::new("test");
+            probe.arg("-w").arg(&self.root).uid(u.uid).gid(u.gid);
+            if !probe
+                .stdin(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+            {
+                bail!(
+                    "user {} cannot write {} (a parent directory of --dir is not \
+                     searchable by it: chmod o+x it, or use another --dir)",
+                    u.name,
+                    self.root.display()
+                );
+            }
+            Ok(())
+        }
+
+        fn initdb(&self) -> Result<()> {
+            let mut initdb = self.cmd("initdb");
+            initdb.arg("-D").arg(&self.data).args([
                 "-U",
                 "postgres",
                 "--auth=trust",
@@ -890,12 +919,17 @@ mod pg {
                 "UTF8",
                 "--no-locale",
             ]);
-            run(&mut initdb, "initdb")?;
+            run(&mut initdb, "initdb")
+        }
+
+        /// [`SETTINGS`], the socket's directory and the port, appended to
+        /// postgresql.conf (later lines win over initdb's).
+        fn append_settings(&self) -> Result<()> {
             let mut conf = String::from("\n# kiln-bench\n");
             for (k, v) in SETTINGS {
                 conf.push_str(&format!("{k} = {v}\n"));
             }
-            let sock = server
+            let sock = self
                 .socket_dir
                 .to_str()
                 .context("socket path is not UTF-8")?;
@@ -906,25 +940,29 @@ mod pg {
             use std::io::Write as _;
             std::fs::OpenOptions::new()
                 .append(true)
-                .open(server.data.join("postgresql.conf"))
+                .open(self.data.join("postgresql.conf"))
                 .and_then(|mut f| f.write_all(conf.as_bytes()))
-                .context("writing postgresql.conf")?;
+                .context("writing postgresql.conf")
+        }
 
-            let version = server
-                .cmd("postgres")
+        /// `postgres --version`, empty if it cannot be run.
+        fn postgres_version(&self) -> String {
+            self.cmd("postgres")
                 .arg("--version")
                 .stdin(Stdio::null())
                 .output()
                 .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-                .unwrap_or_default();
-            server.version = version;
+                .unwrap_or_default()
+        }
 
-            server.started = true;
-            let log = server.root.join("server.log");
-            let mut pg_ctl = server.cmd("pg_ctl");
+        /// pg_ctl start, waiting up to 60 s; on failure, the server log's last line
+        /// says why better than pg_ctl does.
+        fn pg_ctl_start(&self) -> Result<()> {
+            let log = self.root.join("server.log");
+            let mut pg_ctl = self.cmd("pg_ctl");
             pg_ctl
                 .arg("-D")
-                .arg(&server.data)
+                .arg(&self.data)
                 .arg("-l")
                 .arg(&log)
                 .args(["-w", "-t", "60", "start"]);
@@ -939,8 +977,7 @@ mod pg {
                     .to_string();
                 bail!("{e:#}; server.log: {last}");
             }
-            server.start_seconds = t.elapsed().as_secs_f64();
-            Ok(server)
+            Ok(())
         }
 
         /// pg_ctl stop -m fast (immediate if that fails), then removes the directory.
