@@ -808,7 +808,8 @@ fn table_row(t: &mut Table, name: &str, inputs: &TableInputs<'_>) {
                 ratio_json = json!({ "ratio": r.ratio, "best_peer": r.peer, "best_peer_value": r.peer_value,
                                      "meaning": "Kiln's speed over the best peer's: > 1 means Kiln is ahead" });
                 if r.ratio < 1.0 {
-                    t.behind.push(format!("{name}: {:.2}x of {}", r.ratio, r.peer));
+                    t.behind
+                        .push(format!("{name}: {:.2}x of {}", r.ratio, r.peer));
                 }
                 format!("{:.2}x ({})", r.ratio, r.peer)
             }
