@@ -1,0 +1,124 @@
+//! What the Raft log carries (a [`Command`] per entry) and what applying an entry
+//! answers ([`Answer`]). Both travel as JSON between nodes.
+
+use kiln_docs::{Condition, DocError, Etag};
+use serde::{Deserialize, Serialize};
+
+/// One entry's change to the document store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// Creates a database; its incarnation (the etags' suffix) comes from the
+    /// entry's log id, the same on every node.
+    CreateDatabase {
+        name: String,
+    },
+    DeleteDatabase {
+        name: String,
+    },
+    /// Writes to one database at the leader's time `at_ms`: all or none (a
+    /// client's batch), or each on its own.
+    Write {
+        database: String,
+        at_ms: u64,
+        all_or_none: bool,
+        ops: Vec<LoggedOp>,
+    },
+}
+
+/// A write as the log carries it: the document as its JSON text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum LoggedOp {
+    Put {
+        id: String,
+        json: String,
+        condition: LoggedCondition,
+    },
+    Delete {
+        id: String,
+        condition: LoggedCondition,
+    },
+}
+
+/// A write's precondition; an etag as its text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LoggedCondition {
+    None,
+    IfMatch(String),
+    IfExists,
+    IfNotExists,
+}
+
+impl LoggedCondition {
+    pub fn from_condition(c: &Condition) -> LoggedCondition {
+        match c {
+            Condition::None => LoggedCondition::None,
+            Condition::IfMatch(etag) => LoggedCondition::IfMatch(etag.to_string()),
+            Condition::IfExists => LoggedCondition::IfExists,
+            Condition::IfNotExists => LoggedCondition::IfNotExists,
+        }
+    }
+
+    pub fn to_condition(&self) -> Result<Condition, DocError> {
+        Ok(match self {
+            LoggedCondition::None => Condition::None,
+            LoggedCondition::IfMatch(text) => Condition::IfMatch(Etag::parse(text)?),
+            LoggedCondition::IfExists => Condition::IfExists,
+            LoggedCondition::IfNotExists => Condition::IfNotExists,
+        })
+    }
+}
+
+/// What applying an entry answered, the same on every node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Answer {
+    /// An entry of Raft's own (blank, membership).
+    Nothing,
+    DatabaseCreated {
+        name: String,
+        incarnation: u32,
+    },
+    DatabaseDeleted {
+        name: String,
+    },
+    /// One answer per write, in order.
+    Writes(Vec<WriteAnswer>),
+    /// The whole command failed (the database does not exist, ...).
+    Failed(ErrorAnswer),
+    /// Applied before (found applied after a restart): the client that asked is gone.
+    AlreadyApplied,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum WriteAnswer {
+    Put {
+        id: String,
+        etag: String,
+        collection: Option<String>,
+        last_modified_ms: u64,
+        created: bool,
+    },
+    Delete {
+        id: String,
+        etag: String,
+    },
+    Failed(ErrorAnswer),
+}
+
+/// An error as it crosses nodes: a machine-readable code (the server's error
+/// code, chosen by the classifier the node was given) and the message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorAnswer {
+    pub code: String,
+    pub message: String,
+}
+
+/// Turns a document-layer error into what a client is told: the server passes
+/// its own mapping (HTTP error codes); the default keeps the message only.
+pub type ClassifyError = std::sync::Arc<dyn Fn(&DocError) -> ErrorAnswer + Send + Sync>;
+
+pub fn default_classifier() -> ClassifyError {
+    std::sync::Arc::new(|e: &DocError| ErrorAnswer {
+        code: "error".into(),
+        message: e.to_string(),
+    })
+}

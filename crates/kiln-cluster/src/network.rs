@@ -1,0 +1,238 @@
+//! Raft's messages between nodes: HTTP/1.1 POSTs of JSON to
+//! `http://<node address>/cluster/raft/{append,vote,snapshot}`. The receiving
+//! side is [`handle_rpc`], which the server mounts on those routes; its body is
+//! the JSON of `Result<response, RaftError>`, so that a refusal by the remote
+//! Raft (a higher term, ...) comes back as Raft's own error.
+
+use crate::{NodeId, Raft, TypeConfig};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::time::Duration;
+
+/// The path prefix of Raft's routes on every node.
+pub const RAFT_PATH: &str = "/cluster/raft";
+
+/// Makes a client per peer; all share one connection pool.
+#[derive(Clone)]
+pub struct Network {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_millis(500)));
+        Network {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        }
+    }
+}
+
+pub struct Peer {
+    target: NodeId,
+    address: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        Peer {
+            target,
+            address: node.addr.clone(),
+            client: self.client.clone(),
+        }
+    }
+}
+
+/// Why a message did not get an answer from the remote Raft.
+#[derive(Debug, thiserror::Error)]
+enum Transport {
+    #[error("POST {url}: {source}")]
+    Send {
+        url: String,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    #[error("POST {url}: no answer within {ttl_ms} ms")]
+    Timeout { url: String, ttl_ms: u128 },
+    #[error("POST {url}: the answer was cut off: {source}")]
+    Body {
+        url: String,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("POST {url}: answered {status}: {body}")]
+    Status {
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error("POST {url}: unreadable answer: {source}")]
+    Decode {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("encoding the request: {0}")]
+    Encode(#[source] serde_json::Error),
+}
+
+impl Peer {
+    /// Sends one message; `Ok` holds what the remote Raft answered.
+    async fn post<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        kind: &str,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, Transport> {
+        let url = format!("http://{}{RAFT_PATH}/{kind}", self.address);
+        let body = serde_json::to_vec(request).map_err(Transport::Encode)?;
+        let http = hyper::Request::post(&url)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| Transport::Status {
+                url: url.clone(),
+                status: 0,
+                body: e.to_string(),
+            })?;
+        let ttl = option.hard_ttl();
+        let exchange = async {
+            let answer = self
+                .client
+                .request(http)
+                .await
+                .map_err(|source| Transport::Send {
+                    url: url.clone(),
+                    source,
+                })?;
+            let status = answer.status().as_u16();
+            let bytes = answer
+                .into_body()
+                .collect()
+                .await
+                .map_err(|source| Transport::Body {
+                    url: url.clone(),
+                    source,
+                })?
+                .to_bytes();
+            if status != 200 {
+                return Err(Transport::Status {
+                    url: url.clone(),
+                    status,
+                    body: String::from_utf8_lossy(&bytes).into_owned(),
+                });
+            }
+            serde_json::from_slice(&bytes).map_err(|source| Transport::Decode {
+                url: url.clone(),
+                source,
+            })
+        };
+        match tokio::time::timeout(ttl, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(Transport::Timeout {
+                url,
+                ttl_ms: ttl.as_millis(),
+            }),
+        }
+    }
+
+    /// A message's result as Raft wants it: the remote's answer or refusal, or
+    /// the node unreachable (Raft backs off) or the exchange failed (it retries).
+    async fn call<Req: Serialize, Resp: DeserializeOwned, E>(
+        &self,
+        kind: &str,
+        request: &Req,
+        option: RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        E: std::error::Error + DeserializeOwned,
+    {
+        match self
+            .post::<Req, Result<Resp, RaftError<NodeId, E>>>(kind, request, &option)
+            .await
+        {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(refused)) => Err(RPCError::RemoteError(RemoteError::new(
+                self.target,
+                refused,
+            ))),
+            Err(e @ Transport::Send { .. }) => Err(RPCError::Unreachable(Unreachable::new(&e))),
+            Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call("append", &rpc, option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        self.call("snapshot", &rpc, option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call("vote", &rpc, option).await
+    }
+}
+
+/// An RPC the server could not hand to Raft.
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    #[error("no Raft message kind {0:?} (append, vote, snapshot)")]
+    UnknownKind(String),
+    #[error("malformed Raft message: {0}")]
+    Malformed(#[from] serde_json::Error),
+}
+
+/// Hands one received message (`kind` = the last path segment) to the local Raft
+/// and returns the JSON body to answer with.
+pub async fn handle_rpc(raft: &Raft, kind: &str, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+    Ok(match kind {
+        "append" => {
+            let rpc: AppendEntriesRequest<TypeConfig> = serde_json::from_slice(body)?;
+            serde_json::to_vec(&raft.append_entries(rpc).await)?
+        }
+        "vote" => {
+            let rpc: VoteRequest<NodeId> = serde_json::from_slice(body)?;
+            serde_json::to_vec(&raft.vote(rpc).await)?
+        }
+        "snapshot" => {
+            let rpc: InstallSnapshotRequest<TypeConfig> = serde_json::from_slice(body)?;
+            serde_json::to_vec(&raft.install_snapshot(rpc).await)?
+        }
+        other => return Err(RpcError::UnknownKind(other.to_string())),
+    })
+}

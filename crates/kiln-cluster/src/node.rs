@@ -1,0 +1,329 @@
+//! One node of a cluster: its Raft (log store, state machine, network), how the
+//! cluster forms, and the calls the server makes: propose a write, check a read
+//! is not stale, report the cluster's state, change its members.
+
+use crate::command::{Answer, ClassifyError, Command};
+use crate::log_store::LogStore;
+use crate::network::Network;
+use crate::state_machine::StateMachine;
+use crate::{NodeId, Raft};
+use kiln_docs::DocStore;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, Config, ServerState, SnapshotPolicy};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a node needs to join its cluster.
+#[derive(Clone)]
+pub struct ClusterConfig {
+    pub node_id: NodeId,
+    /// Every voter of a new cluster: id and HTTP address (`host:port`). A node
+    /// whose log is empty proposes this membership; one with a log ignores it.
+    pub members: BTreeMap<NodeId, String>,
+    /// Where the Raft log lives (a kiln-storage environment).
+    pub raft_dir: PathBuf,
+    /// Options of that environment (its durability: the log must be synced).
+    pub storage: kiln_storage::Options,
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// A snapshot every this many applied entries; the log before it is purged.
+    pub snapshot_every_entries: u64,
+    /// How long a write waits to be committed before it is answered `no_quorum`.
+    pub write_timeout_ms: u64,
+}
+
+impl ClusterConfig {
+    pub fn new(node_id: NodeId, members: BTreeMap<NodeId, String>, raft_dir: PathBuf) -> Self {
+        ClusterConfig {
+            node_id,
+            members,
+            raft_dir,
+            storage: kiln_storage::Options::default(),
+            heartbeat_interval_ms: 100,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 800,
+            snapshot_every_entries: 5_000,
+            write_timeout_ms: 5_000,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// This node is not the leader; the leader, when known.
+    #[error("this node is not the leader{}", leader.as_ref().map(|(id, a)| format!("; node {id} at {a} is")).unwrap_or_default())]
+    NotLeader { leader: Option<(NodeId, String)> },
+    /// No majority answered in time: the write was not acknowledged (it may
+    /// still be applied later, if this node's log reaches a majority).
+    #[error(
+        "no quorum: a majority of the cluster did not acknowledge the write within {waited_ms} ms"
+    )]
+    NoQuorum { waited_ms: u64 },
+    #[error("the cluster is not usable: {0}")]
+    Raft(String),
+    #[error("opening the Raft log at {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: kiln_storage::Error,
+    },
+    #[error("the Raft state: {0}")]
+    State(#[from] crate::StorageError),
+    #[error("invalid cluster settings: {0}")]
+    Config(String),
+}
+
+/// One member as `GET /cluster` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberStatus {
+    pub id: NodeId,
+    pub address: String,
+    /// `leader`, `follower` or `learner`.
+    pub role: &'static str,
+    /// The last log index the member is known to hold (the leader knows all).
+    pub applied: Option<u64>,
+    /// How many entries it is behind the leader's log, when known.
+    pub lag: Option<u64>,
+}
+
+/// The cluster as this node sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterStatus {
+    pub node_id: NodeId,
+    pub leader: Option<NodeId>,
+    pub term: u64,
+    /// This node's role: `leader`, `follower`, `candidate` or `learner`.
+    pub state: &'static str,
+    pub last_log_index: Option<u64>,
+    pub last_applied: Option<u64>,
+    pub members: Vec<MemberStatus>,
+}
+
+/// A running node.
+pub struct ClusterNode {
+    raft: Raft,
+    node_id: NodeId,
+    store: Arc<DocStore>,
+    write_timeout: Duration,
+}
+
+impl ClusterNode {
+    /// Opens the Raft log, starts Raft over `store`, and, on a node that has
+    /// never been part of a cluster, proposes the configured membership.
+    pub async fn start(
+        store: Arc<DocStore>,
+        config: ClusterConfig,
+        classify: Option<ClassifyError>,
+    ) -> Result<ClusterNode, ClusterError> {
+        let raft_config = Arc::new(
+            Config {
+                cluster_name: "kiln".into(),
+                heartbeat_interval: config.heartbeat_interval_ms,
+                election_timeout_min: config.election_timeout_min_ms,
+                election_timeout_max: config.election_timeout_max_ms,
+                snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
+                max_in_snapshot_log_to_keep: 1_000,
+                ..Default::default()
+            }
+            .validate()
+            .map_err(|e| ClusterError::Config(e.to_string()))?,
+        );
+        let log = LogStore::open(&config.raft_dir, config.storage.clone()).map_err(|source| {
+            ClusterError::Open {
+                path: config.raft_dir.clone(),
+                source,
+            }
+        })?;
+        let machine = StateMachine::open(store.clone(), log.env(), classify)?;
+        let raft = Raft::new(
+            config.node_id,
+            raft_config,
+            Network::default(),
+            log,
+            machine,
+        )
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        let members: BTreeMap<NodeId, BasicNode> = config
+            .members
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode::new(addr)))
+            .collect();
+        // Every node of a new cluster proposes the same membership; a node that
+        // already has a log (or a vote) refuses, which is what we want.
+        if let Err(e) = raft.initialize(members).await {
+            tracing::debug!(error = %e, "not initializing the cluster (it has a state already)");
+        }
+        Ok(ClusterNode {
+            raft,
+            node_id: config.node_id,
+            store,
+            write_timeout: Duration::from_millis(config.write_timeout_ms),
+        })
+    }
+
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    pub fn store(&self) -> &Arc<DocStore> {
+        &self.store
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.node_id
+    }
+
+    /// The leader's id and address, when known.
+    pub fn leader(&self) -> Option<(NodeId, String)> {
+        let m = self.raft.metrics().borrow().clone();
+        let id = m.current_leader?;
+        let address = m
+            .membership_config
+            .nodes()
+            .find(|(n, _)| **n == id)
+            .map(|(_, node)| node.addr.clone())?;
+        Some((id, address))
+    }
+
+    /// Proposes a command; answers once a majority has it durable and this node
+    /// has applied it.
+    pub async fn write(&self, command: Command) -> Result<Answer, ClusterError> {
+        let proposed = tokio::time::timeout(self.write_timeout, self.raft.client_write(command));
+        match proposed.await {
+            Err(_) => Err(ClusterError::NoQuorum {
+                waited_ms: self.write_timeout.as_millis() as u64,
+            }),
+            Ok(Ok(response)) => Ok(response.data),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                Err(ClusterError::NotLeader {
+                    leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+                })
+            }
+            Ok(Err(e)) => Err(ClusterError::Raft(e.to_string())),
+        }
+    }
+
+    /// Waits until this node has applied everything committed when it was called,
+    /// confirmed by a majority (a read after it cannot be stale). Leader only.
+    pub async fn ensure_linearizable(&self) -> Result<(), ClusterError> {
+        let checked = tokio::time::timeout(self.write_timeout, self.raft.ensure_linearizable());
+        match checked.await {
+            Err(_) => Err(ClusterError::NoQuorum {
+                waited_ms: self.write_timeout.as_millis() as u64,
+            }),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(
+                f,
+            )))) => Err(ClusterError::NotLeader {
+                leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+            }),
+            Ok(Err(e)) => Err(ClusterError::Raft(e.to_string())),
+        }
+    }
+
+    /// Adds a node as a learner (it catches up from the log or a snapshot) and
+    /// waits until it has caught up.
+    pub async fn add_learner(&self, id: NodeId, address: String) -> Result<(), ClusterError> {
+        self.change(
+            self.raft
+                .add_learner(id, BasicNode::new(address), true)
+                .await,
+        )
+    }
+
+    /// Makes a learner a voter.
+    pub async fn promote(&self, id: NodeId) -> Result<(), ClusterError> {
+        let voters = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
+        self.change(self.raft.change_membership(voters, false).await)
+    }
+
+    /// Removes a voter or learner.
+    pub async fn remove(&self, id: NodeId) -> Result<(), ClusterError> {
+        let is_voter = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .voter_ids()
+            .any(|v| v == id);
+        let change = if is_voter {
+            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else {
+            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        };
+        self.change(self.raft.change_membership(change, false).await)
+    }
+
+    fn change<T>(
+        &self,
+        result: Result<T, RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>>,
+    ) -> Result<(), ClusterError> {
+        match result {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ClusterError::NotLeader {
+                    leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+                })
+            }
+            Err(e) => Err(ClusterError::Raft(e.to_string())),
+        }
+    }
+
+    /// The cluster as this node sees it (the leader knows every member's progress).
+    pub fn status(&self) -> ClusterStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let last_log = m.last_log_index;
+        let members = membership
+            .nodes()
+            .map(|(id, node)| {
+                let applied = match &m.replication {
+                    Some(progress) => progress.get(id).cloned().flatten().map(|l| l.index),
+                    None if *id == self.node_id => m.last_applied.map(|l| l.index),
+                    None => None,
+                };
+                MemberStatus {
+                    id: *id,
+                    address: node.addr.clone(),
+                    role: if m.current_leader == Some(*id) {
+                        "leader"
+                    } else if voters.contains(id) {
+                        "follower"
+                    } else {
+                        "learner"
+                    },
+                    applied,
+                    lag: last_log.zip(applied).map(|(l, a)| l.saturating_sub(a)),
+                }
+            })
+            .collect();
+        ClusterStatus {
+            node_id: self.node_id,
+            leader: m.current_leader,
+            term: m.current_term,
+            state: match m.state {
+                ServerState::Leader => "leader",
+                ServerState::Follower => "follower",
+                ServerState::Candidate => "candidate",
+                ServerState::Learner => "learner",
+                ServerState::Shutdown => "shutdown",
+            },
+            last_log_index: m.last_log_index,
+            last_applied: m.last_applied.map(|l| l.index),
+            members,
+        }
+    }
+
+    /// Stops Raft (the server then closes the store).
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "stopping Raft");
+        }
+    }
+}
