@@ -1,7 +1,7 @@
 //! `kiln serve` and `kiln api-key`.
 
 use clap::{Args, Subcommand};
-use kiln_server::{Limits, ServerConfig, TlsConfig};
+use kiln_server::{ClusterSettings, Limits, ServerConfig, TlsConfig};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -111,8 +111,36 @@ pub struct ServeArgs {
     /// The format of the log lines on stderr: text, or json (one object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// This server's id in its cluster (with --cluster).
+    #[arg(long, requires = "cluster")]
+    node_id: Option<u64>,
+    /// Run as a node of a cluster: every voter as ID=HOST:PORT, comma-separated
+    /// (e.g. 1=127.0.0.1:8081,2=127.0.0.1:8082,3=127.0.0.1:8083), the same list on
+    /// every node; the nodes reach each other at those addresses. Writes go to the
+    /// leader (a follower redirects them); GET /cluster shows the cluster.
+    #[arg(long, requires = "node_id", value_parser = parse_member, value_delimiter = ',')]
+    cluster: Vec<(u64, String)>,
     #[command(flatten)]
     storage: crate::storage_args::StorageArgs,
+}
+
+/// One `--cluster` member: `ID=HOST:PORT`.
+fn parse_member(text: &str) -> Result<(u64, String), String> {
+    let (id, address) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: give ID=HOST:PORT, e.g. 1=127.0.0.1:8081"))?;
+    let id = id
+        .trim()
+        .parse::<u64>()
+        .map_err(|_| format!("{text:?}: the node id must be a number"))?;
+    let address = address.trim();
+    if address
+        .rsplit_once(':')
+        .is_none_or(|(_, port)| port.parse::<u16>().is_err())
+    {
+        return Err(format!("{text:?}: the address must be HOST:PORT"));
+    }
+    Ok((id, address.to_string()))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -167,6 +195,12 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
     };
     config.unsecured = a.unsecured;
     config.own_http1 = !a.hyper_only;
+    if let Some(node_id) = a.node_id {
+        config.cluster = Some(ClusterSettings {
+            node_id,
+            members: a.cluster.iter().cloned().collect(),
+        });
+    }
     if let Some(n) = a.connection_threads {
         config.connection_threads = n;
     }

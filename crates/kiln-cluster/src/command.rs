@@ -28,6 +28,8 @@ pub enum Command {
 /// A write as the log carries it: the document as its JSON text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum LoggedOp {
+    /// An `id` ending in `/` is a prefix: the document gets a new id under it,
+    /// made from its etag (the same on every node).
     Put {
         id: String,
         json: String,
@@ -99,6 +101,9 @@ pub enum WriteAnswer {
     },
     Delete {
         id: String,
+        /// The etag the document had.
+        deleted_etag: String,
+        /// The delete's own etag (its tombstone's).
         etag: String,
     },
     Failed(ErrorAnswer),
@@ -110,6 +115,8 @@ pub enum WriteAnswer {
 pub struct ErrorAnswer {
     pub code: String,
     pub message: String,
+    /// On a conflict: the document's current etag.
+    pub current_etag: Option<String>,
 }
 
 /// Turns a document-layer error into what a client is told: the server passes
@@ -120,5 +127,6 @@ pub fn default_classifier() -> ClassifyError {
     std::sync::Arc::new(|e: &DocError| ErrorAnswer {
         code: "error".into(),
         message: e.to_string(),
+        current_etag: None,
     })
 }

@@ -109,6 +109,9 @@ pub struct ClusterNode {
     node_id: NodeId,
     store: Arc<DocStore>,
     write_timeout: Duration,
+    /// How long a leader may go without a majority's acknowledgment before it
+    /// refuses writes.
+    quorum_silence_ms: u64,
 }
 
 impl ClusterNode {
@@ -163,6 +166,7 @@ impl ClusterNode {
             node_id: config.node_id,
             store,
             write_timeout: Duration::from_millis(config.write_timeout_ms),
+            quorum_silence_ms: config.election_timeout_max_ms,
         })
     }
 
@@ -193,6 +197,16 @@ impl ClusterNode {
     /// Proposes a command; answers once a majority has it durable and this node
     /// has applied it.
     pub async fn write(&self, command: Command) -> Result<Answer, ClusterError> {
+        // A leader that has not heard from a majority for an election timeout is
+        // likely cut off: refuse before the entry enters its log (where it could
+        // still be committed later, after the client was told it failed).
+        let m = self.raft.metrics().borrow().clone();
+        if m.state == ServerState::Leader
+            && m.millis_since_quorum_ack
+                .is_none_or(|ms| ms > self.quorum_silence_ms)
+        {
+            return Err(ClusterError::NoQuorum { waited_ms: 0 });
+        }
         let proposed = tokio::time::timeout(self.write_timeout, self.raft.client_write(command));
         match proposed.await {
             Err(_) => Err(ClusterError::NoQuorum {

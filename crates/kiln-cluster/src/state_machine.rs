@@ -219,7 +219,11 @@ fn to_write_op(db: &kiln_docs::Database, op: LoggedOp) -> Result<WriteOp, DocErr
             json,
             condition,
         } => WriteOp::Put {
-            id: DocId::Given(id),
+            id: if id.ends_with('/') {
+                DocId::Generate { prefix: id }
+            } else {
+                DocId::Given(id)
+            },
             document: db.parse_document(json.as_bytes())?,
             condition: condition.to_condition()?,
         },
@@ -241,6 +245,7 @@ fn write_answer(o: BatchOutcome) -> WriteAnswer {
         },
         BatchOutcome::Delete(d) => WriteAnswer::Delete {
             id: d.id,
+            deleted_etag: d.etag.to_string(),
             etag: d.tombstone_etag.to_string(),
         },
     }

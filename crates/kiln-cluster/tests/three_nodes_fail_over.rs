@@ -82,7 +82,10 @@ async fn wait_for_leader(nodes: &BTreeMap<u64, Node>) -> u64 {
                 return *l;
             }
         }
-        assert!(Instant::now() < deadline, "no leader agreed on: {leaders:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no leader agreed on: {leaders:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -136,7 +139,10 @@ fn free_ports(n: usize) -> Vec<u16> {
     let listeners: Vec<std::net::TcpListener> = (0..n)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
         .collect();
-    listeners.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -158,10 +164,14 @@ async fn writes_survive_the_leader_stopping_and_the_old_leader_catches_up() {
     let follower = *nodes.keys().find(|id| **id != leader).unwrap();
     match nodes[&follower]
         .node
-        .write(Command::CreateDatabase { name: "shop".into() })
+        .write(Command::CreateDatabase {
+            name: "shop".into(),
+        })
         .await
     {
-        Err(ClusterError::NotLeader { leader: Some((id, addr)) }) => {
+        Err(ClusterError::NotLeader {
+            leader: Some((id, addr)),
+        }) => {
             assert_eq!((id, &addr), (leader, &members[&leader]));
         }
         other => panic!("a follower answered {other:?}"),
@@ -169,16 +179,26 @@ async fn writes_survive_the_leader_stopping_and_the_old_leader_catches_up() {
 
     let created = nodes[&leader]
         .node
-        .write(Command::CreateDatabase { name: "shop".into() })
+        .write(Command::CreateDatabase {
+            name: "shop".into(),
+        })
         .await
         .unwrap();
-    assert!(matches!(created, Answer::DatabaseCreated { .. }), "{created:?}");
+    assert!(
+        matches!(created, Answer::DatabaseCreated { .. }),
+        "{created:?}"
+    );
     let mut acknowledged: Vec<(String, String)> = Vec::new();
     for i in 0..20 {
         let id = format!("orders/{i}");
         let answer = nodes[&leader]
             .node
-            .write(put("shop", &id, &format!(r#"{{"n":{i}}}"#), 1_790_000_000_000 + i))
+            .write(put(
+                "shop",
+                &id,
+                &format!(r#"{{"n":{i}}}"#),
+                1_790_000_000_000 + i,
+            ))
             .await
             .unwrap();
         acknowledged.push((id, etag_of(&answer)));
@@ -198,14 +218,22 @@ async fn writes_survive_the_leader_stopping_and_the_old_leader_catches_up() {
         let id = format!("orders/{i}");
         let answer = nodes[&leader]
             .node
-            .write(put("shop", &id, &format!(r#"{{"n":{i}}}"#), 1_790_000_000_000 + i))
+            .write(put(
+                "shop",
+                &id,
+                &format!(r#"{{"n":{i}}}"#),
+                1_790_000_000_000 + i,
+            ))
             .await
             .unwrap();
         acknowledged.push((id, etag_of(&answer)));
     }
 
     // The old leader comes back on its directory and catches up.
-    nodes.insert(old_leader, start(old_leader, &dir(old_leader), &members).await);
+    nodes.insert(
+        old_leader,
+        start(old_leader, &dir(old_leader), &members).await,
+    );
     for n in nodes.values() {
         for (id, etag) in &acknowledged {
             wait_for_document(&n.node, id, etag).await;

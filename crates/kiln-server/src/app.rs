@@ -20,6 +20,9 @@ use axum::routing::{get, post, put};
 use axum::Router;
 use std::time::Instant;
 
+/// The largest Raft message a node takes (entries carry whole documents).
+const RAFT_MESSAGE_MAX_BYTES: usize = 256 << 20;
+
 /// The router with every layer; `cors_origins` as `ServerConfig::cors_origins`.
 pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
     let api = Router::new()
@@ -67,7 +70,8 @@ pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
                 .delete(queries::delete_index),
         )
         .route("/dbs/{db}/indexes/{name}/reset", post(queries::reset_index))
-        .route("/dbs/{db}/queries", post(queries::run_query));
+        .route("/dbs/{db}/queries", post(queries::run_query))
+        .route("/cluster", get(crate::routes::cluster::status));
     // Without authentication the layer would only pass requests on: leave it out.
     let api = if state.require_auth {
         api.route_layer(axum::middleware::from_fn_with_state(
@@ -77,9 +81,27 @@ pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
     } else {
         api
     };
+    // A follower sends writes to the leader (before authentication: the leader
+    // authenticates them).
+    let api = if state.cluster.is_some() {
+        api.route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::routes::cluster::front_door,
+        ))
+    } else {
+        api
+    };
     api
         // /health answers without authentication (load balancers, probes).
         .route("/health", get(routes_admin::health))
+        // Raft's messages between the nodes of a cluster (not authenticated yet:
+        // a cluster runs on a private network, see `ConfigError::ClusterInTheClear`).
+        .route(
+            "/cluster/raft/{kind}",
+            // A catch-up batch of entries or a snapshot chunk can be megabytes.
+            post(crate::routes::cluster::raft_message)
+                .layer(axum::extract::DefaultBodyLimit::max(RAFT_MESSAGE_MAX_BYTES)),
+        )
         // The studio's static files: no data in them, so no key needed to load them.
         .route("/", get(studio::root))
         .route("/studio", get(studio::index))

@@ -33,6 +33,16 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
     /// A line per request (`observe::finished`).
     pub access_log: crate::observe::AccessLog,
+    /// This server as a node of a cluster; `None` for a single server.
+    pub cluster: Option<ClusterSettings>,
+}
+
+/// `kiln serve --node-id N --cluster 1=host:port,2=host:port,3=host:port`.
+#[derive(Debug, Clone)]
+pub struct ClusterSettings {
+    pub node_id: u64,
+    /// Every voter of a new cluster, by id: the HTTP address others reach it at.
+    pub members: std::collections::BTreeMap<u64, String>,
 }
 
 #[derive(Clone)]
@@ -130,6 +140,7 @@ impl ServerConfig {
             connection_threads: default_connection_threads(),
             cors_origins: Vec::new(),
             access_log: crate::observe::AccessLog::Off,
+            cluster: None,
         }
     }
 
@@ -138,6 +149,10 @@ impl ServerConfig {
     pub fn check_security(&self) -> Result<(), ConfigError> {
         if self.bind.ip().is_loopback() || self.unsecured {
             return Ok(());
+        }
+        if self.cluster.is_some() {
+            // Raft's messages travel as plain, unauthenticated HTTP for now.
+            return Err(ConfigError::ClusterInTheClear { bind: self.bind });
         }
         let mut missing = Vec::new();
         if self.tls.is_none() {
@@ -175,6 +190,16 @@ impl ServerConfig {
         }
         Ok(crate::cross_origin::check_origins(&self.cors_origins)?)
     }
+
+    /// A node must be one of the cluster's members.
+    pub fn check_cluster(&self) -> Result<(), ConfigError> {
+        match &self.cluster {
+            Some(c) if !c.members.contains_key(&c.node_id) => {
+                Err(ConfigError::NodeNotInCluster { node_id: c.node_id })
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A server configuration that cannot start: what is wrong, in the words of the
@@ -188,6 +213,14 @@ pub enum ConfigError {
     Insecure { bind: SocketAddr, missing: String },
     #[error("{0}")]
     Limit(&'static str),
+    #[error(
+        "refusing to run a cluster node on {bind} (not a loopback address): the nodes' Raft \
+         messages are not encrypted nor authenticated yet; run the cluster on a private \
+         network and pass --unsecured"
+    )]
+    ClusterInTheClear { bind: SocketAddr },
+    #[error("--cluster must name this node (--node-id {node_id})")]
+    NodeNotInCluster { node_id: u64 },
     #[error(transparent)]
     CorsOrigin(#[from] InvalidOrigin),
 }

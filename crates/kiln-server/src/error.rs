@@ -88,6 +88,14 @@ error_codes! {
     InvalidRestorePoint = "invalid_restore_point" => BAD_REQUEST,
     BackupInvalid = "backup_invalid" => BAD_REQUEST,
     BackupReadFailed = "backup_read_failed" => BAD_REQUEST,
+    // A cluster.
+    /// A write sent to a follower: 307 with the leader's URL in `Location`.
+    NotLeader = "not_leader" => SERVICE_UNAVAILABLE,
+    /// No leader, or no majority acknowledged in time: the write was not accepted.
+    NoQuorum = "no_quorum" => SERVICE_UNAVAILABLE,
+    ClusterError = "cluster_error" => SERVICE_UNAVAILABLE,
+    NotClustered = "not_clustered" => NOT_FOUND,
+    NotSupportedInCluster = "not_supported_in_cluster" => NOT_IMPLEMENTED,
     // The server's state.
     Overloaded = "overloaded" => SERVICE_UNAVAILABLE,
     ShuttingDown = "shutting_down" => SERVICE_UNAVAILABLE,
@@ -210,7 +218,7 @@ fn latched(e: &DocError) -> bool {
     }
 }
 
-fn current_etag(e: &DocError) -> Option<Etag> {
+pub(crate) fn current_etag(e: &DocError) -> Option<Etag> {
     match e {
         DocError::Conflict { current, .. } => *current,
         DocError::BatchOpFailed { source, .. } => current_etag(source),
@@ -218,7 +226,7 @@ fn current_etag(e: &DocError) -> Option<Etag> {
     }
 }
 
-fn error_code(e: &DocError) -> ErrorCode {
+pub(crate) fn error_code(e: &DocError) -> ErrorCode {
     use ErrorCode as C;
     match e {
         DocError::DatabaseNotFound(_) => C::DatabaseNotFound,

@@ -20,7 +20,9 @@ mod serve;
 mod state;
 pub mod tls;
 
-pub use config::{default_connection_threads, ChangesConfig, Limits, ServerConfig, TlsConfig};
+pub use config::{
+    default_connection_threads, ChangesConfig, ClusterSettings, Limits, ServerConfig, TlsConfig,
+};
 pub use observe::AccessLog;
 pub use serve::{RunningServer, ServeError};
 

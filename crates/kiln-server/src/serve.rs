@@ -10,6 +10,7 @@ use crate::metrics::Metrics;
 use crate::state::{AppState, ConnInfo, SharedState};
 use crate::tls::TlsError;
 use axum::Router;
+use kiln_cluster::{ClusterConfig, ClusterNode};
 use kiln_docs::{DocError, DocStore};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,6 +48,8 @@ pub enum ServeError {
     Store(#[from] DocError),
     #[error(transparent)]
     Auth(#[from] AuthError),
+    #[error(transparent)]
+    Cluster(#[from] kiln_cluster::ClusterError),
 }
 
 /// A server running on the current tokio runtime.
@@ -67,11 +70,14 @@ impl RunningServer {
     pub async fn start(config: ServerConfig) -> Result<RunningServer, ServeError> {
         config.check_security()?;
         config.check_limits()?;
+        config.check_cluster()?;
         let tls = tls_acceptor(&config)?;
         warn_when_no_api_key_exists(&config)?;
-        let store = open_store(&config).await?;
+        let store = Arc::new(open_store(&config).await?);
         let listening = listen(config.bind).await?;
-        let state = app_state(&config, store)?;
+        // After the listener: the other nodes' messages wait in its backlog.
+        let cluster = start_cluster_node(&config, &store).await?;
+        let state = app_state(&config, store, cluster)?;
         start_tasks(&config, state, listening, tls)
     }
 
@@ -90,6 +96,10 @@ impl RunningServer {
         let _ = self.accept_loop.await;
         // Changes connections left the HTTP pool when they upgraded: end them here.
         self.state.hubs.stop_all();
+        // Raft's tasks hold the store (its state machine applies to it).
+        if let Some(node) = &self.state.cluster {
+            node.shutdown().await;
+        }
         match tokio::time::timeout(
             self.grace,
             self.connections.acquire_many(self.max_connections),
@@ -205,9 +215,39 @@ async fn listen(bind: SocketAddr) -> Result<Listening, ServeError> {
 }
 
 /// The state every request is served with, around the opened store.
-fn app_state(config: &ServerConfig, store: DocStore) -> Result<SharedState, ServeError> {
+/// This server's node of its cluster (Raft's log under `<data>/cluster/raft`).
+async fn start_cluster_node(
+    config: &ServerConfig,
+    store: &Arc<DocStore>,
+) -> Result<Option<Arc<ClusterNode>>, ServeError> {
+    let Some(settings) = &config.cluster else {
+        return Ok(None);
+    };
+    let raft_dir = config.data_dir.join("cluster").join("raft");
+    let mut cluster = ClusterConfig::new(settings.node_id, settings.members.clone(), raft_dir);
+    cluster.storage = config.docs.storage.clone();
+    cluster.storage.journal_dir = None;
+    let node = ClusterNode::start(
+        store.clone(),
+        cluster,
+        Some(crate::routes::cluster::classifier()),
+    )
+    .await?;
+    tracing::info!(
+        node_id = settings.node_id,
+        members = ?settings.members,
+        "cluster node started"
+    );
+    Ok(Some(Arc::new(node)))
+}
+
+fn app_state(
+    config: &ServerConfig,
+    store: Arc<DocStore>,
+    cluster: Option<Arc<ClusterNode>>,
+) -> Result<SharedState, ServeError> {
     Ok(Arc::new(AppState {
-        store: Arc::new(store),
+        store,
         metrics: Arc::new(Metrics::default()),
         limits: config.limits,
         require_auth: config.require_auth,
@@ -220,8 +260,11 @@ fn app_state(config: &ServerConfig, store: DocStore) -> Result<SharedState, Serv
         // With CORS on, the CORS layer puts headers on every answer (`Vary`, the
         // exposed headers), not only on a browser's: every request goes to the
         // router, which has that layer, rather than a second definition of it.
-        own_http1: config.own_http1 && config.cors_origins.is_empty(),
+        // A cluster's writes go through its log, which only the router's handlers
+        // know: the own loop (a single server's fast path) stays off.
+        own_http1: config.own_http1 && config.cors_origins.is_empty() && cluster.is_none(),
         access_log: config.access_log,
+        cluster,
     }))
 }
 

@@ -10,6 +10,7 @@ use super::{at_index, Database};
 use crate::schema::{decode_u64, META, META_APPLIED_LOG_INDEX};
 use crate::{BatchOutcome, DocError, Result, WriteOp};
 use kiln_storage::ReadTxn;
+use std::sync::atomic::Ordering;
 
 /// What applying a log entry did.
 #[derive(Debug)]
@@ -50,6 +51,10 @@ impl Database {
     ) -> Result<LoggedOutcome> {
         let env = self.live()?;
         let checks: Vec<Result<()>> = ops.iter().map(|op| self.check_op(op)).collect();
+        // Times never go back along a database's writes (a restore to a time takes
+        // a prefix of them), whatever the clock of the leader that stamped them: the
+        // database's own last write time is the same on every node at this entry.
+        let at_ms = at_ms.max(self.write_clock_ms.fetch_max(at_ms, Ordering::SeqCst));
         let mut unit = self.unit().at_time(at_ms);
         let outcome = env.submit_with(move |txn| {
             if log_index <= decode_applied(txn.get(META, META_APPLIED_LOG_INDEX)?)? {

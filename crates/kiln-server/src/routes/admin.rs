@@ -68,9 +68,13 @@ pub async fn create_database(
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    let store = state.store.clone();
-    let name = db.clone();
-    blocking(move || store.create_database(&name).map(|_| ())).await?;
+    if state.cluster.is_some() {
+        crate::routes::cluster::create_database(&state, &db).await?;
+    } else {
+        let store = state.store.clone();
+        let name = db.clone();
+        blocking(move || store.create_database(&name).map(|_| ())).await?;
+    }
     let mut r = json_value(StatusCode::CREATED, json!({"name": db}));
     if let Ok(v) = HeaderValue::from_str(&format!("/dbs/{db}")) {
         r.headers_mut().insert(header::LOCATION, v);
@@ -83,11 +87,15 @@ pub async fn delete_database(
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    let store = state.store.clone();
-    let name = db.clone();
     // Its changes connections end first: they hold the database open.
     state.hubs.remove(&db);
-    blocking(move || store.delete_database(&name)).await?;
+    if state.cluster.is_some() {
+        crate::routes::cluster::delete_database(&state, &db).await?;
+    } else {
+        let store = state.store.clone();
+        let name = db.clone();
+        blocking(move || store.delete_database(&name)).await?;
+    }
     Ok(json_value(StatusCode::OK, json!({"deleted": db})))
 }
 
@@ -217,6 +225,7 @@ pub async fn purge_tombstones(
     ApiPath(db): ApiPath<String>,
     Params(q): Params<PurgeQuery>,
 ) -> Result<Response, ApiError> {
+    crate::routes::cluster::refuse_in_cluster(&state, "purging tombstones")?;
     let database = state.store.database(&db)?;
     let before_sequence = q
         .before

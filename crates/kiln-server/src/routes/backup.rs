@@ -292,6 +292,7 @@ pub async fn restore(
     Params(q): Params<RestoreQuery>,
     body: Body,
 ) -> Result<Response, ApiError> {
+    crate::routes::cluster::refuse_in_cluster(&state, "restoring a database")?;
     kiln_docs::validate_database_name(&db)?;
     let point = match q.until.as_deref() {
         Some(u) => kiln_docs::RestorePoint::parse(u)?,

@@ -57,6 +57,7 @@ pub async fn bulk_insert(
     ApiPath(db): ApiPath<String>,
     body: Body,
 ) -> Result<Response, ApiError> {
+    crate::routes::cluster::refuse_in_cluster(&state, "bulk insert")?;
     let database = state.store.database(&db)?;
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(ACK_QUEUE);
     let run = BulkRun {

@@ -125,9 +125,9 @@ pub(crate) async fn put(
     condition: Condition,
 ) -> Result<PutOutcome, ApiError> {
     let target = if id.ends_with('/') {
-        DocId::Generate { prefix: id }
+        DocId::Generate { prefix: id.clone() }
     } else {
-        DocId::Given(id)
+        DocId::Given(id.clone())
     };
     let document = if body.len() <= INLINE_PARSE_BYTES {
         database.parse_document(body)?
@@ -135,6 +135,16 @@ pub(crate) async fn put(
         let (database, body) = (database.clone(), body.to_vec());
         blocking(move || database.parse_document(&body)).await?
     };
+    if state.cluster.is_some() {
+        // Checked here (a bad document never reaches the log), applied by every
+        // node from its text.
+        database.check_id(&target)?;
+        let op = crate::routes::cluster::logged_put(id, body, &condition)?;
+        return match crate::routes::cluster::write_one(state, database.name(), op).await? {
+            BatchOutcome::Put(out) => Ok(out),
+            BatchOutcome::Delete(_) => Err(mismatched_outcome()),
+        };
+    }
     let op = WriteOp::Put {
         id: target,
         document,
@@ -271,15 +281,43 @@ pub async fn delete_document(
 ) -> Result<Response, ApiError> {
     let condition = write_condition(&headers)?;
     let database = state.store.database(&db)?;
-    let out =
-        match crate::routes::write(&state, database, WriteOp::Delete { id, condition }).await? {
-            BatchOutcome::Delete(out) => out,
-            BatchOutcome::Put(_) => return Err(mismatched_outcome()),
-        };
+    let written = if state.cluster.is_some() {
+        let op = crate::routes::cluster::logged_delete(id, &condition);
+        crate::routes::cluster::write_one(&state, &db, op).await?
+    } else {
+        crate::routes::write(&state, database, WriteOp::Delete { id, condition }).await?
+    };
+    let out = match written {
+        BatchOutcome::Delete(out) => out,
+        BatchOutcome::Put(_) => return Err(mismatched_outcome()),
+    };
     Ok(json_value(
         StatusCode::OK,
         json!({"id": out.id, "deleted_etag": out.etag.to_string(), "etag": out.tombstone_etag.to_string()}),
     ))
+}
+
+/// A batch's operation as a cluster's log carries it.
+fn logged_batch_op(op: &BatchOp) -> kiln_cluster::LoggedOp {
+    use kiln_cluster::{LoggedCondition, LoggedOp};
+    match op {
+        BatchOp::Put {
+            id,
+            document,
+            condition,
+        } => LoggedOp::Put {
+            id: match id {
+                DocId::Given(id) => id.clone(),
+                DocId::Generate { prefix } => prefix.clone(),
+            },
+            json: document.to_string(),
+            condition: LoggedCondition::from_condition(condition),
+        },
+        BatchOp::Delete { id, condition } => LoggedOp::Delete {
+            id: id.clone(),
+            condition: LoggedCondition::from_condition(condition),
+        },
+    }
 }
 
 #[derive(Deserialize)]
@@ -456,7 +494,15 @@ pub async fn batch(
             },
         });
     }
-    let outcomes = blocking(move || database.batch(ops)).await?;
+    let outcomes = if state.cluster.is_some() {
+        let logged = ops.iter().map(logged_batch_op).collect();
+        crate::routes::cluster::write(&state, &db, logged, true)
+            .await?
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        blocking(move || database.batch(ops)).await?
+    };
     let results: Vec<Value> = outcomes
         .iter()
         .map(|o| match o {

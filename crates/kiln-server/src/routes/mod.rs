@@ -4,6 +4,7 @@ pub mod admin;
 pub mod backup;
 pub mod bulk;
 pub mod changes;
+pub mod cluster;
 pub mod docs;
 pub mod queries;
 pub mod studio;

@@ -65,6 +65,7 @@ pub async fn put_index(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    crate::routes::cluster::refuse_in_cluster(&state, "defining an index")?;
     let database = state.store.database(&db)?;
     let bytes = read_body(&headers, body, &state.limits).await?;
     let b: IndexBody = serde_json::from_slice(&bytes).map_err(bad_json)?;
@@ -112,6 +113,7 @@ pub async fn delete_index(
     State(state): State<SharedState>,
     ApiPath((db, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
+    crate::routes::cluster::refuse_in_cluster(&state, "deleting an index")?;
     let database = state.store.database(&db)?;
     let n = name.clone();
     blocking(move || database.delete_index(&n)).await?;

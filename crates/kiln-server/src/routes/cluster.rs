@@ -1,0 +1,294 @@
+//! A clustered server (`kiln serve --node-id N --cluster ...`): the cluster's
+//! routes, and the writes that go through its log instead of the local write
+//! queue.
+//!
+//! - `GET /cluster`: the cluster as this node sees it.
+//! - `POST /cluster/raft/{append,vote,snapshot}`: Raft's messages between nodes.
+//! - A write sent to a follower is redirected to the leader (307, the same path:
+//!   a client that follows redirects resends it there), by `front_door`.
+//! - On the leader, a write is proposed to the log and answered once a majority
+//!   has it and this node has applied it: with the etag every node gives it.
+
+use crate::error::{current_etag, error_code, ApiError, ErrorCode};
+use crate::http_util::json_value;
+use crate::state::{AppState, SharedState};
+use axum::body::Bytes;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use kiln_cluster::{
+    Answer, ClusterError, ClusterNode, Command, ErrorAnswer, LoggedCondition, LoggedOp, WriteAnswer,
+};
+use kiln_docs::{BatchOutcome, Condition, DeleteOutcome, DocError, Etag, PutOutcome};
+use std::sync::Arc;
+
+/// How the cluster's state machine reports a document error: the code and etag
+/// this server would answer with, so the leader answers as a single server does.
+pub fn classifier() -> kiln_cluster::command::ClassifyError {
+    Arc::new(|e: &DocError| ErrorAnswer {
+        code: error_code(e).as_str().to_string(),
+        message: e.to_string(),
+        current_etag: current_etag(e).map(|etag| etag.to_string()),
+    })
+}
+
+fn node(state: &AppState) -> Result<&Arc<ClusterNode>, ApiError> {
+    state.cluster.as_ref().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::NotClustered,
+            "this server is not part of a cluster (start it with --node-id and --cluster)",
+        )
+    })
+}
+
+pub async fn status(State(state): State<SharedState>) -> Result<Response, ApiError> {
+    let status = node(&state)?.status();
+    Ok(json_value(
+        StatusCode::OK,
+        serde_json::to_value(status).unwrap_or_default(),
+    ))
+}
+
+pub async fn raft_message(
+    State(state): State<SharedState>,
+    Path(kind): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let node = node(&state)?;
+    match kiln_cluster::network::handle_rpc(node.raft(), &kind, &body).await {
+        Ok(answer) => Ok((
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            answer,
+        )
+            .into_response()),
+        Err(e) => Err(ApiError::new(ErrorCode::BadRequest, e.to_string())),
+    }
+}
+
+/// Middleware of a clustered server: a write that reaches a follower goes to the
+/// leader (307 to the same path there), or fails with `no_quorum` while there is
+/// no leader. Reads are served here (they may lag the leader).
+pub async fn front_door(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+    let Some(node) = state.cluster.as_ref() else {
+        return next.run(req).await;
+    };
+    if !is_replicated_write(req.method(), req.uri().path()) {
+        return next.run(req).await;
+    }
+    let status = node.status();
+    if status.leader == Some(node.node_id()) {
+        return next.run(req).await;
+    }
+    match node.leader() {
+        Some((_, address)) => {
+            let path = req
+                .uri()
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_string();
+            redirect_to_leader(&address, &path)
+        }
+        None => ApiError::new(
+            ErrorCode::NoQuorum,
+            "the cluster has no leader at the moment: no write can be accepted; retry",
+        )
+        .into_response(),
+    }
+}
+
+/// Whether a request changes what the cluster replicates (so only the leader
+/// takes it). Queries are POSTs that only read.
+fn is_replicated_write(method: &Method, path: &str) -> bool {
+    let writes = matches!(*method, Method::PUT | Method::POST | Method::DELETE);
+    writes && !path.starts_with("/cluster") && !path.ends_with("/queries")
+}
+
+fn redirect_to_leader(address: &str, path: &str) -> Response {
+    let location = format!("http://{address}{path}");
+    let mut e = ApiError::new(
+        ErrorCode::NotLeader,
+        format!("this node is not the leader; send writes to {location}"),
+    );
+    e.status = StatusCode::TEMPORARY_REDIRECT;
+    let mut resp = e.into_response();
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    resp
+}
+
+/// Proposes a command and waits for its answer.
+async fn propose(node: &ClusterNode, command: Command) -> Result<Answer, ApiError> {
+    node.write(command).await.map_err(cluster_error)
+}
+
+fn cluster_error(e: ClusterError) -> ApiError {
+    let code = match &e {
+        ClusterError::NotLeader { .. } => ErrorCode::NotLeader,
+        ClusterError::NoQuorum { .. } => ErrorCode::NoQuorum,
+        _ => ErrorCode::ClusterError,
+    };
+    let mut api = ApiError::new(code, e.to_string());
+    api.retry_after_s = Some(1);
+    api
+}
+
+/// An error the state machine answered, as this server answers it.
+fn answered_error(e: ErrorAnswer) -> ApiError {
+    let code = ErrorCode::ALL
+        .iter()
+        .copied()
+        .find(|c| c.as_str() == e.code)
+        .unwrap_or(ErrorCode::InternalError);
+    let mut api = ApiError::new(code, e.message);
+    api.current_etag = e.current_etag.and_then(|t| Etag::parse(&t).ok());
+    api
+}
+
+fn unexpected(answer: &Answer) -> ApiError {
+    ApiError::new(
+        ErrorCode::InternalError,
+        format!("the cluster answered a write with {answer:?}"),
+    )
+}
+
+/// Writes through the log: one command, its writes each on its own (or all or
+/// none); one outcome per write.
+pub(crate) async fn write(
+    state: &AppState,
+    database: &str,
+    ops: Vec<LoggedOp>,
+    all_or_none: bool,
+) -> Result<Vec<Result<BatchOutcome, ApiError>>, ApiError> {
+    let node = node(state)?;
+    let command = Command::Write {
+        database: database.to_string(),
+        at_ms: now_ms(),
+        all_or_none,
+        ops,
+    };
+    match propose(node, command).await? {
+        Answer::Writes(answers) => answers.into_iter().map(outcome).collect(),
+        Answer::Failed(e) => Err(answered_error(e)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+fn outcome(answer: WriteAnswer) -> Result<Result<BatchOutcome, ApiError>, ApiError> {
+    let etag = |text: &str| {
+        Etag::parse(text).map_err(|_| {
+            ApiError::new(
+                ErrorCode::InternalError,
+                format!("the cluster answered etag {text:?}"),
+            )
+        })
+    };
+    Ok(match answer {
+        WriteAnswer::Put {
+            id,
+            etag: e,
+            collection,
+            last_modified_ms,
+            created,
+        } => Ok(BatchOutcome::Put(PutOutcome {
+            id,
+            etag: etag(&e)?,
+            collection,
+            last_modified_ms,
+            created,
+        })),
+        WriteAnswer::Delete {
+            id,
+            deleted_etag,
+            etag: e,
+        } => Ok(BatchOutcome::Delete(DeleteOutcome {
+            id,
+            etag: etag(&deleted_etag)?,
+            tombstone_etag: etag(&e)?,
+        })),
+        WriteAnswer::Failed(e) => Err(answered_error(e)),
+    })
+}
+
+/// One write through the log.
+pub(crate) async fn write_one(
+    state: &AppState,
+    database: &str,
+    op: LoggedOp,
+) -> Result<BatchOutcome, ApiError> {
+    let mut outcomes = write(state, database, vec![op], false).await?;
+    match outcomes.pop() {
+        Some(result) if outcomes.is_empty() => result,
+        _ => Err(ApiError::new(
+            ErrorCode::InternalError,
+            "the cluster answered one write with several outcomes",
+        )),
+    }
+}
+
+pub(crate) fn logged_put(
+    id: String,
+    json: &[u8],
+    condition: &Condition,
+) -> Result<LoggedOp, ApiError> {
+    let json = String::from_utf8(json.to_vec())
+        .map_err(|_| ApiError::new(ErrorCode::MalformedJson, "the document is not UTF-8"))?;
+    Ok(LoggedOp::Put {
+        id,
+        json,
+        condition: LoggedCondition::from_condition(condition),
+    })
+}
+
+pub(crate) fn logged_delete(id: String, condition: &Condition) -> LoggedOp {
+    LoggedOp::Delete {
+        id,
+        condition: LoggedCondition::from_condition(condition),
+    }
+}
+
+pub(crate) async fn create_database(state: &AppState, name: &str) -> Result<(), ApiError> {
+    kiln_docs::validate_database_name(name)?;
+    let command = Command::CreateDatabase {
+        name: name.to_string(),
+    };
+    match propose(node(state)?, command).await? {
+        Answer::DatabaseCreated { .. } => Ok(()),
+        Answer::Failed(e) => Err(answered_error(e)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+pub(crate) async fn delete_database(state: &AppState, name: &str) -> Result<(), ApiError> {
+    let command = Command::DeleteDatabase {
+        name: name.to_string(),
+    };
+    match propose(node(state)?, command).await? {
+        Answer::DatabaseDeleted { .. } => Ok(()),
+        Answer::Failed(e) => Err(answered_error(e)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// A route a cluster does not replicate yet: refused rather than done on one
+/// node only.
+pub(crate) fn refuse_in_cluster(state: &AppState, what: &str) -> Result<(), ApiError> {
+    if state.cluster.is_some() {
+        return Err(ApiError::new(
+            ErrorCode::NotSupportedInCluster,
+            format!("{what} is not replicated yet: a clustered server refuses it"),
+        ));
+    }
+    Ok(())
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
