@@ -251,6 +251,11 @@ impl Database {
         }
     }
 
+    /// The etags' suffix, chosen when the database was created.
+    pub fn incarnation(&self) -> u32 {
+        self.incarnation
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
