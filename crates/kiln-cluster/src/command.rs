@@ -7,12 +7,22 @@ use serde::{Deserialize, Serialize};
 /// One entry's change to the document store.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Command {
-    /// Creates a database; its incarnation (the etags' suffix) comes from the
-    /// entry's log id, the same on every node.
+    /// Creates a database with the incarnation (the etags' suffix) the leader
+    /// drew at random: the same on every node, another for each creation.
     CreateDatabase {
         name: String,
+        incarnation: u32,
     },
     DeleteDatabase {
+        name: String,
+    },
+    /// Defines an index (derived data: every node builds it from its documents).
+    DefineIndex {
+        database: String,
+        definition: kiln_docs::IndexDefinition,
+    },
+    DeleteIndex {
+        database: String,
         name: String,
     },
     /// Writes to one database at the leader's time `at_ms`: all or none (a
@@ -82,6 +92,11 @@ pub enum Answer {
     DatabaseDeleted {
         name: String,
     },
+    /// `created` is false when the same definition existed already.
+    IndexDefined {
+        created: bool,
+    },
+    IndexDeleted,
     /// One answer per write, in order.
     Writes(Vec<WriteAnswer>),
     /// The whole command failed (the database does not exist, ...).

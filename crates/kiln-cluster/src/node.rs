@@ -201,9 +201,11 @@ impl ClusterNode {
         // likely cut off: refuse before the entry enters its log (where it could
         // still be committed later, after the client was told it failed).
         let m = self.raft.metrics().borrow().clone();
+        // (A leader just elected has no acknowledgment yet: its first heartbeat
+        // brings one; the write's timeout covers a leader that never gets one.)
         if m.state == ServerState::Leader
             && m.millis_since_quorum_ack
-                .is_none_or(|ms| ms > self.quorum_silence_ms)
+                .is_some_and(|ms| ms > self.quorum_silence_ms)
         {
             return Err(ClusterError::NoQuorum { waited_ms: 0 });
         }

@@ -119,30 +119,12 @@ impl StateMachine {
     }
 }
 
-/// The incarnation of a database created by the entry at `log_id`: the same on
-/// every node, and different for each creation.
-fn incarnation_of(log_id: &LogId) -> u32 {
-    // FNV-1a over the log id's parts.
-    let mut h: u32 = 0x811c_9dc5;
-    for part in [
-        log_id.leader_id.term,
-        log_id.leader_id.node_id,
-        log_id.index,
-    ] {
-        for b in part.to_be_bytes() {
-            h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
-        }
-    }
-    h
-}
-
 /// Applies one command to the store (blocking).
 fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, StorageError> {
     let store = &shared.store;
     let failed = |e: &DocError| Answer::Failed((shared.classify)(e));
     match command {
-        Command::CreateDatabase { name } => {
-            let incarnation = incarnation_of(log_id);
+        Command::CreateDatabase { name, incarnation } => {
             if let Ok(db) = store.database(&name) {
                 // Created by this very entry before a restart, or an error.
                 return Ok(if db.incarnation() == incarnation {
@@ -162,6 +144,27 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
             Ok(()) => Answer::DatabaseDeleted { name },
             Err(e) => storage_or(e, failed)?,
         }),
+        Command::DefineIndex {
+            database,
+            definition,
+        } => Ok(
+            match store
+                .database(&database)
+                .and_then(|db| db.define_index(definition))
+            {
+                Ok(created) => Answer::IndexDefined { created },
+                Err(e) => storage_or(e, failed)?,
+            },
+        ),
+        Command::DeleteIndex { database, name } => Ok(
+            match store
+                .database(&database)
+                .and_then(|db| db.delete_index(&name))
+            {
+                Ok(()) => Answer::IndexDeleted,
+                Err(e) => storage_or(e, failed)?,
+            },
+        ),
         Command::Write {
             database,
             at_ms,

@@ -166,6 +166,7 @@ async fn writes_survive_the_leader_stopping_and_the_old_leader_catches_up() {
         .node
         .write(Command::CreateDatabase {
             name: "shop".into(),
+            incarnation: 7,
         })
         .await
     {
@@ -181,6 +182,7 @@ async fn writes_survive_the_leader_stopping_and_the_old_leader_catches_up() {
         .node
         .write(Command::CreateDatabase {
             name: "shop".into(),
+            incarnation: 7,
         })
         .await
         .unwrap();

@@ -123,6 +123,14 @@ pub fn validate_index_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+impl IndexDefinition {
+    /// Checks the definition as `define_index` would (name, fields, paths), without
+    /// defining it: a cluster's leader checks before it logs the definition.
+    pub fn check(&self) -> Result<()> {
+        Compiled::new(self.clone()).map(|_| ())
+    }
+}
+
 /// A definition with its paths parsed, ready to index documents.
 #[derive(Debug, Clone)]
 pub(crate) struct Compiled {

@@ -57,7 +57,6 @@ pub async fn bulk_insert(
     ApiPath(db): ApiPath<String>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    crate::routes::cluster::refuse_in_cluster(&state, "bulk insert")?;
     let database = state.store.database(&db)?;
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(ACK_QUEUE);
     let run = BulkRun {
@@ -91,7 +90,8 @@ fn tokio_stream_from(
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-type Commit = oneshot::Receiver<Result<Vec<BatchOutcome>, DocError>>;
+/// A batch on its way: the write queue's (or, in a cluster, the log's) answer.
+type Commit = oneshot::Receiver<Result<Vec<BatchOutcome>, ApiError>>;
 
 struct BulkRun {
     state: SharedState,
@@ -109,6 +109,8 @@ struct BulkRun {
 #[derive(Default)]
 struct Filling {
     ops: Vec<WriteOp>,
+    /// In a cluster: the same writes as the log carries them (the documents' text).
+    logged: Vec<kiln_cluster::LoggedOp>,
     bytes: usize,
 }
 
@@ -348,6 +350,16 @@ impl BulkRun {
         // Checked here, not when the batch is written: a bad id must stop the stream
         // at its own line, with every line before it committed.
         self.db.check_id(&target).map_err(refused)?;
+        if self.state.cluster.is_some() {
+            filling.logged.push(kiln_cluster::LoggedOp::Put {
+                id: match &target {
+                    DocId::Given(id) => id.clone(),
+                    DocId::Generate { prefix } => prefix.clone(),
+                },
+                json: parsed.document.get().to_string(),
+                condition: kiln_cluster::LoggedCondition::None,
+            });
+        }
         filling.bytes += line.len();
         filling.ops.push(WriteOp::Put {
             id: target,
@@ -359,11 +371,22 @@ impl BulkRun {
 
     async fn submit(&self, filling: Filling) -> Result<Commit, LineError> {
         let (reply, answer) = oneshot::channel();
+        if self.state.cluster.is_some() {
+            // One log entry per batch, all or none, as the write queue commits it.
+            let (state, db) = (self.state.clone(), self.db.name().to_string());
+            tokio::spawn(async move {
+                let written = crate::routes::cluster::write(&state, &db, filling.logged, true)
+                    .await
+                    .and_then(|outcomes| outcomes.into_iter().collect());
+                let _ = reply.send(written);
+            });
+            return Ok(answer);
+        }
         self.state
             .store
             .writes()
             .write_all(self.db.clone(), filling.ops, move |r| {
-                let _ = reply.send(r);
+                let _ = reply.send(r.map_err(ApiError::from));
             })
             .map_err(|e| LineError {
                 line: 0,
@@ -376,7 +399,7 @@ impl BulkRun {
     /// Records a committed batch (or turns its failure into the stream's end).
     async fn finish(
         &mut self,
-        done: Result<Result<Vec<BatchOutcome>, DocError>, oneshot::error::RecvError>,
+        done: Result<Result<Vec<BatchOutcome>, ApiError>, oneshot::error::RecvError>,
         line_no: u64,
     ) -> Result<(), LineError> {
         match done {
@@ -390,14 +413,11 @@ impl BulkRun {
                     .await;
                 Ok(())
             }
-            Ok(Err(e)) => {
-                let e = ApiError::from(e);
-                Err(LineError {
-                    line: line_no,
-                    code: e.code,
-                    message: format!("a batch failed and was not applied: {}", e.message),
-                })
-            }
+            Ok(Err(e)) => Err(LineError {
+                line: line_no,
+                code: e.code,
+                message: format!("a batch failed and was not applied: {}", e.message),
+            }),
             Err(_) => Err(LineError {
                 line: line_no,
                 code: ErrorCode::InternalError,

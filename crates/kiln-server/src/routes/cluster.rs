@@ -255,6 +255,7 @@ pub(crate) async fn create_database(state: &AppState, name: &str) -> Result<(), 
     kiln_docs::validate_database_name(name)?;
     let command = Command::CreateDatabase {
         name: name.to_string(),
+        incarnation: rand::random(),
     };
     match propose(node(state)?, command).await? {
         Answer::DatabaseCreated { .. } => Ok(()),
@@ -269,6 +270,39 @@ pub(crate) async fn delete_database(state: &AppState, name: &str) -> Result<(), 
     };
     match propose(node(state)?, command).await? {
         Answer::DatabaseDeleted { .. } => Ok(()),
+        Answer::Failed(e) => Err(answered_error(e)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Defines an index on every node; true when it is new.
+pub(crate) async fn define_index(
+    state: &AppState,
+    database: &str,
+    definition: kiln_docs::IndexDefinition,
+) -> Result<bool, ApiError> {
+    let command = Command::DefineIndex {
+        database: database.to_string(),
+        definition,
+    };
+    match propose(node(state)?, command).await? {
+        Answer::IndexDefined { created } => Ok(created),
+        Answer::Failed(e) => Err(answered_error(e)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+pub(crate) async fn delete_index(
+    state: &AppState,
+    database: &str,
+    name: &str,
+) -> Result<(), ApiError> {
+    let command = Command::DeleteIndex {
+        database: database.to_string(),
+        name: name.to_string(),
+    };
+    match propose(node(state)?, command).await? {
+        Answer::IndexDeleted => Ok(()),
         Answer::Failed(e) => Err(answered_error(e)),
         other => Err(unexpected(&other)),
     }

@@ -65,7 +65,6 @@ pub async fn put_index(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    crate::routes::cluster::refuse_in_cluster(&state, "defining an index")?;
     let database = state.store.database(&db)?;
     let bytes = read_body(&headers, body, &state.limits).await?;
     let b: IndexBody = serde_json::from_slice(&bytes).map_err(bad_json)?;
@@ -85,11 +84,21 @@ pub async fn put_index(
             .collect(),
         auto: false,
     };
-    let created = blocking(move || {
-        let created = database.define_index(def.clone())?;
-        Ok((created, database.index_info(&def.name)?))
-    })
-    .await?;
+    let created = if state.cluster.is_some() {
+        // Checked here first (a bad definition never reaches the log).
+        def.check()?;
+        let created = crate::routes::cluster::define_index(&state, &db, def.clone()).await?;
+        (
+            created,
+            blocking(move || database.index_info(&def.name)).await?,
+        )
+    } else {
+        blocking(move || {
+            let created = database.define_index(def.clone())?;
+            Ok((created, database.index_info(&def.name)?))
+        })
+        .await?
+    };
     let status = if created.0 {
         StatusCode::CREATED
     } else {
@@ -113,10 +122,13 @@ pub async fn delete_index(
     State(state): State<SharedState>,
     ApiPath((db, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
-    crate::routes::cluster::refuse_in_cluster(&state, "deleting an index")?;
     let database = state.store.database(&db)?;
-    let n = name.clone();
-    blocking(move || database.delete_index(&n)).await?;
+    if state.cluster.is_some() {
+        crate::routes::cluster::delete_index(&state, &db, &name).await?;
+    } else {
+        let n = name.clone();
+        blocking(move || database.delete_index(&n)).await?;
+    }
     Ok(json_value(StatusCode::OK, json!({"deleted": name})))
 }
 
