@@ -3,6 +3,7 @@
 mod backup_cmd;
 mod bench_cmd;
 mod client;
+mod cluster_cmd;
 mod docs_cmd;
 mod export_cmd;
 mod import_cmd;
@@ -108,6 +109,9 @@ enum Command {
     Backup(backup_cmd::BackupArgs),
     /// Create a database in an (offline) data directory from a backup.
     Restore(backup_cmd::RestoreArgs),
+    /// A cluster's members: status, add a learner, promote it, remove a node.
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCommand),
     /// Run a query against a server: `kiln query --url U --db DB "from users where ..."`.
     Query(query_cmd::QueryArgs),
     /// Raw key-value access to one storage environment (no documents).
@@ -215,6 +219,7 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
     match cmd {
         Command::Serve(args) => serve_cmd::serve(args)?,
         Command::ApiKey(cmd) => serve_cmd::api_key(cmd)?,
+        Command::Cluster(cmd) => cluster_cmd::run(cmd)?,
         Command::Put {
             data_dir,
             database,

@@ -120,6 +120,10 @@ pub struct ServeArgs {
     /// leader (a follower redirects them); GET /cluster shows the cluster.
     #[arg(long, requires = "node_id", value_parser = parse_member, value_delimiter = ',')]
     cluster: Vec<(u64, String)>,
+    /// Join a running cluster instead of forming one: --cluster then names this
+    /// node only, and `kiln cluster add` on the cluster adds it.
+    #[arg(long, requires = "cluster")]
+    join: bool,
     #[command(flatten)]
     storage: crate::storage_args::StorageArgs,
 }
@@ -199,6 +203,7 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
         config.cluster = Some(ClusterSettings {
             node_id,
             members: a.cluster.iter().cloned().collect(),
+            joining: a.join,
         });
     }
     if let Some(n) = a.connection_threads {

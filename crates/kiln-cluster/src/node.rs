@@ -34,6 +34,9 @@ pub struct ClusterConfig {
     pub snapshot_every_entries: u64,
     /// How long a write waits to be committed before it is answered `no_quorum`.
     pub write_timeout_ms: u64,
+    /// A node that joins an existing cluster (added with `add_learner`) must not
+    /// propose a membership of its own.
+    pub joining: bool,
 }
 
 impl ClusterConfig {
@@ -48,6 +51,7 @@ impl ClusterConfig {
             election_timeout_max_ms: 800,
             snapshot_every_entries: 5_000,
             write_timeout_ms: 5_000,
+            joining: false,
         }
     }
 }
@@ -158,7 +162,9 @@ impl ClusterNode {
             .collect();
         // Every node of a new cluster proposes the same membership; a node that
         // already has a log (or a vote) refuses, which is what we want.
-        if let Err(e) = raft.initialize(members).await {
+        if config.joining {
+            tracing::info!("joining: waiting to be added by the cluster's leader");
+        } else if let Err(e) = raft.initialize(members).await {
             tracing::debug!(error = %e, "not initializing the cluster (it has a state already)");
         }
         Ok(ClusterNode {

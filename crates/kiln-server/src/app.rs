@@ -71,7 +71,16 @@ pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
         )
         .route("/dbs/{db}/indexes/{name}/reset", post(queries::reset_index))
         .route("/dbs/{db}/queries", post(queries::run_query))
-        .route("/cluster", get(crate::routes::cluster::status));
+        .route("/cluster", get(crate::routes::cluster::status))
+        .route("/cluster/members", post(crate::routes::cluster::add_member))
+        .route(
+            "/cluster/members/{id}",
+            axum::routing::delete(crate::routes::cluster::remove_member),
+        )
+        .route(
+            "/cluster/members/{id}/promote",
+            post(crate::routes::cluster::promote_member),
+        );
     // Without authentication the layer would only pass requests on: leave it out.
     let api = if state.require_auth {
         api.route_layer(axum::middleware::from_fn_with_state(

@@ -43,6 +43,9 @@ pub struct ClusterSettings {
     pub node_id: u64,
     /// Every voter of a new cluster, by id: the HTTP address others reach it at.
     pub members: std::collections::BTreeMap<u64, String>,
+    /// This node joins a running cluster (`kiln cluster add`), instead of forming
+    /// one with `members`.
+    pub joining: bool,
 }
 
 #[derive(Clone)]

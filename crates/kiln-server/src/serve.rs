@@ -227,6 +227,7 @@ async fn start_cluster_node(
     let mut cluster = ClusterConfig::new(settings.node_id, settings.members.clone(), raft_dir);
     cluster.storage = config.docs.storage.clone();
     cluster.storage.journal_dir = None;
+    cluster.joining = settings.joining;
     let node = ClusterNode::start(
         store.clone(),
         cluster,

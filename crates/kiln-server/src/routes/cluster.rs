@@ -11,9 +11,10 @@
 
 use crate::error::{current_etag, error_code, ApiError, ErrorCode};
 use crate::http_util::json_value;
+use crate::http_util::ApiPath;
 use crate::state::{AppState, SharedState};
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -52,7 +53,7 @@ pub async fn status(State(state): State<SharedState>) -> Result<Response, ApiErr
 
 pub async fn raft_message(
     State(state): State<SharedState>,
-    Path(kind): Path<String>,
+    ApiPath(kind): ApiPath<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let node = node(&state)?;
@@ -67,6 +68,59 @@ pub async fn raft_message(
             .into_response()),
         Err(e) => Err(ApiError::new(ErrorCode::BadRequest, e.to_string())),
     }
+}
+
+/// `POST /cluster/members` with `{"id": N, "address": "host:port"}`: adds a node as
+/// a learner; answers once it has caught up with the log (or a snapshot).
+pub async fn add_member(
+    State(state): State<SharedState>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let node = node(&state)?;
+    let body: NewMember = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            ErrorCode::MalformedJson,
+            format!("{e} (the body is {{\"id\": N, \"address\": \"host:port\"}})"),
+        )
+    })?;
+    node.add_learner(body.id, body.address.clone())
+        .await
+        .map_err(cluster_error)?;
+    Ok(json_value(
+        StatusCode::OK,
+        serde_json::json!({"id": body.id, "address": body.address, "role": "learner"}),
+    ))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewMember {
+    id: u64,
+    address: String,
+}
+
+/// `POST /cluster/members/{id}/promote`: a learner becomes a voter.
+pub async fn promote_member(
+    State(state): State<SharedState>,
+    ApiPath(id): ApiPath<u64>,
+) -> Result<Response, ApiError> {
+    node(&state)?.promote(id).await.map_err(cluster_error)?;
+    Ok(json_value(
+        StatusCode::OK,
+        serde_json::json!({"id": id, "role": "voter"}),
+    ))
+}
+
+/// `DELETE /cluster/members/{id}`: the node leaves the cluster.
+pub async fn remove_member(
+    State(state): State<SharedState>,
+    ApiPath(id): ApiPath<u64>,
+) -> Result<Response, ApiError> {
+    node(&state)?.remove(id).await.map_err(cluster_error)?;
+    Ok(json_value(
+        StatusCode::OK,
+        serde_json::json!({"removed": id}),
+    ))
 }
 
 /// Middleware of a clustered server: a write that reaches a follower goes to the
@@ -104,7 +158,7 @@ pub async fn front_door(State(state): State<SharedState>, req: Request, next: Ne
 /// takes it). Queries are POSTs that only read.
 fn is_replicated_write(method: &Method, path: &str) -> bool {
     let writes = matches!(*method, Method::PUT | Method::POST | Method::DELETE);
-    writes && !path.starts_with("/cluster") && !path.ends_with("/queries")
+    writes && !path.starts_with("/cluster/raft/") && !path.ends_with("/queries")
 }
 
 fn redirect_to_leader(address: &str, path: &str) -> Response {
