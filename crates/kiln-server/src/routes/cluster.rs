@@ -127,31 +127,104 @@ pub async fn remove_member(
 /// leader (307 to the same path there), or fails with `no_quorum` while there is
 /// no leader. Reads are served here (they may lag the leader).
 pub async fn front_door(State(state): State<SharedState>, req: Request, next: Next) -> Response {
-    let Some(node) = state.cluster.as_ref() else {
+    let Some(node) = state.cluster.clone() else {
         return next.run(req).await;
     };
-    if !is_replicated_write(req.method(), req.uri().path()) {
-        return next.run(req).await;
-    }
+    let mut resp = match route_in_cluster(&node, req, next).await {
+        Ok(resp) | Err(resp) => resp,
+    };
+    // Which node answered and how far it has applied the log: a read on a follower
+    // may lag the leader by what it has not applied yet.
     let status = node.status();
-    if status.leader == Some(node.node_id()) {
-        return next.run(req).await;
+    let h = resp.headers_mut();
+    h.insert("kiln-node-id", HeaderValue::from(node.node_id()));
+    if let Some(applied) = status.last_applied {
+        h.insert("kiln-applied-index", HeaderValue::from(applied));
     }
-    match node.leader() {
-        Some((_, address)) => {
-            let path = req
-                .uri()
-                .path_and_query()
-                .map_or("/", |p| p.as_str())
-                .to_string();
-            redirect_to_leader(&address, &path)
+    if let Some(leader) = status.leader {
+        h.insert("kiln-leader-id", HeaderValue::from(leader));
+    }
+    resp
+}
+
+/// Writes to the leader; `?consistency=linearizable` reads too, after the leader
+/// confirmed with a majority that it still leads and applied what was committed.
+async fn route_in_cluster(
+    node: &ClusterNode,
+    mut req: Request,
+    next: Next,
+) -> Result<Response, Response> {
+    let linearizable = take_consistency(&mut req).map_err(IntoResponse::into_response)?;
+    let write = is_replicated_write(req.method(), req.uri().path());
+    if !write && !linearizable {
+        return Ok(next.run(req).await);
+    }
+    let leads = node.status().leader == Some(node.node_id());
+    if !leads {
+        let Some((_, address)) = node.leader() else {
+            return Err(ApiError::new(
+                ErrorCode::NoQuorum,
+                "the cluster has no leader at the moment: retry",
+            )
+            .into_response());
+        };
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        let path = if linearizable {
+            format!(
+                "{path}{}consistency=linearizable",
+                if path.contains('?') { "&" } else { "?" }
+            )
+        } else {
+            path.to_string()
+        };
+        return Err(redirect_to_leader(&address, &path));
+    }
+    if linearizable {
+        node.ensure_linearizable()
+            .await
+            .map_err(|e| cluster_error(e).into_response())?;
+    }
+    Ok(next.run(req).await)
+}
+
+/// Removes `consistency` from the request's query (the routes do not take it):
+/// true for `linearizable`, false for `local` or none.
+fn take_consistency(req: &mut Request) -> Result<bool, ApiError> {
+    let Some(query) = req.uri().query() else {
+        return Ok(false);
+    };
+    if !query.contains("consistency=") {
+        return Ok(false);
+    }
+    let mut linearizable = false;
+    let mut kept = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        if k == "consistency" {
+            linearizable = match v.as_ref() {
+                "linearizable" => true,
+                "local" => false,
+                other => {
+                    return Err(ApiError::new(
+                        ErrorCode::InvalidQuery,
+                        format!("consistency={other:?}: give linearizable or local"),
+                    ))
+                }
+            };
+        } else {
+            kept.append_pair(&k, &v);
         }
-        None => ApiError::new(
-            ErrorCode::NoQuorum,
-            "the cluster has no leader at the moment: no write can be accepted; retry",
-        )
-        .into_response(),
     }
+    let kept = kept.finish();
+    let path = req.uri().path();
+    let uri = if kept.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{kept}")
+    };
+    *req.uri_mut() = uri
+        .parse()
+        .map_err(|_| ApiError::new(ErrorCode::InvalidQuery, "the query does not parse"))?;
+    Ok(linearizable)
 }
 
 /// Whether a request changes what the cluster replicates (so only the leader
