@@ -10,45 +10,86 @@ used from async code as they are).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
+import logging
 import ssl
-from typing import Any, Callable, Dict, List, Optional, Sequence, Type, TypeVar
-from urllib.parse import quote, urlsplit
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Type, TypeVar, Union
+from urllib.parse import quote
 
 import httpx
 
 from .cache import CacheStats, HttpCache
+from .cluster import (PROBE_INTERVAL, ClusterView, after_retry, failover_of_answer,
+                      failover_of_transport, is_not_clustered, is_write, no_leader_error,
+                      normalize_urls, not_retried, probe_refused,
+                      resend_cannot_duplicate)
 from .errors import (ConcurrencyError, ConnectionFailedError, DocumentNotFoundError,
-                     error_from_response)
+                     KilnError, RetriedWriteError, error_from_response)
 from .query import Query, QueryResult
 from .session import Session, _snapshot, to_document  # noqa: F401
 from .store import CertArg, DocumentStore, Response, doc_path, strip_quotes
 
 T = TypeVar("T")
 
+log = logging.getLogger("kiln_client.cluster")
+
 
 class AsyncDocumentStore:
-    """``async with AsyncDocumentStore(url, database) as store: ...``"""
+    """``async with AsyncDocumentStore(url, database) as store: ...``
 
-    def __init__(self, url: str, database: str, api_key: Optional[str] = None,
-                 ca: Optional[str] = None, cert: CertArg = None, *,
+    ``url`` is one URL or a list of a cluster's nodes, as for
+    :class:`~kiln_client.DocumentStore` (writes to the leader, one retry after a
+    failover); :attr:`last_node` is the node that answered this task's last request.
+    """
+
+    def __init__(self, url: Union[str, Sequence[str]], database: str,
+                 api_key: Optional[str] = None, ca: Optional[str] = None,
+                 cert: CertArg = None, *,
                  cache_size_bytes: int = 64 << 20, max_requests_per_session: int = 30,
-                 timeout: float = 30.0) -> None:
-        self.url = url.rstrip("/")
-        if urlsplit(self.url).scheme not in ("http", "https"):
-            raise ValueError(f"url must start with http:// or https://, not {url!r}")
+                 timeout: float = 30.0, failover_timeout: float = 10.0) -> None:
+        urls, clustered = normalize_urls(url)
+        self._view = ClusterView(urls, clustered)
+        self._last: "contextvars.ContextVar[Optional[str]]" = contextvars.ContextVar(
+            f"kiln_last_node_{id(self)}", default=None)
         self.database = database
         self.max_requests_per_session = max_requests_per_session
+        self.timeout = timeout
+        self.failover_timeout = failover_timeout
         ctx: Optional[ssl.SSLContext] = None
-        if self.url.startswith("https://"):
+        if self._view.scheme == "https":
             ctx = DocumentStore.make_ssl_context(ca, cert)
         headers = {"Accept": "application/json", "User-Agent": "kiln-client-python/0.1"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout,
+        self._client = httpx.AsyncClient(headers=headers, timeout=timeout,
                                          verify=ctx if ctx is not None else True)
         self.cache = HttpCache(cache_size_bytes)
         self.stats = CacheStats()
+
+    @property
+    def url(self) -> str:
+        """The node reads go to."""
+        return self._view.current
+
+    @property
+    def urls(self) -> List[str]:
+        return list(self._view.urls)
+
+    @property
+    def leader_url(self) -> Optional[str]:
+        return self._view.leader
+
+    @property
+    def clustered(self) -> bool:
+        return self._view.clustered
+
+    @property
+    def last_node(self) -> Optional[str]:
+        """The URL of the node that answered this task's last request (a context
+        variable: what a task sees is set by its own requests)."""
+        return self._last.get()
 
     @property
     def db_path(self) -> str:
@@ -60,23 +101,147 @@ class AsyncDocumentStore:
     async def send(self, method: str, path: str, *, json_body: Any = None,
                    content: Optional[bytes] = None, headers: Optional[Dict[str, str]] = None,
                    params: Optional[Dict[str, Any]] = None) -> httpx.Response:
+        """As :meth:`DocumentStore.send`."""
         if json_body is not None:
             content = json.dumps(json_body, separators=(",", ":")).encode()
             headers = dict(headers or {})
             headers["Content-Type"] = "application/json"
-        try:
-            r = await self._client.request(method, path, content=content, headers=headers,
-                                           params=params)
-        except httpx.TransportError as e:
-            raise ConnectionFailedError(f"{method} {self.url}{path}: {e!r}") from e
+        if is_write(method, path):
+            return await self._send_write(method, path, content, headers, params)
+        return await self._send_read(method, path, content, headers, params)
+
+    async def _attempt(self, node: str, method: str, path: str, content: Optional[bytes],
+                       headers: Optional[Dict[str, str]],
+                       params: Optional[Dict[str, Any]]) -> httpx.Response:
+        r = await self._client.request(method, node + path, content=content,
+                                       headers=headers, params=params)
         self.stats.requests += 1
         self.stats.bytes_received += len(r.content)
+        self._last.set(node)
         return r
+
+    async def _send_read(self, method: str, path: str, content: Optional[bytes],
+                         headers: Optional[Dict[str, str]],
+                         params: Optional[Dict[str, Any]]) -> httpx.Response:
+        node = self._view.current
+        try:
+            return await self._attempt(node, method, path, content, headers, params)
+        except httpx.TransportError as e:
+            first = e
+        if self._view.clustered:
+            for other in self._view.next_read_nodes(node):
+                try:
+                    r = await self._attempt(other, method, path, content, headers, params)
+                except httpx.TransportError:
+                    continue
+                if self._view.current == node:
+                    self._view.current = other
+                return r
+        err = ConnectionFailedError(f"{method} {node}{path}: {first!r}")
+        err.node = node
+        raise err from first
+
+    async def _send_write(self, method: str, path: str, content: Optional[bytes],
+                          headers: Optional[Dict[str, str]],
+                          params: Optional[Dict[str, Any]]) -> httpx.Response:
+        view = self._view
+        if not view.clustered:
+            node = view.current
+        else:
+            node = view.leader or await self._discover()
+        try:
+            r = await self._attempt(node, method, path, content, headers, params)
+        except httpx.TransportError as e:
+            if not view.clustered:
+                err = ConnectionFailedError(f"{method} {node}{path}: {e!r}")
+                err.node = node
+                raise err from e
+            first = failover_of_transport(node, method, path, e)
+        else:
+            failed = failover_of_answer(node, r.status_code, r.content, r.headers, view)
+            if failed is None:
+                return r
+            first = failed
+            view.clustered = True
+        if first.maybe_applied and not resend_cannot_duplicate(method, path, content):
+            self._forget_leader(node)
+            raise not_retried(method, path, first)
+        leader = view.leader
+        if leader is None or leader == node:
+            view.leader = None
+            try:
+                leader = await self._discover(first.hint)
+            except KilnError as e:
+                e.message = (f"{e.message}; the write was not sent again (it failed: "
+                             f"{first.describe()})")
+                raise
+        log.info("%s %s failed during a failover (%s): sending it again to %s",
+                 method, path, first.describe(), leader)
+        self.stats.failover_retries += 1
+        try:
+            r = await self._attempt(leader, method, path, content, headers, params)
+        except httpx.TransportError as e:
+            self._forget_leader(leader)
+            err = ConnectionFailedError(
+                f"{method} {leader}{path}: {e!r} (the one retry, after: {first.describe()})")
+            err.node = leader
+            raise err from e
+        again = failover_of_answer(leader, r.status_code, r.content, r.headers, view)
+        if again is not None:
+            self._forget_leader(leader)
+            raise after_retry(method, path, headers, first, leader, again.error)
+        if r.status_code >= 400:
+            raise after_retry(method, path, headers, first, leader,
+                              error_from_response(r.status_code, r.content, r.headers))
+        return r
+
+    def _forget_leader(self, node: str) -> None:
+        if self._view.leader == node:
+            self._view.leader = None
+
+    async def _discover(self, hint: Optional[str] = None) -> str:
+        """As :meth:`DocumentStore._discover` (concurrent tasks may each ask)."""
+        view = self._view
+        deadline = time.monotonic() + self.failover_timeout
+        probe_timeout = min(self.timeout, 2.0)
+        answered: List[str] = []
+        while True:
+            claims = []
+            for url in view.probe_order(hint):
+                try:
+                    r = await self._client.get(url + "/cluster", timeout=probe_timeout)
+                except httpx.TransportError:
+                    continue
+                self.stats.requests += 1
+                answered.append(url)
+                if is_not_clustered(r.status_code, r.content):
+                    view.clustered = False
+                    view.leader = None
+                    return view.current
+                refused = probe_refused(url, r)
+                if refused is not None:
+                    raise refused
+                if r.status_code != 200:
+                    continue
+                try:
+                    claim = view.absorb(url, r.json())
+                except ValueError:
+                    continue
+                if claim is not None:
+                    claims.append(claim)
+            if claims:
+                view.leader = view.choose(claims)
+                return view.leader
+            if time.monotonic() >= deadline:
+                raise no_leader_error(view, answered, self.failover_timeout)
+            await asyncio.sleep(PROBE_INTERVAL)
 
     async def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         r = await self.send(method, path, **kw)
         if r.status_code >= 400:
-            raise error_from_response(r.status_code, r.content, r.headers)
+            err = error_from_response(r.status_code, r.content, r.headers)
+            err.node = self.last_node
+            raise err
         return r
 
     async def cached_request(self, method: str, path: str, body: Optional[bytes] = None,
@@ -92,25 +257,35 @@ class AsyncDocumentStore:
         if on_request is not None:
             on_request()
         r = await self.send(method, path, content=body, headers=headers)
+        node = self.last_node
         etag = strip_quotes(r.headers.get("etag"))
         if r.status_code == 304 and entry is not None:
             self.stats.not_modified += 1
             self.cache.revalidated(key, 0)
-            return Response(200, entry.content, entry.etag, "304", r.headers)
+            return Response(200, entry.content, entry.etag, "304", r.headers, node)
         if r.status_code == 200 and etag:
             self.cache.put(key, etag, r.content, 0, is_document)
         elif entry is not None:
             self.cache.remove(key)
         if r.status_code >= 400:
-            raise error_from_response(r.status_code, r.content, r.headers)
-        return Response(r.status_code, r.content, etag, "", r.headers)
+            err = error_from_response(r.status_code, r.content, r.headers)
+            err.node = node
+            raise err
+        return Response(r.status_code, r.content, etag, "", r.headers, node)
 
     async def create_database(self, exist_ok: bool = True) -> None:
-        r = await self.send("PUT", self.db_path)
+        try:
+            r = await self.send("PUT", self.db_path)
+        except RetriedWriteError as e:
+            if exist_ok and e.status == 409:
+                return
+            raise
         if r.status_code == 409 and exist_ok:
             return
         if r.status_code >= 400:
-            raise error_from_response(r.status_code, r.content, r.headers)
+            err = error_from_response(r.status_code, r.content, r.headers)
+            err.node = self.last_node
+            raise err
 
     async def get(self, doc_id: str) -> Optional[Dict[str, Any]]:
         try:

@@ -45,6 +45,8 @@ class CacheStats:
     evictions: int = 0
     #: Body bytes received from the server.
     bytes_received: int = 0
+    #: Writes sent a second time after a failover (each one at most once).
+    failover_retries: int = 0
 
 
 class HttpCache:

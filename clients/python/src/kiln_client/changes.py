@@ -12,6 +12,7 @@ import json
 import logging
 import queue
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass
@@ -118,8 +119,6 @@ class Changes:
                  on_error: Optional[Callable[[KilnError], None]] = None,
                  name: str = "changes") -> None:
         self._store = store
-        base = store.url.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
-        self.ws_url = f"{base}{store.db_path}/changes/ws"
         self.reconnect_delay = reconnect_delay
         self.max_reconnect_delay = max_reconnect_delay
         self._buffer = buffer
@@ -138,6 +137,17 @@ class Changes:
         self.errors: List[KilnError] = []
         self._thread = threading.Thread(target=self._run, name=f"kiln-{name}", daemon=True)
         self._thread.start()
+
+    @property
+    def ws_url(self) -> str:
+        """The feed on the node the store reads from (in a cluster, a connection that
+        fails moves the store on to the next node, and the feed resumes there: every
+        node gives a change the same etag)."""
+        return self._ws_url_at(self._store.url)
+
+    def _ws_url_at(self, node: str) -> str:
+        base = node.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+        return f"{base}{self._store.db_path}/changes/ws"
 
     # --- subscriptions -----------------------------------------------------------------
 
@@ -226,11 +236,12 @@ class Changes:
     def _run(self) -> None:
         delay = self.reconnect_delay
         while not self._closed.is_set():
+            node = self._store.url
             try:
                 # Entered by hand: websockets >= 17 connects in __enter__ (and warns
                 # about a bare connect()), older versions in connect() itself.
                 cm = connect(
-                    self.ws_url,
+                    self._ws_url_at(node),
                     additional_headers=self._store.auth_headers,
                     ssl=self._store.ssl_context,
                     open_timeout=5,
@@ -243,6 +254,9 @@ class Changes:
             except Exception as e:  # refused, TLS, 401/429 at the upgrade
                 log.debug("changes connection failed: %r", e)
                 self.last_close = f"connect failed: {e!r}"
+                # Refused or unreachable (not a 401 or 429 at the upgrade, not TLS).
+                if isinstance(e, OSError) and not isinstance(e, ssl.SSLError):
+                    self._store._read_node_failed(node)
                 if self._closed.wait(delay):
                     return
                 delay = min(delay * 2, self.max_reconnect_delay)

@@ -12,9 +12,14 @@ from typing import Any, Dict, Mapping, Optional, Type
 
 
 class KilnError(Exception):
-    """Base of every error this client raises."""
+    """Base of every error this client raises.
+
+    ``node`` is the URL of the node that answered it (or could not be reached), when a
+    store set it; None otherwise.
+    """
 
     code: str = "error"
+    node: Optional[str] = None
 
     def __init__(
         self,
@@ -57,6 +62,33 @@ class ConnectionFailedError(ClientError):
     """The server could not be reached (refused, reset, TLS failure, timeout)."""
 
     code = "connection_failed"
+
+
+class WriteOutcomeUnknownError(ClientError):
+    """A write failed during a failover after it was sent (the connection broke, or
+    the cluster answered ``no_quorum`` / ``not_leader``), so it may or may not have
+    been applied, and it was not resent because resending it could apply it twice (it
+    makes the server generate an id: a second attempt would create a second document).
+    ``cause`` is the failure."""
+
+    code = "write_outcome_unknown"
+
+    def __init__(self, message: str, *, cause: Optional[KilnError] = None,
+                 **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.cause = cause
+
+
+class RetriedWriteError(KilnError):
+    """Base of the errors of a write that was resent once after a failover whose first
+    attempt may have been applied, and whose second attempt was refused in a way the
+    first one would explain: ``first_error`` is how the first attempt failed,
+    ``retry_error`` the server's answer to the second. Raised as
+    :class:`RetryConflictError` or :class:`RetryNotFoundError` (which are also a
+    :class:`ConcurrencyError` and a :class:`NotFoundError`)."""
+
+    first_error: Optional[KilnError] = None
+    retry_error: Optional[KilnError] = None
 
 
 class BulkInsertError(KilnError):
@@ -291,6 +323,18 @@ class ConcurrencyError(ConflictError):
                 f"current etag {self.current_etag!r} ({self.message})")
 
 
+class RetryConflictError(RetriedWriteError, ConcurrencyError):
+    """A write resent after a failover was refused with a conflict (409): its
+    ``If-Match`` (or create-only) condition no longer holds, most likely because the
+    first attempt was applied before its answer was lost. ``code`` is the server's
+    (``conflict``, or ``database_exists`` for a database created twice)."""
+
+
+class RetryNotFoundError(RetriedWriteError, NotFoundError):
+    """A delete resent after a failover found nothing to delete (404), most likely
+    because the first attempt deleted it before its answer was lost."""
+
+
 class EtagFromOtherIncarnationError(GoneError):
     code = "etag_from_other_incarnation"
 
@@ -349,6 +393,46 @@ class DatabaseFailedError(ServiceUnavailableError):
     code = "database_failed"
 
 
+class NotLeaderError(ServiceUnavailableError):
+    """``not_leader``: a cluster node that is not the leader was sent a write. A
+    follower answers it as a 307 whose ``Location`` (:attr:`leader_url`) is the same
+    path on the leader; a leader that lost its leadership while the write was pending
+    answers it as a 503. A store retries such a write once on the leader by itself."""
+
+    code = "not_leader"
+
+    @property
+    def leader_url(self) -> Optional[str]:
+        v = self.body.get("_location")
+        return str(v) if v is not None else None
+
+
+class NoQuorumError(ServiceUnavailableError):
+    """``no_quorum``: the cluster has no leader, or its leader no majority, so the write
+    was not acknowledged (a store retries it once on the leader it finds)."""
+
+    code = "no_quorum"
+
+
+class ClusterError(ServiceUnavailableError):
+    """``cluster_error``: the cluster could not take the write (a Raft failure)."""
+
+    code = "cluster_error"
+
+
+class NotClusteredError(NotFoundError):
+    """``not_clustered``: ``GET /cluster`` on a server that is not part of a cluster."""
+
+    code = "not_clustered"
+
+
+class NotSupportedInClusterError(KilnError):
+    """501 ``not_supported_in_cluster``: something a clustered server does not replicate
+    yet, so it refuses it (bulk insert, restore, index definitions, tombstone purge)."""
+
+    code = "not_supported_in_cluster"
+
+
 class DiskFullError(InsufficientStorageError):
     code = "disk_full"
 
@@ -404,7 +488,8 @@ ERROR_CLASSES: Dict[str, Type[KilnError]] = {
         InvalidRestorePointError, IncrementNotPossibleError,
         StorageError, DatabaseBusyError, OverloadedError, ShuttingDownError, IoError,
         DatabaseFailedError, DiskFullError, InvalidIndexError, QueryTooExpensiveError,
-        IndexNotFoundError, IndexExistsError,
+        IndexNotFoundError, IndexExistsError, NotLeaderError, NoQuorumError, ClusterError,
+        NotClusteredError, NotSupportedInClusterError,
     ]
 }
 """Every error code the server sends, mapped to its exception class."""
@@ -454,4 +539,6 @@ def error_from_response(status: int, content: bytes,
         message = content.decode("utf-8", "replace")[:500] or f"HTTP {status}"
     if headers is not None and headers.get("retry-after"):
         body["_retry_after"] = headers.get("retry-after")
+    if headers is not None and headers.get("location"):
+        body["_location"] = headers.get("location")
     return make_error(code, message, status, body)

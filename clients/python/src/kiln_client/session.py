@@ -18,7 +18,7 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Tup
                     TypeVar)
 
 from .errors import (ConcurrencyError, DocumentNotFoundError, RequestBudgetExceededError,
-                     SessionClosedError)
+                     RetryConflictError, SessionClosedError)
 
 if TYPE_CHECKING:
     from .query import Query, QueryResult
@@ -324,12 +324,27 @@ class Session:
         doc_id = op["id"] if op else None
         expected = op.get("if_match") if op else None
         current = e.current_etag
-        return ConcurrencyError(
+        if isinstance(e, RetryConflictError):
+            # Sent again after a failover: the first attempt may have written the
+            # whole batch (a batch is all or nothing) before its answer was lost.
+            out = RetryConflictError(
+                f"document {doc_id!r}: this session's batch failed during a failover and "
+                f"was sent again once, unchanged; the second attempt found etag "
+                f"{current!r} where the session loaded {expected!r}. The first attempt "
+                f"may have been applied (the whole batch): load the documents again "
+                f"before deciding what to do ({e.message})",
+                id=doc_id, expected_etag=expected, current_etag=current,
+                status=e.status, body=e.body, code=e.code)
+            out.first_error, out.retry_error, out.node = e.first_error, e.retry_error, e.node
+            return out
+        plain = ConcurrencyError(
             f"document {doc_id!r} was changed by someone else: this session loaded it at "
             f"etag {expected!r}, the server has {current!r}; nothing in the batch was "
             f"written ({e.message})",
             id=doc_id, expected_etag=expected, current_etag=current,
             status=e.status, body=e.body, code="conflict")
+        plain.node = e.node
+        return plain
 
     # --- queries ------------------------------------------------------------------------
 

@@ -1,26 +1,33 @@
-"""The document store: one per server and database, shared by the whole program.
+"""The document store: one per server (or cluster) and database, shared by the whole
+program.
 
 It holds the HTTP connection pool, the HTTP cache and (in aggressive mode) a changes
 connection that keeps the cache honest; sessions, bulk inserts and changes
-subscriptions are made from it.
+subscriptions are made from it. Given the URLs of a cluster's nodes, it sends writes
+to the leader and fails over as :mod:`kiln_client.cluster` describes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import ssl
 import threading
 import time
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
                     Sequence, Tuple, Union)
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import httpx
 
 from .cache import AggressiveState, CacheStats, HttpCache
+from .cluster import (PROBE_INTERVAL, ClusterView, after_retry, failover_of_answer,
+                      failover_of_transport, is_not_clustered, is_write, no_leader_error,
+                      normalize_urls, not_retried, probe_refused,
+                      resend_cannot_duplicate)
 from .errors import (ConnectionFailedError, DocumentNotFoundError, KilnError,
-                     error_from_response)
+                     RetriedWriteError, error_from_response)
 
 if TYPE_CHECKING:
     from .bulk import BulkInsert
@@ -28,6 +35,8 @@ if TYPE_CHECKING:
     from .session import Session
 
 CertArg = Union[str, Tuple[str, str], None]
+
+log = logging.getLogger("kiln_client.cluster")
 
 
 def doc_path(database: str, doc_id: str) -> str:
@@ -49,51 +58,63 @@ def strip_quotes(etag: Optional[str]) -> Optional[str]:
 class Response:
     """What a request answered, after the cache had its say."""
 
-    __slots__ = ("status", "content", "etag", "from_cache", "headers")
+    __slots__ = ("status", "content", "etag", "from_cache", "headers", "node")
 
     def __init__(self, status: int, content: bytes, etag: Optional[str],
-                 from_cache: str = "", headers: Optional[httpx.Headers] = None) -> None:
+                 from_cache: str = "", headers: Optional[httpx.Headers] = None,
+                 node: Optional[str] = None) -> None:
         self.status = status
         self.content = content
         self.etag = etag
         #: "" (the server sent the body), "304" (revalidated) or "aggressive".
         self.from_cache = from_cache
         self.headers = headers
+        #: The URL of the node that answered (None from the aggressive cache).
+        self.node = node
 
     def json(self) -> Any:
         return json.loads(self.content)
 
 
 class DocumentStore:
-    """A Kiln server and one of its databases.
+    """A Kiln server (or cluster) and one of its databases.
 
-    ``url`` is ``http://host:port`` or ``https://host:port``; ``api_key`` is sent as
-    ``Authorization: Bearer <key>``; ``ca`` is a PEM file of certificates to trust
-    (for a self-signed server certificate); ``cert`` is a client certificate, a PEM
-    file holding certificate and key or a ``(cert, key)`` pair.
+    ``url`` is ``http://host:port`` or ``https://host:port``, or a list of them: the
+    nodes of a cluster (see :mod:`kiln_client.cluster`). With a list, writes go to the
+    leader (found with ``GET /cluster``, again after a failover), reads to the node
+    the store is using (the first URL, then the next one that answers when it stops
+    answering), and a write that fails because of a failover is sent again once to
+    the new leader; ``failover_timeout`` bounds the wait for a leader. Which node
+    answered a request is :attr:`last_node`.
+
+    ``api_key`` is sent as ``Authorization: Bearer <key>``; ``ca`` is a PEM file of
+    certificates to trust (for a self-signed server certificate); ``cert`` is a client
+    certificate, a PEM file holding certificate and key or a ``(cert, key)`` pair.
     """
 
-    def __init__(self, url: str, database: str, api_key: Optional[str] = None,
-                 ca: Optional[str] = None, cert: CertArg = None, *,
+    def __init__(self, url: Union[str, Sequence[str]], database: str,
+                 api_key: Optional[str] = None, ca: Optional[str] = None,
+                 cert: CertArg = None, *,
                  cache_size_bytes: int = 64 << 20, max_requests_per_session: int = 30,
-                 timeout: float = 30.0) -> None:
-        self.url = url.rstrip("/")
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https"):
-            raise ValueError(f"url must start with http:// or https://, not {url!r}")
+                 timeout: float = 30.0, failover_timeout: float = 10.0) -> None:
+        urls, clustered = normalize_urls(url)
+        self._view = ClusterView(urls, clustered)
+        self._discover_lock = threading.Lock()
+        self._last = threading.local()
         self.database = database
         self.api_key = api_key
         self.max_requests_per_session = max_requests_per_session
         self.timeout = timeout
+        self.failover_timeout = failover_timeout
         self._ssl: Optional[ssl.SSLContext] = None
-        if parts.scheme == "https":
+        if self._view.scheme == "https":
             self._ssl = self.make_ssl_context(ca, cert)
         headers = {"Accept": "application/json", "User-Agent": "kiln-client-python/0.1"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self._headers = headers
         self._client = httpx.Client(
-            base_url=self.url, headers=headers, timeout=timeout,
+            headers=headers, timeout=timeout,
             verify=self._ssl if self._ssl is not None else True,
             limits=httpx.Limits(max_connections=32, max_keepalive_connections=16),
         )
@@ -105,6 +126,39 @@ class DocumentStore:
         self._watcher: Optional["Changes"] = None
         self._watcher_lock = threading.Lock()
         self._closed = False
+
+    # --- nodes ------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The node reads (and the changes feed) go to: the first URL given, until it
+        stops answering."""
+        return self._view.current
+
+    @property
+    def urls(self) -> List[str]:
+        """The URLs the store was given."""
+        return list(self._view.urls)
+
+    @property
+    def leader_url(self) -> Optional[str]:
+        """The leader writes go to, once found (None before, and for a single server)."""
+        return self._view.leader
+
+    @property
+    def clustered(self) -> bool:
+        """Whether the store treats its servers as a cluster."""
+        return self._view.clustered
+
+    @property
+    def last_node(self) -> Optional[str]:
+        """The URL of the node that answered this thread's last request through the
+        store (for a write: the leader that took it, after a failover the new one);
+        None before any, and after an answer given from the aggressive cache."""
+        return getattr(self._last, "node", None)
+
+    def _set_last_node(self, node: Optional[str]) -> None:
+        self._last.node = node
 
     # --- plumbing ---------------------------------------------------------------------
 
@@ -141,27 +195,189 @@ class DocumentStore:
     def send(self, method: str, path: str, *, json_body: Any = None,
              content: Optional[bytes] = None, headers: Optional[Dict[str, str]] = None,
              params: Optional[Dict[str, Any]] = None) -> httpx.Response:
-        """One HTTP request; connection failures become :class:`ConnectionFailedError`
-        (error answers are returned, not raised)."""
+        """One HTTP request (to the leader for a write, in a cluster); connection
+        failures become :class:`ConnectionFailedError` and error answers are returned,
+        not raised, except the failover's: a write that fails because of a failover
+        is sent again once (see :mod:`kiln_client.cluster`), and raises when that
+        fails too, or with a :class:`RetriedWriteError` when its first attempt may
+        have been applied and the second one was refused."""
         if self._closed:
             raise KilnError("the document store is closed", code="store_closed")
         if json_body is not None:
             content = json.dumps(json_body, separators=(",", ":")).encode()
             headers = dict(headers or {})
             headers["Content-Type"] = "application/json"
-        try:
-            r = self._client.request(method, path, content=content, headers=headers,
-                                     params=params)
-        except httpx.TransportError as e:
-            raise ConnectionFailedError(f"{method} {self.url}{path}: {e!r}") from e
+        if is_write(method, path):
+            return self._send_write(method, path, content, headers, params)
+        return self._send_read(method, path, content, headers, params)
+
+    def _attempt(self, node: str, method: str, path: str, content: Optional[bytes],
+                 headers: Optional[Dict[str, str]],
+                 params: Optional[Dict[str, Any]]) -> httpx.Response:
+        """Sends the request to one node (httpx's transport errors pass through)."""
+        r = self._client.request(method, node + path, content=content, headers=headers,
+                                 params=params)
         self._count(len(r.content))
+        self._set_last_node(node)
         return r
 
+    def _send_read(self, method: str, path: str, content: Optional[bytes],
+                   headers: Optional[Dict[str, str]],
+                   params: Optional[Dict[str, Any]]) -> httpx.Response:
+        node = self._view.current
+        try:
+            return self._attempt(node, method, path, content, headers, params)
+        except httpx.TransportError as e:
+            first = e
+        if self._view.clustered:
+            # A read changes nothing: the other nodes are asked in turn, and the first
+            # that answers is the one the store uses from now on.
+            for other in self._view.next_read_nodes(node):
+                try:
+                    r = self._attempt(other, method, path, content, headers, params)
+                except httpx.TransportError:
+                    continue
+                with self._view.lock:
+                    if self._view.current == node:
+                        self._view.current = other
+                return r
+        err = ConnectionFailedError(f"{method} {node}{path}: {first!r}")
+        err.node = node
+        raise err from first
+
+    def _read_node_failed(self, node: str) -> None:
+        """``node`` could not be reached (by the changes feed): in a cluster, reads
+        move on to the next node."""
+        view = self._view
+        if not view.clustered:
+            return
+        with view.lock:
+            if view.current == node:
+                others = view.next_read_nodes(node)
+                if others:
+                    view.current = others[0]
+
+    def _write_node(self) -> str:
+        view = self._view
+        if not view.clustered:
+            return view.current
+        leader = view.leader
+        if leader is not None:
+            return leader
+        with self._discover_lock:
+            if view.leader is not None:
+                return view.leader
+            return self._discover()
+
+    def _send_write(self, method: str, path: str, content: Optional[bytes],
+                    headers: Optional[Dict[str, str]],
+                    params: Optional[Dict[str, Any]]) -> httpx.Response:
+        node = self._write_node()
+        try:
+            r = self._attempt(node, method, path, content, headers, params)
+        except httpx.TransportError as e:
+            if not self._view.clustered:
+                err = ConnectionFailedError(f"{method} {node}{path}: {e!r}")
+                err.node = node
+                raise err from e
+            first = failover_of_transport(node, method, path, e)
+        else:
+            failed = failover_of_answer(node, r.status_code, r.content, r.headers, self._view)
+            if failed is None:
+                return r
+            first = failed
+            # Only a cluster's node answers so: a store given one URL finds it out here.
+            self._view.clustered = True
+        if first.maybe_applied and not resend_cannot_duplicate(method, path, content):
+            self._forget_leader(node)
+            raise not_retried(method, path, first)
+        try:
+            leader = self._leader_after(node, first.hint)
+        except KilnError as e:
+            e.message = f"{e.message}; the write was not sent again (it failed: {first.describe()})"
+            raise
+        log.info("%s %s failed during a failover (%s): sending it again to %s",
+                 method, path, first.describe(), leader)
+        with self._stats_lock:
+            self.stats.failover_retries += 1
+        try:
+            r = self._attempt(leader, method, path, content, headers, params)
+        except httpx.TransportError as e:
+            self._forget_leader(leader)
+            err = ConnectionFailedError(
+                f"{method} {leader}{path}: {e!r} (the one retry, after: {first.describe()})")
+            err.node = leader
+            raise err from e
+        again = failover_of_answer(leader, r.status_code, r.content, r.headers, self._view)
+        if again is not None:
+            self._forget_leader(leader)
+            raise after_retry(method, path, headers, first, leader, again.error)
+        if r.status_code >= 400:
+            raise after_retry(method, path, headers, first, leader,
+                              error_from_response(r.status_code, r.content, r.headers))
+        return r
+
+    def _forget_leader(self, node: str) -> None:
+        with self._view.lock:
+            if self._view.leader == node:
+                self._view.leader = None
+
+    def _leader_after(self, failed: str, hint: Optional[str]) -> str:
+        """The leader to send a write to after it failed on ``failed`` because of a
+        failover (found again, unless another thread already did)."""
+        with self._discover_lock:
+            leader = self._view.leader
+            if leader is not None and leader != failed:
+                return leader
+            self._view.leader = None
+            return self._discover(hint)
+
+    def _discover(self, hint: Optional[str] = None) -> str:
+        """Asks the nodes for ``GET /cluster`` until one says it leads (at most
+        ``failover_timeout`` seconds); the caller holds the discovery lock."""
+        view = self._view
+        deadline = time.monotonic() + self.failover_timeout
+        probe_timeout = min(self.timeout, 2.0)
+        answered: List[str] = []
+        while True:
+            claims = []
+            for url in view.probe_order(hint):
+                try:
+                    r = self._client.get(url + "/cluster", timeout=probe_timeout)
+                except httpx.TransportError:
+                    continue
+                self._count(len(r.content))
+                answered.append(url)
+                if is_not_clustered(r.status_code, r.content):
+                    view.clustered = False
+                    view.leader = None
+                    return view.current
+                refused = probe_refused(url, r)
+                if refused is not None:
+                    raise refused
+                if r.status_code != 200:
+                    continue
+                try:
+                    claim = view.absorb(url, r.json())
+                except ValueError:
+                    continue
+                if claim is not None:
+                    claims.append(claim)
+            if claims:
+                view.leader = view.choose(claims)
+                return view.leader
+            if time.monotonic() >= deadline:
+                raise no_leader_error(view, answered, self.failover_timeout)
+            time.sleep(PROBE_INTERVAL)
+
     def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        """Like :meth:`send`, raising the mapped :class:`KilnError` for an error answer."""
+        """Like :meth:`send`, raising the mapped :class:`KilnError` for an error answer
+        (its ``node`` is the node that answered)."""
         r = self.send(method, path, **kw)
         if r.status_code >= 400:
-            raise error_from_response(r.status_code, r.content, r.headers)
+            err = error_from_response(r.status_code, r.content, r.headers)
+            err.node = self.last_node
+            raise err
         return r
 
     def cached_request(self, method: str, path: str, body: Optional[bytes] = None,
@@ -180,6 +396,7 @@ class DocumentStore:
             if self._aggressive.can_serve(key, entry, duration):
                 with self._stats_lock:
                     self.stats.aggressive_hits += 1
+                self._set_last_node(None)
                 return Response(200, entry.content, entry.etag, "aggressive")
         counter = self._aggressive.counter
         headers: Dict[str, str] = {}
@@ -190,19 +407,22 @@ class DocumentStore:
         if on_request is not None:
             on_request()
         r = self.send(method, path, content=body, headers=headers)
+        node = self.last_node
         etag = strip_quotes(r.headers.get("etag"))
         if r.status_code == 304 and entry is not None:
             with self._stats_lock:
                 self.stats.not_modified += 1
             self.cache.revalidated(key, counter)
-            return Response(200, entry.content, entry.etag, "304", r.headers)
+            return Response(200, entry.content, entry.etag, "304", r.headers, node)
         if r.status_code == 200 and etag:
             self.cache.put(key, etag, r.content, counter, is_document)
         elif entry is not None:
             self.cache.remove(key)
         if r.status_code >= 400:
-            raise error_from_response(r.status_code, r.content, r.headers)
-        return Response(r.status_code, r.content, etag, "", r.headers)
+            err = error_from_response(r.status_code, r.content, r.headers)
+            err.node = node
+            raise err
+        return Response(r.status_code, r.content, etag, "", r.headers, node)
 
     def invalidate(self, doc_id: str) -> None:
         """Forgets the cached answer for a document (after this client wrote it)."""
@@ -282,11 +502,18 @@ class DocumentStore:
         return BulkInsert(self, **kw)
 
     def create_database(self, exist_ok: bool = True) -> None:
-        r = self.send("PUT", self.db_path)
+        try:
+            r = self.send("PUT", self.db_path)
+        except RetriedWriteError as e:
+            if exist_ok and e.status == 409:
+                return  # this store's first attempt may well have created it
+            raise
         if r.status_code == 409 and exist_ok:
             return
         if r.status_code >= 400:
-            raise error_from_response(r.status_code, r.content, r.headers)
+            err = error_from_response(r.status_code, r.content, r.headers)
+            err.node = self.last_node
+            raise err
 
     def delete_database(self) -> None:
         self.request("DELETE", self.db_path)
@@ -349,7 +576,8 @@ class DocumentStore:
         self.close()
 
     def __repr__(self) -> str:
-        return f"DocumentStore({self.url!r}, {self.database!r})"
+        url = self._view.urls if self._view.clustered else self.url
+        return f"DocumentStore({url!r}, {self.database!r})"
 
 
 def _monotonic_ms() -> float:
