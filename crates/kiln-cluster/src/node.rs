@@ -32,6 +32,9 @@ pub struct ClusterConfig {
     pub election_timeout_max_ms: u64,
     /// A snapshot every this many applied entries; the log before it is purged.
     pub snapshot_every_entries: u64,
+    /// Entries kept in the log below the last snapshot (a follower that far behind
+    /// catches up from the log, not a snapshot).
+    pub entries_kept_after_snapshot: u64,
     /// How long a write waits to be committed before it is answered `no_quorum`.
     pub write_timeout_ms: u64,
     /// A node that joins an existing cluster (added with `add_learner`) must not
@@ -50,6 +53,7 @@ impl ClusterConfig {
             election_timeout_min_ms: 400,
             election_timeout_max_ms: 800,
             snapshot_every_entries: 5_000,
+            entries_kept_after_snapshot: 1_000,
             write_timeout_ms: 5_000,
             joining: false,
         }
@@ -133,7 +137,8 @@ impl ClusterNode {
                 election_timeout_min: config.election_timeout_min_ms,
                 election_timeout_max: config.election_timeout_max_ms,
                 snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
-                max_in_snapshot_log_to_keep: 1_000,
+                max_in_snapshot_log_to_keep: config.entries_kept_after_snapshot,
+                purge_batch_size: 1,
                 ..Default::default()
             }
             .validate()

@@ -40,6 +40,15 @@ async fn raft_route(
 }
 
 async fn start(id: u64, dir: &Path, members: &BTreeMap<u64, String>) -> Node {
+    start_with(id, dir, members, |_| {}).await
+}
+
+async fn start_with(
+    id: u64,
+    dir: &Path,
+    members: &BTreeMap<u64, String>,
+    tune: impl FnOnce(&mut ClusterConfig),
+) -> Node {
     let address = &members[&id];
     let listener = loop {
         // A restarted node takes its port back; the old socket may linger a moment.
@@ -52,6 +61,7 @@ async fn start(id: u64, dir: &Path, members: &BTreeMap<u64, String>) -> Node {
     let mut config = ClusterConfig::new(id, members.clone(), dir.join("raft"));
     config.storage = docs_options().storage;
     config.write_timeout_ms = 3_000;
+    tune(&mut config);
     let node = Arc::new(ClusterNode::start(store, config, None).await.unwrap());
     let app = Router::new()
         .route("/cluster/raft/{kind}", post(raft_route))
@@ -68,7 +78,16 @@ async fn stop(n: Node) {
     let _ = n.server.await;
     let store = n.node.store().clone();
     drop(n.node);
-    // The store is closed when the last handle goes (Raft's tasks hold some).
+    // Raft's tasks end after the shutdown and let go of the store; only then is
+    // the data directory free for a restart (its lock goes with the last handle).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Arc::strong_count(&store) > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the store is still held after the shutdown"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     drop(store);
 }
 
@@ -253,6 +272,138 @@ async fn writes_survive_the_leader_stopping_and_the_old_leader_catches_up() {
     for n in nodes.values() {
         assert_eq!(contents(n), first);
     }
+    for (_, n) in std::mem::take(&mut nodes) {
+        stop(n).await;
+    }
+}
+
+/// A follower that was down while the leader snapshotted and purged its log
+/// catches up from the snapshot (the databases' backup containers), and ends with
+/// the same documents and etags; the whole cluster restarted applies nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_behind_a_purged_log_catches_up_from_a_snapshot_and_a_restart_applies_nothing_twice(
+) {
+    let root = tempfile::tempdir().unwrap();
+    let members: BTreeMap<u64, String> = free_ports(3)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}")))
+        .collect();
+    let dir = |id: u64| -> PathBuf { root.path().join(format!("node{id}")) };
+    let small_log = |c: &mut ClusterConfig| {
+        c.snapshot_every_entries = 20;
+        c.entries_kept_after_snapshot = 0;
+    };
+    let mut nodes = BTreeMap::new();
+    for id in members.keys() {
+        nodes.insert(*id, start_with(*id, &dir(*id), &members, small_log).await);
+    }
+    let leader = wait_for_leader(&nodes).await;
+    nodes[&leader]
+        .node
+        .write(Command::CreateDatabase {
+            name: "shop".into(),
+            incarnation: 9,
+        })
+        .await
+        .unwrap();
+    let follower = *nodes.keys().find(|id| **id != leader).unwrap();
+    let follower_had = nodes[&follower].node.status().last_log_index.unwrap_or(0);
+    stop(nodes.remove(&follower).unwrap()).await;
+    let mut acknowledged = Vec::new();
+    for i in 0..120u64 {
+        let id = format!("orders/{}", i % 90); // some documents written twice
+        let answer = nodes[&leader]
+            .node
+            .write(put(
+                "shop",
+                &id,
+                &format!(r#"{{"i":{i}}}"#),
+                1_790_000_000_000 + i,
+            ))
+            .await
+            .unwrap();
+        acknowledged.retain(|(d, _)| d != &id);
+        acknowledged.push((id, etag_of(&answer)));
+    }
+    // The leader has snapshotted and purged entries the follower lacks: it can
+    // only catch up from a snapshot.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let m = nodes[&leader].node.raft().metrics().borrow().clone();
+        if m.purged.is_some_and(|p| p.index > follower_had + 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no purge: {:?}", m.purged);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nodes.insert(
+        follower,
+        start_with(follower, &dir(follower), &members, small_log).await,
+    );
+    for n in nodes.values() {
+        for (id, etag) in &acknowledged {
+            wait_for_document(&n.node, id, etag).await;
+        }
+    }
+    let snapshot_installed = nodes[&follower]
+        .node
+        .raft()
+        .metrics()
+        .borrow()
+        .snapshot
+        .is_some();
+    assert!(
+        snapshot_installed,
+        "the follower caught up without a snapshot"
+    );
+    let contents = |n: &Node| -> Vec<String> {
+        let db = n.node.store().database("shop").unwrap();
+        let mut docs: Vec<String> = acknowledged
+            .iter()
+            .map(|(id, _)| format!("{:?}", db.get(id).unwrap()))
+            .collect();
+        docs.push(format!("{:?}", db.document_count().unwrap()));
+        docs
+    };
+    let expected = contents(&nodes[&leader]);
+    for n in nodes.values() {
+        assert_eq!(contents(n), expected);
+    }
+
+    // The whole cluster stops and starts again: every committed entry is applied
+    // again at most once (the etags and counts stay), and writes continue the
+    // sequence.
+    for (_, n) in std::mem::take(&mut nodes) {
+        stop(n).await;
+    }
+    for id in members.keys() {
+        nodes.insert(*id, start_with(*id, &dir(*id), &members, small_log).await);
+    }
+    let leader = wait_for_leader(&nodes).await;
+    for n in nodes.values() {
+        assert_eq!(
+            contents(n),
+            expected,
+            "after a restart of the whole cluster"
+        );
+    }
+    let answer = nodes[&leader]
+        .node
+        .write(put("shop", "after/restart", "{}", 1_790_000_001_000))
+        .await
+        .unwrap();
+    let last = acknowledged
+        .iter()
+        .map(|(_, e)| e.split('-').next().unwrap().parse::<u64>().unwrap())
+        .max()
+        .unwrap();
+    let next: u64 = etag_of(&answer).split('-').next().unwrap().parse().unwrap();
+    assert_eq!(
+        next,
+        last + 1,
+        "a write after the restart continues the sequence"
+    );
     for (_, n) in std::mem::take(&mut nodes) {
         stop(n).await;
     }
