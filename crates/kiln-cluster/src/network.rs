@@ -21,24 +21,34 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The path prefix of Raft's routes on every node.
 pub const RAFT_PATH: &str = "/cluster/raft";
 
+/// Whether this node may send to a node (`from`, `to`): a fault-injection seam
+/// for tests of partitions. Cutting both directions of a link at the senders cuts
+/// it (every exchange starts at its sender).
+pub type LinkFilter = Arc<dyn Fn(NodeId, NodeId) -> bool + Send + Sync>;
+
 /// Makes a client per peer; all share one connection pool.
 #[derive(Clone)]
 pub struct Network {
     client: Client<HttpConnector, Full<Bytes>>,
+    from: NodeId,
+    links: Option<LinkFilter>,
 }
 
-impl Default for Network {
-    fn default() -> Self {
+impl Network {
+    pub fn new(from: NodeId, links: Option<LinkFilter>) -> Network {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_millis(500)));
         Network {
             client: Client::builder(TokioExecutor::new()).build(connector),
+            from,
+            links,
         }
     }
 }
@@ -47,6 +57,16 @@ pub struct Peer {
     target: NodeId,
     address: String,
     client: Client<HttpConnector, Full<Bytes>>,
+    from: NodeId,
+    links: Option<LinkFilter>,
+}
+
+/// A link a test has cut.
+#[derive(Debug, thiserror::Error)]
+#[error("the link from node {from} to node {to} is cut")]
+struct LinkCut {
+    from: NodeId,
+    to: NodeId,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -57,6 +77,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             address: node.addr.clone(),
             client: self.client.clone(),
+            from: self.from,
+            links: self.links.clone(),
         }
     }
 }
@@ -164,6 +186,15 @@ impl Peer {
     where
         E: std::error::Error + DeserializeOwned,
     {
+        if let Some(links) = &self.links {
+            if !links(self.from, self.target) {
+                let cut = LinkCut {
+                    from: self.from,
+                    to: self.target,
+                };
+                return Err(RPCError::Unreachable(Unreachable::new(&cut)));
+            }
+        }
         match self
             .post::<Req, Result<Resp, RaftError<NodeId, E>>>(kind, request, &option)
             .await

@@ -40,6 +40,8 @@ pub struct ClusterConfig {
     /// A node that joins an existing cluster (added with `add_learner`) must not
     /// propose a membership of its own.
     pub joining: bool,
+    /// Tests of partitions: which links this node may use (all when `None`).
+    pub links: Option<crate::network::LinkFilter>,
 }
 
 impl ClusterConfig {
@@ -56,6 +58,7 @@ impl ClusterConfig {
             entries_kept_after_snapshot: 1_000,
             write_timeout_ms: 5_000,
             joining: false,
+            links: None,
         }
     }
 }
@@ -154,7 +157,7 @@ impl ClusterNode {
         let raft = Raft::new(
             config.node_id,
             raft_config,
-            Network::default(),
+            Network::new(config.node_id, config.links.clone()),
             log,
             machine,
         )

@@ -1,0 +1,180 @@
+//! Partitions, by cutting links between the nodes (a fault seam in the network:
+//! a cut link is unreachable both ways). The leader cut off from the others
+//! refuses writes within an election timeout; the majority elects a leader and
+//! goes on; after the heal, the old leader's writes that were never acknowledged
+//! are gone, and every acknowledged write is on every node with its etag. Then a
+//! follower is cut off and healed: the cluster never stops taking writes.
+
+mod common;
+
+use common::*;
+use kiln_cluster::{ClusterConfig, ClusterError};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The links cut, as unordered pairs of node ids.
+#[derive(Clone, Default)]
+struct Cuts(Arc<Mutex<BTreeSet<(u64, u64)>>>);
+
+impl Cuts {
+    fn isolate(&self, node: u64, others: impl IntoIterator<Item = u64>) {
+        let mut cut = self.0.lock();
+        for o in others {
+            cut.insert((node.min(o), node.max(o)));
+        }
+    }
+    fn heal(&self) {
+        self.0.lock().clear();
+    }
+    fn filter(&self) -> kiln_cluster::network::LinkFilter {
+        let cuts = self.0.clone();
+        Arc::new(move |a: u64, b: u64| !cuts.lock().contains(&(a.min(b), a.max(b))))
+    }
+}
+
+/// The leader among `ids`, as those nodes see it (each may see another).
+async fn leader_among(nodes: &BTreeMap<u64, Node>, ids: &[u64]) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let seen: Vec<Option<u64>> = ids
+            .iter()
+            .map(|id| nodes[id].node.status().leader)
+            .collect();
+        if let Some(Some(l)) = seen.first() {
+            if ids.contains(l) && seen.iter().all(|s| s == &Some(*l)) {
+                return *l;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no leader among {ids:?}: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cut_off_leader_refuses_writes_and_nothing_acknowledged_is_lost() {
+    let root = tempfile::tempdir().unwrap();
+    let members: BTreeMap<u64, String> = free_ports(3)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}")))
+        .collect();
+    let dir = |id: u64| -> PathBuf { root.path().join(format!("node{id}")) };
+    let cuts = Cuts::default();
+    let mut nodes = BTreeMap::new();
+    for id in members.keys() {
+        let links = cuts.filter();
+        let tune = move |c: &mut ClusterConfig| {
+            c.links = Some(links);
+            c.write_timeout_ms = 2_000;
+        };
+        nodes.insert(*id, start_with(*id, &dir(*id), &members, tune).await);
+    }
+    let all: Vec<u64> = members.keys().copied().collect();
+    let leader = leader_among(&nodes, &all).await;
+    nodes[&leader]
+        .node
+        .write(kiln_cluster::Command::CreateDatabase {
+            name: "shop".into(),
+            incarnation: 3,
+        })
+        .await
+        .unwrap();
+    let mut acknowledged: Vec<(String, String)> = Vec::new();
+    let mut n = 0u64;
+    let mut write_to = |node: u64, nodes: &BTreeMap<u64, Node>| {
+        n += 1;
+        let id = format!("orders/{n}");
+        let node = nodes[&node].node.clone();
+        async move {
+            let answer = node
+                .write(put("shop", &id, "{}", 1_790_000_000_000 + n))
+                .await;
+            (id, answer)
+        }
+    };
+    for _ in 0..10 {
+        let (id, answer) = write_to(leader, &nodes).await;
+        acknowledged.push((id, etag_of(&answer.unwrap())));
+    }
+
+    // The leader is cut off. Writes sent to it are not acknowledged: refused at
+    // once (no_quorum) once a majority has been silent for an election timeout,
+    // or, for one that waits, refused when its time is up.
+    cuts.isolate(leader, all.iter().copied().filter(|id| *id != leader));
+    let cut_at = Instant::now();
+    let mut refused_ids = Vec::new();
+    let refused_within = loop {
+        let (id, answer) = write_to(leader, &nodes).await;
+        match answer {
+            Err(ClusterError::NoQuorum { waited_ms: 0 }) => {
+                refused_ids.push(id);
+                break cut_at.elapsed();
+            }
+            Err(ClusterError::NoQuorum { .. }) | Err(ClusterError::NotLeader { .. }) => {
+                refused_ids.push(id)
+            }
+            Ok(a) => panic!("a cut-off leader acknowledged {id}: {a:?}"),
+            Err(e) => panic!("{e}"),
+        }
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(10),
+            "still not refusing at once"
+        );
+    };
+    assert!(
+        refused_within < Duration::from_secs(5),
+        "the cut-off leader took {refused_within:?} to refuse writes"
+    );
+    let majority: Vec<u64> = all.iter().copied().filter(|id| *id != leader).collect();
+    let new_leader = leader_among(&nodes, &majority).await;
+    for _ in 0..10 {
+        let (id, answer) = write_to(new_leader, &nodes).await;
+        acknowledged.push((id, etag_of(&answer.unwrap())));
+    }
+
+    // Healed: the old leader follows, its unacknowledged entries are gone, and it
+    // has every acknowledged write.
+    cuts.heal();
+    let leader = leader_among(&nodes, &all).await;
+    for n in nodes.values() {
+        for (id, etag) in &acknowledged {
+            wait_for_document(&n.node, id, etag).await;
+        }
+        let db = n.node.store().database("shop").unwrap();
+        for id in &refused_ids {
+            assert!(
+                db.get(id).unwrap().is_none(),
+                "node {}: {id}, refused while its leader was cut off, is there",
+                n.node.node_id()
+            );
+        }
+    }
+
+    // A follower cut off: the leader goes on with the other one.
+    let follower = *all.iter().find(|id| **id != leader).unwrap();
+    cuts.isolate(follower, all.iter().copied().filter(|id| *id != follower));
+    for _ in 0..10 {
+        let (id, answer) = write_to(leader, &nodes).await;
+        acknowledged.push((id, etag_of(&answer.unwrap())));
+    }
+    cuts.heal();
+    for n in nodes.values() {
+        for (id, etag) in &acknowledged {
+            wait_for_document(&n.node, id, etag).await;
+        }
+    }
+    println!(
+        "{} writes acknowledged, {} refused by the cut-off leader (refusing at once after {refused_within:?})",
+        acknowledged.len(),
+        refused_ids.len()
+    );
+    for (_, n) in std::mem::take(&mut nodes) {
+        stop(n).await;
+    }
+}
