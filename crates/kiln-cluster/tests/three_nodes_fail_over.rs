@@ -10,6 +10,7 @@ use common::*;
 use kiln_cluster::{Answer, ClusterConfig, ClusterError, Command};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -252,6 +253,98 @@ async fn a_follower_behind_a_purged_log_catches_up_from_a_snapshot_and_a_restart
         last + 1,
         "a write after the restart continues the sequence"
     );
+    for (_, n) in std::mem::take(&mut nodes) {
+        stop(n).await;
+    }
+}
+
+/// Members change while a writer goes on: a fourth node joins as a learner,
+/// catches up and is promoted; then a voter other than the leader is removed. No
+/// acknowledged write is lost, and the new member holds them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn members_change_under_load_without_losing_a_write() {
+    let root = tempfile::tempdir().unwrap();
+    let ports = free_ports(4);
+    let members: BTreeMap<u64, String> = ports[..3]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}")))
+        .collect();
+    let dir = |id: u64| -> PathBuf { root.path().join(format!("node{id}")) };
+    let mut nodes = BTreeMap::new();
+    for id in members.keys() {
+        nodes.insert(*id, start(*id, &dir(*id), &members).await);
+    }
+    let leader = wait_for_leader(&nodes).await;
+    let leader_node = nodes[&leader].node.clone();
+    leader_node
+        .write(Command::CreateDatabase {
+            name: "shop".into(),
+            incarnation: 5,
+        })
+        .await
+        .unwrap();
+    // The writer: one write after another, each acknowledged one recorded.
+    let stop_writing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (node, stop_writing) = (leader_node.clone(), stop_writing.clone());
+        tokio::spawn(async move {
+            let mut acknowledged = Vec::new();
+            let mut i = 0u64;
+            while !stop_writing.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let id = format!("orders/{i}");
+                if let Ok(answer) = node
+                    .write(put("shop", &id, "{}", 1_790_000_000_000 + i))
+                    .await
+                {
+                    acknowledged.push((id, etag_of(&answer)));
+                }
+            }
+            acknowledged
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Node 4 joins.
+    let new_address = format!("127.0.0.1:{}", ports[3]);
+    let mut joining = BTreeMap::new();
+    joining.insert(4u64, new_address.clone());
+    nodes.insert(
+        4,
+        start_with(4, &dir(4), &joining, |c| c.joining = true).await,
+    );
+    leader_node.add_learner(4, new_address).await.unwrap();
+    leader_node.promote(4).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A voter other than the leader leaves.
+    let leaving = *members.keys().find(|id| **id != leader).unwrap();
+    leader_node.remove(leaving).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop_writing.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acknowledged = writer.await.unwrap();
+    assert!(acknowledged.len() >= 20, "{} writes", acknowledged.len());
+    stop(nodes.remove(&leaving).unwrap()).await;
+    let voters: Vec<u64> = leader_node
+        .status()
+        .members
+        .iter()
+        .filter(|m| m.role != "learner")
+        .map(|m| m.id)
+        .collect();
+    assert!(
+        voters.contains(&4) && !voters.contains(&leaving),
+        "{voters:?}"
+    );
+    for n in nodes.values() {
+        for (id, etag) in &acknowledged {
+            wait_for_document(&n.node, id, etag).await;
+        }
+    }
+    println!(
+        "{} writes acknowledged while members changed (leader {leader}, node {leaving} left)",
+        acknowledged.len()
+    );
+    drop(leader_node);
     for (_, n) in std::mem::take(&mut nodes) {
         stop(n).await;
     }

@@ -27,10 +27,18 @@ pub struct Node {
 }
 
 pub async fn raft_route(
-    State(node): State<Arc<ClusterNode>>,
+    State(node): State<std::sync::Weak<ClusterNode>>,
     UrlPath(kind): UrlPath<String>,
     body: axum::body::Bytes,
 ) -> Result<Vec<u8>, (axum::http::StatusCode, String)> {
+    // Weak: a connection another node keeps open must not keep a stopped node
+    // (and its store) alive.
+    let Some(node) = node.upgrade() else {
+        return Err((
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "stopped".into(),
+        ));
+    };
     kiln_cluster::network::handle_rpc(node.raft(), &kind, &body)
         .await
         .map_err(|e| (axum::http::StatusCode::BAD_REQUEST, e.to_string()))
@@ -62,7 +70,7 @@ pub async fn start_with(
     let node = Arc::new(ClusterNode::start(store, config, None).await.unwrap());
     let app = Router::new()
         .route("/cluster/raft/{kind}", post(raft_route))
-        .with_state(node.clone());
+        .with_state(Arc::downgrade(&node));
     let server = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
@@ -70,6 +78,7 @@ pub async fn start_with(
 }
 
 pub async fn stop(n: Node) {
+    let id = n.node.node_id();
     n.node.shutdown().await;
     n.server.abort();
     let _ = n.server.await;
@@ -81,7 +90,8 @@ pub async fn stop(n: Node) {
     while Arc::strong_count(&store) > 1 {
         assert!(
             Instant::now() < deadline,
-            "the store is still held after the shutdown"
+            "node {id}: the store is still held ({} handles) after the shutdown",
+            Arc::strong_count(&store)
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
