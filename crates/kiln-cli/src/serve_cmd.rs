@@ -181,12 +181,41 @@ pub enum ApiKeyCommand {
 }
 
 pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
+    let config = server_config(&a);
+    raise_open_file_limit(a.max_connections + a.max_changes_connections);
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all()
+        // Every write waits for its commit on a blocking thread: allow one per
+        // connection.
+        .max_blocking_threads(a.max_connections.clamp(16, 4096));
+    if let Some(n) = a.worker_threads {
+        rt.worker_threads(n);
+    }
+    let rt = rt.build()?;
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let data_dir = a.data_dir.display().to_string();
+    rt.block_on(kiln_server::run_until_signal(config, |server| {
+        eprintln!(
+            "kiln serving {data_dir} on {scheme}://{} (Ctrl-C to stop)",
+            server.local_addr()
+        );
+    }))?;
+    eprintln!("kiln stopped: every database flushed and closed");
+    Ok(())
+}
+
+/// The server's configuration from the command line.
+fn server_config(a: &ServeArgs) -> ServerConfig {
     let mut config = ServerConfig::new(&a.data_dir, a.bind);
-    config.tls = match (a.tls_cert, a.tls_key) {
+    config.tls = match (a.tls_cert.clone(), a.tls_key.clone()) {
         (Some(cert_chain_pem), Some(private_key_pem)) => Some(TlsConfig {
             cert_chain_pem,
             private_key_pem,
-            client_ca_pem: a.tls_client_ca,
+            client_ca_pem: a.tls_client_ca.clone(),
         }),
         _ => None,
     };
@@ -230,30 +259,7 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
     config.changes.tombstone_retention_ms =
         (a.tombstone_retention_hours > 0).then(|| a.tombstone_retention_hours * 3_600_000);
     config.changes.subscriber_queue_len = a.changes_queue_len.max(1);
-    raise_open_file_limit(a.max_connections + a.max_changes_connections);
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    rt.enable_all()
-        // Every write waits for its commit on a blocking thread: allow one per
-        // connection.
-        .max_blocking_threads(a.max_connections.clamp(16, 4096));
-    if let Some(n) = a.worker_threads {
-        rt.worker_threads(n);
-    }
-    let rt = rt.build()?;
-    let scheme = if config.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    let data_dir = a.data_dir.display().to_string();
-    rt.block_on(kiln_server::run_until_signal(config, |server| {
-        eprintln!(
-            "kiln serving {data_dir} on {scheme}://{} (Ctrl-C to stop)",
-            server.local_addr()
-        );
-    }))?;
-    eprintln!("kiln stopped: every database flushed and closed");
-    Ok(())
+    config
 }
 
 /// `--bind`: an address, or a host name and port resolved now (its first IPv4

@@ -124,22 +124,7 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
     let store = &shared.store;
     let failed = |e: &DocError| Answer::Failed((shared.classify)(e));
     match command {
-        Command::CreateDatabase { name, incarnation } => {
-            if let Ok(db) = store.database(&name) {
-                // Created by this very entry before a restart, or an error.
-                return Ok(if db.incarnation() == incarnation {
-                    Answer::AlreadyApplied
-                } else {
-                    failed(&DocError::DatabaseExists(name))
-                });
-            }
-            Ok(
-                match store.create_database_with_incarnation(&name, incarnation) {
-                    Ok(_) => Answer::DatabaseCreated { name, incarnation },
-                    Err(e) => storage_or(e, failed)?,
-                },
-            )
-        }
+        Command::CreateDatabase { name, incarnation } => create_database(shared, name, incarnation),
         Command::DeleteDatabase { name } => Ok(match store.delete_database(&name) {
             Ok(()) => Answer::DatabaseDeleted { name },
             Err(e) => storage_or(e, failed)?,
@@ -170,39 +155,75 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
             at_ms,
             all_or_none,
             ops,
-        } => {
-            let db = match store.database(&database) {
-                Ok(db) => db,
-                Err(e) => return Ok(failed(&e)),
-            };
-            let atomicity = if all_or_none {
-                Atomicity::AllOrNone
-            } else {
-                Atomicity::Each
-            };
-            let mut parsed = Vec::with_capacity(ops.len());
-            for op in ops {
-                match to_write_op(&db, op) {
-                    Ok(op) => parsed.push(op),
-                    // The leader parsed the writes before logging them: a write
-                    // that does not parse here fails the entry on every node.
-                    Err(e) => return Ok(failed(&e)),
-                }
-            }
-            match db.apply_logged(log_id.index, at_ms, parsed, atomicity) {
-                Ok(LoggedOutcome::AlreadyApplied) => Ok(Answer::AlreadyApplied),
-                Ok(LoggedOutcome::Applied(results)) => Ok(Answer::Writes(
-                    results
-                        .into_iter()
-                        .map(|r| match r {
-                            Ok(o) => write_answer(o),
-                            Err(e) => WriteAnswer::Failed((shared.classify)(&e)),
-                        })
-                        .collect(),
-                )),
-                Err(e) => storage_or(e, failed),
-            }
+        } => write(shared, log_id, &database, at_ms, all_or_none, ops),
+    }
+}
+
+fn create_database(
+    shared: &Shared,
+    name: String,
+    incarnation: u32,
+) -> Result<Answer, StorageError> {
+    let failed = |e: &DocError| Answer::Failed((shared.classify)(e));
+    if let Ok(db) = shared.store.database(&name) {
+        // Created by this very entry before a restart, or an error.
+        return Ok(if db.incarnation() == incarnation {
+            Answer::AlreadyApplied
+        } else {
+            failed(&DocError::DatabaseExists(name))
+        });
+    }
+    Ok(
+        match shared
+            .store
+            .create_database_with_incarnation(&name, incarnation)
+        {
+            Ok(_) => Answer::DatabaseCreated { name, incarnation },
+            Err(e) => storage_or(e, failed)?,
+        },
+    )
+}
+
+/// The writes of one entry, through `Database::apply_logged` (applied once).
+fn write(
+    shared: &Shared,
+    log_id: &LogId,
+    database: &str,
+    at_ms: u64,
+    all_or_none: bool,
+    ops: Vec<LoggedOp>,
+) -> Result<Answer, StorageError> {
+    let failed = |e: &DocError| Answer::Failed((shared.classify)(e));
+    let db = match shared.store.database(database) {
+        Ok(db) => db,
+        Err(e) => return Ok(failed(&e)),
+    };
+    let atomicity = if all_or_none {
+        Atomicity::AllOrNone
+    } else {
+        Atomicity::Each
+    };
+    let mut parsed = Vec::with_capacity(ops.len());
+    for op in ops {
+        match to_write_op(&db, op) {
+            Ok(op) => parsed.push(op),
+            // The leader parsed the writes before logging them: a write that does
+            // not parse here fails the entry on every node.
+            Err(e) => return Ok(failed(&e)),
         }
+    }
+    match db.apply_logged(log_id.index, at_ms, parsed, atomicity) {
+        Ok(LoggedOutcome::AlreadyApplied) => Ok(Answer::AlreadyApplied),
+        Ok(LoggedOutcome::Applied(results)) => Ok(Answer::Writes(
+            results
+                .into_iter()
+                .map(|r| match r {
+                    Ok(o) => write_answer(o),
+                    Err(e) => WriteAnswer::Failed((shared.classify)(&e)),
+                })
+                .collect(),
+        )),
+        Err(e) => storage_or(e, failed),
     }
 }
 

@@ -806,38 +806,14 @@ impl Database {
             last: None,
             seen: multi.then(HashSet::new),
         };
-        let mut group: Vec<Entry<'_>> = Vec::new();
-        let mut c = r.cursor(tree)?;
-        let order: Vec<&Range> = if desc {
-            ranges.iter().rev().collect()
-        } else {
-            ranges.iter().collect()
+        let walk = RangeWalk {
+            tree,
+            ranges,
+            desc,
+            grouped,
+            resume_key: resume_key.as_deref(),
         };
-        'ranges: for (lo, hi) in order {
-            let inside = |k: &[u8]| {
-                if desc {
-                    k >= lo.as_slice()
-                } else {
-                    hi.as_ref().is_none_or(|h| k < h.as_slice())
-                }
-            };
-            let mut item = range_start(&mut c, lo, hi.as_deref(), desc, resume_key.as_deref())?;
-            loop {
-                if page.counted && covered && docs.len() >= q.limit {
-                    break 'ranges;
-                }
-                let Some(first) = item.filter(|(k, _)| inside(k)) else {
-                    break;
-                };
-                item = next_in_order(&mut c, first, &inside, desc, grouped, &mut group)?;
-                out.entries_read += group.len() as u64;
-                for &(k, id) in &group {
-                    if page.take(k, id, out, docs)? == Walk::Stop {
-                        break 'ranges;
-                    }
-                }
-            }
-        }
+        walk.run(&mut page, out, docs)?;
         out.total = fast_total.unwrap_or(before + page.matches);
         if q.limit > 0 && docs.len() == q.limit {
             // An entry to resume after only where entries come in key order.
@@ -853,6 +829,62 @@ impl Database {
                 }
                 .encode()
             });
+        }
+        Ok(())
+    }
+}
+
+/// The ranges of an index a stream walks, in the defined order.
+struct RangeWalk<'s> {
+    tree: &'s str,
+    ranges: &'s [Range],
+    desc: bool,
+    /// A compound index: runs of equal first values are read whole (`next_in_order`).
+    grouped: bool,
+    resume_key: Option<&'s [u8]>,
+}
+
+impl RangeWalk<'_> {
+    /// Hands every entry of the ranges to `page` until it stops the walk (a full
+    /// page whose total is known already) or the ranges end.
+    fn run(
+        &self,
+        page: &mut StreamPage<'_, '_, '_>,
+        out: &mut QueryResult,
+        docs: &mut Vec<Document>,
+    ) -> Result<()> {
+        let desc = self.desc;
+        let mut group: Vec<Entry<'_>> = Vec::new();
+        let mut c = page.r.cursor(self.tree)?;
+        let order: Vec<&Range> = if desc {
+            self.ranges.iter().rev().collect()
+        } else {
+            self.ranges.iter().collect()
+        };
+        for (lo, hi) in order {
+            let inside = |k: &[u8]| {
+                if desc {
+                    k >= lo.as_slice()
+                } else {
+                    hi.as_ref().is_none_or(|h| k < h.as_slice())
+                }
+            };
+            let mut item = range_start(&mut c, lo, hi.as_deref(), desc, self.resume_key)?;
+            loop {
+                if page.counted && page.covered && docs.len() >= page.q.limit {
+                    return Ok(());
+                }
+                let Some(first) = item.filter(|(k, _)| inside(k)) else {
+                    break;
+                };
+                item = next_in_order(&mut c, first, &inside, desc, self.grouped, &mut group)?;
+                out.entries_read += group.len() as u64;
+                for &(k, id) in &group {
+                    if page.take(k, id, out, docs)? == Walk::Stop {
+                        return Ok(());
+                    }
+                }
+            }
         }
         Ok(())
     }
