@@ -244,13 +244,7 @@ pub fn read_container<R: Read>(
                 in_tree = Some(read_entries(&frame, n, &mut sum, &mut sink)?);
             }
             (KIND_END, Some(n)) => {
-                if raw.len() != 8 || le64(raw, 0) != n {
-                    return Err(corrupt(
-                        part,
-                        start,
-                        format!("tree end says {} entries, {n} were read", le64(raw, 0)),
-                    ));
-                }
+                check_tree_end(&frame, n)?;
                 sum.entries += n;
                 in_tree = None;
                 sink(&sum, Item::EndTree)?;
@@ -275,6 +269,20 @@ pub fn read_container<R: Read>(
             }
         }
     }
+}
+
+/// A tree's end frame must count the entries read.
+fn check_tree_end(frame: &Frame<'_>, entries_read: u64) -> BackupResult<()> {
+    let raw = &frame.raw;
+    let what = match raw.len() {
+        8 if le64(raw, 0) == entries_read => return Ok(()),
+        8 => format!(
+            "tree end says {} entries, {entries_read} were read",
+            le64(raw, 0)
+        ),
+        n => format!("tree end frame of {n} bytes, not 8"),
+    };
+    Err(corrupt(&frame.part, frame.start, what))
 }
 
 /// A corrupt part of a backup, at a byte offset.
