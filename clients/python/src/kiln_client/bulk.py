@@ -26,6 +26,8 @@ from .errors import (BulkInsertError, ConnectionFailedError, KilnError, error_fr
                      make_error)
 from .session import collection_prefix, to_document
 
+# For annotations only: store.py builds this module's objects and hands itself to
+# them, so naming its types at run time would be an import circle.
 if TYPE_CHECKING:
     from .store import DocumentStore
 

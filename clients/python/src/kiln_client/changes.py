@@ -23,6 +23,8 @@ from websockets.sync.client import ClientConnection, connect
 
 from .errors import KilnError, make_error
 
+# For annotations only: store.py builds this module's objects and hands itself to
+# them, so naming its types at run time would be an import circle.
 if TYPE_CHECKING:
     from .store import DocumentStore
 

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import (TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple)
 
+# For annotations only: store.py builds this module's objects and hands itself to
+# them, so naming its types at run time would be an import circle.
 if TYPE_CHECKING:
     from .session import Session
 

@@ -20,6 +20,8 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Tup
 from .errors import (ConcurrencyError, DocumentNotFoundError, RequestBudgetExceededError,
                      RetryConflictError, SessionClosedError)
 
+# For annotations only: store.py builds this module's objects and hands itself to
+# them, so naming its types at run time would be an import circle.
 if TYPE_CHECKING:
     from .query import Query, QueryResult
     from .store import DocumentStore
