@@ -5,6 +5,7 @@
 //! modules it dispatches to, which never import from it.
 
 use crate::backupbench::{self, BackupTool};
+use crate::clusterbench::{self, ClusterLoad};
 use crate::querybench;
 use crate::rawdisk;
 use crate::recoverybench::{self, W7Case};
@@ -23,7 +24,9 @@ pub struct BenchArgs {
     /// Comma-separated workload ids: W1, W2, W3, W4, W6, W7 (recovery after kill -9),
     /// W8, W8I (W8 with two indexes), W8C (W8 with a backup chain active), W9, W10, W11,
     /// W12, W13, W14 (backup and restore of a generated database, and W8 during a
-    /// backup; not part of the default set: it writes several times --w14-gib).
+    /// backup; not part of the default set: it writes several times --w14-gib), W15
+    /// (W8 against the leader of a three-node cluster beside W8 on one node, and
+    /// kill -9 of the leader timed to the next acknowledged write).
     #[arg(long, default_value = "W1,W4")]
     workloads: String,
     /// Directory to run in (a fresh subdirectory per run, removed afterwards).
@@ -83,6 +86,14 @@ pub struct BenchArgs {
     /// W14: GiB of generated ~1 KiB documents (default: 4; 0.25 with --quick).
     #[arg(long)]
     w14_gib: Option<f64>,
+    /// W15 PUTs in all, to the cluster's leader and to the single node beside it
+    /// (default: 50,000; 6,400 with --quick).
+    #[arg(long)]
+    w15_requests: Option<u64>,
+    /// W15 kills of the cluster's leader (default: 20; 5 with --quick; 0 skips the
+    /// failover part).
+    #[arg(long)]
+    w15_failovers: Option<usize>,
     /// W11 idle WebSocket subscribers (default: 10,000; 1,000 with --quick), bounded
     /// by the open-file limit.
     #[arg(long)]
@@ -115,11 +126,12 @@ enum Workload {
     W12,
     W13,
     W14,
+    W15,
 }
 
 impl Workload {
     /// Every workload, in the order the error for an unknown one lists them.
-    const ALL: [Workload; 15] = [
+    const ALL: [Workload; 16] = [
         Workload::W1,
         Workload::W2,
         Workload::W3,
@@ -135,6 +147,7 @@ impl Workload {
         Workload::W12,
         Workload::W13,
         Workload::W14,
+        Workload::W15,
     ];
 
     fn name(self) -> &'static str {
@@ -154,6 +167,7 @@ impl Workload {
             Workload::W12 => "W12",
             Workload::W13 => "W13",
             Workload::W14 => "W14",
+            Workload::W15 => "W15",
         }
     }
 }
@@ -197,6 +211,8 @@ struct Plan<'a> {
     load: ServerLoad,
     w14_gib: f64,
     backup_tool: Option<BackupTool>,
+    /// W15's scale.
+    cluster: ClusterLoad,
 }
 
 impl<'a> Plan<'a> {
@@ -232,6 +248,12 @@ impl<'a> Plan<'a> {
             load,
             w14_gib: args.w14_gib.unwrap_or(if args.quick { 0.25 } else { 4.0 }),
             backup_tool,
+            cluster: ClusterLoad::new(
+                args.quick,
+                args.connections,
+                args.w15_requests,
+                args.w15_failovers,
+            ),
         }
     }
 
@@ -301,6 +323,10 @@ impl<'a> Plan<'a> {
                 let tool = self.backup_tool.ok_or(NO_BACKUP_TOOL)?;
                 let gib = self.w14_gib;
                 one(Box::new(move || backupbench::w14(dir, gib, load, tool)))
+            }
+            Workload::W15 => {
+                let cluster = self.cluster;
+                one(Box::new(move || clusterbench::w15(dir, cluster)))
             }
         })
     }
@@ -378,7 +404,7 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "unknown workload \"W5\" (available: W1, W2, W3, W4, W6, W7, W8, W8I, W8C, W9, \
-             W10, W11, W12, W13, W14)"
+             W10, W11, W12, W13, W14, W15)"
         );
     }
 }

@@ -22,15 +22,32 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts `kiln serve` on `data_dir` with `args` added to its command line.
     pub fn start_with(data_dir: &Path, args: &[&str]) -> io::Result<ServerProcess> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        ServerProcess::start_at(free_loopback_addr()?, data_dir, args, true)
+    }
+
+    /// Starts `kiln serve` on `addr` (a cluster node's address is in every node's
+    /// `--cluster` list before it starts). `fresh_log`: truncate the log beside the
+    /// data directory, else add to it (a node restarted after a kill keeps the
+    /// lines of its first life).
+    pub fn start_at(
+        addr: SocketAddr,
+        data_dir: &Path,
+        args: &[&str],
+        fresh_log: bool,
+    ) -> io::Result<ServerProcess> {
         let exe: PathBuf = crate::kiln_exe()?;
         // The server's log goes beside its data directory, out of the table's way;
-        // it is quoted if the server fails to start.
+        // what this start wrote is quoted if the server fails to start.
         let log_path = data_dir.with_extension("serve.log");
-        let log = std::fs::File::create(&log_path)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .truncate(false)
+            .open(&log_path)?;
+        if fresh_log {
+            log.set_len(0)?;
+        }
+        let log_start = log.metadata()?.len() as usize;
         let child = Command::new(exe)
             .args(["serve", "--bind", &addr.to_string(), "--data-dir"])
             .arg(data_dir)
@@ -47,7 +64,8 @@ impl ServerProcess {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(Some(status)) = server.child.try_wait() {
-                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let log = std::fs::read(&log_path).unwrap_or_default();
+                let log = String::from_utf8_lossy(log.get(log_start..).unwrap_or_default());
                 return Err(io::Error::other(format!(
                     "kiln serve exited at start ({status}): {}",
                     log.trim()
@@ -69,9 +87,26 @@ impl ServerProcess {
     }
 }
 
+/// A loopback address with a port free at the time of the call.
+pub fn free_loopback_addr() -> io::Result<SocketAddr> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    Ok(([127, 0, 0, 1], port).into())
+}
+
 impl ServerProcess {
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// kill -9: SIGKILL, then waited for (the process is gone when this returns;
+    /// it had no chance to stop cleanly). Its exit status: killed by signal 9,
+    /// unless it had exited on its own before.
+    pub fn kill9(mut self) -> io::Result<std::process::ExitStatus> {
+        self.child.kill()?;
+        self.child.wait()
+        // Drop: `terminate` sees the status and signals nothing.
     }
 
     /// CPU time (user + system, all threads) the server process has used so far.
@@ -89,7 +124,11 @@ impl Drop for ServerProcess {
 /// Stops a child server: SIGTERM, up to `grace` for it to exit on its own (a clean
 /// shutdown), then SIGKILL; always waited for.
 pub fn terminate(child: &mut Child, grace: Duration) {
-    // SAFETY: kill(2) on our own child's pid.
+    // A child already waited for (`kill9`) may have its pid reused: no signal.
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    // SAFETY: kill(2) on our own child's pid, not yet waited for (a zombie at worst).
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {

@@ -5,10 +5,11 @@
 //!
 //! The modules form a tree: [`bench`] parses the workload list and dispatches to the
 //! workload modules (`storagebench`, `recoverybench`, `serverbench`, `streambench`,
-//! `querybench`, `backupbench`), which build on leaf modules that import nothing of
-//! this crate's above them: [`run`] (what a run returns), [`workload`] (the seed and
-//! the generated data), [`stats`] (medians, quantiles, CPU time), [`procstat`],
-//! [`machine`], [`rawdisk`]. [`report`] prints `kiln bench`'s rows.
+//! `querybench`, `backupbench`, `clusterbench`), which build on leaf modules that
+//! import nothing of this crate's above them: [`run`] (what a run returns),
+//! [`workload`] (the seed and the generated data), [`stats`] (medians, quantiles,
+//! CPU time), [`procstat`], [`machine`], [`rawdisk`]. [`report`] prints `kiln
+//! bench`'s rows.
 //!
 //! The workloads that need a server start the `kiln` binary ([`kiln_exe`]: the
 //! running executable, since they run inside `kiln bench`).
@@ -17,6 +18,8 @@
 pub mod backupbench;
 #[cfg(feature = "documents")]
 pub mod bench;
+#[cfg(feature = "documents")]
+pub mod clusterbench;
 pub mod diskbench;
 #[cfg(feature = "documents")]
 pub mod httpbench;

@@ -84,6 +84,56 @@ pub fn mount_of(dir: &Path) -> Option<Mount> {
     })
 }
 
+/// Counters of the block device that holds a directory, from /proc/diskstats: what
+/// every process writing to that disk did (the benchmark's servers and anything
+/// else on the machine), so differences over a workload are upper bounds of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskCounters {
+    /// Write requests completed.
+    pub writes: u64,
+    /// 512-byte sectors written.
+    pub sectors_written: u64,
+    /// Cache flushes completed (what an fsync or an O_DSYNC write asks of a disk
+    /// with a volatile write cache); None on kernels before 4.18.
+    pub flushes: Option<u64>,
+}
+
+impl DiskCounters {
+    /// The counters now of the device `dir` is on; None when it is not a block
+    /// device /proc/diskstats lists (tmpfs, overlay, a network file system).
+    pub fn of(dir: &Path) -> Option<DiskCounters> {
+        let source = mount_of(dir)?.source;
+        // /dev/mapper/x and /dev/disk/by-*/x are links to the kernel's name.
+        let canon = std::fs::canonicalize(&source).unwrap_or_else(|_| source.into());
+        let name = canon.file_name()?.to_str()?.to_string();
+        let stats = std::fs::read_to_string("/proc/diskstats").ok()?;
+        stats.lines().find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.get(2) != Some(&name.as_str()) {
+                return None;
+            }
+            let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+            Some(DiskCounters {
+                writes: n(7)?,
+                sectors_written: n(9)?,
+                flushes: n(18),
+            })
+        })
+    }
+
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &DiskCounters) -> DiskCounters {
+        DiskCounters {
+            writes: self.writes.saturating_sub(earlier.writes),
+            sectors_written: self.sectors_written.saturating_sub(earlier.sectors_written),
+            flushes: self
+                .flushes
+                .zip(earlier.flushes)
+                .map(|(a, b)| a.saturating_sub(b)),
+        }
+    }
+}
+
 /// Undoes the octal escapes (\040 for a space) of /proc/mounts.
 fn unescape_mount(s: &str) -> String {
     let b = s.as_bytes();
@@ -112,6 +162,18 @@ mod tests {
         let m = mount_of(Path::new("/")).expect("a mount for /");
         assert_eq!(m.point, "/");
         assert!(!m.fs_type.is_empty());
+    }
+
+    #[test]
+    fn disk_counters_only_grow() {
+        // Where the temporary directory is on a block device (not on tmpfs).
+        let dir = std::env::temp_dir();
+        let Some(before) = DiskCounters::of(&dir) else {
+            return;
+        };
+        let after = DiskCounters::of(&dir).expect("the same device");
+        let d = after.since(&before);
+        assert!(after.writes >= before.writes && d.writes == after.writes - before.writes);
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! Figures of a process read from /proc (CPU time, resident memory and its peak) and
-//! from getrusage (this thread's and this process's CPU time). The benchmarks use
-//! them for the server child, a peer server (Redis) and the benchmark process itself.
+//! Figures of a process read from /proc (CPU time, resident memory and its peak,
+//! bytes sent to storage) and from getrusage (this thread's and this process's CPU
+//! time). The benchmarks use them for the server child, a peer server (Redis) and
+//! the benchmark process itself.
 
 use std::io;
 
@@ -52,6 +53,18 @@ pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
     // SAFETY: sysconf has no memory-safety preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     Ok((ticks(11)? + ticks(12)?) / hz)
+}
+
+/// The bytes a process has caused to be sent to storage so far (`write_bytes` of
+/// `/proc/PID/io`: O_DIRECT writes when issued, buffered ones when dirtied).
+pub fn storage_write_bytes(pid: u32) -> io::Result<u64> {
+    let path = format!("/proc/{pid}/io");
+    let io = std::fs::read_to_string(&path)
+        .map_err(|e| io::Error::new(e.kind(), format!("reading {path}: {e}")))?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| io::Error::other(format!("no write_bytes in {path}")))
 }
 
 /// CPU time (user + system) of the calling thread.
