@@ -59,11 +59,7 @@ async fn leader_among(nodes: &BTreeMap<u64, Node>, ids: &[u64]) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cut_off_leader_refuses_writes_and_nothing_acknowledged_is_lost() {
     let root = tempfile::tempdir().unwrap();
-    let members: BTreeMap<u64, String> = free_ports(3)
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}")))
-        .collect();
+    let members = loopback_members(3);
     let dir = |id: u64| -> PathBuf { root.path().join(format!("node{id}")) };
     let cuts = Cuts::default();
     let mut nodes = BTreeMap::new();

@@ -16,11 +16,7 @@ use std::time::{Duration, Instant};
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn writes_survive_the_leader_stopping_and_the_old_leader_catches_up() {
     let root = tempfile::tempdir().unwrap();
-    let members: BTreeMap<u64, String> = free_ports(3)
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}")))
-        .collect();
+    let members = loopback_members(3);
     let dir = |id: u64| -> PathBuf { root.path().join(format!("node{id}")) };
     let mut nodes = BTreeMap::new();
     for id in members.keys() {
@@ -59,20 +55,7 @@ async fn writes_survive_the_leader_stopping_and_the_old_leader_catches_up() {
         "{created:?}"
     );
     let mut acknowledged: Vec<(String, String)> = Vec::new();
-    for i in 0..20 {
-        let id = format!("orders/{i}");
-        let answer = nodes[&leader]
-            .node
-            .write(put(
-                "shop",
-                &id,
-                &format!(r#"{{"n":{i}}}"#),
-                1_790_000_000_000 + i,
-            ))
-            .await
-            .unwrap();
-        acknowledged.push((id, etag_of(&answer)));
-    }
+    write_orders(&nodes[&leader].node, 0..20, &mut acknowledged).await;
     for n in nodes.values() {
         for (id, etag) in &acknowledged {
             wait_for_document(&n.node, id, etag).await;
@@ -84,20 +67,7 @@ async fn writes_survive_the_leader_stopping_and_the_old_leader_catches_up() {
     stop(nodes.remove(&old_leader).unwrap()).await;
     let leader = wait_for_leader(&nodes).await;
     assert_ne!(leader, old_leader);
-    for i in 20..30 {
-        let id = format!("orders/{i}");
-        let answer = nodes[&leader]
-            .node
-            .write(put(
-                "shop",
-                &id,
-                &format!(r#"{{"n":{i}}}"#),
-                1_790_000_000_000 + i,
-            ))
-            .await
-            .unwrap();
-        acknowledged.push((id, etag_of(&answer)));
-    }
+    write_orders(&nodes[&leader].node, 20..30, &mut acknowledged).await;
 
     // The old leader comes back on its directory and catches up.
     nodes.insert(
@@ -133,11 +103,7 @@ async fn writes_survive_the_leader_stopping_and_the_old_leader_catches_up() {
 async fn a_follower_behind_a_purged_log_catches_up_from_a_snapshot_and_a_restart_applies_nothing_twice(
 ) {
     let root = tempfile::tempdir().unwrap();
-    let members: BTreeMap<u64, String> = free_ports(3)
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}")))
-        .collect();
+    let members = loopback_members(3);
     let dir = |id: u64| -> PathBuf { root.path().join(format!("node{id}")) };
     let small_log = |c: &mut ClusterConfig| {
         c.snapshot_every_entries = 20;

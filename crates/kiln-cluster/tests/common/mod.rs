@@ -170,3 +170,30 @@ pub fn free_ports(n: usize) -> Vec<u16> {
         .map(|l| l.local_addr().unwrap().port())
         .collect()
 }
+
+/// Ids 1..=n and a free loopback address for each.
+pub fn loopback_members(n: usize) -> BTreeMap<u64, String> {
+    free_ports(n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}")))
+        .collect()
+}
+
+/// Writes `{"n": i}` to `orders/{i}` for each `i` through `node` (the leader) and
+/// records each acknowledged etag.
+pub async fn write_orders(
+    node: &ClusterNode,
+    range: std::ops::Range<u64>,
+    acknowledged: &mut Vec<(String, String)>,
+) {
+    for i in range {
+        let id = format!("orders/{i}");
+        let json = format!(r#"{{"n":{i}}}"#);
+        let answer = node
+            .write(put("shop", &id, &json, 1_790_000_000_000 + i))
+            .await
+            .unwrap();
+        acknowledged.push((id, etag_of(&answer)));
+    }
+}
