@@ -12,12 +12,8 @@
 
 mod common;
 
-use common::{cycles_from_env, free_port, healthy, kill9, TEST_JOURNAL_FILE_SIZE_MIB};
-use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use common::cluster::{self, json, Cluster};
+use common::{cycles_from_env, kill9};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -27,118 +23,7 @@ const WRITERS: u64 = 8;
 /// One request on its own connection; `None` when the node is not there (or
 /// died mid-answer).
 fn request(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let status = out.get(9..12)?.parse().ok()?;
-    Some((
-        status,
-        out.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
-    ))
-}
-
-fn json(text: &str) -> serde_json::Value {
-    serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
-}
-
-struct Cluster {
-    dirs: BTreeMap<u64, PathBuf>,
-    ports: BTreeMap<u64, u16>,
-    members: String,
-    children: BTreeMap<u64, Child>,
-}
-
-impl Cluster {
-    fn new(root: &Path) -> Cluster {
-        let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
-        let members = ports
-            .iter()
-            .map(|(id, port)| format!("{id}=127.0.0.1:{port}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let dirs = (1..=3)
-            .map(|id| (id, root.join(format!("node{id}"))))
-            .collect();
-        let mut c = Cluster {
-            dirs,
-            ports,
-            members,
-            children: BTreeMap::new(),
-        };
-        for id in 1..=3 {
-            c.start(id);
-        }
-        c
-    }
-
-    #[allow(clippy::zombie_processes)] // `stop_all` and `kill9` wait for it
-    fn start(&mut self, id: u64) {
-        let port = self.ports[&id];
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args([
-                "serve",
-                "--node-id",
-                &id.to_string(),
-                "--cluster",
-                &self.members,
-            ])
-            .args(["--bind", &format!("127.0.0.1:{port}")])
-            .args([
-                "--journal-file-size-mib",
-                TEST_JOURNAL_FILE_SIZE_MIB,
-                "--data-dir",
-            ])
-            .arg(&self.dirs[&id])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !healthy(port) {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("node {id} exited before answering /health: {status}");
-            }
-            assert!(Instant::now() < deadline, "node {id} did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.children.insert(id, child);
-    }
-
-    /// The leader the live nodes agree on (waits up to 20 s for one).
-    fn leader(&self) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let seen: Vec<Option<u64>> = self
-                .children
-                .keys()
-                .map(|id| {
-                    request(self.ports[id], "GET", "/cluster", "")
-                        .and_then(|(_, body)| json(&body)["leader"].as_u64())
-                })
-                .collect();
-            if let Some(Some(l)) = seen.first() {
-                if self.children.contains_key(l) && seen.iter().all(|s| s == &Some(*l)) {
-                    return *l;
-                }
-            }
-            assert!(Instant::now() < deadline, "no leader agreed on: {seen:?}");
-            std::thread::sleep(Duration::from_millis(30));
-        }
-    }
-
-    fn stop_all(&mut self) {
-        for (_, mut child) in std::mem::take(&mut self.children) {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+    cluster::request(port, method, path, None, body).ok()
 }
 
 /// Writers: each PUTs new documents to the node it believes leads, and records
@@ -308,5 +193,4 @@ fn acknowledged_writes_survive_kill9_of_the_leader() {
         "{cycles} kill -9 of the leader, {} acknowledged writes, each on all three nodes with its etag",
         acknowledged.len()
     );
-    cluster.stop_all();
 }

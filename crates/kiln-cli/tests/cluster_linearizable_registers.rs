@@ -20,10 +20,10 @@
 //!   refused, a 307 from a follower, 503 "the cluster has no leader") is left out,
 //!   as is a read that was not answered.
 //! - Reads go to the node the client found leading (`GET /cluster` on that node
-//!   says it leads); they are not linearizable reads (Kiln has none yet), so a
-//!   node that has just become leader, or has just lost leadership, may answer a
-//!   stale value: the checker reports that as a violation, with the operations and
-//!   the kills and restarts around it.
+//!   says it leads), with `?consistency=linearizable`: that node confirms with a
+//!   majority that it still leads before it answers, so a node that has just lost
+//!   leadership cannot answer a stale value (without it, one can: the checker then
+//!   reports a violation, with the operations and the kills and restarts around it).
 //!
 //! A run fails with fewer than 200 operations whose answer was seen (too few to
 //! tell). It prints how many were checked.
@@ -35,14 +35,11 @@ mod common;
 #[path = "common/linearizability.rs"]
 mod linearizability;
 
-use common::{cycles_from_env, free_port, healthy, kill9, TEST_JOURNAL_FILE_SIZE_MIB};
+use common::cluster::{find_leader, json, request, Cluster, Failed};
+use common::{cycles_from_env, kill9};
 use linearizability::{check_from, validate_witness, Call, Operation, Outcome, Verdict};
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,157 +49,6 @@ const KEYS: usize = 5;
 const DB: &str = "lin";
 /// Fewer operations with a seen answer than this and the run tested too little.
 const MIN_COMPLETED: usize = 200;
-
-/// Why a request has no answer.
-#[derive(Debug)]
-enum Failed {
-    /// The connection was refused: the server never saw the request.
-    NotSent,
-    /// Sent (or partly sent), then no full answer: it may have been done.
-    Lost(String),
-}
-
-/// One request on its own connection: the status and the body.
-fn request(
-    port: u16,
-    method: &str,
-    path: &str,
-    if_match: Option<&str>,
-    body: &str,
-) -> Result<(u16, String), Failed> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut s =
-        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|_| Failed::NotSent)?;
-    let lost = |what: &str| Failed::Lost(what.to_string());
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|_| lost("setting the timeout"))?;
-    let condition = if_match.map_or(String::new(), |etag| format!("if-match: \"{etag}\"\r\n"));
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{condition}content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .map_err(|e| lost(&format!("sending: {e}")))?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)
-        .map_err(|e| lost(&format!("reading the answer: {e}")))?;
-    let status = out
-        .get(9..12)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| lost("no status line"))?;
-    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    Ok((status, body.to_string()))
-}
-
-fn json(text: &str) -> serde_json::Value {
-    serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
-}
-
-struct Cluster {
-    dirs: BTreeMap<u64, PathBuf>,
-    ports: BTreeMap<u64, u16>,
-    members: String,
-    children: BTreeMap<u64, Child>,
-}
-
-impl Cluster {
-    fn new(root: &Path) -> Cluster {
-        let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
-        let members = ports
-            .iter()
-            .map(|(id, port)| format!("{id}=127.0.0.1:{port}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let dirs = (1..=3)
-            .map(|id| (id, root.join(format!("node{id}"))))
-            .collect();
-        let mut c = Cluster {
-            dirs,
-            ports,
-            members,
-            children: BTreeMap::new(),
-        };
-        for id in 1..=3 {
-            c.start(id);
-        }
-        c
-    }
-
-    #[allow(clippy::zombie_processes)] // `Drop` and `kill9` wait for it
-    fn start(&mut self, id: u64) {
-        let port = self.ports[&id];
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args([
-                "serve",
-                "--node-id",
-                &id.to_string(),
-                "--cluster",
-                &self.members,
-            ])
-            .args(["--bind", &format!("127.0.0.1:{port}")])
-            .args([
-                "--journal-file-size-mib",
-                TEST_JOURNAL_FILE_SIZE_MIB,
-                "--data-dir",
-            ])
-            .arg(&self.dirs[&id])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !healthy(port) {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("node {id} exited before answering /health: {status}");
-            }
-            assert!(Instant::now() < deadline, "node {id} did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.children.insert(id, child);
-    }
-
-    /// The leader the live nodes agree on (waits up to 20 s for one).
-    fn leader(&self) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let seen: Vec<Option<u64>> = self
-                .children
-                .keys()
-                .map(|id| {
-                    request(self.ports[id], "GET", "/cluster", None, "")
-                        .ok()
-                        .and_then(|(_, body)| json(&body)["leader"].as_u64())
-                })
-                .collect();
-            if let Some(Some(l)) = seen.first() {
-                if self.children.contains_key(l) && seen.iter().all(|s| s == &Some(*l)) {
-                    return *l;
-                }
-            }
-            assert!(Instant::now() < deadline, "no leader agreed on: {seen:?}");
-            std::thread::sleep(Duration::from_millis(30));
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for (_, mut child) in std::mem::take(&mut self.children) {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// A node that says it leads (its own `GET /cluster`: state leader, leader itself).
-fn find_leader(ports: &BTreeMap<u64, u16>) -> Option<(u64, u16)> {
-    ports.iter().find_map(|(&id, &port)| {
-        let (status, body) = request(port, "GET", "/cluster", None, "").ok()?;
-        let v = json(&body);
-        (status == 200 && v["state"].as_str() == Some("leader") && v["leader"].as_u64() == Some(id))
-            .then_some((id, port))
-    })
-}
 
 /// One operation as a client recorded it.
 struct Record {
@@ -276,7 +122,9 @@ impl Client {
     /// Reads `key` on the target node; the etag and value it answered, if any.
     fn read(&mut self, key: usize) -> Option<(String, u64)> {
         let (node, port) = self.target?;
-        let path = format!("/dbs/{DB}/docs/r{key}");
+        // A linearizable read: the leader confirms with a majority that it still
+        // leads and has applied what was committed (a follower answers 307).
+        let path = format!("/dbs/{DB}/docs/r{key}?consistency=linearizable");
         let invoke = self.now();
         let answer = request(port, "GET", &path, None, "");
         let at = self.now();

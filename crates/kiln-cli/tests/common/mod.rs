@@ -2,6 +2,8 @@
 //! `kiln serve` child that answers `/health` before it is handed over.
 #![allow(dead_code)] // each test binary uses its own part of this module
 
+pub mod cluster;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;

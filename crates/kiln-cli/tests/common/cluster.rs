@@ -1,0 +1,163 @@
+//! Three `kiln serve` nodes of one cluster on loopback, for the cluster tests
+//! that run real processes: requests on their own connections (telling a request
+//! never sent from one whose answer was lost), the nodes, their leader.
+#![allow(dead_code)] // each test binary uses its own part of this module
+
+use super::{free_port, healthy, TEST_JOURNAL_FILE_SIZE_MIB};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Why a request has no answer.
+#[derive(Debug)]
+pub enum Failed {
+    /// The connection was refused: the server never saw the request.
+    NotSent,
+    /// Sent (or partly sent), then no full answer: it may have been done.
+    Lost(String),
+}
+
+/// One request on its own connection: the status and the body.
+pub fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    if_match: Option<&str>,
+    body: &str,
+) -> Result<(u16, String), Failed> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|_| Failed::NotSent)?;
+    let lost = |what: &str| Failed::Lost(what.to_string());
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|_| lost("setting the timeout"))?;
+    let condition = if_match.map_or(String::new(), |etag| format!("if-match: \"{etag}\"\r\n"));
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{condition}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .map_err(|e| lost(&format!("sending: {e}")))?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)
+        .map_err(|e| lost(&format!("reading the answer: {e}")))?;
+    let status = out
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| lost("no status line"))?;
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    Ok((status, body.to_string()))
+}
+
+pub fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
+}
+
+pub struct Cluster {
+    pub dirs: BTreeMap<u64, PathBuf>,
+    pub ports: BTreeMap<u64, u16>,
+    pub members: String,
+    pub children: BTreeMap<u64, Child>,
+}
+
+impl Cluster {
+    pub fn new(root: &Path) -> Cluster {
+        let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
+        let members = ports
+            .iter()
+            .map(|(id, port)| format!("{id}=127.0.0.1:{port}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let dirs = (1..=3)
+            .map(|id| (id, root.join(format!("node{id}"))))
+            .collect();
+        let mut c = Cluster {
+            dirs,
+            ports,
+            members,
+            children: BTreeMap::new(),
+        };
+        for id in 1..=3 {
+            c.start(id);
+        }
+        c
+    }
+
+    #[allow(clippy::zombie_processes)] // `Drop` and `kill9` wait for it
+    pub fn start(&mut self, id: u64) {
+        let port = self.ports[&id];
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args([
+                "serve",
+                "--node-id",
+                &id.to_string(),
+                "--cluster",
+                &self.members,
+            ])
+            .args(["--bind", &format!("127.0.0.1:{port}")])
+            .args([
+                "--journal-file-size-mib",
+                TEST_JOURNAL_FILE_SIZE_MIB,
+                "--data-dir",
+            ])
+            .arg(&self.dirs[&id])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !healthy(port) {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("node {id} exited before answering /health: {status}");
+            }
+            assert!(Instant::now() < deadline, "node {id} did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.children.insert(id, child);
+    }
+
+    /// The leader the live nodes agree on (waits up to 20 s for one).
+    pub fn leader(&self) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let seen: Vec<Option<u64>> = self
+                .children
+                .keys()
+                .map(|id| {
+                    request(self.ports[id], "GET", "/cluster", None, "")
+                        .ok()
+                        .and_then(|(_, body)| json(&body)["leader"].as_u64())
+                })
+                .collect();
+            if let Some(Some(l)) = seen.first() {
+                if self.children.contains_key(l) && seen.iter().all(|s| s == &Some(*l)) {
+                    return *l;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader agreed on: {seen:?}");
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, mut child) in std::mem::take(&mut self.children) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A node that says it leads (its own `GET /cluster`: state leader, leader itself).
+pub fn find_leader(ports: &BTreeMap<u64, u16>) -> Option<(u64, u16)> {
+    ports.iter().find_map(|(&id, &port)| {
+        let (status, body) = request(port, "GET", "/cluster", None, "").ok()?;
+        let v = json(&body);
+        (status == 200 && v["state"].as_str() == Some("leader") && v["leader"].as_u64() == Some(id))
+            .then_some((id, port))
+    })
+}
