@@ -1,7 +1,7 @@
 //! The Raft log and vote in a kiln-storage environment of their own
 //! (`<data>/cluster/raft`). An entry is stored under its index (big-endian, so
-//! the tree's order is the log's); the vote, the committed log id and the last
-//! purged log id are JSON values in a meta tree. Every change is one commit,
+//! the tree's order is the log's); the vote and the last purged log id are JSON
+//! values in a meta tree. Every change is one commit,
 //! durable when it returns (the environment's default durability): Raft is told
 //! an append is flushed only then, and a node votes only once its vote is on disk.
 
@@ -19,7 +19,6 @@ use std::sync::Arc;
 const LOG: &str = "raft_log";
 const META: &str = "raft_meta";
 const VOTE: &[u8] = b"vote";
-const COMMITTED: &[u8] = b"committed";
 const LAST_PURGED: &[u8] = b"last_purged";
 
 /// The log store; cheap to clone (a clone is a reader of the same log).
@@ -162,13 +161,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.read_meta(VOTE)
     }
 
-    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        self.write_meta(COMMITTED, &committed)
-    }
-
-    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(self.read_meta::<Option<LogId>>(COMMITTED)?.flatten())
-    }
+    // The committed log id is not saved (openraft's default): saving it cost a
+    // durable commit per batch on every node (W15), and after a restart the
+    // leader's next commit tells each node again how far it may apply.
 
     async fn append<I>(
         &mut self,
