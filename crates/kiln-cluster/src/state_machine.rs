@@ -213,16 +213,7 @@ fn write(
         }
     }
     match db.apply_logged(log_id.index, at_ms, parsed, atomicity) {
-        Ok(LoggedOutcome::AlreadyApplied) => Ok(Answer::AlreadyApplied),
-        Ok(LoggedOutcome::Applied(results)) => Ok(Answer::Writes(
-            results
-                .into_iter()
-                .map(|r| match r {
-                    Ok(o) => write_answer(o),
-                    Err(e) => WriteAnswer::Failed((shared.classify)(&e)),
-                })
-                .collect(),
-        )),
+        Ok(outcome) => Ok(logged_answer(shared, outcome)),
         Err(e) => storage_or(e, failed),
     }
 }
@@ -275,6 +266,111 @@ fn write_answer(o: BatchOutcome) -> WriteAnswer {
     }
 }
 
+/// Entries of independent writes to one database, in log order.
+#[derive(Default)]
+struct Run {
+    database: Option<String>,
+    entries: Vec<(LogId, u64, Vec<LoggedOp>)>,
+}
+
+impl StateMachine {
+    async fn apply_one(
+        &mut self,
+        log_id: LogId,
+        payload: EntryPayload<TypeConfig>,
+    ) -> Result<Answer, StorageError> {
+        Ok(match payload {
+            EntryPayload::Blank => Answer::Nothing,
+            EntryPayload::Membership(m) => {
+                self.applied.membership = StoredMembership::new(Some(log_id), m);
+                Answer::Nothing
+            }
+            EntryPayload::Normal(command) => {
+                let shared = self.shared.clone();
+                blocking(move || execute(&shared, &log_id, command)).await?
+            }
+        })
+    }
+
+    async fn apply_run(&mut self, run: Run) -> Result<Vec<Answer>, StorageError> {
+        let Some(database) = run.database else {
+            return Ok(Vec::new());
+        };
+        let shared = self.shared.clone();
+        blocking(move || execute_run(&shared, &database, run.entries)).await
+    }
+}
+
+/// A run of independent-write entries to `database` in one transaction; when the
+/// run fails as a whole (a write that spoils the transaction), each entry again on
+/// its own, which gives the outcomes applying them one by one gives.
+fn execute_run(
+    shared: &Shared,
+    database: &str,
+    entries: Vec<(LogId, u64, Vec<LoggedOp>)>,
+) -> Result<Vec<Answer>, StorageError> {
+    if entries.len() <= 1 {
+        return entries
+            .into_iter()
+            .map(|(log_id, at_ms, ops)| write(shared, &log_id, database, at_ms, false, ops))
+            .collect();
+    }
+    let failed = |e: &DocError| Answer::Failed((shared.classify)(e));
+    let db = match shared.store.database(database) {
+        Ok(db) => db,
+        Err(e) => return Ok(entries.iter().map(|_| failed(&e)).collect()),
+    };
+    let mut answers: Vec<Option<Answer>> = entries.iter().map(|_| None).collect();
+    let mut run = Vec::with_capacity(entries.len());
+    let mut places = Vec::with_capacity(entries.len());
+    for (place, (log_id, at_ms, ops)) in entries.iter().enumerate() {
+        // As in `write`: an entry whose write does not parse fails on every node.
+        match ops.iter().cloned().map(|op| to_write_op(&db, op)).collect() {
+            Ok(ops) => {
+                run.push(kiln_docs::LoggedEntry {
+                    log_index: log_id.index,
+                    at_ms: *at_ms,
+                    ops,
+                });
+                places.push(place);
+            }
+            Err(e) => answers[place] = Some(failed(&e)),
+        }
+    }
+    match db.apply_logged_run(run) {
+        Ok(outcomes) => {
+            for (place, outcome) in places.into_iter().zip(outcomes) {
+                answers[place] = Some(logged_answer(shared, outcome));
+            }
+            Ok(answers
+                .into_iter()
+                .map(|a| a.unwrap_or(Answer::Nothing))
+                .collect())
+        }
+        Err(DocError::Storage(e)) => Err(sm_err(&e)),
+        // Nothing of the run was written: one entry at a time.
+        Err(_) => entries
+            .into_iter()
+            .map(|(log_id, at_ms, ops)| write(shared, &log_id, database, at_ms, false, ops))
+            .collect(),
+    }
+}
+
+fn logged_answer(shared: &Shared, outcome: LoggedOutcome) -> Answer {
+    match outcome {
+        LoggedOutcome::AlreadyApplied => Answer::AlreadyApplied,
+        LoggedOutcome::Applied(results) => Answer::Writes(
+            results
+                .into_iter()
+                .map(|r| match r {
+                    Ok(o) => write_answer(o),
+                    Err(e) => WriteAnswer::Failed((shared.classify)(&e)),
+                })
+                .collect(),
+        ),
+    }
+}
+
 impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = StateMachine;
 
@@ -290,22 +386,31 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: Send,
     {
         let mut answers = Vec::new();
+        // Consecutive entries of independent writes to one database are applied
+        // as one run, in one transaction (`Database::apply_logged_run`).
+        let mut run = Run::default();
         for entry in entries {
             self.applied.last_applied = Some(entry.log_id);
-            let answer = match entry.payload {
-                EntryPayload::Blank => Answer::Nothing,
-                EntryPayload::Membership(m) => {
-                    self.applied.membership = StoredMembership::new(Some(entry.log_id), m);
-                    Answer::Nothing
+            match entry.payload {
+                EntryPayload::Normal(Command::Write {
+                    database,
+                    at_ms,
+                    all_or_none: false,
+                    ops,
+                }) => {
+                    if run.database.as_ref().is_some_and(|d| *d != database) {
+                        answers.extend(self.apply_run(std::mem::take(&mut run)).await?);
+                    }
+                    run.database = Some(database);
+                    run.entries.push((entry.log_id, at_ms, ops));
                 }
-                EntryPayload::Normal(command) => {
-                    let shared = self.shared.clone();
-                    let log_id = entry.log_id;
-                    blocking(move || execute(&shared, &log_id, command)).await?
+                payload => {
+                    answers.extend(self.apply_run(std::mem::take(&mut run)).await?);
+                    answers.push(self.apply_one(entry.log_id, payload).await?);
                 }
-            };
-            answers.push(answer);
+            }
         }
+        answers.extend(self.apply_run(run).await?);
         let me = self.clone();
         blocking(move || me.save_applied()).await?;
         Ok(answers)

@@ -52,7 +52,7 @@ pub use changes::{
 pub use data_dir_lock::{DataDirLock, DATA_DIR_LOCK_FILE};
 pub use database::{
     Atomicity, BatchOp, BatchOutcome, CollectionCount, Condition, Database, DatabaseStats,
-    DeleteOutcome, DocId, LoggedOutcome, Page, ParsedDocument, PutOutcome, WriteOp,
+    DeleteOutcome, DocId, LoggedEntry, LoggedOutcome, Page, ParsedDocument, PutOutcome, WriteOp,
 };
 pub use document::Document;
 pub use error::{DocError, Result};

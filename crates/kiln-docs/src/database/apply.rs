@@ -97,6 +97,15 @@ impl Unit {
         self
     }
 
+    /// The time of the writes that follow (an entry of a run applied in one
+    /// transaction: each entry has the time its leader stamped).
+    pub fn set_time(&mut self, at_ms: u64) {
+        if self.now_ms != at_ms {
+            self.now_ms = at_ms;
+            self.now_text = crate::time::format_rfc3339_ms(at_ms);
+        }
+    }
+
     /// Takes the unit's time. It runs inside the commit queue's unit, under the
     /// writer lock, where units run in transaction order; and it is never earlier
     /// than the time the unit before took (the wall clock may step back). So times

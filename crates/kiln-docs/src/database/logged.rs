@@ -91,6 +91,86 @@ impl Database {
     }
 }
 
+/// An entry of a run ready to apply: its index, its time (never before the last
+/// one's), its writes and each write's checks.
+type PreparedEntry = (u64, u64, Vec<WriteOp>, Vec<Result<()>>);
+
+/// One log entry of writes that each succeed or fail on their own, for
+/// [`Database::apply_logged_run`].
+#[derive(Debug)]
+pub struct LoggedEntry {
+    pub log_index: u64,
+    pub at_ms: u64,
+    pub ops: Vec<WriteOp>,
+}
+
+impl Database {
+    /// `apply_logged` for a run of entries whose writes each succeed or fail on
+    /// their own (`Atomicity::Each`), in ONE transaction: one journal write for
+    /// the run instead of one per entry (a leader applies a batch of entries
+    /// before it answers any of them). The run's last index is stored with its
+    /// writes. One outcome per entry, as `apply_logged` would give them one by one.
+    ///
+    /// A write that fails in a way that would spoil the shared transaction (not a
+    /// conflict or a refused document: `leaves_transaction_untouched` is false)
+    /// fails the whole run with nothing written; the caller then applies the
+    /// entries one by one, which gives each its own outcome.
+    pub fn apply_logged_run(&self, entries: Vec<LoggedEntry>) -> Result<Vec<LoggedOutcome>> {
+        let env = self.live()?;
+        // As in `apply_logged`, times never go back along the writes; the clock
+        // moves only once the run is in, so that a run that fails and is applied
+        // again one entry at a time gets the same times.
+        let mut clock_ms = self.write_clock_ms.load(Ordering::SeqCst);
+        let prepared: Vec<PreparedEntry> = entries
+            .into_iter()
+            .map(|e| {
+                let checks = e.ops.iter().map(|op| self.check_op(op)).collect();
+                clock_ms = clock_ms.max(e.at_ms);
+                (e.log_index, clock_ms, e.ops, checks)
+            })
+            .collect();
+        let mut unit = self.unit().at_time(0);
+        let outcomes = env.submit_with(move |txn| {
+            let applied = decode_applied(txn.get(META, META_APPLIED_LOG_INDEX)?)?;
+            let mut last = applied;
+            let mut out = Vec::with_capacity(prepared.len());
+            for (log_index, at_ms, ops, checks) in prepared {
+                if log_index <= applied {
+                    out.push(LoggedOutcome::AlreadyApplied);
+                    continue;
+                }
+                assert!(
+                    log_index > last,
+                    "log entries out of order in a run: {log_index} after {last}"
+                );
+                unit.set_time(at_ms);
+                let mut results = Vec::with_capacity(ops.len());
+                for (op, check) in ops.iter().zip(checks) {
+                    match check.and_then(|()| apply_op(txn, &mut unit, op)) {
+                        Ok(o) => results.push(Ok(o)),
+                        Err(e) if e.leaves_transaction_untouched() => results.push(Err(e)),
+                        Err(e) => return Err(e),
+                    }
+                }
+                last = log_index;
+                out.push(LoggedOutcome::Applied(results));
+            }
+            unit.finish(txn)?;
+            if last > applied {
+                txn.put(META, META_APPLIED_LOG_INDEX, &last.to_be_bytes())?;
+            }
+            Ok::<_, DocError>(out)
+        })?;
+        self.write_clock_ms.fetch_max(clock_ms, Ordering::SeqCst);
+        for outcome in &outcomes {
+            if let LoggedOutcome::Applied(results) = outcome {
+                self.published(results.iter().filter_map(|r| r.as_ref().ok()));
+            }
+        }
+        Ok(outcomes)
+    }
+}
+
 fn read_applied(r: &ReadTxn<'_>) -> Result<u64> {
     decode_applied(r.get(META, META_APPLIED_LOG_INDEX)?)
 }

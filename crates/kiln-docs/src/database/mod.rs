@@ -4,7 +4,7 @@
 
 mod apply;
 mod logged;
-pub use logged::{Atomicity, LoggedOutcome};
+pub use logged::{Atomicity, LoggedEntry, LoggedOutcome};
 pub(crate) mod history;
 
 pub(crate) use apply::{replay, Unit as ReplayUnit};
