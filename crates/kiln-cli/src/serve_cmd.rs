@@ -124,6 +124,11 @@ pub struct ServeArgs {
     /// node only, and `kiln cluster add` on the cluster adds it.
     #[arg(long, requires = "cluster")]
     join: bool,
+    /// Raft's election timeout in a cluster, at least (the most is twice this;
+    /// heartbeats every quarter of it): how long followers wait for a silent
+    /// leader before electing another.
+    #[arg(long, default_value_t = 400, requires = "cluster")]
+    election_timeout_ms: u64,
     #[command(flatten)]
     storage: crate::storage_args::StorageArgs,
 }
@@ -233,6 +238,7 @@ fn server_config(a: &ServeArgs) -> ServerConfig {
             node_id,
             members: a.cluster.iter().cloned().collect(),
             joining: a.join,
+            election_timeout_ms: a.election_timeout_ms.max(10),
         });
     }
     if let Some(n) = a.connection_threads {

@@ -160,7 +160,7 @@ fn acknowledged_writes_survive_kill9_of_the_leader() {
     for cycle in 0..cycles {
         let leader = cluster.leader();
         let writers = Writers::start(cycle, cluster.ports[&leader], ports.clone());
-        writers.wait_for_acks(40, &format!("cycle {cycle}, before the kill"));
+        writers.wait_for_acks(20, &format!("cycle {cycle}, before the kill"));
         let before_kill = writers.acked();
         let mut child = cluster.children.remove(&leader).unwrap();
         kill9(&mut child, cycle);

@@ -46,6 +46,10 @@ pub struct ClusterSettings {
     /// This node joins a running cluster (`kiln cluster add`), instead of forming
     /// one with `members`.
     pub joining: bool,
+    /// Raft's election timeout, at least (the most is twice this); heartbeats go
+    /// every quarter of it. A shorter one fails over sooner and campaigns more
+    /// often on a slow network.
+    pub election_timeout_ms: u64,
 }
 
 #[derive(Clone)]

@@ -228,6 +228,9 @@ async fn start_cluster_node(
     cluster.storage = config.docs.storage.clone();
     cluster.storage.journal_dir = None;
     cluster.joining = settings.joining;
+    cluster.election_timeout_min_ms = settings.election_timeout_ms;
+    cluster.election_timeout_max_ms = settings.election_timeout_ms * 2;
+    cluster.heartbeat_interval_ms = (settings.election_timeout_ms / 4).max(1);
     let node = ClusterNode::start(
         store.clone(),
         cluster,

@@ -96,6 +96,9 @@ impl Cluster {
                 &id.to_string(),
                 "--cluster",
                 &self.members,
+                // Quicker failovers than the default 400 ms: the tests kill leaders.
+                "--election-timeout-ms",
+                "200",
             ])
             .args(["--bind", &format!("127.0.0.1:{port}")])
             .args([
