@@ -3,7 +3,7 @@
 //! never sent from one whose answer was lost), the nodes, their leader.
 #![allow(dead_code)] // each test binary uses its own part of this module
 
-use super::{free_port, healthy, TEST_JOURNAL_FILE_SIZE_MIB};
+use super::{free_port, wait_until_healthy, TEST_JOURNAL_FILE_SIZE_MIB};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -111,14 +111,7 @@ impl Cluster {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !healthy(port) {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("node {id} exited before answering /health: {status}");
-            }
-            assert!(Instant::now() < deadline, "node {id} did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until_healthy(&mut child, port, &format!("node {id}"));
         self.children.insert(id, child);
     }
 

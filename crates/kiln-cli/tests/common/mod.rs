@@ -53,15 +53,21 @@ pub fn spawn_serve(data_dir: &Path, port: u16) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    wait_until_healthy(&mut child, port, "kiln serve");
+    child
+}
+
+/// Waits (30 s at most) until the `kiln serve` child on `port` answers `/health`;
+/// one that exits first fails the test at once. `who` names it in the message.
+pub fn wait_until_healthy(child: &mut Child, port: u16, who: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !healthy(port) {
         if let Ok(Some(status)) = child.try_wait() {
-            panic!("kiln serve exited before answering /health: {status}");
+            panic!("{who} exited before answering /health: {status}");
         }
-        assert!(Instant::now() < deadline, "kiln serve did not come up");
-        std::thread::sleep(Duration::from_millis(30));
+        assert!(Instant::now() < deadline, "{who} did not come up");
+        std::thread::sleep(Duration::from_millis(20));
     }
-    child
 }
 
 /// Crash cycles to run: the variable `name` when set (at least 1), else `default`.
