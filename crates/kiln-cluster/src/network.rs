@@ -27,6 +27,10 @@ use std::time::Duration;
 /// The path prefix of Raft's routes on every node.
 pub const RAFT_PATH: &str = "/cluster/raft";
 
+/// The header naming the sending node on every Raft message: for the receiver's
+/// logs, and for a fault proxy in front of a node that cuts one link of several.
+pub const FROM_NODE_HEADER: &str = "kiln-from-node";
+
 /// Whether this node may send to a node (`from`, `to`): a fault-injection seam
 /// for tests of partitions. Cutting both directions of a link at the senders cuts
 /// it (every exchange starts at its sender).
@@ -128,6 +132,7 @@ impl Peer {
         let body = serde_json::to_vec(request).map_err(Transport::Encode)?;
         let http = hyper::Request::post(&url)
             .header("content-type", "application/json")
+            .header(FROM_NODE_HEADER, self.from)
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| Transport::Status {
                 url: url.clone(),
