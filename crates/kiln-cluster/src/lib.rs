@@ -6,8 +6,8 @@
 //! - [`command`]: what the log carries, and what applying it answers.
 //! - [`log_store`]: the Raft log and vote, in a kiln-storage environment of their
 //!   own (a commit is durable when it returns: an append is acknowledged only then).
-//! - [`state_machine`]: applies entries to the document store; snapshots are the
-//!   databases' backup containers.
+//! - [`state_machine`]: applies entries to the document store.
+//! - [`snapshot`]: snapshots, the databases' backup containers in a file.
 //! - [`network`]: Raft's messages over HTTP (JSON bodies) to the other nodes'
 //!   `/cluster/raft/*` routes, which the server mounts.
 //! - [`node`]: one node: starts Raft, forms the cluster, takes writes.
@@ -20,6 +20,7 @@ pub mod command;
 pub mod log_store;
 pub mod network;
 pub mod node;
+pub mod snapshot;
 pub mod state_machine;
 
 pub use command::{Answer, Command, ErrorAnswer, LoggedCondition, LoggedOp, WriteAnswer};
@@ -33,7 +34,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = std::io::Cursor<Vec<u8>>,
+        SnapshotData = snapshot::SnapshotFile,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

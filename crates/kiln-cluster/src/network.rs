@@ -1,8 +1,11 @@
-//! Raft's messages between nodes: HTTP/1.1 POSTs of JSON to
+//! Raft's messages between nodes: HTTP/1.1 POSTs to
 //! `http://<node address>/cluster/raft/{append,vote,snapshot}`. The receiving
 //! side is [`handle_rpc`], which the server mounts on those routes; its body is
 //! the JSON of `Result<response, RaftError>`, so that a refusal by the remote
 //! Raft (a higher term, ...) comes back as Raft's own error.
+//!
+//! Appends and votes are JSON. A snapshot chunk (megabytes) is binary, see
+//! [`encode_snapshot_chunk`]: JSON would spell each byte as a number.
 
 use crate::{NodeId, Raft, TypeConfig};
 use http_body_util::{BodyExt, Full};
@@ -20,7 +23,6 @@ use openraft::raft::{
 };
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -122,16 +124,20 @@ enum Transport {
 
 impl Peer {
     /// Sends one message; `Ok` holds what the remote Raft answered.
-    async fn post<Req: Serialize, Resp: DeserializeOwned>(
+    async fn post<Resp: DeserializeOwned>(
         &self,
         kind: &str,
-        request: &Req,
+        body: Vec<u8>,
         option: &RPCOption,
     ) -> Result<Resp, Transport> {
         let url = format!("http://{}{RAFT_PATH}/{kind}", self.address);
-        let body = serde_json::to_vec(request).map_err(Transport::Encode)?;
+        let content_type = if kind == "snapshot" {
+            "application/octet-stream"
+        } else {
+            "application/json"
+        };
         let http = hyper::Request::post(&url)
-            .header("content-type", "application/json")
+            .header("content-type", content_type)
             .header(FROM_NODE_HEADER, self.from)
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| Transport::Status {
@@ -182,15 +188,16 @@ impl Peer {
 
     /// A message's result as Raft wants it: the remote's answer or refusal, or
     /// the node unreachable (Raft backs off) or the exchange failed (it retries).
-    async fn call<Req: Serialize, Resp: DeserializeOwned, E>(
+    async fn call<Resp: DeserializeOwned, E>(
         &self,
         kind: &str,
-        request: &Req,
+        body: Result<Vec<u8>, serde_json::Error>,
         option: RPCOption,
     ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
     where
         E: std::error::Error + DeserializeOwned,
     {
+        let body = body.map_err(|e| RPCError::Network(NetworkError::new(&Transport::Encode(e))))?;
         if let Some(links) = &self.links {
             if !links(self.from, self.target) {
                 let cut = LinkCut {
@@ -201,7 +208,7 @@ impl Peer {
             }
         }
         match self
-            .post::<Req, Result<Resp, RaftError<NodeId, E>>>(kind, request, &option)
+            .post::<Result<Resp, RaftError<NodeId, E>>>(kind, body, &option)
             .await
         {
             Ok(Ok(resp)) => Ok(resp),
@@ -221,7 +228,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call("append", &rpc, option).await
+        self.call("append", serde_json::to_vec(&rpc), option).await
     }
 
     async fn install_snapshot(
@@ -232,7 +239,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call("snapshot", &rpc, option).await
+        self.call("snapshot", encode_snapshot_chunk(rpc), option).await
     }
 
     async fn vote(
@@ -240,7 +247,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call("vote", &rpc, option).await
+        self.call("vote", serde_json::to_vec(&rpc), option).await
     }
 }
 
@@ -251,6 +258,36 @@ pub enum RpcError {
     UnknownKind(String),
     #[error("malformed Raft message: {0}")]
     Malformed(#[from] serde_json::Error),
+    #[error("malformed snapshot chunk: {0}")]
+    MalformedChunk(&'static str),
+}
+
+/// A snapshot chunk's wire form: `header length u32 (big-endian) | header | data`,
+/// the header being the request's JSON without its data.
+pub fn encode_snapshot_chunk(
+    mut rpc: InstallSnapshotRequest<TypeConfig>,
+) -> Result<Vec<u8>, serde_json::Error> {
+    let data = std::mem::take(&mut rpc.data);
+    let header = serde_json::to_vec(&rpc)?;
+    let mut body = Vec::with_capacity(4 + header.len() + data.len());
+    body.extend_from_slice(&(header.len() as u32).to_be_bytes());
+    body.extend_from_slice(&header);
+    body.extend_from_slice(&data);
+    Ok(body)
+}
+
+fn decode_snapshot_chunk(body: &[u8]) -> Result<InstallSnapshotRequest<TypeConfig>, RpcError> {
+    let (len, rest) = body
+        .split_first_chunk::<4>()
+        .ok_or(RpcError::MalformedChunk("shorter than its header length"))?;
+    let header_len = u32::from_be_bytes(*len) as usize;
+    if rest.len() < header_len {
+        return Err(RpcError::MalformedChunk("shorter than its header"));
+    }
+    let (header, data) = rest.split_at(header_len);
+    let mut rpc: InstallSnapshotRequest<TypeConfig> = serde_json::from_slice(header)?;
+    rpc.data = data.to_vec();
+    Ok(rpc)
 }
 
 /// Hands one received message (`kind` = the last path segment) to the local Raft
@@ -266,7 +303,7 @@ pub async fn handle_rpc(raft: &Raft, kind: &str, body: &[u8]) -> Result<Vec<u8>,
             serde_json::to_vec(&raft.vote(rpc).await)?
         }
         "snapshot" => {
-            let rpc: InstallSnapshotRequest<TypeConfig> = serde_json::from_slice(body)?;
+            let rpc = decode_snapshot_chunk(body)?;
             serde_json::to_vec(&raft.install_snapshot(rpc).await)?
         }
         other => return Err(RpcError::UnknownKind(other.to_string())),

@@ -25,6 +25,9 @@ pub struct ClusterConfig {
     pub members: BTreeMap<NodeId, String>,
     /// Where the Raft log lives (a kiln-storage environment).
     pub raft_dir: PathBuf,
+    /// Where snapshots are built and received (default: `snapshots` beside
+    /// `raft_dir`).
+    pub snapshot_dir: PathBuf,
     /// Options of that environment (its durability: the log must be synced).
     pub storage: kiln_storage::Options,
     pub heartbeat_interval_ms: u64,
@@ -49,6 +52,7 @@ impl ClusterConfig {
         ClusterConfig {
             node_id,
             members,
+            snapshot_dir: raft_dir.with_file_name("snapshots"),
             raft_dir,
             storage: kiln_storage::Options::default(),
             heartbeat_interval_ms: 100,
@@ -142,6 +146,9 @@ impl ClusterNode {
                 snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
                 max_in_snapshot_log_to_keep: config.entries_kept_after_snapshot,
                 purge_batch_size: 1,
+                // The last chunk's exchange includes the install, a restore of
+                // every database: seconds for a large store, not openraft's 200 ms.
+                install_snapshot_timeout: 60_000,
                 ..Default::default()
             }
             .validate()
@@ -153,7 +160,7 @@ impl ClusterNode {
                 source,
             }
         })?;
-        let machine = StateMachine::open(store.clone(), log.env(), classify)?;
+        let machine = StateMachine::open(store.clone(), log.env(), &config.snapshot_dir, classify)?;
         let raft = Raft::new(
             config.node_id,
             raft_config,

@@ -9,15 +9,13 @@
 //! are applied (one database after another, each a consistent backup): it may
 //! hold more than its last log id says, and what it holds twice is skipped.
 //!
-//! A snapshot is the databases' backup containers, one after another:
-//! `name length u32 | name | container length u64 | container`, big-endian.
+//! A snapshot is the databases' backup containers in a file (see [`crate::snapshot`]);
+//! the current one's description is kept in `raft_state` too.
 
 use crate::command::{default_classifier, Answer, ClassifyError, Command, LoggedOp, WriteAnswer};
 use crate::{LogId, NodeId, StorageError, TypeConfig};
-use kiln_docs::{
-    Atomicity, BatchOutcome, DocError, DocId, DocStore, LoggedOutcome, RestorePoint, RestoreSource,
-    WriteOp,
-};
+use crate::snapshot::{snapshot_err, SnapshotDir, SnapshotFile};
+use kiln_docs::{Atomicity, BatchOutcome, DocError, DocId, DocStore, LoggedOutcome, WriteOp};
 use kiln_storage::Env;
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
@@ -26,11 +24,13 @@ use openraft::{
 };
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use std::io::Cursor;
+use std::path::Path;
 use std::sync::Arc;
 
 const STATE: &str = "raft_state";
 const APPLIED: &[u8] = b"applied";
+/// The current snapshot's `SnapshotMeta` (JSON); its file is named by its id.
+const SNAPSHOT: &[u8] = b"snapshot";
 
 /// What the state machine keeps beside the databases.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -39,16 +39,16 @@ struct Applied {
     membership: StoredMembership<NodeId, BasicNode>,
 }
 
-/// A snapshot's description and bytes.
-type StoredSnapshot = (SnapshotMeta<NodeId, BasicNode>, Arc<Vec<u8>>);
+type Meta = SnapshotMeta<NodeId, BasicNode>;
 
 struct Shared {
     store: Arc<DocStore>,
     env: Arc<Env>,
     classify: ClassifyError,
-    /// The last snapshot built or installed.
-    snapshot: Mutex<Option<StoredSnapshot>>,
-    snapshots_built: std::sync::atomic::AtomicU64,
+    snapshots: SnapshotDir,
+    /// The last snapshot built or installed (the newest of both: a build runs
+    /// beside the applying, so an install may finish first).
+    snapshot: Mutex<Option<Meta>>,
 }
 
 /// The state machine; a clone shares it (the snapshot builder is one).
@@ -62,10 +62,6 @@ fn sm_err(e: &(impl std::error::Error + 'static)) -> StorageError {
     StorageIOError::write_state_machine(AnyError::new(e)).into()
 }
 
-fn snapshot_err(e: &(impl std::error::Error + 'static)) -> StorageError {
-    StorageIOError::write_snapshot(None, AnyError::new(e)).into()
-}
-
 /// Runs blocking document-store work off the async workers.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
@@ -77,29 +73,44 @@ async fn blocking<T: Send + 'static>(
 
 impl StateMachine {
     /// The state machine over `store`, keeping its own state in `env` (the log
-    /// store's environment: one journal for both).
+    /// store's environment: one journal for both) and its snapshots in
+    /// `snapshot_dir`.
     pub fn open(
         store: Arc<DocStore>,
         env: Arc<Env>,
+        snapshot_dir: &Path,
         classify: Option<ClassifyError>,
     ) -> Result<StateMachine, StorageError> {
         let mut w = env.begin_write().map_err(|e| sm_err(&e))?;
         w.ensure_tree(STATE).map_err(|e| sm_err(&e))?;
         w.commit().map_err(|e| sm_err(&e))?;
-        let applied = {
+        let (applied, mut snapshot) = {
             let r = env.begin_read().map_err(|e| sm_err(&e))?;
-            match r.get(STATE, APPLIED).map_err(|e| sm_err(&e))? {
+            let applied = match r.get(STATE, APPLIED).map_err(|e| sm_err(&e))? {
                 None => Applied::default(),
                 Some(raw) => serde_json::from_slice(raw).map_err(|e| sm_err(&e))?,
-            }
+            };
+            let snapshot: Option<Meta> = match r.get(STATE, SNAPSHOT).map_err(|e| sm_err(&e))? {
+                None => None,
+                Some(raw) => Some(serde_json::from_slice(raw).map_err(|e| sm_err(&e))?),
+            };
+            (applied, snapshot)
         };
+        let snapshots = SnapshotDir::open(snapshot_dir)?;
+        if let Some(meta) = &snapshot {
+            if !snapshots.path_of(&meta.snapshot_id).exists() {
+                tracing::warn!(snapshot = %meta.snapshot_id, "the current snapshot's file is missing: a new one will be built");
+                snapshot = None;
+            }
+        }
+        snapshots.remove_others(snapshot.as_ref().map(|m| m.snapshot_id.as_str()), true);
         Ok(StateMachine {
             shared: Arc::new(Shared {
                 store,
                 env,
                 classify: classify.unwrap_or_else(default_classifier),
-                snapshot: Mutex::new(None),
-                snapshots_built: Default::default(),
+                snapshots,
+                snapshot: Mutex::new(snapshot),
             }),
             applied,
         })
@@ -110,11 +121,45 @@ impl StateMachine {
     }
 
     fn save_applied(&self) -> Result<(), StorageError> {
-        let raw = serde_json::to_vec(&self.applied).map_err(|e| sm_err(&e))?;
+        self.save_state(Some(&self.applied), None)
+    }
+
+    /// Saves the applied state, a new current snapshot, or both in one commit.
+    fn save_state(
+        &self,
+        applied: Option<&Applied>,
+        snapshot: Option<&Meta>,
+    ) -> Result<(), StorageError> {
         let env = &self.shared.env;
         let mut w = env.begin_write().map_err(|e| sm_err(&e))?;
-        w.put(STATE, APPLIED, &raw).map_err(|e| sm_err(&e))?;
+        if let Some(applied) = applied {
+            let raw = serde_json::to_vec(applied).map_err(|e| sm_err(&e))?;
+            w.put(STATE, APPLIED, &raw).map_err(|e| sm_err(&e))?;
+        }
+        if let Some(meta) = snapshot {
+            let raw = serde_json::to_vec(meta).map_err(|e| sm_err(&e))?;
+            w.put(STATE, SNAPSHOT, &raw).map_err(|e| sm_err(&e))?;
+        }
         w.commit().map_err(|e| sm_err(&e))?;
+        Ok(())
+    }
+
+    /// Makes the promoted snapshot `meta` the current one, unless a newer one
+    /// is (an install that finished while this was built); removes the others.
+    fn set_current_snapshot(&self, meta: &Meta) -> Result<(), StorageError> {
+        let mut current = self.shared.snapshot.lock();
+        let newer_exists = current
+            .as_ref()
+            .is_some_and(|c| c.last_log_id > meta.last_log_id);
+        if newer_exists {
+            // Its file goes with the next cleanup; whoever opened it keeps reading.
+            return Ok(());
+        }
+        self.save_state(None, Some(meta))?;
+        *current = Some(meta.clone());
+        self.shared
+            .snapshots
+            .remove_others(Some(&meta.snapshot_id), false);
         Ok(())
     }
 }
@@ -420,39 +465,52 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotFile>, StorageError> {
+        Ok(Box::new(self.shared.snapshots.receiving().await?))
     }
 
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<NodeId, BasicNode>,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        meta: &Meta,
+        mut snapshot: Box<SnapshotFile>,
     ) -> Result<(), StorageError> {
-        let bytes = Arc::new(snapshot.into_inner());
-        let shared = self.shared.clone();
-        let data = bytes.clone();
-        blocking(move || install(&shared.store, &data)).await?;
+        use tokio::io::AsyncWriteExt;
+        snapshot.flush().await.map_err(|e| snapshot_err(&e))?;
+        let received = snapshot.path().to_path_buf();
+        drop(snapshot);
+        tracing::info!(snapshot = %meta.snapshot_id, "installing a snapshot");
+        let me = self.clone();
+        let id = meta.snapshot_id.clone();
+        blocking(move || {
+            let path = me.shared.snapshots.promote(&received, &id)?;
+            crate::snapshot::install(&me.shared.store, &path)
+        })
+        .await?;
         self.applied = Applied {
             last_applied: meta.last_log_id,
             membership: meta.last_membership.clone(),
         };
         let me = self.clone();
-        blocking(move || me.save_applied()).await?;
-        *self.shared.snapshot.lock() = Some((meta.clone(), bytes));
+        let meta = meta.clone();
+        blocking(move || {
+            me.save_state(Some(&me.applied), None)?;
+            me.set_current_snapshot(&meta)
+        })
+        .await?;
+        tracing::info!("snapshot installed");
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        Ok(self
-            .shared
-            .snapshot
-            .lock()
-            .as_ref()
-            .map(|(meta, bytes)| Snapshot {
-                meta: meta.clone(),
-                snapshot: Box::new(Cursor::new(bytes.as_ref().clone())),
-            }))
+        let current = self.shared.snapshot.lock().clone();
+        let Some(meta) = current else {
+            return Ok(None);
+        };
+        let file = self.shared.snapshots.open_snapshot(&meta.snapshot_id).await?;
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: Box::new(file),
+        }))
     }
 }
 
@@ -460,87 +518,34 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         // The state as of now is at least this: see the module documentation.
         let applied = self.applied.clone();
-        let shared = self.shared.clone();
-        let bytes = Arc::new(blocking(move || build(&shared.store)).await?);
-        let n = self
-            .shared
-            .snapshots_built
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let meta = SnapshotMeta {
-            last_log_id: applied.last_applied,
-            last_membership: applied.membership,
-            snapshot_id: format!("{}-{n}", applied.last_applied.map_or(0, |l| l.index)),
-        };
-        *self.shared.snapshot.lock() = Some((meta.clone(), bytes.clone()));
+        let me = self.clone();
+        let (meta, file) = blocking(move || {
+            let (built, size_bytes) = me.shared.snapshots.build(&me.shared.store)?;
+            let at_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            // Unique: a snapshot of the same point built again (after a restart)
+            // is another file, and a follower never mixes chunks of the two.
+            let meta = Meta {
+                last_log_id: applied.last_applied,
+                last_membership: applied.membership,
+                snapshot_id: format!(
+                    "{}-{}-{at_ms}",
+                    applied.last_applied.map_or(0, |l| l.leader_id.term),
+                    applied.last_applied.map_or(0, |l| l.index)
+                ),
+            };
+            me.shared.snapshots.promote(&built, &meta.snapshot_id)?;
+            // Opened before it can become an older snapshot that a cleanup removes.
+            let file = me.shared.snapshots.open_snapshot_blocking(&meta.snapshot_id)?;
+            tracing::info!(snapshot = %meta.snapshot_id, size_bytes, "built a snapshot");
+            me.set_current_snapshot(&meta)?;
+            Ok((meta, file))
+        })
+        .await?;
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(bytes.as_ref().clone())),
+            snapshot: Box::new(file),
         })
     }
-}
-
-/// Every database's backup container, one after another.
-fn build(store: &DocStore) -> Result<Vec<u8>, StorageError> {
-    let mut out = Vec::new();
-    let mut names = store.database_names();
-    names.sort();
-    for name in names {
-        let Ok(db) = store.database(&name) else {
-            continue; // deleted meanwhile: its delete entry is applied after this
-        };
-        let mut container = Vec::new();
-        match db.backup_to(&mut container, Default::default(), |_| {}) {
-            Ok(_) => {}
-            Err(DocError::DatabaseNotFound(_)) => continue,
-            Err(e) => return Err(snapshot_err(&e)),
-        }
-        out.extend_from_slice(&(name.len() as u32).to_be_bytes());
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(&(container.len() as u64).to_be_bytes());
-        out.extend_from_slice(&container);
-    }
-    Ok(out)
-}
-
-/// Replaces the store's databases with a snapshot's: each restored (replacing the
-/// one of its name), and any database the snapshot does not hold deleted.
-fn install(store: &DocStore, data: &[u8]) -> Result<(), StorageError> {
-    let bad = |what: &str| {
-        snapshot_err(&std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("snapshot: {what}"),
-        ))
-    };
-    struct Parts<'a>(&'a [u8]);
-    impl<'a> Parts<'a> {
-        fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-            (self.0.len() >= n).then(|| {
-                let (part, rest) = self.0.split_at(n);
-                self.0 = rest;
-                part
-            })
-        }
-    }
-    let mut parts = Parts(data);
-    let mut kept = Vec::new();
-    while !parts.0.is_empty() {
-        let mut take = |n: usize| parts.take(n).ok_or_else(|| bad("truncated"));
-        let name_len = u32::from_be_bytes(take(4)?.try_into().map_err(|_| bad("name length"))?);
-        let name = std::str::from_utf8(take(name_len as usize)?)
-            .map_err(|_| bad("a database name is not UTF-8"))?
-            .to_string();
-        let len = u64::from_be_bytes(take(8)?.try_into().map_err(|_| bad("length"))?);
-        let container = take(usize::try_from(len).map_err(|_| bad("length"))?)?;
-        let source = RestoreSource::Stream(Box::new(Cursor::new(container)));
-        store
-            .restore_database(source, &name, true, RestorePoint::Latest, |_| {})
-            .map_err(|e| snapshot_err(&e))?;
-        kept.push(name);
-    }
-    for name in store.database_names() {
-        if !kept.contains(&name) {
-            store.delete_database(&name).map_err(|e| snapshot_err(&e))?;
-        }
-    }
-    Ok(())
 }
