@@ -7,7 +7,7 @@ import { defineConfig } from 'vite';
 // (KILN_URL, default http://127.0.0.1:8080).
 const kiln = process.env.KILN_URL ?? 'http://127.0.0.1:8080';
 const proxy = Object.fromEntries(
-  ['/dbs', '/stats', '/health', '/metrics'].map((p) => [p, { target: kiln, ws: true, changeOrigin: true }]),
+  ['/dbs', '/stats', '/health', '/metrics', '/cluster'].map((p) => [p, { target: kiln, ws: true, changeOrigin: true }]),
 );
 
 export default defineConfig({

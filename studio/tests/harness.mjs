@@ -25,9 +25,9 @@ async function freePort() {
   });
 }
 
-/** `kiln serve` on a free port and a fresh data dir; `auth` creates a key first,
- * `tls` a self-signed certificate. */
-export async function startKiln({ auth = false, tls = false } = {}) {
+/** `kiln serve` on a free port (or `port`) and a fresh data dir; `auth` creates a key
+ * first, `tls` a self-signed certificate; `extraArgs` go to `kiln serve`. */
+export async function startKiln({ auth = false, tls = false, port = null, extraArgs = [] } = {}) {
   if (!existsSync(KILN_BIN)) throw new Error(`no kiln binary at ${KILN_BIN}: build it or set KILN_BIN`);
   const dir = mkdtempSync(join(tmpdir(), 'kiln-studio-test-'));
   const dataDir = join(dir, 'data');
@@ -51,8 +51,8 @@ export async function startKiln({ auth = false, tls = false } = {}) {
     ], { stdio: 'ignore' });
     args.push('--tls-cert', cert, '--tls-key', pkey);
   }
-  const port = await freePort();
-  args.push('--bind', `127.0.0.1:${port}`);
+  port ??= await freePort();
+  args.push('--bind', `127.0.0.1:${port}`, ...extraArgs);
   const proc = spawn(KILN_BIN, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   let log = '';
   proc.stdout.on('data', (d) => (log += d));
@@ -98,6 +98,30 @@ export async function startKiln({ auth = false, tls = false } = {}) {
       rmSync(dir, { recursive: true, force: true });
     },
   };
+}
+
+/** `n` clustered `kiln serve` nodes (ids 1..n) on free ports, each with its own
+ * data dir; `stop()` stops them all. */
+export async function startCluster(n = 3) {
+  const ports = [];
+  for (let i = 0; i < n; i++) ports.push(await freePort());
+  const members = ports.map((p, i) => `${i + 1}=127.0.0.1:${p}`).join(',');
+  const started = await Promise.allSettled(
+    ports.map((port, i) =>
+      startKiln({
+        port,
+        extraArgs: ['--node-id', String(i + 1), '--cluster', members, '--election-timeout-ms', '200'],
+      }),
+    ),
+  );
+  const nodes = started.filter((s) => s.status === 'fulfilled').map((s) => s.value);
+  const stop = () => Promise.all(nodes.map((k) => k.stop()));
+  const failed = started.find((s) => s.status === 'rejected');
+  if (failed) {
+    await stop();
+    throw failed.reason;
+  }
+  return { nodes, stop };
 }
 
 export async function launchBrowser() {

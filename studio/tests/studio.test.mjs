@@ -4,7 +4,7 @@
 // broken page or a broken API fails it. Screenshots go to docs/studio/.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { launchBrowser, newPage, screenshot, startKiln, until } from './harness.mjs';
+import { launchBrowser, newPage, screenshot, startCluster, startKiln, until } from './harness.mjs';
 
 const LOAD_BUDGET_MS = 1000;
 const WEIGHT_BUDGET_BYTES = 500 * 1000;
@@ -256,6 +256,13 @@ describe('studio without auth', () => {
     assert.ok(Number(memory) > 1, `resident memory is charted (${memory} MiB)`);
   });
 
+  test('the Live page of a single server says it is not clustered', async () => {
+    await page.goto(`${kiln.base}/studio/live`);
+    await page.waitForSelector('[data-testid=cluster-single]:has-text("single node (not clustered)")');
+    assert.equal(await page.locator('[data-testid=cluster]').count(), 0, 'no cluster panel');
+    assert.equal(await page.locator('[data-testid=error]').count(), 0, 'not shown as an error');
+  });
+
   test('deletes a document and a database, each after a confirmation', async () => {
     await page.goto(`${kiln.base}/studio/db/${db}/doc/${encodeURIComponent(id)}`);
     await page.waitForSelector('[data-testid=etag]:not(:has-text("…"))');
@@ -321,11 +328,81 @@ describe('studio with --auth behind TLS', () => {
     await page.waitForSelector('[data-testid=tail-state]:has-text("live")');
     await kiln.http('PUT', '/dbs/secure/docs/notes/1', { text: 'hello' });
     await page.waitForSelector('[data-testid=tail] >> text=notes/1');
+    // GET /cluster went with the key too (a 401 would show the login form instead).
+    await page.waitForSelector('[data-testid=cluster-single]');
     const commits = page.locator('figure[data-chart=commits]');
     await until('a commit charted over TLS', async () => Number(await commits.getAttribute('data-samples')) >= 2);
     assert.ok(urls.some((u) => u.startsWith('wss://')), `a wss connection was made: ${urls.join(' ')}`);
     const leaked = urls.filter((u) => u.includes(kiln.key) || u.includes(kiln.key.split('_')[2]));
     assert.deepEqual(leaked, [], 'the key is never in a URL');
+  });
+
+  test('no page errors', () => {
+    assert.deepEqual(problems, []);
+  });
+});
+
+describe('studio on a three-node cluster', () => {
+  let cluster, browser, page, problems;
+  before(async () => {
+    cluster = await startCluster(3);
+    browser = await launchBrowser();
+    ({ page, problems } = await newPage(browser));
+  });
+  after(async () => {
+    await browser?.close();
+    await cluster?.stop();
+  });
+
+  const member = (id) => page.locator(`[data-testid=cluster-members] tr[data-member="${id}"]`);
+  /** Each member's role as the page shows it, by id. */
+  const roles = async () => {
+    const out = {};
+    for (const id of [1, 2, 3]) out[id] = await member(id).locator('[data-testid=role]').textContent();
+    return out;
+  };
+  const expectedRoles = (leaderId) => ({ 1: 'follower', 2: 'follower', 3: 'follower', [leaderId]: 'leader' });
+
+  let leaderId;
+  test("the leader's Live page shows the members, leader, term, roles and progress, refreshed", async () => {
+    const status = await until('a leader', async () => {
+      const s = (await cluster.nodes[0].http('GET', '/cluster')).json;
+      return s?.leader ? s : null;
+    });
+    leaderId = status.leader;
+    const leader = cluster.nodes[leaderId - 1];
+    await page.goto(`${leader.base}/studio/live`);
+    await page.waitForSelector('[data-testid=cluster-members]');
+    assert.equal(await page.locator('[data-testid=cluster-members] tbody tr').count(), 3, 'three members');
+    assert.equal(await page.textContent('[data-testid=cluster-node]'), String(leaderId));
+    assert.equal(await page.textContent('[data-testid=cluster-leader]'), String(leaderId));
+    const term = (await leader.http('GET', '/cluster')).json.term;
+    assert.equal(await page.textContent('[data-testid=cluster-term]'), String(term));
+    assert.deepEqual(await roles(), expectedRoles(leaderId));
+
+    // Writes move the log: the page follows every member to the new index, lag 0.
+    assert.equal((await leader.http('PUT', '/dbs/shop')).status, 201);
+    for (let i = 0; i < 5; i++) assert.equal((await leader.http('PUT', `/dbs/shop/docs/users/${i}`, { i })).status, 201);
+    const index = (await leader.http('GET', '/cluster')).json.last_log_index;
+    for (const id of [1, 2, 3]) {
+      await until(`member ${id} applied ${index} on the page`, async () =>
+        (await member(id).locator('[data-testid=applied]').textContent()) === String(index),
+      );
+      assert.equal(await member(id).locator('[data-testid=lag]').textContent(), '0');
+    }
+    await page.locator('[data-testid=cluster]').scrollIntoViewIfNeeded();
+    await screenshot(page, 'cluster');
+  });
+
+  test("a follower's Live page shows the same leader", async () => {
+    const followerId = leaderId === 1 ? 2 : 1;
+    await page.goto(`${cluster.nodes[followerId - 1].base}/studio/live`);
+    await page.waitForSelector('[data-testid=cluster-members]');
+    assert.equal(await page.locator('[data-testid=cluster-members] tbody tr').count(), 3);
+    assert.equal(await page.textContent('[data-testid=cluster-node]'), String(followerId));
+    assert.equal(await page.textContent('[data-testid=cluster-leader]'), String(leaderId));
+    assert.deepEqual(await roles(), expectedRoles(leaderId));
+    assert.equal(await page.locator('[data-testid=cluster-single]').count(), 0);
   });
 
   test('no page errors', () => {

@@ -1,5 +1,5 @@
 import { useEffect, useRef, useState } from 'preact/hooks';
-import { api, errorText, openChanges } from '../api';
+import { api, ApiError, errorText, openChanges } from '../api';
 import { Chart, COLORS, Series } from '../chart';
 import { ErrorBox, usePoll } from '../components';
 
@@ -171,6 +171,107 @@ function ChangesTail({ db }: { db: string }) {
   );
 }
 
+/** `GET /cluster`: the cluster as the node serving the studio sees it. */
+interface ClusterStatus {
+  node_id: number;
+  leader: number | null;
+  term: number;
+  state: string;
+  last_log_index: number | null;
+  last_applied: number | null;
+  members: { id: number; address: string; role: string; applied: number | null; lag: number | null }[];
+}
+
+const ROLE_TAG: Record<string, string> = { leader: 'tag good', follower: 'tag', learner: 'tag warn' };
+
+/** The cluster every second; a server started without --cluster answers 404
+ * `not_clustered`, shown as one line (and no longer asked: that takes a restart). */
+function ClusterPanel() {
+  const [status, setStatus] = useState<ClusterStatus | null>(null);
+  const [single, setSingle] = useState(false);
+  const [error, setError] = useState<string | null>(null);
+  const stopped = useRef(false);
+  usePoll(
+    async () => {
+      if (stopped.current) return;
+      try {
+        setStatus((await api<ClusterStatus>('GET', '/cluster')).body);
+        setError(null);
+      } catch (e) {
+        if (e instanceof ApiError && e.code === 'not_clustered') {
+          stopped.current = true;
+          setSingle(true);
+        } else setError(errorText(e));
+      }
+    },
+    1000,
+    [],
+  );
+  if (single) {
+    return (
+      <p class="muted" data-testid="cluster-single">
+        single node (not clustered)
+      </p>
+    );
+  }
+  if (!status) return error ? <ErrorBox error={error} /> : <p class="muted">loading…</p>;
+  const known = (n: number | null) => (n === null ? '–' : n.toLocaleString('en'));
+  return (
+    <div data-testid="cluster">
+      <ErrorBox error={error} />
+      <div class="summary">
+        <span>
+          this node <b data-testid="cluster-node">{status.node_id}</b> ({status.state})
+        </span>
+        <span>
+          leader <b data-testid="cluster-leader">{status.leader ?? 'none (electing)'}</b>
+        </span>
+        <span>
+          term <b data-testid="cluster-term">{status.term}</b>
+        </span>
+        <span>
+          log index <b>{known(status.last_log_index)}</b>, applied <b>{known(status.last_applied)}</b>
+        </span>
+      </div>
+      <table data-testid="cluster-members">
+        <thead>
+          <tr>
+            <th>id</th>
+            <th>address</th>
+            <th>role</th>
+            <th class="num">applied</th>
+            <th class="num">lag (entries)</th>
+          </tr>
+        </thead>
+        <tbody>
+          {status.members.map((m) => (
+            <tr key={m.id} data-member={m.id}>
+              <td>
+                {m.id} {m.id === status.node_id && <span class="muted">(this node)</span>}
+              </td>
+              <td class="mono">{m.address}</td>
+              <td>
+                <span class={ROLE_TAG[m.role] ?? 'tag'} data-testid="role">
+                  {m.role}
+                </span>
+              </td>
+              <td class="num" data-testid="applied">
+                {known(m.applied)}
+              </td>
+              <td class="num" data-testid="lag">
+                {known(m.lag)}
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+      {status.leader !== status.node_id && (
+        <p class="muted">A follower knows only its own progress: the leader's studio shows every member's.</p>
+      )}
+    </div>
+  );
+}
+
 export function LivePage() {
   const [db, setDb] = useState(() => new URLSearchParams(location.search).get('db') ?? '');
   const { hist, error, names } = useLiveFigures(db);
@@ -229,6 +330,8 @@ export function LivePage() {
           <Chart key={c.id} capacity={CAPACITY} {...c} />
         ))}
       </div>
+      <h2>Cluster</h2>
+      <ClusterPanel />
       <h2>Changes</h2>
       <ChangesTail db={db} />
     </section>
