@@ -129,6 +129,11 @@ pub struct ServeArgs {
     /// leader before electing another.
     #[arg(long, default_value_t = 400, requires = "cluster")]
     election_timeout_ms: u64,
+    /// A cluster node snapshots its state every this many log entries and
+    /// purges the log before the snapshot (keeping up to 1,000 entries below it,
+    /// at most this many): a follower further behind catches up from a snapshot.
+    #[arg(long, default_value_t = 5_000, requires = "cluster", value_parser = clap::value_parser!(u64).range(1..))]
+    snapshot_every_entries: u64,
     #[command(flatten)]
     storage: crate::storage_args::StorageArgs,
 }
@@ -239,6 +244,7 @@ fn server_config(a: &ServeArgs) -> ServerConfig {
             members: a.cluster.iter().cloned().collect(),
             joining: a.join,
             election_timeout_ms: a.election_timeout_ms.max(10),
+            snapshot_every_entries: a.snapshot_every_entries,
         });
     }
     if let Some(n) = a.connection_threads {

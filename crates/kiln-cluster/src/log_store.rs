@@ -25,6 +25,30 @@ const LAST_PURGED: &[u8] = b"last_purged";
 #[derive(Clone)]
 pub struct LogStore {
     env: Arc<Env>,
+    purge_limit: Option<PurgeLimit>,
+}
+
+/// How far the log may be purged: up to the state machine's last snapshot that is
+/// durable, and no further. openraft purges a follower's log as soon as it hands
+/// it a snapshot to install, before the install is done; a crash in between would
+/// leave a log purged past anything the node holds (openraft then refuses to
+/// start). Held back, the node restarts where it was and is sent the snapshot
+/// again. Entries kept this way are dropped by a later purge.
+#[derive(Clone, Default)]
+pub struct PurgeLimit(Arc<parking_lot::Mutex<Option<LogId>>>);
+
+impl PurgeLimit {
+    /// A durable snapshot now covers the log up to `last_log_id`.
+    pub fn raise_to(&self, last_log_id: Option<LogId>) {
+        let mut limit = self.0.lock();
+        if last_log_id > *limit {
+            *limit = last_log_id;
+        }
+    }
+
+    fn get(&self) -> Option<LogId> {
+        *self.0.lock()
+    }
 }
 
 impl LogStore {
@@ -35,7 +59,17 @@ impl LogStore {
         w.ensure_tree(LOG)?;
         w.ensure_tree(META)?;
         w.commit()?;
-        Ok(LogStore { env: Arc::new(env) })
+        Ok(LogStore {
+            env: Arc::new(env),
+            purge_limit: None,
+        })
+    }
+
+    /// Purges go no further than `limit` (see [`PurgeLimit`]); without one, as far
+    /// as asked.
+    pub fn with_purge_limit(mut self, limit: PurgeLimit) -> LogStore {
+        self.purge_limit = Some(limit);
+        self
     }
 
     /// The environment, shared with the state machine (one journal for both).
@@ -198,7 +232,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.delete_range(log_id.index, None)
     }
 
-    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+    async fn purge(&mut self, asked: LogId) -> Result<(), StorageError> {
+        let log_id = match &self.purge_limit {
+            None => asked,
+            Some(limit) => match limit.get() {
+                Some(limit) if limit < asked => {
+                    tracing::info!(asked = %asked, limit = %limit, "purging the log only up to the durable snapshot");
+                    limit
+                }
+                Some(_) => asked,
+                None => {
+                    tracing::info!(asked = %asked, "not purging the log: no durable snapshot yet");
+                    return Ok(());
+                }
+            },
+        };
+        if self.read_meta::<LogId>(LAST_PURGED)? >= Some(log_id) {
+            return Ok(());
+        }
         // The purge point first: a crash between the two leaves entries at or
         // below it, which `get_log_state` and reads treat as gone.
         self.write_meta(LAST_PURGED, &log_id)?;

@@ -239,7 +239,8 @@ impl RaftNetwork<TypeConfig> for Peer {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call("snapshot", encode_snapshot_chunk(rpc), option).await
+        self.call("snapshot", encode_snapshot_chunk(rpc), option)
+            .await
     }
 
     async fn vote(

@@ -161,6 +161,7 @@ impl ClusterNode {
             }
         })?;
         let machine = StateMachine::open(store.clone(), log.env(), &config.snapshot_dir, classify)?;
+        let log = log.with_purge_limit(machine.purge_limit());
         let raft = Raft::new(
             config.node_id,
             raft_config,

@@ -268,7 +268,9 @@ pub fn install(store: &DocStore, path: &Path) -> Result<(), StorageError> {
         read_exact(&mut u32_bytes)?;
         let name_len = u32::from_be_bytes(u32_bytes) as usize;
         if name_len > 1024 {
-            return Err(bad(format!("a database name of {name_len} bytes at offset {at}")));
+            return Err(bad(format!(
+                "a database name of {name_len} bytes at offset {at}"
+            )));
         }
         let mut name = vec![0u8; name_len];
         read_exact(&mut name)?;

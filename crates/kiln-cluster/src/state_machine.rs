@@ -13,8 +13,9 @@
 //! the current one's description is kept in `raft_state` too.
 
 use crate::command::{default_classifier, Answer, ClassifyError, Command, LoggedOp, WriteAnswer};
-use crate::{LogId, NodeId, StorageError, TypeConfig};
+use crate::log_store::PurgeLimit;
 use crate::snapshot::{snapshot_err, SnapshotDir, SnapshotFile};
+use crate::{LogId, NodeId, StorageError, TypeConfig};
 use kiln_docs::{Atomicity, BatchOutcome, DocError, DocId, DocStore, LoggedOutcome, WriteOp};
 use kiln_storage::Env;
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -46,6 +47,8 @@ struct Shared {
     env: Arc<Env>,
     classify: ClassifyError,
     snapshots: SnapshotDir,
+    /// Raised once a snapshot is durable: the log store purges no further.
+    purge_limit: PurgeLimit,
     /// The last snapshot built or installed (the newest of both: a build runs
     /// beside the applying, so an install may finish first).
     snapshot: Mutex<Option<Meta>>,
@@ -104,12 +107,15 @@ impl StateMachine {
             }
         }
         snapshots.remove_others(snapshot.as_ref().map(|m| m.snapshot_id.as_str()), true);
+        let purge_limit = PurgeLimit::default();
+        purge_limit.raise_to(snapshot.as_ref().and_then(|m| m.last_log_id));
         Ok(StateMachine {
             shared: Arc::new(Shared {
                 store,
                 env,
                 classify: classify.unwrap_or_else(default_classifier),
                 snapshots,
+                purge_limit,
                 snapshot: Mutex::new(snapshot),
             }),
             applied,
@@ -118,6 +124,11 @@ impl StateMachine {
 
     pub fn store(&self) -> &Arc<DocStore> {
         &self.shared.store
+    }
+
+    /// What the log store may purge up to (give it to `LogStore::with_purge_limit`).
+    pub fn purge_limit(&self) -> PurgeLimit {
+        self.shared.purge_limit.clone()
     }
 
     fn save_applied(&self) -> Result<(), StorageError> {
@@ -157,6 +168,7 @@ impl StateMachine {
         }
         self.save_state(None, Some(meta))?;
         *current = Some(meta.clone());
+        self.shared.purge_limit.raise_to(meta.last_log_id);
         self.shared
             .snapshots
             .remove_others(Some(&meta.snapshot_id), false);
@@ -506,7 +518,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let Some(meta) = current else {
             return Ok(None);
         };
-        let file = self.shared.snapshots.open_snapshot(&meta.snapshot_id).await?;
+        let file = self
+            .shared
+            .snapshots
+            .open_snapshot(&meta.snapshot_id)
+            .await?;
         Ok(Some(Snapshot {
             meta,
             snapshot: Box::new(file),
@@ -537,7 +553,10 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             };
             me.shared.snapshots.promote(&built, &meta.snapshot_id)?;
             // Opened before it can become an older snapshot that a cleanup removes.
-            let file = me.shared.snapshots.open_snapshot_blocking(&meta.snapshot_id)?;
+            let file = me
+                .shared
+                .snapshots
+                .open_snapshot_blocking(&meta.snapshot_id)?;
             tracing::info!(snapshot = %meta.snapshot_id, size_bytes, "built a snapshot");
             me.set_current_snapshot(&meta)?;
             Ok((meta, file))

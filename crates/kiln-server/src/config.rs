@@ -50,6 +50,9 @@ pub struct ClusterSettings {
     /// every quarter of it. A shorter one fails over sooner and campaigns more
     /// often on a slow network.
     pub election_timeout_ms: u64,
+    /// A snapshot every this many entries; the log before it is purged, but for
+    /// up to 1,000 entries (at most this many).
+    pub snapshot_every_entries: u64,
 }
 
 #[derive(Clone)]

@@ -231,6 +231,8 @@ async fn start_cluster_node(
     cluster.election_timeout_min_ms = settings.election_timeout_ms;
     cluster.election_timeout_max_ms = settings.election_timeout_ms * 2;
     cluster.heartbeat_interval_ms = (settings.election_timeout_ms / 4).max(1);
+    cluster.snapshot_every_entries = settings.snapshot_every_entries;
+    cluster.entries_kept_after_snapshot = settings.snapshot_every_entries.min(1_000);
     let node = ClusterNode::start(
         store.clone(),
         cluster,
