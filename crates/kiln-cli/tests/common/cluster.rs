@@ -28,11 +28,24 @@ pub fn request(
     if_match: Option<&str>,
     body: &str,
 ) -> Result<(u16, String), Failed> {
+    request_within(port, method, path, if_match, body, Duration::from_secs(10))
+}
+
+/// [`request`], giving up on an answer after `patience` (then `Lost`: a write may
+/// still be done).
+pub fn request_within(
+    port: u16,
+    method: &str,
+    path: &str,
+    if_match: Option<&str>,
+    body: &str,
+    patience: Duration,
+) -> Result<(u16, String), Failed> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut s =
         TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|_| Failed::NotSent)?;
     let lost = |what: &str| Failed::Lost(what.to_string());
-    s.set_read_timeout(Some(Duration::from_secs(10)))
+    s.set_read_timeout(Some(patience))
         .map_err(|_| lost("setting the timeout"))?;
     let condition = if_match.map_or(String::new(), |etag| format!("if-match: \"{etag}\"\r\n"));
     write!(
@@ -63,14 +76,28 @@ pub struct Cluster {
     pub children: BTreeMap<u64, Child>,
 }
 
+/// `--election-timeout-ms` of the nodes: quicker failovers than the default 400 ms.
+pub const ELECTION_TIMEOUT_MS: u64 = 200;
+
+/// `ID=127.0.0.1:PORT,...`, a `--cluster` list.
+pub fn members(ports: &BTreeMap<u64, u16>) -> String {
+    ports
+        .iter()
+        .map(|(id, port)| format!("{id}=127.0.0.1:{port}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 impl Cluster {
     pub fn new(root: &Path) -> Cluster {
         let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
-        let members = ports
-            .iter()
-            .map(|(id, port)| format!("{id}=127.0.0.1:{port}"))
-            .collect::<Vec<_>>()
-            .join(",");
+        let members = members(&ports);
+        Cluster::with_members(root, ports, members)
+    }
+
+    /// Three nodes listening on `ports` that reach each other at `members` (a
+    /// `--cluster` list: other addresses than theirs when a proxy sits between them).
+    pub fn with_members(root: &Path, ports: BTreeMap<u64, u16>, members: String) -> Cluster {
         let dirs = (1..=3)
             .map(|id| (id, root.join(format!("node{id}"))))
             .collect();
@@ -98,7 +125,7 @@ impl Cluster {
                 &self.members,
                 // Quicker failovers than the default 400 ms: the tests kill leaders.
                 "--election-timeout-ms",
-                "200",
+                &ELECTION_TIMEOUT_MS.to_string(),
             ])
             .args(["--bind", &format!("127.0.0.1:{port}")])
             .args([
@@ -117,11 +144,16 @@ impl Cluster {
 
     /// The leader the live nodes agree on (waits up to 20 s for one).
     pub fn leader(&self) -> u64 {
+        let live: Vec<u64> = self.children.keys().copied().collect();
+        self.leader_among(&live)
+    }
+
+    /// The leader that the nodes `ids` agree on, one of them (waits up to 20 s).
+    pub fn leader_among(&self, ids: &[u64]) -> u64 {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let seen: Vec<Option<u64>> = self
-                .children
-                .keys()
+            let seen: Vec<Option<u64>> = ids
+                .iter()
                 .map(|id| {
                     request(self.ports[id], "GET", "/cluster", None, "")
                         .ok()
@@ -129,11 +161,17 @@ impl Cluster {
                 })
                 .collect();
             if let Some(Some(l)) = seen.first() {
-                if self.children.contains_key(l) && seen.iter().all(|s| s == &Some(*l)) {
+                if ids.contains(l)
+                    && self.children.contains_key(l)
+                    && seen.iter().all(|s| s == &Some(*l))
+                {
                     return *l;
                 }
             }
-            assert!(Instant::now() < deadline, "no leader agreed on: {seen:?}");
+            assert!(
+                Instant::now() < deadline,
+                "no leader agreed on by {ids:?}: {seen:?}"
+            );
             std::thread::sleep(Duration::from_millis(30));
         }
     }
