@@ -134,8 +134,25 @@ pub struct ServeArgs {
     /// at most this many): a follower further behind catches up from a snapshot.
     #[arg(long, default_value_t = 5_000, requires = "cluster", value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_every_entries: u64,
+    /// A file holding the cluster's shared secret (at least 32 printable
+    /// characters, e.g. `openssl rand -hex 32`), the same on every node: every
+    /// Raft message carries it and a node refuses one without it. Required with
+    /// --auth.
+    #[arg(long, requires = "cluster")]
+    cluster_key_file: Option<PathBuf>,
+    /// PEM CA certificate(s) that signed the other nodes' TLS certificates: with
+    /// --tls-cert, the nodes reach each other over https and check each other by it.
+    #[arg(long, requires = "cluster")]
+    cluster_ca: Option<PathBuf>,
     #[command(flatten)]
     storage: crate::storage_args::StorageArgs,
+}
+
+/// The cluster key in `path` (surrounding whitespace and a final newline dropped).
+fn read_cluster_key(path: &std::path::Path) -> crate::AnyResult<String> {
+    std::fs::read_to_string(path)
+        .map(|text| text.trim().to_string())
+        .map_err(|e| format!("--cluster-key-file {}: {e}", path.display()).into())
 }
 
 /// One `--cluster` member: `ID=HOST:PORT`.
@@ -191,7 +208,7 @@ pub enum ApiKeyCommand {
 }
 
 pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
-    let config = server_config(&a);
+    let config = server_config(&a)?;
     raise_open_file_limit(a.max_connections + a.max_changes_connections);
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     rt.enable_all()
@@ -219,7 +236,7 @@ pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
 }
 
 /// The server's configuration from the command line.
-fn server_config(a: &ServeArgs) -> ServerConfig {
+fn server_config(a: &ServeArgs) -> crate::AnyResult<ServerConfig> {
     let mut config = ServerConfig::new(&a.data_dir, a.bind);
     config.tls = match (a.tls_cert.clone(), a.tls_key.clone()) {
         (Some(cert_chain_pem), Some(private_key_pem)) => Some(TlsConfig {
@@ -245,6 +262,12 @@ fn server_config(a: &ServeArgs) -> ServerConfig {
             joining: a.join,
             election_timeout_ms: a.election_timeout_ms.max(10),
             snapshot_every_entries: a.snapshot_every_entries,
+            cluster_key: a
+                .cluster_key_file
+                .as_deref()
+                .map(read_cluster_key)
+                .transpose()?,
+            peer_ca_pem: a.cluster_ca.clone(),
         });
     }
     if let Some(n) = a.connection_threads {
@@ -271,7 +294,7 @@ fn server_config(a: &ServeArgs) -> ServerConfig {
     config.changes.tombstone_retention_ms =
         (a.tombstone_retention_hours > 0).then(|| a.tombstone_retention_hours * 3_600_000);
     config.changes.subscriber_queue_len = a.changes_queue_len.max(1);
-    config
+    Ok(config)
 }
 
 /// `--bind`: an address, or a host name and port resolved now (its first IPv4

@@ -8,60 +8,10 @@ mod common;
 
 use common::text;
 
-use rcgen::{
-    BasicConstraints, Certificate, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
-use std::path::{Path, PathBuf};
+use common::pki::{new_ca, pki, Pki};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-struct Pki {
-    ca: PathBuf,
-    cert: PathBuf,
-    key: PathBuf,
-    client_cert: PathBuf,
-    client_key: PathBuf,
-}
-
-fn new_ca() -> (Certificate, KeyPair) {
-    let key = KeyPair::generate().unwrap();
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.distinguished_name
-        .push(DnType::CommonName, "Kiln CLI Test CA");
-    p.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    (p.self_signed(&key).unwrap(), key)
-}
-
-fn pki(dir: &Path) -> Pki {
-    let (ca, ca_key) = new_ca();
-    let server_key = KeyPair::generate().unwrap();
-    let mut p =
-        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let server = p.signed_by(&server_key, &ca, &ca_key).unwrap();
-    let client_key = KeyPair::generate().unwrap();
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.distinguished_name.push(DnType::CommonName, "cli");
-    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let client = p.signed_by(&client_key, &ca, &ca_key).unwrap();
-    let write = |name: &str, text: String| {
-        let path = dir.join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    };
-    Pki {
-        ca: write("ca.pem", ca.pem()),
-        cert: write("server.pem", format!("{}{}", server.pem(), ca.pem())),
-        key: write("server.key", server_key.serialize_pem()),
-        client_cert: write("client.pem", client.pem()),
-        client_key: write("client.key", client_key.serialize_pem()),
-    }
-}
 
 struct Server(Child);
 

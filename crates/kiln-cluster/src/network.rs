@@ -4,12 +4,17 @@
 //! the JSON of `Result<response, RaftError>`, so that a refusal by the remote
 //! Raft (a higher term, ...) comes back as Raft's own error.
 //!
+//! With TLS, the nodes reach each other over `https://` and check each other's
+//! certificate against the cluster's CA; with a cluster key, every message carries
+//! it ([`CLUSTER_KEY_HEADER`]) and the receiving server refuses one without it.
+//!
 //! Appends and votes are JSON. A snapshot chunk (megabytes) is binary, see
 //! [`encode_snapshot_chunk`]: JSON would spell each byte as a number.
 
 use crate::{NodeId, Raft, TypeConfig};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -33,6 +38,31 @@ pub const RAFT_PATH: &str = "/cluster/raft";
 /// logs, and for a fault proxy in front of a node that cuts one link of several.
 pub const FROM_NODE_HEADER: &str = "kiln-from-node";
 
+/// The header carrying the cluster's key on every Raft message.
+pub const CLUSTER_KEY_HEADER: &str = "kiln-cluster-key";
+
+/// How a node reaches the others.
+#[derive(Clone, Default)]
+pub struct PeerSecurity {
+    /// TLS to the other nodes, with the roots their certificates chain to; plain
+    /// HTTP when `None`.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// The cluster's shared secret, sent with every message.
+    pub cluster_key: Option<Arc<str>>,
+}
+
+impl std::fmt::Debug for PeerSecurity {
+    // Never the key itself.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerSecurity")
+            .field("tls", &self.tls.is_some())
+            .field("cluster_key", &self.cluster_key.is_some())
+            .finish()
+    }
+}
+
+type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
 /// Whether this node may send to a node (`from`, `to`): a fault-injection seam
 /// for tests of partitions. Cutting both directions of a link at the senders cuts
 /// it (every exchange starts at its sender).
@@ -41,20 +71,40 @@ pub type LinkFilter = Arc<dyn Fn(NodeId, NodeId) -> bool + Send + Sync>;
 /// Makes a client per peer; all share one connection pool.
 #[derive(Clone)]
 pub struct Network {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: HttpClient,
     from: NodeId,
     links: Option<LinkFilter>,
+    security: PeerSecurity,
 }
 
 impl Network {
-    pub fn new(from: NodeId, links: Option<LinkFilter>) -> Network {
+    pub fn new(from: NodeId, links: Option<LinkFilter>, security: PeerSecurity) -> Network {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_millis(500)));
+        // `enforce_http(false)`: the https connector wraps it and decides.
+        connector.enforce_http(false);
+        let tls = match &security.tls {
+            Some(config) => config.as_ref().clone(),
+            // Never used (the URLs are http://), but the connector wants one.
+            None => rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default protocol versions")
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+        };
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         Network {
             client: Client::builder(TokioExecutor::new()).build(connector),
             from,
             links,
+            security,
         }
     }
 }
@@ -62,9 +112,10 @@ impl Network {
 pub struct Peer {
     target: NodeId,
     address: String,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: HttpClient,
     from: NodeId,
     links: Option<LinkFilter>,
+    security: PeerSecurity,
 }
 
 /// A link a test has cut.
@@ -85,6 +136,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             client: self.client.clone(),
             from: self.from,
             links: self.links.clone(),
+            security: self.security.clone(),
         }
     }
 }
@@ -130,15 +182,24 @@ impl Peer {
         body: Vec<u8>,
         option: &RPCOption,
     ) -> Result<Resp, Transport> {
-        let url = format!("http://{}{RAFT_PATH}/{kind}", self.address);
+        let scheme = if self.security.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let url = format!("{scheme}://{}{RAFT_PATH}/{kind}", self.address);
         let content_type = if kind == "snapshot" {
             "application/octet-stream"
         } else {
             "application/json"
         };
-        let http = hyper::Request::post(&url)
+        let mut http = hyper::Request::post(&url)
             .header("content-type", content_type)
-            .header(FROM_NODE_HEADER, self.from)
+            .header(FROM_NODE_HEADER, self.from);
+        if let Some(key) = &self.security.cluster_key {
+            http = http.header(CLUSTER_KEY_HEADER, key.as_ref());
+        }
+        let http = http
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| Transport::Status {
                 url: url.clone(),

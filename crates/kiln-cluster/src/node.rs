@@ -45,6 +45,8 @@ pub struct ClusterConfig {
     pub joining: bool,
     /// Tests of partitions: which links this node may use (all when `None`).
     pub links: Option<crate::network::LinkFilter>,
+    /// TLS and the cluster key for the messages to the other nodes.
+    pub security: crate::network::PeerSecurity,
 }
 
 impl ClusterConfig {
@@ -63,6 +65,7 @@ impl ClusterConfig {
             write_timeout_ms: 5_000,
             joining: false,
             links: None,
+            security: Default::default(),
         }
     }
 }
@@ -127,6 +130,7 @@ pub struct ClusterNode {
     /// How long a leader may go without a majority's acknowledgment before it
     /// refuses writes.
     quorum_silence_ms: u64,
+    security: crate::network::PeerSecurity,
 }
 
 impl ClusterNode {
@@ -165,7 +169,11 @@ impl ClusterNode {
         let raft = Raft::new(
             config.node_id,
             raft_config,
-            Network::new(config.node_id, config.links.clone()),
+            Network::new(
+                config.node_id,
+                config.links.clone(),
+                config.security.clone(),
+            ),
             log,
             machine,
         )
@@ -189,11 +197,39 @@ impl ClusterNode {
             store,
             write_timeout: Duration::from_millis(config.write_timeout_ms),
             quorum_silence_ms: config.election_timeout_max_ms,
+            security: config.security,
         })
     }
 
     pub fn raft(&self) -> &Raft {
         &self.raft
+    }
+
+    /// Whether a received Raft message may be handed to Raft: it presents the
+    /// cluster's key, when the cluster has one (compared in constant time).
+    pub fn admits(&self, presented_key: Option<&[u8]>) -> bool {
+        let Some(expected) = &self.security.cluster_key else {
+            return true;
+        };
+        let Some(presented) = presented_key else {
+            return false;
+        };
+        let expected = expected.as_bytes();
+        presented.len() == expected.len()
+            && presented
+                .iter()
+                .zip(expected)
+                .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+                == 0
+    }
+
+    /// The scheme the nodes (and so the leader a client is sent to) are reached by.
+    pub fn scheme(&self) -> &'static str {
+        if self.security.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
     }
 
     pub fn store(&self) -> &Arc<DocStore> {

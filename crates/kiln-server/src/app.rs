@@ -103,8 +103,8 @@ pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
     api
         // /health answers without authentication (load balancers, probes).
         .route("/health", get(routes_admin::health))
-        // Raft's messages between the nodes of a cluster (not authenticated yet:
-        // a cluster runs on a private network, see `ConfigError::ClusterInTheClear`).
+        // Raft's messages between the nodes of a cluster: not API keys but the
+        // cluster's key (`raft_message` checks it; required with --auth).
         .route(
             "/cluster/raft/{kind}",
             // A catch-up batch of entries or a snapshot chunk can be megabytes.

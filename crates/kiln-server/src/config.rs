@@ -38,7 +38,7 @@ pub struct ServerConfig {
 }
 
 /// `kiln serve --node-id N --cluster 1=host:port,2=host:port,3=host:port`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClusterSettings {
     pub node_id: u64,
     /// Every voter of a new cluster, by id: the HTTP address others reach it at.
@@ -53,6 +53,24 @@ pub struct ClusterSettings {
     /// A snapshot every this many entries; the log before it is purged, but for
     /// up to 1,000 entries (at most this many).
     pub snapshot_every_entries: u64,
+    /// The cluster's shared secret: every Raft message carries it, and one
+    /// without it is refused. Required with `--auth`.
+    pub cluster_key: Option<String>,
+    /// PEM CA certificate(s) the other nodes' TLS certificates chain to: with
+    /// TLS, the nodes reach each other over https and check each other.
+    pub peer_ca_pem: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for ClusterSettings {
+    // Never the key itself.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterSettings")
+            .field("node_id", &self.node_id)
+            .field("members", &self.members)
+            .field("cluster_key", &self.cluster_key.as_ref().map(|_| "<set>"))
+            .field("peer_ca_pem", &self.peer_ca_pem)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Clone)]
@@ -160,10 +178,6 @@ impl ServerConfig {
         if self.bind.ip().is_loopback() || self.unsecured {
             return Ok(());
         }
-        if self.cluster.is_some() {
-            // Raft's messages travel as plain, unauthenticated HTTP for now.
-            return Err(ConfigError::ClusterInTheClear { bind: self.bind });
-        }
         let mut missing = Vec::new();
         if self.tls.is_none() {
             missing.push("TLS (--tls-cert and --tls-key)");
@@ -201,16 +215,32 @@ impl ServerConfig {
         Ok(crate::cross_origin::check_origins(&self.cors_origins)?)
     }
 
-    /// A node must be one of the cluster's members.
+    /// A node must be one of the cluster's members; with `--auth` its Raft messages
+    /// need the cluster key, and with TLS the CA to check the other nodes by.
     pub fn check_cluster(&self) -> Result<(), ConfigError> {
-        match &self.cluster {
-            Some(c) if !c.members.contains_key(&c.node_id) => {
-                Err(ConfigError::NodeNotInCluster { node_id: c.node_id })
-            }
-            _ => Ok(()),
+        let Some(c) = &self.cluster else {
+            return Ok(());
+        };
+        if !c.members.contains_key(&c.node_id) {
+            return Err(ConfigError::NodeNotInCluster { node_id: c.node_id });
         }
+        if self.require_auth && c.cluster_key.is_none() {
+            return Err(ConfigError::ClusterKeyNeeded);
+        }
+        if let Some(key) = &c.cluster_key {
+            if key.len() < MIN_CLUSTER_KEY_CHARS || !key.chars().all(|ch| ch.is_ascii_graphic()) {
+                return Err(ConfigError::WeakClusterKey);
+            }
+        }
+        if self.tls.is_some() && c.peer_ca_pem.is_none() {
+            return Err(ConfigError::ClusterCaNeeded);
+        }
+        Ok(())
     }
 }
+
+/// The shortest cluster key accepted (a hex key of 128 bits).
+pub const MIN_CLUSTER_KEY_CHARS: usize = 32;
 
 /// A server configuration that cannot start: what is wrong, in the words of the
 /// flag to change.
@@ -224,11 +254,20 @@ pub enum ConfigError {
     #[error("{0}")]
     Limit(&'static str),
     #[error(
-        "refusing to run a cluster node on {bind} (not a loopback address): the nodes' Raft \
-         messages are not encrypted nor authenticated yet; run the cluster on a private \
-         network and pass --unsecured"
+        "a cluster node with --auth needs --cluster-key-file: the nodes' Raft messages \
+         carry that key, and the others refuse a message without it"
     )]
-    ClusterInTheClear { bind: SocketAddr },
+    ClusterKeyNeeded,
+    #[error(
+        "the cluster key must be at least {MIN_CLUSTER_KEY_CHARS} printable characters \
+         without spaces (e.g. `openssl rand -hex 32`)"
+    )]
+    WeakClusterKey,
+    #[error(
+        "a cluster node with TLS needs --cluster-ca: the CA certificate(s) the other \
+         nodes' certificates chain to (the nodes reach each other over https)"
+    )]
+    ClusterCaNeeded,
     #[error("--cluster must name this node (--node-id {node_id})")]
     NodeNotInCluster { node_id: u64 },
     #[error(transparent)]
@@ -261,5 +300,42 @@ mod tests {
         assert!(ServerConfig::new("/tmp/x", "[::1]:0".parse().unwrap())
             .check_security()
             .is_ok());
+    }
+
+    #[test]
+    fn a_cluster_node_with_auth_needs_a_strong_key_and_with_tls_a_ca() {
+        let mut c = ServerConfig::new("/tmp/x", "0.0.0.0:8080".parse().unwrap());
+        c.cluster = Some(ClusterSettings {
+            node_id: 1,
+            members: [(1, "10.0.0.1:8080".to_string())].into(),
+            joining: false,
+            election_timeout_ms: 400,
+            snapshot_every_entries: 5_000,
+            cluster_key: None,
+            peer_ca_pem: None,
+        });
+        assert!(c.check_cluster().is_ok());
+        c.require_auth = true;
+        let e = c.check_cluster().unwrap_err().to_string();
+        assert!(e.contains("--cluster-key-file"), "{e}");
+        let settings = c.cluster.as_mut().unwrap();
+        settings.cluster_key = Some("short".into());
+        assert!(matches!(
+            c.check_cluster(),
+            Err(ConfigError::WeakClusterKey)
+        ));
+        c.cluster.as_mut().unwrap().cluster_key = Some("ab".repeat(16));
+        assert!(c.check_cluster().is_ok());
+        c.tls = Some(TlsConfig {
+            cert_chain_pem: "c".into(),
+            private_key_pem: "k".into(),
+            client_ca_pem: None,
+        });
+        let e = c.check_cluster().unwrap_err().to_string();
+        assert!(e.contains("--cluster-ca"), "{e}");
+        c.cluster.as_mut().unwrap().peer_ca_pem = Some("ca.pem".into());
+        assert!(c.check_cluster().is_ok());
+        // Off loopback with TLS and --auth (so with a cluster key): allowed.
+        assert!(c.check_security().is_ok());
     }
 }

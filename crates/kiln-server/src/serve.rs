@@ -233,6 +233,7 @@ async fn start_cluster_node(
     cluster.heartbeat_interval_ms = (settings.election_timeout_ms / 4).max(1);
     cluster.snapshot_every_entries = settings.snapshot_every_entries;
     cluster.entries_kept_after_snapshot = settings.snapshot_every_entries.min(1_000);
+    cluster.security = peer_security(config, settings)?;
     let node = ClusterNode::start(
         store.clone(),
         cluster,
@@ -245,6 +246,32 @@ async fn start_cluster_node(
         "cluster node started"
     );
     Ok(Some(Arc::new(node)))
+}
+
+/// TLS to the other nodes when this one serves TLS (checked against
+/// `--cluster-ca`), and the cluster key.
+fn peer_security(
+    config: &ServerConfig,
+    settings: &crate::config::ClusterSettings,
+) -> Result<kiln_cluster::network::PeerSecurity, ServeError> {
+    let tls = match (&config.tls, &settings.peer_ca_pem) {
+        (Some(_), Some(ca)) => {
+            let mut roots = rustls::RootCertStore::empty();
+            crate::tls::add_ca_certs(&mut roots, ca)?;
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let client = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(crate::tls::TlsError::Setup)?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            Some(Arc::new(client))
+        }
+        _ => None,
+    };
+    Ok(kiln_cluster::network::PeerSecurity {
+        tls,
+        cluster_key: settings.cluster_key.as_deref().map(Arc::from),
+    })
 }
 
 fn app_state(

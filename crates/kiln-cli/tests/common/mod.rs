@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 
 pub mod cluster;
+pub mod pki;
 pub mod relay;
 
 use std::io::{Read, Write};

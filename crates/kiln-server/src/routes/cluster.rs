@@ -54,9 +54,19 @@ pub async fn status(State(state): State<SharedState>) -> Result<Response, ApiErr
 pub async fn raft_message(
     State(state): State<SharedState>,
     ApiPath(kind): ApiPath<String>,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let node = node(&state)?;
+    let presented = headers
+        .get(kiln_cluster::network::CLUSTER_KEY_HEADER)
+        .map(|v| v.as_bytes());
+    if !node.admits(presented) {
+        return Err(ApiError::new(
+            ErrorCode::Unauthorized,
+            "a Raft message without this cluster's key (the nodes' --cluster-key-file differ?)",
+        ));
+    }
     match kiln_cluster::network::handle_rpc(node.raft(), &kind, &body).await {
         Ok(answer) => Ok((
             [(
@@ -177,7 +187,7 @@ async fn route_in_cluster(
         } else {
             path.to_string()
         };
-        return Err(redirect_to_leader(&address, &path));
+        return Err(redirect_to_leader(node.scheme(), &address, &path));
     }
     if linearizable {
         node.ensure_linearizable()
@@ -234,8 +244,8 @@ fn is_replicated_write(method: &Method, path: &str) -> bool {
     writes && !path.starts_with("/cluster/raft/") && !path.ends_with("/queries")
 }
 
-fn redirect_to_leader(address: &str, path: &str) -> Response {
-    let location = format!("http://{address}{path}");
+fn redirect_to_leader(scheme: &str, address: &str, path: &str) -> Response {
+    let location = format!("{scheme}://{address}{path}");
     let mut e = ApiError::new(
         ErrorCode::NotLeader,
         format!("this node is not the leader; send writes to {location}"),
