@@ -322,6 +322,9 @@ def test_no_quorum_is_retried_once_then_reported(cluster: Cluster, db: str) -> N
         with pytest.raises(NoQuorumError) as info:
             st.put("a/1", {"v": 2}, if_match=etag)
         assert "a retry after" in str(info.value) and info.value.node == leader.url
+        # Refused up front, before the leader's log: the answer says it surely did
+        # not happen.
+        assert info.value.outcome == "not_written"
         assert st.stats.failover_retries == retried + 1
         # Refused before it entered the log, a write that generates an id is certain
         # not to have been applied: it is sent again too (and refused again).

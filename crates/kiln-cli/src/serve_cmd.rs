@@ -134,6 +134,11 @@ pub struct ServeArgs {
     /// at most this many): a follower further behind catches up from a snapshot.
     #[arg(long, default_value_t = 5_000, requires = "cluster", value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_every_entries: u64,
+    /// How long a cluster write waits to be committed by a majority before it is
+    /// answered 503 `no_quorum` (it may still be committed later: the answer says
+    /// so).
+    #[arg(long, default_value_t = 5_000, requires = "cluster", value_parser = clap::value_parser!(u64).range(1..))]
+    write_timeout_ms: u64,
     /// A file holding the cluster's shared secret (at least 32 printable
     /// characters, e.g. `openssl rand -hex 32`), the same on every node: every
     /// Raft message carries it and a node refuses one without it. Required with
@@ -262,6 +267,7 @@ fn server_config(a: &ServeArgs) -> crate::AnyResult<ServerConfig> {
             joining: a.join,
             election_timeout_ms: a.election_timeout_ms.max(10),
             snapshot_every_entries: a.snapshot_every_entries,
+            write_timeout_ms: a.write_timeout_ms,
             cluster_key: a
                 .cluster_key_file
                 .as_deref()

@@ -118,7 +118,22 @@ pub struct ClusterStatus {
     pub state: &'static str,
     pub last_log_index: Option<u64>,
     pub last_applied: Option<u64>,
+    /// On a leader: whether a majority acknowledged it within the election
+    /// timeout (a leader cut off from the others still calls itself leader until
+    /// it hears of a newer term, but refuses writes); `None` on other nodes.
+    pub has_quorum: Option<bool>,
+    /// On a leader: how long ago a majority last acknowledged it.
+    pub quorum_ack_age_ms: Option<u64>,
     pub members: Vec<MemberStatus>,
+}
+
+impl ClusterError {
+    /// Whether a refused write may still be committed: it entered the leader's
+    /// log, then no majority acknowledged it in time. A leader that knew itself cut
+    /// off refused it before logging it (`waited_ms` 0).
+    pub fn may_have_been_written(&self) -> bool {
+        matches!(self, ClusterError::NoQuorum { waited_ms } if *waited_ms > 0)
+    }
 }
 
 /// A running node.
@@ -252,6 +267,13 @@ impl ClusterNode {
         Some((id, address))
     }
 
+    /// A leader that has not heard from a majority for an election timeout.
+    fn cut_off(&self, m: &openraft::RaftMetrics<NodeId, BasicNode>) -> bool {
+        m.state == ServerState::Leader
+            && m.millis_since_quorum_ack
+                .is_some_and(|ms| ms > self.quorum_silence_ms)
+    }
+
     /// Proposes a command; answers once a majority has it durable and this node
     /// has applied it.
     pub async fn write(&self, command: Command) -> Result<Answer, ClusterError> {
@@ -261,10 +283,7 @@ impl ClusterNode {
         let m = self.raft.metrics().borrow().clone();
         // (A leader just elected has no acknowledgment yet: its first heartbeat
         // brings one; the write's timeout covers a leader that never gets one.)
-        if m.state == ServerState::Leader
-            && m.millis_since_quorum_ack
-                .is_some_and(|ms| ms > self.quorum_silence_ms)
-        {
+        if self.cut_off(&m) {
             return Err(ClusterError::NoQuorum { waited_ms: 0 });
         }
         let proposed = tokio::time::timeout(self.write_timeout, self.raft.client_write(command));
@@ -390,6 +409,8 @@ impl ClusterNode {
             },
             last_log_index: m.last_log_index,
             last_applied: m.last_applied.map(|l| l.index),
+            has_quorum: (m.state == ServerState::Leader).then(|| !self.cut_off(&m)),
+            quorum_ack_age_ms: m.millis_since_quorum_ack,
             members,
         }
     }

@@ -53,6 +53,8 @@ pub struct ClusterSettings {
     /// A snapshot every this many entries; the log before it is purged, but for
     /// up to 1,000 entries (at most this many).
     pub snapshot_every_entries: u64,
+    /// How long a write waits to be committed before it is answered `no_quorum`.
+    pub write_timeout_ms: u64,
     /// The cluster's shared secret: every Raft message carries it, and one
     /// without it is refused. Required with `--auth`.
     pub cluster_key: Option<String>,
@@ -311,6 +313,7 @@ mod tests {
             joining: false,
             election_timeout_ms: 400,
             snapshot_every_entries: 5_000,
+            write_timeout_ms: 5_000,
             cluster_key: None,
             peer_ca_pem: None,
         });

@@ -128,6 +128,11 @@ pub struct ApiError {
     pub needs_restart: bool,
     /// On a 405: the methods the resource takes (the `Allow` header).
     pub allow: Option<&'static str>,
+    /// On a cluster's refusal of a write (`no_quorum`, `not_leader`): whether it
+    /// was surely not written (`"not_written"`) or may still be committed
+    /// (`"unknown"`: it entered the leader's log, then no majority answered in
+    /// time), sent as `"outcome"`.
+    pub outcome: Option<&'static str>,
 }
 
 impl ApiError {
@@ -140,6 +145,7 @@ impl ApiError {
             retry_after_s: None,
             needs_restart: false,
             allow: None,
+            outcome: None,
         }
     }
 
@@ -150,6 +156,9 @@ impl ApiError {
         }
         if self.needs_restart {
             v["needs_restart"] = true.into();
+        }
+        if let Some(outcome) = self.outcome {
+            v["outcome"] = outcome.into();
         }
         v.to_string()
     }
@@ -205,6 +214,7 @@ impl From<DocError> for ApiError {
             retry_after_s: (code == ErrorCode::Overloaded).then_some(1),
             needs_restart,
             allow: None,
+            outcome: None,
         }
     }
 }

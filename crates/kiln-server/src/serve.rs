@@ -232,6 +232,7 @@ async fn start_cluster_node(
     cluster.election_timeout_max_ms = settings.election_timeout_ms * 2;
     cluster.heartbeat_interval_ms = (settings.election_timeout_ms / 4).max(1);
     cluster.snapshot_every_entries = settings.snapshot_every_entries;
+    cluster.write_timeout_ms = settings.write_timeout_ms;
     cluster.entries_kept_after_snapshot = settings.snapshot_every_entries.min(1_000);
     cluster.security = peer_security(config, settings)?;
     let node = ClusterNode::start(

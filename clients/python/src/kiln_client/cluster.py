@@ -134,11 +134,17 @@ def failover_of_answer(node: str, status: int, content: bytes,
             return None
         err.node = node
         # A 503 no_quorum is certain only when the write never entered a log: no leader
-        # (a follower's front door), or a leader that refused it up front ("within 0
-        # ms"). After a timeout or a lost leadership it may still be committed. Read
-        # from the message, so a change of wording only makes this more careful.
-        text = err.message
-        certain = err.code == "no_quorum" and ("has no leader" in text or "within 0 ms" in text)
+        # (a follower's front door), or a leader that refused it up front. After a
+        # timeout or a lost leadership it may still be committed. The server says
+        # which in "outcome"; from one that does not, read the message (a change of
+        # wording only makes this more careful).
+        outcome = err.body.get("outcome")
+        if outcome is not None:
+            certain = outcome == "not_written"
+        else:
+            text = err.message
+            certain = err.code == "no_quorum" and (
+                "has no leader" in text or "within 0 ms" in text)
         return Failover(node, err, not certain)
     return None
 

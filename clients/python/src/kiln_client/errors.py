@@ -409,9 +409,18 @@ class NotLeaderError(ServiceUnavailableError):
 
 class NoQuorumError(ServiceUnavailableError):
     """``no_quorum``: the cluster has no leader, or its leader no majority, so the write
-    was not acknowledged (a store retries it once on the leader it finds)."""
+    was not acknowledged (a store retries it once on the leader it finds).
+    :attr:`outcome` says whether it surely did not happen."""
 
     code = "no_quorum"
+
+    @property
+    def outcome(self) -> Optional[str]:
+        """``"not_written"`` (refused before the leader logged it), ``"unknown"`` (it
+        entered the leader's log and no majority answered in time: it may still be
+        committed), or None from a server that does not say."""
+        v = self.body.get("outcome")
+        return str(v) if v is not None else None
 
 
 class ClusterError(ServiceUnavailableError):

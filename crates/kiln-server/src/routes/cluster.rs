@@ -172,11 +172,13 @@ async fn route_in_cluster(
     let leads = node.status().leader == Some(node.node_id());
     if !leads {
         let Some((_, address)) = node.leader() else {
-            return Err(ApiError::new(
+            let mut refused = ApiError::new(
                 ErrorCode::NoQuorum,
                 "the cluster has no leader at the moment: retry",
-            )
-            .into_response());
+            );
+            refused.retry_after_s = Some(1);
+            refused.outcome = write.then_some("not_written");
+            return Err(refused.into_response());
         };
         let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
         let path = if linearizable {
@@ -269,8 +271,15 @@ fn cluster_error(e: ClusterError) -> ApiError {
         ClusterError::NoQuorum { .. } => ErrorCode::NoQuorum,
         _ => ErrorCode::ClusterError,
     };
+    let outcome = match &e {
+        ClusterError::NotLeader { .. } => Some("not_written"),
+        ClusterError::NoQuorum { .. } if e.may_have_been_written() => Some("unknown"),
+        ClusterError::NoQuorum { .. } => Some("not_written"),
+        _ => None,
+    };
     let mut api = ApiError::new(code, e.to_string());
     api.retry_after_s = Some(1);
+    api.outcome = outcome;
     api
 }
 
