@@ -15,10 +15,23 @@
 //! journal writes per request (`GET /dbs/bench` on each node), the bytes each
 //! server sent to storage (`/proc/PID/io`), the servers' CPU, and the disk's own
 //! write and flush counts (/proc/diskstats: the whole device, whoever wrote).
+//!
+//! W15C: catch-up. A fresh three-node cluster that snapshots every
+//! `CATCH_UP_SNAPSHOT_EVERY_ENTRIES` entries; one follower stopped (SIGTERM, a
+//! clean stop), then the scale's documents written to the leader in batches (one
+//! Raft entry each) until the leader's log is purged past the follower; the
+//! follower restarted and timed from its start until it has applied the leader's
+//! index: from a snapshot (built on the leader during the writes, sent in chunks,
+//! installed by restoring), then the entries after it from the log. Then again with
+//! fewer entries behind than the leader keeps below a snapshot: from the log
+//! alone. Both against the disk's sequential write measured in the same run, as
+//! W14 measures it; where the time went is read off the follower's snapshot
+//! directory and applied index, polled every `CATCH_UP_POLL`.
 
-use crate::httpbench::{request_bytes, Conn, ServerProcess};
+use crate::httpbench::{request_bytes, run_load, Conn, ServerProcess};
 use crate::machine::DiskCounters;
 use crate::procstat;
+use crate::rawdisk::{self, AlignedBuf, WriteMode};
 use crate::run::{progress, BenchResult, Run};
 use crate::serverbench::{self, doc_1k, ServerLoad, SERVE_FLAGS};
 use crate::stats::{median, quantile};
@@ -28,8 +41,11 @@ use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The cluster's voters.
@@ -165,18 +181,10 @@ pub fn w15(dir: &Path, scale: ClusterLoad) -> BenchResult<Run> {
     };
     std::fs::remove_dir_all(&single_dir)?;
 
-    let mut cluster = Cluster::start(&dir.join("cluster"))?;
+    let mut cluster = Cluster::start(&dir.join("cluster"), &[])?;
     let leader = cluster.steady()?;
-    let (status, body) = cluster.request(leader, "PUT", "/dbs/bench", b"")?;
-    if status != 201 {
-        return Err(format!(
-            "creating the bench database on the leader (node {leader}): {status} {}",
-            String::from_utf8_lossy(&body)
-        )
-        .into());
-    }
     // Every node has it before the counters are read.
-    cluster.wait_applied(leader)?;
+    cluster.create_bench_db(leader)?;
     let journal_before = cluster.db_journal_writes()?;
     let pids = cluster.pids();
     let before = Spent::now(dir, &pids)?;
@@ -312,6 +320,8 @@ struct Cluster {
     dirs: BTreeMap<u64, PathBuf>,
     /// `--cluster`: every node's id and address, the same on every node.
     members: String,
+    /// More `kiln serve` flags for every node (after `kiln bench --serve-flag`s).
+    extra_args: Vec<String>,
     /// The nodes running.
     nodes: BTreeMap<u64, ServerProcess>,
     /// The client side of the checks and the failover prober.
@@ -319,8 +329,9 @@ struct Cluster {
 }
 
 impl Cluster {
-    /// Starts the nodes on fresh directories under `root`.
-    fn start(root: &Path) -> BenchResult<Cluster> {
+    /// Starts the nodes on fresh directories under `root`, `extra_args` added to
+    /// every node's command line.
+    fn start(root: &Path, extra_args: &[&str]) -> BenchResult<Cluster> {
         if root.exists() {
             std::fs::remove_dir_all(root)?;
         }
@@ -346,6 +357,7 @@ impl Cluster {
             addrs,
             dirs,
             members,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             nodes: BTreeMap::new(),
             rt: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -367,11 +379,36 @@ impl Cluster {
             "--cluster".to_string(),
             self.members.clone(),
         ]);
+        args.extend(self.extra_args.iter().cloned());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let node = ServerProcess::start_at(self.addrs[&id], &self.dirs[&id], &args, fresh_log)
             .map_err(|e| format!("cluster node {id}: {e}"))?;
         self.nodes.insert(id, node);
         Ok(())
+    }
+
+    /// Creates database `bench` through the leader and waits until every running
+    /// node has it.
+    fn create_bench_db(&self, leader: u64) -> BenchResult<()> {
+        let (status, body) = self.request(leader, "PUT", "/dbs/bench", b"")?;
+        if status != 201 {
+            return Err(format!(
+                "creating the bench database on the leader (node {leader}): {status} {}",
+                String::from_utf8_lossy(&body)
+            )
+            .into());
+        }
+        self.wait_applied(leader)
+    }
+
+    /// Where node `id` keeps its snapshots (`<data>/cluster/snapshots`).
+    fn snapshot_dir(&self, id: u64) -> PathBuf {
+        self.dirs[&id].join("cluster").join("snapshots")
+    }
+
+    /// Node `id`'s applied index, as it reports it (None when it does not answer).
+    fn applied(&self, id: u64) -> Option<u64> {
+        self.status(id).and_then(|s| s["last_applied"].as_u64())
     }
 
     fn pids(&self) -> Vec<u32> {
@@ -468,11 +505,12 @@ impl Cluster {
 
     /// Waits until every running node has applied what `leader` has applied.
     fn wait_applied(&self, leader: u64) -> BenchResult<()> {
-        let applied = |id: u64| self.status(id).and_then(|s| s["last_applied"].as_u64());
-        let target = applied(leader).ok_or("the leader does not report its applied index")?;
+        let target = self
+            .applied(leader)
+            .ok_or("the leader does not report its applied index")?;
         let deadline = Instant::now() + STEADY_WITHIN;
         for &id in self.nodes.keys() {
-            while applied(id).is_none_or(|a| a < target) {
+            while self.applied(id).is_none_or(|a| a < target) {
                 if Instant::now() > deadline {
                     return Err(format!(
                         "node {id} had not applied the leader's index {target} within {} s",

@@ -417,6 +417,14 @@ fn partitions_lose_nothing_acknowledged_and_a_minority_takes_no_write() {
             |a| a.sent >= cut && a.node != leader,
         );
         let old = status(ports[&leader]).unwrap();
+        // Still calling itself leader (it has not heard of the new term), it says
+        // it has no quorum.
+        if old["state"] == "leader" {
+            assert_eq!(
+                old["has_quorum"], false,
+                "cycle {cycle}: the cut-off leader: {old}"
+            );
+        }
         let tail =
             old["last_log_index"].as_u64().unwrap_or(0) - old["last_applied"].as_u64().unwrap_or(0);
         let sent_to_old_leader = probe.stop();
