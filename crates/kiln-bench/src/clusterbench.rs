@@ -314,6 +314,555 @@ fn failovers(cluster: &mut Cluster, count: usize) -> BenchResult<(Vec<f64>, Vec<
     Ok((failover_ms, rejoin_ms))
 }
 
+/// W15C's cluster snapshots every this many applied entries (`kiln serve
+/// --snapshot-every-entries`) and so keeps as many entries below a snapshot
+/// (`min(1000, N)`): a follower further behind than that needs a snapshot.
+const CATCH_UP_SNAPSHOT_EVERY_ENTRIES: u64 = 100;
+
+/// The batches (Raft entries) written while the follower is down, for the
+/// snapshot path: enough past two snapshots that the log is purged past it.
+const SNAPSHOT_PATH_ENTRIES: u64 = 250;
+
+/// The batches written for the log path: fewer than the entries kept below a
+/// snapshot, so the follower catches up from the log alone.
+const LOG_PATH_ENTRIES: u64 = 50;
+
+/// Connections the batches are written over (each entry count is a multiple).
+const WRITE_CONNECTIONS: usize = 5;
+
+/// How often the follower's applied index and snapshot directory are read.
+const CATCH_UP_POLL: Duration = Duration::from_millis(20);
+
+/// How long a catch-up may take before the run fails.
+const CATCH_UP_GIVE_UP: Duration = Duration::from_secs(900);
+
+/// How long no snapshot may be under construction on any node before the
+/// follower is restarted (a build started by the last writes would compete).
+const SNAPSHOTS_QUIET: Duration = Duration::from_secs(1);
+
+/// Free space W15C asks for under `--dir`, in multiples of the bytes written: the
+/// three databases, each node's snapshot file and log, the received snapshot.
+const FREE_SPACE_FACTOR: u64 = 8;
+
+const MB: f64 = 1e6;
+
+/// W15C's scale.
+#[derive(Debug, Clone, Copy)]
+pub struct CatchUpScale {
+    /// Bytes of documents (their JSON) written while the follower is down for the
+    /// snapshot path; the log path writes a fifth of it.
+    pub behind_bytes: u64,
+}
+
+impl CatchUpScale {
+    /// `mib` MiB, else 256 MiB (8 MiB with `quick`).
+    pub fn new(quick: bool, mib: Option<u64>) -> Self {
+        let mib = mib.unwrap_or(if quick { 8 } else { 256 });
+        CatchUpScale {
+            behind_bytes: mib.max(1) << 20,
+        }
+    }
+}
+
+/// W15C: a follower brought back after falling behind, from a snapshot and from
+/// the log, against the disk's sequential write.
+pub fn w15c(dir: &Path, scale: CatchUpScale) -> BenchResult<Run> {
+    std::fs::create_dir_all(dir)?;
+    check_free_space(dir, scale.behind_bytes)?;
+    let mut extra = Map::new();
+    let disk_file_bytes = scale.behind_bytes.clamp(64 << 20, 1 << 30);
+    let disk_before = disk_seq_write_mb_per_s(dir, disk_file_bytes)?;
+    let docs_per_batch = docs_per_batch(scale.behind_bytes);
+    let (snap, log) = snapshot_then_log_rounds(&dir.join("cluster"), docs_per_batch, &mut extra)?;
+    let disk_after = disk_seq_write_mb_per_s(dir, disk_file_bytes)?;
+
+    let disk_mb_s = (disk_before + disk_after) / 2.0;
+    extra.insert("nodes".into(), json!(NODES));
+    extra.insert(
+        "snapshot_every_entries".into(),
+        json!(CATCH_UP_SNAPSHOT_EVERY_ENTRIES),
+    );
+    extra.insert("docs_per_batch".into(), json!(docs_per_batch));
+    extra.insert("disk_file_bytes".into(), json!(disk_file_bytes));
+    extra.insert("disk_seq_write_before_mb_per_s".into(), json!(disk_before));
+    extra.insert("disk_seq_write_after_mb_per_s".into(), json!(disk_after));
+    extra.insert("disk_seq_write_mb_per_s".into(), json!(disk_mb_s));
+    snap.insert_figures("", disk_mb_s, &mut extra);
+    log.insert_figures("log_", disk_mb_s, &mut extra);
+    snap.catch_up.insert_split(&mut extra);
+    // What `kiln bench` prints as the row's server memory: the follower's.
+    extra.insert("server_peak_rss_bytes".into(), json!(snap.catch_up.peak_rss_bytes));
+    // The batches that put the follower behind (an HTTP workload's row).
+    extra.insert("requests_per_sec".into(), json!(snap.written.requests_per_sec));
+    Ok(Run {
+        ops: snap.written.documents,
+        commits: snap.written.entries,
+        seconds: snap.catch_up.seconds,
+        extra,
+    })
+}
+
+/// A fresh cluster under `root` (removed after), one follower brought back from a
+/// snapshot, then from the log; the leader's database size and the cluster's
+/// after the first go into `extra`.
+fn snapshot_then_log_rounds(
+    root: &Path,
+    docs_per_batch: u64,
+    extra: &mut Map<String, Value>,
+) -> BenchResult<(Round, Round)> {
+    let every = CATCH_UP_SNAPSHOT_EVERY_ENTRIES.to_string();
+    let mut cluster = Cluster::start(root, &["--snapshot-every-entries", &every])?;
+    let leader = cluster.steady()?;
+    cluster.create_bench_db(leader)?;
+    let follower = *cluster
+        .nodes
+        .keys()
+        .find(|id| **id != leader)
+        .ok_or("no follower")?;
+    let snap = behind_and_back(&mut cluster, leader, follower, SNAPSHOT_PATH_ENTRIES, docs_per_batch)?;
+    if snap.catch_up.snapshot.is_none() {
+        return Err(format!(
+            "the follower caught up from the log after {SNAPSHOT_PATH_ENTRIES} entries: the \
+             leader had not purged its log past it (a snapshot every \
+             {CATCH_UP_SNAPSHOT_EVERY_ENTRIES} entries)"
+        )
+        .into());
+    }
+    let leader_db = allocated_bytes(&cluster.dirs[&leader].join("databases"))?;
+    extra.insert("leader_database_disk_bytes".into(), json!(leader_db));
+    extra.insert("cluster_disk_bytes".into(), json!(allocated_bytes(root)?));
+    let log = behind_and_back(&mut cluster, leader, follower, LOG_PATH_ENTRIES, docs_per_batch)?;
+    if let Some(s) = &log.catch_up.snapshot {
+        return Err(format!(
+            "the follower {LOG_PATH_ENTRIES} entries behind was sent a snapshot ({})",
+            s.name
+        )
+        .into());
+    }
+    drop(cluster);
+    std::fs::remove_dir_all(root)?;
+    Ok((snap, log))
+}
+
+/// Documents per batch for `SNAPSHOT_PATH_ENTRIES` batches of `behind_bytes` in all
+/// (at least one, at most the server's default batch limit, 10,000).
+fn docs_per_batch(behind_bytes: u64) -> u64 {
+    let doc_bytes = doc_1k(&mut SmallRng::seed_from_u64(SEED), 0).len() as u64;
+    behind_bytes
+        .div_ceil(SNAPSHOT_PATH_ENTRIES * doc_bytes)
+        .clamp(1, 10_000)
+}
+
+/// Refuses to start unless the disk under `dir` has `FREE_SPACE_FACTOR` times the
+/// bytes to write free (a full disk would fail the run part way, and others' work).
+fn check_free_space(dir: &Path, behind_bytes: u64) -> BenchResult<()> {
+    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
+    // SAFETY: statvfs writes into the struct we pass; all-zero is a valid statvfs.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a valid pointer.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return Err(format!("statvfs {}: {}", dir.display(), io::Error::last_os_error()).into());
+    }
+    let free_bytes = st.f_bavail as u64 * st.f_frsize as u64;
+    let needed_bytes = behind_bytes * FREE_SPACE_FACTOR;
+    if free_bytes < needed_bytes {
+        return Err(format!(
+            "W15C writes {} MiB behind a follower and needs about {} MiB free under {}; {} MiB \
+             are: give a smaller --w15c-mib or another --dir",
+            behind_bytes >> 20,
+            needed_bytes >> 20,
+            dir.display(),
+            free_bytes >> 20
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// The disk's sequential write in MB/s as W14 measures it (`disk_seq_write_mb_per_s`
+/// there): 4 MiB buffered writes into a new file of `bytes`, then a sync, timed
+/// together; the file is removed after.
+fn disk_seq_write_mb_per_s(dir: &Path, bytes: u64) -> BenchResult<f64> {
+    let path = dir.join("seq-write.bin");
+    let _remove = rawdisk::RemoveOnDrop(path.clone());
+    std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let wf = rawdisk::open_for_writes(&path, WriteMode::Buffered)?;
+    let block = 4u64 << 20;
+    let mut buf = AlignedBuf::new(block as usize);
+    let writes = bytes.div_ceil(block);
+    let start = Instant::now();
+    let run = rawdisk::timed_writes(&wf, &mut buf, 0, writes * block, writes, Duration::MAX, &mut |_| true)?;
+    wf.sync_all()?;
+    let seconds = start.elapsed().as_secs_f64();
+    Ok((run.writes * block) as f64 / MB / seconds.max(1e-9))
+}
+
+/// Bytes allocated on disk by every file under `dir`.
+fn allocated_bytes(dir: &Path) -> BenchResult<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let entry = entry?;
+        let t = entry.file_type()?;
+        if t.is_dir() {
+            total += allocated_bytes(&entry.path())?;
+        } else if t.is_file() {
+            total += entry.metadata()?.blocks() * 512;
+        }
+    }
+    Ok(total)
+}
+
+/// One round of W15C: what was written while the follower was down, and its
+/// catch-up.
+struct Round {
+    written: Written,
+    catch_up: CatchUp,
+}
+
+/// Stops `follower` (SIGTERM, waited for), writes `entries` batches of
+/// `docs_per_batch` documents to `leader`, waits for the other nodes to apply
+/// them and finish their snapshots, restarts the follower and times its catch-up;
+/// returns once the three are steady again.
+fn behind_and_back(
+    cluster: &mut Cluster,
+    leader: u64,
+    follower: u64,
+    entries: u64,
+    docs_per_batch: u64,
+) -> BenchResult<Round> {
+    let node = cluster
+        .nodes
+        .remove(&follower)
+        .ok_or("the follower is not running")?;
+    drop(node);
+    let written = write_batches(cluster, leader, entries, docs_per_batch)?;
+    cluster.wait_applied(leader)?;
+    cluster.wait_snapshots_quiet()?;
+    let catch_up = catch_up(cluster, leader, follower)?;
+    cluster.steady()?;
+    Ok(Round { written, catch_up })
+}
+
+impl Round {
+    /// The round's figures, named `{prefix}...`; `disk_mb_s` is the disk's
+    /// sequential write.
+    fn insert_figures(&self, prefix: &str, disk_mb_s: f64, extra: &mut Map<String, Value>) {
+        let (w, c) = (&self.written, &self.catch_up);
+        let mb_s = w.document_bytes as f64 / MB / c.seconds;
+        let mut put = |k: &str, v: Value| extra.insert(format!("{prefix}{k}"), v);
+        put("behind_entries", json!(w.entries));
+        put("behind_documents", json!(w.documents));
+        put("behind_document_bytes", json!(w.document_bytes));
+        put("write_seconds", json!(w.seconds));
+        put("catch_up_seconds", json!(c.seconds));
+        put("catch_up_mb_per_s", json!(mb_s));
+        put("catch_up_ratio_to_disk_seq_write", json!(mb_s / disk_mb_s));
+        put("catch_up_device_write_bytes", json!(c.device_write_bytes));
+        put("follower_start_to_health_s", json!(c.up_s));
+        put("follower_peak_rss_bytes", json!(c.peak_rss_bytes));
+        put("follower_peak_rss_anon_bytes", json!(c.peak_rss_anon_bytes));
+    }
+}
+
+/// Documents written while a follower was down.
+struct Written {
+    /// Batches, each one Raft entry.
+    entries: u64,
+    documents: u64,
+    /// The documents' JSON, as sent.
+    document_bytes: u64,
+    seconds: f64,
+    requests_per_sec: f64,
+}
+
+/// Writes `entries` batches (`POST /dbs/bench/batch`) of `docs_per_batch` new
+/// ~1 KiB documents to `leader` over `WRITE_CONNECTIONS` connections.
+fn write_batches(
+    cluster: &Cluster,
+    leader: u64,
+    entries: u64,
+    docs_per_batch: u64,
+) -> BenchResult<Written> {
+    let connections = WRITE_CONNECTIONS.min(entries as usize).max(1);
+    let per_connection = entries as usize / connections;
+    let pb = progress((connections * per_connection) as u64, "W15C put");
+    let document_bytes = Arc::new(AtomicU64::new(0));
+    let (bytes, bar) = (document_bytes.clone(), pb.clone());
+    // Ids unique across rounds: the round is the leader's log index at the start.
+    let round = cluster.applied(leader).unwrap_or(0);
+    let make = move |c: usize, i: usize| {
+        let (body, doc_bytes) = batch_body(round, c, i, docs_per_batch);
+        bytes.fetch_add(doc_bytes, Ordering::Relaxed);
+        bar.inc(1);
+        let headers = [("content-type", "application/json")];
+        request_bytes("POST", "/dbs/bench/batch", &headers, &body)
+    };
+    let hidden = indicatif::ProgressBar::hidden();
+    let r = run_load(cluster.addrs[&leader], connections, per_connection, 200, make, &hidden)?;
+    pb.finish_and_clear();
+    if let Some((status, body)) = r.unexpected.first() {
+        return Err(format!("a batch to the leader (node {leader}): {status} {body}").into());
+    }
+    Ok(Written {
+        entries: r.requests,
+        documents: r.requests * docs_per_batch,
+        document_bytes: document_bytes.load(Ordering::Relaxed),
+        seconds: r.seconds,
+        requests_per_sec: r.per_sec(),
+    })
+}
+
+/// The body of batch `i` of connection `c` in round `round`: `docs` puts of new
+/// ~1 KiB documents; and the bytes of the documents' JSON.
+fn batch_body(round: u64, c: usize, i: usize, docs: u64) -> (Vec<u8>, u64) {
+    let mut rng = SmallRng::seed_from_u64(SEED ^ (round << 40) ^ ((c as u64) << 32) ^ i as u64);
+    let mut body = Vec::with_capacity(docs as usize * 1100 + 16);
+    body.extend_from_slice(b"{\"ops\":[");
+    let mut doc_bytes = 0;
+    for j in 0..docs {
+        if j > 0 {
+            body.push(b',');
+        }
+        let doc = doc_1k(&mut rng, j);
+        doc_bytes += doc.len() as u64;
+        let id = format!("catchup/{round}-{c}-{i}-{j}");
+        body.extend_from_slice(format!("{{\"op\":\"put\",\"id\":\"{id}\",\"document\":").as_bytes());
+        body.extend_from_slice(&doc);
+        body.push(b'}');
+    }
+    body.extend_from_slice(b"]}");
+    (body, doc_bytes)
+}
+
+/// A snapshot file of a node's snapshot directory: `snapshot-<term>-<index>-<ms>.snap`.
+struct SnapshotSeen {
+    name: String,
+    /// The last log index it holds.
+    index: u64,
+    bytes: u64,
+}
+
+/// The snapshot files in `dir`, and whether a file is being received into it.
+fn snapshot_files(dir: &Path) -> BenchResult<(Vec<SnapshotSeen>, bool)> {
+    let mut snapshots = Vec::new();
+    let mut receiving = false;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((snapshots, false)),
+        Err(e) => return Err(format!("{}: {e}", dir.display()).into()),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        receiving |= name.starts_with("receiving-");
+        let Some(id) = name.strip_prefix("snapshot-").and_then(|n| n.strip_suffix(".snap")) else {
+            continue;
+        };
+        // A file renamed or removed meanwhile is left out.
+        let (Some(index), Ok(md)) = (id.split('-').nth(1).and_then(|i| i.parse().ok()), entry.metadata()) else {
+            continue;
+        };
+        snapshots.push(SnapshotSeen { name, index, bytes: md.len() });
+    }
+    Ok((snapshots, receiving))
+}
+
+impl Cluster {
+    /// Waits until no running node has had a snapshot under construction
+    /// (`building-*.tmp`) for `SNAPSHOTS_QUIET`.
+    fn wait_snapshots_quiet(&self) -> BenchResult<()> {
+        let deadline = Instant::now() + CATCH_UP_GIVE_UP;
+        let mut quiet_since = Instant::now();
+        while quiet_since.elapsed() < SNAPSHOTS_QUIET {
+            for &id in self.nodes.keys() {
+                let dir = self.snapshot_dir(id);
+                let building = std::fs::read_dir(&dir)
+                    .map_err(|e| format!("{}: {e}", dir.display()))?
+                    .flatten()
+                    .any(|e| e.file_name().to_string_lossy().starts_with("building-"));
+                if building {
+                    quiet_since = Instant::now();
+                }
+            }
+            if Instant::now() > deadline {
+                return Err("a node was still building a snapshot after the writes".into());
+            }
+            std::thread::sleep(CATCH_UP_POLL);
+        }
+        Ok(())
+    }
+}
+
+/// One catch-up of a restarted follower, in seconds from its start.
+#[derive(Default)]
+struct CatchUp {
+    /// The leader's applied index at the restart: what the follower had to reach.
+    target_index: u64,
+    /// Until it had applied the leader's index.
+    seconds: f64,
+    /// Until it answered /health.
+    up_s: f64,
+    /// Until a snapshot was first seen being received (the install's time when
+    /// the whole transfer fell between two looks).
+    first_chunk_s: Option<f64>,
+    /// Until the received snapshot was put in place: the transfer's end, the
+    /// install's (restore's) start.
+    install_start_s: Option<f64>,
+    /// Until the follower had applied the snapshot's index: the install's end.
+    installed_s: Option<f64>,
+    /// The snapshot it was sent, if any.
+    snapshot: Option<SnapshotSeen>,
+    peak_rss_bytes: u64,
+    peak_rss_anon_bytes: u64,
+    /// Bytes the whole device wrote meanwhile (whoever wrote them).
+    device_write_bytes: Option<u64>,
+}
+
+/// Restarts `follower` and polls it until it has applied `leader`'s index: its
+/// applied index, its snapshot directory (a snapshot of the leader's arriving and
+/// put in place) and its anonymous memory.
+fn catch_up(cluster: &mut Cluster, leader: u64, follower: u64) -> BenchResult<CatchUp> {
+    let target = cluster
+        .applied(leader)
+        .ok_or("the leader does not report its applied index")?;
+    let leader_snapshots = snapshot_files(&cluster.snapshot_dir(leader))?.0;
+    let dir = cluster.snapshot_dir(follower);
+    let had: Vec<String> = snapshot_files(&dir)?.0.into_iter().map(|s| s.name).collect();
+    let device_before = DiskCounters::of(&dir);
+    let started = Instant::now();
+    cluster.start_node(follower, false)?;
+    let mut c = CatchUp {
+        target_index: target,
+        up_s: started.elapsed().as_secs_f64(),
+        ..CatchUp::default()
+    };
+    let pid = cluster.nodes[&follower].pid();
+    loop {
+        let (files, receiving) = snapshot_files(&dir)?;
+        let at = started.elapsed().as_secs_f64();
+        if receiving && c.first_chunk_s.is_none() {
+            c.first_chunk_s = Some(at);
+        }
+        let sent = files.into_iter().find(|f| {
+            !had.contains(&f.name) && leader_snapshots.iter().any(|l| l.name == f.name)
+        });
+        if let (Some(s), None) = (sent, &c.snapshot) {
+            c.install_start_s = Some(at);
+            c.first_chunk_s.get_or_insert(at);
+            c.snapshot = Some(s);
+        }
+        let applied = cluster.applied(follower);
+        let at = started.elapsed().as_secs_f64();
+        if let (Some(a), Some(s), None) = (applied, &c.snapshot, c.installed_s) {
+            if a >= s.index {
+                c.installed_s = Some(at);
+            }
+        }
+        if let Ok(anon) = procstat::status_bytes(pid, "RssAnon:") {
+            c.peak_rss_anon_bytes = c.peak_rss_anon_bytes.max(anon);
+        }
+        if applied.is_some_and(|a| a >= target) {
+            c.seconds = at;
+            break;
+        }
+        if started.elapsed() > CATCH_UP_GIVE_UP {
+            return Err(format!(
+                "node {follower} had not applied the leader's index {target} within {} s of its \
+                 restart (applied: {applied:?})",
+                CATCH_UP_GIVE_UP.as_secs()
+            )
+            .into());
+        }
+        std::thread::sleep(CATCH_UP_POLL);
+    }
+    c.peak_rss_bytes = procstat::peak_rss_bytes(pid)?;
+    c.device_write_bytes = DiskCounters::of(&dir)
+        .zip(device_before)
+        .map(|(after, before)| after.since(&before).sectors_written * 512);
+    Ok(c)
+}
+
+impl CatchUp {
+    /// Where a snapshot catch-up's time went: start to the first chunk (the
+    /// node's start, the leader finding it behind), the transfer, the install, the
+    /// log entries after the snapshot; and the snapshot's size and index.
+    fn insert_split(&self, extra: &mut Map<String, Value>) {
+        let (Some(first), Some(start), Some(done), Some(s)) = (
+            self.first_chunk_s,
+            self.install_start_s,
+            self.installed_s,
+            &self.snapshot,
+        ) else {
+            return;
+        };
+        extra.insert("snapshot_bytes".into(), json!(s.bytes));
+        extra.insert("snapshot_index".into(), json!(s.index));
+        extra.insert(
+            "entries_after_snapshot".into(),
+            json!(self.target_index.saturating_sub(s.index)),
+        );
+        extra.insert("start_to_first_chunk_s".into(), json!(first));
+        extra.insert("snapshot_transfer_s".into(), json!(start - first));
+        extra.insert("snapshot_install_s".into(), json!(done - start));
+        extra.insert("log_after_snapshot_s".into(), json!(self.seconds - done));
+        extra.insert(
+            "snapshot_transfer_mb_per_s".into(),
+            json!(s.bytes as f64 / MB / (start - first).max(CATCH_UP_POLL.as_secs_f64())),
+        );
+        extra.insert(
+            "snapshot_install_mb_per_s".into(),
+            json!(s.bytes as f64 / MB / (done - start).max(CATCH_UP_POLL.as_secs_f64())),
+        );
+    }
+}
+
+/// The lines `kiln bench` prints for W15C.
+pub fn report_catch_up(label: &str, m: &Run) {
+    let f = |k: &str| m.extra.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    let mib = |k: &str| f(k) / (1u64 << 20) as f64;
+    println!(
+        "         {label}: a follower {:.0} MiB of documents behind ({:.0} documents of ~1 KiB in \
+         {:.0} entries; the leader's database {:.0} MiB on disk, its snapshot {:.0} MiB) caught \
+         up in {:.2} s: {:.1} MB/s = {:.2}x the disk's sequential write of {:.0} MB/s \
+         (target >= 0.5x)",
+        mib("behind_document_bytes"),
+        f("behind_documents"),
+        f("behind_entries"),
+        mib("leader_database_disk_bytes"),
+        mib("snapshot_bytes"),
+        f("catch_up_seconds"),
+        f("catch_up_mb_per_s"),
+        f("catch_up_ratio_to_disk_seq_write"),
+        f("disk_seq_write_mb_per_s"),
+    );
+    println!(
+        "         {label}: from the restart: first snapshot chunk at {:.2} s (up at {:.2} s), \
+         transfer {:.2} s ({:.0} MB/s), install {:.2} s ({:.0} MB/s), then {:.0} entries from \
+         the log {:.2} s; the disk wrote {:.0} MiB meanwhile; the follower's peak RSS {:.0} MiB \
+         (heap {:.0} MiB)",
+        f("start_to_first_chunk_s"),
+        f("follower_start_to_health_s"),
+        f("snapshot_transfer_s"),
+        f("snapshot_transfer_mb_per_s"),
+        f("snapshot_install_s"),
+        f("snapshot_install_mb_per_s"),
+        f("entries_after_snapshot"),
+        f("log_after_snapshot_s"),
+        mib("catch_up_device_write_bytes"),
+        mib("follower_peak_rss_bytes"),
+        mib("follower_peak_rss_anon_bytes"),
+    );
+    println!(
+        "         {label}: from the log alone ({:.0} entries, {:.0} MiB behind): {:.2} s, \
+         {:.1} MB/s = {:.2}x the disk's sequential write",
+        f("log_behind_entries"),
+        mib("log_behind_document_bytes"),
+        f("log_catch_up_seconds"),
+        f("log_catch_up_mb_per_s"),
+        f("log_catch_up_ratio_to_disk_seq_write"),
+    );
+}
+
 /// Three `kiln serve` nodes of one cluster on loopback, stopped when dropped.
 struct Cluster {
     addrs: BTreeMap<u64, SocketAddr>,
