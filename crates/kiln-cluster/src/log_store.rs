@@ -32,23 +32,95 @@ pub struct LogStore {
 /// durable, and no further. openraft purges a follower's log as soon as it hands
 /// it a snapshot to install, before the install is done; a crash in between would
 /// leave a log purged past anything the node holds (openraft then refuses to
-/// start). Held back, the node restarts where it was and is sent the snapshot
-/// again. Entries kept this way are dropped by a later purge.
+/// start). So a purge past the limit is deferred: the state machine does it in
+/// the same commit that records the installed snapshot ([`purge_within`]), and a
+/// node killed before that restarts with its old log and is sent the snapshot
+/// again. (The leader sends the entries after a snapshot only once the follower
+/// answered that it installed it, so no entry lands beyond a deferred purge.)
 #[derive(Clone, Default)]
-pub struct PurgeLimit(Arc<parking_lot::Mutex<Option<LogId>>>);
+pub struct PurgeLimit(Arc<parking_lot::Mutex<PurgeState>>);
+
+#[derive(Default)]
+struct PurgeState {
+    /// The last durable snapshot's last log id.
+    limit: Option<LogId>,
+    /// The furthest purge asked for and not done.
+    deferred: Option<LogId>,
+}
 
 impl PurgeLimit {
-    /// A durable snapshot now covers the log up to `last_log_id`.
+    /// A durable snapshot now covers the log up to `last_log_id` (at start).
     pub fn raise_to(&self, last_log_id: Option<LogId>) {
-        let mut limit = self.0.lock();
-        if last_log_id > *limit {
-            *limit = last_log_id;
+        let mut state = self.0.lock();
+        state.limit = state.limit.max(last_log_id);
+    }
+
+    /// The snapshot up to `last_log_id` is being made durable in `txn`: raises the
+    /// limit and does the deferred purge it allows, in the same commit. The limit
+    /// is raised before the commit: a failed commit fails the state machine, and
+    /// Raft stops.
+    pub(crate) fn raise_within(
+        &self,
+        txn: &mut kiln_storage::WriteTxn<'_>,
+        last_log_id: Option<LogId>,
+    ) -> Result<(), StorageError> {
+        let deferred = {
+            let mut state = self.0.lock();
+            state.limit = state.limit.max(last_log_id);
+            let now = state.deferred.filter(|d| Some(*d) <= state.limit);
+            if now.is_some() {
+                state.deferred = None;
+            }
+            now
+        };
+        match deferred {
+            Some(upto) => purge_within(txn, upto),
+            None => Ok(()),
         }
     }
 
-    fn get(&self) -> Option<LogId> {
-        *self.0.lock()
+    /// How far a purge asked up to `asked` may go now; the rest is deferred.
+    fn allow(&self, asked: LogId) -> Option<LogId> {
+        let mut state = self.0.lock();
+        if Some(asked) <= state.limit {
+            return Some(asked);
+        }
+        state.deferred = state.deferred.max(Some(asked));
+        state.limit
     }
+}
+
+/// Purges the log up to `upto` in `txn`: the purge point, and the entries at or
+/// below it deleted.
+pub(crate) fn purge_within(
+    txn: &mut kiln_storage::WriteTxn<'_>,
+    upto: LogId,
+) -> Result<(), StorageError> {
+    let purged: Option<LogId> = match txn.get(META, LAST_PURGED).map_err(|e| read_err(&e))? {
+        None => None,
+        Some(raw) => Some(serde_json::from_slice(raw).map_err(|e| read_err(&e))?),
+    };
+    if purged >= Some(upto) {
+        return Ok(());
+    }
+    let keys: Vec<Vec<u8>> = {
+        let mut c = txn.cursor(LOG).map_err(|e| read_err(&e))?;
+        let mut keys = Vec::new();
+        let mut item = c.first().map_err(|e| read_err(&e))?;
+        while let Some((k, _)) = item {
+            if index_of(k) > upto.index {
+                break;
+            }
+            keys.push(k.to_vec());
+            item = c.next().map_err(|e| read_err(&e))?;
+        }
+        keys
+    };
+    for k in keys {
+        txn.delete(LOG, &k).map_err(|e| write_err(&e))?;
+    }
+    let raw = serde_json::to_vec(&upto).map_err(|e| write_err(&e))?;
+    txn.put(META, LAST_PURGED, &raw).map_err(|e| write_err(&e))
 }
 
 impl LogStore {
@@ -235,15 +307,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, asked: LogId) -> Result<(), StorageError> {
         let log_id = match &self.purge_limit {
             None => asked,
-            Some(limit) => match limit.get() {
-                Some(limit) if limit < asked => {
-                    tracing::info!(asked = %asked, limit = %limit, "purging the log only up to the durable snapshot");
-                    limit
-                }
-                Some(_) => asked,
-                None => {
-                    tracing::info!(asked = %asked, "not purging the log: no durable snapshot yet");
-                    return Ok(());
+            Some(limit) => match limit.allow(asked) {
+                Some(allowed) if allowed >= asked => asked,
+                allowed => {
+                    tracing::info!(asked = %asked, allowed = ?allowed, "purge deferred until the snapshot installed is durable");
+                    match allowed {
+                        Some(allowed) => allowed,
+                        None => return Ok(()),
+                    }
                 }
             },
         };

@@ -150,6 +150,9 @@ impl StateMachine {
         if let Some(meta) = snapshot {
             let raw = serde_json::to_vec(meta).map_err(|e| sm_err(&e))?;
             w.put(STATE, SNAPSHOT, &raw).map_err(|e| sm_err(&e))?;
+            self.shared
+                .purge_limit
+                .raise_within(&mut w, meta.last_log_id)?;
         }
         w.commit().map_err(|e| sm_err(&e))?;
         Ok(())
@@ -158,17 +161,28 @@ impl StateMachine {
     /// Makes the promoted snapshot `meta` the current one, unless a newer one
     /// is (an install that finished while this was built); removes the others.
     fn set_current_snapshot(&self, meta: &Meta) -> Result<(), StorageError> {
+        self.set_current_snapshot_with(meta, None)
+    }
+
+    /// `set_current_snapshot`, saving `applied` in the same commit (an install).
+    fn set_current_snapshot_with(
+        &self,
+        meta: &Meta,
+        applied: Option<&Applied>,
+    ) -> Result<(), StorageError> {
         let mut current = self.shared.snapshot.lock();
         let newer_exists = current
             .as_ref()
             .is_some_and(|c| c.last_log_id > meta.last_log_id);
         if newer_exists {
             // Its file goes with the next cleanup; whoever opened it keeps reading.
-            return Ok(());
+            return match applied {
+                Some(applied) => self.save_state(Some(applied), None),
+                None => Ok(()),
+            };
         }
-        self.save_state(None, Some(meta))?;
+        self.save_state(applied, Some(meta))?;
         *current = Some(meta.clone());
-        self.shared.purge_limit.raise_to(meta.last_log_id);
         self.shared
             .snapshots
             .remove_others(Some(&meta.snapshot_id), false);
@@ -504,11 +518,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         };
         let me = self.clone();
         let meta = meta.clone();
-        blocking(move || {
-            me.save_state(Some(&me.applied), None)?;
-            me.set_current_snapshot(&meta)
-        })
-        .await?;
+        // The applied state, the snapshot and the log purge it allows: one commit.
+        blocking(move || me.set_current_snapshot_with(&meta, Some(&me.applied))).await?;
         tracing::info!("snapshot installed");
         Ok(())
     }
