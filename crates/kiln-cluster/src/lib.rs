@@ -10,12 +10,14 @@
 //! - [`snapshot`]: snapshots, the databases' backup containers in a file.
 //! - [`network`]: Raft's messages over HTTP (JSON bodies) to the other nodes'
 //!   `/cluster/raft/*` routes, which the server mounts.
+//! - `batcher`: concurrent independent writes merged into one log entry.
 //! - [`node`]: one node: starts Raft, forms the cluster, takes writes.
 
 // openraft's StorageError (224 bytes) is what its storage traits return; our
 // helpers return it too rather than box it and unbox it at every trait method.
 #![allow(clippy::result_large_err)]
 
+mod batcher;
 pub mod command;
 pub mod log_store;
 pub mod network;

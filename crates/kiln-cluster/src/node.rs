@@ -2,6 +2,7 @@
 //! cluster forms, and the calls the server makes: propose a write, check a read
 //! is not stale, report the cluster's state, change its members.
 
+use crate::batcher::Batcher;
 use crate::command::{Answer, ClassifyError, Command};
 use crate::log_store::LogStore;
 use crate::network::Network;
@@ -128,12 +129,53 @@ pub struct ClusterStatus {
 }
 
 impl ClusterError {
+    /// The same error again, for another caller (an I/O error as its message).
+    pub fn shared(&self) -> ClusterError {
+        match self {
+            ClusterError::NotLeader { leader } => ClusterError::NotLeader {
+                leader: leader.clone(),
+            },
+            ClusterError::NoQuorum { waited_ms } => ClusterError::NoQuorum {
+                waited_ms: *waited_ms,
+            },
+            other => ClusterError::Raft(other.to_string()),
+        }
+    }
+
     /// Whether a refused write may still be committed: it entered the leader's
     /// log, then no majority acknowledged it in time. A leader that knew itself cut
     /// off refused it before logging it (`waited_ms` 0).
     pub fn may_have_been_written(&self) -> bool {
         matches!(self, ClusterError::NoQuorum { waited_ms } if *waited_ms > 0)
     }
+}
+
+/// Proposes one entry and waits until a majority has it and this node applied it.
+async fn propose(
+    raft: &Raft,
+    write_timeout: Duration,
+    command: Command,
+) -> Result<Answer, ClusterError> {
+    let proposed = tokio::time::timeout(write_timeout, raft.client_write(command));
+    match proposed.await {
+        Err(_) => Err(ClusterError::NoQuorum {
+            waited_ms: write_timeout.as_millis() as u64,
+        }),
+        Ok(Ok(response)) => Ok(response.data),
+        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+            Err(ClusterError::NotLeader {
+                leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+            })
+        }
+        Ok(Err(e)) => Err(ClusterError::Raft(e.to_string())),
+    }
+}
+
+fn proposer(raft: Raft, write_timeout: Duration) -> crate::batcher::Propose {
+    Arc::new(move |command| {
+        let raft = raft.clone();
+        Box::pin(async move { propose(&raft, write_timeout, command).await })
+    })
 }
 
 /// A running node.
@@ -146,6 +188,7 @@ pub struct ClusterNode {
     /// refuses writes.
     quorum_silence_ms: u64,
     security: crate::network::PeerSecurity,
+    batcher: Batcher,
 }
 
 impl ClusterNode {
@@ -206,11 +249,13 @@ impl ClusterNode {
         } else if let Err(e) = raft.initialize(members).await {
             tracing::debug!(error = %e, "not initializing the cluster (it has a state already)");
         }
+        let write_timeout = Duration::from_millis(config.write_timeout_ms);
         Ok(ClusterNode {
+            batcher: Batcher::start(proposer(raft.clone(), write_timeout)),
             raft,
             node_id: config.node_id,
             store,
-            write_timeout: Duration::from_millis(config.write_timeout_ms),
+            write_timeout,
             quorum_silence_ms: config.election_timeout_max_ms,
             security: config.security,
         })
@@ -286,18 +331,15 @@ impl ClusterNode {
         if self.cut_off(&m) {
             return Err(ClusterError::NoQuorum { waited_ms: 0 });
         }
-        let proposed = tokio::time::timeout(self.write_timeout, self.raft.client_write(command));
-        match proposed.await {
-            Err(_) => Err(ClusterError::NoQuorum {
-                waited_ms: self.write_timeout.as_millis() as u64,
-            }),
-            Ok(Ok(response)) => Ok(response.data),
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
-                Err(ClusterError::NotLeader {
-                    leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
-                })
-            }
-            Ok(Err(e)) => Err(ClusterError::Raft(e.to_string())),
+        match command {
+            // Independent writes: merged with the others waiting (see `batcher`).
+            Command::Write {
+                database,
+                at_ms,
+                all_or_none: false,
+                ops,
+            } => self.batcher.write(database, at_ms, ops).await,
+            command => propose(&self.raft, self.write_timeout, command).await,
         }
     }
 
