@@ -89,6 +89,7 @@ fn index(name: &str, field: &str) -> IndexDefinition {
             case_insensitive: false,
         }],
         auto: false,
+        reduce: None,
     }
 }
 

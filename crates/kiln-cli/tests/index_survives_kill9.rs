@@ -25,6 +25,7 @@ fn def(name: &str) -> IndexDefinition {
             case_insensitive: false,
         }],
         auto: false,
+        reduce: None,
     }
 }
 

@@ -58,7 +58,9 @@ pub use document::Document;
 pub use error::{DocError, Result};
 pub use etag::Etag;
 pub use id::{validate_collection, validate_database_name, validate_id, MAX_COLLECTION_LEN};
-pub use index::{IndexDefinition, IndexErrorSample, IndexField, IndexInfo, IndexingOptions};
+pub use index::{
+    IndexDefinition, IndexErrorSample, IndexField, IndexInfo, IndexingOptions, ReduceSpec,
+};
 pub use query::{QueryOptions, QueryResult};
 pub use record::RecordView as DocumentView;
 pub use store::{DocStore, DocsOptions};

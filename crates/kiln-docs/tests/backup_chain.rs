@@ -639,6 +639,7 @@ fn indexes_and_collection_counts_are_right_after_replayed_increments() {
             case_insensitive: false,
         }],
         auto: false,
+        reduce: None,
     })
     .unwrap();
     let put = |id: String, n: i64| {

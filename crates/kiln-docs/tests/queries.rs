@@ -34,6 +34,7 @@ fn def(name: &str, collection: &str, paths: &[&str]) -> IndexDefinition {
             })
             .collect(),
         auto: false,
+        reduce: None,
     }
 }
 

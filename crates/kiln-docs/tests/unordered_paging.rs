@@ -453,6 +453,7 @@ fn change_plan(db: &Database, c: &str, rng: &mut StdRng, user: &mut Vec<String>)
                     })
                     .collect(),
                 auto: false,
+                reduce: None,
             };
             if db.define_index(def).unwrap() {
                 user.push(name);

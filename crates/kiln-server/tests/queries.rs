@@ -301,3 +301,70 @@ async fn malformed_and_hostile_queries_get_400() {
     expect_error(r, 404, "database_not_found").await;
     h.shutdown().await;
 }
+
+/// A reduce index over HTTP: defined with `group_by` and `aggregate` (the issue's
+/// shape), shown with them, and answering a grouped query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reduce_index_answers_a_grouped_query() {
+    let h = Harness::start().await;
+    h.create_db("shop").await;
+    for i in 0..30 {
+        let company = ["acme", "globex", "initech"][i % 3];
+        h.put_ok(
+            "shop",
+            &format!("orders/{i}"),
+            &json!({"company": company, "amount": i}),
+        )
+        .await;
+    }
+    let definition = json!({"collection": "orders", "group_by": ["company"],
+        "aggregate": {"count": "count()", "total": "sum(amount)", "max": "max(amount)"}});
+    let r = h
+        .http
+        .put(h.url("/dbs/shop/indexes/orders-by-company"))
+        .json(&definition)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let info: Value = r.json().await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{info}");
+    assert_eq!(info["group_by"][0]["path"], "company", "{info}");
+    assert_eq!(info["aggregate"]["total"], "sum(amount)", "{info}");
+    let v = query_ok(
+        &h,
+        "shop",
+        json!({"query": "from orders group by company select company, count() as n, sum(amount) as total, max(amount) as top",
+               "wait_for_non_stale_ms": 5000}),
+    )
+    .await;
+    assert_eq!(v["index"], "orders-by-company", "{v}");
+    assert_eq!(v["total"], 3, "{v}");
+    assert_eq!(
+        v["results"][0],
+        json!({"company": "acme", "n": 10, "total": 135, "top": 27}),
+        "{v}"
+    );
+    // An aggregate the index does not keep: answered by reducing a scan.
+    let v = query_ok(
+        &h,
+        "shop",
+        json!({"query": "from orders group by company select company, min(amount) as low"}),
+    )
+    .await;
+    assert_eq!(v["index"], Value::Null, "{v}");
+    assert_eq!(
+        v["results"][2],
+        json!({"company": "initech", "low": 2}),
+        "{v}"
+    );
+    // Both fields and group_by: refused.
+    let r = h
+        .http
+        .put(h.url("/dbs/shop/indexes/bad"))
+        .json(&json!({"fields": ["a"], "group_by": ["b"], "aggregate": {"n": "count()"}}))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 400, "invalid_index").await;
+}

@@ -27,10 +27,24 @@ pub struct IndexDefinition {
     pub name: String,
     /// `None`: every document of the database.
     pub collection: Option<String>,
+    /// A map index's fields (empty for a reduce index).
+    #[serde(default)]
     pub fields: Vec<IndexField>,
     /// Created by a query rather than a client (removed when unused).
     #[serde(default)]
     pub auto: bool,
+    /// A reduce index: aggregates per group instead of an entry per document.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reduce: Option<ReduceSpec>,
+}
+
+/// What a reduce index keeps: per group of documents (the values of `group_by`),
+/// the aggregates, by output name: `count()`, `sum(path)`, `min(path)`,
+/// `max(path)`, `avg(path)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReduceSpec {
+    pub group_by: Vec<IndexField>,
+    pub aggregate: std::collections::BTreeMap<String, String>,
 }
 
 /// A parsed path: segments, each either a key or "each element of the array here".
@@ -92,6 +106,14 @@ impl IndexDefinition {
         if let Some(c) = &self.collection {
             crate::id::validate_collection(c)?;
         }
+        if let Some(reduce) = &self.reduce {
+            if !self.fields.is_empty() {
+                return Err(DocError::InvalidIndex(
+                    "a reduce index has group_by and aggregate, not fields".into(),
+                ));
+            }
+            return super::reduce::validate(reduce);
+        }
         if self.fields.is_empty() || self.fields.len() > MAX_INDEX_FIELDS {
             return Err(DocError::InvalidIndex(format!(
                 "an index has 1 to {MAX_INDEX_FIELDS} fields"
@@ -136,6 +158,8 @@ impl IndexDefinition {
 pub(crate) struct Compiled {
     pub def: IndexDefinition,
     pub paths: Vec<Vec<Step>>,
+    /// A reduce index's groups and aggregates.
+    pub reduce: Option<super::reduce::Reducer>,
 }
 
 impl Compiled {
@@ -146,15 +170,24 @@ impl Compiled {
             .iter()
             .map(|f| parse_path(&f.path))
             .collect::<Result<_>>()?;
-        Ok(Compiled { def, paths })
+        let reduce = def
+            .reduce
+            .as_ref()
+            .map(super::reduce::Reducer::new)
+            .transpose()?;
+        Ok(Compiled { def, paths, reduce })
     }
 
     /// The top-level keys of the document this index reads.
     pub fn top_keys(&self) -> impl Iterator<Item = &str> {
-        self.paths.iter().filter_map(|p| match p.first() {
-            Some(Step::Key(k)) => Some(k.as_str()),
-            _ => None,
-        })
+        let reduce_paths = self.reduce.iter().flat_map(|r| r.paths());
+        self.paths
+            .iter()
+            .chain(reduce_paths)
+            .filter_map(|p| match p.first() {
+                Some(Step::Key(k)) => Some(k.as_str()),
+                _ => None,
+            })
     }
 
     pub fn covers_collection(&self, collection: Option<&str>) -> bool {
@@ -169,8 +202,23 @@ impl Compiled {
     /// least one (a missing field is encoded as missing). An error says why the
     /// document cannot be indexed.
     pub fn entries(&self, doc: &Value) -> std::result::Result<Vec<Vec<u8>>, String> {
+        compound_keys(&self.def.fields, &self.paths, doc, TAG_MISSING)
+    }
+}
+
+/// The compound keys a document gives `fields` (parsed as `paths`): the encoded
+/// values of each field, one key per combination (arrays fan out), sorted, without
+/// duplicates; a missing field is encoded as `missing` (a tag: `TAG_MISSING`, or
+/// `TAG_NULL` where missing and null are one).
+pub(crate) fn compound_keys(
+    fields: &[IndexField],
+    paths: &[Vec<Step>],
+    doc: &Value,
+    missing: u8,
+) -> std::result::Result<Vec<Vec<u8>>, String> {
+    {
         let mut keys: Vec<Vec<u8>> = vec![Vec::new()];
-        for (field, steps) in self.def.fields.iter().zip(&self.paths) {
+        for (field, steps) in fields.iter().zip(paths) {
             let mut found = Vec::new();
             values_at(doc, steps, &mut found);
             let mut encoded: Vec<Vec<u8>> = Vec::with_capacity(found.len().max(1));
@@ -190,7 +238,7 @@ impl Compiled {
                 encoded.push(s.encode());
             }
             if encoded.is_empty() {
-                encoded.push(vec![TAG_MISSING]);
+                encoded.push(vec![missing]);
             }
             encoded.sort();
             encoded.dedup();

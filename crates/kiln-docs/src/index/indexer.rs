@@ -62,6 +62,8 @@ enum Update {
     /// Deleted, or not in the index's collection: remove its entries.
     Remove,
     Entries(Vec<Vec<u8>>),
+    /// A reduce index: what the document gives its groups.
+    Reduce(Box<super::reduce::Contribution>),
     Error(String),
 }
 
@@ -493,6 +495,13 @@ fn updates(rt: &Runtime, changes: &[Change], parsed: &[Parsed]) -> Vec<(String, 
             &parsed[i],
             rt.compiled.covers_collection(c.collection.as_deref()),
         ) {
+            (Some(Ok(doc)), true) if rt.compiled.reduce.is_some() => {
+                match rt.compiled.reduce.as_ref().map(|r| r.contribution(doc)) {
+                    Some(Ok(c)) => Update::Reduce(Box::new(c)),
+                    Some(Err(e)) => Update::Error(e),
+                    None => Update::Remove,
+                }
+            }
             (Some(Ok(doc)), true) => match rt.compiled.entries(doc) {
                 Ok(keys) => {
                     if let Some(k) = keys
@@ -633,6 +642,35 @@ fn apply(txn: &mut WriteTxn<'_>, planned: &[Planned], from: u64, upto: u64) -> R
         let mut entries = st.entries as i64;
         let mut errors_possible = txn.tree_len(&x)? > 0;
         let mut key = Vec::new();
+        if let Some(reducer) = &p.rt.compiled.reduce {
+            // A reduce index: `entries` counts its groups.
+            for (id, update) in &p.updates {
+                if errors_possible {
+                    txn.delete(&x, id.as_bytes())?;
+                }
+                let new = match update {
+                    Update::Reduce(c) => Some(c.as_ref()),
+                    Update::Error(why) => {
+                        txn.put(&x, id.as_bytes(), why.as_bytes())?;
+                        errors_possible = true;
+                        None
+                    }
+                    Update::Remove | Update::Entries(_) => None,
+                };
+                entries += super::reduce::update_document(txn, reducer, st.id, id, new)?;
+            }
+            write_state(
+                txn,
+                name,
+                &IndexState {
+                    id: st.id,
+                    last_sequence: upto,
+                    entries: entries.max(0) as u64,
+                },
+            )?;
+            done.push(st.id);
+            continue;
+        }
         for (id, update) in &p.updates {
             let old = txn.get(&d, id.as_bytes())?.map(<[u8]>::to_vec);
             if let Some(old) = old {
@@ -665,6 +703,7 @@ fn apply(txn: &mut WriteTxn<'_>, planned: &[Planned], from: u64, upto: u64) -> R
                     txn.put(&x, id.as_bytes(), why.as_bytes())?;
                     errors_possible = true;
                 }
+                Update::Reduce(_) => {}
             }
         }
         write_state(

@@ -15,10 +15,11 @@
 
 pub(crate) mod def;
 mod indexer;
+pub(crate) mod reduce;
 pub(crate) mod value;
 
 pub(crate) use def::Compiled;
-pub use def::{IndexDefinition, IndexField};
+pub use def::{IndexDefinition, IndexField, ReduceSpec};
 pub(crate) use indexer::Indexer;
 
 use crate::schema::{
@@ -385,14 +386,24 @@ fn next_id(txn: &mut WriteTxn<'_>) -> Result<u64> {
 }
 
 fn create_trees(txn: &mut WriteTxn<'_>, id: u64) -> Result<()> {
-    for t in [entries_tree(id), docs_tree(id), errors_tree(id)] {
+    for t in [
+        entries_tree(id),
+        docs_tree(id),
+        errors_tree(id),
+        reduce::extremes_tree(id),
+    ] {
         txn.ensure_tree(&t)?;
     }
     Ok(())
 }
 
 fn drop_trees(txn: &mut WriteTxn<'_>, id: u64) -> Result<()> {
-    for t in [entries_tree(id), docs_tree(id), errors_tree(id)] {
+    for t in [
+        entries_tree(id),
+        docs_tree(id),
+        errors_tree(id),
+        reduce::extremes_tree(id),
+    ] {
         txn.drop_tree(&t)?;
     }
     Ok(())

@@ -34,6 +34,7 @@
 //! - otherwise (a collection scan is the only plan): etag order.
 
 mod eval;
+mod group;
 pub(crate) mod parse;
 
 use crate::index::def::Step;
@@ -399,6 +400,16 @@ impl Database {
         let env = self.live()?;
         let mut q = parse::parse(text, params)?;
         let mut after = resume_point(&mut q, continuation)?;
+        if q.group.is_some() {
+            if after.is_some() {
+                return Err(DocError::InvalidQuery {
+                    line: 0,
+                    column: 0,
+                    message: "the continuation token belongs to another query; start over".into(),
+                });
+            }
+            return self.run_grouped(&q, opts, started);
+        }
         let max_scan = self.indexer().options().max_scan_docs;
         let mut auto_created = None;
         let plan = self.plan(&q, &mut auto_created)?;
@@ -678,6 +689,7 @@ impl Database {
                 case_insensitive: f.ci,
             }],
             auto: true,
+            reduce: None,
         };
         match self.define_index(def) {
             Ok(true) => Ok(Some(name)),

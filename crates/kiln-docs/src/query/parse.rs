@@ -1,8 +1,9 @@
 //! The query language: a hand-written lexer and recursive-descent parser.
 //!
 //! ```text
-//! query   := 'from' ( 'index' STRING | NAME ) [ 'where' expr ]
-//!            [ 'order' 'by' order ( ',' order )* ] { 'limit' INT | 'offset' INT | 'select' field ( ',' field )* }
+//! query   := 'from' ( 'index' STRING | NAME ) [ 'where' expr ] [ 'group' 'by' field ( ',' field )* ]
+//!            [ 'order' 'by' order ( ',' order )* ] { 'limit' INT | 'offset' INT | 'select' item ( ',' item )* }
+//! item    := field [ 'as' NAME ] | AGG '(' [ PATH ] ')' [ 'as' NAME ]     AGG: count sum avg min max
 //! order   := field [ 'asc' | 'desc' ]
 //! expr    := and ( 'or' and )*
 //! and     := unary ( 'and' unary )*
@@ -74,6 +75,41 @@ pub(crate) struct Query {
     pub limit: usize,
     pub offset: usize,
     pub select: Option<Vec<Field>>,
+    /// `group by`: one result per group (`select` is then `None`).
+    pub group: Option<Grouping>,
+}
+
+/// A grouped query's groups and what it selects of each.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Grouping {
+    pub by: Vec<Field>,
+    pub select: Vec<Selected>,
+}
+
+/// One output of a grouped query, by its name in the results.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Selected {
+    /// The value of the group field `by[position]`.
+    Group { position: usize, name: String },
+    Aggregate {
+        func: crate::index::reduce::Func,
+        path: Option<String>,
+        name: String,
+    },
+}
+
+impl Selected {
+    pub fn name(&self) -> &str {
+        match self {
+            Selected::Group { name, .. } | Selected::Aggregate { name, .. } => name,
+        }
+    }
+}
+
+/// A select item as written.
+enum Item {
+    Field(Field, Option<String>),
+    Call(String, Option<String>, Option<String>, usize),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -350,6 +386,19 @@ impl<'a> Parser<'a> {
         } else {
             None
         };
+        let group_by = if self.eat_kw("group") {
+            self.expect_kw("by")?;
+            let mut by = vec![self.field()?];
+            while self.eat_sym(",") {
+                by.push(self.field()?);
+                if by.len() > 8 {
+                    return Err(self.err("at most 8 fields in group by"));
+                }
+            }
+            Some(by)
+        } else {
+            None
+        };
         let order = if self.eat_kw("order") {
             self.order_by()?
         } else {
@@ -365,14 +414,14 @@ impl<'a> Parser<'a> {
                 offset = Some(self.count("offset", MAX_OFFSET)?);
             } else if self.is_kw("select") && select.is_none() {
                 self.bump();
-                let mut fields = vec![self.field()?];
+                let mut items = vec![self.select_item()?];
                 while self.eat_sym(",") {
-                    fields.push(self.field()?);
-                    if fields.len() > 64 {
+                    items.push(self.select_item()?);
+                    if items.len() > 64 {
                         return Err(self.err("at most 64 fields in select"));
                     }
                 }
-                select = Some(fields);
+                select = Some(items);
             } else {
                 break;
             }
@@ -380,6 +429,16 @@ impl<'a> Parser<'a> {
         if *self.peek() != Tok::End {
             return Err(self.err(format!("unexpected {}", self.describe())));
         }
+        let (select, group) = match group_by {
+            None => (
+                select.map(|items| self.plain_fields(items)).transpose()?,
+                None,
+            ),
+            Some(by) => {
+                let select = self.grouped_select(&by, select)?;
+                (None, Some(Grouping { by, select }))
+            }
+        };
         Ok(Query {
             source,
             filter,
@@ -387,7 +446,124 @@ impl<'a> Parser<'a> {
             limit: limit.unwrap_or(DEFAULT_LIMIT),
             offset: offset.unwrap_or(0),
             select,
+            group,
         })
+    }
+
+    /// `field [as name]` or `count()`, `sum(path)`, ... `[as name]`.
+    fn select_item(&mut self) -> Result<Item> {
+        let at = self.at();
+        if let Tok::Word(w) = self.peek().clone() {
+            let is_call = self
+                .toks
+                .get(self.pos + 1)
+                .is_some_and(|t| t.tok == Tok::Sym("("));
+            let lower = w.to_ascii_lowercase();
+            if is_call && ["count", "sum", "avg", "min", "max"].contains(&lower.as_str()) {
+                self.bump();
+                self.expect_sym("(")?;
+                let path = match self.peek().clone() {
+                    Tok::Sym(")") => None,
+                    Tok::Word(p) => {
+                        self.bump();
+                        Some(p)
+                    }
+                    _ => return Err(self.err(format!("expected a path in {lower}()"))),
+                };
+                self.expect_sym(")")?;
+                let alias = self.alias()?;
+                return Ok(Item::Call(lower, path, alias, at));
+            }
+        }
+        let f = self.field()?;
+        let alias = self.alias()?;
+        Ok(Item::Field(f, alias))
+    }
+
+    fn alias(&mut self) -> Result<Option<String>> {
+        if !self.eat_kw("as") {
+            return Ok(None);
+        }
+        match self.peek().clone() {
+            Tok::Word(w) if !is_reserved(&w) => {
+                self.bump();
+                Ok(Some(w))
+            }
+            Tok::Str(s) => {
+                self.bump();
+                Ok(Some(s))
+            }
+            _ => Err(self.err("expected a name after as")),
+        }
+    }
+
+    /// The select of a query without `group by`: fields only.
+    fn plain_fields(&self, items: Vec<Item>) -> Result<Vec<Field>> {
+        items
+            .into_iter()
+            .map(|item| match item {
+                Item::Field(f, None) => Ok(f),
+                Item::Field(_, Some(_)) => Err(self.err("as names the outputs of a group by only")),
+                Item::Call(name, _, _, at) => Err(error_at(
+                    self.text,
+                    at,
+                    format!("{name}() needs a group by"),
+                )),
+            })
+            .collect()
+    }
+
+    /// The outputs of a grouped query (by default its group fields and `count()`).
+    fn grouped_select(&self, by: &[Field], items: Option<Vec<Item>>) -> Result<Vec<Selected>> {
+        let Some(items) = items else {
+            let mut out: Vec<Selected> = by
+                .iter()
+                .enumerate()
+                .map(|(position, f)| Selected::Group {
+                    position,
+                    name: f.path.clone(),
+                })
+                .collect();
+            out.push(Selected::Aggregate {
+                func: crate::index::reduce::Func::Count,
+                path: None,
+                name: "count".into(),
+            });
+            return Ok(out);
+        };
+        let mut out: Vec<Selected> = Vec::with_capacity(items.len());
+        for item in items {
+            let selected = match item {
+                Item::Field(f, alias) => {
+                    let Some(position) = by.iter().position(|g| *g == f) else {
+                        return Err(self.err(format!(
+                            "{} is not a group by field: select the group fields and aggregates",
+                            f.path
+                        )));
+                    };
+                    Selected::Group {
+                        position,
+                        name: alias.unwrap_or(f.path),
+                    }
+                }
+                Item::Call(func, path, alias, at) => {
+                    let call = format!("{func}({})", path.as_deref().unwrap_or(""));
+                    let (func, path) = crate::index::reduce::parse_call(&call)
+                        .map_err(|e| error_at(self.text, at, e.to_string()))?;
+                    let name = alias.unwrap_or_else(|| {
+                        path.as_ref().map_or(func.to_string(), |p| {
+                            format!("{func}_{}", p.replace(['.', '[', ']'], "_"))
+                        })
+                    });
+                    Selected::Aggregate { func, path, name }
+                }
+            };
+            if out.iter().any(|o| o.name() == selected.name()) {
+                return Err(self.err(format!("two outputs are named {}", selected.name())));
+            }
+            out.push(selected);
+        }
+        Ok(out)
     }
 
     /// After `from`: `index 'name'`, or a collection.

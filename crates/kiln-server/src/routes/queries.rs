@@ -15,18 +15,38 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use kiln_docs::{DocError, IndexDefinition, IndexField, IndexInfo, QueryOptions};
+use kiln_docs::{DocError, IndexDefinition, IndexField, IndexInfo, QueryOptions, ReduceSpec};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 /// The body of `PUT /indexes/{name}`: fields as paths, or as objects with
-/// `case_insensitive`.
+/// `case_insensitive`; or, for a reduce index, `group_by` (fields likewise) and
+/// `aggregate` (output name -> `count()`, `sum(path)`, `avg(path)`, `min(path)`,
+/// `max(path)`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct IndexBody {
     #[serde(default)]
     collection: Option<String>,
+    #[serde(default)]
     fields: Vec<FieldSpec>,
+    #[serde(default)]
+    group_by: Vec<FieldSpec>,
+    #[serde(default)]
+    aggregate: std::collections::BTreeMap<String, String>,
+}
+
+fn index_fields(specs: Vec<FieldSpec>) -> Vec<IndexField> {
+    specs
+        .into_iter()
+        .map(|f| match f {
+            FieldSpec::Path(path) => IndexField {
+                path,
+                case_insensitive: false,
+            },
+            FieldSpec::Full(f) => f,
+        })
+        .collect()
 }
 
 #[derive(Deserialize)]
@@ -41,7 +61,7 @@ fn bad_json(e: serde_json::Error) -> ApiError {
 }
 
 pub fn info_json(i: &IndexInfo) -> Value {
-    json!({
+    let mut v = json!({
         "name": i.definition.name,
         "collection": i.definition.collection,
         "fields": i.definition.fields,
@@ -55,7 +75,13 @@ pub fn info_json(i: &IndexInfo) -> Value {
         "error_samples": i.error_samples,
         "batch_size": i.batch_size,
         "docs_per_sec": (i.docs_per_sec * 10.0).round() / 10.0,
-    })
+    });
+    if let Some(r) = &i.definition.reduce {
+        // A reduce index: its `entries` are its groups.
+        v["group_by"] = json!(r.group_by);
+        v["aggregate"] = json!(r.aggregate);
+    }
+    v
 }
 
 pub async fn put_index(
@@ -68,21 +94,16 @@ pub async fn put_index(
     let database = state.store.database(&db)?;
     let bytes = read_body(&headers, body, &state.limits).await?;
     let b: IndexBody = serde_json::from_slice(&bytes).map_err(bad_json)?;
+    let reduce = (!b.group_by.is_empty() || !b.aggregate.is_empty()).then(|| ReduceSpec {
+        group_by: index_fields(b.group_by),
+        aggregate: b.aggregate,
+    });
     let def = IndexDefinition {
         name,
         collection: b.collection,
-        fields: b
-            .fields
-            .into_iter()
-            .map(|f| match f {
-                FieldSpec::Path(path) => IndexField {
-                    path,
-                    case_insensitive: false,
-                },
-                FieldSpec::Full(f) => f,
-            })
-            .collect(),
+        fields: index_fields(b.fields),
         auto: false,
+        reduce,
     };
     let created = if state.cluster.is_some() {
         // Checked here first (a bad definition never reaches the log).

@@ -1,0 +1,307 @@
+//! Grouped queries: `from orders group by company select company, count() as n,
+//! sum(amount) as total`. Answered from a reduce index that groups the same
+//! collection by the same fields and keeps every aggregate asked for (whatever
+//! its names); without one, or with a `where`, by reducing the matching documents
+//! (a scan, bounded like any scan). One result per group, an object of the selected
+//! names; in group order unless `order by` names outputs; `total` is the number of
+//! groups.
+
+use super::eval::eval;
+use super::parse::{Grouping, Query, Selected, Source};
+use super::{load, Cont, QueryOptions, QueryResult};
+use crate::index::def::IndexField;
+use crate::index::reduce::{self, GroupRow, Reducer};
+use crate::index::{read_state, ReduceSpec, Runtime};
+use crate::schema::{collection_key, decode_u64, BY_COLLECTION, COUNTS};
+use crate::{Database, DocError, Result};
+use kiln_storage::ReadTxn;
+use serde_json::{Map, Value};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Where each output comes from: a group value, or an aggregate of the reducer.
+enum Source2 {
+    Group(usize),
+    Aggregate(usize),
+}
+
+impl Database {
+    pub(super) fn run_grouped(
+        &self,
+        q: &Query,
+        opts: QueryOptions,
+        started: Instant,
+    ) -> Result<QueryResult> {
+        let (Source::Collection(collection), Some(g)) = (&q.source, &q.group) else {
+            return Err(invalid("group by needs from <collection>"));
+        };
+        let env = self.live()?;
+        let index = q
+            .filter
+            .is_none()
+            .then(|| self.reduce_index_for(collection, g))
+            .flatten();
+        if let Some((rt, _)) = &index {
+            self.use_index(rt, opts);
+        }
+        let r = env.begin_read()?;
+        let db_seq = super::read_last_sequence(&r)?;
+        let mut out = empty_result(self, db_seq);
+        let (rows, outputs) = match &index {
+            Some((rt, outputs)) => {
+                let reducer = rt
+                    .compiled
+                    .reduce
+                    .as_ref()
+                    .ok_or_else(|| invalid("not a reduce index"))?;
+                let st = read_state(&r, rt.name())?
+                    .ok_or_else(|| DocError::IndexNotFound(rt.name().into()))?;
+                out.index = Some(rt.name().to_string());
+                out.index_etag = (st.last_sequence > 0).then(|| self.etag_at(st.last_sequence));
+                out.stale = st.last_sequence < db_seq;
+                out.total = st.entries;
+                let (skip, take) = if q.order.is_empty() {
+                    (q.offset, Some(q.limit))
+                } else {
+                    (0, None)
+                };
+                out.skipped = skip as u64;
+                let rows = reduce::read_groups(&r, reducer, st.id, skip, take)?;
+                out.entries_read = rows.len() as u64;
+                (rows, outputs_of(g, outputs))
+            }
+            None => {
+                let reducer = Reducer::new(&spec_of(g))?;
+                let max_scan = self.indexer().options().max_scan_docs;
+                let rows = self.reduce_by_scan(&r, q, collection, &reducer, max_scan, &mut out)?;
+                out.total = rows.len() as u64;
+                let outputs = g
+                    .select
+                    .iter()
+                    .map(|s| match s {
+                        Selected::Group { position, .. } => Source2::Group(*position),
+                        Selected::Aggregate { func, path, .. } => Source2::Aggregate(
+                            reducer
+                                .aggs
+                                .iter()
+                                .position(|a| a.computes(*func, path.as_deref()))
+                                .unwrap_or(0),
+                        ),
+                    })
+                    .collect();
+                (rows, outputs)
+            }
+        };
+        let mut objects: Vec<Map<String, Value>> = rows
+            .into_iter()
+            .map(|row| project(g, &outputs, row))
+            .collect();
+        if !q.order.is_empty() {
+            sort_objects(q, &mut objects)?;
+            out.skipped = q.offset.min(objects.len()) as u64;
+            objects = objects.into_iter().skip(q.offset).take(q.limit).collect();
+        } else if index.is_none() {
+            out.skipped = q.offset.min(objects.len()) as u64;
+            objects = objects.into_iter().skip(q.offset).take(q.limit).collect();
+        }
+        if q.limit > 0 && objects.len() == q.limit && ((q.offset + q.limit) as u64) < out.total {
+            out.continuation = Some(Cont::Offset(q.offset + q.limit).encode());
+        }
+        out.results = objects
+            .into_iter()
+            .map(|o| serde_json::to_vec(&Value::Object(o)))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(DocError::encode_json("a grouped result"))?;
+        out.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        Ok(out)
+    }
+
+    /// A reduce index of `collection` grouped by the query's fields that keeps every
+    /// aggregate it selects, and where each aggregate is in it.
+    fn reduce_index_for(
+        &self,
+        collection: &str,
+        g: &Grouping,
+    ) -> Option<(Arc<Runtime>, Vec<usize>)> {
+        let wanted = group_fields(g);
+        self.indexer().all().into_iter().find_map(|rt| {
+            let reducer = rt.compiled.reduce.as_ref()?;
+            if rt.compiled.def.collection.as_deref() != Some(collection)
+                || reducer.group_by != wanted
+            {
+                return None;
+            }
+            let positions: Option<Vec<usize>> = g
+                .select
+                .iter()
+                .filter_map(|s| match s {
+                    Selected::Aggregate { func, path, .. } => Some(
+                        reducer
+                            .aggs
+                            .iter()
+                            .position(|a| a.computes(*func, path.as_deref())),
+                    ),
+                    Selected::Group { .. } => None,
+                })
+                .collect();
+            positions.map(|p| (rt.clone(), p))
+        })
+    }
+
+    /// The groups of the documents of `collection` that match the query's filter.
+    fn reduce_by_scan(
+        &self,
+        r: &ReadTxn<'_>,
+        q: &Query,
+        collection: &str,
+        reducer: &Reducer,
+        max_scan: usize,
+        out: &mut QueryResult,
+    ) -> Result<Vec<GroupRow>> {
+        let count = r
+            .get(COUNTS, collection.as_bytes())?
+            .map_or(Ok(0), |b| decode_u64(b, "collection count"))?;
+        if count > max_scan as u64 {
+            return Err(DocError::QueryTooExpensive(format!(
+                "no reduce index answers this group by and collection {collection:?} has {count} \
+                 documents (a scan reads at most {max_scan}); define a reduce index with these \
+                 group_by fields and aggregates (and no where)"
+            )));
+        }
+        let prefix = collection_key(collection, 0);
+        let prefix = &prefix[..collection.len() + 1];
+        let mut c = r.cursor(BY_COLLECTION)?;
+        let mut item = c.seek(prefix)?;
+        let mut docs = Vec::new();
+        while let Some((k, id)) = item {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.entries_read += 1;
+            let id = String::from_utf8_lossy(id).into_owned();
+            if let Some((_, v)) = load(r, &id, out)? {
+                if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                    docs.push(v);
+                }
+            }
+            item = c.next()?;
+        }
+        // A document that cannot be reduced is left out, as the index leaves it.
+        let reducible = docs.iter().filter(|d| reducer.contribution(d).is_ok());
+        reduce::reduce_documents(reducer, reducible).map_err(|e| invalid(&e))
+    }
+}
+
+fn invalid(message: &str) -> DocError {
+    DocError::InvalidQuery {
+        line: 0,
+        column: 0,
+        message: message.to_string(),
+    }
+}
+
+fn empty_result(db: &Database, db_seq: u64) -> QueryResult {
+    QueryResult {
+        results: Vec::new(),
+        total: 0,
+        skipped: 0,
+        stale: false,
+        index: None,
+        index_etag: None,
+        database_etag: (db_seq > 0).then(|| db.etag_at(db_seq)),
+        auto_index_created: None,
+        duration_ms: 0.0,
+        entries_read: 0,
+        documents_loaded: 0,
+        continuation: None,
+    }
+}
+
+fn group_fields(g: &Grouping) -> Vec<IndexField> {
+    g.by.iter()
+        .map(|f| IndexField {
+            path: f.path.clone(),
+            case_insensitive: f.ci,
+        })
+        .collect()
+}
+
+/// The reduce definition a grouped query needs (for the scan, and to suggest).
+fn spec_of(g: &Grouping) -> ReduceSpec {
+    let aggregate = g
+        .select
+        .iter()
+        .filter_map(|s| match s {
+            Selected::Aggregate { func, path, name } => Some((
+                name.clone(),
+                format!("{func}({})", path.as_deref().unwrap_or("")),
+            )),
+            Selected::Group { .. } => None,
+        })
+        .collect::<std::collections::BTreeMap<_, _>>();
+    let mut aggregate = aggregate;
+    if aggregate.is_empty() {
+        aggregate.insert("count".into(), "count()".into());
+    }
+    ReduceSpec {
+        group_by: group_fields(g),
+        aggregate,
+    }
+}
+
+/// Each output's source, for an index whose aggregates the query's are at
+/// `positions` (in select order).
+fn outputs_of(g: &Grouping, positions: &[usize]) -> Vec<Source2> {
+    let mut aggs = positions.iter();
+    g.select
+        .iter()
+        .map(|s| match s {
+            Selected::Group { position, .. } => Source2::Group(*position),
+            Selected::Aggregate { .. } => Source2::Aggregate(aggs.next().copied().unwrap_or(0)),
+        })
+        .collect()
+}
+
+fn project(g: &Grouping, outputs: &[Source2], row: GroupRow) -> Map<String, Value> {
+    g.select
+        .iter()
+        .zip(outputs)
+        .map(|(s, from)| {
+            let v = match from {
+                Source2::Group(i) => row.values.get(*i).cloned().unwrap_or(Value::Null),
+                Source2::Aggregate(i) => row.aggregates.get(*i).cloned().unwrap_or(Value::Null),
+            };
+            (s.name().to_string(), v)
+        })
+        .collect()
+}
+
+/// `order by` over the outputs, by name.
+fn sort_objects(q: &Query, objects: &mut [Map<String, Value>]) -> Result<()> {
+    let g = q.group.as_ref().ok_or_else(|| invalid("not grouped"))?;
+    for (f, _) in &q.order {
+        if !g.select.iter().any(|s| s.name() == f.path) {
+            return Err(invalid(&format!(
+                "order by {}: a grouped query orders by its outputs ({})",
+                f.path,
+                g.select
+                    .iter()
+                    .map(Selected::name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    objects.sort_by(|a, b| {
+        for (f, desc) in &q.order {
+            let ka = crate::index::value::sort_key(a.get(&f.path), false);
+            let kb = crate::index::value::sort_key(b.get(&f.path), false);
+            let o = if *desc { kb.cmp(&ka) } else { ka.cmp(&kb) };
+            if o != std::cmp::Ordering::Equal {
+                return o;
+            }
+        }
+        std::cmp::Ordering::Equal
+    });
+    Ok(())
+}
