@@ -138,3 +138,35 @@ def test_query_cache_revalidates(users: DocumentStore) -> None:
         if r.results and r.results[0]["age"] == 37:
             break
         assert time.monotonic() < deadline, "the changed document never showed in the query"
+
+
+def test_group_by_text() -> None:
+    text, params = (q("orders").where_equals("status", "paid").group_by("company")
+                    .aggregate("n", "count").aggregate("total", "sum", "amount")
+                    .order_by_descending("total").take(10).to_rql())
+    assert text == ("from orders where status = $p0 group by company order by total desc "
+                    "limit 10 select company, count() as n, sum(amount) as total")
+    assert params == {"p0": "paid"}
+    assert q("orders").group_by("company").to_rql()[0] == "from orders group by company"
+    with pytest.raises(ValueError):
+        q("orders").aggregate("n", "count").to_rql()
+    with pytest.raises(ValueError):
+        q("orders").group_by("company").aggregate("x", "median", "amount")
+    with pytest.raises(ValueError):
+        q("orders").group_by("company").aggregate("x", "sum")
+
+
+def test_group_by_against_server(store: DocumentStore) -> None:
+    with store.session() as s:
+        for i in range(12):
+            s.store({"company": ["acme", "globex", "initech"][i % 3], "amount": i,
+                     "@metadata": {"@collection": "orders"}}, f"orders/{i}")
+        s.save_changes()
+    store.request("PUT", f"{store.db_path}/indexes/orders-by-company", json_body={
+        "collection": "orders", "group_by": ["company"],
+        "aggregate": {"n": "count()", "total": "sum(amount)"}})
+    with store.session() as s:
+        res = (s.query("orders").group_by("company").aggregate("n", "count")
+               .aggregate("total", "sum", "amount").wait_for_non_stale(5000).execute())
+    assert res.index == "orders-by-company" and res.total == 3
+    assert res.results[0] == {"company": "acme", "n": 4, "total": 18}

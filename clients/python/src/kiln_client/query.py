@@ -88,6 +88,8 @@ class Query:
         self._limit: Optional[int] = None
         self._offset: Optional[int] = None
         self._select: List[str] = []
+        self._group: List[str] = []
+        self._aggregates: List[str] = []
         self._wait_ms: Optional[int] = None
         self._cls = cls
         self._n = 0
@@ -206,6 +208,28 @@ class Query:
         self._select += [check_field(n) for n in names]
         return self
 
+    def group_by(self, *names: str) -> "Query":
+        """One result per group of these fields: a plain dict of the group fields and
+        the :meth:`aggregate` outputs (``count`` when none is asked for). A reduce index
+        with the same fields and aggregates answers it (else the server reduces a
+        scan)."""
+        if not names:
+            raise ValueError("group_by() needs at least one field")
+        self._group += [check_field(n) for n in names]
+        return self
+
+    def aggregate(self, name: str, function: str, field: Optional[str] = None) -> "Query":
+        """Adds an output ``name``: ``function`` is count, sum, avg, min or max (all but
+        count of ``field``), e.g. ``.aggregate("total", "sum", "amount")``."""
+        function = function.lower()
+        if function not in ("count", "sum", "avg", "min", "max"):
+            raise ValueError(f"unknown aggregate {function!r}: count, sum, avg, min or max")
+        if (function == "count") != (field is None):
+            raise ValueError("count takes no field; sum, avg, min and max take one")
+        arg = "" if field is None else check_field(field)
+        self._aggregates.append(f"{function}({arg}) as {check_field(name)}")
+        return self
+
     def wait_for_non_stale(self, timeout_ms: int = 15_000) -> "Query":
         """The server waits (bounded) for the index to catch up with the database's
         etag at the time of the query."""
@@ -234,14 +258,21 @@ class Query:
                 else:
                     text += (" " if text else "") + tok
             parts.append(f"where {text}")
+        if self._aggregates and not self._group:
+            raise ValueError("aggregate() needs group_by()")
+        if self._group:
+            parts.append("group by " + ", ".join(self._group))
         if self._order:
             parts.append("order by " + ", ".join(self._order))
         if self._limit is not None:
             parts.append(f"limit {self._limit}")
         if self._offset is not None:
             parts.append(f"offset {self._offset}")
-        if self._select:
-            parts.append("select " + ", ".join(self._select))
+        outputs = self._select + self._aggregates
+        if self._group and not self._select:
+            outputs = self._group + self._aggregates
+        if outputs and (self._aggregates or self._select):
+            parts.append("select " + ", ".join(outputs))
         return " ".join(parts), dict(self._params)
 
     def __str__(self) -> str:
@@ -269,7 +300,7 @@ class Query:
 
     def _result(self, a: Dict[str, Any], from_cache: str) -> QueryResult:
         results = a.get("results", [])
-        if not self._select and self._session is not None:
+        if not self._select and not self._group and self._session is not None:
             results = [self._session._track_query_result(d, self._cls) for d in results]
         return QueryResult(results=results, total=int(a.get("total", len(results))),
                            skipped=int(a.get("skipped", 0)), stale=bool(a.get("stale")),
