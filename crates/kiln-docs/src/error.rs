@@ -109,6 +109,14 @@ pub enum DocError {
     #[error("invalid index definition: {0}")]
     InvalidIndex(String),
 
+    #[error("invalid revisions configuration: {0}")]
+    InvalidRevisionsConfig(String),
+
+    /// The document has no revision with that etag (never had, or it was trimmed
+    /// or purged).
+    #[error("document {id:?} has no revision {etag}")]
+    RevisionNotFound { id: String, etag: String },
+
     #[error("index {0:?} does not exist")]
     IndexNotFound(String),
 

@@ -35,6 +35,7 @@ mod id;
 mod index;
 mod query;
 mod record;
+mod revisions;
 mod schema;
 mod store;
 mod time;
@@ -63,6 +64,9 @@ pub use index::{
 };
 pub use query::{QueryOptions, QueryResult};
 pub use record::RecordView as DocumentView;
+pub use revisions::{
+    CollectionRevisions, Revision, RevisionsConfig, MAX_CONFIGURED_COLLECTIONS, MAX_REVISIONS_LIMIT,
+};
 pub use store::{DocStore, DocsOptions};
 pub use time::format_rfc3339_ms;
 pub use write_queue::{Reply, WriteQueue, WriteQueueOptions};

@@ -9,13 +9,18 @@
 //!   listed in etag order is a range scan (`collection_key`)
 //! - `counts`: collection -> number of documents (u64 BE)
 //! - `meta`: `incarnation` (u32 BE), `last_etag` (u64 BE), `backup_chain` (JSON,
-//!   while a backup chain is active), `next_index_id` (u64 BE)
+//!   while a backup chain is active), `next_index_id` (u64 BE), `revisions_config`
+//!   (JSON, once revisions were configured)
 //! - `changes` (sequence -> entry) and `tombstones` (id -> sequence): the change
 //!   log (see `changes/log.rs`)
 //! - `consumers`: reader of the change log -> the sequence it has read up to
 //!   (`index:<name>` for an index, `backup-chain` for the backup chain)
 //! - `backup_history`: sequence -> entry, every write while a backup chain is
 //!   active (see `database/history.rs`)
+//! - `revisions` (id, 0x00, etag sequence u64 BE -> a previous version) and
+//!   `revision_heads` (id -> the current version's revision bookkeeping): the
+//!   document revisions of the configured collections (see `revisions/mod.rs`;
+//!   made when a database is first given a revisions configuration)
 //! - `index_defs`, `index_state` and per index `ix.<id>.e`, `ix.<id>.d`,
 //!   `ix.<id>.x` (see `index/mod.rs`)
 //!
@@ -35,6 +40,8 @@ pub(crate) const TOMBSTONES: &str = "tombstones";
 /// read here; tombstones they have not read yet are never purged.
 pub(crate) const CONSUMERS: &str = "consumers";
 pub(crate) const HISTORY: &str = "backup_history";
+pub(crate) const REVISIONS: &str = "revisions";
+pub(crate) const REVISION_HEADS: &str = "revision_heads";
 pub(crate) const INDEX_DEFS: &str = "index_defs";
 pub(crate) const INDEX_STATE: &str = "index_state";
 
@@ -57,6 +64,9 @@ pub(crate) const META_APPLIED_LOG_INDEX: &[u8] = b"applied_log_index";
 /// The active backup chain (`history::ChainState`, JSON).
 pub(crate) const META_CHAIN: &[u8] = b"backup_chain";
 pub(crate) const META_NEXT_INDEX_ID: &[u8] = b"next_index_id";
+/// Which collections keep revisions (`revisions::RevisionsConfig`, JSON); absent
+/// until a configuration is first set.
+pub(crate) const META_REVISIONS: &[u8] = b"revisions_config";
 
 /// The backup chain's name among the change log's consumers.
 pub(crate) const CHAIN_CONSUMER: &str = "backup-chain";
@@ -90,6 +100,17 @@ pub(crate) fn sequence_key(sequence: u64) -> [u8; 8] {
 pub(crate) fn collection_key(collection: &str, sequence: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(collection.len() + 9);
     k.extend_from_slice(collection.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&sequence.to_be_bytes());
+    k
+}
+
+/// `revisions` key: the document id, 0x00, the etag sequence of the version
+/// (u64 BE). Ids have no control characters, so one document's revisions are
+/// one contiguous range, in etag order.
+pub(crate) fn revision_key(id: &str, sequence: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(id.len() + 9);
+    k.extend_from_slice(id.as_bytes());
     k.push(0);
     k.extend_from_slice(&sequence.to_be_bytes());
     k

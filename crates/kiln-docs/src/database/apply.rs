@@ -11,6 +11,7 @@ use super::history::{self, HistoryEntry};
 use super::{BatchOutcome, Condition, DeleteOutcome, DocId, Limits, PutOutcome, WriteOp};
 use crate::changes::{encode_entry, ChangeKind};
 use crate::document::PreparedDoc;
+use crate::revisions::keep;
 use crate::schema::{
     collection_key, decode_last_sequence, decode_u64, sequence_key, BY_COLLECTION, CHANGES, COUNTS,
     DOCS, HISTORY, META, META_LAST_ETAG, TOMBSTONES,
@@ -40,6 +41,8 @@ pub(crate) struct Unit {
     /// True while the database has a backup chain: each write also goes to the
     /// backup history (`history.rs`). Off, it costs one load and a branch.
     pub history_on: Arc<AtomicBool>,
+    /// Which collections keep revisions, read once per unit (`revisions/`).
+    revisions: crate::revisions::UnitConfig,
     /// The database's write clock: the latest time a unit took. `None` for a replay,
     /// whose writes keep the times they were made at.
     clock: Option<Arc<AtomicU64>>,
@@ -66,7 +69,15 @@ impl Unit {
             count_deltas: Vec::new(),
             tombstones_possible,
             history_on,
+            revisions: Default::default(),
         }
+    }
+
+    /// The unit reads the revisions configuration from the database's copy (a
+    /// unit without one reads it from the transaction: a restore's replay).
+    pub fn with_revisions(mut self, revisions: crate::revisions::UnitConfig) -> Unit {
+        self.revisions = revisions;
+        self
     }
 
     /// A unit that replays a backup's history into a restored environment (no
@@ -182,15 +193,26 @@ pub(super) fn apply_op(
     op: &WriteOp,
 ) -> Result<BatchOutcome> {
     unit.stamp();
+    apply_by(txn, unit, op, None)
+}
+
+/// `apply_op` of a write made by the API key `key_id`, when known.
+fn apply_by(
+    txn: &mut WriteTxn<'_>,
+    unit: &mut Unit,
+    op: &WriteOp,
+    key_id: Option<&str>,
+) -> Result<BatchOutcome> {
     match op {
         WriteOp::Put {
             id,
             document,
             condition,
-        } => apply_put(txn, unit, id, &document.0, *condition).map(BatchOutcome::Put),
+        } => apply_put(txn, unit, id, &document.0, *condition, key_id).map(BatchOutcome::Put),
         WriteOp::Delete { id, condition } => {
-            apply_delete(txn, unit, id, *condition).map(BatchOutcome::Delete)
+            apply_delete(txn, unit, id, *condition, key_id).map(BatchOutcome::Delete)
         }
+        WriteOp::Attributed { key_id, op } => apply_by(txn, unit, op, Some(key_id)),
     }
 }
 
@@ -255,6 +277,7 @@ fn apply_put(
     id: &DocId,
     doc: &PreparedDoc,
     condition: Condition,
+    key_id: Option<&str>,
 ) -> Result<PutOutcome> {
     // Every check comes before the first write (see the module comment).
     let mut etag = unit.peek_next_etag(txn)?;
@@ -284,6 +307,14 @@ fn apply_put(
         });
     }
     let change = encode_entry(ChangeKind::Put, unit.now_ms, collection.as_deref(), &id)?;
+    let revision = keep::Change {
+        id: &id,
+        replaced: existing.as_ref().map(|(old, c)| (*old, c.as_deref())),
+        written: Some((etag.sequence, collection.as_deref())),
+        key_id,
+        at_ms: unit.now_ms,
+    };
+    keep::keep(txn, &mut unit.revisions, &revision)?;
     let prev = unit.last();
     unit.advance(etag);
     let rec = record::encode(etag, unit.now_ms, collection.as_deref(), &json);
@@ -378,6 +409,7 @@ fn apply_delete(
     unit: &mut Unit,
     id: &str,
     condition: Condition,
+    key_id: Option<&str>,
 ) -> Result<DeleteOutcome> {
     let Some((etag, collection)) = current(txn, id)? else {
         if condition == Condition::None {
@@ -389,6 +421,14 @@ fn apply_delete(
     check_condition(id, condition, Some(etag))?;
     let tombstone_etag = unit.peek_next_etag(txn)?;
     let tombstone = encode_entry(ChangeKind::Delete, unit.now_ms, collection.as_deref(), id)?;
+    let revision = keep::Change {
+        id,
+        replaced: Some((etag, collection.as_deref())),
+        written: None,
+        key_id,
+        at_ms: unit.now_ms,
+    };
+    keep::keep(txn, &mut unit.revisions, &revision)?;
     let prev = unit.last();
     unit.advance(tombstone_etag);
     // Set before this unit commits, so every later unit looks for tombstones.
@@ -472,6 +512,15 @@ pub(crate) fn replay(txn: &mut WriteTxn<'_>, unit: &mut Unit, e: &HistoryEntry<'
             }
             let collection = rec.collection.map(str::to_string);
             let change = encode_entry(ChangeKind::Put, rec.last_modified_ms, rec.collection, e.id)?;
+            // The writer's key is not in the history: the replayed revisions say none.
+            let revision = keep::Change {
+                id: e.id,
+                replaced: existing.as_ref().map(|(old, c)| (*old, c.as_deref())),
+                written: Some((etag.sequence, rec.collection)),
+                key_id: None,
+                at_ms: rec.last_modified_ms,
+            };
+            keep::keep(txn, &mut unit.revisions, &revision)?;
             unit.advance(etag);
             write_put(
                 txn,
@@ -492,6 +541,14 @@ pub(crate) fn replay(txn: &mut WriteTxn<'_>, unit: &mut Unit, e: &HistoryEntry<'
                 ));
             };
             let tombstone = encode_entry(ChangeKind::Delete, e.at_ms, collection.as_deref(), e.id)?;
+            let revision = keep::Change {
+                id: e.id,
+                replaced: Some((old, collection.as_deref())),
+                written: None,
+                key_id: None,
+                at_ms: e.at_ms,
+            };
+            keep::keep(txn, &mut unit.revisions, &revision)?;
             unit.advance(etag);
             write_delete(
                 txn,

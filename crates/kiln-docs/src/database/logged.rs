@@ -171,6 +171,20 @@ impl Database {
     }
 }
 
+/// For an entry that is not a document write (a revisions configuration, a purge
+/// of revisions), inside its transaction: false if the entry was applied before,
+/// else records `log_index` as applied with it, as `apply_logged` does.
+pub(crate) fn claim_log_index(
+    txn: &mut kiln_storage::WriteTxn<'_>,
+    log_index: u64,
+) -> Result<bool> {
+    if log_index <= decode_applied(txn.get(META, META_APPLIED_LOG_INDEX)?)? {
+        return Ok(false);
+    }
+    txn.put(META, META_APPLIED_LOG_INDEX, &log_index.to_be_bytes())?;
+    Ok(true)
+}
+
 fn read_applied(r: &ReadTxn<'_>) -> Result<u64> {
     decode_applied(r.get(META, META_APPLIED_LOG_INDEX)?)
 }

@@ -4,6 +4,7 @@
 
 mod apply;
 mod logged;
+pub(crate) use logged::claim_log_index;
 pub use logged::{Atomicity, LoggedEntry, LoggedOutcome};
 pub(crate) mod history;
 
@@ -101,6 +102,29 @@ pub enum WriteOp {
         id: String,
         condition: Condition,
     },
+    /// A write made with an API key: the key's id is kept with the revisions of
+    /// the version it writes (`revisions/`). Made by `WriteOp::attributed`.
+    Attributed {
+        key_id: String,
+        op: Box<WriteOp>,
+    },
+}
+
+impl WriteOp {
+    /// This write, made by the API key `key_id` (as it is without one).
+    pub fn attributed(self, key_id: Option<String>) -> WriteOp {
+        let op = match self {
+            WriteOp::Attributed { op, .. } => *op,
+            op => op,
+        };
+        match key_id {
+            Some(key_id) => WriteOp::Attributed {
+                key_id,
+                op: Box::new(op),
+            },
+            None => op,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,6 +183,8 @@ pub struct Database {
     pub(crate) history_on: Arc<AtomicBool>,
     /// The background indexer and the running indexes (see `index/`).
     indexer: crate::index::Indexer,
+    /// Which collections keep revisions, as the write path reads it (`revisions/`).
+    pub(crate) revisions: crate::revisions::SharedConfig,
 }
 
 impl Database {
@@ -211,6 +237,7 @@ impl Database {
                 r.get(META, META_CHAIN)?.is_some(),
             )
         };
+        let revisions = crate::revisions::load_config(&env)?;
         Ok(Database {
             env: Some(env),
             name: name.to_string(),
@@ -226,6 +253,7 @@ impl Database {
             )),
             history_on: Arc::new(AtomicBool::new(chain)),
             indexer: crate::index::Indexer::new(limits.indexing, indexes),
+            revisions,
         })
     }
 
@@ -305,6 +333,7 @@ impl Database {
             self.tombstones_possible.clone(),
             self.history_on.clone(),
         )
+        .with_revisions(crate::revisions::UnitConfig::shared(self.revisions.clone()))
     }
 
     /// Checks a given id, or a prefix for a generated one, against this database's
@@ -399,11 +428,16 @@ impl Database {
 
     /// Applies all operations in one transaction: all of them or none.
     pub fn batch(&self, ops: Vec<BatchOp>) -> Result<Vec<BatchOutcome>> {
+        self.batch_as(ops, None)
+    }
+
+    /// `batch`, made by the API key `key_id` (kept with the revisions it writes).
+    pub fn batch_as(&self, ops: Vec<BatchOp>, key_id: Option<String>) -> Result<Vec<BatchOutcome>> {
         self.live()?;
         self.check_batch_len(ops.len())?;
         let mut prepared = Vec::with_capacity(ops.len());
         for (index, op) in ops.into_iter().enumerate() {
-            prepared.push(match op {
+            let op = match op {
                 BatchOp::Put {
                     id,
                     document,
@@ -416,7 +450,8 @@ impl Database {
                     condition,
                 },
                 BatchOp::Delete { id, condition } => WriteOp::Delete { id, condition },
-            });
+            };
+            prepared.push(op.attributed(key_id.clone()));
         }
         self.write_all(prepared)
     }
@@ -464,6 +499,7 @@ impl Database {
         match op {
             WriteOp::Put { id, .. } => self.check_id(id),
             WriteOp::Delete { id, .. } => validate_id(id, self.limits.max_id_bytes),
+            WriteOp::Attributed { op, .. } => self.check_op(op),
         }
     }
 
