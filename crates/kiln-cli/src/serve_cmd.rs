@@ -73,6 +73,12 @@ pub struct ServeArgs {
     /// then purged hourly; 0 keeps them until `DELETE /dbs/{db}/tombstones`.
     #[arg(long, default_value_t = 14 * 24)]
     tombstone_retention_hours: u64,
+    /// Documents whose `@metadata.@expires` (an RFC 3339 time) has passed are
+    /// deleted (with a tombstone, like any delete) by a check this often, so at
+    /// most this many ms after they expire; in a cluster the leader checks and
+    /// deletes through the log. 0: no check (expired documents stay).
+    #[arg(long, default_value_t = kiln_server::DEFAULT_EXPIRATION_CHECK_MS)]
+    expiration_check_ms: u64,
     /// Page copies a database may hold for write-back before commits wait (MiB):
     /// the bound on the engine's memory per busy database.
     #[arg(long, default_value_t = kiln_docs::DocsOptions::default().storage.max_unflushed_bytes >> 20)]
@@ -300,6 +306,7 @@ fn server_config(a: &ServeArgs) -> crate::AnyResult<ServerConfig> {
     config.changes.tombstone_retention_ms =
         (a.tombstone_retention_hours > 0).then(|| a.tombstone_retention_hours * 3_600_000);
     config.changes.subscriber_queue_len = a.changes_queue_len.max(1);
+    config.expiration_check_ms = a.expiration_check_ms;
     Ok(config)
 }
 

@@ -8,6 +8,9 @@ use serde_json::{Map, Value};
 /// Keys of `@metadata` that the server owns; a client's values for them are replaced.
 const SERVER_METADATA_KEYS: [&str; 4] = ["@id", "@collection", "@etag", "@last-modified"];
 
+/// The key of `@metadata` that makes a document expire (`expiration/`).
+const EXPIRES_KEY: &str = "@expires";
+
 /// A document read from a database. `json` is the stored JSON text, `@metadata`
 /// included, ready to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +47,45 @@ impl Document {
     }
 }
 
+/// `@metadata.@expires`: an RFC 3339 time, or absent (or null) for a document
+/// that does not expire. Anything else is refused, so a typo never leaves a
+/// document that silently stays forever.
+fn expires_at_ms(metadata: &Map<String, Value>) -> Result<Option<u64>> {
+    let text = match metadata.get(EXPIRES_KEY) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(text)) => text,
+        Some(other) => {
+            return Err(DocError::InvalidExpires {
+                value: other.to_string(),
+                why: "it must be a string (an RFC 3339 time such as 2026-05-01T12:00:00Z)".into(),
+            })
+        }
+    };
+    crate::time::parse_rfc3339_ms(text)
+        .map(Some)
+        .map_err(|why| DocError::InvalidExpires {
+            value: Value::from(text.as_str()).to_string(),
+            why,
+        })
+}
+
+/// When a stored document expires, from its JSON as stored (for the restore's
+/// replay and the index built for a database made before expiration existed).
+/// Lenient where a new write is strict: an `@expires` stored before it meant
+/// anything may be anything, and such a document simply does not expire.
+pub(crate) fn stored_expires_at_ms(json: &[u8]) -> Option<u64> {
+    // Most documents have no `@expires`: they are not parsed at all.
+    let needle = b"\"@expires\"";
+    if !json.windows(needle.len()).any(|w| w == needle) {
+        return None;
+    }
+    let value: Value = serde_json::from_slice(json).ok()?;
+    match value.get("@metadata")?.as_object() {
+        Some(metadata) => expires_at_ms(metadata).ok().flatten(),
+        None => None,
+    }
+}
+
 /// A document body checked and split before its write is queued, so that the
 /// commit queue (which holds the writer) only has to splice in the metadata.
 #[derive(Debug, Clone)]
@@ -54,6 +96,8 @@ pub(crate) struct PreparedDoc {
     client_metadata: Map<String, Value>,
     /// The collection named in `@metadata`, if any.
     explicit_collection: Option<String>,
+    /// When the document expires (`@metadata.@expires`, ms since the epoch).
+    expires_at_ms: Option<u64>,
 }
 
 impl PreparedDoc {
@@ -65,6 +109,7 @@ impl PreparedDoc {
                 body_json,
                 client_metadata: Map::new(),
                 explicit_collection: None,
+                expires_at_ms: None,
             });
         }
         let value: Value =
@@ -99,6 +144,8 @@ impl PreparedDoc {
                 ))
             }
         };
+        // Kept in `client_metadata` as the client wrote it; the index has its time.
+        let expires_at_ms = expires_at_ms(&client_metadata)?;
         for key in SERVER_METADATA_KEYS {
             client_metadata.shift_remove(key);
         }
@@ -108,7 +155,13 @@ impl PreparedDoc {
             body_json,
             client_metadata,
             explicit_collection,
+            expires_at_ms,
         })
+    }
+
+    /// When the document expires, if it does (`@metadata.@expires`).
+    pub fn expires_at_ms(&self) -> Option<u64> {
+        self.expires_at_ms
     }
 
     /// The collection of this document when stored under `id`.
@@ -209,5 +262,22 @@ mod tests {
         assert!(PreparedDoc::parse(br#"{"@metadata":[]}"#).is_err());
         assert!(PreparedDoc::parse(br#"{"@metadata":{"@collection":"@x"}}"#).is_err());
         assert!(PreparedDoc::parse(br#"{"@metadata":{"@collection":5}}"#).is_err());
+    }
+
+    /// A stored `@expires` is read leniently (one written before it meant anything
+    /// may be anything): only a valid time under `@metadata` counts.
+    #[test]
+    fn stored_expiry_is_read_leniently() {
+        let read = |json: &str| stored_expires_at_ms(json.as_bytes());
+        assert_eq!(
+            read(r#"{"@metadata":{"@expires":"1970-01-01T00:00:01Z"}}"#),
+            Some(1_000)
+        );
+        assert_eq!(read(r#"{"a":1,"@metadata":{"@id":"x"}}"#), None);
+        assert_eq!(read(r#"{"@metadata":{"@expires":"soon"}}"#), None);
+        assert_eq!(read(r#"{"@metadata":{"@expires":5}}"#), None);
+        assert_eq!(read(r#"{"@expires":"1970-01-01T00:00:01Z"}"#), None);
+        assert_eq!(read(r#"{"@metadata":"@expires"}"#), None);
+        assert_eq!(read("not json \"@expires\""), None);
     }
 }

@@ -54,6 +54,10 @@ pub enum DocError {
     #[error("invalid document: {0}")]
     InvalidDocument(String),
 
+    /// `@metadata.@expires` is not an RFC 3339 time (`value` as the client sent it).
+    #[error("invalid document: @metadata.@expires {value}: {why}")]
+    InvalidExpires { value: String, why: String },
+
     #[error("document of {len} bytes exceeds the limit of {max} bytes")]
     DocumentTooLarge { len: usize, max: usize },
 

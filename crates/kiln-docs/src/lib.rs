@@ -9,6 +9,8 @@
 //!   A database also has a random incarnation number that is part of every etag, so
 //!   that a database deleted and created again never hands out an etag a cache
 //!   might still hold for a different document.
+//! - A document with `@metadata.@expires` (an RFC 3339 time) is deleted once that
+//!   time has passed by [`Database::expire`], which a server calls periodically.
 //! - Writes go through the engine's commit queue (`Env::submit`): concurrent writers
 //!   are merged into one transaction and one durable journal write.
 //!
@@ -31,6 +33,7 @@ mod database;
 mod document;
 mod error;
 mod etag;
+mod expiration;
 mod id;
 mod index;
 mod query;
@@ -58,6 +61,7 @@ pub use database::{
 pub use document::Document;
 pub use error::{DocError, Result};
 pub use etag::Etag;
+pub use expiration::{DueDocument, ExpireReport};
 pub use id::{validate_collection, validate_database_name, validate_id, MAX_COLLECTION_LEN};
 pub use index::{
     IndexDefinition, IndexErrorSample, IndexField, IndexInfo, IndexingOptions, ReduceSpec,

@@ -17,6 +17,9 @@
 //!   (`index:<name>` for an index, `backup-chain` for the backup chain)
 //! - `backup_history`: sequence -> entry, every write while a backup chain is
 //!   active (see `database/history.rs`)
+//! - `expirations` (expiry time in ms, u64 BE, then id -> etag sequence, u64 BE)
+//!   and `expiration_ids` (id -> expiry time): the documents that expire (see
+//!   `expiration/mod.rs`)
 //! - `revisions` (id, 0x00, etag sequence u64 BE -> a previous version) and
 //!   `revision_heads` (id -> the current version's revision bookkeeping): the
 //!   document revisions of the configured collections (see `revisions/mod.rs`;
@@ -40,13 +43,15 @@ pub(crate) const TOMBSTONES: &str = "tombstones";
 /// read here; tombstones they have not read yet are never purged.
 pub(crate) const CONSUMERS: &str = "consumers";
 pub(crate) const HISTORY: &str = "backup_history";
+pub(crate) const EXPIRATIONS: &str = "expirations";
+pub(crate) const EXPIRATION_IDS: &str = "expiration_ids";
 pub(crate) const REVISIONS: &str = "revisions";
 pub(crate) const REVISION_HEADS: &str = "revision_heads";
 pub(crate) const INDEX_DEFS: &str = "index_defs";
 pub(crate) const INDEX_STATE: &str = "index_state";
 
 /// The trees a new database is created with (indexes make theirs when defined).
-pub(crate) const DATABASE_TREES: [&str; 8] = [
+pub(crate) const DATABASE_TREES: [&str; 10] = [
     DOCS,
     BY_COLLECTION,
     COUNTS,
@@ -55,6 +60,8 @@ pub(crate) const DATABASE_TREES: [&str; 8] = [
     TOMBSTONES,
     CONSUMERS,
     HISTORY,
+    EXPIRATIONS,
+    EXPIRATION_IDS,
 ];
 
 pub(crate) const META_INCARNATION: &[u8] = b"incarnation";
@@ -67,6 +74,10 @@ pub(crate) const META_NEXT_INDEX_ID: &[u8] = b"next_index_id";
 /// Which collections keep revisions (`revisions::RevisionsConfig`, JSON); absent
 /// until a configuration is first set.
 pub(crate) const META_REVISIONS: &[u8] = b"revisions_config";
+/// Present while the expiration trees of a database made before them are being
+/// filled from its documents (`expiration/upgrade.rs`): an open that finds it
+/// fills them again.
+pub(crate) const META_EXPIRATIONS_BUILDING: &[u8] = b"expirations_building";
 
 /// The backup chain's name among the change log's consumers.
 pub(crate) const CHAIN_CONSUMER: &str = "backup-chain";
@@ -103,6 +114,28 @@ pub(crate) fn collection_key(collection: &str, sequence: u64) -> Vec<u8> {
     k.push(0);
     k.extend_from_slice(&sequence.to_be_bytes());
     k
+}
+
+/// `expirations` key: expiry time in ms (u64 BE), then the id: the due documents
+/// come first, in time order (then id order).
+pub(crate) fn expiration_key(expires_at_ms: u64, id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + id.len());
+    k.extend_from_slice(&expires_at_ms.to_be_bytes());
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// The time and id of an `expirations` key.
+pub(crate) fn decode_expiration_key(key: &[u8]) -> Result<(u64, &str)> {
+    let corrupt = |why: &str| DocError::CorruptRecord {
+        id: format!("(expiration entry {key:02x?})"),
+        why: why.into(),
+    };
+    let (at, id) = key
+        .split_at_checked(8)
+        .ok_or_else(|| corrupt("key shorter than its time"))?;
+    let id = std::str::from_utf8(id).map_err(|_| corrupt("id is not UTF-8"))?;
+    Ok((decode_u64(at, "expiry time")?, id))
 }
 
 /// `revisions` key: the document id, 0x00, the etag sequence of the version

@@ -35,6 +35,9 @@ pub struct ServerConfig {
     pub access_log: crate::observe::AccessLog,
     /// This server as a node of a cluster; `None` for a single server.
     pub cluster: Option<ClusterSettings>,
+    /// Documents whose `@metadata.@expires` has passed are deleted by a check this
+    /// often (and one at start), so at most this long after they expire; 0: never.
+    pub expiration_check_ms: u64,
 }
 
 /// `kiln serve --node-id N --cluster 1=host:port,2=host:port,3=host:port`.
@@ -143,6 +146,10 @@ impl Default for Limits {
     }
 }
 
+/// How often a server deletes the documents that expired (`ServerConfig::
+/// expiration_check_ms`): a minute, as late as an expired document may linger.
+pub const DEFAULT_EXPIRATION_CHECK_MS: u64 = 60_000;
+
 /// One thread per core but one, at least one. On 2 cores (`kiln bench`, medians
 /// of alternated runs, docs/benchmarks-history.md, "Round 2, ninth pass"): W8 55-58k PUTs/s with one
 /// connection thread, 54-56k with two, 48-50k on the shared runtime; W9 147-158k
@@ -171,6 +178,7 @@ impl ServerConfig {
             cors_origins: Vec::new(),
             access_log: crate::observe::AccessLog::Off,
             cluster: None,
+            expiration_check_ms: DEFAULT_EXPIRATION_CHECK_MS,
         }
     }
 

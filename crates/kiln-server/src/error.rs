@@ -249,6 +249,8 @@ pub(crate) fn error_code(e: &DocError) -> ErrorCode {
         DocError::Conflict { .. } => C::Conflict,
         DocError::MalformedJson { .. } => C::MalformedJson,
         DocError::InvalidDocument(_) => C::InvalidDocument,
+        // An `@expires` that is not an RFC 3339 time: the message says what it is.
+        DocError::InvalidExpires { .. } => C::InvalidDocument,
         DocError::DocumentTooLarge { .. } => C::DocumentTooLarge,
         DocError::BatchTooLong { .. } => C::BatchTooLong,
         DocError::InvalidEtag(_) => C::InvalidEtag,

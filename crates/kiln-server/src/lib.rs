@@ -9,6 +9,7 @@ mod config;
 mod conn_threads;
 mod cross_origin;
 pub mod error;
+mod expiration;
 mod http1;
 mod http_util;
 mod hyper_conn;
@@ -22,6 +23,7 @@ pub mod tls;
 
 pub use config::{
     default_connection_threads, ChangesConfig, ClusterSettings, Limits, ServerConfig, TlsConfig,
+    DEFAULT_EXPIRATION_CHECK_MS,
 };
 pub use observe::AccessLog;
 pub use serve::{RunningServer, ServeError};

@@ -73,6 +73,8 @@ pub struct Metrics {
     pub ws_slow_consumers_dropped: Counter,
     pub bulk_running: Gauge,
     pub bulk_documents: Counter,
+    /// Documents deleted because their `@metadata.@expires` passed.
+    pub documents_expired: Counter,
 }
 
 impl Default for Metrics {
@@ -95,6 +97,7 @@ impl Default for Metrics {
             ws_slow_consumers_dropped: Counter::default(),
             bulk_running: Gauge::default(),
             bulk_documents: Counter::default(),
+            documents_expired: Counter::default(),
         };
         m.register();
         m.registry
@@ -167,6 +170,11 @@ impl Metrics {
             "kiln_bulk_documents",
             "Documents committed by bulk inserts",
             self.bulk_documents.clone(),
+        );
+        r.register(
+            "kiln_documents_expired",
+            "Documents deleted because their @metadata.@expires passed",
+            self.documents_expired.clone(),
         );
     }
 
@@ -665,6 +673,7 @@ mod tests {
             ("kiln_changes_ws_slow_consumers_dropped_total", "counter"),
             ("kiln_bulk_inserts_running", "gauge"),
             ("kiln_bulk_documents_total", "counter"),
+            ("kiln_documents_expired_total", "counter"),
             ("kiln_uptime_seconds", "gauge"),
             ("kiln_process_resident_memory_bytes", "gauge"),
             ("kiln_process_open_fds", "gauge"),

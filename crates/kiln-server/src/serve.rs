@@ -303,7 +303,8 @@ fn app_state(
 }
 
 /// Starts what runs beside the requests (the tombstone purge, when a retention is
-/// set; the connection threads, when asked for), then the accept loop.
+/// set; the deletion of expired documents, unless turned off; the connection
+/// threads, when asked for), then the accept loop.
 fn start_tasks(
     config: &ServerConfig,
     state: SharedState,
@@ -318,6 +319,13 @@ fn start_tasks(
         tokio::spawn(purge_tombstones_hourly(
             Arc::downgrade(&state),
             retention_ms,
+            shutdown_rx.clone(),
+        ));
+    }
+    if config.expiration_check_ms > 0 {
+        tokio::spawn(crate::expiration::expire_periodically(
+            Arc::downgrade(&state),
+            config.expiration_check_ms,
             shutdown_rx.clone(),
         ));
     }

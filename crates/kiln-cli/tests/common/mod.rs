@@ -39,8 +39,13 @@ pub const TEST_JOURNAL_FILE_SIZE_MIB: &str = "4";
 /// Starts `kiln serve` on `data_dir` and `port` and waits (30 s at most) until it
 /// answers `/health`; a server that exits first fails the test at once. The caller
 /// owns the child: it kills (or SIGKILLs) and waits for it.
-#[allow(clippy::zombie_processes)]
 pub fn spawn_serve(data_dir: &Path, port: u16) -> Child {
+    spawn_serve_with(data_dir, port, &[])
+}
+
+/// [`spawn_serve`] with more options for `kiln serve`.
+#[allow(clippy::zombie_processes)]
+pub fn spawn_serve_with(data_dir: &Path, port: u16, options: &[&str]) -> Child {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args([
             "serve",
@@ -48,8 +53,9 @@ pub fn spawn_serve(data_dir: &Path, port: u16) -> Child {
             &format!("127.0.0.1:{port}"),
             "--journal-file-size-mib",
             TEST_JOURNAL_FILE_SIZE_MIB,
-            "--data-dir",
         ])
+        .args(options)
+        .arg("--data-dir")
         .arg(data_dir)
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -206,6 +206,9 @@ struct Replay<'e> {
 impl<'e> Replay<'e> {
     /// Replays into `env`, where the full backup was just restored.
     fn start(env: &'e Env) -> Result<Replay<'e>> {
+        // A full backup made before expiration existed has no expiration trees:
+        // they are built from its documents before the replay keeps them up.
+        crate::expiration::upgrade::add_expiration_index(env, "(being restored)")?;
         Ok(Replay {
             env,
             txn: None,

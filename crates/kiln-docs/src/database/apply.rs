@@ -10,7 +10,8 @@
 use super::history::{self, HistoryEntry};
 use super::{BatchOutcome, Condition, DeleteOutcome, DocId, Limits, PutOutcome, WriteOp};
 use crate::changes::{encode_entry, ChangeKind};
-use crate::document::PreparedDoc;
+use crate::document::{stored_expires_at_ms, PreparedDoc};
+use crate::expiration;
 use crate::revisions::keep;
 use crate::schema::{
     collection_key, decode_last_sequence, decode_u64, sequence_key, BY_COLLECTION, CHANGES, COUNTS,
@@ -20,6 +21,14 @@ use crate::{record, DocError, Etag, Result};
 use kiln_storage::WriteTxn;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// What a database may hold, as far as its writes need to look (each flag false
+/// until the database has one: a write can then skip a lookup).
+#[derive(Clone, Default)]
+pub(crate) struct Possible {
+    pub tombstones: Arc<AtomicBool>,
+    pub expirations: Arc<AtomicBool>,
+}
 
 /// What a unit needs besides the transaction (moved into the unit's closure).
 pub(crate) struct Unit {
@@ -38,6 +47,9 @@ pub(crate) struct Unit {
     /// False while the database has never had a tombstone: a new document then
     /// need not look for one.
     pub tombstones_possible: Arc<AtomicBool>,
+    /// False while the database has never had an expiring document: a write then
+    /// need not look for an expiration entry to replace (`expiration/`).
+    pub expirations_possible: Arc<AtomicBool>,
     /// True while the database has a backup chain: each write also goes to the
     /// backup history (`history.rs`). Off, it costs one load and a branch.
     pub history_on: Arc<AtomicBool>,
@@ -54,7 +66,7 @@ impl Unit {
         incarnation: u32,
         limits: Limits,
         clock: Option<Arc<AtomicU64>>,
-        tombstones_possible: Arc<AtomicBool>,
+        possible: Possible,
         history_on: Arc<AtomicBool>,
     ) -> Unit {
         Unit {
@@ -67,7 +79,8 @@ impl Unit {
             last_sequence: None,
             stored_sequence: 0,
             count_deltas: Vec::new(),
-            tombstones_possible,
+            tombstones_possible: possible.tombstones,
+            expirations_possible: possible.expirations,
             history_on,
             revisions: Default::default(),
         }
@@ -89,11 +102,15 @@ impl Unit {
             max_batch_ops: usize::MAX,
             indexing: crate::index::IndexingOptions::default(),
         };
+        let possible = Possible {
+            tombstones: Arc::new(AtomicBool::new(true)),
+            expirations: Arc::new(AtomicBool::new(true)),
+        };
         Unit::new(
             incarnation,
             limits,
             None,
-            Arc::new(AtomicBool::new(true)),
+            possible,
             Arc::new(AtomicBool::new(false)),
         )
     }
@@ -298,6 +315,10 @@ fn apply_put(
             etag.sequence += 1;
         },
     };
+    let expires_at_ms = doc.expires_at_ms();
+    if expires_at_ms.is_some() {
+        expiration::check_id(&id)?;
+    }
     let collection = doc.collection_for(&id).map(str::to_string);
     let json = doc.render(&id, collection.as_deref(), etag, &unit.now_text);
     if json.len() > unit.limits.max_document_bytes {
@@ -331,6 +352,8 @@ fn apply_put(
         &change,
         look_for_tombstone,
     )?;
+    let possible = &unit.expirations_possible;
+    expiration::on_put(txn, possible, &id, !created, expires_at_ms, etag.sequence)?;
     if unit.history_on.load(Ordering::SeqCst) {
         let entry = history::encode_put(txn.txn_id(), prev, unit.now_ms, &id, &rec);
         txn.put(HISTORY, &sequence_key(etag.sequence), &entry)?;
@@ -475,6 +498,7 @@ fn write_delete(
         id.as_bytes(),
         &tombstone_etag.sequence.to_be_bytes(),
     )?;
+    expiration::on_delete(txn, &unit.expirations_possible, id)?;
     Ok(())
 }
 
@@ -512,6 +536,8 @@ pub(crate) fn replay(txn: &mut WriteTxn<'_>, unit: &mut Unit, e: &HistoryEntry<'
             }
             let collection = rec.collection.map(str::to_string);
             let change = encode_entry(ChangeKind::Put, rec.last_modified_ms, rec.collection, e.id)?;
+            let expires_at_ms = stored_expires_at_ms(rec.json);
+            let existed = existing.is_some();
             // The writer's key is not in the history: the replayed revisions say none.
             let revision = keep::Change {
                 id: e.id,
@@ -532,7 +558,9 @@ pub(crate) fn replay(txn: &mut WriteTxn<'_>, unit: &mut Unit, e: &HistoryEntry<'
                 e.record,
                 &change,
                 true,
-            )
+            )?;
+            let possible = &unit.expirations_possible;
+            expiration::on_put(txn, possible, e.id, existed, expires_at_ms, etag.sequence)
         }
         ChangeKind::Delete => {
             let Some((old, collection)) = existing else {
@@ -573,6 +601,7 @@ mod tests {
         let mut u = Unit::for_replay(1);
         u.clock = Some(clock.clone());
         u.tombstones_possible = Arc::new(AtomicBool::new(false));
+        u.expirations_possible = Arc::new(AtomicBool::new(false));
         u
     }
 

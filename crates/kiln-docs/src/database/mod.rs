@@ -15,10 +15,10 @@ use crate::document::PreparedDoc;
 use crate::id::validate_id;
 use crate::schema::{
     collection_key, decode_u64, read_last_sequence, BY_COLLECTION, COUNTS, DATABASE_TREES, DOCS,
-    HISTORY, META, META_CHAIN, META_INCARNATION, META_LAST_ETAG, TOMBSTONES,
+    EXPIRATION_IDS, HISTORY, META, META_CHAIN, META_INCARNATION, META_LAST_ETAG, TOMBSTONES,
 };
 use crate::{DocError, Document, Etag, Result};
-use apply::{apply_op, Unit};
+use apply::{apply_op, Possible, Unit};
 use kiln_storage::{Env, ReadTxn};
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -174,8 +174,9 @@ pub struct Database {
     limits: Limits,
     deleted: AtomicBool,
     pub(crate) notifier: CommitNotifier,
-    /// False until the database has a tombstone (see `apply::Unit`).
-    tombstones_possible: Arc<AtomicBool>,
+    /// Whether the database may have tombstones, expiring documents (see
+    /// `apply::Unit`).
+    possible: Possible,
     /// The latest time a write unit of this database took (`Unit::stamp`).
     write_clock_ms: Arc<std::sync::atomic::AtomicU64>,
     /// True while a backup chain is active (`meta` has `backup_chain`): writes then
@@ -222,17 +223,22 @@ impl Database {
             u32::from_be_bytes(raw.try_into().map_err(|_| missing("incarnation"))?)
         };
         crate::changes::upgrade::add_change_log(&env, name)?;
+        crate::expiration::upgrade::add_expiration_index(&env, name)?;
         // Databases made before backup chains get the (empty) history tree.
         if !env.begin_read()?.tree_exists(HISTORY)? {
             env.submit(|w| w.ensure_tree(HISTORY))?;
         }
-        let (last_sequence, last_write_ms, tombstones, indexes, chain) = {
+        let (last_sequence, last_write_ms, possible, indexes, chain) = {
             let r = env.begin_read()?;
             let last_sequence = read_last_sequence(&r)?;
+            let possible = Possible {
+                tombstones: Arc::new(AtomicBool::new(r.tree_len(TOMBSTONES)? > 0)),
+                expirations: Arc::new(AtomicBool::new(r.tree_len(EXPIRATION_IDS)? > 0)),
+            };
             (
                 last_sequence,
                 crate::changes::last_write_ms(&r, incarnation, last_sequence)?,
-                r.tree_len(TOMBSTONES)?,
+                possible,
                 crate::index::load(&r)?,
                 r.get(META, META_CHAIN)?.is_some(),
             )
@@ -245,7 +251,7 @@ impl Database {
             limits,
             deleted: AtomicBool::new(false),
             notifier: CommitNotifier::new(last_sequence),
-            tombstones_possible: Arc::new(AtomicBool::new(tombstones > 0)),
+            possible,
             // A wall clock that stepped back across a restart must not give the
             // next write an earlier time than the last one (see `Unit::stamp`).
             write_clock_ms: Arc::new(std::sync::atomic::AtomicU64::new(
@@ -330,7 +336,7 @@ impl Database {
             self.incarnation,
             self.limits,
             Some(self.write_clock_ms.clone()),
-            self.tombstones_possible.clone(),
+            self.possible.clone(),
             self.history_on.clone(),
         )
         .with_revisions(crate::revisions::UnitConfig::shared(self.revisions.clone()))
