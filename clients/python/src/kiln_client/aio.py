@@ -15,6 +15,7 @@ import json
 import logging
 import ssl
 import time
+from datetime import datetime
 from typing import Any, Callable, Dict, List, Optional, Sequence, Type, TypeVar, Union
 from urllib.parse import quote
 
@@ -29,7 +30,7 @@ from .errors import (ConcurrencyError, ConnectionFailedError, DocumentNotFoundEr
                      KilnError, RetriedWriteError, error_from_response)
 from .query import Query, QueryResult
 from .session import Session, _snapshot, to_document  # noqa: F401
-from .store import CertArg, DocumentStore, Response, doc_path, strip_quotes
+from .store import CertArg, DocumentStore, Response, doc_path, strip_quotes, with_expiry
 
 T = TypeVar("T")
 
@@ -295,10 +296,10 @@ class AsyncDocumentStore:
         return r.json()  # type: ignore[no-any-return]
 
     async def put(self, doc_id: str, document: Dict[str, Any],
-                  if_match: Optional[str] = None) -> str:
+                  if_match: Optional[str] = None, expires: Optional[datetime] = None) -> str:
         headers = {"If-Match": f'"{if_match}"'} if if_match else None
-        r = await self.request("PUT", self.doc_path(doc_id), json_body=document,
-                               headers=headers)
+        r = await self.request("PUT", self.doc_path(doc_id),
+                               json_body=with_expiry(document, expires), headers=headers)
         self.cache.remove(self.doc_path(doc_id))
         return str(r.json()["etag"])
 

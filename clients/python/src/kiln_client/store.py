@@ -15,6 +15,7 @@ import logging
 import ssl
 import threading
 import time
+from datetime import datetime, timezone
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
                     Sequence, Tuple, Union)
 from urllib.parse import quote
@@ -42,6 +43,19 @@ log = logging.getLogger("kiln_client.cluster")
 def doc_path(database: str, doc_id: str) -> str:
     """The URL path of a document, encoded as the server encodes it."""
     return f"/dbs/{quote(database, safe='')}/docs/{quote(doc_id, safe='/-._~')}"
+
+
+def with_expiry(document: Dict[str, Any], expires: Optional[datetime]) -> Dict[str, Any]:
+    """``document`` with ``@metadata.@expires`` set to ``expires`` (RFC 3339, in UTC):
+    the server deletes the document once that time has passed (within its
+    ``--expiration-check-ms``). A naive datetime is local time, as Python takes it.
+    ``None`` leaves the document as it is; ``document`` itself is not changed."""
+    if expires is None:
+        return document
+    at = expires.astimezone(timezone.utc).isoformat(timespec="milliseconds")
+    metadata = dict(document.get("@metadata") or {})
+    metadata["@expires"] = at.replace("+00:00", "Z")
+    return {**document, "@metadata": metadata}
 
 
 def strip_quotes(etag: Optional[str]) -> Optional[str]:
@@ -531,10 +545,12 @@ class DocumentStore:
         return r.json()  # type: ignore[no-any-return]
 
     def put(self, doc_id: str, document: Dict[str, Any],
-            if_match: Optional[str] = None) -> str:
-        """Writes one document outside any session; returns its new etag."""
+            if_match: Optional[str] = None, expires: Optional[datetime] = None) -> str:
+        """Writes one document outside any session; returns its new etag. With
+        ``expires``, the server deletes it once that time has passed."""
         headers = {"If-Match": f'"{if_match}"'} if if_match else None
-        r = self.request("PUT", self.doc_path(doc_id), json_body=document, headers=headers)
+        body = with_expiry(document, expires)
+        r = self.request("PUT", self.doc_path(doc_id), json_body=body, headers=headers)
         self.invalidate(doc_id)
         return str(r.json()["etag"])
 
