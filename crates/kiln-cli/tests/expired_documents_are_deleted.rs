@@ -87,7 +87,11 @@ fn expired_documents_are_deleted_and_the_others_stay() {
     for id in expiring {
         put(port, id, Some(&soon));
     }
-    put(port, "later/1", Some(&format_rfc3339_ms(now_ms() + 3_600_000)));
+    put(
+        port,
+        "later/1",
+        Some(&format_rfc3339_ms(now_ms() + 3_600_000)),
+    );
     put(port, "plain/1", None);
     // Rewritten without `@expires` before its time: it no longer expires.
     put(port, "rescued/1", Some(&soon));
@@ -96,7 +100,10 @@ fn expired_documents_are_deleted_and_the_others_stay() {
     assert_eq!(status, 400, "{body}");
     let error: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(error["error"], "invalid_document", "{body}");
-    assert!(error["message"].as_str().unwrap().contains("@expires"), "{body}");
+    assert!(
+        error["message"].as_str().unwrap().contains("@expires"),
+        "{body}"
+    );
     assert_eq!(status_of(port, "soon/1"), 200, "deleted before its time");
 
     wait_until_gone(port, &expiring);
@@ -118,7 +125,13 @@ fn expired_documents_are_deleted_and_the_others_stay() {
 fn start_node(c: &mut Cluster, id: u64) {
     let port = c.ports[&id];
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["serve", "--node-id", &id.to_string(), "--cluster", &c.members])
+        .args([
+            "serve",
+            "--node-id",
+            &id.to_string(),
+            "--cluster",
+            &c.members,
+        ])
         .args([
             "--election-timeout-ms",
             &cluster::ELECTION_TIMEOUT_MS.to_string(),
@@ -161,7 +174,11 @@ fn in_a_cluster_every_node_deletes_them_with_the_same_tombstones() {
     for id in expiring {
         put(leader, id, Some(&soon));
     }
-    put(leader, "later/1", Some(&format_rfc3339_ms(now_ms() + 3_600_000)));
+    put(
+        leader,
+        "later/1",
+        Some(&format_rfc3339_ms(now_ms() + 3_600_000)),
+    );
     let mut tombstones = Vec::new();
     for port in c.ports.values() {
         wait_until_gone(*port, &expiring);
