@@ -16,15 +16,16 @@
 //! server sent to storage (`/proc/PID/io`), the servers' CPU, and the disk's own
 //! write and flush counts (/proc/diskstats: the whole device, whoever wrote).
 //!
-//! W15C: catch-up. A fresh three-node cluster that snapshots every
-//! `CATCH_UP_SNAPSHOT_EVERY_ENTRIES` entries; one follower stopped (SIGTERM, a
-//! clean stop), then the scale's documents written to the leader in batches (one
-//! Raft entry each) until the leader's log is purged past the follower; the
+//! W15C: catch-up. A fresh three-node cluster that snapshots every half of the
+//! entries to write; one follower stopped (SIGTERM, a clean stop), then the
+//! scale's documents written to the leader in batches of 256 (one Raft entry
+//! each), then single documents until the leader has a snapshot of every batch
+//! (its log then purged past the follower); the
 //! follower restarted and timed from its start until it has applied the leader's
 //! index: from a snapshot (built on the leader during the writes, sent in chunks,
 //! installed by restoring), then the entries after it from the log. Then again with
-//! fewer entries behind than the leader keeps below a snapshot: from the log
-//! alone. Both against the disk's sequential write measured in the same run, as
+//! fewer entries behind than the leader keeps below a snapshot, of 8 documents
+//! each: from the log alone. Both against the disk's sequential write measured in the same run, as
 //! W14 measures it; where the time went is read off the follower's snapshot
 //! directory and applied index, polled every `CATCH_UP_POLL`.
 
@@ -314,35 +315,40 @@ fn failovers(cluster: &mut Cluster, count: usize) -> BenchResult<(Vec<f64>, Vec<
     Ok((failover_ms, rejoin_ms))
 }
 
-/// W15C's cluster snapshots every this many applied entries (`kiln serve
-/// --snapshot-every-entries`) and so keeps as many entries below a snapshot
-/// (`min(1000, N)`): a follower further behind than that needs a snapshot.
-const CATCH_UP_SNAPSHOT_EVERY_ENTRIES: u64 = 100;
+/// Documents (~1 KiB each) per batch of the snapshot path, one Raft entry each
+/// (~256 KiB).
+const DOCS_PER_ENTRY: u64 = 256;
 
-/// The batches (Raft entries) written while the follower is down, for the
-/// snapshot path: enough past two snapshots that the log is purged past it.
-const SNAPSHOT_PATH_ENTRIES: u64 = 250;
+/// Documents per batch of the log path (~8 KiB entries). A leader sends a follower
+/// up to 300 entries per append (openraft's `max_payload_entries`), and an append
+/// not answered within the heartbeat interval (100 ms) fails and is sent again
+/// whole: a follower 54 entries of 1 MiB behind never caught up (985 timeouts in
+/// 3.5 minutes). Entries of 8 KiB make appends of 2.4 MiB at most.
+const LOG_DOCS_PER_ENTRY: u64 = 8;
 
-/// The batches written for the log path: fewer than the entries kept below a
-/// snapshot, so the follower catches up from the log alone.
-const LOG_PATH_ENTRIES: u64 = 50;
-
-/// Connections the batches are written over (each entry count is a multiple).
-const WRITE_CONNECTIONS: usize = 5;
+/// Connections the batches are written over (entry counts are multiples of it);
+/// few, so that the surviving follower's appends stay small too.
+const WRITE_CONNECTIONS: usize = 4;
 
 /// How often the follower's applied index and snapshot directory are read.
 const CATCH_UP_POLL: Duration = Duration::from_millis(20);
 
 /// How long a catch-up may take before the run fails.
-const CATCH_UP_GIVE_UP: Duration = Duration::from_secs(900);
+const CATCH_UP_GIVE_UP: Duration = Duration::from_secs(600);
 
 /// How long no snapshot may be under construction on any node before the
 /// follower is restarted (a build started by the last writes would compete).
 const SNAPSHOTS_QUIET: Duration = Duration::from_secs(1);
 
-/// Free space W15C asks for under `--dir`, in multiples of the bytes written: the
-/// three databases, each node's snapshot file and log, the received snapshot.
-const FREE_SPACE_FACTOR: u64 = 8;
+/// Free space W15C asks for under `--dir`: this much, for the nodes' preallocated
+/// journals (four files of 64 MiB a node: the database's and the Raft log's) ...
+const FREE_SPACE_FIXED_BYTES: u64 = 1 << 30;
+
+/// ... and this many times the bytes written: on each node the database, the Raft
+/// log, its snapshot and the one being built or received (a node that runs out of
+/// space while building a snapshot stops taking part: seen at 32 MiB; the cluster
+/// took 16x the bytes written at 512 MiB).
+const FREE_SPACE_FACTOR: u64 = 20;
 
 const MB: f64 = 1e6;
 
@@ -350,7 +356,8 @@ const MB: f64 = 1e6;
 #[derive(Debug, Clone, Copy)]
 pub struct CatchUpScale {
     /// Bytes of documents (their JSON) written while the follower is down for the
-    /// snapshot path; the log path writes a fifth of it.
+    /// snapshot path (the log path writes fewer entries than the leader keeps
+    /// below a snapshot, of 8 documents each).
     pub behind_bytes: u64,
 }
 
@@ -364,6 +371,34 @@ impl CatchUpScale {
     }
 }
 
+/// W15C's entry counts for a scale.
+#[derive(Debug, Clone, Copy)]
+struct CatchUpPlan {
+    /// Entries of `DOCS_PER_ENTRY` written for the snapshot path.
+    snapshot_path_entries: u64,
+    /// The cluster's `--snapshot-every-entries`: half the snapshot path's entries,
+    /// so that the leader's second snapshot, which purges its log past the
+    /// follower, comes once they are all written (`seal_with_snapshot`).
+    snapshot_every_entries: u64,
+    /// Entries of `LOG_DOCS_PER_ENTRY` written for the log path: half of those
+    /// the leader keeps below a snapshot (`min(1000, snapshot_every_entries)`).
+    log_path_entries: u64,
+}
+
+impl CatchUpPlan {
+    fn new(behind_bytes: u64) -> Self {
+        let doc_bytes = doc_1k(&mut SmallRng::seed_from_u64(SEED), 0).len() as u64;
+        let whole = |n: u64| n.max(1).next_multiple_of(WRITE_CONNECTIONS as u64);
+        let snapshot_path_entries = whole(behind_bytes.div_ceil(DOCS_PER_ENTRY * doc_bytes));
+        let snapshot_every_entries = (snapshot_path_entries / 2).max(4);
+        CatchUpPlan {
+            snapshot_path_entries,
+            snapshot_every_entries,
+            log_path_entries: whole(snapshot_every_entries.min(1_000) / 2),
+        }
+    }
+}
+
 /// W15C: a follower brought back after falling behind, from a snapshot and from
 /// the log, against the disk's sequential write.
 pub fn w15c(dir: &Path, scale: CatchUpScale) -> BenchResult<Run> {
@@ -372,17 +407,18 @@ pub fn w15c(dir: &Path, scale: CatchUpScale) -> BenchResult<Run> {
     let mut extra = Map::new();
     let disk_file_bytes = scale.behind_bytes.clamp(64 << 20, 1 << 30);
     let disk_before = disk_seq_write_mb_per_s(dir, disk_file_bytes)?;
-    let docs_per_batch = docs_per_batch(scale.behind_bytes);
-    let (snap, log) = snapshot_then_log_rounds(&dir.join("cluster"), docs_per_batch, &mut extra)?;
+    let plan = CatchUpPlan::new(scale.behind_bytes);
+    let (snap, log) = snapshot_then_log_rounds(&dir.join("cluster"), plan, &mut extra)?;
     let disk_after = disk_seq_write_mb_per_s(dir, disk_file_bytes)?;
 
     let disk_mb_s = (disk_before + disk_after) / 2.0;
     extra.insert("nodes".into(), json!(NODES));
     extra.insert(
         "snapshot_every_entries".into(),
-        json!(CATCH_UP_SNAPSHOT_EVERY_ENTRIES),
+        json!(plan.snapshot_every_entries),
     );
-    extra.insert("docs_per_batch".into(), json!(docs_per_batch));
+    extra.insert("docs_per_entry".into(), json!(DOCS_PER_ENTRY));
+    extra.insert("log_docs_per_entry".into(), json!(LOG_DOCS_PER_ENTRY));
     extra.insert("disk_file_bytes".into(), json!(disk_file_bytes));
     extra.insert("disk_seq_write_before_mb_per_s".into(), json!(disk_before));
     extra.insert("disk_seq_write_after_mb_per_s".into(), json!(disk_after));
@@ -391,9 +427,15 @@ pub fn w15c(dir: &Path, scale: CatchUpScale) -> BenchResult<Run> {
     log.insert_figures("log_", disk_mb_s, &mut extra);
     snap.catch_up.insert_split(&mut extra);
     // What `kiln bench` prints as the row's server memory: the follower's.
-    extra.insert("server_peak_rss_bytes".into(), json!(snap.catch_up.peak_rss_bytes));
+    extra.insert(
+        "server_peak_rss_bytes".into(),
+        json!(snap.catch_up.peak_rss_bytes),
+    );
     // The batches that put the follower behind (an HTTP workload's row).
-    extra.insert("requests_per_sec".into(), json!(snap.written.requests_per_sec));
+    extra.insert(
+        "requests_per_sec".into(),
+        json!(snap.written.requests_per_sec),
+    );
     Ok(Run {
         ops: snap.written.documents,
         commits: snap.written.entries,
@@ -407,35 +449,51 @@ pub fn w15c(dir: &Path, scale: CatchUpScale) -> BenchResult<Run> {
 /// after the first go into `extra`.
 fn snapshot_then_log_rounds(
     root: &Path,
-    docs_per_batch: u64,
+    plan: CatchUpPlan,
     extra: &mut Map<String, Value>,
 ) -> BenchResult<(Round, Round)> {
-    let every = CATCH_UP_SNAPSHOT_EVERY_ENTRIES.to_string();
+    let every = plan.snapshot_every_entries.to_string();
     let mut cluster = Cluster::start(root, &["--snapshot-every-entries", &every])?;
-    let leader = cluster.steady()?;
-    cluster.create_bench_db(leader)?;
-    let follower = *cluster
-        .nodes
-        .keys()
-        .find(|id| **id != leader)
-        .ok_or("no follower")?;
-    let snap = behind_and_back(&mut cluster, leader, follower, SNAPSHOT_PATH_ENTRIES, docs_per_batch)?;
+    cluster.create_bench_db(cluster.steady()?)?;
+    let (leader, follower) = cluster.leader_and_follower()?;
+    let snap = behind_and_back(
+        &mut cluster,
+        leader,
+        follower,
+        plan.snapshot_path_entries,
+        DOCS_PER_ENTRY,
+    )?;
     if snap.catch_up.snapshot.is_none() {
         return Err(format!(
-            "the follower caught up from the log after {SNAPSHOT_PATH_ENTRIES} entries: the \
-             leader had not purged its log past it (a snapshot every \
-             {CATCH_UP_SNAPSHOT_EVERY_ENTRIES} entries)"
+            "the follower caught up from the log after {} entries: the leader had not \
+             purged its log past it (a snapshot every {} entries)",
+            plan.snapshot_path_entries, plan.snapshot_every_entries
         )
         .into());
     }
-    let leader_db = allocated_bytes(&cluster.dirs[&leader].join("databases"))?;
-    extra.insert("leader_database_disk_bytes".into(), json!(leader_db));
+    let databases = cluster.dirs[&leader].join("databases");
+    extra.insert(
+        "leader_database_disk_bytes".into(),
+        json!(allocated_bytes(&databases)?),
+    );
+    extra.insert(
+        "leader_database_disk_bytes_without_journal".into(),
+        json!(databases_bytes(&databases)?),
+    );
     extra.insert("cluster_disk_bytes".into(), json!(allocated_bytes(root)?));
-    let log = behind_and_back(&mut cluster, leader, follower, LOG_PATH_ENTRIES, docs_per_batch)?;
+    // The same nodes, unless leadership moved meanwhile.
+    let (leader, follower) = cluster.leader_and_follower()?;
+    let log = behind_and_back(
+        &mut cluster,
+        leader,
+        follower,
+        plan.log_path_entries,
+        LOG_DOCS_PER_ENTRY,
+    )?;
     if let Some(s) = &log.catch_up.snapshot {
         return Err(format!(
-            "the follower {LOG_PATH_ENTRIES} entries behind was sent a snapshot ({})",
-            s.name
+            "the follower {} entries behind was sent a snapshot ({})",
+            plan.log_path_entries, s.name
         )
         .into());
     }
@@ -444,17 +502,9 @@ fn snapshot_then_log_rounds(
     Ok((snap, log))
 }
 
-/// Documents per batch for `SNAPSHOT_PATH_ENTRIES` batches of `behind_bytes` in all
-/// (at least one, at most the server's default batch limit, 10,000).
-fn docs_per_batch(behind_bytes: u64) -> u64 {
-    let doc_bytes = doc_1k(&mut SmallRng::seed_from_u64(SEED), 0).len() as u64;
-    behind_bytes
-        .div_ceil(SNAPSHOT_PATH_ENTRIES * doc_bytes)
-        .clamp(1, 10_000)
-}
-
-/// Refuses to start unless the disk under `dir` has `FREE_SPACE_FACTOR` times the
-/// bytes to write free (a full disk would fail the run part way, and others' work).
+/// Refuses to start unless the disk under `dir` has `FREE_SPACE_FIXED_BYTES` and
+/// `FREE_SPACE_FACTOR` times the bytes to write free (a full disk would fail the
+/// run part way, and others' work).
 fn check_free_space(dir: &Path, behind_bytes: u64) -> BenchResult<()> {
     let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
     // SAFETY: statvfs writes into the struct we pass; all-zero is a valid statvfs.
@@ -464,7 +514,7 @@ fn check_free_space(dir: &Path, behind_bytes: u64) -> BenchResult<()> {
         return Err(format!("statvfs {}: {}", dir.display(), io::Error::last_os_error()).into());
     }
     let free_bytes = st.f_bavail as u64 * st.f_frsize as u64;
-    let needed_bytes = behind_bytes * FREE_SPACE_FACTOR;
+    let needed_bytes = FREE_SPACE_FIXED_BYTES + behind_bytes * FREE_SPACE_FACTOR;
     if free_bytes < needed_bytes {
         return Err(format!(
             "W15C writes {} MiB behind a follower and needs about {} MiB free under {}; {} MiB \
@@ -491,7 +541,15 @@ fn disk_seq_write_mb_per_s(dir: &Path, bytes: u64) -> BenchResult<f64> {
     let mut buf = AlignedBuf::new(block as usize);
     let writes = bytes.div_ceil(block);
     let start = Instant::now();
-    let run = rawdisk::timed_writes(&wf, &mut buf, 0, writes * block, writes, Duration::MAX, &mut |_| true)?;
+    let run = rawdisk::timed_writes(
+        &wf,
+        &mut buf,
+        0,
+        writes * block,
+        writes,
+        Duration::MAX,
+        &mut |_| true,
+    )?;
     wf.sync_all()?;
     let seconds = start.elapsed().as_secs_f64();
     Ok((run.writes * block) as f64 / MB / seconds.max(1e-9))
@@ -512,6 +570,25 @@ fn allocated_bytes(dir: &Path) -> BenchResult<u64> {
     Ok(total)
 }
 
+/// Bytes allocated by the databases under `databases` but their journals (their
+/// files are preallocated, and a snapshot does not hold them), as W14 counts them.
+fn databases_bytes(databases: &Path) -> BenchResult<u64> {
+    let mut total = 0;
+    for entry in
+        std::fs::read_dir(databases).map_err(|e| format!("{}: {e}", databases.display()))?
+    {
+        let db = entry?.path();
+        let journal = db.join("journal");
+        let journal_bytes = if journal.is_dir() {
+            allocated_bytes(&journal)?
+        } else {
+            0
+        };
+        total += allocated_bytes(&db)?.saturating_sub(journal_bytes);
+    }
+    Ok(total)
+}
+
 /// One round of W15C: what was written while the follower was down, and its
 /// catch-up.
 struct Round {
@@ -520,27 +597,100 @@ struct Round {
 }
 
 /// Stops `follower` (SIGTERM, waited for), writes `entries` batches of
-/// `docs_per_batch` documents to `leader`, waits for the other nodes to apply
-/// them and finish their snapshots, restarts the follower and times its catch-up;
-/// returns once the three are steady again.
+/// `docs_per_entry` documents to `leader` (then, for the snapshot path, single
+/// documents until a snapshot holds every batch), waits for the other nodes to
+/// apply them and finish their snapshots, restarts the follower and times its
+/// catch-up; returns once the three are steady again.
 fn behind_and_back(
     cluster: &mut Cluster,
     leader: u64,
     follower: u64,
     entries: u64,
-    docs_per_batch: u64,
+    docs_per_entry: u64,
 ) -> BenchResult<Round> {
     let node = cluster
         .nodes
         .remove(&follower)
         .ok_or("the follower is not running")?;
     drop(node);
-    let written = write_batches(cluster, leader, entries, docs_per_batch)?;
+    let mut written = write_batches(cluster, leader, entries, docs_per_entry)?;
+    if docs_per_entry == DOCS_PER_ENTRY {
+        seal_with_snapshot(cluster, leader, &mut written)?;
+    }
     cluster.wait_applied(leader)?;
     cluster.wait_snapshots_quiet()?;
     let catch_up = catch_up(cluster, leader, follower)?;
     cluster.steady()?;
     Ok(Round { written, catch_up })
+}
+
+/// After the leader's snapshot of every batch, single-document PUTs, one every
+/// `PURGE_NUDGE_EVERY`, `PURGE_NUDGES` times. The
+/// leader purges its log once a snapshot is built, but not while an append to the
+/// stopped follower is in flight; a failed append (after the replication's back-off
+/// of 500 ms) clears it and tries the purge again. Without these writes the
+/// leader may keep its log, and the follower catches up from it.
+const PURGE_NUDGES: u64 = 20;
+const PURGE_NUDGE_EVERY: Duration = Duration::from_millis(100);
+
+/// Makes the leader snapshot everything written so far and purge its log past the
+/// stopped follower (see `PURGE_NUDGES`), with single-document PUTs, counted in
+/// `written`: until it has begun a snapshot of everything before them (or has
+/// one), then until that snapshot is built, then `PURGE_NUDGES` more.
+fn seal_with_snapshot(cluster: &Cluster, leader: u64, written: &mut Written) -> BenchResult<()> {
+    let sealed = cluster
+        .applied(leader)
+        .ok_or("the leader does not report its applied index")?;
+    let dir = cluster.snapshot_dir(leader);
+    let deadline = Instant::now() + STEADY_WITHIN;
+    // The builds under way once a write after `sealed` was applied: one begun
+    // later holds everything up to `sealed`.
+    let mut older_builds: Option<Vec<String>> = None;
+    let mut build_seen: Option<Instant> = None;
+    loop {
+        let seen = snapshot_dir(&dir)?;
+        if seen.snapshots.iter().any(|s| s.index >= sealed) {
+            written.snapshot_build_s = build_seen.map(|t| t.elapsed().as_secs_f64());
+            break;
+        }
+        let newer_build = older_builds
+            .as_ref()
+            .is_some_and(|older| seen.building.iter().any(|b| !older.contains(b)));
+        if newer_build {
+            build_seen.get_or_insert_with(Instant::now);
+            std::thread::sleep(CATCH_UP_POLL);
+        } else {
+            put_one(cluster, leader, sealed, written)?;
+            older_builds.get_or_insert(snapshot_dir(&dir)?.building);
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the leader had no snapshot of index {sealed} within {} s",
+                STEADY_WITHIN.as_secs()
+            )
+            .into());
+        }
+    }
+    for _ in 0..PURGE_NUDGES {
+        put_one(cluster, leader, sealed, written)?;
+        std::thread::sleep(PURGE_NUDGE_EVERY);
+    }
+    Ok(())
+}
+
+/// One PUT of a new ~1 KiB document to `leader`, counted in `written`.
+fn put_one(cluster: &Cluster, leader: u64, tag: u64, written: &mut Written) -> BenchResult<()> {
+    let body = doc_1k(&mut SmallRng::seed_from_u64(SEED), written.entries);
+    let path = format!("/dbs/bench/docs/catchup/seal-{tag}-{}", written.entries);
+    let (status, answer) = cluster.request(leader, "PUT", &path, &body)?;
+    if status != 201 {
+        let answer = String::from_utf8_lossy(&answer);
+        return Err(format!("PUT {path} to the leader: {status} {answer}").into());
+    }
+    written.entries += 1;
+    written.documents += 1;
+    written.document_bytes += body.len() as u64;
+    Ok(())
 }
 
 impl Round {
@@ -554,6 +704,9 @@ impl Round {
         put("behind_documents", json!(w.documents));
         put("behind_document_bytes", json!(w.document_bytes));
         put("write_seconds", json!(w.seconds));
+        if let Some(build_s) = w.snapshot_build_s {
+            put("leader_snapshot_build_s", json!(build_s));
+        }
         put("catch_up_seconds", json!(c.seconds));
         put("catch_up_mb_per_s", json!(mb_s));
         put("catch_up_ratio_to_disk_seq_write", json!(mb_s / disk_mb_s));
@@ -573,15 +726,18 @@ struct Written {
     document_bytes: u64,
     seconds: f64,
     requests_per_sec: f64,
+    /// How long the leader took to build the snapshot of them, as seen from its
+    /// snapshot directory (None when the build was not seen under way).
+    snapshot_build_s: Option<f64>,
 }
 
-/// Writes `entries` batches (`POST /dbs/bench/batch`) of `docs_per_batch` new
+/// Writes `entries` batches (`POST /dbs/bench/batch`) of `docs_per_entry` new
 /// ~1 KiB documents to `leader` over `WRITE_CONNECTIONS` connections.
 fn write_batches(
     cluster: &Cluster,
     leader: u64,
     entries: u64,
-    docs_per_batch: u64,
+    docs_per_entry: u64,
 ) -> BenchResult<Written> {
     let connections = WRITE_CONNECTIONS.min(entries as usize).max(1);
     let per_connection = entries as usize / connections;
@@ -591,24 +747,32 @@ fn write_batches(
     // Ids unique across rounds: the round is the leader's log index at the start.
     let round = cluster.applied(leader).unwrap_or(0);
     let make = move |c: usize, i: usize| {
-        let (body, doc_bytes) = batch_body(round, c, i, docs_per_batch);
+        let (body, doc_bytes) = batch_body(round, c, i, docs_per_entry);
         bytes.fetch_add(doc_bytes, Ordering::Relaxed);
         bar.inc(1);
         let headers = [("content-type", "application/json")];
         request_bytes("POST", "/dbs/bench/batch", &headers, &body)
     };
     let hidden = indicatif::ProgressBar::hidden();
-    let r = run_load(cluster.addrs[&leader], connections, per_connection, 200, make, &hidden)?;
+    let r = run_load(
+        cluster.addrs[&leader],
+        connections,
+        per_connection,
+        200,
+        make,
+        &hidden,
+    )?;
     pb.finish_and_clear();
     if let Some((status, body)) = r.unexpected.first() {
         return Err(format!("a batch to the leader (node {leader}): {status} {body}").into());
     }
     Ok(Written {
         entries: r.requests,
-        documents: r.requests * docs_per_batch,
+        documents: r.requests * docs_per_entry,
         document_bytes: document_bytes.load(Ordering::Relaxed),
         seconds: r.seconds,
         requests_per_sec: r.per_sec(),
+        snapshot_build_s: None,
     })
 }
 
@@ -626,7 +790,9 @@ fn batch_body(round: u64, c: usize, i: usize, docs: u64) -> (Vec<u8>, u64) {
         let doc = doc_1k(&mut rng, j);
         doc_bytes += doc.len() as u64;
         let id = format!("catchup/{round}-{c}-{i}-{j}");
-        body.extend_from_slice(format!("{{\"op\":\"put\",\"id\":\"{id}\",\"document\":").as_bytes());
+        body.extend_from_slice(
+            format!("{{\"op\":\"put\",\"id\":\"{id}\",\"document\":").as_bytes(),
+        );
         body.extend_from_slice(&doc);
         body.push(b'}');
     }
@@ -642,32 +808,68 @@ struct SnapshotSeen {
     bytes: u64,
 }
 
-/// The snapshot files in `dir`, and whether a file is being received into it.
-fn snapshot_files(dir: &Path) -> BenchResult<(Vec<SnapshotSeen>, bool)> {
-    let mut snapshots = Vec::new();
-    let mut receiving = false;
+/// What a node's snapshot directory holds.
+#[derive(Default)]
+struct SnapshotDir {
+    snapshots: Vec<SnapshotSeen>,
+    /// The bytes of the file being received (None when none is).
+    receiving_bytes: Option<u64>,
+    /// The names of the snapshots being built.
+    building: Vec<String>,
+}
+
+/// Reads a node's snapshot directory (empty if it does not exist yet).
+fn snapshot_dir(dir: &Path) -> BenchResult<SnapshotDir> {
+    let mut seen = SnapshotDir::default();
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((snapshots, false)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(seen),
         Err(e) => return Err(format!("{}: {e}", dir.display()).into()),
     };
     for entry in entries {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        receiving |= name.starts_with("receiving-");
-        let Some(id) = name.strip_prefix("snapshot-").and_then(|n| n.strip_suffix(".snap")) else {
+        if name.starts_with("receiving-") {
+            let bytes = entry.metadata().map_or(0, |m| m.len());
+            *seen.receiving_bytes.get_or_insert(0) += bytes;
+        } else if name.starts_with("building-") {
+            seen.building.push(name);
+            continue;
+        }
+        let Some(id) = name
+            .strip_prefix("snapshot-")
+            .and_then(|n| n.strip_suffix(".snap"))
+        else {
             continue;
         };
         // A file renamed or removed meanwhile is left out.
-        let (Some(index), Ok(md)) = (id.split('-').nth(1).and_then(|i| i.parse().ok()), entry.metadata()) else {
+        let (Some(index), Ok(md)) = (
+            id.split('-').nth(1).and_then(|i| i.parse().ok()),
+            entry.metadata(),
+        ) else {
             continue;
         };
-        snapshots.push(SnapshotSeen { name, index, bytes: md.len() });
+        seen.snapshots.push(SnapshotSeen {
+            name,
+            index,
+            bytes: md.len(),
+        });
     }
-    Ok((snapshots, receiving))
+    Ok(seen)
 }
 
 impl Cluster {
+    /// Once steady: the leader and the first follower.
+    fn leader_and_follower(&self) -> BenchResult<(u64, u64)> {
+        let leader = self.steady()?;
+        let follower = *self
+            .nodes
+            .keys()
+            .find(|id| **id != leader)
+            .ok_or("the cluster has no follower running")?;
+        Ok((leader, follower))
+    }
+
     /// Waits until no running node has had a snapshot under construction
     /// (`building-*.tmp`) for `SNAPSHOTS_QUIET`.
     fn wait_snapshots_quiet(&self) -> BenchResult<()> {
@@ -675,12 +877,7 @@ impl Cluster {
         let mut quiet_since = Instant::now();
         while quiet_since.elapsed() < SNAPSHOTS_QUIET {
             for &id in self.nodes.keys() {
-                let dir = self.snapshot_dir(id);
-                let building = std::fs::read_dir(&dir)
-                    .map_err(|e| format!("{}: {e}", dir.display()))?
-                    .flatten()
-                    .any(|e| e.file_name().to_string_lossy().starts_with("building-"));
-                if building {
+                if !snapshot_dir(&self.snapshot_dir(id))?.building.is_empty() {
                     quiet_since = Instant::now();
                 }
             }
@@ -714,8 +911,68 @@ struct CatchUp {
     snapshot: Option<SnapshotSeen>,
     peak_rss_bytes: u64,
     peak_rss_anon_bytes: u64,
+    /// The anonymous RSS's peak until the snapshot was installed (the transfer
+    /// and the restore), without the log entries after it.
+    peak_rss_anon_until_installed_bytes: u64,
     /// Bytes the whole device wrote meanwhile (whoever wrote them).
     device_write_bytes: Option<u64>,
+}
+
+/// How long a catch-up may go without visible progress (the follower's applied
+/// index, a snapshot arriving or put in place) before the run fails.
+const CATCH_UP_STALL: Duration = Duration::from_secs(120);
+
+/// What the catch-up loop watches on the follower.
+struct Watch {
+    /// The leader's snapshots when the follower restarted.
+    leader_snapshots: Vec<String>,
+    /// The follower's own snapshot directory, and the snapshots it held before.
+    dir: PathBuf,
+    had: Vec<String>,
+    started: Instant,
+    /// What was seen last (applied index, bytes received, snapshot in place), and
+    /// when it last changed.
+    seen: (Option<u64>, Option<u64>, bool),
+    changed: Instant,
+}
+
+impl Watch {
+    /// One look at the follower's snapshot directory, then its applied index,
+    /// noted in `c`; returns the applied index.
+    fn look(
+        &mut self,
+        cluster: &Cluster,
+        follower: u64,
+        c: &mut CatchUp,
+    ) -> BenchResult<Option<u64>> {
+        let seen = snapshot_dir(&self.dir)?;
+        let (files, receiving) = (seen.snapshots, seen.receiving_bytes);
+        let at = self.started.elapsed().as_secs_f64();
+        if receiving.is_some() && c.first_chunk_s.is_none() {
+            c.first_chunk_s = Some(at);
+        }
+        let sent = files
+            .into_iter()
+            .find(|f| !self.had.contains(&f.name) && self.leader_snapshots.contains(&f.name));
+        if let (Some(s), None) = (sent, &c.snapshot) {
+            c.install_start_s = Some(at);
+            c.first_chunk_s.get_or_insert(at);
+            c.snapshot = Some(s);
+        }
+        let applied = cluster.applied(follower);
+        let at = self.started.elapsed().as_secs_f64();
+        if let (Some(a), Some(s), None) = (applied, &c.snapshot, c.installed_s) {
+            if a >= s.index {
+                c.installed_s = Some(at);
+            }
+        }
+        let seen = (applied, receiving, c.snapshot.is_some());
+        if seen != self.seen {
+            self.seen = seen;
+            self.changed = Instant::now();
+        }
+        Ok(applied)
+    }
 }
 
 /// Restarts `follower` and polls it until it has applied `leader`'s index: its
@@ -725,61 +982,76 @@ fn catch_up(cluster: &mut Cluster, leader: u64, follower: u64) -> BenchResult<Ca
     let target = cluster
         .applied(leader)
         .ok_or("the leader does not report its applied index")?;
-    let leader_snapshots = snapshot_files(&cluster.snapshot_dir(leader))?.0;
+    let names = |dir: &Path| -> BenchResult<Vec<String>> {
+        Ok(snapshot_dir(dir)?
+            .snapshots
+            .into_iter()
+            .map(|s| s.name)
+            .collect())
+    };
     let dir = cluster.snapshot_dir(follower);
-    let had: Vec<String> = snapshot_files(&dir)?.0.into_iter().map(|s| s.name).collect();
-    let device_before = DiskCounters::of(&dir);
-    let started = Instant::now();
+    let mut watch = Watch {
+        leader_snapshots: names(&cluster.snapshot_dir(leader))?,
+        had: names(&dir)?,
+        dir,
+        started: Instant::now(),
+        seen: (None, None, false),
+        changed: Instant::now(),
+    };
+    let device_before = DiskCounters::of(&watch.dir);
     cluster.start_node(follower, false)?;
     let mut c = CatchUp {
         target_index: target,
-        up_s: started.elapsed().as_secs_f64(),
+        up_s: watch.started.elapsed().as_secs_f64(),
         ..CatchUp::default()
     };
     let pid = cluster.nodes[&follower].pid();
     loop {
-        let (files, receiving) = snapshot_files(&dir)?;
-        let at = started.elapsed().as_secs_f64();
-        if receiving && c.first_chunk_s.is_none() {
-            c.first_chunk_s = Some(at);
-        }
-        let sent = files.into_iter().find(|f| {
-            !had.contains(&f.name) && leader_snapshots.iter().any(|l| l.name == f.name)
-        });
-        if let (Some(s), None) = (sent, &c.snapshot) {
-            c.install_start_s = Some(at);
-            c.first_chunk_s.get_or_insert(at);
-            c.snapshot = Some(s);
-        }
-        let applied = cluster.applied(follower);
-        let at = started.elapsed().as_secs_f64();
-        if let (Some(a), Some(s), None) = (applied, &c.snapshot, c.installed_s) {
-            if a >= s.index {
-                c.installed_s = Some(at);
-            }
-        }
+        let applied = watch.look(cluster, follower, &mut c)?;
         if let Ok(anon) = procstat::status_bytes(pid, "RssAnon:") {
             c.peak_rss_anon_bytes = c.peak_rss_anon_bytes.max(anon);
+            if c.installed_s.is_none() {
+                c.peak_rss_anon_until_installed_bytes =
+                    c.peak_rss_anon_until_installed_bytes.max(anon);
+            }
         }
         if applied.is_some_and(|a| a >= target) {
-            c.seconds = at;
+            c.seconds = watch.started.elapsed().as_secs_f64();
             break;
         }
-        if started.elapsed() > CATCH_UP_GIVE_UP {
-            return Err(format!(
-                "node {follower} had not applied the leader's index {target} within {} s of its \
-                 restart (applied: {applied:?})",
-                CATCH_UP_GIVE_UP.as_secs()
-            )
-            .into());
+        if watch.changed.elapsed() > CATCH_UP_STALL || watch.started.elapsed() > CATCH_UP_GIVE_UP {
+            return Err(stalled(cluster, follower, target, applied, &c));
         }
         std::thread::sleep(CATCH_UP_POLL);
     }
     c.peak_rss_bytes = procstat::peak_rss_bytes(pid)?;
-    c.device_write_bytes = DiskCounters::of(&dir)
+    c.device_write_bytes = DiskCounters::of(&watch.dir)
         .zip(device_before)
         .map(|(after, before)| after.since(&before).sectors_written * 512);
     Ok(c)
+}
+
+/// The error of a catch-up that stopped moving or took too long.
+fn stalled(
+    cluster: &Cluster,
+    follower: u64,
+    target: u64,
+    applied: Option<u64>,
+    c: &CatchUp,
+) -> Box<dyn std::error::Error> {
+    format!(
+        "node {follower} had not applied the leader's index {target} (applied: {applied:?}; a \
+         snapshot of index {:?} received) with no progress for {} s or within {} s of its \
+         restart; the nodes' logs are beside their data directories under {}",
+        c.snapshot.as_ref().map(|s| s.index),
+        CATCH_UP_STALL.as_secs(),
+        CATCH_UP_GIVE_UP.as_secs(),
+        cluster.dirs[&follower]
+            .parent()
+            .unwrap_or(Path::new("."))
+            .display(),
+    )
+    .into()
 }
 
 impl CatchUp {
@@ -796,6 +1068,10 @@ impl CatchUp {
             return;
         };
         extra.insert("snapshot_bytes".into(), json!(s.bytes));
+        extra.insert(
+            "follower_peak_rss_anon_until_installed_bytes".into(),
+            json!(self.peak_rss_anon_until_installed_bytes),
+        );
         extra.insert("snapshot_index".into(), json!(s.index));
         extra.insert(
             "entries_after_snapshot".into(),
@@ -822,24 +1098,29 @@ pub fn report_catch_up(label: &str, m: &Run) {
     let mib = |k: &str| f(k) / (1u64 << 20) as f64;
     println!(
         "         {label}: a follower {:.0} MiB of documents behind ({:.0} documents of ~1 KiB in \
-         {:.0} entries; the leader's database {:.0} MiB on disk, its snapshot {:.0} MiB) caught \
-         up in {:.2} s: {:.1} MB/s = {:.2}x the disk's sequential write of {:.0} MB/s \
-         (target >= 0.5x)",
+         {:.0} entries; the leader's database {:.0} MiB on disk, {:.0} MiB without its journal; \
+         the snapshot {:.0} MiB) caught up in {:.2} s: {:.1} MB/s = {:.2}x the disk's sequential \
+         write of {:.0} MB/s (target >= 0.5x; {:.0} MB/s before the run, {:.0} after)",
         mib("behind_document_bytes"),
         f("behind_documents"),
         f("behind_entries"),
         mib("leader_database_disk_bytes"),
+        mib("leader_database_disk_bytes_without_journal"),
         mib("snapshot_bytes"),
         f("catch_up_seconds"),
         f("catch_up_mb_per_s"),
         f("catch_up_ratio_to_disk_seq_write"),
         f("disk_seq_write_mb_per_s"),
+        f("disk_seq_write_before_mb_per_s"),
+        f("disk_seq_write_after_mb_per_s"),
     );
     println!(
-        "         {label}: from the restart: first snapshot chunk at {:.2} s (up at {:.2} s), \
+        "         {label}: the leader built its snapshot in {:.2} s before the restart; from the \
+         restart: first snapshot chunk at {:.2} s (up at {:.2} s), \
          transfer {:.2} s ({:.0} MB/s), install {:.2} s ({:.0} MB/s), then {:.0} entries from \
          the log {:.2} s; the disk wrote {:.0} MiB meanwhile; the follower's peak RSS {:.0} MiB \
-         (heap {:.0} MiB)",
+         (heap {:.0} MiB; {:.0} MiB until the snapshot was installed)",
+        f("leader_snapshot_build_s"),
         f("start_to_first_chunk_s"),
         f("follower_start_to_health_s"),
         f("snapshot_transfer_s"),
@@ -851,9 +1132,10 @@ pub fn report_catch_up(label: &str, m: &Run) {
         mib("catch_up_device_write_bytes"),
         mib("follower_peak_rss_bytes"),
         mib("follower_peak_rss_anon_bytes"),
+        mib("follower_peak_rss_anon_until_installed_bytes"),
     );
     println!(
-        "         {label}: from the log alone ({:.0} entries, {:.0} MiB behind): {:.2} s, \
+        "         {label}: from the log alone ({:.0} entries, {:.1} MiB behind): {:.2} s, \
          {:.1} MB/s = {:.2}x the disk's sequential write",
         f("log_behind_entries"),
         mib("log_behind_document_bytes"),
