@@ -21,6 +21,13 @@ const META: &str = "raft_meta";
 const VOTE: &[u8] = b"vote";
 const LAST_PURGED: &[u8] = b"last_purged";
 
+/// The most bytes of entries (as stored) one append to a follower carries, beyond
+/// its first entry. openraft gives an append one heartbeat interval (100 ms at the
+/// default election timeout) and sends it again whole when that runs out: a
+/// follower behind by hundreds of large entries (bulk batches, merged writes) was
+/// sent them all at once, again and again, and never caught up.
+const MAX_APPEND_BYTES: usize = 4 << 20;
+
 /// The log store; cheap to clone (a clone is a reader of the same log).
 #[derive(Clone)]
 pub struct LogStore {
@@ -240,6 +247,29 @@ impl RaftLogReader<TypeConfig> for LogStore {
         }
         Ok(out)
     }
+
+    /// Entries from `start` up to `end` (excluded), but no more bytes than
+    /// `MAX_APPEND_BYTES` after the first: openraft sends the rest in the next
+    /// append.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+        let r = self.env.begin_read().map_err(|e| read_err(&e))?;
+        let mut c = r.cursor(LOG).map_err(|e| read_err(&e))?;
+        let (mut out, mut bytes) = (Vec::new(), 0usize);
+        let mut item = c.seek(&start.to_be_bytes()).map_err(|e| read_err(&e))?;
+        while let Some((k, raw)) = item {
+            if index_of(k) >= end || (!out.is_empty() && bytes + raw.len() > MAX_APPEND_BYTES) {
+                break;
+            }
+            bytes += raw.len();
+            out.push(decode_entry(raw)?);
+            item = c.next().map_err(|e| read_err(&e))?;
+        }
+        Ok(out)
+    }
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
@@ -325,5 +355,57 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // below it, which `get_log_state` and reads treat as gone.
         self.write_meta(LAST_PURGED, &log_id)?;
         self.delete_range(0, Some(log_id.index + 1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{Command, LoggedCondition, LoggedOp};
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    fn big_entry(index: u64, bytes: usize) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Command::Write {
+                database: "d".into(),
+                at_ms: 0,
+                all_or_none: true,
+                ops: vec![LoggedOp::Put {
+                    id: format!("x/{index}"),
+                    json: format!("{{\"pad\":\"{}\"}}", "x".repeat(bytes)),
+                    condition: LoggedCondition::None,
+                }],
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_append_to_a_follower_carries_a_bounded_number_of_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut storage = Options::default();
+        storage.journal_file_size_bytes = 64 << 20;
+        let mut log = LogStore::open(dir.path(), storage).unwrap();
+        {
+            let mut w = log.env.begin_write().unwrap();
+            for i in 1..=20 {
+                let raw = serde_json::to_vec(&big_entry(i, 1 << 20)).unwrap();
+                w.put(LOG, &i.to_be_bytes(), &raw).unwrap();
+            }
+            w.commit().unwrap();
+        }
+        // All 20 entries asked for: at most 4 MiB of them come back, in order.
+        let got = log.limited_get_log_entries(1, 21).await.unwrap();
+        assert!((3..=4).contains(&got.len()), "{} entries", got.len());
+        let indexes: Vec<u64> = got.iter().map(|e| e.log_id.index).collect();
+        assert_eq!(indexes, (1..=got.len() as u64).collect::<Vec<_>>());
+        // One entry larger than the budget still comes (never an empty answer).
+        let mut w = log.env.begin_write().unwrap();
+        let raw = serde_json::to_vec(&big_entry(21, 6 << 20)).unwrap();
+        w.put(LOG, &21u64.to_be_bytes(), &raw).unwrap();
+        w.commit().unwrap();
+        assert_eq!(log.limited_get_log_entries(21, 22).await.unwrap().len(), 1);
+        // Small entries: the whole range.
+        assert_eq!(log.limited_get_log_entries(3, 4).await.unwrap().len(), 1);
     }
 }

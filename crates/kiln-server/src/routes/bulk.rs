@@ -32,6 +32,8 @@ use tokio::sync::{mpsc, oneshot};
 
 const MAX_BATCH_DOCS: usize = 8192;
 const MAX_BATCH_BYTES: usize = 16 << 20;
+/// A batch's bytes at most in a cluster (one log entry).
+const MAX_CLUSTER_BATCH_BYTES: usize = 1 << 20;
 /// Answer lines buffered toward a client that reads them slowly.
 const ACK_QUEUE: usize = 64;
 
@@ -303,7 +305,14 @@ impl BulkRun {
     }
 
     fn is_full(&self, filling: &Filling) -> bool {
-        filling.ops.len() >= self.max_batch_docs || filling.bytes >= MAX_BATCH_BYTES
+        // In a cluster a batch is one log entry, which a follower must take within
+        // one append (a heartbeat interval): smaller.
+        let max_bytes = if self.state.cluster.is_some() {
+            MAX_CLUSTER_BATCH_BYTES
+        } else {
+            MAX_BATCH_BYTES
+        };
+        filling.ops.len() >= self.max_batch_docs || filling.bytes >= max_bytes
     }
 
     fn parse_into(
