@@ -10,6 +10,7 @@ mod import_cmd;
 mod inspect_cmd;
 mod kv;
 mod query_cmd;
+mod revisions_cmd;
 mod serve_cmd;
 mod storage_args;
 
@@ -112,6 +113,10 @@ enum Command {
     /// A cluster's members: status, add a learner, promote it, remove a node.
     #[command(subcommand)]
     Cluster(cluster_cmd::ClusterCommand),
+    /// Document revisions on a server: list a document's, revert to one, purge
+    /// them, show or set which collections keep them.
+    #[command(subcommand)]
+    Revisions(revisions_cmd::RevisionsCommand),
     /// Run a query against a server: `kiln query --url U --db DB "from users where ..."`.
     Query(query_cmd::QueryArgs),
     /// Raw key-value access to one storage environment (no documents).
@@ -220,6 +225,7 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
         Command::Serve(args) => serve_cmd::serve(args)?,
         Command::ApiKey(cmd) => serve_cmd::api_key(cmd)?,
         Command::Cluster(cmd) => cluster_cmd::run(cmd)?,
+        Command::Revisions(cmd) => revisions_cmd::run(cmd)?,
         Command::Put {
             data_dir,
             database,

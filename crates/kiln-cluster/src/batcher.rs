@@ -150,6 +150,9 @@ fn json_bytes(ops: &[LoggedOp]) -> usize {
         .map(|op| match op {
             LoggedOp::Put { id, json, .. } => id.len() + json.len(),
             LoggedOp::Delete { id, .. } => id.len(),
+            LoggedOp::Attributed { key_id, op } => {
+                key_id.len() + json_bytes(std::slice::from_ref(op))
+            }
         })
         .sum()
 }
@@ -241,9 +244,7 @@ mod tests {
         entry
             .iter()
             .flat_map(|w| &w.ops)
-            .map(|op| match op {
-                LoggedOp::Put { id, .. } | LoggedOp::Delete { id, .. } => id.clone(),
-            })
+            .map(|op| op.id().to_string())
             .collect()
     }
 

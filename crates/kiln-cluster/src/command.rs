@@ -25,6 +25,17 @@ pub enum Command {
         database: String,
         name: String,
     },
+    /// Sets which collections keep document revisions (applied once per database,
+    /// its log index stored with it).
+    SetRevisionsConfig {
+        database: String,
+        config: kiln_docs::RevisionsConfig,
+    },
+    /// Removes every revision of one document (applied once, as above).
+    PurgeRevisions {
+        database: String,
+        id: String,
+    },
     /// Writes to one database at the leader's time `at_ms`: all or none (a
     /// client's batch), or each on its own.
     Write {
@@ -49,6 +60,34 @@ pub enum LoggedOp {
         id: String,
         condition: LoggedCondition,
     },
+    /// A write made with an API key, whose id every node keeps with the revisions
+    /// of the version it writes.
+    Attributed { key_id: String, op: Box<LoggedOp> },
+}
+
+impl LoggedOp {
+    /// The document id (or prefix) the write is for.
+    pub fn id(&self) -> &str {
+        match self {
+            LoggedOp::Put { id, .. } | LoggedOp::Delete { id, .. } => id,
+            LoggedOp::Attributed { op, .. } => op.id(),
+        }
+    }
+
+    /// This write, made by the API key `key_id` (as it is without one).
+    pub fn attributed(self, key_id: Option<String>) -> LoggedOp {
+        let op = match self {
+            LoggedOp::Attributed { op, .. } => *op,
+            op => op,
+        };
+        match key_id {
+            Some(key_id) => LoggedOp::Attributed {
+                key_id,
+                op: Box::new(op),
+            },
+            None => op,
+        }
+    }
 }
 
 /// A write's precondition; an etag as its text.
@@ -97,6 +136,11 @@ pub enum Answer {
         created: bool,
     },
     IndexDeleted,
+    RevisionsConfigSet,
+    /// How many revisions the purge removed.
+    RevisionsPurged {
+        count: u64,
+    },
     /// One answer per write, in order.
     Writes(Vec<WriteAnswer>),
     /// The whole command failed (the database does not exist, ...).

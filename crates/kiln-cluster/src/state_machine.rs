@@ -227,6 +227,26 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
             all_or_none,
             ops,
         } => write(shared, log_id, &database, at_ms, all_or_none, ops),
+        Command::SetRevisionsConfig { database, config } => Ok(
+            match store
+                .database(&database)
+                .and_then(|db| db.set_revisions_config_logged(log_id.index, config))
+            {
+                Ok(true) => Answer::RevisionsConfigSet,
+                Ok(false) => Answer::AlreadyApplied,
+                Err(e) => storage_or(e, failed)?,
+            },
+        ),
+        Command::PurgeRevisions { database, id } => Ok(
+            match store
+                .database(&database)
+                .and_then(|db| db.purge_revisions_logged(log_id.index, &id))
+            {
+                Ok(Some(count)) => Answer::RevisionsPurged { count },
+                Ok(None) => Answer::AlreadyApplied,
+                Err(e) => storage_or(e, failed)?,
+            },
+        ),
     }
 }
 
@@ -317,6 +337,7 @@ fn to_write_op(db: &kiln_docs::Database, op: LoggedOp) -> Result<WriteOp, DocErr
             id,
             condition: condition.to_condition()?,
         },
+        LoggedOp::Attributed { key_id, op } => to_write_op(db, *op)?.attributed(Some(key_id)),
     })
 }
 

@@ -9,7 +9,9 @@ use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{visible_ascii, HeaderLookup};
 use crate::metrics::DOCUMENT_ROUTE;
 use crate::observe::{Exchange, KeyId, RequestId, REQUEST_ID_HEADER};
-use crate::routes::{admin as routes_admin, bulk, changes, docs as routes_docs, queries, studio};
+use crate::routes::{
+    admin as routes_admin, bulk, changes, docs as routes_docs, queries, revisions, studio,
+};
 use crate::state::{AppState, ConnInfo, SharedState};
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
@@ -71,6 +73,15 @@ pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
         )
         .route("/dbs/{db}/indexes/{name}/reset", post(queries::reset_index))
         .route("/dbs/{db}/queries", post(queries::run_query))
+        .route(
+            "/dbs/{db}/revisions/config",
+            get(revisions::get_config).put(revisions::put_config),
+        )
+        .route(
+            "/dbs/{db}/revisions/docs/{*id}",
+            get(revisions::list).delete(revisions::purge),
+        )
+        .route("/dbs/{db}/revisions/revert/{*id}", post(revisions::revert))
         .route("/cluster", get(crate::routes::cluster::status))
         .route("/cluster/members", post(crate::routes::cluster::add_member))
         .route(
@@ -218,7 +229,7 @@ pub(crate) async fn with_request_id(resp: Response, id: &RequestId) -> Response 
 
 /// With authentication on, a request needs a verified client certificate or a valid
 /// API key (`Authorization: Bearer <key>` or `X-Api-Key: <key>`).
-async fn authenticate(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+async fn authenticate(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
     let client_certificate = req
         .extensions()
         .get::<ConnInfo>()
@@ -229,6 +240,10 @@ async fn authenticate(State(state): State<SharedState>, req: Request, next: Next
     }) {
         Err(refused) => refused,
         Ok(key) => {
+            // For the handlers too: a write keeps its key with the revisions it makes.
+            if let Some(key) = &key {
+                req.extensions_mut().insert(key.clone());
+            }
             let mut resp = next.run(req).await;
             if let Some(key) = key {
                 resp.extensions_mut().insert(key);

@@ -82,6 +82,10 @@ error_codes! {
     IndexNotFound = "index_not_found" => NOT_FOUND,
     IndexExists = "index_exists" => CONFLICT,
     QueryTooExpensive = "query_too_expensive" => BAD_REQUEST,
+    // Revisions.
+    InvalidRevisionsConfig = "invalid_revisions_config" => BAD_REQUEST,
+    /// The document has no revision with that etag (never had, trimmed or purged).
+    RevisionNotFound = "revision_not_found" => NOT_FOUND,
     // Backup and restore.
     BackupChainBroken = "backup_chain_broken" => BAD_REQUEST,
     IncrementNotPossible = "increment_not_possible" => CONFLICT,
@@ -263,6 +267,8 @@ pub(crate) fn error_code(e: &DocError) -> ErrorCode {
         DocError::IndexExists(_) => C::IndexExists,
         DocError::InvalidQuery { .. } => C::InvalidQuery,
         DocError::QueryTooExpensive(_) => C::QueryTooExpensive,
+        DocError::InvalidRevisionsConfig(_) => C::InvalidRevisionsConfig,
+        DocError::RevisionNotFound { .. } => C::RevisionNotFound,
         DocError::CorruptRecord { .. } => C::Corruption,
         DocError::BackupChain { .. } => C::BackupChainBroken,
         DocError::IncrementNotPossible(_) => C::IncrementNotPossible,

@@ -32,6 +32,30 @@ where
     }
 }
 
+/// The API key a request was let in with (`app::authenticate` puts it in the
+/// request's extensions): its id is kept with the revisions a write makes. None
+/// without authentication, or when a client certificate let the request in.
+pub struct RequestKey(pub Option<crate::observe::KeyId>);
+
+impl RequestKey {
+    pub fn id(&self) -> Option<String> {
+        self.0.as_ref().map(|k| k.0.clone())
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RequestKey {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(RequestKey(
+            parts.extensions.get::<crate::observe::KeyId>().cloned(),
+        ))
+    }
+}
+
 /// Header access the request logic needs, over hyper's `HeaderMap` and over the
 /// raw headers that the connection's own HTTP/1.1 parser (`http1/`) leaves in its
 /// buffer, so that both paths answer the same headers the same way.

@@ -13,6 +13,9 @@ use std::sync::Arc;
 pub const MAX_REVISIONS_LIMIT: u32 = 10_000;
 /// The most collections a configuration may name (every input has a limit).
 pub const MAX_CONFIGURED_COLLECTIONS: usize = 1_000;
+/// The longest `max_age_ms`: 2^53 - 1, the largest integer every JSON client
+/// reads back exactly (some 285,000 years).
+pub const MAX_AGE_MS_LIMIT: u64 = (1 << 53) - 1;
 
 /// Which collections keep revisions. A collection named here need not exist yet:
 /// its documents keep revisions once they arrive.
@@ -74,9 +77,12 @@ impl RevisionsConfig {
                     c.max_revisions
                 ));
             }
-            if c.max_age_ms == Some(0) {
+            if c.max_age_ms
+                .is_some_and(|ms| !(1..=MAX_AGE_MS_LIMIT).contains(&ms))
+            {
                 return bad(format!(
-                    "collection {name:?}: max_age_ms must be at least 1 (or null: no age limit)"
+                    "collection {name:?}: max_age_ms must be 1..={MAX_AGE_MS_LIMIT} (or null: no \
+                     age limit)"
                 ));
             }
         }
@@ -184,6 +190,7 @@ mod tests {
             r#"{"collections": {"orders": {"max_revisions": 10001}}}"#,
             r#"{"collections": {"orders": {"max_revisions": -1}}}"#,
             r#"{"collections": {"orders": {"max_revisions": 5, "max_age_ms": 0}}}"#,
+            r#"{"collections": {"orders": {"max_revisions": 5, "max_age_ms": 9007199254740992}}}"#,
             r#"{"collections": {"orders": {"max_age_ms": 5}}}"#,
             r#"{"collections": {"orders": {"max_revisions": 5, "max_ages": 5}}}"#,
             r#"{"collections": {"@orders": {"max_revisions": 5}}}"#,

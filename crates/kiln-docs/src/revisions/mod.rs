@@ -95,6 +95,8 @@ impl Database {
         let env = self.live()?;
         self.check_id(&DocId::Given(id.to_string()))?;
         let before = match before {
+            // An etag of this database (not the start a changes feed takes).
+            Some(etag @ ("" | "0")) => return Err(DocError::InvalidEtag(etag.into())),
             Some(etag) => Some(self.sequence_of(etag)?),
             None => None,
         };

@@ -313,11 +313,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let pending = &self.buf[self.start..];
         let doc_id = head.id(pending).to_string();
         let body = &pending[head.head_len..body_end];
-        let answered =
-            match crate::routes::docs::put(&self.state, database, doc_id, body, condition).await {
-                Ok(outcome) => answer::put(&mut self.out, head.db(pending), &outcome, id, close),
-                Err(e) => answer::response(&mut self.out, e.into_response(), id, close).await,
-            };
+        let key_id = key.as_ref().map(|k| k.0.clone());
+        let put = crate::routes::docs::put(&self.state, database, doc_id, body, condition, key_id);
+        let answered = match put.await {
+            Ok(outcome) => answer::put(&mut self.out, head.db(pending), &outcome, id, close),
+            Err(e) => answer::response(&mut self.out, e.into_response(), id, close).await,
+        };
         self.consume(body_end);
         ((answered, key), close)
     }

@@ -57,6 +57,7 @@ pub async fn bulk_insert(
     _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
+    key: crate::http_util::RequestKey,
     body: Body,
 ) -> Result<Response, ApiError> {
     let database = state.store.database(&db)?;
@@ -70,6 +71,7 @@ pub async fn bulk_insert(
         out: tx,
         max_line_bytes: state.limits.max_body_bytes,
         idle_timeout: Duration::from_millis(state.limits.request_read_timeout_ms),
+        key_id: key.id(),
     };
     tokio::spawn(run.run(body));
     let stream = tokio_stream_from(rx);
@@ -105,6 +107,8 @@ struct BulkRun {
     idle_timeout: Duration,
     /// Documents per batch at most: `MAX_BATCH_DOCS` or the database's batch limit.
     max_batch_docs: usize,
+    /// The API key of the request, kept with the revisions its writes make.
+    key_id: Option<String>,
 }
 
 /// The batch being filled.
@@ -360,21 +364,27 @@ impl BulkRun {
         // at its own line, with every line before it committed.
         self.db.check_id(&target).map_err(refused)?;
         if self.state.cluster.is_some() {
-            filling.logged.push(kiln_cluster::LoggedOp::Put {
-                id: match &target {
-                    DocId::Given(id) => id.clone(),
-                    DocId::Generate { prefix } => prefix.clone(),
-                },
-                json: parsed.document.get().to_string(),
-                condition: kiln_cluster::LoggedCondition::None,
-            });
+            filling.logged.push(
+                kiln_cluster::LoggedOp::Put {
+                    id: match &target {
+                        DocId::Given(id) => id.clone(),
+                        DocId::Generate { prefix } => prefix.clone(),
+                    },
+                    json: parsed.document.get().to_string(),
+                    condition: kiln_cluster::LoggedCondition::None,
+                }
+                .attributed(self.key_id.clone()),
+            );
         }
         filling.bytes += line.len();
-        filling.ops.push(WriteOp::Put {
-            id: target,
-            document,
-            condition: Condition::None,
-        });
+        filling.ops.push(
+            WriteOp::Put {
+                id: target,
+                document,
+                condition: Condition::None,
+            }
+            .attributed(self.key_id.clone()),
+        );
         Ok(())
     }
 

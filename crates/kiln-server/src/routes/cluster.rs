@@ -454,6 +454,40 @@ pub(crate) async fn delete_index(
     }
 }
 
+/// Sets which collections keep revisions, on every node.
+pub(crate) async fn set_revisions_config(
+    state: &AppState,
+    database: &str,
+    config: kiln_docs::RevisionsConfig,
+) -> Result<(), ApiError> {
+    let command = Command::SetRevisionsConfig {
+        database: database.to_string(),
+        config,
+    };
+    match propose(node(state)?, command).await? {
+        Answer::RevisionsConfigSet => Ok(()),
+        Answer::Failed(e) => Err(answered_error(e)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Purges a document's revisions on every node; how many there were.
+pub(crate) async fn purge_revisions(
+    state: &AppState,
+    database: &str,
+    id: &str,
+) -> Result<u64, ApiError> {
+    let command = Command::PurgeRevisions {
+        database: database.to_string(),
+        id: id.to_string(),
+    };
+    match propose(node(state)?, command).await? {
+        Answer::RevisionsPurged { count } => Ok(count),
+        Answer::Failed(e) => Err(answered_error(e)),
+        other => Err(unexpected(&other)),
+    }
+}
+
 /// A route a cluster does not replicate yet: refused rather than done on one
 /// node only.
 pub(crate) fn refuse_in_cluster(state: &AppState, what: &str) -> Result<(), ApiError> {

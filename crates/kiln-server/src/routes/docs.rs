@@ -3,7 +3,7 @@
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{
     blocking, condition_from_if_match, encode_path, encode_query_value, etag_header, json_response,
-    json_value, link_next, none_match_hits, read_body, write_condition, ApiPath,
+    json_value, link_next, none_match_hits, read_body, write_condition, ApiPath, RequestKey,
 };
 use crate::query_params::{NoParams, Params};
 use crate::routes::page_size;
@@ -81,6 +81,7 @@ pub async fn post_document(
     params: NoParams,
     state: State<SharedState>,
     ApiPath((db, id)): ApiPath<(String, String)>,
+    key: RequestKey,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -96,7 +97,7 @@ pub async fn post_document(
         e.allow = Some("GET, PUT, DELETE");
         return Err(e);
     }
-    put_document(params, state, ApiPath((db, id)), headers, body).await
+    put_document(params, state, ApiPath((db, id)), key, headers, body).await
 }
 
 /// PUT to an id writes it; PUT or POST to an id ending in `/` (`users/`) creates a
@@ -105,24 +106,26 @@ pub async fn put_document(
     _: NoParams,
     State(state): State<SharedState>,
     ApiPath((db, id)): ApiPath<(String, String)>,
+    key: RequestKey,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let condition = write_condition(&headers)?;
     let database = state.store.database(&db)?;
     let bytes = read_body(&headers, body, &state.limits).await?;
-    let out = put(&state, database, id, &bytes, condition).await?;
+    let out = put(&state, database, id, &bytes, condition, key.id()).await?;
     Ok(put_response(&db, &out))
 }
 
 /// Parses `body` as the document and writes it to `id` (a new id under it when it
-/// ends in `/`), durably.
+/// ends in `/`), durably; `key_id` is the API key making the write, if known.
 pub(crate) async fn put(
     state: &AppState,
     database: Arc<Database>,
     id: String,
     body: &[u8],
     condition: Condition,
+    key_id: Option<String>,
 ) -> Result<PutOutcome, ApiError> {
     let target = if id.ends_with('/') {
         DocId::Generate { prefix: id.clone() }
@@ -139,7 +142,7 @@ pub(crate) async fn put(
         // Checked here (a bad document never reaches the log), applied by every
         // node from its text.
         database.check_id(&target)?;
-        let op = crate::routes::cluster::logged_put(id, body, &condition)?;
+        let op = crate::routes::cluster::logged_put(id, body, &condition)?.attributed(key_id);
         return match crate::routes::cluster::write_one(state, database.name(), op).await? {
             BatchOutcome::Put(out) => Ok(out),
             BatchOutcome::Delete(_) => Err(mismatched_outcome()),
@@ -149,7 +152,8 @@ pub(crate) async fn put(
         id: target,
         document,
         condition,
-    };
+    }
+    .attributed(key_id);
     match crate::routes::write(state, database, op).await? {
         BatchOutcome::Put(out) => Ok(out),
         BatchOutcome::Delete(_) => Err(mismatched_outcome()),
@@ -168,7 +172,7 @@ fn mismatched_outcome() -> ApiError {
     )
 }
 
-fn put_response(db: &str, out: &PutOutcome) -> Response {
+pub(crate) fn put_response(db: &str, out: &PutOutcome) -> Response {
     let status = if out.created {
         StatusCode::CREATED
     } else {
@@ -277,15 +281,17 @@ pub async fn delete_document(
     _: NoParams,
     State(state): State<SharedState>,
     ApiPath((db, id)): ApiPath<(String, String)>,
+    key: RequestKey,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let condition = write_condition(&headers)?;
     let database = state.store.database(&db)?;
     let written = if state.cluster.is_some() {
-        let op = crate::routes::cluster::logged_delete(id, &condition);
+        let op = crate::routes::cluster::logged_delete(id, &condition).attributed(key.id());
         crate::routes::cluster::write_one(&state, &db, op).await?
     } else {
-        crate::routes::write(&state, database, WriteOp::Delete { id, condition }).await?
+        let op = WriteOp::Delete { id, condition }.attributed(key.id());
+        crate::routes::write(&state, database, op).await?
     };
     let out = match written {
         BatchOutcome::Delete(out) => out,
@@ -445,6 +451,7 @@ pub async fn batch(
     _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
+    key: RequestKey,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -495,13 +502,16 @@ pub async fn batch(
         });
     }
     let outcomes = if state.cluster.is_some() {
-        let logged = ops.iter().map(logged_batch_op).collect();
+        let logged = ops
+            .iter()
+            .map(|op| logged_batch_op(op).attributed(key.id()))
+            .collect();
         crate::routes::cluster::write(&state, &db, logged, true)
             .await?
             .into_iter()
             .collect::<Result<Vec<_>, _>>()?
     } else {
-        blocking(move || database.batch(ops)).await?
+        blocking(move || database.batch_as(ops, key.id())).await?
     };
     let results: Vec<Value> = outcomes
         .iter()

@@ -7,6 +7,7 @@ pub mod changes;
 pub mod cluster;
 pub mod docs;
 pub mod queries;
+pub mod revisions;
 pub mod studio;
 
 use crate::error::{ApiError, ErrorCode};
