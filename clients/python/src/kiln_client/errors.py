@@ -226,6 +226,20 @@ class IndexExistsError(ConflictError):
     code = "index_exists"
 
 
+class InvalidRevisionsConfigError(BadRequestError):
+    """``invalid_revisions_config``: a revisions configuration the server refuses
+    (``max_revisions`` not in 1..=10,000, ``max_age_ms`` 0, an unknown field)."""
+
+    code = "invalid_revisions_config"
+
+
+class RevisionNotFoundError(NotFoundError):
+    """``revision_not_found``: a revert to an etag the document has no revision of
+    (never had, trimmed or purged)."""
+
+    code = "revision_not_found"
+
+
 class MalformedRequestError(BadRequestError):
     """``bad_request``: a request the server cannot parse as HTTP/1.1 (a malformed head,
     a target with characters a URL cannot hold), or plain HTTP sent to its TLS port."""
@@ -497,7 +511,8 @@ ERROR_CLASSES: Dict[str, Type[KilnError]] = {
         InvalidRestorePointError, IncrementNotPossibleError,
         StorageError, DatabaseBusyError, OverloadedError, ShuttingDownError, IoError,
         DatabaseFailedError, DiskFullError, InvalidIndexError, QueryTooExpensiveError,
-        IndexNotFoundError, IndexExistsError, NotLeaderError, NoQuorumError, ClusterError,
+        IndexNotFoundError, IndexExistsError, InvalidRevisionsConfigError,
+        RevisionNotFoundError, NotLeaderError, NoQuorumError, ClusterError,
         NotClusteredError, NotSupportedInClusterError,
     ]
 }

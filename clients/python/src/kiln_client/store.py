@@ -567,6 +567,53 @@ class DocumentStore:
             self.invalidate(res["id"])
         return results
 
+    # --- revisions ----------------------------------------------------------------------
+
+    def revisions_path(self, doc_id: str) -> str:
+        return f"{self.db_path}/revisions/docs/{quote(doc_id, safe='/-._~')}"
+
+    def revisions_config(self) -> Dict[str, Any]:
+        """Which collections keep revisions: ``{"collections": {name: {"max_revisions":
+        N, "max_age_ms": ms or None}}}`` (empty until configured)."""
+        r = self.request("GET", f"{self.db_path}/revisions/config")
+        return r.json()  # type: ignore[no-any-return]
+
+    def set_revisions_config(self, config: Dict[str, Any]) -> Dict[str, Any]:
+        """Replaces the whole revisions configuration (``{"collections": {...}}``, as
+        :meth:`revisions_config` gives it); returns it as stored."""
+        r = self.request("PUT", f"{self.db_path}/revisions/config", json_body=config)
+        return r.json()  # type: ignore[no-any-return]
+
+    def revisions(self, doc_id: str, limit: Optional[int] = None) -> List[Dict[str, Any]]:
+        """The document's revisions (its previous versions), newest first, each
+        ``{"etag", "last_modified", "replaced_at", "deleted", "key_id", "document"}``;
+        at most ``limit`` of them. A deleted document's are listed too."""
+        out: List[Dict[str, Any]] = []
+        continuation: Optional[str] = None
+        while limit is None or len(out) < limit:
+            params: Dict[str, Any] = {"limit": 100 if limit is None else min(100, limit - len(out))}
+            if continuation is not None:
+                params["continuation"] = continuation
+            page = self.request("GET", self.revisions_path(doc_id), params=params).json()
+            out.extend(page["revisions"])
+            continuation = page["continuation"]
+            if continuation is None:
+                break
+        return out
+
+    def revert(self, doc_id: str, etag: str, if_match: Optional[str] = None) -> str:
+        """Writes the revision ``etag`` of the document back as its new version (with
+        ``if_match``, only if the document has that etag now); returns the new etag."""
+        headers = {"If-Match": f'"{if_match}"'} if if_match else None
+        path = f"{self.db_path}/revisions/revert/{quote(doc_id, safe='/-._~')}"
+        r = self.request("POST", path, headers=headers, params={"etag": etag})
+        self.invalidate(doc_id)
+        return str(r.json()["etag"])
+
+    def purge_revisions(self, doc_id: str) -> int:
+        """Removes every revision of the document; returns how many there were."""
+        return int(self.request("DELETE", self.revisions_path(doc_id)).json()["purged"])
+
     def metrics_text(self) -> str:
         return self.request("GET", "/metrics").text
 
