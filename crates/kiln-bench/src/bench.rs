@@ -6,7 +6,6 @@
 
 use crate::backupbench::{self, BackupTool};
 use crate::clusterbench::{self, CatchUpScale, ClusterLoad};
-use crate::querybench;
 use crate::rawdisk;
 use crate::recoverybench::{self, W7Case};
 use crate::report::{self, RawFigures};
@@ -16,6 +15,7 @@ use crate::stats::{measure, median};
 use crate::storagebench;
 use crate::streambench;
 use crate::workload;
+use crate::{aggbench, querybench};
 use kiln_storage::Options;
 use std::path::{Path, PathBuf};
 
@@ -28,7 +28,8 @@ pub struct BenchArgs {
     /// (W8 against the leader of a three-node cluster beside W8 on one node, and
     /// kill -9 of the leader timed to the next acknowledged write), W15C (a stopped
     /// follower's catch-up from a snapshot and from the log, against the disk's
-    /// sequential write).
+    /// sequential write), W17 (aggregations: a reduce index's build, grouped queries,
+    /// its update lag).
     #[arg(long, default_value = "W1,W4")]
     workloads: String,
     /// Directory to run in (a fresh subdirectory per run, removed afterwards).
@@ -85,6 +86,9 @@ pub struct BenchArgs {
     /// W13 documents of the bulk insert (default: 3,000,000; 300,000 with --quick).
     #[arg(long)]
     w13_docs: Option<u64>,
+    /// W17 orders (default: 1,000,000; 100,000 with --quick).
+    #[arg(long)]
+    w17_docs: Option<u64>,
     /// W14: GiB of generated ~1 KiB documents (default: 4; 0.25 with --quick).
     #[arg(long)]
     w14_gib: Option<f64>,
@@ -135,11 +139,12 @@ enum Workload {
     W14,
     W15,
     W15C,
+    W17,
 }
 
 impl Workload {
     /// Every workload, in the order the error for an unknown one lists them.
-    const ALL: [Workload; 17] = [
+    const ALL: [Workload; 18] = [
         Workload::W1,
         Workload::W2,
         Workload::W3,
@@ -157,6 +162,7 @@ impl Workload {
         Workload::W14,
         Workload::W15,
         Workload::W15C,
+        Workload::W17,
     ];
 
     fn name(self) -> &'static str {
@@ -178,6 +184,7 @@ impl Workload {
             Workload::W14 => "W14",
             Workload::W15 => "W15",
             Workload::W15C => "W15C",
+            Workload::W17 => "W17",
         }
     }
 }
@@ -332,6 +339,7 @@ impl<'a> Plan<'a> {
             Workload::W8C => one(Box::new(move || serverbench::w8_chained(dir, load))),
             Workload::W12 => one(Box::new(move || querybench::w12(dir, quick, a.w12_docs))),
             Workload::W13 => one(Box::new(move || querybench::w13(dir, quick, a.w13_docs))),
+            Workload::W17 => one(Box::new(move || aggbench::w17(dir, quick, a.w17_docs))),
             Workload::W14 => {
                 let tool = self.backup_tool.ok_or(NO_BACKUP_TOOL)?;
                 let gib = self.w14_gib;
@@ -424,7 +432,7 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "unknown workload \"W5\" (available: W1, W2, W3, W4, W6, W7, W8, W8I, W8C, W9, \
-             W10, W11, W12, W13, W14, W15, W15C)"
+             W10, W11, W12, W13, W14, W15, W15C, W17)"
         );
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! The modules form a tree: [`bench`] parses the workload list and dispatches to the
 //! workload modules (`storagebench`, `recoverybench`, `serverbench`, `streambench`,
-//! `querybench`, `backupbench`, `clusterbench`), which build on leaf modules that
+//! `querybench`, `aggbench`, `backupbench`, `clusterbench`), which build on leaf modules that
 //! import nothing of this crate's above them: [`run`] (what a run returns),
 //! [`workload`] (the seed and the generated data), [`stats`] (medians, quantiles,
 //! CPU time), [`procstat`], [`machine`], [`rawdisk`]. [`report`] prints `kiln
@@ -14,6 +14,8 @@
 //! The workloads that need a server start the `kiln` binary ([`kiln_exe`]: the
 //! running executable, since they run inside `kiln bench`).
 
+#[cfg(feature = "documents")]
+pub mod aggbench;
 #[cfg(feature = "documents")]
 pub mod backupbench;
 #[cfg(feature = "documents")]

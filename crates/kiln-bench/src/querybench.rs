@@ -47,7 +47,7 @@ fn doc(rng: &mut SmallRng, n: u64) -> Vec<u8> {
     .into_bytes()
 }
 
-fn fresh(dir: &Path) -> BenchResult<(DocStore, Arc<Database>)> {
+pub(crate) fn fresh(dir: &Path) -> BenchResult<(DocStore, Arc<Database>)> {
     if dir.exists() {
         std::fs::remove_dir_all(dir)?;
     }
@@ -102,7 +102,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// Runs a query `iterations` times (after 3 warm-ups); (p50, p99) ms and the last
 /// answer's total.
-fn time_query(db: &Database, text: &str, iterations: usize) -> BenchResult<(f64, f64, u64)> {
+pub(crate) fn time_query(
+    db: &Database,
+    text: &str,
+    iterations: usize,
+) -> BenchResult<(f64, f64, u64)> {
     let params = Map::new();
     let mut total = 0;
     for _ in 0..3 {
