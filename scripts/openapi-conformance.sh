@@ -72,7 +72,10 @@ api() { curl -sS -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $key" 
 for db in shop scratch; do
   [ "$(api -X PUT "$base/dbs/$db")" = 201 ] || { echo "openapi-conformance: could not create $db" >&2; exit 1; }
 done
-for i in 1 2 3; do
+# users keeps revisions: users/1 has one, the deleted users/3 one marked deleted.
+api -X PUT -H 'Content-Type: application/json' --data '{"collections": {"users": {"max_revisions": 5}}}' \
+  "$base/dbs/shop/revisions/config" >/dev/null
+for i in 1 2 3 1; do
   api -X PUT -H 'Content-Type: application/json' --data "{\"name\": \"user $i\", \"tags\": [\"a\", \"b\"]}" \
     "$base/dbs/shop/docs/users/$i" >/dev/null
 done
