@@ -638,74 +638,11 @@ fn apply(txn: &mut WriteTxn<'_>, planned: &[Planned], from: u64, upto: u64) -> R
         if st.id != p.rt.id || st.last_sequence != from {
             continue;
         }
-        let (e, d, x) = (entries_tree(st.id), docs_tree(st.id), errors_tree(st.id));
-        let mut entries = st.entries as i64;
-        let mut errors_possible = txn.tree_len(&x)? > 0;
-        let mut key = Vec::new();
-        if let Some(reducer) = &p.rt.compiled.reduce {
+        let entries = match &p.rt.compiled.reduce {
             // A reduce index: `entries` counts its groups.
-            for (id, update) in &p.updates {
-                if errors_possible {
-                    txn.delete(&x, id.as_bytes())?;
-                }
-                let new = match update {
-                    Update::Reduce(c) => Some(c.as_ref()),
-                    Update::Error(why) => {
-                        txn.put(&x, id.as_bytes(), why.as_bytes())?;
-                        errors_possible = true;
-                        None
-                    }
-                    Update::Remove | Update::Entries(_) => None,
-                };
-                entries += super::reduce::update_document(txn, reducer, st.id, id, new)?;
-            }
-            write_state(
-                txn,
-                name,
-                &IndexState {
-                    id: st.id,
-                    last_sequence: upto,
-                    entries: entries.max(0) as u64,
-                },
-            )?;
-            done.push(st.id);
-            continue;
-        }
-        for (id, update) in &p.updates {
-            let old = txn.get(&d, id.as_bytes())?.map(<[u8]>::to_vec);
-            if let Some(old) = old {
-                for k in decode_list(&old)? {
-                    key.clear();
-                    key.extend_from_slice(k);
-                    key.extend_from_slice(id.as_bytes());
-                    if txn.delete(&e, &key)? {
-                        entries -= 1;
-                    }
-                }
-                txn.delete(&d, id.as_bytes())?;
-            }
-            if errors_possible {
-                txn.delete(&x, id.as_bytes())?;
-            }
-            match update {
-                Update::Remove => {}
-                Update::Entries(keys) => {
-                    for k in keys {
-                        key.clear();
-                        key.extend_from_slice(k);
-                        key.extend_from_slice(id.as_bytes());
-                        txn.put(&e, &key, id.as_bytes())?;
-                        entries += 1;
-                    }
-                    txn.put(&d, id.as_bytes(), &encode_list(keys))?;
-                }
-                Update::Error(why) => {
-                    txn.put(&x, id.as_bytes(), why.as_bytes())?;
-                    errors_possible = true;
-                }
-                Update::Reduce(_) => {}
-            }
-        }
+            Some(reducer) => apply_reduce(txn, reducer, st, &p.updates)?,
+            None => apply_map(txn, st, &p.updates)?,
+        };
         write_state(
             txn,
             name,
@@ -718,6 +655,79 @@ fn apply(txn: &mut WriteTxn<'_>, planned: &[Planned], from: u64, upto: u64) -> R
         done.push(st.id);
     }
     Ok(done)
+}
+
+/// A map index's updates: each document's old entries out, its new ones in; the
+/// index's entry count after them.
+fn apply_map(txn: &mut WriteTxn<'_>, st: IndexState, updates: &[(String, Update)]) -> Result<i64> {
+    let (e, d, x) = (entries_tree(st.id), docs_tree(st.id), errors_tree(st.id));
+    let mut entries = st.entries as i64;
+    let mut errors_possible = txn.tree_len(&x)? > 0;
+    let mut key = Vec::new();
+    for (id, update) in updates {
+        let old = txn.get(&d, id.as_bytes())?.map(<[u8]>::to_vec);
+        if let Some(old) = old {
+            for k in decode_list(&old)? {
+                key.clear();
+                key.extend_from_slice(k);
+                key.extend_from_slice(id.as_bytes());
+                if txn.delete(&e, &key)? {
+                    entries -= 1;
+                }
+            }
+            txn.delete(&d, id.as_bytes())?;
+        }
+        if errors_possible {
+            txn.delete(&x, id.as_bytes())?;
+        }
+        match update {
+            Update::Remove | Update::Reduce(_) => {}
+            Update::Entries(keys) => {
+                for k in keys {
+                    key.clear();
+                    key.extend_from_slice(k);
+                    key.extend_from_slice(id.as_bytes());
+                    txn.put(&e, &key, id.as_bytes())?;
+                    entries += 1;
+                }
+                txn.put(&d, id.as_bytes(), &encode_list(keys))?;
+            }
+            Update::Error(why) => {
+                txn.put(&x, id.as_bytes(), why.as_bytes())?;
+                errors_possible = true;
+            }
+        }
+    }
+    Ok(entries)
+}
+
+/// A reduce index's updates: each document's old contribution out, its new one in;
+/// the index's group count after them.
+fn apply_reduce(
+    txn: &mut WriteTxn<'_>,
+    reducer: &super::reduce::Reducer,
+    st: IndexState,
+    updates: &[(String, Update)],
+) -> Result<i64> {
+    let x = errors_tree(st.id);
+    let mut groups = st.entries as i64;
+    let mut errors_possible = txn.tree_len(&x)? > 0;
+    for (id, update) in updates {
+        if errors_possible {
+            txn.delete(&x, id.as_bytes())?;
+        }
+        let new = match update {
+            Update::Reduce(c) => Some(c.as_ref()),
+            Update::Error(why) => {
+                txn.put(&x, id.as_bytes(), why.as_bytes())?;
+                errors_possible = true;
+                None
+            }
+            Update::Remove | Update::Entries(_) => None,
+        };
+        groups += super::reduce::update_document(txn, reducer, st.id, id, new)?;
+    }
+    Ok(groups)
 }
 
 fn encode_list(keys: &[Vec<u8>]) -> Vec<u8> {

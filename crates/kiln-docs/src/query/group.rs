@@ -8,11 +8,11 @@
 
 use super::eval::eval;
 use super::parse::{Grouping, Query, Selected, Source};
-use super::{load, Cont, QueryOptions, QueryResult};
+use super::{Cont, QueryOptions, QueryResult};
 use crate::index::def::IndexField;
 use crate::index::reduce::{self, GroupRow, Reducer};
 use crate::index::{read_state, ReduceSpec, Runtime};
-use crate::schema::{collection_key, decode_u64, BY_COLLECTION, COUNTS};
+use crate::schema::{decode_u64, COUNTS};
 use crate::{Database, DocError, Result};
 use kiln_storage::ReadTxn;
 use serde_json::{Map, Value};
@@ -168,24 +168,12 @@ impl Database {
                  group_by fields and aggregates (and no where)"
             )));
         }
-        let prefix = collection_key(collection, 0);
-        let prefix = &prefix[..collection.len() + 1];
-        let mut c = r.cursor(BY_COLLECTION)?;
-        let mut item = c.seek(prefix)?;
         let mut docs = Vec::new();
-        while let Some((k, id)) = item {
-            if !k.starts_with(prefix) {
-                break;
+        super::for_each_in_collection(r, collection, out, |_, v| {
+            if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                docs.push(v);
             }
-            out.entries_read += 1;
-            let id = String::from_utf8_lossy(id).into_owned();
-            if let Some((_, v)) = load(r, &id, out)? {
-                if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
-                    docs.push(v);
-                }
-            }
-            item = c.next()?;
-        }
+        })?;
         // A document that cannot be reduced is left out, as the index leaves it.
         let reducible = docs.iter().filter(|d| reducer.contribution(d).is_ok());
         reduce::reduce_documents(reducer, reducible).map_err(|e| invalid(&e))

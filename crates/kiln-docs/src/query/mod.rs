@@ -717,13 +717,13 @@ impl Database {
         let count = r
             .get(COUNTS, collection.as_bytes())?
             .map_or(Ok(0), |b| decode_u64(b, "collection count"))?;
-        let prefix = collection_key(collection, 0);
-        let prefix = &prefix[..collection.len() + 1];
-        let mut c = r.cursor(BY_COLLECTION)?;
-        let mut item = c.seek(prefix)?;
         if q.filter.is_none() && q.order.is_empty() {
             // Etag order, counted from the collection count.
             out.total = count;
+            let prefix = collection_key(collection, 0);
+            let prefix = &prefix[..collection.len() + 1];
+            let mut c = r.cursor(BY_COLLECTION)?;
+            let mut item = c.seek(prefix)?;
             let mut i = 0usize;
             while let Some((k, id)) = item {
                 if !k.starts_with(prefix) || docs.len() == q.limit {
@@ -751,19 +751,11 @@ impl Database {
         }
         let lead = Lead::of(q);
         let mut matched = Vec::new();
-        while let Some((k, id)) = item {
-            if !k.starts_with(prefix) {
-                break;
+        for_each_in_collection(r, collection, out, |d, v| {
+            if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
+                matched.push(sorted_by(q, lead.as_ref(), d.id, &v));
             }
-            out.entries_read += 1;
-            let id = String::from_utf8_lossy(id).into_owned();
-            if let Some((d, v)) = load(r, &id, out)? {
-                if q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
-                    matched.push(sorted_by(q, lead.as_ref(), d.id, &v));
-                }
-            }
-            item = c.next()?;
-        }
+        })?;
         // In etag order so far: `page_sorted` keeps it only for a query that has no
         // order by and no leading conjunct (only a scan ever answers that).
         for id in page_sorted(q, matched, out) {
@@ -1003,6 +995,32 @@ impl StreamPage<'_, '_, '_> {
 /// Reads the next entries in the defined order into `group`, starting with
 /// `first`: that one entry, or for a compound index (`grouped`) the whole run of
 /// entries with its first value, sorted by id. Returns the entry after them.
+/// Every document of `collection`, loaded, in etag order (the scan's cost counted in
+/// `out`).
+pub(super) fn for_each_in_collection(
+    r: &ReadTxn<'_>,
+    collection: &str,
+    out: &mut QueryResult,
+    mut visit: impl FnMut(Document, Value),
+) -> Result<()> {
+    let prefix = collection_key(collection, 0);
+    let prefix = &prefix[..collection.len() + 1];
+    let mut c = r.cursor(BY_COLLECTION)?;
+    let mut item = c.seek(prefix)?;
+    while let Some((k, id)) = item {
+        if !k.starts_with(prefix) {
+            break;
+        }
+        out.entries_read += 1;
+        let id = String::from_utf8_lossy(id).into_owned();
+        if let Some((d, v)) = load(r, &id, out)? {
+            visit(d, v);
+        }
+        item = c.next()?;
+    }
+    Ok(())
+}
+
 fn next_in_order<'t>(
     c: &mut Cursor<'t>,
     first: Entry<'t>,
