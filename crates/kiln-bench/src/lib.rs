@@ -7,7 +7,8 @@
 //! workload modules (`storagebench`, `recoverybench`, `serverbench`, `streambench`,
 //! `querybench`, `aggbench`, `backupbench`, `clusterbench`), which build on leaf modules that
 //! import nothing of this crate's above them: [`run`] (what a run returns),
-//! [`workload`] (the seed and the generated data), [`stats`] (medians, quantiles,
+//! [`workload`] (the seed and the generated data), [`ycsb`] (the YCSB core
+//! workloads' keys, records and distributions), [`stats`] (medians, quantiles,
 //! CPU time), [`procstat`], [`machine`], [`rawdisk`]. [`report`] prints `kiln
 //! bench`'s rows.
 //!
@@ -43,6 +44,7 @@ pub mod storagebench;
 #[cfg(feature = "documents")]
 pub mod streambench;
 pub mod workload;
+pub mod ycsb;
 
 #[cfg(feature = "documents")]
 pub use backupbench::{BackupFigures, BackupTool};
