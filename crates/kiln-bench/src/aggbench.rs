@@ -64,6 +64,7 @@ fn reduce_index() -> IndexDefinition {
             group_by: vec![IndexField {
                 path: "company".into(),
                 case_insensitive: false,
+                ..Default::default()
             }],
             aggregate,
         }),

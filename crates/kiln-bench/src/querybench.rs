@@ -87,6 +87,7 @@ fn index(name: &str, field: &str) -> IndexDefinition {
         fields: vec![IndexField {
             path: field.into(),
             case_insensitive: false,
+            ..Default::default()
         }],
         auto: false,
         reduce: None,

@@ -23,6 +23,7 @@ fn def(name: &str) -> IndexDefinition {
         fields: vec![IndexField {
             path: "n".into(),
             case_insensitive: false,
+            ..Default::default()
         }],
         auto: false,
         reduce: None,

@@ -140,6 +140,10 @@ pub enum DocError {
     #[error("query too expensive: {0}")]
     QueryTooExpensive(String),
 
+    /// A full-text index (tantivy) failed: which directory and why.
+    #[error("full-text index: {0}")]
+    Search(String),
+
     #[error(transparent)]
     Storage(#[from] kiln_storage::Error),
 

@@ -40,6 +40,7 @@ mod query;
 mod record;
 mod revisions;
 mod schema;
+pub mod search;
 mod store;
 mod time;
 mod write_queue;

@@ -637,6 +637,7 @@ fn indexes_and_collection_counts_are_right_after_replayed_increments() {
         fields: vec![IndexField {
             path: "n".into(),
             case_insensitive: false,
+            ..Default::default()
         }],
         auto: false,
         reduce: None,

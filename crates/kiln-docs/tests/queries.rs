@@ -31,6 +31,7 @@ fn def(name: &str, collection: &str, paths: &[&str]) -> IndexDefinition {
             .map(|p| IndexField {
                 path: p.to_string(),
                 case_insensitive: false,
+                ..Default::default()
             })
             .collect(),
         auto: false,

@@ -47,6 +47,7 @@ fn reduce_def(name: &str) -> IndexDefinition {
             group_by: vec![IndexField {
                 path: "company".into(),
                 case_insensitive: false,
+                ..Default::default()
             }],
             aggregate,
         }),
@@ -272,6 +273,7 @@ fn bad_reduce_definitions_are_refused() {
     d.fields.push(IndexField {
         path: "a".into(),
         case_insensitive: false,
+        ..Default::default()
     });
     assert!(db.define_index(d).is_err());
     // A query selecting a field it does not group by, or an aggregate without

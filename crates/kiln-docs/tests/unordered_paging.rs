@@ -450,6 +450,7 @@ fn change_plan(db: &Database, c: &str, rng: &mut StdRng, user: &mut Vec<String>)
                     .map(|p| IndexField {
                         path: p.to_string(),
                         case_insensitive: false,
+                        ..Default::default()
                     })
                     .collect(),
                 auto: false,

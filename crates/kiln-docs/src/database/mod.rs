@@ -169,6 +169,8 @@ pub(crate) struct Limits {
 pub struct Database {
     /// `None` only while closing (see `close_env`).
     env: Option<Env>,
+    /// The database's directory (its environment; `search/` for full-text indexes).
+    dir: std::path::PathBuf,
     name: String,
     pub(crate) incarnation: u32,
     limits: Limits,
@@ -239,13 +241,14 @@ impl Database {
                 last_sequence,
                 crate::changes::last_write_ms(&r, incarnation, last_sequence)?,
                 possible,
-                crate::index::load(&r)?,
+                crate::index::load(&r, dir, incarnation)?,
                 r.get(META, META_CHAIN)?.is_some(),
             )
         };
         let revisions = crate::revisions::load_config(&env)?;
         Ok(Database {
             env: Some(env),
+            dir: dir.to_path_buf(),
             name: name.to_string(),
             incarnation,
             limits,
@@ -292,6 +295,11 @@ impl Database {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The database's directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// The storage environment (for stats and maintenance).

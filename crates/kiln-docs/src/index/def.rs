@@ -14,12 +14,20 @@ const MAX_PATH_LEN: usize = 256;
 const MAX_NAME_LEN: usize = 128;
 
 /// One indexed field: a JSON path (`address.city`, `tags[]`, `lines[].sku`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IndexField {
     pub path: String,
     /// Strings are indexed lowercased.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub case_insensitive: bool,
+    /// A full-text field: its text is analyzed into terms and indexed by tantivy
+    /// (`search/`), queried with `search(path, '...')`. An index's fields are all
+    /// full-text or none.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub search: bool,
+    /// A full-text field's analyzer (`search/analyzer.rs`; default `standard`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analyzer: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,8 +129,43 @@ impl IndexDefinition {
         }
         for f in &self.fields {
             parse_path(&f.path)?;
+            if f.analyzer.is_some() && !f.search {
+                return Err(DocError::InvalidIndex(format!(
+                    "field {:?}: an analyzer is for a full-text field (\"search\": true)",
+                    f.path
+                )));
+            }
+            if f.search {
+                if f.case_insensitive {
+                    return Err(DocError::InvalidIndex(format!(
+                        "field {:?}: a full-text field's case is its analyzer's \
+                         (standard and english lowercase, keyword keeps it)",
+                        f.path
+                    )));
+                }
+                crate::search::analyzer::validate(f.analyzer.as_deref())?;
+            }
+        }
+        if self.is_search() && self.fields.iter().any(|f| !f.search) {
+            return Err(DocError::InvalidIndex(
+                "an index's fields are all full-text (\"search\": true) or none: \
+                 define the other fields in a second index"
+                    .into(),
+            ));
+        }
+        let mut paths: Vec<&str> = self.fields.iter().map(|f| f.path.as_str()).collect();
+        paths.sort_unstable();
+        if self.is_search() && paths.windows(2).any(|w| w[0] == w[1]) {
+            return Err(DocError::InvalidIndex(
+                "a full-text index names each field once".into(),
+            ));
         }
         Ok(())
+    }
+
+    /// A full-text index (kept by tantivy, `search/`), not a B+tree of entries.
+    pub fn is_search(&self) -> bool {
+        self.fields.iter().any(|f| f.search)
     }
 
     /// Whether a document may give more than one entry (an array path).

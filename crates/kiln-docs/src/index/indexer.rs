@@ -288,9 +288,22 @@ fn remove_idle_auto_indexes(db: &Database, shared: &Shared) {
 /// behind; false when all are caught up.
 fn round(db: &Database, shared: &Shared) -> Result<bool> {
     let env = db.live()?;
-    let list: Vec<Arc<Runtime>> = shared.state.lock().indexes.values().cloned().collect();
+    let (searches, list): (Vec<Arc<Runtime>>, Vec<Arc<Runtime>>) = shared
+        .state
+        .lock()
+        .indexes
+        .values()
+        .cloned()
+        .partition(|rt| rt.search.is_some());
+    // Full-text indexes go their own way (`search/indexing.rs`), each a batch per
+    // round, taking turns with the map indexes.
+    let mut worked = false;
+    for rt in &searches {
+        worked |= crate::search::indexing::round(db, rt, shared.opts)?;
+        shared.progress.notify_all();
+    }
     if list.is_empty() {
-        return Ok(false);
+        return Ok(worked);
     }
     let db_seq = read_last_sequence(&env.begin_read()?)?;
     let from = list
@@ -303,7 +316,7 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
         shared
             .batch
             .store((b / 2).max(shared.opts.min_batch.max(1)), Ordering::Relaxed);
-        return Ok(false);
+        return Ok(worked);
     }
     // An index further ahead (defined earlier, say) is where this batch stops, so
     // that the two meet there and from then on share their batches.
@@ -313,7 +326,7 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
         .filter(|&e| e > from && e < db_seq)
         .min()
         .unwrap_or(db_seq);
-    let defined = list.len();
+    let defined = list.len() + searches.len();
     let group: Vec<Arc<Runtime>> = list
         .into_iter()
         .filter(|rt| rt.last_sequence.load(Ordering::SeqCst) == from)
@@ -407,7 +420,7 @@ fn prepare(
 }
 
 /// The changes after `from`, up to `batch` of them, none past `cap`.
-fn read_changes(
+pub(crate) fn read_changes(
     db: &Database,
     r: &ReadTxn<'_>,
     from: u64,
@@ -615,13 +628,7 @@ fn unit_docs(shared: &Shared, indexes: usize, full: bool, batch: usize, docs: us
 fn record_rates(group: &[Arc<Runtime>], applied: &[u64], now: f64) {
     for rt in group {
         if applied.contains(&rt.id) {
-            let old = f64::from_bits(rt.rate.load(Ordering::Relaxed));
-            let rate = if old == 0.0 {
-                now
-            } else {
-                old * 0.7 + now * 0.3
-            };
-            rt.rate.store(rate.to_bits(), Ordering::Relaxed);
+            rt.record_rate(now);
         }
     }
 }

@@ -14,7 +14,7 @@
 //! so after a crash an index never claims a sequence whose entries it lacks.
 
 pub(crate) mod def;
-mod indexer;
+pub(crate) mod indexer;
 pub(crate) mod reduce;
 pub(crate) mod value;
 
@@ -124,6 +124,8 @@ pub(crate) fn write_state(w: &mut WriteTxn<'_>, name: &str, st: &IndexState) -> 
 /// An index as the running database knows it.
 pub(crate) struct Runtime {
     pub compiled: Compiled,
+    /// A full-text index's tantivy index (`search/`); `None` for the others.
+    pub search: Option<crate::search::SearchIndex>,
     pub id: u64,
     /// The last indexed sequence known to be durable.
     pub last_sequence: AtomicU64,
@@ -132,19 +134,54 @@ pub(crate) struct Runtime {
     pub rate: AtomicU64,
 }
 
-impl Runtime {
-    fn new(def: IndexDefinition, id: u64, last_sequence: u64) -> Result<Runtime> {
-        Ok(Runtime::of(Compiled::new(def)?, id, last_sequence))
-    }
+/// What opening a full-text index needs to know of its database.
+pub(crate) struct SearchContext<'a> {
+    pub db_dir: &'a std::path::Path,
+    pub incarnation: u32,
+    pub db_last_sequence: u64,
+}
 
-    fn of(compiled: Compiled, id: u64, last_sequence: u64) -> Runtime {
-        Runtime {
+impl Runtime {
+    /// The running index of `compiled`; a full-text index opens (or rebuilds) its
+    /// tantivy index and starts from the sequence that commit covers, the others
+    /// from `last_sequence` (their state in the environment).
+    fn open(
+        compiled: Compiled,
+        id: u64,
+        last_sequence: u64,
+        ctx: &SearchContext<'_>,
+    ) -> Result<Runtime> {
+        let (search, last_sequence) = if compiled.def.is_search() {
+            let (s, covered) = crate::search::SearchIndex::open(
+                ctx.db_dir,
+                &compiled.def,
+                id,
+                ctx.incarnation,
+                ctx.db_last_sequence,
+            )?;
+            (Some(s), covered)
+        } else {
+            (None, last_sequence)
+        };
+        Ok(Runtime {
             compiled,
+            search,
             id,
             last_sequence: AtomicU64::new(last_sequence),
             last_used_ms: AtomicU64::new(crate::time::now_ms()),
             rate: AtomicU64::new(0f64.to_bits()),
-        }
+        })
+    }
+
+    /// Folds a batch's rate (documents per second) into the index's.
+    pub fn record_rate(&self, now: f64) {
+        let old = f64::from_bits(self.rate.load(Ordering::Relaxed));
+        let rate = if old == 0.0 {
+            now
+        } else {
+            old * 0.7 + now * 0.3
+        };
+        self.rate.store(rate.to_bits(), Ordering::Relaxed);
     }
 
     pub fn name(&self) -> &str {
@@ -176,10 +213,21 @@ pub struct IndexErrorSample {
     pub error: String,
 }
 
-/// Loads the definitions stored in a database (at open).
-pub(crate) fn load(r: &ReadTxn<'_>) -> Result<Vec<Runtime>> {
+/// Loads the definitions stored in a database (at open) and opens the full-text
+/// indexes among them (removing the files of any that are gone).
+pub(crate) fn load(
+    r: &ReadTxn<'_>,
+    db_dir: &std::path::Path,
+    incarnation: u32,
+) -> Result<Vec<Runtime>> {
     let mut out = Vec::new();
+    let ctx = SearchContext {
+        db_dir,
+        incarnation,
+        db_last_sequence: crate::schema::read_last_sequence(r)?,
+    };
     if !r.tree_exists(INDEX_DEFS)? {
+        crate::search::remove_orphans(db_dir, &[])?;
         return Ok(out);
     }
     let mut c = r.cursor(INDEX_DEFS)?;
@@ -194,9 +242,16 @@ pub(crate) fn load(r: &ReadTxn<'_>) -> Result<Vec<Runtime>> {
             id: format!("(index {name})"),
             why: "no state".into(),
         })?;
-        out.push(Runtime::new(stored.definition, st.id, st.last_sequence)?);
+        out.push(Runtime::open(
+            Compiled::new(stored.definition)?,
+            st.id,
+            st.last_sequence,
+            &ctx,
+        )?);
         item = c.next()?;
     }
+    let live: Vec<u64> = out.iter().map(|rt| rt.id).collect();
+    crate::search::remove_orphans(db_dir, &live)?;
     Ok(out)
 }
 
@@ -220,8 +275,8 @@ impl Database {
             txn.ensure_tree(INDEX_STATE)?;
             create_index(txn, stored_def)
         })?;
-        self.indexer()
-            .insert(Arc::new(Runtime::of(compiled, id, 0)));
+        let rt = Runtime::open(compiled, id, 0, &self.search_context())?;
+        self.indexer().insert(Arc::new(rt));
         tracing::info!(database = self.name(), index = %def.name, auto = def.auto, "index defined");
         Ok(true)
     }
@@ -252,6 +307,7 @@ impl Database {
             drop_trees(txn, id)
         })?;
         self.indexer().remove(name);
+        self.remove_search_files(&rt);
         tracing::info!(database = self.name(), index = name, "index deleted");
         Ok(())
     }
@@ -267,9 +323,29 @@ impl Database {
             drop_trees(txn, old_id)?;
             create_index(txn, def)
         })?;
-        let fresh = Runtime::new(rt.compiled.def.clone(), new_id, 0)?;
+        let fresh = Runtime::open(rt.compiled.clone(), new_id, 0, &self.search_context())?;
         self.indexer().insert(Arc::new(fresh));
+        self.remove_search_files(&rt);
         Ok(())
+    }
+
+    fn search_context(&self) -> SearchContext<'_> {
+        SearchContext {
+            db_dir: self.dir(),
+            incarnation: self.incarnation,
+            db_last_sequence: self.last_sequence(),
+        }
+    }
+
+    /// Removes a full-text index's files once it is out of the running set (a
+    /// failure only leaves files that the next open removes).
+    fn remove_search_files(&self, rt: &Runtime) {
+        if let Some(s) = &rt.search {
+            if let Err(e) = std::fs::remove_dir_all(&s.dir) {
+                tracing::warn!(dir = %s.dir.display(), error = %e,
+                    "removing a full-text index's files failed; the next open removes them");
+            }
+        }
     }
 
     pub fn index_names(&self) -> Result<Vec<String>> {

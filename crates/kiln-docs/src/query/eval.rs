@@ -63,5 +63,8 @@ pub(crate) fn eval(e: &Expr, doc: &Value) -> bool {
             .iter()
             .any(|s| matches!(s, Scalar::String(x) if x.starts_with(p.as_str()))),
         Expr::Exists(f) => !field_values(f, doc).is_empty(),
+        // Only a full-text index answers it (the query runs it there and
+        // evaluates the rest here): no document matches it on its own.
+        Expr::Search(..) => false,
     }
 }

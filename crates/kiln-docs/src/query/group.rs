@@ -210,6 +210,7 @@ fn group_fields(g: &Grouping) -> Vec<IndexField> {
         .map(|f| IndexField {
             path: f.path.clone(),
             case_insensitive: f.ci,
+            ..Default::default()
         })
         .collect()
 }

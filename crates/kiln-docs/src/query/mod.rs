@@ -33,9 +33,10 @@
 //! - `from index` without such a conjunct: by the index's first field, then id.
 //! - otherwise (a collection scan is the only plan): etag order.
 
-mod eval;
+pub(crate) mod eval;
 mod group;
 pub(crate) mod parse;
+mod search;
 
 use crate::index::def::Step;
 use crate::index::value::{encoded_len, prefix_successor, sort_key, Scalar, TAG_NULL};
@@ -410,6 +411,16 @@ impl Database {
             }
             return self.run_grouped(&q, opts, started);
         }
+        if q.filter.as_ref().is_some_and(Expr::has_search) {
+            if after.is_some() {
+                return Err(DocError::InvalidQuery {
+                    line: 0,
+                    column: 0,
+                    message: "the continuation token belongs to another query; start over".into(),
+                });
+            }
+            return self.run_search(&q, opts, started);
+        }
         let max_scan = self.indexer().options().max_scan_docs;
         let mut auto_created = None;
         let plan = self.plan(&q, &mut auto_created)?;
@@ -545,9 +556,15 @@ impl Database {
     pub fn query_fingerprint(&self, text: &str, params: &Map<String, Value>) -> Result<String> {
         self.live()?;
         let q = parse::parse(text, params)?;
-        let index_seq = match self.find_index(&q)? {
-            Some((rt, _)) => rt.last_sequence.load(Ordering::SeqCst),
-            None => 0,
+        let index_seq = if q.filter.as_ref().is_some_and(Expr::has_search) {
+            self.search_runtime(&q)?
+                .last_sequence
+                .load(Ordering::SeqCst)
+        } else {
+            match self.find_index(&q)? {
+                Some((rt, _)) => rt.last_sequence.load(Ordering::SeqCst),
+                None => 0,
+            }
         };
         Ok(fingerprint(text, params, self.last_sequence(), index_seq))
     }
@@ -687,6 +704,7 @@ impl Database {
             fields: vec![IndexField {
                 path: f.path.clone(),
                 case_insensitive: f.ci,
+                ..Default::default()
             }],
             auto: true,
             reduce: None,
@@ -1267,10 +1285,18 @@ fn page_sorted(
 /// The document's JSON, or with `select` an object of the selected fields (by their
 /// path) and `@metadata`.
 fn project(q: &Query, d: Document) -> Result<Vec<u8>> {
-    let Some(fields) = &q.select else {
+    if q.select.is_none() {
         return Ok(d.json);
+    }
+    let v = project_value(q, d.to_value()?);
+    serde_json::to_vec(&v).map_err(DocError::encode_json("a query's projection"))
+}
+
+/// A document's JSON as `select` projects it (as it is without a `select`).
+fn project_value(q: &Query, v: Value) -> Value {
+    let Some(fields) = &q.select else {
+        return v;
     };
-    let v = d.to_value()?;
     let mut obj = Map::new();
     for f in fields {
         let values = field_values(f, &v);
@@ -1285,5 +1311,5 @@ fn project(q: &Query, d: Document) -> Result<Vec<u8>> {
     if let Some(m) = v.get("@metadata") {
         obj.insert("@metadata".into(), m.clone());
     }
-    serde_json::to_vec(&Value::Object(obj)).map_err(DocError::encode_json("a query's projection"))
+    Value::Object(obj)
 }

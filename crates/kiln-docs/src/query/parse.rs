@@ -4,11 +4,12 @@
 //! query   := 'from' ( 'index' STRING | NAME ) [ 'where' expr ] [ 'group' 'by' field ( ',' field )* ]
 //!            [ 'order' 'by' order ( ',' order )* ] { 'limit' INT | 'offset' INT | 'select' item ( ',' item )* }
 //! item    := field [ 'as' NAME ] | AGG '(' [ PATH ] ')' [ 'as' NAME ]     AGG: count sum avg min max
-//! order   := field [ 'asc' | 'desc' ]
+//!          | 'highlight' '(' PATH ')'
+//! order   := field [ 'asc' | 'desc' ] | 'score' '(' ')' [ 'asc' | 'desc' ]     (score: desc by default)
 //! expr    := and ( 'or' and )*
 //! and     := unary ( 'and' unary )*
 //! unary   := 'not' unary | '(' expr ')' | 'exists' '(' field ')'
-//!          | 'startsWith' '(' field ',' value ')' | field pred
+//!          | 'startsWith' '(' field ',' value ')' | 'search' '(' PATH ',' value ')' | field pred
 //! pred    := ( '=' | '==' | '!=' | '<>' | '<' | '<=' | '>' | '>=' ) value
 //!          | 'in' '(' value ( ',' value )* ')' | 'in' PARAM
 //!          | 'between' value 'and' value | 'startsWith' value | 'exists'
@@ -17,6 +18,11 @@
 //! ```
 //! Keywords are case-insensitive. Values come from the text or from parameters
 //! (`$name`), never spliced. Every error names a line and column.
+//!
+//! `search(path, 'text')` is a full-text condition (its text: `search/text.rs`),
+//! answered by a full-text index; it is a condition of the `where`'s top-level
+//! `and` (not under `or` or `not`). `score()` is its BM25 relevance and
+//! `highlight(path)` a snippet of the field with the matched words in `<b>`.
 
 use crate::index::def::{parse_path, Step};
 use crate::index::value::Scalar;
@@ -65,6 +71,34 @@ pub(crate) enum Expr {
     Between(Field, Scalar, Scalar),
     StartsWith(Field, String),
     Exists(Field),
+    /// `search(path, 'text')`: full-text, only answered by a full-text index.
+    Search(Field, SearchText),
+}
+
+/// The text of a `search()` as written and parsed (`search/text.rs`).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SearchText {
+    pub text: String,
+    pub clauses: Vec<crate::search::text::Clause>,
+}
+
+impl Expr {
+    /// Whether a `search()` appears anywhere in this expression.
+    pub fn has_search(&self) -> bool {
+        match self {
+            Expr::Search(..) => true,
+            Expr::And(parts) | Expr::Or(parts) => parts.iter().any(Expr::has_search),
+            Expr::Not(inner) => inner.has_search(),
+            _ => false,
+        }
+    }
+}
+
+impl Field {
+    /// `score()` in an `order by` (a field has at least one step).
+    pub fn is_score(&self) -> bool {
+        self.steps.is_empty()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -75,6 +109,8 @@ pub(crate) struct Query {
     pub limit: usize,
     pub offset: usize,
     pub select: Option<Vec<Field>>,
+    /// `select highlight(path)`: snippets of full-text fields, in `@metadata`.
+    pub highlight: Vec<Field>,
     /// `group by`: one result per group (`select` is then `None`).
     pub group: Option<Grouping>,
 }
@@ -109,6 +145,7 @@ impl Selected {
 /// A select item as written.
 enum Item {
     Field(Field, Option<String>),
+    Highlight(Field),
     Call(String, Option<String>, Option<String>, usize),
 }
 
@@ -429,16 +466,34 @@ impl<'a> Parser<'a> {
         if *self.peek() != Tok::End {
             return Err(self.err(format!("unexpected {}", self.describe())));
         }
-        let (select, group) = match group_by {
-            None => (
-                select.map(|items| self.plain_fields(items)).transpose()?,
-                None,
-            ),
+        let (select, highlight, group) = match group_by {
+            None => {
+                let (fields, highlight) = match select {
+                    Some(items) => self.plain_fields(items)?,
+                    None => (None, Vec::new()),
+                };
+                (fields, highlight, None)
+            }
             Some(by) => {
                 let select = self.grouped_select(&by, select)?;
-                (None, Some(Grouping { by, select }))
+                (None, Vec::new(), Some(Grouping { by, select }))
             }
         };
+        let searching = filter.as_ref().is_some_and(Expr::has_search);
+        if !searching && (!highlight.is_empty() || order.iter().any(|(f, _)| f.is_score())) {
+            return Err(error_at(
+                self.text,
+                0,
+                "score() and highlight() need a search() in the where",
+            ));
+        }
+        if searching && group.is_some() {
+            return Err(error_at(
+                self.text,
+                0,
+                "search() and group by do not go together yet",
+            ));
+        }
         Ok(Query {
             source,
             filter,
@@ -446,6 +501,7 @@ impl<'a> Parser<'a> {
             limit: limit.unwrap_or(DEFAULT_LIMIT),
             offset: offset.unwrap_or(0),
             select,
+            highlight,
             group,
         })
     }
@@ -459,6 +515,13 @@ impl<'a> Parser<'a> {
                 .get(self.pos + 1)
                 .is_some_and(|t| t.tok == Tok::Sym("("));
             let lower = w.to_ascii_lowercase();
+            if is_call && lower == "highlight" {
+                self.bump();
+                self.expect_sym("(")?;
+                let f = self.field()?;
+                self.expect_sym(")")?;
+                return Ok(Item::Highlight(f));
+            }
             if is_call && ["count", "sum", "avg", "min", "max"].contains(&lower.as_str()) {
                 self.bump();
                 self.expect_sym("(")?;
@@ -497,20 +560,27 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// The select of a query without `group by`: fields only.
-    fn plain_fields(&self, items: Vec<Item>) -> Result<Vec<Field>> {
-        items
-            .into_iter()
-            .map(|item| match item {
-                Item::Field(f, None) => Ok(f),
-                Item::Field(_, Some(_)) => Err(self.err("as names the outputs of a group by only")),
-                Item::Call(name, _, _, at) => Err(error_at(
-                    self.text,
-                    at,
-                    format!("{name}() needs a group by"),
-                )),
-            })
-            .collect()
+    /// The select of a query without `group by`: fields (none: the whole
+    /// document), and highlights.
+    fn plain_fields(&self, items: Vec<Item>) -> Result<(Option<Vec<Field>>, Vec<Field>)> {
+        let (mut fields, mut highlight) = (Vec::new(), Vec::new());
+        for item in items {
+            match item {
+                Item::Field(f, None) => fields.push(f),
+                Item::Highlight(f) => highlight.push(f),
+                Item::Field(_, Some(_)) => {
+                    return Err(self.err("as names the outputs of a group by only"))
+                }
+                Item::Call(name, _, _, at) => {
+                    return Err(error_at(
+                        self.text,
+                        at,
+                        format!("{name}() needs a group by"),
+                    ))
+                }
+            }
+        }
+        Ok(((!fields.is_empty()).then_some(fields), highlight))
     }
 
     /// The outputs of a grouped query (by default its group fields and `count()`).
@@ -534,6 +604,9 @@ impl<'a> Parser<'a> {
         let mut out: Vec<Selected> = Vec::with_capacity(items.len());
         for item in items {
             let selected = match item {
+                Item::Highlight(_) => {
+                    return Err(self.err("highlight() is for search(), not group by"))
+                }
                 Item::Field(f, alias) => {
                     let Some(position) = by.iter().position(|g| *g == f) else {
                         return Err(self.err(format!(
@@ -601,12 +674,24 @@ impl<'a> Parser<'a> {
         self.expect_kw("by")?;
         let mut order = Vec::new();
         loop {
-            let f = self.field()?;
+            let score = self.is_kw("score") && self.next_is_paren();
+            let f = if score {
+                self.bump();
+                self.expect_sym("(")?;
+                self.expect_sym(")")?;
+                Field {
+                    path: "score()".into(),
+                    steps: Vec::new(),
+                    ci: false,
+                }
+            } else {
+                self.field()?
+            };
             let desc = if self.eat_kw("desc") || self.eat_kw("descending") {
                 true
             } else {
-                let _ = self.eat_kw("asc") || self.eat_kw("ascending");
-                false
+                // The best matches first, unless asked otherwise.
+                !(self.eat_kw("asc") || self.eat_kw("ascending")) && score
             };
             order.push((f, desc));
             if order.len() > 8 {
@@ -744,6 +829,26 @@ impl<'a> Parser<'a> {
             let f = self.field()?;
             self.expect_sym(")")?;
             return Ok(Some(Expr::Exists(f)));
+        }
+        if self.is_kw("search") && self.next_is_paren() {
+            self.bump();
+            self.expect_sym("(")?;
+            let f = self.field()?;
+            if f.ci {
+                return Err(self.err("search() takes a path: its analyzer decides the case"));
+            }
+            self.expect_sym(",")?;
+            let at = self.at();
+            let text = self.string_value("search")?;
+            let clauses = crate::search::text::parse(&text).map_err(|(offset, why)| {
+                error_at(
+                    self.text,
+                    at,
+                    format!("search text at byte {offset}: {why}"),
+                )
+            })?;
+            self.expect_sym(")")?;
+            return Ok(Some(Expr::Search(f, SearchText { text, clauses })));
         }
         if self.is_kw("startsWith") && self.next_is_paren() {
             self.bump();

@@ -43,6 +43,7 @@ fn index_fields(specs: Vec<FieldSpec>) -> Vec<IndexField> {
             FieldSpec::Path(path) => IndexField {
                 path,
                 case_insensitive: false,
+                ..Default::default()
             },
             FieldSpec::Full(f) => f,
         })

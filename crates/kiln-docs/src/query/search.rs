@@ -1,0 +1,358 @@
+//! Queries with `search()`: answered by a full-text index (tantivy), the rest of
+//! the `where` checked on each match's document.
+//!
+//! Plans:
+//! - the `where` is only `search()` conditions and the order is by score (none
+//!   given, or `order by score()`): tantivy's top `offset + limit` by BM25 and its
+//!   count. O(page) documents loaded, whatever the number of matches.
+//! - anything else (other conditions, `order by` a field, `score() asc`): every
+//!   match of the search (at most `max_scan_docs`) is loaded and checked, then
+//!   sorted in memory by the order keys (score as a key like any other), ties by id.
+//!
+//! Matches come from the index's last commit, documents from the query's snapshot:
+//! a document deleted since it was indexed is left out, one changed since is
+//! checked against the rest of the `where` as it is now (the answer is `stale`
+//! then, as for the map indexes).
+
+use super::eval::{eval, field_values};
+use super::parse::{Expr, Field, Query, SearchText, Source};
+use super::{load, project_value, QueryResult};
+use crate::index::value::sort_key;
+use crate::index::Runtime;
+use crate::schema::read_last_sequence;
+use crate::search::indexing::each_text;
+use crate::search::SearchIndex;
+use crate::{Database, DocError, Result};
+use serde_json::{Map, Value};
+use std::sync::Arc;
+use std::time::Instant;
+use tantivy::collector::{Count, TopDocs};
+use tantivy::query::{BooleanQuery, Occur, Query as TantivyQuery};
+use tantivy::schema::Value as _;
+use tantivy::snippet::SnippetGenerator;
+use tantivy::{DocAddress, Searcher, TantivyDocument};
+
+fn invalid(message: impl Into<String>) -> DocError {
+    DocError::InvalidQuery {
+        line: 0,
+        column: 0,
+        message: message.into(),
+    }
+}
+
+/// The `search()` conditions of a `where` and what is left of it; they must be
+/// conditions of its top-level `and`.
+fn split(filter: &Expr) -> Result<(Vec<(&Field, &SearchText)>, Option<Expr>)> {
+    let parts: Vec<&Expr> = match filter {
+        Expr::And(parts) => parts.iter().collect(),
+        e => vec![e],
+    };
+    let mut searches = Vec::new();
+    let mut rest = Vec::new();
+    for p in parts {
+        match p {
+            Expr::Search(f, t) => searches.push((f, t)),
+            e if e.has_search() => {
+                return Err(invalid(
+                    "search() is a condition of the where's top-level and (not under or / not)",
+                ))
+            }
+            e => rest.push(e.clone()),
+        }
+    }
+    let rest = match rest.len() {
+        0 => None,
+        1 => rest.pop(),
+        _ => Some(Expr::And(rest)),
+    };
+    Ok((searches, rest))
+}
+
+/// Orders scores like the other sort keys (bytes, ascending).
+fn score_key(score: f32) -> Vec<u8> {
+    let bits = score.to_bits();
+    let ordered = if bits & 0x8000_0000 != 0 {
+        !bits
+    } else {
+        bits | 0x8000_0000
+    };
+    ordered.to_be_bytes().to_vec()
+}
+
+impl Database {
+    /// The full-text index of the query's collection (or the named index) that
+    /// has every field searched.
+    fn search_index_for(&self, q: &Query, fields: &[&Field]) -> Result<Arc<Runtime>> {
+        let has_all = |rt: &Runtime| {
+            rt.search.is_some()
+                && fields.iter().all(|f| {
+                    rt.compiled
+                        .def
+                        .fields
+                        .iter()
+                        .any(|d| d.search && d.path == f.path)
+                })
+        };
+        let wanted = fields
+            .iter()
+            .map(|f| f.path.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        match &q.source {
+            Source::Index(name) => {
+                let rt = self
+                    .indexer()
+                    .get(name)
+                    .ok_or_else(|| DocError::IndexNotFound(name.clone()))?;
+                if !has_all(&rt) {
+                    return Err(invalid(format!(
+                        "index {name:?} is not a full-text index of {wanted}"
+                    )));
+                }
+                Ok(rt)
+            }
+            Source::Collection(c) => self
+                .indexer()
+                .all()
+                .into_iter()
+                .filter(|rt| rt.compiled.def.collection.as_deref() == Some(c.as_str()))
+                .find(|rt| has_all(rt))
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "no full-text index of collection {c:?} has {wanted}: define one, e.g. \
+                         {{\"collection\": \"{c}\", \"fields\": [{{\"path\": \"{}\", \"search\": true}}]}}",
+                        fields.first().map_or("", |f| f.path.as_str())
+                    ))
+                }),
+        }
+    }
+
+    /// The full-text index a query with `search()` runs on.
+    pub(super) fn search_runtime(&self, q: &Query) -> Result<Arc<Runtime>> {
+        let filter = q.filter.as_ref().ok_or_else(|| invalid("no search()"))?;
+        let (searches, _) = split(filter)?;
+        let fields: Vec<&Field> = searches.iter().map(|(f, _)| *f).collect();
+        self.search_index_for(q, &fields)
+    }
+
+    /// Runs a query whose `where` has `search()` (see the module's comment).
+    pub(super) fn run_search(
+        &self,
+        q: &Query,
+        opts: super::QueryOptions,
+        started: Instant,
+    ) -> Result<QueryResult> {
+        let filter = q.filter.as_ref().ok_or_else(|| invalid("no search()"))?;
+        let (searches, rest) = split(filter)?;
+        let fields: Vec<&Field> = searches.iter().map(|(f, _)| *f).collect();
+        let rt = self.search_index_for(q, &fields)?;
+        self.use_index(&rt, opts);
+        let s = rt
+            .search
+            .as_ref()
+            .ok_or_else(|| invalid("not a full-text index"))?;
+        let field_no = |f: &Field| {
+            rt.compiled
+                .def
+                .fields
+                .iter()
+                .position(|d| d.path == f.path)
+                .ok_or_else(|| invalid(format!("{} is not a field of the index", f.path)))
+        };
+        let mut parts: Vec<(Occur, Box<dyn TantivyQuery>)> = Vec::new();
+        for (f, t) in &searches {
+            let i = field_no(f)?;
+            let mut analyzer = s.analyzer(i)?;
+            let lowercase = s.analyzers[i] != "keyword";
+            let tq =
+                crate::search::text::to_query(&t.clauses, s.fields[i], &mut analyzer, lowercase);
+            parts.push((Occur::Must, tq));
+        }
+        let query: Box<dyn TantivyQuery> = if parts.len() == 1 {
+            parts.pop().expect("one").1
+        } else {
+            Box::new(BooleanQuery::new(parts))
+        };
+        let env = self.live()?;
+        let r = env.begin_read()?;
+        let db_seq = read_last_sequence(&r)?;
+        // The searcher first: the index's sequence is then at most what it holds.
+        let indexed = rt.last_sequence.load(std::sync::atomic::Ordering::SeqCst);
+        let searcher = s.reader.searcher();
+        let mut out = QueryResult {
+            results: Vec::new(),
+            total: 0,
+            skipped: 0,
+            stale: indexed < db_seq,
+            index: Some(rt.name().to_string()),
+            index_etag: (indexed > 0).then(|| self.etag_at(indexed)),
+            database_etag: (db_seq > 0).then(|| self.etag_at(db_seq)),
+            auto_index_created: None,
+            duration_ms: 0.0,
+            entries_read: 0,
+            documents_loaded: 0,
+            continuation: None,
+        };
+        let by_score =
+            q.order.is_empty() || matches!(q.order.as_slice(), [(f, true)] if f.is_score());
+        let err = |e: tantivy::TantivyError| DocError::Search(format!("{}: {e}", s.dir.display()));
+        let page: Vec<(f32, Value)> = if rest.is_none() && by_score {
+            let total = searcher.search(&*query, &Count).map_err(err)?;
+            out.total = total as u64;
+            let want = q.offset + q.limit;
+            let top = if q.limit == 0 || total == 0 {
+                Vec::new()
+            } else {
+                let collector = TopDocs::with_limit(want.min(total)).order_by_score();
+                searcher.search(&*query, &collector).map_err(err)?
+            };
+            out.entries_read = top.len() as u64;
+            out.skipped = (q.offset as u64).min(out.total);
+            let mut page = Vec::new();
+            for (score, addr) in top.into_iter().skip(q.offset) {
+                let id = stored_id(&searcher, s, addr)?;
+                if let Some((_, v)) = load(&r, &id, &mut out)? {
+                    page.push((score, v));
+                }
+            }
+            page
+        } else {
+            self.search_sorted(q, rest.as_ref(), &*query, &searcher, s, &r, &mut out)?
+        };
+        let generators = q
+            .highlight
+            .iter()
+            .map(|f| {
+                let i = field_no(f)?;
+                let mut g =
+                    SnippetGenerator::create(&searcher, &*query, s.fields[i]).map_err(err)?;
+                g.set_max_num_chars(200);
+                Ok((f, g))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if q.limit > 0 && page.len() == q.limit {
+            out.continuation = Some(super::Cont::Offset(q.offset + page.len()).encode());
+        }
+        for (score, mut v) in page {
+            if let Some(Value::Object(m)) = v.get_mut("@metadata") {
+                m.insert("@score".into(), Value::from(f64::from(score)));
+                if !generators.is_empty() {
+                    let mut h = Map::new();
+                    for (f, g) in &generators {
+                        let mut text = String::new();
+                        for x in field_values(f, &v) {
+                            each_text(x, &mut |t| {
+                                if !text.is_empty() {
+                                    text.push_str(" … ");
+                                }
+                                text.push_str(t)
+                            });
+                        }
+                        h.insert(f.path.clone(), Value::String(g.snippet(&text).to_html()));
+                    }
+                    if let Some(Value::Object(m)) = v.get_mut("@metadata") {
+                        m.insert("@highlights".into(), Value::Object(h));
+                    }
+                }
+            }
+            let projected = project_value(q, v);
+            out.results.push(
+                serde_json::to_vec(&projected).map_err(DocError::encode_json("a search result"))?,
+            );
+        }
+        out.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        Ok(out)
+    }
+
+    /// Every match of the search, checked against the rest of the `where` and
+    /// sorted by the query's order (bounded by `max_scan_docs`); the page of them.
+    #[allow(clippy::too_many_arguments)]
+    fn search_sorted(
+        &self,
+        q: &Query,
+        rest: Option<&Expr>,
+        query: &dyn TantivyQuery,
+        searcher: &Searcher,
+        s: &SearchIndex,
+        r: &kiln_storage::ReadTxn<'_>,
+        out: &mut QueryResult,
+    ) -> Result<Vec<(f32, Value)>> {
+        let err = |e: tantivy::TantivyError| DocError::Search(format!("{}: {e}", s.dir.display()));
+        let max = self.indexer().options().max_scan_docs;
+        let total = searcher.search(query, &Count).map_err(err)?;
+        if total > max {
+            return Err(DocError::QueryTooExpensive(format!(
+                "{total} documents match the search before the rest of the where and the order \
+                 are applied (at most {max} are read); narrow the search, or order by score() only"
+            )));
+        }
+        let all = if total == 0 {
+            Vec::new()
+        } else {
+            searcher
+                .search(query, &TopDocs::with_limit(total).order_by_score())
+                .map_err(err)?
+        };
+        out.entries_read = all.len() as u64;
+        let order: Vec<(&Field, bool)> = if q.order.is_empty() {
+            vec![]
+        } else {
+            q.order.iter().map(|(f, d)| (f, *d)).collect()
+        };
+        let mut matched: Vec<(Vec<Vec<u8>>, String, f32)> = Vec::new();
+        for (score, addr) in all {
+            let id = stored_id(searcher, s, addr)?;
+            let Some((_, v)) = load(r, &id, out)? else {
+                continue;
+            };
+            if rest.is_some_and(|e| !eval(e, &v)) {
+                continue;
+            }
+            let keys = if order.is_empty() {
+                vec![score_key(score)]
+            } else {
+                order
+                    .iter()
+                    .map(|(f, _)| {
+                        if f.is_score() {
+                            score_key(score)
+                        } else {
+                            sort_key(field_values(f, &v).first().copied(), f.ci)
+                        }
+                    })
+                    .collect()
+            };
+            matched.push((keys, id, score));
+        }
+        let desc = |i: usize| order.get(i).map_or(true, |(_, d)| *d);
+        matched.sort_by(|a, b| {
+            for (i, (x, y)) in a.0.iter().zip(&b.0).enumerate() {
+                let o = if desc(i) { y.cmp(x) } else { x.cmp(y) };
+                if o.is_ne() {
+                    return o;
+                }
+            }
+            a.1.cmp(&b.1)
+        });
+        out.total = matched.len() as u64;
+        out.skipped = (q.offset as u64).min(out.total);
+        let mut page = Vec::new();
+        for (_, id, score) in matched.into_iter().skip(q.offset).take(q.limit) {
+            if let Some((_, v)) = load(r, &id, out)? {
+                page.push((score, v));
+            }
+        }
+        Ok(page)
+    }
+}
+
+/// The Kiln id of a tantivy document.
+fn stored_id(searcher: &Searcher, s: &SearchIndex, addr: DocAddress) -> Result<String> {
+    let doc: TantivyDocument = searcher
+        .doc(addr)
+        .map_err(|e| DocError::Search(format!("{}: reading a match: {e}", s.dir.display())))?;
+    doc.get_first(s.id_field)
+        .and_then(|v| v.as_str())
+        .map(str::to_string)
+        .ok_or_else(|| DocError::Search(format!("{}: a match without an id", s.dir.display())))
+}

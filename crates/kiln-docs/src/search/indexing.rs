@@ -1,0 +1,156 @@
+//! Feeding a full-text index: the indexer thread (`index/indexer.rs`) gives each
+//! full-text index a round of its own. A round reads a batch of changes after the
+//! index's sequence from a read snapshot, deletes each changed document from the
+//! tantivy index and adds its new version (if it is still there and in the
+//! collection), and commits with the batch's last sequence as the commit's payload
+//! (`search/mod.rs`): one tantivy commit per batch.
+//!
+//! Commit cadence: a tantivy commit syncs its new segment files and `meta.json`
+//! (a few ms here) and leaves one more segment for the merge threads, so commits
+//! are not per document: far behind, batches double up to `max_batch` documents
+//! per commit; caught up, a round takes every change that arrived while the last
+//! commit ran (group commit, like the journal's), so under a steady stream of
+//! writes the commit rate stays near 1 / commit time, whatever the write rate,
+//! and the merge policy (tantivy's log merge policy) keeps the segment count low.
+
+use super::SearchIndex;
+use crate::changes::ChangeKind;
+use crate::index::def::{parse_fields, values_at, Step};
+use crate::index::indexer::read_changes;
+use crate::index::{read_state_w, write_state, IndexState, IndexingOptions, Runtime};
+use crate::schema::{read_last_sequence, DOCS};
+use crate::{record, Database, Result};
+use serde_json::Value;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tantivy::{TantivyDocument, Term};
+
+/// One batch for full-text index `rt`; false when it is caught up.
+pub(crate) fn round(db: &Database, rt: &Arc<Runtime>, opts: IndexingOptions) -> Result<bool> {
+    let Some(search) = rt.search.as_ref() else {
+        return Ok(false);
+    };
+    let env = db.live()?;
+    let from = rt.last_sequence.load(Ordering::SeqCst);
+    let (min_batch, max_batch) = (opts.min_batch.max(1), opts.max_batch.max(1));
+    let batch = search
+        .batch
+        .load(Ordering::Relaxed)
+        .clamp(min_batch, max_batch);
+    let started = Instant::now();
+    let r = env.begin_read()?;
+    let db_seq = read_last_sequence(&r)?;
+    if from >= db_seq {
+        search
+            .batch
+            .store((batch / 2).max(min_batch), Ordering::Relaxed);
+        return Ok(false);
+    }
+    let changes = read_changes(db, &r, from, db_seq, batch)?;
+    let full = changes.len() == batch;
+    let upto = match changes.last() {
+        Some(c) if full => c.etag.sequence,
+        _ => db_seq,
+    };
+    let mut keys: Vec<&str> = search
+        .paths
+        .iter()
+        .filter_map(|p| match p.first() {
+            Some(Step::Key(k)) => Some(k.as_str()),
+            _ => None,
+        })
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let mut writer = search.writer.lock();
+    for c in &changes {
+        writer.delete_term(Term::from_field_text(search.id_field, &c.id));
+        if c.kind != ChangeKind::Put || !rt.compiled.covers_collection(c.collection.as_deref()) {
+            continue;
+        }
+        let Some(bytes) = r.get(DOCS, c.id.as_bytes())? else {
+            continue;
+        };
+        let json = record::decode(&c.id, bytes)?.json;
+        let fields = match parse_fields(json, &keys) {
+            Ok(v) => v,
+            Err(e) => {
+                // The stored document is checked when written: this is damage,
+                // which `kiln check` reports; the index goes on without it.
+                tracing::warn!(index = rt.name(), id = %c.id, error = %e,
+                    "stored JSON does not parse; not in the full-text index");
+                continue;
+            }
+        };
+        writer
+            .add_document(document_of(search, &c.id, &fields))
+            .map_err(|e| super::tantivy_err(&search.dir, "adding a document to", e))?;
+    }
+    drop(r);
+    search.commit(&mut writer, upto)?;
+    drop(writer);
+    // Searchable now; the Kiln-side state follows (it may lag, never lead).
+    rt.last_sequence.store(upto, Ordering::SeqCst);
+    let (name, id, entries) = (rt.name().to_string(), rt.id, search.num_docs());
+    env.submit_with(move |txn| -> Result<()> {
+        match read_state_w(txn, &name)? {
+            Some(st) if st.id == id => write_state(
+                txn,
+                &name,
+                &IndexState {
+                    id,
+                    last_sequence: upto,
+                    entries,
+                },
+            ),
+            _ => Ok(()),
+        }
+    })?;
+    let next = if full {
+        (batch * 2).min(max_batch)
+    } else {
+        (batch / 2).max(min_batch)
+    };
+    search.batch.store(next, Ordering::Relaxed);
+    let secs = started.elapsed().as_secs_f64().max(1e-6);
+    rt.record_rate(changes.len() as f64 / secs);
+    tracing::debug!(
+        index = rt.name(),
+        docs = changes.len(),
+        batch,
+        upto,
+        ms = secs * 1e3,
+        segments = search.segments(),
+        "full-text batch committed"
+    );
+    Ok(true)
+}
+
+/// The tantivy document of a Kiln document: its id and each field's text.
+fn document_of(search: &SearchIndex, id: &str, fields: &Value) -> TantivyDocument {
+    let mut doc = TantivyDocument::new();
+    doc.add_text(search.id_field, id);
+    let mut found = Vec::new();
+    for (path, field) in search.paths.iter().zip(&search.fields) {
+        found.clear();
+        values_at(fields, path, &mut found);
+        for v in &found {
+            each_text(v, &mut |s| doc.add_text(*field, s));
+        }
+    }
+    doc
+}
+
+/// Every string (and number or boolean, as text) in `v`, arrays and objects
+/// walked: a full-text field indexes all the text under its path.
+pub(crate) fn each_text(v: &Value, f: &mut impl FnMut(&str)) {
+    match v {
+        Value::String(s) => f(s),
+        Value::Number(n) => f(&n.to_string()),
+        Value::Bool(b) => f(if *b { "true" } else { "false" }),
+        Value::Null => {}
+        Value::Array(items) => items.iter().for_each(|x| each_text(x, f)),
+        Value::Object(m) => m.values().for_each(|x| each_text(x, f)),
+    }
+}

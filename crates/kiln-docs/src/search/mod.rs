@@ -1,0 +1,276 @@
+//! Full-text indexes, kept by tantivy: one tantivy index (a directory) per Kiln
+//! index whose fields are `"search": true`, at `<database dir>/search/<index id>/`.
+//!
+//! It is derived data, kept like the map indexes (`index/`): the background indexer
+//! feeds it the changed documents in etag order (`indexing.rs`), and every tantivy
+//! commit carries, as its payload, the index id, the database's incarnation and the
+//! last sequence it covers — in the same atomic commit as the entries, so after a
+//! crash the index resumes from there and never claims a sequence whose documents
+//! it lacks. The Kiln-side state (`index_state`) is written after each tantivy
+//! commit: it lags, never leads, and only serves `index_info` and the change log's
+//! consumers. An index whose directory is missing, unreadable, of another index id
+//! or incarnation, or ahead of the database (a restore, a copied directory) is
+//! wiped and rebuilt from the first change.
+//!
+//! The tantivy document of a Kiln document: its id (`@id`, stored, untokenized: to
+//! delete and to return it) and one text field per index field (`f0`, `f1`, ...),
+//! with every string (and number or boolean, as text) found at the field's path,
+//! arrays and objects included, analyzed with the field's analyzer. The text is not
+//! stored: highlights are cut from the document Kiln holds.
+
+pub mod analyzer;
+pub(crate) mod indexing;
+pub(crate) mod text;
+
+use crate::index::def::Step;
+use crate::index::IndexDefinition;
+use crate::{DocError, Result};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicUsize;
+use tantivy::schema::{
+    Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, STORED, STRING,
+};
+use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument};
+
+/// The directory of a database's full-text indexes.
+pub(crate) const SEARCH_DIR: &str = "search";
+const ID_FIELD: &str = "@id";
+/// The writer's memory before it flushes a segment (its threads share it).
+const WRITER_MEMORY_BYTES: usize = 64 << 20;
+
+/// What each tantivy commit records (its payload).
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+struct Payload {
+    index_id: u64,
+    incarnation: u32,
+    sequence: u64,
+}
+
+/// One full-text index, open.
+pub(crate) struct SearchIndex {
+    pub dir: PathBuf,
+    index: Index,
+    pub(crate) reader: IndexReader,
+    pub(crate) writer: Mutex<IndexWriter<TantivyDocument>>,
+    pub(crate) id_field: Field,
+    /// The text field of each index field, in the definition's order.
+    pub(crate) fields: Vec<Field>,
+    /// Each field's analyzer name.
+    pub(crate) analyzers: Vec<String>,
+    pub(crate) paths: Vec<Vec<Step>>,
+    index_id: u64,
+    incarnation: u32,
+    /// This index's batch size (tuned like the map indexes': `indexing.rs`).
+    pub(crate) batch: AtomicUsize,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DocError + '_ {
+    move |e| DocError::io(path, e)
+}
+
+fn tantivy_err(dir: &Path, what: &str, e: tantivy::TantivyError) -> DocError {
+    DocError::Search(format!("{what} {}: {e}", dir.display()))
+}
+
+fn schema_for(def: &IndexDefinition) -> (Schema, Field, Vec<Field>, Vec<String>) {
+    let mut b = Schema::builder();
+    let id = b.add_text_field(ID_FIELD, STRING | STORED);
+    let mut fields = Vec::new();
+    let mut analyzers = Vec::new();
+    for (i, f) in def.fields.iter().enumerate() {
+        let analyzer = f
+            .analyzer
+            .clone()
+            .unwrap_or_else(|| analyzer::DEFAULT_ANALYZER.to_string());
+        let indexing = TextFieldIndexing::default()
+            .set_tokenizer(&analyzer)
+            .set_index_option(IndexRecordOption::WithFreqsAndPositions);
+        let opts = TextOptions::default().set_indexing_options(indexing);
+        fields.push(b.add_text_field(&format!("f{i}"), opts));
+        analyzers.push(analyzer);
+    }
+    (b.build(), id, fields, analyzers)
+}
+
+/// The directory of index `id` of the database at `db_dir`.
+pub(crate) fn index_dir(db_dir: &Path, id: u64) -> PathBuf {
+    db_dir.join(SEARCH_DIR).join(id.to_string())
+}
+
+impl SearchIndex {
+    /// Opens (or creates, or rebuilds: see the module's comment) index `index_id`
+    /// of a database at `db_last_sequence`; returns it with the sequence it covers.
+    pub(crate) fn open(
+        db_dir: &Path,
+        def: &IndexDefinition,
+        index_id: u64,
+        incarnation: u32,
+        db_last_sequence: u64,
+    ) -> Result<(SearchIndex, u64)> {
+        let dir = index_dir(db_dir, index_id);
+        let (schema, id_field, fields, analyzers) = schema_for(def);
+        let expected = Payload {
+            index_id,
+            incarnation,
+            sequence: 0,
+        };
+        let reusable = match Self::open_existing(&dir, &schema) {
+            Ok(Some((index, payload)))
+                if payload.index_id == index_id
+                    && payload.incarnation == incarnation
+                    && payload.sequence <= db_last_sequence =>
+            {
+                Some((index, payload.sequence))
+            }
+            Ok(None) => None,
+            Ok(Some((_, payload))) => {
+                tracing::warn!(dir = %dir.display(), found = ?payload, ?expected, db_last_sequence,
+                    "full-text index belongs to another index or state of the database; rebuilding");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "full-text index unreadable; rebuilding");
+                None
+            }
+        };
+        let (index, sequence) = match reusable {
+            Some(found) => found,
+            None => {
+                if dir.exists() {
+                    std::fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
+                }
+                std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+                let index = Index::create_in_dir(&dir, schema)
+                    .map_err(|e| tantivy_err(&dir, "creating the full-text index", e))?;
+                (index, 0)
+            }
+        };
+        analyzer::register_all(index.tokenizers());
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(2));
+        let writer = index
+            .writer_with_num_threads(threads, WRITER_MEMORY_BYTES)
+            .map_err(|e| tantivy_err(&dir, "opening the writer of", e))?;
+        let reader = index
+            .reader_builder()
+            .reload_policy(ReloadPolicy::Manual)
+            .try_into()
+            .map_err(|e| tantivy_err(&dir, "opening a reader of", e))?;
+        let paths = def
+            .fields
+            .iter()
+            .map(|f| crate::index::def::parse_path(&f.path))
+            .collect::<Result<_>>()?;
+        Ok((
+            SearchIndex {
+                dir,
+                index,
+                reader,
+                writer: Mutex::new(writer),
+                id_field,
+                fields,
+                analyzers,
+                paths,
+                index_id,
+                incarnation,
+                batch: AtomicUsize::new(0),
+            },
+            sequence,
+        ))
+    }
+
+    /// The index in `dir` and its last commit's payload, if it has one and its
+    /// schema is `schema`; `None` if there is nothing (or nothing committed) there.
+    fn open_existing(
+        dir: &Path,
+        schema: &Schema,
+    ) -> std::result::Result<Option<(Index, Payload)>, String> {
+        if !dir.join("meta.json").exists() {
+            return Ok(None);
+        }
+        let index = Index::open_in_dir(dir).map_err(|e| e.to_string())?;
+        if index.schema() != *schema {
+            return Err("its schema is not the definition's".into());
+        }
+        let metas = index.load_metas().map_err(|e| e.to_string())?;
+        let Some(raw) = metas.payload else {
+            return Ok(None);
+        };
+        let payload: Payload =
+            serde_json::from_str(&raw).map_err(|e| format!("commit payload {raw:?}: {e}"))?;
+        Ok(Some((index, payload)))
+    }
+
+    /// Commits what the writer holds as covering up to `sequence`, then makes it
+    /// visible to searches.
+    pub(crate) fn commit(
+        &self,
+        writer: &mut IndexWriter<TantivyDocument>,
+        sequence: u64,
+    ) -> Result<()> {
+        let payload = serde_json::to_string(&Payload {
+            index_id: self.index_id,
+            incarnation: self.incarnation,
+            sequence,
+        })
+        .map_err(DocError::encode_json("a full-text commit payload"))?;
+        let mut prepared = writer
+            .prepare_commit()
+            .map_err(|e| tantivy_err(&self.dir, "preparing a commit of", e))?;
+        prepared.set_payload(&payload);
+        prepared
+            .commit()
+            .map_err(|e| tantivy_err(&self.dir, "committing", e))?;
+        self.reader
+            .reload()
+            .map_err(|e| tantivy_err(&self.dir, "reloading", e))?;
+        Ok(())
+    }
+
+    /// The analyzer of field `i`, as the index runs it.
+    pub(crate) fn analyzer(&self, i: usize) -> Result<tantivy::tokenizer::TextAnalyzer> {
+        self.index
+            .tokenizers()
+            .get(&self.analyzers[i])
+            .ok_or_else(|| {
+                DocError::Search(format!(
+                    "analyzer {:?} is not registered",
+                    self.analyzers[i]
+                ))
+            })
+    }
+
+    /// Documents in the index as its reader sees it.
+    pub(crate) fn num_docs(&self) -> u64 {
+        self.reader.searcher().num_docs()
+    }
+
+    /// Segments of the last commit (many small ones cost queries).
+    pub(crate) fn segments(&self) -> usize {
+        self.reader.searcher().segment_readers().len()
+    }
+}
+
+/// Removes the directories of full-text indexes that no longer exist (deleted or
+/// reset while the database was closed or before a crash).
+pub(crate) fn remove_orphans(db_dir: &Path, live_ids: &[u64]) -> Result<()> {
+    let root = db_dir.join(SEARCH_DIR);
+    if !root.exists() {
+        return Ok(());
+    }
+    for entry in std::fs::read_dir(&root).map_err(io_err(&root))? {
+        let entry = entry.map_err(io_err(&root))?;
+        let keep = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|id| live_ids.contains(&id));
+        if !keep {
+            let p = entry.path();
+            tracing::info!(dir = %p.display(), "removing the files of a full-text index that is gone");
+            std::fs::remove_dir_all(&p).map_err(io_err(&p))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,219 @@
+//! The text of `search(field, '...')`, parsed when the query is (so a mistake is
+//! reported with the query's line and column) and turned into a tantivy query with
+//! the field's analyzer when the query runs:
+//!
+//! ```text
+//! quick fox      either word; BM25 ranks documents with both (and rarer words) first
+//! "quick fox"    the phrase (the words next to each other, in order)
+//! qui*           a word starting with "qui" (lowercased, not stemmed: it matches the
+//!                terms as indexed, so with `english` "runn*" does not find "running",
+//!                indexed as "run")
+//! +fox           documents must have it;  -slow: documents must not have it
+//! fox^2          counts twice as much in the score (a phrase too: "quick fox"^2)
+//! ```
+//! Words are OR-ed, as in Lucene and RavenDB's `search()`; `+` makes one required.
+//! A word the analyzer drops (a stop word) is ignored.
+
+use tantivy::query::{
+    AllQuery, BooleanQuery, BoostQuery, EmptyQuery, FuzzyTermQuery, Occur, PhraseQuery, Query,
+    TermQuery,
+};
+use tantivy::schema::{Field, IndexRecordOption};
+use tantivy::tokenizer::TextAnalyzer;
+use tantivy::Term;
+
+/// At most this many clauses in one `search()`.
+pub const MAX_CLAUSES: usize = 64;
+const MAX_BOOST: f32 = 1000.0;
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Kind {
+    /// Words as typed (analyzed into one term, or a phrase if they give several).
+    Words(String),
+    Phrase(String),
+    Prefix(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Clause {
+    pub occur: Occur,
+    pub kind: Kind,
+    pub boost: Option<f32>,
+}
+
+/// The clauses of a search text, or an error with its byte offset in the text.
+pub(crate) fn parse(text: &str) -> Result<Vec<Clause>, (usize, String)> {
+    let b = text.as_bytes();
+    let mut i = 0;
+    let mut out = Vec::new();
+    while i < b.len() {
+        if b[i].is_ascii_whitespace() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let occur = match b[i] {
+            b'+' => {
+                i += 1;
+                Occur::Must
+            }
+            b'-' => {
+                i += 1;
+                Occur::MustNot
+            }
+            _ => Occur::Should,
+        };
+        let kind = if b.get(i) == Some(&b'"') {
+            let close = text[i + 1..]
+                .find('"')
+                .ok_or((i, "a phrase's closing \" is missing".to_string()))?;
+            let phrase = &text[i + 1..i + 1 + close];
+            i += close + 2;
+            Kind::Phrase(phrase.to_string())
+        } else {
+            let end = text[i..]
+                .find(|c: char| c.is_ascii_whitespace() || c == '^' || c == '"')
+                .map_or(b.len(), |n| i + n);
+            let word = &text[i..end];
+            i = end;
+            match word.strip_suffix('*') {
+                Some(p) if p.is_empty() || p.contains('*') => {
+                    return Err((start, format!("{word:?}: a prefix is letters then one *")))
+                }
+                Some(p) => Kind::Prefix(p.to_string()),
+                None if word.is_empty() => {
+                    return Err((start, "a + or - is followed by a word or a phrase".into()))
+                }
+                None => Kind::Words(word.to_string()),
+            }
+        };
+        let boost = if b.get(i) == Some(&b'^') {
+            let end = text[i + 1..]
+                .find(|c: char| c.is_ascii_whitespace())
+                .map_or(b.len(), |n| i + 1 + n);
+            let raw = &text[i + 1..end];
+            let boost: f32 = raw
+                .parse()
+                .ok()
+                .filter(|v: &f32| v.is_finite() && *v > 0.0 && *v <= MAX_BOOST)
+                .ok_or((
+                    i,
+                    format!("boost ^{raw}: a number above 0, at most {MAX_BOOST}"),
+                ))?;
+            i = end;
+            Some(boost)
+        } else {
+            None
+        };
+        if b.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
+            return Err((i, "clauses are separated by spaces".into()));
+        }
+        out.push(Clause { occur, kind, boost });
+        if out.len() > MAX_CLAUSES {
+            return Err((
+                start,
+                format!("more than {MAX_CLAUSES} clauses in one search"),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The analyzed terms of `text`, with their positions.
+fn analyze(analyzer: &mut TextAnalyzer, field: Field, text: &str) -> Vec<(usize, Term)> {
+    let mut terms = Vec::new();
+    let mut stream = analyzer.token_stream(text);
+    stream.process(&mut |t| terms.push((t.position, Term::from_field_text(field, &t.text))));
+    terms
+}
+
+/// The tantivy query of `clauses` on `field`; `lowercase_prefixes` where the
+/// analyzer lowercases (all but `keyword`).
+pub(crate) fn to_query(
+    clauses: &[Clause],
+    field: Field,
+    analyzer: &mut TextAnalyzer,
+    lowercase_prefixes: bool,
+) -> Box<dyn Query> {
+    let mut parts: Vec<(Occur, Box<dyn Query>)> = Vec::new();
+    for c in clauses {
+        let q: Box<dyn Query> = match &c.kind {
+            Kind::Prefix(p) => {
+                let p = if lowercase_prefixes {
+                    p.to_lowercase()
+                } else {
+                    p.clone()
+                };
+                // Distance 0 with a prefix: every term that starts with `p` (a
+                // constant score, as Lucene's prefix queries have).
+                Box::new(FuzzyTermQuery::new_prefix(
+                    Term::from_field_text(field, &p),
+                    0,
+                    true,
+                ))
+            }
+            Kind::Words(text) | Kind::Phrase(text) => {
+                let mut terms = analyze(analyzer, field, text);
+                match terms.len() {
+                    0 => continue,
+                    1 => Box::new(TermQuery::new(
+                        terms.pop().expect("one").1,
+                        IndexRecordOption::WithFreqs,
+                    )),
+                    _ => Box::new(PhraseQuery::new_with_offset(terms)),
+                }
+            }
+        };
+        let q = match c.boost {
+            Some(b) => Box::new(BoostQuery::new(q, b)),
+            None => q,
+        };
+        parts.push((c.occur, q));
+    }
+    if parts.is_empty() {
+        return Box::new(EmptyQuery);
+    }
+    if parts.iter().all(|(o, _)| *o == Occur::MustNot) {
+        // Only exclusions: every document but those.
+        parts.push((Occur::Must, Box::new(AllQuery)));
+    }
+    Box::new(BooleanQuery::new(parts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_forms() {
+        let c = parse(r#"quick +fox -slow "lazy dog"^2 qui* fox^1.5"#).unwrap();
+        assert_eq!(c.len(), 6);
+        assert_eq!(c[0].kind, Kind::Words("quick".into()));
+        assert_eq!(c[1].occur, Occur::Must);
+        assert_eq!(c[2].occur, Occur::MustNot);
+        assert_eq!(c[3].kind, Kind::Phrase("lazy dog".into()));
+        assert_eq!(c[3].boost, Some(2.0));
+        assert_eq!(c[4].kind, Kind::Prefix("qui".into()));
+        assert_eq!(c[5].boost, Some(1.5));
+    }
+
+    #[test]
+    fn refuses_malformed_text_with_a_position() {
+        for (text, at) in [
+            ("\"open phrase", 0),
+            ("fox^", 3),
+            ("fox^-1", 3),
+            ("fox^nan", 3),
+            ("*", 0),
+            ("a**", 0),
+            ("+ fox", 0),
+            ("\"a\"b", 3),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.0, at, "{text}: {e:?}");
+        }
+        let many = "w ".repeat(MAX_CLAUSES + 1);
+        assert!(parse(&many).is_err());
+        assert_eq!(parse("   ").unwrap(), vec![]);
+    }
+}

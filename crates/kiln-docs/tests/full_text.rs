@@ -1,0 +1,547 @@
+//! Full-text indexes (tantivy): the answers equal tantivy's own on the same
+//! documents (top 10 and BM25 scores); `search()` combined with other conditions
+//! and orders equals a brute-force model over random documents, updates and
+//! deletes; updates and deletes are visible after `wait_for_non_stale_ms`; offset
+//! pages fit together; a reopened database resumes, a lost index directory is
+//! rebuilt; bad definitions and queries get clear errors.
+
+use kiln_docs::{
+    Condition, DocError, DocStore, DocsOptions, IndexDefinition, IndexField, QueryOptions,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, BTreeSet};
+
+const WORDS: &[&str] = &[
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "jumped",
+    "jumping",
+    "over",
+    "lazy",
+    "dog",
+    "dogs",
+    "running",
+    "runs",
+    "runner",
+    "river",
+    "stone",
+    "bridge",
+    "garden",
+    "light",
+    "lights",
+    "house",
+    "houses",
+    "winter",
+    "summer",
+    "of",
+    "and",
+    "a",
+    "to",
+    "in",
+    "is",
+    "paper",
+    "engine",
+    "journal",
+    "commit",
+    "durable",
+    "crash",
+    "power",
+    "disk",
+    "page",
+    "tree",
+    "trees",
+    "index",
+    "indexes",
+    "search",
+    "searching",
+    "query",
+    "queries",
+    "text",
+];
+
+fn options() -> DocsOptions {
+    let mut o = DocsOptions::default();
+    o.storage.journal_file_size_bytes = 1 << 20;
+    o.storage.data_grow_step_bytes = 1 << 20;
+    o.storage.write_buffer_bytes = 64 << 10;
+    o.indexing.min_batch = 8;
+    o.indexing.max_batch = 64;
+    o
+}
+
+fn search_def(name: &str, collection: &str, fields: &[(&str, &str)]) -> IndexDefinition {
+    IndexDefinition {
+        name: name.into(),
+        collection: Some(collection.into()),
+        fields: fields
+            .iter()
+            .map(|(path, analyzer)| IndexField {
+                path: path.to_string(),
+                search: true,
+                analyzer: Some(analyzer.to_string()),
+                ..Default::default()
+            })
+            .collect(),
+        auto: false,
+        reduce: None,
+    }
+}
+
+fn wait() -> QueryOptions {
+    QueryOptions {
+        wait_for_non_stale_ms: 10_000,
+    }
+}
+
+fn sentence(rng: &mut StdRng, len: usize) -> String {
+    (0..len)
+        .map(|_| {
+            // Skewed: early words are common, late ones rare (so IDF matters).
+            let i = (rng.gen::<f64>().powi(2) * WORDS.len() as f64) as usize;
+            let w = WORDS[i.min(WORDS.len() - 1)];
+            if rng.gen_bool(0.1) {
+                w.to_uppercase()
+            } else {
+                w.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn query(db: &kiln_docs::Database, q: &str) -> kiln_docs::QueryResult {
+    db.query(q, &Map::new(), wait())
+        .unwrap_or_else(|e| panic!("{q}: {e}"))
+}
+
+fn results(r: &kiln_docs::QueryResult) -> Vec<Value> {
+    r.results
+        .iter()
+        .map(|b| serde_json::from_slice(b).unwrap())
+        .collect()
+}
+
+fn ids_and_scores(r: &kiln_docs::QueryResult) -> Vec<(String, f64)> {
+    results(r)
+        .iter()
+        .map(|v| {
+            (
+                v["@metadata"]["@id"].as_str().unwrap().to_string(),
+                v["@metadata"]["@score"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn answers_equal_tantivy_used_directly() {
+    use tantivy::collector::TopDocs;
+    use tantivy::query::QueryParser;
+    use tantivy::schema::{
+        IndexRecordOption, Schema, TextFieldIndexing, TextOptions, Value as _, STORED, STRING,
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), options()).unwrap();
+    let db = store.create_database("t").unwrap();
+    db.define_index(search_def(
+        "articles_text",
+        "articles",
+        &[("body", "english")],
+    ))
+    .unwrap();
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut docs = Vec::new();
+    for i in 0..400 {
+        let len = rng.gen_range(3..40);
+        let body = sentence(&mut rng, len);
+        let id = format!("articles/{i}");
+        db.put(
+            &id,
+            json!({"body": body, "@metadata": {"@collection": "articles"}})
+                .to_string()
+                .as_bytes(),
+            Condition::None,
+        )
+        .unwrap();
+        docs.push((id, body));
+    }
+
+    // The same documents in a tantivy index of our own, with the same analyzer.
+    let mut sb = Schema::builder();
+    let id_f = sb.add_text_field("id", STRING | STORED);
+    let body_f = sb.add_text_field(
+        "body",
+        TextOptions::default().set_indexing_options(
+            TextFieldIndexing::default()
+                .set_tokenizer("english")
+                .set_index_option(IndexRecordOption::WithFreqsAndPositions),
+        ),
+    );
+    let index = tantivy::Index::create_in_ram(sb.build());
+    index.tokenizers().register(
+        "english",
+        kiln_docs::search::analyzer::build("english").unwrap(),
+    );
+    let mut w: tantivy::IndexWriter = index.writer_with_num_threads(1, 15_000_000).unwrap();
+    for (id, body) in &docs {
+        let mut d = tantivy::TantivyDocument::new();
+        d.add_text(id_f, id);
+        d.add_text(body_f, body);
+        w.add_document(d).unwrap();
+    }
+    w.commit().unwrap();
+    let searcher = index.reader().unwrap().searcher();
+    let parser = QueryParser::for_index(&index, vec![body_f]);
+
+    for text in [
+        "fox",
+        "quick fox",
+        "\"lazy dog\"",
+        "running trees",
+        "+durable crash",
+        "journal -commit",
+        "searching^2 index",
+    ] {
+        let ours = query(
+            &db,
+            &format!(
+                "from articles where search(body, '{}') limit 10",
+                text.replace('\'', "\\'")
+            ),
+        );
+        assert!(!ours.stale);
+        let theirs: Vec<(String, f64)> = searcher
+            .search(
+                &parser.parse_query(text).unwrap(),
+                &TopDocs::with_limit(10).order_by_score(),
+            )
+            .unwrap()
+            .into_iter()
+            .map(|(score, addr)| {
+                let d: tantivy::TantivyDocument = searcher.doc(addr).unwrap();
+                (
+                    d.get_first(id_f).unwrap().as_str().unwrap().to_string(),
+                    f64::from(score),
+                )
+            })
+            .collect();
+        let got = ids_and_scores(&ours);
+        assert!(!theirs.is_empty(), "{text}: the corpus has matches");
+        assert_eq!(got.len(), theirs.len(), "{text}");
+        for (i, ((a, sa), (b, sb))) in got.iter().zip(&theirs).enumerate() {
+            assert!((sa - sb).abs() < 1e-4, "{text} #{i}: score {sa} vs {sb}");
+            // Equal scores may come in either order; distinct ones must agree.
+            if i + 1 < got.len()
+                && (sa - got[i + 1].1).abs() > 1e-6
+                && (i == 0 || (sa - got[i - 1].1).abs() > 1e-6)
+            {
+                assert_eq!(a, b, "{text} #{i}");
+            }
+        }
+        let total = searcher
+            .search(
+                &parser.parse_query(text).unwrap(),
+                &tantivy::collector::Count,
+            )
+            .unwrap();
+        assert_eq!(ours.total, total as u64, "{text}: total");
+    }
+    // Prefixes: every document with a word starting so, constant score.
+    let r = query(&db, "from articles where search(body, 'jump*') limit 1000");
+    let want = docs
+        .iter()
+        .filter(|(_, b)| b.to_lowercase().split(' ').any(|w| w.starts_with("jump")))
+        .count();
+    assert_eq!(r.total as usize, want);
+    assert_eq!(r.results.len(), want);
+    drop(db);
+    store.close().unwrap();
+}
+
+/// The model: which documents a `search()` matches, from the words themselves
+/// (`standard` analyzer: lowercased words).
+fn model_matches(body: &str, text: &str) -> bool {
+    let words: BTreeSet<String> = body.split(' ').map(str::to_lowercase).collect();
+    let mut should = Vec::new();
+    for clause in text.split(' ') {
+        if let Some(w) = clause.strip_prefix('+') {
+            if !words.contains(w) {
+                return false;
+            }
+        } else if let Some(w) = clause.strip_prefix('-') {
+            if words.contains(w) {
+                return false;
+            }
+        } else {
+            should.push(clause);
+        }
+    }
+    let has_required = text.split(' ').any(|c| c.starts_with('+'));
+    let only_excluded = text.split(' ').all(|c| c.starts_with('-'));
+    has_required || only_excluded || should.iter().any(|w| words.contains(*w))
+}
+
+#[test]
+fn search_with_other_conditions_equals_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), options()).unwrap();
+    let db = store.create_database("m").unwrap();
+    db.define_index(search_def(
+        "notes_text",
+        "notes",
+        &[("body", "standard"), ("title", "standard")],
+    ))
+    .unwrap();
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut model: BTreeMap<String, (String, i64)> = BTreeMap::new();
+    for round in 0..3 {
+        for _ in 0..150 {
+            let id = format!("notes/{}", rng.gen_range(0..200));
+            if rng.gen_bool(0.15) {
+                if model.remove(&id).is_some() {
+                    db.delete(&id, Condition::None).unwrap();
+                }
+                continue;
+            }
+            let len = rng.gen_range(1..12);
+            let body = sentence(&mut rng, len);
+            let n = rng.gen_range(0..50);
+            db.put(
+                &id,
+                json!({"body": body, "title": "t", "n": n, "@metadata": {"@collection": "notes"}})
+                    .to_string()
+                    .as_bytes(),
+                Condition::None,
+            )
+            .unwrap();
+            model.insert(id, (body, n));
+        }
+        // Another collection's documents never match.
+        db.put(
+            &format!("other/{round}"),
+            json!({"body": "fox dog river", "@metadata": {"@collection": "other"}})
+                .to_string()
+                .as_bytes(),
+            Condition::None,
+        )
+        .unwrap();
+        for text in [
+            "fox",
+            "fox dog",
+            "+river stone",
+            "-the",
+            "tree -trees",
+            "+light +house",
+        ] {
+            for (cond, keep) in [
+                ("", (|_: i64| true) as fn(i64) -> bool),
+                (" and n >= 25", |n| n >= 25),
+                (" and (n < 5 or n = 40)", |n| n < 5 || n == 40),
+            ] {
+                let mut want: Vec<(i64, String)> = model
+                    .iter()
+                    .filter(|(_, (b, n))| model_matches(b, text) && keep(*n))
+                    .map(|(id, (_, n))| (*n, id.clone()))
+                    .collect();
+                // order by n, then id: exact order; paged by 7.
+                want.sort();
+                let mut got = Vec::new();
+                let mut offset = 0;
+                loop {
+                    let r = query(
+                        &db,
+                        &format!(
+                            "from notes where search(body, '{text}'){cond} order by n limit 7 offset {offset}"
+                        ),
+                    );
+                    assert_eq!(r.total as usize, want.len(), "round {round} {text}{cond}");
+                    let page: Vec<(i64, String)> = results(&r)
+                        .iter()
+                        .map(|v| {
+                            (
+                                v["n"].as_i64().unwrap(),
+                                v["@metadata"]["@id"].as_str().unwrap().to_string(),
+                            )
+                        })
+                        .collect();
+                    let done = page.len() < 7;
+                    got.extend(page);
+                    offset += 7;
+                    if done {
+                        break;
+                    }
+                }
+                assert_eq!(got, want, "round {round}: {text}{cond}");
+                // By score: the same set, each once, across offset pages.
+                let mut seen = BTreeSet::new();
+                let mut offset = 0;
+                let mut last_score = f64::INFINITY;
+                loop {
+                    let r = query(
+                        &db,
+                        &format!(
+                            "from notes where search(body, '{text}'){cond} limit 5 offset {offset}"
+                        ),
+                    );
+                    for (id, score) in ids_and_scores(&r) {
+                        assert!(score <= last_score + 1e-6, "{text}{cond}: scores descend");
+                        last_score = score;
+                        assert!(seen.insert(id), "{text}{cond}: a match twice");
+                    }
+                    if r.results.len() < 5 {
+                        break;
+                    }
+                    offset += 5;
+                }
+                let want_ids: BTreeSet<String> = want.into_iter().map(|(_, id)| id).collect();
+                assert_eq!(seen, want_ids, "round {round}: {text}{cond} by score");
+            }
+        }
+    }
+    drop(db);
+    store.close().unwrap();
+}
+
+#[test]
+fn updates_deletes_restarts_and_a_lost_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let count = |db: &kiln_docs::Database, text: &str| {
+        query(db, &format!("from posts where search(body, '{text}')")).total
+    };
+    {
+        let store = DocStore::open(dir.path(), options()).unwrap();
+        let db = store.create_database("u").unwrap();
+        for i in 0..30 {
+            db.put(
+                &format!("posts/{i}"),
+                json!({"body": format!("winter garden {i}"), "tags": ["stone", {"deep": "bridge"}], "@metadata": {"@collection": "posts"}})
+                    .to_string()
+                    .as_bytes(),
+                Condition::None,
+            )
+            .unwrap();
+        }
+        // Defined after the documents: built from the change log.
+        db.define_index(search_def(
+            "posts_text",
+            "posts",
+            &[("body", "english"), ("tags", "standard")],
+        ))
+        .unwrap();
+        assert_eq!(count(&db, "winter"), 30);
+        // Arrays and objects under a field: all their text.
+        let r = query(&db, "from posts where search(tags, 'bridge')");
+        assert_eq!(r.total, 30);
+        db.put(
+            "posts/3",
+            json!({"body": "summer light", "@metadata": {"@collection": "posts"}})
+                .to_string()
+                .as_bytes(),
+            Condition::None,
+        )
+        .unwrap();
+        db.delete("posts/4", Condition::None).unwrap();
+        assert_eq!(count(&db, "winter"), 28);
+        assert_eq!(count(&db, "summer"), 1);
+        // Highlights and scores.
+        let r = query(
+            &db,
+            "from posts where search(body, 'summer') select highlight(body), body",
+        );
+        let v = &results(&r)[0];
+        assert_eq!(v["@metadata"]["@highlights"]["body"], "<b>summer</b> light");
+        assert!(v["@metadata"]["@score"].as_f64().unwrap() > 0.0);
+        assert_eq!(v["body"], "summer light");
+        assert!(v.get("tags").is_none());
+        let info = db.index_info("posts_text").unwrap();
+        assert!(!info.stale);
+        drop(db);
+        store.close().unwrap();
+    }
+    {
+        // Reopened: resumes from its last commit; writes while closed... none,
+        // so nothing to redo, and it answers at once.
+        let store = DocStore::open(dir.path(), options()).unwrap();
+        let db = store.database("u").unwrap();
+        let r = db
+            .query(
+                "from posts where search(body, 'winter')",
+                &Map::new(),
+                QueryOptions::default(),
+            )
+            .unwrap();
+        assert_eq!(r.total, 28);
+        assert!(!r.stale);
+        drop(db);
+        store.close().unwrap();
+    }
+    // The index's files lost: rebuilt from the change log on open.
+    let search_dir = dir.path().join("databases").join("u").join("search");
+    assert!(search_dir.exists(), "{}", search_dir.display());
+    std::fs::remove_dir_all(&search_dir).unwrap();
+    {
+        let store = DocStore::open(dir.path(), options()).unwrap();
+        let db = store.database("u").unwrap();
+        assert_eq!(count(&db, "winter"), 28);
+        assert_eq!(count(&db, "summer"), 1);
+        // Reset gives a new index (and removes the old files).
+        db.reset_index("posts_text").unwrap();
+        assert_eq!(count(&db, "winter"), 28);
+        assert_eq!(std::fs::read_dir(&search_dir).unwrap().count(), 1);
+        db.delete_index("posts_text").unwrap();
+        assert_eq!(std::fs::read_dir(&search_dir).unwrap().count(), 0);
+        drop(db);
+        store.close().unwrap();
+    }
+}
+
+#[test]
+fn bad_definitions_and_queries_get_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), options()).unwrap();
+    let db = store.create_database("e").unwrap();
+    let mut mixed = search_def("mixed", "posts", &[("body", "standard")]);
+    mixed.fields.push(IndexField {
+        path: "n".into(),
+        ..Default::default()
+    });
+    let bad = |d: IndexDefinition| match db.define_index(d) {
+        Err(DocError::InvalidIndex(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    assert!(bad(mixed).contains("all full-text"));
+    assert!(bad(search_def("x", "posts", &[("body", "klingon")])).contains("klingon"));
+    db.define_index(search_def("posts_text", "posts", &[("body", "standard")]))
+        .unwrap();
+    for (q, why) in [
+        ("from posts where search(body, '\"open')", "closing"),
+        ("from posts where search(title, 'x')", "no full-text index"),
+        (
+            "from posts where search(body, 'x') or n = 1",
+            "top-level and",
+        ),
+        ("from posts where not search(body, 'x')", "top-level and"),
+        ("from posts where n = 1 order by score()", "need a search()"),
+        (
+            "from posts where n = 1 select highlight(body)",
+            "need a search()",
+        ),
+        ("from posts where search(body, 'x^0')", "boost"),
+        ("from posts where search(body, 'x') group by n", "group by"),
+    ] {
+        match db.query(q, &Map::new(), QueryOptions::default()) {
+            Err(e @ DocError::InvalidQuery { .. }) => {
+                assert!(e.to_string().contains(why), "{q}: {e}")
+            }
+            other => panic!("{q}: {other:?}"),
+        }
+    }
+    drop(db);
+    store.close().unwrap();
+}
