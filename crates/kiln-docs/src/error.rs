@@ -144,6 +144,26 @@ pub enum DocError {
     #[error("full-text index: {0}")]
     Search(String),
 
+    /// A subscription's name, start or options that are not valid (its query's
+    /// errors are `InvalidQuery`).
+    #[error("invalid subscription: {0}")]
+    InvalidSubscription(String),
+
+    #[error("subscription {0:?} does not exist")]
+    SubscriptionNotFound(String),
+
+    #[error("subscription {0:?} already exists; delete it first")]
+    SubscriptionExists(String),
+
+    /// Another worker holds the subscription (asked for only if it was free).
+    #[error("subscription {0:?} is held by another worker")]
+    SubscriptionBusy(String),
+
+    /// The worker's lease was revoked (another worker took the subscription over,
+    /// or it was deleted): its acknowledgment moved nothing.
+    #[error("subscription {0:?} was taken over or deleted: this worker no longer holds it")]
+    SubscriptionLeaseLost(String),
+
     #[error(transparent)]
     Storage(#[from] kiln_storage::Error),
 

@@ -42,6 +42,7 @@ mod revisions;
 mod schema;
 pub mod search;
 mod store;
+mod subscriptions;
 mod time;
 mod write_queue;
 
@@ -73,5 +74,10 @@ pub use revisions::{
     CollectionRevisions, Revision, RevisionsConfig, MAX_CONFIGURED_COLLECTIONS, MAX_REVISIONS_LIMIT,
 };
 pub use store::{DocStore, DocsOptions};
+pub use subscriptions::{
+    validate_subscription_name, BatchLimits, LeaseStrategy, SubscriptionBatch, SubscriptionInfo,
+    SubscriptionLease, SubscriptionReader, SubscriptionStart, MAX_SCANNED_PER_BATCH,
+    MAX_SUBSCRIPTIONS, MAX_SUBSCRIPTION_NAME_LEN,
+};
 pub use time::format_rfc3339_ms;
 pub use write_queue::{Reply, WriteQueue, WriteQueueOptions};

@@ -24,6 +24,8 @@
 //!   `revision_heads` (id -> the current version's revision bookkeeping): the
 //!   document revisions of the configured collections (see `revisions/mod.rs`;
 //!   made when a database is first given a revisions configuration)
+//! - `subscriptions`: data subscription name -> its query and position (JSON; see
+//!   `subscriptions/mod.rs`; made with the first subscription)
 //! - `index_defs`, `index_state` and per index `ix.<id>.e`, `ix.<id>.d`,
 //!   `ix.<id>.x` (see `index/mod.rs`)
 //!
@@ -49,6 +51,9 @@ pub(crate) const REVISIONS: &str = "revisions";
 pub(crate) const REVISION_HEADS: &str = "revision_heads";
 pub(crate) const INDEX_DEFS: &str = "index_defs";
 pub(crate) const INDEX_STATE: &str = "index_state";
+/// Data subscriptions: name -> definition and position (JSON; `subscriptions/`),
+/// made with the first subscription.
+pub(crate) const SUBSCRIPTIONS: &str = "subscriptions";
 
 /// The trees a new database is created with (indexes make theirs when defined).
 pub(crate) const DATABASE_TREES: [&str; 10] = [

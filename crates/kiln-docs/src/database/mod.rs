@@ -188,6 +188,8 @@ pub struct Database {
     indexer: crate::index::Indexer,
     /// Which collections keep revisions, as the write path reads it (`revisions/`).
     pub(crate) revisions: crate::revisions::SharedConfig,
+    /// Which worker holds each data subscription (`subscriptions/lease.rs`).
+    pub(crate) subscription_leases: Arc<crate::subscriptions::LeaseTable>,
 }
 
 impl Database {
@@ -263,6 +265,7 @@ impl Database {
             history_on: Arc::new(AtomicBool::new(chain)),
             indexer: crate::index::Indexer::new(limits.indexing, indexes),
             revisions,
+            subscription_leases: Arc::default(),
         })
     }
 
