@@ -13,6 +13,7 @@ mod query_cmd;
 mod revisions_cmd;
 mod serve_cmd;
 mod storage_args;
+mod subscriptions_cmd;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -117,6 +118,10 @@ enum Command {
     /// them, show or set which collections keep them.
     #[command(subcommand)]
     Revisions(revisions_cmd::RevisionsCommand),
+    /// Data subscriptions on a server: list them with their positions, create one
+    /// (a name and `from <collection> [where ...]`), delete one.
+    #[command(subcommand)]
+    Subscriptions(subscriptions_cmd::SubscriptionsCommand),
     /// Run a query against a server: `kiln query --url U --db DB "from users where ..."`.
     Query(query_cmd::QueryArgs),
     /// Raw key-value access to one storage environment (no documents).
@@ -226,6 +231,7 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
         Command::ApiKey(cmd) => serve_cmd::api_key(cmd)?,
         Command::Cluster(cmd) => cluster_cmd::run(cmd)?,
         Command::Revisions(cmd) => revisions_cmd::run(cmd)?,
+        Command::Subscriptions(cmd) => subscriptions_cmd::run(cmd)?,
         Command::Put {
             data_dir,
             database,

@@ -11,6 +11,7 @@ use crate::metrics::DOCUMENT_ROUTE;
 use crate::observe::{Exchange, KeyId, RequestId, REQUEST_ID_HEADER};
 use crate::routes::{
     admin as routes_admin, bulk, changes, docs as routes_docs, queries, revisions, studio,
+    subscriptions,
 };
 use crate::state::{AppState, ConnInfo, SharedState};
 use axum::body::Body;
@@ -82,6 +83,18 @@ pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
             get(revisions::list).delete(revisions::purge),
         )
         .route("/dbs/{db}/revisions/revert/{*id}", post(revisions::revert))
+        .route(
+            "/dbs/{db}/subscriptions",
+            get(subscriptions::list).post(subscriptions::create),
+        )
+        .route(
+            "/dbs/{db}/subscriptions/{name}",
+            get(subscriptions::get_one).delete(subscriptions::delete),
+        )
+        .route(
+            "/dbs/{db}/subscriptions/{name}/ws",
+            get(subscriptions::websocket),
+        )
         .route("/cluster", get(crate::routes::cluster::status))
         .route("/cluster/members", post(crate::routes::cluster::add_member))
         .route(

@@ -86,6 +86,13 @@ error_codes! {
     InvalidRevisionsConfig = "invalid_revisions_config" => BAD_REQUEST,
     /// The document has no revision with that etag (never had, trimmed or purged).
     RevisionNotFound = "revision_not_found" => NOT_FOUND,
+    // Data subscriptions.
+    InvalidSubscription = "invalid_subscription" => BAD_REQUEST,
+    SubscriptionNotFound = "subscription_not_found" => NOT_FOUND,
+    SubscriptionExists = "subscription_exists" => CONFLICT,
+    /// Another worker holds the subscription (a worker connected with
+    /// `strategy=if_free`).
+    SubscriptionBusy = "subscription_busy" => CONFLICT,
     // Backup and restore.
     BackupChainBroken = "backup_chain_broken" => BAD_REQUEST,
     IncrementNotPossible = "increment_not_possible" => CONFLICT,
@@ -269,6 +276,11 @@ pub(crate) fn error_code(e: &DocError) -> ErrorCode {
         DocError::QueryTooExpensive(_) => C::QueryTooExpensive,
         DocError::InvalidRevisionsConfig(_) => C::InvalidRevisionsConfig,
         DocError::RevisionNotFound { .. } => C::RevisionNotFound,
+        DocError::InvalidSubscription(_) => C::InvalidSubscription,
+        DocError::SubscriptionNotFound(_) => C::SubscriptionNotFound,
+        DocError::SubscriptionExists(_) => C::SubscriptionExists,
+        // A taken-over worker's acknowledgment: another worker holds it now.
+        DocError::SubscriptionBusy(_) | DocError::SubscriptionLeaseLost(_) => C::SubscriptionBusy,
         DocError::CorruptRecord { .. } => C::Corruption,
         DocError::BackupChain { .. } => C::BackupChainBroken,
         DocError::IncrementNotPossible(_) => C::IncrementNotPossible,

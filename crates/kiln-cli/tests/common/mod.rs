@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod pki;
 pub mod relay;
+pub mod subscription_worker;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -3,6 +3,7 @@
 
 pub mod connection;
 pub mod hub;
+pub mod subscription_worker;
 
 use std::time::Duration;
 use tokio::sync::watch;

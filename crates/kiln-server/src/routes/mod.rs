@@ -9,6 +9,7 @@ pub mod docs;
 pub mod queries;
 pub mod revisions;
 pub mod studio;
+pub mod subscriptions;
 
 use crate::error::{ApiError, ErrorCode};
 use crate::state::SharedState;

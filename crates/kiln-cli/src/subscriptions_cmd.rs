@@ -1,0 +1,156 @@
+//! `kiln subscriptions list|get|create|delete --url U --db DB`: a server's data
+//! subscriptions (the routes under `/dbs/{db}/subscriptions`, docs/http-api.md).
+//! Workers connect over WebSocket (the Python client's `subscription.run`), not
+//! through this command.
+
+use crate::client::{path_escape, ServerArgs};
+use clap::Subcommand;
+use serde_json::{json, Map, Value};
+
+#[derive(Subcommand)]
+pub enum SubscriptionsCommand {
+    /// List the subscriptions: name, position (the etag acknowledged up to),
+    /// whether a worker is connected, the query.
+    List {
+        #[command(flatten)]
+        server: ServerArgs,
+        #[arg(long)]
+        db: String,
+        /// Print the server's JSON answer.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print one subscription (JSON).
+    Get {
+        #[command(flatten)]
+        server: ServerArgs,
+        #[arg(long)]
+        db: String,
+        name: String,
+    },
+    /// Create a subscription: `kiln subscriptions create --url U --db DB big-orders
+    /// "from orders where total > 100"`.
+    Create {
+        #[command(flatten)]
+        server: ServerArgs,
+        #[arg(long)]
+        db: String,
+        name: String,
+        /// `from <collection> [where ...]` in the query language.
+        query: String,
+        /// Parameters of the query as a JSON object, e.g. '{"min": 100}'.
+        #[arg(long)]
+        params: Option<String>,
+        /// Where it starts: beginning (every document), now (only later writes),
+        /// or an etag (the writes after it).
+        #[arg(long, default_value = "beginning")]
+        start: String,
+        /// Print the server's JSON answer.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a subscription (its connected worker is closed).
+    Delete {
+        #[command(flatten)]
+        server: ServerArgs,
+        #[arg(long)]
+        db: String,
+        name: String,
+        /// Print the server's JSON answer.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn base(db: &str) -> String {
+    format!("/dbs/{}/subscriptions", path_escape(db))
+}
+
+pub fn run(cmd: SubscriptionsCommand) -> AnyResult<()> {
+    match cmd {
+        SubscriptionsCommand::List { server, db, json } => {
+            let answer: Value =
+                serde_json::from_slice(&server.endpoint()?.request("GET", &base(&db), b"")?)?;
+            if json {
+                println!("{answer}");
+                return Ok(());
+            }
+            let subs = answer["subscriptions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if subs.is_empty() {
+                println!("no subscriptions");
+            }
+            for s in subs {
+                println!(
+                    "{}  position {}  {}  {}",
+                    s["name"].as_str().unwrap_or("?"),
+                    s["position"].as_str().unwrap_or("(beginning)"),
+                    if s["connected"] == true {
+                        "connected"
+                    } else {
+                        "idle"
+                    },
+                    s["query"].as_str().unwrap_or("")
+                );
+            }
+        }
+        SubscriptionsCommand::Get { server, db, name } => {
+            let path = format!("{}/{}", base(&db), path_escape(&name));
+            let answer: Value =
+                serde_json::from_slice(&server.endpoint()?.request("GET", &path, b"")?)?;
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+        }
+        SubscriptionsCommand::Create {
+            server,
+            db,
+            name,
+            query,
+            params,
+            start,
+            json,
+        } => {
+            let parameters: Map<String, Value> = match &params {
+                Some(p) => serde_json::from_str(p)
+                    .map_err(|e| crate::UsageError(format!("--params: {e}")))?,
+                None => Map::new(),
+            };
+            let body =
+                json!({"name": name, "query": query, "parameters": parameters, "start": start});
+            let answer: Value = serde_json::from_slice(&server.endpoint()?.request(
+                "POST",
+                &base(&db),
+                body.to_string().as_bytes(),
+            )?)?;
+            if json {
+                println!("{answer}");
+            } else {
+                println!(
+                    "created subscription {} on collection {} (position {})",
+                    answer["name"].as_str().unwrap_or("?"),
+                    answer["collection"].as_str().unwrap_or("?"),
+                    answer["position"].as_str().unwrap_or("(beginning)")
+                );
+            }
+        }
+        SubscriptionsCommand::Delete {
+            server,
+            db,
+            name,
+            json,
+        } => {
+            let path = format!("{}/{}", base(&db), path_escape(&name));
+            let answer: Value =
+                serde_json::from_slice(&server.endpoint()?.request("DELETE", &path, b"")?)?;
+            if json {
+                println!("{answer}");
+            } else {
+                println!("deleted subscription {name}");
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,232 @@
+//! Data subscriptions (`kiln_docs` `subscriptions/`; the worker's WebSocket is
+//! `changes/subscription_worker.rs`):
+//! - `POST /dbs/{db}/subscriptions` with `{"name", "query", "parameters"?, "start"?}`
+//!   creates one (201; 409 `subscription_exists` if the name is taken)
+//! - `GET /dbs/{db}/subscriptions`: every subscription with its position
+//! - `GET /dbs/{db}/subscriptions/{name}`, `DELETE /dbs/{db}/subscriptions/{name}`
+//! - `GET /dbs/{db}/subscriptions/{name}/ws?batch_size=N&strategy=wait|take_over|if_free`:
+//!   a worker's connection
+//!
+//! In a cluster every one of them is refused (501 `not_supported_in_cluster`):
+//! positions are not replicated yet (docs/cluster.md).
+
+use crate::changes::subscription_worker::{self, Strategy, WorkerConfig};
+use crate::error::{ApiError, ErrorCode};
+use crate::http_util::{blocking, encode_path, json_value, read_body, ApiPath};
+use crate::query_params::{NoParams, Params};
+use crate::state::SharedState;
+use axum::body::Body;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use kiln_docs::{
+    format_rfc3339_ms, BatchLimits, Database, LeaseStrategy, SubscriptionInfo, SubscriptionStart,
+};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::time::Duration;
+
+/// The subprotocol a worker's WebSocket may ask for; selected when offered.
+pub const WS_PROTOCOL: &str = "kiln.subscription.v1";
+/// Documents per batch when the worker does not say (`batch_size`).
+pub const DEFAULT_BATCH_SIZE: usize = 1024;
+/// The most documents a worker may ask for per batch.
+pub const MAX_BATCH_SIZE: usize = 10_000;
+/// A batch ends once its documents reach this many bytes (a larger document still
+/// goes, alone): a worker's frames stay bounded whatever the documents' sizes.
+pub const MAX_BATCH_BYTES: usize = 4 << 20;
+/// A worker silent (no frame, pongs included) for this many heartbeat intervals is
+/// let go, so that a peer gone without closing does not hold the subscription.
+const WORKER_TIMEOUT_HEARTBEATS: u32 = 4;
+
+fn refuse_in_cluster(state: &SharedState) -> Result<(), ApiError> {
+    crate::routes::cluster::refuse_in_cluster(state, "a data subscription")
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewSubscription {
+    name: String,
+    query: String,
+    #[serde(default)]
+    parameters: Map<String, Value>,
+    /// `beginning` (the default), `now`, or an etag to start after.
+    #[serde(default)]
+    start: Option<String>,
+}
+
+fn info_json(db: &Database, s: &SubscriptionInfo) -> Value {
+    let position =
+        (s.acknowledged_sequence > 0).then(|| db.etag_at(s.acknowledged_sequence).to_string());
+    json!({
+        "name": s.name,
+        "query": s.query,
+        "parameters": s.parameters,
+        "collection": s.collection,
+        "created_at": format_rfc3339_ms(s.created_ms),
+        "position": position,
+        "acknowledged_at": s.acknowledged_ms.map(format_rfc3339_ms),
+        "acknowledgments": s.acknowledgments,
+        "connected": s.held,
+    })
+}
+
+pub async fn create(
+    _: NoParams,
+    State(state): State<SharedState>,
+    ApiPath(db): ApiPath<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    refuse_in_cluster(&state)?;
+    let database = state.store.database(&db)?;
+    let bytes = read_body(&headers, body, &state.limits).await?;
+    let new: NewSubscription = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            ErrorCode::MalformedJson,
+            format!("{e} (the body is {{\"name\": \"...\", \"query\": \"from <collection> [where ...]\", \"parameters\": {{...}}, \"start\": \"beginning\" | \"now\" | \"<etag>\"}})"),
+        )
+    })?;
+    let start = SubscriptionStart::parse(new.start.as_deref().unwrap_or("beginning"));
+    let d = database.clone();
+    let info =
+        blocking(move || d.create_subscription(&new.name, &new.query, new.parameters, start))
+            .await?;
+    let mut resp = json_value(StatusCode::CREATED, info_json(&database, &info));
+    let location = format!(
+        "/dbs/{}/subscriptions/{}",
+        encode_path(&db),
+        encode_path(&info.name)
+    );
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(resp)
+}
+
+pub async fn list(
+    _: NoParams,
+    State(state): State<SharedState>,
+    ApiPath(db): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    refuse_in_cluster(&state)?;
+    let database = state.store.database(&db)?;
+    let d = database.clone();
+    let all = blocking(move || d.subscriptions()).await?;
+    let last = database.last_sequence();
+    Ok(json_value(
+        StatusCode::OK,
+        json!({
+            "subscriptions": all.iter().map(|s| info_json(&database, s)).collect::<Vec<_>>(),
+            "database_etag": (last > 0).then(|| database.etag_at(last).to_string()),
+        }),
+    ))
+}
+
+pub async fn get_one(
+    _: NoParams,
+    State(state): State<SharedState>,
+    ApiPath((db, name)): ApiPath<(String, String)>,
+) -> Result<Response, ApiError> {
+    refuse_in_cluster(&state)?;
+    let database = state.store.database(&db)?;
+    let d = database.clone();
+    let info = blocking(move || d.subscription(&name)).await?;
+    Ok(json_value(StatusCode::OK, info_json(&database, &info)))
+}
+
+pub async fn delete(
+    _: NoParams,
+    State(state): State<SharedState>,
+    ApiPath((db, name)): ApiPath<(String, String)>,
+) -> Result<Response, ApiError> {
+    refuse_in_cluster(&state)?;
+    let database = state.store.database(&db)?;
+    let deleted = name.clone();
+    blocking(move || database.delete_subscription(&deleted)).await?;
+    Ok(json_value(StatusCode::OK, json!({"deleted": name})))
+}
+
+#[derive(Deserialize)]
+pub struct WorkerQuery {
+    batch_size: Option<usize>,
+    strategy: Option<Strategy>,
+}
+
+pub async fn websocket(
+    State(state): State<SharedState>,
+    ApiPath((db, name)): ApiPath<(String, String)>,
+    Params(q): Params<WorkerQuery>,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    refuse_in_cluster(&state)?;
+    // A request that is no WebSocket upgrade gets a JSON error like any other.
+    let upgrade = upgrade.map_err(|r| {
+        ApiError::new(
+            ErrorCode::BadRequest,
+            format!("this route takes a WebSocket upgrade (GET with Connection: upgrade, Upgrade: websocket, Sec-WebSocket-Version: 13 and Sec-WebSocket-Key): {}", r.body_text()),
+        )
+    })?;
+    let batch_size = match q.batch_size {
+        None => DEFAULT_BATCH_SIZE,
+        Some(n) if (1..=MAX_BATCH_SIZE).contains(&n) => n,
+        Some(n) => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidSubscription,
+                format!("batch_size {n}: give 1 to {MAX_BATCH_SIZE}"),
+            ))
+        }
+    };
+    let strategy = q.strategy.unwrap_or(Strategy::Wait);
+    let database = state.store.database(&db)?;
+    let open = usize::try_from(state.metrics.ws_connections_open.get()).unwrap_or(0);
+    if open >= state.changes.max_connections {
+        return Err(ApiError::new(
+            ErrorCode::TooManyConnections,
+            format!(
+                "{open} WebSocket connections are open, the limit is {}",
+                state.changes.max_connections
+            ),
+        ));
+    }
+    // An unknown subscription is a 404 before the upgrade; `if_free` and
+    // `take_over` take the lease here too, so a busy subscription is a 409.
+    let lease = {
+        let d = database.clone();
+        let n = name.clone();
+        match strategy {
+            Strategy::Wait => {
+                blocking(move || d.subscription(&n)).await?;
+                None
+            }
+            Strategy::IfFree => {
+                Some(blocking(move || d.lease_subscription(&n, LeaseStrategy::IfFree)).await?)
+            }
+            Strategy::TakeOver => {
+                Some(blocking(move || d.lease_subscription(&n, LeaseStrategy::TakeOver)).await?)
+            }
+        }
+    };
+    let hub = state.hubs.hub(&database);
+    let heartbeat_interval = Duration::from_millis(state.changes.heartbeat_ms);
+    let cfg = WorkerConfig {
+        name,
+        limits: BatchLimits {
+            max_documents: batch_size,
+            max_bytes: MAX_BATCH_BYTES,
+        },
+        heartbeat: state.heartbeat.clone(),
+        heartbeat_interval,
+        send_timeout: Duration::from_millis(state.changes.send_timeout_ms),
+        worker_timeout: heartbeat_interval * WORKER_TIMEOUT_HEARTBEATS,
+        metrics: state.metrics.clone(),
+    };
+    Ok(upgrade
+        .protocols([WS_PROTOCOL])
+        .read_buffer_size(4 << 10)
+        .write_buffer_size(0)
+        .max_message_size(64 << 10)
+        .on_upgrade(move |socket| subscription_worker::run(socket, hub, lease, cfg)))
+}
