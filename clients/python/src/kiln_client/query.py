@@ -54,6 +54,17 @@ class QueryResult:
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
     #: "" (a fresh answer), "304" (revalidated) or "aggressive".
     from_cache: str = ""
+    #: With ``search()``: each result's BM25 score (``@metadata.@score``, None without
+    #: one) and ``select highlight(path)``'s snippets (``@metadata.@highlights``: path ->
+    #: HTML, the text escaped and the matched words in ``<b>``), in the order of
+    #: ``results``. Taken out of the documents' ``@metadata`` (the raw answer keeps
+    #: them), so that a search result saved again does not store them.
+    scores: List[Optional[float]] = field(default_factory=list)
+    highlights: List[Dict[str, str]] = field(default_factory=list)
+
+    def hits(self) -> Iterator[Tuple[Any, Optional[float], Dict[str, str]]]:
+        """``(document, score, highlights)`` for each result."""
+        return iter(zip(self.results, self.scores, self.highlights))
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.results)
@@ -90,6 +101,7 @@ class Query:
         self._select: List[str] = []
         self._group: List[str] = []
         self._aggregates: List[str] = []
+        self._highlight: List[str] = []
         self._wait_ms: Optional[int] = None
         self._cls = cls
         self._n = 0
@@ -150,6 +162,17 @@ class Query:
     def where_exists(self, name: str) -> "Query":
         return self._clause(f"exists({check_field(name)})")
 
+    def search(self, name: str, text: str) -> "Query":
+        """A full-text condition, ``search(name, $p)`` with ``text`` as the parameter:
+        words (any of them; more of them and rarer ones rank higher), ``"a phrase"``,
+        ``prefix*``, ``+required``, ``-excluded``, ``word^2`` (boost). Needs a full-text
+        index of the collection with ``name`` (``"search": true``); a condition of the
+        where's top-level ``and`` (not after :meth:`or_else`, under :meth:`not_` or in a
+        subclause: the server refuses those)."""
+        if not isinstance(text, str):
+            raise ValueError("search() needs the text as a string")
+        return self._clause(f"search({check_field(name)}, {self._param(text)})")
+
     def and_also(self) -> "Query":
         self._next_join = "and"
         return self
@@ -189,6 +212,18 @@ class Query:
 
     def order_by_descending(self, *names: str) -> "Query":
         self._order += [f"{check_field(n)} desc" for n in names]
+        return self
+
+    def order_by_score(self, ascending: bool = False) -> "Query":
+        """Orders by the :meth:`search` relevance (BM25), best first unless ``ascending``;
+        each result's score is in :attr:`QueryResult.scores`."""
+        self._order.append("score() asc" if ascending else "score()")
+        return self
+
+    def highlight(self, *names: str) -> "Query":
+        """Asks for snippets of these full-text fields with the matched words in
+        ``<b>`` (:attr:`QueryResult.highlights`); the documents stay whole."""
+        self._highlight += [f"highlight({check_field(n)})" for n in names]
         return self
 
     def take(self, n: int) -> "Query":
@@ -272,6 +307,10 @@ class Query:
         if self._group and not self._select:
             outputs = self._group + self._aggregates
         if outputs and (self._aggregates or self._select):
+            outputs = outputs + self._highlight
+        else:
+            outputs = list(self._highlight)
+        if outputs:
             parts.append("select " + ", ".join(outputs))
         return " ".join(parts), dict(self._params)
 
@@ -299,13 +338,14 @@ class Query:
         return self._result(json.loads(r.content), r.from_cache)
 
     def _result(self, a: Dict[str, Any], from_cache: str) -> QueryResult:
-        results = a.get("results", [])
+        results, scores, highlights = _take_search_metadata(a.get("results", []))
         if not self._select and not self._group and self._session is not None:
             results = [self._session._track_query_result(d, self._cls) for d in results]
         return QueryResult(results=results, total=int(a.get("total", len(results))),
                            skipped=int(a.get("skipped", 0)), stale=bool(a.get("stale")),
                            index=a.get("index"), index_etag=a.get("index_etag"),
-                           duration_ms=a.get("duration_ms"), raw=a, from_cache=from_cache)
+                           duration_ms=a.get("duration_ms"), raw=a, from_cache=from_cache,
+                           scores=scores, highlights=highlights)
 
     def to_list(self) -> List[Any]:
         return self.execute().results
@@ -330,3 +370,25 @@ class Query:
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.execute().results)
+
+
+def _take_search_metadata(results: List[Any]) -> Tuple[List[Any], List[Optional[float]],
+                                                       List[Dict[str, str]]]:
+    """The results without ``@score`` and ``@highlights`` in their ``@metadata`` (new
+    dicts: the raw answer keeps them), and those values, one per result."""
+    out: List[Any] = []
+    scores: List[Optional[float]] = []
+    highlights: List[Dict[str, str]] = []
+    for r in results:
+        meta = r.get("@metadata") if isinstance(r, dict) else None
+        if isinstance(meta, dict) and ("@score" in meta or "@highlights" in meta):
+            meta = dict(meta)
+            score = meta.pop("@score", None)
+            scores.append(float(score) if isinstance(score, (int, float)) else None)
+            highlights.append(dict(meta.pop("@highlights", None) or {}))
+            r = {**r, "@metadata": meta}
+        else:
+            scores.append(None)
+            highlights.append({})
+        out.append(r)
+    return out, scores, highlights
