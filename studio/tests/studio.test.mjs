@@ -209,6 +209,44 @@ describe('studio without auth', () => {
     assert.equal(await page.locator('[data-testid=query-summary]').count(), 0, 'no stale results under the error');
   });
 
+  test('a search query shows each result\'s score and highlights (document markup as text)', async () => {
+    const def = await kiln.http('PUT', `/dbs/${db}/indexes/notes-text`, {
+      collection: 'notes',
+      fields: [{ path: 'body', search: true, analyzer: 'english' }],
+    });
+    assert.equal(def.status, 201, def.text);
+    const ops = [
+      ['notes/1', 'The lazy dog sleeps; the dog is lazy'],
+      ['notes/2', 'A quick fox and a dog'],
+      ['notes/3', 'Markup <img src=x onerror="window.__pwned=1"> <i>and</i> a dog'],
+      ['notes/4', 'Cats only'],
+    ].map(([id, body]) => ({ op: 'put', id, document: { body } }));
+    assert.equal((await kiln.http('POST', `/dbs/${db}/batch`, { ops })).status, 200);
+    await page.goto(`${kiln.base}/studio/db/${db}/query`);
+    await page.fill('[data-testid=query]', 'from notes where search(body, $q) order by score() select highlight(body)');
+    await page.fill('[data-testid=params]', '{"q": "lazy dog"}');
+    await page.fill('[data-testid=wait-ms]', '5000');
+    await page.click('[data-testid=run-query]');
+    await page.waitForSelector('[data-testid=results] [data-testid=score]');
+    assert.equal(await page.textContent('[data-testid=total]'), '3');
+    const rows = page.locator('[data-testid=results] tbody tr');
+    assert.match(await rows.nth(0).textContent(), /notes\/1/, 'the best match first');
+    const scores = await page.$$eval('[data-testid=results] [data-testid=score]', (cells) =>
+      cells.map((c) => Number(c.textContent)),
+    );
+    assert.equal(scores.length, 3);
+    assert.ok(scores.every((x) => x > 0), `scores ${scores}`);
+    assert.deepEqual([...scores].sort((a, b) => b - a), scores, 'best first');
+    // The matched words are <b> elements; the rest is text.
+    const bold = await rows.nth(0).locator('[data-testid=highlights] b').allTextContents();
+    assert.ok(bold.includes('lazy') && bold.includes('dog'), `bold: ${bold}`);
+    const markup = rows.filter({ hasText: 'notes/3' });
+    assert.match(await markup.locator('[data-testid=highlights]').textContent(), /<img src=x onerror=/);
+    assert.equal(await page.locator('[data-testid=results] img, [data-testid=results] i').count(), 0, 'no markup from documents');
+    assert.equal(await page.evaluate(() => window.__pwned), undefined);
+    await screenshot(page, 'search');
+  });
+
   test('shows the indexes with their state', async () => {
     await page.goto(`${kiln.base}/studio/db/${db}/indexes`);
     await page.waitForSelector('[data-testid=indexes] tr[data-index="auto/people/age"]');

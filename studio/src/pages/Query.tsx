@@ -2,6 +2,7 @@ import { useState } from 'preact/hooks';
 import { api, enc, errorText } from '../api';
 import { ErrorBox, Pager } from '../components';
 import { href } from '../router';
+import { HighlightsCell, ScoreCell, searchMeta } from '../search';
 
 interface QueryAnswer {
   results: any[];
@@ -25,11 +26,15 @@ function ResultTable({ db, rows }: { db: string; rows: any[] }) {
   for (const r of rows) {
     for (const k of Object.keys(r ?? {})) if (k !== '@metadata' && !cols.includes(k)) cols.push(k);
   }
+  const scored = rows.some((r) => searchMeta(r).score !== undefined);
+  const highlighted = rows.some((r) => searchMeta(r).highlights !== undefined);
   return (
     <table data-testid="results">
       <thead>
         <tr>
           <th>@id</th>
+          {scored && <th>@score</th>}
+          {highlighted && <th>@highlights</th>}
           {cols.map((c) => (
             <th key={c}>{c}</th>
           ))}
@@ -41,6 +46,8 @@ function ResultTable({ db, rows }: { db: string; rows: any[] }) {
           return (
             <tr key={id ?? i}>
               <td>{id ? <a href={href('db', db, 'doc', id)}>{id}</a> : ''}</td>
+              {scored && <ScoreCell r={r} />}
+              {highlighted && <HighlightsCell r={r} />}
               {cols.map((c) => (
                 <td key={c} class="mono">
                   {cell(r?.[c])}
@@ -126,7 +133,7 @@ export function QueryPage({ db }: { db: string }) {
           </label>
           <label>
             wait for non-stale (ms){' '}
-            <input type="number" min={0} max={30000} value={waitMs} onInput={(e) => setWaitMs(Number((e.target as HTMLInputElement).value))} />
+            <input type="number" min={0} max={30000} value={waitMs} onInput={(e) => setWaitMs(Number((e.target as HTMLInputElement).value))} data-testid="wait-ms" />
           </label>
           <button type="submit" disabled={busy} data-testid="run-query">
             Run (Ctrl+Enter)
