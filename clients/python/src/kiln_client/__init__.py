@@ -16,6 +16,7 @@ from .errors import ERROR_CLASSES, ConcurrencyError, KilnError, RequestBudgetExc
 from .query import Query, QueryResult
 from .session import Session
 from .store import DocumentStore
+from .subscriptions import DataSubscription, SubscriptionBatch, SubscriptionClosedError
 
 __version__ = "0.1.0"
 
@@ -23,4 +24,5 @@ __all__ = [
     "DocumentStore", "Session", "AsyncDocumentStore", "AsyncSession", "Query", "QueryResult", "BulkInsert", "Changes", "Change",
     "Subscription", "HttpCache", "CacheStats", "KilnError", "ConcurrencyError",
     "RequestBudgetExceededError", "ERROR_CLASSES", "__version__",
+    "DataSubscription", "SubscriptionBatch", "SubscriptionClosedError",
 ]

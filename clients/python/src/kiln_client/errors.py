@@ -240,6 +240,30 @@ class RevisionNotFoundError(NotFoundError):
     code = "revision_not_found"
 
 
+class InvalidSubscriptionError(BadRequestError):
+    """``invalid_subscription``: a data subscription's name, start or batch size the
+    server refuses (its query's errors are :class:`InvalidQueryError`)."""
+
+    code = "invalid_subscription"
+
+
+class SubscriptionNotFoundError(NotFoundError):
+    code = "subscription_not_found"
+
+
+class SubscriptionExistsError(ConflictError):
+    """``subscription_exists``: a data subscription of that name exists already."""
+
+    code = "subscription_exists"
+
+
+class SubscriptionBusyError(ConflictError):
+    """``subscription_busy``: another worker holds the data subscription (a worker
+    that asked for it only if free)."""
+
+    code = "subscription_busy"
+
+
 class MalformedRequestError(BadRequestError):
     """``bad_request``: a request the server cannot parse as HTTP/1.1 (a malformed head,
     a target with characters a URL cannot hold), or plain HTTP sent to its TLS port."""
@@ -512,7 +536,8 @@ ERROR_CLASSES: Dict[str, Type[KilnError]] = {
         StorageError, DatabaseBusyError, OverloadedError, ShuttingDownError, IoError,
         DatabaseFailedError, DiskFullError, InvalidIndexError, QueryTooExpensiveError,
         IndexNotFoundError, IndexExistsError, InvalidRevisionsConfigError,
-        RevisionNotFoundError, NotLeaderError, NoQuorumError, ClusterError,
+        RevisionNotFoundError, InvalidSubscriptionError, SubscriptionNotFoundError,
+        SubscriptionExistsError, SubscriptionBusyError, NotLeaderError, NoQuorumError, ClusterError,
         NotClusteredError, NotSupportedInClusterError,
     ]
 }

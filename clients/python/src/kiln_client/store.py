@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .bulk import BulkInsert
     from .changes import Change, Changes
     from .session import Session
+    from .subscriptions import DataSubscription
 
 CertArg = Union[str, Tuple[str, str], None]
 
@@ -613,6 +614,34 @@ class DocumentStore:
     def purge_revisions(self, doc_id: str) -> int:
         """Removes every revision of the document; returns how many there were."""
         return int(self.request("DELETE", self.revisions_path(doc_id)).json()["purged"])
+
+    # --- data subscriptions --------------------------------------------------------------
+
+    def create_subscription(self, name: str, query: str, *,
+                            parameters: Optional[Dict[str, Any]] = None,
+                            start: str = "beginning") -> "DataSubscription":
+        """Creates a data subscription: ``query`` is ``from <collection> [where ...]``;
+        ``start`` is ``beginning``, ``now`` or an etag (its writes after it). Raises
+        :class:`SubscriptionExistsError` if the name is taken."""
+        body: Dict[str, Any] = {"name": name, "query": query, "start": start}
+        if parameters:
+            body["parameters"] = parameters
+        self.request("POST", f"{self.db_path}/subscriptions", json_body=body)
+        return self.subscription(name)
+
+    def subscription(self, name: str) -> "DataSubscription":
+        """The data subscription ``name`` (nothing is asked of the server): its
+        ``run(handler)`` processes batches, ``info()`` shows its position."""
+        from .subscriptions import DataSubscription
+        return DataSubscription(self, name)
+
+    def subscriptions(self) -> List[Dict[str, Any]]:
+        """Every data subscription of the database with its position."""
+        r = self.request("GET", f"{self.db_path}/subscriptions")
+        return r.json()["subscriptions"]  # type: ignore[no-any-return]
+
+    def delete_subscription(self, name: str) -> None:
+        self.subscription(name).delete()
 
     def metrics_text(self) -> str:
         return self.request("GET", "/metrics").text
