@@ -118,6 +118,9 @@ pub fn missing_reason(name: &str) -> Option<String> {
 
 /// Why `engine` does not run `workload` at all (None when it does).
 pub fn not_applicable(engine: &str, workload: &str) -> Option<&'static str> {
+    if crate::ycsb::WORKLOADS.contains(&workload) {
+        return crate::ycsb::not_applicable(engine, workload);
+    }
     match (engine, workload) {
         ("kiln", _) => None,
         ("redis", "W8" | "W9") => None,
@@ -164,6 +167,9 @@ pub fn open(name: &str, dir: &Path) -> Result<Box<dyn Engine>> {
         other => anyhow::bail!("unknown engine {other:?}"),
     })
 }
+
+#[cfg(feature = "postgres")]
+pub use pg::{PgTcpServer, REPORTED as PG_REPORTED_SETTINGS};
 
 mod kiln {
     use super::*;
@@ -648,7 +654,7 @@ mod pg {
         ("full_page_writes", "on"),
     ];
     /// Settings recorded in the results file.
-    const REPORTED: &[&str] = &[
+    pub const REPORTED: &[&str] = &[
         "fsync",
         "synchronous_commit",
         "full_page_writes",
@@ -802,6 +808,8 @@ mod pg {
         started: bool,
         version: String,
         start_seconds: f64,
+        /// The port (also the socket's name: `.s.PGSQL.<port>`).
+        port: u16,
     }
 
     impl Server {
@@ -821,18 +829,25 @@ mod pg {
         }
 
         fn start(dir: &Path) -> Result<Server> {
+            Server::start_with(dir, PORT, &[])
+        }
+
+        /// `start` on `port`, with `extra` settings after [`SETTINGS`] (later lines
+        /// of postgresql.conf win).
+        fn start_with(dir: &Path, port: u16, extra: &[(&str, &str)]) -> Result<Server> {
             let t = Instant::now();
             let mut server = Server::in_fresh_root(dir)?;
+            server.port = port;
             if let Some(u) = &server.user {
                 chown(&server.root, u)?;
             }
-            let socket = server.root.join(format!(".s.PGSQL.{PORT}"));
+            let socket = server.root.join(format!(".s.PGSQL.{port}"));
             if socket.as_os_str().len() > 100 {
                 server.use_short_socket_dir()?;
             }
             server.check_user_can_write_root()?;
             server.initdb()?;
-            server.append_settings()?;
+            server.append_settings(extra)?;
             server.version = server.postgres_version();
             // Set before pg_ctl starts it: a start that fails half-way still gets a
             // stop on drop.
@@ -862,6 +877,7 @@ mod pg {
                 started: false,
                 version: String::new(),
                 start_seconds: 0.0,
+                port: PORT,
             })
         }
 
@@ -924,9 +940,9 @@ mod pg {
 
         /// [`SETTINGS`], the socket's directory and the port, appended to
         /// postgresql.conf (later lines win over initdb's).
-        fn append_settings(&self) -> Result<()> {
+        fn append_settings(&self, extra: &[(&str, &str)]) -> Result<()> {
             let mut conf = String::from("\n# kiln-bench\n");
-            for (k, v) in SETTINGS {
+            for (k, v) in SETTINGS.iter().chain(extra) {
                 conf.push_str(&format!("{k} = {v}\n"));
             }
             let sock = self
@@ -934,8 +950,9 @@ mod pg {
                 .to_str()
                 .context("socket path is not UTF-8")?;
             conf.push_str(&format!(
-                "unix_socket_directories = '{}'\nport = {PORT}\n",
-                sock.replace('\'', "''")
+                "unix_socket_directories = '{}'\nport = {}\n",
+                sock.replace('\'', "''"),
+                self.port
             ));
             use std::io::Write as _;
             std::fs::OpenOptions::new()
@@ -1011,6 +1028,38 @@ mod pg {
     impl Drop for Server {
         fn drop(&mut self) {
             let _ = self.stop();
+        }
+    }
+
+    /// A throwaway server that also listens on loopback TCP (YCSB: its clients
+    /// connect over TCP, as Kiln's and Redis's do), stopped when dropped.
+    pub struct PgTcpServer {
+        server: Server,
+        pub port: u16,
+    }
+
+    impl PgTcpServer {
+        pub fn start(dir: &Path) -> Result<PgTcpServer> {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let server = Server::start_with(dir, port, &[("listen_addresses", "'127.0.0.1'")])?;
+            Ok(PgTcpServer { server, port })
+        }
+
+        pub fn version(&self) -> &str {
+            &self.server.version
+        }
+
+        /// The postmaster's pid (its first line of postmaster.pid).
+        pub fn postmaster_pid(&self) -> Option<u32> {
+            std::fs::read_to_string(self.server.data.join("postmaster.pid"))
+                .ok()?
+                .lines()
+                .next()?
+                .trim()
+                .parse()
+                .ok()
         }
     }
 

@@ -11,6 +11,7 @@
 
 mod engines;
 mod server;
+mod ycsb;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
@@ -41,7 +42,9 @@ struct Args {
     )]
     engines: String,
     /// Comma-separated workloads: W1, W2, W3, W4, W5, W6 (embedded engines), W8, W9
-    /// (`kiln serve` over HTTP against Redis, through `kiln bench`).
+    /// (`kiln serve` over HTTP against Redis, through `kiln bench`), YA..YF (the
+    /// YCSB core workloads A-F against kiln serve, PostgreSQL and, for A-C and F,
+    /// Redis, each over its own network protocol; docs/ycsb.md).
     #[arg(long, default_value = "W1,W2,W3,W4,W5,W6,W8,W9")]
     workloads: String,
     /// 1/20 of the operations of every workload: the whole suite in about a minute.
@@ -54,6 +57,20 @@ struct Args {
     /// Thread counts for W6.
     #[arg(long, default_value = "1,8,64")]
     threads: String,
+    /// Client counts of the YCSB run phases (default 1,16,64; 16 with --quick).
+    #[arg(long)]
+    ycsb_clients: Option<String>,
+    /// Records the YCSB load phase inserts (default 100,000; 5,000 with --quick).
+    #[arg(long)]
+    ycsb_records: Option<u64>,
+    /// Operations of each YCSB run phase, per client count (default 200,000;
+    /// 5,000 with --quick); a run phase also stops after 20 s (5 s with --quick).
+    #[arg(long)]
+    ycsb_ops: Option<u64>,
+    /// Seconds a YCSB run phase lasts at most, per client count (default 20; 5
+    /// with --quick).
+    #[arg(long)]
+    ycsb_seconds: Option<f64>,
     /// Directory to run in: a fresh subdirectory per run, removed afterwards.
     #[arg(long, default_value = "./bench-data")]
     dir: PathBuf,
@@ -361,6 +378,18 @@ fn spawn_child(args: &Args, engine: &str, job: &Job, run_dir: &Path) -> Result<V
     if server::WORKLOADS.contains(&job.workload.as_str()) {
         return server::run(engine, &job.workload, run_dir, args.quick);
     }
+    if ycsb::WORKLOADS.contains(&job.workload.as_str()) {
+        let mut params = ycsb::Params::new(
+            args.quick,
+            args.ycsb_clients.as_deref(),
+            args.ycsb_records,
+            args.ycsb_ops,
+        )?;
+        if let Some(s) = args.ycsb_seconds.filter(|s| *s > 0.0) {
+            params.max_seconds = s;
+        }
+        return ycsb::run(engine, &job.workload, &ycsb::job_dir(run_dir), &params);
+    }
     let exe = std::env::current_exe().context("current_exe")?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("--child-engine")
@@ -506,7 +535,8 @@ fn plan_jobs(args: &Args) -> Result<Vec<Job>> {
         .filter(|w| !w.is_empty())
     {
         match wl.as_str() {
-            "W1" | "W2" | "W3" | "W4" | "W5" | "W8" | "W9" => jobs.push(Job {
+            "W1" | "W2" | "W3" | "W4" | "W5" | "W8" | "W9" | "YA" | "YB" | "YC" | "YD" | "YE"
+            | "YF" => jobs.push(Job {
                 label: wl.clone(),
                 workload: wl,
                 threads: 1,
@@ -521,7 +551,7 @@ fn plan_jobs(args: &Args) -> Result<Vec<Job>> {
                 }
             }
             other => {
-                bail!("unknown workload {other:?} (available: W1, W2, W3, W4, W5, W6, W8, W9)")
+                bail!("unknown workload {other:?} (available: W1, W2, W3, W4, W5, W6, W8, W9, YA..YF)")
             }
         }
     }
@@ -571,6 +601,9 @@ struct Collected {
     row_order: Vec<String>,
     cells: BTreeMap<String, BTreeMap<String, Cell>>,
     errors: ByJob,
+    /// The YCSB jobs' flat rows (workload, engine, clients, ops_per_sec, p99_us,
+    /// ...), one per run phase of every run.
+    ycsb: Vec<Value>,
 }
 
 /// Every job for every engine that runs it, one child process per run; engines
@@ -679,6 +712,9 @@ fn run_engine_job(
 /// "name value unit" for the progress line.
 fn collect_rows(out: &Value, engine: &str, collected: &mut Collected) -> Vec<String> {
     let mut summary = Vec::new();
+    if let Some(rows) = out["extra"]["ycsb"].as_array() {
+        collected.ycsb.extend(rows.iter().cloned());
+    }
     for r in out["rows"].as_array().into_iter().flatten() {
         let name = r["row"].as_str().unwrap_or("?").to_string();
         let value = r["value"].as_f64().unwrap_or(f64::NAN);
@@ -999,6 +1035,7 @@ fn durability() -> Value {
         "rocksdb": "WriteOptions::set_sync(true); LRU block cache 256 MiB, Bloom filter 10 bits/key, index and filter blocks cached, level_compaction_dynamic_level_bytes, increase_parallelism(2)",
         "kiln_serve": "W8/W9: `kiln bench --workloads W8|W9 --no-redis` (kiln serve's defaults; 64 keep-alive connections, one single-threaded load generator; W8 PUTs ~1 KiB JSON documents, each a new id)",
         "redis": "W8/W9 only: `kiln bench --redis-only`: a throwaway redis-server --appendonly yes --appendfsync always --save '' on loopback; redis-benchmark -c 64 -d 1024 -t set|get (W8: 200,000 SETs over as many keys; W9: GETs of 10,000 keys filled first)",
+        "ycsb": "YA..YF: kiln serve's defaults over HTTP/1.1 (PATCH with a JSON merge patch for updates); PostgreSQL: the W6 server's settings plus listen_addresses='127.0.0.1', a jsonb table, tokio-postgres; Redis (A-C, F): redis-server --appendonly yes --appendfsync always --save ''; each job's `extra.settings` and the `ycsb` rows say more (docs/ycsb.md)",
         "postgres": "W6 only: a throwaway server (initdb in the run's directory, Unix socket only) with fsync=on, synchronous_commit=on, full_page_writes=on (the defaults), shared_buffers=256MB, max_connections=200; table kv(key bytea PRIMARY KEY, value bytea); one connection per thread, each commit an autocommit INSERT ... ON CONFLICT (key) DO UPDATE",
     })
 }
@@ -1063,6 +1100,7 @@ fn write_results(s: &Suite) -> Result<()> {
         "skipped": skipped,
         "errors": s.collected.errors,
         "results": s.table.results,
+        "ycsb": s.collected.ycsb,
         "markdown": s.table.md,
     });
     std::fs::write(&args.out, serde_json::to_string_pretty(&report)? + "\n")
