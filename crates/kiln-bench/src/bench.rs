@@ -15,7 +15,7 @@ use crate::stats::{measure, median};
 use crate::storagebench;
 use crate::streambench;
 use crate::workload;
-use crate::{aggbench, querybench};
+use crate::{aggbench, querybench, searchbench};
 use kiln_storage::Options;
 use std::path::{Path, PathBuf};
 
@@ -28,8 +28,9 @@ pub struct BenchArgs {
     /// (W8 against the leader of a three-node cluster beside W8 on one node, and
     /// kill -9 of the leader timed to the next acknowledged write), W15C (a stopped
     /// follower's catch-up from a snapshot and from the log, against the disk's
-    /// sequential write), W17 (aggregations: a reduce index's build, grouped queries,
-    /// its update lag).
+    /// sequential write), W16 (full-text search over the man pages: the index's build
+    /// and queries against tantivy used directly), W17 (aggregations: a reduce index's
+    /// build, grouped queries, its update lag).
     #[arg(long, default_value = "W1,W4")]
     workloads: String,
     /// Directory to run in (a fresh subdirectory per run, removed afterwards).
@@ -86,6 +87,10 @@ pub struct BenchArgs {
     /// W13 documents of the bulk insert (default: 3,000,000; 300,000 with --quick).
     #[arg(long)]
     w13_docs: Option<u64>,
+    /// W16 documents: man pages (default: 20,000, at most 128 MB of text; 2,000 with
+    /// --quick).
+    #[arg(long)]
+    w16_docs: Option<u64>,
     /// W17 orders (default: 1,000,000; 100,000 with --quick).
     #[arg(long)]
     w17_docs: Option<u64>,
@@ -139,12 +144,13 @@ enum Workload {
     W14,
     W15,
     W15C,
+    W16,
     W17,
 }
 
 impl Workload {
     /// Every workload, in the order the error for an unknown one lists them.
-    const ALL: [Workload; 18] = [
+    const ALL: [Workload; 19] = [
         Workload::W1,
         Workload::W2,
         Workload::W3,
@@ -162,6 +168,7 @@ impl Workload {
         Workload::W14,
         Workload::W15,
         Workload::W15C,
+        Workload::W16,
         Workload::W17,
     ];
 
@@ -184,6 +191,7 @@ impl Workload {
             Workload::W14 => "W14",
             Workload::W15 => "W15",
             Workload::W15C => "W15C",
+            Workload::W16 => "W16",
             Workload::W17 => "W17",
         }
     }
@@ -339,6 +347,7 @@ impl<'a> Plan<'a> {
             Workload::W8C => one(Box::new(move || serverbench::w8_chained(dir, load))),
             Workload::W12 => one(Box::new(move || querybench::w12(dir, quick, a.w12_docs))),
             Workload::W13 => one(Box::new(move || querybench::w13(dir, quick, a.w13_docs))),
+            Workload::W16 => one(Box::new(move || searchbench::w16(dir, quick, a.w16_docs))),
             Workload::W17 => one(Box::new(move || aggbench::w17(dir, quick, a.w17_docs))),
             Workload::W14 => {
                 let tool = self.backup_tool.ok_or(NO_BACKUP_TOOL)?;
@@ -432,7 +441,7 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "unknown workload \"W5\" (available: W1, W2, W3, W4, W6, W7, W8, W8I, W8C, W9, \
-             W10, W11, W12, W13, W14, W15, W15C, W17)"
+             W10, W11, W12, W13, W14, W15, W15C, W16, W17)"
         );
     }
 }

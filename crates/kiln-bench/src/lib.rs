@@ -5,7 +5,7 @@
 //!
 //! The modules form a tree: [`bench`] parses the workload list and dispatches to the
 //! workload modules (`storagebench`, `recoverybench`, `serverbench`, `streambench`,
-//! `querybench`, `aggbench`, `backupbench`, `clusterbench`), which build on leaf modules that
+//! `querybench`, `aggbench`, `searchbench`, `backupbench`, `clusterbench`), which build on leaf modules that
 //! import nothing of this crate's above them: [`run`] (what a run returns),
 //! [`workload`] (the seed and the generated data), [`ycsb`] (the YCSB core
 //! workloads' keys, records and distributions), [`stats`] (medians, quantiles,
@@ -36,6 +36,8 @@ pub mod recoverybench;
 pub mod redisbench;
 #[cfg(feature = "documents")]
 pub mod report;
+#[cfg(feature = "documents")]
+pub mod searchbench;
 pub mod run;
 #[cfg(feature = "documents")]
 pub mod serverbench;

@@ -121,6 +121,7 @@ fn print_lines_against_targets(label: &str, m: &Run) {
     print_index_build_and_queries(label, m);
     print_index_lag(label, m);
     print_aggregations(label, m);
+    print_full_text(label, m);
     print_idle_subscribers_and_notify(label, m);
     print_cpu_per_request(label, m);
 }
@@ -289,6 +290,58 @@ fn print_index_build_and_queries(label: &str, m: &Run) {
         figure(m, "half_first_page_p50_ms"),
         figure(m, "half_count_ms"),
         figure(m, "order_desc_first_page_p50_ms"),
+    );
+}
+
+/// W16: a full-text index's build and queries, beside tantivy used directly.
+fn print_full_text(label: &str, m: &Run) {
+    if !m.extra.contains_key("tantivy_build_docs_per_sec") {
+        return;
+    }
+    println!(
+        "         {label}: {:.0} documents, {:.1} MB of text ({}): full-text index build {:.0} docs/s \
+         {:.1} MB/s, tantivy alone {:.0} docs/s: {:.2}x (goal >= 0.7); term p50 {:.3} ms p99 {:.3} \
+         (tantivy {:.3}), phrase p50 {:.3} ms p99 {:.3} (tantivy {:.3}), prefix p50 {:.3} ms p99 \
+         {:.3} (tantivy {:.3}); idle update lag p50 {:.1} ms p99 {:.1}; index {:.1} MB; SQLite \
+         FTS5 and PostgreSQL not measured",
+        figure(m, "documents"),
+        figure(m, "corpus_mb"),
+        m.extra["corpus"].as_str().unwrap_or("?"),
+        figure(m, "build_docs_per_sec"),
+        figure(m, "build_mb_per_sec"),
+        figure(m, "tantivy_build_docs_per_sec"),
+        figure(m, "build_ratio_to_tantivy"),
+        figure(m, "term_p50_ms"),
+        figure(m, "term_p99_ms"),
+        figure(m, "tantivy_term_p50_ms"),
+        figure(m, "phrase_p50_ms"),
+        figure(m, "phrase_p99_ms"),
+        figure(m, "tantivy_phrase_p50_ms"),
+        figure(m, "prefix_p50_ms"),
+        figure(m, "prefix_p99_ms"),
+        figure(m, "tantivy_prefix_p50_ms"),
+        figure(m, "update_lag_p50_ms"),
+        figure(m, "update_lag_p99_ms"),
+        figure(m, "index_mb"),
+    );
+}
+
+/// W18: a data subscription's delivery to one worker, and a live write's latency.
+fn print_subscriptions(label: &str, m: &Run) {
+    if !m.extra.contains_key("delivered_docs_per_sec") {
+        return;
+    }
+    println!(
+        "         {label}: {:.0} documents delivered to one worker in {:.0} acknowledged \
+         batches of up to {:.0}: {:.0} docs/s (goal >= 100,000); live write delivered p50 \
+         {:.2} ms p99 {:.2} ms (goal p50 <= 5) over {:.0} writes",
+        figure(m, "documents"),
+        figure(m, "batches"),
+        figure(m, "batch_size"),
+        figure(m, "delivered_docs_per_sec"),
+        figure(m, "live_latency_p50_ms"),
+        figure(m, "live_latency_p99_ms"),
+        figure(m, "live_writes"),
     );
 }
 

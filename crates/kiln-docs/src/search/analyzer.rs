@@ -80,7 +80,7 @@ pub fn build(name: &str) -> Option<TextAnalyzer> {
 
 /// Registers every analyzer with an index's tokenizer manager (at each open: tantivy
 /// keeps only the names).
-pub(crate) fn register_all(manager: &TokenizerManager) {
+pub fn register_all(manager: &TokenizerManager) {
     for name in names() {
         if let Some(a) = build(name) {
             manager.register(name, a);

@@ -1,0 +1,503 @@
+//! W16 (issue 42): full-text search, measured embedded (kiln-docs called directly,
+//! as W12 and W17), against tantivy used directly on the same documents in the
+//! same run.
+//!
+//! The corpus is real English text that every Debian machine has offline: the
+//! manual pages under `/usr/share/man/man[1-8]` (gzip, troff markup stripped to
+//! its text), one document per page: `{"title", "section", "body"}`. Where fewer
+//! than 500 pages are installed (a slim image), the Python standard library's
+//! sources (`/usr/lib/python3*/**.py`, their docstrings and comments are English)
+//! stand in; the JSON says which corpus ran, with its documents and megabytes.
+//!
+//! Measured:
+//! - the build: documents written first, then the full-text index (body: english,
+//!   title: standard) defined and timed until it has caught up; the same documents
+//!   added to a tantivy index of the same schema and analyzers by one writer with
+//!   the same threads and memory, one commit, timed from the first add to the end
+//!   of the commit (the documents already in memory: tantivy's best case).
+//! - queries (top 10 by BM25 and the total count, as Kiln answers them): terms,
+//!   phrases and prefixes, p50/p99 for each kind, Kiln and tantivy.
+//! - the idle update lag: a page rewritten, from its acknowledgment until the
+//!   full-text index has committed it.
+//! - the index's bytes on disk and its segments after the build.
+//!
+//! SQLite FTS5 and PostgreSQL (tsvector + GIN), the peers the issue names, are not
+//! measured here (this crate has neither client; see docs/benchmarks.md).
+
+use crate::querybench::fresh;
+use crate::run::{BenchResult, Run};
+use kiln_docs::{
+    BatchOutcome, Condition, Database, DocId, IndexDefinition, IndexField, ParsedDocument,
+    QueryOptions, WriteOp,
+};
+use serde_json::{json, Map, Value};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const INDEX: &str = "pages-text";
+const BATCH: usize = 1_000;
+const WRITER_THREADS: usize = 2;
+const WRITER_MEMORY_BYTES: usize = 64 << 20;
+const TERMS: &[&str] = &[
+    "file",
+    "directory",
+    "network",
+    "memory",
+    "signal",
+    "password",
+    "kernel",
+    "compression",
+    "terminal",
+    "printer",
+];
+const PHRASES: &[&str] = &[
+    "\"regular expression\"",
+    "\"standard output\"",
+    "\"configuration file\"",
+    "\"exit status\"",
+    "\"environment variable\"",
+    "\"home directory\"",
+];
+const PREFIXES: &[&str] = &["conf*", "netw*", "compr*", "encrypt*", "sync*", "print*"];
+
+/// One page of the corpus.
+struct Page {
+    title: String,
+    section: String,
+    body: String,
+}
+
+/// troff to text: requests lose their name (keeping their arguments: headings,
+/// bold words), comments go, escapes become what they print.
+fn strip_troff(src: &str) -> String {
+    let mut out = String::with_capacity(src.len());
+    for line in src.lines() {
+        let line = if let Some(rest) = line.strip_prefix('.').or_else(|| line.strip_prefix('\'')) {
+            if rest.starts_with("\\\"") {
+                continue;
+            }
+            rest.split_once(char::is_whitespace)
+                .map_or("", |(_, args)| args)
+        } else {
+            line
+        };
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c != '\\' {
+                out.push(if c == '"' { ' ' } else { c });
+                continue;
+            }
+            match chars.next() {
+                Some('f') => {
+                    // \fB, \fI, \fR, \fP, \f(XX
+                    if chars.next() == Some('(') {
+                        chars.next();
+                        chars.next();
+                    }
+                }
+                Some('(') => {
+                    chars.next();
+                    chars.next();
+                    out.push(' ');
+                }
+                Some('-') => out.push('-'),
+                Some('e') => out.push('\\'),
+                Some('&') | Some('c') => {}
+                Some(other) => out.push(other),
+                None => {}
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn man_pages(limit: usize, max_bytes: usize) -> Vec<Page> {
+    let mut files: Vec<(PathBuf, String)> = Vec::new();
+    for section in 1..=8 {
+        let dir = PathBuf::from(format!("/usr/share/man/man{section}"));
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            files.push((e.path(), section.to_string()));
+        }
+    }
+    files.sort();
+    let mut pages = Vec::new();
+    let mut bytes = 0;
+    for (path, section) in files {
+        if pages.len() >= limit || bytes >= max_bytes {
+            break;
+        }
+        let Ok(raw) = std::fs::read(&path) else {
+            continue;
+        };
+        let mut text = String::new();
+        let ok = if path.extension().is_some_and(|e| e == "gz") {
+            flate2::read::GzDecoder::new(&raw[..])
+                .read_to_string(&mut text)
+                .is_ok()
+        } else {
+            String::from_utf8(raw).map(|t| text = t).is_ok()
+        };
+        // Links to other pages (`.so`) and tiny stubs are not pages.
+        if !ok || text.len() < 512 || text.starts_with(".so ") {
+            continue;
+        }
+        let body = strip_troff(&text);
+        bytes += body.len();
+        let title = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.split('.').next())
+            .unwrap_or("")
+            .to_string();
+        pages.push(Page {
+            title,
+            section,
+            body,
+        });
+    }
+    pages
+}
+
+fn python_sources(limit: usize, max_bytes: usize) -> Vec<Page> {
+    let mut stack: Vec<PathBuf> = std::fs::read_dir("/usr/lib")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("python3"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut files = Vec::new();
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "py") {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    let mut pages = Vec::new();
+    let mut bytes = 0;
+    for p in files {
+        if pages.len() >= limit || bytes >= max_bytes {
+            break;
+        }
+        if let Ok(body) = std::fs::read_to_string(&p) {
+            if body.len() >= 512 {
+                bytes += body.len();
+                pages.push(Page {
+                    title: p
+                        .file_stem()
+                        .and_then(|s| s.to_str())
+                        .unwrap_or("")
+                        .to_string(),
+                    section: "py".into(),
+                    body,
+                });
+            }
+        }
+    }
+    pages
+}
+
+/// The corpus and its name.
+fn corpus(limit: usize, max_bytes: usize) -> BenchResult<(&'static str, Vec<Page>)> {
+    let pages = man_pages(limit, max_bytes);
+    if pages.len() >= 500.min(limit) {
+        return Ok(("man pages (/usr/share/man/man1-8)", pages));
+    }
+    let pages = python_sources(limit, max_bytes);
+    if pages.len() >= 100.min(limit) {
+        return Ok(("Python standard library sources (/usr/lib/python3*)", pages));
+    }
+    Err(
+        "W16 needs English text offline: neither /usr/share/man nor /usr/lib/python3* has enough"
+            .into(),
+    )
+}
+
+fn definition() -> IndexDefinition {
+    let field = |path: &str, analyzer: &str| IndexField {
+        path: path.into(),
+        search: true,
+        analyzer: Some(analyzer.into()),
+        ..Default::default()
+    };
+    IndexDefinition {
+        name: INDEX.into(),
+        collection: Some("pages".into()),
+        fields: vec![field("body", "english"), field("title", "standard")],
+        auto: false,
+        reduce: None,
+    }
+}
+
+fn page_json(p: &Page) -> Value {
+    json!({"title": p.title, "section": p.section, "body": p.body,
+           "@metadata": {"@collection": "pages"}})
+}
+
+/// Writes the pages in batches; the last etag's sequence.
+fn insert(db: &Database, pages: &[Page]) -> BenchResult<u64> {
+    let mut last = 0;
+    for (chunk_no, chunk) in pages.chunks(BATCH).enumerate() {
+        let mut ops = Vec::with_capacity(chunk.len());
+        for (i, p) in chunk.iter().enumerate() {
+            ops.push(WriteOp::Put {
+                id: DocId::Given(format!("pages/{:06}", chunk_no * BATCH + i)),
+                document: ParsedDocument::parse(page_json(p).to_string().as_bytes())?,
+                condition: Condition::None,
+            });
+        }
+        if let Some(BatchOutcome::Put(p)) = db.write_all(ops)?.last() {
+            last = p.etag.sequence;
+        }
+    }
+    Ok(last)
+}
+
+/// tantivy on its own: the same schema and analyzers, the documents from memory;
+/// (seconds to add and commit, the index, its body and title fields).
+fn tantivy_build(
+    dir: &Path,
+    pages: &[Page],
+) -> BenchResult<(f64, tantivy::Index, tantivy::schema::Field)> {
+    use tantivy::schema::{
+        IndexRecordOption, Schema, TextFieldIndexing, TextOptions, STORED, STRING,
+    };
+    let text = |analyzer: &str| {
+        TextOptions::default().set_indexing_options(
+            TextFieldIndexing::default()
+                .set_tokenizer(analyzer)
+                .set_index_option(IndexRecordOption::WithFreqsAndPositions),
+        )
+    };
+    let mut sb = Schema::builder();
+    let id = sb.add_text_field("@id", STRING | STORED);
+    let body = sb.add_text_field("f0", text("english"));
+    let title = sb.add_text_field("f1", text("standard"));
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    std::fs::create_dir_all(dir)?;
+    let index = tantivy::Index::create_in_dir(dir, sb.build())?;
+    kiln_docs::search::analyzer::register_all(index.tokenizers());
+    let t = Instant::now();
+    let mut w: tantivy::IndexWriter =
+        index.writer_with_num_threads(WRITER_THREADS, WRITER_MEMORY_BYTES)?;
+    for (i, p) in pages.iter().enumerate() {
+        let mut d = tantivy::TantivyDocument::new();
+        d.add_text(id, format!("pages/{i:06}"));
+        d.add_text(body, &p.body);
+        d.add_text(title, &p.title);
+        w.add_document(d)?;
+    }
+    w.commit()?;
+    let secs = t.elapsed().as_secs_f64();
+    w.wait_merging_threads()?;
+    Ok((secs, index, body))
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => stack.push(e.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+fn quantiles(mut ms: Vec<f64>) -> (f64, f64) {
+    ms.sort_by(f64::total_cmp);
+    (
+        crate::stats::quantile(&ms, 0.5).unwrap_or(f64::NAN),
+        crate::stats::quantile(&ms, 0.99).unwrap_or(f64::NAN),
+    )
+}
+
+/// p50/p99 (ms) of Kiln's and tantivy's answers (top 10 + count) to `texts`,
+/// each run `rounds` times, and the matches Kiln counted in total.
+fn time_kind(
+    db: &Database,
+    index: &tantivy::Index,
+    body: tantivy::schema::Field,
+    texts: &[&str],
+    rounds: usize,
+) -> BenchResult<((f64, f64), (f64, f64), u64)> {
+    use tantivy::collector::{Count, TopDocs};
+    let reader = index.reader()?;
+    let searcher = reader.searcher();
+    let parser = tantivy::query::QueryParser::for_index(index, vec![body]);
+    let mut kiln_ms = Vec::new();
+    let mut tantivy_ms = Vec::new();
+    let mut matches = 0;
+    for round in 0..rounds + 1 {
+        for text in texts {
+            let mut params = Map::new();
+            params.insert("q".into(), json!(text));
+            let t = Instant::now();
+            let r = db.query(
+                "from pages where search(body, $q) limit 10",
+                &params,
+                QueryOptions::default(),
+            )?;
+            let kiln = t.elapsed().as_secs_f64() * 1e3;
+            let t = Instant::now();
+            let q: Box<dyn tantivy::query::Query> = match text.strip_suffix('*') {
+                Some(prefix) => Box::new(tantivy::query::FuzzyTermQuery::new_prefix(
+                    tantivy::Term::from_field_text(body, prefix),
+                    0,
+                    true,
+                )),
+                None => parser.parse_query(text)?,
+            };
+            let (top, count) =
+                searcher.search(&*q, &(TopDocs::with_limit(10).order_by_score(), Count))?;
+            let tantivy = t.elapsed().as_secs_f64() * 1e3;
+            if r.total != count as u64 || r.results.len() != top.len() {
+                return Err(format!(
+                    "W16: {text}: Kiln found {} ({} on the page), tantivy {count} ({})",
+                    r.total,
+                    r.results.len(),
+                    top.len()
+                )
+                .into());
+            }
+            // The first round warms both (page cache, term dictionaries).
+            if round > 0 {
+                kiln_ms.push(kiln);
+                tantivy_ms.push(tantivy);
+                matches += r.total;
+            }
+        }
+    }
+    Ok((
+        quantiles(kiln_ms),
+        quantiles(tantivy_ms),
+        matches / rounds.max(1) as u64,
+    ))
+}
+
+/// W16 over up to `documents` pages (all man pages up to 20,000 and 128 MB of
+/// text; 2,000 with `quick`).
+pub fn w16(dir: &Path, quick: bool, documents: Option<u64>) -> BenchResult<Run> {
+    let limit = documents.unwrap_or(if quick { 2_000 } else { 20_000 }) as usize;
+    let (name, pages) = corpus(limit, 128 << 20)?;
+    let corpus_bytes: usize = pages.iter().map(|p| p.body.len() + p.title.len()).sum();
+    let mut extra = Map::new();
+    extra.insert("corpus".into(), json!(name));
+    extra.insert("documents".into(), json!(pages.len()));
+    extra.insert("corpus_mb".into(), json!(corpus_bytes as f64 / 1e6));
+    let (store, db) = fresh(&dir.join("kiln"))?;
+    let t = Instant::now();
+    let last = insert(&db, &pages)?;
+    extra.insert(
+        "insert_docs_per_sec".into(),
+        json!(pages.len() as f64 / t.elapsed().as_secs_f64()),
+    );
+    let t = Instant::now();
+    db.define_index(definition())?;
+    if !db.wait_for_index(INDEX, last, Duration::from_secs(3600))? {
+        return Err("the full-text index did not catch up".into());
+    }
+    let kiln_secs = t.elapsed().as_secs_f64();
+    let tantivy_dir = dir.join("tantivy");
+    let (tantivy_secs, index, body) = tantivy_build(&tantivy_dir, &pages)?;
+    let docs = pages.len() as f64;
+    extra.insert("build_seconds".into(), json!(kiln_secs));
+    extra.insert("build_docs_per_sec".into(), json!(docs / kiln_secs));
+    extra.insert(
+        "build_mb_per_sec".into(),
+        json!(corpus_bytes as f64 / 1e6 / kiln_secs),
+    );
+    extra.insert("tantivy_build_seconds".into(), json!(tantivy_secs));
+    extra.insert(
+        "tantivy_build_docs_per_sec".into(),
+        json!(docs / tantivy_secs),
+    );
+    extra.insert(
+        "build_ratio_to_tantivy".into(),
+        json!(tantivy_secs / kiln_secs),
+    );
+    let search_dir = db.dir().join("search");
+    extra.insert(
+        "index_mb".into(),
+        json!(dir_bytes(&search_dir) as f64 / 1e6),
+    );
+    extra.insert(
+        "tantivy_index_mb".into(),
+        json!(dir_bytes(&tantivy_dir) as f64 / 1e6),
+    );
+    let rounds = if quick { 5 } else { 30 };
+    for (kind, texts) in [("term", TERMS), ("phrase", PHRASES), ("prefix", PREFIXES)] {
+        let ((k50, k99), (t50, t99), matches) = time_kind(&db, &index, body, texts, rounds)?;
+        extra.insert(format!("{kind}_p50_ms"), json!(k50));
+        extra.insert(format!("{kind}_p99_ms"), json!(k99));
+        extra.insert(format!("tantivy_{kind}_p50_ms"), json!(t50));
+        extra.insert(format!("tantivy_{kind}_p99_ms"), json!(t99));
+        extra.insert(format!("{kind}_matches_per_round"), json!(matches));
+    }
+    // The idle update lag: one page rewritten every 20 ms.
+    let mut lags = Vec::new();
+    for i in 0..if quick { 20 } else { 100 } {
+        std::thread::sleep(Duration::from_millis(20));
+        let n = (i * 7919) % pages.len();
+        let put = db.put(
+            &format!("pages/{n:06}"),
+            page_json(&pages[n]).to_string().as_bytes(),
+            Condition::None,
+        )?;
+        let acked = Instant::now();
+        if !db.wait_for_index(INDEX, put.etag.sequence, Duration::from_secs(10))? {
+            return Err("the full-text index did not index a rewrite within 10 s".into());
+        }
+        lags.push(acked.elapsed().as_secs_f64() * 1e3);
+    }
+    let (lag50, lag99) = quantiles(lags);
+    extra.insert("update_lag_p50_ms".into(), json!(lag50));
+    extra.insert("update_lag_p99_ms".into(), json!(lag99));
+    drop(db);
+    store.close()?;
+    Ok(Run {
+        ops: pages.len() as u64,
+        commits: 1,
+        seconds: kiln_secs,
+        extra,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strip_troff;
+
+    #[test]
+    fn troff_becomes_text() {
+        let src = ".\\\" a comment\n.TH LS 1\n.SH DESCRIPTION\nList \\fBinformation\\fR about\n\\-a files \\(em all\n";
+        let t = strip_troff(src);
+        assert!(!t.contains("comment"));
+        assert!(t.contains("DESCRIPTION"));
+        assert!(t.contains("List information about"));
+        assert!(t.contains("-a files"));
+    }
+}
