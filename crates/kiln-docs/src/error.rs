@@ -222,6 +222,10 @@ impl DocError {
                 | DocError::DocumentTooLarge { .. }
                 | DocError::InvalidId { .. }
                 | DocError::InvalidCollection { .. }
+                // Only raised by a document's checks, before any write (a merge
+                // patch's result is checked inside the unit: `WriteOp::Patch`).
+                | DocError::InvalidDocument(_)
+                | DocError::InvalidExpires { .. }
         )
     }
 }

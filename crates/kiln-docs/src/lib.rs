@@ -36,6 +36,7 @@ mod etag;
 mod expiration;
 mod id;
 mod index;
+mod merge_patch;
 mod query;
 mod record;
 mod revisions;
@@ -68,6 +69,7 @@ pub use id::{validate_collection, validate_database_name, validate_id, MAX_COLLE
 pub use index::{
     IndexDefinition, IndexErrorSample, IndexField, IndexInfo, IndexingOptions, ReduceSpec,
 };
+pub use merge_patch::{check_document_patch, merge_patch, patch_document};
 pub use query::{QueryOptions, QueryResult};
 pub use record::RecordView as DocumentView;
 pub use revisions::{

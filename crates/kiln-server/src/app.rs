@@ -44,6 +44,7 @@ pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
             get(routes_docs::get_document)
                 .put(routes_docs::put_document)
                 .post(routes_docs::post_document)
+                .patch(routes_docs::patch_document)
                 .delete(routes_docs::delete_document),
         )
         .route("/dbs/{db}/backup", get(crate::routes::backup::backup))

@@ -58,6 +58,8 @@ error_codes! {
     InvalidPrecondition = "invalid_precondition" => BAD_REQUEST,
     InvalidEtag = "invalid_etag" => BAD_REQUEST,
     BodyTooLarge = "body_too_large" => PAYLOAD_TOO_LARGE,
+    /// A PATCH body in a format other than a JSON merge patch.
+    UnsupportedMediaType = "unsupported_media_type" => UNSUPPORTED_MEDIA_TYPE,
     BodyReadFailed = "body_read_failed" => BAD_REQUEST,
     RequestTimeout = "request_timeout" => REQUEST_TIMEOUT,
     TooManyConnections = "too_many_connections" => TOO_MANY_REQUESTS,

@@ -66,9 +66,9 @@ def normalize_urls(urls: Union[str, Sequence[str]]) -> Tuple[List[str], bool]:
 
 def is_write(method: str, path: str) -> bool:
     """Whether a request is one only the leader takes (as the server decides it:
-    PUT/POST/DELETE, except queries and the cluster's own routes)."""
+    PUT/POST/PATCH/DELETE, except queries and the cluster's own routes)."""
     p = path.split("?", 1)[0]
-    return (method.upper() in ("PUT", "POST", "DELETE") and not p.startswith("/cluster")
+    return (method.upper() in ("PUT", "POST", "PATCH", "DELETE") and not p.startswith("/cluster")
             and not p.endswith("/queries"))
 
 
@@ -79,7 +79,8 @@ def resend_cannot_duplicate(method: str, path: str, content: Optional[bytes]) ->
     generate an id would make a second document."""
     m = method.upper()
     p = path.split("?", 1)[0]
-    if m == "DELETE":
+    # A merge patch applied twice leaves what it left once (RFC 7396 is idempotent).
+    if m in ("DELETE", "PATCH"):
         return True
     if m == "PUT":
         return not p.endswith("/")

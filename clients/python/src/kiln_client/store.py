@@ -555,6 +555,21 @@ class DocumentStore:
         self.invalidate(doc_id)
         return str(r.json()["etag"])
 
+    def patch(self, doc_id: str, changes: Dict[str, Any],
+              if_match: Optional[str] = None) -> str:
+        """Merges ``changes`` into the document (a JSON merge patch, RFC 7396: ``None``
+        removes a field, a dict merges into the field's dict, anything else replaces
+        it), read and written in one transaction on the server; returns the new etag.
+        Raises :class:`DocumentNotFoundError` if there is no document, and with
+        ``if_match``, :class:`ConcurrencyError` if the document has another etag."""
+        headers = {"Content-Type": "application/merge-patch+json"}
+        if if_match:
+            headers["If-Match"] = f'"{if_match}"'
+        content = json.dumps(changes, separators=(",", ":")).encode()
+        r = self.request("PATCH", self.doc_path(doc_id), content=content, headers=headers)
+        self.invalidate(doc_id)
+        return str(r.json()["etag"])
+
     def delete(self, doc_id: str, if_match: Optional[str] = None) -> None:
         headers = {"If-Match": f'"{if_match}"'} if if_match else None
         self.request("DELETE", self.doc_path(doc_id), headers=headers)

@@ -229,8 +229,40 @@ fn apply_by(
         WriteOp::Delete { id, condition } => {
             apply_delete(txn, unit, id, *condition, key_id).map(BatchOutcome::Delete)
         }
+        WriteOp::Patch {
+            id,
+            patch,
+            condition,
+        } => apply_patch(txn, unit, id, patch, *condition, key_id).map(BatchOutcome::Put),
         WriteOp::Attributed { key_id, op } => apply_by(txn, unit, op, Some(key_id)),
     }
+}
+
+/// A merge patch: the document as this transaction sees it, merged, then written
+/// as a put conditional on the etag just read (it cannot fail here: the writer is
+/// this transaction). Every error comes before the put's first write.
+fn apply_patch(
+    txn: &mut WriteTxn<'_>,
+    unit: &mut Unit,
+    id: &str,
+    patch: &serde_json::Value,
+    condition: Condition,
+    key_id: Option<&str>,
+) -> Result<PutOutcome> {
+    let (etag, merged) = match txn.get(DOCS, id.as_bytes())? {
+        None => return Err(DocError::DocumentNotFound { id: id.to_string() }),
+        Some(bytes) => {
+            let rec = record::decode(id, bytes)?;
+            check_condition(id, condition, Some(rec.etag))?;
+            (
+                rec.etag,
+                crate::merge_patch::patch_document(rec.json, id, patch)?,
+            )
+        }
+    };
+    let doc = PreparedDoc::from_value(merged)?;
+    let given = DocId::Given(id.to_string());
+    apply_put(txn, unit, &given, &doc, Condition::IfMatch(etag), key_id)
 }
 
 fn current(txn: &mut WriteTxn<'_>, id: &str) -> Result<Option<(Etag, Option<String>)>> {

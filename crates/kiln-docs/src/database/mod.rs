@@ -102,6 +102,16 @@ pub enum WriteOp {
         id: String,
         condition: Condition,
     },
+    /// A JSON merge patch (RFC 7396, `merge_patch.rs`) of an existing document:
+    /// read, merged and written inside the write's own transaction, so that two
+    /// concurrent patches of one document both land (neither overwrites the
+    /// other's change with what it read before). `condition` is checked against the
+    /// document as read there; a document that does not exist is `DocumentNotFound`.
+    Patch {
+        id: String,
+        patch: Value,
+        condition: Condition,
+    },
     /// A write made with an API key: the key's id is kept with the revisions of
     /// the version it writes (`revisions/`). Made by `WriteOp::attributed`.
     Attributed {
@@ -429,6 +439,25 @@ impl Database {
         Ok(out)
     }
 
+    /// Merges `patch` (a JSON merge patch, RFC 7396) into the document `id`, read
+    /// and written in one transaction; `DocumentNotFound` if there is none. Durable
+    /// when it returns.
+    pub fn patch(&self, id: &str, patch: Value, condition: Condition) -> Result<PutOutcome> {
+        let env = self.live()?;
+        let op = WriteOp::Patch {
+            id: id.to_string(),
+            patch,
+            condition,
+        };
+        self.check_op(&op)?;
+        match self.write_one(env, op)? {
+            BatchOutcome::Put(p) => Ok(p),
+            BatchOutcome::Delete(_) => {
+                Err(DocError::Internal("a patch came back as a delete".into()))
+            }
+        }
+    }
+
     /// Deletes a document; `DocumentNotFound` if there is none.
     pub fn delete(&self, id: &str, condition: Condition) -> Result<DeleteOutcome> {
         let env = self.live()?;
@@ -516,6 +545,10 @@ impl Database {
         match op {
             WriteOp::Put { id, .. } => self.check_id(id),
             WriteOp::Delete { id, .. } => validate_id(id, self.limits.max_id_bytes),
+            WriteOp::Patch { id, patch, .. } => {
+                validate_id(id, self.limits.max_id_bytes)?;
+                crate::merge_patch::check_document_patch(patch)
+            }
             WriteOp::Attributed { op, .. } => self.check_op(op),
         }
     }

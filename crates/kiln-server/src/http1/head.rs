@@ -1,6 +1,6 @@
 //! Parsing a request head in the connection's buffer, and deciding whether the
-//! connection's own loop serves it (one document's GET, PUT or POST in plain
-//! HTTP/1.1) or hands the connection to hyper.
+//! connection's own loop serves it (one document's GET, PUT, POST or PATCH in
+//! plain HTTP/1.1) or hands the connection to hyper.
 
 use crate::http_util::HeaderLookup;
 use std::ops::Range;
@@ -24,6 +24,8 @@ pub enum DocMethod {
     Get,
     Put,
     Post,
+    /// A JSON merge patch (YCSB's updates: as hot as a PUT).
+    Patch,
 }
 
 impl DocMethod {
@@ -32,6 +34,7 @@ impl DocMethod {
             DocMethod::Get => "GET",
             DocMethod::Put => "PUT",
             DocMethod::Post => "POST",
+            DocMethod::Patch => "PATCH",
         }
     }
 }
@@ -54,6 +57,7 @@ pub struct DocHead {
     authorization: Option<Range<usize>>,
     x_api_key: Option<Range<usize>>,
     x_request_id: Option<Range<usize>>,
+    content_type: Option<Range<usize>>,
 }
 
 #[derive(Debug)]
@@ -100,6 +104,7 @@ pub fn parse(buf: &[u8]) -> Parsed {
         authorization: None,
         x_api_key: None,
         x_request_id: None,
+        content_type: None,
     };
     let content_length = match read_headers(&mut head, req.headers, range_of) {
         Ok(length) => length,
@@ -129,6 +134,7 @@ fn document_line<'b>(
         Some("GET") => DocMethod::Get,
         Some("PUT") => DocMethod::Put,
         Some("POST") => DocMethod::Post,
+        Some("PATCH") => DocMethod::Patch,
         _ => return Err(Parsed::Other),
     };
     let Some(path) = req.path else {
@@ -209,6 +215,8 @@ fn read_headers(
                 &mut head.x_api_key
             } else if name.eq_ignore_ascii_case("x-request-id") {
                 &mut head.x_request_id
+            } else if name.eq_ignore_ascii_case("content-type") {
+                &mut head.content_type
             } else {
                 continue;
             };
@@ -257,6 +265,7 @@ impl HeaderLookup for HeadHeaders<'_> {
             "authorization" => &self.head.authorization,
             "x-api-key" => &self.head.x_api_key,
             "x-request-id" => &self.head.x_request_id,
+            "content-type" => &self.head.content_type,
             _ => return None,
         };
         range.clone().map(|r| &self.buf[r])

@@ -1,5 +1,5 @@
 //! The connection's own HTTP/1.1 loop for the busiest requests: one document's
-//! GET, PUT or POST in plain HTTP/1.1 (no chunked body, no `Expect`, no upgrade,
+//! GET, PUT, POST or PATCH in plain HTTP/1.1 (no chunked body, no `Expect`, no upgrade,
 //! nothing to percent-decode). Under W8 and W9 those are every request, and hyper,
 //! the router and their per-request allocations cost about as much CPU as the
 //! storage work itself (docs/benchmarks-history.md, "Round 2"). The first request of any other kind
@@ -201,7 +201,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         };
         let ((answered, key), close) = match head.method {
             DocMethod::Get => (self.get(&head, &id, close).await, close),
-            DocMethod::Put | DocMethod::Post => self.put(&head, &id, close).await,
+            DocMethod::Put | DocMethod::Post | DocMethod::Patch => {
+                self.put(&head, &id, close).await
+            }
         };
         crate::observe::finished(
             &self.state.metrics,
@@ -271,9 +273,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         (answered, key)
     }
 
-    /// A PUT or POST, checked in the order of the hyper path (authentication, the
-    /// preconditions, the database, then the body's size), then its body read within
-    /// the size and time limits, then the durable write. Returns the answer's status
+    /// A PUT, POST or PATCH, checked in the order of the hyper path
+    /// (authentication, a PATCH's Content-Type, the preconditions, the database,
+    /// then the body's size), then its body read within the size and time limits,
+    /// then the durable write. Returns the answer's status
     /// and whether the connection closes after it.
     async fn put(
         &mut self,
@@ -314,8 +317,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let doc_id = head.id(pending).to_string();
         let body = &pending[head.head_len..body_end];
         let key_id = key.as_ref().map(|k| k.0.clone());
-        let put = crate::routes::docs::put(&self.state, database, doc_id, body, condition, key_id);
-        let answered = match put.await {
+        let state = &self.state;
+        let written = match head.method {
+            DocMethod::Patch => {
+                crate::routes::docs::patch(state, database, doc_id, body, condition, key_id).await
+            }
+            _ => crate::routes::docs::put(state, database, doc_id, body, condition, key_id).await,
+        };
+        let answered = match written {
             Ok(outcome) => answer::put(&mut self.out, head.db(pending), &outcome, id, close),
             Err(e) => answer::response(&mut self.out, e.into_response(), id, close).await,
         };
@@ -329,6 +338,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let limits = &self.state.limits;
         let pending = self.pending();
         let headers = HeadHeaders { head, buf: pending };
+        if head.method == DocMethod::Patch {
+            crate::routes::docs::check_merge_patch_type(&headers)?;
+        }
         crate::http_util::write_condition(&headers)
             .and_then(|condition| {
                 let database = self.state.store.database(head.db(pending))?;

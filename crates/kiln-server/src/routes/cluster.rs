@@ -242,7 +242,10 @@ fn take_consistency(req: &mut Request) -> Result<bool, ApiError> {
 /// Whether a request changes what the cluster replicates (so only the leader
 /// takes it). Queries are POSTs that only read.
 fn is_replicated_write(method: &Method, path: &str) -> bool {
-    let writes = matches!(*method, Method::PUT | Method::POST | Method::DELETE);
+    let writes = matches!(
+        *method,
+        Method::PUT | Method::POST | Method::PATCH | Method::DELETE
+    );
     writes && !path.starts_with("/cluster/raft/") && !path.ends_with("/queries")
 }
 

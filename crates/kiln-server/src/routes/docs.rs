@@ -3,7 +3,8 @@
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{
     blocking, condition_from_if_match, encode_path, encode_query_value, etag_header, json_response,
-    json_value, link_next, none_match_hits, read_body, write_condition, ApiPath, RequestKey,
+    json_value, link_next, none_match_hits, read_body, write_condition, ApiPath, HeaderLookup,
+    RequestKey,
 };
 use crate::query_params::{NoParams, Params};
 use crate::routes::page_size;
@@ -94,7 +95,7 @@ pub async fn post_document(
                 id.rsplit_once('/').map_or("prefix", |(p, _)| p)
             ),
         );
-        e.allow = Some("GET, PUT, DELETE");
+        e.allow = Some("GET, PUT, PATCH, DELETE");
         return Err(e);
     }
     put_document(params, state, ApiPath((db, id)), key, headers, body).await
@@ -158,6 +159,151 @@ pub(crate) async fn put(
         BatchOutcome::Put(out) => Ok(out),
         BatchOutcome::Delete(_) => Err(mismatched_outcome()),
     }
+}
+
+/// `PATCH` of a document with a JSON merge patch (RFC 7396): the fields it names
+/// are merged into the stored document, read and written in one transaction
+/// (`kiln_docs::WriteOp::Patch`). Answers like PUT (200, the new etag); 404 when
+/// the document does not exist; If-Match as for PUT.
+pub async fn patch_document(
+    _: NoParams,
+    State(state): State<SharedState>,
+    ApiPath((db, id)): ApiPath<(String, String)>,
+    key: RequestKey,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    check_merge_patch_type(&headers)?;
+    let condition = write_condition(&headers)?;
+    let database = state.store.database(&db)?;
+    let bytes = read_body(&headers, body, &state.limits).await?;
+    let out = patch(&state, database, id, &bytes, condition, key.id()).await?;
+    Ok(put_response(&db, &out))
+}
+
+/// A PATCH body is read as a JSON merge patch whatever its Content-Type says (as
+/// a PUT's body is read as JSON: `curl -d` sends form-urlencoded), except a JSON
+/// Patch (RFC 6902, `application/json-patch+json`): another patch format, refused
+/// with 415 rather than misread.
+pub(crate) fn check_merge_patch_type(headers: &impl HeaderLookup) -> Result<(), ApiError> {
+    let Some(value) = headers.first("content-type") else {
+        return Ok(());
+    };
+    let text = String::from_utf8_lossy(value);
+    let media = text.split(';').next().unwrap_or_default().trim();
+    if !media.eq_ignore_ascii_case("application/json-patch+json") {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        ErrorCode::UnsupportedMediaType,
+        "PATCH takes a JSON merge patch (RFC 7396: Content-Type: \
+         application/merge-patch+json), not a JSON Patch (RFC 6902)",
+    ))
+}
+
+/// Parses `body` as a merge patch and applies it to `id`, durably; `key_id` is the
+/// API key making the write, if known.
+pub(crate) async fn patch(
+    state: &AppState,
+    database: Arc<Database>,
+    id: String,
+    body: &[u8],
+    condition: Condition,
+    key_id: Option<String>,
+) -> Result<PutOutcome, ApiError> {
+    let parse = |body: &[u8]| -> Result<Value, kiln_docs::DocError> {
+        let patch: Value =
+            serde_json::from_slice(body).map_err(|e| kiln_docs::DocError::malformed_json(&e))?;
+        kiln_docs::check_document_patch(&patch)?;
+        Ok(patch)
+    };
+    let patch = if body.len() <= INLINE_PARSE_BYTES {
+        parse(body)?
+    } else {
+        let body = body.to_vec();
+        blocking(move || parse(&body)).await?
+    };
+    database.check_id(&DocId::Given(id.clone()))?;
+    if state.cluster.is_some() {
+        return patch_in_cluster(state, &database, id, &patch, condition, key_id).await;
+    }
+    let op = WriteOp::Patch {
+        id,
+        patch,
+        condition,
+    }
+    .attributed(key_id);
+    match crate::routes::write(state, database, op).await? {
+        BatchOutcome::Put(out) => Ok(out),
+        BatchOutcome::Delete(_) => Err(mismatched_outcome()),
+    }
+}
+
+/// How often the leader merges a patch again when another write to the document
+/// came between its read and its log entry.
+const CLUSTER_PATCH_ATTEMPTS: usize = 16;
+
+/// A patch in a cluster: every node must apply the same document, so the leader
+/// merges (the log carries no patches) and proposes a put of the result with
+/// If-Match of the etag it merged into. A write that reached the log in between
+/// fails that put instead of being overwritten, and the patch is merged again into
+/// the document as it is now; unless the client's own If-Match named the etag,
+/// when the conflict is its answer.
+async fn patch_in_cluster(
+    state: &AppState,
+    database: &Database,
+    id: String,
+    patch: &Value,
+    condition: Condition,
+    key_id: Option<String>,
+) -> Result<PutOutcome, ApiError> {
+    for _ in 0..CLUSTER_PATCH_ATTEMPTS {
+        let current = database
+            .get(&id)?
+            .ok_or_else(|| kiln_docs::DocError::DocumentNotFound { id: id.clone() })?;
+        let conflict = |why: String| kiln_docs::DocError::Conflict {
+            id: id.clone(),
+            current: Some(current.etag),
+            why,
+        };
+        match condition {
+            Condition::IfMatch(want) if want != current.etag => {
+                let why = format!("expected etag {want}, the document has {}", current.etag);
+                return Err(conflict(why).into());
+            }
+            Condition::IfNotExists => {
+                let why = format!("the document already exists (etag {})", current.etag);
+                return Err(conflict(why).into());
+            }
+            _ => {}
+        }
+        let merged = kiln_docs::patch_document(&current.json, &id, patch)?;
+        let body = serde_json::to_vec(&merged).map_err(|e| {
+            ApiError::new(ErrorCode::InternalError, format!("encoding a patch: {e}"))
+        })?;
+        // The merged document's checks (size, @metadata) before it reaches the log.
+        database.parse_document(&body)?;
+        let read = Condition::IfMatch(current.etag);
+        let op = crate::routes::cluster::logged_put(id.clone(), &body, &read)?
+            .attributed(key_id.clone());
+        match crate::routes::cluster::write_one(state, database.name(), op).await {
+            Ok(BatchOutcome::Put(out)) => return Ok(out),
+            Ok(BatchOutcome::Delete(_)) => return Err(mismatched_outcome()),
+            Err(e)
+                if e.code == ErrorCode::Conflict && !matches!(condition, Condition::IfMatch(_)) =>
+            {
+                continue
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::new(
+        ErrorCode::Conflict,
+        format!(
+            "the document {id:?} changed under each of {CLUSTER_PATCH_ATTEMPTS} attempts to \
+             merge the patch: retry"
+        ),
+    ))
 }
 
 /// The `Location` of a document a write created.
