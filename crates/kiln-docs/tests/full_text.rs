@@ -545,3 +545,59 @@ fn bad_definitions_and_queries_get_clear_errors() {
     drop(db);
     store.close().unwrap();
 }
+
+#[test]
+fn a_backup_carries_the_definition_and_a_restore_rebuilds() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), options()).unwrap();
+    let db = store.create_database("b").unwrap();
+    db.define_index(search_def("posts_text", "posts", &[("body", "english")]))
+        .unwrap();
+    for i in 0..40 {
+        let body = if i % 4 == 0 {
+            "durable journal"
+        } else {
+            "garden path"
+        };
+        db.put(
+            &format!("posts/{i}"),
+            json!({"body": body, "@metadata": {"@collection": "posts"}})
+                .to_string()
+                .as_bytes(),
+            Condition::None,
+        )
+        .unwrap();
+    }
+    assert_eq!(
+        query(&db, "from posts where search(body, 'journals')").total,
+        10
+    );
+    let mut backup = Vec::new();
+    db.backup_to(&mut backup, Default::default(), |_| {})
+        .unwrap();
+    drop(db);
+    store.close().unwrap();
+
+    let out = tempfile::tempdir().unwrap();
+    kiln_docs::restore_database(
+        kiln_docs::RestoreSource::Files(vec![(
+            "the backup".into(),
+            Box::new(std::io::Cursor::new(backup)) as Box<dyn std::io::Read>,
+        )]),
+        out.path(),
+        "copy",
+        options().storage,
+        false,
+        kiln_docs::RestorePoint::Latest,
+        |_| {},
+    )
+    .unwrap();
+    let store = DocStore::open(out.path(), options()).unwrap();
+    let db = store.database("copy").unwrap();
+    let r = query(&db, "from posts where search(body, 'journals')");
+    assert_eq!(r.total, 10);
+    assert!(!r.stale);
+    assert!(db.index_definition("posts_text").unwrap().is_search());
+    drop(db);
+    store.close().unwrap();
+}
