@@ -287,3 +287,75 @@ fn bad_reduce_definitions_are_refused() {
         assert!(e.to_string().len() > 10, "{text}: {e}");
     }
 }
+
+#[test]
+fn a_grouped_query_defines_an_auto_reduce_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options();
+    o.indexing.max_scan_docs = 50;
+    let store = DocStore::open(dir.path(), o).unwrap();
+    let db = store.create_database("auto").unwrap();
+    let put = |i: usize| {
+        db.put(
+            &format!("orders/{i}"),
+            json!({"company": format!("c{}", i % 3), "amount": i, "@metadata": {"@collection": "orders"}})
+                .to_string()
+                .as_bytes(),
+            Condition::None,
+        )
+        .unwrap();
+    };
+    for i in 0..30 {
+        put(i);
+    }
+    let text = "from orders group by company select company, count() as n, sum(amount) as total";
+    let rows = |r: &kiln_docs::QueryResult| -> Vec<Value> {
+        r.results
+            .iter()
+            .map(|b| serde_json::from_slice(b).unwrap())
+            .collect()
+    };
+    // Small collection: answered exactly by a scan, the index defined for next time.
+    let first = db
+        .query(text, &Map::new(), QueryOptions::default())
+        .unwrap();
+    let name = first
+        .auto_index_created
+        .clone()
+        .expect("an auto reduce index");
+    assert_eq!(name, "auto/orders/group/company/count.sum_amount");
+    assert!(first.index.is_none());
+    assert_eq!(
+        rows(&first)[0],
+        json!({"company": "c0", "n": 10, "total": 135})
+    );
+    let def = db.index_definition(&name).unwrap();
+    assert!(def.auto && def.reduce.is_some());
+    // Next time (other output names, the same aggregates): the index answers.
+    let second = db
+        .query(
+            "from orders group by company select company, sum(amount) as s, count() as c",
+            &Map::new(),
+            wait(),
+        )
+        .unwrap();
+    assert_eq!(second.index.as_deref(), Some(name.as_str()));
+    assert!(second.auto_index_created.is_none());
+    assert_eq!(
+        rows(&second)[1],
+        json!({"company": "c1", "s": 145, "c": 10})
+    );
+    // A collection past the scan limit: the new index answers at once (stale,
+    // then exact once it has caught up), where a scan would be refused.
+    for i in 30..80 {
+        put(i);
+    }
+    let big = "from orders group by company select company, max(amount) as top";
+    let r = db.query(big, &Map::new(), wait()).unwrap();
+    assert!(r.auto_index_created.is_some());
+    let r = db.query(big, &Map::new(), wait()).unwrap();
+    assert!(!r.stale);
+    assert_eq!(rows(&r)[2], json!({"company": "c2", "top": 77}));
+    drop(db);
+    store.close().unwrap();
+}

@@ -36,17 +36,30 @@ impl Database {
             return Err(invalid("group by needs from <collection>"));
         };
         let env = self.live()?;
-        let index = q
+        let mut index = q
             .filter
             .is_none()
             .then(|| self.reduce_index_for(collection, g))
             .flatten();
+        // As `where` does for map indexes: a grouped query no reduce index answers
+        // defines one; a small collection is answered exactly by a scan this time,
+        // a large one by the new index (stale until it has caught up).
+        let mut auto_created = None;
+        if index.is_none() && q.filter.is_none() {
+            auto_created = self.define_auto_reduce_index(collection, g)?;
+            if auto_created.is_some()
+                && self.collection_len(collection)? > self.indexer().options().max_scan_docs as u64
+            {
+                index = self.reduce_index_for(collection, g);
+            }
+        }
         if let Some((rt, _)) = &index {
             self.use_index(rt, opts);
         }
         let r = env.begin_read()?;
         let db_seq = super::read_last_sequence(&r)?;
         let mut out = empty_result(self, db_seq);
+        out.auto_index_created = auto_created;
         let (rows, outputs) = match &index {
             Some((rt, outputs)) => {
                 let reducer = rt
@@ -148,6 +161,25 @@ impl Database {
         })
     }
 
+    /// Defines the auto reduce index of a grouped query; its name if this call made
+    /// it (not if it exists, or another definition has the name).
+    fn define_auto_reduce_index(&self, collection: &str, g: &Grouping) -> Result<Option<String>> {
+        let spec = spec_of(g);
+        let name = auto_reduce_name(collection, &spec);
+        let def = crate::index::IndexDefinition {
+            name: name.clone(),
+            collection: Some(collection.to_string()),
+            fields: Vec::new(),
+            auto: true,
+            reduce: Some(spec),
+        };
+        match self.define_index(def) {
+            Ok(true) => Ok(Some(name)),
+            Ok(false) | Err(DocError::IndexExists(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The groups of the documents of `collection` that match the query's filter.
     fn reduce_by_scan(
         &self,
@@ -236,6 +268,53 @@ fn spec_of(g: &Grouping) -> ReduceSpec {
         group_by: group_fields(g),
         aggregate,
     }
+}
+
+/// `auto/<collection>/group/<fields>/<aggregates>`, e.g.
+/// `auto/orders/group/company/count.sum_amount`; a name over 128 bytes keeps its
+/// first 111 and a hash of the whole.
+fn auto_reduce_name(collection: &str, spec: &ReduceSpec) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "-_@".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    let fields: Vec<String> = spec
+        .group_by
+        .iter()
+        .map(|f| {
+            let p = clean(&f.path.replace("[]", "@each"));
+            if f.case_insensitive {
+                format!("{p}@ci")
+            } else {
+                p
+            }
+        })
+        .collect();
+    let aggs: Vec<String> = spec
+        .aggregate
+        .values()
+        .map(|call| clean(call.trim_end_matches("()").trim_end_matches(')')))
+        .collect();
+    let name = format!(
+        "auto/{}/group/{}/{}",
+        clean(collection),
+        fields.join("."),
+        aggs.join(".")
+    );
+    if name.len() <= 128 {
+        return name;
+    }
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    format!("{}-{:016x}", &name[..111], h.finish())
 }
 
 /// Each output's source, for an index whose aggregates the query's are at
