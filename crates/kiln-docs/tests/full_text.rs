@@ -517,6 +517,14 @@ fn bad_definitions_and_queries_get_clear_errors() {
     };
     assert!(bad(mixed).contains("all full-text"));
     assert!(bad(search_def("x", "posts", &[("body", "klingon")])).contains("klingon"));
+    let mut reduce = search_def("r", "posts", &[]);
+    reduce.reduce = Some(kiln_docs::ReduceSpec {
+        group_by: search_def("g", "posts", &[("body", "english")]).fields,
+        aggregate: [("n".to_string(), "count()".to_string())].into(),
+    });
+    assert!(bad(reduce).contains("not full text"));
+    // A misspelled key is refused, not ignored.
+    assert!(serde_json::from_value::<IndexField>(json!({"path": "body", "serch": true})).is_err());
     db.define_index(search_def("posts_text", "posts", &[("body", "standard")]))
         .unwrap();
     for (q, why) in [
@@ -598,6 +606,49 @@ fn a_backup_carries_the_definition_and_a_restore_rebuilds() {
     assert_eq!(r.total, 10);
     assert!(!r.stale);
     assert!(db.index_definition("posts_text").unwrap().is_search());
+    drop(db);
+    store.close().unwrap();
+}
+
+#[test]
+fn equal_scores_page_the_same_whichever_plan_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), options()).unwrap();
+    let db = store.create_database("ties").unwrap();
+    db.define_index(search_def("t_text", "t", &[("body", "standard")]))
+        .unwrap();
+    // Identical texts: identical scores; written in reverse id order, so that the
+    // index's order is not the ids'.
+    for i in (0..25).rev() {
+        db.put(
+            &format!("t/{i:02}"),
+            json!({"body": "same words here", "n": 1, "@metadata": {"@collection": "t", "@highlights": {"body": "<script>"}}})
+                .to_string()
+                .as_bytes(),
+            Condition::None,
+        )
+        .unwrap();
+    }
+    let page = |q: &str| -> Vec<String> {
+        results(&query(&db, q))
+            .iter()
+            .map(|v| {
+                // Never what the client stored.
+                assert!(v["@metadata"].get("@highlights").is_none(), "{v}");
+                v["@metadata"]["@id"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    for offset in [0, 7, 14, 21] {
+        // The top-hits plan, and the plan that checks another condition.
+        let a = page(&format!(
+            "from t where search(body, 'words') limit 7 offset {offset}"
+        ));
+        let b = page(&format!(
+            "from t where search(body, 'words') and n = 1 limit 7 offset {offset}"
+        ));
+        assert_eq!(a, b, "offset {offset}");
+    }
     drop(db);
     store.close().unwrap();
 }

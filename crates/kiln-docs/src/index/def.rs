@@ -15,6 +15,7 @@ const MAX_NAME_LEN: usize = 128;
 
 /// One indexed field: a JSON path (`address.city`, `tags[]`, `lines[].sku`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct IndexField {
     pub path: String,
     /// Strings are indexed lowercased.
@@ -115,6 +116,16 @@ impl IndexDefinition {
             crate::id::validate_collection(c)?;
         }
         if let Some(reduce) = &self.reduce {
+            if let Some(f) = reduce
+                .group_by
+                .iter()
+                .find(|f| f.search || f.analyzer.is_some())
+            {
+                return Err(DocError::InvalidIndex(format!(
+                    "group_by field {:?}: a reduce index groups by values, not full text",
+                    f.path
+                )));
+            }
             if !self.fields.is_empty() {
                 return Err(DocError::InvalidIndex(
                     "a reduce index has group_by and aggregate, not fields".into(),

@@ -235,6 +235,8 @@ impl Database {
         }
         for (score, mut v) in page {
             if let Some(Value::Object(m)) = v.get_mut("@metadata") {
+                // Computed here, never taken from what a client stored.
+                m.remove("@highlights");
                 m.insert("@score".into(), Value::from(f64::from(score)));
                 if !generators.is_empty() {
                     let mut h = Map::new();
@@ -299,7 +301,7 @@ impl Database {
         } else {
             q.order.iter().map(|(f, d)| (f, *d)).collect()
         };
-        let mut matched: Vec<(Vec<Vec<u8>>, String, f32)> = Vec::new();
+        let mut matched: Vec<(Vec<Vec<u8>>, String, f32, DocAddress)> = Vec::new();
         for (score, addr) in all {
             let id = stored_id(searcher, s, addr)?;
             let Some((_, v)) = load(r, &id, out)? else {
@@ -322,9 +324,12 @@ impl Database {
                     })
                     .collect()
             };
-            matched.push((keys, id, score));
+            matched.push((keys, id, score, addr));
         }
         let desc = |i: usize| order.get(i).map_or(true, |(_, d)| *d);
+        // Ties: by score alone, in the index's order (as tantivy's top hits break
+        // them, so that both plans give one order); by fields, by document id.
+        let by_score_only = order.iter().all(|(f, _)| f.is_score());
         matched.sort_by(|a, b| {
             for (i, (x, y)) in a.0.iter().zip(&b.0).enumerate() {
                 let o = if desc(i) { y.cmp(x) } else { x.cmp(y) };
@@ -332,12 +337,16 @@ impl Database {
                     return o;
                 }
             }
-            a.1.cmp(&b.1)
+            if by_score_only {
+                a.3.cmp(&b.3)
+            } else {
+                a.1.cmp(&b.1)
+            }
         });
         out.total = matched.len() as u64;
         out.skipped = (q.offset as u64).min(out.total);
         let mut page = Vec::new();
-        for (_, id, score) in matched.into_iter().skip(q.offset).take(q.limit) {
+        for (_, id, score, _) in matched.into_iter().skip(q.offset).take(q.limit) {
             if let Some((_, v)) = load(r, &id, out)? {
                 page.push((score, v));
             }
