@@ -50,7 +50,7 @@ fn body(rng: &mut impl Rng) -> String {
 fn matches(db: &kiln_docs::Database, index: &str, text: &str) -> (BTreeSet<String>, u64) {
     let mut ids = BTreeSet::new();
     let mut offset = 0;
-    let mut total = 0;
+    let mut total: u64;
     loop {
         let mut params = Map::new();
         params.insert("q".into(), json!(text));
