@@ -14,6 +14,7 @@ use crate::serverbench::{self, ServerLoad};
 use crate::stats::{measure, median};
 use crate::storagebench;
 use crate::streambench;
+use crate::subbench;
 use crate::workload;
 use crate::{aggbench, querybench, searchbench};
 use kiln_storage::Options;
@@ -30,7 +31,8 @@ pub struct BenchArgs {
     /// follower's catch-up from a snapshot and from the log, against the disk's
     /// sequential write), W16 (full-text search over the man pages: the index's build
     /// and queries against tantivy used directly), W17 (aggregations: a reduce index's
-    /// build, grouped queries, its update lag).
+    /// build, grouped queries, its update lag), W18 (data subscriptions: delivery to one
+    /// worker with batches acknowledged, live-write delivery latency).
     #[arg(long, default_value = "W1,W4")]
     workloads: String,
     /// Directory to run in (a fresh subdirectory per run, removed afterwards).
@@ -91,6 +93,10 @@ pub struct BenchArgs {
     /// --quick).
     #[arg(long)]
     w16_docs: Option<u64>,
+    /// W18 documents delivered to a data subscription's worker (default: 1,000,000;
+    /// 100,000 with --quick).
+    #[arg(long)]
+    w18_docs: Option<u64>,
     /// W17 orders (default: 1,000,000; 100,000 with --quick).
     #[arg(long)]
     w17_docs: Option<u64>,
@@ -146,11 +152,12 @@ enum Workload {
     W15C,
     W16,
     W17,
+    W18,
 }
 
 impl Workload {
     /// Every workload, in the order the error for an unknown one lists them.
-    const ALL: [Workload; 19] = [
+    const ALL: [Workload; 20] = [
         Workload::W1,
         Workload::W2,
         Workload::W3,
@@ -170,6 +177,7 @@ impl Workload {
         Workload::W15C,
         Workload::W16,
         Workload::W17,
+        Workload::W18,
     ];
 
     fn name(self) -> &'static str {
@@ -193,6 +201,7 @@ impl Workload {
             Workload::W15C => "W15C",
             Workload::W16 => "W16",
             Workload::W17 => "W17",
+            Workload::W18 => "W18",
         }
     }
 }
@@ -349,6 +358,7 @@ impl<'a> Plan<'a> {
             Workload::W13 => one(Box::new(move || querybench::w13(dir, quick, a.w13_docs))),
             Workload::W16 => one(Box::new(move || searchbench::w16(dir, quick, a.w16_docs))),
             Workload::W17 => one(Box::new(move || aggbench::w17(dir, quick, a.w17_docs))),
+            Workload::W18 => one(Box::new(move || subbench::w18(dir, quick, a.w18_docs))),
             Workload::W14 => {
                 let tool = self.backup_tool.ok_or(NO_BACKUP_TOOL)?;
                 let gib = self.w14_gib;
@@ -441,7 +451,7 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "unknown workload \"W5\" (available: W1, W2, W3, W4, W6, W7, W8, W8I, W8C, W9, \
-             W10, W11, W12, W13, W14, W15, W15C, W16, W17)"
+             W10, W11, W12, W13, W14, W15, W15C, W16, W17, W18)"
         );
     }
 }

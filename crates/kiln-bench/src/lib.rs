@@ -45,6 +45,7 @@ pub mod stats;
 pub mod storagebench;
 #[cfg(feature = "documents")]
 pub mod streambench;
+pub mod subbench;
 pub mod workload;
 pub mod ycsb;
 

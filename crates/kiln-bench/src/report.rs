@@ -121,6 +121,7 @@ fn print_lines_against_targets(label: &str, m: &Run) {
     print_index_build_and_queries(label, m);
     print_index_lag(label, m);
     print_aggregations(label, m);
+    print_subscriptions(label, m);
     print_full_text(label, m);
     print_idle_subscribers_and_notify(label, m);
     print_cpu_per_request(label, m);
