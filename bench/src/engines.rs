@@ -121,6 +121,9 @@ pub fn not_applicable(engine: &str, workload: &str) -> Option<&'static str> {
     if crate::ycsb::WORKLOADS.contains(&workload) {
         return crate::ycsb::not_applicable(engine, workload);
     }
+    if crate::docbench::WORKLOADS.contains(&workload) {
+        return crate::docbench::not_applicable(engine, workload);
+    }
     match (engine, workload) {
         ("kiln", _) => None,
         ("redis", "W8" | "W9") => None,

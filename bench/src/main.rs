@@ -9,6 +9,7 @@
 //! child prints one JSON line; the parent takes medians, prints a Markdown table with
 //! the ratio of Kiln to the best peer, and writes every figure to `--out`.
 
+mod docbench;
 mod engines;
 mod server;
 mod ycsb;
@@ -44,7 +45,10 @@ struct Args {
     /// Comma-separated workloads: W1, W2, W3, W4, W5, W6 (embedded engines), W8, W9
     /// (`kiln serve` over HTTP against Redis, through `kiln bench`), YA..YF (the
     /// YCSB core workloads A-F against kiln serve, PostgreSQL and, for A-C and F,
-    /// Redis, each over its own network protocol; docs/ycsb.md).
+    /// Redis, each over its own network protocol; docs/ycsb.md), W16 (full-text
+    /// search: kiln serve against SQLite FTS5 and PostgreSQL) and W17 (aggregations:
+    /// kiln serve's reduce index against PostgreSQL's GROUP BY); W16 and W17 are not
+    /// in the default list.
     #[arg(long, default_value = "W1,W2,W3,W4,W5,W6,W8,W9")]
     workloads: String,
     /// 1/20 of the operations of every workload: the whole suite in about a minute.
@@ -378,6 +382,9 @@ fn spawn_child(args: &Args, engine: &str, job: &Job, run_dir: &Path) -> Result<V
     if server::WORKLOADS.contains(&job.workload.as_str()) {
         return server::run(engine, &job.workload, run_dir, args.quick);
     }
+    if docbench::WORKLOADS.contains(&job.workload.as_str()) {
+        return docbench::run(engine, &job.workload, &run_dir.join("docs"), args.quick);
+    }
     if ycsb::WORKLOADS.contains(&job.workload.as_str()) {
         let mut params = ycsb::Params::new(
             args.quick,
@@ -435,7 +442,7 @@ fn last_line(output: &[u8]) -> String {
 }
 
 fn fmt_value(v: f64, unit: &str) -> String {
-    if unit == "ms/commit" {
+    if unit == "ms/commit" || (unit == "ms" && v < 10.0) {
         format!("{v:.3}")
     } else if v >= 100.0 {
         // Thousands separators keep wide numbers readable.
@@ -536,7 +543,7 @@ fn plan_jobs(args: &Args) -> Result<Vec<Job>> {
     {
         match wl.as_str() {
             "W1" | "W2" | "W3" | "W4" | "W5" | "W8" | "W9" | "YA" | "YB" | "YC" | "YD" | "YE"
-            | "YF" => jobs.push(Job {
+            | "YF" | "W16" | "W17" => jobs.push(Job {
                 label: wl.clone(),
                 workload: wl,
                 threads: 1,
@@ -551,7 +558,7 @@ fn plan_jobs(args: &Args) -> Result<Vec<Job>> {
                 }
             }
             other => {
-                bail!("unknown workload {other:?} (available: W1, W2, W3, W4, W5, W6, W8, W9, YA..YF)")
+                bail!("unknown workload {other:?} (available: W1, W2, W3, W4, W5, W6, W8, W9, YA..YF, W16, W17)")
             }
         }
     }
@@ -604,6 +611,8 @@ struct Collected {
     /// The YCSB jobs' flat rows (workload, engine, clients, ops_per_sec, p99_us,
     /// ...), one per run phase of every run.
     ycsb: Vec<Value>,
+    /// The W16/W17 jobs' flat rows (workload, engine and every figure), one per run.
+    documents: Vec<Value>,
 }
 
 /// Every job for every engine that runs it, one child process per run; engines
@@ -714,6 +723,11 @@ fn collect_rows(out: &Value, engine: &str, collected: &mut Collected) -> Vec<Str
     let mut summary = Vec::new();
     if let Some(rows) = out["extra"]["ycsb"].as_array() {
         collected.ycsb.extend(rows.iter().cloned());
+    }
+    if out["extra"]["documents_row"].is_object() {
+        collected
+            .documents
+            .push(out["extra"]["documents_row"].clone());
     }
     for r in out["rows"].as_array().into_iter().flatten() {
         let name = r["row"].as_str().unwrap_or("?").to_string();
@@ -1035,6 +1049,7 @@ fn durability() -> Value {
         "rocksdb": "WriteOptions::set_sync(true); LRU block cache 256 MiB, Bloom filter 10 bits/key, index and filter blocks cached, level_compaction_dynamic_level_bytes, increase_parallelism(2)",
         "kiln_serve": "W8/W9: `kiln bench --workloads W8|W9 --no-redis` (kiln serve's defaults; 64 keep-alive connections, one single-threaded load generator; W8 PUTs ~1 KiB JSON documents, each a new id)",
         "redis": "W8/W9 only: `kiln bench --redis-only`: a throwaway redis-server --appendonly yes --appendfsync always --save '' on loopback; redis-benchmark -c 64 -d 1024 -t set|get (W8: 200,000 SETs over as many keys; W9: GETs of 10,000 keys filled first)",
+        "documents": "W16/W17: kiln serve's defaults over HTTP/1.1 (bulk insert, then the index timed until not stale); SQLite FTS5: WAL, synchronous=FULL, one transaction; PostgreSQL: the W6 server's settings (synchronous_commit=on) over loopback TCP, COPY then CREATE INDEX (W16) / the plain GROUP BY (W17); each run's `extra.settings` says more",
         "ycsb": "YA..YF: kiln serve's defaults over HTTP/1.1 (PATCH with a JSON merge patch for updates); PostgreSQL: the W6 server's settings plus listen_addresses='127.0.0.1', a jsonb table, tokio-postgres; Redis (A-C, F): redis-server --appendonly yes --appendfsync always --save ''; each job's `extra.settings` and the `ycsb` rows say more (docs/ycsb.md)",
         "postgres": "W6 only: a throwaway server (initdb in the run's directory, Unix socket only) with fsync=on, synchronous_commit=on, full_page_writes=on (the defaults), shared_buffers=256MB, max_connections=200; table kv(key bytea PRIMARY KEY, value bytea); one connection per thread, each commit an autocommit INSERT ... ON CONFLICT (key) DO UPDATE",
     })
@@ -1049,6 +1064,8 @@ struct Suite<'a> {
     missing: &'a Reasons,
     collected: &'a Collected,
     table: &'a Table,
+    /// W16/W17: Kiln's answers against each peer's, Kiln's ratio to each peer.
+    checks: &'a Value,
     date: &'a str,
     machine: Value,
     fs: Value,
@@ -1101,6 +1118,7 @@ fn write_results(s: &Suite) -> Result<()> {
         "errors": s.collected.errors,
         "results": s.table.results,
         "ycsb": s.collected.ycsb,
+        "documents": { "rows": s.collected.documents, "checks": s.checks },
         "markdown": s.table.md,
     });
     std::fs::write(&args.out, serde_json::to_string_pretty(&report)? + "\n")
@@ -1137,7 +1155,15 @@ fn parent(args: &Args) -> Result<()> {
 
     let na = not_applicable(&jobs, &engines);
     let suite_start = Instant::now();
-    let collected = run_suite(args, &jobs, &runnable, &na, &mut missing)?;
+    let mut collected = run_suite(args, &jobs, &runnable, &na, &mut missing)?;
+    let (checks, check_errors, check_lines) = docbench::check(&collected.cells);
+    for (label, engine, msg) in check_errors {
+        collected
+            .errors
+            .entry(label)
+            .or_default()
+            .insert(engine, msg);
+    }
     if created_dir {
         let _ = std::fs::remove_dir(&args.dir);
     }
@@ -1153,6 +1179,9 @@ fn parent(args: &Args) -> Result<()> {
         &missing,
         &collected.errors,
     );
+    for line in &check_lines {
+        println!("{line}");
+    }
     write_results(&Suite {
         args,
         engines: &engines,
@@ -1161,6 +1190,7 @@ fn parent(args: &Args) -> Result<()> {
         missing: &missing,
         collected: &collected,
         table: &table,
+        checks: &checks,
         date: &date,
         machine,
         fs,

@@ -96,8 +96,8 @@ pub fn not_applicable(engine: &str, workload: &str) -> Option<&'static str> {
 // ---------------------------------------------------------------------------------
 
 /// A server process of the run (Kiln or Redis; PostgreSQL has its own launcher).
-struct Proc {
-    child: Child,
+pub(crate) struct Proc {
+    pub(crate) child: Child,
 }
 
 impl Drop for Proc {
@@ -184,7 +184,7 @@ fn tree_cpu_seconds(pid: u32) -> f64 {
 }
 
 /// A system under test: started in the run's directory, stopped when dropped.
-enum System {
+pub(crate) enum System {
     Kiln {
         proc: Proc,
         port: u16,
@@ -200,7 +200,7 @@ enum System {
 }
 
 impl System {
-    fn start(engine: &str, dir: &Path) -> Result<System> {
+    pub(crate) fn start(engine: &str, dir: &Path) -> Result<System> {
         std::fs::create_dir_all(dir)?;
         match engine {
             "kiln" => {
@@ -263,7 +263,7 @@ impl System {
     }
 
     /// CPU seconds the server's processes have used so far.
-    fn server_cpu_seconds(&self) -> f64 {
+    pub(crate) fn server_cpu_seconds(&self) -> f64 {
         match self {
             System::Kiln { proc, .. } | System::Redis { proc, .. } => cpu_seconds(proc.child.id()),
             #[cfg(feature = "postgres")]
@@ -300,12 +300,12 @@ const REDIS_ARGS: &[&str] = &[
 
 const KILN_DB: &str = "ycsb";
 
-struct KilnConn {
+pub(crate) struct KilnConn {
     send: hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
 }
 
 impl KilnConn {
-    async fn connect(port: u16) -> Result<KilnConn> {
+    pub(crate) async fn connect(port: u16) -> Result<KilnConn> {
         let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
         stream.set_nodelay(true)?;
         let (send, conn) =
@@ -340,7 +340,7 @@ impl KilnConn {
         Ok((status, body))
     }
 
-    async fn expect(
+    pub(crate) async fn expect(
         &mut self,
         method: hyper::Method,
         path: &str,

@@ -8,10 +8,11 @@
 //! a single order rewritten, from its acknowledgment until the reduce index has
 //! indexed it (what a non-stale query waits for), p50 and p99.
 //!
-//! PostgreSQL's `GROUP BY` over jsonb, the peer the issue names, is not measured
-//! here (this crate has no PostgreSQL client; the comparative benchmark in `bench/`
-//! does not run document workloads).
+//! PostgreSQL's `GROUP BY` over jsonb, the peer the issue names, is measured by
+//! the comparative benchmark in bench/ (`--workloads W17`: the same orders, kiln
+//! serve over HTTP beside it, the groups checked equal; docs/benchmarks.md).
 
+use crate::corpus::order;
 use crate::querybench::{fresh, time_query};
 use crate::run::{BenchResult, Run};
 use kiln_docs::{
@@ -19,32 +20,16 @@ use kiln_docs::{
     ReduceSpec, WriteOp,
 };
 use rand::{rngs::SmallRng, Rng, SeedableRng};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Map};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-const COMPANIES: u64 = 1_000;
 const BATCH: u64 = 5_000;
 const INDEX: &str = "orders-by-company";
 const FIRST_PAGE: &str = "from orders group by company limit 20 \
      select company, count() as n, sum(amount) as total, max(amount) as top";
 const ALL_GROUPS: &str = "from orders group by company limit 1000 \
      select company, count() as n, sum(amount) as total, max(amount) as top";
-
-fn order(rng: &mut SmallRng, n: u64) -> Vec<u8> {
-    let cents: u64 = rng.gen_range(100..1_000_000);
-    let amount: Value =
-        serde_json::from_str(&format!("{}.{:02}", cents / 100, cents % 100)).unwrap_or(Value::Null);
-    let status = ["new", "paid", "shipped"][(n % 3) as usize];
-    json!({
-        "company": format!("company-{:04}", n % COMPANIES),
-        "amount": amount,
-        "status": status,
-        "customer": format!("customer-{}", rng.gen_range(0..100_000)),
-    })
-    .to_string()
-    .into_bytes()
-}
 
 fn reduce_index() -> IndexDefinition {
     let aggregate = [

@@ -23,6 +23,7 @@ pub mod backupbench;
 pub mod bench;
 #[cfg(feature = "documents")]
 pub mod clusterbench;
+pub mod corpus;
 pub mod diskbench;
 #[cfg(feature = "documents")]
 pub mod httpbench;
@@ -45,6 +46,7 @@ pub mod stats;
 pub mod storagebench;
 #[cfg(feature = "documents")]
 pub mod streambench;
+#[cfg(feature = "documents")]
 pub mod subbench;
 pub mod workload;
 pub mod ycsb;

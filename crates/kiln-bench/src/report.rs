@@ -304,7 +304,7 @@ fn print_full_text(label: &str, m: &Run) {
          {:.1} MB/s, tantivy alone {:.0} docs/s: {:.2}x (goal >= 0.7); term p50 {:.3} ms p99 {:.3} \
          (tantivy {:.3}), phrase p50 {:.3} ms p99 {:.3} (tantivy {:.3}), prefix p50 {:.3} ms p99 \
          {:.3} (tantivy {:.3}); idle update lag p50 {:.1} ms p99 {:.1}; index {:.1} MB; SQLite \
-         FTS5 and PostgreSQL not measured",
+         FTS5 and PostgreSQL: bench/ --workloads W16",
         figure(m, "documents"),
         figure(m, "corpus_mb"),
         m.extra["corpus"].as_str().unwrap_or("?"),
@@ -355,7 +355,7 @@ fn print_aggregations(label: &str, m: &Run) {
         "         {label}: {:.0} orders over {:.0} companies: reduce index build {:.0} docs/s; \
          grouped query first page p50 {:.3} ms p99 {:.3} ms (goal p50 <= 1), every group p50 \
          {:.3} ms p99 {:.3} ms; idle update lag p50 {:.2} ms p99 {:.2} ms (goal <= 5); \
-         PostgreSQL not measured",
+         PostgreSQL: bench/ --workloads W17",
         figure(m, "documents"),
         figure(m, "groups"),
         figure(m, "build_docs_per_sec"),
