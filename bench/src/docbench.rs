@@ -58,9 +58,11 @@ const FIRST_PAGE: &str = "from orders group by company limit 20 \
      select company, count() as n, sum(amount) as total, max(amount) as top";
 const ALL_GROUPS: &str = "from orders group by company limit 1000 \
      select company, count() as n, sum(amount) as total, max(amount) as top";
+#[cfg(feature = "postgres")]
 const PG_FIRST_PAGE: &str =
     "SELECT doc->>'company', count(*), sum((doc->>'amount')::numeric)::text, \
      max((doc->>'amount')::numeric)::text FROM orders GROUP BY 1 ORDER BY 1 LIMIT 20";
+#[cfg(feature = "postgres")]
 const PG_ALL_GROUPS: &str =
     "SELECT doc->>'company', count(*), sum((doc->>'amount')::numeric)::text, \
      max((doc->>'amount')::numeric)::text FROM orders GROUP BY 1 ORDER BY 1";
