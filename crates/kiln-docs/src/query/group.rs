@@ -7,10 +7,12 @@
 //! groups.
 
 use super::eval::eval;
-use super::parse::{Grouping, Query, Selected, Source};
+use super::parse::{Expr, Grouping, Query, Selected, Source};
 use super::{Cont, QueryOptions, QueryResult};
 use crate::index::def::IndexField;
+use crate::index::def::Step;
 use crate::index::reduce::{self, GroupRow, Reducer};
+use crate::index::value::Scalar;
 use crate::index::{read_state, ReduceSpec, Runtime};
 use crate::schema::{decode_u64, COUNTS};
 use crate::{Database, DocError, Result};
@@ -36,9 +38,10 @@ impl Database {
             return Err(invalid("group by needs from <collection>"));
         };
         let env = self.live()?;
-        let mut index = q
-            .filter
-            .is_none()
+        // A `where` on the group fields only is a condition on groups: the index
+        // answers it by filtering its groups (`on_groups`).
+        let on_groups = q.filter.as_ref().is_some_and(|f| on_group_fields(f, g));
+        let mut index = (q.filter.is_none() || on_groups)
             .then(|| self.reduce_index_for(collection, g))
             .flatten();
         // As `where` does for map indexes: a grouped query no reduce index answers
@@ -73,14 +76,18 @@ impl Database {
                 out.index_etag = (st.last_sequence > 0).then(|| self.etag_at(st.last_sequence));
                 out.stale = st.last_sequence < db_seq;
                 out.total = st.entries;
-                let (skip, take) = if q.order.is_empty() {
+                let (skip, take) = if q.order.is_empty() && !on_groups {
                     (q.offset, Some(q.limit))
                 } else {
                     (0, None)
                 };
                 out.skipped = skip as u64;
-                let rows = reduce::read_groups(&r, reducer, st.id, skip, take)?;
+                let mut rows = reduce::read_groups(&r, reducer, st.id, skip, take)?;
                 out.entries_read = rows.len() as u64;
+                if let (true, Some(filter)) = (on_groups, &q.filter) {
+                    rows.retain(|row| eval(filter, &group_document(g, &row.values)));
+                    out.total = rows.len() as u64;
+                }
                 (rows, outputs_of(g, outputs))
             }
             None => {
@@ -113,7 +120,7 @@ impl Database {
             sort_objects(q, &mut objects)?;
             out.skipped = q.offset.min(objects.len()) as u64;
             objects = objects.into_iter().skip(q.offset).take(q.limit).collect();
-        } else if index.is_none() {
+        } else if index.is_none() || on_groups {
             out.skipped = q.offset.min(objects.len()) as u64;
             objects = objects.into_iter().skip(q.offset).take(q.limit).collect();
         }
@@ -210,6 +217,53 @@ impl Database {
         let reducible = docs.iter().filter(|d| reducer.contribution(d).is_ok());
         reduce::reduce_documents(reducer, reducible).map_err(|e| invalid(&e))
     }
+}
+
+/// Whether `filter` holds of a document exactly when it holds of the document's
+/// group (the group's values as a document): every condition is on a group field
+/// (same path and case folding, no array fan-out: a document in several groups
+/// would be kept or dropped whole) and compares with a value that is not null
+/// (a missing field groups with null; such a condition is false of both alike).
+fn on_group_fields(filter: &Expr, g: &Grouping) -> bool {
+    let grouped = |f: &super::parse::Field| {
+        !f.steps.contains(&Step::Each) && g.by.iter().any(|b| b.path == f.path && b.ci == f.ci)
+    };
+    let not_null = |v: &Scalar| !matches!(v, Scalar::Null);
+    match filter {
+        Expr::And(parts) | Expr::Or(parts) => parts.iter().all(|p| on_group_fields(p, g)),
+        Expr::Not(inner) => on_group_fields(inner, g),
+        Expr::Cmp(f, _, v) => grouped(f) && not_null(v),
+        Expr::In(f, vs) => grouped(f) && vs.iter().all(not_null),
+        Expr::Between(f, lo, hi) => grouped(f) && not_null(lo) && not_null(hi),
+        Expr::StartsWith(f, _) => grouped(f),
+        Expr::Exists(_) | Expr::Search(..) => false,
+    }
+}
+
+/// A group's values as a document (each at its group field's path).
+fn group_document(g: &Grouping, values: &[Value]) -> Value {
+    let mut doc = Value::Object(Map::new());
+    for (f, v) in g.by.iter().zip(values) {
+        let mut at = &mut doc;
+        let keys: Vec<&str> = f
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Key(k) => Some(k.as_str()),
+                Step::Each => None,
+            })
+            .collect();
+        for (i, k) in keys.iter().enumerate() {
+            let Value::Object(m) = at else { break };
+            let next = if i + 1 == keys.len() {
+                v.clone()
+            } else {
+                Value::Object(Map::new())
+            };
+            at = m.entry(k.to_string()).or_insert(next);
+        }
+    }
+    doc
 }
 
 fn invalid(message: &str) -> DocError {
