@@ -128,6 +128,13 @@ class MethodNotAllowedError(KilnError):
     code = "method_not_allowed"
 
 
+class UnsupportedMediaTypeError(KilnError):
+    """415 ``unsupported_media_type``: e.g. a JSON Patch sent to PATCH, which takes a
+    JSON merge patch (RFC 7396)."""
+
+    code = "unsupported_media_type"
+
+
 class RequestTimeoutError(KilnError):
     code = "request_timeout"
 
@@ -520,7 +527,8 @@ class IncrementNotPossibleError(ConflictError):
 ERROR_CLASSES: Dict[str, Type[KilnError]] = {
     cls.code: cls
     for cls in [
-        AuthenticationError, MethodNotAllowedError, RequestTimeoutError,
+        AuthenticationError, MethodNotAllowedError, UnsupportedMediaTypeError,
+        RequestTimeoutError,
         TooManyConnectionsError, InvalidDatabaseNameError, InvalidIdError,
         InvalidCollectionError, MalformedJsonError, InvalidDocumentError, InvalidEtagError,
         InvalidPreconditionError, InvalidQueryError, MalformedRequestError, InvalidPathError,
@@ -546,7 +554,8 @@ ERROR_CLASSES: Dict[str, Type[KilnError]] = {
 _BY_STATUS: Dict[int, Type[KilnError]] = {
     400: BadRequestError, 401: AuthenticationError, 404: NotFoundError,
     405: MethodNotAllowedError, 408: RequestTimeoutError, 409: ConflictError,
-    410: GoneError, 413: PayloadTooLargeError, 429: TooManyConnectionsError,
+    410: GoneError, 413: PayloadTooLargeError, 415: UnsupportedMediaTypeError,
+    429: TooManyConnectionsError,
     500: ServerError, 503: ServiceUnavailableError, 507: InsufficientStorageError,
 }
 
