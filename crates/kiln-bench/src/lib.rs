@@ -37,9 +37,9 @@ pub mod recoverybench;
 pub mod redisbench;
 #[cfg(feature = "documents")]
 pub mod report;
+pub mod run;
 #[cfg(feature = "documents")]
 pub mod searchbench;
-pub mod run;
 #[cfg(feature = "documents")]
 pub mod serverbench;
 pub mod stats;
