@@ -338,6 +338,9 @@ impl Database {
     }
 
     pub(crate) fn close_env(&mut self) -> Result<()> {
+        // Full-text indexes first: their writers' threads and files go before the
+        // database's directory may be moved to trash and removed (delete, restore).
+        self.indexer.clear();
         match self.env.take() {
             Some(env) => Ok(env.close()?),
             None => Ok(()),

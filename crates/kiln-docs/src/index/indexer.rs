@@ -161,6 +161,12 @@ impl Indexer {
         self.shared.poke();
     }
 
+    /// Drops every running index (the database is closing; the thread is stopped).
+    pub fn clear(&self) {
+        let dropped = std::mem::take(&mut self.shared.state.lock().indexes);
+        drop(dropped);
+    }
+
     pub fn batch_size(&self) -> usize {
         self.shared.batch.load(Ordering::Relaxed)
     }
