@@ -21,7 +21,7 @@ use crate::index::value::sort_key;
 use crate::index::Runtime;
 use crate::schema::read_last_sequence;
 use crate::search::indexing::each_text;
-use crate::search::SearchIndex;
+use crate::search::{tantivy_err, SearchIndex};
 use crate::{Database, DocError, Result};
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -195,7 +195,7 @@ impl Database {
         };
         let by_score =
             q.order.is_empty() || matches!(q.order.as_slice(), [(f, true)] if f.is_score());
-        let err = |e: tantivy::TantivyError| DocError::Search(format!("{}: {e}", s.dir.display()));
+        let err = |e| tantivy_err(&s.dir, "searching", e);
         let page: Vec<(f32, Value)> = if rest.is_none() && by_score {
             let total = searcher.search(&*query, &Count).map_err(err)?;
             out.total = total as u64;
@@ -279,7 +279,7 @@ impl Database {
         r: &kiln_storage::ReadTxn<'_>,
         out: &mut QueryResult,
     ) -> Result<Vec<(f32, Value)>> {
-        let err = |e: tantivy::TantivyError| DocError::Search(format!("{}: {e}", s.dir.display()));
+        let err = |e| tantivy_err(&s.dir, "searching", e);
         let max = self.indexer().options().max_scan_docs;
         let total = searcher.search(query, &Count).map_err(err)?;
         if total > max {
@@ -359,7 +359,7 @@ impl Database {
 fn stored_id(searcher: &Searcher, s: &SearchIndex, addr: DocAddress) -> Result<String> {
     let doc: TantivyDocument = searcher
         .doc(addr)
-        .map_err(|e| DocError::Search(format!("{}: reading a match: {e}", s.dir.display())))?;
+        .map_err(|e| tantivy_err(&s.dir, "reading a match of", e))?;
     doc.get_first(s.id_field)
         .and_then(|v| v.as_str())
         .map(str::to_string)

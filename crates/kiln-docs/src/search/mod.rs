@@ -70,7 +70,8 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DocError + '_ {
     move |e| DocError::io(path, e)
 }
 
-fn tantivy_err(dir: &Path, what: &str, e: tantivy::TantivyError) -> DocError {
+/// A tantivy failure, with what was being done and in which index directory.
+pub(crate) fn tantivy_err(dir: &Path, what: &str, e: tantivy::TantivyError) -> DocError {
     DocError::Search(format!("{what} {}: {e}", dir.display()))
 }
 
