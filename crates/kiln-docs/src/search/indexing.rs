@@ -63,14 +63,7 @@ pub(crate) fn round(db: &Database, rt: &Arc<Runtime>, opts: IndexingOptions) -> 
         Some(c) if full => c.etag.sequence,
         _ => db_seq,
     };
-    let mut keys: Vec<&str> = search
-        .paths
-        .iter()
-        .filter_map(|p| match p.first() {
-            Some(Step::Key(k)) => Some(k.as_str()),
-            _ => None,
-        })
-        .collect();
+    let mut keys: Vec<&str> = rt.compiled.top_keys().collect();
     keys.sort_unstable();
     keys.dedup();
     let mut writer = search.writer.lock();
@@ -94,7 +87,7 @@ pub(crate) fn round(db: &Database, rt: &Arc<Runtime>, opts: IndexingOptions) -> 
             }
         };
         writer
-            .add_document(document_of(search, &c.id, &fields))
+            .add_document(document_of(search, &rt.compiled.paths, &c.id, &fields))
             .map_err(|e| super::tantivy_err(&search.dir, "adding a document to", e))?;
     }
     drop(r);
@@ -138,11 +131,16 @@ pub(crate) fn round(db: &Database, rt: &Arc<Runtime>, opts: IndexingOptions) -> 
 }
 
 /// The tantivy document of a Kiln document: its id and each field's text.
-fn document_of(search: &SearchIndex, id: &str, fields: &Value) -> TantivyDocument {
+fn document_of(
+    search: &SearchIndex,
+    paths: &[Vec<Step>],
+    id: &str,
+    fields: &Value,
+) -> TantivyDocument {
     let mut doc = TantivyDocument::new();
     doc.add_text(search.id_field, id);
     let mut found = Vec::new();
-    for (path, field) in search.paths.iter().zip(&search.fields) {
+    for (path, field) in paths.iter().zip(&search.fields) {
         found.clear();
         values_at(fields, path, &mut found);
         for v in &found {

@@ -22,7 +22,6 @@ pub mod analyzer;
 pub(crate) mod indexing;
 pub(crate) mod text;
 
-use crate::index::def::Step;
 use crate::index::IndexDefinition;
 use crate::{DocError, Result};
 use parking_lot::Mutex;
@@ -59,7 +58,6 @@ pub(crate) struct SearchIndex {
     pub(crate) fields: Vec<Field>,
     /// Each field's analyzer name.
     pub(crate) analyzers: Vec<String>,
-    pub(crate) paths: Vec<Vec<Step>>,
     index_id: u64,
     incarnation: u32,
     /// This index's batch size (tuned like the map indexes': `indexing.rs`).
@@ -158,11 +156,6 @@ impl SearchIndex {
             .reload_policy(ReloadPolicy::Manual)
             .try_into()
             .map_err(|e| tantivy_err(&dir, "opening a reader of", e))?;
-        let paths = def
-            .fields
-            .iter()
-            .map(|f| crate::index::def::parse_path(&f.path))
-            .collect::<Result<_>>()?;
         Ok((
             SearchIndex {
                 dir,
@@ -172,7 +165,6 @@ impl SearchIndex {
                 id_field,
                 fields,
                 analyzers,
-                paths,
                 index_id,
                 incarnation,
                 batch: AtomicUsize::new(0),
