@@ -143,8 +143,10 @@ impl<'a, 't> Walker<'a, 't> {
                         b.hi
                     };
                     let child = page::branch_nth_child(p, n);
-                    entries +=
+                    let below =
                         self.walk_node(tree, child, Bounds { lo, hi }, depth + 1, leaf_depth);
+                    entries += below;
+                    self.check_child_count(&who, no, p, n, child, below);
                 }
                 entries
             }
@@ -318,6 +320,7 @@ impl Walker<'_, '_> {
             }
         };
         let n = self.walk_tree(name, info.root);
+        self.check_counted_root(name, &info);
         if n != info.entries {
             self.problem(
                 Some(info.root),
@@ -329,6 +332,65 @@ impl Walker<'_, '_> {
         }
         self.report.trees += 1;
         self.report.entries += n;
+    }
+
+    /// A counted branch's cell must give its child's actual entry count (the
+    /// leftmost child's count is implied, not stored: the parent's count for this
+    /// branch covers it); a child branch is counted exactly when its parent is.
+    fn check_child_count(
+        &mut self,
+        who: &str,
+        no: PageNo,
+        p: &[u8],
+        n: usize,
+        child: PageNo,
+        actual: u64,
+    ) {
+        let counted = page::is_counted_branch(p);
+        if counted && n > 0 {
+            let stored = page::branch_count(p, n - 1);
+            if stored != actual {
+                self.problem(
+                    Some(no),
+                    format!(
+                        "{who}: counted branch: cell {} says child page {child} holds {stored} entries, it holds {actual}",
+                        n - 1
+                    ),
+                );
+            }
+        }
+        if let Ok(c) = self.txn.page(child) {
+            if hdr::kind(c) == KIND_BRANCH && page::is_counted_branch(c) != counted {
+                self.problem(
+                    Some(child),
+                    format!(
+                        "{who}: branch is {} but its parent page {no} is {}",
+                        if counted { "uncounted" } else { "counted" },
+                        if counted { "counted" } else { "uncounted" }
+                    ),
+                );
+            }
+        }
+    }
+
+    /// A counted tree's root branch keeps counts, an uncounted tree's does not.
+    fn check_counted_root(&mut self, name: &str, info: &TreeInfo) {
+        let Ok(p) = self.txn.page(info.root) else {
+            return;
+        };
+        if info.root != 0
+            && hdr::kind(p) == KIND_BRANCH
+            && page::is_counted_branch(p) != info.counted
+        {
+            self.problem(
+                Some(info.root),
+                format!(
+                    "tree {name:?}: the catalog says the tree is {}counted, its root branch is {}counted",
+                    if info.counted { "" } else { "un" },
+                    if info.counted { "un" } else { "" }
+                ),
+            );
+        }
     }
 
     /// Free pages never referenced and inside the file; every page either

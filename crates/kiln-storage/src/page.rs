@@ -4,7 +4,7 @@
 //! offset size field
 //!  0     4    crc32c over bytes 4..end of the page (or run), seeded with the page number
 //!  4     1    kind: 1 branch, 2 leaf, 3 overflow run
-//!  5     1    reserved (0)
+//!  5     1    node flags: bit 0 on a branch = counted (`BRANCH_COUNTED`); else 0
 //!  6     2    entry count (branch: separator keys; leaf: entries; overflow: 0)
 //!  8     8    page number (detects misdirected reads and writes)
 //! 16     8    id of the transaction that wrote this version
@@ -29,6 +29,15 @@ pub const FIRST_DATA_PAGE: PageNo = 2;
 pub const KIND_BRANCH: u8 = 1;
 pub const KIND_LEAF: u8 = 2;
 pub const KIND_OVERFLOW: u8 = 3;
+
+/// Node flag (header byte 5) of a branch of a counted tree (an order-statistic
+/// B+tree): each of its cells ends with the number of entries under the cell's
+/// child. The leftmost child's count is not stored (the header has no room for it):
+/// it is the branch's own total, which its parent's cell (or, for the root, the
+/// catalog's entry count) gives, minus the cells' counts. See `btree/count.rs`.
+pub const BRANCH_COUNTED: u8 = 1;
+/// Bytes of the count that ends a counted branch's cell.
+pub const BRANCH_COUNT_SIZE: usize = 8;
 
 const _: () = assert!(PAGE_SIZE.is_multiple_of(crate::io::DIRECT_IO_ALIGN));
 const _: () = assert!(PAGE_SIZE <= u16::MAX as usize + 1);
@@ -249,6 +258,16 @@ pub mod hdr {
     pub fn kind(p: &[u8]) -> u8 {
         p[4]
     }
+    // Bounds: byte 5 of the page header, as `kind`.
+    #[allow(clippy::indexing_slicing)]
+    pub fn flags(p: &[u8]) -> u8 {
+        p[5]
+    }
+    // Bounds: as `flags`.
+    #[allow(clippy::indexing_slicing)]
+    pub fn set_flags(p: &mut [u8], v: u8) {
+        p[5] = v
+    }
     pub fn count(p: &[u8]) -> usize {
         read_u16(p, 6) as usize
     }
@@ -392,6 +411,18 @@ pub fn check_node_bounds(p: &[u8]) -> std::result::Result<(), String> {
         ));
     }
     let leaf = hdr::kind(p) == KIND_LEAF;
+    let flags = hdr::flags(p);
+    if flags != 0 && (leaf || flags != BRANCH_COUNTED) {
+        return Err(format!(
+            "unknown node flags {flags:#04x} on a {} page",
+            if leaf { "leaf" } else { "branch" }
+        ));
+    }
+    let count_bytes = if flags == BRANCH_COUNTED {
+        BRANCH_COUNT_SIZE
+    } else {
+        0
+    };
     for i in 0..count {
         let off = read_u16(p, HEADER_SIZE + 2 * i) as usize;
         let fixed = if leaf {
@@ -403,7 +434,7 @@ pub fn check_node_bounds(p: &[u8]) -> std::result::Result<(), String> {
             return Err(format!("slot {i} points to {off}, outside the cell area"));
         }
         let key_len = read_u16(p, off) as usize;
-        let mut end = off + fixed + key_len;
+        let mut end = off + fixed + key_len + count_bytes;
         if leaf {
             match p[off + 2] {
                 VALUE_INLINE => end += read_u32(p, off + 3) as usize,
@@ -427,6 +458,7 @@ pub fn check_node_bounds(p: &[u8]) -> std::result::Result<(), String> {
 //                                          | bare run: value_len u32 | run start u64
 //                                                      | checksum u32 | key
 // branch cell: key_len u16 | child u64 | key
+//     counted: key_len u16 | child u64 | key | entries under the child u64
 // ---------------------------------------------------------------------------------
 
 pub const VALUE_INLINE: u8 = 0;
@@ -532,6 +564,29 @@ pub fn set_branch_child(p: &mut [u8], i: usize, child: PageNo) {
     write_u64(p, off + 2, child);
 }
 
+/// Whether a node is a counted branch (`BRANCH_COUNTED`).
+#[inline]
+pub fn is_counted_branch(p: &[u8]) -> bool {
+    hdr::kind(p) == KIND_BRANCH && hdr::flags(p) & BRANCH_COUNTED != 0
+}
+
+/// The entry count of the child of cell `i` of a counted branch.
+pub fn branch_count(p: &[u8], i: usize) -> u64 {
+    let off = slot(p, i);
+    read_u64(p, off + BRANCH_CELL_FIXED + read_u16(p, off) as usize)
+}
+
+pub fn set_branch_count(p: &mut [u8], i: usize, count: u64) {
+    let off = slot(p, i);
+    let at = off + BRANCH_CELL_FIXED + read_u16(p, off) as usize;
+    write_u64(p, at, count);
+}
+
+/// The count at the end of a counted branch cell's bytes.
+pub fn branch_cell_count(cell: &[u8]) -> u64 {
+    read_u64(cell, BRANCH_CELL_FIXED + read_u16(cell, 0) as usize)
+}
+
 /// Byte size of the cell in slot `i` (excluding its slot).
 // Bounds: cell offsets of a page that passed `verify` (cell bounds) or was built here.
 #[allow(clippy::indexing_slicing)]
@@ -539,7 +594,13 @@ pub fn cell_size(p: &[u8], i: usize) -> usize {
     let off = slot(p, i);
     let key_len = read_u16(p, off) as usize;
     if hdr::kind(p) == KIND_BRANCH {
-        return BRANCH_CELL_FIXED + key_len;
+        return BRANCH_CELL_FIXED
+            + key_len
+            + if hdr::flags(p) & BRANCH_COUNTED != 0 {
+                BRANCH_COUNT_SIZE
+            } else {
+                0
+            };
     }
     match p[off + 2] {
         VALUE_INLINE => LEAF_CELL_FIXED + key_len + read_u32(p, off + 3) as usize,
@@ -620,6 +681,16 @@ pub fn encode_branch_cell(key: &[u8], child: PageNo) -> Vec<u8> {
     c.extend_from_slice(&(key.len() as u16).to_le_bytes());
     c.extend_from_slice(&child.to_le_bytes());
     c.extend_from_slice(key);
+    c
+}
+
+/// A counted branch's cell: `encode_branch_cell` and the child's entry count.
+pub fn encode_counted_branch_cell(key: &[u8], child: PageNo, count: u64) -> Vec<u8> {
+    let mut c = Vec::with_capacity(BRANCH_CELL_FIXED + key.len() + BRANCH_COUNT_SIZE);
+    c.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    c.extend_from_slice(&child.to_le_bytes());
+    c.extend_from_slice(key);
+    c.extend_from_slice(&count.to_le_bytes());
     c
 }
 

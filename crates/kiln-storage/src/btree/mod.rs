@@ -1,6 +1,8 @@
 //! B+trees over copy-on-write pages. Reads (this file, `cursor.rs`) work on any
-//! [`PageSource`]; writes (`write.rs`) need a write transaction.
+//! [`PageSource`]; writes (`write.rs`) need a write transaction. Counted trees
+//! answer range counts in O(log n) (`count.rs`).
 
+pub mod count;
 pub mod cursor;
 pub mod write;
 

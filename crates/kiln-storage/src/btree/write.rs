@@ -20,6 +20,23 @@ const UNDERFLOW_BYTES: usize = NODE_CAPACITY / 4;
 struct Split {
     separator: Vec<u8>,
     right: PageNo,
+    /// Entries under `right` (kept for counted trees only; 0 otherwise).
+    right_count: u64,
+}
+
+/// A counted tree's count that went below zero or past u64: the tree's counts
+/// disagree with its entries.
+fn bad_count(txn: &WriteTxn<'_>, no: PageNo, what: &str) -> crate::Error {
+    super::corrupt(txn, no, format!("counted branch: {what}"))
+}
+
+/// The branch cell for a split's right node (counted trees carry its count).
+fn split_cell(s: &Split, counted: bool) -> Vec<u8> {
+    if counted {
+        page::encode_counted_branch_cell(&s.separator, s.right, s.right_count)
+    } else {
+        page::encode_branch_cell(&s.separator, s.right)
+    }
 }
 
 // Bounds: a cell of a node this transaction holds: pages read from disk passed `page::verify` (cell bounds), cells built here are well formed.
@@ -140,10 +157,21 @@ impl WriteTxn<'_> {
         Ok(())
     }
 
+    /// A new branch node, counted if its tree is.
+    fn new_branch(&mut self, counted: bool) -> PageNo {
+        let no = self.new_node(KIND_BRANCH);
+        if counted {
+            hdr::set_flags(self.dirty_mut(no), page::BRANCH_COUNTED);
+        }
+        no
+    }
+
     /// Inserts or replaces; returns the new root and whether the key existed.
+    /// `counted`: the tree keeps entry counts in its branches (see `btree/count.rs`).
     pub(crate) fn tree_put(
         &mut self,
         root: PageNo,
+        counted: bool,
         key: &[u8],
         value: &[u8],
     ) -> Result<(PageNo, bool)> {
@@ -154,18 +182,15 @@ impl WriteTxn<'_> {
             assert!(inserted, "a cell always fits in an empty leaf");
             return Ok((leaf, false));
         }
-        let (new_root, split, existed) = self.insert_rec(root, key, &cell, 0, true)?;
+        let (new_root, split, existed) = self.insert_rec(root, counted, key, &cell, 0, true)?;
         let Some(split) = split else {
             return Ok((new_root, existed));
         };
-        let top = self.new_node(KIND_BRANCH);
+        let top = self.new_branch(counted);
         let p = self.dirty_mut(top);
         hdr::set_extra(p, new_root);
-        let inserted = page::insert_cell(
-            p,
-            0,
-            &page::encode_branch_cell(&split.separator, split.right),
-        );
+        // The old root, now leftmost, has the rest: its count is implied.
+        let inserted = page::insert_cell(p, 0, &split_cell(&split, counted));
         assert!(inserted, "a separator always fits in an empty branch");
         Ok((top, existed))
     }
@@ -175,6 +200,7 @@ impl WriteTxn<'_> {
     fn insert_rec(
         &mut self,
         no: PageNo,
+        counted: bool,
         key: &[u8],
         cell: &[u8],
         depth: usize,
@@ -206,19 +232,27 @@ impl WriteTxn<'_> {
         let child = page::branch_child_at(p, route);
         let child_rightmost = rightmost && route == last_route;
         let (new_child, child_split, existed) =
-            self.insert_rec(child, key, cell, depth + 1, child_rightmost)?;
+            self.insert_rec(child, counted, key, cell, depth + 1, child_rightmost)?;
         let p = self.dirty_mut(no);
         set_route_child(p, route, new_child);
+        // The child's count: one more if the key is new, less what its split moved
+        // to the new right sibling. The leftmost child's count is implied (nothing
+        // to update); every ancestor's cell on the path moves by the same one.
+        if counted && route != usize::MAX {
+            let moved = child_split.as_ref().map_or(0, |s| s.right_count);
+            let count = page::branch_count(p, route)
+                .checked_add(u64::from(!existed))
+                .and_then(|c| c.checked_sub(moved));
+            let Some(count) = count else {
+                return Err(bad_count(self, no, "a child's count went below zero"));
+            };
+            page::set_branch_count(self.dirty_mut(no), route, count);
+        }
         let Some(s) = child_split else {
             return Ok((no, None, existed));
         };
         let at = if route == usize::MAX { 0 } else { route + 1 };
-        let split = self.insert_or_split(
-            no,
-            at,
-            &page::encode_branch_cell(&s.separator, s.right),
-            rightmost,
-        )?;
+        let split = self.insert_or_split(no, at, &split_cell(&s, counted), rightmost)?;
         Ok((no, split, existed))
     }
 
@@ -243,25 +277,43 @@ impl WriteTxn<'_> {
         let kind = hdr::kind(p);
         let mut cells = node_cells(p);
         cells.insert(idx, cell.to_vec());
-        let right = self.new_node(kind);
+        let counted = page::is_counted_branch(p);
+        let right = if kind == KIND_LEAF {
+            self.new_node(kind)
+        } else {
+            self.new_branch(counted)
+        };
         let appended = rightmost && idx + 1 == cells.len();
         let m = if appended {
             append_split_point(kind, cells.len())
         } else {
             split_point(&cells)
         };
-        let (separator, right_cells, right_leftmost) = if kind == KIND_LEAF {
-            (
-                cell_key_of(kind, &cells[m]).to_vec(),
-                cells.split_off(m),
-                None,
-            )
+        let (separator, right_cells, right_leftmost, right_count) = if kind == KIND_LEAF {
+            let separator = cell_key_of(kind, &cells[m]).to_vec();
+            let right_cells = cells.split_off(m);
+            let n = right_cells.len() as u64;
+            (separator, right_cells, None, n)
         } else {
-            // The middle separator moves up; its child becomes the right node's leftmost.
+            // The middle separator moves up; its child becomes the right node's
+            // leftmost, whose count (now implied) adds to the right node's total.
             let mut rest = cells.split_off(m);
             let middle = rest.remove(0);
             let child = page::read_u64(&middle, 2);
-            (cell_key_of(kind, &middle).to_vec(), rest, Some(child))
+            let count = if counted {
+                rest.iter()
+                    .map(|c| page::branch_cell_count(c))
+                    .try_fold(page::branch_cell_count(&middle), u64::checked_add)
+                    .ok_or_else(|| bad_count(self, no, "counts overflow u64"))?
+            } else {
+                0
+            };
+            (
+                cell_key_of(kind, &middle).to_vec(),
+                rest,
+                Some(child),
+                count,
+            )
         };
         page::rebuild(self.dirty_mut(no), &cells);
         let rp = self.dirty_mut(right);
@@ -269,7 +321,11 @@ impl WriteTxn<'_> {
         if let Some(c) = right_leftmost {
             hdr::set_extra(rp, c);
         }
-        Ok(Some(Split { separator, right }))
+        Ok(Some(Split {
+            separator,
+            right,
+            right_count,
+        }))
     }
 
     /// Deletes a key known to exist; returns the new root (0 when the tree empties).
@@ -322,7 +378,15 @@ impl WriteTxn<'_> {
         let route = page::branch_route(p, key);
         let child = page::branch_child_at(p, route);
         let (new_child, under) = self.delete_rec(child, key, depth + 1)?;
-        set_route_child(self.dirty_mut(no), route, new_child);
+        let p = self.dirty_mut(no);
+        set_route_child(p, route, new_child);
+        // One entry fewer under the child (the leftmost's count is implied).
+        if page::is_counted_branch(p) && route != usize::MAX {
+            let Some(count) = page::branch_count(p, route).checked_sub(1) else {
+                return Err(bad_count(self, no, "a child's count went below zero"));
+            };
+            page::set_branch_count(self.dirty_mut(no), route, count);
+        }
         if under && page::branch_fanout(self.dirty_mut(no)) > 1 {
             let n = if route == usize::MAX { 0 } else { route + 1 };
             self.merge_children(no, if n > 0 { n - 1 } else { 0 })?;
@@ -337,6 +401,13 @@ impl WriteTxn<'_> {
         let left_no = page::branch_nth_child(pp, a);
         let right_no = page::branch_nth_child(pp, a + 1);
         let separator = page::cell_key(pp, a).to_vec();
+        let counted = page::is_counted_branch(pp);
+        // Entries under the right child (its cell's count: child a + 1 is cell a).
+        let right_total = if counted {
+            page::branch_count(pp, a)
+        } else {
+            0
+        };
         let left = node(&*self, left_no)?;
         let right = node(&*self, right_no)?;
         let kind = hdr::kind(left);
@@ -349,7 +420,26 @@ impl WriteTxn<'_> {
         }
         let mut cells = node_cells(left);
         if kind == KIND_BRANCH {
-            cells.push(page::encode_branch_cell(&separator, hdr::extra(right)));
+            if counted {
+                // The separator comes down with the right node's leftmost child,
+                // whose count was implied there and is stored here.
+                let stored = (0..hdr::count(right))
+                    .try_fold(0u64, |acc, i| acc.checked_add(page::branch_count(right, i)));
+                let Some(leftmost) = stored.and_then(|s| right_total.checked_sub(s)) else {
+                    return Err(bad_count(
+                        self,
+                        right_no,
+                        "its cells count more entries than its parent gives it",
+                    ));
+                };
+                cells.push(page::encode_counted_branch_cell(
+                    &separator,
+                    hdr::extra(right),
+                    leftmost,
+                ));
+            } else {
+                cells.push(page::encode_branch_cell(&separator, hdr::extra(right)));
+            }
         }
         cells.extend(node_cells(right));
         if page::cells_space(&cells) > NODE_CAPACITY {
@@ -364,6 +454,13 @@ impl WriteTxn<'_> {
             hdr::set_extra(pp, left_no);
         } else {
             page::set_branch_child(pp, a - 1, left_no);
+            if counted {
+                // The merged node holds both children's entries.
+                let Some(count) = page::branch_count(pp, a - 1).checked_add(right_total) else {
+                    return Err(bad_count(self, parent, "counts overflow u64"));
+                };
+                page::set_branch_count(self.dirty_mut(parent), a - 1, count);
+            }
         }
         Ok(())
     }

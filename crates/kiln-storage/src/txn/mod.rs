@@ -27,6 +27,7 @@ use crate::write_buffer::{buffer_key, Found, Gens, SlotRef, Stored, TreeId};
 use crate::{Error, Result};
 use parking_lot::MutexGuard;
 use std::cell::RefCell;
+use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -40,32 +41,60 @@ pub(crate) struct TreeInfo {
     /// new one), so buffered entries of a dropped tree can never resurface. 0: a tree
     /// from before ids existed, given one when it is next written.
     pub id: TreeId,
+    /// The tree's branches keep their children's entry counts (`btree/count.rs`):
+    /// chosen when the tree is created (`WriteTxn::create_counted_tree`).
+    pub counted: bool,
 }
 
+/// Catalog entry flag: the tree is counted.
+const TREE_FLAG_COUNTED: u64 = 1;
+
 impl TreeInfo {
-    pub fn encode(&self) -> [u8; 24] {
-        let mut b = [0u8; 24];
-        b[..8].copy_from_slice(&self.root.to_le_bytes());
-        b[8..16].copy_from_slice(&self.entries.to_le_bytes());
-        b[16..].copy_from_slice(&self.id.to_le_bytes());
+    /// 24 bytes (root, entries, id), as before counted trees; a counted tree's
+    /// entry adds a flags word (32 bytes), which a build without counted trees
+    /// refuses by its length ("expected 16 or 24") instead of misreading the tree.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(32);
+        b.extend_from_slice(&self.root.to_le_bytes());
+        b.extend_from_slice(&self.entries.to_le_bytes());
+        b.extend_from_slice(&self.id.to_le_bytes());
+        if self.counted {
+            b.extend_from_slice(&TREE_FLAG_COUNTED.to_le_bytes());
+        }
         b
     }
     pub fn decode(b: &[u8], path: &Path, name: &[u8]) -> Result<Self> {
-        if b.len() != 16 && b.len() != 24 {
+        if !matches!(b.len(), 16 | 24 | 32) {
             return Err(Error::corrupted(
                 path,
                 "catalog",
                 format!(
-                    "entry for tree {:?} has {} bytes, expected 16 or 24",
+                    "entry for tree {:?} has {} bytes, expected 16, 24 or 32",
                     String::from_utf8_lossy(name),
                     b.len()
                 ),
             ));
         }
+        let flags = if b.len() == 32 {
+            page::read_u64(b, 24)
+        } else {
+            0
+        };
+        if flags & !TREE_FLAG_COUNTED != 0 {
+            return Err(Error::corrupted(
+                path,
+                "catalog",
+                format!(
+                    "entry for tree {:?} has unknown flags {flags:#x} (written by a newer build?)",
+                    String::from_utf8_lossy(name),
+                ),
+            ));
+        }
         Ok(TreeInfo {
+            counted: flags & TREE_FLAG_COUNTED != 0,
             root: page::read_u64(b, 0),
             entries: page::read_u64(b, 8),
-            id: if b.len() == 24 {
+            id: if b.len() >= 24 {
                 page::read_u64(b, 16)
             } else {
                 0
@@ -103,6 +132,59 @@ fn logical_len(src: &dyn PageSource, gens: &Gens, info: &TreeInfo, upto_txn: u64
             format!(
                 "the tree holds {} entries but its buffered deletions remove {}",
                 info.entries, -change
+            ),
+        ));
+    }
+    Ok(len as u64)
+}
+
+/// The entries of a tree with a key inside (`lo`, `hi`) as a reader at `upto_txn`
+/// sees them. A counted tree answers in two descents plus a tree lookup per
+/// buffered key of the range (`Gens::count_change_in`); any other tree is walked.
+fn range_len(
+    src: &dyn PageSource,
+    gens: &Gens,
+    info: &TreeInfo,
+    lo: Bound<&[u8]>,
+    hi: Bound<&[u8]>,
+    upto_txn: u64,
+) -> Result<u64> {
+    if !info.counted {
+        let mut c = Cursor::new(TreeCursor::new(src, info.root), gens, info.id, upto_txn);
+        let mut e = match lo {
+            Bound::Unbounded => c.first()?,
+            Bound::Included(k) => c.seek(k)?,
+            Bound::Excluded(k) => match c.seek(k)? {
+                Some((key, _)) if key == k => c.next()?,
+                other => other,
+            },
+        };
+        let mut n = 0;
+        while let Some((key, _)) = e {
+            let inside = match hi {
+                Bound::Unbounded => true,
+                Bound::Included(h) => key <= h,
+                Bound::Excluded(h) => key < h,
+            };
+            if !inside {
+                break;
+            }
+            n += 1;
+            e = c.next()?;
+        }
+        return Ok(n);
+    }
+    let in_tree = btree::count::count_range(src, info.root, info.entries, lo, hi)?;
+    let mut tree = btree::cursor::TreeCursor::new(src, info.root);
+    let change = gens.count_change_in(info.id, lo, hi, upto_txn, |key| tree.contains(key))?;
+    let len = in_tree as i64 + change;
+    if len < 0 {
+        return Err(Error::corrupted(
+            src.data_path(),
+            format!("tree {}", info.id),
+            format!(
+                "the tree holds {in_tree} entries in a range but its buffered deletions there remove {}",
+                -change
             ),
         ));
     }
@@ -203,6 +285,19 @@ impl<'env> ReadTxn<'env> {
     pub fn tree_len(&self, name: &str) -> Result<u64> {
         let info = self.tree(name)?;
         logical_len(self, &self.snap.gens, &info, self.snap.txn_id)
+    }
+
+    /// Number of entries with a key inside (`lo`, `hi`). O(log n) on a counted tree
+    /// (plus a tree lookup per buffered key in the range); a walk of the range on
+    /// any other.
+    pub fn count_range(&self, tree: &str, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> Result<u64> {
+        let info = self.tree(tree)?;
+        range_len(self, &self.snap.gens, &info, lo, hi, self.snap.txn_id)
+    }
+
+    /// Whether the tree keeps counts (`WriteTxn::create_counted_tree`).
+    pub fn tree_is_counted(&self, name: &str) -> Result<bool> {
+        Ok(self.tree(name)?.counted)
     }
 
     pub fn get(&self, tree: &str, key: &[u8]) -> Result<Option<&[u8]>> {
@@ -485,6 +580,25 @@ impl<'env> WriteTxn<'env> {
 
     /// Creates an empty tree; an error if it exists.
     pub fn create_tree(&mut self, name: &str) -> Result<()> {
+        self.create_tree_counted(name, false)
+    }
+
+    /// Creates an empty counted tree: its branches keep their children's entry
+    /// counts, so `count_range` takes O(log n) whatever the range; each write
+    /// rewrites the counts on its path (which copy-on-write copies anyway).
+    pub fn create_counted_tree(&mut self, name: &str) -> Result<()> {
+        self.create_tree_counted(name, true)
+    }
+
+    /// Creates the counted tree unless a tree of that name exists (counted or not).
+    pub fn ensure_counted_tree(&mut self, name: &str) -> Result<()> {
+        if self.tree_exists(name)? {
+            return Ok(());
+        }
+        self.create_counted_tree(name)
+    }
+
+    fn create_tree_counted(&mut self, name: &str, counted: bool) -> Result<()> {
         check_tree_name(name)?;
         self.join_ahead();
         if self.tree_exists(name)? {
@@ -497,6 +611,7 @@ impl<'env> WriteTxn<'env> {
             TreeState {
                 info: TreeInfo {
                     id,
+                    counted,
                     ..TreeInfo::default()
                 },
                 modified: true,
@@ -541,6 +656,17 @@ impl<'env> WriteTxn<'env> {
     pub fn tree_len(&mut self, name: &str) -> Result<u64> {
         let info = self.tree_state(name)?.info;
         logical_len(&*self, &self.base.gens, &info, self.txn_id)
+    }
+
+    /// `ReadTxn::count_range`, seeing this transaction's own writes.
+    pub fn count_range(&mut self, tree: &str, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> Result<u64> {
+        let info = self.tree_state(tree)?.info;
+        range_len(&*self, &self.base.gens, &info, lo, hi, self.txn_id)
+    }
+
+    /// Whether the tree keeps counts.
+    pub fn tree_is_counted(&mut self, name: &str) -> Result<bool> {
+        Ok(self.tree_state(name)?.info.counted)
     }
 
     pub fn get(&mut self, tree: &str, key: &[u8]) -> Result<Option<&[u8]>> {
@@ -658,7 +784,8 @@ impl<'env> WriteTxn<'env> {
         // Older buffered versions must stop hiding it.
         let buffered =
             !self.base.gens.is_empty() && self.base.gens.holds(&buffer_key(st.info.id, key));
-        let (root, existed) = self.mutate(|t| t.tree_put(st.info.root, key, value))?;
+        let (root, existed) =
+            self.mutate(|t| t.tree_put(st.info.root, st.info.counted, key, value))?;
         st.info.root = root;
         st.info.entries += u64::from(!existed);
         st.modified = true;

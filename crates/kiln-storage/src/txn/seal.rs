@@ -128,7 +128,8 @@ impl<'env> WriteTxn<'env> {
             let Some(info) = self.trees.get(&name).map(|t| t.info) else {
                 continue;
             };
-            let (root, _) = self.tree_put(self.catalog_root, name.as_bytes(), &info.encode())?;
+            let (root, _) =
+                self.tree_put(self.catalog_root, false, name.as_bytes(), &info.encode())?;
             self.catalog_root = root;
         }
         for name in std::mem::take(&mut self.dropped) {

@@ -310,6 +310,14 @@ fn within_tree<R>(tree: TreeId, f: impl FnOnce(Bound<&MapKey>, Bound<&MapKey>) -
     )
 }
 
+fn probe_bound(b: Bound<&[u8]>) -> Bound<ProbeKey<'_>> {
+    match b {
+        Bound::Included(k) => Bound::Included(probe_key(k)),
+        Bound::Excluded(k) => Bound::Excluded(probe_key(k)),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
 pub(crate) fn split_buffer_key(k: &[u8]) -> (TreeId, &[u8]) {
     let (id, key) = k
         .split_at_checked(8)
@@ -520,25 +528,48 @@ impl Generation {
         })
     }
 
-    /// Up to `limit` keys of `tree` after `after` (a buffer key; `None`: from the
-    /// tree's first) that have a version visible at `upto_txn`, with its kind; and
-    /// whether the limit was reached (more may follow).
+    /// Up to `limit` keys of `tree` from `from` to `until` (buffer keys; unbounded:
+    /// the tree's first or last) that have a version visible at `upto_txn`, with its
+    /// kind; and whether the limit was reached (more may follow).
     fn visible_kinds(
         &self,
         tree: TreeId,
-        after: Option<&[u8]>,
+        from: Bound<&[u8]>,
+        until: Bound<&[u8]>,
         upto_txn: u64,
         limit: usize,
     ) -> KindChunk {
-        let after_probe = after.map(probe_key);
+        let (from_probe, until_probe) = (probe_bound(from), probe_bound(until));
         let inner = self.inner.read();
         let map = &inner.map;
         let out: Vec<(Box<[u8]>, Kind)> = within_tree(tree, |start, end| {
-            let lo = match &after_probe {
-                Some(p) => Bound::Excluded(&p.key),
-                None => start,
+            let lo = match &from_probe {
+                Bound::Included(p) => Bound::Included(&p.key),
+                Bound::Excluded(p) => Bound::Excluded(&p.key),
+                Bound::Unbounded => start,
             };
-            map.range((lo, end))
+            let hi = match &until_probe {
+                Bound::Included(p) => Bound::Included(&p.key),
+                Bound::Excluded(p) => Bound::Excluded(&p.key),
+                Bound::Unbounded => end,
+            };
+            // An empty range (lo above hi) would make `range` panic.
+            let empty = match (lo, hi) {
+                (
+                    Bound::Included(a) | Bound::Excluded(a),
+                    Bound::Included(b) | Bound::Excluded(b),
+                ) => {
+                    a > b
+                        || (a == b
+                            && !(matches!(lo, Bound::Included(_))
+                                && matches!(hi, Bound::Included(_))))
+                }
+                _ => false,
+            };
+            if empty {
+                return Vec::new();
+            }
+            map.range((lo, hi))
                 .filter_map(|(k, vs)| {
                     visible(vs, upto_txn).map(|slot| {
                         let kind = match slot {
@@ -756,21 +787,56 @@ impl Gens {
         upto_txn: u64,
         in_tree: impl FnMut(&[u8]) -> crate::Result<bool>,
     ) -> crate::Result<i64> {
-        self.count_change_by_chunks(tree, upto_txn, in_tree, 1024)
+        self.count_change_by_chunks(
+            tree,
+            Bound::Unbounded,
+            Bound::Unbounded,
+            upto_txn,
+            in_tree,
+            1024,
+        )
+    }
+
+    /// `count_change` for the keys inside (`lo`, `hi`) only: what a counted tree's
+    /// range count adds for the buffer (a tree lookup per buffered key of the range).
+    pub fn count_change_in(
+        &self,
+        tree: TreeId,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        upto_txn: u64,
+        in_tree: impl FnMut(&[u8]) -> crate::Result<bool>,
+    ) -> crate::Result<i64> {
+        if self.is_empty() {
+            return Ok(0);
+        }
+        self.count_change_by_chunks(tree, lo, hi, upto_txn, in_tree, 1024)
     }
 
     fn count_change_by_chunks(
         &self,
         tree: TreeId,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
         upto_txn: u64,
         mut in_tree: impl FnMut(&[u8]) -> crate::Result<bool>,
         chunk_keys: usize,
     ) -> crate::Result<i64> {
+        let bkey = |b: Bound<&[u8]>| match b {
+            Bound::Included(k) => Bound::Included(buffer_key(tree, k)),
+            Bound::Excluded(k) => Bound::Excluded(buffer_key(tree, k)),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let (lo, hi) = (bkey(lo), bkey(hi));
+        let until = hi.as_ref().map(|k| &k[..]);
         let mut change = 0;
         let mut after: Option<Box<[u8]>> = None;
         loop {
-            let chunk =
-                |g: &Generation| g.visible_kinds(tree, after.as_deref(), upto_txn, chunk_keys);
+            let from = match &after {
+                Some(a) => Bound::Excluded(&a[..]),
+                None => lo.as_ref().map(|k| &k[..]),
+            };
+            let chunk = |g: &Generation| g.visible_kinds(tree, from, until, upto_txn, chunk_keys);
             let (mut a, a_full) = chunk(&self.active);
             let (mut f, f_full) = match &self.frozen {
                 Some(fz) => chunk(fz),
@@ -1031,7 +1097,7 @@ mod tests {
                 };
             }
             let got = gens
-                .count_change_by_chunks(tree, upto, |k| Ok(in_tree.contains(&k[0])), chunk)
+                .count_change_by_chunks(tree, Bound::Unbounded, Bound::Unbounded, upto, |k| Ok(in_tree.contains(&k[0])), chunk)
                 .unwrap();
             prop_assert_eq!(got, expect);
         }

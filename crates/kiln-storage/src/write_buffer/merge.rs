@@ -142,7 +142,8 @@ impl WriteTxn<'_> {
                 // SAFETY: the caller's.
                 unsafe { self.note_merged(frozen, bkey, v) };
                 let root = st.info.root;
-                let (root, existed) = self.mutate(|t| t.tree_put(root, key, v))?;
+                let counted = st.info.counted;
+                let (root, existed) = self.mutate(|t| t.tree_put(root, counted, key, v))?;
                 st.info.root = root;
                 st.info.entries += u64::from(!existed);
             }
