@@ -7,6 +7,10 @@
 //! must die of the SIGKILL (see `common`): a run cannot pass without testing anything.
 //! The child entry point is an `#[ignore]`d helper that fails when run on its own.
 //!
+//! The tree is a counted tree (`WriteTxn::create_counted_tree`): after each
+//! recovery, `count_range` over random ranges must equal the entries a cursor walks
+//! there (and `check` verifies every count the branches keep).
+//!
 //! Cycles: KILN_CRASH_CYCLES (default 25; the slow tier runs more).
 
 mod common;
@@ -59,7 +63,7 @@ fn last_of(env: &Env, t: u64) -> Option<u64> {
 
 fn child(dir: &str) {
     let env = Env::open(dir, opts()).expect("child open");
-    env.submit(|txn| txn.ensure_tree("t")).unwrap();
+    env.submit(|txn| txn.ensure_counted_tree("t")).unwrap();
     std::thread::scope(|s| {
         for t in 0..SUBMITTERS {
             let env = &env;
@@ -98,8 +102,66 @@ fn merged_crash_child_entry() {
     unreachable!("the child's submitters commit until it is killed");
 }
 
-fn verify(dir: &std::path::Path, cycle: usize, acked: &HashMap<u64, u64>) {
+fn as_ref(b: &std::ops::Bound<Vec<u8>>) -> std::ops::Bound<&[u8]> {
+    use std::ops::Bound;
+    match b {
+        Bound::Included(k) => Bound::Included(&k[..]),
+        Bound::Excluded(k) => Bound::Excluded(&k[..]),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+/// Random ranges of the counted tree: its O(log n) count (tree counts plus the
+/// recovered write buffer's) against a walk of the same range.
+fn verify_counts(env: &Env, cycle: usize, rng: &mut rand::rngs::StdRng) {
+    use rand::Rng;
+    use std::ops::Bound;
+    let r = env.begin_read().unwrap();
+    if !r.tree_exists("t").unwrap() {
+        return;
+    }
+    assert!(
+        r.tree_is_counted("t").unwrap(),
+        "cycle {cycle}: tree not counted"
+    );
+    let bound = |rng: &mut rand::rngs::StdRng| -> Bound<Vec<u8>> {
+        let k = format!(
+            "t{:02}/{:08}",
+            rng.gen_range(0..SUBMITTERS),
+            rng.gen_range(0..400u64)
+        )
+        .into_bytes();
+        match rng.gen_range(0..4) {
+            0 => Bound::Unbounded,
+            1 => Bound::Excluded(k),
+            _ => Bound::Included(k),
+        }
+    };
+    for _ in 0..30 {
+        let (lo, hi) = (bound(rng), bound(rng));
+        let mut walked = 0u64;
+        let mut c = r.cursor("t").unwrap();
+        let mut e = c.first().unwrap();
+        while let Some((k, _)) = e {
+            if std::ops::RangeBounds::<[u8]>::contains(&(as_ref(&lo), as_ref(&hi)), k) {
+                walked += 1;
+            }
+            e = c.next().unwrap();
+        }
+        let counted = r.count_range("t", as_ref(&lo), as_ref(&hi)).unwrap();
+        assert_eq!(counted, walked, "cycle {cycle}: count of {lo:?}..{hi:?}");
+    }
+}
+
+fn verify(
+    dir: &std::path::Path,
+    cycle: usize,
+    acked: &HashMap<u64, u64>,
+    rng: &mut rand::rngs::StdRng,
+) {
     let env = Env::open(dir, opts()).expect("reopen after kill");
+    // Before anything merges the recovered write buffer: counts over tree + buffer.
+    verify_counts(&env, cycle, rng);
     for t in 0..SUBMITTERS {
         let last = last_of(&env, t);
         if let Some(a) = acked.get(&t) {
@@ -133,6 +195,8 @@ fn verify(dir: &std::path::Path, cycle: usize, acked: &HashMap<u64, u64>) {
         "check after crash: {:?}",
         report.problems
     );
+    // `check` merged the buffer into the tree: the tree's own counts now.
+    verify_counts(&env, cycle, rng);
     env.close().unwrap();
 }
 
@@ -162,7 +226,7 @@ fn kill9_with_16_submitters_never_loses_an_acknowledged_unit() {
             *e = (*e).max(i);
             acked_total += 1;
         }
-        verify(dir.path(), cycle, &acked);
+        verify(dir.path(), cycle, &acked, &mut rng);
     }
     assert!(acked_total > 0, "no acknowledged unit was tested");
     eprintln!("merged-commit kill -9 test: {cycles} cycles passed, {acked_total} acknowledged units verified, 0 lost");
