@@ -166,6 +166,10 @@ impl Figures {
 }
 
 fn index_and_queries(dir: &Path, documents: u64) -> BenchResult<Figures> {
+    // `KILN_BENCH_UNCOUNTED_INDEXES=1`: indexes as before counted trees (totals
+    // walked), to compare the build rate and the query times.
+    let uncounted = std::env::var_os("KILN_BENCH_UNCOUNTED_INDEXES").is_some_and(|v| v == "1");
+    kiln_docs::COUNTED_ENTRIES_TREES.store(!uncounted, Ordering::Relaxed);
     let (store, db) = fresh(dir)?;
     let mut extra = Map::new();
     let t = Instant::now();
@@ -191,6 +195,7 @@ fn index_and_queries(dir: &Path, documents: u64) -> BenchResult<Figures> {
         json!(documents as f64 / build_secs),
     );
     extra.insert("index_build_seconds".into(), json!(build_secs));
+    extra.insert("counted_indexes".into(), json!(!uncounted));
     extra.insert(
         "index_build_batch_sizes".into(),
         batch_summary(&[], &db.index_batch_sizes()),

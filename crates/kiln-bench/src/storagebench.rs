@@ -21,7 +21,13 @@ fn fresh_env(dir: &Path, opts: &Options) -> BenchResult<Env> {
     }
     let env = Env::open(dir, opts.clone())?;
     let mut w = env.begin_write()?;
-    w.create_tree("bench")?;
+    // `KILN_BENCH_COUNTED_TREE=1`: the tree keeps entry counts in its branches
+    // (what an order-statistic tree costs a fill: docs/benchmarks.md, counted trees).
+    if std::env::var_os("KILN_BENCH_COUNTED_TREE").is_some_and(|v| v == "1") {
+        w.create_counted_tree("bench")?;
+    } else {
+        w.create_tree("bench")?;
+    }
     w.commit()?;
     Ok(env)
 }

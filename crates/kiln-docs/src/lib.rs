@@ -47,6 +47,8 @@ mod subscriptions;
 mod time;
 mod write_queue;
 
+#[doc(hidden)]
+pub use index::COUNTED_ENTRIES_TREES;
 pub use backup::{
     check_chain, parse_manifest, read_manifest, restore_database, verify_backup, verify_chain,
     BackupChainStats, BackupKind, BackupManifest, BackupReport, ChainReport, ReachedPoint,

@@ -461,13 +461,24 @@ fn next_id(txn: &mut WriteTxn<'_>) -> Result<u64> {
     Ok(id)
 }
 
+/// Benchmark hook: when cleared, new indexes get uncounted entries trees (as
+/// before counted trees), so that `kiln bench` can measure what the counts cost
+/// the index build (`KILN_BENCH_UNCOUNTED_INDEXES=1`). Process-wide.
+#[doc(hidden)]
+pub static COUNTED_ENTRIES_TREES: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(true);
+
 fn create_trees(txn: &mut WriteTxn<'_>, id: u64) -> Result<()> {
-    for t in [
-        entries_tree(id),
-        docs_tree(id),
-        errors_tree(id),
-        reduce::extremes_tree(id),
-    ] {
+    // The entries tree is counted: a range's count (a query's total) is two
+    // descents instead of a walk of the range (kiln-storage `btree/count.rs`).
+    // An index made before counted trees keeps its uncounted tree until rebuilt:
+    // its totals are walked, as they were.
+    if COUNTED_ENTRIES_TREES.load(std::sync::atomic::Ordering::Relaxed) {
+        txn.ensure_counted_tree(&entries_tree(id))?;
+    } else {
+        txn.ensure_tree(&entries_tree(id))?;
+    }
+    for t in [docs_tree(id), errors_tree(id), reduce::extremes_tree(id)] {
         txn.ensure_tree(&t)?;
     }
     Ok(())

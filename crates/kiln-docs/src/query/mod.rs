@@ -1115,11 +1115,12 @@ struct Stream<'a> {
     resume: Option<(u64, Vec<u8>)>,
 }
 
-/// The number of entries in `[lo, hi)`, walking the range and its complement (the
-/// entries below `lo` and from `hi`) a step at a time each, and stopping when either
-/// ends: the range's size, or `entries` less the complement's. So the cost is twice
-/// the smaller of the two: `n > 0` over a million matching entries reads almost
-/// nothing.
+/// The number of entries in `[lo, hi)`. A counted index tree (every index made
+/// since counted trees) answers in O(log n): two descents summing the counts its
+/// branches keep, whatever the range's size. An older, uncounted one is walked:
+/// the range and its complement (the entries below `lo` and from `hi`) a step at a
+/// time each, stopping when either ends: the range's size, or `entries` less the
+/// complement's, so twice the smaller of the two.
 fn count_range(
     r: &ReadTxn<'_>,
     tree: &str,
@@ -1128,6 +1129,10 @@ fn count_range(
     entries: u64,
     out: &mut QueryResult,
 ) -> Result<u64> {
+    if r.tree_is_counted(tree)? {
+        let hi = hi.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        return Ok(r.count_range(tree, std::ops::Bound::Included(lo), hi)?);
+    }
     let mut inside = r.cursor(tree)?;
     let mut below = r.cursor(tree)?;
     let mut above = r.cursor(tree)?;
