@@ -209,3 +209,63 @@ fn counted_ranges_match_the_model_unbuffered() {
         run_seed(seed, false);
     }
 }
+
+/// A stored count that disagrees with the entries under its child is reported by
+/// `check` with the page, the cell and both numbers; a range count whose descent
+/// reaches a leaf under it fails as corrupted instead of answering a wrong number.
+#[test]
+fn check_reports_a_wrong_count_precisely() {
+    use kiln_storage::page;
+    let dir = tempfile::tempdir().unwrap();
+    let env = Env::open(dir.path(), opts(false)).unwrap();
+    {
+        let mut w = env.begin_write().unwrap();
+        w.create_counted_tree(COUNTED).unwrap();
+        for i in 0..20_000u32 {
+            w.put(COUNTED, format!("key{i:06}").as_bytes(), &[b'v'; 30])
+                .unwrap();
+        }
+        w.commit().unwrap();
+    }
+    assert!(env.check().unwrap().is_clean());
+    env.close().unwrap();
+    let path = dir.path().join(kiln_storage::DATA_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mut damaged = None;
+    for (no, p) in bytes.chunks_mut(page::PAGE_SIZE).enumerate().skip(2) {
+        if page::hdr::kind(p) == page::KIND_BRANCH
+            && page::is_counted_branch(p)
+            && page::hdr::count(p) > 0
+        {
+            let count = page::branch_count(p, 0);
+            page::set_branch_count(p, 0, count + 1);
+            page::seal(p, no as u64, page::hdr::txn_id(p));
+            damaged = Some((no, count));
+            break;
+        }
+    }
+    let (no, count) = damaged.expect("a counted branch in the file");
+    std::fs::write(&path, &bytes).unwrap();
+    let env = Env::open(dir.path(), opts(false)).unwrap();
+    let report = env.check().unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.page == Some(no as u64)
+            && p.what.contains("counted branch: cell 0 says child page")
+            && p.what
+                .contains(&format!("holds {} entries, it holds {count}", count + 1))),
+        "{:?}",
+        report.problems
+    );
+    // A descent that reaches a leaf under the wrong count (here, the damaged cell's
+    // child or the leftmost, whose implied count moved the other way) fails.
+    let r = env.begin_read().unwrap();
+    let failed = (0..20_000u32)
+        .step_by(50)
+        .filter(|i| {
+            let k = format!("key{i:06}");
+            r.count_range(COUNTED, Bound::Included(k.as_bytes()), Bound::Unbounded)
+                .is_err()
+        })
+        .count();
+    assert!(failed > 0, "no range count through the wrong count failed");
+}

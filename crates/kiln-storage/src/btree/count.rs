@@ -6,8 +6,9 @@
 //!
 //! `rank` descends one path summing the counts of the children left of it; a range's
 //! count is the difference of two ranks. Each leaf reached must hold as many entries
-//! as the counts above it say, or the tree is reported corrupted: a count that
-//! drifted is caught by the reader that relies on it, not only by `kiln check`.
+//! as the counts above it say, or the tree is reported corrupted: a drifted count on
+//! a descent's path is caught by that reader (counts off its path are summed
+//! unverified: `kiln check` verifies them all).
 
 use super::{corrupt, node, PageSource, MAX_DEPTH};
 use crate::page::{self, hdr, PageNo, KIND_LEAF};
