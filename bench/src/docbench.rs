@@ -179,6 +179,14 @@ fn w16_rows(f: &Figures, docs: usize) -> Vec<Value> {
     if let Some(s) = f.get("load_and_build_seconds") {
         rows.push(row("W16 load + build", "docs/s", docs as f64 / s, false));
     }
+    if let Some(s) = f.get("load_and_then_build_seconds") {
+        rows.push(row(
+            "W16 load, then build",
+            "docs/s",
+            docs as f64 / s,
+            false,
+        ));
+    }
     if let Some(s) = f.get("index_build_seconds") {
         rows.push(row(
             "W16 index build alone",
@@ -356,6 +364,11 @@ impl Kiln {
     /// Streams `lines` (NDJSON `{"id","document"}`) through the bulk endpoint, a
     /// request per [`BULK_BYTES`]; checks every line was acknowledged.
     fn bulk(&mut self, lines: impl Iterator<Item = Vec<u8>>) -> Result<u64> {
+        self.bulk_into(DB, lines)
+    }
+
+    /// [`Kiln::bulk`] into the database `db`.
+    fn bulk_into(&mut self, db: &str, lines: impl Iterator<Item = Vec<u8>>) -> Result<u64> {
         let mut sent = 0u64;
         let mut body = Vec::with_capacity(BULK_BYTES + (1 << 20));
         let mut in_body = 0u64;
@@ -365,7 +378,7 @@ impl Kiln {
             }
             let out = k.call(
                 hyper::Method::POST,
-                &format!("/dbs/{DB}/bulk"),
+                &format!("/dbs/{db}/bulk"),
                 std::mem::take(body),
                 &[200],
             )?;
@@ -408,8 +421,14 @@ impl Kiln {
         let path = format!("/dbs/{DB}/indexes/{name}");
         let t = Instant::now();
         self.json(hyper::Method::PUT, &path, definition)?;
+        self.wait_non_stale(&path, t)
+    }
+
+    /// Polls the index at `path` until it is not stale; the seconds since `t`.
+    fn wait_non_stale(&mut self, path: &str, t: Instant) -> Result<f64> {
+        let name = path.rsplit('/').next().unwrap_or(path);
         loop {
-            let info = self.json(hyper::Method::GET, &path, &Value::Null)?;
+            let info = self.json(hyper::Method::GET, path, &Value::Null)?;
             if info["stale"] == json!(false) {
                 return Ok(t.elapsed().as_secs_f64());
             }
@@ -437,25 +456,50 @@ impl Kiln {
     }
 }
 
+/// The pages as the bulk endpoint's NDJSON lines.
+fn page_lines(pages: &[Page]) -> impl Iterator<Item = Vec<u8>> + '_ {
+    pages.iter().enumerate().map(|(i, p)| {
+        serde_json::to_vec(&json!({"id": format!("pages/{i:06}"),
+            "document": {"title": p.title, "section": p.section, "body": p.body}}))
+        .expect("a page serializes")
+    })
+}
+
+fn text_index_definition() -> Value {
+    json!({"collection": "pages", "fields": [
+        {"path": "body", "search": true, "analyzer": "english"},
+        {"path": "title", "search": true}]})
+}
+
 fn w16_kiln(dir: &Path, pages: &[Page], quick: bool) -> Result<Figures> {
     let mut f = Figures::new();
     let mut k = Kiln::start(dir)?;
     let t = Instant::now();
-    k.bulk(pages.iter().enumerate().map(|(i, p)| {
-        serde_json::to_vec(&json!({"id": format!("pages/{i:06}"),
-            "document": {"title": p.title, "section": p.section, "body": p.body}}))
-        .expect("a page serializes")
-    }))?;
+    k.bulk(page_lines(pages))?;
     let insert = t.elapsed().as_secs_f64();
-    let build = k.build_index(
-        TEXT_INDEX,
-        &json!({"collection": "pages", "fields": [
-            {"path": "body", "search": true, "analyzer": "english"},
-            {"path": "title", "search": true}]}),
-    )?;
+    let build = k.build_index(TEXT_INDEX, &text_index_definition())?;
     f.set("insert_seconds", insert);
     f.set("index_build_seconds", build);
-    f.set("load_and_build_seconds", insert + build);
+    f.set("load_and_then_build_seconds", insert + build);
+    // As SQLite's FTS5 table and PostgreSQL's generated column exist before their
+    // rows arrive, the headline figure defines the index first, then loads, and
+    // stops when the index has caught up: indexing overlaps the load (the indexer
+    // is its own thread). The same pages go into a second database.
+    let live = format!("{DB}_index_first");
+    k.call(
+        hyper::Method::PUT,
+        &format!("/dbs/{live}"),
+        Vec::new(),
+        &[200, 201],
+    )?;
+    let t = Instant::now();
+    let path = format!("/dbs/{live}/indexes/{TEXT_INDEX}");
+    k.json(hyper::Method::PUT, &path, &text_index_definition())?;
+    k.bulk_into(&live, page_lines(pages))?;
+    let loaded = t.elapsed().as_secs_f64();
+    let caught_up = k.wait_non_stale(&path, t)?;
+    f.set("index_first_insert_seconds", loaded);
+    f.set("load_and_build_seconds", caught_up);
     let (rounds, _) = rounds(quick);
     for (suffix, select) in [("", " select title"), ("_whole_docs", "")] {
         let text = format!("from pages where search(body, $q) limit 10{select}");
