@@ -124,6 +124,15 @@ pub fn not_applicable(engine: &str, workload: &str) -> Option<&'static str> {
     if crate::docbench::WORKLOADS.contains(&workload) {
         return crate::docbench::not_applicable(engine, workload);
     }
+    if crate::curve::WORKLOADS.contains(&workload) {
+        return crate::curve::not_applicable(engine, workload);
+    }
+    if crate::soak::WORKLOADS.contains(&workload) {
+        return crate::soak::not_applicable(engine, workload);
+    }
+    if crate::space::WORKLOADS.contains(&workload) {
+        return crate::space::not_applicable(engine, workload);
+    }
     match (engine, workload) {
         ("kiln", _) => None,
         ("redis", "W8" | "W9") => None,
@@ -1052,6 +1061,11 @@ mod pg {
 
         pub fn version(&self) -> &str {
             &self.server.version
+        }
+
+        /// The cluster's data directory (SPACE measures it).
+        pub fn data_dir(&self) -> &Path {
+            &self.server.data
         }
 
         /// The postmaster's pid (its first line of postmaster.pid).

@@ -9,9 +9,12 @@
 //! child prints one JSON line; the parent takes medians, prints a Markdown table with
 //! the ratio of Kiln to the best peer, and writes every figure to `--out`.
 
+mod curve;
 mod docbench;
 mod engines;
 mod server;
+mod soak;
+mod space;
 mod ycsb;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -48,7 +51,8 @@ struct Args {
     /// Redis, each over its own network protocol; docs/ycsb.md), W16 (full-text
     /// search: kiln serve against SQLite FTS5 and PostgreSQL) and W17 (aggregations:
     /// kiln serve's reduce index against PostgreSQL's GROUP BY); W16 and W17 are not
-    /// in the default list.
+    /// in the default list; nor are SPACE (bytes on disk after a YCSB load: kiln
+    /// serve, PostgreSQL, SQLite) and SOAK (kiln serve under YCSB A for a while).
     #[arg(long, default_value = "W1,W2,W3,W4,W5,W6,W8,W9")]
     workloads: String,
     /// 1/20 of the operations of every workload: the whole suite in about a minute.
@@ -75,6 +79,27 @@ struct Args {
     /// with --quick).
     #[arg(long)]
     ycsb_seconds: Option<f64>,
+    /// SOAK (kiln serve under YCSB A, docs/benchmarks.md "Soak"): how long it runs
+    /// (default 600 s; 60 with --quick), a row every --soak-interval seconds
+    /// (default 60; 10 with --quick), with --ycsb-clients clients (default 16) on
+    /// --ycsb-records records (default 100,000).
+    #[arg(long)]
+    soak_seconds: Option<f64>,
+    #[arg(long)]
+    soak_interval: Option<f64>,
+    /// SOAK fails if RSS or the data file ends over this many times their size
+    /// after the first interval (plus slack), ...
+    #[arg(long, default_value_t = 2.0)]
+    soak_max_growth: f64,
+    /// ... or if there are ever more journal files than this.
+    #[arg(long, default_value_t = 16)]
+    soak_max_journal_files: u64,
+    /// CURVE (bench/scripts/cost_curve.sh): seconds of each phase (default 30) and
+    /// the memory cgroup (v1) the server runs in after the load.
+    #[arg(long)]
+    curve_seconds: Option<f64>,
+    #[arg(long)]
+    curve_cgroup: Option<PathBuf>,
     /// Directory to run in: a fresh subdirectory per run, removed afterwards.
     #[arg(long, default_value = "./bench-data")]
     dir: PathBuf,
@@ -385,6 +410,31 @@ fn spawn_child(args: &Args, engine: &str, job: &Job, run_dir: &Path) -> Result<V
     if docbench::WORKLOADS.contains(&job.workload.as_str()) {
         return docbench::run(engine, &job.workload, &run_dir.join("docs"), args.quick);
     }
+    if curve::WORKLOADS.contains(&job.workload.as_str()) {
+        let params = ycsb::Params::new(args.quick, None, args.ycsb_records, None)?;
+        let c = curve::Curve {
+            seconds: args.curve_seconds.unwrap_or(if args.quick { 5.0 } else { 30.0 }),
+            clients: args.ycsb_clients.as_deref().unwrap_or("16").trim().parse()?,
+            cgroup: args.curve_cgroup.clone(),
+        };
+        return curve::run(&run_dir.join("curve"), &params, &c);
+    }
+    if soak::WORKLOADS.contains(&job.workload.as_str()) {
+        let params = ycsb::Params::new(false, None, args.ycsb_records, None)?;
+        let clients = args.ycsb_clients.as_deref().unwrap_or("16").trim().parse()?;
+        let soak = soak::Soak {
+            seconds: args.soak_seconds.unwrap_or(if args.quick { 60.0 } else { 600.0 }),
+            interval_seconds: args.soak_interval.unwrap_or(if args.quick { 10.0 } else { 60.0 }),
+            clients,
+            max_growth: args.soak_max_growth,
+            max_journal_files: args.soak_max_journal_files,
+        };
+        return soak::run(&run_dir.join("soak"), &params, &soak);
+    }
+    if space::WORKLOADS.contains(&job.workload.as_str()) {
+        let params = ycsb::Params::new(args.quick, None, args.ycsb_records, None)?;
+        return space::run(engine, &run_dir.join("space"), &params);
+    }
     if ycsb::WORKLOADS.contains(&job.workload.as_str()) {
         let mut params = ycsb::Params::new(
             args.quick,
@@ -543,7 +593,7 @@ fn plan_jobs(args: &Args) -> Result<Vec<Job>> {
     {
         match wl.as_str() {
             "W1" | "W2" | "W3" | "W4" | "W5" | "W8" | "W9" | "YA" | "YB" | "YC" | "YD" | "YE"
-            | "YF" | "W16" | "W17" => jobs.push(Job {
+            | "YF" | "W16" | "W17" | "SPACE" | "SOAK" | "CURVE" => jobs.push(Job {
                 label: wl.clone(),
                 workload: wl,
                 threads: 1,
@@ -558,7 +608,7 @@ fn plan_jobs(args: &Args) -> Result<Vec<Job>> {
                 }
             }
             other => {
-                bail!("unknown workload {other:?} (available: W1, W2, W3, W4, W5, W6, W8, W9, YA..YF, W16, W17)")
+                bail!("unknown workload {other:?} (available: W1, W2, W3, W4, W5, W6, W8, W9, YA..YF, W16, W17, SPACE, SOAK, CURVE)")
             }
         }
     }

@@ -271,7 +271,7 @@ impl System {
         }
     }
 
-    async fn connect(&self) -> Result<Conn> {
+    pub(crate) async fn connect(&self) -> Result<Conn> {
         Ok(match self {
             System::Kiln { port, .. } => Conn::Kiln(KilnConn::connect(*port).await?),
             #[cfg(feature = "postgres")]
@@ -385,7 +385,7 @@ fn query_value(s: &str) -> String {
     out
 }
 
-fn record_json(record: &[(String, String)]) -> Vec<u8> {
+pub(crate) fn record_json(record: &[(String, String)]) -> Vec<u8> {
     let map: Map<String, Value> = record
         .iter()
         .map(|(k, v)| (k.clone(), Value::String(v.clone())))
@@ -396,7 +396,7 @@ fn record_json(record: &[(String, String)]) -> Vec<u8> {
 // ---- PostgreSQL: tokio-postgres ----
 
 #[cfg(feature = "postgres")]
-struct PgConn {
+pub(crate) struct PgConn {
     client: tokio_postgres::Client,
     insert: tokio_postgres::Statement,
     read: tokio_postgres::Statement,
@@ -446,9 +446,15 @@ impl PgConn {
     }
 }
 
+/// A connection to the YCSB PostgreSQL server without prepared statements.
+#[cfg(feature = "postgres")]
+pub(crate) async fn pg_connect_bare(port: u16) -> Result<tokio_postgres::Client> {
+    PgConn::connect_bare(port).await
+}
+
 // ---- Redis: RESP over TCP ----
 
-struct RedisConn {
+pub(crate) struct RedisConn {
     io: tokio::io::BufStream<tokio::net::TcpStream>,
     line: Vec<u8>,
 }
@@ -543,7 +549,7 @@ impl RedisConn {
 
 // ---- One connection of any system ----
 
-enum Conn {
+pub(crate) enum Conn {
     Kiln(KilnConn),
     #[cfg(feature = "postgres")]
     Pg(PgConn),
@@ -551,7 +557,7 @@ enum Conn {
 }
 
 impl Conn {
-    async fn insert(&mut self, key: &str, record: &[(String, String)]) -> Result<()> {
+    pub(crate) async fn insert(&mut self, key: &str, record: &[(String, String)]) -> Result<()> {
         match self {
             Conn::Kiln(c) => {
                 let path = format!("/dbs/{KILN_DB}/docs/{key}");
@@ -581,7 +587,7 @@ impl Conn {
         Ok(())
     }
 
-    async fn read(&mut self, key: &str) -> Result<()> {
+    pub(crate) async fn read(&mut self, key: &str) -> Result<()> {
         match self {
             Conn::Kiln(c) => {
                 let path = format!("/dbs/{KILN_DB}/docs/{key}");
@@ -605,7 +611,7 @@ impl Conn {
         Ok(())
     }
 
-    async fn update(&mut self, key: &str, field: usize, value: &str) -> Result<()> {
+    pub(crate) async fn update(&mut self, key: &str, field: usize, value: &str) -> Result<()> {
         let name = field_name(field);
         match self {
             Conn::Kiln(c) => {
@@ -635,7 +641,7 @@ impl Conn {
         Ok(())
     }
 
-    async fn scan(&mut self, start: &str, count: u64) -> Result<()> {
+    pub(crate) async fn scan(&mut self, start: &str, count: u64) -> Result<()> {
         match self {
             Conn::Kiln(c) => {
                 let path = format!(
@@ -682,7 +688,7 @@ fn kind_index(kind: &str) -> usize {
     KINDS.iter().position(|k| *k == kind).expect("a YCSB kind")
 }
 
-async fn setup(system: &System) -> Result<()> {
+pub(crate) async fn setup(system: &System) -> Result<()> {
     #[cfg(feature = "postgres")]
     if let System::Postgres { server } = system {
         let client = PgConn::connect_bare(server.port).await?;
@@ -708,7 +714,7 @@ async fn setup(system: &System) -> Result<()> {
 }
 
 /// Inserts records `0..records`, client `i` taking every `clients`-th one.
-async fn load(system: &System, params: &Params) -> Result<(f64, Vec<u32>)> {
+pub(crate) async fn load(system: &System, params: &Params) -> Result<(f64, Vec<u32>)> {
     let clients = params.load_clients.min(params.records);
     let mut conns = Vec::new();
     for _ in 0..clients {

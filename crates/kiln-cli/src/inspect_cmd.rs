@@ -57,10 +57,10 @@ fn check_one(name: &str, dir: &Path, json: bool) -> AnyResult<bool> {
             .iter()
             .map(|p| serde_json::json!({"file": p.file, "page": p.page, "what": p.what}))
             .collect();
-        println!(
-            "{}",
-            serde_json::json!({"database": name, "path": dir, "clean": report.is_clean(), "txn_id": report.txn_id, "trees": report.trees, "entries": report.entries, "pages_total": report.pages_total, "pages_reachable": report.pages_reachable, "pages_free": report.pages_free, "problems": problems})
-        );
+        let mut v = serde_json::json!({"database": name, "path": dir, "clean": report.is_clean(), "txn_id": report.txn_id, "trees": report.trees, "entries": report.entries, "pages_total": report.pages_total, "pages_reachable": report.pages_reachable, "pages_free": report.pages_free, "problems": problems});
+        v["page_size"] = kiln_storage::PAGE_SIZE.into();
+        v["tree_space"] = tree_space(&env, &report)?;
+        println!("{v}");
     } else {
         println!("database {name}:");
         println!(
@@ -85,6 +85,40 @@ fn check_one(name: &str, dir: &Path, json: bool) -> AnyResult<bool> {
         );
     }
     Ok(report.is_clean())
+}
+
+/// Per tree: its entries' key and value bytes (read through a cursor, values as
+/// stored: whole, wherever they live) beside the pages the check counted for it
+/// and its leaves' fill. What the space breakdown of docs/benchmarks.md is made of.
+fn tree_space(
+    env: &Env,
+    report: &kiln_storage::check::CheckReport,
+) -> AnyResult<serde_json::Value> {
+    let r = env.begin_read()?;
+    let mut out = serde_json::Map::new();
+    for (name, pages) in &report.tree_pages {
+        let (mut key_bytes, mut value_bytes) = (0u64, 0u64);
+        if name != "<catalog>" {
+            let mut c = r.cursor(name)?;
+            let mut e = c.first()?;
+            while let Some((k, v)) = e {
+                key_bytes += k.len() as u64;
+                value_bytes += v.len() as u64;
+                e = c.next()?;
+            }
+        }
+        let leaf_capacity = pages.leaf_pages * kiln_storage::PAGE_SIZE as u64;
+        out.insert(
+            name.clone(),
+            serde_json::json!({
+                "key_bytes": key_bytes, "value_bytes": value_bytes,
+                "leaf_pages": pages.leaf_pages, "branch_pages": pages.branch_pages,
+                "value_pages": pages.value_pages, "leaf_entry_bytes": pages.leaf_entry_bytes,
+                "leaf_fill": if leaf_capacity == 0 { 0.0 } else { pages.leaf_entry_bytes as f64 / leaf_capacity as f64 },
+            }),
+        );
+    }
+    Ok(serde_json::Value::Object(out))
 }
 
 /// Prints every database's figures.

@@ -4,7 +4,7 @@ use crate::btree::{PageSource, MAX_DEPTH};
 use crate::page::{self, hdr, LeafValue, PageNo, KIND_BRANCH, KIND_LEAF, KIND_OVERFLOW};
 use crate::txn::{ReadTxn, TreeInfo};
 use crate::Result;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 
 /// One problem found by `Env::check`.
@@ -33,6 +33,21 @@ pub struct CheckReport {
     pub pages_reachable: u64,
     pub pages_free: u64,
     pub problems: Vec<Problem>,
+    /// Where each tree's pages go (the catalog as `<catalog>`): what `kiln check
+    /// --json` reports for the space breakdown (docs/benchmarks.md, "Bytes on disk").
+    pub tree_pages: BTreeMap<String, TreePages>,
+}
+
+/// The pages one tree holds, and how full its leaves are.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TreePages {
+    pub leaf_pages: u64,
+    pub branch_pages: u64,
+    /// Pages of values kept out of their leaf (overflow runs, bare runs).
+    pub value_pages: u64,
+    /// Bytes of the keys and in-leaf values of its leaves (without the cells'
+    /// headers and slots): over `leaf_pages` x the page size, the leaves' fill.
+    pub leaf_entry_bytes: u64,
 }
 
 impl CheckReport {
@@ -47,6 +62,8 @@ struct Walker<'a, 't> {
     /// Page -> what references it (for double-reference reports).
     owner: HashMap<PageNo, String>,
     report: CheckReport,
+    /// The tree being walked (its pages are counted in `report.tree_pages`).
+    tree: String,
 }
 
 /// Key bounds a subtree must respect: lo <= key < hi.
@@ -62,6 +79,11 @@ impl<'a, 't> Walker<'a, 't> {
             page,
             what: what.into(),
         });
+    }
+
+    /// The page counts of the tree being walked.
+    fn tree_pages(&mut self) -> &mut TreePages {
+        self.report.tree_pages.entry(self.tree.clone()).or_default()
     }
 
     /// Claims `n` pages starting at `no` for `who`; false if any was already claimed.
@@ -92,6 +114,7 @@ impl<'a, 't> Walker<'a, 't> {
             return 0;
         }
         let mut leaf_depth = None;
+        self.tree = name.to_string();
         self.walk_node(
             name,
             root,
@@ -126,9 +149,20 @@ impl<'a, 't> Walker<'a, 't> {
                     _ => {}
                 }
                 self.check_leaf_values(&who, no, p);
+                let mut bytes = 0u64;
+                for i in 0..hdr::count(p) {
+                    bytes += page::cell_key(p, i).len() as u64;
+                    if let LeafValue::Inline(v) = page::leaf_value(p, i) {
+                        bytes += v.len() as u64;
+                    }
+                }
+                let t = self.tree_pages();
+                t.leaf_pages += 1;
+                t.leaf_entry_bytes += bytes;
                 hdr::count(p) as u64
             }
             KIND_BRANCH => {
+                self.tree_pages().branch_pages += 1;
                 let count = hdr::count(p);
                 let mut entries = 0;
                 for n in 0..page::branch_fanout(p) {
@@ -230,6 +264,7 @@ impl<'a, 't> Walker<'a, 't> {
         if let Some(pages) = page::bare_value_len(len).map(|l| page::bare_run_pages(l) as u64) {
             if self.claim(start, pages, &format!("{who} (bare run of leaf {leaf})")) {
                 self.report.pages_reachable += pages;
+                self.tree_pages().value_pages += pages;
             }
         }
         if let Err(e) = crate::btree::value_bytes(self.txn, value) {
@@ -265,6 +300,7 @@ impl<'a, 't> Walker<'a, 't> {
         }
         if self.claim(start, pages, &format!("{who} (overflow of leaf {leaf})")) {
             self.report.pages_reachable += pages;
+            self.tree_pages().value_pages += pages;
         }
     }
 }
@@ -275,6 +311,7 @@ pub(crate) fn run(txn: &ReadTxn, free: &BTreeSet<PageNo>) -> Result<CheckReport>
         txn,
         file: txn.data_path().to_path_buf(),
         owner: HashMap::new(),
+        tree: String::new(),
         report: CheckReport {
             txn_id: txn.txn_id(),
             pages_total: txn.page_count(),

@@ -1,0 +1,370 @@
+//! CURVE: the cost of operations as the data outgrows memory (issue 41, part 2).
+//! Run by hand through bench/scripts/cost_curve.sh, which makes the memory cgroup;
+//! not part of `.ci/run` (10M documents take ~25 GB of disk).
+//!
+//! One job: `kiln serve` on a fresh directory; YCSB's records 0..N (ten 100-byte
+//! fields, ~1.1 KB of JSON) plus `"n": <record number>`, in collection `usertable`
+//! (`@metadata.@collection`; the id is YCSB's key), with an index on `n` created
+//! first; loaded through the bulk endpoint (`POST /dbs/ycsb/bulk`, 2,000 documents
+//! a request, 4 requests at a time) OUTSIDE the memory limit, the load's cost not
+//! being the question. Then the server is stopped, the cgroup's page cache emptied
+//! (`memory.force_empty`), and the server started again INSIDE the cgroup (its pid
+//! written to `cgroup.procs` at once: its memory and the page cache it reads from
+//! then are charged there), and four phases run on the cold cache, one after
+//! another, `seconds` each with `clients` clients:
+//! - GET: W5-style point reads, record numbers uniform over 0..N;
+//! - PUT: W8-style writes of new documents (ids after N), the same shape;
+//! - YB: YCSB B (95% reads, 5% one-field PATCHes, zipfian);
+//! - QUERY: `from usertable where n = $n`, n uniform (one document through the index).
+//!
+//! Per phase: ops/s, p50/p99, the server's RSS at the end, and its disk reads per
+//! operation (`read_bytes` of /proc/PID/io over the phase, over its operations),
+//! with the cgroup's memory use (`memory.usage_in_bytes`, `memory.stat` cache/rss).
+
+use crate::ycsb::{KilnConn, Params, System};
+use anyhow::{anyhow, bail, Context, Result};
+use futures_util::future::join_all;
+use kiln_bench::ycsb::{self as y, key_name, load_record, Client, InsertSequence, Op};
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Map, Value};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub const WORKLOADS: &[&str] = &["CURVE"];
+
+pub fn not_applicable(engine: &str, _workload: &str) -> Option<&'static str> {
+    match engine {
+        "kiln" => None,
+        _ => Some("CURVE runs kiln serve (PostgreSQL's point: bench/scripts/cost_curve.sh says)"),
+    }
+}
+
+/// A phase's length and the memory cgroup (None: no limit).
+#[derive(Debug, Clone)]
+pub struct Curve {
+    pub seconds: f64,
+    pub clients: u64,
+    pub cgroup: Option<PathBuf>,
+}
+
+const DB: &str = "ycsb";
+
+fn doc(seed: u64, k: u64) -> Value {
+    let mut m: Map<String, Value> = load_record(seed, k)
+        .into_iter()
+        .map(|(f, v)| (f, Value::String(v)))
+        .collect();
+    m.insert("n".into(), json!(k));
+    m.insert("@metadata".into(), json!({"@collection": "usertable"}));
+    Value::Object(m)
+}
+
+fn proc_field(pid: u32, file: &str, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn rss_bytes(pid: u32) -> u64 {
+    proc_field(pid, "status", "VmRSS:") * 1024
+}
+
+fn read_bytes(pid: u32) -> u64 {
+    proc_field(pid, "io", "read_bytes:")
+}
+
+fn cgroup_memory(cg: &Option<PathBuf>) -> Value {
+    let Some(cg) = cg else {
+        return Value::Null;
+    };
+    let usage = std::fs::read_to_string(cg.join("memory.usage_in_bytes"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let stat = std::fs::read_to_string(cg.join("memory.stat")).unwrap_or_default();
+    let field = |name: &str| {
+        stat.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    json!({"usage_bytes": usage, "cache_bytes": field("cache "), "rss_bytes": field("rss ")})
+}
+
+fn enter_cgroup(cg: &Option<PathBuf>, pid: u32) -> Result<()> {
+    if let Some(cg) = cg {
+        std::fs::write(cg.join("cgroup.procs"), pid.to_string())
+            .with_context(|| format!("moving pid {pid} into {}", cg.display()))?;
+    }
+    Ok(())
+}
+
+fn kiln_pid(system: &System) -> u32 {
+    match system {
+        System::Kiln { proc, .. } => proc.child.id(),
+        _ => 0,
+    }
+}
+
+fn port(system: &System) -> u16 {
+    match system {
+        System::Kiln { port, .. } => *port,
+        _ => 0,
+    }
+}
+
+async fn load(port: u16, params: &Params) -> Result<f64> {
+    const PER_REQUEST: u64 = 2000;
+    const STREAMS: u64 = 4;
+    let start = Instant::now();
+    let tasks = (0..STREAMS).map(|s| async move {
+        let mut c = KilnConn::connect(port).await?;
+        let mut first = s * PER_REQUEST;
+        while first < params.records {
+            let mut body = Vec::with_capacity(PER_REQUEST as usize * 1300);
+            for k in first..(first + PER_REQUEST).min(params.records) {
+                serde_json::to_writer(
+                    &mut body,
+                    &json!({"id": key_name(k), "document": doc(params.seed, k)}),
+                )?;
+                body.push(b'\n');
+            }
+            let answer = c
+                .expect(
+                    hyper::Method::POST,
+                    &format!("/dbs/{DB}/bulk"),
+                    Some("application/x-ndjson"),
+                    body,
+                    &[200],
+                )
+                .await?;
+            let text = String::from_utf8_lossy(&answer);
+            if text.contains("\"error\"") || !text.contains("\"done\"") {
+                bail!("bulk insert from {first}: {}", &text[..text.len().min(300)]);
+            }
+            first += STREAMS * PER_REQUEST;
+        }
+        Ok::<_, anyhow::Error>(())
+    });
+    for r in join_all(tasks).await {
+        r?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+async fn wait_index(port: u16) -> Result<f64> {
+    let start = Instant::now();
+    let mut c = KilnConn::connect(port).await?;
+    loop {
+        let body = c
+            .expect(
+                hyper::Method::GET,
+                &format!("/dbs/{DB}/indexes/by-n"),
+                None,
+                Vec::new(),
+                &[200],
+            )
+            .await?;
+        let v: Value = serde_json::from_slice(&body)?;
+        if v["stale"] == json!(false) {
+            return Ok(start.elapsed().as_secs_f64());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Phase {
+    Get,
+    Put,
+    YcsbB,
+    Query,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Get => "GET",
+            Phase::Put => "PUT",
+            Phase::YcsbB => "YB",
+            Phase::Query => "QUERY",
+        }
+    }
+}
+
+async fn phase(
+    system: &System,
+    ph: Phase,
+    records: u64,
+    params: &Params,
+    curve: &Curve,
+) -> Result<Value> {
+    let port = port(system);
+    let pid = kiln_pid(system);
+    let deadline = Instant::now() + Duration::from_secs_f64(curve.seconds);
+    let seq = InsertSequence::new(records);
+    let next_new = std::sync::atomic::AtomicU64::new(records);
+    let read0 = read_bytes(pid);
+    let start = Instant::now();
+    let tasks = (0..curve.clients).map(|i| {
+        let (seq, next_new) = (&seq, &next_new);
+        async move {
+            let mut lat = Vec::new();
+            let mut kc = KilnConn::connect(port).await?;
+            let mut conn = system.connect().await?;
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(params.seed ^ (i + 1) * 7919);
+            let wl = y::by_name("B").ok_or_else(|| anyhow!("no YCSB B"))?;
+            let mut gen = Client::new(wl, records, 1 << 40, seq, params.seed, i);
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                match ph {
+                    Phase::Get => conn.read(&key_name(rng.gen_range(0..records))).await?,
+                    Phase::Put => {
+                        let k = next_new.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        kc.expect(
+                            hyper::Method::PUT,
+                            &format!("/dbs/{DB}/docs/{}", key_name(k)),
+                            Some("application/json"),
+                            serde_json::to_vec(&doc(params.seed, k))?,
+                            &[200, 201],
+                        )
+                        .await?;
+                    }
+                    Phase::YcsbB => match gen.next_op() {
+                        Op::Read { key } => conn.read(&key).await?,
+                        Op::Update { key, field, value } => {
+                            conn.update(&key, field, &value).await?
+                        }
+                        other => bail!("YCSB B made a {} operation", other.kind()),
+                    },
+                    Phase::Query => {
+                        let n = rng.gen_range(0..records);
+                        let body = kc
+                            .expect(
+                                hyper::Method::POST,
+                                &format!("/dbs/{DB}/queries"),
+                                Some("application/json"),
+                                serde_json::to_vec(&json!({
+                                    "query": "from usertable where n = $n",
+                                    "params": {"n": n}
+                                }))?,
+                                &[200],
+                            )
+                            .await?;
+                        let needle = format!("\"n\":{n}");
+                        if !body.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                            bail!(
+                                "query n = {n}: no such document in {}",
+                                String::from_utf8_lossy(&body[..body.len().min(200)])
+                            );
+                        }
+                    }
+                }
+                lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }
+    });
+    let mut all = Vec::new();
+    for r in join_all(tasks).await {
+        all.extend(r?);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    all.sort_unstable();
+    let q = |p: f64| kiln_bench::stats::quantile(&all, p).map_or(0.0, f64::from);
+    let reads = read_bytes(pid).saturating_sub(read0);
+    let ops = all.len() as u64;
+    Ok(json!({
+        "workload": "CURVE", "engine": "kiln", "phase": ph.name(), "documents": records,
+        "clients": curve.clients, "operations": ops, "seconds": seconds,
+        "ops_per_sec": ops as f64 / seconds, "p50_us": q(0.5), "p99_us": q(0.99),
+        "rss_bytes": rss_bytes(pid), "disk_read_bytes": reads,
+        "disk_read_bytes_per_op": reads as f64 / ops.max(1) as f64,
+        "cgroup_memory": cgroup_memory(&curve.cgroup),
+    }))
+}
+
+/// One CURVE job in `dir`, as a child's JSON object.
+pub fn run(dir: &Path, params: &Params, curve: &Curve) -> Result<Value> {
+    let started = Instant::now();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    // The load, without a limit.
+    let system = System::start("kiln", dir)?;
+    let (load_s, index_s) = local.block_on(&rt, async {
+        crate::ycsb::setup(&system).await?;
+        let mut c = KilnConn::connect(port(&system)).await?;
+        c.expect(
+            hyper::Method::PUT,
+            &format!("/dbs/{DB}/indexes/by-n"),
+            Some("application/json"),
+            serde_json::to_vec(&json!({"collection": "usertable", "fields": ["n"]}))?,
+            &[200, 201],
+        )
+        .await?;
+        let load_s = load(port(&system), params).await?;
+        let index_s = wait_index(port(&system)).await?;
+        Ok::<_, anyhow::Error>((load_s, index_s))
+    })?;
+    eprintln!(
+        "CURVE: {} documents loaded in {load_s:.0} s ({:.0}/s), index caught up {index_s:.0} s later",
+        params.records,
+        params.records as f64 / load_s
+    );
+    drop(system);
+    let (_, on_disk) = crate::space::dir_bytes(&dir.join("kiln-data"));
+    if let Some(cg) = &curve.cgroup {
+        // Empty the cgroup's page cache (it holds no task now).
+        std::fs::write(cg.join("memory.force_empty"), "0")
+            .with_context(|| format!("emptying {}", cg.display()))?;
+    }
+    let system = System::start("kiln", dir)?;
+    enter_cgroup(&curve.cgroup, kiln_pid(&system))?;
+    let mut rows = Vec::new();
+    let rss_start = rss_bytes(kiln_pid(&system));
+    local.block_on(&rt, async {
+        let mut records = params.records;
+        for ph in [Phase::Get, Phase::Put, Phase::YcsbB, Phase::Query] {
+            let mut r = phase(&system, ph, records, params, curve).await?;
+            if let Phase::Put = ph {
+                records += r["operations"].as_u64().unwrap_or(0);
+            }
+            r["bytes_on_disk"] = json!(on_disk);
+            eprintln!(
+                "  {:>5} {:>9.0} ops/s p50 {:>7.0} us p99 {:>8.0} us RSS {:>5} MiB disk reads {:>8.0} B/op",
+                ph.name(),
+                r["ops_per_sec"].as_f64().unwrap_or(0.0),
+                r["p50_us"].as_f64().unwrap_or(0.0),
+                r["p99_us"].as_f64().unwrap_or(0.0),
+                r["rss_bytes"].as_u64().unwrap_or(0) >> 20,
+                r["disk_read_bytes_per_op"].as_f64().unwrap_or(0.0)
+            );
+            rows.push(r);
+        }
+        Ok::<_, anyhow::Error>(())
+    })?;
+    drop(system);
+    let summary = json!({
+        "workload": "CURVE", "engine": "kiln", "documents": params.records,
+        "load_seconds": load_s, "index_catch_up_seconds": index_s,
+        "bytes_on_disk": on_disk, "rss_bytes_at_start": rss_start,
+        "cgroup": curve.cgroup, "phases": rows,
+    });
+    let out_rows: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({"row": format!("CURVE {} N={}", r["phase"].as_str().unwrap_or("?"), params.records),
+                   "unit": "ops/s", "value": r["ops_per_sec"], "lower_is_better": false})
+        })
+        .collect();
+    Ok(json!({
+        "seconds": started.elapsed().as_secs_f64(),
+        "rows": out_rows,
+        "extra": { "documents_row": summary },
+    }))
+}
