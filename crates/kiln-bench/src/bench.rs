@@ -4,6 +4,7 @@
 //! median of `--runs`) and prints their rows (`report`); the workloads live in the
 //! modules it dispatches to, which never import from it.
 
+use crate::attachbench;
 use crate::backupbench::{self, BackupTool};
 use crate::clusterbench::{self, CatchUpScale, ClusterLoad};
 use crate::rawdisk;
@@ -32,7 +33,9 @@ pub struct BenchArgs {
     /// sequential write), W16 (full-text search over the man pages: the index's build
     /// and queries against tantivy used directly), W17 (aggregations: a reduce index's
     /// build, grouped queries, its update lag), W18 (data subscriptions: delivery to one
-    /// worker with batches acknowledged, live-write delivery latency).
+    /// worker with batches acknowledged, live-write delivery latency), W19 (a large
+    /// attachment's upload and download through `kiln serve` against the disk's
+    /// sequential write and read, and the server's memory during each).
     #[arg(long, default_value = "W1,W4")]
     workloads: String,
     /// Directory to run in (a fresh subdirectory per run, removed afterwards).
@@ -97,6 +100,9 @@ pub struct BenchArgs {
     /// 100,000 with --quick).
     #[arg(long)]
     w18_docs: Option<u64>,
+    /// W19 attachment size in MiB (default: 1,024; 64 with --quick).
+    #[arg(long)]
+    w19_mib: Option<u64>,
     /// W17 orders (default: 1,000,000; 100,000 with --quick).
     #[arg(long)]
     w17_docs: Option<u64>,
@@ -153,11 +159,12 @@ enum Workload {
     W16,
     W17,
     W18,
+    W19,
 }
 
 impl Workload {
     /// Every workload, in the order the error for an unknown one lists them.
-    const ALL: [Workload; 20] = [
+    const ALL: [Workload; 21] = [
         Workload::W1,
         Workload::W2,
         Workload::W3,
@@ -178,6 +185,7 @@ impl Workload {
         Workload::W16,
         Workload::W17,
         Workload::W18,
+        Workload::W19,
     ];
 
     fn name(self) -> &'static str {
@@ -202,6 +210,7 @@ impl Workload {
             Workload::W16 => "W16",
             Workload::W17 => "W17",
             Workload::W18 => "W18",
+            Workload::W19 => "W19",
         }
     }
 }
@@ -359,6 +368,7 @@ impl<'a> Plan<'a> {
             Workload::W16 => one(Box::new(move || searchbench::w16(dir, quick, a.w16_docs))),
             Workload::W17 => one(Box::new(move || aggbench::w17(dir, quick, a.w17_docs))),
             Workload::W18 => one(Box::new(move || subbench::w18(dir, quick, a.w18_docs))),
+            Workload::W19 => one(Box::new(move || attachbench::w19(dir, quick, a.w19_mib))),
             Workload::W14 => {
                 let tool = self.backup_tool.ok_or(NO_BACKUP_TOOL)?;
                 let gib = self.w14_gib;
@@ -451,7 +461,7 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "unknown workload \"W5\" (available: W1, W2, W3, W4, W6, W7, W8, W8I, W8C, W9, \
-             W10, W11, W12, W13, W14, W15, W15C, W16, W17, W18)"
+             W10, W11, W12, W13, W14, W15, W15C, W16, W17, W18, W19)"
         );
     }
 }

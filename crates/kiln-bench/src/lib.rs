@@ -18,6 +18,8 @@
 #[cfg(feature = "documents")]
 pub mod aggbench;
 #[cfg(feature = "documents")]
+pub mod attachbench;
+#[cfg(feature = "documents")]
 pub mod backupbench;
 #[cfg(feature = "documents")]
 pub mod bench;

@@ -122,6 +122,7 @@ fn print_lines_against_targets(label: &str, m: &Run) {
     print_index_lag(label, m);
     print_aggregations(label, m);
     print_subscriptions(label, m);
+    print_attachments(label, m);
     print_full_text(label, m);
     print_idle_subscribers_and_notify(label, m);
     print_cpu_per_request(label, m);
@@ -303,8 +304,10 @@ fn print_full_text(label: &str, m: &Run) {
         "         {label}: {:.0} documents, {:.1} MB of text ({}): full-text index build {:.0} docs/s \
          {:.1} MB/s, tantivy alone {:.0} docs/s: {:.2}x (goal >= 0.7); term p50 {:.3} ms p99 {:.3} \
          (tantivy {:.3}), phrase p50 {:.3} ms p99 {:.3} (tantivy {:.3}), prefix p50 {:.3} ms p99 \
-         {:.3} (tantivy {:.3}); idle update lag p50 {:.1} ms p99 {:.1}; index {:.1} MB; SQLite \
-         FTS5 and PostgreSQL: bench/ --workloads W16",
+         {:.3} (tantivy {:.3}); idle update lag p50 {:.1} ms p99 {:.1}; index {:.1} MB; restore \
+         to first query {:.2} s rebuilding the index (restore alone {:.2} s; shipping the index \
+         files would add {:.2} s to copy and open them); SQLite FTS5 and PostgreSQL: bench/ \
+         --workloads W16",
         figure(m, "documents"),
         figure(m, "corpus_mb"),
         m.extra["corpus"].as_str().unwrap_or("?"),
@@ -324,6 +327,30 @@ fn print_full_text(label: &str, m: &Run) {
         figure(m, "update_lag_p50_ms"),
         figure(m, "update_lag_p99_ms"),
         figure(m, "index_mb"),
+        figure(m, "restore_to_first_query_seconds"),
+        figure(m, "restore_seconds"),
+        figure(m, "index_copy_and_first_query_seconds"),
+    );
+}
+
+/// W19: a large attachment through the server against the disk's sequential speed.
+fn print_attachments(label: &str, m: &Run) {
+    if !m.extra.contains_key("upload_mb_per_sec") {
+        return;
+    }
+    let mib = |k: &str| figure(m, k) / (1 << 20) as f64;
+    println!(
+        "         {label}: {:.0} MiB attachment: upload {:.0} MB/s, {:.2}x the disk's sequential          write ({:.0} MB/s incl. fdatasync); download {:.0} MB/s, {:.2}x its cold sequential read          ({:.0} MB/s) (goal >= 0.7x each); server RSS {:.0} MiB before, peak {:.0} MiB during          the upload, {:.0} MiB during the download",
+        figure(m, "size_bytes") / (1 << 20) as f64,
+        figure(m, "upload_mb_per_sec"),
+        figure(m, "upload_ratio_to_disk"),
+        figure(m, "disk_write_mb_per_sec"),
+        figure(m, "download_mb_per_sec"),
+        figure(m, "download_ratio_to_disk"),
+        figure(m, "disk_read_mb_per_sec"),
+        mib("server_rss_before_bytes"),
+        mib("server_peak_rss_upload_bytes"),
+        mib("server_peak_rss_download_bytes"),
     );
 }
 

@@ -84,7 +84,53 @@ fn check_one(name: &str, dir: &Path, json: bool) -> AnyResult<bool> {
             }
         );
     }
-    Ok(report.is_clean())
+    let attachments_clean = check_attachments(name, dir, &env, json)?;
+    Ok(report.is_clean() && attachments_clean)
+}
+
+/// A database's attachments (`kiln_docs::check_attachments_at`: every blob
+/// re-hashed, files nothing names, reference counts against the documents); true
+/// when clean or when the directory holds none.
+fn check_attachments(name: &str, dir: &Path, env: &Env, json: bool) -> AnyResult<bool> {
+    if !dir.join("attachments").exists() {
+        return Ok(true);
+    }
+    let a = kiln_docs::check_attachments_at(env, dir)?;
+    if json {
+        let miscounted: Vec<_> = a.miscounted.iter().map(|(h, counted, named)| serde_json::json!({"hash": h, "counted": counted, "named": named})).collect();
+        println!(
+            "{}",
+            serde_json::json!({"database": name, "attachments": {"clean": a.is_ok(), "blobs": a.blobs, "bytes": a.bytes, "missing": a.missing, "corrupt": a.corrupt, "unreferenced": a.unreferenced, "miscounted": miscounted}})
+        );
+    } else {
+        println!(
+            "attachments: {} blobs, {} bytes re-hashed",
+            a.blobs, a.bytes
+        );
+        for h in &a.missing {
+            println!("PROBLEM attachment blob {h} is missing");
+        }
+        for h in &a.corrupt {
+            println!(
+                "PROBLEM attachment blob {h} does not hash to its name (or has the wrong size)"
+            );
+        }
+        for p in &a.unreferenced {
+            println!("PROBLEM {p} is named by no reference (removed at the next open)");
+        }
+        for (h, counted, named) in &a.miscounted {
+            println!("PROBLEM attachment {h}: counted {counted} references, documents name it {named} times");
+        }
+        println!(
+            "{}",
+            if a.is_ok() {
+                "ok: attachments intact"
+            } else {
+                "FAILED"
+            }
+        );
+    }
+    Ok(a.is_ok())
 }
 
 /// Per tree: its entries' key and value bytes (read through a cursor, values as

@@ -159,6 +159,25 @@ impl PreparedDoc {
         })
     }
 
+    /// What the client put under `@metadata`, less the server's keys.
+    pub fn client_metadata(&self) -> &Map<String, Value> {
+        &self.client_metadata
+    }
+
+    /// This document with `@metadata.@attachments` set to `list` (removed when
+    /// `list` is empty): the list a put settled on (`attachments::settle`).
+    pub fn with_attachments(&self, list: &[crate::attachments::AttachmentInfo]) -> PreparedDoc {
+        let mut out = self.clone();
+        let key = crate::attachments::ATTACHMENTS_KEY;
+        if list.is_empty() {
+            out.client_metadata.shift_remove(key);
+        } else {
+            out.client_metadata
+                .insert(key.to_string(), crate::attachments::list_value(list));
+        }
+        out
+    }
+
     /// When the document expires, if it does (`@metadata.@expires`).
     pub fn expires_at_ms(&self) -> Option<u64> {
         self.expires_at_ms

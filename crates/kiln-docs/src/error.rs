@@ -164,6 +164,14 @@ pub enum DocError {
     #[error("subscription {0:?} was taken over or deleted: this worker no longer holds it")]
     SubscriptionLeaseLost(String),
 
+    /// An attachment's name, content type or a document's `@attachments` entry
+    /// that is not valid (or names a hash the database does not hold).
+    #[error("{0}")]
+    InvalidAttachment(String),
+
+    #[error("document {id:?} has no attachment {name:?}")]
+    AttachmentNotFound { id: String, name: String },
+
     #[error(transparent)]
     Storage(#[from] kiln_storage::Error),
 
@@ -226,6 +234,9 @@ impl DocError {
                 // patch's result is checked inside the unit: `WriteOp::Patch`).
                 | DocError::InvalidDocument(_)
                 | DocError::InvalidExpires { .. }
+                // Raised by `attachments::settle`, before any write.
+                | DocError::InvalidAttachment(_)
+                | DocError::AttachmentNotFound { .. }
         )
     }
 }

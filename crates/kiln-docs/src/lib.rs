@@ -24,6 +24,7 @@
 //! # Ok::<(), kiln_docs::DocError>(())
 //! ```
 
+mod attachments;
 mod backup;
 mod changes;
 mod compact_json;
@@ -47,8 +48,11 @@ mod subscriptions;
 mod time;
 mod write_queue;
 
-#[doc(hidden)]
-pub use index::COUNTED_ENTRIES_TREES;
+pub use attachments::{
+    check_attachments_at, validate_attachment_name, AttachmentCheck, AttachmentInfo,
+    AttachmentReader, BlobWriter, StagedBlob, MAX_ATTACHMENTS_PER_DOCUMENT,
+    MAX_ATTACHMENT_NAME_BYTES, STAGED_TTL_MS,
+};
 pub use backup::{
     check_chain, parse_manifest, read_manifest, restore_database, verify_backup, verify_chain,
     BackupChainStats, BackupKind, BackupManifest, BackupReport, ChainReport, ReachedPoint,
@@ -68,6 +72,8 @@ pub use error::{DocError, Result};
 pub use etag::Etag;
 pub use expiration::{DueDocument, ExpireReport};
 pub use id::{validate_collection, validate_database_name, validate_id, MAX_COLLECTION_LEN};
+#[doc(hidden)]
+pub use index::COUNTED_ENTRIES_TREES;
 pub use index::{
     IndexDefinition, IndexErrorSample, IndexField, IndexInfo, IndexingOptions, ReduceSpec,
 };

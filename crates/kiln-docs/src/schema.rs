@@ -24,6 +24,9 @@
 //!   `revision_heads` (id -> the current version's revision bookkeeping): the
 //!   document revisions of the configured collections (see `revisions/mod.rs`;
 //!   made when a database is first given a revisions configuration)
+//! - `attachment_refs`: SHA-256 of an attachment's bytes -> how many documents'
+//!   entries name it, its size, until when a staged blob is kept (u64 BE each; see
+//!   `attachments/mod.rs`)
 //! - `subscriptions`: data subscription name -> its query and position (JSON; see
 //!   `subscriptions/mod.rs`; made with the first subscription)
 //! - `index_defs`, `index_state` and per index `ix.<id>.e`, `ix.<id>.d`,
@@ -54,6 +57,9 @@ pub(crate) const INDEX_STATE: &str = "index_state";
 /// Data subscriptions: name -> definition and position (JSON; `subscriptions/`),
 /// made with the first subscription.
 pub(crate) const SUBSCRIPTIONS: &str = "subscriptions";
+/// Attachments: SHA-256 (32 bytes) -> reference count, size, staged-until time
+/// (`attachments/`), made when a database opens.
+pub(crate) const ATTACHMENT_REFS: &str = "attachment_refs";
 
 /// The trees a new database is created with (indexes make theirs when defined).
 pub(crate) const DATABASE_TREES: [&str; 10] = [

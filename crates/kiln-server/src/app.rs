@@ -41,11 +41,20 @@ pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
         .route("/dbs/{db}/docs", get(routes_docs::list_by_prefix))
         .route(
             DOCUMENT_ROUTE,
-            get(routes_docs::get_document)
-                .put(routes_docs::put_document)
+            // An id with an `/attachments/{name}` tail is an attachment's path
+            // (`routes/attachments.rs`); any other goes to `routes/docs.rs`.
+            get(crate::routes::attachments::get)
+                .put(crate::routes::attachments::put)
                 .post(routes_docs::post_document)
                 .patch(routes_docs::patch_document)
-                .delete(routes_docs::delete_document),
+                .delete(crate::routes::attachments::delete)
+                // Attachments stream: no body limit beyond the disk's.
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/dbs/{db}/attachments",
+            post(crate::routes::attachments::stage)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
         )
         .route("/dbs/{db}/backup", get(crate::routes::backup::backup))
         .route(
@@ -308,7 +317,13 @@ pub(crate) fn presented_key(headers: &impl HeaderLookup) -> Option<&str> {
 /// with nothing to percent-decode, a database name and a non-empty id.
 pub(crate) fn document_target(path: &str) -> Option<(&str, &str)> {
     let (db, id) = path.strip_prefix("/dbs/")?.split_once("/docs/")?;
-    if db.is_empty() || db.contains('/') || id.is_empty() || path.contains('%') {
+    // An attachment's path is the router's (`routes/attachments.rs`).
+    if db.is_empty()
+        || db.contains('/')
+        || id.is_empty()
+        || path.contains('%')
+        || id.contains("/attachments/")
+    {
         return None;
     }
     Some((db, id))

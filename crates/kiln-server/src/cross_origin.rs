@@ -107,7 +107,17 @@ pub fn compression() -> CompressionLayer<impl Predicate> {
         .and(NotForContentType::const_new("application/vnd.kiln.backup"))
         .and(NotForContentType::GRPC)
         .and(NotForContentType::IMAGES)
-        .and(NotForContentType::SSE);
+        .and(NotForContentType::SSE)
+        // Attachments (they answer `Accept-Ranges`) go as stored: a byte range and
+        // Content-Length are of the stored bytes.
+        .and(
+            |_: axum::http::StatusCode,
+             _: axum::http::Version,
+             h: &axum::http::HeaderMap,
+             _: &axum::http::Extensions| {
+                !h.contains_key(axum::http::header::ACCEPT_RANGES)
+            },
+        );
     CompressionLayer::new()
         .gzip(true)
         .br(true)

@@ -88,6 +88,13 @@ error_codes! {
     InvalidRevisionsConfig = "invalid_revisions_config" => BAD_REQUEST,
     /// The document has no revision with that etag (never had, trimmed or purged).
     RevisionNotFound = "revision_not_found" => NOT_FOUND,
+    // Attachments.
+    /// A bad attachment name or content type, or a document's `@attachments`
+    /// entry naming bytes the database does not hold.
+    InvalidAttachment = "invalid_attachment" => BAD_REQUEST,
+    AttachmentNotFound = "attachment_not_found" => NOT_FOUND,
+    /// A Range outside the attachment (the answer carries `Content-Range: bytes */size`).
+    RangeNotSatisfiable = "range_not_satisfiable" => RANGE_NOT_SATISFIABLE,
     // Data subscriptions.
     InvalidSubscription = "invalid_subscription" => BAD_REQUEST,
     SubscriptionNotFound = "subscription_not_found" => NOT_FOUND,
@@ -278,6 +285,8 @@ pub(crate) fn error_code(e: &DocError) -> ErrorCode {
         DocError::QueryTooExpensive(_) => C::QueryTooExpensive,
         DocError::InvalidRevisionsConfig(_) => C::InvalidRevisionsConfig,
         DocError::RevisionNotFound { .. } => C::RevisionNotFound,
+        DocError::InvalidAttachment(_) => C::InvalidAttachment,
+        DocError::AttachmentNotFound { .. } => C::AttachmentNotFound,
         DocError::InvalidSubscription(_) => C::InvalidSubscription,
         DocError::SubscriptionNotFound(_) => C::SubscriptionNotFound,
         DocError::SubscriptionExists(_) => C::SubscriptionExists,

@@ -9,6 +9,7 @@
 
 use super::history::{self, HistoryEntry};
 use super::{BatchOutcome, Condition, DeleteOutcome, DocId, Limits, PutOutcome, WriteOp};
+use crate::attachments::{self, AttachmentInfo, BlobStore, Fresh, Hash};
 use crate::changes::{encode_entry, ChangeKind};
 use crate::document::{stored_expires_at_ms, PreparedDoc};
 use crate::expiration;
@@ -59,6 +60,11 @@ pub(crate) struct Unit {
     /// whose writes keep the times they were made at.
     clock: Option<Arc<AtomicU64>>,
     stamped: bool,
+    /// The blob an attachment upload commits (`attachments::Fresh`).
+    pub(crate) fresh: Option<Fresh>,
+    /// Where blobs whose count reached zero go, to be unlinked after the commit
+    /// (`None`: a replay; `gc` at the next open frees them).
+    pub(crate) blobs: Option<Arc<BlobStore>>,
 }
 
 impl Unit {
@@ -83,7 +89,30 @@ impl Unit {
             expirations_possible: possible.expirations,
             history_on,
             revisions: Default::default(),
+            fresh: None,
+            blobs: None,
         }
+    }
+
+    /// The unit hands hashes whose count reached zero to `blobs`.
+    pub fn with_blobs(mut self, blobs: Arc<BlobStore>) -> Unit {
+        self.blobs = Some(blobs);
+        self
+    }
+
+    /// Moves the attachments' reference counts from `old` to `new`.
+    fn adjust_attachments(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        old: &[AttachmentInfo],
+        new: &[AttachmentInfo],
+    ) -> Result<()> {
+        let mut freed: Vec<Hash> = Vec::new();
+        attachments::adjust(txn, old, new, self.fresh, self.now_ms, &mut freed)?;
+        if let (false, Some(blobs)) = (freed.is_empty(), &self.blobs) {
+            blobs.freed(freed);
+        }
+        Ok(())
     }
 
     /// The unit reads the revisions configuration from the database's copy (a
@@ -265,12 +294,102 @@ fn apply_patch(
     apply_put(txn, unit, &given, &doc, Condition::IfMatch(etag), key_id)
 }
 
-fn current(txn: &mut WriteTxn<'_>, id: &str) -> Result<Option<(Etag, Option<String>)>> {
+/// What an attachment write does to a document's `@attachments` list.
+#[derive(Debug, Clone)]
+pub(crate) enum AttachmentChange {
+    /// Adds the attachment, or replaces the one of that name.
+    Put {
+        name: String,
+        content_type: String,
+        hash: Hash,
+    },
+    Delete {
+        name: String,
+    },
+}
+
+/// An attachment put or delete: the document as this transaction sees it, with
+/// its list changed, written as a put conditional on the etag just read (so the
+/// reference counts move in `apply_put`, as for any put). `condition` is the
+/// client's, checked against the document as read here.
+pub(crate) fn apply_attachment(
+    txn: &mut WriteTxn<'_>,
+    unit: &mut Unit,
+    id: &str,
+    change: &AttachmentChange,
+    condition: Condition,
+) -> Result<PutOutcome> {
+    unit.stamp();
+    let Some(bytes) = txn.get(DOCS, id.as_bytes())? else {
+        return Err(DocError::DocumentNotFound { id: id.to_string() });
+    };
+    let rec = record::decode(id, bytes)?;
+    check_condition(id, condition, Some(rec.etag))?;
+    let etag = rec.etag;
+    let mut list = attachments::stored_list(rec.json);
+    let mut value: serde_json::Value =
+        serde_json::from_slice(rec.json).map_err(|e| DocError::CorruptRecord {
+            id: id.to_string(),
+            why: format!("stored JSON does not parse: {e}"),
+        })?;
+    match change {
+        AttachmentChange::Put {
+            name,
+            content_type,
+            hash,
+        } => {
+            list.retain(|a| &a.name != name);
+            list.push(AttachmentInfo {
+                name: name.clone(),
+                hash: attachments::hash_hex(hash),
+                size_bytes: 0,
+                content_type: content_type.clone(),
+            });
+            list.sort_by(|a, b| a.name.cmp(&b.name));
+        }
+        AttachmentChange::Delete { name } => {
+            let before = list.len();
+            list.retain(|a| &a.name != name);
+            if list.len() == before {
+                return Err(DocError::AttachmentNotFound {
+                    id: id.to_string(),
+                    name: name.clone(),
+                });
+            }
+        }
+    }
+    let metadata = value
+        .as_object_mut()
+        .and_then(|o| o.get_mut("@metadata"))
+        .and_then(serde_json::Value::as_object_mut)
+        .ok_or_else(|| DocError::CorruptRecord {
+            id: id.to_string(),
+            why: "stored document has no @metadata object".into(),
+        })?;
+    metadata.insert(
+        attachments::ATTACHMENTS_KEY.to_string(),
+        attachments::list_value(&list),
+    );
+    let doc = PreparedDoc::from_value(value)?;
+    let given = DocId::Given(id.to_string());
+    apply_put(txn, unit, &given, &doc, Condition::IfMatch(etag), None)
+}
+
+type Existing = (Etag, Option<String>);
+
+/// `current`, with the attachments the document lists.
+fn current_full(
+    txn: &mut WriteTxn<'_>,
+    id: &str,
+) -> Result<Option<(Existing, Vec<AttachmentInfo>)>> {
     match txn.get(DOCS, id.as_bytes())? {
         None => Ok(None),
         Some(bytes) => {
             let rec = record::decode(id, bytes)?;
-            Ok(Some((rec.etag, rec.collection.map(str::to_string))))
+            Ok(Some((
+                (rec.etag, rec.collection.map(str::to_string)),
+                attachments::stored_list(rec.json),
+            )))
         }
     }
 }
@@ -330,9 +449,16 @@ fn apply_put(
 ) -> Result<PutOutcome> {
     // Every check comes before the first write (see the module comment).
     let mut etag = unit.peek_next_etag(txn)?;
+    let mut old_attachments = Vec::new();
     let (id, existing) = match id {
         DocId::Given(id) => {
-            let existing = current(txn, id)?;
+            let existing = match current_full(txn, id)? {
+                Some((e, list)) => {
+                    old_attachments = list;
+                    Some(e)
+                }
+                None => None,
+            };
             check_condition(id, condition, existing.as_ref().map(|e| e.0))?;
             (id.clone(), existing)
         }
@@ -351,6 +477,15 @@ fn apply_put(
     if expires_at_ms.is_some() {
         expiration::check_id(&id)?;
     }
+    let settled = attachments::settle(txn, doc.client_metadata(), &old_attachments, unit.fresh)?;
+    let with_list;
+    let (doc, new_attachments) = match settled {
+        None => (doc, Vec::new()),
+        Some(list) => {
+            with_list = doc.with_attachments(&list);
+            (&with_list, list)
+        }
+    };
     let collection = doc.collection_for(&id).map(str::to_string);
     let json = doc.render(&id, collection.as_deref(), etag, &unit.now_text);
     if json.len() > unit.limits.max_document_bytes {
@@ -368,6 +503,7 @@ fn apply_put(
         at_ms: unit.now_ms,
     };
     keep::keep(txn, &mut unit.revisions, &revision)?;
+    unit.adjust_attachments(txn, &old_attachments, &new_attachments)?;
     let prev = unit.last();
     unit.advance(etag);
     let rec = record::encode(etag, unit.now_ms, collection.as_deref(), &json);
@@ -466,7 +602,7 @@ fn apply_delete(
     condition: Condition,
     key_id: Option<&str>,
 ) -> Result<DeleteOutcome> {
-    let Some((etag, collection)) = current(txn, id)? else {
+    let Some(((etag, collection), old_attachments)) = current_full(txn, id)? else {
         if condition == Condition::None {
             return Err(DocError::DocumentNotFound { id: id.to_string() });
         }
@@ -484,6 +620,7 @@ fn apply_delete(
         at_ms: unit.now_ms,
     };
     keep::keep(txn, &mut unit.revisions, &revision)?;
+    unit.adjust_attachments(txn, &old_attachments, &[])?;
     let prev = unit.last();
     unit.advance(tombstone_etag);
     // Set before this unit commits, so every later unit looks for tombstones.
@@ -556,7 +693,10 @@ pub(crate) fn replay(txn: &mut WriteTxn<'_>, unit: &mut Unit, e: &HistoryEntry<'
         incarnation: unit.incarnation,
         sequence: e.sequence,
     };
-    let existing = current(txn, e.id)?;
+    let (existing, old_attachments) = match current_full(txn, e.id)? {
+        Some((existing, list)) => (Some(existing), list),
+        None => (None, Vec::new()),
+    };
     match e.kind {
         ChangeKind::Put => {
             let rec = record::decode(e.id, e.record)?;
@@ -579,6 +719,8 @@ pub(crate) fn replay(txn: &mut WriteTxn<'_>, unit: &mut Unit, e: &HistoryEntry<'
                 at_ms: rec.last_modified_ms,
             };
             keep::keep(txn, &mut unit.revisions, &revision)?;
+            let new_attachments = attachments::stored_list(rec.json);
+            unit.adjust_attachments(txn, &old_attachments, &new_attachments)?;
             unit.advance(etag);
             write_put(
                 txn,
@@ -609,6 +751,7 @@ pub(crate) fn replay(txn: &mut WriteTxn<'_>, unit: &mut Unit, e: &HistoryEntry<'
                 at_ms: e.at_ms,
             };
             keep::keep(txn, &mut unit.revisions, &revision)?;
+            unit.adjust_attachments(txn, &old_attachments, &[])?;
             unit.advance(etag);
             write_delete(
                 txn,

@@ -8,14 +8,15 @@ pub(crate) use logged::claim_log_index;
 pub use logged::{Atomicity, LoggedEntry, LoggedOutcome};
 pub(crate) mod history;
 
-pub(crate) use apply::{replay, Unit as ReplayUnit};
+pub(crate) use apply::{apply_attachment, replay, AttachmentChange, Unit as ReplayUnit};
 
 use crate::changes::CommitNotifier;
 use crate::document::PreparedDoc;
 use crate::id::validate_id;
 use crate::schema::{
-    collection_key, decode_u64, read_last_sequence, BY_COLLECTION, COUNTS, DATABASE_TREES, DOCS,
-    EXPIRATION_IDS, HISTORY, META, META_CHAIN, META_INCARNATION, META_LAST_ETAG, TOMBSTONES,
+    collection_key, decode_u64, read_last_sequence, ATTACHMENT_REFS, BY_COLLECTION, COUNTS,
+    DATABASE_TREES, DOCS, EXPIRATION_IDS, HISTORY, META, META_CHAIN, META_INCARNATION,
+    META_LAST_ETAG, TOMBSTONES,
 };
 use crate::{DocError, Document, Etag, Result};
 use apply::{apply_op, Possible, Unit};
@@ -200,6 +201,8 @@ pub struct Database {
     pub(crate) revisions: crate::revisions::SharedConfig,
     /// Which worker holds each data subscription (`subscriptions/lease.rs`).
     pub(crate) subscription_leases: Arc<crate::subscriptions::LeaseTable>,
+    /// The attachments' bytes (`attachments/`).
+    pub(crate) blobs: Arc<crate::attachments::BlobStore>,
 }
 
 impl Database {
@@ -242,6 +245,20 @@ impl Database {
         if !env.begin_read()?.tree_exists(HISTORY)? {
             env.submit(|w| w.ensure_tree(HISTORY))?;
         }
+        // Every database gets the attachments' reference tree (older ones at their
+        // first open since), and loses what a crash left of its uploads and frees.
+        if !env.begin_read()?.tree_exists(ATTACHMENT_REFS)? {
+            env.submit(|w| w.ensure_tree(ATTACHMENT_REFS))?;
+        }
+        let blobs = crate::attachments::BlobStore::open(dir)?;
+        let removed = blobs.gc(&env, crate::time::now_ms())?;
+        if removed > 0 {
+            tracing::info!(
+                database = name,
+                files = removed,
+                "attachments: removed unreferenced files at open"
+            );
+        }
         let (last_sequence, last_write_ms, possible, indexes, chain) = {
             let r = env.begin_read()?;
             let last_sequence = read_last_sequence(&r)?;
@@ -276,6 +293,7 @@ impl Database {
             indexer: crate::index::Indexer::new(limits.indexing, indexes),
             revisions,
             subscription_leases: Arc::default(),
+            blobs: Arc::new(blobs),
         })
     }
 
@@ -287,8 +305,15 @@ impl Database {
         read_last_sequence(r)
     }
 
-    /// Tells waiting readers about writes that are now durable.
-    fn published<'a>(&self, outcomes: impl IntoIterator<Item = &'a BatchOutcome>) {
+    /// Tells waiting readers about writes that are now durable, and unlinks the
+    /// attachments' blobs they freed.
+    pub(crate) fn published<'a>(&self, outcomes: impl IntoIterator<Item = &'a BatchOutcome>) {
+        if let Some(env) = &self.env {
+            if let Err(e) = self.blobs.release_pending(env) {
+                // The write stands; the file goes at the next open (`gc`).
+                tracing::warn!(database = %self.name, error = %e, "attachments: could not unlink a freed blob");
+            }
+        }
         let last = outcomes
             .into_iter()
             .map(|o| match o {
@@ -347,6 +372,10 @@ impl Database {
         }
     }
 
+    pub(crate) fn max_id_bytes(&self) -> usize {
+        self.limits.max_id_bytes
+    }
+
     pub(crate) fn live(&self) -> Result<&Env> {
         if self.deleted.load(Ordering::SeqCst) {
             return Err(DocError::DatabaseNotFound(self.name.clone()));
@@ -355,7 +384,7 @@ impl Database {
     }
 
     /// The state a commit-queue unit of this database's writes starts with.
-    fn unit(&self) -> Unit {
+    pub(crate) fn unit(&self) -> Unit {
         Unit::new(
             self.incarnation,
             self.limits,
@@ -364,6 +393,7 @@ impl Database {
             self.history_on.clone(),
         )
         .with_revisions(crate::revisions::UnitConfig::shared(self.revisions.clone()))
+        .with_blobs(self.blobs.clone())
     }
 
     /// Checks a given id, or a prefix for a generated one, against this database's

@@ -1,0 +1,395 @@
+//! The blob store: attachment bytes as files named by their SHA-256, under the
+//! database's directory:
+//!
+//! ```text
+//! <database dir>/attachments/<first 2 hex digits>/<64 hex digits>   a blob
+//! <database dir>/attachments/tmp/<unique>                           an upload in progress
+//! ```
+//!
+//! Crash safety (what a kill -9 at any point leaves, and what `gc` at open makes
+//! of it):
+//!
+//! | crash while / after            | on disk                       | after `gc`          |
+//! |--------------------------------|-------------------------------|---------------------|
+//! | streaming into `tmp/`          | a partial tmp file            | tmp emptied         |
+//! | renamed, commit not durable    | a blob without a ref entry    | blob unlinked       |
+//! | commit durable                 | blob + ref entry + document   | kept                |
+//! | count reached 0, before unlink | a blob without a ref entry    | blob unlinked       |
+//!
+//! A blob is renamed into place (and its directory fsynced) before the commit
+//! that makes a document name it, so a committed document never names a missing
+//! blob; and `gc` unlinks every blob the committed ref tree does not name, so no
+//! space leaks. The `lock` orders "place a blob, then commit its reference" against
+//! "see a count at zero, then unlink": a blob is only unlinked after checking,
+//! under the lock, that the latest commit has no reference to it.
+
+use super::{hash_hex, Hash, RefEntry};
+use crate::schema::ATTACHMENT_REFS;
+use crate::{DocError, Result};
+use kiln_storage::Env;
+use sha2::{Digest, Sha256};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The buffer between an upload and its file: large writes keep the disk busy.
+const WRITE_BUFFER_BYTES: usize = 4 << 20;
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DocError + '_ {
+    move |source| DocError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+pub(crate) struct BlobStore {
+    dir: PathBuf,
+    lock: parking_lot::Mutex<()>,
+    next_tmp: AtomicU64,
+    /// Hashes whose count reached zero in a write not yet followed by `release`.
+    pending: parking_lot::Mutex<Vec<Hash>>,
+}
+
+/// Streams an upload into a temporary file, hashing and counting it. Dropped
+/// unfinished, it removes its file.
+pub struct BlobWriter {
+    file: Option<std::io::BufWriter<File>>,
+    path: PathBuf,
+    hasher: Sha256,
+    size_bytes: u64,
+}
+
+/// An upload written and fsynced, not yet placed in the store. Dropped unused, it
+/// removes its file.
+#[derive(Debug)]
+pub struct StagedBlob {
+    pub(crate) tmp: PathBuf,
+    pub hash: Hash,
+    pub size_bytes: u64,
+}
+
+impl StagedBlob {
+    /// The SHA-256 of the bytes, lower-case hex.
+    pub fn hash_hex(&self) -> String {
+        hash_hex(&self.hash)
+    }
+}
+
+impl Drop for StagedBlob {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+impl BlobWriter {
+    pub fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        self.hasher.update(bytes);
+        self.size_bytes += bytes.len() as u64;
+        let file = self.file.as_mut().ok_or_else(|| {
+            DocError::Internal("an attachment writer was used after it finished".into())
+        })?;
+        file.write_all(bytes).map_err(io_err(&self.path))
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    /// Flushes and fsyncs the file: the bytes are durable, under their hash.
+    pub fn finish(mut self) -> Result<StagedBlob> {
+        let file = self
+            .file
+            .take()
+            .ok_or_else(|| DocError::Internal("an attachment writer finished twice".into()))?;
+        let file = file
+            .into_inner()
+            .map_err(|e| io_err(&self.path)(e.into_error()))?;
+        file.sync_data().map_err(io_err(&self.path))?;
+        let hasher = std::mem::take(&mut self.hasher);
+        Ok(StagedBlob {
+            tmp: std::mem::take(&mut self.path),
+            hash: hasher.finalize().into(),
+            size_bytes: self.size_bytes,
+        })
+    }
+}
+
+impl Drop for BlobWriter {
+    fn drop(&mut self) {
+        if !self.path.as_os_str().is_empty() {
+            self.file = None;
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// What `kiln check` finds in a database's attachments.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AttachmentCheck {
+    /// Blobs with a reference entry, and their bytes.
+    pub blobs: u64,
+    pub bytes: u64,
+    /// Hashes with a reference entry and no file.
+    pub missing: Vec<String>,
+    /// Hashes whose file's bytes do not hash to the name, or whose size differs.
+    pub corrupt: Vec<String>,
+    /// Files no reference entry names (freed at the next open).
+    pub unreferenced: Vec<String>,
+    /// Hashes whose count differs from the documents' entries naming them:
+    /// (hash, counted in the tree, named by documents).
+    pub miscounted: Vec<(String, u64, u64)>,
+}
+
+impl AttachmentCheck {
+    pub fn is_ok(&self) -> bool {
+        self.missing.is_empty()
+            && self.corrupt.is_empty()
+            && self.unreferenced.is_empty()
+            && self.miscounted.is_empty()
+    }
+}
+
+impl BlobStore {
+    /// The store of the database at `db_dir` (its directories made if missing).
+    pub fn open(db_dir: &Path) -> Result<BlobStore> {
+        let store = BlobStore::at(db_dir);
+        let tmp = store.dir.join("tmp");
+        std::fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
+        Ok(store)
+    }
+
+    /// The store of the database at `db_dir`, as it is (for a check: nothing made).
+    pub fn at(db_dir: &Path) -> BlobStore {
+        BlobStore {
+            dir: db_dir.join("attachments"),
+            lock: parking_lot::Mutex::new(()),
+            next_tmp: AtomicU64::new(0),
+            pending: Default::default(),
+        }
+    }
+
+    pub fn blob_path(&self, hash: &Hash) -> PathBuf {
+        let hex = hash_hex(hash);
+        self.dir.join(&hex[..2]).join(hex)
+    }
+
+    pub fn writer(&self) -> Result<BlobWriter> {
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let path = self
+            .dir
+            .join("tmp")
+            .join(format!("{}-{nanos}-{n}", std::process::id()));
+        let file = File::create(&path).map_err(io_err(&path))?;
+        Ok(BlobWriter {
+            file: Some(std::io::BufWriter::with_capacity(WRITE_BUFFER_BYTES, file)),
+            path,
+            hasher: Sha256::new(),
+            size_bytes: 0,
+        })
+    }
+
+    /// Holds off unlinks (`release`) while a blob is placed and its reference
+    /// committed.
+    pub fn lock(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.lock.lock()
+    }
+
+    /// Puts an upload in place under its hash (the caller holds `lock`); if the
+    /// store has the bytes already, the upload's file is removed instead.
+    pub fn place(&self, mut staged: StagedBlob) -> Result<()> {
+        let path = self.blob_path(&staged.hash);
+        let tmp = std::mem::take(&mut staged.tmp);
+        if path.exists() {
+            return std::fs::remove_file(&tmp).map_err(io_err(&tmp));
+        }
+        let parent = path.parent().unwrap_or(&self.dir).to_path_buf();
+        if !parent.exists() {
+            std::fs::create_dir(&parent).map_err(io_err(&parent))?;
+            sync_dir(&self.dir)?;
+        }
+        std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        sync_dir(&parent)
+    }
+
+    /// Hashes a write freed (called inside its transaction); `release_pending`
+    /// unlinks them after the commit.
+    pub fn freed(&self, hashes: Vec<Hash>) {
+        self.pending.lock().extend(hashes);
+    }
+
+    /// Unlinks the blobs that writes freed, if the latest commit still has no
+    /// reference to them (a write that freed one may have rolled back, or a later
+    /// one named it again).
+    pub fn release_pending(&self, env: &Env) -> Result<()> {
+        let freed = std::mem::take(&mut *self.pending.lock());
+        self.release(env, &freed)
+    }
+
+    /// Unlinks the blobs of `freed` that the latest commit does not reference.
+    pub fn release(&self, env: &Env, freed: &[Hash]) -> Result<()> {
+        if freed.is_empty() {
+            return Ok(());
+        }
+        let _guard = self.lock();
+        let r = env.begin_read()?;
+        for hash in freed {
+            if r.get(ATTACHMENT_REFS, hash)?.is_none() {
+                self.unlink(hash)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn unlink(&self, hash: &Hash) -> Result<()> {
+        let path = self.blob_path(hash);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(&path)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// At open: empties `tmp/`, frees staged blobs past their time, and unlinks
+    /// every blob no reference entry names (see the module's table). Returns the
+    /// number of files removed.
+    pub fn gc(&self, env: &Env, now_ms: u64) -> Result<u64> {
+        let _guard = self.lock();
+        let mut removed = 0;
+        let tmp = self.dir.join("tmp");
+        for entry in std::fs::read_dir(&tmp).map_err(io_err(&tmp))? {
+            let path = entry.map_err(io_err(&tmp))?.path();
+            std::fs::remove_file(&path).map_err(io_err(&path))?;
+            removed += 1;
+        }
+        let expired = self.expired_staged(env, now_ms)?;
+        if !expired.is_empty() {
+            env.submit(move |w| {
+                for hash in &expired {
+                    w.delete(ATTACHMENT_REFS, hash)?;
+                }
+                Ok(())
+            })?;
+        }
+        let r = env.begin_read()?;
+        for (hash, path) in self.files()? {
+            let referenced = match hash {
+                Some(h) => r.get(ATTACHMENT_REFS, &h)?.is_some(),
+                None => false,
+            };
+            if !referenced {
+                std::fs::remove_file(&path).map_err(io_err(&path))?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    fn expired_staged(&self, env: &Env, now_ms: u64) -> Result<Vec<Vec<u8>>> {
+        let r = env.begin_read()?;
+        let mut cursor = r.cursor(ATTACHMENT_REFS)?;
+        let mut entry = cursor.first()?;
+        let mut out = Vec::new();
+        while let Some((hash, raw)) = entry {
+            let e = RefEntry::decode(hash, raw)?;
+            if e.refs == 0 && e.staged_until_ms <= now_ms {
+                out.push(hash.to_vec());
+            }
+            entry = cursor.next()?;
+        }
+        Ok(out)
+    }
+
+    /// Every file of the store's blob directories, with the hash its name gives
+    /// (`None`: a name that is no hash).
+    pub fn files(&self) -> Result<Vec<(Option<Hash>, PathBuf)>> {
+        let mut out = Vec::new();
+        if !self.dir.exists() {
+            return Ok(out);
+        }
+        for entry in std::fs::read_dir(&self.dir).map_err(io_err(&self.dir))? {
+            let entry = entry.map_err(io_err(&self.dir))?;
+            let name = entry.file_name();
+            let is_fanout = name.len() == 2 && entry.path().is_dir();
+            if !is_fanout {
+                continue;
+            }
+            let sub = entry.path();
+            for file in std::fs::read_dir(&sub).map_err(io_err(&sub))? {
+                let file = file.map_err(io_err(&sub))?;
+                let hash = file
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| super::parse_hash(n).ok());
+                out.push((hash, file.path()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Re-hashes every blob the ref tree names and looks for files it does not.
+    pub fn check(&self, env: &Env) -> Result<AttachmentCheck> {
+        let mut report = AttachmentCheck::default();
+        let r = env.begin_read()?;
+        let mut cursor = r.cursor(ATTACHMENT_REFS)?;
+        let mut entry = cursor.first()?;
+        while let Some((raw_hash, raw)) = entry {
+            let e = RefEntry::decode(raw_hash, raw)?;
+            let hash: Hash = raw_hash.try_into().map_err(|_| DocError::CorruptRecord {
+                id: "(attachment refs)".into(),
+                why: format!("a key of {} bytes is no SHA-256", raw_hash.len()),
+            })?;
+            report.blobs += 1;
+            report.bytes += e.size_bytes;
+            let path = self.blob_path(&hash);
+            match hash_file(&path) {
+                Ok((h, size)) if h == hash && size == e.size_bytes => {}
+                Ok(_) => report.corrupt.push(hash_hex(&hash)),
+                Err(DocError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    report.missing.push(hash_hex(&hash))
+                }
+                Err(other) => return Err(other),
+            }
+            entry = cursor.next()?;
+        }
+        for (hash, path) in self.files()? {
+            let referenced = match hash {
+                Some(h) => r.get(ATTACHMENT_REFS, &h)?.is_some(),
+                None => false,
+            };
+            if !referenced {
+                report.unreferenced.push(path.display().to_string());
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// The SHA-256 and length of a file, read in large blocks.
+pub(crate) fn hash_file(path: &Path) -> Result<(Hash, u64)> {
+    let mut file = File::open(path).map_err(io_err(path))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let n = file.read(&mut buf).map_err(io_err(path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((hasher.finalize().into(), size))
+}
+
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}

@@ -1,0 +1,377 @@
+//! Attachments: named binary files of a document, stored once per content.
+//!
+//! - A document lists its attachments in `@metadata.@attachments`, an array sorted
+//!   by name of `{"name", "hash", "size", "content_type"}` (`hash`: SHA-256 of the
+//!   bytes, lower-case hex). The list is part of the document: writing it is writing
+//!   the document (new etag, change log entry, backup history entry, revisions).
+//! - The bytes live in the blob store (`blobs.rs`), one file per hash under the
+//!   database's directory. The `attachment_refs` tree counts, per hash, the
+//!   documents' entries naming it; the count changes in the same transaction as
+//!   the documents (`adjust`). A hash whose count reaches zero has its entry
+//!   deleted in that transaction and its file unlinked after the commit.
+//! - A document put that has no `@attachments` key keeps the attachments the
+//!   document had (a client writing a body need not know about them); an explicit
+//!   list (`[]` included) replaces them. Entries of a client's list must name a hash
+//!   the database holds (attached to some document, or staged by
+//!   `Database::stage_attachment` for a batch): the size is taken from the store,
+//!   not from the client.
+//! - Revisions keep the `@attachments` list of an old version, not its bytes: an
+//!   attachment removed from the current version is freed even if a revision names it.
+
+mod blobs;
+mod ops;
+
+pub(crate) use blobs::BlobStore;
+pub use blobs::{AttachmentCheck, BlobWriter, StagedBlob};
+pub use ops::{check_attachments_at, AttachmentReader};
+
+use crate::schema::ATTACHMENT_REFS;
+use crate::{DocError, Result};
+use kiln_storage::WriteTxn;
+use serde_json::{Map, Value};
+
+/// The key of `@metadata` that lists a document's attachments.
+pub(crate) const ATTACHMENTS_KEY: &str = "@attachments";
+
+/// The longest attachment name, in bytes.
+pub const MAX_ATTACHMENT_NAME_BYTES: usize = 255;
+
+/// The most attachments one document may have.
+pub const MAX_ATTACHMENTS_PER_DOCUMENT: usize = 1024;
+
+/// How long a blob staged for a batch (`Database::stage_attachment`) waits for a
+/// document to name it before it is freed.
+pub const STAGED_TTL_MS: u64 = 3_600_000;
+
+/// Content of an attachment: its SHA-256.
+pub type Hash = [u8; 32];
+
+/// One entry of `@metadata.@attachments`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachmentInfo {
+    pub name: String,
+    /// SHA-256 of the bytes, lower-case hex (also the HTTP ETag).
+    pub hash: String,
+    pub size_bytes: u64,
+    pub content_type: String,
+}
+
+impl AttachmentInfo {
+    fn to_value(&self) -> Value {
+        serde_json::json!({
+            "name": self.name,
+            "hash": self.hash,
+            "size": self.size_bytes,
+            "content_type": self.content_type,
+        })
+    }
+
+    pub(crate) fn hash_bytes(&self) -> Result<Hash> {
+        parse_hash(&self.hash)
+    }
+}
+
+/// Checks an attachment name: non-empty, at most `MAX_ATTACHMENT_NAME_BYTES`, no
+/// `/` (a name is the last segment of its URL), no control characters.
+pub fn validate_attachment_name(name: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Err(DocError::InvalidAttachment(format!(
+            "invalid attachment name {name:?}: {why}"
+        )))
+    };
+    if name.is_empty() {
+        return bad("it is empty");
+    }
+    if name.len() > MAX_ATTACHMENT_NAME_BYTES {
+        return bad(&format!(
+            "it is {} bytes, the limit is {MAX_ATTACHMENT_NAME_BYTES}",
+            name.len()
+        ));
+    }
+    if name.contains('/') {
+        return bad("it contains '/'");
+    }
+    if name.chars().any(char::is_control) {
+        return bad("it contains a control character");
+    }
+    Ok(())
+}
+
+/// A content type as stored: visible ASCII and spaces, at most 255 bytes.
+pub fn validate_content_type(ct: &str) -> Result<()> {
+    if ct.is_empty() || ct.len() > 255 || !ct.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(DocError::InvalidAttachment(format!(
+            "invalid content type {ct:?}: it must be 1 to 255 visible ASCII characters"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn parse_hash(text: &str) -> Result<Hash> {
+    let mut out = [0u8; 32];
+    let bytes = text.as_bytes();
+    let valid = bytes.len() == 64 && bytes.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if !valid {
+        return Err(DocError::InvalidAttachment(format!(
+            "invalid attachment hash {text:?}: it must be 64 lower-case hex digits (SHA-256)"
+        )));
+    }
+    for (i, pair) in bytes.chunks(2).enumerate() {
+        let digit = |c: u8| if c <= b'9' { c - b'0' } else { c - b'a' + 10 };
+        out[i] = digit(pair[0]) << 4 | digit(pair[1]);
+    }
+    Ok(out)
+}
+
+pub(crate) fn hash_hex(hash: &Hash) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(64);
+    for b in hash {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// The attachments listed in a stored document's JSON (lenient about what is not
+/// a list of entries: nothing). Documents without the key are not parsed.
+pub(crate) fn stored_list(json: &[u8]) -> Vec<AttachmentInfo> {
+    let needle = b"\"@attachments\"";
+    if !json.windows(needle.len()).any(|w| w == needle) {
+        return Vec::new();
+    }
+    let Ok(value) = serde_json::from_slice::<Value>(json) else {
+        return Vec::new();
+    };
+    match value.get("@metadata").and_then(|m| m.get(ATTACHMENTS_KEY)) {
+        Some(list) => parse_list(list, false).unwrap_or_default(),
+        None => Vec::new(),
+    }
+}
+
+/// A `@attachments` value as entries; `strict` (a client's) refuses what a stored
+/// one would skip.
+fn parse_list(list: &Value, strict: bool) -> Result<Vec<AttachmentInfo>> {
+    let bad = |why: String| DocError::InvalidAttachment(format!("@metadata.@attachments: {why}"));
+    let Value::Array(items) = list else {
+        return Err(bad("it must be an array".into()));
+    };
+    if items.len() > MAX_ATTACHMENTS_PER_DOCUMENT {
+        return Err(bad(format!(
+            "{} entries, the limit is {MAX_ATTACHMENTS_PER_DOCUMENT}",
+            items.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let field = |k: &str| item.get(k).and_then(Value::as_str);
+        let (Some(name), Some(hash)) = (field("name"), field("hash")) else {
+            return Err(bad("each entry needs a string \"name\" and \"hash\"".into()));
+        };
+        let content_type = field("content_type").unwrap_or("application/octet-stream");
+        if strict {
+            validate_attachment_name(name)?;
+            parse_hash(hash)?;
+            validate_content_type(content_type)?;
+        }
+        out.push(AttachmentInfo {
+            name: name.to_string(),
+            hash: hash.to_string(),
+            size_bytes: item.get("size").and_then(Value::as_u64).unwrap_or(0),
+            content_type: content_type.to_string(),
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    if let Some(w) = out.windows(2).find(|w| w[0].name == w[1].name) {
+        return Err(bad(format!("the name {:?} is listed twice", w[0].name)));
+    }
+    Ok(out)
+}
+
+/// A `@attachments` list as stored (entries sorted by name).
+pub(crate) fn list_value(list: &[AttachmentInfo]) -> Value {
+    Value::Array(list.iter().map(AttachmentInfo::to_value).collect())
+}
+
+/// A reference count entry: documents' entries naming the hash, the blob's size,
+/// and until when a staged blob (count 0) is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RefEntry {
+    pub refs: u64,
+    pub size_bytes: u64,
+    pub staged_until_ms: u64,
+}
+
+impl RefEntry {
+    pub fn encode(&self) -> [u8; 24] {
+        let mut out = [0u8; 24];
+        out[..8].copy_from_slice(&self.refs.to_be_bytes());
+        out[8..16].copy_from_slice(&self.size_bytes.to_be_bytes());
+        out[16..].copy_from_slice(&self.staged_until_ms.to_be_bytes());
+        out
+    }
+
+    pub fn decode(hash: &[u8], raw: &[u8]) -> Result<RefEntry> {
+        let n = |at: usize| -> Result<u64> {
+            raw.get(at..at + 8)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| DocError::CorruptRecord {
+                    id: format!("(attachment ref {})", hex_of(hash)),
+                    why: format!("entry of {} bytes, expected 24", raw.len()),
+                })
+        };
+        Ok(RefEntry {
+            refs: n(0)?,
+            size_bytes: n(8)?,
+            staged_until_ms: n(16)?,
+        })
+    }
+}
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub(crate) fn read_ref(txn: &mut WriteTxn<'_>, hash: &Hash) -> Result<Option<RefEntry>> {
+    match txn.get(ATTACHMENT_REFS, hash)? {
+        Some(raw) => Ok(Some(RefEntry::decode(hash, raw)?)),
+        None => Ok(None),
+    }
+}
+
+/// A blob the current write may name although no ref entry has it yet: the one an
+/// attachment upload is committing (`put_attachment`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fresh {
+    pub hash: Hash,
+    pub size_bytes: u64,
+}
+
+/// The attachments a put writes, from the client's `@metadata` and the document's
+/// current list (`old`): the client's explicit list checked against the store
+/// (sizes from the store), or, without the key, `old` kept. `None` when the
+/// document has and gets none (nothing to change in the client's metadata).
+pub(crate) fn settle(
+    txn: &mut WriteTxn<'_>,
+    client_metadata: &Map<String, Value>,
+    old: &[AttachmentInfo],
+    fresh: Option<Fresh>,
+) -> Result<Option<Vec<AttachmentInfo>>> {
+    let given = match client_metadata.get(ATTACHMENTS_KEY) {
+        None | Some(Value::Null) if old.is_empty() => return Ok(None),
+        None | Some(Value::Null) => return Ok(Some(old.to_vec())),
+        Some(list) => parse_list(list, true)?,
+    };
+    let mut out = Vec::with_capacity(given.len());
+    for mut entry in given {
+        let hash = entry.hash_bytes()?;
+        entry.size_bytes = match (fresh, read_ref(txn, &hash)?) {
+            (Some(f), _) if f.hash == hash => f.size_bytes,
+            (_, Some(r)) => r.size_bytes,
+            (_, None) => {
+                return Err(DocError::InvalidAttachment(format!(
+                    "attachment {:?} names the hash {}, which this database does not hold \
+                     (upload it first: PUT .../attachments/{{name}} or POST /dbs/{{db}}/attachments)",
+                    entry.name, entry.hash
+                )))
+            }
+        };
+        out.push(entry);
+    }
+    Ok(Some(out))
+}
+
+/// Moves the reference counts from the `old` list of a document to its `new` one
+/// (in the write's transaction). Hashes whose count reaches zero are pushed to
+/// `freed`: their files go after the commit (`BlobStore::release`).
+pub(crate) fn adjust(
+    txn: &mut WriteTxn<'_>,
+    old: &[AttachmentInfo],
+    new: &[AttachmentInfo],
+    fresh: Option<Fresh>,
+    now_ms: u64,
+    freed: &mut Vec<Hash>,
+) -> Result<()> {
+    if old.is_empty() && new.is_empty() {
+        return Ok(());
+    }
+    let mut deltas: Vec<(Hash, i64, u64)> = Vec::new();
+    let mut add = |hash: Hash, d: i64, size: u64| match deltas.iter_mut().find(|x| x.0 == hash) {
+        Some(x) => x.1 += d,
+        None => deltas.push((hash, d, size)),
+    };
+    for a in old {
+        if let Ok(h) = a.hash_bytes() {
+            add(h, -1, a.size_bytes);
+        }
+    }
+    for a in new {
+        add(a.hash_bytes()?, 1, a.size_bytes);
+    }
+    for (hash, delta, size) in deltas {
+        if delta == 0 {
+            continue;
+        }
+        let entry = read_ref(txn, &hash)?;
+        let now = entry.map_or(0, |e| e.refs);
+        let refs = now
+            .checked_add_signed(delta)
+            .ok_or_else(|| DocError::CorruptRecord {
+                id: format!("(attachment ref {})", hash_hex(&hash)),
+                why: format!("count {now} {delta:+} goes below zero"),
+            })?;
+        let size_bytes = match (entry, fresh) {
+            (Some(e), _) => e.size_bytes,
+            (None, Some(f)) if f.hash == hash => f.size_bytes,
+            (None, _) => size,
+        };
+        let staged_until_ms = entry.map_or(0, |e| e.staged_until_ms);
+        if refs == 0 && staged_until_ms <= now_ms {
+            txn.delete(ATTACHMENT_REFS, &hash)?;
+            freed.push(hash);
+        } else {
+            let e = RefEntry {
+                refs,
+                size_bytes,
+                staged_until_ms,
+            };
+            txn.put(ATTACHMENT_REFS, &hash, &e.encode())?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_hashes_are_checked() {
+        assert!(validate_attachment_name("photo.jpg").is_ok());
+        assert!(validate_attachment_name("").is_err());
+        assert!(validate_attachment_name("a/b").is_err());
+        assert!(validate_attachment_name("a\nb").is_err());
+        assert!(validate_attachment_name(&"x".repeat(256)).is_err());
+        let h = hash_hex(&[0xab; 32]);
+        assert_eq!(parse_hash(&h).unwrap(), [0xab; 32]);
+        assert!(parse_hash(&h.to_uppercase()).is_err());
+        assert!(parse_hash("abc").is_err());
+    }
+
+    #[test]
+    fn a_stored_list_is_read_leniently_and_a_clients_strictly() {
+        let h = hash_hex(&[1; 32]);
+        let json = format!(
+            r#"{{"a":1,"@metadata":{{"@attachments":[{{"name":"b","hash":"{h}","size":3}},{{"name":"a","hash":"{h}","size":3,"content_type":"text/plain"}}]}}}}"#
+        );
+        let list = stored_list(json.as_bytes());
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[0].name, "a");
+        assert_eq!(list[1].content_type, "application/octet-stream");
+        assert!(stored_list(br#"{"@metadata":{"@attachments":5}}"#).is_empty());
+        let dup = serde_json::json!([{"name":"a","hash":h},{"name":"a","hash":h}]);
+        assert!(parse_list(&dup, true).is_err());
+        let bad = serde_json::json!([{"name":"a/b","hash":h}]);
+        assert!(parse_list(&bad, true).is_err());
+    }
+}

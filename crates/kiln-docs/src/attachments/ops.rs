@@ -1,0 +1,271 @@
+//! A database's attachment operations: upload, read, delete, list, stage, check.
+
+use super::{
+    hash_hex, parse_hash, read_ref, stored_list, validate_attachment_name, validate_content_type,
+    AttachmentCheck, AttachmentInfo, BlobWriter, Fresh, RefEntry, StagedBlob, STAGED_TTL_MS,
+};
+use crate::database::{apply_attachment, AttachmentChange};
+use crate::id::validate_id;
+use crate::schema::{ATTACHMENT_REFS, DOCS};
+use crate::{BatchOutcome, Condition, Database, DocError, PutOutcome, Result};
+use std::collections::HashMap;
+use std::fs::File;
+
+/// An attachment opened for reading: its entry and its file (which stays
+/// readable even if the attachment is deleted while it is read).
+pub struct AttachmentReader {
+    pub info: AttachmentInfo,
+    pub file: File,
+}
+
+impl Database {
+    /// A writer for an upload's bytes (then `put_attachment` or `stage_attachment`).
+    pub fn attachment_writer(&self) -> Result<BlobWriter> {
+        self.live()?;
+        self.blobs.writer()
+    }
+
+    /// Attaches the uploaded bytes to the document `id` under `name` (replacing an
+    /// attachment of that name) in one transaction with the document's new
+    /// version; `condition` is checked against the document. Durable when it
+    /// returns.
+    pub fn put_attachment(
+        &self,
+        id: &str,
+        name: &str,
+        content_type: &str,
+        blob: StagedBlob,
+        condition: Condition,
+    ) -> Result<PutOutcome> {
+        let env = self.live()?;
+        validate_id(id, self.max_id_bytes())?;
+        validate_attachment_name(name)?;
+        validate_content_type(content_type)?;
+        let hash = blob.hash;
+        let mut unit = self.unit();
+        unit.fresh = Some(Fresh {
+            hash,
+            size_bytes: blob.size_bytes,
+        });
+        let change = AttachmentChange::Put {
+            name: name.to_string(),
+            content_type: content_type.to_string(),
+            hash,
+        };
+        let id = id.to_string();
+        let result = {
+            // The blob is in place before the commit naming it; no unlink runs
+            // between the two (`blobs.rs`).
+            let _guard = self.blobs.lock();
+            self.blobs.place(blob)?;
+            env.submit_with(move |txn| {
+                let out = apply_attachment(txn, &mut unit, &id, &change, condition)?;
+                unit.finish(txn)?;
+                Ok::<_, DocError>(out)
+            })
+        };
+        match result {
+            Ok(out) => {
+                self.published([&BatchOutcome::Put(out.clone())]);
+                Ok(out)
+            }
+            Err(e) => {
+                // A new blob nobody names (a conflict, a missing document).
+                if let Err(re) = self.blobs.release(env, &[hash]) {
+                    tracing::warn!(error = %re, "attachments: could not unlink an unused upload");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes the attachment `name` of the document `id` (a new version of the
+    /// document); its bytes are freed if no other document names them.
+    pub fn delete_attachment(
+        &self,
+        id: &str,
+        name: &str,
+        condition: Condition,
+    ) -> Result<PutOutcome> {
+        let env = self.live()?;
+        validate_id(id, self.max_id_bytes())?;
+        validate_attachment_name(name)?;
+        let mut unit = self.unit();
+        let change = AttachmentChange::Delete {
+            name: name.to_string(),
+        };
+        let id = id.to_string();
+        let out = env.submit_with(move |txn| {
+            let out = apply_attachment(txn, &mut unit, &id, &change, condition)?;
+            unit.finish(txn)?;
+            Ok::<_, DocError>(out)
+        })?;
+        self.published([&BatchOutcome::Put(out.clone())]);
+        Ok(out)
+    }
+
+    /// The attachments of the document `id`, by name; `None` if there is no such
+    /// document.
+    pub fn attachments(&self, id: &str) -> Result<Option<Vec<AttachmentInfo>>> {
+        self.get_with(id, |view| stored_list(view.json))
+    }
+
+    /// Opens the attachment `name` of the document `id` for reading.
+    pub fn open_attachment(&self, id: &str, name: &str) -> Result<AttachmentReader> {
+        validate_attachment_name(name)?;
+        let list = self
+            .attachments(id)?
+            .ok_or_else(|| DocError::DocumentNotFound { id: id.to_string() })?;
+        let info = list.into_iter().find(|a| a.name == name).ok_or_else(|| {
+            DocError::AttachmentNotFound {
+                id: id.to_string(),
+                name: name.to_string(),
+            }
+        })?;
+        let path = self.blobs.blob_path(&parse_hash(&info.hash)?);
+        let file = File::open(&path).map_err(|source| match source.kind() {
+            // Deleted since the read above (or lost: `kiln check` says which).
+            std::io::ErrorKind::NotFound => DocError::AttachmentNotFound {
+                id: id.to_string(),
+                name: name.to_string(),
+            },
+            _ => DocError::Io { path, source },
+        })?;
+        Ok(AttachmentReader { info, file })
+    }
+
+    /// Keeps uploaded bytes, named by no document yet, for `STAGED_TTL_MS`: a
+    /// document written in a batch may then list them in `@metadata.@attachments`
+    /// by hash. Returns the hash (hex) and size.
+    pub fn stage_attachment(&self, blob: StagedBlob) -> Result<(String, u64)> {
+        let env = self.live()?;
+        let (hash, size_bytes) = (blob.hash, blob.size_bytes);
+        let until_ms = crate::time::now_ms() + STAGED_TTL_MS;
+        let _guard = self.blobs.lock();
+        self.blobs.place(blob)?;
+        env.submit_with(move |txn| {
+            let entry = match read_ref(txn, &hash)? {
+                Some(e) => RefEntry {
+                    staged_until_ms: e.staged_until_ms.max(until_ms),
+                    ..e
+                },
+                None => RefEntry {
+                    refs: 0,
+                    size_bytes,
+                    staged_until_ms: until_ms,
+                },
+            };
+            txn.put(ATTACHMENT_REFS, &hash, &entry.encode())?;
+            Ok::<_, DocError>(())
+        })?;
+        Ok((hash_hex(&hash), size_bytes))
+    }
+
+    /// Re-hashes every blob, looks for files no reference names, and counts the
+    /// documents' entries against the reference tree (`check_attachments_at`).
+    pub fn check_attachments(&self) -> Result<AttachmentCheck> {
+        check_attachments_at(self.live()?, self.dir())
+    }
+
+    /// The file of a blob (for backups and exports), if the store has it.
+    pub fn attachment_blob_path(&self, hash_hex: &str) -> Result<std::path::PathBuf> {
+        Ok(self.blobs.blob_path(&parse_hash(hash_hex)?))
+    }
+
+    /// Hashes of every blob the reference tree names, with their sizes.
+    pub fn attachment_blobs(&self) -> Result<Vec<(String, u64)>> {
+        let env = self.live()?;
+        let r = env.begin_read()?;
+        let mut cursor = r.cursor(ATTACHMENT_REFS)?;
+        let mut entry = cursor.first()?;
+        let mut out = Vec::new();
+        while let Some((hash, raw)) = entry {
+            let e = RefEntry::decode(hash, raw)?;
+            out.push((
+                hash.iter().map(|b| format!("{b:02x}")).collect(),
+                e.size_bytes,
+            ));
+            entry = cursor.next()?;
+        }
+        Ok(out)
+    }
+
+    /// Stores bytes read from `path` (an import, a restore) and returns them staged,
+    /// checking that they hash to `expect_hex` when given.
+    pub fn attachment_from_file(
+        &self,
+        path: &std::path::Path,
+        expect_hex: Option<&str>,
+    ) -> Result<StagedBlob> {
+        let mut writer = self.attachment_writer()?;
+        let mut file = File::open(path).map_err(|source| DocError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            use std::io::Read;
+            let n = file.read(&mut buf).map_err(|source| DocError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            if n == 0 {
+                break;
+            }
+            writer.write(&buf[..n])?;
+        }
+        let staged = writer.finish()?;
+        if let Some(want) = expect_hex {
+            if staged.hash_hex() != want {
+                return Err(DocError::InvalidAttachment(format!(
+                    "{} hashes to {}, expected {want}",
+                    path.display(),
+                    staged.hash_hex()
+                )));
+            }
+        }
+        Ok(staged)
+    }
+}
+
+/// `kiln check` of a database's attachments, offline (nothing is changed: what a
+/// crash left stays for the next open's `gc`, and is reported as unreferenced):
+/// every blob re-hashed, files no reference names, and the reference counts
+/// against the documents' `@attachments` entries.
+pub fn check_attachments_at(
+    env: &kiln_storage::Env,
+    db_dir: &std::path::Path,
+) -> Result<AttachmentCheck> {
+    let r = env.begin_read()?;
+    if !r.tree_exists(ATTACHMENT_REFS)? {
+        return Ok(AttachmentCheck::default());
+    }
+    let mut report = super::BlobStore::at(db_dir).check(env)?;
+    let mut named: HashMap<String, u64> = HashMap::new();
+    let mut cursor = r.cursor(DOCS)?;
+    let mut entry = cursor.first()?;
+    while let Some((key, value)) = entry {
+        let id = String::from_utf8_lossy(key);
+        let rec = crate::record::decode(&id, value)?;
+        for a in stored_list(rec.json) {
+            *named.entry(a.hash).or_default() += 1;
+        }
+        entry = cursor.next()?;
+    }
+    let mut cursor = r.cursor(ATTACHMENT_REFS)?;
+    let mut entry = cursor.first()?;
+    while let Some((hash, raw)) = entry {
+        let e = RefEntry::decode(hash, raw)?;
+        let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+        let n = named.remove(&hex).unwrap_or(0);
+        if n != e.refs {
+            report.miscounted.push((hex, e.refs, n));
+        }
+        entry = cursor.next()?;
+    }
+    for (hex, n) in named {
+        report.miscounted.push((hex, 0, n));
+    }
+    report.miscounted.sort();
+    Ok(report)
+}

@@ -1,0 +1,379 @@
+//! Attachments: `PUT/GET/HEAD/DELETE /dbs/{db}/docs/{id}/attachments/{name}` and
+//! `POST /dbs/{db}/attachments` (bytes staged for a batch). Bodies stream both ways
+//! through a blocking thread and a small channel: a large file never sits in memory.
+//!
+//! The document route takes every path under `/dbs/{db}/docs/`; its handlers are
+//! these dispatchers, which send a path whose id has an `/attachments/{name}` tail
+//! here (`attachment_target`) and any other to `routes/docs.rs`. So a document
+//! whose id contains `/attachments/` cannot be read or written by its URL.
+
+use crate::error::{ApiError, ErrorCode};
+use crate::http_util::{blocking, body_read_failed, etag_header, write_condition};
+use crate::routes::cluster::refuse_in_cluster;
+use crate::routes::docs as routes_docs;
+use crate::state::{AppState, SharedState};
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::handler::Handler;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use kiln_docs::{AttachmentInfo, Database, PutOutcome, StagedBlob};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use std::io::{Read, Seek, SeekFrom};
+use std::sync::Arc;
+
+/// Chunks between the connection and the file's thread: at most this many are in
+/// flight, so memory stays flat whatever the file's size.
+const CHANNEL_CHUNKS: usize = 8;
+/// The size of a chunk read from a file.
+const READ_CHUNK_BYTES: usize = 1 << 20;
+
+/// `(db, id, name)` of an attachment path (`/dbs/{db}/docs/{id}/attachments/{name}`),
+/// percent-decoded; `None` for any other path. The last `/attachments/` splits.
+pub(crate) fn attachment_target(path: &str) -> Option<(String, String, String)> {
+    let (db, rest) = path.strip_prefix("/dbs/")?.split_once("/docs/")?;
+    let (id, name) = rest.rsplit_once("/attachments/")?;
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .ok()
+            .map(|c| c.into_owned())
+    };
+    Some((decode(db)?, decode(id)?, decode(name)?))
+}
+
+fn bad_path(path: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::InvalidPath,
+        format!("{path:?}: an attachment path is /dbs/{{db}}/docs/{{id}}/attachments/{{name}} with UTF-8 percent-encoding"),
+    )
+}
+
+/// The document route's GET (and HEAD): an attachment, or a document.
+pub async fn get(State(state): State<SharedState>, req: Request) -> Response {
+    match req.uri().path().contains("/attachments/") {
+        true => get_attachment(state, req).await.into_response(),
+        false => Handler::<_, SharedState>::call(routes_docs::get_document, req, state).await,
+    }
+}
+
+pub async fn put(State(state): State<SharedState>, req: Request) -> Response {
+    match req.uri().path().contains("/attachments/") {
+        true => put_attachment(state, req).await.into_response(),
+        false => Handler::<_, SharedState>::call(routes_docs::put_document, req, state).await,
+    }
+}
+
+pub async fn delete(State(state): State<SharedState>, req: Request) -> Response {
+    match req.uri().path().contains("/attachments/") {
+        true => delete_attachment(state, req).await.into_response(),
+        false => Handler::<_, SharedState>::call(routes_docs::delete_document, req, state).await,
+    }
+}
+
+/// The path's database, id and name, checked.
+fn target(state: &AppState, req: &Request) -> Result<(Arc<Database>, String, String), ApiError> {
+    refuse_in_cluster(state, "attachments")?;
+    let path = req.uri().path();
+    let (db, id, name) = attachment_target(path).ok_or_else(|| bad_path(path))?;
+    kiln_docs::validate_attachment_name(&name)?;
+    Ok((state.store.database(&db)?, id, name))
+}
+
+/// Streams a request body into a blob writer on a blocking thread: hashed,
+/// counted and fsynced there, never held whole.
+async fn receive(database: Arc<Database>, body: Body) -> Result<StagedBlob, ApiError> {
+    let mut writer = database.attachment_writer()?;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(CHANNEL_CHUNKS);
+    let file_thread = tokio::task::spawn_blocking(move || {
+        while let Some(chunk) = rx.blocking_recv() {
+            writer.write(&chunk)?;
+        }
+        Ok::<_, kiln_docs::DocError>(writer)
+    });
+    let mut stream = body.into_data_stream();
+    let mut failed = None;
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(bytes) => {
+                if tx.send(bytes).await.is_err() {
+                    break; // The file thread failed: its error is below.
+                }
+            }
+            Err(e) => {
+                failed = Some(body_read_failed(e));
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let writer = match file_thread.await {
+        Ok(r) => r?,
+        Err(e) => {
+            return Err(ApiError::new(
+                ErrorCode::InternalError,
+                format!("the upload's worker failed: {e}"),
+            ))
+        }
+    };
+    if let Some(e) = failed {
+        return Err(e); // Dropping the writer removes its temporary file.
+    }
+    blocking(move || writer.finish()).await
+}
+
+fn content_type(headers: &HeaderMap) -> Result<String, ApiError> {
+    let ct = match headers.get(header::CONTENT_TYPE) {
+        None => "application/octet-stream",
+        Some(v) => v.to_str().map_err(|_| {
+            ApiError::new(
+                ErrorCode::InvalidHeader,
+                "Content-Type must be visible ASCII",
+            )
+        })?,
+    };
+    Ok(ct.to_string())
+}
+
+async fn put_attachment(state: SharedState, req: Request) -> Result<Response, ApiError> {
+    let (database, id, name) = target(&state, &req)?;
+    let (parts, body) = req.into_parts();
+    let condition = write_condition(&parts.headers)?;
+    let content_type = content_type(&parts.headers)?;
+    kiln_docs::validate_attachment_name(&name)?;
+    // The document must exist before the bytes are read (an If-Match is checked
+    // again in the write's transaction).
+    if database.get_with(&id, |_| ())?.is_none() {
+        return Err(kiln_docs::DocError::DocumentNotFound { id }.into());
+    }
+    let staged = receive(database.clone(), body).await?;
+    let (hash, size) = (staged.hash_hex(), staged.size_bytes);
+    let db = database.clone();
+    let (id2, name2, ct2) = (id.clone(), name.clone(), content_type.clone());
+    let out = blocking(move || db.put_attachment(&id2, &name2, &ct2, staged, condition)).await?;
+    let info = AttachmentInfo {
+        name,
+        hash,
+        size_bytes: size,
+        content_type,
+    };
+    Ok(written(StatusCode::CREATED, &out, Some(&info)))
+}
+
+/// The answer to an attachment write: the document's new etag (for the next
+/// `If-Match`) and the attachment's entry.
+fn written(status: StatusCode, out: &PutOutcome, info: Option<&AttachmentInfo>) -> Response {
+    let mut body = json!({"id": out.id, "etag": out.etag.to_string()});
+    if let Some(a) = info {
+        body["attachment"] = json!({
+            "name": a.name, "hash": a.hash, "size": a.size_bytes, "content_type": a.content_type,
+        });
+    }
+    let mut resp = crate::http_util::json_response(status, body.to_string());
+    resp.headers_mut()
+        .insert(header::ETAG, etag_header(out.etag));
+    resp
+}
+
+async fn delete_attachment(state: SharedState, req: Request) -> Result<Response, ApiError> {
+    let (database, id, name) = target(&state, &req)?;
+    let condition = write_condition(req.headers())?;
+    let out = blocking(move || database.delete_attachment(&id, &name, condition)).await?;
+    Ok(written(StatusCode::OK, &out, None))
+}
+
+/// `POST /dbs/{db}/attachments`: bytes kept for an hour for a batch to name by
+/// hash in a document's `@metadata.@attachments`.
+pub async fn stage(
+    State(state): State<SharedState>,
+    axum::extract::Path(db): axum::extract::Path<String>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    refuse_in_cluster(&state, "attachments")?;
+    let database = state.store.database(&db)?;
+    let staged = receive(database.clone(), body).await?;
+    let (hash, size) = blocking(move || database.stage_attachment(staged)).await?;
+    let body = json!({"hash": hash, "size": size, "staged_for_ms": kiln_docs::STAGED_TTL_MS});
+    Ok(crate::http_util::json_response(
+        StatusCode::CREATED,
+        body.to_string(),
+    ))
+}
+
+/// A single byte range of a `size`-byte body: `Ok(None)` for the whole body (no
+/// Range, several ranges, or one this server does not parse: RFC 9110 lets a
+/// server ignore Range), `Err` for an unsatisfiable one.
+fn byte_range(headers: &HeaderMap, size: u64) -> Result<Option<(u64, u64)>, ()> {
+    let Some(spec) = headers
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().strip_prefix("bytes="))
+    else {
+        return Ok(None);
+    };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let Some((a, b)) = spec.trim().split_once('-') else {
+        return Ok(None);
+    };
+    let num = |s: &str| s.trim().parse::<u64>().ok();
+    let (start, end) = match (a.trim().is_empty(), num(a), num(b)) {
+        // bytes=-n: the last n bytes.
+        (true, _, Some(n)) if n > 0 => (size.saturating_sub(n), size.saturating_sub(1)),
+        (true, _, Some(_)) => return Err(()),
+        (false, Some(start), None) if b.trim().is_empty() => (start, size.saturating_sub(1)),
+        (false, Some(start), Some(end)) if end >= start => (start, end.min(size.saturating_sub(1))),
+        _ => return Ok(None),
+    };
+    if start >= size {
+        return Err(());
+    }
+    Ok(Some((start, end)))
+}
+
+fn none_match(headers: &HeaderMap, hash: &str) -> bool {
+    headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',').map(str::trim).any(|tag| {
+                let tag = tag.strip_prefix("W/").unwrap_or(tag);
+                tag == "*" || tag.trim_matches('"') == hash
+            })
+        })
+}
+
+async fn get_attachment(state: SharedState, req: Request) -> Result<Response, ApiError> {
+    let (database, id, name) = target(&state, &req)?;
+    let head = req.method() == Method::HEAD;
+    let headers = req.headers();
+    let reader = blocking(move || database.open_attachment(&id, &name)).await?;
+    let info = reader.info;
+    let size = info.size_bytes;
+    let etag = HeaderValue::from_str(&format!("\"{}\"", info.hash)).expect("hex is ASCII");
+    let mut builder = Response::builder()
+        .header(header::ETAG, etag)
+        .header(header::ACCEPT_RANGES, "bytes")
+        .header(header::CACHE_CONTROL, "no-cache");
+    if none_match(headers, &info.hash) {
+        return Ok(builder
+            .status(StatusCode::NOT_MODIFIED)
+            .body(Body::empty())
+            .expect("a valid response"));
+    }
+    let range = match byte_range(headers, size) {
+        Ok(r) => r,
+        Err(()) => {
+            let mut e = ApiError::new(
+                ErrorCode::RangeNotSatisfiable,
+                format!("the range is outside the attachment's {size} bytes"),
+            )
+            .into_response();
+            let cr = HeaderValue::from_str(&format!("bytes */{size}")).expect("ASCII");
+            e.headers_mut().insert(header::CONTENT_RANGE, cr);
+            return Ok(e);
+        }
+    };
+    let (status, start, len) = match range {
+        Some((a, b)) => {
+            let cr = format!("bytes {a}-{b}/{size}");
+            builder = builder.header(header::CONTENT_RANGE, cr);
+            (StatusCode::PARTIAL_CONTENT, a, b - a + 1)
+        }
+        None => (StatusCode::OK, 0, size),
+    };
+    let ct = HeaderValue::from_str(&info.content_type)
+        .unwrap_or(HeaderValue::from_static("application/octet-stream"));
+    let builder = builder
+        .status(status)
+        .header(header::CONTENT_TYPE, ct)
+        .header(header::CONTENT_LENGTH, len);
+    if head {
+        return Ok(builder.body(Body::empty()).expect("a valid response"));
+    }
+    // A whole body is checked against its hash as it goes; a range cannot be.
+    let verify = range.is_none().then_some(info.hash);
+    let body = send_file(reader.file, start, len, verify);
+    Ok(builder.body(body).expect("a valid response"))
+}
+
+/// A body read from `file` on a blocking thread, `len` bytes from `start`. With
+/// `verify`, the bytes are hashed; on a mismatch the body ends with an error (the
+/// connection is cut: the status was sent already) and the error is logged.
+fn send_file(mut file: std::fs::File, start: u64, len: u64, verify: Option<String>) -> Body {
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(CHANNEL_CHUNKS);
+    tokio::task::spawn_blocking(move || {
+        let mut hasher = verify.as_ref().map(|_| Sha256::new());
+        let result = (|| -> std::io::Result<()> {
+            file.seek(SeekFrom::Start(start))?;
+            let mut left = len;
+            while left > 0 {
+                let want = left.min(READ_CHUNK_BYTES as u64) as usize;
+                let mut buf = vec![0u8; want];
+                file.read_exact(&mut buf)?;
+                if let Some(h) = hasher.as_mut() {
+                    h.update(&buf);
+                }
+                left -= want as u64;
+                if tx.blocking_send(Ok(Bytes::from(buf))).is_err() {
+                    return Ok(()); // The client went away.
+                }
+            }
+            if let (Some(h), Some(want)) = (hasher, verify) {
+                let got: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+                if got != want {
+                    tracing::error!(expected = %want, got = %got, "attachment: stored bytes do not match their hash; connection cut (run kiln check)");
+                    return Err(std::io::Error::other(
+                        "attachment bytes do not match their hash",
+                    ));
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            let _ = tx.blocking_send(Err(e));
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    Body::from_stream(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(v: &str, size: u64) -> Result<Option<(u64, u64)>, ()> {
+        let mut h = HeaderMap::new();
+        h.insert(header::RANGE, HeaderValue::from_str(v).unwrap());
+        byte_range(&h, size)
+    }
+
+    #[test]
+    fn ranges() {
+        assert_eq!(range("bytes=0-9", 100), Ok(Some((0, 9))));
+        assert_eq!(range("bytes=90-", 100), Ok(Some((90, 99))));
+        assert_eq!(range("bytes=-10", 100), Ok(Some((90, 99))));
+        assert_eq!(range("bytes=-200", 100), Ok(Some((0, 99))));
+        assert_eq!(range("bytes=50-500", 100), Ok(Some((50, 99))));
+        assert_eq!(range("bytes=100-", 100), Err(()));
+        assert_eq!(range("bytes=-0", 100), Err(()));
+        assert_eq!(range("bytes=0-1,5-6", 100), Ok(None));
+        assert_eq!(range("bytes=5-1", 100), Ok(None));
+        assert_eq!(range("items=0-1", 100), Ok(None));
+        assert_eq!(range("bytes=0-0", 0), Err(()));
+    }
+
+    #[test]
+    fn targets() {
+        assert_eq!(
+            attachment_target("/dbs/d/docs/users/1/attachments/a%20b.txt"),
+            Some(("d".into(), "users/1".into(), "a b.txt".into()))
+        );
+        assert_eq!(attachment_target("/dbs/d/docs/users/1"), None);
+    }
+}
