@@ -4,9 +4,11 @@
 //! Two corpora, each document compacted as Kiln stores it:
 //! - YCSB: the load phase's records (`kiln_bench::ycsb::load_record`) as the JSON
 //!   YCSB's Kiln binding sends (ten fields of 100 random printable bytes);
-//! - real JSON: every `*.json` file of 200 B..8 KiB under a directory (default
-//!   `studio/node_modules`: npm's package.json files and the like, real documents
-//!   written by people; the cargo registry's sources when it is absent).
+//! - real JSON: the records of cargo's registry index cache
+//!   (`~/.cargo/registry/index/*/.cache`: one JSON object per published crate version,
+//!   its name, version, dependencies with their requirements, checksum, features,
+//!   publication time; 200 B..8 KiB each), or every `*.json` object file of that size
+//!   under the directory given.
 //!
 //! Per codec: the stored bytes over the raw bytes, and the time to compress and to
 //! decompress one document (median of the corpus, one core). "per value" compresses
@@ -21,6 +23,39 @@
 use kiln_bench::ycsb::load_record;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+/// The JSON objects of cargo's index cache files under `dir` (a binary header,
+/// then version and record strings separated by NUL bytes).
+fn index_records(dir: &Path, out: &mut Vec<Vec<u8>>, limit: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if out.len() >= limit {
+            return;
+        }
+        let p = e.path();
+        if p.is_dir() {
+            index_records(&p, out, limit);
+            continue;
+        }
+        let Ok(bytes) = std::fs::read(&p) else {
+            continue;
+        };
+        for chunk in bytes.split(|b| *b == 0) {
+            if out.len() >= limit {
+                return;
+            }
+            if chunk.first() == Some(&b'{') && (200..8192).contains(&chunk.len()) {
+                if let Ok(v @ serde_json::Value::Object(_)) =
+                    serde_json::from_slice::<serde_json::Value>(chunk)
+                {
+                    out.push(serde_json::to_vec(&v).expect("a Value serializes"));
+                }
+            }
+        }
+    }
+}
 
 fn json_files(dir: &Path, out: &mut Vec<Vec<u8>>, limit: usize) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -134,21 +169,28 @@ fn report(corpus: &str, docs: &[Vec<u8>]) {
     let raw: u64 = docs.iter().map(|d| d.len() as u64).sum();
     let lz4c = |b: &[u8]| lz4_flex::compress(b);
     let lz4d = |b: &[u8], n: usize| lz4_flex::decompress(b, n).expect("lz4 round trip");
-    let z1c = |b: &[u8]| zstd::bulk::compress(b, 1).expect("zstd");
-    let z3c = |b: &[u8]| zstd::bulk::compress(b, 3).expect("zstd");
-    let zd = |b: &[u8], n: usize| zstd::bulk::decompress(b, n).expect("zstd round trip");
+    // zstd's contexts made once and reused, as a store would keep one per thread
+    // (making one per call costs more than compressing a 1 KB document).
+    let z1 = std::cell::RefCell::new(zstd::bulk::Compressor::new(1).expect("zstd"));
+    let z3 = std::cell::RefCell::new(zstd::bulk::Compressor::new(3).expect("zstd"));
+    let zdx = std::cell::RefCell::new(zstd::bulk::Decompressor::new().expect("zstd"));
+    let z1c = |b: &[u8]| z1.borrow_mut().compress(b).expect("zstd");
+    let z3c = |b: &[u8]| z3.borrow_mut().compress(b).expect("zstd");
+    let zd = |b: &[u8], n: usize| zdx.borrow_mut().decompress(b, n).expect("zstd round trip");
     let samples: Vec<&[u8]> = docs.iter().take(1000).map(|d| d.as_slice()).collect();
     let sizes: Vec<usize> = samples.iter().map(|s| s.len()).collect();
     let flat: Vec<u8> = samples.concat();
     let dict = zstd::dict::from_continuous(&flat, &sizes, 16 << 10).unwrap_or_default();
-    let dc = |b: &[u8]| {
-        zstd::bulk::Compressor::with_dictionary(3, &dict)
-            .and_then(|mut c| c.compress(b))
-            .expect("zstd dict")
-    };
+    let dcx = std::cell::RefCell::new(
+        zstd::bulk::Compressor::with_dictionary(3, &dict).expect("zstd dict"),
+    );
+    let ddx = std::cell::RefCell::new(
+        zstd::bulk::Decompressor::with_dictionary(&dict).expect("zstd dict"),
+    );
+    let dc = |b: &[u8]| dcx.borrow_mut().compress(b).expect("zstd dict");
     let dd = |b: &[u8], n: usize| {
-        zstd::bulk::Decompressor::with_dictionary(&dict)
-            .and_then(|mut d| d.decompress(b, n))
+        ddx.borrow_mut()
+            .decompress(b, n)
             .expect("zstd dict round trip")
     };
     let outcomes = [
@@ -165,9 +207,7 @@ fn report(corpus: &str, docs: &[Vec<u8>]) {
         raw,
         raw / docs.len().max(1) as u64
     );
-    println!(
-        "| codec | stored / raw | compress us/doc (median) | decompress us/doc (median) |"
-    );
+    println!("| codec | stored / raw | compress us/doc (median) | decompress us/doc (median) |");
     println!("|---|---:|---:|---:|");
     for o in outcomes {
         println!(
@@ -205,25 +245,29 @@ fn main() {
         })
         .collect();
     report("YCSB records", &ycsb);
-    let dirs: Vec<PathBuf> = match args.first() {
-        Some(d) => vec![PathBuf::from(d)],
-        None => vec![
-            repo.join("studio/node_modules"),
-            dirs_home().join(".cargo/registry/src"),
-        ],
-    };
     let mut real = Vec::new();
-    for d in &dirs {
-        json_files(d, &mut real, n);
-        if real.len() >= 1000 {
-            println!("\nreal JSON from {}", d.display());
-            break;
+    let source = match args.first() {
+        Some(d) => {
+            json_files(Path::new(d), &mut real, n);
+            index_records(Path::new(d), &mut real, n);
+            PathBuf::from(d)
         }
-    }
+        None => {
+            let index = dirs_home().join(".cargo/registry/index");
+            index_records(&index, &mut real, n);
+            if real.is_empty() {
+                json_files(&repo.join("studio/node_modules"), &mut real, n);
+                repo.join("studio/node_modules")
+            } else {
+                index
+            }
+        }
+    };
     if real.is_empty() {
-        println!("no JSON files found under {dirs:?}");
+        println!("no JSON documents found under {}", source.display());
         return;
     }
+    println!("\nreal JSON from {}", source.display());
     report("real JSON", &real);
 }
 
