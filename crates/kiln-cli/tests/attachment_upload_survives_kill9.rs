@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 /// Names the uploads cycle over: most uploads replace (and free) an earlier blob.
 const NAMES: u64 = 5;
 
-/// The bytes of upload `seed`: 1 to 24 MiB of pseudo-random data.
+/// The bytes of upload `seed`: 4 to 32 MiB of pseudo-random data.
 fn content(seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let len = (1 << 20) + (x % (23 << 20)) as usize;
+    let len = (4 << 20) + (x % (28 << 20)) as usize;
     (0..len)
         .map(|_| {
             x ^= x << 13;
@@ -36,9 +36,16 @@ fn content(seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// Sends one upload; `Ok(true)` when acknowledged (201).
-fn upload(port: u16, name: &str, bytes: &[u8]) -> std::io::Result<bool> {
+/// Sends one upload; `Ok(None)` when acknowledged (201), else the answer.
+/// `streaming` is set while the body is being sent.
+fn upload(
+    port: u16,
+    name: &str,
+    bytes: &[u8],
+    streaming: &AtomicBool,
+) -> std::io::Result<Option<String>> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    streaming.store(true, Ordering::SeqCst);
     write!(
         s,
         "PUT /dbs/d/docs/files/1/attachments/{name} HTTP/1.1\r\nhost: x\r\n\
@@ -48,9 +55,17 @@ fn upload(port: u16, name: &str, bytes: &[u8]) -> std::io::Result<bool> {
     for chunk in bytes.chunks(1 << 16) {
         s.write_all(chunk)?;
     }
+    streaming.store(false, Ordering::SeqCst);
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
-    Ok(out.starts_with(b"HTTP/1.1 201"))
+    if out.is_empty() {
+        // The server died before answering (killed after the body arrived).
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    if out.starts_with(b"HTTP/1.1 201") {
+        return Ok(None);
+    }
+    Ok(Some(String::from_utf8_lossy(&out).into_owned()))
 }
 
 fn get(port: u16, path: &str) -> (u16, Vec<u8>) {
@@ -101,13 +116,15 @@ fn uploads_survive_kill9_whole_or_not_at_all_without_leaks() {
         let stop = Arc::new(AtomicBool::new(false));
         let in_flight: Arc<Mutex<Option<(String, u64)>>> = Arc::default();
         let acks = Arc::new(AtomicU64::new(0));
+        let streaming = Arc::new(AtomicBool::new(false));
         let client = {
-            let (stop, in_flight, acks, acked, next_seed) = (
+            let (stop, in_flight, acks, acked, next_seed, streaming) = (
                 stop.clone(),
                 in_flight.clone(),
                 acks.clone(),
                 acked.clone(),
                 next_seed.clone(),
+                streaming.clone(),
             );
             std::thread::spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
@@ -115,42 +132,57 @@ fn uploads_survive_kill9_whole_or_not_at_all_without_leaks() {
                     let name = format!("n{}", seed % NAMES);
                     let bytes = content(seed);
                     *in_flight.lock().unwrap() = Some((name.clone(), seed));
-                    match upload(port, &name, &bytes) {
-                        Ok(true) => {
+                    match upload(port, &name, &bytes, &streaming) {
+                        Ok(None) => {
                             acked.lock().unwrap().insert(name, seed);
                             acks.fetch_add(1, Ordering::SeqCst);
                         }
-                        Ok(false) => panic!("cycle {cycle}: upload {seed} refused"),
+                        Ok(Some(answer)) => {
+                            panic!("cycle {cycle}: upload {seed} refused: {answer}")
+                        }
                         Err(_) => return, // The server was killed.
                     }
                 }
             })
         };
-        // At least one acknowledgement, then a kill at a random point of a later upload.
+        // At least one acknowledgement, then a kill at a random point of a later
+        // upload: while its body streams (most cycles) or just after (its commit).
         let deadline = Instant::now() + Duration::from_secs(60);
         while acks.load(Ordering::SeqCst) == 0 {
             assert!(
                 Instant::now() < deadline,
                 "cycle {cycle}: no upload acknowledged"
             );
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        while !streaming.load(Ordering::SeqCst) {
+            assert!(
+                Instant::now() < deadline,
+                "cycle {cycle}: no upload started"
+            );
+            std::thread::sleep(Duration::from_micros(200));
         }
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        std::thread::sleep(Duration::from_millis(rng % 400));
+        std::thread::sleep(Duration::from_micros(rng % 60_000));
         stop.store(true, Ordering::SeqCst);
         kill9(&mut child, cycle);
         client.join().unwrap();
         let in_flight = in_flight.lock().unwrap().clone();
         child = spawn_serve(dir.path(), port);
-        verify(
+        let landed = verify(
             dir.path(),
             port,
             cycle,
             &acked.lock().unwrap(),
             in_flight.as_ref(),
         );
+        // The upload in flight committed before the kill: it is durable now, and
+        // what the next cycles must find.
+        if let (true, Some((name, seed))) = (landed, in_flight) {
+            acked.lock().unwrap().insert(name, seed);
+        }
         eprintln!(
             "attachment kill -9 cycle {cycle}: {} acknowledged this cycle, {} names held",
             acks.load(Ordering::SeqCst),
@@ -163,14 +195,14 @@ fn uploads_survive_kill9_whole_or_not_at_all_without_leaks() {
 
 /// The document's attachments are the acknowledged ones (or the one in flight,
 /// whole), their bytes come back as sent, and the blob files are exactly the
-/// hashes named, with nothing in `tmp/`.
+/// hashes named, with nothing in `tmp/`. True if the upload in flight is there.
 fn verify(
     data: &Path,
     port: u16,
     cycle: u64,
     acked: &BTreeMap<String, u64>,
     in_flight: Option<&(String, u64)>,
-) {
+) -> bool {
     let (status, doc) = request(port, "GET", "/dbs/d/docs/files/1", "");
     assert_eq!(status, 200, "{doc}");
     let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
@@ -180,6 +212,7 @@ fn verify(
         .unwrap_or(&empty);
     let mut named = BTreeSet::new();
     let mut seen = BTreeSet::new();
+    let mut landed = false;
     for a in list {
         let name = a["name"].as_str().unwrap().to_string();
         named.insert(a["hash"].as_str().unwrap().to_string());
@@ -194,6 +227,9 @@ fn verify(
              upload ({acked_seed:?}) nor the one in flight ({flying:?}), whole",
             body.len()
         );
+        if !matches(acked_seed) {
+            landed = true;
+        }
         seen.insert(name);
     }
     for name in acked.keys() {
@@ -213,4 +249,5 @@ fn verify(
         blobs, named,
         "cycle {cycle}: the blob files are not exactly the hashes the document names"
     );
+    landed
 }
