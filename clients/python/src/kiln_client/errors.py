@@ -247,6 +247,25 @@ class RevisionNotFoundError(NotFoundError):
     code = "revision_not_found"
 
 
+class InvalidAttachmentError(BadRequestError):
+    """``invalid_attachment``: a bad attachment name or content type, or an
+    ``@attachments`` entry naming bytes the database does not hold."""
+
+    code = "invalid_attachment"
+
+
+class AttachmentNotFoundError(NotFoundError):
+    """``attachment_not_found``: the document has no attachment of that name."""
+
+    code = "attachment_not_found"
+
+
+class RangeNotSatisfiableError(KilnError):
+    """``range_not_satisfiable``: a byte range starting past the attachment's end."""
+
+    code = "range_not_satisfiable"
+
+
 class InvalidSubscriptionError(BadRequestError):
     """``invalid_subscription``: a data subscription's name, start or batch size the
     server refuses (its query's errors are :class:`InvalidQueryError`)."""
@@ -544,7 +563,8 @@ ERROR_CLASSES: Dict[str, Type[KilnError]] = {
         StorageError, DatabaseBusyError, OverloadedError, ShuttingDownError, IoError,
         DatabaseFailedError, DiskFullError, InvalidIndexError, QueryTooExpensiveError,
         IndexNotFoundError, IndexExistsError, InvalidRevisionsConfigError,
-        RevisionNotFoundError, InvalidSubscriptionError, SubscriptionNotFoundError,
+        RevisionNotFoundError, InvalidAttachmentError, AttachmentNotFoundError,
+        RangeNotSatisfiableError, InvalidSubscriptionError, SubscriptionNotFoundError,
         SubscriptionExistsError, SubscriptionBusyError, NotLeaderError, NoQuorumError, ClusterError,
         NotClusteredError, NotSupportedInClusterError,
     ]

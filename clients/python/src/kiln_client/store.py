@@ -16,8 +16,8 @@ import ssl
 import threading
 import time
 from datetime import datetime, timezone
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
-                    Sequence, Tuple, Union)
+from typing import (IO, TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List,
+                    Optional, Sequence, Tuple, Union)
 from urllib.parse import quote
 
 import httpx
@@ -629,6 +629,75 @@ class DocumentStore:
     def purge_revisions(self, doc_id: str) -> int:
         """Removes every revision of the document; returns how many there were."""
         return int(self.request("DELETE", self.revisions_path(doc_id)).json()["purged"])
+
+    # --- attachments ---------------------------------------------------------------------
+
+    def attachment_path(self, doc_id: str, name: str) -> str:
+        return f"{self.doc_path(doc_id)}/attachments/{quote(name, safe='-._~')}"
+
+    def put_attachment(self, doc_id: str, name: str,
+                       data: Union[bytes, IO[bytes], Iterable[bytes]],
+                       content_type: str = "application/octet-stream",
+                       if_match: Optional[str] = None) -> Dict[str, Any]:
+        """Attaches ``data`` to the document as ``name`` (replacing an attachment of
+        that name): bytes, a binary file object or an iterable of byte chunks, sent as
+        it is read (a large file is never held in memory). With ``if_match``, only if
+        the document has that etag. Returns ``{"id", "etag", "attachment": {"name",
+        "hash", "size", "content_type"}}``; ``etag`` is the document's new etag.
+        A stream is sent once: it is not retried on a failover."""
+        headers = {"Content-Type": content_type, **self.auth_headers}
+        if if_match:
+            headers["If-Match"] = f'"{if_match}"'
+        path = self.attachment_path(doc_id, name)
+        if isinstance(data, (bytes, bytearray)):
+            r = self.request("PUT", path, content=bytes(data), headers=headers)
+        else:
+            r = self._client.request("PUT", self._write_node() + path, content=data,
+                                     headers=headers)
+            if r.status_code >= 400:
+                raise error_from_response(r.status_code, r.content, r.headers)
+        self.invalidate(doc_id)
+        return r.json()  # type: ignore[no-any-return]
+
+    @contextlib.contextmanager
+    def get_attachment(self, doc_id: str, name: str,
+                       byte_range: Optional[Tuple[int, Optional[int]]] = None
+                       ) -> Iterator[httpx.Response]:
+        """The attachment as a streamed answer (a context manager): read it with
+        ``iter_bytes()``; ``headers["etag"]`` is its SHA-256, quoted. ``byte_range``
+        ``(start, end)`` (``end`` inclusive, or ``None`` for the rest) asks for part
+        of it (206). Raises :class:`AttachmentNotFoundError` if there is none."""
+        headers = dict(self.auth_headers)
+        if byte_range is not None:
+            start, end = byte_range
+            headers["Range"] = f"bytes={start}-{'' if end is None else end}"
+        url = self._write_node() + self.attachment_path(doc_id, name)
+        with self._client.stream("GET", url, headers=headers) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise error_from_response(r.status_code, r.content, r.headers)
+            yield r
+
+    def attachment_bytes(self, doc_id: str, name: str) -> bytes:
+        """The whole attachment in memory (for small ones; see :meth:`get_attachment`)."""
+        with self.get_attachment(doc_id, name) as r:
+            return b"".join(r.iter_bytes())
+
+    def attachments(self, doc_id: str) -> List[Dict[str, Any]]:
+        """The document's attachments (``@metadata.@attachments``); ``[]`` if none."""
+        doc = self.get(doc_id)
+        if doc is None:
+            raise DocumentNotFoundError(f"document {doc_id!r} does not exist",
+                                        code="document_not_found")
+        return list((doc.get("@metadata") or {}).get("@attachments") or [])
+
+    def delete_attachment(self, doc_id: str, name: str,
+                          if_match: Optional[str] = None) -> str:
+        """Removes the attachment; returns the document's new etag."""
+        headers = {"If-Match": f'"{if_match}"'} if if_match else None
+        r = self.request("DELETE", self.attachment_path(doc_id, name), headers=headers)
+        self.invalidate(doc_id)
+        return str(r.json()["etag"])
 
     # --- data subscriptions --------------------------------------------------------------
 
