@@ -6,7 +6,7 @@
 //! (`<`, `between`, ...) compare within one type; `=` and `in` are exact; numbers
 //! compare as numbers. Arrays and objects compare with nothing (only `exists`).
 
-use super::parse::{CmpOp, Expr, Field};
+use super::parse::{CmpOp, Expr, Field, SearchText};
 use crate::index::def::values_at;
 use crate::index::value::Scalar;
 use serde_json::Value;
@@ -26,10 +26,22 @@ fn scalars(f: &Field, doc: &Value) -> Vec<Scalar> {
 }
 
 pub(crate) fn eval(e: &Expr, doc: &Value) -> bool {
+    // Only a full-text index answers a search() (the query runs it there and
+    // evaluates the rest here): no document matches it on its own.
+    eval_with(e, doc, &|_, _| false)
+}
+
+/// [`eval`] with each `search()` condition answered by `search` (whether the
+/// document is among that condition's matches, which a full-text index found).
+pub(crate) fn eval_with(
+    e: &Expr,
+    doc: &Value,
+    search: &dyn Fn(&Field, &SearchText) -> bool,
+) -> bool {
     match e {
-        Expr::And(parts) => parts.iter().all(|p| eval(p, doc)),
-        Expr::Or(parts) => parts.iter().any(|p| eval(p, doc)),
-        Expr::Not(inner) => !eval(inner, doc),
+        Expr::And(parts) => parts.iter().all(|p| eval_with(p, doc, search)),
+        Expr::Or(parts) => parts.iter().any(|p| eval_with(p, doc, search)),
+        Expr::Not(inner) => !eval_with(inner, doc, search),
         Expr::Cmp(f, CmpOp::Ne, v) => !eval(&Expr::Cmp(f.clone(), CmpOp::Eq, v.clone()), doc),
         Expr::Cmp(f, op, v) => {
             let want = v.encode();
@@ -63,8 +75,6 @@ pub(crate) fn eval(e: &Expr, doc: &Value) -> bool {
             .iter()
             .any(|s| matches!(s, Scalar::String(x) if x.starts_with(p.as_str()))),
         Expr::Exists(f) => !field_values(f, doc).is_empty(),
-        // Only a full-text index answers it (the query runs it there and
-        // evaluates the rest here): no document matches it on its own.
-        Expr::Search(..) => false,
+        Expr::Search(f, t) => search(f, t),
     }
 }

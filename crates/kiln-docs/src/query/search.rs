@@ -8,13 +8,21 @@
 //! - anything else (other conditions, `order by` a field, `score() asc`): every
 //!   match of the search (at most `max_scan_docs`) is loaded and checked, then
 //!   sorted in memory by the order keys (score as a key like any other), ties by id.
+//! - a `search()` under `or` or `not`: each search's matches are found (at most
+//!   `max_scan_docs` each), then the candidates are checked with every search()
+//!   answered by membership in its matches: the union of the matches when every
+//!   answer must match a search (`search(a, 'x') or search(b, 'y')`), else the
+//!   whole collection (`search(a, 'x') or n > 5`, `not search(...)`: at most
+//!   `max_scan_docs` documents). A document's score is the sum of the scores of
+//!   the searches it matches outside a `not` (as a boolean query's optional
+//!   clauses add up); ties by id.
 //!
 //! Matches come from the index's last commit, documents from the query's snapshot:
 //! a document deleted since it was indexed is left out, one changed since is
 //! checked against the rest of the `where` as it is now (the answer is `stale`
 //! then, as for the map indexes).
 
-use super::eval::{eval, field_values};
+use super::eval::{eval, eval_with, field_values};
 use super::parse::{Expr, Field, Query, SearchText, Source};
 use super::{load, project_value, QueryResult};
 use crate::index::value::sort_key;
@@ -24,6 +32,7 @@ use crate::search::indexing::each_text;
 use crate::search::{tantivy_err, SearchIndex};
 use crate::{Database, DocError, Result};
 use serde_json::{Map, Value};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 use tantivy::collector::{Count, TopDocs};
@@ -40,9 +49,10 @@ fn invalid(message: impl Into<String>) -> DocError {
     }
 }
 
-/// The `search()` conditions of a `where` and what is left of it; they must be
-/// conditions of its top-level `and`.
-fn split(filter: &Expr) -> Result<(Vec<(&Field, &SearchText)>, Option<Expr>)> {
+/// The `search()` conditions of a `where` and what is left of it, when every
+/// search() is a condition of its top-level `and` (None when one is under an `or`
+/// or a `not`).
+fn split(filter: &Expr) -> Option<(Vec<(&Field, &SearchText)>, Option<Expr>)> {
     let parts: Vec<&Expr> = match filter {
         Expr::And(parts) => parts.iter().collect(),
         e => vec![e],
@@ -52,11 +62,7 @@ fn split(filter: &Expr) -> Result<(Vec<(&Field, &SearchText)>, Option<Expr>)> {
     for p in parts {
         match p {
             Expr::Search(f, t) => searches.push((f, t)),
-            e if e.has_search() => {
-                return Err(invalid(
-                    "search() is a condition of the where's top-level and (not under or / not)",
-                ))
-            }
+            e if e.has_search() => return None,
             e => rest.push(e.clone()),
         }
     }
@@ -65,7 +71,45 @@ fn split(filter: &Expr) -> Result<(Vec<(&Field, &SearchText)>, Option<Expr>)> {
         1 => rest.pop(),
         _ => Some(Expr::And(rest)),
     };
-    Ok((searches, rest))
+    Some((searches, rest))
+}
+
+/// Every `search()` of `e`, each with whether it is under a `not`.
+fn searches_in<'a>(e: &'a Expr, negated: bool, out: &mut Vec<(&'a Field, &'a SearchText, bool)>) {
+    match e {
+        Expr::Search(f, t) => out.push((f, t, negated)),
+        Expr::And(parts) | Expr::Or(parts) => {
+            parts.iter().for_each(|p| searches_in(p, negated, out))
+        }
+        Expr::Not(inner) => searches_in(inner, !negated, out),
+        _ => {}
+    }
+}
+
+/// Whether every document `e` holds for matches at least one of its searches, so
+/// that the union of their matches holds every answer.
+fn needs_a_match(e: &Expr) -> bool {
+    match e {
+        Expr::Search(..) => true,
+        Expr::And(parts) => parts.iter().any(needs_a_match),
+        Expr::Or(parts) => !parts.is_empty() && parts.iter().all(needs_a_match),
+        _ => false,
+    }
+}
+
+/// A match on its way to the page: sort keys, then the tie-breaker.
+struct Ranked {
+    keys: Vec<Vec<u8>>,
+    tie: Vec<u8>,
+    id: String,
+    score: f32,
+}
+
+/// The tie-breaker of tantivy's top hits among equal scores: its address.
+fn address_tie(addr: DocAddress) -> Vec<u8> {
+    let mut tie = addr.segment_ord.to_be_bytes().to_vec();
+    tie.extend_from_slice(&addr.doc_id.to_be_bytes());
+    tie
 }
 
 /// Orders scores like the other sort keys (bytes, ascending).
@@ -130,8 +174,9 @@ impl Database {
     /// The full-text index a query with `search()` runs on.
     pub(super) fn search_runtime(&self, q: &Query) -> Result<Arc<Runtime>> {
         let filter = q.filter.as_ref().ok_or_else(|| invalid("no search()"))?;
-        let (searches, _) = split(filter)?;
-        let fields: Vec<&Field> = searches.iter().map(|(f, _)| *f).collect();
+        let mut searches = Vec::new();
+        searches_in(filter, false, &mut searches);
+        let fields: Vec<&Field> = searches.iter().map(|(f, ..)| *f).collect();
         self.search_index_for(q, &fields)
     }
 
@@ -143,8 +188,9 @@ impl Database {
         started: Instant,
     ) -> Result<QueryResult> {
         let filter = q.filter.as_ref().ok_or_else(|| invalid("no search()"))?;
-        let (searches, rest) = split(filter)?;
-        let fields: Vec<&Field> = searches.iter().map(|(f, _)| *f).collect();
+        let mut searches = Vec::new();
+        searches_in(filter, false, &mut searches);
+        let fields: Vec<&Field> = searches.iter().map(|(f, ..)| *f).collect();
         let rt = self.search_index_for(q, &fields)?;
         self.use_index(&rt, opts);
         let s = rt
@@ -159,15 +205,28 @@ impl Database {
                 .position(|d| d.path == f.path)
                 .ok_or_else(|| invalid(format!("{} is not a field of the index", f.path)))
         };
-        let mut parts: Vec<(Occur, Box<dyn TantivyQuery>)> = Vec::new();
-        for (f, t) in &searches {
+        let mut each: Vec<(&SearchText, bool, Box<dyn TantivyQuery>)> = Vec::new();
+        for (f, t, negated) in &searches {
             let i = field_no(f)?;
             let mut analyzer = s.analyzer(i)?;
             let lowercase = s.analyzers[i] != "keyword";
             let tq =
                 crate::search::text::to_query(&t.clauses, s.fields[i], &mut analyzer, lowercase);
-            parts.push((Occur::Must, tq));
+            each.push((t, *negated, tq));
         }
+        let top_level = split(filter);
+        // All searches as one query: every one required (top-level `and`), or, for
+        // the highlights of a search under or/not, any one outside a `not`.
+        let occur = if top_level.is_some() {
+            Occur::Must
+        } else {
+            Occur::Should
+        };
+        let mut parts: Vec<(Occur, Box<dyn TantivyQuery>)> = each
+            .iter()
+            .filter(|(_, negated, _)| !negated)
+            .map(|(_, _, tq)| (occur, tq.box_clone()))
+            .collect();
         let query: Box<dyn TantivyQuery> = if parts.len() == 1 {
             parts.pop().expect("one").1
         } else {
@@ -196,29 +255,33 @@ impl Database {
         let by_score =
             q.order.is_empty() || matches!(q.order.as_slice(), [(f, true)] if f.is_score());
         let err = |e| tantivy_err(&s.dir, "searching", e);
-        let page: Vec<(f32, Value)> = if rest.is_none() && by_score {
-            let total = searcher.search(&*query, &Count).map_err(err)?;
-            out.total = total as u64;
-            let want = q.offset + q.limit;
-            let top = if q.limit == 0 || total == 0 {
-                Vec::new()
-            } else {
-                let collector = TopDocs::with_limit(want.min(total)).order_by_score();
-                searcher.search(&*query, &collector).map_err(err)?
-            };
-            out.entries_read = top.len() as u64;
-            out.skipped = (q.offset as u64).min(out.total);
-            let mut page = Vec::new();
-            for (score, addr) in top.into_iter().skip(q.offset) {
-                let id = stored_id(&searcher, s, addr)?;
-                if let Some((_, v)) = load(&r, &id, &mut out)? {
-                    page.push((score, v));
+        let page: Vec<(f32, Value)> =
+            if let Some((_, None)) = top_level.as_ref().filter(|_| by_score) {
+                let total = searcher.search(&*query, &Count).map_err(err)?;
+                out.total = total as u64;
+                let want = q.offset + q.limit;
+                let top = if q.limit == 0 || total == 0 {
+                    Vec::new()
+                } else {
+                    let collector = TopDocs::with_limit(want.min(total)).order_by_score();
+                    searcher.search(&*query, &collector).map_err(err)?
+                };
+                out.entries_read = top.len() as u64;
+                out.skipped = (q.offset as u64).min(out.total);
+                let mut page = Vec::new();
+                for (score, addr) in top.into_iter().skip(q.offset) {
+                    let id = stored_id(&searcher, s, addr)?;
+                    if let Some((_, v)) = load(&r, &id, &mut out)? {
+                        page.push((score, v));
+                    }
                 }
-            }
-            page
-        } else {
-            self.search_sorted(q, rest.as_ref(), &*query, &searcher, s, &r, &mut out)?
-        };
+                page
+            } else if let Some((_, rest)) = &top_level {
+                self.search_sorted(q, rest.as_ref(), &*query, &searcher, s, &r, &mut out)?
+            } else {
+                let collection = rt.compiled.def.collection.as_deref();
+                self.search_nested(q, filter, collection, &each, &searcher, s, &r, &mut out)?
+            };
         let generators = q
             .highlight
             .iter()
@@ -296,12 +359,10 @@ impl Database {
                 .map_err(err)?
         };
         out.entries_read = all.len() as u64;
-        let order: Vec<(&Field, bool)> = if q.order.is_empty() {
-            vec![]
-        } else {
-            q.order.iter().map(|(f, d)| (f, *d)).collect()
-        };
-        let mut matched: Vec<(Vec<Vec<u8>>, String, f32, DocAddress)> = Vec::new();
+        // Ties: by score alone, in the index's order (as tantivy's top hits break
+        // them, so that both plans give one order); by fields, by document id.
+        let by_score_only = q.order.iter().all(|(f, _)| f.is_score());
+        let mut matched = Vec::new();
         for (score, addr) in all {
             let id = stored_id(searcher, s, addr)?;
             let Some((_, v)) = load(r, &id, out)? else {
@@ -310,49 +371,160 @@ impl Database {
             if rest.is_some_and(|e| !eval(e, &v)) {
                 continue;
             }
-            let keys = if order.is_empty() {
-                vec![score_key(score)]
+            let tie = if by_score_only {
+                address_tie(addr)
             } else {
-                order
-                    .iter()
-                    .map(|(f, _)| {
-                        if f.is_score() {
-                            score_key(score)
-                        } else {
-                            sort_key(field_values(f, &v).first().copied(), f.ci)
-                        }
-                    })
-                    .collect()
+                id.as_bytes().to_vec()
             };
-            matched.push((keys, id, score, addr));
+            matched.push(Ranked {
+                keys: order_keys(q, score, &v),
+                tie,
+                id,
+                score,
+            });
         }
-        let desc = |i: usize| order.get(i).map_or(true, |(_, d)| *d);
-        // Ties: by score alone, in the index's order (as tantivy's top hits break
-        // them, so that both plans give one order); by fields, by document id.
-        let by_score_only = order.iter().all(|(f, _)| f.is_score());
-        matched.sort_by(|a, b| {
-            for (i, (x, y)) in a.0.iter().zip(&b.0).enumerate() {
-                let o = if desc(i) { y.cmp(x) } else { x.cmp(y) };
-                if o.is_ne() {
-                    return o;
-                }
-            }
-            if by_score_only {
-                a.3.cmp(&b.3)
-            } else {
-                a.1.cmp(&b.1)
-            }
-        });
-        out.total = matched.len() as u64;
-        out.skipped = (q.offset as u64).min(out.total);
-        let mut page = Vec::new();
-        for (_, id, score, _) in matched.into_iter().skip(q.offset).take(q.limit) {
-            if let Some((_, v)) = load(r, &id, out)? {
-                page.push((score, v));
-            }
-        }
-        Ok(page)
+        page_of(q, matched, r, out)
     }
+
+    /// A `where` with a `search()` under `or` or `not` (see the module's comment).
+    #[allow(clippy::too_many_arguments)]
+    fn search_nested(
+        &self,
+        q: &Query,
+        filter: &Expr,
+        collection: Option<&str>,
+        each: &[(&SearchText, bool, Box<dyn TantivyQuery>)],
+        searcher: &Searcher,
+        s: &SearchIndex,
+        r: &kiln_storage::ReadTxn<'_>,
+        out: &mut QueryResult,
+    ) -> Result<Vec<(f32, Value)>> {
+        let err = |e| tantivy_err(&s.dir, "searching", e);
+        let max = self.indexer().options().max_scan_docs;
+        // Each search's matches: its text's address (a search() is known by it) ->
+        // (negated, id -> score).
+        let mut matches: Vec<(*const SearchText, bool, HashMap<String, f32>)> = Vec::new();
+        for (text, negated, query) in each {
+            let total = searcher.search(&**query, &Count).map_err(err)?;
+            if total > max {
+                return Err(DocError::QueryTooExpensive(format!(
+                    "{total} documents match search('{}') under an or / not (at most {max} \
+                     are read); narrow it, or make it a condition of the where's top-level and",
+                    text.text
+                )));
+            }
+            let hits = if total == 0 {
+                Vec::new()
+            } else {
+                searcher
+                    .search(&**query, &TopDocs::with_limit(total).order_by_score())
+                    .map_err(err)?
+            };
+            out.entries_read += hits.len() as u64;
+            let mut ids = HashMap::with_capacity(hits.len());
+            for (score, addr) in hits {
+                ids.insert(stored_id(searcher, s, addr)?, score);
+            }
+            matches.push((*text as *const SearchText, *negated, ids));
+        }
+        let candidates: Vec<String> = if needs_a_match(filter) {
+            let union: BTreeSet<&String> = matches.iter().flat_map(|(_, _, m)| m.keys()).collect();
+            union.into_iter().cloned().collect()
+        } else {
+            let c = collection.ok_or_else(|| {
+                invalid(
+                    "a search() under or / not that any document may satisfy needs a collection",
+                )
+            })?;
+            let n = self.collection_len(c)?;
+            if n > max as u64 {
+                return Err(DocError::QueryTooExpensive(format!(
+                    "the where holds for documents that match no search() (a search() under \
+                     or / not), so all {n} documents of {c} would be read (at most {max})"
+                )));
+            }
+            let mut ids = Vec::new();
+            super::for_each_in_collection(r, c, out, |d, _| ids.push(d.id))?;
+            ids
+        };
+        let mut matched = Vec::new();
+        for id in candidates {
+            let Some((d, v)) = load(r, &id, out)? else {
+                continue;
+            };
+            if collection.is_some_and(|c| d.collection.as_deref() != Some(c)) {
+                continue;
+            }
+            let found = |t: &SearchText| {
+                matches
+                    .iter()
+                    .find(|(p, ..)| std::ptr::eq(*p, t))
+                    .is_some_and(|(_, _, m)| m.contains_key(&id))
+            };
+            if !eval_with(filter, &v, &|_, t| found(t)) {
+                continue;
+            }
+            let score: f32 = matches
+                .iter()
+                .filter(|(_, negated, _)| !negated)
+                .filter_map(|(_, _, m)| m.get(&id))
+                .sum();
+            matched.push(Ranked {
+                keys: order_keys(q, score, &v),
+                tie: id.as_bytes().to_vec(),
+                id,
+                score,
+            });
+        }
+        page_of(q, matched, r, out)
+    }
+}
+
+/// A match's sort keys: the query's order (score as a key like the fields), or
+/// its score alone.
+fn order_keys(q: &Query, score: f32, v: &Value) -> Vec<Vec<u8>> {
+    if q.order.is_empty() {
+        return vec![score_key(score)];
+    }
+    q.order
+        .iter()
+        .map(|(f, _)| {
+            if f.is_score() {
+                score_key(score)
+            } else {
+                sort_key(field_values(f, v).first().copied(), f.ci)
+            }
+        })
+        .collect()
+}
+
+/// Sorts the matches by the query's order (descending where no order is given:
+/// the score), then their tie-breakers, and loads the page's documents.
+fn page_of(
+    q: &Query,
+    mut matched: Vec<Ranked>,
+    r: &kiln_storage::ReadTxn<'_>,
+    out: &mut QueryResult,
+) -> Result<Vec<(f32, Value)>> {
+    let desc = |i: usize| q.order.get(i).map_or(true, |(_, d)| *d);
+    matched.sort_by(|a, b| {
+        for (i, (x, y)) in a.keys.iter().zip(&b.keys).enumerate() {
+            let o = if desc(i) { y.cmp(x) } else { x.cmp(y) };
+            if o.is_ne() {
+                return o;
+            }
+        }
+        a.tie.cmp(&b.tie)
+    });
+    out.total = matched.len() as u64;
+    out.skipped = (q.offset as u64).min(out.total);
+    let mut page = Vec::new();
+    for m in matched.into_iter().skip(q.offset).take(q.limit) {
+        if let Some((_, v)) = load(r, &m.id, out)? {
+            page.push((m.score, v));
+        }
+    }
+    Ok(page)
 }
 
 /// The Kiln id of a tantivy document.
