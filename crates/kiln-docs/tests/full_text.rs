@@ -660,3 +660,54 @@ fn equal_scores_page_the_same_whichever_plan_answers() {
     drop(db);
     store.close().unwrap();
 }
+
+#[test]
+fn fuzzy_words_match_within_their_edits() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), options()).unwrap();
+    let db = store.create_database("f").unwrap();
+    db.define_index(search_def("w_text", "w", &[("body", "standard")]))
+        .unwrap();
+    for (id, body) in [
+        ("w/1", "quick brown"),
+        ("w/2", "quack"),
+        ("w/3", "quickly"),
+        ("w/4", "Quick"),
+        ("w/5", "slow"),
+    ] {
+        db.put(
+            id,
+            json!({"body": body, "@metadata": {"@collection": "w"}})
+                .to_string()
+                .as_bytes(),
+            Condition::None,
+        )
+        .unwrap();
+    }
+    let ids = |text: &str| -> BTreeSet<String> {
+        let r = query(&db, &format!("from w where search(body, '{text}')"));
+        results(&r)
+            .iter()
+            .map(|v| v["@metadata"]["@id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let set = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    // A swap is one edit; the word is lowercased as the index's terms are.
+    assert_eq!(ids("QUIKC~1"), set(&["w/1", "w/4"]));
+    assert_eq!(ids("quikc~0"), set(&[]));
+    assert_eq!(ids("quick~0"), set(&["w/1", "w/4"]));
+    // quack is one substitution away, quickly two insertions.
+    assert_eq!(ids("quick~1"), set(&["w/1", "w/2", "w/4"]));
+    assert_eq!(ids("quick~"), set(&["w/1", "w/2", "w/3", "w/4"]));
+    assert_eq!(ids("quick~ -brown"), set(&["w/2", "w/3", "w/4"]));
+    match db.query(
+        "from w where search(body, 'quick~3')",
+        &Map::new(),
+        QueryOptions::default(),
+    ) {
+        Err(e @ DocError::InvalidQuery { .. }) => assert!(e.to_string().contains("~2"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    drop(db);
+    store.close().unwrap();
+}

@@ -8,6 +8,9 @@
 //! qui*           a word starting with "qui" (lowercased, not stemmed: it matches the
 //!                terms as indexed, so with `english` "runn*" does not find "running",
 //!                indexed as "run")
+//! quikc~         a word within 2 edits of "quikc" (`~1`: within 1; an insertion,
+//!                deletion, substitution or swap of two letters is one edit;
+//!                lowercased, not stemmed, as a prefix; every match scores the same)
 //! +fox           documents must have it;  -slow: documents must not have it
 //! fox^2          counts twice as much in the score (a phrase too: "quick fox"^2)
 //! ```
@@ -32,7 +35,12 @@ pub(crate) enum Kind {
     Words(String),
     Phrase(String),
     Prefix(String),
+    /// A word and the edits allowed (0 to [`MAX_EDITS`]).
+    Fuzzy(String, u8),
 }
+
+/// tantivy's Levenshtein automata go up to two edits (as Lucene's fuzzy queries).
+pub const MAX_EDITS: u8 = 2;
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Clause {
@@ -84,7 +92,25 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Clause>, (usize, String)> {
                 None if word.is_empty() => {
                     return Err((start, "a + or - is followed by a word or a phrase".into()))
                 }
-                None => Kind::Words(word.to_string()),
+                None => match word.split_once('~') {
+                    Some((w, edits)) => {
+                        let edits = match edits {
+                            "" => MAX_EDITS,
+                            n => n.parse().ok().filter(|n| *n <= MAX_EDITS).ok_or((
+                                start,
+                                format!("{word:?}: a fuzzy word is a word then ~, ~0, ~1 or ~2"),
+                            ))?,
+                        };
+                        if w.is_empty() || w.contains('~') {
+                            return Err((
+                                start,
+                                format!("{word:?}: a fuzzy word is a word then ~, ~0, ~1 or ~2"),
+                            ));
+                        }
+                        Kind::Fuzzy(w.to_string(), edits)
+                    }
+                    None => Kind::Words(word.to_string()),
+                },
             }
         };
         let boost = if b.get(i) == Some(&b'^') {
@@ -137,21 +163,20 @@ pub(crate) fn to_query(
 ) -> Box<dyn Query> {
     let mut parts: Vec<(Occur, Box<dyn Query>)> = Vec::new();
     for c in clauses {
+        let normalized = |w: &str| {
+            let w = if lowercase_prefixes {
+                w.to_lowercase()
+            } else {
+                w.to_string()
+            };
+            Term::from_field_text(field, &w)
+        };
         let q: Box<dyn Query> = match &c.kind {
-            Kind::Prefix(p) => {
-                let p = if lowercase_prefixes {
-                    p.to_lowercase()
-                } else {
-                    p.clone()
-                };
-                // Distance 0 with a prefix: every term that starts with `p` (a
-                // constant score, as Lucene's prefix queries have).
-                Box::new(FuzzyTermQuery::new_prefix(
-                    Term::from_field_text(field, &p),
-                    0,
-                    true,
-                ))
-            }
+            // Distance 0 with a prefix: every term that starts with `p` (a
+            // constant score, as Lucene's prefix queries have).
+            Kind::Prefix(p) => Box::new(FuzzyTermQuery::new_prefix(normalized(p), 0, true)),
+            // A swap of two letters counts as one edit (Damerau), as in Lucene.
+            Kind::Fuzzy(w, edits) => Box::new(FuzzyTermQuery::new(normalized(w), *edits, true)),
             Kind::Words(text) | Kind::Phrase(text) => {
                 let mut terms = analyze(analyzer, field, text);
                 match terms.len() {
@@ -195,6 +220,14 @@ mod tests {
         assert_eq!(c[3].boost, Some(2.0));
         assert_eq!(c[4].kind, Kind::Prefix("qui".into()));
         assert_eq!(c[5].boost, Some(1.5));
+        let c = parse("quikc~ fox~1^3 -dgo~0").unwrap();
+        assert_eq!(c[0].kind, Kind::Fuzzy("quikc".into(), 2));
+        assert_eq!(c[1].kind, Kind::Fuzzy("fox".into(), 1));
+        assert_eq!(c[1].boost, Some(3.0));
+        assert_eq!(
+            (c[2].occur, &c[2].kind),
+            (Occur::MustNot, &Kind::Fuzzy("dgo".into(), 0))
+        );
     }
 
     #[test]
@@ -208,6 +241,10 @@ mod tests {
             ("a**", 0),
             ("+ fox", 0),
             ("\"a\"b", 3),
+            ("fox~3", 0),
+            ("~1", 0),
+            ("fox~~", 0),
+            ("fox~x", 0),
         ] {
             let e = parse(text).unwrap_err();
             assert_eq!(e.0, at, "{text}: {e:?}");
