@@ -7,11 +7,14 @@
 //! (`@metadata.@collection`; the id is YCSB's key), with an index on `n` created
 //! first; loaded through the bulk endpoint (`POST /dbs/ycsb/bulk`, 2,000 documents
 //! a request, 4 requests at a time) OUTSIDE the memory limit, the load's cost not
-//! being the question. Then the server is stopped, the cgroup's page cache emptied
-//! (`memory.force_empty`), and the server started again INSIDE the cgroup (its pid
-//! written to `cgroup.procs` at once: its memory and the page cache it reads from
-//! then are charged there), and four phases run on the cold cache, one after
-//! another, `seconds` each with `clients` clients:
+//! being the question. Then the server is stopped, its files written back and
+//! dropped from the page cache (fdatasync + POSIX_FADV_DONTNEED per file: the load's
+//! cached pages are charged to the cgroup the load ran in, and would otherwise serve
+//! reads for free), the limited cgroup emptied (`memory.force_empty`), and the
+//! server started again INSIDE the cgroup (its pid written to `cgroup.procs` at
+//! once: its memory and the page cache it reads from then on are charged there),
+//! and four phases run on the cold cache, one after another, `seconds` each with
+//! `clients` clients:
 //! - GET: W5-style point reads, record numbers uniform over 0..N;
 //! - PUT: W8-style writes of new documents (ids after N), the same shape;
 //! - YB: YCSB B (95% reads, 5% one-field PATCHes, zipfian);
@@ -94,6 +97,36 @@ fn cgroup_memory(cg: &Option<PathBuf>) -> Value {
     json!({"usage_bytes": usage, "cache_bytes": field("cache "), "rss_bytes": field("rss ")})
 }
 
+/// Writes back and drops from the page cache every file under `dir`
+/// (fdatasync, then POSIX_FADV_DONTNEED); returns the bytes of the files.
+fn evict_page_cache(dir: &Path) -> Result<u64> {
+    use std::os::unix::io::AsRawFd;
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)
+            .with_context(|| format!("listing {}", d.display()))?
+            .flatten()
+        {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let f = std::fs::File::open(&p).with_context(|| format!("opening {}", p.display()))?;
+            f.sync_data()
+                .with_context(|| format!("syncing {}", p.display()))?;
+            // SAFETY: an fd we own; fadvise only advises.
+            let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            if rc != 0 {
+                bail!("posix_fadvise(DONTNEED) of {}: error {rc}", p.display());
+            }
+            total += f.metadata().map_or(0, |m| m.len());
+        }
+    }
+    Ok(total)
+}
+
 fn enter_cgroup(cg: &Option<PathBuf>, pid: u32) -> Result<()> {
     if let Some(cg) = cg {
         std::fs::write(cg.join("cgroup.procs"), pid.to_string())
@@ -121,7 +154,6 @@ async fn load(port: u16, params: &Params) -> Result<f64> {
     const STREAMS: u64 = 4;
     let start = Instant::now();
     let tasks = (0..STREAMS).map(|s| async move {
-        let mut c = KilnConn::connect(port).await?;
         let mut first = s * PER_REQUEST;
         while first < params.records {
             let mut body = Vec::with_capacity(PER_REQUEST as usize * 1300);
@@ -132,6 +164,8 @@ async fn load(port: u16, params: &Params) -> Result<f64> {
                 )?;
                 body.push(b'\n');
             }
+            // A connection per request: the server closes one after a bulk insert.
+            let mut c = KilnConn::connect(port).await?;
             let answer = c
                 .expect(
                     hyper::Method::POST,
@@ -318,6 +352,15 @@ pub fn run(dir: &Path, params: &Params, curve: &Curve) -> Result<Value> {
     );
     drop(system);
     let (_, on_disk) = crate::space::dir_bytes(&dir.join("kiln-data"));
+    // The load's pages are cached and charged to the cgroup this ran in, not to the
+    // limited one: out of the page cache with them, file by file (no global
+    // drop_caches on a shared machine).
+    let evicted = evict_page_cache(&dir.join("kiln-data"))?;
+    eprintln!(
+        "CURVE: {} MB on disk; asked the kernel to drop {} MB of its cached pages",
+        on_disk / 1_000_000,
+        evicted / 1_000_000
+    );
     if let Some(cg) = &curve.cgroup {
         // Empty the cgroup's page cache (it holds no task now).
         std::fs::write(cg.join("memory.force_empty"), "0")

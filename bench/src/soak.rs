@@ -49,6 +49,10 @@ pub struct Soak {
 #[derive(Debug, Clone, Copy, Default)]
 struct Resources {
     rss_bytes: u64,
+    /// RSS's anonymous part (heap, buffers) and its file-backed part (the data
+    /// file's mapped pages: page cache the kernel can drop).
+    rss_anon_bytes: u64,
+    rss_file_bytes: u64,
     open_files: u64,
     journal_files: u64,
     journal_bytes: u64,
@@ -56,17 +60,20 @@ struct Resources {
 }
 
 fn sample(pid: u32, data: &Path) -> Resources {
-    let rss_bytes = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    let rss_bytes = kb("VmRSS:");
     let open_files = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64);
     let mut r = Resources {
         rss_bytes,
+        rss_anon_bytes: kb("RssAnon:"),
+        rss_file_bytes: kb("RssFile:"),
         open_files,
         ..Default::default()
     };
@@ -164,8 +171,8 @@ pub fn run(dir: &Path, params: &Params, soak: &Soak) -> Result<Value> {
             params.records, soak.clients, soak.seconds, soak.interval_seconds
         );
         eprintln!(
-            "{:>7} {:>9} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9}",
-            "minute", "ops/s", "p50 us", "p99 us", "RSS MiB", "fds", "journals", "data MiB"
+            "{:>7} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9}",
+            "minute", "ops/s", "p50 us", "p99 us", "RSS MiB", "anon MiB", "fds", "journals", "data MiB"
         );
         let seq = InsertSequence::new(params.records);
         let mut conns = Vec::new();
@@ -210,12 +217,13 @@ pub fn run(dir: &Path, params: &Params, soak: &Soak) -> Result<Value> {
                     let r = sample(pid, &data);
                     let ops_per_sec = l.len() as f64 / soak.interval_seconds;
                     eprintln!(
-                        "{:>7.2} {:>9.0} {:>8.0} {:>8.0} {:>8} {:>6} {:>8} {:>9}",
+                        "{:>7.2} {:>9.0} {:>8.0} {:>8.0} {:>8} {:>8} {:>6} {:>8} {:>9}",
                         elapsed / 60.0,
                         ops_per_sec,
                         p_us(&l, 0.5),
                         p_us(&l, 0.99),
                         r.rss_bytes >> 20,
+                        r.rss_anon_bytes >> 20,
                         r.open_files,
                         r.journal_files,
                         r.data_file_bytes >> 20
@@ -224,7 +232,8 @@ pub fn run(dir: &Path, params: &Params, soak: &Soak) -> Result<Value> {
                         "workload": "SOAK", "engine": "kiln", "minute": elapsed / 60.0,
                         "operations": l.len(), "ops_per_sec": ops_per_sec,
                         "p50_us": p_us(&l, 0.5), "p99_us": p_us(&l, 0.99),
-                        "rss_bytes": r.rss_bytes, "open_files": r.open_files,
+                        "rss_bytes": r.rss_bytes, "rss_anon_bytes": r.rss_anon_bytes,
+                        "rss_file_bytes": r.rss_file_bytes, "open_files": r.open_files,
                         "journal_files": r.journal_files, "journal_bytes": r.journal_bytes,
                         "data_file_bytes": r.data_file_bytes,
                     }));
