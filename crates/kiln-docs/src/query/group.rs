@@ -59,6 +59,12 @@ impl Database {
         if let Some((rt, _)) = &index {
             self.use_index(rt, opts);
         }
+        // With search(): the groups of the search's matches (at most max_scan_docs
+        // of each search), from the full-text index waited for here.
+        if q.filter.as_ref().is_some_and(Expr::has_search) {
+            let rt = self.search_runtime(q)?;
+            self.use_index(&rt, opts);
+        }
         let r = env.begin_read()?;
         let db_seq = super::read_last_sequence(&r)?;
         let mut out = empty_result(self, db_seq);
@@ -197,6 +203,11 @@ impl Database {
         max_scan: usize,
         out: &mut QueryResult,
     ) -> Result<Vec<GroupRow>> {
+        if q.filter.as_ref().is_some_and(Expr::has_search) {
+            let docs = self.search_documents(q, r, out)?;
+            let reducible = docs.iter().filter(|d| reducer.contribution(d).is_ok());
+            return reduce::reduce_documents(reducer, reducible).map_err(|e| invalid(&e));
+        }
         let count = r
             .get(COUNTS, collection.as_bytes())?
             .map_or(Ok(0), |b| decode_u64(b, "collection count"))?;

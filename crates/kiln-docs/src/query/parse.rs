@@ -487,13 +487,6 @@ impl<'a> Parser<'a> {
                 "score() and highlight() need a search() in the where",
             ));
         }
-        if searching && group.is_some() {
-            return Err(error_at(
-                self.text,
-                0,
-                "search() and group by do not go together yet",
-            ));
-        }
         Ok(Query {
             source,
             filter,

@@ -180,6 +180,65 @@ impl Database {
         self.search_index_for(q, &fields)
     }
 
+    /// The full-text index of the `search()` conditions of `filter` and each of
+    /// them as a tantivy query, with whether it is under a `not`.
+    fn prepare_searches<'q>(
+        &self,
+        q: &Query,
+        filter: &'q Expr,
+    ) -> Result<(Arc<Runtime>, Searches<'q>)> {
+        let mut searches = Vec::new();
+        searches_in(filter, false, &mut searches);
+        let fields: Vec<&Field> = searches.iter().map(|(f, ..)| *f).collect();
+        let rt = self.search_index_for(q, &fields)?;
+        let s = searching(&rt)?;
+        let mut each: Searches<'q> = Vec::new();
+        for (f, t, negated) in searches {
+            let i = field_no(&rt, f)?;
+            let mut analyzer = s.analyzer(i)?;
+            let lowercase = s.analyzers[i] != "keyword";
+            let tq =
+                crate::search::text::to_query(&t.clauses, s.fields[i], &mut analyzer, lowercase);
+            each.push((t, negated, tq));
+        }
+        Ok((rt, each))
+    }
+
+    /// Every document of the query's collection that its `where`, with its
+    /// `search()` conditions, holds for, as of the snapshot `r` (for a `group by`;
+    /// the full-text index's runtime was waited for with `search_runtime`). Sets
+    /// `out`'s index and staleness.
+    pub(super) fn search_documents(
+        &self,
+        q: &Query,
+        r: &kiln_storage::ReadTxn<'_>,
+        out: &mut QueryResult,
+    ) -> Result<Vec<Value>> {
+        let filter = q.filter.as_ref().ok_or_else(|| invalid("no search()"))?;
+        let (rt, each) = self.prepare_searches(q, filter)?;
+        let s = searching(&rt)?;
+        let db_seq = read_last_sequence(r)?;
+        // The searcher after the index's sequence, as in run_search.
+        let indexed = rt.last_sequence.load(std::sync::atomic::Ordering::SeqCst);
+        let searcher = s.reader.searcher();
+        out.index = Some(rt.name().to_string());
+        out.index_etag = (indexed > 0).then(|| self.etag_at(indexed));
+        out.stale = indexed < db_seq;
+        let collection = rt.compiled.def.collection.as_deref();
+        let mut docs = Vec::new();
+        self.search_matches(
+            filter,
+            collection,
+            &each,
+            &searcher,
+            s,
+            r,
+            out,
+            |_, _, v| docs.push(v),
+        )?;
+        Ok(docs)
+    }
+
     /// Runs a query whose `where` has `search()` (see the module's comment).
     pub(super) fn run_search(
         &self,
@@ -188,32 +247,10 @@ impl Database {
         started: Instant,
     ) -> Result<QueryResult> {
         let filter = q.filter.as_ref().ok_or_else(|| invalid("no search()"))?;
-        let mut searches = Vec::new();
-        searches_in(filter, false, &mut searches);
-        let fields: Vec<&Field> = searches.iter().map(|(f, ..)| *f).collect();
-        let rt = self.search_index_for(q, &fields)?;
+        let (rt, each) = self.prepare_searches(q, filter)?;
         self.use_index(&rt, opts);
-        let s = rt
-            .search
-            .as_ref()
-            .ok_or_else(|| invalid("not a full-text index"))?;
-        let field_no = |f: &Field| {
-            rt.compiled
-                .def
-                .fields
-                .iter()
-                .position(|d| d.path == f.path)
-                .ok_or_else(|| invalid(format!("{} is not a field of the index", f.path)))
-        };
-        let mut each: Vec<(&SearchText, bool, Box<dyn TantivyQuery>)> = Vec::new();
-        for (f, t, negated) in &searches {
-            let i = field_no(f)?;
-            let mut analyzer = s.analyzer(i)?;
-            let lowercase = s.analyzers[i] != "keyword";
-            let tq =
-                crate::search::text::to_query(&t.clauses, s.fields[i], &mut analyzer, lowercase);
-            each.push((t, *negated, tq));
-        }
+        let s = searching(&rt)?;
+        let field_no = |f: &Field| field_no(&rt, f);
         let top_level = split(filter);
         // All searches as one query: every one required (top-level `and`), or, for
         // the highlights of a search under or/not, any one outside a `not`.
@@ -399,6 +436,42 @@ impl Database {
         r: &kiln_storage::ReadTxn<'_>,
         out: &mut QueryResult,
     ) -> Result<Vec<(f32, Value)>> {
+        let mut matched = Vec::new();
+        self.search_matches(
+            filter,
+            collection,
+            each,
+            searcher,
+            s,
+            r,
+            out,
+            |id, score, v| {
+                matched.push(Ranked {
+                    keys: order_keys(q, score, &v),
+                    tie: id.as_bytes().to_vec(),
+                    id,
+                    score,
+                })
+            },
+        )?;
+        page_of(q, matched, r, out)
+    }
+
+    /// Visits every document `filter` holds for, with each `search()` answered by
+    /// membership in its matches (any shape of `where`; see the module's comment),
+    /// with its id and score.
+    #[allow(clippy::too_many_arguments)]
+    fn search_matches(
+        &self,
+        filter: &Expr,
+        collection: Option<&str>,
+        each: &[(&SearchText, bool, Box<dyn TantivyQuery>)],
+        searcher: &Searcher,
+        s: &SearchIndex,
+        r: &kiln_storage::ReadTxn<'_>,
+        out: &mut QueryResult,
+        mut visit: impl FnMut(String, f32, Value),
+    ) -> Result<()> {
         let err = |e| tantivy_err(&s.dir, "searching", e);
         let max = self.indexer().options().max_scan_docs;
         // Each search's matches: its text's address (a search() is known by it) ->
@@ -447,7 +520,6 @@ impl Database {
             super::for_each_in_collection(r, c, out, |d, _| ids.push(d.id))?;
             ids
         };
-        let mut matched = Vec::new();
         for id in candidates {
             let Some((d, v)) = load(r, &id, out)? else {
                 continue;
@@ -469,15 +541,30 @@ impl Database {
                 .filter(|(_, negated, _)| !negated)
                 .filter_map(|(_, _, m)| m.get(&id))
                 .sum();
-            matched.push(Ranked {
-                keys: order_keys(q, score, &v),
-                tie: id.as_bytes().to_vec(),
-                id,
-                score,
-            });
+            visit(id, score, v);
         }
-        page_of(q, matched, r, out)
+        Ok(())
     }
+}
+
+/// Each `search()` of a `where` as a tantivy query, with whether it is under a `not`.
+type Searches<'q> = Vec<(&'q SearchText, bool, Box<dyn TantivyQuery>)>;
+
+/// A full-text index's tantivy side.
+fn searching(rt: &Runtime) -> Result<&SearchIndex> {
+    rt.search
+        .as_ref()
+        .ok_or_else(|| invalid("not a full-text index"))
+}
+
+/// The position of `f` among the index's fields.
+fn field_no(rt: &Runtime, f: &Field) -> Result<usize> {
+    rt.compiled
+        .def
+        .fields
+        .iter()
+        .position(|d| d.path == f.path)
+        .ok_or_else(|| invalid(format!("{} is not a field of the index", f.path)))
 }
 
 /// A match's sort keys: the query's order (score as a key like the fields), or
