@@ -340,12 +340,16 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
     match write_backup(&taking, &partial) {
         Ok((report, file)) => {
             finish_file(file, &partial, &out)?;
+            let blobs = save_blobs(&taking, &out)?;
             let secs = started.elapsed().as_secs_f64();
             summary(
                 "backup",
                 &report,
                 secs,
-                &[("file", out.display().to_string())],
+                &[
+                    ("file", out.display().to_string()),
+                    ("attachment_blobs", blobs.to_string()),
+                ],
                 a.json,
             );
             Ok(ExitCode::SUCCESS)
@@ -354,6 +358,26 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
             let _ = std::fs::remove_file(&partial);
             Err(e)
         }
+    }
+}
+
+/// Copies the database's attachment blobs beside the backup file `out`
+/// (`backup_blobs.rs`); the number copied.
+fn save_blobs(taking: &TakeBackup, out: &Path) -> AnyResult<u64> {
+    let target = &taking.args.target;
+    let base = taking.args.incremental_since.as_deref();
+    if let Some(url) = &target.url {
+        let ep = Endpoint::parse(url, target.api_key.clone(), &target.tls)?;
+        crate::backup_blobs::save_from_server(&ep, &taking.db, out, base)
+    } else if let Some(dir) = &target.data_dir {
+        let store = kiln_docs::DocStore::open(dir, kiln_docs::DocsOptions::default())?;
+        let database = store.database(&taking.db)?;
+        let copied = crate::backup_blobs::save_offline(&database, out, base);
+        drop(database);
+        store.close()?;
+        copied
+    } else {
+        Ok(0)
     }
 }
 
@@ -618,7 +642,19 @@ pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
         writes_skipped: report.writes_skipped,
         bytes_read: report.bytes_read,
     };
-    let mut extra = vec![("restored_as", a.db.clone())];
+    // The attachments' bytes, beside the backup files (`backup_blobs.rs`).
+    let blobs = match (offline_dir, &a.url) {
+        (Some(dir), _) => crate::backup_blobs::restore_offline(dir, &a.db, &a.files)?,
+        (None, Some(url)) => {
+            let ep = Endpoint::parse(url, a.api_key.clone(), &a.tls)?;
+            crate::backup_blobs::restore_to_server(&ep, &a.db, &a.files)?
+        }
+        (None, None) => 0,
+    };
+    let mut extra = vec![
+        ("restored_as", a.db.clone()),
+        ("attachment_blobs", blobs.to_string()),
+    ];
     match (&a.url, &a.data_dir) {
         (Some(u), _) => extra.push(("server", u.clone())),
         (_, Some(d)) => extra.push(("data_dir", d.display().to_string())),

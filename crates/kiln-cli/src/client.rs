@@ -327,18 +327,29 @@ impl Endpoint {
     /// Starts `POST path` with a chunked body: the writer for the body (see
     /// [`ChunkedWriter`]) and a handle that reads the answer when called.
     pub fn start_upload(&self, path: &str) -> Result<(ChunkedWriter, Upload), ClientError> {
+        self.start_upload_with("POST", path, "content-type: application/x-ndjson\r\n")
+    }
+
+    /// `start_upload` with another method and headers (`extra`: lines ending in
+    /// CRLF), e.g. an attachment's PUT.
+    pub fn start_upload_with(
+        &self,
+        method: &str,
+        path: &str,
+        extra: &str,
+    ) -> Result<(ChunkedWriter, Upload), ClientError> {
         let Connection {
             read,
             write: mut w,
             socket,
         } = self.connect()?;
         let head = self.head(
-            "POST",
+            method,
             path,
-            "content-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n",
+            &format!("{extra}transfer-encoding: chunked\r\n"),
         );
         w.write_all(head.as_bytes())
-            .map_err(io_err(format!("sending POST {path}")))?;
+            .map_err(io_err(format!("sending {method} {path}")))?;
         Ok((ChunkedWriter { out: w }, Upload { read, socket }))
     }
 }

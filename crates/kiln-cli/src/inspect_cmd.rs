@@ -51,6 +51,8 @@ pub fn check(dir: &Path, json: bool) -> AnyResult<ExitCode> {
 fn check_one(name: &str, dir: &Path, json: bool) -> AnyResult<bool> {
     let env = Env::open(dir, Options::default())?;
     let report = env.check()?;
+    let attachments = check_attachments(dir, &env)?;
+    let attachments_clean = attachments.as_ref().is_none_or(|a| a.is_ok());
     if json {
         let problems: Vec<_> = report
             .problems
@@ -60,6 +62,10 @@ fn check_one(name: &str, dir: &Path, json: bool) -> AnyResult<bool> {
         let mut v = serde_json::json!({"database": name, "path": dir, "clean": report.is_clean(), "txn_id": report.txn_id, "trees": report.trees, "entries": report.entries, "pages_total": report.pages_total, "pages_reachable": report.pages_reachable, "pages_free": report.pages_free, "problems": problems});
         v["page_size"] = kiln_storage::PAGE_SIZE.into();
         v["tree_space"] = tree_space(&env, &report)?;
+        if let Some(a) = &attachments {
+            v["attachments"] = attachments_json(a);
+            v["clean"] = (report.is_clean() && attachments_clean).into();
+        }
         println!("{v}");
     } else {
         println!("database {name}:");
@@ -84,53 +90,58 @@ fn check_one(name: &str, dir: &Path, json: bool) -> AnyResult<bool> {
             }
         );
     }
-    let attachments_clean = check_attachments(name, dir, &env, json)?;
+    if let (false, Some(a)) = (json, &attachments) {
+        print_attachments(a);
+    }
     Ok(report.is_clean() && attachments_clean)
 }
 
 /// A database's attachments (`kiln_docs::check_attachments_at`: every blob
-/// re-hashed, files nothing names, reference counts against the documents); true
-/// when clean or when the directory holds none.
-fn check_attachments(name: &str, dir: &Path, env: &Env, json: bool) -> AnyResult<bool> {
+/// re-hashed, files nothing names, reference counts against the documents);
+/// `None` when the directory holds none.
+fn check_attachments(dir: &Path, env: &Env) -> AnyResult<Option<kiln_docs::AttachmentCheck>> {
     if !dir.join("attachments").exists() {
-        return Ok(true);
+        return Ok(None);
     }
-    let a = kiln_docs::check_attachments_at(env, dir)?;
-    if json {
-        let miscounted: Vec<_> = a.miscounted.iter().map(|(h, counted, named)| serde_json::json!({"hash": h, "counted": counted, "named": named})).collect();
+    Ok(Some(kiln_docs::check_attachments_at(env, dir)?))
+}
+
+fn attachments_json(a: &kiln_docs::AttachmentCheck) -> serde_json::Value {
+    let miscounted: Vec<_> = a
+        .miscounted
+        .iter()
+        .map(|(h, counted, named)| serde_json::json!({"hash": h, "counted": counted, "named": named}))
+        .collect();
+    serde_json::json!({"clean": a.is_ok(), "blobs": a.blobs, "bytes": a.bytes, "missing": a.missing, "corrupt": a.corrupt, "unreferenced": a.unreferenced, "miscounted": miscounted})
+}
+
+fn print_attachments(a: &kiln_docs::AttachmentCheck) {
+    println!(
+        "attachments: {} blobs, {} bytes re-hashed",
+        a.blobs, a.bytes
+    );
+    for h in &a.missing {
+        println!("PROBLEM attachment blob {h} is missing");
+    }
+    for h in &a.corrupt {
+        println!("PROBLEM attachment blob {h} does not hash to its name (or has the wrong size)");
+    }
+    for p in &a.unreferenced {
+        println!("PROBLEM {p} is named by no reference (removed at the next open)");
+    }
+    for (h, counted, named) in &a.miscounted {
         println!(
-            "{}",
-            serde_json::json!({"database": name, "attachments": {"clean": a.is_ok(), "blobs": a.blobs, "bytes": a.bytes, "missing": a.missing, "corrupt": a.corrupt, "unreferenced": a.unreferenced, "miscounted": miscounted}})
-        );
-    } else {
-        println!(
-            "attachments: {} blobs, {} bytes re-hashed",
-            a.blobs, a.bytes
-        );
-        for h in &a.missing {
-            println!("PROBLEM attachment blob {h} is missing");
-        }
-        for h in &a.corrupt {
-            println!(
-                "PROBLEM attachment blob {h} does not hash to its name (or has the wrong size)"
-            );
-        }
-        for p in &a.unreferenced {
-            println!("PROBLEM {p} is named by no reference (removed at the next open)");
-        }
-        for (h, counted, named) in &a.miscounted {
-            println!("PROBLEM attachment {h}: counted {counted} references, documents name it {named} times");
-        }
-        println!(
-            "{}",
-            if a.is_ok() {
-                "ok: attachments intact"
-            } else {
-                "FAILED"
-            }
+            "PROBLEM attachment {h}: counted {counted} references, documents name it {named} times"
         );
     }
-    Ok(a.is_ok())
+    println!(
+        "{}",
+        if a.is_ok() {
+            "ok: attachments intact"
+        } else {
+            "FAILED"
+        }
+    );
 }
 
 /// Per tree: its entries' key and value bytes (read through a cursor, values as

@@ -1,5 +1,7 @@
 //! `kiln`: the command-line tool.
 
+mod attachments_cmd;
+mod backup_blobs;
 mod backup_cmd;
 mod bench_cmd;
 mod client;
@@ -122,6 +124,10 @@ enum Command {
     /// (a name and `from <collection> [where ...]`), delete one.
     #[command(subcommand)]
     Subscriptions(subscriptions_cmd::SubscriptionsCommand),
+    /// A document's attachments on a server: put a file (streamed), get one to a
+    /// file or standard output, list them, delete one.
+    #[command(subcommand)]
+    Attachments(attachments_cmd::AttachmentsCommand),
     /// Run a query against a server: `kiln query --url U --db DB "from users where ..."`.
     Query(query_cmd::QueryArgs),
     /// Raw key-value access to one storage environment (no documents).
@@ -232,6 +238,7 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
         Command::Cluster(cmd) => cluster_cmd::run(cmd)?,
         Command::Revisions(cmd) => revisions_cmd::run(cmd)?,
         Command::Subscriptions(cmd) => subscriptions_cmd::run(cmd)?,
+        Command::Attachments(cmd) => attachments_cmd::run(cmd)?,
         Command::Put {
             data_dir,
             database,

@@ -216,6 +216,68 @@ fn attachments_stream_with_ranges_etags_and_the_document() {
         b"",
     );
     assert_eq!((s.status, &s.body[..]), (200, &b"staged"[..]));
+    // A backup carries the bytes beside its file; a restore puts them back.
+    let url = format!("http://127.0.0.1:{port}");
+    let backup = dir.path().join("d.kbak");
+    let b = backup.to_str().unwrap();
+    let o = common::kiln(&["backup", "--url", &url, "--db", "d", "--out", b, "-q"]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    let sidecar = std::fs::read_dir(dir.path().join("d.kbak.attachments")).unwrap();
+    assert_eq!(sidecar.count(), 2, "the two blobs beside the backup");
+    let o = common::kiln(&["restore", "--url", &url, "--db", "d2", b, "-q"]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    let back = raw(port, "GET", &path.replace("/dbs/d/", "/dbs/d2/"), &[], b"");
+    assert_eq!(back.status, 200);
+    assert!(back.body == data, "the restored attachment differs");
+    let s2 = raw(
+        port,
+        "GET",
+        "/dbs/d2/docs/users/2/attachments/s.txt",
+        &[],
+        b"",
+    );
+    assert_eq!((s2.status, &s2.body[..]), (200, &b"staged"[..]));
+    // The CLI's own commands.
+    let file = dir.path().join("small.txt");
+    std::fs::write(&file, b"from the cli").unwrap();
+    let f = file.to_str().unwrap();
+    let args = [
+        "attachments",
+        "put",
+        "--url",
+        &url,
+        "--db",
+        "d",
+        "users/1",
+        "cli.txt",
+        f,
+    ];
+    let o = common::kiln(&[&args[..], &["--content-type", "text/plain"]].concat());
+    assert!(o.status.success(), "{}", common::text(&o));
+    let o = common::kiln(&[
+        "attachments",
+        "get",
+        "--url",
+        &url,
+        "--db",
+        "d",
+        "users/1",
+        "cli.txt",
+    ]);
+    assert_eq!(o.stdout, b"from the cli", "{}", common::text(&o));
+    let o = common::kiln(&["attachments", "list", "--url", &url, "--db", "d", "users/1"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("cli.txt  12 bytes  text/plain"));
+    let o = common::kiln(&[
+        "attachments",
+        "delete",
+        "--url",
+        &url,
+        "--db",
+        "d",
+        "users/1",
+        "cli.txt",
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o));
     // Delete.
     let del = raw(port, "DELETE", path, &[], b"");
     assert_eq!(del.status, 200, "{}", String::from_utf8_lossy(&del.body));
@@ -236,4 +298,13 @@ fn attachments_stream_with_ranges_etags_and_the_document() {
     assert_eq!(files.len(), 1, "{files:?}");
     child.kill().unwrap();
     child.wait().unwrap();
+    // kiln check re-hashes the blobs: clean, then a changed byte is found.
+    let d = dir.path().to_str().unwrap();
+    let o = common::kiln(&["check", d]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    assert!(common::text(&o).contains("ok: attachments intact"));
+    std::fs::write(&files[0], b"changed").unwrap();
+    let o = common::kiln(&["check", "--json", d]);
+    assert_eq!(o.status.code(), Some(1), "{}", common::text(&o));
+    assert!(common::text(&o).contains("\"corrupt\":[\""), "{}", common::text(&o));
 }

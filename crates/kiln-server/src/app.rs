@@ -54,7 +54,12 @@ pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
         .route(
             "/dbs/{db}/attachments",
             post(crate::routes::attachments::stage)
+                .get(crate::routes::attachments::list_blobs)
                 .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/dbs/{db}/attachments/{hash}",
+            get(crate::routes::attachments::get_blob),
         )
         .route("/dbs/{db}/backup", get(crate::routes::backup::backup))
         .route(

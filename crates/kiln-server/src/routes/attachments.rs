@@ -202,6 +202,60 @@ pub async fn stage(
     ))
 }
 
+/// `GET /dbs/{db}/attachments`: every blob the database holds (hash and size),
+/// for `kiln backup` to copy.
+pub async fn list_blobs(
+    State(state): State<SharedState>,
+    axum::extract::Path(db): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    refuse_in_cluster(&state, "attachments")?;
+    let database = state.store.database(&db)?;
+    let blobs = blocking(move || database.attachment_blobs()).await?;
+    let blobs: Vec<_> = blobs
+        .into_iter()
+        .map(|(hash, size)| json!({"hash": hash, "size": size}))
+        .collect();
+    Ok(crate::http_util::json_response(
+        StatusCode::OK,
+        json!({ "blobs": blobs }).to_string(),
+    ))
+}
+
+/// `GET /dbs/{db}/attachments/{hash}`: a blob's bytes by hash, streamed and
+/// checked as they go (for `kiln backup`).
+pub async fn get_blob(
+    State(state): State<SharedState>,
+    axum::extract::Path((db, hash)): axum::extract::Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    refuse_in_cluster(&state, "attachments")?;
+    let database = state.store.database(&db)?;
+    let path = database.attachment_blob_path(&hash)?;
+    let file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ApiError::new(
+                ErrorCode::AttachmentNotFound,
+                format!("the database holds no attachment bytes with hash {hash}"),
+            ))
+        }
+        Err(source) => return Err(kiln_docs::DocError::Io { path, source }.into()),
+    };
+    let len = file
+        .metadata()
+        .map_err(|source| kiln_docs::DocError::Io {
+            path: path.clone(),
+            source,
+        })?
+        .len();
+    Ok(Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, len)
+        .header(header::ETAG, format!("\"{hash}\""))
+        .body(send_file(file, 0, len, Some(hash)))
+        .expect("a valid response"))
+}
+
 /// A single byte range of a `size`-byte body: `Ok(None)` for the whole body (no
 /// Range, several ranges, or one this server does not parse: RFC 9110 lets a
 /// server ignore Range), `Err` for an unsatisfiable one.
