@@ -5,7 +5,7 @@
 # memory cgroup of 2 GiB (page cache included), and measures point GETs, PUTs, YCSB B
 # and an index query on the cold cache (bench/src/curve.rs).
 #
-# By hand, as root, not in .ci/run: 10M documents take ~25 GB of disk and the CI
+# By hand, as root, not in .ci/run: 10M documents take ~29 GB of disk and the CI
 # machine has ~25 GB free. A size is skipped (and said so) when the disk would keep
 # less than KEEP_FREE_GB (default 15) free after it.
 #
@@ -13,7 +13,7 @@
 # (/sys/fs/cgroup/memory); v2's is not enabled here. In v1 the page cache a process
 # faults in is charged to its cgroup, so the 2 GiB bound holds the server's RSS and
 # the data file's cached pages together.
-#   KILN_BIN=target/release/kiln bench/scripts/cost_curve.sh [N ...]
+#   KILN_BIN=target/release/kiln BENCH=bench/target/release/kiln-bench bench/scripts/cost_curve.sh [N ...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CG="${CG:-/sys/fs/cgroup/memory/kiln-curve}"
@@ -22,7 +22,7 @@ KEEP_FREE_GB="${KEEP_FREE_GB:-15}"
 DIR="${DIR:-/work/curve-data}"
 OUT="${OUT:-/work/curve-results}"
 SECONDS_PER_PHASE="${SECONDS_PER_PHASE:-30}"
-BENCH="${BENCH:-${CARGO_TARGET_DIR:-target}/release/kiln-bench}"
+BENCH="${BENCH:-${CARGO_TARGET_DIR:-bench/target}/release/kiln-bench}"
 [ -x "$BENCH" ] || { echo "build bench/ first: cargo build --release --manifest-path bench/Cargo.toml (BENCH=$BENCH)" >&2; exit 1; }
 [ -d /sys/fs/cgroup/memory ] || { echo "no cgroup v1 memory controller at /sys/fs/cgroup/memory" >&2; exit 1; }
 mkdir -p "$CG" "$DIR" "$OUT"
@@ -32,8 +32,8 @@ echo "cgroup $CG: memory.limit_in_bytes=$(cat "$CG/memory.limit_in_bytes")"
 sizes=("$@")
 [ ${#sizes[@]} -gt 0 ] || sizes=(1000000 10000000)
 for n in "${sizes[@]}"; do
-  # Kiln holds about 2.3x the 1.1 KB records (docs/benchmarks.md, "Bytes on disk").
-  need_gb=$(( n * 2600 / 1000000000 + 1 ))
+  # Kiln held 2,859 MB for 1M of these documents (docs/cost-curve.md).
+  need_gb=$(( n * 2900 / 1000000000 + 1 ))
   avail_gb=$(( $(df --output=avail -k "$DIR" | tail -1) / 1024 / 1024 ))
   if (( avail_gb - need_gb < KEEP_FREE_GB )); then
     echo "N=$n: skipped: needs ~${need_gb} GB, ${avail_gb} GB free, ${KEEP_FREE_GB} GB to keep free"
