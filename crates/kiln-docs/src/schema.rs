@@ -103,6 +103,13 @@ pub(crate) fn entries_tree(id: u64) -> String {
     format!("ix.{id}.e")
 }
 
+/// Whether `name` is an index's entries tree (`entries_tree`).
+pub(crate) fn is_entries_tree(name: &str) -> bool {
+    name.strip_prefix("ix.")
+        .and_then(|rest| rest.strip_suffix(".e"))
+        .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// Index `id`'s documents: document id -> the encoded values of its entries.
 pub(crate) fn docs_tree(id: u64) -> String {
     format!("ix.{id}.d")

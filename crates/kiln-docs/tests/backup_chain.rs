@@ -734,6 +734,32 @@ fn indexes_and_collection_counts_are_right_after_replayed_increments() {
                 .or_insert(0u64) += 1;
         }
         assert_eq!(counts, want_counts, "{} files", files.len());
+        // The index's entries tree comes back counted (a range's total in O(log n)),
+        // and a range's total agrees with its documents.
+        let r = db.env().begin_read().unwrap();
+        let entries: Vec<String> = r
+            .tree_names()
+            .unwrap()
+            .into_iter()
+            .filter(|t| t.starts_with("ix.") && t.ends_with(".e"))
+            .collect();
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        assert!(r.tree_is_counted(&entries[0]).unwrap(), "{}", entries[0]);
+        drop(r);
+        let total = db
+            .query(
+                "from index 'by-n' where n >= 5 limit 1",
+                &serde_json::Map::new(),
+                QueryOptions::default(),
+            )
+            .unwrap()
+            .total;
+        assert_eq!(
+            total,
+            want.iter().filter(|(_, n)| *n >= 5).count() as u64,
+            "{} files",
+            files.len()
+        );
         drop(db);
         store.close().unwrap();
     }

@@ -466,8 +466,15 @@ impl<'e> ChainReader<'e> {
             Some(env) => {
                 // The image only goes to the staging environment; its manifest is
                 // checked once it is read.
-                let read =
-                    backup::restore_into(env, &mut *input.reader, input.stop_at_trailer, on_bytes);
+                // Index entries trees are counted (as `index::create_trees` makes
+                // them), whichever build wrote the backup.
+                let read = backup::restore_into(
+                    env,
+                    &mut *input.reader,
+                    input.stop_at_trailer,
+                    &crate::schema::is_entries_tree,
+                    on_bytes,
+                );
                 let sum = sink.finish(read, input)?;
                 check(&sum)?;
                 Ok(sum)

@@ -649,7 +649,9 @@ fn restore_staged<R: Read>(
 ) -> BackupResult<BackupSummary> {
     let vfs = storage.vfs.clone();
     let env = Env::open(staging, staging_options(storage))?;
-    let sum = restore_into(&env, input, false, progress)?;
+    // A bare environment's trees are restored uncounted (their counts are not in
+    // the container; see `restore_into`).
+    let sum = restore_into(&env, input, false, &|_| false, progress)?;
     env.sync()?;
     env.close()?;
     sync_dir(vfs.as_ref(), staging)?;
@@ -659,11 +661,15 @@ fn restore_staged<R: Read>(
 /// Writes every tree and entry of one container into `env` (an environment the
 /// caller opened, normally empty and in a staging place), committing every
 /// ~32 MiB. See `read_container` for `stop_at_trailer`. The caller syncs, closes
-/// and puts the environment into place.
+/// and puts the environment into place. A tree named so that `counted(name)` is
+/// created counted (`WriteTxn::create_counted_tree`): the container does not say
+/// (a tree's counts are derived data, and whether it keeps them is its role, which
+/// the caller knows), so a backup of any build restores with the caller's choice.
 pub fn restore_into<R: Read>(
     env: &Env,
     input: R,
     stop_at_trailer: bool,
+    counted: &dyn Fn(&str) -> bool,
     progress: impl FnMut(u64),
 ) -> BackupResult<BackupSummary> {
     let mut txn: Option<crate::WriteTxn<'_>> = None;
@@ -677,7 +683,11 @@ pub fn restore_into<R: Read>(
                     Some(w) => w,
                     None => txn.insert(env.begin_write()?),
                 };
-                w.create_tree(name)?;
+                if counted(name) {
+                    w.create_counted_tree(name)?;
+                } else {
+                    w.create_tree(name)?;
+                }
                 tree = name.to_string();
             }
             Item::Entry(k, v) => {
