@@ -413,18 +413,34 @@ fn spawn_child(args: &Args, engine: &str, job: &Job, run_dir: &Path) -> Result<V
     if curve::WORKLOADS.contains(&job.workload.as_str()) {
         let params = ycsb::Params::new(args.quick, None, args.ycsb_records, None)?;
         let c = curve::Curve {
-            seconds: args.curve_seconds.unwrap_or(if args.quick { 5.0 } else { 30.0 }),
-            clients: args.ycsb_clients.as_deref().unwrap_or("16").trim().parse()?,
+            seconds: args
+                .curve_seconds
+                .unwrap_or(if args.quick { 5.0 } else { 30.0 }),
+            clients: args
+                .ycsb_clients
+                .as_deref()
+                .unwrap_or("16")
+                .trim()
+                .parse()?,
             cgroup: args.curve_cgroup.clone(),
         };
         return curve::run(&run_dir.join("curve"), &params, &c);
     }
     if soak::WORKLOADS.contains(&job.workload.as_str()) {
         let params = ycsb::Params::new(false, None, args.ycsb_records, None)?;
-        let clients = args.ycsb_clients.as_deref().unwrap_or("16").trim().parse()?;
+        let clients = args
+            .ycsb_clients
+            .as_deref()
+            .unwrap_or("16")
+            .trim()
+            .parse()?;
         let soak = soak::Soak {
-            seconds: args.soak_seconds.unwrap_or(if args.quick { 60.0 } else { 600.0 }),
-            interval_seconds: args.soak_interval.unwrap_or(if args.quick { 10.0 } else { 60.0 }),
+            seconds: args
+                .soak_seconds
+                .unwrap_or(if args.quick { 60.0 } else { 600.0 }),
+            interval_seconds: args
+                .soak_interval
+                .unwrap_or(if args.quick { 10.0 } else { 60.0 }),
             clients,
             max_growth: args.soak_max_growth,
             max_journal_files: args.soak_max_journal_files,
