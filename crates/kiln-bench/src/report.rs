@@ -340,8 +340,11 @@ fn print_attachments(label: &str, m: &Run) {
     }
     let mib = |k: &str| figure(m, k) / (1 << 20) as f64;
     println!(
-        "         {label}: {:.0} MiB attachment: upload {:.0} MB/s, {:.2}x the disk's sequential          write ({:.0} MB/s incl. fdatasync); download {:.0} MB/s, {:.2}x its cold sequential read          ({:.0} MB/s) (goal >= 0.7x each); server RSS {:.0} MiB before, peak {:.0} MiB during          the upload, {:.0} MiB during the download",
-        figure(m, "size_bytes") / (1 << 20) as f64,
+        "         {label}: {:.0} MiB attachment: upload {:.0} MB/s, {:.2}x the disk's \
+         sequential write ({:.0} MB/s incl. fdatasync); download {:.0} MB/s, {:.2}x its \
+         cold sequential read ({:.0} MB/s) (goal >= 0.7x each); server RSS {:.0} MiB \
+         before, peak {:.0} MiB during the upload, {:.0} MiB during the download",
+        mib("size_bytes"),
         figure(m, "upload_mb_per_sec"),
         figure(m, "upload_ratio_to_disk"),
         figure(m, "disk_write_mb_per_sec"),

@@ -354,47 +354,100 @@ async fn get_attachment(state: SharedState, req: Request) -> Result<Response, Ap
     Ok(builder.body(body).expect("a valid response"))
 }
 
-/// A body read from `file` on a blocking thread, `len` bytes from `start`. With
-/// `verify`, the bytes are hashed; on a mismatch the body ends with an error (the
-/// connection is cut: the status was sent already) and the error is logged.
-fn send_file(mut file: std::fs::File, start: u64, len: u64, verify: Option<String>) -> Body {
+/// A body read from `file`, `len` bytes from `start`, by a blocking thread. With
+/// `verify`, a second thread hashes the chunks as they pass (reading and hashing
+/// overlap) and holds the last one back until the hash matched: on a mismatch the
+/// body ends with an error instead (the connection is cut, so the client sees a
+/// short body: the status was sent already) and the error is logged.
+fn send_file(file: std::fs::File, start: u64, len: u64, verify: Option<String>) -> Body {
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(CHANNEL_CHUNKS);
-    tokio::task::spawn_blocking(move || {
-        let mut hasher = verify.as_ref().map(|_| Sha256::new());
-        let result = (|| -> std::io::Result<()> {
-            file.seek(SeekFrom::Start(start))?;
-            let mut left = len;
-            while left > 0 {
-                let want = left.min(READ_CHUNK_BYTES as u64) as usize;
-                let mut buf = vec![0u8; want];
-                file.read_exact(&mut buf)?;
-                if let Some(h) = hasher.as_mut() {
-                    h.update(&buf);
-                }
-                left -= want as u64;
-                if tx.blocking_send(Ok(Bytes::from(buf))).is_err() {
-                    return Ok(()); // The client went away.
-                }
-            }
-            if let (Some(h), Some(want)) = (hasher, verify) {
-                let got: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-                if got != want {
-                    tracing::error!(expected = %want, got = %got, "attachment: stored bytes do not match their hash; connection cut (run kiln check)");
-                    return Err(std::io::Error::other(
-                        "attachment bytes do not match their hash",
-                    ));
-                }
-            }
-            Ok(())
-        })();
-        if let Err(e) = result {
-            let _ = tx.blocking_send(Err(e));
+    match verify {
+        None => {
+            tokio::task::spawn_blocking(move || {
+                read_chunks(file, start, len, |c| tx.blocking_send(c).is_ok());
+            });
         }
-    });
+        Some(want) => {
+            let (htx, hrx) =
+                std::sync::mpsc::sync_channel::<std::io::Result<Bytes>>(CHANNEL_CHUNKS);
+            tokio::task::spawn_blocking(move || {
+                read_chunks(file, start, len, |c| htx.send(c).is_ok());
+            });
+            tokio::task::spawn_blocking(move || hash_and_forward(hrx, tx, &want));
+        }
+    }
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
     Body::from_stream(stream)
+}
+
+/// Reads `len` bytes from `start` in chunks, handing each to `send` (false: the
+/// receiver is gone, stop); an error is handed on as the last item.
+fn read_chunks(
+    mut file: std::fs::File,
+    start: u64,
+    len: u64,
+    mut send: impl FnMut(std::io::Result<Bytes>) -> bool,
+) {
+    if let Err(e) = file.seek(SeekFrom::Start(start)) {
+        send(Err(e));
+        return;
+    }
+    let mut left = len;
+    while left > 0 {
+        let want = left.min(READ_CHUNK_BYTES as u64) as usize;
+        let mut buf = vec![0u8; want];
+        if let Err(e) = file.read_exact(&mut buf) {
+            send(Err(e));
+            return;
+        }
+        left -= want as u64;
+        if !send(Ok(Bytes::from(buf))) {
+            return;
+        }
+    }
+}
+
+/// Hashes the chunks from `from` and forwards them to `to`, one behind: the last
+/// goes only once the whole hash equals `want`.
+fn hash_and_forward(
+    from: std::sync::mpsc::Receiver<std::io::Result<Bytes>>,
+    to: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+    want: &str,
+) {
+    let mut hasher = Sha256::new();
+    let mut held: Option<Bytes> = None;
+    for item in from {
+        match item {
+            Ok(chunk) => {
+                hasher.update(&chunk);
+                if let Some(prev) = held.replace(chunk) {
+                    if to.blocking_send(Ok(prev)).is_err() {
+                        return; // The client went away.
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = to.blocking_send(Err(e));
+                return;
+            }
+        }
+    }
+    let got: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    if got != want {
+        tracing::error!(expected = %want, got = %got, "attachment: stored bytes do not match their hash; connection cut (run kiln check)");
+        let e = std::io::Error::other("attachment bytes do not match their hash");
+        let _ = to.blocking_send(Err(e));
+        return;
+    }
+    if let Some(last) = held {
+        let _ = to.blocking_send(Ok(last));
+    }
 }
 
 #[cfg(test)]
