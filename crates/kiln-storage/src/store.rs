@@ -206,6 +206,27 @@ impl PageStore {
         }))
     }
 
+    /// Starts reading the pages `runs` (first page, pages) of the data file in the
+    /// background: a scan is about to read them in order, and the map is advised
+    /// random access (`io/os.rs`), so they would otherwise come one fault at a time
+    /// (a cold sequential read of 1 GiB through such a map: 11 s against 1.1 s with
+    /// read-around, on the VM measured). Pages outside the current map are skipped.
+    pub fn prefetch(&self, runs: &[(PageNo, u64)]) {
+        let map = self.map.read().clone();
+        for &(no, pages) in runs {
+            let end = no.saturating_add(pages).min(map.pages);
+            if no >= end {
+                continue;
+            }
+            if let (Ok(start), Ok(len)) = (
+                usize::try_from(no * PAGE_SIZE as u64),
+                usize::try_from((end - no) * PAGE_SIZE as u64),
+            ) {
+                map.region.will_need(start, len);
+            }
+        }
+    }
+
     /// Returns the bytes of committed page `no` (the whole run for overflow pages).
     pub fn page<'a>(&self, no: PageNo, pins: &'a Pins) -> Result<&'a [u8]> {
         // The read path takes no lock when nothing is waiting for write-back and the

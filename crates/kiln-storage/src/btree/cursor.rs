@@ -4,6 +4,10 @@ use super::{node, value_bytes, PageSource, MAX_DEPTH};
 use crate::page::{self, hdr, PageNo, KIND_LEAF};
 use crate::{Error, Result};
 
+/// Leaves a forward scan asks the kernel to read ahead of it (256 KiB of 8 KiB
+/// pages), renewed when half of them have been passed.
+const READ_AHEAD_LEAVES: usize = 32;
+
 /// A position in a tree. Entries returned borrow from the transaction.
 pub struct TreeCursor<'t> {
     src: &'t dyn PageSource,
@@ -12,6 +16,9 @@ pub struct TreeCursor<'t> {
     /// leftmost child); the last element is the leaf and its entry index.
     stack: Vec<(&'t [u8], usize)>,
     state: State,
+    /// Read-ahead of a forward scan: the leaves' parent (its address) and the
+    /// child index up to which its leaves were asked for.
+    read_ahead: (usize, usize),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -34,7 +41,42 @@ impl<'t> TreeCursor<'t> {
             root,
             stack: Vec::new(),
             state: State::Fresh,
+            read_ahead: (0, 0),
         }
+    }
+
+    /// Called when a forward scan has moved to a new leaf: asks for the next
+    /// leaves under the same parent ahead of it (point reads never get here, so
+    /// they read only what they need).
+    fn ahead_of_scan(&mut self) {
+        let n = self.stack.len();
+        if n < 2 {
+            return;
+        }
+        let (parent, idx) = self.stack[n - 2];
+        let key = parent.as_ptr() as usize;
+        let (at, upto) = self.read_ahead;
+        if at == key && idx + READ_AHEAD_LEAVES / 2 < upto {
+            return;
+        }
+        let from = if at == key {
+            upto.max(idx + 1)
+        } else {
+            idx + 1
+        };
+        let to = (idx + 1 + READ_AHEAD_LEAVES).min(page::branch_fanout(parent));
+        let mut runs: Vec<(PageNo, u64)> = Vec::new();
+        for i in from..to {
+            let child = page::branch_nth_child(parent, i);
+            match runs.last_mut() {
+                Some((start, len)) if *start + *len == child => *len += 1,
+                _ => runs.push((child, 1)),
+            }
+        }
+        if !runs.is_empty() {
+            self.src.prefetch(&runs);
+        }
+        self.read_ahead = (key, to.max(from));
     }
 
     fn descend_edge(&mut self, mut no: PageNo, leftmost: bool) -> Result<()> {
@@ -213,6 +255,7 @@ impl<'t> TreeCursor<'t> {
                     *idx += 1;
                     let child = page::branch_nth_child(p, *idx);
                     self.descend_edge(child, true)?;
+                    self.ahead_of_scan();
                     break;
                 }
                 self.stack.pop();

@@ -21,6 +21,9 @@ pub trait PageSource {
     /// value's checksum from its leaf cell).
     fn bare_run(&self, no: PageNo, pages: u64) -> Result<&[u8]>;
     fn data_path(&self) -> &Path;
+    /// Hints that the pages `runs` (first page, pages) are about to be read in
+    /// order (a cursor's next leaves); advisory.
+    fn prefetch(&self, _runs: &[(PageNo, u64)]) {}
 }
 
 pub(crate) fn corrupt(src: &dyn PageSource, no: PageNo, what: impl Into<String>) -> Error {

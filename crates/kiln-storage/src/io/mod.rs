@@ -32,6 +32,9 @@ pub const DIRECT_IO_ALIGN: usize = 4096;
 /// A read-only view of a file's bytes, usually a memory map.
 pub trait MappedRegion: Send + Sync {
     fn bytes(&self) -> &[u8];
+    /// Starts reading `[offset, offset+len)` of the region in the background
+    /// (madvise WILLNEED): a scan's next pages. Advisory; no-op by default.
+    fn will_need(&self, _offset: usize, _len: usize) {}
 }
 
 // `len` is the file's size in bytes, not a count of items: an `is_empty` would be no use.

@@ -20,6 +20,10 @@ impl MappedRegion for OsMap {
     fn bytes(&self) -> &[u8] {
         &self.0
     }
+    fn will_need(&self, offset: usize, len: usize) {
+        // Advisory: a failure only leaves the pages to be faulted in one by one.
+        let _ = self.0.advise_range(memmap2::Advice::WillNeed, offset, len);
+    }
 }
 
 impl OsFile {

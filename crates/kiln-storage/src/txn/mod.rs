@@ -333,6 +333,9 @@ impl PageSource for ReadTxn<'_> {
     fn data_path(&self) -> &Path {
         &self.env.store.path
     }
+    fn prefetch(&self, runs: &[(PageNo, u64)]) {
+        self.env.store.prefetch(runs)
+    }
 }
 
 impl Drop for ReadTxn<'_> {
