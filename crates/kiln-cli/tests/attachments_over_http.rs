@@ -306,5 +306,9 @@ fn attachments_stream_with_ranges_etags_and_the_document() {
     std::fs::write(&files[0], b"changed").unwrap();
     let o = common::kiln(&["check", "--json", d]);
     assert_eq!(o.status.code(), Some(1), "{}", common::text(&o));
-    assert!(common::text(&o).contains("\"corrupt\":[\""), "{}", common::text(&o));
+    assert!(
+        common::text(&o).contains("\"corrupt\":[\""),
+        "{}",
+        common::text(&o)
+    );
 }
