@@ -278,6 +278,21 @@ fn attachments_stream_with_ranges_etags_and_the_document() {
         "cli.txt",
     ]);
     assert!(o.status.success(), "{}", common::text(&o));
+    // An attachment is not patched or posted to: 405 with what it takes.
+    for method in ["PATCH", "POST"] {
+        let a = raw(port, method, path, &[("If-Match", "0")], b"{}");
+        assert_eq!(
+            a.status,
+            405,
+            "{method}: {}",
+            String::from_utf8_lossy(&a.body)
+        );
+        assert_eq!(
+            a.header("allow"),
+            Some("GET, HEAD, PUT, DELETE"),
+            "{method}"
+        );
+    }
     // Delete.
     let del = raw(port, "DELETE", path, &[], b"");
     assert_eq!(del.status, 200, "{}", String::from_utf8_lossy(&del.body));

@@ -45,8 +45,8 @@ pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
             // (`routes/attachments.rs`); any other goes to `routes/docs.rs`.
             get(crate::routes::attachments::get)
                 .put(crate::routes::attachments::put)
-                .post(routes_docs::post_document)
-                .patch(routes_docs::patch_document)
+                .post(crate::routes::attachments::post)
+                .patch(crate::routes::attachments::patch)
                 .delete(crate::routes::attachments::delete)
                 // Attachments stream: no body limit beyond the disk's.
                 .layer(axum::extract::DefaultBodyLimit::disable()),

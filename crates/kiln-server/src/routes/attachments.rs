@@ -66,6 +66,35 @@ pub async fn put(State(state): State<SharedState>, req: Request) -> Response {
     }
 }
 
+/// The document route's POST: an attachment takes none (405, with what it takes).
+pub async fn post(State(state): State<SharedState>, req: Request) -> Response {
+    match req.uri().path().contains("/attachments/") {
+        true => not_allowed_on_attachment(),
+        false => Handler::<_, SharedState>::call(routes_docs::post_document, req, state).await,
+    }
+}
+
+/// The document route's PATCH: an attachment is replaced whole (PUT), not patched.
+pub async fn patch(State(state): State<SharedState>, req: Request) -> Response {
+    match req.uri().path().contains("/attachments/") {
+        true => not_allowed_on_attachment(),
+        false => Handler::<_, SharedState>::call(routes_docs::patch_document, req, state).await,
+    }
+}
+
+fn not_allowed_on_attachment() -> Response {
+    let mut resp = ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        "an attachment takes GET, HEAD, PUT and DELETE",
+    )
+    .into_response();
+    resp.headers_mut().insert(
+        axum::http::header::ALLOW,
+        axum::http::HeaderValue::from_static("GET, HEAD, PUT, DELETE"),
+    );
+    resp
+}
+
 pub async fn delete(State(state): State<SharedState>, req: Request) -> Response {
     match req.uri().path().contains("/attachments/") {
         true => delete_attachment(state, req).await.into_response(),
