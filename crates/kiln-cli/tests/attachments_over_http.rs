@@ -279,7 +279,7 @@ fn attachments_stream_with_ranges_etags_and_the_document() {
     ]);
     assert!(o.status.success(), "{}", common::text(&o));
     // An attachment is not patched or posted to: 405 with what it takes.
-    for method in ["PATCH", "POST"] {
+    for method in ["PATCH", "POST", "OPTIONS"] {
         let a = raw(port, method, path, &[("If-Match", "0")], b"{}");
         assert_eq!(
             a.status,

@@ -173,11 +173,17 @@ async fn not_found() -> ApiError {
     )
 }
 
-async fn method_not_allowed() -> ApiError {
+async fn method_not_allowed(uri: axum::http::Uri) -> Response {
+    // An attachment shares the document route (its id's tail names it), whose
+    // methods axum would list: it takes fewer (`routes/attachments.rs`).
+    if crate::routes::attachments::attachment_target(uri.path()).is_some() {
+        return crate::routes::attachments::not_allowed_on_attachment();
+    }
     ApiError::new(
         ErrorCode::MethodNotAllowed,
         "this endpoint does not take that method",
     )
+    .into_response()
 }
 
 /// The route template a request matched, for `observe` (which runs outside the

@@ -82,7 +82,7 @@ pub async fn patch(State(state): State<SharedState>, req: Request) -> Response {
     }
 }
 
-fn not_allowed_on_attachment() -> Response {
+pub(crate) fn not_allowed_on_attachment() -> Response {
     let mut resp = ApiError::new(
         ErrorCode::MethodNotAllowed,
         "an attachment takes GET, HEAD, PUT and DELETE",
