@@ -77,23 +77,14 @@ fn sample(pid: u32, data: &Path) -> Resources {
         open_files,
         ..Default::default()
     };
-    let mut stack = vec![data.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            let Ok(m) = p.symlink_metadata() else {
-                continue;
-            };
-            if m.is_dir() {
-                stack.push(p);
-            } else if p.components().any(|c| c.as_os_str() == "journal") {
-                r.journal_files += 1;
-                r.journal_bytes += m.len();
-            } else if p.file_name().is_some_and(|n| n == kiln_storage::DATA_FILE) {
-                r.data_file_bytes += m.len();
-            }
+    crate::space::each_file(data, &mut |p, m| {
+        if p.components().any(|c| c.as_os_str() == "journal") {
+            r.journal_files += 1;
+            r.journal_bytes += m.len();
+        } else if p.file_name().is_some_and(|n| n == kiln_storage::DATA_FILE) {
+            r.data_file_bytes += m.len();
         }
-    }
+    });
     r
 }
 

@@ -73,6 +73,19 @@ pub fn dir_bytes(dir: &Path) -> (u64, u64) {
 /// (apparent, allocated, count).
 fn files_where(dir: &Path, pick: &dyn Fn(&Path) -> bool) -> (u64, u64, u64) {
     let mut out = (0, 0, 0);
+    each_file(dir, &mut |p, m| {
+        if pick(p) {
+            out.0 += m.len();
+            out.1 += m.blocks() * 512;
+            out.2 += 1;
+        }
+    });
+    out
+}
+
+/// Visits every file under `dir` (symlinks not followed), with its metadata;
+/// what cannot be read is skipped.
+pub(crate) fn each_file(dir: &Path, visit: &mut dyn FnMut(&Path, &std::fs::Metadata)) {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
@@ -82,14 +95,11 @@ fn files_where(dir: &Path, pick: &dyn Fn(&Path) -> bool) -> (u64, u64, u64) {
             };
             if m.is_dir() {
                 stack.push(p);
-            } else if pick(&p) {
-                out.0 += m.len();
-                out.1 += m.blocks() * 512;
-                out.2 += 1;
+            } else {
+                visit(&p, &m);
             }
         }
     }
-    out
 }
 
 fn is_data_file(p: &Path) -> bool {
