@@ -119,6 +119,11 @@ pub struct ClusterStatus {
     pub state: &'static str,
     pub last_log_index: Option<u64>,
     pub last_applied: Option<u64>,
+    /// The last log index this node's latest snapshot covers.
+    pub snapshot_index: Option<u64>,
+    /// The last log index this node has purged: a member further behind can only
+    /// catch up from a snapshot.
+    pub purged_index: Option<u64>,
     /// On a leader: whether a majority acknowledged it within the election
     /// timeout (a leader cut off from the others still calls itself leader until
     /// it hears of a newer term, but refuses writes); `None` on other nodes.
@@ -451,6 +456,8 @@ impl ClusterNode {
             },
             last_log_index: m.last_log_index,
             last_applied: m.last_applied.map(|l| l.index),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            purged_index: m.purged.map(|l| l.index),
             has_quorum: (m.state == ServerState::Leader).then(|| !self.cut_off(&m)),
             quorum_ack_age_ms: m.millis_since_quorum_ack,
             members,
