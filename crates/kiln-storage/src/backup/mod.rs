@@ -8,7 +8,7 @@
 //! commits after it. Trees are read through the normal cursors, which merge the
 //! engine's write buffer: buffered entries are included.
 //!
-//! ## Container format (version 1; all integers little-endian)
+//! ## Container format (version 2; all integers little-endian)
 //! ```text
 //! header   magic "KILNBAK\0" (8) | version u32 | flags u32 (bit 0: chunks may be lz4)
 //!          | txn_id u64 | meta_len u32 | meta (meta_len bytes, the caller's own:
@@ -20,9 +20,18 @@
 //!   kind 2 DATA   payload (raw): entries `key_len u32 | value_len u32 | key | value`
 //!                 in key order, ~1 MiB per chunk (one larger entry makes a larger one)
 //!   kind 3 END    payload: entries of the tree u64 (closes the current TREE)
+//!   kind 5 FILE   payload: length u64 | name (UTF-8): an extra file of the caller's
+//!                 (kiln-docs: an attachment's blob), outside any tree
+//!   kind 6 FILE_DATA payload (raw): the next bytes of the file, ~1 MiB per frame
+//!   kind 7 FILE_END payload: length u64 | crc32c u32 of the file's bytes (closes it)
 //!   kind 4 TRAILER payload: trees u64 | entries u64 | raw kv bytes u64 | frames u32
 //!                 | crc32c u32 of every byte of the file before this frame
+//!                 | (version 2) files u64 | file bytes u64
 //! ```
+//! Version 1 (no extra files, a 32-byte trailer) is still read. The extra files are
+//! bytes to the engine: streamed frame by frame both ways (a file of any size never
+//! sits in memory), each frame under its CRC-32C, the whole file under the END
+//! frame's; what a name means and any stronger hash are the caller's.
 //! The trailer is the last frame: bytes after it, a missing trailer, a frame out of
 //! order (its index), a wrong count or any checksum failure rejects the backup with
 //! the part and the byte offset named. Every byte is under a CRC-32C, which detects
@@ -38,12 +47,17 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 pub const MAGIC: &[u8; 8] = b"KILNBAK\0";
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest container version this build reads.
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 const FLAG_LZ4: u32 = 1;
 const KIND_TREE: u8 = 1;
 const KIND_DATA: u8 = 2;
 const KIND_END: u8 = 3;
 const KIND_TRAILER: u8 = 4;
+const KIND_FILE: u8 = 5;
+const KIND_FILE_DATA: u8 = 6;
+const KIND_FILE_END: u8 = 7;
 const FRAME_HEADER: usize = 24;
 /// Target size of a DATA chunk before compression.
 pub const CHUNK_BYTES: usize = 1 << 20;
@@ -72,7 +86,8 @@ pub enum BackupError {
     #[error("backup is truncated: it ends in {part} at byte offset {offset}")]
     Truncated { part: String, offset: u64 },
     #[error(
-        "backup format version {0} is not supported (this Kiln reads version {FORMAT_VERSION})"
+        "backup format version {0} is not supported (this Kiln reads versions \
+         {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION}; a newer Kiln wrote it)"
     )]
     UnsupportedVersion(u32),
     #[error("restore target {0} already exists: refusing to overwrite it")]
@@ -86,6 +101,17 @@ pub enum BackupError {
     },
     #[error("storage engine: {0}")]
     Storage(#[from] Error),
+    /// An extra file's source failed while it was being written into a backup.
+    #[error("reading {name} to back it up, at byte {offset} of it: {source}")]
+    FileSource {
+        name: String,
+        offset: u64,
+        #[source]
+        source: io::Error,
+    },
+    /// An extra file's source gave another length than announced.
+    #[error("{name} changed while it was backed up: {what}")]
+    FileChanged { name: String, what: String },
     /// The caller's sink of `read_container` refused an item (it keeps its own error).
     #[error("stopped by the reader of the backup: {0}")]
     Stopped(String),
@@ -118,6 +144,9 @@ pub struct BackupSummary {
     /// Sum of key and value lengths.
     pub kv_bytes: u64,
     pub frames: u32,
+    /// Extra files (`ContainerWriter::file`) and their bytes.
+    pub files: u64,
+    pub file_bytes_total: u64,
     /// Size of the backup file.
     pub file_bytes: u64,
     /// While reading: the frame being handed to the sink (its index and the byte
@@ -134,6 +163,55 @@ pub enum Item<'a> {
     Tree(&'a str),
     Entry(&'a [u8], &'a [u8]),
     EndTree,
+    /// An extra file begins (outside any tree): its name and length. Its bytes
+    /// follow as `FileData` (in order, ~1 MiB each), then `FileEnd` once its length
+    /// and checksum passed. `BackupSummary::frame_offset` is the offset of the
+    /// frame handed over.
+    File {
+        name: &'a str,
+        len_bytes: u64,
+    },
+    FileData(&'a [u8]),
+    FileEnd,
+}
+
+/// The extra file being read: its name, the offset of its FILE frame, its length
+/// and the bytes read so far and their checksum.
+struct OpenFile {
+    name: String,
+    start: u64,
+    len_bytes: u64,
+    read_bytes: u64,
+    crc: u32,
+}
+
+impl OpenFile {
+    /// An error of a frame inside this file, naming it and where in it.
+    fn name_error(&self, e: BackupError) -> BackupError {
+        let part = |p: String| {
+            format!(
+                "extra file {:?} (begun at byte offset {}), {p}",
+                self.name, self.start
+            )
+        };
+        let at = self.read_bytes;
+        match e {
+            BackupError::Corrupt {
+                part: p,
+                offset,
+                what,
+            } => BackupError::Corrupt {
+                part: part(p),
+                offset,
+                what: format!("{what} (the frame holds the file's bytes from {at} on)"),
+            },
+            BackupError::Truncated { part: p, offset } => BackupError::Truncated {
+                part: part(p),
+                offset,
+            },
+            other => other,
+        }
+    }
 }
 
 struct Reader<R, P> {
@@ -219,10 +297,19 @@ pub fn read_container<R: Read>(
     sink(&sum, Item::Header)?;
     let mut index: u32 = 0;
     let mut in_tree: Option<u64> = None;
+    let mut in_file: Option<OpenFile> = None;
     let mut payload = Vec::new();
     loop {
         let before_crc = rd.crc;
-        let frame = read_frame(&mut rd, index, &mut payload)?;
+        let frame = match read_frame(&mut rd, index, &mut payload) {
+            Ok(f) => f,
+            Err(e) => {
+                return Err(match in_file.as_ref() {
+                    Some(f) => f.name_error(e),
+                    None => e,
+                })
+            }
+        };
         let Frame {
             kind,
             start,
@@ -232,7 +319,69 @@ pub fn read_container<R: Read>(
         index += 1;
         sum.frame = index - 1;
         sum.frame_offset = start;
+        if let Some(f) = in_file.as_mut() {
+            match kind {
+                KIND_FILE_DATA => {
+                    f.read_bytes += raw.len() as u64;
+                    if f.read_bytes > f.len_bytes {
+                        return Err(f.name_error(corrupt(
+                            part,
+                            start,
+                            format!("the file's bytes run past its length {}", f.len_bytes),
+                        )));
+                    }
+                    f.crc = crc32c::crc32c_append(f.crc, raw);
+                    sum.file_bytes_total += raw.len() as u64;
+                    sink(&sum, Item::FileData(raw))?;
+                }
+                KIND_FILE_END => {
+                    let ok = raw.len() == 12
+                        && le64(raw, 0) == f.len_bytes
+                        && f.read_bytes == f.len_bytes
+                        && le32(raw, 8) == f.crc;
+                    if !ok {
+                        return Err(f.name_error(corrupt(
+                            part,
+                            start,
+                            format!(
+                                "file end does not match its bytes ({} read of {}, or checksum)",
+                                f.read_bytes, f.len_bytes
+                            ),
+                        )));
+                    }
+                    in_file = None;
+                    sink(&sum, Item::FileEnd)?;
+                }
+                k => {
+                    return Err(f.name_error(corrupt(
+                        part,
+                        start,
+                        format!("frame of kind {k} inside an extra file"),
+                    )))
+                }
+            }
+            continue;
+        }
         match (kind, in_tree) {
+            (KIND_FILE, None) if sum.format_version >= 2 => {
+                let name = raw
+                    .get(8..)
+                    .and_then(|n| std::str::from_utf8(n).ok())
+                    .filter(|_| raw.len() >= 8)
+                    .ok_or_else(|| {
+                        corrupt(part, start, "file frame without a UTF-8 name".into())
+                    })?;
+                let len_bytes = le64(raw, 0);
+                sum.files += 1;
+                in_file = Some(OpenFile {
+                    name: name.to_string(),
+                    start,
+                    len_bytes,
+                    read_bytes: 0,
+                    crc: 0,
+                });
+                sink(&sum, Item::File { name, len_bytes })?;
+            }
             (KIND_TREE, None) => {
                 let name = std::str::from_utf8(raw)
                     .map_err(|_| corrupt(part, start, "tree name is not UTF-8".into()))?;
@@ -329,7 +478,7 @@ fn read_container_header<R: Read, P: FnMut(u64)>(
     if u32::from_le_bytes(crc_b) != expect {
         return Err(corrupt("the header", at, "header checksum mismatch".into()));
     }
-    if version != FORMAT_VERSION {
+    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(BackupError::UnsupportedVersion(version));
     }
     if flags & !FLAG_LZ4 != 0 {
@@ -460,7 +609,11 @@ fn check_trailer(
     before_crc: u32,
 ) -> BackupResult<()> {
     let raw = &frame.raw;
-    let ok = raw.len() == 32
+    let files_ok = match sum.format_version {
+        1 => raw.len() == 32,
+        _ => raw.len() == 48 && le64(raw, 32) == sum.files && le64(raw, 40) == sum.file_bytes_total,
+    };
+    let ok = files_ok
         && le64(raw, 0) == sum.trees
         && le64(raw, 8) == sum.entries
         && le64(raw, 16) == sum.kv_bytes
@@ -672,12 +825,34 @@ pub fn restore_into<R: Read>(
     counted: &dyn Fn(&str) -> bool,
     progress: impl FnMut(u64),
 ) -> BackupResult<BackupSummary> {
+    restore_into_with_files(
+        env,
+        input,
+        stop_at_trailer,
+        counted,
+        progress,
+        |_, _| Ok(()),
+    )
+}
+
+/// `restore_into`, handing the container's extra files (`Item::File`,
+/// `Item::FileData`, `Item::FileEnd`) to `files` as they are read: the caller
+/// writes them where they belong (the engine only checks their bytes).
+pub fn restore_into_with_files<R: Read>(
+    env: &Env,
+    input: R,
+    stop_at_trailer: bool,
+    counted: &dyn Fn(&str) -> bool,
+    progress: impl FnMut(u64),
+    mut files: impl FnMut(&BackupSummary, Item<'_>) -> BackupResult<()>,
+) -> BackupResult<BackupSummary> {
     let mut txn: Option<crate::WriteTxn<'_>> = None;
     let mut tree = String::new();
     let mut pending = 0u64;
-    let sum = read_container(input, stop_at_trailer, progress, |_, item| {
+    let sum = read_container(input, stop_at_trailer, progress, |sum, item| {
         match item {
             Item::Header | Item::EndTree => {}
+            Item::File { .. } | Item::FileData(_) | Item::FileEnd => files(sum, item)?,
             Item::Tree(name) => {
                 let w = match txn.as_mut() {
                     Some(w) => w,

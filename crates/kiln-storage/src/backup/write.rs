@@ -4,10 +4,11 @@
 
 use super::{
     BackupError, BackupOptions, BackupResult, BackupSummary, CHUNK_BYTES, FLAG_LZ4, FORMAT_VERSION,
-    FRAME_HEADER, KIND_DATA, KIND_END, KIND_TRAILER, KIND_TREE, MAGIC, MAX_META,
+    FRAME_HEADER, KIND_DATA, KIND_END, KIND_FILE, KIND_FILE_DATA, KIND_FILE_END, KIND_TRAILER,
+    KIND_TREE, MAGIC, MAX_META,
 };
 use crate::{Env, Error, ReadTxn};
-use std::io::Write;
+use std::io::{Read, Write};
 
 /// A writer that counts and checksums what goes through it.
 struct Tally<W> {
@@ -219,6 +220,101 @@ impl<W: Write, P: FnMut(u64)> ContainerWriter<W, P> {
         Ok(())
     }
 
+    /// Writes every tree of snapshot `r` (those for which `with_entries(name)` is
+    /// false as empty trees), as `ReadTxn::backup_filtered_to` does; extra files
+    /// (`file`) may follow before `finish`.
+    pub fn snapshot_trees(
+        &mut self,
+        r: &ReadTxn<'_>,
+        with_entries: impl Fn(&str) -> bool,
+    ) -> BackupResult<()> {
+        for name in r.tree_names()? {
+            self.begin_tree(&name)?;
+            if with_entries(&name) {
+                let mut c = r.cursor(&name)?;
+                let mut e = c.first()?;
+                while let Some((k, v)) = e {
+                    self.entry(k, v)?;
+                    e = c.next()?;
+                }
+            }
+            self.end_tree()?;
+        }
+        Ok(())
+    }
+
+    /// Writes an extra file (outside any tree): `name`, then exactly `len_bytes`
+    /// bytes read from `src` in ~1 MiB frames (never the whole file in memory),
+    /// then its length and CRC-32C. A source that ends early or has more bytes
+    /// fails the backup (`FileChanged`): the file changed while it was read.
+    pub fn file(&mut self, name: &str, len_bytes: u64, src: &mut dyn Read) -> BackupResult<()> {
+        if self.in_tree.is_some() {
+            return Err(Self::misuse(
+                "backup container writer: a file inside a tree",
+            ));
+        }
+        let mut head = Vec::with_capacity(8 + name.len());
+        head.extend_from_slice(&len_bytes.to_le_bytes());
+        head.extend_from_slice(name.as_bytes());
+        self.w.frame(KIND_FILE, &head)?;
+        self.sum.files += 1;
+        let mut done = 0u64;
+        let mut crc = 0u32;
+        let mut buf = std::mem::take(&mut self.chunk);
+        buf.clear();
+        buf.resize(CHUNK_BYTES, 0);
+        let result = (|| {
+            loop {
+                // Fill a whole chunk (a source may return short reads).
+                let mut n = 0;
+                while n < buf.len() {
+                    let slot = buf.get_mut(n..).unwrap_or_default();
+                    match src.read(slot) {
+                        Ok(0) => break,
+                        Ok(k) => n += k,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(source) => {
+                            return Err(BackupError::FileSource {
+                                name: name.to_string(),
+                                offset: done + n as u64,
+                                source,
+                            })
+                        }
+                    }
+                }
+                if n == 0 {
+                    break;
+                }
+                let bytes = buf.get(..n).unwrap_or_default();
+                done += n as u64;
+                if done > len_bytes {
+                    return Err(BackupError::FileChanged {
+                        name: name.to_string(),
+                        what: format!("it has more than the {len_bytes} bytes announced"),
+                    });
+                }
+                crc = crc32c::crc32c_append(crc, bytes);
+                self.w.frame(KIND_FILE_DATA, bytes)?;
+            }
+            Ok(())
+        })();
+        buf.clear();
+        self.chunk = buf;
+        result?;
+        if done != len_bytes {
+            return Err(BackupError::FileChanged {
+                name: name.to_string(),
+                what: format!("it has {done} bytes, {len_bytes} were announced"),
+            });
+        }
+        let mut end = [0u8; 12];
+        end[..8].copy_from_slice(&len_bytes.to_le_bytes());
+        end[8..].copy_from_slice(&crc.to_le_bytes());
+        self.w.frame(KIND_FILE_END, &end)?;
+        self.sum.file_bytes_total += len_bytes;
+        Ok(())
+    }
+
     /// Writes the trailer and flushes; the summary of what was written.
     pub fn finish(mut self) -> BackupResult<BackupSummary> {
         if self.in_tree.is_some() {
@@ -226,12 +322,14 @@ impl<W: Write, P: FnMut(u64)> ContainerWriter<W, P> {
         }
         let sum = &mut self.sum;
         let w = &mut self.w;
-        let mut t = Vec::with_capacity(32);
+        let mut t = Vec::with_capacity(48);
         t.extend_from_slice(&sum.trees.to_le_bytes());
         t.extend_from_slice(&sum.entries.to_le_bytes());
         t.extend_from_slice(&sum.kv_bytes.to_le_bytes());
         t.extend_from_slice(&(w.next_index + 1).to_le_bytes());
         t.extend_from_slice(&w.out.crc.to_le_bytes());
+        t.extend_from_slice(&sum.files.to_le_bytes());
+        t.extend_from_slice(&sum.file_bytes_total.to_le_bytes());
         w.frame(KIND_TRAILER, &t)?;
         w.out.inner.flush().map_err(|source| BackupError::Io {
             op: "flushing",
@@ -253,17 +351,6 @@ fn write_backup<W: Write>(
     with_entries: impl Fn(&str) -> bool,
 ) -> BackupResult<BackupSummary> {
     let mut w = ContainerWriter::new(out, r.txn_id(), meta, opts, progress)?;
-    for name in r.tree_names()? {
-        w.begin_tree(&name)?;
-        if with_entries(&name) {
-            let mut c = r.cursor(&name)?;
-            let mut e = c.first()?;
-            while let Some((k, v)) = e {
-                w.entry(k, v)?;
-                e = c.next()?;
-            }
-        }
-        w.end_tree()?;
-    }
+    w.snapshot_trees(r, with_entries)?;
     w.finish()
 }
