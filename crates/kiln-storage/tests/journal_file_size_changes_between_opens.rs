@@ -190,9 +190,11 @@ fn a_new_environment_starts_small_and_its_files_grow_with_use() {
     assert_matches(&copy, &model);
     drop(copy);
 
-    // Checkpoints now and then: files below the synced point are recycled, the small
-    // one among them (it keeps its size), and no file is made past what the rounds
-    // of recycling need.
+    // Checkpoints now and then: files below the synced point are recycled (the small
+    // one keeps its size, if it is still among them), no file is made past what the
+    // rounds of recycling need, and at most two spares are kept beside the current
+    // file (the 40 MiB written without a checkpoint above made four files: the
+    // spares beyond two are removed once synced).
     for _ in 0..8 {
         commit_journal_bytes(&env, &mut model, 8 * MIB);
         env.sync().unwrap();
@@ -200,10 +202,13 @@ fn a_new_environment_starts_small_and_its_files_grow_with_use() {
     let stats = env.stats();
     assert!(stats.journal_files_recycled >= 3, "{stats:?}");
     let sizes = journal_file_sizes(dir.path());
-    assert_eq!(
-        sizes.iter().filter(|&&len| len == 4 * MIB).count(),
-        1,
+    assert!(
+        sizes.iter().filter(|&&len| len == 4 * MIB).count() <= 1,
         "{sizes:?}"
+    );
+    assert!(
+        sizes.len() <= 3,
+        "current file and at most two spares: {sizes:?}"
     );
     assert!(
         sizes.iter().all(|&len| len == 4 * MIB || len == 16 * MIB),

@@ -17,6 +17,22 @@ use crate::Result;
 /// A node below this many used bytes is merged with a sibling when they fit together.
 const UNDERFLOW_BYTES: usize = NODE_CAPACITY / 4;
 
+/// What an insert below a branch left for the branch to do.
+enum Outcome {
+    Done,
+    /// The child split; the branch gets a cell for the new right node.
+    Split(Split),
+    /// The leaf child did not hold its new cell and was left unchanged: these are
+    /// all its cells, the new one included, for the branch to spread over the leaf
+    /// and a sibling (`place_overflow`).
+    Overflow(Vec<Vec<u8>>),
+}
+
+/// Two adjacent leaves whose cells take at most this many bytes are refilled evenly
+/// instead of split: each keeps at least 1/16 of a page free, so the next insert into
+/// either does not overflow at once (which would copy both again).
+const REDISTRIBUTE_MAX_BYTES: usize = 2 * NODE_CAPACITY - NODE_CAPACITY / 8;
+
 struct Split {
     separator: Vec<u8>,
     right: PageNo,
@@ -69,6 +85,37 @@ fn split_point(cells: &[Vec<u8>]) -> usize {
         }
     }
     cells.len() - 1
+}
+
+/// Cuts `cells` into `parts` runs of about equal bytes, each non-empty and fitting a
+/// node; `None` when no such cut was found (cells too large for the count of parts).
+fn cut_evenly(cells: &[Vec<u8>], parts: usize) -> Option<Vec<usize>> {
+    let total = page::cells_space(cells);
+    let mut cuts = Vec::with_capacity(parts - 1);
+    let mut acc = 0;
+    for (i, c) in cells.iter().enumerate() {
+        if cuts.len() + 1 == parts {
+            break;
+        }
+        let size = c.len() + 2;
+        // Cut before cell i when its middle lies past the next boundary.
+        let boundary = total * (cuts.len() + 1) / parts;
+        if i > cuts.last().copied().unwrap_or(0) && acc + size / 2 > boundary {
+            cuts.push(i);
+        }
+        acc += size;
+    }
+    if cuts.len() + 1 != parts {
+        return None;
+    }
+    let mut start = 0;
+    for end in cuts.iter().copied().chain(std::iter::once(cells.len())) {
+        if end <= start || page::cells_space(cells.get(start..end)?) > NODE_CAPACITY {
+            return None;
+        }
+        start = end;
+    }
+    Some(cuts)
 }
 
 /// Where to cut when a cell appended at the end of a right-edge node overflows it:
@@ -182,9 +229,18 @@ impl WriteTxn<'_> {
             assert!(inserted, "a cell always fits in an empty leaf");
             return Ok((leaf, false));
         }
-        let (new_root, split, existed) = self.insert_rec(root, counted, key, &cell, 0, true)?;
-        let Some(split) = split else {
-            return Ok((new_root, existed));
+        let (new_root, outcome, existed) = self.insert_rec(root, counted, key, &cell, 0, true)?;
+        let split = match outcome {
+            Outcome::Done => return Ok((new_root, existed)),
+            Outcome::Split(s) => s,
+            // A root leaf splits itself (`insert_rec` at depth 0).
+            Outcome::Overflow(_) => {
+                return Err(super::corrupt(
+                    &*self,
+                    new_root,
+                    "a root leaf overflowed without splitting",
+                ))
+            }
         };
         let top = self.new_branch(counted);
         let p = self.dirty_mut(top);
@@ -205,7 +261,7 @@ impl WriteTxn<'_> {
         cell: &[u8],
         depth: usize,
         rightmost: bool,
-    ) -> Result<(PageNo, Option<Split>, bool)> {
+    ) -> Result<(PageNo, Outcome, bool)> {
         if depth >= MAX_DEPTH {
             return Err(super::corrupt(
                 &*self,
@@ -223,23 +279,39 @@ impl WriteTxn<'_> {
                 }
                 Err(i) => (i, false),
             };
-            let split = self.insert_or_split(no, idx, cell, rightmost)?;
-            return Ok((no, split, existed));
+            if page::insert_cell(self.dirty_mut(no), idx, cell) {
+                return Ok((no, Outcome::Done, existed));
+            }
+            let mut cells = node_cells(self.dirty_mut(no));
+            cells.insert(idx, cell.to_vec());
+            // Appends at the right edge split there (full pages for ascending keys);
+            // any other overflow is the parent's to spread over siblings.
+            let appended = rightmost && idx + 1 == cells.len();
+            if depth == 0 || appended {
+                let split = self.split_cells(no, cells, appended)?;
+                return Ok((no, Outcome::Split(split), existed));
+            }
+            return Ok((no, Outcome::Overflow(cells), existed));
         }
         let p = self.dirty_mut(no);
         let route = page::route_of(search_for_insert(p, key, rightmost));
         let last_route = hdr::count(p).wrapping_sub(1);
         let child = page::branch_child_at(p, route);
         let child_rightmost = rightmost && route == last_route;
-        let (new_child, child_split, existed) =
+        let (new_child, outcome, existed) =
             self.insert_rec(child, counted, key, cell, depth + 1, child_rightmost)?;
         let p = self.dirty_mut(no);
         set_route_child(p, route, new_child);
         // The child's count: one more if the key is new, less what its split moved
         // to the new right sibling. The leftmost child's count is implied (nothing
-        // to update); every ancestor's cell on the path moves by the same one.
+        // to update); every ancestor's cell on the path moves by the same one. An
+        // overflowing child counts its new cell here; `place_overflow` then sets the
+        // counts of the nodes it spread the cells over.
         if counted && route != usize::MAX {
-            let moved = child_split.as_ref().map_or(0, |s| s.right_count);
+            let moved = match &outcome {
+                Outcome::Split(s) => s.right_count,
+                _ => 0,
+            };
             let count = page::branch_count(p, route)
                 .checked_add(u64::from(!existed))
                 .and_then(|c| c.checked_sub(moved));
@@ -248,12 +320,121 @@ impl WriteTxn<'_> {
             };
             page::set_branch_count(self.dirty_mut(no), route, count);
         }
-        let Some(s) = child_split else {
-            return Ok((no, None, existed));
-        };
         let at = if route == usize::MAX { 0 } else { route + 1 };
-        let split = self.insert_or_split(no, at, &split_cell(&s, counted), rightmost)?;
-        Ok((no, split, existed))
+        let split = match outcome {
+            Outcome::Done => None,
+            Outcome::Split(s) => {
+                self.insert_or_split(no, at, &split_cell(&s, counted), rightmost)?
+            }
+            Outcome::Overflow(cells) => self.place_overflow(no, at, cells, counted)?,
+        };
+        Ok((no, split.map_or(Outcome::Done, Outcome::Split), existed))
+    }
+
+    /// Places the cells of child `n` of `parent`, a leaf that overflowed, B*-tree
+    /// style: with the adjacent sibling holding fewer bytes, refilled evenly into
+    /// the two when they fit (no new page), else spread over three (the two and a
+    /// new one, each about 2/3 full). Splitting a leaf in halves left leaves 67% full
+    /// under random keys (measured at 1M documents, docs/benchmarks.md "SPACE");
+    /// this keeps them above 2/3 and about 80% on average. Returns the parent's split
+    /// if its new or longer separators do not fit it.
+    fn place_overflow(
+        &mut self,
+        parent: PageNo,
+        n: usize,
+        cells: Vec<Vec<u8>>,
+        counted: bool,
+    ) -> Result<Option<Split>> {
+        let pp = self.dirty_mut(parent);
+        let fanout = page::branch_fanout(pp);
+        let me = page::branch_nth_child(pp, n);
+        let mut best: Option<(usize, PageNo, usize)> = None;
+        let siblings = [n.checked_sub(1), (n + 1 < fanout).then_some(n + 1)];
+        for s in siblings.into_iter().flatten() {
+            let sno = page::branch_nth_child(self.dirty_mut(parent), s);
+            let sp = node(&*self, sno)?;
+            if hdr::kind(sp) != KIND_LEAF {
+                return Err(super::corrupt(
+                    &*self,
+                    parent,
+                    "siblings of different kinds (tree levels disagree)",
+                ));
+            }
+            let used = page::used_space(sp);
+            if best.is_none_or(|(_, _, u)| used < u) {
+                best = Some((s, sno, used));
+            }
+        }
+        let Some((sib, sib_no, _)) = best else {
+            // An only child (a branch emptied by deletes): split it alone.
+            let s = self.split_cells(me, cells, false)?;
+            return self.insert_or_split(parent, n, &split_cell(&s, counted), false);
+        };
+        let sib_no = self.writable(sib_no)?;
+        let sib_cells = node_cells(self.dirty_mut(sib_no));
+        let (a, pages, all) = if sib < n {
+            (sib, [sib_no, me], [sib_cells, cells].concat())
+        } else {
+            (n, [me, sib_no], [cells, sib_cells].concat())
+        };
+        let cuts = if page::cells_space(&all) <= REDISTRIBUTE_MAX_BYTES {
+            cut_evenly(&all, 2).or_else(|| cut_evenly(&all, 3))
+        } else {
+            cut_evenly(&all, 3)
+        };
+        let Some(cuts) = cuts else {
+            return Err(super::corrupt(
+                &*self,
+                me,
+                "leaf cells too large to spread over three pages",
+            ));
+        };
+        let mut nos = pages.to_vec();
+        if cuts.len() == 2 {
+            nos.push(self.new_node(KIND_LEAF));
+        }
+        // Each part to its page; the parent's cells for children a.. rewritten.
+        let mut pcells = node_cells(self.dirty_mut(parent));
+        let mut start = 0;
+        for (i, end) in cuts
+            .iter()
+            .copied()
+            .chain(std::iter::once(all.len()))
+            .enumerate()
+        {
+            let part = all.get(start..end).unwrap_or_default();
+            let (no, child) = (nos.get(i).copied().unwrap_or_default(), a + i);
+            page::rebuild(self.dirty_mut(no), part);
+            start = end;
+            if child == 0 {
+                hdr::set_extra(self.dirty_mut(parent), no);
+                continue;
+            }
+            // Child `child` is the parent's cell `child - 1`; the first part keeps
+            // its separator, the others start at their first key.
+            let key = match (i, pcells.get(child - 1)) {
+                (0, Some(c)) => cell_key_of(KIND_BRANCH, c).to_vec(),
+                _ => part
+                    .first()
+                    .map(|c| cell_key_of(KIND_LEAF, c).to_vec())
+                    .unwrap_or_default(),
+            };
+            let cell = if counted {
+                page::encode_counted_branch_cell(&key, no, part.len() as u64)
+            } else {
+                page::encode_branch_cell(&key, no)
+            };
+            if i == 2 {
+                pcells.insert(child - 1, cell);
+            } else if let Some(slot) = pcells.get_mut(child - 1) {
+                *slot = cell;
+            }
+        }
+        if page::cells_space(&pcells) <= NODE_CAPACITY {
+            page::rebuild(self.dirty_mut(parent), &pcells);
+            return Ok(None);
+        }
+        self.split_cells(parent, pcells, false).map(Some)
     }
 
     /// Inserts a cell at slot `idx`, splitting the node if it does not fit. A node at
@@ -261,8 +442,6 @@ impl WriteTxn<'_> {
     /// split there, leaving it full: keys arriving in ascending order (W2, ids from
     /// a counter) then fill whole pages instead of halves, which halved the data
     /// file, the journal's page images and the write-back of a sequential fill.
-    // Bounds: `m` is a split point from `split_point` or `append_split_point`, which keep it inside `cells`.
-    #[allow(clippy::indexing_slicing)]
     fn insert_or_split(
         &mut self,
         no: PageNo,
@@ -273,17 +452,30 @@ impl WriteTxn<'_> {
         if page::insert_cell(self.dirty_mut(no), idx, cell) {
             return Ok(None);
         }
+        let mut cells = node_cells(self.dirty_mut(no));
+        cells.insert(idx, cell.to_vec());
+        let appended = rightmost && idx + 1 == cells.len();
+        self.split_cells(no, cells, appended).map(Some)
+    }
+
+    /// Splits node `no` whose content should be `cells` (too many for one page) into
+    /// it and a new right node: at the end when `appended`, else in the middle.
+    // Bounds: `m` is a split point from `split_point` or `append_split_point`, which keep it inside `cells`.
+    #[allow(clippy::indexing_slicing)]
+    fn split_cells(
+        &mut self,
+        no: PageNo,
+        mut cells: Vec<Vec<u8>>,
+        appended: bool,
+    ) -> Result<Split> {
         let p = self.dirty_mut(no);
         let kind = hdr::kind(p);
-        let mut cells = node_cells(p);
-        cells.insert(idx, cell.to_vec());
         let counted = page::is_counted_branch(p);
         let right = if kind == KIND_LEAF {
             self.new_node(kind)
         } else {
             self.new_branch(counted)
         };
-        let appended = rightmost && idx + 1 == cells.len();
         let m = if appended {
             append_split_point(kind, cells.len())
         } else {
@@ -321,11 +513,11 @@ impl WriteTxn<'_> {
         if let Some(c) = right_leftmost {
             hdr::set_extra(rp, c);
         }
-        Ok(Some(Split {
+        Ok(Split {
             separator,
             right,
             right_count,
-        }))
+        })
     }
 
     /// Deletes a key known to exist; returns the new root (0 when the tree empties).
