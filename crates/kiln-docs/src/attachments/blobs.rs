@@ -22,12 +22,19 @@
 //! space leaks. The `lock` orders "place a blob, then commit its reference" against
 //! "see a count at zero, then unlink": a blob is only unlinked after checking,
 //! under the lock, that the latest commit has no reference to it.
+//!
+//! A backup pins the blobs its snapshot references (`pinned_snapshot`, under the
+//! lock, so no unlink falls between the snapshot and the pin): while pinned, a
+//! blob freed by a later write is not unlinked but deferred, and released (the
+//! latest commit checked again) when the last pin on it goes. A crash meanwhile
+//! leaves a blob without a ref entry: `gc` at the next open unlinks it.
 
 use super::{hash_hex, Hash, RefEntry};
 use crate::schema::ATTACHMENT_REFS;
 use crate::{DocError, Result};
-use kiln_storage::Env;
+use kiln_storage::{Env, ReadTxn};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -49,6 +56,56 @@ pub(crate) struct BlobStore {
     next_tmp: AtomicU64,
     /// Hashes whose count reached zero in a write not yet followed by `release`.
     pending: parking_lot::Mutex<Vec<Hash>>,
+    /// Blobs backups are reading, and the unlinks held off for them.
+    pins: parking_lot::Mutex<Pins>,
+}
+
+#[derive(Default)]
+struct Pins {
+    /// Per pinned hash, the backups that pin it.
+    counts: HashMap<Hash, u32>,
+    /// Pinned hashes a release found unreferenced: released when unpinned.
+    deferred: Vec<Hash>,
+}
+
+/// The blobs a backup's snapshot references, kept on disk until it is dropped.
+pub(crate) struct BlobPin<'a> {
+    store: &'a BlobStore,
+    env: &'a Env,
+    hashes: Vec<Hash>,
+}
+
+impl BlobPin<'_> {
+    /// The pinned hashes (every blob the snapshot's reference tree names), in
+    /// hash order.
+    pub fn hashes(&self) -> &[Hash] {
+        &self.hashes
+    }
+}
+
+impl Drop for BlobPin<'_> {
+    fn drop(&mut self) {
+        let due: Vec<Hash> = {
+            let mut pins = self.store.pins.lock();
+            for h in &self.hashes {
+                if let Some(n) = pins.counts.get_mut(h) {
+                    *n -= 1;
+                    if *n == 0 {
+                        pins.counts.remove(h);
+                    }
+                }
+            }
+            let Pins { counts, deferred } = &mut *pins;
+            let (due, keep): (Vec<Hash>, Vec<Hash>) =
+                deferred.drain(..).partition(|h| !counts.contains_key(h));
+            *deferred = keep;
+            due
+        };
+        if let Err(e) = self.store.release(self.env, &due) {
+            // The files go at the next open (`gc`).
+            tracing::warn!(error = %e, "attachments: could not unlink blobs a backup had pinned");
+        }
+    }
 }
 
 /// Streams an upload into a temporary file, hashing and counting it. Dropped
@@ -168,6 +225,7 @@ impl BlobStore {
             lock: parking_lot::Mutex::new(()),
             next_tmp: AtomicU64::new(0),
             pending: Default::default(),
+            pins: Default::default(),
         }
     }
 
@@ -240,10 +298,48 @@ impl BlobStore {
         let r = env.begin_read()?;
         for hash in freed {
             if r.get(ATTACHMENT_REFS, hash)?.is_none() {
+                let mut pins = self.pins.lock();
+                if pins.counts.contains_key(hash) {
+                    // A backup reads it: unlinked when the backup is done.
+                    pins.deferred.push(*hash);
+                    continue;
+                }
+                drop(pins);
                 self.unlink(hash)?;
             }
         }
         Ok(())
+    }
+
+    /// A read snapshot of `env` and a pin on every blob its reference tree names,
+    /// taken together under the lock (no unlink between them): what a backup reads.
+    pub fn pinned_snapshot<'e>(&'e self, env: &'e Env) -> Result<(ReadTxn<'e>, BlobPin<'e>)> {
+        let _guard = self.lock();
+        let r = env.begin_read()?;
+        let mut hashes = Vec::new();
+        if r.tree_exists(ATTACHMENT_REFS)? {
+            let mut cursor = r.cursor(ATTACHMENT_REFS)?;
+            let mut entry = cursor.first()?;
+            while let Some((raw, _)) = entry {
+                if let Ok(h) = Hash::try_from(raw) {
+                    hashes.push(h);
+                }
+                entry = cursor.next()?;
+            }
+        }
+        let mut pins = self.pins.lock();
+        for h in &hashes {
+            *pins.counts.entry(*h).or_default() += 1;
+        }
+        drop(pins);
+        Ok((
+            r,
+            BlobPin {
+                store: self,
+                env,
+                hashes,
+            },
+        ))
     }
 
     fn unlink(&self, hash: &Hash) -> Result<()> {

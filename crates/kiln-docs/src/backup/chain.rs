@@ -16,6 +16,7 @@
 //! - Stopping the chain removes `meta.backup_chain`, the consumer and the history.
 
 use super::{new_id, BackupKind, BackupManifest, BackupReport, MANIFEST_OFFSET};
+use crate::attachments::Hash;
 use crate::database::history::{self, ChainState};
 use crate::schema::{
     decode_last_sequence, decode_u64, read_last_sequence, sequence_key, CHAIN_CONSUMER, CONSUMERS,
@@ -23,8 +24,9 @@ use crate::schema::{
 };
 use crate::{Database, DocError, Result};
 use kiln_storage::backup::BackupOptions;
-use kiln_storage::{BackupSummary, ContainerWriter, Env, ReadTxn, WriteTxn};
+use kiln_storage::{ContainerWriter, Env, ReadTxn, WriteTxn};
 use serde::Serialize;
+use std::collections::HashSet;
 use std::io::Write;
 use std::sync::atomic::Ordering;
 
@@ -191,7 +193,8 @@ impl Database {
     ) -> Result<BackupReport> {
         let env = self.live()?;
         let (since_chain, base) = self.increment_base(since)?;
-        let r = env.begin_read()?;
+        // The snapshot, with its blobs kept on disk until the backup is written.
+        let (r, pin) = self.blobs.pinned_snapshot(env)?;
         let (chain, last) = self.increment_snapshot(&r, since_chain, base)?;
         let mut manifest = BackupManifest {
             base_backup_id: since.backup_id.clone(),
@@ -204,7 +207,19 @@ impl Database {
             )?
         };
         let meta = manifest.encode()?;
-        let (sum, last_ms) = write_history(out, &r, &meta, opts, progress, base, last)?;
+        let mut w = ContainerWriter::new(out, r.txn_id(), &meta, opts, progress)?;
+        let (named, last_ms) = write_history(&mut w, &r, base, last)?;
+        // The blobs its writes name that the snapshot still references (see
+        // `backup/mod.rs`).
+        let blobs: Vec<_> = pin
+            .hashes()
+            .iter()
+            .filter(|h| named.contains(*h))
+            .copied()
+            .collect();
+        self.write_blobs(&mut w, &blobs)?;
+        let sum = w.finish()?;
+        drop(pin);
         drop(r);
         manifest.last_write_ms = last_ms;
         // The client holds the base: what is at or below it is no longer needed.
@@ -296,19 +311,16 @@ impl Database {
     }
 }
 
-/// Writes an increment's container (header `meta`): the history entries of
-/// snapshot `r` after `base` up to `last`, each write's, none missing. Returns its
-/// summary and the time of its last write.
-fn write_history<W: Write>(
-    out: W,
+/// Writes an increment's history tree into `w`: the history entries of snapshot
+/// `r` after `base` up to `last`, each write's, none missing. Returns the blobs
+/// its puts name and the time of its last write.
+fn write_history<W: Write, P: FnMut(u64)>(
+    w: &mut ContainerWriter<W, P>,
     r: &ReadTxn<'_>,
-    meta: &[u8],
-    opts: BackupOptions,
-    progress: impl FnMut(u64),
     base: u64,
     last: u64,
-) -> Result<(BackupSummary, Option<u64>)> {
-    let mut w = ContainerWriter::new(out, r.txn_id(), meta, opts, progress)?;
+) -> Result<(HashSet<Hash>, Option<u64>)> {
+    let mut named = HashSet::new();
     w.begin_tree(HISTORY)?;
     let mut c = r.cursor(HISTORY)?;
     let mut item = c.seek(&sequence_key(base.saturating_add(1)))?;
@@ -324,6 +336,14 @@ fn write_history<W: Write>(
         }
         seen = e.sequence;
         last_ms = Some(e.at_ms);
+        if let crate::changes::ChangeKind::Put = e.kind {
+            let rec = crate::record::decode(e.id, e.record)?;
+            for a in crate::attachments::stored_list(rec.json) {
+                if let Ok(h) = a.hash_bytes() {
+                    named.insert(h);
+                }
+            }
+        }
         w.entry(k, v)?;
         item = c.next()?;
     }
@@ -335,7 +355,7 @@ fn write_history<W: Write>(
         )));
     }
     w.end_tree()?;
-    Ok((w.finish()?, last_ms))
+    Ok((named, last_ms))
 }
 
 /// Checks that `next` (input `n`, named `label`) follows `prev` in a chain.

@@ -5,6 +5,18 @@
 //! (JSON, in the container's header) naming the database, the etag its image or
 //! its writes end at, and for a chain its links (chain id, its own id, its base).
 //!
+//! Attachments' bytes travel inside the backup, as the container's extra files
+//! named `attachments/<sha256>` after the trees: a full backup carries every blob
+//! its snapshot's reference tree names; an increment those that its writes (the
+//! put records of its history) name and its snapshot still references (a blob
+//! named only by a version overwritten before the increment was taken may be gone:
+//! a restore to a point inside the increment can then lack it, and `kiln check`
+//! says so; a restore to its end never does). The blobs are pinned from the
+//! snapshot to the end of the backup, so that a write freeing one meanwhile cannot
+//! unlink it (`attachments/blobs.rs`). A restore streams each into the staged
+//! database's blob store, checks its SHA-256 against its name, and drops those
+//! the restored reference tree does not name, before the database is put in place.
+//!
 //! Restoring builds the database under `<data>/trash/` (which `DocStore::open`
 //! empties) and renames it into place only once every checksum has passed and the
 //! environment is synced and closed: an interrupted restore leaves nothing that
@@ -20,10 +32,11 @@ pub use restore::{
     RestoreSource,
 };
 
+use crate::attachments::Hash;
 use crate::schema::{read_last_sequence, DOCS, HISTORY};
 use crate::{Database, DocError, Etag, Result};
 use kiln_storage::backup::{self, BackupOptions, BackupSummary};
-use kiln_storage::ReadTxn;
+use kiln_storage::{ContainerWriter, ReadTxn};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 
@@ -112,6 +125,33 @@ pub struct BackupReport {
     /// The backup file's size.
     pub file_bytes: u64,
     pub chunks: u32,
+    /// Attachments' blobs carried (the container's extra files) and their bytes.
+    #[serde(default)]
+    pub attachment_blobs: u64,
+    #[serde(default)]
+    pub attachment_bytes: u64,
+}
+
+/// The prefix of an attachment blob's name among a backup's extra files (then its
+/// SHA-256, lower-case hex).
+pub(crate) const BLOB_FILE_PREFIX: &str = "attachments/";
+
+impl Database {
+    /// Writes the blobs `hashes` (pinned by the caller) as extra files of `w`.
+    fn write_blobs<W: Write, P: FnMut(u64)>(
+        &self,
+        w: &mut ContainerWriter<W, P>,
+        hashes: &[Hash],
+    ) -> Result<()> {
+        for h in hashes {
+            let path = self.blobs.blob_path(h);
+            let hex = crate::attachments::hash_hex(h);
+            let mut file = std::fs::File::open(&path).map_err(|e| DocError::io(&path, e))?;
+            let len = file.metadata().map_err(|e| DocError::io(&path, e))?.len();
+            w.file(&format!("{BLOB_FILE_PREFIX}{hex}"), len, &mut file)?;
+        }
+        Ok(())
+    }
 }
 
 impl BackupReport {
@@ -124,6 +164,8 @@ impl BackupReport {
             data_bytes: s.kv_bytes,
             file_bytes: s.file_bytes,
             chunks: s.frames,
+            attachment_blobs: s.files,
+            attachment_bytes: s.file_bytes_total,
         }
     }
 }
@@ -214,7 +256,8 @@ impl Database {
         } else {
             None
         };
-        let r = env.begin_read()?;
+        // The snapshot, with its blobs kept on disk until the backup is written.
+        let (r, pin) = self.blobs.pinned_snapshot(env)?;
         if let Some(id) = &chain_id {
             // The snapshot is after the chain's start; a chain started by another
             // full backup in between replaced it, and this image is not its base.
@@ -234,7 +277,11 @@ impl Database {
         let meta = manifest.encode()?;
         // The history is the chain's bookkeeping, not data: a restored database
         // starts without a chain.
-        let sum = r.backup_filtered_to(out, &meta, opts, progress, |t| t != HISTORY)?;
+        let mut w = ContainerWriter::new(out, r.txn_id(), &meta, opts, progress)?;
+        w.snapshot_trees(&r, |t| t != HISTORY)?;
+        self.write_blobs(&mut w, pin.hashes())?;
+        let sum = w.finish()?;
+        drop(pin);
         Ok(BackupReport::new(manifest, &sum))
     }
 }

@@ -6,11 +6,15 @@
 //! sequence order as the original writes (`database::replay`: same etags, times and
 //! bodies), never splitting one engine transaction of the source: a point inside a
 //! transaction restores the whole of it. Every input is read to its end and every
-//! checksum checked even past the point. Only then is the environment synced,
+//! checksum checked even past the point. Attachments' blobs (the containers'
+//! extra files) are streamed into the staged database's blob store, each checked
+//! against its SHA-256 name (`BlobSink`); once replayed, the blobs the restored
+//! reference tree does not name are dropped. Only then is the environment synced,
 //! closed and renamed into place.
 
 use super::chain::{check_first, check_link};
-use super::{manifest_of, BackupKind, BackupManifest, BackupReport};
+use super::{manifest_of, BackupKind, BackupManifest, BackupReport, BLOB_FILE_PREFIX};
+use crate::attachments::{hash_hex, parse_hash, BlobStore, BlobWriter, Hash};
 use crate::changes::ChangeKind;
 use crate::data_dir::{sync_dir_in, unique_suffix, DATABASES_DIR, TRASH_DIR};
 use crate::database::history;
@@ -22,6 +26,7 @@ use kiln_storage::io::Vfs;
 use kiln_storage::BackupSummary;
 use kiln_storage::{BackupError, Env, WriteTxn};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -274,13 +279,18 @@ fn restored_incarnation(env: &Env) -> Result<u32> {
 /// chain (off only to verify a single increment on its own).
 pub(crate) fn process(
     source: RestoreSource<'_>,
-    env: Option<&Env>,
+    target: Option<(&Env, &Path)>,
     point: RestorePoint,
     check_links: bool,
     mut progress: impl FnMut(u64),
 ) -> Result<ChainReport> {
     let mut inputs = Inputs::new(source);
-    let mut chain = ChainReader::new(env, point, check_links);
+    let blobs = match target {
+        Some((_, dir)) => Some(BlobStore::open(dir)?),
+        None => None,
+    };
+    let mut chain = ChainReader::new(target.map(|t| t.0), point, check_links);
+    chain.blobs.store = blobs;
     while let Some(mut input) = inputs.next(chain.out.bytes_read)? {
         chain.read(&mut input, &mut progress)?;
     }
@@ -388,9 +398,105 @@ impl Sink {
     }
 }
 
+/// Receives a backup's attachment blobs (its extra files, `attachments/<sha256>`):
+/// with a store (a restore), each is streamed into it; without (a verify), only
+/// hashed. Each must hash to its name; a blob that does not fails the restore,
+/// naming it and the offset of its first frame.
+#[derive(Default)]
+struct BlobSink {
+    store: Option<BlobStore>,
+    current: Option<OpenBlob>,
+}
+
+struct OpenBlob {
+    hash: Hash,
+    /// Byte offset of its first frame in the input.
+    start: u64,
+    writer: Option<BlobWriter>,
+    hasher: Sha256,
+}
+
+impl BlobSink {
+    fn item(&mut self, input: &Input<'_>, sum: &BackupSummary, item: Item<'_>) -> Result<()> {
+        let (n, label) = (input.n, input.label.as_str());
+        match item {
+            Item::File { name, .. } => {
+                let hash = name
+                    .strip_prefix(BLOB_FILE_PREFIX)
+                    .and_then(|h| parse_hash(h).ok())
+                    .ok_or_else(|| {
+                        corrupt(
+                            n,
+                            label,
+                            format!("frame {}", sum.frame),
+                            sum.frame_offset,
+                            format!(
+                                "extra file {name:?} is no attachment blob (this Kiln knows                                  only {BLOB_FILE_PREFIX}<sha256>)"
+                            ),
+                        )
+                    })?;
+                let writer = match &self.store {
+                    Some(s) => Some(s.writer()?),
+                    None => None,
+                };
+                self.current = Some(OpenBlob {
+                    hash,
+                    start: sum.frame_offset,
+                    writer,
+                    hasher: Sha256::new(),
+                });
+            }
+            Item::FileData(bytes) => {
+                let b = self.open()?;
+                match b.writer.as_mut() {
+                    Some(w) => w.write(bytes)?,
+                    None => b.hasher.update(bytes),
+                }
+            }
+            Item::FileEnd => {
+                let b = self.current.take().ok_or_else(not_open)?;
+                let (got, staged) = match b.writer {
+                    Some(w) => {
+                        let staged = w.finish()?;
+                        (staged.hash, Some(staged))
+                    }
+                    None => (b.hasher.finalize().into(), None),
+                };
+                if got != b.hash {
+                    return Err(corrupt(
+                        n,
+                        label,
+                        format!("attachment blob {}", hash_hex(&b.hash)),
+                        b.start,
+                        format!(
+                            "its bytes hash to {}, not to its name (SHA-256)",
+                            hash_hex(&got)
+                        ),
+                    ));
+                }
+                if let (Some(store), Some(staged)) = (&self.store, staged) {
+                    store.place(staged)?;
+                }
+            }
+            Item::Header | Item::Tree(_) | Item::Entry(..) | Item::EndTree => {}
+        }
+        Ok(())
+    }
+
+    fn open(&mut self) -> Result<&mut OpenBlob> {
+        self.current.as_mut().ok_or_else(not_open)
+    }
+}
+
+fn not_open() -> DocError {
+    DocError::Internal("a backup's file bytes outside a file".into())
+}
+
 /// A chain of backups being read (and, with an environment, restored).
 struct ChainReader<'e> {
     env: Option<&'e Env>,
+    /// Where the blobs go (a restore) or are only checked (a verify).
+    blobs: BlobSink,
     check_links: bool,
     out: ChainReport,
     /// Set once the full backup is restored into `env`.
@@ -405,6 +511,7 @@ impl<'e> ChainReader<'e> {
     fn new(env: Option<&'e Env>, point: RestorePoint, check_links: bool) -> ChainReader<'e> {
         ChainReader {
             env,
+            blobs: BlobSink::default(),
             check_links,
             out: ChainReport {
                 backups: Vec::new(),
@@ -468,25 +575,46 @@ impl<'e> ChainReader<'e> {
                 // checked once it is read.
                 // Index entries trees are counted (as `index::create_trees` makes
                 // them), whichever build wrote the backup.
-                let read = backup::restore_into(
+                let blobs = &mut self.blobs;
+                let inp = Input {
+                    n: input.n,
+                    label: input.label.clone(),
+                    reader: &mut std::io::empty(),
+                    stop_at_trailer: input.stop_at_trailer,
+                };
+                let read = backup::restore_into_with_files(
                     env,
                     &mut *input.reader,
                     input.stop_at_trailer,
                     &crate::schema::is_entries_tree,
                     on_bytes,
+                    |sum, item| blobs.item(&inp, sum, item).map_err(|e| sink.stop(e)),
                 );
                 let sum = sink.finish(read, input)?;
                 check(&sum)?;
                 Ok(sum)
             }
             None => {
+                let blobs = &mut self.blobs;
+                let inp = Input {
+                    n: input.n,
+                    label: input.label.clone(),
+                    reader: &mut std::io::empty(),
+                    stop_at_trailer: input.stop_at_trailer,
+                };
                 let read = backup::read_container(
                     &mut *input.reader,
                     input.stop_at_trailer,
                     on_bytes,
                     |sum, item| {
-                        if let Item::Header = item {
-                            check(sum).map_err(|e| sink.stop(e))?;
+                        match item {
+                            Item::Header => {
+                                check(sum).map_err(|e| sink.stop(e))?;
+                            }
+                            Item::File { .. } | Item::FileData(_) | Item::FileEnd => {
+                                blobs.item(&inp, sum, item).map_err(|e| sink.stop(e))?
+                            }
+                            _ => {}
                         }
                         Ok(())
                     },
@@ -515,12 +643,22 @@ impl<'e> ChainReader<'e> {
             prev_seq: 0,
         };
         let mut sink = Sink::default();
+        let mut blobs = std::mem::take(&mut self.blobs);
+        let inp = Input {
+            n: input.n,
+            label: input.label.clone(),
+            reader: &mut std::io::empty(),
+            stop_at_trailer: input.stop_at_trailer,
+        };
         let read = backup::read_container(
             &mut *input.reader,
             input.stop_at_trailer,
             on_bytes,
             |sum, item| {
                 let step = match item {
+                    Item::File { .. } | Item::FileData(_) | Item::FileEnd => {
+                        blobs.item(&inp, sum, item)
+                    }
                     Item::Header => {
                         manifest_of(sum).and_then(|m| inc.start(m, &prev, self.check_links))
                     }
@@ -531,6 +669,7 @@ impl<'e> ChainReader<'e> {
                 step.map_err(|e| sink.stop(e))
             },
         );
+        self.blobs = blobs;
         let sum = sink.finish(read, input)?;
         inc.check_complete(&sum)?;
         Ok(sum)
@@ -797,7 +936,13 @@ pub(crate) fn build(
     }
     let result = (|| {
         let env = Env::open(staging, backup::staging_options(storage))?;
-        let report = process(source, Some(&env), point, true, progress);
+        let report = process(source, Some((&env, staging)), point, true, progress).and_then(|r| {
+            // Blobs the restored state does not name (carried for writes past
+            // the point, or freed by a replayed write) go now, not at the first
+            // open: `kiln check` of the restored directory is clean.
+            BlobStore::open(staging)?.gc(&env, crate::time::now_ms())?;
+            Ok(r)
+        });
         let report = match report {
             Ok(r) => r,
             Err(e) => {
