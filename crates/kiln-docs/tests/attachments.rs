@@ -264,3 +264,178 @@ fn check_finds_a_corrupt_and_a_missing_blob() {
     assert_eq!(report.missing, vec![list[1].hash.clone()]);
     assert!(!report.is_ok());
 }
+
+/// A `Write` that runs `on_first` at its first write (the backup's header: its
+/// snapshot is taken and its blobs not yet read).
+struct OnFirstWrite<F: FnMut()> {
+    out: Vec<u8>,
+    on_first: Option<F>,
+}
+
+impl<F: FnMut()> std::io::Write for OnFirstWrite<F> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if let Some(mut f) = self.on_first.take() {
+            f();
+        }
+        self.out.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn restore(store: &DocStore, name: &str, backups: &[&[u8]]) -> kiln_docs::Result<()> {
+    let files: Vec<(String, Box<dyn std::io::Read + '_>)> = backups
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            (
+                format!("backup {i}"),
+                Box::new(*b) as Box<dyn std::io::Read>,
+            )
+        })
+        .collect();
+    store
+        .restore_database(
+            kiln_docs::RestoreSource::Files(files),
+            name,
+            false,
+            kiln_docs::RestorePoint::Latest,
+            |_| {},
+        )
+        .map(|_| ())
+}
+
+/// A backup carries the blobs its snapshot references, pinned: the documents
+/// naming them are deleted (and their blobs freed) right after the snapshot, while
+/// the backup is written, and the blobs still arrive (without the pin, the unlink
+/// runs before the backup reads them and the backup fails); they are unlinked once
+/// it is done. The restore has the bytes and checks clean; an increment carries
+/// the blobs its writes name; a blob whose bytes do not hash to its name (its
+/// frames' checksums right) fails the restore, naming the blob.
+#[test]
+fn backups_carry_pinned_blobs_and_restores_check_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), options()).unwrap();
+    let db = store.create_database("d").unwrap();
+    let (a, b) = (pseudo_random(3_000_000, 1), pseudo_random(10_000, 2));
+    for (id, bytes) in [("a", &a), ("b", &b)] {
+        db.put(id, br#"{"n":1}"#, Condition::None).unwrap();
+        db.put_attachment(
+            id,
+            "f",
+            "application/x-test",
+            upload(&db, bytes),
+            Condition::None,
+        )
+        .unwrap();
+    }
+    let mut w = OnFirstWrite {
+        out: Vec::new(),
+        on_first: Some(|| {
+            db.delete("a", Condition::None).unwrap();
+            db.delete("b", Condition::None).unwrap();
+        }),
+    };
+    let full = db
+        .backup_full_to(&mut w, Default::default(), true, |_| {})
+        .unwrap();
+    let full_bytes = std::mem::take(&mut w.out);
+    drop(w);
+    assert_eq!(full.attachment_blobs, 2);
+    assert_eq!(full.attachment_bytes, (a.len() + b.len()) as u64);
+    assert!(files(db.dir()).is_empty(), "unpinned, the freed blobs go");
+
+    restore(&store, "r", &[&full_bytes]).unwrap();
+    let r = store.database("r").unwrap();
+    assert_eq!(read_all(&r, "a", "f"), a);
+    assert_eq!(read_all(&r, "b", "f"), b);
+    assert!(r.check_attachments().unwrap().is_ok());
+
+    // An increment: the blob a write after the full backup names.
+    let c = pseudo_random(5000, 3);
+    db.put("c", br#"{}"#, Condition::None).unwrap();
+    db.put_attachment("c", "g", "text/plain", upload(&db, &c), Condition::None)
+        .unwrap();
+    let mut inc = Vec::new();
+    let report = db
+        .backup_incremental_to(&mut inc, &full.manifest, Default::default(), |_| {})
+        .unwrap();
+    assert_eq!(report.attachment_blobs, 1);
+    restore(&store, "r2", &[&full_bytes, &inc]).unwrap();
+    let r2 = store.database("r2").unwrap();
+    assert_eq!(read_all(&r2, "c", "g"), c);
+    assert!(r2.get("a").unwrap().is_none());
+    let check = r2.check_attachments().unwrap();
+    assert!(check.is_ok() && check.blobs == 1, "{check:?}");
+
+    // The full backup rewritten with one byte of blob b changed and every
+    // checksum of the container right: the SHA-256 check refuses it.
+    use kiln_storage::backup::Item;
+    let mut w2 = Vec::new();
+    let mut cw: Option<kiln_storage::ContainerWriter<&mut Vec<u8>, fn(u64)>> = None;
+    let mut file: Option<(String, Vec<u8>)> = None;
+    let mut out_slot = Some(&mut w2);
+    kiln_storage::backup::read_container(
+        &full_bytes[..],
+        false,
+        |_| {},
+        |sum, item| {
+            match item {
+                Item::Header => {
+                    cw = Some(
+                        kiln_storage::ContainerWriter::new(
+                            out_slot.take().unwrap(),
+                            sum.txn_id,
+                            &sum.meta,
+                            Default::default(),
+                            (|_| {}) as fn(u64),
+                        )
+                        .unwrap(),
+                    )
+                }
+                Item::Tree(t) => cw.as_mut().unwrap().begin_tree(t).unwrap(),
+                Item::Entry(k, v) => cw.as_mut().unwrap().entry(k, v).unwrap(),
+                Item::EndTree => cw.as_mut().unwrap().end_tree().unwrap(),
+                Item::File { name, .. } => file = Some((name.to_string(), Vec::new())),
+                Item::FileData(d) => file.as_mut().unwrap().1.extend_from_slice(d),
+                Item::FileEnd => {
+                    let (name, mut bytes) = file.take().unwrap();
+                    if bytes.len() == b.len() {
+                        bytes[1234] ^= 1;
+                    }
+                    cw.as_mut()
+                        .unwrap()
+                        .file(&name, bytes.len() as u64, &mut &bytes[..])
+                        .unwrap();
+                }
+            }
+            Ok(())
+        },
+    )
+    .unwrap();
+    cw.take().unwrap().finish().unwrap();
+    let e = restore(&store, "r3", &[&w2]).unwrap_err().to_string();
+    let b_hash = doc(&r, "b")["@metadata"]["@attachments"][0]["hash"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains(&format!("attachment blob {b_hash}")) && e.contains("not to its name"),
+        "{e}"
+    );
+    assert!(store.database("r3").is_err());
+}
