@@ -318,6 +318,12 @@ impl Flusher {
                 }
                 Some(FlushControl::Shutdown(reply)) => {
                     let result = self.checkpoint_or_failure();
+                    if result.is_ok() {
+                        if let Err(e) = self.trim_tail_at_close() {
+                            // Not lost: the file only stays longer than it needs.
+                            tracing::warn!(error = %e, "could not trim the data file's free tail at close");
+                        }
+                    }
                     self.env.flush_queue.close("the environment is closed");
                     let _ = reply.send(result);
                     return;
@@ -478,6 +484,46 @@ impl Flusher {
             a.txn_id,
             a.catalog_root
         );
+    }
+
+    /// At close, after the last checkpoint: cuts the data file's tail of free pages
+    /// and its preallocated growth step, so a closed database takes what it holds
+    /// (docs/benchmarks.md, SPACE). The free tail leaves the page count in both
+    /// header copies first (each written and synced, so whichever one recovery
+    /// picks has no page past the cut and no free page there in its free-page
+    /// snapshot), and only then is the file shortened: a crash at any point leaves
+    /// a header whose tree lies wholly inside the file. Only when nothing is left
+    /// to replay (the journal's records are all in the data file): replay writes
+    /// page images where their own commits put them. At close only: no reader or
+    /// writer exists then, and the file does not shrink under a running workload
+    /// only to grow again by a step.
+    fn trim_tail_at_close(&mut self) -> Result<()> {
+        let h = &self.header;
+        if self.env.latch.poison_reason().is_some()
+            || (h.replay_from_file_seq, h.replay_from_offset)
+                != (h.journal_file_seq, h.journal_offset)
+        {
+            return Ok(());
+        }
+        let mut count = h.page_count;
+        while count > crate::page::FIRST_DATA_PAGE && self.free.remove(&(count - 1)) {
+            count -= 1;
+        }
+        if count < h.page_count {
+            let freelist = header::encode_freelist(self.free.iter().copied());
+            for _ in 0..2 {
+                let next = FileHeader {
+                    sequence: self.header.sequence + 1,
+                    page_count: count,
+                    freelist_checksum: crc32c::crc32c(&freelist),
+                    freelist_len: freelist.len() as u64,
+                    ..self.header.clone()
+                };
+                write_header(&self.env, &next, &freelist)?;
+                self.header = next;
+            }
+        }
+        self.env.store.truncate_to(count)
     }
 
     fn checkpoint(&mut self) -> FlushResult {

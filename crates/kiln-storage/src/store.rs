@@ -506,6 +506,24 @@ impl PageStore {
             .map_err(|e| Error::io(&self.path, None, "fsync data file", e))
     }
 
+    /// Shortens the file to `pages` pages if it is longer, and maps what is left.
+    /// For a closing environment only (`Flusher::trim_tail_at_close`): a reader
+    /// through an older map of the cut pages would fault.
+    pub fn truncate_to(&self, pages: u64) -> Result<()> {
+        let mut map = self.map.write();
+        let len = pages * PAGE_SIZE as u64;
+        let cur = self.file_len()?;
+        if cur <= len {
+            return Ok(());
+        }
+        self.file
+            .set_len(len)
+            .map_err(|e| Error::io(&self.path, Some(len), "truncate data file's free tail", e))?;
+        self.sync()?;
+        *map = Self::map_file(&self.path, self.file.as_ref(), len, Some(&map))?;
+        Ok(())
+    }
+
     pub fn file_len(&self) -> Result<u64> {
         self.file
             .len()
