@@ -50,6 +50,11 @@ pub struct ServeArgs {
     /// A document id longer than this many bytes is refused (400 invalid_id).
     #[arg(long, default_value_t = kiln_docs::DocsOptions::default().max_id_bytes)]
     max_id_bytes: usize,
+    /// How documents written from now on are stored: lz4 (each document's fields
+    /// compressed when that saves bytes) or none. Documents stored either way are
+    /// read whatever this says.
+    #[arg(long, default_value_t = kiln_docs::DocumentCompression::default())]
+    document_compression: kiln_docs::DocumentCompression,
     /// The largest page_size a listing may ask for (400 page_size_too_large).
     #[arg(long, default_value_t = Limits::default().max_page_size)]
     max_page_size: usize,
@@ -297,6 +302,7 @@ fn server_config(a: &ServeArgs) -> crate::AnyResult<ServerConfig> {
     config.docs.indexing.auto_index_idle_ms = a.auto_index_idle_ms;
     config.docs.indexing.max_scan_docs = a.max_scan_docs;
     config.docs.max_id_bytes = a.max_id_bytes;
+    config.docs.document_compression = a.document_compression;
     config.docs.storage.max_unflushed_bytes = a.max_unflushed_mib << 20;
     config.docs.storage.write_back_window_bytes = a.write_back_window_mib << 20;
     a.storage.apply_to(&mut config.docs.storage);

@@ -11,7 +11,7 @@ const SERVER_METADATA_KEYS: [&str; 4] = ["@id", "@collection", "@etag", "@last-m
 /// The key of `@metadata` that makes a document expire (`expiration/`).
 const EXPIRES_KEY: &str = "@expires";
 
-/// A document read from a database. `json` is the stored JSON text, `@metadata`
+/// A document read from a database. `json` is the JSON a client reads, `@metadata`
 /// included, ready to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Document {
@@ -36,7 +36,9 @@ impl Document {
 
     /// Decodes a stored record (a value of the `docs` tree) into an owned document.
     pub(crate) fn from_record(id: &str, bytes: &[u8]) -> Result<Document> {
-        Ok(Document::from_view(id, crate::record::decode(id, bytes)?))
+        let rec = crate::record::decode(id, bytes)?;
+        let json = rec.to_json(id)?;
+        Ok(Document::from_view(id, rec.view(&json)))
     }
 
     pub fn to_value(&self) -> Result<Value> {
@@ -190,9 +192,65 @@ impl PreparedDoc {
             .or_else(|| collection_from_id(id))
     }
 
-    /// The stored JSON: the body with `@metadata` appended as its last key. Written
-    /// straight into bytes (this runs inside the commit, once per document).
-    pub fn render(
+    /// The document's own fields, a JSON object (`{"a":1}`): a record's body.
+    pub fn body_json(&self) -> &[u8] {
+        &self.body_json
+    }
+
+    /// What the client put under `@metadata` (less the server's keys) as a record
+    /// stores it: `{"@metadata":{...}}`, empty when there is nothing.
+    pub fn client_metadata_json(&self) -> Vec<u8> {
+        if self.client_metadata.is_empty() {
+            return Vec::new();
+        }
+        let mut out = b"{\"@metadata\":{".to_vec();
+        self.write_client_metadata(&mut out);
+        out.extend_from_slice(b"}}");
+        out
+    }
+
+    /// `"k":v,...` (the server's own keys were removed in `from_value`).
+    fn write_client_metadata(&self, out: &mut Vec<u8>) {
+        for (i, (k, v)) in self.client_metadata.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            serde_json::to_writer(&mut *out, k).expect("writing to a Vec cannot fail");
+            out.push(b':');
+            serde_json::to_writer(&mut *out, v).expect("a Value always serializes");
+        }
+    }
+
+    /// The length of the JSON a client reads of this document stored under `id`
+    /// (`record::write_json`), for `max_document_bytes`.
+    pub fn stored_json_len(
+        &self,
+        id: &str,
+        collection: Option<&str>,
+        etag: Etag,
+        last_modified_ms: u64,
+    ) -> usize {
+        let mut client = Vec::new();
+        self.write_client_metadata(&mut client);
+        // Only the metadata is written here: the body's length is added.
+        let mut out = Vec::with_capacity(128 + client.len());
+        crate::record::write_json(
+            &mut out,
+            id,
+            collection,
+            etag,
+            last_modified_ms,
+            b"{}",
+            &client,
+        );
+        let open = self.body_json.len() - 1;
+        out.len() - 1 + open + usize::from(open > 1)
+    }
+
+    /// The JSON format 1 stored: the body with `@metadata` appended as its last
+    /// key (what `record` tests format 2 against).
+    #[cfg(test)]
+    pub fn render_format_1(
         &self,
         id: &str,
         collection: Option<&str>,
@@ -219,7 +277,6 @@ impl PreparedDoc {
         out.extend_from_slice(etag.to_string().as_bytes());
         out.extend_from_slice(b"\",\"@last-modified\":");
         string(&mut out, last_modified);
-        // The server's own keys were removed from these (`from_value`): no duplicates.
         for (k, v) in &self.client_metadata {
             out.push(b',');
             string(&mut out, k);
@@ -250,17 +307,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.collection_for("users/1"), Some("people"));
-        let out = p.render("users/1", Some("people"), etag(), &format_rfc3339_ms(0));
+        let out = p.render_format_1("users/1", Some("people"), etag(), &format_rfc3339_ms(0));
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["name"], "Ada");
         assert_eq!(v["@metadata"]["@etag"], "5-00000001");
         assert_eq!(v["@metadata"]["tag"], "x");
         assert_eq!(v["@metadata"]["@collection"], "people");
         assert_eq!(v["@metadata"]["@last-modified"], "1970-01-01T00:00:00.000Z");
-        let empty =
-            PreparedDoc::parse(b"{}")
-                .unwrap()
-                .render("a", None, etag(), &format_rfc3339_ms(0));
+        let empty = PreparedDoc::parse(b"{}").unwrap().render_format_1(
+            "a",
+            None,
+            etag(),
+            &format_rfc3339_ms(0),
+        );
         let v: Value = serde_json::from_slice(&empty).unwrap();
         assert_eq!(v["@metadata"]["@id"], "a");
         assert!(v["@metadata"].get("@collection").is_none());

@@ -79,7 +79,7 @@ pub use index::{
 };
 pub use merge_patch::{check_document_patch, merge_patch, patch_document};
 pub use query::{QueryOptions, QueryResult};
-pub use record::RecordView as DocumentView;
+pub use record::{DocumentCompression, RecordView as DocumentView};
 pub use revisions::{
     CollectionRevisions, Revision, RevisionsConfig, MAX_CONFIGURED_COLLECTIONS, MAX_REVISIONS_LIMIT,
 };

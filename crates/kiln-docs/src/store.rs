@@ -28,6 +28,9 @@ pub struct DocsOptions {
     pub delete_wait_ms: u64,
     /// The background indexer and query limits of every database.
     pub indexing: crate::IndexingOptions,
+    /// How documents' bodies are stored (LZ4 by default, kept only where it
+    /// saves bytes; records of either kind are read whatever this says).
+    pub document_compression: crate::DocumentCompression,
 }
 
 impl Default for DocsOptions {
@@ -55,6 +58,7 @@ impl Default for DocsOptions {
             write_queue: crate::WriteQueueOptions::default(),
             delete_wait_ms: 10_000,
             indexing: crate::IndexingOptions::default(),
+            document_compression: crate::DocumentCompression::default(),
         }
     }
 }
@@ -74,6 +78,7 @@ impl DocsOptions {
             max_id_bytes: self.max_id_bytes,
             max_batch_ops: self.max_batch_ops,
             indexing: self.indexing,
+            compression: self.document_compression,
         })
     }
 

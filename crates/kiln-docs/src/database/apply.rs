@@ -130,6 +130,7 @@ impl Unit {
             max_id_bytes: kiln_storage::MAX_KEY_SIZE,
             max_batch_ops: usize::MAX,
             indexing: crate::index::IndexingOptions::default(),
+            compression: crate::DocumentCompression::default(),
         };
         let possible = Possible {
             tombstones: Arc::new(AtomicBool::new(true)),
@@ -285,7 +286,7 @@ fn apply_patch(
             check_condition(id, condition, Some(rec.etag))?;
             (
                 rec.etag,
-                crate::merge_patch::patch_document(rec.json, id, patch)?,
+                crate::merge_patch::patch_document(&rec.to_json(id)?, id, patch)?,
             )
         }
     };
@@ -328,7 +329,7 @@ pub(crate) fn apply_attachment(
     let etag = rec.etag;
     let mut list = attachments::stored_list(rec.json);
     let mut value: serde_json::Value =
-        serde_json::from_slice(rec.json).map_err(|e| DocError::CorruptRecord {
+        serde_json::from_slice(&rec.to_json(id)?).map_err(|e| DocError::CorruptRecord {
             id: id.to_string(),
             why: format!("stored JSON does not parse: {e}"),
         })?;
@@ -487,10 +488,10 @@ fn apply_put(
         }
     };
     let collection = doc.collection_for(&id).map(str::to_string);
-    let json = doc.render(&id, collection.as_deref(), etag, &unit.now_text);
-    if json.len() > unit.limits.max_document_bytes {
+    let json_len = doc.stored_json_len(&id, collection.as_deref(), etag, unit.now_ms);
+    if json_len > unit.limits.max_document_bytes {
         return Err(DocError::DocumentTooLarge {
-            len: json.len(),
+            len: json_len,
             max: unit.limits.max_document_bytes,
         });
     }
@@ -506,7 +507,14 @@ fn apply_put(
     unit.adjust_attachments(txn, &old_attachments, &new_attachments)?;
     let prev = unit.last();
     unit.advance(etag);
-    let rec = record::encode(etag, unit.now_ms, collection.as_deref(), &json);
+    let rec = record::encode(
+        etag,
+        unit.now_ms,
+        collection.as_deref(),
+        doc.body_json(),
+        &doc.client_metadata_json(),
+        unit.limits.compression,
+    );
     let look_for_tombstone = unit.tombstones_possible.load(Ordering::SeqCst);
     let created = existing.is_none();
     write_put(

@@ -175,6 +175,8 @@ pub(crate) struct Limits {
     pub max_id_bytes: usize,
     pub max_batch_ops: usize,
     pub indexing: crate::index::IndexingOptions,
+    /// How new records' bodies are compressed (`record`).
+    pub compression: crate::DocumentCompression,
 }
 
 pub struct Database {
@@ -670,7 +672,8 @@ impl Database {
     }
 
     /// The document `id` as `read` makes of it, borrowed from the read snapshot
-    /// (an answer written straight from it copies the JSON once, not twice).
+    /// (an answer written straight from it copies the JSON once, not twice; a
+    /// record of format 2 has its JSON written out first, `record::Record::to_json`).
     pub fn get_with<R>(
         &self,
         id: &str,
@@ -681,7 +684,11 @@ impl Database {
         let r = env.begin_read()?;
         match r.get(DOCS, id.as_bytes())? {
             None => Ok(None),
-            Some(bytes) => Ok(Some(read(crate::record::decode(id, bytes)?))),
+            Some(bytes) => {
+                let rec = crate::record::decode(id, bytes)?;
+                let json = rec.to_json(id)?;
+                Ok(Some(read(rec.view(&json))))
+            }
         }
     }
 

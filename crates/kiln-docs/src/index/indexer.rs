@@ -472,19 +472,20 @@ fn load_documents(
     keys.sort_unstable();
     keys.dedup();
     let mut parsed: Vec<Parsed> = (0..changes.len()).map(|_| None).collect();
-    let mut raw: Vec<(usize, &[u8])> = Vec::with_capacity(wanted.len());
+    let mut raw: Vec<(usize, std::borrow::Cow<'_, [u8]>)> = Vec::with_capacity(wanted.len());
     for i in wanted {
         let id = &changes[i].id;
         let Some(bytes) = r.get(DOCS, id.as_bytes())? else {
             continue;
         };
-        raw.push((i, record::decode(id, bytes)?.json));
+        let rec = record::decode(id, bytes)?;
+        raw.push((i, rec.to_json(id)?));
     }
     // Parsing is most of a batch's work: split over two threads when it is large.
     if raw.len() >= 2048 {
         let (a, b) = raw.split_at(raw.len() / 2);
         let parse_all =
-            |part: &[(usize, &[u8])]| -> Vec<(usize, std::result::Result<Value, String>)> {
+            |part: &[(usize, std::borrow::Cow<'_, [u8]>)]| -> Vec<(usize, std::result::Result<Value, String>)> {
                 part.iter()
                     .map(|(i, json)| (*i, parse_fields(json, &keys)))
                     .collect()
@@ -500,7 +501,7 @@ fn load_documents(
         }
     } else {
         for (i, json) in raw {
-            parsed[i] = Some(parse_fields(json, &keys));
+            parsed[i] = Some(parse_fields(&json, &keys));
         }
     }
     Ok(parsed)

@@ -120,7 +120,7 @@ fn archive(
         replaced_ms: change.at_ms,
         deleted: change.written.is_none(),
         key_id: writer,
-        json: rec.json,
+        json: &rec.to_json(change.id)?,
     });
     txn.put(REVISIONS, &revision_key(change.id, etag.sequence), &value)?;
     Ok(())

@@ -75,8 +75,8 @@ pub(crate) fn round(db: &Database, rt: &Arc<Runtime>, opts: IndexingOptions) -> 
         let Some(bytes) = r.get(DOCS, c.id.as_bytes())? else {
             continue;
         };
-        let json = record::decode(&c.id, bytes)?.json;
-        let fields = match parse_fields(json, &keys) {
+        let json = record::decode(&c.id, bytes)?.to_json(&c.id)?;
+        let fields = match parse_fields(&json, &keys) {
             Ok(v) => v,
             Err(e) => {
                 // The stored document is checked when written: this is damage,

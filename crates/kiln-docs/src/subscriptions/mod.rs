@@ -394,7 +394,9 @@ impl Database {
                     id: id.to_string(),
                     why: format!("listed in collection {collection:?} but not stored"),
                 })?;
-            let view = crate::record::decode(id, record)?;
+            let rec = crate::record::decode(id, record)?;
+            let json = rec.to_json(id)?;
+            let view = rec.view(&json);
             batch.scanned += 1;
             batch.up_to = sequence;
             if reader.compiled.matches(id, view.json)? {

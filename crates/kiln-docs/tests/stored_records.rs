@@ -1,0 +1,195 @@
+//! The stored form of documents (`record.rs`, format 2: the server's `@metadata`
+//! written at read time, LZ4 bodies) read back the JSON format 1 stored, byte for
+//! byte; and records of format 1 left by older servers still read the same.
+
+use kiln_docs::{format_rfc3339_ms, Condition, DocStore, DocsOptions, DocumentCompression};
+
+fn options(compression: DocumentCompression) -> DocsOptions {
+    let mut o = DocsOptions::default();
+    o.storage.journal_file_size_bytes = 1 << 20;
+    o.storage.data_grow_step_bytes = 1 << 20;
+    o.document_compression = compression;
+    o
+}
+
+/// (id, body sent, the JSON a client reads with `{E}` for the etag and `{T}` for
+/// the last-modified time): the bytes format 1 stored.
+const CASES: &[(&str, &str, &str)] = &[
+    (
+        "a",
+        "{}",
+        r#"{"@metadata":{"@id":"a","@etag":"{E}","@last-modified":"{T}"}}"#,
+    ),
+    (
+        "users/1",
+        r#"{"name": "Ada", "n": 1.50, "tags": ["x", {"y": null}]}"#,
+        r#"{"name":"Ada","n":1.50,"tags":["x",{"y":null}],"@metadata":{"@id":"users/1","@collection":"users","@etag":"{E}","@last-modified":"{T}"}}"#,
+    ),
+    (
+        "p/\"é\"",
+        r#"{"@metadata":{"tag":"x","@etag":"forged","@collection":"people","@flags":3},"text":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}"#,
+        r#"{"text":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa","@metadata":{"@id":"p/\"é\"","@collection":"people","@etag":"{E}","@last-modified":"{T}","tag":"x","@flags":3}}"#,
+    ),
+    (
+        "e/1",
+        r#"{"@metadata":{"@expires":"2999-01-01T00:00:00Z"},"v":"compressible compressible compressible compressible compressible"}"#,
+        r#"{"v":"compressible compressible compressible compressible compressible","@metadata":{"@id":"e/1","@collection":"e","@etag":"{E}","@last-modified":"{T}","@expires":"2999-01-01T00:00:00Z"}}"#,
+    ),
+];
+
+fn expected(template: &str, etag: kiln_docs::Etag, ms: u64) -> String {
+    template
+        .replace("{E}", &etag.to_string())
+        .replace("{T}", &format_rfc3339_ms(ms))
+}
+
+/// The raw `docs` values of database `name` in `dir` (the store closed).
+fn raw_records(dir: &std::path::Path, name: &str) -> Vec<(String, Vec<u8>)> {
+    let env_dir = dir.join("databases").join(name);
+    let env =
+        kiln_storage::Env::open(&env_dir, options(DocumentCompression::None).storage).unwrap();
+    let r = env.begin_read().unwrap();
+    let mut out = Vec::new();
+    let mut c = r.cursor("docs").unwrap();
+    let mut e = c.first().unwrap();
+    while let Some((k, v)) = e {
+        out.push((String::from_utf8(k.to_vec()).unwrap(), v.to_vec()));
+        e = c.next().unwrap();
+    }
+    drop(c);
+    drop(r);
+    env.close().unwrap();
+    out
+}
+
+#[test]
+fn json_read_back_is_what_format_1_stored_with_and_without_compression() {
+    let mut sizes = Vec::new();
+    for compression in [DocumentCompression::None, DocumentCompression::Lz4] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DocStore::open(dir.path(), options(compression)).unwrap();
+        let db = store.create_database("d").unwrap();
+        let mut want = Vec::new();
+        for (id, body, template) in CASES {
+            let p = db.put(id, body.as_bytes(), Condition::None).unwrap();
+            want.push((
+                id.to_string(),
+                expected(template, p.etag, p.last_modified_ms),
+            ));
+        }
+        for (id, json) in &want {
+            let got = db.get(id).unwrap().unwrap();
+            assert_eq!(String::from_utf8(got.json).unwrap(), *json, "{compression}");
+            // The zero-copy path answers the same bytes.
+            let viewed = db.get_with(id, |v| v.json.to_vec()).unwrap().unwrap();
+            assert_eq!(String::from_utf8(viewed).unwrap(), *json);
+        }
+        let mut listed: Vec<_> = db
+            .list_by_prefix("", None, 100)
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|d| (d.id, String::from_utf8(d.json).unwrap()))
+            .collect();
+        listed.sort();
+        want.sort();
+        assert_eq!(listed, want);
+        assert_eq!(db.attachments("a").unwrap().unwrap().len(), 0);
+        drop(db);
+        store.close().unwrap();
+        let raw = raw_records(dir.path(), "d");
+        let e1 = &raw.iter().find(|(id, _)| id == "e/1").unwrap().1;
+        assert_eq!(e1[0], 2, "format 2 is written");
+        assert_eq!(e1[23], u8::from(compression == DocumentCompression::Lz4));
+        sizes.push(raw.iter().map(|(_, v)| v.len()).sum::<usize>());
+        // The server's keys are not stored.
+        for (_, v) in &raw {
+            let text = String::from_utf8_lossy(v);
+            assert!(
+                !text.contains("@last-modified") && !text.contains("@etag"),
+                "{text}"
+            );
+        }
+    }
+    assert!(sizes[1] < sizes[0], "{sizes:?}");
+}
+
+#[test]
+fn format_1_records_left_by_older_servers_read_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut want = Vec::new();
+    {
+        let store = DocStore::open(dir.path(), options(DocumentCompression::Lz4)).unwrap();
+        let db = store.create_database("d").unwrap();
+        for (id, body, template) in CASES {
+            let p = db.put(id, body.as_bytes(), Condition::None).unwrap();
+            let json = expected(template, p.etag, p.last_modified_ms);
+            want.push((
+                id.to_string(),
+                p.etag,
+                p.last_modified_ms,
+                p.collection,
+                json,
+            ));
+        }
+        drop(db);
+        store.close().unwrap();
+    }
+    // Rewrite every record as format 1 did: header, collection, the whole JSON.
+    {
+        let env_dir = dir.path().join("databases").join("d");
+        let env =
+            kiln_storage::Env::open(&env_dir, options(DocumentCompression::None).storage).unwrap();
+        let mut w = env.begin_write().unwrap();
+        for (id, etag, ms, collection, json) in &want {
+            let coll = collection.as_deref().unwrap_or("");
+            let mut rec = vec![1u8];
+            rec.extend_from_slice(&etag.sequence.to_be_bytes());
+            rec.extend_from_slice(&etag.incarnation.to_be_bytes());
+            rec.extend_from_slice(&ms.to_be_bytes());
+            rec.extend_from_slice(&(coll.len() as u16).to_be_bytes());
+            rec.extend_from_slice(coll.as_bytes());
+            rec.extend_from_slice(json.as_bytes());
+            w.put("docs", id.as_bytes(), &rec).unwrap();
+        }
+        w.commit().unwrap();
+        env.close().unwrap();
+    }
+    assert!(raw_records(dir.path(), "d").iter().all(|(_, v)| v[0] == 1));
+    let store = DocStore::open(dir.path(), options(DocumentCompression::Lz4)).unwrap();
+    let db = store.database("d").unwrap();
+    for (id, etag, _, _, json) in &want {
+        let got = db.get(id).unwrap().unwrap();
+        assert_eq!(
+            (got.etag, String::from_utf8(got.json).unwrap()),
+            (*etag, json.clone())
+        );
+    }
+    let listed = db.list_by_prefix("", None, 100).unwrap().items;
+    assert_eq!(listed.len(), want.len());
+    for d in listed {
+        let w = want.iter().find(|w| w.0 == d.id).unwrap();
+        assert_eq!(String::from_utf8(d.json).unwrap(), w.4);
+    }
+    // A format-1 document replaced under its etag becomes format 2 and reads
+    // as the new body with the same metadata layout.
+    let (id, etag, ..) = &want[2];
+    let p = db
+        .put(
+            id,
+            br#"{"text":"b","@metadata":{"tag":"y"}}"#,
+            Condition::IfMatch(*etag),
+        )
+        .unwrap();
+    let got = db.get(id).unwrap().unwrap();
+    let want_json = format!(
+        r#"{{"text":"b","@metadata":{{"@id":"p/\"é\"","@collection":"p","@etag":"{}","@last-modified":"{}","tag":"y"}}}}"#,
+        p.etag,
+        format_rfc3339_ms(p.last_modified_ms)
+    );
+    assert_eq!(String::from_utf8(got.json).unwrap(), want_json);
+    drop(db);
+    store.close().unwrap();
+    let raw = raw_records(dir.path(), "d");
+    assert_eq!(raw.iter().find(|(i, _)| i == id).unwrap().1[0], 2);
+}
