@@ -1,19 +1,16 @@
-//! The attachments' bytes of a backup: `kiln backup` copies the blobs a database
-//! holds into a directory beside the backup file, `<file>.attachments/<sha256>`
-//! (an increment only those its base's directory lacks); `kiln restore` puts the
-//! blobs of every file's directory back, hash-checked, where the restored
-//! reference counts expect them. The backup container itself holds the documents
-//! and the counts, not the bytes.
-//!
-//! The blobs are listed after the backup's snapshot: one freed between the two
-//! (its last document changed meanwhile) is not copied, and `kiln check` of a
-//! restore to that point reports it missing.
+//! Attachments' bytes of backups taken by older Kilns: those copied the blobs into
+//! a directory beside the backup file, `<file>.attachments/<sha256>`, listed after
+//! the snapshot. Backups now carry the blobs inside the container (its extra
+//! files, `kiln_docs::backup`), consistent with the snapshot and written by the
+//! restore itself; `kiln restore` still puts the blobs of an old backup's
+//! directory back, hash-checked, after the restore (a blob freed between that
+//! backup's snapshot and its copy is missing: `kiln check` reports it).
 
 use crate::client::{path_escape, Endpoint};
 use crate::AnyResult;
 use serde_json::Value;
 use std::fs::File;
-use std::io::{BufWriter, Read};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// `<file>.attachments`: the directory of a backup file's blobs.
@@ -23,84 +20,34 @@ pub fn sidecar(file: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// Blobs `(hash, size)` that `base`'s directory (an increment's base) lacks.
-fn wanted(blobs: Vec<(String, u64)>, base: Option<&Path>) -> Vec<(String, u64)> {
-    let base_dir = base.map(sidecar);
-    blobs
-        .into_iter()
-        .filter(|(h, _)| base_dir.as_ref().is_none_or(|d| !d.join(h).exists()))
-        .collect()
-}
-
-/// Writes `from` into `dir/<hash>` through a `.partial` file, synced.
-fn save(dir: &Path, hash: &str, from: &mut dyn Read) -> AnyResult<()> {
+/// Writes `from` into `dir/<hash>` through a `.partial` file, synced (an export's
+/// attachments: `export_cmd.rs`).
+pub fn save(dir: &Path, hash: &str, from: &mut dyn Read) -> AnyResult<u64> {
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let partial = dir.join(format!("{hash}.partial"));
     let file = File::create(&partial).map_err(|e| format!("{}: {e}", partial.display()))?;
-    let mut w = BufWriter::with_capacity(1 << 20, file);
-    std::io::copy(from, &mut w).map_err(|e| format!("{}: {e}", partial.display()))?;
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+    let n = std::io::copy(from, &mut w).map_err(|e| format!("{}: {e}", partial.display()))?;
     let file = w.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     std::fs::rename(&partial, dir.join(hash))?;
-    Ok(())
-}
-
-/// Copies the blobs of the database `db` on the server `ep` beside `out`.
-pub fn save_from_server(
-    ep: &Endpoint,
-    db: &str,
-    out: &Path,
-    base: Option<&Path>,
-) -> AnyResult<u64> {
-    let list: Value = serde_json::from_slice(&ep.request(
-        "GET",
-        &format!("/dbs/{}/attachments", path_escape(db)),
-        b"",
-    )?)?;
-    let blobs = list["blobs"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|b| Some((b["hash"].as_str()?.to_string(), b["size"].as_u64()?)))
-        .collect();
-    let dir = sidecar(out);
-    let mut copied = 0;
-    for (hash, _) in wanted(blobs, base) {
-        let path = format!("/dbs/{}/attachments/{hash}", path_escape(db));
-        let mut resp = ep.get_stream(&path)?;
-        save(&dir, &hash, &mut resp.body)?;
-        copied += 1;
-    }
-    Ok(copied)
-}
-
-/// Copies the blobs of `database` (offline) beside `out`.
-pub fn save_offline(
-    database: &kiln_docs::Database,
-    out: &Path,
-    base: Option<&Path>,
-) -> AnyResult<u64> {
-    let dir = sidecar(out);
-    let mut copied = 0;
-    for (hash, _) in wanted(database.attachment_blobs()?, base) {
-        let from = database.attachment_blob_path(&hash)?;
-        let mut f = File::open(&from).map_err(|e| format!("{}: {e}", from.display()))?;
-        save(&dir, &hash, &mut f)?;
-        copied += 1;
-    }
-    Ok(copied)
+    Ok(n)
 }
 
 /// Every blob file of the backups' directories: `(hash, path)`.
 fn backed_up(files: &[PathBuf]) -> AnyResult<Vec<(String, PathBuf)>> {
+    let dirs: Vec<PathBuf> = files.iter().map(|f| sidecar(f)).collect();
+    blobs_in(&dirs)
+}
+
+/// Every blob file (named by its SHA-256) of the directories that exist.
+pub fn blobs_in(dirs: &[PathBuf]) -> AnyResult<Vec<(String, PathBuf)>> {
     let mut out = Vec::new();
-    for f in files {
-        let dir = sidecar(f);
+    for dir in dirs {
         if !dir.is_dir() {
             continue;
         }
-        for e in std::fs::read_dir(&dir)? {
+        for e in std::fs::read_dir(dir)? {
             let p = e?.path();
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
             if name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -114,8 +61,15 @@ fn backed_up(files: &[PathBuf]) -> AnyResult<Vec<(String, PathBuf)>> {
 /// Sends the backups' blobs to the restored database `db` on the server `ep`
 /// (`POST /dbs/{db}/attachments`, which checks them by their hash).
 pub fn restore_to_server(ep: &Endpoint, db: &str, files: &[PathBuf]) -> AnyResult<u64> {
+    upload_blobs(ep, db, backed_up(files)?)
+}
+
+/// Stages blob files `(hash, path)` in the database `db` on the server `ep`
+/// (`POST /dbs/{db}/attachments`, which checks each against its hash and keeps it
+/// an hour for the documents that name it).
+pub fn upload_blobs(ep: &Endpoint, db: &str, blobs: Vec<(String, PathBuf)>) -> AnyResult<u64> {
     let mut sent = 0;
-    for (hash, path) in backed_up(files)? {
+    for (hash, path) in blobs {
         let (mut w, upload) = ep.start_upload_with(
             "POST",
             &format!("/dbs/{}/attachments", path_escape(db)),
@@ -137,7 +91,7 @@ pub fn restore_to_server(ep: &Endpoint, db: &str, files: &[PathBuf]) -> AnyResul
         let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         if !(200..300).contains(&resp.status) || answer["hash"] != hash.as_str() {
             return Err(format!(
-                "restoring attachment {hash} from {}: {} {}",
+                "uploading attachment {hash} from {}: {} {}",
                 path.display(),
                 resp.status,
                 String::from_utf8_lossy(&body)

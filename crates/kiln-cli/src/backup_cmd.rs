@@ -340,7 +340,8 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
     match write_backup(&taking, &partial) {
         Ok((report, file)) => {
             finish_file(file, &partial, &out)?;
-            let blobs = save_blobs(&taking, &out)?;
+            // The attachments' bytes are inside the backup (its extra files).
+            let blobs = report.attachment_blobs;
             let secs = started.elapsed().as_secs_f64();
             summary(
                 "backup",
@@ -358,26 +359,6 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
             let _ = std::fs::remove_file(&partial);
             Err(e)
         }
-    }
-}
-
-/// Copies the database's attachment blobs beside the backup file `out`
-/// (`backup_blobs.rs`); the number copied.
-fn save_blobs(taking: &TakeBackup, out: &Path) -> AnyResult<u64> {
-    let target = &taking.args.target;
-    let base = taking.args.incremental_since.as_deref();
-    if let Some(url) = &target.url {
-        let ep = Endpoint::parse(url, target.api_key.clone(), &target.tls)?;
-        crate::backup_blobs::save_from_server(&ep, &taking.db, out, base)
-    } else if let Some(dir) = &target.data_dir {
-        let store = kiln_docs::DocStore::open(dir, kiln_docs::DocsOptions::default())?;
-        let database = store.database(&taking.db)?;
-        let copied = crate::backup_blobs::save_offline(&database, out, base);
-        drop(database);
-        store.close()?;
-        copied
-    } else {
-        Ok(0)
     }
 }
 
@@ -642,8 +623,10 @@ pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
         writes_skipped: report.writes_skipped,
         bytes_read: report.bytes_read,
     };
-    // The attachments' bytes, beside the backup files (`backup_blobs.rs`).
-    let blobs = match (offline_dir, &a.url) {
+    // The attachments' bytes came inside the backups; backups of older Kilns have
+    // them beside their files instead (`backup_blobs.rs`).
+    let carried: u64 = chain.backups.iter().map(|b| b.attachment_blobs).sum();
+    let beside = match (offline_dir, &a.url) {
         (Some(dir), _) => crate::backup_blobs::restore_offline(dir, &a.db, &a.files)?,
         (None, Some(url)) => {
             let ep = Endpoint::parse(url, a.api_key.clone(), &a.tls)?;
@@ -653,7 +636,7 @@ pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
     };
     let mut extra = vec![
         ("restored_as", a.db.clone()),
-        ("attachment_blobs", blobs.to_string()),
+        ("attachment_blobs", (carried + beside).to_string()),
     ];
     match (&a.url, &a.data_dir) {
         (Some(u), _) => extra.push(("server", u.clone())),

@@ -11,6 +11,16 @@
 //! newer wins); a delete during the export is not reflected if the document was
 //! already written out. With no writes during the export, it is exactly the
 //! database's documents.
+//!
+//! Attachments: the documents keep `@metadata.@attachments` (names, hashes, sizes,
+//! types); the bytes go into a directory of blob files named by their SHA-256,
+//! `<out>.attachments/<sha256>` beside an export to a file (the layout of the old
+//! backups' sidecar), or `--attachments-dir D` (which also lets an export to stdout
+//! carry them). Each blob is fetched (`GET /dbs/{db}/attachments/{hash}`) as the
+//! first document naming it is written, once per export. `kiln import` uploads the
+//! blobs of `<input>.attachments/` (or its `--attachments-dir`) before the
+//! documents. An export to stdout without `--attachments-dir` carries the
+//! documents only, and says how many blobs it left out.
 
 use crate::client::{path_escape, query_escape, ClientError, Endpoint};
 use serde_json::{json, Value};
@@ -41,6 +51,10 @@ pub struct ExportArgs {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Where the attachments' bytes go, one file per SHA-256 (default: beside an
+    /// export to a file, `<out>.attachments/`; none for stdout).
+    #[arg(long)]
+    pub attachments_dir: Option<PathBuf>,
     /// Print the summary as JSON (on stderr when the export goes to stdout).
     #[arg(long)]
     pub json: bool,
@@ -71,6 +85,11 @@ impl From<ClientError> for ExportError {
 
 struct Summary {
     documents: u64,
+    /// Attachments' blobs written beside, their bytes, and those left out (no
+    /// directory for them).
+    blobs: u64,
+    blob_bytes: u64,
+    blobs_left_out: u64,
     bytes: u64,
     seconds: f64,
     last_etag: Option<String>,
@@ -87,7 +106,7 @@ pub fn run(args: ExportArgs) -> crate::AnyResult<ExitCode> {
                 0.0
             };
             if args.json {
-                let v = json!({"documents": s.documents, "bytes": s.bytes, "seconds": s.seconds, "docs_per_sec": rate, "last_etag": s.last_etag});
+                let v = json!({"documents": s.documents, "bytes": s.bytes, "seconds": s.seconds, "docs_per_sec": rate, "last_etag": s.last_etag, "attachment_blobs": s.blobs, "attachment_bytes": s.blob_bytes, "attachment_blobs_left_out": s.blobs_left_out});
                 if to_stdout {
                     eprintln!("{v}");
                 } else {
@@ -95,14 +114,31 @@ pub fn run(args: ExportArgs) -> crate::AnyResult<ExitCode> {
                 }
             } else if !args.quiet {
                 eprintln!(
-                    "exported {} documents ({:.1} MB) in {:.2} s, {:.0} docs/s{}",
+                    "exported {} documents ({:.1} MB) in {:.2} s, {:.0} docs/s{}{}",
                     s.documents,
                     s.bytes as f64 / 1e6,
                     s.seconds,
                     rate,
                     s.last_etag
+                        .as_ref()
                         .map(|e| format!("; up to etag {e}"))
-                        .unwrap_or_default()
+                        .unwrap_or_default(),
+                    if s.blobs > 0 {
+                        format!(
+                            "; {} attachment blobs ({:.1} MB)",
+                            s.blobs,
+                            s.blob_bytes as f64 / 1e6
+                        )
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            if s.blobs_left_out > 0 {
+                eprintln!(
+                    "note: {} attachment blobs named by the documents were not exported \
+                     (give --attachments-dir D to export them with an export to stdout)",
+                    s.blobs_left_out
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -125,8 +161,17 @@ fn export(args: &ExportArgs, started: Instant) -> Result<Summary, ExportError> {
     let at_start = database_at_start(&endpoint, &db)?;
     let mut out = Output::open(&args.out)?;
     let pb = export_progress_bar(args.quiet, at_start.documents);
+    let blob_dir = match (&args.attachments_dir, to_stdout(&args.out)) {
+        (Some(d), _) => Some(d.clone()),
+        (None, false) => Some(crate::backup_blobs::sidecar(&args.out)),
+        (None, true) => None,
+    };
+    let mut seen_blobs: std::collections::HashSet<String> = Default::default();
     let mut summary = Summary {
         documents: 0,
+        blobs: 0,
+        blob_bytes: 0,
+        blobs_left_out: 0,
         bytes: 0,
         seconds: 0.0,
         last_etag: at_start.last_etag.clone(),
@@ -151,6 +196,22 @@ fn export(args: &ExportArgs, started: Instant) -> Result<Summary, ExportError> {
             let Some(line) = export_line(change)? else {
                 continue;
             };
+            for hash in attachment_hashes(change) {
+                if !seen_blobs.insert(hash.clone()) {
+                    continue;
+                }
+                match &blob_dir {
+                    Some(dir) => {
+                        let path = format!("/dbs/{db}/attachments/{hash}");
+                        let mut resp = endpoint.get_stream(&path)?;
+                        let n = crate::backup_blobs::save(dir, &hash, &mut resp.body)
+                            .map_err(|e| ExportError::Answer(format!("attachment {hash}: {e}")))?;
+                        summary.blobs += 1;
+                        summary.blob_bytes += n;
+                    }
+                    None => summary.blobs_left_out += 1,
+                }
+            }
             out.write_all(&line)?;
             summary.documents += 1;
             summary.bytes += line.len() as u64;
@@ -261,6 +322,25 @@ fn changes_page(
     );
     serde_json::from_slice(&endpoint.request("GET", &path, b"")?)
         .map_err(|e| ExportError::Answer(format!("changes page: {e}")))
+}
+
+fn to_stdout(out: &Path) -> bool {
+    out.as_os_str() == "-"
+}
+
+/// The hashes a change's document lists in `@metadata.@attachments`.
+fn attachment_hashes(change: &Value) -> Vec<String> {
+    change
+        .pointer("/document/@metadata/@attachments")
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .filter_map(|a| a.get("hash").and_then(Value::as_str))
+                .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A change's bulk line `{"id", "document"}` and its newline; None for a change

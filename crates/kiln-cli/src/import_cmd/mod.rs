@@ -61,6 +61,11 @@ pub struct ImportArgs {
     /// Print the summary as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// A directory of attachment blobs (files named by their SHA-256) to upload
+    /// before the documents, besides each input's `<input>.attachments/` (where
+    /// `kiln export --out F` puts them).
+    #[arg(long)]
+    pub attachments_dir: Option<PathBuf>,
     /// NDJSON or JSON-array files, directories or .tar / .tar.gz / .tgz archives of
     /// .json files; `-` reads NDJSON or a JSON array from stdin.
     #[arg(required = true)]
@@ -89,7 +94,13 @@ Resume:
   batch that was in flight is sent again: its ids are given or generated
   deterministically, so a resend rewrites the same documents and duplicates nothing.
   The state file is removed when the import completes; an import refuses to start
-  over an existing state file without --resume (delete it to start afresh).";
+  over an existing state file without --resume (delete it to start afresh).
+
+Attachments:
+  Documents may name attachments (@metadata.@attachments, by SHA-256). Their bytes
+  are read from <input>.attachments/<sha256> (what `kiln export --out F` writes) and
+  from --attachments-dir, uploaded (each checked against its hash) before the
+  documents: the server keeps them an hour for the documents that name them.";
 
 /// Where a record came from: input file (or archive entry) and line.
 #[derive(Clone, Debug)]
@@ -349,6 +360,7 @@ fn prepare(args: &ImportArgs) -> Result<Prepared, ImportError> {
     let state = initial_state(args, state_file.as_deref())?;
     // Checked before the state file is written: a refused start leaves nothing behind.
     ensure_database(&endpoint, &args.db)?;
+    upload_attachments(args, &endpoint)?;
     if let Some(p) = &state_file {
         save_state(p, &state)?;
     }
@@ -358,6 +370,29 @@ fn prepare(args: &ImportArgs) -> Result<Prepared, ImportError> {
         state_file,
         state,
     })
+}
+
+/// Uploads the attachments' blobs of the inputs' `<input>.attachments/` and of
+/// `--attachments-dir` (before the documents that name them).
+fn upload_attachments(args: &ImportArgs, endpoint: &Endpoint) -> Result<u64, ImportError> {
+    let mut dirs: Vec<PathBuf> = args
+        .inputs
+        .iter()
+        .filter(|p| p.as_os_str() != "-")
+        .map(|p| crate::backup_blobs::sidecar(p))
+        .collect();
+    if let Some(d) = &args.attachments_dir {
+        if !d.is_dir() {
+            return Err(ImportError::Other(format!(
+                "--attachments-dir {}: not a directory",
+                d.display()
+            )));
+        }
+        dirs.push(d.clone());
+    }
+    let other = |e: Box<dyn std::error::Error>| ImportError::Other(e.to_string());
+    let blobs = crate::backup_blobs::blobs_in(&dirs).map_err(other)?;
+    crate::backup_blobs::upload_blobs(endpoint, &args.db, blobs).map_err(other)
 }
 
 /// Every input's kind and size; stdin can be read only once.
