@@ -382,3 +382,60 @@ fn extra_files_round_trip_and_a_damaged_one_is_named() {
         "{e}"
     );
 }
+
+/// A version 1 container (before extra files: a 32-byte trailer) still reads and
+/// restores: built here from a version 2 one by rewriting its header's version and
+/// its trailer, every checksum recomputed.
+#[test]
+fn a_version_1_backup_still_restores() {
+    let tmp = tempfile::tempdir().unwrap();
+    let env = Env::open(tmp.path().join("src"), small_opts()).unwrap();
+    env.submit(|w| {
+        w.ensure_tree("t")?;
+        w.put("t", b"k", b"v")
+    })
+    .unwrap();
+    let mut v2 = Vec::new();
+    env.backup_to(&mut v2, BackupOptions::default(), |_| {})
+        .unwrap();
+    // The header: 28 fixed bytes, no metadata here, its CRC.
+    let le32 = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap());
+    assert_eq!(le32(&v2[24..28]), 0);
+    let mut v1 = v2[..v2.len() - (24 + 48)].to_vec();
+    v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let c = crc32c::crc32c(&v1[..28]);
+    v1[28..32].copy_from_slice(&c.to_le_bytes());
+    let old_trailer = &v2[v2.len() - 48..];
+    let mut t = old_trailer[..28].to_vec();
+    t.extend_from_slice(&crc32c::crc32c(&v1).to_le_bytes());
+    let index = le32(&v2[v2.len() - 72 + 4..v2.len() - 72 + 8]);
+    let mut h = [0u8; 24];
+    h[0] = 4;
+    h[4..8].copy_from_slice(&index.to_le_bytes());
+    h[8..12].copy_from_slice(&32u32.to_le_bytes());
+    h[12..16].copy_from_slice(&32u32.to_le_bytes());
+    h[16..20].copy_from_slice(&crc32c::crc32c(&t).to_le_bytes());
+    let hc = crc32c::crc32c(&h[..20]);
+    h[20..24].copy_from_slice(&hc.to_le_bytes());
+    v1.extend_from_slice(&h);
+    v1.extend_from_slice(&t);
+    let sum = backup::verify(&v1[..], |_| {}).unwrap();
+    assert_eq!((sum.format_version, sum.entries, sum.files), (1, 1, 0));
+    let target = tmp.path().join("restored");
+    backup::restore_from(&v1[..], &target, RestoreOptions::default(), |_| {}).unwrap();
+    let env2 = Env::open(&target, small_opts()).unwrap();
+    assert_eq!(
+        env2.begin_read().unwrap().get("t", b"k").unwrap(),
+        Some(&b"v"[..])
+    );
+    // A version this build does not know is refused, naming it.
+    let mut v9 = v2.clone();
+    v9[8..12].copy_from_slice(&9u32.to_le_bytes());
+    let c = crc32c::crc32c(&v9[..28]);
+    v9[28..32].copy_from_slice(&c.to_le_bytes());
+    let e = backup::verify(&v9[..], |_| {}).unwrap_err().to_string();
+    assert!(
+        e.contains("version 9") && e.contains("versions 1 to 2"),
+        "{e}"
+    );
+}
