@@ -235,7 +235,18 @@ impl<'a> Record<'a> {
         if let Body::Whole = self.body {
             return Ok(Cow::Borrowed(self.json));
         }
-        let mut out = Vec::new();
+        let body_len = match self.body {
+            Body::Whole => 0,
+            Body::Plain(b) => b.len(),
+            // Only a hint: decompress_onto checks it.
+            Body::Lz4(b) => b
+                .get(..4)
+                .map_or(0, |l| {
+                    u32::from_le_bytes(l.try_into().expect("4 bytes")) as usize
+                })
+                .min(b.len().saturating_mul(MAX_EXPANSION)),
+        };
+        let mut out = Vec::with_capacity(body_len + self.json.len() + id.len() + 112);
         self.write_json(id, &mut out)?;
         Ok(Cow::Owned(out))
     }
@@ -246,36 +257,37 @@ impl<'a> Record<'a> {
             id: id.to_string(),
             why: why.to_string(),
         };
-        let decompressed;
-        let body = match self.body {
+        // The body goes straight into `out` (decompressed there), its closing
+        // brace then replaced by the metadata: no buffer between.
+        let start = out.len();
+        match self.body {
             Body::Whole => {
                 out.extend_from_slice(self.json);
                 return Ok(());
             }
-            Body::Plain(b) => b,
+            Body::Plain(b) => out.extend_from_slice(b),
             Body::Lz4(b) => {
-                decompressed = decompress(b).map_err(|why| corrupt(&why))?;
-                &decompressed[..]
+                if let Err(why) = decompress_onto(b, out) {
+                    out.truncate(start);
+                    return Err(corrupt(&why));
+                }
             }
-        };
+        }
+        let body = &out[start..];
         if body.len() < 2 || body[0] != b'{' || body[body.len() - 1] != b'}' {
+            out.truncate(start);
             return Err(corrupt("stored body is not a JSON object"));
         }
+        out.pop();
+        let fields = out.len() - start > 1;
         // The client metadata has been checked to be {"@metadata":{ ... }} (decode).
         let client = match self.json.len() {
             2 => &[][..],
             n => &self.json[METADATA_OPEN.len()..n - 2],
         };
-        out.reserve(body.len() + client.len() + id.len() + 112);
-        write_json(
-            out,
-            id,
-            self.collection,
-            self.etag,
-            self.last_modified_ms,
-            body,
-            client,
-        );
+        out.reserve(client.len() + id.len() + 112);
+        let (c, e, ms) = (self.collection, self.etag, self.last_modified_ms);
+        write_metadata(out, fields, id, c, e, ms, client);
         Ok(())
     }
 
@@ -290,7 +302,8 @@ impl<'a> Record<'a> {
     }
 }
 
-fn decompress(stored: &[u8]) -> std::result::Result<Vec<u8>, String> {
+/// Appends the decompressed body to `out`.
+fn decompress_onto(stored: &[u8], out: &mut Vec<u8>) -> std::result::Result<(), String> {
     if stored.len() < 4 {
         return Err("compressed body shorter than its length".into());
     }
@@ -301,9 +314,10 @@ fn decompress(stored: &[u8]) -> std::result::Result<Vec<u8>, String> {
             stored.len() - 4
         ));
     }
-    let mut out = vec![0u8; len];
-    match lz4_flex::block::decompress_into(&stored[4..], &mut out) {
-        Ok(n) if n == len => Ok(out),
+    let start = out.len();
+    out.resize(start + len, 0);
+    match lz4_flex::block::decompress_into(&stored[4..], &mut out[start..]) {
+        Ok(n) if n == len => Ok(()),
         Ok(n) => Err(format!("compressed body gave {n} bytes, {len} expected")),
         Err(e) => Err(format!("compressed body does not decompress: {e}")),
     }
@@ -321,13 +335,35 @@ pub(crate) fn write_json(
     body: &[u8],
     client: &[u8],
 ) {
+    let open = &body[..body.len() - 1];
+    out.extend_from_slice(open);
+    write_metadata(
+        out,
+        open.len() > 1,
+        id,
+        collection,
+        etag,
+        last_modified_ms,
+        client,
+    );
+}
+
+/// `"@metadata":{...}}` after a body's fields (`fields`: there are some, a comma
+/// first), closing the document.
+fn write_metadata(
+    out: &mut Vec<u8>,
+    fields: bool,
+    id: &str,
+    collection: Option<&str>,
+    etag: Etag,
+    last_modified_ms: u64,
+    client: &[u8],
+) {
     use std::io::Write;
     let string = |out: &mut Vec<u8>, s: &str| {
         serde_json::to_writer(out, s).expect("writing to a Vec cannot fail");
     };
-    let open = &body[..body.len() - 1];
-    out.extend_from_slice(open);
-    if open.len() > 1 {
+    if fields {
         out.push(b',');
     }
     out.extend_from_slice(b"\"@metadata\":{\"@id\":");
