@@ -469,8 +469,9 @@ fn numbers_are_stored_exactly_as_sent() {
 }
 
 /// A server hosts many databases, most of them small: a new database takes a 4 MiB
-/// journal file and a 1 MiB data file (it took a 64 MiB one of each), and one that
-/// writes more moves on to full-size journal files.
+/// journal file and at most a 1 MiB data file (it took a 64 MiB one of each; a
+/// close cuts the data file's unused growth step), and one that writes more moves
+/// on to full-size journal files.
 #[test]
 fn a_new_database_takes_little_disk() {
     let dir = tempfile::tempdir().unwrap();
@@ -494,7 +495,8 @@ fn a_new_database_takes_little_disk() {
         v
     };
     assert_eq!(lens("journal"), vec![4 << 20]);
-    assert_eq!(lens(""), vec![1 << 20]);
+    let data = lens("");
+    assert!(data.len() == 1 && data[0] <= 1 << 20, "{data:?}");
     // Past half of that file (incompressible text: the journal compresses records):
     // the next file made is a full-size one (or one cut short if the writer caught
     // up with its zero-filling, then a full-size one).
@@ -527,9 +529,10 @@ fn a_new_database_takes_little_disk() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let journal = lens("journal");
-    assert_eq!(
-        journal.iter().filter(|&&l| l == 4 << 20).count(),
-        1,
+    // The small first file is the oldest: kept as a spare, or removed once two
+    // newer spares are there.
+    assert!(
+        journal.iter().filter(|&&l| l == 4 << 20).count() <= 1,
         "{journal:?}"
     );
 }
