@@ -23,6 +23,15 @@
 //! Per phase: ops/s, p50/p99, the server's RSS at the end, and its disk reads per
 //! operation (`read_bytes` of /proc/PID/io over the phase, over its operations),
 //! with the cgroup's memory use (`memory.usage_in_bytes`, `memory.stat` cache/rss).
+//!
+//! `--engines postgres` runs the same job against PostgreSQL's YCSB table (`ycsb_key
+//! text PRIMARY KEY, doc jsonb`, the documents without `@metadata`): loaded 2,000
+//! rows a statement from 4 connections, then an expression index on
+//! `(doc->>'n')::bigint`, VACUUM ANALYZE and CHECKPOINT; stopped, its files dropped
+//! from the cache, and started again by a pg_ctl that first moves itself into the
+//! cgroup (so the postmaster and every backend are charged there). Its disk reads
+//! are summed over the postmaster and its children, every client connected for the
+//! whole phase (a backend's counters go when it exits).
 
 use crate::ycsb::{KilnConn, Params, System};
 use anyhow::{anyhow, bail, Context, Result};
@@ -37,8 +46,8 @@ pub const WORKLOADS: &[&str] = &["CURVE"];
 
 pub fn not_applicable(engine: &str, _workload: &str) -> Option<&'static str> {
     match engine {
-        "kiln" => None,
-        _ => Some("CURVE runs kiln serve (PostgreSQL's point: bench/scripts/cost_curve.sh says)"),
+        "kiln" | "postgres" => None,
+        _ => Some("CURVE runs kiln serve and PostgreSQL"),
     }
 }
 
@@ -135,17 +144,35 @@ fn enter_cgroup(cg: &Option<PathBuf>, pid: u32) -> Result<()> {
     Ok(())
 }
 
-fn kiln_pid(system: &System) -> u32 {
+/// The server's processes: Kiln's one, or PostgreSQL's postmaster and its children
+/// (backends, checkpointer, WAL writer).
+fn server_pids(system: &System) -> Vec<u32> {
     match system {
-        System::Kiln { proc, .. } => proc.child.id(),
-        _ => 0,
+        System::Kiln { proc, .. } => vec![proc.child.id()],
+        #[cfg(feature = "postgres")]
+        System::Postgres { server } => server
+            .postmaster_pid()
+            .map(crate::ycsb::process_tree)
+            .unwrap_or_default(),
+        System::Redis { proc, .. } => vec![proc.child.id()],
     }
+}
+
+fn tree_read_bytes(system: &System) -> u64 {
+    server_pids(system).into_iter().map(read_bytes).sum()
+}
+
+/// VmRSS summed over the server's processes (PostgreSQL's shared buffers are
+/// counted once per process that touched them: an upper bound).
+fn tree_rss_bytes(system: &System) -> u64 {
+    server_pids(system).into_iter().map(rss_bytes).sum()
 }
 
 fn port(system: &System) -> u16 {
     match system {
-        System::Kiln { port, .. } => *port,
-        _ => 0,
+        System::Kiln { port, .. } | System::Redis { port, .. } => *port,
+        #[cfg(feature = "postgres")]
+        System::Postgres { server } => server.port,
     }
 }
 
@@ -210,6 +237,152 @@ async fn wait_index(port: u16) -> Result<f64> {
     }
 }
 
+/// A document as PostgreSQL's jsonb row holds it: the fields and `n` (the table
+/// is the collection).
+#[cfg(feature = "postgres")]
+fn pg_doc(seed: u64, k: u64) -> String {
+    let mut d = doc(seed, k);
+    if let Some(m) = d.as_object_mut() {
+        m.remove("@metadata");
+    }
+    d.to_string()
+}
+
+#[cfg(feature = "postgres")]
+const PG_INSERT_MANY: &str = "INSERT INTO usertable (ycsb_key, doc) \
+     SELECT k, d::jsonb FROM unnest($1::text[], $2::text[]) AS t(k, d)";
+#[cfg(feature = "postgres")]
+const PG_INSERT: &str = "INSERT INTO usertable (ycsb_key, doc) VALUES ($1, $2::text::jsonb)";
+/// The index on `n`: an expression index, the jsonb way of indexing one field.
+#[cfg(feature = "postgres")]
+const PG_INDEX: &str = "CREATE INDEX usertable_n ON usertable (((doc->>'n')::bigint))";
+#[cfg(feature = "postgres")]
+const PG_QUERY: &str = "SELECT doc::text FROM usertable WHERE (doc->>'n')::bigint = $1";
+
+/// PostgreSQL's load: 2,000 rows a statement (one durable commit each), 4
+/// connections at a time, as Kiln's bulk requests; then the index on `n`
+/// (built after the load, PostgreSQL's advice for bulk loads), VACUUM ANALYZE and
+/// a CHECKPOINT. Returns the load's and the index build's seconds.
+#[cfg(feature = "postgres")]
+async fn pg_load(port: u16, params: &Params) -> Result<(f64, f64)> {
+    const PER_STATEMENT: u64 = 2000;
+    const STREAMS: u64 = 4;
+    let start = Instant::now();
+    let tasks = (0..STREAMS).map(|s| async move {
+        let client = crate::ycsb::pg_connect_bare(port).await?;
+        let insert = client.prepare(PG_INSERT_MANY).await?;
+        let mut first = s * PER_STATEMENT;
+        while first < params.records {
+            let ks: Vec<u64> = (first..(first + PER_STATEMENT).min(params.records)).collect();
+            let keys: Vec<String> = ks.iter().map(|&k| key_name(k)).collect();
+            let docs: Vec<String> = ks.iter().map(|&k| pg_doc(params.seed, k)).collect();
+            client
+                .execute(&insert, &[&keys, &docs])
+                .await
+                .with_context(|| format!("inserting records from {first}"))?;
+            first += STREAMS * PER_STATEMENT;
+        }
+        Ok::<_, anyhow::Error>(())
+    });
+    for r in join_all(tasks).await {
+        r?;
+    }
+    let load_s = start.elapsed().as_secs_f64();
+    let client = crate::ycsb::pg_connect_bare(port).await?;
+    let t = Instant::now();
+    client.batch_execute(PG_INDEX).await?;
+    let index_s = t.elapsed().as_secs_f64();
+    // Two statements: VACUUM may not run in the implicit transaction of a
+    // multi-statement query.
+    client.batch_execute("VACUUM ANALYZE usertable").await?;
+    client.batch_execute("CHECKPOINT").await?;
+    Ok((load_s, index_s))
+}
+
+/// A client's own connection for the phases that are not YCSB operations (PUT of
+/// a new document, the query on `n`).
+enum Direct {
+    Kiln(KilnConn),
+    #[cfg(feature = "postgres")]
+    Pg {
+        client: tokio_postgres::Client,
+        insert: tokio_postgres::Statement,
+        query: tokio_postgres::Statement,
+    },
+}
+
+impl Direct {
+    async fn connect(system: &System) -> Result<Direct> {
+        Ok(match system {
+            #[cfg(feature = "postgres")]
+            System::Postgres { server } => {
+                let client = crate::ycsb::pg_connect_bare(server.port).await?;
+                Direct::Pg {
+                    insert: client.prepare(PG_INSERT).await?,
+                    query: client.prepare(PG_QUERY).await?,
+                    client,
+                }
+            }
+            other => Direct::Kiln(KilnConn::connect(port(other)).await?),
+        })
+    }
+
+    /// A new document `k`.
+    async fn put(&mut self, seed: u64, k: u64) -> Result<()> {
+        match self {
+            Direct::Kiln(kc) => {
+                kc.expect(
+                    hyper::Method::PUT,
+                    &format!("/dbs/{DB}/docs/{}", key_name(k)),
+                    Some("application/json"),
+                    serde_json::to_vec(&doc(seed, k))?,
+                    &[200, 201],
+                )
+                .await?;
+            }
+            #[cfg(feature = "postgres")]
+            Direct::Pg { client, insert, .. } => {
+                client
+                    .execute(&*insert, &[&key_name(k), &pg_doc(seed, k)])
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The document whose `n` is `n`, through the index; an error unless found.
+    async fn query(&mut self, n: u64) -> Result<()> {
+        let found = match self {
+            Direct::Kiln(kc) => {
+                let body = kc
+                    .expect(
+                        hyper::Method::POST,
+                        &format!("/dbs/{DB}/queries"),
+                        Some("application/json"),
+                        serde_json::to_vec(&json!({
+                            "query": "from usertable where n = $n",
+                            "params": {"n": n}
+                        }))?,
+                        &[200],
+                    )
+                    .await?;
+                let needle = format!("\"n\":{n}");
+                body.windows(needle.len()).any(|w| w == needle.as_bytes())
+            }
+            #[cfg(feature = "postgres")]
+            Direct::Pg { client, query, .. } => {
+                let rows = client.query(&*query, &[&(n as i64)]).await?;
+                let needle = format!("\"n\": {n}");
+                rows.len() == 1 && rows[0].get::<_, String>(0).contains(&needle)
+            }
+        };
+        if !found {
+            bail!("query n = {n}: no such document");
+        }
+        Ok(())
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Phase {
     Get,
@@ -231,41 +404,40 @@ impl Phase {
 
 async fn phase(
     system: &System,
+    engine: &str,
     ph: Phase,
     records: u64,
     params: &Params,
     curve: &Curve,
 ) -> Result<Value> {
-    let port = port(system);
-    let pid = kiln_pid(system);
-    let deadline = Instant::now() + Duration::from_secs_f64(curve.seconds);
     let seq = InsertSequence::new(records);
     let next_new = std::sync::atomic::AtomicU64::new(records);
-    let read0 = read_bytes(pid);
-    let start = Instant::now();
+    // Every client connects before the clock starts, and keeps its connections
+    // until the disk reads are sampled: PostgreSQL's backends are processes whose
+    // counters go when they exit.
+    let connected = tokio::sync::Barrier::new(curve.clients as usize + 1);
+    let finished = tokio::sync::Barrier::new(curve.clients as usize + 1);
+    let sampled = tokio::sync::Barrier::new(curve.clients as usize + 1);
+    let dur = Duration::from_secs_f64(curve.seconds);
     let tasks = (0..curve.clients).map(|i| {
         let (seq, next_new) = (&seq, &next_new);
+        let (connected, finished, sampled) = (&connected, &finished, &sampled);
         async move {
             let mut lat = Vec::new();
-            let mut kc = KilnConn::connect(port).await?;
+            let mut direct = Direct::connect(system).await?;
             let mut conn = system.connect().await?;
             let mut rng = rand::rngs::SmallRng::seed_from_u64(params.seed ^ (i + 1) * 7919);
             let wl = y::by_name("B").ok_or_else(|| anyhow!("no YCSB B"))?;
             let mut gen = Client::new(wl, records, 1 << 40, seq, params.seed, i);
+            connected.wait().await;
+            let deadline = Instant::now() + dur;
             while Instant::now() < deadline {
                 let t = Instant::now();
                 match ph {
                     Phase::Get => conn.read(&key_name(rng.gen_range(0..records))).await?,
                     Phase::Put => {
                         let k = next_new.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        kc.expect(
-                            hyper::Method::PUT,
-                            &format!("/dbs/{DB}/docs/{}", key_name(k)),
-                            Some("application/json"),
-                            serde_json::to_vec(&doc(params.seed, k))?,
-                            &[200, 201],
-                        )
-                        .await?;
+                        direct.put(params.seed, k).await?;
                     }
                     Phase::YcsbB => match gen.next_op() {
                         Op::Read { key } => conn.read(&key).await?,
@@ -274,64 +446,79 @@ async fn phase(
                         }
                         other => bail!("YCSB B made a {} operation", other.kind()),
                     },
-                    Phase::Query => {
-                        let n = rng.gen_range(0..records);
-                        let body = kc
-                            .expect(
-                                hyper::Method::POST,
-                                &format!("/dbs/{DB}/queries"),
-                                Some("application/json"),
-                                serde_json::to_vec(&json!({
-                                    "query": "from usertable where n = $n",
-                                    "params": {"n": n}
-                                }))?,
-                                &[200],
-                            )
-                            .await?;
-                        let needle = format!("\"n\":{n}");
-                        if !body.windows(needle.len()).any(|w| w == needle.as_bytes()) {
-                            bail!(
-                                "query n = {n}: no such document in {}",
-                                String::from_utf8_lossy(&body[..body.len().min(200)])
-                            );
-                        }
-                    }
+                    Phase::Query => direct.query(rng.gen_range(0..records)).await?,
                 }
                 lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
             }
+            finished.wait().await;
+            sampled.wait().await;
             Ok::<_, anyhow::Error>(lat)
         }
     });
+    let sampler = async {
+        connected.wait().await;
+        let (read0, start) = (tree_read_bytes(system), Instant::now());
+        finished.wait().await;
+        let sample = (
+            tree_read_bytes(system).saturating_sub(read0),
+            tree_rss_bytes(system),
+            start.elapsed().as_secs_f64(),
+        );
+        sampled.wait().await;
+        sample
+    };
+    let (results, (reads, rss, seconds)) = tokio::join!(join_all(tasks), sampler);
     let mut all = Vec::new();
-    for r in join_all(tasks).await {
+    for r in results {
         all.extend(r?);
     }
-    let seconds = start.elapsed().as_secs_f64();
     all.sort_unstable();
     let q = |p: f64| kiln_bench::stats::quantile(&all, p).map_or(0.0, f64::from);
-    let reads = read_bytes(pid).saturating_sub(read0);
     let ops = all.len() as u64;
     Ok(json!({
-        "workload": "CURVE", "engine": "kiln", "phase": ph.name(), "documents": records,
+        "workload": "CURVE", "engine": engine, "phase": ph.name(), "documents": records,
         "clients": curve.clients, "operations": ops, "seconds": seconds,
         "ops_per_sec": ops as f64 / seconds, "p50_us": q(0.5), "p99_us": q(0.99),
-        "rss_bytes": rss_bytes(pid), "disk_read_bytes": reads,
+        "rss_bytes": rss, "disk_read_bytes": reads,
         "disk_read_bytes_per_op": reads as f64 / ops.max(1) as f64,
         "cgroup_memory": cgroup_memory(&curve.cgroup),
     }))
 }
 
-/// One CURVE job in `dir`, as a child's JSON object.
-pub fn run(dir: &Path, params: &Params, curve: &Curve) -> Result<Value> {
-    let started = Instant::now();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let local = tokio::task::LocalSet::new();
-    // The load, without a limit.
-    let system = System::start("kiln", dir)?;
-    let (load_s, index_s) = local.block_on(&rt, async {
+/// Empties the limited cgroup's page cache (it holds no task now).
+fn empty_cgroup(curve: &Curve) -> Result<()> {
+    if let Some(cg) = &curve.cgroup {
+        std::fs::write(cg.join("memory.force_empty"), "0")
+            .with_context(|| format!("emptying {}", cg.display()))?;
+    }
+    Ok(())
+}
+
+/// The load, without a limit: the system on its cold restart inside the cgroup,
+/// the load's and index's seconds, and the bytes on disk (with PostgreSQL's
+/// table-and-indexes size).
+fn load_and_restart(
+    engine: &str,
+    dir: &Path,
+    params: &Params,
+    curve: &Curve,
+    rt: &tokio::runtime::Runtime,
+    local: &tokio::task::LocalSet,
+) -> Result<(System, f64, f64, u64, Option<u64>)> {
+    #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
+    let mut system = System::start(engine, dir)?;
+    let (load_s, index_s, table_bytes) = local.block_on(rt, async {
         crate::ycsb::setup(&system).await?;
+        #[cfg(feature = "postgres")]
+        if let System::Postgres { server } = &system {
+            let (load_s, index_s) = pg_load(server.port, params).await?;
+            let client = crate::ycsb::pg_connect_bare(server.port).await?;
+            let size: i64 = client
+                .query_one("SELECT pg_total_relation_size('usertable')", &[])
+                .await?
+                .get(0);
+            return Ok::<_, anyhow::Error>((load_s, index_s, Some(size as u64)));
+        }
         let mut c = KilnConn::connect(port(&system)).await?;
         c.expect(
             hyper::Method::PUT,
@@ -343,37 +530,64 @@ pub fn run(dir: &Path, params: &Params, curve: &Curve) -> Result<Value> {
         .await?;
         let load_s = load(port(&system), params).await?;
         let index_s = wait_index(port(&system)).await?;
-        Ok::<_, anyhow::Error>((load_s, index_s))
+        Ok((load_s, index_s, None))
     })?;
     eprintln!(
-        "CURVE: {} documents loaded in {load_s:.0} s ({:.0}/s), index caught up {index_s:.0} s later",
+        "CURVE {engine}: {} documents loaded in {load_s:.0} s ({:.0}/s), index {index_s:.0} s more",
         params.records,
         params.records as f64 / load_s
     );
-    drop(system);
-    let (_, on_disk) = crate::space::dir_bytes(&dir.join("kiln-data"));
     // The load's pages are cached and charged to the cgroup this ran in, not to the
     // limited one: out of the page cache with them, file by file (no global
     // drop_caches on a shared machine).
-    let evicted = evict_page_cache(&dir.join("kiln-data"))?;
-    eprintln!(
-        "CURVE: {} MB on disk; asked the kernel to drop {} MB of its cached pages",
-        on_disk / 1_000_000,
-        evicted / 1_000_000
-    );
-    if let Some(cg) = &curve.cgroup {
-        // Empty the cgroup's page cache (it holds no task now).
-        std::fs::write(cg.join("memory.force_empty"), "0")
-            .with_context(|| format!("emptying {}", cg.display()))?;
+    let evict = |data: &Path| -> Result<u64> {
+        let (_, on_disk) = crate::space::dir_bytes(data);
+        let evicted = evict_page_cache(data)?;
+        eprintln!(
+            "CURVE {engine}: {} MB on disk; asked the kernel to drop {} MB of its cached pages",
+            on_disk / 1_000_000,
+            evicted / 1_000_000
+        );
+        Ok(on_disk)
+    };
+    match system {
+        #[cfg(feature = "postgres")]
+        System::Postgres { ref mut server } => {
+            let mut on_disk = 0;
+            server.restart_in(curve.cgroup.as_deref(), |data| {
+                on_disk = evict(data)?;
+                empty_cgroup(curve)
+            })?;
+            Ok((system, load_s, index_s, on_disk, table_bytes))
+        }
+        _ => {
+            drop(system);
+            let on_disk = evict(&dir.join("kiln-data"))?;
+            empty_cgroup(curve)?;
+            let system = System::start(engine, dir)?;
+            if let System::Kiln { proc, .. } = &system {
+                enter_cgroup(&curve.cgroup, proc.child.id())?;
+            }
+            Ok((system, load_s, index_s, on_disk, table_bytes))
+        }
     }
-    let system = System::start("kiln", dir)?;
-    enter_cgroup(&curve.cgroup, kiln_pid(&system))?;
+}
+
+/// One CURVE job in `dir`, as a child's JSON object.
+pub fn run(engine: &str, dir: &Path, params: &Params, curve: &Curve) -> Result<Value> {
+    let started = Instant::now();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    let (system, load_s, index_s, on_disk, table_bytes) =
+        load_and_restart(engine, dir, params, curve, &rt, &local)?;
     let mut rows = Vec::new();
-    let rss_start = rss_bytes(kiln_pid(&system));
+    let rss_start = tree_rss_bytes(&system);
     local.block_on(&rt, async {
         let mut records = params.records;
         for ph in [Phase::Get, Phase::Put, Phase::YcsbB, Phase::Query] {
-            let mut r = phase(&system, ph, records, params, curve).await?;
+            let mut r = phase(&system, engine, ph, records, params, curve).await?;
             if let Phase::Put = ph {
                 records += r["operations"].as_u64().unwrap_or(0);
             }
@@ -393,10 +607,10 @@ pub fn run(dir: &Path, params: &Params, curve: &Curve) -> Result<Value> {
     })?;
     drop(system);
     let summary = json!({
-        "workload": "CURVE", "engine": "kiln", "documents": params.records,
+        "workload": "CURVE", "engine": engine, "documents": params.records,
         "load_seconds": load_s, "index_catch_up_seconds": index_s,
-        "bytes_on_disk": on_disk, "rss_bytes_at_start": rss_start,
-        "cgroup": curve.cgroup, "phases": rows,
+        "bytes_on_disk": on_disk, "table_and_index_bytes": table_bytes,
+        "rss_bytes_at_start": rss_start, "cgroup": curve.cgroup, "phases": rows,
     });
     let out_rows: Vec<Value> = rows
         .iter()

@@ -987,8 +987,52 @@ mod pg {
         /// pg_ctl start, waiting up to 60 s; on failure, the server log's last line
         /// says why better than pg_ctl does.
         fn pg_ctl_start(&self) -> Result<()> {
+            self.pg_ctl_start_in(None)
+        }
+
+        /// pg_ctl start, its process first moved into the memory cgroup `cgroup`
+        /// (v1: `cgroup.procs`), so that the postmaster and every process it forks
+        /// are charged there from their first page on.
+        fn pg_ctl_start_in(&self, cgroup: Option<&Path>) -> Result<()> {
             let log = self.root.join("server.log");
             let mut pg_ctl = self.cmd("pg_ctl");
+            if let Some(cg) = cgroup {
+                let procs = cg.join("cgroup.procs");
+                if let Some(u) = &self.user {
+                    // The child writes its own pid after it has become that user.
+                    chown(&procs, u)?;
+                }
+                let procs = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes())?;
+                use std::os::unix::process::CommandExt;
+                // SAFETY: between fork and exec the closure only makes system calls
+                // (open, write, close) on memory prepared before the fork.
+                unsafe {
+                    pg_ctl.pre_exec(move || {
+                        let mut digits = [0u8; 24];
+                        let mut n = libc::getpid() as u64;
+                        let mut at = digits.len();
+                        loop {
+                            at -= 1;
+                            digits[at] = b'0' + (n % 10) as u8;
+                            n /= 10;
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                        if fd < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        let len = digits.len() - at;
+                        let written = libc::write(fd, digits[at..].as_ptr().cast(), len);
+                        libc::close(fd);
+                        if written != len as isize {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+            }
             pg_ctl
                 .arg("-D")
                 .arg(&self.data)
@@ -1009,25 +1053,31 @@ mod pg {
             Ok(())
         }
 
-        /// pg_ctl stop -m fast (immediate if that fails), then removes the directory.
-        fn stop(&mut self) -> Result<()> {
-            let mut res = Ok(());
-            if self.started {
-                self.started = false;
-                let mut fast = self.cmd("pg_ctl");
-                fast.arg("-D")
-                    .arg(&self.data)
-                    .args(["-m", "fast", "-w", "-t", "60", "stop"]);
-                res = run(&mut fast, "pg_ctl stop -m fast");
-                if res.is_err() {
-                    let mut immediate = self.cmd("pg_ctl");
-                    immediate
-                        .arg("-D")
-                        .arg(&self.data)
-                        .args(["-m", "immediate", "-w", "stop"]);
-                    let _ = run(&mut immediate, "pg_ctl stop -m immediate");
-                }
+        /// pg_ctl stop -m fast (immediate if that fails); the data stays.
+        fn pg_ctl_stop(&mut self) -> Result<()> {
+            if !self.started {
+                return Ok(());
             }
+            self.started = false;
+            let mut fast = self.cmd("pg_ctl");
+            fast.arg("-D")
+                .arg(&self.data)
+                .args(["-m", "fast", "-w", "-t", "60", "stop"]);
+            let res = run(&mut fast, "pg_ctl stop -m fast");
+            if res.is_err() {
+                let mut immediate = self.cmd("pg_ctl");
+                immediate
+                    .arg("-D")
+                    .arg(&self.data)
+                    .args(["-m", "immediate", "-w", "stop"]);
+                let _ = run(&mut immediate, "pg_ctl stop -m immediate");
+            }
+            res
+        }
+
+        /// Stops the server, then removes the directory.
+        fn stop(&mut self) -> Result<()> {
+            let res = self.pg_ctl_stop();
             let _ = std::fs::remove_dir_all(&self.root);
             if self.own_socket_dir {
                 self.own_socket_dir = false;
@@ -1066,6 +1116,19 @@ mod pg {
         /// The cluster's data directory (SPACE measures it).
         pub fn data_dir(&self) -> &Path {
             &self.server.data
+        }
+
+        /// Stops the server (its data kept), runs `between` (the caller drops the
+        /// files from the page cache), and starts it again inside `cgroup`.
+        pub fn restart_in(
+            &mut self,
+            cgroup: Option<&Path>,
+            between: impl FnOnce(&Path) -> Result<()>,
+        ) -> Result<()> {
+            self.server.pg_ctl_stop()?;
+            between(&self.server.data)?;
+            self.server.started = true;
+            self.server.pg_ctl_start_in(cgroup)
         }
 
         /// The postmaster's pid (its first line of postmaster.pid).

@@ -424,7 +424,7 @@ fn spawn_child(args: &Args, engine: &str, job: &Job, run_dir: &Path) -> Result<V
                 .parse()?,
             cgroup: args.curve_cgroup.clone(),
         };
-        return curve::run(&run_dir.join("curve"), &params, &c);
+        return curve::run(engine, &run_dir.join("curve"), &params, &c);
     }
     if soak::WORKLOADS.contains(&job.workload.as_str()) {
         let params = ycsb::Params::new(false, None, args.ycsb_records, None)?;

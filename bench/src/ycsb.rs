@@ -160,7 +160,12 @@ fn cpu_seconds(pid: u32) -> f64 {
 /// CPU seconds of `pid` and every process whose parent it is (PostgreSQL's
 /// backends, WAL writer and checkpointer are the postmaster's children).
 fn tree_cpu_seconds(pid: u32) -> f64 {
-    let mut total = cpu_seconds(pid);
+    process_tree(pid).into_iter().map(cpu_seconds).sum()
+}
+
+/// `pid` and the processes whose parent it is.
+pub(crate) fn process_tree(pid: u32) -> Vec<u32> {
+    let mut pids = vec![pid];
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(child) = entry
             .file_name()
@@ -177,10 +182,10 @@ fn tree_cpu_seconds(pid: u32) -> f64 {
             .and_then(|(_, r)| r.split_whitespace().nth(1))
             .and_then(|p| p.parse::<u32>().ok());
         if ppid == Some(pid) {
-            total += cpu_seconds(child);
+            pids.push(child);
         }
     }
-    total
+    pids
 }
 
 /// A system under test: started in the run's directory, stopped when dropped.
