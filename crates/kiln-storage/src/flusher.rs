@@ -323,6 +323,10 @@ impl Flusher {
                             // Not lost: the file only stays longer than it needs.
                             tracing::warn!(error = %e, "could not trim the data file's free tail at close");
                         }
+                        if let Err(e) = self.fresh_journal_at_close() {
+                            // Not lost either: the journal files only take space.
+                            tracing::warn!(error = %e, "could not cut the journal at close");
+                        }
                     }
                     self.env.flush_queue.close("the environment is closed");
                     let _ = reply.send(result);
@@ -524,6 +528,46 @@ impl Flusher {
             }
         }
         self.env.store.truncate_to(count)
+    }
+
+    /// At close, after the last checkpoint and the trim: leaves one small journal
+    /// file (`journal::CLOSE_FILE_BYTES`) instead of the live one of up to 64 MiB
+    /// and its spares (docs/benchmarks.md, SPACE). Only when nothing is left to
+    /// replay. Order, so that a crash anywhere opens with every commit: spares are
+    /// removed (they hold only synced records); a new empty file after the live one
+    /// is made durable; both header copies move to its start (same synced txn and
+    /// chain value: the next record continues the chain there); only then is the
+    /// old live file removed. Until the first header copy is durable, the header on
+    /// disk names the old file, which still exists; after it, the new one.
+    fn fresh_journal_at_close(&mut self) -> Result<()> {
+        let h = &self.header;
+        if self.env.latch.poison_reason().is_some()
+            || (h.replay_from_file_seq, h.replay_from_offset)
+                != (h.journal_file_seq, h.journal_offset)
+            || h.replay_from_txn_id != h.synced_txn_id
+        {
+            return Ok(());
+        }
+        let old = h.journal_file_seq;
+        let Some(new) = self.env.journal_files.fresh_file_at_close(old)? else {
+            return Ok(());
+        };
+        let freelist = header::encode_freelist(self.free.iter().copied());
+        for _ in 0..2 {
+            let mut next = FileHeader {
+                sequence: self.header.sequence + 1,
+                journal_file_seq: new,
+                journal_offset: 0,
+                freelist_checksum: crc32c::crc32c(&freelist),
+                freelist_len: freelist.len() as u64,
+                ..self.header.clone()
+            };
+            next.replay_from_file_seq = new;
+            next.replay_from_offset = 0;
+            write_header(&self.env, &next, &freelist)?;
+            self.header = next;
+        }
+        self.env.journal_files.finish_fresh_file_at_close(old, new)
     }
 
     fn checkpoint(&mut self) -> FlushResult {

@@ -244,9 +244,13 @@ fn a_reopened_environment_makes_full_size_files() {
     env.close().unwrap();
     let env = Env::open(grown.path(), growing_options(4, 16)).unwrap();
     commit_journal_bytes(&env, &mut model, 20 * MIB);
+    // Every file made after the reopen is full size; the one small file is the
+    // one the clean close left (4 MiB, `CLOSE_FILE_BYTES`), kept in the rotation.
     let sizes = journal_file_sizes(grown.path());
     assert!(
-        sizes.len() >= 2 && sizes.iter().all(|&len| len == 16 * MIB),
+        sizes.len() >= 2
+            && sizes.iter().filter(|&&len| len == 16 * MIB).count() >= sizes.len() - 1
+            && sizes.iter().all(|&len| len == 16 * MIB || len == 4 * MIB),
         "{sizes:?}"
     );
 }

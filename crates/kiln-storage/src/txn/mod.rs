@@ -7,6 +7,7 @@
 
 mod ahead;
 mod pages;
+mod relocate;
 mod savepoint;
 mod seal;
 
