@@ -44,6 +44,44 @@ pub enum Command {
         all_or_none: bool,
         ops: Vec<LoggedOp>,
     },
+    /// Bytes of an attachment upload (`upload_id`, drawn by the leader at random),
+    /// written at `offset` of the upload's file, which is kept until at least
+    /// `keep_until_ms` (leader time; see `uploads`). `at_ms` is the leader's time.
+    AttachmentChunk {
+        database: String,
+        at_ms: u64,
+        upload_id: u64,
+        offset: u64,
+        keep_until_ms: u64,
+        #[serde(with = "crate::uploads::base64")]
+        bytes: Vec<u8>,
+    },
+    /// The upload `upload_id`, checked to be `size_bytes` hashing to `hash` (SHA-256,
+    /// lower-case hex), attached to the document `id` as `name`, in one step with
+    /// the document's new version; the upload is removed whatever the outcome.
+    PutAttachment {
+        database: String,
+        at_ms: u64,
+        upload_id: u64,
+        id: String,
+        name: String,
+        content_type: String,
+        size_bytes: u64,
+        hash: String,
+        condition: LoggedCondition,
+    },
+    DeleteAttachment {
+        database: String,
+        at_ms: u64,
+        id: String,
+        name: String,
+        condition: LoggedCondition,
+    },
+    /// Removes an upload its leader will not finish (the request's body broke off).
+    DropUpload {
+        database: String,
+        upload_id: u64,
+    },
 }
 
 /// A write as the log carries it: the document as its JSON text.
@@ -147,6 +185,8 @@ pub enum Answer {
     Failed(ErrorAnswer),
     /// Applied before (found applied after a restart): the client that asked is gone.
     AlreadyApplied,
+    /// An upload's chunk is written (or an upload dropped).
+    UploadWritten,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

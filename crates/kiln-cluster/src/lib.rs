@@ -10,6 +10,7 @@
 //! - [`snapshot`]: snapshots, the databases' backup containers in a file.
 //! - [`network`]: Raft's messages over HTTP (JSON bodies) to the other nodes'
 //!   `/cluster/raft/*` routes, which the server mounts.
+//! - `uploads`: attachment uploads in progress, written by the log's chunks.
 //! - `batcher`: concurrent independent writes merged into one log entry.
 //! - [`node`]: one node: starts Raft, forms the cluster, takes writes.
 
@@ -24,6 +25,7 @@ pub mod network;
 pub mod node;
 pub mod snapshot;
 pub mod state_machine;
+mod uploads;
 
 pub use command::{Answer, Command, ErrorAnswer, LoggedCondition, LoggedOp, WriteAnswer};
 pub use node::{ClusterConfig, ClusterError, ClusterNode, ClusterStatus, MemberStatus};

@@ -2,7 +2,9 @@
 //! another (`name length u32 | name | container length u64 | container`,
 //! big-endian), in a file of the snapshot directory: built there by streaming
 //! each backup into it, sent from it in chunks, received into a file of its own,
-//! installed from it by restoring each database. Nothing holds a whole snapshot
+//! installed from it by restoring each database. Before a database's container,
+//! a section named `@uploads/<database>` may hold its attachment uploads in
+//! progress (see `uploads`); they are restored after the databases. Nothing holds a whole snapshot
 //! in memory: a node with a database larger than its RAM can still send and take
 //! one.
 //!
@@ -11,6 +13,7 @@
 //! under way `building-*.tmp` and `receiving-*.tmp`. A file the state does not
 //! name is left over from a crash or an older snapshot and is removed.
 
+use crate::uploads;
 use crate::StorageError;
 use kiln_docs::{DocError, DocStore, RestorePoint, RestoreSource};
 use openraft::{AnyError, StorageIOError};
@@ -199,6 +202,35 @@ impl SnapshotDir {
     }
 }
 
+/// The database's attachment uploads in progress, as a section `@uploads/<name>`
+/// before its backup (see `uploads`); none when it has none.
+fn write_uploads_section(
+    db: &kiln_docs::Database,
+    out: &mut BufWriter<File>,
+    path: &Path,
+) -> Result<(), StorageError> {
+    let name = format!("{}{}", uploads::SECTION_PREFIX, db.name());
+    let start = out.stream_position().map_err(io_err("writing", path))?;
+    (|| {
+        out.write_all(&(name.len() as u32).to_be_bytes())?;
+        out.write_all(name.as_bytes())?;
+        out.write_all(&0u64.to_be_bytes()) // filled in below
+    })()
+    .map_err(io_err("writing", path))?;
+    let body_at = start + 4 + name.len() as u64 + 8;
+    let count = uploads::capture(db, out).map_err(|e| snapshot_err(&e))?;
+    let end = out.stream_position().map_err(io_err("writing", path))?;
+    let undo_or_fill = if count == 0 {
+        out.seek(SeekFrom::Start(start))
+            .and_then(|_| out.get_ref().set_len(start))
+    } else {
+        out.seek(SeekFrom::Start(body_at - 8))
+            .and_then(|_| out.write_all(&(end - body_at).to_be_bytes()))
+            .and_then(|_| out.seek(SeekFrom::Start(end)).map(|_| ()))
+    };
+    undo_or_fill.map_err(io_err("writing", path))
+}
+
 fn write_snapshot(store: &DocStore, path: &Path) -> Result<u64, StorageError> {
     let file = File::create(path).map_err(io_err("creating", path))?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
@@ -208,6 +240,7 @@ fn write_snapshot(store: &DocStore, path: &Path) -> Result<u64, StorageError> {
         let Ok(db) = store.database(&name) else {
             continue; // deleted meanwhile: its delete entry is applied after this
         };
+        write_uploads_section(&db, &mut out, path)?;
         let header = (|| {
             out.write_all(&(name.len() as u32).to_be_bytes())?;
             out.write_all(name.as_bytes())?;
@@ -257,6 +290,7 @@ pub fn install(store: &DocStore, path: &Path) -> Result<(), StorageError> {
     let size = file.metadata().map_err(io_err("reading", path))?.len();
     let mut input = BufReader::with_capacity(1 << 20, file);
     let mut kept = Vec::new();
+    let mut uploads_sections = Vec::new();
     let mut at = 0u64;
     while at < size {
         let mut read_exact = |buf: &mut [u8]| -> Result<(), StorageError> {
@@ -286,6 +320,15 @@ pub fn install(store: &DocStore, path: &Path) -> Result<(), StorageError> {
                  runs past the end ({size} bytes)"
             )));
         }
+        if name.starts_with(uploads::SECTION_PREFIX) {
+            // Restored once every database is (a restore replaces its directory).
+            uploads_sections.push((name, container_at, container_len));
+            at = container_at + container_len;
+            input
+                .seek(SeekFrom::Start(at))
+                .map_err(io_err("seeking in", path))?;
+            continue;
+        }
         let container = (&mut input).take(container_len);
         store
             .restore_database(
@@ -307,6 +350,22 @@ pub fn install(store: &DocStore, path: &Path) -> Result<(), StorageError> {
         if !kept.contains(&name) {
             store.delete_database(&name).map_err(|e| snapshot_err(&e))?;
         }
+    }
+    // The uploads in progress are the snapshot's, none other.
+    for name in store.database_names() {
+        if let Ok(db) = store.database(&name) {
+            uploads::clear(&db).map_err(|e| snapshot_err(&e))?;
+        }
+    }
+    for (section, section_at, len) in uploads_sections {
+        let name = &section[uploads::SECTION_PREFIX.len()..];
+        let Ok(db) = store.database(name) else {
+            continue; // deleted while the snapshot was built: its uploads went with it
+        };
+        input
+            .seek(SeekFrom::Start(section_at))
+            .map_err(io_err("seeking in", path))?;
+        uploads::restore(&db, &mut (&mut input).take(len), len).map_err(|e| snapshot_err(&e))?;
     }
     Ok(())
 }

@@ -15,6 +15,7 @@
 use crate::command::{default_classifier, Answer, ClassifyError, Command, LoggedOp, WriteAnswer};
 use crate::log_store::PurgeLimit;
 use crate::snapshot::{snapshot_err, SnapshotDir, SnapshotFile};
+use crate::uploads;
 use crate::{LogId, NodeId, StorageError, TypeConfig};
 use kiln_docs::{Atomicity, BatchOutcome, DocError, DocId, DocStore, LoggedOutcome, WriteOp};
 use kiln_storage::Env;
@@ -237,6 +238,80 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
                 Err(e) => storage_or(e, failed)?,
             },
         ),
+        Command::AttachmentChunk {
+            database,
+            at_ms,
+            upload_id,
+            offset,
+            keep_until_ms,
+            bytes,
+        } => Ok(
+            match store.database(&database).and_then(|db| {
+                uploads::expire(&db, at_ms)?;
+                uploads::write_chunk(&db, upload_id, offset, keep_until_ms, &bytes)
+            }) {
+                Ok(()) => Answer::UploadWritten,
+                Err(e) => storage_or(e, failed)?,
+            },
+        ),
+        Command::DropUpload {
+            database,
+            upload_id,
+        } => Ok(
+            match store
+                .database(&database)
+                .and_then(|db| uploads::remove(&db, upload_id))
+            {
+                Ok(()) => Answer::UploadWritten,
+                Err(e) => storage_or(e, failed)?,
+            },
+        ),
+        Command::PutAttachment {
+            database,
+            at_ms,
+            upload_id,
+            id,
+            name,
+            content_type,
+            size_bytes,
+            hash,
+            condition,
+        } => {
+            let db = match store.database(&database) {
+                Ok(db) => db,
+                Err(e) => return Ok(failed(&e)),
+            };
+            let result = put_attachment(
+                &db,
+                log_id.index,
+                at_ms,
+                upload_id,
+                (&id, &name, &content_type),
+                size_bytes,
+                &hash,
+                &condition,
+            );
+            // Consumed whatever the outcome (after the commit: a crash before it
+            // finds the upload for the entry's replay).
+            if let Err(e) = uploads::remove(&db, upload_id) {
+                return Err(sm_err(&e));
+            }
+            attachment_answer(shared, result)
+        }
+        Command::DeleteAttachment {
+            database,
+            at_ms,
+            id,
+            name,
+            condition,
+        } => {
+            let result = store.database(&database).and_then(|db| {
+                uploads::expire(&db, at_ms)?;
+                let condition = condition.to_condition()?;
+                db.delete_attachment_logged(log_id.index, at_ms, &id, &name, condition)
+            });
+            attachment_answer(shared, result)
+        }
         Command::PurgeRevisions { database, id } => Ok(
             match store
                 .database(&database)
@@ -248,6 +323,47 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
             },
         ),
     }
+}
+
+/// An attachment put of the log: the upload checked and attached (`None`:
+/// applied before).
+#[allow(clippy::too_many_arguments)]
+fn put_attachment(
+    db: &kiln_docs::Database,
+    log_index: u64,
+    at_ms: u64,
+    upload_id: u64,
+    (id, name, content_type): (&str, &str, &str),
+    size_bytes: u64,
+    hash: &str,
+    condition: &crate::command::LoggedCondition,
+) -> Result<Option<kiln_docs::PutOutcome>, DocError> {
+    uploads::expire(db, at_ms)?;
+    // Applied before a restart: the upload may be gone or partial by now, and
+    // must not be checked (its check would fail where it once succeeded).
+    if db.applied_log_index()? >= log_index {
+        return Ok(None);
+    }
+    let condition = condition.to_condition()?;
+    let path = uploads::finished_path(db, upload_id, size_bytes)?;
+    let blob = db.attachment_from_upload(&path, hash, size_bytes)?;
+    db.put_attachment_logged(log_index, at_ms, id, name, content_type, blob, condition)
+}
+
+/// The answer to an attachment write: one write's outcome, as a `Write` entry's.
+fn attachment_answer(
+    shared: &Shared,
+    result: Result<Option<kiln_docs::PutOutcome>, DocError>,
+) -> Result<Answer, StorageError> {
+    Ok(match result {
+        Ok(Some(out)) => Answer::Writes(vec![write_answer(BatchOutcome::Put(out))]),
+        Ok(None) => Answer::AlreadyApplied,
+        Err(DocError::DatabaseNotFound(name)) => {
+            Answer::Failed((shared.classify)(&DocError::DatabaseNotFound(name)))
+        }
+        Err(e @ (DocError::Storage(_) | DocError::Io { .. })) => return Err(sm_err(&e)),
+        Err(e) => Answer::Writes(vec![WriteAnswer::Failed((shared.classify)(&e))]),
+    })
 }
 
 fn create_database(
@@ -289,6 +405,9 @@ fn write(
         Ok(db) => db,
         Err(e) => return Ok(failed(&e)),
     };
+    // Any entry of the database at the leader's time removes the uploads
+    // abandoned before it (`uploads`).
+    uploads::expire(&db, at_ms).map_err(|e| sm_err(&e))?;
     let atomicity = if all_or_none {
         Atomicity::AllOrNone
     } else {
@@ -412,6 +531,8 @@ fn execute_run(
         Ok(db) => db,
         Err(e) => return Ok(entries.iter().map(|_| failed(&e)).collect()),
     };
+    let latest_ms = entries.iter().map(|e| e.1).max().unwrap_or(0);
+    uploads::expire(&db, latest_ms).map_err(|e| sm_err(&e))?;
     let mut answers: Vec<Option<Answer>> = entries.iter().map(|_| None).collect();
     let mut run = Vec::with_capacity(entries.len());
     let mut places = Vec::with_capacity(entries.len());

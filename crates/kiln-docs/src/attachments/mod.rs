@@ -19,6 +19,7 @@
 //!   attachment removed from the current version is freed even if a revision names it.
 
 mod blobs;
+mod logged;
 mod ops;
 
 pub(crate) use blobs::BlobStore;

@@ -6,10 +6,15 @@
 //! these dispatchers, which send a path whose id has an `/attachments/{name}` tail
 //! here (`attachment_target`) and any other to `routes/docs.rs`. So a document
 //! whose id contains `/attachments/` cannot be read or written by its URL.
+//!
+//! In a cluster, an upload and a delete go through the log (`routes/cluster.rs`:
+//! the bytes in chunks, then the attachment's entry); reads (an attachment, the
+//! blob list, a blob) are served by the node asked, from its own copy. Staging
+//! for a batch is refused (see `stage`).
 
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{blocking, body_read_failed, etag_header, write_condition};
-use crate::routes::cluster::refuse_in_cluster;
+use crate::routes::cluster::{self, refuse_in_cluster};
 use crate::routes::docs as routes_docs;
 use crate::state::{AppState, SharedState};
 use axum::body::{Body, Bytes};
@@ -104,7 +109,6 @@ pub async fn delete(State(state): State<SharedState>, req: Request) -> Response 
 
 /// The path's database, id and name, checked.
 fn target(state: &AppState, req: &Request) -> Result<(Arc<Database>, String, String), ApiError> {
-    refuse_in_cluster(state, "attachments")?;
     let path = req.uri().path();
     let (db, id, name) = attachment_target(path).ok_or_else(|| bad_path(path))?;
     kiln_docs::validate_attachment_name(&name)?;
@@ -177,6 +181,14 @@ async fn put_attachment(state: SharedState, req: Request) -> Result<Response, Ap
     if database.get_with(&id, |_| ())?.is_none() {
         return Err(kiln_docs::DocError::DocumentNotFound { id }.into());
     }
+    if state.cluster.is_some() {
+        // Through the log (this node leads: `front_door` sent a follower's
+        // request to the leader).
+        let target = (id, name, content_type);
+        let (out, info) =
+            cluster::put_attachment(&state, database.name(), target, &condition, body).await?;
+        return Ok(written(StatusCode::CREATED, &out, Some(&info)));
+    }
     let staged = receive(database.clone(), body).await?;
     let (hash, size) = (staged.hash_hex(), staged.size_bytes);
     let db = database.clone();
@@ -209,6 +221,10 @@ fn written(status: StatusCode, out: &PutOutcome, info: Option<&AttachmentInfo>) 
 async fn delete_attachment(state: SharedState, req: Request) -> Result<Response, ApiError> {
     let (database, id, name) = target(&state, &req)?;
     let condition = write_condition(req.headers())?;
+    if state.cluster.is_some() {
+        let out = cluster::delete_attachment(&state, database.name(), id, name, &condition).await?;
+        return Ok(written(StatusCode::OK, &out, None));
+    }
     let out = blocking(move || database.delete_attachment(&id, &name, condition)).await?;
     Ok(written(StatusCode::OK, &out, None))
 }
@@ -220,7 +236,9 @@ pub async fn stage(
     axum::extract::Path(db): axum::extract::Path<String>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    refuse_in_cluster(&state, "attachments")?;
+    // A staged blob's time runs out by each node's own clock (`BlobStore::gc` at
+    // open), so nodes would disagree on whether a batch may still name it.
+    refuse_in_cluster(&state, "staging attachments for a batch")?;
     let database = state.store.database(&db)?;
     let staged = receive(database.clone(), body).await?;
     let (hash, size) = blocking(move || database.stage_attachment(staged)).await?;
@@ -237,7 +255,6 @@ pub async fn list_blobs(
     State(state): State<SharedState>,
     axum::extract::Path(db): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
-    refuse_in_cluster(&state, "attachments")?;
     let database = state.store.database(&db)?;
     let blobs = blocking(move || database.attachment_blobs()).await?;
     let blobs: Vec<_> = blobs
@@ -256,7 +273,6 @@ pub async fn get_blob(
     State(state): State<SharedState>,
     axum::extract::Path((db, hash)): axum::extract::Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    refuse_in_cluster(&state, "attachments")?;
     let database = state.store.database(&db)?;
     let path = database.attachment_blob_path(&hash)?;
     let file = match std::fs::File::open(&path) {

@@ -491,6 +491,176 @@ pub(crate) async fn purge_revisions(
     }
 }
 
+/// The bytes of an attachment in one log entry (base64 in the entry's JSON: about
+/// 350 KB). openraft gives an append one heartbeat interval (50 ms at a 200 ms
+/// election timeout) to be decoded and made durable by the follower, and sends it
+/// again whole when that runs out: with 1 MiB chunks and a few in flight, appends
+/// of 4 to 6 MB kept timing out on a loaded machine and an upload failed `no_quorum`.
+pub(crate) const UPLOAD_CHUNK_BYTES: usize = 256 << 10;
+/// Chunks of one upload proposed and not yet applied, at most: memory stays flat
+/// whatever the attachment's size, and the log's appends overlap.
+const CHUNKS_IN_FLIGHT: usize = 4;
+
+/// An attachment upload through the log: the request's body in chunks
+/// (`Command::AttachmentChunk`, a few in flight), then `Command::PutAttachment`,
+/// which every node answers alike (checks the upload's size and SHA-256 and
+/// attaches it with the document's new version). Answers as a single server:
+/// the document's outcome and the attachment's entry.
+pub(crate) async fn put_attachment(
+    state: &AppState,
+    database: &str,
+    target: (String, String, String),
+    condition: &Condition,
+    body: axum::body::Body,
+) -> Result<(PutOutcome, kiln_docs::AttachmentInfo), ApiError> {
+    use futures_util::StreamExt;
+    use sha2::Digest;
+    let node = node(state)?.clone();
+    let (id, name, content_type) = target;
+    let upload_id: u64 = rand::random();
+    let mut hasher = sha2::Sha256::new();
+    let mut size_bytes = 0u64;
+    let mut pending: Vec<u8> = Vec::with_capacity(UPLOAD_CHUNK_BYTES);
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut stream = body.into_data_stream();
+    let sent: Result<(), ApiError> = async {
+        loop {
+            let next = stream.next().await;
+            let done = next.is_none();
+            if let Some(piece) = next {
+                let piece = piece.map_err(crate::http_util::body_read_failed)?;
+                hasher.update(&piece);
+                pending.extend_from_slice(&piece);
+            }
+            while pending.len() >= UPLOAD_CHUNK_BYTES || (done && !pending.is_empty()) {
+                let take = pending.len().min(UPLOAD_CHUNK_BYTES);
+                let bytes: Vec<u8> = pending.drain(..take).collect();
+                if in_flight.len() >= CHUNKS_IN_FLIGHT {
+                    chunk_written(in_flight.pop_front()).await?;
+                }
+                let at_ms = now_ms();
+                let command = Command::AttachmentChunk {
+                    database: database.to_string(),
+                    at_ms,
+                    upload_id,
+                    offset: size_bytes,
+                    keep_until_ms: at_ms + UPLOAD_TTL_MS,
+                    bytes,
+                };
+                // A task of its own: the proposal goes on while the body is read.
+                let node = node.clone();
+                in_flight.push_back(tokio::spawn(async move { node.write(command).await }));
+                size_bytes += take as u64;
+            }
+            if done {
+                break;
+            }
+        }
+        while !in_flight.is_empty() {
+            chunk_written(in_flight.pop_front()).await?;
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = sent {
+        // Best effort: an upload left behind expires after UPLOAD_TTL_MS anyway.
+        let command = Command::DropUpload {
+            database: database.to_string(),
+            upload_id,
+        };
+        tokio::spawn(async move {
+            for task in in_flight {
+                let _ = task.await;
+            }
+            let _ = node.write(command).await;
+        });
+        return Err(e);
+    }
+    let hash: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let command = Command::PutAttachment {
+        database: database.to_string(),
+        at_ms: now_ms(),
+        upload_id,
+        id,
+        name: name.clone(),
+        content_type: content_type.clone(),
+        size_bytes,
+        hash: hash.clone(),
+        condition: LoggedCondition::from_condition(condition),
+    };
+    let out = attachment_outcome(propose(&node, command).await?)?;
+    let info = kiln_docs::AttachmentInfo {
+        name,
+        hash,
+        size_bytes,
+        content_type,
+    };
+    Ok((out, info))
+}
+
+/// How long an upload's file is kept after its last chunk (leader time): an
+/// upload whose leader died or whose client went away is removed by the first
+/// entry of its database after that.
+const UPLOAD_TTL_MS: u64 = kiln_docs::STAGED_TTL_MS;
+
+async fn chunk_written(
+    task: Option<tokio::task::JoinHandle<Result<Answer, ClusterError>>>,
+) -> Result<(), ApiError> {
+    let Some(task) = task else {
+        return Ok(());
+    };
+    let answer = task.await.map_err(|e| {
+        ApiError::new(
+            ErrorCode::InternalError,
+            format!("an upload's proposal failed: {e}"),
+        )
+    })?;
+    match answer.map_err(cluster_error)? {
+        Answer::UploadWritten => Ok(()),
+        Answer::Failed(e) => Err(answered_error(e)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// The document's outcome of an attachment write.
+fn attachment_outcome(answer: Answer) -> Result<PutOutcome, ApiError> {
+    match answer {
+        Answer::Writes(mut answers) if answers.len() == 1 => {
+            match outcome(answers.pop().expect("one answer"))?? {
+                BatchOutcome::Put(out) => Ok(out),
+                BatchOutcome::Delete(_) => Err(ApiError::new(
+                    ErrorCode::InternalError,
+                    "the cluster answered an attachment write with a delete",
+                )),
+            }
+        }
+        Answer::Failed(e) => Err(answered_error(e)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Removes an attachment through the log.
+pub(crate) async fn delete_attachment(
+    state: &AppState,
+    database: &str,
+    id: String,
+    name: String,
+    condition: &Condition,
+) -> Result<PutOutcome, ApiError> {
+    let command = Command::DeleteAttachment {
+        database: database.to_string(),
+        at_ms: now_ms(),
+        id,
+        name,
+        condition: LoggedCondition::from_condition(condition),
+    };
+    attachment_outcome(propose(node(state)?, command).await?)
+}
+
 /// A route a cluster does not replicate yet: refused rather than done on one
 /// node only.
 pub(crate) fn refuse_in_cluster(state: &AppState, what: &str) -> Result<(), ApiError> {

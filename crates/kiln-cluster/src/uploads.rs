@@ -1,0 +1,332 @@
+//! Attachment uploads in progress: the files the log's `AttachmentChunk` entries
+//! write, one per upload, in the database's directory:
+//!
+//! ```text
+//! <database dir>/attachments/uploads/<upload id, 16 hex digits>
+//! ```
+//!
+//! A chunk writes its bytes at its offset (applying it again writes the same
+//! bytes: a replay changes nothing) and sets the file's modification time to the
+//! chunk's `keep_until_ms` (the leader's time plus the upload's time to live, the
+//! latest of the chunks'). An entry of the database whose leader time is past
+//! that removes the upload (`expire`): abandoned uploads go at the same log entry
+//! on every node, whatever their clocks. `PutAttachment` checks the file's size
+//! and SHA-256 (so a missing chunk is the same failure on every node) and removes
+//! it, whatever its outcome.
+//!
+//! Uploads are state, so a snapshot carries them: before each database's backup
+//! container, a section `@uploads/<database>` holding its uploads (`capture`,
+//! `restore`). Taken before the backup and after the snapshot's last log id, a
+//! section holds at least what that log id says; the chunks applied again after an
+//! install write the same bytes, and an upload consumed or expired since is
+//! removed again by its entry.
+
+use kiln_docs::{Database, DocError};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The prefix of a snapshot section that holds a database's uploads (a database
+/// name cannot start with `@`).
+pub(crate) const SECTION_PREFIX: &str = "@uploads/";
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DocError + '_ {
+    move |source| DocError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+pub(crate) fn dir_of(db: &Database) -> PathBuf {
+    db.dir().join("attachments").join("uploads")
+}
+
+pub(crate) fn path_of(db: &Database, upload_id: u64) -> PathBuf {
+    dir_of(db).join(format!("{upload_id:016x}"))
+}
+
+fn to_time(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+fn ms_of(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Writes `bytes` at `offset` of the upload, keeps it until at least
+/// `keep_until_ms`, and syncs it (the log's entry counts as applied once the
+/// state machine saves its applied index).
+pub(crate) fn write_chunk(
+    db: &Database,
+    upload_id: u64,
+    offset: u64,
+    keep_until_ms: u64,
+    bytes: &[u8],
+) -> Result<(), DocError> {
+    let dir = dir_of(db);
+    std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+    let path = path_of(db, upload_id);
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    let meta = file.metadata().map_err(io_err(&path))?;
+    // A new file's time is now: not an earlier chunk's.
+    let earlier_ms = if meta.len() == 0 {
+        0
+    } else {
+        meta.modified().map_or(0, ms_of)
+    };
+    file.seek(SeekFrom::Start(offset))
+        .and_then(|_| file.write_all(bytes))
+        .and_then(|_| file.set_modified(to_time(keep_until_ms.max(earlier_ms))))
+        .and_then(|_| file.sync_all())
+        .map_err(io_err(&path))
+}
+
+/// Removes an upload (finished, dropped); a missing one is no error.
+pub(crate) fn remove(db: &Database, upload_id: u64) -> Result<(), DocError> {
+    let path = path_of(db, upload_id);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(&path)(e)),
+        _ => Ok(()),
+    }
+}
+
+/// The upload file of a `PutAttachment`; an empty upload has no chunk, so its
+/// file is made here.
+pub(crate) fn finished_path(
+    db: &Database,
+    upload_id: u64,
+    size_bytes: u64,
+) -> Result<PathBuf, DocError> {
+    let path = path_of(db, upload_id);
+    if size_bytes == 0 && !path.exists() {
+        let dir = dir_of(db);
+        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        File::create(&path).map_err(io_err(&path))?;
+    }
+    Ok(path)
+}
+
+/// Every upload of the database: id, kept until, file.
+fn list(db: &Database) -> Result<Vec<(u64, u64, PathBuf)>, DocError> {
+    let dir = dir_of(db);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err(&dir)(e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io_err(&dir))?;
+        let path = entry.path();
+        let Some(id) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| u64::from_str_radix(n, 16).ok())
+        else {
+            continue;
+        };
+        let until = match entry.metadata() {
+            Ok(m) => m.modified().map_or(0, ms_of),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        out.push((id, until, path));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Removes the uploads whose time ran out before the leader's time `at_ms` (an
+/// upload its leader abandoned). Returns how many.
+pub(crate) fn expire(db: &Database, at_ms: u64) -> Result<usize, DocError> {
+    let mut removed = 0;
+    for (id, until, _) in list(db)? {
+        if until < at_ms {
+            remove(db, id)?;
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        tracing::info!(database = db.name(), removed, "attachment uploads expired");
+    }
+    Ok(removed)
+}
+
+/// Writes the database's uploads as a snapshot section's body: per upload, its
+/// id, kept-until time and length (u64 each, big-endian), then its bytes. An
+/// upload removed meanwhile is left out (its removal's entry is after the
+/// snapshot's last log id: it is applied again after an install).
+pub(crate) fn capture(db: &Database, out: &mut impl Write) -> Result<usize, DocError> {
+    let mut n = 0;
+    for (id, until, path) in list(db)? {
+        let mut file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        let len = file.metadata().map_err(io_err(&path))?.len();
+        out.write_all(&id.to_be_bytes())
+            .and_then(|_| out.write_all(&until.to_be_bytes()))
+            .and_then(|_| out.write_all(&len.to_be_bytes()))
+            .map_err(io_err(&path))?;
+        // The file only grows (chunks) or goes (its inode stays readable): `len`
+        // bytes are there.
+        let copied = std::io::copy(&mut (&mut file).take(len), out).map_err(io_err(&path))?;
+        if copied != len {
+            return Err(DocError::Internal(format!(
+                "upload {} shrank while a snapshot copied it",
+                path.display()
+            )));
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Empties the database's uploads (before a snapshot's sections are restored).
+pub(crate) fn clear(db: &Database) -> Result<(), DocError> {
+    let dir = dir_of(db);
+    match std::fs::remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(&dir)(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Restores the uploads of a section `capture` wrote (`len` bytes of `input`).
+pub(crate) fn restore(db: &Database, input: &mut impl Read, len: u64) -> Result<(), DocError> {
+    let dir = dir_of(db);
+    std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+    let mut left = len;
+    let bad =
+        |why: String| DocError::Internal(format!("a snapshot's uploads of {}: {why}", db.name()));
+    while left > 0 {
+        let mut header = [0u8; 24];
+        if left < 24 {
+            return Err(bad(format!("{left} bytes left, a header is 24")));
+        }
+        input
+            .read_exact(&mut header)
+            .map_err(|e| bad(format!("truncated: {e}")))?;
+        let word = |i: usize| u64::from_be_bytes(header[i * 8..i * 8 + 8].try_into().unwrap());
+        let (id, until, size) = (word(0), word(1), word(2));
+        left -= 24;
+        if size > left {
+            return Err(bad(format!(
+                "upload {id:016x} of {size} bytes runs past the section"
+            )));
+        }
+        let path = path_of(db, id);
+        let mut file = File::create(&path).map_err(io_err(&path))?;
+        let copied = std::io::copy(&mut input.take(size), &mut file).map_err(io_err(&path))?;
+        if copied != size {
+            return Err(bad(format!("upload {id:016x} truncated")));
+        }
+        file.set_modified(to_time(until))
+            .and_then(|_| file.sync_all())
+            .map_err(io_err(&path))?;
+        left -= size;
+    }
+    Ok(())
+}
+
+/// Bytes as base64 text in the log's JSON (a JSON array of numbers would be
+/// about 3.5 bytes a byte; base64 is 4 per 3).
+pub(crate) mod base64 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+    pub fn encode(bytes: &[u8]) -> String {
+        let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+        for group in bytes.chunks(3) {
+            let b = [
+                group[0],
+                *group.get(1).unwrap_or(&0),
+                *group.get(2).unwrap_or(&0),
+            ];
+            let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
+            for i in 0..4 {
+                if i <= group.len() {
+                    out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    }
+
+    pub fn decode(text: &str) -> Result<Vec<u8>, String> {
+        let text = text.as_bytes();
+        if text.len() % 4 != 0 {
+            return Err(format!(
+                "base64 of {} characters (not a multiple of 4)",
+                text.len()
+            ));
+        }
+        let value = |c: u8| -> Result<u32, String> {
+            Ok(match c {
+                b'A'..=b'Z' => c - b'A',
+                b'a'..=b'z' => c - b'a' + 26,
+                b'0'..=b'9' => c - b'0' + 52,
+                b'+' => 62,
+                b'/' => 63,
+                _ => return Err(format!("{:?} is no base64 digit", c as char)),
+            } as u32)
+        };
+        let mut out = Vec::with_capacity(text.len() / 4 * 3);
+        for (i, group) in text.chunks(4).enumerate() {
+            let last = i == text.len() / 4 - 1;
+            let pad = group.iter().rev().take_while(|&&c| c == b'=').count();
+            if pad > 2 || (pad > 0 && !last) {
+                return Err("misplaced base64 padding".into());
+            }
+            let mut n = 0u32;
+            for &c in &group[..4 - pad] {
+                n = n << 6 | value(c)?;
+            }
+            n <<= 6 * pad as u32;
+            let b = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+            out.extend_from_slice(&b[..3 - pad]);
+        }
+        Ok(out)
+    }
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        decode(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::base64::{decode, encode};
+
+    #[test]
+    fn base64_round_trips() {
+        assert_eq!(encode(b""), "");
+        assert_eq!(encode(b"f"), "Zg==");
+        assert_eq!(encode(b"fo"), "Zm8=");
+        assert_eq!(encode(b"foo"), "Zm9v");
+        assert_eq!(encode(b"foobar"), "Zm9vYmFy");
+        for n in 0..300usize {
+            let bytes: Vec<u8> = (0..n).map(|i| (i * 7 + n) as u8).collect();
+            assert_eq!(decode(&encode(&bytes)).unwrap(), bytes);
+        }
+        assert!(decode("Zg=").is_err());
+        assert!(decode("Z===").is_err());
+        assert!(decode("Zg==Zg==").is_err());
+        assert!(decode("Z!==").is_err());
+    }
+}

@@ -1,0 +1,156 @@
+//! Attachment writes decided by a cluster's replicated log: the bytes arrive as an
+//! upload file the log's chunks wrote (kiln-cluster), the write takes the time the
+//! leader stamped into its entry, and the entry's log index is stored in the same
+//! transaction as the document (as `Database::apply_logged` does): an entry
+//! applied before a crash is recognised after it and not applied again.
+
+use super::blobs::hash_file;
+use super::{hash_hex, parse_hash, validate_attachment_name, validate_content_type};
+use super::{Fresh, StagedBlob};
+use crate::database::{apply_attachment, claim_log_index, AttachmentChange};
+use crate::id::validate_id;
+use crate::{BatchOutcome, Condition, Database, DocError, PutOutcome, Result};
+use std::path::Path;
+
+impl Database {
+    /// The upload file at `path` (a file of this database's directory, written by
+    /// a cluster's log entries) as a blob ready to place, once its bytes are
+    /// checked: `size_bytes` long and hashing to `hash_hex`, else
+    /// `InvalidAttachment` (the same answer on every node that applied the same
+    /// entries). The file itself stays: the blob is a hard link to it, so a crash
+    /// before the commit that names the blob still finds the upload for the
+    /// entry's replay.
+    pub fn attachment_from_upload(
+        &self,
+        path: &Path,
+        hash_hex_given: &str,
+        size_bytes: u64,
+    ) -> Result<StagedBlob> {
+        self.live()?;
+        let want = parse_hash(hash_hex_given)?;
+        let (hash, size) = match hash_file(path) {
+            Ok(got) => got,
+            Err(DocError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(DocError::InvalidAttachment(format!(
+                    "the upload of {hash_hex_given} is not here (it expired or was never sent)"
+                )))
+            }
+            Err(e) => return Err(e),
+        };
+        if size != size_bytes || hash != want {
+            return Err(DocError::InvalidAttachment(format!(
+                "the upload is {size} bytes hashing to {}; the write names {size_bytes} bytes \
+                 hashing to {hash_hex_given} (a chunk is missing)",
+                hash_hex(&hash)
+            )));
+        }
+        let tmp = self
+            .dir()
+            .join("attachments")
+            .join("tmp")
+            .join(format!("upload-{}", hash_hex(&hash)));
+        let _ = std::fs::remove_file(&tmp);
+        std::fs::hard_link(path, &tmp).map_err(|source| DocError::Io {
+            path: tmp.clone(),
+            source,
+        })?;
+        Ok(StagedBlob {
+            tmp,
+            hash,
+            size_bytes: size,
+        })
+    }
+
+    /// `put_attachment` for the log entry `log_index`, at the leader's `at_ms`;
+    /// `None` if the entry was applied before (the blob is then released, or kept
+    /// if that earlier application named it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_attachment_logged(
+        &self,
+        log_index: u64,
+        at_ms: u64,
+        id: &str,
+        name: &str,
+        content_type: &str,
+        blob: StagedBlob,
+        condition: Condition,
+    ) -> Result<Option<PutOutcome>> {
+        let env = self.live()?;
+        let hash = blob.hash;
+        let checked = validate_id(id, self.max_id_bytes())
+            .and_then(|()| validate_attachment_name(name))
+            .and_then(|()| validate_content_type(content_type));
+        let mut unit = self.unit().at_time(at_ms);
+        unit.fresh = Some(Fresh {
+            hash,
+            size_bytes: blob.size_bytes,
+        });
+        let change = AttachmentChange::Put {
+            name: name.to_string(),
+            content_type: content_type.to_string(),
+            hash,
+        };
+        let id = id.to_string();
+        let result = {
+            // As in `put_attachment`: placed before the commit naming it.
+            let _guard = self.blobs.lock();
+            self.blobs.place(blob)?;
+            env.submit_with(move |txn| {
+                if !claim_log_index(txn, log_index)? {
+                    return Ok(None);
+                }
+                checked?;
+                let out = apply_attachment(txn, &mut unit, &id, &change, condition)?;
+                unit.finish(txn)?;
+                Ok::<_, DocError>(Some(out))
+            })
+        };
+        match result {
+            Ok(Some(out)) => {
+                self.published([&BatchOutcome::Put(out.clone())]);
+                Ok(Some(out))
+            }
+            other => {
+                // Named by no document (a conflict, a missing document), or by the
+                // earlier application: `release` checks the latest commit.
+                if let Err(re) = self.blobs.release(env, &[hash]) {
+                    tracing::warn!(error = %re, "attachments: could not unlink an unused upload");
+                }
+                other
+            }
+        }
+    }
+
+    /// `delete_attachment` for the log entry `log_index`, at the leader's `at_ms`;
+    /// `None` if the entry was applied before.
+    pub fn delete_attachment_logged(
+        &self,
+        log_index: u64,
+        at_ms: u64,
+        id: &str,
+        name: &str,
+        condition: Condition,
+    ) -> Result<Option<PutOutcome>> {
+        let env = self.live()?;
+        let checked =
+            validate_id(id, self.max_id_bytes()).and_then(|()| validate_attachment_name(name));
+        let mut unit = self.unit().at_time(at_ms);
+        let change = AttachmentChange::Delete {
+            name: name.to_string(),
+        };
+        let id = id.to_string();
+        let out = env.submit_with(move |txn| {
+            if !claim_log_index(txn, log_index)? {
+                return Ok(None);
+            }
+            checked?;
+            let out = apply_attachment(txn, &mut unit, &id, &change, condition)?;
+            unit.finish(txn)?;
+            Ok::<_, DocError>(Some(out))
+        })?;
+        if let Some(out) = &out {
+            self.published([&BatchOutcome::Put(out.clone())]);
+        }
+        Ok(out)
+    }
+}
