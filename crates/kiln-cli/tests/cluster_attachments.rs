@@ -138,8 +138,8 @@ fn attachments_are_replicated_shared_freed_and_survive_the_leaders_kill9() {
     ok(leader, "PUT", "/dbs/att/docs/a/1", r#"{"n": 1}"#);
     ok(leader, "PUT", "/dbs/att/docs/a/2", r#"{"n": 2}"#);
 
-    // Four log chunks and a bit (1 MiB each).
-    let data = bytes((4 << 20) + 12_345, 1);
+    // Six log chunks and a bit (256 KiB each).
+    let data = bytes((6 << 18) + 12_345, 1);
     let path1 = "/dbs/att/docs/a/1/attachments/big.bin";
     let path2 = "/dbs/att/docs/a/2/attachments/copy.bin";
     let redirected = put_attachment(follower, path1, None, &data);
@@ -152,9 +152,10 @@ fn attachments_are_replicated_shared_freed_and_survive_the_leaders_kill9() {
     let etag1 = put["etag"].as_str().unwrap().to_string();
     for port in c.ports.values() {
         eventually(*port, "reads the attachment", || read_back(*port, path1, &data));
-        let range = raw(*port, "GET", path1, &[("range", "bytes=1048570-1048580")], b"");
+        // Across the first chunk's end.
+        let range = raw(*port, "GET", path1, &[("range", "bytes=262140-262150")], b"");
         assert_eq!(range.status, 206, "{}", range.head);
-        assert_eq!(range.body, &data[1_048_570..=1_048_580]);
+        assert_eq!(range.body, &data[262_140..=262_150]);
         // The document's entry and etag are the leader's.
         let doc = ok(*port, "GET", "/dbs/att/docs/a/1", "");
         assert_eq!(doc["@metadata"]["@etag"], etag1.as_str(), "{doc}");
@@ -200,7 +201,7 @@ fn attachments_are_replicated_shared_freed_and_survive_the_leaders_kill9() {
     }
 
     // An acknowledged upload survives the leader's kill -9 at once.
-    let last = bytes((2 << 20) + 7, 2);
+    let last = bytes((3 << 18) + 7, 2);
     let put = put_attachment(leader, path2, None, &last);
     assert_eq!(put.status, 201, "{}", String::from_utf8_lossy(&put.body));
     kill9(c.children.get_mut(&leader_id).unwrap(), 0);

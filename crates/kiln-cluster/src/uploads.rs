@@ -312,6 +312,75 @@ pub(crate) mod base64 {
 #[cfg(test)]
 mod tests {
     use super::base64::{decode, encode};
+    use super::*;
+    use kiln_docs::{Condition, DocStore, DocsOptions};
+
+    fn store(dir: &Path) -> DocStore {
+        let mut docs = DocsOptions::default();
+        docs.storage.journal_file_size_bytes = 1 << 20;
+        docs.storage.data_grow_step_bytes = 1 << 20;
+        DocStore::open(dir, docs).unwrap()
+    }
+
+    /// A snapshot taken between an upload's chunks carries them: a node that
+    /// installs it finishes the upload as the leader does; its own uploads that
+    /// the snapshot does not hold are gone; the upload expires at leader time.
+    #[test]
+    fn a_snapshot_carries_uploads_in_progress() {
+        let root = tempfile::tempdir().unwrap();
+        let a = store(&root.path().join("a"));
+        let db = a.create_database("att").unwrap();
+        db.put("d", br#"{"x":1}"#, Condition::None).unwrap();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        // Out of order, as proposals in flight may be applied.
+        write_chunk(&db, 7, 200_000, 5_000, &data[200_000..]).unwrap();
+        write_chunk(&db, 7, 0, 4_000, &data[..200_000]).unwrap();
+        let snapshots = crate::snapshot::SnapshotDir::open(&root.path().join("snap")).unwrap();
+        let (built, _) = snapshots.build(&a).unwrap();
+
+        let b = store(&root.path().join("b"));
+        let other = b.create_database("att").unwrap();
+        write_chunk(&other, 9, 0, 1, b"not in the snapshot").unwrap();
+        drop(other);
+        crate::snapshot::install(&b, &built).unwrap();
+        let db_b = b.database("att").unwrap();
+        let listed: Vec<(u64, u64)> = list(&db_b)
+            .unwrap()
+            .into_iter()
+            .map(|(id, until, _)| (id, until))
+            .collect();
+        assert_eq!(listed, vec![(7, 5_000)]);
+        assert_eq!(std::fs::read(path_of(&db_b, 7)).unwrap(), data);
+
+        // The same check and attachment on both nodes.
+        let mut writer = db.attachment_writer().unwrap();
+        writer.write(&data).unwrap();
+        let hash = writer.finish().unwrap().hash_hex();
+        let mut etags = Vec::new();
+        for db in [&db, &db_b] {
+            let blob = db
+                .attachment_from_upload(&path_of(db, 7), &hash, data.len() as u64)
+                .unwrap();
+            let out = db
+                .put_attachment_logged(10, 6_000, "d", "f", "x/y", blob, Condition::None)
+                .unwrap()
+                .unwrap();
+            etags.push(out.etag.to_string());
+            assert!(db.check_attachments().unwrap().is_ok());
+        }
+        assert_eq!(etags[0], etags[1]);
+        // A short upload is refused alike.
+        write_chunk(&db_b, 8, 0, 5_000, &data[..10]).unwrap();
+        let short = db_b.attachment_from_upload(&path_of(&db_b, 8), &hash, data.len() as u64);
+        assert!(
+            matches!(short, Err(DocError::InvalidAttachment(_))),
+            "{short:?}"
+        );
+        // Expired by an entry whose leader time is past its last chunk's time.
+        assert_eq!(expire(&db_b, 5_000).unwrap(), 0);
+        assert_eq!(expire(&db_b, 5_001).unwrap(), 2);
+        assert!(list(&db_b).unwrap().is_empty());
+    }
 
     #[test]
     fn base64_round_trips() {
