@@ -265,7 +265,7 @@ pub(crate) mod base64 {
 
     pub fn decode(text: &str) -> Result<Vec<u8>, String> {
         let text = text.as_bytes();
-        if text.len() % 4 != 0 {
+        if !text.len().is_multiple_of(4) {
             return Err(format!(
                 "base64 of {} characters (not a multiple of 4)",
                 text.len()
