@@ -64,12 +64,41 @@ pub fn restore_to_server(ep: &Endpoint, db: &str, files: &[PathBuf]) -> AnyResul
     upload_blobs(ep, db, backed_up(files)?)
 }
 
+/// The hashes the database `db` on `ep` holds named by a document or revision
+/// (`GET /dbs/{db}/attachments`, `refs` > 0). Empty when the server cannot say
+/// (an older server, a cluster): then every blob is sent.
+fn named_on_server(ep: &Endpoint, db: &str) -> std::collections::HashSet<String> {
+    let path = format!("/dbs/{}/attachments", path_escape(db));
+    let Ok((200, body)) = ep.request_any("GET", &path, b"") else {
+        return Default::default();
+    };
+    let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let Some(blobs) = answer["blobs"].as_array() else {
+        return Default::default();
+    };
+    blobs
+        .iter()
+        .filter(|b| b["refs"].as_u64().is_some_and(|n| n > 0))
+        .filter_map(|b| b["hash"].as_str().map(str::to_string))
+        .collect()
+}
+
 /// Stages blob files `(hash, path)` in the database `db` on the server `ep`
 /// (`POST /dbs/{db}/attachments`, which checks each against its hash and keeps it
-/// an hour for the documents that name it).
+/// an hour for the documents that name it). Blobs the database already has named
+/// by a document are not sent again (an import resumed, a restore over the same
+/// bytes); staged-only ones are (sending renews their hour). Returns how many
+/// were sent.
 pub fn upload_blobs(ep: &Endpoint, db: &str, blobs: Vec<(String, PathBuf)>) -> AnyResult<u64> {
     let mut sent = 0;
+    let held = match blobs.is_empty() {
+        true => Default::default(),
+        false => named_on_server(ep, db),
+    };
     for (hash, path) in blobs {
+        if held.contains(&hash) {
+            continue;
+        }
         let (mut w, upload) = ep.start_upload_with(
             "POST",
             &format!("/dbs/{}/attachments", path_escape(db)),

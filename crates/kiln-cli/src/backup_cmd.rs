@@ -23,6 +23,7 @@
 use crate::client::{path_escape, query_escape, Endpoint};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln_docs::{BackupManifest, BackupReport, ChainReport, RestorePoint, RestoreReport};
+use serde_json::Value;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -168,19 +169,21 @@ fn print_json(
     what: &str,
     secs: f64,
     mb_s: f64,
-    extra: &[(&str, String)],
+    extra: &[(&str, Value)],
 ) {
     let mut v = serde_json::to_value(report).unwrap_or_default();
     v["operation"] = what.into();
     v["seconds"] = secs.into();
     v["mb_per_s"] = mb_s.into();
+    // An extra replaces the report's field of the same name with its own JSON
+    // type: a count stays a number (`attachment_blobs`), a path a string.
     for (k, val) in extra {
-        v[*k] = val.clone().into();
+        v[*k] = val.clone();
     }
     println!("{v}");
 }
 
-fn summary(what: &str, r: &BackupReport, secs: f64, extra: &[(&str, String)], json: bool) {
+fn summary(what: &str, r: &BackupReport, secs: f64, extra: &[(&str, Value)], json: bool) {
     let mb_s = r.file_bytes as f64 / 1e6 / secs.max(1e-9);
     if json {
         print_json(r, what, secs, mb_s, extra);
@@ -198,9 +201,7 @@ fn summary(what: &str, r: &BackupReport, secs: f64, extra: &[(&str, String)], js
             mb_s,
             r.manifest.kiln_version
         );
-        for (k, val) in extra {
-            println!("  {k}: {val}");
-        }
+        print_extra(extra);
     }
 }
 
@@ -228,7 +229,7 @@ fn describe(r: &BackupReport) -> String {
     }
 }
 
-fn chain_summary(what: &str, r: &ChainReport, secs: f64, extra: &[(&str, String)], json: bool) {
+fn chain_summary(what: &str, r: &ChainReport, secs: f64, extra: &[(&str, Value)], json: bool) {
     let mb_s = r.bytes_read as f64 / 1e6 / secs.max(1e-9);
     if json {
         print_json(r, what, secs, mb_s, extra);
@@ -260,8 +261,16 @@ fn chain_summary(what: &str, r: &ChainReport, secs: f64, extra: &[(&str, String)
     for b in &r.backups {
         println!("  {}", describe(b));
     }
+    print_extra(extra);
+}
+
+/// The extras of a summary as text lines (a string without its quotes).
+fn print_extra(extra: &[(&str, Value)]) {
     for (k, val) in extra {
-        println!("  {k}: {val}");
+        match val {
+            Value::String(s) => println!("  {k}: {s}"),
+            other => println!("  {k}: {other}"),
+        }
     }
 }
 
@@ -348,8 +357,8 @@ pub fn backup(a: BackupArgs) -> AnyResult<ExitCode> {
                 &report,
                 secs,
                 &[
-                    ("file", out.display().to_string()),
-                    ("attachment_blobs", blobs.to_string()),
+                    ("file", out.display().to_string().into()),
+                    ("attachment_blobs", blobs.into()),
                 ],
                 a.json,
             );
@@ -556,7 +565,7 @@ fn verify(files: &[PathBuf], quiet: bool, json: bool) -> AnyResult<ExitCode> {
             "verified",
             &r,
             started.elapsed().as_secs_f64(),
-            &[("file", file.display().to_string())],
+            &[("file", file.display().to_string().into())],
             json,
         );
         return Ok(ExitCode::SUCCESS);
@@ -635,12 +644,12 @@ pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
         (None, None) => 0,
     };
     let mut extra = vec![
-        ("restored_as", a.db.clone()),
-        ("attachment_blobs", (carried + beside).to_string()),
+        ("restored_as", a.db.clone().into()),
+        ("attachment_blobs", (carried + beside).into()),
     ];
     match (&a.url, &a.data_dir) {
-        (Some(u), _) => extra.push(("server", u.clone())),
-        (_, Some(d)) => extra.push(("data_dir", d.display().to_string())),
+        (Some(u), _) => extra.push(("server", u.clone().into())),
+        (_, Some(d)) => extra.push(("data_dir", d.display().to_string().into())),
         _ => {}
     }
     chain_summary(

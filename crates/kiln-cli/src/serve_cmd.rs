@@ -34,6 +34,11 @@ pub struct ServeArgs {
     /// it is read.
     #[arg(long, default_value_t = Limits::default().max_body_bytes)]
     max_body_bytes: usize,
+    /// An attachment upload above this many bytes is refused (413
+    /// attachment_too_large): before its body is read when its Content-Length says
+    /// so, else as soon as the streamed body passes it; nothing is kept. 0: no cap.
+    #[arg(long, default_value_t = kiln_server::DEFAULT_MAX_ATTACHMENT_BYTES)]
+    max_attachment_bytes: u64,
     /// A document above this many bytes of JSON is refused (413 document_too_large).
     #[arg(long, default_value_t = kiln_docs::DocsOptions::default().max_document_bytes)]
     max_document_bytes: usize,
@@ -296,6 +301,7 @@ fn server_config(a: &ServeArgs) -> crate::AnyResult<ServerConfig> {
         max_connections: a.max_connections,
         request_read_timeout_ms: a.request_read_timeout_ms,
         default_page_size: Limits::default().default_page_size.min(a.max_page_size),
+        max_attachment_bytes: a.max_attachment_bytes,
     };
     config.docs.max_document_bytes = a.max_document_bytes;
     config.docs.max_batch_ops = a.max_batch_ops;

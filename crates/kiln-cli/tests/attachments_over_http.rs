@@ -486,10 +486,16 @@ fn a_backup_stream_carries_blobs_freed_while_it_streams() {
         "--json",
     ]);
     assert!(o.status.success(), "{}", common::text(&o));
-    assert!(
-        common::text(&o).contains("\"attachment_blobs\":\"2\""),
-        "{}",
-        common::text(&o)
+    // A count, as `kiln export --json` prints it (not the string "2").
+    let summary: serde_json::Value = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON summary: {}", common::text(&o)));
+    assert_eq!(
+        summary["attachment_blobs"],
+        serde_json::json!(2),
+        "{summary}"
     );
     let o = common::kiln(&[
         "restore",
@@ -598,6 +604,32 @@ fn export_and_import_carry_attachments() {
             assert!(&got.body == data, "f/{i}/{name} differs after import");
         }
     }
+    // Imported again (as a resumed import would): the blobs the database has named
+    // by documents are not sent again.
+    let staged_posts = || {
+        let metrics = request(port, "GET", "/metrics", "").1;
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("kiln_http_requests_total{")
+                    && l.contains(r#"route="/dbs/{db}/attachments",method="POST",status="201""#)
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(staged_posts(), 2, "the first import sends both blobs");
+    let o = common::kiln(&[
+        "import",
+        "--url",
+        &url,
+        "--db",
+        "e",
+        out.to_str().unwrap(),
+        "-q",
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    assert_eq!(staged_posts(), 2, "the second import sends none");
     // To stdout: with a directory for the bytes, and without.
     let side = dir.path().join("side");
     let o = common::kiln(&[
@@ -641,4 +673,103 @@ fn export_and_import_carry_attachments() {
     child.wait().unwrap();
     let o = common::kiln(&["check", dir.path().to_str().unwrap()]);
     assert!(o.status.success(), "{}", common::text(&o));
+}
+
+/// Every file under the database's `attachments/`, the upload area `tmp/` included.
+fn all_attachment_files(data: &std::path::Path, db: &str) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![data.join("databases").join(db).join("attachments")];
+    while let Some(d) = dirs.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                files.push(p);
+            }
+        }
+    }
+    files
+}
+
+/// A chunked upload (no Content-Length) of `total` bytes; write errors are
+/// ignored (the server may answer and close before the body ends).
+fn chunked(port: u16, method: &str, path: &str, total: usize) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let data = bytes(total);
+    for chunk in data.chunks(1 << 16) {
+        let mut frame = format!("{:x}\r\n", chunk.len()).into_bytes();
+        frame.extend_from_slice(chunk);
+        frame.extend_from_slice(b"\r\n");
+        if s.write_all(&frame).is_err() {
+            break;
+        }
+    }
+    let _ = s.write_all(b"0\r\n\r\n");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, text)
+}
+
+/// `--max-attachment-bytes`: an upload over the cap gets 413
+/// `attachment_too_large`, from its Content-Length before the body is read, or
+/// when a chunked body passes it; either way nothing is left under
+/// `attachments/` (no blob, no temporary file). One at the cap is stored.
+#[test]
+fn an_attachment_over_the_cap_is_refused_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut child =
+        common::spawn_serve_with(dir.path(), port, &["--max-attachment-bytes", "300000"]);
+    assert_eq!(request(port, "PUT", "/dbs/d", "").0, 201);
+    assert_eq!(request(port, "PUT", "/dbs/d/docs/a", "{}").0, 201);
+    let over = bytes(300_001);
+    let put = raw(port, "PUT", "/dbs/d/docs/a/attachments/big", &[], &over);
+    assert_eq!(put.status, 413, "{}", String::from_utf8_lossy(&put.body));
+    let text = String::from_utf8_lossy(&put.body);
+    assert!(
+        text.contains("attachment_too_large") && text.contains("300000"),
+        "{text}"
+    );
+    let staged = raw(port, "POST", "/dbs/d/attachments", &[], &over);
+    assert_eq!(staged.status, 413);
+    for (method, path) in [
+        ("PUT", "/dbs/d/docs/a/attachments/big"),
+        ("POST", "/dbs/d/attachments"),
+    ] {
+        let (status, answer) = chunked(port, method, path, 2_000_000);
+        assert_eq!(status, 413, "{method} chunked: {answer}");
+        assert!(answer.contains("attachment_too_large"), "{answer}");
+    }
+    // The upload's worker removes its file after the answer: give it a moment.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !all_attachment_files(dir.path(), "d").is_empty() && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        all_attachment_files(dir.path(), "d"),
+        Vec::<std::path::PathBuf>::new()
+    );
+    let doc = request(port, "GET", "/dbs/d/docs/a", "").1;
+    assert!(!doc.contains("@attachments"), "{doc}");
+    // At the cap: stored.
+    let at = bytes(300_000);
+    let put = raw(port, "PUT", "/dbs/d/docs/a/attachments/ok", &[], &at);
+    assert_eq!(put.status, 201, "{}", String::from_utf8_lossy(&put.body));
+    let (status, answer) = chunked(port, "PUT", "/dbs/d/docs/a/attachments/ok2", 300_000);
+    assert_eq!(status, 201, "{answer}");
+    let got = raw(port, "GET", "/dbs/d/docs/a/attachments/ok2", &[], b"");
+    assert!(got.status == 200 && got.body == at);
+    child.kill().unwrap();
+    child.wait().unwrap();
 }

@@ -439,3 +439,135 @@ fn backups_carry_pinned_blobs_and_restores_check_them() {
     );
     assert!(store.database("r3").is_err());
 }
+
+/// A revision that names an attachment holds its bytes: removed from the current
+/// version, the blob stays; a revert serves it again; trimming and purging the
+/// revisions give the references back (the blob is unlinked with the last), and
+/// `check` agrees with the counts at every step.
+#[test]
+fn revisions_hold_their_attachments_bytes_until_trimmed_or_purged() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), options()).unwrap();
+    let db = store.create_database("d").unwrap();
+    let config = json!({"collections": {"files": {"max_revisions": 2}}});
+    db.set_revisions_config(
+        kiln_docs::RevisionsConfig::from_json(config.to_string().as_bytes()).unwrap(),
+    )
+    .unwrap();
+    let bytes = pseudo_random(200_000, 3);
+    db.put("files/1", br#"{"v":1}"#, Condition::None).unwrap();
+    let with = db
+        .put_attachment(
+            "files/1",
+            "a.bin",
+            "application/x-test",
+            upload(&db, &bytes),
+            Condition::None,
+        )
+        .unwrap();
+    // Overwritten with an explicit empty list: the attachment leaves the current
+    // version, but the revision `with` still names it.
+    db.put(
+        "files/1",
+        br#"{"v":2,"@metadata":{"@attachments":[]}}"#,
+        Condition::None,
+    )
+    .unwrap();
+    assert!(db.attachments("files/1").unwrap().unwrap().is_empty());
+    assert_eq!(files(db.dir()).len(), 1, "the revision keeps the blob");
+    let check = db.check_attachments().unwrap();
+    assert!(check.is_ok(), "{check:?}");
+    db.revert("files/1", with.etag, Condition::None, None)
+        .unwrap();
+    assert_eq!(read_all(&db, "files/1", "a.bin"), bytes);
+    assert!(db.check_attachments().unwrap().is_ok());
+
+    // Trimmed: two writes without it push the revisions naming it out
+    // (max_revisions 2), and the blob goes with the last reference.
+    db.put(
+        "files/1",
+        br#"{"v":3,"@metadata":{"@attachments":[]}}"#,
+        Condition::None,
+    )
+    .unwrap();
+    assert_eq!(files(db.dir()).len(), 1);
+    for v in 4..7 {
+        db.put(
+            "files/1",
+            format!(r#"{{"v":{v}}}"#).as_bytes(),
+            Condition::None,
+        )
+        .unwrap();
+    }
+    assert!(
+        files(db.dir()).is_empty(),
+        "trimmed revisions free the blob"
+    );
+    assert!(db.check_attachments().unwrap().is_ok());
+
+    // Purged: a deleted document's last version names the blob until purged.
+    db.put("files/2", b"{}", Condition::None).unwrap();
+    db.put_attachment(
+        "files/2",
+        "b.bin",
+        "application/x-test",
+        upload(&db, &bytes),
+        Condition::None,
+    )
+    .unwrap();
+    db.delete("files/2", Condition::None).unwrap();
+    assert_eq!(
+        files(db.dir()).len(),
+        1,
+        "the deleted version's revision keeps it"
+    );
+    assert!(db.check_attachments().unwrap().is_ok());
+    assert_eq!(db.purge_revisions("files/2").unwrap(), 2);
+    assert!(files(db.dir()).is_empty(), "purged revisions free the blob");
+    assert!(db.check_attachments().unwrap().is_ok());
+}
+
+/// A staged blob no document named is freed by the periodic pass once its time
+/// has passed (the clock is the caller's), not only at the next open; one a
+/// document names stays, and a blob staged again later is not the pass's.
+#[test]
+fn staged_blobs_expire_while_the_database_is_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), options()).unwrap();
+    let db = store.create_database("d").unwrap();
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    let (lonely, _) = db
+        .stage_attachment(upload(&db, b"nobody names me"))
+        .unwrap();
+    let (named, _) = db
+        .stage_attachment(upload(&db, b"a document names me"))
+        .unwrap();
+    let document = json!({"@metadata": {"@attachments": [{"name": "n", "hash": named}]}});
+    db.put("n", document.to_string().as_bytes(), Condition::None)
+        .unwrap();
+    assert_eq!(files(db.dir()).len(), 2);
+    // Before their time: nothing goes.
+    assert_eq!(db.expire_staged_attachments(now()).unwrap(), 0);
+    assert_eq!(files(db.dir()).len(), 2);
+    let later = now() + kiln_docs::STAGED_TTL_MS + 1;
+    assert_eq!(db.expire_staged_attachments(later).unwrap(), 1);
+    assert_eq!(files(db.dir()).len(), 1);
+    let held: Vec<String> = db
+        .attachment_blobs()
+        .unwrap()
+        .into_iter()
+        .map(|b| b.0)
+        .collect();
+    assert_eq!(held, vec![named.clone()]);
+    assert_ne!(lonely, named);
+    assert_eq!(read_all(&db, "n", "n"), b"a document names me");
+    assert!(db.check_attachments().unwrap().is_ok());
+    // Named, it stays past its time; a second pass frees nothing.
+    assert_eq!(db.expire_staged_attachments(later).unwrap(), 0);
+    assert_eq!(files(db.dir()).len(), 1);
+}

@@ -132,7 +132,16 @@ pub struct Limits {
     pub request_read_timeout_ms: u64,
     /// Default page size of listings.
     pub default_page_size: usize,
+    /// An attachment upload (PUT of an attachment, `POST /dbs/{db}/attachments`)
+    /// above this many bytes gets 413 `attachment_too_large`: at once when its
+    /// Content-Length says so, else when the streamed body passes it. 0: no cap.
+    pub max_attachment_bytes: u64,
 }
+
+/// The default `max_attachment_bytes`, 4 GiB: far above the files a document
+/// database is usually given, while one runaway or hostile upload cannot fill the
+/// disk every database of the data directory journals to.
+pub const DEFAULT_MAX_ATTACHMENT_BYTES: u64 = 4 << 30;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -142,6 +151,7 @@ impl Default for Limits {
             max_connections: 1024,
             request_read_timeout_ms: 30_000,
             default_page_size: 100,
+            max_attachment_bytes: DEFAULT_MAX_ATTACHMENT_BYTES,
         }
     }
 }

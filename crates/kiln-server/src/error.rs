@@ -95,6 +95,8 @@ error_codes! {
     AttachmentNotFound = "attachment_not_found" => NOT_FOUND,
     /// A Range outside the attachment (the answer carries `Content-Range: bytes */size`).
     RangeNotSatisfiable = "range_not_satisfiable" => RANGE_NOT_SATISFIABLE,
+    /// An upload over `kiln serve --max-attachment-bytes`.
+    AttachmentTooLarge = "attachment_too_large" => PAYLOAD_TOO_LARGE,
     // Data subscriptions.
     InvalidSubscription = "invalid_subscription" => BAD_REQUEST,
     SubscriptionNotFound = "subscription_not_found" => NOT_FOUND,

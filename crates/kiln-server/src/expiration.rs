@@ -4,6 +4,9 @@
 //! ordinary deletes (a tombstone, a change in the feed), conditional on the etag
 //! each document had when it was found: one rewritten meanwhile is left alone.
 //!
+//! The same pass frees a single server's staged attachment blobs whose time ran
+//! out (`Database::expire_staged_attachments`).
+//!
 //! A single server deletes through `Database::delete_expired`. In a cluster only
 //! the leader looks, and it proposes the same conditional deletes through the log
 //! (as an HTTP DELETE with `If-Match` would be): every node then deletes them, with
@@ -45,6 +48,9 @@ pub(crate) async fn expire_periodically(
             if *shutdown.borrow() {
                 return;
             }
+            if state.cluster.is_none() {
+                expire_staged(db.clone()).await;
+            }
             expire_database(&state, db, &shutdown).await;
         }
     }
@@ -71,6 +77,22 @@ async fn expire_database(state: &AppState, db: Arc<Database>, shutdown: &watch::
         Err(e) if e.code == ErrorCode::DatabaseNotFound => {}
         Err(e) => {
             tracing::warn!(database = %name, error = %e.code, message = %e.message, "deleting expired documents failed")
+        }
+    }
+}
+
+/// Frees the database's staged attachment blobs (`POST /dbs/{db}/attachments`)
+/// that no document named within their time: without this pass they stayed until
+/// the next open. A single server only (a cluster's attachments are its own).
+async fn expire_staged(db: Arc<Database>) {
+    let name = db.name().to_string();
+    let now_ms = now_ms();
+    match blocking(move || db.expire_staged_attachments(now_ms)).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(database = %name, freed = n, "staged attachments expired"),
+        Err(e) if e.code == ErrorCode::DatabaseNotFound => {}
+        Err(e) => {
+            tracing::warn!(database = %name, error = %e.code, message = %e.message, "expiring staged attachments failed")
         }
     }
 }

@@ -81,6 +81,40 @@ pub fn body_too_large(len: &str, limits: &Limits) -> ApiError {
     )
 }
 
+/// 413 for an attachment upload over `Limits::max_attachment_bytes`; `len` is
+/// its Content-Length, or `None` when the streamed body passed the cap.
+pub fn attachment_too_large(len: Option<u64>, limits: &Limits) -> ApiError {
+    let what = match len {
+        Some(n) => format!("an attachment of {n} bytes (its Content-Length)"),
+        None => "the attachment's body".to_string(),
+    };
+    ApiError::new(
+        ErrorCode::AttachmentTooLarge,
+        format!(
+            "{what} exceeds the server's limit of {} bytes per attachment (kiln serve \
+             --max-attachment-bytes); nothing was stored",
+            limits.max_attachment_bytes
+        ),
+    )
+}
+
+/// The cap on an attachment upload (`None`: uncapped), refusing one whose
+/// Content-Length is over it before its body is read.
+pub fn attachment_cap(headers: &HeaderMap, limits: &Limits) -> Result<Option<u64>, ApiError> {
+    let cap = limits.max_attachment_bytes;
+    if cap == 0 {
+        return Ok(None);
+    }
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match declared {
+        Some(len) if len > cap => Err(attachment_too_large(Some(len), limits)),
+        _ => Ok(Some(cap)),
+    }
+}
+
 /// 408 for a body that did not arrive within `request_read_timeout_ms`.
 pub fn body_timed_out(limits: &Limits) -> ApiError {
     ApiError::new(

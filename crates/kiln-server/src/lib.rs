@@ -10,6 +10,7 @@ mod conn_threads;
 mod cross_origin;
 pub mod error;
 mod expiration;
+mod file_body;
 mod http1;
 mod http_util;
 mod hyper_conn;
@@ -23,7 +24,7 @@ pub mod tls;
 
 pub use config::{
     default_connection_threads, ChangesConfig, ClusterSettings, Limits, ServerConfig, TlsConfig,
-    DEFAULT_EXPIRATION_CHECK_MS,
+    DEFAULT_EXPIRATION_CHECK_MS, DEFAULT_MAX_ATTACHMENT_BYTES,
 };
 pub use observe::AccessLog;
 pub use serve::{RunningServer, ServeError};

@@ -415,6 +415,13 @@ class BodyTooLargeError(PayloadTooLargeError):
     code = "body_too_large"
 
 
+class AttachmentTooLargeError(PayloadTooLargeError):
+    """``attachment_too_large``: an attachment upload over the server's
+    ``--max-attachment-bytes``; nothing of it was kept."""
+
+    code = "attachment_too_large"
+
+
 class TooLargeError(PayloadTooLargeError):
     """``too_large``: a value or a transaction beyond the storage engine's limits."""
 
@@ -564,7 +571,7 @@ ERROR_CLASSES: Dict[str, Type[KilnError]] = {
         DatabaseFailedError, DiskFullError, InvalidIndexError, QueryTooExpensiveError,
         IndexNotFoundError, IndexExistsError, InvalidRevisionsConfigError,
         RevisionNotFoundError, InvalidAttachmentError, AttachmentNotFoundError,
-        RangeNotSatisfiableError, InvalidSubscriptionError, SubscriptionNotFoundError,
+        RangeNotSatisfiableError, AttachmentTooLargeError, InvalidSubscriptionError, SubscriptionNotFoundError,
         SubscriptionExistsError, SubscriptionBusyError, NotLeaderError, NoQuorumError, ClusterError,
         NotClusteredError, NotSupportedInClusterError,
     ]

@@ -385,7 +385,8 @@ impl BlobStore {
         Ok(removed)
     }
 
-    fn expired_staged(&self, env: &Env, now_ms: u64) -> Result<Vec<Vec<u8>>> {
+    /// The hashes of staged blobs no document names whose time ran out at `now_ms`.
+    pub fn expired_staged(&self, env: &Env, now_ms: u64) -> Result<Vec<Vec<u8>>> {
         let r = env.begin_read()?;
         let mut cursor = r.cursor(ATTACHMENT_REFS)?;
         let mut entry = cursor.first()?;

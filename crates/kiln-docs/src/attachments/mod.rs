@@ -15,8 +15,13 @@
 //!   the database holds (attached to some document, or staged by
 //!   `Database::stage_attachment` for a batch): the size is taken from the store,
 //!   not from the client.
-//! - Revisions keep the `@attachments` list of an old version, not its bytes: an
-//!   attachment removed from the current version is freed even if a revision names it.
+//! - A revision that names attachments holds a reference on each of their blobs,
+//!   like a document: taken in the transaction that archives it, given back in
+//!   the one that drops it (trimmed by `max_revisions`/`max_age_ms`, or purged).
+//!   So an attachment removed from the current version stays while a revision
+//!   names it, and a revert gives back working attachments (`revisions/keep.rs`).
+//!   Revisions archived before revisions held references (their kind byte's
+//!   flag clear) hold none and give none back.
 
 mod blobs;
 mod logged;
@@ -340,6 +345,37 @@ pub(crate) fn adjust(
         }
     }
     Ok(())
+}
+
+/// The entries of `list` whose hash parses (a stored list is read leniently).
+fn valid(list: &[AttachmentInfo]) -> Vec<AttachmentInfo> {
+    list.iter()
+        .filter(|a| a.hash_bytes().is_ok())
+        .cloned()
+        .collect()
+}
+
+/// A revision being archived takes a reference on each blob its `list` names
+/// (in the archiving write's transaction). False when it names none.
+pub(crate) fn hold(txn: &mut WriteTxn<'_>, list: &[AttachmentInfo], now_ms: u64) -> Result<bool> {
+    let list = valid(list);
+    if list.is_empty() {
+        return Ok(false);
+    }
+    let mut freed = Vec::new();
+    adjust(txn, &[], &list, None, now_ms, &mut freed)?;
+    Ok(true)
+}
+
+/// A revision being dropped gives back the references `hold` took; hashes whose
+/// count reaches zero go to `freed`.
+pub(crate) fn unhold(
+    txn: &mut WriteTxn<'_>,
+    list: &[AttachmentInfo],
+    now_ms: u64,
+    freed: &mut Vec<Hash>,
+) -> Result<()> {
+    adjust(txn, &valid(list), &[], None, now_ms, freed)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use super::{
 };
 use crate::database::{apply_attachment, AttachmentChange};
 use crate::id::validate_id;
-use crate::schema::{ATTACHMENT_REFS, DOCS};
+use crate::schema::{ATTACHMENT_REFS, DOCS, REVISIONS};
 use crate::{BatchOutcome, Condition, Database, DocError, PutOutcome, Result};
 use std::collections::HashMap;
 use std::fs::File;
@@ -134,6 +134,14 @@ impl Database {
         Ok(AttachmentReader { info, file })
     }
 
+    /// Unlinks the blobs a committed write freed (`BlobStore::release_pending`);
+    /// a failure leaves them to the next open's `gc`.
+    pub(crate) fn release_freed_blobs(&self, env: &kiln_storage::Env) {
+        if let Err(e) = self.blobs.release_pending(env) {
+            tracing::warn!(database = %self.name(), error = %e, "attachments: could not unlink a freed blob");
+        }
+    }
+
     /// Keeps uploaded bytes, named by no document yet, for `STAGED_TTL_MS`: a
     /// document written in a batch may then list them in `@metadata.@attachments`
     /// by hash. Returns the hash (hex) and size.
@@ -161,6 +169,40 @@ impl Database {
         Ok((hash_hex(&hash), size_bytes))
     }
 
+    /// Frees the staged blobs (`stage_attachment`) that no document named before
+    /// their time ran out at `now_ms`: their ref entries go in one transaction
+    /// (each checked again in it: a batch may have named one meanwhile), their
+    /// files after the commit. A server calls it periodically (the open's `gc`
+    /// does the same); returns how many were freed.
+    pub fn expire_staged_attachments(&self, now_ms: u64) -> Result<u64> {
+        let env = self.live()?;
+        let candidates = self.blobs.expired_staged(env, now_ms)?;
+        if candidates.is_empty() {
+            return Ok(0);
+        }
+        let blobs = self.blobs.clone();
+        let freed = env.submit_with(move |txn| {
+            let mut freed: Vec<super::Hash> = Vec::new();
+            for hash in candidates {
+                let Ok(hash) = super::Hash::try_from(&hash[..]) else {
+                    continue;
+                };
+                match read_ref(txn, &hash)? {
+                    Some(e) if e.refs == 0 && e.staged_until_ms <= now_ms => {
+                        txn.delete(ATTACHMENT_REFS, &hash)?;
+                        freed.push(hash);
+                    }
+                    _ => {}
+                }
+            }
+            let n = freed.len() as u64;
+            blobs.freed(freed);
+            Ok::<_, DocError>(n)
+        })?;
+        self.release_freed_blobs(env);
+        Ok(freed)
+    }
+
     /// Re-hashes every blob, looks for files no reference names, and counts the
     /// documents' entries against the reference tree (`check_attachments_at`).
     pub fn check_attachments(&self) -> Result<AttachmentCheck> {
@@ -172,8 +214,9 @@ impl Database {
         Ok(self.blobs.blob_path(&parse_hash(hash_hex)?))
     }
 
-    /// Hashes of every blob the reference tree names, with their sizes.
-    pub fn attachment_blobs(&self) -> Result<Vec<(String, u64)>> {
+    /// Hashes of every blob the reference tree names, with their sizes and how
+    /// many documents' (and revisions') entries name them (0: staged only).
+    pub fn attachment_blobs(&self) -> Result<Vec<(String, u64, u64)>> {
         let env = self.live()?;
         let r = env.begin_read()?;
         let mut cursor = r.cursor(ATTACHMENT_REFS)?;
@@ -184,6 +227,7 @@ impl Database {
             out.push((
                 hash.iter().map(|b| format!("{b:02x}")).collect(),
                 e.size_bytes,
+                e.refs,
             ));
             entry = cursor.next()?;
         }
@@ -231,7 +275,8 @@ impl Database {
 /// `kiln check` of a database's attachments, offline (nothing is changed: what a
 /// crash left stays for the next open's `gc`, and is reported as unreferenced):
 /// every blob re-hashed, files no reference names, and the reference counts
-/// against the documents' `@attachments` entries.
+/// against the `@attachments` entries of the documents and of the revisions that
+/// hold references.
 pub fn check_attachments_at(
     env: &kiln_storage::Env,
     db_dir: &std::path::Path,
@@ -251,6 +296,20 @@ pub fn check_attachments_at(
             *named.entry(a.hash).or_default() += 1;
         }
         entry = cursor.next()?;
+    }
+    // Revisions that hold references on their attachments count like documents.
+    if r.tree_exists(REVISIONS)? {
+        let mut cursor = r.cursor(REVISIONS)?;
+        let mut entry = cursor.first()?;
+        while let Some((key, value)) = entry {
+            let id = String::from_utf8_lossy(key.split(|b| *b == 0).next().unwrap_or(key));
+            for a in crate::revisions::keep::held_list(&id, value)? {
+                if parse_hash(&a.hash).is_ok() {
+                    *named.entry(a.hash).or_default() += 1;
+                }
+            }
+            entry = cursor.next()?;
+        }
     }
     let mut cursor = r.cursor(ATTACHMENT_REFS)?;
     let mut entry = cursor.first()?;

@@ -115,6 +115,17 @@ impl Unit {
         Ok(())
     }
 
+    /// Archives the version `change` replaces and trims the document's revisions
+    /// (`keep::keep`); blobs that dropped revisions freed go to `blobs`.
+    fn keep_revision(&mut self, txn: &mut WriteTxn<'_>, change: &keep::Change<'_>) -> Result<()> {
+        let mut freed: Vec<Hash> = Vec::new();
+        keep::keep(txn, &mut self.revisions, change, &mut freed)?;
+        if let (false, Some(blobs)) = (freed.is_empty(), &self.blobs) {
+            blobs.freed(freed);
+        }
+        Ok(())
+    }
+
     /// The unit reads the revisions configuration from the database's copy (a
     /// unit without one reads it from the transaction: a restore's replay).
     pub fn with_revisions(mut self, revisions: crate::revisions::UnitConfig) -> Unit {
@@ -503,7 +514,7 @@ fn apply_put(
         key_id,
         at_ms: unit.now_ms,
     };
-    keep::keep(txn, &mut unit.revisions, &revision)?;
+    unit.keep_revision(txn, &revision)?;
     unit.adjust_attachments(txn, &old_attachments, &new_attachments)?;
     let prev = unit.last();
     unit.advance(etag);
@@ -627,7 +638,7 @@ fn apply_delete(
         key_id,
         at_ms: unit.now_ms,
     };
-    keep::keep(txn, &mut unit.revisions, &revision)?;
+    unit.keep_revision(txn, &revision)?;
     unit.adjust_attachments(txn, &old_attachments, &[])?;
     let prev = unit.last();
     unit.advance(tombstone_etag);
@@ -726,7 +737,7 @@ pub(crate) fn replay(txn: &mut WriteTxn<'_>, unit: &mut Unit, e: &HistoryEntry<'
                 key_id: None,
                 at_ms: rec.last_modified_ms,
             };
-            keep::keep(txn, &mut unit.revisions, &revision)?;
+            unit.keep_revision(txn, &revision)?;
             let new_attachments = attachments::stored_list(rec.json);
             unit.adjust_attachments(txn, &old_attachments, &new_attachments)?;
             unit.advance(etag);
@@ -758,7 +769,7 @@ pub(crate) fn replay(txn: &mut WriteTxn<'_>, unit: &mut Unit, e: &HistoryEntry<'
                 key_id: None,
                 at_ms: e.at_ms,
             };
-            keep::keep(txn, &mut unit.revisions, &revision)?;
+            unit.keep_revision(txn, &revision)?;
             unit.adjust_attachments(txn, &old_attachments, &[])?;
             unit.advance(etag);
             write_delete(

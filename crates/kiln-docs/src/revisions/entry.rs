@@ -3,7 +3,10 @@
 //! A revision (key: `schema::revision_key`, the id and the version's etag
 //! sequence):
 //! ```text
-//! [0]        how the version ended: 1 replaced by a write, 2 deleted
+//! [0]        how the version ended: 1 replaced by a write, 2 deleted; with bit
+//!            0x80 (`HOLDS_ATTACHMENTS`) set, the revision holds a reference on
+//!            each blob its `@attachments` names (revisions archived before
+//!            revisions held them, and those naming none, have it clear)
 //! [1..5]     the version's etag incarnation, u32 BE
 //! [5..13]    the version's last-modified time, ms since the epoch, u64 BE
 //! [13..21]   when it was replaced or deleted (what `max_age_ms` counts from), u64 BE
@@ -26,6 +29,9 @@ use crate::{DocError, Etag, Result};
 
 const KIND_REPLACED: u8 = 1;
 const KIND_DELETED: u8 = 2;
+/// The kind byte's flag: the revision counts in `attachment_refs` for the blobs
+/// its JSON names (taken when it was archived, given back when it is dropped).
+const HOLDS_ATTACHMENTS: u8 = 0x80;
 const REVISION_HEADER_LEN: usize = 23;
 const HEAD_HEADER_LEN: usize = 14;
 
@@ -53,6 +59,8 @@ pub(crate) struct Archived<'a> {
     pub deleted: bool,
     pub key_id: Option<&'a str>,
     pub json: &'a [u8],
+    /// The revision took references on the blobs `json` names.
+    pub holds_attachments: bool,
 }
 
 /// Key ids longer than this are not kept (the server's are short hex names).
@@ -67,10 +75,15 @@ fn key_id_bytes(key_id: Option<&str>) -> &[u8] {
 pub(crate) fn encode_revision(a: &Archived<'_>) -> Vec<u8> {
     let key = key_id_bytes(a.key_id);
     let mut out = Vec::with_capacity(REVISION_HEADER_LEN + key.len() + a.json.len());
-    out.push(if a.deleted {
+    let kind = if a.deleted {
         KIND_DELETED
     } else {
         KIND_REPLACED
+    };
+    out.push(if a.holds_attachments {
+        kind | HOLDS_ATTACHMENTS
+    } else {
+        kind
     });
     out.extend_from_slice(&a.incarnation.to_be_bytes());
     out.extend_from_slice(&a.last_modified_ms.to_be_bytes());
@@ -106,6 +119,25 @@ pub(crate) fn replaced_ms(id: &str, value: &[u8]) -> Result<u64> {
     Ok(u64_at(value, 13))
 }
 
+/// The JSON of a stored revision that holds references on its attachments'
+/// blobs (`None`: it holds none), for dropping it.
+pub(crate) fn held_attachments_json<'v>(id: &str, value: &'v [u8]) -> Result<Option<&'v [u8]>> {
+    let header = value.get(..REVISION_HEADER_LEN).ok_or_else(|| {
+        corrupt(
+            id,
+            format!("{} bytes, shorter than its header", value.len()),
+        )
+    })?;
+    if header[0] & HOLDS_ATTACHMENTS == 0 {
+        return Ok(None);
+    }
+    let key_len = u16::from_be_bytes([header[21], header[22]]) as usize;
+    value[REVISION_HEADER_LEN..]
+        .get(key_len..)
+        .map(Some)
+        .ok_or_else(|| corrupt(id, format!("key id of {key_len} bytes overruns it")))
+}
+
 pub(crate) fn decode_revision(id: &str, sequence: u64, value: &[u8]) -> Result<Revision> {
     let header = value.get(..REVISION_HEADER_LEN).ok_or_else(|| {
         corrupt(
@@ -113,7 +145,7 @@ pub(crate) fn decode_revision(id: &str, sequence: u64, value: &[u8]) -> Result<R
             format!("{} bytes, shorter than its header", value.len()),
         )
     })?;
-    let deleted = match header[0] {
+    let deleted = match header[0] & !HOLDS_ATTACHMENTS {
         KIND_REPLACED => false,
         KIND_DELETED => true,
         other => return Err(corrupt(id, format!("unknown kind {other}"))),
@@ -219,6 +251,7 @@ mod tests {
             deleted: true,
             key_id: Some("ops"),
             json: br#"{"a":1}"#,
+            holds_attachments: false,
         };
         let v = encode_revision(&a);
         let r = decode_revision("x", 42, &v).unwrap();
@@ -244,6 +277,17 @@ mod tests {
         assert!(decode_revision("x", 1, &bad).is_err());
         let unknown = encode_revision(&Archived { key_id: None, ..a });
         assert_eq!(decode_revision("x", 1, &unknown).unwrap().key_id, None);
+        assert_eq!(held_attachments_json("x", &v).unwrap(), None);
+        let holding = encode_revision(&Archived {
+            holds_attachments: true,
+            ..a
+        });
+        let r = decode_revision("x", 42, &holding).unwrap();
+        assert!(r.deleted && r.json == br#"{"a":1}"#);
+        assert_eq!(
+            held_attachments_json("x", &holding).unwrap(),
+            Some(&br#"{"a":1}"#[..])
+        );
 
         let head = Head {
             current: 9,

@@ -1,10 +1,13 @@
 //! The write path's half of revisions: every put and delete of a document whose
 //! collection keeps revisions archives the version it replaces, in the write's own
 //! transaction, then drops what the limits no longer allow (`database/apply.rs`
-//! calls `keep` before the write's first tree write).
+//! calls `keep` before the write's first tree write). An archived version that
+//! names attachments takes a reference on their blobs, and a dropped one gives
+//! it back (`attachments::hold`/`unhold`), in the same transaction.
 
 use super::config::{CollectionRevisions, UnitConfig};
-use super::entry::{encode_revision, replaced_ms, Archived, Head};
+use super::entry::{encode_revision, held_attachments_json, replaced_ms, Archived, Head};
+use crate::attachments::{self, Hash};
 use crate::schema::{revision_key, DOCS, REVISIONS, REVISION_HEADS};
 use crate::{record, DocError, Etag, Result};
 use kiln_storage::WriteTxn;
@@ -35,11 +38,13 @@ impl Change<'_> {
 
 /// Archives the version `change` replaces (if its collection keeps revisions) and
 /// trims the document's revisions to the limits. Its one check (the id's length)
-/// comes before its first write; the caller's checks all come before it.
+/// comes before its first write; the caller's checks all come before it. Blobs
+/// whose count reached zero (revisions dropped) go to `freed`.
 pub(crate) fn keep(
     txn: &mut WriteTxn<'_>,
     config: &mut UnitConfig,
     change: &Change<'_>,
+    freed: &mut Vec<Hash>,
 ) -> Result<()> {
     let config = config.get(txn)?;
     if config.is_empty() {
@@ -55,7 +60,7 @@ pub(crate) fn keep(
         archive(txn, change, etag, head.writer_of(etag.sequence))?;
         count = count.saturating_add(1);
     }
-    let count = trim(txn, change.id, &policy, count, change.at_ms)?;
+    let count = trim(txn, change.id, &policy, count, change.at_ms, freed)?;
     let new_head = Head {
         current: change.written.map_or(0, |(sequence, _)| sequence),
         count,
@@ -114,14 +119,30 @@ fn archive(
             change.id, rec.etag
         )));
     }
-    let value = encode_revision(&Archived {
-        incarnation: rec.etag.incarnation,
-        last_modified_ms: rec.last_modified_ms,
-        replaced_ms: change.at_ms,
-        deleted: change.written.is_none(),
-        key_id: writer,
-        json: &rec.to_json(change.id)?,
-    });
+    let json = rec.to_json(change.id)?;
+    let (incarnation, last_modified_ms) = (rec.etag.incarnation, rec.last_modified_ms);
+    let encode = |json: &[u8], holds_attachments: bool| {
+        encode_revision(&Archived {
+            incarnation,
+            last_modified_ms,
+            replaced_ms: change.at_ms,
+            deleted: change.written.is_none(),
+            key_id: writer,
+            json,
+            holds_attachments,
+        })
+    };
+    // Most documents name no attachment (`stored_list` then parses nothing).
+    // One that does takes a reference on each blob: its JSON, which may borrow
+    // the transaction's page, is copied out first.
+    let list = attachments::stored_list(&json);
+    let value = if list.is_empty() {
+        encode(&json, false)
+    } else {
+        let json = json.into_owned();
+        let holds = attachments::hold(txn, &list, change.at_ms)?;
+        encode(&json, holds)
+    };
     txn.put(REVISIONS, &revision_key(change.id, etag.sequence), &value)?;
     Ok(())
 }
@@ -136,6 +157,7 @@ fn trim(
     policy: &CollectionRevisions,
     count: u32,
     now_ms: u64,
+    freed: &mut Vec<Hash>,
 ) -> Result<u32> {
     let excess = count.saturating_sub(policy.max_revisions) as usize;
     if count == 0 || (excess == 0 && policy.max_age_ms.is_none()) {
@@ -143,7 +165,7 @@ fn trim(
     }
     let prefix = revision_key(id, 0);
     let prefix = &prefix[..id.len() + 1];
-    let mut doomed: Vec<Vec<u8>> = Vec::new();
+    let mut doomed: Vec<(Vec<u8>, Vec<attachments::AttachmentInfo>)> = Vec::new();
     {
         let mut cursor = txn.cursor(REVISIONS)?;
         let mut entry = cursor.seek(prefix)?;
@@ -158,12 +180,18 @@ fn trim(
             if doomed.len() >= excess && !too_old {
                 break;
             }
-            doomed.push(key.to_vec());
+            doomed.push((key.to_vec(), held_list(id, value)?));
             entry = cursor.next()?;
         }
     }
-    for key in &doomed {
+    for (key, held) in &doomed {
         txn.delete(REVISIONS, key)?;
+        attachments::unhold(txn, held, now_ms, freed)?;
     }
     Ok(count.saturating_sub(doomed.len() as u32))
+}
+
+/// The attachments a stored revision holds references on (none for most).
+pub(crate) fn held_list(id: &str, value: &[u8]) -> Result<Vec<attachments::AttachmentInfo>> {
+    Ok(held_attachments_json(id, value)?.map_or_else(Vec::new, attachments::stored_list))
 }

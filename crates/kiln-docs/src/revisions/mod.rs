@@ -31,6 +31,7 @@ pub use config::{
 pub(crate) use config::{SharedConfig, UnitConfig};
 pub use entry::Revision;
 
+use crate::attachments::BlobStore;
 use crate::database::claim_log_index;
 use crate::schema::{revision_key, META, META_REVISIONS, REVISIONS, REVISION_HEADS};
 use crate::{Condition, Database, DocError, DocId, Etag, Page, PutOutcome, Result, WriteOp};
@@ -164,7 +165,11 @@ impl Database {
     pub fn purge_revisions(&self, id: &str) -> Result<u64> {
         self.check_id(&DocId::Given(id.to_string()))?;
         let id = id.to_string();
-        self.live()?.submit_with(move |txn| purge(txn, &id))
+        let env = self.live()?;
+        let blobs = self.blobs.clone();
+        let n = env.submit_with(move |txn| purge(txn, &id, &blobs))?;
+        self.release_freed_blobs(env);
+        Ok(n)
     }
 
     /// `purge_revisions` from a cluster's log entry `log_index`, applied once;
@@ -172,12 +177,16 @@ impl Database {
     pub fn purge_revisions_logged(&self, log_index: u64, id: &str) -> Result<Option<u64>> {
         self.check_id(&DocId::Given(id.to_string()))?;
         let id = id.to_string();
-        self.live()?.submit_with(move |txn| {
+        let env = self.live()?;
+        let blobs = self.blobs.clone();
+        let out = env.submit_with(move |txn| {
             if !claim_log_index(txn, log_index)? {
                 return Ok(None);
             }
-            purge(txn, &id).map(Some)
-        })
+            purge(txn, &id, &blobs).map(Some)
+        })?;
+        self.release_freed_blobs(env);
+        Ok(out)
     }
 }
 
@@ -231,26 +240,35 @@ fn read_page(
     Ok(Page { items, next: None })
 }
 
-fn purge(txn: &mut WriteTxn<'_>, id: &str) -> Result<u64> {
+/// Drops every revision of `id`, giving back the references they held on
+/// attachments' blobs (those that reach zero go to `blobs`, unlinked after the
+/// commit).
+fn purge(txn: &mut WriteTxn<'_>, id: &str, blobs: &BlobStore) -> Result<u64> {
     if !txn.tree_exists(REVISIONS)? {
         return Ok(0);
     }
     let prefix = revision_key(id, 0);
     let prefix = &prefix[..id.len() + 1];
-    let mut doomed: Vec<Vec<u8>> = Vec::new();
+    let mut doomed: Vec<(Vec<u8>, Vec<crate::AttachmentInfo>)> = Vec::new();
     {
         let mut cursor = txn.cursor(REVISIONS)?;
         let mut entry = cursor.seek(prefix)?;
-        while let Some((key, _)) = entry {
+        while let Some((key, value)) = entry {
             if !key.starts_with(prefix) {
                 break;
             }
-            doomed.push(key.to_vec());
+            doomed.push((key.to_vec(), keep::held_list(id, value)?));
             entry = cursor.next()?;
         }
     }
-    for key in &doomed {
+    let now_ms = crate::time::now_ms();
+    let mut freed = Vec::new();
+    for (key, held) in &doomed {
         txn.delete(REVISIONS, key)?;
+        crate::attachments::unhold(txn, held, now_ms, &mut freed)?;
+    }
+    if !freed.is_empty() {
+        blobs.freed(freed);
     }
     let head = keep::read_head(txn, id)?;
     keep::write_head(txn, id, &entry::Head { count: 0, ..head })?;

@@ -13,7 +13,10 @@
 //! for a batch is refused (see `stage`).
 
 use crate::error::{ApiError, ErrorCode};
-use crate::http_util::{blocking, body_read_failed, etag_header, write_condition};
+use crate::file_body::send_file;
+use crate::http_util::{
+    attachment_cap, attachment_too_large, blocking, body_read_failed, etag_header, write_condition,
+};
 use crate::routes::cluster::{self, refuse_in_cluster};
 use crate::routes::docs as routes_docs;
 use crate::state::{AppState, SharedState};
@@ -25,15 +28,11 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use kiln_docs::{AttachmentInfo, Database, PutOutcome, StagedBlob};
 use serde_json::json;
-use sha2::{Digest, Sha256};
-use std::io::{Read, Seek, SeekFrom};
 use std::sync::Arc;
 
 /// Chunks between the connection and the file's thread: at most this many are in
 /// flight, so memory stays flat whatever the file's size.
 const CHANNEL_CHUNKS: usize = 8;
-/// The size of a chunk read from a file.
-const READ_CHUNK_BYTES: usize = 1 << 20;
 
 /// `(db, id, name)` of an attachment path (`/dbs/{db}/docs/{id}/attachments/{name}`),
 /// percent-decoded; `None` for any other path. The last `/attachments/` splits.
@@ -116,8 +115,14 @@ fn target(state: &AppState, req: &Request) -> Result<(Arc<Database>, String, Str
 }
 
 /// Streams a request body into a blob writer on a blocking thread: hashed,
-/// counted and fsynced there, never held whole.
-async fn receive(database: Arc<Database>, body: Body) -> Result<StagedBlob, ApiError> {
+/// counted and fsynced there, never held whole. A body passing `cap` (413) stops
+/// the upload; its temporary file is removed.
+async fn receive(
+    state: &AppState,
+    database: Arc<Database>,
+    body: Body,
+    cap: Option<u64>,
+) -> Result<StagedBlob, ApiError> {
     let mut writer = database.attachment_writer()?;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(CHANNEL_CHUNKS);
     let file_thread = tokio::task::spawn_blocking(move || {
@@ -128,9 +133,15 @@ async fn receive(database: Arc<Database>, body: Body) -> Result<StagedBlob, ApiE
     });
     let mut stream = body.into_data_stream();
     let mut failed = None;
+    let mut received_bytes = 0u64;
     while let Some(chunk) = stream.next().await {
         match chunk {
             Ok(bytes) => {
+                received_bytes += bytes.len() as u64;
+                if cap.is_some_and(|c| received_bytes > c) {
+                    failed = Some(attachment_too_large(None, &state.limits));
+                    break;
+                }
                 if tx.send(bytes).await.is_err() {
                     break; // The file thread failed: its error is below.
                 }
@@ -173,6 +184,7 @@ fn content_type(headers: &HeaderMap) -> Result<String, ApiError> {
 async fn put_attachment(state: SharedState, req: Request) -> Result<Response, ApiError> {
     let (database, id, name) = target(&state, &req)?;
     let (parts, body) = req.into_parts();
+    let cap = attachment_cap(&parts.headers, &state.limits)?;
     let condition = write_condition(&parts.headers)?;
     let content_type = content_type(&parts.headers)?;
     kiln_docs::validate_attachment_name(&name)?;
@@ -189,7 +201,7 @@ async fn put_attachment(state: SharedState, req: Request) -> Result<Response, Ap
             cluster::put_attachment(&state, database.name(), target, &condition, body).await?;
         return Ok(written(StatusCode::CREATED, &out, Some(&info)));
     }
-    let staged = receive(database.clone(), body).await?;
+    let staged = receive(&state, database.clone(), body, cap).await?;
     let (hash, size) = (staged.hash_hex(), staged.size_bytes);
     let db = database.clone();
     let (id2, name2, ct2) = (id.clone(), name.clone(), content_type.clone());
@@ -234,13 +246,15 @@ async fn delete_attachment(state: SharedState, req: Request) -> Result<Response,
 pub async fn stage(
     State(state): State<SharedState>,
     axum::extract::Path(db): axum::extract::Path<String>,
+    headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     // A staged blob's time runs out by each node's own clock (`BlobStore::gc` at
     // open), so nodes would disagree on whether a batch may still name it.
     refuse_in_cluster(&state, "staging attachments for a batch")?;
+    let cap = attachment_cap(&headers, &state.limits)?;
     let database = state.store.database(&db)?;
-    let staged = receive(database.clone(), body).await?;
+    let staged = receive(&state, database.clone(), body, cap).await?;
     let (hash, size) = blocking(move || database.stage_attachment(staged)).await?;
     let body = json!({"hash": hash, "size": size, "staged_for_ms": kiln_docs::STAGED_TTL_MS});
     Ok(crate::http_util::json_response(
@@ -259,7 +273,7 @@ pub async fn list_blobs(
     let blobs = blocking(move || database.attachment_blobs()).await?;
     let blobs: Vec<_> = blobs
         .into_iter()
-        .map(|(hash, size)| json!({"hash": hash, "size": size}))
+        .map(|(hash, size, refs)| json!({"hash": hash, "size": size, "refs": refs}))
         .collect();
     Ok(crate::http_util::json_response(
         StatusCode::OK,
@@ -397,102 +411,6 @@ async fn get_attachment(state: SharedState, req: Request) -> Result<Response, Ap
     let verify = range.is_none().then_some(info.hash);
     let body = send_file(reader.file, start, len, verify);
     Ok(builder.body(body).expect("a valid response"))
-}
-
-/// A body read from `file`, `len` bytes from `start`, by a blocking thread. With
-/// `verify`, a second thread hashes the chunks as they pass (reading and hashing
-/// overlap) and holds the last one back until the hash matched: on a mismatch the
-/// body ends with an error instead (the connection is cut, so the client sees a
-/// short body: the status was sent already) and the error is logged.
-fn send_file(file: std::fs::File, start: u64, len: u64, verify: Option<String>) -> Body {
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(CHANNEL_CHUNKS);
-    match verify {
-        None => {
-            tokio::task::spawn_blocking(move || {
-                read_chunks(file, start, len, |c| tx.blocking_send(c).is_ok());
-            });
-        }
-        Some(want) => {
-            let (htx, hrx) =
-                std::sync::mpsc::sync_channel::<std::io::Result<Bytes>>(CHANNEL_CHUNKS);
-            tokio::task::spawn_blocking(move || {
-                read_chunks(file, start, len, |c| htx.send(c).is_ok());
-            });
-            tokio::task::spawn_blocking(move || hash_and_forward(hrx, tx, &want));
-        }
-    }
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
-    Body::from_stream(stream)
-}
-
-/// Reads `len` bytes from `start` in chunks, handing each to `send` (false: the
-/// receiver is gone, stop); an error is handed on as the last item.
-fn read_chunks(
-    mut file: std::fs::File,
-    start: u64,
-    len: u64,
-    mut send: impl FnMut(std::io::Result<Bytes>) -> bool,
-) {
-    if let Err(e) = file.seek(SeekFrom::Start(start)) {
-        send(Err(e));
-        return;
-    }
-    let mut left = len;
-    while left > 0 {
-        let want = left.min(READ_CHUNK_BYTES as u64) as usize;
-        let mut buf = vec![0u8; want];
-        if let Err(e) = file.read_exact(&mut buf) {
-            send(Err(e));
-            return;
-        }
-        left -= want as u64;
-        if !send(Ok(Bytes::from(buf))) {
-            return;
-        }
-    }
-}
-
-/// Hashes the chunks from `from` and forwards them to `to`, one behind: the last
-/// goes only once the whole hash equals `want`.
-fn hash_and_forward(
-    from: std::sync::mpsc::Receiver<std::io::Result<Bytes>>,
-    to: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
-    want: &str,
-) {
-    let mut hasher = Sha256::new();
-    let mut held: Option<Bytes> = None;
-    for item in from {
-        match item {
-            Ok(chunk) => {
-                hasher.update(&chunk);
-                if let Some(prev) = held.replace(chunk) {
-                    if to.blocking_send(Ok(prev)).is_err() {
-                        return; // The client went away.
-                    }
-                }
-            }
-            Err(e) => {
-                let _ = to.blocking_send(Err(e));
-                return;
-            }
-        }
-    }
-    let got: String = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    if got != want {
-        tracing::error!(expected = %want, got = %got, "attachment: stored bytes do not match their hash; connection cut (run kiln check)");
-        let e = std::io::Error::other("attachment bytes do not match their hash");
-        let _ = to.blocking_send(Err(e));
-        return;
-    }
-    if let Some(last) = held {
-        let _ = to.blocking_send(Ok(last));
-    }
 }
 
 #[cfg(test)]
