@@ -2,7 +2,8 @@
 """The cost curve's plot (docs/cost-curve.svg) from cost_curve.sh's results.
 
 Two panels against the document count (log scale): each phase's ops/s, and its disk
-reads per operation (log scales both). Plain SVG, no dependencies:
+reads per operation (log scales both); Kiln's lines solid, PostgreSQL's dashed (when
+the results hold its rows). Plain SVG, no dependencies:
     python3 bench/scripts/cost_curve_plot.py /work/curve-results/curve-*.json > docs/cost-curve.svg
 """
 import json
@@ -13,8 +14,11 @@ PHASES = ["GET", "PUT", "YB", "QUERY"]
 COLORS = {"GET": "#1f77b4", "PUT": "#d62728", "YB": "#2ca02c", "QUERY": "#9467bd"}
 
 
+DASH = {"kiln": "", "postgres": ' stroke-dasharray="6 4"'}
+
+
 def points(paths):
-    by_phase = {p: [] for p in PHASES}
+    by_phase = {}
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
@@ -22,8 +26,9 @@ def points(paths):
             if row.get("workload") != "CURVE":
                 continue
             n = row["documents"]
+            engine = row.get("engine", "kiln")
             for ph in row["phases"]:
-                by_phase[ph["phase"]].append(
+                by_phase.setdefault((engine, ph["phase"]), []).append(
                     (n, ph["ops_per_sec"], max(ph["disk_read_bytes_per_op"], 1.0))
                 )
     for p in by_phase.values():
@@ -61,11 +66,14 @@ def panel(out, x0, y0, w, h, title, series, xs, ylabel):
         f'<text x="{x0 - 44}" y="{y0 + h / 2}" text-anchor="middle" '
         f'transform="rotate(-90 {x0 - 44} {y0 + h / 2})">{ylabel}</text>'
     )
-    for ph, pts in series.items():
+    for (engine, ph), pts in series.items():
         if not pts:
             continue
         path = " ".join(f"{sx(n):.1f},{sy(y):.1f}" for n, y in pts)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{COLORS[ph]}" stroke-width="2"/>')
+        dash = DASH.get(engine, "")
+        out.append(
+            f'<polyline points="{path}" fill="none" stroke="{COLORS[ph]}" stroke-width="2"{dash}/>'
+        )
         for n, y in pts:
             out.append(f'<circle cx="{sx(n):.1f}" cy="{sy(y):.1f}" r="3" fill="{COLORS[ph]}"/>')
 
@@ -85,7 +93,7 @@ def main():
     for i, ph in enumerate(PHASES):
         out.append(f'<rect x="{80 + i * 90}" y="335" width="12" height="12" fill="{COLORS[ph]}"/>')
         out.append(f'<text x="{96 + i * 90}" y="346">{ph}</text>')
-    out.append('<text x="450" y="346">documents (log scale)</text>')
+    out.append('<text x="450" y="346">documents (log scale); solid Kiln, dashed PostgreSQL</text>')
     out.append("</svg>")
     print("\n".join(out))
 
