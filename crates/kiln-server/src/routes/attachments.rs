@@ -198,7 +198,7 @@ async fn put_attachment(state: SharedState, req: Request) -> Result<Response, Ap
         // request to the leader).
         let target = (id, name, content_type);
         let (out, info) =
-            cluster::put_attachment(&state, database.name(), target, &condition, body).await?;
+            cluster::put_attachment(&state, database.name(), target, &condition, body, cap).await?;
         return Ok(written(StatusCode::CREATED, &out, Some(&info)));
     }
     let staged = receive(&state, database.clone(), body, cap).await?;

@@ -512,6 +512,7 @@ pub(crate) async fn put_attachment(
     target: (String, String, String),
     condition: &Condition,
     body: axum::body::Body,
+    cap: Option<u64>,
 ) -> Result<(PutOutcome, kiln_docs::AttachmentInfo), ApiError> {
     use futures_util::StreamExt;
     use sha2::Digest;
@@ -531,6 +532,10 @@ pub(crate) async fn put_attachment(
                 let piece = piece.map_err(crate::http_util::body_read_failed)?;
                 hasher.update(&piece);
                 pending.extend_from_slice(&piece);
+                // `--max-attachment-bytes`, for a body without Content-Length.
+                if cap.is_some_and(|c| size_bytes + pending.len() as u64 > c) {
+                    return Err(crate::http_util::attachment_too_large(None, &state.limits));
+                }
             }
             while pending.len() >= UPLOAD_CHUNK_BYTES || (done && !pending.is_empty()) {
                 let take = pending.len().min(UPLOAD_CHUNK_BYTES);
