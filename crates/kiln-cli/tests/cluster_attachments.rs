@@ -85,10 +85,18 @@ fn eventually(port: u16, what: &str, mut check: impl FnMut() -> Result<(), Strin
 fn read_back(port: u16, path: &str, want: &[u8]) -> Result<(), String> {
     let got = raw(port, "GET", path, &[], b"");
     if got.status != 200 {
-        return Err(format!("{}: {}", got.status, String::from_utf8_lossy(&got.body)));
+        return Err(format!(
+            "{}: {}",
+            got.status,
+            String::from_utf8_lossy(&got.body)
+        ));
     }
     if got.body != want {
-        return Err(format!("{} bytes, not the {} uploaded", got.body.len(), want.len()));
+        return Err(format!(
+            "{} bytes, not the {} uploaded",
+            got.body.len(),
+            want.len()
+        ));
     }
     Ok(())
 }
@@ -101,7 +109,12 @@ fn blobs(port: u16) -> Vec<(String, u64)> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|b| (b["hash"].as_str().unwrap().to_string(), b["size"].as_u64().unwrap()))
+        .map(|b| {
+            (
+                b["hash"].as_str().unwrap().to_string(),
+                b["size"].as_u64().unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -131,7 +144,10 @@ fn attachments_are_replicated_shared_freed_and_survive_the_leaders_kill9() {
     let follower = *c.ports.iter().find(|(id, _)| **id != leader_id).unwrap().1;
     let ok = |port: u16, method: &str, path: &str, body: &str| {
         let (status, text) = request(port, method, path, None, body).unwrap();
-        assert!((200..300).contains(&status), "{method} {path}: {status} {text}");
+        assert!(
+            (200..300).contains(&status),
+            "{method} {path}: {status} {text}"
+        );
         json(&text)
     };
     ok(leader, "PUT", "/dbs/att", "");
@@ -151,9 +167,17 @@ fn attachments_are_replicated_shared_freed_and_survive_the_leaders_kill9() {
     let hash = put["attachment"]["hash"].as_str().unwrap().to_string();
     let etag1 = put["etag"].as_str().unwrap().to_string();
     for port in c.ports.values() {
-        eventually(*port, "reads the attachment", || read_back(*port, path1, &data));
+        eventually(*port, "reads the attachment", || {
+            read_back(*port, path1, &data)
+        });
         // Across the first chunk's end.
-        let range = raw(*port, "GET", path1, &[("range", "bytes=262140-262150")], b"");
+        let range = raw(
+            *port,
+            "GET",
+            path1,
+            &[("range", "bytes=262140-262150")],
+            b"",
+        );
         assert_eq!(range.status, 206, "{}", range.head);
         assert_eq!(range.body, &data[262_140..=262_150]);
         // The document's entry and etag are the leader's.
@@ -172,11 +196,26 @@ fn attachments_are_replicated_shared_freed_and_survive_the_leaders_kill9() {
 
     // As a single server answers: a stale If-Match, a missing document.
     let stale = put_attachment(leader, path1, Some(&etag1), b"other bytes");
-    assert_eq!(stale.status, 201, "{}", String::from_utf8_lossy(&stale.body));
+    assert_eq!(
+        stale.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&stale.body)
+    );
     let conflict = put_attachment(leader, path1, Some(&etag1), b"more bytes");
-    assert_eq!(conflict.status, 409, "{}", String::from_utf8_lossy(&conflict.body));
+    assert_eq!(
+        conflict.status,
+        409,
+        "{}",
+        String::from_utf8_lossy(&conflict.body)
+    );
     let missing = put_attachment(leader, "/dbs/att/docs/none/attachments/x", None, b"x");
-    assert_eq!(missing.status, 404, "{}", String::from_utf8_lossy(&missing.body));
+    assert_eq!(
+        missing.status,
+        404,
+        "{}",
+        String::from_utf8_lossy(&missing.body)
+    );
     for port in c.ports.values() {
         eventually(*port, "reads the replaced attachment", || {
             read_back(*port, path1, b"other bytes")
@@ -212,7 +251,9 @@ fn attachments_are_replicated_shared_freed_and_survive_the_leaders_kill9() {
     // The old leader, back, has it too (and left no upload file behind).
     c.start(leader_id);
     for (id, port) in &c.ports {
-        eventually(*port, "reads the last upload", || read_back(*port, path2, &last));
+        eventually(*port, "reads the last upload", || {
+            read_back(*port, path2, &last)
+        });
         let blob_count = blobs(*port).len();
         assert_eq!(blob_count, 2, "node {id}: {:?}", blobs(*port));
     }
