@@ -280,8 +280,33 @@ impl Endpoint {
         Ok(body)
     }
 
-    /// One request; (status, whole answer body) whatever the status.
+    /// One request; (status, whole answer body) whatever the status. A 503 whose
+    /// answer says `"outcome":"not_written"` (a cluster between leaders, a full
+    /// commit queue) is sent again, after 0.25 s growing to 1 s, for up to
+    /// [`NOT_WRITTEN_RETRY_MS`]: the server guarantees nothing was written, so
+    /// resending is safe whatever the method.
     pub fn request_any(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> Result<(u16, Vec<u8>), ClientError> {
+        let deadline = std::time::Instant::now() + Duration::from_millis(NOT_WRITTEN_RETRY_MS);
+        let mut pause = Duration::from_millis(250);
+        loop {
+            let (status, answer) = self.request_once(method, path, body)?;
+            if status != 503
+                || !is_not_written(&answer)
+                || std::time::Instant::now() + pause > deadline
+            {
+                return Ok((status, answer));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    fn request_once(
         &self,
         method: &str,
         path: &str,
@@ -352,6 +377,15 @@ impl Endpoint {
             .map_err(io_err(format!("sending {method} {path}")))?;
         Ok((ChunkedWriter { out: w }, Upload { read, socket }))
     }
+}
+
+/// How long a request answered 503 "not written" is retried (see
+/// [`Endpoint::request_any`]): a cluster's election takes well under this.
+pub const NOT_WRITTEN_RETRY_MS: u64 = 15_000;
+
+/// Whether an error answer says the request was not written (and may be resent).
+fn is_not_written(answer: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(answer).is_ok_and(|v| v["outcome"] == "not_written")
 }
 
 /// The read side of an upload.
@@ -534,4 +568,64 @@ pub fn query_escape(s: &str) -> String {
 /// Percent-encodes a path segment (a database name).
 pub fn path_escape(s: &str) -> String {
     query_escape(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A server that answers each connection with the next of `answers` (status,
+    /// body), and counts the requests.
+    fn serve(answers: Vec<(u16, &'static str)>) -> (u16, std::thread::JoinHandle<usize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let handle = std::thread::spawn(move || {
+            let mut served = 0;
+            for (status, body) in answers {
+                let (mut s, _) = listener.accept().unwrap();
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap() == 1 {
+                    head.push(byte[0]);
+                }
+                served += 1;
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                s.write_all(answer.as_bytes()).unwrap();
+            }
+            served
+        });
+        (port, handle)
+    }
+
+    #[test]
+    fn a_not_written_503_is_sent_again_and_another_503_is_not() {
+        let not_written = r#"{"error":"no_quorum","message":"retry","outcome":"not_written"}"#;
+        let (port, server) = serve(vec![(503, not_written), (503, not_written), (201, "{}")]);
+        let endpoint = Endpoint::parse(
+            &format!("http://127.0.0.1:{port}"),
+            None,
+            &TlsArgs::default(),
+        )
+        .unwrap();
+        let (status, _) = endpoint.request_any("PUT", "/dbs/shop", b"").unwrap();
+        assert_eq!(status, 201);
+        assert_eq!(server.join().unwrap(), 3);
+
+        // A 503 that may have been written is the caller's to handle.
+        let unknown = r#"{"error":"no_quorum","message":"?","outcome":"unknown"}"#;
+        let (port, server) = serve(vec![(503, unknown)]);
+        let endpoint = Endpoint::parse(
+            &format!("http://127.0.0.1:{port}"),
+            None,
+            &TlsArgs::default(),
+        )
+        .unwrap();
+        let (status, _) = endpoint.request_any("PUT", "/dbs/shop", b"").unwrap();
+        assert_eq!(status, 503);
+        assert_eq!(server.join().unwrap(), 1);
+    }
 }
