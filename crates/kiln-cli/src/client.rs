@@ -601,30 +601,29 @@ mod tests {
         (port, handle)
     }
 
-    #[test]
-    fn a_not_written_503_is_sent_again_and_another_503_is_not() {
-        let not_written = r#"{"error":"no_quorum","message":"retry","outcome":"not_written"}"#;
-        let (port, server) = serve(vec![(503, not_written), (503, not_written), (201, "{}")]);
+    /// `PUT /dbs/shop` through `request_any` to the test server on `port`.
+    fn put_status(port: u16) -> u16 {
         let endpoint = Endpoint::parse(
             &format!("http://127.0.0.1:{port}"),
             None,
             &TlsArgs::default(),
         )
         .unwrap();
-        let (status, _) = endpoint.request_any("PUT", "/dbs/shop", b"").unwrap();
+        endpoint.request_any("PUT", "/dbs/shop", b"").unwrap().0
+    }
+
+    #[test]
+    fn a_not_written_503_is_sent_again_and_another_503_is_not() {
+        let not_written = r#"{"error":"no_quorum","message":"retry","outcome":"not_written"}"#;
+        let (port, server) = serve(vec![(503, not_written), (503, not_written), (201, "{}")]);
+        let status = put_status(port);
         assert_eq!(status, 201);
         assert_eq!(server.join().unwrap(), 3);
 
         // A 503 that may have been written is the caller's to handle.
         let unknown = r#"{"error":"no_quorum","message":"?","outcome":"unknown"}"#;
         let (port, server) = serve(vec![(503, unknown)]);
-        let endpoint = Endpoint::parse(
-            &format!("http://127.0.0.1:{port}"),
-            None,
-            &TlsArgs::default(),
-        )
-        .unwrap();
-        let (status, _) = endpoint.request_any("PUT", "/dbs/shop", b"").unwrap();
+        let status = put_status(port);
         assert_eq!(status, 503);
         assert_eq!(server.join().unwrap(), 1);
     }
