@@ -33,11 +33,28 @@ pub fn raw(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: 
     }
     head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
     s.write_all(head.as_bytes()).unwrap();
+    // A server may answer (413) from the head alone and close without reading the
+    // body, as HTTP allows: the rest of the body then meets a broken pipe. Stop
+    // sending, as curl does, and read the answer already on its way.
     for chunk in body.chunks(1 << 16) {
-        s.write_all(chunk).unwrap();
+        if s.write_all(chunk).is_err() {
+            break;
+        }
     }
     let mut out = Vec::new();
-    s.read_to_end(&mut out).unwrap();
+    let mut buf = [0u8; 1 << 16];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            // A reset after the answer arrived (the unread body) ends the read.
+            Err(e) if !out.is_empty() => {
+                eprintln!("read ended by {e} after {} bytes", out.len());
+                break;
+            }
+            Err(e) => panic!("{method} {path}: no answer: {e}"),
+        }
+    }
     let split = out
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
