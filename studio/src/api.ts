@@ -76,9 +76,11 @@ export async function api<T = any>(
 
 export const enc = encodeURIComponent;
 
-/** A document id in a URL path: each '/'-separated part encoded, the slashes kept. */
+/** A document id in a URL path: each '/'-separated part encoded, the slashes kept,
+ * except in an id containing '/attachments/', which the server would read as an
+ * attachment's path: there every slash is encoded too. */
 export function encId(id: string): string {
-  return id.split('/').map(enc).join('/');
+  return id.includes('/attachments/') ? enc(id) : id.split('/').map(enc).join('/');
 }
 
 export function docUrl(db: string, id: string): string {

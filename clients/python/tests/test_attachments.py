@@ -30,3 +30,18 @@ def test_attachments_stream_in_and_out(store: DocumentStore) -> None:
     store.delete_attachment("files/1", "blob.bin")
     with pytest.raises(AttachmentNotFoundError):
         store.attachment_bytes("files/1", "blob.bin")
+
+
+def test_an_id_containing_attachments_is_a_document_and_has_attachments(
+        store: DocumentStore) -> None:
+    # Sent with literal slashes, the server would read this id as document
+    # "notes/x"'s attachment "y": the client encodes its slashes.
+    doc_id = "notes/x/attachments/y"
+    store.put(doc_id, {"t": 1})
+    assert store.get(doc_id)["t"] == 1
+    assert store.get("notes/x") is None
+    store.put_attachment(doc_id, "a.txt", b"abc", content_type="text/plain")
+    assert store.attachment_bytes(doc_id, "a.txt") == b"abc"
+    assert [a["name"] for a in store.attachments(doc_id)] == ["a.txt"]
+    store.delete(doc_id)
+    assert store.get(doc_id) is None

@@ -42,8 +42,13 @@ log = logging.getLogger("kiln_client.cluster")
 
 
 def doc_path(database: str, doc_id: str) -> str:
-    """The URL path of a document, encoded as the server encodes it."""
-    return f"/dbs/{quote(database, safe='')}/docs/{quote(doc_id, safe='/-._~')}"
+    """The URL path of a document, encoded as the server encodes it.
+
+    Slashes stay as they are, except in an id containing ``/attachments/``: the
+    server reads a literal ``/attachments/`` in a document's path as an
+    attachment's, so such an id has every slash sent as ``%2F``."""
+    safe = '-._~' if '/attachments/' in doc_id else '/-._~'
+    return f"/dbs/{quote(database, safe='')}/docs/{quote(doc_id, safe=safe)}"
 
 
 def with_expiry(document: Dict[str, Any], expires: Optional[datetime]) -> Dict[str, Any]:
