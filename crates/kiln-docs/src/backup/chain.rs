@@ -224,7 +224,7 @@ impl Database {
         manifest.last_write_ms = last_ms;
         // The client holds the base: what is at or below it is no longer needed.
         self.retain_after(env, chain.chain_id, base)?;
-        Ok(BackupReport::new(manifest, &sum))
+        Ok(BackupReport::new(manifest, &sum, Default::default()))
     }
 
     /// The chain of a base backup and the etag sequence it ends at, or why an

@@ -34,6 +34,7 @@ pub use restore::{
 
 use crate::attachments::Hash;
 use crate::schema::{read_last_sequence, DOCS, HISTORY};
+use crate::search::backup::{PinnedCommit, Shipped};
 use crate::{Database, DocError, Etag, Result};
 use kiln_storage::backup::{self, BackupOptions, BackupSummary};
 use kiln_storage::{ContainerWriter, ReadTxn};
@@ -130,6 +131,12 @@ pub struct BackupReport {
     pub attachment_blobs: u64,
     #[serde(default)]
     pub attachment_bytes: u64,
+    /// Files of full-text indexes carried (a full backup: one tantivy commit per
+    /// index, `search/backup.rs`) and their bytes.
+    #[serde(default)]
+    pub search_files: u64,
+    #[serde(default)]
+    pub search_bytes: u64,
 }
 
 /// The prefix of an attachment blob's name among a backup's extra files (then its
@@ -154,8 +161,30 @@ impl Database {
     }
 }
 
+impl Database {
+    /// The last commit of each full-text index, pinned; an index that cannot be
+    /// pinned is left out (a restore rebuilds it) rather than failing the backup.
+    fn pin_search_commits(&self) -> Vec<PinnedCommit> {
+        let mut out = Vec::new();
+        for rt in self.indexer().all() {
+            let Some(search) = rt.search.as_ref() else {
+                continue;
+            };
+            match search.pin() {
+                Ok(Some(p)) => out.push(p),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(index = rt.name(), error = %e,
+                    "full-text index left out of the backup (a restore rebuilds it)"),
+            }
+        }
+        out
+    }
+}
+
 impl BackupReport {
-    fn new(manifest: BackupManifest, s: &BackupSummary) -> Self {
+    /// The report of a backup whose extra files include `search` (the rest are
+    /// attachments' blobs).
+    fn new(manifest: BackupManifest, s: &BackupSummary, search: Shipped) -> Self {
         BackupReport {
             manifest,
             format_version: s.format_version,
@@ -164,8 +193,10 @@ impl BackupReport {
             data_bytes: s.kv_bytes,
             file_bytes: s.file_bytes,
             chunks: s.frames,
-            attachment_blobs: s.files,
-            attachment_bytes: s.file_bytes_total,
+            attachment_blobs: s.files.saturating_sub(search.files),
+            attachment_bytes: s.file_bytes_total.saturating_sub(search.bytes),
+            search_files: search.files,
+            search_bytes: search.bytes,
         }
     }
 }
@@ -256,6 +287,9 @@ impl Database {
         } else {
             None
         };
+        // Full-text indexes' commits are pinned first: each covers a sequence at
+        // or below the snapshot's (`search/backup.rs`).
+        let search = self.pin_search_commits();
         // The snapshot, with its blobs kept on disk until the backup is written.
         let (r, pin) = self.blobs.pinned_snapshot(env)?;
         if let Some(id) = &chain_id {
@@ -280,9 +314,10 @@ impl Database {
         let mut w = ContainerWriter::new(out, r.txn_id(), &meta, opts, progress)?;
         w.snapshot_trees(&r, |t| t != HISTORY)?;
         self.write_blobs(&mut w, pin.hashes())?;
+        let shipped = crate::search::backup::write_pinned(&mut w, search)?;
         let sum = w.finish()?;
         drop(pin);
-        Ok(BackupReport::new(manifest, &sum))
+        Ok(BackupReport::new(manifest, &sum, shipped))
     }
 }
 

@@ -20,6 +20,7 @@ use crate::data_dir::{sync_dir_in, unique_suffix, DATABASES_DIR, TRASH_DIR};
 use crate::database::history;
 use crate::database::{replay, ReplayUnit};
 use crate::schema::{CHAIN_CONSUMER, CONSUMERS, HISTORY, META, META_CHAIN, META_INCARNATION};
+use crate::search::backup::{parse_name, SearchSink, SEARCH_FILE_PREFIX};
 use crate::{validate_database_name, DocError, Etag, Result};
 use kiln_storage::backup::{self, Item};
 use kiln_storage::io::Vfs;
@@ -291,6 +292,9 @@ pub(crate) fn process(
     };
     let mut chain = ChainReader::new(target.map(|t| t.0), point, check_links);
     chain.blobs.store = blobs;
+    if let Some((_, dir)) = target {
+        chain.blobs.search.set_db_dir(dir);
+    }
     while let Some(mut input) = inputs.next(chain.out.bytes_read)? {
         chain.read(&mut input, &mut progress)?;
     }
@@ -406,6 +410,8 @@ impl Sink {
 struct BlobSink {
     store: Option<BlobStore>,
     current: Option<OpenBlob>,
+    /// Full-text index files (`search/<id>/<file>`) go there instead.
+    search: SearchSink,
 }
 
 struct OpenBlob {
@@ -420,6 +426,21 @@ impl BlobSink {
     fn item(&mut self, input: &Input<'_>, sum: &BackupSummary, item: Item<'_>) -> Result<()> {
         let (n, label) = (input.n, input.label.as_str());
         match item {
+            Item::File { name, .. } if name.starts_with(SEARCH_FILE_PREFIX) => {
+                let (id, file, skip) = match parse_name(name) {
+                    Some(Ok((id, file))) => (id, file, n != 1),
+                    Some(Err(why)) => {
+                        tracing::warn!(input = label, file = %why,
+                            "a full-text index file in the backup is misnamed; skipped");
+                        (0, "", true)
+                    }
+                    None => (0, "", true),
+                };
+                // Only a full backup's commits are placed (increments carry none).
+                self.search.begin(id, file, skip)?;
+            }
+            Item::FileData(bytes) if self.search.is_open() => self.search.data(bytes)?,
+            Item::FileEnd if self.search.is_open() => self.search.end()?,
             Item::File { name, .. } => {
                 let hash = name
                     .strip_prefix(BLOB_FILE_PREFIX)
@@ -551,7 +572,10 @@ impl<'e> ChainReader<'e> {
         if input.n == 1 {
             self.start_after_full(&manifest)?;
         }
-        self.out.backups.push(BackupReport::new(manifest, &sum));
+        let search = std::mem::take(&mut self.blobs.search.shipped);
+        self.out
+            .backups
+            .push(BackupReport::new(manifest, &sum, search));
         Ok(())
     }
 
@@ -941,6 +965,8 @@ pub(crate) fn build(
             // the point, or freed by a replayed write) go now, not at the first
             // open: `kiln check` of the restored directory is clean.
             BlobStore::open(staging)?.gc(&env, crate::time::now_ms())?;
+            // Full-text index files that do not check out go too (rebuilt at open).
+            crate::search::backup::check_restored(staging)?;
             Ok(r)
         });
         let report = match report {

@@ -205,6 +205,10 @@ pub struct IndexInfo {
     /// The indexer's batch size now (shared by the database's indexes).
     pub batch_size: usize,
     pub docs_per_sec: f64,
+    /// A full-text index: the etag its tantivy commit covered when the database
+    /// opened (e.g. the commit a restore placed); `None` for a map index or one
+    /// built from the first change.
+    pub opened_at_etag: Option<Etag>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -402,6 +406,7 @@ impl Database {
             error_samples,
             batch_size: self.indexer().batch_size(),
             docs_per_sec: f64::from_bits(rt.rate.load(Ordering::Relaxed)),
+            opened_at_etag: rt.search.as_ref().and_then(|s| etag(s.opened_at_sequence)),
         })
     }
 

@@ -19,6 +19,7 @@
 //! stored: highlights are cut from the document Kiln holds.
 
 pub mod analyzer;
+pub(crate) mod backup;
 pub(crate) mod indexing;
 pub(crate) mod text;
 
@@ -62,6 +63,9 @@ pub(crate) struct SearchIndex {
     incarnation: u32,
     /// This index's batch size (tuned like the map indexes': `indexing.rs`).
     pub(crate) batch: AtomicUsize,
+    /// The sequence its commit covered when it was opened (0: built from the
+    /// first change), e.g. the commit a restore placed.
+    pub(crate) opened_at_sequence: u64,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DocError + '_ {
@@ -134,28 +138,27 @@ impl SearchIndex {
                 None
             }
         };
-        let (index, sequence) = match reusable {
-            Some(found) => found,
-            None => {
+        let (index, sequence, writer, reader) = match reusable
+            .map(|(index, seq)| Self::start(&dir, index).map(|(w, r, i)| (i, seq, w, r)))
+        {
+            Some(Ok(started)) => started,
+            found => {
+                if let Some(Err(e)) = found {
+                    // Files a commit names but that do not open (a copy cut short,
+                    // damaged segments): the index is derived data, rebuilt.
+                    tracing::warn!(dir = %dir.display(), error = %e,
+                        "full-text index does not open; rebuilding");
+                }
                 if dir.exists() {
                     std::fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
                 }
                 std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
                 let index = Index::create_in_dir(&dir, schema)
                     .map_err(|e| tantivy_err(&dir, "creating the full-text index", e))?;
-                (index, 0)
+                let (writer, reader, index) = Self::start(&dir, index)?;
+                (index, 0, writer, reader)
             }
         };
-        analyzer::register_all(index.tokenizers());
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(2));
-        let writer = index
-            .writer_with_num_threads(threads, WRITER_MEMORY_BYTES)
-            .map_err(|e| tantivy_err(&dir, "opening the writer of", e))?;
-        let reader = index
-            .reader_builder()
-            .reload_policy(ReloadPolicy::Manual)
-            .try_into()
-            .map_err(|e| tantivy_err(&dir, "opening a reader of", e))?;
         Ok((
             SearchIndex {
                 dir,
@@ -168,9 +171,28 @@ impl SearchIndex {
                 index_id,
                 incarnation,
                 batch: AtomicUsize::new(0),
+                opened_at_sequence: sequence,
             },
             sequence,
         ))
+    }
+
+    /// The writer and reader of `index` (its analyzers registered).
+    fn start(
+        dir: &Path,
+        index: Index,
+    ) -> Result<(IndexWriter<TantivyDocument>, IndexReader, Index)> {
+        analyzer::register_all(index.tokenizers());
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(2));
+        let writer = index
+            .writer_with_num_threads(threads, WRITER_MEMORY_BYTES)
+            .map_err(|e| tantivy_err(dir, "opening the writer of", e))?;
+        let reader = index
+            .reader_builder()
+            .reload_policy(ReloadPolicy::Manual)
+            .try_into()
+            .map_err(|e| tantivy_err(dir, "opening a reader of", e))?;
+        Ok((writer, reader, index))
     }
 
     /// The index in `dir` and its last commit's payload, if it has one and its

@@ -1,0 +1,263 @@
+//! Full-text indexes in backups: a full backup carries, per full-text index, one
+//! tantivy commit (its `meta.json` and the segment files it names) as the
+//! container's extra files `search/<index id>/<file>`, so that a restore resumes
+//! each index from that commit's sequence instead of rebuilding it.
+//!
+//! Consistency: each commit is pinned BEFORE the database snapshot is taken, and a
+//! commit's payload sequence never exceeds the database's last sequence when it was
+//! made (the indexer reads a snapshot), so the sequence shipped is at or below the
+//! backup's point, and the restored database holds every change after it (a restore
+//! only goes forward from the full backup's point). Pinning (`pin`) holds tantivy's
+//! `META_LOCK` while it loads the index's metas and opens every file they name:
+//! tantivy's garbage collector picks the files to delete under that same lock (as
+//! its own readers rely on to open segments), and a file open here stays readable
+//! after an unlink (Unix), while segment files and `meta.json` are never rewritten
+//! in place (new names, atomic renames). The `meta.json` shipped is the metas
+//! loaded, serialized as tantivy writes them.
+//!
+//! A restore writes the files into the staged database's `search/<id>/` (the
+//! `meta.json` comes last in the backup, so a partial set has none and is rebuilt),
+//! then `check_restored` writes tantivy's `.managed.json` (so its garbage collector
+//! owns the restored segments) and checks each index: it opens, every file's
+//! checksum passes, a reader opens, its payload parses. An index that fails is
+//! removed with a warning: the database's open rebuilds it, as for a backup written
+//! before search files were carried. An index whose payload is of another index or
+//! incarnation, or ahead of the restored database, is rebuilt at open as before
+//! (`SearchIndex::open`).
+
+use super::{tantivy_err, Payload, SearchIndex, SEARCH_DIR};
+use crate::{DocError, Result};
+use kiln_storage::ContainerWriter;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use tantivy::directory::META_LOCK;
+use tantivy::Directory;
+
+/// The prefix of a full-text index's file among a backup's extra files (then
+/// `<index id>/<file name>`).
+pub(crate) const SEARCH_FILE_PREFIX: &str = "search/";
+const META_FILE: &str = "meta.json";
+const MANAGED_FILE: &str = ".managed.json";
+
+/// One tantivy commit held for a backup: its metas and its segment files, open.
+pub(crate) struct PinnedCommit {
+    index_id: u64,
+    meta_json: Vec<u8>,
+    /// File name, open file, length in bytes.
+    files: Vec<(String, File, u64)>,
+}
+
+impl SearchIndex {
+    /// Pins the last commit of this index (see the module's comment); `None` if it
+    /// has no commit with a payload yet.
+    pub(crate) fn pin(&self) -> Result<Option<PinnedCommit>> {
+        let dir = &self.dir;
+        let _meta_lock = self
+            .index
+            .directory()
+            .acquire_lock(&META_LOCK)
+            .map_err(|e| DocError::Search(format!("locking {}: {e}", dir.display())))?;
+        let metas = self
+            .index
+            .load_metas()
+            .map_err(|e| tantivy_err(dir, "reading the commit of", e))?;
+        let Some(raw) = metas.payload.as_deref() else {
+            return Ok(None);
+        };
+        // A commit whose payload does not parse would be rebuilt after a restore:
+        // not worth carrying.
+        serde_json::from_str::<Payload>(raw)
+            .map_err(|e| DocError::Search(format!("commit payload {raw:?}: {e}")))?;
+        let mut names: Vec<String> = metas
+            .list_segment_files()
+            .iter()
+            .filter_map(|p| p.to_str().map(str::to_string))
+            .collect();
+        names.sort();
+        let mut files = Vec::with_capacity(names.len());
+        for name in names {
+            let path = dir.join(&name);
+            match File::open(&path) {
+                Ok(f) => {
+                    let len = f.metadata().map_err(|e| DocError::io(&path, e))?.len();
+                    files.push((name, f, len));
+                }
+                // Candidates a segment does not have (tantivy lists every
+                // component's name; see `IndexMeta::list_segment_files`).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(DocError::io(&path, e)),
+            }
+        }
+        let mut meta_json = serde_json::to_vec_pretty(&metas)
+            .map_err(DocError::encode_json("a full-text index's metas"))?;
+        meta_json.push(b'\n');
+        Ok(Some(PinnedCommit {
+            index_id: self.index_id,
+            meta_json,
+            files,
+        }))
+    }
+}
+
+/// Files and bytes of full-text indexes written to a backup.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Shipped {
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// Writes pinned commits as extra files of `w`: each index's segment files, then
+/// its `meta.json`.
+pub(crate) fn write_pinned<W: std::io::Write, P: FnMut(u64)>(
+    w: &mut ContainerWriter<W, P>,
+    pinned: Vec<PinnedCommit>,
+) -> Result<Shipped> {
+    let mut out = Shipped::default();
+    for p in pinned {
+        let base = format!("{SEARCH_FILE_PREFIX}{}/", p.index_id);
+        for (name, mut file, len) in p.files {
+            w.file(&format!("{base}{name}"), len, &mut file)?;
+            out.files += 1;
+            out.bytes += len;
+        }
+        let len = p.meta_json.len() as u64;
+        w.file(
+            &format!("{base}{META_FILE}"),
+            len,
+            &mut std::io::Cursor::new(p.meta_json),
+        )?;
+        out.files += 1;
+        out.bytes += len;
+    }
+    Ok(out)
+}
+
+/// Splits an extra file's name `search/<id>/<file>`: `None` if it is not one, an
+/// error (why) if it is one but malformed.
+pub(crate) fn parse_name(name: &str) -> Option<std::result::Result<(u64, &str), String>> {
+    let rest = name.strip_prefix(SEARCH_FILE_PREFIX)?;
+    let parsed = (|| {
+        let (id, file) = rest.split_once('/').ok_or("no index id")?;
+        let id: u64 = id.parse().map_err(|_| "index id not a number")?;
+        let plain = !file.is_empty()
+            && !file.starts_with('.')
+            && !file.contains(['/', '\\'])
+            && file != "..";
+        if !plain {
+            return Err("file name not plain");
+        }
+        Ok((id, file))
+    })();
+    Some(parsed.map_err(|e: &str| format!("{name:?}: {e}")))
+}
+
+/// Receives the full-text index files of a backup being restored into the
+/// database directory `db_dir` (nothing is written without one: a verify).
+#[derive(Default)]
+pub(crate) struct SearchSink {
+    db_dir: Option<PathBuf>,
+    current: Option<(PathBuf, Option<File>)>,
+    pub shipped: Shipped,
+}
+
+impl SearchSink {
+    /// Where the files go (a restore); without, they are only read.
+    pub(crate) fn set_db_dir(&mut self, db_dir: &Path) {
+        self.db_dir = Some(db_dir.to_path_buf());
+    }
+
+    /// A file begins: `skip` for a file not to restore (of an increment, or
+    /// misnamed).
+    pub(crate) fn begin(&mut self, id: u64, file: &str, skip: bool) -> Result<()> {
+        self.shipped.files += 1;
+        let Some(db_dir) = self.db_dir.as_ref().filter(|_| !skip) else {
+            self.current = Some((PathBuf::new(), None));
+            return Ok(());
+        };
+        let dir = super::index_dir(db_dir, id);
+        std::fs::create_dir_all(&dir).map_err(|e| DocError::io(&dir, e))?;
+        let path = dir.join(file);
+        let f = File::create(&path).map_err(|e| DocError::io(&path, e))?;
+        self.current = Some((path, Some(f)));
+        Ok(())
+    }
+
+    pub(crate) fn data(&mut self, bytes: &[u8]) -> Result<()> {
+        self.shipped.bytes += bytes.len() as u64;
+        if let Some((path, Some(f))) = self.current.as_mut() {
+            f.write_all(bytes).map_err(|e| DocError::io(&*path, e))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn end(&mut self) -> Result<()> {
+        if let Some((path, Some(f))) = self.current.take() {
+            f.sync_all().map_err(|e| DocError::io(&path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Whether a file is open.
+    pub(crate) fn is_open(&self) -> bool {
+        self.current.is_some()
+    }
+}
+
+/// Checks the full-text indexes restored into `db_dir` (see the module's
+/// comment), removing those that fail; the index ids kept.
+pub(crate) fn check_restored(db_dir: &Path) -> Result<Vec<u64>> {
+    let root = db_dir.join(SEARCH_DIR);
+    let mut kept = Vec::new();
+    if !root.exists() {
+        return Ok(kept);
+    }
+    for entry in std::fs::read_dir(&root).map_err(|e| DocError::io(&root, e))? {
+        let entry = entry.map_err(|e| DocError::io(&root, e))?;
+        let dir = entry.path();
+        let id = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u64>().ok());
+        match (id, check_one(&dir)) {
+            (Some(id), Ok(())) => kept.push(id),
+            (_, result) => {
+                let why = result.err().unwrap_or_else(|| "not an index id".into());
+                tracing::warn!(dir = %dir.display(), error = %why,
+                    "full-text index files in the backup are unusable; the index will be rebuilt");
+                std::fs::remove_dir_all(&dir).map_err(|e| DocError::io(&dir, e))?;
+            }
+        }
+    }
+    kept.sort_unstable();
+    Ok(kept)
+}
+
+fn check_one(dir: &Path) -> std::result::Result<(), String> {
+    if !dir.join(META_FILE).exists() {
+        return Err("no meta.json (an incomplete set of files)".into());
+    }
+    // Every file restored (meta.json included) is tantivy's to collect.
+    let mut managed = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| e.to_string())? {
+        let name = entry.map_err(|e| e.to_string())?.file_name();
+        if let Some(n) = name.to_str().filter(|n| !n.starts_with('.')) {
+            managed.push(n.to_string());
+        }
+    }
+    let mut json = serde_json::to_vec(&managed).map_err(|e| e.to_string())?;
+    json.push(b'\n');
+    let path = dir.join(MANAGED_FILE);
+    std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+    let index = tantivy::Index::open_in_dir(dir).map_err(|e| e.to_string())?;
+    let damaged = index.validate_checksum().map_err(|e| e.to_string())?;
+    if !damaged.is_empty() {
+        return Err(format!("checksum mismatch in {damaged:?}"));
+    }
+    let metas = index.load_metas().map_err(|e| e.to_string())?;
+    let raw = metas.payload.ok_or("no commit payload")?;
+    serde_json::from_str::<Payload>(&raw).map_err(|e| format!("payload {raw:?}: {e}"))?;
+    // Opens every segment (a file missing or unreadable fails here).
+    index.reader().map_err(|e| e.to_string())?;
+    Ok(())
+}
