@@ -10,6 +10,7 @@
 
 mod common;
 
+use common::raw_http::{files_under, pseudo_random_bytes};
 use common::{cycles_from_env, free_port, kill9, request, spawn_serve};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -24,16 +25,8 @@ const NAMES: u64 = 5;
 
 /// The bytes of upload `seed`: 4 to 32 MiB of pseudo-random data.
 fn content(seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let len = (4 << 20) + (x % (28 << 20)) as usize;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let len = (4 << 20) + (seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) % (28 << 20)) as usize;
+    pseudo_random_bytes(len, seed)
 }
 
 /// Sends one upload; `Ok(None)` when acknowledged (201), else the answer.
@@ -81,23 +74,6 @@ fn get(port: u16, path: &str) -> (u16, Vec<u8>) {
     let at = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
     let status = String::from_utf8_lossy(&out[9..12]).parse().unwrap();
     (status, out[at + 4..].to_vec())
-}
-
-/// Every file under `dir` (recursively).
-fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return out;
-    };
-    for e in rd {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(files_under(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[test]

@@ -5,84 +5,14 @@
 
 mod common;
 
+use common::raw_http::{files_under, pseudo_random_bytes, raw};
 use common::{free_port, request, spawn_serve};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
-pub struct Answer {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Answer {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// One request with raw headers and a binary body, on its own connection.
-pub fn raw(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n");
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
-    s.write_all(head.as_bytes()).unwrap();
-    // A server may answer (413) from the head alone and close without reading the
-    // body, as HTTP allows: the rest of the body then meets a broken pipe. Stop
-    // sending, as curl does, and read the answer already on its way.
-    for chunk in body.chunks(1 << 16) {
-        if s.write_all(chunk).is_err() {
-            break;
-        }
-    }
-    let mut out = Vec::new();
-    let mut buf = [0u8; 1 << 16];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            // A reset after the answer arrived (the unread body) ends the read.
-            Err(e) if !out.is_empty() => {
-                eprintln!("read ended by {e} after {} bytes", out.len());
-                break;
-            }
-            Err(e) => panic!("{method} {path}: no answer: {e}"),
-        }
-    }
-    let split = out
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a head");
-    let head = String::from_utf8_lossy(&out[..split]).to_string();
-    let mut lines = head.lines();
-    let status = lines.next().unwrap()[9..12].parse().unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
-    Answer {
-        status,
-        headers,
-        body: out[split + 4..].to_vec(),
-    }
-}
-
+/// Deterministic bytes no shortcut can fake.
 fn bytes(n: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9e3779b97f4a7c15;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    pseudo_random_bytes(n, 0)
 }
 
 #[test]
@@ -694,22 +624,7 @@ fn export_and_import_carry_attachments() {
 
 /// Every file under the database's `attachments/`, the upload area `tmp/` included.
 fn all_attachment_files(data: &std::path::Path, db: &str) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    let mut dirs = vec![data.join("databases").join(db).join("attachments")];
-    while let Some(d) = dirs.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else {
-                files.push(p);
-            }
-        }
-    }
-    files
+    files_under(&data.join("databases").join(db).join("attachments"))
 }
 
 /// A chunked upload (no Content-Length) of `total` bytes; write errors are

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod pki;
+pub mod raw_http;
 pub mod relay;
 pub mod subscription_worker;
 
