@@ -82,6 +82,30 @@ pub enum Command {
         database: String,
         upload_id: u64,
     },
+    /// The upload `upload_id`, checked to be `size_bytes` hashing to `hash`, staged
+    /// for a batch to name (`POST /dbs/{db}/attachments`) until the leader's time
+    /// `at_ms` plus `STAGED_TTL_MS`; the upload is removed whatever the outcome.
+    /// A staged blob no document names expires at the first entry of its
+    /// database whose leader time is past that (`uploads::expire`).
+    StageAttachment {
+        database: String,
+        at_ms: u64,
+        upload_id: u64,
+        size_bytes: u64,
+        hash: String,
+    },
+    /// Forgets the tombstones of the database (of `incarnation`) below
+    /// `below_sequence`, the bound the leader computed (the etag asked for, its
+    /// last write, its registered consumers), whose delete is older than
+    /// `older_than_ms` at the leader's time `at_ms`
+    /// (`Database::purge_tombstones_logged`).
+    PurgeTombstones {
+        database: String,
+        incarnation: u32,
+        at_ms: u64,
+        below_sequence: u64,
+        older_than_ms: Option<u64>,
+    },
 }
 
 /// A write as the log carries it: the document as its JSON text.
@@ -187,6 +211,18 @@ pub enum Answer {
     AlreadyApplied,
     /// An upload's chunk is written (or an upload dropped).
     UploadWritten,
+    /// An upload staged for a batch: its hash (lower-case hex) and size.
+    AttachmentStaged {
+        hash: String,
+        size_bytes: u64,
+    },
+    /// A purge of tombstones: how many went, how many remain, and the sequence
+    /// below which they were eligible.
+    TombstonesPurged {
+        purged: u64,
+        remaining: u64,
+        purged_below_sequence: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

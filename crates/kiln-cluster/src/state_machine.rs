@@ -312,6 +312,55 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
             });
             attachment_answer(shared, result)
         }
+        Command::StageAttachment {
+            database,
+            at_ms,
+            upload_id,
+            size_bytes,
+            hash,
+        } => {
+            let db = match store.database(&database) {
+                Ok(db) => db,
+                Err(e) => return Ok(failed(&e)),
+            };
+            let result = stage_attachment(&db, log_id.index, at_ms, upload_id, size_bytes, &hash);
+            // Consumed whatever the outcome (after the commit, as `PutAttachment`).
+            uploads::remove(&db, upload_id).map_err(|e| sm_err(&e))?;
+            Ok(match result {
+                Ok(Some((hash, size_bytes))) => Answer::AttachmentStaged { hash, size_bytes },
+                Ok(None) => Answer::AlreadyApplied,
+                Err(e) => storage_or(e, failed)?,
+            })
+        }
+        Command::PurgeTombstones {
+            database,
+            incarnation,
+            at_ms,
+            below_sequence,
+            older_than_ms,
+        } => Ok(
+            match store.database(&database).and_then(|db| {
+                uploads::expire(&db, at_ms)?;
+                if db.incarnation() != incarnation {
+                    // Deleted and created again since the leader took the etag.
+                    return Err(DocError::EtagFromOtherIncarnation {
+                        etag: db.etag_at(below_sequence).to_string(),
+                        database: database.clone(),
+                    });
+                }
+                let cutoff_ms = older_than_ms.map(|age| at_ms.saturating_sub(age));
+                db.purge_tombstones_logged(below_sequence, cutoff_ms, PURGE_INDEX_WAIT)
+            }) {
+                // Applied again after a restart it removes nothing more: the same
+                // bound and cutoff, and every delete since has a later sequence.
+                Ok(out) => Answer::TombstonesPurged {
+                    purged: out.purged,
+                    remaining: out.remaining,
+                    purged_below_sequence: out.purged_below_sequence,
+                },
+                Err(e) => storage_or(e, failed)?,
+            },
+        ),
         Command::PurgeRevisions { database, id } => Ok(
             match store
                 .database(&database)
@@ -323,6 +372,30 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
             },
         ),
     }
+}
+
+/// How long a purge of tombstones waits for this node's indexes to read the
+/// change log up to its bound before rebuilding one that lags
+/// (`Database::purge_tombstones_logged`).
+const PURGE_INDEX_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// An upload of the log staged for a batch (`None`: applied before).
+fn stage_attachment(
+    db: &kiln_docs::Database,
+    log_index: u64,
+    at_ms: u64,
+    upload_id: u64,
+    size_bytes: u64,
+    hash: &str,
+) -> Result<Option<(String, u64)>, DocError> {
+    uploads::expire(db, at_ms)?;
+    // As in `put_attachment`: an entry applied before is not checked again.
+    if db.applied_log_index()? >= log_index {
+        return Ok(None);
+    }
+    let path = uploads::finished_path(db, upload_id, size_bytes)?;
+    let blob = db.attachment_from_upload(&path, hash, size_bytes)?;
+    db.stage_attachment_logged(log_index, at_ms, blob)
 }
 
 /// An attachment put of the log: the upload checked and attached (`None`:

@@ -144,8 +144,22 @@ fn list(db: &Database) -> Result<Vec<(u64, u64, PathBuf)>, DocError> {
 }
 
 /// Removes the uploads whose time ran out before the leader's time `at_ms` (an
-/// upload its leader abandoned). Returns how many.
+/// upload its leader abandoned), and frees the blobs staged for a batch
+/// (`Command::StageAttachment`) that no document named before their time ran
+/// out at `at_ms` (`Database::expire_staged_attachments`: a node's own clock
+/// never expires them in a cluster, see `DocsOptions::expire_staged_at_open`).
+/// Called with the leader time of an entry of the database before the entry
+/// is applied: every node expires the same at the same entry. Returns how many
+/// uploads were removed.
 pub(crate) fn expire(db: &Database, at_ms: u64) -> Result<usize, DocError> {
+    let staged = db.expire_staged_attachments(at_ms)?;
+    if staged > 0 {
+        tracing::info!(
+            database = db.name(),
+            freed = staged,
+            "staged attachments expired"
+        );
+    }
     let mut removed = 0;
     for (id, until, _) in list(db)? {
         if until < at_ms {
@@ -380,6 +394,78 @@ mod tests {
         assert_eq!(expire(&db_b, 5_000).unwrap(), 0);
         assert_eq!(expire(&db_b, 5_001).unwrap(), 2);
         assert!(list(&db_b).unwrap().is_empty());
+    }
+
+    /// What two nodes do with the same entries: a blob staged by the log is kept
+    /// until its leader time runs out at an entry, then freed by it on both; a
+    /// purge of tombstones with the leader's bound and cutoff removes the same
+    /// tombstones on both, although one node has a consumer that read nothing.
+    #[test]
+    fn staged_blobs_expire_and_tombstones_purge_at_leader_time() {
+        use kiln_docs::{Atomicity, DocId, WriteOp};
+        let root = tempfile::tempdir().unwrap();
+        let data = b"bytes staged for a batch".to_vec();
+        let mut outcomes = Vec::new();
+        let mut leader_bound = None;
+        for node in ["a", "b"] {
+            let s = store(&root.path().join(node));
+            let db = s.create_database_with_incarnation("st", 7).unwrap();
+            let put = |id: &str| WriteOp::Put {
+                id: DocId::Given(id.into()),
+                document: db.parse_document(br#"{"n":1}"#).unwrap(),
+                condition: Condition::None,
+            };
+            let delete = |id: &str| WriteOp::Delete {
+                id: id.into(),
+                condition: Condition::None,
+            };
+            let ops = vec![put("d0"), put("d1"), put("d2")];
+            db.apply_logged(1, 1_000, ops, Atomicity::AllOrNone)
+                .unwrap();
+            db.apply_logged(2, 2_000, vec![delete("d0")], Atomicity::Each)
+                .unwrap();
+            db.apply_logged(3, 5_000, vec![delete("d1")], Atomicity::Each)
+                .unwrap();
+            write_chunk(&db, 3, 0, 9_000, &data).unwrap();
+            expire(&db, 5_000).unwrap();
+            let mut w = db.attachment_writer().unwrap();
+            w.write(&data).unwrap();
+            let hash = w.finish().unwrap().hash_hex();
+            let path = finished_path(&db, 3, data.len() as u64).unwrap();
+            let blob = db
+                .attachment_from_upload(&path, &hash, data.len() as u64)
+                .unwrap();
+            let staged = db.stage_attachment_logged(4, 5_000, blob).unwrap();
+            assert_eq!(staged, Some((hash.clone(), data.len() as u64)));
+            remove(&db, 3).unwrap();
+            let until = 5_000 + kiln_docs::STAGED_TTL_MS;
+            // Kept by an entry before its time, freed by the first at it.
+            expire(&db, until - 1).unwrap();
+            assert_eq!(db.attachment_blobs().unwrap().len(), 1, "node {node}");
+            expire(&db, until).unwrap();
+            assert!(db.attachment_blobs().unwrap().is_empty(), "node {node}");
+            assert!(db.check_attachments().unwrap().is_ok(), "node {node}");
+
+            // The leader's bound (a has no consumer); b's lagging consumer is its
+            // own and changes nothing.
+            if node == "b" {
+                db.set_consumer_position("lagging", 0).unwrap();
+            }
+            let bound = *leader_bound.get_or_insert(db.tombstone_purge_bound(None).unwrap());
+            let out = db
+                .purge_tombstones_logged(bound, Some(6_000 - 2_000), Duration::from_secs(5))
+                .unwrap();
+            let stats = db.tombstone_stats().unwrap();
+            outcomes.push((
+                out.purged,
+                out.remaining,
+                out.purged_below_sequence,
+                stats.count,
+                stats.oldest.map(|e| e.to_string()),
+            ));
+        }
+        assert_eq!(outcomes[0].0, 1, "{outcomes:?}");
+        assert_eq!(outcomes[0], outcomes[1]);
     }
 
     #[test]

@@ -31,6 +31,11 @@ pub struct DocsOptions {
     /// How documents' bodies are stored (LZ4 by default, kept only where it
     /// saves bytes; records of either kind are read whatever this says).
     pub document_compression: crate::DocumentCompression,
+    /// Whether opening a database frees its staged attachment blobs whose time
+    /// ran out by this machine's clock (true). A cluster's node sets false: there
+    /// a staged blob expires at the leader's time carried by a log entry, at the
+    /// same entry on every node (kiln-cluster's `uploads::expire`).
+    pub expire_staged_at_open: bool,
 }
 
 impl Default for DocsOptions {
@@ -59,6 +64,7 @@ impl Default for DocsOptions {
             delete_wait_ms: 10_000,
             indexing: crate::IndexingOptions::default(),
             document_compression: crate::DocumentCompression::default(),
+            expire_staged_at_open: true,
         }
     }
 }
@@ -79,6 +85,7 @@ impl DocsOptions {
             max_batch_ops: self.max_batch_ops,
             indexing: self.indexing,
             compression: self.document_compression,
+            expire_staged_at_open: self.expire_staged_at_open,
         })
     }
 

@@ -184,7 +184,11 @@ fn warn_when_no_api_key_exists(config: &ServerConfig) -> Result<(), ServeError> 
 /// Opens the data directory's databases (on a blocking thread: it reads their files).
 async fn open_store(config: &ServerConfig) -> Result<DocStore, ServeError> {
     let data_dir = config.data_dir.clone();
-    let docs = config.docs.clone();
+    let mut docs = config.docs.clone();
+    if config.cluster.is_some() {
+        // Staged blobs expire at the leader's time, through the log.
+        docs.expire_staged_at_open = false;
+    }
     Ok(
         tokio::task::spawn_blocking(move || DocStore::open(&data_dir, docs))
             .await
@@ -584,7 +588,10 @@ where
 }
 
 /// The tombstone retention rule: once an hour, every database forgets the deletes
-/// older than `retention_ms` that no registered consumer still needs.
+/// older than `retention_ms` that no registered consumer still needs. In a
+/// cluster the leader proposes the purge through the log (the age counted at
+/// its time, `routes::cluster::purge_tombstones`) and the other nodes purge
+/// nothing of their own: every node forgets the same deletes.
 async fn purge_tombstones_hourly(
     state: std::sync::Weak<AppState>,
     retention_ms: u64,
@@ -597,12 +604,38 @@ async fn purge_tombstones_hourly(
             _ = shutdown.changed() => return,
         }
         let Some(state) = state.upgrade() else { return };
+        let leads = state
+            .cluster
+            .as_ref()
+            .map(|node| node.status().leader == Some(node.node_id()));
+        if leads == Some(false) {
+            continue;
+        }
         for db in state.store.databases() {
+            let name = db.name().to_string();
+            if leads == Some(true) {
+                match crate::routes::cluster::purge_tombstones(
+                    &state,
+                    &db,
+                    None,
+                    Some(retention_ms),
+                )
+                .await
+                {
+                    Ok(out) if out.purged > 0 => {
+                        tracing::info!(database = %name, purged = out.purged, remaining = out.remaining, "tombstones purged by the retention rule")
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(database = %name, error = %e.code, message = %e.message, "tombstone purge failed")
+                    }
+                }
+                continue;
+            }
             let rule = kiln_docs::PurgeRule {
                 before_sequence: None,
                 older_than_ms: Some(retention_ms),
             };
-            let name = db.name().to_string();
             match tokio::task::spawn_blocking(move || db.purge_tombstones(rule)).await {
                 Ok(Ok(out)) if out.purged > 0 => {
                     tracing::info!(database = %name, purged = out.purged, remaining = out.remaining, "tombstones purged by the retention rule")

@@ -58,6 +58,11 @@ pub(crate) struct BlobStore {
     pending: parking_lot::Mutex<Vec<Hash>>,
     /// Blobs backups are reading, and the unlinks held off for them.
     pins: parking_lot::Mutex<Pins>,
+    /// No staged blob's time runs out before this (0: not known yet, look). It
+    /// lets `Database::expire_staged_attachments` skip its scan of the reference
+    /// tree, which a cluster's node calls at every log entry of the database.
+    /// Written under `lock` (staging holds it too).
+    staged_due_ms: AtomicU64,
 }
 
 #[derive(Default)]
@@ -226,6 +231,7 @@ impl BlobStore {
             next_tmp: AtomicU64::new(0),
             pending: Default::default(),
             pins: Default::default(),
+            staged_due_ms: AtomicU64::new(0),
         }
     }
 
@@ -296,6 +302,16 @@ impl BlobStore {
         }
         let _guard = self.lock();
         let r = env.begin_read()?;
+        for hash in freed {
+            // A staged blob a write stopped naming before its time ran out
+            // (`adjust`): it now waits for expiry, which must not skip it.
+            if let Some(raw) = r.get(ATTACHMENT_REFS, hash)? {
+                let e = RefEntry::decode(hash, raw)?;
+                if e.refs == 0 {
+                    self.note_staged(e.staged_until_ms);
+                }
+            }
+        }
         for hash in freed {
             if r.get(ATTACHMENT_REFS, hash)?.is_none() {
                 let mut pins = self.pins.lock();
@@ -387,18 +403,45 @@ impl BlobStore {
 
     /// The hashes of staged blobs no document names whose time ran out at `now_ms`.
     pub fn expired_staged(&self, env: &Env, now_ms: u64) -> Result<Vec<Vec<u8>>> {
+        Ok(self.expired_staged_and_due(env, now_ms)?.0)
+    }
+
+    /// `expired_staged`, and the earliest time a staged blob's time runs out
+    /// after `now_ms` (`u64::MAX`: none). A blob whose time ran out while a
+    /// document names it is freed by the write that drops its last reference
+    /// (`adjust`), not by expiry: it does not count.
+    pub fn expired_staged_and_due(&self, env: &Env, now_ms: u64) -> Result<(Vec<Vec<u8>>, u64)> {
         let r = env.begin_read()?;
         let mut cursor = r.cursor(ATTACHMENT_REFS)?;
         let mut entry = cursor.first()?;
         let mut out = Vec::new();
+        let mut due_ms = u64::MAX;
         while let Some((hash, raw)) = entry {
             let e = RefEntry::decode(hash, raw)?;
             if e.refs == 0 && e.staged_until_ms <= now_ms {
                 out.push(hash.to_vec());
+            } else if e.staged_until_ms > now_ms {
+                due_ms = due_ms.min(e.staged_until_ms);
             }
             entry = cursor.next()?;
         }
-        Ok(out)
+        Ok((out, due_ms))
+    }
+
+    /// Whether a staged blob's time may have run out at `now_ms` (see
+    /// `staged_due_ms`).
+    pub fn staged_may_be_due(&self, now_ms: u64) -> bool {
+        now_ms >= self.staged_due_ms.load(Ordering::SeqCst)
+    }
+
+    /// Records when staged blobs next run out (the caller holds `lock`).
+    pub fn set_staged_due(&self, due_ms: u64) {
+        self.staged_due_ms.store(due_ms, Ordering::SeqCst);
+    }
+
+    /// A blob was staged until `until_ms` (the caller holds `lock`).
+    pub fn note_staged(&self, until_ms: u64) {
+        self.staged_due_ms.fetch_min(until_ms, Ordering::SeqCst);
     }
 
     /// Every file of the store's blob directories, with the hash its name gives

@@ -342,6 +342,11 @@ pub(crate) fn adjust(
                 staged_until_ms,
             };
             txn.put(ATTACHMENT_REFS, &hash, &e.encode())?;
+            if refs == 0 {
+                // Staged again until its time runs out: `BlobStore::release`
+                // keeps the file and tells staged expiry about it.
+                freed.push(hash);
+            }
         }
     }
     Ok(())

@@ -146,60 +146,119 @@ impl Database {
     /// document written in a batch may then list them in `@metadata.@attachments`
     /// by hash. Returns the hash (hex) and size.
     pub fn stage_attachment(&self, blob: StagedBlob) -> Result<(String, u64)> {
+        let until_ms = crate::time::now_ms() + STAGED_TTL_MS;
+        self.stage_until(blob, until_ms, None)?
+            .ok_or_else(|| DocError::Internal("a staging without a log entry was skipped".into()))
+    }
+
+    /// `stage_attachment` for the cluster log entry `log_index`, at the leader's
+    /// `at_ms` (the blob is kept until `at_ms + STAGED_TTL_MS`, leader time);
+    /// `None` if the entry was applied before. The entry's index is stored in the
+    /// transaction that stages the blob (as `put_attachment_logged` does).
+    pub fn stage_attachment_logged(
+        &self,
+        log_index: u64,
+        at_ms: u64,
+        blob: StagedBlob,
+    ) -> Result<Option<(String, u64)>> {
+        self.stage_until(blob, at_ms.saturating_add(STAGED_TTL_MS), Some(log_index))
+    }
+
+    fn stage_until(
+        &self,
+        blob: StagedBlob,
+        until_ms: u64,
+        log_index: Option<u64>,
+    ) -> Result<Option<(String, u64)>> {
         let env = self.live()?;
         let (hash, size_bytes) = (blob.hash, blob.size_bytes);
-        let until_ms = crate::time::now_ms() + STAGED_TTL_MS;
-        let _guard = self.blobs.lock();
-        self.blobs.place(blob)?;
-        env.submit_with(move |txn| {
-            let entry = match read_ref(txn, &hash)? {
-                Some(e) => RefEntry {
-                    staged_until_ms: e.staged_until_ms.max(until_ms),
-                    ..e
-                },
-                None => RefEntry {
-                    refs: 0,
-                    size_bytes,
-                    staged_until_ms: until_ms,
-                },
-            };
-            txn.put(ATTACHMENT_REFS, &hash, &entry.encode())?;
-            Ok::<_, DocError>(())
-        })?;
-        Ok((hash_hex(&hash), size_bytes))
+        let result = {
+            let _guard = self.blobs.lock();
+            self.blobs.place(blob)?;
+            let result = env.submit_with(move |txn| {
+                if let Some(log_index) = log_index {
+                    if !crate::database::claim_log_index(txn, log_index)? {
+                        return Ok(false);
+                    }
+                }
+                let entry = match read_ref(txn, &hash)? {
+                    Some(e) => RefEntry {
+                        staged_until_ms: e.staged_until_ms.max(until_ms),
+                        ..e
+                    },
+                    None => RefEntry {
+                        refs: 0,
+                        size_bytes,
+                        staged_until_ms: until_ms,
+                    },
+                };
+                txn.put(ATTACHMENT_REFS, &hash, &entry.encode())?;
+                Ok::<_, DocError>(true)
+            });
+            if matches!(result, Ok(true)) {
+                self.blobs.note_staged(until_ms);
+            }
+            result
+        };
+        match result {
+            Ok(true) => Ok(Some((hash_hex(&hash), size_bytes))),
+            other => {
+                // Placed for nothing (applied before, or the commit failed): the
+                // latest commit decides whether the file stays.
+                if let Err(re) = self.blobs.release(env, &[hash]) {
+                    tracing::warn!(error = %re, "attachments: could not unlink an unused upload");
+                }
+                other.map(|_| None)
+            }
+        }
     }
 
     /// Frees the staged blobs (`stage_attachment`) that no document named before
     /// their time ran out at `now_ms`: their ref entries go in one transaction
     /// (each checked again in it: a batch may have named one meanwhile), their
     /// files after the commit. A server calls it periodically (the open's `gc`
-    /// does the same); returns how many were freed.
+    /// does the same), a cluster's node at each log entry of the database with
+    /// the entry's leader time; it costs a scan of the reference tree only when a
+    /// staged blob may be due. Returns how many were freed.
     pub fn expire_staged_attachments(&self, now_ms: u64) -> Result<u64> {
         let env = self.live()?;
-        let candidates = self.blobs.expired_staged(env, now_ms)?;
-        if candidates.is_empty() {
+        if !self.blobs.staged_may_be_due(now_ms) {
             return Ok(0);
         }
         let blobs = self.blobs.clone();
-        let freed = env.submit_with(move |txn| {
-            let mut freed: Vec<super::Hash> = Vec::new();
-            for hash in candidates {
-                let Ok(hash) = super::Hash::try_from(&hash[..]) else {
-                    continue;
-                };
-                match read_ref(txn, &hash)? {
-                    Some(e) if e.refs == 0 && e.staged_until_ms <= now_ms => {
-                        txn.delete(ATTACHMENT_REFS, &hash)?;
-                        freed.push(hash);
+        let freed = {
+            // Under the lock: a blob staged meanwhile is in the scan, or lowers
+            // the due time after it (`note_staged`).
+            let _guard = self.blobs.lock();
+            let (candidates, due_ms) = self.blobs.expired_staged_and_due(env, now_ms)?;
+            let freed = if candidates.is_empty() {
+                0
+            } else {
+                env.submit_with(move |txn| {
+                    let mut freed: Vec<super::Hash> = Vec::new();
+                    for hash in candidates {
+                        let Ok(hash) = super::Hash::try_from(&hash[..]) else {
+                            continue;
+                        };
+                        match read_ref(txn, &hash)? {
+                            Some(e) if e.refs == 0 && e.staged_until_ms <= now_ms => {
+                                txn.delete(ATTACHMENT_REFS, &hash)?;
+                                freed.push(hash);
+                            }
+                            _ => {}
+                        }
                     }
-                    _ => {}
-                }
-            }
-            let n = freed.len() as u64;
-            blobs.freed(freed);
-            Ok::<_, DocError>(n)
-        })?;
-        self.release_freed_blobs(env);
+                    let n = freed.len() as u64;
+                    blobs.freed(freed);
+                    Ok::<_, DocError>(n)
+                })?
+            };
+            self.blobs.set_staged_due(due_ms);
+            freed
+        };
+        if freed > 0 {
+            self.release_freed_blobs(env);
+        }
         Ok(freed)
     }
 

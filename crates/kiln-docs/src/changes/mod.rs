@@ -274,30 +274,85 @@ impl Database {
         })
     }
 
+    /// The exclusive sequence bound a purge by `before_sequence` has now: below
+    /// the last write (inclusive), the sequence given, and what every registered
+    /// consumer has read.
+    pub fn tombstone_purge_bound(&self, before_sequence: Option<u64>) -> Result<u64> {
+        let env = self.live()?;
+        let r = env.begin_read()?;
+        let consumers_min = read_consumers(&r)?.iter().map(|c| c.1).min();
+        let last = self.read_last_sequence(&r)?;
+        // `bound` is exclusive: the last write itself may be a tombstone to purge.
+        Ok([
+            Some(last + 1),
+            before_sequence,
+            consumers_min.map(|s| s + 1),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(0))
+    }
+
     /// Removes tombstones by `rule`, a chunk per transaction (writers go on between
     /// chunks). Walks the change log from its start: a purge costs a scan of the log
     /// below its bound.
     pub fn purge_tombstones(&self, rule: PurgeRule) -> Result<PurgeOutcome> {
-        let env = self.live()?;
-        let (bound, mut from) = {
-            let r = env.begin_read()?;
-            let consumers_min = read_consumers(&r)?.iter().map(|c| c.1).min();
-            let last = self.read_last_sequence(&r)?;
-            // `bound` is exclusive: the last write itself may be a tombstone to purge.
-            let bound = [
-                Some(last + 1),
-                rule.before_sequence,
-                consumers_min.map(|s| s + 1),
-            ]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(0);
-            (bound, 0u64)
-        };
+        let bound = self.tombstone_purge_bound(rule.before_sequence)?;
         let cutoff_ms = rule
             .older_than_ms
             .map(|age| crate::time::now_ms().saturating_sub(age));
+        self.purge_below(bound, cutoff_ms)
+    }
+
+    /// A cluster's purge (one log entry, applied on every node): removes the
+    /// tombstones below `below_sequence` (the bound the leader computed with
+    /// `tombstone_purge_bound`: its consumers are in it) whose delete is at or
+    /// before `cutoff_ms` (the leader's time less the age asked for). What it
+    /// removes depends on these and on the change log only, which every node
+    /// has alike at the entry, so every node removes the same tombstones.
+    ///
+    /// This node's own consumers (its indexes, built by its own indexer, and its
+    /// backup chain) are not consulted, since their positions differ from node
+    /// to node. Instead each index of this node first reads the change log up to
+    /// the bound (waited for at most `index_wait`); an index that does not catch
+    /// up in time is rebuilt from the documents (`reset_index`), which needs no
+    /// tombstone. A backup chain reads its own history tree, which a purge does
+    /// not touch.
+    pub fn purge_tombstones_logged(
+        &self,
+        below_sequence: u64,
+        cutoff_ms: Option<u64>,
+        index_wait: Duration,
+    ) -> Result<PurgeOutcome> {
+        let bound = {
+            let env = self.live()?;
+            let r = env.begin_read()?;
+            below_sequence.min(self.read_last_sequence(&r)? + 1)
+        };
+        if bound > 1 {
+            let deadline = std::time::Instant::now() + index_wait;
+            for name in self.index_names()? {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                match self.wait_for_index(&name, bound - 1, left) {
+                    Ok(true) | Err(DocError::IndexNotFound(_)) => {}
+                    Ok(false) => {
+                        tracing::warn!(database = %self.name(), index = %name, "an index had not read the tombstones a cluster purges: rebuilt");
+                        match self.reset_index(&name) {
+                            Ok(()) | Err(DocError::IndexNotFound(_)) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        self.purge_below(bound, cutoff_ms)
+    }
+
+    fn purge_below(&self, bound: u64, cutoff_ms: Option<u64>) -> Result<PurgeOutcome> {
+        let env = self.live()?;
+        let mut from = 0u64;
         let mut purged = 0;
         loop {
             // Find a chunk under a read snapshot, then delete it in one write; a

@@ -142,6 +142,7 @@ impl Unit {
             max_batch_ops: usize::MAX,
             indexing: crate::index::IndexingOptions::default(),
             compression: crate::DocumentCompression::default(),
+            expire_staged_at_open: true,
         };
         let possible = Possible {
             tombstones: Arc::new(AtomicBool::new(true)),

@@ -177,6 +177,8 @@ pub(crate) struct Limits {
     pub indexing: crate::index::IndexingOptions,
     /// How new records' bodies are compressed (`record`).
     pub compression: crate::DocumentCompression,
+    /// `DocsOptions::expire_staged_at_open`.
+    pub expire_staged_at_open: bool,
 }
 
 pub struct Database {
@@ -253,7 +255,13 @@ impl Database {
             env.submit(|w| w.ensure_tree(ATTACHMENT_REFS))?;
         }
         let blobs = crate::attachments::BlobStore::open(dir)?;
-        let removed = blobs.gc(&env, crate::time::now_ms())?;
+        // A cluster's staged blobs expire at leader time, by the log: not here.
+        let staged_now_ms = if limits.expire_staged_at_open {
+            crate::time::now_ms()
+        } else {
+            0
+        };
+        let removed = blobs.gc(&env, staged_now_ms)?;
         if removed > 0 {
             tracing::info!(
                 database = name,

@@ -220,25 +220,47 @@ pub struct PurgeQuery {
 /// `DELETE /dbs/{db}/tombstones?before=<etag>&older_than_ms=N`: forgets deletes
 /// below the etag and older than the age, never one a registered consumer has not
 /// read yet. With neither, every tombstone the consumers allow.
+///
+/// In a cluster the purge is a log entry (`routes/cluster.rs`), so every node
+/// forgets the same deletes: the age counts back from the leader's time carried
+/// in the entry, never a node's clock. Consumer positions are each node's own
+/// (its indexes advance with its own indexer, its backup chain with its own
+/// backups), so they cannot decide a replicated purge: the bound is the
+/// leader's (the etag given, its last write, its consumers) and every node
+/// purges below it; each node's indexes first read the change log up to that
+/// bound (an index still behind after 30 s is rebuilt from the documents, which
+/// needs no tombstone), and a backup chain reads its own history, which a purge
+/// does not touch. The answer is a single server's: the counts of the entry,
+/// the tombstone figures of the node that answers.
 pub async fn purge_tombstones(
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
     Params(q): Params<PurgeQuery>,
 ) -> Result<Response, ApiError> {
-    crate::routes::cluster::refuse_in_cluster(&state, "purging tombstones")?;
     let database = state.store.database(&db)?;
     let before_sequence = q
         .before
         .as_deref()
         .map(|e| database.sequence_of(e))
         .transpose()?;
-    let rule = kiln_docs::PurgeRule {
-        before_sequence,
-        older_than_ms: q.older_than_ms,
+    let (out, stats) = if state.cluster.is_some() {
+        let out = crate::routes::cluster::purge_tombstones(
+            &state,
+            &database,
+            before_sequence,
+            q.older_than_ms,
+        )
+        .await?;
+        let d = database.clone();
+        (out, blocking(move || d.tombstone_stats()).await?)
+    } else {
+        let rule = kiln_docs::PurgeRule {
+            before_sequence,
+            older_than_ms: q.older_than_ms,
+        };
+        let d = database.clone();
+        blocking(move || Ok((d.purge_tombstones(rule)?, d.tombstone_stats()?))).await?
     };
-    let d = database.clone();
-    let (out, stats) =
-        blocking(move || Ok((d.purge_tombstones(rule)?, d.tombstone_stats()?))).await?;
     let mut v = tombstone_json(&database, &stats);
     v["purged"] = out.purged.into();
     v["purged_below_etag"] = database

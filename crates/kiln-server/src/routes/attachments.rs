@@ -10,14 +10,14 @@
 //! In a cluster, an upload and a delete go through the log (`routes/cluster.rs`:
 //! the bytes in chunks, then the attachment's entry); reads (an attachment, the
 //! blob list, a blob) are served by the node asked, from its own copy. Staging
-//! for a batch is refused (see `stage`).
+//! for a batch goes through the log too, staged and expired at the leader's time.
 
 use crate::error::{ApiError, ErrorCode};
 use crate::file_body::send_file;
 use crate::http_util::{
     attachment_cap, attachment_too_large, blocking, body_read_failed, etag_header, write_condition,
 };
-use crate::routes::cluster::{self, refuse_in_cluster};
+use crate::routes::cluster;
 use crate::routes::docs as routes_docs;
 use crate::state::{AppState, SharedState};
 use axum::body::{Body, Bytes};
@@ -249,13 +249,16 @@ pub async fn stage(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    // A staged blob's time runs out by each node's own clock (`BlobStore::gc` at
-    // open), so nodes would disagree on whether a batch may still name it.
-    refuse_in_cluster(&state, "staging attachments for a batch")?;
     let cap = attachment_cap(&headers, &state.limits)?;
     let database = state.store.database(&db)?;
-    let staged = receive(&state, database.clone(), body, cap).await?;
-    let (hash, size) = blocking(move || database.stage_attachment(staged)).await?;
+    let (hash, size) = if state.cluster.is_some() {
+        // Through the log, staged at the leader's time; it expires at the
+        // leader's time too, by the log (`uploads::expire` in kiln-cluster).
+        cluster::stage_attachment(&state, database.name(), body, cap).await?
+    } else {
+        let staged = receive(&state, database.clone(), body, cap).await?;
+        blocking(move || database.stage_attachment(staged)).await?
+    };
     let body = json!({"hash": hash, "size": size, "staged_for_ms": kiln_docs::STAGED_TTL_MS});
     Ok(crate::http_util::json_response(
         StatusCode::CREATED,

@@ -514,10 +514,77 @@ pub(crate) async fn put_attachment(
     body: axum::body::Body,
     cap: Option<u64>,
 ) -> Result<(PutOutcome, kiln_docs::AttachmentInfo), ApiError> {
-    use futures_util::StreamExt;
-    use sha2::Digest;
     let node = node(state)?.clone();
     let (id, name, content_type) = target;
+    let upload = upload_body(state, &node, database, body, cap).await?;
+    let command = Command::PutAttachment {
+        database: database.to_string(),
+        at_ms: now_ms(),
+        upload_id: upload.upload_id,
+        id,
+        name: name.clone(),
+        content_type: content_type.clone(),
+        size_bytes: upload.size_bytes,
+        hash: upload.hash.clone(),
+        condition: LoggedCondition::from_condition(condition),
+    };
+    let out = attachment_outcome(propose(&node, command).await?)?;
+    let info = kiln_docs::AttachmentInfo {
+        name,
+        hash: upload.hash,
+        size_bytes: upload.size_bytes,
+        content_type,
+    };
+    Ok((out, info))
+}
+
+/// Bytes for a batch (`POST /dbs/{db}/attachments`) through the log: the body
+/// in chunks as an attachment upload's, then `Command::StageAttachment`, which
+/// every node applies alike (the upload's size and SHA-256 checked, the blob
+/// kept until the leader's time plus `STAGED_TTL_MS`). Answers the hash and
+/// size, as a single server.
+pub(crate) async fn stage_attachment(
+    state: &AppState,
+    database: &str,
+    body: axum::body::Body,
+    cap: Option<u64>,
+) -> Result<(String, u64), ApiError> {
+    let node = node(state)?.clone();
+    let upload = upload_body(state, &node, database, body, cap).await?;
+    let command = Command::StageAttachment {
+        database: database.to_string(),
+        at_ms: now_ms(),
+        upload_id: upload.upload_id,
+        size_bytes: upload.size_bytes,
+        hash: upload.hash,
+    };
+    match propose(&node, command).await? {
+        Answer::AttachmentStaged { hash, size_bytes } => Ok((hash, size_bytes)),
+        Answer::Failed(e) => Err(answered_error(e)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// An upload every node holds once `upload_body` returns.
+struct Upload {
+    upload_id: u64,
+    /// SHA-256 of the bytes, lower-case hex.
+    hash: String,
+    size_bytes: u64,
+}
+
+/// Streams a request's body into the log as `Command::AttachmentChunk`s of a new
+/// upload (a few in flight); on failure the upload is dropped (best effort: it
+/// expires after `UPLOAD_TTL_MS` anyway).
+async fn upload_body(
+    state: &AppState,
+    node: &Arc<ClusterNode>,
+    database: &str,
+    body: axum::body::Body,
+    cap: Option<u64>,
+) -> Result<Upload, ApiError> {
+    use futures_util::StreamExt;
+    use sha2::Digest;
     let upload_id: u64 = rand::random();
     let mut hasher = sha2::Sha256::new();
     let mut size_bytes = 0u64;
@@ -573,6 +640,7 @@ pub(crate) async fn put_attachment(
             database: database.to_string(),
             upload_id,
         };
+        let node = node.clone();
         tokio::spawn(async move {
             for task in in_flight {
                 let _ = task.await;
@@ -586,25 +654,47 @@ pub(crate) async fn put_attachment(
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let command = Command::PutAttachment {
-        database: database.to_string(),
-        at_ms: now_ms(),
+    Ok(Upload {
         upload_id,
-        id,
-        name: name.clone(),
-        content_type: content_type.clone(),
-        size_bytes,
-        hash: hash.clone(),
-        condition: LoggedCondition::from_condition(condition),
-    };
-    let out = attachment_outcome(propose(&node, command).await?)?;
-    let info = kiln_docs::AttachmentInfo {
-        name,
         hash,
         size_bytes,
-        content_type,
+    })
+}
+
+/// Purges tombstones on every node: the bound is this leader's
+/// (`Database::tombstone_purge_bound`: the etag given, its last write, its
+/// registered consumers), the age counts back from this leader's time carried
+/// in the entry; every node removes the same tombstones
+/// (`Database::purge_tombstones_logged`).
+pub(crate) async fn purge_tombstones(
+    state: &AppState,
+    database: &Arc<kiln_docs::Database>,
+    before_sequence: Option<u64>,
+    older_than_ms: Option<u64>,
+) -> Result<kiln_docs::PurgeOutcome, ApiError> {
+    let d = database.clone();
+    let below_sequence =
+        crate::http_util::blocking(move || d.tombstone_purge_bound(before_sequence)).await?;
+    let command = Command::PurgeTombstones {
+        database: database.name().to_string(),
+        incarnation: database.incarnation(),
+        at_ms: now_ms(),
+        below_sequence,
+        older_than_ms,
     };
-    Ok((out, info))
+    match propose(node(state)?, command).await? {
+        Answer::TombstonesPurged {
+            purged,
+            remaining,
+            purged_below_sequence,
+        } => Ok(kiln_docs::PurgeOutcome {
+            purged,
+            remaining,
+            purged_below_sequence,
+        }),
+        Answer::Failed(e) => Err(answered_error(e)),
+        other => Err(unexpected(&other)),
+    }
 }
 
 /// How long an upload's file is kept after its last chunk (leader time): an
