@@ -115,6 +115,12 @@ pub struct ServeArgs {
     /// --worker-threads instead.
     #[arg(long)]
     connection_threads: Option<usize>,
+    /// Where document GETs are read: auto reads them on the connection thread and
+    /// moves them to a pool of blocking threads while reads wait on the disk (data
+    /// larger than memory), so one page fault does not stall every connection of
+    /// its thread; always and never pin one of the two (to compare them).
+    #[arg(long, value_enum, default_value_t = ReadOffloadArg::Auto)]
+    read_offload: ReadOffloadArg,
     /// A browser origin allowed to call the API (CORS), e.g.
     /// https://app.example.com; repeat it or separate with commas; `*` allows any
     /// origin without credentials. None: no CORS headers.
@@ -193,6 +199,13 @@ fn parse_member(text: &str) -> Result<(u64, String), String> {
         return Err(format!("{text:?}: the address must be HOST:PORT"));
     }
     Ok((id, address.to_string()))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReadOffloadArg {
+    Auto,
+    Always,
+    Never,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -295,6 +308,11 @@ fn server_config(a: &ServeArgs) -> crate::AnyResult<ServerConfig> {
     if let Some(n) = a.connection_threads {
         config.connection_threads = n;
     }
+    config.read_offload = match a.read_offload {
+        ReadOffloadArg::Auto => kiln_server::ReadOffload::Auto,
+        ReadOffloadArg::Always => kiln_server::ReadOffload::Always,
+        ReadOffloadArg::Never => kiln_server::ReadOffload::Never,
+    };
     config.limits = Limits {
         max_body_bytes: a.max_body_bytes,
         max_page_size: a.max_page_size,

@@ -29,6 +29,9 @@ pub struct ServerConfig {
     /// engine's threads (write queue, commits, flusher): one fewer than the cores,
     /// at least one (`default_connection_threads`).
     pub connection_threads: usize,
+    /// Where document GETs run: on the connection thread, moved to the blocking
+    /// pool while they page-fault (`read_offload.rs`).
+    pub read_offload: crate::ReadOffload,
     /// Browser origins allowed to call the API (CORS); `*` for any, empty for none.
     pub cors_origins: Vec<String>,
     /// A line per request (`observe::finished`).
@@ -185,6 +188,7 @@ impl ServerConfig {
             shutdown_grace_ms: 10_000,
             own_http1: true,
             connection_threads: default_connection_threads(),
+            read_offload: crate::ReadOffload::Auto,
             cors_origins: Vec::new(),
             access_log: crate::observe::AccessLog::Off,
             cluster: None,

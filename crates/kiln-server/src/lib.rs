@@ -17,6 +17,7 @@ mod hyper_conn;
 mod metrics;
 mod observe;
 mod query_params;
+mod read_offload;
 mod routes;
 mod serve;
 mod state;
@@ -27,6 +28,7 @@ pub use config::{
     DEFAULT_EXPIRATION_CHECK_MS, DEFAULT_MAX_ATTACHMENT_BYTES,
 };
 pub use observe::AccessLog;
+pub use read_offload::ReadOffload;
 pub use serve::{RunningServer, ServeError};
 
 /// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.

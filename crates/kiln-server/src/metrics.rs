@@ -343,6 +343,13 @@ impl Collector for ProcessFigures {
                 fds,
             )?;
         }
+        let offloaded = ConstCounter::new(crate::read_offload::reads_offloaded());
+        offloaded.encode(encoder.encode_descriptor(
+            "kiln_document_reads_offloaded",
+            "Document GETs read on the blocking pool because reads were waiting on the disk.",
+            None,
+            MetricType::Counter,
+        )?)?;
         Ok(())
     }
 }

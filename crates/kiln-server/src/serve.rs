@@ -302,6 +302,7 @@ fn app_state(
         // know: the own loop (a single server's fast path) stays off.
         own_http1: config.own_http1 && config.cors_origins.is_empty() && cluster.is_none(),
         access_log: config.access_log,
+        read_offload: config.read_offload,
         cluster,
     }))
 }

@@ -27,6 +27,8 @@ pub struct AppState {
     pub own_http1: bool,
     /// `ServerConfig::access_log`.
     pub access_log: AccessLog,
+    /// `ServerConfig::read_offload`.
+    pub read_offload: crate::ReadOffload,
     /// This node of a cluster (`ServerConfig::cluster`); `None` for a single server.
     pub cluster: Option<Arc<kiln_cluster::ClusterNode>>,
 }

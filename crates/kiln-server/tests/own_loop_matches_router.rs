@@ -39,7 +39,7 @@
 mod common;
 
 use common::Harness;
-use kiln_server::{auth, ServerConfig};
+use kiln_server::{auth, ReadOffload, ServerConfig};
 use proptest::prelude::*;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -526,12 +526,12 @@ impl Pair {
     async fn start(seed: &Path, tune: impl Fn(&mut ServerConfig)) -> Pair {
         let (own, hyper) = tokio::join!(
             Harness::start_on_copy(seed, |c| {
-                tune(c);
                 c.own_http1 = true;
+                tune(c);
             }),
             Harness::start_on_copy(seed, |c| {
-                tune(c);
                 c.own_http1 = false;
+                tune(c);
             }),
         );
         Pair { own, hyper }
@@ -1782,6 +1782,12 @@ fn shapes(d: &str) -> Vec<Shape> {
 const SHAPE_GROUPS: usize = 8;
 
 async fn shapes_pair() -> (tempfile::TempDir, Pair) {
+    shapes_pair_reading(|_| ReadOffload::Auto).await
+}
+
+/// `shapes_pair`, with each server's document reads where `offload` says (given
+/// whether the server is the one with the own loop).
+async fn shapes_pair_reading(offload: impl Fn(bool) -> ReadOffload) -> (tempfile::TempDir, Pair) {
     let seed = {
         let h = Harness::start().await;
         for g in 0..SHAPE_GROUPS {
@@ -1795,6 +1801,7 @@ async fn shapes_pair() -> (tempfile::TempDir, Pair) {
     let pair = Pair::start(seed.path(), |c| {
         c.limits.max_body_bytes = MAX_BODY;
         c.limits.request_read_timeout_ms = SHAPE_READ_TIMEOUT_MS;
+        c.read_offload = offload(c.own_http1);
     })
     .await;
     (seed, pair)
@@ -1858,6 +1865,30 @@ async fn raw_shapes_are_answered_alike() {
     );
     eprintln!("raw shapes: {count} compared");
     assert!(count >= 130, "{count}");
+    pair.shutdown("").await;
+}
+
+/// Reads on the blocking pool (`read_offload.rs`) are answered as reads on the
+/// connection thread: the own loop and hyper with every read offloaded, against
+/// hyper with none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_shapes_are_answered_alike_with_reads_offloaded() {
+    let (_seed, pair) = shapes_pair_reading(|own_loop| match own_loop {
+        true => ReadOffload::Always,
+        false => ReadOffload::Never,
+    })
+    .await;
+    let (count, failures) = run_shapes(&pair, None).await;
+    assert!(
+        failures.is_empty(),
+        "{} of {count} shapes:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    let metrics = pair.own.http.get(pair.own.url("/metrics")).send();
+    let text = metrics.await.unwrap().text().await.unwrap();
+    let offloaded = common::metric(&text, "kiln_document_reads_offloaded_total").unwrap();
+    assert!(offloaded >= 10.0, "{offloaded} reads offloaded");
     pair.shutdown("").await;
 }
 

@@ -23,6 +23,7 @@ use crate::http_util::{
 use crate::hyper_conn::ConnContext;
 use crate::metrics::DOCUMENT_ROUTE;
 use crate::observe::{Exchange, KeyId, RequestId};
+use crate::read_offload;
 use crate::state::SharedState;
 use answer::Answered;
 use axum::http::StatusCode;
@@ -36,6 +37,15 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
+
+/// The one header an offloaded GET needs, carried to the blocking pool.
+struct IfNoneMatch<'a>(Option<&'a [u8]>);
+
+impl HeaderLookup for IfNoneMatch<'_> {
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        (name == "if-none-match").then_some(self.0).flatten()
+    }
+}
 
 /// A buffer kept between requests; a larger one (a big body) is given back.
 const KEPT_BUFFER_BYTES: usize = 16 << 10;
@@ -243,27 +253,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         id: &RequestId,
         close: bool,
     ) -> (Answered, Option<KeyId>) {
-        let admitted = self.admit(head);
-        // Split borrows: the head's bytes are read while the answer is written.
-        let pending = &self.buf[self.start..];
-        let headers = HeadHeaders { head, buf: pending };
-        let state = &*self.state;
-        let out = &mut self.out;
-        let (answered, key) = match admitted {
+        let (answered, key) = match self.admit(head) {
             Err(refused) => (Err(refused), None),
-            Ok(key) => (
-                crate::routes::docs::lookup_with(
-                    state,
-                    head.db(pending),
-                    head.id(pending),
-                    |doc| {
-                        let not_modified = none_match_hits(&headers, doc.etag);
-                        answer::document(out, &doc, not_modified, id, close)
-                    },
-                )
-                .map_err(IntoResponse::into_response),
-                key,
-            ),
+            Ok(key) if self.state.read_offload.now() => {
+                (self.get_offloaded(head, id, close).await, key)
+            }
+            Ok(key) => (self.get_here(head, id, close), key),
         };
         let answered = match answered {
             Ok(answered) => answered,
@@ -271,6 +266,64 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         };
         self.consume(head.head_len);
         (answered, key)
+    }
+
+    /// A GET read on this thread, the answer written straight from the snapshot.
+    fn get_here(
+        &mut self,
+        head: &DocHead,
+        id: &RequestId,
+        close: bool,
+    ) -> Result<Answered, Response> {
+        // Split borrows: the head's bytes are read while the answer is written.
+        let pending = &self.buf[self.start..];
+        let headers = HeadHeaders { head, buf: pending };
+        let state = &*self.state;
+        let out = &mut self.out;
+        read_offload::watched(|| {
+            crate::routes::docs::lookup_with(state, head.db(pending), head.id(pending), |doc| {
+                let not_modified = none_match_hits(&headers, doc.etag);
+                answer::document(out, &doc, not_modified, id, close)
+            })
+        })
+        .map_err(IntoResponse::into_response)
+    }
+
+    /// A GET read on the blocking pool (`read_offload.rs`), which writes the answer
+    /// into a buffer of its own: this thread serves other connections meanwhile.
+    async fn get_offloaded(
+        &mut self,
+        head: &DocHead,
+        id: &RequestId,
+        close: bool,
+    ) -> Result<Answered, Response> {
+        let pending = &self.buf[self.start..];
+        let if_none_match = HeadHeaders { head, buf: pending }
+            .first("if-none-match")
+            .map(<[u8]>::to_vec);
+        let state = self.state.clone();
+        let (db, doc_id, id) = (
+            head.db(pending).to_string(),
+            head.id(pending).to_string(),
+            id.clone(),
+        );
+        let read = move || {
+            let mut out = Vec::new();
+            let answered = crate::routes::docs::lookup_with(&state, &db, &doc_id, |doc| {
+                let headers = IfNoneMatch(if_none_match.as_deref());
+                let not_modified = none_match_hits(&headers, doc.etag);
+                answer::document(&mut out, &doc, not_modified, &id, close)
+            });
+            (answered, out)
+        };
+        match read_offload::offloaded(read).await {
+            Ok((Ok(answered), bytes)) => {
+                self.out.extend_from_slice(&bytes);
+                Ok(answered)
+            }
+            Ok((Err(e), _)) => Err(e.into_response()),
+            Err(e) => Err(read_offload::unfinished(e).into_response()),
+        }
     }
 
     /// A PUT, POST or PATCH, checked in the order of the hyper path

@@ -60,7 +60,14 @@ pub async fn get_document(
     ApiPath((db, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let doc = lookup(&state, &db, &id)?;
+    let doc = if state.read_offload.now() {
+        let shared = state.clone();
+        crate::read_offload::offloaded(move || lookup(&shared, &db, &id))
+            .await
+            .map_err(crate::read_offload::unfinished)??
+    } else {
+        crate::read_offload::watched(|| lookup(&state, &db, &id))?
+    };
     let mut resp = if none_match_hits(&headers, doc.etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
