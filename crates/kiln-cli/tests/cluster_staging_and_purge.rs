@@ -8,32 +8,12 @@
 mod common;
 
 use common::cluster::{json, request, Cluster};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 /// One request with a binary body on its own connection: status and body.
 fn raw(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).unwrap();
-    for chunk in body.chunks(1 << 16) {
-        if s.write_all(chunk).is_err() {
-            break; // answered before the whole body (a redirect): read it
-        }
-    }
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let split = out
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a head");
-    let status = String::from_utf8_lossy(&out[9..12]).parse().unwrap();
-    (status, out[split + 4..].to_vec())
+    let answer = common::raw_http::raw(port, method, path, &[], body);
+    (answer.status, answer.body)
 }
 
 /// Waits until `check` holds (a follower applies a moment after the leader).
@@ -73,9 +53,7 @@ fn staging_for_a_batch_and_purging_tombstones_are_replicated() {
     );
 
     // Staged bytes of two log chunks and a bit (256 KiB each).
-    let data: Vec<u8> = (0..(2usize << 18) + 999)
-        .map(|i| (i * 131 % 253) as u8)
-        .collect();
+    let data = common::raw_http::pseudo_random_bytes((2 << 18) + 999, 5);
     let (status, _) = raw(follower, "POST", "/dbs/s/attachments", &data);
     assert_eq!(status, 307, "a follower sends staging to the leader");
     let (status, body) = raw(leader, "POST", "/dbs/s/attachments", &data);
