@@ -397,3 +397,73 @@ fn damaged_or_missing_search_files_are_rebuilt_and_the_data_restores() {
     }
     store.close().unwrap();
 }
+
+#[test]
+fn backups_taken_while_the_index_commits_and_merges_restore_a_usable_commit() {
+    // Writes go on during each backup: the index commits (and tantivy merges and
+    // collects segments) while a commit is pinned and copied. Every restored index
+    // must check out (a file collected under the copy would make it unusable, then
+    // rebuilt: `opened_at` 0) and answer as the restored documents say.
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), options()).unwrap();
+    let db = store.create_database("b").unwrap();
+    db.define_index(search_def()).unwrap();
+    let mut model = Model::new();
+    for i in 0..200 {
+        put(&db, &mut model, i, body(i));
+    }
+    assert_eq!(count(&db), expected(&model));
+    // (sequence, i, body) of every write, to know what each backup holds.
+    let written = std::sync::Mutex::new(Vec::new());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut backups = Vec::new();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Rewrites of the same documents: every commit then deletes from
+            // older segments (new `.del` files; the previous ones are collected).
+            let mut m = Model::new();
+            let mut k = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (i, text) = (k % 250, body(k / 3));
+                let seq = put(&db, &mut m, i, text);
+                written.lock().unwrap().push((seq, i, text));
+                k += 1;
+            }
+        });
+        for _ in 0..6 {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let mut b = Vec::new();
+            let report = db.backup_to(&mut b, Default::default(), |_| {}).unwrap();
+            let end = kiln_docs::Etag::parse(report.manifest.etag.as_deref().unwrap())
+                .unwrap()
+                .sequence;
+            backups.push((b, end));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let written = written.into_inner().unwrap();
+    drop(db);
+    store.close().unwrap();
+
+    let out = tempfile::tempdir().unwrap();
+    for (n, (b, _)) in backups.iter().enumerate() {
+        restore(&[b], out.path(), &format!("r{n}"), RestorePoint::Latest);
+    }
+    let store = DocStore::open(out.path(), options()).unwrap();
+    for (n, (_, end)) in backups.iter().enumerate() {
+        let db = store.database(&format!("r{n}")).unwrap();
+        assert!(opened_at(&db) > 0, "backup {n}: the index was rebuilt");
+        assert!(
+            opened_at(&db) <= *end,
+            "backup {n}: a commit past its point"
+        );
+        let mut want = model.clone();
+        for (seq, i, text) in &written {
+            if seq <= end {
+                want.insert(format!("posts/{i}"), text.to_string());
+            }
+        }
+        assert_eq!(count(&db), expected(&want), "backup {n}");
+    }
+    store.close().unwrap();
+}

@@ -7,13 +7,19 @@
 //! commit's payload sequence never exceeds the database's last sequence when it was
 //! made (the indexer reads a snapshot), so the sequence shipped is at or below the
 //! backup's point, and the restored database holds every change after it (a restore
-//! only goes forward from the full backup's point). Pinning (`pin`) holds tantivy's
-//! `META_LOCK` while it loads the index's metas and opens every file they name:
-//! tantivy's garbage collector picks the files to delete under that same lock (as
-//! its own readers rely on to open segments), and a file open here stays readable
-//! after an unlink (Unix), while segment files and `meta.json` are never rewritten
-//! in place (new names, atomic renames). The `meta.json` shipped is the metas
-//! loaded, serialized as tantivy writes them.
+//! only goes forward from the full backup's point). Tantivy's garbage collection
+//! must not delete a file being copied; `pin` relies on three things of tantivy
+//! 0.27: it holds `META_LOCK` while it loads the index's metas and opens every file
+//! they name, and the collector picks the files to delete under that same lock (as
+//! tantivy's own readers rely on to open segments); the metas are loaded through
+//! the writer's `Index`, so their segment metas are tracked in its inventory, whose
+//! files the collector counts as living while they are held (until every file is
+//! open); and a file open here stays readable after an unlink (Unix). Segment files
+//! and `meta.json` are never rewritten in place (new names, atomic renames). The
+//! `meta.json` shipped is the metas loaded, serialized as tantivy writes them.
+//! (`tests/search_backup.rs` takes backups while rewrites commit new delete files
+//! and the old ones are collected; without the lock and the held metas, with a
+//! pause before the files are opened, its restored indexes come out unusable.)
 //!
 //! A restore writes the files into the staged database's `search/<id>/` (the
 //! `meta.json` comes last in the backup, so a partial set has none and is rebuilt),
