@@ -82,6 +82,11 @@ pub fn info_json(i: &IndexInfo) -> Value {
         v["group_by"] = json!(r.group_by);
         v["aggregate"] = json!(r.aggregate);
     }
+    if i.definition.is_search() {
+        // Where the full-text index resumed when the database opened (after a
+        // restore: the commit its backup carried); null: built from the start.
+        v["opened_at_etag"] = json!(i.opened_at_etag.map(|e| e.to_string()));
+    }
     v
 }
 
