@@ -9,57 +9,11 @@ mod common;
 
 use common::cluster::{json, request, Cluster};
 use common::kill9;
+use common::raw_http::{files_under, pseudo_random_bytes, raw, Answer};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-struct Answer {
-    status: u16,
-    head: String,
-    body: Vec<u8>,
-}
-
-/// One request with a binary body, on its own connection.
-fn raw(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n");
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
-    s.write_all(head.as_bytes()).unwrap();
-    for chunk in body.chunks(1 << 16) {
-        if s.write_all(chunk).is_err() {
-            break; // answered before the whole body (a redirect): read it
-        }
-    }
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let split = out
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a head");
-    let head = String::from_utf8_lossy(&out[..split]).to_string();
-    Answer {
-        status: head[9..12].parse().unwrap(),
-        head,
-        body: out[split + 4..].to_vec(),
-    }
-}
-
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x: u64 = 0x9e3779b97f4a7c15 ^ seed;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn put_attachment(port: u16, path: &str, if_match: Option<&str>, body: &[u8]) -> Answer {
     let condition = if_match.map(|e| format!("\"{e}\""));
@@ -119,20 +73,12 @@ fn blobs(port: u16) -> Vec<(String, u64)> {
 }
 
 /// Files under `dir` (recursively) whose path contains `part`.
-fn files_under(dir: &Path, part: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return out;
-    };
-    for e in entries.flatten() {
-        let path = e.path();
-        if path.is_dir() {
-            out.extend(files_under(&path, part));
-        } else if path.to_string_lossy().contains(part) {
-            out.push(path.display().to_string());
-        }
-    }
-    out
+fn files_containing(dir: &Path, part: &str) -> Vec<String> {
+    files_under(dir)
+        .into_iter()
+        .map(|p| p.display().to_string())
+        .filter(|p| p.contains(part))
+        .collect()
 }
 
 #[test]
@@ -155,7 +101,7 @@ fn attachments_are_replicated_shared_freed_and_survive_the_leaders_kill9() {
     ok(leader, "PUT", "/dbs/att/docs/a/2", r#"{"n": 2}"#);
 
     // Six log chunks and a bit (256 KiB each).
-    let data = bytes((6 << 18) + 12_345, 1);
+    let data = pseudo_random_bytes((6 << 18) + 12_345, 1);
     let path1 = "/dbs/att/docs/a/1/attachments/big.bin";
     let path2 = "/dbs/att/docs/a/2/attachments/copy.bin";
     let redirected = put_attachment(follower, path1, None, &data);
@@ -240,7 +186,7 @@ fn attachments_are_replicated_shared_freed_and_survive_the_leaders_kill9() {
     }
 
     // An acknowledged upload survives the leader's kill -9 at once.
-    let last = bytes((3 << 18) + 7, 2);
+    let last = pseudo_random_bytes((3 << 18) + 7, 2);
     let put = put_attachment(leader, path2, None, &last);
     assert_eq!(put.status, 201, "{}", String::from_utf8_lossy(&put.body));
     kill9(c.children.get_mut(&leader_id).unwrap(), 0);
@@ -258,9 +204,9 @@ fn attachments_are_replicated_shared_freed_and_survive_the_leaders_kill9() {
         assert_eq!(blob_count, 2, "node {id}: {:?}", blobs(*port));
     }
     for (id, dir) in &c.dirs {
-        let left = files_under(dir, "/attachments/uploads/");
+        let left = files_containing(dir, "/attachments/uploads/");
         assert!(left.is_empty(), "node {id} kept uploads: {left:?}");
-        let tmp = files_under(dir, "/attachments/tmp/");
+        let tmp = files_containing(dir, "/attachments/tmp/");
         assert!(tmp.is_empty(), "node {id} kept temporary files: {tmp:?}");
     }
 }
