@@ -10,8 +10,6 @@ mod common;
 use common::cluster::{json, request, Cluster};
 use common::kill9;
 use common::raw_http::{files_under, pseudo_random_bytes, raw, Answer};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
