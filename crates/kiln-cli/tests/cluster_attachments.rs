@@ -85,15 +85,8 @@ fn attachments_are_replicated_shared_freed_and_survive_the_leaders_kill9() {
     let mut c = Cluster::new(root.path());
     let leader_id = c.leader();
     let leader = c.ports[&leader_id];
-    let follower = *c.ports.iter().find(|(id, _)| **id != leader_id).unwrap().1;
-    let ok = |port: u16, method: &str, path: &str, body: &str| {
-        let (status, text) = request(port, method, path, None, body).unwrap();
-        assert!(
-            (200..300).contains(&status),
-            "{method} {path}: {status} {text}"
-        );
-        json(&text)
-    };
+    let follower = c.follower_of(leader_id);
+    let ok = common::cluster::ok_json;
     ok(leader, "PUT", "/dbs/att", "");
     ok(leader, "PUT", "/dbs/att/docs/a/1", r#"{"n": 1}"#);
     ok(leader, "PUT", "/dbs/att/docs/a/2", r#"{"n": 2}"#);

@@ -34,15 +34,8 @@ fn staging_for_a_batch_and_purging_tombstones_are_replicated() {
     let c = Cluster::new(root.path());
     let leader_id = c.leader();
     let leader = c.ports[&leader_id];
-    let follower = *c.ports.iter().find(|(id, _)| **id != leader_id).unwrap().1;
-    let ok = |port: u16, method: &str, path: &str, body: &str| {
-        let (status, text) = request(port, method, path, None, body).unwrap();
-        assert!(
-            (200..300).contains(&status),
-            "{method} {path}: {status} {text}"
-        );
-        json(&text)
-    };
+    let follower = c.follower_of(leader_id);
+    let ok = common::cluster::ok_json;
     ok(leader, "PUT", "/dbs/s", "");
     // An index: every node's index consumer reads the change log.
     ok(

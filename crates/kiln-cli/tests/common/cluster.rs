@@ -69,6 +69,17 @@ pub fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
 }
 
+/// The JSON of a request that must succeed (2xx); panics with the request and the
+/// answer otherwise.
+pub fn ok_json(port: u16, method: &str, path: &str, body: &str) -> serde_json::Value {
+    let (status, text) = request(port, method, path, None, body).unwrap();
+    assert!(
+        (200..300).contains(&status),
+        "{method} {path}: {status} {text}"
+    );
+    json(&text)
+}
+
 pub struct Cluster {
     pub dirs: BTreeMap<u64, PathBuf>,
     pub ports: BTreeMap<u64, u16>,
@@ -89,6 +100,16 @@ pub fn members(ports: &BTreeMap<u64, u16>) -> String {
 }
 
 impl Cluster {
+    /// The port of a node other than `leader_id`.
+    pub fn follower_of(&self, leader_id: u64) -> u16 {
+        *self
+            .ports
+            .iter()
+            .find(|(id, _)| **id != leader_id)
+            .unwrap()
+            .1
+    }
+
     pub fn new(root: &Path) -> Cluster {
         let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
         let members = members(&ports);
