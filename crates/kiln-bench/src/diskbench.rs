@@ -1,9 +1,12 @@
 //! `kiln disk-bench`: what the disk really does, so a slow or lying disk can be told
 //! apart from a slow database. Sequential writes in every journal mode, durable
 //! writes of several sizes, and concurrent durable writers, each row with writes/s,
-//! MB/s and p50/p99 latency; then a few lines of interpretation.
+//! MB/s and p50/p99 latency; then random O_DIRECT reads at queue depths 1, 16 and 64
+//! (the `randread` module: what a point read past RAM costs); then a few lines of
+//! interpretation.
 
 use crate::machine::{self, read_trimmed};
+use crate::randread::{self, ReadPlan, ReadRow};
 use crate::rawdisk::{
     open_for_writes, preallocate, summarize, timed_writes, AlignedBuf, LatencySummary, Prealloc,
     RawDiskError, WriteFile, WriteMode,
@@ -33,9 +36,22 @@ pub struct DiskBenchArgs {
     /// One JSON object per row on stdout, then one summary object.
     #[arg(long)]
     json: bool,
-    /// 4,096 writes and about 1 s per test instead of 65,536 writes and about 5 s.
+    /// 4,096 writes and about 1 s per test instead of 65,536 writes and about 5 s, and
+    /// a 256 MiB random-read file instead of 2 GiB.
     #[arg(long)]
     quick: bool,
+    /// Only the random-read rows (random 4 and 8 KiB O_DIRECT reads at queue depth 1,
+    /// 16 and 64), not the write rows.
+    #[arg(long)]
+    random_reads_only: bool,
+    /// Length of the file the random-read rows read, in bytes: a positive multiple of
+    /// 8192 (default 2 GiB, 256 MiB with --quick); larger than the disk's cache.
+    #[arg(long, value_name = "BYTES")]
+    random_read_file_bytes: Option<u64>,
+    /// Count bound of each random-read row, all its threads together (default
+    /// 1,048,576; 131,072 with --quick); the time bound usually comes first.
+    #[arg(long, hide = true)]
+    max_reads_per_test: Option<u64>,
     /// Time bound per test in seconds (overrides the one --quick or the default sets).
     #[arg(long, hide = true)]
     max_seconds_per_test: Option<f64>,
@@ -65,6 +81,7 @@ pub enum DiskBenchError {
     BadArgument(String),
     Interrupted,
     WriterPanicked,
+    ReaderPanicked,
 }
 
 impl std::fmt::Display for DiskBenchError {
@@ -90,7 +107,8 @@ impl std::fmt::Display for DiskBenchError {
                 f,
                 "disk-bench: not enough free space in {}: the run writes {} MiB and wants {} MiB \
                  more as a margin, but only {} MiB are free to this user; free some space or \
-                 pass --dir on another file system (--quick writes 128 MiB)",
+                 pass --dir on another file system (--quick writes 384 MiB; \
+                 --random-read-file-bytes makes the random-read file smaller)",
                 dir.display(),
                 need / MIB,
                 margin / MIB,
@@ -101,6 +119,7 @@ impl std::fmt::Display for DiskBenchError {
                 write!(f, "disk-bench: interrupted; its files were removed")
             }
             DiskBenchError::WriterPanicked => write!(f, "disk-bench: a writer thread panicked"),
+            DiskBenchError::ReaderPanicked => write!(f, "disk-bench: a reader thread panicked"),
         }
     }
 }
@@ -125,7 +144,7 @@ impl From<RawDiskError> for DiskBenchError {
     }
 }
 
-type Result<T> = std::result::Result<T, DiskBenchError>;
+pub(crate) type Result<T> = std::result::Result<T, DiskBenchError>;
 
 // ---- Ctrl-C: stop at the next write, so the guard can remove the files ----
 
@@ -152,7 +171,7 @@ fn catch_signals() {
     }
 }
 
-fn interrupted() -> bool {
+pub(crate) fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::Relaxed)
 }
 
@@ -307,6 +326,10 @@ struct Plan {
     max_seconds: f64,
     /// Length of each of the two files: n 16 KiB writes never wrap around.
     file_len: u64,
+    /// The write rows run (not `--random-reads-only`).
+    writes: bool,
+    /// The random-read rows, which always run.
+    reads: ReadPlan,
 }
 
 struct Row {
@@ -375,15 +398,25 @@ pub fn run(args: DiskBenchArgs) -> Result<()> {
     if !args.json {
         print_header(dir, &facts, &plan, free);
     }
-    let main_prealloc = zero_fill(&files.main, &plan)?;
-    let rows = run_rows(&files, main_prealloc, &plan, args.json)?;
+    let rows = if plan.writes {
+        let main_prealloc = zero_fill(&files.main, &plan)?;
+        let rows = run_rows(&files, main_prealloc, &plan, args.json)?;
+        // Not needed any more: the random-read file need not sit beside it.
+        let _ = std::fs::remove_file(&files.main);
+        rows
+    } else {
+        Vec::new()
+    };
+    let read_rows = randread::run_rows(&files.random, &plan.reads, args.json)?;
 
     let summary = Summary {
         dir,
         quick: args.quick,
+        random_reads_only: args.random_reads_only,
         plan: &plan,
         free_bytes_before: free,
-        notes: interpret(&rows, &facts),
+        notes: interpret(&rows, &read_rows, &facts),
+        read_rows: &read_rows,
         facts: &facts,
         started,
     };
@@ -408,19 +441,28 @@ impl Plan {
             )));
         }
         let n: u64 = if args.quick { 4096 } else { 65_536 };
+        let max_time = Duration::from_secs_f64(secs);
         Ok(Plan {
             n,
-            max_time: Duration::from_secs_f64(secs),
+            max_time,
             max_seconds: secs,
             file_len: n * JOURNAL_WRITE as u64,
+            writes: !args.random_reads_only,
+            reads: ReadPlan::new(
+                args.random_read_file_bytes,
+                args.max_reads_per_test,
+                args.quick,
+                max_time,
+            )?,
         })
     }
 }
 
-/// Refuses before making anything if the file system cannot take the two test
-/// files and a margin; returns the free bytes.
+/// Refuses before making anything if the file system cannot take the test files (the
+/// two of the write rows, the random-read file) and a margin; returns the free bytes.
 fn check_free_space(dir: &Path, plan: &Plan, margin_bytes: Option<u64>) -> Result<u64> {
-    let need = 2 * plan.file_len;
+    let writes = if plan.writes { 2 * plan.file_len } else { 0 };
+    let need = writes.saturating_add(plan.reads.file_len);
     let margin = margin_bytes.unwrap_or(64 * MIB + need / 10);
     let existing = nearest_existing(dir);
     let free = free_bytes(&existing)?;
@@ -442,6 +484,8 @@ struct TestFiles {
     main: PathBuf,
     /// Fallocated afresh for the fallocated row, and removed after it.
     fresh: PathBuf,
+    /// Written with incompressible data for the random-read rows, removed after them.
+    random: PathBuf,
 }
 
 /// Creates `dir` (and its missing parents) and names the test files, with the guard
@@ -462,9 +506,11 @@ fn make_test_dir(dir: &Path) -> Result<(Cleanup, Facts, TestFiles)> {
     let files = TestFiles {
         main: dir.join(format!("disk-bench-{pid}-written.kiln-tmp")),
         fresh: dir.join(format!("disk-bench-{pid}-fallocated.kiln-tmp")),
+        random: dir.join(format!("disk-bench-{pid}-random-read.kiln-tmp")),
     };
     cleanup.files.push(files.main.clone());
     cleanup.files.push(files.fresh.clone());
+    cleanup.files.push(files.random.clone());
     Ok((cleanup, facts, files))
 }
 
@@ -540,7 +586,9 @@ fn measure_row(
 struct Summary<'a> {
     dir: &'a Path,
     quick: bool,
+    random_reads_only: bool,
     plan: &'a Plan,
+    read_rows: &'a [ReadRow],
     free_bytes_before: u64,
     facts: &'a Facts,
     notes: Notes,
@@ -548,13 +596,14 @@ struct Summary<'a> {
 }
 
 impl Summary<'_> {
-    /// `--json`: one object with the run's bounds, the interpretation and the
-    /// machine's facts.
+    /// `--json`: one object with the run's bounds, the interpretation, the random
+    /// reads' rates (`random_read_*`) and the machine's facts.
     fn print_json(&self) {
         let mut summary = json!({
             "test": "summary",
             "dir": self.dir.display().to_string(),
             "quick": self.quick,
+            "random_reads_only": self.random_reads_only,
             "max_writes_per_test": self.plan.n,
             "max_seconds_per_test": self.plan.max_seconds,
             "file_bytes": self.plan.file_len,
@@ -565,6 +614,7 @@ impl Summary<'_> {
             "elapsed_seconds": self.started.elapsed().as_secs_f64(),
         });
         if let (Value::Object(s), Value::Object(f)) = (&mut summary, self.facts.json()) {
+            s.extend(randread::summary_fields(self.read_rows, &self.plan.reads));
             s.extend(f);
         }
         println!("{summary}");
@@ -584,6 +634,7 @@ impl Summary<'_> {
                  (plus fdatasync after each write where the mode is durable)"
             );
         }
+        randread::print_footnotes(self.read_rows, &self.plan.reads, self.plan.max_seconds);
         println!("\ninterpretation:");
         for l in &self.notes.lines {
             println!("  {l}");
@@ -595,7 +646,7 @@ impl Summary<'_> {
     }
 }
 
-fn bar(len: u64, prefix: &str, msg: &str) -> ProgressBar {
+pub(crate) fn bar(len: u64, prefix: &str, msg: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
     pb.set_style(
         ProgressStyle::with_template("{prefix:>7} [{bar:30}] {msg} {elapsed}")
@@ -619,7 +670,7 @@ fn row_message(spec: &Spec) -> String {
 }
 
 /// Progress toward whichever bound comes first, in thousandths.
-fn permille(done: u64, max: u64, start: Instant, max_time: Duration) -> u64 {
+pub(crate) fn permille(done: u64, max: u64, start: Instant, max_time: Duration) -> u64 {
     let by_count = done as f64 / max.max(1) as f64;
     let by_time = start.elapsed().as_secs_f64() / max_time.as_secs_f64();
     (by_count.max(by_time).min(1.0) * 1000.0) as u64
@@ -1170,6 +1221,9 @@ fn print_header(dir: &Path, f: &Facts, plan: &Plan, free: u64) {
             .as_ref()
             .map_or(String::new(), |m| format!(", model {m}"))
     );
+    if !plan.writes {
+        return;
+    }
     println!(
         "files: {} MiB zero-filled and synced first (every row overwrites already-written \
          blocks, as a recycled journal does), except the 'fallocated' row, which writes into \
@@ -1266,7 +1320,7 @@ struct Notes {
 
 /// A few lines on what the rows say about the disk, each from the rows it compares
 /// (a line whose rows are missing is left out).
-fn interpret(rows: &[Row], f: &Facts) -> Notes {
+fn interpret(rows: &[Row], read_rows: &[ReadRow], f: &Facts) -> Notes {
     let mut notes = Notes {
         lines: Vec::new(),
         lying: false,
@@ -1290,6 +1344,9 @@ fn interpret(rows: &[Row], f: &Facts) -> Notes {
                 .to_string(),
         );
     }
+    notes
+        .lines
+        .extend(randread::interpret(read_rows, memory_backed(f)));
     notes
 }
 

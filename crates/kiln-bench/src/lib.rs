@@ -9,7 +9,8 @@
 //! import nothing of this crate's above them: [`run`] (what a run returns),
 //! [`workload`] (the seed and the generated data), [`ycsb`] (the YCSB core
 //! workloads' keys, records and distributions), [`stats`] (medians, quantiles,
-//! CPU time), [`procstat`], [`machine`], [`rawdisk`]. [`report`] prints `kiln
+//! CPU time), [`procstat`], [`machine`], [`rawdisk`]. [`diskbench`] (with
+//! [`randread`], its random-read rows) is `kiln disk-bench`. [`report`] prints `kiln
 //! bench`'s rows.
 //!
 //! The workloads that need a server start the `kiln` binary ([`kiln_exe`]: the
@@ -33,6 +34,7 @@ pub mod machine;
 pub mod procstat;
 #[cfg(feature = "documents")]
 pub mod querybench;
+pub mod randread;
 pub mod rawdisk;
 pub mod recoverybench;
 #[cfg(feature = "documents")]

@@ -2,6 +2,8 @@
 //! any of the ways a journal can make them durable. `durable_writes` (O_DIRECT|O_DSYNC
 //! into an already-written file) is the physical floor under a journal commit; it is
 //! what `kiln bench` compares against, and `kiln disk-bench` reports all the modes.
+//! Also the random reads of `kiln disk-bench`'s random-read rows: a file of
+//! incompressible data ([`write_incompressible`]) read with O_DIRECT ([`open_for_reads`]).
 
 use crate::stats;
 use std::fs::{File, OpenOptions};
@@ -284,6 +286,125 @@ impl WriteFile {
     pub fn sync_all(&self) -> Result<(), RawDiskError> {
         self.file.sync_all().map_err(err("fsync", &self.path))
     }
+
+    /// fdatasync: the data written so far, and what is needed to read it back.
+    pub fn sync_data(&self) -> Result<(), RawDiskError> {
+        self.file.sync_data().map_err(err("fdatasync", &self.path))
+    }
+}
+
+/// Creates (or truncates) `path` and writes `len` bytes of incompressible data into
+/// it in `chunk`-byte O_DIRECT writes (buffered ones if O_DIRECT is refused), then
+/// fdatasync. Every 4 KiB block differs from every other and none is zeros, so a
+/// thin-provisioned or deduplicating disk cannot answer reads of it without its media.
+/// `len` and `chunk` are multiples of [`ALIGN`]. `progress` is told the bytes written
+/// so far and returns false to stop early (an error of kind `Interrupted`). Returns
+/// whether the writes bypassed the page cache.
+pub fn write_incompressible(
+    path: &Path,
+    len: u64,
+    chunk: usize,
+    progress: &mut dyn FnMut(u64) -> bool,
+) -> Result<bool, RawDiskError> {
+    preallocate(path, len, Prealloc::Fallocated, &mut |_| true)?;
+    let wf = open_for_writes(path, WriteMode::Direct)?;
+    let base = AlignedBuf::new(chunk);
+    let mut buf = AlignedBuf::new(chunk);
+    let mut off = 0;
+    while off < len {
+        let n = chunk.min((len - off) as usize);
+        stamp_blocks(base.bytes(), &mut buf.bytes_mut()[..n], off);
+        wf.write_at(&buf.bytes()[..n], off)?;
+        off += n as u64;
+        if !progress(off) {
+            return Err(err("write", path)(std::io::ErrorKind::Interrupted.into()));
+        }
+    }
+    wf.sync_data()?;
+    Ok(wf.direct_io)
+}
+
+/// `base` copied into `out` with each 4 KiB block's first 8 bytes XORed with the
+/// block's file offset: random bytes, different in every block of the file.
+fn stamp_blocks(base: &[u8], out: &mut [u8], file_offset: u64) {
+    out.copy_from_slice(&base[..out.len()]);
+    for (i, block) in out.chunks_mut(ALIGN).enumerate() {
+        let at = (file_offset + (i * ALIGN) as u64).to_le_bytes();
+        for (b, s) in block.iter_mut().zip(at) {
+            *b ^= s;
+        }
+    }
+}
+
+/// A descriptor for random reads: O_DIRECT, or buffered when O_DIRECT is refused.
+pub struct ReadFile {
+    file: File,
+    path: PathBuf,
+    pub direct_io: bool,
+    /// O_DIRECT was refused (at open, or by the first read); reads go through the
+    /// page cache, emptied of the file's pages (POSIX_FADV_DONTNEED) at open.
+    pub direct_io_refused: bool,
+}
+
+impl ReadFile {
+    /// Reads `buf.len()` bytes at `offset` (one pread, or more if it comes up short).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), RawDiskError> {
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(err("read", &self.path))
+    }
+}
+
+/// Opens `path` for O_DIRECT reads, probed with one 4 KiB read at offset 0 (some
+/// file systems accept the flag at open and refuse the reads). If O_DIRECT is
+/// refused, opens it for buffered reads and drops its cached pages first, so that
+/// what can be read from the disk is (except on a file system that keeps files in
+/// memory, where the pages are the file).
+pub fn open_for_reads(path: &Path) -> Result<ReadFile, RawDiskError> {
+    let direct = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path);
+    let refused = |e: &std::io::Error| e.raw_os_error() == Some(libc::EINVAL);
+    match direct {
+        Ok(file) => {
+            let mut probe = AlignedBuf::new(ALIGN);
+            match file.read_at(probe.bytes_mut(), 0) {
+                Ok(_) => {
+                    return Ok(ReadFile {
+                        file,
+                        path: path.to_path_buf(),
+                        direct_io: true,
+                        direct_io_refused: false,
+                    })
+                }
+                Err(e) if !refused(&e) => return Err(err("read", path)(e)),
+                Err(_) => {}
+            }
+        }
+        Err(e) if !refused(&e) => return Err(err("open", path)(e)),
+        Err(_) => {}
+    }
+    let file = File::open(path).map_err(err("open", path))?;
+    drop_cached_pages(&file, path)?;
+    Ok(ReadFile {
+        file,
+        path: path.to_path_buf(),
+        direct_io: false,
+        direct_io_refused: true,
+    })
+}
+
+/// POSIX_FADV_DONTNEED over the whole file: its clean cached pages are dropped.
+fn drop_cached_pages(file: &File, path: &Path) -> Result<(), RawDiskError> {
+    // SAFETY: a valid descriptor; posix_fadvise only reads its arguments.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        return Err(err("posix_fadvise", path)(
+            std::io::Error::from_raw_os_error(rc),
+        ));
+    }
+    Ok(())
 }
 
 /// The writes one stream made and how long each took.

@@ -1,5 +1,7 @@
 //! `kiln disk-bench --quick --json` measures every mode, prints one JSON row for each
 //! plus a summary, and leaves nothing behind; it refuses to start without free space.
+//! (The random-read rows, here with a small file, have their own tests in
+//! disk_bench_random_reads.rs.)
 
 use serde_json::Value;
 use std::path::Path;
@@ -29,6 +31,8 @@ fn quick_json(dir: &Path, seconds: &str) -> Vec<Value> {
         dir.to_str().unwrap(),
         "--max-seconds-per-test",
         seconds,
+        "--random-read-file-bytes",
+        "8388608",
     ]);
     assert!(o.status.success(), "{}", text(&o));
     String::from_utf8_lossy(&o.stdout)
@@ -54,6 +58,13 @@ fn quick_json_run_reports_every_mode_and_removes_what_it_made() {
 
     let (summary, rows): (Vec<&Value>, Vec<&Value>) =
         out.iter().partition(|v| v["test"] == "summary");
+    let (read_rows, rows): (Vec<&Value>, Vec<&Value>) =
+        rows.into_iter().partition(|v| v["test"] == "random_read");
+    assert_eq!(read_rows.len(), 6, "{read_rows:?}");
+    assert!(
+        out[..rows.len()].iter().all(|r| r["test"] != "random_read"),
+        "writes first"
+    );
     assert_eq!(summary.len(), 1, "{out:?}");
     assert_eq!(out.last().unwrap()["test"], "summary");
     let s = summary[0];
@@ -153,7 +164,7 @@ fn an_existing_directory_is_kept_with_only_what_was_there() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("keep.txt"), b"mine").unwrap();
     let out = quick_json(tmp.path(), "0.05");
-    assert_eq!(out.len(), 6 + 5 + 3 + 2 + 1);
+    assert_eq!(out.len(), 6 + 5 + 3 + 2 + 6 + 1);
     assert_eq!(names(tmp.path()), ["keep.txt"]);
 }
 
