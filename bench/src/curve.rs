@@ -530,7 +530,7 @@ fn load_and_restart(
         .await?;
         let load_s = load(port(&system), params).await?;
         let index_s = wait_index(port(&system)).await?;
-        Ok((load_s, index_s, None))
+        Ok::<_, anyhow::Error>((load_s, index_s, None))
     })?;
     eprintln!(
         "CURVE {engine}: {} documents loaded in {load_s:.0} s ({:.0}/s), index {index_s:.0} s more",

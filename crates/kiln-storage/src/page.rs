@@ -889,9 +889,11 @@ pub fn remove_cell(p: &mut [u8], i: usize) {
 
 /// Rewrites the cell area without holes.
 pub fn compact(p: &mut [u8]) {
-    let count = hdr::count(p);
-    let cells: Vec<Vec<u8>> = (0..count).map(|i| cell_bytes(p, i).to_vec()).collect();
-    rebuild(p, &cells);
+    // From a copy of the page, so that no cell needs an allocation of its own.
+    let mut copy = [0u8; PAGE_SIZE];
+    copy.copy_from_slice(&p[..PAGE_SIZE]);
+    let count = hdr::count(&copy);
+    rebuild_from(p, count, (0..count).map(|i| cell_bytes(&copy, i)));
 }
 
 /// Replaces the entries of a node page with `cells` (in order). Header fields other
@@ -899,18 +901,28 @@ pub fn compact(p: &mut [u8]) {
 // Bounds: the cells were checked to fit the page (`cells_space`) by the caller; `upper` moves down from `PAGE_SIZE` by each cell's length.
 #[allow(clippy::indexing_slicing)]
 pub fn rebuild(p: &mut [u8], cells: &[Vec<u8>]) {
+    rebuild_from(p, cells.len(), cells.iter().map(Vec::as_slice));
+}
+
+/// `rebuild` from `count` cells borrowed from elsewhere (never from `p`).
+// Bounds: as `rebuild`'s.
+#[allow(clippy::indexing_slicing)]
+fn rebuild_from<'c>(p: &mut [u8], count: usize, cells: impl Iterator<Item = &'c [u8]>) {
     p[HEADER_SIZE..PAGE_SIZE].fill(0);
     let mut upper = PAGE_SIZE;
-    for (i, c) in cells.iter().enumerate() {
+    let mut written = 0;
+    for (i, c) in cells.enumerate() {
         upper -= c.len();
         p[upper..upper + c.len()].copy_from_slice(c);
         write_u16(p, HEADER_SIZE + 2 * i, upper as u16);
+        written += 1;
     }
+    assert_eq!(written, count, "rebuild was given a wrong cell count");
     assert!(
-        HEADER_SIZE + 2 * cells.len() <= upper,
+        HEADER_SIZE + 2 * count <= upper,
         "rebuild overfilled a page"
     );
-    hdr::set_count(p, cells.len());
+    hdr::set_count(p, count);
     hdr::set_upper(p, upper);
     hdr::set_fragmented(p, 0);
 }

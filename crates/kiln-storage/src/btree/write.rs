@@ -372,10 +372,15 @@ impl WriteTxn<'_> {
         };
         let sib_no = self.writable(sib_no)?;
         let sib_cells = node_cells(self.dirty_mut(sib_no));
+        // Moved, not cloned: a clone is an allocation per cell.
         let (a, pages, all) = if sib < n {
-            (sib, [sib_no, me], [sib_cells, cells].concat())
+            let mut all = sib_cells;
+            all.extend(cells);
+            (sib, [sib_no, me], all)
         } else {
-            (n, [me, sib_no], [cells, sib_cells].concat())
+            let mut all = cells;
+            all.extend(sib_cells);
+            (n, [me, sib_no], all)
         };
         let cuts = if page::cells_space(&all) <= REDISTRIBUTE_MAX_BYTES {
             cut_evenly(&all, 2).or_else(|| cut_evenly(&all, 3))
@@ -393,42 +398,70 @@ impl WriteTxn<'_> {
         if cuts.len() == 2 {
             nos.push(self.new_node(KIND_LEAF));
         }
-        // Each part to its page; the parent's cells for children a.. rewritten.
-        let mut pcells = node_cells(self.dirty_mut(parent));
+        let mut parts = Vec::with_capacity(nos.len());
         let mut start = 0;
-        for (i, end) in cuts
-            .iter()
-            .copied()
-            .chain(std::iter::once(all.len()))
-            .enumerate()
-        {
+        for (&no, end) in nos.iter().zip(cuts.iter().copied().chain([all.len()])) {
             let part = all.get(start..end).unwrap_or_default();
-            let (no, child) = (nos.get(i).copied().unwrap_or_default(), a + i);
             page::rebuild(self.dirty_mut(no), part);
+            parts.push((no, part));
             start = end;
+        }
+        self.relink_spread(parent, a, &parts, counted)
+    }
+
+    /// Points `parent`'s children `a..` at the leaves a spread filled (`parts`: page
+    /// and cells, two that were there and maybe a new third), in place: the first
+    /// keeps its separator, the others get their first key, a third is inserted.
+    /// Only when a new separator does not fit is the parent rebuilt from all its
+    /// cells and split (copying a branch's hundreds of cells at every spread was
+    /// most of a random fill's time, with glibc's malloc).
+    fn relink_spread(
+        &mut self,
+        parent: PageNo,
+        a: usize,
+        parts: &[(PageNo, &[Vec<u8>])],
+        counted: bool,
+    ) -> Result<Option<Split>> {
+        let mut pending: Vec<(usize, Vec<u8>)> = Vec::new();
+        for (i, &(no, part)) in parts.iter().enumerate() {
+            let child = a + i;
+            let pp = self.dirty_mut(parent);
             if child == 0 {
-                hdr::set_extra(self.dirty_mut(parent), no);
+                // The leftmost child: no cell, its count is implied.
+                hdr::set_extra(pp, no);
                 continue;
             }
-            // Child `child` is the parent's cell `child - 1`; the first part keeps
-            // its separator, the others start at their first key.
-            let key = match (i, pcells.get(child - 1)) {
-                (0, Some(c)) => cell_key_of(KIND_BRANCH, c).to_vec(),
-                _ => part
-                    .first()
-                    .map(|c| cell_key_of(KIND_LEAF, c).to_vec())
-                    .unwrap_or_default(),
-            };
-            let cell = if counted {
-                page::encode_counted_branch_cell(&key, no, part.len() as u64)
-            } else {
-                page::encode_branch_cell(&key, no)
-            };
-            if i == 2 {
-                pcells.insert(child - 1, cell);
-            } else if let Some(slot) = pcells.get_mut(child - 1) {
-                *slot = cell;
+            if i == 0 {
+                page::set_branch_child(pp, child - 1, no);
+                if counted {
+                    page::set_branch_count(pp, child - 1, part.len() as u64);
+                }
+                continue;
             }
+            let key = part
+                .first()
+                .map(|c| cell_key_of(KIND_LEAF, c))
+                .unwrap_or_default();
+            let cell = if counted {
+                page::encode_counted_branch_cell(key, no, part.len() as u64)
+            } else {
+                page::encode_branch_cell(key, no)
+            };
+            // Child a + 1 existed (its cell is replaced); a third is new.
+            if i == 1 {
+                page::remove_cell(pp, child - 1);
+            }
+            if pending.is_empty() && page::insert_cell(pp, child - 1, &cell) {
+                continue;
+            }
+            pending.push((child - 1, cell));
+        }
+        if pending.is_empty() {
+            return Ok(None);
+        }
+        let mut pcells = node_cells(self.dirty_mut(parent));
+        for (at, cell) in pending {
+            pcells.insert(at, cell);
         }
         if page::cells_space(&pcells) <= NODE_CAPACITY {
             page::rebuild(self.dirty_mut(parent), &pcells);
