@@ -890,8 +890,10 @@ pub fn remove_cell(p: &mut [u8], i: usize) {
 /// Rewrites the cell area without holes.
 pub fn compact(p: &mut [u8]) {
     // From a copy of the page, so that no cell needs an allocation of its own.
-    let mut copy = [0u8; PAGE_SIZE];
-    copy.copy_from_slice(&p[..PAGE_SIZE]);
+    let copy: [u8; PAGE_SIZE] = match p.get(..PAGE_SIZE).map(<[u8; PAGE_SIZE]>::try_from) {
+        Some(Ok(copy)) => copy,
+        _ => panic!("compact: a node page is {PAGE_SIZE} bytes, not {}", p.len()),
+    };
     let count = hdr::count(&copy);
     rebuild_from(p, count, (0..count).map(|i| cell_bytes(&copy, i)));
 }
@@ -900,36 +902,37 @@ pub fn compact(p: &mut [u8]) {
 /// than count/upper/fragmented are kept.
 // Bounds: the cells were checked to fit the page (`cells_space`) by the caller; `upper` moves down from `PAGE_SIZE` by each cell's length.
 #[allow(clippy::indexing_slicing)]
-pub fn rebuild(p: &mut [u8], cells: &[Vec<u8>]) {
-    rebuild_from(p, cells.len(), cells.iter().map(Vec::as_slice));
+pub fn rebuild<C: AsRef<[u8]>>(p: &mut [u8], cells: &[C]) {
+    rebuild_from(p, cells.len(), cells.iter().map(AsRef::as_ref));
 }
 
 /// `rebuild` from `count` cells borrowed from elsewhere (never from `p`).
 // Bounds: as `rebuild`'s.
 #[allow(clippy::indexing_slicing)]
 fn rebuild_from<'c>(p: &mut [u8], count: usize, cells: impl Iterator<Item = &'c [u8]>) {
-    p[HEADER_SIZE..PAGE_SIZE].fill(0);
     let mut upper = PAGE_SIZE;
     let mut written = 0;
     for (i, c) in cells.enumerate() {
-        upper -= c.len();
+        upper = upper
+            .checked_sub(c.len())
+            .filter(|&u| u >= HEADER_SIZE + 2 * (i + 1))
+            .expect("rebuild overfilled a page");
         p[upper..upper + c.len()].copy_from_slice(c);
         write_u16(p, HEADER_SIZE + 2 * i, upper as u16);
         written += 1;
     }
     assert_eq!(written, count, "rebuild was given a wrong cell count");
-    assert!(
-        HEADER_SIZE + 2 * count <= upper,
-        "rebuild overfilled a page"
-    );
+    // Cells fill [upper, PAGE_SIZE) and slots [HEADER_SIZE, slots end) whole: only
+    // the gap between them keeps old bytes, zeroed (no stale data in an image).
+    p[HEADER_SIZE + 2 * count..upper].fill(0);
     hdr::set_count(p, count);
     hdr::set_upper(p, upper);
     hdr::set_fragmented(p, 0);
 }
 
 /// Space a set of cells needs in a page (cells plus slots).
-pub fn cells_space(cells: &[Vec<u8>]) -> usize {
-    cells.iter().map(|c| c.len() + 2).sum()
+pub fn cells_space<C: AsRef<[u8]>>(cells: &[C]) -> usize {
+    cells.iter().map(|c| c.as_ref().len() + 2).sum()
 }
 
 pub const NODE_CAPACITY: usize = PAGE_SIZE - HEADER_SIZE;

@@ -10,7 +10,9 @@
 //! transaction on every page access in the hot path.
 
 use super::{node, PageSource, MAX_DEPTH};
-use crate::page::{self, hdr, LeafValue, PageNo, PageRun, KIND_BRANCH, KIND_LEAF, NODE_CAPACITY};
+use crate::page::{
+    self, hdr, LeafValue, PageNo, PageRun, KIND_BRANCH, KIND_LEAF, NODE_CAPACITY, PAGE_SIZE,
+};
 use crate::txn::WriteTxn;
 use crate::Result;
 
@@ -25,7 +27,7 @@ enum Outcome {
     /// The leaf child did not hold its new cell and was left unchanged: these are
     /// all its cells, the new one included, for the branch to spread over the leaf
     /// and a sibling (`place_overflow`).
-    Overflow(Vec<Vec<u8>>),
+    Overflow(FlatCells),
 }
 
 /// Two adjacent leaves whose cells take at most this many bytes are refilled evenly
@@ -73,12 +75,69 @@ fn node_cells(p: &[u8]) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// Cells copied out of nodes into one buffer: what an overflowing leaf and its
+/// sibling hold while they are spread over two or three pages. A vector per cell
+/// (`node_cells`) cost a random fill more in the allocator than in the tree.
+struct FlatCells {
+    bytes: Vec<u8>,
+    /// Each cell's (start, end) in `bytes`, in key order.
+    spans: Vec<(usize, usize)>,
+}
+
+impl FlatCells {
+    /// The cells of node `p` with `cell` inserted at slot `at`.
+    fn of_node_with(p: &[u8], at: usize, cell: &[u8]) -> FlatCells {
+        let count = hdr::count(p);
+        let mut flat = FlatCells {
+            bytes: Vec::with_capacity(2 * PAGE_SIZE),
+            spans: Vec::with_capacity(3 * (count + 1)),
+        };
+        for i in 0..count {
+            if i == at {
+                flat.push(cell);
+            }
+            flat.push(page::cell_bytes(p, i));
+        }
+        if at >= count {
+            flat.push(cell);
+        }
+        flat
+    }
+
+    fn push(&mut self, cell: &[u8]) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(cell);
+        self.spans.push((start, self.bytes.len()));
+    }
+
+    /// Appends the cells of node `p`, placed before the ones held when `before`.
+    fn add_node(&mut self, p: &[u8], before: bool) {
+        let held = self.spans.len();
+        for i in 0..hdr::count(p) {
+            self.push(page::cell_bytes(p, i));
+        }
+        if before {
+            self.spans.rotate_left(held);
+        }
+    }
+
+    // Bounds: spans were made by `push` inside `bytes`.
+    #[allow(clippy::indexing_slicing)]
+    fn slices(&self) -> Vec<&[u8]> {
+        self.spans.iter().map(|&(s, e)| &self.bytes[s..e]).collect()
+    }
+
+    fn to_vecs(&self) -> Vec<Vec<u8>> {
+        self.slices().into_iter().map(<[u8]>::to_vec).collect()
+    }
+}
+
 /// Where to cut `cells` so both halves fit and are roughly equal in bytes.
-fn split_point(cells: &[Vec<u8>]) -> usize {
+fn split_point<C: AsRef<[u8]>>(cells: &[C]) -> usize {
     let total = page::cells_space(cells);
     let mut acc = 0;
     for (i, c) in cells.iter().enumerate() {
-        acc += c.len() + 2;
+        acc += c.as_ref().len() + 2;
         if acc >= total / 2 {
             // Keep at least one cell on each side.
             return (i + 1).clamp(1, cells.len() - 1);
@@ -89,7 +148,7 @@ fn split_point(cells: &[Vec<u8>]) -> usize {
 
 /// Cuts `cells` into `parts` runs of about equal bytes, each non-empty and fitting a
 /// node; `None` when no such cut was found (cells too large for the count of parts).
-fn cut_evenly(cells: &[Vec<u8>], parts: usize) -> Option<Vec<usize>> {
+fn cut_evenly<C: AsRef<[u8]>>(cells: &[C], parts: usize) -> Option<Vec<usize>> {
     let total = page::cells_space(cells);
     let mut cuts = Vec::with_capacity(parts - 1);
     let mut acc = 0;
@@ -97,7 +156,7 @@ fn cut_evenly(cells: &[Vec<u8>], parts: usize) -> Option<Vec<usize>> {
         if cuts.len() + 1 == parts {
             break;
         }
-        let size = c.len() + 2;
+        let size = c.as_ref().len() + 2;
         // Cut before cell i when its middle lies past the next boundary.
         let boundary = total * (cuts.len() + 1) / parts;
         if i > cuts.last().copied().unwrap_or(0) && acc + size / 2 > boundary {
@@ -282,15 +341,16 @@ impl WriteTxn<'_> {
             if page::insert_cell(self.dirty_mut(no), idx, cell) {
                 return Ok((no, Outcome::Done, existed));
             }
-            let mut cells = node_cells(self.dirty_mut(no));
-            cells.insert(idx, cell.to_vec());
             // Appends at the right edge split there (full pages for ascending keys);
             // any other overflow is the parent's to spread over siblings.
-            let appended = rightmost && idx + 1 == cells.len();
+            let appended = rightmost && idx == hdr::count(self.dirty_mut(no));
             if depth == 0 || appended {
+                let mut cells = node_cells(self.dirty_mut(no));
+                cells.insert(idx, cell.to_vec());
                 let split = self.split_cells(no, cells, appended)?;
                 return Ok((no, Outcome::Split(split), existed));
             }
+            let cells = FlatCells::of_node_with(self.dirty_mut(no), idx, cell);
             return Ok((no, Outcome::Overflow(cells), existed));
         }
         let p = self.dirty_mut(no);
@@ -342,7 +402,7 @@ impl WriteTxn<'_> {
         &mut self,
         parent: PageNo,
         n: usize,
-        cells: Vec<Vec<u8>>,
+        mut cells: FlatCells,
         counted: bool,
     ) -> Result<Option<Split>> {
         let pp = self.dirty_mut(parent);
@@ -367,21 +427,17 @@ impl WriteTxn<'_> {
         }
         let Some((sib, sib_no, _)) = best else {
             // An only child (a branch emptied by deletes): split it alone.
-            let s = self.split_cells(me, cells, false)?;
+            let s = self.split_cells(me, cells.to_vecs(), false)?;
             return self.insert_or_split(parent, n, &split_cell(&s, counted), false);
         };
         let sib_no = self.writable(sib_no)?;
-        let sib_cells = node_cells(self.dirty_mut(sib_no));
-        // Moved, not cloned: a clone is an allocation per cell.
-        let (a, pages, all) = if sib < n {
-            let mut all = sib_cells;
-            all.extend(cells);
-            (sib, [sib_no, me], all)
+        cells.add_node(self.dirty_mut(sib_no), sib < n);
+        let (a, pages) = if sib < n {
+            (sib, [sib_no, me])
         } else {
-            let mut all = cells;
-            all.extend(sib_cells);
-            (n, [me, sib_no], all)
+            (n, [me, sib_no])
         };
+        let all = cells.slices();
         let cuts = if page::cells_space(&all) <= REDISTRIBUTE_MAX_BYTES {
             cut_evenly(&all, 2).or_else(|| cut_evenly(&all, 3))
         } else {
@@ -419,7 +475,7 @@ impl WriteTxn<'_> {
         &mut self,
         parent: PageNo,
         a: usize,
-        parts: &[(PageNo, &[Vec<u8>])],
+        parts: &[(PageNo, &[&[u8]])],
         counted: bool,
     ) -> Result<Option<Split>> {
         let mut pending: Vec<(usize, Vec<u8>)> = Vec::new();
