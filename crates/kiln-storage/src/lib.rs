@@ -37,6 +37,7 @@ pub mod io;
 pub mod journal;
 mod options;
 pub mod page;
+mod prefetch;
 mod recovery;
 mod shared;
 mod stats;

@@ -162,6 +162,8 @@ pub(crate) struct PageStore {
     /// data file (`write_back`) or no snapshot can reach it (`forget`).
     unflushed_count: AtomicUsize,
     grow_step_bytes: u64,
+    /// Whether merges of the write buffer read their leaves ahead (`prefetch.rs`).
+    pub merge_read_ahead: crate::prefetch::FaultWindow,
 }
 
 impl PageStore {
@@ -177,6 +179,7 @@ impl PageStore {
             unflushed: RwLock::new(Default::default()),
             unflushed_count: AtomicUsize::new(0),
             grow_step_bytes,
+            merge_read_ahead: Default::default(),
         })
     }
 

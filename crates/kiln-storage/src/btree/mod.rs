@@ -123,3 +123,71 @@ pub fn get<'a, S: PageSource + ?Sized>(
         "tree deeper than the depth limit (cycle?)",
     ))
 }
+
+/// Levels from `root` down to its leaves (1: the root is a leaf; 0: empty tree),
+/// by the leftmost path.
+pub(crate) fn depth<S: PageSource + ?Sized>(src: &S, root: PageNo) -> Result<usize> {
+    if root == 0 {
+        return Ok(0);
+    }
+    let mut no = root;
+    for level in 1..=MAX_DEPTH {
+        let p = node(src, no)?;
+        if hdr::kind(p) == KIND_LEAF {
+            return Ok(level);
+        }
+        no = hdr::extra(p);
+    }
+    Err(Error::corrupted(
+        src.data_path(),
+        format!("page {root}"),
+        "tree deeper than the depth limit (cycle?)",
+    ))
+}
+
+/// Where a lookup of `key` ends: the leaf and its neighbours under the same parent.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LeafPlace {
+    pub leaf: PageNo,
+    pub left: Option<PageNo>,
+    pub right: Option<PageNo>,
+}
+
+/// The leaf a lookup of `key` ends in (with its neighbours), found by reading only
+/// the `depth - 1` branch levels above it (`depth` from [`depth`]); None for an
+/// empty tree. The leaf itself is not read: a caller asks for it ahead
+/// (`prefetch.rs`).
+pub(crate) fn leaf_at_depth<S: PageSource + ?Sized>(
+    src: &S,
+    root: PageNo,
+    key: &[u8],
+    depth: usize,
+) -> Result<Option<LeafPlace>> {
+    if root == 0 || depth == 0 {
+        return Ok(None);
+    }
+    let mut place = LeafPlace {
+        leaf: root,
+        left: None,
+        right: None,
+    };
+    for _ in 1..depth {
+        let p = node(src, place.leaf)?;
+        if hdr::kind(p) == KIND_LEAF {
+            return Err(Error::corrupted(
+                src.data_path(),
+                format!("page {}", place.leaf),
+                "a leaf above the tree's leaf level (leaves at different depths)",
+            ));
+        }
+        // Child n of a branch: the leftmost (`extra`) is 0, cell i's child is i + 1.
+        let n = page::branch_route(p, key).wrapping_add(1);
+        let fanout = page::branch_fanout(p);
+        place = LeafPlace {
+            leaf: page::branch_nth_child(p, n),
+            left: n.checked_sub(1).map(|l| page::branch_nth_child(p, l)),
+            right: (n + 1 < fanout).then(|| page::branch_nth_child(p, n + 1)),
+        };
+    }
+    Ok(Some(place))
+}

@@ -409,9 +409,17 @@ impl WriteTxn<'_> {
         let fanout = page::branch_fanout(pp);
         let me = page::branch_nth_child(pp, n);
         let mut best: Option<(usize, PageNo, usize)> = None;
-        let siblings = [n.checked_sub(1), (n + 1 < fanout).then_some(n + 1)];
-        for s in siblings.into_iter().flatten() {
-            let sno = page::branch_nth_child(self.dirty_mut(parent), s);
+        let mut siblings = [n.checked_sub(1), (n + 1 < fanout).then_some(n + 1)]
+            .map(|s| s.map(|s| (s, page::branch_nth_child(pp, s))));
+        // Past RAM (the merge reads ahead), a sibling this transaction already holds
+        // is taken without reading the other: a merge goes in key order, so the left
+        // one usually is, and each clean sibling read is a fault that waits on the disk.
+        if self.store().merge_read_ahead.is_open()
+            && siblings.iter().flatten().any(|&(_, no)| self.is_dirty(no))
+        {
+            siblings = siblings.map(|s| s.filter(|&(_, no)| self.is_dirty(no)));
+        }
+        for (s, sno) in siblings.into_iter().flatten() {
             let sp = node(&*self, sno)?;
             if hdr::kind(sp) != KIND_LEAF {
                 return Err(super::corrupt(

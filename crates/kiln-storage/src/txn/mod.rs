@@ -547,6 +547,11 @@ impl<'env> WriteTxn<'env> {
         }
     }
 
+    /// The page store this transaction reads and writes.
+    pub(crate) fn store(&self) -> &crate::store::PageStore {
+        &self.env.store
+    }
+
     /// A tree's state as this transaction sees it. While the trees are lent to the
     /// merge thread that is the base's: good for reading, not for writing, which
     /// goes through `tree_state_for_write`.
@@ -916,6 +921,9 @@ impl PageSource for WriteTxn<'_> {
     }
     fn data_path(&self) -> &Path {
         &self.env.store.path
+    }
+    fn prefetch(&self, runs: &[(PageNo, u64)]) {
+        self.env.store.prefetch(runs)
     }
 }
 

@@ -13,12 +13,16 @@
 
 use crate::btree;
 use crate::fasthash::FastMap;
-use crate::page::prefetch;
+use crate::page::{self, prefetch};
 use crate::txn::TreeState;
 use crate::txn::WriteTxn;
 use crate::write_buffer::{split_buffer_key, Generation, SlotRef, TreeId};
 use crate::Result;
 use std::sync::Arc;
+
+/// A value larger than this goes to an overflow run, leaving a small reference in
+/// the leaf: the read-ahead's guess of what a cell adds need not be closer.
+const MAX_INLINE_GUESS: usize = 2048;
 
 /// How many keys ahead of the one being merged the arena is prefetched.
 const PREFETCH_AHEAD: usize = 8;
@@ -75,6 +79,12 @@ impl WriteTxn<'_> {
             *names = Some(self.trees_by_id()?);
         }
         let names = names.as_ref().expect("set above");
+        let faults_before = crate::prefetch::thread_major_faults();
+        let read_ahead = &self.store().merge_read_ahead;
+        if read_ahead.is_open() {
+            read_ahead.count_batch();
+            self.leaves_ahead(&slice, names)?;
+        }
         let superseded = match rule {
             Superseded::Skip => self
                 .base_gens()
@@ -114,6 +124,7 @@ impl WriteTxn<'_> {
             unsafe { self.merge_one(&frozen, st, bkey, key, &slot)? };
         }
         self.store_tree_run(current);
+        self.store().merge_read_ahead.note_batch(faults_before);
         *cursor = if done {
             None
         } else {
@@ -158,6 +169,39 @@ impl WriteTxn<'_> {
             SlotRef::InTree => return Ok(()),
         }
         st.modified = true;
+        Ok(())
+    }
+
+    /// Asks for the leaves the slice's keys land in, tree by tree (`prefetch.rs`).
+    fn leaves_ahead(&mut self, slice: &[(&[u8], SlotRef)], names: &TreeNames) -> Result<()> {
+        let mut rest = slice;
+        while let Some(&(first, _)) = rest.first() {
+            let (id, _) = split_buffer_key(first);
+            let run = rest
+                .iter()
+                .position(|&(k, _)| split_buffer_key(k).0 != id)
+                .unwrap_or(rest.len());
+            let (keys, after) = rest.split_at(run);
+            rest = after;
+            let Some(name) = names.get(&id) else {
+                continue;
+            };
+            let root = self.tree_state(name)?.info.root;
+            let this = &*self;
+            crate::prefetch::leaves_ahead(
+                this,
+                root,
+                keys.iter().map(|(k, slot)| {
+                    let key = split_buffer_key(k).1;
+                    let adds = match slot {
+                        SlotRef::Value(v) => page::LEAF_CELL_FIXED + key.len() + v.len().min(MAX_INLINE_GUESS),
+                        _ => 0,
+                    };
+                    (key, adds)
+                }),
+                |no| this.is_dirty(no),
+            )?;
+        }
         Ok(())
     }
 
