@@ -104,6 +104,9 @@ pub fn options(disk: &Arc<SimDisk>) -> Options {
         // Merging ahead on its thread, but a fixed number of keys per transaction,
         // so that the records do not depend on timing either.
         merge_ahead: MergeAhead::ExactKeys(40),
+        // Merges take the path they take past RAM (leaves asked for ahead, a
+        // sibling already held preferred when a leaf overflows).
+        read_ahead: kiln_storage::ReadAhead::Always,
         ..Options::default()
     }
 }

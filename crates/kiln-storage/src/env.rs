@@ -243,6 +243,7 @@ impl Env {
             write_buffer_freezes: c.write_buffer_freezes.load(Relaxed),
             write_buffer_merges: c.write_buffer_merges.load(Relaxed),
             write_buffer_keys_merged_ahead: c.write_buffer_keys_merged_ahead.load(Relaxed),
+            batches_read_ahead: self.shared.store.read_ahead.batches(),
         }
     }
 

@@ -54,7 +54,7 @@ pub use error::{
 };
 pub use journal::record::DecodeError;
 pub use journal::writer::Durability;
-pub use options::MergeAhead;
+pub use options::{MergeAhead, ReadAhead};
 pub use page::{MAX_KEY_SIZE, MAX_VALUE_SIZE, PAGE_SIZE};
 pub use recovery::JournalTail;
 pub use stats::{LatencySummary, Stats};

@@ -82,6 +82,11 @@ pub struct Options {
     /// transaction is still putting, instead of all of it at commit
     /// (docs/design.md §13, "Merging ahead").
     pub merge_ahead: MergeAhead,
+    /// Whether a merge slice asks for the leaves it will write ahead of writing
+    /// them, and `ReadTxn::read_ahead` for the leaves of the keys it is given
+    /// (`prefetch.rs`): past RAM, their reads then go to the disk together instead
+    /// of one fault at a time.
+    pub read_ahead: ReadAhead,
     /// The file system seam (tests substitute a fault-injecting one).
     pub vfs: Arc<dyn Vfs>,
 }
@@ -107,6 +112,7 @@ impl Default for Options {
             write_buffer_bytes: 32 << 20,
             write_buffer_max_entry_bytes: 2048,
             merge_ahead: MergeAhead::WhileOpen,
+            read_ahead: ReadAhead::WhileFaulting,
             vfs: Arc::new(OsVfs),
         }
     }
@@ -167,6 +173,20 @@ pub enum MergeAhead {
     /// (fewer if the generation ends) and the transaction waits for all of them, so
     /// that what a commit holds does not depend on thread timing (the simulator).
     ExactKeys(usize),
+}
+
+/// When batches of keys read their leaves ahead (`Options::read_ahead`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadAhead {
+    /// While the thread that merges has taken major page faults in the last 10 s:
+    /// past RAM, not in memory, where it would only cost a descent and a system
+    /// call per leaf.
+    #[default]
+    WhileFaulting,
+    /// For every slice (tests, and data known to be past memory).
+    Always,
+    /// Never: each leaf not in memory is read when the merge reaches it.
+    Never,
 }
 
 /// Limits of the commit queue.

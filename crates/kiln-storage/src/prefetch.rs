@@ -15,7 +15,7 @@
 
 use crate::btree::{self, PageSource};
 use crate::page::{self, hdr, PageNo};
-use crate::Result;
+use crate::{ReadAhead, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -44,16 +44,28 @@ fn now_ms() -> u64 {
 
 /// Whether batches read their leaves ahead: open for [`WINDOW_MS`] after a batch
 /// whose thread took major faults.
-#[derive(Default)]
 pub(crate) struct FaultWindow {
+    mode: ReadAhead,
     open_until_ms: AtomicU64,
     /// Batches that read ahead (for the statistics).
     batches: AtomicU64,
 }
 
 impl FaultWindow {
+    pub fn new(mode: ReadAhead) -> Self {
+        FaultWindow {
+            mode,
+            open_until_ms: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+        }
+    }
+
     pub fn is_open(&self) -> bool {
-        self.open_until_ms.load(Ordering::Relaxed) > now_ms()
+        match self.mode {
+            ReadAhead::Always => true,
+            ReadAhead::Never => false,
+            ReadAhead::WhileFaulting => self.open_until_ms.load(Ordering::Relaxed) > now_ms(),
+        }
     }
 
     /// After a batch: `faults_before` is [`thread_major_faults`] taken before it.
@@ -128,4 +140,58 @@ fn ask_for<S: PageSource + ?Sized>(src: &S, pages: impl Iterator<Item = PageNo>)
         src.prefetch(&runs);
     }
     pages.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Env, Options};
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    /// `leaf_at_depth` names the leaf a lookup ends in, and its neighbours are the
+    /// leaves just before and after it in key order, at every depth a tree takes.
+    #[test]
+    fn the_leaf_found_through_the_branches_holds_the_key_and_its_neighbours_border_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options {
+            write_buffer_bytes: 0,
+            ..Options::default()
+        };
+        let env = Env::open(dir.path(), opts).unwrap();
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut keys = Vec::new();
+        for _ in 0..6 {
+            let mut w = env.begin_write().unwrap();
+            w.ensure_tree("t").unwrap();
+            for _ in 0..5_000 {
+                let key: [u8; 12] = rng.gen();
+                w.put("t", &key, &[0x5a; 120]).unwrap();
+                keys.push(key);
+            }
+            w.commit().unwrap();
+            let r = env.begin_read().unwrap();
+            let root = r.tree("t").unwrap().root;
+            let depth = btree::depth(&r, root).unwrap();
+            assert!(depth >= 2, "a tree of {} entries has branches", keys.len());
+            for key in keys.iter().step_by(17) {
+                let place = btree::leaf_at_depth(&r, root, key, depth).unwrap().unwrap();
+                let leaf = btree::node(&r, place.leaf).unwrap();
+                assert_eq!(hdr::kind(leaf), page::KIND_LEAF);
+                assert!(page::search(leaf, key).is_ok(), "the key is in its leaf");
+                if let Some(left) = place.left {
+                    let l = btree::node(&r, left).unwrap();
+                    let last = page::cell_key(l, hdr::count(l) - 1);
+                    assert!(last < &key[..], "the left neighbour ends below the key");
+                }
+                if let Some(right) = place.right {
+                    let p = btree::node(&r, right).unwrap();
+                    assert!(
+                        page::cell_key(p, 0) > &key[..],
+                        "the right neighbour starts above"
+                    );
+                }
+            }
+        }
+        drop(env);
+    }
 }

@@ -186,6 +186,9 @@ pub struct Stats {
     /// Keys of frozen generations the merge thread went past for transactions that
     /// reached their commit (`Options::merge_ahead`).
     pub write_buffer_keys_merged_ahead: u64,
+    /// Merge slices and `ReadTxn::read_ahead` calls that asked for their leaves
+    /// ahead (`Options::read_ahead`).
+    pub batches_read_ahead: u64,
 }
 
 /// Figures of the commit queue (`Env::queue_stats`).

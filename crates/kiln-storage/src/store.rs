@@ -163,11 +163,16 @@ pub(crate) struct PageStore {
     unflushed_count: AtomicUsize,
     grow_step_bytes: u64,
     /// Whether merges of the write buffer read their leaves ahead (`prefetch.rs`).
-    pub merge_read_ahead: crate::prefetch::FaultWindow,
+    pub read_ahead: crate::prefetch::FaultWindow,
 }
 
 impl PageStore {
-    pub fn open(path: &Path, file: Box<dyn VfsFile>, grow_step_bytes: u64) -> Result<Self> {
+    pub fn open(
+        path: &Path,
+        file: Box<dyn VfsFile>,
+        grow_step_bytes: u64,
+        read_ahead: crate::ReadAhead,
+    ) -> Result<Self> {
         let len = file
             .len()
             .map_err(|e| Error::io(path, None, "stat data file", e))?;
@@ -179,7 +184,7 @@ impl PageStore {
             unflushed: RwLock::new(Default::default()),
             unflushed_count: AtomicUsize::new(0),
             grow_step_bytes,
-            merge_read_ahead: Default::default(),
+            read_ahead: crate::prefetch::FaultWindow::new(read_ahead),
         })
     }
 

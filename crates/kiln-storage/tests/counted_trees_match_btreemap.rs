@@ -25,6 +25,13 @@ fn opts(buffered: bool) -> Options {
         journal_file_size_bytes: 1 << 20,
         data_grow_step_bytes: 1 << 20,
         write_buffer_bytes: if buffered { 64 << 10 } else { 0 },
+        // Buffered: merges take the past-RAM path (leaves read ahead, a sibling
+        // already held preferred by a spread).
+        read_ahead: if buffered {
+            kiln_storage::ReadAhead::Always
+        } else {
+            kiln_storage::ReadAhead::WhileFaulting
+        },
         ..Options::default()
     }
 }

@@ -32,6 +32,9 @@ fn opts() -> Options {
         // merging ahead: a fixed count makes every commit during a merge lend the
         // next transaction to the merge thread, so kills land there too.
         merge_ahead: kiln_storage::MergeAhead::ExactKeys(32),
+        // Merges read their leaves (and the neighbours of those that overflow)
+        // ahead, as past RAM: kills land in that path too.
+        read_ahead: kiln_storage::ReadAhead::Always,
         ..Options::default()
     }
 }

@@ -414,7 +414,7 @@ impl WriteTxn<'_> {
         // Past RAM (the merge reads ahead), a sibling this transaction already holds
         // is taken without reading the other: a merge goes in key order, so the left
         // one usually is, and each clean sibling read is a fault that waits on the disk.
-        if self.store().merge_read_ahead.is_open()
+        if self.store().read_ahead.is_open()
             && siblings.iter().flatten().any(|&(_, no)| self.is_dirty(no))
         {
             siblings = siblings.map(|s| s.filter(|&(_, no)| self.is_dirty(no)));

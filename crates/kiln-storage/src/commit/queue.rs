@@ -290,7 +290,11 @@ impl CommitQueue {
                 return;
             }
         };
+        // Units' lookups that fault (past RAM) open the read-ahead window, so that
+        // the next writers ask for their leaves before taking the turn.
+        let faults_before = crate::prefetch::thread_major_faults();
         let committed = self.run_units(env, &mut txn, group);
+        txn.store().read_ahead.note_batch(faults_before);
         let result = self.commit_group(env, txn);
         self.answer_group(&committed, result);
     }

@@ -197,7 +197,12 @@ fn open_data_file(paths: &EnvPaths, opts: &Options) -> Result<PageStore> {
             },
         )
         .map_err(|e| Error::io(data_path, None, "open data file", e))?;
-    PageStore::open(data_path, data_file, opts.data_grow_step_bytes)
+    PageStore::open(
+        data_path,
+        data_file,
+        opts.data_grow_step_bytes,
+        opts.read_ahead,
+    )
 }
 
 /// Steps 3 and 4: fsyncs the data file on a thread of its own while the free-page

@@ -259,7 +259,7 @@ impl<'env> ReadTxn<'env> {
         self.snap.txn_id
     }
 
-    fn tree(&self, name: &str) -> Result<TreeInfo> {
+    pub(crate) fn tree(&self, name: &str) -> Result<TreeInfo> {
         if let Some(t) = self.trees.borrow().get(name) {
             return Ok(*t);
         }
@@ -304,6 +304,26 @@ impl<'env> ReadTxn<'env> {
     pub fn get(&self, tree: &str, key: &[u8]) -> Result<Option<&[u8]>> {
         let info = self.tree(tree)?;
         get_through(self, &self.snap.gens, &info, key, self.snap.txn_id)
+    }
+
+    /// Asks the kernel for the leaves of `tree` that lookups of `keys` will read,
+    /// all at once, when reads have been taking major faults lately
+    /// (`Options::read_ahead`): a writer that is about to look up many keys past
+    /// RAM calls this before taking its turn, so that the disk serves the reads
+    /// together instead of one fault after another. Returns the pages asked for
+    /// (0 in memory). Advisory: nothing is read into the transaction.
+    pub fn read_ahead<'k>(
+        &self,
+        tree: &str,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+    ) -> Result<usize> {
+        let window = &self.env.store.read_ahead;
+        if !window.is_open() {
+            return Ok(0);
+        }
+        window.count_batch();
+        let root = self.tree(tree)?.root;
+        crate::prefetch::leaves_ahead(self, root, keys.into_iter().map(|k| (k, 0)), |_| false)
     }
 
     pub fn cursor(&self, tree: &str) -> Result<Cursor<'_>> {

@@ -80,7 +80,7 @@ impl WriteTxn<'_> {
         }
         let names = names.as_ref().expect("set above");
         let faults_before = crate::prefetch::thread_major_faults();
-        let read_ahead = &self.store().merge_read_ahead;
+        let read_ahead = &self.store().read_ahead;
         if read_ahead.is_open() {
             read_ahead.count_batch();
             self.leaves_ahead(&slice, names)?;
@@ -124,7 +124,7 @@ impl WriteTxn<'_> {
             unsafe { self.merge_one(&frozen, st, bkey, key, &slot)? };
         }
         self.store_tree_run(current);
-        self.store().merge_read_ahead.note_batch(faults_before);
+        self.store().read_ahead.note_batch(faults_before);
         *cursor = if done {
             None
         } else {
@@ -194,7 +194,9 @@ impl WriteTxn<'_> {
                 keys.iter().map(|(k, slot)| {
                     let key = split_buffer_key(k).1;
                     let adds = match slot {
-                        SlotRef::Value(v) => page::LEAF_CELL_FIXED + key.len() + v.len().min(MAX_INLINE_GUESS),
+                        SlotRef::Value(v) => {
+                            page::LEAF_CELL_FIXED + key.len() + v.len().min(MAX_INLINE_GUESS)
+                        }
                         _ => 0,
                     };
                     (key, adds)
