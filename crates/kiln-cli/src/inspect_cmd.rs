@@ -217,6 +217,7 @@ fn print_stats(database: &str, s: &kiln_storage::Stats, json: bool) {
     // (Beside the literal above, which is at the macro's recursion limit.)
     v["journal_files_cut_short"] = s.journal_files_cut_short.into();
     v["journal_referenced_value_bytes"] = s.journal_referenced_value_bytes.into();
+    v["batches_read_ahead"] = s.batches_read_ahead.into();
     if json {
         println!("{v}");
         return;

@@ -155,8 +155,8 @@ enum Command {
     /// Run the benchmark workloads (docs/benchmarks.md) against Kiln and the raw disk.
     Bench(kiln_bench::BenchArgs),
     /// Measure what the disk itself does: sequential writes in every journal mode,
-    /// durable writes by size, concurrent durable writers; tells a slow or lying disk
-    /// from a slow database.
+    /// durable writes by size, concurrent durable writers, random reads at queue depth
+    /// 1, 16 and 64; tells a slow or lying disk from a slow database.
     DiskBench(kiln_bench::DiskBenchArgs),
 }
 

@@ -20,6 +20,19 @@ pub struct StorageArgs {
         value_parser = clap::value_parser!(u64).range(1..=MAX_JOURNAL_FILE_SIZE_MIB)
     )]
     pub journal_file_size_mib: Option<u64>,
+    /// When merges of buffered writes and batches of writes ask the disk for the
+    /// pages they will read, all at once, before they read them: auto while reads
+    /// have been waiting on the disk (data larger than memory) in the last 10 s,
+    /// always, or never (docs/design.md §13.3). Default: auto.
+    #[arg(long, value_enum)]
+    pub read_ahead: Option<ReadAheadArg>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReadAheadArg {
+    Auto,
+    Always,
+    Never,
 }
 
 impl StorageArgs {
@@ -27,6 +40,13 @@ impl StorageArgs {
     pub fn apply_to(&self, options: &mut kiln_storage::Options) {
         if let Some(mib) = self.journal_file_size_mib {
             options.journal_file_size_bytes = mib << 20;
+        }
+        if let Some(mode) = self.read_ahead {
+            options.read_ahead = match mode {
+                ReadAheadArg::Auto => kiln_storage::ReadAhead::WhileFaulting,
+                ReadAheadArg::Always => kiln_storage::ReadAhead::Always,
+                ReadAheadArg::Never => kiln_storage::ReadAhead::Never,
+            };
         }
     }
 
@@ -40,7 +60,7 @@ impl StorageArgs {
     /// Whether any storage option was given (a command that cannot honour them
     /// refuses rather than ignores them).
     pub fn any_given(&self) -> bool {
-        self.journal_file_size_mib.is_some()
+        self.journal_file_size_mib.is_some() || self.read_ahead.is_some()
     }
 }
 
@@ -69,6 +89,11 @@ mod tests {
         cli.storage.apply_to(&mut options);
         assert_eq!(options.journal_file_size_bytes, 4 << 20);
         assert!(cli.storage.any_given());
+
+        let cli = Cli::try_parse_from(["kiln", "--read-ahead", "always"]).unwrap();
+        cli.storage.apply_to(&mut options);
+        assert_eq!(options.read_ahead, kiln_storage::ReadAhead::Always);
+        assert!(Cli::try_parse_from(["kiln", "--read-ahead", "sometimes"]).is_err());
 
         for bad in ["0", "4097", "-1", "lots", "18446744073709551615"] {
             assert!(

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{free_port, spawn_serve};
+use common::{free_port, spawn_serve_with};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -135,6 +135,15 @@ fn write_until_killed(
     acks.load(Ordering::SeqCst)
 }
 
+/// `kiln serve`'s read-ahead flag for a cycle: `always` on odd cycles.
+fn read_ahead(cycle: u64) -> &'static [&'static str] {
+    if cycle % 2 == 1 {
+        &["--read-ahead", "always"]
+    } else {
+        &[]
+    }
+}
+
 #[test]
 fn acknowledged_puts_survive_kill9() {
     let cycles = common::cycles_from_env("KILN_PUT_CRASH_CYCLES", 2);
@@ -143,7 +152,9 @@ fn acknowledged_puts_survive_kill9() {
     let next_version = Arc::new(AtomicU64::new(1));
     for cycle in 0..cycles {
         let port = free_port();
-        let mut child = spawn_serve(dir.path(), port);
+        // Every other cycle, batches of writes ask for their pages ahead (the path
+        // taken past RAM, docs/design.md §13.3): kills land there too.
+        let mut child = spawn_serve_with(dir.path(), port, read_ahead(cycle));
         if cycle == 0 {
             let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
             let (status, _) = exchange(
@@ -165,7 +176,7 @@ fn acknowledged_puts_survive_kill9() {
 
         // Restart: every acknowledged version (or a later one sent) is there.
         let port = free_port();
-        let mut child = spawn_serve(dir.path(), port);
+        let mut child = spawn_serve_with(dir.path(), port, read_ahead(cycle));
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         let all = versions.lock().unwrap().clone();
         let mut checked = 0;

@@ -131,6 +131,7 @@ pub async fn database_stats(
                 "write_buffer_freezes": e.write_buffer_freezes,
                 "write_buffer_merges": e.write_buffer_merges,
                 "write_buffer_keys_merged_ahead": e.write_buffer_keys_merged_ahead,
+                "batches_read_ahead": e.batches_read_ahead,
                 "data_syncs": e.data_syncs,
                 "data_file_bytes": e.data_file_bytes,
                 "pages_in_use": e.pages_in_use,
