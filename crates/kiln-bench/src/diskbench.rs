@@ -669,6 +669,40 @@ fn row_message(spec: &Spec) -> String {
     )
 }
 
+/// What a concurrent row's progress bar follows: operations done out of `total`,
+/// or the time bound, whichever comes first.
+pub(crate) struct Progress<'a> {
+    pub bar: &'a ProgressBar,
+    pub done: &'a AtomicU64,
+    pub total: u64,
+    pub max_time: Duration,
+}
+
+/// Starts a concurrent row's threads together (`barrier`, which they wait on too),
+/// follows them on the progress bar until all are done, asking them to `stop` on
+/// Ctrl-C; returns when they started and what each returned.
+pub(crate) fn watch_threads<T>(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, T>>,
+    barrier: &Barrier,
+    stop: &AtomicBool,
+    progress: &Progress<'_>,
+) -> (Instant, Vec<std::thread::Result<T>>) {
+    barrier.wait();
+    let start = Instant::now();
+    while !handles.iter().all(|h| h.is_finished()) {
+        if interrupted() {
+            stop.store(true, Ordering::Relaxed);
+        }
+        let done = progress.done.load(Ordering::Relaxed);
+        progress
+            .bar
+            .set_position(permille(done, progress.total, start, progress.max_time));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let results = handles.into_iter().map(|h| h.join()).collect();
+    (start, results)
+}
+
 /// Progress toward whichever bound comes first, in thousandths.
 pub(crate) fn permille(done: u64, max: u64, start: Instant, max_time: Duration) -> u64 {
     let by_count = done as f64 / max.max(1) as f64;
@@ -772,22 +806,13 @@ fn concurrent_row(
                 })
             })
             .collect();
-        barrier.wait();
-        let start = Instant::now();
-        while !handles.iter().all(|h| h.is_finished()) {
-            if interrupted() {
-                stop.store(true, Ordering::Relaxed);
-            }
-            pb.set_position(permille(
-                count.load(Ordering::Relaxed),
-                per_writer * writers as u64,
-                start,
-                plan.max_time,
-            ));
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let results: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
-        (start, results)
+        let progress = Progress {
+            bar: &pb,
+            done: &count,
+            total: per_writer * writers as u64,
+            max_time: plan.max_time,
+        };
+        watch_threads(handles, &barrier, &stop, &progress)
     });
     pb.finish_and_clear();
     if interrupted() {

@@ -9,7 +9,7 @@
 //! outstanding at uniformly random offsets, aligned to the read size. If O_DIRECT is
 //! refused, the reads are buffered, after POSIX_FADV_DONTNEED, and the rows say so.
 
-use crate::diskbench::{bar, interrupted, permille, DiskBenchError, Result};
+use crate::diskbench::{bar, interrupted, watch_threads, DiskBenchError, Progress, Result};
 use crate::rawdisk::{open_for_reads, summarize, write_incompressible, AlignedBuf};
 use crate::rawdisk::{LatencySummary, RawDiskError, ReadFile};
 use serde_json::{json, Map, Value};
@@ -260,19 +260,13 @@ fn measure_row(
                 s.spawn(move || reader(rf, size, seed, per_reader, plan, shared))
             })
             .collect();
-        shared.barrier.wait();
-        let start = Instant::now();
-        while !handles.iter().all(|h| h.is_finished()) {
-            if interrupted() {
-                shared.stop.store(true, Ordering::Relaxed);
-            }
-            let done = shared.count.load(Ordering::Relaxed);
-            let total = per_reader * depth as u64;
-            pb.set_position(permille(done, total, start, plan.max_time));
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let results: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
-        (start, results)
+        let progress = Progress {
+            bar: &pb,
+            done: &shared.count,
+            total: per_reader * depth as u64,
+            max_time: plan.max_time,
+        };
+        watch_threads(handles, &shared.barrier, &shared.stop, &progress)
     });
     pb.finish_and_clear();
     if interrupted() {
