@@ -101,6 +101,19 @@ impl Env {
         Ok(ReadTxn::new(&self.shared, snap))
     }
 
+    /// `ReadTxn::read_ahead` on a snapshot of the last commit, taken only while reads
+    /// have been faulting (`Options::read_ahead`): in memory this costs no snapshot.
+    pub fn read_ahead<'k>(
+        &self,
+        tree: &str,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+    ) -> Result<usize> {
+        if !self.shared.store.read_ahead.is_open() {
+            return Ok(0);
+        }
+        self.begin_read()?.read_ahead(tree, keys)
+    }
+
     /// Starts the write transaction, waiting while another one is open.
     pub fn begin_write(&self) -> Result<WriteTxn<'_>> {
         WriteTxn::begin(&self.shared)

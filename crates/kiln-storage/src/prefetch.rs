@@ -114,9 +114,11 @@ pub(crate) fn leaves_ahead<'k, S: PageSource + ?Sized>(
     }
     let mut asked = ask_for(src, places.iter().map(|(p, _)| p.leaf));
     let mut neighbours = Vec::new();
-    for (place, adds) in &places {
+    // Only leaves a cell is added to can overflow: lookups and deletes (0) are not
+    // read here, where each read would wait for its page before the next is looked at.
+    for (place, adds) in places.iter().filter(|(_, adds)| *adds > 0) {
         let p = btree::node(src, place.leaf)?;
-        if *adds > 0 && page::free_space(p) + hdr::fragmented(p) < adds + 2 {
+        if page::free_space(p) + hdr::fragmented(p) < adds + 2 {
             neighbours.extend([place.left, place.right].into_iter().flatten());
         }
     }

@@ -888,13 +888,11 @@ fn read_ahead(env: &Env, ops: &[WriteOp]) {
         // One lookup gains nothing from being asked for first.
         return;
     }
-    if let Ok(r) = env.begin_read() {
-        // Advisory: an error here (a damaged page) shows again where it matters.
-        let _ = r.read_ahead(
-            crate::schema::DOCS,
-            ops.iter()
-                .filter_map(WriteOp::looked_up_id)
-                .map(str::as_bytes),
-        );
-    }
+    // Advisory: an error here (a damaged page) shows again where it matters.
+    let _ = env.read_ahead(
+        crate::schema::DOCS,
+        ops.iter()
+            .filter_map(WriteOp::looked_up_id)
+            .map(str::as_bytes),
+    );
 }
