@@ -79,12 +79,7 @@ impl WriteTxn<'_> {
             *names = Some(self.trees_by_id()?);
         }
         let names = names.as_ref().expect("set above");
-        let faults_before = crate::prefetch::thread_major_faults();
-        let read_ahead = &self.store().read_ahead;
-        if read_ahead.is_open() {
-            read_ahead.count_batch();
-            self.leaves_ahead(&slice, names)?;
-        }
+        let faults_before = self.read_ahead_slice(&slice, names)?;
         let superseded = match rule {
             Superseded::Skip => self
                 .base_gens()
@@ -170,6 +165,18 @@ impl WriteTxn<'_> {
         }
         st.modified = true;
         Ok(())
+    }
+
+    /// While reads fault, asks for the slice's leaves ahead; returns the thread's
+    /// major faults before the slice, for `FaultWindow::note_batch` after it.
+    fn read_ahead_slice(&mut self, slice: &[(&[u8], SlotRef)], names: &TreeNames) -> Result<u64> {
+        let faults_before = crate::prefetch::thread_major_faults();
+        let read_ahead = &self.store().read_ahead;
+        if read_ahead.is_open() {
+            read_ahead.count_batch();
+            self.leaves_ahead(slice, names)?;
+        }
+        Ok(faults_before)
     }
 
     /// Asks for the leaves the slice's keys land in, tree by tree (`prefetch.rs`).
