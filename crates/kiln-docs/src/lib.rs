@@ -44,6 +44,7 @@ mod revisions;
 mod schema;
 pub mod search;
 mod store;
+mod stored;
 mod subscriptions;
 mod time;
 mod write_queue;

@@ -4,7 +4,9 @@
 //! none of them has to import another for a name.
 //!
 //! Trees of a database's environment:
-//! - `docs`: id -> stored record (see `record.rs`)
+//! - `doc_ids`: id -> etag sequence of the current version (u64 BE), and
+//!   `doc_bodies`: etag sequence -> stored record (see `stored.rs`, `record.rs`);
+//!   databases written before them kept `docs` (id -> record), moved at open
 //! - `by_collection`: collection, 0x00, etag sequence (u64 BE) -> id; a collection
 //!   listed in etag order is a range scan (`collection_key`)
 //! - `counts`: collection -> number of documents (u64 BE)
@@ -38,7 +40,11 @@
 use crate::{DocError, Result};
 use kiln_storage::ReadTxn;
 
-pub(crate) const DOCS: &str = "docs";
+pub(crate) const DOC_IDS: &str = "doc_ids";
+pub(crate) const DOC_BODIES: &str = "doc_bodies";
+/// The one id-keyed tree of records that databases written before `doc_ids` and
+/// `doc_bodies` had (`stored::migrate`); read only by the upgrades that run first.
+pub(crate) const LEGACY_DOCS: &str = "docs";
 pub(crate) const BY_COLLECTION: &str = "by_collection";
 pub(crate) const COUNTS: &str = "counts";
 pub(crate) const META: &str = "meta";
@@ -62,8 +68,9 @@ pub(crate) const SUBSCRIPTIONS: &str = "subscriptions";
 pub(crate) const ATTACHMENT_REFS: &str = "attachment_refs";
 
 /// The trees a new database is created with (indexes make theirs when defined).
-pub(crate) const DATABASE_TREES: [&str; 10] = [
-    DOCS,
+pub(crate) const DATABASE_TREES: [&str; 11] = [
+    DOC_IDS,
+    DOC_BODIES,
     BY_COLLECTION,
     COUNTS,
     META,

@@ -43,23 +43,86 @@ fn expected(template: &str, etag: kiln_docs::Etag, ms: u64) -> String {
         .replace("{T}", &format_rfc3339_ms(ms))
 }
 
-/// The raw `docs` values of database `name` in `dir` (the store closed).
-fn raw_records(dir: &std::path::Path, name: &str) -> Vec<(String, Vec<u8>)> {
+fn open_env(dir: &std::path::Path, name: &str) -> kiln_storage::Env {
     let env_dir = dir.join("databases").join(name);
-    let env =
-        kiln_storage::Env::open(&env_dir, options(DocumentCompression::None).storage).unwrap();
-    let r = env.begin_read().unwrap();
+    kiln_storage::Env::open(&env_dir, options(DocumentCompression::None).storage).unwrap()
+}
+
+/// Every (key, value) of `tree`.
+fn tree_items(r: &kiln_storage::ReadTxn<'_>, tree: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
     let mut out = Vec::new();
-    let mut c = r.cursor("docs").unwrap();
+    let mut c = r.cursor(tree).unwrap();
     let mut e = c.first().unwrap();
     while let Some((k, v)) = e {
-        out.push((String::from_utf8(k.to_vec()).unwrap(), v.to_vec()));
+        out.push((k.to_vec(), v.to_vec()));
         e = c.next().unwrap();
     }
-    drop(c);
+    out
+}
+
+/// The raw records of database `name` in `dir` (the store closed), by id: each
+/// id's sequence in `doc_ids` leads to its record in `doc_bodies`, which holds
+/// nothing else.
+fn raw_records(dir: &std::path::Path, name: &str) -> Vec<(String, Vec<u8>)> {
+    let env = open_env(dir, name);
+    let r = env.begin_read().unwrap();
+    assert!(!r.tree_exists("docs").unwrap(), "the legacy tree is gone");
+    let bodies = tree_items(&r, "doc_bodies");
+    let ids = tree_items(&r, "doc_ids");
+    assert_eq!(
+        bodies.len(),
+        ids.len(),
+        "one body per document, none left behind"
+    );
+    let out = ids
+        .into_iter()
+        .map(|(id, sequence)| {
+            let body = &bodies.iter().find(|(k, _)| *k == sequence).unwrap().1;
+            assert_eq!(
+                &body[1..9],
+                &sequence[..],
+                "a body is keyed by its sequence"
+            );
+            (String::from_utf8(id).unwrap(), body.clone())
+        })
+        .collect();
     drop(r);
     env.close().unwrap();
     out
+}
+
+/// Moves the documents `which` selects back into the one `docs` tree (id ->
+/// record) of databases written before the id and body trees; with none left in
+/// the new trees they are dropped, as such a database never had them.
+fn back_to_legacy(dir: &std::path::Path, name: &str, which: impl Fn(&str) -> bool) {
+    let env = open_env(dir, name);
+    let mut w = env.begin_write().unwrap();
+    w.ensure_tree("docs").unwrap();
+    let ids: Vec<(Vec<u8>, Vec<u8>)> = {
+        let mut out = Vec::new();
+        let mut c = w.cursor("doc_ids").unwrap();
+        let mut e = c.first().unwrap();
+        while let Some((k, v)) = e {
+            out.push((k.to_vec(), v.to_vec()));
+            e = c.next().unwrap();
+        }
+        out
+    };
+    for (id, sequence) in ids {
+        if !which(std::str::from_utf8(&id).unwrap()) {
+            continue;
+        }
+        let body = w.get("doc_bodies", &sequence).unwrap().unwrap().to_vec();
+        w.put("docs", &id, &body).unwrap();
+        assert!(w.delete("doc_ids", &id).unwrap());
+        assert!(w.delete("doc_bodies", &sequence).unwrap());
+    }
+    if w.tree_len("doc_ids").unwrap() == 0 {
+        w.drop_tree("doc_ids").unwrap();
+        w.drop_tree("doc_bodies").unwrap();
+    }
+    w.commit().unwrap();
+    env.close().unwrap();
 }
 
 #[test]
@@ -135,11 +198,11 @@ fn format_1_records_left_by_older_servers_read_the_same() {
         drop(db);
         store.close().unwrap();
     }
-    // Rewrite every record as format 1 did: header, collection, the whole JSON.
+    // Rewrite every record as format 1 did: header, collection, the whole JSON, in
+    // the one id-keyed tree that servers of format 1 had.
+    back_to_legacy(dir.path(), "d", |_| true);
     {
-        let env_dir = dir.path().join("databases").join("d");
-        let env =
-            kiln_storage::Env::open(&env_dir, options(DocumentCompression::None).storage).unwrap();
+        let env = open_env(dir.path(), "d");
         let mut w = env.begin_write().unwrap();
         for (id, etag, ms, collection, json) in &want {
             let coll = collection.as_deref().unwrap_or("");
@@ -155,7 +218,14 @@ fn format_1_records_left_by_older_servers_read_the_same() {
         w.commit().unwrap();
         env.close().unwrap();
     }
-    assert!(raw_records(dir.path(), "d").iter().all(|(_, v)| v[0] == 1));
+    {
+        let env = open_env(dir.path(), "d");
+        let r = env.begin_read().unwrap();
+        assert!(!r.tree_exists("doc_ids").unwrap());
+        assert!(tree_items(&r, "docs").iter().all(|(_, v)| v[0] == 1));
+        drop(r);
+        env.close().unwrap();
+    }
     let store = DocStore::open(dir.path(), options(DocumentCompression::Lz4)).unwrap();
     let db = store.database("d").unwrap();
     for (id, etag, _, _, json) in &want {
@@ -192,4 +262,70 @@ fn format_1_records_left_by_older_servers_read_the_same() {
     store.close().unwrap();
     let raw = raw_records(dir.path(), "d");
     assert_eq!(raw.iter().find(|(i, _)| i == id).unwrap().1[0], 2);
+}
+
+/// A database whose documents were being moved out of `docs` when the server
+/// stopped (some chunks moved, the rest not) opens with every document, at the
+/// etag it had, in its collection and the counts; and writes to moved documents
+/// replace their bodies rather than leave them behind.
+#[test]
+fn documents_of_the_one_tree_layout_move_at_open_even_half_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut want = Vec::new();
+    {
+        let store = DocStore::open(dir.path(), options(DocumentCompression::Lz4)).unwrap();
+        let db = store.create_database("d").unwrap();
+        for i in 0..300u32 {
+            let id = format!("items/{i:04}");
+            let body = format!(r#"{{"n":{i},"text":"item number {i}"}}"#);
+            db.put(&id, body.as_bytes(), Condition::None).unwrap();
+        }
+        for i in (0..300u32).step_by(7) {
+            let id = format!("items/{i:04}");
+            db.put(
+                &id,
+                format!(r#"{{"n":{i},"again":true}}"#).as_bytes(),
+                Condition::None,
+            )
+            .unwrap();
+        }
+        for i in (0..300u32).step_by(11) {
+            db.delete(&format!("items/{i:04}"), Condition::None)
+                .unwrap();
+        }
+        for d in db.list_by_prefix("", None, 1000).unwrap().items {
+            want.push((d.id, d.etag, String::from_utf8(d.json).unwrap()));
+        }
+        drop(db);
+        store.close().unwrap();
+    }
+    assert_eq!(want.len(), 300 - 28);
+    // Odd numbers back in `docs`, even ones already moved: a crash between chunks.
+    back_to_legacy(dir.path(), "d", |id| {
+        id.ends_with(['1', '3', '5', '7', '9'])
+    });
+    let store = DocStore::open(dir.path(), options(DocumentCompression::Lz4)).unwrap();
+    let db = store.database("d").unwrap();
+    assert_eq!(db.document_count().unwrap(), want.len() as u64);
+    for (id, etag, json) in &want {
+        let got = db.get(id).unwrap().unwrap();
+        assert_eq!(
+            (got.etag, String::from_utf8(got.json).unwrap()),
+            (*etag, json.clone())
+        );
+    }
+    let listed = db.list_collection("items", None, 1000).unwrap().items;
+    let mut listed_ids: Vec<_> = listed.into_iter().map(|d| d.id).collect();
+    listed_ids.sort();
+    let want_ids: Vec<_> = want.iter().map(|w| w.0.clone()).collect();
+    assert_eq!(listed_ids, want_ids);
+    assert_eq!(db.collections().unwrap()[0].documents, want.len() as u64);
+    // Writes after the move: a replaced body and a deleted one leave nothing behind.
+    db.put(&want[0].0, br#"{"n":-1}"#, Condition::IfMatch(want[0].1))
+        .unwrap();
+    db.delete(&want[1].0, Condition::IfMatch(want[1].1))
+        .unwrap();
+    drop(db);
+    store.close().unwrap();
+    assert_eq!(raw_records(dir.path(), "d").len(), want.len() - 1);
 }

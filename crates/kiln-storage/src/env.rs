@@ -101,6 +101,13 @@ impl Env {
         Ok(ReadTxn::new(&self.shared, snap))
     }
 
+    /// Whether read-ahead is on now (`Options::read_ahead`: always, never, or while
+    /// reads have been faulting): a caller that must look keys up before it can say
+    /// what to read ahead skips that work when this is false.
+    pub fn reading_ahead(&self) -> bool {
+        self.shared.store.read_ahead.is_open()
+    }
+
     /// `ReadTxn::read_ahead` on a snapshot of the last commit, taken only while reads
     /// have been faulting (`Options::read_ahead`): in memory this costs no snapshot.
     pub fn read_ahead<'k>(

@@ -6,7 +6,7 @@ use super::{
 };
 use crate::database::{apply_attachment, AttachmentChange};
 use crate::id::validate_id;
-use crate::schema::{ATTACHMENT_REFS, DOCS, REVISIONS};
+use crate::schema::{ATTACHMENT_REFS, REVISIONS};
 use crate::{BatchOutcome, Condition, Database, DocError, PutOutcome, Result};
 use std::collections::HashMap;
 use std::fs::File;
@@ -346,16 +346,13 @@ pub fn check_attachments_at(
     }
     let mut report = super::BlobStore::at(db_dir).check(env)?;
     let mut named: HashMap<String, u64> = HashMap::new();
-    let mut cursor = r.cursor(DOCS)?;
-    let mut entry = cursor.first()?;
-    while let Some((key, value)) = entry {
-        let id = String::from_utf8_lossy(key);
-        let rec = crate::record::decode(&id, value)?;
+    crate::stored::scan_by_id(&r, b"", |id, value| {
+        let rec = crate::record::decode(id, value)?;
         for a in stored_list(rec.json) {
             *named.entry(a.hash).or_default() += 1;
         }
-        entry = cursor.next()?;
-    }
+        Ok(true)
+    })?;
     // Revisions that hold references on their attachments count like documents.
     if r.tree_exists(REVISIONS)? {
         let mut cursor = r.cursor(REVISIONS)?;

@@ -33,7 +33,7 @@ pub use restore::{
 };
 
 use crate::attachments::Hash;
-use crate::schema::{read_last_sequence, DOCS, HISTORY};
+use crate::schema::{read_last_sequence, HISTORY};
 use crate::search::backup::{PinnedCommit, Shipped};
 use crate::{Database, DocError, Etag, Result};
 use kiln_storage::backup::{self, BackupOptions, BackupSummary};
@@ -248,7 +248,7 @@ impl Database {
             kind,
             etag: (last > 0).then(|| self.etag_at(last).to_string()),
             txn_id: r.txn_id(),
-            documents: r.tree_len(DOCS)?,
+            documents: crate::stored::count(&r)?,
             kiln_version: env!("CARGO_PKG_VERSION").to_string(),
             created_at: crate::format_rfc3339_ms(crate::time::now_ms()),
             incarnation: Some(self.incarnation),

@@ -11,7 +11,7 @@ pub(crate) use notify::CommitNotifier;
 
 pub(crate) use log::{decode as decode_entry, encode as encode_entry};
 
-use crate::schema::{decode_u64, sequence_key, CHANGES, CONSUMERS, DOCS, TOMBSTONES};
+use crate::schema::{decode_u64, sequence_key, CHANGES, CONSUMERS, TOMBSTONES};
 use crate::{Database, DocError, Document, Etag, Result};
 use kiln_storage::WriteTxn;
 use std::time::Duration;
@@ -196,8 +196,8 @@ impl Database {
     }
 
     fn change_of(&self, r: &kiln_storage::ReadTxn<'_>, id: &str) -> Result<Option<Change>> {
-        let sequence = match r.get(DOCS, id.as_bytes())? {
-            Some(bytes) => crate::record::decode(id, bytes)?.etag.sequence,
+        let sequence = match crate::stored::sequence_of(r, id)? {
+            Some(sequence) => sequence,
             None => match r.get(TOMBSTONES, id.as_bytes())? {
                 Some(seq) => decode_u64(seq, "tombstone sequence")?,
                 None => return Ok(None),
@@ -220,12 +220,9 @@ impl Database {
     ) -> Result<ChangeEntry> {
         let document = match (include_docs, change.kind) {
             (true, ChangeKind::Put) => {
-                let bytes =
-                    r.get(DOCS, change.id.as_bytes())?
-                        .ok_or_else(|| DocError::CorruptRecord {
-                            id: change.id.clone(),
-                            why: "in the change log as written but not stored".into(),
-                        })?;
+                // A put's entry sits at its document's current sequence (a later
+                // write moves it), so the body is the one written there.
+                let bytes = crate::stored::get_at(r, &change.id, change.etag.sequence)?;
                 Some(Document::from_record(&change.id, bytes)?)
             }
             _ => None,

@@ -3,8 +3,8 @@
 //! before then left no tombstone and cannot be recovered.
 
 use super::{encode_entry, ChangeKind};
-use crate::schema::{sequence_key, CHANGES, CONSUMERS, DOCS, TOMBSTONES};
-use crate::{record, DocError, Result};
+use crate::schema::{sequence_key, CHANGES, CONSUMERS, TOMBSTONES};
+use crate::{record, Result};
 use kiln_storage::Env;
 
 /// Documents entered per transaction while building the log.
@@ -28,32 +28,18 @@ pub(crate) fn add_change_log(env: &Env, database: &str) -> Result<()> {
     loop {
         let chunk = {
             let r = env.begin_read()?;
-            let mut cursor = r.cursor(DOCS)?;
-            let mut item = match &after {
-                None => cursor.first()?,
-                Some(k) => {
-                    let mut i = cursor.seek(k)?;
-                    if i.as_ref().is_some_and(|(key, _)| key == k) {
-                        i = cursor.next()?;
-                    }
-                    i
-                }
-            };
             let mut chunk = Vec::with_capacity(CHUNK);
-            while let Some((key, value)) = item {
-                let id = std::str::from_utf8(key).map_err(|_| DocError::CorruptRecord {
-                    id: String::from_utf8_lossy(key).into_owned(),
-                    why: "stored id is not UTF-8".into(),
-                })?;
+            let from = after.as_deref().unwrap_or_default();
+            crate::stored::scan_by_id(&r, from, |id, value| {
+                if after.as_deref() == Some(id.as_bytes()) {
+                    return Ok(true);
+                }
                 let rec = record::decode(id, value)?;
                 let entry =
                     encode_entry(ChangeKind::Put, rec.last_modified_ms, rec.collection, id)?;
-                chunk.push((rec.etag.sequence, entry, key.to_vec()));
-                if chunk.len() == CHUNK {
-                    break;
-                }
-                item = cursor.next()?;
-            }
+                chunk.push((rec.etag.sequence, entry, id.as_bytes().to_vec()));
+                Ok(chunk.len() < CHUNK)
+            })?;
             chunk
         };
         let Some(last) = chunk.last().map(|c| c.2.clone()) else {

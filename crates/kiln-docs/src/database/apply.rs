@@ -16,7 +16,7 @@ use crate::expiration;
 use crate::revisions::keep;
 use crate::schema::{
     collection_key, decode_last_sequence, decode_u64, sequence_key, BY_COLLECTION, CHANGES, COUNTS,
-    DOCS, HISTORY, META, META_LAST_ETAG, TOMBSTONES,
+    HISTORY, META, META_LAST_ETAG, TOMBSTONES,
 };
 use crate::{record, DocError, Etag, Result};
 use kiln_storage::WriteTxn;
@@ -291,7 +291,7 @@ fn apply_patch(
     condition: Condition,
     key_id: Option<&str>,
 ) -> Result<PutOutcome> {
-    let (etag, merged) = match txn.get(DOCS, id.as_bytes())? {
+    let (etag, merged) = match crate::stored::get_mut(txn, id)? {
         None => return Err(DocError::DocumentNotFound { id: id.to_string() }),
         Some(bytes) => {
             let rec = record::decode(id, bytes)?;
@@ -333,7 +333,7 @@ pub(crate) fn apply_attachment(
     condition: Condition,
 ) -> Result<PutOutcome> {
     unit.stamp();
-    let Some(bytes) = txn.get(DOCS, id.as_bytes())? else {
+    let Some(bytes) = crate::stored::get_mut(txn, id)? else {
         return Err(DocError::DocumentNotFound { id: id.to_string() });
     };
     let rec = record::decode(id, bytes)?;
@@ -395,7 +395,7 @@ fn current_full(
     txn: &mut WriteTxn<'_>,
     id: &str,
 ) -> Result<Option<(Existing, Vec<AttachmentInfo>)>> {
-    match txn.get(DOCS, id.as_bytes())? {
+    match crate::stored::get_mut(txn, id)? {
         None => Ok(None),
         Some(bytes) => {
             let rec = record::decode(id, bytes)?;
@@ -479,7 +479,7 @@ fn apply_put(
             // The etag sequence is unique in the database, so it makes a unique id
             // unless a client took that id by hand; then the next one is tried.
             let id = format!("{prefix}{}", etag.sequence);
-            if txn.get(DOCS, id.as_bytes())?.is_none() {
+            if !crate::stored::exists_mut(txn, &id)? {
                 check_condition(&id, condition, None)?;
                 break (id, None);
             }
@@ -569,7 +569,8 @@ fn write_put(
     change: &[u8],
     look_for_tombstone: bool,
 ) -> Result<()> {
-    txn.put(DOCS, id.as_bytes(), rec)?;
+    let replaced = existing.as_ref().map(|(old_etag, _)| old_etag.sequence);
+    crate::stored::put(txn, id, replaced, etag.sequence, rec)?;
     match &existing {
         Some((old_etag, _)) => {
             txn.delete(CHANGES, &sequence_key(old_etag.sequence))?;
@@ -675,7 +676,7 @@ fn write_delete(
     tombstone_etag: Etag,
     tombstone: &[u8],
 ) -> Result<()> {
-    txn.delete(DOCS, id.as_bytes())?;
+    crate::stored::delete(txn, id, etag.sequence)?;
     if let Some(c) = collection {
         txn.delete(BY_COLLECTION, &collection_key(c, etag.sequence))?;
         unit.count(c, -1);

@@ -15,8 +15,8 @@ use crate::document::PreparedDoc;
 use crate::id::validate_id;
 use crate::schema::{
     collection_key, decode_u64, read_last_sequence, ATTACHMENT_REFS, BY_COLLECTION, COUNTS,
-    DATABASE_TREES, DOCS, EXPIRATION_IDS, HISTORY, META, META_CHAIN, META_INCARNATION,
-    META_LAST_ETAG, TOMBSTONES,
+    DATABASE_TREES, EXPIRATION_IDS, HISTORY, META, META_CHAIN, META_INCARNATION, META_LAST_ETAG,
+    TOMBSTONES,
 };
 use crate::{DocError, Document, Etag, Result};
 use apply::{apply_op, Possible, Unit};
@@ -259,6 +259,8 @@ impl Database {
         };
         crate::changes::upgrade::add_change_log(&env, name)?;
         crate::expiration::upgrade::add_expiration_index(&env, name)?;
+        // After the upgrades above, which read the documents where they were.
+        crate::stored::migrate(&env, name)?;
         // Databases made before backup chains get the (empty) history tree.
         if !env.begin_read()?.tree_exists(HISTORY)? {
             env.submit(|w| w.ensure_tree(HISTORY))?;
@@ -706,7 +708,7 @@ impl Database {
         let env = self.live()?;
         validate_id(id, self.limits.max_id_bytes)?;
         let r = env.begin_read()?;
-        match r.get(DOCS, id.as_bytes())? {
+        match crate::stored::get(&r, id)? {
             None => Ok(None),
             Some(bytes) => {
                 let rec = crate::record::decode(id, bytes)?;
@@ -725,35 +727,26 @@ impl Database {
     ) -> Result<Page<Document>> {
         let env = self.live()?;
         let r = env.begin_read()?;
-        let mut cursor = r.cursor(DOCS)?;
         let from = match start_after {
             Some(after) if after.as_bytes() >= prefix.as_bytes() => after.as_bytes(),
             _ => prefix.as_bytes(),
         };
-        let mut entry = if from.is_empty() {
-            cursor.first()?
-        } else {
-            cursor.seek(from)?
-        };
-        let mut items = Vec::new();
-        while let Some((key, value)) = entry {
-            if !key.starts_with(prefix.as_bytes()) {
-                return Ok(Page { items, next: None });
+        let mut items: Vec<Document> = Vec::new();
+        let mut next = None;
+        crate::stored::scan_by_id(&r, from, |id, record| {
+            if !id.starts_with(prefix) {
+                return Ok(false);
             }
-            if Some(key) != start_after.map(str::as_bytes) {
+            if Some(id) != start_after {
                 if items.len() == limit {
-                    let next = items.last().map(|d: &Document| d.id.clone());
-                    return Ok(Page { items, next });
+                    next = items.last().map(|d| d.id.clone());
+                    return Ok(false);
                 }
-                let id = std::str::from_utf8(key).map_err(|_| DocError::CorruptRecord {
-                    id: String::from_utf8_lossy(key).into_owned(),
-                    why: "stored id is not UTF-8".into(),
-                })?;
-                items.push(Document::from_record(id, value)?);
+                items.push(Document::from_record(id, record)?);
             }
-            entry = cursor.next()?;
-        }
-        Ok(Page { items, next: None })
+            Ok(true)
+        })?;
+        Ok(Page { items, next })
     }
 
     /// Documents of a collection in etag order (oldest write first), after the
@@ -786,12 +779,8 @@ impl Database {
                 return Ok(Page { items, next });
             }
             let id = String::from_utf8_lossy(id).into_owned();
-            let bytes = r
-                .get(DOCS, id.as_bytes())?
-                .ok_or_else(|| DocError::CorruptRecord {
-                    id: id.clone(),
-                    why: format!("listed in collection {collection:?} but not stored"),
-                })?;
+            let sequence = decode_u64(&key[prefix.len()..], "collection entry")?;
+            let bytes = crate::stored::get_at(&r, &id, sequence)?;
             items.push(Document::from_record(&id, bytes)?);
             entry = cursor.next()?;
         }
@@ -817,14 +806,14 @@ impl Database {
 
     pub fn document_count(&self) -> Result<u64> {
         let env = self.live()?;
-        Ok(env.begin_read()?.tree_len(DOCS)?)
+        crate::stored::count(&env.begin_read()?)
     }
 
     pub fn stats(&self) -> Result<DatabaseStats> {
         let env = self.live()?;
         let (documents, last) = {
             let r = env.begin_read()?;
-            (r.tree_len(DOCS)?, read_last_sequence(&r)?)
+            (crate::stored::count(&r)?, read_last_sequence(&r)?)
         };
         Ok(DatabaseStats {
             name: self.name.clone(),
@@ -888,11 +877,5 @@ fn read_ahead(env: &Env, ops: &[WriteOp]) {
         // One lookup gains nothing from being asked for first.
         return;
     }
-    // Advisory: an error here (a damaged page) shows again where it matters.
-    let _ = env.read_ahead(
-        crate::schema::DOCS,
-        ops.iter()
-            .filter_map(WriteOp::looked_up_id)
-            .map(str::as_bytes),
-    );
+    crate::stored::read_ahead(env, ops.iter().filter_map(WriteOp::looked_up_id));
 }

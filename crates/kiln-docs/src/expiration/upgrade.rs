@@ -9,10 +9,8 @@
 //! nothing else writes to the database before its open returns).
 
 use crate::document::stored_expires_at_ms;
-use crate::schema::{
-    expiration_key, DOCS, EXPIRATIONS, EXPIRATION_IDS, META, META_EXPIRATIONS_BUILDING,
-};
-use crate::{record, DocError, Result};
+use crate::schema::{expiration_key, EXPIRATIONS, EXPIRATION_IDS, META, META_EXPIRATIONS_BUILDING};
+use crate::{record, Result};
 use kiln_storage::Env;
 
 /// Documents read per transaction while filling the trees.
@@ -60,20 +58,11 @@ pub(crate) fn add_expiration_index(env: &Env, database: &str) -> Result<()> {
 /// the last id read; `None` past the last document.
 fn read_chunk(env: &Env, after: Option<&[u8]>) -> Result<Option<(Vec<Entry>, Vec<u8>)>> {
     let r = env.begin_read()?;
-    let mut cursor = r.cursor(DOCS)?;
-    let mut item = match after {
-        None => cursor.first()?,
-        Some(k) => match cursor.seek(k)? {
-            Some((key, _)) if key == k => cursor.next()?,
-            other => other,
-        },
-    };
     let (mut entries, mut read, mut last) = (Vec::new(), 0, None);
-    while let Some((key, value)) = item {
-        let id = std::str::from_utf8(key).map_err(|_| DocError::CorruptRecord {
-            id: String::from_utf8_lossy(key).into_owned(),
-            why: "stored id is not UTF-8".into(),
-        })?;
+    crate::stored::scan_by_id(&r, after.unwrap_or_default(), |id, value| {
+        if Some(id.as_bytes()) == after {
+            return Ok(true);
+        }
         let rec = record::decode(id, value)?;
         if let Some(at) = stored_expires_at_ms(rec.json) {
             if id.len() <= super::MAX_EXPIRING_ID_BYTES {
@@ -81,11 +70,8 @@ fn read_chunk(env: &Env, after: Option<&[u8]>) -> Result<Option<(Vec<Entry>, Vec
             }
         }
         read += 1;
-        last = Some(key.to_vec());
-        if read == CHUNK_DOCS {
-            break;
-        }
-        item = cursor.next()?;
-    }
+        last = Some(id.as_bytes().to_vec());
+        Ok(read < CHUNK_DOCS)
+    })?;
     Ok(last.map(|last| (entries, last)))
 }

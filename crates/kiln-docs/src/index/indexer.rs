@@ -18,7 +18,7 @@ use super::def::parse_fields;
 use super::{read_state_w, write_state, IndexState, IndexingOptions, Runtime};
 use crate::changes::{decode_entry, Change, ChangeKind};
 use crate::schema::{
-    docs_tree, entries_tree, errors_tree, read_last_sequence, sequence_key, CHANGES, DOCS,
+    docs_tree, entries_tree, errors_tree, read_last_sequence, sequence_key, CHANGES,
 };
 use crate::{record, Database, DocError, Result};
 use kiln_storage::{ReadTxn, WriteTxn};
@@ -475,7 +475,7 @@ fn load_documents(
     let mut raw: Vec<(usize, std::borrow::Cow<'_, [u8]>)> = Vec::with_capacity(wanted.len());
     for i in wanted {
         let id = &changes[i].id;
-        let Some(bytes) = r.get(DOCS, id.as_bytes())? else {
+        let Some(bytes) = crate::stored::get(r, id)? else {
             continue;
         };
         let rec = record::decode(id, bytes)?;

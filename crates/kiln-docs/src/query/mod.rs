@@ -42,7 +42,7 @@ use crate::index::def::Step;
 use crate::index::value::{encoded_len, prefix_successor, sort_key, Scalar, TAG_NULL};
 use crate::index::{read_state, IndexDefinition, IndexField, Runtime};
 use crate::schema::{
-    collection_key, decode_u64, entries_tree, read_last_sequence, BY_COLLECTION, COUNTS, DOCS,
+    collection_key, decode_u64, entries_tree, read_last_sequence, BY_COLLECTION, COUNTS,
 };
 use crate::{Database, DocError, Document, Etag, Result};
 use eval::{eval, field_values};
@@ -1217,7 +1217,7 @@ fn collect_ids(
 
 /// A document without parsing its JSON.
 fn load_document(r: &ReadTxn<'_>, id: &str, out: &mut QueryResult) -> Result<Option<Document>> {
-    let Some(bytes) = r.get(DOCS, id.as_bytes())? else {
+    let Some(bytes) = crate::stored::get(r, id)? else {
         return Ok(None);
     };
     out.documents_loaded += 1;
@@ -1225,7 +1225,7 @@ fn load_document(r: &ReadTxn<'_>, id: &str, out: &mut QueryResult) -> Result<Opt
 }
 
 fn load(r: &ReadTxn<'_>, id: &str, out: &mut QueryResult) -> Result<Option<(Document, Value)>> {
-    let Some(bytes) = r.get(DOCS, id.as_bytes())? else {
+    let Some(bytes) = crate::stored::get(r, id)? else {
         return Ok(None);
     };
     out.documents_loaded += 1;

@@ -8,7 +8,7 @@
 use super::config::{CollectionRevisions, UnitConfig};
 use super::entry::{encode_revision, held_attachments_json, replaced_ms, Archived, Head};
 use crate::attachments::{self, Hash};
-use crate::schema::{revision_key, DOCS, REVISIONS, REVISION_HEADS};
+use crate::schema::{revision_key, REVISIONS, REVISION_HEADS};
 use crate::{record, DocError, Etag, Result};
 use kiln_storage::WriteTxn;
 
@@ -106,7 +106,7 @@ fn archive(
     etag: Etag,
     writer: Option<&str>,
 ) -> Result<()> {
-    let stored = txn.get(DOCS, change.id.as_bytes())?.ok_or_else(|| {
+    let stored = crate::stored::get_mut(txn, change.id)?.ok_or_else(|| {
         DocError::Internal(format!(
             "{:?}: the version a write replaces is gone",
             change.id

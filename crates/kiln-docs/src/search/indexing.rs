@@ -20,7 +20,7 @@ use crate::changes::ChangeKind;
 use crate::index::def::{parse_fields, values_at, Step};
 use crate::index::indexer::read_changes;
 use crate::index::{read_state_w, write_state, IndexState, IndexingOptions, Runtime};
-use crate::schema::{read_last_sequence, DOCS};
+use crate::schema::read_last_sequence;
 use crate::{record, Database, Result};
 use serde_json::Value;
 use std::sync::atomic::Ordering;
@@ -72,7 +72,7 @@ pub(crate) fn round(db: &Database, rt: &Arc<Runtime>, opts: IndexingOptions) -> 
         if c.kind != ChangeKind::Put || !rt.compiled.covers_collection(c.collection.as_deref()) {
             continue;
         }
-        let Some(bytes) = r.get(DOCS, c.id.as_bytes())? else {
+        let Some(bytes) = crate::stored::get(&r, &c.id)? else {
             continue;
         };
         let json = record::decode(&c.id, bytes)?.to_json(&c.id)?;

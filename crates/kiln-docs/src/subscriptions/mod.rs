@@ -30,7 +30,7 @@ mod lease;
 pub(crate) use lease::LeaseTable;
 pub use lease::{LeaseStrategy, SubscriptionLease};
 
-use crate::schema::{collection_key, read_last_sequence, BY_COLLECTION, DOCS, SUBSCRIPTIONS};
+use crate::schema::{collection_key, read_last_sequence, BY_COLLECTION, SUBSCRIPTIONS};
 use crate::{Database, DocError, Document, Result};
 use filter::Compiled;
 use serde::{Deserialize, Serialize};
@@ -388,12 +388,7 @@ impl Database {
                 id: String::from_utf8_lossy(id).into_owned(),
                 why: "id in by_collection is not UTF-8".into(),
             })?;
-            let record = r
-                .get(DOCS, id.as_bytes())?
-                .ok_or_else(|| DocError::CorruptRecord {
-                    id: id.to_string(),
-                    why: format!("listed in collection {collection:?} but not stored"),
-                })?;
+            let record = crate::stored::get_at(&r, id, sequence)?;
             let rec = crate::record::decode(id, record)?;
             let json = rec.to_json(id)?;
             let view = rec.view(&json);
