@@ -102,15 +102,25 @@ pub(crate) fn count(r: &ReadTxn<'_>) -> Result<u64> {
     Ok(r.tree_len(DOC_IDS)?)
 }
 
-/// Past RAM, asks for the leaves that writes to `ids` will read (the id tree's,
-/// then the bodies of those that exist), all at once and before the commit turn;
-/// nothing in memory (`Env::read_ahead`). Advisory: errors show again where it
-/// matters.
+/// Past RAM, reads what writes to `ids` will look up (the id tree's leaves, then
+/// the bodies of the documents that exist) before the commit turn, so that the
+/// writer holding the turn does not wait on the disk while every other writer of
+/// the database waits for it; nothing in memory (`Env::reading_ahead`). One id is
+/// looked up here, on the caller's thread (its faults are the caller's own wait);
+/// more are asked for all at once (`ReadTxn::read_ahead`), the disk serving them
+/// together. Advisory: errors show again where it matters.
 pub(crate) fn read_ahead<'k>(env: &Env, ids: impl Iterator<Item = &'k str> + Clone) {
     if !env.reading_ahead() {
         return;
     }
     let Ok(r) = env.begin_read() else { return };
+    if let (Some(id), None) = (ids.clone().next(), ids.clone().nth(1)) {
+        if let Ok(Some(record)) = get(&r, id) {
+            // A body larger than its leaf continues on pages of its own.
+            std::hint::black_box(record.last());
+        }
+        return;
+    }
     let _ = r.read_ahead(DOC_IDS, ids.clone().map(str::as_bytes));
     let bodies: Vec<[u8; 8]> = ids
         .filter_map(|id| sequence_of(&r, id).ok().flatten())

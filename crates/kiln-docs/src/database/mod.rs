@@ -485,6 +485,7 @@ impl Database {
 
     /// One write in its own unit; its error comes back as it is.
     fn write_one(&self, env: &Env, op: WriteOp) -> Result<BatchOutcome> {
+        read_ahead(env, std::slice::from_ref(&op));
         let mut unit = self.unit();
         let out = env.submit_with(move |txn| {
             let mut run = |txn: &mut kiln_storage::WriteTxn<'_>| -> Result<BatchOutcome> {
@@ -868,14 +869,10 @@ mod tests {
     }
 }
 
-/// Past RAM, asks for the leaves of the documents these writes will look up, all
-/// at once and before the commit turn (`ReadTxn::read_ahead`; nothing in memory):
-/// otherwise each lookup is a fault that the committing thread waits for, one
-/// after another, while every other writer of the database waits for the turn.
+/// Past RAM, reads the documents these writes will look up before the commit turn
+/// (`stored::read_ahead`; nothing in memory): otherwise each lookup is a fault that
+/// the committing thread waits for, one after another, while every other writer of
+/// the database waits for the turn.
 fn read_ahead(env: &Env, ops: &[WriteOp]) {
-    if ops.len() < 2 {
-        // One lookup gains nothing from being asked for first.
-        return;
-    }
     crate::stored::read_ahead(env, ops.iter().filter_map(WriteOp::looked_up_id));
 }
