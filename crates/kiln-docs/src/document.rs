@@ -34,7 +34,7 @@ impl Document {
         }
     }
 
-    /// Decodes a stored record (a value of the `docs` tree) into an owned document.
+    /// Decodes a stored record (a value of the `doc_bodies` tree) into an owned document.
     pub(crate) fn from_record(id: &str, bytes: &[u8]) -> Result<Document> {
         let rec = crate::record::decode(id, bytes)?;
         let json = rec.to_json(id)?;

@@ -1,4 +1,4 @@
-//! The stored form of a document (the value in the `docs` tree). Format 2, written
+//! The stored form of a document (the value in the `doc_bodies` tree, `stored.rs`). Format 2, written
 //! since issue 41 (bytes on disk):
 //!
 //! ```text
