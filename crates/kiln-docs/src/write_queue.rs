@@ -253,7 +253,7 @@ fn work(shared: &Shared) {
         };
         match taken {
             Taken::All(ops, reply) => {
-                let result = db.write_all(ops);
+                let result = db.write_all_patiently(ops);
                 reply(result);
             }
             Taken::Many(ops, replies) => {

@@ -329,3 +329,39 @@ fn documents_of_the_one_tree_layout_move_at_open_even_half_way() {
     store.close().unwrap();
     assert_eq!(raw_records(dir.path(), "d").len(), want.len() - 1);
 }
+
+/// A body found under a sequence other than its own (a damaged or hand-edited data
+/// file) is reported as corruption naming the document, never served as it.
+#[test]
+fn a_body_under_another_sequence_is_corruption_not_an_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = {
+        let store = DocStore::open(dir.path(), options(DocumentCompression::None)).unwrap();
+        let db = store.create_database("d").unwrap();
+        let a = db.put("a", br#"{"v":1}"#, Condition::None).unwrap().etag;
+        let b = db.put("b", br#"{"v":2}"#, Condition::None).unwrap().etag;
+        drop(db);
+        store.close().unwrap();
+        (a, b)
+    };
+    {
+        let env = open_env(dir.path(), "d");
+        let mut w = env.begin_write().unwrap();
+        let body_b = w
+            .get("doc_bodies", &b.sequence.to_be_bytes())
+            .unwrap()
+            .unwrap()
+            .to_vec();
+        // b's record stored under a's sequence, and "a" pointed back there.
+        w.put("doc_bodies", &a.sequence.to_be_bytes(), &body_b)
+            .unwrap();
+        w.put("doc_ids", b"a", &a.sequence.to_be_bytes()).unwrap();
+        w.commit().unwrap();
+        env.close().unwrap();
+    }
+    let store = DocStore::open(dir.path(), options(DocumentCompression::None)).unwrap();
+    let db = store.database("d").unwrap();
+    let err = db.get("a").unwrap_err().to_string();
+    assert!(err.contains("carries another sequence"), "{err}");
+    assert_eq!(db.get("b").unwrap().unwrap().etag, b);
+}

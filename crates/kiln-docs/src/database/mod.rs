@@ -24,6 +24,7 @@ use kiln_storage::{Env, ReadTxn};
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A precondition on the current state of a document, checked inside the write's
 /// transaction (so two writers with the same `IfMatch` cannot both win).
@@ -580,11 +581,48 @@ impl Database {
     /// Applies parsed writes in one transaction: all of them or none (a bulk insert's
     /// batch, a client's batch). The first failing write's error names its index.
     pub fn write_all(&self, ops: Vec<WriteOp>) -> Result<Vec<BatchOutcome>> {
-        let env = self.live()?;
+        self.check_all(&ops)?;
+        self.submit_all(Arc::new(ops))
+    }
+
+    /// `write_all` for a bulk insert's batch: when the commit queue refuses it as
+    /// overloaded (a group held past `QueueLimits::max_queue_delay_ms`, as when the
+    /// kernel throttles a long load's write-back), the batch, which was not applied,
+    /// is submitted again after a pause, for up to `BULK_OVERLOAD_PATIENCE`. A bulk
+    /// client is already held back by its stream; failing its load on a stall of a
+    /// few seconds would only make it start over. Interactive writes keep failing
+    /// fast (`write_all`, `write_each`).
+    pub fn write_all_patiently(&self, ops: Vec<WriteOp>) -> Result<Vec<BatchOutcome>> {
+        self.check_all(&ops)?;
+        let ops = Arc::new(ops);
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match self.submit_all(ops.clone()) {
+                Err(DocError::Storage(e))
+                    if e.kind() == kiln_storage::ErrorKind::Overloaded
+                        && started.elapsed() < BULK_OVERLOAD_PATIENCE =>
+                {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn check_all(&self, ops: &[WriteOp]) -> Result<()> {
+        self.live()?;
         self.check_batch_len(ops.len())?;
         for (index, op) in ops.iter().enumerate() {
             self.check_op(op).map_err(at_index(index))?;
         }
+        Ok(())
+    }
+
+    /// One commit-queue unit applying `ops` (checked) all or none.
+    fn submit_all(&self, ops: Arc<Vec<WriteOp>>) -> Result<Vec<BatchOutcome>> {
+        let env = self.live()?;
         read_ahead(env, &ops);
         let mut unit = self.unit();
         let out = env.submit_with(move |txn| {
@@ -842,6 +880,48 @@ mod tests {
     use crate::{Condition, DocStore, DocsOptions};
     use std::sync::atomic::Ordering;
 
+    /// A bulk batch refused as overloaded (a commit held past the queue's delay
+    /// limit) is submitted again and lands, where `write_all` fails at once: the
+    /// batch was not applied either way.
+    #[test]
+    fn a_bulk_batch_waits_out_an_overloaded_commit_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = DocsOptions::default();
+        opts.storage.queue_limits.max_queue_delay_ms = 20;
+        let store = DocStore::open(dir.path(), opts).unwrap();
+        let db = store.create_database("d").unwrap();
+        let put = |id: &str| super::WriteOp::Put {
+            id: super::DocId::Given(id.to_string()),
+            document: db.parse_document(b"{}").unwrap(),
+            condition: Condition::None,
+        };
+        let env = db.live().unwrap();
+        std::thread::scope(|s| {
+            // One unit holds the commit turn for 400 ms; a second waits behind it
+            // past the 20 ms limit, so the queue refuses what comes next.
+            s.spawn(|| {
+                env.submit(|_| {
+                    std::thread::sleep(std::time::Duration::from_millis(400));
+                    Ok(())
+                })
+                .unwrap()
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            s.spawn(|| env.submit(|_| Ok(())).unwrap());
+            std::thread::sleep(std::time::Duration::from_millis(80));
+            let refused = db.write_all(vec![put("a")]).unwrap_err();
+            assert!(
+                matches!(&refused, crate::DocError::Storage(e)
+                    if e.kind() == kiln_storage::ErrorKind::Overloaded),
+                "{refused}"
+            );
+            let landed = db.write_all_patiently(vec![put("b")]).unwrap();
+            assert_eq!(landed.len(), 1);
+        });
+        assert!(db.get("a").unwrap().is_none());
+        assert!(db.get("b").unwrap().is_some());
+    }
+
     /// The write clock starts at the last write's time when a database opens, so a
     /// wall clock behind it (stepped back across a restart) cannot give the next write
     /// an earlier time than the last one: restores to a time rely on it.
@@ -868,6 +948,10 @@ mod tests {
         );
     }
 }
+
+/// How long a bulk insert's batch is submitted again while the commit queue is
+/// overloaded (`Database::write_all_patiently`).
+const BULK_OVERLOAD_PATIENCE: Duration = Duration::from_secs(120);
 
 /// Past RAM, reads the documents these writes will look up before the commit turn
 /// (`stored::read_ahead`; nothing in memory): otherwise each lookup is a fault that
