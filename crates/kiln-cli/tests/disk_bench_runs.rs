@@ -5,7 +5,6 @@
 
 use serde_json::Value;
 use std::path::Path;
-use std::process::Output;
 
 mod common;
 use common::{kiln, text};

@@ -1,6 +1,9 @@
 //! The stored form of documents (`record.rs`, format 2: the server's `@metadata`
 //! written at read time, LZ4 bodies) read back the JSON format 1 stored, byte for
-//! byte; and records of format 1 left by older servers still read the same.
+//! byte; records of format 1 left by older servers still read the same; the documents
+//! of a database written with one id-keyed tree (`docs`) move into `doc_ids` and
+//! `doc_bodies` at open, also after a crash half way; and a body stored under another
+//! sequence than its own is reported as corruption.
 
 use kiln_docs::{format_rfc3339_ms, Condition, DocStore, DocsOptions, DocumentCompression};
 
