@@ -827,6 +827,7 @@ impl Database {
             matches: 0,
             last: None,
             seen: multi.then(HashSet::new),
+            index_keys: rt.compiled.top_keys().collect(),
         };
         let walk = RangeWalk {
             tree,
@@ -937,6 +938,8 @@ struct StreamPage<'q, 'r, 't> {
     last: Option<(Vec<u8>, u64)>,
     /// Ids already taken, for a multi-valued index (one entry per array element).
     seen: Option<HashSet<Vec<u8>>>,
+    /// The index's top-level fields: all that a covered where reads of a document.
+    index_keys: Vec<&'q str>,
 }
 
 impl StreamPage<'_, '_, '_> {
@@ -1000,11 +1003,26 @@ impl StreamPage<'_, '_, '_> {
         docs: &mut Vec<Document>,
     ) -> Result<()> {
         let id = String::from_utf8_lossy(id).into_owned();
-        if let Some((d, v)) = load(self.r, &id, out)? {
-            if self.q.filter.as_ref().is_none_or(|f| eval(f, &v)) {
-                docs.push(d);
-                self.last = Some((k.to_vec(), self.before + self.matches + 1));
-            }
+        let Some(d) = load_document(self.r, &id, out)? else {
+            return Ok(());
+        };
+        // Covered: the where is one conjunct on the index's own fields, so only those
+        // are parsed to check it (the rest of the JSON is skipped, not built).
+        let still_matches =
+            match &self.q.filter {
+                None => true,
+                Some(f) => {
+                    let fields = crate::index::def::parse_fields(&d.json, &self.index_keys)
+                        .map_err(|why| DocError::CorruptRecord {
+                            id: id.clone(),
+                            why: format!("stored JSON does not parse: {why}"),
+                        })?;
+                    eval(f, &fields)
+                }
+            };
+        if still_matches {
+            docs.push(d);
+            self.last = Some((k.to_vec(), self.before + self.matches + 1));
         }
         Ok(())
     }
