@@ -14,6 +14,7 @@
 use crate::schema::{decode_u64, sequence_key, DOC_BODIES, DOC_IDS, LEGACY_DOCS};
 use crate::{DocError, Result};
 use kiln_storage::{Env, ReadTxn, WriteTxn};
+use std::ops::Bound;
 
 /// The record of the document `id` in a read snapshot.
 pub(crate) fn get<'r>(r: &'r ReadTxn<'_>, id: &str) -> Result<Option<&'r [u8]>> {
@@ -129,20 +130,23 @@ pub(crate) fn read_ahead<'k>(env: &Env, ids: impl Iterator<Item = &'k str> + Clo
     let _ = r.read_ahead(DOC_BODIES, bodies.iter().map(|k| &k[..]));
 }
 
-/// The documents in id order from `from` (inclusive; empty: the first), each given
-/// to `take` with its record until it answers false. Reads the legacy `docs` tree
-/// while it exists: only the upgrades that run at open before `migrate` see one.
+/// The documents in id order from `start`, each given to `take` with its record
+/// until it answers false. Reads the legacy `docs` tree while it exists: only the
+/// upgrades that run at open and `migrate` see one.
 pub(crate) fn scan_by_id(
     r: &ReadTxn<'_>,
-    from: &[u8],
+    start: Bound<&[u8]>,
     mut take: impl FnMut(&str, &[u8]) -> Result<bool>,
 ) -> Result<()> {
     let legacy = r.tree_exists(LEGACY_DOCS)?;
     let mut cursor = r.cursor(if legacy { LEGACY_DOCS } else { DOC_IDS })?;
-    let mut entry = if from.is_empty() {
-        cursor.first()?
-    } else {
-        cursor.seek(from)?
+    let mut entry = match start {
+        Bound::Unbounded => cursor.first()?,
+        Bound::Included(from) => cursor.seek(from)?,
+        Bound::Excluded(after) => match cursor.seek(after)? {
+            Some((key, _)) if key == after => cursor.next()?,
+            other => other,
+        },
     };
     while let Some((key, raw)) = entry {
         let id = std::str::from_utf8(key).map_err(|_| DocError::CorruptRecord {
@@ -207,13 +211,13 @@ pub(crate) fn migrate(env: &Env, database: &str) -> Result<()> {
         let r = env.begin_read()?;
         (r.tree_exists(LEGACY_DOCS)?, r.tree_exists(DOC_IDS)?)
     };
+    if !new {
+        env.submit(|w| {
+            w.ensure_tree(DOC_IDS)?;
+            w.ensure_tree(DOC_BODIES)
+        })?;
+    }
     if !legacy {
-        if !new {
-            env.submit(|w| {
-                w.ensure_tree(DOC_IDS)?;
-                w.ensure_tree(DOC_BODIES)
-            })?;
-        }
         return Ok(());
     }
     let total = env.begin_read()?.tree_len(LEGACY_DOCS)?;
@@ -222,30 +226,14 @@ pub(crate) fn migrate(env: &Env, database: &str) -> Result<()> {
         documents = total,
         "moving documents into the id and body trees"
     );
-    env.submit(|w| {
-        w.ensure_tree(DOC_IDS)?;
-        w.ensure_tree(DOC_BODIES)
-    })?;
     loop {
-        let chunk: Vec<(String, u64, Vec<u8>)> = {
-            let r = env.begin_read()?;
-            let mut cursor = r.cursor(LEGACY_DOCS)?;
-            let mut entry = cursor.first()?;
-            let mut chunk = Vec::with_capacity(MIGRATE_CHUNK);
-            while let Some((key, value)) = entry {
-                let id = std::str::from_utf8(key).map_err(|_| DocError::CorruptRecord {
-                    id: String::from_utf8_lossy(key).into_owned(),
-                    why: "stored id is not UTF-8".into(),
-                })?;
-                let sequence = crate::record::decode(id, value)?.etag.sequence;
-                chunk.push((id.to_string(), sequence, value.to_vec()));
-                if chunk.len() == MIGRATE_CHUNK {
-                    break;
-                }
-                entry = cursor.next()?;
-            }
-            chunk
-        };
+        // Always the first chunk left: each one moved is gone from `docs`.
+        let mut chunk: Vec<(String, u64, Vec<u8>)> = Vec::with_capacity(MIGRATE_CHUNK);
+        scan_by_id(&env.begin_read()?, Bound::Unbounded, |id, record| {
+            let sequence = crate::record::decode(id, record)?.etag.sequence;
+            chunk.push((id.to_string(), sequence, record.to_vec()));
+            Ok(chunk.len() < MIGRATE_CHUNK)
+        })?;
         if chunk.is_empty() {
             break;
         }

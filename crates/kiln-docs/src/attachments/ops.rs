@@ -346,7 +346,7 @@ pub fn check_attachments_at(
     }
     let mut report = super::BlobStore::at(db_dir).check(env)?;
     let mut named: HashMap<String, u64> = HashMap::new();
-    crate::stored::scan_by_id(&r, b"", |id, value| {
+    crate::stored::scan_by_id(&r, std::ops::Bound::Unbounded, |id, value| {
         let rec = crate::record::decode(id, value)?;
         for a in stored_list(rec.json) {
             *named.entry(a.hash).or_default() += 1;

@@ -6,6 +6,7 @@ use super::{encode_entry, ChangeKind};
 use crate::schema::{sequence_key, CHANGES, CONSUMERS, TOMBSTONES};
 use crate::{record, Result};
 use kiln_storage::Env;
+use std::ops::Bound;
 
 /// Documents entered per transaction while building the log.
 const CHUNK: usize = 10_000;
@@ -29,11 +30,8 @@ pub(crate) fn add_change_log(env: &Env, database: &str) -> Result<()> {
         let chunk = {
             let r = env.begin_read()?;
             let mut chunk = Vec::with_capacity(CHUNK);
-            let from = after.as_deref().unwrap_or_default();
-            crate::stored::scan_by_id(&r, from, |id, value| {
-                if after.as_deref() == Some(id.as_bytes()) {
-                    return Ok(true);
-                }
+            let start = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+            crate::stored::scan_by_id(&r, start, |id, value| {
                 let rec = record::decode(id, value)?;
                 let entry =
                     encode_entry(ChangeKind::Put, rec.last_modified_ms, rec.collection, id)?;

@@ -22,6 +22,7 @@ use crate::{DocError, Document, Etag, Result};
 use apply::{apply_op, Possible, Unit};
 use kiln_storage::{Env, ReadTxn};
 use serde_json::Value;
+use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -766,23 +767,21 @@ impl Database {
     ) -> Result<Page<Document>> {
         let env = self.live()?;
         let r = env.begin_read()?;
-        let from = match start_after {
-            Some(after) if after.as_bytes() >= prefix.as_bytes() => after.as_bytes(),
-            _ => prefix.as_bytes(),
+        let start = match start_after {
+            Some(after) if after >= prefix => Bound::Excluded(after.as_bytes()),
+            _ => Bound::Included(prefix.as_bytes()),
         };
         let mut items: Vec<Document> = Vec::new();
         let mut next = None;
-        crate::stored::scan_by_id(&r, from, |id, record| {
+        crate::stored::scan_by_id(&r, start, |id, record| {
             if !id.starts_with(prefix) {
                 return Ok(false);
             }
-            if Some(id) != start_after {
-                if items.len() == limit {
-                    next = items.last().map(|d| d.id.clone());
-                    return Ok(false);
-                }
-                items.push(Document::from_record(id, record)?);
+            if items.len() == limit {
+                next = items.last().map(|d| d.id.clone());
+                return Ok(false);
             }
+            items.push(Document::from_record(id, record)?);
             Ok(true)
         })?;
         Ok(Page { items, next })

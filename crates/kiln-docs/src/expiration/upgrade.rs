@@ -12,6 +12,7 @@ use crate::document::stored_expires_at_ms;
 use crate::schema::{expiration_key, EXPIRATIONS, EXPIRATION_IDS, META, META_EXPIRATIONS_BUILDING};
 use crate::{record, Result};
 use kiln_storage::Env;
+use std::ops::Bound;
 
 /// Documents read per transaction while filling the trees.
 const CHUNK_DOCS: usize = 10_000;
@@ -59,10 +60,8 @@ pub(crate) fn add_expiration_index(env: &Env, database: &str) -> Result<()> {
 fn read_chunk(env: &Env, after: Option<&[u8]>) -> Result<Option<(Vec<Entry>, Vec<u8>)>> {
     let r = env.begin_read()?;
     let (mut entries, mut read, mut last) = (Vec::new(), 0, None);
-    crate::stored::scan_by_id(&r, after.unwrap_or_default(), |id, value| {
-        if Some(id.as_bytes()) == after {
-            return Ok(true);
-        }
+    let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+    crate::stored::scan_by_id(&r, start, |id, value| {
         let rec = record::decode(id, value)?;
         if let Some(at) = stored_expires_at_ms(rec.json) {
             if id.len() <= super::MAX_EXPIRING_ID_BYTES {
