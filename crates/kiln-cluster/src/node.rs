@@ -76,12 +76,13 @@ pub enum ClusterError {
     /// This node is not the leader; the leader, when known.
     #[error("this node is not the leader{}", leader.as_ref().map(|(id, a)| format!("; node {id} at {a} is")).unwrap_or_default())]
     NotLeader { leader: Option<(NodeId, String)> },
-    /// No majority answered in time: the write was not acknowledged (it may
-    /// still be applied later, if this node's log reaches a majority).
+    /// No majority answered in time: the write was not acknowledged. One that
+    /// `entered_log` may still be applied later, if this node's log reaches a
+    /// majority; one refused before it entered the log never will be.
     #[error(
         "no quorum: a majority of the cluster did not acknowledge the write within {waited_ms} ms"
     )]
-    NoQuorum { waited_ms: u64 },
+    NoQuorum { waited_ms: u64, entered_log: bool },
     #[error("the cluster is not usable: {0}")]
     Raft(String),
     #[error("opening the Raft log at {path}: {source}")]
@@ -140,8 +141,12 @@ impl ClusterError {
             ClusterError::NotLeader { leader } => ClusterError::NotLeader {
                 leader: leader.clone(),
             },
-            ClusterError::NoQuorum { waited_ms } => ClusterError::NoQuorum {
+            ClusterError::NoQuorum {
+                waited_ms,
+                entered_log,
+            } => ClusterError::NoQuorum {
                 waited_ms: *waited_ms,
+                entered_log: *entered_log,
             },
             other => ClusterError::Raft(other.to_string()),
         }
@@ -149,9 +154,15 @@ impl ClusterError {
 
     /// Whether a refused write may still be committed: it entered the leader's
     /// log, then no majority acknowledged it in time. A leader that knew itself cut
-    /// off refused it before logging it (`waited_ms` 0).
+    /// off refused it before logging it.
     pub fn may_have_been_written(&self) -> bool {
-        matches!(self, ClusterError::NoQuorum { waited_ms } if *waited_ms > 0)
+        matches!(
+            self,
+            ClusterError::NoQuorum {
+                entered_log: true,
+                ..
+            }
+        )
     }
 }
 
@@ -165,6 +176,7 @@ async fn propose(
     match proposed.await {
         Err(_) => Err(ClusterError::NoQuorum {
             waited_ms: write_timeout.as_millis() as u64,
+            entered_log: true,
         }),
         Ok(Ok(response)) => Ok(response.data),
         Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
@@ -327,15 +339,7 @@ impl ClusterNode {
     /// Proposes a command; answers once a majority has it durable and this node
     /// has applied it.
     pub async fn write(&self, command: Command) -> Result<Answer, ClusterError> {
-        // A leader that has not heard from a majority for an election timeout is
-        // likely cut off: refuse before the entry enters its log (where it could
-        // still be committed later, after the client was told it failed).
-        let m = self.raft.metrics().borrow().clone();
-        // (A leader just elected has no acknowledgment yet: its first heartbeat
-        // brings one; the write's timeout covers a leader that never gets one.)
-        if self.cut_off(&m) {
-            return Err(ClusterError::NoQuorum { waited_ms: 0 });
-        }
+        self.wait_for_quorum().await?;
         match command {
             // Independent writes: merged with the others waiting (see `batcher`).
             Command::Write {
@@ -348,6 +352,41 @@ impl ClusterNode {
         }
     }
 
+    /// A leader that has not heard from a majority for an election timeout is
+    /// likely cut off: its writes are refused before they enter its log (where
+    /// they could still be committed later, after the client was told they
+    /// failed). A silence can also be a stall of a loaded machine (a follower's
+    /// sync, a starved heartbeat): the leader waits one more election timeout for
+    /// a majority to be heard from again before it refuses.
+    async fn wait_for_quorum(&self) -> Result<(), ClusterError> {
+        let mut metrics = self.raft.metrics();
+        // (A leader just elected has no acknowledgment yet: its first heartbeat
+        // brings one; the write's timeout covers a leader that never gets one.)
+        if !self.cut_off(&metrics.borrow_and_update()) {
+            return Ok(());
+        }
+        let started = tokio::time::Instant::now();
+        let patience = Duration::from_millis(self.quorum_silence_ms);
+        let heard = tokio::time::timeout(patience, async {
+            // The metrics are published at every event of the Raft core, an
+            // acknowledgment or a heartbeat's answer among them.
+            while metrics.changed().await.is_ok() {
+                if !self.cut_off(&metrics.borrow_and_update()) {
+                    return true;
+                }
+            }
+            false
+        });
+        match heard.await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ClusterError::Raft("the Raft core stopped".to_string())),
+            Err(_) => Err(ClusterError::NoQuorum {
+                waited_ms: started.elapsed().as_millis() as u64,
+                entered_log: false,
+            }),
+        }
+    }
+
     /// Waits until this node has applied everything committed when it was called,
     /// confirmed by a majority (a read after it cannot be stale). Leader only.
     pub async fn ensure_linearizable(&self) -> Result<(), ClusterError> {
@@ -355,6 +394,7 @@ impl ClusterNode {
         match checked.await {
             Err(_) => Err(ClusterError::NoQuorum {
                 waited_ms: self.write_timeout.as_millis() as u64,
+                entered_log: false,
             }),
             Ok(Ok(_)) => Ok(()),
             Ok(Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(
