@@ -1,9 +1,10 @@
 //! The router: routes and the layers every request passes:
 //! compression, then `observe` (request id, metrics, access log), then CORS, then
 //! (on the API routes) authentication. The own HTTP/1.1 loop (`http1/`) serves
-//! plain document GETs, PUTs and POSTs (to a prefix) through the same admission
-//! (`admit`), handlers' helpers and `observe`, and hands anything CORS or
-//! compression could change to this router.
+//! plain document GETs, PUTs, POSTs (to a prefix) and PATCHes through the same
+//! admission (`admit`), the same document request (`doc_request.rs`) and
+//! `observe`, and hands anything the front layers could change to this router
+//! (`cross_origin::FrontLayers`).
 
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{visible_ascii, HeaderLookup};
@@ -26,8 +27,8 @@ use std::time::Instant;
 /// The largest Raft message a node takes (entries carry whole documents).
 const RAFT_MESSAGE_MAX_BYTES: usize = 256 << 20;
 
-/// The router with every layer; `cors_origins` as `ServerConfig::cors_origins`.
-pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
+/// The router with every layer (its front layers as `state.front` says).
+pub fn router(state: SharedState) -> Router {
     let api = Router::new()
         .route("/metrics", get(routes_admin::metrics))
         .route("/stats", get(routes_admin::server_stats))
@@ -159,7 +160,7 @@ pub fn router(state: SharedState, cors_origins: &[String]) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(tower::util::option_layer(crate::cross_origin::layer(
-            cors_origins,
+            &state.front.cors_origins,
         )))
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .layer(crate::cross_origin::compression())
@@ -324,22 +325,6 @@ pub(crate) fn presented_key(headers: &impl HeaderLookup) -> Option<&str> {
         .or_else(|| headers.first("x-api-key").and_then(visible_ascii))
 }
 
-/// `(db, id)` of a plain document path, which the own HTTP/1.1 loop serves: one
-/// with nothing to percent-decode, a database name and a non-empty id.
-pub(crate) fn document_target(path: &str) -> Option<(&str, &str)> {
-    let (db, id) = path.strip_prefix("/dbs/")?.split_once("/docs/")?;
-    // An attachment's path is the router's (`routes/attachments.rs`).
-    if db.is_empty()
-        || db.contains('/')
-        || id.is_empty()
-        || path.contains('%')
-        || id.contains("/attachments/")
-    {
-        return None;
-    }
-    Some((db, id))
-}
-
 /// A browser cannot set headers on a WebSocket, and a key must never be in a URL
 /// (logs, history, Referer). So a WebSocket upgrade may carry the key as one of the
 /// subprotocols it offers, `kiln.key.<key>` (keys are `kiln_<hex>_<hex>`, valid
@@ -367,30 +352,4 @@ fn unauthorized(message: &str) -> Response {
         HeaderValue::from_static("Bearer realm=\"kiln\""),
     );
     r
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_document_target_is_a_plain_document_path() {
-        assert_eq!(
-            document_target("/dbs/bench/docs/users/1"),
-            Some(("bench", "users/1"))
-        );
-        assert_eq!(document_target("/dbs/b/docs/users/"), Some(("b", "users/")));
-        assert_eq!(
-            document_target("/dbs/b/docs/a/docs/c"),
-            Some(("b", "a/docs/c"))
-        );
-        // Left to the router: percent-encoding, other routes, and paths the route
-        // template would not match as such.
-        assert_eq!(document_target("/dbs/b/docs/a%20b"), None);
-        assert_eq!(document_target("/dbs/b/docs"), None);
-        assert_eq!(document_target("/dbs/b/docs/"), None);
-        assert_eq!(document_target("/dbs//docs/x"), None);
-        assert_eq!(document_target("/dbs/a/b/docs/x"), None);
-        assert_eq!(document_target("/dbs/b/collections"), None);
-    }
 }

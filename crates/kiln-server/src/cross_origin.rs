@@ -1,7 +1,7 @@
 //! The tower-http layers of the router: CORS (`--cors-origin`) and response
-//! compression. The own HTTP/1.1 loop hands every request they could change to
-//! the router (`http1::head`: an `Origin` header; a GET that accepts an encoding),
-//! so that they apply to every answer.
+//! compression, built from one [`FrontLayers`]. The own HTTP/1.1 loop asks the
+//! same value which requests they could change and hands those to the router
+//! (`http1::head`), so that they apply to every answer.
 
 use axum::http::{header, HeaderName, HeaderValue, Method};
 use std::time::Duration;
@@ -12,6 +12,48 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 /// Answers at least this large are compressed (smaller ones gain nothing worth
 /// the CPU: a document PUT's answer is ~100 bytes).
 pub const COMPRESSION_MIN_BYTES: u16 = 1024;
+
+/// The router's front layers as configured: the router builds them from this,
+/// and the own HTTP/1.1 loop derives from it which requests it may answer itself
+/// (those no layer would change).
+#[derive(Clone, Debug, Default)]
+pub struct FrontLayers {
+    /// `--cors-origin`: none, no CORS layer.
+    pub cors_origins: Vec<String>,
+}
+
+impl FrontLayers {
+    /// Whether the layers leave an answer to a request without `Origin` or
+    /// `Accept-Encoding` as it is. With CORS on, the CORS layer puts headers on
+    /// every answer (`Vary`, the exposed headers), not only on a browser's: the
+    /// own loop then answers nothing.
+    pub fn leave_plain_answers_alone(&self) -> bool {
+        self.cors_origins.is_empty()
+    }
+
+    /// Whether a request header lets a layer change the answer, which makes the
+    /// request the router's: an `Origin` with CORS on, an `Accept-Encoding` that
+    /// names an encoding the compression layer uses (a document, or a write's
+    /// answer with a long id, may be long enough to compress).
+    pub fn header_changes_answer(&self, name: &str, value: &[u8]) -> bool {
+        if name.eq_ignore_ascii_case("origin") {
+            return !self.cors_origins.is_empty();
+        }
+        name.eq_ignore_ascii_case("accept-encoding") && !accepts_identity_only(value)
+    }
+}
+
+/// An `Accept-Encoding` that names no encoding the compression layer would use.
+fn accepts_identity_only(value: &[u8]) -> bool {
+    value.split(|&b| b == b',').all(|coding| {
+        let name = coding
+            .split(|&b| b == b';')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
+        name.is_empty() || name.eq_ignore_ascii_case(b"identity")
+    })
+}
 
 /// CORS for the browser origins given (`*` for any). None given: no CORS headers
 /// at all (browsers then refuse cross-origin reads, as before), and `OPTIONS`

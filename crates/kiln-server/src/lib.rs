@@ -8,6 +8,7 @@ mod changes;
 mod config;
 mod conn_threads;
 mod cross_origin;
+mod doc_request;
 pub mod error;
 mod expiration;
 mod file_body;

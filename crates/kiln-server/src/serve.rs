@@ -284,6 +284,9 @@ fn app_state(
     store: Arc<DocStore>,
     cluster: Option<Arc<ClusterNode>>,
 ) -> Result<SharedState, ServeError> {
+    let front = crate::cross_origin::FrontLayers {
+        cors_origins: config.cors_origins.clone(),
+    };
     Ok(Arc::new(AppState {
         store,
         metrics: Arc::new(Metrics::default()),
@@ -295,12 +298,11 @@ fn app_state(
         heartbeat: crate::changes::start_heartbeat(Duration::from_millis(
             config.changes.heartbeat_ms.max(1),
         )),
-        // With CORS on, the CORS layer puts headers on every answer (`Vary`, the
-        // exposed headers), not only on a browser's: every request goes to the
-        // router, which has that layer, rather than a second definition of it.
-        // A cluster's writes go through its log, which only the router's handlers
-        // know: the own loop (a single server's fast path) stays off.
-        own_http1: config.own_http1 && config.cors_origins.is_empty() && cluster.is_none(),
+        // A cluster's requests pass the router's front door (a follower sends
+        // writes to the leader, a read may ask for linearizability): the own loop
+        // (a single server's fast path) stays off.
+        own_http1: config.own_http1 && front.leave_plain_answers_alone() && cluster.is_none(),
+        front,
         access_log: config.access_log,
         read_offload: config.read_offload,
         cluster,
@@ -344,7 +346,7 @@ fn start_tasks(
     };
     let serving = Serving {
         tls,
-        app: router(state.clone(), &config.cors_origins),
+        app: router(state.clone()),
         state: state.clone(),
         connections: connections.clone(),
         conn_threads: conn_threads.clone(),

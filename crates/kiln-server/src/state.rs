@@ -23,7 +23,9 @@ pub struct AppState {
     pub hubs: Hubs,
     /// The shared heartbeat tick of the changes connections.
     pub heartbeat: tokio::sync::watch::Receiver<u64>,
-    /// `ServerConfig::own_http1`.
+    /// The router's front layers as configured (`cross_origin.rs`).
+    pub front: crate::cross_origin::FrontLayers,
+    /// `ServerConfig::own_http1`, where the front layers leave plain answers alone.
     pub own_http1: bool,
     /// `ServerConfig::access_log`.
     pub access_log: AccessLog,

@@ -2,12 +2,11 @@
 //! GET and PUT answers without building a `Response`, and any other `Response`
 //! (errors, refusals) rendered as hyper would send it.
 
+use crate::doc_request::DocAnswer;
 use crate::observe::RequestId;
-use crate::routes::docs::{last_modified_date, location, put_answer_json};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 use http_body_util::BodyExt;
-use kiln_docs::{DocumentView, PutOutcome};
 use std::cell::RefCell;
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -81,56 +80,20 @@ fn finish(
     }
 }
 
-/// A document GET: 200 with the stored JSON, or 304 when `If-None-Match` named
-/// its etag. The same headers as `routes::docs::get_document`.
+/// A document request's answer (`doc_request::DocAnswer`: the router renders the
+/// same one), with the framing headers hyper would add.
 pub fn document(
     out: &mut Vec<u8>,
-    doc: &DocumentView<'_>,
-    not_modified: bool,
+    answer: &DocAnswer<'_>,
     id: &RequestId,
     close: bool,
 ) -> Answered {
-    let status = if not_modified {
-        StatusCode::NOT_MODIFIED
-    } else {
-        StatusCode::OK
-    };
+    let status = answer.status();
     status_line(out, status);
-    if !not_modified {
-        out.extend_from_slice(b"content-type: application/json\r\n");
-    }
-    let _ = write!(
-        out,
-        "etag: \"{}\"\r\nlast-modified: {}\r\ncache-control: no-cache\r\n",
-        doc.etag,
-        last_modified_date(doc.last_modified_ms)
-    );
-    finish(out, status, id, (!not_modified).then_some(doc.json), close)
-}
-
-/// A document PUT or POST: the same answer as `routes::docs::put_response`.
-pub fn put(
-    out: &mut Vec<u8>,
-    db: &str,
-    outcome: &PutOutcome,
-    id: &RequestId,
-    close: bool,
-) -> Answered {
-    let status = if outcome.created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    status_line(out, status);
-    let _ = write!(
-        out,
-        "content-type: application/json\r\netag: \"{}\"\r\n",
-        outcome.etag
-    );
-    if outcome.created {
-        let _ = write!(out, "location: {}\r\n", location(db, &outcome.id));
-    }
-    finish(out, status, id, Some(&put_answer_json(outcome)), close)
+    answer.headers(|name, value| {
+        let _ = write!(out, "{name}: {value}\r\n");
+    });
+    finish(out, status, id, answer.body().as_deref(), close)
 }
 
 /// Any other answer (an error, a refusal), with its body read in full: those
@@ -177,7 +140,7 @@ mod tests {
     use super::*;
     use crate::error::{ApiError, ErrorCode};
     use axum::response::IntoResponse;
-    use kiln_docs::{Document, Etag};
+    use kiln_docs::{Document, DocumentView, Etag};
 
     fn text(out: &[u8]) -> String {
         String::from_utf8(out.to_vec()).unwrap()
@@ -195,16 +158,20 @@ mod tests {
             collection: Some("users".into()),
             json: br#"{"name":"Ada"}"#.to_vec(),
         };
-        let view = DocumentView {
+        let view = || DocumentView {
             etag: doc.etag,
             last_modified_ms: doc.last_modified_ms,
             collection: doc.collection.as_deref(),
             json: &doc.json,
         };
+        let answer = |not_modified| DocAnswer::Document {
+            doc: view(),
+            not_modified,
+        };
         let mut out = Vec::new();
         let id = RequestId::from_presented(Some(b"r-1"));
         assert_eq!(
-            document(&mut out, &view, false, &id, false).status,
+            document(&mut out, &answer(false), &id, false).status,
             StatusCode::OK
         );
         let t = text(&out);
@@ -221,7 +188,7 @@ mod tests {
 
         let mut out = Vec::new();
         assert_eq!(
-            document(&mut out, &view, true, &id, true).status,
+            document(&mut out, &answer(true), &id, true).status,
             StatusCode::NOT_MODIFIED
         );
         let t = text(&out);

@@ -2,6 +2,8 @@
 //! connection's own loop serves it (one document's GET, PUT, POST or PATCH in
 //! plain HTTP/1.1) or hands the connection to hyper.
 
+use crate::cross_origin::FrontLayers;
+use crate::doc_request::{document_target, DocMethod};
 use crate::http_util::HeaderLookup;
 use std::ops::Range;
 
@@ -17,26 +19,6 @@ const MAX_PATH_BYTES: usize = u16::MAX as usize - 1;
 /// ASCII only (it checks other bytes as UTF-8 first).
 fn plain_path_byte(b: u8) -> bool {
     matches!(b, 0x21 | 0x22 | 0x24..=0x3B | 0x3D | 0x40..=0x5F | 0x61..=0x7E)
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DocMethod {
-    Get,
-    Put,
-    Post,
-    /// A JSON merge patch (YCSB's updates: as hot as a PUT).
-    Patch,
-}
-
-impl DocMethod {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DocMethod::Get => "GET",
-            DocMethod::Put => "PUT",
-            DocMethod::Post => "POST",
-            DocMethod::Patch => "PATCH",
-        }
-    }
 }
 
 /// A document request whose head is parsed; its parts are ranges of the
@@ -74,7 +56,9 @@ pub enum Parsed {
     Malformed(&'static str),
 }
 
-pub fn parse(buf: &[u8]) -> Parsed {
+/// Parses the head at the start of `buf`; `front` says which requests the
+/// router's layers would answer otherwise.
+pub fn parse(buf: &[u8], front: &FrontLayers) -> Parsed {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let head_len = match req.parse(buf) {
@@ -106,7 +90,7 @@ pub fn parse(buf: &[u8]) -> Parsed {
         x_request_id: None,
         content_type: None,
     };
-    let content_length = match read_headers(&mut head, req.headers, range_of) {
+    let content_length = match read_headers(front, &mut head, req.headers, range_of) {
         Ok(length) => length,
         Err(parsed) => return parsed,
     };
@@ -130,12 +114,8 @@ fn document_line<'b>(
     if req.version != Some(1) {
         return Err(Parsed::Other);
     }
-    let method = match req.method {
-        Some("GET") => DocMethod::Get,
-        Some("PUT") => DocMethod::Put,
-        Some("POST") => DocMethod::Post,
-        Some("PATCH") => DocMethod::Patch,
-        _ => return Err(Parsed::Other),
+    let Some(method) = req.method.and_then(DocMethod::from_name) else {
+        return Err(Parsed::Other);
     };
     let Some(path) = req.path else {
         return Err(Parsed::Other);
@@ -153,7 +133,7 @@ fn document_line<'b>(
         }
         return Err(Parsed::Other);
     }
-    let Some((db, id)) = crate::app::document_target(path) else {
+    let Some((db, id)) = document_target(path) else {
         return Err(Parsed::Other);
     };
     // POST to a whole id is refused by the router's POST handler (405).
@@ -166,6 +146,7 @@ fn document_line<'b>(
 /// Reads the headers this loop needs into `head`; the Content-Length if any, or
 /// `Err` when a header makes the request hyper's or the router's.
 fn read_headers(
+    front: &FrontLayers,
     head: &mut DocHead,
     headers: &[httparse::Header<'_>],
     range_of: impl Fn(&[u8]) -> Range<usize>,
@@ -187,17 +168,12 @@ fn read_headers(
         } else if name.eq_ignore_ascii_case("transfer-encoding")
             || name.eq_ignore_ascii_case("expect")
             || name.eq_ignore_ascii_case("upgrade")
-            || name.eq_ignore_ascii_case("origin")
         {
-            // Chunked bodies, 100-continue and upgrades are hyper's; a request
-            // from a browser's page is the router's CORS layer's.
+            // Chunked bodies, 100-continue and upgrades are hyper's.
             return Err(Parsed::Other);
-        } else if name.eq_ignore_ascii_case("accept-encoding") {
-            // An answer the router's compression layer may encode (a document, or a
-            // write's answer: a long id makes it long too).
-            if !accepts_identity_only(value) {
-                return Err(Parsed::Other);
-            }
+        } else if front.header_changes_answer(name, value) {
+            // The router's CORS or compression layer would change the answer.
+            return Err(Parsed::Other);
         } else if name.eq_ignore_ascii_case("connection") {
             let v = String::from_utf8_lossy(value).to_ascii_lowercase();
             if v.contains("upgrade") {
@@ -227,18 +203,6 @@ fn read_headers(
         }
     }
     Ok(content_length)
-}
-
-/// An `Accept-Encoding` that names no encoding the compression layer would use.
-fn accepts_identity_only(value: &[u8]) -> bool {
-    value.split(|&b| b == b',').all(|coding| {
-        let name = coding
-            .split(|&b| b == b';')
-            .next()
-            .unwrap_or_default()
-            .trim_ascii();
-        name.is_empty() || name.eq_ignore_ascii_case(b"identity")
-    })
 }
 
 fn malformed_reason(e: httparse::Error) -> &'static str {
@@ -288,14 +252,17 @@ mod tests {
     use super::*;
 
     fn doc(raw: &str) -> DocHead {
-        match parse(raw.as_bytes()) {
+        match parse(raw.as_bytes(), &FrontLayers::default()) {
             Parsed::Document(h) => h,
             other => panic!("{raw:?} parsed as {other:?}"),
         }
     }
 
     fn is_other(raw: &str) -> bool {
-        matches!(parse(raw.as_bytes()), Parsed::Other)
+        matches!(
+            parse(raw.as_bytes(), &FrontLayers::default()),
+            Parsed::Other
+        )
     }
 
     #[test]
@@ -440,7 +407,7 @@ mod tests {
         }
 
         fn check(raw: &[u8]) -> Result<bool, TestCaseError> {
-            let Parsed::Document(h) = parse(raw) else {
+            let Parsed::Document(h) = parse(raw, &FrontLayers::default()) else {
                 return Ok(false);
             };
             prop_assert!(h.head_len <= raw.len());
@@ -455,7 +422,7 @@ mod tests {
             let line = std::str::from_utf8(&raw[..line_end]).unwrap_or_default();
             let target = line.split(' ').nth(1).unwrap_or_default();
             prop_assert_eq!(
-                crate::app::document_target(target),
+                crate::doc_request::document_target(target),
                 Some((h.db(raw), h.id(raw)))
             );
             prop_assert!(line.starts_with(h.method.as_str()));
@@ -464,7 +431,7 @@ mod tests {
             }
             for cut in 0..h.head_len {
                 prop_assert!(
-                    matches!(parse(&raw[..cut]), Parsed::Partial),
+                    matches!(parse(&raw[..cut], &FrontLayers::default()), Parsed::Partial),
                     "cut at {} of {:?}",
                     cut,
                     String::from_utf8_lossy(raw)
@@ -503,11 +470,14 @@ mod tests {
         let raw = b"GET /dbs/a/docs/x HTTP/1.1\r\nHost: k\r\n\r\n";
         for cut in 0..raw.len() {
             assert!(
-                matches!(parse(&raw[..cut]), Parsed::Partial),
+                matches!(parse(&raw[..cut], &FrontLayers::default()), Parsed::Partial),
                 "cut at {cut}"
             );
         }
-        assert!(matches!(parse(raw), Parsed::Document(_)));
+        assert!(matches!(
+            parse(raw, &FrontLayers::default()),
+            Parsed::Document(_)
+        ));
     }
 
     #[test]
@@ -530,14 +500,21 @@ mod tests {
             "PUT /dbs/a/docs/x HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n",
             "PUT /dbs/a/docs/x HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n",
             "GET /dbs/a/docs/x HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
-            // What the router's CORS and compression layers may change, and a
-            // POST to a whole id (the router's 405).
-            "GET /dbs/a/docs/x HTTP/1.1\r\nOrigin: https://app.example\r\n\r\n",
+            // What the router's compression layer may change, and a POST to a
+            // whole id (the router's 405).
             "GET /dbs/a/docs/x HTTP/1.1\r\nAccept-Encoding: gzip, br\r\n\r\n",
             "POST /dbs/a/docs/users/ada HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
         ] {
             assert!(is_other(raw), "{raw:?} should go to hyper");
         }
+        // An Origin is the CORS layer's when there is one, and changes nothing
+        // when there is none.
+        let origin = "GET /dbs/a/docs/x HTTP/1.1\r\nOrigin: https://app.example\r\n\r\n";
+        doc(origin);
+        let cors = FrontLayers {
+            cors_origins: vec!["https://app.example".into()],
+        };
+        assert!(matches!(parse(origin.as_bytes(), &cors), Parsed::Other));
         // Stays here: an encoding that changes nothing.
         doc("GET /dbs/a/docs/x HTTP/1.1\r\nAccept-Encoding: identity\r\n\r\n");
         assert!(is_other(
@@ -553,7 +530,10 @@ mod tests {
             "GET /dbs/a/docs/x HTTP/1.1\r\nBad Header\r\n\r\n",
         ] {
             assert!(
-                matches!(parse(raw.as_bytes()), Parsed::Malformed(_)),
+                matches!(
+                    parse(raw.as_bytes(), &FrontLayers::default()),
+                    Parsed::Malformed(_)
+                ),
                 "{raw:?} should be answered 400 here"
             );
         }

@@ -16,10 +16,9 @@ pub(crate) mod answer;
 mod head;
 mod rewind;
 
+use crate::doc_request::{self, DocAnswer, DocMethod};
 use crate::error::{ApiError, ErrorCode};
-use crate::http_util::{
-    body_read_failed, body_timed_out, body_too_large, none_match_hits, HeaderLookup,
-};
+use crate::http_util::{body_read_failed, body_timed_out, HeaderLookup};
 use crate::hyper_conn::ConnContext;
 use crate::metrics::DOCUMENT_ROUTE;
 use crate::observe::{Exchange, KeyId, RequestId};
@@ -28,11 +27,9 @@ use crate::state::SharedState;
 use answer::Answered;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use head::{DocHead, DocMethod, HeadHeaders, Parsed};
-use kiln_docs::{Condition, Database};
+use head::{DocHead, HeadHeaders, Parsed};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
@@ -144,7 +141,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     async fn run(&mut self) -> Next {
         self.deadline = Instant::now() + self.read_timeout;
         loop {
-            match head::parse(self.pending()) {
+            match head::parse(self.pending(), &self.state.front) {
                 Parsed::Document(head) => {
                     if let Err(next) = self.serve(head).await {
                         return next;
@@ -278,12 +275,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         // Split borrows: the head's bytes are read while the answer is written.
         let pending = &self.buf[self.start..];
         let headers = HeadHeaders { head, buf: pending };
-        let state = &*self.state;
+        let (db, doc_id) = (head.db(pending), head.id(pending));
         let out = &mut self.out;
         read_offload::watched(|| {
-            crate::routes::docs::lookup_with(state, head.db(pending), head.id(pending), |doc| {
-                let not_modified = none_match_hits(&headers, doc.etag);
-                answer::document(out, &doc, not_modified, id, close)
+            doc_request::read(&self.state, db, doc_id, &headers, |answer| {
+                answer::document(out, &answer, id, close)
             })
         })
         .map_err(IntoResponse::into_response)
@@ -309,10 +305,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         );
         let read = move || {
             let mut out = Vec::new();
-            let answered = crate::routes::docs::lookup_with(&state, &db, &doc_id, |doc| {
-                let headers = IfNoneMatch(if_none_match.as_deref());
-                let not_modified = none_match_hits(&headers, doc.etag);
-                answer::document(&mut out, &doc, not_modified, &id, close)
+            let headers = IfNoneMatch(if_none_match.as_deref());
+            let answered = doc_request::read(&state, &db, &doc_id, &headers, |answer| {
+                answer::document(&mut out, &answer, &id, close)
             });
             (answered, out)
         };
@@ -326,11 +321,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
     }
 
-    /// A PUT, POST or PATCH, checked in the order of the hyper path
-    /// (authentication, a PATCH's Content-Type, the preconditions, the database,
-    /// then the body's size), then its body read within the size and time limits,
-    /// then the durable write. Returns the answer's status
-    /// and whether the connection closes after it.
+    /// A PUT, POST or PATCH: `doc_request`'s checks before the body, then its body
+    /// read within the size and time limits, then the durable write. Returns the
+    /// answer's status and whether the connection closes after it.
     async fn put(
         &mut self,
         head: &DocHead,
@@ -339,13 +332,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     ) -> ((Answered, Option<KeyId>), bool) {
         let admitted = self.admit(head);
         let key = admitted.as_ref().ok().cloned().flatten();
-        let checked = match admitted {
-            Err(refused) => Err(refused),
-            Ok(_) => self.check_put(head).map_err(IntoResponse::into_response),
-        };
+        let checked = admitted.and_then(|_| {
+            let pending = self.pending();
+            let headers = HeadHeaders { head, buf: pending };
+            doc_request::check_write(
+                &self.state,
+                head.method,
+                head.db(pending),
+                head.id(pending),
+                &headers,
+                Some(head.content_length as u64),
+            )
+            .map_err(IntoResponse::into_response)
+        });
         // Within max_body_bytes from here on (or not read at all): no overflow.
         let body_end = head.head_len.saturating_add(head.content_length);
-        let (condition, database) = match checked {
+        let ready = match checked {
             Ok(ready) => ready,
             Err(resp) => {
                 let (answered, close) = self.refuse_unread_body(resp, body_end, id, close).await;
@@ -367,42 +369,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             return ((answered, key), true);
         }
         let pending = &self.buf[self.start..];
-        let doc_id = head.id(pending).to_string();
+        let (db, doc_id) = (head.db(pending), head.id(pending).to_string());
         let body = &pending[head.head_len..body_end];
         let key_id = key.as_ref().map(|k| k.0.clone());
-        let state = &self.state;
-        let written = match head.method {
-            DocMethod::Patch => {
-                crate::routes::docs::patch(state, database, doc_id, body, condition, key_id).await
+        let answered = match doc_request::write(&self.state, ready, doc_id, body, key_id).await {
+            Ok(outcome) => {
+                let written = DocAnswer::Written {
+                    db,
+                    outcome: &outcome,
+                };
+                answer::document(&mut self.out, &written, id, close)
             }
-            _ => crate::routes::docs::put(state, database, doc_id, body, condition, key_id).await,
-        };
-        let answered = match written {
-            Ok(outcome) => answer::put(&mut self.out, head.db(pending), &outcome, id, close),
             Err(e) => answer::response(&mut self.out, e.into_response(), id, close).await,
         };
         self.consume(body_end);
         ((answered, key), close)
-    }
-
-    /// A PUT's checks after authentication: its preconditions, its database, then
-    /// its body's size (refused before the body is read).
-    fn check_put(&self, head: &DocHead) -> Result<(Condition, Arc<Database>), ApiError> {
-        let limits = &self.state.limits;
-        let pending = self.pending();
-        let headers = HeadHeaders { head, buf: pending };
-        if head.method == DocMethod::Patch {
-            crate::routes::docs::check_merge_patch_type(&headers)?;
-        }
-        crate::http_util::write_condition(&headers)
-            .and_then(|condition| {
-                let database = self.state.store.database(head.db(pending))?;
-                Ok((condition, database))
-            })
-            .and_then(|ready| match head.content_length > limits.max_body_bytes {
-                true => Err(body_too_large(&head.content_length.to_string(), limits)),
-                false => Ok(ready),
-            })
     }
 
     /// Answers a request refused before its body was read. The body stays unread:

@@ -379,20 +379,6 @@ pub(crate) async fn write_one(
     }
 }
 
-pub(crate) fn logged_put(
-    id: String,
-    json: &[u8],
-    condition: &Condition,
-) -> Result<LoggedOp, ApiError> {
-    let json = String::from_utf8(json.to_vec())
-        .map_err(|_| ApiError::new(ErrorCode::MalformedJson, "the document is not UTF-8"))?;
-    Ok(LoggedOp::Put {
-        id,
-        json,
-        condition: LoggedCondition::from_condition(condition),
-    })
-}
-
 pub(crate) fn logged_delete(id: String, condition: &Condition) -> LoggedOp {
     LoggedOp::Delete {
         id,

@@ -1,321 +1,103 @@
 //! Documents: get/head/put/post/delete, listings, collections and batches.
 
+use crate::doc_request::{self, put_json, DocAnswer, DocMethod, INLINE_PARSE_BYTES};
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{
-    blocking, condition_from_if_match, encode_path, encode_query_value, etag_header, json_response,
-    json_value, link_next, none_match_hits, read_body, write_condition, ApiPath, HeaderLookup,
-    RequestKey,
+    blocking, condition_from_if_match, encode_path, encode_query_value, json_response, json_value,
+    link_next, read_body, write_condition, ApiPath, RequestKey,
 };
 use crate::query_params::{NoParams, Params};
 use crate::routes::page_size;
-use crate::state::{AppState, SharedState};
+use crate::state::SharedState;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use kiln_docs::{
-    BatchOp, BatchOutcome, Condition, Database, DocId, Document, Etag, Page, PutOutcome, WriteOp,
-};
-use serde::{Deserialize, Serialize};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::Response;
+use kiln_docs::{BatchOp, BatchOutcome, Condition, DocId, Document, Page, WriteOp};
+use serde::Deserialize;
 use serde_json::{json, Value};
-use std::sync::Arc;
 
-/// A body up to this size is parsed where it arrived; a larger one on a blocking
-/// thread. A connection thread serves many connections: a 16 MiB document parsed
-/// inline would hold all of them up for tens of milliseconds.
-const INLINE_PARSE_BYTES: usize = 64 << 10;
-
-/// `Last-Modified` of a document written at `doc_ms` (shown as text, or written
-/// into an answer without a `String`).
-pub(crate) fn last_modified_date(doc_ms: u64) -> httpdate::HttpDate {
-    (std::time::UNIX_EPOCH + std::time::Duration::from_millis(doc_ms)).into()
-}
-
-fn last_modified(doc_ms: u64) -> Option<HeaderValue> {
-    HeaderValue::from_str(&last_modified_date(doc_ms).to_string()).ok()
-}
-
-/// The document a GET names, or why there is none.
-pub(crate) fn lookup(state: &AppState, db: &str, id: &str) -> Result<Document, ApiError> {
-    lookup_with(state, db, id, |view| Document::from_view(id, view))
-}
-
-/// `lookup`, with the document borrowed from the read snapshot while `read` runs.
-pub(crate) fn lookup_with<R>(
-    state: &AppState,
-    db: &str,
-    id: &str,
-    read: impl FnOnce(kiln_docs::DocumentView<'_>) -> R,
-) -> Result<R, ApiError> {
-    let database = state.store.database(db)?;
-    // A read is a snapshot lookup in the memory map: no need to leave the worker.
-    database
-        .get_with(id, read)?
-        .ok_or_else(|| ApiError::from(kiln_docs::DocError::DocumentNotFound { id: id.to_string() }))
-}
-
+/// A document's GET (`doc_request::read`), on the connection's thread or, while
+/// reads wait on the disk, on the blocking pool (`read_offload.rs`).
 pub async fn get_document(
     _: NoParams,
     State(state): State<SharedState>,
     ApiPath((db, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let doc = if state.read_offload.now() {
+    let render = |answer: DocAnswer<'_>| answer.to_response();
+    if state.read_offload.now() {
         let shared = state.clone();
-        crate::read_offload::offloaded(move || lookup(&shared, &db, &id))
-            .await
-            .map_err(crate::read_offload::unfinished)??
+        crate::read_offload::offloaded(move || {
+            doc_request::read(&shared, &db, &id, &headers, render)
+        })
+        .await
+        .map_err(crate::read_offload::unfinished)?
     } else {
-        crate::read_offload::watched(|| lookup(&state, &db, &id))?
-    };
-    let mut resp = if none_match_hits(&headers, doc.etag) {
-        StatusCode::NOT_MODIFIED.into_response()
-    } else {
-        json_response(StatusCode::OK, doc.json)
-    };
-    let h = resp.headers_mut();
-    h.insert(header::ETAG, etag_header(doc.etag));
-    if let Some(lm) = last_modified(doc.last_modified_ms) {
-        h.insert(header::LAST_MODIFIED, lm);
+        crate::read_offload::watched(|| doc_request::read(&state, &db, &id, &headers, render))
     }
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok(resp)
 }
 
 /// POST to a prefix ending in `/` (`users/`) creates a document with a new id
-/// under it. POST to a whole id is refused: it would silently overwrite what PUT
-/// is for (and what a retried POST must never do).
+/// under it (`doc_request::check_write` refuses one to a whole id).
 pub async fn post_document(
     params: NoParams,
     state: State<SharedState>,
-    ApiPath((db, id)): ApiPath<(String, String)>,
+    path: ApiPath<(String, String)>,
     key: RequestKey,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    if !id.ends_with('/') {
-        let mut e = ApiError::new(
-            ErrorCode::MethodNotAllowed,
-            format!(
-                "POST creates a document with a generated id under a prefix ending in \"/\" \
-                 (POST /dbs/{db}/docs/{}/); to write the document {id:?} itself, use PUT",
-                id.rsplit_once('/').map_or("prefix", |(p, _)| p)
-            ),
-        );
-        e.allow = Some("GET, PUT, PATCH, DELETE");
-        return Err(e);
-    }
-    put_document(params, state, ApiPath((db, id)), key, headers, body).await
+    write_document(params, state, path, key, headers, body, DocMethod::Post).await
 }
 
 /// PUT to an id writes it; PUT or POST to an id ending in `/` (`users/`) creates a
 /// document with a new id under that prefix.
 pub async fn put_document(
-    _: NoParams,
-    State(state): State<SharedState>,
-    ApiPath((db, id)): ApiPath<(String, String)>,
+    params: NoParams,
+    state: State<SharedState>,
+    path: ApiPath<(String, String)>,
     key: RequestKey,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let condition = write_condition(&headers)?;
-    let database = state.store.database(&db)?;
-    let bytes = read_body(&headers, body, &state.limits).await?;
-    let out = put(&state, database, id, &bytes, condition, key.id()).await?;
-    Ok(put_response(&db, &out))
+    write_document(params, state, path, key, headers, body, DocMethod::Put).await
 }
 
-/// Parses `body` as the document and writes it to `id` (a new id under it when it
-/// ends in `/`), durably; `key_id` is the API key making the write, if known.
-pub(crate) async fn put(
-    state: &AppState,
-    database: Arc<Database>,
-    id: String,
-    body: &[u8],
-    condition: Condition,
-    key_id: Option<String>,
-) -> Result<PutOutcome, ApiError> {
-    let target = if id.ends_with('/') {
-        DocId::Generate { prefix: id.clone() }
-    } else {
-        DocId::Given(id.clone())
-    };
-    let document = if body.len() <= INLINE_PARSE_BYTES {
-        database.parse_document(body)?
-    } else {
-        let (database, body) = (database.clone(), body.to_vec());
-        blocking(move || database.parse_document(&body)).await?
-    };
-    if state.cluster.is_some() {
-        // Checked here (a bad document never reaches the log), applied by every
-        // node from its text.
-        database.check_id(&target)?;
-        let op = crate::routes::cluster::logged_put(id, body, &condition)?.attributed(key_id);
-        return match crate::routes::cluster::write_one(state, database.name(), op).await? {
-            BatchOutcome::Put(out) => Ok(out),
-            BatchOutcome::Delete(_) => Err(mismatched_outcome()),
-        };
-    }
-    let op = WriteOp::Put {
-        id: target,
-        document,
-        condition,
-    }
-    .attributed(key_id);
-    match crate::routes::write(state, database, op).await? {
-        BatchOutcome::Put(out) => Ok(out),
-        BatchOutcome::Delete(_) => Err(mismatched_outcome()),
-    }
-}
-
-/// `PATCH` of a document with a JSON merge patch (RFC 7396): the fields it names
-/// are merged into the stored document, read and written in one transaction
-/// (`kiln_docs::WriteOp::Patch`). Answers like PUT (200, the new etag); 404 when
-/// the document does not exist; If-Match as for PUT.
+/// `PATCH` of a document with a JSON merge patch (RFC 7396): answers like PUT.
 pub async fn patch_document(
+    params: NoParams,
+    state: State<SharedState>,
+    path: ApiPath<(String, String)>,
+    key: RequestKey,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    write_document(params, state, path, key, headers, body, DocMethod::Patch).await
+}
+
+/// A document's PUT, POST or PATCH through the router: `doc_request`'s steps.
+async fn write_document(
     _: NoParams,
     State(state): State<SharedState>,
     ApiPath((db, id)): ApiPath<(String, String)>,
     key: RequestKey,
     headers: HeaderMap,
     body: Body,
+    method: DocMethod,
 ) -> Result<Response, ApiError> {
-    check_merge_patch_type(&headers)?;
-    let condition = write_condition(&headers)?;
-    let database = state.store.database(&db)?;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let ready = doc_request::check_write(&state, method, &db, &id, &headers, declared)?;
     let bytes = read_body(&headers, body, &state.limits).await?;
-    let out = patch(&state, database, id, &bytes, condition, key.id()).await?;
-    Ok(put_response(&db, &out))
-}
-
-/// A PATCH body is read as a JSON merge patch whatever its Content-Type says (as
-/// a PUT's body is read as JSON: `curl -d` sends form-urlencoded), except a JSON
-/// Patch (RFC 6902, `application/json-patch+json`): another patch format, refused
-/// with 415 rather than misread.
-pub(crate) fn check_merge_patch_type(headers: &impl HeaderLookup) -> Result<(), ApiError> {
-    let Some(value) = headers.first("content-type") else {
-        return Ok(());
-    };
-    let text = String::from_utf8_lossy(value);
-    let media = text.split(';').next().unwrap_or_default().trim();
-    if !media.eq_ignore_ascii_case("application/json-patch+json") {
-        return Ok(());
+    let outcome = doc_request::write(&state, ready, id, &bytes, key.id()).await?;
+    Ok(DocAnswer::Written {
+        db: &db,
+        outcome: &outcome,
     }
-    Err(ApiError::new(
-        ErrorCode::UnsupportedMediaType,
-        "PATCH takes a JSON merge patch (RFC 7396: Content-Type: \
-         application/merge-patch+json), not a JSON Patch (RFC 6902)",
-    ))
-}
-
-/// Parses `body` as a merge patch and applies it to `id`, durably; `key_id` is the
-/// API key making the write, if known.
-pub(crate) async fn patch(
-    state: &AppState,
-    database: Arc<Database>,
-    id: String,
-    body: &[u8],
-    condition: Condition,
-    key_id: Option<String>,
-) -> Result<PutOutcome, ApiError> {
-    let parse = |body: &[u8]| -> Result<Value, kiln_docs::DocError> {
-        let patch: Value =
-            serde_json::from_slice(body).map_err(|e| kiln_docs::DocError::malformed_json(&e))?;
-        kiln_docs::check_document_patch(&patch)?;
-        Ok(patch)
-    };
-    let patch = if body.len() <= INLINE_PARSE_BYTES {
-        parse(body)?
-    } else {
-        let body = body.to_vec();
-        blocking(move || parse(&body)).await?
-    };
-    database.check_id(&DocId::Given(id.clone()))?;
-    if state.cluster.is_some() {
-        return patch_in_cluster(state, &database, id, &patch, condition, key_id).await;
-    }
-    let op = WriteOp::Patch {
-        id,
-        patch,
-        condition,
-    }
-    .attributed(key_id);
-    match crate::routes::write(state, database, op).await? {
-        BatchOutcome::Put(out) => Ok(out),
-        BatchOutcome::Delete(_) => Err(mismatched_outcome()),
-    }
-}
-
-/// How often the leader merges a patch again when another write to the document
-/// came between its read and its log entry.
-const CLUSTER_PATCH_ATTEMPTS: usize = 16;
-
-/// A patch in a cluster: every node must apply the same document, so the leader
-/// merges (the log carries no patches) and proposes a put of the result with
-/// If-Match of the etag it merged into. A write that reached the log in between
-/// fails that put instead of being overwritten, and the patch is merged again into
-/// the document as it is now; unless the client's own If-Match named the etag,
-/// when the conflict is its answer.
-async fn patch_in_cluster(
-    state: &AppState,
-    database: &Database,
-    id: String,
-    patch: &Value,
-    condition: Condition,
-    key_id: Option<String>,
-) -> Result<PutOutcome, ApiError> {
-    for _ in 0..CLUSTER_PATCH_ATTEMPTS {
-        let current = database
-            .get(&id)?
-            .ok_or_else(|| kiln_docs::DocError::DocumentNotFound { id: id.clone() })?;
-        let conflict = |why: String| kiln_docs::DocError::Conflict {
-            id: id.clone(),
-            current: Some(current.etag),
-            why,
-        };
-        match condition {
-            Condition::IfMatch(want) if want != current.etag => {
-                let why = format!("expected etag {want}, the document has {}", current.etag);
-                return Err(conflict(why).into());
-            }
-            Condition::IfNotExists => {
-                let why = format!("the document already exists (etag {})", current.etag);
-                return Err(conflict(why).into());
-            }
-            _ => {}
-        }
-        let merged = kiln_docs::patch_document(&current.json, &id, patch)?;
-        let body = serde_json::to_vec(&merged).map_err(|e| {
-            ApiError::new(ErrorCode::InternalError, format!("encoding a patch: {e}"))
-        })?;
-        // The merged document's checks (size, @metadata) before it reaches the log.
-        database.parse_document(&body)?;
-        let read = Condition::IfMatch(current.etag);
-        let op = crate::routes::cluster::logged_put(id.clone(), &body, &read)?
-            .attributed(key_id.clone());
-        match crate::routes::cluster::write_one(state, database.name(), op).await {
-            Ok(BatchOutcome::Put(out)) => return Ok(out),
-            Ok(BatchOutcome::Delete(_)) => return Err(mismatched_outcome()),
-            Err(e)
-                if e.code == ErrorCode::Conflict && !matches!(condition, Condition::IfMatch(_)) =>
-            {
-                continue
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Err(ApiError::new(
-        ErrorCode::Conflict,
-        format!(
-            "the document {id:?} changed under each of {CLUSTER_PATCH_ATTEMPTS} attempts to \
-             merge the patch: retry"
-        ),
-    ))
-}
-
-/// The `Location` of a document a write created.
-pub(crate) fn location(db: &str, id: &str) -> String {
-    format!("/dbs/{db}/docs/{}", encode_path(id))
+    .to_response())
 }
 
 fn mismatched_outcome() -> ApiError {
@@ -323,111 +105,6 @@ fn mismatched_outcome() -> ApiError {
         ErrorCode::InternalError,
         "a write came back with another kind of outcome",
     )
-}
-
-pub(crate) fn put_response(db: &str, out: &PutOutcome) -> Response {
-    let status = if out.created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    let mut resp = json_response(status, put_answer_json(out));
-    let h = resp.headers_mut();
-    h.insert(header::ETAG, etag_header(out.etag));
-    if out.created {
-        if let Ok(v) = HeaderValue::from_str(&location(db, &out.id)) {
-            h.insert(header::LOCATION, v);
-        }
-    }
-    resp
-}
-
-/// The answer to a document's PUT or POST, on either HTTP path (and, with `op`,
-/// a put's result in a batch).
-#[derive(Serialize)]
-pub(crate) struct PutAnswer<'a> {
-    id: &'a str,
-    #[serde(serialize_with = "as_text")]
-    etag: Etag,
-    collection: Option<&'a str>,
-    created: bool,
-}
-
-impl<'a> From<&'a PutOutcome> for PutAnswer<'a> {
-    fn from(out: &'a PutOutcome) -> Self {
-        PutAnswer {
-            id: &out.id,
-            etag: out.etag,
-            collection: out.collection.as_deref(),
-            created: out.created,
-        }
-    }
-}
-
-/// An etag as JSON text (`"42-9f3a1c2b"`), written without a `String` first.
-fn as_text<S: serde::Serializer>(etag: &Etag, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(etag)
-}
-
-/// `PutAnswer`'s JSON (every PUT answers with it), in one buffer sized for it.
-pub(crate) fn put_answer_json(out: &PutOutcome) -> Vec<u8> {
-    let mut b = Vec::with_capacity(out.id.len() + 96);
-    serde_json::to_writer(&mut b, &PutAnswer::from(out)).expect("a PutAnswer serializes");
-    b
-}
-
-fn put_json(out: &PutOutcome) -> Value {
-    serde_json::to_value(PutAnswer::from(out)).expect("a PutAnswer serializes")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The PUT answer's bytes, exactly as the hand-written writer before it made
-    /// them (the own loop's answer and the router's are this one function's).
-    #[test]
-    fn the_put_answer_is_its_json_byte_for_byte() {
-        for (id, collection, created, expected) in [
-            (
-                "users/1",
-                Some("users"),
-                true,
-                r#"{"id":"users/1","etag":"42-9f3a1c2b","collection":"users","created":true}"#,
-            ),
-            (
-                "x \"quoted\" \\ é \u{1}",
-                None,
-                false,
-                r#"{"id":"x \"quoted\" \\ é \u0001","etag":"42-9f3a1c2b","collection":null,"created":false}"#,
-            ),
-            (
-                "a/b/",
-                Some("a \"b\""),
-                false,
-                r#"{"id":"a/b/","etag":"42-9f3a1c2b","collection":"a \"b\"","created":false}"#,
-            ),
-        ] {
-            let out = PutOutcome {
-                id: id.into(),
-                etag: kiln_docs::Etag {
-                    incarnation: 0x9f3a_1c2b,
-                    sequence: 42,
-                },
-                collection: collection.map(Into::into),
-                last_modified_ms: 0,
-                created,
-            };
-            assert_eq!(String::from_utf8(put_answer_json(&out)).unwrap(), expected);
-            // A batch's put result: the same keys in the same order, then its op.
-            let mut batch = put_json(&out);
-            batch["op"] = "put".into();
-            assert_eq!(
-                batch.to_string(),
-                format!("{},\"op\":\"put\"}}", expected.strip_suffix('}').unwrap())
-            );
-        }
-    }
 }
 
 pub async fn delete_document(

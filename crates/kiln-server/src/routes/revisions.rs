@@ -195,6 +195,10 @@ pub async fn revert(
             etag: etag.to_string(),
         })?;
     let out =
-        crate::routes::docs::put(&state, database, id, &revision.json, condition, key.id()).await?;
-    Ok(crate::routes::docs::put_response(&db, &out))
+        crate::doc_request::put(&state, database, id, &revision.json, condition, key.id()).await?;
+    Ok(crate::doc_request::DocAnswer::Written {
+        db: &db,
+        outcome: &out,
+    }
+    .to_response())
 }
