@@ -384,24 +384,24 @@ impl DocAnswer<'_> {
     }
 
     /// Every header of the answer but the framing ones, in the order sent.
-    pub fn headers(&self, mut header: impl FnMut(HeaderName, &dyn Display)) {
+    pub fn headers(&self, mut header: impl FnMut(HeaderName, HeaderText<'_>)) {
         match self {
             DocAnswer::Document { doc, not_modified } => {
                 if !not_modified {
-                    header(header::CONTENT_TYPE, &"application/json");
+                    header(header::CONTENT_TYPE, HeaderText::Static("application/json"));
                 }
-                header(header::ETAG, &Quoted(doc.etag));
+                header(header::ETAG, HeaderText::Etag(doc.etag));
                 header(
                     header::LAST_MODIFIED,
-                    &last_modified_date(doc.last_modified_ms),
+                    HeaderText::Date(last_modified_date(doc.last_modified_ms)),
                 );
-                header(header::CACHE_CONTROL, &"no-cache");
+                header(header::CACHE_CONTROL, HeaderText::Static("no-cache"));
             }
             DocAnswer::Written { db, outcome } => {
-                header(header::CONTENT_TYPE, &"application/json");
-                header(header::ETAG, &Quoted(outcome.etag));
+                header(header::CONTENT_TYPE, HeaderText::Static("application/json"));
+                header(header::ETAG, HeaderText::Etag(outcome.etag));
                 if outcome.created {
-                    header(header::LOCATION, &location(db, &outcome.id));
+                    header(header::LOCATION, HeaderText::Location(db, &outcome.id));
                 }
             }
         }
@@ -426,31 +426,44 @@ impl DocAnswer<'_> {
         };
         let h = resp.headers_mut();
         self.headers(|name, value| {
-            if let Ok(v) = HeaderValue::from_str(&value.to_string()) {
-                h.insert(name, v);
-            }
+            let value = match value {
+                HeaderText::Static(text) => HeaderValue::from_static(text),
+                other => match HeaderValue::from_str(&other.to_string()) {
+                    Ok(v) => v,
+                    Err(_) => return,
+                },
+            };
+            h.insert(name, value);
         });
         resp
     }
 }
 
-/// An etag as a header shows it, in quotes.
-struct Quoted(Etag);
+/// A header's value in an answer, written as text by either path (the own loop
+/// copies a static one as it is and formats the others in place).
+pub(crate) enum HeaderText<'a> {
+    Static(&'static str),
+    /// An etag, in quotes.
+    Etag(Etag),
+    Date(httpdate::HttpDate),
+    /// The path of a document a write created: its database, its id.
+    Location(&'a str, &'a str),
+}
 
-impl Display for Quoted {
+impl Display for HeaderText<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "\"{}\"", self.0)
+        match self {
+            HeaderText::Static(text) => f.write_str(text),
+            HeaderText::Etag(etag) => write!(f, "\"{etag}\""),
+            HeaderText::Date(date) => write!(f, "{date}"),
+            HeaderText::Location(db, id) => write!(f, "/dbs/{db}/docs/{}", encode_path(id)),
+        }
     }
 }
 
 /// `Last-Modified` of a document written at `doc_ms`.
 fn last_modified_date(doc_ms: u64) -> httpdate::HttpDate {
     (std::time::UNIX_EPOCH + std::time::Duration::from_millis(doc_ms)).into()
-}
-
-/// The `Location` of a document a write created.
-fn location(db: &str, id: &str) -> String {
-    format!("/dbs/{db}/docs/{}", encode_path(id))
 }
 
 /// The answer to a document's PUT or POST (and, with `op`, a put's result in a

@@ -2,7 +2,7 @@
 //! GET and PUT answers without building a `Response`, and any other `Response`
 //! (errors, refusals) rendered as hyper would send it.
 
-use crate::doc_request::DocAnswer;
+use crate::doc_request::{DocAnswer, HeaderText};
 use crate::observe::RequestId;
 use axum::http::{header, StatusCode};
 use axum::response::Response;
@@ -91,7 +91,15 @@ pub fn document(
     let status = answer.status();
     status_line(out, status);
     answer.headers(|name, value| {
-        let _ = write!(out, "{name}: {value}\r\n");
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        match value {
+            HeaderText::Static(text) => out.extend_from_slice(text.as_bytes()),
+            other => {
+                let _ = write!(out, "{other}");
+            }
+        }
+        out.extend_from_slice(b"\r\n");
     });
     finish(out, status, id, answer.body().as_deref(), close)
 }
