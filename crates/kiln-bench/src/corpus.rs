@@ -64,13 +64,12 @@ pub fn strip_troff(src: &str) -> String {
                 continue;
             }
             match chars.next() {
-                Some('f') => {
+                Some('f')
                     // \fB, \fI, \fR, \fP, \f(XX
-                    if chars.next() == Some('(') {
+                    if chars.next() == Some('(') => {
                         chars.next();
                         chars.next();
                     }
-                }
                 Some('(') => {
                     chars.next();
                     chars.next();

@@ -155,7 +155,6 @@ fn restore_to_first_query(
     let first_query = |restored: &Database| -> BenchResult<usize> {
         let options = QueryOptions {
             wait_for_non_stale_ms: 3_600_000,
-            ..Default::default()
         };
         let r = restored.query(
             "from pages where search(body, $q) limit 10",
@@ -267,6 +266,9 @@ fn quantiles(mut ms: Vec<f64>) -> (f64, f64) {
     )
 }
 
+/// A p50 and a p99, in ms.
+type Percentiles = (f64, f64);
+
 /// p50/p99 (ms) of Kiln's and tantivy's answers (top 10 + count) to `texts`,
 /// each run `rounds` times, and the matches Kiln counted in total.
 fn time_kind(
@@ -275,7 +277,7 @@ fn time_kind(
     body: tantivy::schema::Field,
     texts: &[&str],
     rounds: usize,
-) -> BenchResult<((f64, f64), (f64, f64), u64)> {
+) -> BenchResult<(Percentiles, Percentiles, u64)> {
     use tantivy::collector::{Count, TopDocs};
     let reader = index.reader()?;
     let searcher = reader.searcher();

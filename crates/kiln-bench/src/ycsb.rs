@@ -497,7 +497,7 @@ mod tests {
             *counts.entry(v).or_insert(0u64) += 1;
         }
         let mut by_count: Vec<(u64, u64)> = counts.into_iter().collect();
-        by_count.sort_by(|a, b| b.1.cmp(&a.1));
+        by_count.sort_by_key(|c| std::cmp::Reverse(c.1));
         assert_eq!(by_count[0].0, fnvhash64(0) % n);
         assert_eq!(by_count[1].0, fnvhash64(1) % n);
         // P(item 0) = 1/ζ(10^10) ≈ 3.8 %.

@@ -2,6 +2,7 @@
 //! writes go on, `kiln restore` into a new data directory, a server started on it:
 //! every document acknowledged before the backup started is there with the same
 //! body and etag.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -14,6 +14,7 @@
 //!
 //! Slow (~1 min in release): `cargo test --release -p kiln-cli --test
 //! backup_survives_kill9 -- --ignored --nocapture` (`KILN_BACKUP_KILL_CYCLES`, default 5).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

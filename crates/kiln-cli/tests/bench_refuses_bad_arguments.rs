@@ -1,5 +1,6 @@
 //! `kiln bench` refuses an unknown workload or a bad setting before it measures or
 //! prints anything, or makes its directory: exit code 2, the known workloads named.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use std::process::{Command, Output};
 

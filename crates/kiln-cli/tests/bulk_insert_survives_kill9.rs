@@ -6,6 +6,7 @@
 //! not die of the SIGKILL), so a run cannot pass without testing anything.
 //!
 //! Cycles: KILN_BULK_CRASH_CYCLES (default 3; the slow tier runs more).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! error, 2 a usage error), a closed pipe ends a command quietly, and the offline
 //! document commands read documents from stdin or a file and page with
 //! --start-after; check and stats name the database they speak of.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -3,6 +3,7 @@
 //! `--ca-cert` and the API key from `KILN_API_KEY` (or `--api-key`), and with a
 //! client certificate instead of a key; refused with a clear error without the CA
 //! or the key.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! follower sends an upload to the leader (307); an If-Match conflict and a missing
 //! document answer as a single server does; the leader killed -9 right after an
 //! acknowledged upload: the new leader serves it, and the old one, restarted, too.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

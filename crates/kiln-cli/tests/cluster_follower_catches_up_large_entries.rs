@@ -8,6 +8,7 @@
 //! may still arrive in time, so the bound itself is tested in the log store's unit
 //! test). No snapshot here: the log is not purged (the default snapshot interval is
 //! far away), so the follower must take the entries themselves.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -30,6 +30,7 @@
 //!
 //! Cycles: KILN_CLUSTER_LIN_CYCLES (default 2; the slow tier runs 20); the clients' random choices:
 //! KILN_CLUSTER_LIN_SEED (default random, printed).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 #[path = "common/linearizability.rs"]

@@ -3,6 +3,7 @@
 //! cluster's key on every Raft message. Writes through the leader with an API key
 //! reach the followers; a Raft message without the key, or with another key, is
 //! refused; a node with `--auth` but no cluster key does not start.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

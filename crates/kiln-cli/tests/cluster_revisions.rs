@@ -2,6 +2,7 @@
 //! make revisions (puts, a delete, a revert) and a purge all go through the log,
 //! so every node ends with the same revisions (etags, times, bodies) and the same
 //! configuration; a follower sends the configuration's change to the leader.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

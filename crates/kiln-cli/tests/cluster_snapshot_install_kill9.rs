@@ -11,6 +11,7 @@
 //! purges back to the durable snapshot (see `kiln_cluster::log_store::PurgeLimit`):
 //! openraft had purged the follower's log before the install was done, and the
 //! restarted node refused to start.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

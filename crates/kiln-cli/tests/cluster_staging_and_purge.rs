@@ -4,6 +4,7 @@
 //! answered as a single server answers it); and a purge of tombstones
 //! (`DELETE /dbs/{db}/tombstones`) with an age counted at the leader's time:
 //! every node then reports the same tombstones and the same changes feed.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! One process at a time owns a data directory: a second `kiln serve`, an offline
 //! `kiln restore --data-dir` and `kiln put` on a running server's directory are
 //! refused, naming the server's process, and the server goes on unharmed.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

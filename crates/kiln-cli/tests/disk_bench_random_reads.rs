@@ -4,6 +4,7 @@
 //! 0 or not a multiple of 8 KiB is refused as a usage error. (That every offset read
 //! is aligned and inside the file is the unit test of kiln-bench's `OffsetGen`; a
 //! read past the end would fail the run here.)
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use serde_json::Value;
 use std::path::Path;

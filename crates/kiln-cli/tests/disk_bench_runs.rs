@@ -2,6 +2,7 @@
 //! plus a summary, and leaves nothing behind; it refuses to start without free space.
 //! (The random-read rows, here with a small file, have their own tests in
 //! disk_bench_random_reads.rs.)
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use serde_json::Value;
 use std::path::Path;

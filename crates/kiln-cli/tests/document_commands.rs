@@ -1,5 +1,6 @@
 //! `kiln put/get/list` on a data directory, `kiln check` over all its databases, and
 //! `kiln api-key` round trips.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use std::process::Command;
 

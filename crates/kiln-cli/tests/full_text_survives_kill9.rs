@@ -7,6 +7,7 @@
 //! missing from the killed index.
 //!
 //! Slow (~30 s): `cargo test --release -p kiln-cli --test full_text_survives_kill9 -- --ignored`
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! an export imported into an empty database gives the same documents, a bad line
 //! or a refused line is named by file and line with the documents before it
 //! committed, and `--resume` completes an interrupted import without duplicates.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! so a crash can only lose a whole batch, which is read again.
 //!
 //! Slow (~20 s): `cargo test -p kiln-cli --test index_survives_kill9 -- --ignored`
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -5,6 +5,7 @@
 //!
 //! Every "linearizable" answer comes with a witness order, which is checked here
 //! independently of the search.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 #[path = "common/linearizability.rs"]
 mod linearizability;

@@ -4,6 +4,7 @@
 //! error answers; and a three-node cluster, where the leader turns each patch into
 //! a conditional put of the merged document: every node ends with the same
 //! document, and concurrent patches through the leader lose nothing either.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -6,6 +6,7 @@
 //! SIGKILL), so a run cannot pass without testing anything.
 //!
 //! Cycles: KILN_PUT_CRASH_CYCLES (default 2; the slow tier runs more).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

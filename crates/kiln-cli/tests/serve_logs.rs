@@ -3,6 +3,7 @@
 //! `--access-log` (as JSON with `--log-format json`: method, path, status, bytes,
 //! microseconds, request id, key id), no ANSI colour when stderr is not a
 //! terminal, and a line at shutdown.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

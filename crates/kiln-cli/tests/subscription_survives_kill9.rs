@@ -14,6 +14,7 @@
 //!
 //! Cycles: `KILN_SUBSCRIPTION_CRASH_CYCLES` (default 2, the fast tier; the slow
 //! tier runs more).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

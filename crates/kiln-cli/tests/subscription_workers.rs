@@ -2,6 +2,7 @@
 //! the cursor that moves only on an acknowledgment, one worker at a time (a second
 //! waits and gets nothing meanwhile, then gets the unacknowledged batch again when
 //! the first goes), take-over, live delivery, and no document skipped.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -383,8 +383,10 @@ mod tests {
     #[tokio::test]
     async fn an_append_to_a_follower_carries_a_bounded_number_of_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let mut storage = Options::default();
-        storage.journal_file_size_bytes = 64 << 20;
+        let storage = Options {
+            journal_file_size_bytes: 64 << 20,
+            ..Options::default()
+        };
         let mut log = LogStore::open(dir.path(), storage).unwrap();
         {
             let mut w = log.env.begin_write().unwrap();

@@ -228,7 +228,11 @@ pub(crate) fn restore(db: &Database, input: &mut impl Read, len: u64) -> Result<
         input
             .read_exact(&mut header)
             .map_err(|e| bad(format!("truncated: {e}")))?;
-        let word = |i: usize| u64::from_be_bytes(header[i * 8..i * 8 + 8].try_into().unwrap());
+        let word = |i: usize| {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&header[i * 8..i * 8 + 8]);
+            u64::from_be_bytes(bytes)
+        };
         let (id, until, size) = (word(0), word(1), word(2));
         left -= 24;
         if size > left {

@@ -4,6 +4,7 @@
 //! goes on; after the heal, the old leader's writes that were never acknowledged
 //! are gone, and every acknowledged write is on every node with its etag. Then a
 //! follower is cut off and healed: the cluster never stops taking writes.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! openraft's own test suite for storage implementations, run against Kiln's log
 //! store (a kiln-storage environment) and state machine (a document store).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_cluster::log_store::LogStore;
 use kiln_cluster::state_machine::StateMachine;

@@ -1,5 +1,6 @@
 // Measures the document layer's cost per 1 KiB document written in units of 16
 // (what the server's combiner does under load), without HTTP.
+#![allow(clippy::unwrap_used)] // a measuring tool: a failure stops it
 use kiln_docs::{Condition, DocId, DocStore, DocsOptions, ParsedDocument, WriteOp};
 use std::time::Instant;
 

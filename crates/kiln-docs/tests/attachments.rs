@@ -2,6 +2,7 @@
 //! documents name them, counted in the documents' own transactions, freed when
 //! the last reference goes; a failed write leaves no file behind; what a crash
 //! leaves is removed at the next open; backups carry them.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{BatchOp, Condition, Database, DocError, DocStore, DocsOptions, StagedBlob};
 use serde_json::{json, Value};
@@ -386,7 +387,8 @@ fn backups_carry_pinned_blobs_and_restores_check_them() {
     // checksum of the container right: the SHA-256 check refuses it.
     use kiln_storage::backup::Item;
     let mut w2 = Vec::new();
-    let mut cw: Option<kiln_storage::ContainerWriter<&mut Vec<u8>, fn(u64)>> = None;
+    type Writer<'w> = kiln_storage::ContainerWriter<&'w mut Vec<u8>, fn(u64)>;
+    let mut cw: Option<Writer<'_>> = None;
     let mut file: Option<(String, Vec<u8>)> = None;
     let mut out_slot = Some(&mut w2);
     kiln_storage::backup::read_container(

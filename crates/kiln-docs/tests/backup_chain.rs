@@ -10,6 +10,7 @@
 //!   leave no database behind.
 //! - Increments are refused when they cannot be complete (no chain, another chain,
 //!   a trimmed base).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{
     BatchOp, BatchOutcome, Condition, Database, DocError, DocId, DocStore, DocsOptions,

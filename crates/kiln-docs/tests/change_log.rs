@@ -1,6 +1,7 @@
 //! The change log: every write has a place in etag order, deletes included, each
 //! document at most once (its latest write); tombstones are purged only as the rule
 //! and the registered consumers allow; a database made before the log gets one.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{
     BatchOutcome, ChangeFilter, ChangeKind, Condition, Database, DocStore, DocsOptions, PurgeRule,

@@ -1,4 +1,5 @@
 //! The document layer end to end on a real (small) storage environment.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{BatchOp, BatchOutcome, Condition, DocError, DocId, DocStore, DocsOptions};
 use serde_json::{json, Value};

@@ -7,6 +7,7 @@
 //! index survives a reopen, a full backup and a replayed increment; a database
 //! made before the index gets one built from its documents. A model test checks
 //! random puts, deletes and clock steps against a map.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{
     format_rfc3339_ms, ChangeFilter, ChangeKind, Condition, Database, DocError, DocStore,

@@ -4,6 +4,7 @@
 //! deletes; updates and deletes are visible after `wait_for_non_stale_ms`; offset
 //! pages fit together; a reopened database resumes, a lost index directory is
 //! rebuilt; bad definitions and queries get clear errors.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{
     Condition, DocError, DocStore, DocsOptions, IndexDefinition, IndexField, QueryOptions,

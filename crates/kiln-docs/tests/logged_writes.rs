@@ -2,6 +2,7 @@
 //! the same entries end with the same documents, etags and times; an entry is
 //! never applied twice, across a reopen too; an all-or-none entry that fails
 //! writes nothing on any node.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{
     Atomicity, BatchOutcome, Condition, Database, DocId, DocStore, DocsOptions, Etag,

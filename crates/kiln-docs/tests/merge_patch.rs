@@ -3,6 +3,7 @@
 //! for a missing document; If-Match checked against the document as read there;
 //! `@metadata` patched as a PUT may set it; and concurrent patches of one document
 //! never lose each other's changes (each reads what the previous one wrote).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{BatchOutcome, Condition, Database, DocError, DocStore, DocsOptions, WriteOp};
 use serde_json::{json, Value};

@@ -1,6 +1,7 @@
 //! Indexes and queries: random documents, updates and deletes; random queries
 //! compared with a brute-force filter over the same documents (type-order edge
 //! cases, paging, counts); staleness and waiting; restart; hostile queries.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{
     Condition, DocError, DocStore, DocsOptions, IndexDefinition, IndexField, QueryOptions,

@@ -3,6 +3,7 @@
 //! groups computed here by brute force from a model of the documents; the same
 //! query with a `where` (answered by a scan) too. Also: a restart keeps the
 //! aggregates, a reset rebuilds them, exact decimal sums, bad definitions refused.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{
     Condition, DocStore, DocsOptions, IndexDefinition, IndexField, QueryOptions, ReduceSpec,
@@ -86,9 +87,10 @@ fn random_order(rng: &mut StdRng) -> Value {
 /// The model's answer: per company (missing and null are one group, null), the
 /// count, the sum and mean of the numeric amounts (in cents, exact), and the least
 /// and greatest amount in the index order (numbers before strings).
-fn brute_force(
-    model: &BTreeMap<String, Value>,
-) -> BTreeMap<String, (u64, i64, u64, Option<Value>, Option<Value>)> {
+/// A group's count, sum, mean, least and greatest.
+type Group = (u64, i64, u64, Option<Value>, Option<Value>);
+
+fn brute_force(model: &BTreeMap<String, Value>) -> BTreeMap<String, Group> {
     let mut groups = BTreeMap::new();
     for doc in model.values() {
         let company = doc

@@ -4,6 +4,7 @@
 //! cluster's log entries, a restore's replay), trimmed to `max_revisions` and
 //! `max_age_ms`; a deleted document's revisions stay until purged; a revision can
 //! be written back; backups carry them.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{
     Atomicity, BatchOp, BatchOutcome, Condition, Database, DocError, DocId, DocStore, DocsOptions,

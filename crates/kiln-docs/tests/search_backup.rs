@@ -4,6 +4,7 @@
 //! the writes after the restore. A commit ahead of the restored state (what a point
 //! below the shipped commit would give), damaged search files, and a backup without
 //! any (an older Kiln's) are rebuilt from the first change, with correct answers.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{
     Condition, DocStore, DocsOptions, IndexDefinition, IndexField, QueryOptions, RestorePoint,
@@ -61,7 +62,7 @@ fn put(db: &kiln_docs::Database, model: &mut Model, i: usize, body: &str) -> u64
 }
 
 fn body(i: usize) -> &'static str {
-    if i % 4 == 0 {
+    if i.is_multiple_of(4) {
         "durable journal"
     } else {
         "garden path"

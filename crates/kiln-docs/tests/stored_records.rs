@@ -4,6 +4,7 @@
 //! of a database written with one id-keyed tree (`docs`) move into `doc_ids` and
 //! `doc_bodies` at open, also after a crash half way; and a body stored under another
 //! sequence than its own is reported as corruption.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{format_rfc3339_ms, Condition, DocStore, DocsOptions, DocumentCompression};
 

@@ -4,6 +4,7 @@
 //! an acknowledgment, one lease holder at a time, and a model test of workers that
 //! die before they acknowledge: every matching document is delivered at its latest
 //! version, none is skipped.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{
     BatchLimits, Condition, Database, DocError, DocStore, DocsOptions, LeaseStrategy,

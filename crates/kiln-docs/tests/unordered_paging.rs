@@ -3,6 +3,7 @@
 //! exactly once, across a collection scan, the auto index it creates, a user's
 //! index on another field and a compound index (the issue: the first page came from
 //! a scan in etag order, the next ones from the new index in value order).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{
     BatchOp, Condition, Database, DocId, DocStore, DocsOptions, IndexDefinition, IndexField,

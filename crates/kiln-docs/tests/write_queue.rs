@@ -2,6 +2,7 @@
 //! and all-or-nothing jobs mixed in all complete, whichever worker gathers them
 //! (one worker at a time gathers a database's independent writes; the others are
 //! woken only for what it would not take).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{BatchOutcome, Condition, DocId, DocStore, DocsOptions, WriteOp};
 use std::sync::Arc;

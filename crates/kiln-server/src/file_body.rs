@@ -98,7 +98,7 @@ fn read_chunks(
     let end = start + len;
     let mut offset = start;
     // O_DIRECT needs aligned offsets: only a body from an aligned start uses it.
-    let direct = direct.filter(|_| start % ALIGN_BYTES as u64 == 0);
+    let direct = direct.filter(|_| start.is_multiple_of(ALIGN_BYTES as u64));
     while offset < end {
         let want = (end - offset).min(READ_CHUNK_BYTES as u64) as usize;
         let mut buf = match pool.try_recv() {

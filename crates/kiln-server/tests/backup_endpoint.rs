@@ -1,5 +1,6 @@
 //! `GET /dbs/{db}/backup`: authenticated, streams a backup that verifies, and a
 //! client that disconnects stops it (the database is released at once).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

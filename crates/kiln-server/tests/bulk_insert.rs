@@ -8,6 +8,7 @@
 //! - a client that disconnects mid-body: only whole committed batches stay, never
 //!   the unterminated tail (not even a complete-looking last line);
 //! - ids ending in `/` generate distinct ids under that prefix.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

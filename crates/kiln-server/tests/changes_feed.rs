@@ -11,6 +11,7 @@
 //! - tombstones in the feed, rewriting a deleted id, purging below an etag;
 //! - bad input: malformed etag, etag of a recreated database, unknown database, bad
 //!   WebSocket messages (an error frame, the connection survives).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

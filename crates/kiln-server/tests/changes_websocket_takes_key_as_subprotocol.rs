@@ -2,6 +2,7 @@
 //! URL. Under --auth, a changes WebSocket upgrade may offer the key as the subprotocol
 //! `kiln.key.<key>` beside `kiln.changes.v1`; the server selects `kiln.changes.v1` and
 //! never echoes the key. Anything else is refused with 401.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

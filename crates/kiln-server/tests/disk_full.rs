@@ -6,6 +6,7 @@
 //! be made to fail an fsync): a failed journal write latches the database, which the
 //! answers (503 `database_failed`, or 507 if it was out of space) and `/health`
 //! report as needing a restart.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

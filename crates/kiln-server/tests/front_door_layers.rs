@@ -3,6 +3,7 @@
 //! for the origins `--cors-origin` lists, preflight included, and none otherwise;
 //! compression by `Accept-Encoding` above a size threshold, on the API and
 //! `/metrics`; `Link: rel="next"` on pages that have a next one.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

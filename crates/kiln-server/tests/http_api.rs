@@ -1,6 +1,7 @@
 //! The HTTP API end to end over a real client: databases, documents and their
 //! preconditions, listings, collections, batches, routing errors, metrics,
 //! concurrent conditional writes and a restart.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! Limits and misbehaving clients: oversized bodies (with a length and chunked),
 //! oversized documents and ids, bad JSON, the connection limit, slow clients and
 //! clients that vanish mid-request.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! The server's own HTTP/1.1 loop for document requests (`src/http1/`): pipelining,
 //! handing a connection to hyper mid-way, `Connection: close`, authentication,
 //! shutdown, and answers that match hyper's for the same requests.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

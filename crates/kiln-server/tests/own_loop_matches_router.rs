@@ -35,6 +35,7 @@
 //! on purpose: in each the own loop's answer is the more precise one (it says
 //! `connection: close` when it closes, or answers in JSON where hyper sends an empty
 //! or no answer), and `--hyper-only` is only a comparison mode.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

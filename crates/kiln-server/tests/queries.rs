@@ -1,6 +1,7 @@
 //! Indexes and queries over HTTP: define, list, state, reset, delete; queries with
 //! parameters, paging, counts, staleness and waiting; ETag and 304; auto indexes;
 //! malformed and hostile queries get clear 400s.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

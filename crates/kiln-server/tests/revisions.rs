@@ -3,6 +3,7 @@
 //! (`/dbs/{db}/revisions/docs/{id}`), revert and purge; and with `--auth`, each
 //! revision names the API key that wrote its version, whichever route wrote it
 //! (PUT through the own HTTP/1.1 loop, DELETE, batch, bulk insert, revert).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

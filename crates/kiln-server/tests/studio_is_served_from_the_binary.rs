@@ -1,6 +1,7 @@
 //! The web studio is embedded at build time and served at /studio: index.html for the
 //! studio's own routes, hashed assets cached for good, ETag/304, gzip when accepted, a
 //! Content-Security-Policy, and no key needed for the static files under --auth.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

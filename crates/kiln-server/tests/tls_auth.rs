@@ -1,5 +1,6 @@
 //! Authentication (API keys, client certificates), TLS, and the refusal to listen
 //! off loopback without them.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -3,6 +3,7 @@
 //! the cut), and a second cut right after the reopen, before any checkpoint (what
 //! the replay wrote is gone again): each reopen must rebuild everything from the
 //! journal, and a page the replay failed to write would be missing or stale.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_sim::{driver, CutMode, SimDisk};
 use kiln_storage::{Env, Options};

@@ -6,6 +6,7 @@
 //! Scale: KILN_SIM_SEEDS seeds x KILN_SIM_CYCLES cycles (defaults: a few hundred
 //! power cuts for the fast tier; the slow tier runs 10,000+).
 //! Reproduce a failure: KILN_SIM_SEED=<seed> cargo test -p kiln-sim --test power_loss_keeps_acknowledged_commits -- --nocapture
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_sim::driver::{self, DriverStats};
 

@@ -8,6 +8,7 @@
 //!   never a part of it, and a failed restore leaves no staging directory behind
 //!   (a cut may: the next restore picks a new staging name);
 //! - a retry on the same disk then succeeds.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_sim::driver::{self, Model};
 use kiln_sim::{CutMode, Fault, OpKind, SimDisk};

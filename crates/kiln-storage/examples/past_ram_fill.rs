@@ -9,6 +9,7 @@
 //! (defaults: 2,000,000 entries of 1,000-byte values, 1,000 puts per commit:
 //! about 2.5 GB of data file). `DIR` must not hold a database yet.
 
+#![allow(clippy::unwrap_used)] // a measuring tool: a failure stops it
 use kiln_storage::{Env, Options};
 use rand::{rngs::SmallRng, RngCore, SeedableRng};
 use std::time::Instant;

@@ -2,6 +2,7 @@
 //! restores to that state (and a clean `check()`); every single-bit flip and every
 //! truncation of a backup is refused by `verify`, and by `restore` with nothing left
 //! behind.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_storage::backup::{self, BackupError};
 use kiln_storage::{BackupOptions, Env, Options, ReadTxn, RestoreOptions};

@@ -3,6 +3,7 @@
 //! three. These tests read such values from every place they can be (the writing
 //! transaction, the unflushed table, the data file, a replayed journal) and damage
 //! one on disk.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod crash_copy;
 

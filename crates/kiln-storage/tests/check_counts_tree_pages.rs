@@ -1,5 +1,6 @@
 //! `Env::check` reports, per tree, its leaf, branch and out-of-leaf value pages and
 //! the bytes its leaves hold (the space breakdown of `kiln check --json`).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_storage::{Env, Options, PAGE_SIZE};
 

@@ -11,6 +11,7 @@
 //! fails unless some did. Every other cycle kills just after the close starts making
 //! the journal file that replaces the live one. Cycles: KILN_CRASH_CYCLES (default
 //! 6; the slow tier runs 100).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 #[allow(dead_code)] // the shared kill harness; this test kills at its own moment
 mod common;

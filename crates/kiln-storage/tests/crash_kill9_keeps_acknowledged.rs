@@ -9,6 +9,7 @@
 //! The child entry point is an `#[ignore]`d helper that fails when run on its own.
 //!
 //! Cycles: KILN_CRASH_CYCLES (default 25; the slow tier runs 500).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! together with the commits made since, some of them into pages reused from the
 //! free list: nothing acknowledged may be lost, nothing freed by a replayed record may
 //! be reused before the replayed state is synced, and the trees must check clean.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod crash_copy;
 

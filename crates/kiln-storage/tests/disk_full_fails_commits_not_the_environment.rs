@@ -6,6 +6,7 @@
 //! the file, and once space is back commits and write-back resume without a reopen.
 //! A failed journal write or data-file fsync still latches, and the latch keeps the
 //! failure's kind (disk full or I/O error) and its file.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod values;
 

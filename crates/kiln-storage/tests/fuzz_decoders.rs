@@ -23,6 +23,7 @@
 //! Panics fail the test: proptest's runner catches them as failing cases (and shrinks
 //! them). Hangs and huge allocations are prevented by construction (every length is
 //! checked against the bytes that remain before anything is allocated), not measured.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_storage::journal::record::{self, DecodedRecord, Image};
 use kiln_storage::page::{self, hdr, PAGE_SIZE};

@@ -2,6 +2,7 @@
 //! This binary writes such a file (through a test hook: process-wide, hence a test
 //! binary of its own), then reads, checks, replaces and frees those values with
 //! today's code, which writes bare runs beside them.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_storage::page::WRITE_HEADERED_OVERFLOW_RUNS_FOR_TESTS as HEADERED;
 use kiln_storage::{Env, Options};

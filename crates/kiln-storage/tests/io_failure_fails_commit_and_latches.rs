@@ -3,6 +3,7 @@
 //! what was acknowledged before: after reopening, the journal decides. And a slow
 //! data file must not stretch buffered durability's journal-sync interval; write-back
 //! reaches the disk in bounded chunks.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod crash_copy;
 

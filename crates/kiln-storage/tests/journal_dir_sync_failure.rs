@@ -2,6 +2,7 @@
 //! durable, so no record may go into that file before a later sync succeeds, and the
 //! files' bookkeeping must follow the rename (before, the old name stayed listed and
 //! was offered for reuse again, failing a later switch with "no such file").
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_storage::io::{ForwardFile, ForwardVfs, OpenMode, OsVfs, Vfs, VfsFile};
 use kiln_storage::{Env, Options};

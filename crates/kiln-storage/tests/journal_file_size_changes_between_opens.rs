@@ -4,6 +4,7 @@
 //! replays a journal whose files have different sizes. And a new environment starts
 //! small: its first journal file is `journal_first_file_bytes`, and its data file
 //! grows from 1 MiB, doubling.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod crash_copy;
 mod values;

@@ -3,6 +3,7 @@
 //! it. These tests check that nothing a reader, a count, an abort, a tree write, a
 //! second writer thread or a reopen sees changes because of it. Each one asserts
 //! that keys were merged ahead, so that it cannot pass with the thread idle.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_storage::{Env, MergeAhead, Options};
 use rand::{rngs::StdRng, Rng, SeedableRng};

@@ -1,6 +1,7 @@
 //! Merges that read their leaves ahead (`Options::read_ahead`, the path taken
 //! past RAM) leave the same contents as a model, across reopen, and the statistics
 //! show that they did read ahead; with `Never` they do not.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_storage::{Env, Options, ReadAhead};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -12,7 +13,7 @@ fn opts(read_ahead: ReadAhead) -> Options {
         data_grow_step_bytes: 1 << 20,
         // Small: many freezes and merge slices, leaves overflowing into siblings.
         write_buffer_bytes: 64 << 10,
-        read_ahead: read_ahead,
+        read_ahead,
         ..Options::default()
     }
 }

@@ -2,6 +2,7 @@
 //! (return an error after writing) or panic (after writing). Every acknowledged unit
 //! is present after reopening, every failed one is absent, no unit is half applied,
 //! and per-key order is preserved for the units of one thread.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_storage::{Env, Error, Options};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -4,6 +4,7 @@
 //! buffered it (docs/design.md §2.4, "Patched images"). Crash copies taken while
 //! generations freeze and merge must reopen to exactly what was committed, with the
 //! named values filled in by the replay, not found elsewhere.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod crash_copy;
 

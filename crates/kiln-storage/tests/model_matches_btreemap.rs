@@ -15,6 +15,7 @@
 //! Seeds and sizes can be changed for a soak run:
 //! `KILN_MODEL_SEEDS=100 KILN_MODEL_STEPS=3000 cargo test --release --test model_matches_btreemap`
 //! or a single seed with `KILN_MODEL_SEED=<n>`.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_storage::{Cursor, Env, Error, Options, ReadTxn, WriteTxn, MAX_KEY_SIZE};
 use proptest::prelude::*;

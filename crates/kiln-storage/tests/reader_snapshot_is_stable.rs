@@ -5,6 +5,7 @@
 //! Readers also keep the slices they got at the start of their snapshot and compare
 //! them again later: if a page were recycled under a reader, those bytes (in the
 //! memory map or in a pinned page buffer) would change.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_storage::{Env, Options, ReadTxn};
 use published::Published;

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 use kiln_storage::{Env, Error, Options};
 
 fn small_opts() -> Options {

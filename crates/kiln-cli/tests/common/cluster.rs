@@ -2,6 +2,7 @@
 //! that run real processes: requests on their own connections (telling a request
 //! never sent from one whose answer was lost), the nodes, their leader.
 #![allow(dead_code)] // each test binary uses its own part of this module
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use super::{free_port, wait_until_healthy, TEST_JOURNAL_FILE_SIZE_MIB};
 use std::collections::BTreeMap;

@@ -36,7 +36,7 @@
 //!   always the earliest invoked one still available (a ghost invoked earlier can
 //!   go wherever a later one can). Otherwise every subset of the ghosts, at every
 //!   point of the history, would be searched.
-
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 #![allow(dead_code)] // each test binary uses its own part of this module
 
 use std::collections::{HashMap, HashSet};

@@ -1,6 +1,7 @@
 //! Shared by the tests that run the `kiln` binary: a free loopback port, and a
 //! `kiln serve` child that answers `/health` before it is handed over.
 #![allow(dead_code)] // each test binary uses its own part of this module
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 pub mod cluster;
 pub mod pki;

@@ -1,5 +1,6 @@
 //! A test PKI: a CA, a server certificate for `localhost` and `127.0.0.1` signed by
 //! it (every node of a test cluster can use the same), and a client certificate.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use rcgen::{
     BasicConstraints, Certificate, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa,

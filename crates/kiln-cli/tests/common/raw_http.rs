@@ -1,5 +1,6 @@
 //! Raw HTTP/1.1 for the attachment tests: a binary body sent in 64 KiB writes on
 //! a connection of its own, the answer read whole, and deterministic bytes to send.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -11,6 +11,7 @@
 //! behind a partition that drops packets), or delayed; healed, it forwards again.
 //! A connection without the header (a client) is never faulted.
 #![allow(dead_code)] // each test binary uses its own part of this module
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};

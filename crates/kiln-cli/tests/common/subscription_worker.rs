@@ -2,6 +2,7 @@
 //! `/dbs/{db}/subscriptions/{name}/ws`, reads the server's messages, acknowledges
 //! batches. Dropping it closes the TCP connection without a close frame, as a
 //! killed worker process would.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use serde_json::Value;
 use std::net::TcpStream;

@@ -1,6 +1,7 @@
 //! Shared by the cluster tests: nodes in one process, each with its own data
 //! directory and HTTP listener for Raft's messages.
 #![allow(dead_code)] // each test binary uses its own part of this module
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use axum::extract::{Path as UrlPath, State};
 use axum::routing::post;

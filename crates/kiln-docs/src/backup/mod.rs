@@ -248,7 +248,7 @@ impl Database {
             kind,
             etag: (last > 0).then(|| self.etag_at(last).to_string()),
             txn_id: r.txn_id(),
-            documents: crate::stored::count(&r)?,
+            documents: crate::stored::count(r)?,
             kiln_version: env!("CARGO_PKG_VERSION").to_string(),
             created_at: crate::format_rfc3339_ms(crate::time::now_ms()),
             incarnation: Some(self.incarnation),

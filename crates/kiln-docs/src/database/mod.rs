@@ -874,6 +874,18 @@ fn at_index(index: usize) -> impl Fn(DocError) -> DocError {
     }
 }
 
+/// How long a bulk insert's batch is submitted again while the commit queue is
+/// overloaded (`Database::write_all_patiently`).
+const BULK_OVERLOAD_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Past RAM, reads the documents these writes will look up before the commit turn
+/// (`stored::read_ahead`; nothing in memory): otherwise each lookup is a fault that
+/// the committing thread waits for, one after another, while every other writer of
+/// the database waits for the turn.
+fn read_ahead(env: &Env, ops: &[WriteOp]) {
+    crate::stored::read_ahead(env, ops.iter().filter_map(WriteOp::looked_up_id));
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Condition, DocStore, DocsOptions};
@@ -946,16 +958,4 @@ mod tests {
             b.last_modified_ms
         );
     }
-}
-
-/// How long a bulk insert's batch is submitted again while the commit queue is
-/// overloaded (`Database::write_all_patiently`).
-const BULK_OVERLOAD_PATIENCE: Duration = Duration::from_secs(120);
-
-/// Past RAM, reads the documents these writes will look up before the commit turn
-/// (`stored::read_ahead`; nothing in memory): otherwise each lookup is a fault that
-/// the committing thread waits for, one after another, while every other writer of
-/// the database waits for the turn.
-fn read_ahead(env: &Env, ops: &[WriteOp]) {
-    crate::stored::read_ahead(env, ops.iter().filter_map(WriteOp::looked_up_id));
 }

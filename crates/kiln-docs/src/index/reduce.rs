@@ -672,9 +672,7 @@ fn extreme(r: &ReadTxn<'_>, index_id: u64, key: &[u8], agg_no: usize, max: bool)
     let mut c = r.cursor(&extremes_tree(index_id))?;
     let found = if max {
         match prefix_successor(&prefix) {
-            Some(end) => c
-                .seek_for_prev(&end)?
-                .filter(|(k, _)| k.as_ref() != end.as_slice()),
+            Some(end) => c.seek_for_prev(&end)?.filter(|(k, _)| *k != end.as_slice()),
             None => c.last()?,
         }
     } else {

@@ -49,10 +49,13 @@ fn invalid(message: impl Into<String>) -> DocError {
     }
 }
 
+/// A `where` split in two: its `search()` conditions, and what is left of it.
+type SearchSplit<'e> = (Vec<(&'e Field, &'e SearchText)>, Option<Expr>);
+
 /// The `search()` conditions of a `where` and what is left of it, when every
 /// search() is a condition of its top-level `and` (None when one is under an `or`
 /// or a `not`).
-fn split(filter: &Expr) -> Option<(Vec<(&Field, &SearchText)>, Option<Expr>)> {
+fn split(filter: &Expr) -> Option<SearchSplit<'_>> {
     let parts: Vec<&Expr> = match filter {
         Expr::And(parts) => parts.iter().collect(),
         e => vec![e],
@@ -593,7 +596,7 @@ fn page_of(
     r: &kiln_storage::ReadTxn<'_>,
     out: &mut QueryResult,
 ) -> Result<Vec<(f32, Value)>> {
-    let desc = |i: usize| q.order.get(i).map_or(true, |(_, d)| *d);
+    let desc = |i: usize| q.order.get(i).is_none_or(|(_, d)| *d);
     matched.sort_by(|a, b| {
         for (i, (x, y)) in a.keys.iter().zip(&b.keys).enumerate() {
             let o = if desc(i) { y.cmp(x) } else { x.cmp(y) };

@@ -2,7 +2,7 @@
 //! port over a temporary data directory, a real HTTP client, and raw-socket helpers
 //! for what a well-behaved client never does (stalling, disconnecting, holding
 //! connections).
-
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 #![allow(dead_code)]
 
 use kiln_server::{RunningServer, ServerConfig};

@@ -49,11 +49,10 @@ impl<'t> TreeCursor<'t> {
     /// leaves under the same parent ahead of it (point reads never get here, so
     /// they read only what they need).
     fn ahead_of_scan(&mut self) {
-        let n = self.stack.len();
-        if n < 2 {
+        // The leaf's parent: the entry below the top of the stack.
+        let Some(&(parent, idx)) = self.stack.iter().rev().nth(1) else {
             return;
-        }
-        let (parent, idx) = self.stack[n - 2];
+        };
         let key = parent.as_ptr() as usize;
         let (at, upto) = self.read_ahead;
         if at == key && idx + READ_AHEAD_LEAVES / 2 < upto {

@@ -7,6 +7,7 @@
 //! one commit within the timeout (KILN_CRASH_ACK_TIMEOUT_SECS, default 10), must still
 //! be running when it is killed, and must die of the SIGKILL; otherwise the parent
 //! fails, saying which cycle and showing the end of the child's stderr.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use rand::Rng;
 use std::io::{BufRead, BufReader, Read};

@@ -1,5 +1,6 @@
 //! What a process crash leaves behind, taken from a running environment, and the
 //! options that keep everything since the test began in the journal to replay.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_storage::Options;
 use std::path::Path;
