@@ -97,7 +97,7 @@ fn journal_figures(env: &Env, ops: u64) -> Map<String, Value> {
 }
 
 /// W1's proposed target: a commit costs at most this much beyond the raw 16 KiB
-/// durable write measured around the run (docs/design.md §12). 45 us held in the
+/// durable write measured around the run (docs/design/storage.md §12). 45 us held in the
 /// hours of the tenth pass (30-50 us over); in a slower hour of the fourteenth the
 /// excess was 62-67 us with the same code path, so the target that holds is 70.
 pub const W1_PROPOSED_EXCESS_US: u32 = 70;
@@ -150,7 +150,7 @@ pub fn w1(dir: &Path, opts: &Options, quick: bool) -> BenchResult<Run> {
         json!(ms_per_commit / raw_around_ms),
     );
     // The target proposed where 1.25x cannot be met on a disk whose every durable
-    // write is a write plus a cache flush (docs/design.md §12): what a commit costs
+    // write is a write plus a cache flush (docs/design/storage.md §12): what a commit costs
     // beyond the raw write, in microseconds.
     extra.insert(
         "excess_over_raw_write_around_run_us".into(),

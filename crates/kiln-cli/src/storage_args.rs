@@ -23,7 +23,7 @@ pub struct StorageArgs {
     /// When merges of buffered writes and batches of writes ask the disk for the
     /// pages they will read, all at once, before they read them: auto while reads
     /// have been waiting on the disk (data larger than memory) in the last 10 s,
-    /// always, or never (docs/design.md §13.3). Default: auto.
+    /// always, or never (docs/design/storage.md §13.3). Default: auto.
     #[arg(long, value_enum)]
     pub read_ahead: Option<ReadAheadArg>,
 }

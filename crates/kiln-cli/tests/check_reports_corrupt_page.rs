@@ -46,7 +46,7 @@ fn check_finds_a_flipped_byte_and_names_the_page() {
     assert!(stats["pages_in_use"].as_u64().unwrap() >= 2, "{stats}");
 
     // Damage the catalog's root page, named by the newer header copy (sequence at
-    // offset 16, catalog root at offset 32; see docs/design.md).
+    // offset 16, catalog root at offset 32; see docs/design/storage.md §2).
     let path = dir.path().join("data.kiln");
     let mut bytes = std::fs::read(&path).unwrap();
     let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());

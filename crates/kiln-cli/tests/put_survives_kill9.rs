@@ -154,7 +154,7 @@ fn acknowledged_puts_survive_kill9() {
     for cycle in 0..cycles {
         let port = free_port();
         // Every other cycle, batches of writes ask for their pages ahead (the path
-        // taken past RAM, docs/design.md §13.3): kills land there too.
+        // taken past RAM, docs/design/storage.md §13.3): kills land there too.
         let mut child = spawn_serve_with(dir.path(), port, read_ahead(cycle));
         if cycle == 0 {
             let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();

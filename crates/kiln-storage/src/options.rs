@@ -69,7 +69,7 @@ pub struct Options {
     /// keeping only those before the hole. Off by default: that situation means
     /// acknowledged commits are gone, and an operator should decide.
     pub open_despite_journal_gap: bool,
-    /// The write buffer (docs/design.md, "The write buffer"): puts and deletes whose
+    /// The write buffer (docs/design/storage.md, "The write buffer"): puts and deletes whose
     /// key and value together are at most `write_buffer_max_entry_bytes` are
     /// journaled as logical entries and kept in memory, and reach the trees in key
     /// order, merged a slice per commit once this many bytes are buffered. Bounds
@@ -80,7 +80,7 @@ pub struct Options {
     pub write_buffer_max_entry_bytes: usize,
     /// Whether the frozen generation's merge runs on a second thread while a write
     /// transaction is still putting, instead of all of it at commit
-    /// (docs/design.md §13, "Merging ahead").
+    /// (docs/design/storage.md §13, "Merging ahead").
     pub merge_ahead: MergeAhead,
     /// Whether a merge slice asks for the leaves it will write ahead of writing
     /// them, and `ReadTxn::read_ahead` for the leaves of the keys it is given

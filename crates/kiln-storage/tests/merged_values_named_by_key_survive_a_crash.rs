@@ -1,7 +1,7 @@
 //! A value merged from the write buffer into a leaf is not written into the journal a
 //! second time: the record names it by its buffer key (a patched page image), and
 //! replay fills it in from the frozen generation it rebuilds from the entries that
-//! buffered it (docs/design.md §2.4, "Patched images"). Crash copies taken while
+//! buffered it (docs/design/storage.md §2.4, "Patched images"). Crash copies taken while
 //! generations freeze and merge must reopen to exactly what was committed, with the
 //! named values filled in by the replay, not found elsewhere.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer

@@ -122,7 +122,7 @@ pub fn padded(len: usize) -> usize {
 /// leaf pages. A record names such a value by its buffer key instead of repeating
 /// its bytes, which are already in the journal as the entry that buffered it: replay
 /// rebuilds the frozen generation from those entries before it reaches the merge
-/// (docs/design.md §2.4, "Patched images").
+/// (docs/design/storage.md §2.4, "Patched images").
 pub trait MergedValueSource {
     /// The buffer key under which this transaction merged exactly `value` for `key`
     /// (a key of the leaf's tree), if it did.

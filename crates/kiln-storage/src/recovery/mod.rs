@@ -21,7 +21,7 @@ pub struct RecoveryReport {
     pub synced_txn_id: u64,
     pub records_replayed: u64,
     /// Merged values that replayed page images named by buffer key, filled from the
-    /// write buffer rebuilt by the same replay (patched images, design.md §2.4).
+    /// write buffer rebuilt by the same replay (patched images, design/storage.md §2.4).
     pub merged_values_filled: u64,
     pub last_txn_id: u64,
     pub tail: JournalTail,

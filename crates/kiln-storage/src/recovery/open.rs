@@ -1,5 +1,5 @@
 //! Opening an environment up to the point where its threads start, as the steps of
-//! docs/design.md §6.1, one function each: `validate_and_lock` (1),
+//! docs/design/storage.md §6.1, one function each: `validate_and_lock` (1),
 //! `create_or_read_header` (2), `open_data_file` and `replay_while_syncing` (3 and 4),
 //! `SyncAtOpen::decide`, `allocator_after_replay` and `settle_synced_point` (5),
 //! `open_journal` and `share_state` (6). `open` runs them in that order.
@@ -41,7 +41,7 @@ pub(crate) struct Opened {
 }
 
 pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
-    // design.md §6.1, step 1.
+    // design/storage.md §6.1, step 1.
     let (paths, lock) = validate_and_lock(dir, &opts)?;
     let counters = Arc::new(EngineCounters::default());
     // Step 2.
@@ -221,7 +221,7 @@ fn open_data_file(paths: &EnvPaths, opts: &Options) -> Result<PageStore> {
 /// reused only after the header covering its freeing transaction was fsynced):
 /// none is a diff source that a replay from an older durable header would read,
 /// and writing them again is idempotent. Nothing else acts on the header before
-/// the sync returns (design.md §6.1, step 3).
+/// the sync returns (design/storage.md §6.1, step 3).
 fn replay_while_syncing(
     paths: &EnvPaths,
     header: &FileHeader,

@@ -178,7 +178,7 @@ impl Rebuild<'_> {
             // A patched image names values the transaction merged from the frozen
             // generation, rebuilt above from its entries: the replay start is before
             // the freeze of any generation whose merge is not synced, and this
-            // record's images are replayed only because it is not (docs/design.md
+            // record's images are replayed only because it is not (docs/design/storage.md
             // §2.4, "Patched images").
             let frozen = self.gens.frozen.as_ref();
             let filled = &mut self.merged_values_filled;

@@ -2,7 +2,7 @@
 //! entries (tree, key, value or tombstone), instead of in B-tree pages. They reach the
 //! trees later, merged in key order a slice per commit, so that a leaf is copied,
 //! journaled and written back once for all the buffered puts that land in it rather
-//! than once per put. See docs/design.md, "The write buffer".
+//! than once per put. See docs/design/storage.md, "The write buffer".
 //!
 //! A generation is an ordered map from (tree id, key) to the versions written by
 //! each transaction. A reader at snapshot `s` takes, for a key, the newest version
@@ -638,7 +638,7 @@ impl Generation {
 
 /// The values a transaction merged from the frozen generation, by key, so that its
 /// journal record can name a value by its buffer key instead of repeating its bytes
-/// (`journal::record::MergedValueSource`; docs/design.md §2.4, "Patched images").
+/// (`journal::record::MergedValueSource`; docs/design/storage.md §2.4, "Patched images").
 #[derive(Default)]
 pub(crate) struct MergedValues {
     /// The generation the references point into, kept alive by this.

@@ -1,4 +1,4 @@
-//! The write buffer (docs/design.md, "The write buffer"): small puts and deletes are
+//! The write buffer (docs/design/storage.md, "The write buffer"): small puts and deletes are
 //! kept in memory as versioned entries and reach the trees later, merged in key order
 //! a slice per commit.
 //!
