@@ -64,12 +64,14 @@ pub fn strip_troff(src: &str) -> String {
                 continue;
             }
             match chars.next() {
-                Some('f')
-                    // \fB, \fI, \fR, \fP, \f(XX
-                    if chars.next() == Some('(') => {
+                Some('f') => {
+                    // \fB, \fI, \fR, \fP, \f(XX: the font's letter, or ( and two
+                    let font = chars.next();
+                    if font == Some('(') {
                         chars.next();
                         chars.next();
                     }
+                }
                 Some('(') => {
                     chars.next();
                     chars.next();

@@ -53,7 +53,7 @@ pub enum Command {
         upload_id: u64,
         offset: u64,
         keep_until_ms: u64,
-        #[serde(with = "crate::uploads::base64")]
+        #[serde(with = "crate::uploads::base64_text")]
         bytes: Vec<u8>,
     },
     /// The upload `upload_id`, checked to be `size_bytes` hashing to `hash` (SHA-256,

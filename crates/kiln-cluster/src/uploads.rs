@@ -255,66 +255,21 @@ pub(crate) fn restore(db: &Database, input: &mut impl Read, len: u64) -> Result<
 }
 
 /// Bytes as base64 text in the log's JSON (a JSON array of numbers would be
-/// about 3.5 bytes a byte; base64 is 4 per 3).
-pub(crate) mod base64 {
+/// about 3.5 bytes a byte; base64 is 4 per 3), by the `base64` crate.
+pub(crate) mod base64_text {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    use base64::engine::general_purpose::STANDARD;
+    use base64::Engine;
 
     pub fn encode(bytes: &[u8]) -> String {
-        let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-        for group in bytes.chunks(3) {
-            let b = [
-                group[0],
-                *group.get(1).unwrap_or(&0),
-                *group.get(2).unwrap_or(&0),
-            ];
-            let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
-            for i in 0..4 {
-                if i <= group.len() {
-                    out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-                } else {
-                    out.push('=');
-                }
-            }
-        }
-        out
+        STANDARD.encode(bytes)
     }
 
     pub fn decode(text: &str) -> Result<Vec<u8>, String> {
-        let text = text.as_bytes();
-        if !text.len().is_multiple_of(4) {
-            return Err(format!(
-                "base64 of {} characters (not a multiple of 4)",
-                text.len()
-            ));
-        }
-        let value = |c: u8| -> Result<u32, String> {
-            Ok(match c {
-                b'A'..=b'Z' => c - b'A',
-                b'a'..=b'z' => c - b'a' + 26,
-                b'0'..=b'9' => c - b'0' + 52,
-                b'+' => 62,
-                b'/' => 63,
-                _ => return Err(format!("{:?} is no base64 digit", c as char)),
-            } as u32)
-        };
-        let mut out = Vec::with_capacity(text.len() / 4 * 3);
-        for (i, group) in text.chunks(4).enumerate() {
-            let last = i == text.len() / 4 - 1;
-            let pad = group.iter().rev().take_while(|&&c| c == b'=').count();
-            if pad > 2 || (pad > 0 && !last) {
-                return Err("misplaced base64 padding".into());
-            }
-            let mut n = 0u32;
-            for &c in &group[..4 - pad] {
-                n = n << 6 | value(c)?;
-            }
-            n <<= 6 * pad as u32;
-            let b = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
-            out.extend_from_slice(&b[..3 - pad]);
-        }
-        Ok(out)
+        STANDARD
+            .decode(text)
+            .map_err(|e| format!("not base64: {e}"))
     }
 
     pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
@@ -329,7 +284,7 @@ pub(crate) mod base64 {
 
 #[cfg(test)]
 mod tests {
-    use super::base64::{decode, encode};
+    use super::base64_text::{decode, encode};
     use super::*;
     use kiln_docs::{Condition, DocStore, DocsOptions};
 

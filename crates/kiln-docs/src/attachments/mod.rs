@@ -222,7 +222,7 @@ impl RefEntry {
                 .and_then(|b| b.try_into().ok())
                 .map(u64::from_be_bytes)
                 .ok_or_else(|| DocError::CorruptRecord {
-                    id: format!("(attachment ref {})", hex_of(hash)),
+                    id: format!("(attachment ref {})", hex::encode(hash)),
                     why: format!("entry of {} bytes, expected 24", raw.len()),
                 })
         };
@@ -232,10 +232,6 @@ impl RefEntry {
             staged_until_ms: n(16)?,
         })
     }
-}
-
-fn hex_of(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 pub(crate) fn read_ref(txn: &mut WriteTxn<'_>, hash: &Hash) -> Result<Option<RefEntry>> {
