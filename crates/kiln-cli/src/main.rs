@@ -3,6 +3,7 @@
 mod attachments_cmd;
 mod backup_blobs;
 mod backup_cmd;
+#[cfg(feature = "bench")]
 mod bench_cmd;
 mod client;
 mod cluster_cmd;
@@ -153,10 +154,12 @@ enum Command {
         json: bool,
     },
     /// Run the benchmark workloads (docs/benchmarks.md) against Kiln and the raw disk.
+    #[cfg(feature = "bench")]
     Bench(kiln_bench::BenchArgs),
     /// Measure what the disk itself does: sequential writes in every journal mode,
     /// durable writes by size, concurrent durable writers, random reads at queue depth
     /// 1, 16 and 64; tells a slow or lying disk from a slow database.
+    #[cfg(feature = "bench")]
     DiskBench(kiln_bench::DiskBenchArgs),
 }
 
@@ -226,8 +229,16 @@ const EXIT_USAGE: u8 = 2;
 
 /// A command line that cannot be right whatever the state of the world (two
 /// options that exclude each other, a missing choice): exit code 2, as clap's.
-/// One type for the whole tool: the benchmarks' crate defines it, below the CLI.
-pub use kiln_bench::UsageError;
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -266,7 +277,9 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
         Command::Query(args) => return query_cmd::run(args),
         Command::Check { dir, json } => return inspect_cmd::check(&dir, json),
         Command::Stats { dir, json } => return inspect_cmd::stats(&dir, json),
+        #[cfg(feature = "bench")]
         Command::Bench(args) => bench_cmd::bench(args)?,
+        #[cfg(feature = "bench")]
         Command::DiskBench(args) => bench_cmd::disk_bench(args)?,
     }
     Ok(ExitCode::SUCCESS)
