@@ -253,25 +253,8 @@ impl Database {
         let (rt, each) = self.prepare_searches(q, filter)?;
         self.use_index(&rt, opts);
         let s = searching(&rt)?;
-        let field_no = |f: &Field| field_no(&rt, f);
         let top_level = split(filter);
-        // All searches as one query: every one required (top-level `and`), or, for
-        // the highlights of a search under or/not, any one outside a `not`.
-        let occur = if top_level.is_some() {
-            Occur::Must
-        } else {
-            Occur::Should
-        };
-        let mut parts: Vec<(Occur, Box<dyn TantivyQuery>)> = each
-            .iter()
-            .filter(|(_, negated, _)| !negated)
-            .map(|(_, _, tq)| (occur, tq.box_clone()))
-            .collect();
-        let query: Box<dyn TantivyQuery> = if parts.len() == 1 {
-            parts.pop().expect("one").1
-        } else {
-            Box::new(BooleanQuery::new(parts))
-        };
+        let query = one_query(&each, top_level.is_some());
         let env = self.live()?;
         let r = env.begin_read()?;
         let db_seq = read_last_sequence(&r)?;
@@ -294,72 +277,21 @@ impl Database {
         };
         let by_score =
             q.order.is_empty() || matches!(q.order.as_slice(), [(f, true)] if f.is_score());
-        let err = |e| tantivy_err(&s.dir, "searching", e);
         let page: Vec<(f32, Value)> =
             if let Some((_, None)) = top_level.as_ref().filter(|_| by_score) {
-                let total = searcher.search(&*query, &Count).map_err(err)?;
-                out.total = total as u64;
-                let want = q.offset + q.limit;
-                let top = if q.limit == 0 || total == 0 {
-                    Vec::new()
-                } else {
-                    let collector = TopDocs::with_limit(want.min(total)).order_by_score();
-                    searcher.search(&*query, &collector).map_err(err)?
-                };
-                out.entries_read = top.len() as u64;
-                out.skipped = (q.offset as u64).min(out.total);
-                let mut page = Vec::new();
-                for (score, addr) in top.into_iter().skip(q.offset) {
-                    let id = stored_id(&searcher, s, addr)?;
-                    if let Some((_, v)) = load(&r, &id, &mut out)? {
-                        page.push((score, v));
-                    }
-                }
-                page
+                search_top(q, &*query, &searcher, s, &r, &mut out)?
             } else if let Some((_, rest)) = &top_level {
                 self.search_sorted(q, rest.as_ref(), &*query, &searcher, s, &r, &mut out)?
             } else {
                 let collection = rt.compiled.def.collection.as_deref();
                 self.search_nested(q, filter, collection, &each, &searcher, s, &r, &mut out)?
             };
-        let generators = q
-            .highlight
-            .iter()
-            .map(|f| {
-                let i = field_no(f)?;
-                let mut g =
-                    SnippetGenerator::create(&searcher, &*query, s.fields[i]).map_err(err)?;
-                g.set_max_num_chars(200);
-                Ok((f, g))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let generators = snippet_generators(q, &rt, &searcher, &*query, s)?;
         if q.limit > 0 && page.len() == q.limit {
             out.continuation = Some(super::Cont::Offset(q.offset + page.len()).encode());
         }
         for (score, mut v) in page {
-            if let Some(Value::Object(m)) = v.get_mut("@metadata") {
-                // Computed here, never taken from what a client stored.
-                m.remove("@highlights");
-                m.insert("@score".into(), Value::from(f64::from(score)));
-                if !generators.is_empty() {
-                    let mut h = Map::new();
-                    for (f, g) in &generators {
-                        let mut text = String::new();
-                        for x in field_values(f, &v) {
-                            each_text(x, &mut |t| {
-                                if !text.is_empty() {
-                                    text.push_str(" … ");
-                                }
-                                text.push_str(t)
-                            });
-                        }
-                        h.insert(f.path.clone(), Value::String(g.snippet(&text).to_html()));
-                    }
-                    if let Some(Value::Object(m)) = v.get_mut("@metadata") {
-                        m.insert("@highlights".into(), Value::Object(h));
-                    }
-                }
-            }
+            set_score_and_highlights(&mut v, score, &generators);
             let projected = project_value(q, v);
             out.results.push(
                 serde_json::to_vec(&projected).map_err(DocError::encode_json("a search result"))?,
@@ -475,54 +407,9 @@ impl Database {
         out: &mut QueryResult,
         mut visit: impl FnMut(String, f32, Value),
     ) -> Result<()> {
-        let err = |e| tantivy_err(&s.dir, "searching", e);
         let max = self.indexer().options().max_scan_docs;
-        // Each search's matches: its text's address (a search() is known by it) ->
-        // (negated, id -> score).
-        let mut matches: Vec<(*const SearchText, bool, HashMap<String, f32>)> = Vec::new();
-        for (text, negated, query) in each {
-            let total = searcher.search(&**query, &Count).map_err(err)?;
-            if total > max {
-                return Err(DocError::QueryTooExpensive(format!(
-                    "{total} documents match search('{}') under an or / not (at most {max} \
-                     are read); narrow it, or make it a condition of the where's top-level and",
-                    text.text
-                )));
-            }
-            let hits = if total == 0 {
-                Vec::new()
-            } else {
-                searcher
-                    .search(&**query, &TopDocs::with_limit(total).order_by_score())
-                    .map_err(err)?
-            };
-            out.entries_read += hits.len() as u64;
-            let mut ids = HashMap::with_capacity(hits.len());
-            for (score, addr) in hits {
-                ids.insert(stored_id(searcher, s, addr)?, score);
-            }
-            matches.push((*text as *const SearchText, *negated, ids));
-        }
-        let candidates: Vec<String> = if needs_a_match(filter) {
-            let union: BTreeSet<&String> = matches.iter().flat_map(|(_, _, m)| m.keys()).collect();
-            union.into_iter().cloned().collect()
-        } else {
-            let c = collection.ok_or_else(|| {
-                invalid(
-                    "a search() under or / not that any document may satisfy needs a collection",
-                )
-            })?;
-            let n = self.collection_len(c)?;
-            if n > max as u64 {
-                return Err(DocError::QueryTooExpensive(format!(
-                    "the where holds for documents that match no search() (a search() under \
-                     or / not), so all {n} documents of {c} would be read (at most {max})"
-                )));
-            }
-            let mut ids = Vec::new();
-            super::for_each_in_collection(r, c, out, |d, _| ids.push(d.id))?;
-            ids
-        };
+        let matches = matches_of_each(each, searcher, s, out, max)?;
+        let candidates = self.search_candidates(filter, collection, &matches, r, out, max)?;
         for id in candidates {
             let Some((d, v)) = load(r, &id, out)? else {
                 continue;
@@ -548,10 +435,191 @@ impl Database {
         }
         Ok(())
     }
+
+    /// The ids `search_matches` checks: the union of the searches' matches when
+    /// every answer must match one, else every document of the collection (at
+    /// most `max`).
+    fn search_candidates(
+        &self,
+        filter: &Expr,
+        collection: Option<&str>,
+        matches: &EachMatches,
+        r: &kiln_storage::ReadTxn<'_>,
+        out: &mut QueryResult,
+        max: usize,
+    ) -> Result<Vec<String>> {
+        if needs_a_match(filter) {
+            let union: BTreeSet<&String> = matches.iter().flat_map(|(_, _, m)| m.keys()).collect();
+            return Ok(union.into_iter().cloned().collect());
+        }
+        let c = collection.ok_or_else(|| {
+            invalid("a search() under or / not that any document may satisfy needs a collection")
+        })?;
+        let n = self.collection_len(c)?;
+        if n > max as u64 {
+            return Err(DocError::QueryTooExpensive(format!(
+                "the where holds for documents that match no search() (a search() under \
+                 or / not), so all {n} documents of {c} would be read (at most {max})"
+            )));
+        }
+        let mut ids = Vec::new();
+        super::for_each_in_collection(r, c, out, |d, _| ids.push(d.id))?;
+        Ok(ids)
+    }
 }
 
 /// Each `search()` of a `where` as a tantivy query, with whether it is under a `not`.
 type Searches<'q> = Vec<(&'q SearchText, bool, Box<dyn TantivyQuery>)>;
+
+/// Each search's matches: its text's address (a search() is known by it) ->
+/// (negated, id -> score).
+type EachMatches = Vec<(*const SearchText, bool, HashMap<String, f32>)>;
+
+/// The matches of each search under an or / not (at most `max` each).
+fn matches_of_each(
+    each: &[(&SearchText, bool, Box<dyn TantivyQuery>)],
+    searcher: &Searcher,
+    s: &SearchIndex,
+    out: &mut QueryResult,
+    max: usize,
+) -> Result<EachMatches> {
+    let err = |e| tantivy_err(&s.dir, "searching", e);
+    let mut matches: EachMatches = Vec::new();
+    for (text, negated, query) in each {
+        let total = searcher.search(&**query, &Count).map_err(err)?;
+        if total > max {
+            return Err(DocError::QueryTooExpensive(format!(
+                "{total} documents match search('{}') under an or / not (at most {max} \
+                 are read); narrow it, or make it a condition of the where's top-level and",
+                text.text
+            )));
+        }
+        let hits = if total == 0 {
+            Vec::new()
+        } else {
+            searcher
+                .search(&**query, &TopDocs::with_limit(total).order_by_score())
+                .map_err(err)?
+        };
+        out.entries_read += hits.len() as u64;
+        let mut ids = HashMap::with_capacity(hits.len());
+        for (score, addr) in hits {
+            ids.insert(stored_id(searcher, s, addr)?, score);
+        }
+        matches.push((*text as *const SearchText, *negated, ids));
+    }
+    Ok(matches)
+}
+
+/// All searches as one query: every one required (`all_required`: the
+/// top-level `and`), or, for the highlights of a search under or/not, any one
+/// outside a `not`.
+fn one_query(
+    each: &[(&SearchText, bool, Box<dyn TantivyQuery>)],
+    all_required: bool,
+) -> Box<dyn TantivyQuery> {
+    let occur = if all_required {
+        Occur::Must
+    } else {
+        Occur::Should
+    };
+    let mut parts: Vec<(Occur, Box<dyn TantivyQuery>)> = each
+        .iter()
+        .filter(|(_, negated, _)| !negated)
+        .map(|(_, _, tq)| (occur, tq.box_clone()))
+        .collect();
+    if parts.len() == 1 {
+        parts.pop().expect("one").1
+    } else {
+        Box::new(BooleanQuery::new(parts))
+    }
+}
+
+/// The page of a query that is only searches ordered by score: tantivy's top
+/// `offset + limit` and its count, the page's documents loaded.
+fn search_top(
+    q: &Query,
+    query: &dyn TantivyQuery,
+    searcher: &Searcher,
+    s: &SearchIndex,
+    r: &kiln_storage::ReadTxn<'_>,
+    out: &mut QueryResult,
+) -> Result<Vec<(f32, Value)>> {
+    let err = |e| tantivy_err(&s.dir, "searching", e);
+    let total = searcher.search(query, &Count).map_err(err)?;
+    out.total = total as u64;
+    let want = q.offset + q.limit;
+    let top = if q.limit == 0 || total == 0 {
+        Vec::new()
+    } else {
+        let collector = TopDocs::with_limit(want.min(total)).order_by_score();
+        searcher.search(query, &collector).map_err(err)?
+    };
+    out.entries_read = top.len() as u64;
+    out.skipped = (q.offset as u64).min(out.total);
+    let mut page = Vec::new();
+    for (score, addr) in top.into_iter().skip(q.offset) {
+        let id = stored_id(searcher, s, addr)?;
+        if let Some((_, v)) = load(r, &id, out)? {
+            page.push((score, v));
+        }
+    }
+    Ok(page)
+}
+
+/// A snippet generator for each field the query highlights.
+fn snippet_generators<'q>(
+    q: &'q Query,
+    rt: &Runtime,
+    searcher: &Searcher,
+    query: &dyn TantivyQuery,
+    s: &SearchIndex,
+) -> Result<Vec<(&'q Field, SnippetGenerator)>> {
+    let err = |e| tantivy_err(&s.dir, "searching", e);
+    q.highlight
+        .iter()
+        .map(|f| {
+            let i = field_no(rt, f)?;
+            let mut g = SnippetGenerator::create(searcher, query, s.fields[i]).map_err(err)?;
+            g.set_max_num_chars(200);
+            Ok((f, g))
+        })
+        .collect()
+}
+
+/// Sets a match's `@score` and, when the query highlights fields,
+/// `@highlights` in its `@metadata`.
+fn set_score_and_highlights(v: &mut Value, score: f32, generators: &[(&Field, SnippetGenerator)]) {
+    if let Some(Value::Object(m)) = v.get_mut("@metadata") {
+        // Computed here, never taken from what a client stored.
+        m.remove("@highlights");
+        m.insert("@score".into(), Value::from(f64::from(score)));
+        if !generators.is_empty() {
+            let h = highlights(v, generators);
+            if let Some(Value::Object(m)) = v.get_mut("@metadata") {
+                m.insert("@highlights".into(), Value::Object(h));
+            }
+        }
+    }
+}
+
+/// Each highlighted field's snippet of `v`: the field's texts, joined by ` … `.
+fn highlights(v: &Value, generators: &[(&Field, SnippetGenerator)]) -> Map<String, Value> {
+    let mut h = Map::new();
+    for (f, g) in generators {
+        let mut text = String::new();
+        for x in field_values(f, v) {
+            each_text(x, &mut |t| {
+                if !text.is_empty() {
+                    text.push_str(" … ");
+                }
+                text.push_str(t)
+            });
+        }
+        h.insert(f.path.clone(), Value::String(g.snippet(&text).to_html()));
+    }
+    h
+}
 
 /// A full-text index's tantivy side.
 fn searching(rt: &Runtime) -> Result<&SearchIndex> {
