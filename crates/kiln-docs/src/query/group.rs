@@ -27,6 +27,10 @@ enum Source2 {
     Aggregate(usize),
 }
 
+/// A reduce index that answers a grouped query, and where each aggregate the
+/// query selects is in it.
+type GroupIndex = (Arc<Runtime>, Vec<usize>);
+
 impl Database {
     pub(super) fn run_grouped(
         &self,
@@ -41,21 +45,7 @@ impl Database {
         // A `where` on the group fields only is a condition on groups: the index
         // answers it by filtering its groups (`on_groups`).
         let on_groups = q.filter.as_ref().is_some_and(|f| on_group_fields(f, g));
-        let mut index = (q.filter.is_none() || on_groups)
-            .then(|| self.reduce_index_for(collection, g))
-            .flatten();
-        // As `where` does for map indexes: a grouped query no reduce index answers
-        // defines one; a small collection is answered exactly by a scan this time,
-        // a large one by the new index (stale until it has caught up).
-        let mut auto_created = None;
-        if index.is_none() && q.filter.is_none() {
-            auto_created = self.define_auto_reduce_index(collection, g)?;
-            if auto_created.is_some()
-                && self.collection_len(collection)? > self.indexer().options().max_scan_docs as u64
-            {
-                index = self.reduce_index_for(collection, g);
-            }
-        }
+        let (index, auto_created) = self.grouped_query_index(q, collection, g, on_groups)?;
         if let Some((rt, _)) = &index {
             self.use_index(rt, opts);
         }
@@ -71,84 +61,120 @@ impl Database {
         out.auto_index_created = auto_created;
         let (rows, outputs) = match &index {
             Some((rt, outputs)) => {
-                let reducer = rt
-                    .compiled
-                    .reduce
-                    .as_ref()
-                    .ok_or_else(|| invalid("not a reduce index"))?;
-                let st = read_state(&r, rt.name())?
-                    .ok_or_else(|| DocError::IndexNotFound(rt.name().into()))?;
-                out.index = Some(rt.name().to_string());
-                out.index_etag = (st.last_sequence > 0).then(|| self.etag_at(st.last_sequence));
-                out.stale = st.last_sequence < db_seq;
-                out.total = st.entries;
-                let (skip, take) = if q.order.is_empty() && !on_groups {
-                    (q.offset, Some(q.limit))
-                } else {
-                    (0, None)
-                };
-                out.skipped = skip as u64;
-                let mut rows = reduce::read_groups(&r, reducer, st.id, skip, take)?;
-                out.entries_read = rows.len() as u64;
+                let mut rows = self.index_groups(&r, q, rt, on_groups, db_seq, &mut out)?;
                 if let (true, Some(filter)) = (on_groups, &q.filter) {
                     rows.retain(|row| eval(filter, &group_document(g, &row.values)));
                     out.total = rows.len() as u64;
                 }
                 (rows, outputs_of(g, outputs))
             }
-            None => {
-                let reducer = Reducer::new(&spec_of(g))?;
-                let max_scan = self.indexer().options().max_scan_docs;
-                let rows = self.reduce_by_scan(&r, q, collection, &reducer, max_scan, &mut out)?;
-                out.total = rows.len() as u64;
-                let outputs = g
-                    .select
-                    .iter()
-                    .map(|s| match s {
-                        Selected::Group { position, .. } => Source2::Group(*position),
-                        Selected::Aggregate { func, path, .. } => Source2::Aggregate(
-                            reducer
-                                .aggs
-                                .iter()
-                                .position(|a| a.computes(*func, path.as_deref()))
-                                .unwrap_or(0),
-                        ),
-                    })
-                    .collect();
-                (rows, outputs)
-            }
+            None => self.groups_by_scan(&r, q, collection, g, &mut out)?,
         };
-        let mut objects: Vec<Map<String, Value>> = rows
+        let objects: Vec<Map<String, Value>> = rows
             .into_iter()
             .map(|row| project(g, &outputs, row))
             .collect();
-        if !q.order.is_empty() {
-            sort_objects(q, &mut objects)?;
-            out.skipped = q.offset.min(objects.len()) as u64;
-            objects = objects.into_iter().skip(q.offset).take(q.limit).collect();
-        } else if index.is_none() || on_groups {
-            out.skipped = q.offset.min(objects.len()) as u64;
-            objects = objects.into_iter().skip(q.offset).take(q.limit).collect();
-        }
-        if q.limit > 0 && objects.len() == q.limit && ((q.offset + q.limit) as u64) < out.total {
-            out.continuation = Some(Cont::Offset(q.offset + q.limit).encode());
-        }
-        out.results = objects
-            .into_iter()
-            .map(|o| serde_json::to_vec(&Value::Object(o)))
-            .collect::<std::result::Result<_, _>>()
-            .map_err(DocError::encode_json("a grouped result"))?;
+        let paged_by_index = index.is_some() && !on_groups;
+        page_of_groups(q, objects, paged_by_index, &mut out)?;
         out.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
         Ok(out)
     }
 
-    /// A reduce index of `collection` grouped by the query's fields that keeps every
-    /// aggregate it selects, and where each aggregate is in it.
-    fn reduce_index_for(
+    /// The reduce index that answers a grouped query, if one does, and the name
+    /// of the auto reduce index this call defined for it, if it did.
+    fn grouped_query_index(
         &self,
+        q: &Query,
         collection: &str,
         g: &Grouping,
-    ) -> Option<(Arc<Runtime>, Vec<usize>)> {
+        on_groups: bool,
+    ) -> Result<(Option<GroupIndex>, Option<String>)> {
+        let mut index = (q.filter.is_none() || on_groups)
+            .then(|| self.reduce_index_for(collection, g))
+            .flatten();
+        // As `where` does for map indexes: a grouped query no reduce index answers
+        // defines one; a small collection is answered exactly by a scan this time,
+        // a large one by the new index (stale until it has caught up).
+        let mut auto_created = None;
+        if index.is_none() && q.filter.is_none() {
+            auto_created = self.define_auto_reduce_index(collection, g)?;
+            if auto_created.is_some()
+                && self.collection_len(collection)? > self.indexer().options().max_scan_docs as u64
+            {
+                index = self.reduce_index_for(collection, g);
+            }
+        }
+        Ok((index, auto_created))
+    }
+
+    /// The groups a reduce index holds, as of the snapshot `r`: the page of them
+    /// when the query is neither ordered nor filtered on its groups, else all.
+    /// Sets `out`'s index, staleness, total and what was skipped and read.
+    fn index_groups(
+        &self,
+        r: &ReadTxn<'_>,
+        q: &Query,
+        rt: &Runtime,
+        on_groups: bool,
+        db_seq: u64,
+        out: &mut QueryResult,
+    ) -> Result<Vec<GroupRow>> {
+        let reducer = rt
+            .compiled
+            .reduce
+            .as_ref()
+            .ok_or_else(|| invalid("not a reduce index"))?;
+        let st =
+            read_state(r, rt.name())?.ok_or_else(|| DocError::IndexNotFound(rt.name().into()))?;
+        out.index = Some(rt.name().to_string());
+        out.index_etag = (st.last_sequence > 0).then(|| self.etag_at(st.last_sequence));
+        out.stale = st.last_sequence < db_seq;
+        out.total = st.entries;
+        let (skip, take) = if q.order.is_empty() && !on_groups {
+            (q.offset, Some(q.limit))
+        } else {
+            (0, None)
+        };
+        out.skipped = skip as u64;
+        let rows = reduce::read_groups(r, reducer, st.id, skip, take)?;
+        out.entries_read = rows.len() as u64;
+        Ok(rows)
+    }
+
+    /// The groups of a grouped query no reduce index answers, reduced from the
+    /// matching documents, and where each output is among them.
+    fn groups_by_scan(
+        &self,
+        r: &ReadTxn<'_>,
+        q: &Query,
+        collection: &str,
+        g: &Grouping,
+        out: &mut QueryResult,
+    ) -> Result<(Vec<GroupRow>, Vec<Source2>)> {
+        let reducer = Reducer::new(&spec_of(g))?;
+        let max_scan = self.indexer().options().max_scan_docs;
+        let rows = self.reduce_by_scan(r, q, collection, &reducer, max_scan, out)?;
+        out.total = rows.len() as u64;
+        let outputs = g
+            .select
+            .iter()
+            .map(|s| match s {
+                Selected::Group { position, .. } => Source2::Group(*position),
+                Selected::Aggregate { func, path, .. } => Source2::Aggregate(
+                    reducer
+                        .aggs
+                        .iter()
+                        .position(|a| a.computes(*func, path.as_deref()))
+                        .unwrap_or(0),
+                ),
+            })
+            .collect();
+        Ok((rows, outputs))
+    }
+
+    /// A reduce index of `collection` grouped by the query's fields that keeps every
+    /// aggregate it selects, and where each aggregate is in it.
+    fn reduce_index_for(&self, collection: &str, g: &Grouping) -> Option<GroupIndex> {
         let wanted = group_fields(g);
         self.indexer().all().into_iter().find_map(|rt| {
             let reducer = rt.compiled.reduce.as_ref()?;
@@ -393,6 +419,34 @@ fn outputs_of(g: &Grouping, positions: &[usize]) -> Vec<Source2> {
             Selected::Aggregate { .. } => Source2::Aggregate(aggs.next().copied().unwrap_or(0)),
         })
         .collect()
+}
+
+/// The page of the groups as `out`'s results: those ordered by outputs sorted
+/// here, then paged here unless the index paged them (`paged_by_index`); with
+/// the continuation when more follow.
+fn page_of_groups(
+    q: &Query,
+    mut objects: Vec<Map<String, Value>>,
+    paged_by_index: bool,
+    out: &mut QueryResult,
+) -> Result<()> {
+    if !q.order.is_empty() {
+        sort_objects(q, &mut objects)?;
+        out.skipped = q.offset.min(objects.len()) as u64;
+        objects = objects.into_iter().skip(q.offset).take(q.limit).collect();
+    } else if !paged_by_index {
+        out.skipped = q.offset.min(objects.len()) as u64;
+        objects = objects.into_iter().skip(q.offset).take(q.limit).collect();
+    }
+    if q.limit > 0 && objects.len() == q.limit && ((q.offset + q.limit) as u64) < out.total {
+        out.continuation = Some(Cont::Offset(q.offset + q.limit).encode());
+    }
+    out.results = objects
+        .into_iter()
+        .map(|o| serde_json::to_vec(&Value::Object(o)))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(DocError::encode_json("a grouped result"))?;
+    Ok(())
 }
 
 fn project(g: &Grouping, outputs: &[Source2], row: GroupRow) -> Map<String, Value> {
