@@ -325,6 +325,15 @@ fn resume_in(
     }
 }
 
+/// A continuation token given to a query it was not made for.
+fn foreign_continuation() -> DocError {
+    DocError::InvalidQuery {
+        line: 0,
+        column: 0,
+        message: "the continuation token belongs to another query; start over".into(),
+    }
+}
+
 /// A continuation token's offset (set on `q`), or the index entry it resumes after.
 fn resume_point(q: &mut Query, continuation: Option<&str>) -> Result<Option<After>> {
     Ok(match continuation.map(Cont::decode).transpose()? {
@@ -403,21 +412,13 @@ impl Database {
         let mut after = resume_point(&mut q, continuation)?;
         if q.group.is_some() {
             if after.is_some() {
-                return Err(DocError::InvalidQuery {
-                    line: 0,
-                    column: 0,
-                    message: "the continuation token belongs to another query; start over".into(),
-                });
+                return Err(foreign_continuation());
             }
             return self.run_grouped(&q, opts, started);
         }
         if q.filter.as_ref().is_some_and(Expr::has_search) {
             if after.is_some() {
-                return Err(DocError::InvalidQuery {
-                    line: 0,
-                    column: 0,
-                    message: "the continuation token belongs to another query; start over".into(),
-                });
+                return Err(foreign_continuation());
             }
             return self.run_search(&q, opts, started);
         }
@@ -455,11 +456,7 @@ impl Database {
             }
         }
         if after.is_some() {
-            return Err(DocError::InvalidQuery {
-                line: 0,
-                column: 0,
-                message: "the continuation token belongs to another query; start over".into(),
-            });
+            return Err(foreign_continuation());
         }
         if out.continuation.is_none() && q.limit > 0 && docs.len() == q.limit {
             out.continuation = Some(Cont::Offset(q.offset + docs.len()).encode());
@@ -840,21 +837,42 @@ impl Database {
         out.total = fast_total.unwrap_or(before + page.matches);
         if q.limit > 0 && docs.len() == q.limit {
             // An entry to resume after only where entries come in key order.
-            out.continuation = Some(if multi || grouped {
-                Cont::Offset(q.offset + docs.len()).encode()
-            } else {
-                let (key, before) = page.last.unwrap_or_default();
-                Cont::After {
-                    index_id: rt.id,
-                    desc,
-                    before,
-                    key,
-                }
-                .encode()
-            });
+            let key_order = !(multi || grouped);
+            out.continuation = Some(stream_continuation(
+                q,
+                rt.id,
+                desc,
+                key_order,
+                page.last,
+                docs.len(),
+            ));
         }
         Ok(())
     }
+}
+
+/// The continuation of a full page (`page_len` documents) of a walk of index
+/// `index_id`: the last entry put on it (`last`: its key and match number) where
+/// the entries come in key order (`key_order`), else the next page's offset.
+fn stream_continuation(
+    q: &Query,
+    index_id: u64,
+    desc: bool,
+    key_order: bool,
+    last: Option<(Vec<u8>, u64)>,
+    page_len: usize,
+) -> String {
+    if !key_order {
+        return Cont::Offset(q.offset + page_len).encode();
+    }
+    let (key, before) = last.unwrap_or_default();
+    Cont::After {
+        index_id,
+        desc,
+        before,
+        key,
+    }
+    .encode()
 }
 
 /// The ranges of an index a stream walks, in the defined order.
@@ -1028,9 +1046,6 @@ impl StreamPage<'_, '_, '_> {
     }
 }
 
-/// Reads the next entries in the defined order into `group`, starting with
-/// `first`: that one entry, or for a compound index (`grouped`) the whole run of
-/// entries with its first value, sorted by id. Returns the entry after them.
 /// Every document of `collection`, loaded, in etag order (the scan's cost counted in
 /// `out`).
 pub(super) fn for_each_in_collection(
@@ -1057,6 +1072,9 @@ pub(super) fn for_each_in_collection(
     Ok(())
 }
 
+/// Reads the next entries in the defined order into `group`, starting with
+/// `first`: that one entry, or for a compound index (`grouped`) the whole run of
+/// entries with its first value, sorted by id. Returns the entry after them.
 fn next_in_order<'t>(
     c: &mut Cursor<'t>,
     first: Entry<'t>,

@@ -142,6 +142,9 @@ impl Selected {
     }
 }
 
+/// A query's `limit`, `offset` and `select`, each if it has one.
+type LimitOffsetSelect = (Option<usize>, Option<usize>, Option<Vec<Item>>);
+
 /// A select item as written.
 enum Item {
     Field(Field, Option<String>),
@@ -424,15 +427,7 @@ impl<'a> Parser<'a> {
             None
         };
         let group_by = if self.eat_kw("group") {
-            self.expect_kw("by")?;
-            let mut by = vec![self.field()?];
-            while self.eat_sym(",") {
-                by.push(self.field()?);
-                if by.len() > 8 {
-                    return Err(self.err("at most 8 fields in group by"));
-                }
-            }
-            Some(by)
+            Some(self.group_by()?)
         } else {
             None
         };
@@ -441,28 +436,7 @@ impl<'a> Parser<'a> {
         } else {
             Vec::new()
         };
-        let (mut limit, mut offset, mut select) = (None, None, None);
-        loop {
-            if self.is_kw("limit") && limit.is_none() {
-                self.bump();
-                limit = Some(self.count("limit", MAX_LIMIT)?);
-            } else if self.is_kw("offset") && offset.is_none() {
-                self.bump();
-                offset = Some(self.count("offset", MAX_OFFSET)?);
-            } else if self.is_kw("select") && select.is_none() {
-                self.bump();
-                let mut items = vec![self.select_item()?];
-                while self.eat_sym(",") {
-                    items.push(self.select_item()?);
-                    if items.len() > 64 {
-                        return Err(self.err("at most 64 fields in select"));
-                    }
-                }
-                select = Some(items);
-            } else {
-                break;
-            }
-        }
+        let (limit, offset, select) = self.limit_offset_select()?;
         if *self.peek() != Tok::End {
             return Err(self.err(format!("unexpected {}", self.describe())));
         }
@@ -497,6 +471,52 @@ impl<'a> Parser<'a> {
             highlight,
             group,
         })
+    }
+
+    /// The fields after `group` (`by a, b`: at most 8).
+    fn group_by(&mut self) -> Result<Vec<Field>> {
+        self.expect_kw("by")?;
+        let mut by = vec![self.field()?];
+        while self.eat_sym(",") {
+            by.push(self.field()?);
+            if by.len() > 8 {
+                return Err(self.err("at most 8 fields in group by"));
+            }
+        }
+        Ok(by)
+    }
+
+    /// The `limit`, `offset` and `select` clauses that end a query, each at most
+    /// once, in any order.
+    fn limit_offset_select(&mut self) -> Result<LimitOffsetSelect> {
+        let (mut limit, mut offset, mut select) = (None, None, None);
+        loop {
+            if self.is_kw("limit") && limit.is_none() {
+                self.bump();
+                limit = Some(self.count("limit", MAX_LIMIT)?);
+            } else if self.is_kw("offset") && offset.is_none() {
+                self.bump();
+                offset = Some(self.count("offset", MAX_OFFSET)?);
+            } else if self.is_kw("select") && select.is_none() {
+                self.bump();
+                select = Some(self.select_list()?);
+            } else {
+                break;
+            }
+        }
+        Ok((limit, offset, select))
+    }
+
+    /// The items after `select` (at most 64).
+    fn select_list(&mut self) -> Result<Vec<Item>> {
+        let mut items = vec![self.select_item()?];
+        while self.eat_sym(",") {
+            items.push(self.select_item()?);
+            if items.len() > 64 {
+                return Err(self.err("at most 64 fields in select"));
+            }
+        }
+        Ok(items)
     }
 
     /// `field [as name]` or `count()`, `sum(path)`, ... `[as name]`.
