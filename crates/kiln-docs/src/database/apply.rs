@@ -462,30 +462,7 @@ fn apply_put(
 ) -> Result<PutOutcome> {
     // Every check comes before the first write (see the module comment).
     let mut etag = unit.peek_next_etag(txn)?;
-    let mut old_attachments = Vec::new();
-    let (id, existing) = match id {
-        DocId::Given(id) => {
-            let existing = match current_full(txn, id)? {
-                Some((e, list)) => {
-                    old_attachments = list;
-                    Some(e)
-                }
-                None => None,
-            };
-            check_condition(id, condition, existing.as_ref().map(|e| e.0))?;
-            (id.clone(), existing)
-        }
-        DocId::Generate { prefix } => loop {
-            // The etag sequence is unique in the database, so it makes a unique id
-            // unless a client took that id by hand; then the next one is tried.
-            let id = format!("{prefix}{}", etag.sequence);
-            if !crate::stored::exists_mut(txn, &id)? {
-                check_condition(&id, condition, None)?;
-                break (id, None);
-            }
-            etag.sequence += 1;
-        },
-    };
+    let (id, existing, old_attachments) = put_target(txn, id, condition, &mut etag)?;
     let expires_at_ms = doc.expires_at_ms();
     if expires_at_ms.is_some() {
         expiration::check_id(&id)?;
@@ -500,13 +477,7 @@ fn apply_put(
         }
     };
     let collection = doc.collection_for(&id).map(str::to_string);
-    let json_len = doc.stored_json_len(&id, collection.as_deref(), etag, unit.now_ms);
-    if json_len > unit.limits.max_document_bytes {
-        return Err(DocError::DocumentTooLarge {
-            len: json_len,
-            max: unit.limits.max_document_bytes,
-        });
-    }
+    check_document_size(unit, doc, &id, collection.as_deref(), etag)?;
     let change = encode_entry(ChangeKind::Put, unit.now_ms, collection.as_deref(), &id)?;
     let revision = keep::Change {
         id: &id,
@@ -542,10 +513,7 @@ fn apply_put(
     )?;
     let possible = &unit.expirations_possible;
     expiration::on_put(txn, possible, &id, !created, expires_at_ms, etag.sequence)?;
-    if unit.history_on.load(Ordering::SeqCst) {
-        let entry = history::encode_put(txn.txn_id(), prev, unit.now_ms, &id, &rec);
-        txn.put(HISTORY, &sequence_key(etag.sequence), &entry)?;
-    }
+    history_put(txn, unit, prev, &id, etag.sequence, &rec)?;
     Ok(PutOutcome {
         id,
         etag,
@@ -553,6 +521,75 @@ fn apply_put(
         last_modified_ms: unit.now_ms,
         created,
     })
+}
+
+/// The document a put writes, with what it replaces (its etag and collection,
+/// and the attachments it lists): the given id, checked against the condition;
+/// or a new id under the prefix, made of `etag`'s sequence (moved on past ids a
+/// client took by hand).
+fn put_target(
+    txn: &mut WriteTxn<'_>,
+    id: &DocId,
+    condition: Condition,
+    etag: &mut Etag,
+) -> Result<(String, Option<Existing>, Vec<AttachmentInfo>)> {
+    match id {
+        DocId::Given(id) => {
+            let (existing, old_attachments) = match current_full(txn, id)? {
+                Some((e, list)) => (Some(e), list),
+                None => (None, Vec::new()),
+            };
+            check_condition(id, condition, existing.as_ref().map(|e| e.0))?;
+            Ok((id.clone(), existing, old_attachments))
+        }
+        DocId::Generate { prefix } => loop {
+            // The etag sequence is unique in the database, so it makes a unique id
+            // unless a client took that id by hand; then the next one is tried.
+            let id = format!("{prefix}{}", etag.sequence);
+            if !crate::stored::exists_mut(txn, &id)? {
+                check_condition(&id, condition, None)?;
+                break Ok((id, None, Vec::new()));
+            }
+            etag.sequence += 1;
+        },
+    }
+}
+
+/// Refuses a document whose stored JSON would be over the unit's limit.
+#[inline]
+fn check_document_size(
+    unit: &Unit,
+    doc: &PreparedDoc,
+    id: &str,
+    collection: Option<&str>,
+    etag: Etag,
+) -> Result<()> {
+    let json_len = doc.stored_json_len(id, collection, etag, unit.now_ms);
+    if json_len > unit.limits.max_document_bytes {
+        return Err(DocError::DocumentTooLarge {
+            len: json_len,
+            max: unit.limits.max_document_bytes,
+        });
+    }
+    Ok(())
+}
+
+/// Adds a put to the backup history, when the database keeps one (`prev`: the
+/// sequence of the write before it).
+#[inline]
+fn history_put(
+    txn: &mut WriteTxn<'_>,
+    unit: &Unit,
+    prev: u64,
+    id: &str,
+    sequence: u64,
+    rec: &[u8],
+) -> Result<()> {
+    if unit.history_on.load(Ordering::SeqCst) {
+        let entry = history::encode_put(txn.txn_id(), prev, unit.now_ms, id, rec);
+        txn.put(HISTORY, &sequence_key(sequence), &entry)?;
+    }
+    Ok(())
 }
 
 /// The tree writes of a put whose checks passed: the record, the change log (the
@@ -697,18 +734,17 @@ fn write_delete(
 /// The history must continue the state: sequences only grow, a put's record carries
 /// the entry's own etag, a delete finds its document.
 pub(crate) fn replay(txn: &mut WriteTxn<'_>, unit: &mut Unit, e: &HistoryEntry<'_>) -> Result<()> {
-    let corrupt = |why: String| DocError::CorruptRecord {
-        id: format!("(backup history entry {} for {:?})", e.sequence, e.id),
-        why,
-    };
     let next = unit.peek_next_etag(txn)?;
     if e.sequence < next.sequence || e.prev != unit.last() {
-        return Err(corrupt(format!(
-            "sequence {} (after {}) does not follow the restored state (at {})",
-            e.sequence,
-            e.prev,
-            unit.last()
-        )));
+        return Err(corrupt_entry(
+            e,
+            format!(
+                "sequence {} (after {}) does not follow the restored state (at {})",
+                e.sequence,
+                e.prev,
+                unit.last()
+            ),
+        ));
     }
     let etag = Etag {
         incarnation: unit.incarnation,
@@ -719,72 +755,102 @@ pub(crate) fn replay(txn: &mut WriteTxn<'_>, unit: &mut Unit, e: &HistoryEntry<'
         None => (None, Vec::new()),
     };
     match e.kind {
-        ChangeKind::Put => {
-            let rec = record::decode(e.id, e.record)?;
-            if rec.etag != etag {
-                return Err(corrupt(format!(
-                    "its record carries etag {}, the entry is {etag}",
-                    rec.etag
-                )));
-            }
-            let collection = rec.collection.map(str::to_string);
-            let change = encode_entry(ChangeKind::Put, rec.last_modified_ms, rec.collection, e.id)?;
-            let expires_at_ms = stored_expires_at_ms(rec.json);
-            let existed = existing.is_some();
-            // The writer's key is not in the history: the replayed revisions say none.
-            let revision = keep::Change {
-                id: e.id,
-                replaced: existing.as_ref().map(|(old, c)| (*old, c.as_deref())),
-                written: Some((etag.sequence, rec.collection)),
-                key_id: None,
-                at_ms: rec.last_modified_ms,
-            };
-            unit.keep_revision(txn, &revision)?;
-            let new_attachments = attachments::stored_list(rec.json);
-            unit.adjust_attachments(txn, &old_attachments, &new_attachments)?;
-            unit.advance(etag);
-            write_put(
-                txn,
-                unit,
-                e.id,
-                existing,
-                etag,
-                collection.as_deref(),
-                e.record,
-                &change,
-                true,
-            )?;
-            let possible = &unit.expirations_possible;
-            expiration::on_put(txn, possible, e.id, existed, expires_at_ms, etag.sequence)
-        }
-        ChangeKind::Delete => {
-            let Some((old, collection)) = existing else {
-                return Err(corrupt(
-                    "deletes a document the restored state does not have".into(),
-                ));
-            };
-            let tombstone = encode_entry(ChangeKind::Delete, e.at_ms, collection.as_deref(), e.id)?;
-            let revision = keep::Change {
-                id: e.id,
-                replaced: Some((old, collection.as_deref())),
-                written: None,
-                key_id: None,
-                at_ms: e.at_ms,
-            };
-            unit.keep_revision(txn, &revision)?;
-            unit.adjust_attachments(txn, &old_attachments, &[])?;
-            unit.advance(etag);
-            write_delete(
-                txn,
-                unit,
-                e.id,
-                old,
-                collection.as_deref(),
-                etag,
-                &tombstone,
-            )
-        }
+        ChangeKind::Put => replay_put(txn, unit, e, etag, existing, &old_attachments),
+        ChangeKind::Delete => replay_delete(txn, unit, e, etag, existing, &old_attachments),
     }
+}
+
+/// The error of a backup history entry that does not continue the restored state.
+fn corrupt_entry(e: &HistoryEntry<'_>, why: String) -> DocError {
+    DocError::CorruptRecord {
+        id: format!("(backup history entry {} for {:?})", e.sequence, e.id),
+        why,
+    }
+}
+
+/// `replay` of a put: its record, which must carry the entry's etag, written as
+/// the original put wrote it.
+fn replay_put(
+    txn: &mut WriteTxn<'_>,
+    unit: &mut Unit,
+    e: &HistoryEntry<'_>,
+    etag: Etag,
+    existing: Option<Existing>,
+    old_attachments: &[AttachmentInfo],
+) -> Result<()> {
+    let rec = record::decode(e.id, e.record)?;
+    if rec.etag != etag {
+        return Err(corrupt_entry(
+            e,
+            format!("its record carries etag {}, the entry is {etag}", rec.etag),
+        ));
+    }
+    let collection = rec.collection.map(str::to_string);
+    let change = encode_entry(ChangeKind::Put, rec.last_modified_ms, rec.collection, e.id)?;
+    let expires_at_ms = stored_expires_at_ms(rec.json);
+    let existed = existing.is_some();
+    // The writer's key is not in the history: the replayed revisions say none.
+    let revision = keep::Change {
+        id: e.id,
+        replaced: existing.as_ref().map(|(old, c)| (*old, c.as_deref())),
+        written: Some((etag.sequence, rec.collection)),
+        key_id: None,
+        at_ms: rec.last_modified_ms,
+    };
+    unit.keep_revision(txn, &revision)?;
+    let new_attachments = attachments::stored_list(rec.json);
+    unit.adjust_attachments(txn, old_attachments, &new_attachments)?;
+    unit.advance(etag);
+    write_put(
+        txn,
+        unit,
+        e.id,
+        existing,
+        etag,
+        collection.as_deref(),
+        e.record,
+        &change,
+        true,
+    )?;
+    let possible = &unit.expirations_possible;
+    expiration::on_put(txn, possible, e.id, existed, expires_at_ms, etag.sequence)
+}
+
+/// `replay` of a delete, which must find its document.
+fn replay_delete(
+    txn: &mut WriteTxn<'_>,
+    unit: &mut Unit,
+    e: &HistoryEntry<'_>,
+    etag: Etag,
+    existing: Option<Existing>,
+    old_attachments: &[AttachmentInfo],
+) -> Result<()> {
+    let Some((old, collection)) = existing else {
+        return Err(corrupt_entry(
+            e,
+            "deletes a document the restored state does not have".into(),
+        ));
+    };
+    let tombstone = encode_entry(ChangeKind::Delete, e.at_ms, collection.as_deref(), e.id)?;
+    let revision = keep::Change {
+        id: e.id,
+        replaced: Some((old, collection.as_deref())),
+        written: None,
+        key_id: None,
+        at_ms: e.at_ms,
+    };
+    unit.keep_revision(txn, &revision)?;
+    unit.adjust_attachments(txn, old_attachments, &[])?;
+    unit.advance(etag);
+    write_delete(
+        txn,
+        unit,
+        e.id,
+        old,
+        collection.as_deref(),
+        etag,
+        &tombstone,
+    )
 }
 
 #[cfg(test)]
