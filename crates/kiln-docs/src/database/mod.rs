@@ -237,56 +237,11 @@ impl Database {
     ) -> Result<Database> {
         let env = Env::open(dir, opts)?;
         if let Some(incarnation) = new_incarnation {
-            let mut w = env.begin_write()?;
-            for tree in DATABASE_TREES {
-                w.ensure_tree(tree)?;
-            }
-            w.put(META, META_INCARNATION, &incarnation.to_be_bytes())?;
-            w.put(META, META_LAST_ETAG, &0u64.to_be_bytes())?;
-            w.commit()?;
+            write_new_database(&env, incarnation)?;
         }
-        let incarnation = {
-            let r = env.begin_read()?;
-            let missing = |what: &str| DocError::CorruptRecord {
-                id: format!("(database {name} meta)"),
-                why: format!("{what} is missing or malformed"),
-            };
-            if !r.tree_exists(META)? {
-                return Err(missing("the meta tree"));
-            }
-            let raw = r
-                .get(META, META_INCARNATION)?
-                .ok_or_else(|| missing("incarnation"))?;
-            u32::from_be_bytes(raw.try_into().map_err(|_| missing("incarnation"))?)
-        };
-        crate::changes::upgrade::add_change_log(&env, name)?;
-        crate::expiration::upgrade::add_expiration_index(&env, name)?;
-        // After the upgrades above, which read the documents where they were.
-        crate::stored::migrate(&env, name)?;
-        // Databases made before backup chains get the (empty) history tree.
-        if !env.begin_read()?.tree_exists(HISTORY)? {
-            env.submit(|w| w.ensure_tree(HISTORY))?;
-        }
-        // Every database gets the attachments' reference tree (older ones at their
-        // first open since), and loses what a crash left of its uploads and frees.
-        if !env.begin_read()?.tree_exists(ATTACHMENT_REFS)? {
-            env.submit(|w| w.ensure_tree(ATTACHMENT_REFS))?;
-        }
-        let blobs = crate::attachments::BlobStore::open(dir)?;
-        // A cluster's staged blobs expire at leader time, by the log: not here.
-        let staged_now_ms = if limits.expire_staged_at_open {
-            crate::time::now_ms()
-        } else {
-            0
-        };
-        let removed = blobs.gc(&env, staged_now_ms)?;
-        if removed > 0 {
-            tracing::info!(
-                database = name,
-                files = removed,
-                "attachments: removed unreferenced files at open"
-            );
-        }
+        let incarnation = read_incarnation(&env, name)?;
+        upgrade_layout(&env, name)?;
+        let blobs = open_attachments(&env, dir, name, &limits)?;
         let (last_sequence, last_write_ms, possible, indexes, chain) = {
             let r = env.begin_read()?;
             let last_sequence = read_last_sequence(&r)?;
@@ -668,17 +623,7 @@ impl Database {
                     .collect()
             }
         };
-        let mut checked = Vec::with_capacity(n);
-        let mut early: Vec<Option<DocError>> = Vec::with_capacity(n);
-        for op in ops {
-            match self.check_op(&op) {
-                Ok(()) => {
-                    checked.push(op);
-                    early.push(None);
-                }
-                Err(e) => early.push(Some(e)),
-            }
-        }
+        let (checked, early) = self.check_each(ops);
         read_ahead(env, &checked);
         let mut unit = self.unit();
         let applied = env.submit_with(move |txn| {
@@ -695,41 +640,27 @@ impl Database {
         match applied {
             Ok(results) => {
                 self.published(results.iter().filter_map(|r| r.as_ref().ok()));
-                let mut results = results.into_iter();
-                early
-                    .into_iter()
-                    .map(|e| match e {
-                        Some(e) => Err(e),
-                        None => results.next().unwrap_or_else(|| {
-                            Err(DocError::Internal("a write lost its result".into()))
-                        }),
-                    })
-                    .collect()
+                each_result(early, results)
             }
-            Err(e) => {
-                // Every write of the unit failed as the unit did, with the cause's kind
-                // (a full disk stays a full disk for each of them): an engine failure
-                // is shared by all the writes, another error goes to the first as it is.
-                let writes = early.iter().filter(|pre| pre.is_none()).count();
-                let (mut first, cause) = match e {
-                    DocError::Storage(kiln_storage::Error::GroupFailed(cause)) => (None, cause),
-                    DocError::Storage(se) if writes > 1 => (None, Arc::new(se)),
-                    e => {
-                        let cause = kiln_storage::Error::UnitFailed(e.to_string().into());
-                        (Some(e), Arc::new(cause))
-                    }
-                };
-                early
-                    .into_iter()
-                    .map(|pre| match pre {
-                        Some(pre) => Err(pre),
-                        None => Err(first.take().unwrap_or_else(|| {
-                            DocError::Storage(kiln_storage::Error::GroupFailed(cause.clone()))
-                        })),
-                    })
-                    .collect()
+            Err(e) => each_failed(early, e),
+        }
+    }
+
+    /// The writes of `write_each` that pass their checks, and for each write the
+    /// error of its check, if it failed.
+    fn check_each(&self, ops: Vec<WriteOp>) -> (Vec<WriteOp>, Vec<Option<DocError>>) {
+        let mut checked = Vec::with_capacity(ops.len());
+        let mut early: Vec<Option<DocError>> = Vec::with_capacity(ops.len());
+        for op in ops {
+            match self.check_op(&op) {
+                Ok(()) => {
+                    checked.push(op);
+                    early.push(None);
+                }
+                Err(e) => early.push(Some(e)),
             }
         }
+        (checked, early)
     }
 
     /// Reads a document from the latest committed snapshot.
@@ -865,6 +796,124 @@ impl Database {
             engine: env.stats(),
         })
     }
+}
+
+/// Writes the trees and meta of a new database with `incarnation` (the etags'
+/// suffix).
+fn write_new_database(env: &Env, incarnation: u32) -> Result<()> {
+    let mut w = env.begin_write()?;
+    for tree in DATABASE_TREES {
+        w.ensure_tree(tree)?;
+    }
+    w.put(META, META_INCARNATION, &incarnation.to_be_bytes())?;
+    w.put(META, META_LAST_ETAG, &0u64.to_be_bytes())?;
+    w.commit()?;
+    Ok(())
+}
+
+/// The incarnation in database `name`'s meta.
+fn read_incarnation(env: &Env, name: &str) -> Result<u32> {
+    let r = env.begin_read()?;
+    let missing = |what: &str| DocError::CorruptRecord {
+        id: format!("(database {name} meta)"),
+        why: format!("{what} is missing or malformed"),
+    };
+    if !r.tree_exists(META)? {
+        return Err(missing("the meta tree"));
+    }
+    let raw = r
+        .get(META, META_INCARNATION)?
+        .ok_or_else(|| missing("incarnation"))?;
+    Ok(u32::from_be_bytes(
+        raw.try_into().map_err(|_| missing("incarnation"))?,
+    ))
+}
+
+/// Brings a database made by an earlier version to the current layout.
+fn upgrade_layout(env: &Env, name: &str) -> Result<()> {
+    crate::changes::upgrade::add_change_log(env, name)?;
+    crate::expiration::upgrade::add_expiration_index(env, name)?;
+    // After the upgrades above, which read the documents where they were.
+    crate::stored::migrate(env, name)?;
+    // Databases made before backup chains get the (empty) history tree.
+    if !env.begin_read()?.tree_exists(HISTORY)? {
+        env.submit(|w| w.ensure_tree(HISTORY))?;
+    }
+    Ok(())
+}
+
+/// The attachments' blob store of the database at `dir`.
+fn open_attachments(
+    env: &Env,
+    dir: &std::path::Path,
+    name: &str,
+    limits: &Limits,
+) -> Result<crate::attachments::BlobStore> {
+    // Every database gets the attachments' reference tree (older ones at their
+    // first open since), and loses what a crash left of its uploads and frees.
+    if !env.begin_read()?.tree_exists(ATTACHMENT_REFS)? {
+        env.submit(|w| w.ensure_tree(ATTACHMENT_REFS))?;
+    }
+    let blobs = crate::attachments::BlobStore::open(dir)?;
+    // A cluster's staged blobs expire at leader time, by the log: not here.
+    let staged_now_ms = if limits.expire_staged_at_open {
+        crate::time::now_ms()
+    } else {
+        0
+    };
+    let removed = blobs.gc(env, staged_now_ms)?;
+    if removed > 0 {
+        tracing::info!(
+            database = name,
+            files = removed,
+            "attachments: removed unreferenced files at open"
+        );
+    }
+    Ok(blobs)
+}
+
+/// The result of each write of `write_each`, in order: the error of its check
+/// (`early`), or what applying it gave (`results`, in the order of the writes
+/// that passed).
+fn each_result(
+    early: Vec<Option<DocError>>,
+    results: Vec<Result<BatchOutcome>>,
+) -> Vec<Result<BatchOutcome>> {
+    let mut results = results.into_iter();
+    early
+        .into_iter()
+        .map(|e| match e {
+            Some(e) => Err(e),
+            None => results
+                .next()
+                .unwrap_or_else(|| Err(DocError::Internal("a write lost its result".into()))),
+        })
+        .collect()
+}
+
+/// The result of each write of `write_each` whose unit failed with `e`.
+fn each_failed(early: Vec<Option<DocError>>, e: DocError) -> Vec<Result<BatchOutcome>> {
+    // Every write of the unit failed as the unit did, with the cause's kind
+    // (a full disk stays a full disk for each of them): an engine failure
+    // is shared by all the writes, another error goes to the first as it is.
+    let writes = early.iter().filter(|pre| pre.is_none()).count();
+    let (mut first, cause) = match e {
+        DocError::Storage(kiln_storage::Error::GroupFailed(cause)) => (None, cause),
+        DocError::Storage(se) if writes > 1 => (None, Arc::new(se)),
+        e => {
+            let cause = kiln_storage::Error::UnitFailed(e.to_string().into());
+            (Some(e), Arc::new(cause))
+        }
+    };
+    early
+        .into_iter()
+        .map(|pre| match pre {
+            Some(pre) => Err(pre),
+            None => Err(first.take().unwrap_or_else(|| {
+                DocError::Storage(kiln_storage::Error::GroupFailed(cause.clone()))
+            })),
+        })
+        .collect()
 }
 
 fn at_index(index: usize) -> impl Fn(DocError) -> DocError {
