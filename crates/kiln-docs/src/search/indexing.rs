@@ -16,17 +16,18 @@
 //! policy keeps the segment count low.
 
 use super::SearchIndex;
-use crate::changes::ChangeKind;
+use crate::changes::{Change, ChangeKind};
 use crate::index::def::{parse_fields, values_at, Step};
 use crate::index::indexer::read_changes;
 use crate::index::{read_state_w, write_state, IndexState, IndexingOptions, Runtime};
 use crate::schema::read_last_sequence;
 use crate::{record, Database, Result};
+use kiln_storage::{Env, ReadTxn};
 use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-use tantivy::{TantivyDocument, Term};
+use tantivy::{IndexWriter, TantivyDocument, Term};
 
 /// The smallest batch a full-text index reads when behind (caught up, it takes
 /// whatever came in).
@@ -39,11 +40,7 @@ pub(crate) fn round(db: &Database, rt: &Arc<Runtime>, opts: IndexingOptions) -> 
     };
     let env = db.live()?;
     let from = rt.last_sequence.load(Ordering::SeqCst);
-    // A tantivy commit costs its fsyncs whatever its size (about a dozen files:
-    // ~100 ms on a disk with 4 ms syncs), so batches start and end larger than
-    // the map indexes' (whose units cost in proportion to their entries).
-    let min_batch = opts.min_batch.max(FIRST_BATCH);
-    let max_batch = opts.max_batch.max(1).saturating_mul(4).max(min_batch);
+    let (min_batch, max_batch) = batch_bounds(opts);
     let batch = search
         .batch
         .load(Ordering::Relaxed)
@@ -63,53 +60,14 @@ pub(crate) fn round(db: &Database, rt: &Arc<Runtime>, opts: IndexingOptions) -> 
         Some(c) if full => c.etag.sequence,
         _ => db_seq,
     };
-    let mut keys: Vec<&str> = rt.compiled.top_keys().collect();
-    keys.sort_unstable();
-    keys.dedup();
     let mut writer = search.writer.lock();
-    for c in &changes {
-        writer.delete_term(Term::from_field_text(search.id_field, &c.id));
-        if c.kind != ChangeKind::Put || !rt.compiled.covers_collection(c.collection.as_deref()) {
-            continue;
-        }
-        let Some(bytes) = crate::stored::get(&r, &c.id)? else {
-            continue;
-        };
-        let json = record::decode(&c.id, bytes)?.to_json(&c.id)?;
-        let fields = match parse_fields(&json, &keys) {
-            Ok(v) => v,
-            Err(e) => {
-                // The stored document is checked when written: this is damage,
-                // which `kiln check` reports; the index goes on without it.
-                tracing::warn!(index = rt.name(), id = %c.id, error = %e,
-                    "stored JSON does not parse; not in the full-text index");
-                continue;
-            }
-        };
-        writer
-            .add_document(document_of(search, &rt.compiled.paths, &c.id, &fields))
-            .map_err(|e| super::tantivy_err(&search.dir, "adding a document to", e))?;
-    }
+    index_changes(&mut writer, search, rt, &r, &changes)?;
     drop(r);
     search.commit(&mut writer, upto)?;
     drop(writer);
     // Searchable now; the Kiln-side state follows (it may lag, never lead).
     rt.last_sequence.store(upto, Ordering::SeqCst);
-    let (name, id, entries) = (rt.name().to_string(), rt.id, search.num_docs());
-    env.submit_with(move |txn| -> Result<()> {
-        match read_state_w(txn, &name)? {
-            Some(st) if st.id == id => write_state(
-                txn,
-                &name,
-                &IndexState {
-                    id,
-                    last_sequence: upto,
-                    entries,
-                },
-            ),
-            _ => Ok(()),
-        }
-    })?;
+    save_state(env, rt, upto, search.num_docs())?;
     let next = if full {
         (batch * 2).min(max_batch)
     } else {
@@ -128,6 +86,77 @@ pub(crate) fn round(db: &Database, rt: &Arc<Runtime>, opts: IndexingOptions) -> 
         "full-text batch committed"
     );
     Ok(true)
+}
+
+/// The smallest and largest batch of a full-text index.
+fn batch_bounds(opts: IndexingOptions) -> (usize, usize) {
+    // A tantivy commit costs its fsyncs whatever its size (about a dozen files:
+    // ~100 ms on a disk with 4 ms syncs), so batches start and end larger than
+    // the map indexes' (whose units cost in proportion to their entries).
+    let min_batch = opts.min_batch.max(FIRST_BATCH);
+    let max_batch = opts.max_batch.max(1).saturating_mul(4).max(min_batch);
+    (min_batch, max_batch)
+}
+
+/// Hands the batch's changes to the writer: each changed document deleted from
+/// the tantivy index, and its version in the snapshot `r` added when it is still
+/// there and in the collection.
+fn index_changes(
+    writer: &mut IndexWriter<TantivyDocument>,
+    search: &SearchIndex,
+    rt: &Runtime,
+    r: &ReadTxn<'_>,
+    changes: &[Change],
+) -> Result<()> {
+    let mut keys: Vec<&str> = rt.compiled.top_keys().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    for c in changes {
+        writer.delete_term(Term::from_field_text(search.id_field, &c.id));
+        if c.kind != ChangeKind::Put || !rt.compiled.covers_collection(c.collection.as_deref()) {
+            continue;
+        }
+        let Some(bytes) = crate::stored::get(r, &c.id)? else {
+            continue;
+        };
+        let json = record::decode(&c.id, bytes)?.to_json(&c.id)?;
+        let fields = match parse_fields(&json, &keys) {
+            Ok(v) => v,
+            Err(e) => {
+                // The stored document is checked when written: this is damage,
+                // which `kiln check` reports; the index goes on without it.
+                tracing::warn!(index = rt.name(), id = %c.id, error = %e,
+                    "stored JSON does not parse; not in the full-text index");
+                continue;
+            }
+        };
+        writer
+            .add_document(document_of(search, &rt.compiled.paths, &c.id, &fields))
+            .map_err(|e| super::tantivy_err(&search.dir, "adding a document to", e))?;
+    }
+    Ok(())
+}
+
+/// Writes the Kiln-side state of index `rt` after its tantivy commit up to
+/// `upto`, unless the index was reset or deleted meanwhile. (Not asserted to
+/// grow: a tantivy index rebuilt at open starts again from 0 while the state
+/// still says how far the old one had come.)
+fn save_state(env: &Env, rt: &Runtime, upto: u64, entries: u64) -> Result<()> {
+    let (name, id) = (rt.name().to_string(), rt.id);
+    env.submit_with(move |txn| -> Result<()> {
+        match read_state_w(txn, &name)? {
+            Some(st) if st.id == id => write_state(
+                txn,
+                &name,
+                &IndexState {
+                    id,
+                    last_sequence: upto,
+                    entries,
+                },
+            ),
+            _ => Ok(()),
+        }
+    })
 }
 
 /// The tantivy document of a Kiln document: its id and each field's text.

@@ -119,25 +119,7 @@ impl SearchIndex {
             incarnation,
             sequence: 0,
         };
-        let reusable = match Self::open_existing(&dir, &schema) {
-            Ok(Some((index, payload)))
-                if payload.index_id == index_id
-                    && payload.incarnation == incarnation
-                    && payload.sequence <= db_last_sequence =>
-            {
-                Some((index, payload.sequence))
-            }
-            Ok(None) => None,
-            Ok(Some((_, payload))) => {
-                tracing::warn!(dir = %dir.display(), found = ?payload, ?expected, db_last_sequence,
-                    "full-text index belongs to another index or state of the database; rebuilding");
-                None
-            }
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), error = %e, "full-text index unreadable; rebuilding");
-                None
-            }
-        };
+        let reusable = Self::reusable(&dir, &schema, &expected, db_last_sequence);
         let (index, sequence, writer, reader) = match reusable
             .map(|(index, seq)| Self::start(&dir, index).map(|(w, r, i)| (i, seq, w, r)))
         {
@@ -149,13 +131,7 @@ impl SearchIndex {
                     tracing::warn!(dir = %dir.display(), error = %e,
                         "full-text index does not open; rebuilding");
                 }
-                if dir.exists() {
-                    std::fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
-                }
-                std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-                let index = Index::create_in_dir(&dir, schema)
-                    .map_err(|e| tantivy_err(&dir, "creating the full-text index", e))?;
-                let (writer, reader, index) = Self::start(&dir, index)?;
+                let (writer, reader, index) = Self::create_empty(&dir, schema)?;
                 (index, 0, writer, reader)
             }
         };
@@ -175,6 +151,50 @@ impl SearchIndex {
             },
             sequence,
         ))
+    }
+
+    /// The index in `dir` with the sequence its last commit covers, when that
+    /// commit is of the `expected` index id and incarnation and not ahead of the
+    /// database; `None` (with a warning if something else is there) to rebuild.
+    fn reusable(
+        dir: &Path,
+        schema: &Schema,
+        expected: &Payload,
+        db_last_sequence: u64,
+    ) -> Option<(Index, u64)> {
+        match Self::open_existing(dir, schema) {
+            Ok(Some((index, payload)))
+                if payload.index_id == expected.index_id
+                    && payload.incarnation == expected.incarnation
+                    && payload.sequence <= db_last_sequence =>
+            {
+                Some((index, payload.sequence))
+            }
+            Ok(None) => None,
+            Ok(Some((_, payload))) => {
+                tracing::warn!(dir = %dir.display(), found = ?payload, ?expected, db_last_sequence,
+                    "full-text index belongs to another index or state of the database; rebuilding");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "full-text index unreadable; rebuilding");
+                None
+            }
+        }
+    }
+
+    /// An empty index of `schema` in `dir` (whatever was there removed), started.
+    fn create_empty(
+        dir: &Path,
+        schema: Schema,
+    ) -> Result<(IndexWriter<TantivyDocument>, IndexReader, Index)> {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).map_err(io_err(dir))?;
+        }
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let index = Index::create_in_dir(dir, schema)
+            .map_err(|e| tantivy_err(dir, "creating the full-text index", e))?;
+        Self::start(dir, index)
     }
 
     /// The writer and reader of `index` (its analyzers registered).

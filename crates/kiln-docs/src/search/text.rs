@@ -60,77 +60,13 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Clause>, (usize, String)> {
             continue;
         }
         let start = i;
-        let occur = match b[i] {
-            b'+' => {
-                i += 1;
-                Occur::Must
-            }
-            b'-' => {
-                i += 1;
-                Occur::MustNot
-            }
-            _ => Occur::Should,
-        };
+        let occur = parse_occur(b, &mut i);
         let kind = if b.get(i) == Some(&b'"') {
-            let close = text[i + 1..]
-                .find('"')
-                .ok_or((i, "a phrase's closing \" is missing".to_string()))?;
-            let phrase = &text[i + 1..i + 1 + close];
-            i += close + 2;
-            Kind::Phrase(phrase.to_string())
+            parse_phrase(text, &mut i)?
         } else {
-            let end = text[i..]
-                .find(|c: char| c.is_ascii_whitespace() || c == '^' || c == '"')
-                .map_or(b.len(), |n| i + n);
-            let word = &text[i..end];
-            i = end;
-            match word.strip_suffix('*') {
-                Some(p) if p.is_empty() || p.contains('*') => {
-                    return Err((start, format!("{word:?}: a prefix is letters then one *")))
-                }
-                Some(p) => Kind::Prefix(p.to_string()),
-                None if word.is_empty() => {
-                    return Err((start, "a + or - is followed by a word or a phrase".into()))
-                }
-                None => match word.split_once('~') {
-                    Some((w, edits)) => {
-                        let edits = match edits {
-                            "" => MAX_EDITS,
-                            n => n.parse().ok().filter(|n| *n <= MAX_EDITS).ok_or((
-                                start,
-                                format!("{word:?}: a fuzzy word is a word then ~, ~0, ~1 or ~2"),
-                            ))?,
-                        };
-                        if w.is_empty() || w.contains('~') {
-                            return Err((
-                                start,
-                                format!("{word:?}: a fuzzy word is a word then ~, ~0, ~1 or ~2"),
-                            ));
-                        }
-                        Kind::Fuzzy(w.to_string(), edits)
-                    }
-                    None => Kind::Words(word.to_string()),
-                },
-            }
+            parse_word(text, &mut i, start)?
         };
-        let boost = if b.get(i) == Some(&b'^') {
-            let end = text[i + 1..]
-                .find(|c: char| c.is_ascii_whitespace())
-                .map_or(b.len(), |n| i + 1 + n);
-            let raw = &text[i + 1..end];
-            let boost: f32 = raw
-                .parse()
-                .ok()
-                .filter(|v: &f32| v.is_finite() && *v > 0.0 && *v <= MAX_BOOST)
-                .ok_or((
-                    i,
-                    format!("boost ^{raw}: a number above 0, at most {MAX_BOOST}"),
-                ))?;
-            i = end;
-            Some(boost)
-        } else {
-            None
-        };
+        let boost = parse_boost(text, &mut i)?;
         if b.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
             return Err((i, "clauses are separated by spaces".into()));
         }
@@ -143,6 +79,99 @@ pub(crate) fn parse(text: &str) -> Result<Vec<Clause>, (usize, String)> {
         }
     }
     Ok(out)
+}
+
+/// A clause's `+` (required) or `-` (excluded) at `i`, if it has one (else it
+/// is optional); `i` moves past it.
+fn parse_occur(b: &[u8], i: &mut usize) -> Occur {
+    match b[*i] {
+        b'+' => {
+            *i += 1;
+            Occur::Must
+        }
+        b'-' => {
+            *i += 1;
+            Occur::MustNot
+        }
+        _ => Occur::Should,
+    }
+}
+
+/// The phrase whose opening `"` is at `i`; `i` moves past its closing one.
+fn parse_phrase(text: &str, i: &mut usize) -> Result<Kind, (usize, String)> {
+    let close = text[*i + 1..]
+        .find('"')
+        .ok_or((*i, "a phrase's closing \" is missing".to_string()))?;
+    let phrase = &text[*i + 1..*i + 1 + close];
+    *i += close + 2;
+    Ok(Kind::Phrase(phrase.to_string()))
+}
+
+/// The word at `i` (up to a space, `^` or `"`): a prefix, a fuzzy word or words
+/// as typed; `i` moves past it. A malformed one is reported at the clause's
+/// `start`.
+fn parse_word(text: &str, i: &mut usize, start: usize) -> Result<Kind, (usize, String)> {
+    let end = text[*i..]
+        .find(|c: char| c.is_ascii_whitespace() || c == '^' || c == '"')
+        .map_or(text.len(), |n| *i + n);
+    let word = &text[*i..end];
+    *i = end;
+    match word.strip_suffix('*') {
+        Some(p) if p.is_empty() || p.contains('*') => {
+            Err((start, format!("{word:?}: a prefix is letters then one *")))
+        }
+        Some(p) => Ok(Kind::Prefix(p.to_string())),
+        None if word.is_empty() => {
+            Err((start, "a + or - is followed by a word or a phrase".into()))
+        }
+        None => match word.split_once('~') {
+            Some((w, edits)) => parse_fuzzy(word, w, edits, start),
+            None => Ok(Kind::Words(word.to_string())),
+        },
+    }
+}
+
+/// The fuzzy word `word`, split at its `~` into the word `w` and its `edits`.
+fn parse_fuzzy(word: &str, w: &str, edits: &str, start: usize) -> Result<Kind, (usize, String)> {
+    let malformed = || {
+        (
+            start,
+            format!("{word:?}: a fuzzy word is a word then ~, ~0, ~1 or ~2"),
+        )
+    };
+    let edits = match edits {
+        "" => MAX_EDITS,
+        n => n
+            .parse()
+            .ok()
+            .filter(|n| *n <= MAX_EDITS)
+            .ok_or_else(malformed)?,
+    };
+    if w.is_empty() || w.contains('~') {
+        return Err(malformed());
+    }
+    Ok(Kind::Fuzzy(w.to_string(), edits))
+}
+
+/// A clause's `^boost` at `i`, if it has one; `i` moves past it.
+fn parse_boost(text: &str, i: &mut usize) -> Result<Option<f32>, (usize, String)> {
+    if text.as_bytes().get(*i) != Some(&b'^') {
+        return Ok(None);
+    }
+    let end = text[*i + 1..]
+        .find(|c: char| c.is_ascii_whitespace())
+        .map_or(text.len(), |n| *i + 1 + n);
+    let raw = &text[*i + 1..end];
+    let boost: f32 = raw
+        .parse()
+        .ok()
+        .filter(|v: &f32| v.is_finite() && *v > 0.0 && *v <= MAX_BOOST)
+        .ok_or((
+            *i,
+            format!("boost ^{raw}: a number above 0, at most {MAX_BOOST}"),
+        ))?;
+    *i = end;
+    Ok(Some(boost))
 }
 
 /// The analyzed terms of `text`, with their positions.
