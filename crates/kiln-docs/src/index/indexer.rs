@@ -337,10 +337,24 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
         .into_iter()
         .filter(|rt| rt.last_sequence.load(Ordering::SeqCst) == from)
         .collect();
+    run_batches(db, shared, &group, from, cap, defined)?;
+    Ok(true)
+}
+
+/// The batches of `group` (whose indexes are all at `from`) up to `cap`: one, or
+/// while they come full (far behind) a run of them, where the next one is read
+/// and parsed while this one commits: the writer and the parsing overlap.
+/// `defined`: how many indexes there were when the round began.
+fn run_batches(
+    db: &Database,
+    shared: &Shared,
+    group: &[Arc<Runtime>],
+    from: u64,
+    cap: u64,
+    defined: usize,
+) -> Result<()> {
     let mut batch = shared.batch.load(Ordering::Relaxed).max(1);
-    let mut p = prepare(db, &group, from, cap, batch)?;
-    // While batches come full (far behind), the next one is read and parsed while
-    // this one commits: the writer and the parsing overlap.
+    let mut p = prepare(db, group, from, cap, batch)?;
     loop {
         let next = if p.full {
             (batch * 2).min(shared.opts.max_batch.max(1))
@@ -348,31 +362,34 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
             (batch / 2).max(shared.opts.min_batch.max(1))
         };
         shared.batch.store(next, Ordering::Relaxed);
-        let go_on = p.full && p.upto < cap && {
-            // A new index ends the run, so that it can catch up and join.
-            let st = shared.state.lock();
-            !st.stop
-                && st.indexes.len() == defined
-                && group.iter().all(|rt| {
-                    st.indexes
-                        .get(rt.name())
-                        .is_some_and(|x| Arc::ptr_eq(x, rt))
-                })
-        };
+        let go_on = p.full && p.upto < cap && group_unchanged(shared, group, defined);
         if !go_on {
-            commit(db, shared, &group, p)?;
-            return Ok(true);
+            return commit(db, shared, group, p);
         }
         let next_from = p.upto;
         let (committed, prepared) = std::thread::scope(|s| {
-            let h = s.spawn(|| commit(db, shared, &group, p));
-            let n = prepare(db, &group, next_from, cap, next);
+            let h = s.spawn(|| commit(db, shared, group, p));
+            let n = prepare(db, group, next_from, cap, next);
             (h.join(), n)
         });
         committed.map_err(|_| DocError::Internal("an indexing commit panicked".into()))??;
         p = prepared?;
         batch = next;
     }
+}
+
+/// Whether a run of batches may go on: not stopping, and the indexes are still
+/// the `defined` ones with the group's runtimes. A new index ends the run, so
+/// that it can catch up and join.
+fn group_unchanged(shared: &Shared, group: &[Arc<Runtime>], defined: usize) -> bool {
+    let st = shared.state.lock();
+    !st.stop
+        && st.indexes.len() == defined
+        && group.iter().all(|rt| {
+            st.indexes
+                .get(rt.name())
+                .is_some_and(|x| Arc::ptr_eq(x, rt))
+        })
 }
 
 /// A batch read and turned into index updates, ready to commit.
@@ -584,11 +601,7 @@ fn commit(db: &Database, shared: &Shared, group: &[Arc<Runtime>], p: Prepared) -
             })
             .collect();
         let applied = env.submit_with(move |txn| apply(txn, &unit, unit_from, unit_upto))?;
-        for rt in group {
-            if applied.contains(&rt.id) {
-                rt.last_sequence.store(unit_upto, Ordering::SeqCst);
-            }
-        }
+        advance_runtimes(group, &applied, unit_upto);
         shared.progress.notify_all();
         applied_any = applied;
         if end == docs {
@@ -612,6 +625,24 @@ fn commit(db: &Database, shared: &Shared, group: &[Arc<Runtime>], p: Prepared) -
     }
     shared.progress.notify_all();
     Ok(())
+}
+
+/// Moves the runtimes of the indexes a unit updated (`applied`) to the unit's
+/// last sequence, now durable.
+fn advance_runtimes(group: &[Arc<Runtime>], applied: &[u64], unit_upto: u64) {
+    for rt in group {
+        if applied.contains(&rt.id) {
+            // Only this thread moves a map index's runtime on, after `apply`
+            // checked the stored sequence, which the runtime's follows.
+            debug_assert!(
+                rt.last_sequence.load(Ordering::SeqCst) <= unit_upto,
+                "index {} would move its runtime's indexed sequence back from {} to {unit_upto}",
+                rt.name(),
+                rt.last_sequence.load(Ordering::SeqCst)
+            );
+            rt.last_sequence.store(unit_upto, Ordering::SeqCst);
+        }
+    }
 }
 
 /// How many of a batch's `docs` documents one unit commits for `indexes` indexes.
@@ -652,6 +683,15 @@ fn apply(txn: &mut WriteTxn<'_>, planned: &[Planned], from: u64, upto: u64) -> R
         if st.id != p.rt.id || st.last_sequence != from {
             continue;
         }
+        // A batch holds changes after `from` (`prepare`), so an index only moves on.
+        // A reset, which starts again from 0, writes a new id (`create_index`): its
+        // old runtime's units are skipped above and never get here.
+        assert!(
+            upto >= st.last_sequence,
+            "index {name} (id {}) would move its indexed sequence back from {} to {upto}",
+            st.id,
+            st.last_sequence
+        );
         let entries = match &p.rt.compiled.reduce {
             // A reduce index: `entries` counts its groups.
             Some(reducer) => apply_reduce(txn, reducer, st, &p.updates)?,
