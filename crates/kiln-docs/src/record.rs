@@ -149,10 +149,7 @@ pub(crate) fn encode(
 }
 
 pub(crate) fn decode<'a>(id: &str, bytes: &'a [u8]) -> Result<Record<'a>> {
-    let corrupt = |why: String| DocError::CorruptRecord {
-        id: id.to_string(),
-        why,
-    };
+    let corrupt = |why: String| corrupt_record(id, why);
     let header_len = match bytes.first() {
         Some(&FORMAT_1) => HEADER_1_LEN,
         Some(&FORMAT_2) => HEADER_2_LEN,
@@ -165,7 +162,6 @@ pub(crate) fn decode<'a>(id: &str, bytes: &'a [u8]) -> Result<Record<'a>> {
             bytes.len()
         )));
     }
-    let u64_at = |at: usize| u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
     let coll_len = u16::from_be_bytes([bytes[21], bytes[22]]) as usize;
     let coll_end = header_len + coll_len;
     if bytes.len() < coll_end {
@@ -183,50 +179,77 @@ pub(crate) fn decode<'a>(id: &str, bytes: &'a [u8]) -> Result<Record<'a>> {
     let (json, body) = if header_len == HEADER_1_LEN {
         (&bytes[coll_end..], Body::Whole)
     } else {
-        if u64_at(13) > MAX_LAST_MODIFIED_MS {
-            return Err(corrupt(format!(
-                "last modified {} ms is past 9999",
-                u64_at(13)
-            )));
-        }
-        let flags = bytes[23];
-        if flags & !CODEC_MASK != 0 {
-            return Err(corrupt(format!("unknown record flags {flags:#04x}")));
-        }
-        let meta_len = u32::from_be_bytes(bytes[24..28].try_into().expect("4 bytes")) as usize;
-        if bytes.len() - coll_end < meta_len {
-            return Err(corrupt(format!(
-                "client metadata length {meta_len} runs past the record"
-            )));
-        }
-        let meta = &bytes[coll_end..coll_end + meta_len];
-        if meta_len > 0
-            && (meta_len < METADATA_OPEN.len() + 2
-                || !meta.starts_with(METADATA_OPEN)
-                || !meta.ends_with(b"}}"))
-        {
-            return Err(corrupt(
-                "client metadata is not {\"@metadata\":{...}}".into(),
-            ));
-        }
-        let rest = &bytes[coll_end + meta_len..];
-        let body = match flags & CODEC_MASK {
-            0 => Body::Plain(rest),
-            CODEC_LZ4 => Body::Lz4(rest),
-            codec => return Err(corrupt(format!("unknown body codec {codec}"))),
-        };
-        (if meta_len == 0 { &b"{}"[..] } else { meta }, body)
+        metadata_and_body(id, bytes, coll_end)?
     };
     Ok(Record {
         etag: Etag {
-            sequence: u64_at(1),
+            sequence: u64_at(bytes, 1),
             incarnation: u32::from_be_bytes(bytes[9..13].try_into().expect("4 bytes")),
         },
-        last_modified_ms: u64_at(13),
+        last_modified_ms: u64_at(bytes, 13),
         collection,
         json,
         body,
     })
+}
+
+/// What follows the collection (which ends at `coll_end`) in a format 2 record,
+/// the rest of its header checked: the client metadata (`{}` when there is
+/// none) and the body.
+#[inline]
+fn metadata_and_body<'a>(
+    id: &str,
+    bytes: &'a [u8],
+    coll_end: usize,
+) -> Result<(&'a [u8], Body<'a>)> {
+    let corrupt = |why: String| corrupt_record(id, why);
+    if u64_at(bytes, 13) > MAX_LAST_MODIFIED_MS {
+        return Err(corrupt(format!(
+            "last modified {} ms is past 9999",
+            u64_at(bytes, 13)
+        )));
+    }
+    let flags = bytes[23];
+    if flags & !CODEC_MASK != 0 {
+        return Err(corrupt(format!("unknown record flags {flags:#04x}")));
+    }
+    let meta_len = u32::from_be_bytes(bytes[24..28].try_into().expect("4 bytes")) as usize;
+    if bytes.len() - coll_end < meta_len {
+        return Err(corrupt(format!(
+            "client metadata length {meta_len} runs past the record"
+        )));
+    }
+    let meta = &bytes[coll_end..coll_end + meta_len];
+    if meta_len > 0
+        && (meta_len < METADATA_OPEN.len() + 2
+            || !meta.starts_with(METADATA_OPEN)
+            || !meta.ends_with(b"}}"))
+    {
+        return Err(corrupt(
+            "client metadata is not {\"@metadata\":{...}}".into(),
+        ));
+    }
+    let rest = &bytes[coll_end + meta_len..];
+    let body = match flags & CODEC_MASK {
+        0 => Body::Plain(rest),
+        CODEC_LZ4 => Body::Lz4(rest),
+        codec => return Err(corrupt(format!("unknown body codec {codec}"))),
+    };
+    Ok((if meta_len == 0 { &b"{}"[..] } else { meta }, body))
+}
+
+/// The big-endian u64 at `at` of a record whose header was checked to hold it.
+#[inline]
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// The error of a record of document `id` that does not decode (`why`).
+fn corrupt_record(id: &str, why: String) -> DocError {
+    DocError::CorruptRecord {
+        id: id.to_string(),
+        why,
+    }
 }
 
 impl<'a> Record<'a> {

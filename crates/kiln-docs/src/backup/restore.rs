@@ -427,46 +427,11 @@ impl BlobSink {
         let (n, label) = (input.n, input.label.as_str());
         match item {
             Item::File { name, .. } if name.starts_with(SEARCH_FILE_PREFIX) => {
-                let (id, file, skip) = match parse_name(name) {
-                    Some(Ok((id, file))) => (id, file, n != 1),
-                    Some(Err(why)) => {
-                        tracing::warn!(input = label, file = %why,
-                            "a full-text index file in the backup is misnamed; skipped");
-                        (0, "", true)
-                    }
-                    None => (0, "", true),
-                };
-                // Only a full backup's commits are placed (increments carry none).
-                self.search.begin(id, file, skip)?;
+                self.begin_search_file(n, label, name)?
             }
             Item::FileData(bytes) if self.search.is_open() => self.search.data(bytes)?,
             Item::FileEnd if self.search.is_open() => self.search.end()?,
-            Item::File { name, .. } => {
-                let hash = name
-                    .strip_prefix(BLOB_FILE_PREFIX)
-                    .and_then(|h| parse_hash(h).ok())
-                    .ok_or_else(|| {
-                        corrupt(
-                            n,
-                            label,
-                            format!("frame {}", sum.frame),
-                            sum.frame_offset,
-                            format!(
-                                "extra file {name:?} is no attachment blob (this Kiln knows                                  only {BLOB_FILE_PREFIX}<sha256>)"
-                            ),
-                        )
-                    })?;
-                let writer = match &self.store {
-                    Some(s) => Some(s.writer()?),
-                    None => None,
-                };
-                self.current = Some(OpenBlob {
-                    hash,
-                    start: sum.frame_offset,
-                    writer,
-                    hasher: Sha256::new(),
-                });
-            }
+            Item::File { name, .. } => self.begin_blob(n, label, sum, name)?,
             Item::FileData(bytes) => {
                 let b = self.open()?;
                 match b.writer.as_mut() {
@@ -474,32 +439,83 @@ impl BlobSink {
                     None => b.hasher.update(bytes),
                 }
             }
-            Item::FileEnd => {
-                let b = self.current.take().ok_or_else(not_open)?;
-                let (got, staged) = match b.writer {
-                    Some(w) => {
-                        let staged = w.finish()?;
-                        (staged.hash, Some(staged))
-                    }
-                    None => (b.hasher.finalize().into(), None),
-                };
-                if got != b.hash {
-                    return Err(corrupt(
-                        n,
-                        label,
-                        format!("attachment blob {}", hash_hex(&b.hash)),
-                        b.start,
-                        format!(
-                            "its bytes hash to {}, not to its name (SHA-256)",
-                            hash_hex(&got)
-                        ),
-                    ));
-                }
-                if let (Some(store), Some(staged)) = (&self.store, staged) {
-                    store.place(staged)?;
-                }
-            }
+            Item::FileEnd => self.end_blob(n, label)?,
             Item::Header | Item::Tree(_) | Item::Entry(..) | Item::EndTree => {}
+        }
+        Ok(())
+    }
+
+    /// A full-text index file of input `n` begins: it goes to the search sink,
+    /// which skips it unless it is of the full backup and well named.
+    fn begin_search_file(&mut self, n: usize, label: &str, name: &str) -> Result<()> {
+        let (id, file, skip) = match parse_name(name) {
+            Some(Ok((id, file))) => (id, file, n != 1),
+            Some(Err(why)) => {
+                tracing::warn!(input = label, file = %why,
+                    "a full-text index file in the backup is misnamed; skipped");
+                (0, "", true)
+            }
+            None => (0, "", true),
+        };
+        // Only a full backup's commits are placed (increments carry none).
+        self.search.begin(id, file, skip)
+    }
+
+    /// An attachment blob begins (`attachments/<sha256>`, else the backup is
+    /// corrupt): streamed into the store, or only hashed.
+    fn begin_blob(&mut self, n: usize, label: &str, sum: &BackupSummary, name: &str) -> Result<()> {
+        let hash = name
+            .strip_prefix(BLOB_FILE_PREFIX)
+            .and_then(|h| parse_hash(h).ok())
+            .ok_or_else(|| {
+                corrupt(
+                    n,
+                    label,
+                    format!("frame {}", sum.frame),
+                    sum.frame_offset,
+                    format!(
+                        "extra file {name:?} is no attachment blob (this Kiln knows                                  only {BLOB_FILE_PREFIX}<sha256>)"
+                    ),
+                )
+            })?;
+        let writer = match &self.store {
+            Some(s) => Some(s.writer()?),
+            None => None,
+        };
+        self.current = Some(OpenBlob {
+            hash,
+            start: sum.frame_offset,
+            writer,
+            hasher: Sha256::new(),
+        });
+        Ok(())
+    }
+
+    /// The open attachment blob ends: it must hash to its name; placed in the
+    /// store, if there is one.
+    fn end_blob(&mut self, n: usize, label: &str) -> Result<()> {
+        let b = self.current.take().ok_or_else(not_open)?;
+        let (got, staged) = match b.writer {
+            Some(w) => {
+                let staged = w.finish()?;
+                (staged.hash, Some(staged))
+            }
+            None => (b.hasher.finalize().into(), None),
+        };
+        if got != b.hash {
+            return Err(corrupt(
+                n,
+                label,
+                format!("attachment blob {}", hash_hex(&b.hash)),
+                b.start,
+                format!(
+                    "its bytes hash to {}, not to its name (SHA-256)",
+                    hash_hex(&got)
+                ),
+            ));
+        }
+        if let (Some(store), Some(staged)) = (&self.store, staged) {
+            store.place(staged)?;
         }
         Ok(())
     }
