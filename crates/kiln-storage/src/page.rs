@@ -560,6 +560,20 @@ pub fn branch_child(p: &[u8], i: usize) -> PageNo {
 }
 
 pub fn set_branch_child(p: &mut [u8], i: usize, child: PageNo) {
+    debug_assert!(
+        hdr::kind(p) == KIND_BRANCH,
+        "a child set in a page of kind {}",
+        hdr::kind(p)
+    );
+    debug_assert!(
+        i < hdr::count(p),
+        "child of cell {i} set in a branch of {} cells",
+        hdr::count(p)
+    );
+    debug_assert!(
+        child >= FIRST_DATA_PAGE,
+        "branch child set to header page {child}"
+    );
     let off = slot(p, i);
     write_u64(p, off + 2, child);
 }
@@ -577,6 +591,15 @@ pub fn branch_count(p: &[u8], i: usize) -> u64 {
 }
 
 pub fn set_branch_count(p: &mut [u8], i: usize, count: u64) {
+    debug_assert!(
+        is_counted_branch(p),
+        "a count set in a node that keeps none"
+    );
+    debug_assert!(
+        i < hdr::count(p),
+        "count of cell {i} set in a branch of {} cells",
+        hdr::count(p)
+    );
     let off = slot(p, i);
     let at = off + BRANCH_CELL_FIXED + read_u16(p, off) as usize;
     write_u64(p, at, count);
@@ -854,6 +877,10 @@ pub fn insert_cell(p: &mut [u8], i: usize, cell: &[u8]) -> bool {
         compact(p);
     }
     let count = hdr::count(p);
+    debug_assert!(
+        i <= count,
+        "cell inserted at slot {i} of a node of {count} cells"
+    );
     let upper = hdr::upper(p) - cell.len();
     p[upper..upper + cell.len()].copy_from_slice(cell);
     let slots = HEADER_SIZE + 2 * i;
@@ -861,7 +888,28 @@ pub fn insert_cell(p: &mut [u8], i: usize, cell: &[u8]) -> bool {
     write_u16(p, slots, upper as u16);
     hdr::set_count(p, count + 1);
     hdr::set_upper(p, upper);
+    debug_assert_keys_ordered_around(p, i);
     true
+}
+
+/// A node's keys increase strictly from slot to slot (search depends on it): checks
+/// slot `i` against its neighbours after a change there.
+#[inline]
+fn debug_assert_keys_ordered_around(p: &[u8], i: usize) {
+    if cfg!(debug_assertions) {
+        let count = hdr::count(p);
+        let key = cell_key(p, i);
+        debug_assert!(
+            i == 0 || cell_key(p, i - 1) < key,
+            "node page {}: the key at slot {i} is not above the one before it",
+            hdr::page_no(p)
+        );
+        debug_assert!(
+            i + 1 >= count || key < cell_key(p, i + 1),
+            "node page {}: the key at slot {i} is not below the one after it",
+            hdr::page_no(p)
+        );
+    }
 }
 
 /// Removes slot `i`; its cell becomes fragmented space (zeroed, to keep the page
@@ -870,6 +918,7 @@ pub fn insert_cell(p: &mut [u8], i: usize, cell: &[u8]) -> bool {
 #[allow(clippy::indexing_slicing)]
 pub fn remove_cell(p: &mut [u8], i: usize) {
     let count = hdr::count(p);
+    debug_assert!(i < count, "slot {i} removed from a node of {count} cells");
     let off = slot(p, i);
     let size = cell_size(p, i);
     p[off..off + size].fill(0);
@@ -922,12 +971,22 @@ fn rebuild_from<'c>(p: &mut [u8], count: usize, cells: impl Iterator<Item = &'c 
         written += 1;
     }
     assert_eq!(written, count, "rebuild was given a wrong cell count");
+    debug_assert!(
+        matches!(hdr::kind(p), KIND_LEAF | KIND_BRANCH),
+        "rebuild of a page of kind {}",
+        hdr::kind(p)
+    );
     // Cells fill [upper, PAGE_SIZE) and slots [HEADER_SIZE, slots end) whole: only
     // the gap between them keeps old bytes, zeroed (no stale data in an image).
     p[HEADER_SIZE + 2 * count..upper].fill(0);
     hdr::set_count(p, count);
     hdr::set_upper(p, upper);
     hdr::set_fragmented(p, 0);
+    if cfg!(debug_assertions) {
+        for i in 1..count {
+            debug_assert_keys_ordered_around(p, i);
+        }
+    }
 }
 
 /// Space a set of cells needs in a page (cells plus slots).

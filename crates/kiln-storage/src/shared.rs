@@ -18,7 +18,7 @@ use crate::io::Vfs;
 use crate::journal::sync::SyncHandle;
 use crate::journal::writer::{JournalEnd, JournalFiles, JournalWriter, RecordEncoder};
 use crate::options::Options;
-use crate::page::PageNo;
+use crate::page::{self, PageNo};
 use crate::stats::EngineCounters;
 use crate::store::PageStore;
 use crate::write_buffer::Gens;
@@ -104,11 +104,19 @@ impl Readers {
     }
     pub fn end_read(&self, txn_id: u64) {
         let mut s = self.snap.lock();
-        if let Some(n) = s.readers.get_mut(&txn_id) {
-            *n -= 1;
-            if *n == 0 {
-                s.readers.remove(&txn_id);
-            }
+        // Every `ReadTxn` registers in `begin_read` and ends once (its drop): a
+        // reader ending unregistered would mean the horizon below lost one, and a
+        // page it still reads could be reused.
+        let Some(n) = s.readers.get_mut(&txn_id) else {
+            debug_assert!(
+                false,
+                "a reader of snapshot {txn_id} ended without having begun"
+            );
+            return;
+        };
+        *n -= 1;
+        if *n == 0 {
+            s.readers.remove(&txn_id);
         }
     }
     /// Oldest snapshot any reader still uses (or the current one).
@@ -118,7 +126,22 @@ impl Readers {
     }
     /// Makes `snap` the snapshot new readers start from (a commit is durable).
     pub fn publish(&self, snap: Snapshot) {
-        self.snap.lock().current = snap;
+        let mut s = self.snap.lock();
+        // Commits publish in journal-turn order (commit/finish.rs): a snapshot older
+        // than the current one would make committed data disappear from new readers.
+        assert!(
+            snap.txn_id > s.current.txn_id,
+            "snapshot of txn {} published after txn {}",
+            snap.txn_id,
+            s.current.txn_id
+        );
+        assert!(
+            snap.page_count >= page::FIRST_DATA_PAGE,
+            "snapshot of txn {} with {} pages, fewer than the file's header pages",
+            snap.txn_id,
+            snap.page_count
+        );
+        s.current = snap;
     }
     /// (current txn id, open readers, bytes in the write buffer) for `Stats`.
     pub fn figures(&self) -> (u64, u64, u64) {

@@ -268,6 +268,81 @@ fn le64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
+impl OpenFile {
+    /// The extra file a file frame begins: its name (UTF-8, after its length).
+    fn begin(frame: &Frame<'_>) -> BackupResult<OpenFile> {
+        let raw = &frame.raw;
+        let name = raw
+            .get(8..)
+            .and_then(|n| std::str::from_utf8(n).ok())
+            .filter(|_| raw.len() >= 8)
+            .ok_or_else(|| {
+                corrupt(
+                    &frame.part,
+                    frame.start,
+                    "file frame without a UTF-8 name".into(),
+                )
+            })?;
+        Ok(OpenFile {
+            name: name.to_string(),
+            start: frame.start,
+            len_bytes: le64(raw, 0),
+            read_bytes: 0,
+            crc: 0,
+        })
+    }
+
+    /// A frame inside this file: its bytes, or its end (checked against the bytes
+    /// read). Returns whether the file ended.
+    fn take_frame(
+        &mut self,
+        frame: &Frame<'_>,
+        sum: &mut BackupSummary,
+        sink: &mut impl FnMut(&BackupSummary, Item<'_>) -> BackupResult<()>,
+    ) -> BackupResult<bool> {
+        let (part, start, raw) = (&frame.part, frame.start, &frame.raw);
+        match frame.kind {
+            KIND_FILE_DATA => {
+                self.read_bytes += raw.len() as u64;
+                if self.read_bytes > self.len_bytes {
+                    return Err(self.name_error(corrupt(
+                        part,
+                        start,
+                        format!("the file's bytes run past its length {}", self.len_bytes),
+                    )));
+                }
+                self.crc = crc32c::crc32c_append(self.crc, raw);
+                sum.file_bytes_total += raw.len() as u64;
+                sink(sum, Item::FileData(raw))?;
+                Ok(false)
+            }
+            KIND_FILE_END => {
+                let ok = raw.len() == 12
+                    && le64(raw, 0) == self.len_bytes
+                    && self.read_bytes == self.len_bytes
+                    && le32(raw, 8) == self.crc;
+                if !ok {
+                    return Err(self.name_error(corrupt(
+                        part,
+                        start,
+                        format!(
+                            "file end does not match its bytes ({} read of {}, or checksum)",
+                            self.read_bytes, self.len_bytes
+                        ),
+                    )));
+                }
+                sink(sum, Item::FileEnd)?;
+                Ok(true)
+            }
+            k => Err(self.name_error(corrupt(
+                part,
+                start,
+                format!("frame of kind {k} inside an extra file"),
+            ))),
+        }
+    }
+}
+
 /// Reads and checks a whole backup, handing every tree and entry to `sink`.
 fn read_backup<R: Read>(
     input: R,
@@ -301,123 +376,84 @@ pub fn read_container<R: Read>(
     let mut payload = Vec::new();
     loop {
         let before_crc = rd.crc;
-        let frame = match read_frame(&mut rd, index, &mut payload) {
-            Ok(f) => f,
-            Err(e) => {
-                return Err(match in_file.as_ref() {
-                    Some(f) => f.name_error(e),
-                    None => e,
-                })
-            }
-        };
-        let Frame {
-            kind,
-            start,
-            ref part,
-            ref raw,
-        } = frame;
+        let frame =
+            read_frame(&mut rd, index, &mut payload).map_err(|e| match in_file.as_ref() {
+                Some(f) => f.name_error(e),
+                None => e,
+            })?;
         index += 1;
         sum.frame = index - 1;
-        sum.frame_offset = start;
-        if let Some(f) = in_file.as_mut() {
-            match kind {
-                KIND_FILE_DATA => {
-                    f.read_bytes += raw.len() as u64;
-                    if f.read_bytes > f.len_bytes {
-                        return Err(f.name_error(corrupt(
-                            part,
-                            start,
-                            format!("the file's bytes run past its length {}", f.len_bytes),
-                        )));
-                    }
-                    f.crc = crc32c::crc32c_append(f.crc, raw);
-                    sum.file_bytes_total += raw.len() as u64;
-                    sink(&sum, Item::FileData(raw))?;
-                }
-                KIND_FILE_END => {
-                    let ok = raw.len() == 12
-                        && le64(raw, 0) == f.len_bytes
-                        && f.read_bytes == f.len_bytes
-                        && le32(raw, 8) == f.crc;
-                    if !ok {
-                        return Err(f.name_error(corrupt(
-                            part,
-                            start,
-                            format!(
-                                "file end does not match its bytes ({} read of {}, or checksum)",
-                                f.read_bytes, f.len_bytes
-                            ),
-                        )));
-                    }
-                    in_file = None;
-                    sink(&sum, Item::FileEnd)?;
-                }
-                k => {
-                    return Err(f.name_error(corrupt(
-                        part,
-                        start,
-                        format!("frame of kind {k} inside an extra file"),
-                    )))
-                }
+        sum.frame_offset = frame.start;
+        if frame.kind == KIND_TRAILER && in_file.is_none() && in_tree.is_none() {
+            check_trailer(&frame, &sum, index, before_crc)?;
+            // With `stop_at_trailer`, what follows is the caller's (the next
+            // container); otherwise it must be the end of the input.
+            if !stop_at_trailer {
+                refuse_bytes_after_trailer(&mut rd)?;
             }
-            continue;
+            sum.frames = index;
+            sum.file_bytes = rd.offset;
+            return Ok(sum);
         }
-        match (kind, in_tree) {
-            (KIND_FILE, None) if sum.format_version >= 2 => {
-                let name = raw
-                    .get(8..)
-                    .and_then(|n| std::str::from_utf8(n).ok())
-                    .filter(|_| raw.len() >= 8)
-                    .ok_or_else(|| {
-                        corrupt(part, start, "file frame without a UTF-8 name".into())
-                    })?;
-                let len_bytes = le64(raw, 0);
-                sum.files += 1;
-                in_file = Some(OpenFile {
-                    name: name.to_string(),
-                    start,
-                    len_bytes,
-                    read_bytes: 0,
-                    crc: 0,
-                });
-                sink(&sum, Item::File { name, len_bytes })?;
-            }
-            (KIND_TREE, None) => {
-                let name = std::str::from_utf8(raw)
-                    .map_err(|_| corrupt(part, start, "tree name is not UTF-8".into()))?;
-                sum.trees += 1;
-                in_tree = Some(0);
-                sink(&sum, Item::Tree(name))?;
-            }
-            (KIND_DATA, Some(n)) => {
-                in_tree = Some(read_entries(&frame, n, &mut sum, &mut sink)?);
-            }
-            (KIND_END, Some(n)) => {
-                check_tree_end(&frame, n)?;
-                sum.entries += n;
-                in_tree = None;
-                sink(&sum, Item::EndTree)?;
-            }
-            (KIND_TRAILER, None) => {
-                check_trailer(&frame, &sum, index, before_crc)?;
-                // With `stop_at_trailer`, what follows is the caller's (the next
-                // container); otherwise it must be the end of the input.
-                if !stop_at_trailer {
-                    refuse_bytes_after_trailer(&mut rd)?;
-                }
-                sum.frames = index;
-                sum.file_bytes = rd.offset;
-                return Ok(sum);
-            }
-            (k, _) => {
-                return Err(corrupt(
-                    part,
-                    start,
-                    format!("frame of kind {k} out of place"),
-                ))
-            }
+        take_frame(&frame, &mut in_tree, &mut in_file, &mut sum, &mut sink)?;
+    }
+}
+
+/// A frame of a container other than its trailer: an extra file's begin, bytes or
+/// end, or a tree's name, entries or end. `in_tree` counts the entries of the tree
+/// being read; `in_file` is the extra file being read.
+fn take_frame(
+    frame: &Frame<'_>,
+    in_tree: &mut Option<u64>,
+    in_file: &mut Option<OpenFile>,
+    sum: &mut BackupSummary,
+    sink: &mut impl FnMut(&BackupSummary, Item<'_>) -> BackupResult<()>,
+) -> BackupResult<()> {
+    if let Some(f) = in_file.as_mut() {
+        if f.take_frame(frame, sum, sink)? {
+            *in_file = None;
+        }
+        return Ok(());
+    }
+    let (part, start, raw) = (&frame.part, frame.start, &frame.raw);
+    match (frame.kind, *in_tree) {
+        (KIND_FILE, None) if sum.format_version >= 2 => {
+            let file = OpenFile::begin(frame)?;
+            sum.files += 1;
+            sink(
+                sum,
+                Item::File {
+                    name: &file.name,
+                    len_bytes: file.len_bytes,
+                },
+            )?;
+            *in_file = Some(file);
+        }
+        (KIND_TREE, None) => {
+            let name = std::str::from_utf8(raw)
+                .map_err(|_| corrupt(part, start, "tree name is not UTF-8".into()))?;
+            sum.trees += 1;
+            *in_tree = Some(0);
+            sink(sum, Item::Tree(name))?;
+        }
+        (KIND_DATA, Some(n)) => {
+            *in_tree = Some(read_entries(frame, n, sum, sink)?);
+        }
+        (KIND_END, Some(n)) => {
+            check_tree_end(frame, n)?;
+            sum.entries += n;
+            *in_tree = None;
+            sink(sum, Item::EndTree)?;
+        }
+        (k, _) => {
+            return Err(corrupt(
+                part,
+                start,
+                format!("frame of kind {k} out of place"),
+            ))
         }
     }
+    Ok(())
 }
 
 /// A tree's end frame must count the entries read.

@@ -330,28 +330,8 @@ impl WriteTxn<'_> {
         }
         let no = self.writable(no)?;
         if hdr::kind(self.dirty_mut(no)) == KIND_LEAF {
-            let (idx, existed) = match search_for_insert(self.dirty_mut(no), key, rightmost) {
-                Ok(i) => {
-                    self.free_value(no, i)?;
-                    page::remove_cell(self.dirty_mut(no), i);
-                    (i, true)
-                }
-                Err(i) => (i, false),
-            };
-            if page::insert_cell(self.dirty_mut(no), idx, cell) {
-                return Ok((no, Outcome::Done, existed));
-            }
-            // Appends at the right edge split there (full pages for ascending keys);
-            // any other overflow is the parent's to spread over siblings.
-            let appended = rightmost && idx == hdr::count(self.dirty_mut(no));
-            if depth == 0 || appended {
-                let mut cells = node_cells(self.dirty_mut(no));
-                cells.insert(idx, cell.to_vec());
-                let split = self.split_cells(no, cells, appended)?;
-                return Ok((no, Outcome::Split(split), existed));
-            }
-            let cells = FlatCells::of_node_with(self.dirty_mut(no), idx, cell);
-            return Ok((no, Outcome::Overflow(cells), existed));
+            let (outcome, existed) = self.insert_in_leaf(no, key, cell, depth, rightmost)?;
+            return Ok((no, outcome, existed));
         }
         let p = self.dirty_mut(no);
         let route = page::route_of(search_for_insert(p, key, rightmost));
@@ -360,25 +340,9 @@ impl WriteTxn<'_> {
         let child_rightmost = rightmost && route == last_route;
         let (new_child, outcome, existed) =
             self.insert_rec(child, counted, key, cell, depth + 1, child_rightmost)?;
-        let p = self.dirty_mut(no);
-        set_route_child(p, route, new_child);
-        // The child's count: one more if the key is new, less what its split moved
-        // to the new right sibling. The leftmost child's count is implied (nothing
-        // to update); every ancestor's cell on the path moves by the same one. An
-        // overflowing child counts its new cell here; `place_overflow` then sets the
-        // counts of the nodes it spread the cells over.
+        set_route_child(self.dirty_mut(no), route, new_child);
         if counted && route != usize::MAX {
-            let moved = match &outcome {
-                Outcome::Split(s) => s.right_count,
-                _ => 0,
-            };
-            let count = page::branch_count(p, route)
-                .checked_add(u64::from(!existed))
-                .and_then(|c| c.checked_sub(moved));
-            let Some(count) = count else {
-                return Err(bad_count(self, no, "a child's count went below zero"));
-            };
-            page::set_branch_count(self.dirty_mut(no), route, count);
+            self.count_child_insert(no, route, &outcome, existed)?;
         }
         let at = if route == usize::MAX { 0 } else { route + 1 };
         let split = match outcome {
@@ -389,6 +353,68 @@ impl WriteTxn<'_> {
             Outcome::Overflow(cells) => self.place_overflow(no, at, cells, counted)?,
         };
         Ok((no, split.map_or(Outcome::Done, Outcome::Split), existed))
+    }
+
+    /// Puts `cell` (for `key`) in leaf `no`, which this transaction owns, replacing
+    /// the key's cell if it has one. Returns what the parent must do (nothing, take
+    /// a split, or spread an overflow) and whether the key existed.
+    fn insert_in_leaf(
+        &mut self,
+        no: PageNo,
+        key: &[u8],
+        cell: &[u8],
+        depth: usize,
+        rightmost: bool,
+    ) -> Result<(Outcome, bool)> {
+        let (idx, existed) = match search_for_insert(self.dirty_mut(no), key, rightmost) {
+            Ok(i) => {
+                self.free_value(no, i)?;
+                page::remove_cell(self.dirty_mut(no), i);
+                (i, true)
+            }
+            Err(i) => (i, false),
+        };
+        if page::insert_cell(self.dirty_mut(no), idx, cell) {
+            return Ok((Outcome::Done, existed));
+        }
+        // Appends at the right edge split there (full pages for ascending keys);
+        // any other overflow is the parent's to spread over siblings.
+        let appended = rightmost && idx == hdr::count(self.dirty_mut(no));
+        if depth == 0 || appended {
+            let mut cells = node_cells(self.dirty_mut(no));
+            cells.insert(idx, cell.to_vec());
+            let split = self.split_cells(no, cells, appended)?;
+            return Ok((Outcome::Split(split), existed));
+        }
+        let cells = FlatCells::of_node_with(self.dirty_mut(no), idx, cell);
+        Ok((Outcome::Overflow(cells), existed))
+    }
+
+    /// The count of child `route` of counted branch `no` after an insert below it:
+    /// one more if the key is new, less what its split moved to the new right
+    /// sibling. The leftmost child's count is implied (the caller skips it); every
+    /// ancestor's cell on the path moves by the same one. An overflowing child
+    /// counts its new cell here; `place_overflow` then sets the counts of the nodes
+    /// it spread the cells over.
+    fn count_child_insert(
+        &mut self,
+        no: PageNo,
+        route: usize,
+        outcome: &Outcome,
+        existed: bool,
+    ) -> Result<()> {
+        let moved = match outcome {
+            Outcome::Split(s) => s.right_count,
+            _ => 0,
+        };
+        let count = page::branch_count(self.dirty_mut(no), route)
+            .checked_add(u64::from(!existed))
+            .and_then(|c| c.checked_sub(moved));
+        let Some(count) = count else {
+            return Err(bad_count(self, no, "a child's count went below zero"));
+        };
+        page::set_branch_count(self.dirty_mut(no), route, count);
+        Ok(())
     }
 
     /// Places the cells of child `n` of `parent`, a leaf that overflowed, B*-tree
@@ -405,35 +431,8 @@ impl WriteTxn<'_> {
         mut cells: FlatCells,
         counted: bool,
     ) -> Result<Option<Split>> {
-        let pp = self.dirty_mut(parent);
-        let fanout = page::branch_fanout(pp);
-        let me = page::branch_nth_child(pp, n);
-        let mut best: Option<(usize, PageNo, usize)> = None;
-        let mut siblings = [n.checked_sub(1), (n + 1 < fanout).then_some(n + 1)]
-            .map(|s| s.map(|s| (s, page::branch_nth_child(pp, s))));
-        // Past RAM (the merge reads ahead), a sibling this transaction already holds
-        // is taken without reading the other: a merge goes in key order, so the left
-        // one usually is, and each clean sibling read is a fault that waits on the disk.
-        if self.store().read_ahead.is_open()
-            && siblings.iter().flatten().any(|&(_, no)| self.is_dirty(no))
-        {
-            siblings = siblings.map(|s| s.filter(|&(_, no)| self.is_dirty(no)));
-        }
-        for (s, sno) in siblings.into_iter().flatten() {
-            let sp = node(&*self, sno)?;
-            if hdr::kind(sp) != KIND_LEAF {
-                return Err(super::corrupt(
-                    &*self,
-                    parent,
-                    "siblings of different kinds (tree levels disagree)",
-                ));
-            }
-            let used = page::used_space(sp);
-            if best.is_none_or(|(_, _, u)| used < u) {
-                best = Some((s, sno, used));
-            }
-        }
-        let Some((sib, sib_no, _)) = best else {
+        let me = page::branch_nth_child(self.dirty_mut(parent), n);
+        let Some((sib, sib_no)) = self.emptier_sibling(parent, n)? else {
             // An only child (a branch emptied by deletes): split it alone.
             let s = self.split_cells(me, cells.to_vecs(), false)?;
             return self.insert_or_split(parent, n, &split_cell(&s, counted), false);
@@ -471,6 +470,39 @@ impl WriteTxn<'_> {
             start = end;
         }
         self.relink_spread(parent, a, &parts, counted)
+    }
+
+    /// Of the two siblings next to child `n` of `parent`, the leaf holding fewer
+    /// bytes (its position and page), or none for an only child.
+    fn emptier_sibling(&mut self, parent: PageNo, n: usize) -> Result<Option<(usize, PageNo)>> {
+        let pp = self.dirty_mut(parent);
+        let fanout = page::branch_fanout(pp);
+        let mut best: Option<(usize, PageNo, usize)> = None;
+        let mut siblings = [n.checked_sub(1), (n + 1 < fanout).then_some(n + 1)]
+            .map(|s| s.map(|s| (s, page::branch_nth_child(pp, s))));
+        // Past RAM (the merge reads ahead), a sibling this transaction already holds
+        // is taken without reading the other: a merge goes in key order, so the left
+        // one usually is, and each clean sibling read is a fault that waits on the disk.
+        if self.store().read_ahead.is_open()
+            && siblings.iter().flatten().any(|&(_, no)| self.is_dirty(no))
+        {
+            siblings = siblings.map(|s| s.filter(|&(_, no)| self.is_dirty(no)));
+        }
+        for (s, sno) in siblings.into_iter().flatten() {
+            let sp = node(&*self, sno)?;
+            if hdr::kind(sp) != KIND_LEAF {
+                return Err(super::corrupt(
+                    &*self,
+                    parent,
+                    "siblings of different kinds (tree levels disagree)",
+                ));
+            }
+            let used = page::used_space(sp);
+            if best.is_none_or(|(_, _, u)| used < u) {
+                best = Some((s, sno, used));
+            }
+        }
+        Ok(best.map(|(s, sno, _)| (s, sno)))
     }
 
     /// Points `parent`'s children `a..` at the leaves a spread filled (`parts`: page

@@ -69,7 +69,11 @@ impl WriteTxn<'_> {
             sp.created.insert(no);
         }
         self.dirty_bytes_written += run.bytes().len();
-        self.dirty.insert(no, run);
+        let before = self.dirty.insert(no, run);
+        debug_assert!(
+            before.is_none(),
+            "page {no} created twice in one transaction"
+        );
     }
 
     /// Undoes everything since the savepoint.
