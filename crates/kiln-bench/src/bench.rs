@@ -321,40 +321,10 @@ impl<'a> Plan<'a> {
             Workload::W4 => one(Box::new(move || {
                 storagebench::fill(dir, opts, "W4", workload::W4, quick)
             })),
-            Workload::W6 => self
-                .threads
-                .iter()
-                .map(|&t| -> Variant<'_> {
-                    (
-                        format!("W6 T={t}"),
-                        Box::new(move || storagebench::w6(dir, opts, quick, t, a.w6_commits)),
-                    )
-                })
-                .collect(),
-            Workload::W7 => [W7Case::AfterW3, W7Case::Journal]
-                .into_iter()
-                .map(|case| -> Variant<'_> {
-                    (
-                        format!("W7 {}", case.name()),
-                        Box::new(move || recoverybench::w7(dir, case, quick)),
-                    )
-                })
-                .collect(),
+            Workload::W6 => self.w6_variants(),
+            Workload::W7 => self.w7_variants(),
             Workload::W8 => one(Box::new(move || serverbench::w8(dir, load, quick))),
-            Workload::W9 => {
-                let mut v: Vec<Variant<'_>> = vec![(
-                    "W9 GET".to_string(),
-                    Box::new(move || serverbench::w9(dir, load, quick, false)),
-                )];
-                // Redis has no conditional GET.
-                if !load.redis_only {
-                    v.push((
-                        "W9 304".to_string(),
-                        Box::new(move || serverbench::w9(dir, load, quick, true)),
-                    ));
-                }
-                v
-            }
+            Workload::W9 => self.w9_variants(),
             Workload::W10 => one(Box::new(move || {
                 streambench::w10(dir, quick, a.connections, a.w10_docs)
             })),
@@ -383,6 +353,51 @@ impl<'a> Plan<'a> {
                 one(Box::new(move || clusterbench::w15c(dir, scale)))
             }
         })
+    }
+
+    /// W6: one variant per thread count.
+    fn w6_variants(&self) -> Vec<Variant<'_>> {
+        let (dir, opts, a): (&Path, _, _) = (&self.run_dir, &self.options, self.args);
+        self.threads
+            .iter()
+            .map(|&t| -> Variant<'_> {
+                (
+                    format!("W6 T={t}"),
+                    Box::new(move || storagebench::w6(dir, opts, a.quick, t, a.w6_commits)),
+                )
+            })
+            .collect()
+    }
+
+    /// W7: one variant per recovery case.
+    fn w7_variants(&self) -> Vec<Variant<'_>> {
+        let (dir, quick): (&Path, _) = (&self.run_dir, self.args.quick);
+        [W7Case::AfterW3, W7Case::Journal]
+            .into_iter()
+            .map(|case| -> Variant<'_> {
+                (
+                    format!("W7 {}", case.name()),
+                    Box::new(move || recoverybench::w7(dir, case, quick)),
+                )
+            })
+            .collect()
+    }
+
+    /// W9: plain GETs and, unless Redis runs alone, GETs answered 304.
+    fn w9_variants(&self) -> Vec<Variant<'_>> {
+        let (dir, quick, load): (&Path, _, _) = (&self.run_dir, self.args.quick, self.load);
+        let mut v: Vec<Variant<'_>> = vec![(
+            "W9 GET".to_string(),
+            Box::new(move || serverbench::w9(dir, load, quick, false)),
+        )];
+        // Redis has no conditional GET.
+        if !load.redis_only {
+            v.push((
+                "W9 304".to_string(),
+                Box::new(move || serverbench::w9(dir, load, quick, true)),
+            ));
+        }
+        v
     }
 }
 

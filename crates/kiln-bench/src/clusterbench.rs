@@ -169,8 +169,27 @@ impl Spent {
 pub fn w15(dir: &Path, scale: ClusterLoad) -> BenchResult<Run> {
     let load = scale.load;
     std::fs::create_dir_all(dir)?;
+    let w8 = single_node_w8(dir, load)?;
+    let mut cluster = Cluster::start(&dir.join("cluster"), &[])?;
+    let mut run = cluster_w8(dir, &cluster, load)?;
+    let rate = run.ops_per_sec();
+    let extra = &mut run.extra;
+    extra.insert("w8_requests_per_sec".into(), json!(w8.ops_per_sec()));
+    for (k, v) in &w8.extra {
+        if W8_FIGURES.contains(&k.as_str()) {
+            extra.insert(format!("w8_{k}"), v.clone());
+        }
+    }
+    extra.insert("ratio_to_w8".into(), json!(rate / w8.ops_per_sec()));
 
-    // W8 beside it: one server, the same client, the same load.
+    let (failover_ms, rejoin_ms) = failovers(&mut cluster, scale.failovers)?;
+    report_failovers(failover_ms, &rejoin_ms, &mut run.extra);
+    Ok(run)
+}
+
+/// W8 beside W15: one server, the same client, the same load, with what it spent
+/// per request; its data directory removed afterwards.
+fn single_node_w8(dir: &Path, load: ServerLoad) -> BenchResult<Run> {
     let single_dir = dir.join("single");
     let w8 = {
         let server = serverbench::fresh_server(&single_dir)?;
@@ -181,8 +200,13 @@ pub fn w15(dir: &Path, scale: ClusterLoad) -> BenchResult<Run> {
         run
     };
     std::fs::remove_dir_all(&single_dir)?;
+    Ok(w8)
+}
 
-    let mut cluster = Cluster::start(&dir.join("cluster"), &[])?;
+/// W8's load against the leader of `cluster` once it is steady, with what the
+/// three nodes spent per request and each node's database journal writes per
+/// request (the followers' averaged).
+fn cluster_w8(dir: &Path, cluster: &Cluster, load: ServerLoad) -> BenchResult<Run> {
     let leader = cluster.steady()?;
     // Every node has it before the counters are read.
     cluster.create_bench_db(leader)?;
@@ -196,7 +220,6 @@ pub fn w15(dir: &Path, scale: ClusterLoad) -> BenchResult<Run> {
     let journal_after = cluster.db_journal_writes()?;
 
     let requests = run.ops.max(1) as f64;
-    let rate = run.ops_per_sec();
     let extra = &mut run.extra;
     extra.insert("nodes".into(), json!(NODES));
     extra.insert("leader".into(), json!(leader));
@@ -216,16 +239,12 @@ pub fn w15(dir: &Path, scale: ClusterLoad) -> BenchResult<Run> {
         "follower_db_journal_writes_per_request".into(),
         json!(followers.iter().sum::<f64>() / followers.len().max(1) as f64),
     );
-    extra.insert("w8_requests_per_sec".into(), json!(w8.ops_per_sec()));
-    for (k, v) in &w8.extra {
-        if W8_FIGURES.contains(&k.as_str()) {
-            extra.insert(format!("w8_{k}"), v.clone());
-        }
-    }
-    extra.insert("ratio_to_w8".into(), json!(rate / w8.ops_per_sec()));
+    Ok(run)
+}
 
-    let (failover_ms, rejoin_ms) = failovers(&mut cluster, scale.failovers)?;
-    let extra = &mut run.extra;
+/// The failovers' and rejoins' times (ms) into `extra`: their count, p50 and max,
+/// and every failover's time.
+fn report_failovers(failover_ms: Vec<f64>, rejoin_ms: &[f64], extra: &mut Map<String, Value>) {
     extra.insert("failovers".into(), json!(failover_ms.len()));
     if !failover_ms.is_empty() {
         let mut sorted = failover_ms.clone();
@@ -236,13 +255,12 @@ pub fn w15(dir: &Path, scale: ClusterLoad) -> BenchResult<Run> {
             json!(quantile(&sorted, 1.0).unwrap_or(f64::NAN)),
         );
         extra.insert("failover_ms".into(), json!(failover_ms));
-        extra.insert("rejoin_p50_ms".into(), json!(median(&rejoin_ms)));
+        extra.insert("rejoin_p50_ms".into(), json!(median(rejoin_ms)));
         extra.insert(
             "rejoin_max_ms".into(),
             json!(rejoin_ms.iter().copied().fold(f64::NAN, f64::max)),
         );
     }
-    Ok(run)
 }
 
 /// `count` times: kill -9 of the leader, the time to the first write a survivor

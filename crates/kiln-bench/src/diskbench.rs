@@ -9,7 +9,7 @@ use crate::machine::{self, read_trimmed};
 use crate::randread::{self, ReadPlan, ReadRow};
 use crate::rawdisk::{
     open_for_writes, preallocate, summarize, timed_writes, AlignedBuf, LatencySummary, Prealloc,
-    RawDiskError, WriteFile, WriteMode,
+    RawDiskError, WriteFile, WriteMode, WriteRun,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
@@ -669,6 +669,26 @@ fn row_message(spec: &Spec) -> String {
     )
 }
 
+/// What the threads of a concurrent row share: the barrier they start at (with the
+/// thread that watches them), the operations done so far (for the progress bar;
+/// randread's readers add theirs in steps) and the flag that asks them to stop.
+pub(crate) struct Shared {
+    pub barrier: Barrier,
+    pub count: AtomicU64,
+    pub stop: AtomicBool,
+}
+
+impl Shared {
+    /// For `threads` threads and their watcher.
+    pub(crate) fn new(threads: usize) -> Shared {
+        Shared {
+            barrier: Barrier::new(threads + 1),
+            count: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        }
+    }
+}
+
 /// What a concurrent row's progress bar follows: operations done out of `total`,
 /// or the time bound, whichever comes first.
 pub(crate) struct Progress<'a> {
@@ -774,62 +794,33 @@ fn concurrent_row(
     let files = (0..writers)
         .map(|_| open_for_writes(path, spec.mode))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let barrier = Barrier::new(writers + 1);
-    let count = AtomicU64::new(0);
-    let stop = AtomicBool::new(false);
+    let shared = Shared::new(writers);
     let pb = bar(1000, label, &row_message(&spec));
     let (start, results) = std::thread::scope(|s| {
         let handles: Vec<_> = files
             .iter()
             .enumerate()
             .map(|(i, wf)| {
-                let (barrier, count, stop) = (&barrier, &count, &stop);
+                let shared = &shared;
+                let at = i as u64 * region;
                 s.spawn(move || {
-                    let mut buf = AlignedBuf::new(spec.size);
-                    barrier.wait();
-                    let r = timed_writes(
-                        wf,
-                        &mut buf,
-                        i as u64 * region,
-                        region,
-                        per_writer,
-                        plan.max_time,
-                        &mut |_| {
-                            count.fetch_add(1, Ordering::Relaxed);
-                            !stop.load(Ordering::Relaxed)
-                        },
-                    );
-                    if r.is_err() {
-                        stop.store(true, Ordering::Relaxed);
-                    }
-                    (r, Instant::now())
+                    region_writer(wf, spec.size, (at, region), per_writer, plan, shared)
                 })
             })
             .collect();
         let progress = Progress {
             bar: &pb,
-            done: &count,
+            done: &shared.count,
             total: per_writer * writers as u64,
             max_time: plan.max_time,
         };
-        watch_threads(handles, &barrier, &stop, &progress)
+        watch_threads(handles, &shared.barrier, &shared.stop, &progress)
     });
     pb.finish_and_clear();
     if interrupted() {
         return Err(DiskBenchError::Interrupted);
     }
-    let mut lat = Vec::new();
-    let mut writes = 0;
-    let mut end = start;
-    let mut time_bounded = false;
-    for r in results {
-        let (run, finished) = r.map_err(|_| DiskBenchError::WriterPanicked)?;
-        let run = run?;
-        writes += run.writes;
-        time_bounded |= run.stopped_early;
-        lat.extend(run.latencies_ms);
-        end = end.max(finished);
-    }
+    let mut merged = merge_writers(start, results)?;
     let t = Instant::now();
     files[0].sync_all()?;
     let settle_sync_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -839,13 +830,74 @@ fn concurrent_row(
         direct_io: files[0].direct_io,
         direct_io_refused: files[0].direct_io_refused,
         prealloc,
-        writes,
+        writes: merged.writes,
         max_writes: per_writer * writers as u64,
-        time_bounded,
-        seconds: (end - start).as_secs_f64(),
-        lat: summarize(&mut lat),
+        time_bounded: merged.time_bounded,
+        seconds: (merged.end - start).as_secs_f64(),
+        lat: summarize(&mut merged.latencies_ms),
         settle_sync_ms,
     })
+}
+
+/// One writer thread of a concurrent row: waits for the others, then writes
+/// `size` bytes at a time to its region (start, length) until `max_writes`, the
+/// time bound, an error elsewhere or Ctrl-C; what it did and when it finished.
+fn region_writer(
+    wf: &WriteFile,
+    size: usize,
+    (region_start, region_len): (u64, u64),
+    max_writes: u64,
+    plan: &Plan,
+    shared: &Shared,
+) -> (std::result::Result<WriteRun, RawDiskError>, Instant) {
+    let mut buf = AlignedBuf::new(size);
+    shared.barrier.wait();
+    let r = timed_writes(
+        wf,
+        &mut buf,
+        region_start,
+        region_len,
+        max_writes,
+        plan.max_time,
+        &mut |_| {
+            shared.count.fetch_add(1, Ordering::Relaxed);
+            !shared.stop.load(Ordering::Relaxed)
+        },
+    );
+    if r.is_err() {
+        shared.stop.store(true, Ordering::Relaxed);
+    }
+    (r, Instant::now())
+}
+
+/// What the writers of a concurrent row did together.
+struct MergedWrites {
+    writes: u64,
+    time_bounded: bool,
+    latencies_ms: Vec<f64>,
+    /// When the last of them finished.
+    end: Instant,
+}
+
+type JoinedWriter = std::thread::Result<(std::result::Result<WriteRun, RawDiskError>, Instant)>;
+
+/// The writers' runs added up: writes, latencies, the last end (`start` if none).
+fn merge_writers(start: Instant, results: Vec<JoinedWriter>) -> Result<MergedWrites> {
+    let mut merged = MergedWrites {
+        writes: 0,
+        time_bounded: false,
+        latencies_ms: Vec::new(),
+        end: start,
+    };
+    for r in results {
+        let (run, finished) = r.map_err(|_| DiskBenchError::WriterPanicked)?;
+        let run = run?;
+        merged.writes += run.writes;
+        merged.time_bounded |= run.stopped_early;
+        merged.latencies_ms.extend(run.latencies_ms);
+        merged.end = merged.end.max(finished);
+    }
+    Ok(merged)
 }
 
 /// Commits of one 16 KiB value written in place plus a 4 KiB record, as a design

@@ -172,8 +172,33 @@ fn index_and_queries(dir: &Path, documents: u64) -> BenchResult<Figures> {
     kiln_docs::COUNTED_ENTRIES_TREES.store(!uncounted, Ordering::Relaxed);
     let (store, db) = fresh(dir)?;
     let mut extra = Map::new();
+    let build_secs = insert_and_build(&db, documents, &mut extra)?;
+    extra.insert("counted_indexes".into(), json!(!uncounted));
+    extra.insert(
+        "index_build_batch_sizes".into(),
+        batch_summary(&[], &db.index_batch_sizes()),
+    );
+    query_latencies(&db, documents, &mut extra)?;
+    drop(db);
+    store.close()?;
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(Figures {
+        documents,
+        seconds: build_secs,
+        extra,
+    })
+}
+
+/// W12's data: `documents` written (the insert rate into `extra`), then the
+/// indexes on `n` and `tag` defined and timed until both have caught up; the
+/// build's seconds.
+fn insert_and_build(
+    db: &Database,
+    documents: u64,
+    extra: &mut Map<String, Value>,
+) -> BenchResult<f64> {
     let t = Instant::now();
-    insert(&db, 1, documents + 1, |_| {})?;
+    insert(db, 1, documents + 1, |_| {})?;
     let insert_secs = t.elapsed().as_secs_f64();
     extra.insert("documents".into(), json!(documents));
     extra.insert(
@@ -195,11 +220,16 @@ fn index_and_queries(dir: &Path, documents: u64) -> BenchResult<Figures> {
         json!(documents as f64 / build_secs),
     );
     extra.insert("index_build_seconds".into(), json!(build_secs));
-    extra.insert("counted_indexes".into(), json!(!uncounted));
-    extra.insert(
-        "index_build_batch_sizes".into(),
-        batch_summary(&[], &db.index_batch_sizes()),
-    );
+    Ok(build_secs)
+}
+
+/// W12's queries over the `documents` written: each first page of 20 (p50/p99,
+/// its total checked) and its count, then `order by n desc`; into `extra`.
+fn query_latencies(
+    db: &Database,
+    documents: u64,
+    extra: &mut Map<String, Value>,
+) -> BenchResult<()> {
     let iterations = 200;
     let queries = [
         (
@@ -225,44 +255,52 @@ fn index_and_queries(dir: &Path, documents: u64) -> BenchResult<Figures> {
         let half = (documents / 2).to_string();
         let page = page.replace("$half", &half);
         let count = count.replace("$half", &half);
-        let (p50, p99, total) = time_query(&db, &page, iterations)?;
+        let (p50, p99, total) = time_query(db, &page, iterations)?;
         if total != expect {
             return Err(format!("{page}: total {total}, expected {expect}").into());
         }
-        let (c50, _, _) = time_query(&db, &count, iterations.min(50))?;
+        let (c50, _, _) = time_query(db, &count, iterations.min(50))?;
         extra.insert(format!("{prefix}first_page_p50_ms"), json!(p50));
         extra.insert(format!("{prefix}first_page_p99_ms"), json!(p99));
         extra.insert(format!("{prefix}count_ms"), json!(c50));
     }
-    let (p50, p99, _) = time_query(&db, "from items order by n desc limit 20", iterations)?;
+    let (p50, p99, _) = time_query(db, "from items order by n desc limit 20", iterations)?;
     extra.insert("order_desc_first_page_p50_ms".into(), json!(p50));
     extra.insert("order_desc_first_page_p99_ms".into(), json!(p99));
+    Ok(())
+}
+
+/// W13's indexes.
+const LAG_INDEXES: [&str; 3] = ["items-by-n", "items-by-tag", "items-by-name"];
+
+fn index_lag(dir: &Path, flood_documents: u64, idle_writes: u64) -> BenchResult<Figures> {
+    let (store, db) = fresh(dir)?;
+    for (name, field) in LAG_INDEXES.into_iter().zip(["n", "tag", "name"]) {
+        db.define_index(index(name, field))?;
+    }
+    let mut extra = Map::new();
+    idle_lag(&db, idle_writes, &mut extra)?;
+    let insert_secs = flood_lag(&db, flood_documents, &mut extra)?;
     drop(db);
     store.close()?;
     let _ = std::fs::remove_dir_all(dir);
     Ok(Figures {
-        documents,
-        seconds: build_secs,
+        documents: flood_documents,
+        seconds: insert_secs,
         extra,
     })
 }
 
-fn index_lag(dir: &Path, flood_documents: u64, idle_writes: u64) -> BenchResult<Figures> {
-    let (store, db) = fresh(dir)?;
-    let names = ["items-by-n", "items-by-tag", "items-by-name"];
-    db.define_index(index(names[0], "n"))?;
-    db.define_index(index(names[1], "tag"))?;
-    db.define_index(index(names[2], "name"))?;
-    let mut extra = Map::new();
-
-    // Idle: one write every 50 ms; ack -> every index has it (a non-stale query sees it).
+/// Idle: one write every 50 ms; ack -> every index has it (a non-stale query sees it).
+/// The lag's p50/p99 into `extra`.
+fn idle_lag(db: &Database, idle_writes: u64, extra: &mut Map<String, Value>) -> BenchResult<()> {
     let mut rng = SmallRng::seed_from_u64(13);
     let mut lags = Vec::new();
     for i in 0..idle_writes {
         let n = 10_000_000_000 + i;
         let put = db.put(&format!("items/{n}"), &doc(&mut rng, n), Condition::None)?;
         let acked = Instant::now();
-        for name in names {
+        for name in LAG_INDEXES {
             db.wait_for_index(name, put.etag.sequence, Duration::from_secs(10))?;
         }
         lags.push(acked.elapsed().as_secs_f64() * 1e3);
@@ -279,35 +317,24 @@ fn index_lag(dir: &Path, flood_documents: u64, idle_writes: u64) -> BenchResult<
     lags.sort_by(f64::total_cmp);
     extra.insert("lag_p50_ms".into(), json!(percentile(&lags, 0.5)));
     extra.insert("lag_p99_ms".into(), json!(percentile(&lags, 0.99)));
+    Ok(())
+}
 
-    // Flood: a bulk insert while a sampler measures how old the oldest acknowledged
-    // write not yet in every index is.
+/// Flood: a bulk insert of `flood_documents` while a sampler measures how old the
+/// oldest acknowledged write not yet in every index is; the insert rate, the
+/// largest lag, the catch-up after the insert and the indexer's batches into
+/// `extra`. The insert's seconds.
+fn flood_lag(
+    db: &Arc<Database>,
+    flood_documents: u64,
+    extra: &mut Map<String, Value>,
+) -> BenchResult<f64> {
     let acks: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::new(Mutex::new(Vec::new()));
     let done = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (db, acks, done) = (db.clone(), acks.clone(), done.clone());
-        std::thread::spawn(move || -> f64 {
-            let mut max_lag: f64 = 0.0;
-            while !done.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(50));
-                let indexed = names
-                    .iter()
-                    .filter_map(|n| db.index_info(n).ok())
-                    .map(|i| i.last_indexed_etag.map_or(0, |e| e.sequence))
-                    .min()
-                    .unwrap_or(0);
-                let acks = acks.lock().expect("not poisoned");
-                let oldest = acks.iter().find(|(seq, _)| *seq > indexed);
-                if let Some((_, at)) = oldest {
-                    max_lag = max_lag.max(at.elapsed().as_secs_f64() * 1e3);
-                }
-            }
-            max_lag
-        })
-    };
+    let sampler = spawn_lag_sampler(db.clone(), acks.clone(), done.clone());
     let before = db.index_batch_sizes();
     let t = Instant::now();
-    insert(&db, 1, flood_documents + 1, |seq| {
+    insert(db, 1, flood_documents + 1, |seq| {
         acks.lock()
             .expect("not poisoned")
             .push((seq, Instant::now()))
@@ -315,7 +342,7 @@ fn index_lag(dir: &Path, flood_documents: u64, idle_writes: u64) -> BenchResult<
     let insert_secs = t.elapsed().as_secs_f64();
     let ended = Instant::now();
     let last = db.last_sequence();
-    for name in names {
+    for name in LAG_INDEXES {
         db.wait_for_index(name, last, Duration::from_secs(3600))?;
     }
     let catch_up_ms = ended.elapsed().as_secs_f64() * 1e3;
@@ -330,12 +357,33 @@ fn index_lag(dir: &Path, flood_documents: u64, idle_writes: u64) -> BenchResult<
     extra.insert("flood_max_lag_ms".into(), json!(max_lag.max(catch_up_ms)));
     extra.insert("catch_up_ms".into(), json!(catch_up_ms));
     extra.insert("batch_sizes".into(), batch_summary(&before, &sizes));
-    drop(db);
-    store.close()?;
-    let _ = std::fs::remove_dir_all(dir);
-    Ok(Figures {
-        documents: flood_documents,
-        seconds: insert_secs,
-        extra,
+    Ok(insert_secs)
+}
+
+/// Every 50 ms until `done`: the age of the oldest of `acks` (sequence, when
+/// acknowledged) that some index of W13 has not reached yet. The thread returns
+/// the largest age seen, in ms.
+fn spawn_lag_sampler(
+    db: Arc<Database>,
+    acks: Arc<Mutex<Vec<(u64, Instant)>>>,
+    done: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<f64> {
+    std::thread::spawn(move || -> f64 {
+        let mut max_lag: f64 = 0.0;
+        while !done.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(50));
+            let indexed = LAG_INDEXES
+                .iter()
+                .filter_map(|n| db.index_info(n).ok())
+                .map(|i| i.last_indexed_etag.map_or(0, |e| e.sequence))
+                .min()
+                .unwrap_or(0);
+            let acks = acks.lock().expect("not poisoned");
+            let oldest = acks.iter().find(|(seq, _)| *seq > indexed);
+            if let Some((_, at)) = oldest {
+                max_lag = max_lag.max(at.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        max_lag
     })
 }

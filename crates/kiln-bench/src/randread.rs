@@ -9,13 +9,12 @@
 //! outstanding at uniformly random offsets, aligned to the read size. If O_DIRECT is
 //! refused, the reads are buffered, after POSIX_FADV_DONTNEED, and the rows say so.
 
-use crate::diskbench::{bar, interrupted, watch_threads, DiskBenchError, Progress, Result};
+use crate::diskbench::{bar, interrupted, watch_threads, DiskBenchError, Progress, Result, Shared};
 use crate::rawdisk::{open_for_reads, summarize, write_incompressible, AlignedBuf};
 use crate::rawdisk::{LatencySummary, RawDiskError, ReadFile};
 use serde_json::{json, Map, Value};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Barrier;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 const KIB: usize = 1024;
@@ -212,14 +211,7 @@ fn fill(path: &Path, plan: &ReadPlan) -> Result<bool> {
     Ok(direct)
 }
 
-/// What the threads of a row share.
-struct Shared {
-    barrier: Barrier,
-    /// Reads done so far, in steps of `COUNT_STEP` (for the progress bar).
-    count: AtomicU64,
-    stop: AtomicBool,
-}
-
+/// A reader adds its reads to `Shared::count` (for the progress bar) in steps of this.
 const COUNT_STEP: u64 = 64;
 
 /// What one reader thread did.
@@ -242,11 +234,7 @@ fn measure_row(
 ) -> Result<ReadRow> {
     let rf = open_for_reads(path)?;
     let per_reader = (plan.max_reads / depth as u64).max(1);
-    let shared = Shared {
-        barrier: Barrier::new(depth + 1),
-        count: AtomicU64::new(0),
-        stop: AtomicBool::new(false),
-    };
+    let shared = Shared::new(depth);
     let pb = bar(
         1000,
         label,

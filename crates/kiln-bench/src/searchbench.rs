@@ -122,6 +122,124 @@ fn tantivy_build(
     Ok((secs, index, body))
 }
 
+/// Writes a full backup of `db` to `path` and syncs it; the backup's report.
+fn write_backup(db: &Database, path: &Path) -> BenchResult<kiln_docs::BackupReport> {
+    let file = std::fs::File::create(path)?;
+    let mut out = std::io::BufWriter::new(file);
+    let report = db.backup_to(&mut out, Default::default(), |_| {})?;
+    let file = out.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    Ok(report)
+}
+
+/// The backup file at `backup`, opened as a restore's source.
+fn restore_source(backup: &Path) -> BenchResult<kiln_docs::RestoreSource<'static>> {
+    Ok(kiln_docs::RestoreSource::Files(vec![(
+        backup.display().to_string(),
+        Box::new(std::io::BufReader::new(std::fs::File::open(backup)?)) as Box<dyn std::io::Read>,
+    )]))
+}
+
+/// The first search of a restored database, waiting until its index is caught
+/// up (`params` binds `$q`); the hits on the page.
+fn first_query(restored: &Database, params: &Map<String, Value>) -> BenchResult<usize> {
+    let options = QueryOptions {
+        wait_for_non_stale_ms: 3_600_000,
+    };
+    let r = restored.query(
+        "from pages where search(body, $q) limit 10",
+        params,
+        options,
+    )?;
+    if r.stale || r.results.is_empty() {
+        return Err(format!(
+            "W16: the restored database answered stale={} with {} results",
+            r.stale,
+            r.results.len()
+        )
+        .into());
+    }
+    Ok(r.results.len())
+}
+
+/// Timings of a restore, in seconds, and the hits its first search found.
+struct Restored {
+    /// The restore alone (Kiln's) or with the removal of the index's files left
+    /// out (the peer's).
+    restore_secs: f64,
+    /// From the start of the restore until the first search answered.
+    to_first_query_secs: f64,
+    found: usize,
+}
+
+/// Kiln's restore: `backup` restored into `store`, its full-text index resumed
+/// from the commit the backup carries; timed until a search answers.
+fn restore_resumed(
+    store: &kiln_docs::DocStore,
+    backup: &Path,
+    params: &Map<String, Value>,
+) -> BenchResult<Restored> {
+    let t = Instant::now();
+    store.restore_database(
+        restore_source(backup)?,
+        "restored",
+        false,
+        kiln_docs::RestorePoint::Latest,
+        |_| {},
+    )?;
+    let restore_secs = t.elapsed().as_secs_f64();
+    let restored = store.database("restored")?;
+    let found = first_query(&restored, params)?;
+    let to_first_query_secs = t.elapsed().as_secs_f64();
+    if restored.index_info(INDEX)?.opened_at_etag.is_none() {
+        return Err("W16: the restored full-text index was rebuilt, not resumed".into());
+    }
+    Ok(Restored {
+        restore_secs,
+        to_first_query_secs,
+        found,
+    })
+}
+
+/// The peer: `backup` restored offline into a data directory of its own under
+/// `dir`, the index's files removed before the database opens, so the index is
+/// rebuilt from the first change; timed until a search answers (the removal not
+/// counted). The data directory is removed afterwards.
+fn restore_rebuilt(
+    dir: &Path,
+    backup: &Path,
+    params: &Map<String, Value>,
+) -> BenchResult<Restored> {
+    let data = dir.join("w16-rebuild");
+    let t = Instant::now();
+    kiln_docs::restore_database(
+        restore_source(backup)?,
+        &data,
+        "rebuilt",
+        kiln_docs::DocsOptions::default().storage,
+        false,
+        kiln_docs::RestorePoint::Latest,
+        |_| {},
+    )?;
+    let restore_secs = t.elapsed().as_secs_f64();
+    let search_dir = data.join("databases").join("rebuilt").join("search");
+    let removed = Instant::now();
+    std::fs::remove_dir_all(&search_dir)?;
+    let removal_secs = removed.elapsed().as_secs_f64();
+    let peer = kiln_docs::DocStore::open(&data, kiln_docs::DocsOptions::default())?;
+    let rebuilt = peer.database("rebuilt")?;
+    let found = first_query(&rebuilt, params)?;
+    let to_first_query_secs = t.elapsed().as_secs_f64() - removal_secs;
+    drop(rebuilt);
+    peer.close()?;
+    std::fs::remove_dir_all(&data)?;
+    Ok(Restored {
+        restore_secs,
+        to_first_query_secs,
+        found,
+    })
+}
+
 /// Issue 42: a restore of a database with a full-text index, to its first search
 /// answered from the caught-up index. A full backup carries each index's tantivy
 /// commit (`kiln_docs::search` backup files), so the restored index resumes from
@@ -137,90 +255,23 @@ fn restore_to_first_query(
     extra: &mut Map<String, Value>,
 ) -> BenchResult<()> {
     let backup = dir.join("w16.backup");
-    let file = std::fs::File::create(&backup)?;
-    let mut out = std::io::BufWriter::new(file);
-    let report = db.backup_to(&mut out, Default::default(), |_| {})?;
-    let file = out.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all()?;
-    drop(file);
-    let source = |backup: &Path| -> BenchResult<kiln_docs::RestoreSource<'static>> {
-        Ok(kiln_docs::RestoreSource::Files(vec![(
-            backup.display().to_string(),
-            Box::new(std::io::BufReader::new(std::fs::File::open(backup)?))
-                as Box<dyn std::io::Read>,
-        )]))
-    };
+    let report = write_backup(db, &backup)?;
     let mut params = Map::new();
     params.insert("q".into(), json!(TERMS[0]));
-    let first_query = |restored: &Database| -> BenchResult<usize> {
-        let options = QueryOptions {
-            wait_for_non_stale_ms: 3_600_000,
-        };
-        let r = restored.query(
-            "from pages where search(body, $q) limit 10",
-            &params,
-            options,
-        )?;
-        if r.stale || r.results.is_empty() {
-            return Err(format!(
-                "W16: the restored database answered stale={} with {} results",
-                r.stale,
-                r.results.len()
-            )
-            .into());
-        }
-        Ok(r.results.len())
-    };
 
-    let t = Instant::now();
-    store.restore_database(
-        source(&backup)?,
-        "restored",
-        false,
-        kiln_docs::RestorePoint::Latest,
-        |_| {},
-    )?;
-    let restore_secs = t.elapsed().as_secs_f64();
-    let restored = store.database("restored")?;
-    let found = first_query(&restored)?;
-    let shipped_secs = t.elapsed().as_secs_f64();
-    if restored.index_info(INDEX)?.opened_at_etag.is_none() {
-        return Err("W16: the restored full-text index was rebuilt, not resumed".into());
-    }
-    drop(restored);
-
-    // The peer: the index rebuilt from the first change.
-    let data = dir.join("w16-rebuild");
-    let t = Instant::now();
-    kiln_docs::restore_database(
-        source(&backup)?,
-        &data,
-        "rebuilt",
-        kiln_docs::DocsOptions::default().storage,
-        false,
-        kiln_docs::RestorePoint::Latest,
-        |_| {},
-    )?;
-    let rebuild_restore_secs = t.elapsed().as_secs_f64();
-    let search_dir = data.join("databases").join("rebuilt").join("search");
-    let removed = Instant::now();
-    std::fs::remove_dir_all(&search_dir)?;
-    let removal_secs = removed.elapsed().as_secs_f64();
-    let peer = kiln_docs::DocStore::open(&data, kiln_docs::DocsOptions::default())?;
-    let rebuilt = peer.database("rebuilt")?;
-    let peer_found = first_query(&rebuilt)?;
-    let rebuild_secs = t.elapsed().as_secs_f64() - removal_secs;
-    drop(rebuilt);
-    peer.close()?;
-    std::fs::remove_dir_all(&data)?;
+    let shipped = restore_resumed(store, &backup, &params)?;
+    let rebuilt = restore_rebuilt(dir, &backup, &params)?;
     std::fs::remove_file(&backup)?;
-    if peer_found != found {
+    if rebuilt.found != shipped.found {
         return Err(format!(
-            "W16: the resumed index found {found} top hits, the rebuilt one {peer_found}"
+            "W16: the resumed index found {} top hits, the rebuilt one {}",
+            shipped.found, rebuilt.found
         )
         .into());
     }
-    extra.insert("restore_seconds".into(), json!(restore_secs));
+    let shipped_secs = shipped.to_first_query_secs;
+    let rebuild_secs = rebuilt.to_first_query_secs;
+    extra.insert("restore_seconds".into(), json!(shipped.restore_secs));
     extra.insert("restore_to_first_query_seconds".into(), json!(shipped_secs));
     extra.insert(
         "rebuild_restore_to_first_query_seconds".into(),
@@ -228,7 +279,7 @@ fn restore_to_first_query(
     );
     extra.insert(
         "rebuild_restore_seconds".into(),
-        json!(rebuild_restore_secs),
+        json!(rebuilt.restore_secs),
     );
     extra.insert(
         "restore_ratio_to_rebuild".into(),
@@ -332,19 +383,11 @@ fn time_kind(
     ))
 }
 
-/// W16 over up to `documents` pages (all man pages up to 20,000 and 128 MB of
-/// text; 2,000 with `quick`).
-pub fn w16(dir: &Path, quick: bool, documents: Option<u64>) -> BenchResult<Run> {
-    let limit = documents.unwrap_or(if quick { 2_000 } else { 20_000 }) as usize;
-    let (name, pages) = corpus(limit, 128 << 20)?;
-    let corpus_bytes: usize = pages.iter().map(|p| p.body.len() + p.title.len()).sum();
-    let mut extra = Map::new();
-    extra.insert("corpus".into(), json!(name));
-    extra.insert("documents".into(), json!(pages.len()));
-    extra.insert("corpus_mb".into(), json!(corpus_bytes as f64 / 1e6));
-    let (store, db) = fresh(&dir.join("kiln"))?;
+/// Kiln's build: the pages written (their rate into `extra`), then the full-text
+/// index defined and timed until it has caught up; its seconds.
+fn kiln_build(db: &Database, pages: &[Page], extra: &mut Map<String, Value>) -> BenchResult<f64> {
     let t = Instant::now();
-    let last = insert(&db, &pages)?;
+    let last = insert(db, pages)?;
     extra.insert(
         "insert_docs_per_sec".into(),
         json!(pages.len() as f64 / t.elapsed().as_secs_f64()),
@@ -354,9 +397,17 @@ pub fn w16(dir: &Path, quick: bool, documents: Option<u64>) -> BenchResult<Run> 
     if !db.wait_for_index(INDEX, last, Duration::from_secs(3600))? {
         return Err("the full-text index did not catch up".into());
     }
-    let kiln_secs = t.elapsed().as_secs_f64();
-    let tantivy_dir = dir.join("tantivy");
-    let (tantivy_secs, index, body) = tantivy_build(&tantivy_dir, &pages)?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// The two builds' rates and the two indexes' sizes on disk, into `extra`.
+fn report_builds(
+    extra: &mut Map<String, Value>,
+    pages: &[Page],
+    corpus_bytes: usize,
+    (kiln_secs, kiln_dir): (f64, &Path),
+    (tantivy_secs, tantivy_dir): (f64, &Path),
+) {
     let docs = pages.len() as f64;
     extra.insert("build_seconds".into(), json!(kiln_secs));
     extra.insert("build_docs_per_sec".into(), json!(docs / kiln_secs));
@@ -373,27 +424,18 @@ pub fn w16(dir: &Path, quick: bool, documents: Option<u64>) -> BenchResult<Run> 
         "build_ratio_to_tantivy".into(),
         json!(tantivy_secs / kiln_secs),
     );
-    let search_dir = db.dir().join("search");
-    extra.insert(
-        "index_mb".into(),
-        json!(dir_bytes(&search_dir) as f64 / 1e6),
-    );
+    extra.insert("index_mb".into(), json!(dir_bytes(kiln_dir) as f64 / 1e6));
     extra.insert(
         "tantivy_index_mb".into(),
-        json!(dir_bytes(&tantivy_dir) as f64 / 1e6),
+        json!(dir_bytes(tantivy_dir) as f64 / 1e6),
     );
-    let rounds = if quick { 5 } else { 30 };
-    for (kind, texts) in [("term", TERMS), ("phrase", PHRASES), ("prefix", PREFIXES)] {
-        let ((k50, k99), (t50, t99), matches) = time_kind(&db, &index, body, texts, rounds)?;
-        extra.insert(format!("{kind}_p50_ms"), json!(k50));
-        extra.insert(format!("{kind}_p99_ms"), json!(k99));
-        extra.insert(format!("tantivy_{kind}_p50_ms"), json!(t50));
-        extra.insert(format!("tantivy_{kind}_p99_ms"), json!(t99));
-        extra.insert(format!("{kind}_matches_per_round"), json!(matches));
-    }
-    // The idle update lag: one page rewritten every 20 ms.
+}
+
+/// The idle update lag: one page rewritten every 20 ms, each timed from its
+/// acknowledgment until the full-text index has committed it; p50/p99 in ms.
+fn update_lag(db: &Database, pages: &[Page], rewrites: usize) -> BenchResult<Percentiles> {
     let mut lags = Vec::new();
-    for i in 0..if quick { 20 } else { 100 } {
+    for i in 0..rewrites {
         std::thread::sleep(Duration::from_millis(20));
         let n = (i * 7919) % pages.len();
         let put = db.put(
@@ -407,7 +449,41 @@ pub fn w16(dir: &Path, quick: bool, documents: Option<u64>) -> BenchResult<Run> 
         }
         lags.push(acked.elapsed().as_secs_f64() * 1e3);
     }
-    let (lag50, lag99) = quantiles(lags);
+    Ok(quantiles(lags))
+}
+
+/// W16 over up to `documents` pages (all man pages up to 20,000 and 128 MB of
+/// text; 2,000 with `quick`).
+pub fn w16(dir: &Path, quick: bool, documents: Option<u64>) -> BenchResult<Run> {
+    let limit = documents.unwrap_or(if quick { 2_000 } else { 20_000 }) as usize;
+    let (name, pages) = corpus(limit, 128 << 20)?;
+    let corpus_bytes: usize = pages.iter().map(|p| p.body.len() + p.title.len()).sum();
+    let mut extra = Map::new();
+    extra.insert("corpus".into(), json!(name));
+    extra.insert("documents".into(), json!(pages.len()));
+    extra.insert("corpus_mb".into(), json!(corpus_bytes as f64 / 1e6));
+    let (store, db) = fresh(&dir.join("kiln"))?;
+    let kiln_secs = kiln_build(&db, &pages, &mut extra)?;
+    let tantivy_dir = dir.join("tantivy");
+    let (tantivy_secs, index, body) = tantivy_build(&tantivy_dir, &pages)?;
+    let search_dir = db.dir().join("search");
+    report_builds(
+        &mut extra,
+        &pages,
+        corpus_bytes,
+        (kiln_secs, &search_dir),
+        (tantivy_secs, &tantivy_dir),
+    );
+    let rounds = if quick { 5 } else { 30 };
+    for (kind, texts) in [("term", TERMS), ("phrase", PHRASES), ("prefix", PREFIXES)] {
+        let ((k50, k99), (t50, t99), matches) = time_kind(&db, &index, body, texts, rounds)?;
+        extra.insert(format!("{kind}_p50_ms"), json!(k50));
+        extra.insert(format!("{kind}_p99_ms"), json!(k99));
+        extra.insert(format!("tantivy_{kind}_p50_ms"), json!(t50));
+        extra.insert(format!("tantivy_{kind}_p99_ms"), json!(t99));
+        extra.insert(format!("{kind}_matches_per_round"), json!(matches));
+    }
+    let (lag50, lag99) = update_lag(&db, &pages, if quick { 20 } else { 100 })?;
     extra.insert("update_lag_p50_ms".into(), json!(lag50));
     extra.insert("update_lag_p99_ms".into(), json!(lag99));
     restore_to_first_query(&store, &db, dir, &mut extra)?;

@@ -417,19 +417,9 @@ pub fn w8_load(
     })
 }
 
-/// W9: `connections` connections GET existing documents at random, with
-/// If-None-Match of the current etag (every answer a 304) or without (200s).
-pub fn w9(dir: &Path, load: ServerLoad, quick: bool, conditional: bool) -> BenchResult<Run> {
-    let docs: usize = if quick { 2_000 } else { 10_000 };
-    let connections = load.connections;
-    if load.redis_only {
-        if conditional {
-            return Err("Redis has no conditional GET: W9 304 has no Redis run".into());
-        }
-        return redis_alone(dir, "get", connections, load.w9_requests, docs as u64);
-    }
-    let per_connection = load.per_connection(load.w9_requests);
-    let server = fresh_server(dir)?;
+/// W9's documents: `docs` 1 KiB documents `users/{n}` written in batches of 500;
+/// their etags, quoted as If-None-Match wants them.
+fn preload_users(server: &ServerProcess, docs: usize) -> BenchResult<Vec<String>> {
     let mut rng = SmallRng::seed_from_u64(SEED);
     let mut etags = Vec::with_capacity(docs);
     for chunk in (0..docs).collect::<Vec<_>>().chunks(500) {
@@ -462,6 +452,23 @@ pub fn w9(dir: &Path, load: ServerLoad, quick: bool, conditional: bool) -> Bench
             ));
         }
     }
+    Ok(etags)
+}
+
+/// W9: `connections` connections GET existing documents at random, with
+/// If-None-Match of the current etag (every answer a 304) or without (200s).
+pub fn w9(dir: &Path, load: ServerLoad, quick: bool, conditional: bool) -> BenchResult<Run> {
+    let docs: usize = if quick { 2_000 } else { 10_000 };
+    let connections = load.connections;
+    if load.redis_only {
+        if conditional {
+            return Err("Redis has no conditional GET: W9 304 has no Redis run".into());
+        }
+        return redis_alone(dir, "get", connections, load.w9_requests, docs as u64);
+    }
+    let per_connection = load.per_connection(load.w9_requests);
+    let server = fresh_server(dir)?;
+    let etags = preload_users(&server, docs)?;
     let label = if conditional { "W9 304" } else { "W9 GET" };
     let pb = progress((connections * per_connection) as u64, label);
     let server_cpu_before = server.cpu_seconds()?;

@@ -211,15 +211,7 @@ pub fn bulk_insert_sized(
     let (peak, peak_anon) = sampler.finish();
     let rss_after = rss_bytes(pid)?;
 
-    let done = acks.last().map(|a| a.1).unwrap_or(0);
-    if done != documents {
-        return Err(format!("bulk insert acknowledged {done} of {documents} documents").into());
-    }
-    let (status, stats) = httpbench::blocking_request(server.addr, "GET", "/dbs/bench", b"")?;
-    let stats: Value = serde_json::from_slice(&stats)?;
-    if status != 200 || stats["documents"].as_u64() != Some(documents) {
-        return Err(format!("after the bulk insert the database reports {stats}").into());
-    }
+    let stats = check_bulk_insert(server, &acks, documents)?;
     let mut extra = Map::new();
     extra.insert("documents".into(), json!(documents));
     extra.insert("acks".into(), json!(acks.len()));
@@ -261,6 +253,25 @@ pub fn bulk_insert_sized(
         seconds,
         extra,
     })
+}
+
+/// Checks that the acks and the database both count all `documents`; the
+/// database's statistics (`GET /dbs/bench`).
+fn check_bulk_insert(
+    server: &ServerProcess,
+    acks: &[(f64, u64)],
+    documents: u64,
+) -> BenchResult<Value> {
+    let done = acks.last().map(|a| a.1).unwrap_or(0);
+    if done != documents {
+        return Err(format!("bulk insert acknowledged {done} of {documents} documents").into());
+    }
+    let (status, stats) = httpbench::blocking_request(server.addr, "GET", "/dbs/bench", b"")?;
+    let stats: Value = serde_json::from_slice(&stats)?;
+    if status != 200 || stats["documents"].as_u64() != Some(documents) {
+        return Err(format!("after the bulk insert the database reports {stats}").into());
+    }
+    Ok(stats)
 }
 
 /// Documents per second within each of `parts` equal shares of the documents, from
@@ -404,7 +415,8 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+/// A WebSocket client connection (W11's subscribers, W18's worker).
+pub(crate) type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 async fn ws_subscribe(addr: SocketAddr, subscribe: &Value) -> BenchResult<Ws> {
     let stream = TcpStream::connect(addr).await?;
@@ -465,88 +477,113 @@ pub fn idle_subscribers(
     heartbeat_ms: u64,
     extra: &mut Map<String, Value>,
 ) -> BenchResult<()> {
-    let pid = server.pid();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let pb = progress(connections as u64, "W11 idle");
     rt.block_on(async {
-        // One subscriber first, so that what every connection shares (the database's
-        // hub, its task) is not counted per connection.
-        let everything = json!({"op": "subscribe", "sub": "all"});
-        let first = ws_subscribe(server.addr, &everything).await?;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let rss_before = rss_bytes(pid)?;
-        let mut sockets = Vec::with_capacity(connections);
-        sockets.push(first);
-        let connect_start = Instant::now();
-        while sockets.len() < connections {
-            // A few handshakes in flight at a time.
-            let batch = (connections - sockets.len()).min(64);
-            let opened = futures_util::future::join_all(
-                (0..batch).map(|_| ws_subscribe(server.addr, &everything)),
-            )
-            .await;
-            for ws in opened {
-                sockets.push(ws?);
-            }
-            pb.set_position(sockets.len() as u64);
-        }
-        pb.finish_and_clear();
-        let connect_seconds = connect_start.elapsed().as_secs_f64();
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let rss_after = rss_bytes(pid)?;
-        let per_connection =
-            rss_after.saturating_sub(rss_before) as f64 / (connections - 1).max(1) as f64;
-        extra.insert("idle_connections".into(), json!(connections));
-        extra.insert("connect_seconds".into(), json!(connect_seconds));
-        extra.insert("bytes_per_connection".into(), json!(per_connection));
-        extra.insert("rss_before_bytes".into(), json!(rss_before));
-        extra.insert("rss_with_connections_bytes".into(), json!(rss_after));
+        let sockets = open_idle_subscribers(server, connections, &pb, extra).await?;
+        idle_with_heartbeats(server, sockets, connections, idle, heartbeat_ms, extra).await
+    })
+}
 
-        // Idle: every connection reads (and counts) its heartbeats.
-        let heartbeats = Arc::new(AtomicU64::new(0));
-        let readers: Vec<_> = sockets
-            .into_iter()
-            .map(|mut ws| {
-                let beats = heartbeats.clone();
-                tokio::spawn(async move {
-                    while let Some(Ok(m)) = ws.next().await {
-                        if let Message::Text(t) = m {
-                            if t.as_str().contains("\"heartbeat\"") {
-                                beats.fetch_add(1, Ordering::Relaxed);
-                            }
+/// Opens `connections` subscribers to every change; the server's memory before
+/// and after them, and the time they took to open, into `extra`.
+async fn open_idle_subscribers(
+    server: &ServerProcess,
+    connections: usize,
+    pb: &indicatif::ProgressBar,
+    extra: &mut Map<String, Value>,
+) -> BenchResult<Vec<Ws>> {
+    let pid = server.pid();
+    // One subscriber first, so that what every connection shares (the database's
+    // hub, its task) is not counted per connection.
+    let everything = json!({"op": "subscribe", "sub": "all"});
+    let first = ws_subscribe(server.addr, &everything).await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let rss_before = rss_bytes(pid)?;
+    let mut sockets = Vec::with_capacity(connections);
+    sockets.push(first);
+    let connect_start = Instant::now();
+    while sockets.len() < connections {
+        // A few handshakes in flight at a time.
+        let batch = (connections - sockets.len()).min(64);
+        let opened = futures_util::future::join_all(
+            (0..batch).map(|_| ws_subscribe(server.addr, &everything)),
+        )
+        .await;
+        for ws in opened {
+            sockets.push(ws?);
+        }
+        pb.set_position(sockets.len() as u64);
+    }
+    pb.finish_and_clear();
+    let connect_seconds = connect_start.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_after = rss_bytes(pid)?;
+    let per_connection =
+        rss_after.saturating_sub(rss_before) as f64 / (connections - 1).max(1) as f64;
+    extra.insert("idle_connections".into(), json!(connections));
+    extra.insert("connect_seconds".into(), json!(connect_seconds));
+    extra.insert("bytes_per_connection".into(), json!(per_connection));
+    extra.insert("rss_before_bytes".into(), json!(rss_before));
+    extra.insert("rss_with_connections_bytes".into(), json!(rss_after));
+    Ok(sockets)
+}
+
+/// Idle: every connection of `sockets` (`connections` of them) reads (and
+/// counts) its heartbeats for `idle`; the server's CPU meanwhile and the
+/// heartbeats per connection into `extra`. Fails if a connection missed its
+/// heartbeats.
+async fn idle_with_heartbeats(
+    server: &ServerProcess,
+    sockets: Vec<Ws>,
+    connections: usize,
+    idle: Duration,
+    heartbeat_ms: u64,
+    extra: &mut Map<String, Value>,
+) -> BenchResult<()> {
+    let heartbeats = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = sockets
+        .into_iter()
+        .map(|mut ws| {
+            let beats = heartbeats.clone();
+            tokio::spawn(async move {
+                while let Some(Ok(m)) = ws.next().await {
+                    if let Message::Text(t) = m {
+                        if t.as_str().contains("\"heartbeat\"") {
+                            beats.fetch_add(1, Ordering::Relaxed);
                         }
                     }
-                })
+                }
             })
-            .collect();
-        let cpu_before = server.cpu_seconds()?;
-        let t = Instant::now();
-        tokio::time::sleep(idle).await;
-        let cpu = server.cpu_seconds()? - cpu_before;
-        let wall = t.elapsed().as_secs_f64();
-        let beats = heartbeats.load(Ordering::Relaxed);
-        extra.insert("idle_seconds".into(), json!(wall));
-        extra.insert("idle_cpu_percent".into(), json!(cpu / wall * 100.0));
-        extra.insert("heartbeat_ms".into(), json!(heartbeat_ms));
-        let per_connection = beats as f64 / connections as f64;
-        extra.insert("heartbeats_per_connection".into(), json!(per_connection));
-        // Each connection must have had its heartbeats: a figure of idle CPU without
-        // them would measure nothing.
-        let expected = (wall * 1e3 / heartbeat_ms as f64).floor() - 1.0;
-        if per_connection < expected {
-            return Err(format!(
-                "{beats} heartbeats over {connections} connections in {wall:.1} s \
-                 (expected at least {expected} each)"
-            )
-            .into());
-        }
-        for r in readers {
-            r.abort();
-        }
-        Ok::<_, Box<dyn std::error::Error>>(())
-    })
+        })
+        .collect();
+    let cpu_before = server.cpu_seconds()?;
+    let t = Instant::now();
+    tokio::time::sleep(idle).await;
+    let cpu = server.cpu_seconds()? - cpu_before;
+    let wall = t.elapsed().as_secs_f64();
+    let beats = heartbeats.load(Ordering::Relaxed);
+    extra.insert("idle_seconds".into(), json!(wall));
+    extra.insert("idle_cpu_percent".into(), json!(cpu / wall * 100.0));
+    extra.insert("heartbeat_ms".into(), json!(heartbeat_ms));
+    let per_connection = beats as f64 / connections as f64;
+    extra.insert("heartbeats_per_connection".into(), json!(per_connection));
+    // Each connection must have had its heartbeats: a figure of idle CPU without
+    // them would measure nothing.
+    let expected = (wall * 1e3 / heartbeat_ms as f64).floor() - 1.0;
+    if per_connection < expected {
+        return Err(format!(
+            "{beats} heartbeats over {connections} connections in {wall:.1} s \
+             (expected at least {expected} each)"
+        )
+        .into());
+    }
+    for r in readers {
+        r.abort();
+    }
+    Ok(())
 }
 
 /// W11 part 2: `connections` subscribers, each watching the documents of one of

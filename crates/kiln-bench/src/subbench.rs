@@ -15,7 +15,7 @@ use crate::httpbench::{self, ServerProcess};
 use crate::run::{progress, BenchResult, Run};
 use crate::serverbench::fresh_server;
 use crate::stats;
-use crate::streambench::bulk_insert;
+use crate::streambench::{bulk_insert, Ws};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -90,10 +90,32 @@ async fn run(server: &ServerProcess, documents: u64, live_writes: usize) -> Benc
     let start = Instant::now();
     let (mut ws, _) = tokio_tungstenite::connect_async(url).await?;
     let pb = progress(documents, "W18 delivery");
+    let (received, batches) = bulk_delivery(&mut ws, documents, &pb).await?;
+    let seconds = start.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    if received != documents {
+        return Err(format!("delivered {received} documents, expected {documents}").into());
+    }
+    let latencies_ms = live_delivery(server, &mut ws, live_writes).await?;
+    let _ = ws.close(None).await;
+    Ok(Figures {
+        rate: documents as f64 / seconds,
+        seconds,
+        batches,
+        latencies_ms,
+    })
+}
+
+/// Bulk delivery: every batch received and acknowledged until every document was
+/// received and the last ack confirmed; (documents received, batches).
+async fn bulk_delivery(
+    ws: &mut Ws,
+    documents: u64,
+    pb: &indicatif::ProgressBar,
+) -> BenchResult<(u64, u64)> {
     let mut received = 0u64;
     let mut batches = 0u64;
     let mut last_acked: Option<u64> = None;
-    // Bulk delivery: until every document was received and the last ack confirmed.
     loop {
         let Some(msg) = ws.next().await else {
             return Err("the server closed the subscription's connection".into());
@@ -119,14 +141,16 @@ async fn run(server: &ServerProcess, documents: u64, live_writes: usize) -> Benc
             _ => {}
         }
     }
-    let seconds = start.elapsed().as_secs_f64();
-    let bulk_batches = batches;
-    pb.finish_and_clear();
-    if received != documents {
-        return Err(format!("delivered {received} documents, expected {documents}").into());
-    }
+    Ok((received, batches))
+}
 
-    // Live writes: one at a time, the worker reading on the same thread.
+/// Live writes: one at a time, the worker reading on the same thread; the
+/// latency of each from sending its PUT to the batch holding it arriving, in ms.
+async fn live_delivery(
+    server: &ServerProcess,
+    ws: &mut Ws,
+    live_writes: usize,
+) -> BenchResult<Vec<f64>> {
     let mut conn = httpbench::Conn::connect(server.addr).await?;
     let mut sent_at: HashMap<String, Instant> = HashMap::new();
     let mut latencies_ms = Vec::with_capacity(live_writes);
@@ -178,11 +202,5 @@ async fn run(server: &ServerProcess, documents: u64, live_writes: usize) -> Benc
         // Paced: a live write arrives on an idle subscription, not in a burst.
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let _ = ws.close(None).await;
-    Ok(Figures {
-        rate: documents as f64 / seconds,
-        seconds,
-        batches: bulk_batches,
-        latencies_ms,
-    })
+    Ok(latencies_ms)
 }
