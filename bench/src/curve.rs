@@ -402,6 +402,19 @@ impl Phase {
     }
 }
 
+/// What the clients of one phase share.
+struct PhaseShared {
+    seq: InsertSequence,
+    /// The next new document's number (PUT).
+    next_new: std::sync::atomic::AtomicU64,
+    // Every client connects before the clock starts, and keeps its connections
+    // until the disk reads are sampled: PostgreSQL's backends are processes whose
+    // counters go when they exit.
+    connected: tokio::sync::Barrier,
+    finished: tokio::sync::Barrier,
+    sampled: tokio::sync::Barrier,
+}
+
 async fn phase(
     system: &System,
     engine: &str,
@@ -410,63 +423,17 @@ async fn phase(
     params: &Params,
     curve: &Curve,
 ) -> Result<Value> {
-    let seq = InsertSequence::new(records);
-    let next_new = std::sync::atomic::AtomicU64::new(records);
-    // Every client connects before the clock starts, and keeps its connections
-    // until the disk reads are sampled: PostgreSQL's backends are processes whose
-    // counters go when they exit.
-    let connected = tokio::sync::Barrier::new(curve.clients as usize + 1);
-    let finished = tokio::sync::Barrier::new(curve.clients as usize + 1);
-    let sampled = tokio::sync::Barrier::new(curve.clients as usize + 1);
-    let dur = Duration::from_secs_f64(curve.seconds);
-    let tasks = (0..curve.clients).map(|i| {
-        let (seq, next_new) = (&seq, &next_new);
-        let (connected, finished, sampled) = (&connected, &finished, &sampled);
-        async move {
-            let mut lat = Vec::new();
-            let mut direct = Direct::connect(system).await?;
-            let mut conn = system.connect().await?;
-            let mut rng = rand::rngs::SmallRng::seed_from_u64(params.seed ^ (i + 1) * 7919);
-            let wl = y::by_name("B").ok_or_else(|| anyhow!("no YCSB B"))?;
-            let mut gen = Client::new(wl, records, 1 << 40, seq, params.seed, i);
-            connected.wait().await;
-            let deadline = Instant::now() + dur;
-            while Instant::now() < deadline {
-                let t = Instant::now();
-                match ph {
-                    Phase::Get => conn.read(&key_name(rng.gen_range(0..records))).await?,
-                    Phase::Put => {
-                        let k = next_new.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        direct.put(params.seed, k).await?;
-                    }
-                    Phase::YcsbB => match gen.next_op() {
-                        Op::Read { key } => conn.read(&key).await?,
-                        Op::Update { key, field, value } => {
-                            conn.update(&key, field, &value).await?
-                        }
-                        other => bail!("YCSB B made a {} operation", other.kind()),
-                    },
-                    Phase::Query => direct.query(rng.gen_range(0..records)).await?,
-                }
-                lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
-            }
-            finished.wait().await;
-            sampled.wait().await;
-            Ok::<_, anyhow::Error>(lat)
-        }
-    });
-    let sampler = async {
-        connected.wait().await;
-        let (read0, start) = (tree_read_bytes(system), Instant::now());
-        finished.wait().await;
-        let sample = (
-            tree_read_bytes(system).saturating_sub(read0),
-            tree_rss_bytes(system),
-            start.elapsed().as_secs_f64(),
-        );
-        sampled.wait().await;
-        sample
+    let shared = PhaseShared {
+        seq: InsertSequence::new(records),
+        next_new: std::sync::atomic::AtomicU64::new(records),
+        connected: tokio::sync::Barrier::new(curve.clients as usize + 1),
+        finished: tokio::sync::Barrier::new(curve.clients as usize + 1),
+        sampled: tokio::sync::Barrier::new(curve.clients as usize + 1),
     };
+    let dur = Duration::from_secs_f64(curve.seconds);
+    let tasks =
+        (0..curve.clients).map(|i| phase_client(system, ph, records, params, dur, &shared, i));
+    let sampler = sample_phase(system, &shared);
     let (results, (reads, rss, seconds)) = tokio::join!(join_all(tasks), sampler);
     let mut all = Vec::new();
     for r in results {
@@ -483,6 +450,63 @@ async fn phase(
         "disk_read_bytes_per_op": reads as f64 / ops.max(1) as f64,
         "cgroup_memory": cgroup_memory(&curve.cgroup),
     }))
+}
+
+/// Client `i` of phase `ph`: connects, waits for the others, then runs the
+/// phase's operations for `dur`; their latencies (µs).
+async fn phase_client(
+    system: &System,
+    ph: Phase,
+    records: u64,
+    params: &Params,
+    dur: Duration,
+    shared: &PhaseShared,
+    i: u64,
+) -> Result<Vec<u32>> {
+    let (seq, next_new) = (&shared.seq, &shared.next_new);
+    let mut lat = Vec::new();
+    let mut direct = Direct::connect(system).await?;
+    let mut conn = system.connect().await?;
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(params.seed ^ (i + 1) * 7919);
+    let wl = y::by_name("B").ok_or_else(|| anyhow!("no YCSB B"))?;
+    let mut gen = Client::new(wl, records, 1 << 40, seq, params.seed, i);
+    shared.connected.wait().await;
+    let deadline = Instant::now() + dur;
+    while Instant::now() < deadline {
+        let t = Instant::now();
+        match ph {
+            Phase::Get => conn.read(&key_name(rng.gen_range(0..records))).await?,
+            Phase::Put => {
+                let k = next_new.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                direct.put(params.seed, k).await?;
+            }
+            Phase::YcsbB => match gen.next_op() {
+                Op::Read { key } => conn.read(&key).await?,
+                Op::Update { key, field, value } => conn.update(&key, field, &value).await?,
+                other => bail!("YCSB B made a {} operation", other.kind()),
+            },
+            Phase::Query => direct.query(rng.gen_range(0..records)).await?,
+        }
+        lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+    }
+    shared.finished.wait().await;
+    shared.sampled.wait().await;
+    Ok(lat)
+}
+
+/// The server's disk reads from when every client has connected until every
+/// client has finished, its RSS then, and the seconds between.
+async fn sample_phase(system: &System, shared: &PhaseShared) -> (u64, u64, f64) {
+    shared.connected.wait().await;
+    let (read0, start) = (tree_read_bytes(system), Instant::now());
+    shared.finished.wait().await;
+    let sample = (
+        tree_read_bytes(system).saturating_sub(read0),
+        tree_rss_bytes(system),
+        start.elapsed().as_secs_f64(),
+    );
+    shared.sampled.wait().await;
+    sample
 }
 
 /// Empties the limited cgroup's page cache (it holds no task now).
@@ -507,31 +531,7 @@ fn load_and_restart(
 ) -> Result<(System, f64, f64, u64, Option<u64>)> {
     #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
     let mut system = System::start(engine, dir)?;
-    let (load_s, index_s, table_bytes) = local.block_on(rt, async {
-        crate::ycsb::setup(&system).await?;
-        #[cfg(feature = "postgres")]
-        if let System::Postgres { server } = &system {
-            let (load_s, index_s) = pg_load(server.port, params).await?;
-            let client = crate::ycsb::pg_connect_bare(server.port).await?;
-            let size: i64 = client
-                .query_one("SELECT pg_total_relation_size('usertable')", &[])
-                .await?
-                .get(0);
-            return Ok::<_, anyhow::Error>((load_s, index_s, Some(size as u64)));
-        }
-        let mut c = KilnConn::connect(port(&system)).await?;
-        c.expect(
-            hyper::Method::PUT,
-            &format!("/dbs/{DB}/indexes/by-n"),
-            Some("application/json"),
-            serde_json::to_vec(&json!({"collection": "usertable", "fields": ["n"]}))?,
-            &[200, 201],
-        )
-        .await?;
-        let load_s = load(port(&system), params).await?;
-        let index_s = wait_index(port(&system)).await?;
-        Ok::<_, anyhow::Error>((load_s, index_s, None))
-    })?;
+    let (load_s, index_s, table_bytes) = local.block_on(rt, load_and_index(&system, params))?;
     eprintln!(
         "CURVE {engine}: {} documents loaded in {load_s:.0} s ({:.0}/s), index {index_s:.0} s more",
         params.records,
@@ -571,6 +571,35 @@ fn load_and_restart(
             Ok((system, load_s, index_s, on_disk, table_bytes))
         }
     }
+}
+
+/// The load and the index on `n` (Kiln: the index first, then the bulk load,
+/// then the wait for the index); the load's and the index's seconds, and
+/// PostgreSQL's table-and-indexes size.
+async fn load_and_index(system: &System, params: &Params) -> Result<(f64, f64, Option<u64>)> {
+    crate::ycsb::setup(system).await?;
+    #[cfg(feature = "postgres")]
+    if let System::Postgres { server } = system {
+        let (load_s, index_s) = pg_load(server.port, params).await?;
+        let client = crate::ycsb::pg_connect_bare(server.port).await?;
+        let size: i64 = client
+            .query_one("SELECT pg_total_relation_size('usertable')", &[])
+            .await?
+            .get(0);
+        return Ok((load_s, index_s, Some(size as u64)));
+    }
+    let mut c = KilnConn::connect(port(system)).await?;
+    c.expect(
+        hyper::Method::PUT,
+        &format!("/dbs/{DB}/indexes/by-n"),
+        Some("application/json"),
+        serde_json::to_vec(&json!({"collection": "usertable", "fields": ["n"]}))?,
+        &[200, 201],
+    )
+    .await?;
+    let load_s = load(port(system), params).await?;
+    let index_s = wait_index(port(system)).await?;
+    Ok((load_s, index_s, None))
 }
 
 /// One CURVE job in `dir`, as a child's JSON object.

@@ -761,14 +761,44 @@ fn copy_text(s: &str) -> String {
 }
 
 #[cfg(feature = "postgres")]
+const PG_PAGES_TABLE: &str = "CREATE TABLE pages (id int PRIMARY KEY, title text NOT NULL, \
+    section text NOT NULL, body text NOT NULL, tsv tsvector GENERATED ALWAYS AS \
+    (to_tsvector('english', title || ' ' || body)) STORED)";
+#[cfg(feature = "postgres")]
+const PG_PAGES_INDEX: &str = "CREATE INDEX pages_tsv ON pages USING GIN (tsv)";
+
+#[cfg(feature = "postgres")]
 fn w16_postgres(dir: &Path, pages: &[Page], quick: bool) -> Result<Figures> {
     let mut f = Figures::new();
     let mut pg = Pg::start(dir)?;
-    const TABLE: &str = "CREATE TABLE pages (id int PRIMARY KEY, title text NOT NULL, \
-        section text NOT NULL, body text NOT NULL, tsv tsvector GENERATED ALWAYS AS \
-        (to_tsvector('english', title || ' ' || body)) STORED)";
-    const INDEX: &str = "CREATE INDEX pages_tsv ON pages USING GIN (tsv)";
-    pg.client.batch_execute(TABLE)?;
+    pg_load_pages(&mut pg, pages, &mut f)?;
+    pg_time_searches(&mut pg, quick, &mut f)?;
+    let size: i64 = pg
+        .client
+        .query_one("SELECT pg_total_relation_size('pages')", &[])?
+        .get(0);
+    let gin: i64 = pg
+        .client
+        .query_one("SELECT pg_relation_size('pages_tsv')", &[])?
+        .get(0);
+    f.set("table_and_indexes_mb", size as f64 / 1e6);
+    f.set("gin_index_mb", gin as f64 / 1e6);
+    let settings = pg.settings();
+    f.set(
+        "settings",
+        json!({"server": settings, "table": PG_PAGES_TABLE, "index": PG_PAGES_INDEX,
+               "build": "COPY of every page (the tsvector computed as each row goes in), then CREATE INDEX (GIN); each autocommit, durable",
+               "query": "websearch_to_tsquery('english', $1) (terms, phrases) or to_tsquery('english', 'prefix:*'); top 10 by ts_rank DESC and a count(*)",
+               "client": "the postgres crate over loopback TCP"}),
+    );
+    Ok(f)
+}
+
+/// W16's build on PostgreSQL: the table, the pages COPied in and the GIN index
+/// created, each timed; then ANALYZE (not timed).
+#[cfg(feature = "postgres")]
+fn pg_load_pages(pg: &mut Pg, pages: &[Page], f: &mut Figures) -> Result<()> {
+    pg.client.batch_execute(PG_PAGES_TABLE)?;
     let t = Instant::now();
     pg.copy(
         "pages (id, title, section, body)",
@@ -783,12 +813,19 @@ fn w16_postgres(dir: &Path, pages: &[Page], quick: bool) -> Result<Figures> {
     )?;
     let copy = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    pg.client.batch_execute(INDEX)?;
+    pg.client.batch_execute(PG_PAGES_INDEX)?;
     let index = t.elapsed().as_secs_f64();
     f.set("insert_seconds", copy);
     f.set("index_build_seconds", index);
     f.set("load_and_build_seconds", copy + index);
     pg.client.batch_execute("ANALYZE pages")?;
+    Ok(())
+}
+
+/// W16's queries on PostgreSQL: top 10 by ts_rank and the count, through prepared
+/// statements (websearch_to_tsquery, or to_tsquery for the prefixes).
+#[cfg(feature = "postgres")]
+fn pg_time_searches(pg: &mut Pg, quick: bool, f: &mut Figures) -> Result<()> {
     let top_web = pg.client.prepare(
         "SELECT id, title, ts_rank(tsv, q) AS r FROM pages, websearch_to_tsquery('english', $1) q \
          WHERE tsv @@ q ORDER BY r DESC LIMIT 10",
@@ -805,7 +842,7 @@ fn w16_postgres(dir: &Path, pages: &[Page], quick: bool) -> Result<Figures> {
         .prepare("SELECT count(*) FROM pages WHERE tsv @@ to_tsquery('english', $1)")?;
     let (rounds, _) = rounds(quick);
     let client = &mut pg.client;
-    time_queries(&mut f, rounds, "", |kind, q| {
+    time_queries(f, rounds, "", |kind, q| {
         let (top, count, text) = if kind == "prefix" {
             // conf* -> conf:*
             let p = q.trim_end_matches('*');
@@ -819,26 +856,7 @@ fn w16_postgres(dir: &Path, pages: &[Page], quick: bool) -> Result<Figures> {
         }
         let n: i64 = client.query_one(count, &[&text])?.get(0);
         Ok((n as u64, rows.len()))
-    })?;
-    let size: i64 = pg
-        .client
-        .query_one("SELECT pg_total_relation_size('pages')", &[])?
-        .get(0);
-    let gin: i64 = pg
-        .client
-        .query_one("SELECT pg_relation_size('pages_tsv')", &[])?
-        .get(0);
-    f.set("table_and_indexes_mb", size as f64 / 1e6);
-    f.set("gin_index_mb", gin as f64 / 1e6);
-    let settings = pg.settings();
-    f.set(
-        "settings",
-        json!({"server": settings, "table": TABLE, "index": INDEX,
-               "build": "COPY of every page (the tsvector computed as each row goes in), then CREATE INDEX (GIN); each autocommit, durable",
-               "query": "websearch_to_tsquery('english', $1) (terms, phrases) or to_tsquery('english', 'prefix:*'); top 10 by ts_rank DESC and a count(*)",
-               "client": "the postgres crate over loopback TCP"}),
-    );
-    Ok(f)
+    })
 }
 
 #[cfg(feature = "postgres")]
@@ -936,28 +954,52 @@ fn extra_of<'a>(
 pub fn check(
     cells: &BTreeMap<String, BTreeMap<String, crate::Cell>>,
 ) -> (Value, Vec<(String, String, String)>, Vec<String>) {
-    let mut section = Map::new();
-    let mut errors = Vec::new();
-    let mut lines = Vec::new();
-    // W16: the matches per text.
-    if let Some(kiln) = extra_of(cells, "W16", "kiln") {
+    let mut checks = Checks::default();
+    checks.w16_matches(cells);
+    checks.w17_groups(cells);
+    checks.kiln_over_each_peer(cells);
+    (Value::Object(checks.section), checks.errors, checks.lines)
+}
+
+/// What [`check`] gathers: the results file's section, the errors (workload,
+/// engine, message) and the lines to print.
+#[derive(Default)]
+struct Checks {
+    section: Map<String, Value>,
+    errors: Vec<(String, String, String)>,
+    lines: Vec<String>,
+}
+
+/// Kiln's and a peer's matches over the texts of one kind: (Kiln's total, the
+/// peer's total, the largest relative difference of one text and that text).
+fn kind_matches<'t>(kiln: &Value, peer: &Value, texts: &[&'t str]) -> (u64, u64, (f64, &'t str)) {
+    let (mut k_sum, mut p_sum, mut worst) = (0u64, 0u64, (0.0f64, ""));
+    for text in texts {
+        let k = kiln["matches"][*text].as_u64().unwrap_or(0);
+        let q = peer["matches"][*text].as_u64().unwrap_or(0);
+        k_sum += k;
+        p_sum += q;
+        let rel = (q as f64 - k as f64) / (k.max(1) as f64);
+        if worst.1.is_empty() || rel.abs() > worst.0.abs() {
+            worst = (rel, text);
+        }
+    }
+    (k_sum, p_sum, worst)
+}
+
+impl Checks {
+    /// W16: the matches per text, Kiln's against each peer's.
+    fn w16_matches(&mut self, cells: &BTreeMap<String, BTreeMap<String, crate::Cell>>) {
+        let Some(kiln) = extra_of(cells, "W16", "kiln") else {
+            return;
+        };
         for peer in ["sqlite", "postgres"] {
             let Some(p) = extra_of(cells, "W16", peer) else {
                 continue;
             };
             let mut per_kind = Map::new();
             for (kind, texts) in kinds() {
-                let (mut k_sum, mut p_sum, mut worst) = (0u64, 0u64, (0.0f64, ""));
-                for text in texts {
-                    let k = kiln["matches"][*text].as_u64().unwrap_or(0);
-                    let q = p["matches"][*text].as_u64().unwrap_or(0);
-                    k_sum += k;
-                    p_sum += q;
-                    let rel = (q as f64 - k as f64) / (k.max(1) as f64);
-                    if worst.1.is_empty() || rel.abs() > worst.0.abs() {
-                        worst = (rel, text);
-                    }
-                }
+                let (k_sum, p_sum, worst) = kind_matches(kiln, p, texts);
                 let rel = (p_sum as f64 - k_sum as f64) / (k_sum.max(1) as f64);
                 per_kind.insert(
                     kind.into(),
@@ -965,7 +1007,7 @@ pub fn check(
                            "difference": rel, "largest_text_difference": worst.0,
                            "largest_difference_text": worst.1}),
                 );
-                lines.push(format!(
+                self.lines.push(format!(
                     "W16 {kind}: {peer} found {p_sum} matches over the {} texts, Kiln {k_sum} \
                      ({:+.1}%; largest {:+.1}% for {})",
                     texts.len(),
@@ -974,26 +1016,30 @@ pub fn check(
                     worst.1
                 ));
             }
-            section.insert(
+            self.section.insert(
                 format!("W16 kiln vs {peer} matches"),
                 Value::Object(per_kind),
             );
         }
     }
-    // W17: every group equal.
-    if let (Some(kiln), Some(pg)) = (
-        extra_of(cells, "W17", "kiln"),
-        extra_of(cells, "W17", "postgres"),
-    ) {
+
+    /// W17: every group equal, Kiln's and PostgreSQL's.
+    fn w17_groups(&mut self, cells: &BTreeMap<String, BTreeMap<String, crate::Cell>>) {
+        let (Some(kiln), Some(pg)) = (
+            extra_of(cells, "W17", "kiln"),
+            extra_of(cells, "W17", "postgres"),
+        ) else {
+            return;
+        };
         let (k, p) = (&kiln["group_figures"], &pg["group_figures"]);
         let equal = k == p && k.as_array().is_some_and(|a| !a.is_empty());
         let n = k.as_array().map_or(0, Vec::len);
-        section.insert(
+        self.section.insert(
             "W17 kiln vs postgres groups".into(),
             json!({"groups": n, "equal": equal}),
         );
         if equal {
-            lines.push(format!(
+            self.lines.push(format!(
                 "W17: Kiln's and PostgreSQL's {n} groups are equal (count, sum and max of every company, in cents)"
             ));
         } else {
@@ -1006,40 +1052,43 @@ pub fn check(
                 .map(|(a, b)| format!("Kiln {a} vs PostgreSQL {b}"))
                 .unwrap_or_else(|| format!("{} groups vs {}", n, p.as_array().map_or(0, Vec::len)));
             let msg = format!("W17 groups differ from PostgreSQL's: {first}");
-            lines.push(msg.clone());
-            errors.push(("W17".to_string(), "kiln".to_string(), msg));
+            self.lines.push(msg.clone());
+            self.errors
+                .push(("W17".to_string(), "kiln".to_string(), msg));
         }
     }
-    // Kiln over each peer, row by row (> 1: Kiln ahead).
-    let mut ratios = Map::new();
-    for (row, by) in cells {
-        if !(row.starts_with("W16 ") || row.starts_with("W17 ")) {
-            continue;
+
+    /// Kiln over each peer, row by row (> 1: Kiln ahead).
+    fn kiln_over_each_peer(&mut self, cells: &BTreeMap<String, BTreeMap<String, crate::Cell>>) {
+        let mut ratios = Map::new();
+        for (row, by) in cells {
+            if !(row.starts_with("W16 ") || row.starts_with("W17 ")) {
+                continue;
+            }
+            let Some(kc) = by.get("kiln") else { continue };
+            let k = kiln_bench::stats::median(&kc.values);
+            let mut r = Map::new();
+            for (peer, pc) in by.iter().filter(|(e, _)| *e != "kiln") {
+                let p = kiln_bench::stats::median(&pc.values);
+                let ratio = if kc.lower_is_better { p / k } else { k / p };
+                r.insert(peer.clone(), json!(ratio));
+            }
+            if !r.is_empty() {
+                self.lines.push(format!(
+                    "{row}: Kiln / {}",
+                    r.iter()
+                        .map(|(p, v)| format!("{p} {:.2}x", v.as_f64().unwrap_or(f64::NAN)))
+                        .collect::<Vec<_>>()
+                        .join(", Kiln / ")
+                ));
+                ratios.insert(row.clone(), Value::Object(r));
+            }
         }
-        let Some(kc) = by.get("kiln") else { continue };
-        let k = kiln_bench::stats::median(&kc.values);
-        let mut r = Map::new();
-        for (peer, pc) in by.iter().filter(|(e, _)| *e != "kiln") {
-            let p = kiln_bench::stats::median(&pc.values);
-            let ratio = if kc.lower_is_better { p / k } else { k / p };
-            r.insert(peer.clone(), json!(ratio));
-        }
-        if !r.is_empty() {
-            lines.push(format!(
-                "{row}: Kiln / {}",
-                r.iter()
-                    .map(|(p, v)| format!("{p} {:.2}x", v.as_f64().unwrap_or(f64::NAN)))
-                    .collect::<Vec<_>>()
-                    .join(", Kiln / ")
-            ));
-            ratios.insert(row.clone(), Value::Object(r));
-        }
+        self.section.insert(
+            "kiln_over_each_peer".into(),
+            json!({"meaning": "Kiln's speed over the peer's (for ms, the peer's time over Kiln's): > 1 means Kiln is ahead", "rows": ratios}),
+        );
     }
-    section.insert(
-        "kiln_over_each_peer".into(),
-        json!({"meaning": "Kiln's speed over the peer's (for ms, the peer's time over Kiln's): > 1 means Kiln is ahead", "rows": ratios}),
-    );
-    (Value::Object(section), errors, lines)
 }
 
 #[cfg(test)]

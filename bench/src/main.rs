@@ -226,26 +226,76 @@ fn w5(engine: &str, dir: &Path, quick: bool) -> Result<(Vec<Value>, f64, Map<Str
     db.close()?;
     let n = keys.len() as u64;
     let db = engines::open(engine, dir)?;
-    let (warm, _) = db.scan(false)?;
-    if warm != n {
-        bail!("{engine}: warming scan saw {warm} entries, {n} were written");
-    }
-    let t = Instant::now();
-    let (fwd, fwd_bytes) = db.scan(false)?;
-    let fwd_s = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    let (rev, _) = db.scan(true)?;
-    let rev_s = t.elapsed().as_secs_f64();
-    if fwd != n || rev != n {
-        bail!("{engine}: scans saw {fwd} / {rev} entries, {n} were written");
-    }
+    let scans = w5_scans(&*db, engine, n)?;
     let gets = scaled(1_000_000, quick);
     let mut rng = SmallRng::seed_from_u64(SEED ^ 0x5735);
     let lookup: Vec<[u8; KEY_BYTES]> = (0..gets)
         .map(|_| keys[rng.gen_range(0..keys.len())])
         .collect();
+    let (get_s, get2_s) = w5_gets(&*db, engine, &lookup)?;
+    db.close()?;
+    let mut extra = Map::new();
+    extra.insert("entries".into(), json!(n));
+    extra.insert("gets".into(), json!(gets));
+    extra.insert("fill_seconds".into(), json!(fill_seconds));
+    extra.insert("forward_scan_seconds".into(), json!(scans.forward_s));
+    extra.insert("forward_scan_bytes".into(), json!(scans.forward_bytes));
+    extra.insert("reverse_scan_seconds".into(), json!(scans.reverse_s));
+    extra.insert("gets_seconds".into(), json!(get_s));
+    extra.insert("gets_two_threads_seconds".into(), json!(get2_s));
+    let (fwd_s, rev_s) = (scans.forward_s, scans.reverse_s);
+    Ok((
+        vec![
+            row("W5 scan forward", "reads/s", n as f64 / fwd_s, false),
+            row("W5 scan reverse", "reads/s", n as f64 / rev_s, false),
+            row("W5 random gets", "reads/s", gets as f64 / get_s, false),
+            row("W5 random gets T=2", "reads/s", gets as f64 / get2_s, false),
+        ],
+        fwd_s + rev_s + get_s + get2_s,
+        extra,
+    ))
+}
+
+/// W5's timed scans.
+struct W5Scans {
+    forward_s: f64,
+    forward_bytes: u64,
+    reverse_s: f64,
+}
+
+/// W5's scans of the `n` entries: one warming scan (not timed), then a full
+/// forward and a full reverse scan, each timed and checked.
+fn w5_scans(db: &dyn engines::Engine, engine: &str, n: u64) -> Result<W5Scans> {
+    let (warm, _) = db.scan(false)?;
+    if warm != n {
+        bail!("{engine}: warming scan saw {warm} entries, {n} were written");
+    }
     let t = Instant::now();
-    let found = db.gets(&lookup)?;
+    let (fwd, forward_bytes) = db.scan(false)?;
+    let forward_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let (rev, _) = db.scan(true)?;
+    let reverse_s = t.elapsed().as_secs_f64();
+    if fwd != n || rev != n {
+        bail!("{engine}: scans saw {fwd} / {rev} entries, {n} were written");
+    }
+    Ok(W5Scans {
+        forward_s,
+        forward_bytes,
+        reverse_s,
+    })
+}
+
+/// W5's point gets of `lookup` (existing keys): from one thread, then the same
+/// gets from two; the seconds of each, every get checked to find its key.
+fn w5_gets(
+    db: &dyn engines::Engine,
+    engine: &str,
+    lookup: &[[u8; KEY_BYTES]],
+) -> Result<(f64, f64)> {
+    let gets = lookup.len() as u64;
+    let t = Instant::now();
+    let found = db.gets(lookup)?;
     let get_s = t.elapsed().as_secs_f64();
     if found != gets {
         bail!("{engine}: {found} of {gets} point gets found their key");
@@ -255,7 +305,6 @@ fn w5(engine: &str, dir: &Path, quick: bool) -> Result<(Vec<Value>, f64, Map<Str
     let (first_half, second_half) = lookup.split_at(lookup.len() / 2);
     let t = Instant::now();
     let found_by_two = std::thread::scope(|s| -> Result<u64> {
-        let db = &*db;
         let other = s.spawn(move || db.gets(second_half));
         let here = db.gets(first_half)?;
         let there = other
@@ -267,26 +316,7 @@ fn w5(engine: &str, dir: &Path, quick: bool) -> Result<(Vec<Value>, f64, Map<Str
     if found_by_two != gets {
         bail!("{engine}: {found_by_two} of {gets} point gets from two threads found their key");
     }
-    db.close()?;
-    let mut extra = Map::new();
-    extra.insert("entries".into(), json!(n));
-    extra.insert("gets".into(), json!(gets));
-    extra.insert("fill_seconds".into(), json!(fill_seconds));
-    extra.insert("forward_scan_seconds".into(), json!(fwd_s));
-    extra.insert("forward_scan_bytes".into(), json!(fwd_bytes));
-    extra.insert("reverse_scan_seconds".into(), json!(rev_s));
-    extra.insert("gets_seconds".into(), json!(get_s));
-    extra.insert("gets_two_threads_seconds".into(), json!(get2_s));
-    Ok((
-        vec![
-            row("W5 scan forward", "reads/s", n as f64 / fwd_s, false),
-            row("W5 scan reverse", "reads/s", n as f64 / rev_s, false),
-            row("W5 random gets", "reads/s", gets as f64 / get_s, false),
-            row("W5 random gets T=2", "reads/s", gets as f64 / get2_s, false),
-        ],
-        fwd_s + rev_s + get_s + get2_s,
-        extra,
-    ))
+    Ok((get_s, get2_s))
 }
 
 /// W6: `threads` threads each committing transactions of one random put, durable,
@@ -1193,6 +1223,24 @@ fn write_results(s: &Suite) -> Result<()> {
     Ok(())
 }
 
+/// The suite's first line: what runs where, on what machine.
+fn announce(args: &Args, engines: usize, jobs: usize, fs: &Value, machine: &Value) {
+    eprintln!(
+        "kiln-bench: {} engine(s) x {} workload variant(s){}, in {} ({}); {} cores, kernel {}",
+        engines,
+        jobs,
+        if args.quick {
+            ", --quick (1/20 scale)"
+        } else {
+            ""
+        },
+        args.dir.display(),
+        fs["type"].as_str().unwrap_or("?"),
+        machine["cores"],
+        machine["kernel"].as_str().unwrap_or("?"),
+    );
+}
+
 /// The parent: plans the jobs, runs each (engine, job, run) in a child, prints the
 /// table and writes the results file.
 fn parent(args: &Args) -> Result<()> {
@@ -1204,20 +1252,7 @@ fn parent(args: &Args) -> Result<()> {
     std::fs::create_dir_all(&args.dir)?;
     let fs = file_system(&args.dir);
     let machine = machine();
-    eprintln!(
-        "kiln-bench: {} engine(s) x {} workload variant(s){}, in {} ({}); {} cores, kernel {}",
-        runnable.len(),
-        jobs.len(),
-        if args.quick {
-            ", --quick (1/20 scale)"
-        } else {
-            ""
-        },
-        args.dir.display(),
-        fs["type"].as_str().unwrap_or("?"),
-        machine["cores"],
-        machine["kernel"].as_str().unwrap_or("?"),
-    );
+    announce(args, runnable.len(), jobs.len(), &fs, &machine);
 
     let na = not_applicable(&jobs, &engines);
     let suite_start = Instant::now();

@@ -15,12 +15,12 @@
 //! The first interval is the baseline because the load's write buffer, the page
 //! cache of the data file and the journal's rotation all settle during it.
 
-use crate::ycsb::{Params, System};
+use crate::ycsb::{Conn, Params, System};
 use anyhow::{anyhow, bail, Result};
 use futures_util::future::join_all;
 use kiln_bench::ycsb::{self as y, Client, InsertSequence, Op};
 use serde_json::{json, Map, Value};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::path::Path;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -154,95 +154,139 @@ pub fn run(dir: &Path, params: &Params, soak: &Soak) -> Result<Value> {
     };
     let pid = proc.child.id();
     let data = dir.join("kiln-data");
-    let rows = local.block_on(&rt, async {
-        crate::ycsb::setup(&system).await?;
-        let (load_s, _) = crate::ycsb::load(&system, params).await?;
-        eprintln!(
-            "SOAK: loaded {} records in {load_s:.1} s; YCSB A with {} clients for {:.0} s, a row every {:.0} s",
-            params.records, soak.clients, soak.seconds, soak.interval_seconds
-        );
-        eprintln!(
-            "{:>7} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9}",
-            "minute", "ops/s", "p50 us", "p99 us", "RSS MiB", "anon MiB", "fds", "journals", "data MiB"
-        );
-        let seq = InsertSequence::new(params.records);
-        let mut conns = Vec::new();
-        for _ in 0..soak.clients {
-            conns.push(system.connect().await?);
-        }
-        let lat: Rc<RefCell<Vec<u32>>> = Rc::default();
-        let stop = Rc::new(std::cell::Cell::new(false));
-        let clients = conns.into_iter().zip(0u64..).map(|(mut conn, i)| {
-            let (seq, lat, stop) = (&seq, lat.clone(), stop.clone());
-            async move {
-                let mut gen = Client::new(workload, params.records, u64::MAX / 4, seq, params.seed, i);
-                while !stop.get() {
-                    let op = gen.next_op();
-                    let t = Instant::now();
-                    match &op {
-                        Op::Read { key } => conn.read(key).await?,
-                        Op::Update { key, field, value } => conn.update(key, *field, value).await?,
-                        other => bail!("YCSB A made a {} operation", other.kind()),
-                    }
-                    lat.borrow_mut()
-                        .push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
-                }
-                Ok::<_, anyhow::Error>(())
-            }
-        });
-        let sampler = {
-            let (lat, stop, data) = (lat.clone(), stop.clone(), data.clone());
-            async move {
-                let t0 = Instant::now();
-                let mut rows = Vec::new();
-                let mut tick = 1u32;
-                loop {
-                    let due = Duration::from_secs_f64(soak.interval_seconds * tick as f64);
-                    let now = t0.elapsed();
-                    if due > now {
-                        tokio::time::sleep(due - now).await;
-                    }
-                    let mut l = std::mem::take(&mut *lat.borrow_mut());
-                    let elapsed = t0.elapsed().as_secs_f64();
-                    l.sort_unstable();
-                    let r = sample(pid, &data);
-                    let ops_per_sec = l.len() as f64 / soak.interval_seconds;
-                    eprintln!(
-                        "{:>7.2} {:>9.0} {:>8.0} {:>8.0} {:>8} {:>8} {:>6} {:>8} {:>9}",
-                        elapsed / 60.0,
-                        ops_per_sec,
-                        p_us(&l, 0.5),
-                        p_us(&l, 0.99),
-                        r.rss_bytes >> 20,
-                        r.rss_anon_bytes >> 20,
-                        r.open_files,
-                        r.journal_files,
-                        r.data_file_bytes >> 20
-                    );
-                    rows.push(json!({
-                        "workload": "SOAK", "engine": "kiln", "minute": elapsed / 60.0,
-                        "operations": l.len(), "ops_per_sec": ops_per_sec,
-                        "p50_us": p_us(&l, 0.5), "p99_us": p_us(&l, 0.99),
-                        "rss_bytes": r.rss_bytes, "rss_anon_bytes": r.rss_anon_bytes,
-                        "rss_file_bytes": r.rss_file_bytes, "open_files": r.open_files,
-                        "journal_files": r.journal_files, "journal_bytes": r.journal_bytes,
-                        "data_file_bytes": r.data_file_bytes,
-                    }));
-                    if elapsed + 1e-3 >= soak.seconds {
-                        stop.set(true);
-                        return rows;
-                    }
-                    tick += 1;
-                }
-            }
-        };
-        let (rows, results) = tokio::join!(sampler, join_all(clients));
-        for r in results {
-            r?;
-        }
-        Ok::<_, anyhow::Error>(rows)
-    })?;
+    let rows = local.block_on(
+        &rt,
+        load_and_soak(&system, workload, params, soak, pid, &data),
+    )?;
     drop(system);
+    outcome(started, params, soak, rows)
+}
+
+/// The YCSB load, then YCSB A's clients until the soak's time is up, a row
+/// every interval (printed as it is taken); the rows.
+async fn load_and_soak(
+    system: &System,
+    workload: y::Workload,
+    params: &Params,
+    soak: &Soak,
+    pid: u32,
+    data: &Path,
+) -> Result<Vec<Value>> {
+    crate::ycsb::setup(system).await?;
+    let (load_s, _) = crate::ycsb::load(system, params).await?;
+    eprintln!(
+        "SOAK: loaded {} records in {load_s:.1} s; YCSB A with {} clients for {:.0} s, a row every {:.0} s",
+        params.records, soak.clients, soak.seconds, soak.interval_seconds
+    );
+    eprintln!(
+        "{:>7} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9}",
+        "minute", "ops/s", "p50 us", "p99 us", "RSS MiB", "anon MiB", "fds", "journals", "data MiB"
+    );
+    let seq = InsertSequence::new(params.records);
+    let conns = system.connect_many(soak.clients).await?;
+    let lat: Rc<RefCell<Vec<u32>>> = Rc::default();
+    let stop = Rc::new(Cell::new(false));
+    let clients = conns.into_iter().zip(0u64..).map(|(conn, i)| {
+        let (seq, lat, stop) = (&seq, lat.clone(), stop.clone());
+        soak_client(conn, i, workload, params, seq, lat, stop)
+    });
+    let sampler = sample_intervals(soak, pid, data, lat.clone(), stop.clone());
+    let (rows, results) = tokio::join!(sampler, join_all(clients));
+    for r in results {
+        r?;
+    }
+    Ok(rows)
+}
+
+/// Client `i` on `conn`: YCSB A's reads and updates until `stop`, each one's
+/// latency (µs) added to `lat`.
+async fn soak_client(
+    mut conn: Conn,
+    i: u64,
+    workload: y::Workload,
+    params: &Params,
+    seq: &InsertSequence,
+    lat: Rc<RefCell<Vec<u32>>>,
+    stop: Rc<Cell<bool>>,
+) -> Result<()> {
+    let mut gen = Client::new(workload, params.records, u64::MAX / 4, seq, params.seed, i);
+    while !stop.get() {
+        let op = gen.next_op();
+        let t = Instant::now();
+        match &op {
+            Op::Read { key } => conn.read(key).await?,
+            Op::Update { key, field, value } => conn.update(key, *field, value).await?,
+            other => bail!("YCSB A made a {} operation", other.kind()),
+        }
+        lat.borrow_mut()
+            .push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+    }
+    Ok(())
+}
+
+/// Every `soak.interval_seconds`: the latencies the clients added to `lat` since
+/// the last interval and a sample of the server (`pid`, its data in `data`), as a
+/// row; sets `stop` and returns the rows once `soak.seconds` have passed.
+async fn sample_intervals(
+    soak: &Soak,
+    pid: u32,
+    data: &Path,
+    lat: Rc<RefCell<Vec<u32>>>,
+    stop: Rc<Cell<bool>>,
+) -> Vec<Value> {
+    let t0 = Instant::now();
+    let mut rows = Vec::new();
+    let mut tick = 1u32;
+    loop {
+        let due = Duration::from_secs_f64(soak.interval_seconds * tick as f64);
+        let now = t0.elapsed();
+        if due > now {
+            tokio::time::sleep(due - now).await;
+        }
+        let mut l = std::mem::take(&mut *lat.borrow_mut());
+        let elapsed = t0.elapsed().as_secs_f64();
+        l.sort_unstable();
+        let r = sample(pid, data);
+        rows.push(interval_row(elapsed, &l, &r, soak.interval_seconds));
+        if elapsed + 1e-3 >= soak.seconds {
+            stop.set(true);
+            return rows;
+        }
+        tick += 1;
+    }
+}
+
+/// One interval, `elapsed` seconds into the soak: printed, and as its row. `l`:
+/// the interval's latencies (µs), sorted; `r`: the server's sample.
+fn interval_row(elapsed: f64, l: &[u32], r: &Resources, interval_seconds: f64) -> Value {
+    let ops_per_sec = l.len() as f64 / interval_seconds;
+    eprintln!(
+        "{:>7.2} {:>9.0} {:>8.0} {:>8.0} {:>8} {:>8} {:>6} {:>8} {:>9}",
+        elapsed / 60.0,
+        ops_per_sec,
+        p_us(l, 0.5),
+        p_us(l, 0.99),
+        r.rss_bytes >> 20,
+        r.rss_anon_bytes >> 20,
+        r.open_files,
+        r.journal_files,
+        r.data_file_bytes >> 20
+    );
+    json!({
+        "workload": "SOAK", "engine": "kiln", "minute": elapsed / 60.0,
+        "operations": l.len(), "ops_per_sec": ops_per_sec,
+        "p50_us": p_us(l, 0.5), "p99_us": p_us(l, 0.99),
+        "rss_bytes": r.rss_bytes, "rss_anon_bytes": r.rss_anon_bytes,
+        "rss_file_bytes": r.rss_file_bytes, "open_files": r.open_files,
+        "journal_files": r.journal_files, "journal_bytes": r.journal_bytes,
+        "data_file_bytes": r.data_file_bytes,
+    })
+}
+
+/// The soak's JSON object from its interval rows (first and last interval's
+/// throughput in the table, the summary for the results file), or an error if a
+/// bound was crossed.
+fn outcome(started: Instant, params: &Params, soak: &Soak, rows: Vec<Value>) -> Result<Value> {
     let bad = violations(&rows, soak);
     let ops: Vec<f64> = rows
         .iter()

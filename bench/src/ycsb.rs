@@ -284,6 +284,15 @@ impl System {
             System::Redis { port, .. } => Conn::Redis(RedisConn::connect(*port).await?),
         })
     }
+
+    /// `n` connections, one after another (the clients of a phase).
+    pub(crate) async fn connect_many(&self, n: u64) -> Result<Vec<Conn>> {
+        let mut conns = Vec::new();
+        for _ in 0..n {
+            conns.push(self.connect().await?);
+        }
+        Ok(conns)
+    }
 }
 
 /// Redis's durable settings (its documentation's advice for durability:
@@ -721,10 +730,7 @@ pub(crate) async fn setup(system: &System) -> Result<()> {
 /// Inserts records `0..records`, client `i` taking every `clients`-th one.
 pub(crate) async fn load(system: &System, params: &Params) -> Result<(f64, Vec<u32>)> {
     let clients = params.load_clients.min(params.records);
-    let mut conns = Vec::new();
-    for _ in 0..clients {
-        conns.push(system.connect().await?);
-    }
+    let conns = system.connect_many(clients).await?;
     let start = Instant::now();
     let tasks = conns
         .into_iter()
@@ -766,70 +772,29 @@ async fn run_phase(
     params: &Params,
 ) -> Result<(RunOutcome, u64)> {
     let seq = InsertSequence::new(records);
-    let mut conns = Vec::new();
-    for _ in 0..clients {
-        conns.push(system.connect().await?);
-    }
+    let conns = system.connect_many(clients).await?;
     let before = counters(system).await;
     let budget = AtomicU64::new(0);
     let deadline = Instant::now() + Duration::from_secs_f64(params.max_seconds);
     let cpu0 = system.server_cpu_seconds();
     let start = Instant::now();
-    let tasks = conns.into_iter().zip(0u64..).map(|(mut conn, i)| {
-        let (seq, budget) = (&seq, &budget);
-        async move {
-            let mut gen = Client::new(workload, records, params.operations, seq, params.seed, i);
-            let mut lat = Latencies::default();
-            while budget.fetch_add(1, Ordering::Relaxed) < params.operations
-                && Instant::now() < deadline
-            {
-                let op = gen.next_op();
-                let t = Instant::now();
-                match &op {
-                    Op::Read { key } => conn.read(key).await?,
-                    Op::Update { key, field, value } => conn.update(key, *field, value).await?,
-                    Op::Insert { keynum, key } => {
-                        let record = gen.record();
-                        conn.insert(key, &record).await?;
-                        seq.acknowledge(*keynum);
-                    }
-                    Op::Scan { start, count } => conn.scan(start, *count).await?,
-                    Op::ReadModifyWrite { key, field, value } => {
-                        // YCSB: a read, then an update, each measured on its own
-                        // too (its DBWrapper times every call).
-                        let r = Instant::now();
-                        conn.read(key).await?;
-                        lat.by_kind[0].push(micros(r));
-                        let u = Instant::now();
-                        conn.update(key, *field, value).await?;
-                        lat.by_kind[1].push(micros(u));
-                    }
-                }
-                let us = micros(t);
-                lat.by_kind[kind_index(op.kind())].push(us);
-                lat.all.push(us);
-            }
-            Ok::<_, anyhow::Error>(lat)
-        }
-    });
+    let phase = PhaseClients {
+        workload,
+        records,
+        params,
+        seq: &seq,
+        budget: &budget,
+        deadline,
+    };
+    let tasks = conns
+        .into_iter()
+        .zip(0u64..)
+        .map(|(conn, i)| run_client(conn, i, &phase));
     let results = join_all(tasks).await;
     let seconds = start.elapsed().as_secs_f64();
     let server_cpu_seconds = system.server_cpu_seconds() - cpu0;
-    let mut lat = Latencies::default();
-    for r in results {
-        let l = r?;
-        for (all, mine) in lat.by_kind.iter_mut().zip(l.by_kind) {
-            all.extend(mine);
-        }
-        lat.all.extend(l.all);
-    }
+    let lat = merge_latencies(results)?;
     let after = counters(system).await;
-    let mut delta = Map::new();
-    for (k, v) in &after {
-        if let (Some(a), Some(b)) = (v.as_f64(), before.get(k).and_then(Value::as_f64)) {
-            delta.insert(k.clone(), json!(a - b));
-        }
-    }
     let operations = lat.all.len() as u64;
     let records_after = seq.last_value() + 1;
     Ok((
@@ -838,10 +803,90 @@ async fn run_phase(
             operations,
             lat,
             server_cpu_seconds,
-            counters: delta,
+            counters: counters_since(&before, &after),
         },
         records_after,
     ))
+}
+
+/// What the clients of a run phase share.
+#[derive(Clone, Copy)]
+struct PhaseClients<'a> {
+    workload: ycsb::Workload,
+    records: u64,
+    params: &'a Params,
+    seq: &'a InsertSequence,
+    /// Operations started so far, by all clients: the phase ends at
+    /// `params.operations`.
+    budget: &'a AtomicU64,
+    deadline: Instant,
+}
+
+/// Client `i` of a run phase on `conn`: YCSB's operations until the budget or the
+/// deadline runs out; their latencies.
+async fn run_client(mut conn: Conn, i: u64, phase: &PhaseClients<'_>) -> Result<Latencies> {
+    let PhaseClients {
+        workload,
+        records,
+        params,
+        seq,
+        budget,
+        deadline,
+    } = *phase;
+    let mut gen = Client::new(workload, records, params.operations, seq, params.seed, i);
+    let mut lat = Latencies::default();
+    while budget.fetch_add(1, Ordering::Relaxed) < params.operations && Instant::now() < deadline {
+        let op = gen.next_op();
+        let t = Instant::now();
+        match &op {
+            Op::Read { key } => conn.read(key).await?,
+            Op::Update { key, field, value } => conn.update(key, *field, value).await?,
+            Op::Insert { keynum, key } => {
+                let record = gen.record();
+                conn.insert(key, &record).await?;
+                seq.acknowledge(*keynum);
+            }
+            Op::Scan { start, count } => conn.scan(start, *count).await?,
+            Op::ReadModifyWrite { key, field, value } => {
+                // YCSB: a read, then an update, each measured on its own
+                // too (its DBWrapper times every call).
+                let r = Instant::now();
+                conn.read(key).await?;
+                lat.by_kind[0].push(micros(r));
+                let u = Instant::now();
+                conn.update(key, *field, value).await?;
+                lat.by_kind[1].push(micros(u));
+            }
+        }
+        let us = micros(t);
+        lat.by_kind[kind_index(op.kind())].push(us);
+        lat.all.push(us);
+    }
+    Ok(lat)
+}
+
+/// The clients' latencies together (the first error if a client failed).
+fn merge_latencies(results: Vec<Result<Latencies>>) -> Result<Latencies> {
+    let mut lat = Latencies::default();
+    for r in results {
+        let l = r?;
+        for (all, mine) in lat.by_kind.iter_mut().zip(l.by_kind) {
+            all.extend(mine);
+        }
+        lat.all.extend(l.all);
+    }
+    Ok(lat)
+}
+
+/// The numeric counters' growth from `before` to `after`.
+fn counters_since(before: &Map<String, Value>, after: &Map<String, Value>) -> Map<String, Value> {
+    let mut delta = Map::new();
+    for (k, v) in after {
+        if let (Some(a), Some(b)) = (v.as_f64(), before.get(k).and_then(Value::as_f64)) {
+            delta.insert(k.clone(), json!(a - b));
+        }
+    }
+    delta
 }
 
 /// The server's own counters of durable writes, read before and after a run
@@ -983,59 +1028,17 @@ pub fn run(engine: &str, workload: &str, dir: &Path, params: &Params) -> Result<
         for &clients in &params.clients {
             let (o, after) = run_phase(&system, w, records, clients, params).await?;
             records = after;
-            let ops_per_sec = o.operations as f64 / o.seconds;
-            let mut all = o.lat.all;
-            all.sort_unstable();
-            let per_op: Map<String, Value> = KINDS
-                .iter()
-                .zip(o.lat.by_kind)
-                .filter(|(_, l)| !l.is_empty())
-                .map(|(k, l)| (k.to_string(), summary(l)))
-                .collect();
-            let p99 = quantile_us(&all, 0.99);
-            rows.push(
-                json!({ "row": format!("{workload} c={clients}"), "unit": "ops/s",
-                              "value": ops_per_sec, "lower_is_better": false }),
-            );
-            rows.push(
-                json!({ "row": format!("{workload} c={clients} p99"), "unit": "us",
-                              "value": p99, "lower_is_better": true }),
-            );
-            flat.push(json!({
-                "workload": workload,
-                "engine": engine,
-                "clients": clients,
-                "ops_per_sec": ops_per_sec,
-                "p50_us": quantile_us(&all, 0.50),
-                "p99_us": p99,
-                "p999_us": quantile_us(&all, 0.999),
-                "operations": o.operations,
-                "seconds": o.seconds,
-                "records_at_start": records,
-                "per_op": per_op,
-                "server_cpu_us_per_op": o.server_cpu_seconds * 1e6 / o.operations.max(1) as f64,
-                "server_counters": o.counters,
-            }));
+            let job = Job {
+                engine,
+                workload,
+                clients,
+            };
+            let (table_rows, flat_row) = phase_rows(&job, o, records);
+            rows.extend(table_rows);
+            flat.push(flat_row);
         }
-        let mut load_sorted = load_lat;
-        load_sorted.sort_unstable();
-        let extra = json!({
-            "ycsb": flat,
-            "load": {
-                "records": params.records,
-                "clients": params.load_clients,
-                "seconds": load_s,
-                "p50_us": quantile_us(&load_sorted, 0.5),
-                "p99_us": quantile_us(&load_sorted, 0.99),
-            },
-            "params": {
-                "records": params.records, "operations_per_client_count": params.operations,
-                "max_seconds_per_client_count": params.max_seconds, "clients": params.clients,
-                "field_count": ycsb::FIELD_COUNT, "field_length": ycsb::FIELD_LENGTH,
-                "distribution": format!("{:?}", w.distribution), "seed": params.seed,
-            },
-            "settings": settings(&system).await,
-        });
+        let settings = settings(&system).await;
+        let extra = job_extra(w, params, flat, (load_s, load_lat), settings);
         Ok::<_, anyhow::Error>((rows, extra))
     });
     drop(system);
@@ -1045,6 +1048,85 @@ pub fn run(engine: &str, workload: &str, dir: &Path, params: &Params) -> Result<
         "rows": rows,
         "extra": extra,
     }))
+}
+
+/// Which run phase a row is of.
+struct Job<'a> {
+    engine: &'a str,
+    workload: &'a str,
+    clients: u64,
+}
+
+/// A run phase's rows for the table (ops/s, p99) and its flat row for
+/// `extra.ycsb`; `records` is what the flat row calls `records_at_start`.
+fn phase_rows(job: &Job, o: RunOutcome, records: u64) -> ([Value; 2], Value) {
+    let Job {
+        engine,
+        workload,
+        clients,
+    } = *job;
+    let ops_per_sec = o.operations as f64 / o.seconds;
+    let mut all = o.lat.all;
+    all.sort_unstable();
+    let per_op: Map<String, Value> = KINDS
+        .iter()
+        .zip(o.lat.by_kind)
+        .filter(|(_, l)| !l.is_empty())
+        .map(|(k, l)| (k.to_string(), summary(l)))
+        .collect();
+    let p99 = quantile_us(&all, 0.99);
+    let table = [
+        json!({ "row": format!("{workload} c={clients}"), "unit": "ops/s",
+                      "value": ops_per_sec, "lower_is_better": false }),
+        json!({ "row": format!("{workload} c={clients} p99"), "unit": "us",
+                      "value": p99, "lower_is_better": true }),
+    ];
+    let flat = json!({
+        "workload": workload,
+        "engine": engine,
+        "clients": clients,
+        "ops_per_sec": ops_per_sec,
+        "p50_us": quantile_us(&all, 0.50),
+        "p99_us": p99,
+        "p999_us": quantile_us(&all, 0.999),
+        "operations": o.operations,
+        "seconds": o.seconds,
+        "records_at_start": records,
+        "per_op": per_op,
+        "server_cpu_us_per_op": o.server_cpu_seconds * 1e6 / o.operations.max(1) as f64,
+        "server_counters": o.counters,
+    });
+    (table, flat)
+}
+
+/// A job's `extra`: the flat rows of its run phases, the load's figures (its
+/// seconds and latencies), the parameters and the system's `settings`.
+fn job_extra(
+    w: ycsb::Workload,
+    params: &Params,
+    flat: Vec<Value>,
+    (load_s, load_lat): (f64, Vec<u32>),
+    settings: Value,
+) -> Value {
+    let mut load_sorted = load_lat;
+    load_sorted.sort_unstable();
+    json!({
+        "ycsb": flat,
+        "load": {
+            "records": params.records,
+            "clients": params.load_clients,
+            "seconds": load_s,
+            "p50_us": quantile_us(&load_sorted, 0.5),
+            "p99_us": quantile_us(&load_sorted, 0.99),
+        },
+        "params": {
+            "records": params.records, "operations_per_client_count": params.operations,
+            "max_seconds_per_client_count": params.max_seconds, "clients": params.clients,
+            "field_count": ycsb::FIELD_COUNT, "field_length": ycsb::FIELD_LENGTH,
+            "distribution": format!("{:?}", w.distribution), "seed": params.seed,
+        },
+        "settings": settings,
+    })
 }
 
 /// Where `kiln serve`'s data and the peers' files go for one job.
