@@ -4,8 +4,7 @@ message."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
+import json
 
 import httpx
 import pytest
@@ -13,40 +12,31 @@ import pytest
 import kiln_client.errors as E
 from conftest import REPO
 from kiln_client import DocumentStore
-
-SERVER_SRC = REPO / "crates" / "kiln-server" / "src"
-
-_PATTERNS = [
-    # The server's one list of codes: `Variant = "code" => STATUS,` in error.rs.
-    r'(?m)^\s*\w+ = "([a-z_]+)" =>',
-    # The changes feed's WebSocket messages and the bulk stream's in-band errors.
-    r'code:\s*"([a-z_]+)"',
-    r'send_error\(\s*"([a-z_]+)"',
-    r'\bbad\(\s*"([a-z_]+)"',
-    r'\.stop\(\s*committing,\s*[^,]+,\s*"([a-z_]+)"',
-]
-
-
-def server_error_codes() -> set:
-    codes = set()
-    for path in SERVER_SRC.rglob("*.rs"):
-        text = path.read_text()
-        for pat in _PATTERNS:
-            codes.update(re.findall(pat, text))
-    return codes
-
+from kiln_client._codes import SERVER_ERROR_CODES
 
 def test_every_server_error_code_has_a_class() -> None:
-    if not SERVER_SRC.is_dir():
-        pytest.skip(f"the server's source is not at {SERVER_SRC}")
-    codes = server_error_codes()
-    # The scan found the codes it should (it is not silently matching nothing).
+    # The server's one list, generated into the client (crates/kiln-server/tests/
+    # client_error_codes.rs keeps it equal to kiln_server::error::ErrorCode::ALL).
+    codes = SERVER_ERROR_CODES
     assert {"conflict", "document_not_found", "overloaded", "disk_full", "unauthorized",
-            "too_many_connections", "request_timeout", "invalid_message"} <= codes
+            "too_many_connections", "request_timeout", "invalid_message"} <= set(codes)
     missing = sorted(c for c in codes if c not in E.ERROR_CLASSES)
     assert not missing, f"server error codes without an exception class: {missing}"
+    extra = sorted(c for c in E.ERROR_CLASSES if c not in codes)
+    assert not extra, f"exception classes for codes the server never sends: {extra}"
     for code, cls in E.ERROR_CLASSES.items():
         assert cls.code == code and issubclass(cls, E.KilnError)
+        family = E._BY_STATUS.get(codes[code])
+        assert family is None or issubclass(cls, family), \
+            f"{cls.__name__} ({code}, sent with {codes[code]}) is not a {family.__name__}"
+
+
+def test_the_generated_list_matches_the_json_one() -> None:
+    path = REPO / "clients" / "error-codes.json"
+    if not path.is_file():
+        pytest.skip(f"no {path}")
+    rows = json.loads(path.read_text())["codes"]
+    assert {r["code"]: r["status"] for r in rows} == SERVER_ERROR_CODES
 
 
 def test_unknown_code_falls_back_by_status() -> None:

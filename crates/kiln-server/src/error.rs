@@ -118,6 +118,16 @@ error_codes! {
     ClusterError = "cluster_error" => SERVICE_UNAVAILABLE,
     NotClustered = "not_clustered" => NOT_FOUND,
     NotSupportedInCluster = "not_supported_in_cluster" => NOT_IMPLEMENTED,
+    // The changes feed's WebSocket: `{"type": "error", "code": ...}` messages, never an
+    // HTTP answer (the status is the family a client files them under).
+    /// A binary frame: the feed takes JSON text frames.
+    UnsupportedFrame = "unsupported" => BAD_REQUEST,
+    /// A text frame that is not a message the feed knows.
+    InvalidMessage = "invalid_message" => BAD_REQUEST,
+    /// More subscriptions on one connection than the server allows.
+    TooManySubscriptions = "too_many_subscriptions" => BAD_REQUEST,
+    /// The feed could not read the changes it was to send (the subscription ends).
+    ChangesReadFailed = "read_failed" => INTERNAL_SERVER_ERROR,
     // The server's state.
     Overloaded = "overloaded" => SERVICE_UNAVAILABLE,
     ShuttingDown = "shutting_down" => SERVICE_UNAVAILABLE,

@@ -4,11 +4,17 @@ The server answers errors as ``{"error": code, "message": text}`` (plus
 ``current_etag`` on a conflict). :func:`error_from_response` turns such an answer into
 the class registered for its code in :data:`ERROR_CLASSES`; an unknown code falls back
 to a class chosen by the HTTP status, so a newer server never breaks the client.
+
+The codes and their statuses come from the server's one list, generated into
+``_codes.py`` (:data:`SERVER_ERROR_CODES`); the tests check that every one of them has
+its class here, under the class of its status.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Type
+
+from ._codes import SERVER_ERROR_CODES
 
 
 class KilnError(Exception):
@@ -590,6 +596,9 @@ _BY_STATUS: Dict[int, Type[KilnError]] = {
 def error_class(code: Optional[str], status: Optional[int]) -> Type[KilnError]:
     if code and code in ERROR_CLASSES:
         return ERROR_CLASSES[code]
+    # A WebSocket message's code comes without an HTTP status: the server's list has it.
+    if status is None and code in SERVER_ERROR_CODES:
+        status = SERVER_ERROR_CODES[code]
     if status in _BY_STATUS:
         return _BY_STATUS[status]
     if status is not None and status >= 500:

@@ -474,7 +474,7 @@ impl BlobSink {
                     format!("frame {}", sum.frame),
                     sum.frame_offset,
                     format!(
-                        "extra file {name:?} is no attachment blob (this Kiln knows                                  only {BLOB_FILE_PREFIX}<sha256>)"
+                        "extra file {name:?} is no attachment blob (this Kiln knows only {BLOB_FILE_PREFIX}<sha256>)"
                     ),
                 )
             })?;

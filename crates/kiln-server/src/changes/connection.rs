@@ -15,6 +15,7 @@
 //!   "heartbeat","last_etag"}`, `{"type":"error","code","message"}`; a slow reader is
 //!   closed with code 4008 and "slow consumer: resume from etag E".
 
+use crate::error::ErrorCode;
 use super::hub::{Hub, Outgoing, Subscriber, Subscription};
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use kiln_docs::{Change, ChangeFilter, Database};
@@ -134,7 +135,7 @@ impl Conn {
                     Some(Ok(Message::Text(t))) => self.on_client_text(&t).await?,
                     Some(Ok(Message::Close(_))) => return Ok(()),
                     // Pings are answered by the library; binary frames mean nothing here.
-                    Some(Ok(Message::Binary(_))) => self.send_error("unsupported", "send JSON text frames").await?,
+                    Some(Ok(Message::Binary(_))) => self.send_error(ErrorCode::UnsupportedFrame, "send JSON text frames").await?,
                     Some(Ok(_)) => {}
                 },
                 out = queue.recv() => match out {
@@ -175,8 +176,8 @@ impl Conn {
         }
     }
 
-    async fn send_error(&mut self, code: &str, message: &str) -> Result<(), ConnError> {
-        self.send_json(json!({"type": "error", "code": code, "message": message}))
+    async fn send_error(&mut self, code: ErrorCode, message: &str) -> Result<(), ConnError> {
+        self.send_json(json!({"type": "error", "code": code.as_str(), "message": message}))
             .await
     }
 
@@ -230,7 +231,7 @@ impl Conn {
     async fn on_client_text(&mut self, text: &str) -> Result<(), ConnError> {
         let msg: ClientMessage = match serde_json::from_str(text) {
             Ok(m) => m,
-            Err(e) => return self.send_error("invalid_message", &e.to_string()).await,
+            Err(e) => return self.send_error(ErrorCode::InvalidMessage, &e.to_string()).await,
         };
         match msg {
             ClientMessage::Unsubscribe { sub } => {
@@ -274,12 +275,12 @@ impl Conn {
                 "at most {} subscriptions per connection",
                 self.cfg.max_subscriptions
             );
-            return self.send_error("too_many_subscriptions", &msg).await;
+            return self.send_error(ErrorCode::TooManySubscriptions, &msg).await;
         }
         let db = self.hub.db.clone();
         let from = match since.as_deref().map(|e| db.sequence_of(e)).transpose() {
             Ok(f) => f,
-            Err(e) => return self.send_error("invalid_etag", &e.to_string()).await,
+            Err(e) => return self.send_error(ErrorCode::InvalidEtag, &e.to_string()).await,
         };
         let Some(from) = from else {
             // Live only: from the hub's position on.
@@ -331,7 +332,7 @@ impl Conn {
             let page = match read_changes(&db, from, filter).await {
                 Ok(p) => p,
                 Err(e) => {
-                    self.send_error("read_failed", &e.to_string()).await?;
+                    self.send_error(ErrorCode::ChangesReadFailed, &e.to_string()).await?;
                     return Ok(from);
                 }
             };
@@ -368,7 +369,7 @@ impl Conn {
                     }
                 }
             }
-            Err(e) => self.send_error("read_failed", &e.to_string()).await?,
+            Err(e) => self.send_error(ErrorCode::ChangesReadFailed, &e.to_string()).await?,
         }
         Ok(position)
     }
