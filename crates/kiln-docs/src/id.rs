@@ -1,10 +1,7 @@
 //! What a database name, a document id and a collection name may be.
 
+use crate::limits::{MAX_COLLECTION_BYTES, MAX_DATABASE_NAME_BYTES};
 use crate::{DocError, Result};
-
-/// Collection names are short: they prefix every key of the collection index.
-pub const MAX_COLLECTION_LEN: usize = 128;
-const MAX_DATABASE_NAME_LEN: usize = 64;
 
 /// Database names become directory names, so they are kept to a portable set:
 /// lowercase ASCII letters, digits, `_` and `-`, starting with a letter or digit.
@@ -15,7 +12,7 @@ pub fn validate_database_name(name: &str) -> Result<()> {
             why: why.to_string(),
         })
     };
-    if name.is_empty() || name.len() > MAX_DATABASE_NAME_LEN {
+    if name.is_empty() || name.len() > MAX_DATABASE_NAME_BYTES {
         return bad("must be 1 to 64 characters");
     }
     if !name
@@ -30,33 +27,6 @@ pub fn validate_database_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Ids are any UTF-8 text without control characters, up to `max_len` bytes (the
-/// engine's key limit bounds it from above).
-pub fn validate_id(id: &str, max_len: usize) -> Result<()> {
-    let bad = |why: String| {
-        Err(DocError::InvalidId {
-            id: id.chars().take(80).collect(),
-            why,
-        })
-    };
-    if id.is_empty() {
-        return bad("ids may not be empty".into());
-    }
-    if id.len() > max_len {
-        return bad(format!(
-            "{} bytes is over the limit of {max_len} bytes",
-            id.len()
-        ));
-    }
-    if let Some(c) = id.chars().find(|c| c.is_control()) {
-        return bad(format!(
-            "control character U+{:04X} is not allowed",
-            c as u32
-        ));
-    }
-    Ok(())
-}
-
 /// Collection names: 1..=128 bytes, no control characters (a NUL would break the
 /// collection index's key layout), not starting with `@` (reserved).
 pub fn validate_collection(name: &str) -> Result<()> {
@@ -66,7 +36,7 @@ pub fn validate_collection(name: &str) -> Result<()> {
             why: why.to_string(),
         })
     };
-    if name.is_empty() || name.len() > MAX_COLLECTION_LEN {
+    if name.is_empty() || name.len() > MAX_COLLECTION_BYTES {
         return bad("must be 1 to 128 bytes");
     }
     if name.chars().any(|c| c.is_control()) {
@@ -97,11 +67,13 @@ mod tests {
         for bad in ["", "Shop", "-x", "a/b", "a.b", &"x".repeat(65)] {
             assert!(validate_database_name(bad).is_err(), "{bad:?}");
         }
-        assert!(validate_id("users/ada", 10).is_ok());
-        assert!(validate_id("", 10).is_err());
-        assert!(validate_id("users/ada!", 9).is_err());
-        assert!(validate_id("a\u{0}b", 10).is_err());
-        assert!(validate_id("é/ü", 10).is_ok());
+        use crate::limits::{check_id, IdRule};
+        let ten = IdRule::Configured { max_bytes: 10 };
+        assert!(check_id("users/ada", ten).is_ok());
+        assert!(check_id("", ten).is_err());
+        assert!(check_id("users/ada!", IdRule::Configured { max_bytes: 9 }).is_err());
+        assert!(check_id("a\u{0}b", ten).is_err());
+        assert!(check_id("é/ü", ten).is_ok());
         assert_eq!(collection_from_id("users/ada"), Some("users"));
         assert_eq!(collection_from_id("ada"), None);
         assert_eq!(collection_from_id("/ada"), None);

@@ -37,6 +37,7 @@ mod etag;
 mod expiration;
 mod id;
 mod index;
+mod limits;
 mod merge_patch;
 mod query;
 mod record;
@@ -72,12 +73,13 @@ pub use document::Document;
 pub use error::{DocError, Result};
 pub use etag::Etag;
 pub use expiration::{DueDocument, ExpireReport};
-pub use id::{validate_collection, validate_database_name, validate_id, MAX_COLLECTION_LEN};
+pub use id::{validate_collection, validate_database_name};
 #[doc(hidden)]
 pub use index::COUNTED_ENTRIES_TREES;
 pub use index::{
     IndexDefinition, IndexErrorSample, IndexField, IndexInfo, IndexingOptions, ReduceSpec,
 };
+pub use limits::{check_id, IdRule, MAX_COLLECTION_BYTES};
 pub use merge_patch::{check_document_patch, merge_patch, patch_document};
 pub use query::{QueryOptions, QueryResult};
 pub use record::{DocumentCompression, RecordView as DocumentView};

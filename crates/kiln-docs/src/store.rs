@@ -58,7 +58,7 @@ impl Default for DocsOptions {
         DocsOptions {
             storage,
             max_document_bytes: 16 << 20,
-            max_id_bytes: 512,
+            max_id_bytes: crate::limits::DEFAULT_MAX_ID_BYTES,
             max_batch_ops: 10_000,
             write_queue: crate::WriteQueueOptions::default(),
             delete_wait_ms: 10_000,
@@ -71,11 +71,11 @@ impl Default for DocsOptions {
 
 impl DocsOptions {
     fn limits(&self) -> Result<Limits> {
-        if self.max_id_bytes == 0 || self.max_id_bytes > kiln_storage::MAX_KEY_SIZE {
+        if self.max_id_bytes == 0 || self.max_id_bytes > crate::limits::ENGINE_KEY_BYTES {
             return Err(DocError::Storage(kiln_storage::Error::InvalidOption(
                 format!(
                     "max_id_bytes must be 1..={} (the engine's key limit)",
-                    kiln_storage::MAX_KEY_SIZE
+                    crate::limits::ENGINE_KEY_BYTES
                 ),
             )));
         }

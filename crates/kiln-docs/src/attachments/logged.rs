@@ -8,7 +8,6 @@ use super::blobs::hash_file;
 use super::{hash_hex, parse_hash, validate_attachment_name, validate_content_type};
 use super::{Fresh, StagedBlob};
 use crate::database::{apply_attachment, claim_log_index, AttachmentChange};
-use crate::id::validate_id;
 use crate::{BatchOutcome, Condition, Database, DocError, PutOutcome, Result};
 use std::path::Path;
 
@@ -77,7 +76,8 @@ impl Database {
     ) -> Result<Option<PutOutcome>> {
         let env = self.live()?;
         let hash = blob.hash;
-        let checked = validate_id(id, self.max_id_bytes())
+        let checked = self
+            .check_document_id(id)
             .and_then(|()| validate_attachment_name(name))
             .and_then(|()| validate_content_type(content_type));
         let mut unit = self.unit().at_time(at_ms);
@@ -132,8 +132,9 @@ impl Database {
         condition: Condition,
     ) -> Result<Option<PutOutcome>> {
         let env = self.live()?;
-        let checked =
-            validate_id(id, self.max_id_bytes()).and_then(|()| validate_attachment_name(name));
+        let checked = self
+            .check_document_id(id)
+            .and_then(|()| validate_attachment_name(name));
         let mut unit = self.unit().at_time(at_ms);
         let change = AttachmentChange::Delete {
             name: name.to_string(),

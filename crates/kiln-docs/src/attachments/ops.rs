@@ -5,7 +5,6 @@ use super::{
     AttachmentCheck, AttachmentInfo, BlobWriter, Fresh, RefEntry, StagedBlob, STAGED_TTL_MS,
 };
 use crate::database::{apply_attachment, AttachmentChange};
-use crate::id::validate_id;
 use crate::schema::{ATTACHMENT_REFS, REVISIONS};
 use crate::{BatchOutcome, Condition, Database, DocError, PutOutcome, Result};
 use std::collections::HashMap;
@@ -38,7 +37,7 @@ impl Database {
         condition: Condition,
     ) -> Result<PutOutcome> {
         let env = self.live()?;
-        validate_id(id, self.max_id_bytes())?;
+        self.check_document_id(id)?;
         validate_attachment_name(name)?;
         validate_content_type(content_type)?;
         let hash = blob.hash;
@@ -88,7 +87,7 @@ impl Database {
         condition: Condition,
     ) -> Result<PutOutcome> {
         let env = self.live()?;
-        validate_id(id, self.max_id_bytes())?;
+        self.check_document_id(id)?;
         validate_attachment_name(name)?;
         let mut unit = self.unit();
         let change = AttachmentChange::Delete {

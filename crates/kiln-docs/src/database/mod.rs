@@ -12,7 +12,7 @@ pub(crate) use apply::{apply_attachment, replay, AttachmentChange, Unit as Repla
 
 use crate::changes::CommitNotifier;
 use crate::document::PreparedDoc;
-use crate::id::validate_id;
+use crate::limits::{check_id, IdRule};
 use crate::schema::{
     collection_key, decode_u64, read_last_sequence, ATTACHMENT_REFS, BY_COLLECTION, COUNTS,
     DATABASE_TREES, EXPIRATION_IDS, HISTORY, META, META_CHAIN, META_INCARNATION, META_LAST_ETAG,
@@ -355,10 +355,6 @@ impl Database {
         }
     }
 
-    pub(crate) fn max_id_bytes(&self) -> usize {
-        self.limits.max_id_bytes
-    }
-
     pub(crate) fn live(&self) -> Result<&Env> {
         if self.deleted.load(Ordering::SeqCst) {
             return Err(DocError::DatabaseNotFound(self.name.clone()));
@@ -379,11 +375,21 @@ impl Database {
         .with_blobs(self.blobs.clone())
     }
 
+    /// Checks a document's id against this database's limit (`DocsOptions::max_id_bytes`).
+    pub(crate) fn check_document_id(&self, id: &str) -> Result<()> {
+        check_id(
+            id,
+            IdRule::Configured {
+                max_bytes: self.limits.max_id_bytes,
+            },
+        )
+    }
+
     /// Checks a given id, or a prefix for a generated one, against this database's
     /// rules; a streaming writer calls it per line so a bad id stops the stream there.
     pub fn check_id(&self, id: &DocId) -> Result<()> {
         match id {
-            DocId::Given(id) => validate_id(id, self.limits.max_id_bytes),
+            DocId::Given(id) => self.check_document_id(id),
             DocId::Generate { prefix } => {
                 if !prefix.ends_with('/') {
                     return Err(DocError::InvalidId {
@@ -391,8 +397,13 @@ impl Database {
                         why: "a prefix for a generated id must end with '/'".into(),
                     });
                 }
-                // Room for the generated number (up to 20 digits).
-                validate_id(prefix, self.limits.max_id_bytes.saturating_sub(20))
+                // Room for the generated number.
+                check_id(
+                    prefix,
+                    IdRule::GeneratedPrefix {
+                        max_bytes: self.limits.max_id_bytes,
+                    },
+                )
             }
         }
     }
@@ -478,7 +489,7 @@ impl Database {
     /// Deletes a document; `DocumentNotFound` if there is none.
     pub fn delete(&self, id: &str, condition: Condition) -> Result<DeleteOutcome> {
         let env = self.live()?;
-        validate_id(id, self.limits.max_id_bytes)?;
+        self.check_document_id(id)?;
         let op = WriteOp::Delete {
             id: id.to_string(),
             condition,
@@ -599,9 +610,9 @@ impl Database {
     fn check_op(&self, op: &WriteOp) -> Result<()> {
         match op {
             WriteOp::Put { id, .. } => self.check_id(id),
-            WriteOp::Delete { id, .. } => validate_id(id, self.limits.max_id_bytes),
+            WriteOp::Delete { id, .. } => self.check_document_id(id),
             WriteOp::Patch { id, patch, .. } => {
-                validate_id(id, self.limits.max_id_bytes)?;
+                self.check_document_id(id)?;
                 crate::merge_patch::check_document_patch(patch)
             }
             WriteOp::Attributed { op, .. } => self.check_op(op),
@@ -677,7 +688,7 @@ impl Database {
         read: impl FnOnce(crate::DocumentView<'_>) -> R,
     ) -> Result<Option<R>> {
         let env = self.live()?;
-        validate_id(id, self.limits.max_id_bytes)?;
+        self.check_document_id(id)?;
         let r = env.begin_read()?;
         match crate::stored::get(&r, id)? {
             None => Ok(None),

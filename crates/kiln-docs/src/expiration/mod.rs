@@ -30,9 +30,7 @@ use crate::{Condition, Database, DocError, Etag, Result, WriteOp};
 use kiln_storage::WriteTxn;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// The longest id an expiring document may have: its `expirations` key is the
-/// id after 8 bytes of time, within the engine's key limit.
-pub(crate) const MAX_EXPIRING_ID_BYTES: usize = kiln_storage::MAX_KEY_SIZE - 8;
+pub(crate) use crate::limits::MAX_EXPIRING_ID_BYTES;
 
 /// A document whose expiry time has passed, as `Database::expired` found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,17 +135,7 @@ impl Database {
 /// Refuses an expiring document whose id is too long for its index key (before
 /// the write's first tree write, like every check).
 pub(crate) fn check_id(id: &str) -> Result<()> {
-    if id.len() > MAX_EXPIRING_ID_BYTES {
-        return Err(DocError::InvalidId {
-            id: id.to_string(),
-            why: format!(
-                "an expiring document's id may have at most {MAX_EXPIRING_ID_BYTES} bytes, this \
-                 one has {}",
-                id.len()
-            ),
-        });
-    }
-    Ok(())
+    crate::limits::check_id(id, crate::limits::IdRule::Expiring)
 }
 
 /// The index writes of a put: the entry the document had (if it existed and any

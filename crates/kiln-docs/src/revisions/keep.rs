@@ -12,10 +12,6 @@ use crate::schema::{revision_key, REVISIONS, REVISION_HEADS};
 use crate::{record, DocError, Etag, Result};
 use kiln_storage::WriteTxn;
 
-/// The longest id a document with revisions may have: its revision key is the id
-/// and 9 bytes, within the engine's key limit.
-pub(crate) const MAX_REVISED_ID_BYTES: usize = kiln_storage::MAX_KEY_SIZE - 9;
-
 /// One write, as revisions see it.
 pub(crate) struct Change<'a> {
     pub id: &'a str,
@@ -70,17 +66,7 @@ pub(crate) fn keep(
 }
 
 fn check_id(id: &str) -> Result<()> {
-    if id.len() > MAX_REVISED_ID_BYTES {
-        return Err(DocError::InvalidId {
-            id: id.chars().take(80).collect(),
-            why: format!(
-                "a document of a collection that keeps revisions may have an id of at most \
-                 {MAX_REVISED_ID_BYTES} bytes, this one has {}",
-                id.len()
-            ),
-        });
-    }
-    Ok(())
+    crate::limits::check_id(id, crate::limits::IdRule::Revised)
 }
 
 pub(crate) fn read_head(txn: &mut WriteTxn<'_>, id: &str) -> Result<Head> {
