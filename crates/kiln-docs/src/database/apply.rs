@@ -13,6 +13,8 @@ use crate::attachments::{self, AttachmentInfo, BlobStore, Fresh, Hash};
 use crate::changes::{encode_entry, ChangeKind};
 use crate::document::{stored_expires_at_ms, PreparedDoc};
 use crate::expiration;
+// Revisions are kept in the write's own commit (a circle with revisions/, whose
+// restore writes through `Database`: see the note there).
 use crate::revisions::keep;
 use crate::schema::{
     collection_key, decode_last_sequence, decode_u64, sequence_key, BY_COLLECTION, CHANGES, COUNTS,

@@ -131,6 +131,9 @@ impl IndexDefinition {
                     "a reduce index has group_by and aggregate, not fields".into(),
                 ));
             }
+            // def <-> reduce: a definition is valid only with a valid reduce spec, and
+            // a reducer reads documents by the definition's field paths; one index
+            // kind split over two files for size, not two layers.
             return super::reduce::validate(reduce);
         }
         if self.fields.is_empty() || self.fields.len() > MAX_INDEX_FIELDS {

@@ -305,6 +305,9 @@ fn round(db: &Database, shared: &Shared) -> Result<bool> {
     // round, taking turns with the map indexes.
     let mut worked = false;
     for rt in &searches {
+        // indexer <-> search/indexing: one indexer thread serves both kinds of
+        // index (full-text rounds reuse its change reading and state), so the
+        // circle is that thread's, not a layering fault.
         worked |= crate::search::indexing::round(db, rt, shared.opts)?;
         shared.progress.notify_all();
     }

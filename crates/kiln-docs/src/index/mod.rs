@@ -125,6 +125,8 @@ pub(crate) fn write_state(w: &mut WriteTxn<'_>, name: &str, st: &IndexState) -> 
 pub(crate) struct Runtime {
     pub compiled: Compiled,
     /// A full-text index's tantivy index (`search/`); `None` for the others.
+    // index <-> search: a full-text index is an index kind (its definition,
+    // state and runtime are the index module's); search/ holds only its tantivy side.
     pub search: Option<crate::search::SearchIndex>,
     pub id: u64,
     /// The last indexed sequence known to be durable.

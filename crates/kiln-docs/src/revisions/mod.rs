@@ -32,6 +32,11 @@ pub(crate) use config::{SharedConfig, UnitConfig};
 pub use entry::Revision;
 
 use crate::attachments::BlobStore;
+// A circle with database/, on purpose: a revision's restore is a document write
+// (`Database::put` with its conditions, its log index claimed like any write's), and
+// the database's write unit keeps revisions as part of the same commit
+// (`database/apply.rs` calls `keep`). Making revisions a hook the write unit calls
+// (`on_put`) would remove the second edge, not the first.
 use crate::database::claim_log_index;
 use crate::schema::{revision_key, META, META_REVISIONS, REVISIONS, REVISION_HEADS};
 use crate::{Condition, Database, DocError, DocId, Etag, Page, PutOutcome, Result, WriteOp};
