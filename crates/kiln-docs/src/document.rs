@@ -67,7 +67,7 @@ fn expires_at_ms(metadata: &Map<String, Value>) -> Result<Option<u64>> {
         .map(Some)
         .map_err(|why| DocError::InvalidExpires {
             value: Value::from(text.as_str()).to_string(),
-            why,
+            why: why.to_string(),
         })
 }
 

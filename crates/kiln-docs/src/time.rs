@@ -1,6 +1,7 @@
 //! Times as the document layer keeps them (milliseconds since the Unix epoch) and
 //! as it shows them (RFC 3339, UTC, to the millisecond): every conversion between
-//! the two and the system clock is here, by `humantime`.
+//! the two and the system clock is here, by `humantime` (and `time`, which reads
+//! the offsets humantime does not).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -21,50 +22,78 @@ pub(crate) fn now_ms() -> u64 {
     ms_since_epoch(SystemTime::now()).unwrap_or(0)
 }
 
-/// Parses an RFC 3339 time (`2026-05-01T12:00:00Z`, `2026-05-01T14:00:00.250+02:00`)
-/// into ms since the epoch (a fraction finer than a millisecond is dropped). The
-/// error says what is wrong, for a client's message. humantime reads only UTC, so
-/// a numeric offset is taken off here and the rest handed to it as UTC.
-pub(crate) fn parse_rfc3339_ms(text: &str) -> Result<u64, String> {
-    // Byte positions below are only meaningful (and slicing only safe) on ASCII.
-    if !text.is_ascii() || text.len() < "2026-05-01T12:00:00Z".len() {
-        return Err("not an RFC 3339 time such as 2026-05-01T12:00:00Z".into());
-    }
-    let (local, offset_ms) = split_offset(text)?;
-    let (date, time) = local.split_at(10);
-    if !time.starts_with(['T', 't']) {
-        return Err("the date and the time must be separated by 'T'".into());
-    }
-    let utc = format!("{date}T{}Z", &time[1..]);
-    let at = humantime::parse_rfc3339(&utc).map_err(|e| format!("not an RFC 3339 time ({e})"))?;
-    let local_ms = ms_since_epoch(at).ok_or("before 1970")?;
-    u64::try_from(i128::from(local_ms) - i128::from(offset_ms))
-        .map_err(|_| "before 1970".to_string())
+/// Why a text is not a time `parse_rfc3339_ms` accepts. The messages are what a
+/// client reads (`DocError::InvalidExpires`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum TimeParseError {
+    #[error("not an RFC 3339 time such as 2026-05-01T12:00:00Z")]
+    NotATime,
+    #[error("no time zone: end it with Z or an offset such as +02:00")]
+    NoZone,
+    #[error("the offset {0:?} is not +HH:MM or -HH:MM")]
+    BadOffset(String),
+    #[error("the date and the time must be separated by 'T'")]
+    NoSeparator,
+    #[error("not an RFC 3339 time ({0})")]
+    Invalid(#[source] time::error::Parse),
+    #[error("before 1970")]
+    Before1970,
 }
 
-/// The text before its time zone, and the zone's offset from UTC in ms (east is
-/// positive): `Z` (or `z`), or `+HH:MM` / `-HH:MM`.
-fn split_offset(text: &str) -> Result<(&str, i64), String> {
-    if let Some(local) = text.strip_suffix(['Z', 'z']) {
-        return Ok((local, 0));
+/// Parses an RFC 3339 time (`2026-05-01T12:00:00Z`, `2026-05-01T14:00:00.250+02:00`,
+/// `t` and `z` in lowercase too) into ms since the epoch (a fraction finer than a
+/// millisecond is dropped), by the `time` crate. The error says what is wrong, for
+/// a client's message.
+pub(crate) fn parse_rfc3339_ms(text: &str) -> Result<u64, TimeParseError> {
+    use time::format_description::well_known::Rfc3339;
+    // Byte positions below are only meaningful (and slicing only safe) on ASCII.
+    if !text.is_ascii() || text.len() < "2026-05-01T12:00:00Z".len() {
+        return Err(TimeParseError::NotATime);
     }
-    let no_zone = || "no time zone: end it with Z or an offset such as +02:00".to_string();
-    let (local, zone) = text.split_at_checked(text.len() - 6).ok_or_else(no_zone)?;
-    let b = zone.as_bytes();
-    let sign = match b[0] {
-        b'+' => 1,
-        b'-' => -1,
-        _ => return Err(no_zone()),
+    let separated = matches!(text.as_bytes()[10], b'T' | b't');
+    let at = match time::OffsetDateTime::parse(text, &Rfc3339) {
+        // `time` takes any character between the date and the time (RFC 3339 lets
+        // an application choose a space): a document's time has always needed 'T'.
+        Ok(at) if separated => at,
+        Ok(_) => return Err(TimeParseError::NoSeparator),
+        Err(e) => {
+            return Err(match zone_refusal(text) {
+                Some(why) => why,
+                None if !separated => TimeParseError::NoSeparator,
+                None => TimeParseError::Invalid(e),
+            })
+        }
     };
-    let two_digits = |s: &str| {
-        s.bytes()
-            .all(|c| c.is_ascii_digit())
-            .then(|| s.parse::<i64>().ok())
-            .flatten()
+    // Negative before 1970, where a division would round a fraction up to 0.
+    let ns = at.unix_timestamp_nanos();
+    if ns < 0 {
+        return Err(TimeParseError::Before1970);
+    }
+    u64::try_from(ns / 1_000_000).map_err(|_| TimeParseError::NotATime)
+}
+
+/// For a text `time` refused: whether its time zone is why, as a client has always
+/// been told (the zone is checked first): none (`Z`, `z`, `+HH:MM` or `-HH:MM` at
+/// the end), or an offset out of that form.
+fn zone_refusal(text: &str) -> Option<TimeParseError> {
+    if text.ends_with(['Z', 'z']) {
+        return None;
+    }
+    let zone = text.get(text.len().checked_sub(6)?..)?;
+    if !zone.starts_with(['+', '-']) {
+        return Some(TimeParseError::NoZone);
+    }
+    let two_digits = |s: &str| match s.as_bytes() {
+        [a, b] if a.is_ascii_digit() && b.is_ascii_digit() => Some((a - b'0') * 10 + (b - b'0')),
+        _ => None,
     };
-    match (two_digits(&zone[1..3]), b[3], two_digits(&zone[4..6])) {
-        (Some(h), b':', Some(m)) if h <= 23 && m <= 59 => Ok((local, sign * (h * 60 + m) * 60_000)),
-        _ => Err(format!("the offset {zone:?} is not +HH:MM or -HH:MM")),
+    match (
+        two_digits(&zone[1..3]),
+        &zone[3..4],
+        two_digits(&zone[4..6]),
+    ) {
+        (Some(h), ":", Some(m)) if h <= 23 && m <= 59 => None,
+        _ => Some(TimeParseError::BadOffset(zone.to_string())),
     }
 }
 
@@ -93,6 +122,9 @@ mod tests {
             "2023-11-14T20:43:20.123-01:30",
             "2023-11-14T22:13:20.123+00:00",
             "2023-11-14T22:13:20.123-00:00",
+            "2023-11-15T03:43:20.123+05:30",
+            "2023-11-15t03:43:20.123+05:30",
+            "2023-11-14T22:13:20.123999999999Z",
         ] {
             assert_eq!(parse_rfc3339_ms(text), Ok(at), "{text}");
         }
@@ -116,5 +148,40 @@ mod tests {
         ] {
             assert!(parse_rfc3339_ms(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_refused_time_says_why_as_before() {
+        let why = |text| parse_rfc3339_ms(text).unwrap_err().to_string();
+        assert_eq!(
+            why("tomorrow"),
+            "not an RFC 3339 time such as 2026-05-01T12:00:00Z"
+        );
+        assert_eq!(
+            why("2023-11-14T22:13:20.123"),
+            "no time zone: end it with Z or an offset such as +02:00"
+        );
+        assert_eq!(
+            why("2023-11-14T22:13:20+24:00"),
+            "the offset \"+24:00\" is not +HH:MM or -HH:MM"
+        );
+        assert_eq!(
+            why("2023-11-14T22:13:20+02-00"),
+            "the offset \"+02-00\" is not +HH:MM or -HH:MM"
+        );
+        assert_eq!(
+            why("2023-11-14 22:13:20Z"),
+            "the date and the time must be separated by 'T'"
+        );
+        assert_eq!(
+            why("2023-11-14 22:13:2xZ"),
+            "the date and the time must be separated by 'T'"
+        );
+        assert_eq!(why("1970-01-01T00:30:00+01:00"), "before 1970");
+        assert_eq!(why("1969-12-31T23:59:59.9999Z"), "before 1970");
+        let e = parse_rfc3339_ms("2023-13-14T22:13:20Z").unwrap_err();
+        assert!(e.to_string().starts_with("not an RFC 3339 time ("), "{e}");
+        let cause = std::error::Error::source(&e).expect("the time crate's error is kept");
+        assert!(cause.is::<time::error::Parse>());
     }
 }
