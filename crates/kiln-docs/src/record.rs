@@ -59,13 +59,18 @@ pub enum DocumentCompression {
     Lz4,
 }
 
+/// A name `DocumentCompression` does not have (`--document-compression`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown document compression {0:?} (lz4 or none)")]
+pub struct UnknownCompression(pub String);
+
 impl std::str::FromStr for DocumentCompression {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    type Err = UnknownCompression;
+    fn from_str(s: &str) -> std::result::Result<Self, UnknownCompression> {
         match s {
             "none" => Ok(DocumentCompression::None),
             "lz4" => Ok(DocumentCompression::Lz4),
-            _ => Err(format!("unknown document compression {s:?} (lz4 or none)")),
+            _ => Err(UnknownCompression(s.to_string())),
         }
     }
 }
@@ -292,7 +297,7 @@ impl<'a> Record<'a> {
             Body::Lz4(b) => {
                 if let Err(why) = decompress_onto(b, out) {
                     out.truncate(start);
-                    return Err(corrupt(&why));
+                    return Err(corrupt(&why.to_string()));
                 }
             }
         }
@@ -325,24 +330,41 @@ impl<'a> Record<'a> {
     }
 }
 
+/// Why a stored compressed body does not decompress (the `why` of
+/// `DocError::CorruptRecord`).
+#[derive(Debug, thiserror::Error)]
+enum BodyDecodeError {
+    #[error("compressed body shorter than its length")]
+    NoLength,
+    #[error("compressed body of {stored} bytes claims {claimed} bytes")]
+    TooLong { stored: usize, claimed: usize },
+    #[error("compressed body gave {got} bytes, {claimed} expected")]
+    WrongLength { got: usize, claimed: usize },
+    #[error("compressed body does not decompress: {0}")]
+    Lz4(#[source] lz4_flex::block::DecompressError),
+}
+
 /// Appends the decompressed body to `out`.
-fn decompress_onto(stored: &[u8], out: &mut Vec<u8>) -> std::result::Result<(), String> {
+fn decompress_onto(stored: &[u8], out: &mut Vec<u8>) -> std::result::Result<(), BodyDecodeError> {
     if stored.len() < 4 {
-        return Err("compressed body shorter than its length".into());
+        return Err(BodyDecodeError::NoLength);
     }
     let len = u32::from_le_bytes(stored[..4].try_into().expect("4 bytes")) as usize;
     if len > (stored.len() - 4).saturating_mul(MAX_EXPANSION) {
-        return Err(format!(
-            "compressed body of {} bytes claims {len} bytes",
-            stored.len() - 4
-        ));
+        return Err(BodyDecodeError::TooLong {
+            stored: stored.len() - 4,
+            claimed: len,
+        });
     }
     let start = out.len();
     out.resize(start + len, 0);
     match lz4_flex::block::decompress_into(&stored[4..], &mut out[start..]) {
         Ok(n) if n == len => Ok(()),
-        Ok(n) => Err(format!("compressed body gave {n} bytes, {len} expected")),
-        Err(e) => Err(format!("compressed body does not decompress: {e}")),
+        Ok(n) => Err(BodyDecodeError::WrongLength {
+            got: n,
+            claimed: len,
+        }),
+        Err(e) => Err(BodyDecodeError::Lz4(e)),
     }
 }
 
@@ -500,6 +522,40 @@ mod tests {
         let n = bad.len();
         bad.truncate(n - 3);
         assert!(decode("d", &bad).unwrap().to_json("d").is_err());
+    }
+
+    #[test]
+    fn a_body_that_does_not_decompress_says_why_as_before() {
+        let why = |stored: &[u8]| decompress_onto(stored, &mut Vec::new()).unwrap_err();
+        assert_eq!(
+            why(b"\x01\x00").to_string(),
+            "compressed body shorter than its length"
+        );
+        assert_eq!(
+            why(b"\xff\xff\x00\x00\x00").to_string(),
+            "compressed body of 1 bytes claims 65535 bytes"
+        );
+        let five = lz4_flex::block::compress(b"hello");
+        let mut stored = 6u32.to_le_bytes().to_vec();
+        stored.extend_from_slice(&five);
+        assert_eq!(
+            why(&stored).to_string(),
+            "compressed body gave 5 bytes, 6 expected"
+        );
+        stored[..4].copy_from_slice(&4u32.to_le_bytes());
+        let e = why(&stored);
+        assert!(
+            e.to_string()
+                .starts_with("compressed body does not decompress: "),
+            "{e}"
+        );
+        let cause = std::error::Error::source(&e).expect("lz4's error is kept");
+        assert!(cause.is::<lz4_flex::block::DecompressError>());
+        let unknown = "zstd".parse::<DocumentCompression>().unwrap_err();
+        assert_eq!(
+            unknown.to_string(),
+            "unknown document compression \"zstd\" (lz4 or none)"
+        );
     }
 
     use proptest::prelude::*;
