@@ -258,7 +258,7 @@ impl Compiled {
     /// sorted and without duplicates; every document of the collection gives at
     /// least one (a missing field is encoded as missing). An error says why the
     /// document cannot be indexed.
-    pub fn entries(&self, doc: &Value) -> std::result::Result<Vec<Vec<u8>>, String> {
+    pub fn entries(&self, doc: &Value) -> std::result::Result<Vec<Vec<u8>>, EntriesError> {
         compound_keys(&self.def.fields, &self.paths, doc, TAG_MISSING)
     }
 }
@@ -272,7 +272,7 @@ pub(crate) fn compound_keys(
     paths: &[Vec<Step>],
     doc: &Value,
     missing: u8,
-) -> std::result::Result<Vec<Vec<u8>>, String> {
+) -> std::result::Result<Vec<Vec<u8>>, EntriesError> {
     {
         let mut keys: Vec<Vec<u8>> = vec![Vec::new()];
         for (field, steps) in fields.iter().zip(paths) {
@@ -280,12 +280,9 @@ pub(crate) fn compound_keys(
             values_at(doc, steps, &mut found);
             let mut encoded: Vec<Vec<u8>> = Vec::with_capacity(found.len().max(1));
             for v in found {
-                let s = Scalar::from_json(v).ok_or_else(|| {
-                    format!(
-                        "field {:?} is {}; index its elements with [] or a deeper path",
-                        field.path,
-                        kind(v)
-                    )
+                let s = Scalar::from_json(v).ok_or_else(|| EntriesError::NotIndexable {
+                    path: field.path.clone(),
+                    kind: kind(v),
                 })?;
                 let s = if field.case_insensitive {
                     s.folded()
@@ -300,9 +297,7 @@ pub(crate) fn compound_keys(
             encoded.sort();
             encoded.dedup();
             if keys.len().saturating_mul(encoded.len()) > MAX_ENTRIES_PER_DOC {
-                return Err(format!(
-                    "more than {MAX_ENTRIES_PER_DOC} entries for one document"
-                ));
+                return Err(EntriesError::TooMany);
             }
             let mut next = Vec::with_capacity(keys.len() * encoded.len());
             for k in &keys {
@@ -320,6 +315,16 @@ pub(crate) fn compound_keys(
     }
 }
 
+/// Why a document gives an index no entries (kept as the document's indexing error,
+/// which a client reads).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum EntriesError {
+    #[error("field {path:?} is {kind}; index its elements with [] or a deeper path")]
+    NotIndexable { path: String, kind: &'static str },
+    #[error("more than {} entries for one document", MAX_ENTRIES_PER_DOC)]
+    TooMany,
+}
+
 fn kind(v: &Value) -> &'static str {
     match v {
         Value::Array(_) => "an array",
@@ -331,8 +336,11 @@ fn kind(v: &Value) -> &'static str {
 
 /// Parses a document's JSON keeping only the given top-level keys (the others are
 /// skipped without being built), for the indexer, which reads few fields of many
-/// documents.
-pub(crate) fn parse_fields(json: &[u8], keys: &[&str]) -> std::result::Result<Value, String> {
+/// documents. The error is serde_json's, as a whole parse would give it.
+pub(crate) fn parse_fields(
+    json: &[u8],
+    keys: &[&str],
+) -> std::result::Result<Value, serde_json::Error> {
     use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
     struct Only<'k>(&'k [&'k str]);
     impl<'de> Visitor<'de> for Only<'_> {
@@ -363,7 +371,7 @@ pub(crate) fn parse_fields(json: &[u8], keys: &[&str]) -> std::result::Result<Va
         }
     }
     let mut de = serde_json::Deserializer::from_slice(json);
-    let v = Only(keys).deserialize(&mut de).map_err(|e| e.to_string())?;
-    de.end().map_err(|e| e.to_string())?;
+    let v = Only(keys).deserialize(&mut de)?;
+    de.end()?;
     Ok(v)
 }

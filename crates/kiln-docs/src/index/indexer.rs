@@ -64,6 +64,8 @@ enum Update {
     Entries(Vec<Vec<u8>>),
     /// A reduce index: what the document gives its groups.
     Reduce(Box<super::reduce::Contribution>),
+    /// Why the document is not in the index: the text the `ix.<id>.x` tree keeps
+    /// (what a client reads of the index's errors), made from a typed error once.
     Error(String),
 }
 
@@ -74,7 +76,7 @@ struct Planned {
 
 /// A changed document's fields as the indexes read them, or why its JSON does not
 /// parse; `None` where no index of the batch needs it.
-type Parsed = Option<std::result::Result<Value, String>>;
+type Parsed = Option<std::result::Result<Value, serde_json::Error>>;
 
 impl Indexer {
     pub fn new(opts: IndexingOptions, loaded: Vec<Runtime>) -> Indexer {
@@ -505,7 +507,7 @@ fn load_documents(
     if raw.len() >= 2048 {
         let (a, b) = raw.split_at(raw.len() / 2);
         let parse_all =
-            |part: &[(usize, std::borrow::Cow<'_, [u8]>)]| -> Vec<(usize, std::result::Result<Value, String>)> {
+            |part: &[(usize, std::borrow::Cow<'_, [u8]>)]| -> Vec<(usize, std::result::Result<Value, serde_json::Error>)> {
                 part.iter()
                     .map(|(i, json)| (*i, parse_fields(json, &keys)))
                     .collect()
@@ -538,7 +540,7 @@ fn updates(rt: &Runtime, changes: &[Change], parsed: &[Parsed]) -> Vec<(String, 
             (Some(Ok(doc)), true) if rt.compiled.reduce.is_some() => {
                 match rt.compiled.reduce.as_ref().map(|r| r.contribution(doc)) {
                     Some(Ok(c)) => Update::Reduce(Box::new(c)),
-                    Some(Err(e)) => Update::Error(e),
+                    Some(Err(e)) => Update::Error(e.to_string()),
                     None => Update::Remove,
                 }
             }
@@ -557,7 +559,7 @@ fn updates(rt: &Runtime, changes: &[Change], parsed: &[Parsed]) -> Vec<(String, 
                         Update::Entries(keys)
                     }
                 }
-                Err(e) => Update::Error(e),
+                Err(e) => Update::Error(e.to_string()),
             },
             (Some(Err(e)), true) => Update::Error(format!("stored JSON does not parse: {e}")),
             _ => Update::Remove,

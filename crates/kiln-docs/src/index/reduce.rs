@@ -21,7 +21,9 @@
 //!   the value as JSON
 //! - `ix.<id>.x`: document id -> why it could not be reduced
 
-use super::def::{compound_keys, parse_path, values_at, IndexField, ReduceSpec, Step};
+use super::def::{
+    compound_keys, parse_path, values_at, EntriesError, IndexField, ReduceSpec, Step,
+};
 use super::value::{encoded_len, prefix_successor, Scalar, TAG_NULL};
 use crate::schema::{docs_tree, entries_tree};
 use crate::{DocError, Result};
@@ -168,13 +170,13 @@ impl Reducer {
     }
 
     /// What a document gives the index; an error says why it cannot be reduced.
-    pub fn contribution(&self, doc: &Value) -> std::result::Result<Contribution, String> {
+    pub fn contribution(&self, doc: &Value) -> std::result::Result<Contribution, ReduceError> {
         // A missing group field groups with null (as SQL's GROUP BY does).
         let keys = compound_keys(&self.group_by, &self.group_paths, doc, TAG_NULL)?;
         let groups = keys
             .into_iter()
             .map(|key| group_values(&key).map(|values| (key, values)))
-            .collect::<std::result::Result<_, String>>()?;
+            .collect::<std::result::Result<_, ReduceError>>()?;
         let mut values = Vec::with_capacity(self.aggs.len());
         for agg in &self.aggs {
             let mut found = Vec::new();
@@ -189,15 +191,29 @@ impl Reducer {
     }
 }
 
+/// Why a document cannot be reduced (kept as the document's indexing error, which a
+/// client reads), or a brute-force reduce fails.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReduceError {
+    /// Its group values give no group key (as a map index's entries).
+    #[error(transparent)]
+    Entries(#[from] EntriesError),
+    #[error("a group key does not decode")]
+    GroupKey,
+    /// The group's values did not encode as JSON (a bug).
+    #[error("{0}")]
+    GroupJson(#[source] serde_json::Error),
+}
+
 /// A group key's values as JSON (an array), decoded from the key.
-fn group_values(mut key: &[u8]) -> std::result::Result<String, String> {
+fn group_values(mut key: &[u8]) -> std::result::Result<String, ReduceError> {
     let mut out = Vec::new();
     while !key.is_empty() {
-        let n = encoded_len(key).ok_or("a group key does not decode")?;
+        let n = encoded_len(key).ok_or(ReduceError::GroupKey)?;
         out.push(decode_scalar(&key[..n]));
         key = &key[n..];
     }
-    serde_json::to_string(&out).map_err(|e| e.to_string())
+    serde_json::to_string(&out).map_err(ReduceError::GroupJson)
 }
 
 /// The JSON value of an encoded scalar (a missing value is null).
@@ -689,7 +705,7 @@ fn extreme(r: &ReadTxn<'_>, index_id: u64, key: &[u8], agg_no: usize, max: bool)
 pub(crate) fn reduce_documents<'d>(
     reducer: &Reducer,
     docs: impl Iterator<Item = &'d Value>,
-) -> std::result::Result<Vec<GroupRow>, String> {
+) -> std::result::Result<Vec<GroupRow>, ReduceError> {
     use std::collections::BTreeMap;
     struct Acc {
         values: String,
@@ -801,5 +817,34 @@ mod tests {
         assert!(parse_call("sum()").is_err());
         assert!(parse_call("count(x)").is_err());
         assert!(parse_call("median(x)").is_err());
+    }
+
+    #[test]
+    fn a_document_that_cannot_be_reduced_says_why_as_before() {
+        let spec = ReduceSpec {
+            group_by: vec![IndexField {
+                path: "tags[]".into(),
+                ..IndexField::default()
+            }],
+            aggregate: [("n".to_string(), "count()".to_string())].into(),
+        };
+        let reducer = Reducer::new(&spec).unwrap();
+        let why = |doc| reducer.contribution(&doc).err().map(|e| e.to_string());
+        assert_eq!(why(serde_json::json!({"tags": ["a", "b"]})), None);
+        assert_eq!(
+            why(serde_json::json!({"tags": [{"x": 1}]})).as_deref(),
+            Some("field \"tags[]\" is an object; index its elements with [] or a deeper path")
+        );
+        let many: Vec<usize> = (0..=super::super::def::MAX_ENTRIES_PER_DOC).collect();
+        assert_eq!(
+            why(serde_json::json!({ "tags": many })).as_deref(),
+            Some("more than 1024 entries for one document")
+        );
+        assert_eq!(
+            group_values(&[super::super::value::TAG_NUMBER, 1])
+                .unwrap_err()
+                .to_string(),
+            "a group key does not decode"
+        );
     }
 }

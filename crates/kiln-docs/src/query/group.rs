@@ -232,7 +232,8 @@ impl Database {
         if q.filter.as_ref().is_some_and(Expr::has_search) {
             let docs = self.search_documents(q, r, out)?;
             let reducible = docs.iter().filter(|d| reducer.contribution(d).is_ok());
-            return reduce::reduce_documents(reducer, reducible).map_err(|e| invalid(&e));
+            return reduce::reduce_documents(reducer, reducible)
+                .map_err(|e| invalid(&e.to_string()));
         }
         let count = r
             .get(COUNTS, collection.as_bytes())?
@@ -252,7 +253,7 @@ impl Database {
         })?;
         // A document that cannot be reduced is left out, as the index leaves it.
         let reducible = docs.iter().filter(|d| reducer.contribution(d).is_ok());
-        reduce::reduce_documents(reducer, reducible).map_err(|e| invalid(&e))
+        reduce::reduce_documents(reducer, reducible).map_err(|e| invalid(&e.to_string()))
     }
 }
 
