@@ -280,12 +280,6 @@ fn write_snapshot(store: &DocStore, path: &Path) -> Result<u64, StorageError> {
 /// applied state still says the older point, so it is sent the snapshot again,
 /// and a restore of a database is itself all or nothing.
 pub fn install(store: &DocStore, path: &Path) -> Result<(), StorageError> {
-    let bad = |what: String| {
-        snapshot_err(&std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("snapshot {}: {what}", path.display()),
-        ))
-    };
     let file = File::open(path).map_err(io_err("opening", path))?;
     let size = file.metadata().map_err(io_err("reading", path))?.len();
     let mut input = BufReader::with_capacity(1 << 20, file);
@@ -293,79 +287,118 @@ pub fn install(store: &DocStore, path: &Path) -> Result<(), StorageError> {
     let mut uploads_sections = Vec::new();
     let mut at = 0u64;
     while at < size {
-        let mut read_exact = |buf: &mut [u8]| -> Result<(), StorageError> {
-            input
-                .read_exact(buf)
-                .map_err(|e| bad(format!("truncated at offset {at}: {e}")))
-        };
-        let mut u32_bytes = [0u8; 4];
-        read_exact(&mut u32_bytes)?;
-        let name_len = u32::from_be_bytes(u32_bytes) as usize;
-        if name_len > 1024 {
-            return Err(bad(format!(
-                "a database name of {name_len} bytes at offset {at}"
-            )));
-        }
-        let mut name = vec![0u8; name_len];
-        read_exact(&mut name)?;
-        let name = String::from_utf8(name)
-            .map_err(|_| bad(format!("the database name at offset {at} is not UTF-8")))?;
-        let mut u64_bytes = [0u8; 8];
-        read_exact(&mut u64_bytes)?;
-        let container_len = u64::from_be_bytes(u64_bytes);
-        let container_at = at + 4 + name_len as u64 + 8;
-        if container_at + container_len > size {
-            return Err(bad(format!(
-                "database {name:?}: a backup of {container_len} bytes at offset {container_at} \
-                 runs past the end ({size} bytes)"
-            )));
-        }
-        if name.starts_with(uploads::SECTION_PREFIX) {
+        let section = read_section_header(&mut input, path, at, size)?;
+        at = section.at + section.len;
+        if section.name.starts_with(uploads::SECTION_PREFIX) {
             // Restored once every database is (a restore replaces its directory).
-            uploads_sections.push((name, container_at, container_len));
-            at = container_at + container_len;
-            input
-                .seek(SeekFrom::Start(at))
-                .map_err(io_err("seeking in", path))?;
-            continue;
+            uploads_sections.push(section);
+        } else {
+            let container = (&mut input).take(section.len);
+            store
+                .restore_database(
+                    RestoreSource::Stream(Box::new(container)),
+                    &section.name,
+                    true,
+                    RestorePoint::Latest,
+                    |_| {},
+                )
+                .map_err(|e| snapshot_err(&e))?;
+            kept.push(section.name);
         }
-        let container = (&mut input).take(container_len);
-        store
-            .restore_database(
-                RestoreSource::Stream(Box::new(container)),
-                &name,
-                true,
-                RestorePoint::Latest,
-                |_| {},
-            )
-            .map_err(|e| snapshot_err(&e))?;
-        // The restore may stop reading before the container's end (its trailer).
-        at = container_at + container_len;
+        // To the next section: a restore may stop reading before the container's
+        // end (its trailer).
         input
             .seek(SeekFrom::Start(at))
             .map_err(io_err("seeking in", path))?;
-        kept.push(name);
     }
     for name in store.database_names() {
         if !kept.contains(&name) {
             store.delete_database(&name).map_err(|e| snapshot_err(&e))?;
         }
     }
+    restore_uploads(store, &mut input, path, uploads_sections)
+}
+
+/// A section of a snapshot file: a database's backup container, or the uploads
+/// of one (named `@uploads/<database>`), of `len` bytes at offset `at`.
+struct Section {
+    name: String,
+    at: u64,
+    len: u64,
+}
+
+/// Reads and checks the header of the section at offset `at` of the snapshot
+/// file at `path` (of `size` bytes), leaving `input` at the section's bytes.
+fn read_section_header(
+    input: &mut impl Read,
+    path: &Path,
+    at: u64,
+    size: u64,
+) -> Result<Section, StorageError> {
+    let bad = |what: String| {
+        snapshot_err(&std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("snapshot {}: {what}", path.display()),
+        ))
+    };
+    let mut read_exact = |buf: &mut [u8]| -> Result<(), StorageError> {
+        input
+            .read_exact(buf)
+            .map_err(|e| bad(format!("truncated at offset {at}: {e}")))
+    };
+    let mut u32_bytes = [0u8; 4];
+    read_exact(&mut u32_bytes)?;
+    let name_len = u32::from_be_bytes(u32_bytes) as usize;
+    if name_len > 1024 {
+        return Err(bad(format!(
+            "a database name of {name_len} bytes at offset {at}"
+        )));
+    }
+    let mut name = vec![0u8; name_len];
+    read_exact(&mut name)?;
+    let name = String::from_utf8(name)
+        .map_err(|_| bad(format!("the database name at offset {at} is not UTF-8")))?;
+    let mut u64_bytes = [0u8; 8];
+    read_exact(&mut u64_bytes)?;
+    let container_len = u64::from_be_bytes(u64_bytes);
+    let container_at = at + 4 + name_len as u64 + 8;
+    if container_at + container_len > size {
+        return Err(bad(format!(
+            "database {name:?}: a backup of {container_len} bytes at offset {container_at} \
+             runs past the end ({size} bytes)"
+        )));
+    }
+    Ok(Section {
+        name,
+        at: container_at,
+        len: container_len,
+    })
+}
+
+/// Replaces the store's attachment uploads in progress with the snapshot's
+/// `sections` of them, read from `input` (the snapshot file at `path`).
+fn restore_uploads(
+    store: &DocStore,
+    input: &mut BufReader<File>,
+    path: &Path,
+    sections: Vec<Section>,
+) -> Result<(), StorageError> {
     // The uploads in progress are the snapshot's, none other.
     for name in store.database_names() {
         if let Ok(db) = store.database(&name) {
             uploads::clear(&db).map_err(|e| snapshot_err(&e))?;
         }
     }
-    for (section, section_at, len) in uploads_sections {
-        let name = &section[uploads::SECTION_PREFIX.len()..];
+    for section in sections {
+        let name = &section.name[uploads::SECTION_PREFIX.len()..];
         let Ok(db) = store.database(name) else {
             continue; // deleted while the snapshot was built: its uploads went with it
         };
         input
-            .seek(SeekFrom::Start(section_at))
+            .seek(SeekFrom::Start(section.at))
             .map_err(io_err("seeking in", path))?;
-        uploads::restore(&db, &mut (&mut input).take(len), len).map_err(|e| snapshot_err(&e))?;
+        uploads::restore(&db, &mut input.by_ref().take(section.len), section.len)
+            .map_err(|e| snapshot_err(&e))?;
     }
     Ok(())
 }

@@ -191,53 +191,49 @@ impl StateMachine {
     }
 }
 
-/// Applies one command to the store (blocking).
+/// Applies one command to the store (blocking): a function per command, those
+/// of attachments and their uploads through `execute_attachment`.
 fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, StorageError> {
-    let store = &shared.store;
-    let failed = |e: &DocError| Answer::Failed((shared.classify)(e));
     match command {
-        Command::CreateDatabase { name, incarnation } => create_database(shared, name, incarnation),
-        Command::DeleteDatabase { name } => Ok(match store.delete_database(&name) {
-            Ok(()) => Answer::DatabaseDeleted { name },
-            Err(e) => storage_or(e, failed)?,
-        }),
+        Command::CreateDatabase { name, incarnation } => shared.create_database(name, incarnation),
+        Command::DeleteDatabase { name } => shared.delete_database(name),
         Command::DefineIndex {
             database,
             definition,
-        } => Ok(
-            match store
-                .database(&database)
-                .and_then(|db| db.define_index(definition))
-            {
-                Ok(created) => Answer::IndexDefined { created },
-                Err(e) => storage_or(e, failed)?,
-            },
-        ),
-        Command::DeleteIndex { database, name } => Ok(
-            match store
-                .database(&database)
-                .and_then(|db| db.delete_index(&name))
-            {
-                Ok(()) => Answer::IndexDeleted,
-                Err(e) => storage_or(e, failed)?,
-            },
-        ),
+        } => shared.define_index(&database, definition),
+        Command::DeleteIndex { database, name } => shared.delete_index(&database, &name),
         Command::Write {
             database,
             at_ms,
             all_or_none,
             ops,
-        } => write(shared, log_id, &database, at_ms, all_or_none, ops),
-        Command::SetRevisionsConfig { database, config } => Ok(
-            match store
-                .database(&database)
-                .and_then(|db| db.set_revisions_config_logged(log_id.index, config))
-            {
-                Ok(true) => Answer::RevisionsConfigSet,
-                Ok(false) => Answer::AlreadyApplied,
-                Err(e) => storage_or(e, failed)?,
-            },
-        ),
+        } => shared.write(log_id, &database, at_ms, all_or_none, ops),
+        Command::SetRevisionsConfig { database, config } => {
+            shared.set_revisions_config(log_id, &database, config)
+        }
+        Command::PurgeTombstones {
+            database,
+            incarnation,
+            at_ms,
+            below_sequence,
+            older_than_ms,
+        } => shared.purge_tombstones(&database, incarnation, at_ms, below_sequence, older_than_ms),
+        Command::PurgeRevisions { database, id } => shared.purge_revisions(log_id, &database, &id),
+        command @ (Command::AttachmentChunk { .. }
+        | Command::DropUpload { .. }
+        | Command::PutAttachment { .. }
+        | Command::DeleteAttachment { .. }
+        | Command::StageAttachment { .. }) => execute_attachment(shared, log_id, command),
+    }
+}
+
+/// Applies one command of attachments and their uploads (blocking).
+fn execute_attachment(
+    shared: &Shared,
+    log_id: &LogId,
+    command: Command,
+) -> Result<Answer, StorageError> {
+    match command {
         Command::AttachmentChunk {
             database,
             at_ms,
@@ -245,27 +241,11 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
             offset,
             keep_until_ms,
             bytes,
-        } => Ok(
-            match store.database(&database).and_then(|db| {
-                uploads::expire(&db, at_ms)?;
-                uploads::write_chunk(&db, upload_id, offset, keep_until_ms, &bytes)
-            }) {
-                Ok(()) => Answer::UploadWritten,
-                Err(e) => storage_or(e, failed)?,
-            },
-        ),
+        } => shared.attachment_chunk(&database, at_ms, upload_id, offset, keep_until_ms, &bytes),
         Command::DropUpload {
             database,
             upload_id,
-        } => Ok(
-            match store
-                .database(&database)
-                .and_then(|db| uploads::remove(&db, upload_id))
-            {
-                Ok(()) => Answer::UploadWritten,
-                Err(e) => storage_or(e, failed)?,
-            },
-        ),
+        } => shared.drop_upload(&database, upload_id),
         Command::PutAttachment {
             database,
             at_ms,
@@ -276,101 +256,31 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
             size_bytes,
             hash,
             condition,
-        } => {
-            let db = match store.database(&database) {
-                Ok(db) => db,
-                Err(e) => return Ok(failed(&e)),
-            };
-            let result = put_attachment(
-                &db,
-                log_id.index,
-                at_ms,
-                upload_id,
-                (&id, &name, &content_type),
-                size_bytes,
-                &hash,
-                &condition,
-            );
-            // Consumed whatever the outcome (after the commit: a crash before it
-            // finds the upload for the entry's replay).
-            if let Err(e) = uploads::remove(&db, upload_id) {
-                return Err(sm_err(&e));
-            }
-            attachment_answer(shared, result)
-        }
+        } => shared.put_attachment(
+            log_id,
+            &database,
+            at_ms,
+            upload_id,
+            (&id, &name, &content_type),
+            size_bytes,
+            &hash,
+            &condition,
+        ),
         Command::DeleteAttachment {
             database,
             at_ms,
             id,
             name,
             condition,
-        } => {
-            let result = store.database(&database).and_then(|db| {
-                uploads::expire(&db, at_ms)?;
-                let condition = condition.to_condition()?;
-                db.delete_attachment_logged(log_id.index, at_ms, &id, &name, condition)
-            });
-            attachment_answer(shared, result)
-        }
+        } => shared.delete_attachment(log_id, &database, at_ms, &id, &name, &condition),
         Command::StageAttachment {
             database,
             at_ms,
             upload_id,
             size_bytes,
             hash,
-        } => {
-            let db = match store.database(&database) {
-                Ok(db) => db,
-                Err(e) => return Ok(failed(&e)),
-            };
-            let result = stage_attachment(&db, log_id.index, at_ms, upload_id, size_bytes, &hash);
-            // Consumed whatever the outcome (after the commit, as `PutAttachment`).
-            uploads::remove(&db, upload_id).map_err(|e| sm_err(&e))?;
-            Ok(match result {
-                Ok(Some((hash, size_bytes))) => Answer::AttachmentStaged { hash, size_bytes },
-                Ok(None) => Answer::AlreadyApplied,
-                Err(e) => storage_or(e, failed)?,
-            })
-        }
-        Command::PurgeTombstones {
-            database,
-            incarnation,
-            at_ms,
-            below_sequence,
-            older_than_ms,
-        } => Ok(
-            match store.database(&database).and_then(|db| {
-                uploads::expire(&db, at_ms)?;
-                if db.incarnation() != incarnation {
-                    // Deleted and created again since the leader took the etag.
-                    return Err(DocError::EtagFromOtherIncarnation {
-                        etag: db.etag_at(below_sequence).to_string(),
-                        database: database.clone(),
-                    });
-                }
-                let cutoff_ms = older_than_ms.map(|age| at_ms.saturating_sub(age));
-                db.purge_tombstones_logged(below_sequence, cutoff_ms, PURGE_INDEX_WAIT)
-            }) {
-                // Applied again after a restart it removes nothing more: the same
-                // bound and cutoff, and every delete since has a later sequence.
-                Ok(out) => Answer::TombstonesPurged {
-                    purged: out.purged,
-                    remaining: out.remaining,
-                    purged_below_sequence: out.purged_below_sequence,
-                },
-                Err(e) => storage_or(e, failed)?,
-            },
-        ),
-        Command::PurgeRevisions { database, id } => Ok(
-            match store
-                .database(&database)
-                .and_then(|db| db.purge_revisions_logged(log_id.index, &id))
-            {
-                Ok(Some(count)) => Answer::RevisionsPurged { count },
-                Ok(None) => Answer::AlreadyApplied,
-                Err(e) => storage_or(e, failed)?,
-            },
-        ),
+        } => shared.stage_attachment(log_id, &database, at_ms, upload_id, size_bytes, &hash),
+        _ => unreachable!("`execute` passes on only the commands of attachments"),
     }
 }
 
@@ -379,48 +289,310 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
 /// (`Database::purge_tombstones_logged`).
 const PURGE_INDEX_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// An upload of the log staged for a batch (`None`: applied before).
-fn stage_attachment(
-    db: &kiln_docs::Database,
-    log_index: u64,
-    at_ms: u64,
-    upload_id: u64,
-    size_bytes: u64,
-    hash: &str,
-) -> Result<Option<(String, u64)>, DocError> {
-    uploads::expire(db, at_ms)?;
-    // As in `put_attachment`: an entry applied before is not checked again.
-    if db.applied_log_index()? >= log_index {
-        return Ok(None);
+/// Applying the commands, one function each (blocking).
+impl Shared {
+    /// The answer to a command that failed, the same on every node.
+    fn failed(&self, e: &DocError) -> Answer {
+        Answer::Failed((self.classify)(e))
     }
-    let path = uploads::finished_path(db, upload_id, size_bytes)?;
-    let blob = db.attachment_from_upload(&path, hash, size_bytes)?;
-    db.stage_attachment_logged(log_index, at_ms, blob)
+
+    /// A failure of the disk stops the state machine (Raft then stops the node); any
+    /// other error is the command's answer, the same on every node.
+    fn storage_or(&self, e: DocError) -> Result<Answer, StorageError> {
+        match e {
+            DocError::Storage(_) | DocError::Io { .. } => Err(sm_err(&e)),
+            e => Ok(self.failed(&e)),
+        }
+    }
+
+    fn create_database(&self, name: String, incarnation: u32) -> Result<Answer, StorageError> {
+        if let Ok(db) = self.store.database(&name) {
+            // Created by this very entry before a restart, or an error.
+            return Ok(if db.incarnation() == incarnation {
+                Answer::AlreadyApplied
+            } else {
+                self.failed(&DocError::DatabaseExists(name))
+            });
+        }
+        match self
+            .store
+            .create_database_with_incarnation(&name, incarnation)
+        {
+            Ok(_) => Ok(Answer::DatabaseCreated { name, incarnation }),
+            Err(e) => self.storage_or(e),
+        }
+    }
+
+    fn delete_database(&self, name: String) -> Result<Answer, StorageError> {
+        match self.store.delete_database(&name) {
+            Ok(()) => Ok(Answer::DatabaseDeleted { name }),
+            Err(e) => self.storage_or(e),
+        }
+    }
+
+    fn define_index(
+        &self,
+        database: &str,
+        definition: kiln_docs::IndexDefinition,
+    ) -> Result<Answer, StorageError> {
+        match self
+            .store
+            .database(database)
+            .and_then(|db| db.define_index(definition))
+        {
+            Ok(created) => Ok(Answer::IndexDefined { created }),
+            Err(e) => self.storage_or(e),
+        }
+    }
+
+    fn delete_index(&self, database: &str, name: &str) -> Result<Answer, StorageError> {
+        match self
+            .store
+            .database(database)
+            .and_then(|db| db.delete_index(name))
+        {
+            Ok(()) => Ok(Answer::IndexDeleted),
+            Err(e) => self.storage_or(e),
+        }
+    }
+
+    /// The writes of one entry, through `Database::apply_logged` (applied once).
+    fn write(
+        &self,
+        log_id: &LogId,
+        database: &str,
+        at_ms: u64,
+        all_or_none: bool,
+        ops: Vec<LoggedOp>,
+    ) -> Result<Answer, StorageError> {
+        let db = match self.store.database(database) {
+            Ok(db) => db,
+            Err(e) => return Ok(self.failed(&e)),
+        };
+        // Any entry of the database at the leader's time removes the uploads
+        // abandoned before it (`uploads`).
+        uploads::expire(&db, at_ms).map_err(|e| sm_err(&e))?;
+        let atomicity = if all_or_none {
+            Atomicity::AllOrNone
+        } else {
+            Atomicity::Each
+        };
+        let mut parsed = Vec::with_capacity(ops.len());
+        for op in ops {
+            match to_write_op(&db, op) {
+                Ok(op) => parsed.push(op),
+                // The leader parsed the writes before logging them: a write that does
+                // not parse here fails the entry on every node.
+                Err(e) => return Ok(self.failed(&e)),
+            }
+        }
+        match db.apply_logged(log_id.index, at_ms, parsed, atomicity) {
+            Ok(outcome) => Ok(logged_answer(self, outcome)),
+            Err(e) => self.storage_or(e),
+        }
+    }
+
+    fn set_revisions_config(
+        &self,
+        log_id: &LogId,
+        database: &str,
+        config: kiln_docs::RevisionsConfig,
+    ) -> Result<Answer, StorageError> {
+        match self
+            .store
+            .database(database)
+            .and_then(|db| db.set_revisions_config_logged(log_id.index, config))
+        {
+            Ok(true) => Ok(Answer::RevisionsConfigSet),
+            Ok(false) => Ok(Answer::AlreadyApplied),
+            Err(e) => self.storage_or(e),
+        }
+    }
+
+    fn purge_tombstones(
+        &self,
+        database: &str,
+        incarnation: u32,
+        at_ms: u64,
+        below_sequence: u64,
+        older_than_ms: Option<u64>,
+    ) -> Result<Answer, StorageError> {
+        let purged = self.store.database(database).and_then(|db| {
+            uploads::expire(&db, at_ms)?;
+            if db.incarnation() != incarnation {
+                // Deleted and created again since the leader took the etag.
+                return Err(DocError::EtagFromOtherIncarnation {
+                    etag: db.etag_at(below_sequence).to_string(),
+                    database: database.to_string(),
+                });
+            }
+            let cutoff_ms = older_than_ms.map(|age| at_ms.saturating_sub(age));
+            db.purge_tombstones_logged(below_sequence, cutoff_ms, PURGE_INDEX_WAIT)
+        });
+        match purged {
+            // Applied again after a restart it removes nothing more: the same
+            // bound and cutoff, and every delete since has a later sequence.
+            Ok(out) => Ok(Answer::TombstonesPurged {
+                purged: out.purged,
+                remaining: out.remaining,
+                purged_below_sequence: out.purged_below_sequence,
+            }),
+            Err(e) => self.storage_or(e),
+        }
+    }
+
+    fn purge_revisions(
+        &self,
+        log_id: &LogId,
+        database: &str,
+        id: &str,
+    ) -> Result<Answer, StorageError> {
+        match self
+            .store
+            .database(database)
+            .and_then(|db| db.purge_revisions_logged(log_id.index, id))
+        {
+            Ok(Some(count)) => Ok(Answer::RevisionsPurged { count }),
+            Ok(None) => Ok(Answer::AlreadyApplied),
+            Err(e) => self.storage_or(e),
+        }
+    }
+
+    fn attachment_chunk(
+        &self,
+        database: &str,
+        at_ms: u64,
+        upload_id: u64,
+        offset: u64,
+        keep_until_ms: u64,
+        bytes: &[u8],
+    ) -> Result<Answer, StorageError> {
+        let written = self.store.database(database).and_then(|db| {
+            uploads::expire(&db, at_ms)?;
+            uploads::write_chunk(&db, upload_id, offset, keep_until_ms, bytes)
+        });
+        match written {
+            Ok(()) => Ok(Answer::UploadWritten),
+            Err(e) => self.storage_or(e),
+        }
+    }
+
+    fn drop_upload(&self, database: &str, upload_id: u64) -> Result<Answer, StorageError> {
+        match self
+            .store
+            .database(database)
+            .and_then(|db| uploads::remove(&db, upload_id))
+        {
+            Ok(()) => Ok(Answer::UploadWritten),
+            Err(e) => self.storage_or(e),
+        }
+    }
+
+    /// An attachment put of the log: the upload checked and attached (the
+    /// attachment's `id`, `name` and `content_type`), then removed.
+    #[allow(clippy::too_many_arguments)]
+    fn put_attachment(
+        &self,
+        log_id: &LogId,
+        database: &str,
+        at_ms: u64,
+        upload_id: u64,
+        (id, name, content_type): (&str, &str, &str),
+        size_bytes: u64,
+        hash: &str,
+        condition: &crate::command::LoggedCondition,
+    ) -> Result<Answer, StorageError> {
+        let log_index = log_id.index;
+        let attach = |db: &kiln_docs::Database| {
+            uploads::expire(db, at_ms)?;
+            // Applied before a restart: the upload may be gone or partial by now, and
+            // must not be checked (its check would fail where it once succeeded).
+            if db.applied_log_index()? >= log_index {
+                return Ok(None);
+            }
+            let condition = condition.to_condition()?;
+            let blob = finished_upload(db, upload_id, size_bytes, hash)?;
+            db.put_attachment_logged(log_index, at_ms, id, name, content_type, blob, condition)
+        };
+        self.consuming_upload(database, upload_id, attach, |result| {
+            attachment_answer(self, result)
+        })
+    }
+
+    fn delete_attachment(
+        &self,
+        log_id: &LogId,
+        database: &str,
+        at_ms: u64,
+        id: &str,
+        name: &str,
+        condition: &crate::command::LoggedCondition,
+    ) -> Result<Answer, StorageError> {
+        let result = self.store.database(database).and_then(|db| {
+            uploads::expire(&db, at_ms)?;
+            let condition = condition.to_condition()?;
+            db.delete_attachment_logged(log_id.index, at_ms, id, name, condition)
+        });
+        attachment_answer(self, result)
+    }
+
+    /// An upload of the log staged for a batch, then removed.
+    fn stage_attachment(
+        &self,
+        log_id: &LogId,
+        database: &str,
+        at_ms: u64,
+        upload_id: u64,
+        size_bytes: u64,
+        hash: &str,
+    ) -> Result<Answer, StorageError> {
+        let log_index = log_id.index;
+        let stage = |db: &kiln_docs::Database| {
+            uploads::expire(db, at_ms)?;
+            // As in `put_attachment`: an entry applied before is not checked again.
+            if db.applied_log_index()? >= log_index {
+                return Ok(None);
+            }
+            let blob = finished_upload(db, upload_id, size_bytes, hash)?;
+            db.stage_attachment_logged(log_index, at_ms, blob)
+        };
+        self.consuming_upload(database, upload_id, stage, |result| match result {
+            Ok(Some((hash, size_bytes))) => Ok(Answer::AttachmentStaged { hash, size_bytes }),
+            Ok(None) => Ok(Answer::AlreadyApplied),
+            Err(e) => self.storage_or(e),
+        })
+    }
+
+    /// An entry that consumes the upload `upload_id`: `step` on its database, the
+    /// upload removed, then the answer to the step's result.
+    fn consuming_upload<T>(
+        &self,
+        database: &str,
+        upload_id: u64,
+        step: impl FnOnce(&kiln_docs::Database) -> T,
+        answer: impl FnOnce(T) -> Result<Answer, StorageError>,
+    ) -> Result<Answer, StorageError> {
+        let db = match self.store.database(database) {
+            Ok(db) => db,
+            Err(e) => return Ok(self.failed(&e)),
+        };
+        let result = step(&db);
+        // Consumed whatever the outcome (after the commit: a crash before it
+        // finds the upload for the entry's replay).
+        uploads::remove(&db, upload_id).map_err(|e| sm_err(&e))?;
+        answer(result)
+    }
 }
 
-/// An attachment put of the log: the upload checked and attached (`None`:
-/// applied before).
-#[allow(clippy::too_many_arguments)]
-fn put_attachment(
+/// The finished upload `upload_id`, checked to be `size_bytes` hashing to `hash`.
+fn finished_upload(
     db: &kiln_docs::Database,
-    log_index: u64,
-    at_ms: u64,
     upload_id: u64,
-    (id, name, content_type): (&str, &str, &str),
     size_bytes: u64,
     hash: &str,
-    condition: &crate::command::LoggedCondition,
-) -> Result<Option<kiln_docs::PutOutcome>, DocError> {
-    uploads::expire(db, at_ms)?;
-    // Applied before a restart: the upload may be gone or partial by now, and
-    // must not be checked (its check would fail where it once succeeded).
-    if db.applied_log_index()? >= log_index {
-        return Ok(None);
-    }
-    let condition = condition.to_condition()?;
+) -> Result<kiln_docs::StagedBlob, DocError> {
     let path = uploads::finished_path(db, upload_id, size_bytes)?;
-    let blob = db.attachment_from_upload(&path, hash, size_bytes)?;
-    db.put_attachment_logged(log_index, at_ms, id, name, content_type, blob, condition)
+    db.attachment_from_upload(&path, hash, size_bytes)
 }
 
 /// The answer to an attachment write: one write's outcome, as a `Write` entry's.
@@ -437,77 +609,6 @@ fn attachment_answer(
         Err(e @ (DocError::Storage(_) | DocError::Io { .. })) => return Err(sm_err(&e)),
         Err(e) => Answer::Writes(vec![WriteAnswer::Failed((shared.classify)(&e))]),
     })
-}
-
-fn create_database(
-    shared: &Shared,
-    name: String,
-    incarnation: u32,
-) -> Result<Answer, StorageError> {
-    let failed = |e: &DocError| Answer::Failed((shared.classify)(e));
-    if let Ok(db) = shared.store.database(&name) {
-        // Created by this very entry before a restart, or an error.
-        return Ok(if db.incarnation() == incarnation {
-            Answer::AlreadyApplied
-        } else {
-            failed(&DocError::DatabaseExists(name))
-        });
-    }
-    Ok(
-        match shared
-            .store
-            .create_database_with_incarnation(&name, incarnation)
-        {
-            Ok(_) => Answer::DatabaseCreated { name, incarnation },
-            Err(e) => storage_or(e, failed)?,
-        },
-    )
-}
-
-/// The writes of one entry, through `Database::apply_logged` (applied once).
-fn write(
-    shared: &Shared,
-    log_id: &LogId,
-    database: &str,
-    at_ms: u64,
-    all_or_none: bool,
-    ops: Vec<LoggedOp>,
-) -> Result<Answer, StorageError> {
-    let failed = |e: &DocError| Answer::Failed((shared.classify)(e));
-    let db = match shared.store.database(database) {
-        Ok(db) => db,
-        Err(e) => return Ok(failed(&e)),
-    };
-    // Any entry of the database at the leader's time removes the uploads
-    // abandoned before it (`uploads`).
-    uploads::expire(&db, at_ms).map_err(|e| sm_err(&e))?;
-    let atomicity = if all_or_none {
-        Atomicity::AllOrNone
-    } else {
-        Atomicity::Each
-    };
-    let mut parsed = Vec::with_capacity(ops.len());
-    for op in ops {
-        match to_write_op(&db, op) {
-            Ok(op) => parsed.push(op),
-            // The leader parsed the writes before logging them: a write that does
-            // not parse here fails the entry on every node.
-            Err(e) => return Ok(failed(&e)),
-        }
-    }
-    match db.apply_logged(log_id.index, at_ms, parsed, atomicity) {
-        Ok(outcome) => Ok(logged_answer(shared, outcome)),
-        Err(e) => storage_or(e, failed),
-    }
-}
-
-/// A failure of the disk stops the state machine (Raft then stops the node); any
-/// other error is the command's answer, the same on every node.
-fn storage_or(e: DocError, failed: impl Fn(&DocError) -> Answer) -> Result<Answer, StorageError> {
-    match e {
-        DocError::Storage(_) | DocError::Io { .. } => Err(sm_err(&e)),
-        e => Ok(failed(&e)),
-    }
 }
 
 fn to_write_op(db: &kiln_docs::Database, op: LoggedOp) -> Result<WriteOp, DocError> {
@@ -596,13 +697,12 @@ fn execute_run(
     if entries.len() <= 1 {
         return entries
             .into_iter()
-            .map(|(log_id, at_ms, ops)| write(shared, &log_id, database, at_ms, false, ops))
+            .map(|(log_id, at_ms, ops)| shared.write(&log_id, database, at_ms, false, ops))
             .collect();
     }
-    let failed = |e: &DocError| Answer::Failed((shared.classify)(e));
     let db = match shared.store.database(database) {
         Ok(db) => db,
-        Err(e) => return Ok(entries.iter().map(|_| failed(&e)).collect()),
+        Err(e) => return Ok(entries.iter().map(|_| shared.failed(&e)).collect()),
     };
     let latest_ms = entries.iter().map(|e| e.1).max().unwrap_or(0);
     uploads::expire(&db, latest_ms).map_err(|e| sm_err(&e))?;
@@ -620,7 +720,7 @@ fn execute_run(
                 });
                 places.push(place);
             }
-            Err(e) => answers[place] = Some(failed(&e)),
+            Err(e) => answers[place] = Some(shared.failed(&e)),
         }
     }
     match db.apply_logged_run(run) {
@@ -637,7 +737,7 @@ fn execute_run(
         // Nothing of the run was written: one entry at a time.
         Err(_) => entries
             .into_iter()
-            .map(|(log_id, at_ms, ops)| write(shared, &log_id, database, at_ms, false, ops))
+            .map(|(log_id, at_ms, ops)| shared.write(&log_id, database, at_ms, false, ops))
             .collect(),
     }
 }
