@@ -776,6 +776,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // as one run, in one transaction (`Database::apply_logged_run`).
         let mut run = Run::default();
         for entry in entries {
+            // openraft applies the entries after the last applied one in order (as
+            // `applied_state` reports it after a restart, or an installed snapshot
+            // left it): an entry applied twice, or out of order, is a bug.
+            if let Some(last) = self.applied.last_applied {
+                assert!(
+                    entry.log_id.index > last.index,
+                    "log entry {} applied after entry {}: entries are applied once each, in increasing log index order",
+                    entry.log_id.index,
+                    last.index
+                );
+            }
             self.applied.last_applied = Some(entry.log_id);
             match entry.payload {
                 EntryPayload::Normal(Command::Write {
