@@ -30,97 +30,14 @@ const RAFT_MESSAGE_MAX_BYTES: usize = 256 << 20;
 /// The router with every layer (its front layers as `state.front` says).
 pub fn router(state: SharedState) -> Router {
     let api = Router::new()
-        .route("/metrics", get(routes_admin::metrics))
-        .route("/stats", get(routes_admin::server_stats))
-        .route("/dbs", get(routes_admin::list_databases))
-        .route(
-            "/dbs/{db}",
-            put(routes_admin::create_database)
-                .get(routes_admin::database_stats)
-                .delete(routes_admin::delete_database),
-        )
-        .route("/dbs/{db}/docs", get(routes_docs::list_by_prefix))
-        .route(
-            DOCUMENT_ROUTE,
-            // An id with an `/attachments/{name}` tail is an attachment's path
-            // (`routes/attachments.rs`); any other goes to `routes/docs.rs`.
-            get(crate::routes::attachments::get)
-                .put(crate::routes::attachments::put)
-                .post(crate::routes::attachments::post)
-                .patch(crate::routes::attachments::patch)
-                .delete(crate::routes::attachments::delete)
-                // Attachments stream: no body limit beyond the disk's.
-                .layer(axum::extract::DefaultBodyLimit::disable()),
-        )
-        .route(
-            "/dbs/{db}/attachments",
-            post(crate::routes::attachments::stage)
-                .get(crate::routes::attachments::list_blobs)
-                .layer(axum::extract::DefaultBodyLimit::disable()),
-        )
-        .route(
-            "/dbs/{db}/attachments/{hash}",
-            get(crate::routes::attachments::get_blob),
-        )
-        .route("/dbs/{db}/backup", get(crate::routes::backup::backup))
-        .route(
-            "/dbs/{db}/backup/chain",
-            get(crate::routes::backup::chain_stats).delete(crate::routes::backup::chain_stop),
-        )
-        .route("/dbs/{db}/restore", post(crate::routes::backup::restore))
-        .route("/dbs/{db}/batch", post(routes_docs::batch))
-        .route("/dbs/{db}/bulk", post(bulk::bulk_insert))
-        .route("/dbs/{db}/changes", get(changes::pull))
-        .route("/dbs/{db}/changes/ws", get(changes::websocket))
-        .route(
-            "/dbs/{db}/tombstones",
-            get(routes_admin::tombstones).delete(routes_admin::purge_tombstones),
-        )
-        .route("/dbs/{db}/collections", get(routes_docs::collections))
-        .route(
-            "/dbs/{db}/collections/{collection}/docs",
-            get(routes_docs::list_collection),
-        )
-        .route("/dbs/{db}/indexes", get(queries::list_indexes))
-        .route(
-            "/dbs/{db}/indexes/{name}",
-            put(queries::put_index)
-                .get(queries::get_index)
-                .delete(queries::delete_index),
-        )
-        .route("/dbs/{db}/indexes/{name}/reset", post(queries::reset_index))
-        .route("/dbs/{db}/queries", post(queries::run_query))
-        .route(
-            "/dbs/{db}/revisions/config",
-            get(revisions::get_config).put(revisions::put_config),
-        )
-        .route(
-            "/dbs/{db}/revisions/docs/{*id}",
-            get(revisions::list).delete(revisions::purge),
-        )
-        .route("/dbs/{db}/revisions/revert/{*id}", post(revisions::revert))
-        .route(
-            "/dbs/{db}/subscriptions",
-            get(subscriptions::list).post(subscriptions::create),
-        )
-        .route(
-            "/dbs/{db}/subscriptions/{name}",
-            get(subscriptions::get_one).delete(subscriptions::delete),
-        )
-        .route(
-            "/dbs/{db}/subscriptions/{name}/ws",
-            get(subscriptions::websocket),
-        )
-        .route("/cluster", get(crate::routes::cluster::status))
-        .route("/cluster/members", post(crate::routes::cluster::add_member))
-        .route(
-            "/cluster/members/{id}",
-            axum::routing::delete(crate::routes::cluster::remove_member),
-        )
-        .route(
-            "/cluster/members/{id}/promote",
-            post(crate::routes::cluster::promote_member),
-        );
+        .merge(admin_routes())
+        .merge(document_routes())
+        .merge(attachment_routes())
+        .merge(backup_routes())
+        .merge(index_routes())
+        .merge(revision_routes())
+        .merge(subscription_routes())
+        .merge(cluster_routes());
     // Without authentication the layer would only pass requests on: leave it out.
     let api = if state.require_auth {
         api.route_layer(axum::middleware::from_fn_with_state(
@@ -140,7 +57,156 @@ pub fn router(state: SharedState) -> Router {
     } else {
         api
     };
-    api
+    api.merge(open_routes())
+        .route_layer(axum::middleware::from_fn(label_route))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(tower::util::option_layer(crate::cross_origin::layer(
+            &state.front.cors_origins,
+        )))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
+        .layer(crate::cross_origin::compression())
+        .with_state(state)
+}
+
+/// The server and its databases: metrics, statistics, databases created and
+/// deleted, tombstones purged.
+fn admin_routes() -> Router<SharedState> {
+    Router::new()
+        .route("/metrics", get(routes_admin::metrics))
+        .route("/stats", get(routes_admin::server_stats))
+        .route("/dbs", get(routes_admin::list_databases))
+        .route(
+            "/dbs/{db}",
+            put(routes_admin::create_database)
+                .get(routes_admin::database_stats)
+                .delete(routes_admin::delete_database),
+        )
+        .route(
+            "/dbs/{db}/tombstones",
+            get(routes_admin::tombstones).delete(routes_admin::purge_tombstones),
+        )
+}
+
+/// Documents: read and written one at a time, in batches and in bulk, listed,
+/// and their changes.
+fn document_routes() -> Router<SharedState> {
+    Router::new()
+        .route("/dbs/{db}/docs", get(routes_docs::list_by_prefix))
+        .route(
+            DOCUMENT_ROUTE,
+            // An id with an `/attachments/{name}` tail is an attachment's path
+            // (`routes/attachments.rs`); any other goes to `routes/docs.rs`.
+            get(crate::routes::attachments::get)
+                .put(crate::routes::attachments::put)
+                .post(crate::routes::attachments::post)
+                .patch(crate::routes::attachments::patch)
+                .delete(crate::routes::attachments::delete)
+                // Attachments stream: no body limit beyond the disk's.
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route("/dbs/{db}/batch", post(routes_docs::batch))
+        .route("/dbs/{db}/bulk", post(bulk::bulk_insert))
+        .route("/dbs/{db}/changes", get(changes::pull))
+        .route("/dbs/{db}/changes/ws", get(changes::websocket))
+        .route("/dbs/{db}/collections", get(routes_docs::collections))
+        .route(
+            "/dbs/{db}/collections/{collection}/docs",
+            get(routes_docs::list_collection),
+        )
+}
+
+/// Attachments staged for a batch and their blobs (a document's attachments
+/// share the document route: `document_routes`).
+fn attachment_routes() -> Router<SharedState> {
+    Router::new()
+        .route(
+            "/dbs/{db}/attachments",
+            post(crate::routes::attachments::stage)
+                .get(crate::routes::attachments::list_blobs)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/dbs/{db}/attachments/{hash}",
+            get(crate::routes::attachments::get_blob),
+        )
+}
+
+/// A database's backups and restores.
+fn backup_routes() -> Router<SharedState> {
+    Router::new()
+        .route("/dbs/{db}/backup", get(crate::routes::backup::backup))
+        .route(
+            "/dbs/{db}/backup/chain",
+            get(crate::routes::backup::chain_stats).delete(crate::routes::backup::chain_stop),
+        )
+        .route("/dbs/{db}/restore", post(crate::routes::backup::restore))
+}
+
+/// Indexes and the queries that use them.
+fn index_routes() -> Router<SharedState> {
+    Router::new()
+        .route("/dbs/{db}/indexes", get(queries::list_indexes))
+        .route(
+            "/dbs/{db}/indexes/{name}",
+            put(queries::put_index)
+                .get(queries::get_index)
+                .delete(queries::delete_index),
+        )
+        .route("/dbs/{db}/indexes/{name}/reset", post(queries::reset_index))
+        .route("/dbs/{db}/queries", post(queries::run_query))
+}
+
+/// Document revisions: which collections keep them, listed, purged, reverted to.
+fn revision_routes() -> Router<SharedState> {
+    Router::new()
+        .route(
+            "/dbs/{db}/revisions/config",
+            get(revisions::get_config).put(revisions::put_config),
+        )
+        .route(
+            "/dbs/{db}/revisions/docs/{*id}",
+            get(revisions::list).delete(revisions::purge),
+        )
+        .route("/dbs/{db}/revisions/revert/{*id}", post(revisions::revert))
+}
+
+/// Subscriptions to a database's changes, and their websockets.
+fn subscription_routes() -> Router<SharedState> {
+    Router::new()
+        .route(
+            "/dbs/{db}/subscriptions",
+            get(subscriptions::list).post(subscriptions::create),
+        )
+        .route(
+            "/dbs/{db}/subscriptions/{name}",
+            get(subscriptions::get_one).delete(subscriptions::delete),
+        )
+        .route(
+            "/dbs/{db}/subscriptions/{name}/ws",
+            get(subscriptions::websocket),
+        )
+}
+
+/// The cluster's status and membership (its Raft messages: `open_routes`).
+fn cluster_routes() -> Router<SharedState> {
+    Router::new()
+        .route("/cluster", get(crate::routes::cluster::status))
+        .route("/cluster/members", post(crate::routes::cluster::add_member))
+        .route(
+            "/cluster/members/{id}",
+            axum::routing::delete(crate::routes::cluster::remove_member),
+        )
+        .route(
+            "/cluster/members/{id}/promote",
+            post(crate::routes::cluster::promote_member),
+        )
+}
+
+/// The routes outside the API's layers (authentication, the follower's front
+/// door): health, Raft's messages, the studio.
+fn open_routes() -> Router<SharedState> {
+    Router::new()
         // /health answers without authentication (load balancers, probes).
         .route("/health", get(routes_admin::health))
         // Raft's messages between the nodes of a cluster: not API keys but the
@@ -156,15 +222,6 @@ pub fn router(state: SharedState) -> Router {
         .route("/studio", get(studio::index))
         .route("/studio/", get(studio::index))
         .route("/studio/{*path}", get(studio::file))
-        .route_layer(axum::middleware::from_fn(label_route))
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(tower::util::option_layer(crate::cross_origin::layer(
-            &state.front.cors_origins,
-        )))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
-        .layer(crate::cross_origin::compression())
-        .with_state(state)
 }
 
 async fn not_found() -> ApiError {

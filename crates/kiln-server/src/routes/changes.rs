@@ -155,31 +155,44 @@ fn page_response(db: &Database, page: ChangesPage, next_target: Option<&str>) ->
     resp
 }
 
+/// The upgrade a WebSocket route takes: a request that is no WebSocket upgrade
+/// gets a JSON error like any other, not axum's plain-text rejection.
+pub(crate) fn websocket_upgrade(
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<WebSocketUpgrade, ApiError> {
+    upgrade.map_err(|r| {
+        ApiError::new(
+            ErrorCode::BadRequest,
+            format!("this route takes a WebSocket upgrade (GET with Connection: upgrade, Upgrade: websocket, Sec-WebSocket-Version: 13 and Sec-WebSocket-Key): {}", r.body_text()),
+        )
+    })
+}
+
+/// Whether another WebSocket connection may open (they are counted together,
+/// whatever their route); `kind` names them in the error.
+pub(crate) fn room_for_connection(state: &SharedState, kind: &str) -> Result<(), ApiError> {
+    let open = usize::try_from(state.metrics.ws_connections_open.get()).unwrap_or(0);
+    if open >= state.changes.max_connections {
+        return Err(ApiError::new(
+            ErrorCode::TooManyConnections,
+            format!(
+                "{open} {kind} connections are open, the limit is {}",
+                state.changes.max_connections
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub async fn websocket(
     _: NoParams,
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    // A request that is no WebSocket upgrade gets a JSON error like any other, not
-    // axum's plain-text rejection.
-    let upgrade = upgrade.map_err(|r| {
-        ApiError::new(
-            ErrorCode::BadRequest,
-            format!("this route takes a WebSocket upgrade (GET with Connection: upgrade, Upgrade: websocket, Sec-WebSocket-Version: 13 and Sec-WebSocket-Key): {}", r.body_text()),
-        )
-    })?;
+    let upgrade = websocket_upgrade(upgrade)?;
     let database = state.store.database(&db)?;
-    let open = usize::try_from(state.metrics.ws_connections_open.get()).unwrap_or(0);
-    if open >= state.changes.max_connections {
-        return Err(ApiError::new(
-            ErrorCode::TooManyConnections,
-            format!(
-                "{open} changes connections are open, the limit is {}",
-                state.changes.max_connections
-            ),
-        ));
-    }
+    room_for_connection(&state, "changes")?;
     let hub = state.hubs.hub(&database);
     let cfg = ConnectionConfig {
         queue_len: state.changes.subscriber_queue_len,

@@ -569,82 +569,135 @@ async fn upload_body(
     body: axum::body::Body,
     cap: Option<u64>,
 ) -> Result<Upload, ApiError> {
-    use futures_util::StreamExt;
-    use sha2::Digest;
-    let upload_id: u64 = rand::random();
-    let mut hasher = sha2::Sha256::new();
-    let mut size_bytes = 0u64;
-    let mut pending: Vec<u8> = Vec::with_capacity(UPLOAD_CHUNK_BYTES);
-    let mut in_flight = std::collections::VecDeque::new();
-    let mut stream = body.into_data_stream();
-    let sent: Result<(), ApiError> = async {
+    let mut sender = ChunkSender::new(node, database);
+    if let Err(e) = sender.send_body(state, body, cap).await {
+        sender.drop_upload();
+        return Err(e);
+    }
+    Ok(sender.finish())
+}
+
+/// A new upload being sent: a body's bytes hashed and proposed in chunks.
+struct ChunkSender<'a> {
+    node: &'a Arc<ClusterNode>,
+    database: &'a str,
+    upload_id: u64,
+    hasher: sha2::Sha256,
+    /// The bytes proposed so far: the next chunk's offset.
+    size_bytes: u64,
+    /// Bytes read, not yet proposed.
+    pending: Vec<u8>,
+    /// The chunks proposed, oldest first (at most `CHUNKS_IN_FLIGHT`).
+    in_flight: std::collections::VecDeque<tokio::task::JoinHandle<Result<Answer, ClusterError>>>,
+}
+
+impl<'a> ChunkSender<'a> {
+    fn new(node: &'a Arc<ClusterNode>, database: &'a str) -> Self {
+        use sha2::Digest;
+        ChunkSender {
+            node,
+            database,
+            upload_id: rand::random(),
+            hasher: sha2::Sha256::new(),
+            size_bytes: 0,
+            pending: Vec::with_capacity(UPLOAD_CHUNK_BYTES),
+            in_flight: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Reads `body` to its end, proposing it in chunks, and waits until every
+    /// chunk is written.
+    async fn send_body(
+        &mut self,
+        state: &AppState,
+        body: axum::body::Body,
+        cap: Option<u64>,
+    ) -> Result<(), ApiError> {
+        use futures_util::StreamExt;
+        use sha2::Digest;
+        let mut stream = body.into_data_stream();
         loop {
             let next = stream.next().await;
             let done = next.is_none();
             if let Some(piece) = next {
                 let piece = piece.map_err(crate::http_util::body_read_failed)?;
-                hasher.update(&piece);
-                pending.extend_from_slice(&piece);
+                self.hasher.update(&piece);
+                self.pending.extend_from_slice(&piece);
                 // `--max-attachment-bytes`, for a body without Content-Length.
-                if cap.is_some_and(|c| size_bytes + pending.len() as u64 > c) {
+                if cap.is_some_and(|c| self.size_bytes + self.pending.len() as u64 > c) {
                     return Err(crate::http_util::attachment_too_large(None, &state.limits));
                 }
             }
-            while pending.len() >= UPLOAD_CHUNK_BYTES || (done && !pending.is_empty()) {
-                let take = pending.len().min(UPLOAD_CHUNK_BYTES);
-                let bytes: Vec<u8> = pending.drain(..take).collect();
-                if in_flight.len() >= CHUNKS_IN_FLIGHT {
-                    chunk_written(in_flight.pop_front()).await?;
-                }
-                let at_ms = now_ms();
-                let command = Command::AttachmentChunk {
-                    database: database.to_string(),
-                    at_ms,
-                    upload_id,
-                    offset: size_bytes,
-                    keep_until_ms: at_ms + UPLOAD_TTL_MS,
-                    bytes,
-                };
-                // A task of its own: the proposal goes on while the body is read.
-                let node = node.clone();
-                in_flight.push_back(tokio::spawn(async move { node.write(command).await }));
-                size_bytes += take as u64;
+            while self.pending.len() >= UPLOAD_CHUNK_BYTES || (done && !self.pending.is_empty()) {
+                self.send_chunk().await?;
             }
             if done {
                 break;
             }
         }
-        while !in_flight.is_empty() {
-            chunk_written(in_flight.pop_front()).await?;
+        while !self.in_flight.is_empty() {
+            chunk_written(self.in_flight.pop_front()).await?;
         }
         Ok(())
     }
-    .await;
-    if let Err(e) = sent {
+
+    /// Proposes the next chunk of the pending bytes, once fewer than
+    /// `CHUNKS_IN_FLIGHT` are in flight.
+    async fn send_chunk(&mut self) -> Result<(), ApiError> {
+        let take = self.pending.len().min(UPLOAD_CHUNK_BYTES);
+        let bytes: Vec<u8> = self.pending.drain(..take).collect();
+        if self.in_flight.len() >= CHUNKS_IN_FLIGHT {
+            chunk_written(self.in_flight.pop_front()).await?;
+        }
+        let at_ms = now_ms();
+        let command = Command::AttachmentChunk {
+            database: self.database.to_string(),
+            at_ms,
+            upload_id: self.upload_id,
+            offset: self.size_bytes,
+            keep_until_ms: at_ms + UPLOAD_TTL_MS,
+            bytes,
+        };
+        // A task of its own: the proposal goes on while the body is read.
+        let node = self.node.clone();
+        self.in_flight
+            .push_back(tokio::spawn(async move { node.write(command).await }));
+        self.size_bytes += take as u64;
+        Ok(())
+    }
+
+    /// Drops the upload once its chunks in flight are done, in a task of its own.
+    fn drop_upload(self) {
         // Best effort: an upload left behind expires after UPLOAD_TTL_MS anyway.
         let command = Command::DropUpload {
-            database: database.to_string(),
-            upload_id,
+            database: self.database.to_string(),
+            upload_id: self.upload_id,
         };
-        let node = node.clone();
+        let node = self.node.clone();
+        let in_flight = self.in_flight;
         tokio::spawn(async move {
             for task in in_flight {
                 let _ = task.await;
             }
             let _ = node.write(command).await;
         });
-        return Err(e);
     }
-    let hash: String = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok(Upload {
-        upload_id,
-        hash,
-        size_bytes,
-    })
+
+    /// The upload, every chunk of it written.
+    fn finish(self) -> Upload {
+        use sha2::Digest;
+        let hash: String = self
+            .hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Upload {
+            upload_id: self.upload_id,
+            hash,
+            size_bytes: self.size_bytes,
+        }
+    }
 }
 
 /// Purges tombstones on every node: the bound is this leader's

@@ -287,29 +287,42 @@ pub async fn batch(
 ) -> Result<Response, ApiError> {
     let database = state.store.database(&db)?;
     let bytes = read_body(&headers, body, &state.limits).await?;
+    let ops = batch_ops(parse_batch(bytes).await?.ops)?;
+    let outcomes = if state.cluster.is_some() {
+        let logged = ops
+            .iter()
+            .map(|op| logged_batch_op(op).attributed(key.id()))
+            .collect();
+        crate::routes::cluster::write(&state, &db, logged, true)
+            .await?
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        blocking(move || database.batch_as(ops, key.id())).await?
+    };
+    let results: Vec<Value> = outcomes.iter().map(batch_result).collect();
+    Ok(json_value(StatusCode::OK, json!({"results": results})))
+}
+
+/// A batch's body, parsed off the async workers when it is large.
+async fn parse_batch(bytes: axum::body::Bytes) -> Result<BatchJson, ApiError> {
     let inline = bytes.len() <= INLINE_PARSE_BYTES;
     let parse = move || {
         serde_json::from_slice::<BatchJson>(&bytes)
             .map_err(|e| kiln_docs::DocError::malformed_json(&e))
     };
-    let parsed = if inline {
+    Ok(if inline {
         parse()?
     } else {
         blocking(parse).await?
-    };
-    let cond = |if_match: Option<String>, create_only: bool| -> Result<Condition, ApiError> {
-        match (if_match, create_only) {
-            (Some(_), true) => Err(ApiError::new(
-                ErrorCode::InvalidPrecondition,
-                "an operation may have if_match or create_only, not both",
-            )),
-            (Some(m), false) => condition_from_if_match(&m),
-            (None, true) => Ok(Condition::IfNotExists),
-            (None, false) => Ok(Condition::None),
-        }
-    };
-    let mut ops = Vec::with_capacity(parsed.ops.len());
-    for op in parsed.ops {
+    })
+}
+
+/// A batch's operations as the store takes them (an id ending in `/` is a prefix
+/// to generate one under).
+fn batch_ops(parsed: Vec<BatchOpJson>) -> Result<Vec<BatchOp>, ApiError> {
+    let mut ops = Vec::with_capacity(parsed.len());
+    for op in parsed {
         ops.push(match op {
             BatchOpJson::Put {
                 id,
@@ -323,38 +336,40 @@ pub async fn batch(
                     DocId::Given(id)
                 },
                 document,
-                condition: cond(if_match, create_only)?,
+                condition: batch_condition(if_match, create_only)?,
             },
             BatchOpJson::Delete { id, if_match } => BatchOp::Delete {
                 id,
-                condition: cond(if_match, false)?,
+                condition: batch_condition(if_match, false)?,
             },
         });
     }
-    let outcomes = if state.cluster.is_some() {
-        let logged = ops
-            .iter()
-            .map(|op| logged_batch_op(op).attributed(key.id()))
-            .collect();
-        crate::routes::cluster::write(&state, &db, logged, true)
-            .await?
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()?
-    } else {
-        blocking(move || database.batch_as(ops, key.id())).await?
-    };
-    let results: Vec<Value> = outcomes
-        .iter()
-        .map(|o| match o {
-            BatchOutcome::Put(p) => {
-                let mut v = put_json(p);
-                v["op"] = "put".into();
-                v
-            }
-            BatchOutcome::Delete(d) => {
-                json!({"op": "delete", "id": d.id, "deleted_etag": d.etag.to_string(), "etag": d.tombstone_etag.to_string()})
-            }
-        })
-        .collect();
-    Ok(json_value(StatusCode::OK, json!({"results": results})))
+    Ok(ops)
+}
+
+/// A batch operation's condition: its `if_match` or `create_only`, not both.
+fn batch_condition(if_match: Option<String>, create_only: bool) -> Result<Condition, ApiError> {
+    match (if_match, create_only) {
+        (Some(_), true) => Err(ApiError::new(
+            ErrorCode::InvalidPrecondition,
+            "an operation may have if_match or create_only, not both",
+        )),
+        (Some(m), false) => condition_from_if_match(&m),
+        (None, true) => Ok(Condition::IfNotExists),
+        (None, false) => Ok(Condition::None),
+    }
+}
+
+/// One operation's entry in a batch's `results`.
+fn batch_result(outcome: &BatchOutcome) -> Value {
+    match outcome {
+        BatchOutcome::Put(p) => {
+            let mut v = put_json(p);
+            v["op"] = "put".into();
+            v
+        }
+        BatchOutcome::Delete(d) => {
+            json!({"op": "delete", "id": d.id, "deleted_etag": d.etag.to_string(), "etag": d.tombstone_etag.to_string()})
+        }
+    }
 }

@@ -14,6 +14,7 @@ use crate::changes::subscription_worker::{self, Strategy, WorkerConfig};
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{blocking, encode_path, json_value, read_body, ApiPath};
 use crate::query_params::{NoParams, Params};
+use crate::routes::changes::{room_for_connection, websocket_upgrade};
 use crate::state::SharedState;
 use axum::body::Body;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -22,10 +23,12 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use kiln_docs::{
-    format_rfc3339_ms, BatchLimits, Database, LeaseStrategy, SubscriptionInfo, SubscriptionStart,
+    format_rfc3339_ms, BatchLimits, Database, LeaseStrategy, SubscriptionInfo, SubscriptionLease,
+    SubscriptionStart,
 };
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The subprotocol a worker's WebSocket may ask for; selected when offered.
@@ -162,56 +165,63 @@ pub async fn websocket(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     refuse_in_cluster(&state)?;
-    // A request that is no WebSocket upgrade gets a JSON error like any other.
-    let upgrade = upgrade.map_err(|r| {
-        ApiError::new(
-            ErrorCode::BadRequest,
-            format!("this route takes a WebSocket upgrade (GET with Connection: upgrade, Upgrade: websocket, Sec-WebSocket-Version: 13 and Sec-WebSocket-Key): {}", r.body_text()),
-        )
-    })?;
-    let batch_size = match q.batch_size {
-        None => DEFAULT_BATCH_SIZE,
-        Some(n) if (1..=MAX_BATCH_SIZE).contains(&n) => n,
-        Some(n) => {
-            return Err(ApiError::new(
-                ErrorCode::InvalidSubscription,
-                format!("batch_size {n}: give 1 to {MAX_BATCH_SIZE}"),
-            ))
-        }
-    };
+    let upgrade = websocket_upgrade(upgrade)?;
+    let batch_size = batch_size(q.batch_size)?;
     let strategy = q.strategy.unwrap_or(Strategy::Wait);
     let database = state.store.database(&db)?;
-    let open = usize::try_from(state.metrics.ws_connections_open.get()).unwrap_or(0);
-    if open >= state.changes.max_connections {
-        return Err(ApiError::new(
-            ErrorCode::TooManyConnections,
-            format!(
-                "{open} WebSocket connections are open, the limit is {}",
-                state.changes.max_connections
-            ),
-        ));
+    room_for_connection(&state, "WebSocket")?;
+    let lease = lease(&database, &name, strategy).await?;
+    let hub = state.hubs.hub(&database);
+    let cfg = worker_config(&state, name, batch_size);
+    Ok(upgrade
+        .protocols([WS_PROTOCOL])
+        .read_buffer_size(4 << 10)
+        .write_buffer_size(0)
+        .max_message_size(64 << 10)
+        .on_upgrade(move |socket| subscription_worker::run(socket, hub, lease, cfg)))
+}
+
+/// The documents a worker's batch holds at most (`batch_size`, 1 to
+/// `MAX_BATCH_SIZE`).
+fn batch_size(given: Option<usize>) -> Result<usize, ApiError> {
+    match given {
+        None => Ok(DEFAULT_BATCH_SIZE),
+        Some(n) if (1..=MAX_BATCH_SIZE).contains(&n) => Ok(n),
+        Some(n) => Err(ApiError::new(
+            ErrorCode::InvalidSubscription,
+            format!("batch_size {n}: give 1 to {MAX_BATCH_SIZE}"),
+        )),
     }
+}
+
+/// The worker's lease on the subscription `name`, as `strategy` takes it.
+async fn lease(
+    database: &Arc<Database>,
+    name: &str,
+    strategy: Strategy,
+) -> Result<Option<SubscriptionLease>, ApiError> {
     // An unknown subscription is a 404 before the upgrade; `if_free` and
     // `take_over` take the lease here too, so a busy subscription is a 409.
-    let lease = {
-        let d = database.clone();
-        let n = name.clone();
-        match strategy {
-            Strategy::Wait => {
-                blocking(move || d.subscription(&n)).await?;
-                None
-            }
-            Strategy::IfFree => {
-                Some(blocking(move || d.lease_subscription(&n, LeaseStrategy::IfFree)).await?)
-            }
-            Strategy::TakeOver => {
-                Some(blocking(move || d.lease_subscription(&n, LeaseStrategy::TakeOver)).await?)
-            }
+    let d = database.clone();
+    let n = name.to_string();
+    Ok(match strategy {
+        Strategy::Wait => {
+            blocking(move || d.subscription(&n)).await?;
+            None
         }
-    };
-    let hub = state.hubs.hub(&database);
+        Strategy::IfFree => {
+            Some(blocking(move || d.lease_subscription(&n, LeaseStrategy::IfFree)).await?)
+        }
+        Strategy::TakeOver => {
+            Some(blocking(move || d.lease_subscription(&n, LeaseStrategy::TakeOver)).await?)
+        }
+    })
+}
+
+/// The worker of the subscription `name`: its batches, heartbeats and timeouts.
+fn worker_config(state: &SharedState, name: String, batch_size: usize) -> WorkerConfig {
     let heartbeat_interval = Duration::from_millis(state.changes.heartbeat_ms);
-    let cfg = WorkerConfig {
+    WorkerConfig {
         name,
         limits: BatchLimits {
             max_documents: batch_size,
@@ -222,11 +232,5 @@ pub async fn websocket(
         send_timeout: Duration::from_millis(state.changes.send_timeout_ms),
         worker_timeout: heartbeat_interval * WORKER_TIMEOUT_HEARTBEATS,
         metrics: state.metrics.clone(),
-    };
-    Ok(upgrade
-        .protocols([WS_PROTOCOL])
-        .read_buffer_size(4 << 10)
-        .write_buffer_size(0)
-        .max_message_size(64 << 10)
-        .on_upgrade(move |socket| subscription_worker::run(socket, hub, lease, cfg)))
+    }
 }
