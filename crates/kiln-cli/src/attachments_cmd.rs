@@ -7,7 +7,7 @@ use crate::client::{path_escape, ServerArgs};
 use clap::Subcommand;
 use serde_json::Value;
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Subcommand)]
 pub enum AttachmentsCommand {
@@ -82,42 +82,8 @@ pub fn run(cmd: AttachmentsCommand) -> AnyResult<()> {
             content_type,
             if_match,
         } => {
-            let mut input: Box<dyn Read> = if file.as_os_str() == "-" {
-                Box::new(std::io::stdin().lock())
-            } else {
-                Box::new(
-                    std::fs::File::open(&file)
-                        .map_err(|e| format!("opening {}: {e}", file.display()))?,
-                )
-            };
-            let mut extra = format!("content-type: {content_type}\r\n");
-            if let Some(etag) = if_match {
-                extra.push_str(&format!("if-match: \"{}\"\r\n", etag.trim_matches('"')));
-            }
-            let ep = server.endpoint()?;
             let path = attachment_path(&db, &id, &name);
-            let (mut body, upload) = ep.start_upload_with("PUT", &path, &extra)?;
-            let mut buf = vec![0u8; 1 << 20];
-            loop {
-                let n = input.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                body.chunk(&buf[..n])?;
-            }
-            body.finish()?;
-            let mut resp = upload.response()?;
-            let mut answer = Vec::new();
-            resp.body.read_to_end(&mut answer)?;
-            if !(200..300).contains(&resp.status) {
-                return Err(format!(
-                    "PUT {path}: {} {}",
-                    resp.status,
-                    String::from_utf8_lossy(&answer)
-                )
-                .into());
-            }
-            println!("{}", String::from_utf8_lossy(&answer));
+            put(&server, &path, &file, &content_type, if_match)
         }
         AttachmentsCommand::Get {
             server,
@@ -125,65 +91,114 @@ pub fn run(cmd: AttachmentsCommand) -> AnyResult<()> {
             id,
             name,
             out,
-        } => {
-            let mut resp = server
-                .endpoint()?
-                .get_stream(&attachment_path(&db, &id, &name))?;
-            let mut sink: Box<dyn Write> = match &out {
-                Some(p) => Box::new(std::io::BufWriter::with_capacity(
-                    1 << 20,
-                    std::fs::File::create(p)
-                        .map_err(|e| format!("creating {}: {e}", p.display()))?,
-                )),
-                None => Box::new(std::io::stdout().lock()),
-            };
-            std::io::copy(&mut resp.body, &mut sink)?;
-            sink.flush()?;
-        }
+        } => get(&server, &attachment_path(&db, &id, &name), out.as_deref()),
         AttachmentsCommand::List {
             server,
             db,
             id,
             json,
-        } => {
-            let doc: Value = serde_json::from_slice(&server.endpoint()?.request(
-                "GET",
-                &doc_path(&db, &id),
-                b"",
-            )?)?;
-            let list = doc["@metadata"]["@attachments"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            if json {
-                println!("{}", Value::Array(list));
-                return Ok(());
-            }
-            if list.is_empty() {
-                println!("no attachments");
-            }
-            for a in list {
-                println!(
-                    "{}  {} bytes  {}  {}",
-                    a["name"].as_str().unwrap_or("?"),
-                    a["size"],
-                    a["content_type"].as_str().unwrap_or("?"),
-                    a["hash"].as_str().unwrap_or("?")
-                );
-            }
-        }
+        } => list(&server, &doc_path(&db, &id), json),
         AttachmentsCommand::Delete {
             server,
             db,
             id,
             name,
-        } => {
-            let answer =
-                server
-                    .endpoint()?
-                    .request("DELETE", &attachment_path(&db, &id, &name), b"")?;
-            println!("{}", String::from_utf8_lossy(&answer));
-        }
+        } => delete(&server, &attachment_path(&db, &id, &name)),
     }
+}
+
+/// `put`: streams `file` to the attachment at `path`, printing the answer.
+fn put(
+    server: &ServerArgs,
+    path: &str,
+    file: &Path,
+    content_type: &str,
+    if_match: Option<String>,
+) -> AnyResult<()> {
+    let mut input = open_input(file)?;
+    let mut extra = format!("content-type: {content_type}\r\n");
+    if let Some(etag) = if_match {
+        extra.push_str(&format!("if-match: \"{}\"\r\n", etag.trim_matches('"')));
+    }
+    let ep = server.endpoint()?;
+    let (mut body, upload) = ep.start_upload_with("PUT", path, &extra)?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = input.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        body.chunk(&buf[..n])?;
+    }
+    body.finish()?;
+    let mut resp = upload.response()?;
+    let mut answer = Vec::new();
+    resp.body.read_to_end(&mut answer)?;
+    if !(200..300).contains(&resp.status) {
+        return Err(format!(
+            "PUT {path}: {} {}",
+            resp.status,
+            String::from_utf8_lossy(&answer)
+        )
+        .into());
+    }
+    println!("{}", String::from_utf8_lossy(&answer));
+    Ok(())
+}
+
+/// The file to read an attachment from; `-` for standard input.
+fn open_input(file: &Path) -> AnyResult<Box<dyn Read>> {
+    Ok(if file.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(std::fs::File::open(file).map_err(|e| format!("opening {}: {e}", file.display()))?)
+    })
+}
+
+/// `get`: the attachment at `path` to the file `out` (default: standard output).
+fn get(server: &ServerArgs, path: &str, out: Option<&Path>) -> AnyResult<()> {
+    let mut resp = server.endpoint()?.get_stream(path)?;
+    let mut sink: Box<dyn Write> = match out {
+        Some(p) => Box::new(std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::fs::File::create(p).map_err(|e| format!("creating {}: {e}", p.display()))?,
+        )),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    std::io::copy(&mut resp.body, &mut sink)?;
+    sink.flush()?;
+    Ok(())
+}
+
+/// `list`: the attachments of the document at `doc_path`, one a line or as JSON.
+fn list(server: &ServerArgs, doc_path: &str, json: bool) -> AnyResult<()> {
+    let doc: Value = serde_json::from_slice(&server.endpoint()?.request("GET", doc_path, b"")?)?;
+    let list = doc["@metadata"]["@attachments"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if json {
+        println!("{}", Value::Array(list));
+        return Ok(());
+    }
+    if list.is_empty() {
+        println!("no attachments");
+    }
+    for a in list {
+        println!(
+            "{}  {} bytes  {}  {}",
+            a["name"].as_str().unwrap_or("?"),
+            a["size"],
+            a["content_type"].as_str().unwrap_or("?"),
+            a["hash"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(())
+}
+
+/// `delete`: removes the attachment at `path`, printing the answer.
+fn delete(server: &ServerArgs, path: &str) -> AnyResult<()> {
+    let answer = server.endpoint()?.request("DELETE", path, b"")?;
+    println!("{}", String::from_utf8_lossy(&answer));
     Ok(())
 }

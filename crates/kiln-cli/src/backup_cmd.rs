@@ -590,7 +590,48 @@ pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
         Some(u) => RestorePoint::parse(u)?,
         None => RestorePoint::Latest,
     };
-    // Where to: checked before the backups are read (a usage error, exit code 2).
+    let offline_dir = restore_target(&a)?;
+    precheck(&a.files)?;
+    let started = Instant::now();
+    let report: RestoreReport = match (offline_dir, &a.url) {
+        (Some(dir), _) => restore_offline(&a, dir, point)?,
+        (None, Some(url)) => restore_remote(&a, url)?,
+        (None, None) => unreachable!("checked above: one of --url and --data-dir"),
+    };
+    let chain = ChainReport {
+        backups: report.backups,
+        reached: report.reached,
+        writes_replayed: report.writes_replayed,
+        writes_skipped: report.writes_skipped,
+        bytes_read: report.bytes_read,
+    };
+    // The attachments' bytes came inside the backups; backups of older Kilns have
+    // them beside their files instead (`backup_blobs.rs`).
+    let carried: u64 = chain.backups.iter().map(|b| b.attachment_blobs).sum();
+    let beside = restore_blobs_beside(&a, offline_dir)?;
+    let mut extra = vec![
+        ("restored_as", a.db.clone().into()),
+        ("attachment_blobs", (carried + beside).into()),
+    ];
+    match (&a.url, &a.data_dir) {
+        (Some(u), _) => extra.push(("server", u.clone().into())),
+        (_, Some(d)) => extra.push(("data_dir", d.display().to_string().into())),
+        _ => {}
+    }
+    chain_summary(
+        "restored",
+        &chain,
+        started.elapsed().as_secs_f64(),
+        &extra,
+        a.json,
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Where a restore goes: the data directory of an offline restore, or `None` for
+/// the server at `--url`. Checked before the backups are read (a usage error,
+/// exit code 2).
+fn restore_target(a: &RestoreArgs) -> AnyResult<Option<&PathBuf>> {
     let offline_dir = match (&a.url, &a.data_dir) {
         (Some(_), _) => None,
         (None, Some(dir)) => Some(dir),
@@ -609,57 +650,32 @@ pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
         )
         .into());
     }
-    precheck(&a.files)?;
-    let started = Instant::now();
-    let report: RestoreReport = match (offline_dir, &a.url) {
-        (Some(dir), _) => {
-            let (source, total) = open_all(&a.files)?;
-            let pb = bar(a.quiet, Some(total));
-            let storage = a.storage.docs_options().storage;
-            let r = kiln_docs::restore_database(source, dir, &a.db, storage, a.force, point, |n| {
-                pb.set_position(n)
-            });
-            pb.finish_and_clear();
-            r?
-        }
-        (None, Some(url)) => restore_remote(&a, url)?,
-        (None, None) => unreachable!("checked above: one of --url and --data-dir"),
-    };
-    let chain = ChainReport {
-        backups: report.backups,
-        reached: report.reached,
-        writes_replayed: report.writes_replayed,
-        writes_skipped: report.writes_skipped,
-        bytes_read: report.bytes_read,
-    };
-    // The attachments' bytes came inside the backups; backups of older Kilns have
-    // them beside their files instead (`backup_blobs.rs`).
-    let carried: u64 = chain.backups.iter().map(|b| b.attachment_blobs).sum();
-    let beside = match (offline_dir, &a.url) {
+    Ok(offline_dir)
+}
+
+/// Restores the files into the data directory `dir` (no server runs on it).
+fn restore_offline(a: &RestoreArgs, dir: &Path, point: RestorePoint) -> AnyResult<RestoreReport> {
+    let (source, total) = open_all(&a.files)?;
+    let pb = bar(a.quiet, Some(total));
+    let storage = a.storage.docs_options().storage;
+    let r = kiln_docs::restore_database(source, dir, &a.db, storage, a.force, point, |n| {
+        pb.set_position(n)
+    });
+    pb.finish_and_clear();
+    Ok(r?)
+}
+
+/// Restores the attachments' blobs kept beside the backup files (backups of older
+/// Kilns), offline into `offline_dir` or to the server; how many.
+fn restore_blobs_beside(a: &RestoreArgs, offline_dir: Option<&PathBuf>) -> AnyResult<u64> {
+    Ok(match (offline_dir, &a.url) {
         (Some(dir), _) => crate::backup_blobs::restore_offline(dir, &a.db, &a.files)?,
         (None, Some(url)) => {
             let ep = Endpoint::parse(url, a.api_key.clone(), &a.tls)?;
             crate::backup_blobs::restore_to_server(&ep, &a.db, &a.files)?
         }
         (None, None) => 0,
-    };
-    let mut extra = vec![
-        ("restored_as", a.db.clone().into()),
-        ("attachment_blobs", (carried + beside).into()),
-    ];
-    match (&a.url, &a.data_dir) {
-        (Some(u), _) => extra.push(("server", u.clone().into())),
-        (_, Some(d)) => extra.push(("data_dir", d.display().to_string().into())),
-        _ => {}
-    }
-    chain_summary(
-        "restored",
-        &chain,
-        started.elapsed().as_secs_f64(),
-        &extra,
-        a.json,
-    );
-    Ok(ExitCode::SUCCESS)
+    })
 }
 
 /// Sends the files back to back to `POST /dbs/{db}/restore`.

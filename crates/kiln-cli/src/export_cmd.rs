@@ -161,12 +161,7 @@ fn export(args: &ExportArgs, started: Instant) -> Result<Summary, ExportError> {
     let at_start = database_at_start(&endpoint, &db)?;
     let mut out = Output::open(&args.out)?;
     let pb = export_progress_bar(args.quiet, at_start.documents);
-    let blob_dir = match (&args.attachments_dir, to_stdout(&args.out)) {
-        (Some(d), _) => Some(d.clone()),
-        (None, false) => Some(crate::backup_blobs::sidecar(&args.out)),
-        (None, true) => None,
-    };
-    let mut seen_blobs: std::collections::HashSet<String> = Default::default();
+    let mut blobs = Blobs::new(args);
     let mut summary = Summary {
         documents: 0,
         blobs: 0,
@@ -196,22 +191,7 @@ fn export(args: &ExportArgs, started: Instant) -> Result<Summary, ExportError> {
             let Some(line) = export_line(change)? else {
                 continue;
             };
-            for hash in attachment_hashes(change) {
-                if !seen_blobs.insert(hash.clone()) {
-                    continue;
-                }
-                match &blob_dir {
-                    Some(dir) => {
-                        let path = format!("/dbs/{db}/attachments/{hash}");
-                        let mut resp = endpoint.get_stream(&path)?;
-                        let n = crate::backup_blobs::save(dir, &hash, &mut resp.body)
-                            .map_err(|e| ExportError::Answer(format!("attachment {hash}: {e}")))?;
-                        summary.blobs += 1;
-                        summary.blob_bytes += n;
-                    }
-                    None => summary.blobs_left_out += 1,
-                }
-            }
+            blobs.export(&endpoint, &db, change, &mut summary)?;
             out.write_all(&line)?;
             summary.documents += 1;
             summary.bytes += line.len() as u64;
@@ -233,6 +213,54 @@ fn export(args: &ExportArgs, started: Instant) -> Result<Summary, ExportError> {
     pb.finish_and_clear();
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
+}
+
+/// The attachments' blobs of an export: the directory they go to (none: they are
+/// left out, and counted), and those exported so far (each once).
+struct Blobs {
+    dir: Option<PathBuf>,
+    seen: std::collections::HashSet<String>,
+}
+
+impl Blobs {
+    fn new(args: &ExportArgs) -> Blobs {
+        let dir = match (&args.attachments_dir, to_stdout(&args.out)) {
+            (Some(d), _) => Some(d.clone()),
+            (None, false) => Some(crate::backup_blobs::sidecar(&args.out)),
+            (None, true) => None,
+        };
+        Blobs {
+            dir,
+            seen: Default::default(),
+        }
+    }
+
+    /// Exports the blobs `change`'s document names that no earlier one did.
+    fn export(
+        &mut self,
+        endpoint: &Endpoint,
+        db: &str,
+        change: &Value,
+        summary: &mut Summary,
+    ) -> Result<(), ExportError> {
+        for hash in attachment_hashes(change) {
+            if !self.seen.insert(hash.clone()) {
+                continue;
+            }
+            match &self.dir {
+                Some(dir) => {
+                    let path = format!("/dbs/{db}/attachments/{hash}");
+                    let mut resp = endpoint.get_stream(&path)?;
+                    let n = crate::backup_blobs::save(dir, &hash, &mut resp.body)
+                        .map_err(|e| ExportError::Answer(format!("attachment {hash}: {e}")))?;
+                    summary.blobs += 1;
+                    summary.blob_bytes += n;
+                }
+                None => summary.blobs_left_out += 1,
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The database when the export starts: its document count (for the progress bar)

@@ -68,42 +68,21 @@ fn base(db: &str) -> String {
     format!("/dbs/{}/subscriptions", path_escape(db))
 }
 
+fn subscription_path(db: &str, name: &str) -> String {
+    format!("{}/{}", base(db), path_escape(name))
+}
+
+/// The server's JSON answer to `method path` with `body`.
+fn request_json(server: &ServerArgs, method: &str, path: &str, body: &[u8]) -> AnyResult<Value> {
+    Ok(serde_json::from_slice(
+        &server.endpoint()?.request(method, path, body)?,
+    )?)
+}
+
 pub fn run(cmd: SubscriptionsCommand) -> AnyResult<()> {
     match cmd {
-        SubscriptionsCommand::List { server, db, json } => {
-            let answer: Value =
-                serde_json::from_slice(&server.endpoint()?.request("GET", &base(&db), b"")?)?;
-            if json {
-                println!("{answer}");
-                return Ok(());
-            }
-            let subs = answer["subscriptions"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            if subs.is_empty() {
-                println!("no subscriptions");
-            }
-            for s in subs {
-                println!(
-                    "{}  position {}  {}  {}",
-                    s["name"].as_str().unwrap_or("?"),
-                    s["position"].as_str().unwrap_or("(beginning)"),
-                    if s["connected"] == true {
-                        "connected"
-                    } else {
-                        "idle"
-                    },
-                    s["query"].as_str().unwrap_or("")
-                );
-            }
-        }
-        SubscriptionsCommand::Get { server, db, name } => {
-            let path = format!("{}/{}", base(&db), path_escape(&name));
-            let answer: Value =
-                serde_json::from_slice(&server.endpoint()?.request("GET", &path, b"")?)?;
-            println!("{}", serde_json::to_string_pretty(&answer)?);
-        }
+        SubscriptionsCommand::List { server, db, json } => list(&server, &db, json),
+        SubscriptionsCommand::Get { server, db, name } => get(&server, &db, &name),
         SubscriptionsCommand::Create {
             server,
             db,
@@ -113,44 +92,96 @@ pub fn run(cmd: SubscriptionsCommand) -> AnyResult<()> {
             start,
             json,
         } => {
-            let parameters: Map<String, Value> = match &params {
-                Some(p) => serde_json::from_str(p)
-                    .map_err(|e| crate::UsageError(format!("--params: {e}")))?,
-                None => Map::new(),
-            };
-            let body =
-                json!({"name": name, "query": query, "parameters": parameters, "start": start});
-            let answer: Value = serde_json::from_slice(&server.endpoint()?.request(
-                "POST",
-                &base(&db),
-                body.to_string().as_bytes(),
-            )?)?;
-            if json {
-                println!("{answer}");
-            } else {
-                println!(
-                    "created subscription {} on collection {} (position {})",
-                    answer["name"].as_str().unwrap_or("?"),
-                    answer["collection"].as_str().unwrap_or("?"),
-                    answer["position"].as_str().unwrap_or("(beginning)")
-                );
-            }
+            let body = create_body(name, query, params.as_deref(), start)?;
+            create(&server, &db, &body, json)
         }
         SubscriptionsCommand::Delete {
             server,
             db,
             name,
             json,
-        } => {
-            let path = format!("{}/{}", base(&db), path_escape(&name));
-            let answer: Value =
-                serde_json::from_slice(&server.endpoint()?.request("DELETE", &path, b"")?)?;
-            if json {
-                println!("{answer}");
+        } => delete(&server, &db, &name, json),
+    }
+}
+
+/// `list`: one subscription a line, or the server's JSON answer.
+fn list(server: &ServerArgs, db: &str, json: bool) -> AnyResult<()> {
+    let answer = request_json(server, "GET", &base(db), b"")?;
+    if json {
+        println!("{answer}");
+        return Ok(());
+    }
+    let subs = answer["subscriptions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if subs.is_empty() {
+        println!("no subscriptions");
+    }
+    for s in subs {
+        println!(
+            "{}  position {}  {}  {}",
+            s["name"].as_str().unwrap_or("?"),
+            s["position"].as_str().unwrap_or("(beginning)"),
+            if s["connected"] == true {
+                "connected"
             } else {
-                println!("deleted subscription {name}");
-            }
+                "idle"
+            },
+            s["query"].as_str().unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
+/// `get`: the subscription `name`, as pretty JSON.
+fn get(server: &ServerArgs, db: &str, name: &str) -> AnyResult<()> {
+    let answer = request_json(server, "GET", &subscription_path(db, name), b"")?;
+    println!("{}", serde_json::to_string_pretty(&answer)?);
+    Ok(())
+}
+
+/// The body of a `create`: `params` (a JSON object) checked here.
+fn create_body(
+    name: String,
+    query: String,
+    params: Option<&str>,
+    start: String,
+) -> AnyResult<Value> {
+    let parameters: Map<String, Value> = match params {
+        Some(p) => {
+            serde_json::from_str(p).map_err(|e| crate::UsageError(format!("--params: {e}")))?
         }
+        None => Map::new(),
+    };
+    Ok(json!({"name": name, "query": query, "parameters": parameters, "start": start}))
+}
+
+/// `create`: the subscription `body` describes, with a line on what it is, or
+/// the server's JSON answer.
+fn create(server: &ServerArgs, db: &str, body: &Value, json: bool) -> AnyResult<()> {
+    let answer = request_json(server, "POST", &base(db), body.to_string().as_bytes())?;
+    if json {
+        println!("{answer}");
+    } else {
+        println!(
+            "created subscription {} on collection {} (position {})",
+            answer["name"].as_str().unwrap_or("?"),
+            answer["collection"].as_str().unwrap_or("?"),
+            answer["position"].as_str().unwrap_or("(beginning)")
+        );
+    }
+    Ok(())
+}
+
+/// `delete`: the subscription `name`, with a line saying so, or the server's JSON
+/// answer.
+fn delete(server: &ServerArgs, db: &str, name: &str, json: bool) -> AnyResult<()> {
+    let answer = request_json(server, "DELETE", &subscription_path(db, name), b"")?;
+    if json {
+        println!("{answer}");
+    } else {
+        println!("deleted subscription {name}");
     }
     Ok(())
 }
