@@ -139,23 +139,49 @@ pub(crate) fn write_pinned<W: std::io::Write, P: FnMut(u64)>(
     Ok(out)
 }
 
+/// A backup's extra file under `search/` whose name is not `search/<id>/<file>`
+/// (`name` is the whole name).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MisnamedSearchFile {
+    #[error("{name:?}: no index id")]
+    NoIndexId { name: String },
+    #[error("{name:?}: index id not a number")]
+    IdNotANumber {
+        name: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    #[error("{name:?}: file name not plain")]
+    NotPlain { name: String },
+}
+
 /// Splits an extra file's name `search/<id>/<file>`: `None` if it is not one, an
 /// error (why) if it is one but malformed.
-pub(crate) fn parse_name(name: &str) -> Option<std::result::Result<(u64, &str), String>> {
+pub(crate) fn parse_name(
+    name: &str,
+) -> Option<std::result::Result<(u64, &str), MisnamedSearchFile>> {
     let rest = name.strip_prefix(SEARCH_FILE_PREFIX)?;
+    let name = || name.to_string();
     let parsed = (|| {
-        let (id, file) = rest.split_once('/').ok_or("no index id")?;
-        let id: u64 = id.parse().map_err(|_| "index id not a number")?;
+        let (id, file) = rest
+            .split_once('/')
+            .ok_or_else(|| MisnamedSearchFile::NoIndexId { name: name() })?;
+        let id: u64 = id
+            .parse()
+            .map_err(|source| MisnamedSearchFile::IdNotANumber {
+                name: name(),
+                source,
+            })?;
         let plain = !file.is_empty()
             && !file.starts_with('.')
             && !file.contains(['/', '\\'])
             && file != "..";
         if !plain {
-            return Err("file name not plain");
+            return Err(MisnamedSearchFile::NotPlain { name: name() });
         }
         Ok((id, file))
     })();
-    Some(parsed.map_err(|e: &str| format!("{name:?}: {e}")))
+    Some(parsed)
 }
 
 /// Receives the full-text index files of a backup being restored into the
@@ -228,7 +254,7 @@ pub(crate) fn check_restored(db_dir: &Path) -> Result<Vec<u64>> {
         match (id, check_one(&dir)) {
             (Some(id), Ok(())) => kept.push(id),
             (_, result) => {
-                let why = result.err().unwrap_or_else(|| "not an index id".into());
+                let why = result.err().unwrap_or(SearchCheckError::NotAnIndexId);
                 tracing::warn!(dir = %dir.display(), error = %why,
                     "full-text index files in the backup are unusable; the index will be rebuilt");
                 std::fs::remove_dir_all(&dir).map_err(|e| DocError::io(&dir, e))?;
@@ -239,31 +265,105 @@ pub(crate) fn check_restored(db_dir: &Path) -> Result<Vec<u64>> {
     Ok(kept)
 }
 
-fn check_one(dir: &Path) -> std::result::Result<(), String> {
+/// Why restored full-text index files are unusable (logged; the index is then
+/// rebuilt at open).
+#[derive(Debug, thiserror::Error)]
+enum SearchCheckError {
+    #[error("not an index id")]
+    NotAnIndexId,
+    #[error("no meta.json (an incomplete set of files)")]
+    Incomplete,
+    #[error("{0}")]
+    ListFiles(#[source] std::io::Error),
+    #[error("{0}")]
+    EncodeManaged(#[source] serde_json::Error),
+    #[error("{}: {source}", path.display())]
+    WriteManaged {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Opening the index, checking its files, loading its metas or opening a reader.
+    #[error("{0}")]
+    Tantivy(#[source] tantivy::TantivyError),
+    #[error("checksum mismatch in {0:?}")]
+    ChecksumMismatch(std::collections::HashSet<PathBuf>),
+    #[error("no commit payload")]
+    NoPayload,
+    #[error("payload {raw:?}: {source}")]
+    Payload {
+        raw: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+fn check_one(dir: &Path) -> std::result::Result<(), SearchCheckError> {
+    use SearchCheckError as E;
     if !dir.join(META_FILE).exists() {
-        return Err("no meta.json (an incomplete set of files)".into());
+        return Err(E::Incomplete);
     }
     // Every file restored (meta.json included) is tantivy's to collect.
     let mut managed = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(|e| e.to_string())? {
-        let name = entry.map_err(|e| e.to_string())?.file_name();
+    for entry in std::fs::read_dir(dir).map_err(E::ListFiles)? {
+        let name = entry.map_err(E::ListFiles)?.file_name();
         if let Some(n) = name.to_str().filter(|n| !n.starts_with('.')) {
             managed.push(n.to_string());
         }
     }
-    let mut json = serde_json::to_vec(&managed).map_err(|e| e.to_string())?;
+    let mut json = serde_json::to_vec(&managed).map_err(E::EncodeManaged)?;
     json.push(b'\n');
     let path = dir.join(MANAGED_FILE);
-    std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
-    let index = tantivy::Index::open_in_dir(dir).map_err(|e| e.to_string())?;
-    let damaged = index.validate_checksum().map_err(|e| e.to_string())?;
-    if !damaged.is_empty() {
-        return Err(format!("checksum mismatch in {damaged:?}"));
+    if let Err(source) = std::fs::write(&path, json) {
+        return Err(E::WriteManaged { path, source });
     }
-    let metas = index.load_metas().map_err(|e| e.to_string())?;
-    let raw = metas.payload.ok_or("no commit payload")?;
-    serde_json::from_str::<Payload>(&raw).map_err(|e| format!("payload {raw:?}: {e}"))?;
+    let index = tantivy::Index::open_in_dir(dir).map_err(E::Tantivy)?;
+    let damaged = index.validate_checksum().map_err(E::Tantivy)?;
+    if !damaged.is_empty() {
+        return Err(E::ChecksumMismatch(damaged));
+    }
+    let metas = index.load_metas().map_err(E::Tantivy)?;
+    let raw = metas.payload.ok_or(E::NoPayload)?;
+    if let Err(source) = serde_json::from_str::<Payload>(&raw) {
+        return Err(E::Payload { raw, source });
+    }
     // Opens every segment (a file missing or unreadable fails here).
-    index.reader().map_err(|e| e.to_string())?;
+    index.reader().map_err(E::Tantivy)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_misnamed_search_file_says_why_as_before() {
+        assert!(parse_name("attachments/ab").is_none());
+        assert_eq!(
+            parse_name("search/12/meta.json").unwrap().unwrap(),
+            (12, "meta.json")
+        );
+        let why = |name| parse_name(name).unwrap().unwrap_err().to_string();
+        assert_eq!(why("search/12"), "\"search/12\": no index id");
+        assert_eq!(
+            why("search/x/meta.json"),
+            "\"search/x/meta.json\": index id not a number"
+        );
+        assert_eq!(why("search/1/.."), "\"search/1/..\": file name not plain");
+        let e = parse_name("search/x/a").unwrap().unwrap_err();
+        let cause = std::error::Error::source(&e).expect("the id's parse error is kept");
+        assert!(cause.is::<std::num::ParseIntError>());
+    }
+
+    #[test]
+    fn unusable_restored_index_files_say_why() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(
+            check_one(dir.path()).unwrap_err().to_string(),
+            "no meta.json (an incomplete set of files)"
+        );
+        std::fs::write(dir.path().join(META_FILE), b"not json").unwrap();
+        let e = check_one(dir.path()).unwrap_err();
+        assert!(matches!(e, SearchCheckError::Tantivy(_)), "{e:?}");
+    }
 }
