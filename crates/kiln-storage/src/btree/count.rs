@@ -1,5 +1,5 @@
 //! Range counts in O(log n) over counted trees (order-statistic B+trees): each
-//! branch cell of a counted tree ends with its child's entry count (`page.rs`,
+//! branch cell of a counted tree ends with its child's entry count (`page/cells.rs`,
 //! `BRANCH_COUNTED`), kept by every insert, delete, split and merge (`write.rs`).
 //! The leftmost child's count is implied: the branch's total (from its parent's
 //! cell, or the catalog's entry count at the root) minus its cells' counts.
