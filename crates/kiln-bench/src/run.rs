@@ -8,16 +8,9 @@ pub type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 /// A command line that cannot be right whatever the state of the machine (an
 /// unknown workload, a bad setting), told apart from a failed run: `kiln` exits
 /// with code 2 for it, as for clap's own errors.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
 
 /// One run of a workload: its operation count, time, and figures to report.
 pub struct Run {

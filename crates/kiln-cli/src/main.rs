@@ -229,16 +229,9 @@ const EXIT_USAGE: u8 = 2;
 
 /// A command line that cannot be right whatever the state of the world (two
 /// options that exclude each other, a missing choice): exit code 2, as clap's.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
