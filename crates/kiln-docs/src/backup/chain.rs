@@ -327,9 +327,9 @@ fn write_history<W: Write, P: FnMut(u64)>(
     let mut seen = base;
     let mut last_ms = None;
     while let Some((k, v)) = item {
-        let e = history::decode(k, v).map_err(|why| DocError::CorruptRecord {
+        let e = history::decode(k, v).map_err(|malformed| DocError::CorruptRecord {
             id: "(backup history)".into(),
-            why,
+            why: malformed.to_string(),
         })?;
         if e.sequence > last {
             break;

@@ -888,7 +888,7 @@ impl Increment<'_> {
                 what,
             })
         };
-        let e = history::decode(k, v).map_err(at)?;
+        let e = history::decode(k, v).map_err(|malformed| at(malformed.to_string()))?;
         if e.sequence <= prev_seq || e.sequence > end {
             return Err(at(format!(
                 "history entry {} out of order or outside the increment ({base}, {end}] \

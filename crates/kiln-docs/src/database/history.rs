@@ -94,20 +94,43 @@ pub(crate) fn encode_delete(txn: u64, prev: u64, at_ms: u64, id: &str) -> Vec<u8
     header(KIND_DELETE, txn, prev, at_ms, id, 0)
 }
 
-/// Decodes an entry; anything malformed is described in the error's text (the
-/// caller names where it was found).
-pub(crate) fn decode<'a>(k: &[u8], v: &'a [u8]) -> std::result::Result<HistoryEntry<'a>, String> {
+/// What is malformed in a history entry (the caller names where it was found).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MalformedHistoryEntry {
+    #[error("history key of {key_len} bytes, expected 8")]
+    KeyLength { key_len: usize },
+    #[error("history entry {sequence} of {len} bytes is too short")]
+    TooShort { sequence: u64, len: usize },
+    #[error("history entry {sequence} has unknown kind {kind}")]
+    UnknownKind { sequence: u64, kind: u8 },
+    #[error("history entry {sequence}: id of {id_len} bytes overruns it")]
+    IdOverruns { sequence: u64, id_len: usize },
+    #[error("history entry {sequence}: id is not UTF-8")]
+    IdNotUtf8 { sequence: u64 },
+    #[error("history entry {sequence}: a delete with a body")]
+    DeleteWithBody { sequence: u64 },
+    #[error("history entry {sequence}: a put without a record")]
+    PutWithoutRecord { sequence: u64 },
+}
+
+/// Decodes an entry, refusing what is malformed.
+pub(crate) fn decode<'a>(
+    k: &[u8],
+    v: &'a [u8],
+) -> std::result::Result<HistoryEntry<'a>, MalformedHistoryEntry> {
+    use MalformedHistoryEntry as Malformed;
     let sequence = u64::from_be_bytes(
         k.try_into()
-            .map_err(|_| format!("history key of {} bytes, expected 8", k.len()))?,
+            .map_err(|_| Malformed::KeyLength { key_len: k.len() })?,
     );
-    let (h, rest) = v
-        .split_at_checked(HEADER_LEN)
-        .ok_or_else(|| format!("history entry {sequence} of {} bytes is too short", v.len()))?;
+    let (h, rest) = v.split_at_checked(HEADER_LEN).ok_or(Malformed::TooShort {
+        sequence,
+        len: v.len(),
+    })?;
     let kind = match h[0] {
         KIND_PUT => ChangeKind::Put,
         KIND_DELETE => ChangeKind::Delete,
-        other => return Err(format!("history entry {sequence} has unknown kind {other}")),
+        kind => return Err(Malformed::UnknownKind { sequence, kind }),
     };
     let u64_at = |at: usize| {
         let mut a = [0u8; 8];
@@ -117,14 +140,13 @@ pub(crate) fn decode<'a>(k: &[u8], v: &'a [u8]) -> std::result::Result<HistoryEn
     let id_len = u16::from_be_bytes([h[25], h[26]]) as usize;
     let (id, record) = rest
         .split_at_checked(id_len)
-        .ok_or_else(|| format!("history entry {sequence}: id of {id_len} bytes overruns it"))?;
-    let id = std::str::from_utf8(id)
-        .map_err(|_| format!("history entry {sequence}: id is not UTF-8"))?;
+        .ok_or(Malformed::IdOverruns { sequence, id_len })?;
+    let id = std::str::from_utf8(id).map_err(|_| Malformed::IdNotUtf8 { sequence })?;
     if kind == ChangeKind::Delete && !record.is_empty() {
-        return Err(format!("history entry {sequence}: a delete with a body"));
+        return Err(Malformed::DeleteWithBody { sequence });
     }
     if kind == ChangeKind::Put && record.is_empty() {
-        return Err(format!("history entry {sequence}: a put without a record"));
+        return Err(Malformed::PutWithoutRecord { sequence });
     }
     Ok(HistoryEntry {
         sequence,

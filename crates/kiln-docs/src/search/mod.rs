@@ -102,6 +102,21 @@ pub(crate) fn index_dir(db_dir: &Path, id: u64) -> PathBuf {
     db_dir.join(SEARCH_DIR).join(id.to_string())
 }
 
+/// Why a full-text index on disk cannot be reused (it is rebuilt, with a warning).
+#[derive(Debug, thiserror::Error)]
+enum UnreadableIndex {
+    #[error(transparent)]
+    Tantivy(#[from] tantivy::TantivyError),
+    #[error("its schema is not the definition's")]
+    OtherSchema,
+    #[error("commit payload {raw:?}: {source}")]
+    Payload {
+        raw: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 impl SearchIndex {
     /// Opens (or creates, or rebuilds: see the module's comment) index `index_id`
     /// of a database at `db_last_sequence`; returns it with the sequence it covers.
@@ -220,20 +235,20 @@ impl SearchIndex {
     fn open_existing(
         dir: &Path,
         schema: &Schema,
-    ) -> std::result::Result<Option<(Index, Payload)>, String> {
+    ) -> std::result::Result<Option<(Index, Payload)>, UnreadableIndex> {
         if !dir.join("meta.json").exists() {
             return Ok(None);
         }
-        let index = Index::open_in_dir(dir).map_err(|e| e.to_string())?;
+        let index = Index::open_in_dir(dir)?;
         if index.schema() != *schema {
-            return Err("its schema is not the definition's".into());
+            return Err(UnreadableIndex::OtherSchema);
         }
-        let metas = index.load_metas().map_err(|e| e.to_string())?;
+        let metas = index.load_metas()?;
         let Some(raw) = metas.payload else {
             return Ok(None);
         };
-        let payload: Payload =
-            serde_json::from_str(&raw).map_err(|e| format!("commit payload {raw:?}: {e}"))?;
+        let payload: Payload = serde_json::from_str(&raw)
+            .map_err(|source| UnreadableIndex::Payload { raw, source })?;
         Ok(Some((index, payload)))
     }
 
