@@ -16,9 +16,11 @@ pub fn bench(args: BenchArgs) -> AnyResult<()> {
         http_backup,
         open_backup,
     };
-    kiln_bench::bench::run(args, Some(tool)).map_err(|e| match e.downcast::<kiln_bench::UsageError>() {
-        Ok(usage) => UsageError(usage.0).into(),
-        Err(e) => e,
+    kiln_bench::bench::run(args, Some(tool)).map_err(|e| {
+        match e.downcast::<kiln_bench::UsageError>() {
+            Ok(usage) => UsageError(usage.0).into(),
+            Err(e) => e,
+        }
     })
 }
 

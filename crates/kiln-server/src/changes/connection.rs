@@ -15,8 +15,8 @@
 //!   "heartbeat","last_etag"}`, `{"type":"error","code","message"}`; a slow reader is
 //!   closed with code 4008 and "slow consumer: resume from etag E".
 
-use crate::error::ErrorCode;
 use super::hub::{Hub, Outgoing, Subscriber, Subscription};
+use crate::error::ErrorCode;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use kiln_docs::{Change, ChangeFilter, Database};
 use serde::Deserialize;
@@ -231,7 +231,11 @@ impl Conn {
     async fn on_client_text(&mut self, text: &str) -> Result<(), ConnError> {
         let msg: ClientMessage = match serde_json::from_str(text) {
             Ok(m) => m,
-            Err(e) => return self.send_error(ErrorCode::InvalidMessage, &e.to_string()).await,
+            Err(e) => {
+                return self
+                    .send_error(ErrorCode::InvalidMessage, &e.to_string())
+                    .await
+            }
         };
         match msg {
             ClientMessage::Unsubscribe { sub } => {
@@ -280,7 +284,11 @@ impl Conn {
         let db = self.hub.db.clone();
         let from = match since.as_deref().map(|e| db.sequence_of(e)).transpose() {
             Ok(f) => f,
-            Err(e) => return self.send_error(ErrorCode::InvalidEtag, &e.to_string()).await,
+            Err(e) => {
+                return self
+                    .send_error(ErrorCode::InvalidEtag, &e.to_string())
+                    .await
+            }
         };
         let Some(from) = from else {
             // Live only: from the hub's position on.
@@ -332,7 +340,8 @@ impl Conn {
             let page = match read_changes(&db, from, filter).await {
                 Ok(p) => p,
                 Err(e) => {
-                    self.send_error(ErrorCode::ChangesReadFailed, &e.to_string()).await?;
+                    self.send_error(ErrorCode::ChangesReadFailed, &e.to_string())
+                        .await?;
                     return Ok(from);
                 }
             };
@@ -369,7 +378,10 @@ impl Conn {
                     }
                 }
             }
-            Err(e) => self.send_error(ErrorCode::ChangesReadFailed, &e.to_string()).await?,
+            Err(e) => {
+                self.send_error(ErrorCode::ChangesReadFailed, &e.to_string())
+                    .await?
+            }
         }
         Ok(position)
     }
