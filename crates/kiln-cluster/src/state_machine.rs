@@ -280,7 +280,12 @@ fn execute_attachment(
             size_bytes,
             hash,
         } => shared.stage_attachment(log_id, &database, at_ms, upload_id, size_bytes, &hash),
-        _ => unreachable!("`execute` passes on only the commands of attachments"),
+        // `execute` passes on only the commands above: a refusal, not a panic in the
+        // apply loop, if that ever stops being so.
+        _ => Err(StorageIOError::write_state_machine(AnyError::error(
+            "a command other than an attachment's was handed to the attachments' commands",
+        ))
+        .into()),
     }
 }
 
