@@ -615,4 +615,109 @@ mod tests {
             );
         }
     }
+
+    fn headers_of(answer: &DocAnswer<'_>) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        answer.headers(|name, value| out.push((name.to_string(), value.to_string())));
+        out
+    }
+
+    /// A GET's answer: the stored JSON with its etag, its write time to the second
+    /// and `no-cache`; the 304 the same headers but the content type, and no body.
+    #[test]
+    fn a_document_answer_and_its_304() {
+        let view = || DocumentView {
+            etag: Etag {
+                incarnation: 0x9f3a_1c2b,
+                sequence: 42,
+            },
+            last_modified_ms: 1_764_198_023_379,
+            collection: Some("users"),
+            json: br#"{"a":1}"#,
+        };
+        let fresh = DocAnswer::Document {
+            doc: view(),
+            not_modified: false,
+        };
+        let validators = [
+            ("etag", "\"42-9f3a1c2b\""),
+            ("last-modified", "Wed, 26 Nov 2025 23:00:23 GMT"),
+            ("cache-control", "no-cache"),
+        ];
+        let owned = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(fresh.status(), StatusCode::OK);
+        let mut expected = owned(&[("content-type", "application/json")]);
+        expected.extend(owned(&validators));
+        assert_eq!(headers_of(&fresh), expected);
+        assert_eq!(fresh.body().as_deref(), Some(&br#"{"a":1}"#[..]));
+
+        let not_modified = DocAnswer::Document {
+            doc: view(),
+            not_modified: true,
+        };
+        assert_eq!(not_modified.status(), StatusCode::NOT_MODIFIED);
+        assert_eq!(headers_of(&not_modified), owned(&validators));
+        assert!(not_modified.body().is_none());
+        // The router's rendering: the same, and an empty body.
+        let resp = not_modified.to_response();
+        assert_eq!(resp.status(), StatusCode::NOT_MODIFIED);
+        assert!(!resp.headers().contains_key(header::CONTENT_TYPE));
+        assert_eq!(resp.headers()[header::CACHE_CONTROL], "no-cache");
+        assert_eq!(
+            resp.headers()[header::LAST_MODIFIED],
+            "Wed, 26 Nov 2025 23:00:23 GMT"
+        );
+    }
+
+    /// A POST to a whole id: 405, naming the methods the id takes and the prefix
+    /// a POST would go to.
+    #[test]
+    fn a_post_to_a_whole_id_is_refused_with_what_the_id_takes() {
+        let e = post_to_whole_id("shop", "users/1");
+        assert_eq!(e.code, ErrorCode::MethodNotAllowed);
+        assert_eq!(e.status, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(e.allow, Some("GET, PUT, PATCH, DELETE"));
+        assert!(
+            e.message.contains("POST /dbs/shop/docs/users/")
+                && e.message.contains("\"users/1\"")
+                && e.message.contains("use PUT"),
+            "{}",
+            e.message
+        );
+    }
+
+    /// A PATCH body is a merge patch whatever its type says, but a JSON Patch.
+    #[test]
+    fn only_a_json_patch_is_refused_as_a_patch_type() {
+        let with = |content_type: Option<&'static str>| {
+            let mut h = axum::http::HeaderMap::new();
+            if let Some(v) = content_type {
+                h.insert(header::CONTENT_TYPE, HeaderValue::from_static(v));
+            }
+            check_merge_patch_type(&h)
+        };
+        for fine in [
+            None,
+            Some("application/merge-patch+json"),
+            Some("application/json"),
+            Some("application/x-www-form-urlencoded"),
+            Some("text/plain"),
+        ] {
+            assert!(with(fine).is_ok(), "{fine:?}");
+        }
+        for refused in [
+            "application/json-patch+json",
+            "Application/JSON-Patch+JSON; charset=utf-8",
+            " application/json-patch+json ;q=1",
+        ] {
+            let e = with(Some(refused)).unwrap_err();
+            assert_eq!(e.code, ErrorCode::UnsupportedMediaType, "{refused}");
+            assert_eq!(e.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        }
+    }
 }

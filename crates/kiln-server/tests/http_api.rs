@@ -268,6 +268,182 @@ async fn document_lifecycle_etags_and_conditional_requests() {
     h.shutdown().await;
 }
 
+/// A write's checks before its body is read come in one order
+/// (`doc_request::check_write`): a POST to a whole id, a PATCH's media type, the
+/// preconditions, the database, the declared size; the document's own after it.
+/// And a GET's `If-None-Match`, which a 304 answers with the 200's validators.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_checks_come_in_one_order_and_a_304_keeps_the_validators() {
+    let h = Harness::start_with(|c| c.limits.max_body_bytes = 64).await;
+    h.create_db("shop").await;
+    let big = format!("{{\"s\":\"{}\"}}", "x".repeat(100));
+    let send = |method: &str, path: &str, headers: &[(&str, &[u8])], body: &[u8]| {
+        let mut r = h
+            .http
+            .request(method.parse().unwrap(), h.url(path))
+            .body(body.to_vec());
+        for (name, value) in headers {
+            let value = reqwest::header::HeaderValue::from_bytes(value).unwrap();
+            r = r.header(*name, value);
+        }
+        r.send()
+    };
+    let hdr = |name: &'static str, value: &'static [u8]| (name, value);
+    let json_patch = hdr("content-type", b"application/json-patch+json");
+    let bad_etag = hdr("if-match", b"nope");
+    let cases = [
+        (
+            "POST",
+            "/dbs/nodb/docs/x",
+            vec![json_patch, bad_etag],
+            big.as_bytes(),
+            405,
+            "method_not_allowed",
+        ),
+        (
+            "PATCH",
+            "/dbs/nodb/docs/x",
+            vec![json_patch, bad_etag],
+            big.as_bytes(),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "PUT",
+            "/dbs/nodb/docs/x",
+            vec![bad_etag],
+            big.as_bytes(),
+            400,
+            "invalid_etag",
+        ),
+        (
+            "PUT",
+            "/dbs/nodb/docs/x",
+            vec![hdr("if-match", b"\"\xff\"")],
+            big.as_bytes(),
+            400,
+            "invalid_header",
+        ),
+        (
+            "PUT",
+            "/dbs/nodb/docs/x",
+            vec![hdr("if-match", b"*"), hdr("if-none-match", b"*")],
+            big.as_bytes(),
+            400,
+            "invalid_precondition",
+        ),
+        (
+            "PUT",
+            "/dbs/nodb/docs/x",
+            vec![hdr("if-none-match", b"\"1-00000000\"")],
+            big.as_bytes(),
+            400,
+            "invalid_precondition",
+        ),
+        (
+            "PUT",
+            "/dbs/nodb/docs/x",
+            vec![],
+            big.as_bytes(),
+            404,
+            "database_not_found",
+        ),
+        (
+            "PUT",
+            "/dbs/shop/docs/x",
+            vec![hdr("if-match", b"*")],
+            big.as_bytes(),
+            413,
+            "body_too_large",
+        ),
+        (
+            "PUT",
+            "/dbs/shop/docs/x",
+            vec![hdr("if-match", b"*")],
+            b"{\"s\": oops}".as_slice(),
+            400,
+            "malformed_json",
+        ),
+        (
+            "PUT",
+            "/dbs/shop/docs/x",
+            vec![hdr("if-match", b"*")],
+            b"{}".as_slice(),
+            409,
+            "conflict",
+        ),
+    ];
+    for (method, path, headers, body, status, code) in cases {
+        let r = send(method, path, &headers, body).await.unwrap();
+        let allow = r.headers().get("allow").cloned();
+        expect_error(r, status, code).await;
+        if status == 405 {
+            assert_eq!(allow.unwrap(), "GET, PUT, PATCH, DELETE");
+        }
+    }
+    let r = send("PUT", "/dbs/shop/docs/x", &[], b"{\"s\":\"\xff\"}")
+        .await
+        .unwrap();
+    expect_error(r, 400, "malformed_json").await;
+    expect_error(h.get("shop", "x").await, 404, "document_not_found").await;
+
+    // A GET: its validators, then a 304 with the same ones, whichever way
+    // If-None-Match names the etag; one that is not ASCII names none.
+    let etag = h.put_ok("shop", "x", &json!({"n": 1})).await;
+    let r = h.get("shop", "x").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let validators = |r: &reqwest::Response| -> Vec<Option<String>> {
+        ["etag", "last-modified", "cache-control"]
+            .map(|n| r.headers().get(n).map(|v| v.to_str().unwrap().to_string()))
+            .to_vec()
+    };
+    let fresh = validators(&r);
+    let doc: Value = r.json().await.unwrap();
+    // Last-Modified is the document's write time, to the second.
+    let written = doc["@metadata"]["@last-modified"].as_str().unwrap();
+    let lm = fresh[1].clone().unwrap();
+    assert!(httpdate::parse_http_date(&lm).is_ok(), "{lm}");
+    let (year, day, time) = (&written[..4], &written[8..10], &written[11..19]);
+    assert!(
+        lm.contains(&format!(", {day} ")) && lm.ends_with(&format!(" {year} {time} GMT")),
+        "{lm} vs {written}"
+    );
+    assert_eq!(fresh[0].as_deref(), Some(format!("\"{etag}\"").as_str()));
+    assert_eq!(fresh[2].as_deref(), Some("no-cache"));
+    for (value, hits) in [
+        (format!("\"{etag}\""), true),
+        (etag.clone(), true),
+        (format!("W/\"{etag}\""), true),
+        (format!("\"1-00000000\", \"{etag}\""), true),
+        ("*".to_string(), true),
+        ("\"1-00000000\"".to_string(), false),
+    ] {
+        let r = send(
+            "GET",
+            "/dbs/shop/docs/x",
+            &[("if-none-match", value.as_bytes())],
+            b"",
+        )
+        .await
+        .unwrap();
+        let status = if hits { 304 } else { 200 };
+        assert_eq!(r.status().as_u16(), status, "{value}");
+        assert_eq!(validators(&r), fresh, "{value}");
+        assert_eq!(r.headers().contains_key("content-type"), !hits, "{value}");
+        assert_eq!(r.bytes().await.unwrap().is_empty(), hits, "{value}");
+    }
+    let r = send(
+        "GET",
+        "/dbs/shop/docs/x",
+        &[hdr("if-none-match", b"\"\xff\"")],
+        b"",
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    h.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generated_ids_and_encoded_ids_round_trip() {
     let h = Harness::start().await;
