@@ -22,6 +22,7 @@
 
 use crate::client::{path_escape, query_escape, Endpoint};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kiln_docs::BackupChainError;
 use kiln_docs::{BackupManifest, BackupReport, ChainReport, RestorePoint, RestoreReport};
 use serde_json::Value;
 use std::fs::File;
@@ -439,10 +440,12 @@ fn backup_request_path(db: &str, since: Option<&BackupManifest>, chain: bool) ->
                 query_escape(m.etag.as_deref().unwrap_or(""))
             ));
             if m.chain_id.is_none() {
-                return Err(kiln_docs::DocError::IncrementNotPossible(
-                    "the base backup is not part of a chain (taken without --chain \
+                return Err(kiln_docs::DocError::BackupChain(
+                    BackupChainError::IncrementNotPossible(
+                        "the base backup is not part of a chain (taken without --chain \
                      or by an older Kiln): take a full backup with --chain"
-                        .into(),
+                            .into(),
+                    ),
                 )
                 .into());
             }

@@ -3,6 +3,7 @@
 //! process at a time).
 
 use crate::storage_args::StorageArgs;
+use kiln_docs::DatabaseError;
 use kiln_docs::{Condition, DocError, DocId, DocStore, DocsOptions};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -22,7 +23,7 @@ pub fn put(
     let store = DocStore::open(data_dir, storage.docs_options())?;
     let db = match store.database(database) {
         Ok(db) => db,
-        Err(DocError::DatabaseNotFound(_)) => store.create_database(database)?,
+        Err(DocError::Database(DatabaseError::NotFound(_))) => store.create_database(database)?,
         Err(e) => return Err(e.into()),
     };
     let target = if id.ends_with('/') {

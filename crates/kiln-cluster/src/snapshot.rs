@@ -15,6 +15,7 @@
 
 use crate::uploads;
 use crate::StorageError;
+use kiln_docs::DatabaseError;
 use kiln_docs::{DocError, DocStore, RestorePoint, RestoreSource};
 use openraft::{AnyError, StorageIOError};
 use std::fs::File;
@@ -251,7 +252,7 @@ fn write_snapshot(store: &DocStore, path: &Path) -> Result<u64, StorageError> {
         let length_at = header.map_err(io_err("writing", path))?;
         match db.backup_to(&mut out, Default::default(), |_| {}) {
             Ok(_) => {}
-            Err(DocError::DatabaseNotFound(_)) => {
+            Err(DocError::Database(DatabaseError::NotFound(_))) => {
                 // Deleted while being backed up: take its header back out.
                 let undo = out.seek(SeekFrom::Start(length_at - 4 - name.len() as u64));
                 undo.and_then(|_| out.get_ref().set_len(length_at - 4 - name.len() as u64))

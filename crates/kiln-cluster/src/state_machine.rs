@@ -17,6 +17,7 @@ use crate::log_store::PurgeLimit;
 use crate::snapshot::{snapshot_err, SnapshotDir, SnapshotFile};
 use crate::uploads;
 use crate::{LogId, NodeId, StorageError, TypeConfig};
+use kiln_docs::DatabaseError;
 use kiln_docs::{Atomicity, BatchOutcome, DocError, DocId, DocStore, LoggedOutcome, WriteOp};
 use kiln_storage::Env;
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -316,7 +317,7 @@ impl Shared {
             return Ok(if db.incarnation() == incarnation {
                 Answer::AlreadyApplied
             } else {
-                self.failed(&DocError::DatabaseExists(name))
+                self.failed(&DocError::Database(DatabaseError::Exists(name)))
             });
         }
         match self
@@ -426,10 +427,12 @@ impl Shared {
             uploads::expire(&db, at_ms)?;
             if db.incarnation() != incarnation {
                 // Deleted and created again since the leader took the etag.
-                return Err(DocError::EtagFromOtherIncarnation {
-                    etag: db.etag_at(below_sequence).to_string(),
-                    database: database.to_string(),
-                });
+                return Err(DocError::Database(
+                    DatabaseError::EtagFromOtherIncarnation {
+                        etag: db.etag_at(below_sequence).to_string(),
+                        database: database.to_string(),
+                    },
+                ));
             }
             let cutoff_ms = older_than_ms.map(|age| at_ms.saturating_sub(age));
             db.purge_tombstones_logged(below_sequence, cutoff_ms, PURGE_INDEX_WAIT)
@@ -608,9 +611,9 @@ fn attachment_answer(
     Ok(match result {
         Ok(Some(out)) => Answer::Writes(vec![write_answer(BatchOutcome::Put(out))]),
         Ok(None) => Answer::AlreadyApplied,
-        Err(DocError::DatabaseNotFound(name)) => {
-            Answer::Failed((shared.classify)(&DocError::DatabaseNotFound(name)))
-        }
+        Err(DocError::Database(DatabaseError::NotFound(name))) => Answer::Failed(
+            (shared.classify)(&DocError::Database(DatabaseError::NotFound(name))),
+        ),
         Err(e @ (DocError::Storage(_) | DocError::Io { .. })) => return Err(sm_err(&e)),
         Err(e) => Answer::Writes(vec![WriteAnswer::Failed((shared.classify)(&e))]),
     })

@@ -286,6 +286,7 @@ pub(crate) mod base64_text {
 mod tests {
     use super::base64_text::{decode, encode};
     use super::*;
+    use kiln_docs::AttachmentError;
     use kiln_docs::{Condition, DocStore, DocsOptions};
 
     fn store(dir: &Path) -> DocStore {
@@ -346,7 +347,10 @@ mod tests {
         write_chunk(&db_b, 8, 0, 5_000, &data[..10]).unwrap();
         let short = db_b.attachment_from_upload(&path_of(&db_b, 8), &hash, data.len() as u64);
         assert!(
-            matches!(short, Err(DocError::InvalidAttachment(_))),
+            matches!(
+                short,
+                Err(DocError::Attachment(AttachmentError::Invalid(_)))
+            ),
             "{short:?}"
         );
         // Expired by an entry whose leader time is past its last chunk's time.

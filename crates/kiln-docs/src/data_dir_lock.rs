@@ -6,6 +6,7 @@
 //! `<dir>/kiln-data.lock` before it touches anything, and writes into the file who
 //! holds it, so that the process turned away can name the holder.
 
+use crate::DatabaseError;
 use crate::{DocError, Result};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -25,7 +26,7 @@ pub struct DataDirLock {
 
 impl DataDirLock {
     /// Takes the lock of `dir` (created if needed) for `purpose` (what the holder
-    /// does, e.g. "kiln serve"), or fails with [`DocError::DataDirLocked`] naming
+    /// does, e.g. "kiln serve"), or fails with [`DocError::Database(DatabaseError::DataDirLocked)`] naming
     /// the process that holds it.
     pub fn acquire(dir: &Path, purpose: &str) -> Result<DataDirLock> {
         std::fs::create_dir_all(dir).map_err(|e| DocError::io(dir, e))?;
@@ -43,14 +44,14 @@ impl DataDirLock {
                 let mut holder = String::new();
                 let _ = file.read_to_string(&mut holder);
                 let holder = holder.trim();
-                return Err(DocError::DataDirLocked {
+                return Err(DocError::Database(DatabaseError::DataDirLocked {
                     dir: dir.to_path_buf(),
                     holder: if holder.is_empty() {
                         "another process".to_string()
                     } else {
                         holder.to_string()
                     },
-                });
+                }));
             }
             Err(TryLockError::Error(e)) => return Err(DocError::io(&path, e)),
         }
@@ -100,7 +101,7 @@ mod tests {
         // flock locks belong to an open file: a second open in this process is
         // refused as another process would be.
         match DataDirLock::acquire(dir.path(), "kiln restore") {
-            Err(DocError::DataDirLocked { holder, .. }) => {
+            Err(DocError::Database(DatabaseError::DataDirLocked { holder, .. })) => {
                 assert_eq!(
                     holder,
                     format!("process {} (kiln serve)", std::process::id())

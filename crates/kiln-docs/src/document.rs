@@ -2,6 +2,7 @@
 //! as they are read back.
 
 use crate::id::{collection_from_id, validate_collection};
+use crate::DocumentError;
 use crate::{DocError, Etag, Result};
 use serde_json::{Map, Value};
 
@@ -42,9 +43,11 @@ impl Document {
     }
 
     pub fn to_value(&self) -> Result<Value> {
-        serde_json::from_slice(&self.json).map_err(|e| DocError::CorruptRecord {
-            id: self.id.clone(),
-            why: format!("stored JSON does not parse: {e}"),
+        serde_json::from_slice(&self.json).map_err(|e| {
+            DocError::Document(DocumentError::Corrupt {
+                id: self.id.clone(),
+                why: format!("stored JSON does not parse: {e}"),
+            })
         })
     }
 }
@@ -57,17 +60,19 @@ fn expires_at_ms(metadata: &Map<String, Value>) -> Result<Option<u64>> {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(text)) => text,
         Some(other) => {
-            return Err(DocError::InvalidExpires {
+            return Err(DocError::Document(DocumentError::InvalidExpires {
                 value: other.to_string(),
                 why: "it must be a string (an RFC 3339 time such as 2026-05-01T12:00:00Z)".into(),
-            })
+            }))
         }
     };
     crate::time::parse_rfc3339_ms(text)
         .map(Some)
-        .map_err(|why| DocError::InvalidExpires {
-            value: Value::from(text.as_str()).to_string(),
-            why: why.to_string(),
+        .map_err(|why| {
+            DocError::Document(DocumentError::InvalidExpires {
+                value: Value::from(text.as_str()).to_string(),
+                why: why.to_string(),
+            })
         })
 }
 
@@ -121,17 +126,17 @@ impl PreparedDoc {
 
     pub fn from_value(value: Value) -> Result<PreparedDoc> {
         let Value::Object(mut fields) = value else {
-            return Err(DocError::InvalidDocument(
+            return Err(DocError::Document(DocumentError::Invalid(
                 "a document must be a JSON object".into(),
-            ));
+            )));
         };
         let mut client_metadata = match fields.shift_remove("@metadata") {
             None => Map::new(),
             Some(Value::Object(m)) => m,
             Some(_) => {
-                return Err(DocError::InvalidDocument(
+                return Err(DocError::Document(DocumentError::Invalid(
                     "@metadata must be a JSON object".into(),
-                ))
+                )))
             }
         };
         let explicit_collection = match client_metadata.get("@collection") {
@@ -141,9 +146,9 @@ impl PreparedDoc {
                 Some(c.clone())
             }
             Some(_) => {
-                return Err(DocError::InvalidDocument(
+                return Err(DocError::Document(DocumentError::Invalid(
                     "@metadata.@collection must be a string".into(),
-                ))
+                )))
             }
         };
         // Kept in `client_metadata` as the client wrote it; the index has its time.
@@ -329,10 +334,10 @@ mod tests {
     fn rejects_non_objects_and_names_the_position_of_bad_json() {
         assert!(matches!(
             PreparedDoc::parse(b"[1]"),
-            Err(DocError::InvalidDocument(_))
+            Err(DocError::Document(DocumentError::Invalid(_)))
         ));
         match PreparedDoc::parse(b"{\n  \"a\": tru }") {
-            Err(DocError::MalformedJson { line, column, .. }) => {
+            Err(DocError::Document(DocumentError::MalformedJson { line, column, .. })) => {
                 assert_eq!((line, column), (2, 11))
             }
             other => panic!("{other:?}"),

@@ -3,86 +3,35 @@
 
 pub type Result<T, E = DocError> = std::result::Result<T, E>;
 
+/// Every error of the document layer: one variant per concern, each holding that
+/// concern's own enum, plus what is below every concern (storage, files, bugs).
+/// Displays as the inner error does, so a message reads the same at every level.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DocError {
-    #[error("database {0:?} does not exist")]
-    DatabaseNotFound(String),
+    #[error(transparent)]
+    Document(#[from] DocumentError),
 
-    #[error("database {0:?} already exists")]
-    DatabaseExists(String),
+    #[error(transparent)]
+    Database(#[from] DatabaseError),
 
-    /// Another process (named by `holder`, from the lock file) has the data
-    /// directory open.
-    #[error("the data directory {} is in use by {holder}: stop it first, or reach it over HTTP (--url)", dir.display())]
-    DataDirLocked {
-        dir: std::path::PathBuf,
-        holder: String,
-    },
+    #[error(transparent)]
+    Index(#[from] IndexError),
 
-    #[error("database {name:?} is still in use after {waited_ms} ms; try again")]
-    DatabaseBusy { name: String, waited_ms: u64 },
+    #[error(transparent)]
+    Query(#[from] QueryError),
 
-    #[error("invalid database name {name:?}: {why}")]
-    InvalidDatabaseName { name: String, why: String },
+    #[error(transparent)]
+    Subscription(#[from] SubscriptionError),
 
-    #[error("invalid document id {id:?}: {why}")]
-    InvalidId { id: String, why: String },
+    #[error(transparent)]
+    Attachment(#[from] AttachmentError),
 
-    #[error("invalid collection name {name:?}: {why}")]
-    InvalidCollection { name: String, why: String },
+    #[error(transparent)]
+    Revision(#[from] RevisionError),
 
-    #[error("document {id:?} does not exist")]
-    DocumentNotFound { id: String },
-
-    /// A conditional write found another etag (or no document, or a document where
-    /// none was expected). `current` is the etag the document has now, if any.
-    #[error("document {id:?}: {why}")]
-    Conflict {
-        id: String,
-        current: Option<crate::Etag>,
-        why: String,
-    },
-
-    #[error("invalid JSON at line {line}, column {column}: {message}")]
-    MalformedJson {
-        line: usize,
-        column: usize,
-        message: String,
-    },
-
-    #[error("invalid document: {0}")]
-    InvalidDocument(String),
-
-    /// `@metadata.@expires` is not an RFC 3339 time (`value` as the client sent it).
-    #[error("invalid document: @metadata.@expires {value}: {why}")]
-    InvalidExpires { value: String, why: String },
-
-    #[error("document of {len} bytes exceeds the limit of {max} bytes")]
-    DocumentTooLarge { len: usize, max: usize },
-
-    #[error("batch of {len} operations exceeds the limit of {max}")]
-    BatchTooLong { len: usize, max: usize },
-
-    #[error("batch operation {index} failed, nothing in the batch was applied: {source}")]
-    BatchOpFailed {
-        index: usize,
-        #[source]
-        source: Box<DocError>,
-    },
-
-    #[error("invalid etag {0:?}")]
-    InvalidEtag(String),
-
-    /// An etag handed out by an earlier database of the same name (deleted and created
-    /// again): a reader must start over from the beginning.
-    #[error(
-        "etag {etag:?} belongs to an earlier database named {database:?}; start over without it"
-    )]
-    EtagFromOtherIncarnation { etag: String, database: String },
-
-    #[error("overloaded: {queued} writes are waiting; retry later")]
-    Overloaded { queued: usize },
+    #[error(transparent)]
+    BackupChain(#[from] BackupChainError),
 
     /// A bug: something that must not happen did. Never the client's fault.
     #[error("internal error: {0}")]
@@ -97,12 +46,6 @@ pub enum DocError {
         source: serde_json::Error,
     },
 
-    #[error("the store is shutting down")]
-    ShuttingDown,
-
-    #[error("stored document {id:?} is unreadable: {why}")]
-    CorruptRecord { id: String, why: String },
-
     #[error("I/O error on {path}: {source}")]
     Io {
         path: std::path::PathBuf,
@@ -110,27 +53,135 @@ pub enum DocError {
         source: std::io::Error,
     },
 
+    #[error(transparent)]
+    Storage(#[from] kiln_storage::Error),
+
+    #[error("backup: {0}")]
+    Backup(#[from] kiln_storage::BackupError),
+}
+
+/// One document, its id, its body and its etag: what the client sent or what is
+/// stored.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DocumentError {
+    #[error("document {id:?} does not exist")]
+    NotFound { id: String },
+
+    /// A conditional write found another etag (or no document, or a document where
+    /// none was expected). `current` is the etag the document has now, if any.
+    #[error("document {id:?}: {why}")]
+    Conflict {
+        id: String,
+        current: Option<crate::Etag>,
+        why: String,
+    },
+
+    #[error("invalid document id {id:?}: {why}")]
+    InvalidId { id: String, why: String },
+
+    #[error("invalid collection name {name:?}: {why}")]
+    InvalidCollection { name: String, why: String },
+
+    #[error("invalid database name {name:?}: {why}")]
+    InvalidDatabaseName { name: String, why: String },
+
+    #[error("invalid JSON at line {line}, column {column}: {message}")]
+    MalformedJson {
+        line: usize,
+        column: usize,
+        message: String,
+    },
+
+    #[error("invalid document: {0}")]
+    Invalid(String),
+
+    /// `@metadata.@expires` is not an RFC 3339 time (`value` as the client sent it).
+    #[error("invalid document: @metadata.@expires {value}: {why}")]
+    InvalidExpires { value: String, why: String },
+
+    #[error("document of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge { len: usize, max: usize },
+
+    #[error("invalid etag {0:?}")]
+    InvalidEtag(String),
+
+    #[error("stored document {id:?} is unreadable: {why}")]
+    Corrupt { id: String, why: String },
+}
+
+/// A database as a whole: its existence, its data directory, its write queue and
+/// its batches.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DatabaseError {
+    #[error("database {0:?} does not exist")]
+    NotFound(String),
+
+    #[error("database {0:?} already exists")]
+    Exists(String),
+
+    /// Another process (named by `holder`, from the lock file) has the data
+    /// directory open.
+    #[error("the data directory {} is in use by {holder}: stop it first, or reach it over HTTP (--url)", dir.display())]
+    DataDirLocked {
+        dir: std::path::PathBuf,
+        holder: String,
+    },
+
+    #[error("database {name:?} is still in use after {waited_ms} ms; try again")]
+    Busy { name: String, waited_ms: u64 },
+
+    #[error("the store is shutting down")]
+    ShuttingDown,
+
+    #[error("overloaded: {queued} writes are waiting; retry later")]
+    Overloaded { queued: usize },
+
+    /// An etag handed out by an earlier database of the same name (deleted and created
+    /// again): a reader must start over from the beginning.
+    #[error(
+        "etag {etag:?} belongs to an earlier database named {database:?}; start over without it"
+    )]
+    EtagFromOtherIncarnation { etag: String, database: String },
+
+    #[error("batch of {len} operations exceeds the limit of {max}")]
+    BatchTooLong { len: usize, max: usize },
+
+    #[error("batch operation {index} failed, nothing in the batch was applied: {source}")]
+    BatchOpFailed {
+        index: usize,
+        #[source]
+        source: Box<DocError>,
+    },
+}
+
+/// Index definitions and the full-text indexes behind them.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IndexError {
     #[error("invalid index definition: {0}")]
-    InvalidIndex(String),
-
-    #[error("invalid revisions configuration: {0}")]
-    InvalidRevisionsConfig(String),
-
-    /// The document has no revision with that etag (never had, or it was trimmed
-    /// or purged).
-    #[error("document {id:?} has no revision {etag}")]
-    RevisionNotFound { id: String, etag: String },
+    Invalid(String),
 
     #[error("index {0:?} does not exist")]
-    IndexNotFound(String),
+    NotFound(String),
 
     #[error("index {0:?} already exists with another definition; delete it first")]
-    IndexExists(String),
+    Exists(String),
 
+    /// A full-text index (tantivy) failed: which directory and why.
+    #[error("full-text index: {0}")]
+    Search(String),
+}
+
+/// Queries: their text and their cost.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueryError {
     /// A query that does not parse or cannot run; `line` and `column` (1-based) point
     /// at the offending text, 0 when the error is about the query as a whole.
     #[error("invalid query at line {line}, column {column}: {message}")]
-    InvalidQuery {
+    Invalid {
         line: usize,
         column: usize,
         message: String,
@@ -138,50 +189,69 @@ pub enum DocError {
 
     /// A query that would read more than the limit allows (no index narrows it).
     #[error("query too expensive: {0}")]
-    QueryTooExpensive(String),
+    TooExpensive(String),
+}
 
-    /// A full-text index (tantivy) failed: which directory and why.
-    #[error("full-text index: {0}")]
-    Search(String),
-
+/// Data subscriptions and the leases of their workers.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubscriptionError {
     /// A subscription's name, start or options that are not valid (its query's
-    /// errors are `InvalidQuery`).
+    /// errors are `QueryError::Invalid`).
     #[error("invalid subscription: {0}")]
-    InvalidSubscription(String),
+    Invalid(String),
 
     #[error("subscription {0:?} does not exist")]
-    SubscriptionNotFound(String),
+    NotFound(String),
 
     #[error("subscription {0:?} already exists; delete it first")]
-    SubscriptionExists(String),
+    Exists(String),
 
     /// Another worker holds the subscription (asked for only if it was free).
     #[error("subscription {0:?} is held by another worker")]
-    SubscriptionBusy(String),
+    Busy(String),
 
     /// The worker's lease was revoked (another worker took the subscription over,
     /// or it was deleted): its acknowledgment moved nothing.
     #[error("subscription {0:?} was taken over or deleted: this worker no longer holds it")]
-    SubscriptionLeaseLost(String),
+    LeaseLost(String),
+}
 
+/// Attachments and a document's `@attachments` list.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttachmentError {
     /// An attachment's name, content type or a document's `@attachments` entry
     /// that is not valid (or names a hash the database does not hold).
     #[error("{0}")]
-    InvalidAttachment(String),
+    Invalid(String),
 
     #[error("document {id:?} has no attachment {name:?}")]
-    AttachmentNotFound { id: String, name: String },
+    NotFound { id: String, name: String },
+}
 
-    #[error(transparent)]
-    Storage(#[from] kiln_storage::Error),
+/// Document revisions: their configuration and the revisions kept.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RevisionError {
+    #[error("invalid revisions configuration: {0}")]
+    InvalidConfig(String),
 
-    #[error("backup: {0}")]
-    Backup(#[from] kiln_storage::BackupError),
+    /// The document has no revision with that etag (never had, or it was trimmed
+    /// or purged).
+    #[error("document {id:?} has no revision {etag}")]
+    NotFound { id: String, etag: String },
+}
 
-    /// Backups given to a restore or a verify do not form one chain (a gap, the
-    /// wrong base, the wrong order, another database); `part` names the input.
+/// The backups given to a backup, a restore or a verify, as a chain (the files'
+/// own decoding errors are `kiln_storage::BackupError`, in `DocError::Backup`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackupChainError {
+    /// Backups that do not form one chain (a gap, the wrong base, the wrong order,
+    /// another database); `part` names the input.
     #[error("backup chain is broken at {part}, byte offset {offset}: {what}")]
-    BackupChain {
+    Broken {
         part: String,
         offset: u64,
         what: String,
@@ -202,11 +272,11 @@ impl DocError {
     pub fn malformed_json(e: &serde_json::Error) -> Self {
         let text = e.to_string();
         let suffix = format!(" at line {} column {}", e.line(), e.column());
-        DocError::MalformedJson {
+        DocError::Document(DocumentError::MalformedJson {
             line: e.line(),
             column: e.column(),
             message: text.strip_suffix(&suffix).unwrap_or(&text).to_string(),
-        }
+        })
     }
 
     /// For `map_err` on a `serde_json` encoding of `what`.
@@ -223,21 +293,25 @@ impl DocError {
 
     /// Errors an operation reports before its first write (see `apply_put`).
     pub(crate) fn leaves_transaction_untouched(&self) -> bool {
-        matches!(
-            self,
-            DocError::Conflict { .. }
-                | DocError::DocumentNotFound { .. }
-                | DocError::DocumentTooLarge { .. }
-                | DocError::InvalidId { .. }
-                | DocError::InvalidCollection { .. }
-                // Only raised by a document's checks, before any write (a merge
-                // patch's result is checked inside the unit: `WriteOp::Patch`).
-                | DocError::InvalidDocument(_)
-                | DocError::InvalidExpires { .. }
-                // Raised by `attachments::settle`, before any write.
-                | DocError::InvalidAttachment(_)
-                | DocError::AttachmentNotFound { .. }
-        )
+        match self {
+            // A merge patch's result is checked inside the unit (`WriteOp::Patch`):
+            // `Invalid` here comes only from a document's checks, before any write.
+            DocError::Document(e) => matches!(
+                e,
+                DocumentError::Conflict { .. }
+                    | DocumentError::NotFound { .. }
+                    | DocumentError::TooLarge { .. }
+                    | DocumentError::InvalidId { .. }
+                    | DocumentError::InvalidCollection { .. }
+                    | DocumentError::Invalid(_)
+                    | DocumentError::InvalidExpires { .. }
+            ),
+            // Raised by `attachments::settle`, before any write.
+            DocError::Attachment(
+                AttachmentError::Invalid(_) | AttachmentError::NotFound { .. },
+            ) => true,
+            _ => false,
+        }
     }
 }
 

@@ -1,16 +1,17 @@
 //! What a database name, a document id and a collection name may be.
 
 use crate::limits::{MAX_COLLECTION_BYTES, MAX_DATABASE_NAME_BYTES};
+use crate::DocumentError;
 use crate::{DocError, Result};
 
 /// Database names become directory names, so they are kept to a portable set:
 /// lowercase ASCII letters, digits, `_` and `-`, starting with a letter or digit.
 pub fn validate_database_name(name: &str) -> Result<()> {
     let bad = |why: &str| {
-        Err(DocError::InvalidDatabaseName {
+        Err(DocError::Document(DocumentError::InvalidDatabaseName {
             name: name.to_string(),
             why: why.to_string(),
-        })
+        }))
     };
     if name.is_empty() || name.len() > MAX_DATABASE_NAME_BYTES {
         return bad("must be 1 to 64 characters");
@@ -31,10 +32,10 @@ pub fn validate_database_name(name: &str) -> Result<()> {
 /// collection index's key layout), not starting with `@` (reserved).
 pub fn validate_collection(name: &str) -> Result<()> {
     let bad = |why: &str| {
-        Err(DocError::InvalidCollection {
+        Err(DocError::Document(DocumentError::InvalidCollection {
             name: name.chars().take(80).collect(),
             why: why.to_string(),
-        })
+        }))
     };
     if name.is_empty() || name.len() > MAX_COLLECTION_BYTES {
         return bad("must be 1 to 128 bytes");

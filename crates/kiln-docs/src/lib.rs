@@ -70,7 +70,10 @@ pub use database::{
     DeleteOutcome, DocId, LoggedEntry, LoggedOutcome, Page, ParsedDocument, PutOutcome, WriteOp,
 };
 pub use document::Document;
-pub use error::{DocError, Result};
+pub use error::{
+    AttachmentError, BackupChainError, DatabaseError, DocError, DocumentError, IndexError,
+    QueryError, Result, RevisionError, SubscriptionError,
+};
 pub use etag::Etag;
 pub use expiration::{DueDocument, ExpireReport};
 pub use id::{validate_collection, validate_database_name};

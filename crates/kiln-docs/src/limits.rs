@@ -7,6 +7,7 @@
 //! ([`IdRule`]). Other limits of the layer stay beside what they bound (the query
 //! language's in `query/parse.rs`, an index definition's in `index/def.rs`).
 
+use crate::DocumentError;
 use crate::{DocError, Result};
 
 /// The engine's limit on a key, which bounds every id from above.
@@ -78,10 +79,10 @@ impl IdRule {
 /// characters) and why.
 pub fn check_id(id: &str, rule: IdRule) -> Result<()> {
     let bad = |why: String| {
-        Err(DocError::InvalidId {
+        Err(DocError::Document(DocumentError::InvalidId {
             id: id.chars().take(80).collect(),
             why,
-        })
+        }))
     };
     if id.is_empty() {
         return bad("ids may not be empty".into());
@@ -104,7 +105,7 @@ mod tests {
 
     fn why(id: &str, rule: IdRule) -> String {
         match check_id(id, rule) {
-            Err(DocError::InvalidId { why, .. }) => why,
+            Err(DocError::Document(DocumentError::InvalidId { why, .. })) => why,
             other => panic!("{id:?} under {rule:?}: {other:?}"),
         }
     }
@@ -140,7 +141,9 @@ mod tests {
     #[test]
     fn a_refusal_names_the_id_shortened() {
         match check_id(&"é".repeat(600), IdRule::Configured { max_bytes: 512 }) {
-            Err(DocError::InvalidId { id, .. }) => assert_eq!(id.chars().count(), 80),
+            Err(DocError::Document(DocumentError::InvalidId { id, .. })) => {
+                assert_eq!(id.chars().count(), 80)
+            }
             other => panic!("{other:?}"),
         }
     }

@@ -8,6 +8,7 @@
 //! a patch may change what a PUT may set under `@metadata` (`@collection`,
 //! `@expires`, the client's own keys), and nothing else.
 
+use crate::DocumentError;
 use crate::{DocError, Result};
 use serde_json::{Map, Value};
 
@@ -44,28 +45,28 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 /// any, that is an object naming none of the server's own keys.
 pub fn check_document_patch(patch: &Value) -> Result<()> {
     let Value::Object(members) = patch else {
-        return Err(DocError::InvalidDocument(
+        return Err(DocError::Document(DocumentError::Invalid(
             "a merge patch of a document must be a JSON object (RFC 7396: any other \
              value would replace the document with something that is not a document)"
                 .into(),
-        ));
+        )));
     };
     match members.get("@metadata") {
         None => Ok(()),
         Some(Value::Object(m)) => match SERVER_OWNED.iter().find(|k| m.contains_key(**k)) {
-            Some(key) => Err(DocError::InvalidDocument(format!(
+            Some(key) => Err(DocError::Document(DocumentError::Invalid(format!(
                 "@metadata.{key} is the server's and cannot be patched"
-            ))),
+            )))),
             None => Ok(()),
         },
-        Some(Value::Null) => Err(DocError::InvalidDocument(
+        Some(Value::Null) => Err(DocError::Document(DocumentError::Invalid(
             "\"@metadata\": null would remove the server's metadata: remove its keys \
              one by one instead (\"@metadata\": {\"key\": null})"
                 .into(),
-        )),
-        Some(_) => Err(DocError::InvalidDocument(
+        ))),
+        Some(_) => Err(DocError::Document(DocumentError::Invalid(
             "@metadata in a merge patch must be a JSON object".into(),
-        )),
+        ))),
     }
 }
 
@@ -73,9 +74,11 @@ pub fn check_document_patch(patch: &Value) -> Result<()> {
 /// the result goes through the same checks as a PUT's body.
 pub fn patch_document(stored: &[u8], id: &str, patch: &Value) -> Result<Value> {
     check_document_patch(patch)?;
-    let mut doc: Value = serde_json::from_slice(stored).map_err(|e| DocError::CorruptRecord {
-        id: id.to_string(),
-        why: format!("stored JSON does not parse: {e}"),
+    let mut doc: Value = serde_json::from_slice(stored).map_err(|e| {
+        DocError::Document(DocumentError::Corrupt {
+            id: id.to_string(),
+            why: format!("stored JSON does not parse: {e}"),
+        })
     })?;
     merge_patch(&mut doc, patch);
     Ok(doc)
@@ -168,7 +171,7 @@ mod tests {
             assert!(
                 matches!(
                     check_document_patch(&bad),
-                    Err(DocError::InvalidDocument(_))
+                    Err(DocError::Document(DocumentError::Invalid(_)))
                 ),
                 "{bad} was accepted"
             );
@@ -199,7 +202,7 @@ mod tests {
         );
         assert!(matches!(
             patch_document(b"{not json", "x", &json!({})),
-            Err(DocError::CorruptRecord { .. })
+            Err(DocError::Document(DocumentError::Corrupt { .. }))
         ));
     }
 }

@@ -27,6 +27,7 @@
 //!
 //! The fixed header lets a conditional request or a HEAD answer without the JSON.
 
+use crate::DocumentError;
 use crate::{DocError, Etag, Result};
 use std::borrow::Cow;
 
@@ -251,10 +252,10 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 
 /// The error of a record of document `id` that does not decode (`why`).
 fn corrupt_record(id: &str, why: String) -> DocError {
-    DocError::CorruptRecord {
+    DocError::Document(DocumentError::Corrupt {
         id: id.to_string(),
         why,
-    }
+    })
 }
 
 impl<'a> Record<'a> {
@@ -281,9 +282,11 @@ impl<'a> Record<'a> {
 
     /// Appends the JSON a client reads to `out`.
     pub fn write_json(&self, id: &str, out: &mut Vec<u8>) -> Result<()> {
-        let corrupt = |why: &str| DocError::CorruptRecord {
-            id: id.to_string(),
-            why: why.to_string(),
+        let corrupt = |why: &str| {
+            DocError::Document(DocumentError::Corrupt {
+                id: id.to_string(),
+                why: why.to_string(),
+            })
         };
         // The body goes straight into `out` (decompressed there), its closing
         // brace then replaced by the metadata: no buffer between.
@@ -331,7 +334,7 @@ impl<'a> Record<'a> {
 }
 
 /// Why a stored compressed body does not decompress (the `why` of
-/// `DocError::CorruptRecord`).
+/// `DocError::Document(DocumentError::Corrupt)`).
 #[derive(Debug, thiserror::Error)]
 enum BodyDecodeError {
     #[error("compressed body shorter than its length")]

@@ -37,6 +37,7 @@
 //! Every number in a key or a small value is big-endian, so that keys sort as
 //! their numbers do.
 
+use crate::DocumentError;
 use crate::{DocError, Result};
 use kiln_storage::ReadTxn;
 
@@ -152,9 +153,11 @@ pub(crate) fn expiration_key(expires_at_ms: u64, id: &str) -> Vec<u8> {
 
 /// The time and id of an `expirations` key.
 pub(crate) fn decode_expiration_key(key: &[u8]) -> Result<(u64, &str)> {
-    let corrupt = |why: &str| DocError::CorruptRecord {
-        id: format!("(expiration entry {key:02x?})"),
-        why: why.into(),
+    let corrupt = |why: &str| {
+        DocError::Document(DocumentError::Corrupt {
+            id: format!("(expiration entry {key:02x?})"),
+            why: why.into(),
+        })
     };
     let (at, id) = key
         .split_at_checked(8)
@@ -176,9 +179,11 @@ pub(crate) fn revision_key(id: &str, sequence: u64) -> Vec<u8> {
 
 /// A u64 BE key or value; `what` names it in the error.
 pub(crate) fn decode_u64(b: &[u8], what: &str) -> Result<u64> {
-    let arr: [u8; 8] = b.try_into().map_err(|_| DocError::CorruptRecord {
-        id: "(meta)".into(),
-        why: format!("{what} has {} bytes, expected 8", b.len()),
+    let arr: [u8; 8] = b.try_into().map_err(|_| {
+        DocError::Document(DocumentError::Corrupt {
+            id: "(meta)".into(),
+            why: format!("{what} has {} bytes, expected 8", b.len()),
+        })
     })?;
     Ok(u64::from_be_bytes(arr))
 }

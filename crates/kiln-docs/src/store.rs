@@ -7,6 +7,7 @@
 
 use crate::data_dir::{database_dir, sync_dir, sync_dir_in, trash_entry, DATABASES_DIR, TRASH_DIR};
 use crate::database::Limits;
+use crate::DatabaseError;
 use crate::{validate_database_name, Database, DocError, Result};
 use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
@@ -166,7 +167,7 @@ impl DocStore {
             .read()
             .get(name)
             .cloned()
-            .ok_or_else(|| DocError::DatabaseNotFound(name.to_string()))
+            .ok_or_else(|| DocError::Database(DatabaseError::NotFound(name.to_string())))
     }
 
     pub fn database_names(&self) -> Vec<String> {
@@ -192,11 +193,11 @@ impl DocStore {
         let limits = self.opts.limits()?;
         let _turn = self.admin.lock();
         if self.databases.read().contains_key(name) {
-            return Err(DocError::DatabaseExists(name.to_string()));
+            return Err(DocError::Database(DatabaseError::Exists(name.to_string())));
         }
         let final_dir = database_dir(&self.dir, name);
         if final_dir.exists() {
-            return Err(DocError::DatabaseExists(name.to_string()));
+            return Err(DocError::Database(DatabaseError::Exists(name.to_string())));
         }
         let staging = trash_entry(&self.dir, "creating", name);
         let storage = self.opts.storage_for(name);
@@ -228,7 +229,7 @@ impl DocStore {
             .databases
             .write()
             .remove(name)
-            .ok_or_else(|| DocError::DatabaseNotFound(name.to_string()))?;
+            .ok_or_else(|| DocError::Database(DatabaseError::NotFound(name.to_string())))?;
         db.mark_deleted();
         db.indexer().stop();
         // Its environment must be closed before its files go: wait for the requests
@@ -244,10 +245,10 @@ impl DocStore {
                 }
                 Err(shared) => {
                     self.databases.write().insert(name.to_string(), shared);
-                    return Err(DocError::DatabaseBusy {
+                    return Err(DocError::Database(DatabaseError::Busy {
                         name: name.to_string(),
                         waited_ms: self.opts.delete_wait_ms,
-                    });
+                    }));
                 }
             }
         };
@@ -292,7 +293,7 @@ impl DocStore {
         let exists =
             || self.databases.read().contains_key(name) || database_dir(&self.dir, name).exists();
         if exists() && !force {
-            return Err(DocError::DatabaseExists(name.to_string()));
+            return Err(DocError::Database(DatabaseError::Exists(name.to_string())));
         }
         let built = trash_entry(&self.dir, "restoring", name);
         let storage = self.opts.storage_for(name);
@@ -304,10 +305,10 @@ impl DocStore {
             if force {
                 self.delete_locked(name, Some(&built))
             } else {
-                Err(DocError::DatabaseExists(name.to_string()))
+                Err(DocError::Database(DatabaseError::Exists(name.to_string())))
             }
         } else if final_dir.exists() {
-            Err(DocError::DatabaseExists(name.to_string()))
+            Err(DocError::Database(DatabaseError::Exists(name.to_string())))
         } else {
             storage
                 .vfs

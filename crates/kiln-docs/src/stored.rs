@@ -12,6 +12,7 @@
 //! Every module reads and writes documents through here; none names the trees.
 
 use crate::schema::{decode_u64, sequence_key, DOC_BODIES, DOC_IDS, LEGACY_DOCS};
+use crate::DocumentError;
 use crate::{DocError, Result};
 use kiln_storage::{Env, ReadTxn, WriteTxn};
 use std::ops::Bound;
@@ -82,10 +83,10 @@ pub(crate) fn put(
 /// Removes the document `id`, whose current version is at `sequence`.
 pub(crate) fn delete(txn: &mut WriteTxn<'_>, id: &str, sequence: u64) -> Result<()> {
     if !txn.delete(DOC_IDS, id.as_bytes())? {
-        return Err(DocError::CorruptRecord {
+        return Err(DocError::Document(DocumentError::Corrupt {
             id: id.to_string(),
             why: "deleted but not in the id tree".into(),
-        });
+        }));
     }
     remove_body(txn, id, sequence)
 }
@@ -149,9 +150,11 @@ pub(crate) fn scan_by_id(
         },
     };
     while let Some((key, raw)) = entry {
-        let id = std::str::from_utf8(key).map_err(|_| DocError::CorruptRecord {
-            id: String::from_utf8_lossy(key).into_owned(),
-            why: "stored id is not UTF-8".into(),
+        let id = std::str::from_utf8(key).map_err(|_| {
+            DocError::Document(DocumentError::Corrupt {
+                id: String::from_utf8_lossy(key).into_owned(),
+                why: "stored id is not UTF-8".into(),
+            })
         })?;
         let record = if legacy {
             raw
@@ -167,12 +170,14 @@ pub(crate) fn scan_by_id(
 }
 
 fn decode_sequence(id: &str, raw: &[u8]) -> Result<u64> {
-    decode_u64(raw, "a document's sequence").map_err(|_| DocError::CorruptRecord {
-        id: id.to_string(),
-        why: format!(
-            "its id entry holds {} bytes, not an 8-byte sequence",
-            raw.len()
-        ),
+    decode_u64(raw, "a document's sequence").map_err(|_| {
+        DocError::Document(DocumentError::Corrupt {
+            id: id.to_string(),
+            why: format!(
+                "its id entry holds {} bytes, not an 8-byte sequence",
+                raw.len()
+            ),
+        })
     })
 }
 
@@ -182,19 +187,19 @@ fn decode_sequence(id: &str, raw: &[u8]) -> Result<u64> {
 fn body<'a>(id: &str, sequence: u64, found: Option<&'a [u8]>) -> Result<&'a [u8]> {
     let bytes = found.ok_or_else(|| missing_body(id, sequence))?;
     if bytes.get(1..9) != Some(&sequence.to_be_bytes()[..]) {
-        return Err(DocError::CorruptRecord {
+        return Err(DocError::Document(DocumentError::Corrupt {
             id: id.to_string(),
             why: format!("the body stored at sequence {sequence} carries another sequence"),
-        });
+        }));
     }
     Ok(bytes)
 }
 
 fn missing_body(id: &str, sequence: u64) -> DocError {
-    DocError::CorruptRecord {
+    DocError::Document(DocumentError::Corrupt {
         id: id.to_string(),
         why: format!("no body at its sequence {sequence}"),
-    }
+    })
 }
 
 /// Documents moved per transaction by `migrate`.

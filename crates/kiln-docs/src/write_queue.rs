@@ -22,6 +22,7 @@
 //! (`write_blocking`), or an async runtime (the server passes a closure that sends
 //! on a oneshot channel). Callbacks run on a worker thread and must not block.
 
+use crate::DatabaseError;
 use crate::{BatchOutcome, Database, DocError, Result, WriteOp};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
@@ -203,7 +204,8 @@ impl WriteQueue {
         self.write(db, op, move |r| {
             let _ = tx.send(r);
         })?;
-        rx.recv().unwrap_or(Err(DocError::ShuttingDown))
+        rx.recv()
+            .unwrap_or(Err(DocError::Database(DatabaseError::ShuttingDown)))
     }
 
     /// Jobs waiting for a worker.
@@ -214,12 +216,12 @@ impl WriteQueue {
     fn push(&self, db: Arc<Database>, job: Job) -> Result<()> {
         let mut state = self.shared.state.lock();
         if state.closed {
-            return Err(DocError::ShuttingDown);
+            return Err(DocError::Database(DatabaseError::ShuttingDown));
         }
         if state.jobs.len() >= self.shared.opts.max_queued_jobs {
-            return Err(DocError::Overloaded {
+            return Err(DocError::Database(DatabaseError::Overloaded {
                 queued: state.jobs.len(),
-            });
+            }));
         }
         // A worker committing this database's independent writes takes this one
         // too when it comes back: no need to wake another (see the module doc).

@@ -4,6 +4,7 @@
 //! leaves is removed at the next open; backups carry them.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
+use kiln_docs::{AttachmentError, DocumentError};
 use kiln_docs::{BatchOp, Condition, Database, DocError, DocStore, DocsOptions, StagedBlob};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -98,7 +99,7 @@ fn same_bytes_in_two_documents_are_one_file_freed_with_the_last_reference() {
     assert_eq!(files(db.dir()).len(), 1);
     assert!(matches!(
         db.delete_attachment("a", "x.bin", Condition::None),
-        Err(DocError::AttachmentNotFound { .. })
+        Err(DocError::Attachment(AttachmentError::NotFound { .. }))
     ));
     db.delete("b", Condition::None).unwrap();
     assert!(files(db.dir()).is_empty(), "{:?}", files(db.dir()));
@@ -138,7 +139,7 @@ fn a_replaced_attachment_frees_its_old_bytes_and_an_explicit_list_removes() {
     let forged = json!({"@metadata": {"@attachments": [{"name": "z", "hash": "ab".repeat(32)}]}});
     assert!(matches!(
         db.put("c", forged.to_string().as_bytes(), Condition::None),
-        Err(DocError::InvalidAttachment(_))
+        Err(DocError::Attachment(AttachmentError::Invalid(_)))
     ));
     assert!(db.check_attachments().unwrap().is_ok());
 }
@@ -157,7 +158,13 @@ fn a_failed_attachment_write_leaves_nothing_behind() {
         upload(&db, b"bytes"),
         Condition::IfMatch(put.etag),
     );
-    assert!(matches!(stale, Err(DocError::Conflict { .. })), "{stale:?}");
+    assert!(
+        matches!(
+            stale,
+            Err(DocError::Document(DocumentError::Conflict { .. }))
+        ),
+        "{stale:?}"
+    );
     let missing = db.put_attachment(
         "nope",
         "f",
@@ -165,7 +172,10 @@ fn a_failed_attachment_write_leaves_nothing_behind() {
         upload(&db, b"x"),
         Condition::None,
     );
-    assert!(matches!(missing, Err(DocError::DocumentNotFound { .. })));
+    assert!(matches!(
+        missing,
+        Err(DocError::Document(DocumentError::NotFound { .. }))
+    ));
     assert!(files(db.dir()).is_empty(), "{:?}", files(db.dir()));
     assert!(db.attachments("a").unwrap().unwrap().is_empty());
     // An unfinished upload removes its temporary file.

@@ -12,6 +12,7 @@
 //!   a trimmed base).
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
+use kiln_docs::BackupChainError;
 use kiln_docs::{
     BatchOp, BatchOutcome, Condition, Database, DocError, DocId, DocStore, DocsOptions,
     RestorePoint, RestoreReport, RestoreSource,
@@ -569,7 +570,13 @@ fn increments_that_cannot_be_complete_are_refused() {
     let err = db
         .backup_incremental_to(Vec::new(), &m, BackupOptions::default(), |_| {})
         .unwrap_err();
-    assert!(matches!(err, DocError::IncrementNotPossible(_)), "{err}");
+    assert!(
+        matches!(
+            err,
+            DocError::BackupChain(BackupChainError::IncrementNotPossible(_))
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("trimmed"), "{err}");
     // Since i1 it can still be taken again (a lost file).
     let again = inc(db, i1);
@@ -605,7 +612,10 @@ fn restore_points_outside_the_chain_are_refused() {
     let full_seq = seq_of(fm.etag.as_deref().unwrap());
     let before = db.etag_at(full_seq - 1).to_string();
     let e = restore(&[f, i1, i2], RestorePoint::Etag(before)).unwrap_err();
-    assert!(matches!(*e, DocError::RestorePoint(_)), "{e}");
+    assert!(
+        matches!(*e, DocError::BackupChain(BackupChainError::RestorePoint(_))),
+        "{e}"
+    );
     let i1_end = kiln_docs::read_manifest(&i1[..]).unwrap().etag.unwrap();
     let after = db.etag_at(seq_of(&i1_end) + 1).to_string();
     let e = restore(&[f, i1], RestorePoint::Etag(after.clone())).unwrap_err();

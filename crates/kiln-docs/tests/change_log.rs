@@ -3,6 +3,7 @@
 //! and the registered consumers allow; a database made before the log gets one.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
+use kiln_docs::DatabaseError;
 use kiln_docs::{
     BatchOutcome, ChangeFilter, ChangeKind, Condition, Database, DocStore, DocsOptions, PurgeRule,
     WriteOp,
@@ -335,7 +336,9 @@ fn etags_of_another_incarnation_are_refused() {
     }
     assert!(matches!(
         db.sequence_of(&e.to_string()),
-        Err(kiln_docs::DocError::EtagFromOtherIncarnation { .. })
+        Err(kiln_docs::DocError::Database(
+            DatabaseError::EtagFromOtherIncarnation { .. }
+        ))
     ));
     assert!(db.sequence_of("garbage").is_err());
 }

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use kiln_docs::{BatchOp, BatchOutcome, Condition, DocError, DocId, DocStore, DocsOptions};
+use kiln_docs::{DatabaseError, DocumentError};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -26,11 +27,13 @@ fn put_get_conditions_and_metadata() {
     let db = store.create_database("shop").unwrap();
     assert!(matches!(
         store.create_database("shop"),
-        Err(DocError::DatabaseExists(_))
+        Err(DocError::Database(DatabaseError::Exists(_)))
     ));
     assert!(matches!(
         store.create_database("Shop"),
-        Err(DocError::InvalidDatabaseName { .. })
+        Err(DocError::Document(
+            DocumentError::InvalidDatabaseName { .. }
+        ))
     ));
 
     let first = db
@@ -60,40 +63,45 @@ fn put_get_conditions_and_metadata() {
         &body(json!({})),
         Condition::IfMatch(first.etag),
     ) {
-        Err(DocError::Conflict { current, .. }) => assert_eq!(current, Some(second.etag)),
+        Err(DocError::Document(DocumentError::Conflict { current, .. })) => {
+            assert_eq!(current, Some(second.etag))
+        }
         other => panic!("{other:?}"),
     }
     assert!(matches!(
         db.put("users/ada", b"{}", Condition::IfNotExists),
-        Err(DocError::Conflict { .. })
+        Err(DocError::Document(DocumentError::Conflict { .. }))
     ));
     assert!(matches!(
         db.put("users/bob", b"{}", Condition::IfExists),
-        Err(DocError::Conflict { current: None, .. })
+        Err(DocError::Document(DocumentError::Conflict {
+            current: None,
+            ..
+        }))
     ));
     assert!(db.get("users/bob").unwrap().is_none());
 
     // Bad input: clear errors, nothing written.
     assert!(matches!(
         db.put("x", b"{\"a\": ", Condition::None),
-        Err(DocError::MalformedJson { .. })
+        Err(DocError::Document(DocumentError::MalformedJson { .. }))
     ));
     assert!(matches!(
         db.put("x", b"[]", Condition::None),
-        Err(DocError::InvalidDocument(_))
+        Err(DocError::Document(DocumentError::Invalid(_)))
     ));
     assert!(matches!(
         db.put(&"x".repeat(65), b"{}", Condition::None),
-        Err(DocError::InvalidId { .. })
+        Err(DocError::Document(DocumentError::InvalidId { .. }))
     ));
     assert!(matches!(
         db.put("", b"{}", Condition::None),
-        Err(DocError::InvalidId { .. })
+        Err(DocError::Document(DocumentError::InvalidId { .. }))
     ));
     let big = body(json!({"blob": "x".repeat(70 << 10)}));
     assert!(matches!(
         db.put("x", &big, Condition::None),
-        Err(DocError::DocumentTooLarge { .. })
+        Err(DocError::Document(DocumentError::TooLarge { .. }))
     ));
     assert!(db.get("x").unwrap().is_none());
 
@@ -104,7 +112,7 @@ fn put_get_conditions_and_metadata() {
     assert!(db.get("users/ada").unwrap().is_none());
     assert!(matches!(
         db.delete("users/ada", Condition::None),
-        Err(DocError::DocumentNotFound { .. })
+        Err(DocError::Document(DocumentError::NotFound { .. }))
     ));
     assert_eq!(db.document_count().unwrap(), 0);
     assert!(db.collections().unwrap().is_empty());
@@ -189,7 +197,7 @@ fn generated_ids_collections_counts_and_paging() {
     // A cursor that is not an etag of this database is refused, not read as 0.
     assert!(matches!(
         db.list_collection("orders", Some("12"), 7),
-        Err(kiln_docs::DocError::InvalidEtag(_))
+        Err(kiln_docs::DocError::Document(DocumentError::InvalidEtag(_)))
     ));
     assert_eq!(order.len(), 25);
     assert!(order.windows(2).all(|w| w[0].0 < w[1].0));
@@ -263,9 +271,12 @@ fn batch_is_all_or_nothing() {
         ])
         .unwrap_err();
     match err {
-        DocError::BatchOpFailed { index, source } => {
+        DocError::Database(DatabaseError::BatchOpFailed { index, source }) => {
             assert_eq!(index, 2);
-            assert!(matches!(*source, DocError::Conflict { .. }));
+            assert!(matches!(
+                *source,
+                DocError::Document(DocumentError::Conflict { .. })
+            ));
         }
         other => panic!("{other:?}"),
     }
@@ -279,7 +290,10 @@ fn batch_is_all_or_nothing() {
         .collect();
     assert!(matches!(
         db.batch(too_long),
-        Err(DocError::BatchTooLong { len: 11, max: 10 })
+        Err(DocError::Database(DatabaseError::BatchTooLong {
+            len: 11,
+            max: 10
+        }))
     ));
     let bad_doc = vec![BatchOp::Put {
         id: DocId::Given("z".into()),
@@ -288,7 +302,10 @@ fn batch_is_all_or_nothing() {
     }];
     assert!(matches!(
         db.batch(bad_doc),
-        Err(DocError::BatchOpFailed { index: 0, .. })
+        Err(DocError::Database(DatabaseError::BatchOpFailed {
+            index: 0,
+            ..
+        }))
     ));
 }
 
@@ -318,7 +335,8 @@ fn concurrent_if_match_writers_exactly_one_wins() {
         assert_eq!(wins, 1, "round {round}");
         assert!(results
             .iter()
-            .all(|r| r.is_ok() || matches!(r, Err(DocError::Conflict { .. }))));
+            .all(|r| r.is_ok()
+                || matches!(r, Err(DocError::Document(DocumentError::Conflict { .. })))));
     }
 }
 
@@ -340,7 +358,7 @@ fn data_survives_restart_and_deleted_databases_are_gone() {
         store.delete_database("drop").unwrap();
         assert!(matches!(
             store.delete_database("drop"),
-            Err(DocError::DatabaseNotFound(_))
+            Err(DocError::Database(DatabaseError::NotFound(_)))
         ));
         store.close().unwrap();
         (out.etag, out.etag.incarnation)
@@ -368,7 +386,7 @@ fn deleted_database_refuses_handles_still_held() {
     // A handle held elsewhere: deletion waits, gives up, and leaves the database whole.
     assert!(matches!(
         store.delete_database("busy"),
-        Err(DocError::DatabaseBusy { .. })
+        Err(DocError::Database(DatabaseError::Busy { .. }))
     ));
     drop(db);
     store.delete_database("busy").unwrap();
@@ -419,12 +437,18 @@ fn write_each_applies_independent_writes_in_one_unit() {
     ]);
     assert_eq!(results.len(), 6);
     assert!(matches!(&results[0], Ok(BatchOutcome::Put(p)) if p.id == "b"));
-    assert!(matches!(&results[1], Err(DocError::Conflict { .. })));
+    assert!(matches!(
+        &results[1],
+        Err(DocError::Document(DocumentError::Conflict { .. }))
+    ));
     assert!(matches!(
         &results[2],
-        Err(DocError::DocumentNotFound { .. })
+        Err(DocError::Document(DocumentError::NotFound { .. }))
     ));
-    assert!(matches!(&results[3], Err(DocError::InvalidId { .. })));
+    assert!(matches!(
+        &results[3],
+        Err(DocError::Document(DocumentError::InvalidId { .. }))
+    ));
     let generated = match &results[4] {
         Ok(BatchOutcome::Put(p)) => p.id.clone(),
         other => panic!("{other:?}"),

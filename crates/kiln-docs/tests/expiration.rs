@@ -9,6 +9,7 @@
 //! random puts, deletes and clock steps against a map.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
+use kiln_docs::DocumentError;
 use kiln_docs::{
     format_rfc3339_ms, ChangeFilter, ChangeKind, Condition, Database, DocError, DocStore,
     DocsOptions, DueDocument, Etag, RestorePoint, RestoreSource,
@@ -136,7 +137,9 @@ fn expires_is_checked_and_kept_as_given() {
     ] {
         let body = json!({"@metadata": {"@expires": bad}}).to_string();
         match db.put("x", body.as_bytes(), Condition::None) {
-            Err(DocError::InvalidExpires { value, .. }) => assert_eq!(value, bad.to_string()),
+            Err(DocError::Document(DocumentError::InvalidExpires { value, .. })) => {
+                assert_eq!(value, bad.to_string())
+            }
             other => panic!("{bad}: {other:?}"),
         }
         // Refused in a batch too, naming the operation.

@@ -9,6 +9,7 @@
 use kiln_docs::{
     Condition, DocError, DocStore, DocsOptions, IndexDefinition, IndexField, QueryOptions,
 };
+use kiln_docs::{IndexError, QueryError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
@@ -543,7 +544,7 @@ fn bad_definitions_and_queries_get_clear_errors() {
         ..Default::default()
     });
     let bad = |d: IndexDefinition| match db.define_index(d) {
-        Err(DocError::InvalidIndex(m)) => m,
+        Err(DocError::Index(IndexError::Invalid(m))) => m,
         other => panic!("{other:?}"),
     };
     assert!(bad(mixed).contains("all full-text"));
@@ -569,7 +570,7 @@ fn bad_definitions_and_queries_get_clear_errors() {
         ("from posts where search(body, 'x^0')", "boost"),
     ] {
         match db.query(q, &Map::new(), QueryOptions::default()) {
-            Err(e @ DocError::InvalidQuery { .. }) => {
+            Err(e @ DocError::Query(QueryError::Invalid { .. })) => {
                 assert!(e.to_string().contains(why), "{q}: {e}")
             }
             other => panic!("{q}: {other:?}"),
@@ -722,7 +723,9 @@ fn fuzzy_words_match_within_their_edits() {
         &Map::new(),
         QueryOptions::default(),
     ) {
-        Err(e @ DocError::InvalidQuery { .. }) => assert!(e.to_string().contains("~2"), "{e}"),
+        Err(e @ DocError::Query(QueryError::Invalid { .. })) => {
+            assert!(e.to_string().contains("~2"), "{e}")
+        }
         other => panic!("{other:?}"),
     }
     drop(db);

@@ -5,6 +5,7 @@
 //! never lose each other's changes (each reads what the previous one wrote).
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
+use kiln_docs::DocumentError;
 use kiln_docs::{BatchOutcome, Condition, Database, DocError, DocStore, DocsOptions, WriteOp};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -52,7 +53,9 @@ fn a_patch_merges_gets_a_new_etag_and_checks_its_condition() {
 
     // The etag it was given is stale now: a conflict, and nothing written.
     match db.patch("users/1", json!({"age": 1}), Condition::IfMatch(put.etag)) {
-        Err(DocError::Conflict { current, .. }) => assert_eq!(current, Some(patched.etag)),
+        Err(DocError::Document(DocumentError::Conflict { current, .. })) => {
+            assert_eq!(current, Some(patched.etag))
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(doc(&db, "users/1")["age"], 36);
@@ -61,7 +64,7 @@ fn a_patch_merges_gets_a_new_etag_and_checks_its_condition() {
     for condition in [Condition::None, Condition::IfExists] {
         assert!(matches!(
             db.patch("users/2", json!({"a": 1}), condition),
-            Err(DocError::DocumentNotFound { .. })
+            Err(DocError::Document(DocumentError::NotFound { .. }))
         ));
     }
     assert!(db.get("users/2").unwrap().is_none());
@@ -75,7 +78,7 @@ fn a_patch_merges_gets_a_new_etag_and_checks_its_condition() {
     ] {
         assert!(matches!(
             db.patch("users/1", bad.clone(), Condition::None),
-            Err(DocError::InvalidDocument(_))
+            Err(DocError::Document(DocumentError::Invalid(_)))
         ));
     }
     // An invalid result (a bad @expires) is refused inside the unit and leaves
@@ -86,7 +89,7 @@ fn a_patch_merges_gets_a_new_etag_and_checks_its_condition() {
             json!({"@metadata": {"@expires": "soon"}}),
             Condition::None
         ),
-        Err(DocError::InvalidExpires { .. })
+        Err(DocError::Document(DocumentError::InvalidExpires { .. }))
     ));
     assert_eq!(
         db.get("users/1").unwrap().unwrap().etag,

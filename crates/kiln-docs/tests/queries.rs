@@ -3,6 +3,7 @@
 //! cases, paging, counts); staleness and waiting; restart; hostile queries.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
+use kiln_docs::QueryError;
 use kiln_docs::{
     Condition, DocError, DocStore, DocsOptions, IndexDefinition, IndexField, QueryOptions,
 };
@@ -580,7 +581,8 @@ fn hostile_queries_get_clear_errors() {
     let bad = |q: &str, params: Value| {
         let params = params.as_object().cloned().unwrap_or_default();
         match db.query(q, &params, QueryOptions::default()) {
-            Err(DocError::InvalidQuery { .. }) | Err(DocError::QueryTooExpensive(_)) => {}
+            Err(DocError::Query(QueryError::Invalid { .. }))
+            | Err(DocError::Query(QueryError::TooExpensive(_))) => {}
             other => panic!("{q}: {other:?}"),
         }
     };

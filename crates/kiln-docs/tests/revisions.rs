@@ -10,6 +10,7 @@ use kiln_docs::{
     Atomicity, BatchOp, BatchOutcome, Condition, Database, DocError, DocId, DocStore, DocsOptions,
     Etag, LoggedEntry, LoggedOutcome, Revision, RevisionsConfig, WriteOp,
 };
+use kiln_docs::{DocumentError, RevisionError};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -96,7 +97,7 @@ fn the_configuration_is_stored_checked_and_kept_across_a_reopen() {
     bad.collections.get_mut("orders").unwrap().max_revisions = 0;
     assert!(matches!(
         db.set_revisions_config(bad),
-        Err(DocError::InvalidRevisionsConfig(_))
+        Err(DocError::Revision(RevisionError::InvalidConfig(_)))
     ));
     assert_eq!(
         db.revisions_config().unwrap(),
@@ -171,7 +172,7 @@ fn pages_go_newest_first_and_continue_where_they_stopped() {
     assert_eq!(all(&db, "c/x").len(), 7);
     assert!(matches!(
         db.revisions("c/x", Some("nope"), 3),
-        Err(DocError::InvalidEtag(_))
+        Err(DocError::Document(DocumentError::InvalidEtag(_)))
     ));
 }
 
@@ -274,7 +275,7 @@ fn a_revision_is_written_back_as_a_new_version() {
     // Conditional on the current etag; an unknown revision is not found.
     assert!(matches!(
         db.revert("c/1", e1, Condition::IfMatch(e2), None),
-        Err(DocError::Conflict { .. })
+        Err(DocError::Document(DocumentError::Conflict { .. }))
     ));
     let none = Etag {
         sequence: 999,
@@ -282,7 +283,7 @@ fn a_revision_is_written_back_as_a_new_version() {
     };
     assert!(matches!(
         db.revert("c/1", none, Condition::None, None),
-        Err(DocError::RevisionNotFound { .. })
+        Err(DocError::Revision(RevisionError::NotFound { .. }))
     ));
     // A deleted document comes back from its revision.
     db.delete("c/1", Condition::None).unwrap();

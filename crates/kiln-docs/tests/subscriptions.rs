@@ -10,6 +10,7 @@ use kiln_docs::{
     BatchLimits, Condition, Database, DocError, DocStore, DocsOptions, LeaseStrategy,
     SubscriptionStart,
 };
+use kiln_docs::{QueryError, SubscriptionError};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -90,13 +91,13 @@ fn create_list_get_delete_and_their_errors() {
             Map::new(),
             SubscriptionStart::Beginning
         ),
-        Err(DocError::SubscriptionExists(_))
+        Err(DocError::Subscription(SubscriptionError::Exists(_)))
     ));
     for bad in ["", "a/b", ".hidden", "with space", &"x".repeat(129)] {
         assert!(
             matches!(
                 db.create_subscription(bad, "from orders", Map::new(), SubscriptionStart::Now),
-                Err(DocError::InvalidSubscription(_))
+                Err(DocError::Subscription(SubscriptionError::Invalid(_)))
             ),
             "{bad:?}"
         );
@@ -108,7 +109,7 @@ fn create_list_get_delete_and_their_errors() {
     ] {
         assert!(matches!(
             db.create_subscription("q", bad, Map::new(), SubscriptionStart::Now),
-            Err(DocError::InvalidQuery { .. })
+            Err(DocError::Query(QueryError::Invalid { .. }))
         ));
     }
     // A start past the last write, or an etag of no database, is refused.
@@ -121,7 +122,7 @@ fn create_list_get_delete_and_their_errors() {
                 Map::new(),
                 SubscriptionStart::parse(start)
             ),
-            Err(DocError::InvalidSubscription(_))
+            Err(DocError::Subscription(SubscriptionError::Invalid(_)))
         ));
     }
     let from_etag = db.etag_at(1).to_string();
@@ -136,16 +137,16 @@ fn create_list_get_delete_and_their_errors() {
     assert_eq!(s.acknowledged_sequence, 1);
     assert!(matches!(
         db.subscription("nope"),
-        Err(DocError::SubscriptionNotFound(_))
+        Err(DocError::Subscription(SubscriptionError::NotFound(_)))
     ));
     assert!(matches!(
         db.lease_subscription("nope", LeaseStrategy::IfFree),
-        Err(DocError::SubscriptionNotFound(_))
+        Err(DocError::Subscription(SubscriptionError::NotFound(_)))
     ));
     db.delete_subscription("all").unwrap();
     assert!(matches!(
         db.delete_subscription("all"),
-        Err(DocError::SubscriptionNotFound(_))
+        Err(DocError::Subscription(SubscriptionError::NotFound(_)))
     ));
     assert_eq!(db.subscriptions().unwrap().len(), 2);
 }
@@ -212,13 +213,13 @@ fn one_worker_holds_a_subscription_and_a_taken_over_one_moves_nothing() {
     let first = db.lease_subscription("s", LeaseStrategy::IfFree).unwrap();
     assert!(matches!(
         db.lease_subscription("s", LeaseStrategy::IfFree),
-        Err(DocError::SubscriptionBusy(_))
+        Err(DocError::Subscription(SubscriptionError::Busy(_)))
     ));
     let second = db.lease_subscription("s", LeaseStrategy::TakeOver).unwrap();
     assert!(first.is_revoked());
     assert!(matches!(
         db.acknowledge_subscription(&first, seq),
-        Err(DocError::SubscriptionLeaseLost(_))
+        Err(DocError::Subscription(SubscriptionError::LeaseLost(_)))
     ));
     assert_eq!(db.subscription("s").unwrap().acknowledged_sequence, 0);
     drop(first);

@@ -20,6 +20,7 @@ use crate::state::AppState;
 use axum::body::Body;
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use kiln_docs::DocumentError;
 use kiln_docs::{
     BatchOutcome, Condition, Database, DocId, DocumentView, Etag, PutOutcome, WriteOp,
 };
@@ -174,7 +175,11 @@ pub(crate) fn read<R>(
             let not_modified = crate::http_util::none_match_hits(if_none_match, doc.etag);
             render(DocAnswer::Document { doc, not_modified })
         })?
-        .ok_or_else(|| ApiError::from(kiln_docs::DocError::DocumentNotFound { id: id.to_string() }))
+        .ok_or_else(|| {
+            ApiError::from(kiln_docs::DocError::Document(DocumentError::NotFound {
+                id: id.to_string(),
+            }))
+        })
 }
 
 /// Step 4 of a write: the body parsed and written to `id` (a new id under it for a
@@ -301,13 +306,15 @@ async fn patch_in_cluster(
     key_id: Option<String>,
 ) -> Result<PutOutcome, ApiError> {
     for _ in 0..CLUSTER_PATCH_ATTEMPTS {
-        let current = database
-            .get(&id)?
-            .ok_or_else(|| kiln_docs::DocError::DocumentNotFound { id: id.clone() })?;
-        let conflict = |why: String| kiln_docs::DocError::Conflict {
-            id: id.clone(),
-            current: Some(current.etag),
-            why,
+        let current = database.get(&id)?.ok_or_else(|| {
+            kiln_docs::DocError::Document(DocumentError::NotFound { id: id.clone() })
+        })?;
+        let conflict = |why: String| {
+            kiln_docs::DocError::Document(DocumentError::Conflict {
+                id: id.clone(),
+                current: Some(current.etag),
+                why,
+            })
         };
         match condition {
             Condition::IfMatch(want) if want != current.etag => {

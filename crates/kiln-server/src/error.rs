@@ -8,6 +8,10 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use kiln_docs::{
+    AttachmentError, BackupChainError, DatabaseError, DocumentError, IndexError, QueryError,
+    RevisionError, SubscriptionError,
+};
 use kiln_docs::{DocError, Etag};
 
 macro_rules! error_codes {
@@ -255,15 +259,15 @@ impl From<DocError> for ApiError {
 fn latched(e: &DocError) -> bool {
     match e {
         DocError::Storage(se) => se.latched().is_some(),
-        DocError::BatchOpFailed { source, .. } => latched(source),
+        DocError::Database(DatabaseError::BatchOpFailed { source, .. }) => latched(source),
         _ => false,
     }
 }
 
 pub(crate) fn current_etag(e: &DocError) -> Option<Etag> {
     match e {
-        DocError::Conflict { current, .. } => *current,
-        DocError::BatchOpFailed { source, .. } => current_etag(source),
+        DocError::Document(DocumentError::Conflict { current, .. }) => *current,
+        DocError::Database(DatabaseError::BatchOpFailed { source, .. }) => current_etag(source),
         _ => None,
     }
 }
@@ -271,48 +275,47 @@ pub(crate) fn current_etag(e: &DocError) -> Option<Etag> {
 pub(crate) fn error_code(e: &DocError) -> ErrorCode {
     use ErrorCode as C;
     match e {
-        DocError::DatabaseNotFound(_) => C::DatabaseNotFound,
-        DocError::DatabaseExists(_) => C::DatabaseExists,
-        DocError::DatabaseBusy { .. } => C::DatabaseBusy,
-        DocError::InvalidDatabaseName { .. } => C::InvalidDatabaseName,
-        DocError::InvalidId { .. } => C::InvalidId,
-        DocError::InvalidCollection { .. } => C::InvalidCollection,
-        DocError::DocumentNotFound { .. } => C::DocumentNotFound,
-        DocError::Conflict { .. } => C::Conflict,
-        DocError::MalformedJson { .. } => C::MalformedJson,
-        DocError::InvalidDocument(_) => C::InvalidDocument,
-        // An `@expires` that is not an RFC 3339 time: the message says what it is.
-        DocError::InvalidExpires { .. } => C::InvalidDocument,
-        DocError::DocumentTooLarge { .. } => C::DocumentTooLarge,
-        DocError::BatchTooLong { .. } => C::BatchTooLong,
-        DocError::InvalidEtag(_) => C::InvalidEtag,
-        DocError::EtagFromOtherIncarnation { .. } => C::EtagFromOtherIncarnation,
-        DocError::Overloaded { .. } => C::Overloaded,
-        DocError::ShuttingDown => C::ShuttingDown,
+        DocError::Document(e) => document_code(e),
+        DocError::Database(e) => database_code(e),
+        DocError::Index(e) => match e {
+            IndexError::Invalid(_) => C::InvalidIndex,
+            IndexError::NotFound(_) => C::IndexNotFound,
+            IndexError::Exists(_) => C::IndexExists,
+            _ => C::InternalError,
+        },
+        DocError::Query(e) => match e {
+            QueryError::Invalid { .. } => C::InvalidQuery,
+            QueryError::TooExpensive(_) => C::QueryTooExpensive,
+            _ => C::InternalError,
+        },
+        DocError::Revision(e) => match e {
+            RevisionError::InvalidConfig(_) => C::InvalidRevisionsConfig,
+            RevisionError::NotFound { .. } => C::RevisionNotFound,
+            _ => C::InternalError,
+        },
+        DocError::Attachment(e) => match e {
+            AttachmentError::Invalid(_) => C::InvalidAttachment,
+            AttachmentError::NotFound { .. } => C::AttachmentNotFound,
+            _ => C::InternalError,
+        },
+        DocError::Subscription(e) => match e {
+            SubscriptionError::Invalid(_) => C::InvalidSubscription,
+            SubscriptionError::NotFound(_) => C::SubscriptionNotFound,
+            SubscriptionError::Exists(_) => C::SubscriptionExists,
+            // A taken-over worker's acknowledgment: another worker holds it now.
+            SubscriptionError::Busy(_) | SubscriptionError::LeaseLost(_) => C::SubscriptionBusy,
+            _ => C::InternalError,
+        },
+        DocError::BackupChain(e) => match e {
+            BackupChainError::Broken { .. } => C::BackupChainBroken,
+            BackupChainError::IncrementNotPossible(_) => C::IncrementNotPossible,
+            BackupChainError::RestorePoint(_) => C::InvalidRestorePoint,
+            _ => C::InternalError,
+        },
         DocError::Internal(_) => C::InternalError,
-        DocError::InvalidIndex(_) => C::InvalidIndex,
-        DocError::IndexNotFound(_) => C::IndexNotFound,
-        DocError::IndexExists(_) => C::IndexExists,
-        DocError::InvalidQuery { .. } => C::InvalidQuery,
-        DocError::QueryTooExpensive(_) => C::QueryTooExpensive,
-        DocError::InvalidRevisionsConfig(_) => C::InvalidRevisionsConfig,
-        DocError::RevisionNotFound { .. } => C::RevisionNotFound,
-        DocError::InvalidAttachment(_) => C::InvalidAttachment,
-        DocError::AttachmentNotFound { .. } => C::AttachmentNotFound,
-        DocError::InvalidSubscription(_) => C::InvalidSubscription,
-        DocError::SubscriptionNotFound(_) => C::SubscriptionNotFound,
-        DocError::SubscriptionExists(_) => C::SubscriptionExists,
-        // A taken-over worker's acknowledgment: another worker holds it now.
-        DocError::SubscriptionBusy(_) | DocError::SubscriptionLeaseLost(_) => C::SubscriptionBusy,
-        DocError::CorruptRecord { .. } => C::Corruption,
-        DocError::BackupChain { .. } => C::BackupChainBroken,
-        DocError::IncrementNotPossible(_) => C::IncrementNotPossible,
-        DocError::RestorePoint(_) => C::InvalidRestorePoint,
         // A directory of the data directory could not be made or removed.
         DocError::Io { source, .. } if is_disk_full(source) => C::DiskFull,
         DocError::Io { .. } => C::IoError,
-        // A batch fails as its failing operation does; the message names the index.
-        DocError::BatchOpFailed { source, .. } => error_code(source),
         DocError::Storage(se) => storage_error_code(se),
         DocError::Backup(kiln_storage::BackupError::Storage(se)) => storage_error_code(se),
         // A backup sent to the restore endpoint that does not check out.
@@ -322,6 +325,40 @@ pub(crate) fn error_code(e: &DocError) -> ErrorCode {
             | kiln_storage::BackupError::UnsupportedVersion(_),
         ) => C::BackupInvalid,
         DocError::Backup(kiln_storage::BackupError::Io { .. }) => C::BackupReadFailed,
+        _ => C::InternalError,
+    }
+}
+
+fn document_code(e: &DocumentError) -> ErrorCode {
+    use ErrorCode as C;
+    match e {
+        DocumentError::NotFound { .. } => C::DocumentNotFound,
+        DocumentError::Conflict { .. } => C::Conflict,
+        DocumentError::InvalidId { .. } => C::InvalidId,
+        DocumentError::InvalidCollection { .. } => C::InvalidCollection,
+        DocumentError::InvalidDatabaseName { .. } => C::InvalidDatabaseName,
+        DocumentError::MalformedJson { .. } => C::MalformedJson,
+        // An `@expires` that is not an RFC 3339 time: the message says what it is.
+        DocumentError::Invalid(_) | DocumentError::InvalidExpires { .. } => C::InvalidDocument,
+        DocumentError::TooLarge { .. } => C::DocumentTooLarge,
+        DocumentError::InvalidEtag(_) => C::InvalidEtag,
+        DocumentError::Corrupt { .. } => C::Corruption,
+        _ => C::InternalError,
+    }
+}
+
+fn database_code(e: &DatabaseError) -> ErrorCode {
+    use ErrorCode as C;
+    match e {
+        DatabaseError::NotFound(_) => C::DatabaseNotFound,
+        DatabaseError::Exists(_) => C::DatabaseExists,
+        DatabaseError::Busy { .. } => C::DatabaseBusy,
+        DatabaseError::ShuttingDown => C::ShuttingDown,
+        DatabaseError::Overloaded { .. } => C::Overloaded,
+        DatabaseError::EtagFromOtherIncarnation { .. } => C::EtagFromOtherIncarnation,
+        DatabaseError::BatchTooLong { .. } => C::BatchTooLong,
+        // A batch fails as its failing operation does; the message names the index.
+        DatabaseError::BatchOpFailed { source, .. } => error_code(source),
         _ => C::InternalError,
     }
 }
@@ -444,17 +481,17 @@ mod tests {
             );
             assert!(e.message.contains("error id"), "{}", e.message);
         }
-        let conflict_in_batch = ApiError::from(DocError::BatchOpFailed {
+        let conflict_in_batch = ApiError::from(DocError::Database(DatabaseError::BatchOpFailed {
             index: 3,
-            source: Box::new(DocError::Conflict {
+            source: Box::new(DocError::Document(DocumentError::Conflict {
                 id: "a".into(),
                 current: Some(kiln_docs::Etag {
                     incarnation: 1,
                     sequence: 2,
                 }),
                 why: "stale".into(),
-            }),
-        });
+            })),
+        }));
         assert_eq!(
             (
                 conflict_in_batch.status.as_u16(),

@@ -31,6 +31,7 @@
 
 use super::{hash_hex, Hash, RefEntry};
 use crate::schema::ATTACHMENT_REFS;
+use crate::DocumentError;
 use crate::{DocError, Result};
 use kiln_storage::{Env, ReadTxn};
 use sha2::{Digest, Sha256};
@@ -479,9 +480,11 @@ impl BlobStore {
         let mut entry = cursor.first()?;
         while let Some((raw_hash, raw)) = entry {
             let e = RefEntry::decode(raw_hash, raw)?;
-            let hash: Hash = raw_hash.try_into().map_err(|_| DocError::CorruptRecord {
-                id: "(attachment refs)".into(),
-                why: format!("a key of {} bytes is no SHA-256", raw_hash.len()),
+            let hash: Hash = raw_hash.try_into().map_err(|_| {
+                DocError::Document(DocumentError::Corrupt {
+                    id: "(attachment refs)".into(),
+                    why: format!("a key of {} bytes is no SHA-256", raw_hash.len()),
+                })
             })?;
             report.blobs += 1;
             report.bytes += e.size_bytes;

@@ -8,6 +8,7 @@ use super::blobs::hash_file;
 use super::{hash_hex, parse_hash, validate_attachment_name, validate_content_type};
 use super::{Fresh, StagedBlob};
 use crate::database::{apply_attachment, claim_log_index, AttachmentChange};
+use crate::AttachmentError;
 use crate::{BatchOutcome, Condition, Database, DocError, PutOutcome, Result};
 use std::path::Path;
 
@@ -30,18 +31,18 @@ impl Database {
         let (hash, size) = match hash_file(path) {
             Ok(got) => got,
             Err(DocError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                return Err(DocError::InvalidAttachment(format!(
+                return Err(DocError::Attachment(AttachmentError::Invalid(format!(
                     "the upload of {hash_hex_given} is not here (it expired or was never sent)"
-                )))
+                ))))
             }
             Err(e) => return Err(e),
         };
         if size != size_bytes || hash != want {
-            return Err(DocError::InvalidAttachment(format!(
+            return Err(DocError::Attachment(AttachmentError::Invalid(format!(
                 "the upload is {size} bytes hashing to {}; the write names {size_bytes} bytes \
                  hashing to {hash_hex_given} (a chunk is missing)",
                 hash_hex(&hash)
-            )));
+            ))));
         }
         let tmp = self
             .dir()

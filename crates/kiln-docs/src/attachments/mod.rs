@@ -32,6 +32,7 @@ pub use blobs::{AttachmentCheck, BlobWriter, StagedBlob};
 pub use ops::{check_attachments_at, AttachmentReader};
 
 use crate::schema::ATTACHMENT_REFS;
+use crate::{AttachmentError, DocumentError};
 use crate::{DocError, Result};
 use kiln_storage::WriteTxn;
 use serde_json::{Map, Value};
@@ -81,9 +82,9 @@ impl AttachmentInfo {
 /// `/` (a name is the last segment of its URL), no control characters.
 pub fn validate_attachment_name(name: &str) -> Result<()> {
     let bad = |why: &str| {
-        Err(DocError::InvalidAttachment(format!(
+        Err(DocError::Attachment(AttachmentError::Invalid(format!(
             "invalid attachment name {name:?}: {why}"
-        )))
+        ))))
     };
     if name.is_empty() {
         return bad("it is empty");
@@ -106,9 +107,9 @@ pub fn validate_attachment_name(name: &str) -> Result<()> {
 /// A content type as stored: visible ASCII and spaces, at most 255 bytes.
 pub fn validate_content_type(ct: &str) -> Result<()> {
     if ct.is_empty() || ct.len() > 255 || !ct.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-        return Err(DocError::InvalidAttachment(format!(
+        return Err(DocError::Attachment(AttachmentError::Invalid(format!(
             "invalid content type {ct:?}: it must be 1 to 255 visible ASCII characters"
-        )));
+        ))));
     }
     Ok(())
 }
@@ -118,9 +119,9 @@ pub(crate) fn parse_hash(text: &str) -> Result<Hash> {
     let bytes = text.as_bytes();
     let valid = bytes.len() == 64 && bytes.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     if !valid {
-        return Err(DocError::InvalidAttachment(format!(
+        return Err(DocError::Attachment(AttachmentError::Invalid(format!(
             "invalid attachment hash {text:?}: it must be 64 lower-case hex digits (SHA-256)"
-        )));
+        ))));
     }
     for (i, pair) in bytes.chunks(2).enumerate() {
         let digit = |c: u8| if c <= b'9' { c - b'0' } else { c - b'a' + 10 };
@@ -157,7 +158,11 @@ pub(crate) fn stored_list(json: &[u8]) -> Vec<AttachmentInfo> {
 /// A `@attachments` value as entries; `strict` (a client's) refuses what a stored
 /// one would skip.
 fn parse_list(list: &Value, strict: bool) -> Result<Vec<AttachmentInfo>> {
-    let bad = |why: String| DocError::InvalidAttachment(format!("@metadata.@attachments: {why}"));
+    let bad = |why: String| {
+        DocError::Attachment(AttachmentError::Invalid(format!(
+            "@metadata.@attachments: {why}"
+        )))
+    };
     let Value::Array(items) = list else {
         return Err(bad("it must be an array".into()));
     };
@@ -221,9 +226,11 @@ impl RefEntry {
             raw.get(at..at + 8)
                 .and_then(|b| b.try_into().ok())
                 .map(u64::from_be_bytes)
-                .ok_or_else(|| DocError::CorruptRecord {
-                    id: format!("(attachment ref {})", hex::encode(hash)),
-                    why: format!("entry of {} bytes, expected 24", raw.len()),
+                .ok_or_else(|| {
+                    DocError::Document(DocumentError::Corrupt {
+                        id: format!("(attachment ref {})", hex::encode(hash)),
+                        why: format!("entry of {} bytes, expected 24", raw.len()),
+                    })
                 })
         };
         Ok(RefEntry {
@@ -271,11 +278,11 @@ pub(crate) fn settle(
             (Some(f), _) if f.hash == hash => f.size_bytes,
             (_, Some(r)) => r.size_bytes,
             (_, None) => {
-                return Err(DocError::InvalidAttachment(format!(
+                return Err(DocError::Attachment(AttachmentError::Invalid(format!(
                     "attachment {:?} names the hash {}, which this database does not hold \
                      (upload it first: PUT .../attachments/{{name}} or POST /dbs/{{db}}/attachments)",
                     entry.name, entry.hash
-                )))
+                ))))
             }
         };
         out.push(entry);
@@ -316,12 +323,12 @@ pub(crate) fn adjust(
         }
         let entry = read_ref(txn, &hash)?;
         let now = entry.map_or(0, |e| e.refs);
-        let refs = now
-            .checked_add_signed(delta)
-            .ok_or_else(|| DocError::CorruptRecord {
+        let refs = now.checked_add_signed(delta).ok_or_else(|| {
+            DocError::Document(DocumentError::Corrupt {
                 id: format!("(attachment ref {})", hash_hex(&hash)),
                 why: format!("count {now} {delta:+} goes below zero"),
-            })?;
+            })
+        })?;
         let size_bytes = match (entry, fresh) {
             (Some(e), _) => e.size_bytes,
             (None, Some(f)) if f.hash == hash => f.size_bytes,

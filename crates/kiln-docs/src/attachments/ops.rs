@@ -6,6 +6,7 @@ use super::{
 };
 use crate::database::{apply_attachment, AttachmentChange};
 use crate::schema::{ATTACHMENT_REFS, REVISIONS};
+use crate::{AttachmentError, DocumentError};
 use crate::{BatchOutcome, Condition, Database, DocError, PutOutcome, Result};
 use std::collections::HashMap;
 use std::fs::File;
@@ -114,20 +115,20 @@ impl Database {
         validate_attachment_name(name)?;
         let list = self
             .attachments(id)?
-            .ok_or_else(|| DocError::DocumentNotFound { id: id.to_string() })?;
+            .ok_or_else(|| DocError::Document(DocumentError::NotFound { id: id.to_string() }))?;
         let info = list.into_iter().find(|a| a.name == name).ok_or_else(|| {
-            DocError::AttachmentNotFound {
+            DocError::Attachment(AttachmentError::NotFound {
                 id: id.to_string(),
                 name: name.to_string(),
-            }
+            })
         })?;
         let path = self.blobs.blob_path(&parse_hash(&info.hash)?);
         let file = File::open(&path).map_err(|source| match source.kind() {
             // Deleted since the read above (or lost: `kiln check` says which).
-            std::io::ErrorKind::NotFound => DocError::AttachmentNotFound {
+            std::io::ErrorKind::NotFound => DocError::Attachment(AttachmentError::NotFound {
                 id: id.to_string(),
                 name: name.to_string(),
-            },
+            }),
             _ => DocError::Io { path, source },
         })?;
         Ok(AttachmentReader { info, file })
@@ -319,11 +320,11 @@ impl Database {
         let staged = writer.finish()?;
         if let Some(want) = expect_hex {
             if staged.hash_hex() != want {
-                return Err(DocError::InvalidAttachment(format!(
+                return Err(DocError::Attachment(AttachmentError::Invalid(format!(
                     "{} hashes to {}, expected {want}",
                     path.display(),
                     staged.hash_hex()
-                )));
+                ))));
             }
         }
         Ok(staged)

@@ -22,6 +22,7 @@ use crate::schema::{
     decode_last_sequence, decode_u64, read_last_sequence, sequence_key, CHAIN_CONSUMER, CONSUMERS,
     HISTORY, META, META_CHAIN, META_LAST_ETAG,
 };
+use crate::{BackupChainError, DocumentError};
 use crate::{Database, DocError, Result};
 use kiln_storage::backup::BackupOptions;
 use kiln_storage::{ContainerWriter, Env, ReadTxn, WriteTxn};
@@ -231,18 +232,22 @@ impl Database {
     /// increment cannot follow it (from its manifest alone).
     fn increment_base<'m>(&self, since: &'m BackupManifest) -> Result<(&'m str, u64)> {
         let Some(since_chain) = since.chain_id.as_deref() else {
-            return Err(DocError::IncrementNotPossible(
-                "the base backup is not part of a chain (taken without --chain or by an \
+            return Err(DocError::BackupChain(
+                BackupChainError::IncrementNotPossible(
+                    "the base backup is not part of a chain (taken without --chain or by an \
                  older Kiln): take a full backup"
-                    .into(),
+                        .into(),
+                ),
             ));
         };
         if since.incarnation.is_some_and(|i| i != self.incarnation) || since.database.is_empty() {
-            return Err(DocError::IncrementNotPossible(format!(
-                "the base backup is of another database (incarnation {}, this one is {:08x})",
-                super::incarnation_text(since.incarnation),
-                self.incarnation
-            )));
+            return Err(DocError::BackupChain(
+                BackupChainError::IncrementNotPossible(format!(
+                    "the base backup is of another database (incarnation {}, this one is {:08x})",
+                    super::incarnation_text(since.incarnation),
+                    self.incarnation
+                )),
+            ));
         }
         let base = match since.etag.as_deref() {
             None => 0,
@@ -259,7 +264,11 @@ impl Database {
         since_chain: &str,
         base: u64,
     ) -> Result<(ChainState, u64)> {
-        let refuse = |why: String| Err(DocError::IncrementNotPossible(why));
+        let refuse = |why: String| {
+            Err(DocError::BackupChain(
+                BackupChainError::IncrementNotPossible(why),
+            ))
+        };
         let Some(chain) = read_chain(r)? else {
             return refuse(format!(
                 "database {:?} has no backup chain (stopped, or never started): take a full backup",
@@ -327,9 +336,11 @@ fn write_history<W: Write, P: FnMut(u64)>(
     let mut seen = base;
     let mut last_ms = None;
     while let Some((k, v)) = item {
-        let e = history::decode(k, v).map_err(|malformed| DocError::CorruptRecord {
-            id: "(backup history)".into(),
-            why: malformed.to_string(),
+        let e = history::decode(k, v).map_err(|malformed| {
+            DocError::Document(DocumentError::Corrupt {
+                id: "(backup history)".into(),
+                why: malformed.to_string(),
+            })
         })?;
         if e.sequence > last {
             break;
@@ -366,11 +377,11 @@ pub(crate) fn check_link(
     label: &str,
 ) -> Result<()> {
     let broken = |what: String| {
-        Err(DocError::BackupChain {
+        Err(DocError::BackupChain(BackupChainError::Broken {
             part: format!("input {n} ({label}), its manifest"),
             offset: MANIFEST_OFFSET,
             what,
-        })
+        }))
     };
     if next.kind != BackupKind::Incremental {
         return broken(
@@ -427,11 +438,11 @@ pub(crate) fn check_link(
 /// Checks the first input of a chain.
 pub(crate) fn check_first(m: &BackupManifest, label: &str) -> Result<()> {
     if m.kind != BackupKind::Full {
-        return Err(DocError::BackupChain {
+        return Err(DocError::BackupChain(BackupChainError::Broken {
             part: format!("input 1 ({label}), its manifest"),
             offset: MANIFEST_OFFSET,
             what: "an incremental backup: a restore starts with a full backup".into(),
-        });
+        }));
     }
     Ok(())
 }

@@ -35,6 +35,7 @@ pub use restore::{
 use crate::attachments::Hash;
 use crate::schema::{read_last_sequence, HISTORY};
 use crate::search::backup::{PinnedCommit, Shipped};
+use crate::BackupChainError;
 use crate::{Database, DocError, Etag, Result};
 use kiln_storage::backup::{self, BackupOptions, BackupSummary};
 use kiln_storage::{ContainerWriter, ReadTxn};
@@ -297,8 +298,10 @@ impl Database {
             // full backup in between replaced it, and this image is not its base.
             let now = chain::read_chain(&r)?.map(|c| c.chain_id);
             if now.as_ref() != Some(id) {
-                return Err(DocError::IncrementNotPossible(
-                    "another full backup started a new chain while this one began".into(),
+                return Err(DocError::BackupChain(
+                    BackupChainError::IncrementNotPossible(
+                        "another full backup started a new chain while this one began".into(),
+                    ),
                 ));
             }
         }
@@ -326,7 +329,9 @@ impl Database {
 /// check before a long restore (which checks it again, with every checksum).
 pub fn check_chain(manifests: &[(String, BackupManifest)]) -> Result<()> {
     let Some((label, first)) = manifests.first() else {
-        return Err(DocError::RestorePoint("no backup given".into()));
+        return Err(DocError::BackupChain(BackupChainError::RestorePoint(
+            "no backup given".into(),
+        )));
     };
     chain::check_first(first, label)?;
     for (i, w) in manifests.windows(2).enumerate() {

@@ -22,6 +22,7 @@ use crate::database::{replay, ReplayUnit};
 use crate::schema::{CHAIN_CONSUMER, CONSUMERS, HISTORY, META, META_CHAIN, META_INCARNATION};
 use crate::search::backup::{parse_name, SearchSink, SEARCH_FILE_PREFIX};
 use crate::{validate_database_name, DocError, Etag, Result};
+use crate::{BackupChainError, DatabaseError, DocumentError};
 use kiln_storage::backup::{self, Item};
 use kiln_storage::io::Vfs;
 use kiln_storage::BackupSummary;
@@ -54,7 +55,9 @@ impl RestorePoint {
     /// Parses `etag:E`, `txn:T`, `time:T` (RFC 3339 or ms since the epoch), or a
     /// bare etag (`17-0a1b2c3d`) or RFC 3339 time.
     pub fn parse(s: &str) -> Result<RestorePoint> {
-        let bad = |why: &str| DocError::RestorePoint(format!("{s:?}: {why}"));
+        let bad = |why: &str| {
+            DocError::BackupChain(BackupChainError::RestorePoint(format!("{s:?}: {why}")))
+        };
         let time = |t: &str| -> Result<RestorePoint> {
             if let Ok(ms) = t.parse::<u64>() {
                 return Ok(RestorePoint::TimeMs(ms));
@@ -261,17 +264,17 @@ impl<'e> Replay<'e> {
 /// The incarnation of the database the full backup restored into `env`.
 fn restored_incarnation(env: &Env) -> Result<u32> {
     let r = env.begin_read()?;
-    let raw = r
-        .get(META, META_INCARNATION)?
-        .ok_or_else(|| DocError::CorruptRecord {
+    let raw = r.get(META, META_INCARNATION)?.ok_or_else(|| {
+        DocError::Document(DocumentError::Corrupt {
             id: "(restored meta)".into(),
             why: "no incarnation".into(),
-        })?;
+        })
+    })?;
     Ok(u32::from_be_bytes(raw.try_into().map_err(|_| {
-        DocError::CorruptRecord {
+        DocError::Document(DocumentError::Corrupt {
             id: "(restored meta)".into(),
             why: "incarnation of the wrong size".into(),
-        }
+        })
     })?))
 }
 
@@ -747,11 +750,9 @@ impl<'e> ChainReader<'e> {
 
     /// After the last input: the point reached, and the replay committed.
     fn finish(mut self) -> Result<ChainReport> {
-        let full = self
-            .out
-            .backups
-            .first()
-            .ok_or_else(|| DocError::RestorePoint("no backup given".into()))?;
+        let full = self.out.backups.first().ok_or_else(|| {
+            DocError::BackupChain(BackupChainError::RestorePoint("no backup given".into()))
+        })?;
         if let (RestorePoint::Etag(e), Some(want)) = (&self.stopper.point, self.stopper.point_seq) {
             let last = self.out.backups.last().map(|b| &b.manifest);
             if last
@@ -759,9 +760,11 @@ impl<'e> ChainReader<'e> {
                 .transpose()?
                 .is_some_and(|end| want > end)
             {
-                return Err(DocError::RestorePoint(format!(
-                    "etag {e} is after the last backup given (it ends at etag {})",
-                    last.and_then(|m| m.etag.as_deref()).unwrap_or("0")
+                return Err(DocError::BackupChain(BackupChainError::RestorePoint(
+                    format!(
+                        "etag {e} is after the last backup given (it ends at etag {})",
+                        last.and_then(|m| m.etag.as_deref()).unwrap_or("0")
+                    ),
                 )));
             }
         }
@@ -803,33 +806,39 @@ fn point_after_full(
         RestorePoint::Etag(e) => {
             let want = Etag::parse(e)?;
             if full.incarnation.is_some_and(|i| i != want.incarnation) {
-                return Err(DocError::RestorePoint(format!(
-                    "etag {e} is not of this database (incarnation {})",
-                    super::incarnation_text(full.incarnation)
+                return Err(DocError::BackupChain(BackupChainError::RestorePoint(
+                    format!(
+                        "etag {e} is not of this database (incarnation {})",
+                        super::incarnation_text(full.incarnation)
+                    ),
                 )));
             }
             if want.sequence < at_seq {
-                return Err(DocError::RestorePoint(format!(
-                    "etag {e} is before the full backup's point (etag {}): use an older full \
+                return Err(DocError::BackupChain(BackupChainError::RestorePoint(
+                    format!(
+                        "etag {e} is before the full backup's point (etag {}): use an older full \
                      backup",
-                    full.etag.as_deref().unwrap_or("0")
+                        full.etag.as_deref().unwrap_or("0")
+                    ),
                 )));
             }
             Ok(Some(want.sequence))
         }
-        RestorePoint::Txn(t) if *t < full.txn_id => Err(DocError::RestorePoint(format!(
-            "transaction {t} is before the full backup's snapshot (transaction {}): use an \
+        RestorePoint::Txn(t) if *t < full.txn_id => Err(DocError::BackupChain(
+            BackupChainError::RestorePoint(format!(
+                "transaction {t} is before the full backup's snapshot (transaction {}): use an \
              older full backup",
-            full.txn_id
-        ))),
+                full.txn_id
+            )),
+        )),
         RestorePoint::Txn(_) => Ok(None),
-        RestorePoint::TimeMs(t) if full.last_write_ms.is_some_and(|w| w > *t) => {
-            Err(DocError::RestorePoint(format!(
+        RestorePoint::TimeMs(t) if full.last_write_ms.is_some_and(|w| w > *t) => Err(
+            DocError::BackupChain(BackupChainError::RestorePoint(format!(
                 "time {} is before the full backup's last write ({}): use an older full backup",
                 crate::format_rfc3339_ms(*t),
                 crate::format_rfc3339_ms(full.last_write_ms.unwrap_or(0))
-            )))
-        }
+            ))),
+        ),
         RestorePoint::TimeMs(_) => Ok(None),
     }
 }
@@ -1028,7 +1037,7 @@ pub fn restore_database(
     }
     let target = dbs.join(name);
     if vfs.exists(&target) && !force {
-        return Err(DocError::DatabaseExists(name.to_string()));
+        return Err(DocError::Database(DatabaseError::Exists(name.to_string())));
     }
     let suffix = unique_suffix();
     let built: PathBuf = trash.join(format!("restoring-{name}-{suffix}"));

@@ -12,6 +12,7 @@
 //! length (u16 BE, 0xFFFF for none), collection bytes, id bytes (the rest). The
 //! trees' names and the key encoding are in `schema.rs`.
 
+use crate::DocumentError;
 use crate::{DocError, Etag, Result};
 
 const KIND_PUT: u8 = 1;
@@ -58,9 +59,11 @@ pub(crate) fn encode(
         Some(c) => u16::try_from(c.len())
             .ok()
             .filter(|&l| l != NO_COLLECTION)
-            .ok_or_else(|| DocError::InvalidCollection {
-                name: c.to_string(),
-                why: "longer than the change log can record".into(),
+            .ok_or_else(|| {
+                DocError::Document(DocumentError::InvalidCollection {
+                    name: c.to_string(),
+                    why: "longer than the change log can record".into(),
+                })
             })?,
     };
     let mut out = Vec::with_capacity(HEADER_LEN + coll.len() + id.len());
@@ -78,9 +81,11 @@ pub(crate) fn encode(
 /// Decodes the entry stored under `key`; anything malformed is a `CorruptRecord`
 /// naming the sequence.
 pub(crate) fn decode(incarnation: u32, key: &[u8], value: &[u8]) -> Result<Change> {
-    let corrupt = |why: String| DocError::CorruptRecord {
-        id: format!("(change log entry {key:02x?})"),
-        why,
+    let corrupt = |why: String| {
+        DocError::Document(DocumentError::Corrupt {
+            id: format!("(change log entry {key:02x?})"),
+            why,
+        })
     };
     let sequence = u64::from_be_bytes(
         key.try_into()
@@ -180,7 +185,7 @@ mod tests {
         bad[0] = 9;
         assert!(matches!(
             decode(1, &sequence_key(1), &bad),
-            Err(DocError::CorruptRecord { .. })
+            Err(DocError::Document(DocumentError::Corrupt { .. }))
         ));
         assert!(decode(1, b"short", &v).is_err());
     }

@@ -13,6 +13,7 @@ pub(crate) use log::{decode as decode_entry, encode as encode_entry};
 
 use crate::schema::{decode_u64, sequence_key, CHANGES, CONSUMERS, TOMBSTONES};
 use crate::{Database, DocError, Document, Etag, Result};
+use crate::{DatabaseError, DocumentError, IndexError};
 use kiln_storage::WriteTxn;
 use std::time::Duration;
 
@@ -94,10 +95,12 @@ impl Database {
         }
         let e = Etag::parse(etag)?;
         if e.incarnation != self.incarnation {
-            return Err(DocError::EtagFromOtherIncarnation {
-                etag: etag.to_string(),
-                database: self.name().to_string(),
-            });
+            return Err(DocError::Database(
+                DatabaseError::EtagFromOtherIncarnation {
+                    etag: etag.to_string(),
+                    database: self.name().to_string(),
+                },
+            ));
         }
         Ok(e.sequence)
     }
@@ -203,12 +206,12 @@ impl Database {
                 None => return Ok(None),
             },
         };
-        let raw =
-            r.get(CHANGES, &sequence_key(sequence))?
-                .ok_or_else(|| DocError::CorruptRecord {
-                    id: id.to_string(),
-                    why: format!("no change log entry at its sequence {sequence}"),
-                })?;
+        let raw = r.get(CHANGES, &sequence_key(sequence))?.ok_or_else(|| {
+            DocError::Document(DocumentError::Corrupt {
+                id: id.to_string(),
+                why: format!("no change log entry at its sequence {sequence}"),
+            })
+        })?;
         decode_entry(self.incarnation, &sequence_key(sequence), raw).map(Some)
     }
 
@@ -332,11 +335,11 @@ impl Database {
             for name in self.index_names()? {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 match self.wait_for_index(&name, bound - 1, left) {
-                    Ok(true) | Err(DocError::IndexNotFound(_)) => {}
+                    Ok(true) | Err(DocError::Index(IndexError::NotFound(_))) => {}
                     Ok(false) => {
                         tracing::warn!(database = %self.name(), index = %name, "an index had not read the tombstones a cluster purges: rebuilt");
                         match self.reset_index(&name) {
-                            Ok(()) | Err(DocError::IndexNotFound(_)) => {}
+                            Ok(()) | Err(DocError::Index(IndexError::NotFound(_))) => {}
                             Err(e) => return Err(e),
                         }
                     }

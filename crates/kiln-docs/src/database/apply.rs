@@ -13,6 +13,7 @@ use crate::attachments::{self, AttachmentInfo, BlobStore, Fresh, Hash};
 use crate::changes::{encode_entry, ChangeKind};
 use crate::document::{stored_expires_at_ms, PreparedDoc};
 use crate::expiration;
+use crate::{AttachmentError, DocumentError};
 // Revisions are kept in the write's own commit (a circle with revisions/, whose
 // restore writes through `Database`: see the note there).
 use crate::revisions::keep;
@@ -294,7 +295,11 @@ fn apply_patch(
     key_id: Option<&str>,
 ) -> Result<PutOutcome> {
     let (etag, merged) = match crate::stored::get_mut(txn, id)? {
-        None => return Err(DocError::DocumentNotFound { id: id.to_string() }),
+        None => {
+            return Err(DocError::Document(DocumentError::NotFound {
+                id: id.to_string(),
+            }))
+        }
         Some(bytes) => {
             let rec = record::decode(id, bytes)?;
             check_condition(id, condition, Some(rec.etag))?;
@@ -336,17 +341,20 @@ pub(crate) fn apply_attachment(
 ) -> Result<PutOutcome> {
     unit.stamp();
     let Some(bytes) = crate::stored::get_mut(txn, id)? else {
-        return Err(DocError::DocumentNotFound { id: id.to_string() });
+        return Err(DocError::Document(DocumentError::NotFound {
+            id: id.to_string(),
+        }));
     };
     let rec = record::decode(id, bytes)?;
     check_condition(id, condition, Some(rec.etag))?;
     let etag = rec.etag;
     let mut list = attachments::stored_list(rec.json);
-    let mut value: serde_json::Value =
-        serde_json::from_slice(&rec.to_json(id)?).map_err(|e| DocError::CorruptRecord {
+    let mut value: serde_json::Value = serde_json::from_slice(&rec.to_json(id)?).map_err(|e| {
+        DocError::Document(DocumentError::Corrupt {
             id: id.to_string(),
             why: format!("stored JSON does not parse: {e}"),
-        })?;
+        })
+    })?;
     match change {
         AttachmentChange::Put {
             name,
@@ -366,10 +374,10 @@ pub(crate) fn apply_attachment(
             let before = list.len();
             list.retain(|a| &a.name != name);
             if list.len() == before {
-                return Err(DocError::AttachmentNotFound {
+                return Err(DocError::Attachment(AttachmentError::NotFound {
                     id: id.to_string(),
                     name: name.clone(),
-                });
+                }));
             }
         }
     }
@@ -377,9 +385,11 @@ pub(crate) fn apply_attachment(
         .as_object_mut()
         .and_then(|o| o.get_mut("@metadata"))
         .and_then(serde_json::Value::as_object_mut)
-        .ok_or_else(|| DocError::CorruptRecord {
-            id: id.to_string(),
-            why: "stored document has no @metadata object".into(),
+        .ok_or_else(|| {
+            DocError::Document(DocumentError::Corrupt {
+                id: id.to_string(),
+                why: "stored document has no @metadata object".into(),
+            })
         })?;
     metadata.insert(
         attachments::ATTACHMENTS_KEY.to_string(),
@@ -411,11 +421,11 @@ fn current_full(
 
 fn check_condition(id: &str, condition: Condition, current: Option<Etag>) -> Result<()> {
     let conflict = |why: String| {
-        Err(DocError::Conflict {
+        Err(DocError::Document(DocumentError::Conflict {
             id: id.to_string(),
             current,
             why,
-        })
+        }))
     };
     match (condition, current) {
         (Condition::None, _) => Ok(()),
@@ -440,12 +450,12 @@ fn add_to_count(txn: &mut WriteTxn<'_>, collection: &str, delta: i64) -> Result<
         Some(b) => decode_u64(b, "collection count")?,
         None => 0,
     };
-    let new = now
-        .checked_add_signed(delta)
-        .ok_or_else(|| DocError::CorruptRecord {
+    let new = now.checked_add_signed(delta).ok_or_else(|| {
+        DocError::Document(DocumentError::Corrupt {
             id: format!("(count of {collection})"),
             why: format!("count {now} {delta:+} goes below zero"),
-        })?;
+        })
+    })?;
     if new == 0 {
         txn.delete(COUNTS, collection.as_bytes())?;
     } else {
@@ -568,10 +578,10 @@ fn check_document_size(
 ) -> Result<()> {
     let json_len = doc.stored_json_len(id, collection, etag, unit.now_ms);
     if json_len > unit.limits.max_document_bytes {
-        return Err(DocError::DocumentTooLarge {
+        return Err(DocError::Document(DocumentError::TooLarge {
             len: json_len,
             max: unit.limits.max_document_bytes,
-        });
+        }));
     }
     Ok(())
 }
@@ -664,10 +674,14 @@ fn apply_delete(
 ) -> Result<DeleteOutcome> {
     let Some(((etag, collection), old_attachments)) = current_full(txn, id)? else {
         if condition == Condition::None {
-            return Err(DocError::DocumentNotFound { id: id.to_string() });
+            return Err(DocError::Document(DocumentError::NotFound {
+                id: id.to_string(),
+            }));
         }
         check_condition(id, condition, None)?;
-        return Err(DocError::DocumentNotFound { id: id.to_string() });
+        return Err(DocError::Document(DocumentError::NotFound {
+            id: id.to_string(),
+        }));
     };
     check_condition(id, condition, Some(etag))?;
     let tombstone_etag = unit.peek_next_etag(txn)?;
@@ -764,10 +778,10 @@ pub(crate) fn replay(txn: &mut WriteTxn<'_>, unit: &mut Unit, e: &HistoryEntry<'
 
 /// The error of a backup history entry that does not continue the restored state.
 fn corrupt_entry(e: &HistoryEntry<'_>, why: String) -> DocError {
-    DocError::CorruptRecord {
+    DocError::Document(DocumentError::Corrupt {
         id: format!("(backup history entry {} for {:?})", e.sequence, e.id),
         why,
-    }
+    })
 }
 
 /// `replay` of a put: its record, which must carry the entry's etag, written as

@@ -25,6 +25,7 @@
 //! tree's name, the meta key and the key encoding are in `schema.rs`.
 
 use crate::changes::ChangeKind;
+use crate::DocumentError;
 use crate::{DocError, Result};
 use serde::{Deserialize, Serialize};
 
@@ -51,9 +52,11 @@ impl ChainState {
     }
 
     pub fn decode(b: &[u8]) -> Result<ChainState> {
-        serde_json::from_slice(b).map_err(|e| DocError::CorruptRecord {
-            id: "(meta backup_chain)".into(),
-            why: e.to_string(),
+        serde_json::from_slice(b).map_err(|e| {
+            DocError::Document(DocumentError::Corrupt {
+                id: "(meta backup_chain)".into(),
+                why: e.to_string(),
+            })
         })
     }
 }

@@ -18,6 +18,7 @@ use crate::schema::{
     DATABASE_TREES, EXPIRATION_IDS, HISTORY, META, META_CHAIN, META_INCARNATION, META_LAST_ETAG,
     TOMBSTONES,
 };
+use crate::{DatabaseError, DocumentError};
 use crate::{DocError, Document, Etag, Result};
 use apply::{apply_op, Possible, Unit};
 use kiln_storage::{Env, ReadTxn};
@@ -357,7 +358,9 @@ impl Database {
 
     pub(crate) fn live(&self) -> Result<&Env> {
         if self.deleted.load(Ordering::SeqCst) {
-            return Err(DocError::DatabaseNotFound(self.name.clone()));
+            return Err(DocError::Database(DatabaseError::NotFound(
+                self.name.clone(),
+            )));
         }
         Ok(self.env())
     }
@@ -392,10 +395,10 @@ impl Database {
             DocId::Given(id) => self.check_document_id(id),
             DocId::Generate { prefix } => {
                 if !prefix.ends_with('/') {
-                    return Err(DocError::InvalidId {
+                    return Err(DocError::Document(DocumentError::InvalidId {
                         id: prefix.clone(),
                         why: "a prefix for a generated id must end with '/'".into(),
-                    });
+                    }));
                 }
                 // Room for the generated number.
                 check_id(
@@ -410,10 +413,10 @@ impl Database {
 
     fn check_body_size(&self, len: usize) -> Result<()> {
         if len > self.limits.max_document_bytes {
-            return Err(DocError::DocumentTooLarge {
+            return Err(DocError::Document(DocumentError::TooLarge {
                 len,
                 max: self.limits.max_document_bytes,
-            });
+            }));
         }
         Ok(())
     }
@@ -537,10 +540,10 @@ impl Database {
 
     fn check_batch_len(&self, len: usize) -> Result<()> {
         if len > self.limits.max_batch_ops {
-            return Err(DocError::BatchTooLong {
+            return Err(DocError::Database(DatabaseError::BatchTooLong {
                 len,
                 max: self.limits.max_batch_ops,
-            });
+            }));
         }
         Ok(())
     }
@@ -630,7 +633,11 @@ impl Database {
             Ok(env) => env,
             Err(_) => {
                 return (0..n)
-                    .map(|_| Err(DocError::DatabaseNotFound(self.name.clone())))
+                    .map(|_| {
+                        Err(DocError::Database(DatabaseError::NotFound(
+                            self.name.clone(),
+                        )))
+                    })
                     .collect()
             }
         };
@@ -825,9 +832,11 @@ fn write_new_database(env: &Env, incarnation: u32) -> Result<()> {
 /// The incarnation in database `name`'s meta.
 fn read_incarnation(env: &Env, name: &str) -> Result<u32> {
     let r = env.begin_read()?;
-    let missing = |what: &str| DocError::CorruptRecord {
-        id: format!("(database {name} meta)"),
-        why: format!("{what} is missing or malformed"),
+    let missing = |what: &str| {
+        DocError::Document(DocumentError::Corrupt {
+            id: format!("(database {name} meta)"),
+            why: format!("{what} is missing or malformed"),
+        })
     };
     if !r.tree_exists(META)? {
         return Err(missing("the meta tree"));
@@ -928,9 +937,11 @@ fn each_failed(early: Vec<Option<DocError>>, e: DocError) -> Vec<Result<BatchOut
 }
 
 fn at_index(index: usize) -> impl Fn(DocError) -> DocError {
-    move |e: DocError| DocError::BatchOpFailed {
-        index,
-        source: Box::new(e),
+    move |e: DocError| {
+        DocError::Database(DatabaseError::BatchOpFailed {
+            index,
+            source: Box::new(e),
+        })
     }
 }
 

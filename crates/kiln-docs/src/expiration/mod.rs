@@ -26,6 +26,7 @@ pub(crate) mod upgrade;
 use crate::schema::{
     decode_expiration_key, decode_u64, expiration_key, EXPIRATIONS, EXPIRATION_IDS,
 };
+use crate::DocumentError;
 use crate::{Condition, Database, DocError, Etag, Result, WriteOp};
 use kiln_storage::WriteTxn;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -101,9 +102,10 @@ impl Database {
             match result {
                 Ok(_) => report.deleted += 1,
                 // Rewritten or deleted since it was found: its new write decides.
-                Err(DocError::Conflict { .. } | DocError::DocumentNotFound { .. }) => {
-                    report.skipped += 1
-                }
+                Err(
+                    DocError::Document(DocumentError::Conflict { .. })
+                    | DocError::Document(DocumentError::NotFound { .. }),
+                ) => report.skipped += 1,
                 Err(e) => return Err(e),
             }
         }

@@ -2,6 +2,7 @@
 //! JSON paths; and the entries a document gives an index.
 
 use super::value::{Scalar, TAG_MISSING};
+use crate::IndexError;
 use crate::{DocError, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -64,7 +65,8 @@ pub(crate) enum Step {
 }
 
 pub(crate) fn parse_path(path: &str) -> Result<Vec<Step>> {
-    let bad = |why: &str| DocError::InvalidIndex(format!("field path {path:?}: {why}"));
+    let bad =
+        |why: &str| DocError::Index(IndexError::Invalid(format!("field path {path:?}: {why}")));
     if path.is_empty() || path.len() > MAX_PATH_LEN {
         return Err(bad("must be 1 to 256 bytes"));
     }
@@ -121,15 +123,15 @@ impl IndexDefinition {
                 .iter()
                 .find(|f| f.search || f.analyzer.is_some())
             {
-                return Err(DocError::InvalidIndex(format!(
+                return Err(DocError::Index(IndexError::Invalid(format!(
                     "group_by field {:?}: a reduce index groups by values, not full text",
                     f.path
-                )));
+                ))));
             }
             if !self.fields.is_empty() {
-                return Err(DocError::InvalidIndex(
+                return Err(DocError::Index(IndexError::Invalid(
                     "a reduce index has group_by and aggregate, not fields".into(),
-                ));
+                )));
             }
             // def <-> reduce: a definition is valid only with a valid reduce spec, and
             // a reducer reads documents by the definition's field paths; one index
@@ -137,42 +139,42 @@ impl IndexDefinition {
             return super::reduce::validate(reduce);
         }
         if self.fields.is_empty() || self.fields.len() > MAX_INDEX_FIELDS {
-            return Err(DocError::InvalidIndex(format!(
+            return Err(DocError::Index(IndexError::Invalid(format!(
                 "an index has 1 to {MAX_INDEX_FIELDS} fields"
-            )));
+            ))));
         }
         for f in &self.fields {
             parse_path(&f.path)?;
             if f.analyzer.is_some() && !f.search {
-                return Err(DocError::InvalidIndex(format!(
+                return Err(DocError::Index(IndexError::Invalid(format!(
                     "field {:?}: an analyzer is for a full-text field (\"search\": true)",
                     f.path
-                )));
+                ))));
             }
             if f.search {
                 if f.case_insensitive {
-                    return Err(DocError::InvalidIndex(format!(
+                    return Err(DocError::Index(IndexError::Invalid(format!(
                         "field {:?}: a full-text field's case is its analyzer's \
                          (standard and english lowercase, keyword keeps it)",
                         f.path
-                    )));
+                    ))));
                 }
                 crate::search::analyzer::validate(f.analyzer.as_deref())?;
             }
         }
         if self.is_search() && self.fields.iter().any(|f| !f.search) {
-            return Err(DocError::InvalidIndex(
+            return Err(DocError::Index(IndexError::Invalid(
                 "an index's fields are all full-text (\"search\": true) or none: \
                  define the other fields in a second index"
                     .into(),
-            ));
+            )));
         }
         let mut paths: Vec<&str> = self.fields.iter().map(|f| f.path.as_str()).collect();
         paths.sort_unstable();
         if self.is_search() && paths.windows(2).any(|w| w[0] == w[1]) {
-            return Err(DocError::InvalidIndex(
+            return Err(DocError::Index(IndexError::Invalid(
                 "a full-text index names each field once".into(),
-            ));
+            )));
         }
         Ok(())
     }
@@ -195,9 +197,9 @@ pub fn validate_index_name(name: &str) -> Result<()> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_./@".contains(&b));
     if !ok {
-        return Err(DocError::InvalidIndex(format!(
+        return Err(DocError::Index(IndexError::Invalid(format!(
             "index name {name:?}: 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 - _ . / @"
-        )));
+        ))));
     }
     Ok(())
 }

@@ -21,6 +21,7 @@ use crate::schema::{
     docs_tree, entries_tree, errors_tree, read_last_sequence, sequence_key, CHANGES,
 };
 use crate::{record, Database, DocError, Result};
+use crate::{DatabaseError, DocumentError};
 use kiln_storage::{ReadTxn, WriteTxn};
 use parking_lot::{Condvar, Mutex};
 use serde_json::Value;
@@ -252,7 +253,8 @@ fn run(weak: Weak<Database>, shared: Arc<Shared>) {
         match worked {
             Ok(true) => continue,
             Ok(false) => {}
-            Err(DocError::DatabaseNotFound(_)) | Err(DocError::ShuttingDown) => return,
+            Err(DocError::Database(DatabaseError::NotFound(_)))
+            | Err(DocError::Database(DatabaseError::ShuttingDown)) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "indexing round failed; retrying");
                 std::thread::sleep(Duration::from_millis(100));
@@ -801,9 +803,11 @@ fn encode_list(keys: &[Vec<u8>]) -> Vec<u8> {
 fn decode_list(mut b: &[u8]) -> Result<Vec<&[u8]>> {
     let mut out = Vec::new();
     while !b.is_empty() {
-        let bad = || DocError::CorruptRecord {
-            id: "(index document entries)".into(),
-            why: "truncated list".into(),
+        let bad = || {
+            DocError::Document(DocumentError::Corrupt {
+                id: "(index document entries)".into(),
+                why: "truncated list".into(),
+            })
         };
         let len =
             u16::from_be_bytes(b.get(..2).ok_or_else(bad)?.try_into().map_err(|_| bad())?) as usize;

@@ -27,6 +27,7 @@ use crate::schema::{
     CONSUMERS, INDEX_DEFS, INDEX_STATE, META, META_NEXT_INDEX_ID,
 };
 use crate::{Database, DocError, Etag, Result};
+use crate::{DocumentError, IndexError};
 use kiln_storage::{ReadTxn, WriteTxn};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -80,10 +81,10 @@ impl IndexState {
 
     fn decode(b: &[u8]) -> Result<IndexState> {
         if b.len() != 24 {
-            return Err(DocError::CorruptRecord {
+            return Err(DocError::Document(DocumentError::Corrupt {
                 id: "(index state)".into(),
                 why: format!("{} bytes, expected 24", b.len()),
-            });
+            }));
         }
         Ok(IndexState {
             id: decode_u64(&b[..8], "index id")?,
@@ -240,13 +241,17 @@ pub(crate) fn load(
     let mut item = c.first()?;
     while let Some((k, v)) = item {
         let name = String::from_utf8_lossy(k).into_owned();
-        let stored: StoredDef = serde_json::from_slice(v).map_err(|e| DocError::CorruptRecord {
-            id: format!("(index {name})"),
-            why: e.to_string(),
+        let stored: StoredDef = serde_json::from_slice(v).map_err(|e| {
+            DocError::Document(DocumentError::Corrupt {
+                id: format!("(index {name})"),
+                why: e.to_string(),
+            })
         })?;
-        let st = read_state(r, &name)?.ok_or_else(|| DocError::CorruptRecord {
-            id: format!("(index {name})"),
-            why: "no state".into(),
+        let st = read_state(r, &name)?.ok_or_else(|| {
+            DocError::Document(DocumentError::Corrupt {
+                id: format!("(index {name})"),
+                why: "no state".into(),
+            })
         })?;
         out.push(Runtime::open(
             Compiled::new(stored.definition)?,
@@ -273,7 +278,7 @@ impl Database {
             if rt.compiled.def == def {
                 return Ok(false);
             }
-            return Err(DocError::IndexExists(def.name.clone()));
+            return Err(DocError::Index(IndexError::Exists(def.name.clone())));
         }
         let stored_def = def.clone();
         let id = env.submit_with(move |txn| -> Result<u64> {
@@ -291,7 +296,7 @@ impl Database {
     fn running_index(&self, name: &str) -> Result<Arc<Runtime>> {
         self.indexer()
             .get(name)
-            .ok_or_else(|| DocError::IndexNotFound(name.to_string()))
+            .ok_or_else(|| DocError::Index(IndexError::NotFound(name.to_string())))
     }
 
     pub fn index_definition(&self, name: &str) -> Result<IndexDefinition> {
@@ -365,7 +370,8 @@ impl Database {
         let rt = self.running_index(name)?;
         let r = env.begin_read()?;
         let db_seq = self.read_last_sequence(&r)?;
-        let st = read_state(&r, name)?.ok_or_else(|| DocError::IndexNotFound(name.into()))?;
+        let st = read_state(&r, name)?
+            .ok_or_else(|| DocError::Index(IndexError::NotFound(name.into())))?;
         let mut behind = 0u64;
         if st.last_sequence < db_seq {
             let mut c = r.cursor(CHANGES)?;
@@ -417,7 +423,7 @@ impl Database {
         for name in self.index_names()? {
             match self.index_info(&name) {
                 Ok(i) => out.push(i),
-                Err(DocError::IndexNotFound(_)) => {}
+                Err(DocError::Index(IndexError::NotFound(_))) => {}
                 Err(e) => return Err(e),
             }
         }

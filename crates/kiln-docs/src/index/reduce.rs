@@ -27,6 +27,7 @@ use super::def::{
 use super::value::{encoded_len, prefix_successor, Scalar, TAG_NULL};
 use crate::schema::{docs_tree, entries_tree};
 use crate::{DocError, Result};
+use crate::{DocumentError, IndexError};
 use kiln_storage::{ReadTxn, WriteTxn};
 use serde_json::Value;
 
@@ -84,9 +85,9 @@ impl Agg {
 /// Parses `count()`, `sum(path)`, ... into a function and its path.
 pub(crate) fn parse_call(text: &str) -> Result<(Func, Option<String>)> {
     let bad = || {
-        DocError::InvalidIndex(format!(
+        DocError::Index(IndexError::Invalid(format!(
             "aggregate {text:?}: count(), sum(path), avg(path), min(path) or max(path)"
-        ))
+        )))
     };
     let (name, rest) = text.trim().split_once('(').ok_or_else(bad)?;
     let arg = rest.strip_suffix(')').ok_or_else(bad)?.trim();
@@ -123,14 +124,14 @@ pub(crate) struct Reducer {
 impl Reducer {
     pub fn new(spec: &ReduceSpec) -> Result<Reducer> {
         if spec.group_by.is_empty() || spec.group_by.len() > MAX_GROUP_FIELDS {
-            return Err(DocError::InvalidIndex(format!(
+            return Err(DocError::Index(IndexError::Invalid(format!(
                 "a reduce index groups by 1 to {MAX_GROUP_FIELDS} fields"
-            )));
+            ))));
         }
         if spec.aggregate.is_empty() || spec.aggregate.len() > MAX_AGGREGATES {
-            return Err(DocError::InvalidIndex(format!(
+            return Err(DocError::Index(IndexError::Invalid(format!(
                 "a reduce index has 1 to {MAX_AGGREGATES} aggregates"
-            )));
+            ))));
         }
         let group_paths = spec
             .group_by
@@ -143,9 +144,9 @@ impl Reducer {
                 && name.len() <= 64
                 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
             if !valid_name {
-                return Err(DocError::InvalidIndex(format!(
+                return Err(DocError::Index(IndexError::Invalid(format!(
                     "aggregate name {name:?}: 1 to 64 characters of A-Z a-z 0-9 _"
-                )));
+                ))));
             }
             let (func, path) = parse_call(call)?;
             let steps = path
@@ -393,10 +394,10 @@ struct Reader<'b>(&'b [u8]);
 impl<'b> Reader<'b> {
     fn take(&mut self, n: usize) -> Result<&'b [u8]> {
         if self.0.len() < n {
-            return Err(DocError::CorruptRecord {
+            return Err(DocError::Document(DocumentError::Corrupt {
                 id: "(reduce index)".into(),
                 why: "a stored record is truncated".into(),
-            });
+            }));
         }
         let (head, rest) = self.0.split_at(n);
         self.0 = rest;
@@ -664,11 +665,12 @@ fn group_row(
     key: &[u8],
     state: &GroupState,
 ) -> Result<GroupRow> {
-    let values: Vec<Value> =
-        serde_json::from_str(&state.values_json).map_err(|e| DocError::CorruptRecord {
+    let values: Vec<Value> = serde_json::from_str(&state.values_json).map_err(|e| {
+        DocError::Document(DocumentError::Corrupt {
             id: "(reduce index group)".into(),
             why: e.to_string(),
-        })?;
+        })
+    })?;
     let mut sums = state.sums.iter();
     let mut aggregates = Vec::with_capacity(reducer.aggs.len());
     for (agg_no, agg) in reducer.aggs.iter().enumerate() {

@@ -16,6 +16,7 @@ use crate::index::value::Scalar;
 use crate::index::{read_state, ReduceSpec, Runtime};
 use crate::schema::{decode_u64, COUNTS};
 use crate::{Database, DocError, Result};
+use crate::{IndexError, QueryError};
 use kiln_storage::ReadTxn;
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -124,8 +125,8 @@ impl Database {
             .reduce
             .as_ref()
             .ok_or_else(|| invalid("not a reduce index"))?;
-        let st =
-            read_state(r, rt.name())?.ok_or_else(|| DocError::IndexNotFound(rt.name().into()))?;
+        let st = read_state(r, rt.name())?
+            .ok_or_else(|| DocError::Index(IndexError::NotFound(rt.name().into())))?;
         out.index = Some(rt.name().to_string());
         out.index_etag = (st.last_sequence > 0).then(|| self.etag_at(st.last_sequence));
         out.stale = st.last_sequence < db_seq;
@@ -214,7 +215,7 @@ impl Database {
         };
         match self.define_index(def) {
             Ok(true) => Ok(Some(name)),
-            Ok(false) | Err(DocError::IndexExists(_)) => Ok(None),
+            Ok(false) | Err(DocError::Index(IndexError::Exists(_))) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -239,11 +240,11 @@ impl Database {
             .get(COUNTS, collection.as_bytes())?
             .map_or(Ok(0), |b| decode_u64(b, "collection count"))?;
         if count > max_scan as u64 {
-            return Err(DocError::QueryTooExpensive(format!(
+            return Err(DocError::Query(QueryError::TooExpensive(format!(
                 "no reduce index answers this group by and collection {collection:?} has {count} \
                  documents (a scan reads at most {max_scan}); define a reduce index with these \
                  group_by fields and aggregates (and no where)"
-            )));
+            ))));
         }
         let mut docs = Vec::new();
         super::for_each_in_collection(r, collection, out, |_, v| {
@@ -305,11 +306,11 @@ fn group_document(g: &Grouping, values: &[Value]) -> Value {
 }
 
 fn invalid(message: &str) -> DocError {
-    DocError::InvalidQuery {
+    DocError::Query(QueryError::Invalid {
         line: 0,
         column: 0,
         message: message.to_string(),
-    }
+    })
 }
 
 fn empty_result(db: &Database, db_seq: u64) -> QueryResult {

@@ -45,6 +45,7 @@ use crate::schema::{
     collection_key, decode_u64, entries_tree, read_last_sequence, BY_COLLECTION, COUNTS,
 };
 use crate::{Database, DocError, Document, Etag, Result};
+use crate::{DocumentError, IndexError, QueryError};
 use eval::{eval, field_values};
 use kiln_storage::{Cursor, Entry, ReadTxn};
 use parse::{CmpOp, Expr, Field, Query, Source};
@@ -116,10 +117,12 @@ impl Cont {
     }
 
     fn decode(t: &str) -> Result<Cont> {
-        let bad = || DocError::InvalidQuery {
-            line: 0,
-            column: 0,
-            message: "malformed continuation token".into(),
+        let bad = || {
+            DocError::Query(QueryError::Invalid {
+                line: 0,
+                column: 0,
+                message: "malformed continuation token".into(),
+            })
         };
         if let Some(n) = t.strip_prefix('o') {
             let n: usize = n.parse().map_err(|_| bad())?;
@@ -315,23 +318,23 @@ fn resume_in(
         {
             Ok(Some((before, key)))
         }
-        Some(_) => Err(DocError::InvalidQuery {
+        Some(_) => Err(DocError::Query(QueryError::Invalid {
             line: 0,
             column: 0,
             message: "the continuation token belongs to another query, or the \
                       index was reset since; start over"
                 .into(),
-        }),
+        })),
     }
 }
 
 /// A continuation token given to a query it was not made for.
 fn foreign_continuation() -> DocError {
-    DocError::InvalidQuery {
+    DocError::Query(QueryError::Invalid {
         line: 0,
         column: 0,
         message: "the continuation token belongs to another query; start over".into(),
-    }
+    })
 }
 
 /// A continuation token's offset (set on `q`), or the index entry it resumes after.
@@ -500,7 +503,7 @@ impl Database {
         } = plan;
         let st = read_state(r, rt.name())?
             .filter(|st| st.id == rt.id)
-            .ok_or_else(|| DocError::IndexNotFound(rt.name().to_string()))?;
+            .ok_or_else(|| DocError::Index(IndexError::NotFound(rt.name().to_string())))?;
         out.index = Some(rt.name().to_string());
         let tree = entries_tree(st.id);
         let resume = resume_in(after, &rt, ordered)?;
@@ -585,14 +588,13 @@ impl Database {
     fn find_index<'q>(&self, q: &'q Query) -> Result<Option<(Arc<Runtime>, Option<&'q Expr>)>> {
         let candidates: Vec<Arc<Runtime>> = match &q.source {
             Source::Index(name) => {
-                vec![self
-                    .indexer()
-                    .get(name)
-                    .ok_or_else(|| DocError::InvalidQuery {
+                vec![self.indexer().get(name).ok_or_else(|| {
+                    DocError::Query(QueryError::Invalid {
                         line: 1,
                         column: 1,
                         message: format!("index {name:?} does not exist"),
-                    })?]
+                    })
+                })?]
             }
             Source::Collection(c) => self
                 .indexer()
@@ -661,7 +663,7 @@ impl Database {
                 Source::Collection(c) => Ok(Plan::Scan {
                     collection: c.clone(),
                 }),
-                Source::Index(n) => Err(DocError::IndexNotFound(n.clone())),
+                Source::Index(n) => Err(DocError::Index(IndexError::NotFound(n.clone()))),
             };
         };
         let ranges = match driver.and_then(ranges_of) {
@@ -708,7 +710,7 @@ impl Database {
         };
         match self.define_index(def) {
             Ok(true) => Ok(Some(name)),
-            Ok(false) | Err(DocError::IndexExists(_)) => Ok(None),
+            Ok(false) | Err(DocError::Index(IndexError::Exists(_))) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -759,10 +761,10 @@ impl Database {
             return Ok(());
         }
         if count > max_scan as u64 {
-            return Err(DocError::QueryTooExpensive(format!(
+            return Err(DocError::Query(QueryError::TooExpensive(format!(
                 "no index covers this query and collection {collection:?} has {count} documents \
                  (a scan reads at most {max_scan}); define an index on a field of the where or order by"
-            )));
+            ))));
         }
         let lead = Lead::of(q);
         let mut matched = Vec::new();
@@ -989,12 +991,12 @@ impl StreamPage<'_, '_, '_> {
             return Ok(Walk::On);
         }
         if out.documents_loaded as usize >= self.max_scan {
-            return Err(DocError::QueryTooExpensive(format!(
+            return Err(DocError::Query(QueryError::TooExpensive(format!(
                 "the query would load more than {} documents to check \
                  its where; put its most selective field first in an index, or \
                  narrow it",
                 self.max_scan
-            )));
+            ))));
         }
         let id = String::from_utf8_lossy(id).into_owned();
         if let Some((d, v)) = load(self.r, &id, out)? {
@@ -1026,18 +1028,19 @@ impl StreamPage<'_, '_, '_> {
         };
         // Covered: the where is one conjunct on the index's own fields, so only those
         // are parsed to check it (the rest of the JSON is skipped, not built).
-        let still_matches =
-            match &self.q.filter {
-                None => true,
-                Some(f) => {
-                    let fields = crate::index::def::parse_fields(&d.json, &self.index_keys)
-                        .map_err(|why| DocError::CorruptRecord {
+        let still_matches = match &self.q.filter {
+            None => true,
+            Some(f) => {
+                let fields =
+                    crate::index::def::parse_fields(&d.json, &self.index_keys).map_err(|why| {
+                        DocError::Document(DocumentError::Corrupt {
                             id: id.clone(),
                             why: format!("stored JSON does not parse: {why}"),
-                        })?;
-                    eval(f, &fields)
-                }
-            };
+                        })
+                    })?;
+                eval(f, &fields)
+            }
+        };
         if still_matches {
             docs.push(d);
             self.last = Some((k.to_vec(), self.before + self.matches + 1));
@@ -1237,11 +1240,11 @@ fn collect_ids(
             out.entries_read += 1;
             if !multi || seen.insert(id.to_vec()) {
                 if ids.len() >= max {
-                    return Err(DocError::QueryTooExpensive(format!(
+                    return Err(DocError::Query(QueryError::TooExpensive(format!(
                         "more than {max} documents match before sorting; add an index whose first \
                          field is the order by field (without order by: the field of the where's \
                          most selective condition)"
-                    )));
+                    ))));
                 }
                 ids.push(String::from_utf8_lossy(id).into_owned());
             }

@@ -26,6 +26,7 @@
 
 use crate::index::def::{parse_path, Step};
 use crate::index::value::Scalar;
+use crate::QueryError;
 use crate::{DocError, Result};
 use serde_json::{Map, Value};
 
@@ -176,11 +177,11 @@ fn position(text: &str, at: usize) -> (usize, usize) {
 
 fn error_at(text: &str, at: usize, message: impl Into<String>) -> DocError {
     let (line, column) = position(text, at);
-    DocError::InvalidQuery {
+    DocError::Query(QueryError::Invalid {
         line,
         column,
         message: message.into(),
-    }
+    })
 }
 
 fn lex(text: &str) -> Result<Vec<Token>> {
@@ -330,14 +331,14 @@ struct Parser<'a> {
 
 pub(crate) fn parse(text: &str, params: &Map<String, Value>) -> Result<Query> {
     if text.len() > MAX_QUERY_BYTES {
-        return Err(DocError::InvalidQuery {
+        return Err(DocError::Query(QueryError::Invalid {
             line: 0,
             column: 0,
             message: format!(
                 "query of {} bytes exceeds the limit of {MAX_QUERY_BYTES}",
                 text.len()
             ),
-        });
+        }));
     }
     let toks = lex(text)?;
     let mut p = Parser {
@@ -1046,26 +1047,33 @@ mod tests {
     #[test]
     fn errors_point_at_line_and_column() {
         match p("from users\nwhere n >") {
-            Err(DocError::InvalidQuery { line, column, .. }) => assert_eq!((line, column), (2, 10)),
+            Err(DocError::Query(QueryError::Invalid { line, column, .. })) => {
+                assert_eq!((line, column), (2, 10))
+            }
             other => panic!("{other:?}"),
         }
         match p("from users where n = 1 limit 999999999") {
-            Err(DocError::InvalidQuery { message, .. }) => assert!(message.contains("limit")),
+            Err(DocError::Query(QueryError::Invalid { message, .. })) => {
+                assert!(message.contains("limit"))
+            }
             other => panic!("{other:?}"),
         }
         let deep = format!("from u where {}n = 1{}", "(".repeat(100), ")".repeat(100));
-        assert!(matches!(p(&deep), Err(DocError::InvalidQuery { .. })));
+        assert!(matches!(
+            p(&deep),
+            Err(DocError::Query(QueryError::Invalid { .. }))
+        ));
         assert!(matches!(
             p("from u where n = $x"),
-            Err(DocError::InvalidQuery { .. })
+            Err(DocError::Query(QueryError::Invalid { .. }))
         ));
         assert!(matches!(
             p("from u where n between 1 and 'a'"),
-            Err(DocError::InvalidQuery { .. })
+            Err(DocError::Query(QueryError::Invalid { .. }))
         ));
         assert!(matches!(
             p("from u where n = 'unterminated"),
-            Err(DocError::InvalidQuery { .. })
+            Err(DocError::Query(QueryError::Invalid { .. }))
         ));
     }
 }
@@ -1209,11 +1217,11 @@ mod never_panics {
                 );
                 None
             }
-            Err(DocError::InvalidQuery {
+            Err(DocError::Query(QueryError::Invalid {
                 line,
                 column,
                 message,
-            }) => {
+            })) => {
                 let lines = text.matches('\n').count() + 1;
                 assert!(
                     (1..=lines).contains(&line),

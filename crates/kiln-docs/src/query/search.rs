@@ -31,6 +31,7 @@ use crate::schema::read_last_sequence;
 use crate::search::indexing::each_text;
 use crate::search::{tantivy_err, SearchIndex};
 use crate::{Database, DocError, Result};
+use crate::{IndexError, QueryError};
 use serde_json::{Map, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -42,11 +43,11 @@ use tantivy::snippet::SnippetGenerator;
 use tantivy::{DocAddress, Searcher, TantivyDocument};
 
 fn invalid(message: impl Into<String>) -> DocError {
-    DocError::InvalidQuery {
+    DocError::Query(QueryError::Invalid {
         line: 0,
         column: 0,
         message: message.into(),
-    }
+    })
 }
 
 /// A `where` split in two: its `search()` conditions, and what is left of it.
@@ -150,7 +151,7 @@ impl Database {
                 let rt = self
                     .indexer()
                     .get(name)
-                    .ok_or_else(|| DocError::IndexNotFound(name.clone()))?;
+                    .ok_or_else(|| DocError::Index(IndexError::NotFound(name.clone())))?;
                 if !has_all(&rt) {
                     return Err(invalid(format!(
                         "index {name:?} is not a full-text index of {wanted}"
@@ -318,10 +319,10 @@ impl Database {
         let max = self.indexer().options().max_scan_docs;
         let total = searcher.search(query, &Count).map_err(err)?;
         if total > max {
-            return Err(DocError::QueryTooExpensive(format!(
+            return Err(DocError::Query(QueryError::TooExpensive(format!(
                 "{total} documents match the search before the rest of the where and the order \
                  are applied (at most {max} are read); narrow the search, or order by score() only"
-            )));
+            ))));
         }
         let all = if total == 0 {
             Vec::new()
@@ -457,10 +458,10 @@ impl Database {
         })?;
         let n = self.collection_len(c)?;
         if n > max as u64 {
-            return Err(DocError::QueryTooExpensive(format!(
+            return Err(DocError::Query(QueryError::TooExpensive(format!(
                 "the where holds for documents that match no search() (a search() under \
                  or / not), so all {n} documents of {c} would be read (at most {max})"
-            )));
+            ))));
         }
         let mut ids = Vec::new();
         super::for_each_in_collection(r, c, out, |d, _| ids.push(d.id))?;
@@ -488,11 +489,11 @@ fn matches_of_each(
     for (text, negated, query) in each {
         let total = searcher.search(&**query, &Count).map_err(err)?;
         if total > max {
-            return Err(DocError::QueryTooExpensive(format!(
+            return Err(DocError::Query(QueryError::TooExpensive(format!(
                 "{total} documents match search('{}') under an or / not (at most {max} \
                  are read); narrow it, or make it a condition of the where's top-level and",
                 text.text
-            )));
+            ))));
         }
         let hits = if total == 0 {
             Vec::new()
@@ -693,5 +694,10 @@ fn stored_id(searcher: &Searcher, s: &SearchIndex, addr: DocAddress) -> Result<S
     doc.get_first(s.id_field)
         .and_then(|v| v.as_str())
         .map(str::to_string)
-        .ok_or_else(|| DocError::Search(format!("{}: a match without an id", s.dir.display())))
+        .ok_or_else(|| {
+            DocError::Index(IndexError::Search(format!(
+                "{}: a match without an id",
+                s.dir.display()
+            )))
+        })
 }

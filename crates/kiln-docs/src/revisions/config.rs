@@ -3,6 +3,7 @@
 //! `revisions_config`, and the copy of it the write path reads.
 
 use crate::{validate_collection, DocError, Result};
+use crate::{DocumentError, RevisionError};
 use kiln_storage::WriteTxn;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
@@ -43,17 +44,17 @@ impl RevisionsConfig {
     /// Parses and checks a configuration as a client sends it.
     pub fn from_json(json: &[u8]) -> Result<RevisionsConfig> {
         let bad = |e: serde_json::Error| {
-            DocError::InvalidRevisionsConfig(format!(
+            DocError::Revision(RevisionError::InvalidConfig(format!(
                 "{e} (the body is {{\"collections\": {{\"<collection>\": \
                  {{\"max_revisions\": N, \"max_age_ms\": ms or null}}}}}})"
-            ))
+            )))
         };
         // An object, not the array serde would also take for a struct.
         let value: serde_json::Value = serde_json::from_slice(json).map_err(bad)?;
         if !value.is_object() {
-            return Err(DocError::InvalidRevisionsConfig(
+            return Err(DocError::Revision(RevisionError::InvalidConfig(
                 "the configuration must be a JSON object".into(),
-            ));
+            )));
         }
         let config: RevisionsConfig = serde_json::from_value(value).map_err(bad)?;
         config.check()?;
@@ -62,7 +63,7 @@ impl RevisionsConfig {
 
     /// Refuses what cannot be kept: a bad collection name, a limit out of range.
     pub fn check(&self) -> Result<()> {
-        let bad = |why: String| Err(DocError::InvalidRevisionsConfig(why));
+        let bad = |why: String| Err(DocError::Revision(RevisionError::InvalidConfig(why)));
         if self.collections.len() > MAX_CONFIGURED_COLLECTIONS {
             return bad(format!(
                 "{} collections named, at most {MAX_CONFIGURED_COLLECTIONS} may be",
@@ -110,9 +111,11 @@ impl RevisionsConfig {
     }
 
     pub(crate) fn decode(raw: &[u8]) -> Result<RevisionsConfig> {
-        serde_json::from_slice(raw).map_err(|e| DocError::CorruptRecord {
-            id: "(meta revisions_config)".into(),
-            why: e.to_string(),
+        serde_json::from_slice(raw).map_err(|e| {
+            DocError::Document(DocumentError::Corrupt {
+                id: "(meta revisions_config)".into(),
+                why: e.to_string(),
+            })
         })
     }
 }
@@ -203,7 +206,8 @@ mod tests {
             assert!(
                 matches!(
                     e,
-                    DocError::InvalidRevisionsConfig(_) | DocError::InvalidCollection { .. }
+                    DocError::Revision(RevisionError::InvalidConfig(_))
+                        | DocError::Document(DocumentError::InvalidCollection { .. })
                 ),
                 "{bad}: {e:?}"
             );

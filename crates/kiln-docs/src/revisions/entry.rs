@@ -25,6 +25,7 @@
 //! The head's key id counts only for the version its sequence names: a version
 //! written while revisions were off never takes the key of an older one.
 
+use crate::DocumentError;
 use crate::{DocError, Etag, Result};
 
 const KIND_REPLACED: u8 = 1;
@@ -95,10 +96,10 @@ pub(crate) fn encode_revision(a: &Archived<'_>) -> Vec<u8> {
 }
 
 fn corrupt(id: &str, why: String) -> DocError {
-    DocError::CorruptRecord {
+    DocError::Document(DocumentError::Corrupt {
         id: format!("(revision of {id:?})"),
         why,
-    }
+    })
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
@@ -210,9 +211,11 @@ impl Head {
     }
 
     pub fn decode(id: &str, value: &[u8]) -> Result<Head> {
-        let bad = |why: &str| DocError::CorruptRecord {
-            id: format!("(revision head of {id:?})"),
-            why: why.into(),
+        let bad = |why: &str| {
+            DocError::Document(DocumentError::Corrupt {
+                id: format!("(revision head of {id:?})"),
+                why: why.into(),
+            })
         };
         let header = value
             .get(..HEAD_HEADER_LEN)

@@ -32,6 +32,7 @@ pub(crate) use config::{SharedConfig, UnitConfig};
 pub use entry::Revision;
 
 use crate::attachments::BlobStore;
+use crate::{DocumentError, RevisionError};
 // A circle with database/, on purpose: a revision's restore is a document write
 // (`Database::put` with its conditions, its log index claimed like any write's), and
 // the database's write unit keeps revisions as part of the same commit
@@ -102,7 +103,9 @@ impl Database {
         self.check_id(&DocId::Given(id.to_string()))?;
         let before = match before {
             // An etag of this database (not the start a changes feed takes).
-            Some(etag @ ("" | "0")) => return Err(DocError::InvalidEtag(etag.into())),
+            Some(etag @ ("" | "0")) => {
+                return Err(DocError::Document(DocumentError::InvalidEtag(etag.into())))
+            }
             Some(etag) => Some(self.sequence_of(etag)?),
             None => None,
         };
@@ -144,12 +147,12 @@ impl Database {
         condition: Condition,
         key_id: Option<String>,
     ) -> Result<PutOutcome> {
-        let revision = self
-            .revision(id, etag)?
-            .ok_or_else(|| DocError::RevisionNotFound {
+        let revision = self.revision(id, etag)?.ok_or_else(|| {
+            DocError::Revision(RevisionError::NotFound {
                 id: id.to_string(),
                 etag: etag.to_string(),
-            })?;
+            })
+        })?;
         let op = WriteOp::Put {
             id: DocId::Given(id.to_string()),
             document: self.parse_document(&revision.json)?,

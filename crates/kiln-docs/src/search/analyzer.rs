@@ -9,6 +9,7 @@
 //!   both become "run".
 //! - `keyword`: the whole value as one term, as written (exact match).
 
+use crate::IndexError;
 use crate::{DocError, Result};
 use tantivy::tokenizer::{
     Language, LowerCaser, RawTokenizer, RemoveLongFilter, SimpleTokenizer, Stemmer, StopWordFilter,
@@ -50,10 +51,10 @@ pub fn names() -> Vec<&'static str> {
 pub(crate) fn validate(name: Option<&str>) -> Result<()> {
     let name = name.unwrap_or(DEFAULT_ANALYZER);
     if build(name).is_none() {
-        return Err(DocError::InvalidIndex(format!(
+        return Err(DocError::Index(IndexError::Invalid(format!(
             "analyzer {name:?} is not one of {}",
             names().join(", ")
-        )));
+        ))));
     }
     Ok(())
 }

@@ -32,6 +32,7 @@
 //! (`SearchIndex::open`).
 
 use super::{tantivy_err, Payload, SearchIndex, SEARCH_DIR};
+use crate::IndexError;
 use crate::{DocError, Result};
 use kiln_storage::ContainerWriter;
 use std::fs::File;
@@ -63,7 +64,12 @@ impl SearchIndex {
             .index
             .directory()
             .acquire_lock(&META_LOCK)
-            .map_err(|e| DocError::Search(format!("locking {}: {e}", dir.display())))?;
+            .map_err(|e| {
+                DocError::Index(IndexError::Search(format!(
+                    "locking {}: {e}",
+                    dir.display()
+                )))
+            })?;
         let metas = self
             .index
             .load_metas()
@@ -73,8 +79,9 @@ impl SearchIndex {
         };
         // A commit whose payload does not parse would be rebuilt after a restore:
         // not worth carrying.
-        serde_json::from_str::<Payload>(raw)
-            .map_err(|e| DocError::Search(format!("commit payload {raw:?}: {e}")))?;
+        serde_json::from_str::<Payload>(raw).map_err(|e| {
+            DocError::Index(IndexError::Search(format!("commit payload {raw:?}: {e}")))
+        })?;
         let mut names: Vec<String> = metas
             .list_segment_files()
             .iter()

@@ -24,6 +24,7 @@ pub(crate) mod indexing;
 pub(crate) mod text;
 
 use crate::index::IndexDefinition;
+use crate::IndexError;
 use crate::{DocError, Result};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -74,7 +75,7 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DocError + '_ {
 
 /// A tantivy failure, with what was being done and in which index directory.
 pub(crate) fn tantivy_err(dir: &Path, what: &str, e: tantivy::TantivyError) -> DocError {
-    DocError::Search(format!("{what} {}: {e}", dir.display()))
+    DocError::Index(IndexError::Search(format!("{what} {}: {e}", dir.display())))
 }
 
 fn schema_for(def: &IndexDefinition) -> (Schema, Field, Vec<Field>, Vec<String>) {
@@ -284,10 +285,10 @@ impl SearchIndex {
             .tokenizers()
             .get(&self.analyzers[i])
             .ok_or_else(|| {
-                DocError::Search(format!(
+                DocError::Index(IndexError::Search(format!(
                     "analyzer {:?} is not registered",
                     self.analyzers[i]
-                ))
+                )))
             })
     }
 

@@ -5,6 +5,7 @@
 use crate::query::eval::eval;
 use crate::query::parse::{self, Expr, Source, DEFAULT_LIMIT};
 use crate::{DocError, Result};
+use crate::{DocumentError, QueryError};
 use serde_json::{Map, Value};
 
 /// What a subscription delivers: the documents of one collection, those for which
@@ -23,13 +24,13 @@ impl Compiled {
     pub fn parse(text: &str, params: &Map<String, Value>) -> Result<Compiled> {
         let q = parse::parse(text, params)?;
         let refuse = |what: &str| {
-            DocError::InvalidQuery {
+            DocError::Query(QueryError::Invalid {
             line: 0,
             column: 0,
             message: format!(
                 "a subscription's query is `from <collection> [where ...]`: {what} is not taken (documents come in etag order, all of them)"
             ),
-        }
+        })
         };
         let collection = match q.source {
             Source::Collection(c) => c,
@@ -68,9 +69,11 @@ impl Compiled {
         let Some(filter) = &self.filter else {
             return Ok(true);
         };
-        let doc: Value = serde_json::from_slice(json).map_err(|e| DocError::CorruptRecord {
-            id: id.to_string(),
-            why: format!("stored JSON does not parse: {e}"),
+        let doc: Value = serde_json::from_slice(json).map_err(|e| {
+            DocError::Document(DocumentError::Corrupt {
+                id: id.to_string(),
+                why: format!("stored JSON does not parse: {e}"),
+            })
         })?;
         Ok(eval(filter, &doc))
     }
@@ -104,7 +107,7 @@ mod tests {
             assert!(
                 matches!(
                     Compiled::parse(bad, &none),
-                    Err(DocError::InvalidQuery { .. })
+                    Err(DocError::Query(QueryError::Invalid { .. }))
                 ),
                 "{bad}"
             );
@@ -114,11 +117,11 @@ mod tests {
         assert!(p.matches("o/1", br#"{"total": 5}"#).unwrap());
         assert!(matches!(
             Compiled::parse("from orders where total >= $min", &none),
-            Err(DocError::InvalidQuery { .. })
+            Err(DocError::Query(QueryError::Invalid { .. }))
         ));
         assert!(matches!(
             p.matches("o/1", b"{broken"),
-            Err(DocError::CorruptRecord { .. })
+            Err(DocError::Document(DocumentError::Corrupt { .. }))
         ));
     }
 }

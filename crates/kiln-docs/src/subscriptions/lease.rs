@@ -9,6 +9,7 @@
 //! holder has not acknowledged. Holders are not stored: after a restart nobody
 //! holds anything, which is right since every connection died with the process.
 
+use crate::SubscriptionError;
 use crate::{DocError, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -114,7 +115,9 @@ impl LeaseTable {
         if let Some(current) = holders.get(name) {
             match strategy {
                 LeaseStrategy::IfFree => {
-                    return Err(DocError::SubscriptionBusy(name.to_string()));
+                    return Err(DocError::Subscription(SubscriptionError::Busy(
+                        name.to_string(),
+                    )));
                 }
                 LeaseStrategy::TakeOver => current.revoked.store(true, Ordering::SeqCst),
             }
@@ -160,7 +163,7 @@ mod tests {
         let a = t.acquire("s", LeaseStrategy::IfFree).unwrap();
         assert!(matches!(
             t.acquire("s", LeaseStrategy::IfFree),
-            Err(DocError::SubscriptionBusy(_))
+            Err(DocError::Subscription(SubscriptionError::Busy(_)))
         ));
         // Another subscription is independent.
         let other = t.acquire("t", LeaseStrategy::IfFree).unwrap();

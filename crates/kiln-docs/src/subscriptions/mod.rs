@@ -32,6 +32,7 @@ pub use lease::{LeaseStrategy, SubscriptionLease};
 
 use crate::schema::{collection_key, read_last_sequence, BY_COLLECTION, SUBSCRIPTIONS};
 use crate::{Database, DocError, Document, Result};
+use crate::{DocumentError, SubscriptionError};
 use filter::Compiled;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -85,9 +86,11 @@ struct Stored {
 
 impl Stored {
     fn decode(name: &[u8], bytes: &[u8]) -> Result<Stored> {
-        serde_json::from_slice(bytes).map_err(|e| DocError::CorruptRecord {
-            id: format!("(subscription {})", String::from_utf8_lossy(name)),
-            why: format!("stored definition does not parse: {e}"),
+        serde_json::from_slice(bytes).map_err(|e| {
+            DocError::Document(DocumentError::Corrupt {
+                id: format!("(subscription {})", String::from_utf8_lossy(name)),
+                why: format!("stored definition does not parse: {e}"),
+            })
         })
     }
 
@@ -166,10 +169,10 @@ pub struct SubscriptionBatch {
 /// a name that is safe in a URL path and a file name.
 pub fn validate_subscription_name(name: &str) -> Result<()> {
     let bad = |why: &str| {
-        Err(DocError::InvalidSubscription(format!(
+        Err(DocError::Subscription(SubscriptionError::Invalid(format!(
             "name {:?}: {why}",
             name.chars().take(80).collect::<String>()
-        )))
+        ))))
     };
     if name.is_empty() {
         return bad("empty");
@@ -206,9 +209,9 @@ impl Database {
         let from = match &start {
             SubscriptionStart::AfterEtag(etag) => {
                 let seq = self.sequence_of(etag).map_err(|e| {
-                    DocError::InvalidSubscription(format!(
+                    DocError::Subscription(SubscriptionError::Invalid(format!(
                         "start {etag:?}: give \"beginning\", \"now\" or an etag of this database ({e})"
-                    ))
+                    )))
                 })?;
                 Some(seq)
             }
@@ -231,21 +234,21 @@ impl Database {
             stored.position = match (start, from) {
                 (SubscriptionStart::Now, _) => last,
                 (_, Some(seq)) if seq > last => {
-                    return Err(DocError::InvalidSubscription(format!(
+                    return Err(DocError::Subscription(SubscriptionError::Invalid(format!(
                         "start etag sequence {seq} is past the database's last write ({last})"
-                    )))
+                    ))))
                 }
                 (_, Some(seq)) => seq,
                 _ => 0,
             };
             if txn.tree_exists(SUBSCRIPTIONS)? {
                 if txn.get(SUBSCRIPTIONS, key.as_bytes())?.is_some() {
-                    return Err(DocError::SubscriptionExists(key));
+                    return Err(DocError::Subscription(SubscriptionError::Exists(key)));
                 }
                 if txn.tree_len(SUBSCRIPTIONS)? >= MAX_SUBSCRIPTIONS {
-                    return Err(DocError::InvalidSubscription(format!(
+                    return Err(DocError::Subscription(SubscriptionError::Invalid(format!(
                         "a database has at most {MAX_SUBSCRIPTIONS} subscriptions"
-                    )));
+                    ))));
                 }
             }
             txn.ensure_tree(SUBSCRIPTIONS)?;
@@ -299,7 +302,9 @@ impl Database {
         let r = env.begin_read()?;
         match read_stored(&r, name)? {
             Some(bytes) => self.info_of(name.as_bytes(), bytes),
-            None => Err(DocError::SubscriptionNotFound(name.to_string())),
+            None => Err(DocError::Subscription(SubscriptionError::NotFound(
+                name.to_string(),
+            ))),
         }
     }
 
@@ -313,7 +318,7 @@ impl Database {
             let gone =
                 txn.tree_exists(SUBSCRIPTIONS)? && txn.delete(SUBSCRIPTIONS, key.as_bytes())?;
             if !gone {
-                return Err(DocError::SubscriptionNotFound(key));
+                return Err(DocError::Subscription(SubscriptionError::NotFound(key)));
             }
             Ok(())
         })?;
@@ -338,8 +343,8 @@ impl Database {
         let env = self.live()?;
         validate_subscription_name(name)?;
         let r = env.begin_read()?;
-        let bytes =
-            read_stored(&r, name)?.ok_or_else(|| DocError::SubscriptionNotFound(name.into()))?;
+        let bytes = read_stored(&r, name)?
+            .ok_or_else(|| DocError::Subscription(SubscriptionError::NotFound(name.into())))?;
         let s = Stored::decode(name.as_bytes(), bytes)?;
         Ok(SubscriptionReader {
             name: name.to_string(),
@@ -384,9 +389,11 @@ impl Database {
                 return Ok(batch);
             }
             let sequence = crate::schema::decode_u64(&key[prefix.len()..], "collection entry")?;
-            let id = std::str::from_utf8(id).map_err(|_| DocError::CorruptRecord {
-                id: String::from_utf8_lossy(id).into_owned(),
-                why: "id in by_collection is not UTF-8".into(),
+            let id = std::str::from_utf8(id).map_err(|_| {
+                DocError::Document(DocumentError::Corrupt {
+                    id: String::from_utf8_lossy(id).into_owned(),
+                    why: "id in by_collection is not UTF-8".into(),
+                })
             })?;
             let record = crate::stored::get_at(&r, id, sequence)?;
             let rec = crate::record::decode(id, record)?;
@@ -415,7 +422,8 @@ impl Database {
     pub fn acknowledge_subscription(&self, lease: &SubscriptionLease, up_to: u64) -> Result<u64> {
         let env = self.live()?;
         let check = lease.check();
-        let refused = |name: &str| DocError::SubscriptionLeaseLost(name.to_string());
+        let refused =
+            |name: &str| DocError::Subscription(SubscriptionError::LeaseLost(name.to_string()));
         // Checked here first only to save a commit; the check that counts is the
         // one inside the unit, under the lease table's lock.
         if !check.with_current(|current| current) {
@@ -429,7 +437,7 @@ impl Database {
                 false => None,
             };
             let Some(raw) = raw else {
-                return Err(DocError::SubscriptionNotFound(name));
+                return Err(DocError::Subscription(SubscriptionError::NotFound(name)));
             };
             let mut s = Stored::decode(name.as_bytes(), &raw)?;
             s.position = s.position.max(up_to);

@@ -29,6 +29,7 @@
 
 use super::hub::Hub;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use kiln_docs::SubscriptionError;
 use kiln_docs::{
     BatchLimits, Database, DocError, LeaseStrategy, SubscriptionBatch, SubscriptionLease,
     SubscriptionReader,
@@ -193,7 +194,7 @@ impl Session {
             .map_err(|e| End::Close(1011, format!("taking the subscription failed: {e}")))?;
             match taken {
                 Ok(lease) => return Ok(lease),
-                Err(DocError::SubscriptionBusy(_)) => {}
+                Err(DocError::Subscription(SubscriptionError::Busy(_))) => {}
                 Err(e) => return Err(self.fail(&e).await),
             }
             if !told {
@@ -423,8 +424,8 @@ impl Session {
     /// Tells the worker what failed, then ends the session with the matching code.
     async fn fail(&mut self, e: &DocError) -> End {
         match e {
-            DocError::SubscriptionLeaseLost(_) => return self.revoked(),
-            DocError::SubscriptionNotFound(_) => return deleted(),
+            DocError::Subscription(SubscriptionError::LeaseLost(_)) => return self.revoked(),
+            DocError::Subscription(SubscriptionError::NotFound(_)) => return deleted(),
             _ => {}
         }
         let code = crate::error::error_code(e);
@@ -439,7 +440,7 @@ impl Session {
     /// or another worker took it over.
     fn revoked(&self) -> End {
         match self.db.subscription(&self.cfg.name) {
-            Err(DocError::SubscriptionNotFound(_)) => deleted(),
+            Err(DocError::Subscription(SubscriptionError::NotFound(_))) => deleted(),
             _ => End::Close(CLOSE_TAKEN_OVER, "taken over by another worker".into()),
         }
     }

@@ -26,6 +26,7 @@ use axum::handler::Handler;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
+use kiln_docs::DocumentError;
 use kiln_docs::{AttachmentInfo, Database, PutOutcome, StagedBlob};
 use serde_json::json;
 use std::sync::Arc;
@@ -191,7 +192,7 @@ async fn put_attachment(state: SharedState, req: Request) -> Result<Response, Ap
     // The document must exist before the bytes are read (an If-Match is checked
     // again in the write's transaction).
     if database.get_with(&id, |_| ())?.is_none() {
-        return Err(kiln_docs::DocError::DocumentNotFound { id }.into());
+        return Err(kiln_docs::DocError::Document(DocumentError::NotFound { id }).into());
     }
     if state.cluster.is_some() {
         // Through the log (this node leads: `front_door` sent a follower's

@@ -27,6 +27,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use kiln_docs::{BackupChainError, DatabaseError};
 use std::io;
 use tokio::sync::mpsc;
 
@@ -130,18 +131,22 @@ fn check_increment_possible(
     }
     match database.backup_chain()? {
         Some(c) if Some(&c.chain_id) == base.chain_id.as_ref() => Ok(()),
-        Some(c) => Err(kiln_docs::DocError::IncrementNotPossible(format!(
-            "the base backup belongs to chain {}, the database's chain is now {}: \
+        Some(c) => Err(
+            kiln_docs::DocError::BackupChain(BackupChainError::IncrementNotPossible(format!(
+                "the base backup belongs to chain {}, the database's chain is now {}: \
              take a full backup",
-            base.chain_id.as_deref().unwrap_or(""),
-            c.chain_id
-        ))
-        .into()),
-        None => Err(kiln_docs::DocError::IncrementNotPossible(format!(
-            "database {db:?} has no backup chain (stopped, or never started): take a \
+                base.chain_id.as_deref().unwrap_or(""),
+                c.chain_id
+            )))
+            .into(),
+        ),
+        None => Err(
+            kiln_docs::DocError::BackupChain(BackupChainError::IncrementNotPossible(format!(
+                "database {db:?} has no backup chain (stopped, or never started): take a \
              full backup"
-        ))
-        .into()),
+            )))
+            .into(),
+        ),
     }
 }
 
@@ -300,7 +305,7 @@ pub async fn restore(
     };
     let force = q.force.unwrap_or(false);
     if !force && state.store.database(&db).is_ok() {
-        return Err(kiln_docs::DocError::DatabaseExists(db).into());
+        return Err(kiln_docs::DocError::Database(DatabaseError::Exists(db)).into());
     }
     let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(QUEUE);
     tokio::spawn(async move {

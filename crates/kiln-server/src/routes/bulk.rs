@@ -23,6 +23,7 @@ use axum::body::{Body, BodyDataStream, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use kiln_docs::DocumentError;
 use kiln_docs::{BatchOutcome, Condition, Database, DocError, DocId, Etag, WriteOp};
 use serde::Deserialize;
 use serde_json::json;
@@ -336,9 +337,9 @@ impl BulkRun {
         };
         let parsed: Line = serde_json::from_slice(line).map_err(|e| {
             let why = match DocError::malformed_json(&e) {
-                DocError::MalformedJson {
+                DocError::Document(DocumentError::MalformedJson {
                     column, message, ..
-                } => format!("{message} at column {column}"),
+                }) => format!("{message} at column {column}"),
                 other => other.to_string(),
             };
             bad(

@@ -22,6 +22,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
+use kiln_docs::RevisionError;
 use kiln_docs::{format_rfc3339_ms, DocError, Etag, Page, Revision, RevisionsConfig};
 use serde::{Deserialize, Serialize};
 
@@ -188,12 +189,12 @@ pub async fn revert(
     let condition = write_condition(&headers)?;
     let etag = Etag::parse(q.etag.trim_matches('"'))?;
     let database = state.store.database(&db)?;
-    let revision = database
-        .revision(&id, etag)?
-        .ok_or_else(|| DocError::RevisionNotFound {
+    let revision = database.revision(&id, etag)?.ok_or_else(|| {
+        DocError::Revision(RevisionError::NotFound {
             id: id.clone(),
             etag: etag.to_string(),
-        })?;
+        })
+    })?;
     let out =
         crate::doc_request::put(&state, database, id, &revision.json, condition, key.id()).await?;
     Ok(crate::doc_request::DocAnswer::Written {
