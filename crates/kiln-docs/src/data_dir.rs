@@ -32,7 +32,11 @@ pub(crate) fn trash_entry(dir: &Path, what: &str, name: &str) -> PathBuf {
 
 /// A name that no other entry of `trash/` has: the time and a random number.
 pub(crate) fn unique_suffix() -> String {
-    format!("{}-{:08x}", crate::time::now_ms(), rand::random::<u32>())
+    format!(
+        "{}-{:08x}",
+        crate::model::time::now_ms(),
+        rand::random::<u32>()
+    )
 }
 
 /// Makes the renames and removals inside `dir` durable.

@@ -27,27 +27,19 @@
 mod attachments;
 mod backup;
 mod changes;
-mod compact_json;
 mod data_dir;
 mod data_dir_lock;
 mod database;
-mod document;
 mod error;
-mod etag;
 mod expiration;
-mod id;
 mod index;
-mod limits;
-mod merge_patch;
+mod model;
 mod query;
-mod record;
 mod revisions;
-mod schema;
 pub mod search;
 mod store;
 mod stored;
 mod subscriptions;
-mod time;
 mod write_queue;
 
 pub use attachments::{
@@ -69,23 +61,24 @@ pub use database::{
     Atomicity, BatchOp, BatchOutcome, CollectionCount, Condition, Database, DatabaseStats,
     DeleteOutcome, DocId, LoggedEntry, LoggedOutcome, Page, ParsedDocument, PutOutcome, WriteOp,
 };
-pub use document::Document;
 pub use error::{
     AttachmentError, BackupChainError, DatabaseError, DocError, DocumentError, IndexError,
     QueryError, Result, RevisionError, SubscriptionError,
 };
-pub use etag::Etag;
 pub use expiration::{DueDocument, ExpireReport};
-pub use id::{validate_collection, validate_database_name};
 #[doc(hidden)]
 pub use index::COUNTED_ENTRIES_TREES;
 pub use index::{
     IndexDefinition, IndexErrorSample, IndexField, IndexInfo, IndexingOptions, ReduceSpec,
 };
-pub use limits::{check_id, IdRule, MAX_COLLECTION_BYTES};
-pub use merge_patch::{check_document_patch, merge_patch, patch_document};
+pub use model::document::Document;
+pub use model::etag::Etag;
+pub use model::id::{validate_collection, validate_database_name};
+pub use model::limits::{check_id, IdRule, MAX_COLLECTION_BYTES};
+pub use model::merge_patch::{check_document_patch, merge_patch, patch_document};
+pub use model::record::{DocumentCompression, RecordView as DocumentView};
+pub use model::time::format_rfc3339_ms;
 pub use query::{QueryOptions, QueryResult};
-pub use record::{DocumentCompression, RecordView as DocumentView};
 pub use revisions::{
     CollectionRevisions, Revision, RevisionsConfig, MAX_CONFIGURED_COLLECTIONS, MAX_REVISIONS_LIMIT,
 };
@@ -95,5 +88,4 @@ pub use subscriptions::{
     SubscriptionLease, SubscriptionReader, SubscriptionStart, MAX_SCANNED_PER_BATCH,
     MAX_SUBSCRIPTIONS, MAX_SUBSCRIPTION_NAME_LEN,
 };
-pub use time::format_rfc3339_ms;
 pub use write_queue::{Reply, WriteQueue, WriteQueueOptions};

@@ -59,7 +59,7 @@ impl Default for DocsOptions {
         DocsOptions {
             storage,
             max_document_bytes: 16 << 20,
-            max_id_bytes: crate::limits::DEFAULT_MAX_ID_BYTES,
+            max_id_bytes: crate::model::limits::DEFAULT_MAX_ID_BYTES,
             max_batch_ops: 10_000,
             write_queue: crate::WriteQueueOptions::default(),
             delete_wait_ms: 10_000,
@@ -72,11 +72,11 @@ impl Default for DocsOptions {
 
 impl DocsOptions {
     fn limits(&self) -> Result<Limits> {
-        if self.max_id_bytes == 0 || self.max_id_bytes > crate::limits::ENGINE_KEY_BYTES {
+        if self.max_id_bytes == 0 || self.max_id_bytes > crate::model::limits::ENGINE_KEY_BYTES {
             return Err(DocError::Storage(kiln_storage::Error::InvalidOption(
                 format!(
                     "max_id_bytes must be 1..={} (the engine's key limit)",
-                    crate::limits::ENGINE_KEY_BYTES
+                    crate::model::limits::ENGINE_KEY_BYTES
                 ),
             )));
         }

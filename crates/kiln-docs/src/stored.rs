@@ -11,7 +11,7 @@
 //! id-keyed tree of format 1 (`docs`, migrated at open by `migrate`) cost.
 //! Every module reads and writes documents through here; none names the trees.
 
-use crate::schema::{decode_u64, sequence_key, DOC_BODIES, DOC_IDS, LEGACY_DOCS};
+use crate::model::schema::{self, decode_u64, sequence_key, DOC_BODIES, DOC_IDS, LEGACY_DOCS};
 use crate::DocumentError;
 use crate::{DocError, Result};
 use kiln_storage::{Env, ReadTxn, WriteTxn};
@@ -235,7 +235,7 @@ pub(crate) fn migrate(env: &Env, database: &str) -> Result<()> {
         // Always the first chunk left: each one moved is gone from `docs`.
         let mut chunk: Vec<(String, u64, Vec<u8>)> = Vec::with_capacity(MIGRATE_CHUNK);
         scan_by_id(&env.begin_read()?, Bound::Unbounded, |id, record| {
-            let sequence = crate::record::decode(id, record)?.etag.sequence;
+            let sequence = crate::model::record::decode(id, record)?.etag.sequence;
             chunk.push((id.to_string(), sequence, record.to_vec()));
             Ok(chunk.len() < MIGRATE_CHUNK)
         })?;
@@ -255,4 +255,10 @@ pub(crate) fn migrate(env: &Env, database: &str) -> Result<()> {
     env.submit(|w| w.drop_tree(LEGACY_DOCS).map(drop))?;
     tracing::info!(database, documents = total, "documents moved");
     Ok(())
+}
+
+/// The last etag sequence handed out, as `r` sees it (0 when there is none).
+pub(crate) fn read_last_sequence(r: &ReadTxn<'_>) -> Result<u64> {
+    let raw = r.get(schema::META, schema::META_LAST_ETAG)?;
+    Ok(schema::decode_last_sequence(raw)?)
 }

@@ -223,6 +223,20 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The document model's own errors (an id, an etag, a patch, an attachment name
+/// checked before any database is reached) answer as the layer's do.
+impl From<DocumentError> for ApiError {
+    fn from(e: DocumentError) -> ApiError {
+        ApiError::from(DocError::from(e))
+    }
+}
+
+impl From<AttachmentError> for ApiError {
+    fn from(e: AttachmentError) -> ApiError {
+        ApiError::from(DocError::from(e))
+    }
+}
+
 impl From<DocError> for ApiError {
     fn from(e: DocError) -> ApiError {
         let code = error_code(&e);

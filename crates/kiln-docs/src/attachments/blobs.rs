@@ -30,7 +30,7 @@
 //! leaves a blob without a ref entry: `gc` at the next open unlinks it.
 
 use super::{hash_hex, Hash, RefEntry};
-use crate::schema::ATTACHMENT_REFS;
+use crate::model::schema::ATTACHMENT_REFS;
 use crate::DocumentError;
 use crate::{DocError, Result};
 use kiln_storage::{Env, ReadTxn};

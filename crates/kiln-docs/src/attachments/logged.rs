@@ -79,8 +79,8 @@ impl Database {
         let hash = blob.hash;
         let checked = self
             .check_document_id(id)
-            .and_then(|()| validate_attachment_name(name))
-            .and_then(|()| validate_content_type(content_type));
+            .and_then(|()| validate_attachment_name(name).map_err(DocError::from))
+            .and_then(|()| validate_content_type(content_type).map_err(DocError::from));
         let mut unit = self.unit().at_time(at_ms);
         unit.fresh = Some(Fresh {
             hash,
@@ -135,7 +135,7 @@ impl Database {
         let env = self.live()?;
         let checked = self
             .check_document_id(id)
-            .and_then(|()| validate_attachment_name(name));
+            .and_then(|()| validate_attachment_name(name).map_err(DocError::from));
         let mut unit = self.unit().at_time(at_ms);
         let change = AttachmentChange::Delete {
             name: name.to_string(),

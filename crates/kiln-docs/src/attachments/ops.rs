@@ -5,7 +5,7 @@ use super::{
     AttachmentCheck, AttachmentInfo, BlobWriter, Fresh, RefEntry, StagedBlob, STAGED_TTL_MS,
 };
 use crate::database::{apply_attachment, AttachmentChange};
-use crate::schema::{ATTACHMENT_REFS, REVISIONS};
+use crate::model::schema::{ATTACHMENT_REFS, REVISIONS};
 use crate::{AttachmentError, DocumentError};
 use crate::{BatchOutcome, Condition, Database, DocError, PutOutcome, Result};
 use std::collections::HashMap;
@@ -146,7 +146,7 @@ impl Database {
     /// document written in a batch may then list them in `@metadata.@attachments`
     /// by hash. Returns the hash (hex) and size.
     pub fn stage_attachment(&self, blob: StagedBlob) -> Result<(String, u64)> {
-        let until_ms = crate::time::now_ms() + STAGED_TTL_MS;
+        let until_ms = crate::model::time::now_ms() + STAGED_TTL_MS;
         self.stage_until(blob, until_ms, None)?
             .ok_or_else(|| DocError::Internal("a staging without a log entry was skipped".into()))
     }
@@ -347,7 +347,7 @@ pub fn check_attachments_at(
     let mut report = super::BlobStore::at(db_dir).check(env)?;
     let mut named: HashMap<String, u64> = HashMap::new();
     crate::stored::scan_by_id(&r, std::ops::Bound::Unbounded, |id, value| {
-        let rec = crate::record::decode(id, value)?;
+        let rec = crate::model::record::decode(id, value)?;
         for a in stored_list(rec.json) {
             *named.entry(a.hash).or_default() += 1;
         }

@@ -18,10 +18,11 @@
 use super::{new_id, BackupKind, BackupManifest, BackupReport, MANIFEST_OFFSET};
 use crate::attachments::Hash;
 use crate::database::history::{self, ChainState};
-use crate::schema::{
-    decode_last_sequence, decode_u64, read_last_sequence, sequence_key, CHAIN_CONSUMER, CONSUMERS,
-    HISTORY, META, META_CHAIN, META_LAST_ETAG,
+use crate::model::schema::{
+    decode_last_sequence, decode_u64, sequence_key, CHAIN_CONSUMER, CONSUMERS, HISTORY, META,
+    META_CHAIN, META_LAST_ETAG,
 };
+use crate::stored::read_last_sequence;
 use crate::{BackupChainError, DocumentError};
 use crate::{Database, DocError, Result};
 use kiln_storage::backup::BackupOptions;
@@ -55,7 +56,7 @@ fn read_chain_w(w: &mut WriteTxn<'_>) -> Result<Option<ChainState>> {
 }
 
 fn last_sequence_w(w: &mut WriteTxn<'_>) -> Result<u64> {
-    decode_last_sequence(w.get(META, META_LAST_ETAG)?)
+    decode_last_sequence(w.get(META, META_LAST_ETAG)?).map_err(DocError::from)
 }
 
 impl Database {
@@ -348,7 +349,7 @@ fn write_history<W: Write, P: FnMut(u64)>(
         seen = e.sequence;
         last_ms = Some(e.at_ms);
         if let crate::changes::ChangeKind::Put = e.kind {
-            let rec = crate::record::decode(e.id, e.record)?;
+            let rec = crate::model::record::decode(e.id, e.record)?;
             for a in crate::attachments::stored_list(rec.json) {
                 if let Ok(h) = a.hash_bytes() {
                     named.insert(h);

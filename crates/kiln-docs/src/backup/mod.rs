@@ -33,8 +33,9 @@ pub use restore::{
 };
 
 use crate::attachments::Hash;
-use crate::schema::{read_last_sequence, HISTORY};
+use crate::model::schema::HISTORY;
 use crate::search::backup::{PinnedCommit, Shipped};
+use crate::stored::read_last_sequence;
 use crate::BackupChainError;
 use crate::{Database, DocError, Etag, Result};
 use kiln_storage::backup::{self, BackupOptions, BackupSummary};
@@ -251,7 +252,7 @@ impl Database {
             txn_id: r.txn_id(),
             documents: crate::stored::count(r)?,
             kiln_version: env!("CARGO_PKG_VERSION").to_string(),
-            created_at: crate::format_rfc3339_ms(crate::time::now_ms()),
+            created_at: crate::format_rfc3339_ms(crate::model::time::now_ms()),
             incarnation: Some(self.incarnation),
             backup_id: Some(new_id()),
             chain_id,

@@ -19,7 +19,9 @@ use crate::changes::ChangeKind;
 use crate::data_dir::{sync_dir_in, unique_suffix, DATABASES_DIR, TRASH_DIR};
 use crate::database::history;
 use crate::database::{replay, ReplayUnit};
-use crate::schema::{CHAIN_CONSUMER, CONSUMERS, HISTORY, META, META_CHAIN, META_INCARNATION};
+use crate::model::schema::{
+    CHAIN_CONSUMER, CONSUMERS, HISTORY, META, META_CHAIN, META_INCARNATION,
+};
 use crate::search::backup::{parse_name, SearchSink, SEARCH_FILE_PREFIX};
 use crate::{validate_database_name, DocError, Etag, Result};
 use crate::{BackupChainError, DatabaseError, DocumentError};
@@ -64,7 +66,7 @@ impl RestorePoint {
             }
             let at = humantime::parse_rfc3339_weak(t)
                 .map_err(|e| bad(&format!("not an RFC 3339 time or ms since the epoch ({e})")))?;
-            let ms = crate::time::ms_since_epoch(at).ok_or_else(|| bad("before 1970"))?;
+            let ms = crate::model::time::ms_since_epoch(at).ok_or_else(|| bad("before 1970"))?;
             Ok(RestorePoint::TimeMs(ms))
         };
         if let Some(e) = s.strip_prefix("etag:") {
@@ -629,7 +631,7 @@ impl<'e> ChainReader<'e> {
                     env,
                     &mut *input.reader,
                     input.stop_at_trailer,
-                    &crate::schema::is_entries_tree,
+                    &crate::model::schema::is_entries_tree,
                     on_bytes,
                     |sum, item| blobs.item(&inp, sum, item).map_err(|e| sink.stop(e)),
                 );
@@ -914,7 +916,7 @@ impl Increment<'_> {
         }
         self.prev_seq = e.sequence;
         if let ChangeKind::Put = e.kind {
-            crate::record::decode(e.id, e.record).map_err(|x| at(x.to_string()))?;
+            crate::model::record::decode(e.id, e.record).map_err(|x| at(x.to_string()))?;
         }
         Ok(e)
     }
@@ -989,7 +991,7 @@ pub(crate) fn build(
             // Blobs the restored state does not name (carried for writes past
             // the point, or freed by a replayed write) go now, not at the first
             // open: `kiln check` of the restored directory is clean.
-            BlobStore::open(staging)?.gc(&env, crate::time::now_ms())?;
+            BlobStore::open(staging)?.gc(&env, crate::model::time::now_ms())?;
             // Full-text index files that do not check out go too (rebuilt at open).
             crate::search::backup::check_restored(staging)?;
             Ok(r)

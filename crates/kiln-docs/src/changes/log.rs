@@ -151,7 +151,7 @@ impl ChangeFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schema::sequence_key;
+    use crate::model::schema::sequence_key;
 
     #[test]
     fn entries_round_trip_and_bad_ones_are_corruption() {

@@ -11,7 +11,7 @@ pub(crate) use notify::CommitNotifier;
 
 pub(crate) use log::{decode as decode_entry, encode as encode_entry};
 
-use crate::schema::{decode_u64, sequence_key, CHANGES, CONSUMERS, TOMBSTONES};
+use crate::model::schema::{decode_u64, sequence_key, CHANGES, CONSUMERS, TOMBSTONES};
 use crate::{Database, DocError, Document, Etag, Result};
 use crate::{DatabaseError, DocumentError, IndexError};
 use kiln_storage::WriteTxn;
@@ -301,7 +301,7 @@ impl Database {
         let bound = self.tombstone_purge_bound(rule.before_sequence)?;
         let cutoff_ms = rule
             .older_than_ms
-            .map(|age| crate::time::now_ms().saturating_sub(age));
+            .map(|age| crate::model::time::now_ms().saturating_sub(age));
         self.purge_below(bound, cutoff_ms)
     }
 

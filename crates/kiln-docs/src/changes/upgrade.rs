@@ -3,8 +3,9 @@
 //! before then left no tombstone and cannot be recovered.
 
 use super::{encode_entry, ChangeKind};
-use crate::schema::{sequence_key, CHANGES, CONSUMERS, TOMBSTONES};
-use crate::{record, Result};
+use crate::model::record;
+use crate::model::schema::{sequence_key, CHANGES, CONSUMERS, TOMBSTONES};
+use crate::Result;
 use kiln_storage::Env;
 use std::ops::Bound;
 

@@ -11,17 +11,18 @@ use super::history::{self, HistoryEntry};
 use super::{BatchOutcome, Condition, DeleteOutcome, DocId, Limits, PutOutcome, WriteOp};
 use crate::attachments::{self, AttachmentInfo, BlobStore, Fresh, Hash};
 use crate::changes::{encode_entry, ChangeKind};
-use crate::document::{stored_expires_at_ms, PreparedDoc};
 use crate::expiration;
+use crate::model::document::{stored_expires_at_ms, PreparedDoc};
 use crate::{AttachmentError, DocumentError};
 // Revisions are kept in the write's own commit (a circle with revisions/, whose
 // restore writes through `Database`: see the note there).
-use crate::revisions::keep;
-use crate::schema::{
+use crate::model::record;
+use crate::model::schema::{
     collection_key, decode_last_sequence, decode_u64, sequence_key, BY_COLLECTION, CHANGES, COUNTS,
     HISTORY, META, META_LAST_ETAG, TOMBSTONES,
 };
-use crate::{record, DocError, Etag, Result};
+use crate::revisions::keep;
+use crate::{DocError, Etag, Result};
 use kiln_storage::WriteTxn;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -84,7 +85,7 @@ impl Unit {
             clock,
             stamped: false,
             now_ms: 0,
-            now_text: crate::time::format_rfc3339_ms(0),
+            now_text: crate::model::time::format_rfc3339_ms(0),
             last_sequence: None,
             stored_sequence: 0,
             count_deltas: Vec::new(),
@@ -166,7 +167,7 @@ impl Unit {
         self.clock = None;
         self.stamped = true;
         self.now_ms = at_ms;
-        self.now_text = crate::time::format_rfc3339_ms(at_ms);
+        self.now_text = crate::model::time::format_rfc3339_ms(at_ms);
         self
     }
 
@@ -175,7 +176,7 @@ impl Unit {
     pub fn set_time(&mut self, at_ms: u64) {
         if self.now_ms != at_ms {
             self.now_ms = at_ms;
-            self.now_text = crate::time::format_rfc3339_ms(at_ms);
+            self.now_text = crate::model::time::format_rfc3339_ms(at_ms);
         }
     }
 
@@ -192,9 +193,9 @@ impl Unit {
         }
         self.stamped = true;
         if let Some(clock) = &self.clock {
-            let now = crate::time::now_ms();
+            let now = crate::model::time::now_ms();
             self.now_ms = now.max(clock.fetch_max(now, Ordering::SeqCst));
-            self.now_text = crate::time::format_rfc3339_ms(self.now_ms);
+            self.now_text = crate::model::time::format_rfc3339_ms(self.now_ms);
         }
     }
 
@@ -305,7 +306,7 @@ fn apply_patch(
             check_condition(id, condition, Some(rec.etag))?;
             (
                 rec.etag,
-                crate::merge_patch::patch_document(&rec.to_json(id)?, id, patch)?,
+                crate::model::merge_patch::patch_document(&rec.to_json(id)?, id, patch)?,
             )
         }
     };

@@ -165,7 +165,7 @@ pub(crate) fn decode<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schema::sequence_key;
+    use crate::model::schema::sequence_key;
 
     #[test]
     fn entries_round_trip_and_damage_is_refused() {

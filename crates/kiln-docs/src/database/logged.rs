@@ -7,7 +7,7 @@
 
 use super::apply::apply_op;
 use super::{at_index, Database};
-use crate::schema::{decode_u64, META, META_APPLIED_LOG_INDEX};
+use crate::model::schema::{decode_u64, META, META_APPLIED_LOG_INDEX};
 use crate::{BatchOutcome, DocError, Result, WriteOp};
 use kiln_storage::ReadTxn;
 use std::sync::atomic::Ordering;
@@ -190,5 +190,7 @@ fn read_applied(r: &ReadTxn<'_>) -> Result<u64> {
 }
 
 fn decode_applied(raw: Option<&[u8]>) -> Result<u64> {
-    raw.map_or(Ok(0), |b| decode_u64(b, "applied log index"))
+    raw.map_or(Ok(0), |b| {
+        decode_u64(b, "applied log index").map_err(DocError::from)
+    })
 }

@@ -11,13 +11,13 @@ pub(crate) mod history;
 pub(crate) use apply::{apply_attachment, replay, AttachmentChange, Unit as ReplayUnit};
 
 use crate::changes::CommitNotifier;
-use crate::document::PreparedDoc;
-use crate::limits::{check_id, IdRule};
-use crate::schema::{
-    collection_key, decode_u64, read_last_sequence, ATTACHMENT_REFS, BY_COLLECTION, COUNTS,
-    DATABASE_TREES, EXPIRATION_IDS, HISTORY, META, META_CHAIN, META_INCARNATION, META_LAST_ETAG,
-    TOMBSTONES,
+use crate::model::document::PreparedDoc;
+use crate::model::limits::{check_id, IdRule};
+use crate::model::schema::{
+    collection_key, decode_u64, ATTACHMENT_REFS, BY_COLLECTION, COUNTS, DATABASE_TREES,
+    EXPIRATION_IDS, HISTORY, META, META_CHAIN, META_INCARNATION, META_LAST_ETAG, TOMBSTONES,
 };
+use crate::stored::read_last_sequence;
 use crate::{DatabaseError, DocumentError};
 use crate::{DocError, Document, Etag, Result};
 use apply::{apply_op, Possible, Unit};
@@ -90,7 +90,9 @@ pub struct ParsedDocument(PreparedDoc);
 
 impl ParsedDocument {
     pub fn parse(json: &[u8]) -> Result<ParsedDocument> {
-        PreparedDoc::parse(json).map(ParsedDocument)
+        PreparedDoc::parse(json)
+            .map(ParsedDocument)
+            .map_err(DocError::from)
     }
 }
 
@@ -386,6 +388,7 @@ impl Database {
                 max_bytes: self.limits.max_id_bytes,
             },
         )
+        .map_err(DocError::from)
     }
 
     /// Checks a given id, or a prefix for a generated one, against this database's
@@ -407,6 +410,7 @@ impl Database {
                         max_bytes: self.limits.max_id_bytes,
                     },
                 )
+                .map_err(DocError::from)
             }
         }
     }
@@ -616,7 +620,7 @@ impl Database {
             WriteOp::Delete { id, .. } => self.check_document_id(id),
             WriteOp::Patch { id, patch, .. } => {
                 self.check_document_id(id)?;
-                crate::merge_patch::check_document_patch(patch)
+                crate::model::merge_patch::check_document_patch(patch).map_err(DocError::from)
             }
             WriteOp::Attributed { op, .. } => self.check_op(op),
         }
@@ -700,7 +704,7 @@ impl Database {
         match crate::stored::get(&r, id)? {
             None => Ok(None),
             Some(bytes) => {
-                let rec = crate::record::decode(id, bytes)?;
+                let rec = crate::model::record::decode(id, bytes)?;
                 let json = rec.to_json(id)?;
                 Ok(Some(read(rec.view(&json))))
             }
@@ -746,7 +750,7 @@ impl Database {
         limit: usize,
     ) -> Result<Page<Document>> {
         let env = self.live()?;
-        crate::id::validate_collection(collection)?;
+        crate::model::id::validate_collection(collection)?;
         let after = match after {
             Some(etag) => Some(self.sequence_of(etag)?),
             None => None,
@@ -877,7 +881,7 @@ fn open_attachments(
     let blobs = crate::attachments::BlobStore::open(dir)?;
     // A cluster's staged blobs expire at leader time, by the log: not here.
     let staged_now_ms = if limits.expire_staged_at_open {
-        crate::time::now_ms()
+        crate::model::time::now_ms()
     } else {
         0
     };
@@ -936,11 +940,11 @@ fn each_failed(early: Vec<Option<DocError>>, e: DocError) -> Vec<Result<BatchOut
         .collect()
 }
 
-fn at_index(index: usize) -> impl Fn(DocError) -> DocError {
-    move |e: DocError| {
+fn at_index<E: Into<DocError>>(index: usize) -> impl Fn(E) -> DocError {
+    move |e: E| {
         DocError::Database(DatabaseError::BatchOpFailed {
             index,
-            source: Box::new(e),
+            source: Box::new(e.into()),
         })
     }
 }
@@ -1010,7 +1014,7 @@ mod tests {
     #[test]
     fn the_write_clock_resumes_from_the_last_write() {
         let dir = tempfile::tempdir().unwrap();
-        let ahead = crate::time::now_ms() + 3_600_000;
+        let ahead = crate::model::time::now_ms() + 3_600_000;
         {
             let store = DocStore::open(dir.path(), DocsOptions::default()).unwrap();
             let db = store.create_database("d").unwrap();

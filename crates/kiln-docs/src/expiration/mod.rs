@@ -23,7 +23,7 @@
 
 pub(crate) mod upgrade;
 
-use crate::schema::{
+use crate::model::schema::{
     decode_expiration_key, decode_u64, expiration_key, EXPIRATIONS, EXPIRATION_IDS,
 };
 use crate::DocumentError;
@@ -31,7 +31,7 @@ use crate::{Condition, Database, DocError, Etag, Result, WriteOp};
 use kiln_storage::WriteTxn;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub(crate) use crate::limits::MAX_EXPIRING_ID_BYTES;
+pub(crate) use crate::model::limits::MAX_EXPIRING_ID_BYTES;
 
 /// A document whose expiry time has passed, as `Database::expired` found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,7 +137,8 @@ impl Database {
 /// Refuses an expiring document whose id is too long for its index key (before
 /// the write's first tree write, like every check).
 pub(crate) fn check_id(id: &str) -> Result<()> {
-    crate::limits::check_id(id, crate::limits::IdRule::Expiring)
+    crate::model::limits::check_id(id, crate::model::limits::IdRule::Expiring)
+        .map_err(DocError::from)
 }
 
 /// The index writes of a put: the entry the document had (if it existed and any

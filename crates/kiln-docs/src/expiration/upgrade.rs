@@ -8,9 +8,12 @@
 //! after a crash in between fills them again (writing an entry twice is harmless:
 //! nothing else writes to the database before its open returns).
 
-use crate::document::stored_expires_at_ms;
-use crate::schema::{expiration_key, EXPIRATIONS, EXPIRATION_IDS, META, META_EXPIRATIONS_BUILDING};
-use crate::{record, Result};
+use crate::model::document::stored_expires_at_ms;
+use crate::model::record;
+use crate::model::schema::{
+    expiration_key, EXPIRATIONS, EXPIRATION_IDS, META, META_EXPIRATIONS_BUILDING,
+};
+use crate::Result;
 use kiln_storage::Env;
 use std::ops::Bound;
 

@@ -115,7 +115,7 @@ impl IndexDefinition {
     pub fn validate(&self) -> Result<()> {
         validate_index_name(&self.name)?;
         if let Some(c) = &self.collection {
-            crate::id::validate_collection(c)?;
+            crate::model::id::validate_collection(c)?;
         }
         if let Some(reduce) = &self.reduce {
             if let Some(f) = reduce

@@ -17,10 +17,10 @@
 use super::def::parse_fields;
 use super::{read_state_w, write_state, IndexState, IndexingOptions, Runtime};
 use crate::changes::{decode_entry, Change, ChangeKind};
-use crate::schema::{
-    docs_tree, entries_tree, errors_tree, read_last_sequence, sequence_key, CHANGES,
-};
-use crate::{record, Database, DocError, Result};
+use crate::model::record;
+use crate::model::schema::{docs_tree, entries_tree, errors_tree, sequence_key, CHANGES};
+use crate::stored::read_last_sequence;
+use crate::{Database, DocError, Result};
 use crate::{DatabaseError, DocumentError};
 use kiln_storage::{ReadTxn, WriteTxn};
 use parking_lot::{Condvar, Mutex};
@@ -272,7 +272,7 @@ fn remove_idle_auto_indexes(db: &Database, shared: &Shared) {
     if idle_ms == 0 {
         return;
     }
-    let now = crate::time::now_ms();
+    let now = crate::model::time::now_ms();
     let doomed: Vec<String> = shared
         .state
         .lock()

@@ -22,7 +22,7 @@ pub(crate) use def::Compiled;
 pub use def::{IndexDefinition, IndexField, ReduceSpec};
 pub(crate) use indexer::Indexer;
 
-use crate::schema::{
+use crate::model::schema::{
     decode_u64, docs_tree, entries_tree, errors_tree, index_consumer, sequence_key, CHANGES,
     CONSUMERS, INDEX_DEFS, INDEX_STATE, META, META_NEXT_INDEX_ID,
 };
@@ -171,7 +171,7 @@ impl Runtime {
             search,
             id,
             last_sequence: AtomicU64::new(last_sequence),
-            last_used_ms: AtomicU64::new(crate::time::now_ms()),
+            last_used_ms: AtomicU64::new(crate::model::time::now_ms()),
             rate: AtomicU64::new(0f64.to_bits()),
         })
     }
@@ -231,7 +231,7 @@ pub(crate) fn load(
     let ctx = SearchContext {
         db_dir,
         incarnation,
-        db_last_sequence: crate::schema::read_last_sequence(r)?,
+        db_last_sequence: crate::stored::read_last_sequence(r)?,
     };
     if !r.tree_exists(INDEX_DEFS)? {
         crate::search::remove_orphans(db_dir, &[])?;

@@ -25,7 +25,7 @@ use super::def::{
     compound_keys, parse_path, values_at, EntriesError, IndexField, ReduceSpec, Step,
 };
 use super::value::{encoded_len, prefix_successor, Scalar, TAG_NULL};
-use crate::schema::{docs_tree, entries_tree};
+use crate::model::schema::{docs_tree, entries_tree};
 use crate::{DocError, Result};
 use crate::{DocumentError, IndexError};
 use kiln_storage::{ReadTxn, WriteTxn};

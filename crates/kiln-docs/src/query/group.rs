@@ -14,7 +14,7 @@ use crate::index::def::Step;
 use crate::index::reduce::{self, GroupRow, Reducer};
 use crate::index::value::Scalar;
 use crate::index::{read_state, ReduceSpec, Runtime};
-use crate::schema::{decode_u64, COUNTS};
+use crate::model::schema::{decode_u64, COUNTS};
 use crate::{Database, DocError, Result};
 use crate::{IndexError, QueryError};
 use kiln_storage::ReadTxn;

@@ -41,9 +41,8 @@ mod search;
 use crate::index::def::Step;
 use crate::index::value::{encoded_len, prefix_successor, sort_key, Scalar, TAG_NULL};
 use crate::index::{read_state, IndexDefinition, IndexField, Runtime};
-use crate::schema::{
-    collection_key, decode_u64, entries_tree, read_last_sequence, BY_COLLECTION, COUNTS,
-};
+use crate::model::schema::{collection_key, decode_u64, entries_tree, BY_COLLECTION, COUNTS};
+use crate::stored::read_last_sequence;
 use crate::{Database, DocError, Document, Etag, Result};
 use crate::{DocumentError, IndexError, QueryError};
 use eval::{eval, field_values};
@@ -476,7 +475,7 @@ impl Database {
     /// query asks to, waits until it has caught up with the database (bounded).
     fn use_index(&self, rt: &Arc<Runtime>, opts: QueryOptions) {
         rt.last_used_ms
-            .store(crate::time::now_ms(), Ordering::Relaxed);
+            .store(crate::model::time::now_ms(), Ordering::Relaxed);
         if opts.wait_for_non_stale_ms > 0 {
             let target = self.last_sequence();
             let wait = Duration::from_millis(opts.wait_for_non_stale_ms.min(MAX_WAIT_MS));
@@ -718,8 +717,9 @@ impl Database {
     fn collection_len(&self, c: &str) -> Result<u64> {
         let env = self.live()?;
         let r = env.begin_read()?;
-        r.get(COUNTS, c.as_bytes())?
-            .map_or(Ok(0), |b| decode_u64(b, "collection count"))
+        r.get(COUNTS, c.as_bytes())?.map_or(Ok(0), |b| {
+            decode_u64(b, "collection count").map_err(DocError::from)
+        })
     }
 
     fn run_scan(

@@ -667,7 +667,7 @@ impl<'a> Parser<'a> {
         match self.peek().clone() {
             Tok::Word(w) if !is_reserved(&w) => {
                 let at = self.at();
-                crate::id::validate_collection(&w)
+                crate::model::id::validate_collection(&w)
                     .map_err(|e| error_at(self.text, at, e.to_string()))?;
                 self.bump();
                 Ok(Source::Collection(w))

@@ -165,9 +165,10 @@ impl UnitConfig {
         }
         let config = match &self.shared {
             Some(shared) => shared.current(),
-            None => Arc::new(super::stored_config(
-                txn.get(crate::schema::META, crate::schema::META_REVISIONS)?,
-            )?),
+            None => Arc::new(super::stored_config(txn.get(
+                crate::model::schema::META,
+                crate::model::schema::META_REVISIONS,
+            )?)?),
         };
         self.read = Some(config.clone());
         Ok(config)

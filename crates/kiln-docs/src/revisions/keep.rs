@@ -8,8 +8,9 @@
 use super::config::{CollectionRevisions, UnitConfig};
 use super::entry::{encode_revision, held_attachments_json, replaced_ms, Archived, Head};
 use crate::attachments::{self, Hash};
-use crate::schema::{revision_key, REVISIONS, REVISION_HEADS};
-use crate::{record, DocError, Etag, Result};
+use crate::model::record;
+use crate::model::schema::{revision_key, REVISIONS, REVISION_HEADS};
+use crate::{DocError, Etag, Result};
 use kiln_storage::WriteTxn;
 
 /// One write, as revisions see it.
@@ -66,7 +67,8 @@ pub(crate) fn keep(
 }
 
 fn check_id(id: &str) -> Result<()> {
-    crate::limits::check_id(id, crate::limits::IdRule::Revised)
+    crate::model::limits::check_id(id, crate::model::limits::IdRule::Revised)
+        .map_err(DocError::from)
 }
 
 pub(crate) fn read_head(txn: &mut WriteTxn<'_>, id: &str) -> Result<Head> {

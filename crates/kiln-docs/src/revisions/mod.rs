@@ -39,7 +39,7 @@ use crate::{DocumentError, RevisionError};
 // (`database/apply.rs` calls `keep`). Making revisions a hook the write unit calls
 // (`on_put`) would remove the second edge, not the first.
 use crate::database::claim_log_index;
-use crate::schema::{revision_key, META, META_REVISIONS, REVISIONS, REVISION_HEADS};
+use crate::model::schema::{revision_key, META, META_REVISIONS, REVISIONS, REVISION_HEADS};
 use crate::{Condition, Database, DocError, DocId, Etag, Page, PutOutcome, Result, WriteOp};
 use kiln_storage::{Env, ReadTxn, WriteTxn};
 
@@ -241,7 +241,7 @@ fn read_page(
             let next = items.last().map(|r| r.etag.to_string());
             return Ok(Page { items, next });
         }
-        let sequence = crate::schema::decode_u64(&key[prefix.len()..], "revision sequence")?;
+        let sequence = crate::model::schema::decode_u64(&key[prefix.len()..], "revision sequence")?;
         items.push(entry::decode_revision(id, sequence, value)?);
         entry = cursor.prev()?;
     }
@@ -269,7 +269,7 @@ fn purge(txn: &mut WriteTxn<'_>, id: &str, blobs: &BlobStore) -> Result<u64> {
             entry = cursor.next()?;
         }
     }
-    let now_ms = crate::time::now_ms();
+    let now_ms = crate::model::time::now_ms();
     let mut freed = Vec::new();
     for (key, held) in &doomed {
         txn.delete(REVISIONS, key)?;

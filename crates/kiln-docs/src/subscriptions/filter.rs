@@ -55,7 +55,7 @@ impl Compiled {
         if q.filter.as_ref().is_some_and(Expr::has_search) {
             return Err(refuse("`search()`"));
         }
-        crate::id::validate_collection(&collection)?;
+        crate::model::id::validate_collection(&collection)?;
         Ok(Compiled {
             collection,
             filter: q.filter,

@@ -30,7 +30,8 @@ mod lease;
 pub(crate) use lease::LeaseTable;
 pub use lease::{LeaseStrategy, SubscriptionLease};
 
-use crate::schema::{collection_key, read_last_sequence, BY_COLLECTION, SUBSCRIPTIONS};
+use crate::model::schema::{collection_key, BY_COLLECTION, SUBSCRIPTIONS};
+use crate::stored::read_last_sequence;
 use crate::{Database, DocError, Document, Result};
 use crate::{DocumentError, SubscriptionError};
 use filter::Compiled;
@@ -220,7 +221,7 @@ impl Database {
         let stored = Stored {
             query: query.to_string(),
             parameters,
-            created_ms: crate::time::now_ms(),
+            created_ms: crate::model::time::now_ms(),
             position: 0,
             acknowledged_ms: None,
             acknowledgments: 0,
@@ -228,9 +229,10 @@ impl Database {
         let key = name.to_string();
         let stored = env.submit_with(move |txn| -> Result<Stored> {
             let mut stored = stored;
-            let last = crate::schema::decode_last_sequence(
-                txn.get(crate::schema::META, crate::schema::META_LAST_ETAG)?,
-            )?;
+            let last = crate::model::schema::decode_last_sequence(txn.get(
+                crate::model::schema::META,
+                crate::model::schema::META_LAST_ETAG,
+            )?)?;
             stored.position = match (start, from) {
                 (SubscriptionStart::Now, _) => last,
                 (_, Some(seq)) if seq > last => {
@@ -388,7 +390,8 @@ impl Database {
             {
                 return Ok(batch);
             }
-            let sequence = crate::schema::decode_u64(&key[prefix.len()..], "collection entry")?;
+            let sequence =
+                crate::model::schema::decode_u64(&key[prefix.len()..], "collection entry")?;
             let id = std::str::from_utf8(id).map_err(|_| {
                 DocError::Document(DocumentError::Corrupt {
                     id: String::from_utf8_lossy(id).into_owned(),
@@ -396,7 +399,7 @@ impl Database {
                 })
             })?;
             let record = crate::stored::get_at(&r, id, sequence)?;
-            let rec = crate::record::decode(id, record)?;
+            let rec = crate::model::record::decode(id, record)?;
             let json = rec.to_json(id)?;
             let view = rec.view(&json);
             batch.scanned += 1;
@@ -430,7 +433,7 @@ impl Database {
             return Err(refused(lease.name()));
         }
         let name = lease.name().to_string();
-        let now = crate::time::now_ms();
+        let now = crate::model::time::now_ms();
         let position = env.submit_with(move |txn| -> Result<u64> {
             let raw = match txn.tree_exists(SUBSCRIPTIONS)? {
                 true => txn.get(SUBSCRIPTIONS, name.as_bytes())?.map(<[u8]>::to_vec),

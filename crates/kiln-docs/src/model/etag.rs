@@ -4,8 +4,7 @@
 //! number chosen when the database was created. Two etags compare equal only if both
 //! parts do, so a database that is dropped and created again never repeats an etag.
 
-use crate::DocumentError;
-use crate::{DocError, Result};
+use super::error::DocumentError;
 use std::fmt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -22,8 +21,8 @@ impl fmt::Display for Etag {
 
 impl Etag {
     /// Parses the form `Display` writes (without the quotes HTTP puts around it).
-    pub fn parse(text: &str) -> Result<Etag> {
-        let bad = || DocError::Document(DocumentError::InvalidEtag(text.to_string()));
+    pub fn parse(text: &str) -> Result<Etag, DocumentError> {
+        let bad = || DocumentError::InvalidEtag(text.to_string());
         let (seq, inc) = text.split_once('-').ok_or_else(bad)?;
         // Only the form `Display` writes: `from_str_radix` alone would also take a
         // sign (`42-+1234567`), upper case or a leading zero, and two spellings of

@@ -8,8 +8,7 @@
 //! a patch may change what a PUT may set under `@metadata` (`@collection`,
 //! `@expires`, the client's own keys), and nothing else.
 
-use crate::DocumentError;
-use crate::{DocError, Result};
+use super::error::DocumentError;
 use serde_json::{Map, Value};
 
 /// Keys of `@metadata` that the server writes on every put: a patch that names
@@ -43,42 +42,40 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 /// Checks a merge patch of a whole document: an object (a patch that is not one
 /// would replace the document with a non-object), and an `@metadata` member, if
 /// any, that is an object naming none of the server's own keys.
-pub fn check_document_patch(patch: &Value) -> Result<()> {
+pub fn check_document_patch(patch: &Value) -> Result<(), DocumentError> {
     let Value::Object(members) = patch else {
-        return Err(DocError::Document(DocumentError::Invalid(
+        return Err(DocumentError::Invalid(
             "a merge patch of a document must be a JSON object (RFC 7396: any other \
              value would replace the document with something that is not a document)"
                 .into(),
-        )));
+        ));
     };
     match members.get("@metadata") {
         None => Ok(()),
         Some(Value::Object(m)) => match SERVER_OWNED.iter().find(|k| m.contains_key(**k)) {
-            Some(key) => Err(DocError::Document(DocumentError::Invalid(format!(
+            Some(key) => Err(DocumentError::Invalid(format!(
                 "@metadata.{key} is the server's and cannot be patched"
-            )))),
+            ))),
             None => Ok(()),
         },
-        Some(Value::Null) => Err(DocError::Document(DocumentError::Invalid(
+        Some(Value::Null) => Err(DocumentError::Invalid(
             "\"@metadata\": null would remove the server's metadata: remove its keys \
              one by one instead (\"@metadata\": {\"key\": null})"
                 .into(),
-        ))),
-        Some(_) => Err(DocError::Document(DocumentError::Invalid(
+        )),
+        Some(_) => Err(DocumentError::Invalid(
             "@metadata in a merge patch must be a JSON object".into(),
-        ))),
+        )),
     }
 }
 
 /// The document `stored` (as stored, `@metadata` included) with `patch` merged in;
 /// the result goes through the same checks as a PUT's body.
-pub fn patch_document(stored: &[u8], id: &str, patch: &Value) -> Result<Value> {
+pub fn patch_document(stored: &[u8], id: &str, patch: &Value) -> Result<Value, DocumentError> {
     check_document_patch(patch)?;
-    let mut doc: Value = serde_json::from_slice(stored).map_err(|e| {
-        DocError::Document(DocumentError::Corrupt {
-            id: id.to_string(),
-            why: format!("stored JSON does not parse: {e}"),
-        })
+    let mut doc: Value = serde_json::from_slice(stored).map_err(|e| DocumentError::Corrupt {
+        id: id.to_string(),
+        why: format!("stored JSON does not parse: {e}"),
     })?;
     merge_patch(&mut doc, patch);
     Ok(doc)
@@ -169,10 +166,7 @@ mod tests {
             json!({"@metadata": {"@last-modified": null}}),
         ] {
             assert!(
-                matches!(
-                    check_document_patch(&bad),
-                    Err(DocError::Document(DocumentError::Invalid(_)))
-                ),
+                matches!(check_document_patch(&bad), Err(DocumentError::Invalid(_))),
                 "{bad} was accepted"
             );
         }
@@ -202,7 +196,7 @@ mod tests {
         );
         assert!(matches!(
             patch_document(b"{not json", "x", &json!({})),
-            Err(DocError::Document(DocumentError::Corrupt { .. }))
+            Err(DocumentError::Corrupt { .. })
         ));
     }
 }

@@ -7,8 +7,7 @@
 //! ([`IdRule`]). Other limits of the layer stay beside what they bound (the query
 //! language's in `query/parse.rs`, an index definition's in `index/def.rs`).
 
-use crate::DocumentError;
-use crate::{DocError, Result};
+use super::error::DocumentError;
 
 /// The engine's limit on a key, which bounds every id from above.
 pub const ENGINE_KEY_BYTES: usize = kiln_storage::MAX_KEY_SIZE;
@@ -77,12 +76,12 @@ impl IdRule {
 /// The one check of a document id: any UTF-8 text without control characters, not
 /// empty, within the rule's length. A refusal names the id (its first 80
 /// characters) and why.
-pub fn check_id(id: &str, rule: IdRule) -> Result<()> {
+pub fn check_id(id: &str, rule: IdRule) -> Result<(), DocumentError> {
     let bad = |why: String| {
-        Err(DocError::Document(DocumentError::InvalidId {
+        Err(DocumentError::InvalidId {
             id: id.chars().take(80).collect(),
             why,
-        }))
+        })
     };
     if id.is_empty() {
         return bad("ids may not be empty".into());
@@ -105,7 +104,7 @@ mod tests {
 
     fn why(id: &str, rule: IdRule) -> String {
         match check_id(id, rule) {
-            Err(DocError::Document(DocumentError::InvalidId { why, .. })) => why,
+            Err(DocumentError::InvalidId { why, .. }) => why,
             other => panic!("{id:?} under {rule:?}: {other:?}"),
         }
     }
@@ -141,7 +140,7 @@ mod tests {
     #[test]
     fn a_refusal_names_the_id_shortened() {
         match check_id(&"é".repeat(600), IdRule::Configured { max_bytes: 512 }) {
-            Err(DocError::Document(DocumentError::InvalidId { id, .. })) => {
+            Err(DocumentError::InvalidId { id, .. }) => {
                 assert_eq!(id.chars().count(), 80)
             }
             other => panic!("{other:?}"),

@@ -1,9 +1,9 @@
 //! Documents as clients send them (parsed and checked before a write is queued) and
 //! as they are read back.
 
-use crate::id::{collection_from_id, validate_collection};
-use crate::DocumentError;
-use crate::{DocError, Etag, Result};
+use super::error::DocumentError;
+use super::etag::Etag;
+use super::id::{collection_from_id, validate_collection};
 use serde_json::{Map, Value};
 
 /// Keys of `@metadata` that the server owns; a client's values for them are replaced.
@@ -25,7 +25,7 @@ pub struct Document {
 
 impl Document {
     /// An owned copy of a stored document borrowed from a snapshot.
-    pub fn from_view(id: &str, view: crate::DocumentView<'_>) -> Document {
+    pub fn from_view(id: &str, view: super::record::RecordView<'_>) -> Document {
         Document {
             id: id.to_string(),
             etag: view.etag,
@@ -36,18 +36,16 @@ impl Document {
     }
 
     /// Decodes a stored record (a value of the `doc_bodies` tree) into an owned document.
-    pub(crate) fn from_record(id: &str, bytes: &[u8]) -> Result<Document> {
-        let rec = crate::record::decode(id, bytes)?;
+    pub(crate) fn from_record(id: &str, bytes: &[u8]) -> Result<Document, DocumentError> {
+        let rec = super::record::decode(id, bytes)?;
         let json = rec.to_json(id)?;
         Ok(Document::from_view(id, rec.view(&json)))
     }
 
-    pub fn to_value(&self) -> Result<Value> {
-        serde_json::from_slice(&self.json).map_err(|e| {
-            DocError::Document(DocumentError::Corrupt {
-                id: self.id.clone(),
-                why: format!("stored JSON does not parse: {e}"),
-            })
+    pub fn to_value(&self) -> Result<Value, DocumentError> {
+        serde_json::from_slice(&self.json).map_err(|e| DocumentError::Corrupt {
+            id: self.id.clone(),
+            why: format!("stored JSON does not parse: {e}"),
         })
     }
 }
@@ -55,24 +53,22 @@ impl Document {
 /// `@metadata.@expires`: an RFC 3339 time, or absent (or null) for a document
 /// that does not expire. Anything else is refused, so a typo never leaves a
 /// document that silently stays forever.
-fn expires_at_ms(metadata: &Map<String, Value>) -> Result<Option<u64>> {
+fn expires_at_ms(metadata: &Map<String, Value>) -> Result<Option<u64>, DocumentError> {
     let text = match metadata.get(EXPIRES_KEY) {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(text)) => text,
         Some(other) => {
-            return Err(DocError::Document(DocumentError::InvalidExpires {
+            return Err(DocumentError::InvalidExpires {
                 value: other.to_string(),
                 why: "it must be a string (an RFC 3339 time such as 2026-05-01T12:00:00Z)".into(),
-            }))
+            })
         }
     };
-    crate::time::parse_rfc3339_ms(text)
+    super::time::parse_rfc3339_ms(text)
         .map(Some)
-        .map_err(|why| {
-            DocError::Document(DocumentError::InvalidExpires {
-                value: Value::from(text.as_str()).to_string(),
-                why: why.to_string(),
-            })
+        .map_err(|why| DocumentError::InvalidExpires {
+            value: Value::from(text.as_str()).to_string(),
+            why: why.to_string(),
         })
 }
 
@@ -108,10 +104,10 @@ pub(crate) struct PreparedDoc {
 }
 
 impl PreparedDoc {
-    pub fn parse(body: &[u8]) -> Result<PreparedDoc> {
+    pub fn parse(body: &[u8]) -> Result<PreparedDoc, DocumentError> {
         // Most bodies need no `Value`: they are stored as they came, compacted
         // (see `compact_json`); the rest, errors included, take the long way.
-        if let Some(body_json) = crate::compact_json::compact(body) {
+        if let Some(body_json) = super::compact_json::compact(body) {
             return Ok(PreparedDoc {
                 body_json,
                 client_metadata: Map::new(),
@@ -120,23 +116,23 @@ impl PreparedDoc {
             });
         }
         let value: Value =
-            serde_json::from_slice(body).map_err(|e| DocError::malformed_json(&e))?;
+            serde_json::from_slice(body).map_err(|e| DocumentError::malformed_json(&e))?;
         Self::from_value(value)
     }
 
-    pub fn from_value(value: Value) -> Result<PreparedDoc> {
+    pub fn from_value(value: Value) -> Result<PreparedDoc, DocumentError> {
         let Value::Object(mut fields) = value else {
-            return Err(DocError::Document(DocumentError::Invalid(
+            return Err(DocumentError::Invalid(
                 "a document must be a JSON object".into(),
-            )));
+            ));
         };
         let mut client_metadata = match fields.shift_remove("@metadata") {
             None => Map::new(),
             Some(Value::Object(m)) => m,
             Some(_) => {
-                return Err(DocError::Document(DocumentError::Invalid(
+                return Err(DocumentError::Invalid(
                     "@metadata must be a JSON object".into(),
-                )))
+                ))
             }
         };
         let explicit_collection = match client_metadata.get("@collection") {
@@ -146,9 +142,9 @@ impl PreparedDoc {
                 Some(c.clone())
             }
             Some(_) => {
-                return Err(DocError::Document(DocumentError::Invalid(
+                return Err(DocumentError::Invalid(
                     "@metadata.@collection must be a string".into(),
-                )))
+                ))
             }
         };
         // Kept in `client_metadata` as the client wrote it; the index has its time.
@@ -173,14 +169,14 @@ impl PreparedDoc {
 
     /// This document with `@metadata.@attachments` set to `list` (removed when
     /// `list` is empty): the list a put settled on (`attachments::settle`).
-    pub fn with_attachments(&self, list: &[crate::attachments::AttachmentInfo]) -> PreparedDoc {
+    pub fn with_attachments(&self, list: &[super::attachment_list::AttachmentInfo]) -> PreparedDoc {
         let mut out = self.clone();
-        let key = crate::attachments::ATTACHMENTS_KEY;
+        let key = super::attachment_list::ATTACHMENTS_KEY;
         if list.is_empty() {
             out.client_metadata.shift_remove(key);
         } else {
             out.client_metadata
-                .insert(key.to_string(), crate::attachments::list_value(list));
+                .insert(key.to_string(), super::attachment_list::list_value(list));
         }
         out
     }
@@ -239,7 +235,7 @@ impl PreparedDoc {
         self.write_client_metadata(&mut client);
         // Only the metadata is written here: the body's length is added.
         let mut out = Vec::with_capacity(128 + client.len());
-        crate::record::write_json(
+        super::record::write_json(
             &mut out,
             id,
             collection,
@@ -296,7 +292,7 @@ impl PreparedDoc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::time::format_rfc3339_ms;
+    use crate::model::time::format_rfc3339_ms;
 
     fn etag() -> Etag {
         Etag {
@@ -334,10 +330,10 @@ mod tests {
     fn rejects_non_objects_and_names_the_position_of_bad_json() {
         assert!(matches!(
             PreparedDoc::parse(b"[1]"),
-            Err(DocError::Document(DocumentError::Invalid(_)))
+            Err(DocumentError::Invalid(_))
         ));
         match PreparedDoc::parse(b"{\n  \"a\": tru }") {
-            Err(DocError::Document(DocumentError::MalformedJson { line, column, .. })) => {
+            Err(DocumentError::MalformedJson { line, column, .. }) => {
                 assert_eq!((line, column), (2, 11))
             }
             other => panic!("{other:?}"),

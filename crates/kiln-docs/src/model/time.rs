@@ -23,7 +23,7 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 /// Why a text is not a time `parse_rfc3339_ms` accepts. The messages are what a
-/// client reads (`DocError::Document(DocumentError::InvalidExpires)`).
+/// client reads (`DocumentError::InvalidExpires`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum TimeParseError {
     #[error("not an RFC 3339 time such as 2026-05-01T12:00:00Z")]

@@ -1,17 +1,16 @@
 //! What a database name, a document id and a collection name may be.
 
-use crate::limits::{MAX_COLLECTION_BYTES, MAX_DATABASE_NAME_BYTES};
-use crate::DocumentError;
-use crate::{DocError, Result};
+use super::error::DocumentError;
+use super::limits::{MAX_COLLECTION_BYTES, MAX_DATABASE_NAME_BYTES};
 
 /// Database names become directory names, so they are kept to a portable set:
 /// lowercase ASCII letters, digits, `_` and `-`, starting with a letter or digit.
-pub fn validate_database_name(name: &str) -> Result<()> {
+pub fn validate_database_name(name: &str) -> Result<(), DocumentError> {
     let bad = |why: &str| {
-        Err(DocError::Document(DocumentError::InvalidDatabaseName {
+        Err(DocumentError::InvalidDatabaseName {
             name: name.to_string(),
             why: why.to_string(),
-        }))
+        })
     };
     if name.is_empty() || name.len() > MAX_DATABASE_NAME_BYTES {
         return bad("must be 1 to 64 characters");
@@ -30,12 +29,12 @@ pub fn validate_database_name(name: &str) -> Result<()> {
 
 /// Collection names: 1..=128 bytes, no control characters (a NUL would break the
 /// collection index's key layout), not starting with `@` (reserved).
-pub fn validate_collection(name: &str) -> Result<()> {
+pub fn validate_collection(name: &str) -> Result<(), DocumentError> {
     let bad = |why: &str| {
-        Err(DocError::Document(DocumentError::InvalidCollection {
+        Err(DocumentError::InvalidCollection {
             name: name.chars().take(80).collect(),
             why: why.to_string(),
-        }))
+        })
     };
     if name.is_empty() || name.len() > MAX_COLLECTION_BYTES {
         return bad("must be 1 to 128 bytes");
@@ -68,7 +67,7 @@ mod tests {
         for bad in ["", "Shop", "-x", "a/b", "a.b", &"x".repeat(65)] {
             assert!(validate_database_name(bad).is_err(), "{bad:?}");
         }
-        use crate::limits::{check_id, IdRule};
+        use crate::model::limits::{check_id, IdRule};
         let ten = IdRule::Configured { max_bytes: 10 };
         assert!(check_id("users/ada", ten).is_ok());
         assert!(check_id("", ten).is_err());

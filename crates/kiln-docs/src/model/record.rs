@@ -27,8 +27,8 @@
 //!
 //! The fixed header lets a conditional request or a HEAD answer without the JSON.
 
-use crate::DocumentError;
-use crate::{DocError, Etag, Result};
+use super::error::DocumentError;
+use super::etag::Etag;
 use std::borrow::Cow;
 
 const FORMAT_1: u8 = 1;
@@ -67,7 +67,7 @@ pub struct UnknownCompression(pub String);
 
 impl std::str::FromStr for DocumentCompression {
     type Err = UnknownCompression;
-    fn from_str(s: &str) -> std::result::Result<Self, UnknownCompression> {
+    fn from_str(s: &str) -> Result<Self, UnknownCompression> {
         match s {
             "none" => Ok(DocumentCompression::None),
             "lz4" => Ok(DocumentCompression::Lz4),
@@ -154,7 +154,7 @@ pub(crate) fn encode(
     out
 }
 
-pub(crate) fn decode<'a>(id: &str, bytes: &'a [u8]) -> Result<Record<'a>> {
+pub(crate) fn decode<'a>(id: &str, bytes: &'a [u8]) -> Result<Record<'a>, DocumentError> {
     let corrupt = |why: String| corrupt_record(id, why);
     let header_len = match bytes.first() {
         Some(&FORMAT_1) => HEADER_1_LEN,
@@ -207,7 +207,7 @@ fn metadata_and_body<'a>(
     id: &str,
     bytes: &'a [u8],
     coll_end: usize,
-) -> Result<(&'a [u8], Body<'a>)> {
+) -> Result<(&'a [u8], Body<'a>), DocumentError> {
     let corrupt = |why: String| corrupt_record(id, why);
     if u64_at(bytes, 13) > MAX_LAST_MODIFIED_MS {
         return Err(corrupt(format!(
@@ -251,16 +251,16 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 }
 
 /// The error of a record of document `id` that does not decode (`why`).
-fn corrupt_record(id: &str, why: String) -> DocError {
-    DocError::Document(DocumentError::Corrupt {
+fn corrupt_record(id: &str, why: String) -> DocumentError {
+    DocumentError::Corrupt {
         id: id.to_string(),
         why,
-    })
+    }
 }
 
 impl<'a> Record<'a> {
     /// The JSON a client reads: borrowed for format 1, written out for format 2.
-    pub fn to_json(&self, id: &str) -> Result<Cow<'a, [u8]>> {
+    pub fn to_json(&self, id: &str) -> Result<Cow<'a, [u8]>, DocumentError> {
         if let Body::Whole = self.body {
             return Ok(Cow::Borrowed(self.json));
         }
@@ -281,12 +281,10 @@ impl<'a> Record<'a> {
     }
 
     /// Appends the JSON a client reads to `out`.
-    pub fn write_json(&self, id: &str, out: &mut Vec<u8>) -> Result<()> {
-        let corrupt = |why: &str| {
-            DocError::Document(DocumentError::Corrupt {
-                id: id.to_string(),
-                why: why.to_string(),
-            })
+    pub fn write_json(&self, id: &str, out: &mut Vec<u8>) -> Result<(), DocumentError> {
+        let corrupt = |why: &str| DocumentError::Corrupt {
+            id: id.to_string(),
+            why: why.to_string(),
         };
         // The body goes straight into `out` (decompressed there), its closing
         // brace then replaced by the metadata: no buffer between.
@@ -334,7 +332,7 @@ impl<'a> Record<'a> {
 }
 
 /// Why a stored compressed body does not decompress (the `why` of
-/// `DocError::Document(DocumentError::Corrupt)`).
+/// `DocumentError::Corrupt`).
 #[derive(Debug, thiserror::Error)]
 enum BodyDecodeError {
     #[error("compressed body shorter than its length")]
@@ -348,7 +346,7 @@ enum BodyDecodeError {
 }
 
 /// Appends the decompressed body to `out`.
-fn decompress_onto(stored: &[u8], out: &mut Vec<u8>) -> std::result::Result<(), BodyDecodeError> {
+fn decompress_onto(stored: &[u8], out: &mut Vec<u8>) -> Result<(), BodyDecodeError> {
     if stored.len() < 4 {
         return Err(BodyDecodeError::NoLength);
     }
@@ -421,7 +419,7 @@ fn write_metadata(
         string(out, c);
     }
     let _ = write!(out, ",\"@etag\":\"{etag}\",\"@last-modified\":");
-    string(out, &crate::time::format_rfc3339_ms(last_modified_ms));
+    string(out, &super::time::format_rfc3339_ms(last_modified_ms));
     if !client.is_empty() {
         out.push(b',');
         out.extend_from_slice(client);
@@ -616,10 +614,10 @@ mod tests {
             if !meta.is_empty() {
                 doc.insert("@metadata".into(), serde_json::Value::Object(meta));
             }
-            let p = crate::document::PreparedDoc::from_value(serde_json::Value::Object(doc)).unwrap();
+            let p = crate::model::document::PreparedDoc::from_value(serde_json::Value::Object(doc)).unwrap();
             let etag = Etag { sequence, incarnation };
             let c = collection.as_deref();
-            let old_json = p.render_format_1(&id, c, etag, &crate::time::format_rfc3339_ms(ms));
+            let old_json = p.render_format_1(&id, c, etag, &crate::model::time::format_rfc3339_ms(ms));
             let old = encode_1(etag, ms, c, &old_json);
             let compression = if lz4 { DocumentCompression::Lz4 } else { DocumentCompression::None };
             let new = encode(etag, ms, c, p.body_json(), &p.client_metadata_json(), compression);
@@ -629,8 +627,8 @@ mod tests {
                 prop_assert_eq!((r.etag, r.last_modified_ms, r.collection), (etag, ms, c));
                 prop_assert_eq!(&r.to_json(&id).unwrap()[..], &old_json[..]);
                 prop_assert_eq!(
-                    crate::attachments::stored_list(r.json).len(),
-                    crate::attachments::stored_list(&old_json).len()
+                    crate::model::attachment_list::stored_list(r.json).len(),
+                    crate::model::attachment_list::stored_list(&old_json).len()
                 );
             }
             prop_assert_eq!(p.stored_json_len(&id, c, etag, ms), old_json.len());

@@ -37,9 +37,7 @@
 //! Every number in a key or a small value is big-endian, so that keys sort as
 //! their numbers do.
 
-use crate::DocumentError;
-use crate::{DocError, Result};
-use kiln_storage::ReadTxn;
+use super::error::DocumentError;
 
 pub(crate) const DOC_IDS: &str = "doc_ids";
 pub(crate) const DOC_BODIES: &str = "doc_bodies";
@@ -152,12 +150,10 @@ pub(crate) fn expiration_key(expires_at_ms: u64, id: &str) -> Vec<u8> {
 }
 
 /// The time and id of an `expirations` key.
-pub(crate) fn decode_expiration_key(key: &[u8]) -> Result<(u64, &str)> {
-    let corrupt = |why: &str| {
-        DocError::Document(DocumentError::Corrupt {
-            id: format!("(expiration entry {key:02x?})"),
-            why: why.into(),
-        })
+pub(crate) fn decode_expiration_key(key: &[u8]) -> Result<(u64, &str), DocumentError> {
+    let corrupt = |why: &str| DocumentError::Corrupt {
+        id: format!("(expiration entry {key:02x?})"),
+        why: why.into(),
     };
     let (at, id) = key
         .split_at_checked(8)
@@ -178,22 +174,16 @@ pub(crate) fn revision_key(id: &str, sequence: u64) -> Vec<u8> {
 }
 
 /// A u64 BE key or value; `what` names it in the error.
-pub(crate) fn decode_u64(b: &[u8], what: &str) -> Result<u64> {
-    let arr: [u8; 8] = b.try_into().map_err(|_| {
-        DocError::Document(DocumentError::Corrupt {
-            id: "(meta)".into(),
-            why: format!("{what} has {} bytes, expected 8", b.len()),
-        })
+pub(crate) fn decode_u64(b: &[u8], what: &str) -> Result<u64, DocumentError> {
+    let arr: [u8; 8] = b.try_into().map_err(|_| DocumentError::Corrupt {
+        id: "(meta)".into(),
+        why: format!("{what} has {} bytes, expected 8", b.len()),
     })?;
     Ok(u64::from_be_bytes(arr))
 }
 
 /// The last etag sequence handed out, from `meta`'s `last_etag` as read (0 when
 /// there is none).
-pub(crate) fn decode_last_sequence(raw: Option<&[u8]>) -> Result<u64> {
+pub(crate) fn decode_last_sequence(raw: Option<&[u8]>) -> Result<u64, DocumentError> {
     raw.map_or(Ok(0), |b| decode_u64(b, "last etag"))
-}
-
-pub(crate) fn read_last_sequence(r: &ReadTxn<'_>) -> Result<u64> {
-    decode_last_sequence(r.get(META, META_LAST_ETAG)?)
 }
