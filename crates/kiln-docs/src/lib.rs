@@ -40,6 +40,7 @@ pub mod search;
 mod store;
 mod stored;
 mod subscriptions;
+mod write_hook;
 mod write_queue;
 
 pub use attachments::{

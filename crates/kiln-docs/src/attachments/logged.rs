@@ -7,7 +7,8 @@
 use super::blobs::hash_file;
 use super::{hash_hex, parse_hash, validate_attachment_name, validate_content_type};
 use super::{Fresh, StagedBlob};
-use crate::database::{apply_attachment, claim_log_index, AttachmentChange};
+use crate::database::{apply_attachment, claim_log_index};
+use crate::model::attachment_list::AttachmentChange;
 use crate::AttachmentError;
 use crate::{BatchOutcome, Condition, Database, DocError, PutOutcome, Result};
 use std::path::Path;
@@ -82,7 +83,7 @@ impl Database {
             .and_then(|()| validate_attachment_name(name).map_err(DocError::from))
             .and_then(|()| validate_content_type(content_type).map_err(DocError::from));
         let mut unit = self.unit().at_time(at_ms);
-        unit.fresh = Some(Fresh {
+        unit.hooks.attachments.fresh = Some(Fresh {
             hash,
             size_bytes: blob.size_bytes,
         });

@@ -32,13 +32,14 @@ pub use blobs::{AttachmentCheck, BlobWriter, StagedBlob};
 pub use ops::{check_attachments_at, AttachmentReader};
 
 pub(crate) use crate::model::attachment_list::{
-    hash_hex, list_value, parse_hash, parse_list, stored_list, Hash, ATTACHMENTS_KEY,
+    hash_hex, parse_hash, parse_list, stored_list, Hash, ATTACHMENTS_KEY,
 };
 pub use crate::model::attachment_list::{
     validate_attachment_name, validate_content_type, AttachmentInfo, MAX_ATTACHMENTS_PER_DOCUMENT,
     MAX_ATTACHMENT_NAME_BYTES,
 };
 use crate::model::schema::ATTACHMENT_REFS;
+use crate::write_hook::{DocWrite, FreedBlobs, WriteHook, Written};
 use crate::{AttachmentError, DocumentError};
 use crate::{DocError, Result};
 use kiln_storage::WriteTxn;
@@ -99,6 +100,43 @@ pub(crate) fn read_ref(txn: &mut WriteTxn<'_>, hash: &Hash) -> Result<Option<Ref
 pub(crate) struct Fresh {
     pub hash: Hash,
     pub size_bytes: u64,
+}
+
+/// A document's attachments follow its writes: the blobs' reference counts move
+/// from the list the replaced version names to the one the new version names.
+#[derive(Default)]
+pub(crate) struct AttachmentsHook {
+    /// The blob an attachment upload commits in this unit, if any.
+    pub fresh: Option<Fresh>,
+}
+
+impl WriteHook for AttachmentsHook {
+    fn on_put(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        write: &DocWrite<'_>,
+        written: &Written<'_>,
+        freed: &mut FreedBlobs,
+    ) -> Result<()> {
+        let (old, new) = (write.old_attachments, written.attachments);
+        adjust(txn, old, new, self.fresh, write.unit_ms, freed)
+    }
+
+    fn on_delete(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        write: &DocWrite<'_>,
+        freed: &mut FreedBlobs,
+    ) -> Result<()> {
+        adjust(
+            txn,
+            write.old_attachments,
+            &[],
+            self.fresh,
+            write.unit_ms,
+            freed,
+        )
+    }
 }
 
 /// The attachments a put writes, from the client's `@metadata` and the document's

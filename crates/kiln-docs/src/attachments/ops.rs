@@ -4,7 +4,8 @@ use super::{
     hash_hex, parse_hash, read_ref, stored_list, validate_attachment_name, validate_content_type,
     AttachmentCheck, AttachmentInfo, BlobWriter, Fresh, RefEntry, StagedBlob, STAGED_TTL_MS,
 };
-use crate::database::{apply_attachment, AttachmentChange};
+use crate::database::apply_attachment;
+use crate::model::attachment_list::AttachmentChange;
 use crate::model::schema::{ATTACHMENT_REFS, REVISIONS};
 use crate::{AttachmentError, DocumentError};
 use crate::{BatchOutcome, Condition, Database, DocError, PutOutcome, Result};
@@ -43,7 +44,7 @@ impl Database {
         validate_content_type(content_type)?;
         let hash = blob.hash;
         let mut unit = self.unit();
-        unit.fresh = Some(Fresh {
+        unit.hooks.attachments.fresh = Some(Fresh {
             hash,
             size_bytes: blob.size_bytes,
         });

@@ -9,19 +9,23 @@
 
 use super::history::{self, HistoryEntry};
 use super::{BatchOutcome, Condition, DeleteOutcome, DocId, Limits, PutOutcome, WriteOp};
-use crate::attachments::{self, AttachmentInfo, BlobStore, Fresh, Hash};
+use crate::attachments::{self, AttachmentsHook, BlobStore};
 use crate::changes::{encode_entry, ChangeKind};
-use crate::expiration;
+use crate::expiration::{self, ExpirationHook};
+use crate::model::attachment_list::{
+    list_value, stored_list, AttachmentChange, AttachmentInfo, ATTACHMENTS_KEY,
+};
 use crate::model::document::{stored_expires_at_ms, PreparedDoc};
-use crate::{AttachmentError, DocumentError};
-// Revisions are kept in the write's own commit (a circle with revisions/, whose
-// restore writes through `Database`: see the note there).
 use crate::model::record;
 use crate::model::schema::{
     collection_key, decode_last_sequence, decode_u64, sequence_key, BY_COLLECTION, CHANGES, COUNTS,
     HISTORY, META, META_LAST_ETAG, TOMBSTONES,
 };
-use crate::revisions::keep;
+use crate::DocumentError;
+// Revisions are kept in the write's own commit (a circle with revisions/, whose
+// restore writes through `Database`: see the note there).
+use crate::revisions::UnitConfig as RevisionsHook;
+use crate::write_hook::{DocWrite, FreedBlobs, WriteHook, Written};
 use crate::{DocError, Etag, Result};
 use kiln_storage::WriteTxn;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -52,23 +56,67 @@ pub(crate) struct Unit {
     /// False while the database has never had a tombstone: a new document then
     /// need not look for one.
     pub tombstones_possible: Arc<AtomicBool>,
-    /// False while the database has never had an expiring document: a write then
-    /// need not look for an expiration entry to replace (`expiration/`).
-    pub expirations_possible: Arc<AtomicBool>,
     /// True while the database has a backup chain: each write also goes to the
     /// backup history (`history.rs`). Off, it costs one load and a branch.
     pub history_on: Arc<AtomicBool>,
-    /// Which collections keep revisions, read once per unit (`revisions/`).
-    revisions: crate::revisions::UnitConfig,
     /// The database's write clock: the latest time a unit took. `None` for a replay,
     /// whose writes keep the times they were made at.
     clock: Option<Arc<AtomicU64>>,
     stamped: bool,
-    /// The blob an attachment upload commits (`attachments::Fresh`).
-    pub(crate) fresh: Option<Fresh>,
+    /// What follows each put and delete: revisions, attachments, expiration.
+    pub(crate) hooks: Hooks,
+}
+
+/// The concerns that keep state about each document (`crate::write_hook`), called
+/// in this order for every put and delete once its checks passed, before the
+/// document's own trees are written.
+pub(crate) struct Hooks {
+    /// Which collections keep revisions, read once per unit (`revisions/`).
+    revisions: RevisionsHook,
+    pub(crate) attachments: AttachmentsHook,
+    pub(crate) expiration: ExpirationHook,
     /// Where blobs whose count reached zero go, to be unlinked after the commit
     /// (`None`: a replay; `gc` at the next open frees them).
-    pub(crate) blobs: Option<Arc<BlobStore>>,
+    blobs: Option<Arc<BlobStore>>,
+}
+
+impl Hooks {
+    fn each(&mut self) -> [&mut dyn WriteHook; 3] {
+        [
+            &mut self.revisions,
+            &mut self.attachments,
+            &mut self.expiration,
+        ]
+    }
+
+    fn on_put(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        w: &DocWrite<'_>,
+        new: &Written<'_>,
+    ) -> Result<()> {
+        let mut freed = FreedBlobs::new();
+        for hook in self.each() {
+            hook.on_put(txn, w, new, &mut freed)?;
+        }
+        self.release(freed);
+        Ok(())
+    }
+
+    fn on_delete(&mut self, txn: &mut WriteTxn<'_>, w: &DocWrite<'_>) -> Result<()> {
+        let mut freed = FreedBlobs::new();
+        for hook in self.each() {
+            hook.on_delete(txn, w, &mut freed)?;
+        }
+        self.release(freed);
+        Ok(())
+    }
+
+    fn release(&self, freed: FreedBlobs) {
+        if let (false, Some(blobs)) = (freed.is_empty(), &self.blobs) {
+            blobs.freed(freed);
+        }
+    }
 }
 
 impl Unit {
@@ -90,50 +138,28 @@ impl Unit {
             stored_sequence: 0,
             count_deltas: Vec::new(),
             tombstones_possible: possible.tombstones,
-            expirations_possible: possible.expirations,
             history_on,
-            revisions: Default::default(),
-            fresh: None,
-            blobs: None,
+            hooks: Hooks {
+                revisions: RevisionsHook::default(),
+                attachments: AttachmentsHook::default(),
+                expiration: ExpirationHook {
+                    possible: possible.expirations,
+                },
+                blobs: None,
+            },
         }
     }
 
     /// The unit hands hashes whose count reached zero to `blobs`.
     pub fn with_blobs(mut self, blobs: Arc<BlobStore>) -> Unit {
-        self.blobs = Some(blobs);
+        self.hooks.blobs = Some(blobs);
         self
-    }
-
-    /// Moves the attachments' reference counts from `old` to `new`.
-    fn adjust_attachments(
-        &mut self,
-        txn: &mut WriteTxn<'_>,
-        old: &[AttachmentInfo],
-        new: &[AttachmentInfo],
-    ) -> Result<()> {
-        let mut freed: Vec<Hash> = Vec::new();
-        attachments::adjust(txn, old, new, self.fresh, self.now_ms, &mut freed)?;
-        if let (false, Some(blobs)) = (freed.is_empty(), &self.blobs) {
-            blobs.freed(freed);
-        }
-        Ok(())
-    }
-
-    /// Archives the version `change` replaces and trims the document's revisions
-    /// (`keep::keep`); blobs that dropped revisions freed go to `blobs`.
-    fn keep_revision(&mut self, txn: &mut WriteTxn<'_>, change: &keep::Change<'_>) -> Result<()> {
-        let mut freed: Vec<Hash> = Vec::new();
-        keep::keep(txn, &mut self.revisions, change, &mut freed)?;
-        if let (false, Some(blobs)) = (freed.is_empty(), &self.blobs) {
-            blobs.freed(freed);
-        }
-        Ok(())
     }
 
     /// The unit reads the revisions configuration from the database's copy (a
     /// unit without one reads it from the transaction: a restore's replay).
-    pub fn with_revisions(mut self, revisions: crate::revisions::UnitConfig) -> Unit {
-        self.revisions = revisions;
+    pub fn with_revisions(mut self, revisions: RevisionsHook) -> Unit {
+        self.hooks.revisions = revisions;
         self
     }
 
@@ -315,20 +341,6 @@ fn apply_patch(
     apply_put(txn, unit, &given, &doc, Condition::IfMatch(etag), key_id)
 }
 
-/// What an attachment write does to a document's `@attachments` list.
-#[derive(Debug, Clone)]
-pub(crate) enum AttachmentChange {
-    /// Adds the attachment, or replaces the one of that name.
-    Put {
-        name: String,
-        content_type: String,
-        hash: Hash,
-    },
-    Delete {
-        name: String,
-    },
-}
-
 /// An attachment put or delete: the document as this transaction sees it, with
 /// its list changed, written as a put conditional on the etag just read (so the
 /// reference counts move in `apply_put`, as for any put). `condition` is the
@@ -349,39 +361,14 @@ pub(crate) fn apply_attachment(
     let rec = record::decode(id, bytes)?;
     check_condition(id, condition, Some(rec.etag))?;
     let etag = rec.etag;
-    let mut list = attachments::stored_list(rec.json);
+    let mut list = stored_list(rec.json);
     let mut value: serde_json::Value = serde_json::from_slice(&rec.to_json(id)?).map_err(|e| {
         DocError::Document(DocumentError::Corrupt {
             id: id.to_string(),
             why: format!("stored JSON does not parse: {e}"),
         })
     })?;
-    match change {
-        AttachmentChange::Put {
-            name,
-            content_type,
-            hash,
-        } => {
-            list.retain(|a| &a.name != name);
-            list.push(AttachmentInfo {
-                name: name.clone(),
-                hash: attachments::hash_hex(hash),
-                size_bytes: 0,
-                content_type: content_type.clone(),
-            });
-            list.sort_by(|a, b| a.name.cmp(&b.name));
-        }
-        AttachmentChange::Delete { name } => {
-            let before = list.len();
-            list.retain(|a| &a.name != name);
-            if list.len() == before {
-                return Err(DocError::Attachment(AttachmentError::NotFound {
-                    id: id.to_string(),
-                    name: name.clone(),
-                }));
-            }
-        }
-    }
+    change.apply_to(&mut list, id)?;
     let metadata = value
         .as_object_mut()
         .and_then(|o| o.get_mut("@metadata"))
@@ -392,10 +379,7 @@ pub(crate) fn apply_attachment(
                 why: "stored document has no @metadata object".into(),
             })
         })?;
-    metadata.insert(
-        attachments::ATTACHMENTS_KEY.to_string(),
-        attachments::list_value(&list),
-    );
+    metadata.insert(ATTACHMENTS_KEY.to_string(), list_value(&list));
     let doc = PreparedDoc::from_value(value)?;
     let given = DocId::Given(id.to_string());
     apply_put(txn, unit, &given, &doc, Condition::IfMatch(etag), None)
@@ -414,7 +398,7 @@ fn current_full(
             let rec = record::decode(id, bytes)?;
             Ok(Some((
                 (rec.etag, rec.collection.map(str::to_string)),
-                attachments::stored_list(rec.json),
+                stored_list(rec.json),
             )))
         }
     }
@@ -480,7 +464,8 @@ fn apply_put(
     if expires_at_ms.is_some() {
         expiration::check_id(&id)?;
     }
-    let settled = attachments::settle(txn, doc.client_metadata(), &old_attachments, unit.fresh)?;
+    let fresh = unit.hooks.attachments.fresh;
+    let settled = attachments::settle(txn, doc.client_metadata(), &old_attachments, fresh)?;
     let with_list;
     let (doc, new_attachments) = match settled {
         None => (doc, Vec::new()),
@@ -492,15 +477,21 @@ fn apply_put(
     let collection = doc.collection_for(&id).map(str::to_string);
     check_document_size(unit, doc, &id, collection.as_deref(), etag)?;
     let change = encode_entry(ChangeKind::Put, unit.now_ms, collection.as_deref(), &id)?;
-    let revision = keep::Change {
+    let write = DocWrite {
         id: &id,
         replaced: existing.as_ref().map(|(old, c)| (*old, c.as_deref())),
-        written: Some((etag.sequence, collection.as_deref())),
+        old_attachments: &old_attachments,
         key_id,
         at_ms: unit.now_ms,
+        unit_ms: unit.now_ms,
     };
-    unit.keep_revision(txn, &revision)?;
-    unit.adjust_attachments(txn, &old_attachments, &new_attachments)?;
+    let written = Written {
+        sequence: etag.sequence,
+        collection: collection.as_deref(),
+        attachments: &new_attachments,
+        expires_at_ms,
+    };
+    unit.hooks.on_put(txn, &write, &written)?;
     let prev = unit.last();
     unit.advance(etag);
     let rec = record::encode(
@@ -524,8 +515,6 @@ fn apply_put(
         &change,
         look_for_tombstone,
     )?;
-    let possible = &unit.expirations_possible;
-    expiration::on_put(txn, possible, &id, !created, expires_at_ms, etag.sequence)?;
     history_put(txn, unit, prev, &id, etag.sequence, &rec)?;
     Ok(PutOutcome {
         id,
@@ -687,15 +676,15 @@ fn apply_delete(
     check_condition(id, condition, Some(etag))?;
     let tombstone_etag = unit.peek_next_etag(txn)?;
     let tombstone = encode_entry(ChangeKind::Delete, unit.now_ms, collection.as_deref(), id)?;
-    let revision = keep::Change {
+    let write = DocWrite {
         id,
         replaced: Some((etag, collection.as_deref())),
-        written: None,
+        old_attachments: &old_attachments,
         key_id,
         at_ms: unit.now_ms,
+        unit_ms: unit.now_ms,
     };
-    unit.keep_revision(txn, &revision)?;
-    unit.adjust_attachments(txn, &old_attachments, &[])?;
+    unit.hooks.on_delete(txn, &write)?;
     let prev = unit.last();
     unit.advance(tombstone_etag);
     // Set before this unit commits, so every later unit looks for tombstones.
@@ -742,7 +731,6 @@ fn write_delete(
         id.as_bytes(),
         &tombstone_etag.sequence.to_be_bytes(),
     )?;
-    expiration::on_delete(txn, &unit.expirations_possible, id)?;
     Ok(())
 }
 
@@ -805,18 +793,22 @@ fn replay_put(
     let collection = rec.collection.map(str::to_string);
     let change = encode_entry(ChangeKind::Put, rec.last_modified_ms, rec.collection, e.id)?;
     let expires_at_ms = stored_expires_at_ms(rec.json);
-    let existed = existing.is_some();
     // The writer's key is not in the history: the replayed revisions say none.
-    let revision = keep::Change {
+    let write = DocWrite {
         id: e.id,
         replaced: existing.as_ref().map(|(old, c)| (*old, c.as_deref())),
-        written: Some((etag.sequence, rec.collection)),
+        old_attachments,
         key_id: None,
         at_ms: rec.last_modified_ms,
+        unit_ms: unit.now_ms,
     };
-    unit.keep_revision(txn, &revision)?;
-    let new_attachments = attachments::stored_list(rec.json);
-    unit.adjust_attachments(txn, old_attachments, &new_attachments)?;
+    let written = Written {
+        sequence: etag.sequence,
+        collection: rec.collection,
+        attachments: &stored_list(rec.json),
+        expires_at_ms,
+    };
+    unit.hooks.on_put(txn, &write, &written)?;
     unit.advance(etag);
     write_put(
         txn,
@@ -829,8 +821,7 @@ fn replay_put(
         &change,
         true,
     )?;
-    let possible = &unit.expirations_possible;
-    expiration::on_put(txn, possible, e.id, existed, expires_at_ms, etag.sequence)
+    Ok(())
 }
 
 /// `replay` of a delete, which must find its document.
@@ -849,15 +840,15 @@ fn replay_delete(
         ));
     };
     let tombstone = encode_entry(ChangeKind::Delete, e.at_ms, collection.as_deref(), e.id)?;
-    let revision = keep::Change {
+    let write = DocWrite {
         id: e.id,
         replaced: Some((old, collection.as_deref())),
-        written: None,
+        old_attachments,
         key_id: None,
         at_ms: e.at_ms,
+        unit_ms: unit.now_ms,
     };
-    unit.keep_revision(txn, &revision)?;
-    unit.adjust_attachments(txn, old_attachments, &[])?;
+    unit.hooks.on_delete(txn, &write)?;
     unit.advance(etag);
     write_delete(
         txn,
@@ -880,7 +871,7 @@ mod tests {
         let mut u = Unit::for_replay(1);
         u.clock = Some(clock.clone());
         u.tombstones_possible = Arc::new(AtomicBool::new(false));
-        u.expirations_possible = Arc::new(AtomicBool::new(false));
+        u.hooks.expiration.possible = Arc::new(AtomicBool::new(false));
         u
     }
 

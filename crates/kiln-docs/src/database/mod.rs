@@ -8,7 +8,7 @@ pub(crate) use logged::claim_log_index;
 pub use logged::{Atomicity, LoggedEntry, LoggedOutcome};
 pub(crate) mod history;
 
-pub(crate) use apply::{apply_attachment, replay, AttachmentChange, Unit as ReplayUnit};
+pub(crate) use apply::{apply_attachment, replay, Unit as ReplayUnit};
 
 use crate::changes::CommitNotifier;
 use crate::model::document::PreparedDoc;

@@ -26,10 +26,12 @@ pub(crate) mod upgrade;
 use crate::model::schema::{
     decode_expiration_key, decode_u64, expiration_key, EXPIRATIONS, EXPIRATION_IDS,
 };
+use crate::write_hook::{DocWrite, FreedBlobs, WriteHook, Written};
 use crate::DocumentError;
 use crate::{Condition, Database, DocError, Etag, Result, WriteOp};
 use kiln_storage::WriteTxn;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 pub(crate) use crate::model::limits::MAX_EXPIRING_ID_BYTES;
 
@@ -141,10 +143,41 @@ pub(crate) fn check_id(id: &str) -> Result<()> {
         .map_err(DocError::from)
 }
 
+/// A document's expiration follows its writes: its entry in `expirations` and
+/// `expiration_ids` is replaced by a put (written if the new version expires) and
+/// removed by a delete. `possible` is false while the database has never had an
+/// expiring document: a write then need not look for an entry to replace.
+pub(crate) struct ExpirationHook {
+    pub possible: Arc<AtomicBool>,
+}
+
+impl WriteHook for ExpirationHook {
+    fn on_put(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        write: &DocWrite<'_>,
+        written: &Written<'_>,
+        _freed: &mut FreedBlobs,
+    ) -> Result<()> {
+        let existed = write.replaced.is_some();
+        let (at, sequence) = (written.expires_at_ms, written.sequence);
+        on_put(txn, &self.possible, write.id, existed, at, sequence)
+    }
+
+    fn on_delete(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        write: &DocWrite<'_>,
+        _freed: &mut FreedBlobs,
+    ) -> Result<()> {
+        on_delete(txn, &self.possible, write.id)
+    }
+}
+
 /// The index writes of a put: the entry the document had (if it existed and any
 /// document may have one) goes, its new one (if it expires) comes, at the new
 /// etag's `sequence`.
-pub(crate) fn on_put(
+fn on_put(
     txn: &mut WriteTxn<'_>,
     possible: &AtomicBool,
     id: &str,
@@ -169,7 +202,7 @@ pub(crate) fn on_put(
 }
 
 /// The index writes of a delete: the document's entry goes, if it had one.
-pub(crate) fn on_delete(txn: &mut WriteTxn<'_>, possible: &AtomicBool, id: &str) -> Result<()> {
+fn on_delete(txn: &mut WriteTxn<'_>, possible: &AtomicBool, id: &str) -> Result<()> {
     if possible.load(Ordering::SeqCst) {
         remove(txn, id, true)?;
     }

@@ -166,3 +166,54 @@ pub(crate) fn parse_list(
 pub(crate) fn list_value(list: &[AttachmentInfo]) -> Value {
     Value::Array(list.iter().map(AttachmentInfo::to_value).collect())
 }
+
+/// What an attachment write does to a document's `@attachments` list.
+#[derive(Debug, Clone)]
+pub(crate) enum AttachmentChange {
+    /// Adds the attachment, or replaces the one of that name.
+    Put {
+        name: String,
+        content_type: String,
+        hash: Hash,
+    },
+    Delete {
+        name: String,
+    },
+}
+
+impl AttachmentChange {
+    /// The change made to `list` (sorted by name), the list of document `id`.
+    pub(crate) fn apply_to(
+        &self,
+        list: &mut Vec<AttachmentInfo>,
+        id: &str,
+    ) -> Result<(), AttachmentError> {
+        match self {
+            AttachmentChange::Put {
+                name,
+                content_type,
+                hash,
+            } => {
+                list.retain(|a| &a.name != name);
+                list.push(AttachmentInfo {
+                    name: name.clone(),
+                    hash: hash_hex(hash),
+                    size_bytes: 0,
+                    content_type: content_type.clone(),
+                });
+                list.sort_by(|a, b| a.name.cmp(&b.name));
+            }
+            AttachmentChange::Delete { name } => {
+                let before = list.len();
+                list.retain(|a| &a.name != name);
+                if list.len() == before {
+                    return Err(AttachmentError::NotFound {
+                        id: id.to_string(),
+                        name: name.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}

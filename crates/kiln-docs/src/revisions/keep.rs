@@ -1,7 +1,7 @@
 //! The write path's half of revisions: every put and delete of a document whose
 //! collection keeps revisions archives the version it replaces, in the write's own
-//! transaction, then drops what the limits no longer allow (`database/apply.rs`
-//! calls `keep` before the write's first tree write). An archived version that
+//! transaction, then drops what the limits no longer allow (its `WriteHook`, which
+//! `database/apply.rs` calls before the write's first tree write). An archived version that
 //! names attachments takes a reference on their blobs, and a dropped one gives
 //! it back (`attachments::hold`/`unhold`), in the same transaction.
 
@@ -10,6 +10,7 @@ use super::entry::{encode_revision, held_attachments_json, replaced_ms, Archived
 use crate::attachments::{self, Hash};
 use crate::model::record;
 use crate::model::schema::{revision_key, REVISIONS, REVISION_HEADS};
+use crate::write_hook::{DocWrite, FreedBlobs, WriteHook, Written};
 use crate::{DocError, Etag, Result};
 use kiln_storage::WriteTxn;
 
@@ -64,6 +65,42 @@ pub(crate) fn keep(
         key_id: change.key_id.map(str::to_string),
     };
     write_head(txn, change.id, &new_head)
+}
+
+/// A document's revisions follow its writes: the version a write replaces is
+/// archived, the document's revisions trimmed and its head moved.
+impl WriteHook for UnitConfig {
+    fn on_put(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        write: &DocWrite<'_>,
+        written: &Written<'_>,
+        freed: &mut FreedBlobs,
+    ) -> Result<()> {
+        let change = Change::of(write, Some((written.sequence, written.collection)));
+        keep(txn, self, &change, freed)
+    }
+
+    fn on_delete(
+        &mut self,
+        txn: &mut WriteTxn<'_>,
+        write: &DocWrite<'_>,
+        freed: &mut FreedBlobs,
+    ) -> Result<()> {
+        keep(txn, self, &Change::of(write, None), freed)
+    }
+}
+
+impl<'a> Change<'a> {
+    fn of(write: &DocWrite<'a>, written: Option<(u64, Option<&'a str>)>) -> Change<'a> {
+        Change {
+            id: write.id,
+            replaced: write.replaced,
+            written,
+            key_id: write.key_id,
+            at_ms: write.at_ms,
+        }
+    }
 }
 
 fn check_id(id: &str) -> Result<()> {
