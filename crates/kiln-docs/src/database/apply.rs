@@ -9,6 +9,11 @@
 
 use super::history::{self, HistoryEntry};
 use super::{BatchOutcome, Condition, DeleteOutcome, DocId, Limits, PutOutcome, WriteOp};
+// The unit holds the hooks of attachments and expiration (`Hooks`), and checks a
+// put's attachment list and expiring id before its first write: circles with
+// attachments/ and expiration/, whose operations are `Database` methods that write
+// through this module (`apply_attachment`, `WriteOp`). The hooks are what they
+// share; neither writes a document's trees.
 use crate::attachments::{self, AttachmentsHook, BlobStore};
 use crate::changes::{encode_entry, ChangeKind};
 use crate::expiration::{self, ExpirationHook};
