@@ -155,6 +155,24 @@ impl Unit {
         }
     }
 
+    /// A write of this unit, made at the unit's time, as the hooks see it.
+    fn doc_write<'a>(
+        &self,
+        id: &'a str,
+        replaced: Option<(Etag, Option<&'a str>)>,
+        old_attachments: &'a [AttachmentInfo],
+        key_id: Option<&'a str>,
+    ) -> DocWrite<'a> {
+        DocWrite {
+            id,
+            replaced,
+            old_attachments,
+            key_id,
+            at_ms: self.now_ms,
+            unit_ms: self.now_ms,
+        }
+    }
+
     /// The unit hands hashes whose count reached zero to `blobs`.
     pub fn with_blobs(mut self, blobs: Arc<BlobStore>) -> Unit {
         self.hooks.blobs = Some(blobs);
@@ -482,14 +500,8 @@ fn apply_put(
     let collection = doc.collection_for(&id).map(str::to_string);
     check_document_size(unit, doc, &id, collection.as_deref(), etag)?;
     let change = encode_entry(ChangeKind::Put, unit.now_ms, collection.as_deref(), &id)?;
-    let write = DocWrite {
-        id: &id,
-        replaced: existing.as_ref().map(|(old, c)| (*old, c.as_deref())),
-        old_attachments: &old_attachments,
-        key_id,
-        at_ms: unit.now_ms,
-        unit_ms: unit.now_ms,
-    };
+    let replaced = existing.as_ref().map(|(old, c)| (*old, c.as_deref()));
+    let write = unit.doc_write(&id, replaced, &old_attachments, key_id);
     let written = Written {
         sequence: etag.sequence,
         collection: collection.as_deref(),
@@ -681,14 +693,8 @@ fn apply_delete(
     check_condition(id, condition, Some(etag))?;
     let tombstone_etag = unit.peek_next_etag(txn)?;
     let tombstone = encode_entry(ChangeKind::Delete, unit.now_ms, collection.as_deref(), id)?;
-    let write = DocWrite {
-        id,
-        replaced: Some((etag, collection.as_deref())),
-        old_attachments: &old_attachments,
-        key_id,
-        at_ms: unit.now_ms,
-        unit_ms: unit.now_ms,
-    };
+    let replaced = Some((etag, collection.as_deref()));
+    let write = unit.doc_write(id, replaced, &old_attachments, key_id);
     unit.hooks.on_delete(txn, &write)?;
     let prev = unit.last();
     unit.advance(tombstone_etag);
