@@ -1,0 +1,158 @@
+//! Continuation tokens: where the next page of a query starts (an offset, or a
+//! point in an index's entries), encoded for the client and checked on the way
+//! back against the query and the index they were made for.
+
+use super::parse;
+use super::parse::Query;
+use crate::index::Runtime;
+use crate::QueryError;
+use crate::{DocError, Result};
+
+/// Where a page continues from.
+pub(super) enum Cont {
+    Offset(usize),
+    After {
+        index_id: u64,
+        desc: bool,
+        /// Matches before the point (for the total when it is counted by walking).
+        before: u64,
+        key: Vec<u8>,
+    },
+}
+
+impl Cont {
+    pub(super) fn encode(&self) -> String {
+        match self {
+            Cont::Offset(n) => format!("o{n}"),
+            Cont::After {
+                index_id,
+                desc,
+                before,
+                key,
+            } => {
+                let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+                format!("k{index_id}.{}.{before}.{hex}", u8::from(*desc))
+            }
+        }
+    }
+
+    pub(super) fn decode(t: &str) -> Result<Cont> {
+        let bad = || {
+            DocError::Query(QueryError::Invalid {
+                line: 0,
+                column: 0,
+                message: "malformed continuation token".into(),
+            })
+        };
+        if let Some(n) = t.strip_prefix('o') {
+            let n: usize = n.parse().map_err(|_| bad())?;
+            if n > parse::MAX_OFFSET {
+                return Err(bad());
+            }
+            return Ok(Cont::Offset(n));
+        }
+        let rest = t.strip_prefix('k').ok_or_else(bad)?;
+        let parts: Vec<&str> = rest.splitn(4, '.').collect();
+        let [id, desc, before, hex] = parts.as_slice() else {
+            return Err(bad());
+        };
+        if hex.len() % 2 != 0 || hex.len() > 2 * kiln_storage::MAX_KEY_SIZE {
+            return Err(bad());
+        }
+        let key = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(hex.get(i..i + 2).unwrap_or("zz"), 16))
+            .collect::<std::result::Result<Vec<u8>, _>>()
+            .map_err(|_| bad())?;
+        Ok(Cont::After {
+            index_id: id.parse().map_err(|_| bad())?,
+            desc: *desc == "1",
+            before: before.parse().map_err(|_| bad())?,
+            key,
+        })
+    }
+}
+
+/// Where a page of an index in order resumes: (index id, descending, matches
+/// before it, the entry's key).
+pub(super) type After = (u64, bool, u64, Vec<u8>);
+
+/// Where a walk of index `rt` (in the order `ordered`) resumes: the matches before
+/// the point and its key, when the point is of this index in this order.
+pub(super) fn resume_in(
+    after: Option<After>,
+    rt: &Runtime,
+    ordered: Option<bool>,
+) -> Result<Option<(u64, Vec<u8>)>> {
+    match after {
+        None => Ok(None),
+        Some((id, d, before, key))
+            if id == rt.id
+                && ordered == Some(d)
+                && !rt.compiled.def.multi_valued()
+                && rt.compiled.def.fields.len() == 1 =>
+        {
+            Ok(Some((before, key)))
+        }
+        Some(_) => Err(DocError::Query(QueryError::Invalid {
+            line: 0,
+            column: 0,
+            message: "the continuation token belongs to another query, or the \
+                      index was reset since; start over"
+                .into(),
+        })),
+    }
+}
+
+/// A continuation token given to a query it was not made for.
+pub(super) fn foreign_continuation() -> DocError {
+    DocError::Query(QueryError::Invalid {
+        line: 0,
+        column: 0,
+        message: "the continuation token belongs to another query; start over".into(),
+    })
+}
+
+/// A continuation token's offset (set on `q`), or the index entry it resumes after.
+pub(super) fn resume_point(q: &mut Query, continuation: Option<&str>) -> Result<Option<After>> {
+    Ok(match continuation.map(Cont::decode).transpose()? {
+        Some(Cont::Offset(n)) => {
+            q.offset = n;
+            None
+        }
+        Some(Cont::After {
+            index_id,
+            desc,
+            before,
+            key,
+        }) => {
+            q.offset = 0;
+            Some((index_id, desc, before, key))
+        }
+        None => None,
+    })
+}
+
+/// The continuation of a full page (`page_len` documents) of a walk of index
+/// `index_id`: the last entry put on it (`last`: its key and match number) where
+/// the entries come in key order (`key_order`), else the next page's offset.
+pub(super) fn stream_continuation(
+    q: &Query,
+    index_id: u64,
+    desc: bool,
+    key_order: bool,
+    last: Option<(Vec<u8>, u64)>,
+    page_len: usize,
+) -> String {
+    if !key_order {
+        return Cont::Offset(q.offset + page_len).encode();
+    }
+    let (key, before) = last.unwrap_or_default();
+    Cont::After {
+        index_id,
+        desc,
+        before,
+        key,
+    }
+    .encode()
+}
