@@ -35,9 +35,11 @@
 //! - `from index` without such a conjunct: by the index's first field, then id.
 //! - otherwise (a collection scan is the only plan): etag order.
 
+mod ast;
 mod continuation;
 pub(crate) mod eval;
 mod group;
+mod lex;
 pub(crate) mod parse;
 mod plan;
 mod search;

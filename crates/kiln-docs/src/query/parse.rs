@@ -1,4 +1,5 @@
-//! The query language: a hand-written lexer and recursive-descent parser.
+//! The query language: a recursive-descent parser over the lexer's tokens
+//! (`lex.rs`), making the query tree of `ast.rs`.
 //!
 //! ```text
 //! query   := 'from' ( 'index' STRING | NAME ) [ 'where' expr ] [ 'group' 'by' field ( ',' field )* ]
@@ -24,11 +25,14 @@
 //! `and` (not under `or` or `not`). `score()` is its BM25 relevance and
 //! `highlight(path)` a snippet of the field with the matched words in `<b>`.
 
-use crate::index::def::{parse_path, Step};
+use crate::index::def::parse_path;
 use crate::index::value::Scalar;
 use crate::QueryError;
 use crate::{DocError, Result};
 use serde_json::{Map, Value};
+
+pub(crate) use super::ast::{CmpOp, Expr, Field, Grouping, Query, SearchText, Selected, Source};
+use super::lex::{error_at, lex, Tok, Token};
 
 pub const MAX_QUERY_BYTES: usize = 16 * 1024;
 pub const MAX_DEPTH: usize = 32;
@@ -38,111 +42,6 @@ pub const MAX_OFFSET: usize = 1_000_000;
 pub const DEFAULT_LIMIT: usize = 128;
 const MAX_TERMS: usize = 256;
 
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Source {
-    Collection(String),
-    Index(String),
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Field {
-    pub path: String,
-    pub steps: Vec<Step>,
-    /// `lower(path)`: compared case-insensitively.
-    pub ci: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum CmpOp {
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Expr {
-    And(Vec<Expr>),
-    Or(Vec<Expr>),
-    Not(Box<Expr>),
-    Cmp(Field, CmpOp, Scalar),
-    In(Field, Vec<Scalar>),
-    Between(Field, Scalar, Scalar),
-    StartsWith(Field, String),
-    Exists(Field),
-    /// `search(path, 'text')`: full-text, only answered by a full-text index.
-    Search(Field, SearchText),
-}
-
-/// The text of a `search()` as written and parsed (`search/text.rs`).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct SearchText {
-    pub text: String,
-    pub clauses: Vec<crate::search::text::Clause>,
-}
-
-impl Expr {
-    /// Whether a `search()` appears anywhere in this expression.
-    pub fn has_search(&self) -> bool {
-        match self {
-            Expr::Search(..) => true,
-            Expr::And(parts) | Expr::Or(parts) => parts.iter().any(Expr::has_search),
-            Expr::Not(inner) => inner.has_search(),
-            _ => false,
-        }
-    }
-}
-
-impl Field {
-    /// `score()` in an `order by` (a field has at least one step).
-    pub fn is_score(&self) -> bool {
-        self.steps.is_empty()
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Query {
-    pub source: Source,
-    pub filter: Option<Expr>,
-    pub order: Vec<(Field, bool)>,
-    pub limit: usize,
-    pub offset: usize,
-    pub select: Option<Vec<Field>>,
-    /// `select highlight(path)`: snippets of full-text fields, in `@metadata`.
-    pub highlight: Vec<Field>,
-    /// `group by`: one result per group (`select` is then `None`).
-    pub group: Option<Grouping>,
-}
-
-/// A grouped query's groups and what it selects of each.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Grouping {
-    pub by: Vec<Field>,
-    pub select: Vec<Selected>,
-}
-
-/// One output of a grouped query, by its name in the results.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Selected {
-    /// The value of the group field `by[position]`.
-    Group { position: usize, name: String },
-    Aggregate {
-        func: crate::index::reduce::Func,
-        path: Option<String>,
-        name: String,
-    },
-}
-
-impl Selected {
-    pub fn name(&self) -> &str {
-        match self {
-            Selected::Group { name, .. } | Selected::Aggregate { name, .. } => name,
-        }
-    }
-}
-
 /// A query's `limit`, `offset` and `select`, each if it has one.
 type LimitOffsetSelect = (Option<usize>, Option<usize>, Option<Vec<Item>>);
 
@@ -151,174 +50,6 @@ enum Item {
     Field(Field, Option<String>),
     Highlight(Field),
     Call(String, Option<String>, Option<String>, usize),
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Tok {
-    Word(String),
-    Str(String),
-    Num(String),
-    Param(String),
-    Sym(&'static str),
-    End,
-}
-
-struct Token {
-    tok: Tok,
-    at: usize,
-}
-
-fn position(text: &str, at: usize) -> (usize, usize) {
-    let before = &text[..at.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, column)
-}
-
-fn error_at(text: &str, at: usize, message: impl Into<String>) -> DocError {
-    let (line, column) = position(text, at);
-    DocError::Query(QueryError::Invalid {
-        line,
-        column,
-        message: message.into(),
-    })
-}
-
-fn lex(text: &str) -> Result<Vec<Token>> {
-    let b = text.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < b.len() {
-        let c = b[i];
-        if c.is_ascii_whitespace() {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        let tok = match c {
-            b'\'' | b'"' => {
-                let (s, end) = string_literal(text, start)?;
-                i = end;
-                Tok::Str(s)
-            }
-            b'$' => {
-                i += 1;
-                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
-                    i += 1;
-                }
-                if i == start + 1 {
-                    return Err(error_at(text, start, "a parameter needs a name after $"));
-                }
-                Tok::Param(text[start + 1..i].to_string())
-            }
-            b'-' | b'0'..=b'9' => {
-                i = number_end(b, start);
-                Tok::Num(text[start..i].to_string())
-            }
-            c if c.is_ascii_alphabetic() || c == b'_' || c == b'@' => {
-                while i < b.len() && (b[i].is_ascii_alphanumeric() || b"_@.[]".contains(&b[i])) {
-                    i += 1;
-                }
-                Tok::Word(text[start..i].to_string())
-            }
-            _ => match symbol(&b[i..]) {
-                Some((sym, len)) => {
-                    i += len;
-                    Tok::Sym(sym)
-                }
-                None => {
-                    let ch = text[i..].chars().next().unwrap_or('?');
-                    return Err(error_at(
-                        text,
-                        start,
-                        format!("unexpected character {ch:?}"),
-                    ));
-                }
-            },
-        };
-        out.push(Token { tok, at: start });
-    }
-    out.push(Token {
-        tok: Tok::End,
-        at: text.len(),
-    });
-    Ok(out)
-}
-
-/// The operator or punctuation `b` starts with, and its length in bytes.
-fn symbol(b: &[u8]) -> Option<(&'static str, usize)> {
-    Some(match b {
-        [b'(', ..] => ("(", 1),
-        [b')', ..] => (")", 1),
-        [b',', ..] => (",", 1),
-        [b'=', b'=', ..] => ("=", 2),
-        [b'=', ..] => ("=", 1),
-        [b'!', b'=', ..] => ("!=", 2),
-        [b'<', b'=', ..] => ("<=", 2),
-        [b'<', b'>', ..] => ("!=", 2),
-        [b'<', ..] => ("<", 1),
-        [b'>', b'=', ..] => (">=", 2),
-        [b'>', ..] => (">", 1),
-        _ => return None,
-    })
-}
-
-/// Where the number at `start` (a digit or `-`) ends: letters, digits and dots
-/// (the number is checked when it is parsed), and a sign right after an exponent
-/// mark.
-fn number_end(b: &[u8], start: usize) -> usize {
-    let mut i = start + 1;
-    while i < b.len()
-        && (b[i].is_ascii_alphanumeric() || b[i] == b'.' || b[i] == b'+' || b[i] == b'-')
-    {
-        // Sign only right after an exponent mark.
-        if (b[i] == b'+' || b[i] == b'-') && !matches!(b[i - 1], b'e' | b'E') {
-            break;
-        }
-        i += 1;
-    }
-    i
-}
-
-/// The string literal at `start` (its opening quote, `'` or `"`): its text, and
-/// where the text after it starts. A doubled quote stands for one; `\n`, `\t`,
-/// `\\` and escaped quotes are unescaped.
-fn string_literal(text: &str, start: usize) -> Result<(String, usize)> {
-    let b = text.as_bytes();
-    let quote = b[start];
-    let mut i = start + 1;
-    let mut s = Vec::new();
-    loop {
-        match b.get(i) {
-            None => return Err(error_at(text, start, "unterminated string")),
-            Some(&q) if q == quote => {
-                if b.get(i + 1) == Some(&quote) {
-                    s.push(quote);
-                    i += 2;
-                } else {
-                    i += 1;
-                    break;
-                }
-            }
-            Some(b'\\') => {
-                let e = match b.get(i + 1) {
-                    Some(b'n') => b'\n',
-                    Some(b't') => b'\t',
-                    Some(&x @ (b'\\' | b'\'' | b'"')) => x,
-                    _ => return Err(error_at(text, i, "unknown escape in string")),
-                };
-                s.push(e);
-                i += 2;
-            }
-            Some(&x) => {
-                s.push(x);
-                i += 1;
-            }
-        }
-    }
-    // The text is UTF-8 and only ASCII was unescaped: still UTF-8.
-    let s = String::from_utf8(s).map_err(|_| error_at(text, start, "bad UTF-8"))?;
-    Ok((s, i))
 }
 
 struct Parser<'a> {
