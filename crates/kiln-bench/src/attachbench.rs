@@ -168,6 +168,8 @@ fn sampled(
     Ok((result?, peak.load(Ordering::Relaxed)))
 }
 
+/// Raw HTTP on purpose (also in `download`): what is timed is the server's transfer,
+/// with no client library's buffering or copies in it.
 fn upload(server: &ServerProcess, path: &str, size: u64, block: &[u8]) -> BenchResult<f64> {
     let mut s = TcpStream::connect(server.addr)?;
     let start = Instant::now();

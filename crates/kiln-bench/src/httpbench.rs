@@ -141,7 +141,8 @@ pub fn terminate(child: &mut Child, grace: Duration) {
     let _ = child.wait();
 }
 
-/// One request on a fresh connection (setup and health checks).
+/// One request on a fresh connection (setup and health checks), on the load
+/// generator's raw [`Conn`]: the setup needs no second HTTP client in this crate.
 pub fn blocking_request(
     addr: SocketAddr,
     method: &str,

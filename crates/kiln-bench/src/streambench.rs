@@ -292,7 +292,8 @@ fn segment_rates(acks: &[(f64, u64)], documents: u64, parts: u64) -> Vec<f64> {
 }
 
 /// Uploads the NDJSON body with chunked encoding while reading the acks; returns the
-/// (seconds since start, acknowledged documents) of every ack.
+/// (seconds since start, acknowledged documents) of every ack. Raw HTTP on purpose:
+/// W10's load generator, as light on the shared CPU as the one of W8/W9.
 async fn stream_bulk(
     addr: SocketAddr,
     documents: u64,

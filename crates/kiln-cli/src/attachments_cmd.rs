@@ -116,12 +116,13 @@ fn put(
     if_match: Option<String>,
 ) -> AnyResult<()> {
     let mut input = open_input(file)?;
-    let mut extra = format!("content-type: {content_type}\r\n");
-    if let Some(etag) = if_match {
-        extra.push_str(&format!("if-match: \"{}\"\r\n", etag.trim_matches('"')));
+    let if_match = if_match.map(|etag| format!("\"{}\"", etag.trim_matches('"')));
+    let mut headers = vec![("content-type", content_type)];
+    if let Some(etag) = &if_match {
+        headers.push(("if-match", etag));
     }
     let ep = server.endpoint()?;
-    let (mut body, upload) = ep.start_upload_with("PUT", path, &extra)?;
+    let (mut body, upload) = ep.start_upload_with("PUT", path, &headers)?;
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = input.read(&mut buf)?;

@@ -102,7 +102,7 @@ pub fn upload_blobs(ep: &Endpoint, db: &str, blobs: Vec<(String, PathBuf)>) -> A
         let (mut w, upload) = ep.start_upload_with(
             "POST",
             &format!("/dbs/{}/attachments", path_escape(db)),
-            "content-type: application/octet-stream\r\n",
+            &[("content-type", "application/octet-stream")],
         )?;
         let mut f = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut buf = vec![0u8; 1 << 20];

@@ -1,16 +1,29 @@
-//! A small blocking HTTP/1.1 client for the commands that talk to a server
-//! (import, export, backup, restore, query): one connection per request
-//! (`Connection: close`), bodies with `content-length`, chunked, or up to the end
-//! of the connection, over plain TCP or TLS (rustls). A bulk upload is full
-//! duplex: one thread writes the chunked request body while the caller reads the
-//! streamed answer on the other half of the same connection.
+//! A blocking HTTP client for the commands that talk to a server (import, export,
+//! backup, restore, query): hyper's HTTP/1.1 client over plain TCP or TLS
+//! (rustls), one connection per request. A small tokio runtime drives the
+//! connections and the commands wait on it. A bulk upload is full duplex: one
+//! thread feeds the request body (see [`ChunkedWriter`]) while the caller reads
+//! the streamed answer.
 
+use http_body_util::channel::{Channel, Sender};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Buf, Bytes, Incoming};
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::{ACCEPT, AUTHORIZATION, CONNECTION, HOST};
+use hyper_util::rt::TokioIo;
 use kiln_server::tls::TlsError;
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::future::Future;
+use std::io::{self, BufRead, Read};
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use tokio::runtime::Runtime;
+use tokio::task::AbortHandle;
+
+/// How long the client waits for the next bytes of an answer.
+const READ_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Where the server is: `http[s]://host:port[/base]`, the API key to send and,
 /// for https, the TLS client settings.
@@ -100,8 +113,24 @@ pub enum ClientError {
         #[source]
         source: io::Error,
     },
-    #[error("unexpected answer from the server: {0}")]
-    Protocol(String),
+    /// The exchange failed in HTTP: a connection that ended before the answer, an
+    /// answer that is not HTTP/1.1.
+    #[error("{what}: {}", chain(.source))]
+    Http {
+        what: String,
+        #[source]
+        source: hyper::Error,
+    },
+    /// A request that cannot be written (a path that is no URI, a header value
+    /// with a line break).
+    #[error("{what}: {source}")]
+    Request {
+        what: String,
+        #[source]
+        source: hyper::http::Error,
+    },
+    #[error("{what}: no answer within {} s", READ_TIMEOUT.as_secs())]
+    Timeout { what: String },
     /// A non-2xx answer: status and the body's text (the server's error JSON).
     #[error("the server answered {status}: {}", body.trim())]
     Status { status: u16, body: String },
@@ -110,6 +139,25 @@ pub enum ClientError {
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ClientError {
     let what = what.into();
     move |source| ClientError::Io { what, source }
+}
+
+fn http_err(what: &str) -> impl FnOnce(hyper::Error) -> ClientError + '_ {
+    move |source| ClientError::Http {
+        what: what.to_string(),
+        source,
+    }
+}
+
+/// An error and its causes, `a: b: c` (hyper's own text names only the first).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// `--url`, `--api-key` and the TLS options: the server a command talks to.
@@ -131,27 +179,41 @@ impl ServerArgs {
     }
 }
 
-/// The runtime that drives TLS connections (rustls over tokio, bridged to the
-/// blocking reads and writes of the commands): one worker, made on first use.
-fn tls_runtime() -> Result<&'static tokio::runtime::Runtime, ClientError> {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+/// The runtime that drives the connections (one worker, made on first use); the
+/// commands' blocking calls wait on it.
+fn runtime() -> Result<&'static Runtime, ClientError> {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
     if let Some(rt) = RUNTIME.get() {
         return Ok(rt);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
+        .thread_name("kiln-http-client")
         .enable_all()
         .build()
-        .map_err(io_err("starting the TLS runtime"))?;
+        .map_err(io_err("starting the HTTP client's runtime"))?;
     Ok(RUNTIME.get_or_init(|| rt))
 }
 
-/// A connection: its read and write halves, and the socket itself (to end it
-/// from another thread, and for timeouts on plain TCP).
-struct Connection {
-    read: Box<dyn Read + Send>,
-    write: Box<dyn Write + Send>,
-    socket: TcpStream,
+/// The answer to a request sent: its head, when it comes.
+type Pending = Pin<Box<dyn Future<Output = hyper::Result<hyper::Response<Incoming>>> + Send>>;
+
+/// A request's body: all of it at once, or an upload's chunks as they come.
+type Body = BoxBody<Bytes, io::Error>;
+
+fn whole(body: &[u8]) -> Body {
+    Full::new(Bytes::copy_from_slice(body))
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// The task that drives one connection on the runtime; dropping this ends it.
+struct Connection(AbortHandle);
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Endpoint {
@@ -214,58 +276,69 @@ impl Endpoint {
         })
     }
 
-    fn connect(&self) -> Result<Connection, ClientError> {
+    /// `path`'s full URL, for messages.
+    fn url(&self, path: &str) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}:{}{}{path}", self.host, self.port, self.base)
+    }
+
+    /// Opens a connection and sends `method path` on it with `headers` (besides
+    /// those every request has) and `body`: the answer to wait for, the connection,
+    /// and the request's name for messages. The request is under way on return.
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Body,
+    ) -> Result<(Pending, Connection, String), ClientError> {
+        let what = format!("{method} {}", self.url(path));
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header(HOST, format!("{}:{}", self.host, self.port))
+            .header(CONNECTION, "close")
+            .header(ACCEPT, "application/json");
+        if let Some(k) = &self.api_key {
+            req = req.header(AUTHORIZATION, format!("Bearer {k}"));
+        }
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let req = req.body(body).map_err(|source| ClientError::Request {
+            what: what.clone(),
+            source,
+        })?;
+        let (pending, conn) = runtime()?.block_on(async {
+            let (mut sender, conn) = self.connect().await?;
+            sender.ready().await.map_err(http_err(&what))?;
+            let pending: Pending = Box::pin(sender.send_request(req));
+            Ok::<_, ClientError>((pending, conn))
+        })?;
+        Ok((pending, conn, what))
+    }
+
+    /// A new HTTP/1.1 connection, its task spawned on the runtime.
+    async fn connect(&self) -> Result<(SendRequest<Body>, Connection), ClientError> {
         let host = self.host.trim_start_matches('[').trim_end_matches(']');
-        let at = || format!("connecting to {}:{}", self.host, self.port);
-        let stream = TcpStream::connect((host, self.port)).map_err(io_err(at()))?;
-        let _ = stream.set_nodelay(true);
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(300)));
-        let socket = stream.try_clone().map_err(io_err(at()))?;
+        let at = format!("connecting to {}:{}", self.host, self.port);
+        let tcp = tokio::net::TcpStream::connect((host, self.port))
+            .await
+            .map_err(io_err(&at))?;
+        let _ = tcp.set_nodelay(true);
         let Some(tls) = &self.tls else {
-            return Ok(Connection {
-                read: Box::new(stream.try_clone().map_err(io_err(at()))?),
-                write: Box::new(stream),
-                socket,
-            });
+            return handshake(TokioIo::new(tcp), &at).await;
         };
-        let rt = tls_runtime()?;
-        stream.set_nonblocking(true).map_err(io_err(at()))?;
         let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
-        let name = tls.server_name.clone();
-        let tls_stream = rt
-            .block_on(async move {
-                let tcp = tokio::net::TcpStream::from_std(stream)?;
-                connector.connect(name, tcp).await
-            })
+        let stream = connector
+            .connect(tls.server_name.clone(), tcp)
+            .await
             .map_err(|source| ClientError::Handshake {
                 host: self.host.clone(),
                 port: self.port,
                 source,
             })?;
-        // Two halves: a bulk upload writes while the answer is read.
-        let (read, write) = tokio::io::split(tls_stream);
-        let handle = rt.handle().clone();
-        Ok(Connection {
-            read: Box::new(tokio_util::io::SyncIoBridge::new_with_handle(
-                read,
-                handle.clone(),
-            )),
-            write: Box::new(tokio_util::io::SyncIoBridge::new_with_handle(write, handle)),
-            socket,
-        })
-    }
-
-    fn head(&self, method: &str, path: &str, extra: &str) -> String {
-        let mut h = format!(
-            "{method} {}{path} HTTP/1.1\r\nhost: {}:{}\r\nconnection: close\r\naccept: application/json\r\n",
-            self.base, self.host, self.port
-        );
-        if let Some(k) = &self.api_key {
-            h.push_str(&format!("authorization: Bearer {k}\r\n"));
-        }
-        h.push_str(extra);
-        h.push_str("\r\n");
-        h
+        handshake(TokioIo::new(stream), &at).await
     }
 
     /// One request with a small body; the whole answer, which must be 2xx.
@@ -312,32 +385,20 @@ impl Endpoint {
         path: &str,
         body: &[u8],
     ) -> Result<(u16, Vec<u8>), ClientError> {
-        let mut conn = self.connect()?;
-        let mut req = self
-            .head(method, path, &format!("content-length: {}\r\n", body.len()))
-            .into_bytes();
-        req.extend_from_slice(body);
-        conn.write
-            .write_all(&req)
-            .and_then(|()| conn.write.flush())
-            .map_err(io_err(format!("sending {method} {path}")))?;
-        let mut resp = Response::read(BufReader::new(conn.read))?;
+        let (pending, conn, what) = self.send(method, path, &[], whole(body))?;
+        let mut resp = Response::wait(pending, conn, &what)?;
         let mut out = Vec::new();
         resp.body
             .read_to_end(&mut out)
-            .map_err(io_err(format!("reading the answer to {method} {path}")))?;
+            .map_err(io_err(format!("reading the answer to {what}")))?;
         Ok((resp.status, out))
     }
 
     /// `GET path`, answer streamed: the status must be 2xx, the body is read by
     /// the caller (used by `kiln backup`).
     pub fn get_stream(&self, path: &str) -> Result<Response, ClientError> {
-        let mut conn = self.connect()?;
-        conn.write
-            .write_all(self.head("GET", path, "").as_bytes())
-            .and_then(|()| conn.write.flush())
-            .map_err(io_err(format!("sending GET {path}")))?;
-        let mut resp = Response::read(BufReader::new(conn.read))?;
+        let (pending, conn, what) = self.send("GET", path, &[], whole(b""))?;
+        let mut resp = Response::wait(pending, conn, &what)?;
         if !(200..300).contains(&resp.status) {
             let mut body = Vec::new();
             let _ = resp.body.read_to_end(&mut body);
@@ -349,34 +410,51 @@ impl Endpoint {
         Ok(resp)
     }
 
-    /// Starts `POST path` with a chunked body: the writer for the body (see
+    /// Starts `POST path` with a chunked NDJSON body: the writer for the body (see
     /// [`ChunkedWriter`]) and a handle that reads the answer when called.
     pub fn start_upload(&self, path: &str) -> Result<(ChunkedWriter, Upload), ClientError> {
-        self.start_upload_with("POST", path, "content-type: application/x-ndjson\r\n")
+        self.start_upload_with("POST", path, &[("content-type", "application/x-ndjson")])
     }
 
-    /// `start_upload` with another method and headers (`extra`: lines ending in
-    /// CRLF), e.g. an attachment's PUT.
+    /// `start_upload` with another method and headers, e.g. an attachment's PUT.
     pub fn start_upload_with(
         &self,
         method: &str,
         path: &str,
-        extra: &str,
+        headers: &[(&str, &str)],
     ) -> Result<(ChunkedWriter, Upload), ClientError> {
-        let Connection {
-            read,
-            write: mut w,
-            socket,
-        } = self.connect()?;
-        let head = self.head(
-            method,
-            path,
-            &format!("{extra}transfer-encoding: chunked\r\n"),
-        );
-        w.write_all(head.as_bytes())
-            .map_err(io_err(format!("sending {method} {path}")))?;
-        Ok((ChunkedWriter { out: w }, Upload { read, socket }))
+        // Two chunks in flight: the writer waits while the connection is behind.
+        let (tx, body) = Channel::<Bytes, io::Error>::new(2);
+        let (pending, conn, what) = self.send(method, path, headers, body.boxed())?;
+        let writer = ChunkedWriter {
+            tx: Some(tx),
+            rt: runtime()?,
+        };
+        Ok((
+            writer,
+            Upload {
+                pending,
+                conn,
+                what,
+            },
+        ))
     }
+}
+
+/// HTTP/1.1 over `io` (a TCP or TLS stream): the request sender, and the
+/// connection's task spawned on the runtime.
+async fn handshake<I>(io: I, at: &str) -> Result<(SendRequest<Body>, Connection), ClientError>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(http_err(at))?;
+    // Its errors reach the request's answer or body, where they are reported.
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok((sender, Connection(task.abort_handle())))
 }
 
 /// How long a request answered 503 "not written" is retried (see
@@ -390,164 +468,157 @@ fn is_not_written(answer: &[u8]) -> bool {
 
 /// The read side of an upload.
 pub struct Upload {
-    read: Box<dyn Read + Send>,
-    socket: TcpStream,
+    pending: Pending,
+    conn: Connection,
+    what: String,
 }
 
 impl Upload {
     /// A handle to end the whole connection (both directions) from another thread.
-    pub fn shutdown_handle(&self) -> Result<TcpStream, ClientError> {
-        self.socket
-            .try_clone()
-            .map_err(io_err("cloning the socket"))
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.conn.0.clone())
     }
 
     /// Waits for the answer's head; its body to read line by line.
     pub fn response(self) -> Result<Response, ClientError> {
-        Response::read(BufReader::new(self.read))
+        Response::wait(self.pending, self.conn, &self.what)
     }
 }
 
-/// Writes a request body as HTTP/1.1 chunks; `finish` writes the last chunk.
+/// Ends an upload's connection from another thread: its writer and its reader
+/// then fail.
+pub struct ShutdownHandle(AbortHandle);
+
+impl ShutdownHandle {
+    pub fn shutdown(&self) {
+        self.0.abort();
+    }
+}
+
+/// Feeds an upload's body, which goes out chunked, from the caller's thread;
+/// `finish` ends it. A writer dropped without `finish` abandons the upload: the
+/// server sees a broken body, never a short one that looks complete.
 pub struct ChunkedWriter {
-    out: Box<dyn Write + Send>,
+    tx: Option<Sender<Bytes, io::Error>>,
+    rt: &'static Runtime,
 }
 
 impl ChunkedWriter {
+    /// Sends `data` as the next chunk; waits while the connection is behind.
     pub fn chunk(&mut self, data: &[u8]) -> io::Result<()> {
+        let gone = || {
+            io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the connection ended during the upload",
+            )
+        };
+        let Some(tx) = self.tx.as_mut() else {
+            return Err(gone());
+        };
         if data.is_empty() {
             return Ok(());
         }
-        let mut frame = Vec::with_capacity(data.len() + 16);
-        frame.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-        frame.extend_from_slice(data);
-        frame.extend_from_slice(b"\r\n");
-        self.out.write_all(&frame)?;
-        // Over TLS the bytes wait in the record layer until flushed.
-        self.out.flush()
+        self.rt
+            .block_on(tx.send_data(Bytes::copy_from_slice(data)))
+            .map_err(|_| gone())
     }
 
+    /// Ends the body (its last chunk goes out after those before it).
     pub fn finish(mut self) -> io::Result<()> {
-        self.out.write_all(b"0\r\n\r\n")?;
-        // No half-close: the server would take the end of the connection's input
-        // for a client gone and drop the rest of its answer.
-        self.out.flush()
+        // No half-close: the connection stays open for the rest of the answer.
+        drop(self.tx.take());
+        Ok(())
     }
 }
 
-/// An answer: status and a reader of its (de-chunked) body.
+impl Drop for ChunkedWriter {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            tx.abort(io::Error::other("the upload was abandoned"));
+        }
+    }
+}
+
+/// An answer: status and a reader of its body.
 pub struct Response {
     pub status: u16,
     pub body: Box<dyn BufRead + Send>,
 }
 
-/// What an answer is read from.
-type Source = BufReader<Box<dyn Read + Send>>;
-
 impl Response {
-    fn read(mut r: Source) -> Result<Response, ClientError> {
-        let mut status_line = String::new();
-        r.read_line(&mut status_line)
-            .map_err(io_err("reading the answer's status line"))?;
-        if status_line.is_empty() {
-            return Err(ClientError::Protocol(
-                "the server closed the connection without an answer".into(),
-            ));
-        }
-        let status = status_line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse::<u16>().ok())
-            .ok_or_else(|| ClientError::Protocol(format!("status line {status_line:?}")))?;
-        let mut length: Option<u64> = None;
-        let mut chunked = false;
-        loop {
-            let mut line = String::new();
-            r.read_line(&mut line)
-                .map_err(io_err("reading the answer's headers"))?;
-            let line = line.trim_end();
-            if line.is_empty() {
-                break;
+    /// Waits for the head of the answer to `what` on `conn`.
+    fn wait(pending: Pending, conn: Connection, what: &str) -> Result<Response, ClientError> {
+        let rt = runtime()?;
+        let answer = rt.block_on(async { tokio::time::timeout(READ_TIMEOUT, pending).await });
+        let answer = match answer {
+            Err(_) => {
+                return Err(ClientError::Timeout {
+                    what: what.to_string(),
+                })
             }
-            if let Some((k, v)) = line.split_once(':') {
-                let (k, v) = (k.trim(), v.trim());
-                if k.eq_ignore_ascii_case("content-length") {
-                    length = v.parse().ok();
-                } else if k.eq_ignore_ascii_case("transfer-encoding")
-                    && v.to_ascii_lowercase().contains("chunked")
-                {
-                    chunked = true;
-                }
-            }
-        }
-        let body: Box<dyn BufRead + Send> = if chunked {
-            Box::new(BufReader::new(Chunked {
-                inner: r,
-                left: 0,
-                done: false,
-            }))
-        } else if let Some(n) = length {
-            Box::new(BufReader::new(r.take(n)))
-        } else {
-            Box::new(r)
+            Ok(answer) => answer.map_err(http_err(what))?,
         };
-        Ok(Response { status, body })
+        Ok(Response {
+            status: answer.status().as_u16(),
+            body: Box::new(BodyReader {
+                body: answer.into_body(),
+                data: Bytes::new(),
+                done: false,
+                rt,
+                _conn: conn,
+            }),
+        })
     }
 }
 
-/// De-chunks a chunked body.
-struct Chunked {
-    inner: Source,
-    left: u64,
+/// An answer's body, read as it arrives: each read waits (at most
+/// [`READ_TIMEOUT`]) for the next piece from the connection.
+struct BodyReader {
+    body: Incoming,
+    data: Bytes,
     done: bool,
+    rt: &'static Runtime,
+    /// Ends the connection when the answer is dropped.
+    _conn: Connection,
 }
 
-impl Read for Chunked {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.done || buf.is_empty() {
-            return Ok(0);
-        }
-        if self.left == 0 {
-            let mut size = String::new();
-            self.inner.read_line(&mut size)?;
-            if size.is_empty() {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the connection ended inside a chunked answer",
-                ));
-            }
-            let hex = size.trim().split(';').next().unwrap_or("");
-            self.left = u64::from_str_radix(hex, 16).map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("bad chunk size {size:?}"),
-                )
-            })?;
-            if self.left == 0 {
-                // Trailers up to the empty line.
-                loop {
-                    let mut t = String::new();
-                    if self.inner.read_line(&mut t)? == 0 || t.trim().is_empty() {
-                        break;
+impl BufRead for BodyReader {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        while self.data.is_empty() && !self.done {
+            let body = &mut self.body;
+            let next = self
+                .rt
+                .block_on(async { tokio::time::timeout(READ_TIMEOUT, body.frame()).await });
+            match next {
+                Err(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("the server sent nothing for {} s", READ_TIMEOUT.as_secs()),
+                    ))
+                }
+                Ok(None) => self.done = true,
+                Ok(Some(Err(e))) => return Err(io::Error::other(chain(&e))),
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.data = data;
                     }
                 }
-                self.done = true;
-                return Ok(0);
             }
         }
-        let want = buf.len().min(self.left as usize);
-        let n = self.inner.read(&mut buf[..want])?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the connection ended inside a chunk",
-            ));
-        }
-        self.left -= n as u64;
-        if self.left == 0 {
-            let mut crlf = [0u8; 2];
-            self.inner.read_exact(&mut crlf)?;
-        }
+        Ok(&self.data)
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.data.advance(n.min(self.data.len()));
+    }
+}
+
+impl Read for BodyReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let data = self.fill_buf()?;
+        let n = data.len().min(buf.len());
+        buf[..n].copy_from_slice(&data[..n]);
+        self.consume(n);
         Ok(n)
     }
 }
@@ -573,7 +644,8 @@ pub fn path_escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpListener;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
 
     /// A server that answers each connection with the next of `answers` (status,
     /// body), and counts the requests.
@@ -626,5 +698,89 @@ mod tests {
         let status = put_status(port);
         assert_eq!(status, 503);
         assert_eq!(server.join().unwrap(), 1);
+    }
+
+    /// Reads from `s` into `seen` until `seen` holds `want`; false at the end of
+    /// the connection.
+    fn read_until(s: &mut TcpStream, seen: &mut Vec<u8>, want: &[u8]) -> bool {
+        let mut buf = [0u8; 4096];
+        while !seen.windows(want.len()).any(|w| w == want) {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        true
+    }
+
+    fn local(port: u16) -> Endpoint {
+        Endpoint::parse(
+            &format!("http://127.0.0.1:{port}"),
+            None,
+            &TlsArgs::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn an_upload_reads_the_answer_while_it_sends() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // The server answers the first line before the second is sent: the body
+        // and the answer go on at once.
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut seen = Vec::new();
+            assert!(read_until(&mut s, &mut seen, b"one\n"));
+            s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n8\r\ngot one\n\r\n")
+                .unwrap();
+            assert!(read_until(&mut s, &mut seen, b"0\r\n\r\n"));
+            s.write_all(b"8\r\ngot two\n\r\n0\r\n\r\n").unwrap();
+            String::from_utf8(seen).unwrap()
+        });
+        let (mut writer, upload) = local(port).start_upload("/dbs/shop/bulk").unwrap();
+        writer.chunk(b"one\n").unwrap();
+        let mut resp = upload.response().unwrap();
+        assert_eq!(resp.status, 200);
+        let mut line = String::new();
+        resp.body.read_line(&mut line).unwrap();
+        assert_eq!(line, "got one\n");
+        writer.chunk(b"two\n").unwrap();
+        writer.finish().unwrap();
+        let mut rest = String::new();
+        resp.body.read_to_string(&mut rest).unwrap();
+        assert_eq!(rest, "got two\n");
+        let request = server.join().unwrap();
+        assert!(
+            request.starts_with("POST /dbs/shop/bulk HTTP/1.1\r\n"),
+            "{request}"
+        );
+        let head = request.to_ascii_lowercase();
+        assert!(head.contains("transfer-encoding: chunked\r\n"), "{request}");
+        assert!(
+            head.contains("content-type: application/x-ndjson\r\n"),
+            "{request}"
+        );
+    }
+
+    #[test]
+    fn an_upload_dropped_unfinished_does_not_end_its_body() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            // Whatever comes up to the end of the connection.
+            let mut seen = Vec::new();
+            let _ = read_until(&mut s, &mut seen, b"never sent");
+            String::from_utf8(seen).unwrap()
+        });
+        let (mut writer, upload) = local(port).start_upload("/dbs/shop/bulk").unwrap();
+        writer.chunk(b"one\n").unwrap();
+        drop(writer);
+        assert!(upload.response().is_err());
+        let request = server.join().unwrap();
+        // Nothing, the head, or some of the body: never the last chunk.
+        let body = request.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+        assert!(!body.ends_with("0\r\n\r\n"), "{request:?}");
     }
 }

@@ -13,7 +13,6 @@ use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, BufRead, IsTerminal, Read};
-use std::net::Shutdown;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -294,9 +293,7 @@ fn import(args: &ImportArgs, started: Instant) -> Result<Summary, Failure> {
     let (writer, upload) = endpoint
         .start_upload(&format!("/dbs/{}/bulk", path_escape(&args.db)))
         .map_err(|e| failed_before_upload(e.into()))?;
-    let killer = upload
-        .shutdown_handle()
-        .map_err(|e| failed_before_upload(e.into()))?;
+    let killer = upload.shutdown_handle();
     let sender = {
         let shared = shared.clone();
         let pb = pb.clone();
@@ -319,7 +316,7 @@ fn import(args: &ImportArgs, started: Instant) -> Result<Summary, Failure> {
     // Whatever happened, the sender stops now.
     shared.stop.store(true, Ordering::Relaxed);
     if outcome.is_err() {
-        let _ = killer.shutdown(Shutdown::Both);
+        killer.shutdown();
     }
     let sent = sender
         .join()
