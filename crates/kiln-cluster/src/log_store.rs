@@ -14,6 +14,7 @@ use serde::Serialize;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 const LOG: &str = "raft_log";
@@ -33,6 +34,10 @@ const MAX_APPEND_BYTES: usize = 4 << 20;
 pub struct LogStore {
     env: Arc<Env>,
     purge_limit: Option<PurgeLimit>,
+    /// How many times entries were cut off the log's end (`truncate`: a new
+    /// leader's log disagreed). A proposal refused as "forward to the leader" when
+    /// this moved may have entered the log before it was cut (`node::propose`).
+    truncations: Arc<AtomicU64>,
 }
 
 /// How far the log may be purged: up to the state machine's last snapshot that is
@@ -141,11 +146,18 @@ impl LogStore {
         Ok(LogStore {
             env: Arc::new(env),
             purge_limit: None,
+            truncations: Arc::new(AtomicU64::new(0)),
         })
     }
 
     /// Purges go no further than `limit` (see [`PurgeLimit`]); without one, as far
     /// as asked.
+    /// The count of truncations of this log (shared: it goes on counting after the
+    /// store is handed to openraft).
+    pub fn truncations(&self) -> Arc<AtomicU64> {
+        self.truncations.clone()
+    }
+
     pub fn with_purge_limit(mut self, limit: PurgeLimit) -> LogStore {
         self.purge_limit = Some(limit);
         self
@@ -331,6 +343,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        // Counted before openraft answers the proposals whose entries go, so that
+        // each of them sees the count moved.
+        self.truncations.fetch_add(1, Ordering::SeqCst);
         self.delete_range(log_id.index, None)
     }
 

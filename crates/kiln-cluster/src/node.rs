@@ -14,6 +14,7 @@ use openraft::{BasicNode, ChangeMembers, Config, ServerState, SnapshotPolicy};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -73,9 +74,15 @@ impl ClusterConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    /// This node is not the leader; the leader, when known.
+    /// This node is not the leader; the leader, when known. A write refused so
+    /// after it `entered_log` (this node led when it logged it, then a new leader's
+    /// log cut it off) may still be applied, if another node holds it and comes to
+    /// lead; one refused before it entered the log never will be.
     #[error("this node is not the leader{}", leader.as_ref().map(|(id, a)| format!("; node {id} at {a} is")).unwrap_or_default())]
-    NotLeader { leader: Option<(NodeId, String)> },
+    NotLeader {
+        leader: Option<(NodeId, String)>,
+        entered_log: bool,
+    },
     /// No majority answered in time: the write was not acknowledged. One that
     /// `entered_log` may still be applied later, if this node's log reaches a
     /// majority; one refused before it entered the log never will be.
@@ -138,8 +145,12 @@ impl ClusterError {
     /// The same error again, for another caller (an I/O error as its message).
     pub fn shared(&self) -> ClusterError {
         match self {
-            ClusterError::NotLeader { leader } => ClusterError::NotLeader {
+            ClusterError::NotLeader {
+                leader,
+                entered_log,
+            } => ClusterError::NotLeader {
                 leader: leader.clone(),
+                entered_log: *entered_log,
             },
             ClusterError::NoQuorum {
                 waited_ms,
@@ -153,12 +164,16 @@ impl ClusterError {
     }
 
     /// Whether a refused write may still be committed: it entered the leader's
-    /// log, then no majority acknowledged it in time. A leader that knew itself cut
-    /// off refused it before logging it.
+    /// log, then no majority acknowledged it in time, or the node stopped leading
+    /// before it was committed. A leader that knew itself cut off, or a node that
+    /// did not lead, refused it before logging it.
     pub fn may_have_been_written(&self) -> bool {
         matches!(
             self,
             ClusterError::NoQuorum {
+                entered_log: true,
+                ..
+            } | ClusterError::NotLeader {
                 entered_log: true,
                 ..
             }
@@ -167,11 +182,21 @@ impl ClusterError {
 }
 
 /// Proposes one entry and waits until a majority has it and this node applied it.
+///
+/// openraft answers "forward to the leader" both to a proposal it refused before
+/// logging it (this node does not lead) and to one it logged as leader whose entry
+/// a new leader's log then cut off (`truncate`). Only the first is surely not
+/// written: the second's entry may be held by a node that comes to lead. Every
+/// cut of this log moves `truncations` before openraft answers, so a refusal that
+/// saw it move is answered as possibly written (a concurrent cut of another
+/// proposal's entry makes it so too: "unknown" is always a safe answer).
 async fn propose(
     raft: &Raft,
     write_timeout: Duration,
+    truncations: &AtomicU64,
     command: Command,
 ) -> Result<Answer, ClusterError> {
+    let truncations_before = truncations.load(Ordering::SeqCst);
     let proposed = tokio::time::timeout(write_timeout, raft.client_write(command));
     match proposed.await {
         Err(_) => Err(ClusterError::NoQuorum {
@@ -182,16 +207,22 @@ async fn propose(
         Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
             Err(ClusterError::NotLeader {
                 leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+                entered_log: truncations.load(Ordering::SeqCst) != truncations_before,
             })
         }
         Ok(Err(e)) => Err(ClusterError::Raft(e.to_string())),
     }
 }
 
-fn proposer(raft: Raft, write_timeout: Duration) -> crate::batcher::Propose {
+fn proposer(
+    raft: Raft,
+    write_timeout: Duration,
+    truncations: Arc<AtomicU64>,
+) -> crate::batcher::Propose {
     Arc::new(move |command| {
         let raft = raft.clone();
-        Box::pin(async move { propose(&raft, write_timeout, command).await })
+        let truncations = truncations.clone();
+        Box::pin(async move { propose(&raft, write_timeout, &truncations, command).await })
     })
 }
 
@@ -201,6 +232,8 @@ pub struct ClusterNode {
     node_id: NodeId,
     store: Arc<DocStore>,
     write_timeout: Duration,
+    /// The log's count of truncations (`propose`).
+    truncations: Arc<AtomicU64>,
     /// How long a leader may go without a majority's acknowledgment before it
     /// refuses writes.
     quorum_silence_ms: u64,
@@ -241,6 +274,7 @@ impl ClusterNode {
         })?;
         let machine = StateMachine::open(store.clone(), log.env(), &config.snapshot_dir, classify)?;
         let log = log.with_purge_limit(machine.purge_limit());
+        let truncations = log.truncations();
         let raft = Raft::new(
             config.node_id,
             raft_config,
@@ -268,7 +302,8 @@ impl ClusterNode {
         }
         let write_timeout = Duration::from_millis(config.write_timeout_ms);
         Ok(ClusterNode {
-            batcher: Batcher::start(proposer(raft.clone(), write_timeout)),
+            batcher: Batcher::start(proposer(raft.clone(), write_timeout, truncations.clone())),
+            truncations,
             raft,
             node_id: config.node_id,
             store,
@@ -348,7 +383,7 @@ impl ClusterNode {
                 all_or_none: false,
                 ops,
             } => self.batcher.write(database, at_ms, ops).await,
-            command => propose(&self.raft, self.write_timeout, command).await,
+            command => propose(&self.raft, self.write_timeout, &self.truncations, command).await,
         }
     }
 
@@ -401,6 +436,7 @@ impl ClusterNode {
                 f,
             )))) => Err(ClusterError::NotLeader {
                 leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+                entered_log: false,
             }),
             Ok(Err(e)) => Err(ClusterError::Raft(e.to_string())),
         }
@@ -446,8 +482,10 @@ impl ClusterNode {
         match result {
             Ok(_) => Ok(()),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                // A membership change is retried by its caller as a whole.
                 Err(ClusterError::NotLeader {
                     leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)),
+                    entered_log: false,
                 })
             }
             Err(e) => Err(ClusterError::Raft(e.to_string())),

@@ -179,3 +179,86 @@ async fn a_cut_off_leader_refuses_writes_and_nothing_acknowledged_is_lost() {
         stop(n).await;
     }
 }
+
+/// A write the leader logged, then lost to a new leader's log: openraft answers it
+/// "forward to the leader", as it answers a write it refused before logging it.
+/// Only the second is surely not written (a client may resend it); the first must be
+/// answered as possibly written (`"unknown"` over HTTP), since a node holding its
+/// entry could have come to lead. With every refusal called unwritten, this fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "slow tier (.ci/run): about 5 s"]
+async fn a_logged_write_cut_off_by_a_new_leader_is_not_answered_as_unwritten() {
+    let root = tempfile::tempdir().unwrap();
+    let members = loopback_members(3);
+    let cuts = Cuts::default();
+    let mut nodes = BTreeMap::new();
+    for id in members.keys() {
+        let links = cuts.filter();
+        // Long enough that the old leader's write is still waiting at the heal.
+        let tune = move |c: &mut ClusterConfig| {
+            c.links = Some(links);
+            c.write_timeout_ms = 30_000;
+        };
+        let dir = root.path().join(format!("node{id}"));
+        nodes.insert(*id, start_with(*id, &dir, &members, tune).await);
+    }
+    let all: Vec<u64> = members.keys().copied().collect();
+    let leader = leader_among(&nodes, &all).await;
+    let create = kiln_cluster::Command::CreateDatabase {
+        name: "shop".into(),
+        incarnation: 3,
+    };
+    nodes[&leader].node.write(create).await.unwrap();
+    let before_cut = nodes[&leader]
+        .node
+        .write(put("shop", "orders/before", "{}", 1_790_000_000_000))
+        .await
+        .unwrap();
+
+    // Cut off at once: the next write enters its log before it notices the
+    // silence of the others, and is never replicated.
+    cuts.isolate(leader, all.iter().copied().filter(|id| *id != leader));
+    let old_leader = nodes[&leader].node.clone();
+    let lost = tokio::spawn(async move {
+        old_leader
+            .write(put("shop", "orders/lost", "{}", 1_790_000_000_001))
+            .await
+    });
+    let majority: Vec<u64> = all.iter().copied().filter(|id| *id != leader).collect();
+    let new_leader = leader_among(&nodes, &majority).await;
+    let after = nodes[&new_leader]
+        .node
+        .write(put("shop", "orders/after", "{}", 1_790_000_000_002))
+        .await
+        .unwrap();
+    cuts.heal();
+
+    match lost.await.unwrap() {
+        Ok(answer) => panic!("the cut-off leader acknowledged a write: {answer:?}"),
+        Err(e) => assert!(
+            e.may_have_been_written(),
+            "a write the old leader had logged was answered as surely not written: {e:?}"
+        ),
+    }
+    // The new leader's log won: the logged write is on no node, the others on all.
+    for n in nodes.values() {
+        wait_for_document(&n.node, "orders/before", &etag_of(&before_cut)).await;
+        wait_for_document(&n.node, "orders/after", &etag_of(&after)).await;
+        let db = n.node.store().database("shop").unwrap();
+        assert!(db.get("orders/lost").unwrap().is_none());
+    }
+    // A node that does not lead refuses before logging: that refusal is sure.
+    let follower = *all.iter().find(|id| **id != new_leader).unwrap();
+    let refused = nodes[&follower]
+        .node
+        .write(put("shop", "orders/elsewhere", "{}", 1_790_000_000_003))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, ClusterError::NotLeader { .. }) && !refused.may_have_been_written(),
+        "{refused:?}"
+    );
+    for (_, n) in std::mem::take(&mut nodes) {
+        stop(n).await;
+    }
+}

@@ -37,6 +37,7 @@ async fn writes_survive_the_leader_stopping_and_the_old_leader_catches_up() {
     {
         Err(ClusterError::NotLeader {
             leader: Some((id, addr)),
+            entered_log: false,
         }) => {
             assert_eq!((id, &addr), (leader, &members[&leader]));
         }

@@ -274,10 +274,16 @@ fn cluster_error(e: ClusterError) -> ApiError {
         ClusterError::NoQuorum { .. } => ErrorCode::NoQuorum,
         _ => ErrorCode::ClusterError,
     };
+    // Only a refusal decided before the entry entered the log is "not_written"
+    // (a client may resend it); one after may still be applied: "unknown".
     let outcome = match &e {
-        ClusterError::NotLeader { .. } => Some("not_written"),
-        ClusterError::NoQuorum { .. } if e.may_have_been_written() => Some("unknown"),
-        ClusterError::NoQuorum { .. } => Some("not_written"),
+        ClusterError::NotLeader { .. } | ClusterError::NoQuorum { .. } => {
+            Some(if e.may_have_been_written() {
+                "unknown"
+            } else {
+                "not_written"
+            })
+        }
         _ => None,
     };
     let mut api = ApiError::new(code, e.to_string());
