@@ -12,7 +12,7 @@ use common::*;
 use kiln_cluster::{ClusterConfig, ClusterError};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,27 @@ impl Cuts {
         let cuts = self.0.clone();
         Arc::new(move |a: u64, b: u64| !cuts.lock().contains(&(a.min(b), a.max(b))))
     }
+}
+
+/// A node per member under `root`, each sending through `cuts`' filter, with the
+/// given write timeout.
+async fn start_nodes(
+    root: &Path,
+    members: &BTreeMap<u64, String>,
+    cuts: &Cuts,
+    write_timeout_ms: u64,
+) -> BTreeMap<u64, Node> {
+    let mut nodes = BTreeMap::new();
+    for id in members.keys() {
+        let links = cuts.filter();
+        let tune = move |c: &mut ClusterConfig| {
+            c.links = Some(links);
+            c.write_timeout_ms = write_timeout_ms;
+        };
+        let dir = root.join(format!("node{id}"));
+        nodes.insert(*id, start_with(*id, &dir, members, tune).await);
+    }
+    nodes
 }
 
 /// The leader among `ids`, as those nodes see it (each may see another).
@@ -62,17 +83,8 @@ async fn leader_among(nodes: &BTreeMap<u64, Node>, ids: &[u64]) -> u64 {
 async fn a_cut_off_leader_refuses_writes_and_nothing_acknowledged_is_lost() {
     let root = tempfile::tempdir().unwrap();
     let members = loopback_members(3);
-    let dir = |id: u64| -> PathBuf { root.path().join(format!("node{id}")) };
     let cuts = Cuts::default();
-    let mut nodes = BTreeMap::new();
-    for id in members.keys() {
-        let links = cuts.filter();
-        let tune = move |c: &mut ClusterConfig| {
-            c.links = Some(links);
-            c.write_timeout_ms = 2_000;
-        };
-        nodes.insert(*id, start_with(*id, &dir(*id), &members, tune).await);
-    }
+    let mut nodes = start_nodes(root.path(), &members, &cuts, 2_000).await;
     let all: Vec<u64> = members.keys().copied().collect();
     let leader = leader_among(&nodes, &all).await;
     nodes[&leader]
@@ -191,17 +203,8 @@ async fn a_logged_write_cut_off_by_a_new_leader_is_not_answered_as_unwritten() {
     let root = tempfile::tempdir().unwrap();
     let members = loopback_members(3);
     let cuts = Cuts::default();
-    let mut nodes = BTreeMap::new();
-    for id in members.keys() {
-        let links = cuts.filter();
-        // Long enough that the old leader's write is still waiting at the heal.
-        let tune = move |c: &mut ClusterConfig| {
-            c.links = Some(links);
-            c.write_timeout_ms = 30_000;
-        };
-        let dir = root.path().join(format!("node{id}"));
-        nodes.insert(*id, start_with(*id, &dir, &members, tune).await);
-    }
+    // Long enough that the old leader's write is still waiting at the heal.
+    let mut nodes = start_nodes(root.path(), &members, &cuts, 30_000).await;
     let all: Vec<u64> = members.keys().copied().collect();
     let leader = leader_among(&nodes, &all).await;
     let create = kiln_cluster::Command::CreateDatabase {
