@@ -11,7 +11,7 @@
  * upload: the acks then arrive at the end; the memory bound holds either way.
  */
 
-import { BulkInsertError, ConnectionFailedError, type KilnError, errorFromResponse, makeError, StoreClosedError } from "./errors.js";
+import { BulkInsertError, ConnectionFailedError, InvalidArgumentError, type KilnError, errorFromResponse, makeError, StoreClosedError } from "./errors.js";
 import { describeFetchError } from "./cluster.js";
 import { collectionPrefix } from "./session.js";
 import type { Doc, DocumentStore } from "./store.js";
@@ -33,6 +33,9 @@ export interface BulkInsertOptions {
  * 1,024 lines per chunk at most keeps it below (as the Python client does).
  */
 const MAX_LINES_PER_CHUNK = 1024;
+
+/** Bytes queued between two turns given to the event loop (see flush()). */
+const YIELD_EVERY_BYTES = 512 << 10;
 
 export class BulkInsert {
   readonly chunkBytes: number;
@@ -57,6 +60,7 @@ export class BulkInsert {
   private lineBytes = 0;
   private queue: Uint8Array[] = [];
   private pendingBytes = 0;
+  private sinceYield = 0;
   private closing = false;
   private closed = false;
   private wakePull: (() => void) | undefined;
@@ -91,8 +95,7 @@ export class BulkInsert {
     if (this.error !== undefined) throw this.error;
     if (this.closing) throw new StoreClosedError("the bulk insert is closed", { code: "bulk_closed" });
     if (document === null || typeof document !== "object" || Array.isArray(document)) {
-      throw new BulkInsertError(`bulk insert: a document is a JSON object, not ${JSON.stringify(document)}`,
-        { code: "invalid_argument", acked: this.acked });
+      throw new InvalidArgumentError(`bulk insert: a document is a JSON object, not ${JSON.stringify(document)}`);
     }
     const line = JSON.stringify({ id: id ?? collectionPrefix(document), document });
     this.lines.push(line);
@@ -115,6 +118,14 @@ export class BulkInsert {
     this.peakPendingBytes = Math.max(this.peakPendingBytes, this.pendingBytes);
     this.wakePull?.();
     this.wakePull = undefined;
+    // The upload can run on microtasks alone (the connection takes chunks as fast as
+    // they come) and starve the reading of the answer: give the event loop a turn
+    // now and then, so that acks are read (and reported) while the upload goes on.
+    this.sinceYield += data.length;
+    if (this.sinceYield >= YIELD_EVERY_BYTES) {
+      this.sinceYield = 0;
+      await new Promise<void>((r) => setTimeout(r, 0));
+    }
   }
 
   /** Sends the rest and waits for the server's final answer; throws BulkInsertError if it stopped at a bad line. */
