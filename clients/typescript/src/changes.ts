@@ -292,8 +292,13 @@ export class Changes {
         this.lastClose = `bad message: ${String(e)}`;
       }
     });
-    ws.addEventListener("close", (ev: CloseEvent) => {
-      this.lastClose = `${ev.code} ${ev.reason}`;
+    let ended = false;
+    const onEnd = (how: string) => {
+      // Some WebSockets (Node 20's undici one, on a refused connection) fire "error"
+      // and never "close": whichever comes first ends this connection, once.
+      if (ended) return;
+      ended = true;
+      this.lastClose = how;
       if (this.ws === ws) this.ws = undefined;
       const was = this.connectedFlag.isSet;
       this.connectedFlag.clear();
@@ -308,9 +313,18 @@ export class Changes {
       this.closeWaiters = [];
       for (const f of w) f();
       this.schedule();
-    });
+    };
+    ws.addEventListener("close", (ev: CloseEvent) => onEnd(`${ev.code} ${ev.reason}`));
     ws.addEventListener("error", () => {
-      // a close event follows
+      if (!opened) {
+        onEnd("connect failed");
+        try {
+          ws.close();
+        } catch {
+          // not open
+        }
+      }
+      // once open, a close event follows an error
     });
   }
 

@@ -115,6 +115,8 @@ export class DataSubscription {
         ws.addEventListener("open", () => { opened = true; push({ kind: "open" }); });
         ws.addEventListener("message", (ev: MessageEvent) => push({ kind: "message", data: String(ev.data) }));
         ws.addEventListener("close", (ev: CloseEvent) => push({ kind: "close", code: ev.code, reason: ev.reason, opened }));
+        // Node 20's WebSocket fires only "error" for a refused connection: a close too.
+        ws.addEventListener("error", () => { if (!opened) push({ kind: "close", code: 1006, reason: "connect failed", opened: false }); });
         const onAbort = () => wake?.();
         ctl.signal.addEventListener("abort", onAbort);
         const nextEvent = async (): Promise<Event | undefined> => {
