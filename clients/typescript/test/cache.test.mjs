@@ -66,9 +66,10 @@ test("the cache is bounded by bytes, least recently used out", () => {
   assert.equal(off.size, 0);
 });
 
-test("aggressive caching: no request while the feed is quiet, invalidated at once by another client's write", async () => {
+test("aggressive caching: no request while the feed is quiet, invalidated at once by another client's write", async (t) => {
   await store.put("users/bob", { name: "Bob", n: 0 });
   const st = new DocumentStore(server.url, store.database);
+  t.after(() => st.close()); // a failed assertion must not leave its feed reconnecting
   await st.session().load("users/bob"); // cached
   const scope = await st.aggressiveCaching({ durationMs: 60_000 });
   assert.ok(st.aggressiveFeedConnected, "the feed connected");
@@ -101,9 +102,10 @@ test("aggressive caching: no request while the feed is quiet, invalidated at onc
   await st.close();
 });
 
-test("aggressive caching falls back to revalidation while the feed is down (server restart)", async () => {
+test("aggressive caching falls back to revalidation while the feed is down (server restart)", async (t) => {
   await store.put("users/cat", { name: "Cat", n: 0 });
   const st = new DocumentStore(server.url, store.database);
+  t.after(() => st.close());
   await st.session().load("users/cat");
   await st.withAggressiveCaching(async () => {
     await st.session().load("users/cat");

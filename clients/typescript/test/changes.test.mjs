@@ -63,8 +63,9 @@ test("from an etag: the backlog, then caught_up, then live", async () => {
   await changes.close();
 });
 
-test("reconnect and resume: a dropped connection and a kill -9 of the server miss and repeat nothing", async () => {
+test("reconnect and resume: a dropped connection and a kill -9 of the server miss and repeat nothing", async (t) => {
   const changes = store.changes({ reconnectDelayMs: 50, maxReconnectDelayMs: 200 });
+  t.after(() => changes.close());
   const sub = changes.forPrefix("feed/");
   assert.ok(await sub.waitSubscribed(5000));
   const written = [];

@@ -1,0 +1,79 @@
+// A real three-node `kiln serve --cluster`: writes through the store reach the leader
+// (a store given only a follower follows its 307), every node reads them, and after the
+// leader is killed -9 the store finds the new leader and goes on writing.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import * as K from "../dist/esm/index.js";
+import { KilnServer, freePort, sleep, dbName } from "./helpers.mjs";
+
+let servers = [];
+before(async () => {
+  const ports = [await freePort(), await freePort(), await freePort()];
+  const spec = ports.map((p, i) => `${i + 1}=127.0.0.1:${p}`).join(",");
+  servers = ports.map((port, i) => new KilnServer({
+    port, dataDir: mkdtempSync(join(tmpdir(), `kiln-ts-cluster-${i + 1}-`)),
+    extra: ["--node-id", String(i + 1), "--cluster", spec, "--election-timeout-ms", "300"],
+  }));
+  await Promise.all(servers.map((s) => s.start()));
+});
+after(async () => {
+  await Promise.all(servers.map((s) => s.stop()));
+});
+
+async function leaderOf(urls) {
+  for (let i = 0; i < 100; i++) {
+    for (const u of urls) {
+      try {
+        const st = await (await fetch(`${u}/cluster`)).json();
+        if (st.state === "leader") return u;
+      } catch {
+        // down
+      }
+    }
+    await sleep(50);
+  }
+  throw new Error("no leader");
+}
+
+test("writes reach the leader, a follower's 307 is followed, a killed leader is replaced", async () => {
+  const urls = servers.map((s) => s.url);
+  const db = dbName();
+  const store = new K.DocumentStore(urls, db, { failoverTimeoutMs: 15_000 });
+  await store.createDatabase();
+  const leader = await leaderOf(urls);
+  const etag = await store.put("users/ada", { name: "Ada" });
+  assert.equal(store.lastNode, leader);
+  assert.equal(store.leaderUrl, leader);
+  // Every node has it, with the same etag (a follower may lag a moment).
+  for (const u of urls) {
+    let doc;
+    for (let i = 0; i < 50 && !doc; i++) {
+      const r = await fetch(`${u}/dbs/${db}/docs/users/ada`);
+      if (r.status === 200) doc = await r.json();
+      else await sleep(20);
+    }
+    assert.equal(doc["@metadata"]["@etag"], etag, u);
+  }
+  // A store given one follower's URL: its write is redirected (307) to the leader.
+  const follower = urls.find((u) => u !== leader);
+  const single = new K.DocumentStore(follower, db);
+  await single.put("users/bob", { name: "Bob" });
+  assert.equal(single.lastNode, leader);
+  assert.equal(single.clustered, true);
+  // A session's batch, then the leader is killed -9: the store finds the new one.
+  const s = store.session();
+  s.store({ name: "Cy" }, "users/cy");
+  await s.saveChanges();
+  await servers[urls.indexOf(leader)].kill();
+  const e2 = await store.put("users/dan", { name: "Dan" });
+  assert.match(e2, /^\d+-/);
+  assert.notEqual(store.lastNode, leader);
+  assert.notEqual(store.leaderUrl, leader);
+  // Reads fail over too when the node in use was the one killed.
+  assert.equal((await store.get("users/ada")).name, "Ada");
+  assert.notEqual(store.lastNode, leader);
+  await store.close();
+});
