@@ -24,7 +24,10 @@ export interface Change {
 export interface ChangesOptions {
   reconnectDelayMs?: number;
   maxReconnectDelayMs?: number;
-  /** Changes an iterator buffers at most before it reports an overflow (default 100,000). */
+  /**
+   * Changes a subscription keeps for its iterator (next(), for await) at most before
+   * the iterator reports an overflow (default 10,000); 0: callbacks only, nothing kept.
+   */
   buffer?: number;
   onConnected?: () => void;
   onDisconnected?: () => void;
@@ -103,7 +106,7 @@ export class ChangesSubscription implements AsyncIterable<Change> {
         queueMicrotask(() => { throw e; });
       }
     }
-    if (this.callbacks.length > 0 && !this.iterating) return;
+    if (this.buffer === 0) return; // callbacks only
     if (this.queue.length >= this.buffer) {
       this.overflowed = true;
       return;
@@ -111,8 +114,6 @@ export class ChangesSubscription implements AsyncIterable<Change> {
     this.queue.push(c);
     this.wake();
   }
-
-  private iterating = false;
 
   private wake(): void {
     const w = this.waiter;
@@ -122,7 +123,6 @@ export class ChangesSubscription implements AsyncIterable<Change> {
 
   /** The next change, or undefined after `timeoutMs` (or once closed). */
   async next(timeoutMs?: number): Promise<Change | undefined> {
-    this.iterating = true;
     for (;;) {
       const c = this.queue.shift();
       if (c !== undefined) return c;
@@ -203,7 +203,7 @@ export class Changes {
   // --- subscriptions ------------------------------------------------------------------
 
   private add(filter: Record<string, string>, since: string | undefined): ChangesSubscription {
-    const sub = new ChangesSubscription(this, `s${++this.nextSub}`, filter, since, this.opts.buffer ?? 100_000);
+    const sub = new ChangesSubscription(this, `s${++this.nextSub}`, filter, since, this.opts.buffer ?? 10_000);
     this.subs.set(sub.name, sub);
     if (this.ws !== undefined && this.ws.readyState === 1) this.sendSubscribe(this.ws, sub);
     return sub;
@@ -257,7 +257,9 @@ export class Changes {
     if (ws !== undefined && ws.readyState !== 3) {
       const gone = new Promise<void>((r) => this.closeWaiters.push(r));
       ws.close(1000, "client closing");
-      await Promise.race([gone, new Promise((r) => setTimeout(r, 1000))]);
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      await Promise.race([gone, new Promise((r) => { timer = setTimeout(r, 1000); })]);
+      clearTimeout(timer);
     }
   }
 

@@ -599,6 +599,7 @@ export class DocumentStore {
       const w = new Changes(this, {
         onConnected: () => agg.onConnected(),
         onDisconnected: () => agg.onDisconnected(),
+        buffer: 0,
       });
       w.forAll().subscribe((c) => agg.onChange(this.docPath(c.id)));
       this.watcher = w;

@@ -213,10 +213,12 @@ export class DataSubscription {
   private async waitAcknowledged(nextEvent: () => Promise<Event | undefined>, number: number, timeoutMs = 5000): Promise<void> {
     const deadline = performance.now() + timeoutMs;
     while (performance.now() < deadline) {
+      let timer: ReturnType<typeof setTimeout> | undefined;
       const ev = await Promise.race([
         nextEvent(),
-        new Promise<undefined>((r) => setTimeout(() => r(undefined), Math.max(0, deadline - performance.now()))),
+        new Promise<undefined>((r) => { timer = setTimeout(() => r(undefined), Math.max(0, deadline - performance.now())); }),
       ]);
+      clearTimeout(timer);
       if (ev === undefined || ev.kind === "close") return;
       if (ev.kind !== "message") continue;
       const msg = JSON.parse(ev.data) as Record<string, unknown>;
