@@ -270,9 +270,9 @@ export class Changes {
     const WS = this.store.webSocketClass();
     let ws: WebSocket;
     try {
-      const protocols = this.store.wsProtocols();
-      ws = protocols.length > 0 ? new WS(this.store.wsUrl(node, `${this.store.dbPath}/changes/ws`), protocols)
-        : new WS(this.store.wsUrl(node, `${this.store.dbPath}/changes/ws`));
+      // kiln.changes.v1 is the one the server selects; offered with the key's
+      // subprotocol, a WebSocket fails the handshake unless one is selected.
+      ws = new WS(this.store.wsUrl(node, `${this.store.dbPath}/changes/ws`), this.store.wsProtocols(["kiln.changes.v1"]));
     } catch (e) {
       this.lastClose = `connect failed: ${String(e)}`;
       this.schedule();

@@ -202,7 +202,9 @@ export class DataSubscription {
     try {
       info = await this.info(); // throws SubscriptionNotFoundError, NotSupportedInClusterError, 401...
     } catch (e) {
-      if (e instanceof Error && "status" in e && typeof (e as KilnError).status === "number" && (e as KilnError).status! < 500) throw e;
+      // A refusal waiting will not change (4xx; 501 not_supported_in_cluster) ends run().
+      const status = e instanceof Error && "status" in e ? (e as KilnError).status : undefined;
+      if (status !== undefined && (status < 500 || status === 501)) throw e;
       return;
     }
     if (strategy === "if_free" && info["connected"] === true) {

@@ -1,0 +1,50 @@
+// A server started with --auth: no key is an AuthenticationError on HTTP and on the
+// WebSocket features; with a key from `kiln api-key create` everything works, the
+// changes feed and data subscriptions included (the key travels as the
+// kiln.key.<key> subprotocol, which a browser's WebSocket can send).
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, mkdirSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import * as K from "../dist/esm/index.js";
+import { KilnServer, kilnBin, dbName } from "./helpers.mjs";
+
+let server, key;
+before(async () => {
+  const dir = mkdtempSync(join(tmpdir(), "kiln-ts-auth-"));
+  mkdirSync(join(dir, "data"));
+  const r = spawnSync(kilnBin(), ["api-key", "create", "--data-dir", join(dir, "data"), "--name", "ts-test"], { encoding: "utf8" });
+  assert.equal(r.status, 0, r.stderr);
+  key = r.stdout.trim().split(/\s+/).find((w) => w.length >= 20);
+  assert.ok(key, `a key in: ${r.stdout}`);
+  server = await new KilnServer({ dataDir: dir, extra: ["--auth"] }).start();
+});
+after(async () => { await server?.stop(); });
+
+test("no key: AuthenticationError; a key: reads, writes, the changes feed and a data subscription", async (t) => {
+  const db = dbName();
+  const anon = new K.DocumentStore(server.url, db);
+  await assert.rejects(anon.createDatabase(), (e) => e instanceof K.AuthenticationError && e.status === 401);
+  const bad = new K.DocumentStore(server.url, db, { apiKey: "not-a-key" });
+  await assert.rejects(bad.get("a/1"), K.AuthenticationError);
+
+  const store = new K.DocumentStore(server.url, db, { apiKey: key });
+  await store.createDatabase();
+  const changes = store.changes();
+  t.after(() => changes.close());
+  const sub = changes.forAll();
+  assert.ok(await sub.waitSubscribed(5000), `the feed accepted the key (last close: ${changes.lastClose})`);
+  await store.put("orders/1", { total: 500 });
+  assert.equal((await sub.next(5000)).id, "orders/1");
+  await changes.close();
+  await store.createSubscription("all-orders", "from orders");
+  const got = [];
+  await store.subscription("all-orders").run((b) => { got.push(...b.documents.map((d) => d.total)); }, { maxBatches: 1 });
+  assert.deepEqual(got, [500]);
+  // Without the key the worker is refused, as a typed error (not an endless reconnect).
+  await assert.rejects(anon.subscription("all-orders").run(() => {}), K.AuthenticationError);
+  await store.deleteDatabase();
+  await store.close();
+});
