@@ -61,9 +61,14 @@ pub fn router(state: SharedState) -> Router {
         .route_layer(axum::middleware::from_fn(label_route))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(tower::util::option_layer(crate::cross_origin::layer(
-            &state.front.cors_origins,
-        )))
+        .layer(tower::util::option_layer(
+            crate::cross_origin::Cors::new(&state.front.cors_origins).map(|c| {
+                axum::middleware::from_fn_with_state(
+                    std::sync::Arc::new(c),
+                    crate::cross_origin::cors,
+                )
+            }),
+        ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .layer(crate::cross_origin::compression())
         .with_state(state)

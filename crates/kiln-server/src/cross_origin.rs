@@ -3,11 +3,10 @@
 //! same value which requests they could change and hands those to the router
 //! (`http1::head`), so that they apply to every answer.
 
-use axum::http::{header, HeaderName, HeaderValue, Method};
-use std::time::Duration;
+use axum::http::{header, HeaderValue, Method};
+use axum::response::IntoResponse;
 use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove};
 use tower_http::compression::CompressionLayer;
-use tower_http::cors::{AllowOrigin, CorsLayer};
 
 /// Answers at least this large are compressed (smaller ones gain nothing worth
 /// the CPU: a document PUT's answer is ~100 bytes).
@@ -24,9 +23,9 @@ pub struct FrontLayers {
 
 impl FrontLayers {
     /// Whether the layers leave an answer to a request without `Origin` or
-    /// `Accept-Encoding` as it is. With CORS on, the CORS layer puts headers on
-    /// every answer (`Vary`, the exposed headers), not only on a browser's: the
-    /// own loop then answers nothing.
+    /// `Accept-Encoding` as it is. With CORS on, every answer gets `Vary: Origin`
+    /// (and a browser's the CORS headers): the own loop then answers nothing, and
+    /// the router answers all, alike.
     pub fn leave_plain_answers_alone(&self) -> bool {
         self.cors_origins.is_empty()
     }
@@ -55,57 +54,134 @@ fn accepts_identity_only(value: &[u8]) -> bool {
     })
 }
 
-/// CORS for the browser origins given (`*` for any). None given: no CORS headers
-/// at all (browsers then refuse cross-origin reads, as before), and `OPTIONS`
-/// stays a 405.
+/// CORS for the browser origins given (`*` for any), as a middleware
+/// ([`cors`]). None given: no CORS headers at all (browsers then refuse
+/// cross-origin reads, as before), and `OPTIONS` stays a 405.
 ///
-/// As the Fetch standard has it: a listed origin is echoed (with `Vary: Origin`)
-/// and may send credentials (an `Authorization` header); `*` allows any origin but
-/// without credentials (browsers refuse `*` together with credentials). The
-/// preflight allows the methods and request headers the API takes and is cached
-/// for 10 minutes; the answers expose the headers a client reads (ETag above all).
-pub fn layer(origins: &[String]) -> Option<CorsLayer> {
-    if origins.is_empty() {
-        return None;
+/// As the Fetch standard has it: a listed origin is echoed and may send
+/// credentials (an `Authorization` header); `*` allows any origin but without
+/// credentials (browsers refuse `*` together with credentials). The preflight
+/// allows the methods and request headers the API takes and is cached for 10
+/// minutes; the answers expose the headers a client reads (ETag above all).
+///
+/// The `Access-Control-*` headers go only on answers to a request whose `Origin`
+/// is allowed: a request without one (curl, a client library, a server) or from
+/// another origin gets the answer as it would without `--cors-origin`. Every
+/// answer says `Vary: Origin`, so that a cache never hands one made for a page
+/// (or for no page) to another.
+#[derive(Clone, Debug)]
+pub struct Cors {
+    /// `*` was given: any origin, without credentials.
+    any: bool,
+    /// The origins given, without a trailing `/`.
+    listed: Vec<String>,
+}
+
+/// The methods a preflight allows: every one the API takes.
+pub const ALLOWED_METHODS: &str = "GET, HEAD, PUT, POST, PATCH, DELETE";
+
+/// The request headers a preflight allows.
+pub const ALLOWED_HEADERS: &str =
+    "authorization, content-type, if-match, if-none-match, if-range, range, x-api-key, x-request-id";
+
+/// The answer headers a page's script may read.
+pub const EXPOSED_HEADERS: &str =
+    "etag, location, last-modified, retry-after, link, www-authenticate, x-request-id";
+
+/// How long a browser may keep a preflight's answer, in seconds.
+const PREFLIGHT_MAX_AGE_S: &str = "600";
+
+impl Cors {
+    /// The CORS of `--cors-origin`: `None` when none is given.
+    pub fn new(origins: &[String]) -> Option<Cors> {
+        if origins.is_empty() {
+            return None;
+        }
+        Some(Cors {
+            any: origins.iter().any(|o| o == "*"),
+            listed: origins
+                .iter()
+                .map(|o| o.trim_end_matches('/').to_string())
+                .collect(),
+        })
     }
-    let exposed = [
-        header::ETAG,
-        header::LOCATION,
-        header::LAST_MODIFIED,
-        header::RETRY_AFTER,
-        header::LINK,
-        header::WWW_AUTHENTICATE,
-        HeaderName::from_static(crate::observe::REQUEST_ID_HEADER),
-    ];
-    let cors = CorsLayer::new()
-        .allow_methods([
-            Method::GET,
-            Method::HEAD,
-            Method::PUT,
-            Method::POST,
-            Method::DELETE,
-        ])
-        .allow_headers([
-            header::AUTHORIZATION,
-            header::CONTENT_TYPE,
-            header::IF_MATCH,
-            header::IF_NONE_MATCH,
-            HeaderName::from_static("x-api-key"),
-            HeaderName::from_static(crate::observe::REQUEST_ID_HEADER),
-        ])
-        .expose_headers(exposed)
-        .max_age(Duration::from_secs(600));
-    if origins.iter().any(|o| o == "*") {
-        return Some(cors.allow_origin(AllowOrigin::any()));
+
+    /// The `Access-Control-Allow-Origin` for a request's `Origin`, if allowed.
+    fn allow_origin(&self, origin: Option<&HeaderValue>) -> Option<HeaderValue> {
+        let origin = origin?;
+        if self.any {
+            return Some(HeaderValue::from_static("*"));
+        }
+        let text = origin.to_str().ok()?;
+        self.listed
+            .iter()
+            .any(|o| o == text)
+            .then(|| origin.clone())
     }
-    let listed: Vec<HeaderValue> = origins
-        .iter()
-        .filter_map(|o| HeaderValue::from_str(o.trim_end_matches('/')).ok())
-        .collect();
-    Some(
-        cors.allow_origin(AllowOrigin::list(listed))
-            .allow_credentials(true),
-    )
+}
+
+/// The CORS middleware (see [`Cors`]): answers an allowed preflight itself, puts
+/// the CORS headers on the answers to an allowed `Origin`, and `Vary: Origin` on
+/// every answer.
+pub async fn cors(
+    axum::extract::State(cors): axum::extract::State<std::sync::Arc<Cors>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let allowed = cors.allow_origin(req.headers().get(header::ORIGIN));
+    let preflight = req.method() == Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let Some(allow_origin) = allowed else {
+        // No Origin, or one not allowed: the answer as without CORS (a preflight
+        // from another origin gets the router's 405, which the browser refuses).
+        let mut resp = next.run(req).await;
+        resp.headers_mut()
+            .append(header::VARY, HeaderValue::from_static("origin"));
+        return resp;
+    };
+    let mut resp = if preflight {
+        let mut resp = axum::http::StatusCode::OK.into_response();
+        let h = resp.headers_mut();
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_static(ALLOWED_METHODS),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            HeaderValue::from_static(ALLOWED_HEADERS),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            HeaderValue::from_static(PREFLIGHT_MAX_AGE_S),
+        );
+        h.append(
+            header::VARY,
+            HeaderValue::from_static(
+                "origin, access-control-request-method, access-control-request-headers",
+            ),
+        );
+        resp
+    } else {
+        let mut resp = next.run(req).await;
+        let h = resp.headers_mut();
+        h.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static(EXPOSED_HEADERS),
+        );
+        h.append(header::VARY, HeaderValue::from_static("origin"));
+        resp
+    };
+    let h = resp.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow_origin);
+    if !cors.any {
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+            HeaderValue::from_static("true"),
+        );
+    }
+    resp
 }
 
 /// A `--cors-origin` value that is not an origin.

@@ -101,7 +101,7 @@ async fn cors_answers_listed_origins_only() {
     assert_eq!(hd["access-control-allow-credentials"], "true");
     let methods = hd["access-control-allow-methods"].to_str().unwrap();
     assert!(
-        methods.contains("PUT") && methods.contains("DELETE"),
+        methods.contains("PUT") && methods.contains("DELETE") && methods.contains("PATCH"),
         "{methods}"
     );
     let allowed = hd["access-control-allow-headers"].to_str().unwrap();
@@ -142,7 +142,81 @@ async fn cors_answers_listed_origins_only() {
         .await
         .unwrap();
     assert!(r.headers().get("access-control-allow-origin").is_none());
+    assert!(r
+        .headers()
+        .get("access-control-allow-credentials")
+        .is_none());
+    assert!(r.headers()["vary"].to_str().unwrap().contains("origin"));
+
+    // No Origin at all (curl, a client library): no CORS header, but `Vary:
+    // Origin`, so that no cache gives this answer to a page.
+    for r in [
+        h.http.get(h.doc_url("c", "a")).send().await.unwrap(),
+        h.http.get(h.doc_url("c", "none")).send().await.unwrap(),
+        h.http.get(h.url("/dbs")).send().await.unwrap(),
+    ] {
+        let cors: Vec<_> = r
+            .headers()
+            .keys()
+            .filter(|k| k.as_str().starts_with("access-control-"))
+            .collect();
+        assert!(cors.is_empty(), "{} {cors:?}", r.url());
+        let vary: Vec<_> = r.headers().get_all("vary").iter().collect();
+        assert!(
+            vary.iter().any(|v| v.to_str().unwrap().contains("origin")),
+            "{vary:?}"
+        );
+    }
+
+    // A merge patch from the page: preflight, then the PATCH.
+    let r = h
+        .http
+        .request(reqwest::Method::OPTIONS, h.doc_url("c", "a"))
+        .header("origin", "http://localhost:3000")
+        .header("access-control-request-method", "PATCH")
+        .header("access-control-request-headers", "content-type")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "http://localhost:3000"
+    );
+    let r = h
+        .http
+        .patch(h.doc_url("c", "a"))
+        .header("origin", "http://localhost:3000")
+        .header("content-type", "application/merge-patch+json")
+        .body(r#"{"m": 2}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "http://localhost:3000"
+    );
     h.shutdown().await;
+
+    // `*`: any origin, without credentials; still nothing without an Origin.
+    let any = Harness::start_with(|c| c.cors_origins = vec!["*".into()]).await;
+    any.create_db("c").await;
+    let r = any
+        .http
+        .get(any.url("/dbs/c/docs/a"))
+        .header("origin", "https://anyone.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["access-control-allow-origin"], "*");
+    assert!(r
+        .headers()
+        .get("access-control-allow-credentials")
+        .is_none());
+    let r = any.http.get(any.url("/dbs/c/docs/a")).send().await.unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    any.shutdown().await;
 
     // Without --cors-origin: no CORS header at all, and OPTIONS is not allowed.
     let plain = Harness::start().await;

@@ -1152,3 +1152,72 @@ async fn deleting_a_database_under_concurrent_writes() {
     let page: Value = r.json().await.unwrap();
     assert_eq!(page["results"].as_array().unwrap().len(), 0);
 }
+
+/// An attachment GET's conditions: `If-Range` (RFC 9110 §13.1.5) lets a Range
+/// through only with the current, strong ETag; another tag, a weak one or a date
+/// gets the whole body with 200. `If-Modified-Since` is ignored (an attachment
+/// has no `Last-Modified`), `If-None-Match` gives 304.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attachment_reads_honour_if_range() {
+    let h = Harness::start().await;
+    h.create_db("a").await;
+    h.put_ok("a", "d", &json!({})).await;
+    let url = h.url("/dbs/a/docs/d/attachments/f.txt");
+    let bytes: Vec<u8> = (0..100u8).collect();
+    let r = h.http.put(&url).body(bytes.clone()).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let r = h.http.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.headers().get("last-modified").is_none());
+    let etag = r.headers()["etag"].to_str().unwrap().to_string();
+
+    let get = |if_range: Option<String>, range: &str| {
+        let mut b = h.http.get(&url).header("range", range.to_string());
+        if let Some(v) = if_range {
+            b = b.header("if-range", v);
+        }
+        b.send()
+    };
+    // The current ETag: the range.
+    let r = get(Some(etag.clone()), "bytes=0-9").await.unwrap();
+    assert_eq!(r.status(), StatusCode::PARTIAL_CONTENT);
+    assert_eq!(r.bytes().await.unwrap().as_ref(), &bytes[..10]);
+    // No If-Range: the range.
+    let r = get(None, "bytes=0-9").await.unwrap();
+    assert_eq!(r.status(), StatusCode::PARTIAL_CONTENT);
+    // Another ETag, the same one weak, or a date: the whole body, 200.
+    for other in [
+        "\"0000000000000000000000000000000000000000000000000000000000000000\"".to_string(),
+        format!("W/{etag}"),
+        "Wed, 21 Oct 2099 07:28:00 GMT".to_string(),
+    ] {
+        let r = get(Some(other.clone()), "bytes=0-9").await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "If-Range: {other}");
+        assert!(r.headers().get("content-range").is_none(), "{other}");
+        assert_eq!(r.bytes().await.unwrap().as_ref(), &bytes[..], "{other}");
+    }
+    // A failed If-Range ignores even an unsatisfiable Range.
+    let r = get(Some("\"x\"".into()), "bytes=500-").await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = get(Some(etag.clone()), "bytes=500-").await.unwrap();
+    assert_eq!(r.status(), StatusCode::RANGE_NOT_SATISFIABLE);
+
+    // No Last-Modified, so If-Modified-Since is ignored; If-None-Match is not.
+    let r = h
+        .http
+        .get(&url)
+        .header("if-modified-since", "Wed, 21 Oct 2099 07:28:00 GMT")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = h
+        .http
+        .get(&url)
+        .header("if-none-match", etag.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_MODIFIED);
+    h.shutdown().await;
+}

@@ -351,6 +351,24 @@ fn byte_range(headers: &HeaderMap, size: u64) -> Result<Option<(u64, u64)>, ()> 
     Ok(Some((start, end)))
 }
 
+/// Whether a `Range` may be served as a range (RFC 9110 §13.1.5): no `If-Range`,
+/// or one naming the attachment as it is now, a strong entity-tag equal to its
+/// hash. A weak tag never matches, and neither does a date: an attachment has no
+/// `Last-Modified` (its ETag, the SHA-256 of its bytes, is its only validator).
+/// When this is false the whole attachment is sent, with 200.
+fn if_range_holds(headers: &HeaderMap, hash: &str) -> bool {
+    let Some(value) = headers.get(header::IF_RANGE) else {
+        return true;
+    };
+    value
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .and_then(|v| v.strip_prefix('"'))
+        .and_then(|v| v.strip_suffix('"'))
+        .is_some_and(|tag| tag == hash)
+}
+
 fn none_match(headers: &HeaderMap, hash: &str) -> bool {
     headers
         .get(header::IF_NONE_MATCH)
@@ -381,7 +399,14 @@ async fn get_attachment(state: SharedState, req: Request) -> Result<Response, Ap
             .body(Body::empty())
             .expect("a valid response"));
     }
-    let range = match byte_range(headers, size) {
+    // A failed If-Range means "send it all": the Range is then ignored, even an
+    // unsatisfiable one.
+    let ranged = if if_range_holds(headers, &info.hash) {
+        byte_range(headers, size)
+    } else {
+        Ok(None)
+    };
+    let range = match ranged {
         Ok(r) => r,
         Err(()) => {
             let mut e = ApiError::new(
@@ -440,6 +465,23 @@ mod tests {
         assert_eq!(range("bytes=5-1", 100), Ok(None));
         assert_eq!(range("items=0-1", 100), Ok(None));
         assert_eq!(range("bytes=0-0", 0), Err(()));
+    }
+
+    #[test]
+    fn if_range_needs_the_strong_current_etag() {
+        let holds = |v: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = v {
+                h.insert(header::IF_RANGE, HeaderValue::from_str(v).unwrap());
+            }
+            if_range_holds(&h, "ab12")
+        };
+        assert!(holds(None));
+        assert!(holds(Some("\"ab12\"")));
+        assert!(!holds(Some("\"ff00\"")));
+        assert!(!holds(Some("W/\"ab12\"")));
+        assert!(!holds(Some("ab12")));
+        assert!(!holds(Some("Wed, 21 Oct 2015 07:28:00 GMT")));
     }
 
     #[test]
