@@ -28,7 +28,7 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
 # A hung test must not hang CI: each test has 60 s (--test-timeout), the run 5 minutes.
-timeout 300 "$node" --experimental-websocket --test --test-timeout=60000 --test-reporter=spec \
+timeout 300 "$node" --experimental-websocket --expose-gc --test --test-timeout=60000 --test-reporter=spec \
   "$@" test/*.test.mjs test/*.test.cjs 2>&1 | tee "$log" || status=$?
 pass="$(sed -n 's/^ℹ pass \([0-9]*\)$/\1/p' "$log" | tail -1)"
 fail="$(sed -n 's/^ℹ fail \([0-9]*\)$/\1/p' "$log" | tail -1)"

@@ -8,7 +8,14 @@
  *
  * Node's fetch (undici) streams the upload and the answer at once. A browser's fetch
  * streams an upload only over HTTP/2 (Chrome) and gives the answer only after the
- * upload: the acks then arrive at the end; the memory bound holds either way.
+ * upload: the acks then arrive at the end.
+ *
+ * Segments: Node 20's fetch keeps every chunk of a streamed request body until the
+ * request ends (measured: a 60 MB upload held 60 MB of ArrayBuffers until its
+ * answer). So the documents go in consecutive requests of at most `segmentBytes`
+ * (8 MiB) each, one after the other; each request's batches commit as they would in
+ * one, ids are the caller's or generated per line, and `acked` / the line number of
+ * an error count from the first document of the whole insert.
  */
 
 import { BulkInsertError, ConnectionFailedError, InvalidArgumentError, type KilnError, errorFromResponse, makeError, StoreClosedError } from "./errors.js";
@@ -25,6 +32,8 @@ export interface BulkInsertOptions {
   onAck?: (acked: number, lastEtag: string | undefined) => void;
   /** How long close() waits for the final answer (default 60 s). */
   timeoutMs?: number;
+  /** Bytes of NDJSON per request at most (default 8 MiB; see "Segments" above). */
+  segmentBytes?: number;
 }
 
 /**
@@ -53,12 +62,18 @@ export class BulkInsert {
   error: KilnError | undefined = undefined;
   /** The most bytes that were ever queued and not yet taken by the connection. */
   peakPendingBytes = 0;
+  /** Requests (segments) sent so far. */
+  segments = 0;
+  readonly segmentBytes: number;
 
   private readonly store_: DocumentStore;
   private readonly enc = new TextEncoder();
   private lines: string[] = [];
   private lineBytes = 0;
-  private queue: Uint8Array[] = [];
+  private queue: { data: Uint8Array; lines: number }[] = [];
+  /** Committed documents and lines sent, in the segments before the current one. */
+  private ackedBefore = 0;
+  private linesBefore = 0;
   private pendingBytes = 0;
   private sinceYield = 0;
   private closing = false;
@@ -73,6 +88,7 @@ export class BulkInsert {
     this.chunkBytes = options.chunkBytes ?? 64 << 10;
     this.maxPendingBytes = options.maxPendingBytes ?? 4 << 20;
     this.timeoutMs = options.timeoutMs ?? 60_000;
+    this.segmentBytes = options.segmentBytes ?? 8 << 20;
     this.onAck = options.onAck;
     this.finished = this.run().catch((e: unknown) => {
       this.error ??= e instanceof Error && "code" in e ? (e as KilnError)
@@ -107,13 +123,14 @@ export class BulkInsert {
   private async flush(): Promise<void> {
     if (this.lines.length === 0) return;
     const data = this.enc.encode(this.lines.join("\n") + "\n");
+    const lines = this.lines.length;
     this.lines = [];
     this.lineBytes = 0;
     while (this.pendingBytes > 0 && this.pendingBytes + data.length > this.maxPendingBytes && this.error === undefined && !this.done) {
       await new Promise<void>((r) => { this.wakeProducer = r; });
     }
     if (this.error !== undefined) throw this.error;
-    this.queue.push(data);
+    this.queue.push({ data, lines });
     this.pendingBytes += data.length;
     this.peakPendingBytes = Math.max(this.peakPendingBytes, this.pendingBytes);
     this.wakePull?.();
@@ -165,6 +182,7 @@ export class BulkInsert {
   async abort(): Promise<void> {
     this.closing = true;
     this.closed = true;
+    this.stopped = true;
     this.abortCtl.abort();
     this.wakePull?.();
     await this.finished;
@@ -173,19 +191,26 @@ export class BulkInsert {
 
   // --- the connection ---------------------------------------------------------------------
 
-  private body(): ReadableStream<Uint8Array> {
+  /** One segment's body: queued chunks until `segmentBytes` were taken, or the end. */
+  private body(seg: { bytes: number; lines: number }): ReadableStream<Uint8Array> {
     return new ReadableStream<Uint8Array>({
       pull: async (controller) => {
         for (;;) {
-          const chunk = this.queue.shift();
-          if (chunk !== undefined) {
-            this.pendingBytes -= chunk.length;
-            controller.enqueue(chunk);
+          if (seg.bytes >= this.segmentBytes || this.error !== undefined || this.stopped) {
+            controller.close();
+            return;
+          }
+          const item = this.queue.shift();
+          if (item !== undefined) {
+            this.pendingBytes -= item.data.length;
+            seg.bytes += item.data.length;
+            seg.lines += item.lines;
+            controller.enqueue(item.data);
             this.wakeProducer?.();
             this.wakeProducer = undefined;
             return;
           }
-          if (this.closing || this.error !== undefined || this.done) {
+          if (this.closing) {
             controller.close();
             return;
           }
@@ -195,22 +220,46 @@ export class BulkInsert {
     }, { highWaterMark: 0 });
   }
 
+  private stopped = false;
+
   private async run(): Promise<void> {
+    // The first request goes out at once (a missing database is known early); the
+    // next ones when there is more to send.
+    for (let first = true; ; first = false) {
+      if (!first) {
+        while (this.queue.length === 0 && !this.closing && this.error === undefined && !this.stopped) {
+          await new Promise<void>((r) => { this.wakePull = r; });
+        }
+        if (this.queue.length === 0 || this.error !== undefined || this.stopped) break;
+      }
+      const seg = { bytes: 0, lines: 0, acked: 0 };
+      await this.segment(seg);
+      if (this.error !== undefined) return;
+      this.ackedBefore += seg.acked;
+      this.linesBefore += seg.lines;
+      if (this.closing && this.queue.length === 0) break;
+    }
+    this.done = this.error === undefined && !this.stopped;
+  }
+
+  private async segment(seg: { bytes: number; lines: number; acked: number }): Promise<void> {
     const store = this.store_;
     const node = await store.writeNode();
     const url = `${node}${store.dbPath}/bulk`;
     let res: Response;
+    this.segments++;
     try {
       res = await store.fetchFn(url, {
         method: "POST",
-        body: this.body(),
+        body: this.body(seg),
         headers: { ...store.headersForRequests, "content-type": "application/x-ndjson", accept: "application/x-ndjson" },
         signal: this.abortCtl.signal,
         duplex: "half",
         redirect: "manual",
       } as RequestInit);
     } catch (e) {
-      const err = new ConnectionFailedError(`bulk insert: POST ${url}: ${describeFetchError(e)}`, { cause: e });
+      const err = new ConnectionFailedError(
+        `bulk insert: POST ${url}: ${describeFetchError(e)} (${this.acked} documents committed before it)`, { cause: e });
       err.node = node;
       throw err;
     }
@@ -223,6 +272,11 @@ export class BulkInsert {
     }
     const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
     let buf = "";
+    let segDone = false;
+    const handle = (text: string) => {
+      const line = JSON.parse(text) as Record<string, unknown>;
+      if (this.onLine(line, seg)) segDone = true;
+    };
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
@@ -231,36 +285,39 @@ export class BulkInsert {
       while ((nl = buf.indexOf("\n")) >= 0) {
         const line = buf.slice(0, nl).trim();
         buf = buf.slice(nl + 1);
-        if (line) this.onLine(JSON.parse(line) as Record<string, unknown>);
+        if (line) handle(line);
       }
     }
-    if (buf.trim()) this.onLine(JSON.parse(buf) as Record<string, unknown>);
-    // The answer is complete: nothing more will be read from the queue.
-    this.queue = [];
-    this.pendingBytes = 0;
-    this.wakePull?.();
+    if (buf.trim()) handle(buf);
+    if (!segDone && this.error === undefined && !this.stopped) {
+      this.error = new ConnectionFailedError(
+        `the bulk insert connection closed before the final answer (${this.acked} documents committed)`);
+    }
   }
 
-  private onLine(line: Record<string, unknown>): void {
+  /** One line of a segment's answer; true for its final line. */
+  private onLine(line: Record<string, unknown>, seg: { acked: number }): boolean {
     if ("error" in line) {
       const code = String(line["error"]);
       const cause = makeError(code, String(line["message"] ?? ""));
-      if (typeof line["acked"] === "number") this.acked = line["acked"];
+      if (typeof line["acked"] === "number") seg.acked = line["acked"];
+      this.acked = this.ackedBefore + seg.acked;
       if (typeof line["last_etag"] === "string") this.lastEtag = line["last_etag"];
-      const lineNo = typeof line["line"] === "number" ? line["line"] : undefined;
+      const lineNo = typeof line["line"] === "number" ? this.linesBefore + line["line"] : undefined;
       this.error = new BulkInsertError(
         `bulk insert stopped at line ${lineNo}: ${code}: ${String(line["message"] ?? "")} (${this.acked} documents before it committed)`,
         { code, line: lineNo, acked: this.acked, lastEtag: this.lastEtag, cause, body: line });
-      return;
+      return true;
     }
     if (typeof line["acked"] === "number") {
-      this.acked = line["acked"];
+      seg.acked = line["acked"];
+      this.acked = this.ackedBefore + seg.acked;
       this.lastEtag = typeof line["last_etag"] === "string" ? line["last_etag"] : this.lastEtag;
       if (!line["done"]) {
         this.acks++;
         this.onAck?.(this.acked, this.lastEtag);
       }
     }
-    if (line["done"]) this.done = true;
+    return Boolean(line["done"]);
   }
 }
