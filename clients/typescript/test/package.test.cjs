@@ -47,3 +47,10 @@ test("no Node-only import in the library (the browser path is the same code)", (
   assert.deepEqual(base.compilerOptions.types, []);
   assert.ok(base.compilerOptions.lib.includes("DOM"));
 });
+
+test("a strict TypeScript consumer type-checks against the published declarations", () => {
+  const { spawnSync } = require("node:child_process");
+  const tsc = join(pkgDir, "node_modules", "typescript", "bin", "tsc");
+  const r = spawnSync(process.execPath, [tsc, "-p", join(pkgDir, "test", "types", "tsconfig.json")], { encoding: "utf8" });
+  assert.equal(r.status, 0, r.stdout + r.stderr);
+});
