@@ -194,9 +194,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// Log lines go to stderr: warnings and errors (RUST_LOG overrides), the access
-/// log of `kiln serve --access-log`, as text (coloured only on a terminal) or as
-/// JSON objects (`--log-format json`).
+/// Log lines go to stderr: warnings and errors, the cluster's events (a leader
+/// elected, a peer unreachable and back), the access log of `kiln serve
+/// --access-log`; RUST_LOG overrides. As text (coloured only on a terminal) or as
+/// JSON objects (`--log-format json`). openraft's own lines are off by default: it
+/// logs an unreachable peer at ERROR at every retry (twenty lines for a follower
+/// down ten seconds), which kiln-cluster says once; `RUST_LOG=warn,openraft=warn`
+/// brings them back when debugging Raft itself.
 fn init_logging(command: &Command) {
     use std::io::IsTerminal;
     let (access_log, json) = match command {
@@ -204,9 +208,9 @@ fn init_logging(command: &Command) {
         _ => (false, false),
     };
     let default = if access_log {
-        "warn,kiln::access=info"
+        "warn,kiln_cluster=info,openraft=off,kiln::access=info"
     } else {
-        "warn"
+        "warn,kiln_cluster=info,openraft=off"
     };
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());

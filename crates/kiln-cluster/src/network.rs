@@ -28,8 +28,9 @@ use openraft::raft::{
 };
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The path prefix of Raft's routes on every node.
 pub const RAFT_PATH: &str = "/cluster/raft";
@@ -75,6 +76,77 @@ pub struct Network {
     from: NodeId,
     links: Option<LinkFilter>,
     security: PeerSecurity,
+    health: Arc<PeerHealth>,
+}
+
+/// Whether each peer answered this node's last message. Raft retries an unreachable
+/// peer every few hundred milliseconds (and openraft says so at ERROR each time): a
+/// peer going away or coming back is one line here instead, at WARN and INFO.
+struct PeerHealth {
+    from: NodeId,
+    links: parking_lot::Mutex<BTreeMap<NodeId, Link>>,
+}
+
+enum Link {
+    Answering,
+    Silent {
+        since: Instant,
+        failed_messages: u64,
+        /// False while a peer was never reached: at a cluster's start, the nodes
+        /// not started yet (normal, so INFO rather than WARN).
+        ever_answered: bool,
+    },
+}
+
+impl PeerHealth {
+    fn answered(&self, peer: NodeId, address: &str) {
+        let before = self.links.lock().insert(peer, Link::Answering);
+        if let Some(Link::Silent {
+            since,
+            failed_messages,
+            ever_answered,
+        }) = before
+        {
+            let silent_ms = since.elapsed().as_millis() as u64;
+            if ever_answered {
+                tracing::info!(
+                    node = self.from,
+                    peer,
+                    address,
+                    silent_ms,
+                    failed_messages,
+                    "peer answers again"
+                );
+            } else {
+                tracing::info!(node = self.from, peer, address, silent_ms, "peer reached");
+            }
+        }
+    }
+
+    fn failed(&self, peer: NodeId, address: &str, error: &dyn std::fmt::Display) {
+        let mut links = self.links.lock();
+        match links.get_mut(&peer) {
+            Some(Link::Silent {
+                failed_messages, ..
+            }) => *failed_messages += 1,
+            known => {
+                let ever_answered = known.is_some();
+                if ever_answered {
+                    tracing::warn!(node = self.from, peer, address, error = %error, "peer unreachable; Raft keeps retrying, and a line follows when it answers");
+                } else {
+                    tracing::info!(node = self.from, peer, address, error = %error, "peer not reachable yet (not started?); Raft keeps retrying");
+                }
+                links.insert(
+                    peer,
+                    Link::Silent {
+                        since: Instant::now(),
+                        failed_messages: 1,
+                        ever_answered,
+                    },
+                );
+            }
+        }
+    }
 }
 
 impl Network {
@@ -105,6 +177,10 @@ impl Network {
             from,
             links,
             security,
+            health: Arc::new(PeerHealth {
+                from,
+                links: parking_lot::Mutex::new(BTreeMap::new()),
+            }),
         }
     }
 }
@@ -116,6 +192,7 @@ pub struct Peer {
     from: NodeId,
     links: Option<LinkFilter>,
     security: PeerSecurity,
+    health: Arc<PeerHealth>,
 }
 
 /// A link a test has cut.
@@ -137,6 +214,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             from: self.from,
             links: self.links.clone(),
             security: self.security.clone(),
+            health: self.health.clone(),
         }
     }
 }
@@ -265,13 +343,18 @@ impl Peer {
                     from: self.from,
                     to: self.target,
                 };
+                self.health.failed(self.target, &self.address, &cut);
                 return Err(RPCError::Unreachable(Unreachable::new(&cut)));
             }
         }
-        match self
+        let answer = self
             .post::<Result<Resp, RaftError<NodeId, E>>>(kind, body, &option)
-            .await
-        {
+            .await;
+        match &answer {
+            Ok(_) => self.health.answered(self.target, &self.address),
+            Err(e) => self.health.failed(self.target, &self.address, e),
+        }
+        match answer {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(refused)) => Err(RPCError::RemoteError(RemoteError::new(
                 self.target,

@@ -241,6 +241,41 @@ pub struct ClusterNode {
     batcher: Batcher,
 }
 
+/// Logs who leads as it changes (INFO), and Raft stopping on a fatal error (ERROR):
+/// the cluster's events an operator reads, one line each. openraft's own lines
+/// (off by default: `kiln serve`'s log filter) repeat at every retry.
+fn log_leader_changes(raft: &Raft, node: NodeId) {
+    let mut metrics = raft.metrics();
+    tokio::spawn(async move {
+        let mut known_leader: Option<Option<NodeId>> = None;
+        loop {
+            let (leader, term, stopped) = {
+                let m = metrics.borrow();
+                (
+                    m.current_leader,
+                    m.current_term,
+                    m.running_state.clone().err(),
+                )
+            };
+            if let Some(fatal) = stopped {
+                tracing::error!(node, error = %fatal, "Raft stopped: this node no longer takes part in the cluster");
+                return;
+            }
+            if known_leader != Some(leader) {
+                match leader {
+                    Some(leader) if leader == node => tracing::info!(node, term, "this node leads"),
+                    Some(leader) => tracing::info!(node, leader, term, "following the leader"),
+                    None => tracing::info!(node, term, "no leader known: an election is under way"),
+                }
+                known_leader = Some(leader);
+            }
+            if metrics.changed().await.is_err() {
+                return; // Raft shut down
+            }
+        }
+    });
+}
+
 impl ClusterNode {
     /// Opens the Raft log, starts Raft over `store`, and, on a node that has
     /// never been part of a cluster, proposes the configured membership.
@@ -294,12 +329,27 @@ impl ClusterNode {
             .map(|(id, addr)| (*id, BasicNode::new(addr)))
             .collect();
         // Every node of a new cluster proposes the same membership; a node that
-        // already has a log (or a vote) refuses, which is what we want.
+        // already has a log (or a vote) keeps it. Asked first, because openraft
+        // answers a restarted node's initialize with an ERROR line of its own.
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
         if config.joining {
-            tracing::info!("joining: waiting to be added by the cluster's leader");
+            tracing::info!(
+                node = config.node_id,
+                "joining: waiting to be added by the cluster's leader"
+            );
+        } else if initialized {
+            tracing::info!(
+                node = config.node_id,
+                "rejoining the cluster with the log and vote it has"
+            );
         } else if let Err(e) = raft.initialize(members).await {
+            // Another node's proposal (or a vote for it) arrived first.
             tracing::debug!(error = %e, "not initializing the cluster (it has a state already)");
         }
+        log_leader_changes(&raft, config.node_id);
         let write_timeout = Duration::from_millis(config.write_timeout_ms);
         Ok(ClusterNode {
             batcher: Batcher::start(proposer(raft.clone(), write_timeout, truncations.clone())),

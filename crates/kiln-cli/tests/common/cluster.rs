@@ -138,6 +138,11 @@ impl Cluster {
     #[allow(clippy::zombie_processes)] // `Drop` and `kill9` wait for it
     pub fn start(&mut self, id: u64) {
         let port = self.ports[&id];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(id))
+            .unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
             .args([
                 "serve",
@@ -156,12 +161,20 @@ impl Cluster {
                 "--data-dir",
             ])
             .arg(&self.dirs[&id])
+            // The default log filter, as an operator gets it.
+            .env_remove("RUST_LOG")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(log))
             .spawn()
             .unwrap();
         wait_until_healthy(&mut child, port, &format!("node {id}"));
         self.children.insert(id, child);
+    }
+
+    /// Where node `id`'s stderr goes (appended to across its restarts), beside its
+    /// data directory.
+    pub fn log_path(&self, id: u64) -> PathBuf {
+        self.dirs[&id].with_extension("stderr")
     }
 
     /// The leader the live nodes agree on (waits up to 20 s for one).
