@@ -34,6 +34,12 @@ export interface BulkInsertOptions {
   timeoutMs?: number;
   /** Bytes of NDJSON per request at most (default 8 MiB; see "Segments" above). */
   segmentBytes?: number;
+  /**
+   * Send each segment as one ordinary body (at most `segmentBytes` held) instead of a
+   * stream: for a fetch that cannot stream a request body (a browser over HTTP/1.1,
+   * which refuses a ReadableStream body). Acks then come at the end of each segment.
+   */
+  bufferSegments?: boolean;
 }
 
 /**
@@ -45,6 +51,15 @@ const MAX_LINES_PER_CHUNK = 1024;
 
 /** Bytes queued between two turns given to the event loop (see flush()). */
 const YIELD_EVERY_BYTES = 512 << 10;
+
+interface Segment {
+  bytes: number;
+  lines: number;
+  acked: number;
+  /** What was taken into this segment's body (kept until its answer: see segment()). */
+  chunks: Uint8Array[];
+  generates: boolean;
+}
 
 export class BulkInsert {
   readonly chunkBytes: number;
@@ -65,12 +80,15 @@ export class BulkInsert {
   /** Requests (segments) sent so far. */
   segments = 0;
   readonly segmentBytes: number;
+  readonly bufferSegments: boolean;
 
   private readonly store_: DocumentStore;
   private readonly enc = new TextEncoder();
   private lines: string[] = [];
   private lineBytes = 0;
-  private queue: { data: Uint8Array; lines: number }[] = [];
+  /** A line of the chunk being filled has the server generate its id. */
+  private chunkGenerates = false;
+  private queue: { data: Uint8Array; lines: number; generates: boolean }[] = [];
   /** Committed documents and lines sent, in the segments before the current one. */
   private ackedBefore = 0;
   private linesBefore = 0;
@@ -89,6 +107,7 @@ export class BulkInsert {
     this.maxPendingBytes = options.maxPendingBytes ?? 4 << 20;
     this.timeoutMs = options.timeoutMs ?? 60_000;
     this.segmentBytes = options.segmentBytes ?? 8 << 20;
+    this.bufferSegments = options.bufferSegments ?? false;
     this.onAck = options.onAck;
     this.finished = this.run().catch((e: unknown) => {
       this.error ??= e instanceof Error && "code" in e ? (e as KilnError)
@@ -113,7 +132,9 @@ export class BulkInsert {
     if (document === null || typeof document !== "object" || Array.isArray(document)) {
       throw new InvalidArgumentError(`bulk insert: a document is a JSON object, not ${JSON.stringify(document)}`);
     }
-    const line = JSON.stringify({ id: id ?? collectionPrefix(document), document });
+    const lineId = id ?? collectionPrefix(document);
+    if (lineId.endsWith("/")) this.chunkGenerates = true;
+    const line = JSON.stringify({ id: lineId, document });
     this.lines.push(line);
     this.lineBytes += line.length + 1;
     this.stored++;
@@ -124,13 +145,15 @@ export class BulkInsert {
     if (this.lines.length === 0) return;
     const data = this.enc.encode(this.lines.join("\n") + "\n");
     const lines = this.lines.length;
+    const generates = this.chunkGenerates;
+    this.chunkGenerates = false;
     this.lines = [];
     this.lineBytes = 0;
     while (this.pendingBytes > 0 && this.pendingBytes + data.length > this.maxPendingBytes && this.error === undefined && !this.done) {
       await new Promise<void>((r) => { this.wakeProducer = r; });
     }
     if (this.error !== undefined) throw this.error;
-    this.queue.push({ data, lines });
+    this.queue.push({ data, lines, generates });
     this.pendingBytes += data.length;
     this.peakPendingBytes = Math.max(this.peakPendingBytes, this.pendingBytes);
     this.wakePull?.();
@@ -192,10 +215,15 @@ export class BulkInsert {
   // --- the connection ---------------------------------------------------------------------
 
   /** One segment's body: queued chunks until `segmentBytes` were taken, or the end. */
-  private body(seg: { bytes: number; lines: number }): ReadableStream<Uint8Array> {
+  private body(seg: Segment): ReadableStream<Uint8Array> {
+    let cancelled = false;
     return new ReadableStream<Uint8Array>({
+      // A failed request cancels its body: a pull waiting for data must then take
+      // nothing more from the queue (it belongs to the next request).
+      cancel: () => { cancelled = true; },
       pull: async (controller) => {
         for (;;) {
+          if (cancelled) return;
           if (seg.bytes >= this.segmentBytes || this.error !== undefined || this.stopped) {
             controller.close();
             return;
@@ -205,6 +233,8 @@ export class BulkInsert {
             this.pendingBytes -= item.data.length;
             seg.bytes += item.data.length;
             seg.lines += item.lines;
+            seg.chunks.push(item.data);
+            seg.generates ||= item.generates;
             controller.enqueue(item.data);
             this.wakeProducer?.();
             this.wakeProducer = undefined;
@@ -222,6 +252,26 @@ export class BulkInsert {
 
   private stopped = false;
 
+  /** A segment's chunks as one body (bufferSegments). */
+  private async collect(stream: ReadableStream<Uint8Array>): Promise<Uint8Array> {
+    const parts: Uint8Array[] = [];
+    let n = 0;
+    const reader = stream.getReader();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      parts.push(value);
+      n += value.length;
+    }
+    const out = new Uint8Array(n);
+    let at = 0;
+    for (const p of parts) {
+      out.set(p, at);
+      at += p.length;
+    }
+    return out;
+  }
+
   private async run(): Promise<void> {
     // The first request goes out at once (a missing database is known early); the
     // next ones when there is more to send.
@@ -232,36 +282,69 @@ export class BulkInsert {
         }
         if (this.queue.length === 0 || this.error !== undefined || this.stopped) break;
       }
-      const seg = { bytes: 0, lines: 0, acked: 0 };
+      const seg: Segment = { bytes: 0, lines: 0, acked: 0, chunks: [], generates: false };
       await this.segment(seg);
       if (this.error !== undefined) return;
       this.ackedBefore += seg.acked;
       this.linesBefore += seg.lines;
+      seg.chunks = [];
       if (this.closing && this.queue.length === 0) break;
     }
     this.done = this.error === undefined && !this.stopped;
   }
 
-  private async segment(seg: { bytes: number; lines: number; acked: number }): Promise<void> {
+  /**
+   * Sends one segment. The server stops reading at a bad line and answers with the
+   * error; the upload still going on then fails (EPIPE) and fetch may reject before
+   * that answer is read. So a segment whose answer was lost is sent again once, as one
+   * ordinary body, when that cannot duplicate anything (every line names its id: a
+   * document written again is the same document); its answer names the bad line.
+   */
+  private async segment(seg: Segment): Promise<void> {
+    try {
+      await this.attemptSegment(seg, this.bufferSegments ? await this.collect(this.body(seg)) : this.body(seg));
+    } catch (e) {
+      if (!(e instanceof ConnectionFailedError) || this.stopped || this.bufferSegments || seg.chunks.length === 0) throw e;
+      if (seg.generates) {
+        throw new ConnectionFailedError(
+          `${e.message}; the ${seg.lines} lines of that request (from line ${this.linesBefore + 1}) may or may not ` +
+          "be committed, and were not sent again because some have the server generate their ids (a second " +
+          "attempt would create second documents)", { cause: e });
+      }
+      const whole = new Uint8Array(seg.bytes);
+      let at = 0;
+      for (const c of seg.chunks) {
+        whole.set(c, at);
+        at += c.length;
+      }
+      seg.acked = 0;
+      await this.attemptSegment(seg, whole);
+    }
+  }
+
+  private async attemptSegment(seg: Segment, body: ReadableStream<Uint8Array> | Uint8Array): Promise<void> {
     const store = this.store_;
     const node = await store.writeNode();
     const url = `${node}${store.dbPath}/bulk`;
     let res: Response;
     this.segments++;
-    try {
-      res = await store.fetchFn(url, {
-        method: "POST",
-        body: this.body(seg),
-        headers: { ...store.headersForRequests, "content-type": "application/x-ndjson", accept: "application/x-ndjson" },
-        signal: this.abortCtl.signal,
-        duplex: "half",
-        redirect: "manual",
-      } as RequestInit);
-    } catch (e) {
+    const lost = (e: unknown) => {
       const err = new ConnectionFailedError(
         `bulk insert: POST ${url}: ${describeFetchError(e)} (${this.acked} documents committed before it)`, { cause: e });
       err.node = node;
-      throw err;
+      return err;
+    };
+    try {
+      res = await store.fetchFn(url, {
+        method: "POST",
+        body,
+        headers: { ...store.headersForRequests, "content-type": "application/x-ndjson", accept: "application/x-ndjson" },
+        signal: this.abortCtl.signal,
+        ...(body instanceof Uint8Array ? {} : { duplex: "half" }),
+        redirect: "manual",
+      } as RequestInit);
+    } catch (e) {
+      throw lost(e);
     }
     store.stats.requests++;
     if (res.status !== 200) {
@@ -277,21 +360,25 @@ export class BulkInsert {
       const line = JSON.parse(text) as Record<string, unknown>;
       if (this.onLine(line, seg)) segDone = true;
     };
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      buf += value;
-      let nl: number;
-      while ((nl = buf.indexOf("\n")) >= 0) {
-        const line = buf.slice(0, nl).trim();
-        buf = buf.slice(nl + 1);
-        if (line) handle(line);
+    try {
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        buf += value;
+        let nl: number;
+        while ((nl = buf.indexOf("\n")) >= 0) {
+          const line = buf.slice(0, nl).trim();
+          buf = buf.slice(nl + 1);
+          if (line) handle(line);
+        }
       }
+    } catch (e) {
+      if (segDone || this.error !== undefined) return;
+      throw lost(e);
     }
     if (buf.trim()) handle(buf);
     if (!segDone && this.error === undefined && !this.stopped) {
-      this.error = new ConnectionFailedError(
-        `the bulk insert connection closed before the final answer (${this.acked} documents committed)`);
+      throw lost(new Error("the connection closed before the final answer"));
     }
   }
 
