@@ -38,7 +38,7 @@ async function leaderOf(urls) {
   throw new Error("no leader");
 }
 
-test("writes reach the leader, a follower's 307 is followed, a killed leader is replaced", async () => {
+test("writes reach the leader, a follower's 307 is followed, a killed leader is replaced", async (t) => {
   const urls = servers.map((s) => s.url);
   const db = dbName();
   const store = new K.DocumentStore(urls, db, { failoverTimeoutMs: 15_000 });
@@ -63,12 +63,34 @@ test("writes reach the leader, a follower's 307 is followed, a killed leader is 
   await single.put("users/bob", { name: "Bob" });
   assert.equal(single.lastNode, leader);
   assert.equal(single.clustered, true);
+  // Bulk insert goes to the leader too (replicated, one log entry per batch).
+  const bulk = store.bulkInsert();
+  for (let i = 0; i < 2000; i++) await bulk.store({ i }, `bulk/${i}`);
+  await bulk.close();
+  assert.equal(bulk.acked, 2000);
   // A session's batch, then the leader is killed -9: the store finds the new one.
   const s = store.session();
   s.store({ name: "Cy" }, "users/cy");
   await s.saveChanges();
+  // A changes feed on the leader (first URL of its store): when that node dies the
+  // feed moves to another node and resumes from the same etag (every node gives a
+  // change the same etag): nothing missed, nothing repeated.
+  const feedStore = new K.DocumentStore([leader, ...urls.filter((u) => u !== leader)], db, { failoverTimeoutMs: 15_000 });
+  const changes = feedStore.changes({ reconnectDelayMs: 50, maxReconnectDelayMs: 200 });
+  t.after(() => changes.close());
+  const sub = changes.forPrefix("feed/");
+  assert.ok(await sub.waitSubscribed(5000));
+  await store.put("feed/1", { n: 1 });
+  assert.equal((await sub.next(5000))?.id, "feed/1");
   await servers[urls.indexOf(leader)].kill();
   const e2 = await store.put("users/dan", { name: "Dan" });
+  await store.put("feed/2", { n: 2 });
+  await store.put("feed/3", { n: 3 });
+  const got = [];
+  for (let c; got.length < 2 && (c = await sub.next(10_000)) !== undefined;) got.push(c.id);
+  assert.deepEqual(got, ["feed/2", "feed/3"]);
+  assert.equal(await sub.next(300), undefined, "nothing repeated");
+  assert.notEqual(feedStore.url, leader, "the feed (and reads) moved to another node");
   assert.match(e2, /^\d+-/);
   assert.notEqual(store.lastNode, leader);
   assert.notEqual(store.leaderUrl, leader);
