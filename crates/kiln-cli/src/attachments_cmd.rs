@@ -136,12 +136,9 @@ fn put(
     let mut answer = Vec::new();
     resp.body.read_to_end(&mut answer)?;
     if !(200..300).contains(&resp.status) {
-        return Err(format!(
-            "PUT {path}: {} {}",
-            resp.status,
-            String::from_utf8_lossy(&answer)
-        )
-        .into());
+        return Err(crate::client::ClientError::status(resp.status, &answer)
+            .during(format!("PUT {path}"))
+            .into());
     }
     println!("{}", String::from_utf8_lossy(&answer));
     Ok(())

@@ -118,12 +118,19 @@ pub fn upload_blobs(ep: &Endpoint, db: &str, blobs: Vec<(String, PathBuf)>) -> A
         let mut body = Vec::new();
         resp.body.read_to_end(&mut body)?;
         let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        if !(200..300).contains(&resp.status) || answer["hash"] != hash.as_str() {
+        if !(200..300).contains(&resp.status) {
+            return Err(crate::client::ClientError::status(resp.status, &body)
+                .during(format!(
+                    "uploading attachment {hash} from {}",
+                    path.display()
+                ))
+                .into());
+        }
+        if answer["hash"] != hash.as_str() {
             return Err(format!(
-                "uploading attachment {hash} from {}: {} {}",
+                "uploading attachment {hash} from {}: the server kept it as {}",
                 path.display(),
-                resp.status,
-                String::from_utf8_lossy(&body)
+                answer["hash"]
             )
             .into());
         }

@@ -557,13 +557,16 @@ fn verify(files: &[PathBuf], quiet: bool, json: bool) -> AnyResult<ExitCode> {
         .into());
     }
     if let [file] = files {
-        let f = File::open(file)?;
-        let len = f.metadata()?.len();
+        let f = File::open(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let len = f
+            .metadata()
+            .map_err(|e| format!("{}: {e}", file.display()))?
+            .len();
         let pb = bar(quiet, Some(len));
         let r =
             kiln_docs::verify_backup(BufReader::with_capacity(1 << 20, f), |n| pb.set_position(n));
         pb.finish_and_clear();
-        let r = r?;
+        let r = r.map_err(|e| format!("{}: {e}", file.display()))?;
         summary(
             "verified",
             &r,
@@ -730,12 +733,9 @@ fn restore_remote(a: &RestoreArgs, url: &str) -> AnyResult<RestoreReport> {
     let mut body = Vec::new();
     resp.body.read_to_end(&mut body)?;
     if !(200..300).contains(&resp.status) {
-        return Err(format!(
-            "the server refused the restore ({}): {}",
-            resp.status,
-            String::from_utf8_lossy(&body)
-        )
-        .into());
+        return Err(crate::client::ClientError::status(resp.status, &body)
+            .during("the restore")
+            .into());
     }
     Ok(serde_json::from_slice(&body)?)
 }

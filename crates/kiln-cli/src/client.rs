@@ -131,9 +131,63 @@ pub enum ClientError {
     },
     #[error("{what}: no answer within {} s", READ_TIMEOUT.as_secs())]
     Timeout { what: String },
+    /// No connection: the host does not resolve, or refuses or drops it.
+    #[error("{at}: {source}")]
+    Connect {
+        at: String,
+        #[source]
+        source: io::Error,
+    },
     /// A non-2xx answer: status and the body's text (the server's error JSON).
-    #[error("the server answered {status}: {}", body.trim())]
+    /// Every command prints it alike: `the server answered 404
+    /// database_not_found: <message> (request id <id>)`.
+    #[error("{}", status_text(*status, body))]
     Status { status: u16, body: String },
+}
+
+/// A client error with what the command was doing: printed `what: error`, and
+/// its exit code is the error's ([`crate::exit::of`] looks through it).
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct During {
+    pub what: String,
+    #[source]
+    pub source: ClientError,
+}
+
+impl ClientError {
+    /// The error of a non-2xx answer `status` with `body`.
+    pub fn status(status: u16, body: &[u8]) -> ClientError {
+        ClientError::Status {
+            status,
+            body: String::from_utf8_lossy(body).into_owned(),
+        }
+    }
+
+    /// This error, said to have happened while doing `what`.
+    pub fn during(self, what: impl Into<String>) -> During {
+        During {
+            what: what.into(),
+            source: self,
+        }
+    }
+}
+
+/// A non-2xx answer in words: the status, then the error JSON's `error` code,
+/// `message` and `request_id` when the body is one, else the body's text.
+pub fn status_text(status: u16, body: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    match (v["error"].as_str(), v["message"].as_str()) {
+        (Some(code), Some(message)) => {
+            let mut text = format!("the server answered {status} {code}: {message}");
+            if let Some(id) = v["request_id"].as_str() {
+                text.push_str(&format!(" (request id {id})"));
+            }
+            text
+        }
+        _ if body.trim().is_empty() => format!("the server answered {status}"),
+        _ => format!("the server answered {status}: {}", body.trim()),
+    }
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ClientError {
@@ -226,12 +280,10 @@ impl Endpoint {
             (r, false)
         } else if let Some(r) = url.strip_prefix("https://") {
             (r, true)
-        } else if url.contains("://") {
-            return Err(ClientError::Url(format!(
-                "{url}: only http:// and https:// URLs"
-            )));
         } else {
-            (url, false)
+            return Err(ClientError::Url(format!(
+                "{url:?}: give the server as http://HOST:PORT or https://HOST[:PORT]"
+            )));
         };
         let (authority, base) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
@@ -324,7 +376,10 @@ impl Endpoint {
         let at = format!("connecting to {}:{}", self.host, self.port);
         let tcp = tokio::net::TcpStream::connect((host, self.port))
             .await
-            .map_err(io_err(&at))?;
+            .map_err(|source| ClientError::Connect {
+                at: at.clone(),
+                source,
+            })?;
         let _ = tcp.set_nodelay(true);
         let Some(tls) = &self.tls else {
             return handshake(TokioIo::new(tcp), &at).await;

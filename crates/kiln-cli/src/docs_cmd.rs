@@ -8,7 +8,25 @@ use kiln_docs::{Condition, DocError, DocId, DocStore, DocsOptions};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-fn open(data_dir: &Path) -> crate::AnyResult<DocStore> {
+/// Opens an existing data directory for a command that only reads (`get`,
+/// `list`): one that does not exist, or is no data directory (no `databases/`),
+/// is refused before anything is created in it (opening a store makes its
+/// directories and lock file).
+fn open_existing(data_dir: &Path) -> crate::AnyResult<DocStore> {
+    if !data_dir.is_dir() {
+        return Err(crate::exit::NotFound(format!(
+            "the data directory {} does not exist (give --data-dir as given to kiln serve)",
+            data_dir.display()
+        ))
+        .into());
+    }
+    if !data_dir.join("databases").is_dir() {
+        return Err(crate::exit::NotFound(format!(
+            "{} is not a kiln data directory (it has no databases/)",
+            data_dir.display()
+        ))
+        .into());
+    }
     Ok(DocStore::open(data_dir, DocsOptions::default())?)
 }
 
@@ -62,7 +80,7 @@ fn document_text(arg: &str) -> crate::AnyResult<String> {
 }
 
 pub fn get(data_dir: &Path, database: &str, id: &str) -> crate::AnyResult<ExitCode> {
-    let store = open(data_dir)?;
+    let store = open_existing(data_dir)?;
     match store.database(database)?.get(id)? {
         Some(doc) => {
             println!("{}", String::from_utf8_lossy(&doc.json));
@@ -70,7 +88,7 @@ pub fn get(data_dir: &Path, database: &str, id: &str) -> crate::AnyResult<ExitCo
         }
         None => {
             eprintln!("not found: document {id:?} in database {database:?}");
-            Ok(ExitCode::from(1))
+            Ok(ExitCode::from(crate::exit::NOT_FOUND))
         }
     }
 }
@@ -82,7 +100,7 @@ pub fn list(
     start_after: Option<&str>,
     limit: usize,
 ) -> crate::AnyResult<ExitCode> {
-    let store = open(data_dir)?;
+    let store = open_existing(data_dir)?;
     let page = store
         .database(database)?
         .list_by_prefix(prefix, start_after, limit)?;

@@ -145,7 +145,11 @@ pub fn run(args: ExportArgs) -> crate::AnyResult<ExitCode> {
         }
         Err(e) => {
             eprintln!("error: {e}");
-            Ok(ExitCode::from(1))
+            let code = match &e {
+                ExportError::Client(c) => crate::exit::for_client(c),
+                _ => crate::exit::FAILED,
+            };
+            Ok(ExitCode::from(code))
         }
     }
 }

@@ -73,7 +73,7 @@ pub fn run(cmd: KvCommand) -> crate::AnyResult<ExitCode> {
                 Some(v) => println!("{}", String::from_utf8_lossy(v)),
                 None => {
                     eprintln!("not found: {key:?} in tree {tree:?}");
-                    return Ok(ExitCode::from(1));
+                    return Ok(ExitCode::from(crate::exit::NOT_FOUND));
                 }
             }
         }

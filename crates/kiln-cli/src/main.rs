@@ -8,6 +8,7 @@ mod bench_cmd;
 mod client;
 mod cluster_cmd;
 mod docs_cmd;
+mod exit;
 mod export_cmd;
 mod import_cmd;
 mod inspect_cmd;
@@ -73,7 +74,7 @@ enum Command {
         #[command(flatten)]
         storage: storage_args::StorageArgs,
     },
-    /// Print a document (exit code 1 if there is none). Offline, as `kiln put`.
+    /// Print a document (exit code 4 if there is none). Offline, as `kiln put`.
     Get {
         /// The data directory (as given to `kiln serve`).
         #[arg(long, default_value = "./kiln-data")]
@@ -185,11 +186,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
-            if e.is::<UsageError>() {
-                ExitCode::from(EXIT_USAGE)
-            } else {
-                ExitCode::from(EXIT_FAILED)
-            }
+            ExitCode::from(exit::of(e.as_ref()))
         }
     }
 }
@@ -225,14 +222,9 @@ fn init_logging(command: &Command) {
     }
 }
 
-/// Exit codes, the same for every command: 0 done, 1 a runtime error (the server
-/// refused, a file is missing, a check found problems), 2 a usage error (clap's
-/// own, and [`UsageError`]).
-const EXIT_FAILED: u8 = 1;
-const EXIT_USAGE: u8 = 2;
-
 /// A command line that cannot be right whatever the state of the world (two
-/// options that exclude each other, a missing choice): exit code 2, as clap's.
+/// options that exclude each other, a missing choice): exit code 2, as clap's
+/// (the exit codes are in [`exit`]).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct UsageError(pub String);

@@ -47,16 +47,16 @@ pub fn run(args: QueryArgs) -> AnyResult<ExitCode> {
             .to_string();
     let path = format!("/dbs/{}/queries", path_escape(&args.db));
     let (status, answer) = endpoint.request_any("POST", &path, body.as_bytes())?;
+    if status != 200 {
+        // Printed and given its exit code as every command's server error.
+        return Err(crate::client::ClientError::Status {
+            status,
+            body: String::from_utf8_lossy(&answer).into_owned(),
+        }
+        .into());
+    }
     let v: Value = serde_json::from_slice(&answer)
         .map_err(|e| format!("the server answered {status} with non-JSON: {e}"))?;
-    if status != 200 {
-        eprintln!(
-            "error {status} {}: {}",
-            v["error"].as_str().unwrap_or("?"),
-            v["message"].as_str().unwrap_or("")
-        );
-        return Ok(ExitCode::from(1));
-    }
     if args.json {
         println!("{v}");
         return Ok(ExitCode::SUCCESS);

@@ -375,10 +375,10 @@ pub fn api_key(cmd: ApiKeyCommand) -> crate::AnyResult<()> {
         }
         ApiKeyCommand::List { data_dir } => {
             if !data_dir.is_dir() {
-                return Err(format!(
+                return Err(crate::exit::NotFound(format!(
                     "{} is not a data directory (give --data-dir of the server)",
                     data_dir.display()
-                )
+                ))
                 .into());
             }
             let keys = auth::list_api_keys(&data_dir)?;

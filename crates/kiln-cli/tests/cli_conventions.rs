@@ -1,5 +1,5 @@
 //! What every command of the CLI does alike: exit codes (0 done, 1 a runtime
-//! error, 2 a usage error), a closed pipe ends a command quietly, and the offline
+//! error, 2 a usage error, 3 to 7 the failure classes of docs/cli.md), a closed pipe ends a command quietly, and the offline
 //! document commands read documents from stdin or a file and page with
 //! --start-after; check and stats name the database they speak of.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
@@ -38,9 +38,14 @@ fn exit_codes_are_zero_one_two_for_every_command() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let o = kiln(&["serve", "--bind", "nohostport"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    // 1: the world says no (a missing database, an unreachable server).
+    // 2 too: a --url that is no http(s) URL.
+    let o = kiln(&["query", "--url", "notaurl", "--db", "x", "from x"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("notaurl"), "{}", text(&o));
+    // 4: what was asked for is not there (a data directory that is none).
     let o = kiln(&["get", "--data-dir", d, "nodb", "x"]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    // 3: no server to talk to.
     let o = kiln(&[
         "query",
         "--url",
@@ -49,10 +54,151 @@ fn exit_codes_are_zero_one_two_for_every_command() {
         "x",
         "from x",
     ]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     let o = kiln(&["api-key", "list", "--data-dir", &format!("{d}/missing")]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
     assert!(text(&o).contains("not a data directory"), "{}", text(&o));
+    // 1, and the file is named.
+    let o = kiln(&["backup", "verify", &format!("{d}/missing.kbak")]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("missing.kbak"), "{err}");
+}
+
+/// A read-only command on a data directory that does not exist says so and
+/// creates nothing (no directory, no `databases/`, no lock file).
+#[test]
+fn get_and_list_create_no_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let typo = dir.path().join("kiln-dta");
+    let t = typo.to_str().unwrap();
+    for args in [
+        vec!["get", "--data-dir", t, "db", "x"],
+        vec!["list", "--data-dir", t, "db"],
+    ] {
+        let o = kiln(&args);
+        assert_eq!(o.status.code(), Some(4), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("does not exist") && err.contains("kiln-dta"),
+            "{err}"
+        );
+        assert!(!typo.exists(), "{args:?} created {}", typo.display());
+    }
+    // An existing directory that is no data directory: nothing made in it.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let o = kiln(&["get", "--data-dir", empty.to_str().unwrap(), "db", "x"]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0);
+}
+
+/// A server on `127.0.0.1` that answers every request with `status` and `body`
+/// (JSON), `n` times: its port.
+fn answering(status: u16, body: &'static str, n: usize) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for _ in 0..n {
+            let Ok((mut s, _)) = listener.accept() else {
+                return;
+            };
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => seen.extend_from_slice(&buf[..k]),
+                }
+            }
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+/// Failure classes have their own exit codes (docs/cli.md, "Exit codes"), and
+/// every command prints the server's error alike: `error: the server answered
+/// 404 database_not_found: ...`.
+#[test]
+fn exit_codes_tell_failure_classes_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = common::free_port();
+    let mut server = common::spawn_serve(dir.path(), port);
+    let url = format!("http://127.0.0.1:{port}");
+    let u = url.as_str();
+
+    // 4 and one format for a missing database, whatever the command.
+    let missing: [Vec<&str>; 4] = [
+        vec!["query", "--url", u, "--db", "nodb", "from x"],
+        vec!["export", "--url", u, "--db", "nodb", "--out", "-", "-q"],
+        vec!["subscriptions", "list", "--url", u, "--db", "nodb"],
+        vec!["revisions", "list", "--url", u, "--db", "nodb", "x"],
+    ];
+    for args in &missing {
+        let o = kiln(args);
+        assert_eq!(o.status.code(), Some(4), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("the server answered 404 database_not_found: "),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("{\""), "{args:?}: raw JSON in {err}");
+    }
+    assert_eq!(
+        common::request(port, "PUT", "/dbs/shop", "").0,
+        201,
+        "the database"
+    );
+    // 5: the server refuses the request (a query that does not parse).
+    let o = kiln(&["query", "--url", u, "--db", "shop", "from where ((("]);
+    assert_eq!(o.status.code(), Some(5), "{}", text(&o));
+    // 6: a conflict (an If-Match that does not hold).
+    let (status, put) = common::request(port, "PUT", "/dbs/shop/docs/d", "{}");
+    assert_eq!(status, 201, "{put}");
+    let etag: serde_json::Value = serde_json::from_str(&put).unwrap();
+    let etag = etag["etag"].as_str().unwrap();
+    let (seq, incarnation) = etag.split_once('-').unwrap();
+    let stale = format!("{}-{incarnation}", seq.parse::<u64>().unwrap() + 100);
+    let file = dir.path().join("a.txt");
+    std::fs::write(&file, b"bytes").unwrap();
+    let o = kiln(&[
+        "attachments",
+        "put",
+        "--url",
+        u,
+        "--db",
+        "shop",
+        "--if-match",
+        &stale,
+        "d",
+        "a.txt",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(6), "{}", text(&o));
+    server.kill().unwrap();
+    let _ = server.wait();
+
+    // 7: the server failed (501 included).
+    let port = answering(
+        501,
+        r#"{"error":"not_supported_in_cluster","message":"no","request_id":"r-1"}"#,
+        1,
+    );
+    let u = format!("http://127.0.0.1:{port}");
+    let o = kiln(&["query", "--url", &u, "--db", "shop", "from x"]);
+    assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("501 not_supported_in_cluster: no (request id r-1)"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]

@@ -229,7 +229,7 @@ fn every_client_command_works_over_https_with_auth() {
         ],
         None,
     );
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(5), "refused: {}", text(&o));
     assert!(text(&o).contains("401"), "{}", text(&o));
     let other = dir.path().join("other-ca.pem");
     std::fs::write(&other, new_ca().0.pem()).unwrap();
@@ -246,7 +246,7 @@ fn every_client_command_works_over_https_with_auth() {
         ],
         Some(&key),
     );
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(3), "cannot connect: {}", text(&o));
     assert!(text(&o).contains("TLS"), "{}", text(&o));
     let o = kiln(
         &[
@@ -261,6 +261,6 @@ fn every_client_command_works_over_https_with_auth() {
         ],
         Some(&key),
     );
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(2), "a usage error: {}", text(&o));
     assert!(text(&o).contains("https://"), "{}", text(&o));
 }

@@ -57,9 +57,9 @@ fn put_get_list_check_on_a_data_directory() {
     assert_eq!(doc["name"], "Ada");
     assert_eq!(doc["@metadata"]["@etag"], put["etag"]);
     let o = kiln(&["get", "--data-dir", d, "shop", "users/nobody"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "not found");
     let o = kiln(&["get", "--data-dir", d, "nodb", "x"]);
-    assert_eq!(o.status.code(), Some(1), "a missing database is an error");
+    assert_eq!(o.status.code(), Some(4), "a missing database is not found");
 
     let o = kiln(&["list", "--data-dir", d, "shop", "--prefix", "users/"]);
     assert_eq!(out(&o).lines().count(), 2, "{}", out(&o));

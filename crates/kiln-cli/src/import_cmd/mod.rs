@@ -213,7 +213,12 @@ pub fn run(args: ImportArgs) -> crate::AnyResult<ExitCode> {
                 }
                 eprintln!("{} (then stopped)", s.text());
             }
-            Ok(ExitCode::from(1))
+            let code = match &e {
+                ImportError::Client(c) => crate::exit::for_client(c),
+                ImportError::Server { .. } => crate::exit::REFUSED,
+                _ => crate::exit::FAILED,
+            };
+            Ok(ExitCode::from(code))
         }
     }
 }
