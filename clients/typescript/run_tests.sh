@@ -32,7 +32,8 @@ timeout 300 "$node" --experimental-websocket --expose-gc --test --test-timeout=6
   "$@" test/*.test.mjs test/*.test.cjs 2>&1 | tee "$log" || status=$?
 pass="$(sed -n 's/^ℹ pass \([0-9]*\)$/\1/p' "$log" | tail -1)"
 fail="$(sed -n 's/^ℹ fail \([0-9]*\)$/\1/p' "$log" | tail -1)"
-if [ "$status" -eq 0 ] && [ "${fail:-1}" != "0" ]; then status=1; fi
+cancelled="$(sed -n 's/^ℹ cancelled \([0-9]*\)$/\1/p' "$log" | tail -1)"
+if [ "$status" -eq 0 ] && { [ "${fail:-1}" != "0" ] || [ "${cancelled:-0}" != "0" ]; }; then status=1; fi
 if [ "${pass:-0}" -eq 0 ]; then
   echo "run_tests.sh: no test passed (none ran?): counted as a failure" >&2
   [ "$status" -eq 0 ] && status=5

@@ -36,6 +36,30 @@ export function freePort() {
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
+// Servers still running when this process ends (a test that timed out and never ran
+// its after hook, a Ctrl-C) are killed, and their directories removed, so that none
+// outlives the test run.
+const live = new Set();
+function killLive() {
+  for (const s of live) {
+    try {
+      s.proc?.kill("SIGKILL");
+    } catch {
+      // already gone
+    }
+    rmSync(s.dataDir, { recursive: true, force: true });
+    rmSync(s.logPath, { force: true });
+  }
+  live.clear();
+}
+process.once("exit", killLive);
+for (const sig of ["SIGTERM", "SIGINT", "SIGHUP"]) {
+  process.once(sig, () => {
+    killLive();
+    process.exit(128 + (sig === "SIGINT" ? 2 : sig === "SIGHUP" ? 1 : 15));
+  });
+}
+
 /** One `kiln serve` process. */
 export class KilnServer {
   constructor({ extra = [], port, dataDir } = {}) {
@@ -57,6 +81,7 @@ export class KilnServer {
     this.proc = spawn(this.bin, ["serve", "--data-dir", join(this.dataDir, "data"), "--bind", `127.0.0.1:${this.port}`, ...this.extra],
       { stdio: ["ignore", log, log] });
     const proc = this.proc;
+    live.add(this);
     let exited = false;
     proc.once("exit", () => { exited = true; });
     const deadline = Date.now() + timeoutMs;
@@ -101,6 +126,7 @@ export class KilnServer {
     }
     rmSync(this.dataDir, { recursive: true, force: true });
     rmSync(this.logPath, { force: true });
+    live.delete(this);
   }
 
   async metrics() {
