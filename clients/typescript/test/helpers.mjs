@@ -62,7 +62,8 @@ for (const sig of ["SIGTERM", "SIGINT", "SIGHUP"]) {
 
 /** One `kiln serve` process. */
 export class KilnServer {
-  constructor({ extra = [], port, dataDir } = {}) {
+  constructor({ extra = [], port, dataDir, tls } = {}) {
+    this.tls = tls; // { cert, key } PEM paths: serves HTTPS
     this.bin = kilnBin();
     this.dataDir = dataDir ?? mkdtempSync(join(tmpdir(), "kiln-ts-test-"));
     this.extra = extra;
@@ -72,13 +73,29 @@ export class KilnServer {
   }
 
   get url() {
-    return `http://127.0.0.1:${this.port}`;
+    return `${this.tls ? "https" : "http"}://127.0.0.1:${this.port}`;
+  }
+
+  /** GET /health (over TLS with the test's own CA: the platform fetch cannot take one). */
+  async health() {
+    if (!this.tls) {
+      const r = await fetch(`${this.url}/health`, { signal: AbortSignal.timeout(1000) });
+      return r.status;
+    }
+    const { get } = await import("node:https");
+    const ca = readFileSync(this.tls.cert);
+    return new Promise((resolveP, reject) => {
+      const req = get(`${this.url}/health`, { ca, timeout: 1000 }, (res) => { res.resume(); resolveP(res.statusCode); });
+      req.on("error", reject);
+      req.on("timeout", () => req.destroy(new Error("timeout")));
+    });
   }
 
   async start(timeoutMs = 15000) {
     this.port ??= await freePort();
     const log = openSync(this.logPath, "a");
-    this.proc = spawn(this.bin, ["serve", "--data-dir", join(this.dataDir, "data"), "--bind", `127.0.0.1:${this.port}`, ...this.extra],
+    const tlsArgs = this.tls ? ["--tls-cert", this.tls.cert, "--tls-key", this.tls.key] : [];
+    this.proc = spawn(this.bin, ["serve", "--data-dir", join(this.dataDir, "data"), "--bind", `127.0.0.1:${this.port}`, ...tlsArgs, ...this.extra],
       { stdio: ["ignore", log, log] });
     const proc = this.proc;
     live.add(this);
@@ -88,8 +105,7 @@ export class KilnServer {
     while (Date.now() < deadline) {
       if (exited) throw new Error(`kiln serve exited: ${readFileSync(this.logPath, "utf8").slice(-2000)}`);
       try {
-        const r = await fetch(`${this.url}/health`, { signal: AbortSignal.timeout(1000) });
-        if (r.status === 200) return this;
+        if ((await this.health()) === 200) return this;
       } catch {
         // not yet
       }
