@@ -123,10 +123,15 @@ test("aggressive caching falls back to revalidation while the feed is down (serv
     await fetch(`${server.url}${st.docPath("users/cat")}`, { method: "PUT", body: '{"name":"Cat","n":2}' });
     assert.equal((await st.session().load("users/cat")).n, 2);
     assert.ok(await st.waitFeed(5000), "the feed reconnected");
-    await st.session().load("users/cat");
+    // The resumed feed first delivers what it missed (the write above), which makes
+    // the next read revalidate once more; then reads are answered from the cache.
     const h2 = st.stats.aggressiveHits;
-    assert.equal((await st.session().load("users/cat")).n, 2);
-    assert.equal(st.stats.aggressiveHits, h2 + 1, "served from the cache again once reconnected");
+    const t1 = performance.now();
+    while (st.stats.aggressiveHits === h2 && performance.now() - t1 < 3000) {
+      assert.equal((await st.session().load("users/cat")).n, 2);
+      await sleep(20);
+    }
+    assert.ok(st.stats.aggressiveHits > h2, "served from the cache again once reconnected");
   }, { durationMs: 60_000 });
   await st.close();
 });
