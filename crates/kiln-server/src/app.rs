@@ -199,6 +199,10 @@ fn cluster_routes() -> Router<SharedState> {
         .route("/cluster", get(crate::routes::cluster::status))
         .route("/cluster/members", post(crate::routes::cluster::add_member))
         .route(
+            "/cluster/leader",
+            post(crate::routes::cluster_leader::transfer),
+        )
+        .route(
             "/cluster/members/{id}",
             axum::routing::delete(crate::routes::cluster::remove_member),
         )
@@ -298,13 +302,16 @@ async fn observe(State(state): State<SharedState>, mut req: Request, next: Next)
 /// An error's JSON body at most this large gets the request id added.
 const MAX_STAMPED_BODY_BYTES: u64 = 64 << 10;
 
-/// The answer with `X-Request-Id`, and the id in its JSON body if it is an error.
+/// The answer with `X-Request-Id`, and the id in its JSON body if it is an error
+/// (a 307 `not_leader` included).
 pub(crate) async fn with_request_id(resp: Response, id: &RequestId) -> Response {
     let (mut parts, body) = resp.into_parts();
     if let Ok(v) = HeaderValue::from_str(id.as_str()) {
         parts.headers.insert(REQUEST_ID_HEADER, v);
     }
-    let json_error = parts.status.as_u16() >= 400
+    // An error, or a 307 `not_leader` (its body is an error's).
+    let json_error = (parts.status.as_u16() >= 400
+        || parts.status == axum::http::StatusCode::TEMPORARY_REDIRECT)
         && !parts.headers.contains_key(header::CONTENT_ENCODING)
         && parts
             .headers

@@ -113,7 +113,7 @@ pub(crate) fn check_write(
     let database = state.store.database(db)?;
     let limits = &state.limits;
     if let Some(n) = declared_bytes.filter(|n| *n > limits.max_body_bytes as u64) {
-        return Err(crate::http_util::body_too_large(&n.to_string(), limits));
+        return Err(crate::http_util::body_too_large(Some(n), limits));
     }
     Ok(WriteReady {
         method,

@@ -70,15 +70,17 @@ impl HeaderLookup for HeaderMap {
     }
 }
 
-/// 413 for a body over `max_body_bytes`; `len` says how long it was.
-pub fn body_too_large(len: &str, limits: &Limits) -> ApiError {
-    ApiError::new(
-        ErrorCode::BodyTooLarge,
-        format!(
-            "request body of {len} bytes exceeds the limit of {} bytes",
-            limits.max_body_bytes
+/// 413 for a body over `max_body_bytes`; `len` is its Content-Length, `None` for
+/// a chunked body that passed the limit as it came.
+pub fn body_too_large(len: Option<u64>, limits: &Limits) -> ApiError {
+    let max = limits.max_body_bytes;
+    let message = match len {
+        Some(n) => format!("request body of {n} bytes exceeds the limit of {max} bytes"),
+        None => format!(
+            "request body exceeds the limit of {max} bytes (more than {max} bytes came, chunked)"
         ),
-    )
+    };
+    ApiError::new(ErrorCode::BodyTooLarge, message)
 }
 
 /// 413 for an attachment upload over `Limits::max_attachment_bytes`; `len` is
@@ -148,7 +150,7 @@ pub async fn read_body(
         .and_then(|v| v.parse::<u64>().ok())
     {
         if len > limits.max_body_bytes as u64 {
-            return Err(body_too_large(&len.to_string(), limits));
+            return Err(body_too_large(Some(len), limits));
         }
     }
     let limited = http_body_util::Limited::new(body, limits.max_body_bytes);
@@ -156,7 +158,7 @@ pub async fn read_body(
     match tokio::time::timeout(timeout, limited.collect()).await {
         Err(_) => Err(body_timed_out(limits)),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(body_too_large("more than that", limits))
+            Err(body_too_large(None, limits))
         }
         Ok(Err(e)) => Err(body_read_failed(e)),
         Ok(Ok(collected)) => Ok(collected.to_bytes()),

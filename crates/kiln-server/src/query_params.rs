@@ -63,10 +63,31 @@ pub fn parse<T: DeserializeOwned>(query: &str) -> Result<T, ApiError> {
         seen.push(name);
     }
     serde_urlencoded::from_str(query).map_err(|e| {
-        ApiError::new(
-            ErrorCode::InvalidQuery,
-            format!("invalid query parameters: {e}"),
-        )
+        let message = match bad_parameter::<T>(query) {
+            Some((name, value, why)) => {
+                format!("invalid query parameter {name:?}: {value:?}: {why}")
+            }
+            None => format!("invalid query parameters: {e}"),
+        };
+        ApiError::new(ErrorCode::InvalidQuery, message)
+    })
+}
+
+/// The parameter whose value `T` refuses, with its value and why: each
+/// parameter parsed alone (serde reads a value when it meets it, and says a
+/// required field is missing only at the end, so an error that is not "missing
+/// field" alone is about that parameter's value).
+fn bad_parameter<T: DeserializeOwned>(query: &str) -> Option<(String, String, String)> {
+    form_urlencoded::parse(query.as_bytes()).find_map(|(name, value)| {
+        let alone = form_urlencoded::Serializer::new(String::new())
+            .append_pair(&name, &value)
+            .finish();
+        match serde_urlencoded::from_str::<T>(&alone) {
+            Err(e) if !e.to_string().starts_with("missing field") => {
+                Some((name.into_owned(), value.into_owned(), e.to_string()))
+            }
+            _ => None,
+        }
     })
 }
 
@@ -163,8 +184,13 @@ mod tests {
             "{}",
             twice.message
         );
-        let bad = parse::<Listing>("page_size=many").unwrap_err();
+        let bad = parse::<Listing>("prefix=a&page_size=many").unwrap_err();
         assert_eq!(bad.code, ErrorCode::InvalidQuery);
+        assert!(
+            bad.message.contains("\"page_size\"") && bad.message.contains("\"many\""),
+            "the parameter and its value are named: {}",
+            bad.message
+        );
         let none = parse::<Nothing>("limit=2").unwrap_err();
         assert!(
             none.message.contains("no query parameters"),

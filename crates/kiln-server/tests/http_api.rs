@@ -711,7 +711,12 @@ async fn listings_page_in_order_and_collections_count() {
         .send()
         .await
         .unwrap();
-    expect_error(r, 400, "invalid_query").await;
+    let v = expect_error(r, 400, "invalid_query").await;
+    let said = v["message"].as_str().unwrap();
+    assert!(
+        said.contains("\"page_size\"") && said.contains("\"abc\""),
+        "the parameter is named: {said}"
+    );
     let r = h
         .http
         .get(h.url("/dbs/shop/collections/items/docs?after=xyz"))
@@ -798,6 +803,28 @@ async fn batches_are_all_or_nothing() {
     assert_eq!(h.get_json("shop", "users/a").await["v"], 1);
     let k = h.get_json("shop", "users/keep").await;
     assert_eq!(k["@metadata"]["@etag"], keep.as_str());
+
+    // A delete of an id with no document: 404 as a single DELETE, naming the
+    // operation, and none of the batch is applied (docs/http-api.md).
+    let r = batch(json!({"ops": [
+        {"op": "put", "id": "users/f", "document": {"v": 6}},
+        {"op": "delete", "id": "users/never"},
+    ]}))
+    .await
+    .unwrap();
+    let v = expect_error(r, 404, "document_not_found").await;
+    assert!(
+        v["message"].as_str().unwrap().contains("operation 1"),
+        "{v}"
+    );
+    expect_error(h.get("shop", "users/f").await, 404, "document_not_found").await;
+    let r = h
+        .http
+        .delete(h.doc_url("shop", "users/never"))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 404, "document_not_found").await;
 
     // An unknown operation, too many operations, a non-object document.
     let r = batch(json!({"ops": [{"op": "frobnicate", "id": "users/z"}]}))

@@ -97,6 +97,11 @@ async fn bodies_documents_and_ids_over_the_limits() {
     assert_eq!(r.status, 413, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.header("content-type"), Some("application/json"));
     assert_eq!(r.json()["error"], "body_too_large");
+    let said = r.json()["message"].as_str().unwrap().to_string();
+    assert!(
+        said.contains("exceeds the limit of 4096 bytes") && !said.contains("that bytes"),
+        "the limit in bytes, no made-up length: {said}"
+    );
     expect_error(h.get("lim", "chunked/big").await, 404, "document_not_found").await;
 
     // Within the body limit but over max_document_bytes.

@@ -131,7 +131,12 @@ async fn indexes_and_queries_end_to_end() {
         json!({"query": "from users", "continuation": "zz"}),
     )
     .await;
-    expect_error(r, 400, "invalid_query").await;
+    let v = expect_error(r, 400, "invalid_query").await;
+    // No position to give: none made up ("line 0, column 0").
+    assert_eq!(
+        v["message"], "invalid query: malformed continuation token",
+        "{v}"
+    );
 
     // Case-insensitive: lower(name) uses the case-insensitive index.
     let a = query_ok(

@@ -189,7 +189,7 @@ async fn route_in_cluster(
         } else {
             path.to_string()
         };
-        return Err(redirect_to_leader(node.scheme(), &address, &path));
+        return Err(redirect_to_leader(node.scheme(), &address, &path, write));
     }
     if linearizable {
         node.ensure_linearizable()
@@ -249,11 +249,18 @@ fn is_replicated_write(method: &Method, path: &str) -> bool {
     writes && !path.starts_with("/cluster/raft/") && !path.ends_with("/queries")
 }
 
-fn redirect_to_leader(scheme: &str, address: &str, path: &str) -> Response {
+/// 307 `not_leader` to the leader's URL for this request: a write, or (`write`
+/// false) a linearizable read, which only the leader answers.
+fn redirect_to_leader(scheme: &str, address: &str, path: &str, write: bool) -> Response {
     let location = format!("{scheme}://{address}{path}");
+    let what = if write {
+        "send writes"
+    } else {
+        "send linearizable reads"
+    };
     let mut e = ApiError::new(
         ErrorCode::NotLeader,
-        format!("this node is not the leader; send writes to {location}"),
+        format!("this node is not the leader; {what} to {location}"),
     );
     e.status = StatusCode::TEMPORARY_REDIRECT;
     let mut resp = e.into_response();
@@ -818,4 +825,42 @@ fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod redirect_tests {
+    use super::*;
+
+    /// The body a client sees: the 307 as `observe` stamps it.
+    async fn seen(write: bool) -> serde_json::Value {
+        let resp = redirect_to_leader("http", "10.0.0.2:8080", "/dbs/d/docs/a", write);
+        let id = crate::observe::RequestId::from_presented(Some(b"req-307"));
+        let resp = crate::app::with_request_id(resp, &id).await;
+        assert_eq!(resp.status(), StatusCode::TEMPORARY_REDIRECT);
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_redirect_to_the_leader_has_a_request_id_and_says_what_to_send() {
+        let write = seen(true).await;
+        assert_eq!(write["error"], "not_leader");
+        assert_eq!(write["request_id"], "req-307", "{write}");
+        assert!(
+            write["message"]
+                .as_str()
+                .unwrap()
+                .contains("send writes to http://10.0.0.2:8080/dbs/d/docs/a"),
+            "{write}"
+        );
+        let read = seen(false).await;
+        assert_eq!(read["request_id"], "req-307", "{read}");
+        let said = read["message"].as_str().unwrap();
+        assert!(
+            said.contains("linearizable reads") && !said.contains("writes"),
+            "{read}"
+        );
+    }
 }
