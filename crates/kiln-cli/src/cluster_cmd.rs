@@ -39,6 +39,15 @@ pub enum ClusterCommand {
         #[arg(long)]
         id: u64,
     },
+    /// Hand leadership to another voter (before restarting the leader's machine):
+    /// waits until it has caught up, has it elected, returns once it leads.
+    TransferLeader {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// The voter to lead.
+        #[arg(long)]
+        to: u64,
+    },
 }
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -66,6 +75,12 @@ pub fn run(cmd: ClusterCommand) -> AnyResult<()> {
         ClusterCommand::Remove { server, id } => {
             on_leader(&server, "DELETE", &format!("/cluster/members/{id}"), b"")?
         }
+        ClusterCommand::TransferLeader { server, to } => on_leader(
+            &server,
+            "POST",
+            "/cluster/leader",
+            serde_json::json!({ "id": to }).to_string().as_bytes(),
+        )?,
     };
     println!("{}", serde_json::to_string_pretty(&answer)?);
     Ok(())

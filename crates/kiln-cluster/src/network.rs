@@ -1,5 +1,5 @@
 //! Raft's messages between nodes: HTTP/1.1 POSTs to
-//! `http://<node address>/cluster/raft/{append,vote,snapshot}`. The receiving
+//! `http://<node address>/cluster/raft/{append,vote,snapshot,elect}`. The receiving
 //! side is [`handle_rpc`], which the server mounts on those routes; its body is
 //! the JSON of `Result<response, RaftError>`, so that a refusal by the remote
 //! Raft (a higher term, ...) comes back as Raft's own error.
@@ -185,6 +185,38 @@ impl Network {
     }
 }
 
+impl Network {
+    fn peer(&self, target: NodeId, address: &str) -> Peer {
+        Peer {
+            target,
+            address: address.to_string(),
+            client: self.client.clone(),
+            from: self.from,
+            links: self.links.clone(),
+            security: self.security.clone(),
+            health: self.health.clone(),
+        }
+    }
+
+    /// Asks node `target` (at `address`) to stand for election at once: how the
+    /// leader hands leadership to a node whose log has caught up with its own.
+    pub async fn ask_to_elect(
+        &self,
+        target: NodeId,
+        address: &str,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        self.peer(target, address)
+            .call::<(), openraft::error::Infallible>(
+                "elect",
+                Ok(b"null".to_vec()),
+                RPCOption::new(timeout),
+            )
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
 pub struct Peer {
     target: NodeId,
     address: String,
@@ -207,15 +239,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
-        Peer {
-            target,
-            address: node.addr.clone(),
-            client: self.client.clone(),
-            from: self.from,
-            links: self.links.clone(),
-            security: self.security.clone(),
-            health: self.health.clone(),
-        }
+        self.peer(target, &node.addr)
     }
 }
 
@@ -450,6 +474,13 @@ pub async fn handle_rpc(raft: &Raft, kind: &str, body: &[u8]) -> Result<Vec<u8>,
         "snapshot" => {
             let rpc = decode_snapshot_chunk(body)?;
             serde_json::to_vec(&raft.install_snapshot(rpc).await)?
+        }
+        // The leader hands leadership over ([`Network::ask_to_elect`]): this node
+        // stands for election now instead of at its election timeout.
+        "elect" => {
+            let called: Result<(), RaftError<NodeId>> =
+                raft.trigger().elect().await.map_err(RaftError::Fatal);
+            serde_json::to_vec(&called)?
         }
         other => return Err(RpcError::UnknownKind(other.to_string())),
     })

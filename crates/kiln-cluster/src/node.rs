@@ -102,6 +102,10 @@ pub enum ClusterError {
     State(#[from] crate::StorageError),
     #[error("invalid cluster settings: {0}")]
     Config(String),
+    /// Leadership could not be handed over (the node named is not a voter, did not
+    /// catch up, or did not win); the leader is unchanged or the election's winner.
+    #[error("leadership transfer: {0}")]
+    Transfer(String),
 }
 
 /// One member as `GET /cluster` shows it.
@@ -239,6 +243,9 @@ pub struct ClusterNode {
     quorum_silence_ms: u64,
     security: crate::network::PeerSecurity,
     batcher: Batcher,
+    /// The leader's own line to the others, for what is not a Raft message
+    /// ([`ClusterNode::transfer_leadership`]).
+    network: Network,
 }
 
 /// Logs who leads as it changes (INFO), and Raft stopping on a fatal error (ERROR):
@@ -310,19 +317,14 @@ impl ClusterNode {
         let machine = StateMachine::open(store.clone(), log.env(), &config.snapshot_dir, classify)?;
         let log = log.with_purge_limit(machine.purge_limit());
         let truncations = log.truncations();
-        let raft = Raft::new(
+        let network = Network::new(
             config.node_id,
-            raft_config,
-            Network::new(
-                config.node_id,
-                config.links.clone(),
-                config.security.clone(),
-            ),
-            log,
-            machine,
-        )
-        .await
-        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+            config.links.clone(),
+            config.security.clone(),
+        );
+        let raft = Raft::new(config.node_id, raft_config, network.clone(), log, machine)
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
         let members: BTreeMap<NodeId, BasicNode> = config
             .members
             .iter()
@@ -360,6 +362,7 @@ impl ClusterNode {
             write_timeout,
             quorum_silence_ms: config.election_timeout_max_ms,
             security: config.security,
+            network,
         })
     }
 
@@ -500,6 +503,98 @@ impl ClusterNode {
                 .add_learner(id, BasicNode::new(address), true)
                 .await,
         )
+    }
+
+    /// Hands leadership to voter `to`: waits (up to `patience`) until its log has
+    /// caught up with this leader's, asks it to stand for election, and waits until
+    /// this node follows it. Writes pause for the time of that election (about a
+    /// round trip: the new leader's log is complete, so every voter grants it).
+    /// Returns the new leader's id.
+    pub async fn transfer_leadership(
+        &self,
+        to: NodeId,
+        patience: Duration,
+    ) -> Result<NodeId, ClusterError> {
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut metrics = self.raft.metrics();
+        let address = {
+            let m = metrics.borrow();
+            if m.current_leader != Some(self.node_id) {
+                return Err(ClusterError::NotLeader {
+                    leader: m.current_leader.and_then(|id| {
+                        m.membership_config
+                            .nodes()
+                            .find(|(n, _)| **n == id)
+                            .map(|(_, node)| (id, node.addr.clone()))
+                    }),
+                    entered_log: false,
+                });
+            }
+            if to == self.node_id {
+                return Ok(to);
+            }
+            if !m.membership_config.voter_ids().any(|v| v == to) {
+                return Err(ClusterError::Transfer(format!(
+                    "node {to} is not a voter of this cluster (voters: {:?})",
+                    m.membership_config.voter_ids().collect::<Vec<_>>()
+                )));
+            }
+            let address = m
+                .membership_config
+                .nodes()
+                .find(|(n, _)| **n == to)
+                .map(|(_, node)| node.addr.clone())
+                .unwrap_or_default();
+            address
+        };
+        // Caught up: it holds every entry this leader has.
+        loop {
+            let caught_up = {
+                let m = metrics.borrow();
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(&to).cloned().flatten())
+                    .map(|log_id| log_id.index);
+                matched.is_some() && matched == m.last_log_index
+            };
+            if caught_up {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, metrics.changed())
+                .await
+                .is_err()
+            {
+                return Err(ClusterError::Transfer(format!(
+                    "node {to} did not catch up with the leader's log in {} ms",
+                    patience.as_millis()
+                )));
+            }
+        }
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        self.network
+            .ask_to_elect(to, &address, remaining.max(Duration::from_millis(100)))
+            .await
+            .map_err(|e| ClusterError::Transfer(format!("asking node {to} to stand: {e}")))?;
+        loop {
+            let leader = metrics.borrow().current_leader;
+            match leader {
+                Some(leader) if leader != self.node_id => {
+                    tracing::info!(node = self.node_id, to = leader, "leadership handed over");
+                    return Ok(leader);
+                }
+                _ => {}
+            }
+            if tokio::time::timeout_at(deadline, metrics.changed())
+                .await
+                .is_err()
+            {
+                return Err(ClusterError::Transfer(format!(
+                    "node {to} was asked to stand but no other node leads after {} ms",
+                    patience.as_millis()
+                )));
+            }
+        }
     }
 
     /// Makes a learner a voter.

@@ -199,6 +199,10 @@ fn cluster_routes() -> Router<SharedState> {
         .route("/cluster", get(crate::routes::cluster::status))
         .route("/cluster/members", post(crate::routes::cluster::add_member))
         .route(
+            "/cluster/leader",
+            post(crate::routes::cluster_leader::transfer),
+        )
+        .route(
             "/cluster/members/{id}",
             axum::routing::delete(crate::routes::cluster::remove_member),
         )

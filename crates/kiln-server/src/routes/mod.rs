@@ -6,6 +6,7 @@ pub mod backup;
 pub mod bulk;
 pub mod changes;
 pub mod cluster;
+pub mod cluster_leader;
 pub mod docs;
 pub mod queries;
 pub mod revisions;
