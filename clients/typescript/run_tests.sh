@@ -5,6 +5,9 @@
 # dist/cjs), runs `npm test` (Node's own test runner).
 #   KILN_BIN   the server binary (default: <repo>/target/release/kiln; not built here)
 #   NODE       the node to use (default: node; needs >= 20)
+#   CHROMIUM_BIN  the browser for test/browser.test.mjs (the browser example in headless
+#              Chromium; default: `chromium` on the PATH). Without one that test fails,
+#              unless KILN_SKIP_BROWSER=1 (then it is skipped and says so).
 # Extra arguments go to `node --test` (e.g. --test-name-pattern=cluster).
 # Exits non-zero on any failure, and when no test ran.
 set -euo pipefail
