@@ -460,7 +460,7 @@ fn backup_request_path(db: &str, since: Option<&BackupManifest>, chain: bool) ->
 /// into `file`, then closes the store.
 fn backup_offline(taking: &TakeBackup, dir: &Path, file: &File) -> AnyResult<BackupReport> {
     let a = taking.args;
-    let store = kiln_docs::DocStore::open(dir, kiln_docs::DocsOptions::default())?;
+    let store = crate::docs_cmd::open_existing(dir)?;
     let database = store.database(&taking.db)?;
     let pb = bar(a.quiet, None);
     let opts = kiln_storage::BackupOptions {
@@ -493,7 +493,7 @@ fn chain_stop(t: &Target, json: bool) -> AnyResult<ExitCode> {
         let v: serde_json::Value = serde_json::from_slice(&body)?;
         v["stopped"].as_bool().unwrap_or(false)
     } else if let Some(dir) = &t.data_dir {
-        let store = kiln_docs::DocStore::open(dir, kiln_docs::DocsOptions::default())?;
+        let store = crate::docs_cmd::open_existing(dir)?;
         let stopped = store.database(&db)?.stop_backup_chain()?;
         store.close()?;
         stopped

@@ -8,11 +8,11 @@ use kiln_docs::{Condition, DocError, DocId, DocStore, DocsOptions};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// Opens an existing data directory for a command that only reads (`get`,
-/// `list`): one that does not exist, or is no data directory (no `databases/`),
-/// is refused before anything is created in it (opening a store makes its
-/// directories and lock file).
-fn open_existing(data_dir: &Path) -> crate::AnyResult<DocStore> {
+/// Opens an existing data directory for a command that only reads it (`get`,
+/// `list`, an offline `backup` and `backup chain-stop`): one that does not exist,
+/// or is no data directory (no `databases/`), is refused before anything is
+/// created in it (opening a store makes its directories and lock file).
+pub(crate) fn open_existing(data_dir: &Path) -> crate::AnyResult<DocStore> {
     if !data_dir.is_dir() {
         return Err(crate::exit::NotFound(format!(
             "the data directory {} does not exist (give --data-dir as given to kiln serve)",

@@ -76,16 +76,21 @@ fn exit_codes_are_the_same_for_every_command() {
     assert!(err.contains("missing.kbak"), "{err}");
 }
 
-/// A read-only command on a data directory that does not exist says so and
-/// creates nothing (no directory, no `databases/`, no lock file).
+/// A command that only reads a data directory (get, list, an offline backup)
+/// on one that does not exist says so and creates nothing (no directory, no
+/// `databases/`, no lock file).
 #[test]
 fn get_and_list_create_no_data_directory() {
     let dir = tempfile::tempdir().unwrap();
     let typo = dir.path().join("kiln-dta");
     let t = typo.to_str().unwrap();
+    let out = dir.path().join("b.kbak");
+    let out = out.to_str().unwrap();
     for args in [
         vec!["get", "--data-dir", t, "db", "x"],
         vec!["list", "--data-dir", t, "db"],
+        vec!["backup", "--data-dir", t, "--db", "db", "--out", out, "-q"],
+        vec!["backup", "chain-stop", "--data-dir", t, "--db", "db"],
     ] {
         let o = kiln(&args);
         assert_eq!(o.status.code(), Some(4), "{args:?}: {}", text(&o));
