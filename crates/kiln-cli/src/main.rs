@@ -176,11 +176,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.command);
     if !matches!(cli.command, Command::Serve(_)) {
-        // A command whose output goes to a pipe that closes (`kiln list | head`)
-        // ends quietly, as other command-line tools do, instead of panicking in
-        // println!. Not for the server: a client going away is no reason to stop.
-        // SAFETY: sets a signal's disposition to its default; no handler involved.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        // Not for the server: a client going away is no reason to stop.
+        end_quietly_when_stdout_closes();
     }
     match run(cli.command) {
         Ok(code) => code,
@@ -191,6 +188,28 @@ fn main() -> ExitCode {
             ExitCode::from(exit::of(e.as_ref()))
         }
     }
+}
+
+/// A command whose output goes to a pipe that closes (`kiln list | head`) ends
+/// quietly, killed by SIGPIPE as other command-line tools are, instead of
+/// panicking in println!. SIGPIPE itself stays ignored (Rust's default): with its
+/// default disposition, a request body still being sent to a server that refused
+/// it and closed (a restore of a damaged backup) killed the client without a word,
+/// where it must print the server's answer.
+fn end_quietly_when_stdout_closes() {
+    let print_panic = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info.payload_as_str().unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            // SAFETY: restores a signal's default disposition and raises it; no
+            // handler and no pointers involved.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                libc::raise(libc::SIGPIPE);
+            }
+        }
+        print_panic(info);
+    }));
 }
 
 /// Log lines go to stderr: warnings and errors, the cluster's events (a leader
