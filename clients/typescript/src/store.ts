@@ -861,9 +861,10 @@ export class DocumentStore {
       throw err;
     }
     if (res.status === 206 && opts.ifRange !== undefined && stripQuotes(res.headers.get("etag")) !== stripQuotes(opts.ifRange)) {
-      // The server (as of this writing) ignores If-Range and answers the range of the
-      // current bytes: they are not the bytes the caller has the rest of. As RFC 9110
-      // asks of If-Range, the whole current body is given instead (a second request).
+      // Kiln honours If-Range (a stale tag gets the whole body, 200); a server or
+      // proxy that ignores it answers the range of the current bytes, which are not
+      // the bytes the caller has the rest of. As RFC 9110 asks of If-Range, the
+      // whole current body is given instead (a second request).
       await res.body?.cancel();
       return this.getAttachment(id, name, {});
     }
