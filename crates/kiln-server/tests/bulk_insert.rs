@@ -5,6 +5,7 @@
 //!   the answer ends with an error naming line k, exactly the k-1 lines before it are
 //!   stored, nothing from line k on;
 //! - acks stream back while the body is still being uploaded;
+//! - a client that uploads its whole body before reading still gets the bad line;
 //! - a client that disconnects mid-body: only whole committed batches stay, never
 //!   the unterminated tail (not even a complete-looking last line);
 //! - ids ending in `/` generate distinct ids under that prefix.
@@ -577,6 +578,48 @@ async fn a_bulk_answer_that_leaves_the_body_unread_announces_connection_close() 
         "the answer did not say `connection: close` ({answer_head:?}) yet the connection \
          does not serve the next request (write: {w:?}, read: {:?})",
         String::from_utf8_lossy(&next)
+    );
+}
+
+// A client that sends its whole body before it reads the answer (a browser's fetch
+// does) still gets the error naming the bad line: the server reads on past it (up to
+// 64 MiB or 2 s) instead of closing under the upload, which made the client's writes
+// fail with a broken pipe and lose the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_uploads_everything_before_reading_gets_the_bad_line() {
+    let h = Harness::start().await;
+    h.create_db("late").await;
+    // 24 MiB after the bad line: more than loopback's socket buffers hold.
+    let filler = line("f", json!({"pad": "x".repeat(1000)}));
+    let mut body = b"garbage\n".to_vec();
+    while body.len() < 24 << 20 {
+        body.extend_from_slice(filler.as_bytes());
+        body.push(b'\n');
+    }
+    let mut s = TcpStream::connect(h.addr).await.unwrap();
+    let head = format!(
+        "POST /dbs/late/bulk HTTP/1.1\r\nHost: kiln\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), s.write_all(&body))
+        .await
+        .expect("the upload is read")
+        .expect("the server reads the body to its end, not closing under the upload");
+    let mut seen = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut seen))
+        .await
+        .expect("the answer ends")
+        .unwrap();
+    let text = String::from_utf8_lossy(&seen).to_string();
+    assert!(
+        text.contains("\"error\":\"malformed_json\"") && text.contains("\"line\":1"),
+        "{text}"
+    );
+    assert_eq!(
+        settled_count(&h, "late").await,
+        0,
+        "nothing from the bad line on is written"
     );
 }
 

@@ -12,7 +12,9 @@
 //! one batch committing, one filling, and one partial line.
 //!
 //! A bad line k: the lines before it are committed, then the error names line k;
-//! nothing from k on is written. A client that disconnects loses at most the batch
+//! nothing from k on is written. The rest of the body is then read and thrown away
+//! (64 MiB or 2 s at most), so a client that sends its whole body before reading the
+//! answer still gets it. A client that disconnects loses at most the batch
 //! that was filling (never half a batch: each batch is one transaction).
 
 use crate::error::{ApiError, ErrorCode};
@@ -82,11 +84,31 @@ pub async fn bulk_insert(
         HeaderValue::from_static("application/x-ndjson"),
     );
     // The head goes out before the body is read, and a bad line stops the reading
-    // early: the rest of the body is never consumed, so the connection cannot carry
-    // another request. Said up front so a pooling client does not reuse it.
+    // early (past a bounded drain, the rest of the body is never consumed), so the
+    // connection cannot carry another request. Said up front so a pooling client does not reuse it.
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     Ok(resp)
+}
+
+/// After a bad line, how much more of the body is read and thrown away, and for how
+/// long: a client still uploading when the error line goes out (a browser's fetch,
+/// which reads the answer only once its body is sent) would otherwise write into a
+/// closed connection and lose the answer naming the line. Past either bound the
+/// connection closes, as before.
+const DRAIN_MAX_BYTES: usize = 64 << 20;
+const DRAIN_MAX_MS: u64 = 2_000;
+
+async fn drain_rest(body: &mut BodyDataStream) {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(DRAIN_MAX_MS);
+    let mut drained = 0usize;
+    while drained < DRAIN_MAX_BYTES {
+        match tokio::time::timeout_at(deadline, futures_util::StreamExt::next(body)).await {
+            Ok(Some(Ok(chunk))) => drained += chunk.len(),
+            // The end, a broken body, or time is up.
+            _ => return,
+        }
+    }
 }
 
 fn tokio_stream_from(
@@ -146,7 +168,9 @@ impl BulkRun {
     async fn run(mut self, body: Body) {
         let metrics = self.state.metrics.clone();
         metrics.bulk_running.inc();
-        let end = self.stream(body).await;
+        let mut body = body.into_data_stream();
+        let end = self.stream(&mut body).await;
+        let drain = matches!(&end, Err(e) if e.code != ErrorCode::BodyReadFailed && e.code != ErrorCode::RequestTimeout);
         metrics.bulk_running.dec();
         metrics.bulk_documents.inc_by(self.acked);
         let last = self.last_etag.map(|e| e.to_string());
@@ -162,6 +186,9 @@ impl BulkRun {
             }),
         };
         self.send_line(line).await;
+        if drain {
+            drain_rest(&mut body).await;
+        }
     }
 
     async fn send_line(&self, v: serde_json::Value) {
@@ -173,8 +200,7 @@ impl BulkRun {
 
     /// Reads the body line by line, committing batches; returns at the end of the
     /// body or at the first bad line (after committing the lines before it).
-    async fn stream(&mut self, body: Body) -> Result<(), LineError> {
-        let mut body = body.into_data_stream();
+    async fn stream(&mut self, body: &mut BodyDataStream) -> Result<(), LineError> {
         let mut reading = Reading::default();
         loop {
             // Submit the filled batch as soon as nothing is committing.
@@ -182,10 +208,7 @@ impl BulkRun {
                 let filled = std::mem::take(&mut reading.filling);
                 reading.committing = Some(self.submit(filled).await?);
             }
-            let chunk = match self
-                .wait_for_commit_or_chunk(&mut body, &mut reading)
-                .await?
-            {
+            let chunk = match self.wait_for_commit_or_chunk(body, &mut reading).await? {
                 Arrived::Committed => continue,
                 Arrived::Chunk(chunk) => chunk,
                 Arrived::BodyEnd => break,
