@@ -194,12 +194,23 @@ impl ClusterError {
 /// cut of this log moves `truncations` before openraft answers, so a refusal that
 /// saw it move is answered as possibly written (a concurrent cut of another
 /// proposal's entry makes it so too: "unknown" is always a safe answer).
+///
+/// A leadership transfer holds `handover` for writing: proposals wait (within their
+/// timeout) until it ends, so that the target's log can catch up with a log that
+/// stops growing; those that then find another leader are refused before the log.
 async fn propose(
     raft: &Raft,
     write_timeout: Duration,
     truncations: &AtomicU64,
+    handover: &tokio::sync::RwLock<()>,
     command: Command,
 ) -> Result<Answer, ClusterError> {
+    let Ok(_proposing) = tokio::time::timeout(write_timeout, handover.read()).await else {
+        return Err(ClusterError::NoQuorum {
+            waited_ms: write_timeout.as_millis() as u64,
+            entered_log: false,
+        });
+    };
     let truncations_before = truncations.load(Ordering::SeqCst);
     let proposed = tokio::time::timeout(write_timeout, raft.client_write(command));
     match proposed.await {
@@ -222,11 +233,15 @@ fn proposer(
     raft: Raft,
     write_timeout: Duration,
     truncations: Arc<AtomicU64>,
+    handover: Arc<tokio::sync::RwLock<()>>,
 ) -> crate::batcher::Propose {
     Arc::new(move |command| {
         let raft = raft.clone();
         let truncations = truncations.clone();
-        Box::pin(async move { propose(&raft, write_timeout, &truncations, command).await })
+        let handover = handover.clone();
+        Box::pin(
+            async move { propose(&raft, write_timeout, &truncations, &handover, command).await },
+        )
     })
 }
 
@@ -246,6 +261,8 @@ pub struct ClusterNode {
     /// The leader's own line to the others, for what is not a Raft message
     /// ([`ClusterNode::transfer_leadership`]).
     network: Network,
+    /// Held for writing while leadership is handed over (see `propose`).
+    handover: Arc<tokio::sync::RwLock<()>>,
 }
 
 /// Logs who leads as it changes (INFO), and Raft stopping on a fatal error (ERROR):
@@ -353,8 +370,14 @@ impl ClusterNode {
         }
         log_leader_changes(&raft, config.node_id);
         let write_timeout = Duration::from_millis(config.write_timeout_ms);
+        let handover = Arc::new(tokio::sync::RwLock::new(()));
         Ok(ClusterNode {
-            batcher: Batcher::start(proposer(raft.clone(), write_timeout, truncations.clone())),
+            batcher: Batcher::start(proposer(
+                raft.clone(),
+                write_timeout,
+                truncations.clone(),
+                handover.clone(),
+            )),
             truncations,
             raft,
             node_id: config.node_id,
@@ -363,6 +386,7 @@ impl ClusterNode {
             quorum_silence_ms: config.election_timeout_max_ms,
             security: config.security,
             network,
+            handover,
         })
     }
 
@@ -436,7 +460,16 @@ impl ClusterNode {
                 all_or_none: false,
                 ops,
             } => self.batcher.write(database, at_ms, ops).await,
-            command => propose(&self.raft, self.write_timeout, &self.truncations, command).await,
+            command => {
+                propose(
+                    &self.raft,
+                    self.write_timeout,
+                    &self.truncations,
+                    &self.handover,
+                    command,
+                )
+                .await
+            }
         }
     }
 
@@ -547,6 +580,16 @@ impl ClusterNode {
                 .unwrap_or_default();
             address
         };
+        // No new entries while it catches up and stands: a log that keeps growing
+        // could stay ahead of it, and the other voters would refuse it.
+        let _paused = tokio::time::timeout_at(deadline, self.handover.write())
+            .await
+            .map_err(|_| {
+                ClusterError::Transfer(format!(
+                    "the writes under way did not end in {} ms",
+                    patience.as_millis()
+                ))
+            })?;
         // Caught up: it holds every entry this leader has.
         loop {
             let caught_up = {
