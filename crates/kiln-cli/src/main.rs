@@ -182,9 +182,7 @@ fn main() -> ExitCode {
     match run(cli.command) {
         Ok(code) => code,
         Err(e) => {
-            // "at line 0, column 0" is no position: left out, as the server does.
-            let text = kiln_server::error::without_unknown_position(e.to_string());
-            eprintln!("error: {text}");
+            eprintln!("error: {e}");
             ExitCode::from(exit::of(e.as_ref()))
         }
     }

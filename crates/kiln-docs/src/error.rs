@@ -131,8 +131,9 @@ pub enum IndexError {
 #[non_exhaustive]
 pub enum QueryError {
     /// A query that does not parse or cannot run; `line` and `column` (1-based) point
-    /// at the offending text, 0 when the error is about the query as a whole.
-    #[error("invalid query at line {line}, column {column}: {message}")]
+    /// at the offending text, 0 when the error is about the query as a whole (then
+    /// the message gives no position).
+    #[error("invalid query{}: {message}", crate::model::error::at_position(*line, *column))]
     Invalid {
         line: usize,
         column: usize,

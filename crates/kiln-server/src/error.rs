@@ -242,7 +242,7 @@ impl From<DocError> for ApiError {
         let code = error_code(&e);
         let status = code.status();
         let needs_restart = latched(&e);
-        let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
+        let mut message = if status == StatusCode::INTERNAL_SERVER_ERROR {
             // A server fault: the log has the whole story under an id the client sees.
             let id = format!("{:016x}", rand::random::<u64>());
             tracing::error!(error_id = %id, error = %e, "request failed inside the server");
@@ -253,7 +253,6 @@ impl From<DocError> for ApiError {
             }
             e.to_string()
         };
-        let mut message = without_unknown_position(message);
         if needs_restart {
             message.push_str("; restarting the server does that");
         }
@@ -267,19 +266,6 @@ impl From<DocError> for ApiError {
             allow: None,
             outcome: None,
         }
-    }
-}
-
-/// An error's text without the position it does not have: the document layer
-/// says "at line 0, column 0" for an error about a query or a JSON text as a
-/// whole (a continuation token, a search); that is dropped, not shown as a place
-/// to look (`invalid query: malformed continuation token`).
-pub fn without_unknown_position(message: String) -> String {
-    const UNKNOWN: &str = " at line 0, column 0";
-    if message.contains(UNKNOWN) {
-        message.replace(UNKNOWN, "")
-    } else {
-        message
     }
 }
 

@@ -31,7 +31,7 @@ pub enum DocumentError {
     #[error("invalid database name {name:?}: {why}")]
     InvalidDatabaseName { name: String, why: String },
 
-    #[error("invalid JSON at line {line}, column {column}: {message}")]
+    #[error("invalid JSON{}: {message}", at_position(*line, *column))]
     MalformedJson {
         line: usize,
         column: usize,
@@ -68,6 +68,17 @@ pub enum AttachmentError {
     NotFound { id: String, name: String },
 }
 
+/// " at line L, column C" (1-based), or nothing for line 0: an error about a text
+/// as a whole (a continuation token, a value decoded without a source) has no
+/// place to point at, and "line 0, column 0" would send a reader looking for one.
+pub(crate) fn at_position(line: usize, column: usize) -> String {
+    if line == 0 {
+        String::new()
+    } else {
+        format!(" at line {line}, column {column}")
+    }
+}
+
 impl DocumentError {
     /// From a serde_json error, keeping its position apart from its message.
     pub fn malformed_json(e: &serde_json::Error) -> Self {
@@ -78,5 +89,39 @@ impl DocumentError {
             column: e.column(),
             message: text.strip_suffix(&suffix).unwrap_or(&text).to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_position_is_given_only_when_there_is_one() {
+        let whole = crate::QueryError::Invalid {
+            line: 0,
+            column: 0,
+            message: "malformed continuation token".into(),
+        };
+        assert_eq!(
+            whole.to_string(),
+            "invalid query: malformed continuation token"
+        );
+        let placed = crate::QueryError::Invalid {
+            line: 2,
+            column: 7,
+            message: "expected a value".into(),
+        };
+        assert_eq!(
+            placed.to_string(),
+            "invalid query at line 2, column 7: expected a value"
+        );
+        let json = DocumentError::malformed_json(
+            &serde_json::from_str::<serde_json::Value>("{").unwrap_err(),
+        );
+        assert_eq!(
+            json.to_string(),
+            "invalid JSON at line 1, column 1: EOF while parsing an object"
+        );
     }
 }
