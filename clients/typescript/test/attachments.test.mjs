@@ -1,20 +1,13 @@
 // Attachments as streams both ways (a ReadableStream up, a ReadableStream down), Range
 // and If-Range, and document revisions (list with continuation, revert, purge).
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import * as K from "../dist/esm/index.js";
-import { startServer, newStore } from "./helpers.mjs";
+import { oneServerAndStore } from "./helpers.mjs";
 
 let server, store;
-before(async () => {
-  server = await startServer();
-  store = await newStore(server);
-});
-after(async () => {
-  await store?.done();
-  await server?.stop();
-});
+oneServerAndStore((s, st) => ([server, store] = [s, st]));
 
 /** A stream of `total` pseudo-random bytes in 64 KiB chunks, made as it is read. */
 function byteStream(total, seed = 1) {

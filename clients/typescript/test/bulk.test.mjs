@@ -3,17 +3,10 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import * as K from "../dist/esm/index.js";
-import { startServer, newStore, sleep } from "./helpers.mjs";
+import { sleep, oneServerAndStore } from "./helpers.mjs";
 
 let server, store;
-before(async () => {
-  server = await startServer();
-  store = await newStore(server);
-});
-after(async () => {
-  await store?.done();
-  await server?.stop();
-});
+oneServerAndStore((s, st) => ([server, store] = [s, st]));
 
 test("100,000 documents (~70 MB): acks arrive during the upload, memory stays bounded", async () => {
   const acks = [];

@@ -5,17 +5,10 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { DocumentStore, HttpCache } from "../dist/esm/index.js";
-import { startServer, newStore, requestsTo, sleep } from "./helpers.mjs";
+import { requestsTo, sleep, oneServerAndStore } from "./helpers.mjs";
 
 let server, store;
-before(async () => {
-  server = await startServer();
-  store = await newStore(server);
-});
-after(async () => {
-  await store?.done();
-  await server?.stop();
-});
+oneServerAndStore((s, st) => ([server, store] = [s, st]));
 
 test("a cached document is revalidated with If-None-Match: the server answers 304", async () => {
   await store.put("users/ada", { name: "Ada", bio: "x".repeat(500) });

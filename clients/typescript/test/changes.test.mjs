@@ -1,20 +1,13 @@
 // The changes feed over the WebSocket: subscriptions as async iterators and callbacks,
 // a backlog from an etag, and reconnect with resume (no change missed or repeated)
 // after a dropped connection and after the server is killed and restarted.
-import { test, before, after } from "node:test";
+import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import * as K from "../dist/esm/index.js";
-import { startServer, newStore, sleep } from "./helpers.mjs";
+import { sleep, oneServerAndStore } from "./helpers.mjs";
 
 let server, store;
-before(async () => {
-  server = await startServer();
-  store = await newStore(server);
-});
-after(async () => {
-  await store?.done();
-  await server?.stop();
-});
+oneServerAndStore((s, st) => ([server, store] = [s, st]));
 
 async function take(sub, n, timeoutMs = 5000) {
   const out = [];

@@ -6,18 +6,11 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import * as K from "../dist/esm/index.js";
-import { REPO, startServer, newStore, freePort } from "./helpers.mjs";
+import { REPO, newStore, freePort, oneServerAndStore } from "./helpers.mjs";
 
 const { DocumentStore } = K;
 let server, store;
-before(async () => {
-  server = await startServer();
-  store = await newStore(server);
-});
-after(async () => {
-  await store?.done();
-  await server?.stop();
-});
+oneServerAndStore((s, st) => ([server, store] = [s, st]));
 
 test("every code in clients/error-codes.json has its own class, under the class of its status", () => {
   const rows = JSON.parse(readFileSync(join(REPO, "clients", "error-codes.json"), "utf8")).codes;

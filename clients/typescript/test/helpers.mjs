@@ -7,6 +7,7 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { randomBytes } from "node:crypto";
+import { before, after } from "node:test";
 import { DocumentStore } from "../dist/esm/index.js";
 
 export const HERE = fileURLToPath(new URL(".", import.meta.url));
@@ -191,4 +192,19 @@ export async function newStore(server, options = {}) {
     await store.close();
   };
   return store;
+}
+
+/** One server and one store for a test file: started before its tests, closed and
+ * stopped after them; `set(server, store)` hands them to the file's variables. */
+export function oneServerAndStore(set) {
+  let server, store;
+  before(async () => {
+    server = await startServer();
+    store = await newStore(server);
+    set(server, store);
+  });
+  after(async () => {
+    await store?.done();
+    await server?.stop();
+  });
 }

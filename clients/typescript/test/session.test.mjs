@@ -1,19 +1,12 @@
 // Sessions: the identity map, saveChanges as one batch with if_match, the request
 // budget, ConcurrencyError with both etags, generated ids, deletes, patches, expiry.
-import { test, before, after } from "node:test";
+import { test, before } from "node:test";
 import assert from "node:assert/strict";
 import * as K from "../dist/esm/index.js";
-import { startServer, newStore, requestsTo } from "./helpers.mjs";
+import { requestsTo, oneServerAndStore } from "./helpers.mjs";
 
 let server, store;
-before(async () => {
-  server = await startServer();
-  store = await newStore(server);
-});
-after(async () => {
-  await store?.done();
-  await server?.stop();
-});
+oneServerAndStore((s, st) => ([server, store] = [s, st]));
 
 test("store and load: same object, no second request; generated ids", async () => {
   const s = store.session();

@@ -1,21 +1,14 @@
 // Data subscriptions: a worker acknowledges batches, a handler that throws leaves its
 // batch to the next worker (at least once), a worker resumes after a crash (its
 // process gone without acknowledging), take_over / if_free, typed errors.
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import * as K from "../dist/esm/index.js";
-import { startServer, newStore, PKG } from "./helpers.mjs";
+import { PKG, oneServerAndStore } from "./helpers.mjs";
 
 let server, store;
-before(async () => {
-  server = await startServer();
-  store = await newStore(server);
-});
-after(async () => {
-  await store?.done();
-  await server?.stop();
-});
+oneServerAndStore((s, st) => ([server, store] = [s, st]));
 
 test("create, run with acknowledgments, position moves; a failing handler's batch comes again", async () => {
   for (let i = 0; i < 10; i++) await store.put(`orders/${i}`, { total: i * 50 });

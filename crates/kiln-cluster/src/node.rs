@@ -265,6 +265,14 @@ pub struct ClusterNode {
     handover: Arc<tokio::sync::RwLock<()>>,
 }
 
+/// The address member `id` is reached at, as the membership records it.
+fn member_address(m: &openraft::RaftMetrics<NodeId, BasicNode>, id: NodeId) -> Option<String> {
+    m.membership_config
+        .nodes()
+        .find(|(n, _)| **n == id)
+        .map(|(_, node)| node.addr.clone())
+}
+
 /// Logs who leads as it changes (INFO), and Raft stopping on a fatal error (ERROR):
 /// the cluster's events an operator reads, one line each. openraft's own lines
 /// (off by default: `kiln serve`'s log filter) repeat at every retry.
@@ -433,12 +441,7 @@ impl ClusterNode {
     pub fn leader(&self) -> Option<(NodeId, String)> {
         let m = self.raft.metrics().borrow().clone();
         let id = m.current_leader?;
-        let address = m
-            .membership_config
-            .nodes()
-            .find(|(n, _)| **n == id)
-            .map(|(_, node)| node.addr.clone())?;
-        Some((id, address))
+        Some((id, member_address(&m, id)?))
     }
 
     /// A leader that has not heard from a majority for an election timeout.
@@ -554,12 +557,9 @@ impl ClusterNode {
             let m = metrics.borrow();
             if m.current_leader != Some(self.node_id) {
                 return Err(ClusterError::NotLeader {
-                    leader: m.current_leader.and_then(|id| {
-                        m.membership_config
-                            .nodes()
-                            .find(|(n, _)| **n == id)
-                            .map(|(_, node)| (id, node.addr.clone()))
-                    }),
+                    leader: m
+                        .current_leader
+                        .and_then(|id| Some((id, member_address(&m, id)?))),
                     entered_log: false,
                 });
             }
@@ -572,13 +572,7 @@ impl ClusterNode {
                     m.membership_config.voter_ids().collect::<Vec<_>>()
                 )));
             }
-            let address = m
-                .membership_config
-                .nodes()
-                .find(|(n, _)| **n == to)
-                .map(|(_, node)| node.addr.clone())
-                .unwrap_or_default();
-            address
+            member_address(&m, to).unwrap_or_default()
         };
         // No new entries while it catches up and stands: a log that keeps growing
         // could stay ahead of it, and the other voters would refuse it.
