@@ -48,7 +48,7 @@ cleanup() {
 trap cleanup EXIT
 
 data="$work/data"
-key="$("$kiln" api-key create --data-dir "$data" --name ci 2>/dev/null)"
+key="$("$kiln" api-key create --data-dir "$data" --name ci --operator 2>/dev/null)"
 [ -n "$key" ] || { echo "openapi-conformance: kiln api-key create printed no key" >&2; exit 1; }
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 base="http://127.0.0.1:$port"

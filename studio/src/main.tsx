@@ -28,7 +28,7 @@ function Login({ onDone }: { onDone: () => void }) {
     <form class="login card" onSubmit={submit} data-testid="login">
       <h2>This server requires an API key</h2>
       <p>
-        Create one with <code>kiln api-key create --data-dir DIR --name studio</code>. It is kept in
+        Create one with <code>kiln api-key create --data-dir DIR --name studio --operator</code>. It is kept in
         this tab's session storage only and sent in the <code>Authorization</code> header.
       </p>
       <input

@@ -34,7 +34,7 @@ export async function startKiln({ auth = false, tls = false, port = null, extraA
   const args = ['serve', '--data-dir', dataDir];
   let key = null;
   if (auth) {
-    const out = execFileSync(KILN_BIN, ['api-key', 'create', '--data-dir', dataDir, '--name', 'studio-test'], {
+    const out = execFileSync(KILN_BIN, ['api-key', 'create', '--data-dir', dataDir, '--name', 'studio-test', '--operator'], {
       encoding: 'utf8',
     });
     key = out.trim().split('\n').pop().trim();

@@ -66,7 +66,7 @@ def secure_server() -> Iterator[Tuple[KilnServer, str]]:
     data = os.path.join(tmp, "data")
     os.makedirs(data)
     tls = _self_signed(tmp)
-    out = subprocess.run([kiln_bin(), "api-key", "create", "--data-dir", data, "--name", "py"],
+    out = subprocess.run([kiln_bin(), "api-key", "create", "--data-dir", data, "--name", "py", "--operator"],
                          check=True, capture_output=True, text=True)
     key = out.stdout.strip()
     assert key.startswith("kiln_")

@@ -5,6 +5,7 @@ export const SERVER_ERROR_CODES: Readonly<Record<string, number>> = Object.freez
   not_found: 404,
   method_not_allowed: 405,
   unauthorized: 401,
+  forbidden: 403,
   bad_request: 400,
   invalid_path: 400,
   invalid_header: 400,

@@ -126,6 +126,12 @@ export class SubscriptionClosedError extends KilnError {
 export class BadRequestError extends KilnError {}
 /** 401 `unauthorized`: no API key, or one the server does not know. */
 export class AuthenticationError extends KilnError { static override readonly code: string = "unauthorized"; }
+/**
+ * 403 `forbidden`: the key or certificate lacks the permission the request needs (the
+ * message names it: `read`, `read_write` or `admin` of a database, or `operator`).
+ * Nothing was changed; retrying with the same key will not help.
+ */
+export class ForbiddenError extends KilnError { static override readonly code: string = "forbidden"; }
 /** 404. */
 export class NotFoundError extends KilnError {}
 export class MethodNotAllowedError extends KilnError { static override readonly code: string = "method_not_allowed"; }
@@ -307,7 +313,7 @@ export class IncrementNotPossibleError extends ConflictError { static override r
 type ErrorClass = (new (message: string, options?: KilnErrorOptions) => KilnError) & { readonly code: string };
 
 const CODE_CLASSES: ErrorClass[] = [
-  AuthenticationError, MethodNotAllowedError, UnsupportedMediaTypeError, RequestTimeoutError,
+  AuthenticationError, ForbiddenError, MethodNotAllowedError, UnsupportedMediaTypeError, RequestTimeoutError,
   TooManyConnectionsError, InvalidDatabaseNameError, InvalidIdError, InvalidCollectionError,
   MalformedJsonError, InvalidDocumentError, InvalidEtagError, InvalidPreconditionError,
   InvalidQueryError, MalformedRequestError, InvalidPathError, InvalidHeaderError,
@@ -332,7 +338,7 @@ export const ERROR_CLASSES: Readonly<Record<string, ErrorClass>> = Object.freeze
 
 /** The class an unknown code falls back to, by HTTP status. */
 export const STATUS_CLASSES: Readonly<Record<number, ErrorClass>> = Object.freeze({
-  400: BadRequestError as ErrorClass, 401: AuthenticationError, 404: NotFoundError as ErrorClass,
+  400: BadRequestError as ErrorClass, 401: AuthenticationError, 403: ForbiddenError, 404: NotFoundError as ErrorClass,
   405: MethodNotAllowedError, 408: RequestTimeoutError, 409: ConflictError as ErrorClass,
   410: GoneError as ErrorClass, 413: PayloadTooLargeError as ErrorClass, 415: UnsupportedMediaTypeError,
   416: RangeNotSatisfiableError, 429: TooManyConnectionsError, 500: ServerError as ErrorClass,

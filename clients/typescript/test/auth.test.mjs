@@ -15,7 +15,7 @@ let server, key;
 before(async () => {
   const dir = mkdtempSync(join(tmpdir(), "kiln-ts-auth-"));
   mkdirSync(join(dir, "data"));
-  const r = spawnSync(kilnBin(), ["api-key", "create", "--data-dir", join(dir, "data"), "--name", "ts-test"], { encoding: "utf8" });
+  const r = spawnSync(kilnBin(), ["api-key", "create", "--data-dir", join(dir, "data"), "--name", "ts-test", "--operator"], { encoding: "utf8" });
   assert.equal(r.status, 0, r.stderr);
   key = r.stdout.trim().split(/\s+/).find((w) => w.length >= 20);
   assert.ok(key, `a key in: ${r.stdout}`);

@@ -22,7 +22,7 @@ before(async () => {
   assert.equal(r.status, 0, `openssl is needed for this test: ${r.error ?? r.stderr}`);
   const dir = mkdtempSync(join(tmpdir(), "kiln-ts-tls-"));
   mkdirSync(join(dir, "data"));
-  const k = spawnSync(kilnBin(), ["api-key", "create", "--data-dir", join(dir, "data"), "--name", "tls"], { encoding: "utf8" });
+  const k = spawnSync(kilnBin(), ["api-key", "create", "--data-dir", join(dir, "data"), "--name", "tls", "--operator"], { encoding: "utf8" });
   key = k.stdout.trim().split(/\s+/).find((w) => w.length >= 20);
   server = await new KilnServer({ dataDir: dir, tls: { cert, key: keyPem }, extra: ["--auth"] }).start();
 });

@@ -21,12 +21,22 @@ pub struct ServeArgs {
     /// PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// PEM CA certificates: a client certificate signed by one authenticates.
+    /// PEM CA certificates: a client certificate signed by one and registered
+    /// with `kiln api-key create --certificate` authenticates as its record.
     #[arg(long, requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
-    /// Require an API key (or a verified client certificate) on every request.
+    /// Require an API key (or a registered client certificate) on every request;
+    /// each has the permissions it was created with.
     #[arg(long)]
     auth: bool,
+    /// Append security-relevant events to this file, one JSON line each (failed
+    /// authentications, denied requests, key changes, databases created and
+    /// deleted, backups, restores, purges, cluster membership).
+    #[arg(long)]
+    audit_log: Option<PathBuf>,
+    /// Rotate the audit log (FILE.1 ... FILE.5) when it would grow past this.
+    #[arg(long, default_value_t = kiln_server::audit::DEFAULT_AUDIT_LOG_MAX_BYTES)]
+    audit_log_max_bytes: u64,
     /// Listen on a non-loopback address without TLS and authentication anyway.
     #[arg(long)]
     unsecured: bool,
@@ -216,14 +226,28 @@ pub enum LogFormat {
 
 #[derive(Subcommand)]
 pub enum ApiKeyCommand {
-    /// Create a key and print it (the only time it is shown).
+    /// Create a key and print it (the only time it is shown), or register a
+    /// client certificate (--certificate); either with --operator or --db grants.
     Create {
         /// The server's data directory (the keys live in its api-keys.json).
         #[arg(long, default_value = "./kiln-data")]
         data_dir: PathBuf,
-        /// A name to recognise the key by.
+        /// A name to recognise the key by (two may share one during a rotation).
         #[arg(long)]
         name: String,
+        /// Everything: every database, server statistics and metrics, the cluster.
+        #[arg(long, conflicts_with = "db", required_unless_present = "db")]
+        operator: bool,
+        /// DATABASE:ACCESS, repeated: a name or a prefix pattern (`shop-*`, `*`),
+        /// and read, read_write or admin (admin: indexes, backups, restores,
+        /// revisions' config and purges, subscriptions, create/delete the database).
+        #[arg(long, value_parser = parse_grant)]
+        db: Vec<kiln_server::access::DbGrant>,
+        /// Register this PEM client certificate (its first certificate) instead of
+        /// making a key: a connection presenting it (signed by --tls-client-ca)
+        /// gets these permissions.
+        #[arg(long)]
+        certificate: Option<PathBuf>,
     },
     /// List keys (ids and names; never secrets).
     List {
@@ -281,6 +305,8 @@ fn server_config(a: &ServeArgs) -> crate::AnyResult<ServerConfig> {
         _ => None,
     };
     config.require_auth = a.auth;
+    config.audit_log = a.audit_log.clone();
+    config.audit_log_max_bytes = a.audit_log_max_bytes;
     config.cors_origins = a.cors_origin.clone();
     config.access_log = match (a.access_log, a.log_format) {
         (false, _) => kiln_server::AccessLog::Off,
@@ -362,16 +388,47 @@ fn parse_bind(text: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{text:?} resolves to no address"))
 }
 
+/// `--db shop:read_write`.
+fn parse_grant(text: &str) -> Result<kiln_server::access::DbGrant, String> {
+    kiln_server::access::DbGrant::parse(text).map_err(|e| e.to_string())
+}
+
 pub fn api_key(cmd: ApiKeyCommand) -> crate::AnyResult<()> {
+    use kiln_server::access::Clearance;
     use kiln_server::auth;
     match cmd {
-        ApiKeyCommand::Create { data_dir, name } => {
-            let (rec, key) = auth::create_api_key(&data_dir, &name)?;
-            eprintln!(
-                "created key {} ({}); store it now, it is not kept:",
-                rec.id, rec.name
-            );
-            println!("{key}");
+        ApiKeyCommand::Create {
+            data_dir,
+            name,
+            operator,
+            db,
+            certificate,
+        } => {
+            let clearance = if operator {
+                Clearance::Operator
+            } else {
+                Clearance::Databases(db)
+            };
+            match certificate {
+                Some(pem) => {
+                    let rec = auth::register_certificate(&data_dir, &name, clearance, &pem)?;
+                    println!(
+                        "registered certificate {} as {} ({}): {}",
+                        rec.certificate_sha256.as_deref().unwrap_or_default(),
+                        rec.id,
+                        rec.name,
+                        rec.clearance
+                    );
+                }
+                None => {
+                    let (rec, key) = auth::create_api_key(&data_dir, &name, clearance)?;
+                    eprintln!(
+                        "created key {} ({}: {}); store it now, it is not kept:",
+                        rec.id, rec.name, rec.clearance
+                    );
+                    println!("{key}");
+                }
+            }
         }
         ApiKeyCommand::List { data_dir } => {
             if !data_dir.is_dir() {
@@ -390,7 +447,14 @@ pub fn api_key(cmd: ApiKeyCommand) -> crate::AnyResult<()> {
             }
             for k in keys {
                 let created = kiln_docs::format_rfc3339_ms(k.created_ms);
-                println!("{}\t{}\tcreated {created}", k.id, k.name);
+                let kind = match &k.certificate_sha256 {
+                    Some(thumbprint) => format!("certificate {thumbprint}"),
+                    None => "key".to_string(),
+                };
+                println!(
+                    "{}\t{}\t{kind}\t{}\tcreated {created}",
+                    k.id, k.name, k.clearance
+                );
             }
         }
         ApiKeyCommand::Revoke { data_dir, id } => {

@@ -314,7 +314,15 @@ fn a_closed_pipe_ends_a_command_quietly_and_check_and_stats_name_the_database() 
 fn api_key_list_prints_dates() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let o = kiln(&["api-key", "create", "--data-dir", d, "--name", "ci"]);
+    let o = kiln(&[
+        "api-key",
+        "create",
+        "--data-dir",
+        d,
+        "--name",
+        "ci",
+        "--operator",
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     let listed = stdout(&kiln(&["api-key", "list", "--data-dir", d]));
     // RFC 3339, e.g. 2026-11-26T22:15:26.123Z, not epoch milliseconds.

@@ -76,6 +76,7 @@ fn every_client_command_works_over_https_with_auth() {
             data.to_str().unwrap(),
             "--name",
             "cli",
+            "--operator",
         ],
         None,
     );

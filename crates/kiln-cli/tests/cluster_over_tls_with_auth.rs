@@ -170,6 +170,7 @@ fn a_cluster_over_tls_with_auth_replicates_and_refuses_messages_without_its_key(
             data[0].to_str().unwrap(),
             "--name",
             "app",
+            "--operator",
         ],
         None,
     );

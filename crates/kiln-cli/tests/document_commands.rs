@@ -85,7 +85,15 @@ fn put_get_list_check_on_a_data_directory() {
 fn api_keys_are_created_listed_and_revoked() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let o = kiln(&["api-key", "create", "--data-dir", d, "--name", "ci"]);
+    let o = kiln(&[
+        "api-key",
+        "create",
+        "--data-dir",
+        d,
+        "--name",
+        "ci",
+        "--operator",
+    ]);
     assert!(o.status.success(), "{o:?}");
     let key = out(&o).trim().to_string();
     assert!(key.starts_with("kiln_"), "{key}");

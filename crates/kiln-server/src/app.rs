@@ -6,21 +6,21 @@
 //! `observe`, and hands anything the front layers could change to this router
 //! (`cross_origin::FrontLayers`).
 
+use crate::access::Need;
+use crate::audit::{Event, Outcome, RequestFacts};
+use crate::auth::Caller;
 use crate::error::{ApiError, ErrorCode};
 use crate::http_util::{visible_ascii, HeaderLookup};
-use crate::metrics::DOCUMENT_ROUTE;
 use crate::observe::{Exchange, KeyId, RequestId, REQUEST_ID_HEADER};
-use crate::routes::{
-    admin as routes_admin, bulk, changes, docs as routes_docs, queries, revisions, studio,
-    subscriptions,
-};
+use crate::route_table::Rule;
+use crate::routes::{admin as routes_admin, changes, studio};
 use crate::state::{AppState, ConnInfo, SharedState};
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{get, post};
 use axum::Router;
 use std::time::Instant;
 
@@ -29,15 +29,9 @@ const RAFT_MESSAGE_MAX_BYTES: usize = 256 << 20;
 
 /// The router with every layer (its front layers as `state.front` says).
 pub fn router(state: SharedState) -> Router {
-    let api = Router::new()
-        .merge(admin_routes())
-        .merge(document_routes())
-        .merge(attachment_routes())
-        .merge(backup_routes())
-        .merge(index_routes())
-        .merge(revision_routes())
-        .merge(subscription_routes())
-        .merge(cluster_routes());
+    // The rules are checked where they can refuse or record something.
+    let guarded = state.require_auth || state.audit.is_some();
+    let api = crate::route_table::api_routes(guarded.then(|| state.clone())).into_router();
     // Without authentication the layer would only pass requests on: leave it out.
     let api = if state.require_auth {
         api.route_layer(axum::middleware::from_fn_with_state(
@@ -72,144 +66,6 @@ pub fn router(state: SharedState) -> Router {
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .layer(crate::cross_origin::compression())
         .with_state(state)
-}
-
-/// The server and its databases: metrics, statistics, databases created and
-/// deleted, tombstones purged.
-fn admin_routes() -> Router<SharedState> {
-    Router::new()
-        .route("/metrics", get(routes_admin::metrics))
-        .route("/stats", get(routes_admin::server_stats))
-        .route("/dbs", get(routes_admin::list_databases))
-        .route(
-            "/dbs/{db}",
-            put(routes_admin::create_database)
-                .get(routes_admin::database_stats)
-                .delete(routes_admin::delete_database),
-        )
-        .route(
-            "/dbs/{db}/tombstones",
-            get(routes_admin::tombstones).delete(routes_admin::purge_tombstones),
-        )
-}
-
-/// Documents: read and written one at a time, in batches and in bulk, listed,
-/// and their changes.
-fn document_routes() -> Router<SharedState> {
-    Router::new()
-        .route("/dbs/{db}/docs", get(routes_docs::list_by_prefix))
-        .route(
-            DOCUMENT_ROUTE,
-            // An id with an `/attachments/{name}` tail is an attachment's path
-            // (`routes/attachments.rs`); any other goes to `routes/docs.rs`.
-            get(crate::routes::attachments::get)
-                .put(crate::routes::attachments::put)
-                .post(crate::routes::attachments::post)
-                .patch(crate::routes::attachments::patch)
-                .delete(crate::routes::attachments::delete)
-                // Attachments stream: no body limit beyond the disk's.
-                .layer(axum::extract::DefaultBodyLimit::disable()),
-        )
-        .route("/dbs/{db}/batch", post(routes_docs::batch))
-        .route("/dbs/{db}/bulk", post(bulk::bulk_insert))
-        .route("/dbs/{db}/changes", get(changes::pull))
-        .route("/dbs/{db}/changes/ws", get(changes::websocket))
-        .route("/dbs/{db}/collections", get(routes_docs::collections))
-        .route(
-            "/dbs/{db}/collections/{collection}/docs",
-            get(routes_docs::list_collection),
-        )
-}
-
-/// Attachments staged for a batch and their blobs (a document's attachments
-/// share the document route: `document_routes`).
-fn attachment_routes() -> Router<SharedState> {
-    Router::new()
-        .route(
-            "/dbs/{db}/attachments",
-            post(crate::routes::attachments::stage)
-                .get(crate::routes::attachments::list_blobs)
-                .layer(axum::extract::DefaultBodyLimit::disable()),
-        )
-        .route(
-            "/dbs/{db}/attachments/{hash}",
-            get(crate::routes::attachments::get_blob),
-        )
-}
-
-/// A database's backups and restores.
-fn backup_routes() -> Router<SharedState> {
-    Router::new()
-        .route("/dbs/{db}/backup", get(crate::routes::backup::backup))
-        .route(
-            "/dbs/{db}/backup/chain",
-            get(crate::routes::backup::chain_stats).delete(crate::routes::backup::chain_stop),
-        )
-        .route("/dbs/{db}/restore", post(crate::routes::backup::restore))
-}
-
-/// Indexes and the queries that use them.
-fn index_routes() -> Router<SharedState> {
-    Router::new()
-        .route("/dbs/{db}/indexes", get(queries::list_indexes))
-        .route(
-            "/dbs/{db}/indexes/{name}",
-            put(queries::put_index)
-                .get(queries::get_index)
-                .delete(queries::delete_index),
-        )
-        .route("/dbs/{db}/indexes/{name}/reset", post(queries::reset_index))
-        .route("/dbs/{db}/queries", post(queries::run_query))
-}
-
-/// Document revisions: which collections keep them, listed, purged, reverted to.
-fn revision_routes() -> Router<SharedState> {
-    Router::new()
-        .route(
-            "/dbs/{db}/revisions/config",
-            get(revisions::get_config).put(revisions::put_config),
-        )
-        .route(
-            "/dbs/{db}/revisions/docs/{*id}",
-            get(revisions::list).delete(revisions::purge),
-        )
-        .route("/dbs/{db}/revisions/revert/{*id}", post(revisions::revert))
-}
-
-/// Subscriptions to a database's changes, and their websockets.
-fn subscription_routes() -> Router<SharedState> {
-    Router::new()
-        .route(
-            "/dbs/{db}/subscriptions",
-            get(subscriptions::list).post(subscriptions::create),
-        )
-        .route(
-            "/dbs/{db}/subscriptions/{name}",
-            get(subscriptions::get_one).delete(subscriptions::delete),
-        )
-        .route(
-            "/dbs/{db}/subscriptions/{name}/ws",
-            get(subscriptions::websocket),
-        )
-}
-
-/// The cluster's status and membership (its Raft messages: `open_routes`).
-fn cluster_routes() -> Router<SharedState> {
-    Router::new()
-        .route("/cluster", get(crate::routes::cluster::status))
-        .route("/cluster/members", post(crate::routes::cluster::add_member))
-        .route(
-            "/cluster/leader",
-            post(crate::routes::cluster_leader::transfer),
-        )
-        .route(
-            "/cluster/members/{id}",
-            axum::routing::delete(crate::routes::cluster::remove_member),
-        )
-        .route(
-            "/cluster/members/{id}/promote",
-            post(crate::routes::cluster::promote_member),
-        )
 }
 
 /// The routes outside the API's layers (authentication, the follower's front
@@ -331,20 +187,29 @@ pub(crate) async fn with_request_id(resp: Response, id: &RequestId) -> Response 
     Response::from_parts(parts, Body::from(stamped))
 }
 
-/// With authentication on, a request needs a verified client certificate or a valid
-/// API key (`Authorization: Bearer <key>` or `X-Api-Key: <key>`).
+/// With authentication on, a request needs a registered client certificate or a
+/// valid API key (`Authorization: Bearer <key>` or `X-Api-Key: <key>`). The caller
+/// goes into the request's extensions for the route's rule (`route_table::guard`)
+/// and the handlers (a write keeps its key with the revisions it makes).
 async fn authenticate(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
-    let client_certificate = req
+    let certificate = req
         .extensions()
         .get::<ConnInfo>()
-        .is_some_and(|c| c.client_certificate);
+        .and_then(|c| c.client_certificate.clone());
     let headers = req.headers();
-    match admit(&state, client_certificate, || {
+    let admitted = admit(&state, certificate.as_deref(), || {
         presented_key(headers).or_else(|| key_from_websocket_protocol(headers))
-    }) {
-        Err(refused) => refused,
-        Ok(key) => {
-            // For the handlers too: a write keeps its key with the revisions it makes.
+    });
+    match admitted {
+        Err(refused) => {
+            audit_refusal(&state, &req, None, None, &refused);
+            refused.into_response()
+        }
+        Ok(caller) => {
+            let key = caller.as_ref().map(|c| KeyId(c.id.clone()));
+            if let Some(caller) = caller {
+                req.extensions_mut().insert(caller);
+            }
             if let Some(key) = &key {
                 req.extensions_mut().insert(key.clone());
             }
@@ -357,27 +222,169 @@ async fn authenticate(State(state): State<SharedState>, mut req: Request, next: 
     }
 }
 
+/// A request authentication or its route's rule refused.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// 401: no credential, or one that is not valid.
+    Unauthenticated(String),
+    /// 403: the caller's clearance falls short.
+    Forbidden(String),
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        match self {
+            Refused::Unauthenticated(message) => unauthorized(&message),
+            Refused::Forbidden(message) => {
+                ApiError::new(ErrorCode::Forbidden, message).into_response()
+            }
+        }
+    }
+}
+
 /// Admission, the one rule of both HTTP paths: with authentication on, a request
-/// needs a verified client certificate or a valid API key. `presented` finds the
-/// key the request presents (looked for only when needed). `Ok` lets the request
-/// in, with the key's id when a key let it in; `Err` is the 401 to answer.
+/// needs a registered client certificate (`certificate`: the thumbprint of the one
+/// the connection presented, verified by the configured CA) or a valid API key.
+/// `presented` finds the key the request presents (looked for only when needed).
+/// `Ok` lets the request in, with its caller when authentication is on.
 pub(crate) fn admit<'h>(
     state: &AppState,
-    client_certificate: bool,
+    certificate: Option<&str>,
     presented: impl FnOnce() -> Option<&'h str>,
-) -> Result<Option<KeyId>, Response> {
-    if !state.require_auth || client_certificate {
+) -> Result<Option<Caller>, Refused> {
+    if !state.require_auth {
         return Ok(None);
     }
+    if let Some(caller) = certificate.and_then(|t| state.keys.verify_certificate(t)) {
+        return Ok(Some(caller));
+    }
     let Some(key) = presented() else {
-        return Err(unauthorized("authentication required: send an API key (Authorization: Bearer <key>) or a client certificate"));
+        return Err(Refused::Unauthenticated(match certificate {
+            Some(thumbprint) => format!(
+                "the client certificate (SHA-256 {thumbprint}) is not registered with this server (kiln api-key create --certificate FILE), and no API key was sent"
+            ),
+            None => "authentication required: send an API key (Authorization: Bearer <key>) or a client certificate".to_string(),
+        }));
     };
     match state.keys.verify(key.trim()) {
-        Some(id) => Ok(Some(KeyId(id))),
-        None => Err(unauthorized(
-            "the API key is not valid (unknown, revoked or mistyped)",
+        Some(caller) => Ok(Some(caller)),
+        None => Err(Refused::Unauthenticated(
+            "the API key is not valid (unknown, revoked or mistyped)".to_string(),
         )),
     }
+}
+
+/// Whether the request's caller may make it, by its route's rule (`None`: the route
+/// declares no rule for this method, refused to everyone). With an audit log and
+/// an audited rule, `Ok` carries the entry to finish with the answer's status.
+pub(crate) fn authorize(
+    state: &AppState,
+    req: &Request,
+    rule: Option<&'static Rule>,
+    db: Option<&str>,
+) -> Result<Option<PendingAudit>, Response> {
+    let caller = req.extensions().get::<Caller>();
+    let verdict = match (rule, caller) {
+        (None, _) => Err(Refused::Forbidden(
+            "this route declares no permission for this method; nobody may use it".to_string(),
+        )),
+        (Some(rule), Some(caller)) => check_need(caller, rule.need, db),
+        (Some(_), None) => Ok(()),
+    };
+    if let Err(refused) = verdict {
+        audit_refusal(state, req, caller, db, &refused);
+        return Err(refused.into_response());
+    }
+    let audit = state.audit.clone();
+    Ok(rule
+        .and_then(|r| r.audit)
+        .zip(audit)
+        .map(|(event, log)| PendingAudit {
+            log,
+            event,
+            who: caller.cloned(),
+            database: db.map(str::to_string),
+            request: request_facts(req),
+        }))
+}
+
+/// The caller's clearance against a need; the refusal names what was missing.
+pub(crate) fn check_need(caller: &Caller, need: Need, db: Option<&str>) -> Result<(), Refused> {
+    need.check(&caller.clearance, db).map_err(|denied| {
+        Refused::Forbidden(format!("{denied} (key {} {:?})", caller.id, caller.name))
+    })
+}
+
+/// An audited request on its way: written with the status it is answered with.
+pub(crate) struct PendingAudit {
+    log: std::sync::Arc<crate::audit::AuditLog>,
+    event: &'static str,
+    who: Option<Caller>,
+    database: Option<String>,
+    request: RequestFacts,
+}
+
+impl PendingAudit {
+    pub(crate) fn finish(self, status: u16) {
+        self.log.record(&Event {
+            event: self.event,
+            outcome: Outcome::of_status(status),
+            who: self.who.as_deref(),
+            database: self.database.as_deref(),
+            request: Some(&self.request),
+            status: Some(status),
+            detail: None,
+        });
+    }
+}
+
+fn request_facts(req: &Request) -> RequestFacts {
+    RequestFacts {
+        method: req.method().as_str().to_string(),
+        path: req.uri().path().to_string(),
+        request_id: req
+            .extensions()
+            .get::<RequestId>()
+            .map(|id| id.as_str().to_string())
+            .unwrap_or_default(),
+        peer: req.extensions().get::<ConnInfo>().map(|c| c.peer),
+    }
+}
+
+/// A refusal in the audit log (`authentication.failed` or `access.denied`).
+pub(crate) fn audit_refusal(
+    state: &AppState,
+    req: &Request,
+    who: Option<&Caller>,
+    db: Option<&str>,
+    refused: &Refused,
+) {
+    if let Some(log) = &state.audit {
+        log_refusal(log, &request_facts(req), who, db, refused);
+    }
+}
+
+/// A refusal in the audit log, from either HTTP path.
+pub(crate) fn log_refusal(
+    log: &crate::audit::AuditLog,
+    request: &RequestFacts,
+    who: Option<&Caller>,
+    db: Option<&str>,
+    refused: &Refused,
+) {
+    let (event, status, why) = match refused {
+        Refused::Unauthenticated(why) => ("authentication.failed", 401, why),
+        Refused::Forbidden(why) => ("access.denied", 403, why),
+    };
+    log.record(&Event {
+        event,
+        outcome: Outcome::Refused,
+        who: who.map(|c| &**c),
+        database: db,
+        request: Some(request),
+        status: Some(status),
+        detail: Some(serde_json::Value::String(why.clone())),
+    });
 }
 
 /// The API key a request presents: `Authorization: Bearer <key>` or `X-Api-Key`.

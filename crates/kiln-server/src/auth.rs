@@ -3,11 +3,18 @@
 //! The secrets are 256 random bits, so a fast hash is enough: there is nothing to
 //! brute-force. The server re-reads the file when it changes, so keys created or
 //! revoked with the CLI take effect without a restart.
+//!
+//! A record is a key (the hash of its secret) or a client certificate (the SHA-256
+//! of its DER encoding, its thumbprint), with the clearance it carries
+//! (`access.rs`). Names need not be unique: during a rotation two keys or two
+//! certificates hold the same name while one replaces the other.
 
+use crate::access::Clearance;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 pub const API_KEYS_FILE: &str = "api-keys.json";
@@ -16,10 +23,21 @@ pub const API_KEYS_FILE: &str = "api-keys.json";
 pub struct ApiKeyRecord {
     pub id: String,
     pub name: String,
-    /// Hex SHA-256 of the secret part.
-    pub secret_sha256: String,
+    /// Hex SHA-256 of the secret part (a key's record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_sha256: Option<String>,
+    /// Hex SHA-256 of the certificate's DER encoding (a client certificate's record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_sha256: Option<String>,
     pub created_ms: u64,
+    /// What the key may do; records written before permissions existed have none
+    /// and keep opening everything (operator).
+    #[serde(default)]
+    pub clearance: Clearance,
 }
+
+/// Who a request comes from: the record that let it in.
+pub type Caller = Arc<ApiKeyRecord>;
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct KeyFile {
@@ -40,6 +58,14 @@ pub enum AuthError {
     NoSuchKey(String),
     #[error("invalid key name {0:?}: 1 to 64 printable characters")]
     InvalidName(String),
+    #[error("{path}: {source}", path = path.display())]
+    Certificate {
+        path: PathBuf,
+        #[source]
+        source: crate::tls::TlsError,
+    },
+    #[error("the certificate {thumbprint} is already registered (id {id}); revoke it first")]
+    CertificateExists { thumbprint: String, id: String },
 }
 
 fn key_file(data_dir: &Path) -> PathBuf {
@@ -84,30 +110,84 @@ fn write_keys(data_dir: &Path, file: &KeyFile) -> Result<(), AuthError> {
     Ok(())
 }
 
-fn sha256_hex(secret: &str) -> String {
-    hex::encode(Sha256::digest(secret.as_bytes()))
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
 }
 
-/// Creates a key and returns it in full; this is the only time the secret is seen.
-pub fn create_api_key(data_dir: &Path, name: &str) -> Result<(ApiKeyRecord, String), AuthError> {
+/// A record with a fresh id, its credential not yet set.
+fn new_record(name: &str, clearance: Clearance) -> Result<ApiKeyRecord, AuthError> {
     if name.is_empty() || name.len() > 64 || name.chars().any(|c| c.is_control()) {
         return Err(AuthError::InvalidName(name.to_string()));
     }
-    let mut file = read_keys(&key_file(data_dir))?;
-    let id = hex::encode(rand::random::<[u8; 4]>());
-    let secret = hex::encode(rand::random::<[u8; 32]>());
-    let record = ApiKeyRecord {
-        id: id.clone(),
+    Ok(ApiKeyRecord {
+        id: hex::encode(rand::random::<[u8; 4]>()),
         name: name.to_string(),
-        secret_sha256: sha256_hex(&secret),
+        secret_sha256: None,
+        certificate_sha256: None,
         created_ms: SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0),
-    };
+        clearance,
+    })
+}
+
+/// Creates a key and returns it in full; this is the only time the secret is seen.
+pub fn create_api_key(
+    data_dir: &Path,
+    name: &str,
+    clearance: Clearance,
+) -> Result<(ApiKeyRecord, String), AuthError> {
+    let mut record = new_record(name, clearance)?;
+    let mut file = read_keys(&key_file(data_dir))?;
+    let secret = hex::encode(rand::random::<[u8; 32]>());
+    record.secret_sha256 = Some(sha256_hex(secret.as_bytes()));
     file.keys.push(record.clone());
     write_keys(data_dir, &file)?;
-    Ok((record, format!("kiln_{id}_{secret}")))
+    let key = format!("kiln_{}_{secret}", record.id);
+    Ok((record, key))
+}
+
+/// The thumbprint a certificate is registered by: the hex SHA-256 of its DER bytes.
+pub fn certificate_thumbprint(der: &[u8]) -> String {
+    sha256_hex(der)
+}
+
+/// Registers the client certificate of a PEM file (its first certificate: the
+/// client's own, ahead of any chain) with a clearance. The server must also trust
+/// its issuer (`--tls-client-ca`) for the certificate to be presented at all.
+pub fn register_certificate(
+    data_dir: &Path,
+    name: &str,
+    clearance: Clearance,
+    certificate_pem: &Path,
+) -> Result<ApiKeyRecord, AuthError> {
+    let mut record = new_record(name, clearance)?;
+    let certs =
+        crate::tls::load_certs(certificate_pem).map_err(|source| AuthError::Certificate {
+            path: certificate_pem.to_path_buf(),
+            source,
+        })?;
+    // load_certs never returns an empty list.
+    let thumbprint = certs
+        .first()
+        .map(|c| certificate_thumbprint(c))
+        .unwrap_or_default();
+    let mut file = read_keys(&key_file(data_dir))?;
+    if let Some(existing) = file
+        .keys
+        .iter()
+        .find(|k| k.certificate_sha256.as_deref() == Some(thumbprint.as_str()))
+    {
+        return Err(AuthError::CertificateExists {
+            thumbprint,
+            id: existing.id.clone(),
+        });
+    }
+    record.certificate_sha256 = Some(thumbprint);
+    file.keys.push(record.clone());
+    write_keys(data_dir, &file)?;
+    Ok(record)
 }
 
 pub fn list_api_keys(data_dir: &Path) -> Result<Vec<ApiKeyRecord>, AuthError> {
@@ -154,7 +234,9 @@ impl FileVersion {
 /// Checks presented keys against the key file, re-reading it when it changed.
 pub struct KeyVerifier {
     path: PathBuf,
-    cache: Mutex<(Option<FileVersion>, Vec<ApiKeyRecord>)>,
+    cache: Mutex<(Option<FileVersion>, Vec<Caller>)>,
+    /// Where a change of the file is recorded (`--audit-log`).
+    audit: Option<Arc<crate::audit::AuditLog>>,
 }
 
 impl KeyVerifier {
@@ -162,36 +244,70 @@ impl KeyVerifier {
         let v = KeyVerifier {
             path: key_file(data_dir),
             cache: Mutex::new((None, Vec::new())),
+            audit: None,
         };
         v.refresh()?;
         Ok(v)
     }
 
-    fn refresh(&self) -> Result<(), AuthError> {
+    /// Records every later change of the key file in `audit`.
+    pub fn with_audit(mut self, audit: Option<Arc<crate::audit::AuditLog>>) -> KeyVerifier {
+        self.audit = audit;
+        self
+    }
+
+    /// Re-reads the file if it changed (and records what changed).
+    pub fn refresh(&self) -> Result<(), AuthError> {
         let version = FileVersion::of(&self.path);
         let mut cache = self.cache.lock();
         if cache.0 != version || version.is_none_or(|v| v.modified.is_none()) {
-            let keys = read_keys(&self.path)?.keys;
+            let keys: Vec<Caller> = read_keys(&self.path)?
+                .keys
+                .into_iter()
+                .map(Arc::new)
+                .collect();
+            if let Some(log) = &self.audit {
+                if let Some(detail) = crate::audit::key_changes(&cache.1, &keys) {
+                    log.record(&crate::audit::Event {
+                        event: "keys.changed",
+                        outcome: crate::audit::Outcome::Done,
+                        who: None,
+                        database: None,
+                        request: None,
+                        status: None,
+                        detail: Some(detail),
+                    });
+                }
+            }
             *cache = (version, keys);
         }
         Ok(())
     }
 
-    /// The id of the key (its public part), if `presented` is a valid one.
-    pub fn verify(&self, presented: &str) -> Option<String> {
+    /// The key's record, if `presented` is a valid key.
+    pub fn verify(&self, presented: &str) -> Option<Caller> {
         let rest = presented.strip_prefix("kiln_")?;
         let (id, secret) = rest.split_once('_')?;
+        let digest = sha256_hex(secret.as_bytes());
+        self.find(|k| {
+            k.id == id
+                && k.secret_sha256
+                    .as_deref()
+                    .is_some_and(|s| constant_time_eq(s.as_bytes(), digest.as_bytes()))
+        })
+    }
+
+    /// The record a client certificate (by its thumbprint) is registered with.
+    pub fn verify_certificate(&self, thumbprint: &str) -> Option<Caller> {
+        self.find(|k| k.certificate_sha256.as_deref() == Some(thumbprint))
+    }
+
+    fn find(&self, wanted: impl Fn(&ApiKeyRecord) -> bool) -> Option<Caller> {
         if let Err(e) = self.refresh() {
             // Keep the keys last read rather than locking everybody out.
             tracing::error!(error = %e, "could not re-read the API key file");
         }
-        let digest = sha256_hex(secret);
-        let cache = self.cache.lock();
-        cache
-            .1
-            .iter()
-            .find(|k| k.id == id && constant_time_eq(k.secret_sha256.as_bytes(), digest.as_bytes()))
-            .map(|k| k.id.clone())
+        self.cache.lock().1.iter().find(|k| wanted(k)).cloned()
     }
 }
 
@@ -208,12 +324,12 @@ mod tests {
     #[test]
     fn keys_are_hashed_at_rest_verified_and_revoked() {
         let dir = tempfile::tempdir().unwrap();
-        let (rec, key) = create_api_key(dir.path(), "ci").unwrap();
+        let (rec, key) = create_api_key(dir.path(), "ci", Clearance::Operator).unwrap();
         let on_disk = std::fs::read_to_string(dir.path().join(API_KEYS_FILE)).unwrap();
         let secret = key.rsplit('_').next().unwrap();
         assert!(!on_disk.contains(secret), "the secret must not be stored");
         let v = KeyVerifier::new(dir.path()).unwrap();
-        assert_eq!(v.verify(&key).as_deref(), Some(rec.id.as_str()));
+        assert_eq!(v.verify(&key).map(|k| k.id.clone()), Some(rec.id.clone()));
         assert_eq!(v.verify(&format!("{key}x")), None);
         assert_eq!(v.verify("kiln_nope_nope"), None);
         assert_eq!(v.verify(""), None);
@@ -226,6 +342,6 @@ mod tests {
             revoke_api_key(dir.path(), &rec.id),
             Err(AuthError::NoSuchKey(_))
         ));
-        assert!(create_api_key(dir.path(), "").is_err());
+        assert!(create_api_key(dir.path(), "", Clearance::Operator).is_err());
     }
 }

@@ -36,6 +36,10 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
     /// A line per request (`observe::finished`).
     pub access_log: crate::observe::AccessLog,
+    /// `--audit-log FILE`: security-relevant events, one JSON line each (`audit.rs`).
+    pub audit_log: Option<PathBuf>,
+    /// The audit log is rotated when it would grow past this.
+    pub audit_log_max_bytes: u64,
     /// This server as a node of a cluster; `None` for a single server.
     pub cluster: Option<ClusterSettings>,
     /// Documents whose `@metadata.@expires` has passed are deleted by a check this
@@ -191,6 +195,8 @@ impl ServerConfig {
             read_offload: crate::ReadOffload::Auto,
             cors_origins: Vec::new(),
             access_log: crate::observe::AccessLog::Off,
+            audit_log: None,
+            audit_log_max_bytes: crate::audit::DEFAULT_AUDIT_LOG_MAX_BYTES,
             cluster: None,
             expiration_check_ms: DEFAULT_EXPIRATION_CHECK_MS,
         }

@@ -49,6 +49,9 @@ error_codes! {
     MethodNotAllowed = "method_not_allowed" => METHOD_NOT_ALLOWED,
     /// No API key or client certificate, or a key that is not valid.
     Unauthorized = "unauthorized" => UNAUTHORIZED,
+    /// The caller's key or certificate lacks the permission the route needs (the
+    /// message names it).
+    Forbidden = "forbidden" => FORBIDDEN,
     /// A request line or head that does not parse (or plain HTTP on the TLS port).
     BadRequest = "bad_request" => BAD_REQUEST,
     InvalidPath = "invalid_path" => BAD_REQUEST,

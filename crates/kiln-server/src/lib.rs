@@ -2,7 +2,9 @@
 //! rule about documents lives in `kiln-docs`; this crate maps requests to calls and
 //! errors to statuses, enforces the limits, authenticates, and counts.
 
+pub mod access;
 mod app;
+pub mod audit;
 pub mod auth;
 mod changes;
 mod config;
@@ -19,6 +21,7 @@ mod metrics;
 mod observe;
 mod query_params;
 mod read_offload;
+mod route_table;
 mod routes;
 mod serve;
 mod state;
@@ -30,6 +33,7 @@ pub use config::{
 };
 pub use observe::AccessLog;
 pub use read_offload::ReadOffload;
+pub use route_table::{route_permissions, RouteRule, Rule};
 pub use serve::{RunningServer, ServeError};
 
 /// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.

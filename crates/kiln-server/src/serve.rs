@@ -49,6 +49,8 @@ pub enum ServeError {
     #[error(transparent)]
     Auth(#[from] AuthError),
     #[error(transparent)]
+    Audit(#[from] crate::audit::AuditError),
+    #[error(transparent)]
     Cluster(#[from] kiln_cluster::ClusterError),
 }
 
@@ -287,12 +289,21 @@ fn app_state(
     let front = crate::cross_origin::FrontLayers {
         cors_origins: config.cors_origins.clone(),
     };
+    let audit = match &config.audit_log {
+        Some(path) => Some(Arc::new(crate::audit::AuditLog::open(
+            path,
+            config.audit_log_max_bytes,
+        )?)),
+        None => None,
+    };
+    let keys = KeyVerifier::new(&config.data_dir)?.with_audit(audit.clone());
     Ok(Arc::new(AppState {
         store,
         metrics: Arc::new(Metrics::default()),
         limits: config.limits,
         require_auth: config.require_auth,
-        keys: Arc::new(KeyVerifier::new(&config.data_dir)?),
+        keys: Arc::new(keys),
+        audit,
         changes: config.changes,
         hubs: crate::changes::hub::Hubs::default(),
         heartbeat: crate::changes::start_heartbeat(Duration::from_millis(
@@ -336,6 +347,9 @@ fn start_tasks(
             shutdown_rx.clone(),
         ));
     }
+    if state.audit.is_some() {
+        tokio::spawn(watch_key_file(Arc::downgrade(&state), shutdown_rx.clone()));
+    }
     let conn_threads = match config.connection_threads {
         0 => None,
         threads => {
@@ -363,6 +377,23 @@ fn start_tasks(
         grace: Duration::from_millis(config.shutdown_grace_ms),
         conn_threads,
     })
+}
+
+/// With an audit log, a change of the key file (`kiln api-key create/revoke`) is
+/// recorded within a second, not only when a request next presents a key.
+async fn watch_key_file(state: std::sync::Weak<AppState>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tick.tick() => {}
+        }
+        let Some(state) = state.upgrade() else { return };
+        if let Err(e) = state.keys.refresh() {
+            tracing::warn!(error = %e, "could not re-read the API key file");
+        }
+    }
 }
 
 /// What the accept loop serves every connection with.
@@ -429,7 +460,11 @@ struct ConnParts {
 }
 
 impl ConnParts {
-    fn into_context(self, client_certificate: bool, read_timeout: Duration) -> ConnContext {
+    fn into_context(
+        self,
+        client_certificate: Option<Arc<str>>,
+        read_timeout: Duration,
+    ) -> ConnContext {
         ConnContext {
             info: ConnInfo {
                 peer: self.peer,
@@ -477,7 +512,7 @@ impl Accepted {
         let open = OpenConnection::count(self.parts.state.clone());
         let read_timeout = Duration::from_millis(self.parts.state.limits.request_read_timeout_ms);
         match self.tls {
-            None => serve_connection(stream, self.parts.into_context(false, read_timeout)).await,
+            None => serve_connection(stream, self.parts.into_context(None, read_timeout)).await,
             Some(acceptor) => serve_over_tls(stream, acceptor, self.parts, read_timeout).await,
         }
         drop(open);
@@ -500,11 +535,13 @@ async fn serve_over_tls(
     let peer = parts.peer;
     match tokio::time::timeout(read_timeout, acceptor.accept(stream)).await {
         Ok(Ok(tls_stream)) => {
+            // The client's own certificate comes first in what it presented.
             let client_certificate = tls_stream
                 .get_ref()
                 .1
                 .peer_certificates()
-                .is_some_and(|c| !c.is_empty());
+                .and_then(|chain| chain.first())
+                .map(|cert| Arc::from(crate::auth::certificate_thumbprint(cert)));
             serve_connection(
                 tls_stream,
                 parts.into_context(client_certificate, read_timeout),

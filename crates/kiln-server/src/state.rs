@@ -18,6 +18,8 @@ pub struct AppState {
     pub limits: Limits,
     pub require_auth: bool,
     pub keys: Arc<KeyVerifier>,
+    /// `--audit-log`: security-relevant events, one JSON line each.
+    pub audit: Option<Arc<crate::audit::AuditLog>>,
     pub changes: ChangesConfig,
     /// The changes hubs, one per database with subscribers.
     pub hubs: Hubs,
@@ -41,6 +43,7 @@ pub type SharedState = Arc<AppState>;
 #[derive(Clone, Debug)]
 pub struct ConnInfo {
     pub peer: std::net::SocketAddr,
-    /// The client presented a certificate that the configured CA verified.
-    pub client_certificate: bool,
+    /// The thumbprint (hex SHA-256 of its DER bytes) of the certificate the client
+    /// presented, which the configured CA verified.
+    pub client_certificate: Option<Arc<str>>,
 }

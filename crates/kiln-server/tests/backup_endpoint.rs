@@ -11,7 +11,12 @@ use std::time::{Duration, Instant};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backup_requires_auth_streams_and_stops_when_the_client_goes() {
     let dir = tempfile::tempdir().unwrap();
-    let (_record, key) = kiln_server::auth::create_api_key(dir.path(), "test").unwrap();
+    let (_record, key) = kiln_server::auth::create_api_key(
+        dir.path(),
+        "test",
+        kiln_server::access::Clearance::Operator,
+    )
+    .unwrap();
     let h = Harness::start_in(dir, |c| {
         c.require_auth = true;
         c.docs.delete_wait_ms = 300;
@@ -267,7 +272,12 @@ async fn increments_and_restore_into_the_running_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restore_endpoint_requires_auth() {
     let dir = tempfile::tempdir().unwrap();
-    let (_record, key) = kiln_server::auth::create_api_key(dir.path(), "test").unwrap();
+    let (_record, key) = kiln_server::auth::create_api_key(
+        dir.path(),
+        "test",
+        kiln_server::access::Clearance::Operator,
+    )
+    .unwrap();
     let h = Harness::start_in(dir, |c| c.require_auth = true).await;
     let r = restore(&h, "x", "", b"KILNBAK".to_vec()).await;
     expect_error(r, 401, "unauthorized").await;

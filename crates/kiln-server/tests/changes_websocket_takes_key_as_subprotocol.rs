@@ -39,7 +39,12 @@ fn refused_with(e: tokio_tungstenite::tungstenite::Error) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_key_in_subprotocol_authenticates() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, key) = auth::create_api_key(dir.path(), "browser").unwrap();
+    let (_, key) = auth::create_api_key(
+        dir.path(),
+        "browser",
+        kiln_server::access::Clearance::Operator,
+    )
+    .unwrap();
     let h = Harness::start_in(dir, |c| c.require_auth = true).await;
     let r = h
         .http

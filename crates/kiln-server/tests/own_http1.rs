@@ -203,7 +203,8 @@ async fn connection_close_is_honoured_after_the_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_write_skips_its_body_and_keeps_the_connection() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, key) = auth::create_api_key(dir.path(), "test").unwrap();
+    let (_, key) =
+        auth::create_api_key(dir.path(), "test", kiln_server::access::Clearance::Operator).unwrap();
     let h = Harness::start_in(dir, |c| c.require_auth = true).await;
     let r = h
         .http

@@ -606,7 +606,9 @@ impl Pair {
 
 /// Makes a key in a (stopped) seed directory; returns it.
 fn seed_key(dir: &Path) -> String {
-    auth::create_api_key(dir, "good").unwrap().1
+    auth::create_api_key(dir, "good", kiln_server::access::Clearance::Operator)
+        .unwrap()
+        .1
 }
 
 /// A small but well-formed request: `METHOD target HTTP/1.1`, `Host`, the given

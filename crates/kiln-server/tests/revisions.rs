@@ -225,7 +225,9 @@ async fn each_revision_names_the_key_that_wrote_it() {
     let keys: Vec<(String, String)> = ["put", "batch", "bulk", "revert"]
         .iter()
         .map(|name| {
-            let (record, key) = auth::create_api_key(dir.path(), name).unwrap();
+            let (record, key) =
+                auth::create_api_key(dir.path(), name, kiln_server::access::Clearance::Operator)
+                    .unwrap();
             (record.id, key)
         })
         .collect();

@@ -108,7 +108,12 @@ async fn studio_pages_assets_and_caching() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn studio_files_need_no_key_but_the_api_does() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, key) = auth::create_api_key(dir.path(), "studio").unwrap();
+    let (_, key) = auth::create_api_key(
+        dir.path(),
+        "studio",
+        kiln_server::access::Clearance::Operator,
+    )
+    .unwrap();
     let h = Harness::start_in(dir, |c| c.require_auth = true).await;
     let r = h.http.get(h.url("/studio/")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);

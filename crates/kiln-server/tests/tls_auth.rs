@@ -21,7 +21,8 @@ use std::time::Duration;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_keys_are_required_and_revocable() {
     let dir = tempfile::tempdir().unwrap();
-    let (record, key) = auth::create_api_key(dir.path(), "test").unwrap();
+    let (record, key) =
+        auth::create_api_key(dir.path(), "test", kiln_server::access::Clearance::Operator).unwrap();
     let h = Harness::start_in(dir, |c| c.require_auth = true).await;
     let dbs = h.url("/dbs");
 
@@ -111,7 +112,12 @@ async fn api_keys_are_required_and_revocable() {
     assert_eq!(r.status(), StatusCode::OK);
 
     // A key created while running works at once; a revoked one stops working.
-    let (_, second) = auth::create_api_key(&h.data_dir(), "second").unwrap();
+    let (_, second) = auth::create_api_key(
+        &h.data_dir(),
+        "second",
+        kiln_server::access::Clearance::Operator,
+    )
+    .unwrap();
     let r = h.http.get(&dbs).bearer_auth(&second).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     auth::revoke_api_key(&h.data_dir(), &record.id).unwrap();
@@ -135,8 +141,14 @@ async fn api_keys_are_required_and_revocable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revocation_with_an_unchanged_mtime_is_still_seen() {
     let dir = tempfile::tempdir().unwrap();
-    let (record, key) = auth::create_api_key(dir.path(), "test").unwrap();
-    let (_, other) = auth::create_api_key(dir.path(), "other").unwrap();
+    let (record, key) =
+        auth::create_api_key(dir.path(), "test", kiln_server::access::Clearance::Operator).unwrap();
+    let (_, other) = auth::create_api_key(
+        dir.path(),
+        "other",
+        kiln_server::access::Clearance::Operator,
+    )
+    .unwrap();
     let h = Harness::start_in(dir, |c| c.require_auth = true).await;
     let dbs = h.url("/dbs");
     let r = h.http.get(&dbs).bearer_auth(&key).send().await.unwrap();
@@ -172,6 +184,8 @@ struct Pki {
     /// A client certificate signed by the CA, with its key (for `Identity::from_pem`).
     client_identity: String,
     /// A client certificate signed by some other CA.
+    /// Signed by the trusted CA, but never registered with the server.
+    unregistered_identity: String,
     stranger_identity: String,
 }
 
@@ -220,6 +234,7 @@ fn pki() -> Pki {
         cert_path: write("server.pem", &format!("{}{}", server.pem(), ca.pem())),
         key_path: write("server.key", &server_key.serialize_pem()),
         client_identity: client_identity("trusted client", &ca, &ca_key),
+        unregistered_identity: client_identity("unregistered client", &ca, &ca_key),
         stranger_identity: client_identity("stranger", &other_ca, &other_key),
         dir,
     }
@@ -319,10 +334,22 @@ async fn https_with_a_trusted_ca_and_no_plain_http() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_certificates_authenticate_without_a_key() {
+async fn registered_client_certificates_authenticate_with_their_permissions() {
+    use kiln_server::access::{Clearance, DbGrant};
     let pki = pki();
     let dir = tempfile::tempdir().unwrap();
-    let (_, key) = auth::create_api_key(dir.path(), "test").unwrap();
+    let (_, key) = auth::create_api_key(dir.path(), "test", Clearance::Operator).unwrap();
+    // The certificate is registered by thumbprint, with admin of `mtls` only.
+    let cert_file = pki.dir.path().join("client.pem");
+    std::fs::write(&cert_file, &pki.client_identity).unwrap();
+    let mtls_admin = Clearance::Databases(vec![DbGrant::parse("mtls:admin").unwrap()]);
+    let record =
+        auth::register_certificate(dir.path(), "svc", mtls_admin.clone(), &cert_file).unwrap();
+    let again = auth::register_certificate(dir.path(), "svc", mtls_admin, &cert_file);
+    assert!(
+        matches!(again, Err(auth::AuthError::CertificateExists { .. })),
+        "{again:?}"
+    );
     let h = Harness::start_in(dir, |c| {
         c.tls = Some(tls_config(&pki, true));
         c.require_auth = true;
@@ -330,10 +357,33 @@ async fn client_certificates_authenticate_without_a_key() {
     .await;
     let base = format!("https://localhost:{}", h.addr.port());
 
-    // A certificate from the configured CA is enough.
+    // The registered certificate is enough, within its permissions.
     let with_cert = https_client(&pki, h.addr, Some(&pki.client_identity));
-    let r = with_cert.get(format!("{base}/dbs")).send().await.unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
+    let r = with_cert
+        .get(format!("{base}/whoami"))
+        .send()
+        .await
+        .unwrap();
+    let me: Value = r.json().await.unwrap();
+    assert_eq!(me["key_id"], record.id.as_str());
+    assert_eq!(me["kind"], "certificate");
+    assert_eq!(
+        me["clearance"],
+        json!({"databases": [{"database": "mtls", "access": "admin"}]})
+    );
+    let r = with_cert
+        .put(format!("{base}/dbs/elsewhere"))
+        .send()
+        .await
+        .unwrap();
+    let v = expect_error(r, 403, "forbidden").await;
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("admin on database \"elsewhere\""),
+        "{v}"
+    );
     let r = with_cert
         .put(format!("{base}/dbs/mtls"))
         .send()
@@ -347,6 +397,32 @@ async fn client_certificates_authenticate_without_a_key() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
+    let r = with_cert.get(format!("{base}/dbs")).send().await.unwrap();
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"databases": ["mtls"]})
+    );
+
+    // A certificate of the trusted CA that is not registered: 401 naming its
+    // thumbprint; with a valid key besides it, the key counts.
+    let unregistered = https_client(&pki, h.addr, Some(&pki.unregistered_identity));
+    let r = unregistered
+        .get(format!("{base}/dbs"))
+        .send()
+        .await
+        .unwrap();
+    let v = expect_error(r, 401, "unauthorized").await;
+    assert!(
+        v["message"].as_str().unwrap().contains("not registered"),
+        "{v}"
+    );
+    let r = unregistered
+        .get(format!("{base}/dbs/mtls/docs/a"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
 
     // No certificate and no key: 401. No certificate but a key: fine.
     let without = https_client(&pki, h.addr, None);

@@ -12,6 +12,7 @@ SERVER_ERROR_CODES: Dict[str, int] = {
     "not_found": 404,
     "method_not_allowed": 405,
     "unauthorized": 401,
+    "forbidden": 403,
     "bad_request": 400,
     "invalid_path": 400,
     "invalid_header": 400,

@@ -126,6 +126,14 @@ class AuthenticationError(KilnError):
     code = "unauthorized"
 
 
+class ForbiddenError(KilnError):
+    """403 ``forbidden``: the key or certificate lacks the permission the request needs
+    (the message names it: ``read``, ``read_write`` or ``admin`` of a database, or
+    ``operator``). Nothing was changed; retrying with the same key will not help."""
+
+    code = "forbidden"
+
+
 class NotFoundError(KilnError):
     """404."""
 
@@ -559,7 +567,7 @@ class IncrementNotPossibleError(ConflictError):
 ERROR_CLASSES: Dict[str, Type[KilnError]] = {
     cls.code: cls
     for cls in [
-        AuthenticationError, MethodNotAllowedError, UnsupportedMediaTypeError,
+        AuthenticationError, ForbiddenError, MethodNotAllowedError, UnsupportedMediaTypeError,
         RequestTimeoutError,
         TooManyConnectionsError, InvalidDatabaseNameError, InvalidIdError,
         InvalidCollectionError, MalformedJsonError, InvalidDocumentError, InvalidEtagError,
@@ -585,7 +593,7 @@ ERROR_CLASSES: Dict[str, Type[KilnError]] = {
 """Every error code the server sends, mapped to its exception class."""
 
 _BY_STATUS: Dict[int, Type[KilnError]] = {
-    400: BadRequestError, 401: AuthenticationError, 404: NotFoundError,
+    400: BadRequestError, 401: AuthenticationError, 403: ForbiddenError, 404: NotFoundError,
     405: MethodNotAllowedError, 408: RequestTimeoutError, 409: ConflictError,
     410: GoneError, 413: PayloadTooLargeError, 415: UnsupportedMediaTypeError,
     429: TooManyConnectionsError,

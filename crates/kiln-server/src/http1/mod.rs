@@ -65,7 +65,8 @@ where
         deadline: Instant::now() + cx.header_read_timeout,
         timer: Box::pin(tokio::time::sleep(cx.header_read_timeout)),
         read_timeout: cx.header_read_timeout,
-        client_certificate: cx.info.client_certificate,
+        client_certificate: cx.info.client_certificate.clone(),
+        peer: cx.info.peer,
         state: cx.state.clone(),
         shutdown: cx.shutdown.clone(),
         shutdown_signal: Some(Box::pin(shutdown_signal(cx.shutdown.clone()))),
@@ -108,7 +109,9 @@ struct Conn<S> {
     deadline: Instant,
     timer: Pin<Box<Sleep>>,
     read_timeout: Duration,
-    client_certificate: bool,
+    /// The thumbprint of the client's verified certificate (`ConnInfo`).
+    client_certificate: Option<std::sync::Arc<str>>,
+    peer: std::net::SocketAddr,
     state: SharedState,
     shutdown: watch::Receiver<bool>,
     /// Resolves at shutdown; made once per connection (a `changed()` per wait
@@ -233,15 +236,43 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         Ok(())
     }
 
-    /// Admission (`app::admit`), as the router's `authenticate` does it.
-    fn admit(&self, head: &DocHead) -> Result<Option<KeyId>, axum::response::Response> {
-        let headers = HeadHeaders {
-            head,
-            buf: self.pending(),
-        };
-        crate::app::admit(&self.state, self.client_certificate, || {
+    /// Admission (`app::admit`) and the document route's rule, as the router's
+    /// `authenticate` and `route_table::guard` do them; a refusal is audited.
+    fn admit(
+        &self,
+        head: &DocHead,
+        id: &RequestId,
+    ) -> Result<Option<KeyId>, axum::response::Response> {
+        use crate::route_table::{rule_for, DOCUMENT_RULES};
+        let pending = self.pending();
+        let headers = HeadHeaders { head, buf: pending };
+        let db = head.db(pending);
+        let mut who = None;
+        let verdict = crate::app::admit(&self.state, self.client_certificate.as_deref(), || {
             crate::app::presented_key(&headers)
         })
+        .and_then(|caller| {
+            who = caller;
+            match (&who, rule_for(DOCUMENT_RULES, head.method.as_str())) {
+                (Some(caller), Some(rule)) => crate::app::check_need(caller, rule.need, Some(db)),
+                _ => Ok(()),
+            }
+        });
+        match verdict {
+            Ok(()) => Ok(who.map(|caller| KeyId(caller.id.clone()))),
+            Err(refused) => {
+                if let Some(log) = &self.state.audit {
+                    let facts = crate::audit::RequestFacts {
+                        method: head.method.as_str().to_string(),
+                        path: format!("/dbs/{db}/docs/{}", head.id(pending)),
+                        request_id: id.as_str().to_string(),
+                        peer: Some(self.peer),
+                    };
+                    crate::app::log_refusal(log, &facts, who.as_ref(), Some(db), &refused);
+                }
+                Err(refused.into_response())
+            }
+        }
     }
 
     async fn get(
@@ -250,7 +281,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         id: &RequestId,
         close: bool,
     ) -> (Answered, Option<KeyId>) {
-        let (answered, key) = match self.admit(head) {
+        let (answered, key) = match self.admit(head, id) {
             Err(refused) => (Err(refused), None),
             Ok(key) if self.state.read_offload.now() => {
                 (self.get_offloaded(head, id, close).await, key)
@@ -330,7 +361,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         id: &RequestId,
         close: bool,
     ) -> ((Answered, Option<KeyId>), bool) {
-        let admitted = self.admit(head);
+        let admitted = self.admit(head, id);
         let key = admitted.as_ref().ok().cloned().flatten();
         let checked = admitted.and_then(|_| {
             let pending = self.pending();

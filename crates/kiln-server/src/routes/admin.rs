@@ -1,5 +1,6 @@
 //! Databases, stats, metrics and health.
 
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::http_util::{blocking, json_value, ApiPath};
 use crate::query_params::{NoParams, Params};
@@ -56,11 +57,37 @@ pub async fn metrics(_: NoParams, State(state): State<SharedState>) -> Response 
     r
 }
 
-pub async fn list_databases(_: NoParams, State(state): State<SharedState>) -> Response {
-    json_value(
-        StatusCode::OK,
-        json!({"databases": state.store.database_names()}),
-    )
+/// The databases the caller may read (all of them without authentication).
+pub async fn list_databases(
+    _: NoParams,
+    State(state): State<SharedState>,
+    caller: Option<axum::Extension<Caller>>,
+) -> Response {
+    let mut names = state.store.database_names();
+    if let Some(axum::Extension(caller)) = caller {
+        names.retain(|db| caller.clearance.access_to(db).is_some());
+    }
+    json_value(StatusCode::OK, json!({"databases": names}))
+}
+
+/// Who the request comes from and what it may do: the studio and the clients
+/// show only what the caller may use.
+pub async fn whoami(_: NoParams, caller: Option<axum::Extension<Caller>>) -> Response {
+    let body = match caller {
+        Some(axum::Extension(c)) => json!({
+            "authenticated": true,
+            "key_id": c.id,
+            "name": c.name,
+            "kind": if c.certificate_sha256.is_some() { "certificate" } else { "key" },
+            "clearance": c.clearance,
+        }),
+        // Without authentication every caller may do everything.
+        None => json!({
+            "authenticated": false,
+            "clearance": crate::access::Clearance::Operator,
+        }),
+    };
+    json_value(StatusCode::OK, body)
 }
 
 pub async fn create_database(
