@@ -16,7 +16,8 @@ export {
   DocumentStore, docPath, stripQuotes, withExpiry,
   type DocumentStoreOptions, type Doc, type KilnResponse, type RequestOptions, type BatchOp, type BatchResult,
   type Revision, type RevisionsConfig, type AttachmentInfo, type AttachmentStream, type GetAttachmentOptions,
-  type WebSocketConstructor,
+  type WebSocketConstructor, type ListDocumentsOptions, type DocumentPage, type CollectionInfo, type IndexField,
+  type IndexDefinition, type IndexInfo, type ServerStats, type DatabaseFigures, type ClusterStatus, type ClusterMember,
 } from "./store.js";
 export { Session, type SessionOptions } from "./session.js";
 export { Query, checkField, quoteString, type QueryResult, type AggregateFunction } from "./query.js";

@@ -670,6 +670,100 @@ export class DocumentStore {
     return (await this.request("GET", this.dbPath)).json<Doc>();
   }
 
+  // --- the server, listings and indexes ------------------------------------------------
+
+  /** The server's databases (`GET /dbs`); the same whatever the store's database. */
+  async databaseNames(): Promise<string[]> {
+    return (await this.request("GET", "/dbs")).json<{ databases: string[] }>().databases;
+  }
+
+  /**
+   * `GET /stats`: the server's figures and every database's (counters since the server
+   * started: take differences for rates); the same whatever the store's database.
+   */
+  async serverStats(): Promise<ServerStats> {
+    return (await this.request("GET", "/stats")).json<ServerStats>();
+  }
+
+  /**
+   * `GET /cluster`: the cluster as the node in use ({@link url}) sees it. A server
+   * started without `--cluster` answers with a `NotClusteredError`.
+   */
+  async clusterStatus(): Promise<ClusterStatus> {
+    return (await this.request("GET", "/cluster")).json<ClusterStatus>();
+  }
+
+  /** The database's collections and how many documents each holds. */
+  async collections(): Promise<CollectionInfo[]> {
+    return (await this.request("GET", `${this.dbPath}/collections`)).json<{ collections: CollectionInfo[] }>().collections;
+  }
+
+  /**
+   * One page of the database's documents (with `@metadata`): those whose id starts with
+   * `prefix` (default: every one) in id order, or with `collection` a collection's in
+   * etag order (oldest write first). `after` continues after the previous page: give
+   * its `next`, which is null on the last page.
+   */
+  async listDocuments<T extends Doc = Doc>(opts: ListDocumentsOptions = {}): Promise<DocumentPage<T>> {
+    const { prefix, collection, after, pageSize } = opts;
+    if (prefix !== undefined && collection !== undefined) {
+      throw new InvalidArgumentError("listDocuments() takes a prefix or a collection, not both");
+    }
+    if (pageSize !== undefined && (!Number.isInteger(pageSize) || pageSize < 1)) {
+      throw new InvalidArgumentError(`pageSize must be a positive integer, not ${pageSize}`);
+    }
+    let r: KilnResponse;
+    if (collection !== undefined) {
+      if (typeof collection !== "string" || collection.length === 0) {
+        throw new InvalidArgumentError(`a collection name is a non-empty string, not ${JSON.stringify(collection)}`);
+      }
+      r = await this.request("GET", `${this.dbPath}/collections/${encodeURIComponent(collection)}/docs`,
+        { params: { after, page_size: pageSize } });
+    } else {
+      r = await this.request("GET", `${this.dbPath}/docs`, { params: { prefix, start_after: after, page_size: pageSize } });
+    }
+    const page = r.json<{ results: T[]; next?: string | null }>();
+    return { results: page.results, next: page.next ?? null };
+  }
+
+  private indexPath(name: string): string {
+    if (typeof name !== "string" || name.length === 0) {
+      throw new InvalidArgumentError(`an index name is a non-empty string, not ${JSON.stringify(name)}`);
+    }
+    return `${this.dbPath}/indexes/${encodeURIComponent(name)}`;
+  }
+
+  /** The database's indexes (auto indexes included) with their state. */
+  async indexes(): Promise<IndexInfo[]> {
+    return (await this.request("GET", `${this.dbPath}/indexes`)).json<{ indexes: IndexInfo[] }>().indexes;
+  }
+
+  /** One index's definition and state (`IndexNotFoundError` if there is none). */
+  async getIndex(name: string): Promise<IndexInfo> {
+    return (await this.request("GET", this.indexPath(name))).json<IndexInfo>();
+  }
+
+  /**
+   * Defines an index; the server fills it in the background (`stale` until it has
+   * caught up). The same definition again changes nothing; another one under a name
+   * in use is an `IndexExistsError`.
+   */
+  async defineIndex(name: string, definition: IndexDefinition): Promise<IndexInfo> {
+    if (definition === null || typeof definition !== "object" || Array.isArray(definition)) {
+      throw new InvalidArgumentError("an index definition is an object ({collection, fields} or {collection, group_by, aggregate})");
+    }
+    return (await this.request("PUT", this.indexPath(name), { json: definition })).json<IndexInfo>();
+  }
+
+  /** Rebuilds the index from scratch (empty at once, refilled in the background). */
+  async resetIndex(name: string): Promise<IndexInfo> {
+    return (await this.request("POST", `${this.indexPath(name)}/reset`)).json<IndexInfo>();
+  }
+
+  async deleteIndex(name: string): Promise<void> {
+    await this.request("DELETE", this.indexPath(name));
+  }
+
   /** One document (through the cache), or undefined; outside any session. */
   async get<T extends Doc = Doc>(id: string): Promise<T | undefined> {
     try {
@@ -681,11 +775,20 @@ export class DocumentStore {
     }
   }
 
-  /** Writes one document outside any session; returns its new etag. */
-  async put(id: string, document: Doc, opts: { ifMatch?: string; expires?: Date } = {}): Promise<string> {
+  /**
+   * Writes one document outside any session; returns its new etag. `ifMatch`: only if
+   * the document has that etag; `ifNoneMatch: "*"`: only if there is no such document
+   * (create-only). Either failing is a {@link ConcurrencyError}.
+   */
+  async put(id: string, document: Doc, opts: { ifMatch?: string; ifNoneMatch?: "*"; expires?: Date } = {}): Promise<string> {
     checkDocument(document);
     const headers: Record<string, string> = {};
     if (opts.ifMatch) headers["if-match"] = `"${opts.ifMatch}"`;
+    if (opts.ifNoneMatch !== undefined) {
+      if (opts.ifNoneMatch !== "*") throw new InvalidArgumentError(`ifNoneMatch takes only "*", not ${JSON.stringify(opts.ifNoneMatch)}`);
+      if (opts.ifMatch) throw new InvalidArgumentError("ifMatch and ifNoneMatch exclude each other");
+      headers["if-none-match"] = "*";
+    }
     const r = await this.request("PUT", this.docPath(id), { json: withExpiry(document, opts.expires), headers });
     this.invalidate(id);
     return String(r.json<{ etag: string }>().etag);
@@ -969,4 +1072,133 @@ export interface BatchResult {
 
 export interface RevisionsConfig {
   collections: Record<string, { max_revisions?: number; max_age_ms?: number | null }>;
+}
+
+/** The options of {@link DocumentStore.listDocuments}. */
+export interface ListDocumentsOptions {
+  /** Documents whose id starts with this, in id order (default: every document). */
+  prefix?: string;
+  /** A collection's documents instead, in etag order (oldest write first). */
+  collection?: string;
+  /** The previous page's `next`. */
+  after?: string;
+  /** Documents per page (server default 100, at most its `--max-page-size`). */
+  pageSize?: number;
+}
+
+/** A page of {@link DocumentStore.listDocuments}: `next` continues it (null: the last page). */
+export interface DocumentPage<T extends Doc = Doc> {
+  results: T[];
+  next: string | null;
+}
+
+export interface CollectionInfo {
+  name: string;
+  documents: number;
+}
+
+/** A field of an index: a path (`age`, `address.city`, `tags[]`) or the path with options. */
+export type IndexField = string | {
+  path: string;
+  case_insensitive?: boolean;
+  /** A full-text field (queried with `search(path, ...)`); an index's fields are all full-text or none. */
+  search?: boolean;
+  /** A full-text field's analyzer: standard (default), keyword, or a language (english, french, ...). */
+  analyzer?: string;
+};
+
+/**
+ * What `PUT /dbs/{db}/indexes/{name}` takes: a map or full-text index (`fields`, at
+ * most 8), or a reduce index (`group_by` and `aggregate`: output name -> `count()`,
+ * `sum(path)`, `avg(path)`, `min(path)`, `max(path)`). `collection` absent or null:
+ * every document of the database.
+ */
+export interface IndexDefinition {
+  collection?: string | null;
+  fields?: IndexField[];
+  group_by?: IndexField[];
+  aggregate?: Record<string, string>;
+}
+
+/** An index and its state, as the server shows it. */
+export interface IndexInfo {
+  name: string;
+  collection: string | null;
+  fields: { path: string; case_insensitive?: boolean; search?: boolean; analyzer?: string }[];
+  auto: boolean;
+  last_indexed_etag: string | null;
+  database_etag: string | null;
+  /** Documents written since the index last caught up. */
+  docs_behind: number;
+  stale: boolean;
+  entries: number;
+  /** Documents that could not be indexed (a few in `error_samples`). */
+  errors: number;
+  error_samples: { id?: string; error?: string }[];
+  batch_size: number;
+  docs_per_sec: number;
+  group_by?: { path: string; case_insensitive?: boolean }[];
+  aggregate?: Record<string, string>;
+}
+
+/** One database's figures in {@link ServerStats} (counters since the server started). */
+export interface DatabaseFigures {
+  name: string;
+  documents: number;
+  /** Its last etag sequence (every put and delete takes one). */
+  documents_written: number;
+  data_file_bytes: number;
+  commits: number;
+  commit_groups: number;
+  commit_units: number;
+  journal_writes: number;
+  journal_bytes: number;
+  journal_write_p50_us: number;
+  journal_write_p99_us: number;
+  data_syncs: number;
+  data_sync_p99_us: number;
+  pages_written_back: number;
+  pages_unflushed: number;
+  readers_open: number;
+}
+
+/** `GET /stats`. */
+export interface ServerStats {
+  uptime_seconds: number;
+  connections_open: number;
+  connections_total: number;
+  ws_connections_open: number;
+  /** Requests answered by status class: `{"2xx": n, "3xx": n, "4xx": n, "5xx": n}`. */
+  http_requests_by_status: Record<string, number>;
+  /** Null where /proc is missing. */
+  resident_memory_bytes: number | null;
+  databases: DatabaseFigures[];
+}
+
+/** A member of a cluster as `GET /cluster` shows it (`applied` and `lag` known for every member on the leader, for itself elsewhere). */
+export interface ClusterMember {
+  id: number;
+  address: string;
+  /** `leader`, `follower` or `learner`. */
+  role: string;
+  applied: number | null;
+  lag: number | null;
+}
+
+/** `GET /cluster`: the cluster as one node sees it. */
+export interface ClusterStatus {
+  node_id: number;
+  /** The leader's id, null while there is none. */
+  leader: number | null;
+  term: number;
+  /** This node's role: `leader`, `follower`, `candidate` or `learner`. */
+  state: string;
+  last_log_index: number | null;
+  last_applied: number | null;
+  snapshot_index: number | null;
+  purged_index: number | null;
+  /** On a leader: whether a majority acknowledged it within the election timeout (null elsewhere). */
+  has_quorum: boolean | null;
+  quorum_ack_age_ms: number | null;
+  members: ClusterMember[];
 }

@@ -29,9 +29,14 @@ test("no key: AuthenticationError; a key: reads, writes, the changes feed and a 
   await assert.rejects(anon.createDatabase(), (e) => e instanceof K.AuthenticationError && e.status === 401);
   const bad = new K.DocumentStore(server.url, db, { apiKey: "not-a-key" });
   await assert.rejects(bad.get("a/1"), K.AuthenticationError);
+  // The server-wide calls too (the studio asks for a key on this error).
+  await assert.rejects(anon.serverStats(), K.AuthenticationError);
+  await assert.rejects(bad.databaseNames(), K.AuthenticationError);
 
   const store = new K.DocumentStore(server.url, db, { apiKey: key });
   await store.createDatabase();
+  assert.ok((await store.databaseNames()).includes(db));
+  assert.ok((await store.serverStats()).databases.some((d) => d.name === db));
   const changes = store.changes();
   t.after(() => changes.close());
   const sub = changes.forAll();

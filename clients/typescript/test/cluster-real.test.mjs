@@ -57,6 +57,13 @@ test("writes reach the leader, a follower's 307 is followed, a killed leader is 
     }
     assert.equal(doc["@metadata"]["@etag"], etag, u);
   }
+  // GET /cluster as the node in use (the first URL) sees it.
+  const status = await store.clusterStatus();
+  assert.equal(status.node_id, 1);
+  assert.equal(`http://${status.members.find((m) => m.id === status.leader)?.address}`, leader);
+  assert.deepEqual(status.members.map((m) => m.id).sort(), [1, 2, 3]);
+  assert.equal(status.members.filter((m) => m.role === "leader").length, 1);
+  assert.ok(status.term >= 1 && status.last_applied !== null, JSON.stringify(status));
   // A store given one follower's URL: its write is redirected (307) to the leader.
   const follower = urls.find((u) => u !== leader);
   const single = new K.DocumentStore(follower, db);

@@ -47,6 +47,9 @@ test("the README's examples run against a real server", () => {
     assert.match(out, /^10$/m, "ten groups");
     assert.match(out, /^206 hello$/m);
     assert.match(out, /^ship orders\/1$/m);
+    assert.match(out, /^true true$/m, "the database in GET /stats");
+    assert.match(out, /^users-by-age$/m, "an index defined and read back");
+    assert.match(out, /^not clustered$/m, "GET /cluster of a single server");
   } finally {
     rmSync(file, { force: true });
   }

@@ -2,6 +2,7 @@
 // test/package.test.cjs with tsc --noEmit; never run).
 import {
   DocumentStore, ConcurrencyError, KilnError, type Doc, type QueryResult, type Change, WriteOutcomeUnknownError,
+  NotClusteredError, type ServerStats, type ClusterStatus, type DocumentPage, type IndexInfo,
 } from "kiln-client";
 
 interface User extends Doc {
@@ -45,4 +46,23 @@ export async function example(): Promise<void> {
   const stream: ReadableStream<Uint8Array> = att.body;
   void stream;
   await store.subscription("s").run(async (batch) => { void batch.documents.length; }, { strategy: "take_over" });
+  const stats: ServerStats = await store.serverStats();
+  const p99: number = stats.databases[0]!.journal_write_p99_us;
+  void p99;
+  try {
+    const cluster: ClusterStatus = await store.clusterStatus();
+    const leader: number | null = cluster.leader;
+    void leader;
+  } catch (e) {
+    if (!(e instanceof NotClusteredError)) throw e;
+  }
+  const page: DocumentPage<User> = await store.listDocuments<User>({ prefix: "users/", pageSize: 10 });
+  const next: string | null = page.next;
+  void next;
+  const names: string[] = await store.databaseNames();
+  void names;
+  const idx: IndexInfo = await store.defineIndex("by-age", { collection: "users", fields: ["age", { path: "name", case_insensitive: true }] });
+  const behind: number = idx.docs_behind;
+  void behind;
+  await store.put("users/3", { name: "y", age: 2 }, { ifNoneMatch: "*" });
 }
