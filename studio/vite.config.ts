@@ -1,3 +1,4 @@
+import { fileURLToPath } from 'node:url';
 import { defineConfig } from 'vite';
 
 // The studio is served by `kiln serve` under /studio/ from the binary itself: every
@@ -5,6 +6,12 @@ import { defineConfig } from 'vite';
 // index.html (the server's Content-Security-Policy allows no inline script or style).
 // `npm run dev` serves the sources and sends the API to a running `kiln serve`
 // (KILN_URL, default http://127.0.0.1:8080).
+//
+// Every request goes through kiln-client, the repository's TypeScript client, bundled
+// from its sources (clients/typescript/src; tsconfig.json's `paths` says the same to
+// tsc): `npm ci` here is all a build needs (no build of the client first, no copy of
+// it in node_modules), and Rollup keeps only what the studio reaches.
+const client = fileURLToPath(new URL('../clients/typescript/src', import.meta.url));
 const kiln = process.env.KILN_URL ?? 'http://127.0.0.1:8080';
 const proxy = Object.fromEntries(
   ['/dbs', '/stats', '/health', '/metrics', '/cluster'].map((p) => [p, { target: kiln, ws: true, changeOrigin: true }]),
@@ -12,7 +19,8 @@ const proxy = Object.fromEntries(
 
 export default defineConfig({
   base: '/studio/',
-  server: { proxy },
+  resolve: { alias: { 'kiln-client': `${client}/index.ts` } },
+  server: { proxy, fs: { allow: ['.', client] } },
   esbuild: { jsx: 'automatic', jsxImportSource: 'preact' },
   build: {
     outDir: 'dist',

@@ -1,25 +1,12 @@
-// The one door to the server's HTTP API. The API key (when the server runs with
-// --auth) lives in sessionStorage and travels only in the Authorization header, never
-// in a URL; the changes WebSocket carries it as a subprotocol (see openChanges).
+// The studio's requests all go through kiln-client (clients/typescript, bundled from
+// its sources: see vite.config.ts): one DocumentStore per database, made with the API
+// key of the moment. The key (when the server runs with --auth) lives in
+// sessionStorage and travels only in the Authorization header, never in a URL; the
+// client's changes feed carries it as the WebSocket subprotocol `kiln.key.<key>`.
+
+import { AuthenticationError, DocumentStore, KilnError } from 'kiln-client';
 
 const KEY_STORAGE = 'kiln.studio.apiKey';
-
-export class ApiError extends Error {
-  constructor(
-    public status: number,
-    public code: string,
-    message: string,
-    public body: any,
-  ) {
-    super(message);
-  }
-}
-
-export interface Answer<T = any> {
-  status: number;
-  etag: string | null;
-  body: T;
-}
 
 type AuthListener = () => void;
 let authListeners: AuthListener[] = [];
@@ -41,62 +28,49 @@ export function onAuthRequired(f: AuthListener): () => void {
   };
 }
 
-export async function api<T = any>(
-  method: string,
-  path: string,
-  body?: unknown,
-  headers: Record<string, string> = {},
-): Promise<Answer<T>> {
-  const h: Record<string, string> = { Accept: 'application/json', ...headers };
+let stores = new Map<string, DocumentStore>();
+let storesKey: string | null = null;
+
+/** The client for database `db`, on the server that serves the studio, with the
+ * current key (a new key, after a sign-in or out, makes new stores). */
+export function store(db: string): DocumentStore {
   const key = apiKey();
-  if (key) h['Authorization'] = `Bearer ${key}`;
-  let payload: string | undefined;
-  if (body !== undefined) {
-    payload = typeof body === 'string' ? body : JSON.stringify(body);
-    h['Content-Type'] = 'application/json';
+  if (key !== storesKey) {
+    for (const s of stores.values()) void s.close();
+    stores = new Map();
+    storesKey = key;
   }
-  const r = await fetch(path, { method, headers: h, body: payload, cache: 'no-store' });
-  const text = await r.text();
-  let parsed: any = null;
-  if (text) {
-    try {
-      parsed = JSON.parse(text);
-    } catch {
-      parsed = text;
-    }
+  let s = stores.get(db);
+  if (!s) {
+    s = new DocumentStore(location.origin, db, {
+      apiKey: key ?? undefined,
+      // A query may wait up to 30 s for its index (wait_for_non_stale_ms).
+      timeoutMs: 60_000,
+      cacheSizeBytes: 8 << 20,
+    });
+    stores.set(db, s);
   }
-  if (r.status === 401) authListeners.forEach((f) => f());
-  if (!r.ok) {
-    const code = parsed && typeof parsed === 'object' ? parsed.error ?? 'error' : 'error';
-    const msg = parsed && typeof parsed === 'object' ? parsed.message ?? text : text || r.statusText;
-    throw new ApiError(r.status, code, `${r.status} ${code}: ${msg}`, parsed);
-  }
-  return { status: r.status, etag: r.headers.get('ETag'), body: parsed as T };
+  return s;
 }
 
-export const enc = encodeURIComponent;
+/** For the server-wide calls (databaseNames, serverStats, clusterStatus), which
+ * answer the same whatever the store's database: this name is never sent. */
+export const server = () => store('studio');
 
-/** A document id in a URL path: each '/'-separated part encoded, the slashes kept,
- * except in an id containing '/attachments/', which the server would read as an
- * attachment's path: there every slash is encoded too. */
-export function encId(id: string): string {
-  return id.includes('/attachments/') ? enc(id) : id.split('/').map(enc).join('/');
+/** Waits for a client call; a 401 (AuthenticationError) makes the studio ask for a key. */
+export async function call<T>(p: Promise<T>): Promise<T> {
+  try {
+    return await p;
+  } catch (e) {
+    if (e instanceof AuthenticationError) authListeners.forEach((f) => f());
+    throw e;
+  }
 }
 
-export function docUrl(db: string, id: string): string {
-  return `/dbs/${enc(db)}/docs/${encId(id)}`;
-}
-
-/** The changes feed over a WebSocket. Browsers cannot set headers on a WebSocket, so
- * the key is offered as the subprotocol `kiln.key.<key>` beside `kiln.changes.v1`,
- * which is the one the server selects (it never echoes the key). */
-export function openChanges(db: string): WebSocket {
-  const scheme = location.protocol === 'https:' ? 'wss:' : 'ws:';
-  const url = `${scheme}//${location.host}/dbs/${enc(db)}/changes/ws`;
-  const key = apiKey();
-  const protocols = ['kiln.changes.v1'];
-  if (key) protocols.push(`kiln.key.${key}`);
-  return new WebSocket(url, protocols);
+/** A document's etag, from its `@metadata`. */
+export function etagOf(doc: Record<string, unknown> | undefined): string | null {
+  const m = doc?.['@metadata'] as Record<string, unknown> | undefined;
+  return typeof m?.['@etag'] === 'string' ? m['@etag'] : null;
 }
 
 export function formatBytes(n: number): string {
@@ -110,6 +84,10 @@ export function formatBytes(n: number): string {
   return `${n.toFixed(i === 0 ? 0 : 1)} ${units[i]}`;
 }
 
+/** An error as shown: a client error (KilnError) with its HTTP status and code
+ * (`400 invalid_query: ...`; the client's own, such as `connection_failed`, have no
+ * status), else the message. Not the class's name: minified, it is a letter or two. */
 export function errorText(e: unknown): string {
+  if (e instanceof KilnError) return `${e.status ? `${e.status} ` : ''}${e.code}: ${e.message}`;
   return e instanceof Error ? e.message : String(e);
 }

@@ -1,6 +1,7 @@
 import { render } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
-import { api, apiKey, ApiError, errorText, onAuthRequired, setApiKey } from './api';
+import { AuthenticationError } from 'kiln-client';
+import { apiKey, errorText, onAuthRequired, server, setApiKey } from './api';
 import { href, onLinkClick, useRoute } from './router';
 import { Databases } from './pages/Databases';
 import { DatabasePage } from './pages/Database';
@@ -17,11 +18,11 @@ function Login({ onDone }: { onDone: () => void }) {
     e.preventDefault();
     setApiKey(key);
     try {
-      await api('GET', '/dbs');
+      await server().databaseNames();
       onDone();
     } catch (err) {
       setApiKey(null);
-      setError(err instanceof ApiError && err.status === 401 ? 'That key is not valid.' : errorText(err));
+      setError(err instanceof AuthenticationError ? 'That key is not valid.' : errorText(err));
     }
   };
   return (

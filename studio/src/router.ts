@@ -3,6 +3,8 @@ import { useEffect, useState } from 'preact/hooks';
 
 export const BASE = '/studio/';
 
+export const enc = encodeURIComponent;
+
 export function navigate(path: string): void {
   history.pushState(null, '', BASE + path.replace(/^\//, ''));
   dispatchEvent(new PopStateEvent('popstate'));

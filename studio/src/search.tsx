@@ -1,6 +1,7 @@
-// Full-text search results: a result's `@metadata.@score` (BM25) and
-// `@metadata.@highlights` (path -> a snippet the server made as HTML: the document's
-// text escaped, the matched words in <b>...</b>).
+// Full-text search results: a result's score (BM25) and highlights (path -> a snippet
+// the server made as HTML: the document's text escaped, the matched words in
+// <b>...</b>), which the server sends in `@metadata.@score` and `@metadata.@highlights`
+// and kiln-client hands over as the answer's `scores` and `highlights`.
 //
 // The snippet is never given to the browser as HTML: it is split on the literal
 // `<b>` and `</b>` tags, each piece's entities are decoded, and the pieces become
@@ -40,17 +41,7 @@ export function Snippet({ html }: { html: string }) {
   );
 }
 
-/** The score and highlights of a result, if it has them. */
-export function searchMeta(r: any): { score?: number; highlights?: Record<string, string> } {
-  const m = r?.['@metadata'];
-  const score = typeof m?.['@score'] === 'number' ? m['@score'] : undefined;
-  const h = m?.['@highlights'];
-  const highlights = h && typeof h === 'object' ? (h as Record<string, string>) : undefined;
-  return { score, highlights };
-}
-
-export function ScoreCell({ r }: { r: any }) {
-  const { score } = searchMeta(r);
+export function ScoreCell({ score }: { score: number | undefined }) {
   return (
     <td class="num" data-testid="score">
       {score === undefined ? '' : score.toFixed(3)}
@@ -58,8 +49,7 @@ export function ScoreCell({ r }: { r: any }) {
   );
 }
 
-export function HighlightsCell({ r }: { r: any }) {
-  const { highlights } = searchMeta(r);
+export function HighlightsCell({ highlights }: { highlights: Record<string, string> | undefined }) {
   return (
     <td class="highlights" data-testid="highlights">
       {Object.entries(highlights ?? {}).map(([path, html]) => (

@@ -4,6 +4,8 @@
 // broken page or a broken API fails it. Screenshots go to docs/studio/.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { launchBrowser, newPage, screenshot, startCluster, startKiln, until } from './harness.mjs';
 
 const LOAD_BUDGET_MS = 1000;
@@ -48,6 +50,44 @@ async function studioWeight(kiln) {
   }
   return total;
 }
+
+describe('one client: the studio\'s requests go through kiln-client', () => {
+  const studio = new URL('..', import.meta.url).pathname;
+  /** Every file under `dir` whose name ends in one of `exts`. */
+  const files = (dir, exts) =>
+    readdirSync(dir, { recursive: true })
+      .map((f) => join(dir, f))
+      .filter((f) => exts.some((e) => f.endsWith(e)));
+  // A request made any other way than through the client: the platform's HTTP and
+  // WebSocket entry points, called by name (the client reaches them only through
+  // variables: `options.fetch ?? globalThis.fetch`, `new WS(...)`).
+  const SECOND_DOOR = /\bfetch\s*\(|\bnew\s+WebSocket\b|\bXMLHttpRequest\b|\bEventSource\b|\bsendBeacon\b/g;
+
+  test('the studio\'s sources make no request of their own and take the client from its sources', () => {
+    const sources = files(join(studio, 'src'), ['.ts', '.tsx']);
+    assert.ok(sources.length >= 10, `found ${sources.length} sources`);
+    for (const f of sources) {
+      const text = readFileSync(f, 'utf8');
+      assert.deepEqual(text.match(SECOND_DOOR), null, `${f} makes a request of its own`);
+      assert.ok(!/\/dbs\/|'\/stats'|'\/cluster'/.test(text), `${f} builds an API path itself`);
+    }
+    assert.match(readFileSync(join(studio, 'src/api.ts'), 'utf8'), /import \{[^}]*\bDocumentStore\b[^}]*\} from 'kiln-client'/);
+    assert.match(readFileSync(join(studio, 'vite.config.ts'), 'utf8'), /'kiln-client': `\$\{client\}\/index\.ts`/);
+  });
+
+  test('the built bundle has one HTTP layer: the client\'s', () => {
+    const scripts = files(join(studio, 'dist/assets'), ['.js']);
+    assert.equal(scripts.length, 1, `one script: ${scripts}`);
+    const js = readFileSync(scripts[0], 'utf8');
+    assert.deepEqual(js.match(SECOND_DOOR), null, 'no fetch(, new WebSocket, XMLHttpRequest, EventSource or sendBeacon in the bundle');
+    // The client's own code is in it, once: its changes-feed subprotocol, its HTTP
+    // cache, its error codes, its cluster failover.
+    assert.equal(js.split('kiln.changes.v1').length - 1, 1, 'the changes subprotocol, named once (in the client)');
+    for (const marker of ['if-none-match', 'request_budget_exceeded', 'no_websocket', 'not_clustered', '/cluster']) {
+      assert.ok(js.includes(marker), `the bundle has the client's ${marker}`);
+    }
+  });
+});
 
 describe('studio without auth', () => {
   let kiln, browser, page, problems;
@@ -186,6 +226,7 @@ describe('studio without auth', () => {
     await page.click('[data-testid=run-query]');
     await page.waitForSelector('[data-testid=results]');
     assert.equal(await page.textContent('[data-testid=total]'), '55');
+    assert.equal(await page.locator('[data-testid=from-cache]').count(), 0, 'a first run is not from the cache');
     assert.equal(await page.textContent('[data-testid=shown]'), '20');
     assert.match(await page.textContent('[data-testid=stale]'), /^(true|false)$/);
     assert.match(await page.textContent('[data-testid=duration]'), /ms/);
@@ -201,11 +242,22 @@ describe('studio without auth', () => {
     await page.click('[data-testid=view-json]');
     const json = JSON.parse(await page.textContent('[data-testid=results-json]'));
     assert.equal(json.length, 20);
+    // The same query again is revalidated by the client's HTTP cache: If-None-Match,
+    // a 304 and the cached answer (once the auto index has caught up, the answer's
+    // etag stays the same).
+    await page.click('[data-testid=view-table]');
+    await until('a 304 for the same query', async () => {
+      await page.click('[data-testid=run-query]');
+      await page.waitForSelector('[data-testid=results]');
+      return (await page.locator('[data-testid=from-cache]').count()) === 1;
+    });
+    assert.equal(await page.textContent('[data-testid=total]'), '55');
     // A bad query shows the server's message, alone: not above the previous
     // query's results, which would read as this query's.
     await page.fill('[data-testid=query]', 'from people where');
     await page.click('[data-testid=run-query]');
-    await page.waitForSelector('[data-testid=error]:has-text("invalid_query")');
+    // The client's error (a KilnError), with the status and the server's code.
+    await page.waitForSelector('[data-testid=error]:has-text("400 invalid_query: ")');
     assert.equal(await page.locator('[data-testid=query-summary]').count(), 0, 'no stale results under the error');
   });
 

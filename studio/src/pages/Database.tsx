@@ -1,12 +1,8 @@
 import { useEffect, useState } from 'preact/hooks';
-import { api, enc, errorText } from '../api';
+import type { CollectionInfo } from 'kiln-client';
+import { call, errorText, store } from '../api';
 import { ErrorBox, Pager } from '../components';
-import { href, navigate } from '../router';
-
-interface Collection {
-  name: string;
-  documents: number;
-}
+import { enc, href, navigate } from '../router';
 
 type Mode = { kind: 'collection'; name: string } | { kind: 'prefix'; prefix: string };
 
@@ -19,7 +15,7 @@ function preview(doc: any): string {
 }
 
 export function DatabasePage({ db }: { db: string }) {
-  const [collections, setCollections] = useState<Collection[]>([]);
+  const [collections, setCollections] = useState<CollectionInfo[]>([]);
   const [mode, setMode] = useState<Mode>({ kind: 'prefix', prefix: '' });
   const [prefixInput, setPrefixInput] = useState('');
   // cursors[i] is what page i continues after (undefined for the first page).
@@ -31,26 +27,21 @@ export function DatabasePage({ db }: { db: string }) {
   const page = cursors.length - 1;
 
   useEffect(() => {
-    api<{ collections: Collection[] }>('GET', `/dbs/${enc(db)}/collections`)
-      .then((r) => setCollections(r.body.collections))
+    call(store(db).collections())
+      .then(setCollections)
       .catch((e) => setError(errorText(e)));
   }, [db]);
 
   useEffect(() => {
-    const cursor = cursors[cursors.length - 1];
-    let url: string;
-    if (mode.kind === 'collection') {
-      url = `/dbs/${enc(db)}/collections/${enc(mode.name)}/docs?page_size=${PAGE_SIZE}`;
-      if (cursor) url += `&after=${enc(cursor)}`;
-    } else {
-      url = `/dbs/${enc(db)}/docs?page_size=${PAGE_SIZE}&prefix=${enc(mode.prefix)}`;
-      if (cursor) url += `&start_after=${enc(cursor)}`;
-    }
+    // By collection: etag order, continuing after an etag; by id prefix: id order,
+    // continuing after an id. Either way `after` is the previous page's `next`.
+    const after = cursors[cursors.length - 1];
+    const which = mode.kind === 'collection' ? { collection: mode.name } : { prefix: mode.prefix };
     setDocs(null);
-    api<{ results: any[]; next: string | null }>('GET', url)
-      .then((r) => {
-        setDocs(r.body.results);
-        setNext(r.body.next);
+    call(store(db).listDocuments({ ...which, after, pageSize: PAGE_SIZE }))
+      .then((page) => {
+        setDocs(page.results);
+        setNext(page.next);
         setError(null);
       })
       .catch((e) => setError(errorText(e)));

@@ -1,24 +1,19 @@
 import { useState } from 'preact/hooks';
-import { api, enc, errorText, formatBytes } from '../api';
+import type { DatabaseFigures } from 'kiln-client';
+import { call, errorText, formatBytes, server, store } from '../api';
 import { Confirm, ErrorBox, usePoll } from '../components';
 import { href } from '../router';
 
-interface DbRow {
-  name: string;
-  documents: number;
-  data_file_bytes: number;
-}
-
 export function Databases() {
-  const [rows, setRows] = useState<DbRow[] | null>(null);
+  const [rows, setRows] = useState<DatabaseFigures[] | null>(null);
   const [error, setError] = useState<string | null>(null);
   const [name, setName] = useState('');
-  const [deleting, setDeleting] = useState<DbRow | null>(null);
+  const [deleting, setDeleting] = useState<DatabaseFigures | null>(null);
 
   const load = async () => {
     try {
-      const r = await api<{ databases: DbRow[] }>('GET', '/stats');
-      setRows([...r.body.databases].sort((a, b) => a.name.localeCompare(b.name)));
+      const stats = await call(server().serverStats());
+      setRows([...stats.databases].sort((a, b) => a.name.localeCompare(b.name)));
     } catch (e) {
       setError(errorText(e));
     }
@@ -29,17 +24,17 @@ export function Databases() {
     e.preventDefault();
     setError(null);
     try {
-      await api('PUT', `/dbs/${enc(name.trim())}`);
+      await call(store(name.trim()).createDatabase({ existOk: false }));
       setName('');
       await load();
     } catch (err) {
       setError(errorText(err));
     }
   };
-  const remove = async (row: DbRow) => {
+  const remove = async (row: DatabaseFigures) => {
     setDeleting(null);
     try {
-      await api('DELETE', `/dbs/${enc(row.name)}`);
+      await call(store(row.name).deleteDatabase());
       await load();
     } catch (err) {
       setError(errorText(err));

@@ -1,7 +1,8 @@
 import { useEffect, useMemo, useState } from 'preact/hooks';
-import { api, ApiError, docUrl, enc, encId, errorText } from '../api';
+import { ConcurrencyError } from 'kiln-client';
+import { call, errorText, etagOf, store } from '../api';
 import { Confirm, ErrorBox } from '../components';
-import { href, navigate } from '../router';
+import { enc, href, navigate } from '../router';
 
 interface Conflict {
   mine: string;
@@ -70,9 +71,13 @@ export function DocumentPage({ db, id }: { db: string; id: string | null }) {
   const load = async () => {
     if (creating) return;
     try {
-      const r = await api('GET', docUrl(db, id));
-      setText(pretty(r.body));
-      setEtag(r.etag);
+      const doc = await call(store(db).get(id));
+      if (doc === undefined) {
+        setError(`There is no document ${id} (404 document_not_found).`);
+        return;
+      }
+      setText(pretty(doc));
+      setEtag(etagOf(doc));
       setLoaded(true);
     } catch (e) {
       setError(errorText(e));
@@ -82,20 +87,21 @@ export function DocumentPage({ db, id }: { db: string; id: string | null }) {
     load();
   }, [db, id]);
 
-  /** Writes `body` with If-Match `ifMatch` (or If-None-Match: * for null); a 409 opens the conflict view. */
+  /** Writes `body` with If-Match `ifMatch` (or If-None-Match: * for null); a 409
+   * (the client's ConcurrencyError) opens the conflict view. */
   const write = async (body: string, ifMatch: string | null) => {
     setBusy(true);
     setError(null);
     setStatus(null);
     try {
-      const headers: Record<string, string> = ifMatch ? { 'If-Match': ifMatch } : { 'If-None-Match': '*' };
-      const r = await api('PUT', docUrl(db, id as string), body, headers);
+      const condition = ifMatch ? { ifMatch } : { ifNoneMatch: '*' as const };
+      const written = await call(store(db).put(id as string, JSON.parse(body), condition));
       setConflict(null);
-      setEtag(r.etag);
+      setEtag(written);
       await load();
-      setStatus(`saved (etag ${r.etag})`);
+      setStatus(`saved (etag ${written})`);
     } catch (e) {
-      if (e instanceof ApiError && e.status === 409) {
+      if (e instanceof ConcurrencyError) {
         await showConflict(body);
       } else {
         setError(errorText(e));
@@ -107,11 +113,11 @@ export function DocumentPage({ db, id }: { db: string; id: string | null }) {
 
   const showConflict = async (mine: string) => {
     try {
-      const r = await api('GET', docUrl(db, id as string));
-      setConflict({ mine, theirs: pretty(r.body), theirsEtag: r.etag });
+      // Undefined when it was deleted there.
+      const theirs = await call(store(db).get(id as string));
+      setConflict({ mine, theirs: theirs === undefined ? null : pretty(theirs), theirsEtag: etagOf(theirs) });
     } catch (e) {
-      if (e instanceof ApiError && e.status === 404) setConflict({ mine, theirs: null, theirsEtag: null });
-      else setError(errorText(e));
+      setError(errorText(e));
     }
   };
 
@@ -121,8 +127,12 @@ export function DocumentPage({ db, id }: { db: string; id: string | null }) {
     try {
       let p = prefix.trim() || 'docs/';
       if (!p.endsWith('/')) p += '/';
-      const r = await api<{ id: string }>('POST', `/dbs/${enc(db)}/docs/${encId(p)}`, text);
-      history.replaceState(null, '', href('db', db, 'doc', r.body.id));
+      // A session stores it under the prefix: the server generates the id.
+      const doc = JSON.parse(text);
+      const session = store(db).session();
+      session.store(doc, p);
+      await call(session.saveChanges());
+      history.replaceState(null, '', href('db', db, 'doc', session.idOf(doc) as string));
       dispatchEvent(new PopStateEvent('popstate'));
     } catch (e) {
       setError(errorText(e));
@@ -134,10 +144,10 @@ export function DocumentPage({ db, id }: { db: string; id: string | null }) {
   const remove = async () => {
     setConfirmDelete(false);
     try {
-      await api('DELETE', docUrl(db, id as string), undefined, etag ? { 'If-Match': etag } : {});
+      await call(store(db).delete(id as string, etag ? { ifMatch: etag } : {}));
       navigate(`db/${enc(db)}`);
     } catch (e) {
-      if (e instanceof ApiError && e.status === 409) setError('The document changed on the server since you opened it: reload before deleting.');
+      if (e instanceof ConcurrencyError) setError('The document changed on the server since you opened it: reload before deleting.');
       else setError(errorText(e));
     }
   };

@@ -1,22 +1,7 @@
 import { useState } from 'preact/hooks';
-import { api, enc, errorText } from '../api';
+import type { IndexInfo } from 'kiln-client';
+import { call, errorText, store } from '../api';
 import { Confirm, ErrorBox, usePoll } from '../components';
-
-interface IndexInfo {
-  name: string;
-  collection: string | null;
-  fields: { path: string; case_insensitive: boolean }[];
-  auto: boolean;
-  last_indexed_etag: string | null;
-  database_etag: string | null;
-  docs_behind: number;
-  stale: boolean;
-  entries: number;
-  errors: number;
-  error_samples: unknown[];
-  batch_size: number;
-  docs_per_sec: number;
-}
 
 export function IndexesPage({ db }: { db: string }) {
   const [indexes, setIndexes] = useState<IndexInfo[] | null>(null);
@@ -28,8 +13,7 @@ export function IndexesPage({ db }: { db: string }) {
 
   const load = async () => {
     try {
-      const r = await api<{ indexes: IndexInfo[] }>('GET', `/dbs/${enc(db)}/indexes`);
-      setIndexes(r.body.indexes);
+      setIndexes(await call(store(db).indexes()));
     } catch (e) {
       setError(errorText(e));
     }
@@ -47,7 +31,7 @@ export function IndexesPage({ db }: { db: string }) {
           .map((f) => f.trim())
           .filter(Boolean),
       };
-      await api('PUT', `/dbs/${enc(db)}/indexes/${enc(name.trim())}`, body);
+      await call(store(db).defineIndex(name.trim(), body));
       setName('');
       setFields('');
       await load();
@@ -55,9 +39,9 @@ export function IndexesPage({ db }: { db: string }) {
       setError(errorText(err));
     }
   };
-  const act = async (method: string, path: string) => {
+  const act = async (f: Promise<unknown>) => {
     try {
-      await api(method, path);
+      await call(f);
       await load();
     } catch (e) {
       setError(errorText(e));
@@ -119,7 +103,7 @@ export function IndexesPage({ db }: { db: string }) {
                   {i.last_indexed_etag ?? '–'} / {i.database_etag ?? '–'}
                 </td>
                 <td class="actions">
-                  <button type="button" class="small" onClick={() => act('POST', `/dbs/${enc(db)}/indexes/${enc(i.name)}/reset`)}>
+                  <button type="button" class="small" onClick={() => act(store(db).resetIndex(i.name))}>
                     Rebuild
                   </button>
                   <button type="button" class="small danger" onClick={() => setDeleting(i.name)}>
@@ -138,7 +122,7 @@ export function IndexesPage({ db }: { db: string }) {
           onConfirm={() => {
             const n = deleting;
             setDeleting(null);
-            act('DELETE', `/dbs/${enc(db)}/indexes/${enc(n)}`);
+            act(store(db).deleteIndex(n));
           }}
           onCancel={() => setDeleting(null)}
         >

@@ -1,31 +1,8 @@
 import { useEffect, useRef, useState } from 'preact/hooks';
-import { api, ApiError, errorText, openChanges } from '../api';
+import { NotClusteredError, type Change, type ClusterStatus, type DatabaseFigures as DbStats, type ServerStats as Stats } from 'kiln-client';
+import { call, errorText, server, store } from '../api';
 import { Chart, COLORS, Series } from '../chart';
 import { ErrorBox, usePoll } from '../components';
-
-/** One database's counters in `GET /stats`. */
-interface DbStats {
-  name: string;
-  documents: number;
-  documents_written: number;
-  data_file_bytes: number;
-  commits: number;
-  commit_units: number;
-  journal_writes: number;
-  journal_write_p50_us: number;
-  journal_write_p99_us: number;
-  data_syncs: number;
-  pages_written_back: number;
-  pages_unflushed: number;
-}
-
-interface Stats {
-  connections_open: number;
-  ws_connections_open: number;
-  http_requests_by_status: Record<string, number>;
-  resident_memory_bytes: number | null;
-  databases: DbStats[];
-}
 
 const CAPACITY = 120; // two minutes at one sample a second
 const STATUS_CLASSES = ['2xx', '3xx', '4xx', '5xx'];
@@ -59,7 +36,7 @@ function useLiveFigures(db: string) {
     async () => {
       let s: Stats;
       try {
-        s = (await api<Stats>('GET', '/stats')).body;
+        s = await call(server().serverStats());
         setError(null);
       } catch (e) {
         setError(errorText(e));
@@ -102,43 +79,24 @@ function useLiveFigures(db: string) {
   return { hist: hist.current, error, names };
 }
 
+/** The database's changes from now on, over the client's changes feed (one WebSocket,
+ * which reconnects by itself and resumes after the last change shown). */
 function ChangesTail({ db }: { db: string }) {
-  const [lines, setLines] = useState<any[]>([]);
+  const [lines, setLines] = useState<Change[]>([]);
   const [state, setState] = useState('connecting');
   useEffect(() => {
     setLines([]);
     if (!db) return;
-    let ws: WebSocket | null = null;
-    let closed = false;
-    let retry: ReturnType<typeof setTimeout> | undefined;
-    const connect = () => {
-      ws = openChanges(db);
-      setState('connecting');
-      ws.onopen = () => {
-        setState('live');
-        ws?.send(JSON.stringify({ op: 'subscribe', sub: 'studio' }));
-      };
-      ws.onmessage = (m) => {
-        let msg: any;
-        try {
-          msg = JSON.parse(m.data);
-        } catch {
-          return;
-        }
-        if (msg.type === 'change') setLines((l) => [msg, ...l].slice(0, 200));
-        else if (msg.type === 'error') setState(`error: ${msg.message}`);
-      };
-      ws.onclose = (e) => {
-        if (closed) return;
-        setState(`closed (${e.code}${e.reason ? ': ' + e.reason : ''}); reconnecting`);
-        retry = setTimeout(connect, 2000);
-      };
-    };
-    connect();
+    setState('connecting');
+    const changes = store(db).changes({
+      buffer: 0, // callbacks only: nothing kept for an iterator
+      onConnected: () => setState('live'),
+      onDisconnected: () => setState(`closed (${changes.lastClose}); reconnecting`),
+      onError: (e) => setState(`error: ${e.message}`),
+    });
+    changes.forAll().subscribe((c) => setLines((l) => [c, ...l].slice(0, 200)));
     return () => {
-      closed = true;
-      clearTimeout(retry);
-      ws?.close();
+      void changes.close();
     };
   }, [db]);
   if (!db) return <p class="muted">Choose a database to follow its changes.</p>;
@@ -171,17 +129,6 @@ function ChangesTail({ db }: { db: string }) {
   );
 }
 
-/** `GET /cluster`: the cluster as the node serving the studio sees it. */
-interface ClusterStatus {
-  node_id: number;
-  leader: number | null;
-  term: number;
-  state: string;
-  last_log_index: number | null;
-  last_applied: number | null;
-  members: { id: number; address: string; role: string; applied: number | null; lag: number | null }[];
-}
-
 const ROLE_TAG: Record<string, string> = { leader: 'tag good', follower: 'tag', learner: 'tag warn' };
 
 /** The cluster every second; a server started without --cluster answers 404
@@ -195,10 +142,10 @@ function ClusterPanel() {
     async () => {
       if (stopped.current) return;
       try {
-        setStatus((await api<ClusterStatus>('GET', '/cluster')).body);
+        setStatus(await call(server().clusterStatus()));
         setError(null);
       } catch (e) {
-        if (e instanceof ApiError && e.code === 'not_clustered') {
+        if (e instanceof NotClusteredError) {
           stopped.current = true;
           setSingle(true);
         } else setError(errorText(e));

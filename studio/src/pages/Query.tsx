@@ -1,19 +1,9 @@
 import { useState } from 'preact/hooks';
-import { api, enc, errorText } from '../api';
+import type { QueryResult } from 'kiln-client';
+import { call, errorText, store } from '../api';
 import { ErrorBox, Pager } from '../components';
 import { href } from '../router';
-import { HighlightsCell, ScoreCell, searchMeta } from '../search';
-
-interface QueryAnswer {
-  results: any[];
-  total: number;
-  skipped: number;
-  stale: boolean;
-  index: string | null;
-  auto_index_created: string | null;
-  continuation: string | null;
-  duration_ms: number;
-}
+import { HighlightsCell, ScoreCell } from '../search';
 
 function cell(v: unknown): string {
   if (v === undefined) return '';
@@ -21,13 +11,16 @@ function cell(v: unknown): string {
   return JSON.stringify(v);
 }
 
-function ResultTable({ db, rows }: { db: string; rows: any[] }) {
+/** The results, with a search's scores and highlights (the client takes them out of
+ * each result's `@metadata` into `scores` and `highlights`). */
+function ResultTable({ db, answer }: { db: string; answer: QueryResult<any> }) {
+  const rows = answer.results;
   const cols: string[] = [];
   for (const r of rows) {
     for (const k of Object.keys(r ?? {})) if (k !== '@metadata' && !cols.includes(k)) cols.push(k);
   }
-  const scored = rows.some((r) => searchMeta(r).score !== undefined);
-  const highlighted = rows.some((r) => searchMeta(r).highlights !== undefined);
+  const scored = answer.scores.some((s) => s !== undefined);
+  const highlighted = answer.highlights.some((h) => Object.keys(h).length > 0);
   return (
     <table data-testid="results">
       <thead>
@@ -46,8 +39,8 @@ function ResultTable({ db, rows }: { db: string; rows: any[] }) {
           return (
             <tr key={id ?? i}>
               <td>{id ? <a href={href('db', db, 'doc', id)}>{id}</a> : ''}</td>
-              {scored && <ScoreCell r={r} />}
-              {highlighted && <HighlightsCell r={r} />}
+              {scored && <ScoreCell score={answer.scores[i]} />}
+              {highlighted && <HighlightsCell highlights={answer.highlights[i]} />}
               {cols.map((c) => (
                 <td key={c} class="mono">
                   {cell(r?.[c])}
@@ -68,7 +61,7 @@ export function QueryPage({ db }: { db: string }) {
   const [params, setParams] = useState('{}');
   const [waitMs, setWaitMs] = useState(0);
   const [view, setView] = useState<'table' | 'json'>('table');
-  const [answer, setAnswer] = useState<QueryAnswer | null>(null);
+  const [answer, setAnswer] = useState<QueryResult<any> | null>(null);
   // continuations[i] is the continuation that gives page i (null for the first).
   const [continuations, setContinuations] = useState<(string | null)[]>([null]);
   const [error, setError] = useState<string | null>(null);
@@ -88,11 +81,10 @@ export function QueryPage({ db }: { db: string }) {
     setError(null);
     sessionStorage.setItem(SAVED_QUERY, query);
     try {
-      const body: Record<string, unknown> = { query, params: p, wait_for_non_stale_ms: waitMs };
+      if (p === null || typeof p !== 'object' || Array.isArray(p)) throw new Error('parameters must be a JSON object');
       const c = stack[stack.length - 1];
-      if (c) body.continuation = c;
-      const r = await api<QueryAnswer>('POST', `/dbs/${enc(db)}/queries`, body);
-      setAnswer(r.body);
+      const q = store(db).rawQuery(query, p as Record<string, unknown>).waitForNonStale(waitMs);
+      setAnswer(await call(q.execute(c ? { continuation: c } : {})));
       setContinuations(stack);
     } catch (e) {
       // A failed query shows its error alone, not above the previous query's
@@ -155,14 +147,20 @@ export function QueryPage({ db }: { db: string }) {
               stale <b data-testid="stale">{String(answer.stale)}</b>
             </span>
             <span>
-              duration <b data-testid="duration">{answer.duration_ms} ms</b>
+              duration <b data-testid="duration">{answer.durationMs} ms</b>
+              {answer.fromCache && (
+                <span class="muted" data-testid="from-cache">
+                  {' '}
+                  (304 Not Modified: the cached answer)
+                </span>
+              )}
             </span>
             <span>
               index <b>{answer.index ?? 'none (scan)'}</b>
             </span>
-            {answer.auto_index_created && (
+            {typeof answer.raw.auto_index_created === 'string' && !answer.fromCache && (
               <span>
-                created <b>{answer.auto_index_created}</b>
+                created <b>{answer.raw.auto_index_created}</b>
               </span>
             )}
             <span>
@@ -178,10 +176,10 @@ export function QueryPage({ db }: { db: string }) {
             </span>
           </div>
           {view === 'table' ? (
-            <ResultTable db={db} rows={answer.results} />
+            <ResultTable db={db} answer={answer} />
           ) : (
             <pre class="code" data-testid="results-json">
-              {JSON.stringify(answer.results, null, 2)}
+              {JSON.stringify(answer.raw.results, null, 2)}
             </pre>
           )}
           <Pager
