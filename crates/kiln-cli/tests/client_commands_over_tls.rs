@@ -82,6 +82,33 @@ fn every_client_command_works_over_https_with_auth() {
     );
     assert!(o.status.success(), "{}", text(&o));
     let key = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    // The client certificate authenticates once registered, with its own clearance:
+    // admin of the database its restore writes.
+    let o = kiln(
+        &[
+            "api-key",
+            "create",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--name",
+            "restorer",
+            "--db",
+            "copy:admin",
+            "--certificate",
+            pki.client_cert.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("registered certificate"), "{}", text(&o));
+    let listed = text(&kiln(
+        &["api-key", "list", "--data-dir", data.to_str().unwrap()],
+        None,
+    ));
+    assert!(
+        listed.contains("certificate ") && listed.contains("copy:admin"),
+        "{listed}"
+    );
     let port = common::free_port();
     let _server = serve_tls(&data, &pki, port);
     let url = format!("https://localhost:{port}");

@@ -104,6 +104,39 @@ fn api_keys_are_created_listed_and_revoked() {
         !listed.contains(key.rsplit('_').next().unwrap()),
         "secrets are never listed"
     );
+    assert!(listed.contains("\tkey\toperator\t"), "{listed}");
+    // Grants: a name and a pattern; the list shows them.
+    let o = kiln(&[
+        "api-key",
+        "create",
+        "--data-dir",
+        d,
+        "--name",
+        "shop",
+        "--db",
+        "shop:read_write",
+        "--db",
+        "reports-*:read",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let listed = out(&kiln(&["api-key", "list", "--data-dir", d]));
+    assert!(
+        listed.contains("shop:read_write, reports-*:read"),
+        "{listed}"
+    );
+    // Neither --operator nor --db, both, or a bad grant: a usage error (2), no key.
+    for bad in [
+        vec!["--name", "x"],
+        vec!["--name", "x", "--operator", "--db", "shop:read"],
+        vec!["--name", "x", "--db", "shop:write"],
+        vec!["--name", "x", "--db", "Shop:read"],
+    ] {
+        let mut args = vec!["api-key", "create", "--data-dir", d];
+        args.extend(bad.iter().copied());
+        let o = kiln(&args);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {o:?}");
+        assert!(out(&o).is_empty(), "{bad:?} printed a key");
+    }
     assert!(kiln(&["api-key", "revoke", "--data-dir", d, &id])
         .status
         .success());

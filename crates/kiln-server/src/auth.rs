@@ -58,7 +58,8 @@ pub enum AuthError {
     NoSuchKey(String),
     #[error("invalid key name {0:?}: 1 to 64 printable characters")]
     InvalidName(String),
-    #[error("{path}: {source}", path = path.display())]
+    /// The certificate file could not be read (the TLS error names the file).
+    #[error("{source}")]
     Certificate {
         path: PathBuf,
         #[source]
