@@ -88,6 +88,7 @@ export async function startKiln({ auth = false, tls = false, port = null, extraA
   return {
     base,
     key,
+    dataDir,
     http,
     log: () => log,
     async stop() {
@@ -151,7 +152,7 @@ export async function newPage(browser, { tls = false } = {}) {
   const problems = [];
   page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
   page.on('console', (m) => {
-    if (m.type() === 'error' && !/status of (400|401|404|409)/.test(m.text())) problems.push(`console: ${m.text()}`);
+    if (m.type() === 'error' && !/status of (400|401|403|404|409)/.test(m.text())) problems.push(`console: ${m.text()}`);
   });
   return { context, page, problems };
 }

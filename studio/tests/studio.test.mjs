@@ -6,7 +6,8 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { launchBrowser, newPage, screenshot, startCluster, startKiln, until } from './harness.mjs';
+import { execFileSync } from 'node:child_process';
+import { KILN_BIN, launchBrowser, newPage, screenshot, startCluster, startKiln, until } from './harness.mjs';
 
 const LOAD_BUDGET_MS = 1000;
 const WEIGHT_BUDGET_BYTES = 500 * 1000;
@@ -425,6 +426,25 @@ describe('studio with --auth behind TLS', () => {
     assert.ok(urls.some((u) => u.startsWith('wss://')), `a wss connection was made: ${urls.join(' ')}`);
     const leaked = urls.filter((u) => u.includes(kiln.key) || u.includes(kiln.key.split('_')[2]));
     assert.deepEqual(leaked, [], 'the key is never in a URL');
+  });
+
+  test('a key for one database sees only it, and is offered only what it may do', async () => {
+    assert.equal((await kiln.http('PUT', '/dbs/hidden')).status, 201);
+    // Made beside the running server: it reads the key file again when it changes.
+    const out = execFileSync(KILN_BIN, ['api-key', 'create', '--data-dir', kiln.dataDir, '--name', 'reader', '--db', 'secure:read'], {
+      encoding: 'utf8',
+    });
+    const reader = out.trim();
+    await page.evaluate((k) => sessionStorage.setItem('kiln.studio.apiKey', k), reader);
+    await page.goto(kiln.base + '/studio/');
+    await page.waitForSelector('tr[data-db=secure]');
+    assert.equal(await page.locator('tr[data-db=hidden]').count(), 0, 'a database the key may not read is not listed');
+    assert.equal(await page.locator('[data-testid=delete-db]').count(), 0, 'no delete for a read key');
+    assert.equal(await page.locator('[data-testid=create-db]').count(), 0, 'no create for a key without admin');
+    assert.match(await page.locator('[data-testid=caller]').innerText(), /reader \(key\): secure: read/);
+    await page.goto(`${kiln.base}/studio/live?db=secure`);
+    await page.waitForSelector('text=they need an operator key');
+    await page.evaluate((k) => sessionStorage.setItem('kiln.studio.apiKey', k), kiln.key);
   });
 
   test('no page errors', () => {

@@ -142,3 +142,25 @@ def test_untrusted_certificate_is_refused(secure_server) -> None:
         with pytest.raises(ConnectionFailedError) as info:
             st.get("a/1")
         assert "CERTIFICATE_VERIFY_FAILED" in str(info.value)
+
+
+def test_a_key_for_one_database_is_forbidden_beyond_it(secure_server) -> None:
+    from kiln_client import ForbiddenError
+    srv, key = secure_server
+    with DocumentStore(srv.url, "perm", api_key=key, ca=srv.tls["cert"]) as admin:
+        admin.create_database()
+        admin.put("notes/1", {"text": "hi"})
+        out = subprocess.run([kiln_bin(), "api-key", "create", "--data-dir", srv.data_dir,
+                              "--name", "reader", "--db", "perm:read"],
+                             check=True, capture_output=True, text=True)
+        with DocumentStore(srv.url, "perm", api_key=out.stdout.strip(), ca=srv.tls["cert"]) as reader:
+            me = reader.whoami()
+            assert me["name"] == "reader"
+            assert me["clearance"] == {"databases": [{"database": "perm", "access": "read"}]}
+            assert reader.get("notes/1")["text"] == "hi"
+            assert reader.database_names() == ["perm"]
+            with pytest.raises(ForbiddenError) as refused:
+                reader.put("notes/2", {"text": "no"})
+            assert refused.value.status == 403 and "read_write" in str(refused.value)
+        assert admin.get("notes/2") is None
+        assert admin.whoami()["clearance"] == "operator"

@@ -672,7 +672,16 @@ export class DocumentStore {
 
   // --- the server, listings and indexes ------------------------------------------------
 
-  /** The server's databases (`GET /dbs`); the same whatever the store's database. */
+  /**
+   * `GET /whoami`: the key or certificate this store authenticates with, and its
+   * clearance (`"operator"`, or the databases it may read, write or administer).
+   * Without `--auth` on the server: `{authenticated: false, clearance: "operator"}`.
+   */
+  async whoami(): Promise<Caller> {
+    return (await this.request("GET", "/whoami")).json<Caller>();
+  }
+
+  /** The server's databases the caller may read (`GET /dbs`); the same whatever the store's database. */
   async databaseNames(): Promise<string[]> {
     return (await this.request("GET", "/dbs")).json<{ databases: string[] }>().databases;
   }
@@ -1142,6 +1151,33 @@ export interface IndexInfo {
 }
 
 /** One database's figures in {@link ServerStats} (counters since the server started). */
+/** A grant of a clearance: a database name or a prefix pattern (`shop-*`, `*`). */
+export interface DatabaseGrant {
+  database: string;
+  access: "read" | "read_write" | "admin";
+}
+
+/** Who the store's key or certificate is (`GET /whoami`). */
+export interface Caller {
+  authenticated: boolean;
+  key_id?: string;
+  name?: string;
+  kind?: "key" | "certificate";
+  clearance: "operator" | { databases: DatabaseGrant[] };
+}
+
+/** The access `caller` has to database `db` (the highest grant that matches), or null. */
+export function accessTo(caller: Caller, db: string): DatabaseGrant["access"] | null {
+  if (caller.clearance === "operator") return "admin";
+  const rank = { read: 1, read_write: 2, admin: 3 } as const;
+  let best: DatabaseGrant["access"] | null = null;
+  for (const g of caller.clearance.databases) {
+    const matches = g.database.endsWith("*") ? db.startsWith(g.database.slice(0, -1)) : g.database === db;
+    if (matches && (best === null || rank[g.access] > rank[best])) best = g.access;
+  }
+  return best;
+}
+
 export interface DatabaseFigures {
   name: string;
   documents: number;

@@ -53,3 +53,26 @@ test("no key: AuthenticationError; a key: reads, writes, the changes feed and a 
   await store.deleteDatabase();
   await store.close();
 });
+
+test("a key for one database: whoami, accessTo, and ForbiddenError beyond its clearance", async () => {
+  const db = dbName();
+  const admin = new K.DocumentStore(server.url, db, { apiKey: key });
+  await admin.createDatabase();
+  await admin.put("notes/1", { text: "hi" });
+  const r = spawnSync(kilnBin(), ["api-key", "create", "--data-dir", join(server.dataDir, "data"), "--name", "reader", "--db", `${db}:read`], { encoding: "utf8" });
+  assert.equal(r.status, 0, r.stderr);
+  const reader = new K.DocumentStore(server.url, db, { apiKey: r.stdout.trim() });
+  const me = await reader.whoami();
+  assert.equal(me.name, "reader");
+  assert.deepEqual(me.clearance, { databases: [{ database: db, access: "read" }] });
+  assert.equal(K.accessTo(me, db), "read");
+  assert.equal(K.accessTo(me, `${db}-other`), null);
+  assert.equal(K.accessTo(await admin.whoami(), "anything"), "admin");
+  assert.equal((await reader.get("notes/1")).text, "hi");
+  assert.deepEqual(await reader.databaseNames(), [db], "only what it may read is listed");
+  await assert.rejects(reader.put("notes/2", { text: "no" }), (e) => e instanceof K.ForbiddenError && e.status === 403 && /read_write/.test(e.message));
+  await assert.rejects(reader.serverStats(), K.ForbiddenError);
+  assert.equal(await admin.get("notes/2"), undefined, "the refused write changed nothing");
+  await admin.deleteDatabase();
+  await Promise.all([admin.close(), reader.close()]);
+});

@@ -1,23 +1,56 @@
 import { useState } from 'preact/hooks';
-import type { DatabaseFigures } from 'kiln-client';
+import { accessTo, ForbiddenError, type Caller } from 'kiln-client';
 import { call, errorText, formatBytes, server, store } from '../api';
 import { Confirm, ErrorBox, usePoll } from '../components';
 import { href } from '../router';
 
+/** What the list shows of a database. */
+interface Row {
+  name: string;
+  documents: number;
+  data_file_bytes: number;
+}
+
+/** The server-wide figures need an operator key; a key for some databases gets each
+ * of its databases' own figures instead (the server lists only those it may read). */
+async function databaseRows(): Promise<Row[]> {
+  try {
+    return (await call(server().serverStats())).databases;
+  } catch (e) {
+    if (!(e instanceof ForbiddenError)) throw e;
+  }
+  const names = await call(server().databaseNames());
+  return Promise.all(
+    names.map(async (name) => {
+      const s = await call(store(name).databaseStats());
+      const engine = (s.engine ?? {}) as { data_file_bytes?: number };
+      return { name, documents: Number(s.documents ?? 0), data_file_bytes: Number(engine.data_file_bytes ?? NaN) };
+    }),
+  );
+}
+
 export function Databases() {
-  const [rows, setRows] = useState<DatabaseFigures[] | null>(null);
+  const [rows, setRows] = useState<Row[] | null>(null);
+  const [caller, setCaller] = useState<Caller | null>(null);
   const [error, setError] = useState<string | null>(null);
   const [name, setName] = useState('');
-  const [deleting, setDeleting] = useState<DatabaseFigures | null>(null);
+  const [deleting, setDeleting] = useState<Row | null>(null);
 
   const load = async () => {
     try {
-      const stats = await call(server().serverStats());
-      setRows([...stats.databases].sort((a, b) => a.name.localeCompare(b.name)));
+      if (caller === null) setCaller(await call(server().whoami()));
+      const list = await databaseRows();
+      setRows([...list].sort((a, b) => a.name.localeCompare(b.name)));
     } catch (e) {
       setError(errorText(e));
     }
   };
+  // Only what the caller may do is offered (the server checks it anyway).
+  const mayAdmin = (db: string) => caller === null || accessTo(caller, db) === 'admin';
+  const mayCreate =
+    caller === null ||
+    caller.clearance === 'operator' ||
+    caller.clearance.databases.some((g) => g.access === 'admin');
   usePoll(load, 5000, []);
 
   const create = async (e: Event) => {
@@ -31,7 +64,7 @@ export function Databases() {
       setError(errorText(err));
     }
   };
-  const remove = async (row: DatabaseFigures) => {
+  const remove = async (row: Row) => {
     setDeleting(null);
     try {
       await call(store(row.name).deleteDatabase());
@@ -44,6 +77,15 @@ export function Databases() {
   return (
     <section>
       <h1>Databases</h1>
+      {caller?.authenticated && (
+        <p class="muted" data-testid="caller">
+          Signed in as {caller.name} ({caller.kind}):{' '}
+          {caller.clearance === 'operator'
+            ? 'operator'
+            : caller.clearance.databases.map((g) => `${g.database}: ${g.access}`).join(', ') || 'no database'}
+        </p>
+      )}
+      {mayCreate && (
       <form class="row" onSubmit={create}>
         <input
           placeholder="new database name"
@@ -55,6 +97,7 @@ export function Databases() {
           Create database
         </button>
       </form>
+      )}
       <ErrorBox error={error} />
       {rows === null ? (
         <p class="muted">loading…</p>
@@ -82,9 +125,11 @@ export function Databases() {
                 <td class="num">{formatBytes(r.data_file_bytes)}</td>
                 <td class="actions">
                   <a href={href('db', r.name, 'query')}>query</a>
-                  <button type="button" class="danger small" onClick={() => setDeleting(r)} data-testid="delete-db">
-                    Delete
-                  </button>
+                  {mayAdmin(r.name) && (
+                    <button type="button" class="danger small" onClick={() => setDeleting(r)} data-testid="delete-db">
+                      Delete
+                    </button>
+                  )}
                 </td>
               </tr>
             ))}

@@ -1,5 +1,5 @@
 import { useEffect, useRef, useState } from 'preact/hooks';
-import { NotClusteredError, type Change, type ClusterStatus, type DatabaseFigures as DbStats, type ServerStats as Stats } from 'kiln-client';
+import { ForbiddenError, NotClusteredError, type Change, type ClusterStatus, type DatabaseFigures as DbStats, type ServerStats as Stats } from 'kiln-client';
 import { call, errorText, server, store } from '../api';
 import { Chart, COLORS, Series } from '../chart';
 import { ErrorBox, usePoll } from '../components';
@@ -39,7 +39,11 @@ function useLiveFigures(db: string) {
         s = await call(server().serverStats());
         setError(null);
       } catch (e) {
-        setError(errorText(e));
+        setError(
+          e instanceof ForbiddenError
+            ? 'The live figures are the whole server’s: they need an operator key (kiln api-key create --operator).'
+            : errorText(e),
+        );
         return;
       }
       const at = performance.now();

@@ -542,6 +542,15 @@ class DocumentStore:
     def database_stats(self) -> Dict[str, Any]:
         return self.request("GET", self.db_path).json()  # type: ignore[no-any-return]
 
+    def whoami(self) -> Dict[str, Any]:
+        """``GET /whoami``: the key or certificate this store authenticates with and its
+        ``clearance`` (``"operator"``, or ``{"databases": [{"database", "access"}]}``)."""
+        return self.request("GET", "/whoami").json()  # type: ignore[no-any-return]
+
+    def database_names(self) -> List[str]:
+        """The server's databases the caller may read (``GET /dbs``)."""
+        return list(self.request("GET", "/dbs").json()["databases"])
+
     def get(self, doc_id: str) -> Optional[Dict[str, Any]]:
         """One document (through the cache), or None; outside any session."""
         try:
