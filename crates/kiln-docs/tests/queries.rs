@@ -645,3 +645,45 @@ fn unused_auto_indexes_are_removed() {
     drop(db);
     store.close().unwrap();
 }
+
+/// Issue 55: `documents_loaded` counted 4 for a 3-document collection: a plan that
+/// sorts its matches read the page's documents a second time and counted them
+/// again. Each document a query reads counts once.
+#[test]
+fn documents_loaded_counts_each_document_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), options()).unwrap();
+    let db = store.create_database("a").unwrap();
+    for (i, n) in [(1, 3), (2, 1), (3, 2)] {
+        db.put(
+            &format!("c/{i}"),
+            json!({"n": n, "m": 10 - n}).to_string().as_bytes(),
+            Condition::None,
+        )
+        .unwrap();
+    }
+    let loaded = |text: &str| {
+        let r = db.query(text, &Map::new(), wait()).unwrap();
+        (r.total, r.results.len(), r.documents_loaded)
+    };
+    // A plain collection scan, in etag order.
+    assert_eq!(loaded("from c"), (3, 3, 3));
+    assert_eq!(loaded("from c limit 2"), (3, 2, 2));
+    // Filtered scans: every document read once to check it, the page read again
+    // after the sort (not counted again).
+    assert_eq!(loaded("from c where n != 2"), (2, 2, 3));
+    assert_eq!(loaded("from c where n != 5 order by m"), (3, 3, 3));
+    // The first query on `n` makes an auto index and answers by a scan.
+    let r = db
+        .query("from c where n >= 1", &Map::new(), wait())
+        .unwrap();
+    assert_eq!(r.auto_index_created.as_deref(), Some("auto/c/n"));
+    assert_eq!((r.total, r.results.len(), r.documents_loaded), (3, 3, 3));
+    // The auto index now: covered (only the page is loaded), or each candidate
+    // loaded to check the rest of the where, then sorted.
+    assert_eq!(loaded("from c where n >= 2"), (2, 2, 2));
+    assert_eq!(loaded("from c where n >= 1 and m != 9"), (2, 2, 3));
+    assert_eq!(loaded("from c where n >= 1 order by m desc"), (3, 3, 3));
+    drop(db);
+    store.close().unwrap();
+}

@@ -256,7 +256,7 @@ impl Database {
                     }
                 }
                 for id in page_sorted(q, matched, out) {
-                    docs.extend(load_document(r, &id, out)?);
+                    docs.extend(reload_document(r, &id)?);
                 }
             }
         }
@@ -489,7 +489,7 @@ impl Database {
         // In etag order so far: `page_sorted` keeps it only for a query that has no
         // order by and no leading conjunct (only a scan ever answers that).
         for id in page_sorted(q, matched, out) {
-            docs.extend(load_document(r, &id, out)?);
+            docs.extend(reload_document(r, &id)?);
         }
         Ok(())
     }
@@ -635,21 +635,35 @@ fn collect_ids(
     Ok(ids)
 }
 
-/// A document without parsing its JSON.
+/// A document without parsing its JSON (counted in `documents_loaded`).
 fn load_document(r: &ReadTxn<'_>, id: &str, out: &mut QueryResult) -> Result<Option<Document>> {
+    let d = reload_document(r, id)?;
+    out.documents_loaded += u64::from(d.is_some());
+    Ok(d)
+}
+
+/// A document and its JSON parsed (counted in `documents_loaded`).
+fn load(r: &ReadTxn<'_>, id: &str, out: &mut QueryResult) -> Result<Option<(Document, Value)>> {
+    let d = reload(r, id)?;
+    out.documents_loaded += u64::from(d.is_some());
+    Ok(d)
+}
+
+/// A document this query loaded already (a sort keeps only ids and keys, then
+/// reads the page's documents again): not counted again, so `documents_loaded` is
+/// the number of documents the query read, each once.
+fn reload_document(r: &ReadTxn<'_>, id: &str) -> Result<Option<Document>> {
     let Some(bytes) = crate::stored::get(r, id)? else {
         return Ok(None);
     };
-    out.documents_loaded += 1;
     Ok(Some(Document::from_record(id, bytes)?))
 }
 
-fn load(r: &ReadTxn<'_>, id: &str, out: &mut QueryResult) -> Result<Option<(Document, Value)>> {
-    let Some(bytes) = crate::stored::get(r, id)? else {
+/// `reload_document` with its JSON parsed.
+fn reload(r: &ReadTxn<'_>, id: &str) -> Result<Option<(Document, Value)>> {
+    let Some(d) = reload_document(r, id)? else {
         return Ok(None);
     };
-    out.documents_loaded += 1;
-    let d = Document::from_record(id, bytes)?;
     let v = d.to_value()?;
     Ok(Some((d, v)))
 }

@@ -679,7 +679,8 @@ fn page_of(
     out.skipped = (q.offset as u64).min(out.total);
     let mut page = Vec::new();
     for m in matched.into_iter().skip(q.offset).take(q.limit) {
-        if let Some((_, v)) = load(r, &m.id, out)? {
+        // Loaded (and counted) once already, when it was checked.
+        if let Some((_, v)) = super::reload(r, &m.id)? {
             page.push((m.score, v));
         }
     }
