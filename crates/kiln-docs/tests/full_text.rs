@@ -731,3 +731,49 @@ fn fuzzy_words_match_within_their_edits() {
     drop(db);
     store.close().unwrap();
 }
+
+/// Issue 55: a document that matches only the other side of an `or` had
+/// `@score: -0` (the sum of no scores); it is 0.
+#[test]
+fn a_match_without_a_search_scores_positive_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), options()).unwrap();
+    let db = store.create_database("z").unwrap();
+    db.define_index(search_def("c_text", "c", &[("body", "standard")]))
+        .unwrap();
+    for (id, body, n) in [
+        ("c/1", "x marks", 1),
+        ("c/2", "nothing", 3),
+        ("c/3", "y", 4),
+    ] {
+        db.put(
+            id,
+            json!({"body": body, "n": n, "@metadata": {"@collection": "c"}})
+                .to_string()
+                .as_bytes(),
+            Condition::None,
+        )
+        .unwrap();
+    }
+    for text in [
+        "from c where search(body, 'x') or n == 3",
+        "from c where search(body, 'x') or n == 3 order by n",
+        "from c where not search(body, 'y')",
+    ] {
+        let r = query(&db, text);
+        assert_eq!(r.total, 2, "{text}");
+        let mut zero = 0;
+        for (raw, v) in r.results.iter().zip(results(&r)) {
+            let score = v["@metadata"]["@score"].as_f64().unwrap();
+            assert!(score.is_sign_positive(), "{text}: {v}");
+            assert!(
+                !String::from_utf8_lossy(raw).contains("\"@score\":-"),
+                "{text}: {v}"
+            );
+            zero += usize::from(score == 0.0);
+        }
+        assert!(zero >= 1, "{text}: a match without a search");
+    }
+    drop(db);
+    store.close().unwrap();
+}

@@ -427,11 +427,13 @@ impl Database {
             if !eval_with(filter, &v, &|_, t| found(t)) {
                 continue;
             }
+            // Folded from +0: `sum()` of no f32 is -0 (a document that matches no
+            // search, under an `or`, showed `@score: -0` and sorted apart from 0).
             let score: f32 = matches
                 .iter()
                 .filter(|(_, negated, _)| !negated)
                 .filter_map(|(_, _, m)| m.get(&id))
-                .sum();
+                .fold(0.0, |sum, s| sum + s);
             visit(id, score, v);
         }
         Ok(())
@@ -594,7 +596,9 @@ fn set_score_and_highlights(v: &mut Value, score: f32, generators: &[(&Field, Sn
     if let Some(Value::Object(m)) = v.get_mut("@metadata") {
         // Computed here, never taken from what a client stored.
         m.remove("@highlights");
-        m.insert("@score".into(), Value::from(f64::from(score)));
+        // A zero score is written 0, never -0 (whatever sum gave it).
+        let score = if score == 0.0 { 0.0 } else { f64::from(score) };
+        m.insert("@score".into(), Value::from(score));
         if !generators.is_empty() {
             let h = highlights(v, generators);
             if let Some(Value::Object(m)) = v.get_mut("@metadata") {
