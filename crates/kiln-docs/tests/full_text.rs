@@ -777,3 +777,92 @@ fn a_match_without_a_search_scores_positive_zero() {
     drop(db);
     store.close().unwrap();
 }
+
+/// Issue 55: `highlight()` marked the words of a phrase wherever they were; only
+/// the phrase's occurrences are marked (a word of the search alone, anywhere).
+#[test]
+fn highlights_mark_a_phrase_only_where_it_occurs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DocStore::open(dir.path(), options()).unwrap();
+    let db = store.create_database("h").unwrap();
+    db.define_index(search_def("h_text", "h", &[("body", "standard")]))
+        .unwrap();
+    for (id, body, n) in [
+        ("h/1", "a quick fox met a slow fox & a quick dog", 1),
+        ("h/2", "quick brown fox", 2),
+        ("h/3", "the fox is quick", 3),
+        ("h/4", "Quick Fox, then fox quick, then quick fox", 4),
+    ] {
+        db.put(
+            id,
+            json!({"body": body, "n": n, "@metadata": {"@collection": "h"}})
+                .to_string()
+                .as_bytes(),
+            Condition::None,
+        )
+        .unwrap();
+    }
+    let highlighted = |search: &str, rest: &str| -> Vec<(String, String)> {
+        let r = query(
+            &db,
+            &format!(
+                "from h where search(body, '{search}'){rest} order by n select highlight(body)"
+            ),
+        );
+        results(&r)
+            .iter()
+            .map(|v| {
+                (
+                    v["@metadata"]["@id"].as_str().unwrap().to_string(),
+                    v["@metadata"]["@highlights"]["body"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                )
+            })
+            .collect()
+    };
+    let pairs = |p: &[(&str, &str)]| -> Vec<(String, String)> {
+        p.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        highlighted("\"quick fox\"", ""),
+        pairs(&[
+            (
+                "h/1",
+                "a <b>quick</b> <b>fox</b> met a slow fox &amp; a quick dog"
+            ),
+            (
+                "h/4",
+                "<b>Quick</b> <b>Fox</b>, then fox quick, then <b>quick</b> <b>fox</b>"
+            ),
+        ])
+    );
+    // A word of the search alone is marked wherever it is; the phrase only where
+    // it occurs (h/2 and h/3 match by `brown` and by n).
+    assert_eq!(
+        highlighted("\"quick fox\" brown slow", " or n = 3"),
+        pairs(&[
+            (
+                "h/1",
+                "a <b>quick</b> <b>fox</b> met a <b>slow</b> fox &amp; a quick dog"
+            ),
+            ("h/2", "quick <b>brown</b> fox"),
+            ("h/3", ""),
+            (
+                "h/4",
+                "<b>Quick</b> <b>Fox</b>, then fox quick, then <b>quick</b> <b>fox</b>"
+            ),
+        ])
+    );
+    // A word the analyzer splits in two is a phrase too; an excluded word is
+    // never marked.
+    assert_eq!(
+        highlighted("brown-fox -slow", " or n = 3"),
+        pairs(&[("h/2", "quick <b>brown</b> <b>fox</b>"), ("h/3", "")])
+    );
+    drop(db);
+    store.close().unwrap();
+}

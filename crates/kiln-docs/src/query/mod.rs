@@ -39,6 +39,7 @@ mod ast;
 mod continuation;
 pub(crate) mod eval;
 mod group;
+mod highlight;
 mod lex;
 pub(crate) mod parse;
 mod plan;

@@ -23,6 +23,7 @@
 //! then, as for the map indexes).
 
 use super::eval::{eval, eval_with, field_values};
+use super::highlight::Highlighter;
 use super::parse::{Expr, Field, Query, SearchText, Source};
 use super::{load, project_value, QueryResult};
 use crate::index::value::sort_key;
@@ -39,7 +40,6 @@ use std::time::Instant;
 use tantivy::collector::{Count, TopDocs};
 use tantivy::query::{BooleanQuery, Occur, Query as TantivyQuery};
 use tantivy::schema::Value as _;
-use tantivy::snippet::SnippetGenerator;
 use tantivy::{DocAddress, Searcher, TantivyDocument};
 
 fn invalid(message: impl Into<String>) -> DocError {
@@ -255,7 +255,6 @@ impl Database {
         self.use_index(&rt, opts);
         let s = searching(&rt)?;
         let top_level = split(filter);
-        let query = one_query(&each, top_level.is_some());
         let env = self.live()?;
         let r = env.begin_read()?;
         let db_seq = read_last_sequence(&r)?;
@@ -278,16 +277,18 @@ impl Database {
         };
         let by_score =
             q.order.is_empty() || matches!(q.order.as_slice(), [(f, true)] if f.is_score());
-        let page: Vec<(f32, Value)> =
-            if let Some((_, None)) = top_level.as_ref().filter(|_| by_score) {
+        let page: Vec<(f32, Value)> = if let Some((_, rest)) = &top_level {
+            let query = all_required(&each);
+            if by_score && rest.is_none() {
                 search_top(q, &*query, &searcher, s, &r, &mut out)?
-            } else if let Some((_, rest)) = &top_level {
-                self.search_sorted(q, rest.as_ref(), &*query, &searcher, s, &r, &mut out)?
             } else {
-                let collection = rt.compiled.def.collection.as_deref();
-                self.search_nested(q, filter, collection, &each, &searcher, s, &r, &mut out)?
-            };
-        let generators = snippet_generators(q, &rt, &searcher, &*query, s)?;
+                self.search_sorted(q, rest.as_ref(), &*query, &searcher, s, &r, &mut out)?
+            }
+        } else {
+            let collection = rt.compiled.def.collection.as_deref();
+            self.search_nested(q, filter, collection, &each, &searcher, s, &r, &mut out)?
+        };
+        let generators = highlighters(q, filter, &rt, &searcher, s)?;
         if q.limit > 0 && page.len() == q.limit {
             out.continuation = Some(super::Cont::Offset(q.offset + page.len()).encode());
         }
@@ -514,22 +515,12 @@ fn matches_of_each(
     Ok(matches)
 }
 
-/// All searches as one query: every one required (`all_required`: the
-/// top-level `and`), or, for the highlights of a search under or/not, any one
-/// outside a `not`.
-fn one_query(
-    each: &[(&SearchText, bool, Box<dyn TantivyQuery>)],
-    all_required: bool,
-) -> Box<dyn TantivyQuery> {
-    let occur = if all_required {
-        Occur::Must
-    } else {
-        Occur::Should
-    };
+/// The searches of a `where`'s top-level `and` as one query, every one required.
+fn all_required(each: &[(&SearchText, bool, Box<dyn TantivyQuery>)]) -> Box<dyn TantivyQuery> {
     let mut parts: Vec<(Occur, Box<dyn TantivyQuery>)> = each
         .iter()
         .filter(|(_, negated, _)| !negated)
-        .map(|(_, _, tq)| (occur, tq.box_clone()))
+        .map(|(_, _, tq)| (Occur::Must, tq.box_clone()))
         .collect();
     if parts.len() == 1 {
         parts.pop().expect("one").1
@@ -570,29 +561,31 @@ fn search_top(
     Ok(page)
 }
 
-/// A snippet generator for each field the query highlights.
-fn snippet_generators<'q>(
+/// A highlighter for each field the query highlights (see `highlight.rs`).
+fn highlighters<'q>(
     q: &'q Query,
+    filter: &Expr,
     rt: &Runtime,
     searcher: &Searcher,
-    query: &dyn TantivyQuery,
     s: &SearchIndex,
-) -> Result<Vec<(&'q Field, SnippetGenerator)>> {
+) -> Result<Vec<(&'q Field, Highlighter)>> {
     let err = |e| tantivy_err(&s.dir, "searching", e);
+    let mut searches = Vec::new();
+    searches_in(filter, false, &mut searches);
     q.highlight
         .iter()
         .map(|f| {
             let i = field_no(rt, f)?;
-            let mut g = SnippetGenerator::create(searcher, query, s.fields[i]).map_err(err)?;
-            g.set_max_num_chars(200);
-            Ok((f, g))
+            let h = Highlighter::new(f, s.fields[i], s.analyzer(i)?, &searches, searcher)
+                .map_err(err)?;
+            Ok((f, h))
         })
         .collect()
 }
 
 /// Sets a match's `@score` and, when the query highlights fields,
 /// `@highlights` in its `@metadata`.
-fn set_score_and_highlights(v: &mut Value, score: f32, generators: &[(&Field, SnippetGenerator)]) {
+fn set_score_and_highlights(v: &mut Value, score: f32, generators: &[(&Field, Highlighter)]) {
     if let Some(Value::Object(m)) = v.get_mut("@metadata") {
         // Computed here, never taken from what a client stored.
         m.remove("@highlights");
@@ -609,7 +602,7 @@ fn set_score_and_highlights(v: &mut Value, score: f32, generators: &[(&Field, Sn
 }
 
 /// Each highlighted field's snippet of `v`: the field's texts, joined by ` … `.
-fn highlights(v: &Value, generators: &[(&Field, SnippetGenerator)]) -> Map<String, Value> {
+fn highlights(v: &Value, generators: &[(&Field, Highlighter)]) -> Map<String, Value> {
     let mut h = Map::new();
     for (f, g) in generators {
         let mut text = String::new();
@@ -621,7 +614,7 @@ fn highlights(v: &Value, generators: &[(&Field, SnippetGenerator)]) -> Map<Strin
                 text.push_str(t)
             });
         }
-        h.insert(f.path.clone(), Value::String(g.snippet(&text).to_html()));
+        h.insert(f.path.clone(), Value::String(g.snippet_html(&text)));
     }
     h
 }
