@@ -174,7 +174,14 @@ fn main() -> ExitCode {
     // SAFETY: a process-wide flag with no pointers involved; failure only keeps THP.
     unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
     let cli = Cli::parse();
-    init_logging(&cli.command);
+    // Kept to the end of main: dropping it sends the last spans.
+    let _traces = match init_logging(&cli.command) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if !matches!(cli.command, Command::Serve(_)) {
         // Not for the server: a client going away is no reason to stop.
         end_quietly_when_stdout_closes();
@@ -217,11 +224,26 @@ fn end_quietly_when_stdout_closes() {
 /// logs an unreachable peer at ERROR at every retry (twenty lines for a follower
 /// down ten seconds), which kiln-cluster says once; `RUST_LOG=warn,openraft=warn`
 /// brings them back when debugging Raft itself.
-fn init_logging(command: &Command) {
+///
+/// `kiln serve --otlp-endpoint` and `--slow-request-ms` add the trace layers
+/// (`kiln_server::telemetry`), each with a filter of its own, so that RUST_LOG
+/// never decides which spans are exported. The guard sends the spans still
+/// buffered when it is dropped, at exit.
+fn init_logging(
+    command: &Command,
+) -> Result<kiln_server::telemetry::TelemetryGuard, kiln_server::telemetry::TelemetryError> {
     use std::io::IsTerminal;
-    let (access_log, json) = match command {
-        Command::Serve(a) => (a.access_log, a.log_format == serve_cmd::LogFormat::Json),
-        _ => (false, false),
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let (access_log, json, otlp, slow_ms) = match command {
+        Command::Serve(a) => (
+            a.access_log,
+            a.log_format == serve_cmd::LogFormat::Json,
+            a.otlp_endpoint.as_deref().map(|url| (url, a.otlp_protocol)),
+            a.slow_request_ms,
+        ),
+        _ => (false, false, None, None),
     };
     let default = if access_log {
         "warn,kiln_cluster=info,openraft=off,kiln::access=info"
@@ -230,15 +252,20 @@ fn init_logging(command: &Command) {
     };
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
-    if json {
-        builder.json().init();
+    let lines = if json {
+        lines.json().with_filter(filter).boxed()
     } else {
-        builder.init();
-    }
+        lines.with_filter(filter).boxed()
+    };
+    let (traces, guard) = kiln_server::telemetry::layers(otlp, slow_ms)?;
+    tracing_subscriber::registry()
+        .with(lines)
+        .with(traces)
+        .init();
+    Ok(guard)
 }
 
 /// A command line that cannot be right whatever the state of the world (two

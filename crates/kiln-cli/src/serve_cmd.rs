@@ -143,6 +143,26 @@ pub struct ServeArgs {
     /// The format of the log lines on stderr: text, or json (one object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Send traces (OpenTelemetry, OTLP over HTTP with JSON bodies) to this
+    /// receiver, e.g. http://localhost:4318 (spans go to <URL>/v1/traces): a span
+    /// per request with its admission, write-queue wait, commit, journal write,
+    /// Raft round trip and query; a W3C traceparent is continued and the answer
+    /// carries traceresponse. Off by default.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// How --otlp-endpoint's spans are encoded: http/protobuf or http/json.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_PROTOCOL",
+        default_value = "http/protobuf",
+        value_name = "PROTOCOL"
+    )]
+    pub otlp_protocol: kiln_server::telemetry::OtlpProtocol,
+    /// Log (WARN, to stderr) every request that took at least this many
+    /// milliseconds: its trace id and each span's start and duration, a query's
+    /// plan and cost included.
+    #[arg(long, value_name = "MS")]
+    pub slow_request_ms: Option<u64>,
     /// This server's id in its cluster (with --cluster).
     #[arg(long, requires = "cluster")]
     node_id: Option<u64>,
@@ -315,6 +335,10 @@ fn server_config(a: &ServeArgs) -> crate::AnyResult<ServerConfig> {
     };
     config.unsecured = a.unsecured;
     config.own_http1 = !a.hyper_only;
+    config.traces = kiln_server::telemetry::Traces {
+        exported: a.otlp_endpoint.is_some(),
+        slow_request_ms: a.slow_request_ms,
+    };
     if let Some(node_id) = a.node_id {
         config.cluster = Some(ClusterSettings {
             node_id,

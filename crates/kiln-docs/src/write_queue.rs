@@ -27,6 +27,7 @@ use crate::{BatchOutcome, Database, DocError, Result, WriteOp};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::Arc;
+use tracing::Span;
 
 pub type Reply<T> = Box<dyn FnOnce(Result<T>) + Send>;
 
@@ -35,12 +36,49 @@ enum Job {
     One {
         op: WriteOp,
         reply: Reply<BatchOutcome>,
+        traced: Traced,
     },
     /// Writes that commit together or not at all (a bulk insert's batch).
     All {
         ops: Vec<WriteOp>,
         reply: Reply<Vec<BatchOutcome>>,
+        traced: Traced,
     },
+}
+
+/// A job's place in a trace (traces on, `kiln serve --otlp-endpoint`): the
+/// caller's span (a request's), and the span of its wait for a worker, which ends
+/// when a worker takes it. Both are disabled spans (nothing) otherwise.
+struct Traced {
+    caller: Span,
+    waiting: Span,
+}
+
+impl Traced {
+    fn here() -> Traced {
+        let caller = Span::current();
+        let waiting = if caller.is_disabled() {
+            Span::none()
+        } else {
+            tracing::info_span!(parent: &caller, "kiln.write_queue.wait")
+        };
+        Traced { caller, waiting }
+    }
+
+    /// Ends the wait; the span of the commit that follows it (`writes`: in the
+    /// unit this job's writes are part of).
+    fn committing(self, database: &Database, writes: usize) -> Span {
+        drop(self.waiting);
+        if self.caller.is_disabled() {
+            return Span::none();
+        }
+        tracing::info_span!(
+            parent: &self.caller,
+            "kiln.commit",
+            database = database.name(),
+            writes
+        )
+    }
 }
 
 /// How the queue runs: workers are units in flight at once.
@@ -178,6 +216,7 @@ impl WriteQueue {
             Job::One {
                 op,
                 reply: Box::new(reply),
+                traced: Traced::here(),
             },
         )
     }
@@ -194,6 +233,7 @@ impl WriteQueue {
             Job::All {
                 ops,
                 reply: Box::new(reply),
+                traced: Traced::here(),
             },
         )
     }
@@ -254,15 +294,33 @@ fn work(shared: &Shared) {
             return;
         };
         match taken {
-            Taken::All(ops, reply) => {
-                let result = db.write_all_patiently(ops);
+            Taken::All(ops, reply, traced) => {
+                let commit = traced.committing(&db, ops.len());
+                let result = commit.in_scope(|| db.write_all_patiently(ops));
+                drop(commit);
                 reply(result);
             }
             Taken::Many(ops, replies) => {
-                let results = db.write_each(ops);
+                let writes = ops.len();
+                let mut commits = Vec::new();
+                let mut answers = Vec::with_capacity(replies.len());
+                for (reply, traced) in replies {
+                    let commit = traced.committing(&db, writes);
+                    if !commit.is_disabled() {
+                        commits.push(commit);
+                    }
+                    answers.push(reply);
+                }
+                // The engine's spans (the commit group, its journal write) go
+                // under the first request's commit.
+                let results = match commits.first() {
+                    Some(first) => first.in_scope(|| db.write_each(ops)),
+                    None => db.write_each(ops),
+                };
+                drop(commits);
                 gathered = Some(db_key(&db));
                 drop(db);
-                for (reply, result) in replies.into_iter().zip(results) {
+                for (reply, result) in answers.into_iter().zip(results) {
                     reply(result);
                 }
             }
@@ -271,8 +329,8 @@ fn work(shared: &Shared) {
 }
 
 enum Taken {
-    All(Vec<WriteOp>, Reply<Vec<BatchOutcome>>),
-    Many(Vec<WriteOp>, Vec<Reply<BatchOutcome>>),
+    All(Vec<WriteOp>, Reply<Vec<BatchOutcome>>, Traced),
+    Many(Vec<WriteOp>, Vec<(Reply<BatchOutcome>, Traced)>),
 }
 
 /// Waits for work; takes an all-or-nothing job alone, or the independent writes at
@@ -295,10 +353,10 @@ fn take(shared: &Shared, gathered: Option<usize>) -> Option<(Arc<Database>, Take
     }
     let (db, first) = state.jobs.pop_front()?;
     let taken = match first {
-        Job::All { ops, reply } => Taken::All(ops, reply),
-        Job::One { op, reply } => {
+        Job::All { ops, reply, traced } => Taken::All(ops, reply, traced),
+        Job::One { op, reply, traced } => {
             let mut ops = vec![op];
-            let mut replies = vec![reply];
+            let mut replies = vec![(reply, traced)];
             while ops.len() < shared.opts.max_writes_per_unit {
                 let same_db_single = matches!(
                     state.jobs.front(),
@@ -307,9 +365,9 @@ fn take(shared: &Shared, gathered: Option<usize>) -> Option<(Arc<Database>, Take
                 if !same_db_single {
                     break;
                 }
-                if let Some((_, Job::One { op, reply })) = state.jobs.pop_front() {
+                if let Some((_, Job::One { op, reply, traced })) = state.jobs.pop_front() {
                     ops.push(op);
-                    replies.push(reply);
+                    replies.push((reply, traced));
                 }
             }
             state.start_gathering(&db);

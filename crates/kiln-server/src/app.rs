@@ -15,6 +15,7 @@ use crate::observe::{Exchange, KeyId, RequestId, REQUEST_ID_HEADER};
 use crate::route_table::Rule;
 use crate::routes::{admin as routes_admin, changes, studio};
 use crate::state::{AppState, ConnInfo, SharedState};
+use crate::telemetry;
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderValue};
@@ -124,8 +125,11 @@ async fn label_route(req: Request, next: Next) -> Response {
 }
 
 /// Every request through the router: its id (kept or made, echoed, in an error's
-/// body), then its count, latency and access-log line (`observe::finished`).
+/// body), its span when traces are on (`telemetry.rs`: `traceresponse` in the
+/// answer, the slow-request line), then its count, latency and access-log line
+/// (`observe::finished`).
 async fn observe(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
+    use tracing::Instrument;
     let started = Instant::now();
     let id = RequestId::from_presented(
         req.headers()
@@ -134,20 +138,63 @@ async fn observe(State(state): State<SharedState>, mut req: Request, next: Next)
     );
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    let traced = state.traces.on().then(|| {
+        telemetry::request_span(
+            &state.traces,
+            req.headers(),
+            method.as_str(),
+            &path,
+            id.as_str(),
+        )
+    });
     req.extensions_mut().insert(id.clone());
-    let resp = with_request_id(next.run(req).await, &id).await;
-    let route = resp.extensions().get::<RouteLabel>();
+    let resp = match &traced {
+        Some((span, _)) => next.run(req).instrument(span.clone()).await,
+        None => next.run(req).await,
+    };
+    let mut resp = with_request_id(resp, &id).await;
+    let matched = resp.extensions().get::<RouteLabel>().map(|r| r.0.clone());
+    let route = matched.as_ref().map_or("unmatched", |r| r.as_str());
+    let status = resp.status().as_u16();
+    let elapsed = started.elapsed();
+    if let Some((span, traceresponse)) = traced {
+        telemetry::record_answer(
+            &span,
+            method.as_str(),
+            matched.as_ref().map(|r| r.as_str()),
+            status,
+        );
+        if let Ok(v) = HeaderValue::from_str(&traceresponse) {
+            resp.headers_mut()
+                .insert(telemetry::TRACERESPONSE_HEADER, v);
+        }
+        let slow = state
+            .traces
+            .slow_request_ms
+            .is_some_and(|ms| elapsed >= std::time::Duration::from_millis(ms));
+        if slow {
+            let timeline = telemetry::take_timeline(&span);
+            let what = format!("{method} {path} {status} id={}", id.as_str());
+            // The trace id: `00-<trace id>-...`.
+            let trace_id = traceresponse.get(3..35).unwrap_or_default();
+            tracing::warn!(
+                target: "kiln::slow",
+                "{}",
+                telemetry::slow_request_line(started, elapsed, &what, trace_id, &timeline)
+            );
+        }
+    }
     let bytes = axum::body::HttpBody::size_hint(resp.body()).exact();
     crate::observe::finished(
         &state.metrics,
         state.access_log,
         &Exchange {
-            route: route.map_or("unmatched", |r| r.0.as_str()),
+            route,
             method: method.as_str(),
             path: &path,
-            status: resp.status().as_u16(),
+            status,
             bytes,
-            elapsed: started.elapsed(),
+            elapsed,
             request_id: &id,
             key_id: resp.extensions().get::<KeyId>().map(|k| k.0.as_str()),
         },
@@ -197,8 +244,10 @@ async fn authenticate(State(state): State<SharedState>, mut req: Request, next: 
         .get::<ConnInfo>()
         .and_then(|c| c.client_certificate.clone());
     let headers = req.headers();
-    let admitted = admit(&state, certificate.as_deref(), || {
-        presented_key(headers).or_else(|| key_from_websocket_protocol(headers))
+    let admitted = tracing::info_span!("kiln.admission").in_scope(|| {
+        admit(&state, certificate.as_deref(), || {
+            presented_key(headers).or_else(|| key_from_websocket_protocol(headers))
+        })
     });
     match admitted {
         Err(refused) => {

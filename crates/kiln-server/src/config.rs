@@ -45,6 +45,9 @@ pub struct ServerConfig {
     /// Documents whose `@metadata.@expires` has passed are deleted by a check this
     /// often (and one at start), so at most this long after they expire; 0: never.
     pub expiration_check_ms: u64,
+    /// Spans per request, exported and/or timed for the slow-request log
+    /// (`telemetry.rs`; the layers themselves are the process's subscriber's).
+    pub traces: crate::telemetry::Traces,
 }
 
 /// `kiln serve --node-id N --cluster 1=host:port,2=host:port,3=host:port`.
@@ -199,6 +202,7 @@ impl ServerConfig {
             audit_log_max_bytes: crate::audit::DEFAULT_AUDIT_LOG_MAX_BYTES,
             cluster: None,
             expiration_check_ms: DEFAULT_EXPIRATION_CHECK_MS,
+            traces: crate::telemetry::Traces::default(),
         }
     }
 

@@ -292,7 +292,9 @@ pub fn link_next(resp: &mut Response, target: &str) {
 pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, DocError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    match tokio::task::spawn_blocking(f).await {
+    // The request's span (traces on) goes along to the blocking thread.
+    let span = tracing::Span::current();
+    match tokio::task::spawn_blocking(move || span.in_scope(f)).await {
         Ok(r) => r.map_err(ApiError::from),
         Err(e) => Err(ApiError::new(
             ErrorCode::InternalError,

@@ -25,6 +25,7 @@ mod route_table;
 mod routes;
 mod serve;
 mod state;
+pub mod telemetry;
 pub mod tls;
 
 pub use config::{

@@ -87,7 +87,8 @@ pub(crate) async fn offloaded<R: Send + 'static>(
     read: impl FnOnce() -> R + Send + 'static,
 ) -> Result<R, tokio::task::JoinError> {
     READS_OFFLOADED.fetch_add(1, Relaxed);
-    tokio::task::spawn_blocking(move || watched(read)).await
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(|| watched(read))).await
 }
 
 /// The answer to an offloaded read that did not finish: its runtime shut down, or

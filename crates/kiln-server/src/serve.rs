@@ -312,7 +312,12 @@ fn app_state(
         // A cluster's requests pass the router's front door (a follower sends
         // writes to the leader, a read may ask for linearizability): the own loop
         // (a single server's fast path) stays off.
-        own_http1: config.own_http1 && front.leave_plain_answers_alone() && cluster.is_none(),
+        // Nor with traces: the own loop makes no spans (`telemetry.rs`).
+        own_http1: config.own_http1
+            && front.leave_plain_answers_alone()
+            && cluster.is_none()
+            && !config.traces.on(),
+        traces: config.traces,
         front,
         access_log: config.access_log,
         read_offload: config.read_offload,

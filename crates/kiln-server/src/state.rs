@@ -31,6 +31,8 @@ pub struct AppState {
     pub own_http1: bool,
     /// `ServerConfig::access_log`.
     pub access_log: AccessLog,
+    /// `ServerConfig::traces`.
+    pub traces: crate::telemetry::Traces,
     /// `ServerConfig::read_offload`.
     pub read_offload: crate::ReadOffload,
     /// This node of a cluster (`ServerConfig::cluster`); `None` for a single server.

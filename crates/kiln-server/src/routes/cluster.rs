@@ -270,9 +270,14 @@ fn redirect_to_leader(scheme: &str, address: &str, path: &str, write: bool) -> R
     resp
 }
 
-/// Proposes a command and waits for its answer.
+/// Proposes a command and waits for its answer (the Raft round trip: appended
+/// here, replicated to a majority, applied; `kiln.raft.write` in a trace).
 async fn propose(node: &ClusterNode, command: Command) -> Result<Answer, ApiError> {
-    node.write(command).await.map_err(cluster_error)
+    use tracing::Instrument;
+    node.write(command)
+        .instrument(tracing::info_span!("kiln.raft.write"))
+        .await
+        .map_err(cluster_error)
 }
 
 fn cluster_error(e: ClusterError) -> ApiError {

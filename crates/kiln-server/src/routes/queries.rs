@@ -220,6 +220,23 @@ fn with_etag(mut resp: Response, tag: &str) -> Response {
     resp
 }
 
+/// What a query did, on its span (traces and the slow-request log): the index
+/// it used (a collection scan without one, an auto index it created) and its cost.
+fn record_plan(span: &tracing::Span, r: &kiln_docs::QueryResult) {
+    if span.is_disabled() {
+        return;
+    }
+    let plan = match (&r.index, &r.auto_index_created) {
+        (Some(index), _) => format!("index {index}{}", if r.stale { " (stale)" } else { "" }),
+        (None, Some(auto)) => format!("collection scan (auto index {auto} created for the next)"),
+        (None, None) => "collection scan".to_string(),
+    };
+    span.record("plan", plan.as_str());
+    span.record("total", r.total);
+    span.record("entries_read", r.entries_read);
+    span.record("documents_loaded", r.documents_loaded);
+}
+
 pub async fn run_query(
     _: NoParams,
     State(state): State<SharedState>,
@@ -233,6 +250,16 @@ pub async fn run_query(
         .map_err(|e| ApiError::new(ErrorCode::InvalidQuery, format!("query body: {e}")))?;
     let conditional = headers.contains_key(header::IF_NONE_MATCH);
     let answer = blocking(move || {
+        let span = tracing::info_span!(
+            "kiln.query",
+            database = %database.name(),
+            query = %b.query,
+            plan = tracing::field::Empty,
+            total = tracing::field::Empty,
+            entries_read = tracing::field::Empty,
+            documents_loaded = tracing::field::Empty,
+        );
+        let _entered = span.enter();
         if conditional && b.continuation.is_none() {
             let tag = database.query_fingerprint(&b.query, &b.params)?;
             if tag_matches(&headers, &tag) {
@@ -247,6 +274,7 @@ pub async fn run_query(
             },
             b.continuation.as_deref(),
         )?;
+        record_plan(&span, &r);
         let tag = database.query_result_fingerprint(&b.query, &b.params, &r);
         Ok::<_, DocError>(Ok((r, tag)))
     })

@@ -22,6 +22,16 @@ impl Shared {
             gens,
         } = pending;
         let txn_id = applied.txn_id;
+        // A trace's view of the commit (a child of the caller's span; nothing is
+        // made when no layer wants it): the wait for the journal's turn and the
+        // durable write of one record for the whole group.
+        let _span = tracing::info_span!(
+            "kiln.journal.write",
+            txn_id,
+            journal_bytes = record.journal_len(),
+            body_bytes = record.stored_body_len,
+        )
+        .entered();
         let mut j = self.journal.lock();
         // Turns pass in transaction order: a turn already past this one would make
         // the wait below endless.

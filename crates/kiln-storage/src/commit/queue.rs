@@ -293,7 +293,12 @@ impl CommitQueue {
         // Units' lookups that fault (past RAM) open the read-ahead window, so that
         // the next writers ask for their leaves before taking the turn.
         let faults_before = crate::prefetch::thread_major_faults();
+        // In a trace: the group this thread leads (its units are other callers'
+        // too) and, inside it, the journal write (`finish.rs`).
+        let span = tracing::info_span!("kiln.commit.group", units = tracing::field::Empty);
+        let _entered = span.enter();
         let committed = self.run_units(env, &mut txn, group);
+        span.record("units", committed.len());
         txn.store().read_ahead.note_batch(faults_before);
         let result = self.commit_group(env, txn);
         self.answer_group(&committed, result);
