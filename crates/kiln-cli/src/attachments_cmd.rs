@@ -16,12 +16,16 @@ pub enum AttachmentsCommand {
     Put {
         #[command(flatten)]
         server: ServerArgs,
+        /// The database.
         #[arg(long)]
         db: String,
+        /// The document's id, e.g. users/ada.
         id: String,
+        /// The attachment's name, e.g. photo.jpg (an existing one is replaced).
         name: String,
         /// The file to send; `-` for standard input.
         file: PathBuf,
+        /// The attachment's content type, kept with it and sent back by `get`.
         #[arg(long, default_value = "application/octet-stream")]
         content_type: String,
         /// Only if the document has this etag.
@@ -32,10 +36,14 @@ pub enum AttachmentsCommand {
     Get {
         #[command(flatten)]
         server: ServerArgs,
+        /// The database.
         #[arg(long)]
         db: String,
+        /// The document's id.
         id: String,
+        /// The attachment's name.
         name: String,
+        /// The file to write (replaced if it exists); default: standard output.
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -43,8 +51,10 @@ pub enum AttachmentsCommand {
     List {
         #[command(flatten)]
         server: ServerArgs,
+        /// The database.
         #[arg(long)]
         db: String,
+        /// The document's id.
         id: String,
         /// Print the `@attachments` list as JSON.
         #[arg(long)]
@@ -54,9 +64,12 @@ pub enum AttachmentsCommand {
     Delete {
         #[command(flatten)]
         server: ServerArgs,
+        /// The database.
         #[arg(long)]
         db: String,
+        /// The document's id.
         id: String,
+        /// The attachment's name.
         name: String,
     },
 }

@@ -104,6 +104,7 @@ pub enum BackupCommand {
     ChainStop {
         #[command(flatten)]
         target: Target,
+        /// Print the summary as JSON.
         #[arg(long)]
         json: bool,
     },

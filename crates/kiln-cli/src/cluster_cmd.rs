@@ -29,6 +29,7 @@ pub enum ClusterCommand {
     Promote {
         #[command(flatten)]
         server: ServerArgs,
+        /// The learner's node id.
         #[arg(long)]
         id: u64,
     },
@@ -36,6 +37,7 @@ pub enum ClusterCommand {
     Remove {
         #[command(flatten)]
         server: ServerArgs,
+        /// The node's id.
         #[arg(long)]
         id: u64,
     },

@@ -113,7 +113,9 @@ enum Command {
     /// Full backup of a database (`--url` of a running server, or `--data-dir`
     /// offline) into one file; `kiln backup verify FILE` checks a backup.
     Backup(backup_cmd::BackupArgs),
-    /// Create a database in an (offline) data directory from a backup.
+    /// Create a database from a full backup and its increments (up to a point in
+    /// time): in a data directory no server is running on (`--data-dir`), or in a
+    /// running server (`--url`).
     Restore(backup_cmd::RestoreArgs),
     /// A cluster's members: status, add a learner, promote it, remove a node.
     #[command(subcommand)]
@@ -122,8 +124,8 @@ enum Command {
     /// them, show or set which collections keep them.
     #[command(subcommand)]
     Revisions(revisions_cmd::RevisionsCommand),
-    /// Data subscriptions on a server: list them with their positions, create one
-    /// (a name and `from <collection> [where ...]`), delete one.
+    /// Data subscriptions on a server: list them with their positions, print one
+    /// (`get`), create one (a name and `from <collection> [where ...]`), delete one.
     #[command(subcommand)]
     Subscriptions(subscriptions_cmd::SubscriptionsCommand),
     /// A document's attachments on a server: put a file (streamed), get one to a

@@ -11,6 +11,7 @@ pub enum RevisionsCommand {
     List {
         #[command(flatten)]
         server: ServerArgs,
+        /// The database.
         #[arg(long)]
         db: String,
         /// The document's id.
@@ -24,6 +25,7 @@ pub enum RevisionsCommand {
     Revert {
         #[command(flatten)]
         server: ServerArgs,
+        /// The database.
         #[arg(long)]
         db: String,
         /// The document's id.
@@ -36,6 +38,7 @@ pub enum RevisionsCommand {
     Purge {
         #[command(flatten)]
         server: ServerArgs,
+        /// The database.
         #[arg(long)]
         db: String,
         /// The document's id.
@@ -45,6 +48,7 @@ pub enum RevisionsCommand {
     Config {
         #[command(flatten)]
         server: ServerArgs,
+        /// The database.
         #[arg(long)]
         db: String,
         /// The whole configuration to set, as JSON, e.g.

@@ -14,6 +14,7 @@ pub enum SubscriptionsCommand {
     List {
         #[command(flatten)]
         server: ServerArgs,
+        /// The database.
         #[arg(long)]
         db: String,
         /// Print the server's JSON answer.
@@ -24,8 +25,10 @@ pub enum SubscriptionsCommand {
     Get {
         #[command(flatten)]
         server: ServerArgs,
+        /// The database.
         #[arg(long)]
         db: String,
+        /// The subscription's name.
         name: String,
     },
     /// Create a subscription: `kiln subscriptions create --url U --db DB big-orders
@@ -33,8 +36,10 @@ pub enum SubscriptionsCommand {
     Create {
         #[command(flatten)]
         server: ServerArgs,
+        /// The database.
         #[arg(long)]
         db: String,
+        /// The new subscription's name (unique in the database).
         name: String,
         /// `from <collection> [where ...]` in the query language.
         query: String,
@@ -53,8 +58,10 @@ pub enum SubscriptionsCommand {
     Delete {
         #[command(flatten)]
         server: ServerArgs,
+        /// The database.
         #[arg(long)]
         db: String,
+        /// The subscription's name.
         name: String,
         /// Print the server's JSON answer.
         #[arg(long)]
