@@ -246,7 +246,7 @@ async fn authenticate(State(state): State<SharedState>, mut req: Request, next: 
     let headers = req.headers();
     let admitted = tracing::info_span!("kiln.admission").in_scope(|| {
         admit(&state, certificate.as_deref(), || {
-            presented_key(headers).or_else(|| key_from_websocket_protocol(headers))
+            presented_key(headers).map(|k| k.or_else(|| key_from_websocket_protocol(headers)))
         })
     });
     match admitted {
@@ -299,7 +299,7 @@ impl IntoResponse for Refused {
 pub(crate) fn admit<'h>(
     state: &AppState,
     certificate: Option<&str>,
-    presented: impl FnOnce() -> Option<&'h str>,
+    presented: impl FnOnce() -> Result<Option<&'h str>, &'static str>,
 ) -> Result<Option<Caller>, Refused> {
     if !state.require_auth {
         return Ok(None);
@@ -307,7 +307,7 @@ pub(crate) fn admit<'h>(
     if let Some(caller) = certificate.and_then(|t| state.keys.verify_certificate(t)) {
         return Ok(Some(caller));
     }
-    let Some(key) = presented() else {
+    let Some(key) = presented().map_err(|why| Refused::Unauthenticated(why.to_string()))? else {
         return Err(Refused::Unauthenticated(match certificate {
             Some(thumbprint) => format!(
                 "the client certificate (SHA-256 {thumbprint}) is not registered with this server (kiln api-key create --certificate FILE), and no API key was sent"
@@ -437,8 +437,10 @@ pub(crate) fn log_refusal(
 }
 
 /// The API key a request presents: `Authorization: Bearer <key>` or `X-Api-Key`.
-pub(crate) fn presented_key(headers: &impl HeaderLookup) -> Option<&str> {
-    headers
+/// Both, with different keys, is refused: which one the request meant is not ours
+/// to guess (and a valid key must not let an invalid one pass unnoticed).
+pub(crate) fn presented_key(headers: &impl HeaderLookup) -> Result<Option<&str>, &'static str> {
+    let bearer = headers
         .first("authorization")
         .and_then(visible_ascii)
         // The scheme name is case-insensitive (RFC 9110, section 11.1).
@@ -446,8 +448,14 @@ pub(crate) fn presented_key(headers: &impl HeaderLookup) -> Option<&str> {
             v.get(..7)
                 .filter(|s| s.eq_ignore_ascii_case("bearer "))
                 .map(|_| &v[7..])
-        })
-        .or_else(|| headers.first("x-api-key").and_then(visible_ascii))
+        });
+    let api_key = headers.first("x-api-key").and_then(visible_ascii);
+    match (bearer, api_key) {
+        (Some(a), Some(b)) if a.trim() != b.trim() => {
+            Err("two different API keys were sent (Authorization: Bearer and X-Api-Key): send one")
+        }
+        (a, b) => Ok(a.or(b)),
+    }
 }
 
 /// A browser cannot set headers on a WebSocket, and a key must never be in a URL

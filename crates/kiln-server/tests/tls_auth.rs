@@ -86,6 +86,37 @@ async fn api_keys_are_required_and_revocable() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
+    // Two different keys (one valid) are refused, on the router and on the own
+    // loop's document path alike: the valid one must not let the other pass. The
+    // same key twice is one key.
+    for url in [h.url("/dbs/sec2"), h.doc_url("sec", "a")] {
+        let r = h
+            .http
+            .put(&url)
+            .bearer_auth(&key)
+            .header("x-api-key", "kiln_0000_0000")
+            .json(&json!({"x": 1}))
+            .send()
+            .await
+            .unwrap();
+        let body = expect_error(r, 401, "unauthorized").await;
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("two different API keys"),
+            "{body}"
+        );
+    }
+    let r = h
+        .http
+        .get(&dbs)
+        .bearer_auth(&key)
+        .header("x-api-key", &key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
     // A write without a key is refused and writes nothing.
     let r = h.put("sec", "a", &json!({"x": 1})).await;
     expect_error(r, 401, "unauthorized").await;
