@@ -79,21 +79,33 @@ struct Args {
     /// with --quick).
     #[arg(long)]
     ycsb_seconds: Option<f64>,
-    /// SOAK (kiln serve under YCSB A, docs/benchmarks.md "Soak"): how long it runs
-    /// (default 600 s; 60 with --quick), a row every --soak-interval seconds
+    /// SOAK (kiln serve under YCSB A and a mixed load, docs/benchmarks.md "Soak"):
+    /// how long it runs (default 600 s; 60 with --quick), a row every --soak-interval seconds
     /// (default 60; 10 with --quick), with --ycsb-clients clients (default 16) on
     /// --ycsb-records records (default 100,000).
     #[arg(long)]
     soak_seconds: Option<f64>,
     #[arg(long)]
     soak_interval: Option<f64>,
-    /// SOAK fails if RSS or the data file ends over this many times their size
-    /// after the first interval (plus slack), ...
+    /// SOAK fails if RSS, the data file or the data directory ends over this many
+    /// times its size after the first interval (plus slack), ...
     #[arg(long, default_value_t = 2.0)]
     soak_max_growth: f64,
     /// ... or if there are ever more journal files than this.
     #[arg(long, default_value_t = 16)]
     soak_max_journal_files: u64,
+    /// ... or if YCSB's p99 in the last interval is over max(this many times the
+    /// first interval's, the first's + 5 ms).
+    #[arg(long, default_value_t = 3.0)]
+    soak_max_p99_growth: f64,
+    /// SOAK: seconds between two full backups of the soaked database (default 120;
+    /// the first half an interval in).
+    #[arg(long, default_value_t = 120.0)]
+    soak_backup_interval: f64,
+    /// SOAK: where to draw the intervals (RSS, disk, p99, throughput) as SVG
+    /// (default: --out with the extension .svg).
+    #[arg(long)]
+    soak_plot: Option<PathBuf>,
     /// CURVE (bench/scripts/cost_curve.sh): seconds of each phase (default 30) and
     /// the memory cgroup (v1) the server runs in after the load.
     #[arg(long)]
@@ -474,6 +486,13 @@ fn spawn_child(args: &Args, engine: &str, job: &Job, run_dir: &Path) -> Result<V
             clients,
             max_growth: args.soak_max_growth,
             max_journal_files: args.soak_max_journal_files,
+            backup_interval_seconds: args.soak_backup_interval,
+            max_p99_growth: args.soak_max_p99_growth,
+            plot: Some(
+                args.soak_plot
+                    .clone()
+                    .unwrap_or_else(|| args.out.with_extension("svg")),
+            ),
         };
         return soak::run(&run_dir.join("soak"), &params, &soak);
     }

@@ -1,8 +1,14 @@
-//! SOAK: what `kiln serve` does as it ages (issue 41). YCSB A (50% reads, 50%
-//! one-field updates, zipfian keys) for a fixed time after a YCSB load, and per
-//! interval: throughput, p50/p99, the server's RSS, its open files
-//! (/proc/PID/fd), the number of journal files and the data files' size. At the
-//! end the run FAILS (the job's error, so `kiln-bench` exits 1) if a resource grew
+//! SOAK: what `kiln serve` does as it ages (issues 41 and 55). After a YCSB load,
+//! YCSB A (50% reads, 50% one-field updates, zipfian keys) for a fixed time, and
+//! beside it on the same server and database a mixed load (src/soak_load.rs): an
+//! index over `field0` and a query using it every 100 ms, a changes-feed reader on
+//! the WebSocket, a data subscription's worker, a full backup every
+//! `backup_interval_seconds`, an attachment put and read back every second. Per
+//! interval: YCSB throughput, p50/p99, the query's p99, backups (count, longest,
+//! bytes), changes received, subscription documents acknowledged, attachment
+//! operations, the server's RSS, its open files (/proc/PID/fd), the number of
+//! journal files, the data file's size and the whole data directory's. At the end
+//! the run FAILS (the job's error, so `kiln-bench` exits 1) if a resource grew
 //! beyond its bound:
 //! - RSS at the end over `max_growth` x the RSS after the first interval, plus
 //!   64 MiB of slack (allocator and page-cache noise on a small run);
@@ -10,18 +16,33 @@
 //! - journal files over `max_journal_files` at any sample;
 //! - the data files at the end over `max_growth` x their size after the first
 //!   interval plus 128 MiB (two of the data file's 64 MiB growth steps): YCSB A
-//!   only updates, so the live data does not grow and neither should the file.
+//!   only updates, so the live data does not grow and neither should the file;
+//! - the data directory (data file, journal, indexes, attachments, ...) at the end
+//!   over `max_growth` x its size after the first interval plus 256 MiB (the
+//!   data file's slack and two journal files);
+//! - YCSB's p99 in the last interval over max(`max_p99_growth` x the first
+//!   interval's, the first's + 5 ms);
+//! - or if a side load failed: an error answer, an attachment read back wrong, a
+//!   WebSocket closed (a slow consumer too), the changes reader more than
+//!   `MAX_CHANGES_LAG` etags behind the database once writes stopped and it had
+//!   `DRAIN` to catch up, a subscription that acknowledged nothing, or no backup
+//!   when one was due.
 //!
 //! The first interval is the baseline because the load's write buffer, the page
 //! cache of the data file and the journal's rotation all settle during it.
 
+#[path = "soak_load.rs"]
+mod load;
+#[path = "soak_plot.rs"]
+mod plot;
+
 use crate::ycsb::{Conn, Params, System};
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use futures_util::future::join_all;
 use kiln_bench::ycsb::{self as y, Client, InsertSequence, Op};
 use serde_json::{json, Map, Value};
 use std::cell::{Cell, RefCell};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -43,7 +64,18 @@ pub struct Soak {
     pub clients: u64,
     pub max_growth: f64,
     pub max_journal_files: u64,
+    /// Seconds between two full backups (the first half an interval in).
+    pub backup_interval_seconds: f64,
+    /// The last interval's YCSB p99 over max(this x the first's, first + 5 ms)
+    /// fails the run.
+    pub max_p99_growth: f64,
+    /// Where to draw the intervals as SVG (None: nowhere).
+    pub plot: Option<PathBuf>,
 }
+
+/// How many etags behind the database the changes reader may be at the end,
+/// after `load::DRAIN` with the writes stopped.
+const MAX_CHANGES_LAG: u64 = 0;
 
 /// What one sample of the server shows.
 #[derive(Debug, Clone, Copy, Default)]
@@ -57,6 +89,8 @@ struct Resources {
     journal_files: u64,
     journal_bytes: u64,
     data_file_bytes: u64,
+    /// Every file of the data directory.
+    disk_bytes: u64,
 }
 
 fn sample(pid: u32, data: &Path) -> Resources {
@@ -78,6 +112,7 @@ fn sample(pid: u32, data: &Path) -> Resources {
         ..Default::default()
     };
     crate::space::each_file(data, &mut |p, m| {
+        r.disk_bytes += m.len();
         if p.components().any(|c| c.as_os_str() == "journal") {
             r.journal_files += 1;
             r.journal_bytes += m.len();
@@ -92,8 +127,24 @@ fn p_us(sorted: &[u32], q: f64) -> f64 {
     kiln_bench::stats::quantile(sorted, q).map_or(0.0, f64::from)
 }
 
+/// What the side loads left at the end of the soak (src/soak_load.rs).
+#[derive(Debug, Default)]
+struct End {
+    /// Each failed side load, with its minute and error.
+    failures: Vec<String>,
+    changes_total: u64,
+    /// The sequence of the last etag the changes reader saw, and the database's
+    /// last, after the drain.
+    changes_seen_seq: u64,
+    database_seq: u64,
+    sub_docs_total: u64,
+    backups_total: u64,
+    /// Whether the soak was long enough for a backup to start.
+    backup_due: bool,
+}
+
 /// The bounds of the module's comment; the reasons a run fails, empty if none.
-fn violations(rows: &[Value], soak: &Soak) -> Vec<String> {
+fn violations(rows: &[Value], soak: &Soak, end: &End) -> Vec<String> {
     let get = |r: &Value, k: &str| r[k].as_u64().unwrap_or(0);
     let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
         return vec!["no interval was measured".into()];
@@ -136,11 +187,56 @@ fn violations(rows: &[Value], soak: &Soak) -> Vec<String> {
             data_bound >> 20
         ));
     }
+    let disk_bound = (get(first, "disk_bytes") as f64 * soak.max_growth) as u64 + (256 << 20);
+    if get(last, "disk_bytes") > disk_bound {
+        out.push(format!(
+            "the data directory grew from {} MiB to {} MiB (bound: {} MiB, {}x + 256 MiB)",
+            get(first, "disk_bytes") >> 20,
+            get(last, "disk_bytes") >> 20,
+            disk_bound >> 20,
+            soak.max_growth
+        ));
+    }
+    let p99 = |r: &Value| r["p99_us"].as_f64().unwrap_or(0.0) / 1000.0;
+    let p99_bound = (p99(first) * soak.max_p99_growth).max(p99(first) + 5.0);
+    if rows.len() > 1 && p99(last) > p99_bound {
+        out.push(format!(
+            "YCSB p99 grew from {:.2} ms (first interval) to {:.2} ms, over the bound of {:.2} ms (max({}x, +5 ms))",
+            p99(first),
+            p99(last),
+            p99_bound,
+            soak.max_p99_growth
+        ));
+    }
+    out.extend(end.failures.iter().cloned());
+    let reader_failed = end.failures.iter().any(|f| f.contains("changes-feed"));
+    let lag = end.database_seq.saturating_sub(end.changes_seen_seq);
+    if !reader_failed && lag > MAX_CHANGES_LAG {
+        out.push(format!(
+            "the changes feed's reader was {lag} etags behind at the end (saw {}, the database at {}, after {} s without writes; bound: {MAX_CHANGES_LAG})",
+            end.changes_seen_seq,
+            end.database_seq,
+            load::DRAIN.as_secs()
+        ));
+    }
+    if !end.failures.iter().any(|f| f.contains("subscription")) && end.sub_docs_total == 0 {
+        out.push(
+            "the data subscription's worker had no document acknowledged (bound: at least 1)"
+                .into(),
+        );
+    }
+    if end.backup_due
+        && end.backups_total == 0
+        && !end.failures.iter().any(|f| f.contains("backup"))
+    {
+        out.push("no backup was made though one was due (bound: at least 1)".into());
+    }
     out
 }
 
 /// One soak of `kiln serve` in `dir`, as a child's JSON object; an error if a
-/// bound was crossed (after printing every interval).
+/// bound was crossed (after printing every interval, and drawing them when
+/// `soak.plot` says where).
 pub fn run(dir: &Path, params: &Params, soak: &Soak) -> Result<Value> {
     let started = Instant::now();
     let workload = y::by_name("A").ok_or_else(|| anyhow!("YCSB A is not defined"))?;
@@ -149,53 +245,108 @@ pub fn run(dir: &Path, params: &Params, soak: &Soak) -> Result<Value> {
         .build()?;
     let local = tokio::task::LocalSet::new();
     let system = System::start("kiln", dir)?;
-    let System::Kiln { proc, .. } = &system else {
+    let System::Kiln { proc, port } = &system else {
         bail!("SOAK runs kiln serve only");
     };
-    let pid = proc.child.id();
+    let (pid, port) = (proc.child.id(), *port);
     let data = dir.join("kiln-data");
-    let rows = local.block_on(
+    let (rows, end) = local.block_on(
         &rt,
-        load_and_soak(&system, workload, params, soak, pid, &data),
+        load_and_soak(&system, workload, params, soak, (pid, port), dir, &data),
     )?;
     drop(system);
-    outcome(started, params, soak, rows)
+    if let Some(path) = &soak.plot {
+        plot::write(path, &rows).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("SOAK: the intervals drawn in {}", path.display());
+    }
+    outcome(started, params, soak, rows, end)
 }
 
-/// The YCSB load, then YCSB A's clients until the soak's time is up, a row
-/// every interval (printed as it is taken); the rows.
+/// The YCSB load, the side loads' setup, then YCSB A's clients and the side
+/// loads until the soak's time is up, a row every interval (printed as it is
+/// taken); then the changes reader's drain. The rows and what the side loads
+/// left.
 async fn load_and_soak(
     system: &System,
     workload: y::Workload,
     params: &Params,
     soak: &Soak,
-    pid: u32,
+    (pid, port): (u32, u16),
+    dir: &Path,
     data: &Path,
-) -> Result<Vec<Value>> {
+) -> Result<(Vec<Value>, End)> {
     crate::ycsb::setup(system).await?;
     let (load_s, _) = crate::ycsb::load(system, params).await?;
     eprintln!(
-        "SOAK: loaded {} records in {load_s:.1} s; YCSB A with {} clients for {:.0} s, a row every {:.0} s",
-        params.records, soak.clients, soak.seconds, soak.interval_seconds
+        "SOAK: loaded {} records in {load_s:.1} s; YCSB A with {} clients for {:.0} s, a row every {:.0} s; beside it a query every 100 ms, the changes feed, a subscription, a backup every {:.0} s, an attachment every second",
+        params.records, soak.clients, soak.seconds, soak.interval_seconds, soak.backup_interval_seconds
     );
+    load::setup(port).await?;
     eprintln!(
-        "{:>7} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8} {:>9}",
-        "minute", "ops/s", "p50 us", "p99 us", "RSS MiB", "anon MiB", "fds", "journals", "data MiB"
+        "{:>6} {:>7} {:>6} {:>6} {:>6} | {:>5} {:>5} {:>4} {:>5} {:>5} {:>5} | {:>4} {:>5} {:>7} {:>6} {:>4}",
+        "minute", "ops/s", "p50us", "p99us", "q p99", "RSS", "anon", "fds", "jrnls", "data", "disk",
+        "bkps", "bkp s", "changes", "subdoc", "att"
     );
     let seq = InsertSequence::new(params.records);
     let conns = system.connect_many(soak.clients).await?;
     let lat: Rc<RefCell<Vec<u32>>> = Rc::default();
     let stop = Rc::new(Cell::new(false));
+    let side = load::Side::default();
+    let done = Cell::new(false);
     let clients = conns.into_iter().zip(0u64..).map(|(conn, i)| {
         let (seq, lat, stop) = (&seq, lat.clone(), stop.clone());
         soak_client(conn, i, workload, params, seq, lat, stop)
     });
-    let sampler = sample_intervals(soak, pid, data, lat.clone(), stop.clone());
-    let (rows, results) = tokio::join!(sampler, join_all(clients));
+    let readers = async {
+        tokio::join!(
+            load::changes_reader(port, &side, &done),
+            load::subscription_worker(port, &side, &done)
+        );
+    };
+    let main = async {
+        side.t0.set(Some(Instant::now()));
+        let first_backup = Duration::from_secs_f64(soak.interval_seconds / 2.0);
+        let every = Duration::from_secs_f64(soak.backup_interval_seconds.max(1.0));
+        let (rows, results, ..) = tokio::join!(
+            sample_intervals(soak, pid, data, lat.clone(), &side, stop.clone()),
+            join_all(clients),
+            load::queries(port, params.seed, &side, &stop),
+            load::soak_writer(port, &side, &stop),
+            load::attachments(port, params.seed, &side, &stop),
+            load::backups(port, dir, first_backup, every, &side, &stop),
+        );
+        // Every writer has stopped: the reader has DRAIN to reach the last etag.
+        let drained = async {
+            let db = load::database_seq(port).await?;
+            let deadline = Instant::now() + load::DRAIN;
+            while side.last_change_seq.get() < db && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok::<_, anyhow::Error>((side.last_change_seq.get(), db))
+        }
+        .await;
+        done.set(true);
+        (rows, results, drained)
+    };
+    let ((rows, results, drained), ()) = tokio::join!(main, readers);
     for r in results {
         r?;
     }
-    Ok(rows)
+    let (changes_seen_seq, database_seq) = drained?;
+    let end = End {
+        failures: side.failures.take(),
+        changes_total: side.changes_total.get(),
+        changes_seen_seq,
+        database_seq,
+        sub_docs_total: side.sub_docs_total.get(),
+        backups_total: side.backups_total.get(),
+        backup_due: soak.seconds > soak.interval_seconds / 2.0,
+    };
+    eprintln!(
+        "SOAK: the changes reader got {} changes, last etag {} (the database's: {}); the subscription {} documents; {} backups",
+        end.changes_total, end.changes_seen_seq, end.database_seq, end.sub_docs_total, end.backups_total
+    );
+    Ok((rows, end))
 }
 
 /// Client `i` on `conn`: YCSB A's reads and updates until `stop`, each one's
@@ -225,13 +376,15 @@ async fn soak_client(
 }
 
 /// Every `soak.interval_seconds`: the latencies the clients added to `lat` since
-/// the last interval and a sample of the server (`pid`, its data in `data`), as a
-/// row; sets `stop` and returns the rows once `soak.seconds` have passed.
+/// the last interval, the side loads' part and a sample of the server (`pid`, its
+/// data in `data`), as a row; sets `stop` and returns the rows once
+/// `soak.seconds` have passed.
 async fn sample_intervals(
     soak: &Soak,
     pid: u32,
     data: &Path,
     lat: Rc<RefCell<Vec<u32>>>,
+    side: &load::Side,
     stop: Rc<Cell<bool>>,
 ) -> Vec<Value> {
     let t0 = Instant::now();
@@ -244,10 +397,11 @@ async fn sample_intervals(
             tokio::time::sleep(due - now).await;
         }
         let mut l = std::mem::take(&mut *lat.borrow_mut());
+        let s = side.take_interval();
         let elapsed = t0.elapsed().as_secs_f64();
         l.sort_unstable();
         let r = sample(pid, data);
-        rows.push(interval_row(elapsed, &l, &r, soak.interval_seconds));
+        rows.push(interval_row(elapsed, &l, &r, &s, soak.interval_seconds));
         if elapsed + 1e-3 >= soak.seconds {
             stop.set(true);
             return rows;
@@ -257,20 +411,35 @@ async fn sample_intervals(
 }
 
 /// One interval, `elapsed` seconds into the soak: printed, and as its row. `l`:
-/// the interval's latencies (µs), sorted; `r`: the server's sample.
-fn interval_row(elapsed: f64, l: &[u32], r: &Resources, interval_seconds: f64) -> Value {
+/// the interval's YCSB latencies (µs), sorted; `r`: the server's sample; `s`:
+/// the side loads' part.
+fn interval_row(
+    elapsed: f64,
+    l: &[u32],
+    r: &Resources,
+    s: &load::SideInterval,
+    interval_seconds: f64,
+) -> Value {
     let ops_per_sec = l.len() as f64 / interval_seconds;
+    let q = &s.query_lat;
     eprintln!(
-        "{:>7.2} {:>9.0} {:>8.0} {:>8.0} {:>8} {:>8} {:>6} {:>8} {:>9}",
+        "{:>6.2} {:>7.0} {:>6.0} {:>6.0} {:>6.0} | {:>5} {:>5} {:>4} {:>5} {:>5} {:>5} | {:>4} {:>5.1} {:>7} {:>6} {:>4}",
         elapsed / 60.0,
         ops_per_sec,
         p_us(l, 0.5),
         p_us(l, 0.99),
+        p_us(q, 0.99),
         r.rss_bytes >> 20,
         r.rss_anon_bytes >> 20,
         r.open_files,
         r.journal_files,
-        r.data_file_bytes >> 20
+        r.data_file_bytes >> 20,
+        r.disk_bytes >> 20,
+        s.backups,
+        s.backup_max_secs,
+        s.changes,
+        s.sub_docs,
+        s.attachment_ops
     );
     json!({
         "workload": "SOAK", "engine": "kiln", "minute": elapsed / 60.0,
@@ -279,19 +448,28 @@ fn interval_row(elapsed: f64, l: &[u32], r: &Resources, interval_seconds: f64) -
         "rss_bytes": r.rss_bytes, "rss_anon_bytes": r.rss_anon_bytes,
         "rss_file_bytes": r.rss_file_bytes, "open_files": r.open_files,
         "journal_files": r.journal_files, "journal_bytes": r.journal_bytes,
-        "data_file_bytes": r.data_file_bytes,
+        "data_file_bytes": r.data_file_bytes, "disk_bytes": r.disk_bytes,
+        "queries": q.len(), "query_p50_us": p_us(q, 0.5), "query_p99_us": p_us(q, 0.99),
+        "backups": s.backups, "backup_max_seconds": s.backup_max_secs,
+        "backup_bytes": s.backup_bytes, "changes": s.changes,
+        "subscription_docs_acked": s.sub_docs, "attachment_ops": s.attachment_ops,
+        "soak_writes": s.soak_writes,
     })
 }
 
 /// The soak's JSON object from its interval rows (first and last interval's
-/// throughput in the table, the summary for the results file), or an error if a
-/// bound was crossed.
-fn outcome(started: Instant, params: &Params, soak: &Soak, rows: Vec<Value>) -> Result<Value> {
-    let bad = violations(&rows, soak);
-    let ops: Vec<f64> = rows
-        .iter()
-        .filter_map(|r| r["ops_per_sec"].as_f64())
-        .collect();
+/// throughput and p99 in the table, the summary for the results file), or an
+/// error if a bound was crossed.
+fn outcome(
+    started: Instant,
+    params: &Params,
+    soak: &Soak,
+    rows: Vec<Value>,
+    end: End,
+) -> Result<Value> {
+    let bad = violations(&rows, soak, &end);
+    let col = |k: &str| -> Vec<f64> { rows.iter().filter_map(|r| r[k].as_f64()).collect() };
+    let (ops, p99) = (col("ops_per_sec"), col("p99_us"));
     let mut summary = Map::new();
     summary.insert("workload".into(), json!("SOAK"));
     summary.insert("engine".into(), json!("kiln"));
@@ -299,20 +477,35 @@ fn outcome(started: Instant, params: &Params, soak: &Soak, rows: Vec<Value>) -> 
     summary.insert("clients".into(), json!(soak.clients));
     summary.insert("seconds".into(), json!(soak.seconds));
     summary.insert("interval_seconds".into(), json!(soak.interval_seconds));
+    summary.insert(
+        "backup_interval_seconds".into(),
+        json!(soak.backup_interval_seconds),
+    );
     summary.insert("max_growth".into(), json!(soak.max_growth));
     summary.insert("max_journal_files".into(), json!(soak.max_journal_files));
+    summary.insert("max_p99_growth".into(), json!(soak.max_p99_growth));
+    summary.insert("changes_total".into(), json!(end.changes_total));
+    summary.insert("changes_last_seen_seq".into(), json!(end.changes_seen_seq));
+    summary.insert("database_last_seq".into(), json!(end.database_seq));
+    summary.insert("subscription_docs_acked".into(), json!(end.sub_docs_total));
+    summary.insert("backups".into(), json!(end.backups_total));
     summary.insert("violations".into(), json!(bad));
     summary.insert("intervals".into(), json!(rows));
     if !bad.is_empty() {
-        bail!("SOAK: a resource grew beyond its bound: {}", bad.join("; "));
+        bail!(
+            "SOAK: a resource grew beyond its bound (or a load failed): {}",
+            bad.join("; ")
+        );
     }
-    let first = ops.first().copied().unwrap_or(0.0);
-    let last = ops.last().copied().unwrap_or(0.0);
+    let first = |v: &[f64]| v.first().copied().unwrap_or(0.0);
+    let last = |v: &[f64]| v.last().copied().unwrap_or(0.0);
     Ok(json!({
         "seconds": started.elapsed().as_secs_f64(),
         "rows": [
-            {"row": "SOAK YA first interval", "unit": "ops/s", "value": first, "lower_is_better": false},
-            {"row": "SOAK YA last interval", "unit": "ops/s", "value": last, "lower_is_better": false},
+            {"row": "SOAK YA first interval", "unit": "ops/s", "value": first(&ops), "lower_is_better": false},
+            {"row": "SOAK YA last interval", "unit": "ops/s", "value": last(&ops), "lower_is_better": false},
+            {"row": "SOAK YA p99 first interval", "unit": "ms", "value": first(&p99) / 1000.0, "lower_is_better": true},
+            {"row": "SOAK YA p99 last interval", "unit": "ms", "value": last(&p99) / 1000.0, "lower_is_better": true},
         ],
         "extra": { "documents_row": Value::Object(summary) },
     }))
