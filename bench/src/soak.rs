@@ -510,3 +510,118 @@ fn outcome(
         "extra": { "documents_row": Value::Object(summary) },
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn soak() -> Soak {
+        Soak {
+            seconds: 120.0,
+            interval_seconds: 15.0,
+            clients: 16,
+            max_growth: 2.0,
+            max_journal_files: 16,
+            backup_interval_seconds: 30.0,
+            max_p99_growth: 3.0,
+            plot: None,
+        }
+    }
+
+    fn row(minute: f64, p99_us: f64, rss_mib: u64, disk_mib: u64) -> Value {
+        json!({
+            "minute": minute, "p99_us": p99_us, "ops_per_sec": 1000.0,
+            "rss_bytes": rss_mib << 20, "rss_anon_bytes": (rss_mib / 2) << 20,
+            "open_files": 40, "journal_files": 4, "data_file_bytes": 256u64 << 20,
+            "disk_bytes": disk_mib << 20, "query_p99_us": 2000.0,
+        })
+    }
+
+    fn fine() -> End {
+        End {
+            changes_seen_seq: 100,
+            database_seq: 100,
+            sub_docs_total: 10,
+            backups_total: 1,
+            backup_due: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_steady_soak_passes() {
+        let rows = [row(0.25, 10_000.0, 500, 700), row(2.0, 14_000.0, 600, 800)];
+        assert_eq!(violations(&rows, &soak(), &fine()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn p99_over_the_larger_of_the_factor_and_5_ms_fails() {
+        // First 10 ms: the bound is 30 ms (3x beats +5 ms).
+        let rows = [row(0.25, 10_000.0, 500, 700), row(2.0, 31_000.0, 500, 700)];
+        let v = violations(&rows, &soak(), &fine());
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].contains("p99 grew from 10.00 ms") && v[0].contains("30.00 ms"),
+            "{v:?}"
+        );
+        // First 1 ms: the bound is 6 ms (+5 ms beats 3x).
+        let rows = [row(0.25, 1_000.0, 500, 700), row(2.0, 5_900.0, 500, 700)];
+        assert!(violations(&rows, &soak(), &fine()).is_empty());
+        let rows = [row(0.25, 1_000.0, 500, 700), row(2.0, 6_100.0, 500, 700)];
+        assert_eq!(violations(&rows, &soak(), &fine()).len(), 1);
+    }
+
+    #[test]
+    fn the_data_directory_has_its_bound() {
+        // 2 x 700 + 256 = 1,656 MiB.
+        let rows = [
+            row(0.25, 10_000.0, 500, 700),
+            row(2.0, 10_000.0, 500, 1_700),
+        ];
+        let v = violations(&rows, &soak(), &fine());
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].contains("data directory grew from 700 MiB to 1700 MiB (bound: 1656 MiB"));
+    }
+
+    #[test]
+    fn side_loads_fail_the_run() {
+        let rows = [row(0.25, 10_000.0, 500, 700), row(2.0, 10_000.0, 500, 700)];
+        let behind = End {
+            changes_seen_seq: 90,
+            ..fine()
+        };
+        let v = violations(&rows, &soak(), &behind);
+        assert!(v.len() == 1 && v[0].contains("10 etags behind"), "{v:?}");
+        let failed = End {
+            failures: vec!["the changes-feed reader failed at minute 1.00: closed".into()],
+            changes_seen_seq: 90,
+            ..fine()
+        };
+        // The disconnection is the reason; its lag is not reported again.
+        assert_eq!(violations(&rows, &soak(), &failed), failed.failures);
+        let idle = End {
+            sub_docs_total: 0,
+            backups_total: 0,
+            ..fine()
+        };
+        let v = violations(&rows, &soak(), &idle);
+        assert!(
+            v.len() == 2 && v[0].contains("subscription") && v[1].contains("no backup"),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn the_plot_has_four_panels() {
+        let rows = [row(0.25, 10_000.0, 500, 700), row(0.5, 12_000.0, 520, 720)];
+        let path = std::env::temp_dir().join(format!("soak-plot-test-{}.svg", std::process::id()));
+        plot::write(&path, &rows).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        for title in ["Server memory", "Disk", "p99 latency", "Throughput"] {
+            assert!(svg.contains(&format!(">{title}</text>")), "{title}");
+        }
+        assert_eq!(svg.matches("<polyline points=\"").count(), 4 + 7);
+    }
+}
