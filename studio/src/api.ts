@@ -4,7 +4,8 @@
 // sessionStorage and travels only in the Authorization header, never in a URL; the
 // client's changes feed carries it as the WebSocket subprotocol `kiln.key.<key>`.
 
-import { AuthenticationError, DocumentStore, KilnError } from 'kiln-client';
+import { useEffect, useState } from 'preact/hooks';
+import { accessTo, AuthenticationError, DocumentStore, KilnError, type Caller, type DatabaseGrant } from 'kiln-client';
 
 const KEY_STORAGE = 'kiln.studio.apiKey';
 
@@ -91,3 +92,34 @@ export function errorText(e: unknown): string {
   if (e instanceof KilnError) return `${e.status ? `${e.status} ` : ''}${e.code}: ${e.message}`;
   return e instanceof Error ? e.message : String(e);
 }
+
+let callerFor: string | null | undefined;
+let callerAnswer: Promise<Caller> | null = null;
+
+/** Who the current key is (GET /whoami, asked once per key). */
+export function whoami(): Promise<Caller> {
+  const key = apiKey();
+  if (callerAnswer === null || callerFor !== key) {
+    callerFor = key;
+    callerAnswer = call(server().whoami());
+    callerAnswer.catch(() => (callerAnswer = null));
+  }
+  return callerAnswer;
+}
+
+export type Access = DatabaseGrant['access'];
+
+/** The caller's access to `db` (`read`, `read_write`, `admin`), or null while unknown
+ * or when it has none: pages offer an action only when the access allows it (the
+ * server checks it anyway). */
+export function useAccess(db: string): Access | null {
+  const [access, setAccess] = useState<Access | null>(null);
+  useEffect(() => {
+    whoami()
+      .then((c) => setAccess(accessTo(c, db)))
+      .catch(() => setAccess(null));
+  }, [db]);
+  return access;
+}
+
+export const mayWrite = (a: Access | null) => a === 'read_write' || a === 'admin';

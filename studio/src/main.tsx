@@ -9,6 +9,7 @@ import { DocumentPage } from './pages/Document';
 import { QueryPage } from './pages/Query';
 import { IndexesPage } from './pages/Indexes';
 import { LivePage } from './pages/Live';
+import { SubscriptionsPage } from './pages/Subscriptions';
 import './style.css';
 
 function Login({ onDone }: { onDone: () => void }) {
@@ -56,6 +57,7 @@ function Page({ route }: { route: string[] }) {
     if (section === 'new') return <DocumentPage db={db} id={null} />;
     if (section === 'query') return <QueryPage db={db} />;
     if (section === 'indexes') return <IndexesPage db={db} />;
+    if (section === 'subscriptions') return <SubscriptionsPage db={db} />;
     return <DatabasePage db={db} />;
   }
   return <Databases />;
@@ -79,6 +81,7 @@ function App() {
           {db && <a href={href('db', db)}>{db}</a>}
           {db && <a href={href('db', db, 'query')}>Query</a>}
           {db && <a href={href('db', db, 'indexes')}>Indexes</a>}
+          {db && <a href={href('db', db, 'subscriptions')}>Subscriptions</a>}
           <a href={href('live')}>Live</a>
         </nav>
         {apiKey() && (

@@ -5,6 +5,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
 import { join } from 'node:path';
 import { execFileSync } from 'node:child_process';
 import { KILN_BIN, launchBrowser, newPage, screenshot, startCluster, startKiln, until } from './harness.mjs';
@@ -186,6 +187,114 @@ describe('studio without auth', () => {
     assert.equal((await kiln.http('GET', `/dbs/${db}/docs/${id}`)).json.age, 38);
   });
 
+  test('uploads an attachment on the document page, lists it, downloads its bytes and deletes it', async () => {
+    await page.goto(`${kiln.base}/studio/db/${db}/doc/${encodeURIComponent(id)}`);
+    await page.waitForSelector('[data-testid=etag]:not(:has-text("…"))');
+    await page.waitForSelector('[data-testid=attachments] [data-testid=no-attachments]');
+    // Every byte value, so a text decoding on the way would show.
+    const bytes = Buffer.alloc(5000);
+    for (let i = 0; i < bytes.length; i++) bytes[i] = (i * 7 + (i >> 8)) & 0xff;
+    const sha = createHash('sha256').update(bytes).digest('hex');
+    await page.setInputFiles('[data-testid=attachment-file]', { name: 'scan.bin', mimeType: 'application/x-kiln-test', buffer: bytes });
+    assert.equal(await page.inputValue('[data-testid=attachment-name]'), 'scan.bin', 'named after the file');
+    await page.fill('[data-testid=attachment-name]', 'scan-1.bin');
+    await page.click('[data-testid=upload-attachment]');
+    const row = page.locator('[data-testid=attachments] tr[data-attachment="scan-1.bin"]');
+    await row.waitFor();
+    const text = await row.textContent();
+    assert.match(text, /application\/x-kiln-test/);
+    assert.match(text, /4\.9 KiB/);
+    assert.ok(text.includes(sha.slice(0, 16)), `the hash is shown: ${text}`);
+    // The server holds those bytes, and the page took the document's new etag.
+    const held = await fetch(`${kiln.base}/dbs/${db}/docs/${id}/attachments/scan-1.bin`);
+    assert.equal(held.status, 200);
+    assert.equal(held.headers.get('content-type'), 'application/x-kiln-test');
+    assert.ok(Buffer.from(await held.arrayBuffer()).equals(bytes), 'the server has the uploaded bytes');
+    const doc = await kiln.http('GET', `/dbs/${db}/docs/${id}`);
+    const meta = doc.json['@metadata'];
+    assert.deepEqual(
+      meta['@attachments'].map((a) => [a.name, a.size, a.hash]),
+      [['scan-1.bin', 5000, sha]],
+    );
+    await until('the page to show the new etag', async () => (await page.textContent('[data-testid=etag]')).includes(meta['@etag']));
+
+    const [download] = await Promise.all([page.waitForEvent('download'), row.locator('[data-testid=download-attachment]').click()]);
+    assert.equal(download.suggestedFilename(), 'scan-1.bin');
+    assert.ok(readFileSync(await download.path()).equals(bytes), 'the downloaded file has the bytes');
+    await screenshot(page, 'attachments');
+
+    await row.locator('[data-testid=delete-attachment]').click();
+    await page.click('[data-testid=confirm-yes]');
+    await page.waitForSelector('[data-testid=attachments] [data-testid=no-attachments]');
+    assert.equal((await kiln.http('GET', `/dbs/${db}/docs/${id}/attachments/scan-1.bin`)).status, 404, 'deleted on the server');
+    const after = await kiln.http('GET', `/dbs/${db}/docs/${id}`);
+    assert.equal((after.json['@metadata']['@attachments'] ?? []).length, 0);
+    // The editor follows the document (a save now is not a false conflict).
+    await until('the page to show the etag after the delete', async () =>
+      (await page.textContent('[data-testid=etag]')).includes(after.json['@metadata']['@etag']),
+    );
+  });
+
+  test("shows a document's revisions and reverts to the first", async () => {
+    const config = await kiln.http('PUT', `/dbs/${db}/revisions/config`, { collections: { orders: { max_revisions: 10 } } });
+    assert.equal(config.status, 200, config.text);
+    for (const v of [1, 2, 3]) {
+      const w = await kiln.http('PUT', `/dbs/${db}/docs/orders/1`, { item: 'kiln', version: v });
+      assert.ok(w.status < 300, w.text);
+    }
+    const listed = (await kiln.http('GET', `/dbs/${db}/revisions/docs/orders/1`)).json.revisions;
+    assert.equal(listed.length, 2, 'versions 1 and 2 are revisions');
+    await page.goto(`${kiln.base}/studio/db/${db}/doc/orders/1`);
+    await page.waitForSelector('[data-testid=etag]:not(:has-text("…"))');
+    const rows = page.locator('[data-testid=revisions] tr[data-revision]');
+    await until('two revisions', async () => (await rows.count()) === 2);
+    assert.deepEqual(
+      await rows.evaluateAll((trs) => trs.map((tr) => tr.getAttribute('data-revision'))),
+      listed.map((r) => r.etag),
+      'newest first, as the server lists them',
+    );
+    assert.deepEqual(await page.locator('[data-testid=revisions] [data-testid=revision-state]').allTextContents(), ['written', 'written']);
+    const first = page.locator(`[data-testid=revisions] tr[data-revision="${listed[1].etag}"]`);
+    await first.locator('[data-testid=view-revision]').click();
+    assert.equal(JSON.parse(await page.textContent('[data-testid=revision-json]')).version, 1);
+    await screenshot(page, 'revisions');
+    await first.locator('[data-testid=revert-revision]').click();
+    await page.click('[data-testid=confirm-yes]');
+    await page.waitForSelector('[data-testid=revision-status]');
+    const now = await kiln.http('GET', `/dbs/${db}/docs/orders/1`);
+    assert.equal(now.json.version, 1, 'the server holds the first version again');
+    assert.equal(now.json.item, 'kiln');
+    assert.match(await page.inputValue('[data-testid=editor]'), /"version": 1/);
+    await until('three revisions (version 3 became one)', async () => (await rows.count()) === 3);
+  });
+
+  test('creates, lists and deletes a data subscription on its page', async () => {
+    await page.goto(`${kiln.base}/studio/db/${db}`);
+    await page.click('[data-testid=subscriptions-link]');
+    await page.waitForSelector('[data-testid=no-subscriptions]');
+    assert.equal(new URL(page.url()).pathname, `/studio/db/${db}/subscriptions`);
+    await page.fill('[data-testid=subscription-name]', 'older-people');
+    await page.fill('[data-testid=subscription-query]', 'from people where age > 50');
+    await page.click('[data-testid=create-subscription]');
+    const row = page.locator('tr[data-subscription="older-people"]');
+    await row.waitFor();
+    assert.equal(await row.locator('[data-testid=subscription-query-text]').textContent(), 'from people where age > 50');
+    assert.equal(await row.locator('[data-testid=subscription-position]').textContent(), 'beginning');
+    const held = await kiln.http('GET', `/dbs/${db}/subscriptions/older-people`);
+    assert.equal(held.status, 200);
+    assert.equal(held.json.query, 'from people where age > 50');
+    // A bad query shows the server's error.
+    await page.fill('[data-testid=subscription-name]', 'bad');
+    await page.fill('[data-testid=subscription-query]', 'from people order by age');
+    await page.click('[data-testid=create-subscription]');
+    await page.waitForSelector('[data-testid=error]:has-text("400 invalid_query")');
+    await screenshot(page, 'subscriptions');
+    await row.locator('[data-testid=delete-subscription]').click();
+    await page.click('[data-testid=confirm-yes]');
+    await page.waitForSelector('[data-testid=no-subscriptions]');
+    assert.equal((await kiln.http('GET', `/dbs/${db}/subscriptions/older-people`)).status, 404, 'deleted on the server');
+  });
+
   test('lists documents by collection and id prefix, in pages', async () => {
     const ops = Array.from({ length: 60 }, (_, i) => ({
       op: 'put',
@@ -347,6 +456,31 @@ describe('studio without auth', () => {
     assert.ok(Number(memory) > 1, `resident memory is charted (${memory} MiB)`);
   });
 
+  test("an idle database's Live charts read a 0–1 axis marked idle, not 0.00 / 0.00 / 0", async () => {
+    // Nothing writes to `archive`: its commits and documents charts are all zero.
+    await page.goto(`${kiln.base}/studio/live?db=archive`);
+    const commits = page.locator('figure[data-chart=commits]');
+    await until('two samples', async () => Number(await commits.getAttribute('data-samples')) >= 3);
+    assert.equal(Number(await commits.getAttribute('data-max')), 0, 'archive is idle');
+    for (const chart of ['commits', 'docs']) {
+      const fig = page.locator(`figure[data-chart=${chart}]`);
+      assert.equal(await fig.getAttribute('data-axis'), '1 / 0.5 / 0', `${chart}: the idle axis`);
+      assert.equal(await fig.getAttribute('data-idle'), 'true');
+      assert.equal(await fig.locator('[data-testid=idle]').textContent(), 'idle');
+    }
+    // A chart with data: a round top at or above its peak, no 0.00 anywhere.
+    const memory = page.locator('figure[data-chart=memory]');
+    const labels = (await memory.getAttribute('data-axis')).split(' / ');
+    assert.equal(labels.length, 3);
+    assert.equal(labels[2], '0');
+    assert.ok(!labels.some((l) => /^0\.0+$/.test(l)), `memory axis ${labels}`);
+    assert.equal(await memory.getAttribute('data-idle'), 'false');
+    assert.equal(await memory.locator('[data-testid=idle]').count(), 0);
+    const top = Number(labels[0].replace(/k$/, 'e3').replace(/M$/, 'e6'));
+    assert.ok(top >= Number(await memory.getAttribute('data-max')), `top ${labels[0]} holds the peak`);
+    await screenshot(page, 'live-idle');
+  });
+
   test('the Live page of a single server says it is not clustered', async () => {
     await page.goto(`${kiln.base}/studio/live`);
     await page.waitForSelector('[data-testid=cluster-single]:has-text("single node (not clustered)")');
@@ -428,13 +562,14 @@ describe('studio with --auth behind TLS', () => {
     assert.deepEqual(leaked, [], 'the key is never in a URL');
   });
 
+  let reader;
   test('a key for one database sees only it, and is offered only what it may do', async () => {
     assert.equal((await kiln.http('PUT', '/dbs/hidden')).status, 201);
     // Made beside the running server: it reads the key file again when it changes.
     const out = execFileSync(KILN_BIN, ['api-key', 'create', '--data-dir', kiln.dataDir, '--name', 'reader', '--db', 'secure:read'], {
       encoding: 'utf8',
     });
-    const reader = out.trim();
+    reader = out.trim();
     await page.evaluate((k) => sessionStorage.setItem('kiln.studio.apiKey', k), reader);
     await page.goto(kiln.base + '/studio/');
     await page.waitForSelector('tr[data-db=secure]');
@@ -445,6 +580,41 @@ describe('studio with --auth behind TLS', () => {
     await page.goto(`${kiln.base}/studio/live?db=secure`);
     await page.waitForSelector('text=they need an operator key');
     await page.evaluate((k) => sessionStorage.setItem('kiln.studio.apiKey', k), kiln.key);
+  });
+
+  test('a read key downloads an attachment (the key sent by the client) and is offered no upload, delete or revert', async () => {
+    assert.equal((await kiln.http('PUT', '/dbs/secure/revisions/config', { collections: { notes: { max_revisions: 5 } } })).status, 200);
+    assert.equal((await kiln.http('PUT', '/dbs/secure/docs/notes/2', { text: 'one' })).status, 201);
+    assert.equal((await kiln.http('PUT', '/dbs/secure/docs/notes/2', { text: 'two' })).status, 200);
+    const bytes = Buffer.from('attached under --auth: ' + 'x'.repeat(100));
+    const put = await kiln.http('PUT', '/dbs/secure/docs/notes/2/attachments/a.txt', bytes.toString(), { 'Content-Type': 'text/plain' });
+    assert.equal(put.status, 201, put.text);
+    // Without the key the server refuses the bytes: a download that works sent it.
+    assert.equal((await fetch(`${kiln.base}/dbs/secure/docs/notes/2/attachments/a.txt`)).status, 401);
+    await page.evaluate((k) => sessionStorage.setItem('kiln.studio.apiKey', k), reader);
+    try {
+      await page.goto(`${kiln.base}/studio/db/secure/doc/notes/2`);
+      const row = page.locator('[data-testid=attachments] tr[data-attachment="a.txt"]');
+      await row.waitFor();
+      await page.locator('[data-testid=revisions] tr[data-revision]').first().waitFor();
+      // whoami answered (the caller is known) before judging what is hidden.
+      await page.waitForFunction(() => !document.querySelector('[data-testid=delete-doc]'));
+      const [download] = await Promise.all([page.waitForEvent('download'), row.locator('[data-testid=download-attachment]').click()]);
+      assert.ok(readFileSync(await download.path()).equals(bytes), 'the read key downloads the bytes');
+      assert.equal(await page.locator('[data-testid=attachment-file]').count(), 0, 'no upload for a read key');
+      assert.equal(await page.locator('[data-testid=delete-attachment]').count(), 0, 'no attachment delete for a read key');
+      assert.equal(await page.locator('[data-testid=revert-revision]').count(), 0, 'no revert for a read key');
+      await page.goto(`${kiln.base}/studio/db/secure/subscriptions`);
+      await page.waitForSelector('[data-testid=no-subscriptions]');
+      assert.equal(await page.locator('[data-testid=create-subscription]').count(), 0, 'no subscription create without admin');
+    } finally {
+      await page.evaluate((k) => sessionStorage.setItem('kiln.studio.apiKey', k), kiln.key);
+    }
+    // The operator key is offered them.
+    await page.goto(`${kiln.base}/studio/db/secure/doc/notes/2`);
+    await page.waitForSelector('[data-testid=attachment-file]');
+    await page.waitForSelector('[data-testid=revert-revision]');
+    await page.waitForSelector('[data-testid=delete-attachment]');
   });
 
   test('no page errors', () => {

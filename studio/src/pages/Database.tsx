@@ -82,6 +82,11 @@ export function DatabasePage({ db }: { db: string }) {
       </aside>
       <div>
         <h1>{db}</h1>
+        <p>
+          <a href={href('db', db, 'subscriptions')} data-testid="subscriptions-link">
+            Data subscriptions →
+          </a>
+        </p>
         <div class="row">
           <form
             class="row"

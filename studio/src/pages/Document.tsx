@@ -1,6 +1,8 @@
 import { useEffect, useMemo, useState } from 'preact/hooks';
-import { ConcurrencyError } from 'kiln-client';
-import { call, errorText, etagOf, store } from '../api';
+import { ConcurrencyError, type AttachmentInfo } from 'kiln-client';
+import { call, errorText, etagOf, mayWrite, store, useAccess } from '../api';
+import { Attachments } from './Attachments';
+import { Revisions } from './Revisions';
 import { Confirm, ErrorBox } from '../components';
 import { enc, href, navigate } from '../router';
 
@@ -66,17 +68,35 @@ export function DocumentPage({ db, id }: { db: string; id: string | null }) {
   const [confirmDelete, setConfirmDelete] = useState(false);
   const [busy, setBusy] = useState(false);
   const [prefix, setPrefix] = useState(() => new URLSearchParams(location.search).get('prefix') ?? '');
+  const [attachments, setAttachments] = useState<AttachmentInfo[]>([]);
+  // The text as last loaded: an edit differs from it.
+  const [loadedText, setLoadedText] = useState<string | null>(null);
+  // The server's etag as last read (the editor's `etag` stays that of its text).
+  const [serverEtag, setServerEtag] = useState<string | null>(null);
+  const access = useAccess(db);
   const invalid = useMemo(() => (loaded ? validate(text) : null), [text, loaded]);
 
-  const load = async () => {
+  /** Reads the document. `keepEdit`: after an attachment's upload or delete, an
+   * unsaved edit stays in the editor (with the etag it was made on: its save then
+   * meets the 409 view, which shows the server's version). */
+  const load = async (keepEdit = false) => {
     if (creating) return;
     try {
       const doc = await call(store(db).get(id));
       if (doc === undefined) {
+        setServerEtag(null);
+        setLoaded(false);
+        setAttachments([]);
         setError(`There is no document ${id} (404 document_not_found).`);
         return;
       }
+      const meta = (doc['@metadata'] ?? {}) as { '@attachments'?: AttachmentInfo[] };
+      setAttachments(meta['@attachments'] ?? []);
+      setServerEtag(etagOf(doc));
+      if (keepEdit && loaded && text !== loadedText) return;
+      setError(null);
       setText(pretty(doc));
+      setLoadedText(pretty(doc));
       setEtag(etagOf(doc));
       setLoaded(true);
     } catch (e) {
@@ -249,11 +269,11 @@ export function DocumentPage({ db, id }: { db: string; id: string | null }) {
           Format
         </button>
         {!creating && (
-          <button type="button" onClick={load}>
+          <button type="button" onClick={() => load()}>
             Reload
           </button>
         )}
-        {!creating && (
+        {!creating && (access === null || mayWrite(access)) && (
           <button type="button" class="danger" onClick={() => setConfirmDelete(true)} data-testid="delete-doc">
             Delete
           </button>
@@ -265,6 +285,17 @@ export function DocumentPage({ db, id }: { db: string; id: string | null }) {
         )}
       </div>
       <ErrorBox error={error} />
+      {!creating && loaded && (
+        <Attachments
+          db={db}
+          id={id}
+          etag={serverEtag}
+          list={attachments}
+          mayWrite={mayWrite(access)}
+          onChanged={() => load(true)}
+        />
+      )}
+      {!creating && <Revisions db={db} id={id} etag={serverEtag} mayWrite={mayWrite(access)} onReverted={() => load()} />}
       {confirmDelete && (
         <Confirm title={`Delete ${id}?`} confirmLabel="Delete document" onConfirm={remove} onCancel={() => setConfirmDelete(false)}>
           The document is removed (its delete stays in the changes feed as a tombstone).
