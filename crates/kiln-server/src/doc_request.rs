@@ -158,8 +158,9 @@ fn check_merge_patch_type(headers: &impl HeaderLookup) -> Result<(), ApiError> {
 }
 
 /// Step 4 of a GET: the document `id` of `db`, borrowed from the read snapshot
-/// while `render` makes the answer of it (304 when `if_none_match` names its
-/// etag), or why there is none.
+/// while `render` makes the answer of it (304 when `if_none_match`, the request's
+/// headers, names its etag in If-None-Match, or, without one, has an
+/// If-Modified-Since no older than its Last-Modified), or why there is none.
 pub(crate) fn read<R>(
     state: &AppState,
     db: &str,
@@ -172,7 +173,8 @@ pub(crate) fn read<R>(
     // it runs).
     database
         .get_with(id, |doc| {
-            let not_modified = crate::http_util::none_match_hits(if_none_match, doc.etag);
+            let not_modified = crate::http_util::none_match_hits(if_none_match, doc.etag)
+                || crate::http_util::modified_since_misses(if_none_match, doc.last_modified_ms);
             render(DocAnswer::Document { doc, not_modified })
         })?
         .ok_or_else(|| {

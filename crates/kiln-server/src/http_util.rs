@@ -223,6 +223,28 @@ pub fn none_match_hits(headers: &impl HeaderLookup, etag: Etag) -> bool {
     })
 }
 
+/// Whether `If-Modified-Since` says the client's copy of something last modified
+/// at `modified_ms` is current (RFC 9110, 13.1.3): only without `If-None-Match`
+/// (which takes precedence), only for a valid HTTP date, and never for something
+/// without a modification time (0). HTTP dates have whole seconds: a write within
+/// the second the client saw counts as not newer, as with any HTTP server.
+pub fn modified_since_misses(headers: &impl HeaderLookup, modified_ms: u64) -> bool {
+    if modified_ms == 0 || headers.first("if-none-match").is_some() {
+        return false;
+    }
+    let Some(since) = headers
+        .first("if-modified-since")
+        .and_then(visible_ascii)
+        .and_then(|v| httpdate::parse_http_date(v.trim()).ok())
+    else {
+        return false;
+    };
+    let Ok(since) = since.duration_since(std::time::UNIX_EPOCH) else {
+        return false;
+    };
+    modified_ms / 1000 <= since.as_secs()
+}
+
 /// A header value as text, if it is visible ASCII (and tabs), as `HeaderValue::to_str`
 /// accepts.
 pub fn visible_ascii(v: &[u8]) -> Option<&str> {

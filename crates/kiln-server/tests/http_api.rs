@@ -150,6 +150,42 @@ async fn document_lifecycle_etags_and_conditional_requests() {
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(r.json::<Value>().await.unwrap()["born"], 1815);
 
+    // If-Modified-Since (RFC 9110, 13.1.3): its Last-Modified or later -> 304 with the
+    // validators; an earlier date, an invalid one, or with If-None-Match (which takes
+    // precedence) -> 200.
+    let r = h.http.get(&url).send().await.unwrap();
+    let last_modified = r.headers()["last-modified"].to_str().unwrap().to_string();
+    let seen = httpdate::parse_http_date(&last_modified).unwrap();
+    let later = httpdate::fmt_http_date(seen + std::time::Duration::from_secs(3600));
+    let earlier = httpdate::fmt_http_date(seen - std::time::Duration::from_secs(1));
+    for (since, none_match, want) in [
+        (last_modified.as_str(), None, StatusCode::NOT_MODIFIED),
+        (later.as_str(), None, StatusCode::NOT_MODIFIED),
+        (earlier.as_str(), None, StatusCode::OK),
+        ("not a date", None, StatusCode::OK),
+        (
+            last_modified.as_str(),
+            Some(format!("\"{e1}\"")),
+            StatusCode::OK,
+        ),
+    ] {
+        let mut req = h.http.get(&url).header("if-modified-since", since);
+        if let Some(tag) = &none_match {
+            req = req.header("if-none-match", tag);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(
+            r.status(),
+            want,
+            "If-Modified-Since {since}, If-None-Match {none_match:?}"
+        );
+        assert_eq!(etag_of(&r), e2);
+        if want == StatusCode::NOT_MODIFIED {
+            assert_eq!(r.headers()["last-modified"], last_modified.as_str());
+            assert!(r.bytes().await.unwrap().is_empty());
+        }
+    }
+
     expect_error(
         h.get("shop", "users/nobody").await,
         404,
