@@ -476,6 +476,30 @@ fn covered_first_page_reads_a_page_of_entries_and_counts_without_loading() {
             Some("garbage")
         )
         .is_err());
+    // A token is for its query: another query (here an offset plan's token given to
+    // a query over the same collection) or other parameters start over, refused.
+    let page = |text: &str, params: &Map<String, Value>, token: Option<&str>| {
+        let mut text = text.to_string();
+        text.push_str(" limit 2");
+        db.query_page(&text, params, wait(), token)
+    };
+    let first = page("from items where n != 3", &Map::new(), None).unwrap();
+    let token = first.continuation.expect("a full page has a token");
+    assert!(page("from items where n != 3", &Map::new(), Some(&token)).is_ok());
+    let refused = page("from items where n != 4", &Map::new(), Some(&token)).unwrap_err();
+    assert!(
+        refused.to_string().contains("belongs to another query"),
+        "{refused}"
+    );
+    let mut p = Map::new();
+    p.insert("x".into(), json!(3));
+    let with_params = page("from items where n != $x", &p, None).unwrap();
+    let token = with_params.continuation.expect("a full page has a token");
+    p.insert("x".into(), json!(4));
+    assert!(page("from items where n != $x", &p, Some(&token)).is_err());
+    // The token inside, without its query's tag, is refused too.
+    let inner = token.split_once(':').unwrap().1;
+    assert!(page("from items where n != $x", &p, Some(inner)).is_err());
     // An auto index: created by the query, said so, used after.
     let r = db
         .query(

@@ -37,13 +37,7 @@ impl Cont {
     }
 
     pub(super) fn decode(t: &str) -> Result<Cont> {
-        let bad = || {
-            DocError::Query(QueryError::Invalid {
-                line: 0,
-                column: 0,
-                message: "malformed continuation token".into(),
-            })
-        };
+        let bad = malformed;
         if let Some(n) = t.strip_prefix('o') {
             let n: usize = n.parse().map_err(|_| bad())?;
             if n > parse::MAX_OFFSET {
@@ -104,6 +98,15 @@ pub(super) fn resume_in(
     }
 }
 
+/// A token that is not one the server made.
+fn malformed() -> DocError {
+    DocError::Query(QueryError::Invalid {
+        line: 0,
+        column: 0,
+        message: "malformed continuation token".into(),
+    })
+}
+
 /// A continuation token given to a query it was not made for.
 pub(super) fn foreign_continuation() -> DocError {
     DocError::Query(QueryError::Invalid {
@@ -111,6 +114,37 @@ pub(super) fn foreign_continuation() -> DocError {
         column: 0,
         message: "the continuation token belongs to another query; start over".into(),
     })
+}
+
+/// The query a token is made for: a hash of its text and parameters. A token
+/// carries it (`<16 hex>:<token>`), so that a token given to another query (or the
+/// same text with other parameters) is refused instead of read as an offset into it.
+pub(super) fn query_tag(text: &str, params: &serde_json::Map<String, serde_json::Value>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    serde_json::Value::Object(params.clone())
+        .to_string()
+        .hash(&mut h);
+    h.finish()
+}
+
+/// `token` as given to the client of the query tagged `tag`.
+pub(super) fn bind(token: &str, tag: u64) -> String {
+    format!("{tag:016x}:{token}")
+}
+
+/// The token inside `given` when it was made for the query tagged `tag`.
+pub(super) fn unbind(given: &str, tag: u64) -> Result<&str> {
+    let tagged = given
+        .split_once(':')
+        .filter(|(hex, _)| hex.len() == 16)
+        .and_then(|(hex, inner)| Some((u64::from_str_radix(hex, 16).ok()?, inner)));
+    match tagged {
+        Some((made_for, inner)) if made_for == tag => Ok(inner),
+        Some(_) => Err(foreign_continuation()),
+        None => Err(malformed()),
+    }
 }
 
 /// A continuation token's offset (set on `q`), or the index entry it resumes after.

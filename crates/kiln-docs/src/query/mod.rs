@@ -122,6 +122,23 @@ impl Database {
         opts: QueryOptions,
         continuation: Option<&str>,
     ) -> Result<QueryResult> {
+        let tag = continuation::query_tag(text, params);
+        let inner = continuation
+            .map(|t| continuation::unbind(t, tag))
+            .transpose()?;
+        let mut out = self.query_page_untagged(text, params, opts, inner)?;
+        out.continuation = out.continuation.map(|t| continuation::bind(&t, tag));
+        Ok(out)
+    }
+
+    /// `query_page` with the tokens as the plans make and read them (untagged).
+    fn query_page_untagged(
+        &self,
+        text: &str,
+        params: &Map<String, Value>,
+        opts: QueryOptions,
+        continuation: Option<&str>,
+    ) -> Result<QueryResult> {
         let started = Instant::now();
         let env = self.live()?;
         let mut q = parse::parse(text, params)?;
