@@ -263,9 +263,6 @@ fn init_logging(
         lines.with_filter(filter).boxed()
     };
     let (traces, guard) = kiln_server::telemetry::layers(otlp, slow_ms)?;
-    // None, not an empty Vec: an empty Vec of layers answers "never" for every
-    // call site, which would silence the log lines too.
-    let traces = (!traces.is_empty()).then_some(traces);
     tracing_subscriber::registry()
         .with(lines)
         .with(traces)

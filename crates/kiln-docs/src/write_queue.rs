@@ -66,18 +66,18 @@ impl Traced {
     }
 
     /// Ends the wait; the span of the commit that follows it (`writes`: in the
-    /// unit this job's writes are part of).
-    fn committing(self, database: &Database, writes: usize) -> Span {
-        drop(self.waiting);
+    /// unit this job's writes are part of), `None` when traces are off.
+    fn committing(&mut self, database: &Database, writes: usize) -> Option<Span> {
+        drop(std::mem::replace(&mut self.waiting, Span::none()));
         if self.caller.is_disabled() {
-            return Span::none();
+            return None;
         }
-        tracing::info_span!(
+        Some(tracing::info_span!(
             parent: &self.caller,
             "kiln.commit",
             database = database.name(),
             writes
-        )
+        ))
     }
 }
 
@@ -294,23 +294,22 @@ fn work(shared: &Shared) {
             return;
         };
         match taken {
-            Taken::All(ops, reply, traced) => {
+            Taken::All(ops, reply, mut traced) => {
                 let commit = traced.committing(&db, ops.len());
-                let result = commit.in_scope(|| db.write_all_patiently(ops));
+                let result = match &commit {
+                    Some(span) => span.in_scope(|| db.write_all_patiently(ops)),
+                    None => db.write_all_patiently(ops),
+                };
                 drop(commit);
                 reply(result);
             }
-            Taken::Many(ops, replies) => {
+            Taken::Many(ops, mut replies) => {
                 let writes = ops.len();
-                let mut commits = Vec::new();
-                let mut answers = Vec::with_capacity(replies.len());
-                for (reply, traced) in replies {
-                    let commit = traced.committing(&db, writes);
-                    if !commit.is_disabled() {
-                        commits.push(commit);
-                    }
-                    answers.push(reply);
-                }
+                // Empty (no allocation) when traces are off.
+                let commits: Vec<Span> = replies
+                    .iter_mut()
+                    .filter_map(|(_, traced)| traced.committing(&db, writes))
+                    .collect();
                 // The engine's spans (the commit group, its journal write) go
                 // under the first request's commit.
                 let results = match commits.first() {
@@ -320,7 +319,7 @@ fn work(shared: &Shared) {
                 drop(commits);
                 gathered = Some(db_key(&db));
                 drop(db);
-                for (reply, result) in answers.into_iter().zip(results) {
+                for ((reply, _), result) in replies.into_iter().zip(results) {
                     reply(result);
                 }
             }

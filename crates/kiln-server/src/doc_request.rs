@@ -174,7 +174,7 @@ pub(crate) fn read<R>(
     database
         .get_with(id, |doc| {
             let not_modified = crate::http_util::none_match_hits(if_none_match, doc.etag)
-                || crate::http_util::modified_since_misses(if_none_match, doc.last_modified_ms);
+                || crate::http_util::unmodified_since(if_none_match, doc.last_modified_ms);
             render(DocAnswer::Document { doc, not_modified })
         })?
         .ok_or_else(|| {

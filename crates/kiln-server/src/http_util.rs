@@ -228,7 +228,7 @@ pub fn none_match_hits(headers: &impl HeaderLookup, etag: Etag) -> bool {
 /// (which takes precedence), only for a valid HTTP date, and never for something
 /// without a modification time (0). HTTP dates have whole seconds: a write within
 /// the second the client saw counts as not newer, as with any HTTP server.
-pub fn modified_since_misses(headers: &impl HeaderLookup, modified_ms: u64) -> bool {
+pub fn unmodified_since(headers: &impl HeaderLookup, modified_ms: u64) -> bool {
     if modified_ms == 0 || headers.first("if-none-match").is_some() {
         return false;
     }

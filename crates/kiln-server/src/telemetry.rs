@@ -106,14 +106,19 @@ impl Drop for TelemetryGuard {
 /// A layer of a boxed subscriber stack (the CLI composes it with its log layer).
 pub type BoxedLayer<S> = Box<dyn Layer<S> + Send + Sync + 'static>;
 
+/// The trace layers, if any were asked for.
+pub type TraceLayers<S> = Option<Vec<BoxedLayer<S>>>;
+
 /// The layers asked for, filtered to Kiln's spans: the OpenTelemetry exporter to
 /// `otlp`'s endpoint (an `http://host:port` base, as `OTEL_EXPORTER_OTLP_ENDPOINT`),
-/// and the slow-request timings. Must be called
-/// outside an async runtime (the exporter's HTTP client starts its own).
+/// and the slow-request timings; `None` when neither is (not an empty Vec: an empty
+/// Vec of layers answers "never" for every call site, silencing the log lines
+/// too). Must be called outside an async runtime (the exporter's HTTP client starts
+/// its own).
 pub fn layers<S>(
     otlp: Option<(&str, OtlpProtocol)>,
     slow_request_ms: Option<u64>,
-) -> Result<(Vec<BoxedLayer<S>>, TelemetryGuard), TelemetryError>
+) -> Result<(TraceLayers<S>, TelemetryGuard), TelemetryError>
 where
     S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
 {
@@ -134,7 +139,7 @@ where
             SpanTimings.with_filter(tracing_subscriber::filter::filter_fn(kiln_span)),
         ));
     }
-    Ok((layers, guard))
+    Ok(((!layers.is_empty()).then_some(layers), guard))
 }
 
 fn otlp_provider(

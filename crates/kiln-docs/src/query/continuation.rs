@@ -116,9 +116,10 @@ pub(super) fn foreign_continuation() -> DocError {
     })
 }
 
-/// The query a token is made for: a hash of its text and parameters. A token
-/// carries it (`<16 hex>:<token>`), so that a token given to another query (or the
-/// same text with other parameters) is refused instead of read as an offset into it.
+/// A query's identity: a hash of its text and parameters. A token carries it
+/// (`<16 hex>:<token>`), so that a token given to another query (or the same text
+/// with other parameters) is refused instead of read as an offset into it; the
+/// query's ETag (`fingerprint` in mod.rs) starts with it.
 pub(super) fn query_tag(text: &str, params: &serde_json::Map<String, serde_json::Value>) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();

@@ -611,11 +611,8 @@ pub(super) fn for_each_in_collection(
 }
 
 fn fingerprint(text: &str, params: &Map<String, Value>, db_seq: u64, index_seq: u64) -> String {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    text.hash(&mut h);
-    Value::Object(params.clone()).to_string().hash(&mut h);
-    format!("q{:016x}-{db_seq}-{index_seq}", h.finish())
+    let query = continuation::query_tag(text, params);
+    format!("q{query:016x}-{db_seq}-{index_seq}")
 }
 
 /// The distinct ids in the ranges, bounded by `max`.
