@@ -35,12 +35,20 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
-/// The one header an offloaded GET needs, carried to the blocking pool.
-struct IfNoneMatch<'a>(Option<&'a [u8]>);
+/// The headers an offloaded GET needs (its conditions), carried to the blocking
+/// pool.
+struct Conditions {
+    if_none_match: Option<Vec<u8>>,
+    if_modified_since: Option<Vec<u8>>,
+}
 
-impl HeaderLookup for IfNoneMatch<'_> {
+impl HeaderLookup for Conditions {
     fn first(&self, name: &str) -> Option<&[u8]> {
-        (name == "if-none-match").then_some(self.0).flatten()
+        match name {
+            "if-none-match" => self.if_none_match.as_deref(),
+            "if-modified-since" => self.if_modified_since.as_deref(),
+            _ => None,
+        }
     }
 }
 
@@ -325,9 +333,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         close: bool,
     ) -> Result<Answered, Response> {
         let pending = &self.buf[self.start..];
-        let if_none_match = HeadHeaders { head, buf: pending }
-            .first("if-none-match")
-            .map(<[u8]>::to_vec);
+        let head_headers = HeadHeaders { head, buf: pending };
+        let conditions = Conditions {
+            if_none_match: head_headers.first("if-none-match").map(<[u8]>::to_vec),
+            if_modified_since: head_headers.first("if-modified-since").map(<[u8]>::to_vec),
+        };
         let state = self.state.clone();
         let (db, doc_id, id) = (
             head.db(pending).to_string(),
@@ -336,8 +346,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         );
         let read = move || {
             let mut out = Vec::new();
-            let headers = IfNoneMatch(if_none_match.as_deref());
-            let answered = doc_request::read(&state, &db, &doc_id, &headers, |answer| {
+            let answered = doc_request::read(&state, &db, &doc_id, &conditions, |answer| {
                 answer::document(&mut out, &answer, &id, close)
             });
             (answered, out)
