@@ -608,6 +608,11 @@ impl ClusterNode {
                 )));
             }
         }
+        // This node must not stand again while the hand-over runs: once the
+        // target's higher term makes it step down, its own election timer could
+        // otherwise win the next round (openraft's leader lease makes the target's
+        // first try fail, so there is a next round), and leadership would stay.
+        let _not_standing = ElectionsOff::new(&self.raft);
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         self.network
             .ask_to_elect(to, &address, remaining.max(Duration::from_millis(100)))
@@ -729,5 +734,24 @@ impl ClusterNode {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "stopping Raft");
         }
+    }
+}
+
+/// Keeps this node from standing for election while it lives (a leadership
+/// hand-over); elections come back when it is dropped, whatever the outcome.
+struct ElectionsOff<'a> {
+    raft: &'a Raft,
+}
+
+impl<'a> ElectionsOff<'a> {
+    fn new(raft: &'a Raft) -> Self {
+        raft.runtime_config().elect(false);
+        ElectionsOff { raft }
+    }
+}
+
+impl Drop for ElectionsOff<'_> {
+    fn drop(&mut self) {
+        self.raft.runtime_config().elect(true);
     }
 }
