@@ -19,6 +19,7 @@ pub enum Command {
     /// Defines an index (derived data: every node builds it from its documents).
     DefineIndex {
         database: String,
+        #[serde(with = "crate::codec::json_text_in_binary")]
         definition: kiln_docs::IndexDefinition,
     },
     DeleteIndex {

@@ -4,11 +4,13 @@
 //! write the same etag (`Database::apply_logged`).
 //!
 //! - [`command`]: what the log carries, and what applying it answers.
+//! - [`codec`]: the binary, versioned form of log entries and Raft messages
+//!   (JSON from older builds still read).
 //! - [`log_store`]: the Raft log and vote, in a kiln-storage environment of their
 //!   own (a commit is durable when it returns: an append is acknowledged only then).
 //! - [`state_machine`]: applies entries to the document store.
 //! - [`snapshot`]: snapshots, the databases' backup containers in a file.
-//! - [`network`]: Raft's messages over HTTP (JSON bodies) to the other nodes'
+//! - [`network`]: Raft's messages over HTTP (`codec` bodies) to the other nodes'
 //!   `/cluster/raft/*` routes, which the server mounts.
 //! - `uploads`: attachment uploads in progress, written by the log's chunks.
 //! - `batcher`: concurrent independent writes merged into one log entry.
@@ -19,6 +21,7 @@
 #![allow(clippy::result_large_err)]
 
 mod batcher;
+pub mod codec;
 pub mod command;
 pub mod log_store;
 pub mod network;

@@ -11,6 +11,7 @@
 //! Appends and votes are JSON. A snapshot chunk (megabytes) is binary, see
 //! [`encode_snapshot_chunk`]: JSON would spell each byte as a number.
 
+use crate::codec::CodecError;
 use crate::{NodeId, Raft, TypeConfig};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -270,10 +271,10 @@ enum Transport {
     Decode {
         url: String,
         #[source]
-        source: serde_json::Error,
+        source: CodecError,
     },
     #[error("encoding the request: {0}")]
-    Encode(#[source] serde_json::Error),
+    Encode(#[source] CodecError),
 }
 
 impl Peer {
@@ -293,7 +294,7 @@ impl Peer {
         let content_type = if kind == "snapshot" {
             "application/octet-stream"
         } else {
-            "application/json"
+            crate::codec::content_type(&body)
         };
         let mut http = hyper::Request::post(&url)
             .header("content-type", content_type)
@@ -335,7 +336,7 @@ impl Peer {
                     body: String::from_utf8_lossy(&bytes).into_owned(),
                 });
             }
-            serde_json::from_slice(&bytes).map_err(|source| Transport::Decode {
+            crate::codec::decode(&bytes).map_err(|source| Transport::Decode {
                 url: url.clone(),
                 source,
             })
@@ -354,7 +355,7 @@ impl Peer {
     async fn call<Resp: DeserializeOwned, E>(
         &self,
         kind: &str,
-        body: Result<Vec<u8>, serde_json::Error>,
+        body: Result<Vec<u8>, CodecError>,
         option: RPCOption,
     ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
     where
@@ -396,7 +397,8 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call("append", serde_json::to_vec(&rpc), option).await
+        self.call("append", crate::codec::encode(&rpc), option)
+            .await
     }
 
     async fn install_snapshot(
@@ -407,8 +409,12 @@ impl RaftNetwork<TypeConfig> for Peer {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call("snapshot", encode_snapshot_chunk(rpc), option)
-            .await
+        self.call(
+            "snapshot",
+            encode_snapshot_chunk(rpc).map_err(CodecError::EncodeJson),
+            option,
+        )
+        .await
     }
 
     async fn vote(
@@ -416,7 +422,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call("vote", serde_json::to_vec(&rpc), option).await
+        self.call("vote", crate::codec::encode(&rpc), option).await
     }
 }
 
@@ -426,7 +432,9 @@ pub enum RpcError {
     #[error("no Raft message kind {0:?} (append, vote, snapshot)")]
     UnknownKind(String),
     #[error("malformed Raft message: {0}")]
-    Malformed(#[from] serde_json::Error),
+    Malformed(#[from] CodecError),
+    #[error("a JSON part of a Raft message (snapshot chunk header, answer): {0}")]
+    Json(#[from] serde_json::Error),
     #[error("malformed snapshot chunk: {0}")]
     MalformedChunk(&'static str),
 }
@@ -460,18 +468,23 @@ fn decode_snapshot_chunk(body: &[u8]) -> Result<InstallSnapshotRequest<TypeConfi
 }
 
 /// Hands one received message (`kind` = the last path segment) to the local Raft
-/// and returns the JSON body to answer with.
+/// and returns the body to answer with, in the form the message came in
+/// (`codec::encode_like`: an older peer's JSON is answered in JSON; its media type
+/// is `codec::content_type` of it).
 pub async fn handle_rpc(raft: &Raft, kind: &str, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+    use crate::codec::{decode, encode_like};
     Ok(match kind {
         "append" => {
-            let rpc: AppendEntriesRequest<TypeConfig> = serde_json::from_slice(body)?;
-            serde_json::to_vec(&raft.append_entries(rpc).await)?
+            let rpc: AppendEntriesRequest<TypeConfig> = decode(body)?;
+            encode_like(body, &raft.append_entries(rpc).await)?
         }
         "vote" => {
-            let rpc: VoteRequest<NodeId> = serde_json::from_slice(body)?;
-            serde_json::to_vec(&raft.vote(rpc).await)?
+            let rpc: VoteRequest<NodeId> = decode(body)?;
+            encode_like(body, &raft.vote(rpc).await)?
         }
         "snapshot" => {
+            // The chunk's own framing (a JSON header); answered in JSON, which
+            // every build reads.
             let rpc = decode_snapshot_chunk(body)?;
             serde_json::to_vec(&raft.install_snapshot(rpc).await)?
         }

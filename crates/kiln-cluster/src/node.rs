@@ -339,7 +339,7 @@ impl ClusterNode {
                 source,
             }
         })?;
-        let machine = StateMachine::open(store.clone(), log.env(), &config.snapshot_dir, classify)?;
+        let machine = StateMachine::open(store.clone(), &log, &config.snapshot_dir, classify)?;
         let log = log.with_purge_limit(machine.purge_limit());
         let truncations = log.truncations();
         let network = Network::new(

@@ -3,9 +3,10 @@
 //! A document write records its log index in the database's own transaction
 //! (`Database::apply_logged`), so an entry is never applied twice to a database.
 //! The last applied log id and the membership are kept beside the log (meta
-//! tree `raft_state`), written after each batch of entries: after a crash they may
-//! lag behind the databases, and the entries in between are applied again as
-//! no-ops. That also makes a snapshot exact although it is taken while entries
+//! tree `raft_state`): after a batch of document writes they are left for the
+//! log's next append to carry (`log_store::Piggyback`), after any other entry
+//! saved in a commit of their own. After a crash they may lag behind the
+//! databases, and the entries in between are applied again as no-ops. That also makes a snapshot exact although it is taken while entries
 //! are applied (one database after another, each a consistent backup): it may
 //! hold more than its last log id says, and what it holds twice is skipped.
 //!
@@ -13,7 +14,7 @@
 //! the current one's description is kept in `raft_state` too.
 
 use crate::command::{default_classifier, Answer, ClassifyError, Command, LoggedOp, WriteAnswer};
-use crate::log_store::PurgeLimit;
+use crate::log_store::{LogStore, Piggyback, PurgeLimit};
 use crate::snapshot::{snapshot_err, SnapshotDir, SnapshotFile};
 use crate::uploads;
 use crate::{LogId, NodeId, StorageError, TypeConfig};
@@ -51,6 +52,8 @@ struct Shared {
     snapshots: SnapshotDir,
     /// Raised once a snapshot is durable: the log store purges no further.
     purge_limit: PurgeLimit,
+    /// The log's next append carries the applied state after document writes.
+    piggyback: Piggyback,
     /// The last snapshot built or installed (the newest of both: a build runs
     /// beside the applying, so an install may finish first).
     snapshot: Mutex<Option<Meta>>,
@@ -77,15 +80,15 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl StateMachine {
-    /// The state machine over `store`, keeping its own state in `env` (the log
-    /// store's environment: one journal for both) and its snapshots in
-    /// `snapshot_dir`.
+    /// The state machine over `store`, keeping its own state in the environment
+    /// of `log` (one journal for both) and its snapshots in `snapshot_dir`.
     pub fn open(
         store: Arc<DocStore>,
-        env: Arc<Env>,
+        log: &LogStore,
         snapshot_dir: &Path,
         classify: Option<ClassifyError>,
     ) -> Result<StateMachine, StorageError> {
+        let env = log.env();
         let mut w = env.begin_write().map_err(|e| sm_err(&e))?;
         w.ensure_tree(STATE).map_err(|e| sm_err(&e))?;
         w.commit().map_err(|e| sm_err(&e))?;
@@ -118,6 +121,7 @@ impl StateMachine {
                 classify: classify.unwrap_or_else(default_classifier),
                 snapshots,
                 purge_limit,
+                piggyback: log.piggyback(),
                 snapshot: Mutex::new(snapshot),
             }),
             applied,
@@ -145,6 +149,14 @@ impl StateMachine {
     ) -> Result<(), StorageError> {
         let env = &self.shared.env;
         let mut w = env.begin_write().map_err(|e| sm_err(&e))?;
+        // What was left for the log's next append goes in this commit (which holds
+        // the writer): a snapshot's commit purges the log up to its last log id,
+        // and the applied state on disk must not stay behind that. An explicit
+        // `applied` is newer and replaces it below.
+        self.shared
+            .piggyback
+            .carry(&mut w)
+            .map_err(|e| sm_err(&e))?;
         if let Some(applied) = applied {
             let raw = serde_json::to_vec(applied).map_err(|e| sm_err(&e))?;
             w.put(STATE, APPLIED, &raw).map_err(|e| sm_err(&e))?;
@@ -783,7 +795,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Consecutive entries of independent writes to one database are applied
         // as one run, in one transaction (`Database::apply_logged_run`).
         let mut run = Run::default();
+        // Whether every entry was a document write (or blank): applied again after
+        // a crash, each is a no-op, so the applied state need not be durable now.
+        let mut only_writes = true;
         for entry in entries {
+            only_writes &= matches!(
+                entry.payload,
+                EntryPayload::Blank | EntryPayload::Normal(Command::Write { .. })
+            );
             // openraft applies the entries after the last applied one in order (as
             // `applied_state` reports it after a restart, or an installed snapshot
             // left it): an entry applied twice, or out of order, is a bug.
@@ -816,8 +835,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
         }
         answers.extend(self.apply_run(run).await?);
-        let me = self.clone();
-        blocking(move || me.save_applied()).await?;
+        if only_writes {
+            let raw = serde_json::to_vec(&self.applied).map_err(|e| sm_err(&e))?;
+            self.shared.piggyback.leave(STATE, APPLIED, raw);
+        } else {
+            let me = self.clone();
+            blocking(move || me.save_applied()).await?;
+        }
         Ok(answers)
     }
 

@@ -255,8 +255,10 @@ pub(crate) fn restore(db: &Database, input: &mut impl Read, len: u64) -> Result<
 }
 
 /// Bytes as base64 text in the log's JSON (a JSON array of numbers would be
-/// about 3.5 bytes a byte; base64 is 4 per 3), by the `base64` crate.
+/// about 3.5 bytes a byte; base64 is 4 per 3), by the `base64` crate; as
+/// themselves in the binary form (`codec`).
 pub(crate) mod base64_text {
+    use serde::de::{Error, Visitor};
     use serde::{Deserialize, Deserializer, Serializer};
 
     use base64::engine::general_purpose::STANDARD;
@@ -273,12 +275,32 @@ pub(crate) mod base64_text {
     }
 
     pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&encode(bytes))
+        if s.is_human_readable() {
+            s.serialize_str(&encode(bytes))
+        } else {
+            s.serialize_bytes(bytes)
+        }
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        decode(&text).map_err(serde::de::Error::custom)
+        if d.is_human_readable() {
+            let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+            return decode(&text).map_err(Error::custom);
+        }
+        struct Bytes;
+        impl Visitor<'_> for Bytes {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+        }
+        d.deserialize_byte_buf(Bytes)
     }
 }
 

@@ -71,7 +71,7 @@ pub async fn raft_message(
         Ok(answer) => Ok((
             [(
                 header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
+                HeaderValue::from_static(kiln_cluster::codec::content_type(&answer)),
             )],
             answer,
         )
