@@ -317,3 +317,74 @@ async fn members_change_under_load_without_losing_a_write() {
         stop(n).await;
     }
 }
+
+/// A Raft message is answered in the form it came in: JSON (what builds before the
+/// binary form send) in JSON, binary in binary; a format byte this build does not
+/// know is refused naming it, and the node goes on taking the cluster's writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn messages_are_answered_in_their_own_form_and_an_unknown_form_is_refused() {
+    use kiln_cluster::network::handle_rpc;
+    let root = tempfile::tempdir().unwrap();
+    let members = loopback_members(3);
+    let mut nodes = BTreeMap::new();
+    for id in members.keys() {
+        let dir = root.path().join(format!("node{id}"));
+        nodes.insert(*id, start(*id, &dir, &members).await);
+    }
+    let leader = wait_for_leader(&nodes).await;
+    let follower = *nodes.keys().find(|id| **id != leader).unwrap();
+    let raft = nodes[&follower].node.raft();
+
+    // A vote request from a stale candidate (term 0): refused, in either form.
+    let vote = openraft::raft::VoteRequest::<u64>::new(openraft::Vote::new(0, leader), None);
+    let json = serde_json::to_vec(&vote).unwrap();
+    let answer = handle_rpc(raft, "vote", &json).await.unwrap();
+    assert_eq!(
+        answer.first(),
+        Some(&b'{'),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert_eq!(
+        kiln_cluster::codec::content_type(&answer),
+        "application/json"
+    );
+    let binary = kiln_cluster::codec::encode(&vote).unwrap();
+    let answer = handle_rpc(raft, "vote", &binary).await.unwrap();
+    assert_eq!(
+        answer.first(),
+        Some(&kiln_cluster::codec::FORMAT_POSTCARD_V1)
+    );
+    let decoded: Result<openraft::raft::VoteResponse<u64>, openraft::error::RaftError<u64>> =
+        kiln_cluster::codec::decode(&answer).unwrap();
+    assert!(!decoded.unwrap().vote_granted);
+
+    let refused = handle_rpc(raft, "append", &[2, 0, 0, 0]).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("format byte 2") && refused.to_string().contains("Upgrade"),
+        "{refused}"
+    );
+
+    // The cluster still takes writes, and the follower has them.
+    let answer = nodes[&leader]
+        .node
+        .write(Command::CreateDatabase {
+            name: "shop".into(),
+            incarnation: 3,
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(answer, Answer::DatabaseCreated { .. }),
+        "{answer:?}"
+    );
+    let written = nodes[&leader]
+        .node
+        .write(put("shop", "a", "{\"n\":1}", 1_000))
+        .await
+        .unwrap();
+    wait_for_document(&nodes[&follower].node, "a", &etag_of(&written)).await;
+    for (_, n) in nodes {
+        stop(n).await;
+    }
+}
