@@ -3,7 +3,7 @@
 //! request's id, added where the answer leaves the server).
 //!
 //! [`ErrorCode`] is the one list of codes: the status of an answer comes from its
-//! code, and `docs/openapi.yaml` lists the same codes (`tests/openapi_matches_server.rs`
+//! code, and `docs/openapi.yaml` lists the same codes (`tests/server/openapi_matches_server.rs`
 //! compares them; `KILN_WRITE_OPENAPI=1` on that test rewrites the list from this enum).
 
 use axum::http::{header, HeaderValue, StatusCode};

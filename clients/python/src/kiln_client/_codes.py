@@ -1,9 +1,9 @@
 """Every error code the server sends, with the HTTP status it is sent with.
 
 Generated from the server's one list (kiln_server::error::ErrorCode::ALL in
-crates/kiln-server/src/error.rs) by crates/kiln-server/tests/client_error_codes.rs:
+crates/kiln-server/src/error.rs) by crates/kiln-server/tests/server/client_error_codes.rs:
 do not edit. After adding a code to the server, run
-KILN_WRITE_CLIENT_CODES=1 cargo test -p kiln-server --test client_error_codes
+KILN_WRITE_CLIENT_CODES=1 cargo test -p kiln-server --test server -- client_error_codes::
 """
 
 from typing import Dict

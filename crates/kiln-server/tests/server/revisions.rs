@@ -5,9 +5,7 @@
 //! (PUT through the own HTTP/1.1 loop, DELETE, batch, bulk insert, revert).
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::{expect_error, Harness};
+use crate::common::{expect_error, Harness};
 use kiln_server::auth;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -22,7 +20,10 @@ async fn set_config(h: &Harness, db: &str, config: &Value) -> reqwest::Response 
 }
 
 async fn revisions(h: &Harness, db: &str, id: &str, query: &str) -> reqwest::Response {
-    let path = format!("/dbs/{db}/revisions/docs/{}{query}", common::encode(id));
+    let path = format!(
+        "/dbs/{db}/revisions/docs/{}{query}",
+        crate::common::encode(id)
+    );
     h.http.get(h.url(&path)).send().await.unwrap()
 }
 
@@ -183,7 +184,7 @@ async fn revisions_page_revert_and_purge() {
     let r = revert(&etags[1], None).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
     assert_eq!(r.headers()["location"], "/dbs/shop/docs/orders/1");
-    let now = common::etag_of(&r);
+    let now = crate::common::etag_of(&r);
     let doc = h.get_json("shop", "orders/1").await;
     assert_eq!(
         (doc["v"].clone(), doc["@metadata"]["@etag"].clone()),
@@ -253,11 +254,11 @@ async fn each_revision_names_the_key_that_wrote_it() {
     assert_eq!(r.unwrap().status(), StatusCode::OK);
     // A plain PUT on a new connection: the own HTTP/1.1 loop serves it (a
     // connection whose first request was another goes to hyper for good).
-    let r = common::client()
+    let r = crate::common::client()
         .put(h.doc_url("shop", "c/1"))
         .bearer_auth(&put_key.1)
         .json(&json!({"v": 1}));
-    let first = common::etag_of(&r.send().await.unwrap());
+    let first = crate::common::etag_of(&r.send().await.unwrap());
     let batch = json!({"ops": [{"op": "put", "id": "c/1", "document": {"v": 2}}]});
     let r = h
         .http

@@ -5,9 +5,7 @@
 //! its directory, catches up.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kiln_cluster::{Answer, ClusterConfig, ClusterError, Command};
 use std::collections::BTreeMap;
 use std::path::PathBuf;

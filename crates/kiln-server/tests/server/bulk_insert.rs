@@ -11,9 +11,7 @@
 //! - ids ending in `/` generate distinct ids under that prefix.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::{seq_of, Harness};
+use crate::common::{seq_of, Harness};
 use futures_util::{Stream, StreamExt};
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -129,7 +127,7 @@ async fn list_prefix(h: &Harness, db: &str, prefix: &str) -> Vec<String> {
     loop {
         let mut url = format!("/dbs/{db}/docs?prefix={prefix}&page_size=1000");
         if let Some(a) = &after {
-            url.push_str(&format!("&start_after={}", common::encode(a)));
+            url.push_str(&format!("&start_after={}", crate::common::encode(a)));
         }
         let (status, text) = h.get_text(&url).await;
         assert_eq!(status.as_u16(), 200, "{text}");
@@ -207,10 +205,13 @@ async fn twenty_thousand_documents_stream_in_with_increasing_acks_and_all_are_st
     assert_eq!(stats["last_etag"], last["last_etag"], "{stats}");
     let m = h.metrics_text().await;
     assert_eq!(
-        common::metric(&m, "kiln_bulk_documents_total"),
+        crate::common::metric(&m, "kiln_bulk_documents_total"),
         Some(20_000.0)
     );
-    assert_eq!(common::metric(&m, "kiln_bulk_inserts_running"), Some(0.0));
+    assert_eq!(
+        crate::common::metric(&m, "kiln_bulk_inserts_running"),
+        Some(0.0)
+    );
     h.shutdown().await;
 }
 
@@ -420,7 +421,7 @@ async fn settled_count(h: &Harness, db: &str) -> u64 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let m = h.metrics_text().await;
         let n = h.doc_count(db).await;
-        if n == last && common::metric(&m, "kiln_bulk_inserts_running") == Some(0.0) {
+        if n == last && crate::common::metric(&m, "kiln_bulk_inserts_running") == Some(0.0) {
             return n;
         }
         last = n;

@@ -2,9 +2,7 @@
 //! off loopback without them.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::{expect_error, Harness};
+use crate::common::{expect_error, Harness};
 use kiln_server::{auth, RunningServer, ServerConfig, TlsConfig};
 use rcgen::{
     BasicConstraints, Certificate, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -491,7 +489,7 @@ async fn registered_client_certificates_authenticate_with_their_permissions() {
 // ---------------------------------------------------------------- binding
 
 fn public_config(dir: &Path) -> ServerConfig {
-    let mut c = common::config(dir);
+    let mut c = crate::common::config(dir);
     c.bind = "0.0.0.0:0".parse().unwrap();
     c
 }
@@ -524,7 +522,7 @@ async fn a_public_address_needs_tls_and_auth_or_unsecured() {
         .expect("--unsecured starts");
     assert!(server.local_addr().ip().is_unspecified());
     let port = server.local_addr().port();
-    let r = common::client()
+    let r = crate::common::client()
         .get(format!("http://127.0.0.1:{port}/health"))
         .send()
         .await

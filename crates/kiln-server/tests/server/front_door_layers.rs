@@ -5,9 +5,7 @@
 //! `/metrics`; `Link: rel="next"` on pages that have a next one.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::{expect_error, Harness};
+use crate::common::{expect_error, Harness};
 use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

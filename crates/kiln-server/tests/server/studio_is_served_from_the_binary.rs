@@ -3,9 +3,7 @@
 //! Content-Security-Policy, and no key needed for the static files under --auth.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::Harness;
+use crate::common::Harness;
 use kiln_server::auth;
 use reqwest::StatusCode;
 

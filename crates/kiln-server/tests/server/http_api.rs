@@ -3,9 +3,7 @@
 //! concurrent conditional writes and a restart.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::{encode, etag_of, expect_error, metric, Harness};
+use crate::common::{encode, etag_of, expect_error, metric, Harness};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -986,7 +984,7 @@ async fn concurrent_conditional_writes_have_exactly_one_winner() {
     let mut tasks = Vec::new();
     for i in 0..16 {
         // Separate clients, so each writer has its own connection.
-        let client = common::client();
+        let client = crate::common::client();
         let url = h.doc_url("race", "counter");
         let etag = etag.clone();
         tasks.push(tokio::spawn(async move {
@@ -1037,7 +1035,7 @@ async fn concurrent_writes_succeed_or_fail_each_on_their_own() {
     let current = h.put_ok("mix", "guarded", &json!({"v": 1})).await;
     let mut tasks = Vec::new();
     for i in 0..24 {
-        let client = common::client();
+        let client = crate::common::client();
         let h_url = |id: &str| h.doc_url("mix", id);
         let (url, if_match) = match i % 6 {
             // Every sixth writer uses a stale etag on the guarded document.

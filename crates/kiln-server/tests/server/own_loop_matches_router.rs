@@ -59,9 +59,7 @@
 //! or no answer), and `--hyper-only` is only a comparison mode.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::Harness;
+use crate::common::Harness;
 use kiln_server::{auth, ReadOffload, ServerConfig};
 use proptest::prelude::*;
 use std::fmt::Write as _;
@@ -590,7 +588,7 @@ impl Pair {
         };
         let (own_text, hyper_text) = tokio::join!(metrics(&own), metrics(&hyper));
         let value = |text: &str, series: &str| {
-            common::metric(text, series).unwrap_or_else(|| panic!("no {series} in {text}"))
+            crate::common::metric(text, series).unwrap_or_else(|| panic!("no {series} in {text}"))
         };
         let handed = value(&own_text, "kiln_http_connections_to_hyper_total");
         let total = value(&own_text, "kiln_http_connections_total");
@@ -1637,7 +1635,7 @@ async fn raw_shapes_are_answered_alike_with_reads_offloaded() {
     );
     let metrics = pair.own.http.get(pair.own.url("/metrics")).send();
     let text = metrics.await.unwrap().text().await.unwrap();
-    let offloaded = common::metric(&text, "kiln_document_reads_offloaded_total").unwrap();
+    let offloaded = crate::common::metric(&text, "kiln_document_reads_offloaded_total").unwrap();
     assert!(offloaded >= 10.0, "{offloaded} reads offloaded");
     pair.shutdown("").await;
 }
@@ -2434,7 +2432,7 @@ async fn a_refused_write_with_part_of_its_body() {
 /// `Content-Length: 18446744073709551614` (or ...615): hyper refuses a length
 /// past `u64::MAX - 2` while parsing the head, with an empty 431; the own loop
 /// takes it and answers 413 `body_too_large` in JSON (401 first with
-/// authentication on; tests/own_http1.rs asserts those on the own loop).
+/// authentication on; tests/server/own_http1.rs asserts those on the own loop).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "kept: a Content-Length past u64::MAX - 2 is a 413 body_too_large in JSON; hyper's empty 431 is the odd one"]
 async fn a_content_length_hyper_refuses() {

@@ -4,9 +4,7 @@
 //! never echoes the key. Anything else is refused with 401.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::Harness;
+use crate::common::Harness;
 use futures_util::{SinkExt, StreamExt};
 use kiln_server::auth;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;

@@ -11,7 +11,7 @@
 //! removing a code, rewrite both with
 //!
 //! ```text
-//! KILN_WRITE_CLIENT_CODES=1 cargo test -p kiln-server --test client_error_codes
+//! KILN_WRITE_CLIENT_CODES=1 cargo test -p kiln-server --test server -- client_error_codes::
 //! ```
 //!
 //! and give the Python client a class for the new code (its tests say which is missing).
@@ -21,7 +21,7 @@ use kiln_server::error::ErrorCode;
 use std::path::PathBuf;
 
 const HOW_TO_REGENERATE: &str =
-    "KILN_WRITE_CLIENT_CODES=1 cargo test -p kiln-server --test client_error_codes";
+    "KILN_WRITE_CLIENT_CODES=1 cargo test -p kiln-server --test server -- client_error_codes::";
 
 fn repo_file(relative: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -54,7 +54,7 @@ fn python_list() -> String {
     let mut out = String::from(
         "\"\"\"Every error code the server sends, with the HTTP status it is sent with.\n\n\
          Generated from the server's one list (kiln_server::error::ErrorCode::ALL in\n\
-         crates/kiln-server/src/error.rs) by crates/kiln-server/tests/client_error_codes.rs:\n\
+         crates/kiln-server/src/error.rs) by crates/kiln-server/tests/server/client_error_codes.rs:\n\
          do not edit. After adding a code to the server, run\n",
     );
     out.push_str(&format!("{HOW_TO_REGENERATE}\n\"\"\"\n\n"));

@@ -6,9 +6,7 @@
 //! follower is cut off and healed: the cluster never stops taking writes.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kiln_cluster::{ClusterConfig, ClusterError};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};

@@ -3,9 +3,7 @@
 //! malformed and hostile queries get clear 400s.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::{expect_error, Harness};
+use crate::common::{expect_error, Harness};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 

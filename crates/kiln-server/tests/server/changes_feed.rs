@@ -13,9 +13,7 @@
 //!   WebSocket messages (an error frame, the connection survives).
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::{expect_error, metric, seq_of, Harness};
+use crate::common::{expect_error, metric, seq_of, Harness};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -224,7 +222,7 @@ async fn concurrent_writers_feed_is_in_etag_order_once_per_id_with_final_state()
         if a.delete {
             assert_eq!(r.status().as_u16(), 404, "{id} was deleted last");
         } else {
-            assert_eq!(common::etag_of(&r), a.etag, "{id}");
+            assert_eq!(crate::common::etag_of(&r), a.etag, "{id}");
         }
     }
     Arc::try_unwrap(h).ok().unwrap().shutdown().await;

@@ -3,9 +3,7 @@
 //! clients that vanish mid-request.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::{
+use crate::common::{
     closed_within, expect_error, raw_exchange, read_response, Harness, RawOutcome, RawResponse,
 };
 use reqwest::{Client, StatusCode};
@@ -223,7 +221,7 @@ async fn connections_over_the_limit_get_429() {
     assert_eq!(r.status, 200);
     let text = String::from_utf8(r.body).unwrap();
     assert!(
-        common::metric(&text, "kiln_http_connections_refused_total").unwrap() >= 1.0,
+        crate::common::metric(&text, "kiln_http_connections_refused_total").unwrap() >= 1.0,
         "{text}"
     );
     drop(fresh);

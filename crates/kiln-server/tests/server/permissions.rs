@@ -13,9 +13,7 @@
 //! through.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::Harness;
+use crate::common::Harness;
 use kiln_server::access::{Clearance, DbGrant};
 use kiln_server::auth;
 use serde_json::{json, Value};

@@ -2,9 +2,7 @@
 //! client that disconnects stops it (the database is released at once).
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use std::time::{Duration, Instant};
 

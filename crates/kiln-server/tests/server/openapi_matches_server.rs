@@ -11,16 +11,14 @@
 //! To regenerate the list from the Rust enum (after adding or removing a code):
 //!
 //! ```text
-//! KILN_WRITE_OPENAPI=1 cargo test -p kiln-server --test openapi_matches_server
+//! KILN_WRITE_OPENAPI=1 cargo test -p kiln-server --test server -- openapi_matches_server::
 //! ```
 //!
 //! which rewrites that one line of `docs/openapi.yaml` in the enum's order (and
 //! then passes). Document the new code's status on the operations that answer it.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::{expect_error, Harness};
+use crate::common::{expect_error, Harness};
 use kiln_server::error::ErrorCode;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -103,7 +101,7 @@ fn the_error_codes_of_the_openapi_document_are_those_of_the_server() {
         missing.is_empty() && extra.is_empty(),
         "docs/openapi.yaml's error codes differ from ErrorCode::ALL: not documented {missing:?}, \
          documented but never sent {extra:?}; regenerate the list with \
-         KILN_WRITE_OPENAPI=1 cargo test -p kiln-server --test openapi_matches_server"
+         KILN_WRITE_OPENAPI=1 cargo test -p kiln-server --test server -- openapi_matches_server::"
     );
 
     // Every status an error code is sent with is a documented response somewhere.
@@ -156,7 +154,7 @@ async fn refusals_that_were_plain_text_are_json_errors() {
     let r = h.http.get(h.url("/studio/%FF")).send().await.unwrap();
     expect_error(r, 400, "invalid_path").await;
     // A database that does not exist is still a 400 for a plain GET (the upgrade is
-    // checked first), and a real upgrade still works (tests/changes_feed.rs).
+    // checked first), and a real upgrade still works (tests/server/changes_feed.rs).
     let r = h
         .http
         .get(h.url("/dbs/nope/changes/ws"))

@@ -8,9 +8,7 @@
 //! report as needing a restart.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::{client, expect_error, Harness};
+use crate::common::{client, expect_error, Harness};
 use kiln_storage::io::{ForwardFile, ForwardVfs, OpenMode, OsVfs, Vfs, VfsFile};
 use reqwest::StatusCode;
 use serde_json::{json, Value};

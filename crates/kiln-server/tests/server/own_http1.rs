@@ -3,9 +3,7 @@
 //! shutdown, and answers that match hyper's for the same requests.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
-mod common;
-
-use common::{Harness, RawResponse};
+use crate::common::{Harness, RawResponse};
 use kiln_server::auth;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -89,7 +87,7 @@ impl RawConn {
     }
 
     async fn closed_within(&mut self, limit: Duration) -> bool {
-        common::closed_within(&mut self.stream, limit).await
+        crate::common::closed_within(&mut self.stream, limit).await
     }
 }
 
@@ -401,7 +399,7 @@ async fn the_own_loop_answers_as_hyper_does() {
         seen.push(shape(&c.answer().await.expect("an answer")));
         // The own loop served the documents and gave the connection to hyper at
         // /health (as it did the client's that created the database).
-        let handed = common::metric(
+        let handed = crate::common::metric(
             &h.metrics_text().await,
             "kiln_http_connections_to_hyper_total",
         )
