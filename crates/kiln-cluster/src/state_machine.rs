@@ -396,7 +396,7 @@ impl Shared {
             Atomicity::Each
         };
         let mut parsed = Vec::with_capacity(ops.len());
-        for op in ops {
+        for op in &ops {
             match to_write_op(&db, op) {
                 Ok(op) => parsed.push(op),
                 // The leader parsed the writes before logging them: a write that does
@@ -631,7 +631,9 @@ fn attachment_answer(
     })
 }
 
-fn to_write_op(db: &kiln_docs::Database, op: LoggedOp) -> Result<WriteOp, DocError> {
+/// The document-layer write a logged one asks for; borrowed, so that a run can
+/// fall back to its entries one by one without having copied every document.
+fn to_write_op(db: &kiln_docs::Database, op: &LoggedOp) -> Result<WriteOp, DocError> {
     Ok(match op {
         LoggedOp::Put {
             id,
@@ -639,18 +641,20 @@ fn to_write_op(db: &kiln_docs::Database, op: LoggedOp) -> Result<WriteOp, DocErr
             condition,
         } => WriteOp::Put {
             id: if id.ends_with('/') {
-                DocId::Generate { prefix: id }
+                DocId::Generate { prefix: id.clone() }
             } else {
-                DocId::Given(id)
+                DocId::Given(id.clone())
             },
             document: db.parse_document(json.as_bytes())?,
             condition: condition.to_condition()?,
         },
         LoggedOp::Delete { id, condition } => WriteOp::Delete {
-            id,
+            id: id.clone(),
             condition: condition.to_condition()?,
         },
-        LoggedOp::Attributed { key_id, op } => to_write_op(db, *op)?.attributed(Some(key_id)),
+        LoggedOp::Attributed { key_id, op } => {
+            to_write_op(db, op)?.attributed(Some(key_id.clone()))
+        }
     })
 }
 
@@ -731,7 +735,7 @@ fn execute_run(
     let mut places = Vec::with_capacity(entries.len());
     for (place, (log_id, at_ms, ops)) in entries.iter().enumerate() {
         // As in `write`: an entry whose write does not parse fails on every node.
-        match ops.iter().cloned().map(|op| to_write_op(&db, op)).collect() {
+        match ops.iter().map(|op| to_write_op(&db, op)).collect() {
             Ok(ops) => {
                 run.push(kiln_docs::LoggedEntry {
                     log_index: log_id.index,
