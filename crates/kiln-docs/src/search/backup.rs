@@ -17,7 +17,7 @@
 //! open); and a file open here stays readable after an unlink (Unix). Segment files
 //! and `meta.json` are never rewritten in place (new names, atomic renames). The
 //! `meta.json` shipped is the metas loaded, serialized as tantivy writes them.
-//! (`tests/search_backup.rs` takes backups while rewrites commit new delete files
+//! (`tests/docs/search_backup.rs` takes backups while rewrites commit new delete files
 //! and the old ones are collected; without the lock and the held metas, with a
 //! pause before the files are opened, its restored indexes come out unusable.)
 //!
