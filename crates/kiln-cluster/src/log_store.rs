@@ -1,7 +1,7 @@
 //! The Raft log and vote in a kiln-storage environment of their own
 //! (`<data>/cluster/raft`). An entry is stored under its index (big-endian, so
-//! the tree's order is the log's) in the binary form (`codec`); the vote and the last purged log id are JSON
-//! values in a meta tree. Every change is one commit,
+//! the tree's order is the log's) in the binary form (`codec`); the vote and the
+//! last purged log id are JSON values in a meta tree. Every change is one commit,
 //! durable when it returns (the environment's default durability): Raft is told
 //! an append is flushed only then, and a node votes only once its vote is on disk.
 

@@ -6,9 +6,10 @@
 //! tree `raft_state`): after a batch of document writes they are left for the
 //! log's next append to carry (`log_store::Piggyback`), after any other entry
 //! saved in a commit of their own. After a crash they may lag behind the
-//! databases, and the entries in between are applied again as no-ops. That also makes a snapshot exact although it is taken while entries
-//! are applied (one database after another, each a consistent backup): it may
-//! hold more than its last log id says, and what it holds twice is skipped.
+//! databases, and the entries in between are applied again as no-ops. That also
+//! makes a snapshot exact although it is taken while entries are applied (one
+//! database after another, each a consistent backup): it may hold more than its
+//! last log id says, and what it holds twice is skipped.
 //!
 //! A snapshot is the databases' backup containers in a file (see [`crate::snapshot`]);
 //! the current one's description is kept in `raft_state` too.
