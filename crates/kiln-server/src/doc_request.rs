@@ -158,14 +158,14 @@ fn check_merge_patch_type(headers: &impl HeaderLookup) -> Result<(), ApiError> {
 }
 
 /// Step 4 of a GET: the document `id` of `db`, borrowed from the read snapshot
-/// while `render` makes the answer of it (304 when `if_none_match`, the request's
-/// headers, names its etag in If-None-Match, or, without one, has an
-/// If-Modified-Since no older than its Last-Modified), or why there is none.
+/// while `render` makes the answer of it (304 when the request's `conditions`
+/// name its etag in If-None-Match, or, without one, have an If-Modified-Since no
+/// older than its Last-Modified), or why there is none.
 pub(crate) fn read<R>(
     state: &AppState,
     db: &str,
     id: &str,
-    if_none_match: &impl HeaderLookup,
+    conditions: &impl HeaderLookup,
     render: impl FnOnce(DocAnswer<'_>) -> R,
 ) -> Result<R, ApiError> {
     let database = state.store.database(db)?;
@@ -173,8 +173,8 @@ pub(crate) fn read<R>(
     // it runs).
     database
         .get_with(id, |doc| {
-            let not_modified = crate::http_util::none_match_hits(if_none_match, doc.etag)
-                || crate::http_util::unmodified_since(if_none_match, doc.last_modified_ms);
+            let not_modified = crate::http_util::none_match_hits(conditions, doc.etag)
+                || crate::http_util::unmodified_since(conditions, doc.last_modified_ms);
             render(DocAnswer::Document { doc, not_modified })
         })?
         .ok_or_else(|| {

@@ -37,31 +37,30 @@ impl Cont {
     }
 
     pub(super) fn decode(t: &str) -> Result<Cont> {
-        let bad = malformed;
         if let Some(n) = t.strip_prefix('o') {
-            let n: usize = n.parse().map_err(|_| bad())?;
+            let n: usize = n.parse().map_err(|_| malformed())?;
             if n > parse::MAX_OFFSET {
-                return Err(bad());
+                return Err(malformed());
             }
             return Ok(Cont::Offset(n));
         }
-        let rest = t.strip_prefix('k').ok_or_else(bad)?;
+        let rest = t.strip_prefix('k').ok_or_else(malformed)?;
         let parts: Vec<&str> = rest.splitn(4, '.').collect();
         let [id, desc, before, hex] = parts.as_slice() else {
-            return Err(bad());
+            return Err(malformed());
         };
         if hex.len() % 2 != 0 || hex.len() > 2 * kiln_storage::MAX_KEY_SIZE {
-            return Err(bad());
+            return Err(malformed());
         }
         let key = (0..hex.len())
             .step_by(2)
             .map(|i| u8::from_str_radix(hex.get(i..i + 2).unwrap_or("zz"), 16))
             .collect::<std::result::Result<Vec<u8>, _>>()
-            .map_err(|_| bad())?;
+            .map_err(|_| malformed())?;
         Ok(Cont::After {
-            index_id: id.parse().map_err(|_| bad())?,
+            index_id: id.parse().map_err(|_| malformed())?,
             desc: *desc == "1",
-            before: before.parse().map_err(|_| bad())?,
+            before: before.parse().map_err(|_| malformed())?,
             key,
         })
     }
@@ -124,8 +123,9 @@ pub(super) fn query_tag(text: &str, params: &serde_json::Map<String, serde_json:
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     text.hash(&mut h);
-    serde_json::Value::Object(params.clone())
-        .to_string()
+    // The same text as `Value::Object(params.clone()).to_string()`, without the copy.
+    serde_json::to_string(params)
+        .unwrap_or_default()
         .hash(&mut h);
     h.finish()
 }
