@@ -131,6 +131,11 @@ pub enum Error {
     #[error("misuse of the storage API: {0}")]
     Misuse(&'static str),
 
+    /// An encrypted environment opened without its key or with another, a key given
+    /// to one created without encryption, or sealed bytes that fail to open.
+    #[error("encryption: {path}: {what}")]
+    Encryption { path: PathBuf, what: String },
+
     #[error("data file {path} was created with {found}; this build expects {expected}")]
     Incompatible {
         path: PathBuf,
@@ -189,6 +194,9 @@ pub enum ErrorKind {
     UnitFailed,
     /// The API was used in a way it does not allow (a bug in the caller).
     Misuse,
+    /// The environment's encryption key is missing, wrong, or was given to an
+    /// environment without encryption.
+    Encryption,
 }
 
 /// Which limit `ErrorKind::TooLarge` is about.
@@ -267,6 +275,7 @@ impl Error {
             Error::UnitFailed(_) | Error::UnitPanicked(_) => ErrorKind::UnitFailed,
             Error::ForeignJournal { .. } | Error::Incompatible { .. } => ErrorKind::Incompatible,
             Error::Misuse(_) => ErrorKind::Misuse,
+            Error::Encryption { .. } => ErrorKind::Encryption,
         }
     }
 
@@ -339,6 +348,7 @@ impl Error {
             E::InvalidOption(m) => E::InvalidOption(m.clone()),
             E::ForeignJournal { found, dir } => E::ForeignJournal { found: found.clone(), dir: dir.clone() },
             E::Misuse(what) => E::Misuse(what),
+            E::Encryption { path, what } => E::Encryption { path: path.clone(), what: what.clone() },
             E::Incompatible { path, found, expected } => E::Incompatible {
                 path: path.clone(), found: found.clone(), expected: expected.clone(),
             },

@@ -28,6 +28,7 @@ pub mod backup;
 pub mod btree;
 pub mod check;
 mod commit;
+pub mod crypt;
 mod env;
 mod error;
 mod fasthash;
@@ -39,6 +40,7 @@ mod options;
 pub mod page;
 mod prefetch;
 mod recovery;
+mod seals;
 mod shared;
 mod stats;
 mod store;
@@ -48,6 +50,7 @@ mod write_buffer;
 pub use backup::{BackupError, BackupOptions, BackupSummary, ContainerWriter, RestoreOptions};
 pub use btree::cursor::Entry;
 pub use commit::{QueueLimits, QueueStats};
+pub use crypt::MasterKey;
 pub use env::{Env, Options, RecoveryReport, DATA_FILE};
 pub use error::{
     io_is_disk_full, Error, ErrorKind, Failure, FailureKind, ForeignFiles, Limit, Result,

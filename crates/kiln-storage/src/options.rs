@@ -87,6 +87,11 @@ pub struct Options {
     /// (`prefetch.rs`): past RAM, their reads then go to the disk together instead
     /// of one fault at a time.
     pub read_ahead: ReadAhead,
+    /// Encryption at rest (`crypt.rs`): with a master key, a new environment gets a
+    /// data key of its own wrapped by it, and every page and journal record is
+    /// sealed; an existing environment must be opened with a key exactly when it
+    /// was created with one.
+    pub encryption: Option<crate::crypt::MasterKey>,
     /// The file system seam (tests substitute a fault-injecting one).
     pub vfs: Arc<dyn Vfs>,
 }
@@ -113,6 +118,7 @@ impl Default for Options {
             write_buffer_max_entry_bytes: 2048,
             merge_ahead: MergeAhead::WhileOpen,
             read_ahead: ReadAhead::WhileFaulting,
+            encryption: None,
             vfs: Arc::new(OsVfs),
         }
     }

@@ -6,7 +6,9 @@
 //! `alloc/mod.rs`). So at any moment a page number has at most one unflushed version,
 //! and the flusher's buffered writes never change bytes an open reader can see.
 
+use crate::crypt::Cipher;
 use crate::io::{MappedRegion, VfsFile};
+use crate::seals::Seals;
 use crate::page::{self, PageNo, PageRun, PAGE_SIZE};
 use crate::{Error, Result};
 use parking_lot::RwLock;
@@ -78,6 +80,17 @@ pub(crate) fn bare_run_read_as_page(path: &Path, no: PageNo) -> Error {
 pub(crate) struct Pins {
     runs: UnsafeCell<Vec<Arc<PageRun>>>,
     maps: UnsafeCell<Vec<Arc<MapGen>>>,
+    /// An encrypted environment's pages this transaction decrypted, by page number:
+    /// its own copies, read again without decrypting again, wiped when it ends.
+    decrypted: UnsafeCell<crate::fasthash::FastMap<PageNo, PageRun>>,
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        for run in self.decrypted.get_mut().values_mut() {
+            zeroize::Zeroize::zeroize(run.bytes_mut());
+        }
+    }
 }
 
 // SAFETY: Pins is only mutated through &self by the owning transaction, which is not
@@ -96,6 +109,27 @@ impl Pins {
             std::slice::from_raw_parts(last.bytes().as_ptr(), last.bytes().len())
         }
     }
+    /// The run at page `no` this transaction decrypted before, if it did.
+    fn decrypted(&self, no: PageNo) -> Option<&[u8]> {
+        // SAFETY: as in pin_run; entries are never removed before `self` drops, and a
+        // run's bytes live in its own heap buffer, which a rehash does not move.
+        unsafe {
+            let runs = &*self.decrypted.get();
+            runs.get(&no)
+                .map(|run| std::slice::from_raw_parts(run.bytes().as_ptr(), run.bytes().len()))
+        }
+    }
+
+    fn keep_decrypted(&self, no: PageNo, run: PageRun) -> &[u8] {
+        // SAFETY: as in `decrypted`; a page is decrypted once per transaction, so an
+        // entry is never replaced while a slice of it is out.
+        unsafe {
+            let runs = &mut *self.decrypted.get();
+            let run = runs.entry(no).or_insert(run);
+            std::slice::from_raw_parts(run.bytes().as_ptr(), run.bytes().len())
+        }
+    }
+
     /// The last map generation this transaction pinned, if it covers page `no`: a
     /// snapshot's pages lie within the map of its time or a later one, and the file
     /// only grows, so an older mapping stays valid for the pages it covers.
@@ -164,6 +198,9 @@ pub(crate) struct PageStore {
     grow_step_bytes: u64,
     /// Whether merges of the write buffer read their leaves ahead (`prefetch.rs`).
     pub read_ahead: crate::prefetch::FaultWindow,
+    /// An encrypted environment's seal file and cipher: pages are sealed on their
+    /// way to the data file and opened into the reading transaction's memory.
+    seals: Option<Seals>,
 }
 
 impl PageStore {
@@ -172,6 +209,7 @@ impl PageStore {
         file: Box<dyn VfsFile>,
         grow_step_bytes: u64,
         read_ahead: crate::ReadAhead,
+        seals: Option<Seals>,
     ) -> Result<Self> {
         let len = file
             .len()
@@ -185,6 +223,7 @@ impl PageStore {
             unflushed_count: AtomicUsize::new(0),
             grow_step_bytes,
             read_ahead: crate::prefetch::FaultWindow::new(read_ahead),
+            seals,
         })
     }
 
@@ -235,6 +274,15 @@ impl PageStore {
         }
     }
 
+    /// The cipher of an encrypted environment.
+    pub fn cipher(&self) -> Option<&Cipher> {
+        self.seals.as_ref().map(|s| s.cipher().as_ref())
+    }
+
+    pub fn cipher_arc(&self) -> Option<Arc<Cipher>> {
+        self.seals.as_ref().map(|s| s.cipher().clone())
+    }
+
     /// Returns the bytes of committed page `no` (the whole run for overflow pages).
     pub fn page<'a>(&self, no: PageNo, pins: &'a Pins) -> Result<&'a [u8]> {
         // The read path takes no lock when nothing is waiting for write-back and the
@@ -247,6 +295,9 @@ impl PageStore {
                 }
                 return Ok(pins.pin_run(run.clone()));
             }
+        }
+        if let Some(seals) = &self.seals {
+            return self.sealed_run(seals, no, None, pins);
         }
         if let Some(map) = pins.pinned_map_covering(no) {
             // An overflow run may reach past that map's end: then the current map
@@ -267,6 +318,9 @@ impl PageStore {
             if let Some(run) = self.unflushed.read().get(&no) {
                 return Ok(pins.pin_run(run.clone()));
             }
+        }
+        if let Some(seals) = &self.seals {
+            return self.sealed_run(seals, no, Some(pages), pins);
         }
         let in_map = |map: &'a MapGen| -> Result<&'a [u8]> {
             let end = no
@@ -293,6 +347,57 @@ impl PageStore {
             }
         }
         in_map(pins.pin_map(&self.map.read()))
+    }
+
+    /// An encrypted environment's run at page `no`, opened from the map into the
+    /// transaction's memory (once per transaction): a page, or the bare run of
+    /// `bare_pages` pages.
+    fn sealed_run<'a>(
+        &self,
+        seals: &Seals,
+        no: PageNo,
+        bare_pages: Option<u64>,
+        pins: &'a Pins,
+    ) -> Result<&'a [u8]> {
+        if let Some(run) = pins.decrypted(no) {
+            return Ok(run);
+        }
+        let slot = seals.slot(no)?;
+        if slot.bare != bare_pages.is_some() || bare_pages.is_some_and(|n| n != slot.run_pages as u64) {
+            return Err(Error::corrupted(
+                &self.path,
+                format!("page {no}"),
+                format!(
+                    "page {no} was read as {}, and its seal says it starts a {} of {} pages (a damaged pointer)",
+                    bare_pages.map_or("a page".to_string(), |n| format!("a bare run of {n} pages")),
+                    if slot.bare { "bare run" } else { "page run" },
+                    slot.run_pages
+                ),
+            ));
+        }
+        let end = no.checked_add(slot.run_pages as u64).filter(|_| no >= page::FIRST_DATA_PAGE);
+        let in_map = |map: &MapGen| -> Option<std::ops::Range<usize>> {
+            let end = end.filter(|&end| end <= map.pages)?;
+            Some(usize::try_from(no).ok()? * PAGE_SIZE..usize::try_from(end).ok()? * PAGE_SIZE)
+        };
+        let map = match pins.pinned_map_covering(no) {
+            Some(map) if in_map(map).is_some() => map,
+            _ => pins.pin_map(&self.map.read()),
+        };
+        let sealed_bytes = in_map(map)
+            .and_then(|range| map.region.bytes().get(range))
+            .ok_or_else(|| {
+                Error::corrupted(
+                    &self.path,
+                    format!("page {no}"),
+                    format!(
+                        "run of {} pages at page {no} lies outside the data file's {} pages",
+                        slot.run_pages, map.pages
+                    ),
+                )
+            })?;
+        let run = seals.open_run(no, &slot, sealed_bytes, &self.path)?;
+        Ok(pins.keep_decrypted(no, run))
     }
 
     fn page_from_map<'a>(&self, no: PageNo, map: &'a MapGen) -> Result<&'a [u8]> {
@@ -353,7 +458,38 @@ impl PageStore {
         self.file
             .read_exact_at(&mut buf, offset)
             .map_err(|e| Error::io(&self.path, Some(offset), "read data page", e))?;
+        if let Some(seals) = &self.seals {
+            let slot = seals.slot(no)?;
+            if slot.bare || slot.run_pages != 1 {
+                return Err(Error::corrupted(
+                    &self.path,
+                    format!("page {no}"),
+                    format!("page {no} was read as a single page, and its seal says it starts a run of {} pages", slot.run_pages),
+                ));
+            }
+            let run = seals.open_run(no, &slot, &buf, &self.path)?;
+            buf.copy_from_slice(run.bytes());
+            let mut run = run;
+            zeroize::Zeroize::zeroize(run.bytes_mut());
+        }
         Ok(buf)
+    }
+
+    /// Writes `run` at page `no` of the data file (buffered): sealed first in an
+    /// encrypted environment.
+    fn write_run(&self, no: PageNo, run: &PageRun) -> Result<()> {
+        let offset = no * PAGE_SIZE as u64;
+        let sealed;
+        let bytes = match &self.seals {
+            Some(seals) => {
+                sealed = seals.seal(no, run)?;
+                sealed.bytes()
+            }
+            None => run.bytes(),
+        };
+        self.file
+            .write_all_at(bytes, offset)
+            .map_err(|e| Error::io(&self.path, Some(offset), "write data page", e))
     }
 
     /// Publishes pages of a durable commit so readers of later snapshots find them.
@@ -414,10 +550,7 @@ impl PageStore {
         self.check_write(no, run, page_count, Some(txn_id));
         let end_page = no + run.page_count() as u64;
         self.ensure_mapped(end_page)?;
-        let offset = no * PAGE_SIZE as u64;
-        self.file
-            .write_all_at(run.bytes(), offset)
-            .map_err(|e| Error::io(&self.path, Some(offset), "write data page", e))?;
+        self.write_run(no, run)?;
         self.map.read().note_written(no, run);
         let mut table = self.unflushed.write();
         if table.get(&no).is_some_and(|cur| Arc::ptr_eq(cur, run)) {
@@ -434,10 +567,7 @@ impl PageStore {
         self.check_write(no, run, page_count, None);
         let end_page = no + run.page_count() as u64;
         self.ensure_mapped(end_page)?;
-        let offset = no * PAGE_SIZE as u64;
-        self.file
-            .write_all_at(run.bytes(), offset)
-            .map_err(|e| Error::io(&self.path, Some(offset), "write data page", e))?;
+        self.write_run(no, run)?;
         self.map.read().note_written(no, run);
         Ok(())
     }
@@ -466,6 +596,9 @@ impl PageStore {
                 r => r,
             };
             grown.map_err(|e| Error::io(&self.path, Some(cur), "preallocate data file", e))?;
+        }
+        if let Some(seals) = &self.seals {
+            seals.reserve(pages.max(self.file_len()? / PAGE_SIZE as u64))?;
         }
         let len = self
             .file
@@ -509,6 +642,9 @@ impl PageStore {
     }
 
     pub fn sync(&self) -> Result<()> {
+        if let Some(seals) = &self.seals {
+            seals.sync()?;
+        }
         self.file
             .sync_data()
             .map_err(|e| Error::io(&self.path, None, "fsync data file", e))

@@ -242,7 +242,7 @@ fn run_child(dir: &std::path::Path, at: KillAt) -> Cycle {
 
 #[test]
 fn kill9_during_close_loses_no_acknowledged_commit() {
-    let (cycles, seed) = common::cycles_and_seed("kill -9 during close");
+    let (cycles, seed) = common::cycles_and_seed("kill -9 during close", 25);
     // A cycle writes ~4.5 MB through the journal: 6 by default (the fast tier).
     let cycles = if std::env::var_os("KILN_CRASH_CYCLES").is_some() {
         cycles

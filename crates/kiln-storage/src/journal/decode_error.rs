@@ -23,6 +23,18 @@ pub enum DecodeError {
     #[error("unknown record flags {flags:#x}")]
     UnknownFlags { flags: u8 },
 
+    #[error("the record is encrypted, and the environment was opened without a key")]
+    SealedWithoutKey,
+
+    #[error("the record is not encrypted, in an encrypted environment")]
+    NotSealed,
+
+    #[error("sealed body of {body_len} bytes is shorter than its nonce and tag")]
+    SealTruncated { body_len: usize },
+
+    #[error("the encrypted body fails authentication (changed, or sealed under another key)")]
+    Unauthentic,
+
     #[error("uncompressed body of {body_len} bytes claims a raw length of {raw_len}")]
     RawLengthMismatch { body_len: u32, raw_len: u32 },
 

@@ -1,6 +1,7 @@
 //! Appends records to the journal and makes each durable before returning.
 
 use super::compress::Compressor;
+use crate::crypt::Cipher;
 pub use super::files::{JournalFiles, JournalPos};
 use super::record::{self, RecordInput};
 use super::FileNeed as Need;
@@ -43,6 +44,8 @@ pub struct RecordEncoder {
     nonce: u64,
     /// `None`: compression is off.
     compressor: Option<Compressor>,
+    /// An encrypted environment's: every record's body is sealed under it.
+    cipher: Option<Arc<Cipher>>,
     counters: Arc<EngineCounters>,
 }
 
@@ -58,12 +61,14 @@ impl RecordEncoder {
     pub fn new(
         chain_checksum: u32,
         compression: Option<bool>,
+        cipher: Option<Arc<Cipher>>,
         counters: Arc<EngineCounters>,
     ) -> Self {
         RecordEncoder {
             chain_checksum,
             nonce: rand::random(),
             compressor: compression.map(Compressor::new),
+            cipher,
             counters,
         }
     }
@@ -85,7 +90,7 @@ impl RecordEncoder {
         let mut buf = PageRun::scratch(1);
         let disk = &self.counters.journal_write_cost;
         let compress = self.compressor.as_mut().map(|c| (c, disk));
-        let enc = record::encode(&input, &mut buf, compress);
+        let enc = record::encode(&input, &mut buf, compress, self.cipher.as_deref());
         self.chain_checksum = enc.checksum;
         PreparedRecord {
             txn_id: input.txn_id,

@@ -10,6 +10,7 @@ use crate::alloc::Allocator;
 use crate::error::Latch;
 use crate::flusher::{self, Applied, Backlog, FlushQueue};
 use crate::header::{self, FileHeader};
+use crate::crypt;
 use crate::io::OpenMode;
 use crate::journal::writer::{JournalFiles, JournalPos, JournalWriter, RecordEncoder};
 use crate::journal::ReplayStart;
@@ -17,6 +18,7 @@ use crate::options::Options;
 use crate::page::PageNo;
 use crate::shared::{JournalStage, Readers, Shared, Snapshot, WriterState};
 use crate::stats::EngineCounters;
+use crate::seals::Seals;
 use crate::store::PageStore;
 use crate::{Error, Result};
 use parking_lot::{Condvar, Mutex};
@@ -44,10 +46,12 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
     // design/storage.md §6.1, step 1.
     let (paths, lock) = validate_and_lock(dir, &opts)?;
     let counters = Arc::new(EngineCounters::default());
+    // Encrypted or not; a new environment's key and seal file come before its data file.
+    let seals = open_encryption(&paths, &opts)?;
     // Step 2.
     let header = create_or_read_header(&paths, &opts, &counters)?;
     // Steps 3 and 4 (the data file's fsync runs beside the replay).
-    let store = open_data_file(&paths, &opts)?;
+    let store = open_data_file(&paths, &opts, seals)?;
     let replayed = replay_while_syncing(&paths, &header, &store, &opts)?;
     counters
         .records_replayed_on_open
@@ -184,8 +188,26 @@ fn create_or_read_header(
     load_header(vfs.as_ref(), data_path)
 }
 
+/// The environment's data key and seal file if it is encrypted (`crypt.rs`), made
+/// for a new environment given a master key.
+fn open_encryption(paths: &EnvPaths, opts: &Options) -> Result<Option<Seals>> {
+    let vfs = opts.vfs.as_ref();
+    let data_exists = vfs.exists(&paths.data_path);
+    let Some(cipher) =
+        crypt::open_data_key(vfs, &paths.dir, data_exists, opts.encryption.as_ref())?
+    else {
+        return Ok(None);
+    };
+    let seals = if data_exists {
+        Seals::open(vfs, &paths.dir, cipher)?
+    } else {
+        Seals::create(vfs, &paths.dir, cipher)?
+    };
+    Ok(Some(seals))
+}
+
 /// Step 3, first half: opens and maps the data file.
-fn open_data_file(paths: &EnvPaths, opts: &Options) -> Result<PageStore> {
+fn open_data_file(paths: &EnvPaths, opts: &Options, seals: Option<Seals>) -> Result<PageStore> {
     let data_path = &paths.data_path;
     let data_file = opts
         .vfs
@@ -202,6 +224,7 @@ fn open_data_file(paths: &EnvPaths, opts: &Options) -> Result<PageStore> {
         data_file,
         opts.data_grow_step_bytes,
         opts.read_ahead,
+        seals,
     )
 }
 
@@ -401,6 +424,7 @@ fn share_state(
     } = recovered;
     let page_count = snap.page_count;
     let last_txn = snap.txn_id;
+    let cipher = store.cipher_arc();
     let shared = Arc::new(Shared {
         dir: paths.dir,
         vfs: opts.vfs.clone(),
@@ -414,6 +438,7 @@ fn share_state(
                 end.chain_checksum,
                 opts.journal_compression
                     .then_some(opts.journal_compression_adaptive),
+                cipher,
                 counters,
             ),
             alloc,

@@ -66,9 +66,13 @@ pub(crate) fn replay(
         merged_values_filled: 0,
     };
     let start = rebuild.replay_start;
-    let outcome = scan::replay(
+    let journal = scan::Reader {
         vfs,
-        journal_dir,
+        dir: journal_dir,
+        cipher: store.cipher(),
+    };
+    let outcome = scan::replay(
+        journal,
         start.pos,
         start.txn_id,
         // After a power loss in buffered mode, records missing in the middle are the
@@ -349,7 +353,7 @@ mod tests {
             merged: None,
         };
         let mut buf = PageRun::scratch(1);
-        let enc = record::encode(&input, &mut buf, None);
+        let enc = record::encode(&input, &mut buf, None, None);
         let journal =
             crate::journal::file_path(&dir.path().join("journal"), header.journal_file_seq);
         let file = OsVfs

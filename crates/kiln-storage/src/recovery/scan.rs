@@ -22,6 +22,7 @@
 //! for a valid record with a higher transaction id: one means transactions were lost
 //! in the middle, and open fails unless explicitly allowed.
 
+use crate::crypt::Cipher;
 use crate::io::{OpenMode, Vfs, VfsFile, DIRECT_IO_ALIGN};
 use crate::journal::record::{self, DecodedRecord, RecordHeader, RECORD_HEADER};
 use crate::journal::{file_path, list_files, writer::JournalPos};
@@ -57,9 +58,13 @@ enum Probe {
     Bad(String),
 }
 
-struct Reader<'a> {
-    vfs: &'a dyn Vfs,
-    dir: &'a Path,
+/// Where the journal is read from: its directory, through which file system, and
+/// the cipher its records are sealed under (an encrypted environment's).
+#[derive(Clone, Copy)]
+pub(crate) struct Reader<'a> {
+    pub vfs: &'a dyn Vfs,
+    pub dir: &'a Path,
+    pub cipher: Option<&'a Cipher>,
 }
 
 type OpenJournalFile = (PathBuf, Box<dyn VfsFile>, u64);
@@ -152,7 +157,7 @@ impl Reader<'_> {
                 h.txn_id
             )));
         }
-        let rec = record::decode_body(&h, &buf)
+        let rec = record::decode_body(&h, &buf, self.cipher)
             .map_err(|e| Error::undecodable_record(&path, offset, h.txn_id, e))?;
         Ok(Probe::Valid(Box::new(rec), h.padded_len()))
     }
@@ -211,9 +216,8 @@ const READ_AHEAD_RECORDS: usize = 1;
 /// nothing is applied past a record that failed: the reader stops at the end it
 /// finds, as before. `check` runs on the reader's thread, on each record before it is
 /// handed over (work that needs no state: verifying page images).
-pub fn replay(
-    vfs: &dyn Vfs,
-    dir: &Path,
+pub(crate) fn replay(
+    journal: Reader<'_>,
     start: JournalPos,
     start_txn_id: u64,
     allow_gap: bool,
@@ -226,16 +230,16 @@ pub fn replay(
         let reader = std::thread::Builder::new()
             .name("kiln-replay-read".into())
             .spawn_scoped(scope, move || {
-                read_records(vfs, dir, start, start_txn_id, allow_gap, |rec, end| {
+                read_records(journal, start, start_txn_id, allow_gap, |rec, end| {
                     check(&rec)?;
                     // The receiver is gone only if `apply` failed: stop reading (this
                     // error is dropped; `apply`'s is the one returned).
                     records.send((rec, end)).map_err(|_| {
-                        Error::corrupted(dir, "journal", "replay stopped: applying a record failed")
+                        Error::corrupted(journal.dir, "journal", "replay stopped: applying a record failed")
                     })
                 })
             })
-            .map_err(|e| Error::io(dir, None, "start the journal reader thread", e))?;
+            .map_err(|e| Error::io(journal.dir, None, "start the journal reader thread", e))?;
         let mut applied = Ok(());
         for (rec, end) in received.iter() {
             applied = apply(rec, end);
@@ -256,16 +260,14 @@ pub fn replay(
 /// `replay`'s reader: reads, checks and decodes records in order and hands each to
 /// `apply`; then looks past the end for a gap.
 fn read_records(
-    vfs: &dyn Vfs,
-    dir: &Path,
+    reader: Reader<'_>,
     start: JournalPos,
     start_txn_id: u64,
     allow_gap: bool,
     apply: impl FnMut(DecodedRecord, JournalPos) -> Result<()>,
 ) -> Result<ScanOutcome> {
-    let reader = Reader { vfs, dir };
-    let first = file_path(dir, start.file_seq);
-    if !vfs.exists(&first) {
+    let first = file_path(reader.dir, start.file_seq);
+    if !reader.vfs.exists(&first) {
         return Err(Error::corrupted(
             &first,
             "journal",
@@ -449,9 +451,13 @@ mod tests {
             apply: impl FnMut(DecodedRecord, JournalPos) -> Result<()>,
         ) -> Result<ScanOutcome> {
             let journal = self.dir.path().join("journal");
+            let reader = Reader {
+                vfs: &OsVfs,
+                dir: &journal,
+                cipher: None,
+            };
             replay(
-                &OsVfs,
-                &journal,
+                reader,
                 self.start,
                 self.start_txn,
                 false,

@@ -22,11 +22,11 @@ const SIGKILL: i32 = 9;
 
 /// Cycles and seed from KILN_CRASH_CYCLES / KILN_CRASH_SEED (the seed is printed so a
 /// failing run can be repeated).
-pub fn cycles_and_seed(label: &str) -> (usize, u64) {
+pub fn cycles_and_seed(label: &str, default_cycles: usize) -> (usize, u64) {
     let cycles = std::env::var("KILN_CRASH_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(25);
+        .unwrap_or(default_cycles);
     assert!(cycles > 0, "{label}: KILN_CRASH_CYCLES must be at least 1");
     let seed = std::env::var("KILN_CRASH_SEED")
         .ok()

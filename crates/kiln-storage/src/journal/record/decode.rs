@@ -86,7 +86,11 @@ pub struct DecodedRecord {
 /// Decodes a record whose checksum already passed. Arbitrary bytes give an error,
 /// never a panic or an allocation much larger than the body (or its stated raw size,
 /// which is bounded).
-pub fn decode_body(h: &RecordHeader, record: &[u8]) -> Result<DecodedRecord, DecodeError> {
+pub(crate) fn decode_body(
+    h: &RecordHeader,
+    record: &[u8],
+    cipher: Option<&Cipher>,
+) -> Result<DecodedRecord, DecodeError> {
     let stored = RECORD_HEADER
         .checked_add(h.body_len as usize)
         .and_then(|end| record.get(RECORD_HEADER..end))
@@ -97,8 +101,18 @@ pub fn decode_body(h: &RecordHeader, record: &[u8]) -> Result<DecodedRecord, Dec
     if h.flags & !KNOWN_FLAGS != 0 {
         return Err(DecodeError::UnknownFlags { flags: h.flags });
     }
+    let opened;
+    let stored = match (h.flags & FLAG_SEALED != 0, cipher) {
+        (false, None) => stored,
+        (false, Some(_)) => return Err(DecodeError::NotSealed),
+        (true, None) => return Err(DecodeError::SealedWithoutKey),
+        (true, Some(cipher)) => {
+            opened = open_body(record, stored, cipher)?;
+            &opened[..]
+        }
+    };
     if h.flags & FLAG_LZ4 == 0 {
-        if h.raw_body_len != h.body_len {
+        if h.raw_body_len as usize != stored.len() {
             return Err(DecodeError::RawLengthMismatch {
                 body_len: h.body_len,
                 raw_len: h.raw_body_len,
@@ -123,6 +137,30 @@ pub fn decode_body(h: &RecordHeader, record: &[u8]) -> Result<DecodedRecord, Dec
         });
     }
     decode_parts(h, &raw)
+}
+
+/// Decrypts a sealed body (ciphertext, nonce, tag) into a copy; the header with its
+/// checksum field zero is the associated data, as `encode::seal_body` sealed it.
+fn open_body(record: &[u8], stored: &[u8], cipher: &Cipher) -> Result<Vec<u8>, DecodeError> {
+    let Some(text_len) = stored.len().checked_sub(SEAL_TRAILER) else {
+        return Err(DecodeError::SealTruncated { body_len: stored.len() });
+    };
+    let (text, trailer) = stored.split_at(text_len);
+    let (nonce, tag) = trailer.split_at(NONCE_BYTES);
+    let mut seal = Sealed {
+        nonce: [0; NONCE_BYTES],
+        tag: [0; TAG_BYTES],
+    };
+    seal.nonce.copy_from_slice(nonce);
+    seal.tag.copy_from_slice(tag);
+    let mut head = [0u8; RECORD_HEADER];
+    head.copy_from_slice(record.get(..RECORD_HEADER).ok_or(DecodeError::NotARecord)?);
+    write_u32(&mut head, 28, 0);
+    let mut body = text.to_vec();
+    if !cipher.open_in_place(&head, &mut body, &seal) {
+        return Err(DecodeError::Unauthentic);
+    }
+    Ok(body)
 }
 
 pub(super) fn decode_parts(h: &RecordHeader, body: &[u8]) -> Result<DecodedRecord, DecodeError> {
@@ -351,9 +389,17 @@ fn decode_patched(body: &[u8], at: &mut usize, page_count: u64) -> Result<Image,
 
 /// Parses and verifies a complete record from arbitrary bytes (the fuzzing entry point).
 pub fn decode(record: &[u8]) -> Result<DecodedRecord, DecodeError> {
+    decode_with(record, None)
+}
+
+/// `decode` of a record of an environment whose records are sealed under `cipher`.
+pub(crate) fn decode_with(
+    record: &[u8],
+    cipher: Option<&Cipher>,
+) -> Result<DecodedRecord, DecodeError> {
     let h = parse_header(record).ok_or(DecodeError::NotARecord)?;
     if !checksum_ok(&h, record) {
         return Err(DecodeError::Checksum);
     }
-    decode_body(&h, record)
+    decode_body(&h, record, cipher)
 }

@@ -265,6 +265,7 @@ pub(crate) fn encode(
     input: &RecordInput,
     buf: &mut PageRun,
     compress: Option<(&mut Compressor, &JournalWriteCost)>,
+    cipher: Option<&Cipher>,
 ) -> Encoded {
     let forms: Vec<Form> = input
         .pages
@@ -274,7 +275,8 @@ pub(crate) fn encode(
     let logical_bytes = input.logical.encoded_len();
     let body_len =
         input.freed.len() * 8 + forms.iter().map(Form::encoded_len).sum::<usize>() + logical_bytes;
-    let total = padded(RECORD_HEADER + body_len);
+    let seal_len = if cipher.is_some() { SEAL_TRAILER } else { 0 };
+    let total = padded(RECORD_HEADER + body_len + seal_len);
     if buf.page_count() * PAGE_SIZE < total {
         // Every byte up to `total` is written below (header, body, zero padding).
         *buf = PageRun::scratch(total.div_ceil(PAGE_SIZE));
@@ -298,6 +300,10 @@ pub(crate) fn encode(
     let stored = match compress {
         Some((compressor, disk)) => compress_body(b, body_len, compressor, disk),
         None => body_len,
+    };
+    let stored = match cipher {
+        Some(cipher) => seal_body(b, stored, cipher),
+        None => stored,
     };
     let end = RECORD_HEADER + stored;
     let total = padded(end);
@@ -424,6 +430,25 @@ fn compress_body(
         }
         None => body_len,
     }
+}
+
+/// Encrypts the stored body (after compression, which finds nothing to shrink in
+/// ciphertext) and appends its nonce and tag; the header, with the flag set and
+/// the sealed length but no checksum yet, is the associated data, so no header
+/// field can be changed without the body failing to open. Returns the new
+/// stored length.
+// Bounds: `b` was sized in `encode` for the header, the body and the trailer.
+#[allow(clippy::indexing_slicing)]
+fn seal_body(b: &mut [u8], stored: usize, cipher: &Cipher) -> usize {
+    b[5] |= FLAG_SEALED;
+    let sealed_len = stored + SEAL_TRAILER;
+    write_u32(b, 32, sealed_len as u32);
+    debug_assert_eq!(read_u32(b, 28), 0, "the checksum is written after sealing");
+    let (head, rest) = b.split_at_mut(RECORD_HEADER);
+    let seal = cipher.seal_in_place(head, &mut rest[..stored]);
+    rest[stored..stored + NONCE_BYTES].copy_from_slice(&seal.nonce);
+    rest[stored + NONCE_BYTES..sealed_len].copy_from_slice(&seal.tag);
+    sealed_len
 }
 
 /// What the body would have been with full page images (no diffs): the figure

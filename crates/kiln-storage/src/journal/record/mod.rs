@@ -35,6 +35,12 @@
 //!       buffer key len u16 | kind u8 (0 value, 1 tombstone, 2 in tree) | value len u32 |
 //!       buffer key (tree id u64 big endian + key) | value
 //!
+//! With flag bit 4 (an encrypted environment, `crypt.rs`) the stored body (after
+//! compression) is XChaCha20-Poly1305 ciphertext followed by its 24-byte nonce and
+//! 16-byte tag, and the body length counts them; the 64-byte header, checksum
+//! field zero, is the associated data. The checksum still covers the stored bytes,
+//! so a torn record is told from a forged or mis-keyed one.
+//!
 //! A diff is used when it is smaller than the full image. Its source is the page this
 //! one was copied from (copy-on-write). Replaying it is safe because a page freed by
 //! transaction T is not reused before T is synced (see `alloc/mod.rs`), so while T may still
@@ -50,6 +56,7 @@ use super::decode_error::take;
 pub use super::decode_error::{DecodeError, EntryProblem, ImageProblem};
 use super::logical;
 pub use super::logical::LogicalLog;
+use crate::crypt::{Cipher, Sealed, NONCE_BYTES, TAG_BYTES};
 use crate::io::DIRECT_IO_ALIGN;
 use crate::page::{
     self, read_u16, read_u32, read_u64, write_u16, write_u32, write_u64, PageNo, PageRun, PAGE_SIZE,
@@ -68,7 +75,11 @@ const FLAG_LZ4: u8 = 1;
 const FLAG_LOGICAL: u8 = 2;
 pub const FLAG_FREEZE: u8 = 4;
 pub const FLAG_MERGE_DONE: u8 = 8;
-const KNOWN_FLAGS: u8 = FLAG_LZ4 | FLAG_LOGICAL | FLAG_FREEZE | FLAG_MERGE_DONE;
+/// The body is sealed (encrypted and authenticated) under the environment's key.
+const FLAG_SEALED: u8 = 16;
+const KNOWN_FLAGS: u8 = FLAG_LZ4 | FLAG_LOGICAL | FLAG_FREEZE | FLAG_MERGE_DONE | FLAG_SEALED;
+/// A sealed body's nonce and tag, after its ciphertext.
+const SEAL_TRAILER: usize = NONCE_BYTES + TAG_BYTES;
 /// Bodies smaller than this are not worth compressing.
 const MIN_COMPRESS_BODY: usize = 1024;
 /// A record's body may not decompress to more than this (bounds allocation).
@@ -290,7 +301,7 @@ mod tests {
             merged: None,
         };
         let (mut c, disk) = (Compressor::new(false), JournalWriteCost::default());
-        let enc = encode(&input, &mut buf, Some((&mut c, &disk)));
+        let enc = encode(&input, &mut buf, Some((&mut c, &disk)), None);
         let rec = decode(&buf.bytes()[..enc.padded_len]).expect("decodes");
         let expect: Vec<(Box<[u8]>, Slot)> = vec![
             (
@@ -304,6 +315,53 @@ mod tests {
             ),
         ];
         assert_eq!(rec.logical, expect);
+    }
+
+    /// A sealed record decodes with its key only; changing a byte of its body or a
+    /// field of its header (with the checksum made to match) fails authentication.
+    #[test]
+    fn sealed_records_open_with_their_key_only() {
+        let mut log = LogicalLog::default();
+        for i in 0..200u32 {
+            log.push(7, &i.to_be_bytes(), Slot::Value(b"secret value".repeat(10).into()).as_ref());
+        }
+        let input = RecordInput {
+            txn_id: 3,
+            nonce: 1,
+            prev_checksum: 0,
+            catalog_root: 2,
+            page_count: 3,
+            freed: &[],
+            pages: &[],
+            logical: &log,
+            buffer_flags: 0,
+            merged: None,
+        };
+        let cipher = Cipher::for_tests([9; 32]);
+        let mut buf = PageRun::scratch(1);
+        let (mut c, disk) = (Compressor::new(false), JournalWriteCost::default());
+        let enc = encode(&input, &mut buf, Some((&mut c, &disk)), Some(&cipher));
+        let rec = buf.bytes()[..enc.padded_len].to_vec();
+        assert!(!rec.windows(12).any(|w| w == b"secret value"));
+        let decoded = decode_with(&rec, Some(&cipher)).expect("opens with its key");
+        assert_eq!(decoded.logical.len(), 200);
+        assert!(matches!(decode_with(&rec, None), Err(DecodeError::SealedWithoutKey)));
+        let other = Cipher::for_tests([8; 32]);
+        assert!(matches!(decode_with(&rec, Some(&other)), Err(DecodeError::Unauthentic)));
+        // A body byte, then a header field (the catalog root), changed and the
+        // checksum fixed: the tag catches both.
+        for at in [RECORD_HEADER + 5, 48] {
+            let mut bad = rec.clone();
+            bad[at] ^= 1;
+            write_u32(&mut bad, 28, 0);
+            let h = parse_header(&bad).unwrap();
+            let sum = crc32c::crc32c(&bad[..RECORD_HEADER + h.body_len as usize]);
+            write_u32(&mut bad, 28, sum);
+            assert!(
+                matches!(decode_with(&bad, Some(&cipher)), Err(DecodeError::Unauthentic)),
+                "byte {at}"
+            );
+        }
     }
 
     /// A record whose checksum holds but whose catalog root lies outside its data
@@ -325,7 +383,7 @@ mod tests {
             buffer_flags: 0,
             merged: None,
         };
-        let enc = encode(&input, &mut buf, None);
+        let enc = encode(&input, &mut buf, None, None);
         let mut h = parse_header(&buf.bytes()[..enc.padded_len]).expect("a header");
         // One freed page, then an image of page 3 with a run of no pages.
         h.freed_count = 1;
@@ -390,7 +448,7 @@ mod tests {
                 buffer_flags: 0,
                 merged: None,
             };
-            let enc = encode(&input, &mut buf, None);
+            let enc = encode(&input, &mut buf, None, None);
             let decoded = decode(&buf.bytes()[..enc.padded_len]);
             match decoded {
                 Ok(rec) => assert!(ok && rec.header.catalog_root == root, "root {root} decoded"),
@@ -482,7 +540,7 @@ mod tests {
             merged: merged.map(|m| m as &dyn MergedValueSource),
         };
         let mut buf = PageRun::scratch(1);
-        let enc = encode(&input, &mut buf, None);
+        let enc = encode(&input, &mut buf, None, None);
         let mut rec = decode(&buf.bytes()[..enc.padded_len]).expect("decodes");
         let (no, image) = rec.images.pop().expect("one image");
         assert_eq!(no, page.no);
@@ -601,7 +659,7 @@ mod tests {
             merged: Some(&merged),
         };
         let mut buf = PageRun::scratch(1);
-        let enc = encode(&input, &mut buf, None);
+        let enc = encode(&input, &mut buf, None, None);
         assert_eq!(enc.referenced_value_bytes, 500);
         let mut rec = decode(&buf.bytes()[..enc.padded_len]).expect("decodes");
         let (_, image) = rec.images.pop().expect("one image");
@@ -629,7 +687,7 @@ mod tests {
             }
             let _ = decode(&b);
             if let Some(h) = parse_header(&b) {
-                let _ = decode_body(&h, &b);
+                let _ = decode_body(&h, &b, None);
             }
         }
     }

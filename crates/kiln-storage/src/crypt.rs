@@ -1,0 +1,479 @@
+//! Encryption at rest: the master key, the environment's own data key wrapped by
+//! it, and the cipher that seals pages and journal records.
+//!
+//! ## Keys
+//! The operator holds one **master key** (32 random bytes, a file of 64 hex digits:
+//! `kiln encryption new-key`). Each environment (each database, each cluster node's
+//! log) has a **data key** of its own, 32 random bytes made when the environment is
+//! created, kept in `data-key.wrapped` beside the data file, encrypted ("wrapped")
+//! under a key derived from the master key (HKDF-SHA256). Changing the master key
+//! rewrites only that small file ([`rotate_master_key`]); the pages stay as they are.
+//!
+//! ## What is sealed
+//! Every page of the data file but its two header pages (which hold page numbers and
+//! journal positions, no data) and every journal record's body are encrypted with
+//! XChaCha20-Poly1305 under the data key. A page's nonce and tag live in the seal
+//! file (`data.kiln.seals`, 64 bytes per page: see `store.rs`), so a page keeps its
+//! 8 KiB layout; the page number and run length are the associated data, so a page
+//! moved elsewhere in the file, or a seal moved to another page, fails to open.
+//! Nonces are 24 bytes: 16 random bytes drawn when the environment opens, then a
+//! counter, so no two seals under one key share a nonce.
+//!
+//! ## Wrapped key file (100 bytes, integers little-endian)
+//! ```text
+//!  0  8  magic "KILNKEY1"
+//!  8  4  version (1)
+//! 12  4  reserved (0)
+//! 16  8  fingerprint of the master key that wraps it (names it in errors)
+//! 24 24  nonce
+//! 48 32  data key, encrypted
+//! 80 16  tag (associated data: bytes 0..24)
+//! 96  4  crc32c of bytes 0..96 (a damaged file is told from a wrong key)
+//! ```
+
+use crate::io::{OpenMode, Vfs};
+use crate::{Error, Result};
+use chacha20poly1305::aead::inout::InOutBuf;
+use chacha20poly1305::{AeadInOut, Key, KeyInit, Tag, XChaCha20Poly1305, XNonce};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use zeroize::Zeroizing;
+
+/// The file beside the data file that holds the environment's wrapped data key.
+pub const WRAPPED_KEY_FILE: &str = "data-key.wrapped";
+const WRAPPED_MAGIC: &[u8; 8] = b"KILNKEY1";
+const WRAPPED_VERSION: u32 = 1;
+const WRAPPED_LEN: usize = 100;
+const KEY_BYTES: usize = 32;
+pub(crate) const NONCE_BYTES: usize = 24;
+pub(crate) const TAG_BYTES: usize = 16;
+
+/// The operator's master key. Cloning shares the bytes; they are wiped when the
+/// last clone is dropped. Its `Debug` shows the fingerprint, never the key.
+#[derive(Clone)]
+pub struct MasterKey(Arc<Zeroizing<[u8; KEY_BYTES]>>);
+
+impl std::fmt::Debug for MasterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MasterKey(fingerprint {})", self.fingerprint())
+    }
+}
+
+/// Why a master key file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyFileError {
+    #[error("cannot read encryption key file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("encryption key file {path} must hold 64 hexadecimal digits (32 bytes; `kiln encryption new-key` makes one), found {found}")]
+    Malformed { path: PathBuf, found: String },
+}
+
+impl MasterKey {
+    pub fn from_bytes(bytes: [u8; KEY_BYTES]) -> Self {
+        MasterKey(Arc::new(Zeroizing::new(bytes)))
+    }
+
+    /// 32 bytes from the operating system's random source.
+    pub fn generate() -> Self {
+        let mut bytes = Zeroizing::new([0u8; KEY_BYTES]);
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, bytes.as_mut());
+        MasterKey(Arc::new(bytes))
+    }
+
+    /// Reads a key file: 64 hexadecimal digits, surrounding whitespace allowed.
+    pub fn read_file(path: &Path) -> std::result::Result<Self, KeyFileError> {
+        let text = Zeroizing::new(std::fs::read(path).map_err(|source| KeyFileError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?);
+        let malformed = |found: String| KeyFileError::Malformed {
+            path: path.to_path_buf(),
+            found,
+        };
+        let trimmed = text.trim_ascii();
+        if trimmed.len() != 2 * KEY_BYTES {
+            return Err(malformed(format!("{} bytes", trimmed.len())));
+        }
+        let mut bytes = Zeroizing::new([0u8; KEY_BYTES]);
+        for (i, pair) in trimmed.chunks_exact(2).enumerate() {
+            let digit = |c: u8| (c as char).to_digit(16);
+            match (digit(pair[0]), digit(pair[1]), bytes.get_mut(i)) {
+                (Some(hi), Some(lo), Some(b)) => *b = (hi * 16 + lo) as u8,
+                _ => return Err(malformed(format!("a non-hexadecimal character near byte {}", 2 * i))),
+            }
+        }
+        Ok(MasterKey(Arc::new(bytes)))
+    }
+
+    /// The key as 64 lowercase hexadecimal digits (what a key file holds).
+    pub fn to_hex(&self) -> Zeroizing<String> {
+        let mut s = Zeroizing::new(String::with_capacity(2 * KEY_BYTES));
+        for b in self.0.iter() {
+            s.push_str(&format!("{b:02x}"));
+        }
+        s
+    }
+
+    /// 16 hex digits that name this key without revealing it (HKDF of the key).
+    pub fn fingerprint(&self) -> String {
+        self.fingerprint_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    fn fingerprint_bytes(&self) -> [u8; 8] {
+        let mut out = [0u8; 8];
+        self.derive(b"kiln/v1/fingerprint", &mut out);
+        out
+    }
+
+    fn derive(&self, info: &[u8], out: &mut [u8]) {
+        let hk = hkdf::Hkdf::<sha2::Sha256>::new(None, &self.0[..]);
+        // Only fails for outputs longer than 255 hashes; ours are 8 or 32 bytes.
+        let _ = hk.expand(info, out);
+    }
+
+    fn wrapping_cipher(&self) -> XChaCha20Poly1305 {
+        let mut kek = Zeroizing::new([0u8; KEY_BYTES]);
+        self.derive(b"kiln/v1/key-wrapping", kek.as_mut());
+        XChaCha20Poly1305::new(&Key::from(*kek))
+    }
+}
+
+/// The cipher of one open environment: its data key, and where the next nonce
+/// comes from.
+pub(crate) struct Cipher {
+    aead: XChaCha20Poly1305,
+    nonce_prefix: [u8; 16],
+    counter: AtomicU64,
+}
+
+/// A nonce and the tag it produced: what opening the sealed bytes again needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sealed {
+    pub nonce: [u8; NONCE_BYTES],
+    pub tag: [u8; TAG_BYTES],
+}
+
+impl Cipher {
+    fn new(data_key: &[u8; KEY_BYTES]) -> Self {
+        let mut nonce_prefix = [0u8; 16];
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut nonce_prefix);
+        Cipher {
+            aead: XChaCha20Poly1305::new(&Key::from(*data_key)),
+            nonce_prefix,
+            counter: AtomicU64::new(0),
+        }
+    }
+
+    /// A cipher under a key of the caller's (tests, fuzzers).
+    #[cfg(test)]
+    pub(crate) fn for_tests(key: [u8; KEY_BYTES]) -> Self {
+        Cipher::new(&key)
+    }
+
+    fn next_nonce(&self) -> [u8; NONCE_BYTES] {
+        let mut nonce = [0u8; NONCE_BYTES];
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        nonce[..16].copy_from_slice(&self.nonce_prefix);
+        nonce[16..].copy_from_slice(&n.to_le_bytes());
+        nonce
+    }
+
+    /// Encrypts `plain` into `out` (same length) under a fresh nonce.
+    pub(crate) fn seal_into(&self, aad: &[u8], plain: &[u8], out: &mut [u8]) -> Sealed {
+        let nonce = self.next_nonce();
+        let buf = InOutBuf::new(plain, out).expect("sealing into a buffer of the same length");
+        let tag = self
+            .aead
+            .encrypt_inout_detached(&XNonce::from(nonce), aad, buf)
+            .expect("XChaCha20-Poly1305 seals messages up to 256 GiB");
+        Sealed {
+            nonce,
+            tag: tag.into(),
+        }
+    }
+
+    /// Encrypts `buf` in place under a fresh nonce.
+    pub(crate) fn seal_in_place(&self, aad: &[u8], buf: &mut [u8]) -> Sealed {
+        let nonce = self.next_nonce();
+        let tag = self
+            .aead
+            .encrypt_inout_detached(&XNonce::from(nonce), aad, buf.into())
+            .expect("XChaCha20-Poly1305 seals messages up to 256 GiB");
+        Sealed {
+            nonce,
+            tag: tag.into(),
+        }
+    }
+
+    /// Decrypts `sealed_bytes` into `out` (same length); false if they, the
+    /// associated data or the seal were changed, or another key sealed them.
+    pub(crate) fn open_into(&self, aad: &[u8], sealed_bytes: &[u8], out: &mut [u8], seal: &Sealed) -> bool {
+        let Ok(buf) = InOutBuf::new(sealed_bytes, out) else {
+            return false;
+        };
+        self.aead
+            .decrypt_inout_detached(&XNonce::from(seal.nonce), aad, buf, &Tag::from(seal.tag))
+            .is_ok()
+    }
+
+    /// Decrypts `buf` in place; false as `open_into`.
+    pub(crate) fn open_in_place(&self, aad: &[u8], buf: &mut [u8], seal: &Sealed) -> bool {
+        self.aead
+            .decrypt_inout_detached(&XNonce::from(seal.nonce), aad, buf.into(), &Tag::from(seal.tag))
+            .is_ok()
+    }
+}
+
+/// Whether the environment at `dir` is encrypted (it has a wrapped data key).
+pub fn is_encrypted(dir: &Path) -> bool {
+    dir.join(WRAPPED_KEY_FILE).exists()
+}
+
+/// Step 1½ of opening (`recovery/open.rs`): the environment's cipher, if it is
+/// encrypted. A new environment (no data file yet) given a master key gets a new
+/// data key; an existing one must be opened with a key exactly when it has one.
+pub(crate) fn open_data_key(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    data_file_exists: bool,
+    master: Option<&MasterKey>,
+) -> Result<Option<Arc<Cipher>>> {
+    let path = dir.join(WRAPPED_KEY_FILE);
+    let wrapped_exists = vfs.exists(&path);
+    match (master, data_file_exists, wrapped_exists) {
+        (None, _, false) => Ok(None),
+        (None, _, true) => Err(Error::Encryption {
+            path,
+            what: "the environment is encrypted: open it with its master key (--encryption-key-file)".into(),
+        }),
+        (Some(_), true, false) => Err(Error::Encryption {
+            path: dir.to_path_buf(),
+            what: format!(
+                "an encryption key was given, but this environment was created without one (it has no {WRAPPED_KEY_FILE}); \
+                 its data stays readable without the key. To encrypt it, copy it into an encrypted data directory \
+                 (kiln backup, then kiln restore --encryption-key-file)"
+            ),
+        }),
+        (Some(master), true, true) => {
+            let key = unwrap_data_key(&read_wrapped(vfs, &path)?, master, &path)?;
+            Ok(Some(Arc::new(Cipher::new(&key))))
+        }
+        // A new environment; a wrapped key left by a creation that crashed before
+        // its data file existed protects nothing yet and is replaced.
+        (Some(master), false, _) => {
+            let mut key = Zeroizing::new([0u8; KEY_BYTES]);
+            rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, key.as_mut());
+            write_wrapped(vfs, dir, &wrap_data_key(&key, master))?;
+            Ok(Some(Arc::new(Cipher::new(&key))))
+        }
+    }
+}
+
+/// Rewraps the data key of the environment at `dir` under `new` (it must be
+/// closed: the caller holds its lock or knows no process has it open). The file is
+/// replaced by a rename, so a crash leaves either key in force, never neither.
+pub fn rotate_master_key(dir: &Path, old: &MasterKey, new: &MasterKey) -> Result<()> {
+    let vfs = crate::io::OsVfs;
+    let path = dir.join(WRAPPED_KEY_FILE);
+    if !vfs.exists(&path) {
+        return Err(Error::Encryption {
+            path,
+            what: "this environment is not encrypted: there is no key to rewrap".into(),
+        });
+    }
+    let key = unwrap_data_key(&read_wrapped(&vfs, &path)?, old, &path)?;
+    write_wrapped(&vfs, dir, &wrap_data_key(&key, new))
+}
+
+/// Whether `master` unwraps the data key of the environment at `dir` (true), or the
+/// environment is not encrypted (false); an error names what is wrong.
+pub fn check_master_key(dir: &Path, master: &MasterKey) -> Result<bool> {
+    let vfs = crate::io::OsVfs;
+    let path = dir.join(WRAPPED_KEY_FILE);
+    if !vfs.exists(&path) {
+        return Ok(false);
+    }
+    unwrap_data_key(&read_wrapped(&vfs, &path)?, master, &path).map(|_| true)
+}
+
+fn wrap_data_key(key: &[u8; KEY_BYTES], master: &MasterKey) -> [u8; WRAPPED_LEN] {
+    let mut b = [0u8; WRAPPED_LEN];
+    b[..8].copy_from_slice(WRAPPED_MAGIC);
+    b[8..12].copy_from_slice(&WRAPPED_VERSION.to_le_bytes());
+    b[16..24].copy_from_slice(&master.fingerprint_bytes());
+    let mut nonce = [0u8; NONCE_BYTES];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut nonce);
+    b[24..48].copy_from_slice(&nonce);
+    let (head, rest) = b.split_at_mut(48);
+    let wrapped = rest.get_mut(..KEY_BYTES).expect("100-byte layout");
+    let tag = master
+        .wrapping_cipher()
+        .encrypt_inout_detached(
+            &XNonce::from(nonce),
+            head.get(..24).expect("100-byte layout"),
+            InOutBuf::new(key, wrapped).expect("32-byte buffers"),
+        )
+        .expect("a 32-byte message seals");
+    b[80..96].copy_from_slice(&tag);
+    let sum = crc32c::crc32c(&b[..96]);
+    b[96..100].copy_from_slice(&sum.to_le_bytes());
+    b
+}
+
+fn unwrap_data_key(
+    b: &[u8; WRAPPED_LEN],
+    master: &MasterKey,
+    path: &Path,
+) -> Result<Zeroizing<[u8; KEY_BYTES]>> {
+    let damaged = |what: String| Error::corrupted(path, "wrapped data key", what);
+    if &b[..8] != WRAPPED_MAGIC {
+        return Err(damaged("not a Kiln wrapped key file (bad magic)".into()));
+    }
+    let stored_sum = u32::from_le_bytes([b[96], b[97], b[98], b[99]]);
+    if crc32c::crc32c(&b[..96]) != stored_sum {
+        return Err(damaged("checksum mismatch: the file is damaged".into()));
+    }
+    let version = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+    if version != WRAPPED_VERSION {
+        return Err(Error::Incompatible {
+            path: path.to_path_buf(),
+            found: format!("wrapped key format {version}"),
+            expected: format!("wrapped key format {WRAPPED_VERSION}"),
+        });
+    }
+    let mut key = Zeroizing::new([0u8; KEY_BYTES]);
+    let mut nonce = [0u8; NONCE_BYTES];
+    nonce.copy_from_slice(&b[24..48]);
+    let mut tag = [0u8; TAG_BYTES];
+    tag.copy_from_slice(&b[80..96]);
+    let opened = master.wrapping_cipher().decrypt_inout_detached(
+        &XNonce::from(nonce),
+        &b[..24],
+        InOutBuf::new(&b[48..80], key.as_mut()).expect("32-byte buffers"),
+        &Tag::from(tag),
+    );
+    if opened.is_err() {
+        let wrapped_by: String = b[16..24].iter().map(|x| format!("{x:02x}")).collect();
+        return Err(Error::Encryption {
+            path: path.to_path_buf(),
+            what: format!(
+                "wrong encryption key: the data key is wrapped by master key {wrapped_by}, the key given is {}",
+                master.fingerprint()
+            ),
+        });
+    }
+    Ok(key)
+}
+
+fn read_wrapped(vfs: &dyn Vfs, path: &Path) -> Result<[u8; WRAPPED_LEN]> {
+    let file = vfs
+        .open(path, OpenMode::default())
+        .map_err(|e| Error::io(path, None, "open wrapped data key", e))?;
+    let len = file
+        .len()
+        .map_err(|e| Error::io(path, None, "stat wrapped data key", e))?;
+    if len != WRAPPED_LEN as u64 {
+        return Err(Error::corrupted(
+            path,
+            "wrapped data key",
+            format!("{len} bytes where a wrapped key file has {WRAPPED_LEN}"),
+        ));
+    }
+    let mut b = [0u8; WRAPPED_LEN];
+    file.read_exact_at(&mut b, 0)
+        .map_err(|e| Error::io(path, Some(0), "read wrapped data key", e))?;
+    Ok(b)
+}
+
+/// Writes the wrapped key under a temporary name, syncs it, renames it into place
+/// and syncs the directory.
+fn write_wrapped(vfs: &dyn Vfs, dir: &Path, bytes: &[u8; WRAPPED_LEN]) -> Result<()> {
+    let tmp = dir.join(format!("{WRAPPED_KEY_FILE}.tmp"));
+    let path = dir.join(WRAPPED_KEY_FILE);
+    let file = vfs
+        .open(
+            &tmp,
+            OpenMode {
+                create: true,
+                write: true,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| Error::io(&tmp, None, "create wrapped data key", e))?;
+    file.set_len(0)
+        .and_then(|()| file.write_all_at(bytes, 0))
+        .and_then(|()| file.sync_all())
+        .map_err(|e| Error::io(&tmp, Some(0), "write wrapped data key", e))?;
+    drop(file);
+    vfs.rename(&tmp, &path)
+        .map_err(|e| Error::io(&path, None, "rename wrapped data key into place", e))?;
+    vfs.sync_dir(dir)
+        .map_err(|e| Error::io(dir, None, "fsync directory of wrapped data key", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrapped_key_opens_with_its_master_key_only() {
+        let (a, b) = (MasterKey::generate(), MasterKey::generate());
+        let key = [7u8; KEY_BYTES];
+        let wrapped = wrap_data_key(&key, &a);
+        assert_eq!(*unwrap_data_key(&wrapped, &a, Path::new("k")).unwrap(), key);
+        let wrong = unwrap_data_key(&wrapped, &b, Path::new("k")).unwrap_err();
+        assert!(wrong.to_string().contains("wrong encryption key"), "{wrong}");
+        assert!(wrong.to_string().contains(&a.fingerprint()), "{wrong}");
+        // Any changed byte is damage (checksum) or, with the checksum fixed, a
+        // failed authentication: never another key.
+        for at in [0, 20, 30, 60, 90] {
+            let mut bad = wrapped;
+            bad[at] ^= 1;
+            assert!(unwrap_data_key(&bad, &a, Path::new("k")).is_err(), "byte {at}");
+            let sum = crc32c::crc32c(&bad[..96]);
+            bad[96..100].copy_from_slice(&sum.to_le_bytes());
+            assert!(unwrap_data_key(&bad, &a, Path::new("k")).is_err(), "byte {at}");
+        }
+    }
+
+    #[test]
+    fn key_files_are_64_hex_digits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        let key = MasterKey::generate();
+        std::fs::write(&path, format!("{}\n", key.to_hex().as_str())).unwrap();
+        let read = MasterKey::read_file(&path).unwrap();
+        assert_eq!(read.fingerprint(), key.fingerprint());
+        for bad in ["", "abc", &"g".repeat(64), &"0".repeat(66)] {
+            std::fs::write(&path, bad).unwrap();
+            let e = MasterKey::read_file(&path).unwrap_err();
+            assert!(e.to_string().contains("64 hexadecimal digits"), "{e}");
+        }
+        assert!(!format!("{key:?}").contains(key.to_hex().as_str()));
+    }
+
+    #[test]
+    fn sealed_bytes_open_only_unchanged_and_with_their_associated_data() {
+        let c = Cipher::for_tests([1; KEY_BYTES]);
+        let plain = vec![42u8; 8192];
+        let mut sealed = vec![0u8; 8192];
+        let seal = c.seal_into(b"page 5", &plain, &mut sealed);
+        assert_ne!(sealed, plain);
+        let mut out = vec![0u8; 8192];
+        assert!(c.open_into(b"page 5", &sealed, &mut out, &seal));
+        assert_eq!(out, plain);
+        assert!(!c.open_into(b"page 6", &sealed, &mut out, &seal));
+        sealed[100] ^= 4;
+        assert!(!c.open_into(b"page 5", &sealed, &mut out, &seal));
+        // Two seals of the same bytes never share a nonce.
+        assert_ne!(c.seal_in_place(b"x", &mut [0; 16]).nonce, c.seal_in_place(b"x", &mut [0; 16]).nonce);
+    }
+}
