@@ -102,9 +102,18 @@ impl MasterKey {
         let mut bytes = Zeroizing::new([0u8; KEY_BYTES]);
         for (i, pair) in trimmed.chunks_exact(2).enumerate() {
             let digit = |c: u8| (c as char).to_digit(16);
-            match (digit(pair[0]), digit(pair[1]), bytes.get_mut(i)) {
+            let (hi, lo) = match pair {
+                &[hi, lo] => (digit(hi), digit(lo)),
+                _ => (None, None),
+            };
+            match (hi, lo, bytes.get_mut(i)) {
                 (Some(hi), Some(lo), Some(b)) => *b = (hi * 16 + lo) as u8,
-                _ => return Err(malformed(format!("a non-hexadecimal character near byte {}", 2 * i))),
+                _ => {
+                    return Err(malformed(format!(
+                        "a non-hexadecimal character near byte {}",
+                        2 * i
+                    )))
+                }
             }
         }
         Ok(MasterKey(Arc::new(bytes)))
@@ -150,6 +159,8 @@ impl MasterKey {
 /// comes from.
 pub(crate) struct Cipher {
     aead: XChaCha20Poly1305,
+    /// Kept to derive keys for the layers above (`derive`) and to wrap it.
+    key: Zeroizing<[u8; KEY_BYTES]>,
     nonce_prefix: [u8; 16],
     counter: AtomicU64,
 }
@@ -167,6 +178,7 @@ impl Cipher {
         rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut nonce_prefix);
         Cipher {
             aead: XChaCha20Poly1305::new(&Key::from(*data_key)),
+            key: Zeroizing::new(*data_key),
             nonce_prefix,
             counter: AtomicU64::new(0),
         }
@@ -184,6 +196,16 @@ impl Cipher {
         nonce[..16].copy_from_slice(&self.nonce_prefix);
         nonce[16..].copy_from_slice(&n.to_le_bytes());
         nonce
+    }
+
+    /// A key of its own for `purpose`, derived from this one (HKDF-SHA256): it
+    /// changes with the data key, never with the master key.
+    fn derive(&self, purpose: &str) -> Cipher {
+        let hk = hkdf::Hkdf::<sha2::Sha256>::new(None, &self.key[..]);
+        let mut key = Zeroizing::new([0u8; KEY_BYTES]);
+        let info = format!("kiln/v1/derived/{purpose}");
+        let _ = hk.expand(info.as_bytes(), key.as_mut());
+        Cipher::new(&key)
     }
 
     /// Encrypts `plain` into `out` (same length) under a fresh nonce.
@@ -215,7 +237,13 @@ impl Cipher {
 
     /// Decrypts `sealed_bytes` into `out` (same length); false if they, the
     /// associated data or the seal were changed, or another key sealed them.
-    pub(crate) fn open_into(&self, aad: &[u8], sealed_bytes: &[u8], out: &mut [u8], seal: &Sealed) -> bool {
+    pub(crate) fn open_into(
+        &self,
+        aad: &[u8],
+        sealed_bytes: &[u8],
+        out: &mut [u8],
+        seal: &Sealed,
+    ) -> bool {
         let Ok(buf) = InOutBuf::new(sealed_bytes, out) else {
             return false;
         };
@@ -227,9 +255,92 @@ impl Cipher {
     /// Decrypts `buf` in place; false as `open_into`.
     pub(crate) fn open_in_place(&self, aad: &[u8], buf: &mut [u8], seal: &Sealed) -> bool {
         self.aead
-            .decrypt_inout_detached(&XNonce::from(seal.nonce), aad, buf.into(), &Tag::from(seal.tag))
+            .decrypt_inout_detached(
+                &XNonce::from(seal.nonce),
+                aad,
+                buf.into(),
+                &Tag::from(seal.tag),
+            )
             .is_ok()
     }
+}
+
+/// A key that seals byte strings for the layers above the engine (backups,
+/// attachment blobs): XChaCha20-Poly1305, a fresh nonce per seal. A seal is the
+/// nonce and tag ([`SealingKey::SEAL_BYTES`]), kept beside the ciphertext.
+pub struct SealingKey(Cipher);
+
+impl std::fmt::Debug for SealingKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SealingKey(..)")
+    }
+}
+
+impl SealingKey {
+    pub const SEAL_BYTES: usize = NONCE_BYTES + TAG_BYTES;
+
+    /// 32 random bytes (a backup's own key, wrapped by the master key).
+    pub fn generate() -> Self {
+        let mut key = Zeroizing::new([0u8; KEY_BYTES]);
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, key.as_mut());
+        SealingKey(Cipher::new(&key))
+    }
+
+    /// Encrypts `buf` in place; returns the seal (nonce, then tag). `aad` is
+    /// authenticated, not encrypted: what the bytes are and where they belong.
+    pub fn seal_in_place(&self, aad: &[u8], buf: &mut [u8]) -> [u8; Self::SEAL_BYTES] {
+        let sealed = self.0.seal_in_place(aad, buf);
+        let mut seal = [0u8; Self::SEAL_BYTES];
+        seal[..NONCE_BYTES].copy_from_slice(&sealed.nonce);
+        seal[NONCE_BYTES..].copy_from_slice(&sealed.tag);
+        seal
+    }
+
+    /// Decrypts `buf` in place; false (and `buf` unspecified) if the bytes, `aad` or
+    /// the seal were changed, or another key sealed them.
+    pub fn open_in_place(&self, aad: &[u8], buf: &mut [u8], seal: &[u8; Self::SEAL_BYTES]) -> bool {
+        let mut sealed = Sealed {
+            nonce: [0; NONCE_BYTES],
+            tag: [0; TAG_BYTES],
+        };
+        sealed.nonce.copy_from_slice(&seal[..NONCE_BYTES]);
+        sealed.tag.copy_from_slice(&seal[NONCE_BYTES..]);
+        self.0.open_in_place(aad, buf, &sealed)
+    }
+}
+
+impl MasterKey {
+    /// `key` wrapped by this master key: [`WRAPPED_KEY_BYTES`] bytes, in the wrapped
+    /// key file's layout (module comment), to store beside what `key` seals.
+    pub fn wrap(&self, key: &SealingKey) -> [u8; WRAPPED_KEY_BYTES] {
+        wrap_data_key(&key.0.key, self)
+    }
+
+    /// The key `wrapped` holds; `what` names where it came from in errors. A wrong
+    /// master key is `Error::Encryption` naming both keys' fingerprints.
+    pub fn unwrap(&self, wrapped: &[u8], what: &Path) -> Result<SealingKey> {
+        let bytes: &[u8; WRAPPED_LEN] = wrapped.try_into().map_err(|_| {
+            Error::corrupted(
+                what,
+                "wrapped key",
+                format!(
+                    "{} bytes where a wrapped key has {WRAPPED_LEN}",
+                    wrapped.len()
+                ),
+            )
+        })?;
+        let key = unwrap_data_key(bytes, self, what)?;
+        Ok(SealingKey(Cipher::new(&key)))
+    }
+}
+
+/// The length of a wrapped key ([`MasterKey::wrap`]).
+pub const WRAPPED_KEY_BYTES: usize = WRAPPED_LEN;
+
+/// A key of the environment's own for `purpose` (attachment blobs beside its data
+/// file...), derived from its data key: it survives a change of master key.
+pub(crate) fn derived_key(cipher: &Cipher, purpose: &str) -> SealingKey {
+    SealingKey(cipher.derive(purpose))
 }
 
 /// Whether the environment at `dir` is encrypted (it has a wrapped data key).
@@ -430,18 +541,51 @@ mod tests {
         let wrapped = wrap_data_key(&key, &a);
         assert_eq!(*unwrap_data_key(&wrapped, &a, Path::new("k")).unwrap(), key);
         let wrong = unwrap_data_key(&wrapped, &b, Path::new("k")).unwrap_err();
-        assert!(wrong.to_string().contains("wrong encryption key"), "{wrong}");
+        assert!(
+            wrong.to_string().contains("wrong encryption key"),
+            "{wrong}"
+        );
         assert!(wrong.to_string().contains(&a.fingerprint()), "{wrong}");
         // Any changed byte is damage (checksum) or, with the checksum fixed, a
         // failed authentication: never another key.
         for at in [0, 20, 30, 60, 90] {
             let mut bad = wrapped;
             bad[at] ^= 1;
-            assert!(unwrap_data_key(&bad, &a, Path::new("k")).is_err(), "byte {at}");
+            assert!(
+                unwrap_data_key(&bad, &a, Path::new("k")).is_err(),
+                "byte {at}"
+            );
             let sum = crc32c::crc32c(&bad[..96]);
             bad[96..100].copy_from_slice(&sum.to_le_bytes());
-            assert!(unwrap_data_key(&bad, &a, Path::new("k")).is_err(), "byte {at}");
+            assert!(
+                unwrap_data_key(&bad, &a, Path::new("k")).is_err(),
+                "byte {at}"
+            );
         }
+    }
+
+    #[test]
+    fn sealing_keys_wrap_under_the_master_key_and_seal_byte_strings() {
+        let (master, other) = (MasterKey::generate(), MasterKey::generate());
+        let key = SealingKey::generate();
+        let wrapped = master.wrap(&key);
+        let back = master.unwrap(&wrapped, Path::new("backup")).unwrap();
+        assert!(other.unwrap(&wrapped, Path::new("backup")).is_err());
+        assert!(master.unwrap(&wrapped[..50], Path::new("backup")).is_err());
+        let mut buf = b"attachment bytes".to_vec();
+        let seal = key.seal_in_place(b"blob 1", &mut buf);
+        assert_ne!(&buf[..], b"attachment bytes");
+        let mut copy = buf.clone();
+        assert!(back.open_in_place(b"blob 1", &mut copy, &seal));
+        assert_eq!(&copy[..], b"attachment bytes");
+        assert!(!back.open_in_place(b"blob 2", &mut buf, &seal));
+        // Derived keys: the same purpose gives the same key, another purpose another.
+        let data = Cipher::for_tests([3; KEY_BYTES]);
+        let (a, b) = (derived_key(&data, "blobs"), derived_key(&data, "blobs"));
+        let mut x = b"x".to_vec();
+        let seal = a.seal_in_place(b"", &mut x);
+        assert!(b.open_in_place(b"", &mut x.clone(), &seal));
+        assert!(!derived_key(&data, "other").open_in_place(b"", &mut x, &seal));
     }
 
     #[test]
@@ -474,6 +618,9 @@ mod tests {
         sealed[100] ^= 4;
         assert!(!c.open_into(b"page 5", &sealed, &mut out, &seal));
         // Two seals of the same bytes never share a nonce.
-        assert_ne!(c.seal_in_place(b"x", &mut [0; 16]).nonce, c.seal_in_place(b"x", &mut [0; 16]).nonce);
+        assert_ne!(
+            c.seal_in_place(b"x", &mut [0; 16]).nonce,
+            c.seal_in_place(b"x", &mut [0; 16]).nonce
+        );
     }
 }

@@ -41,6 +41,21 @@ impl Env {
         Self::open_with_report(dir, opts).map(|(e, _)| e)
     }
 
+    /// Whether this environment seals its pages and journal (`crypt.rs`).
+    pub fn is_encrypted(&self) -> bool {
+        self.shared.store.cipher().is_some()
+    }
+
+    /// An encrypted environment's key for `purpose` (files the layers above keep
+    /// beside it, such as attachment blobs), derived from its data key: the same on
+    /// every open, unchanged by a change of master key. `None` if not encrypted.
+    pub fn derived_key(&self, purpose: &str) -> Option<crate::crypt::SealingKey> {
+        self.shared
+            .store
+            .cipher()
+            .map(|c| crate::crypt::derived_key(c, purpose))
+    }
+
     pub fn open_with_report(dir: impl AsRef<Path>, opts: Options) -> Result<(Env, RecoveryReport)> {
         let dir = dir.as_ref().to_path_buf();
         // Lock, create or read the header, replay the journal (recovery/open.rs).

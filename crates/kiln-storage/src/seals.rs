@@ -124,9 +124,11 @@ impl Seals {
         let run_pages = u32::try_from(run.page_count()).expect("a run of fewer than 2^32 pages");
         let flags = if run.is_bare() { FLAG_BARE } else { 0 };
         let mut out = PageRun::scratch(run.page_count());
-        let sealed = self
-            .cipher
-            .seal_into(&Self::aad(no, run_pages, flags), run.bytes(), out.bytes_mut());
+        let sealed = self.cipher.seal_into(
+            &Self::aad(no, run_pages, flags),
+            run.bytes(),
+            out.bytes_mut(),
+        );
         let mut slot = [0u8; SLOT_BYTES as usize];
         slot[..NONCE_BYTES].copy_from_slice(&sealed.nonce);
         slot[24..24 + TAG_BYTES].copy_from_slice(&sealed.tag);
@@ -176,7 +178,13 @@ impl Seals {
 
     /// Decrypts the run at page `no` from its sealed bytes into a buffer of its own.
     /// A page (not a bare run) is also verified as a page.
-    pub fn open_run(&self, no: PageNo, slot: &Slot, sealed_bytes: &[u8], data_path: &Path) -> Result<PageRun> {
+    pub fn open_run(
+        &self,
+        no: PageNo,
+        slot: &Slot,
+        sealed_bytes: &[u8],
+        data_path: &Path,
+    ) -> Result<PageRun> {
         let flags = if slot.bare { FLAG_BARE } else { 0 };
         let mut out = PageRun::scratch(slot.run_pages as usize);
         if sealed_bytes.len() != slot.run_pages as usize * PAGE_SIZE
@@ -283,14 +291,24 @@ mod tests {
             w.commit().unwrap();
         }
         // Before close: values are in the journal (and maybe written back).
-        assert_eq!(files_containing(dir.path(), b"SECRET-"), Vec::<String>::new());
+        assert_eq!(
+            files_containing(dir.path(), b"SECRET-"),
+            Vec::<String>::new()
+        );
         env.close().unwrap();
-        assert_eq!(files_containing(dir.path(), b"SECRET-"), Vec::<String>::new());
+        assert_eq!(
+            files_containing(dir.path(), b"SECRET-"),
+            Vec::<String>::new()
+        );
         for _ in 0..2 {
             let env = Env::open(dir.path(), encrypted(&key)).unwrap();
             let r = env.begin_read().unwrap();
             for i in 0..1000u32 {
-                assert_eq!(r.get("t", &i.to_be_bytes()).unwrap(), Some(&value(i)[..]), "key {i}");
+                assert_eq!(
+                    r.get("t", &i.to_be_bytes()).unwrap(),
+                    Some(&value(i)[..]),
+                    "key {i}"
+                );
             }
             drop(r);
             assert!(env.check().unwrap().is_clean());
@@ -317,21 +335,35 @@ mod tests {
         w.put("t", b"k", b"v").unwrap();
         w.commit().unwrap();
         env.close().unwrap();
-        let wrong = Env::open(dir.path(), encrypted(&MasterKey::generate())).err().unwrap();
+        let wrong = Env::open(dir.path(), encrypted(&MasterKey::generate()))
+            .err()
+            .unwrap();
         assert!(matches!(wrong, Error::Encryption { .. }), "{wrong}");
-        assert!(wrong.to_string().contains("wrong encryption key"), "{wrong}");
+        assert!(
+            wrong.to_string().contains("wrong encryption key"),
+            "{wrong}"
+        );
         let none = Env::open(dir.path(), Options::default()).err().unwrap();
-        assert!(none.to_string().contains("open it with its master key"), "{none}");
+        assert!(
+            none.to_string().contains("open it with its master key"),
+            "{none}"
+        );
         // A new master key, after a rotation: the old one no longer opens it.
         let new = MasterKey::generate();
         crate::crypt::rotate_master_key(dir.path(), &key, &new).unwrap();
         assert!(Env::open(dir.path(), encrypted(&key)).is_err());
         let env = Env::open(dir.path(), encrypted(&new)).unwrap();
-        assert_eq!(env.begin_read().unwrap().get("t", b"k").unwrap(), Some(&b"v"[..]));
+        assert_eq!(
+            env.begin_read().unwrap().get("t", b"k").unwrap(),
+            Some(&b"v"[..])
+        );
         env.close().unwrap();
 
         let plain = tempfile::tempdir().unwrap();
-        Env::open(plain.path(), Options::default()).unwrap().close().unwrap();
+        Env::open(plain.path(), Options::default())
+            .unwrap()
+            .close()
+            .unwrap();
         let e = Env::open(plain.path(), encrypted(&key)).err().unwrap();
         assert!(e.to_string().contains("created without one"), "{e}");
     }
@@ -362,6 +394,9 @@ mod tests {
         let e = r.get("t", &5u32.to_be_bytes()).err().unwrap();
         let msg = e.to_string();
         assert!(e.is_corruption(), "{msg}");
-        assert!(msg.contains("fails authentication") && msg.contains("page "), "{msg}");
+        assert!(
+            msg.contains("fails authentication") && msg.contains("page "),
+            "{msg}"
+        );
     }
 }

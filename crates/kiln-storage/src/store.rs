@@ -8,8 +8,8 @@
 
 use crate::crypt::Cipher;
 use crate::io::{MappedRegion, VfsFile};
-use crate::seals::Seals;
 use crate::page::{self, PageNo, PageRun, PAGE_SIZE};
+use crate::seals::Seals;
 use crate::{Error, Result};
 use parking_lot::RwLock;
 use std::cell::UnsafeCell;
@@ -363,7 +363,9 @@ impl PageStore {
             return Ok(run);
         }
         let slot = seals.slot(no)?;
-        if slot.bare != bare_pages.is_some() || bare_pages.is_some_and(|n| n != slot.run_pages as u64) {
+        if slot.bare != bare_pages.is_some()
+            || bare_pages.is_some_and(|n| n != slot.run_pages as u64)
+        {
             return Err(Error::corrupted(
                 &self.path,
                 format!("page {no}"),
@@ -375,7 +377,9 @@ impl PageStore {
                 ),
             ));
         }
-        let end = no.checked_add(slot.run_pages as u64).filter(|_| no >= page::FIRST_DATA_PAGE);
+        let end = no
+            .checked_add(slot.run_pages as u64)
+            .filter(|_| no >= page::FIRST_DATA_PAGE);
         let in_map = |map: &MapGen| -> Option<std::ops::Range<usize>> {
             let end = end.filter(|&end| end <= map.pages)?;
             Some(usize::try_from(no).ok()? * PAGE_SIZE..usize::try_from(end).ok()? * PAGE_SIZE)

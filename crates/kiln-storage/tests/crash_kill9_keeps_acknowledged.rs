@@ -189,8 +189,7 @@ fn kill_and_verify(dir: &std::path::Path, cycles: usize, seed: u64, label: &str)
     let mut total_acked = 0u64;
     let started = Instant::now();
     for cycle in 0..cycles {
-        let acks =
-            common::run_child_and_kill(cycle, "crash_child_entry", CHILD_ENV, dir, &mut rng);
+        let acks = common::run_child_and_kill(cycle, "crash_child_entry", CHILD_ENV, dir, &mut rng);
         let ids: Vec<u64> = acks
             .iter()
             .map(|a| a.parse::<u64>().expect("ACK <txn>"))
@@ -211,5 +210,7 @@ fn kill_and_verify(dir: &std::path::Path, cycles: usize, seed: u64, label: &str)
         }
     }
     assert!(total_acked > 0, "no acknowledged commit was tested");
-    eprintln!("{label}: {cycles} cycles passed, {total_acked} acknowledged commits verified, 0 lost");
+    eprintln!(
+        "{label}: {cycles} cycles passed, {total_acked} acknowledged commits verified, 0 lost"
+    );
 }

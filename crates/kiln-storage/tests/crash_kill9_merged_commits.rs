@@ -203,9 +203,10 @@ fn verify(
 
 #[test]
 fn kill9_with_16_submitters_never_loses_an_acknowledged_unit() {
-    let (cycles, seed) = common::cycles_and_seed(&format!(
-        "merged-commit kill -9 test ({SUBMITTERS} submitters)"
-    ), 25);
+    let (cycles, seed) = common::cycles_and_seed(
+        &format!("merged-commit kill -9 test ({SUBMITTERS} submitters)"),
+        25,
+    );
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     // Acknowledgements seen and verified (each cycle checks every thread's last

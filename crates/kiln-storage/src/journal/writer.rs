@@ -1,10 +1,10 @@
 //! Appends records to the journal and makes each durable before returning.
 
 use super::compress::Compressor;
-use crate::crypt::Cipher;
 pub use super::files::{JournalFiles, JournalPos};
 use super::record::{self, RecordInput};
 use super::FileNeed as Need;
+use crate::crypt::Cipher;
 use crate::io::{OpenMode, Vfs, VfsFile, DIRECT_IO_ALIGN};
 // Defined with the other options, so that `options` imports nothing that imports it.
 pub use crate::options::Durability;

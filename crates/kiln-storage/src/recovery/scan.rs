@@ -235,7 +235,11 @@ pub(crate) fn replay(
                     // The receiver is gone only if `apply` failed: stop reading (this
                     // error is dropped; `apply`'s is the one returned).
                     records.send((rec, end)).map_err(|_| {
-                        Error::corrupted(journal.dir, "journal", "replay stopped: applying a record failed")
+                        Error::corrupted(
+                            journal.dir,
+                            "journal",
+                            "replay stopped: applying a record failed",
+                        )
                     })
                 })
             })
@@ -456,14 +460,7 @@ mod tests {
                 dir: &journal,
                 cipher: None,
             };
-            replay(
-                reader,
-                self.start,
-                self.start_txn,
-                false,
-                check,
-                apply,
-            )
+            replay(reader, self.start, self.start_txn, false, check, apply)
         }
     }
 

@@ -143,7 +143,9 @@ pub(crate) fn decode_body(
 /// checksum field zero is the associated data, as `encode::seal_body` sealed it.
 fn open_body(record: &[u8], stored: &[u8], cipher: &Cipher) -> Result<Vec<u8>, DecodeError> {
     let Some(text_len) = stored.len().checked_sub(SEAL_TRAILER) else {
-        return Err(DecodeError::SealTruncated { body_len: stored.len() });
+        return Err(DecodeError::SealTruncated {
+            body_len: stored.len(),
+        });
     };
     let (text, trailer) = stored.split_at(text_len);
     let (nonce, tag) = trailer.split_at(NONCE_BYTES);

@@ -323,7 +323,11 @@ mod tests {
     fn sealed_records_open_with_their_key_only() {
         let mut log = LogicalLog::default();
         for i in 0..200u32 {
-            log.push(7, &i.to_be_bytes(), Slot::Value(b"secret value".repeat(10).into()).as_ref());
+            log.push(
+                7,
+                &i.to_be_bytes(),
+                Slot::Value(b"secret value".repeat(10).into()).as_ref(),
+            );
         }
         let input = RecordInput {
             txn_id: 3,
@@ -345,9 +349,15 @@ mod tests {
         assert!(!rec.windows(12).any(|w| w == b"secret value"));
         let decoded = decode_with(&rec, Some(&cipher)).expect("opens with its key");
         assert_eq!(decoded.logical.len(), 200);
-        assert!(matches!(decode_with(&rec, None), Err(DecodeError::SealedWithoutKey)));
+        assert!(matches!(
+            decode_with(&rec, None),
+            Err(DecodeError::SealedWithoutKey)
+        ));
         let other = Cipher::for_tests([8; 32]);
-        assert!(matches!(decode_with(&rec, Some(&other)), Err(DecodeError::Unauthentic)));
+        assert!(matches!(
+            decode_with(&rec, Some(&other)),
+            Err(DecodeError::Unauthentic)
+        ));
         // A body byte, then a header field (the catalog root), changed and the
         // checksum fixed: the tag catches both.
         for at in [RECORD_HEADER + 5, 48] {
@@ -358,7 +368,10 @@ mod tests {
             let sum = crc32c::crc32c(&bad[..RECORD_HEADER + h.body_len as usize]);
             write_u32(&mut bad, 28, sum);
             assert!(
-                matches!(decode_with(&bad, Some(&cipher)), Err(DecodeError::Unauthentic)),
+                matches!(
+                    decode_with(&bad, Some(&cipher)),
+                    Err(DecodeError::Unauthentic)
+                ),
                 "byte {at}"
             );
         }
