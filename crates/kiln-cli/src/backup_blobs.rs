@@ -141,12 +141,17 @@ pub fn upload_blobs(ep: &Endpoint, db: &str, blobs: Vec<(String, PathBuf)>) -> A
 
 /// Puts the backups' blobs into the restored database `db` of the (offline)
 /// data directory `data_dir`, each checked against its hash.
-pub fn restore_offline(data_dir: &Path, db: &str, files: &[PathBuf]) -> AnyResult<u64> {
+pub fn restore_offline(
+    data_dir: &Path,
+    db: &str,
+    files: &[PathBuf],
+    options: kiln_docs::DocsOptions,
+) -> AnyResult<u64> {
     let blobs = backed_up(files)?;
     if blobs.is_empty() {
         return Ok(0);
     }
-    let store = kiln_docs::DocStore::open(data_dir, kiln_docs::DocsOptions::default())?;
+    let store = kiln_docs::DocStore::open(data_dir, options)?;
     let database = store.database(db)?;
     for (hash, path) in &blobs {
         let staged = database.attachment_from_file(path, Some(hash))?;

@@ -81,6 +81,9 @@ pub struct Target {
     pub api_key: Option<String>,
     #[command(flatten)]
     pub tls: crate::client::TlsArgs,
+    /// With --data-dir: the data directory's master key, if it is encrypted.
+    #[command(flatten)]
+    pub encryption: crate::storage_args::EncryptionArgs,
 }
 
 #[derive(clap::Subcommand)]
@@ -461,7 +464,7 @@ fn backup_request_path(db: &str, since: Option<&BackupManifest>, chain: bool) ->
 /// into `file`, then closes the store.
 fn backup_offline(taking: &TakeBackup, dir: &Path, file: &File) -> AnyResult<BackupReport> {
     let a = taking.args;
-    let store = crate::docs_cmd::open_existing(dir)?;
+    let store = crate::docs_cmd::open_existing(dir, &taking.args.target.encryption)?;
     let database = store.database(&taking.db)?;
     let pb = bar(a.quiet, None);
     let opts = kiln_storage::BackupOptions {
@@ -494,7 +497,7 @@ fn chain_stop(t: &Target, json: bool) -> AnyResult<ExitCode> {
         let v: serde_json::Value = serde_json::from_slice(&body)?;
         v["stopped"].as_bool().unwrap_or(false)
     } else if let Some(dir) = &t.data_dir {
-        let store = crate::docs_cmd::open_existing(dir)?;
+        let store = crate::docs_cmd::open_existing(dir, &t.encryption)?;
         let stopped = store.database(&db)?.stop_backup_chain()?;
         store.close()?;
         stopped
@@ -664,7 +667,7 @@ fn restore_target(a: &RestoreArgs) -> AnyResult<Option<&PathBuf>> {
 fn restore_offline(a: &RestoreArgs, dir: &Path, point: RestorePoint) -> AnyResult<RestoreReport> {
     let (source, total) = open_all(&a.files)?;
     let pb = bar(a.quiet, Some(total));
-    let storage = a.storage.docs_options().storage;
+    let storage = a.storage.docs_options()?.storage;
     let r = kiln_docs::restore_database(source, dir, &a.db, storage, a.force, point, |n| {
         pb.set_position(n)
     });
@@ -676,7 +679,10 @@ fn restore_offline(a: &RestoreArgs, dir: &Path, point: RestorePoint) -> AnyResul
 /// Kilns), offline into `offline_dir` or to the server; how many.
 fn restore_blobs_beside(a: &RestoreArgs, offline_dir: Option<&PathBuf>) -> AnyResult<u64> {
     Ok(match (offline_dir, &a.url) {
-        (Some(dir), _) => crate::backup_blobs::restore_offline(dir, &a.db, &a.files)?,
+        (Some(dir), _) => {
+            let options = a.storage.docs_options()?;
+            crate::backup_blobs::restore_offline(dir, &a.db, &a.files, options)?
+        }
         (None, Some(url)) => {
             let ep = Endpoint::parse(url, a.api_key.clone(), &a.tls)?;
             crate::backup_blobs::restore_to_server(&ep, &a.db, &a.files)?

@@ -2,9 +2,9 @@
 //! must not be running on the same directory: each database is locked by one
 //! process at a time).
 
-use crate::storage_args::StorageArgs;
+use crate::storage_args::{EncryptionArgs, StorageArgs};
 use kiln_docs::DatabaseError;
-use kiln_docs::{Condition, DocError, DocId, DocStore, DocsOptions};
+use kiln_docs::{Condition, DocError, DocId, DocStore};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -12,7 +12,10 @@ use std::process::ExitCode;
 /// `list`, an offline `backup` and `backup chain-stop`): one that does not exist,
 /// or is no data directory (no `databases/`), is refused before anything is
 /// created in it (opening a store makes its directories and lock file).
-pub(crate) fn open_existing(data_dir: &Path) -> crate::AnyResult<DocStore> {
+pub(crate) fn open_existing(
+    data_dir: &Path,
+    encryption: &EncryptionArgs,
+) -> crate::AnyResult<DocStore> {
     if !data_dir.is_dir() {
         return Err(crate::exit::NotFound(format!(
             "the data directory {} does not exist (give --data-dir as given to kiln serve)",
@@ -27,7 +30,7 @@ pub(crate) fn open_existing(data_dir: &Path) -> crate::AnyResult<DocStore> {
         ))
         .into());
     }
-    Ok(DocStore::open(data_dir, DocsOptions::default())?)
+    Ok(DocStore::open(data_dir, encryption.docs_options()?)?)
 }
 
 pub fn put(
@@ -38,7 +41,7 @@ pub fn put(
     storage: &StorageArgs,
 ) -> crate::AnyResult<ExitCode> {
     let json = document_text(json)?;
-    let store = DocStore::open(data_dir, storage.docs_options())?;
+    let store = DocStore::open(data_dir, storage.docs_options()?)?;
     let db = match store.database(database) {
         Ok(db) => db,
         Err(DocError::Database(DatabaseError::NotFound(_))) => store.create_database(database)?,
@@ -79,8 +82,13 @@ fn document_text(arg: &str) -> crate::AnyResult<String> {
     }
 }
 
-pub fn get(data_dir: &Path, database: &str, id: &str) -> crate::AnyResult<ExitCode> {
-    let store = open_existing(data_dir)?;
+pub fn get(
+    data_dir: &Path,
+    database: &str,
+    id: &str,
+    encryption: &EncryptionArgs,
+) -> crate::AnyResult<ExitCode> {
+    let store = open_existing(data_dir, encryption)?;
     match store.database(database)?.get(id)? {
         Some(doc) => {
             println!("{}", String::from_utf8_lossy(&doc.json));
@@ -93,17 +101,24 @@ pub fn get(data_dir: &Path, database: &str, id: &str) -> crate::AnyResult<ExitCo
     }
 }
 
+/// Which documents `kiln list` prints.
+pub struct Page<'a> {
+    pub prefix: &'a str,
+    pub start_after: Option<&'a str>,
+    pub limit: usize,
+}
+
 pub fn list(
     data_dir: &Path,
     database: &str,
-    prefix: &str,
-    start_after: Option<&str>,
-    limit: usize,
+    page: Page<'_>,
+    encryption: &EncryptionArgs,
 ) -> crate::AnyResult<ExitCode> {
-    let store = open_existing(data_dir)?;
-    let page = store
-        .database(database)?
-        .list_by_prefix(prefix, start_after, limit)?;
+    let store = open_existing(data_dir, encryption)?;
+    let page =
+        store
+            .database(database)?
+            .list_by_prefix(page.prefix, page.start_after, page.limit)?;
     for doc in &page.items {
         println!("{}", String::from_utf8_lossy(&doc.json));
     }

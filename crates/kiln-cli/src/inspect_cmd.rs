@@ -2,6 +2,7 @@
 //! Both take a data directory (every database in it, by name) or one database's
 //! (or one raw environment's) directory.
 
+use crate::storage_args::EncryptionArgs;
 use crate::AnyResult;
 use kiln_storage::{Env, Options};
 use std::path::{Path, PathBuf};
@@ -35,10 +36,11 @@ fn name_of(dir: &Path) -> String {
 }
 
 /// Checks every database; exit code 1 if any has a problem.
-pub fn check(dir: &Path, json: bool) -> AnyResult<ExitCode> {
+pub fn check(dir: &Path, json: bool, encryption: &EncryptionArgs) -> AnyResult<ExitCode> {
+    let options = encryption.storage_options()?;
     let mut clean = true;
     for (name, env_dir) in environments(dir)? {
-        clean &= check_one(&name, &env_dir, json)?;
+        clean &= check_one(&name, &env_dir, json, &options)?;
     }
     Ok(if clean {
         ExitCode::SUCCESS
@@ -48,8 +50,8 @@ pub fn check(dir: &Path, json: bool) -> AnyResult<ExitCode> {
 }
 
 /// Checks one environment and prints the report; false if it found problems.
-fn check_one(name: &str, dir: &Path, json: bool) -> AnyResult<bool> {
-    let env = Env::open(dir, Options::default())?;
+fn check_one(name: &str, dir: &Path, json: bool, options: &Options) -> AnyResult<bool> {
+    let env = Env::open(dir, options.clone())?;
     let report = env.check()?;
     let attachments = check_attachments(dir, &env)?;
     let attachments_clean = attachments.as_ref().is_none_or(|a| a.is_ok());
@@ -179,9 +181,10 @@ fn tree_space(
 }
 
 /// Prints every database's figures.
-pub fn stats(dir: &Path, json: bool) -> AnyResult<ExitCode> {
+pub fn stats(dir: &Path, json: bool, encryption: &EncryptionArgs) -> AnyResult<ExitCode> {
+    let options = encryption.storage_options()?;
     for (name, env_dir) in environments(dir)? {
-        let env = Env::open(&env_dir, Options::default())?;
+        let env = Env::open(&env_dir, options.clone())?;
         print_stats(&name, &env.stats(), json);
     }
     Ok(ExitCode::SUCCESS)

@@ -2,7 +2,7 @@
 //! layer (for inspecting a database's trees or using the engine on its own).
 
 use clap::Subcommand;
-use kiln_storage::{Env, Options};
+use kiln_storage::Env;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -19,6 +19,8 @@ pub enum KvCommand {
         key: String,
         /// The value, as text.
         value: String,
+        #[command(flatten)]
+        encryption: crate::storage_args::EncryptionArgs,
     },
     /// Print a value.
     Get {
@@ -29,6 +31,8 @@ pub enum KvCommand {
         tree: String,
         /// The key.
         key: String,
+        #[command(flatten)]
+        encryption: crate::storage_args::EncryptionArgs,
     },
     /// List keys and values of a tree in order (or in reverse).
     Scan {
@@ -46,6 +50,8 @@ pub enum KvCommand {
         /// Entries at most.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        #[command(flatten)]
+        encryption: crate::storage_args::EncryptionArgs,
     },
 }
 
@@ -56,8 +62,9 @@ pub fn run(cmd: KvCommand) -> crate::AnyResult<ExitCode> {
             tree,
             key,
             value,
+            encryption,
         } => {
-            let env = Env::open(&dir, Options::default())?;
+            let env = Env::open(&dir, encryption.storage_options()?)?;
             let mut w = env.begin_write()?;
             w.ensure_tree(&tree)?;
             w.put(&tree, key.as_bytes(), value.as_bytes())?;
@@ -65,9 +72,14 @@ pub fn run(cmd: KvCommand) -> crate::AnyResult<ExitCode> {
             env.close()?;
             println!("committed txn {txn}");
         }
-        KvCommand::Get { dir, tree, key } => {
+        KvCommand::Get {
+            dir,
+            tree,
+            key,
+            encryption,
+        } => {
             crate::inspect_cmd::require_env(&dir)?;
-            let env = Env::open(&dir, Options::default())?;
+            let env = Env::open(&dir, encryption.storage_options()?)?;
             let r = env.begin_read()?;
             match r.get(&tree, key.as_bytes())? {
                 Some(v) => println!("{}", String::from_utf8_lossy(v)),
@@ -83,9 +95,10 @@ pub fn run(cmd: KvCommand) -> crate::AnyResult<ExitCode> {
             from,
             reverse,
             limit,
+            encryption,
         } => {
             crate::inspect_cmd::require_env(&dir)?;
-            let env = Env::open(&dir, Options::default())?;
+            let env = Env::open(&dir, encryption.storage_options()?)?;
             let r = env.begin_read()?;
             let mut c = r.cursor(&tree)?;
             let mut e = match (&from, reverse) {

@@ -8,6 +8,7 @@ mod bench_cmd;
 mod client;
 mod cluster_cmd;
 mod docs_cmd;
+mod encryption_cmd;
 mod exit;
 mod export_cmd;
 mod import_cmd;
@@ -83,6 +84,8 @@ enum Command {
         database: String,
         /// The document's id.
         id: String,
+        #[command(flatten)]
+        encryption: crate::storage_args::EncryptionArgs,
     },
     /// List documents of a database by id prefix, one JSON document per line; the
     /// id to continue after is printed on stderr when there are more. Offline, as
@@ -102,6 +105,8 @@ enum Command {
         /// Documents at most.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        #[command(flatten)]
+        encryption: crate::storage_args::EncryptionArgs,
     },
     /// Stream documents into a database of a running server (NDJSON, JSON arrays,
     /// directories or .tar/.tar.gz of .json files) through its bulk endpoint;
@@ -137,6 +142,10 @@ enum Command {
     /// Raw key-value access to one storage environment (no documents).
     #[command(subcommand)]
     Kv(kv::KvCommand),
+    /// Encryption at rest: make a master key, show which databases are encrypted,
+    /// change the master key (docs/operations.md, "Security").
+    #[command(subcommand)]
+    Encryption(encryption_cmd::EncryptionCommand),
     /// Walk every tree and page of a storage environment, or of every database of a
     /// data directory; exit code 1 if anything is wrong.
     Check {
@@ -145,6 +154,8 @@ enum Command {
         /// One JSON object per database, on one line each.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        encryption: crate::storage_args::EncryptionArgs,
     },
     /// Print the engine's figures for a database (or every database of a data
     /// directory). Counters such as `commits` count since this open; `last_txn_id`
@@ -155,6 +166,8 @@ enum Command {
         /// One JSON object per database, on one line each.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        encryption: crate::storage_args::EncryptionArgs,
     },
     /// Run the benchmark workloads (docs/benchmarks.md) against Kiln and the raw disk.
     #[cfg(feature = "bench")]
@@ -298,22 +311,40 @@ fn run(cmd: Command) -> AnyResult<ExitCode> {
             data_dir,
             database,
             id,
-        } => return docs_cmd::get(&data_dir, &database, &id),
+            encryption,
+        } => return docs_cmd::get(&data_dir, &database, &id, &encryption),
         Command::List {
             data_dir,
             database,
             prefix,
             start_after,
             limit,
-        } => return docs_cmd::list(&data_dir, &database, &prefix, start_after.as_deref(), limit),
+            encryption,
+        } => {
+            let page = docs_cmd::Page {
+                prefix: &prefix,
+                start_after: start_after.as_deref(),
+                limit,
+            };
+            return docs_cmd::list(&data_dir, &database, page, &encryption);
+        }
         Command::Import(args) => return import_cmd::run(args),
         Command::Export(args) => return export_cmd::run(args),
         Command::Backup(args) => return backup_cmd::backup(args),
         Command::Restore(args) => return backup_cmd::restore(args),
         Command::Kv(cmd) => return kv::run(cmd),
+        Command::Encryption(cmd) => return encryption_cmd::run(cmd),
         Command::Query(args) => return query_cmd::run(args),
-        Command::Check { dir, json } => return inspect_cmd::check(&dir, json),
-        Command::Stats { dir, json } => return inspect_cmd::stats(&dir, json),
+        Command::Check {
+            dir,
+            json,
+            encryption,
+        } => return inspect_cmd::check(&dir, json, &encryption),
+        Command::Stats {
+            dir,
+            json,
+            encryption,
+        } => return inspect_cmd::stats(&dir, json, &encryption),
         #[cfg(feature = "bench")]
         Command::Bench(args) => bench_cmd::bench(args)?,
         #[cfg(feature = "bench")]

@@ -379,7 +379,7 @@ fn server_config(a: &ServeArgs) -> crate::AnyResult<ServerConfig> {
     config.docs.document_compression = a.document_compression;
     config.docs.storage.max_unflushed_bytes = a.max_unflushed_mib << 20;
     config.docs.storage.write_back_window_bytes = a.write_back_window_mib << 20;
-    a.storage.apply_to(&mut config.docs.storage);
+    a.storage.apply_to(&mut config.docs.storage)?;
     config.docs.write_queue.workers = a.write_workers.max(1);
     config.changes.heartbeat_ms = a.changes_heartbeat_ms.max(1);
     config.changes.max_connections = a.max_changes_connections;

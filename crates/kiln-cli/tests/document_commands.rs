@@ -149,3 +149,152 @@ fn api_keys_are_created_listed_and_revoked() {
         "revoking an unknown key is a runtime error"
     );
 }
+
+mod common;
+
+/// Every file under `dir` whose bytes contain `needle`.
+fn files_containing(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if std::fs::read(&path)
+                .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle))
+            {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// `kiln encryption new-key`, then a data directory written with the key: nothing
+/// of the document is on disk in clear, the offline commands and the server need the
+/// key (a missing or wrong one is a clear error), and `rotate-key` moves every
+/// database to a new key without touching the data.
+#[test]
+fn an_encrypted_data_directory_end_to_end() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let d = data.to_str().unwrap();
+    let key = dir.path().join("master.key");
+    let key2 = dir.path().join("new.key");
+    let (k, k2) = (key.to_str().unwrap(), key2.to_str().unwrap());
+    for path in [k, k2] {
+        let o = kiln(&["encryption", "new-key", "--out", path]);
+        assert!(o.status.success(), "{o:?}");
+    }
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "key file mode {mode:o}");
+    // An existing key file is never overwritten.
+    assert!(!kiln(&["encryption", "new-key", "--out", k])
+        .status
+        .success());
+
+    let doc = r#"{"name":"ENCRYPTION-MARKER-7f3a"}"#;
+    let o = kiln(&[
+        "put",
+        "--data-dir",
+        d,
+        "--encryption-key-file",
+        k,
+        "shop",
+        "users/ada",
+        doc,
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(
+        files_containing(&data, b"ENCRYPTION-MARKER-7f3a"),
+        Vec::<std::path::PathBuf>::new()
+    );
+
+    let get = |key: Option<&str>| {
+        let mut args = vec!["get", "--data-dir", d, "shop", "users/ada"];
+        if let Some(k) = key {
+            args.extend(["--encryption-key-file", k]);
+        }
+        kiln(&args)
+    };
+    let o = get(Some(k));
+    assert!(
+        o.status.success() && out(&o).contains("ENCRYPTION-MARKER-7f3a"),
+        "{o:?}"
+    );
+    let o = get(None);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success() && err.contains("encrypted"), "{err}");
+    let o = get(Some(k2));
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(
+        !o.status.success() && err.contains("wrong encryption key"),
+        "{err}"
+    );
+    let o = kiln(&["check", d, "--encryption-key-file", k]);
+    assert!(o.status.success(), "{o:?}");
+
+    let o = kiln(&[
+        "encryption",
+        "status",
+        "--data-dir",
+        d,
+        "--encryption-key-file",
+        k,
+        "--json",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let line: serde_json::Value = serde_json::from_str(out(&o).lines().next().unwrap()).unwrap();
+    assert_eq!(line["encrypted"], true, "{line}");
+    assert_eq!(line["key_opens"], true, "{line}");
+
+    // Rotation: the old key stops working, the new one opens the same data; a
+    // second run finds nothing left to do.
+    let rotate = || {
+        kiln(&[
+            "encryption",
+            "rotate-key",
+            "--data-dir",
+            d,
+            "--encryption-key-file",
+            k,
+            "--new-key-file",
+            k2,
+            "--json",
+        ])
+    };
+    let o = rotate();
+    assert!(o.status.success(), "{o:?}");
+    let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(summary["rotated"], 1, "{summary}");
+    assert!(!get(Some(k)).status.success());
+    let o = get(Some(k2));
+    assert!(
+        o.status.success() && out(&o).contains("ENCRYPTION-MARKER-7f3a"),
+        "{o:?}"
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&rotate().stdout).unwrap();
+    assert_eq!(
+        (
+            summary["rotated"].clone(),
+            summary["already_under_new_key"].clone()
+        ),
+        (0.into(), 1.into()),
+        "{summary}"
+    );
+
+    // The server: without the key it refuses to start, naming the problem; with
+    // it, it serves the document.
+    let o = kiln(&["serve", "--data-dir", d, "--bind", "127.0.0.1:0"]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success() && err.contains("encrypted"), "{err}");
+    let port = common::free_port();
+    let mut server = common::spawn_serve_with(&data, port, &["--encryption-key-file", k2]);
+    let (status, body) = common::request(port, "GET", "/dbs/shop/docs/users/ada", "");
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("ENCRYPTION-MARKER-7f3a"), "{body}");
+}

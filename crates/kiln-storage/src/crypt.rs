@@ -393,6 +393,16 @@ pub(crate) fn open_data_key(
 /// replaced by a rename, so a crash leaves either key in force, never neither.
 pub fn rotate_master_key(dir: &Path, old: &MasterKey, new: &MasterKey) -> Result<()> {
     let vfs = crate::io::OsVfs;
+    // The environment's own lock: an open environment refuses (Error::Locked).
+    let lock_path = dir.join(crate::recovery::LOCK_FILE);
+    let _lock = vfs
+        .lock_exclusive(&lock_path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => Error::Locked {
+                path: dir.to_path_buf(),
+            },
+            _ => Error::io(&lock_path, None, "lock environment", e),
+        })?;
     let path = dir.join(WRAPPED_KEY_FILE);
     if !vfs.exists(&path) {
         return Err(Error::Encryption {
@@ -402,6 +412,18 @@ pub fn rotate_master_key(dir: &Path, old: &MasterKey, new: &MasterKey) -> Result
     }
     let key = unwrap_data_key(&read_wrapped(&vfs, &path)?, old, &path)?;
     write_wrapped(&vfs, dir, &wrap_data_key(&key, new))
+}
+
+/// The fingerprint of the master key that wraps the data key of the environment at
+/// `dir` (as [`MasterKey::fingerprint`]), or `None` if it is not encrypted.
+pub fn wrapped_by(dir: &Path) -> Result<Option<String>> {
+    let vfs = crate::io::OsVfs;
+    let path = dir.join(WRAPPED_KEY_FILE);
+    if !vfs.exists(&path) {
+        return Ok(None);
+    }
+    let b = read_wrapped(&vfs, &path)?;
+    Ok(Some(b[16..24].iter().map(|x| format!("{x:02x}")).collect()))
 }
 
 /// Whether `master` unwraps the data key of the environment at `dir` (true), or the
