@@ -68,6 +68,12 @@ pub struct BenchArgs {
     /// `--serve-flag=--hyper-only` compares hyper with the server's own HTTP/1.1 loop).
     #[arg(long = "serve-flag", allow_hyphen_values = true)]
     serve_flags: Vec<String>,
+    /// Encrypt at rest everything this run makes: the environments of W1-W6 and the
+    /// servers of the server workloads (which read KILN_ENCRYPTION_KEY_FILE too).
+    /// The file holds the master key (`kiln encryption new-key`). Compare a run
+    /// with it to one without, in the same sitting, for the cost of encryption.
+    #[arg(long, env = "KILN_ENCRYPTION_KEY_FILE", value_name = "FILE")]
+    encryption_key_file: Option<std::path::PathBuf>,
     /// Skip the Redis peer of W8 and W9.
     #[arg(long, conflicts_with = "redis_only")]
     no_redis: bool,
@@ -438,7 +444,19 @@ pub fn run(args: BenchArgs, backup_tool: Option<BackupTool>) -> BenchResult<()> 
     if workloads.contains(&Workload::W14) && backup_tool.is_none() {
         return Err(NO_BACKUP_TOOL.into());
     }
-    let plan = Plan::new(&args, backup_tool);
+    let mut plan = Plan::new(&args, backup_tool);
+    let mut serve_flags = args.serve_flags.clone();
+    if let Some(path) = &args.encryption_key_file {
+        let key =
+            kiln_storage::MasterKey::read_file(path).map_err(|e| UsageError(e.to_string()))?;
+        plan.options.encryption = Some(key);
+        // Servers started below get it on their command line, whether it came as
+        // this flag or from the environment (which they would inherit anyway).
+        serve_flags.extend([
+            "--encryption-key-file".to_string(),
+            path.display().to_string(),
+        ]);
+    }
     plan.options
         .validate()
         .map_err(|e| UsageError(e.to_string()))?;
@@ -447,7 +465,7 @@ pub fn run(args: BenchArgs, backup_tool: Option<BackupTool>) -> BenchResult<()> 
     if !args.json {
         report::print_header(&raw, &first_raw, &args.dir);
     }
-    let _ = serverbench::SERVE_FLAGS.set(args.serve_flags.clone());
+    let _ = serverbench::SERVE_FLAGS.set(serve_flags);
     for wl in workloads {
         for (label, f) in plan.variants(wl)? {
             // W14 is long and writes several times its data: once.

@@ -29,6 +29,7 @@ pub mod btree;
 pub mod check;
 mod commit;
 pub mod crypt;
+mod decrypted_cache;
 mod env;
 mod error;
 mod fasthash;

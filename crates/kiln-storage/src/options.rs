@@ -92,6 +92,9 @@ pub struct Options {
     /// sealed; an existing environment must be opened with a key exactly when it
     /// was created with one.
     pub encryption: Option<crate::crypt::MasterKey>,
+    /// With encryption: bytes of decrypted pages kept for every transaction to
+    /// share (`decrypted_cache.rs`); 0 decrypts every page per transaction.
+    pub decrypted_cache_bytes: u64,
     /// The file system seam (tests substitute a fault-injecting one).
     pub vfs: Arc<dyn Vfs>,
 }
@@ -119,6 +122,7 @@ impl Default for Options {
             merge_ahead: MergeAhead::WhileOpen,
             read_ahead: ReadAhead::WhileFaulting,
             encryption: None,
+            decrypted_cache_bytes: 64 << 20,
             vfs: Arc::new(OsVfs),
         }
     }

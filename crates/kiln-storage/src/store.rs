@@ -7,6 +7,7 @@
 //! and the flusher's buffered writes never change bytes an open reader can see.
 
 use crate::crypt::Cipher;
+use crate::decrypted_cache::{DecryptedCache, Plain};
 use crate::io::{MappedRegion, VfsFile};
 use crate::page::{self, PageNo, PageRun, PAGE_SIZE};
 use crate::seals::Seals;
@@ -80,17 +81,9 @@ pub(crate) fn bare_run_read_as_page(path: &Path, no: PageNo) -> Error {
 pub(crate) struct Pins {
     runs: UnsafeCell<Vec<Arc<PageRun>>>,
     maps: UnsafeCell<Vec<Arc<MapGen>>>,
-    /// An encrypted environment's pages this transaction decrypted, by page number:
-    /// its own copies, read again without decrypting again, wiped when it ends.
-    decrypted: UnsafeCell<crate::fasthash::FastMap<PageNo, PageRun>>,
-}
-
-impl Drop for Pins {
-    fn drop(&mut self) {
-        for run in self.decrypted.get_mut().values_mut() {
-            zeroize::Zeroize::zeroize(run.bytes_mut());
-        }
-    }
+    /// An encrypted environment's pages this transaction read, decrypted, by page
+    /// number (each run is wiped when its last holder lets go).
+    decrypted: UnsafeCell<crate::fasthash::FastMap<PageNo, Arc<Plain>>>,
 }
 
 // SAFETY: Pins is only mutated through &self by the owning transaction, which is not
@@ -112,21 +105,24 @@ impl Pins {
     /// The run at page `no` this transaction decrypted before, if it did.
     fn decrypted(&self, no: PageNo) -> Option<&[u8]> {
         // SAFETY: as in pin_run; entries are never removed before `self` drops, and a
-        // run's bytes live in its own heap buffer, which a rehash does not move.
+        // run's bytes live in the Arc's heap buffer, which a rehash does not move.
         unsafe {
             let runs = &*self.decrypted.get();
-            runs.get(&no)
-                .map(|run| std::slice::from_raw_parts(run.bytes().as_ptr(), run.bytes().len()))
+            runs.get(&no).map(|run| {
+                let bytes = run.0.bytes();
+                std::slice::from_raw_parts(bytes.as_ptr(), bytes.len())
+            })
         }
     }
 
-    fn keep_decrypted(&self, no: PageNo, run: PageRun) -> &[u8] {
-        // SAFETY: as in `decrypted`; a page is decrypted once per transaction, so an
-        // entry is never replaced while a slice of it is out.
+    fn keep_decrypted(&self, no: PageNo, run: Arc<Plain>) -> &[u8] {
+        // SAFETY: as in `decrypted`; an entry, once there, is never replaced, so no
+        // slice of it is left dangling.
         unsafe {
             let runs = &mut *self.decrypted.get();
             let run = runs.entry(no).or_insert(run);
-            std::slice::from_raw_parts(run.bytes().as_ptr(), run.bytes().len())
+            let bytes = run.0.bytes();
+            std::slice::from_raw_parts(bytes.as_ptr(), bytes.len())
         }
     }
 
@@ -199,8 +195,11 @@ pub(crate) struct PageStore {
     /// Whether merges of the write buffer read their leaves ahead (`prefetch.rs`).
     pub read_ahead: crate::prefetch::FaultWindow,
     /// An encrypted environment's seal file and cipher: pages are sealed on their
-    /// way to the data file and opened into the reading transaction's memory.
+    /// way to the data file and opened into memory when read.
     seals: Option<Seals>,
+    /// Pages opened once and shared by the transactions that read them (see
+    /// `decrypted_cache.rs`): the hot ones are not decrypted again and again.
+    decrypted: DecryptedCache,
 }
 
 impl PageStore {
@@ -210,6 +209,7 @@ impl PageStore {
         grow_step_bytes: u64,
         read_ahead: crate::ReadAhead,
         seals: Option<Seals>,
+        decrypted_cache_bytes: u64,
     ) -> Result<Self> {
         let len = file
             .len()
@@ -224,6 +224,7 @@ impl PageStore {
             grow_step_bytes,
             read_ahead: crate::prefetch::FaultWindow::new(read_ahead),
             seals,
+            decrypted: DecryptedCache::new(decrypted_cache_bytes),
         })
     }
 
@@ -362,6 +363,15 @@ impl PageStore {
         if let Some(run) = pins.decrypted(no) {
             return Ok(run);
         }
+        if let Some(run) = self.decrypted.get(no) {
+            let expected = bare_pages.map_or(!run.0.is_bare(), |n| {
+                run.0.is_bare() && run.0.page_count() as u64 == n
+            });
+            if expected {
+                return Ok(pins.keep_decrypted(no, run));
+            }
+            // A damaged pointer: the checks below say what it points at.
+        }
         let slot = seals.slot(no)?;
         if slot.bare != bare_pages.is_some()
             || bare_pages.is_some_and(|n| n != slot.run_pages as u64)
@@ -400,7 +410,13 @@ impl PageStore {
                     ),
                 )
             })?;
-        let run = seals.open_run(no, &slot, sealed_bytes, &self.path)?;
+        let run = Arc::new(Plain(seals.open_run(
+            no,
+            &slot,
+            sealed_bytes,
+            &self.path,
+        )?));
+        self.decrypted.insert(no, &run);
         Ok(pins.keep_decrypted(no, run))
     }
 
@@ -486,6 +502,9 @@ impl PageStore {
         let sealed;
         let bytes = match &self.seals {
             Some(seals) => {
+                // Before any reader can look past the unflushed table for these
+                // pages (the caller takes them out of it after this returns).
+                self.decrypted.invalidate(no, run.page_count() as u64);
                 sealed = seals.seal(no, run)?;
                 sealed.bytes()
             }

@@ -225,6 +225,7 @@ fn open_data_file(paths: &EnvPaths, opts: &Options, seals: Option<Seals>) -> Res
         opts.data_grow_step_bytes,
         opts.read_ahead,
         seals,
+        opts.decrypted_cache_bytes,
     )
 }
 
