@@ -49,9 +49,10 @@ pub use attachments::{
     MAX_ATTACHMENT_NAME_BYTES, STAGED_TTL_MS,
 };
 pub use backup::{
-    check_chain, parse_manifest, read_manifest, restore_database, verify_backup, verify_chain,
-    BackupChainStats, BackupKind, BackupManifest, BackupReport, ChainReport, ReachedPoint,
-    RestorePoint, RestoreReport, RestoreSource,
+    check_chain, parse_manifest, read_manifest, read_manifest_with_key, restore_database,
+    verify_backup, verify_backup_with_key, verify_chain, verify_chain_with_key, BackupChainStats,
+    BackupKind, BackupManifest, BackupReport, ChainReport, ReachedPoint, RestorePoint,
+    RestoreReport, RestoreSource,
 };
 pub use changes::{
     Change, ChangeEntry, ChangeFilter, ChangeKind, ChangesPage, CommitListener, PurgeOutcome,

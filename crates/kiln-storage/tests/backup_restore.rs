@@ -436,7 +436,7 @@ fn a_version_1_backup_still_restores() {
     v9[28..32].copy_from_slice(&c.to_le_bytes());
     let e = backup::verify(&v9[..], |_| {}).unwrap_err().to_string();
     assert!(
-        e.contains("version 9") && e.contains("versions 1 to 2"),
+        e.contains("version 9") && e.contains("versions 1 to 3"),
         "{e}"
     );
 }

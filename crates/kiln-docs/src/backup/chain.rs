@@ -209,7 +209,8 @@ impl Database {
             )?
         };
         let meta = manifest.encode()?;
-        let mut w = ContainerWriter::new(out, r.txn_id(), &meta, opts, progress)?;
+        // Sealed if the database is encrypted.
+        let mut w = ContainerWriter::for_snapshot(out, &r, &meta, opts, progress)?;
         let (named, last_ms) = write_history(&mut w, &r, base, last)?;
         // The blobs its writes name that the snapshot still references (see
         // `backup/mod.rs`).

@@ -21,6 +21,15 @@
 //! empties) and renames it into place only once every checksum has passed and the
 //! environment is synced and closed: an interrupted restore leaves nothing that
 //! opens as a database.
+//!
+//! An encrypted database's backups (its environment has a master key,
+//! `kiln_storage::Options::encryption`) are never written in clear: they are
+//! sealed under that key (`kiln_storage::backup`, format version 3: the manifest,
+//! every tree, entry and blob encrypted and authenticated). A restore opens them
+//! with the key of the store it restores into, which must be the same master key;
+//! one into a store without a key is refused. Verifying a sealed backup or reading
+//! its manifest takes the key too (`verify_backup_with_key`,
+//! `verify_chain_with_key`, `read_manifest_with_key`).
 
 mod chain;
 mod restore;
@@ -28,8 +37,8 @@ mod restore;
 pub use chain::BackupChainStats;
 pub(crate) use restore::build as build_restore;
 pub use restore::{
-    restore_database, verify_chain, ChainReport, ReachedPoint, RestorePoint, RestoreReport,
-    RestoreSource,
+    restore_database, verify_chain, verify_chain_with_key, ChainReport, ReachedPoint, RestorePoint,
+    RestoreReport, RestoreSource,
 };
 
 use crate::attachments::Hash;
@@ -39,7 +48,7 @@ use crate::stored::read_last_sequence;
 use crate::BackupChainError;
 use crate::{Database, DocError, Etag, Result};
 use kiln_storage::backup::{self, BackupOptions, BackupSummary};
-use kiln_storage::{ContainerWriter, ReadTxn};
+use kiln_storage::{ContainerWriter, MasterKey, ReadTxn};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 
@@ -139,6 +148,10 @@ pub struct BackupReport {
     pub search_files: u64,
     #[serde(default)]
     pub search_bytes: u64,
+    /// An encrypted backup: the fingerprint of the master key it is sealed under
+    /// (never the key). Absent: the backup is in clear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption_key_fingerprint: Option<String>,
 }
 
 /// The prefix of an attachment blob's name among a backup's extra files (then its
@@ -199,6 +212,7 @@ impl BackupReport {
             attachment_bytes: s.file_bytes_total.saturating_sub(search.bytes),
             search_files: search.files,
             search_bytes: search.bytes,
+            encryption_key_fingerprint: s.key_fingerprint.clone(),
         }
     }
 }
@@ -219,9 +233,19 @@ pub fn parse_manifest(meta: &[u8]) -> Result<BackupManifest> {
 }
 
 /// Reads only the header of a backup (checked by its own checksum) and its
-/// manifest: what an incremental backup needs from its base.
+/// manifest: what an incremental backup needs from its base. An encrypted backup
+/// is refused: see `read_manifest_with_key`.
 pub fn read_manifest<R: Read>(input: R) -> Result<BackupManifest> {
-    let sum = backup::read_header(input)?;
+    read_manifest_with_key(input, None)
+}
+
+/// `read_manifest`, opening an encrypted backup's manifest with `encryption`, the
+/// master key it is sealed under (a backup in clear reads with or without one).
+pub fn read_manifest_with_key<R: Read>(
+    input: R,
+    encryption: Option<&MasterKey>,
+) -> Result<BackupManifest> {
+    let sum = backup::read_header_with_key(input, encryption)?;
     manifest_of(&sum)
 }
 
@@ -314,8 +338,8 @@ impl Database {
         };
         let meta = manifest.encode()?;
         // The history is the chain's bookkeeping, not data: a restored database
-        // starts without a chain.
-        let mut w = ContainerWriter::new(out, r.txn_id(), &meta, opts, progress)?;
+        // starts without a chain. Sealed if the database is encrypted.
+        let mut w = ContainerWriter::for_snapshot(out, &r, &meta, opts, progress)?;
         w.snapshot_trees(&r, |t| t != HISTORY)?;
         self.write_blobs(&mut w, pin.hashes())?;
         let shipped = crate::search::backup::write_pinned(&mut w, search)?;
@@ -343,10 +367,21 @@ pub fn check_chain(manifests: &[(String, BackupManifest)]) -> Result<()> {
 
 /// Checks one database backup (full or incremental) without restoring it: every
 /// checksum, and for an increment every history entry. To check a chain, see
-/// `verify_chain`.
+/// `verify_chain`. An encrypted backup is refused: see `verify_backup_with_key`.
 pub fn verify_backup<R: Read>(input: R, progress: impl FnMut(u64)) -> Result<BackupReport> {
+    verify_backup_with_key(input, None, progress)
+}
+
+/// `verify_backup`, opening an encrypted backup with `encryption`, the master key
+/// it is sealed under (every seal is checked too).
+pub fn verify_backup_with_key<R: Read>(
+    input: R,
+    encryption: Option<&MasterKey>,
+    progress: impl FnMut(u64),
+) -> Result<BackupReport> {
     let source = RestoreSource::Files(vec![("the backup".into(), Box::new(input))]);
-    let done = restore::process(source, None, RestorePoint::Latest, false, progress)?;
+    let point = RestorePoint::Latest;
+    let done = restore::process(source, None, point, false, encryption, progress)?;
     done.backups
         .into_iter()
         .next()

@@ -28,7 +28,7 @@ use crate::{BackupChainError, DatabaseError, DocumentError};
 use kiln_storage::backup::{self, Item};
 use kiln_storage::io::Vfs;
 use kiln_storage::BackupSummary;
-use kiln_storage::{BackupError, Env, WriteTxn};
+use kiln_storage::{BackupError, Env, MasterKey, WriteTxn};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
@@ -282,12 +282,15 @@ fn restored_incarnation(env: &Env) -> Result<u32> {
 
 /// Reads every input in order; with `env`, restores the full backup into it and
 /// replays the increments up to `point`. `check_links`: the inputs must be one
-/// chain (off only to verify a single increment on its own).
+/// chain (off only to verify a single increment on its own). `encryption` opens
+/// sealed inputs (a restore: the target's own master key, with which the engine
+/// also reads the full backup).
 pub(crate) fn process(
     source: RestoreSource<'_>,
     target: Option<(&Env, &Path)>,
     point: RestorePoint,
     check_links: bool,
+    encryption: Option<&MasterKey>,
     mut progress: impl FnMut(u64),
 ) -> Result<ChainReport> {
     let mut inputs = Inputs::new(source);
@@ -296,6 +299,7 @@ pub(crate) fn process(
         None => None,
     };
     let mut chain = ChainReader::new(target.map(|t| t.0), point, check_links);
+    chain.key = encryption.cloned();
     chain.blobs.store = blobs;
     if let Some((_, dir)) = target {
         chain.blobs.search.set_db_dir(dir);
@@ -540,6 +544,8 @@ struct ChainReader<'e> {
     /// Where the blobs go (a restore) or are only checked (a verify).
     blobs: BlobSink,
     check_links: bool,
+    /// The master key sealed inputs are opened with.
+    key: Option<MasterKey>,
     out: ChainReport,
     /// Set once the full backup is restored into `env`.
     replayer: Option<Replay<'e>>,
@@ -555,6 +561,7 @@ impl<'e> ChainReader<'e> {
             env,
             blobs: BlobSink::default(),
             check_links,
+            key: None,
             out: ChainReport {
                 backups: Vec::new(),
                 reached: ReachedPoint {
@@ -647,8 +654,9 @@ impl<'e> ChainReader<'e> {
                     reader: &mut std::io::empty(),
                     stop_at_trailer: input.stop_at_trailer,
                 };
-                let read = backup::read_container(
+                let read = backup::read_container_with_key(
                     &mut *input.reader,
+                    self.key.as_ref(),
                     input.stop_at_trailer,
                     on_bytes,
                     |sum, item| {
@@ -695,8 +703,10 @@ impl<'e> ChainReader<'e> {
             reader: &mut std::io::empty(),
             stop_at_trailer: input.stop_at_trailer,
         };
-        let read = backup::read_container(
+        let key = self.key.clone();
+        let read = backup::read_container_with_key(
             &mut *input.reader,
+            key.as_ref(),
             input.stop_at_trailer,
             on_bytes,
             |sum, item| {
@@ -959,14 +969,39 @@ fn name_input(e: BackupError, n: usize, label: &str) -> DocError {
             part: format!("input {n} ({label}), {part}"),
             offset,
         }),
+        // A sealed input without its key, or with another.
+        BackupError::Storage(kiln_storage::Error::Encryption { what, .. }) => {
+            DocError::Backup(BackupError::Storage(kiln_storage::Error::Encryption {
+                path: PathBuf::from(format!("input {n} ({label})")),
+                what,
+            }))
+        }
         other => DocError::Backup(other),
     }
 }
 
 /// Checks backups without restoring them: every checksum, and that they form one
-/// chain (a full backup, then its increments in order, without gaps).
+/// chain (a full backup, then its increments in order, without gaps). Encrypted
+/// backups are refused: see `verify_chain_with_key`.
 pub fn verify_chain(source: RestoreSource<'_>, progress: impl FnMut(u64)) -> Result<ChainReport> {
-    process(source, None, RestorePoint::Latest, true, progress)
+    verify_chain_with_key(source, None, progress)
+}
+
+/// `verify_chain`, opening encrypted backups with `encryption`, the master key
+/// they are sealed under.
+pub fn verify_chain_with_key(
+    source: RestoreSource<'_>,
+    encryption: Option<&MasterKey>,
+    progress: impl FnMut(u64),
+) -> Result<ChainReport> {
+    process(
+        source,
+        None,
+        RestorePoint::Latest,
+        true,
+        encryption,
+        progress,
+    )
 }
 
 /// Builds the restored environment in `staging` (which must not exist): the full
@@ -980,6 +1015,8 @@ pub(crate) fn build(
     progress: impl FnMut(u64),
 ) -> Result<ChainReport> {
     let vfs = storage.vfs.clone();
+    // Sealed backups open with the master key the restored database gets.
+    let key = storage.encryption.clone();
     if vfs.exists(staging) {
         return Err(DocError::Backup(BackupError::TargetExists(
             staging.to_path_buf(),
@@ -987,7 +1024,9 @@ pub(crate) fn build(
     }
     let result = (|| {
         let env = Env::open(staging, backup::staging_options(storage))?;
-        let report = process(source, Some((&env, staging)), point, true, progress).and_then(|r| {
+        let target = Some((&env, staging));
+        let key = key.as_ref();
+        let report = process(source, target, point, true, key, progress).and_then(|r| {
             // Blobs the restored state does not name (carried for writes past
             // the point, or freed by a replayed write) go now, not at the first
             // open: `kiln check` of the restored directory is clean.

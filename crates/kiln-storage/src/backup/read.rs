@@ -1,5 +1,6 @@
-//! Reading a container: every frame checked (its index, its checksums, its place)
-//! as it streams by, items handed to a sink in order; `verify` and `read_header`.
+//! Reading a container: every frame checked (its index, its checksums, its place;
+//! a sealed backup's seals) as it streams by, items handed to a sink in order;
+//! `verify` and `read_header`.
 
 use super::*;
 
@@ -171,21 +172,29 @@ impl OpenFile {
     }
 }
 
-/// Reads and checks a whole backup, handing every tree and entry to `sink`.
-fn read_backup<R: Read>(
-    input: R,
-    progress: impl FnMut(u64),
-    sink: impl FnMut(&BackupSummary, Item<'_>) -> BackupResult<()>,
-) -> BackupResult<BackupSummary> {
-    read_container(input, false, progress, sink)
-}
-
 /// Reads and checks a whole container, handing every item to `sink` in order.
 /// With `stop_at_trailer` the reader stops right after the trailer (several
 /// containers may follow each other in one stream); otherwise bytes after the
 /// trailer are refused. `progress` gets this container's bytes read so far.
+/// A sealed backup is refused: see `read_container_with_key`.
 pub fn read_container<R: Read>(
     input: R,
+    stop_at_trailer: bool,
+    progress: impl FnMut(u64),
+    sink: impl FnMut(&BackupSummary, Item<'_>) -> BackupResult<()>,
+) -> BackupResult<BackupSummary> {
+    read_container_with_key(input, None, stop_at_trailer, progress, sink)
+}
+
+/// `read_container`, opening a sealed backup with `encryption`, the master key its
+/// key is wrapped by (a backup in clear reads with or without a key). A sealed
+/// backup without a key is refused (`Error::Encryption`, naming the key's
+/// fingerprint); with another key its key fails to unwrap (`Error::Encryption`,
+/// naming both); a frame that passes its checksums but fails to open is corrupt,
+/// named by frame and byte offset.
+pub fn read_container_with_key<R: Read>(
+    input: R,
+    encryption: Option<&MasterKey>,
     stop_at_trailer: bool,
     mut progress: impl FnMut(u64),
     mut sink: impl FnMut(&BackupSummary, Item<'_>) -> BackupResult<()>,
@@ -196,7 +205,7 @@ pub fn read_container<R: Read>(
         crc: 0,
         progress: &mut progress,
     };
-    let mut sum = read_container_header(&mut rd)?;
+    let (mut sum, sealer) = read_container_header(&mut rd, encryption)?;
     sink(&sum, Item::Header)?;
     let mut index: u32 = 0;
     let mut in_tree: Option<u64> = None;
@@ -205,7 +214,9 @@ pub fn read_container<R: Read>(
     loop {
         let before_crc = rd.crc;
         let frame =
-            read_frame(&mut rd, index, &mut payload).map_err(|e| match in_file.as_ref() {
+            read_frame(&mut rd, index, &mut payload, sealer.as_ref()).map_err(|e| match in_file
+                .as_ref()
+            {
                 Some(f) => f.name_error(e),
                 None => e,
             })?;
@@ -308,12 +319,14 @@ fn corrupt(part: &str, offset: u64, what: String) -> BackupError {
 }
 
 /// Reads and checks the container's header (magic, checksum, version, flags): the
-/// summary as of it.
+/// summary as of it, its meta opened, and a sealed backup's key (unwrapped by
+/// `encryption`).
 fn read_container_header<R: Read, P: FnMut(u64)>(
     rd: &mut Reader<R, P>,
-) -> BackupResult<BackupSummary> {
+    encryption: Option<&MasterKey>,
+) -> BackupResult<(BackupSummary, Option<Sealer>)> {
     let hpart = || "the header".to_string();
-    let mut fixed = [0u8; 28];
+    let mut fixed = [0u8; HEADER_FIXED];
     rd.exact(&mut fixed, &hpart)?;
     if fixed.get(..8) != Some(&MAGIC[..]) {
         return Err(corrupt(
@@ -326,17 +339,26 @@ fn read_container_header<R: Read, P: FnMut(u64)>(
     let flags = le32(&fixed, 12);
     let txn_id = le64(&fixed, 16);
     let meta_len = le32(&fixed, 24) as usize;
-    if meta_len > MAX_META {
+    let sealed = flags & FLAG_SEALED != 0;
+    let max_meta = if sealed {
+        MAX_META + SEAL_BYTES
+    } else {
+        MAX_META
+    };
+    if meta_len > max_meta {
         return Err(corrupt(
             "the header",
             24,
-            format!("metadata length {meta_len} exceeds {MAX_META}"),
+            format!("metadata length {meta_len} exceeds {max_meta}"),
         ));
     }
     let mut meta = vec![0u8; meta_len];
     rd.exact(&mut meta, &hpart)?;
+    let mut extra = vec![0u8; if sealed { SEALED_HEADER_EXTRA } else { 0 }];
+    rd.exact(&mut extra, &hpart)?;
     let mut crc_b = [0u8; 4];
-    let expect = crc32c::crc32c_append(crc32c::crc32c(&fixed), &meta);
+    let expect =
+        crc32c::crc32c_append(crc32c::crc32c_append(crc32c::crc32c(&fixed), &meta), &extra);
     let at = rd.offset;
     rd.exact(&mut crc_b, &hpart)?;
     if u32::from_le_bytes(crc_b) != expect {
@@ -345,19 +367,60 @@ fn read_container_header<R: Read, P: FnMut(u64)>(
     if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(BackupError::UnsupportedVersion(version));
     }
-    if flags & !FLAG_LZ4 != 0 {
+    let known = if version >= SEALED_FORMAT_VERSION {
+        FLAG_LZ4 | FLAG_SEALED
+    } else {
+        FLAG_LZ4
+    };
+    if flags & !known != 0 {
         return Err(corrupt(
             "the header",
             12,
             format!("unknown flags {flags:#x}"),
         ));
     }
-    Ok(BackupSummary {
+    let mut sum = BackupSummary {
         format_version: version,
         txn_id,
-        meta,
         ..Default::default()
-    })
+    };
+    if !sealed {
+        sum.meta = meta;
+        return Ok((sum, None));
+    }
+    let (id, wrapped) = extra.split_at(BACKUP_ID_BYTES);
+    let fingerprint = wrapped_fingerprint(wrapped);
+    let Some(master) = encryption else {
+        return Err(BackupError::Storage(Error::Encryption {
+            path: PathBuf::from("the backup"),
+            what: format!(
+                "this backup is encrypted (sealed under master key {fingerprint}): give the \
+                 master key (--encryption-key-file)"
+            ),
+        }));
+    };
+    let key = master.unwrap(wrapped, Path::new("the backup's header"))?;
+    let mut backup_id = [0u8; BACKUP_ID_BYTES];
+    backup_id.copy_from_slice(id);
+    let sealer = Sealer {
+        key,
+        backup_id,
+        txn_id,
+    };
+    let mut aad = fixed.to_vec();
+    aad.extend_from_slice(&extra);
+    if !sealer.open(&aad, &mut meta) {
+        return Err(corrupt(
+            "the header",
+            HEADER_FIXED as u64,
+            "the sealed metadata fails authentication (its checksum passes: it was \
+             changed on purpose, or the header was put together from other backups)"
+                .into(),
+        ));
+    }
+    sum.meta = meta;
+    sum.key_fingerprint = Some(fingerprint);
+    Ok((sum, Some(sealer)))
 }
 
 /// A frame read and checked (header, index, payload checksum, decompressed length).
@@ -371,11 +434,13 @@ struct Frame<'a> {
     raw: std::borrow::Cow<'a, [u8]>,
 }
 
-/// Reads frame `index` into `payload` (reused between frames) and checks it.
+/// Reads frame `index` into `payload` (reused between frames) and checks it; a
+/// sealed backup's frame is opened under `sealer`.
 fn read_frame<'a, R: Read, P: FnMut(u64)>(
     rd: &mut Reader<R, P>,
     index: u32,
     payload: &'a mut Vec<u8>,
+    sealer: Option<&Sealer>,
 ) -> BackupResult<Frame<'a>> {
     let start = rd.offset;
     let part = format!("frame {index}");
@@ -401,7 +466,11 @@ fn read_frame<'a, R: Read, P: FnMut(u64)>(
             ),
         ));
     }
-    if raw_len > MAX_FRAME || stored_len > MAX_FRAME || fflags > 1 || h[2] != 0 || h[3] != 0 {
+    let max_stored = match sealer {
+        Some(_) => MAX_FRAME + SEAL_BYTES,
+        None => MAX_FRAME,
+    };
+    if raw_len > MAX_FRAME || stored_len > max_stored || fflags > 1 || h[2] != 0 || h[3] != 0 {
         return Err(corrupt(&part, start, "invalid frame header".into()));
     }
     payload.resize(stored_len, 0);
@@ -414,6 +483,17 @@ fn read_frame<'a, R: Read, P: FnMut(u64)>(
         ));
     }
     (rd.progress)(rd.offset);
+    if let Some(s) = sealer {
+        if !s.open(&s.frame_aad(&h), payload) {
+            return Err(corrupt(
+                &part,
+                start + FRAME_HEADER as u64,
+                "the sealed payload fails authentication (its checksums pass: it was \
+                 changed on purpose, moved from another place, or taken from another backup)"
+                    .into(),
+            ));
+        }
+    }
     let raw: std::borrow::Cow<'a, [u8]> = if fflags & 1 != 0 {
         let d = lz4_flex::block::decompress(payload, raw_len)
             .map_err(|e| corrupt(&part, start + FRAME_HEADER as u64, format!("lz4: {e}")))?;
@@ -525,41 +605,37 @@ fn refuse_bytes_after_trailer<R: Read, P: FnMut(u64)>(rd: &mut Reader<R, P>) -> 
 }
 
 /// Checks a whole backup (every checksum, count and the frame order) without
-/// restoring it.
+/// restoring it. A sealed backup is refused: see `verify_with_key`.
 pub fn verify<R: Read>(input: R, progress: impl FnMut(u64)) -> BackupResult<BackupSummary> {
-    read_backup(input, progress, |_, _| Ok(()))
+    verify_with_key(input, None, progress)
+}
+
+/// `verify`, opening a sealed backup with `encryption` (every seal checked too).
+pub fn verify_with_key<R: Read>(
+    input: R,
+    encryption: Option<&MasterKey>,
+    progress: impl FnMut(u64),
+) -> BackupResult<BackupSummary> {
+    read_container_with_key(input, encryption, false, progress, |_, _| Ok(()))
 }
 
 /// Reads only the header of a backup (its transaction id and metadata); checked
-/// by its own checksum, the rest is not read.
-pub fn read_header<R: Read>(mut input: R) -> BackupResult<BackupSummary> {
-    // Read through the header; stop at the first frame.
-    let mut fixed = [0u8; 28];
-    input
-        .read_exact(&mut fixed)
-        .map_err(|_| BackupError::Truncated {
-            part: "the header".into(),
-            offset: 0,
-        })?;
-    let meta_len = (le32(&fixed, 24) as usize).min(MAX_META);
-    let mut rest = vec![0u8; meta_len + 4];
-    input
-        .read_exact(&mut rest)
-        .map_err(|_| BackupError::Truncated {
-            part: "the header".into(),
-            offset: 28,
-        })?;
-    let mut whole = fixed.to_vec();
-    whole.extend_from_slice(&rest);
-    read_backup(&whole[..], |_| {}, |_, _| Ok(())).or_else(|e| match e {
-        BackupError::Truncated { ref part, .. } if part.starts_with("frame 0") => {
-            Ok(BackupSummary {
-                format_version: le32(&fixed, 8),
-                txn_id: le64(&fixed, 16),
-                meta: rest.get(..meta_len).unwrap_or_default().to_vec(),
-                ..Default::default()
-            })
-        }
-        e => Err(e),
-    })
+/// by its own checksum, the rest is not read. A sealed backup is refused: see
+/// `read_header_with_key`.
+pub fn read_header<R: Read>(input: R) -> BackupResult<BackupSummary> {
+    read_header_with_key(input, None)
+}
+
+/// `read_header`, opening a sealed backup's metadata with `encryption`.
+pub fn read_header_with_key<R: Read>(
+    input: R,
+    encryption: Option<&MasterKey>,
+) -> BackupResult<BackupSummary> {
+    let mut rd = Reader {
+        inner: input,
+        offset: 0,
+        crc: 0,
+        progress: |_| {},
+    };
+    read_container_header(&mut rd, encryption).map(|(sum, _)| sum)
 }

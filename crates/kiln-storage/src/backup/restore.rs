@@ -24,7 +24,9 @@ fn sync_dir(vfs: &dyn Vfs, dir: &Path) -> BackupResult<()> {
     vfs.sync_dir(dir).map_err(fs_err("syncing directory", dir))
 }
 
-/// Restores a backup into a new environment at `target`, which must not exist.
+/// Restores a backup into a new environment at `target`, which must not exist; a
+/// sealed backup is opened with `opts.storage.encryption`, the new environment's
+/// master key (see `restore_into_with_files`).
 /// Every checksum is verified while the environment is written into a staging
 /// directory; only a fully verified, synced and closed environment is renamed to
 /// `target`. On any failure the staging directory is removed; a crash leaves only
@@ -141,6 +143,10 @@ pub fn restore_into<R: Read>(
 /// `restore_into`, handing the container's extra files (`Item::File`,
 /// `Item::FileData`, `Item::FileEnd`) to `files` as they are read: the caller
 /// writes them where they belong (the engine only checks their bytes).
+///
+/// A sealed backup is opened with `env`'s own master key: it restores only into an
+/// encrypted environment, whose key must be the one the backup is sealed under
+/// (into an environment without encryption it is refused, naming the key it needs).
 pub fn restore_into_with_files<R: Read>(
     env: &Env,
     input: R,
@@ -149,10 +155,12 @@ pub fn restore_into_with_files<R: Read>(
     progress: impl FnMut(u64),
     mut files: impl FnMut(&BackupSummary, Item<'_>) -> BackupResult<()>,
 ) -> BackupResult<BackupSummary> {
+    let master = env.begin_read()?.master_key().cloned();
     let mut txn: Option<crate::WriteTxn<'_>> = None;
     let mut tree = String::new();
     let mut pending = 0u64;
-    let sum = read_container(input, stop_at_trailer, progress, |sum, item| {
+    let key = master.as_ref();
+    let sum = read_container_with_key(input, key, stop_at_trailer, progress, |sum, item| {
         match item {
             Item::Header | Item::EndTree => {}
             Item::File { .. } | Item::FileData(_) | Item::FileEnd => files(sum, item)?,

@@ -1,12 +1,15 @@
 //! Writing the container: a full backup of a read snapshot (`ReadTxn::backup_to`)
 //! or entries a caller supplies (`ContainerWriter`, the document layer's
-//! incremental backups). The format is documented in `mod.rs`.
+//! incremental backups), in clear or sealed under a master key. The format is
+//! documented in `mod.rs`.
 
 use super::{
-    BackupError, BackupOptions, BackupResult, BackupSummary, CHUNK_BYTES, FLAG_LZ4, FORMAT_VERSION,
-    FRAME_HEADER, KIND_DATA, KIND_END, KIND_FILE, KIND_FILE_DATA, KIND_FILE_END, KIND_TRAILER,
-    KIND_TREE, MAGIC, MAX_META,
+    wrapped_fingerprint, BackupError, BackupOptions, BackupResult, BackupSummary, Sealer,
+    BACKUP_ID_BYTES, CHUNK_BYTES, FLAG_LZ4, FLAG_SEALED, FRAME_HEADER, HEADER_FIXED, KIND_DATA,
+    KIND_END, KIND_FILE, KIND_FILE_DATA, KIND_FILE_END, KIND_TRAILER, KIND_TREE, MAGIC, MAX_META,
+    PLAIN_FORMAT_VERSION, SEALED_FORMAT_VERSION,
 };
+use crate::crypt::{MasterKey, SealingKey, WRAPPED_KEY_BYTES};
 use crate::{Env, Error, ReadTxn};
 use std::io::{Read, Write};
 
@@ -35,6 +38,10 @@ struct FrameWriter<W, P> {
     next_index: u32,
     compress: bool,
     progress: P,
+    /// A sealed backup's key (every payload is sealed under it).
+    sealer: Option<Sealer>,
+    /// The sealed payload being written (reused between frames).
+    sealed: Vec<u8>,
 }
 
 impl<W: Write, P: FnMut(u64)> FrameWriter<W, P> {
@@ -55,6 +62,17 @@ impl<W: Write, P: FnMut(u64)> FrameWriter<W, P> {
         h[1] = flags;
         h[4..8].copy_from_slice(&self.next_index.to_le_bytes());
         h[8..12].copy_from_slice(&(raw.len() as u32).to_le_bytes());
+        // Compressed first, then sealed: its header's first 12 bytes (kind, flags,
+        // index, raw length) are part of what the seal authenticates.
+        let payload: &[u8] = match &self.sealer {
+            Some(s) => {
+                self.sealed.clear();
+                self.sealed.extend_from_slice(payload);
+                s.seal(&s.frame_aad(&h), &mut self.sealed);
+                &self.sealed
+            }
+            None => payload,
+        };
         h[12..16].copy_from_slice(&(payload.len() as u32).to_le_bytes());
         h[16..20].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
         let hc = crc32c::crc32c(&h[..20]);
@@ -70,7 +88,8 @@ impl<W: Write, P: FnMut(u64)> FrameWriter<W, P> {
 impl ReadTxn<'_> {
     /// Writes a full backup of this snapshot to `out`; `meta` (at most 1 MiB) is
     /// stored in the header as it is. `progress` gets the bytes written so far after
-    /// each chunk.
+    /// each chunk. The backup of an encrypted environment is sealed under its
+    /// master key (version 3: see the module documentation).
     pub fn backup_to<W: Write>(
         &self,
         out: W,
@@ -120,12 +139,89 @@ pub struct ContainerWriter<W: Write, P: FnMut(u64)> {
     in_tree: Option<u64>,
 }
 
+/// A sealed backup's key as its header carries it, with its id.
+pub(crate) struct NewSeal {
+    key: SealingKey,
+    wrapped: [u8; WRAPPED_KEY_BYTES],
+    backup_id: [u8; BACKUP_ID_BYTES],
+}
+
+impl NewSeal {
+    /// A new random key wrapped by `master`, and a new random backup id.
+    fn generate(master: &MasterKey) -> NewSeal {
+        let key = SealingKey::generate();
+        let wrapped = master.wrap(&key);
+        let mut backup_id = [0u8; BACKUP_ID_BYTES];
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut backup_id);
+        NewSeal {
+            key,
+            wrapped,
+            backup_id,
+        }
+    }
+
+    /// A seal of the caller's choosing (tests: two backups under one key).
+    #[cfg(test)]
+    pub(crate) fn for_tests(
+        key: SealingKey,
+        wrapped: [u8; WRAPPED_KEY_BYTES],
+        backup_id: [u8; BACKUP_ID_BYTES],
+    ) -> NewSeal {
+        NewSeal {
+            key,
+            wrapped,
+            backup_id,
+        }
+    }
+}
+
 impl<W: Write, P: FnMut(u64)> ContainerWriter<W, P> {
+    /// A container written in clear (version 2). A backup of an encrypted
+    /// environment must be sealed: see `with_encryption` and `for_snapshot`.
     pub fn new(
         out: W,
         txn_id: u64,
         meta: &[u8],
         opts: BackupOptions,
+        progress: P,
+    ) -> BackupResult<Self> {
+        Self::with_seal(out, txn_id, meta, opts, None, progress)
+    }
+
+    /// A container sealed under `encryption` (version 3: the meta and every frame
+    /// encrypted and authenticated under a new key of its own, wrapped by the master
+    /// key), or written in clear without one.
+    pub fn with_encryption(
+        out: W,
+        txn_id: u64,
+        meta: &[u8],
+        opts: BackupOptions,
+        encryption: Option<&MasterKey>,
+        progress: P,
+    ) -> BackupResult<Self> {
+        let seal = encryption.map(NewSeal::generate);
+        Self::with_seal(out, txn_id, meta, opts, seal, progress)
+    }
+
+    /// A container of snapshot `r` (its transaction id in the header), sealed under
+    /// its environment's master key if the environment is encrypted: a backup of an
+    /// encrypted environment is never written in clear.
+    pub fn for_snapshot(
+        out: W,
+        r: &ReadTxn<'_>,
+        meta: &[u8],
+        opts: BackupOptions,
+        progress: P,
+    ) -> BackupResult<Self> {
+        Self::with_encryption(out, r.txn_id(), meta, opts, r.master_key(), progress)
+    }
+
+    pub(crate) fn with_seal(
+        out: W,
+        txn_id: u64,
+        meta: &[u8],
+        opts: BackupOptions,
+        seal: Option<NewSeal>,
         progress: P,
     ) -> BackupResult<Self> {
         if meta.len() > MAX_META {
@@ -144,23 +240,57 @@ impl<W: Write, P: FnMut(u64)> ContainerWriter<W, P> {
             next_index: 0,
             compress: opts.compress,
             progress,
+            sealer: None,
+            sealed: Vec::new(),
         };
-        let mut h = Vec::with_capacity(32 + meta.len());
+        let (version, mut flags) = match seal {
+            Some(_) => (SEALED_FORMAT_VERSION, FLAG_SEALED),
+            None => (PLAIN_FORMAT_VERSION, 0),
+        };
+        if opts.compress {
+            flags |= FLAG_LZ4;
+        }
+        let mut h = Vec::with_capacity(HEADER_FIXED + meta.len() + 200);
         h.extend_from_slice(MAGIC);
-        h.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        h.extend_from_slice(&(if opts.compress { FLAG_LZ4 } else { 0 }).to_le_bytes());
+        h.extend_from_slice(&version.to_le_bytes());
+        h.extend_from_slice(&flags.to_le_bytes());
         h.extend_from_slice(&txn_id.to_le_bytes());
-        h.extend_from_slice(&(meta.len() as u32).to_le_bytes());
-        h.extend_from_slice(meta);
+        let mut key_fingerprint = None;
+        match seal {
+            Some(seal) => {
+                let sealed_len = meta.len() + SealingKey::SEAL_BYTES;
+                h.extend_from_slice(&(sealed_len as u32).to_le_bytes());
+                let mut aad = h.clone();
+                aad.extend_from_slice(&seal.backup_id);
+                aad.extend_from_slice(&seal.wrapped);
+                let sealer = Sealer {
+                    key: seal.key,
+                    backup_id: seal.backup_id,
+                    txn_id,
+                };
+                let mut sealed_meta = meta.to_vec();
+                sealer.seal(&aad, &mut sealed_meta);
+                h.extend_from_slice(&sealed_meta);
+                h.extend_from_slice(&seal.backup_id);
+                h.extend_from_slice(&seal.wrapped);
+                key_fingerprint = Some(wrapped_fingerprint(&seal.wrapped));
+                w.sealer = Some(sealer);
+            }
+            None => {
+                h.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+                h.extend_from_slice(meta);
+            }
+        }
         let c = crc32c::crc32c(&h);
         h.extend_from_slice(&c.to_le_bytes());
         w.out.put(&h)?;
         Ok(ContainerWriter {
             w,
             sum: BackupSummary {
-                format_version: FORMAT_VERSION,
+                format_version: version,
                 txn_id,
                 meta: meta.to_vec(),
+                key_fingerprint,
                 ..Default::default()
             },
             chunk: Vec::with_capacity(CHUNK_BYTES + 4096),
@@ -350,7 +480,7 @@ fn write_backup<W: Write>(
     progress: impl FnMut(u64),
     with_entries: impl Fn(&str) -> bool,
 ) -> BackupResult<BackupSummary> {
-    let mut w = ContainerWriter::new(out, r.txn_id(), meta, opts, progress)?;
+    let mut w = ContainerWriter::for_snapshot(out, r, meta, opts, progress)?;
     w.snapshot_trees(r, with_entries)?;
     w.finish()
 }

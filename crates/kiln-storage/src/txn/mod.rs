@@ -259,6 +259,11 @@ impl<'env> ReadTxn<'env> {
         self.snap.txn_id
     }
 
+    /// The master key of an encrypted environment (its backups are sealed under it).
+    pub(crate) fn master_key(&self) -> Option<&'env crate::MasterKey> {
+        self.env.opts.encryption.as_ref()
+    }
+
     pub(crate) fn tree(&self, name: &str) -> Result<TreeInfo> {
         if let Some(t) = self.trees.borrow().get(name) {
             return Ok(*t);
