@@ -85,9 +85,22 @@ pub fn env_dir() -> PathBuf {
     PathBuf::from("/sim/env")
 }
 
+thread_local! {
+    /// Whether the seed being run encrypts its environment (`run_seed`: odd seeds).
+    static ENCRYPTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The master key of the seeds that run encrypted.
+const SIM_MASTER_KEY: [u8; 32] = [0x33; 32];
+
 pub fn options(disk: &Arc<SimDisk>) -> Options {
     Options {
         vfs: disk.vfs(),
+        // Odd seeds run on an encrypted environment: pages and records sealed, the
+        // seal file and the wrapped key under the same cuts, faults and flips.
+        encryption: ENCRYPTED
+            .get()
+            .then(|| kiln_storage::MasterKey::from_bytes(SIM_MASTER_KEY)),
         journal_file_size_bytes: 1 << 20,
         // A first file of 64 KiB: cuts land on switches between files of both
         // sizes, and the small one is recycled among full-size ones.
@@ -314,6 +327,7 @@ struct History {
 
 /// Runs `cycles` power cuts (and sometimes faults and bit flips) for one seed.
 pub fn run_seed(seed: u64, cycles: u32, canary: bool) -> Result<DriverStats, String> {
+    ENCRYPTED.set(seed % 2 == 1);
     let mut rng = StdRng::seed_from_u64(seed);
     let disk = SimDisk::new(seed ^ 0x5EED);
     let mut stats = DriverStats::default();

@@ -377,6 +377,84 @@ mod tests {
         }
     }
 
+    /// Fuzzing a sealed record: random byte changes anywhere (half the time with the
+    /// checksum made to match, so the tag is what must catch them) never panic and
+    /// never decode, unless they touched only the padding. `KILN_FUZZ_SCALE` runs
+    /// more cases (the slow tier: 200x).
+    #[test]
+    fn mutated_sealed_records_are_rejected_unless_only_padding_changed() {
+        use rand::{Rng, SeedableRng};
+        let scale: u32 = std::env::var("KILN_FUZZ_SCALE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        let mut log = LogicalLog::default();
+        for i in 0..60u32 {
+            log.push(
+                7,
+                &i.to_be_bytes(),
+                Slot::Value(vec![i as u8; 50].into()).as_ref(),
+            );
+        }
+        let input = RecordInput {
+            txn_id: 9,
+            nonce: 4,
+            prev_checksum: 1,
+            catalog_root: 2,
+            page_count: 40,
+            freed: &[5, 6, 7],
+            pages: &[],
+            logical: &log,
+            buffer_flags: 0,
+            merged: None,
+        };
+        let cipher = Cipher::for_tests([4; 32]);
+        let mut buf = PageRun::scratch(1);
+        let enc = encode(&input, &mut buf, None, Some(&cipher));
+        let original = buf.bytes()[..enc.padded_len].to_vec();
+        let covered = RECORD_HEADER + parse_header(&original).unwrap().body_len as usize;
+        assert!(covered < original.len(), "the record has padding");
+        let good = decode_with(&original, Some(&cipher)).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x5EA1);
+        let (mut rejected, mut padding_only) = (0u32, 0u32);
+        for case in 0..500 * scale.max(1) {
+            let mut rec = original.clone();
+            for _ in 0..rng.gen_range(1..=4) {
+                // Not the checksum field: rewriting it below would undo the change.
+                let at = match rng.gen_range(0..rec.len()) {
+                    28..=31 => 32,
+                    at => at,
+                };
+                rec[at] ^= rng.gen_range(1..=255u8);
+            }
+            // (Two changes of one byte may cancel out: compare, do not count.)
+            let touched_covered = rec[..covered] != original[..covered];
+            if rng.gen_bool(0.5) {
+                if let Some(h) = parse_header(&rec) {
+                    let end = (RECORD_HEADER + h.body_len as usize).min(rec.len());
+                    write_u32(&mut rec, 28, 0);
+                    let sum = crc32c::crc32c(&rec[..end]);
+                    write_u32(&mut rec, 28, sum);
+                }
+            }
+            match decode_with(&rec, Some(&cipher)) {
+                Err(_) => rejected += 1,
+                Ok(d) => {
+                    assert!(
+                        !touched_covered,
+                        "case {case}: a changed sealed record decoded"
+                    );
+                    assert_eq!(d.logical, good.logical, "case {case}");
+                    padding_only += 1;
+                }
+            }
+        }
+        assert!(
+            rejected > 0 && padding_only > 0,
+            "{rejected} rejected, {padding_only} padding-only"
+        );
+    }
+
     /// A record whose checksum holds but whose catalog root lies outside its data
     /// pages is refused by the decoder (replay then fails with the file and offset).
     /// A body that does not decode says what is wrong and at which byte of the body.
