@@ -45,7 +45,7 @@ mod write_queue;
 
 pub use attachments::{
     check_attachments_at, validate_attachment_name, AttachmentCheck, AttachmentInfo,
-    AttachmentReader, BlobWriter, StagedBlob, MAX_ATTACHMENTS_PER_DOCUMENT,
+    AttachmentReader, BlobReader, BlobWriter, StagedBlob, MAX_ATTACHMENTS_PER_DOCUMENT,
     MAX_ATTACHMENT_NAME_BYTES, STAGED_TTL_MS,
 };
 pub use backup::{

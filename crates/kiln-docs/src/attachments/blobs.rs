@@ -23,23 +23,36 @@
 //! "see a count at zero, then unlink": a blob is only unlinked after checking,
 //! under the lock, that the latest commit has no reference to it.
 //!
+//! In an encrypted database (its environment is: `Env::is_encrypted`) a blob's
+//! file is sealed (`sealed.rs`: a header, then the bytes in chunks sealed with a
+//! key derived from the environment's data key), still named by the SHA-256 of
+//! its plaintext; a plain database's files are the bytes themselves. Every reader
+//! goes through [`BlobStore::open_blob`], a [`BlobReader`] of the plaintext of
+//! either kind; a sealed file is never copied as it is to another database or
+//! node (its key is not theirs): backups, snapshots and exports read the
+//! plaintext, and the receiving side writes it through its own `BlobWriter`.
+//!
 //! A backup pins the blobs its snapshot references (`pinned_snapshot`, under the
 //! lock, so no unlink falls between the snapshot and the pin): while pinned, a
 //! blob freed by a later write is not unlinked but deferred, and released (the
 //! latest commit checked again) when the last pin on it goes. A crash meanwhile
 //! leaves a blob without a ref entry: `gc` at the next open unlinks it.
 
+use super::sealed::{self, ChunkSealer, Sealed};
 use super::{hash_hex, Hash, RefEntry};
 use crate::model::schema::ATTACHMENT_REFS;
 use crate::DocumentError;
 use crate::{DocError, Result};
+use kiln_storage::crypt::SealingKey;
 use kiln_storage::{Env, ReadTxn};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// The buffer between an upload and its file: large writes keep the disk busy.
 const WRITE_BUFFER_BYTES: usize = 4 << 20;
@@ -53,6 +66,9 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DocError + '_ {
 
 pub(crate) struct BlobStore {
     dir: PathBuf,
+    /// The key blobs are sealed with (an encrypted database), else `None`: plain
+    /// files.
+    key: Option<Arc<SealingKey>>,
     lock: parking_lot::Mutex<()>,
     next_tmp: AtomicU64,
     /// Hashes whose count reached zero in a write not yet followed by `release`.
@@ -114,13 +130,16 @@ impl Drop for BlobPin<'_> {
     }
 }
 
-/// Streams an upload into a temporary file, hashing and counting it. Dropped
-/// unfinished, it removes its file.
+/// Streams an upload into a temporary file, hashing and counting it (sealing it
+/// chunk by chunk in an encrypted database). Dropped unfinished, it removes its
+/// file.
 pub struct BlobWriter {
     file: Option<std::io::BufWriter<File>>,
     path: PathBuf,
     hasher: Sha256,
     size_bytes: u64,
+    /// An encrypted database's: the bytes go through it.
+    sealer: Option<ChunkSealer>,
 }
 
 /// An upload written and fsynced, not yet placed in the store. Dropped unused, it
@@ -154,7 +173,11 @@ impl BlobWriter {
         let file = self.file.as_mut().ok_or_else(|| {
             DocError::Internal("an attachment writer was used after it finished".into())
         })?;
-        file.write_all(bytes).map_err(io_err(&self.path))
+        match self.sealer.as_mut() {
+            Some(sealer) => sealer.write(bytes, file),
+            None => file.write_all(bytes),
+        }
+        .map_err(io_err(&self.path))
     }
 
     pub fn size_bytes(&self) -> u64 {
@@ -163,18 +186,30 @@ impl BlobWriter {
 
     /// Flushes and fsyncs the file: the bytes are durable, under their hash.
     pub fn finish(mut self) -> Result<StagedBlob> {
-        let file = self
+        let mut file = self
             .file
             .take()
             .ok_or_else(|| DocError::Internal("an attachment writer finished twice".into()))?;
+        let hash: Hash = std::mem::take(&mut self.hasher).finalize().into();
+        let header = match self.sealer.as_mut() {
+            Some(sealer) => Some(
+                sealer
+                    .finish(self.size_bytes, &hash, &mut file)
+                    .map_err(io_err(&self.path))?,
+            ),
+            None => None,
+        };
         let file = file
             .into_inner()
             .map_err(|e| io_err(&self.path)(e.into_error()))?;
+        if let Some(header) = header {
+            // The length is known now: the header goes over its placeholder.
+            file.write_all_at(&header, 0).map_err(io_err(&self.path))?;
+        }
         file.sync_data().map_err(io_err(&self.path))?;
-        let hasher = std::mem::take(&mut self.hasher);
         Ok(StagedBlob {
             tmp: std::mem::take(&mut self.path),
-            hash: hasher.finalize().into(),
+            hash,
             size_bytes: self.size_bytes,
         })
     }
@@ -215,19 +250,151 @@ impl AttachmentCheck {
     }
 }
 
+/// A blob's plaintext, read and seeked like a file, whether its file is plain or
+/// sealed (`BlobStore::open_blob`). A sealed blob is opened a chunk at a time, as
+/// it is read (a chunk that does not authenticate is an error naming the file and
+/// the chunk, never wrong bytes); the chunk's plaintext is wiped when the next is
+/// opened and when the reader is dropped. The file stays readable if the blob is
+/// unlinked while it is read.
+pub struct BlobReader {
+    path: PathBuf,
+    len: u64,
+    body: Body,
+}
+
+enum Body {
+    Plain(File),
+    Sealed { blob: Box<Sealed>, pos: u64 },
+}
+
+impl std::fmt::Debug for BlobReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlobReader")
+            .field("path", &self.path)
+            .field("len", &self.len)
+            .field("sealed", &self.is_sealed())
+            .finish()
+    }
+}
+
+impl BlobReader {
+    /// The plaintext's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether the file is sealed (an encrypted database's).
+    pub fn is_sealed(&self) -> bool {
+        matches!(self.body, Body::Sealed { .. })
+    }
+
+    /// The blob's file (for messages: a sealed file's bytes are not the blob's).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A plain blob's file, whose bytes are the blob's (for readers that use the
+    /// file itself: `O_DIRECT`, `sendfile`), at its current position; a sealed
+    /// blob's reader is given back.
+    pub fn into_plain_file(self) -> std::result::Result<File, BlobReader> {
+        match self.body {
+            Body::Plain(file) => Ok(file),
+            Body::Sealed { .. } => Err(self),
+        }
+    }
+
+    /// `Read::read` with this layer's errors (a sealed chunk that does not
+    /// authenticate is `DocError::Storage(Corrupted)`).
+    pub fn read_plain(&mut self, buf: &mut [u8]) -> Result<usize> {
+        match &mut self.body {
+            Body::Plain(file) => loop {
+                match file.read(buf) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    other => return other.map_err(io_err(&self.path)),
+                }
+            },
+            Body::Sealed { blob, pos } => {
+                let n = blob.read_at(*pos, buf)?;
+                *pos += n as u64;
+                Ok(n)
+            }
+        }
+    }
+
+    /// The SHA-256 and length of the rest of the plaintext.
+    fn hash_rest(&mut self) -> Result<(Hash, u64)> {
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut size = 0u64;
+        loop {
+            let n = self.read_plain(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(buf.get(..n).unwrap_or_default());
+            size += n as u64;
+        }
+        if self.is_sealed() {
+            sealed::wipe(&mut buf);
+        }
+        Ok((hasher.finalize().into(), size))
+    }
+}
+
+impl Read for BlobReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.read_plain(buf).map_err(|e| {
+            let kind = match &e {
+                DocError::Io { source, .. } => source.kind(),
+                _ => std::io::ErrorKind::InvalidData,
+            };
+            std::io::Error::new(kind, e)
+        })
+    }
+}
+
+impl Seek for BlobReader {
+    fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
+        let len = self.len;
+        match &mut self.body {
+            Body::Plain(file) => file.seek(to),
+            Body::Sealed { pos, .. } => {
+                let new = match to {
+                    SeekFrom::Start(n) => Some(n),
+                    SeekFrom::End(d) => len.checked_add_signed(d),
+                    SeekFrom::Current(d) => pos.checked_add_signed(d),
+                };
+                *pos = new.ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "a seek before the start of an attachment blob",
+                    )
+                })?;
+                Ok(*pos)
+            }
+        }
+    }
+}
+
 impl BlobStore {
-    /// The store of the database at `db_dir` (its directories made if missing).
-    pub fn open(db_dir: &Path) -> Result<BlobStore> {
-        let store = BlobStore::at(db_dir);
+    /// The store of the database at `db_dir` (its directories made if missing),
+    /// whose environment is `env` (encrypted: blobs are sealed).
+    pub fn open(db_dir: &Path, env: &Env) -> Result<BlobStore> {
+        let store = BlobStore::at(db_dir, env);
         let tmp = store.dir.join("tmp");
         std::fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
         Ok(store)
     }
 
     /// The store of the database at `db_dir`, as it is (for a check: nothing made).
-    pub fn at(db_dir: &Path) -> BlobStore {
+    pub fn at(db_dir: &Path, env: &Env) -> BlobStore {
         BlobStore {
             dir: db_dir.join("attachments"),
+            key: env.derived_key(sealed::KEY_PURPOSE).map(Arc::new),
             lock: parking_lot::Mutex::new(()),
             next_tmp: AtomicU64::new(0),
             pending: Default::default(),
@@ -236,9 +403,73 @@ impl BlobStore {
         }
     }
 
+    /// The file of the blob `hash` (sealed in an encrypted database: read it with
+    /// `open_blob`, never copy it to another database or node).
     pub fn blob_path(&self, hash: &Hash) -> PathBuf {
         let hex = hash_hex(hash);
         self.dir.join(&hex[..2]).join(hex)
+    }
+
+    /// Whether this store seals its blobs (the database is encrypted).
+    pub fn seals(&self) -> bool {
+        self.key.is_some()
+    }
+
+    /// The blob `hash`'s plaintext. A missing file is `DocError::Io` (NotFound);
+    /// a sealed file whose header or last chunk does not check out is
+    /// `DocError::Storage(Corrupted)`, naming it.
+    pub fn open_blob(&self, hash: &Hash) -> Result<BlobReader> {
+        let path = self.blob_path(hash);
+        let (len, body) = match &self.key {
+            None => {
+                let file = File::open(&path).map_err(io_err(&path))?;
+                let len = file.metadata().map_err(io_err(&path))?.len();
+                (len, Body::Plain(file))
+            }
+            Some(key) => {
+                let blob = Sealed::open(&path, key.clone(), *hash)?;
+                (
+                    blob.len(),
+                    Body::Sealed {
+                        blob: Box::new(blob),
+                        pos: 0,
+                    },
+                )
+            }
+        };
+        Ok(BlobReader { path, len, body })
+    }
+
+    /// The SHA-256 and length of the blob `hash`'s plaintext (errors as
+    /// `open_blob`).
+    pub fn hash_blob(&self, hash: &Hash) -> Result<(Hash, u64)> {
+        match &self.key {
+            None => hash_file(&self.blob_path(hash)),
+            Some(_) => self.open_blob(hash)?.hash_rest(),
+        }
+    }
+
+    /// The bytes of the (plain) file at `path` written into the store: an
+    /// import, a cluster's upload. Its NotFound is `DocError::Io` on `path`.
+    pub fn stage_copy(&self, path: &Path) -> Result<StagedBlob> {
+        let mut writer = self.writer()?;
+        let mut file = File::open(path).map_err(io_err(path))?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = match file.read(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_err(path)(e)),
+            };
+            if n == 0 {
+                break;
+            }
+            writer.write(buf.get(..n).unwrap_or_default())?;
+        }
+        if self.seals() {
+            sealed::wipe(&mut buf);
+        }
+        writer.finish()
     }
 
     pub fn writer(&self) -> Result<BlobWriter> {
@@ -251,11 +482,21 @@ impl BlobStore {
             .join("tmp")
             .join(format!("{}-{nanos}-{n}", std::process::id()));
         let file = File::create(&path).map_err(io_err(&path))?;
+        let mut file = std::io::BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
+        let sealer = match &self.key {
+            Some(key) => {
+                let (sealer, placeholder) = ChunkSealer::new(key.clone());
+                file.write_all(&placeholder).map_err(io_err(&path))?;
+                Some(sealer)
+            }
+            None => None,
+        };
         Ok(BlobWriter {
-            file: Some(std::io::BufWriter::with_capacity(WRITE_BUFFER_BYTES, file)),
+            file: Some(file),
             path,
             hasher: Sha256::new(),
             size_bytes: 0,
+            sealer,
         })
     }
 
@@ -488,14 +729,24 @@ impl BlobStore {
             })?;
             report.blobs += 1;
             report.bytes += e.size_bytes;
-            let path = self.blob_path(&hash);
-            match hash_file(&path) {
+            // A sealed blob is hashed by its plaintext; one that does not
+            // authenticate is corrupt as one that hashes wrong.
+            match self.hash_blob(&hash) {
                 Ok((h, size)) if h == hash && size == e.size_bytes => {}
                 Ok(_) => report.corrupt.push(hash_hex(&hash)),
                 Err(DocError::Io { source, .. })
                     if source.kind() == std::io::ErrorKind::NotFound =>
                 {
                     report.missing.push(hash_hex(&hash))
+                }
+                Err(DocError::Storage(kiln_storage::Error::Corrupted {
+                    path,
+                    location,
+                    what,
+                    ..
+                })) => {
+                    tracing::warn!(file = %path.display(), %location, %what, "attachments: a sealed blob does not authenticate");
+                    report.corrupt.push(hash_hex(&hash))
                 }
                 Err(other) => return Err(other),
             }
@@ -514,7 +765,8 @@ impl BlobStore {
     }
 }
 
-/// The SHA-256 and length of a file, read in large blocks.
+/// The SHA-256 and length of a plain file, read in large blocks (a sealed blob:
+/// `BlobStore::hash_blob`).
 pub(crate) fn hash_file(path: &Path) -> Result<(Hash, u64)> {
     let mut file = File::open(path).map_err(io_err(path))?;
     let mut hasher = Sha256::new();

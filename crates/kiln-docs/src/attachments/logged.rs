@@ -18,9 +18,9 @@ impl Database {
     /// a cluster's log entries) as a blob ready to place, once its bytes are
     /// checked: `size_bytes` long and hashing to `hash_hex`, else
     /// `InvalidAttachment` (the same answer on every node that applied the same
-    /// entries). The file itself stays: the blob is a hard link to it, so a crash
-    /// before the commit that names the blob still finds the upload for the
-    /// entry's replay.
+    /// entries). The file itself stays: the blob is a hard link to it (a sealed
+    /// copy in an encrypted database), so a crash before the commit that names
+    /// the blob still finds the upload for the entry's replay.
     pub fn attachment_from_upload(
         &self,
         path: &Path,
@@ -29,7 +29,19 @@ impl Database {
     ) -> Result<StagedBlob> {
         self.live()?;
         let want = parse_hash(hash_hex_given)?;
-        let (hash, size) = match hash_file(path) {
+        // Sealed (an encrypted database): the upload's bytes are copied through
+        // the sealing writer, hashed on the way.
+        let copied = if self.blobs.seals() {
+            Some(self.blobs.stage_copy(path))
+        } else {
+            None
+        };
+        let got = match copied {
+            Some(Ok(staged)) => Ok((staged.hash, staged.size_bytes, Some(staged))),
+            Some(Err(e)) => Err(e),
+            None => hash_file(path).map(|(hash, size)| (hash, size, None)),
+        };
+        let (hash, size, staged) = match got {
             Ok(got) => got,
             Err(DocError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                 return Err(DocError::Attachment(AttachmentError::Invalid(format!(
@@ -44,6 +56,9 @@ impl Database {
                  hashing to {hash_hex_given} (a chunk is missing)",
                 hash_hex(&hash)
             ))));
+        }
+        if let Some(staged) = staged {
+            return Ok(staged);
         }
         let tmp = self
             .dir()

@@ -5,7 +5,7 @@
 //!   bytes, lower-case hex). The list is part of the document: writing it is writing
 //!   the document (new etag, change log entry, backup history entry, revisions).
 //! - The bytes live in the blob store (`blobs.rs`), one file per hash under the
-//!   database's directory. The `attachment_refs` tree counts, per hash, the
+//!   database's directory (sealed in an encrypted database: `sealed.rs`). The `attachment_refs` tree counts, per hash, the
 //!   documents' entries naming it; the count changes in the same transaction as
 //!   the documents (`adjust`). A hash whose count reaches zero has its entry
 //!   deleted in that transaction and its file unlinked after the commit.
@@ -26,9 +26,10 @@
 mod blobs;
 mod logged;
 mod ops;
+mod sealed;
 
 pub(crate) use blobs::BlobStore;
-pub use blobs::{AttachmentCheck, BlobWriter, StagedBlob};
+pub use blobs::{AttachmentCheck, BlobReader, BlobWriter, StagedBlob};
 pub use ops::{check_attachments_at, AttachmentReader};
 
 pub(crate) use crate::model::attachment_list::{

@@ -2,7 +2,8 @@
 
 use super::{
     hash_hex, parse_hash, read_ref, stored_list, validate_attachment_name, validate_content_type,
-    AttachmentCheck, AttachmentInfo, BlobWriter, Fresh, RefEntry, StagedBlob, STAGED_TTL_MS,
+    AttachmentCheck, AttachmentInfo, BlobReader, BlobWriter, Fresh, RefEntry, StagedBlob,
+    STAGED_TTL_MS,
 };
 use crate::database::apply_attachment;
 use crate::model::attachment_list::AttachmentChange;
@@ -10,13 +11,14 @@ use crate::model::schema::{ATTACHMENT_REFS, REVISIONS};
 use crate::{AttachmentError, DocumentError};
 use crate::{BatchOutcome, Condition, Database, DocError, PutOutcome, Result};
 use std::collections::HashMap;
-use std::fs::File;
 
-/// An attachment opened for reading: its entry and its file (which stays
-/// readable even if the attachment is deleted while it is read).
+/// An attachment opened for reading: its entry and its bytes, read (and seeked)
+/// through its blob's file, which stays readable even if the attachment is
+/// deleted while it is read (sealed in an encrypted database: the reader gives
+/// the plaintext, `BlobReader`).
 pub struct AttachmentReader {
     pub info: AttachmentInfo,
-    pub file: File,
+    pub file: BlobReader,
 }
 
 impl Database {
@@ -123,15 +125,19 @@ impl Database {
                 name: name.to_string(),
             })
         })?;
-        let path = self.blobs.blob_path(&parse_hash(&info.hash)?);
-        let file = File::open(&path).map_err(|source| match source.kind() {
-            // Deleted since the read above (or lost: `kiln check` says which).
-            std::io::ErrorKind::NotFound => DocError::Attachment(AttachmentError::NotFound {
-                id: id.to_string(),
-                name: name.to_string(),
-            }),
-            _ => DocError::Io { path, source },
-        })?;
+        let file = self
+            .blobs
+            .open_blob(&parse_hash(&info.hash)?)
+            .map_err(|e| match e {
+                // Deleted since the read above (or lost: `kiln check` says which).
+                DocError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                    DocError::Attachment(AttachmentError::NotFound {
+                        id: id.to_string(),
+                        name: name.to_string(),
+                    })
+                }
+                other => other,
+            })?;
         Ok(AttachmentReader { info, file })
     }
 
@@ -269,9 +275,16 @@ impl Database {
         check_attachments_at(self.live()?, self.dir())
     }
 
-    /// The file of a blob (for backups and exports), if the store has it.
+    /// The file of a blob, if the store has it. In an encrypted database it is
+    /// sealed: read a blob's bytes with `open_attachment_blob`.
     pub fn attachment_blob_path(&self, hash_hex: &str) -> Result<std::path::PathBuf> {
         Ok(self.blobs.blob_path(&parse_hash(hash_hex)?))
+    }
+
+    /// The bytes of the blob `hash_hex` (for backups and exports), plain or
+    /// sealed; a missing one is `DocError::Io` with `NotFound`.
+    pub fn open_attachment_blob(&self, hash_hex: &str) -> Result<BlobReader> {
+        self.blobs.open_blob(&parse_hash(hash_hex)?)
     }
 
     /// Hashes of every blob the reference tree names, with their sizes and how
@@ -301,24 +314,8 @@ impl Database {
         path: &std::path::Path,
         expect_hex: Option<&str>,
     ) -> Result<StagedBlob> {
-        let mut writer = self.attachment_writer()?;
-        let mut file = File::open(path).map_err(|source| DocError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            use std::io::Read;
-            let n = file.read(&mut buf).map_err(|source| DocError::Io {
-                path: path.to_path_buf(),
-                source,
-            })?;
-            if n == 0 {
-                break;
-            }
-            writer.write(&buf[..n])?;
-        }
-        let staged = writer.finish()?;
+        self.live()?;
+        let staged = self.blobs.stage_copy(path)?;
         if let Some(want) = expect_hex {
             if staged.hash_hex() != want {
                 return Err(DocError::Attachment(AttachmentError::Invalid(format!(
@@ -345,7 +342,7 @@ pub fn check_attachments_at(
     if !r.tree_exists(ATTACHMENT_REFS)? {
         return Ok(AttachmentCheck::default());
     }
-    let mut report = super::BlobStore::at(db_dir).check(env)?;
+    let mut report = super::BlobStore::at(db_dir, env).check(env)?;
     let mut named: HashMap<String, u64> = HashMap::new();
     crate::stored::scan_by_id(&r, std::ops::Bound::Unbounded, |id, value| {
         let rec = crate::model::record::decode(id, value)?;

@@ -166,11 +166,12 @@ impl Database {
         hashes: &[Hash],
     ) -> Result<()> {
         for h in hashes {
-            let path = self.blobs.blob_path(h);
+            // The plaintext, whether the file is plain or sealed: a sealed file's
+            // key is this database's, never the restoring one's.
             let hex = crate::attachments::hash_hex(h);
-            let mut file = std::fs::File::open(&path).map_err(|e| DocError::io(&path, e))?;
-            let len = file.metadata().map_err(|e| DocError::io(&path, e))?.len();
-            w.file(&format!("{BLOB_FILE_PREFIX}{hex}"), len, &mut file)?;
+            let mut blob = self.blobs.open_blob(h)?;
+            let len = blob.len();
+            w.file(&format!("{BLOB_FILE_PREFIX}{hex}"), len, &mut blob)?;
         }
         Ok(())
     }

@@ -294,8 +294,9 @@ pub(crate) fn process(
     mut progress: impl FnMut(u64),
 ) -> Result<ChainReport> {
     let mut inputs = Inputs::new(source);
+    // The target's own store: an encrypted target seals each blob with its key.
     let blobs = match target {
-        Some((_, dir)) => Some(BlobStore::open(dir)?),
+        Some((env, dir)) => Some(BlobStore::open(dir, env)?),
         None => None,
     };
     let mut chain = ChainReader::new(target.map(|t| t.0), point, check_links);
@@ -1030,7 +1031,7 @@ pub(crate) fn build(
             // Blobs the restored state does not name (carried for writes past
             // the point, or freed by a replayed write) go now, not at the first
             // open: `kiln check` of the restored directory is clean.
-            BlobStore::open(staging)?.gc(&env, crate::model::time::now_ms())?;
+            BlobStore::open(staging, &env)?.gc(&env, crate::model::time::now_ms())?;
             // Full-text index files that do not check out go too (rebuilt at open).
             crate::search::backup::check_restored(staging)?;
             Ok(r)

@@ -878,7 +878,7 @@ fn open_attachments(
     if !env.begin_read()?.tree_exists(ATTACHMENT_REFS)? {
         env.submit(|w| w.ensure_tree(ATTACHMENT_REFS))?;
     }
-    let blobs = crate::attachments::BlobStore::open(dir)?;
+    let blobs = crate::attachments::BlobStore::open(dir, env)?;
     // A cluster's staged blobs expire at leader time, by the log: not here.
     let staged_now_ms = if limits.expire_staged_at_open {
         crate::model::time::now_ms()

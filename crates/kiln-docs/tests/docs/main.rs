@@ -14,6 +14,7 @@ mod merge_patch;
 mod queries;
 mod reduce_index;
 mod revisions;
+mod sealed_attachments;
 mod sealed_backup;
 mod search_backup;
 mod stored_records;

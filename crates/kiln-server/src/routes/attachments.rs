@@ -7,6 +7,10 @@
 //! here (`attachment_target`) and any other to `routes/docs.rs`. So a document
 //! whose id contains `/attachments/` cannot be read or written by its URL.
 //!
+//! A plain blob's file is sent as it is (`file_body::send_file`: `O_DIRECT`, hashed
+//! as it goes); an encrypted database's sealed blob is decrypted chunk by chunk as
+//! it is sent (`send_sealed`), ranges included.
+//!
 //! In a cluster, an upload and a delete go through the log (`routes/cluster.rs`:
 //! the bytes in chunks, then the attachment's entry); reads (an attachment, the
 //! blob list, a blob) are served by the node asked, from its own copy. Staging
@@ -292,31 +296,92 @@ pub async fn get_blob(
     axum::extract::Path((db, hash)): axum::extract::Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let database = state.store.database(&db)?;
-    let path = database.attachment_blob_path(&hash)?;
-    let file = match std::fs::File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ApiError::new(
-                ErrorCode::AttachmentNotFound,
-                format!("the database holds no attachment bytes with hash {hash}"),
-            ))
+    let hash2 = hash.clone();
+    let opened = blocking(move || match database.open_attachment_blob(&hash2) {
+        Ok(b) => Ok(Some(b)),
+        Err(kiln_docs::DocError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Ok(None)
         }
-        Err(source) => return Err(kiln_docs::DocError::Io { path, source }.into()),
+        Err(e) => Err(e),
+    })
+    .await?;
+    let Some(blob) = opened else {
+        return Err(ApiError::new(
+            ErrorCode::AttachmentNotFound,
+            format!("the database holds no attachment bytes with hash {hash}"),
+        ));
     };
-    let len = file
-        .metadata()
-        .map_err(|source| kiln_docs::DocError::Io {
-            path: path.clone(),
-            source,
-        })?
-        .len();
+    let len = blob.len();
+    let etag = format!("\"{hash}\"");
+    let body = match blob.into_plain_file() {
+        Ok(file) => send_file(file, 0, len, Some(hash)),
+        Err(sealed) => send_sealed(sealed, 0, len),
+    };
     Ok(Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/octet-stream")
         .header(header::CONTENT_LENGTH, len)
-        .header(header::ETAG, format!("\"{hash}\""))
-        .body(send_file(file, 0, len, Some(hash)))
+        .header(header::ETAG, etag)
+        .body(body)
         .expect("a valid response"))
+}
+
+/// Plaintext bytes per chunk of a sealed blob's body (a few of its sealed chunks).
+const SEALED_SEND_BYTES: usize = 256 << 10;
+
+/// A body of `len` plaintext bytes of a sealed blob from `start`, decrypted by a
+/// blocking thread as it goes, at most `CHANNEL_CHUNKS` chunks in flight. Not
+/// hashed: every sealed chunk authenticates as it is opened, and the blob's last
+/// chunk binds its hash (opened when the blob was). A chunk that does not is
+/// logged and ends the body with an error (the status was sent: the client sees
+/// a short body). The plaintext of a chunk is wiped once the connection has
+/// written it.
+fn send_sealed(mut blob: kiln_docs::BlobReader, start: u64, len: u64) -> Body {
+    use std::io::{Read, Seek, SeekFrom};
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(CHANNEL_CHUNKS);
+    tokio::task::spawn_blocking(move || {
+        let sent = (|| {
+            blob.seek(SeekFrom::Start(start))?;
+            let mut left = len;
+            while left > 0 {
+                let n = left.min(SEALED_SEND_BYTES as u64) as usize;
+                let mut chunk = Wiped(vec![0u8; n]);
+                blob.read_exact(&mut chunk.0)?;
+                left -= n as u64;
+                if tx.blocking_send(Ok(Bytes::from_owner(chunk))).is_err() {
+                    break; // The client went away.
+                }
+            }
+            Ok::<_, std::io::Error>(())
+        })();
+        if let Err(e) = sent {
+            tracing::error!(file = %blob.path().display(), error = %e,
+                "attachment: a sealed blob could not be read; connection cut (run kiln check)");
+            let _ = tx.blocking_send(Err(e));
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    Body::from_stream(stream)
+}
+
+/// Plaintext handed to the connection, overwritten when it is done with it.
+struct Wiped(Vec<u8>);
+
+impl AsRef<[u8]> for Wiped {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for Wiped {
+    fn drop(&mut self) {
+        self.0.fill(0);
+        std::hint::black_box(&self.0);
+    }
 }
 
 /// A single byte range of a `size`-byte body: `Ok(None)` for the whole body (no
@@ -436,9 +501,13 @@ async fn get_attachment(state: SharedState, req: Request) -> Result<Response, Ap
     if head {
         return Ok(builder.body(Body::empty()).expect("a valid response"));
     }
-    // A whole body is checked against its hash as it goes; a range cannot be.
+    // A whole plain body is checked against its hash as it goes; a range cannot
+    // be. A sealed one authenticates chunk by chunk (`send_sealed`).
     let verify = range.is_none().then_some(info.hash);
-    let body = send_file(reader.file, start, len, verify);
+    let body = match reader.file.into_plain_file() {
+        Ok(file) => send_file(file, start, len, verify),
+        Err(sealed) => send_sealed(sealed, start, len),
+    };
     Ok(builder.body(body).expect("a valid response"))
 }
 

@@ -7,6 +7,7 @@
 
 mod common;
 
+mod attachments_sealed;
 mod backup_endpoint;
 mod bulk_insert;
 mod changes_feed;
