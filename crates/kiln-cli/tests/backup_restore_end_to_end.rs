@@ -55,6 +55,8 @@ fn serve(dir: &Path) -> (Server, u16) {
 fn kiln(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(args)
+        // A key in the environment would stand in for the one a test leaves out.
+        .env_remove("KILN_ENCRYPTION_KEY_FILE")
         .output()
         .unwrap()
 }
@@ -367,4 +369,363 @@ fn incremental_chain_verify_point_in_time_and_restore_into_a_server() {
     let (s, _, b) = parts(&request(port2, "GET", "/dbs/shop/docs/d/55", ""));
     assert!(s.contains("200") && b.contains(r#""v":1"#), "{s} {b}");
     drop(server);
+}
+
+/// A new master key file (`kiln encryption new-key`) in `dir`.
+fn new_key(dir: &Path, name: &str) -> String {
+    let path = dir.join(name).to_str().unwrap().to_string();
+    let o = kiln(&["encryption", "new-key", "--out", &path]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    path
+}
+
+fn holds(haystack: &[u8], needle: &str) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|w| w == needle.as_bytes())
+}
+
+/// Every file under `dir` holding `needle`.
+fn files_holding(dir: &Path, needle: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if holds(&std::fs::read(&p).unwrap_or_default(), needle) {
+                found.push(p);
+            }
+        }
+    }
+    found
+}
+
+/// An encrypted data directory offline: its backup is sealed (the document's bytes
+/// are not in the file), `verify` with the key checks all of it and without the key
+/// only its structure (and says so; a damaged byte still fails), an increment's
+/// base is read with the key only, and a restore needs the key and makes an
+/// encrypted database holding the document.
+#[test]
+fn an_encrypted_database_backs_up_sealed_verifies_and_restores_offline() {
+    const MARKER: &str = "SEALED-BACKUP-MARKER-4b1d";
+    let tmp = tempfile::tempdir().unwrap();
+    let k = new_key(tmp.path(), "master.key");
+    let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
+    let (d, d2) = (src.to_str().unwrap(), dst.to_str().unwrap());
+    let path = |n: &str| tmp.path().join(n).to_str().unwrap().to_string();
+    let doc = format!(r#"{{"name":"{MARKER}"}}"#);
+    let o = kiln(&[
+        "put",
+        "--data-dir",
+        d,
+        "--encryption-key-file",
+        &k,
+        "shop",
+        "users/ada",
+        &doc,
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o));
+
+    let file = path("shop.kbak");
+    let b = ok(&kiln(&[
+        "backup",
+        "--data-dir",
+        d,
+        "--db",
+        "shop",
+        "--out",
+        &file,
+        "--encryption-key-file",
+        &k,
+        "--chain",
+        "--json",
+    ]));
+    assert_eq!(b["encrypted"], true, "{b}");
+    let fingerprint = b["encryption_key_fingerprint"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(fingerprint.len(), 16, "{b}");
+    let bytes = std::fs::read(&file).unwrap();
+    assert!(
+        !holds(&bytes, MARKER),
+        "the document is in the backup in clear"
+    );
+    assert!(
+        !holds(&bytes, "users/ada"),
+        "the id is in the backup in clear"
+    );
+
+    // With the key: all of it.
+    let v = ok(&kiln(&[
+        "backup",
+        "verify",
+        &file,
+        "--encryption-key-file",
+        &k,
+        "--json",
+    ]));
+    assert_eq!(
+        (&v["encrypted"], &v["contents_verified"], &v["documents"]),
+        (&true.into(), &true.into(), &1.into()),
+        "{v}"
+    );
+    // Without: its structure, and it says so (stderr, JSON, text).
+    let o = kiln(&["backup", "verify", &file, "--json"]);
+    let v = ok(&o);
+    assert_eq!(
+        (&v["encrypted"], &v["contents_verified"]),
+        (&true.into(), &false.into()),
+        "{v}"
+    );
+    assert_eq!(v["encryption_key_fingerprint"], fingerprint.as_str(), "{v}");
+    assert_eq!(v["file_bytes"], bytes.len() as u64, "{v}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&fingerprint) && err.contains("contents were not checked"),
+        "{err}"
+    );
+    let o = kiln(&["backup", "verify", &file]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("structure only") && text.contains("NOT verified"),
+        "{text}"
+    );
+    // A damaged byte fails the structure check too; so does a cut file.
+    for bad_bytes in [
+        {
+            let mut b = bytes.clone();
+            let mid = b.len() / 2;
+            b[mid] ^= 0x10;
+            b
+        },
+        bytes[..bytes.len() - 10].to_vec(),
+    ] {
+        let bad = path("bad.kbak");
+        std::fs::write(&bad, &bad_bytes).unwrap();
+        let o = kiln(&["backup", "verify", &bad]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("offset"), "{err}");
+    }
+
+    // An increment: its base's manifest is sealed, so the key is asked for first.
+    let doc2 = format!(r#"{{"name":"{MARKER}-2"}}"#);
+    let o = kiln(&[
+        "put",
+        "--data-dir",
+        d,
+        "--encryption-key-file",
+        &k,
+        "shop",
+        "users/bob",
+        &doc2,
+    ]);
+    assert!(o.status.success(), "{}", common::text(&o));
+    let inc = path("inc.kbak");
+    let increment = |key: Option<&str>| {
+        let mut args = vec![
+            "backup",
+            "--data-dir",
+            d,
+            "--db",
+            "shop",
+            "--out",
+            &inc,
+            "--incremental-since",
+            &file,
+            "--json",
+        ];
+        if let Some(k) = key {
+            args.extend(["--encryption-key-file", k]);
+        }
+        kiln(&args)
+    };
+    let o = increment(None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains("--incremental-since")
+            && err.contains("--encryption-key-file")
+            && err.contains(&fingerprint),
+        "{err}"
+    );
+    let i = ok(&increment(Some(&k)));
+    assert_eq!(i["kind"], "incremental", "{i}");
+    assert!(!holds(&std::fs::read(&inc).unwrap(), MARKER));
+    let v = ok(&kiln(&[
+        "backup",
+        "verify",
+        &file,
+        &inc,
+        "--encryption-key-file",
+        &k,
+        "--json",
+    ]));
+    assert_eq!(v["backups"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["contents_verified"], true, "{v}");
+    let v = ok(&kiln(&["backup", "verify", &file, &inc, "--json"]));
+    assert_eq!(
+        (&v["contents_verified"], &v["chain_verified"]),
+        (&false.into(), &false.into()),
+        "{v}"
+    );
+    assert_eq!(v["backups"].as_array().unwrap().len(), 2, "{v}");
+
+    // A restore without the key is refused before anything is made.
+    let restore = |files: &[&str], db: &str, key: Option<&str>| {
+        let mut args = vec!["restore"];
+        args.extend(files);
+        args.extend(["--data-dir", d2, "--db", db, "--json"]);
+        if let Some(k) = key {
+            args.extend(["--encryption-key-file", k]);
+        }
+        kiln(&args)
+    };
+    let o = restore(&[&file], "shop2", None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("encrypted") && err.contains("--encryption-key-file"),
+        "{err}"
+    );
+    assert!(!dst.join("databases/shop2").exists());
+    let r = ok(&restore(&[&file], "shop2", Some(&k)));
+    assert_eq!(r["restored_as"], "shop2", "{r}");
+    let get =
+        |db: &str, id: &str| kiln(&["get", "--data-dir", d2, "--encryption-key-file", &k, db, id]);
+    let o = get("shop2", "users/ada");
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains(MARKER),
+        "{}",
+        common::text(&o)
+    );
+    // The chain, offline, with the key: both documents.
+    ok(&restore(&[&file, &inc], "shop3", Some(&k)));
+    let o = get("shop3", "users/bob");
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains(&format!("{MARKER}-2")),
+        "{}",
+        common::text(&o)
+    );
+    // The restored databases are encrypted: nothing of the documents in clear.
+    assert_eq!(
+        files_holding(&dst, MARKER),
+        Vec::<std::path::PathBuf>::new()
+    );
+}
+
+/// An encrypted server: `kiln backup --url` without a key on the client downloads
+/// the sealed backup and checks its structure (saying its contents were not
+/// checked), with the key all of it; an increment needs the key to read its base;
+/// `kiln restore --url` sends sealed backups to the server, which opens them with
+/// its own key, no client key needed.
+#[test]
+fn an_encrypted_server_s_backups_download_and_restore_without_a_client_key() {
+    const MARKER: &str = "SEALED-HTTP-MARKER-93ce";
+    let tmp = tempfile::tempdir().unwrap();
+    let k = new_key(tmp.path(), "master.key");
+    let src = tmp.path().join("src");
+    let port = common::free_port();
+    let server = Server(common::spawn_serve_with(
+        &src,
+        port,
+        &["--encryption-key-file", &k],
+    ));
+    let url = format!("http://127.0.0.1:{port}");
+    let path = |n: &str| tmp.path().join(n).to_str().unwrap().to_string();
+    assert!(request(port, "PUT", "/dbs/shop", "").starts_with("HTTP/1.1 201"));
+    let body = format!(r#"{{"name":"{MARKER}"}}"#);
+    let r = request(port, "PUT", "/dbs/shop/docs/users/ada", &body);
+    assert!(r.starts_with("HTTP/1.1 201"), "{r}");
+
+    let backup = |out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "backup", "--url", &url, "--db", "shop", "--out", out, "--json",
+        ];
+        args.extend(extra);
+        kiln(&args)
+    };
+    let file = path("shop.kbak");
+    let o = backup(&file, &["--chain"]);
+    let b = ok(&o);
+    assert_eq!(
+        (&b["encrypted"], &b["contents_verified"], &b["database"]),
+        (&true.into(), &false.into(), &"shop".into()),
+        "{b}"
+    );
+    let fingerprint = b["encryption_key_fingerprint"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&fingerprint) && err.contains("contents were not checked"),
+        "{err}"
+    );
+    let bytes = std::fs::read(&file).unwrap();
+    assert_eq!(b["file_bytes"], bytes.len() as u64, "{b}");
+    assert!(
+        !holds(&bytes, MARKER),
+        "the document is in the backup in clear"
+    );
+    // With the key the client checks all of it as it arrives.
+    let full2 = path("shop2.kbak");
+    let b2 = ok(&backup(&full2, &["--encryption-key-file", &k]));
+    assert_eq!(
+        (&b2["contents_verified"], &b2["documents"]),
+        (&true.into(), &1.into()),
+        "{b2}"
+    );
+    assert_eq!(b2["encryption_key_fingerprint"], fingerprint.as_str());
+
+    // An increment reads its base's sealed manifest: the key is asked for.
+    let r = request(port, "PUT", "/dbs/shop/docs/users/bob", &body);
+    assert!(r.starts_with("HTTP/1.1 201"), "{r}");
+    let inc = path("inc.kbak");
+    let o = backup(&inc, &["--incremental-since", &file]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--encryption-key-file"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("inc.kbak").exists());
+    let i = ok(&backup(
+        &inc,
+        &["--incremental-since", &file, "--encryption-key-file", &k],
+    ));
+    assert_eq!(i["kind"], "incremental", "{i}");
+    assert!(!holds(&std::fs::read(&inc).unwrap(), MARKER));
+
+    // Restores into the server: no client key.
+    let r = ok(&kiln(&[
+        "restore", &file, "--url", &url, "--db", "other", "--json",
+    ]));
+    assert_eq!(r["restored_as"], "other", "{r}");
+    let (s, _, b) = parts(&request(port, "GET", "/dbs/other/docs/users/ada", ""));
+    assert!(s.contains("200") && b.contains(MARKER), "{s} {b}");
+    ok(&kiln(&[
+        "restore", &file, &inc, "--url", &url, "--db", "chained", "--json",
+    ]));
+    assert_eq!(documents(port, "chained"), 2);
+    // A key given on this side only serves the pre-check (the manifests).
+    ok(&kiln(&[
+        "restore",
+        &file,
+        &inc,
+        "--url",
+        &url,
+        "--db",
+        "keyed",
+        "--encryption-key-file",
+        &k,
+        "--json",
+    ]));
+    assert_eq!(documents(port, "keyed"), 2);
+    drop(server);
+    assert_eq!(
+        files_holding(&src, MARKER),
+        Vec::<std::path::PathBuf>::new()
+    );
 }

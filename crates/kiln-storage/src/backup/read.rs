@@ -1,6 +1,7 @@
 //! Reading a container: every frame checked (its index, its checksums, its place;
 //! a sealed backup's seals) as it streams by, items handed to a sink in order;
-//! `verify` and `read_header`.
+//! `verify` and `read_header`; `verify_sealed_structure`, what of a sealed backup
+//! can be checked without its key.
 
 use super::*;
 
@@ -318,13 +319,22 @@ fn corrupt(part: &str, offset: u64, what: String) -> BackupError {
     }
 }
 
-/// Reads and checks the container's header (magic, checksum, version, flags): the
-/// summary as of it, its meta opened, and a sealed backup's key (unwrapped by
-/// `encryption`).
-fn read_container_header<R: Read, P: FnMut(u64)>(
-    rd: &mut Reader<R, P>,
-    encryption: Option<&MasterKey>,
-) -> BackupResult<(BackupSummary, Option<Sealer>)> {
+/// A container's header, read and checked (magic, checksum, version, flags): what
+/// needs no key. A sealed backup's meta is still sealed.
+struct RawHeader {
+    /// The fixed fields (magic to meta_len).
+    fixed: [u8; HEADER_FIXED],
+    meta: Vec<u8>,
+    /// A sealed backup's backup id and wrapped key (empty in clear).
+    extra: Vec<u8>,
+    version: u32,
+    txn_id: u64,
+    sealed: bool,
+}
+
+/// Reads a container's header and checks what needs no key: its magic, its
+/// checksum, its version and flags.
+fn read_raw_header<R: Read, P: FnMut(u64)>(rd: &mut Reader<R, P>) -> BackupResult<RawHeader> {
     let hpart = || "the header".to_string();
     let mut fixed = [0u8; HEADER_FIXED];
     rd.exact(&mut fixed, &hpart)?;
@@ -379,6 +389,30 @@ fn read_container_header<R: Read, P: FnMut(u64)>(
             format!("unknown flags {flags:#x}"),
         ));
     }
+    Ok(RawHeader {
+        fixed,
+        meta,
+        extra,
+        version,
+        txn_id,
+        sealed,
+    })
+}
+
+/// Reads and checks the container's header (`read_raw_header`): the summary as of
+/// it, its meta opened, and a sealed backup's key (unwrapped by `encryption`).
+fn read_container_header<R: Read, P: FnMut(u64)>(
+    rd: &mut Reader<R, P>,
+    encryption: Option<&MasterKey>,
+) -> BackupResult<(BackupSummary, Option<Sealer>)> {
+    let RawHeader {
+        fixed,
+        mut meta,
+        extra,
+        version,
+        txn_id,
+        sealed,
+    } = read_raw_header(rd)?;
     let mut sum = BackupSummary {
         format_version: version,
         txn_id,
@@ -434,14 +468,16 @@ struct Frame<'a> {
     raw: std::borrow::Cow<'a, [u8]>,
 }
 
-/// Reads frame `index` into `payload` (reused between frames) and checks it; a
-/// sealed backup's frame is opened under `sealer`.
-fn read_frame<'a, R: Read, P: FnMut(u64)>(
+/// Reads frame `index`'s header and its payload as stored (sealed, in a sealed
+/// backup) into `payload`, and checks what needs no key: the header's checksum,
+/// the index, the limits, the payload's checksum. Returns the header and the byte
+/// offset it starts at.
+fn read_stored_frame<R: Read, P: FnMut(u64)>(
     rd: &mut Reader<R, P>,
     index: u32,
-    payload: &'a mut Vec<u8>,
-    sealer: Option<&Sealer>,
-) -> BackupResult<Frame<'a>> {
+    payload: &mut Vec<u8>,
+    sealed: bool,
+) -> BackupResult<([u8; FRAME_HEADER], u64)> {
     let start = rd.offset;
     let part = format!("frame {index}");
     let fpart = || format!("frame {index}");
@@ -454,7 +490,7 @@ fn read_frame<'a, R: Read, P: FnMut(u64)>(
             "frame header checksum mismatch".into(),
         ));
     }
-    let (kind, fflags) = (h[0], h[1]);
+    let fflags = h[1];
     let (raw_len, stored_len) = (le32(&h, 8) as usize, le32(&h, 12) as usize);
     if le32(&h, 4) != index {
         return Err(corrupt(
@@ -466,9 +502,9 @@ fn read_frame<'a, R: Read, P: FnMut(u64)>(
             ),
         ));
     }
-    let max_stored = match sealer {
-        Some(_) => MAX_FRAME + SEAL_BYTES,
-        None => MAX_FRAME,
+    let max_stored = match sealed {
+        true => MAX_FRAME + SEAL_BYTES,
+        false => MAX_FRAME,
     };
     if raw_len > MAX_FRAME || stored_len > max_stored || fflags > 1 || h[2] != 0 || h[3] != 0 {
         return Err(corrupt(&part, start, "invalid frame header".into()));
@@ -483,6 +519,20 @@ fn read_frame<'a, R: Read, P: FnMut(u64)>(
         ));
     }
     (rd.progress)(rd.offset);
+    Ok((h, start))
+}
+
+/// Reads frame `index` into `payload` (reused between frames) and checks it; a
+/// sealed backup's frame is opened under `sealer`.
+fn read_frame<'a, R: Read, P: FnMut(u64)>(
+    rd: &mut Reader<R, P>,
+    index: u32,
+    payload: &'a mut Vec<u8>,
+    sealer: Option<&Sealer>,
+) -> BackupResult<Frame<'a>> {
+    let (h, start) = read_stored_frame(rd, index, payload, sealer.is_some())?;
+    let part = format!("frame {index}");
+    let (kind, fflags, raw_len) = (h[0], h[1], le32(&h, 8) as usize);
     if let Some(s) = sealer {
         if !s.open(&s.frame_aad(&h), payload) {
             return Err(corrupt(
@@ -638,4 +688,184 @@ pub fn read_header_with_key<R: Read>(
         progress: |_| {},
     };
     read_container_header(&mut rd, encryption).map(|(sum, _)| sum)
+}
+
+/// How many of a backup's first bytes [`header_is_sealed`] looks at.
+pub const HEADER_PEEK_BYTES: usize = HEADER_FIXED;
+
+/// Whether the backup whose first bytes are `start` is sealed (version 3): a Kiln
+/// backup's magic and the sealed flag. Nothing is checked (the header's checksum
+/// covers more bytes): it tells a reader which way to read the backup, and that
+/// reading checks it.
+pub fn header_is_sealed(start: &[u8]) -> bool {
+    start.get(..8) == Some(&MAGIC[..]) && start.len() >= 16 && le32(start, 12) & FLAG_SEALED != 0
+}
+
+/// What a check of a sealed backup without its key saw
+/// ([`verify_sealed_structure`]): what its header and frame headers say in clear.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedStructure {
+    pub format_version: u32,
+    /// The transaction the image is consistent at.
+    pub txn_id: u64,
+    /// The fingerprint of the master key the backup's own key is wrapped by.
+    pub key_fingerprint: String,
+    /// The backup's random id (32 hex digits; not the manifest's backup id).
+    pub backup_id: String,
+    /// Frames, the trailer included.
+    pub frames: u32,
+    /// Trees and extra files (a frame's kind is in clear in its header).
+    pub trees: u64,
+    pub files: u64,
+    /// Size of the backup file.
+    pub file_bytes: u64,
+}
+
+/// What the frames read so far of a sealed backup have opened.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Opened {
+    Nothing,
+    Tree,
+    File,
+}
+
+/// Checks a sealed backup without its key: the header (its checksum, version and
+/// flags), the wrapped key's own checksum, every frame's checksums over its sealed
+/// bytes (every byte of the file is under a CRC-32C: damage is found), the frames'
+/// order (their indexes), their kinds in turn (each tree and extra file opened and
+/// closed), the lengths a kind or a seal fixes, and the trailer last with nothing
+/// after it. Without the key nothing sealed is read: not the seals (bytes changed
+/// on purpose, their checksums recomputed, pass), the metadata, the entries, the
+/// extra files' bytes, nor the trailer's counts and whole-file checksum; with the
+/// key, `verify_with_key` checks all of it. A backup in clear is refused: `verify`
+/// checks all of it without a key.
+pub fn verify_sealed_structure<R: Read>(
+    input: R,
+    mut progress: impl FnMut(u64),
+) -> BackupResult<SealedStructure> {
+    let mut rd = Reader {
+        inner: input,
+        offset: 0,
+        crc: 0,
+        progress: &mut progress,
+    };
+    let header = read_raw_header(&mut rd)?;
+    if !header.sealed {
+        return Err(BackupError::Storage(Error::Encryption {
+            path: PathBuf::from("the backup"),
+            what: format!(
+                "this backup is not encrypted (format version {}): `verify` checks all of it \
+                 without a key",
+                header.version
+            ),
+        }));
+    }
+    if header.meta.len() < SEAL_BYTES {
+        return Err(corrupt(
+            "the header",
+            24,
+            format!(
+                "sealed metadata of {} bytes, shorter than its seal ({SEAL_BYTES} bytes)",
+                header.meta.len()
+            ),
+        ));
+    }
+    let (id, wrapped) = header.extra.split_at(BACKUP_ID_BYTES);
+    let wrapped_at = (HEADER_FIXED + header.meta.len() + BACKUP_ID_BYTES) as u64;
+    check_wrapped_key_structure(wrapped, wrapped_at)?;
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let mut s = SealedStructure {
+        format_version: header.version,
+        txn_id: header.txn_id,
+        key_fingerprint: wrapped_fingerprint(wrapped),
+        backup_id: hex(id),
+        frames: 0,
+        trees: 0,
+        files: 0,
+        file_bytes: 0,
+    };
+    let mut payload = Vec::new();
+    let mut opened = Opened::Nothing;
+    loop {
+        let (h, start) = read_stored_frame(&mut rd, s.frames, &mut payload, true)?;
+        let part = format!("frame {}", s.frames);
+        s.frames += 1;
+        check_sealed_frame_lengths(&h, &part, start)?;
+        opened = match (opened, h[0]) {
+            (Opened::Nothing, KIND_TREE) => {
+                s.trees += 1;
+                Opened::Tree
+            }
+            (Opened::Nothing, KIND_FILE) => {
+                s.files += 1;
+                Opened::File
+            }
+            (Opened::Nothing, KIND_TRAILER) => {
+                refuse_bytes_after_trailer(&mut rd)?;
+                s.file_bytes = rd.offset;
+                return Ok(s);
+            }
+            (Opened::Tree, KIND_DATA) | (Opened::File, KIND_FILE_DATA) => opened,
+            (Opened::Tree, KIND_END) | (Opened::File, KIND_FILE_END) => Opened::Nothing,
+            (_, k) => {
+                return Err(corrupt(
+                    &part,
+                    start,
+                    format!("frame of kind {k} out of place"),
+                ))
+            }
+        };
+    }
+}
+
+/// A wrapped key's magic and its own checksum (the layout of `crypt.rs`: magic
+/// "KILNKEY1" at 0, crc32c of bytes 0..96 at 96), which need no key.
+fn check_wrapped_key_structure(wrapped: &[u8], offset: u64) -> BackupResult<()> {
+    let what = if wrapped.len() != WRAPPED_KEY_BYTES {
+        format!("a wrapped key of {} bytes", wrapped.len())
+    } else if wrapped.get(..8) != Some(&b"KILNKEY1"[..]) {
+        "the wrapped key has a bad magic".to_string()
+    } else if crc32c::crc32c(wrapped.get(..96).unwrap_or_default()) != le32(wrapped, 96) {
+        "the wrapped key's checksum does not match".to_string()
+    } else {
+        return Ok(());
+    };
+    Err(corrupt("the header", offset, what))
+}
+
+/// The lengths a sealed frame's header must agree with: its stored length is its
+/// payload's (compressed, if so) and a seal; an end, file end or trailer frame and
+/// the start of an extra file have the lengths their kinds give.
+fn check_sealed_frame_lengths(h: &[u8; FRAME_HEADER], part: &str, start: u64) -> BackupResult<()> {
+    let (kind, lz4) = (h[0], h[1] & 1 != 0);
+    let (raw_len, stored_len) = (le32(h, 8) as usize, le32(h, 12) as usize);
+    let sealed_ok = match lz4 {
+        true => stored_len >= SEAL_BYTES,
+        false => stored_len == raw_len + SEAL_BYTES,
+    };
+    if !sealed_ok {
+        return Err(corrupt(
+            part,
+            start,
+            format!(
+                "stored length {stored_len} does not fit a sealed payload of {raw_len} bytes{}",
+                if lz4 { " compressed" } else { "" }
+            ),
+        ));
+    }
+    let kind_ok = match kind {
+        KIND_END => raw_len == 8,
+        KIND_FILE_END => raw_len == 12,
+        KIND_TRAILER => raw_len == 48,
+        KIND_FILE => raw_len >= 8,
+        _ => true,
+    };
+    if !kind_ok {
+        return Err(corrupt(
+            part,
+            start,
+            format!("a frame of kind {kind} with a payload of {raw_len} bytes"),
+        ));
+    }
+    Ok(())
 }

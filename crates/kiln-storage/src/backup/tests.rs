@@ -436,3 +436,107 @@ fn a_frame_moved_inside_a_backup_or_from_another_backup_is_refused() {
         "{e}"
     );
 }
+
+#[test]
+fn the_structure_of_a_sealed_backup_is_checked_without_its_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = MasterKey::generate();
+    let env = filled(&tmp.path().join("src"), Some(&key));
+    let sealed = backup_of(&env);
+    assert!(header_is_sealed(&sealed[..HEADER_PEEK_BYTES]));
+    let full = verify_with_key(&sealed[..], Some(&key), |_| {}).unwrap();
+    let mut seen = 0;
+    let s = verify_sealed_structure(&sealed[..], |n| seen = n).unwrap();
+    assert_eq!(seen, sealed.len() as u64, "progress reaches the end");
+    assert_eq!(s.format_version, SEALED_FORMAT_VERSION);
+    assert_eq!(s.txn_id, full.txn_id);
+    assert_eq!(Some(&s.key_fingerprint), full.key_fingerprint.as_ref());
+    assert_eq!(s.key_fingerprint, key.fingerprint());
+    assert_eq!(s.backup_id.len(), 32);
+    assert_eq!(
+        (s.frames, s.trees, s.files, s.file_bytes),
+        (full.frames, full.trees, full.files, full.file_bytes)
+    );
+
+    // A flipped bit anywhere is found (every byte is under a checksum), named by
+    // part and offset; so is a backup cut anywhere, or one with bytes after it.
+    let step = (sealed.len() / 700).max(1);
+    for at in (0..sealed.len()).step_by(step).chain([sealed.len() - 1]) {
+        let mut bad = sealed.clone();
+        bad[at] ^= 0x10;
+        let e = verify_sealed_structure(&bad[..], |_| {})
+            .expect_err("a flipped bit was accepted")
+            .to_string();
+        assert!(
+            e.contains("offset") || e.contains("version"),
+            "byte {at}: {e}"
+        );
+    }
+    let (header_len, fs) = frames(&sealed);
+    let cuts = [10, header_len - 1, header_len, fs[1].0, fs[1].0 + 30];
+    for cut in cuts.into_iter().chain([sealed.len() - 1]) {
+        let e = verify_sealed_structure(&sealed[..cut], |_| {})
+            .expect_err("a truncated backup was accepted")
+            .to_string();
+        assert!(e.contains("truncated"), "cut at {cut}: {e}");
+    }
+    // Cut right before the trailer: no trailer frame.
+    let last = fs.last().unwrap();
+    assert_eq!(last.1[0], KIND_TRAILER);
+    let e = verify_sealed_structure(&sealed[..last.0], |_| {}).unwrap_err();
+    assert!(e.to_string().contains("truncated"), "{e}");
+    let mut longer = sealed.clone();
+    longer.push(0);
+    let e = verify_sealed_structure(&longer[..], |_| {}).unwrap_err();
+    assert!(e.to_string().contains("after the trailer"), "{e}");
+
+    // Frames out of order, or a frame left out, with every checksum recomputed: the
+    // indexes tell; with the indexes rewritten too, the kinds (a tree's end missing).
+    let with = |fs: &[RawFrame], renumber: bool| {
+        let mut out = sealed[..header_len].to_vec();
+        for (i, (_, h, p)) in fs.iter().enumerate() {
+            let index = match renumber {
+                true => i as u32,
+                false => u32::from_le_bytes(h[4..8].try_into().unwrap()),
+            };
+            out.extend_from_slice(&frame_bytes(h, p, index));
+        }
+        out
+    };
+    assert_eq!(with(&fs, true), sealed);
+    let mut swapped = fs.clone();
+    swapped.swap(1, 2);
+    let e = verify_sealed_structure(&with(&swapped, false)[..], |_| {}).unwrap_err();
+    assert!(e.to_string().contains("frames reordered or missing"), "{e}");
+    let end = fs.iter().position(|f| f.1[0] == KIND_END).unwrap();
+    let mut without_end = fs.clone();
+    without_end.remove(end);
+    let e = verify_sealed_structure(&with(&without_end, true)[..], |_| {}).unwrap_err();
+    assert!(e.to_string().contains("out of place"), "{e}");
+    // A changed raw length (checksums recomputed) no longer fits the sealed
+    // payload's length.
+    let mut raw_len = fs.clone();
+    let first_plain = fs.iter().position(|f| f.1[1] & 1 == 0).unwrap();
+    raw_len[first_plain].1[8] ^= 1;
+    let e = verify_sealed_structure(&with(&raw_len, true)[..], |_| {}).unwrap_err();
+    assert!(
+        e.to_string().contains("does not fit a sealed payload"),
+        "{e}"
+    );
+    // What only the key can tell: a payload byte changed with its checksums
+    // recomputed passes the structure, and fails authentication with the key.
+    let mut changed = fs.clone();
+    changed[1].2[3] ^= 1;
+    let forged = with(&changed, true);
+    verify_sealed_structure(&forged[..], |_| {}).unwrap();
+    let e = verify_with_key(&forged[..], Some(&key), |_| {}).unwrap_err();
+    assert!(e.to_string().contains("fails authentication"), "{e}");
+
+    // A backup in clear is not this check's: `verify` reads all of it.
+    let plain_env = filled(&tmp.path().join("plain"), None);
+    let plain = backup_of(&plain_env);
+    assert!(!header_is_sealed(&plain[..HEADER_PEEK_BYTES]));
+    let e = verify_sealed_structure(&plain[..], |_| {}).unwrap_err();
+    assert!(e.to_string().contains("not encrypted"), "{e}");
+    verify(&plain[..], |_| {}).unwrap();
+}
