@@ -201,13 +201,19 @@ mod kiln {
                 Some(path) => Some(kiln_storage::MasterKey::read_file(Path::new(&path))?),
                 None => None,
             };
-            let env = Env::open(
-                dir,
-                Options {
-                    encryption,
-                    ..Options::default()
-                },
-            )?;
+            // KILN_DECRYPTED_CACHE_MIB: the encrypted engine's cache of decrypted
+            // pages (`Options::decrypted_cache_bytes`), to measure within and past it.
+            let mut options = Options {
+                encryption,
+                ..Options::default()
+            };
+            if let Some(mib) = std::env::var("KILN_DECRYPTED_CACHE_MIB")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                options.decrypted_cache_bytes = mib << 20;
+            }
+            let env = Env::open(dir, options)?;
             let mut w = env.begin_write()?;
             w.ensure_tree(TREE)?;
             w.commit()?;

@@ -28,6 +28,11 @@ pub struct StorageArgs {
     /// always, or never (docs/design/storage.md §13.3). Default: auto.
     #[arg(long, value_enum)]
     pub read_ahead: Option<ReadAheadArg>,
+    /// With --encryption-key-file: MiB of decrypted pages each database keeps for
+    /// its readers to share (its hot pages are not decrypted again on every read);
+    /// past it, a read decrypts the pages it needs. Default: 64.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1 << 20))]
+    pub decrypted_cache_mib: Option<u64>,
     #[command(flatten)]
     pub encryption: EncryptionArgs,
 }
@@ -103,6 +108,9 @@ impl StorageArgs {
     /// fails if the encryption key file cannot be read.
     pub fn apply_to(&self, options: &mut kiln_storage::Options) -> crate::AnyResult<()> {
         self.encryption.apply_to(options)?;
+        if let Some(mib) = self.decrypted_cache_mib {
+            options.decrypted_cache_bytes = mib << 20;
+        }
         if let Some(mib) = self.journal_file_size_mib {
             options.journal_file_size_bytes = mib << 20;
         }
@@ -128,6 +136,7 @@ impl StorageArgs {
     pub fn any_given(&self) -> bool {
         self.journal_file_size_mib.is_some()
             || self.read_ahead.is_some()
+            || self.decrypted_cache_mib.is_some()
             || self.encryption.encryption_key_file.is_some()
     }
 }

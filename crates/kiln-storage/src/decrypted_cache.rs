@@ -19,7 +19,8 @@
 
 use crate::fasthash::FastMap;
 use crate::page::{PageNo, PageRun, PAGE_SIZE};
-use parking_lot::Mutex;
+use parking_lot::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// A decrypted run, wiped when dropped.
@@ -34,8 +35,8 @@ impl Drop for Plain {
 struct Entry {
     no: PageNo,
     run: Arc<Plain>,
-    /// CLOCK's bit: read since the hand last passed.
-    referenced: bool,
+    /// CLOCK's bit: read since the hand last passed (set under the read lock).
+    referenced: AtomicBool,
 }
 
 #[derive(Default)]
@@ -46,25 +47,27 @@ struct Inner {
     pages: usize,
 }
 
+/// Reads take the lock shared (a lookup and a reference count); only inserts,
+/// evictions and invalidations take it alone.
 pub(crate) struct DecryptedCache {
-    inner: Mutex<Inner>,
+    inner: RwLock<Inner>,
     capacity_pages: usize,
 }
 
 impl DecryptedCache {
     pub fn new(capacity_bytes: u64) -> Self {
         DecryptedCache {
-            inner: Mutex::new(Inner::default()),
+            inner: RwLock::new(Inner::default()),
             capacity_pages: usize::try_from(capacity_bytes / PAGE_SIZE as u64)
                 .unwrap_or(usize::MAX),
         }
     }
 
     pub fn get(&self, no: PageNo) -> Option<Arc<Plain>> {
-        let mut inner = self.inner.lock();
+        let inner = self.inner.read();
         let at = *inner.index.get(&no)?;
-        let entry = inner.entries.get_mut(at)?;
-        entry.referenced = true;
+        let entry = inner.entries.get(at)?;
+        entry.referenced.store(true, Ordering::Relaxed);
         Some(entry.run.clone())
     }
 
@@ -76,7 +79,7 @@ impl DecryptedCache {
         if self.capacity_pages == 0 || pages > self.capacity_pages / 8 {
             return;
         }
-        let mut inner = self.inner.lock();
+        let mut inner = self.inner.write();
         if inner.index.contains_key(&no) {
             return;
         }
@@ -87,7 +90,7 @@ impl DecryptedCache {
         inner.entries.push(Entry {
             no,
             run: run.clone(),
-            referenced: false,
+            referenced: AtomicBool::new(false),
         });
         inner.index.insert(no, at);
         inner.pages += pages;
@@ -96,7 +99,7 @@ impl DecryptedCache {
     /// Forgets the runs starting at pages `first..first + count` (they are being
     /// written again).
     pub fn invalidate(&self, first: PageNo, count: u64) {
-        let mut inner = self.inner.lock();
+        let mut inner = self.inner.write();
         if inner.entries.is_empty() {
             return;
         }
@@ -119,8 +122,8 @@ impl Inner {
             let Some(entry) = self.entries.get_mut(self.hand) else {
                 return;
             };
-            if entry.referenced {
-                entry.referenced = false;
+            if *entry.referenced.get_mut() {
+                *entry.referenced.get_mut() = false;
                 self.hand += 1;
             } else {
                 let at = self.hand;
@@ -174,7 +177,7 @@ mod tests {
         // Too large to keep: a run of more than an eighth of the cache.
         cache.insert(200, &run(3, 1));
         assert!(cache.get(200).is_none());
-        let inner = cache.inner.lock();
+        let inner = cache.inner.read();
         assert!(inner.pages <= 16);
         assert_eq!(inner.index.len(), inner.entries.len());
         for (no, &at) in &inner.index {

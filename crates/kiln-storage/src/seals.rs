@@ -20,9 +20,10 @@
 //! records that could rebuild them are let go; recovery writes both again.
 
 use crate::crypt::{Cipher, Sealed, NONCE_BYTES, TAG_BYTES};
-use crate::io::{OpenMode, Vfs, VfsFile};
+use crate::io::{MappedRegion, OpenMode, Vfs, VfsFile};
 use crate::page::{self, PageNo, PageRun, PAGE_SIZE};
 use crate::{Error, Result};
+use parking_lot::RwLock;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -44,6 +45,9 @@ pub(crate) struct Slot {
 pub(crate) struct Seals {
     path: PathBuf,
     file: Box<dyn VfsFile>,
+    /// The file mapped: a slot is read from memory, not with a system call per page
+    /// opened (remapped when the file grows, `reserve`).
+    map: RwLock<Box<dyn MappedRegion>>,
     cipher: Arc<Cipher>,
 }
 
@@ -68,7 +72,7 @@ impl Seals {
             .map_err(|e| Error::io(&path, Some(0), "write seal file header", e))?;
         vfs.sync_dir(dir)
             .map_err(|e| Error::io(dir, None, "fsync directory of seal file", e))?;
-        Ok(Seals { path, file, cipher })
+        Self::with_map(path, file, cipher)
     }
 
     /// Opens the seal file of an existing encrypted environment.
@@ -102,7 +106,25 @@ impl Seals {
                 expected: format!("seal file format {VERSION}"),
             });
         }
-        Ok(Seals { path, file, cipher })
+        Self::with_map(path, file, cipher)
+    }
+
+    fn with_map(path: PathBuf, file: Box<dyn VfsFile>, cipher: Arc<Cipher>) -> Result<Self> {
+        let map = Self::map_file(&path, file.as_ref())?;
+        Ok(Seals {
+            path,
+            file,
+            map: RwLock::new(map),
+            cipher,
+        })
+    }
+
+    fn map_file(path: &Path, file: &dyn VfsFile) -> Result<Box<dyn MappedRegion>> {
+        let len = file
+            .len()
+            .map_err(|e| Error::io(path, None, "stat seal file", e))?;
+        file.map(len)
+            .map_err(|e| Error::io(path, None, "memory-map seal file", e))
     }
 
     pub fn cipher(&self) -> &Arc<Cipher> {
@@ -145,7 +167,17 @@ impl Seals {
     pub fn slot(&self, no: PageNo) -> Result<Slot> {
         let offset = no * SLOT_BYTES;
         let mut b = [0u8; SLOT_BYTES as usize];
-        let read = self.file.read_exact_at(&mut b, offset);
+        let mapped = usize::try_from(offset).ok().and_then(|at| {
+            let map = self.map.read();
+            let slot = map.bytes().get(at..at + SLOT_BYTES as usize)?;
+            b.copy_from_slice(slot);
+            Some(())
+        });
+        // Past the map (a slot beyond what the last remap covered): read the file.
+        let read = match mapped {
+            Some(()) => Ok(()),
+            None => self.file.read_exact_at(&mut b, offset),
+        };
         let missing = || {
             Error::corrupted(
                 &self.path,
@@ -222,6 +254,7 @@ impl Seals {
             self.file
                 .allocate(cur, len - cur)
                 .map_err(|e| Error::io(&self.path, Some(cur), "preallocate seal file", e))?;
+            *self.map.write() = Self::map_file(&self.path, self.file.as_ref())?;
         }
         Ok(())
     }

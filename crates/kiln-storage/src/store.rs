@@ -82,9 +82,15 @@ pub(crate) struct Pins {
     runs: UnsafeCell<Vec<Arc<PageRun>>>,
     maps: UnsafeCell<Vec<Arc<MapGen>>>,
     /// An encrypted environment's pages this transaction read, decrypted, by page
-    /// number (each run is wiped when its last holder lets go).
-    decrypted: UnsafeCell<crate::fasthash::FastMap<PageNo, Arc<Plain>>>,
+    /// number (each run is wiped when its last holder lets go). A point read holds
+    /// three or four: a short list searched in order, no hash table to build.
+    decrypted: UnsafeCell<smallvec::SmallVec<[(PageNo, Arc<Plain>); 8]>>,
+    /// The same, once the list holds more than a few: by page number.
+    decrypted_many: UnsafeCell<crate::fasthash::FastMap<PageNo, Arc<Plain>>>,
 }
+
+/// How many decrypted runs `Pins` keeps in its list before it indexes them.
+const PINS_LISTED: usize = 16;
 
 // SAFETY: Pins is only mutated through &self by the owning transaction, which is not
 // Sync; moving it to another thread moves all of it.
@@ -107,8 +113,13 @@ impl Pins {
         // SAFETY: as in pin_run; entries are never removed before `self` drops, and a
         // run's bytes live in the Arc's heap buffer, which a rehash does not move.
         unsafe {
-            let runs = &*self.decrypted.get();
-            runs.get(&no).map(|run| {
+            let listed = &*self.decrypted.get();
+            let run = match listed.iter().find(|(n, _)| *n == no) {
+                Some((_, run)) => Some(run),
+                None if listed.len() >= PINS_LISTED => (*self.decrypted_many.get()).get(&no),
+                None => None,
+            };
+            run.map(|run| {
                 let bytes = run.0.bytes();
                 std::slice::from_raw_parts(bytes.as_ptr(), bytes.len())
             })
@@ -119,9 +130,14 @@ impl Pins {
         // SAFETY: as in `decrypted`; an entry, once there, is never replaced, so no
         // slice of it is left dangling.
         unsafe {
-            let runs = &mut *self.decrypted.get();
-            let run = runs.entry(no).or_insert(run);
-            let bytes = run.0.bytes();
+            let listed = &mut *self.decrypted.get();
+            let kept = if listed.len() < PINS_LISTED {
+                listed.push((no, run));
+                &listed.last().expect("just pushed").1
+            } else {
+                (*self.decrypted_many.get()).entry(no).or_insert(run)
+            };
+            let bytes = kept.0.bytes();
             std::slice::from_raw_parts(bytes.as_ptr(), bytes.len())
         }
     }
