@@ -84,10 +84,12 @@ pub(crate) struct Pins {
     /// An encrypted environment's pages this transaction read, decrypted, by page
     /// number (each run is wiped when its last holder lets go). A point read holds
     /// three or four: a short list searched in order, no hash table to build.
-    decrypted: UnsafeCell<smallvec::SmallVec<[(PageNo, Arc<Plain>); 8]>>,
+    decrypted: UnsafeCell<DecryptedList>,
     /// The same, once the list holds more than a few: by page number.
     decrypted_many: UnsafeCell<crate::fasthash::FastMap<PageNo, Arc<Plain>>>,
 }
+
+type DecryptedList = smallvec::SmallVec<[(PageNo, Arc<Plain>); 8]>;
 
 /// How many decrypted runs `Pins` keeps in its list before it indexes them.
 const PINS_LISTED: usize = 16;
