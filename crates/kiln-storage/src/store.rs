@@ -87,6 +87,8 @@ pub(crate) struct Pins {
     decrypted: UnsafeCell<DecryptedList>,
     /// The same, once the list holds more than a few: by page number.
     decrypted_many: UnsafeCell<crate::fasthash::FastMap<PageNo, Arc<Plain>>>,
+    /// Pages held in those two.
+    decrypted_pages: std::cell::Cell<usize>,
 }
 
 type DecryptedList = smallvec::SmallVec<[(PageNo, Arc<Plain>); 8]>;
@@ -128,7 +130,21 @@ impl Pins {
         }
     }
 
+    /// Pages of decrypted runs this transaction holds.
+    pub(crate) fn decrypted_pages(&self) -> usize {
+        self.decrypted_pages.get()
+    }
+
+    /// Lets go of every decrypted run: `&mut self`, so no slice of one is out.
+    pub(crate) fn release_decrypted(&mut self) {
+        self.decrypted.get_mut().clear();
+        self.decrypted_many.get_mut().clear();
+        self.decrypted_pages.set(0);
+    }
+
     fn keep_decrypted(&self, no: PageNo, run: Arc<Plain>) -> &[u8] {
+        self.decrypted_pages
+            .set(self.decrypted_pages.get() + run.0.page_count());
         // SAFETY: as in `decrypted`; an entry, once there, is never replaced, so no
         // slice of it is left dangling.
         unsafe {

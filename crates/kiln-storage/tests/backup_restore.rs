@@ -103,7 +103,7 @@ fn backup_during_writes_is_exactly_its_snapshot_and_restores() {
         .collect();
     std::thread::sleep(Duration::from_millis(100));
     let before = commits.load(SeqCst);
-    let r = env.begin_read().unwrap();
+    let mut r = env.begin_read().unwrap();
     let mut buf = Vec::new();
     let in_backup = commits.clone();
     let sum = r
@@ -293,7 +293,7 @@ fn extra_files_round_trip_and_a_damaged_one_is_named() {
     let big: Vec<u8> = (0..2_500_000).map(|_| rng.gen()).collect();
     let small = b"hello".to_vec();
     let mut out = Vec::new();
-    let r = env.begin_read().unwrap();
+    let mut r = env.begin_read().unwrap();
     let mut w = kiln_storage::ContainerWriter::new(
         &mut out,
         r.txn_id(),
@@ -302,7 +302,7 @@ fn extra_files_round_trip_and_a_damaged_one_is_named() {
         |_| {},
     )
     .unwrap();
-    w.snapshot_trees(&r, |_| true).unwrap();
+    w.snapshot_trees(&mut r, |_| true).unwrap();
     w.file("big", big.len() as u64, &mut &big[..]).unwrap();
     w.file("empty", 0, &mut &b""[..]).unwrap();
     w.file("small", 5, &mut &small[..]).unwrap();

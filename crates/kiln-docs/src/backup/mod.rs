@@ -318,7 +318,7 @@ impl Database {
         // or below the snapshot's (`search/backup.rs`).
         let search = self.pin_search_commits();
         // The snapshot, with its blobs kept on disk until the backup is written.
-        let (r, pin) = self.blobs.pinned_snapshot(env)?;
+        let (mut r, pin) = self.blobs.pinned_snapshot(env)?;
         if let Some(id) = &chain_id {
             // The snapshot is after the chain's start; a chain started by another
             // full backup in between replaced it, and this image is not its base.
@@ -341,7 +341,7 @@ impl Database {
         // The history is the chain's bookkeeping, not data: a restored database
         // starts without a chain. Sealed if the database is encrypted.
         let mut w = ContainerWriter::for_snapshot(out, &r, &meta, opts, progress)?;
-        w.snapshot_trees(&r, |t| t != HISTORY)?;
+        w.snapshot_trees(&mut r, |t| t != HISTORY)?;
         self.write_blobs(&mut w, pin.hashes())?;
         let shipped = crate::search::backup::write_pinned(&mut w, search)?;
         let sum = w.finish()?;

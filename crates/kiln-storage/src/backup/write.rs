@@ -91,7 +91,7 @@ impl ReadTxn<'_> {
     /// each chunk. The backup of an encrypted environment is sealed under its
     /// master key (version 3: see the module documentation).
     pub fn backup_to<W: Write>(
-        &self,
+        &mut self,
         out: W,
         meta: &[u8],
         opts: BackupOptions,
@@ -104,7 +104,7 @@ impl ReadTxn<'_> {
     /// empty trees (they are created by a restore, without their entries): for a
     /// caller's own bookkeeping trees that must not travel with an image.
     pub fn backup_filtered_to<W: Write>(
-        &self,
+        &mut self,
         out: W,
         meta: &[u8],
         opts: BackupOptions,
@@ -124,8 +124,8 @@ impl Env {
         opts: BackupOptions,
         progress: impl FnMut(u64),
     ) -> BackupResult<BackupSummary> {
-        let r = self.begin_read()?;
-        write_backup(&r, out, &[], opts, progress, |_| true)
+        let mut r = self.begin_read()?;
+        write_backup(&mut r, out, &[], opts, progress, |_| true)
     }
 }
 
@@ -353,24 +353,55 @@ impl<W: Write, P: FnMut(u64)> ContainerWriter<W, P> {
     /// Writes every tree of snapshot `r` (those for which `with_entries(name)` is
     /// false as empty trees), as `ReadTxn::backup_filtered_to` does; extra files
     /// (`file`) may follow before `finish`.
+    ///
+    /// Of an encrypted environment, the snapshot holds every page it decrypts until
+    /// it ends: the scan lets them go whenever they pass
+    /// `DECRYPTED_HELD_BYTES` (closing its cursor and seeking back to the key after
+    /// the last one written), so a backup larger than memory does not hold it all.
     pub fn snapshot_trees(
         &mut self,
-        r: &ReadTxn<'_>,
+        r: &mut ReadTxn<'_>,
         with_entries: impl Fn(&str) -> bool,
     ) -> BackupResult<()> {
         for name in r.tree_names()? {
             self.begin_tree(&name)?;
             if with_entries(&name) {
-                let mut c = r.cursor(&name)?;
-                let mut e = c.first()?;
-                while let Some((k, v)) = e {
-                    self.entry(k, v)?;
-                    e = c.next()?;
+                let mut resume: Option<Vec<u8>> = None;
+                while let Some(after) = self.scan_tree_part(r, &name, resume.as_deref())? {
+                    resume = Some(after);
+                    r.release_decrypted();
                 }
             }
             self.end_tree()?;
         }
         Ok(())
+    }
+
+    /// Writes the entries of tree `name` after key `after` (from the first without
+    /// one) until the tree ends (`None`) or the snapshot holds more than
+    /// `DECRYPTED_HELD_BYTES` of decrypted pages: then the last key written.
+    fn scan_tree_part(
+        &mut self,
+        r: &ReadTxn<'_>,
+        name: &str,
+        after: Option<&[u8]>,
+    ) -> BackupResult<Option<Vec<u8>>> {
+        let mut c = r.cursor(name)?;
+        let mut e = match after {
+            None => c.first()?,
+            Some(key) => match c.seek(key)? {
+                Some((k, _)) if k == key => c.next()?,
+                other => other,
+            },
+        };
+        while let Some((k, v)) = e {
+            self.entry(k, v)?;
+            if r.decrypted_bytes_held() > DECRYPTED_HELD_BYTES {
+                return Ok(Some(k.to_vec()));
+            }
+            e = c.next()?;
+        }
+        Ok(None)
     }
 
     /// Writes an extra file (outside any tree): `name`, then exactly `len_bytes`
@@ -472,8 +503,16 @@ impl<W: Write, P: FnMut(u64)> ContainerWriter<W, P> {
     }
 }
 
+/// What a backup's snapshot of an encrypted environment may hold of decrypted pages
+/// before its scan lets them go (`ContainerWriter::snapshot_trees`).
+#[cfg(not(test))]
+const DECRYPTED_HELD_BYTES: u64 = 32 << 20;
+/// Eight pages: the unit tests' small trees pass it many times.
+#[cfg(test)]
+const DECRYPTED_HELD_BYTES: u64 = 64 << 10;
+
 fn write_backup<W: Write>(
-    r: &ReadTxn<'_>,
+    r: &mut ReadTxn<'_>,
     out: W,
     meta: &[u8],
     opts: BackupOptions,

@@ -259,6 +259,21 @@ impl<'env> ReadTxn<'env> {
         self.snap.txn_id
     }
 
+    /// Bytes of decrypted pages this transaction holds (an encrypted environment's:
+    /// every page a transaction reads stays readable until it ends).
+    pub fn decrypted_bytes_held(&self) -> u64 {
+        (self.pins.decrypted_pages() * crate::PAGE_SIZE) as u64
+    }
+
+    /// Lets go of the decrypted pages this transaction holds (those still in the
+    /// environment's shared cache stay there), so that a long scan of an encrypted
+    /// environment in one snapshot (a backup) holds a bounded amount: call it
+    /// between batches, with no cursor open. `&mut self` proves no slice of a page is
+    /// still borrowed. A no-op without encryption.
+    pub fn release_decrypted(&mut self) {
+        self.pins.release_decrypted();
+    }
+
     /// The master key of an encrypted environment (its backups are sealed under it).
     pub(crate) fn master_key(&self) -> Option<&'env crate::MasterKey> {
         self.env.opts.encryption.as_ref()
