@@ -4,14 +4,22 @@
 //! follower sends an upload to the leader (307); an If-Match conflict and a missing
 //! document answer as a single server does; the leader killed -9 right after an
 //! acknowledged upload: the new leader serves it, and the old one, restarted, too.
+//! An encrypted cluster (`--encryption-key-file`, one key on every node): documents
+//! and an attachment holding a marker are served by every node, a follower that
+//! missed purged log entries catches up from a (sealed) snapshot, and then no file
+//! under any node's data directory holds the marker, `kiln encryption status` finds
+//! every environment (the Raft log's too) encrypted under the key, and a node
+//! refuses to start without it.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 
-use common::cluster::{json, request, Cluster};
-use common::kill9;
+use common::cluster::{json, request, Cluster, ELECTION_TIMEOUT_MS};
 use common::raw_http::{files_under, pseudo_random_bytes, raw, Answer};
-use std::path::Path;
+use common::{free_port, kill9, kiln, text, wait_until_healthy, TEST_JOURNAL_FILE_SIZE_MIB};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn put_attachment(port: u16, path: &str, if_match: Option<&str>, body: &[u8]) -> Answer {
@@ -201,4 +209,274 @@ fn attachments_are_replicated_shared_freed_and_survive_the_leaders_kill9() {
         let tmp = files_containing(dir, "/attachments/tmp/");
         assert!(tmp.is_empty(), "node {id} kept temporary files: {tmp:?}");
     }
+}
+
+/// Snapshots of the encrypted cluster: every this many log entries.
+const SNAPSHOT_EVERY_ENTRIES: &str = "20";
+
+/// Starts node `id` of `c` as [`Cluster::start`] does, with the master key `key`
+/// and frequent snapshots.
+#[allow(clippy::zombie_processes)] // `Drop`, `kill9` and `stop` wait for it
+fn start_encrypted(c: &mut Cluster, id: u64, key: &Path) {
+    let port = c.ports[&id];
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(c.log_path(id))
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "serve",
+            "--node-id",
+            &id.to_string(),
+            "--cluster",
+            &c.members,
+        ])
+        .args(["--election-timeout-ms", &ELECTION_TIMEOUT_MS.to_string()])
+        .args(["--snapshot-every-entries", SNAPSHOT_EVERY_ENTRIES])
+        .args(["--bind", &format!("127.0.0.1:{port}")])
+        .args(["--journal-file-size-mib", TEST_JOURNAL_FILE_SIZE_MIB])
+        .arg("--encryption-key-file")
+        .arg(key)
+        .arg("--data-dir")
+        .arg(&c.dirs[&id])
+        .env_remove("RUST_LOG")
+        .env_remove("KILN_ENCRYPTION_KEY_FILE")
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .unwrap();
+    wait_until_healthy(&mut child, port, &format!("node {id}"));
+    c.children.insert(id, child);
+}
+
+/// Stops node `id` of `c` with SIGTERM (a graceful stop: flushed and closed) and
+/// waits (30 s at most) for it to exit successfully.
+fn stop(c: &mut Cluster, id: u64) {
+    let mut child = c.children.remove(&id).unwrap();
+    // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("node {id} did not stop on SIGTERM in 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "node {id} stopped with {status}");
+}
+
+/// One numeric field of node `port`'s `GET /cluster`.
+fn cluster_field(port: u16, field: &str) -> Option<u64> {
+    let (status, body) = request(port, "GET", "/cluster", None, "").ok()?;
+    (status == 200)
+        .then(|| json(&body)[field].as_u64())
+        .flatten()
+}
+
+/// Document `n` of the encrypted cluster: the marker in its body (never in a path:
+/// file names and logs stay in clear).
+fn marked_document(marker: &str, n: u64) -> String {
+    format!(
+        r#"{{"n":{n},"text":"{marker} {n}","pad":"{}"}}"#,
+        "y".repeat(512)
+    )
+}
+
+/// Waits until node `port` serves document `n` with the marker.
+fn serves_marked(port: u16, marker: &str, n: u64) {
+    let path = format!("/dbs/enc/docs/notes/{n}");
+    eventually(port, &format!("serves notes/{n}"), || {
+        let (status, body) = request(port, "GET", &path, None, "").map_err(|e| format!("{e:?}"))?;
+        match status == 200 && json(&body)["text"] == format!("{marker} {n}").as_str() {
+            true => Ok(()),
+            false => Err(format!("{status}: {body}")),
+        }
+    });
+}
+
+/// The files under `dir` whose bytes hold `needle`.
+fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    files_under(dir)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(p)
+                .map(|bytes| bytes.windows(needle.len()).any(|w| w == needle))
+                .unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
+        })
+        .collect()
+}
+
+#[test]
+fn an_encrypted_cluster_leaves_no_clear_marker_on_disk_and_needs_its_key() {
+    let began = Instant::now();
+    let root = tempfile::tempdir().unwrap();
+    let key = root.path().join("master.key");
+    let made = kiln(&["encryption", "new-key", "--out", key.to_str().unwrap()]);
+    assert!(made.status.success(), "{}", text(&made));
+    // Unique to this run; only ever in request bodies.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let marker = format!("CLEAR-MARKER-{nanos:x}-{}", std::process::id());
+
+    let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
+    let mut c = Cluster {
+        dirs: (1..=3)
+            .map(|id| (id, root.path().join(format!("node{id}"))))
+            .collect(),
+        members: common::cluster::members(&ports),
+        ports,
+        children: BTreeMap::new(),
+    };
+    for id in 1..=3 {
+        start_encrypted(&mut c, id, &key);
+    }
+    let leader_id = c.leader();
+    let leader = c.ports[&leader_id];
+    let ok = common::cluster::ok_json;
+    ok(leader, "PUT", "/dbs/enc", "");
+    for n in 0..5 {
+        ok(
+            leader,
+            "PUT",
+            &format!("/dbs/enc/docs/notes/{n}"),
+            &marked_document(&marker, n),
+        );
+    }
+    // An attachment of three log chunks (256 KiB each), the marker throughout.
+    let mut blob = Vec::new();
+    for i in 0..3 * 4 {
+        blob.extend_from_slice(marker.as_bytes());
+        blob.extend_from_slice(&pseudo_random_bytes(1 << 16, i));
+    }
+    let blob_path = "/dbs/enc/docs/notes/0/attachments/marked.bin";
+    let put = put_attachment(leader, blob_path, None, &blob);
+    assert_eq!(put.status, 201, "{}", String::from_utf8_lossy(&put.body));
+    for port in c.ports.values() {
+        for n in 0..5 {
+            serves_marked(*port, &marker, n);
+        }
+        eventually(*port, "reads the attachment", || {
+            read_back(*port, blob_path, &blob)
+        });
+    }
+    eprintln!("written and replicated: {:?}", began.elapsed());
+
+    // A follower down while the leader snapshots and purges its log past all the
+    // follower holds catches up from a snapshot (a sealed backup container).
+    let follower_id = *c.ports.keys().find(|id| **id != leader_id).unwrap();
+    kill9(c.children.get_mut(&follower_id).unwrap(), 0);
+    c.children.remove(&follower_id);
+    let held = cluster_field(leader, "last_log_index").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut next = 5;
+    while cluster_field(leader, "purged_index").is_none_or(|purged| purged <= held) {
+        assert!(
+            Instant::now() < deadline,
+            "the leader did not purge its log past {held} in 60 s (snapshot at {:?})",
+            cluster_field(leader, "snapshot_index")
+        );
+        for n in next..next + 10 {
+            ok(
+                leader,
+                "PUT",
+                &format!("/dbs/enc/docs/notes/{n}"),
+                &marked_document(&marker, n),
+            );
+        }
+        next += 10;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let newest = next - 1;
+    start_encrypted(&mut c, follower_id, &key);
+    for port in c.ports.values() {
+        serves_marked(*port, &marker, newest);
+        serves_marked(*port, &marker, 0);
+        read_back(*port, blob_path, &blob).unwrap();
+    }
+    eprintln!(
+        "node {follower_id} caught up past the purged index {held} ({newest} documents): {:?}",
+        began.elapsed()
+    );
+
+    for id in 1..=3 {
+        stop(&mut c, id);
+    }
+
+    // Without the key a node does not start.
+    let refused_log = root.path().join("refused.stderr");
+    let mut refused = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--node-id", "1", "--cluster", &c.members])
+        .args(["--bind", &format!("127.0.0.1:{}", c.ports[&1])])
+        .args(["--journal-file-size-mib", TEST_JOURNAL_FILE_SIZE_MIB])
+        .arg("--data-dir")
+        .arg(&c.dirs[&1])
+        .env_remove("KILN_ENCRYPTION_KEY_FILE")
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&refused_log).unwrap()))
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = refused.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = refused.kill();
+            let _ = refused.wait();
+            panic!("node 1 without its key was still running after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let said = std::fs::read_to_string(&refused_log).unwrap();
+    assert!(
+        !status.success() && said.contains("encrypted"),
+        "without the key: {status}: {said}"
+    );
+
+    for (id, dir) in &c.dirs {
+        let files = files_under(dir);
+        assert!(files.len() > 10, "node {id}: only {files:?}");
+        let clear = files_holding(dir, marker.as_bytes());
+        assert!(
+            clear.is_empty(),
+            "node {id}: the marker in clear in {clear:?}"
+        );
+        let status = kiln(&[
+            "encryption",
+            "status",
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--encryption-key-file",
+            key.to_str().unwrap(),
+            "--json",
+        ]);
+        assert!(status.status.success(), "node {id}: {}", text(&status));
+        let environments: Vec<serde_json::Value> = String::from_utf8_lossy(&status.stdout)
+            .lines()
+            .map(json)
+            .collect();
+        for env in &environments {
+            assert_eq!(env["encrypted"], true, "node {id}: {env}");
+            assert_eq!(env["key_opens"], true, "node {id}: {env}");
+        }
+        let named = |part: &str| {
+            environments
+                .iter()
+                .any(|e| e["environment"].as_str().is_some_and(|n| n.contains(part)))
+        };
+        assert!(named("raft"), "node {id}: no Raft log in {environments:?}");
+        assert!(
+            named("enc"),
+            "node {id}: no database enc in {environments:?}"
+        );
+    }
+    eprintln!("done: {:?}", began.elapsed());
 }
