@@ -167,6 +167,11 @@ pub struct RestoreArgs {
     /// backups' manifests for its pre-check (the server opens them with its own).
     #[command(flatten)]
     pub storage: crate::storage_args::StorageArgs,
+    /// The master key the backups were sealed under, when it is not the data
+    /// directory's own (--encryption-key-file): backups of another data directory,
+    /// or made before `kiln encryption rotate-key`. Offline restores only.
+    #[arg(long, value_name = "FILE", conflicts_with = "url")]
+    pub backup_key_file: Option<PathBuf>,
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
@@ -946,7 +951,10 @@ pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {
         None => RestorePoint::Latest,
     };
     let offline_dir = restore_target(&a)?;
-    let key = a.storage.encryption.master_key()?;
+    let key = match &a.backup_key_file {
+        Some(path) => Some(MasterKey::read_file(path)?),
+        None => a.storage.encryption.master_key()?,
+    };
     precheck(&a.files, key.as_ref(), offline_dir.is_none())?;
     let started = Instant::now();
     let report: RestoreReport = match (offline_dir, &a.url) {
@@ -1018,7 +1026,17 @@ fn restore_offline(a: &RestoreArgs, dir: &Path, point: RestorePoint) -> AnyResul
     let (source, total) = open_all(&a.files)?;
     let pb = bar(a.quiet, Some(total));
     let storage = a.storage.docs_options()?.storage;
-    let r = kiln_docs::restore_database(source, dir, &a.db, storage, a.force, point, |n| {
+    let backup_key = match &a.backup_key_file {
+        Some(path) => Some(MasterKey::read_file(path)?),
+        None => storage.encryption.clone(),
+    };
+    let target = kiln_docs::RestoreTarget {
+        data_dir: dir,
+        name: &a.db,
+        storage,
+        force: a.force,
+    };
+    let r = kiln_docs::restore_database_with_backup_key(source, target, backup_key, point, |n| {
         pb.set_position(n)
     });
     pb.finish_and_clear();

@@ -250,6 +250,22 @@ fn an_encrypted_data_directory_end_to_end() {
     assert_eq!(line["encrypted"], true, "{line}");
     assert_eq!(line["key_opens"], true, "{line}");
 
+    // A backup taken under the first key (sealed under it).
+    let backup = dir.path().join("shop.kbak");
+    let b = backup.to_str().unwrap();
+    let o = kiln(&[
+        "backup",
+        "--data-dir",
+        d,
+        "--db",
+        "shop",
+        "--out",
+        b,
+        "--encryption-key-file",
+        k,
+    ]);
+    assert!(o.status.success(), "{o:?}");
+
     // Rotation: the old key stops working, the new one opens the same data; a
     // second run finds nothing left to do.
     let rotate = || {
@@ -283,6 +299,48 @@ fn an_encrypted_data_directory_end_to_end() {
         ),
         (0.into(), 1.into()),
         "{summary}"
+    );
+
+    // The backup from before the rotation needs its own key to be read: given with
+    // --backup-key-file, it restores into the directory under the new key.
+    let restore = |extra: &[&str]| {
+        let mut args = vec![
+            "restore",
+            b,
+            "--data-dir",
+            d,
+            "--db",
+            "shop3",
+            "--encryption-key-file",
+            k2,
+        ];
+        args.extend_from_slice(extra);
+        kiln(&args)
+    };
+    let o = restore(&[]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(
+        !o.status.success() && err.contains("wrong encryption key"),
+        "{err}"
+    );
+    let o = restore(&["--backup-key-file", k]);
+    assert!(o.status.success(), "{o:?}");
+    let o = kiln(&[
+        "get",
+        "--data-dir",
+        d,
+        "shop3",
+        "users/ada",
+        "--encryption-key-file",
+        k2,
+    ]);
+    assert!(
+        o.status.success() && out(&o).contains("ENCRYPTION-MARKER-7f3a"),
+        "{o:?}"
+    );
+    assert_eq!(
+        files_containing(&data, b"ENCRYPTION-MARKER-7f3a"),
+        Vec::<std::path::PathBuf>::new()
     );
 
     // The server: without the key it refuses to start, naming the problem; with

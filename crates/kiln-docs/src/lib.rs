@@ -50,9 +50,9 @@ pub use attachments::{
 };
 pub use backup::{
     check_chain, parse_manifest, read_manifest, read_manifest_with_key, restore_database,
-    verify_backup, verify_backup_with_key, verify_chain, verify_chain_with_key, BackupChainStats,
-    BackupKind, BackupManifest, BackupReport, ChainReport, ReachedPoint, RestorePoint,
-    RestoreReport, RestoreSource,
+    restore_database_with_backup_key, verify_backup, verify_backup_with_key, verify_chain,
+    verify_chain_with_key, BackupChainStats, BackupKind, BackupManifest, BackupReport, ChainReport,
+    ReachedPoint, RestorePoint, RestoreReport, RestoreSource, RestoreTarget,
 };
 pub use changes::{
     Change, ChangeEntry, ChangeFilter, ChangeKind, ChangesPage, CommitListener, PurgeOutcome,

@@ -37,8 +37,8 @@ mod restore;
 pub use chain::BackupChainStats;
 pub(crate) use restore::build as build_restore;
 pub use restore::{
-    restore_database, verify_chain, verify_chain_with_key, ChainReport, ReachedPoint, RestorePoint,
-    RestoreReport, RestoreSource,
+    restore_database, restore_database_with_backup_key, verify_chain, verify_chain_with_key,
+    ChainReport, ReachedPoint, RestorePoint, RestoreReport, RestoreSource, RestoreTarget,
 };
 
 use crate::attachments::Hash;

@@ -635,9 +635,13 @@ impl<'e> ChainReader<'e> {
                     reader: &mut std::io::empty(),
                     stop_at_trailer: input.stop_at_trailer,
                 };
-                let read = backup::restore_into_with_files(
+                let keyed = backup::KeyedInput {
+                    input: &mut *input.reader,
+                    key: self.key.as_ref(),
+                };
+                let read = backup::restore_into_keyed(
                     env,
-                    &mut *input.reader,
+                    keyed,
                     input.stop_at_trailer,
                     &crate::model::schema::is_entries_tree,
                     on_bytes,
@@ -1015,9 +1019,22 @@ pub(crate) fn build(
     point: RestorePoint,
     progress: impl FnMut(u64),
 ) -> Result<ChainReport> {
-    let vfs = storage.vfs.clone();
     // Sealed backups open with the master key the restored database gets.
     let key = storage.encryption.clone();
+    build_keyed(source, staging, storage, key, point, progress)
+}
+
+/// `build`, opening sealed backups with `backup_key` (the master key they were
+/// sealed under) rather than the restored database's own.
+fn build_keyed(
+    source: RestoreSource<'_>,
+    staging: &Path,
+    storage: kiln_storage::Options,
+    key: Option<MasterKey>,
+    point: RestorePoint,
+    progress: impl FnMut(u64),
+) -> Result<ChainReport> {
+    let vfs = storage.vfs.clone();
     if vfs.exists(staging) {
         return Err(DocError::Backup(BackupError::TargetExists(
             staging.to_path_buf(),
@@ -1067,6 +1084,44 @@ pub fn restore_database(
     point: RestorePoint,
     progress: impl FnMut(u64),
 ) -> Result<RestoreReport> {
+    let backup_key = storage.encryption.clone();
+    let target = RestoreTarget {
+        data_dir,
+        name,
+        storage,
+        force,
+    };
+    restore_database_with_backup_key(source, target, backup_key, point, progress)
+}
+
+/// Where [`restore_database_with_backup_key`] restores to.
+pub struct RestoreTarget<'a> {
+    pub data_dir: &'a Path,
+    pub name: &'a str,
+    /// The restored database's storage: with a master key, it is encrypted under it.
+    pub storage: kiln_storage::Options,
+    /// Replace an existing database of that name.
+    pub force: bool,
+}
+
+/// [`restore_database`] of backups sealed under `backup_key`, a master key other
+/// than the data directory's own (backups of another data directory, or made
+/// before `kiln encryption rotate-key`): they are opened with it and the database
+/// is written under the target's key (in clear if the target has none: whoever
+/// holds the key may read the data anyway).
+pub fn restore_database_with_backup_key(
+    source: RestoreSource<'_>,
+    target: RestoreTarget<'_>,
+    backup_key: Option<MasterKey>,
+    point: RestorePoint,
+    progress: impl FnMut(u64),
+) -> Result<RestoreReport> {
+    let RestoreTarget {
+        data_dir,
+        name,
+        storage,
+        force,
+    } = target;
     validate_database_name(name)?;
     // A server running on the directory would never see the restored database
     // (it lists its databases once, at start): refuse, as a second server is.
@@ -1083,7 +1138,7 @@ pub fn restore_database(
     }
     let suffix = unique_suffix();
     let built: PathBuf = trash.join(format!("restoring-{name}-{suffix}"));
-    let report = build(source, &built, storage, point, progress)?;
+    let report = build_keyed(source, &built, storage, backup_key, point, progress)?;
     put_in_place(vfs.as_ref(), &built, &target, &trash, name, &suffix)?;
     Ok(RestoreReport::new(name, report))
 }

@@ -153,13 +153,37 @@ pub fn restore_into_with_files<R: Read>(
     stop_at_trailer: bool,
     counted: &dyn Fn(&str) -> bool,
     progress: impl FnMut(u64),
-    mut files: impl FnMut(&BackupSummary, Item<'_>) -> BackupResult<()>,
+    files: impl FnMut(&BackupSummary, Item<'_>) -> BackupResult<()>,
 ) -> BackupResult<BackupSummary> {
     let master = env.begin_read()?.master_key().cloned();
+    let input = KeyedInput {
+        input,
+        key: master.as_ref(),
+    };
+    restore_into_keyed(env, input, stop_at_trailer, counted, progress, files)
+}
+
+/// A backup to read, and the master key a sealed one opens with.
+pub struct KeyedInput<'k, R> {
+    pub input: R,
+    pub key: Option<&'k MasterKey>,
+}
+
+/// `restore_into_with_files` of a backup sealed under `input.key` (a master key
+/// other than the environment's own: a backup of another data directory, or made
+/// before a change of master key); the environment keeps its own key.
+pub fn restore_into_keyed<R: Read>(
+    env: &Env,
+    input: KeyedInput<'_, R>,
+    stop_at_trailer: bool,
+    counted: &dyn Fn(&str) -> bool,
+    progress: impl FnMut(u64),
+    mut files: impl FnMut(&BackupSummary, Item<'_>) -> BackupResult<()>,
+) -> BackupResult<BackupSummary> {
+    let KeyedInput { input, key } = input;
     let mut txn: Option<crate::WriteTxn<'_>> = None;
     let mut tree = String::new();
     let mut pending = 0u64;
-    let key = master.as_ref();
     let sum = read_container_with_key(input, key, stop_at_trailer, progress, |sum, item| {
         match item {
             Item::Header | Item::EndTree => {}
