@@ -83,10 +83,17 @@ impl EncryptionArgs {
     }
 }
 
+/// Once per process: a command reads the key file more than once (its checks, then
+/// the store it opens), and one warning says it.
 fn warn_if_others_can_read(path: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if WARNED.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     if let Ok(meta) = std::fs::metadata(path) {
         if meta.permissions().mode() & 0o077 != 0 {
+            WARNED.store(true, std::sync::atomic::Ordering::Relaxed);
             eprintln!(
                 "warning: encryption key file {} can be read by other users (mode {:o}): chmod 600 it",
                 path.display(),

@@ -42,6 +42,34 @@ pub(crate) struct Slot {
     pub bare: bool,
 }
 
+impl Slot {
+    /// Checks that the run this slot seals is what a reader asked for at page `no`:
+    /// a page (`bare_pages` None), or a bare run of that many pages. Only a damaged
+    /// pointer asks for anything else.
+    pub fn check_read_as(
+        &self,
+        no: PageNo,
+        bare_pages: Option<u64>,
+        data_path: &Path,
+    ) -> Result<()> {
+        if self.bare == bare_pages.is_some()
+            && bare_pages.is_none_or(|n| n == self.run_pages as u64)
+        {
+            return Ok(());
+        }
+        Err(Error::corrupted(
+            data_path,
+            format!("page {no}"),
+            format!(
+                "page {no} was read as {}, and its seal says it starts a {} of {} pages (a damaged pointer)",
+                bare_pages.map_or("a page".to_string(), |n| format!("a bare run of {n} pages")),
+                if self.bare { "bare run" } else { "page run" },
+                self.run_pages
+            ),
+        ))
+    }
+}
+
 pub(crate) struct Seals {
     path: PathBuf,
     file: Box<dyn VfsFile>,

@@ -114,7 +114,8 @@ impl Pins {
     }
     /// The run at page `no` this transaction decrypted before, if it did.
     fn decrypted(&self, no: PageNo) -> Option<&[u8]> {
-        // SAFETY: as in pin_run; entries are never removed before `self` drops, and a
+        // SAFETY: as in pin_run; entries are removed only through `&mut self`
+        // (`release_decrypted`), when no slice handed out can still be borrowed, and a
         // run's bytes live in the Arc's heap buffer, which a rehash does not move.
         unsafe {
             let listed = &*self.decrypted.get();
@@ -407,20 +408,7 @@ impl PageStore {
             // A damaged pointer: the checks below say what it points at.
         }
         let slot = seals.slot(no)?;
-        if slot.bare != bare_pages.is_some()
-            || bare_pages.is_some_and(|n| n != slot.run_pages as u64)
-        {
-            return Err(Error::corrupted(
-                &self.path,
-                format!("page {no}"),
-                format!(
-                    "page {no} was read as {}, and its seal says it starts a {} of {} pages (a damaged pointer)",
-                    bare_pages.map_or("a page".to_string(), |n| format!("a bare run of {n} pages")),
-                    if slot.bare { "bare run" } else { "page run" },
-                    slot.run_pages
-                ),
-            ));
-        }
+        slot.check_read_as(no, bare_pages, &self.path)?;
         let end = no
             .checked_add(slot.run_pages as u64)
             .filter(|_| no >= page::FIRST_DATA_PAGE);
@@ -514,17 +502,18 @@ impl PageStore {
             .map_err(|e| Error::io(&self.path, Some(offset), "read data page", e))?;
         if let Some(seals) = &self.seals {
             let slot = seals.slot(no)?;
-            if slot.bare || slot.run_pages != 1 {
+            slot.check_read_as(no, None, &self.path)?;
+            if slot.run_pages != 1 {
+                // A diff's source is a single page; an overflow run is never one.
                 return Err(Error::corrupted(
                     &self.path,
                     format!("page {no}"),
                     format!("page {no} was read as a single page, and its seal says it starts a run of {} pages", slot.run_pages),
                 ));
             }
-            let run = seals.open_run(no, &slot, &buf, &self.path)?;
-            buf.copy_from_slice(run.bytes());
-            let mut run = run;
-            zeroize::Zeroize::zeroize(run.bytes_mut());
+            // Wiped when dropped, once copied out.
+            let plain = Plain(seals.open_run(no, &slot, &buf, &self.path)?);
+            buf.copy_from_slice(plain.0.bytes());
         }
         Ok(buf)
     }
