@@ -36,6 +36,7 @@ mod index;
 mod model;
 mod query;
 mod revisions;
+mod sealed_file;
 pub mod search;
 mod store;
 mod stored;

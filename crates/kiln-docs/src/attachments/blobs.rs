@@ -38,9 +38,9 @@
 //! latest commit checked again) when the last pin on it goes. A crash meanwhile
 //! leaves a blob without a ref entry: `gc` at the next open unlinks it.
 
-use super::sealed::{self, ChunkSealer, Sealed};
 use super::{hash_hex, Hash, RefEntry};
 use crate::model::schema::ATTACHMENT_REFS;
+use crate::sealed_file::{self as sealed, ChunkSealer, Sealed};
 use crate::DocumentError;
 use crate::{DocError, Result};
 use kiln_storage::crypt::SealingKey;
@@ -56,6 +56,10 @@ use std::sync::Arc;
 
 /// The buffer between an upload and its file: large writes keep the disk busy.
 const WRITE_BUFFER_BYTES: usize = 4 << 20;
+/// The purpose the blob key is derived for (`Env::derived_key`).
+const KEY_PURPOSE: &str = "attachment-blobs";
+/// Plaintext bytes per sealed chunk: a download or range opens whole chunks.
+const CHUNK_BYTES: usize = 64 << 10;
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DocError + '_ {
     move |source| DocError::Io {
@@ -394,7 +398,7 @@ impl BlobStore {
     pub fn at(db_dir: &Path, env: &Env) -> BlobStore {
         BlobStore {
             dir: db_dir.join("attachments"),
-            key: env.derived_key(sealed::KEY_PURPOSE).map(Arc::new),
+            key: env.derived_key(KEY_PURPOSE).map(Arc::new),
             lock: parking_lot::Mutex::new(()),
             next_tmp: AtomicU64::new(0),
             pending: Default::default(),
@@ -427,7 +431,12 @@ impl BlobStore {
                 (len, Body::Plain(file))
             }
             Some(key) => {
-                let blob = Sealed::open(&path, key.clone(), *hash)?;
+                let blob = Sealed::open(
+                    &path,
+                    key.clone(),
+                    *hash,
+                    format!("attachment blob {}", hash_hex(hash)),
+                )?;
                 (
                     blob.len(),
                     Body::Sealed {
@@ -485,7 +494,7 @@ impl BlobStore {
         let mut file = std::io::BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
         let sealer = match &self.key {
             Some(key) => {
-                let (sealer, placeholder) = ChunkSealer::new(key.clone());
+                let (sealer, placeholder) = ChunkSealer::new(key.clone(), CHUNK_BYTES);
                 file.write_all(&placeholder).map_err(io_err(&path))?;
                 Some(sealer)
             }

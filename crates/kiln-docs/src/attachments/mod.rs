@@ -26,7 +26,6 @@
 mod blobs;
 mod logged;
 mod ops;
-mod sealed;
 
 pub(crate) use blobs::BlobStore;
 pub use blobs::{AttachmentCheck, BlobReader, BlobWriter, StagedBlob};

@@ -302,8 +302,11 @@ pub(crate) fn process(
     let mut chain = ChainReader::new(target.map(|t| t.0), point, check_links);
     chain.key = encryption.cloned();
     chain.blobs.store = blobs;
-    if let Some((_, dir)) = target {
-        chain.blobs.search.set_db_dir(dir);
+    if let Some((env, dir)) = target {
+        chain
+            .blobs
+            .search
+            .set_db_dir(dir, crate::search::key_of(env));
     }
     while let Some(mut input) = inputs.next(chain.out.bytes_read)? {
         chain.read(&mut input, &mut progress)?;
@@ -1050,7 +1053,7 @@ fn build_keyed(
             // open: `kiln check` of the restored directory is clean.
             BlobStore::open(staging, &env)?.gc(&env, crate::model::time::now_ms())?;
             // Full-text index files that do not check out go too (rebuilt at open).
-            crate::search::backup::check_restored(staging)?;
+            crate::search::backup::check_restored(staging, crate::search::key_of(&env).as_ref())?;
             Ok(r)
         });
         let report = match report {

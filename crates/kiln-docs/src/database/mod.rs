@@ -256,7 +256,7 @@ impl Database {
                 last_sequence,
                 crate::changes::last_write_ms(&r, incarnation, last_sequence)?,
                 possible,
-                crate::index::load(&r, dir, incarnation)?,
+                crate::index::load(&r, &env, dir, incarnation)?,
                 r.get(META, META_CHAIN)?.is_some(),
             )
         };

@@ -142,6 +142,8 @@ pub(crate) struct SearchContext<'a> {
     pub db_dir: &'a std::path::Path,
     pub incarnation: u32,
     pub db_last_sequence: u64,
+    /// The key its files are sealed with (an encrypted database).
+    pub key: Option<std::sync::Arc<kiln_storage::crypt::SealingKey>>,
 }
 
 impl Runtime {
@@ -155,13 +157,7 @@ impl Runtime {
         ctx: &SearchContext<'_>,
     ) -> Result<Runtime> {
         let (search, last_sequence) = if compiled.def.is_search() {
-            let (s, covered) = crate::search::SearchIndex::open(
-                ctx.db_dir,
-                &compiled.def,
-                id,
-                ctx.incarnation,
-                ctx.db_last_sequence,
-            )?;
+            let (s, covered) = crate::search::SearchIndex::open(ctx, &compiled.def, id)?;
             (Some(s), covered)
         } else {
             (None, last_sequence)
@@ -224,6 +220,7 @@ pub struct IndexErrorSample {
 /// indexes among them (removing the files of any that are gone).
 pub(crate) fn load(
     r: &ReadTxn<'_>,
+    env: &kiln_storage::Env,
     db_dir: &std::path::Path,
     incarnation: u32,
 ) -> Result<Vec<Runtime>> {
@@ -232,6 +229,7 @@ pub(crate) fn load(
         db_dir,
         incarnation,
         db_last_sequence: crate::stored::read_last_sequence(r)?,
+        key: crate::search::key_of(env),
     };
     if !r.tree_exists(INDEX_DEFS)? {
         crate::search::remove_orphans(db_dir, &[])?;
@@ -345,6 +343,7 @@ impl Database {
             db_dir: self.dir(),
             incarnation: self.incarnation,
             db_last_sequence: self.last_sequence(),
+            key: crate::search::key_of(self.env()),
         }
     }
 

@@ -34,12 +34,14 @@
 use super::{tantivy_err, Payload, SearchIndex, SEARCH_DIR};
 use crate::IndexError;
 use crate::{DocError, Result};
+use kiln_storage::crypt::SealingKey;
 use kiln_storage::ContainerWriter;
-use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use tantivy::directory::META_LOCK;
-use tantivy::Directory;
+use std::sync::Arc;
+use tantivy::directory::error::OpenReadError;
+use tantivy::directory::{FileSlice, WritePtr, META_LOCK};
+use tantivy::{Directory, HasLen};
 
 /// The prefix of a full-text index's file among a backup's extra files (then
 /// `<index id>/<file name>`).
@@ -51,8 +53,10 @@ const MANAGED_FILE: &str = ".managed.json";
 pub(crate) struct PinnedCommit {
     index_id: u64,
     meta_json: Vec<u8>,
-    /// File name, open file, length in bytes.
-    files: Vec<(String, File, u64)>,
+    /// File name, open file (its plaintext: an encrypted database's files are
+    /// shipped in clear inside a sealed backup and sealed again by a restore, under
+    /// the restored database's key), length in bytes.
+    files: Vec<(String, FileSlice, u64)>,
 }
 
 impl SearchIndex {
@@ -88,18 +92,26 @@ impl SearchIndex {
             .filter_map(|p| p.to_str().map(str::to_string))
             .collect();
         names.sort();
+        // The files whole, as on disk (the index's own directory hands out a
+        // file without tantivy's footer), in plaintext.
+        let raw = super::directory::open(dir, self.index_id, self.key.as_ref())
+            .map_err(|e| DocError::Index(IndexError::Search(format!("{}: {e}", dir.display()))))?;
         let mut files = Vec::with_capacity(names.len());
         for name in names {
-            let path = dir.join(&name);
-            match File::open(&path) {
-                Ok(f) => {
-                    let len = f.metadata().map_err(|e| DocError::io(&path, e))?.len();
-                    files.push((name, f, len));
+            match raw.open_read(Path::new(&name)) {
+                Ok(slice) => {
+                    let len = slice.len() as u64;
+                    files.push((name, slice, len));
                 }
                 // Candidates a segment does not have (tantivy lists every
                 // component's name; see `IndexMeta::list_segment_files`).
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(DocError::io(&path, e)),
+                Err(OpenReadError::FileDoesNotExist(_)) => {}
+                Err(e) => {
+                    return Err(DocError::Index(IndexError::Search(format!(
+                        "{}: {e}",
+                        dir.join(&name).display()
+                    ))))
+                }
             }
         }
         let mut meta_json = serde_json::to_vec_pretty(&metas)
@@ -129,8 +141,9 @@ pub(crate) fn write_pinned<W: std::io::Write, P: FnMut(u64)>(
     let mut out = Shipped::default();
     for p in pinned {
         let base = format!("{SEARCH_FILE_PREFIX}{}/", p.index_id);
-        for (name, mut file, len) in p.files {
-            w.file(&format!("{base}{name}"), len, &mut file)?;
+        for (name, slice, len) in p.files {
+            let mut reader = SliceReader { slice, pos: 0 };
+            w.file(&format!("{base}{name}"), len, &mut reader)?;
             out.files += 1;
             out.bytes += len;
         }
@@ -144,6 +157,29 @@ pub(crate) fn write_pinned<W: std::io::Write, P: FnMut(u64)>(
         out.bytes += len;
     }
     Ok(out)
+}
+
+/// A pinned file read in order, a piece at a time.
+struct SliceReader {
+    slice: FileSlice,
+    pos: usize,
+}
+
+impl Read for SliceReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // Pieces of 1 MiB: a sealed file's are opened chunk by chunk.
+        let end = self.slice.len().min(self.pos + buf.len().min(1 << 20));
+        if self.pos >= end {
+            return Ok(0);
+        }
+        let bytes = self.slice.read_bytes_slice(self.pos..end)?;
+        let n = bytes.len();
+        buf.get_mut(..n)
+            .ok_or_else(|| std::io::Error::other("a read past the buffer"))?
+            .copy_from_slice(bytes.as_slice());
+        self.pos += n;
+        Ok(n)
+    }
 }
 
 /// A backup's extra file under `search/` whose name is not `search/<id>/<file>`
@@ -196,14 +232,18 @@ pub(crate) fn parse_name(
 #[derive(Default)]
 pub(crate) struct SearchSink {
     db_dir: Option<PathBuf>,
-    current: Option<(PathBuf, Option<File>)>,
+    /// The restored database's key for search files (it is encrypted).
+    key: Option<Arc<SealingKey>>,
+    current: Option<(PathBuf, Option<WritePtr>)>,
     pub shipped: Shipped,
 }
 
 impl SearchSink {
-    /// Where the files go (a restore); without, they are only read.
-    pub(crate) fn set_db_dir(&mut self, db_dir: &Path) {
+    /// Where the files go (a restore), and the key they are sealed with there
+    /// (`super::key_of` the restored database); without, they are only read.
+    pub(crate) fn set_db_dir(&mut self, db_dir: &Path, key: Option<Arc<SealingKey>>) {
         self.db_dir = Some(db_dir.to_path_buf());
+        self.key = key;
     }
 
     /// A file begins: `skip` for a file not to restore (of an increment, or
@@ -217,8 +257,18 @@ impl SearchSink {
         let dir = super::index_dir(db_dir, id);
         std::fs::create_dir_all(&dir).map_err(|e| DocError::io(&dir, e))?;
         let path = dir.join(file);
-        let f = File::create(&path).map_err(|e| DocError::io(&path, e))?;
-        self.current = Some((path, Some(f)));
+        let search_err =
+            |e: String| DocError::Index(IndexError::Search(format!("{}: {e}", path.display())));
+        let directory = super::directory::open(&dir, id, self.key.as_ref())
+            .map_err(|e| search_err(e.to_string()))?;
+        // A file left by an earlier attempt at the same staged restore goes first.
+        if directory.exists(Path::new(file)).unwrap_or(false) {
+            std::fs::remove_file(&path).map_err(|e| DocError::io(&path, e))?;
+        }
+        let w = directory
+            .open_write(Path::new(file))
+            .map_err(|e| search_err(e.to_string()))?;
+        self.current = Some((path, Some(w)));
         Ok(())
     }
 
@@ -231,8 +281,9 @@ impl SearchSink {
     }
 
     pub(crate) fn end(&mut self) -> Result<()> {
-        if let Some((path, Some(f))) = self.current.take() {
-            f.sync_all().map_err(|e| DocError::io(&path, e))?;
+        if let Some((path, Some(w))) = self.current.take() {
+            tantivy::directory::TerminatingWrite::terminate(w)
+                .map_err(|e| DocError::io(&path, e))?;
         }
         Ok(())
     }
@@ -245,7 +296,7 @@ impl SearchSink {
 
 /// Checks the full-text indexes restored into `db_dir` (see the module's
 /// comment), removing those that fail; the index ids kept.
-pub(crate) fn check_restored(db_dir: &Path) -> Result<Vec<u64>> {
+pub(crate) fn check_restored(db_dir: &Path, key: Option<&Arc<SealingKey>>) -> Result<Vec<u64>> {
     let root = db_dir.join(SEARCH_DIR);
     let mut kept = Vec::new();
     if !root.exists() {
@@ -258,7 +309,11 @@ pub(crate) fn check_restored(db_dir: &Path) -> Result<Vec<u64>> {
             .file_name()
             .to_str()
             .and_then(|n| n.parse::<u64>().ok());
-        match (id, check_one(&dir)) {
+        let checked = match id {
+            Some(id) => check_one(&dir, id, key),
+            None => Err(SearchCheckError::NotAnIndexId),
+        };
+        match (id, checked) {
             (Some(id), Ok(())) => kept.push(id),
             (_, result) => {
                 let why = result.err().unwrap_or(SearchCheckError::NotAnIndexId);
@@ -305,7 +360,11 @@ enum SearchCheckError {
     },
 }
 
-fn check_one(dir: &Path) -> std::result::Result<(), SearchCheckError> {
+fn check_one(
+    dir: &Path,
+    index_id: u64,
+    key: Option<&Arc<SealingKey>>,
+) -> std::result::Result<(), SearchCheckError> {
     use SearchCheckError as E;
     if !dir.join(META_FILE).exists() {
         return Err(E::Incomplete);
@@ -320,11 +379,13 @@ fn check_one(dir: &Path) -> std::result::Result<(), SearchCheckError> {
     }
     let mut json = serde_json::to_vec(&managed).map_err(E::EncodeManaged)?;
     json.push(b'\n');
-    let path = dir.join(MANAGED_FILE);
-    if let Err(source) = std::fs::write(&path, json) {
+    let directory = super::directory::open(dir, index_id, key)
+        .map_err(|e| E::Tantivy(tantivy::TantivyError::from(e)))?;
+    if let Err(source) = directory.atomic_write(Path::new(MANAGED_FILE), &json) {
+        let path = dir.join(MANAGED_FILE);
         return Err(E::WriteManaged { path, source });
     }
-    let index = tantivy::Index::open_in_dir(dir).map_err(E::Tantivy)?;
+    let index = tantivy::Index::open(directory).map_err(E::Tantivy)?;
     let damaged = index.validate_checksum().map_err(E::Tantivy)?;
     if !damaged.is_empty() {
         return Err(E::ChecksumMismatch(damaged));
@@ -366,11 +427,11 @@ mod tests {
     fn unusable_restored_index_files_say_why() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(
-            check_one(dir.path()).unwrap_err().to_string(),
+            check_one(dir.path(), 1, None).unwrap_err().to_string(),
             "no meta.json (an incomplete set of files)"
         );
         std::fs::write(dir.path().join(META_FILE), b"not json").unwrap();
-        let e = check_one(dir.path()).unwrap_err();
+        let e = check_one(dir.path(), 1, None).unwrap_err();
         assert!(matches!(e, SearchCheckError::Tantivy(_)), "{e:?}");
     }
 }

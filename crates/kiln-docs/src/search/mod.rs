@@ -20,20 +20,23 @@
 
 pub mod analyzer;
 pub(crate) mod backup;
+pub(crate) mod directory;
 pub(crate) mod indexing;
 pub(crate) mod text;
 
 use crate::index::IndexDefinition;
 use crate::IndexError;
 use crate::{DocError, Result};
+use kiln_storage::crypt::SealingKey;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 use tantivy::schema::{
     Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, STORED, STRING,
 };
-use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument};
+use tantivy::{Index, IndexReader, IndexSettings, IndexWriter, ReloadPolicy, TantivyDocument};
 
 /// The directory of a database's full-text indexes.
 pub(crate) const SEARCH_DIR: &str = "search";
@@ -62,6 +65,8 @@ pub(crate) struct SearchIndex {
     pub(crate) analyzers: Vec<String>,
     index_id: u64,
     incarnation: u32,
+    /// The key its files are sealed with (an encrypted database).
+    key: Option<Arc<SealingKey>>,
     /// This index's batch size (tuned like the map indexes': `indexing.rs`).
     pub(crate) batch: AtomicUsize,
     /// The sequence its commit covered when it was opened (0: built from the
@@ -98,6 +103,12 @@ fn schema_for(def: &IndexDefinition) -> (Schema, Field, Vec<Field>, Vec<String>)
     (b.build(), id, fields, analyzers)
 }
 
+/// The key a database's full-text index files are sealed with: `None` for a
+/// database that is not encrypted.
+pub(crate) fn key_of(env: &kiln_storage::Env) -> Option<Arc<SealingKey>> {
+    env.derived_key(directory::KEY_PURPOSE).map(Arc::new)
+}
+
 /// The directory of index `id` of the database at `db_dir`.
 pub(crate) fn index_dir(db_dir: &Path, id: u64) -> PathBuf {
     db_dir.join(SEARCH_DIR).join(id.to_string())
@@ -122,12 +133,13 @@ impl SearchIndex {
     /// Opens (or creates, or rebuilds: see the module's comment) index `index_id`
     /// of a database at `db_last_sequence`; returns it with the sequence it covers.
     pub(crate) fn open(
-        db_dir: &Path,
+        ctx: &crate::index::SearchContext<'_>,
         def: &IndexDefinition,
         index_id: u64,
-        incarnation: u32,
-        db_last_sequence: u64,
     ) -> Result<(SearchIndex, u64)> {
+        let (db_dir, incarnation, db_last_sequence) =
+            (ctx.db_dir, ctx.incarnation, ctx.db_last_sequence);
+        let key = ctx.key.as_ref();
         let dir = index_dir(db_dir, index_id);
         let (schema, id_field, fields, analyzers) = schema_for(def);
         let expected = Payload {
@@ -135,7 +147,7 @@ impl SearchIndex {
             incarnation,
             sequence: 0,
         };
-        let reusable = Self::reusable(&dir, &schema, &expected, db_last_sequence);
+        let reusable = Self::reusable(&dir, key, &schema, &expected, db_last_sequence);
         let (index, sequence, writer, reader) = match reusable
             .map(|(index, seq)| Self::start(&dir, index).map(|(w, r, i)| (i, seq, w, r)))
         {
@@ -147,7 +159,7 @@ impl SearchIndex {
                     tracing::warn!(dir = %dir.display(), error = %e,
                         "full-text index does not open; rebuilding");
                 }
-                let (writer, reader, index) = Self::create_empty(&dir, schema)?;
+                let (writer, reader, index) = Self::create_empty(&dir, index_id, key, schema)?;
                 (index, 0, writer, reader)
             }
         };
@@ -162,6 +174,7 @@ impl SearchIndex {
                 analyzers,
                 index_id,
                 incarnation,
+                key: key.cloned(),
                 batch: AtomicUsize::new(0),
                 opened_at_sequence: sequence,
             },
@@ -174,11 +187,12 @@ impl SearchIndex {
     /// database; `None` (with a warning if something else is there) to rebuild.
     fn reusable(
         dir: &Path,
+        key: Option<&Arc<SealingKey>>,
         schema: &Schema,
         expected: &Payload,
         db_last_sequence: u64,
     ) -> Option<(Index, u64)> {
-        match Self::open_existing(dir, schema) {
+        match Self::open_existing(dir, expected.index_id, key, schema) {
             Ok(Some((index, payload)))
                 if payload.index_id == expected.index_id
                     && payload.incarnation == expected.incarnation
@@ -202,13 +216,17 @@ impl SearchIndex {
     /// An empty index of `schema` in `dir` (whatever was there removed), started.
     fn create_empty(
         dir: &Path,
+        index_id: u64,
+        key: Option<&Arc<SealingKey>>,
         schema: Schema,
     ) -> Result<(IndexWriter<TantivyDocument>, IndexReader, Index)> {
         if dir.exists() {
             std::fs::remove_dir_all(dir).map_err(io_err(dir))?;
         }
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let index = Index::create_in_dir(dir, schema)
+        let index = directory::open(dir, index_id, key)
+            .map_err(tantivy::TantivyError::from)
+            .and_then(|d| Index::create(d, schema, IndexSettings::default()))
             .map_err(|e| tantivy_err(dir, "creating the full-text index", e))?;
         Self::start(dir, index)
     }
@@ -235,12 +253,15 @@ impl SearchIndex {
     /// schema is `schema`; `None` if there is nothing (or nothing committed) there.
     fn open_existing(
         dir: &Path,
+        index_id: u64,
+        key: Option<&Arc<SealingKey>>,
         schema: &Schema,
     ) -> std::result::Result<Option<(Index, Payload)>, UnreadableIndex> {
         if !dir.join("meta.json").exists() {
             return Ok(None);
         }
-        let index = Index::open_in_dir(dir)?;
+        let index =
+            Index::open(directory::open(dir, index_id, key).map_err(tantivy::TantivyError::from)?)?;
         if index.schema() != *schema {
             return Err(UnreadableIndex::OtherSchema);
         }

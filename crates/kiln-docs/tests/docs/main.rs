@@ -16,6 +16,7 @@ mod reduce_index;
 mod revisions;
 mod sealed_attachments;
 mod sealed_backup;
+mod sealed_search;
 mod search_backup;
 mod stored_records;
 mod subscriptions;

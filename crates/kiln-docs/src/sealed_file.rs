@@ -1,13 +1,13 @@
-//! Sealed blobs: how an encrypted database keeps its attachments' bytes on disk.
+//! Sealed files: how an encrypted database keeps files outside its environment
+//! (attachment blobs, full-text index files) on disk.
 //!
-//! The database's environment gives the key (`Env::derived_key("attachment-blobs")`,
-//! derived from its own data key: the same at every open, unchanged by a change of
-//! master key, different on every database and every cluster node). A blob is
-//! named by the SHA-256 of its plaintext, as in a plain database (the name is the
-//! attachment's identity in the API); its file holds a header, then the plaintext
-//! in fixed-size chunks, each sealed on its own (XChaCha20-Poly1305), so a reader
-//! opens only the chunks it reads (ranges, streaming) and no more than a chunk of
-//! plaintext is in memory per reader.
+//! The database's environment gives each kind of file its key
+//! (`Env::derived_key(purpose)`, derived from its own data key: the same at every
+//! open, unchanged by a change of master key, different on every database and
+//! every cluster node). A file holds a header, then the plaintext in fixed-size
+//! chunks, each sealed on its own (XChaCha20-Poly1305), so a reader opens only the
+//! chunks it reads (ranges, streaming, an index's postings) and no more than the
+//! chunks it asked for are in memory as plaintext.
 //!
 //! ```text
 //! header (40 bytes, integers little-endian)
@@ -21,19 +21,20 @@
 //! 40  ..  ciphertext: chunk size bytes; the last chunk the rest (0..=chunk size)
 //! ```
 //!
-//! There are `max(1, ceil(length / chunk size))` chunks: an empty blob has one empty
+//! There are `max(1, ceil(length / chunk size))` chunks: an empty file has one empty
 //! chunk, and a length that is a multiple of the chunk size has no empty chunk after
 //! its last full one. A chunk's associated data is [`chunk_aad`]: the header's
 //! first 16 bytes, the file id, the chunk's index and whether it is the last; the
-//! last chunk's also the plaintext length and the blob's hash (the writer knows both
-//! only once the upload ends, when it seals its last chunk). A reader opens the last
-//! chunk first ([`Sealed::open`]): that authenticates the header's length against
-//! the file's name and ties the file id to it, and with it every other chunk. So a
-//! changed byte, chunks reordered or moved from another blob, a truncated or
-//! extended file, a blob file renamed to another hash, a plain file put in place,
-//! or a file of another database all fail to open, naming the file and the chunk.
+//! last chunk's also the plaintext length and the file's [`Binding`] (32 bytes that
+//! say which file it must be: a blob's hash, a digest of an index file's name; the
+//! writer may learn the length and the binding only at the end, when it seals its
+//! last chunk). A reader opens the last chunk first ([`SealedFile::open`]): that
+//! authenticates the header's length against the binding and ties the file id to
+//! it, and with it every other chunk. So a changed byte, chunks reordered or moved
+//! from another file, a truncated or extended file, a file renamed to another
+//! binding, a plain file put in place, or a file of another database all fail to
+//! open, naming the file and the chunk.
 
-use super::{hash_hex, Hash};
 use crate::{DocError, Result};
 use kiln_storage::crypt::SealingKey;
 use std::fs::File;
@@ -42,10 +43,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The purpose the blob key is derived for (`Env::derived_key`).
-pub(crate) const KEY_PURPOSE: &str = "attachment-blobs";
-/// Plaintext bytes per chunk.
-pub(crate) const CHUNK_BYTES: usize = 64 << 10;
+/// What a sealed file must be: 32 bytes its last chunk is bound to.
+pub(crate) type Binding = [u8; 32];
 const MAGIC: &[u8; 8] = b"KILNBLOB";
 const VERSION: u32 = 1;
 pub(crate) const HEADER_BYTES: usize = 40;
@@ -116,7 +115,7 @@ impl Header {
             return Err(corrupt(
                 path,
                 "header",
-                "not a sealed attachment blob (bad magic): an encrypted database keeps only sealed blobs",
+                "not a sealed file (bad magic): an encrypted database keeps only sealed files here",
             ));
         }
         let u32_of = |s: &[u8]| s.try_into().map(u32::from_le_bytes).unwrap_or(0);
@@ -124,8 +123,8 @@ impl Header {
         if version != VERSION {
             return Err(DocError::Storage(kiln_storage::Error::Incompatible {
                 path: path.to_path_buf(),
-                found: format!("sealed attachment blob format {version}"),
-                expected: format!("sealed attachment blob format {VERSION}"),
+                found: format!("sealed file format {version}"),
+                expected: format!("sealed file format {VERSION}"),
             }));
         }
         let chunk_bytes = u32_of(chunk);
@@ -172,11 +171,11 @@ impl Header {
 
 /// The associated data of chunk `index`: what it is (the header's magic, version
 /// and chunk size), which file it belongs to, where in it, and whether it is the
-/// last; the last chunk's also binds the length and the blob's hash (its name).
-fn chunk_aad(header: &Header, index: u64, last: Option<&Hash>) -> [u8; AAD_BYTES] {
+/// last; the last chunk's also binds the length and the file's binding.
+fn chunk_aad(header: &Header, index: u64, last: Option<&Binding>) -> [u8; AAD_BYTES] {
     let encoded = header.encode();
-    let (len, hash) = match last {
-        Some(hash) => (header.len, *hash),
+    let (len, binding) = match last {
+        Some(binding) => (header.len, *binding),
         None => (0, [0u8; 32]),
     };
     let (index, len, is_last) = (
@@ -191,7 +190,7 @@ fn chunk_aad(header: &Header, index: u64, last: Option<&Hash>) -> [u8; AAD_BYTES
         &index,
         &is_last,
         &len,
-        &hash,
+        &binding,
     ];
     let mut aad = [0u8; AAD_BYTES];
     let mut w: &mut [u8] = &mut aad;
@@ -202,8 +201,8 @@ fn chunk_aad(header: &Header, index: u64, last: Option<&Hash>) -> [u8; AAD_BYTES
     aad
 }
 
-/// The sealing half of a `BlobWriter`: plaintext gathered into chunks, each
-/// sealed and written once the next byte shows it is not the last.
+/// The sealing half of a sealed file's writer: plaintext gathered into chunks,
+/// each sealed and written once the next byte shows it is not the last.
 pub(crate) struct ChunkSealer {
     key: Arc<SealingKey>,
     header: Header,
@@ -213,31 +212,34 @@ pub(crate) struct ChunkSealer {
 }
 
 impl ChunkSealer {
-    /// A sealer, and the placeholder header to write first (the real one is
-    /// written at `finish`, once the length is known).
-    pub fn new(key: Arc<SealingKey>) -> (ChunkSealer, [u8; HEADER_BYTES]) {
+    /// A sealer of chunks of `chunk_bytes` (at most 16 MiB), and the placeholder
+    /// header to write first (the real one is written at `finish`, once the length
+    /// is known).
+    pub fn new(key: Arc<SealingKey>, chunk_bytes: usize) -> (ChunkSealer, [u8; HEADER_BYTES]) {
+        let chunk_bytes = chunk_bytes.clamp(1, MAX_CHUNK_BYTES as usize);
         let header = Header {
-            chunk_bytes: CHUNK_BYTES as u32,
+            chunk_bytes: chunk_bytes as u32,
             len: 0,
             file_id: rand::random(),
         };
         let sealer = ChunkSealer {
             key,
             header,
-            chunk: Vec::with_capacity(CHUNK_BYTES),
+            chunk: Vec::with_capacity(chunk_bytes),
             index: 0,
         };
         (sealer, [0u8; HEADER_BYTES])
     }
 
     /// Takes `bytes`, writing every chunk they fill (but the last full one: it may
-    /// be the blob's last) to `out`.
+    /// be the file's last) to `out`.
     pub fn write(&mut self, mut bytes: &[u8], out: &mut impl Write) -> std::io::Result<()> {
+        let chunk_bytes = self.header.chunk_bytes as usize;
         while !bytes.is_empty() {
-            if self.chunk.len() == CHUNK_BYTES {
+            if self.chunk.len() == chunk_bytes {
                 self.seal_chunk(None, out)?;
             }
-            let take = (CHUNK_BYTES - self.chunk.len()).min(bytes.len());
+            let take = (chunk_bytes - self.chunk.len()).min(bytes.len());
             let (now, rest) = bytes.split_at(take);
             self.chunk.extend_from_slice(now);
             bytes = rest;
@@ -245,20 +247,20 @@ impl ChunkSealer {
         Ok(())
     }
 
-    /// Seals and writes the last chunk (bound to `len` and `hash`); returns the
+    /// Seals and writes the last chunk (bound to `len` and `binding`); returns the
     /// header to write at offset 0.
     pub fn finish(
         &mut self,
         len: u64,
-        hash: &Hash,
+        binding: &Binding,
         out: &mut impl Write,
     ) -> std::io::Result<[u8; HEADER_BYTES]> {
         self.header.len = len;
-        self.seal_chunk(Some(hash), out)?;
+        self.seal_chunk(Some(binding), out)?;
         Ok(self.header.encode())
     }
 
-    fn seal_chunk(&mut self, last: Option<&Hash>, out: &mut impl Write) -> std::io::Result<()> {
+    fn seal_chunk(&mut self, last: Option<&Binding>, out: &mut impl Write) -> std::io::Result<()> {
         let aad = chunk_aad(&self.header, self.index, last);
         let seal = self.key.seal_in_place(&aad, &mut self.chunk);
         self.index += 1;
@@ -272,7 +274,7 @@ impl ChunkSealer {
 
 impl Drop for ChunkSealer {
     fn drop(&mut self) {
-        // Plaintext of an upload that did not finish, or capacity once used.
+        // Plaintext of a file that did not finish, or capacity once used.
         let len = self.chunk.len();
         self.chunk.resize(self.chunk.capacity(), 0);
         wipe(&mut self.chunk);
@@ -280,31 +282,61 @@ impl Drop for ChunkSealer {
     }
 }
 
-/// The reading half of a `BlobReader` of a sealed blob: the chunk at hand,
-/// opened, and its plaintext (wiped when another is opened and when dropped).
-pub(crate) struct Sealed {
+/// `data` sealed whole, as a file's bytes (for small files written at once).
+pub(crate) fn seal_to_vec(
+    key: Arc<SealingKey>,
+    chunk_bytes: usize,
+    data: &[u8],
+    binding: &Binding,
+) -> Vec<u8> {
+    let (mut sealer, placeholder) = ChunkSealer::new(key, chunk_bytes);
+    let mut out = placeholder.to_vec();
+    // Writes into a Vec cannot fail.
+    let _ = sealer.write(data, &mut out);
+    if let Ok(header) = sealer.finish(data.len() as u64, binding, &mut out) {
+        if let Some(h) = out.get_mut(..HEADER_BYTES) {
+            h.copy_from_slice(&header);
+        }
+    }
+    out
+}
+
+/// A sealed file open for reading, shared: each read opens the chunks it needs.
+pub(crate) struct SealedFile {
     file: File,
     path: PathBuf,
     key: Arc<SealingKey>,
-    hash: Hash,
+    binding: Binding,
+    /// What the file is, for errors ("attachment blob <hash>").
+    what: String,
     header: Header,
-    /// The chunk `buf` holds, opened; `None` before the first and after a failure.
-    current: Option<u64>,
-    /// Seal and ciphertext as read, then the plaintext (from `SEAL_BYTES`).
-    buf: Vec<u8>,
 }
 
-impl Sealed {
-    /// Opens the sealed blob `hash` at `path`: its header checked against the
-    /// file's length, its last chunk opened (which authenticates both).
-    pub fn open(path: &Path, key: Arc<SealingKey>, hash: Hash) -> Result<Sealed> {
+impl std::fmt::Debug for SealedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SealedFile")
+            .field("path", &self.path)
+            .field("len", &self.header.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SealedFile {
+    /// Opens the sealed file at `path` that must be `binding`: its header checked
+    /// against the file's length, its last chunk opened (which authenticates both).
+    pub fn open(
+        path: &Path,
+        key: Arc<SealingKey>,
+        binding: Binding,
+        what: String,
+    ) -> Result<SealedFile> {
         let file = File::open(path).map_err(io_err(path))?;
         let file_len = file.metadata().map_err(io_err(path))?.len();
         if file_len < HEADER_BYTES as u64 {
             return Err(corrupt(
                 path,
                 "header",
-                format!("{file_len} bytes: shorter than a sealed blob's header ({HEADER_BYTES})"),
+                format!("{file_len} bytes: shorter than a sealed file's header ({HEADER_BYTES})"),
             ));
         }
         let mut raw = [0u8; HEADER_BYTES];
@@ -316,7 +348,7 @@ impl Sealed {
                 path,
                 "header",
                 format!(
-                    "the file has {file_len} bytes; a sealed blob of {} bytes in chunks of {} has {} \
+                    "the file has {file_len} bytes; a sealed file of {} bytes in chunks of {} has {} \
                      (truncated, extended or a damaged header)",
                     header.len,
                     header.chunk_bytes,
@@ -324,17 +356,18 @@ impl Sealed {
                 ),
             ));
         }
-        let mut sealed = Sealed {
+        let sealed = SealedFile {
             file,
             path: path.to_path_buf(),
             key,
-            hash,
+            binding,
+            what,
             header,
-            current: None,
-            buf: Vec::new(),
         };
-        sealed.load(header.chunks() - 1)?;
-        Ok(sealed)
+        let mut last = Vec::new();
+        let opened = sealed.open_chunk(header.chunks() - 1, &mut last);
+        wipe(&mut last);
+        opened.map(|_| sealed)
     }
 
     /// The plaintext length.
@@ -342,53 +375,124 @@ impl Sealed {
         self.header.len
     }
 
+    /// Plaintext bytes per chunk (the last may have fewer).
+    pub fn chunk_bytes(&self) -> u64 {
+        u64::from(self.header.chunk_bytes)
+    }
+
+    /// Reads and opens chunk `i` into `buf` (seal, then plaintext); returns the
+    /// plaintext's range in `buf`. On failure `buf` holds nothing readable.
+    pub fn open_chunk(&self, i: u64, buf: &mut Vec<u8>) -> Result<std::ops::Range<usize>> {
+        let chunks = self.header.chunks();
+        if i >= chunks {
+            return Err(corrupt(
+                &self.path,
+                format!("chunk {i}"),
+                format!("past the last of its {chunks} chunks"),
+            ));
+        }
+        let n = self.header.chunk_len(i);
+        let last = i + 1 == chunks;
+        let offset = self.header.chunk_offset(i);
+        buf.resize(SEAL_BYTES + n, 0);
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(io_err(&self.path))?;
+        let (seal, body) = buf.split_at_mut(SEAL_BYTES);
+        let seal: [u8; SEAL_BYTES] = (&*seal).try_into().unwrap_or([0; SEAL_BYTES]);
+        let aad = chunk_aad(&self.header, i, last.then_some(&self.binding));
+        if !self.key.open_in_place(&aad, body, &seal) {
+            wipe(body);
+            return Err(corrupt(
+                &self.path,
+                format!("chunk {i} of {chunks} at offset {offset}"),
+                format!(
+                    "{} does not authenticate: its bytes were changed, moved from elsewhere or \
+                     sealed by another database's key",
+                    self.what
+                ),
+            ));
+        }
+        Ok(SEAL_BYTES..SEAL_BYTES + n)
+    }
+
+    /// The plaintext in `range` (within the length), appended to `out`.
+    pub fn read_range(&self, range: std::ops::Range<u64>, out: &mut Vec<u8>) -> Result<()> {
+        let chunk = self.chunk_bytes();
+        let end = range.end.min(self.header.len);
+        let mut pos = range.start;
+        let mut buf = Vec::new();
+        let result = (|| {
+            while pos < end {
+                let i = pos / chunk;
+                let plain = self.open_chunk(i, &mut buf)?;
+                let from = plain.start + (pos - i * chunk) as usize;
+                let to = plain.end.min(from + (end - pos) as usize);
+                let part = buf.get(from..to).unwrap_or_default();
+                if part.is_empty() {
+                    break;
+                }
+                out.extend_from_slice(part);
+                pos += part.len() as u64;
+            }
+            Ok(())
+        })();
+        wipe(&mut buf);
+        result
+    }
+}
+
+/// A sealed file read in order (an attachment download): the chunk at hand,
+/// opened, and its plaintext (wiped when another is opened and when dropped).
+pub(crate) struct Sealed {
+    file: SealedFile,
+    /// The chunk `buf` holds, opened; `None` before the first and after a failure.
+    current: Option<u64>,
+    /// Seal and ciphertext as read, then the plaintext (in `plain`).
+    buf: Vec<u8>,
+    plain: std::ops::Range<usize>,
+}
+
+impl Sealed {
+    /// Opens the sealed file at `path` that must be `binding` (see [`SealedFile::open`]).
+    pub fn open(
+        path: &Path,
+        key: Arc<SealingKey>,
+        binding: Binding,
+        what: String,
+    ) -> Result<Sealed> {
+        Ok(Sealed {
+            file: SealedFile::open(path, key, binding, what)?,
+            current: None,
+            buf: Vec::new(),
+            plain: 0..0,
+        })
+    }
+
+    /// The plaintext length.
+    pub fn len(&self) -> u64 {
+        self.file.len()
+    }
+
     /// Up to `out.len()` plaintext bytes at `pos` (0 at or past the end).
     pub fn read_at(&mut self, pos: u64, out: &mut [u8]) -> Result<usize> {
-        if pos >= self.header.len || out.is_empty() {
+        if pos >= self.file.len() || out.is_empty() {
             return Ok(0);
         }
-        let chunk = u64::from(self.header.chunk_bytes);
+        let chunk = self.file.chunk_bytes();
         let i = pos / chunk;
         if self.current != Some(i) {
-            self.load(i)?;
+            self.current = None;
+            self.plain = self.file.open_chunk(i, &mut self.buf)?;
+            self.current = Some(i);
         }
-        let from = SEAL_BYTES + (pos - i * chunk) as usize;
-        let to = SEAL_BYTES + self.header.chunk_len(i);
-        let avail = self.buf.get(from..to).unwrap_or_default();
+        let from = self.plain.start + (pos - i * chunk) as usize;
+        let avail = self.buf.get(from..self.plain.end).unwrap_or_default();
         let n = avail.len().min(out.len());
         if let (Some(dst), Some(src)) = (out.get_mut(..n), avail.get(..n)) {
             dst.copy_from_slice(src);
         }
         Ok(n)
-    }
-
-    /// Reads and opens chunk `i` into `buf`.
-    fn load(&mut self, i: u64) -> Result<()> {
-        self.current = None;
-        let n = self.header.chunk_len(i);
-        let last = i + 1 == self.header.chunks();
-        let offset = self.header.chunk_offset(i);
-        self.buf.resize(SEAL_BYTES + n, 0);
-        self.file
-            .read_exact_at(&mut self.buf, offset)
-            .map_err(io_err(&self.path))?;
-        let (seal, body) = self.buf.split_at_mut(SEAL_BYTES);
-        let seal: [u8; SEAL_BYTES] = (&*seal).try_into().unwrap_or([0; SEAL_BYTES]);
-        let aad = chunk_aad(&self.header, i, last.then_some(&self.hash));
-        if !self.key.open_in_place(&aad, body, &seal) {
-            wipe(body);
-            return Err(corrupt(
-                &self.path,
-                format!("chunk {i} of {} at offset {offset}", self.header.chunks()),
-                format!(
-                    "attachment blob {} does not authenticate: its bytes were changed, moved from \
-                     elsewhere or sealed by another database's key",
-                    hash_hex(&self.hash)
-                ),
-            ));
-        }
-        self.current = Some(i);
-        Ok(())
     }
 }
 
@@ -403,9 +507,16 @@ mod tests {
     use super::*;
     use sha2::{Digest, Sha256};
 
+    const CHUNK_BYTES: usize = 64 << 10;
+    type Hash = Binding;
+
+    fn open(path: &Path, key: Arc<SealingKey>, hash: Hash) -> Result<Sealed> {
+        Sealed::open(path, key, hash, "attachment blob x".to_string())
+    }
+
     /// Writes `data` as a sealed blob at `path` (in pieces of `piece` bytes).
     fn write_sealed(path: &Path, key: &Arc<SealingKey>, data: &[u8], piece: usize) -> Hash {
-        let (mut sealer, placeholder) = ChunkSealer::new(key.clone());
+        let (mut sealer, placeholder) = ChunkSealer::new(key.clone(), CHUNK_BYTES);
         let mut out = placeholder.to_vec();
         for p in data.chunks(piece.max(1)) {
             sealer.write(p, &mut out).unwrap();
@@ -447,7 +558,7 @@ mod tests {
             let chunks = len.div_ceil(CHUNK_BYTES).max(1);
             let size = std::fs::metadata(&path).unwrap().len() as usize;
             assert_eq!(size, HEADER_BYTES + chunks * SEAL_BYTES + len, "len {len}");
-            let mut s = Sealed::open(&path, key.clone(), hash).unwrap();
+            let mut s = open(&path, key.clone(), hash).unwrap();
             assert_eq!(s.len(), len as u64);
             assert!(read_all(&mut s).unwrap() == data, "len {len}");
         }
@@ -464,7 +575,7 @@ mod tests {
         let stride = SEAL_BYTES + CHUNK_BYTES;
         let read = |bytes: &[u8], hash: Hash, key: &Arc<SealingKey>| {
             std::fs::write(&path, bytes).unwrap();
-            Sealed::open(&path, key.clone(), hash).and_then(|mut s| read_all(&mut s))
+            open(&path, key.clone(), hash).and_then(|mut s| read_all(&mut s))
         };
         // A flipped byte anywhere: header, seal, ciphertext of any chunk.
         for at in [
