@@ -606,14 +606,17 @@ impl Shared {
 }
 
 /// The finished upload `upload_id`, checked to be `size_bytes` hashing to `hash`.
-fn finished_upload(
+pub(crate) fn finished_upload(
     db: &kiln_docs::Database,
     upload_id: u64,
     size_bytes: u64,
     hash: &str,
 ) -> Result<kiln_docs::StagedBlob, DocError> {
     let path = uploads::finished_path(db, upload_id, size_bytes)?;
-    db.attachment_from_upload(&path, hash, size_bytes)
+    match uploads::decoder(db) {
+        Some(decode) => db.attachment_from_upload_through(&path, hash, size_bytes, Some(&*decode)),
+        None => db.attachment_from_upload(&path, hash, size_bytes),
+    }
 }
 
 /// The answer to an attachment write: one write's outcome, as a `Write` entry's.

@@ -20,10 +20,28 @@
 //! section holds at least what that log id says; the chunks applied again after an
 //! install write the same bytes, and an upload consumed or expired since is
 //! removed again by its entry.
+//!
+//! In an encrypted database (its environment has a master key) an upload's file
+//! is never plaintext: a header of [`SEALED_HEADER_BYTES`] (the magic
+//! `KILNUPL1`, then a random 24-byte nonce drawn when the file is made), then the
+//! byte at each offset at `SEALED_HEADER_BYTES + offset`, XORed with the XChaCha20
+//! keystream of that nonce at that offset, under a key derived from the master
+//! key ([`KEY_PURPOSE`]). A chunk applied again encrypts to the same bytes (same
+//! nonce, same offset), and the key is the same on every node that shares the
+//! master key (as they must), so a snapshot's section carries the files as they
+//! are, never in clear. The keystream is not authenticated on its own: a
+//! `PutAttachment` decrypts the file on its way into the (sealed) blob store and
+//! checks its size and SHA-256, so changed bytes are the write's failure, as a
+//! missing chunk is. A master key changed while an upload is in progress (the
+//! cluster stopped, every node rotated) leaves that upload unreadable: its
+//! `PutAttachment` fails the same way on every node, and the client uploads again.
 
 use kiln_docs::{Database, DocError};
+use kiln_storage::crypt::SealingKey;
+use kiln_storage::MasterKey;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -35,6 +53,82 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DocError + '_ {
     move |source| DocError::Io {
         path: path.to_path_buf(),
         source,
+    }
+}
+
+/// The purpose the upload key is derived for (`MasterKey::derived_key`).
+const KEY_PURPOSE: &str = "cluster-attachment-uploads";
+const SEALED_MAGIC: &[u8; 8] = b"KILNUPL1";
+/// The header of an encrypted database's upload file: magic, nonce.
+pub(crate) const SEALED_HEADER_BYTES: u64 = 32;
+
+/// The key of the database's uploads: `None` if it is not encrypted.
+fn upload_key(db: &Database) -> Option<(SealingKey, MasterKey)> {
+    let master = db.env().master_key()?;
+    Some((master.derived_key(KEY_PURPOSE), master.clone()))
+}
+
+/// The nonce in an encrypted upload's header.
+fn read_nonce(file: &File, path: &Path) -> Result<[u8; 24], DocError> {
+    let mut header = [0u8; SEALED_HEADER_BYTES as usize];
+    file.read_exact_at(&mut header, 0).map_err(io_err(path))?;
+    let (magic, nonce) = header.split_at(8);
+    if magic != SEALED_MAGIC {
+        return Err(DocError::Storage(kiln_storage::Error::Corrupted {
+            path: path.to_path_buf(),
+            location: "header".into(),
+            what: "not an encrypted upload (bad magic): an encrypted database keeps only \
+                   encrypted uploads"
+                .into(),
+            source: None,
+        }));
+    }
+    let mut out = [0u8; 24];
+    out.copy_from_slice(nonce);
+    Ok(out)
+}
+
+/// A new encrypted upload's header, written at the start of `file`.
+fn write_header(file: &File, path: &Path) -> Result<[u8; 24], DocError> {
+    let nonce = SealingKey::random_stream_nonce();
+    let mut header = [0u8; SEALED_HEADER_BYTES as usize];
+    header[..8].copy_from_slice(SEALED_MAGIC);
+    header[8..].copy_from_slice(&nonce);
+    file.write_all_at(&header, 0).map_err(io_err(path))?;
+    Ok(nonce)
+}
+
+/// How a `PutAttachment` reads an encrypted upload's plaintext.
+pub(crate) fn decoder(db: &Database) -> Option<Box<kiln_docs::UploadDecoder<'static>>> {
+    let (_, master) = upload_key(db)?;
+    Some(Box::new(move |mut file: File| {
+        let nonce = read_nonce(&file, Path::new("the upload"))
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+        file.seek(SeekFrom::Start(SEALED_HEADER_BYTES))?;
+        Ok(Box::new(Decrypting {
+            file,
+            key: master.derived_key(KEY_PURPOSE),
+            nonce,
+            pos: 0,
+        }) as Box<dyn Read>)
+    }))
+}
+
+/// An encrypted upload's plaintext, read in order.
+struct Decrypting {
+    file: File,
+    key: SealingKey,
+    nonce: [u8; 24],
+    pos: u64,
+}
+
+impl Read for Decrypting {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        let got = buf.get_mut(..n).unwrap_or_default();
+        self.key.apply_keystream_at(&self.nonce, self.pos, got);
+        self.pos += n as u64;
+        Ok(n)
     }
 }
 
@@ -71,6 +165,7 @@ pub(crate) fn write_chunk(
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
         .open(&path)
         .map_err(io_err(&path))?;
@@ -81,7 +176,24 @@ pub(crate) fn write_chunk(
     } else {
         meta.modified().map_or(0, ms_of)
     };
-    file.seek(SeekFrom::Start(offset))
+    let sealed;
+    let (at, bytes) = match upload_key(db) {
+        None => (offset, bytes),
+        Some((key, _)) => {
+            // Shorter than a header: made by a write that did not finish (no
+            // chunk of it was applied), begun again.
+            let nonce = if meta.len() < SEALED_HEADER_BYTES {
+                write_header(&file, &path)?
+            } else {
+                read_nonce(&file, &path)?
+            };
+            let mut buf = bytes.to_vec();
+            key.apply_keystream_at(&nonce, offset, &mut buf);
+            sealed = buf;
+            (SEALED_HEADER_BYTES + offset, &sealed[..])
+        }
+    };
+    file.seek(SeekFrom::Start(at))
         .and_then(|_| file.write_all(bytes))
         .and_then(|_| file.set_modified(to_time(keep_until_ms.max(earlier_ms))))
         .and_then(|_| file.sync_all())
@@ -108,7 +220,10 @@ pub(crate) fn finished_path(
     if size_bytes == 0 && !path.exists() {
         let dir = dir_of(db);
         std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-        File::create(&path).map_err(io_err(&path))?;
+        let file = File::create(&path).map_err(io_err(&path))?;
+        if upload_key(db).is_some() {
+            write_header(&file, &path)?;
+        }
     }
     Ok(path)
 }
@@ -312,9 +427,14 @@ mod tests {
     use kiln_docs::{Condition, DocStore, DocsOptions};
 
     fn store(dir: &Path) -> DocStore {
+        store_with(dir, None)
+    }
+
+    fn store_with(dir: &Path, key: Option<&MasterKey>) -> DocStore {
         let mut docs = DocsOptions::default();
         docs.storage.journal_file_size_bytes = 1 << 20;
         docs.storage.data_grow_step_bytes = 1 << 20;
+        docs.storage.encryption = key.cloned();
         DocStore::open(dir, docs).unwrap()
     }
 
@@ -323,6 +443,23 @@ mod tests {
     /// the snapshot does not hold are gone; the upload expires at leader time.
     #[test]
     fn a_snapshot_carries_uploads_in_progress() {
+        snapshot_carries_uploads(None);
+    }
+
+    /// The same, encrypted: the upload's file and the snapshot never hold its
+    /// bytes in clear, and the node that installs the snapshot (its own data key)
+    /// finishes the upload with the same answer.
+    #[test]
+    fn an_encrypted_databases_uploads_are_never_in_clear() {
+        snapshot_carries_uploads(Some(&MasterKey::generate()));
+    }
+
+    fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+        haystack.windows(needle.len()).any(|w| w == needle)
+    }
+
+    fn snapshot_carries_uploads(key: Option<&MasterKey>) {
+        let store = |dir: &Path| store_with(dir, key);
         let root = tempfile::tempdir().unwrap();
         let a = store(&root.path().join("a"));
         let db = a.create_database("att").unwrap();
@@ -333,6 +470,12 @@ mod tests {
         write_chunk(&db, 7, 0, 4_000, &data[..200_000]).unwrap();
         let snapshots = crate::snapshot::SnapshotDir::open(&root.path().join("snap")).unwrap();
         let (built, _) = snapshots.build(&a).unwrap();
+        // In clear exactly when the database is not encrypted.
+        let probe = &data[150_000..150_064];
+        let upload_file = std::fs::read(path_of(&db, 7)).unwrap();
+        let snapshot_file = std::fs::read(&built).unwrap();
+        assert_eq!(contains(&upload_file, probe), key.is_none());
+        assert_eq!(contains(&snapshot_file, probe), key.is_none());
 
         let b = store(&root.path().join("b"));
         let other = b.create_database("att").unwrap();
@@ -346,7 +489,8 @@ mod tests {
             .map(|(id, until, _)| (id, until))
             .collect();
         assert_eq!(listed, vec![(7, 5_000)]);
-        assert_eq!(std::fs::read(path_of(&db_b, 7)).unwrap(), data);
+        let on_b = std::fs::read(path_of(&db_b, 7)).unwrap();
+        assert_eq!(on_b == data, key.is_none());
 
         // The same check and attachment on both nodes.
         let mut writer = db.attachment_writer().unwrap();
@@ -354,9 +498,8 @@ mod tests {
         let hash = writer.finish().unwrap().hash_hex();
         let mut etags = Vec::new();
         for db in [&db, &db_b] {
-            let blob = db
-                .attachment_from_upload(&path_of(db, 7), &hash, data.len() as u64)
-                .unwrap();
+            let blob =
+                crate::state_machine::finished_upload(db, 7, data.len() as u64, &hash).unwrap();
             let out = db
                 .put_attachment_logged(10, 6_000, "d", "f", "x/y", blob, Condition::None)
                 .unwrap()
@@ -367,7 +510,7 @@ mod tests {
         assert_eq!(etags[0], etags[1]);
         // A short upload is refused alike.
         write_chunk(&db_b, 8, 0, 5_000, &data[..10]).unwrap();
-        let short = db_b.attachment_from_upload(&path_of(&db_b, 8), &hash, data.len() as u64);
+        let short = crate::state_machine::finished_upload(&db_b, 8, data.len() as u64, &hash);
         assert!(
             matches!(
                 short,

@@ -46,8 +46,8 @@ mod write_queue;
 
 pub use attachments::{
     check_attachments_at, validate_attachment_name, AttachmentCheck, AttachmentInfo,
-    AttachmentReader, BlobReader, BlobWriter, StagedBlob, MAX_ATTACHMENTS_PER_DOCUMENT,
-    MAX_ATTACHMENT_NAME_BYTES, STAGED_TTL_MS,
+    AttachmentReader, BlobReader, BlobWriter, StagedBlob, UploadDecoder,
+    MAX_ATTACHMENTS_PER_DOCUMENT, MAX_ATTACHMENT_NAME_BYTES, STAGED_TTL_MS,
 };
 pub use backup::{
     check_chain, parse_manifest, read_manifest, read_manifest_with_key, restore_database,

@@ -327,9 +327,45 @@ impl SealingKey {
         sealed.tag.copy_from_slice(&seal[NONCE_BYTES..]);
         self.0.open_in_place(aad, buf, &sealed)
     }
+
+    /// Nonce bytes of [`SealingKey::apply_keystream_at`].
+    pub const STREAM_NONCE_BYTES: usize = NONCE_BYTES;
+
+    /// XORs `buf` with the XChaCha20 keystream of `nonce` from byte `offset` on.
+    /// Not authenticated: for bytes written in place at any offset whose integrity
+    /// something else checks (a cluster upload's SHA-256, checked before use).
+    /// The same `nonce` must never encrypt other bytes at the same offset.
+    pub fn apply_keystream_at(&self, nonce: &[u8; NONCE_BYTES], offset: u64, buf: &mut [u8]) {
+        use chacha20::cipher::{StreamCipher, StreamCipherSeek};
+        use chacha20::KeyIvInit;
+        let mut stream = chacha20::XChaCha20::new(
+            &chacha20::Key::from(*self.0.key),
+            &chacha20::XNonce::from(*nonce),
+        );
+        stream.seek(offset);
+        stream.apply_keystream(buf);
+    }
+
+    /// A fresh random nonce for [`SealingKey::apply_keystream_at`].
+    pub fn random_stream_nonce() -> [u8; NONCE_BYTES] {
+        let mut nonce = [0u8; NONCE_BYTES];
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut nonce);
+        nonce
+    }
 }
 
 impl MasterKey {
+    /// A key for `purpose` derived from the master key itself (HKDF-SHA256): the
+    /// same wherever this master key is (every node of a cluster), so what it
+    /// seals travels between them as it is. Unlike an environment's data key, it
+    /// changes with the master key: only for short-lived files.
+    pub fn derived_key(&self, purpose: &str) -> SealingKey {
+        let mut key = Zeroizing::new([0u8; KEY_BYTES]);
+        let info = format!("kiln/v1/master-derived/{purpose}");
+        self.derive(info.as_bytes(), key.as_mut());
+        SealingKey(Cipher::new(&key))
+    }
+
     /// `key` wrapped by this master key: [`WRAPPED_KEY_BYTES`] bytes, in the wrapped
     /// key file's layout (module comment), to store beside what `key` seals.
     pub fn wrap(&self, key: &SealingKey) -> [u8; WRAPPED_KEY_BYTES] {
@@ -575,6 +611,37 @@ fn write_wrapped(vfs: &dyn Vfs, dir: &Path, bytes: &[u8; WRAPPED_LEN]) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_keystream_applied_in_pieces_at_their_offsets_is_the_whole_ones() {
+        let master = MasterKey::from_bytes([3u8; KEY_BYTES]);
+        let key = master.derived_key("uploads");
+        let nonce = SealingKey::random_stream_nonce();
+        let plain: Vec<u8> = (0..10_000u32).map(|i| (i % 253) as u8).collect();
+        let mut whole = plain.clone();
+        key.apply_keystream_at(&nonce, 0, &mut whole);
+        assert_ne!(whole, plain);
+        let mut pieces = plain.clone();
+        // Pieces in any order, at offsets that cross the 64-byte blocks.
+        for (from, to) in [(4000, 10_000), (0, 63), (63, 129), (129, 4000)] {
+            key.apply_keystream_at(&nonce, from as u64, &mut pieces[from..to]);
+        }
+        assert_eq!(pieces, whole);
+        // Applied again: the plaintext; the same master key derives the same key
+        // (another node), another purpose or master key does not.
+        let again = master.derived_key("uploads");
+        again.apply_keystream_at(&nonce, 0, &mut whole);
+        assert_eq!(whole, plain);
+        for other in [
+            master.derived_key("other"),
+            MasterKey::from_bytes([4u8; KEY_BYTES]).derived_key("uploads"),
+        ] {
+            let mut b = plain.clone();
+            other.apply_keystream_at(&nonce, 0, &mut b);
+            key.apply_keystream_at(&nonce, 0, &mut b);
+            assert_ne!(b, plain);
+        }
+    }
 
     #[test]
     fn a_wrapped_key_opens_with_its_master_key_only() {

@@ -46,6 +46,11 @@ impl Env {
         self.shared.store.cipher().is_some()
     }
 
+    /// The master key an encrypted environment was opened with.
+    pub fn master_key(&self) -> Option<&crate::MasterKey> {
+        self.shared.opts.encryption.as_ref()
+    }
+
     /// An encrypted environment's key for `purpose` (files the layers above keep
     /// beside it, such as attachment blobs), derived from its data key: the same on
     /// every open, unchanged by a change of master key. `None` if not encrypted.

@@ -68,6 +68,9 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DocError + '_ {
     }
 }
 
+/// How the bytes of an upload file are read when the file is not plaintext.
+pub type UploadDecoder<'a> = dyn Fn(File) -> std::io::Result<Box<dyn Read>> + 'a;
+
 pub(crate) struct BlobStore {
     dir: PathBuf,
     /// The key blobs are sealed with (an encrypted database), else `None`: plain
@@ -461,8 +464,22 @@ impl BlobStore {
     /// The bytes of the (plain) file at `path` written into the store: an
     /// import, a cluster's upload. Its NotFound is `DocError::Io` on `path`.
     pub fn stage_copy(&self, path: &Path) -> Result<StagedBlob> {
+        self.stage_copy_through(path, None)
+    }
+
+    /// `stage_copy`, the file's bytes read through `decode` if given (an upload
+    /// a cluster keeps encrypted, decrypted on the way).
+    pub fn stage_copy_through(
+        &self,
+        path: &Path,
+        decode: Option<&UploadDecoder<'_>>,
+    ) -> Result<StagedBlob> {
         let mut writer = self.writer()?;
-        let mut file = File::open(path).map_err(io_err(path))?;
+        let file = File::open(path).map_err(io_err(path))?;
+        let mut file: Box<dyn Read> = match decode {
+            Some(decode) => decode(file).map_err(io_err(path))?,
+            None => Box::new(file),
+        };
         let mut buf = vec![0u8; 1 << 20];
         loop {
             let n = match file.read(&mut buf) {

@@ -4,7 +4,7 @@
 //! transaction as the document (as `Database::apply_logged` does): an entry
 //! applied before a crash is recognised after it and not applied again.
 
-use super::blobs::hash_file;
+use super::blobs::{hash_file, UploadDecoder};
 use super::{hash_hex, parse_hash, validate_attachment_name, validate_content_type};
 use super::{Fresh, StagedBlob};
 use crate::database::{apply_attachment, claim_log_index};
@@ -27,12 +27,24 @@ impl Database {
         hash_hex_given: &str,
         size_bytes: u64,
     ) -> Result<StagedBlob> {
+        self.attachment_from_upload_through(path, hash_hex_given, size_bytes, None)
+    }
+
+    /// `attachment_from_upload` of an upload file whose bytes `decode` reads (a
+    /// cluster keeps an encrypted database's uploads encrypted): always a copy.
+    pub fn attachment_from_upload_through(
+        &self,
+        path: &Path,
+        hash_hex_given: &str,
+        size_bytes: u64,
+        decode: Option<&UploadDecoder<'_>>,
+    ) -> Result<StagedBlob> {
         self.live()?;
         let want = parse_hash(hash_hex_given)?;
-        // Sealed (an encrypted database): the upload's bytes are copied through
-        // the sealing writer, hashed on the way.
-        let copied = if self.blobs.seals() {
-            Some(self.blobs.stage_copy(path))
+        // Sealed (an encrypted database), or an upload that is not plaintext: the
+        // upload's bytes are copied through the store's writer, hashed on the way.
+        let copied = if self.blobs.seals() || decode.is_some() {
+            Some(self.blobs.stage_copy_through(path, decode))
         } else {
             None
         };

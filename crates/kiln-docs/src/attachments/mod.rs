@@ -28,7 +28,7 @@ mod logged;
 mod ops;
 
 pub(crate) use blobs::BlobStore;
-pub use blobs::{AttachmentCheck, BlobReader, BlobWriter, StagedBlob};
+pub use blobs::{AttachmentCheck, BlobReader, BlobWriter, StagedBlob, UploadDecoder};
 pub use ops::{check_attachments_at, AttachmentReader};
 
 pub(crate) use crate::model::attachment_list::{
