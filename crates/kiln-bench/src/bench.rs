@@ -458,6 +458,7 @@ pub fn run(args: BenchArgs, backup_tool: Option<BackupTool>) -> BenchResult<()> 
     if let Some(path) = &args.encryption_key_file {
         let key =
             kiln_storage::MasterKey::read_file(path).map_err(|e| UsageError(e.to_string()))?;
+        let _ = crate::querybench::ENCRYPTION.set(key.clone());
         plan.options.encryption = Some(key);
         // Servers started below get it on their command line, whether it came as
         // this flag or from the environment (which they would inherit anyway).

@@ -47,11 +47,23 @@ fn doc(rng: &mut SmallRng, n: u64) -> Vec<u8> {
     .into_bytes()
 }
 
+/// `kiln bench --encryption-key-file`: the master key the embedded document
+/// workloads (W12, W13, W16, W17) open their stores with.
+pub static ENCRYPTION: std::sync::OnceLock<kiln_storage::MasterKey> = std::sync::OnceLock::new();
+
+/// The options of an embedded document workload's store: the defaults, encrypted
+/// under `ENCRYPTION` when it is set.
+pub(crate) fn docs_options() -> DocsOptions {
+    let mut o = DocsOptions::default();
+    o.storage.encryption = ENCRYPTION.get().cloned();
+    o
+}
+
 pub(crate) fn fresh(dir: &Path) -> BenchResult<(DocStore, Arc<Database>)> {
     if dir.exists() {
         std::fs::remove_dir_all(dir)?;
     }
-    let store = DocStore::open(dir, DocsOptions::default())?;
+    let store = DocStore::open(dir, docs_options())?;
     let db = store.create_database("bench")?;
     Ok((store, db))
 }

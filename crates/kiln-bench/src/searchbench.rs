@@ -216,7 +216,7 @@ fn restore_rebuilt(
         restore_source(backup)?,
         &data,
         "rebuilt",
-        kiln_docs::DocsOptions::default().storage,
+        crate::querybench::docs_options().storage,
         false,
         kiln_docs::RestorePoint::Latest,
         |_| {},
@@ -226,7 +226,7 @@ fn restore_rebuilt(
     let removed = Instant::now();
     std::fs::remove_dir_all(&search_dir)?;
     let removal_secs = removed.elapsed().as_secs_f64();
-    let peer = kiln_docs::DocStore::open(&data, kiln_docs::DocsOptions::default())?;
+    let peer = kiln_docs::DocStore::open(&data, crate::querybench::docs_options())?;
     let rebuilt = peer.database("rebuilt")?;
     let found = first_query(&rebuilt, params)?;
     let to_first_query_secs = t.elapsed().as_secs_f64() - removal_secs;

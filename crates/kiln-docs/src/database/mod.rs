@@ -185,6 +185,9 @@ pub struct DatabaseStats {
     pub collections: Vec<CollectionCount>,
     /// The backup chain and its history, if one is active.
     pub backup_chain: Option<crate::BackupChainStats>,
+    /// The fingerprint of the master key an encrypted database is under; `None`
+    /// when its files are not encrypted.
+    pub encryption_key_fingerprint: Option<String>,
     pub engine: kiln_storage::Stats,
 }
 
@@ -815,6 +818,7 @@ impl Database {
             }),
             collections: self.collections()?,
             backup_chain: self.backup_chain_stats()?,
+            encryption_key_fingerprint: env.master_key().map(kiln_storage::MasterKey::fingerprint),
             engine: env.stats(),
         })
     }

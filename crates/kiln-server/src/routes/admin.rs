@@ -142,6 +142,8 @@ pub async fn database_stats(
             "last_etag": s.last_etag.map(|e| e.to_string()),
             "collections": s.collections.iter().map(|c| json!({"name": c.name, "documents": c.documents})).collect::<Vec<_>>(),
             "backup_chain": s.backup_chain,
+            "encrypted": s.encryption_key_fingerprint.is_some(),
+            "encryption_key_fingerprint": s.encryption_key_fingerprint,
             "engine": {
                 "last_txn_id": e.last_txn_id,
                 "synced_txn_id": e.synced_txn_id,

@@ -63,6 +63,22 @@ async fn attachments_of_an_encrypted_server_are_sealed_on_disk_and_served_plain(
     let h = Harness::start_with(|c| c.docs.storage.encryption = Some(key.clone())).await;
     h.create_db("a").await;
     h.put_ok("a", "d", &json!({})).await;
+    // The database's stats say it is encrypted, and under which master key.
+    let stats: Value = h
+        .http
+        .get(h.url("/dbs/a"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats["encrypted"], json!(true), "{stats}");
+    assert_eq!(
+        stats["encryption_key_fingerprint"],
+        json!(key.fingerprint()),
+        "{stats}"
+    );
     let data = secret_bytes();
     let url = h.url("/dbs/a/docs/d/attachments/f.bin");
     let r = h.http.put(&url).body(data.clone()).send().await.unwrap();

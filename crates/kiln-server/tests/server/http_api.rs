@@ -45,6 +45,8 @@ async fn databases_create_list_stats_delete() {
         json!([{"name": "orders", "documents": 1}, {"name": "users", "documents": 1}])
     );
     assert!(stats["engine"]["commits"].as_u64().unwrap() >= 2, "{stats}");
+    assert_eq!(stats["encrypted"], json!(false), "{stats}");
+    assert_eq!(stats["encryption_key_fingerprint"], Value::Null, "{stats}");
 
     let r = h.http.delete(h.url("/dbs/shop")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
