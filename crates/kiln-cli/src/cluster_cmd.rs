@@ -88,6 +88,24 @@ pub fn run(cmd: ClusterCommand) -> AnyResult<()> {
     Ok(())
 }
 
+/// Sends a change to the node at `--url`, or, if it is a follower (307
+/// `not_leader`), to the leader it names; the answer's JSON.
+pub(crate) fn write_following_leader(
+    server: &ServerArgs,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> AnyResult<Value> {
+    let (status, answer) = server.endpoint()?.request_any(method, path, body)?;
+    if status == 307 {
+        return on_leader(server, method, path, body);
+    }
+    if !(200..300).contains(&status) {
+        return Err(crate::client::ClientError::status(status, &answer).into());
+    }
+    Ok(serde_json::from_slice(&answer)?)
+}
+
 /// Sends a membership change to the leader the node at `--url` names.
 fn on_leader(server: &ServerArgs, method: &str, path: &str, body: &[u8]) -> AnyResult<Value> {
     let here = server.endpoint()?;

@@ -1,5 +1,6 @@
 //! `kiln`: the command-line tool.
 
+mod api_key_cmd;
 mod attachments_cmd;
 mod backup_blobs;
 mod backup_cmd;
@@ -53,9 +54,11 @@ struct Cli {
 enum Command {
     /// Run the document server (HTTP/HTTPS) on a data directory (created if needed).
     Serve(serve_cmd::ServeArgs),
-    /// Manage API keys (hashed at rest in <data-dir>/api-keys.json).
+    /// Manage API keys (hashed at rest in <data-dir>/api-keys.json): offline in a
+    /// data directory, or through a running server (--url; a cluster's keys on
+    /// every node).
     #[command(subcommand)]
-    ApiKey(serve_cmd::ApiKeyCommand),
+    ApiKey(api_key_cmd::ApiKeyCommand),
     /// Write a JSON document (creates the database if needed). An id ending in `/`
     /// gets a generated id under that prefix. Offline: the data directory must not
     /// be in use by a server.
@@ -295,7 +298,7 @@ type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 fn run(cmd: Command) -> AnyResult<ExitCode> {
     match cmd {
         Command::Serve(args) => serve_cmd::serve(args)?,
-        Command::ApiKey(cmd) => serve_cmd::api_key(cmd)?,
+        Command::ApiKey(cmd) => api_key_cmd::api_key(cmd)?,
         Command::Cluster(cmd) => cluster_cmd::run(cmd)?,
         Command::Revisions(cmd) => revisions_cmd::run(cmd)?,
         Command::Subscriptions(cmd) => subscriptions_cmd::run(cmd)?,

@@ -1,6 +1,6 @@
-//! `kiln serve` and `kiln api-key`.
+//! `kiln serve`.
 
-use clap::{Args, Subcommand};
+use clap::Args;
 use kiln_server::{ClusterSettings, Limits, ServerConfig, TlsConfig};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -244,47 +244,6 @@ pub enum LogFormat {
     Json,
 }
 
-#[derive(Subcommand)]
-pub enum ApiKeyCommand {
-    /// Create a key and print it (the only time it is shown), or register a
-    /// client certificate (--certificate); either with --operator or --db grants.
-    Create {
-        /// The server's data directory (the keys live in its api-keys.json).
-        #[arg(long, default_value = "./kiln-data")]
-        data_dir: PathBuf,
-        /// A name to recognise the key by (two may share one during a rotation).
-        #[arg(long)]
-        name: String,
-        /// Everything: every database, server statistics and metrics, the cluster.
-        #[arg(long, conflicts_with = "db", required_unless_present = "db")]
-        operator: bool,
-        /// DATABASE:ACCESS, repeated: a name or a prefix pattern (`shop-*`, `*`),
-        /// and read, read_write or admin (admin: indexes, backups, restores,
-        /// revisions' config and purges, subscriptions, create/delete the database).
-        #[arg(long, value_parser = parse_grant)]
-        db: Vec<kiln_server::access::DbGrant>,
-        /// Register this PEM client certificate (its first certificate) instead of
-        /// making a key: a connection presenting it (signed by --tls-client-ca)
-        /// gets these permissions.
-        #[arg(long)]
-        certificate: Option<PathBuf>,
-    },
-    /// List keys (ids and names; never secrets).
-    List {
-        /// The server's data directory (the keys live in its api-keys.json).
-        #[arg(long, default_value = "./kiln-data")]
-        data_dir: PathBuf,
-    },
-    /// Revoke a key by id; a running server notices within a request.
-    Revoke {
-        /// The server's data directory (the keys live in its api-keys.json).
-        #[arg(long, default_value = "./kiln-data")]
-        data_dir: PathBuf,
-        /// The key's id (the part after `kiln_`, as `kiln api-key list` shows it).
-        id: String,
-    },
-}
-
 pub fn serve(a: ServeArgs) -> crate::AnyResult<()> {
     let config = server_config(&a)?;
     raise_open_file_limit(a.max_connections + a.max_changes_connections);
@@ -413,82 +372,6 @@ fn parse_bind(text: &str) -> Result<SocketAddr, String> {
 }
 
 /// `--db shop:read_write`.
-fn parse_grant(text: &str) -> Result<kiln_server::access::DbGrant, String> {
-    kiln_server::access::DbGrant::parse(text).map_err(|e| e.to_string())
-}
-
-pub fn api_key(cmd: ApiKeyCommand) -> crate::AnyResult<()> {
-    use kiln_server::access::Clearance;
-    use kiln_server::auth;
-    match cmd {
-        ApiKeyCommand::Create {
-            data_dir,
-            name,
-            operator,
-            db,
-            certificate,
-        } => {
-            let clearance = if operator {
-                Clearance::Operator
-            } else {
-                Clearance::Databases(db)
-            };
-            match certificate {
-                Some(pem) => {
-                    let rec = auth::register_certificate(&data_dir, &name, clearance, &pem)?;
-                    println!(
-                        "registered certificate {} as {} ({}): {}",
-                        rec.certificate_sha256.as_deref().unwrap_or_default(),
-                        rec.id,
-                        rec.name,
-                        rec.clearance
-                    );
-                }
-                None => {
-                    let (rec, key) = auth::create_api_key(&data_dir, &name, clearance)?;
-                    eprintln!(
-                        "created key {} ({}: {}); store it now, it is not kept:",
-                        rec.id, rec.name, rec.clearance
-                    );
-                    println!("{key}");
-                }
-            }
-        }
-        ApiKeyCommand::List { data_dir } => {
-            if !data_dir.is_dir() {
-                return Err(crate::exit::NotFound(format!(
-                    "{} is not a data directory (give --data-dir of the server)",
-                    data_dir.display()
-                ))
-                .into());
-            }
-            let keys = auth::list_api_keys(&data_dir)?;
-            if keys.is_empty() {
-                eprintln!(
-                    "no API keys in {} (create one with `kiln api-key create`)",
-                    data_dir.display()
-                );
-            }
-            for k in keys {
-                let created = kiln_docs::format_rfc3339_ms(k.created_ms);
-                let kind = match &k.certificate_sha256 {
-                    Some(thumbprint) => format!("certificate {thumbprint}"),
-                    None => "key".to_string(),
-                };
-                println!(
-                    "{}\t{}\t{kind}\t{}\tcreated {created}",
-                    k.id, k.name, k.clearance
-                );
-            }
-        }
-        ApiKeyCommand::Revoke { data_dir, id } => {
-            auth::revoke_api_key(&data_dir, &id)?;
-            println!("revoked {id}");
-        }
-    }
-    Ok(())
-}
-
 /// Each connection is a file descriptor (and each database several): raise the soft
 /// limit toward the hard one so that `--max-connections` can actually be reached.
 fn raise_open_file_limit(max_connections: usize) {

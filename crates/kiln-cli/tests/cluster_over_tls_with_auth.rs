@@ -2,7 +2,10 @@
 //! reaching each other over https (checked against `--cluster-ca`) and carrying the
 //! cluster's key on every Raft message. Writes through the leader with an API key
 //! reach the followers; a Raft message without the key, or with another key, is
-//! refused; a node with `--auth` but no cluster key does not start.
+//! refused; a node with `--auth` but no cluster key does not start. An API key
+//! created once through a follower (`kiln api-key create --url`) lets its holder
+//! in on every node, within its grants, and its revocation shuts it out of every
+//! node.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
@@ -249,6 +252,8 @@ fn a_cluster_over_tls_with_auth_replicates_and_refuses_messages_without_its_key(
         }
     }
 
+    cluster_keys_reach_every_node(&url, ca, &api_key, dir.path(), leader_id, &leader_export);
+
     // A Raft message needs the cluster's key (an API key is not it).
     let port = ports[0];
     let vote = "{}";
@@ -292,4 +297,103 @@ fn a_cluster_over_tls_with_auth_replicates_and_refuses_messages_without_its_key(
     );
     assert!(!o.status.success());
     assert!(text(&o).contains("--cluster-key-file"), "{}", text(&o));
+}
+
+/// Retries `check` for up to 20 s (a follower applies the log a moment after the
+/// leader answered).
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A key made through a follower: read on every node, no write; listed by every
+/// node; revoked through another follower, refused everywhere.
+fn cluster_keys_reach_every_node(
+    url: &dyn Fn(u64) -> String,
+    ca: &str,
+    operator_key: &str,
+    dir: &Path,
+    leader_id: u64,
+    leader_export: &str,
+) {
+    let followers: Vec<u64> = (1..=3).filter(|id| *id != leader_id).collect();
+    let o = kiln(
+        &[
+            "api-key",
+            "create",
+            "--url",
+            &url(followers[0]),
+            "--ca-cert",
+            ca,
+        ]
+        .into_iter()
+        .chain(["--name", "bi", "--db", "shop:read"])
+        .collect::<Vec<_>>(),
+        Some(operator_key),
+    );
+    assert!(o.status.success(), "api-key create --url: {}", text(&o));
+    let bi_key = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let id = bi_key
+        .strip_prefix("kiln_")
+        .and_then(|rest| rest.split('_').next())
+        .unwrap()
+        .to_string();
+    let out = dir.join("bi.ndjson");
+    for node in 1..=3 {
+        eventually(
+            &format!("node {node} does not let the new key read"),
+            || export(&url(node), ca, &bi_key, &out).as_deref() == Some(leader_export),
+        );
+        let o = kiln(
+            &["api-key", "list", "--url", &url(node), "--ca-cert", ca],
+            Some(operator_key),
+        );
+        assert!(o.status.success() && text(&o).contains(&id), "{}", text(&o));
+    }
+    // Read only: a write with it is refused (403: the leader's answer).
+    let o = kiln(
+        &[
+            "import",
+            "--url",
+            &url(leader_id),
+            "--ca-cert",
+            ca,
+            "--db",
+            "shop",
+        ]
+        .into_iter()
+        .chain([out.to_str().unwrap(), "--quiet"])
+        .collect::<Vec<_>>(),
+        Some(&bi_key),
+    );
+    assert!(
+        !o.status.success() && text(&o).contains("403"),
+        "{}",
+        text(&o)
+    );
+    // Revoked through the other follower: out of every node.
+    let o = kiln(
+        &[
+            "api-key",
+            "revoke",
+            "--url",
+            &url(followers[1]),
+            "--ca-cert",
+            ca,
+            &id,
+        ],
+        Some(operator_key),
+    );
+    assert!(o.status.success(), "api-key revoke --url: {}", text(&o));
+    for node in 1..=3 {
+        eventually(
+            &format!("node {node} still lets the revoked key in"),
+            || export(&url(node), ca, &bi_key, &out).is_none(),
+        );
+    }
+    // The operator's key (copied to every node before the start) still works.
+    assert!(export(&url(followers[1]), ca, operator_key, &out).is_some());
 }

@@ -107,6 +107,16 @@ pub enum Command {
         below_sequence: u64,
         older_than_ms: Option<u64>,
     },
+    /// Saves an API key's record on every node (the server's key file, through
+    /// `api_keys::ApiKeyStore`), replacing one of the same id: the record as the
+    /// server's JSON, which holds the hash of the key's secret, never the secret.
+    PutApiKey {
+        record_json: String,
+    },
+    /// Removes the API key `id` on every node.
+    RevokeApiKey {
+        id: String,
+    },
 }
 
 /// A write as the log carries it: the document as its JSON text.
@@ -223,6 +233,12 @@ pub enum Answer {
         purged: u64,
         remaining: u64,
         purged_below_sequence: u64,
+    },
+    /// An API key's record is saved.
+    ApiKeySaved,
+    /// An API key is revoked; `existed` is false when no key had that id.
+    ApiKeyRevoked {
+        existed: bool,
     },
 }
 

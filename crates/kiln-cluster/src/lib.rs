@@ -20,6 +20,7 @@
 // helpers return it too rather than box it and unbox it at every trait method.
 #![allow(clippy::result_large_err)]
 
+pub mod api_keys;
 mod batcher;
 pub mod codec;
 pub mod command;
@@ -30,6 +31,7 @@ pub mod snapshot;
 pub mod state_machine;
 mod uploads;
 
+pub use api_keys::ApiKeyStore;
 pub use command::{Answer, Command, ErrorAnswer, LoggedCondition, LoggedOp, WriteAnswer};
 pub use node::{ClusterConfig, ClusterError, ClusterNode, ClusterStatus, MemberStatus};
 

@@ -49,6 +49,9 @@ pub struct ClusterConfig {
     pub links: Option<crate::network::LinkFilter>,
     /// TLS and the cluster key for the messages to the other nodes.
     pub security: crate::network::PeerSecurity,
+    /// Where this node keeps the cluster's API keys (the server's key file);
+    /// without one, key changes in the log are applied nowhere.
+    pub api_keys: Option<std::sync::Arc<dyn crate::ApiKeyStore>>,
 }
 
 impl ClusterConfig {
@@ -68,6 +71,7 @@ impl ClusterConfig {
             joining: false,
             links: None,
             security: Default::default(),
+            api_keys: None,
         }
     }
 }
@@ -339,7 +343,13 @@ impl ClusterNode {
                 source,
             }
         })?;
-        let machine = StateMachine::open(store.clone(), &log, &config.snapshot_dir, classify)?;
+        let machine = StateMachine::open(
+            store.clone(),
+            &log,
+            &config.snapshot_dir,
+            classify,
+            config.api_keys.clone(),
+        )?;
         let log = log.with_purge_limit(machine.purge_limit());
         let truncations = log.truncations();
         let network = Network::new(

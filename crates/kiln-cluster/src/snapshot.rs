@@ -4,7 +4,10 @@
 //! each backup into it, sent from it in chunks, received into a file of its own,
 //! installed from it by restoring each database. Before a database's container,
 //! a section named `@uploads/<database>` may hold its attachment uploads in
-//! progress (see `uploads`); they are restored after the databases. Nothing holds a whole snapshot
+//! progress (see `uploads`); they are restored after the databases. A first
+//! section named `@api-keys` holds the cluster's API keys (see `api_keys`), taken
+//! as they are when the build begins and put in place after the databases.
+//! Nothing holds a whole snapshot
 //! in memory: a node with a database larger than its RAM can still send and take
 //! one.
 //!
@@ -13,6 +16,7 @@
 //! under way `building-*.tmp` and `receiving-*.tmp`. A file the state does not
 //! name is left over from a crash or an older snapshot and is removed.
 
+use crate::api_keys::{self, ApiKeyStore};
 use crate::uploads;
 use crate::StorageError;
 use kiln_docs::DatabaseError;
@@ -193,9 +197,13 @@ impl SnapshotDir {
 
     /// Writes every database's backup container into a new file and returns its
     /// path (not yet promoted) and size.
-    pub fn build(&self, store: &DocStore) -> Result<(PathBuf, u64), StorageError> {
+    pub fn build(
+        &self,
+        store: &DocStore,
+        api_keys: Option<&dyn ApiKeyStore>,
+    ) -> Result<(PathBuf, u64), StorageError> {
         let path = self.temp_path("building");
-        let result = write_snapshot(store, &path);
+        let result = write_snapshot(store, api_keys, &path);
         if result.is_err() {
             let _ = std::fs::remove_file(&path);
         }
@@ -232,9 +240,27 @@ fn write_uploads_section(
     undo_or_fill.map_err(io_err("writing", path))
 }
 
-fn write_snapshot(store: &DocStore, path: &Path) -> Result<u64, StorageError> {
+/// Writes a section `name` holding `body`.
+fn write_section(out: &mut impl Write, name: &str, body: &[u8]) -> std::io::Result<()> {
+    out.write_all(&(name.len() as u32).to_be_bytes())?;
+    out.write_all(name.as_bytes())?;
+    out.write_all(&(body.len() as u64).to_be_bytes())?;
+    out.write_all(body)
+}
+
+fn write_snapshot(
+    store: &DocStore,
+    api_keys: Option<&dyn ApiKeyStore>,
+    path: &Path,
+) -> Result<u64, StorageError> {
     let file = File::create(path).map_err(io_err("creating", path))?;
     let mut out = BufWriter::with_capacity(1 << 20, file);
+    if let Some(keys) = api_keys {
+        let exported = keys.export().map_err(|e| {
+            snapshot_err(&std::io::Error::other(format!("reading the API keys: {e}")))
+        })?;
+        write_section(&mut out, api_keys::SECTION, &exported).map_err(io_err("writing", path))?;
+    }
     let mut names = store.database_names();
     names.sort();
     for name in names {
@@ -280,17 +306,30 @@ fn write_snapshot(store: &DocStore, path: &Path) -> Result<u64, StorageError> {
 /// not hold deleted. A crash part way leaves some databases replaced: the node's
 /// applied state still says the older point, so it is sent the snapshot again,
 /// and a restore of a database is itself all or nothing.
-pub fn install(store: &DocStore, path: &Path) -> Result<(), StorageError> {
+pub fn install(
+    store: &DocStore,
+    path: &Path,
+    api_keys: Option<&dyn ApiKeyStore>,
+) -> Result<(), StorageError> {
     let file = File::open(path).map_err(io_err("opening", path))?;
     let size = file.metadata().map_err(io_err("reading", path))?.len();
     let mut input = BufReader::with_capacity(1 << 20, file);
     let mut kept = Vec::new();
     let mut uploads_sections = Vec::new();
+    let mut keys = None;
     let mut at = 0u64;
     while at < size {
         let section = read_section_header(&mut input, path, at, size)?;
         at = section.at + section.len;
-        if section.name.starts_with(uploads::SECTION_PREFIX) {
+        if section.name == api_keys::SECTION {
+            // Small (records of keys); put in place once the databases are.
+            let mut bytes = Vec::new();
+            (&mut input)
+                .take(section.len)
+                .read_to_end(&mut bytes)
+                .map_err(io_err("reading", path))?;
+            keys = Some(bytes);
+        } else if section.name.starts_with(uploads::SECTION_PREFIX) {
             // Restored once every database is (a restore replaces its directory).
             uploads_sections.push(section);
         } else {
@@ -317,7 +356,16 @@ pub fn install(store: &DocStore, path: &Path) -> Result<(), StorageError> {
             store.delete_database(&name).map_err(|e| snapshot_err(&e))?;
         }
     }
-    restore_uploads(store, &mut input, path, uploads_sections)
+    restore_uploads(store, &mut input, path, uploads_sections)?;
+    // A snapshot from a build that carried no keys leaves this node's as they are.
+    if let (Some(store_keys), Some(bytes)) = (api_keys, keys) {
+        store_keys.import(&bytes).map_err(|e| {
+            snapshot_err(&std::io::Error::other(format!(
+                "installing the API keys: {e}"
+            )))
+        })?;
+    }
+    Ok(())
 }
 
 /// A section of a snapshot file: a database's backup container, or the uploads

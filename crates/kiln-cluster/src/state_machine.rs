@@ -58,6 +58,8 @@ struct Shared {
     /// The last snapshot built or installed (the newest of both: a build runs
     /// beside the applying, so an install may finish first).
     snapshot: Mutex<Option<Meta>>,
+    /// Where the cluster's API keys are kept on this node (`api_keys`).
+    api_keys: Option<Arc<dyn crate::ApiKeyStore>>,
 }
 
 /// The state machine; a clone shares it (the snapshot builder is one).
@@ -88,6 +90,7 @@ impl StateMachine {
         log: &LogStore,
         snapshot_dir: &Path,
         classify: Option<ClassifyError>,
+        api_keys: Option<Arc<dyn crate::ApiKeyStore>>,
     ) -> Result<StateMachine, StorageError> {
         let env = log.env();
         let mut w = env.begin_write().map_err(|e| sm_err(&e))?;
@@ -124,6 +127,7 @@ impl StateMachine {
                 purge_limit,
                 piggyback: log.piggyback(),
                 snapshot: Mutex::new(snapshot),
+                api_keys,
             }),
             applied,
         })
@@ -233,6 +237,8 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
             older_than_ms,
         } => shared.purge_tombstones(&database, incarnation, at_ms, below_sequence, older_than_ms),
         Command::PurgeRevisions { database, id } => shared.purge_revisions(log_id, &database, &id),
+        Command::PutApiKey { record_json } => shared.put_api_key(&record_json),
+        Command::RevokeApiKey { id } => shared.revoke_api_key(&id),
         command @ (Command::AttachmentChunk { .. }
         | Command::DropUpload { .. }
         | Command::PutAttachment { .. }
@@ -477,6 +483,42 @@ impl Shared {
             Ok(None) => Ok(Answer::AlreadyApplied),
             Err(e) => self.storage_or(e),
         }
+    }
+
+    /// The key store, or the answer of a node without one.
+    fn key_store(&self) -> Result<&dyn crate::ApiKeyStore, Answer> {
+        self.api_keys.as_deref().ok_or_else(|| {
+            Answer::Failed(crate::ErrorAnswer {
+                code: "not_supported_in_cluster".into(),
+                message: "this node keeps no API keys (it runs without a key store)".into(),
+                current_etag: None,
+            })
+        })
+    }
+
+    /// Saves an API key's record. A failure to write the key file is this node's
+    /// storage failing (it stops applying, as for a database's).
+    fn put_api_key(&self, record_json: &str) -> Result<Answer, StorageError> {
+        let keys = match self.key_store() {
+            Ok(keys) => keys,
+            Err(answer) => return Ok(answer),
+        };
+        keys.put(record_json)
+            .map_err(|e| sm_err(&std::io::Error::other(format!("saving an API key: {e}"))))?;
+        Ok(Answer::ApiKeySaved)
+    }
+
+    fn revoke_api_key(&self, id: &str) -> Result<Answer, StorageError> {
+        let keys = match self.key_store() {
+            Ok(keys) => keys,
+            Err(answer) => return Ok(answer),
+        };
+        let existed = keys.revoke(id).map_err(|e| {
+            sm_err(&std::io::Error::other(format!(
+                "revoking API key {id}: {e}"
+            )))
+        })?;
+        Ok(Answer::ApiKeyRevoked { existed })
     }
 
     fn attachment_chunk(
@@ -875,7 +917,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let id = meta.snapshot_id.clone();
         blocking(move || {
             let path = me.shared.snapshots.promote(&received, &id)?;
-            crate::snapshot::install(&me.shared.store, &path)
+            crate::snapshot::install(&me.shared.store, &path, me.shared.api_keys.as_deref())
         })
         .await?;
         self.applied = Applied {
@@ -913,7 +955,10 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         let applied = self.applied.clone();
         let me = self.clone();
         let (meta, file) = blocking(move || {
-            let (built, size_bytes) = me.shared.snapshots.build(&me.shared.store)?;
+            let (built, size_bytes) = me
+                .shared
+                .snapshots
+                .build(&me.shared.store, me.shared.api_keys.as_deref())?;
             let at_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis());

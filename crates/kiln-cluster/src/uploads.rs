@@ -469,7 +469,7 @@ mod tests {
         write_chunk(&db, 7, 200_000, 5_000, &data[200_000..]).unwrap();
         write_chunk(&db, 7, 0, 4_000, &data[..200_000]).unwrap();
         let snapshots = crate::snapshot::SnapshotDir::open(&root.path().join("snap")).unwrap();
-        let (built, _) = snapshots.build(&a).unwrap();
+        let (built, _) = snapshots.build(&a, None).unwrap();
         // In clear exactly when the database is not encrypted.
         let probe = &data[150_000..150_064];
         let upload_file = std::fs::read(path_of(&db, 7)).unwrap();
@@ -481,7 +481,7 @@ mod tests {
         let other = b.create_database("att").unwrap();
         write_chunk(&other, 9, 0, 1, b"not in the snapshot").unwrap();
         drop(other);
-        crate::snapshot::install(&b, &built).unwrap();
+        crate::snapshot::install(&b, &built, None).unwrap();
         let db_b = b.database("att").unwrap();
         let listed: Vec<(u64, u64)> = list(&db_b)
             .unwrap()

@@ -133,20 +133,76 @@ fn new_record(name: &str, clearance: Clearance) -> Result<ApiKeyRecord, AuthErro
     })
 }
 
+/// A new key's record and the key in full, not yet saved anywhere (a cluster
+/// saves it on every node through its log: `save_record`).
+pub fn new_api_key(name: &str, clearance: Clearance) -> Result<(ApiKeyRecord, String), AuthError> {
+    let mut record = new_record(name, clearance)?;
+    let secret = hex::encode(rand::random::<[u8; 32]>());
+    record.secret_sha256 = Some(sha256_hex(secret.as_bytes()));
+    let key = format!("kiln_{}_{secret}", record.id);
+    Ok((record, key))
+}
+
 /// Creates a key and returns it in full; this is the only time the secret is seen.
 pub fn create_api_key(
     data_dir: &Path,
     name: &str,
     clearance: Clearance,
 ) -> Result<(ApiKeyRecord, String), AuthError> {
-    let mut record = new_record(name, clearance)?;
-    let mut file = read_keys(&key_file(data_dir))?;
-    let secret = hex::encode(rand::random::<[u8; 32]>());
-    record.secret_sha256 = Some(sha256_hex(secret.as_bytes()));
-    file.keys.push(record.clone());
-    write_keys(data_dir, &file)?;
-    let key = format!("kiln_{}_{secret}", record.id);
+    let (record, key) = new_api_key(name, clearance)?;
+    save_record(data_dir, &record)?;
     Ok((record, key))
+}
+
+/// Saves `record`, replacing the one of its id (saving it again changes nothing).
+pub fn save_record(data_dir: &Path, record: &ApiKeyRecord) -> Result<(), AuthError> {
+    let mut file = read_keys(&key_file(data_dir))?;
+    match file.keys.iter_mut().find(|k| k.id == record.id) {
+        Some(existing) => *existing = record.clone(),
+        None => file.keys.push(record.clone()),
+    }
+    write_keys(data_dir, &file)
+}
+
+/// Removes the key `id`; false if there is none.
+pub fn remove_record(data_dir: &Path, id: &str) -> Result<bool, AuthError> {
+    let mut file = read_keys(&key_file(data_dir))?;
+    let before = file.keys.len();
+    file.keys.retain(|k| k.id != id);
+    if file.keys.len() == before {
+        return Ok(false);
+    }
+    write_keys(data_dir, &file)?;
+    Ok(true)
+}
+
+/// The keys of a data directory as a cluster node keeps them: its key file, the
+/// log's key changes applied to it, a snapshot's set put in its place.
+pub struct KeyFileStore {
+    pub data_dir: PathBuf,
+}
+
+impl kiln_cluster::ApiKeyStore for KeyFileStore {
+    fn put(&self, record_json: &str) -> Result<(), String> {
+        let record: ApiKeyRecord =
+            serde_json::from_str(record_json).map_err(|e| format!("a key record: {e}"))?;
+        save_record(&self.data_dir, &record).map_err(|e| e.to_string())
+    }
+
+    fn revoke(&self, id: &str) -> Result<bool, String> {
+        remove_record(&self.data_dir, id).map_err(|e| e.to_string())
+    }
+
+    fn export(&self) -> Result<Vec<u8>, String> {
+        let file = read_keys(&key_file(&self.data_dir)).map_err(|e| e.to_string())?;
+        serde_json::to_vec(&file).map_err(|e| e.to_string())
+    }
+
+    fn import(&self, exported: &[u8]) -> Result<(), String> {
+        let file: KeyFile =
+            serde_json::from_slice(exported).map_err(|e| format!("a snapshot's keys: {e}"))?;
+        write_keys(&self.data_dir, &file).map_err(|e| e.to_string())
+    }
 }
 
 /// The thumbprint a certificate is registered by: the hex SHA-256 of its DER bytes.
@@ -163,7 +219,6 @@ pub fn register_certificate(
     clearance: Clearance,
     certificate_pem: &Path,
 ) -> Result<ApiKeyRecord, AuthError> {
-    let mut record = new_record(name, clearance)?;
     let certs =
         crate::tls::load_certs(certificate_pem).map_err(|source| AuthError::Certificate {
             path: certificate_pem.to_path_buf(),
@@ -174,7 +229,21 @@ pub fn register_certificate(
         .first()
         .map(|c| certificate_thumbprint(c))
         .unwrap_or_default();
-    let mut file = read_keys(&key_file(data_dir))?;
+    let record = certificate_record(data_dir, name, clearance, thumbprint)?;
+    save_record(data_dir, &record)?;
+    Ok(record)
+}
+
+/// A new record for the certificate of `thumbprint`, not yet saved; refused if
+/// the keys of `data_dir` hold it already.
+pub fn certificate_record(
+    data_dir: &Path,
+    name: &str,
+    clearance: Clearance,
+    thumbprint: String,
+) -> Result<ApiKeyRecord, AuthError> {
+    let mut record = new_record(name, clearance)?;
+    let file = read_keys(&key_file(data_dir))?;
     if let Some(existing) = file
         .keys
         .iter()
@@ -186,8 +255,6 @@ pub fn register_certificate(
         });
     }
     record.certificate_sha256 = Some(thumbprint);
-    file.keys.push(record.clone());
-    write_keys(data_dir, &file)?;
     Ok(record)
 }
 
@@ -196,13 +263,11 @@ pub fn list_api_keys(data_dir: &Path) -> Result<Vec<ApiKeyRecord>, AuthError> {
 }
 
 pub fn revoke_api_key(data_dir: &Path, id: &str) -> Result<(), AuthError> {
-    let mut file = read_keys(&key_file(data_dir))?;
-    let before = file.keys.len();
-    file.keys.retain(|k| k.id != id);
-    if file.keys.len() == before {
-        return Err(AuthError::NoSuchKey(id.to_string()));
+    if remove_record(data_dir, id)? {
+        Ok(())
+    } else {
+        Err(AuthError::NoSuchKey(id.to_string()))
     }
-    write_keys(data_dir, &file)
 }
 
 /// What tells one version of the key file from another. The mtime alone does not:
@@ -249,6 +314,11 @@ impl KeyVerifier {
         };
         v.refresh()?;
         Ok(v)
+    }
+
+    /// The data directory whose key file this checks against.
+    pub fn data_dir(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("."))
     }
 
     /// Records every later change of the key file in `audit`.

@@ -12,7 +12,8 @@
 use crate::access::Need;
 use crate::metrics::DOCUMENT_ROUTE;
 use crate::routes::{
-    admin as routes_admin, bulk, changes, docs as routes_docs, queries, revisions, subscriptions,
+    admin as routes_admin, api_keys, bulk, changes, docs as routes_docs, queries, revisions,
+    subscriptions,
 };
 use crate::state::SharedState;
 use axum::extract::{Request, State};
@@ -185,6 +186,21 @@ fn admin_routes(r: ApiRoutes) -> ApiRoutes {
         "/whoami",
         const { &[rule("GET", Need::Authenticated)] },
         get(routes_admin::whoami),
+    )
+    .route(
+        "/admin/api-keys",
+        const {
+            &[
+                rule("GET", Need::Operator),
+                audited("POST", Need::Operator, "api_key.create"),
+            ]
+        },
+        get(api_keys::list).post(api_keys::create),
+    )
+    .route(
+        "/admin/api-keys/{id}",
+        const { &[audited("DELETE", Need::Operator, "api_key.revoke")] },
+        axum::routing::delete(api_keys::revoke),
     )
     .route(
         "/dbs",

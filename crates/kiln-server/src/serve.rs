@@ -241,6 +241,10 @@ async fn start_cluster_node(
     cluster.write_timeout_ms = settings.write_timeout_ms;
     cluster.entries_kept_after_snapshot = settings.snapshot_every_entries.min(1_000);
     cluster.security = peer_security(config, settings)?;
+    // The cluster's API keys, saved on every node through the log.
+    cluster.api_keys = Some(Arc::new(crate::auth::KeyFileStore {
+        data_dir: config.data_dir.clone(),
+    }));
     let node = ClusterNode::start(
         store.clone(),
         cluster,

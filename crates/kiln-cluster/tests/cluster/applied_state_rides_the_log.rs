@@ -20,7 +20,8 @@ fn open(dir: &Path) -> (Arc<DocStore>, LogStore, StateMachine) {
     docs.storage.data_grow_step_bytes = 1 << 20;
     let store = Arc::new(DocStore::open(dir.join("data"), docs.clone()).unwrap());
     let log = LogStore::open(&dir.join("raft"), docs.storage.clone()).unwrap();
-    let machine = StateMachine::open(store.clone(), &log, &dir.join("snapshots"), None).unwrap();
+    let machine =
+        StateMachine::open(store.clone(), &log, &dir.join("snapshots"), None, None).unwrap();
     (store, log, machine)
 }
 

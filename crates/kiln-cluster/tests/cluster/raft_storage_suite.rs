@@ -19,7 +19,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Bui
         docs.storage.data_grow_step_bytes = 1 << 20;
         let store = Arc::new(DocStore::open(dir.path().join("data"), docs.clone()).unwrap());
         let log = LogStore::open(&dir.path().join("raft"), docs.storage.clone()).unwrap();
-        let machine = StateMachine::open(store, &log, &dir.path().join("snapshots"), None)?;
+        let machine = StateMachine::open(store, &log, &dir.path().join("snapshots"), None, None)?;
         Ok((dir, log, machine))
     }
 }

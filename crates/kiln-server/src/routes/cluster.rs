@@ -316,6 +316,22 @@ fn answered_error(e: ErrorAnswer) -> ApiError {
     api
 }
 
+/// Proposes `command` to the log and waits for what applying it answered.
+pub(crate) async fn propose_command(
+    node: &ClusterNode,
+    command: Command,
+) -> Result<Answer, ApiError> {
+    propose(node, command).await
+}
+
+/// The error an answer other than the one expected stands for.
+pub(crate) fn answer_error(answer: Answer) -> ApiError {
+    match answer {
+        Answer::Failed(e) => answered_error(e),
+        other => unexpected(&other),
+    }
+}
+
 fn unexpected(answer: &Answer) -> ApiError {
     ApiError::new(
         ErrorCode::InternalError,

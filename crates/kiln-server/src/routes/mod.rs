@@ -1,6 +1,7 @@
 //! The HTTP routes, one module per area.
 
 pub mod admin;
+pub mod api_keys;
 pub mod attachments;
 pub mod backup;
 pub mod bulk;

@@ -7,6 +7,7 @@
 
 mod common;
 
+mod api_keys_over_http;
 mod attachments_sealed;
 mod backup_endpoint;
 mod bulk_insert;

@@ -152,6 +152,7 @@ fn concrete(path: &str) -> String {
     path.replace("{db}", "shop")
         .replace("{id}/attachments/{name}", "users/1/attachments/a.txt")
         .replace("/cluster/members/{id}", "/cluster/members/2")
+        .replace("/admin/api-keys/{id}", "/admin/api-keys/0000ffff")
         .replace("{id}", "users/1")
         .replace("{hash}", &"0".repeat(64))
         .replace("/indexes/{name}", "/indexes/by-name")
