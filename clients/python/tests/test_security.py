@@ -15,7 +15,7 @@ from typing import Dict, Iterator, Tuple
 import pytest
 
 from conftest import KilnServer, kiln_bin
-from kiln_client import AuthenticationError, ConnectionFailedError, DocumentStore
+from kiln_client import AuthenticationError, ConnectionFailedError, DocumentStore, KilnError
 
 
 def _self_signed(dir_: str) -> Dict[str, str]:
@@ -164,3 +164,28 @@ def test_a_key_for_one_database_is_forbidden_beyond_it(secure_server) -> None:
             assert refused.value.status == 403 and "read_write" in str(refused.value)
         assert admin.get("notes/2") is None
         assert admin.whoami()["clearance"] == "operator"
+
+
+def test_api_keys_made_and_revoked_through_the_server(secure_server) -> None:
+    from kiln_client import ForbiddenError, NotFoundError
+    srv, key = secure_server
+    with DocumentStore(srv.url, "keys", api_key=key, ca=srv.tls["cert"]) as admin:
+        admin.create_database()
+        admin.put("notes/1", {"text": "hi"})
+        made = admin.create_api_key("py-reader", grants=["keys:read"])
+        assert made["key"].startswith("kiln_" + made["id"] + "_")
+        assert made["clearance"] == {"databases": [{"database": "keys", "access": "read"}]}
+        listed = {k["id"]: k for k in admin.api_keys()}
+        assert listed[made["id"]]["name"] == "py-reader" and "key" not in listed[made["id"]]
+        with DocumentStore(srv.url, "keys", api_key=made["key"], ca=srv.tls["cert"]) as reader:
+            assert reader.get("notes/1")["text"] == "hi"
+            with pytest.raises(ForbiddenError):
+                reader.create_api_key("escalate", operator=True)
+            admin.revoke_api_key(made["id"])
+            with pytest.raises(AuthenticationError):
+                reader.get("notes/1")
+        with pytest.raises(NotFoundError):
+            admin.revoke_api_key(made["id"])
+        with pytest.raises(KilnError) as bad:
+            admin.create_api_key("neither")
+        assert bad.value.status == 400

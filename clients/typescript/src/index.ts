@@ -13,7 +13,7 @@
 export * from "./errors.js";
 export { SERVER_ERROR_CODES } from "./codes.js";
 export {
-  DocumentStore, docPath, stripQuotes, withExpiry, accessTo, type Caller, type DatabaseGrant,
+  DocumentStore, docPath, stripQuotes, withExpiry, accessTo, type Caller, type DatabaseGrant, type ApiKeyRecord,
   type DocumentStoreOptions, type Doc, type KilnResponse, type RequestOptions, type BatchOp, type BatchResult,
   type Revision, type RevisionsConfig, type AttachmentInfo, type AttachmentStream, type GetAttachmentOptions,
   type WebSocketConstructor, type ListDocumentsOptions, type DocumentPage, type CollectionInfo, type IndexField,

@@ -681,6 +681,33 @@ export class DocumentStore {
     return (await this.request("GET", "/whoami")).json<Caller>();
   }
 
+  /**
+   * `POST /admin/api-keys` (an operator's key): a new API key with `operator: true` or
+   * `grants` (`"shop:read_write"`, `"reports-*:read"`...), or, with `certificatePem`, a
+   * client certificate registered with them. The record, with `key` for a key: shown
+   * this once. In a cluster it reaches every node through the log.
+   */
+  async createApiKey(
+    name: string,
+    opts: { operator?: boolean; grants?: string[]; certificatePem?: string } = {},
+  ): Promise<ApiKeyRecord & { key?: string }> {
+    const json: Record<string, unknown> = { name };
+    if (opts.operator) json.operator = true;
+    if (opts.grants?.length) json.grants = opts.grants;
+    if (opts.certificatePem !== undefined) json.certificate_pem = opts.certificatePem;
+    return (await this.request("POST", "/admin/api-keys", { json })).json<ApiKeyRecord & { key?: string }>();
+  }
+
+  /** `GET /admin/api-keys`: every key and registered certificate (never a secret or its hash). */
+  async apiKeys(): Promise<ApiKeyRecord[]> {
+    return (await this.request("GET", "/admin/api-keys")).json<{ keys: ApiKeyRecord[] }>().keys;
+  }
+
+  /** `DELETE /admin/api-keys/{id}`: refused from the next request (on every node of a cluster); NotFoundError if there is none. */
+  async revokeApiKey(id: string): Promise<void> {
+    await this.request("DELETE", `/admin/api-keys/${encodeURIComponent(id)}`);
+  }
+
   /** The server's databases the caller may read (`GET /dbs`); the same whatever the store's database. */
   async databaseNames(): Promise<string[]> {
     return (await this.request("GET", "/dbs")).json<{ databases: string[] }>().databases;
@@ -1155,6 +1182,16 @@ export interface IndexInfo {
 export interface DatabaseGrant {
   database: string;
   access: "read" | "read_write" | "admin";
+}
+
+/** An API key or registered client certificate (`GET /admin/api-keys`). */
+export interface ApiKeyRecord {
+  id: string;
+  name: string;
+  kind: "key" | "certificate";
+  certificate_sha256: string | null;
+  clearance: "operator" | { databases: DatabaseGrant[] };
+  created_ms: number;
 }
 
 /** Who the store's key or certificate is (`GET /whoami`). */

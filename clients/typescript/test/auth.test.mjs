@@ -76,3 +76,25 @@ test("a key for one database: whoami, accessTo, and ForbiddenError beyond its cl
   await admin.deleteDatabase();
   await Promise.all([admin.close(), reader.close()]);
 });
+
+test("API keys made, listed and revoked through the server", async () => {
+  const db = dbName();
+  const admin = new K.DocumentStore(server.url, db, { apiKey: key });
+  await admin.createDatabase();
+  await admin.put("notes/1", { text: "hi" });
+  const made = await admin.createApiKey("ts-reader", { grants: [`${db}:read`] });
+  assert.ok(made.key.startsWith(`kiln_${made.id}_`), JSON.stringify(made));
+  assert.deepEqual(made.clearance, { databases: [{ database: db, access: "read" }] });
+  const listed = (await admin.apiKeys()).find((k) => k.id === made.id);
+  assert.equal(listed.name, "ts-reader");
+  assert.equal(listed.key, undefined, "a listing never shows the key");
+  const reader = new K.DocumentStore(server.url, db, { apiKey: made.key });
+  assert.equal((await reader.get("notes/1")).text, "hi");
+  await assert.rejects(reader.createApiKey("escalate", { operator: true }), K.ForbiddenError);
+  await admin.revokeApiKey(made.id);
+  await assert.rejects(reader.get("notes/1"), K.AuthenticationError);
+  await assert.rejects(admin.revokeApiKey(made.id), K.NotFoundError);
+  await assert.rejects(admin.createApiKey("neither"), (e) => e.status === 400);
+  await admin.deleteDatabase();
+  await Promise.all([admin.close(), reader.close()]);
+});

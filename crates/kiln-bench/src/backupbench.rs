@@ -384,7 +384,7 @@ fn restore_offline(
         source,
         restored,
         "bench",
-        kiln_docs::DocsOptions::default().storage,
+        crate::querybench::docs_options().storage,
         false,
         kiln_docs::RestorePoint::Latest,
         |_| {},
@@ -422,7 +422,7 @@ fn first_read_in_process(
 ) -> BenchResult<()> {
     drop_dir_from_cache(restored)?;
     let start = Instant::now();
-    let store = kiln_docs::DocStore::open(restored, kiln_docs::DocsOptions::default())?;
+    let store = kiln_docs::DocStore::open(restored, crate::querybench::docs_options())?;
     let db = store.database("bench")?;
     if db.get(probe)?.is_none() {
         return Err(format!("{probe} is missing from the restored database").into());
@@ -445,7 +445,12 @@ fn first_read_from_server(
 ) -> BenchResult<()> {
     drop_dir_from_cache(restored)?;
     let start = Instant::now();
-    let restored_server = ServerProcess::start_with(restored, &[])?;
+    // The run's serve flags (an encrypted run's key among them).
+    let flags: Vec<&str> = crate::serverbench::SERVE_FLAGS
+        .get()
+        .map(|f| f.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    let restored_server = ServerProcess::start_with(restored, &flags)?;
     let (status, body) = httpbench::blocking_request(
         restored_server.addr,
         "GET",

@@ -444,15 +444,6 @@ pub fn run(args: BenchArgs, backup_tool: Option<BackupTool>) -> BenchResult<()> 
     if workloads.contains(&Workload::W14) && backup_tool.is_none() {
         return Err(NO_BACKUP_TOOL.into());
     }
-    if workloads.contains(&Workload::W14) && args.encryption_key_file.is_some() {
-        // Its download check and its offline restore take no key (yet): refused
-        // here rather than failing half-way through a long run.
-        return Err(UsageError(
-            "W14 is not measured on an encrypted server yet: run it without --encryption-key-file"
-                .into(),
-        )
-        .into());
-    }
     let mut plan = Plan::new(&args, backup_tool);
     let mut serve_flags = args.serve_flags.clone();
     if let Some(path) = &args.encryption_key_file {

@@ -411,24 +411,11 @@ impl<R: Read, W: Write> Read for Tee<R, W> {
     }
 }
 
-/// `GET path` (a backup of a running server) written to `file`, every checksum
-/// verified as the bytes arrive: a truncated or damaged stream is refused. The file
-/// is flushed, not synced (see [`finish_file`]). Without a key: a sealed backup is
-/// refused (see [`stream_checked_backup_to`]).
-pub(crate) fn stream_backup_to(
-    ep: &Endpoint,
-    path: &str,
-    file: &File,
-    progress: impl FnMut(u64),
-) -> AnyResult<BackupReport> {
-    download(ep, path, file, |input| {
-        Ok(kiln_docs::verify_backup(input, progress)?)
-    })
-}
-
-/// [`stream_backup_to`], checking the backup with [`check_backup`]: in full, or
-/// (sealed, no `key`) its structure.
-fn stream_checked_backup_to(
+/// `GET path` (a backup of a running server) written to `file`, checked with
+/// [`check_backup`] as the bytes arrive: in full (every checksum; a sealed one with
+/// `key`), or (sealed, no `key`) its structure. A truncated or damaged stream is
+/// refused. The file is flushed, not synced (see [`finish_file`]).
+pub(crate) fn stream_checked_backup_to(
     ep: &Endpoint,
     path: &str,
     file: &File,
@@ -456,7 +443,7 @@ fn download<T>(
 }
 
 /// What this side knows of a backup it checked or wrote.
-enum Checked {
+pub(crate) enum Checked {
     /// Read in full (a backup in clear, or a sealed one with its key: every
     /// checksum, count and seal, the manifest), or written here.
     Contents(Box<BackupReport>),

@@ -2,7 +2,7 @@
 //! What this adds: the part of W14 that only kiln-cli has (`kiln backup`'s and `kiln
 //! restore`'s own code), and the exit code 2 of a bad command line.
 
-use crate::backup_cmd::{finish_file, open_all, stream_backup_to};
+use crate::backup_cmd::{finish_file, open_all, stream_checked_backup_to, Checked};
 use crate::client::Endpoint;
 use crate::{AnyResult, UsageError};
 use kiln_bench::diskbench::{self, DiskBenchError};
@@ -39,7 +39,12 @@ fn http_backup(addr: SocketAddr, out: &Path) -> BenchResult<BackupFigures> {
     partial.push(".partial");
     let partial = PathBuf::from(partial);
     let file = File::create(&partial).map_err(|e| format!("{}: {e}", partial.display()))?;
-    let report = stream_backup_to(&ep, "/dbs/bench/backup", &file, |_| {})?;
+    // An encrypted run's backups are sealed: checked with its master key.
+    let key = kiln_bench::querybench::ENCRYPTION.get();
+    let report = match stream_checked_backup_to(&ep, "/dbs/bench/backup", &file, key, |_| {})? {
+        Checked::Contents(report) => report,
+        Checked::Structure(_) => return Err("a sealed backup read without its key".into()),
+    };
     finish_file(file, &partial, out)?;
     Ok(BackupFigures {
         data_bytes: report.data_bytes,

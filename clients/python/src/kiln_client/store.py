@@ -547,6 +547,33 @@ class DocumentStore:
         ``clearance`` (``"operator"``, or ``{"databases": [{"database", "access"}]}``)."""
         return self.request("GET", "/whoami").json()  # type: ignore[no-any-return]
 
+    def create_api_key(self, name: str, *, operator: bool = False,
+                       grants: Sequence[str] = (),
+                       certificate_pem: Optional[str] = None) -> Dict[str, Any]:
+        """``POST /admin/api-keys`` (an operator's key): a new API key with ``operator``
+        or ``grants`` (``"shop:read_write"``, ``"reports-*:read"``...), or, with
+        ``certificate_pem``, a client certificate registered with them. The record
+        (``id``, ``name``, ``kind``, ``clearance``...) with ``key`` for a key: shown
+        this once. In a cluster it reaches every node through the log."""
+        body: Dict[str, Any] = {"name": name}
+        if operator:
+            body["operator"] = True
+        if grants:
+            body["grants"] = list(grants)
+        if certificate_pem is not None:
+            body["certificate_pem"] = certificate_pem
+        return self.request("POST", "/admin/api-keys", json_body=body).json()  # type: ignore[no-any-return]
+
+    def api_keys(self) -> List[Dict[str, Any]]:
+        """``GET /admin/api-keys``: every key and registered certificate (never a
+        secret or its hash)."""
+        return list(self.request("GET", "/admin/api-keys").json()["keys"])
+
+    def revoke_api_key(self, key_id: str) -> None:
+        """``DELETE /admin/api-keys/{id}``: the key is refused from the next request
+        (on every node of a cluster); :class:`NotFoundError` if there is none."""
+        self.request("DELETE", "/admin/api-keys/" + quote(key_id, safe=""))
+
     def database_names(self) -> List[str]:
         """The server's databases the caller may read (``GET /dbs``)."""
         return list(self.request("GET", "/dbs").json()["databases"])
