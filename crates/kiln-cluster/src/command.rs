@@ -117,6 +117,19 @@ pub enum Command {
     RevokeApiKey {
         id: String,
     },
+    /// Restores `database` (replacing it) from the backup sent as upload
+    /// `upload_id` of that database (`AttachmentChunk`s), checked to be
+    /// `size_bytes` hashing to `hash`, up to `until` (a restore point's text; the
+    /// latest when absent). The restored database records this entry as the last
+    /// applied to it. The upload is removed whatever the outcome.
+    RestoreDatabase {
+        database: String,
+        at_ms: u64,
+        upload_id: u64,
+        size_bytes: u64,
+        hash: String,
+        until: Option<String>,
+    },
 }
 
 /// A write as the log carries it: the document as its JSON text.
@@ -239,6 +252,10 @@ pub enum Answer {
     /// An API key is revoked; `existed` is false when no key had that id.
     ApiKeyRevoked {
         existed: bool,
+    },
+    /// A database restored: the restore's report as the server's JSON.
+    Restored {
+        report_json: String,
     },
 }
 

@@ -60,6 +60,9 @@ struct Shared {
     snapshot: Mutex<Option<Meta>>,
     /// Where the cluster's API keys are kept on this node (`api_keys`).
     api_keys: Option<Arc<dyn crate::ApiKeyStore>>,
+    /// Where a restore's upload waits while its database is replaced
+    /// (`restoring` beside the snapshot directory).
+    restoring_dir: std::path::PathBuf,
 }
 
 /// The state machine; a clone shares it (the snapshot builder is one).
@@ -128,6 +131,7 @@ impl StateMachine {
                 piggyback: log.piggyback(),
                 snapshot: Mutex::new(snapshot),
                 api_keys,
+                restoring_dir: snapshot_dir.with_file_name("restoring"),
             }),
             applied,
         })
@@ -238,6 +242,20 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
         } => shared.purge_tombstones(&database, incarnation, at_ms, below_sequence, older_than_ms),
         Command::PurgeRevisions { database, id } => shared.purge_revisions(log_id, &database, &id),
         Command::PutApiKey { record_json } => shared.put_api_key(&record_json),
+        Command::RestoreDatabase {
+            database,
+            at_ms,
+            upload_id,
+            size_bytes,
+            hash,
+            until,
+        } => shared.restore_database(
+            log_id,
+            &database,
+            at_ms,
+            (upload_id, size_bytes, &hash),
+            until.as_deref(),
+        ),
         Command::RevokeApiKey { id } => shared.revoke_api_key(&id),
         command @ (Command::AttachmentChunk { .. }
         | Command::DropUpload { .. }
@@ -483,6 +501,87 @@ impl Shared {
             Ok(None) => Ok(Answer::AlreadyApplied),
             Err(e) => self.storage_or(e),
         }
+    }
+
+    /// Restores `database` from a backup sent through the log (see
+    /// `Command::RestoreDatabase`). The upload is first moved out of the database's
+    /// directory, which the restore replaces, so that a crash anywhere finds it
+    /// again: before the restore is in place the entry is applied again from it;
+    /// after, the restored database's recorded log index says it was applied.
+    fn restore_database(
+        &self,
+        log_id: &LogId,
+        database: &str,
+        at_ms: u64,
+        (upload_id, size_bytes, hash): (u64, u64, &str),
+        until: Option<&str>,
+    ) -> Result<Answer, StorageError> {
+        let staged = self.restoring_dir.join(format!("{upload_id:016x}"));
+        if let Ok(db) = self.store.database(database) {
+            if db.applied_log_index().map_err(|e| sm_err(&e))? >= log_id.index {
+                let _ = std::fs::remove_file(&staged);
+                return Ok(Answer::AlreadyApplied);
+            }
+            let taken =
+                uploads::expire(&db, at_ms).and_then(|_| uploads::take(&db, upload_id, &staged));
+            taken.map_err(|e| sm_err(&e))?;
+        }
+        let result = self.restore_from(&staged, log_id, database, (size_bytes, hash), until);
+        if let Err(e) = std::fs::remove_file(&staged) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                return Err(sm_err(&e));
+            }
+        }
+        match result {
+            Ok(report) => Ok(Answer::Restored {
+                report_json: serde_json::to_string(&report).unwrap_or_default(),
+            }),
+            Err(e) => self.storage_or(e),
+        }
+    }
+
+    /// The restore of `restore_database` from the upload at `staged`, checked first.
+    fn restore_from(
+        &self,
+        staged: &Path,
+        log_id: &LogId,
+        database: &str,
+        (size_bytes, hash): (u64, &str),
+        until: Option<&str>,
+    ) -> Result<kiln_docs::RestoreReport, DocError> {
+        use sha2::Digest;
+        let invalid = |what: String| {
+            DocError::Backup(kiln_storage::BackupError::Corrupt {
+                part: "the restore's upload".into(),
+                offset: 0,
+                what,
+            })
+        };
+        if !staged.exists() {
+            return Err(invalid("not here (it expired or was never sent)".into()));
+        }
+        let point = match until {
+            Some(text) => kiln_docs::RestorePoint::parse(text)?,
+            None => kiln_docs::RestorePoint::Latest,
+        };
+        let decode = uploads::decoder_under(self.env.master_key());
+        let mut hasher = sha2::Sha256::new();
+        let mut reader = uploads::open_plain(staged, decode.as_deref())?;
+        let got_size = std::io::copy(&mut reader, &mut hasher).map_err(|source| DocError::Io {
+            path: staged.to_path_buf(),
+            source,
+        })?;
+        let got_hash = hex::encode(hasher.finalize());
+        if got_size != size_bytes || got_hash != hash {
+            return Err(invalid(format!(
+                "{got_size} bytes hashing to {got_hash}; the entry names {size_bytes} bytes \
+                 hashing to {hash} (a chunk is missing)"
+            )));
+        }
+        let source =
+            kiln_docs::RestoreSource::Stream(uploads::open_plain(staged, decode.as_deref())?);
+        self.store
+            .restore_database_logged(source, database, point, log_id.index)
     }
 
     /// The key store, or the answer of a node without one.

@@ -100,7 +100,14 @@ fn write_header(file: &File, path: &Path) -> Result<[u8; 24], DocError> {
 
 /// How a `PutAttachment` reads an encrypted upload's plaintext.
 pub(crate) fn decoder(db: &Database) -> Option<Box<kiln_docs::UploadDecoder<'static>>> {
-    let (_, master) = upload_key(db)?;
+    decoder_under(db.env().master_key())
+}
+
+/// `decoder` for uploads encrypted under `master` (none: plain uploads).
+pub(crate) fn decoder_under(
+    master: Option<&MasterKey>,
+) -> Option<Box<kiln_docs::UploadDecoder<'static>>> {
+    let master = master?.clone();
     Some(Box::new(move |mut file: File| {
         let nonce = read_nonce(&file, Path::new("the upload"))
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
@@ -198,6 +205,36 @@ pub(crate) fn write_chunk(
         .and_then(|_| file.set_modified(to_time(keep_until_ms.max(earlier_ms))))
         .and_then(|_| file.sync_all())
         .map_err(io_err(&path))
+}
+
+/// Moves upload `upload_id` of `db` (if it is there) to `to`, outside the
+/// database's directory (a restore replaces that directory), durably.
+pub(crate) fn take(db: &Database, upload_id: u64, to: &Path) -> Result<(), DocError> {
+    let from = path_of(db, upload_id);
+    if !from.exists() {
+        return Ok(());
+    }
+    let dir = to.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    std::fs::rename(&from, to).map_err(io_err(to))?;
+    for d in [dir, &dir_of(db)] {
+        File::open(d)
+            .and_then(|f| f.sync_all())
+            .map_err(io_err(d))?;
+    }
+    Ok(())
+}
+
+/// The plaintext of the upload file at `path`, read through `decode` if given.
+pub(crate) fn open_plain(
+    path: &Path,
+    decode: Option<&kiln_docs::UploadDecoder<'_>>,
+) -> Result<Box<dyn Read>, DocError> {
+    let file = File::open(path).map_err(io_err(path))?;
+    match decode {
+        Some(decode) => decode(file).map_err(io_err(path)),
+        None => Ok(Box::new(file)),
+    }
 }
 
 /// Removes an upload (finished, dropped); a missing one is no error.

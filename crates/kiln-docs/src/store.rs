@@ -288,6 +288,34 @@ impl DocStore {
         point: crate::RestorePoint,
         progress: impl FnMut(u64),
     ) -> Result<crate::RestoreReport> {
+        self.restore_database_inner(source, name, force, point, None, progress)
+    }
+
+    /// `restore_database` (replacing a database of the name) for a cluster's log
+    /// entry `log_index`: the restored database records that entry as the last
+    /// applied to it, whatever the backup recorded (a backup from another cluster
+    /// may hold a higher index, which would make this cluster's next writes look
+    /// applied already). Recorded before the database is put in place, so a crash
+    /// leaves either the old database or the restored one with its index.
+    pub fn restore_database_logged(
+        &self,
+        source: crate::RestoreSource<'_>,
+        name: &str,
+        point: crate::RestorePoint,
+        log_index: u64,
+    ) -> Result<crate::RestoreReport> {
+        self.restore_database_inner(source, name, true, point, Some(log_index), |_| {})
+    }
+
+    fn restore_database_inner(
+        &self,
+        source: crate::RestoreSource<'_>,
+        name: &str,
+        force: bool,
+        point: crate::RestorePoint,
+        log_index: Option<u64>,
+        progress: impl FnMut(u64),
+    ) -> Result<crate::RestoreReport> {
         validate_database_name(name)?;
         let limits = self.opts.limits()?;
         let exists =
@@ -299,6 +327,14 @@ impl DocStore {
         let storage = self.opts.storage_for(name);
         let report =
             crate::backup::build_restore(source, &built, storage.clone(), point, progress)?;
+        if let Some(index) = log_index {
+            if let Err(e) =
+                crate::database::set_applied_log_index_at(&built, storage.clone(), index)
+            {
+                let _ = storage.vfs.remove_dir_all(&built);
+                return Err(e);
+            }
+        }
         let _turn = self.admin.lock();
         let final_dir = database_dir(&self.dir, name);
         let placed = if self.databases.read().contains_key(name) {

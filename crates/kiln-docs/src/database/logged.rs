@@ -185,6 +185,22 @@ pub(crate) fn claim_log_index(
     Ok(true)
 }
 
+/// Records `log_index` as the last log entry applied to the (closed) database
+/// environment at `dir`, whatever it held (a restore for a cluster's entry).
+pub(crate) fn set_applied_log_index_at(
+    dir: &std::path::Path,
+    opts: kiln_storage::Options,
+    log_index: u64,
+) -> Result<()> {
+    let env = kiln_storage::Env::open(dir, opts)?;
+    let written = env
+        .submit(move |w| w.put(META, META_APPLIED_LOG_INDEX, &log_index.to_be_bytes()))
+        .map_err(DocError::from)
+        .and_then(|()| env.sync().map_err(DocError::from));
+    let closed = env.close().map_err(DocError::from);
+    written.and(closed)
+}
+
 fn read_applied(r: &ReadTxn<'_>) -> Result<u64> {
     decode_applied(r.get(META, META_APPLIED_LOG_INDEX)?)
 }

@@ -4,7 +4,7 @@
 
 mod apply;
 mod logged;
-pub(crate) use logged::claim_log_index;
+pub(crate) use logged::{claim_log_index, set_applied_log_index_at};
 pub use logged::{Atomicity, LoggedEntry, LoggedOutcome};
 pub(crate) mod history;
 

@@ -256,3 +256,40 @@ fn runs_of_entries_equal_entries_one_by_one() {
         .all(|o| matches!(o, LoggedOutcome::AlreadyApplied)));
     assert_eq!(contents(&a), contents(&b));
 }
+
+/// A restore for a cluster's log entry (`DocStore::restore_database_logged`): the
+/// restored database records that entry as its last applied, even when the
+/// backup came from a log further on (another cluster's), so the entries after
+/// it are applied, not skipped as seen.
+#[test]
+fn a_logged_restore_takes_its_entrys_index_whatever_the_backup_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = DocStore::open(dir.path().join("a"), options()).unwrap();
+    let db = source
+        .create_database_with_incarnation("s", INCARNATION)
+        .unwrap();
+    let ops = vec![put(&db, "users/1", r#"{"name":"ada"}"#, Condition::None)];
+    db.apply_logged(1_000, 1, ops, Atomicity::Each).unwrap();
+    assert_eq!(db.applied_log_index().unwrap(), 1_000);
+    let mut backup = Vec::new();
+    db.backup_to(&mut backup, Default::default(), |_| {})
+        .unwrap();
+    drop(db);
+    source.close().unwrap();
+
+    let target = DocStore::open(dir.path().join("b"), options()).unwrap();
+    let source = kiln_docs::RestoreSource::Stream(Box::new(std::io::Cursor::new(backup)));
+    target
+        .restore_database_logged(source, "s", kiln_docs::RestorePoint::Latest, 5)
+        .unwrap();
+    let db = target.database("s").unwrap();
+    assert_eq!(db.applied_log_index().unwrap(), 5);
+    assert!(db.get("users/1").unwrap().is_some());
+    let ops = vec![put(&db, "users/2", r#"{"name":"bob"}"#, Condition::None)];
+    let applied = db.apply_logged(6, 2, ops, Atomicity::Each).unwrap();
+    assert!(
+        matches!(applied, LoggedOutcome::Applied(_)),
+        "entry 6 after the restore was skipped"
+    );
+    assert!(db.get("users/2").unwrap().is_some());
+}

@@ -297,13 +297,20 @@ pub async fn restore(
     Params(q): Params<RestoreQuery>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    crate::routes::cluster::refuse_in_cluster(&state, "restoring a database")?;
     kiln_docs::validate_database_name(&db)?;
     let point = match q.until.as_deref() {
         Some(u) => kiln_docs::RestorePoint::parse(u)?,
         None => kiln_docs::RestorePoint::Latest,
     };
     let force = q.force.unwrap_or(false);
+    if state.cluster.is_some() {
+        let started = std::time::Instant::now();
+        let mut v =
+            crate::routes::cluster::restore_database(&state, &db, q.until.clone(), force, body)
+                .await?;
+        v["seconds"] = started.elapsed().as_secs_f64().into();
+        return Ok(json_value(StatusCode::CREATED, v));
+    }
     if !force && state.store.database(&db).is_ok() {
         return Err(kiln_docs::DocError::Database(DatabaseError::Exists(db)).into());
     }

@@ -444,6 +444,60 @@ pub(crate) async fn delete_database(state: &AppState, name: &str) -> Result<(), 
     }
 }
 
+/// A restore through the log (`POST /dbs/{db}/restore` on a cluster): the backup's
+/// bytes as an upload of the database (made first, empty, when there is none; it
+/// goes again if the restore is refused), then `Command::RestoreDatabase`, which
+/// every node applies alike from the same bytes: the same etags everywhere. The
+/// restore's report, as a single server answers it.
+pub(crate) async fn restore_database(
+    state: &AppState,
+    database: &str,
+    until: Option<String>,
+    force: bool,
+    body: axum::body::Body,
+) -> Result<serde_json::Value, ApiError> {
+    let node = node(state)?.clone();
+    let existed = state.store.database(database).is_ok();
+    if existed && !force {
+        return Err(
+            DocError::Database(kiln_docs::DatabaseError::Exists(database.to_string())).into(),
+        );
+    }
+    if !existed {
+        create_database(state, database).await?;
+    }
+    // Whether the refusal is final (nothing will restore later): then a database
+    // made above for the upload goes again.
+    let (result, final_refusal) = match upload_body(state, &node, database, body, None).await {
+        Err(e) => (Err(e), true),
+        Ok(upload) => {
+            let command = Command::RestoreDatabase {
+                database: database.to_string(),
+                at_ms: now_ms(),
+                upload_id: upload.upload_id,
+                size_bytes: upload.size_bytes,
+                hash: upload.hash,
+                until,
+            };
+            match propose(&node, command).await {
+                Ok(Answer::Restored { report_json }) => (
+                    serde_json::from_str(&report_json)
+                        .map_err(|e| ApiError::new(ErrorCode::InternalError, e.to_string())),
+                    false,
+                ),
+                Ok(other) => (Err(answer_error(other)), true),
+                Err(e) => (Err(e), false),
+            }
+        }
+    };
+    if result.is_err() && final_refusal && !existed {
+        if let Err(e) = delete_database(state, database).await {
+            tracing::warn!(database, error = %e.message, "the database made for a refused restore stays");
+        }
+    }
+    result
+}
+
 /// Defines an index on every node; true when it is new.
 pub(crate) async fn define_index(
     state: &AppState,

@@ -1,0 +1,172 @@
+//! Restore into a three-node cluster (`POST /dbs/{db}/restore`, `kiln restore
+//! --url`): the backup's bytes go through the log and every node restores the
+//! same database from them, so every node holds the same documents with the same
+//! etags; writes after it replicate (the restored database takes the restore's log
+//! index, whatever the backup recorded); a follower redirects the restore to the
+//! leader; a damaged backup is refused on every node and leaves no database
+//! behind; an existing database is refused without `--force` and replaced with it.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
+
+mod common;
+
+use common::cluster::{json, request, Cluster};
+use common::{kiln, text};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// A backup of database `shop` with `n` documents, made offline.
+fn backup_of(dir: &Path, n: usize, out: &Path) {
+    let data = dir.join("source");
+    for i in 0..n {
+        let body = format!(r#"{{"n": {i}, "note": "restored {i}"}}"#);
+        let o = kiln(&[
+            "put",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "shop",
+            &format!("items/{i:03}"),
+            &body,
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let o = kiln(&[
+        "backup",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--db",
+        "shop",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+fn restore(port: u16, backup: &Path, extra: &[&str]) -> std::process::Output {
+    let url = format!("http://127.0.0.1:{port}");
+    let mut args = vec![
+        "restore",
+        backup.to_str().unwrap(),
+        "--url",
+        &url,
+        "--db",
+        "shop",
+    ];
+    args.extend_from_slice(extra);
+    kiln(&args)
+}
+
+/// Every document of `shop` on the node at `port` with its etag (its change log),
+/// once the node has `want` of them (a follower applies a moment after the leader answered).
+fn documents(port: u16, want: usize) -> Vec<(String, String)> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = request(
+            port,
+            "GET",
+            "/dbs/shop/docs?prefix=items/&page_size=1000",
+            None,
+            "",
+        )
+        .unwrap();
+        let page = json(&body);
+        let items = page["results"].as_array().cloned().unwrap_or_default();
+        if status == 200 && items.len() == want {
+            return items
+                .iter()
+                .map(|d| {
+                    let meta = &d["@metadata"];
+                    (
+                        meta["@id"].as_str().unwrap_or_default().to_string(),
+                        meta["@etag"].to_string(),
+                    )
+                })
+                .collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {port}: {status} {} documents, want {want}",
+            items.len()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_restore_reaches_every_node_with_the_same_etags() {
+    let root = tempfile::tempdir().unwrap();
+    let backup = root.path().join("shop.kbak");
+    backup_of(root.path(), 30, &backup);
+    let cluster_dir = root.path().join("cluster");
+    std::fs::create_dir_all(&cluster_dir).unwrap();
+    let c = Cluster::new(&cluster_dir);
+    let leader_id = c.leader();
+    let leader = c.ports[&leader_id];
+    let follower = c.follower_of(leader_id);
+
+    // A follower sends it to the leader.
+    let o = restore(follower, &backup, &[]);
+    assert!(
+        !o.status.success() && text(&o).contains("307"),
+        "{}",
+        text(&o)
+    );
+    let o = restore(leader, &backup, &["--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let on_leader = documents(leader, 30);
+    for port in c.ports.values() {
+        assert_eq!(documents(*port, 30), on_leader, "node {port}");
+    }
+
+    // Writes after it replicate, on every node.
+    let (status, body) = request(
+        leader,
+        "PUT",
+        "/dbs/shop/docs/items/999",
+        None,
+        r#"{"n": 999}"#,
+    )
+    .unwrap();
+    assert_eq!(status, 201, "{body}");
+    let after = documents(leader, 31);
+    for port in c.ports.values() {
+        assert_eq!(documents(*port, 31), after, "node {port}");
+    }
+
+    // An existing database: refused without --force, replaced with it.
+    let o = restore(leader, &backup, &[]);
+    assert!(
+        !o.status.success() && text(&o).contains("database_exists"),
+        "{}",
+        text(&o)
+    );
+    let o = restore(leader, &backup, &["--force"]);
+    assert!(o.status.success(), "{}", text(&o));
+    for port in c.ports.values() {
+        assert_eq!(documents(*port, 30), on_leader, "node {port} after --force");
+    }
+
+    // A damaged backup: refused, and no database of the name on any node.
+    let mut bytes = std::fs::read(&backup).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    let damaged = root.path().join("damaged.kbak");
+    std::fs::write(&damaged, bytes).unwrap();
+    let url = format!("http://127.0.0.1:{leader}");
+    let o = kiln(&[
+        "restore",
+        damaged.to_str().unwrap(),
+        "--url",
+        &url,
+        "--db",
+        "other",
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
+    std::thread::sleep(Duration::from_millis(500));
+    for port in c.ports.values() {
+        let (status, _) = request(*port, "GET", "/dbs/other", None, "").unwrap();
+        assert_eq!(
+            status, 404,
+            "node {port} kept the database of a refused restore"
+        );
+    }
+}
