@@ -1046,9 +1046,14 @@ fn restore_blobs_beside(a: &RestoreArgs, offline_dir: Option<&PathBuf>) -> AnyRe
     })
 }
 
-/// Sends the files back to back to `POST /dbs/{db}/restore`.
+/// Sends the files back to back to `POST /dbs/{db}/restore` (of a cluster's
+/// leader, whichever node `url` names: the body is not sent twice).
 fn restore_remote(a: &RestoreArgs, url: &str) -> AnyResult<RestoreReport> {
-    let ep = Endpoint::parse(url, a.api_key.clone(), &a.tls)?;
+    let ep = crate::cluster_cmd::leader_or_self(&crate::client::ServerArgs {
+        url: url.to_string(),
+        api_key: a.api_key.clone(),
+        tls: a.tls.clone(),
+    })?;
     let mut path = format!("/dbs/{}/restore?force={}", path_escape(&a.db), a.force);
     if let Some(u) = &a.until {
         path.push_str(&format!("&until={}", query_escape(u)));

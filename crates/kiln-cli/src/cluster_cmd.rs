@@ -108,6 +108,24 @@ pub(crate) fn write_following_leader(
 
 /// Sends a membership change to the leader the node at `--url` names.
 fn on_leader(server: &ServerArgs, method: &str, path: &str, body: &[u8]) -> AnyResult<Value> {
+    let leader_endpoint = leader_of(server)?;
+    Ok(serde_json::from_slice(
+        &leader_endpoint.request(method, path, body)?,
+    )?)
+}
+
+/// Where to send a write that streams a body (`kiln restore --url`): the leader
+/// the node at `--url` names, or that node itself when it is not in a cluster.
+pub(crate) fn leader_or_self(server: &ServerArgs) -> AnyResult<Endpoint> {
+    let (status, _) = server.endpoint()?.request_any("GET", "/cluster", b"")?;
+    if status == 404 {
+        return Ok(server.endpoint()?); // not_clustered: a single server
+    }
+    leader_of(server)
+}
+
+/// The leader's endpoint, as the node at `--url` names it.
+fn leader_of(server: &ServerArgs) -> AnyResult<Endpoint> {
     let here = server.endpoint()?;
     let status: Value = serde_json::from_slice(&here.request("GET", "/cluster", b"")?)?;
     let leader = status["leader"]
@@ -123,12 +141,9 @@ fn on_leader(server: &ServerArgs, method: &str, path: &str, body: &[u8]) -> AnyR
         })
         .ok_or("the leader is not among the members the node lists")?;
     let scheme = server.url.split_once("://").map_or("http", |(s, _)| s);
-    let leader_endpoint = Endpoint::parse(
+    Ok(Endpoint::parse(
         &format!("{scheme}://{address}"),
         server.api_key.clone(),
         &server.tls,
-    )?;
-    Ok(serde_json::from_slice(
-        &leader_endpoint.request(method, path, body)?,
     )?)
 }

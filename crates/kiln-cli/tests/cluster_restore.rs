@@ -3,8 +3,9 @@
 //! same database from them, so every node holds the same documents with the same
 //! etags; writes after it replicate (the restored database takes the restore's log
 //! index, whatever the backup recorded); a follower redirects the restore to the
-//! leader; a damaged backup is refused on every node and leaves no database
-//! behind; an existing database is refused without `--force` and replaced with it.
+//! leader, and `kiln restore --url <follower>` sends it there; a damaged backup is
+//! refused on every node and leaves no database behind; an existing database is
+//! refused without `--force` and replaced with it.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
@@ -103,14 +104,11 @@ fn a_restore_reaches_every_node_with_the_same_etags() {
     let leader = c.ports[&leader_id];
     let follower = c.follower_of(leader_id);
 
-    // A follower sends it to the leader.
-    let o = restore(follower, &backup, &[]);
-    assert!(
-        !o.status.success() && text(&o).contains("307"),
-        "{}",
-        text(&o)
-    );
-    let o = restore(leader, &backup, &["--json"]);
+    // A follower answers the request itself with 307; `kiln restore --url` asks
+    // it which node leads and sends the backup there.
+    let (status, _) = request(follower, "POST", "/dbs/shop/restore", None, "").unwrap();
+    assert_eq!(status, 307);
+    let o = restore(follower, &backup, &["--json"]);
     assert!(o.status.success(), "{}", text(&o));
     let on_leader = documents(leader, 30);
     for port in c.ports.values() {
