@@ -13,6 +13,7 @@
 //! commit does not decrypt its dictionary again. Locks, deletes, directory syncs
 //! and the watch on `meta.json` are the `MmapDirectory`'s.
 
+use super::chunk_cache::{ChunkCache, Plaintext, SharedPlaintext};
 use crate::sealed_file::{self, Binding, SealedFile};
 use crate::DocError;
 use kiln_storage::crypt::SealingKey;
@@ -20,9 +21,10 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::ops::{Deref, Range};
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use tantivy::directory::error::{
     DeleteError, LockError, OpenDirectoryError, OpenReadError, OpenWriteError,
@@ -37,6 +39,10 @@ use tantivy::HasLen;
 pub(crate) const KEY_PURPOSE: &str = "search-files";
 /// Plaintext bytes per sealed chunk (see the module's comment).
 const CHUNK_BYTES: usize = 16 << 10;
+/// Decrypted chunks kept per index (`chunk_cache`).
+const CHUNK_CACHE_BYTES: usize = 16 << 20;
+/// Numbers the files opened in this process (a chunk cache's keys).
+static NEXT_FILE_NUMBER: AtomicU64 = AtomicU64::new(1);
 
 /// The directory of full-text index `index_id` at `dir` (which must exist),
 /// sealed with `key` if the database is encrypted.
@@ -54,6 +60,7 @@ pub(crate) fn open(
             index_id,
             key: key.clone(),
             handles: Arc::default(),
+            chunks: Arc::new(Mutex::new(ChunkCache::new(CHUNK_CACHE_BYTES))),
         }),
     })
 }
@@ -76,6 +83,8 @@ pub(crate) struct SealedDirectory {
     key: Arc<SealingKey>,
     /// The handles of files open now, shared (see the module's comment).
     handles: Arc<Mutex<HashMap<PathBuf, Weak<SealedHandle>>>>,
+    /// Decrypted chunks of this index's files, for the reads after.
+    chunks: Arc<Mutex<ChunkCache>>,
 }
 
 impl std::fmt::Debug for SealedDirectory {
@@ -127,6 +136,8 @@ impl Directory for SealedDirectory {
         let handle = Arc::new(SealedHandle {
             file: self.open_sealed(path)?,
             whole: OnceLock::new(),
+            number: NEXT_FILE_NUMBER.fetch_add(1, Ordering::Relaxed),
+            chunks: self.chunks.clone(),
         });
         handles.retain(|_, h| h.strong_count() > 0);
         handles.insert(path.to_path_buf(), Arc::downgrade(&handle));
@@ -200,11 +211,71 @@ impl Directory for SealedDirectory {
 }
 
 /// An open sealed file, shared by the readers of its segment.
-#[derive(Debug)]
 struct SealedHandle {
     file: SealedFile,
     /// The whole plaintext, once something read it whole.
     whole: OnceLock<OwnedBytes>,
+    /// This open's number, its chunks' key in `chunks`.
+    number: u64,
+    chunks: Arc<Mutex<ChunkCache>>,
+}
+
+impl std::fmt::Debug for SealedHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.file.fmt(f)
+    }
+}
+
+impl SealedHandle {
+    /// Chunk `i`'s plaintext: from the cache, or decrypted (and kept there).
+    fn chunk(&self, i: u64) -> io::Result<Arc<Plaintext>> {
+        let lock = || self.chunks.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(chunk) = lock().get((self.number, i)) {
+            return Ok(chunk);
+        }
+        let mut buf = Vec::new();
+        let plain = match self.file.open_chunk(i, &mut buf) {
+            Ok(range) => buf.get(range).unwrap_or_default().to_vec(),
+            Err(e) => return Err(to_io(e)),
+        };
+        sealed_file::wipe(&mut buf);
+        let chunk = Arc::new(Plaintext(plain.into_boxed_slice()));
+        lock().insert((self.number, i), chunk.clone());
+        Ok(chunk)
+    }
+
+    /// The plaintext of `range` (within the file, not empty): a slice of its
+    /// chunk's when one chunk holds it, else a copy.
+    fn read_chunked(&self, range: Range<usize>) -> io::Result<OwnedBytes> {
+        let size = self.file.chunk_bytes() as usize;
+        let (first, last) = (range.start / size, (range.end - 1) / size);
+        let short = || {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{:?}: bytes {range:?} past its chunks", self.file),
+            )
+        };
+        if first == last {
+            let chunk = self.chunk(first as u64)?;
+            let (from, to) = (range.start - first * size, range.end - first * size);
+            if to > chunk.len() {
+                return Err(short());
+            }
+            return Ok(OwnedBytes::new(SharedPlaintext(chunk)).slice(from..to));
+        }
+        let mut out = Vec::with_capacity(range.len());
+        for i in first..=last {
+            let chunk = self.chunk(i as u64)?;
+            let from = range.start.saturating_sub(i * size);
+            let to = (range.end - i * size).min(chunk.len());
+            out.extend_from_slice(chunk.get(from..to).ok_or_else(short)?);
+        }
+        if out.len() != range.len() {
+            sealed_file::wipe(&mut out);
+            return Err(short());
+        }
+        Ok(OwnedBytes::new(Plaintext(out.into_boxed_slice())))
+    }
 }
 
 impl HasLen for SealedHandle {
@@ -221,6 +292,9 @@ impl FileHandle for SealedHandle {
         let whole = range.start == 0 && range.end == self.len();
         if let Some(bytes) = self.whole.get().filter(|_| whole) {
             return Ok(bytes.clone());
+        }
+        if !whole {
+            return self.read_chunked(range);
         }
         let mut out = Vec::with_capacity(range.len());
         let read = self
@@ -247,26 +321,6 @@ impl FileHandle for SealedHandle {
             let _ = self.whole.set(bytes.clone());
         }
         Ok(bytes)
-    }
-}
-
-/// Plaintext handed to tantivy, wiped when its last reference goes.
-struct Plaintext(Box<[u8]>);
-
-impl Deref for Plaintext {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-// SAFETY: the bytes are a boxed slice on the heap, never reallocated or moved
-// while the `Plaintext` lives, so their address is stable across moves of it.
-unsafe impl stable_deref_trait::StableDeref for Plaintext {}
-
-impl Drop for Plaintext {
-    fn drop(&mut self) {
-        sealed_file::wipe(&mut self.0);
     }
 }
 
@@ -339,16 +393,20 @@ mod tests {
             .any(|w| data.windows(64).next() == Some(w)));
         let slice = d.open_read(Path::new("seg.idx")).unwrap();
         assert_eq!(slice.len(), data.len());
-        for r in [
-            0..1,
-            5..CHUNK_BYTES + 7,
-            CHUNK_BYTES - 1..CHUNK_BYTES + 1,
-            0..data.len(),
-            data.len() - 1..data.len(),
-            CHUNK_BYTES..3 * CHUNK_BYTES,
-        ] {
-            let got = slice.read_bytes_slice(r.clone()).unwrap();
-            assert_eq!(got.as_slice(), &data[r.clone()], "range {r:?}");
+        // Twice: decrypted, then from the chunk cache.
+        for pass in 0..2 {
+            for r in [
+                0..1,
+                5..CHUNK_BYTES + 7,
+                CHUNK_BYTES - 1..CHUNK_BYTES + 1,
+                0..data.len(),
+                data.len() - 1..data.len(),
+                CHUNK_BYTES..3 * CHUNK_BYTES,
+                2 * CHUNK_BYTES + 3..2 * CHUNK_BYTES + 9,
+            ] {
+                let got = slice.read_bytes_slice(r.clone()).unwrap();
+                assert_eq!(got.as_slice(), &data[r.clone()], "pass {pass}, range {r:?}");
+            }
         }
         // A whole read is kept and handed out again.
         let again = slice.read_bytes().unwrap();

@@ -20,6 +20,7 @@
 
 pub mod analyzer;
 pub(crate) mod backup;
+mod chunk_cache;
 pub(crate) mod directory;
 pub(crate) mod indexing;
 pub(crate) mod text;
