@@ -130,6 +130,16 @@ fn leader(url: &str, ca: &str, key: &str) -> u64 {
     }
 }
 
+/// `kiln import` of `file` into database `shop` at `url` with `key`.
+fn import(url: &str, ca: &str, key: &str, file: &Path) -> Output {
+    let args = ["import", "--url", url, "--ca-cert", ca, "--db", "shop"];
+    let args: Vec<&str> = args
+        .into_iter()
+        .chain([file.to_str().unwrap(), "--quiet"])
+        .collect();
+    kiln(&args, Some(key))
+}
+
 fn export(url: &str, ca: &str, key: &str, out: &Path) -> Option<String> {
     let o = kiln(
         &[
@@ -211,21 +221,7 @@ fn a_cluster_over_tls_with_auth_replicates_and_refuses_messages_without_its_key(
         .map(|i| format!("{{\"id\":\"u/{i:03}\",\"document\":{{\"n\":{i}}}}}\n"))
         .collect();
     std::fs::write(&input, lines).unwrap();
-    let o = kiln(
-        &[
-            "import",
-            "--url",
-            &url(leader_id),
-            "--ca-cert",
-            ca,
-            "--db",
-            "shop",
-        ]
-        .into_iter()
-        .chain([input.to_str().unwrap(), "--quiet"])
-        .collect::<Vec<_>>(),
-        Some(&api_key),
-    );
+    let o = import(&url(leader_id), ca, &api_key, &input);
     assert!(o.status.success(), "import: {}", text(&o));
     let leader_export = export(
         &url(leader_id),
@@ -354,21 +350,7 @@ fn cluster_keys_reach_every_node(
         assert!(o.status.success() && text(&o).contains(&id), "{}", text(&o));
     }
     // Read only: a write with it is refused (403: the leader's answer).
-    let o = kiln(
-        &[
-            "import",
-            "--url",
-            &url(leader_id),
-            "--ca-cert",
-            ca,
-            "--db",
-            "shop",
-        ]
-        .into_iter()
-        .chain([out.to_str().unwrap(), "--quiet"])
-        .collect::<Vec<_>>(),
-        Some(&bi_key),
-    );
+    let o = import(&url(leader_id), ca, &bi_key, &out);
     assert!(
         !o.status.success() && text(&o).contains("403"),
         "{}",
