@@ -5,7 +5,8 @@
 //! index, whatever the backup recorded); a follower redirects the restore to the
 //! leader, and `kiln restore --url <follower>` sends it there; a damaged backup is
 //! refused on every node and leaves no database behind; an existing database is
-//! refused without `--force` and replaced with it.
+//! refused without `--force` and replaced with it; a database a follower's changes
+//! feed holds open is replaced and deleted there all the same.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
@@ -142,6 +143,35 @@ fn a_restore_reaches_every_node_with_the_same_etags() {
     for port in c.ports.values() {
         assert_eq!(documents(*port, 30), on_leader, "node {port} after --force");
     }
+
+    // A follower whose changes feed holds the database open (a 30 s long poll)
+    // still replaces it when the log's restore comes, and deletes it when the
+    // log's delete comes: the feed lets go at once, instead of the node giving up
+    // after `delete_wait_ms` (10 s) and keeping what the others no longer have.
+    let poll = long_poll(follower);
+    std::thread::sleep(Duration::from_millis(300));
+    let o = restore(leader, &backup, &["--force"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(documents(follower, 30), on_leader);
+    let (status, seconds) = poll.join().unwrap();
+    assert!(
+        status == 200 && seconds < 8.0,
+        "the long poll held on: {status} after {seconds:.1} s"
+    );
+    let poll = long_poll(follower);
+    std::thread::sleep(Duration::from_millis(300));
+    let deleted = request(leader, "DELETE", "/dbs/shop", None, "").unwrap();
+    assert_eq!(deleted.0, 200, "{}", deleted.1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while request(follower, "GET", "/dbs/shop", None, "").unwrap().0 != 404 {
+        assert!(
+            Instant::now() < deadline,
+            "the follower keeps the deleted database"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, seconds) = poll.join().unwrap();
+    assert!(seconds < 8.0, "the long poll held on for {seconds:.1} s");
 
     // A damaged backup: refused, and no database of the name on any node.
     let mut bytes = std::fs::read(&backup).unwrap();
@@ -296,4 +326,21 @@ fn a_follower_killed_during_a_restore_ends_equal_to_the_leader() {
             cycle * 97 % 500
         );
     }
+}
+
+/// A long poll on the changes of `shop` at `port`, from its last etag, in a
+/// thread: (status, seconds it took).
+fn long_poll(port: u16) -> std::thread::JoinHandle<(u16, f64)> {
+    let (_, stats) = request(port, "GET", "/dbs/shop", None, "").unwrap();
+    let since = json(&stats)["last_etag"].as_str().unwrap().to_string();
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let path = format!("/dbs/shop/changes?since={since}&wait_ms=30000");
+        let answer =
+            common::cluster::request_within(port, "GET", &path, None, "", Duration::from_secs(40));
+        (
+            answer.map_or(0, |(status, _)| status),
+            started.elapsed().as_secs_f64(),
+        )
+    })
 }

@@ -106,7 +106,13 @@ pub struct DocStore {
     writes: crate::WriteQueue,
     /// Held while the store is open: no other process opens the directory.
     _lock: crate::DataDirLock,
+    /// Called with a database's name when it is deleted or replaced (see
+    /// `on_database_removed`).
+    removed_listeners: RwLock<Vec<RemovedListener>>,
 }
+
+/// What `DocStore::on_database_removed` calls.
+pub type RemovedListener = Box<dyn Fn(&str) + Send + Sync>;
 
 impl DocStore {
     /// Opens (creating if needed) the store at `dir` and every database in it.
@@ -150,11 +156,21 @@ impl DocStore {
             databases: RwLock::new(databases),
             admin: Mutex::new(()),
             _lock: lock,
+            removed_listeners: RwLock::new(Vec::new()),
         })
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Calls `listener` with a database's name whenever it is deleted or replaced
+    /// (by a restore), as the deletion begins, before it waits for the database's
+    /// last users: whoever holds it open for long (a server's changes feeds) lets
+    /// go then. Deletions that come from elsewhere than a request (a cluster's
+    /// log) need this: nothing else tells the holders.
+    pub fn on_database_removed(&self, listener: RemovedListener) {
+        self.removed_listeners.write().push(listener);
     }
 
     /// The write queue: the way every writer of this store's documents commits.
@@ -231,6 +247,9 @@ impl DocStore {
             .remove(name)
             .ok_or_else(|| DocError::Database(DatabaseError::NotFound(name.to_string())))?;
         db.mark_deleted();
+        for listener in self.removed_listeners.read().iter() {
+            listener(name);
+        }
         db.indexer().stop();
         // Its environment must be closed before its files go: wait for the requests
         // still holding it.

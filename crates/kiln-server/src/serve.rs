@@ -301,7 +301,7 @@ fn app_state(
         None => None,
     };
     let keys = KeyVerifier::new(&config.data_dir)?.with_audit(audit.clone());
-    Ok(Arc::new(AppState {
+    let state = Arc::new(AppState {
         store,
         metrics: Arc::new(Metrics::default()),
         limits: config.limits,
@@ -326,7 +326,16 @@ fn app_state(
         access_log: config.access_log,
         read_offload: config.read_offload,
         cluster,
-    }))
+    });
+    // A database deleted or replaced by a cluster's log (not a request of this
+    // node) ends its changes connections too: they hold it open.
+    let weak = Arc::downgrade(&state);
+    state.store.on_database_removed(Box::new(move |name| {
+        if let Some(state) = weak.upgrade() {
+            state.hubs.remove(name);
+        }
+    }));
+    Ok(state)
 }
 
 /// Starts what runs beside the requests (the tombstone purge, when a retention is

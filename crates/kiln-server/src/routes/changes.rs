@@ -84,7 +84,14 @@ pub async fn pull(
         collection: q.collection,
     };
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
-    let mut commits = (wait_ms > 0).then(|| state.hubs.hub(&database).commits());
+    // The hub's signals, not the hub (which holds the database): a long poll ends
+    // early when the database is deleted or replaced, so it does not hold it open.
+    let (mut commits, mut stopped) = if wait_ms > 0 {
+        let hub = state.hubs.hub(&database);
+        (Some(hub.commits()), Some(hub.stopped()))
+    } else {
+        (None, None)
+    };
     let mut from = since;
     loop {
         let page = read(&database, from, limit, &filter, q.include_docs).await?;
@@ -99,9 +106,19 @@ pub async fn pull(
         if database.last_sequence() > from {
             continue;
         }
-        match tokio::time::timeout_at(deadline, rx.changed()).await {
-            Ok(Ok(())) => continue,
-            _ => {
+        let stop = async {
+            match stopped.as_mut() {
+                Some(s) => s.wait_for(|stopped| *stopped).await.map(|_| ()),
+                None => std::future::pending().await,
+            }
+        };
+        let woken = tokio::select! {
+            changed = tokio::time::timeout_at(deadline, rx.changed()) => matches!(changed, Ok(Ok(()))),
+            _ = stop => false,
+        };
+        match woken {
+            true => continue,
+            false => {
                 let link = next(&page);
                 return Ok(page_response(&database, page, link.as_deref()));
             }
