@@ -213,6 +213,30 @@ impl StateMachine {
     }
 }
 
+/// Runs `step` (a delete, or a restore's replacement, of `database`) again for as
+/// long as the database is busy on this node (a request of its own still holds
+/// it after `delete_wait_ms`): the entry must apply here as on every other node,
+/// and answering `database_busy` would leave this node with a database the
+/// others no longer have. Each try waits `delete_wait_ms` itself.
+fn until_not_busy<T>(
+    what: &str,
+    database: &str,
+    mut step: impl FnMut() -> Result<T, DocError>,
+) -> Result<T, DocError> {
+    loop {
+        match step() {
+            Err(DocError::Database(DatabaseError::Busy { waited_ms, .. })) => {
+                tracing::warn!(
+                    database,
+                    waited_ms,
+                    "{what} the database as the log says: a request on this node still holds it; trying again"
+                );
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Applies one command to the store (blocking): a function per command, those
 /// of attachments and their uploads through `execute_attachment`.
 fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, StorageError> {
@@ -367,7 +391,7 @@ impl Shared {
     }
 
     fn delete_database(&self, name: String) -> Result<Answer, StorageError> {
-        match self.store.delete_database(&name) {
+        match until_not_busy("deleting", &name, || self.store.delete_database(&name)) {
             Ok(()) => Ok(Answer::DatabaseDeleted { name }),
             Err(e) => self.storage_or(e),
         }
@@ -578,10 +602,12 @@ impl Shared {
                  hashing to {hash} (a chunk is missing)"
             )));
         }
-        let source =
-            kiln_docs::RestoreSource::Stream(uploads::open_plain(staged, decode.as_deref())?);
-        self.store
-            .restore_database_logged(source, database, point, log_id.index)
+        until_not_busy("restoring", database, || {
+            let source =
+                kiln_docs::RestoreSource::Stream(uploads::open_plain(staged, decode.as_deref())?);
+            self.store
+                .restore_database_logged(source, database, point.clone(), log_id.index)
+        })
     }
 
     /// The key store, or the answer of a node without one.

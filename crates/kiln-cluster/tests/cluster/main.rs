@@ -7,6 +7,7 @@
 mod common;
 
 mod applied_state_rides_the_log;
+mod busy_database;
 mod partitions;
 mod raft_storage_suite;
 mod three_nodes_fail_over;
