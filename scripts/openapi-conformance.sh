@@ -135,9 +135,11 @@ checks.positive_data_acceptance.expected-statuses = ["101", "401", "403", "404",
 #   are an object's keys (`propertyNames` is OpenAPI 3.1);
 # - If-Match: schemathesis 4.32.5's coverage phase sends `If-Match: 0` as a
 #   schema-valid value though the parameter's pattern excludes it (400
-#   invalid_etag, rightly): the operations with If-Match.
+#   invalid_etag, rightly): the operations with If-Match;
+# - a new API key: `operator` or `grants` (one of the two), a grant's database a
+#   valid name or pattern, a certificate's PEM that parses.
 [[operations]]
-include-name-regex = '^(POST /dbs/\{db\}/(queries|subscriptions|restore|revisions/revert/\{id\})|PUT /dbs/\{db\}/(revisions/config|indexes/\{name\})|(PUT|PATCH|DELETE) /dbs/\{db\}/docs/\{id\}|(PUT|DELETE) /dbs/\{db\}/docs/\{id\}/attachments/\{name\})$'
+include-name-regex = '^(POST /admin/api-keys|POST /dbs/\{db\}/(queries|subscriptions|restore|revisions/revert/\{id\})|PUT /dbs/\{db\}/(revisions/config|indexes/\{name\})|(PUT|PATCH|DELETE) /dbs/\{db\}/docs/\{id\}|(PUT|DELETE) /dbs/\{db\}/docs/\{id\}/attachments/\{name\})$'
 checks.positive_data_acceptance.enabled = false
 
 # Bulk insert answers 200 as it starts reading (acknowledgements stream while the
