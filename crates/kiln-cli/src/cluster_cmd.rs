@@ -117,17 +117,24 @@ fn on_leader(server: &ServerArgs, method: &str, path: &str, body: &[u8]) -> AnyR
 /// Where to send a write that streams a body (`kiln restore --url`): the leader
 /// the node at `--url` names, or that node itself when it is not in a cluster.
 pub(crate) fn leader_or_self(server: &ServerArgs) -> AnyResult<Endpoint> {
-    let (status, _) = server.endpoint()?.request_any("GET", "/cluster", b"")?;
-    if status == 404 {
-        return Ok(server.endpoint()?); // not_clustered: a single server
+    let here = server.endpoint()?;
+    let (status, body) = here.request_any("GET", "/cluster", b"")?;
+    match status {
+        404 => Ok(here), // not_clustered: a single server
+        200..=299 => leader_in(server, &serde_json::from_slice(&body)?),
+        _ => Err(crate::client::ClientError::status(status, &body).into()),
     }
-    leader_of(server)
 }
 
 /// The leader's endpoint, as the node at `--url` names it.
 fn leader_of(server: &ServerArgs) -> AnyResult<Endpoint> {
     let here = server.endpoint()?;
     let status: Value = serde_json::from_slice(&here.request("GET", "/cluster", b"")?)?;
+    leader_in(server, &status)
+}
+
+/// The leader's endpoint in `status` (a node's `GET /cluster`).
+fn leader_in(server: &ServerArgs, status: &Value) -> AnyResult<Endpoint> {
     let leader = status["leader"]
         .as_u64()
         .ok_or("the cluster has no leader at the moment; retry")?;

@@ -63,9 +63,8 @@ const SEALED_MAGIC: &[u8; 8] = b"KILNUPL1";
 pub(crate) const SEALED_HEADER_BYTES: u64 = 32;
 
 /// The key of the database's uploads: `None` if it is not encrypted.
-fn upload_key(db: &Database) -> Option<(SealingKey, MasterKey)> {
-    let master = db.env().master_key()?;
-    Some((master.derived_key(KEY_PURPOSE), master.clone()))
+fn upload_key(db: &Database) -> Option<SealingKey> {
+    Some(db.env().master_key()?.derived_key(KEY_PURPOSE))
 }
 
 /// The nonce in an encrypted upload's header.
@@ -186,7 +185,7 @@ pub(crate) fn write_chunk(
     let sealed;
     let (at, bytes) = match upload_key(db) {
         None => (offset, bytes),
-        Some((key, _)) => {
+        Some(key) => {
             // Shorter than a header: made by a write that did not finish (no
             // chunk of it was applied), begun again.
             let nonce = if meta.len() < SEALED_HEADER_BYTES {
