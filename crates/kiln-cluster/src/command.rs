@@ -130,6 +130,30 @@ pub enum Command {
         hash: String,
         until: Option<String>,
     },
+    /// Creates the data subscription `name` at the leader's time `at_ms`, starting
+    /// at `start` (`beginning`, `now` or an etag: resolved as the entry applies,
+    /// so the same on every node).
+    CreateSubscription {
+        database: String,
+        at_ms: u64,
+        name: String,
+        query: String,
+        #[serde(with = "crate::codec::json_text_in_binary")]
+        parameters: serde_json::Map<String, serde_json::Value>,
+        start: String,
+    },
+    DeleteSubscription {
+        database: String,
+        name: String,
+    },
+    /// A worker acknowledged a batch: the subscription's position moves to
+    /// `up_to` (an etag sequence; never back), at the leader's time `at_ms`.
+    AcknowledgeSubscription {
+        database: String,
+        at_ms: u64,
+        name: String,
+        up_to: u64,
+    },
 }
 
 /// A write as the log carries it: the document as its JSON text.
@@ -256,6 +280,12 @@ pub enum Answer {
     /// A database restored: the restore's report as the server's JSON.
     Restored {
         report_json: String,
+    },
+    SubscriptionCreated,
+    SubscriptionDeleted,
+    /// The subscription's position after an acknowledgment.
+    SubscriptionAcknowledged {
+        position: u64,
     },
 }
 

@@ -447,6 +447,11 @@ impl ClusterNode {
         self.node_id
     }
 
+    /// Whether this node is the leader now (as its Raft core last published).
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().state == ServerState::Leader
+    }
+
     /// The leader's id and address, when known.
     pub fn leader(&self) -> Option<(NodeId, String)> {
         let m = self.raft.metrics().borrow().clone();

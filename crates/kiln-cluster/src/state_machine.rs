@@ -281,6 +281,9 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
             until.as_deref(),
         ),
         Command::RevokeApiKey { id } => shared.revoke_api_key(&id),
+        command @ (Command::CreateSubscription { .. }
+        | Command::DeleteSubscription { .. }
+        | Command::AcknowledgeSubscription { .. }) => execute_subscription(shared, log_id, command),
         command @ (Command::AttachmentChunk { .. }
         | Command::DropUpload { .. }
         | Command::PutAttachment { .. }
@@ -348,6 +351,56 @@ fn execute_attachment(
             "a command other than an attachment's was handed to the attachments' commands",
         ))
         .into()),
+    }
+}
+
+/// Applies one command of data subscriptions (blocking): each claims its log
+/// index in its database, so an entry applied before a crash is not applied again.
+fn execute_subscription(
+    shared: &Shared,
+    log_id: &LogId,
+    command: Command,
+) -> Result<Answer, StorageError> {
+    let index = log_id.index;
+    let applied =
+        match command {
+            Command::CreateSubscription {
+                database,
+                at_ms,
+                name,
+                query,
+                parameters,
+                start,
+            } => shared.store.database(&database).and_then(|db| {
+                let start = kiln_docs::SubscriptionStart::parse(&start);
+                db.create_subscription_logged(index, at_ms, &name, &query, parameters, start)
+                    .map(|created| created.map(|_| Answer::SubscriptionCreated))
+            }),
+            Command::DeleteSubscription { database, name } => {
+                shared.store.database(&database).and_then(|db| {
+                    db.delete_subscription_logged(index, &name)
+                        .map(|deleted| deleted.then_some(Answer::SubscriptionDeleted))
+                })
+            }
+            Command::AcknowledgeSubscription {
+                database,
+                at_ms,
+                name,
+                up_to,
+            } => shared.store.database(&database).and_then(|db| {
+                db.acknowledge_subscription_logged(index, at_ms, &name, up_to)
+                    .map(|position| {
+                        position.map(|position| Answer::SubscriptionAcknowledged { position })
+                    })
+            }),
+            _ => return Err(StorageIOError::write_state_machine(AnyError::error(
+                "a command other than a subscription's was handed to the subscriptions' commands",
+            ))
+            .into()),
+        };
+    match applied {
+        Ok(answer) => Ok(answer.unwrap_or(Answer::AlreadyApplied)),
+        Err(e) => shared.storage_or(e),
     }
 }
 

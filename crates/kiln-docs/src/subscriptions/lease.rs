@@ -87,6 +87,12 @@ impl SubscriptionLease {
         self.check.revoked.load(Ordering::SeqCst)
     }
 
+    /// True while this is the subscription's current lease (not revoked, not
+    /// replaced): a cluster's worker proposes an acknowledgment only then.
+    pub fn is_current(&self) -> bool {
+        self.check.with_current(|current| current)
+    }
+
     pub(crate) fn check(&self) -> LeaseCheck {
         self.check.clone()
     }

@@ -26,6 +26,7 @@
 
 mod filter;
 mod lease;
+mod logged;
 
 pub(crate) use lease::LeaseTable;
 pub use lease::{LeaseStrategy, SubscriptionLease};
@@ -205,9 +206,24 @@ impl Database {
         start: SubscriptionStart,
     ) -> Result<SubscriptionInfo> {
         let env = self.live()?;
+        let (new, collection) = self.new_subscription(name, query, parameters, start)?;
+        let now = crate::model::time::now_ms();
+        let stored = env.submit_with(move |txn| new.create_in(txn, now))?;
+        Ok(self.info(name, stored, collection))
+    }
+
+    /// A subscription checked (name, query, start) before its creation's
+    /// transaction, and the collection it reads.
+    fn new_subscription(
+        &self,
+        name: &str,
+        query: &str,
+        parameters: Map<String, Value>,
+        start: SubscriptionStart,
+    ) -> Result<(NewSubscription, String)> {
         validate_subscription_name(name)?;
         let compiled = Compiled::parse(query, &parameters)?;
-        let from = match &start {
+        let after_sequence = match &start {
             SubscriptionStart::AfterEtag(etag) => {
                 let seq = self.sequence_of(etag).map_err(|e| {
                     DocError::Subscription(SubscriptionError::Invalid(format!(
@@ -218,46 +234,14 @@ impl Database {
             }
             _ => None,
         };
-        let stored = Stored {
+        let new = NewSubscription {
+            name: name.to_string(),
             query: query.to_string(),
             parameters,
-            created_ms: crate::model::time::now_ms(),
-            position: 0,
-            acknowledged_ms: None,
-            acknowledgments: 0,
+            start,
+            after_sequence,
         };
-        let key = name.to_string();
-        let stored = env.submit_with(move |txn| -> Result<Stored> {
-            let mut stored = stored;
-            let last = crate::model::schema::decode_last_sequence(txn.get(
-                crate::model::schema::META,
-                crate::model::schema::META_LAST_ETAG,
-            )?)?;
-            stored.position = match (start, from) {
-                (SubscriptionStart::Now, _) => last,
-                (_, Some(seq)) if seq > last => {
-                    return Err(DocError::Subscription(SubscriptionError::Invalid(format!(
-                        "start etag sequence {seq} is past the database's last write ({last})"
-                    ))))
-                }
-                (_, Some(seq)) => seq,
-                _ => 0,
-            };
-            if txn.tree_exists(SUBSCRIPTIONS)? {
-                if txn.get(SUBSCRIPTIONS, key.as_bytes())?.is_some() {
-                    return Err(DocError::Subscription(SubscriptionError::Exists(key)));
-                }
-                if txn.tree_len(SUBSCRIPTIONS)? >= MAX_SUBSCRIPTIONS {
-                    return Err(DocError::Subscription(SubscriptionError::Invalid(format!(
-                        "a database has at most {MAX_SUBSCRIPTIONS} subscriptions"
-                    ))));
-                }
-            }
-            txn.ensure_tree(SUBSCRIPTIONS)?;
-            txn.put(SUBSCRIPTIONS, key.as_bytes(), &stored.encode()?)?;
-            Ok(stored)
-        })?;
-        Ok(self.info(name, stored, compiled.collection))
+        Ok((new, compiled.collection))
     }
 
     fn info(&self, name: &str, s: Stored, collection: String) -> SubscriptionInfo {
@@ -316,14 +300,7 @@ impl Database {
         let env = self.live()?;
         validate_subscription_name(name)?;
         let key = name.to_string();
-        env.submit_with(move |txn| -> Result<()> {
-            let gone =
-                txn.tree_exists(SUBSCRIPTIONS)? && txn.delete(SUBSCRIPTIONS, key.as_bytes())?;
-            if !gone {
-                return Err(DocError::Subscription(SubscriptionError::NotFound(key)));
-            }
-            Ok(())
-        })?;
+        env.submit_with(move |txn| delete_in(txn, key))?;
         self.subscription_leases.revoke(name);
         Ok(())
     }
@@ -435,29 +412,108 @@ impl Database {
         let name = lease.name().to_string();
         let now = crate::model::time::now_ms();
         let position = env.submit_with(move |txn| -> Result<u64> {
-            let raw = match txn.tree_exists(SUBSCRIPTIONS)? {
-                true => txn.get(SUBSCRIPTIONS, name.as_bytes())?.map(<[u8]>::to_vec),
-                false => None,
-            };
-            let Some(raw) = raw else {
-                return Err(DocError::Subscription(SubscriptionError::NotFound(name)));
-            };
-            let mut s = Stored::decode(name.as_bytes(), &raw)?;
-            s.position = s.position.max(up_to);
-            s.acknowledged_ms = Some(now);
-            s.acknowledgments += 1;
-            let value = s.encode()?;
-            check.with_current(|current| {
-                if !current {
-                    return Err(refused(&name));
-                }
-                txn.put(SUBSCRIPTIONS, name.as_bytes(), &value)?;
-                Ok(())
-            })?;
-            Ok(s.position)
+            acknowledge_in(txn, &name, up_to, now, |txn, value| {
+                check.with_current(|current| {
+                    if !current {
+                        return Err(refused(&name));
+                    }
+                    txn.put(SUBSCRIPTIONS, name.as_bytes(), value)?;
+                    Ok(())
+                })
+            })
         })?;
         Ok(position)
     }
+}
+
+/// A subscription to create, checked.
+pub(crate) struct NewSubscription {
+    name: String,
+    query: String,
+    parameters: Map<String, Value>,
+    start: SubscriptionStart,
+    /// The start etag's sequence (`SubscriptionStart::AfterEtag`).
+    after_sequence: Option<u64>,
+}
+
+impl NewSubscription {
+    /// Stores the subscription, created at `created_ms`, inside `txn`: its position
+    /// is resolved against the database's last write in this very transaction.
+    fn create_in(self, txn: &mut kiln_storage::WriteTxn<'_>, created_ms: u64) -> Result<Stored> {
+        let last = crate::model::schema::decode_last_sequence(txn.get(
+            crate::model::schema::META,
+            crate::model::schema::META_LAST_ETAG,
+        )?)?;
+        let position = match (self.start, self.after_sequence) {
+            (SubscriptionStart::Now, _) => last,
+            (_, Some(seq)) if seq > last => {
+                return Err(DocError::Subscription(SubscriptionError::Invalid(format!(
+                    "start etag sequence {seq} is past the database's last write ({last})"
+                ))))
+            }
+            (_, Some(seq)) => seq,
+            _ => 0,
+        };
+        let stored = Stored {
+            query: self.query,
+            parameters: self.parameters,
+            created_ms,
+            position,
+            acknowledged_ms: None,
+            acknowledgments: 0,
+        };
+        let key = self.name;
+        if txn.tree_exists(SUBSCRIPTIONS)? {
+            if txn.get(SUBSCRIPTIONS, key.as_bytes())?.is_some() {
+                return Err(DocError::Subscription(SubscriptionError::Exists(key)));
+            }
+            if txn.tree_len(SUBSCRIPTIONS)? >= MAX_SUBSCRIPTIONS {
+                return Err(DocError::Subscription(SubscriptionError::Invalid(format!(
+                    "a database has at most {MAX_SUBSCRIPTIONS} subscriptions"
+                ))));
+            }
+        }
+        txn.ensure_tree(SUBSCRIPTIONS)?;
+        txn.put(SUBSCRIPTIONS, key.as_bytes(), &stored.encode()?)?;
+        Ok(stored)
+    }
+}
+
+/// Removes the subscription `name` inside `txn`; `SubscriptionNotFound` if there
+/// is none.
+fn delete_in(txn: &mut kiln_storage::WriteTxn<'_>, name: String) -> Result<()> {
+    let gone = txn.tree_exists(SUBSCRIPTIONS)? && txn.delete(SUBSCRIPTIONS, name.as_bytes())?;
+    if !gone {
+        return Err(DocError::Subscription(SubscriptionError::NotFound(name)));
+    }
+    Ok(())
+}
+
+/// Moves the position of `name` to `up_to` (never back) at `now_ms` inside `txn`;
+/// `put` stores the new record (a local acknowledgment checks its lease there).
+/// The position after it.
+fn acknowledge_in(
+    txn: &mut kiln_storage::WriteTxn<'_>,
+    name: &str,
+    up_to: u64,
+    now_ms: u64,
+    put: impl FnOnce(&mut kiln_storage::WriteTxn<'_>, &[u8]) -> Result<()>,
+) -> Result<u64> {
+    let raw = match txn.tree_exists(SUBSCRIPTIONS)? {
+        true => txn.get(SUBSCRIPTIONS, name.as_bytes())?.map(<[u8]>::to_vec),
+        false => None,
+    };
+    let Some(raw) = raw else {
+        return Err(DocError::Subscription(SubscriptionError::NotFound(
+            name.to_string(),
+        )));
+    };
+    let mut s = Stored::decode(name.as_bytes(), &raw)?;
+    s.position = s.position.max(up_to);
+    s.acknowledged_ms = Some(now_ms);
+    s.acknowledgments += 1;
+    put(txn, &s.encode()?)?;
+    Ok(s.position)
 }
 
 fn read_stored<'r>(r: &'r kiln_storage::ReadTxn<'_>, name: &str) -> Result<Option<&'r [u8]>> {

@@ -412,3 +412,94 @@ fn workers_that_die_before_acknowledging_lose_nothing() {
         );
     }
 }
+
+/// A cluster's entries: created, acknowledged and deleted with the leader's time,
+/// each entry applied once (a second apply of the same log index, as after a
+/// crash, changes nothing), a start resolved as the entry applies, and the
+/// position never moving back.
+#[test]
+fn logged_changes_apply_once_with_the_leaders_time() {
+    let (_dir, _store, db) = fresh();
+    let first = put(&db, "orders/1", json!({"total": 5}));
+    let now = SubscriptionStart::Now;
+    let made = db
+        .create_subscription_logged(10, 1_000, "s", "from orders", Map::new(), now.clone())
+        .unwrap()
+        .expect("applied");
+    assert_eq!(
+        (made.created_ms, made.acknowledged_sequence),
+        (1_000, first)
+    );
+    // The same entry again: not applied; a later one that takes the name: refused.
+    let again = db.create_subscription_logged(10, 2_000, "s", "from orders", Map::new(), now);
+    assert!(again.unwrap().is_none());
+    let taken = db.create_subscription_logged(
+        11,
+        2_000,
+        "s",
+        "from orders",
+        Map::new(),
+        SubscriptionStart::Beginning,
+    );
+    assert!(matches!(
+        taken,
+        Err(DocError::Subscription(SubscriptionError::Exists(_)))
+    ));
+    // A refused entry claims nothing: the next one applies.
+    let second = put(&db, "orders/2", json!({"total": 6}));
+    assert_eq!(
+        db.acknowledge_subscription_logged(12, 3_000, "s", second)
+            .unwrap(),
+        Some(second)
+    );
+    assert_eq!(
+        db.acknowledge_subscription_logged(12, 4_000, "s", second)
+            .unwrap(),
+        None
+    );
+    // Never back (a worker taken over acknowledging late).
+    assert_eq!(
+        db.acknowledge_subscription_logged(13, 5_000, "s", first)
+            .unwrap(),
+        Some(second)
+    );
+    let info = db.subscription("s").unwrap();
+    assert_eq!(
+        (
+            info.acknowledged_sequence,
+            info.acknowledged_ms,
+            info.acknowledgments
+        ),
+        (second, Some(5_000), 2)
+    );
+    assert_eq!(db.applied_log_index().unwrap(), 13);
+    let lease = db.lease_subscription("s", LeaseStrategy::IfFree).unwrap();
+    assert!(lease.is_current());
+    assert!(db.delete_subscription_logged(14, "s").unwrap());
+    assert!(
+        lease.is_revoked() && !lease.is_current(),
+        "a delete lets this node's worker go"
+    );
+    assert!(!db.delete_subscription_logged(14, "s").unwrap());
+    let missing = db.acknowledge_subscription_logged(15, 6_000, "s", second);
+    assert!(matches!(
+        missing,
+        Err(DocError::Subscription(SubscriptionError::NotFound(_)))
+    ));
+    // The leader checks a creation before proposing it, without writing.
+    let bad = db.check_new_subscription(
+        "t",
+        "from orders where",
+        &Map::new(),
+        &SubscriptionStart::Beginning,
+    );
+    assert!(matches!(bad, Err(DocError::Query(_))), "{bad:?}");
+    db.check_new_subscription(
+        "t",
+        "from orders",
+        &Map::new(),
+        &SubscriptionStart::Beginning,
+    )
+    .unwrap();
+    assert!(db.subscriptions().unwrap().is_empty());
+}

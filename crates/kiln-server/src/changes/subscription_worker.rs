@@ -19,8 +19,9 @@
 //!   `{"type":"heartbeat","last_etag"}`, `{"type":"error","code","message"}`;
 //!   close codes: 4009 taken over by another worker, 4004 the subscription was
 //!   deleted, 4011 the worker went silent (no frame, pong included, for
-//!   `worker_timeout`), 1008 a protocol error, 1001 the database was deleted or
-//!   the server stops.
+//!   `worker_timeout`), 4307 this node no longer leads its cluster (connect to
+//!   the leader: the worker resumes after its last acknowledged batch), 1008 a
+//!   protocol error, 1001 the database was deleted or the server stops.
 //! - worker: `{"op":"ack","batch":N}` for the batch in flight.
 //!
 //! A worker that never answers pings (a peer gone without a FIN) would hold the
@@ -46,6 +47,9 @@ use tokio::time::Instant;
 pub const CLOSE_TAKEN_OVER: u16 = 4009;
 pub const CLOSE_DELETED: u16 = 4004;
 pub const CLOSE_WORKER_SILENT: u16 = 4011;
+/// A cluster's worker is served by the leader only: this node stopped leading,
+/// or could not commit the acknowledgment.
+pub const CLOSE_NOT_LEADER: u16 = 4307;
 const CLOSE_PROTOCOL: u16 = 1008;
 const CLOSE_GOING_AWAY: u16 = 1001;
 
@@ -73,6 +77,9 @@ pub struct WorkerConfig {
     pub send_timeout: Duration,
     pub worker_timeout: Duration,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The node of a cluster: acknowledgments go through its log, and the worker
+    /// is let go when the node stops leading.
+    pub cluster: Option<Arc<kiln_cluster::ClusterNode>>,
 }
 
 #[derive(Deserialize)]
@@ -197,6 +204,7 @@ impl Session {
                 Err(DocError::Subscription(SubscriptionError::Busy(_))) => {}
                 Err(e) => return Err(self.fail(&e).await),
             }
+            self.check_leads()?;
             if !told {
                 told = true;
                 self.send(Utf8Bytes::from_static(r#"{"type":"waiting"}"#))
@@ -328,6 +336,26 @@ impl Session {
         lease: &Arc<SubscriptionLease>,
         up_to: u64,
     ) -> Result<u64, End> {
+        if let Some(node) = self.cfg.cluster.clone() {
+            // Only the current holder proposes: a worker taken over stops here.
+            // (Between this check and the commit a take-over may happen: the
+            // position then moves over a batch that the old holder processed.)
+            if !lease.is_current() {
+                return Err(self.revoked());
+            }
+            let database = self.db.name().to_string();
+            let acknowledged = crate::routes::cluster::acknowledge_subscription(
+                &node,
+                &database,
+                &self.cfg.name,
+                up_to,
+            )
+            .await;
+            return match acknowledged {
+                Ok(position) => Ok(position),
+                Err(e) => Err(self.fail_in_cluster(e).await),
+            };
+        }
         let db = self.db.clone();
         let lease = lease.clone();
         let done =
@@ -429,11 +457,33 @@ impl Session {
             _ => {}
         }
         let code = crate::error::error_code(e);
-        let message = e.to_string();
-        let msg = json!({"type": "error", "code": code.as_str(), "message": message});
-        let _ = self.send(Utf8Bytes::from(msg.to_string())).await;
+        let _ = self
+            .send(Utf8Bytes::from(error_frame(code, &e.to_string())))
+            .await;
         // A close reason has at most 123 bytes; the error frame has the whole text.
         End::Close(1011, code.as_str().to_string())
+    }
+
+    /// Tells the worker why its acknowledgment was not committed by the cluster,
+    /// then ends the session: a refusal of the cluster (no leader here, no
+    /// quorum) sends it to the leader, whatever the outcome (the acknowledgment
+    /// may still be committed: the batch comes again, or the next one does).
+    async fn fail_in_cluster(&mut self, e: crate::error::ApiError) -> End {
+        use crate::error::ErrorCode;
+        match e.code {
+            ErrorCode::SubscriptionNotFound => return deleted(),
+            ErrorCode::NotLeader | ErrorCode::NoQuorum | ErrorCode::ClusterError => {
+                let _ = self
+                    .send(Utf8Bytes::from(error_frame(e.code, &e.message)))
+                    .await;
+                return End::Close(CLOSE_NOT_LEADER, e.code.as_str().to_string());
+            }
+            _ => {}
+        }
+        let _ = self
+            .send(Utf8Bytes::from(error_frame(e.code, &e.message)))
+            .await;
+        End::Close(1011, e.code.as_str().to_string())
     }
 
     /// The end of a holder whose lease was revoked: the subscription was deleted,
@@ -449,7 +499,19 @@ impl Session {
         if lease.is_revoked() {
             return Err(self.revoked());
         }
-        Ok(())
+        self.check_leads()
+    }
+
+    /// In a cluster, the end of a worker whose node no longer leads: its
+    /// acknowledgments could not be committed here any more.
+    fn check_leads(&self) -> Result<(), End> {
+        match &self.cfg.cluster {
+            Some(node) if !node.is_leader() => Err(End::Close(
+                CLOSE_NOT_LEADER,
+                "this node no longer leads the cluster: connect to the leader".into(),
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn going_away(&self) -> End {
@@ -458,6 +520,11 @@ impl Session {
             "the database was deleted or the server stops".into(),
         )
     }
+}
+
+/// `{"type":"error","code","message"}`.
+fn error_frame(code: crate::error::ErrorCode, message: &str) -> String {
+    json!({"type": "error", "code": code.as_str(), "message": message}).to_string()
 }
 
 fn deleted() -> End {

@@ -166,7 +166,10 @@ async fn route_in_cluster(
 ) -> Result<Response, Response> {
     let linearizable = take_consistency(&mut req).map_err(IntoResponse::into_response)?;
     let write = is_replicated_write(req.method(), req.uri().path());
-    if !write && !linearizable {
+    // A subscription's worker is served by the leader, which proposes its
+    // acknowledgments (it answers as a linearizable read would be: 307 elsewhere).
+    let leader_only = linearizable || is_subscription_worker(req.method(), req.uri().path());
+    if !write && !leader_only {
         return Ok(next.run(req).await);
     }
     let leads = node.status().leader == Some(node.node_id());
@@ -181,6 +184,14 @@ async fn route_in_cluster(
             return Err(refused.into_response());
         };
         let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        if !write && !linearizable {
+            return Err(redirect_to_leader(
+                node.scheme(),
+                &address,
+                path,
+                RedirectOf::Worker,
+            ));
+        }
         let path = if linearizable {
             format!(
                 "{path}{}consistency=linearizable",
@@ -189,7 +200,12 @@ async fn route_in_cluster(
         } else {
             path.to_string()
         };
-        return Err(redirect_to_leader(node.scheme(), &address, &path, write));
+        let of = if write {
+            RedirectOf::Write
+        } else {
+            RedirectOf::LinearizableRead
+        };
+        return Err(redirect_to_leader(node.scheme(), &address, &path, of));
     }
     if linearizable {
         node.ensure_linearizable()
@@ -249,14 +265,29 @@ fn is_replicated_write(method: &Method, path: &str) -> bool {
     writes && !path.starts_with("/cluster/raft/") && !path.ends_with("/queries")
 }
 
-/// 307 `not_leader` to the leader's URL for this request: a write, or (`write`
-/// false) a linearizable read, which only the leader answers.
-fn redirect_to_leader(scheme: &str, address: &str, path: &str, write: bool) -> Response {
+/// `GET /dbs/{db}/subscriptions/{name}/ws`: a data subscription's worker.
+fn is_subscription_worker(method: &Method, path: &str) -> bool {
+    *method == Method::GET
+        && path.starts_with("/dbs/")
+        && path.ends_with("/ws")
+        && path.split('/').nth(3) == Some("subscriptions")
+}
+
+/// What only the leader answers.
+#[derive(Clone, Copy)]
+enum RedirectOf {
+    Write,
+    LinearizableRead,
+    Worker,
+}
+
+/// 307 `not_leader` to the leader's URL for this request.
+fn redirect_to_leader(scheme: &str, address: &str, path: &str, of: RedirectOf) -> Response {
     let location = format!("{scheme}://{address}{path}");
-    let what = if write {
-        "send writes"
-    } else {
-        "send linearizable reads"
+    let what = match of {
+        RedirectOf::Write => "send writes",
+        RedirectOf::LinearizableRead => "send linearizable reads",
+        RedirectOf::Worker => "connect subscription workers",
     };
     let mut e = ApiError::new(
         ErrorCode::NotLeader,
@@ -280,7 +311,7 @@ async fn propose(node: &ClusterNode, command: Command) -> Result<Answer, ApiErro
         .map_err(cluster_error)
 }
 
-fn cluster_error(e: ClusterError) -> ApiError {
+pub(crate) fn cluster_error(e: ClusterError) -> ApiError {
     let code = match &e {
         ClusterError::NotLeader { .. } => ErrorCode::NotLeader,
         ClusterError::NoQuorum { .. } => ErrorCode::NoQuorum,
@@ -883,16 +914,73 @@ pub(crate) async fn delete_attachment(
     attachment_outcome(propose(node(state)?, command).await?)
 }
 
-/// A route a cluster does not replicate yet: refused rather than done on one
-/// node only.
-pub(crate) fn refuse_in_cluster(state: &AppState, what: &str) -> Result<(), ApiError> {
-    if state.cluster.is_some() {
-        return Err(ApiError::new(
-            ErrorCode::NotSupportedInCluster,
-            format!("{what} is not replicated yet: a clustered server refuses it"),
-        ));
+/// Creates a data subscription on every node (checked here first, so that a bad
+/// name, query or start is refused before it enters the log).
+pub(crate) async fn create_subscription(
+    state: &AppState,
+    database: &kiln_docs::Database,
+    new: NewSubscription,
+) -> Result<(), ApiError> {
+    let node = node(state)?;
+    let start = kiln_docs::SubscriptionStart::parse(&new.start);
+    database.check_new_subscription(&new.name, &new.query, &new.parameters, &start)?;
+    let command = Command::CreateSubscription {
+        database: database.name().to_string(),
+        at_ms: now_ms(),
+        name: new.name,
+        query: new.query,
+        parameters: new.parameters,
+        start: new.start,
+    };
+    match propose(node, command).await? {
+        Answer::SubscriptionCreated => Ok(()),
+        other => Err(answer_error(other)),
     }
-    Ok(())
+}
+
+/// A subscription to create, as the request gave it.
+pub(crate) struct NewSubscription {
+    pub name: String,
+    pub query: String,
+    pub parameters: serde_json::Map<String, serde_json::Value>,
+    /// `beginning`, `now` or an etag.
+    pub start: String,
+}
+
+/// Deletes a data subscription on every node (its worker, on the leader, is let go).
+pub(crate) async fn delete_subscription(
+    state: &AppState,
+    database: &str,
+    name: &str,
+) -> Result<(), ApiError> {
+    let command = Command::DeleteSubscription {
+        database: database.to_string(),
+        name: name.to_string(),
+    };
+    match propose(node(state)?, command).await? {
+        Answer::SubscriptionDeleted => Ok(()),
+        other => Err(answer_error(other)),
+    }
+}
+
+/// Moves a subscription's position to `up_to` on every node (a worker's
+/// acknowledgment, proposed by the leader serving it); the position after it.
+pub(crate) async fn acknowledge_subscription(
+    node: &ClusterNode,
+    database: &str,
+    name: &str,
+    up_to: u64,
+) -> Result<u64, ApiError> {
+    let command = Command::AcknowledgeSubscription {
+        database: database.to_string(),
+        at_ms: now_ms(),
+        name: name.to_string(),
+        up_to,
+    };
+    match propose(node, command).await? {
+        Answer::SubscriptionAcknowledged { position } => Ok(position),
+        other => Err(answer_error(other)),
+    }
 }
 
 fn now_ms() -> u64 {
@@ -907,8 +995,8 @@ mod redirect_tests {
     use super::*;
 
     /// The body a client sees: the 307 as `observe` stamps it.
-    async fn seen(write: bool) -> serde_json::Value {
-        let resp = redirect_to_leader("http", "10.0.0.2:8080", "/dbs/d/docs/a", write);
+    async fn seen(of: RedirectOf) -> serde_json::Value {
+        let resp = redirect_to_leader("http", "10.0.0.2:8080", "/dbs/d/docs/a", of);
         let id = crate::observe::RequestId::from_presented(Some(b"req-307"));
         let resp = crate::app::with_request_id(resp, &id).await;
         assert_eq!(resp.status(), StatusCode::TEMPORARY_REDIRECT);
@@ -920,7 +1008,7 @@ mod redirect_tests {
 
     #[tokio::test]
     async fn a_redirect_to_the_leader_has_a_request_id_and_says_what_to_send() {
-        let write = seen(true).await;
+        let write = seen(RedirectOf::Write).await;
         assert_eq!(write["error"], "not_leader");
         assert_eq!(write["request_id"], "req-307", "{write}");
         assert!(
@@ -930,12 +1018,42 @@ mod redirect_tests {
                 .contains("send writes to http://10.0.0.2:8080/dbs/d/docs/a"),
             "{write}"
         );
-        let read = seen(false).await;
+        let read = seen(RedirectOf::LinearizableRead).await;
         assert_eq!(read["request_id"], "req-307", "{read}");
         let said = read["message"].as_str().unwrap();
         assert!(
             said.contains("linearizable reads") && !said.contains("writes"),
             "{read}"
         );
+        let worker = seen(RedirectOf::Worker).await;
+        let said = worker["message"].as_str().unwrap();
+        assert!(
+            said.contains("connect subscription workers to http://10.0.0.2:8080"),
+            "{worker}"
+        );
+    }
+
+    #[test]
+    fn only_a_subscriptions_websocket_is_a_worker() {
+        assert!(is_subscription_worker(
+            &Method::GET,
+            "/dbs/shop/subscriptions/s1/ws"
+        ));
+        assert!(!is_subscription_worker(
+            &Method::GET,
+            "/dbs/shop/subscriptions/ws"
+        ));
+        assert!(!is_subscription_worker(
+            &Method::GET,
+            "/dbs/shop/changes/ws"
+        ));
+        assert!(!is_subscription_worker(
+            &Method::GET,
+            "/dbs/subscriptions/changes/ws"
+        ));
+        assert!(!is_subscription_worker(
+            &Method::DELETE,
+            "/dbs/shop/subscriptions/ws"
+        ));
     }
 }

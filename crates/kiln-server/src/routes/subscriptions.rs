@@ -7,8 +7,12 @@
 //! - `GET /dbs/{db}/subscriptions/{name}/ws?batch_size=N&strategy=wait|take_over|if_free`:
 //!   a worker's connection
 //!
-//! In a cluster every one of them is refused (501 `not_supported_in_cluster`):
-//! positions are not replicated yet (docs/cluster.md).
+//! In a cluster, creations, deletions and acknowledgments go through the log
+//! (`routes/cluster.rs`; a follower answers 307 to the leader as for any write),
+//! and a worker connects to the leader (307 elsewhere), which serves its batches
+//! from its own copy and proposes its acknowledgments: the position is the same
+//! on every node, and a worker moved by a failover resumes after the last
+//! acknowledgment the cluster committed (docs/cluster.md).
 
 use crate::changes::subscription_worker::{self, Strategy, WorkerConfig};
 use crate::error::{ApiError, ErrorCode};
@@ -43,10 +47,6 @@ pub const MAX_BATCH_BYTES: usize = 4 << 20;
 /// A worker silent (no frame, pongs included) for this many heartbeat intervals is
 /// let go, so that a peer gone without closing does not hold the subscription.
 const WORKER_TIMEOUT_HEARTBEATS: u32 = 4;
-
-fn refuse_in_cluster(state: &SharedState) -> Result<(), ApiError> {
-    crate::routes::cluster::refuse_in_cluster(state, "a data subscription")
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -83,7 +83,6 @@ pub async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    refuse_in_cluster(&state)?;
     let database = state.store.database(&db)?;
     let bytes = read_body(&headers, body, &state.limits).await?;
     let new: NewSubscription = serde_json::from_slice(&bytes).map_err(|e| {
@@ -92,11 +91,24 @@ pub async fn create(
             format!("{e} (the body is {{\"name\": \"...\", \"query\": \"from <collection> [where ...]\", \"parameters\": {{...}}, \"start\": \"beginning\" | \"now\" | \"<etag>\"}})"),
         )
     })?;
-    let start = SubscriptionStart::parse(new.start.as_deref().unwrap_or("beginning"));
-    let d = database.clone();
-    let info =
+    let start = new.start.unwrap_or_else(|| "beginning".to_string());
+    let info = if state.cluster.is_some() {
+        let name = new.name.clone();
+        let new = crate::routes::cluster::NewSubscription {
+            name: new.name,
+            query: new.query,
+            parameters: new.parameters,
+            start,
+        };
+        crate::routes::cluster::create_subscription(&state, &database, new).await?;
+        let d = database.clone();
+        blocking(move || d.subscription(&name)).await?
+    } else {
+        let start = SubscriptionStart::parse(&start);
+        let d = database.clone();
         blocking(move || d.create_subscription(&new.name, &new.query, new.parameters, start))
-            .await?;
+            .await?
+    };
     let mut resp = json_value(StatusCode::CREATED, info_json(&database, &info));
     let location = format!(
         "/dbs/{}/subscriptions/{}",
@@ -114,7 +126,6 @@ pub async fn list(
     State(state): State<SharedState>,
     ApiPath(db): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    refuse_in_cluster(&state)?;
     let database = state.store.database(&db)?;
     let d = database.clone();
     let all = blocking(move || d.subscriptions()).await?;
@@ -133,7 +144,6 @@ pub async fn get_one(
     State(state): State<SharedState>,
     ApiPath((db, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
-    refuse_in_cluster(&state)?;
     let database = state.store.database(&db)?;
     let d = database.clone();
     let info = blocking(move || d.subscription(&name)).await?;
@@ -145,10 +155,13 @@ pub async fn delete(
     State(state): State<SharedState>,
     ApiPath((db, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
-    refuse_in_cluster(&state)?;
     let database = state.store.database(&db)?;
-    let deleted = name.clone();
-    blocking(move || database.delete_subscription(&deleted)).await?;
+    if state.cluster.is_some() {
+        crate::routes::cluster::delete_subscription(&state, &db, &name).await?;
+    } else {
+        let deleted = name.clone();
+        blocking(move || database.delete_subscription(&deleted)).await?;
+    }
     Ok(json_value(StatusCode::OK, json!({"deleted": name})))
 }
 
@@ -164,12 +177,19 @@ pub async fn websocket(
     Params(q): Params<WorkerQuery>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    refuse_in_cluster(&state)?;
     let upgrade = websocket_upgrade(upgrade)?;
     let batch_size = batch_size(q.batch_size)?;
     let strategy = q.strategy.unwrap_or(Strategy::Wait);
     let database = state.store.database(&db)?;
     room_for_connection(&state, "WebSocket")?;
+    if let Some(node) = &state.cluster {
+        // Only the leader gets here (the front door sends workers to it); what the
+        // cluster committed before (acknowledgments included) is applied here
+        // before the worker reads its position.
+        node.ensure_linearizable()
+            .await
+            .map_err(crate::routes::cluster::cluster_error)?;
+    }
     let lease = lease(&database, &name, strategy).await?;
     let hub = state.hubs.hub(&database);
     let cfg = worker_config(&state, name, batch_size);
@@ -232,5 +252,6 @@ fn worker_config(state: &SharedState, name: String, batch_size: usize) -> Worker
         send_timeout: Duration::from_millis(state.changes.send_timeout_ms),
         worker_timeout: heartbeat_interval * WORKER_TIMEOUT_HEARTBEATS,
         metrics: state.metrics.clone(),
+        cluster: state.cluster.clone(),
     }
 }
