@@ -1,7 +1,8 @@
 //! `kiln subscriptions list|get|create|delete --url U --db DB`: a server's data
 //! subscriptions (the routes under `/dbs/{db}/subscriptions`, docs/http-api.md).
 //! Workers connect over WebSocket (the Python client's `subscription.run`), not
-//! through this command.
+//! through this command. In a cluster, a creation or deletion sent to a follower
+//! is sent again to the leader it names (it goes through the log to every node).
 
 use crate::client::{path_escape, ServerArgs};
 use clap::Subcommand;
@@ -167,7 +168,12 @@ fn create_body(
 /// `create`: the subscription `body` describes, with a line on what it is, or
 /// the server's JSON answer.
 fn create(server: &ServerArgs, db: &str, body: &Value, json: bool) -> AnyResult<()> {
-    let answer = request_json(server, "POST", &base(db), body.to_string().as_bytes())?;
+    let answer = crate::cluster_cmd::write_following_leader(
+        server,
+        "POST",
+        &base(db),
+        body.to_string().as_bytes(),
+    )?;
     if json {
         println!("{answer}");
     } else {
@@ -184,7 +190,12 @@ fn create(server: &ServerArgs, db: &str, body: &Value, json: bool) -> AnyResult<
 /// `delete`: the subscription `name`, with a line saying so, or the server's JSON
 /// answer.
 fn delete(server: &ServerArgs, db: &str, name: &str, json: bool) -> AnyResult<()> {
-    let answer = request_json(server, "DELETE", &subscription_path(db, name), b"")?;
+    let answer = crate::cluster_cmd::write_following_leader(
+        server,
+        "DELETE",
+        &subscription_path(db, name),
+        b"",
+    )?;
     if json {
         println!("{answer}");
     } else {
