@@ -306,6 +306,61 @@ def test_client_goes_on_writing_after_the_leader_is_killed(cluster: Cluster, db:
     st.close()
 
 
+def test_a_subscription_worker_follows_the_leader(cluster: Cluster, db: str) -> None:
+    """A worker started with the follower first finds the leader; when the leader is
+    killed it reconnects to the new one and resumes after its last acknowledged
+    batch: every document is delivered, at least once, in etag order."""
+    leader = cluster.wait_leader()
+    others = [n for n in cluster.nodes if n is not leader]
+    st = DocumentStore([n.url for n in others] + [leader.url], db)
+    st.create_database()
+    st.create_subscription("all", "from items")
+    for i in range(30):
+        st.put(f"items/{i}", {"i": i})
+    sub = st.subscription("all")
+    seen: List[str] = []
+    etags: List[int] = []
+    killed = threading.Event()
+
+    def handle(batch) -> None:  # type: ignore[no-untyped-def]
+        for d in batch:
+            seen.append(d["@metadata"]["@id"])
+            etags.append(int(d["@metadata"]["@etag"].split("-")[0]))
+        if not killed.is_set():
+            killed.set()
+            # The first batch is acknowledged after the leader is gone: the new
+            # leader sends it again (at least once), then the rest.
+            cluster.sigkill(leader)
+
+    done = threading.Event()
+
+    def worker() -> None:
+        sub.run(handle, batch_size=10)
+        done.set()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    try:
+        assert killed.wait(15), "no batch came"
+        cluster.wait_leader(timeout=15)
+        for i in range(30, 45):
+            st.put(f"items/{i}", {"i": i})
+        deadline = time.monotonic() + 20
+        while len(set(seen)) < 45 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        sub.stop()
+        t.join(10)
+    assert set(seen) == {f"items/{i}" for i in range(45)}, sorted(set(seen))
+    assert sub.connections >= 2
+    # After the reconnection the batches start again at the position (the first
+    # batch was never acknowledged), in etag order from there.
+    restart = etags.index(etags[0], 1)
+    assert etags[restart:] == sorted(etags[restart:]) and len(set(etags[restart:])) == 45
+    assert st.subscriptions()[0]["position"] is not None
+    st.close()
+
+
 def test_no_quorum_is_retried_once_then_reported(cluster: Cluster, db: str) -> None:
     leader = cluster.wait_leader()
     st = DocumentStore([n.url for n in cluster.nodes], db)

@@ -23,7 +23,7 @@ export { Session, type SessionOptions } from "./session.js";
 export { Query, checkField, quoteString, type QueryResult, type AggregateFunction } from "./query.js";
 export { BulkInsert, type BulkInsertOptions } from "./bulk.js";
 export { Changes, ChangesSubscription, type Change, type ChangesOptions } from "./changes.js";
-export { DataSubscription, type SubscriptionBatch, type RunOptions, CLOSE_DELETED, CLOSE_TAKEN_OVER } from "./subscriptions.js";
+export { DataSubscription, type SubscriptionBatch, type RunOptions, CLOSE_DELETED, CLOSE_TAKEN_OVER, CLOSE_NOT_LEADER } from "./subscriptions.js";
 export { HttpCache, CacheStats, AggressiveState } from "./cache.js";
 export {
   ClusterView, isWrite, resendCannotDuplicate, normalizeUrls, failoverOfAnswer, type Failover,

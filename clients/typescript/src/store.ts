@@ -424,7 +424,8 @@ export class DocumentStore {
     }
   }
 
-  private forgetLeader(node: string): void {
+  /** @internal `node` is not the leader (any more): found again before the next write. */
+  forgetLeader(node: string): void {
     if (this.view.leader === node) this.view.leader = undefined;
   }
 

@@ -17,6 +17,8 @@ import type { Doc, DocumentStore } from "./store.js";
 /** Close codes of the server (docs/http-api.md). */
 export const CLOSE_DELETED = 4004;
 export const CLOSE_TAKEN_OVER = 4009;
+/** A cluster's node that stopped leading: the worker connects to the leader. */
+export const CLOSE_NOT_LEADER = 4307;
 
 export interface SubscriptionBatch {
   number: number;
@@ -106,7 +108,17 @@ export class DataSubscription {
       while (!ctl.signal.aborted) {
         let q = `strategy=${strategy}`;
         if (opts.batchSize !== undefined) q += `&batch_size=${Math.trunc(opts.batchSize)}`;
-        const url = this.store.wsUrl(this.store.url, `${this.path}/ws?${q}`);
+        // In a cluster the leader serves workers (and commits their acknowledgments).
+        let node: string;
+        try {
+          node = this.store.clustered ? await this.store.writeNode() : this.store.url;
+        } catch (e) {
+          if (!reconnect) throw e;
+          await this.pause(delay, ctl.signal);
+          delay = Math.min(delay * 2, maxDelay);
+          continue;
+        }
+        const url = this.store.wsUrl(node, `${this.path}/ws?${q}`);
         const ws = new WS(url, this.store.wsProtocols(["kiln.subscription.v1"]));
         const events: Event[] = [];
         let wake: (() => void) | undefined;
@@ -140,6 +152,10 @@ export class DataSubscription {
                 throw new SubscriptionClosedError(`subscription ${JSON.stringify(this.name)}: ${ev.reason}`, ev.code);
               }
               if (!ev.opened) await this.refusedUpgrade(strategy);
+              // Not the leader (a 307 refuses the upgrade; 4307 once it stops
+              // leading) or gone: the leader is found again before the next try.
+              if (this.store.clustered) this.store.forgetLeader(node);
+              if (ev.code === CLOSE_NOT_LEADER) delay = baseDelay;
               lostReason = `${ev.code} ${ev.reason}`;
               break;
             }
@@ -180,16 +196,20 @@ export class DataSubscription {
           }
         }
         if (!reconnect) throw makeError("connection_failed", `subscription connection lost: ${lostReason}`);
-        await new Promise<void>((r) => {
-          const t = setTimeout(r, delay);
-          ctl.signal.addEventListener("abort", () => { clearTimeout(t); r(); }, { once: true });
-        });
+        await this.pause(delay, ctl.signal);
         delay = Math.min(delay * 2, maxDelay);
       }
     } finally {
       opts.signal?.removeEventListener("abort", onOuterAbort);
       if (this.stopCtl === ctl) this.stopCtl = undefined;
     }
+  }
+
+  private pause(ms: number, signal: AbortSignal): Promise<void> {
+    return new Promise<void>((r) => {
+      const t = setTimeout(r, ms);
+      signal.addEventListener("abort", () => { clearTimeout(t); r(); }, { once: true });
+    });
   }
 
   /**

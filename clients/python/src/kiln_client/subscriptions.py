@@ -33,6 +33,8 @@ log = logging.getLogger("kiln_client.subscriptions")
 #: Close codes of the server (see docs/http-api.md).
 CLOSE_TAKEN_OVER = 4009
 CLOSE_DELETED = 4004
+#: A cluster's node that stopped leading: the worker connects to the leader.
+CLOSE_NOT_LEADER = 4307
 
 
 @dataclass
@@ -91,8 +93,15 @@ class DataSubscription:
         """Makes :meth:`run` return after the batch in hand (from any thread)."""
         self._stop.set()
 
-    def _ws_url(self, batch_size: Optional[int], strategy: str) -> str:
-        base = self._store.url.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+    def _node(self) -> str:
+        """The node a worker connects to: the leader in a cluster (it serves the
+        workers and commits their acknowledgments), else the store's server."""
+        if self._store.clustered:
+            return self._store._write_node()
+        return self._store.url
+
+    def _ws_url(self, node: str, batch_size: Optional[int], strategy: str) -> str:
+        base = node.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
         query = f"strategy={strategy}"
         if batch_size is not None:
             query += f"&batch_size={int(batch_size)}"
@@ -114,9 +123,11 @@ class DataSubscription:
         delay = reconnect_delay
         done = 0
         while not self._stop.is_set():
+            node = None
             try:
+                node = self._node()
                 cm = connect(
-                    self._ws_url(batch_size, strategy),
+                    self._ws_url(node, batch_size, strategy),
                     additional_headers=self._store.auth_headers,
                     ssl=self._store.ssl_context,
                     open_timeout=5,
@@ -129,7 +140,11 @@ class DataSubscription:
                 ws = cm.__enter__()
             except Exception as e:
                 status = getattr(getattr(e, "response", None), "status_code", None)
-                if status is not None and status < 500 and status != 429:
+                if node is not None and self._store.clustered:
+                    # Not the leader (307), or down: found again at the next try.
+                    self._store._forget_leader(node)
+                redirected = status == 307 and self._store.clustered
+                if status is not None and status < 500 and status != 429 and not redirected:
                     resp = e.response  # type: ignore[attr-defined]
                     raise error_from_response(status, resp.body or b"") from None
                 if not reconnect or (isinstance(e, ssl.SSLError)):
@@ -169,6 +184,9 @@ class DataSubscription:
                         f"subscription {self.name!r}: {rcvd.reason}", rcvd.code) from None
                 if not reconnect:
                     raise
+                if self._store.clustered:
+                    # The leader stopped leading (4307) or is gone: find it again.
+                    self._store._forget_leader(node)
                 log.debug("subscription connection lost: %r", e)
             finally:
                 try:

@@ -464,18 +464,18 @@ impl Session {
         End::Close(1011, code.as_str().to_string())
     }
 
-    /// Tells the worker why its acknowledgment was not committed by the cluster,
-    /// then ends the session: a refusal of the cluster (no leader here, no
-    /// quorum) sends it to the leader, whatever the outcome (the acknowledgment
-    /// may still be committed: the batch comes again, or the next one does).
+    /// Ends the session of a worker whose acknowledgment the cluster did not
+    /// commit: a refusal of the cluster (no leader here, no quorum) sends it to the
+    /// leader with 4307, whatever the outcome (the acknowledgment may still be
+    /// committed: the batch comes again, or the next one does); another error is
+    /// told in an error frame first.
     async fn fail_in_cluster(&mut self, e: crate::error::ApiError) -> End {
         use crate::error::ErrorCode;
         match e.code {
             ErrorCode::SubscriptionNotFound => return deleted(),
+            // No error frame: a client reconnects on the close code alone.
             ErrorCode::NotLeader | ErrorCode::NoQuorum | ErrorCode::ClusterError => {
-                let _ = self
-                    .send(Utf8Bytes::from(error_frame(e.code, &e.message)))
-                    .await;
+                tracing::info!(subscription = %self.cfg.name, error = %e.message, "a worker's acknowledgment was not committed: it is sent to the leader");
                 return End::Close(CLOSE_NOT_LEADER, e.code.as_str().to_string());
             }
             _ => {}
