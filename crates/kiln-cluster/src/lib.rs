@@ -24,6 +24,7 @@ pub mod api_keys;
 mod batcher;
 pub mod codec;
 pub mod command;
+pub mod disk_wait;
 pub mod log_store;
 pub mod network;
 pub mod node;

@@ -40,6 +40,8 @@ pub struct LogStore {
     truncations: Arc<AtomicU64>,
     /// The state machine's applied state, left for this log's next commit.
     piggyback: Piggyback,
+    /// An append or a vote that meets a full disk waits for space (`disk_wait`).
+    disk_wait: crate::disk_wait::DiskWait,
 }
 
 /// A value the state machine leaves for the log's next commit to carry: its
@@ -187,6 +189,7 @@ impl LogStore {
             purge_limit: None,
             truncations: Arc::new(AtomicU64::new(0)),
             piggyback: Piggyback::default(),
+            disk_wait: crate::disk_wait::DiskWait::default(),
         })
     }
 
@@ -196,6 +199,13 @@ impl LogStore {
     /// store is handed to openraft).
     pub fn truncations(&self) -> Arc<AtomicU64> {
         self.truncations.clone()
+    }
+
+    /// Waits for disk space with `wait` (shared with the state machine and the
+    /// node's Raft route) instead of failing.
+    pub fn with_disk_wait(mut self, wait: crate::disk_wait::DiskWait) -> LogStore {
+        self.disk_wait = wait;
+        self
     }
 
     pub fn with_purge_limit(mut self, limit: PurgeLimit) -> LogStore {
@@ -278,6 +288,7 @@ fn read_err(e: &(impl std::error::Error + 'static)) -> StorageError {
 }
 
 fn write_err(e: &(impl std::error::Error + 'static)) -> StorageError {
+    crate::disk_wait::note(e);
     StorageIOError::write_logs(AnyError::new(e)).into()
 }
 
@@ -346,7 +357,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        self.write_meta(VOTE, vote)
+        let wait = self.disk_wait.clone();
+        wait.retry("saving the vote", || self.write_meta(VOTE, vote))
+            .await
             .map_err(|e| StorageIOError::write_vote(AnyError::new(&e)).into())
     }
 
@@ -367,17 +380,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let result = (|| {
-            let mut w = self.env.begin_write().map_err(|e| write_err(&e))?;
-            self.piggyback.carry(&mut w).map_err(|e| write_err(&e))?;
-            for entry in entries {
-                let raw = crate::codec::encode(&entry).map_err(|e| write_err(&e))?;
-                w.put(LOG, &entry.log_id.index.to_be_bytes(), &raw)
-                    .map_err(|e| write_err(&e))?;
-            }
-            w.commit().map_err(|e| write_err(&e))?;
-            Ok::<(), StorageError>(())
-        })();
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let wait = self.disk_wait.clone();
+        let result = wait
+            .retry("appending to the Raft log", || {
+                let mut w = self.env.begin_write().map_err(|e| write_err(&e))?;
+                self.piggyback.carry(&mut w).map_err(|e| write_err(&e))?;
+                for entry in &entries {
+                    let raw = crate::codec::encode(entry).map_err(|e| write_err(&e))?;
+                    w.put(LOG, &entry.log_id.index.to_be_bytes(), &raw)
+                        .map_err(|e| write_err(&e))?;
+                }
+                w.commit().map_err(|e| write_err(&e))?;
+                Ok::<(), StorageError>(())
+            })
+            .await;
         // Durable (or failed) here: the commit returns after the journal write.
         callback.log_io_completed(
             result

@@ -267,6 +267,8 @@ pub struct ClusterNode {
     network: Network,
     /// Held for writing while leadership is handed over (see `propose`).
     handover: Arc<tokio::sync::RwLock<()>>,
+    /// Whether the storage waits for disk space (`disk_wait`).
+    disk_wait: crate::disk_wait::DiskWait,
 }
 
 /// The address member `id` is reached at, as the membership records it.
@@ -350,7 +352,10 @@ impl ClusterNode {
             classify,
             config.api_keys.clone(),
         )?;
-        let log = log.with_purge_limit(machine.purge_limit());
+        let disk_wait = machine.disk_wait();
+        let log = log
+            .with_purge_limit(machine.purge_limit())
+            .with_disk_wait(disk_wait.clone());
         let truncations = log.truncations();
         let network = Network::new(
             config.node_id,
@@ -387,6 +392,11 @@ impl ClusterNode {
             tracing::debug!(error = %e, "not initializing the cluster (it has a state already)");
         }
         log_leader_changes(&raft, config.node_id);
+        no_elections_while_waiting_for_disk(
+            raft.clone(),
+            disk_wait.clone(),
+            Duration::from_millis(config.election_timeout_max_ms),
+        );
         let write_timeout = Duration::from_millis(config.write_timeout_ms);
         let handover = Arc::new(tokio::sync::RwLock::new(()));
         Ok(ClusterNode {
@@ -405,6 +415,7 @@ impl ClusterNode {
             security: config.security,
             network,
             handover,
+            disk_wait,
         })
     }
 
@@ -744,12 +755,48 @@ impl ClusterNode {
         }
     }
 
+    /// Whether a step of this node's storage waits for disk space (`disk_wait`):
+    /// the node then refuses Raft messages rather than queue them.
+    pub fn waiting_for_disk(&self) -> bool {
+        self.disk_wait.is_waiting()
+    }
+
     /// Stops Raft (the server then closes the store).
     pub async fn shutdown(&self) {
+        self.disk_wait.stop();
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "stopping Raft");
         }
     }
+}
+
+/// A node waiting for disk space hears nothing from the leader (its Raft route
+/// refuses messages meanwhile, `disk_wait`); once it goes on, its election timer
+/// would have it stand for election at once, with a higher term that makes the
+/// healthy leader step down. So it stands for no election while it waits, nor for
+/// two election timeouts after, time for the leader's heartbeats to reach it.
+fn no_elections_while_waiting_for_disk(
+    raft: Raft,
+    wait: crate::disk_wait::DiskWait,
+    election_timeout: Duration,
+) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        let mut off = false;
+        while !wait.stopping() {
+            tick.tick().await;
+            if wait.is_waiting() && !off {
+                raft.runtime_config().elect(false);
+                off = true;
+            } else if !wait.is_waiting() && off {
+                tokio::time::sleep(election_timeout * 2).await;
+                if !wait.is_waiting() {
+                    raft.runtime_config().elect(true);
+                    off = false;
+                }
+            }
+        }
+    });
 }
 
 /// Keeps this node from standing for election while it lives (a leadership

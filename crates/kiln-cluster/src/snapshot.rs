@@ -31,6 +31,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 
 pub(crate) fn snapshot_err(e: &(impl std::error::Error + 'static)) -> StorageError {
+    crate::disk_wait::note(e);
     StorageIOError::write_snapshot(None, AnyError::new(e)).into()
 }
 

@@ -63,6 +63,8 @@ struct Shared {
     /// Where a restore's upload waits while its database is replaced
     /// (`restoring` beside the snapshot directory).
     restoring_dir: std::path::PathBuf,
+    /// Applying, saving and building that meet a full disk wait for space.
+    disk_wait: crate::disk_wait::DiskWait,
 }
 
 /// The state machine; a clone shares it (the snapshot builder is one).
@@ -73,6 +75,7 @@ pub struct StateMachine {
 }
 
 fn sm_err(e: &(impl std::error::Error + 'static)) -> StorageError {
+    crate::disk_wait::note(e);
     StorageIOError::write_state_machine(AnyError::new(e)).into()
 }
 
@@ -132,6 +135,7 @@ impl StateMachine {
                 snapshot: Mutex::new(snapshot),
                 api_keys,
                 restoring_dir: snapshot_dir.with_file_name("restoring"),
+                disk_wait: crate::disk_wait::DiskWait::default(),
             }),
             applied,
         })
@@ -139,6 +143,12 @@ impl StateMachine {
 
     pub fn store(&self) -> &Arc<DocStore> {
         &self.shared.store
+    }
+
+    /// How this state machine waits for disk space (give it to
+    /// `LogStore::with_disk_wait`, and to the node's Raft route).
+    pub fn disk_wait(&self) -> crate::disk_wait::DiskWait {
+        self.shared.disk_wait.clone()
     }
 
     /// What the log store may purge up to (give it to `LogStore::with_purge_limit`).
@@ -253,7 +263,7 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
             at_ms,
             all_or_none,
             ops,
-        } => shared.write(log_id, &database, at_ms, all_or_none, ops),
+        } => shared.write(log_id, &database, at_ms, all_or_none, &ops),
         Command::SetRevisionsConfig { database, config } => {
             shared.set_revisions_config(log_id, &database, config)
         }
@@ -483,7 +493,7 @@ impl Shared {
         database: &str,
         at_ms: u64,
         all_or_none: bool,
-        ops: Vec<LoggedOp>,
+        ops: &[LoggedOp],
     ) -> Result<Answer, StorageError> {
         let db = match self.store.database(database) {
             Ok(db) => db,
@@ -498,7 +508,7 @@ impl Shared {
             Atomicity::Each
         };
         let mut parsed = Vec::with_capacity(ops.len());
-        for op in &ops {
+        for op in ops {
             match to_write_op(&db, op) {
                 Ok(op) => parsed.push(op),
                 // The leader parsed the writes before logging them: a write that does
@@ -667,7 +677,7 @@ impl Shared {
     fn key_store(&self) -> Result<&dyn crate::ApiKeyStore, Answer> {
         self.api_keys.as_deref().ok_or_else(|| {
             Answer::Failed(crate::ErrorAnswer {
-                code: "not_supported_in_cluster".into(),
+                code: "internal_error".into(),
                 message: "this node keeps no API keys (it runs without a key store)".into(),
                 current_etag: None,
             })
@@ -920,7 +930,15 @@ impl StateMachine {
             }
             EntryPayload::Normal(command) => {
                 let shared = self.shared.clone();
-                blocking(move || execute(&shared, &log_id, command)).await?
+                blocking(move || {
+                    // Tried again on a full disk: a copy per try (entries other than
+                    // single-document writes, which go in runs, by reference).
+                    let wait = &shared.disk_wait;
+                    wait.blocking("applying a log entry", || {
+                        execute(&shared, &log_id, command.clone())
+                    })
+                })
+                .await?
             }
         })
     }
@@ -930,7 +948,13 @@ impl StateMachine {
             return Ok(Vec::new());
         };
         let shared = self.shared.clone();
-        blocking(move || execute_run(&shared, &database, run.entries)).await
+        blocking(move || {
+            let wait = &shared.disk_wait;
+            wait.blocking("applying log entries", || {
+                execute_run(&shared, &database, &run.entries)
+            })
+        })
+        .await
     }
 }
 
@@ -940,12 +964,12 @@ impl StateMachine {
 fn execute_run(
     shared: &Shared,
     database: &str,
-    entries: Vec<(LogId, u64, Vec<LoggedOp>)>,
+    entries: &[(LogId, u64, Vec<LoggedOp>)],
 ) -> Result<Vec<Answer>, StorageError> {
     if entries.len() <= 1 {
         return entries
-            .into_iter()
-            .map(|(log_id, at_ms, ops)| shared.write(&log_id, database, at_ms, false, ops))
+            .iter()
+            .map(|(log_id, at_ms, ops)| shared.write(log_id, database, *at_ms, false, ops))
             .collect();
     }
     let db = match shared.store.database(database) {
@@ -984,8 +1008,8 @@ fn execute_run(
         Err(DocError::Storage(e)) => Err(sm_err(&e)),
         // Nothing of the run was written: one entry at a time.
         Err(_) => entries
-            .into_iter()
-            .map(|(log_id, at_ms, ops)| shared.write(&log_id, database, at_ms, false, ops))
+            .iter()
+            .map(|(log_id, at_ms, ops)| shared.write(log_id, database, *at_ms, false, ops))
             .collect(),
     }
 }
@@ -1068,7 +1092,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             self.shared.piggyback.leave(STATE, APPLIED, raw);
         } else {
             let me = self.clone();
-            blocking(move || me.save_applied()).await?;
+            blocking(move || {
+                let wait = &me.shared.disk_wait;
+                wait.blocking("saving the applied state", || me.save_applied())
+            })
+            .await?;
         }
         Ok(answers)
     }
@@ -1095,7 +1123,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let id = meta.snapshot_id.clone();
         blocking(move || {
             let path = me.shared.snapshots.promote(&received, &id)?;
-            crate::snapshot::install(&me.shared.store, &path, me.shared.api_keys.as_deref())
+            me.shared.disk_wait.blocking("installing a snapshot", || {
+                crate::snapshot::install(&me.shared.store, &path, me.shared.api_keys.as_deref())
+            })
         })
         .await?;
         self.applied = Applied {
@@ -1105,7 +1135,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let me = self.clone();
         let meta = meta.clone();
         // The applied state, the snapshot and the log purge it allows: one commit.
-        blocking(move || me.set_current_snapshot_with(&meta, Some(&me.applied))).await?;
+        blocking(move || {
+            let wait = &me.shared.disk_wait;
+            wait.blocking("recording an installed snapshot", || {
+                me.set_current_snapshot_with(&meta, Some(&me.applied))
+            })
+        })
+        .await?;
         tracing::info!("snapshot installed");
         Ok(())
     }
@@ -1133,10 +1169,13 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         let applied = self.applied.clone();
         let me = self.clone();
         let (meta, file) = blocking(move || {
-            let (built, size_bytes) = me
-                .shared
-                .snapshots
-                .build(&me.shared.store, me.shared.api_keys.as_deref())?;
+            // A build that meets a full disk removes its file and starts again.
+            let (built, size_bytes) =
+                me.shared.disk_wait.blocking("building a snapshot", || {
+                    me.shared
+                        .snapshots
+                        .build(&me.shared.store, me.shared.api_keys.as_deref())
+                })?;
             let at_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis());

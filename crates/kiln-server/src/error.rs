@@ -124,7 +124,6 @@ error_codes! {
     NoQuorum = "no_quorum" => SERVICE_UNAVAILABLE,
     ClusterError = "cluster_error" => SERVICE_UNAVAILABLE,
     NotClustered = "not_clustered" => NOT_FOUND,
-    NotSupportedInCluster = "not_supported_in_cluster" => NOT_IMPLEMENTED,
     // The changes feed's WebSocket: `{"type": "error", "code": ...}` messages, never an
     // HTTP answer (the status is the family a client files them under).
     /// A binary frame: the feed takes JSON text frames.

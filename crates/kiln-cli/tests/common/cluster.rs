@@ -123,6 +123,26 @@ impl Cluster {
         let dirs = (1..=3)
             .map(|id| (id, root.join(format!("node{id}"))))
             .collect();
+        Cluster::start_all(dirs, ports, members)
+    }
+
+    /// Three nodes, node `id`'s data directory at `dir` (on another file system,
+    /// say), the others under `root`.
+    pub fn with_dir(root: &Path, id: u64, dir: PathBuf) -> Cluster {
+        let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
+        let members = members(&ports);
+        let mut dirs: BTreeMap<u64, PathBuf> = (1..=3)
+            .map(|id| (id, root.join(format!("node{id}"))))
+            .collect();
+        dirs.insert(id, dir);
+        Cluster::start_all(dirs, ports, members)
+    }
+
+    fn start_all(
+        dirs: BTreeMap<u64, PathBuf>,
+        ports: BTreeMap<u64, u16>,
+        members: String,
+    ) -> Cluster {
         let mut c = Cluster {
             dirs,
             ports,

@@ -8,6 +8,7 @@ pub mod pki;
 pub mod raw_http;
 pub mod relay;
 pub mod subscription_worker;
+pub mod tmpfs;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

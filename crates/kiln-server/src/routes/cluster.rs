@@ -67,6 +67,17 @@ pub async fn raft_message(
             "a Raft message without this cluster's key (the nodes' --cluster-key-file differ?)",
         ));
     }
+    if node.waiting_for_disk() {
+        // Handed to Raft, the message would wait behind the step that waits for
+        // space, and the sender's retries would pile up behind it.
+        let mut refused = ApiError::new(
+            ErrorCode::ClusterError,
+            "this node's disk is full: it takes no part in the cluster until it has room",
+        );
+        refused.status = StatusCode::SERVICE_UNAVAILABLE;
+        refused.retry_after_s = Some(1);
+        return Err(refused);
+    }
     match kiln_cluster::network::handle_rpc(node.raft(), &kind, &body).await {
         Ok(answer) => Ok((
             [(
@@ -267,10 +278,8 @@ fn is_replicated_write(method: &Method, path: &str) -> bool {
 
 /// `GET /dbs/{db}/subscriptions/{name}/ws`: a data subscription's worker.
 fn is_subscription_worker(method: &Method, path: &str) -> bool {
-    *method == Method::GET
-        && path.starts_with("/dbs/")
-        && path.ends_with("/ws")
-        && path.split('/').nth(3) == Some("subscriptions")
+    let parts: Vec<&str> = path.split('/').collect();
+    *method == Method::GET && matches!(parts.as_slice(), ["", "dbs", _, "subscriptions", _, "ws"])
 }
 
 /// What only the leader answers.

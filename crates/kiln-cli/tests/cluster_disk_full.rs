@@ -1,0 +1,185 @@
+//! A full disk on one node of a three-node cluster (its data directory on a small
+//! tmpfs the test fills): the other two go on taking writes, and when space comes
+//! back the node catches up without a restart, with the documents the others have.
+//! - A follower's disk: no write fails, the leader stays, the follower's Raft does
+//!   not stop (it waits for space: its applied index stops, then reaches the
+//!   leader's once the filler file is removed) and it calls no elections meanwhile.
+//! - The leader's disk: it cannot append, the other two elect a leader and writes
+//!   resume there; when space comes back the old leader rejoins as a follower.
+//!
+//! Needs the right to mount a tmpfs; without it the test says so and stops. The
+//! slow tier runs it (`--ignored`).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
+
+mod common;
+
+use common::cluster::{find_leader, json, request, Cluster};
+use common::tmpfs::Tmpfs;
+use std::time::{Duration, Instant};
+
+const DB: &str = "full";
+const FULL_NODE: u64 = 3;
+
+/// ~2 KiB of JSON the journal's compression cannot shrink much.
+fn body(i: u64) -> String {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ i;
+    let text: String = (0..128)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            format!("{:016x}", x)
+        })
+        .collect();
+    format!(r#"{{"i": {i}, "pad": "{text}"}}"#)
+}
+
+fn status(port: u16) -> serde_json::Value {
+    request(port, "GET", "/cluster", None, "")
+        .map(|(_, text)| json(&text))
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Writes documents `from..to` through whichever node leads (following it across
+/// a failover); every write must be acknowledged within `patience` of the first
+/// try. The longest time one write took.
+fn write_all(c: &Cluster, from: u64, to: u64, patience: Duration) -> Duration {
+    let mut longest = Duration::ZERO;
+    let mut port = c.ports[&c.leader()];
+    for i in from..to {
+        let started = Instant::now();
+        loop {
+            let path = format!("/dbs/{DB}/docs/d/{i}");
+            match request(port, "PUT", &path, None, &body(i)) {
+                Ok((200 | 201, _)) => break,
+                other => {
+                    assert!(
+                        started.elapsed() < patience,
+                        "PUT {path} not acknowledged within {patience:?}: {other:?}"
+                    );
+                    std::thread::sleep(Duration::from_millis(50));
+                    if let Some((_, p)) = find_leader(&c.ports) {
+                        port = p;
+                    }
+                }
+            }
+        }
+        longest = longest.max(started.elapsed());
+    }
+    longest
+}
+
+/// Waits until node `id` has applied at least `index`; its applied index.
+fn applied_reaches(c: &Cluster, id: u64, index: u64, within: Duration) -> u64 {
+    let deadline = Instant::now() + within;
+    loop {
+        let applied = status(c.ports[&id])["last_applied"].as_u64().unwrap_or(0);
+        if applied >= index || Instant::now() > deadline {
+            return applied;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every document `0..count` has the same etag on node `id` as on `leader`.
+fn same_documents(c: &Cluster, id: u64, leader: u64, count: u64) {
+    for i in (0..count).step_by(97).chain([count - 1]) {
+        let path = format!("/dbs/{DB}/docs/d/{i}");
+        let (s1, a) = request(c.ports[&leader], "GET", &path, None, "").unwrap();
+        let (s2, b) = request(c.ports[&id], "GET", &path, None, "").unwrap();
+        assert_eq!((s1, s2), (200, 200), "{path}: {a} / {b}");
+        assert_eq!(
+            json(&a)["@metadata"]["@etag"],
+            json(&b)["@metadata"]["@etag"],
+            "{path} on node {id} and on the leader {leader}"
+        );
+    }
+}
+
+/// Moves leadership to `to` (sent to the current leader).
+fn transfer_to(c: &Cluster, to: u64) {
+    let leader = c.leader();
+    if leader != to {
+        let body = format!(r#"{{"id": {to}}}"#);
+        let (status, text) =
+            request(c.ports[&leader], "POST", "/cluster/leader", None, &body).unwrap();
+        assert_eq!(status, 200, "{text}");
+    }
+    assert_eq!(c.leader(), to);
+}
+
+#[test]
+#[ignore = "slow tier (about 50 s): .ci/run runs it"]
+fn a_full_disk_stops_neither_the_other_nodes_nor_the_node_for_good() {
+    let fs = match Tmpfs::mount(80) {
+        Ok(fs) => fs,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let root = tempfile::tempdir().unwrap();
+    let data = fs.path().join("node");
+    let c = Cluster::with_dir(root.path(), FULL_NODE, data);
+    transfer_to(&c, 1);
+    let (status_code, text) = request(c.ports[&1], "PUT", &format!("/dbs/{DB}"), None, "").unwrap();
+    assert!((200..300).contains(&status_code), "{text}");
+    write_all(&c, 0, 100, Duration::from_secs(10));
+
+    // A follower's disk fills up.
+    let leader_before = status(c.ports[&1]);
+    let filler = fs.fill(1 << 20);
+    let longest = write_all(&c, 100, 3000, Duration::from_secs(10));
+    let leader_after = status(c.ports[&1]);
+    assert_eq!(
+        leader_after["leader"], 1,
+        "the leader changed: {leader_after}"
+    );
+    assert_eq!(
+        leader_after["term"], leader_before["term"],
+        "{leader_after}"
+    );
+    let last = leader_after["last_applied"].as_u64().unwrap();
+    let stuck = applied_reaches(&c, FULL_NODE, last, Duration::from_secs(2));
+    assert!(
+        stuck < last,
+        "node {FULL_NODE} applied everything: its disk never filled (applied {stuck} of {last})"
+    );
+    println!("disk full cluster test: a follower's disk full, the longest write took {longest:?}; node {FULL_NODE} stopped at {stuck} of {last}");
+    std::fs::remove_file(&filler).unwrap();
+    let caught_up = applied_reaches(&c, FULL_NODE, last, Duration::from_secs(60));
+    assert!(
+        caught_up >= last,
+        "node {FULL_NODE} did not catch up after space came back: {}",
+        status(c.ports[&FULL_NODE])
+    );
+    same_documents(&c, FULL_NODE, 1, 3000);
+    let back = status(c.ports[&FULL_NODE]);
+    assert_eq!(
+        back["term"], leader_after["term"],
+        "node {FULL_NODE} called elections while it waited: {back}"
+    );
+
+    // The leader's disk fills up: the other two take over.
+    transfer_to(&c, FULL_NODE);
+    let filler = fs.fill(1 << 20);
+    write_all(&c, 3000, 6000, Duration::from_secs(20));
+    let new_leader = c.leader_among(&[1, 2]);
+    println!("disk full cluster test: the leader's disk full, node {new_leader} leads");
+    std::fs::remove_file(&filler).unwrap();
+    let last = status(c.ports[&new_leader])["last_applied"]
+        .as_u64()
+        .unwrap();
+    let caught_up = applied_reaches(&c, FULL_NODE, last, Duration::from_secs(60));
+    assert!(
+        caught_up >= last,
+        "the old leader did not catch up: {}",
+        status(c.ports[&FULL_NODE])
+    );
+    same_documents(&c, FULL_NODE, new_leader, 6000);
+    let log = std::fs::read_to_string(c.log_path(FULL_NODE)).unwrap();
+    assert!(
+        log.contains("disk is full"),
+        "node {FULL_NODE} did not say why it waited"
+    );
+}
