@@ -28,6 +28,7 @@ pub mod disk_wait;
 pub mod log_store;
 pub mod network;
 pub mod node;
+pub mod prevote;
 pub mod snapshot;
 pub mod state_machine;
 mod uploads;

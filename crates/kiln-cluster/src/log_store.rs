@@ -241,6 +241,13 @@ impl LogStore {
         Ok(())
     }
 
+    /// The log's last id: its last entry's, or the last purged one's when the
+    /// purge took every entry (what `get_log_state` reports).
+    pub(crate) fn last_log_id(&self) -> Result<Option<LogId>, StorageError> {
+        let last_purged_log_id: Option<LogId> = self.read_meta(LAST_PURGED)?;
+        Ok(self.last_entry_id()?.or(last_purged_log_id))
+    }
+
     fn last_entry_id(&self) -> Result<Option<LogId>, StorageError> {
         let r = self.env.begin_read().map_err(|e| read_err(&e))?;
         let mut c = r.cursor(LOG).map_err(|e| read_err(&e))?;
@@ -345,7 +352,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged_log_id: Option<LogId> = self.read_meta(LAST_PURGED)?;
-        let last_log_id = self.last_entry_id()?.or(last_purged_log_id);
+        let last_log_id = self.last_log_id()?;
         Ok(LogState {
             last_purged_log_id,
             last_log_id,

@@ -199,6 +199,25 @@ impl Network {
         }
     }
 
+    /// Asks node `target` (at `address`) whether it would vote for this node
+    /// (`prevote`); an error (it is down, cut off, of an older build) is a no.
+    pub async fn pre_vote(
+        &self,
+        target: NodeId,
+        address: &str,
+        req: &crate::prevote::PreVoteRequest,
+        timeout: Duration,
+    ) -> Result<crate::prevote::PreVoteResponse, String> {
+        self.peer(target, address)
+            .call::<crate::prevote::PreVoteResponse, openraft::error::Infallible>(
+                "prevote",
+                crate::codec::encode(req),
+                RPCOption::new(timeout),
+            )
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     /// Asks node `target` (at `address`) to stand for election at once: how the
     /// leader hands leadership to a node whose log has caught up with its own.
     pub async fn ask_to_elect(
@@ -429,7 +448,7 @@ impl RaftNetwork<TypeConfig> for Peer {
 /// An RPC the server could not hand to Raft.
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {
-    #[error("no Raft message kind {0:?} (append, vote, snapshot)")]
+    #[error("no Raft message kind {0:?} (append, vote, snapshot, prevote, elect)")]
     UnknownKind(String),
     #[error("malformed Raft message: {0}")]
     Malformed(#[from] CodecError),
@@ -472,21 +491,55 @@ fn decode_snapshot_chunk(body: &[u8]) -> Result<InstallSnapshotRequest<TypeConfi
 /// (`codec::encode_like`: an older peer's JSON is answered in JSON; its media type
 /// is `codec::content_type` of it).
 pub async fn handle_rpc(raft: &Raft, kind: &str, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+    handle_rpc_with(raft, None, kind, body).await
+}
+
+/// [`handle_rpc`] for a node with its elections (`prevote`): the messages that
+/// show a leader (an append or a snapshot chunk taken, a vote granted) restart
+/// its election timer, and `prevote` is answered.
+pub async fn handle_rpc_with(
+    raft: &Raft,
+    elections: Option<&crate::prevote::Elections>,
+    kind: &str,
+    body: &[u8],
+) -> Result<Vec<u8>, RpcError> {
     use crate::codec::{decode, encode_like};
+    let heard = |yes: bool| {
+        if let (true, Some(e)) = (yes, elections) {
+            e.heard_from_leader();
+        }
+    };
     Ok(match kind {
         "append" => {
             let rpc: AppendEntriesRequest<TypeConfig> = decode(body)?;
-            encode_like(body, &raft.append_entries(rpc).await)?
+            let answer = raft.append_entries(rpc).await;
+            heard(matches!(
+                &answer,
+                Ok(r) if !matches!(r, openraft::raft::AppendEntriesResponse::HigherVote(_))
+            ));
+            encode_like(body, &answer)?
         }
         "vote" => {
             let rpc: VoteRequest<NodeId> = decode(body)?;
-            encode_like(body, &raft.vote(rpc).await)?
+            let answer = raft.vote(rpc).await;
+            heard(matches!(&answer, Ok(r) if r.vote_granted));
+            encode_like(body, &answer)?
         }
         "snapshot" => {
             // The chunk's own framing (a JSON header); answered in JSON, which
             // every build reads.
             let rpc = decode_snapshot_chunk(body)?;
-            serde_json::to_vec(&raft.install_snapshot(rpc).await)?
+            let answer = raft.install_snapshot(rpc).await;
+            heard(answer.is_ok());
+            serde_json::to_vec(&answer)?
+        }
+        "prevote" => {
+            let Some(elections) = elections else {
+                return Err(RpcError::UnknownKind(kind.to_string()));
+            };
+            let rpc: crate::prevote::PreVoteRequest = decode(body)?;
+            let answer: Result<_, RaftError<NodeId>> = Ok(elections.answer(raft, &rpc));
+            serde_json::to_vec(&answer)?
         }
         // The leader hands leadership over ([`Network::ask_to_elect`]): this node
         // stands for election now instead of at its election timeout.

@@ -269,6 +269,8 @@ pub struct ClusterNode {
     handover: Arc<tokio::sync::RwLock<()>>,
     /// Whether the storage waits for disk space (`disk_wait`).
     disk_wait: crate::disk_wait::DiskWait,
+    /// The election timer and the answers to pre-votes (`prevote`).
+    elections: crate::prevote::Elections,
 }
 
 /// The address member `id` is reached at, as the membership records it.
@@ -362,6 +364,11 @@ impl ClusterNode {
             config.links.clone(),
             config.security.clone(),
         );
+        let elections = crate::prevote::Elections::new(
+            log.clone(),
+            Duration::from_millis(config.election_timeout_min_ms),
+            Duration::from_millis(config.election_timeout_max_ms),
+        );
         let raft = Raft::new(config.node_id, raft_config, network.clone(), log, machine)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
@@ -387,16 +394,17 @@ impl ClusterNode {
                 node = config.node_id,
                 "rejoining the cluster with the log and vote it has"
             );
-        } else if let Err(e) = raft.initialize(members).await {
-            // Another node's proposal (or a vote for it) arrived first.
-            tracing::debug!(error = %e, "not initializing the cluster (it has a state already)");
+        } else {
+            propose_membership(
+                raft.clone(),
+                config.node_id,
+                members,
+                Duration::from_millis(config.election_timeout_max_ms),
+            );
         }
         log_leader_changes(&raft, config.node_id);
-        no_elections_while_waiting_for_disk(
-            raft.clone(),
-            disk_wait.clone(),
-            Duration::from_millis(config.election_timeout_max_ms),
-        );
+        elections.start(raft.clone(), network.clone(), config.node_id);
+        no_elections_while_waiting_for_disk(disk_wait.clone(), elections.clone());
         let write_timeout = Duration::from_millis(config.write_timeout_ms);
         let handover = Arc::new(tokio::sync::RwLock::new(()));
         Ok(ClusterNode {
@@ -416,6 +424,7 @@ impl ClusterNode {
             network,
             handover,
             disk_wait,
+            elections,
         })
     }
 
@@ -466,8 +475,19 @@ impl ClusterNode {
     /// The leader's id and address, when known.
     pub fn leader(&self) -> Option<(NodeId, String)> {
         let m = self.raft.metrics().borrow().clone();
-        let id = m.current_leader?;
+        let id = self.known_leader(&m)?;
         Some((id, member_address(&m, id)?))
+    }
+
+    /// The leader this node knows of: openraft's, unless this node has not heard
+    /// from it for the leader's lease (openraft keeps naming it: with pre-votes a
+    /// node cut off no longer stands for election, which is what cleared it).
+    fn known_leader(&self, m: &openraft::RaftMetrics<NodeId, BasicNode>) -> Option<NodeId> {
+        if m.state == ServerState::Leader || !self.elections.leader_is_stale() {
+            m.current_leader
+        } else {
+            None
+        }
     }
 
     /// A leader that has not heard from a majority for an election timeout.
@@ -638,7 +658,7 @@ impl ClusterNode {
         // target's higher term makes it step down, its own election timer could
         // otherwise win the next round (openraft's leader lease makes the target's
         // first try fail, so there is a next round), and leadership would stay.
-        let _not_standing = ElectionsOff::new(&self.raft);
+        let _not_standing = self.elections.hold();
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         self.network
             .ask_to_elect(to, &address, remaining.max(Duration::from_millis(100)))
@@ -708,6 +728,7 @@ impl ClusterNode {
     /// The cluster as this node sees it (the leader knows every member's progress).
     pub fn status(&self) -> ClusterStatus {
         let m = self.raft.metrics().borrow().clone();
+        let leader = self.known_leader(&m);
         let membership = m.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let last_log = m.last_log_index;
@@ -722,7 +743,7 @@ impl ClusterNode {
                 MemberStatus {
                     id: *id,
                     address: node.addr.clone(),
-                    role: if m.current_leader == Some(*id) {
+                    role: if leader == Some(*id) {
                         "leader"
                     } else if voters.contains(id) {
                         "follower"
@@ -736,7 +757,7 @@ impl ClusterNode {
             .collect();
         ClusterStatus {
             node_id: self.node_id,
-            leader: m.current_leader,
+            leader,
             term: m.current_term,
             state: match m.state {
                 ServerState::Leader => "leader",
@@ -755,6 +776,16 @@ impl ClusterNode {
         }
     }
 
+    /// Handles a message of another node on the Raft route: Raft's own (which
+    /// show this node a leader: `prevote`) and the pre-vote.
+    pub async fn handle_rpc(
+        &self,
+        kind: &str,
+        body: &[u8],
+    ) -> Result<Vec<u8>, crate::network::RpcError> {
+        crate::network::handle_rpc_with(&self.raft, Some(&self.elections), kind, body).await
+    }
+
     /// Whether a step of this node's storage waits for disk space (`disk_wait`):
     /// the node then refuses Raft messages rather than queue them.
     pub fn waiting_for_disk(&self) -> bool {
@@ -764,56 +795,59 @@ impl ClusterNode {
     /// Stops Raft (the server then closes the store).
     pub async fn shutdown(&self) {
         self.disk_wait.stop();
+        self.elections.stop();
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "stopping Raft");
         }
     }
 }
 
-/// A node waiting for disk space hears nothing from the leader (its Raft route
-/// refuses messages meanwhile, `disk_wait`); once it goes on, its election timer
-/// would have it stand for election at once, with a higher term that makes the
-/// healthy leader step down. So it stands for no election while it waits, nor for
-/// two election timeouts after, time for the leader's heartbeats to reach it.
-fn no_elections_while_waiting_for_disk(
+/// Proposes the configured membership on a new node. Every node of a new cluster
+/// does, but not at once: openraft's `initialize` has the node stand for election
+/// at once, and three nodes standing at once at term 1 unseat each other (a vote
+/// of a higher node id wins a tie), leaving the cluster without a leader until a
+/// timer runs out. So the members take turns, by rank of id, two election
+/// timeouts apart; a node that has heard from a leader by its turn (it was given
+/// the membership) does nothing, and one whose predecessors are down starts the
+/// cluster itself.
+fn propose_membership(
     raft: Raft,
-    wait: crate::disk_wait::DiskWait,
+    id: NodeId,
+    members: BTreeMap<NodeId, BasicNode>,
     election_timeout: Duration,
 ) {
+    let rank = members.keys().position(|m| *m == id).unwrap_or(0) as u32;
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(50));
-        let mut off = false;
-        while !wait.stopping() {
-            tick.tick().await;
-            if wait.is_waiting() && !off {
-                raft.runtime_config().elect(false);
-                off = true;
-            } else if !wait.is_waiting() && off {
-                tokio::time::sleep(election_timeout * 2).await;
-                if !wait.is_waiting() {
-                    raft.runtime_config().elect(true);
-                    off = false;
-                }
-            }
+        tokio::time::sleep(election_timeout * 2 * rank).await;
+        if raft.is_initialized().await.unwrap_or(true) {
+            tracing::debug!("not initializing the cluster: another member did");
+            return;
+        }
+        if let Err(e) = raft.initialize(members).await {
+            // Another node's proposal (or a vote for it) arrived first.
+            tracing::debug!(error = %e, "not initializing the cluster (it has a state already)");
         }
     });
 }
 
-/// Keeps this node from standing for election while it lives (a leadership
-/// hand-over); elections come back when it is dropped, whatever the outcome.
-struct ElectionsOff<'a> {
-    raft: &'a Raft,
-}
-
-impl<'a> ElectionsOff<'a> {
-    fn new(raft: &'a Raft) -> Self {
-        raft.runtime_config().elect(false);
-        ElectionsOff { raft }
-    }
-}
-
-impl Drop for ElectionsOff<'_> {
-    fn drop(&mut self) {
-        self.raft.runtime_config().elect(true);
-    }
+/// A node waiting for disk space hears nothing from the leader (its Raft route
+/// refuses messages meanwhile, `disk_wait`): it stands for no election while it
+/// waits, nor for a whole election timeout after (the hold's end restarts the
+/// timer), and then only with a majority's pre-vote (`prevote`).
+fn no_elections_while_waiting_for_disk(
+    wait: crate::disk_wait::DiskWait,
+    elections: crate::prevote::Elections,
+) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        let mut hold = None;
+        while !wait.stopping() {
+            tick.tick().await;
+            if wait.is_waiting() {
+                hold.get_or_insert_with(|| elections.hold());
+            } else {
+                hold = None;
+            }
+        }
+    });
 }

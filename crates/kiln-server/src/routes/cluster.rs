@@ -78,7 +78,7 @@ pub async fn raft_message(
         refused.retry_after_s = Some(1);
         return Err(refused);
     }
-    match kiln_cluster::network::handle_rpc(node.raft(), &kind, &body).await {
+    match node.handle_rpc(&kind, &body).await {
         Ok(answer) => Ok((
             [(
                 header::CONTENT_TYPE,

@@ -40,7 +40,7 @@ pub async fn raft_route(
             "stopped".into(),
         ));
     };
-    kiln_cluster::network::handle_rpc(node.raft(), &kind, &body)
+    node.handle_rpc(&kind, &body)
         .await
         .map_err(|e| (axum::http::StatusCode::BAD_REQUEST, e.to_string()))
 }
