@@ -57,7 +57,6 @@ export const SERVER_ERROR_CODES: Readonly<Record<string, number>> = Object.freez
   no_quorum: 503,
   cluster_error: 503,
   not_clustered: 404,
-  not_supported_in_cluster: 501,
   unsupported: 400,
   invalid_message: 400,
   too_many_subscriptions: 400,

@@ -301,7 +301,7 @@ export class NoQuorumError extends ServiceUnavailableError {
 export class ClusterError extends ServiceUnavailableError { static override readonly code: string = "cluster_error"; }
 /** `not_clustered`: `GET /cluster` on a server started without `--cluster`. */
 export class NotClusteredError extends NotFoundError { static override readonly code: string = "not_clustered"; }
-/** 501 `not_supported_in_cluster`. */
+/** 501 `not_supported_in_cluster`: what a clustered server of an older build refused; this build never sends it. */
 export class NotSupportedInClusterError extends NotImplementedError { static override readonly code: string = "not_supported_in_cluster"; }
 export class DiskFullError extends InsufficientStorageError { static override readonly code: string = "disk_full"; }
 export class BackupInvalidError extends BadRequestError { static override readonly code: string = "backup_invalid"; }

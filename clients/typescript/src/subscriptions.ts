@@ -220,9 +220,9 @@ export class DataSubscription {
   private async refusedUpgrade(strategy: string): Promise<void> {
     let info: Doc;
     try {
-      info = await this.info(); // throws SubscriptionNotFoundError, NotSupportedInClusterError, 401...
+      info = await this.info(); // throws SubscriptionNotFoundError, 401...
     } catch (e) {
-      // A refusal waiting will not change (4xx; 501 not_supported_in_cluster) ends run().
+      // A refusal waiting will not change (4xx; 501 of an older server) ends run().
       const status = e instanceof Error && "status" in e ? (e as KilnError).status : undefined;
       if (status !== undefined && (status < 500 || status === 501)) throw e;
       return;

@@ -324,23 +324,7 @@ impl ClusterNode {
         config: ClusterConfig,
         classify: Option<ClassifyError>,
     ) -> Result<ClusterNode, ClusterError> {
-        let raft_config = Arc::new(
-            Config {
-                cluster_name: "kiln".into(),
-                heartbeat_interval: config.heartbeat_interval_ms,
-                election_timeout_min: config.election_timeout_min_ms,
-                election_timeout_max: config.election_timeout_max_ms,
-                snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
-                max_in_snapshot_log_to_keep: config.entries_kept_after_snapshot,
-                purge_batch_size: 1,
-                // The last chunk's exchange includes the install, a restore of
-                // every database: seconds for a large store, not openraft's 200 ms.
-                install_snapshot_timeout: 60_000,
-                ..Default::default()
-            }
-            .validate()
-            .map_err(|e| ClusterError::Config(e.to_string()))?,
-        );
+        let raft_config = raft_config(&config)?;
         let log = LogStore::open(&config.raft_dir, config.storage.clone()).map_err(|source| {
             ClusterError::Open {
                 path: config.raft_dir.clone(),
@@ -372,36 +356,7 @@ impl ClusterNode {
         let raft = Raft::new(config.node_id, raft_config, network.clone(), log, machine)
             .await
             .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        let members: BTreeMap<NodeId, BasicNode> = config
-            .members
-            .iter()
-            .map(|(id, addr)| (*id, BasicNode::new(addr)))
-            .collect();
-        // Every node of a new cluster proposes the same membership; a node that
-        // already has a log (or a vote) keeps it. Asked first, because openraft
-        // answers a restarted node's initialize with an ERROR line of its own.
-        let initialized = raft
-            .is_initialized()
-            .await
-            .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        if config.joining {
-            tracing::info!(
-                node = config.node_id,
-                "joining: waiting to be added by the cluster's leader"
-            );
-        } else if initialized {
-            tracing::info!(
-                node = config.node_id,
-                "rejoining the cluster with the log and vote it has"
-            );
-        } else {
-            propose_membership(
-                raft.clone(),
-                config.node_id,
-                members,
-                Duration::from_millis(config.election_timeout_max_ms),
-            );
-        }
+        join_or_start_cluster(&raft, &config).await?;
         log_leader_changes(&raft, config.node_id);
         elections.start(raft.clone(), network.clone(), config.node_id);
         no_elections_while_waiting_for_disk(disk_wait.clone(), elections.clone());
@@ -800,6 +755,64 @@ impl ClusterNode {
             tracing::warn!(error = %e, "stopping Raft");
         }
     }
+}
+
+/// openraft's configuration for a node configured as `config` says.
+fn raft_config(config: &ClusterConfig) -> Result<Arc<Config>, ClusterError> {
+    Ok(Arc::new(
+        Config {
+            cluster_name: "kiln".into(),
+            heartbeat_interval: config.heartbeat_interval_ms,
+            election_timeout_min: config.election_timeout_min_ms,
+            election_timeout_max: config.election_timeout_max_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
+            max_in_snapshot_log_to_keep: config.entries_kept_after_snapshot,
+            purge_batch_size: 1,
+            // The last chunk's exchange includes the install, a restore of
+            // every database: seconds for a large store, not openraft's 200 ms.
+            install_snapshot_timeout: 60_000,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| ClusterError::Config(e.to_string()))?,
+    ))
+}
+
+/// A node joining an existing cluster waits to be added; one with a log (or a
+/// vote) keeps it; a member of a new cluster proposes the configured membership
+/// (`propose_membership`).
+async fn join_or_start_cluster(raft: &Raft, config: &ClusterConfig) -> Result<(), ClusterError> {
+    let members: BTreeMap<NodeId, BasicNode> = config
+        .members
+        .iter()
+        .map(|(id, addr)| (*id, BasicNode::new(addr)))
+        .collect();
+    // Every node of a new cluster proposes the same membership; a node that
+    // already has a log (or a vote) keeps it. Asked first, because openraft
+    // answers a restarted node's initialize with an ERROR line of its own.
+    let initialized = raft
+        .is_initialized()
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+    if config.joining {
+        tracing::info!(
+            node = config.node_id,
+            "joining: waiting to be added by the cluster's leader"
+        );
+    } else if initialized {
+        tracing::info!(
+            node = config.node_id,
+            "rejoining the cluster with the log and vote it has"
+        );
+    } else {
+        propose_membership(
+            raft.clone(),
+            config.node_id,
+            members,
+            Duration::from_millis(config.election_timeout_max_ms),
+        );
+    }
+    Ok(())
 }
 
 /// Proposes the configured membership on a new node. Every node of a new cluster

@@ -64,7 +64,6 @@ SERVER_ERROR_CODES: Dict[str, int] = {
     "no_quorum": 503,
     "cluster_error": 503,
     "not_clustered": 404,
-    "not_supported_in_cluster": 501,
     "unsupported": 400,
     "invalid_message": 400,
     "too_many_subscriptions": 400,

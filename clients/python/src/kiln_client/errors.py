@@ -521,8 +521,9 @@ class NotClusteredError(NotFoundError):
 
 
 class NotSupportedInClusterError(KilnError):
-    """501 ``not_supported_in_cluster``: something a clustered server does not replicate
-    yet, so it refuses it (bulk insert, restore, index definitions, tombstone purge)."""
+    """501 ``not_supported_in_cluster``: what a clustered server of an older build
+    refused (it did not replicate it yet); servers of this build replicate everything
+    and never send it."""
 
     code = "not_supported_in_cluster"
 
