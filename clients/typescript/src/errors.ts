@@ -301,8 +301,6 @@ export class NoQuorumError extends ServiceUnavailableError {
 export class ClusterError extends ServiceUnavailableError { static override readonly code: string = "cluster_error"; }
 /** `not_clustered`: `GET /cluster` on a server started without `--cluster`. */
 export class NotClusteredError extends NotFoundError { static override readonly code: string = "not_clustered"; }
-/** 501 `not_supported_in_cluster`: what a clustered server of an older build refused; this build never sends it. */
-export class NotSupportedInClusterError extends NotImplementedError { static override readonly code: string = "not_supported_in_cluster"; }
 export class DiskFullError extends InsufficientStorageError { static override readonly code: string = "disk_full"; }
 export class BackupInvalidError extends BadRequestError { static override readonly code: string = "backup_invalid"; }
 export class BackupReadFailedError extends BadRequestError { static override readonly code: string = "backup_read_failed"; }
@@ -328,7 +326,7 @@ const CODE_CLASSES: ErrorClass[] = [
   InvalidRevisionsConfigError, RevisionNotFoundError, InvalidAttachmentError, AttachmentNotFoundError,
   RangeNotSatisfiableError, AttachmentTooLargeError, InvalidSubscriptionError, SubscriptionNotFoundError,
   SubscriptionExistsError, SubscriptionBusyError, NotLeaderError, NoQuorumError, ClusterError,
-  NotClusteredError, NotSupportedInClusterError,
+  NotClusteredError,
 ];
 
 /** Every error code the server sends, mapped to its class. */

@@ -520,14 +520,6 @@ class NotClusteredError(NotFoundError):
     code = "not_clustered"
 
 
-class NotSupportedInClusterError(KilnError):
-    """501 ``not_supported_in_cluster``: what a clustered server of an older build
-    refused (it did not replicate it yet); servers of this build replicate everything
-    and never send it."""
-
-    code = "not_supported_in_cluster"
-
-
 class DiskFullError(InsufficientStorageError):
     code = "disk_full"
 
@@ -588,7 +580,7 @@ ERROR_CLASSES: Dict[str, Type[KilnError]] = {
         RevisionNotFoundError, InvalidAttachmentError, AttachmentNotFoundError,
         RangeNotSatisfiableError, AttachmentTooLargeError, InvalidSubscriptionError, SubscriptionNotFoundError,
         SubscriptionExistsError, SubscriptionBusyError, NotLeaderError, NoQuorumError, ClusterError,
-        NotClusteredError, NotSupportedInClusterError,
+        NotClusteredError,
     ]
 }
 """Every error code the server sends, mapped to its exception class."""
