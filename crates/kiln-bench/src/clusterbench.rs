@@ -187,6 +187,27 @@ pub fn w15(dir: &Path, scale: ClusterLoad) -> BenchResult<Run> {
     Ok(run)
 }
 
+/// A three-node cluster for another workload (W18's cluster leg): started under
+/// `root`, steady, its `bench` database on every node; stopped when dropped.
+pub struct BenchCluster {
+    cluster: Cluster,
+    leader: u64,
+}
+
+impl BenchCluster {
+    pub fn start(root: &Path) -> BenchResult<BenchCluster> {
+        let cluster = Cluster::start(root, &[])?;
+        let leader = cluster.steady()?;
+        cluster.create_bench_db(leader)?;
+        Ok(BenchCluster { cluster, leader })
+    }
+
+    /// The leader's `kiln serve`, which takes the workload's requests.
+    pub fn leader(&self) -> &ServerProcess {
+        &self.cluster.nodes[&self.leader]
+    }
+}
+
 /// W8 beside W15: one server, the same client, the same load, with what it spent
 /// per request; its data directory removed afterwards.
 fn single_node_w8(dir: &Path, load: ServerLoad) -> BenchResult<Run> {

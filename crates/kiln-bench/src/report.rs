@@ -377,6 +377,17 @@ fn print_subscriptions(label: &str, m: &Run) {
         figure(m, "live_latency_p99_ms"),
         figure(m, "live_writes"),
     );
+    if m.extra.contains_key("cluster_delivered_docs_per_sec") {
+        println!(
+            "         {label}, a three-node cluster's leader (each acknowledgment through the \
+             log): {:.0} docs/s ({:.2}x the single node); live write delivered p50 {:.2} ms \
+             p99 {:.2} ms",
+            figure(m, "cluster_delivered_docs_per_sec"),
+            figure(m, "cluster_ratio_to_single"),
+            figure(m, "cluster_live_latency_p50_ms"),
+            figure(m, "cluster_live_latency_p99_ms"),
+        );
+    }
 }
 
 /// W17: a reduce index's build, the grouped queries it answers, its update lag.

@@ -9,6 +9,10 @@
 //!   the batch holding it arriving at the worker is recorded (so it includes the
 //!   write's durable commit), p50 and p99.
 //!
+//! - The same against the leader of a three-node cluster (`cluster_` figures), where
+//!   every acknowledgment is a Raft round trip: the worker is served by the leader,
+//!   which commits each acknowledgment through the log.
+//!
 //! The load generator is one thread (a current-thread runtime), as in W10/W11.
 
 use crate::httpbench::{self, ServerProcess};
@@ -30,9 +34,36 @@ const BATCH_SIZE: usize = 1024;
 pub fn w18(dir: &Path, quick: bool, documents: Option<u64>) -> BenchResult<Run> {
     let documents = documents.unwrap_or(if quick { 100_000 } else { 1_000_000 });
     let live_writes: usize = if quick { 200 } else { 1_000 };
-    let server = fresh_server(dir)?;
+    let single = {
+        let server = fresh_server(dir)?;
+        on_server(&server, documents, live_writes)?
+    };
+    std::fs::remove_dir_all(dir)?;
+    let cluster = crate::clusterbench::BenchCluster::start(&dir.join("cluster"))?;
+    let clustered = on_server(cluster.leader(), documents, live_writes)?;
+    drop(cluster);
+    let mut extra = single.extra(documents, live_writes);
+    for (k, v) in clustered.extra(documents, live_writes) {
+        if !matches!(k.as_str(), "documents" | "batch_size" | "live_writes") {
+            extra.insert(format!("cluster_{k}"), v);
+        }
+    }
+    extra.insert(
+        "cluster_ratio_to_single".into(),
+        json!(clustered.rate / single.rate),
+    );
+    Ok(Run {
+        ops: documents,
+        commits: single.batches,
+        seconds: single.seconds,
+        extra,
+    })
+}
+
+/// W18's two parts against `server` (a single node, or a cluster's leader).
+fn on_server(server: &ServerProcess, documents: u64, live_writes: usize) -> BenchResult<Figures> {
     // W10's documents: ids `items/<n>`, so the collection is `items`.
-    bulk_insert(&server, documents)?;
+    bulk_insert(server, documents)?;
     let create = json!({"name": "w18", "query": "from items"}).to_string();
     let (status, body) = httpbench::blocking_request(
         server.addr,
@@ -50,29 +81,7 @@ pub fn w18(dir: &Path, quick: bool, documents: Option<u64>) -> BenchResult<Run> 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let figures = rt.block_on(run(&server, documents, live_writes))?;
-    let mut extra = Map::new();
-    extra.insert("documents".into(), documents.into());
-    extra.insert("batch_size".into(), (BATCH_SIZE as u64).into());
-    extra.insert("batches".into(), figures.batches.into());
-    extra.insert("delivered_docs_per_sec".into(), json!(figures.rate));
-    extra.insert("live_writes".into(), (live_writes as u64).into());
-    let mut lat = figures.latencies_ms.clone();
-    lat.sort_by(f64::total_cmp);
-    extra.insert(
-        "live_latency_p50_ms".into(),
-        json!(stats::quantile(&lat, 0.5)),
-    );
-    extra.insert(
-        "live_latency_p99_ms".into(),
-        json!(stats::quantile(&lat, 0.99)),
-    );
-    Ok(Run {
-        ops: documents,
-        commits: figures.batches,
-        seconds: figures.seconds,
-        extra,
-    })
+    rt.block_on(run(server, documents, live_writes))
 }
 
 struct Figures {
@@ -80,6 +89,29 @@ struct Figures {
     seconds: f64,
     batches: u64,
     latencies_ms: Vec<f64>,
+}
+
+impl Figures {
+    /// The run's JSON figures.
+    fn extra(&self, documents: u64, live_writes: usize) -> Map<String, Value> {
+        let mut extra = Map::new();
+        extra.insert("documents".into(), documents.into());
+        extra.insert("batch_size".into(), (BATCH_SIZE as u64).into());
+        extra.insert("batches".into(), self.batches.into());
+        extra.insert("delivered_docs_per_sec".into(), json!(self.rate));
+        extra.insert("live_writes".into(), (live_writes as u64).into());
+        let mut lat = self.latencies_ms.clone();
+        lat.sort_by(f64::total_cmp);
+        extra.insert(
+            "live_latency_p50_ms".into(),
+            json!(stats::quantile(&lat, 0.5)),
+        );
+        extra.insert(
+            "live_latency_p99_ms".into(),
+            json!(stats::quantile(&lat, 0.99)),
+        );
+        extra
+    }
 }
 
 async fn run(server: &ServerProcess, documents: u64, live_writes: usize) -> BenchResult<Figures> {
