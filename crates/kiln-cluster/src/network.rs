@@ -529,8 +529,10 @@ pub async fn handle_rpc_with(
             // The chunk's own framing (a JSON header); answered in JSON, which
             // every build reads.
             let rpc = decode_snapshot_chunk(body)?;
+            let sender = rpc.vote;
             let answer = raft.install_snapshot(rpc).await;
-            heard(answer.is_ok());
+            // A chunk of a deposed leader is answered with this node's newer vote.
+            heard(matches!(&answer, Ok(r) if r.vote == sender));
             serde_json::to_vec(&answer)?
         }
         "prevote" => {
