@@ -96,6 +96,13 @@ fn same_documents(c: &Cluster, id: u64, leader: u64, count: u64) {
     }
 }
 
+/// The last lines of the full node's log, for a failure's message.
+fn log_tail(c: &Cluster) -> String {
+    let log = std::fs::read_to_string(c.log_path(FULL_NODE)).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
 /// Moves leadership to `to` (sent to the current leader).
 fn transfer_to(c: &Cluster, to: u64) {
     let leader = c.leader();
@@ -111,7 +118,7 @@ fn transfer_to(c: &Cluster, to: u64) {
 #[test]
 #[ignore = "slow tier (about 50 s): .ci/run runs it"]
 fn a_full_disk_stops_neither_the_other_nodes_nor_the_node_for_good() {
-    let fs = match Tmpfs::mount(80) {
+    let fs = match Tmpfs::mount(256) {
         Ok(fs) => fs,
         Err(why) => {
             println!("skipped: {why}");
@@ -150,8 +157,9 @@ fn a_full_disk_stops_neither_the_other_nodes_nor_the_node_for_good() {
     let caught_up = applied_reaches(&c, FULL_NODE, last, Duration::from_secs(60));
     assert!(
         caught_up >= last,
-        "node {FULL_NODE} did not catch up after space came back: {}",
-        status(c.ports[&FULL_NODE])
+        "node {FULL_NODE} did not catch up after space came back: {}\n{}",
+        status(c.ports[&FULL_NODE]),
+        log_tail(&c)
     );
     same_documents(&c, FULL_NODE, 1, 3000);
     let back = status(c.ports[&FULL_NODE]);
@@ -173,8 +181,9 @@ fn a_full_disk_stops_neither_the_other_nodes_nor_the_node_for_good() {
     let caught_up = applied_reaches(&c, FULL_NODE, last, Duration::from_secs(60));
     assert!(
         caught_up >= last,
-        "the old leader did not catch up: {}",
-        status(c.ports[&FULL_NODE])
+        "the old leader did not catch up: {}\n{}",
+        status(c.ports[&FULL_NODE]),
+        log_tail(&c)
     );
     same_documents(&c, FULL_NODE, new_leader, 6000);
     let log = std::fs::read_to_string(c.log_path(FULL_NODE)).unwrap();

@@ -14,8 +14,7 @@ mod common;
 
 use common::cluster::{json, request_within, Cluster, ELECTION_TIMEOUT_MS};
 use common::cycles_from_env;
-use common::relay::{Fault, Relays};
-use std::collections::BTreeMap;
+use common::relay::Fault;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,12 +33,8 @@ fn status(port: u16) -> serde_json::Value {
 fn a_healed_follower_leaves_the_leader_alone() {
     let cycles = cycles_from_env("KILN_CLUSTER_HEAL_CYCLES", 3);
     let root = tempfile::tempdir().unwrap();
-    let relays = Relays::bind(1..=3);
-    let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, common::free_port())).collect();
-    for (id, port) in &ports {
-        relays.forward_to(*id, *port);
-    }
-    let cluster = Cluster::with_members(root.path(), ports.clone(), relays.members());
+    let (cluster, relays) = Cluster::behind_relays(root.path());
+    let ports = cluster.ports.clone();
     let leader = cluster.leader();
     let port = ports[&leader];
     let (code, body) =

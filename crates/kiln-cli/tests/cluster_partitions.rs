@@ -26,7 +26,7 @@ mod common;
 
 use common::cluster::{json, request_within, Cluster, Failed, ELECTION_TIMEOUT_MS};
 use common::cycles_from_env;
-use common::relay::{Fault, Relays};
+use common::relay::Fault;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -348,12 +348,8 @@ fn partitions_lose_nothing_acknowledged_and_a_minority_takes_no_write() {
     let started = Instant::now();
     let cycles = cycles_from_env("KILN_CLUSTER_PARTITION_CYCLES", 1);
     let root = tempfile::tempdir().unwrap();
-    let relays = Relays::bind(1..=3);
-    let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, common::free_port())).collect();
-    for (id, port) in &ports {
-        relays.forward_to(*id, *port);
-    }
-    let cluster = Cluster::with_members(root.path(), ports.clone(), relays.members());
+    let (cluster, relays) = Cluster::behind_relays(root.path());
+    let ports = cluster.ports.clone();
     let all: Vec<u64> = ports.keys().copied().collect();
     let leader = cluster.leader();
     let (status_code, body) = request_within(

@@ -91,13 +91,9 @@ impl DiskWait {
     ) -> Result<T, E> {
         let mut waiting: Option<Waiting> = None;
         loop {
-            DISK_FULL_SEEN.with(|seen| seen.set(false));
-            let result = step();
-            let full = result.is_err() && DISK_FULL_SEEN.with(Cell::get);
-            if !full || self.stopping() {
-                return result;
+            if let Some(done) = self.try_once(what, &mut waiting, &mut step) {
+                return done;
             }
-            waiting.get_or_insert_with(|| Waiting::begin(self, what));
             std::thread::sleep(RETRY_INTERVAL);
         }
     }
@@ -112,15 +108,30 @@ impl DiskWait {
     ) -> Result<T, E> {
         let mut waiting: Option<Waiting> = None;
         loop {
-            DISK_FULL_SEEN.with(|seen| seen.set(false));
-            let result = step();
-            let full = result.is_err() && DISK_FULL_SEEN.with(Cell::get);
-            if !full || self.stopping() {
-                return result;
+            if let Some(done) = self.try_once(what, &mut waiting, &mut step) {
+                return done;
             }
-            waiting.get_or_insert_with(|| Waiting::begin(self, what));
             tokio::time::sleep(RETRY_INTERVAL).await;
         }
+    }
+
+    /// One try of `step`: its result when that is final (a success, another
+    /// error, or any error once the node stops), `None` when the disk was full
+    /// (the wait then begins, once).
+    fn try_once<T, E>(
+        &self,
+        what: &str,
+        waiting: &mut Option<Waiting>,
+        step: &mut impl FnMut() -> Result<T, E>,
+    ) -> Option<Result<T, E>> {
+        DISK_FULL_SEEN.with(|seen| seen.set(false));
+        let result = step();
+        let full = result.is_err() && DISK_FULL_SEEN.with(Cell::get);
+        if !full || self.stopping() {
+            return Some(result);
+        }
+        waiting.get_or_insert_with(|| Waiting::begin(self, what));
+        None
     }
 }
 

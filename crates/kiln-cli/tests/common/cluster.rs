@@ -126,6 +126,19 @@ impl Cluster {
         Cluster::start_all(dirs, ports, members)
     }
 
+    /// Three nodes that reach each other through the test's fault proxy
+    /// (`relay.rs`, one relay in front of each node); the test's clients talk to
+    /// the nodes' own ports.
+    pub fn behind_relays(root: &Path) -> (Cluster, super::relay::Relays) {
+        let relays = super::relay::Relays::bind(1..=3);
+        let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
+        for (id, port) in &ports {
+            relays.forward_to(*id, *port);
+        }
+        let members = relays.members();
+        (Cluster::with_members(root, ports, members), relays)
+    }
+
     /// Three nodes, node `id`'s data directory at `dir` (on another file system,
     /// say), the others under `root`.
     pub fn with_dir(root: &Path, id: u64, dir: PathBuf) -> Cluster {
