@@ -96,6 +96,18 @@ fn same_documents(c: &Cluster, id: u64, leader: u64, count: u64) {
     }
 }
 
+/// Waits up to 60 s for the full node (`who`) to apply `index`; fails with its
+/// status and the last lines of its log.
+fn catches_up_once_space_is_back(c: &Cluster, index: u64, who: &str) {
+    let caught_up = applied_reaches(c, FULL_NODE, index, Duration::from_secs(60));
+    assert!(
+        caught_up >= index,
+        "node {FULL_NODE} ({who}) did not catch up after space came back: {}\n{}",
+        status(c.ports[&FULL_NODE]),
+        log_tail(c)
+    );
+}
+
 /// The last lines of the full node's log, for a failure's message.
 fn log_tail(c: &Cluster) -> String {
     let log = std::fs::read_to_string(c.log_path(FULL_NODE)).unwrap_or_default();
@@ -154,13 +166,7 @@ fn a_full_disk_stops_neither_the_other_nodes_nor_the_node_for_good() {
     );
     println!("disk full cluster test: a follower's disk full, the longest write took {longest:?}; node {FULL_NODE} stopped at {stuck} of {last}");
     std::fs::remove_file(&filler).unwrap();
-    let caught_up = applied_reaches(&c, FULL_NODE, last, Duration::from_secs(60));
-    assert!(
-        caught_up >= last,
-        "node {FULL_NODE} did not catch up after space came back: {}\n{}",
-        status(c.ports[&FULL_NODE]),
-        log_tail(&c)
-    );
+    catches_up_once_space_is_back(&c, last, "the follower");
     same_documents(&c, FULL_NODE, 1, 3000);
     let back = status(c.ports[&FULL_NODE]);
     assert_eq!(
@@ -178,13 +184,7 @@ fn a_full_disk_stops_neither_the_other_nodes_nor_the_node_for_good() {
     let last = status(c.ports[&new_leader])["last_applied"]
         .as_u64()
         .unwrap();
-    let caught_up = applied_reaches(&c, FULL_NODE, last, Duration::from_secs(60));
-    assert!(
-        caught_up >= last,
-        "the old leader did not catch up: {}\n{}",
-        status(c.ports[&FULL_NODE]),
-        log_tail(&c)
-    );
+    catches_up_once_space_is_back(&c, last, "the old leader");
     same_documents(&c, FULL_NODE, new_leader, 6000);
     let log = std::fs::read_to_string(c.log_path(FULL_NODE)).unwrap();
     assert!(

@@ -78,7 +78,7 @@ impl DiskWait {
         self.0.stopping.store(true, Ordering::SeqCst);
     }
 
-    pub(crate) fn stopping(&self) -> bool {
+    fn stopping(&self) -> bool {
         self.0.stopping.load(Ordering::SeqCst)
     }
 

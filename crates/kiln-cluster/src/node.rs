@@ -350,6 +350,7 @@ impl ClusterNode {
         );
         let elections = crate::prevote::Elections::new(
             log.clone(),
+            disk_wait.clone(),
             Duration::from_millis(config.election_timeout_min_ms),
             Duration::from_millis(config.election_timeout_max_ms),
         );
@@ -359,7 +360,6 @@ impl ClusterNode {
         join_or_start_cluster(&raft, &config).await?;
         log_leader_changes(&raft, config.node_id);
         elections.start(raft.clone(), network.clone(), config.node_id);
-        no_elections_while_waiting_for_disk(disk_wait.clone(), elections.clone());
         let write_timeout = Duration::from_millis(config.write_timeout_ms);
         let handover = Arc::new(tokio::sync::RwLock::new(()));
         Ok(ClusterNode {
@@ -839,28 +839,6 @@ fn propose_membership(
         if let Err(e) = raft.initialize(members).await {
             // Another node's proposal (or a vote for it) arrived first.
             tracing::debug!(error = %e, "not initializing the cluster (it has a state already)");
-        }
-    });
-}
-
-/// A node waiting for disk space hears nothing from the leader (its Raft route
-/// refuses messages meanwhile, `disk_wait`): it stands for no election while it
-/// waits, nor for a whole election timeout after (the hold's end restarts the
-/// timer), and then only with a majority's pre-vote (`prevote`).
-fn no_elections_while_waiting_for_disk(
-    wait: crate::disk_wait::DiskWait,
-    elections: crate::prevote::Elections,
-) {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(50));
-        let mut hold = None;
-        while !wait.stopping() {
-            tick.tick().await;
-            if wait.is_waiting() {
-                hold.get_or_insert_with(|| elections.hold());
-            } else {
-                hold = None;
-            }
         }
     });
 }

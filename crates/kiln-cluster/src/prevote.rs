@@ -18,8 +18,8 @@
 //!
 //! "Heard from a leader" is an append or a snapshot chunk this node took from the
 //! leader of its term, or a vote it granted (a vote given restarts the timer, as
-//! in Raft). A leadership hand-over and a wait for disk space hold elections off
-//! (`hold`). Nodes of a build without this answer `prevote` with an error, which
+//! in Raft). A leadership hand-over (`hold`) and a wait for disk space hold
+//! elections off, and count as heard from a leader while they last. Nodes of a build without this answer `prevote` with an error, which
 //! counts as a no: during a rolling upgrade, upgraded nodes elect only with a
 //! majority of upgraded nodes, and older nodes elect as they did.
 
@@ -65,6 +65,10 @@ pub struct Elections {
     /// Let go of at `stop`: the log's environment (and its directory's lock)
     /// must not outlive the node, which a restart in the same process reopens.
     log: Arc<Mutex<Option<LogStore>>>,
+    /// A node waiting for disk space hears nothing from the leader (its Raft route
+    /// refuses messages meanwhile): it stands for no election then, nor for a
+    /// whole timeout after.
+    disk_wait: crate::disk_wait::DiskWait,
 }
 
 /// Elections held off while it lives.
@@ -79,7 +83,12 @@ impl Drop for Hold {
 }
 
 impl Elections {
-    pub(crate) fn new(log: LogStore, timeout_min: Duration, timeout_max: Duration) -> Elections {
+    pub(crate) fn new(
+        log: LogStore,
+        disk_wait: crate::disk_wait::DiskWait,
+        timeout_min: Duration,
+        timeout_max: Duration,
+    ) -> Elections {
         Elections {
             state: Arc::new(State {
                 last_leader_contact: Mutex::new(Instant::now()),
@@ -89,6 +98,7 @@ impl Elections {
                 timeout_max,
             }),
             log: Arc::new(Mutex::new(Some(log))),
+            disk_wait,
         }
     }
 
@@ -185,7 +195,7 @@ impl Elections {
                     .membership()
                     .voter_ids()
                     .any(|v| v == id);
-                let held = me.state.holds.load(Ordering::SeqCst) > 0;
+                let held = me.state.holds.load(Ordering::SeqCst) > 0 || me.disk_wait.is_waiting();
                 if m.state == ServerState::Leader || !voter || held {
                     me.heard_from_leader();
                     continue;

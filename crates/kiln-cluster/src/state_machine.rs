@@ -249,23 +249,26 @@ fn until_not_busy<T>(
 
 /// Applies one command to the store (blocking): a function per command, those
 /// of attachments and their uploads through `execute_attachment`.
-fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, StorageError> {
+/// Borrows the command, so that trying it again on a full disk copies nothing.
+fn execute(shared: &Shared, log_id: &LogId, command: &Command) -> Result<Answer, StorageError> {
     match command {
-        Command::CreateDatabase { name, incarnation } => shared.create_database(name, incarnation),
-        Command::DeleteDatabase { name } => shared.delete_database(name),
+        Command::CreateDatabase { name, incarnation } => {
+            shared.create_database(name.clone(), *incarnation)
+        }
+        Command::DeleteDatabase { name } => shared.delete_database(name.clone()),
         Command::DefineIndex {
             database,
             definition,
-        } => shared.define_index(&database, definition),
-        Command::DeleteIndex { database, name } => shared.delete_index(&database, &name),
+        } => shared.define_index(database, definition.clone()),
+        Command::DeleteIndex { database, name } => shared.delete_index(database, name),
         Command::Write {
             database,
             at_ms,
             all_or_none,
             ops,
-        } => shared.write(log_id, &database, at_ms, all_or_none, &ops),
+        } => shared.write(log_id, database, *at_ms, *all_or_none, ops),
         Command::SetRevisionsConfig { database, config } => {
-            shared.set_revisions_config(log_id, &database, config)
+            shared.set_revisions_config(log_id, database, config.clone())
         }
         Command::PurgeTombstones {
             database,
@@ -273,9 +276,15 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
             at_ms,
             below_sequence,
             older_than_ms,
-        } => shared.purge_tombstones(&database, incarnation, at_ms, below_sequence, older_than_ms),
-        Command::PurgeRevisions { database, id } => shared.purge_revisions(log_id, &database, &id),
-        Command::PutApiKey { record_json } => shared.put_api_key(&record_json),
+        } => shared.purge_tombstones(
+            database,
+            *incarnation,
+            *at_ms,
+            *below_sequence,
+            *older_than_ms,
+        ),
+        Command::PurgeRevisions { database, id } => shared.purge_revisions(log_id, database, id),
+        Command::PutApiKey { record_json } => shared.put_api_key(record_json),
         Command::RestoreDatabase {
             database,
             at_ms,
@@ -285,12 +294,12 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
             until,
         } => shared.restore_database(
             log_id,
-            &database,
-            at_ms,
-            (upload_id, size_bytes, &hash),
+            database,
+            *at_ms,
+            (*upload_id, *size_bytes, hash),
             until.as_deref(),
         ),
-        Command::RevokeApiKey { id } => shared.revoke_api_key(&id),
+        Command::RevokeApiKey { id } => shared.revoke_api_key(id),
         command @ (Command::CreateSubscription { .. }
         | Command::DeleteSubscription { .. }
         | Command::AcknowledgeSubscription { .. }) => execute_subscription(shared, log_id, command),
@@ -306,7 +315,7 @@ fn execute(shared: &Shared, log_id: &LogId, command: Command) -> Result<Answer, 
 fn execute_attachment(
     shared: &Shared,
     log_id: &LogId,
-    command: Command,
+    command: &Command,
 ) -> Result<Answer, StorageError> {
     match command {
         Command::AttachmentChunk {
@@ -316,11 +325,11 @@ fn execute_attachment(
             offset,
             keep_until_ms,
             bytes,
-        } => shared.attachment_chunk(&database, at_ms, upload_id, offset, keep_until_ms, &bytes),
+        } => shared.attachment_chunk(database, *at_ms, *upload_id, *offset, *keep_until_ms, bytes),
         Command::DropUpload {
             database,
             upload_id,
-        } => shared.drop_upload(&database, upload_id),
+        } => shared.drop_upload(database, *upload_id),
         Command::PutAttachment {
             database,
             at_ms,
@@ -333,13 +342,13 @@ fn execute_attachment(
             condition,
         } => shared.put_attachment(
             log_id,
-            &database,
-            at_ms,
-            upload_id,
-            (&id, &name, &content_type),
-            size_bytes,
-            &hash,
-            &condition,
+            database,
+            *at_ms,
+            *upload_id,
+            (id, name, content_type),
+            *size_bytes,
+            hash,
+            condition,
         ),
         Command::DeleteAttachment {
             database,
@@ -347,14 +356,14 @@ fn execute_attachment(
             id,
             name,
             condition,
-        } => shared.delete_attachment(log_id, &database, at_ms, &id, &name, &condition),
+        } => shared.delete_attachment(log_id, database, *at_ms, id, name, condition),
         Command::StageAttachment {
             database,
             at_ms,
             upload_id,
             size_bytes,
             hash,
-        } => shared.stage_attachment(log_id, &database, at_ms, upload_id, size_bytes, &hash),
+        } => shared.stage_attachment(log_id, database, *at_ms, *upload_id, *size_bytes, hash),
         // `execute` passes on only the commands above: a refusal, not a panic in the
         // apply loop, if that ever stops being so.
         _ => Err(StorageIOError::write_state_machine(AnyError::error(
@@ -369,7 +378,7 @@ fn execute_attachment(
 fn execute_subscription(
     shared: &Shared,
     log_id: &LogId,
-    command: Command,
+    command: &Command,
 ) -> Result<Answer, StorageError> {
     let index = log_id.index;
     let applied =
@@ -381,14 +390,15 @@ fn execute_subscription(
                 query,
                 parameters,
                 start,
-            } => shared.store.database(&database).and_then(|db| {
-                let start = kiln_docs::SubscriptionStart::parse(&start);
-                db.create_subscription_logged(index, at_ms, &name, &query, parameters, start)
+            } => shared.store.database(database).and_then(|db| {
+                let start = kiln_docs::SubscriptionStart::parse(start);
+                let parameters = parameters.clone();
+                db.create_subscription_logged(index, *at_ms, name, query, parameters, start)
                     .map(|created| created.map(|_| Answer::SubscriptionCreated))
             }),
             Command::DeleteSubscription { database, name } => {
-                shared.store.database(&database).and_then(|db| {
-                    db.delete_subscription_logged(index, &name)
+                shared.store.database(database).and_then(|db| {
+                    db.delete_subscription_logged(index, name)
                         .map(|deleted| deleted.then_some(Answer::SubscriptionDeleted))
                 })
             }
@@ -397,8 +407,8 @@ fn execute_subscription(
                 at_ms,
                 name,
                 up_to,
-            } => shared.store.database(&database).and_then(|db| {
-                db.acknowledge_subscription_logged(index, at_ms, &name, up_to)
+            } => shared.store.database(database).and_then(|db| {
+                db.acknowledge_subscription_logged(index, *at_ms, name, *up_to)
                     .map(|position| {
                         position.map(|position| Answer::SubscriptionAcknowledged { position })
                     })
@@ -931,11 +941,9 @@ impl StateMachine {
             EntryPayload::Normal(command) => {
                 let shared = self.shared.clone();
                 blocking(move || {
-                    // Tried again on a full disk: a copy per try (entries other than
-                    // single-document writes, which go in runs, by reference).
                     let wait = &shared.disk_wait;
                     wait.blocking("applying a log entry", || {
-                        execute(&shared, &log_id, command.clone())
+                        execute(&shared, &log_id, &command)
                     })
                 })
                 .await?
