@@ -1274,5 +1274,7 @@ export interface ClusterStatus {
   /** On a leader: whether a majority acknowledged it within the election timeout (null elsewhere). */
   has_quorum: boolean | null;
   quorum_ack_age_ms: number | null;
+  /** Whether this node's storage waits for disk space (it names no leader meanwhile). */
+  waiting_for_disk: boolean;
   members: ClusterMember[];
 }

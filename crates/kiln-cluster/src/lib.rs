@@ -25,6 +25,7 @@ mod batcher;
 pub mod codec;
 pub mod command;
 pub mod disk_wait;
+mod handover;
 pub mod log_store;
 pub mod network;
 pub mod node;

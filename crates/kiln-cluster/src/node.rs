@@ -146,6 +146,9 @@ pub struct ClusterStatus {
     pub has_quorum: Option<bool>,
     /// On a leader: how long ago a majority last acknowledged it.
     pub quorum_ack_age_ms: Option<u64>,
+    /// Whether this node's storage waits for disk space (`disk_wait`): it takes
+    /// no part in the cluster meanwhile, and names no leader.
+    pub waiting_for_disk: bool,
     pub members: Vec<MemberStatus>,
 }
 
@@ -262,11 +265,10 @@ pub struct ClusterNode {
     quorum_silence_ms: u64,
     security: crate::network::PeerSecurity,
     batcher: Batcher,
-    /// The leader's own line to the others, for what is not a Raft message
-    /// ([`ClusterNode::transfer_leadership`]).
-    network: Network,
     /// Held for writing while leadership is handed over (see `propose`).
     handover: Arc<tokio::sync::RwLock<()>>,
+    /// Hands leadership over (`transfer_leadership`, and a leader's full disk).
+    leadership: crate::handover::Handover,
     /// Whether the storage waits for disk space (`disk_wait`).
     disk_wait: crate::disk_wait::DiskWait,
     /// The election timer and the answers to pre-votes (`prevote`).
@@ -360,6 +362,16 @@ impl ClusterNode {
         join_or_start_cluster(&raft, &config).await?;
         log_leader_changes(&raft, config.node_id);
         elections.start(raft.clone(), network.clone(), config.node_id);
+        let leadership = crate::handover::Handover {
+            raft: raft.clone(),
+            network: network.clone(),
+            elections: elections.clone(),
+            node_id: config.node_id,
+        };
+        leadership.clone().step_down_while_disk_waits(
+            disk_wait.clone(),
+            Duration::from_millis(config.election_timeout_max_ms),
+        );
         let write_timeout = Duration::from_millis(config.write_timeout_ms);
         let handover = Arc::new(tokio::sync::RwLock::new(()));
         Ok(ClusterNode {
@@ -376,8 +388,8 @@ impl ClusterNode {
             write_timeout,
             quorum_silence_ms: config.election_timeout_max_ms,
             security: config.security,
-            network,
             handover,
+            leadership,
             disk_wait,
             elections,
         })
@@ -438,7 +450,11 @@ impl ClusterNode {
     /// from it for the leader's lease (openraft keeps naming it: with pre-votes a
     /// node cut off no longer stands for election, which is what cleared it).
     fn known_leader(&self, m: &openraft::RaftMetrics<NodeId, BasicNode>) -> Option<NodeId> {
-        if m.state == ServerState::Leader || !self.elections.leader_is_stale() {
+        // A node waiting for disk space may have a Raft core stopped in a log
+        // append: what it last published (itself leading, say) can be long stale.
+        if self.disk_wait.is_waiting() {
+            None
+        } else if m.state == ServerState::Leader || !self.elections.leader_is_stale() {
             m.current_leader
         } else {
             None
@@ -455,6 +471,15 @@ impl ClusterNode {
     /// Proposes a command; answers once a majority has it durable and this node
     /// has applied it.
     pub async fn write(&self, command: Command) -> Result<Answer, ClusterError> {
+        // A leader whose disk is full would log the entry and then not apply it:
+        // the write is refused before the log, and leadership moves
+        // (`handover::step_down_while_disk_waits`).
+        if self.disk_wait.is_waiting() {
+            return Err(ClusterError::NotLeader {
+                leader: None,
+                entered_log: false,
+            });
+        }
         self.wait_for_quorum().await?;
         match command {
             // Independent writes: merged with the others waiting (see `batcher`).
@@ -553,7 +578,7 @@ impl ClusterNode {
         patience: Duration,
     ) -> Result<NodeId, ClusterError> {
         let deadline = tokio::time::Instant::now() + patience;
-        let mut metrics = self.raft.metrics();
+        let metrics = self.raft.metrics();
         let address = {
             let m = metrics.borrow();
             if m.current_leader != Some(self.node_id) {
@@ -585,59 +610,10 @@ impl ClusterNode {
                     patience.as_millis()
                 ))
             })?;
-        // Caught up: it holds every entry this leader has.
-        loop {
-            let caught_up = {
-                let m = metrics.borrow();
-                let matched = m
-                    .replication
-                    .as_ref()
-                    .and_then(|r| r.get(&to).cloned().flatten())
-                    .map(|log_id| log_id.index);
-                matched.is_some() && matched == m.last_log_index
-            };
-            if caught_up {
-                break;
-            }
-            if tokio::time::timeout_at(deadline, metrics.changed())
-                .await
-                .is_err()
-            {
-                return Err(ClusterError::Transfer(format!(
-                    "node {to} did not catch up with the leader's log in {} ms",
-                    patience.as_millis()
-                )));
-            }
-        }
-        // This node must not stand again while the hand-over runs: once the
-        // target's higher term makes it step down, its own election timer could
-        // otherwise win the next round (openraft's leader lease makes the target's
-        // first try fail, so there is a next round), and leadership would stay.
-        let _not_standing = self.elections.hold();
-        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-        self.network
-            .ask_to_elect(to, &address, remaining.max(Duration::from_millis(100)))
+        self.leadership
+            .to(to, &address, deadline)
             .await
-            .map_err(|e| ClusterError::Transfer(format!("asking node {to} to stand: {e}")))?;
-        loop {
-            let leader = metrics.borrow().current_leader;
-            match leader {
-                Some(leader) if leader != self.node_id => {
-                    tracing::info!(node = self.node_id, to = leader, "leadership handed over");
-                    return Ok(leader);
-                }
-                _ => {}
-            }
-            if tokio::time::timeout_at(deadline, metrics.changed())
-                .await
-                .is_err()
-            {
-                return Err(ClusterError::Transfer(format!(
-                    "node {to} was asked to stand but no other node leads after {} ms",
-                    patience.as_millis()
-                )));
-            }
-        }
+            .map_err(|why| ClusterError::Transfer(format!("{why} ({} ms)", patience.as_millis())))
     }
 
     /// Makes a learner a voter.
@@ -727,6 +703,7 @@ impl ClusterNode {
             purged_index: m.purged.map(|l| l.index),
             has_quorum: (m.state == ServerState::Leader).then(|| !self.cut_off(&m)),
             quorum_ack_age_ms: m.millis_since_quorum_ack,
+            waiting_for_disk: self.disk_wait.is_waiting(),
             members,
         }
     }
