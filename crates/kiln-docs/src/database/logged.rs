@@ -7,7 +7,7 @@
 
 use super::apply::apply_op;
 use super::{at_index, Database};
-use crate::model::schema::{decode_u64, META, META_APPLIED_LOG_INDEX};
+use crate::model::schema::{decode_u64, META, META_APPLIED_LOG_INDEX, META_LOGGED_CLOCK_MS};
 use crate::{BatchOutcome, DocError, Result, WriteOp};
 use kiln_storage::ReadTxn;
 use std::sync::atomic::Ordering;
@@ -53,8 +53,10 @@ impl Database {
         let checks: Vec<Result<()>> = ops.iter().map(|op| self.check_op(op)).collect();
         // Times never go back along a database's writes (a restore to a time takes
         // a prefix of them), whatever the clock of the leader that stamped them: the
-        // database's own last write time is the same on every node at this entry.
-        let at_ms = at_ms.max(self.write_clock_ms.fetch_max(at_ms, Ordering::SeqCst));
+        // database's write clock is the same on every node at this entry, whether
+        // or not it reopened the database since (the clock is stored with the
+        // entry, and moves only with a committed one).
+        let at_ms = at_ms.max(self.write_clock_ms.load(Ordering::SeqCst));
         let mut unit = self.unit().at_time(at_ms);
         let outcome = env.submit_with(move |txn| {
             if log_index <= decode_applied(txn.get(META, META_APPLIED_LOG_INDEX)?)? {
@@ -73,8 +75,12 @@ impl Database {
             }
             unit.finish(txn)?;
             txn.put(META, META_APPLIED_LOG_INDEX, &log_index.to_be_bytes())?;
+            txn.put(META, META_LOGGED_CLOCK_MS, &at_ms.to_be_bytes())?;
             Ok(LoggedOutcome::Applied(out))
         });
+        if let Ok(LoggedOutcome::Applied(_)) = &outcome {
+            self.write_clock_ms.fetch_max(at_ms, Ordering::SeqCst);
+        }
         let outcome = match outcome {
             // An all-or-none entry that fails writes nothing (the transaction is
             // dropped), its index included: the same log gives the same failure on
@@ -130,6 +136,7 @@ impl Database {
             })
             .collect();
         let mut unit = self.unit().at_time(0);
+        let run_clock_ms = clock_ms;
         let outcomes = env.submit_with(move |txn| {
             let applied = decode_applied(txn.get(META, META_APPLIED_LOG_INDEX)?)?;
             let mut last = applied;
@@ -158,6 +165,7 @@ impl Database {
             unit.finish(txn)?;
             if last > applied {
                 txn.put(META, META_APPLIED_LOG_INDEX, &last.to_be_bytes())?;
+                txn.put(META, META_LOGGED_CLOCK_MS, &run_clock_ms.to_be_bytes())?;
             }
             Ok::<_, DocError>(out)
         })?;
@@ -199,6 +207,16 @@ pub(crate) fn set_applied_log_index_at(
         .and_then(|()| env.sync().map_err(DocError::from));
     let closed = env.close().map_err(DocError::from);
     written.and(closed)
+}
+
+/// The write clock a database resumes from: its last write's time, or the time
+/// of the last log entry applied to it when that is later.
+pub(crate) fn resumed_write_clock_ms(r: &ReadTxn<'_>, last_write_ms: Option<u64>) -> Result<u64> {
+    let logged = r
+        .get(META, META_LOGGED_CLOCK_MS)?
+        .map(|b| decode_u64(b, "logged clock"))
+        .transpose()?;
+    Ok(last_write_ms.unwrap_or(0).max(logged.unwrap_or(0)))
 }
 
 fn read_applied(r: &ReadTxn<'_>) -> Result<u64> {

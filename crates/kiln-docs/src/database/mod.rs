@@ -257,7 +257,10 @@ impl Database {
             };
             (
                 last_sequence,
-                crate::changes::last_write_ms(&r, incarnation, last_sequence)?,
+                logged::resumed_write_clock_ms(
+                    &r,
+                    crate::changes::last_write_ms(&r, incarnation, last_sequence)?,
+                )?,
                 possible,
                 crate::index::load(&r, &env, dir, incarnation)?,
                 r.get(META, META_CHAIN)?.is_some(),
@@ -275,9 +278,7 @@ impl Database {
             possible,
             // A wall clock that stepped back across a restart must not give the
             // next write an earlier time than the last one (see `Unit::stamp`).
-            write_clock_ms: Arc::new(std::sync::atomic::AtomicU64::new(
-                last_write_ms.unwrap_or(0),
-            )),
+            write_clock_ms: Arc::new(std::sync::atomic::AtomicU64::new(last_write_ms)),
             history_on: Arc::new(AtomicBool::new(chain)),
             indexer: crate::index::Indexer::new(limits.indexing, indexes),
             revisions,

@@ -85,6 +85,11 @@ pub(crate) const META_INCARNATION: &[u8] = b"incarnation";
 pub(crate) const META_LAST_ETAG: &[u8] = b"last_etag";
 /// The index of the last cluster log entry applied to the database (u64 BE).
 pub(crate) const META_APPLIED_LOG_INDEX: &[u8] = b"applied_log_index";
+/// The time of the last cluster log entry applied to the database, after the
+/// write clock (u64 BE, ms): an entry whose writes all failed moves the clock too,
+/// and a node that reopens the database must resume from the same time as one
+/// that did not (`Database::apply_logged`).
+pub(crate) const META_LOGGED_CLOCK_MS: &[u8] = b"logged_clock_ms";
 /// The active backup chain (`history::ChainState`, JSON).
 pub(crate) const META_CHAIN: &[u8] = b"backup_chain";
 pub(crate) const META_NEXT_INDEX_ID: &[u8] = b"next_index_id";

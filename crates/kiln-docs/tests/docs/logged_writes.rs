@@ -293,3 +293,46 @@ fn a_logged_restore_takes_its_entrys_index_whatever_the_backup_held() {
     );
     assert!(db.get("users/2").unwrap().is_some());
 }
+
+/// A leader whose clock runs ahead stamps an entry whose only write fails (a
+/// conflict: nothing is written, but the entry moves the write clock); the next
+/// leader's clock is behind. A node that reopened its database between the two
+/// must give the later write the same time as one that did not: the clock is
+/// stored with the entry, not only kept in memory.
+#[test]
+fn a_reopen_between_entries_keeps_the_write_clock() {
+    let at = 1_790_000_000_000;
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let entries: [(u64, u64, &str, Condition); 3] = [
+        (1, at, "users/1", Condition::None),
+        // Ten seconds ahead, and a conflict: nothing is written.
+        (2, at + 10_000, "users/1", Condition::IfNotExists),
+        // Twenty seconds behind that.
+        (3, at - 10_000, "users/2", Condition::None),
+    ];
+    let apply = |db: &Database, (index, at_ms, id, condition): &(u64, u64, &str, Condition)| {
+        let op = put(db, id, r#"{"v": 1}"#, *condition);
+        describe(
+            &db.apply_logged(*index, *at_ms, vec![op], Atomicity::Each)
+                .unwrap(),
+        )
+    };
+    let (_a_store, a) = open_node(a_dir.path());
+    let a_out: Vec<String> = entries.iter().map(|e| apply(&a, e)).collect();
+    let (b_store, b) = open_node(b_dir.path());
+    let mut b_out: Vec<String> = entries[..2].iter().map(|e| apply(&b, e)).collect();
+    drop(b);
+    b_store.close().unwrap();
+    let (_b_store, b) = open_node(b_dir.path());
+    b_out.push(apply(&b, &entries[2]));
+    assert!(a_out[1].starts_with("error"), "{a_out:?}");
+    assert!(
+        a_out[2].ends_with(&format!(" {}", at + 10_000)),
+        "the write after the conflict took the clock's time: {a_out:?}"
+    );
+    assert_eq!(
+        a_out, b_out,
+        "the node that reopened its database disagrees"
+    );
+    assert_eq!(contents(&a), contents(&b));
+}
