@@ -14,9 +14,9 @@
 
 mod common;
 
-use common::cluster::{json, request, Cluster, ELECTION_TIMEOUT_MS};
+use common::cluster::{json, request, Cluster};
 use common::raw_http::{files_under, pseudo_random_bytes, raw, Answer};
-use common::{free_port, kill9, kiln, text, wait_until_healthy, TEST_JOURNAL_FILE_SIZE_MIB};
+use common::{kill9, kiln, text, TEST_JOURNAL_FILE_SIZE_MIB};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -217,38 +217,6 @@ const SNAPSHOT_EVERY_ENTRIES: &str = "20";
 /// Starts node `id` of `c` as [`Cluster::start`] does, with the master key `key`
 /// and frequent snapshots.
 #[allow(clippy::zombie_processes)] // `Drop`, `kill9` and `stop` wait for it
-fn start_encrypted(c: &mut Cluster, id: u64, key: &Path) {
-    let port = c.ports[&id];
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(c.log_path(id))
-        .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args([
-            "serve",
-            "--node-id",
-            &id.to_string(),
-            "--cluster",
-            &c.members,
-        ])
-        .args(["--election-timeout-ms", &ELECTION_TIMEOUT_MS.to_string()])
-        .args(["--snapshot-every-entries", SNAPSHOT_EVERY_ENTRIES])
-        .args(["--bind", &format!("127.0.0.1:{port}")])
-        .args(["--journal-file-size-mib", TEST_JOURNAL_FILE_SIZE_MIB])
-        .arg("--encryption-key-file")
-        .arg(key)
-        .arg("--data-dir")
-        .arg(&c.dirs[&id])
-        .env_remove("RUST_LOG")
-        .env_remove("KILN_ENCRYPTION_KEY_FILE")
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .unwrap();
-    wait_until_healthy(&mut child, port, &format!("node {id}"));
-    c.children.insert(id, child);
-}
 
 /// Stops node `id` of `c` with SIGTERM (a graceful stop: flushed and closed) and
 /// waits (30 s at most) for it to exit successfully.
@@ -326,18 +294,17 @@ fn an_encrypted_cluster_leaves_no_clear_marker_on_disk_and_needs_its_key() {
         .as_nanos();
     let marker = format!("CLEAR-MARKER-{nanos:x}-{}", std::process::id());
 
-    let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
-    let mut c = Cluster {
-        dirs: (1..=3)
-            .map(|id| (id, root.path().join(format!("node{id}"))))
-            .collect(),
-        members: common::cluster::members(&ports),
-        ports,
-        children: BTreeMap::new(),
-    };
-    for id in 1..=3 {
-        start_encrypted(&mut c, id, &key);
-    }
+    let key_arg = key.to_str().unwrap();
+    let mut c = Cluster::with_options(
+        root.path(),
+        &[
+            "--snapshot-every-entries",
+            SNAPSHOT_EVERY_ENTRIES,
+            "--encryption-key-file",
+            key_arg,
+        ],
+        BTreeMap::new(),
+    );
     let leader_id = c.leader();
     let leader = c.ports[&leader_id];
     let ok = common::cluster::ok_json;
@@ -395,7 +362,7 @@ fn an_encrypted_cluster_leaves_no_clear_marker_on_disk_and_needs_its_key() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let newest = next - 1;
-    start_encrypted(&mut c, follower_id, &key);
+    c.start(follower_id);
     for port in c.ports.values() {
         serves_marked(*port, &marker, newest);
         serves_marked(*port, &marker, 0);

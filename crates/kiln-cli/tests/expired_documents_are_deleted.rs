@@ -8,12 +8,11 @@
 
 mod common;
 
-use common::cluster::{self, Cluster};
-use common::{free_port, request, spawn_serve_with, wait_until_healthy};
+use common::cluster::Cluster;
+use common::{free_port, request, spawn_serve_with};
 use kiln_docs::format_rfc3339_ms;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How far ahead the expiring documents expire: long enough to write them all
@@ -122,52 +121,15 @@ fn expired_documents_are_deleted_and_the_others_stay() {
     let _ = server.wait();
 }
 
-/// Starts node `id` of `c` checking for expired documents every 100 ms.
-fn start_node(c: &mut Cluster, id: u64) {
-    let port = c.ports[&id];
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args([
-            "serve",
-            "--node-id",
-            &id.to_string(),
-            "--cluster",
-            &c.members,
-        ])
-        .args([
-            "--election-timeout-ms",
-            &cluster::ELECTION_TIMEOUT_MS.to_string(),
-        ])
-        .args(["--expiration-check-ms", "100"])
-        .args(["--bind", &format!("127.0.0.1:{port}")])
-        .args([
-            "--journal-file-size-mib",
-            common::TEST_JOURNAL_FILE_SIZE_MIB,
-        ])
-        .arg("--data-dir")
-        .arg(&c.dirs[&id])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until_healthy(&mut child, port, &format!("node {id}"));
-    c.children.insert(id, child);
-}
-
 #[test]
 fn in_a_cluster_every_node_deletes_them_with_the_same_tombstones() {
     let root = tempfile::tempdir().unwrap();
-    let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
-    let mut c = Cluster {
-        dirs: (1..=3)
-            .map(|id| (id, root.path().join(format!("node{id}"))))
-            .collect(),
-        members: cluster::members(&ports),
-        ports,
-        children: BTreeMap::new(),
-    };
-    for id in 1..=3 {
-        start_node(&mut c, id);
-    }
+    // Each node checks for expired documents every 100 ms.
+    let c = Cluster::with_options(
+        root.path(),
+        &["--expiration-check-ms", "100"],
+        BTreeMap::new(),
+    );
     let leader = c.ports[&c.leader()];
     assert_eq!(request(leader, "PUT", "/dbs/exp", "").0, 201);
     let soon = format_rfc3339_ms(now_ms() + EXPIRES_IN_MS);

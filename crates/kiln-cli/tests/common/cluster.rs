@@ -86,6 +86,10 @@ pub struct Cluster {
     pub ports: BTreeMap<u64, u16>,
     pub members: String,
     pub children: BTreeMap<u64, Child>,
+    /// More `kiln serve` arguments, for every node.
+    pub extra_args: Vec<String>,
+    /// Environment variables of node `id`'s process (a fake clock, say).
+    pub node_env: BTreeMap<u64, Vec<(String, String)>>,
 }
 
 /// `--election-timeout-ms` of the nodes: quicker failovers than the default 400 ms.
@@ -151,6 +155,29 @@ impl Cluster {
         Cluster::start_all(dirs, ports, members)
     }
 
+    /// Three nodes started with `extra_args` and each with its `node_env`.
+    pub fn with_options(
+        root: &Path,
+        extra_args: &[&str],
+        node_env: BTreeMap<u64, Vec<(String, String)>>,
+    ) -> Cluster {
+        let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
+        let members = members(&ports);
+        let dirs = (1..=3)
+            .map(|id| (id, root.join(format!("node{id}"))))
+            .collect();
+        let mut c = Cluster {
+            dirs,
+            ports,
+            members,
+            children: BTreeMap::new(),
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            node_env,
+        };
+        c.start_each();
+        c
+    }
+
     fn start_all(
         dirs: BTreeMap<u64, PathBuf>,
         ports: BTreeMap<u64, u16>,
@@ -161,11 +188,17 @@ impl Cluster {
             ports,
             members,
             children: BTreeMap::new(),
+            extra_args: Vec::new(),
+            node_env: BTreeMap::new(),
         };
-        for id in 1..=3 {
-            c.start(id);
-        }
+        c.start_each();
         c
+    }
+
+    fn start_each(&mut self) {
+        for id in 1..=3 {
+            self.start(id);
+        }
     }
 
     #[allow(clippy::zombie_processes)] // `Drop` and `kill9` wait for it
@@ -194,6 +227,8 @@ impl Cluster {
                 "--data-dir",
             ])
             .arg(&self.dirs[&id])
+            .args(&self.extra_args)
+            .envs(self.node_env.get(&id).cloned().unwrap_or_default())
             // The default log filter, as an operator gets it.
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
