@@ -214,10 +214,6 @@ fn attachments_are_replicated_shared_freed_and_survive_the_leaders_kill9() {
 /// Snapshots of the encrypted cluster: every this many log entries.
 const SNAPSHOT_EVERY_ENTRIES: &str = "20";
 
-/// Starts node `id` of `c` as [`Cluster::start`] does, with the master key `key`
-/// and frequent snapshots.
-#[allow(clippy::zombie_processes)] // `Drop`, `kill9` and `stop` wait for it
-
 /// Stops node `id` of `c` with SIGTERM (a graceful stop: flushed and closed) and
 /// waits (30 s at most) for it to exit successfully.
 fn stop(c: &mut Cluster, id: u64) {
