@@ -14,10 +14,9 @@
 
 mod common;
 
-use common::cluster::{json, request, Cluster};
+use common::cluster::{json, request, Cluster, NodeOptions};
 use common::raw_http::{files_under, pseudo_random_bytes, raw, Answer};
 use common::{kill9, kiln, text, TEST_JOURNAL_FILE_SIZE_MIB};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -293,13 +292,12 @@ fn an_encrypted_cluster_leaves_no_clear_marker_on_disk_and_needs_its_key() {
     let key_arg = key.to_str().unwrap();
     let mut c = Cluster::with_options(
         root.path(),
-        &[
+        NodeOptions::args(&[
             "--snapshot-every-entries",
             SNAPSHOT_EVERY_ENTRIES,
             "--encryption-key-file",
             key_arg,
-        ],
-        BTreeMap::new(),
+        ]),
     );
     let leader_id = c.leader();
     let leader = c.ports[&leader_id];

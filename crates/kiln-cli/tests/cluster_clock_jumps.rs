@@ -24,7 +24,7 @@
 
 mod common;
 
-use common::cluster::{json, ok_json, request, Cluster};
+use common::cluster::{json, ok_json, request, Cluster, NodeOptions};
 use common::{cycles_from_env, kill9};
 use kiln_docs::format_rfc3339_ms;
 use serde_json::Value;
@@ -247,8 +247,10 @@ fn clocks_that_disagree_and_jump_leave_every_replica_the_same() {
     let root = tempfile::tempdir().unwrap();
     let mut c = Cluster::with_options(
         root.path(),
-        &["--expiration-check-ms", "200"],
-        fake_clocks(root.path(), &lib),
+        NodeOptions {
+            env: fake_clocks(root.path(), &lib),
+            ..NodeOptions::args(&["--expiration-check-ms", "200"])
+        },
     );
     let leader = c.ports[&c.leader()];
     ok_json(leader, "PUT", &format!("/dbs/{DB}"), "");

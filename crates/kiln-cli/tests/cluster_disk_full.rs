@@ -122,9 +122,7 @@ fn catches_up_once_space_is_back(c: &Cluster, index: u64, who: &str) {
 
 /// The last lines of the full node's log, for a failure's message.
 fn log_tail(c: &Cluster) -> String {
-    let log = std::fs::read_to_string(c.log_path(FULL_NODE)).unwrap_or_default();
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(30)..].join("\n")
+    c.log_tail(FULL_NODE, 30)
 }
 
 /// Moves leadership to `to` (sent to the current leader).

@@ -236,8 +236,7 @@ fn a_follower_killed_while_installing_a_snapshot_ends_equal_to_the_leader() {
         ports,
         members,
         children: BTreeMap::new(),
-        extra_args: Vec::new(),
-        node_env: BTreeMap::new(),
+        options: Default::default(),
     };
     for id in 1..=3 {
         start(&mut c, id, None);

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::cluster::Cluster;
+use common::cluster::{Cluster, NodeOptions};
 use common::{free_port, request, spawn_serve_with};
 use kiln_docs::format_rfc3339_ms;
 use serde_json::{json, Value};
@@ -127,8 +127,7 @@ fn in_a_cluster_every_node_deletes_them_with_the_same_tombstones() {
     // Each node checks for expired documents every 100 ms.
     let c = Cluster::with_options(
         root.path(),
-        &["--expiration-check-ms", "100"],
-        BTreeMap::new(),
+        NodeOptions::args(&["--expiration-check-ms", "100"]),
     );
     let leader = c.ports[&c.leader()];
     assert_eq!(request(leader, "PUT", "/dbs/exp", "").0, 201);

@@ -23,6 +23,9 @@ pub(crate) type Refused = String;
 /// enough that a short stall (a background sync freeing space) does not move it.
 const DISK_WAIT_BEFORE_HANDOVER: Duration = Duration::from_secs(1);
 
+/// How long after a hand-over that did not happen the next is tried.
+const RETRY_HANDOVER: Duration = Duration::from_secs(10);
+
 /// What a hand-over uses of its node.
 #[derive(Clone)]
 pub(crate) struct Handover {
@@ -105,7 +108,8 @@ impl Handover {
     ) {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(100));
-            let mut waiting_since: Option<tokio::time::Instant> = None;
+            // When to try (again), once a wait is seen.
+            let mut next_try: Option<tokio::time::Instant> = None;
             loop {
                 tick.tick().await;
                 let m = self.raft.metrics().borrow().clone();
@@ -113,11 +117,12 @@ impl Handover {
                     return;
                 }
                 if m.state != ServerState::Leader || !disk_wait.is_waiting() {
-                    waiting_since = None;
+                    next_try = None;
                     continue;
                 }
-                let since = *waiting_since.get_or_insert_with(tokio::time::Instant::now);
-                if since.elapsed() < DISK_WAIT_BEFORE_HANDOVER {
+                let at = *next_try
+                    .get_or_insert_with(|| tokio::time::Instant::now() + DISK_WAIT_BEFORE_HANDOVER);
+                if tokio::time::Instant::now() < at {
                     continue;
                 }
                 let Some((to, address)) = furthest_voter(&m, self.node_id) else {
@@ -134,8 +139,17 @@ impl Handover {
                 // learn who won, only that it no longer leads.
                 let stepped_down = self.raft.metrics().borrow().state != ServerState::Leader;
                 match handed {
+                    // Likely its Raft core waits in a log append (its metrics stand
+                    // still, its heartbeats stopped): the others elect without it.
                     Err(why) if !stepped_down => {
-                        tracing::warn!(node = self.node_id, to, %why, "leadership not handed over")
+                        tracing::warn!(
+                            node = self.node_id,
+                            to,
+                            %why,
+                            "leadership not handed over: trying again in {} s",
+                            RETRY_HANDOVER.as_secs()
+                        );
+                        next_try = Some(tokio::time::Instant::now() + RETRY_HANDOVER);
                     }
                     _ => {
                         tracing::info!(
@@ -143,7 +157,7 @@ impl Handover {
                             to,
                             "stepped down while the disk waits"
                         );
-                        waiting_since = None;
+                        next_try = None;
                     }
                 }
             }

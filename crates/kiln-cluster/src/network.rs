@@ -29,6 +29,7 @@ use openraft::raft::{
 };
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -86,6 +87,11 @@ pub struct Network {
 struct PeerHealth {
     from: NodeId,
     links: parking_lot::Mutex<BTreeMap<NodeId, Link>>,
+    /// Peers that refused a binary message as malformed: a build from before the
+    /// binary form (`codec`), during a rolling upgrade. They are sent JSON, which
+    /// every build reads, until they stop answering (a restart, likely onto a
+    /// newer build: tried in binary again).
+    json_only: parking_lot::Mutex<std::collections::BTreeSet<NodeId>>,
 }
 
 enum Link {
@@ -181,6 +187,7 @@ impl Network {
             health: Arc::new(PeerHealth {
                 from,
                 links: parking_lot::Mutex::new(BTreeMap::new()),
+                json_only: parking_lot::Mutex::default(),
             }),
         }
     }
@@ -209,9 +216,9 @@ impl Network {
         timeout: Duration,
     ) -> Result<crate::prevote::PreVoteResponse, String> {
         self.peer(target, address)
-            .call::<crate::prevote::PreVoteResponse, openraft::error::Infallible>(
+            .call::<_, crate::prevote::PreVoteResponse, openraft::error::Infallible>(
                 "prevote",
-                crate::codec::encode(req),
+                req,
                 RPCOption::new(timeout),
             )
             .await
@@ -227,7 +234,7 @@ impl Network {
         timeout: Duration,
     ) -> Result<(), String> {
         self.peer(target, address)
-            .call::<(), openraft::error::Infallible>(
+            .call_raw::<(), openraft::error::Infallible>(
                 "elect",
                 Ok(b"null".to_vec()),
                 RPCOption::new(timeout),
@@ -369,9 +376,48 @@ impl Peer {
         }
     }
 
-    /// A message's result as Raft wants it: the remote's answer or refusal, or
-    /// the node unreachable (Raft backs off) or the exchange failed (it retries).
-    async fn call<Resp: DeserializeOwned, E>(
+    /// Sends `message` in the binary form, or in JSON to a peer known to read
+    /// only JSON (`PeerHealth::json_only`); a peer that refuses the binary form
+    /// as malformed is marked so and sent the message again in JSON at once.
+    async fn call<Req: Serialize + Sync, Resp: DeserializeOwned, E>(
+        &self,
+        kind: &str,
+        message: &Req,
+        option: RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        E: std::error::Error + DeserializeOwned,
+    {
+        let json_only = self.health.json_only.lock().contains(&self.target);
+        let encode = |json: bool| {
+            let encoded = if json {
+                crate::codec::encode_like(b"{", message)
+            } else {
+                crate::codec::encode(message)
+            };
+            encoded.map_err(|e| RPCError::Network(NetworkError::new(&Transport::Encode(e))))
+        };
+        let answer = self.exchange(kind, encode(json_only)?, &option).await?;
+        let answer = match answer {
+            Err(Transport::Status {
+                status: 400, body, ..
+            }) if !json_only && body.contains("malformed Raft message") => {
+                tracing::info!(
+                    node = self.from,
+                    peer = self.target,
+                    address = %self.address,
+                    "peer refuses the binary form (an older build): speaking JSON to it"
+                );
+                self.health.json_only.lock().insert(self.target);
+                self.exchange(kind, encode(true)?, &option).await?
+            }
+            other => other,
+        };
+        self.settle(answer)
+    }
+
+    /// Sends a body already encoded (a snapshot chunk, the same in every build).
+    async fn call_raw<Resp: DeserializeOwned, E>(
         &self,
         kind: &str,
         body: Result<Vec<u8>, CodecError>,
@@ -381,6 +427,23 @@ impl Peer {
         E: std::error::Error + DeserializeOwned,
     {
         let body = body.map_err(|e| RPCError::Network(NetworkError::new(&Transport::Encode(e))))?;
+        let answer = self.exchange(kind, body, &option).await?;
+        self.settle(answer)
+    }
+
+    /// One exchange, unless a test cut the link (then the peer is unreachable).
+    async fn exchange<Resp: DeserializeOwned, E>(
+        &self,
+        kind: &str,
+        body: Vec<u8>,
+        option: &RPCOption,
+    ) -> Result<
+        Result<Result<Resp, RaftError<NodeId, E>>, Transport>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, E>>,
+    >
+    where
+        E: std::error::Error + DeserializeOwned,
+    {
         if let Some(links) = &self.links {
             if !links(self.from, self.target) {
                 let cut = LinkCut {
@@ -391,12 +454,27 @@ impl Peer {
                 return Err(RPCError::Unreachable(Unreachable::new(&cut)));
             }
         }
-        let answer = self
-            .post::<Result<Resp, RaftError<NodeId, E>>>(kind, body, &option)
-            .await;
+        Ok(self.post(kind, body, option).await)
+    }
+
+    /// A message's result as Raft wants it: the remote's answer or refusal, or
+    /// the node unreachable (Raft backs off) or the exchange failed (it retries).
+    fn settle<Resp, E>(
+        &self,
+        answer: Result<Result<Resp, RaftError<NodeId, E>>, Transport>,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        E: std::error::Error,
+    {
         match &answer {
             Ok(_) => self.health.answered(self.target, &self.address),
-            Err(e) => self.health.failed(self.target, &self.address, e),
+            Err(e) => {
+                if matches!(e, Transport::Send { .. }) {
+                    // Not answering: when it answers again it may run another build.
+                    self.health.json_only.lock().remove(&self.target);
+                }
+                self.health.failed(self.target, &self.address, e)
+            }
         }
         match answer {
             Ok(Ok(resp)) => Ok(resp),
@@ -416,8 +494,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call("append", crate::codec::encode(&rpc), option)
-            .await
+        self.call("append", &rpc, option).await
     }
 
     async fn install_snapshot(
@@ -428,7 +505,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call(
+        self.call_raw(
             "snapshot",
             encode_snapshot_chunk(rpc).map_err(CodecError::EncodeJson),
             option,
@@ -441,7 +518,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call("vote", crate::codec::encode(&rpc), option).await
+        self.call("vote", &rpc, option).await
     }
 }
 

@@ -86,10 +86,28 @@ pub struct Cluster {
     pub ports: BTreeMap<u64, u16>,
     pub members: String,
     pub children: BTreeMap<u64, Child>,
+    pub options: NodeOptions,
+}
+
+/// How the nodes are started, beyond what every cluster test needs.
+#[derive(Default, Clone)]
+pub struct NodeOptions {
     /// More `kiln serve` arguments, for every node.
     pub extra_args: Vec<String>,
     /// Environment variables of node `id`'s process (a fake clock, say).
-    pub node_env: BTreeMap<u64, Vec<(String, String)>>,
+    pub env: BTreeMap<u64, Vec<(String, String)>>,
+    /// Another `kiln` binary for node `id` (an older build); this build's otherwise.
+    pub binary: BTreeMap<u64, PathBuf>,
+}
+
+impl NodeOptions {
+    /// Every node with `extra_args`.
+    pub fn args(extra_args: &[&str]) -> NodeOptions {
+        NodeOptions {
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            ..NodeOptions::default()
+        }
+    }
 }
 
 /// `--election-timeout-ms` of the nodes: quicker failovers than the default 400 ms.
@@ -155,12 +173,8 @@ impl Cluster {
         Cluster::start_all(dirs, ports, members)
     }
 
-    /// Three nodes started with `extra_args` and each with its `node_env`.
-    pub fn with_options(
-        root: &Path,
-        extra_args: &[&str],
-        node_env: BTreeMap<u64, Vec<(String, String)>>,
-    ) -> Cluster {
+    /// Three nodes started as `options` say.
+    pub fn with_options(root: &Path, options: NodeOptions) -> Cluster {
         let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
         let members = members(&ports);
         let dirs = (1..=3)
@@ -171,8 +185,7 @@ impl Cluster {
             ports,
             members,
             children: BTreeMap::new(),
-            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
-            node_env,
+            options,
         };
         c.start_each();
         c
@@ -188,8 +201,7 @@ impl Cluster {
             ports,
             members,
             children: BTreeMap::new(),
-            extra_args: Vec::new(),
-            node_env: BTreeMap::new(),
+            options: NodeOptions::default(),
         };
         c.start_each();
         c
@@ -209,7 +221,9 @@ impl Cluster {
             .append(true)
             .open(self.log_path(id))
             .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        let binary = self.options.binary.get(&id).cloned();
+        let binary = binary.unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kiln")));
+        let mut child = Command::new(binary)
             .args([
                 "serve",
                 "--node-id",
@@ -227,8 +241,8 @@ impl Cluster {
                 "--data-dir",
             ])
             .arg(&self.dirs[&id])
-            .args(&self.extra_args)
-            .envs(self.node_env.get(&id).cloned().unwrap_or_default())
+            .args(&self.options.extra_args)
+            .envs(self.options.env.get(&id).cloned().unwrap_or_default())
             // The default log filter, as an operator gets it.
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
@@ -243,6 +257,13 @@ impl Cluster {
     /// data directory.
     pub fn log_path(&self, id: u64) -> PathBuf {
         self.dirs[&id].with_extension("stderr")
+    }
+
+    /// The last `lines` lines of node `id`'s log, for a failure's message.
+    pub fn log_tail(&self, id: u64, lines: usize) -> String {
+        let log = std::fs::read_to_string(self.log_path(id)).unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     /// The leader the live nodes agree on (waits up to 20 s for one).
