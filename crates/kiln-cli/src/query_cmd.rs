@@ -28,6 +28,10 @@ pub struct QueryArgs {
     /// Print the server's JSON answer.
     #[arg(long)]
     json: bool,
+    /// The next page: the `continuation` of the page before (the same query; a
+    /// table says it under the rows when there are more).
+    #[arg(long)]
+    continuation: Option<String>,
     /// The query.
     query: String,
 }
@@ -42,9 +46,12 @@ pub fn run(args: QueryArgs) -> AnyResult<ExitCode> {
         }
         None => Map::new(),
     };
-    let body =
-        json!({"query": args.query, "params": params, "wait_for_non_stale_ms": args.wait_ms})
-            .to_string();
+    let mut body =
+        json!({"query": args.query, "params": params, "wait_for_non_stale_ms": args.wait_ms});
+    if let Some(token) = &args.continuation {
+        body["continuation"] = json!(token);
+    }
+    let body = body.to_string();
     let path = format!("/dbs/{}/queries", path_escape(&args.db));
     let (status, answer) = endpoint.request_any("POST", &path, body.as_bytes())?;
     if status != 200 {
@@ -147,4 +154,8 @@ fn print_table(v: &Value) {
             .map_or(String::new(), |a| format!(", created auto index {a}")),
         v["duration_ms"]
     );
+    // On stderr, as `kiln list`'s `--start-after`: the rows stay the table alone.
+    if let Some(token) = v["continuation"].as_str() {
+        eprintln!("more: the same query with --continuation {token}");
+    }
 }

@@ -174,6 +174,46 @@ fn exit_codes_tell_failure_classes_apart() {
     // 5: the server refuses the request (a query that does not parse).
     let o = kiln(&["query", "--url", u, "--db", "shop", "from where ((("]);
     assert_eq!(o.status.code(), Some(5), "{}", text(&o));
+    // A query's pages: the table says how to get the next, and --continuation does.
+    for n in 1..=3 {
+        let (status, put) = common::request(
+            port,
+            "PUT",
+            &format!("/dbs/shop/docs/p/{n}"),
+            &format!(r#"{{"n": {n}}}"#),
+        );
+        assert_eq!(status, 201, "{put}");
+    }
+    let query = "from p order by n limit 2";
+    let o = kiln(&["query", "--url", u, "--db", "shop", query]);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let token = err
+        .split("--continuation ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no continuation said: {}", text(&o)))
+        .trim();
+    let o = kiln(&[
+        "query",
+        "--url",
+        u,
+        "--db",
+        "shop",
+        "--json",
+        "--continuation",
+        token,
+        query,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let page: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ns: Vec<&serde_json::Value> = page["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| &d["n"])
+        .collect();
+    assert_eq!(ns, [&serde_json::json!(3)], "{page}");
+    assert!(page["continuation"].is_null(), "{page}");
     // 6: a conflict (an If-Match that does not hold).
     let (status, put) = common::request(port, "PUT", "/dbs/shop/docs/d", "{}");
     assert_eq!(status, 201, "{put}");
