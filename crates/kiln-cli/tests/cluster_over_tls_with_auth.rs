@@ -248,7 +248,14 @@ fn a_cluster_over_tls_with_auth_replicates_and_refuses_messages_without_its_key(
         }
     }
 
-    cluster_keys_reach_every_node(&url, ca, &api_key, dir.path(), leader_id, &leader_export);
+    cluster_keys_reach_every_node(
+        &url,
+        ca,
+        &api_key,
+        (dir.path(), &data),
+        leader_id,
+        &leader_export,
+    );
 
     // A Raft message needs the cluster's key (an API key is not it).
     let port = ports[0];
@@ -306,16 +313,21 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 }
 
 /// A key made through a follower: read on every node, no write; listed by every
-/// node; revoked through another follower, refused everywhere.
+/// node; revoked through another follower, refused everywhere. Meanwhile the other
+/// follower's key file is broken by hand when the key is made: that node waits
+/// (its Raft does not stop), and applies the key once the file is mended.
 fn cluster_keys_reach_every_node(
     url: &dyn Fn(u64) -> String,
     ca: &str,
     operator_key: &str,
-    dir: &Path,
+    (dir, data): (&Path, &[PathBuf]),
     leader_id: u64,
     leader_export: &str,
 ) {
     let followers: Vec<u64> = (1..=3).filter(|id| *id != leader_id).collect();
+    let broken = data[followers[1] as usize - 1].join("api-keys.json");
+    let good = std::fs::read(&broken).unwrap();
+    std::fs::write(&broken, b"{ an operator's edit gone wrong").unwrap();
     let o = kiln(
         &[
             "api-key",
@@ -331,6 +343,13 @@ fn cluster_keys_reach_every_node(
         Some(operator_key),
     );
     assert!(o.status.success(), "api-key create --url: {}", text(&o));
+    // The broken node tries to apply the key, waits, and leaves the file alone.
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(
+        std::fs::read(&broken).unwrap(),
+        b"{ an operator's edit gone wrong"
+    );
+    std::fs::write(&broken, &good).unwrap();
     let bi_key = String::from_utf8_lossy(&o.stdout).trim().to_string();
     let id = bi_key
         .strip_prefix("kiln_")

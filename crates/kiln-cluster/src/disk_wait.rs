@@ -31,16 +31,26 @@ pub struct DiskWait(Arc<State>);
 
 thread_local! {
     /// Set by `sm_err`-style conversions on this thread when the error they turn
-    /// into openraft's (which keeps only its text) was a full disk.
-    static DISK_FULL_SEEN: Cell<bool> = const { Cell::new(false) };
+    /// into openraft's (which keeps only its text) is one to wait out: why.
+    static WAITABLE_SEEN: Cell<Option<&'static str>> = const { Cell::new(None) };
 }
+
+/// Why a step waits for a full disk (the words an operator greps for).
+const DISK_FULL: &str = "the disk is full: waiting for space";
 
 /// Notes, on this thread, whether `e` (or an error it wraps) is a full disk:
 /// called where an error becomes openraft's `StorageError`.
 pub(crate) fn note(e: &(dyn std::error::Error + 'static)) {
     if is_disk_full(e) {
-        DISK_FULL_SEEN.with(|seen| seen.set(true));
+        WAITABLE_SEEN.with(|seen| seen.set(Some(DISK_FULL)));
     }
+}
+
+/// Notes, on this thread, that the step failed on a file an operator can mend
+/// (the API key file unreadable or not writable): the step waits as for a full
+/// disk, with `why` in the log, instead of stopping the node's Raft.
+pub(crate) fn note_mendable(why: &'static str) {
+    WAITABLE_SEEN.with(|seen| seen.set(Some(why)));
 }
 
 /// Whether `e`, or an error in its chain of sources, is a full disk that left
@@ -84,7 +94,7 @@ impl DiskWait {
 
     /// Runs `step` (blocking) until it succeeds or fails with anything but a full
     /// disk (as noted on this thread by [`note`] while it ran).
-    pub(crate) fn blocking<T, E>(
+    pub(crate) fn blocking<T, E: std::fmt::Display>(
         &self,
         what: &str,
         mut step: impl FnMut() -> Result<T, E>,
@@ -101,7 +111,7 @@ impl DiskWait {
     /// [`Self::blocking`] for a step run on the async side (its error noted by
     /// [`note`] on this thread, as the step runs without an await), waiting
     /// without holding a thread.
-    pub(crate) async fn retry<T, E>(
+    pub(crate) async fn retry<T, E: std::fmt::Display>(
         &self,
         what: &str,
         mut step: impl FnMut() -> Result<T, E>,
@@ -118,19 +128,22 @@ impl DiskWait {
     /// One try of `step`: its result when that is final (a success, another
     /// error, or any error once the node stops), `None` when the disk was full
     /// (the wait then begins, once).
-    fn try_once<T, E>(
+    fn try_once<T, E: std::fmt::Display>(
         &self,
         what: &str,
         waiting: &mut Option<Waiting>,
         step: &mut impl FnMut() -> Result<T, E>,
     ) -> Option<Result<T, E>> {
-        DISK_FULL_SEEN.with(|seen| seen.set(false));
+        WAITABLE_SEEN.with(|seen| seen.set(None));
         let result = step();
-        let full = result.is_err() && DISK_FULL_SEEN.with(Cell::get);
-        if !full || self.stopping() {
+        let why = WAITABLE_SEEN.with(Cell::get).filter(|_| result.is_err());
+        let Some(why) = why.filter(|_| !self.stopping()) else {
             return Some(result);
+        };
+        if waiting.is_none() {
+            let error = result.err().map(|e| e.to_string()).unwrap_or_default();
+            *waiting = Some(Waiting::begin(self, what, why, &error));
         }
-        waiting.get_or_insert_with(|| Waiting::begin(self, what));
         None
     }
 }
@@ -143,11 +156,12 @@ struct Waiting {
 }
 
 impl Waiting {
-    fn begin(wait: &DiskWait, what: &str) -> Waiting {
+    fn begin(wait: &DiskWait, what: &str, why: &str, error: &str) -> Waiting {
         wait.0.waiting.fetch_add(1, Ordering::SeqCst);
         tracing::warn!(
             step = what,
-            "the disk is full: waiting for space (trying again every {} ms); this node takes no part in the cluster meanwhile",
+            error,
+            "{why} (trying again every {} ms); this node takes no part in the cluster meanwhile",
             RETRY_INTERVAL.as_millis()
         );
         Waiting {
@@ -164,7 +178,7 @@ impl Drop for Waiting {
         tracing::info!(
             step = %self.what,
             waited_ms = self.since.elapsed().as_millis() as u64,
-            "the disk has room again: the node goes on"
+            "the step that waited succeeds: the node goes on"
         );
     }
 }

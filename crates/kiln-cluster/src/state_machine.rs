@@ -694,15 +694,20 @@ impl Shared {
         })
     }
 
-    /// Saves an API key's record. A failure to write the key file is this node's
-    /// storage failing (it stops applying, as for a database's).
+    /// Saves an API key's record. A key file that cannot be read or written (an
+    /// operator's edit that broke its JSON, a full disk) is waited out: the entry
+    /// is tried again every `disk_wait::RETRY_INTERVAL` until the file is mended,
+    /// with the error in the log (`disk_wait::note_mendable`), instead of stopping
+    /// this node's Raft for good.
     fn put_api_key(&self, record_json: &str) -> Result<Answer, StorageError> {
         let keys = match self.key_store() {
             Ok(keys) => keys,
             Err(answer) => return Ok(answer),
         };
-        keys.put(record_json)
-            .map_err(|e| sm_err(&std::io::Error::other(format!("saving an API key: {e}"))))?;
+        keys.put(record_json).map_err(|e| {
+            crate::disk_wait::note_mendable(KEY_FILE_WAIT);
+            sm_err(&std::io::Error::other(format!("saving an API key: {e}")))
+        })?;
         Ok(Answer::ApiKeySaved)
     }
 
@@ -712,6 +717,7 @@ impl Shared {
             Err(answer) => return Ok(answer),
         };
         let existed = keys.revoke(id).map_err(|e| {
+            crate::disk_wait::note_mendable(KEY_FILE_WAIT);
             sm_err(&std::io::Error::other(format!(
                 "revoking API key {id}: {e}"
             )))
@@ -965,6 +971,11 @@ impl StateMachine {
         .await
     }
 }
+
+/// Why an entry that changes API keys waits (the key store's error beside it in
+/// the log line).
+const KEY_FILE_WAIT: &str =
+    "the API key file cannot be read or written (malformed, or the disk is full): waiting until it can";
 
 /// A run of independent-write entries to `database` in one transaction; when the
 /// run fails as a whole (a write that spoils the transaction), each entry again on
