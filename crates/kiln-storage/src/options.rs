@@ -73,7 +73,10 @@ pub struct Options {
     /// key and value together are at most `write_buffer_max_entry_bytes` are
     /// journaled as logical entries and kept in memory, and reach the trees in key
     /// order, merged a slice per commit once this many bytes are buffered. Bounds
-    /// the memory held (about twice this) and the journal kept for replay. 0 turns
+    /// the memory held (about twice this) and the journal kept for replay: a
+    /// generation also freezes once twice this much journal was written since the
+    /// last freeze (small commits of a few keys written over and over pad their
+    /// records far past what the buffer holds), so about four times this. 0 turns
     /// buffering off: every write goes into its tree at once.
     pub write_buffer_bytes: u64,
     /// See `write_buffer_bytes`; larger puts go into their tree at once.

@@ -60,6 +60,11 @@ pub(crate) struct WriterState {
     pub merge_jobs: Option<crate::txn::MergeJobSender>,
     /// Buffer writes of the last transaction sealed (whether to merge ahead).
     pub last_txn_buffer_writes: usize,
+    /// Journal bytes encoded since the record that froze the last generation (at
+    /// open, the journal from the replay start): the active generation freezes when this reaches twice
+    /// `Options::write_buffer_bytes` too, so that the journal kept for replay
+    /// stays bounded when overwrites of a few keys keep the buffer small.
+    pub journal_bytes_since_freeze: u64,
 }
 
 /// The journal's write side: records are written strictly in transaction order.

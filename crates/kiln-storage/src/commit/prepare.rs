@@ -17,6 +17,9 @@ use crate::{Error, Result};
 type BufferStep = (crate::write_buffer::Gens, Option<Box<[u8]>>, u8);
 /// Keys of the frozen write-buffer generation merged per commit, at least.
 const MIN_MERGE_SLICE_KEYS: usize = 256;
+/// The active generation also freezes once the journal written since the last
+/// freeze reaches this many times `Options::write_buffer_bytes`.
+pub(crate) const JOURNAL_PER_BUFFER_BYTE: u64 = 2;
 /// Keys merged per commit when the whole buffer must go (close, check).
 const FORCED_MERGE_SLICE_KEYS: usize = 1 << 16;
 
@@ -41,9 +44,13 @@ impl Shared {
             return Err(Error::Poisoned(why));
         }
         self.wait_for_flusher_room()?;
+        // A commit that merges a slice of the frozen generation journals the
+        // leaves it rewrites: merge traffic, not counted toward the next freeze
+        // (it would freeze an ordinary load's generations smaller).
+        let merges = txn.base_gens().frozen.is_some();
         let (gens, merge_cursor, buffer_flags) = self.buffer_step(txn)?;
         let mut sealed = txn.seal()?;
-        let record = match self.encode_record(&mut sealed, buffer_flags) {
+        let record = match self.encode_record(&mut sealed, buffer_flags, merges) {
             Ok(record) => record,
             Err(e) => {
                 sealed.abort();
@@ -99,7 +106,12 @@ impl Shared {
     /// Encodes the sealed transaction's record, which fixes its place in the journal
     /// chain, and makes sure the journal file it goes to exists. On error the chain
     /// is as before and nothing is written: the caller aborts the transaction.
-    fn encode_record(&self, sealed: &mut SealedTxn, buffer_flags: u8) -> Result<PreparedRecord> {
+    fn encode_record(
+        &self,
+        sealed: &mut SealedTxn,
+        buffer_flags: u8,
+        merges: bool,
+    ) -> Result<PreparedRecord> {
         let body_bound = sealed.content.record_body_bound();
         if body_bound > MAX_RECORD_BODY {
             return Err(Error::TransactionTooLarge {
@@ -139,7 +151,15 @@ impl Shared {
             .journal_end
             .advance(record.journal_len() as u64, &self.journal_files)
         {
-            Ok(end) => sealed.writer.journal_end = end,
+            Ok(end) => {
+                let w = &mut sealed.writer;
+                w.journal_end = end;
+                if buffer_flags & FLAG_FREEZE != 0 {
+                    w.journal_bytes_since_freeze = 0;
+                } else if !merges {
+                    w.journal_bytes_since_freeze += record.journal_len() as u64;
+                }
+            }
             Err(e) => {
                 sealed.writer.encoder.rewind_chain(chain_before);
                 return Err(e);
@@ -180,7 +200,14 @@ impl Shared {
             }
             return Ok((gens, cursor, 0));
         }
-        let full = gens.active.bytes() >= threshold || txn.force_merge();
+        // By the journal too: a few keys written over and over keep the buffer's
+        // memory small while every commit adds a padded record to the journal
+        // that recovery would replay from the last freeze. Twice the threshold:
+        // an ordinary load (an entry's record about its size) still freezes by
+        // memory, as before.
+        let full = gens.active.bytes() >= threshold
+            || txn.journal_bytes_since_freeze() >= JOURNAL_PER_BUFFER_BYTE * threshold
+            || txn.force_merge();
         if full && !gens.active.is_empty() {
             // This transaction's own entries are in the generation that freezes.
             gens.frozen = Some(std::mem::take(&mut gens.active));

@@ -117,6 +117,14 @@ pub(crate) struct JournalEnd {
 }
 
 impl JournalEnd {
+    /// Journal bytes from `from` to this end, approximately: the files between
+    /// are taken to be of this one's size (a file size changed between opens
+    /// makes the older ones another size).
+    pub fn bytes_since(&self, from: JournalPos) -> u64 {
+        (self.seq.saturating_sub(from.file_seq) * self.size + self.offset)
+            .saturating_sub(from.offset)
+    }
+
     /// The position after a record of `len` bytes, switching files the way
     /// `JournalWriter::write` will, with the next file made ready (`reserve`).
     pub fn advance(&self, len: u64, files: &JournalFiles) -> Result<JournalEnd> {

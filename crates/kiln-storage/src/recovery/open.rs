@@ -77,6 +77,7 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
     };
     // Step 6: the journal writer at the replay end, the shared state.
     let journal = open_journal(&paths, &opts, &counters, outcome.end, outcome.last_txn_id)?;
+    let journal_kept_bytes = journal.1.end().bytes_since(replay_start.pos);
     let recovered = Recovered {
         snap: Snapshot {
             txn_id: outcome.last_txn_id,
@@ -87,6 +88,7 @@ pub(crate) fn open(dir: &Path, opts: Options) -> Result<Opened> {
         alloc,
         synced_txn_id,
         end: outcome.end,
+        journal_kept_bytes,
     };
     let shared = share_state(paths, opts, store, counters, journal, recovered);
     // Step 5: the replayed state becomes the synced point (now, or at the flusher's
@@ -405,6 +407,11 @@ struct Recovered {
     synced_txn_id: u64,
     /// Where the journal continues: the next record's position and chain value.
     end: JournalPos,
+    /// The journal from the replay start to its end: what a write buffer rebuilt
+    /// by the replay counts as written since its freeze (a node restarted more
+    /// often than the buffer froze would otherwise never freeze, and keep every
+    /// journal file).
+    journal_kept_bytes: u64,
 }
 
 /// Step 6: the state shared by the environment's threads, with a `RecordEncoder` that
@@ -422,6 +429,7 @@ fn share_state(
         alloc,
         synced_txn_id,
         end,
+        journal_kept_bytes,
     } = recovered;
     let page_count = snap.page_count;
     let last_txn = snap.txn_id;
@@ -448,6 +456,7 @@ fn share_state(
             journal_end: journal.end(),
             merge_jobs: None,
             last_txn_buffer_writes: 0,
+            journal_bytes_since_freeze: journal_kept_bytes,
         }),
         merge_ahead_pending: Mutex::new(None),
         writer_waiters: Default::default(),

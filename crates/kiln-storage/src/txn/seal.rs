@@ -74,6 +74,13 @@ impl<'env> WriteTxn<'env> {
         self.undo.len()
     }
 
+    /// Journal bytes written since the write buffer last froze (`WriterState`).
+    pub(crate) fn journal_bytes_since_freeze(&self) -> u64 {
+        self.writer
+            .as_ref()
+            .map_or(0, |w| w.journal_bytes_since_freeze)
+    }
+
     /// Whether this transaction merges the whole write buffer (close, check).
     pub(crate) fn force_merge(&self) -> bool {
         self.force_merge
