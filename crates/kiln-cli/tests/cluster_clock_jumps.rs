@@ -25,76 +25,15 @@
 mod common;
 
 use common::cluster::{json, ok_json, request, Cluster, NodeOptions};
+use common::fake_clock::{fake_clocks, faketime_or_skip, jump_clocks, real_now_ms};
+use common::replicas::{quiet, revision_times_never_go_back, state, times_never_go_back};
 use common::{cycles_from_env, kill9};
 use kiln_docs::format_rfc3339_ms;
 use serde_json::Value;
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 const DB: &str = "clock";
 const HOT: [&str; 3] = ["hot/1", "hot/2", "hot/3"];
-/// Each node's clock offset, in seconds, is one of these.
-const OFFSETS_S: [i64; 3] = [-10, 0, 10];
-
-fn faketime_library() -> Option<PathBuf> {
-    let lib = std::fs::read_dir("/usr/lib").ok()?.find_map(|entry| {
-        let path = entry.ok()?.path().join("faketime/libfaketime.so.1");
-        path.exists().then_some(path)
-    });
-    lib.or_else(|| {
-        let path = PathBuf::from("/usr/lib/faketime/libfaketime.so.1");
-        path.exists().then_some(path)
-    })
-}
-
-fn real_now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-/// The file node `id`'s libfaketime reads its offset from.
-fn clock_file(root: &Path, id: u64) -> PathBuf {
-    root.join(format!("clock{id}"))
-}
-
-/// Sets the nodes' clocks for `cycle` (each node a different offset, all three
-/// changing at every cycle), and waits until libfaketime has read them (it
-/// caches the file for a second).
-fn jump_clocks(root: &Path, cycle: u64) -> BTreeMap<u64, i64> {
-    let offsets: BTreeMap<u64, i64> = (1..=3u64)
-        .map(|id| (id, OFFSETS_S[((cycle + id) % 3) as usize]))
-        .collect();
-    for (id, offset) in &offsets {
-        std::fs::write(clock_file(root, *id), format!("{offset:+}\n")).unwrap();
-    }
-    std::thread::sleep(Duration::from_millis(1_200));
-    offsets
-}
-
-/// Each node under libfaketime, its offset in its own file.
-fn fake_clocks(root: &Path, lib: &Path) -> BTreeMap<u64, Vec<(String, String)>> {
-    (1..=3u64)
-        .map(|id| {
-            std::fs::write(clock_file(root, id), "+0\n").unwrap();
-            let vars = [
-                ("LD_PRELOAD", lib.to_str().unwrap().to_string()),
-                (
-                    "FAKETIME_TIMESTAMP_FILE",
-                    clock_file(root, id).to_str().unwrap().to_string(),
-                ),
-                // Timers and timeouts keep the real monotonic clock: only the wall
-                // clock (what a leader stamps) is moved.
-                ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
-                ("FAKETIME_CACHE_DURATION", "1".to_string()),
-            ];
-            let vars = vars.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-            (id, vars)
-        })
-        .collect()
-}
 
 /// Moves leadership to `to` (asked of the current leader).
 fn transfer_to(c: &Cluster, to: u64) {
@@ -145,102 +84,10 @@ fn write_cycle(port: u16, cycle: u64, stale_etag: &str) {
     assert_eq!(status, 409, "{answer}");
 }
 
-/// Every change of the database on the node at `port`, with bodies, in etag
-/// order.
-fn changes(port: u16) -> Vec<Value> {
-    let mut all = Vec::new();
-    let mut since = "0".to_string();
-    loop {
-        let path = format!("/dbs/{DB}/changes?since={since}&limit=1000&include_docs=true");
-        let page = ok_json(port, "GET", &path, "");
-        let results = page["results"].as_array().unwrap();
-        if results.is_empty() {
-            return all;
-        }
-        all.extend(results.iter().cloned());
-        since = page["last_etag"].as_str().unwrap().to_string();
-    }
-}
-
-/// What a node holds: its changes and the hot documents' revisions.
-fn state(port: u16) -> Value {
-    let revisions: Vec<Value> = HOT
-        .iter()
-        .map(|id| ok_json(port, "GET", &format!("/dbs/{DB}/revisions/docs/{id}"), ""))
-        .collect();
-    serde_json::json!({"changes": changes(port), "revisions": revisions})
-}
-
-fn status(port: u16) -> Value {
-    request(port, "GET", "/cluster", None, "")
-        .map(|(_, text)| json(&text))
-        .unwrap_or(Value::Null)
-}
-
-/// Waits until every node has applied what the leader has.
-fn quiet(c: &Cluster, leader: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let target = status(c.ports[&leader])["last_log_index"].as_u64().unwrap();
-    for (id, port) in &c.ports {
-        while status(*port)["last_applied"].as_u64().unwrap_or(0) < target {
-            assert!(
-                Instant::now() < deadline,
-                "node {id} did not apply up to {target}: {}",
-                status(*port)
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-/// The `@last-modified` times of the changes' documents never go back along the
-/// etags.
-fn times_never_go_back(node: u64, changes: &[Value]) {
-    let mut last = String::new();
-    for change in changes {
-        let Some(modified) = change["document"]["@metadata"]["@last-modified"].as_str() else {
-            continue;
-        };
-        assert!(
-            modified >= last.as_str(),
-            "node {node}: {} at {modified} after a write at {last}",
-            change["etag"]
-        );
-        last = modified.to_string();
-    }
-}
-
-/// A document's revisions (every version it had, with the time it was written
-/// and the time it was replaced), in etag order: times never go back.
-fn revision_times_never_go_back(node: u64, revisions: &Value) {
-    let sequence = |r: &Value| -> u64 {
-        let etag = r["etag"].as_str().unwrap();
-        etag.split('-').next().unwrap().parse().unwrap()
-    };
-    let mut list: Vec<&Value> = revisions["revisions"].as_array().unwrap().iter().collect();
-    list.sort_by_key(|r| sequence(r));
-    let mut last = "";
-    for r in list {
-        let (written, replaced) = (
-            r["last_modified"].as_str().unwrap(),
-            r["replaced_at"].as_str().unwrap(),
-        );
-        assert!(
-            written >= last && replaced >= written,
-            "node {node}: revision {} written at {written}, replaced at {replaced}, after a write at {last}",
-            r["etag"]
-        );
-        last = replaced;
-    }
-}
-
 #[test]
 #[ignore = "slow tier (about 40 s): .ci/run runs it"]
 fn clocks_that_disagree_and_jump_leave_every_replica_the_same() {
-    let Some(lib) = faketime_library() else {
-        let why = "libfaketime is not installed (Debian: apt-get install faketime)";
-        assert!(std::env::var_os("KILN_REQUIRE_FAKETIME").is_none(), "{why}");
-        println!("skipped: {why}");
+    let Some(lib) = faketime_or_skip() else {
         return;
     };
     let cycles = cycles_from_env("KILN_CLOCK_JUMP_CYCLES", 2);
@@ -294,7 +141,8 @@ fn clocks_that_disagree_and_jump_leave_every_replica_the_same() {
         }
     }
     quiet(&c, leader);
-    let want = state(port);
+    let hot: Vec<String> = HOT.iter().map(|id| id.to_string()).collect();
+    let want = state(port, DB, &hot);
     let changes = want["changes"].as_array().unwrap();
     let deletes = changes.iter().filter(|c| c["change"] == "delete").count() as u64;
     assert!(
@@ -310,7 +158,7 @@ fn clocks_that_disagree_and_jump_leave_every_replica_the_same() {
         );
     }
     for (id, port) in &c.ports {
-        let got = state(*port);
+        let got = state(*port, DB, &hot);
         times_never_go_back(*id, got["changes"].as_array().unwrap());
         for r in got["revisions"].as_array().unwrap() {
             revision_times_never_go_back(*id, r);

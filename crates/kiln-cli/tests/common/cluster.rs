@@ -98,6 +98,9 @@ pub struct NodeOptions {
     pub env: BTreeMap<u64, Vec<(String, String)>>,
     /// Another `kiln` binary for node `id` (an older build); this build's otherwise.
     pub binary: BTreeMap<u64, PathBuf>,
+    /// Where the nodes' logs go (`node{id}.stderr`); beside each data directory
+    /// otherwise (a file system the test fills would cut them short).
+    pub log_dir: Option<PathBuf>,
 }
 
 impl NodeOptions {
@@ -152,13 +155,33 @@ impl Cluster {
     /// (`relay.rs`, one relay in front of each node); the test's clients talk to
     /// the nodes' own ports.
     pub fn behind_relays(root: &Path) -> (Cluster, super::relay::Relays) {
+        let dirs = (1..=3)
+            .map(|id| (id, root.join(format!("node{id}"))))
+            .collect();
+        Cluster::behind_relays_with(dirs, NodeOptions::default())
+    }
+
+    /// [`Cluster::behind_relays`], node `id`'s data directory at `dirs[id]`,
+    /// the nodes started as `options` say.
+    pub fn behind_relays_with(
+        dirs: BTreeMap<u64, PathBuf>,
+        options: NodeOptions,
+    ) -> (Cluster, super::relay::Relays) {
         let relays = super::relay::Relays::bind(1..=3);
         let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
         for (id, port) in &ports {
             relays.forward_to(*id, *port);
         }
         let members = relays.members();
-        (Cluster::with_members(root, ports, members), relays)
+        let mut c = Cluster {
+            dirs,
+            ports,
+            members,
+            children: BTreeMap::new(),
+            options,
+        };
+        c.start_each();
+        (c, relays)
     }
 
     /// Three nodes, node `id`'s data directory at `dir` (on another file system,
@@ -256,7 +279,10 @@ impl Cluster {
     /// Where node `id`'s stderr goes (appended to across its restarts), beside its
     /// data directory.
     pub fn log_path(&self, id: u64) -> PathBuf {
-        self.dirs[&id].with_extension("stderr")
+        match &self.options.log_dir {
+            Some(dir) => dir.join(format!("node{id}.stderr")),
+            None => self.dirs[&id].with_extension("stderr"),
+        }
     }
 
     /// The last `lines` lines of node `id`'s log, for a failure's message.
@@ -310,12 +336,22 @@ impl Drop for Cluster {
     }
 }
 
-/// A node that says it leads (its own `GET /cluster`: state leader, leader itself).
+/// A node that says it leads (its own `GET /cluster`: state leader, leader
+/// itself, a majority heard from within the election timeout), as the clients
+/// choose one: of the highest term when several do (a leader cut off from the
+/// others calls itself leader until it hears of a newer term).
 pub fn find_leader(ports: &BTreeMap<u64, u16>) -> Option<(u64, u16)> {
-    ports.iter().find_map(|(&id, &port)| {
-        let (status, body) = request(port, "GET", "/cluster", None, "").ok()?;
-        let v = json(&body);
-        (status == 200 && v["state"].as_str() == Some("leader") && v["leader"].as_u64() == Some(id))
-            .then_some((id, port))
-    })
+    ports
+        .iter()
+        .filter_map(|(&id, &port)| {
+            let (status, body) = request(port, "GET", "/cluster", None, "").ok()?;
+            let v = json(&body);
+            let leads = status == 200
+                && v["state"].as_str() == Some("leader")
+                && v["leader"].as_u64() == Some(id)
+                && v["has_quorum"] != false;
+            leads.then(|| (v["term"].as_u64().unwrap_or(0), id, port))
+        })
+        .max()
+        .map(|(_, id, port)| (id, port))
 }

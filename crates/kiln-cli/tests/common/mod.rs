@@ -4,9 +4,11 @@
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 pub mod cluster;
+pub mod fake_clock;
 pub mod pki;
 pub mod raw_http;
 pub mod relay;
+pub mod replicas;
 pub mod subscription_worker;
 pub mod tmpfs;
 
