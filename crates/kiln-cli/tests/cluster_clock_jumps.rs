@@ -35,18 +35,6 @@ use std::time::{Duration, Instant};
 const DB: &str = "clock";
 const HOT: [&str; 3] = ["hot/1", "hot/2", "hot/3"];
 
-/// Moves leadership to `to` (asked of the current leader).
-fn transfer_to(c: &Cluster, to: u64) {
-    let leader = c.leader();
-    if leader != to {
-        let body = format!(r#"{{"id": {to}}}"#);
-        let (status, text) =
-            request(c.ports[&leader], "POST", "/cluster/leader", None, &body).unwrap();
-        assert_eq!(status, 200, "{text}");
-    }
-    assert_eq!(c.leader(), to);
-}
-
 fn put(port: u16, id: &str, body: &str, if_match: Option<&str>) -> (u16, Value) {
     let (status, text) =
         request(port, "PUT", &format!("/dbs/{DB}/docs/{id}"), if_match, body).unwrap();
@@ -114,7 +102,7 @@ fn clocks_that_disagree_and_jump_leave_every_replica_the_same() {
     for cycle in 0..cycles {
         let offsets = jump_clocks(root.path(), cycle);
         let to = cycle % 3 + 1;
-        transfer_to(&c, to);
+        c.transfer_to(to);
         write_cycle(c.ports[&to], cycle, &stale_etag);
         // A follower that applied the cycle restarts before the next leader, whose
         // clock may be behind, stamps anything.

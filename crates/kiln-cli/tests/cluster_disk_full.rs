@@ -125,18 +125,6 @@ fn log_tail(c: &Cluster) -> String {
     c.log_tail(FULL_NODE, 30)
 }
 
-/// Moves leadership to `to` (sent to the current leader).
-fn transfer_to(c: &Cluster, to: u64) {
-    let leader = c.leader();
-    if leader != to {
-        let body = format!(r#"{{"id": {to}}}"#);
-        let (status, text) =
-            request(c.ports[&leader], "POST", "/cluster/leader", None, &body).unwrap();
-        assert_eq!(status, 200, "{text}");
-    }
-    assert_eq!(c.leader(), to);
-}
-
 /// The full node leads, its disk fills up under writes (documents from `first` on):
 /// the other two must take over, and the full node catch up once space is back.
 /// Whether the full leader handed leadership over itself (its applying waited
@@ -146,7 +134,7 @@ fn the_full_leader_hands_over(c: &Cluster, fs: &Tmpfs, first: u64) -> bool {
     // Its files may have room left inside them (a data file grows 64 MiB at a
     // time), so large documents are written until leadership moves: by 6000 of
     // them (~190 MiB after compression, on a 256 MiB tmpfs) it must have.
-    transfer_to(c, FULL_NODE);
+    c.transfer_to(FULL_NODE);
     let filler = fs.fill(1 << 20);
     let mut written = first;
     while find_leader(&c.ports).map(|(id, _)| id) == Some(FULL_NODE) {
@@ -221,7 +209,7 @@ fn a_full_disk_stops_neither_the_other_nodes_nor_the_node_for_good() {
     let root = tempfile::tempdir().unwrap();
     let data = fs.path().join("node");
     let c = Cluster::with_dir(root.path(), FULL_NODE, data);
-    transfer_to(&c, 1);
+    c.transfer_to(1);
     let (status_code, text) = request(c.ports[&1], "PUT", &format!("/dbs/{DB}"), None, "").unwrap();
     assert!((200..300).contains(&status_code), "{text}");
     write_all(&c, 0, 100, SMALL, Duration::from_secs(10));

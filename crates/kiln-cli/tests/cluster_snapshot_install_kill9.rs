@@ -16,7 +16,8 @@
 mod common;
 
 use common::cluster::{self, json, Cluster};
-use common::{kill9, kiln, wait_until_healthy, TEST_JOURNAL_FILE_SIZE_MIB};
+use common::replicas;
+use common::{kill9, wait_until_healthy, TEST_JOURNAL_FILE_SIZE_MIB};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -192,26 +193,6 @@ fn write_singles(port: u16, first: u64, count: u64) -> BTreeMap<String, String> 
         .collect()
 }
 
-fn export(port: u16, out: &Path) -> String {
-    let url = format!("http://127.0.0.1:{port}");
-    let done = kiln(&[
-        "export",
-        "--url",
-        &url,
-        "--db",
-        "k",
-        "-q",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(
-        done.status.success(),
-        "kiln export: {}",
-        String::from_utf8_lossy(&done.stderr)
-    );
-    std::fs::read_to_string(out).unwrap()
-}
-
 fn query_total(port: u16) -> u64 {
     let (status, body) = request(
         port,
@@ -305,8 +286,9 @@ fn a_follower_killed_while_installing_a_snapshot_ends_equal_to_the_leader() {
             "{id}: etag on node {follower}"
         );
     }
-    let leader_export = export(port, &root.path().join("leader.ndjson"));
-    let follower_export = export(follower_port, &root.path().join("follower.ndjson"));
+    let leader_export = replicas::export(port, "k", &root.path().join("leader.ndjson"));
+    let follower_export =
+        replicas::export(follower_port, "k", &root.path().join("follower.ndjson"));
     assert_eq!(leader_export.lines().count(), etags.len());
     assert!(
         leader_export == follower_export,
@@ -328,17 +310,5 @@ fn a_follower_killed_while_installing_a_snapshot_ends_equal_to_the_leader() {
         snapshots.display()
     );
     drop(c); // stops the nodes
-    let checked = kiln(&[
-        "check",
-        root.path()
-            .join(format!("node{follower}"))
-            .to_str()
-            .unwrap(),
-    ]);
-    assert!(
-        checked.status.success(),
-        "kiln check of node {follower}: {}{}",
-        String::from_utf8_lossy(&checked.stdout),
-        String::from_utf8_lossy(&checked.stderr)
-    );
+    replicas::check_offline(follower, &root.path().join(format!("node{follower}")));
 }

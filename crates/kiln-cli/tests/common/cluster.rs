@@ -148,7 +148,7 @@ impl Cluster {
         let dirs = (1..=3)
             .map(|id| (id, root.join(format!("node{id}"))))
             .collect();
-        Cluster::start_all(dirs, ports, members)
+        Cluster::start_all(dirs, ports, members, NodeOptions::default())
     }
 
     /// Three nodes that reach each other through the test's fault proxy
@@ -173,15 +173,7 @@ impl Cluster {
             relays.forward_to(*id, *port);
         }
         let members = relays.members();
-        let mut c = Cluster {
-            dirs,
-            ports,
-            members,
-            children: BTreeMap::new(),
-            options,
-        };
-        c.start_each();
-        (c, relays)
+        (Cluster::start_all(dirs, ports, members, options), relays)
     }
 
     /// Three nodes, node `id`'s data directory at `dir` (on another file system,
@@ -193,7 +185,7 @@ impl Cluster {
             .map(|id| (id, root.join(format!("node{id}"))))
             .collect();
         dirs.insert(id, dir);
-        Cluster::start_all(dirs, ports, members)
+        Cluster::start_all(dirs, ports, members, NodeOptions::default())
     }
 
     /// Three nodes started as `options` say.
@@ -203,28 +195,21 @@ impl Cluster {
         let dirs = (1..=3)
             .map(|id| (id, root.join(format!("node{id}"))))
             .collect();
-        let mut c = Cluster {
-            dirs,
-            ports,
-            members,
-            children: BTreeMap::new(),
-            options,
-        };
-        c.start_each();
-        c
+        Cluster::start_all(dirs, ports, members, options)
     }
 
     fn start_all(
         dirs: BTreeMap<u64, PathBuf>,
         ports: BTreeMap<u64, u16>,
         members: String,
+        options: NodeOptions,
     ) -> Cluster {
         let mut c = Cluster {
             dirs,
             ports,
             members,
             children: BTreeMap::new(),
-            options: NodeOptions::default(),
+            options,
         };
         c.start_each();
         c
@@ -290,6 +275,19 @@ impl Cluster {
         let log = std::fs::read_to_string(self.log_path(id)).unwrap_or_default();
         let all: Vec<&str> = log.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Moves leadership to node `to` (asked of the current leader), and waits
+    /// until the live nodes agree that it leads.
+    pub fn transfer_to(&self, to: u64) {
+        let leader = self.leader();
+        if leader != to {
+            let body = format!(r#"{{"id": {to}}}"#);
+            let (status, text) =
+                request(self.ports[&leader], "POST", "/cluster/leader", None, &body).unwrap();
+            assert_eq!(status, 200, "{text}");
+        }
+        assert_eq!(self.leader(), to);
     }
 
     /// The leader the live nodes agree on (waits up to 20 s for one).
