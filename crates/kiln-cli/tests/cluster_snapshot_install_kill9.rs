@@ -20,7 +20,6 @@ use common::replicas;
 use common::{kill9, wait_until_healthy, TEST_JOURNAL_FILE_SIZE_MIB};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
