@@ -779,44 +779,10 @@ fn verify(
     encryption: &crate::storage_args::EncryptionArgs,
 ) -> AnyResult<ExitCode> {
     let started = Instant::now();
-    // A `.partial` file is never a backup, whatever its bytes: its writer stopped
-    // before the rename that says it finished (killed while syncing it, the bytes may
-    // all be there, but nothing says they were checked and made durable).
-    if let Some(partial) = files
-        .iter()
-        .find(|f| f.to_string_lossy().ends_with(".partial"))
-    {
-        return Err(format!(
-            "{}: an unfinished backup (its writer stopped before renaming it); run the backup again",
-            partial.display()
-        )
-        .into());
-    }
+    refuse_partial(files)?;
     let key = encryption.master_key()?;
     if let [file] = files {
-        let f = File::open(file).map_err(|e| format!("{}: {e}", file.display()))?;
-        let len = f
-            .metadata()
-            .map_err(|e| format!("{}: {e}", file.display()))?
-            .len();
-        let pb = bar(quiet, Some(len));
-        let input = BufReader::with_capacity(1 << 20, f);
-        let r = check_backup(input, key.as_ref(), |n| pb.set_position(n));
-        pb.finish_and_clear();
-        let r = r.map_err(|e| format!("{}: {e}", file.display()))?;
-        let secs = started.elapsed().as_secs_f64();
-        let name = ("file", file.display().to_string().into());
-        match r {
-            Checked::Contents(r) => {
-                let mut extra = vec![name];
-                extra.extend(crypt_extras(&r, true, json));
-                summary("verified", &r, secs, &extra, json);
-            }
-            Checked::Structure(s) => {
-                let label = format!("the backup {}", file.display());
-                structure_summary("verified", &label, &s, secs, &[name], json);
-            }
-        }
+        verify_one(file, key.as_ref(), quiet, json, started)?;
         return Ok(ExitCode::SUCCESS);
     }
     if key.is_none() {
@@ -853,6 +819,58 @@ fn verify(
     Ok(ExitCode::SUCCESS)
 }
 
+/// A `.partial` file is never a backup, whatever its bytes: its writer stopped
+/// before the rename that says it finished (killed while syncing it, the bytes may
+/// all be there, but nothing says they were checked and made durable).
+fn refuse_partial(files: &[PathBuf]) -> AnyResult<()> {
+    match files
+        .iter()
+        .find(|f| f.to_string_lossy().ends_with(".partial"))
+    {
+        Some(partial) => Err(format!(
+            "{}: an unfinished backup (its writer stopped before renaming it); run the backup again",
+            partial.display()
+        )
+        .into()),
+        None => Ok(()),
+    }
+}
+
+/// `kiln backup verify` of one file: its contents, or without the key of a
+/// sealed one, its structure.
+fn verify_one(
+    file: &Path,
+    key: Option<&kiln_storage::MasterKey>,
+    quiet: bool,
+    json: bool,
+    started: Instant,
+) -> AnyResult<()> {
+    let f = File::open(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let len = f
+        .metadata()
+        .map_err(|e| format!("{}: {e}", file.display()))?
+        .len();
+    let pb = bar(quiet, Some(len));
+    let input = BufReader::with_capacity(1 << 20, f);
+    let r = check_backup(input, key, |n| pb.set_position(n));
+    pb.finish_and_clear();
+    let r = r.map_err(|e| format!("{}: {e}", file.display()))?;
+    let secs = started.elapsed().as_secs_f64();
+    let name = ("file", file.display().to_string().into());
+    match r {
+        Checked::Contents(r) => {
+            let mut extra = vec![name];
+            extra.extend(crypt_extras(&r, true, json));
+            summary("verified", &r, secs, &extra, json);
+        }
+        Checked::Structure(s) => {
+            let label = format!("the backup {}", file.display());
+            structure_summary("verified", &label, &s, secs, &[name], json);
+        }
+    }
+    Ok(())
+}
+
 /// `kiln backup verify` of several files, some sealed, without a key: each file
 /// checked on its own (a sealed one, its structure), the links between them not
 /// (they are in the sealed manifests).
@@ -871,7 +889,7 @@ fn verify_each_without_key(files: &[PathBuf], quiet: bool, json: bool) -> AnyRes
         let r = check_backup(input, None, |n| pb.set_position(done + n));
         let r = r.map_err(|e| format!("{}: {e}", p.display()))?;
         done += std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
-        checked.push((p, r));
+        checked.push((p.as_path(), r));
     }
     pb.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();
@@ -885,39 +903,50 @@ fn verify_each_without_key(files: &[PathBuf], quiet: bool, json: bool) -> AnyRes
          checked: they are in the encrypted manifests"
     );
     if json {
-        let backups: Vec<Value> = checked
-            .iter()
-            .map(|(p, r)| {
-                let mut v = match r {
-                    Checked::Contents(r) => {
-                        let mut v = serde_json::to_value(r).unwrap_or_default();
-                        v["encrypted"] = r.encryption_key_fingerprint.is_some().into();
-                        v["contents_verified"] = true.into();
-                        v
-                    }
-                    Checked::Structure(s) => structure_json(s),
-                };
-                v["file"] = p.display().to_string().into();
-                v
-            })
-            .collect();
-        let v = serde_json::json!({
-            "operation": "verified each",
-            "encrypted": true,
-            "contents_verified": false,
-            "chain_verified": false,
-            "backups": backups,
-            "seconds": secs,
-        });
-        println!("{v}");
-        return Ok(ExitCode::SUCCESS);
+        print_each_json(&checked, secs);
+    } else {
+        print_each_text(&checked, secs);
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// [`verify_each_without_key`]'s answer as JSON.
+fn print_each_json(checked: &[(&Path, Checked)], secs: f64) {
+    let backups: Vec<Value> = checked
+        .iter()
+        .map(|(p, r)| {
+            let mut v = match r {
+                Checked::Contents(r) => {
+                    let mut v = serde_json::to_value(r).unwrap_or_default();
+                    v["encrypted"] = r.encryption_key_fingerprint.is_some().into();
+                    v["contents_verified"] = true.into();
+                    v
+                }
+                Checked::Structure(s) => structure_json(s),
+            };
+            v["file"] = p.display().to_string().into();
+            v
+        })
+        .collect();
+    let v = serde_json::json!({
+        "operation": "verified each",
+        "encrypted": true,
+        "contents_verified": false,
+        "chain_verified": false,
+        "backups": backups,
+        "seconds": secs,
+    });
+    println!("{v}");
+}
+
+/// [`verify_each_without_key`]'s answer as text.
+fn print_each_text(checked: &[(&Path, Checked)], secs: f64) {
     println!(
         "verified each (structure only): {} backups; the encrypted ones' contents and the \
          chain's links were NOT verified (no key), {secs:.2} s",
         checked.len()
     );
-    for (p, r) in &checked {
+    for (p, r) in checked {
         match r {
             Checked::Contents(r) => println!("  {}: {}", p.display(), describe(r)),
             Checked::Structure(s) => println!(
@@ -929,7 +958,6 @@ fn verify_each_without_key(files: &[PathBuf], quiet: bool, json: bool) -> AnyRes
             ),
         }
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 pub fn restore(a: RestoreArgs) -> AnyResult<ExitCode> {

@@ -298,22 +298,7 @@ fn server_config(a: &ServeArgs) -> crate::AnyResult<ServerConfig> {
         exported: a.otlp_endpoint.is_some(),
         slow_request_ms: a.slow_request_ms,
     };
-    if let Some(node_id) = a.node_id {
-        config.cluster = Some(ClusterSettings {
-            node_id,
-            members: a.cluster.iter().cloned().collect(),
-            joining: a.join,
-            election_timeout_ms: a.election_timeout_ms.max(10),
-            snapshot_every_entries: a.snapshot_every_entries,
-            write_timeout_ms: a.write_timeout_ms,
-            cluster_key: a
-                .cluster_key_file
-                .as_deref()
-                .map(read_cluster_key)
-                .transpose()?,
-            peer_ca_pem: a.cluster_ca.clone(),
-        });
-    }
+    config.cluster = cluster_settings(a)?;
     if let Some(n) = a.connection_threads {
         config.connection_threads = n;
     }
@@ -347,6 +332,27 @@ fn server_config(a: &ServeArgs) -> crate::AnyResult<ServerConfig> {
     config.changes.subscriber_queue_len = a.changes_queue_len.max(1);
     config.expiration_check_ms = a.expiration_check_ms;
     Ok(config)
+}
+
+/// A cluster node's settings, with `--node-id`.
+fn cluster_settings(a: &ServeArgs) -> crate::AnyResult<Option<ClusterSettings>> {
+    let Some(node_id) = a.node_id else {
+        return Ok(None);
+    };
+    Ok(Some(ClusterSettings {
+        node_id,
+        members: a.cluster.iter().cloned().collect(),
+        joining: a.join,
+        election_timeout_ms: a.election_timeout_ms.max(10),
+        snapshot_every_entries: a.snapshot_every_entries,
+        write_timeout_ms: a.write_timeout_ms,
+        cluster_key: a
+            .cluster_key_file
+            .as_deref()
+            .map(read_cluster_key)
+            .transpose()?,
+        peer_ca_pem: a.cluster_ca.clone(),
+    }))
 }
 
 /// `--bind`: an address, or a host name and port resolved now (its first IPv4

@@ -55,20 +55,7 @@ pub async fn pull(
             format!("wait_ms {wait_ms} exceeds the limit of {MAX_WAIT_MS}"),
         ));
     }
-    // The next page's query, but for `since` (added when there may be one).
-    let mut next_query = format!("limit={limit}");
-    for (name, value) in [
-        ("id", &q.id),
-        ("prefix", &q.prefix),
-        ("collection", &q.collection),
-    ] {
-        if let Some(v) = value {
-            next_query.push_str(&format!("&{name}={}", encode_query_value(v)));
-        }
-    }
-    if q.include_docs {
-        next_query.push_str("&include_docs=true");
-    }
+    let next_query = next_page_query(&q, limit);
     let next = |page: &ChangesPage| {
         (page.changes.len() >= limit).then(|| {
             format!(
@@ -124,6 +111,24 @@ pub async fn pull(
             }
         }
     }
+}
+
+/// The next page's query, but for `since` (added when there may be one).
+fn next_page_query(q: &ChangesQuery, limit: usize) -> String {
+    let mut next_query = format!("limit={limit}");
+    for (name, value) in [
+        ("id", &q.id),
+        ("prefix", &q.prefix),
+        ("collection", &q.collection),
+    ] {
+        if let Some(v) = value {
+            next_query.push_str(&format!("&{name}={}", encode_query_value(v)));
+        }
+    }
+    if q.include_docs {
+        next_query.push_str("&include_docs=true");
+    }
+    next_query
 }
 
 async fn read(

@@ -44,9 +44,7 @@ impl Shared {
             return Err(Error::Poisoned(why));
         }
         self.wait_for_flusher_room()?;
-        // A commit that merges a slice of the frozen generation journals the
-        // leaves it rewrites: merge traffic, not counted toward the next freeze
-        // (it would freeze an ordinary load's generations smaller).
+        // (Its record is merge traffic: see `encode_record`.)
         let merges = txn.base_gens().frozen.is_some();
         let (gens, merge_cursor, buffer_flags) = self.buffer_step(txn)?;
         let mut sealed = txn.seal()?;
@@ -85,11 +83,8 @@ impl Shared {
             froze: buffer_flags & FLAG_FREEZE != 0,
             merge_done: buffer_flags & FLAG_MERGE_DONE != 0,
             buffer_empty: gens.is_empty(),
-            end: JournalPos {
-                file_seq: 0,
-                offset: 0,
-                chain_checksum: 0,
-            },
+            // (Set once the record is written.)
+            end: JournalPos::UNSET,
         };
         if lends_next {
             crate::txn::lend_next_or_release(self, w);
@@ -105,7 +100,10 @@ impl Shared {
 
     /// Encodes the sealed transaction's record, which fixes its place in the journal
     /// chain, and makes sure the journal file it goes to exists. On error the chain
-    /// is as before and nothing is written: the caller aborts the transaction.
+    /// is as before and nothing is written: the caller aborts the transaction. A
+    /// commit that `merges` a slice of the frozen generation journals the leaves it
+    /// rewrites: merge traffic, not counted toward the next freeze (counted, it
+    /// froze an ordinary load's generations smaller).
     fn encode_record(
         &self,
         sealed: &mut SealedTxn,

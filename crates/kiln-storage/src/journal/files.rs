@@ -35,6 +35,15 @@ pub struct JournalPos {
     pub chain_checksum: u32,
 }
 
+impl JournalPos {
+    /// Zeros: a position not known yet.
+    pub const UNSET: JournalPos = JournalPos {
+        file_seq: 0,
+        offset: 0,
+        chain_checksum: 0,
+    };
+}
+
 /// The sizes of new journal files: a new environment's first, and every other.
 #[derive(Clone, Copy, Debug)]
 pub struct FileSizes {
