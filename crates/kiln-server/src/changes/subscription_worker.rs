@@ -142,11 +142,22 @@ pub async fn run(
             code,
             reason: Utf8Bytes::from(reason),
         };
-        let _ = tokio::time::timeout(
+        let sent = tokio::time::timeout(
             s.cfg.send_timeout,
             s.socket.send(Message::Close(Some(frame))),
         )
         .await;
+        if matches!(sent, Ok(Ok(()))) {
+            // Without the database (a deleted one is not held open meanwhile).
+            let Session {
+                mut socket,
+                hub,
+                db,
+                ..
+            } = s;
+            drop((hub, db));
+            super::finish_closing(&mut socket).await;
+        }
     }
     metrics.ws_connections_open.dec();
 }
