@@ -86,10 +86,11 @@ fn cell(v: &Value) -> String {
     }
 }
 
-fn print_table(v: &Value) {
-    let results = v["results"].as_array().cloned().unwrap_or_default();
+/// The table's columns: `@id`, then every field of the results in the order
+/// first seen.
+fn columns_of(results: &[Value]) -> Vec<String> {
     let mut columns = vec!["@id".to_string()];
-    for r in &results {
+    for r in results {
         if let Some(o) = r.as_object() {
             for k in o.keys() {
                 if k != "@metadata" && !columns.contains(k) {
@@ -98,6 +99,12 @@ fn print_table(v: &Value) {
             }
         }
     }
+    columns
+}
+
+fn print_table(v: &Value) {
+    let results = v["results"].as_array().cloned().unwrap_or_default();
+    let columns = columns_of(&results);
     let rows: Vec<Vec<String>> = results
         .iter()
         .map(|r| {

@@ -318,6 +318,28 @@ fn log_leader_changes(raft: &Raft, node: NodeId) {
     });
 }
 
+/// The Raft log and the state machine over `store`, in `config`'s directories.
+fn open_log_and_machine(
+    store: &Arc<DocStore>,
+    config: &ClusterConfig,
+    classify: Option<ClassifyError>,
+) -> Result<(LogStore, StateMachine), ClusterError> {
+    let log = LogStore::open(&config.raft_dir, config.storage.clone()).map_err(|source| {
+        ClusterError::Open {
+            path: config.raft_dir.clone(),
+            source,
+        }
+    })?;
+    let machine = StateMachine::open(
+        store.clone(),
+        &log,
+        &config.snapshot_dir,
+        classify,
+        config.api_keys.clone(),
+    )?;
+    Ok((log, machine))
+}
+
 impl ClusterNode {
     /// Opens the Raft log, starts Raft over `store`, and, on a node that has
     /// never been part of a cluster, proposes the configured membership.
@@ -327,19 +349,7 @@ impl ClusterNode {
         classify: Option<ClassifyError>,
     ) -> Result<ClusterNode, ClusterError> {
         let raft_config = raft_config(&config)?;
-        let log = LogStore::open(&config.raft_dir, config.storage.clone()).map_err(|source| {
-            ClusterError::Open {
-                path: config.raft_dir.clone(),
-                source,
-            }
-        })?;
-        let machine = StateMachine::open(
-            store.clone(),
-            &log,
-            &config.snapshot_dir,
-            classify,
-            config.api_keys.clone(),
-        )?;
+        let (log, machine) = open_log_and_machine(&store, &config, classify)?;
         let disk_wait = machine.disk_wait();
         let log = log
             .with_purge_limit(machine.purge_limit())

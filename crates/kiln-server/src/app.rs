@@ -173,15 +173,8 @@ async fn observe(State(state): State<SharedState>, mut req: Request, next: Next)
             .slow_request_ms
             .is_some_and(|ms| elapsed >= std::time::Duration::from_millis(ms));
         if slow {
-            let timeline = telemetry::take_timeline(&span);
             let what = format!("{method} {path} {status} id={}", id.as_str());
-            // The trace id: `00-<trace id>-...`.
-            let trace_id = traceresponse.get(3..35).unwrap_or_default();
-            tracing::warn!(
-                target: "kiln::slow",
-                "{}",
-                telemetry::slow_request_line(started, elapsed, &what, trace_id, &timeline)
-            );
+            log_slow_request(&span, &traceresponse, started, elapsed, &what);
         }
     }
     let bytes = axum::body::HttpBody::size_hint(resp.body()).exact();
@@ -200,6 +193,25 @@ async fn observe(State(state): State<SharedState>, mut req: Request, next: Next)
         },
     );
     resp
+}
+
+/// The slow-request line (`--slow-request-ms`): the request, its trace id and its
+/// spans' timeline.
+fn log_slow_request(
+    span: &tracing::Span,
+    traceresponse: &str,
+    started: Instant,
+    elapsed: std::time::Duration,
+    what: &str,
+) {
+    let timeline = telemetry::take_timeline(span);
+    // The trace id: `00-<trace id>-...`.
+    let trace_id = traceresponse.get(3..35).unwrap_or_default();
+    tracing::warn!(
+        target: "kiln::slow",
+        "{}",
+        telemetry::slow_request_line(started, elapsed, what, trace_id, &timeline)
+    );
 }
 
 /// An error's JSON body at most this large gets the request id added.

@@ -48,13 +48,7 @@ pub async fn pull(
     let database = state.store.database(&db)?;
     let since = database.sequence_of(q.since.as_deref().unwrap_or(""))?;
     let limit = crate::routes::page_size(&state, q.limit)?;
-    let wait_ms = q.wait_ms.unwrap_or(0);
-    if wait_ms > MAX_WAIT_MS {
-        return Err(ApiError::new(
-            ErrorCode::InvalidWait,
-            format!("wait_ms {wait_ms} exceeds the limit of {MAX_WAIT_MS}"),
-        ));
-    }
+    let wait_ms = checked_wait_ms(q.wait_ms)?;
     let next_query = next_page_query(&q, limit);
     let next = |page: &ChangesPage| {
         (page.changes.len() >= limit).then(|| {
@@ -111,6 +105,18 @@ pub async fn pull(
             }
         }
     }
+}
+
+/// `wait_ms` (0 when absent), refused past [`MAX_WAIT_MS`].
+fn checked_wait_ms(wait_ms: Option<u64>) -> Result<u64, ApiError> {
+    let wait_ms = wait_ms.unwrap_or(0);
+    if wait_ms > MAX_WAIT_MS {
+        return Err(ApiError::new(
+            ErrorCode::InvalidWait,
+            format!("wait_ms {wait_ms} exceeds the limit of {MAX_WAIT_MS}"),
+        ));
+    }
+    Ok(wait_ms)
 }
 
 /// The next page's query, but for `since` (added when there may be one).

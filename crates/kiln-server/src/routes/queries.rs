@@ -283,6 +283,14 @@ pub async fn run_query(
         Err(tag) => return Ok(with_etag(StatusCode::NOT_MODIFIED.into_response(), &tag)),
         Ok(x) => x,
     };
+    Ok(with_etag(
+        json_response(StatusCode::OK, page_json(&r)),
+        &tag,
+    ))
+}
+
+/// A query's page as the answer's JSON body.
+fn page_json(r: &kiln_docs::QueryResult) -> Vec<u8> {
     // The documents are already JSON text: spliced in, not parsed again.
     let mut out = Vec::with_capacity(r.results.iter().map(|d| d.len() + 1).sum::<usize>() + 256);
     out.extend_from_slice(b"{\"results\":[");
@@ -308,5 +316,5 @@ pub async fn run_query(
     })
     .to_string();
     out.extend_from_slice(&rest.as_bytes()[1..]);
-    Ok(with_etag(json_response(StatusCode::OK, out), &tag))
+    out
 }

@@ -750,26 +750,7 @@ pub fn verify_sealed_structure<R: Read>(
         progress: &mut progress,
     };
     let header = read_raw_header(&mut rd)?;
-    if !header.sealed {
-        return Err(BackupError::Storage(Error::Encryption {
-            path: PathBuf::from("the backup"),
-            what: format!(
-                "this backup is not encrypted (format version {}): `verify` checks all of it \
-                 without a key",
-                header.version
-            ),
-        }));
-    }
-    if header.meta.len() < SEAL_BYTES {
-        return Err(corrupt(
-            "the header",
-            24,
-            format!(
-                "sealed metadata of {} bytes, shorter than its seal ({SEAL_BYTES} bytes)",
-                header.meta.len()
-            ),
-        ));
-    }
+    check_sealed_header(&header)?;
     let (id, wrapped) = header.extra.split_at(BACKUP_ID_BYTES);
     let wrapped_at = (HEADER_FIXED + header.meta.len() + BACKUP_ID_BYTES) as u64;
     check_wrapped_key_structure(wrapped, wrapped_at)?;
@@ -816,6 +797,32 @@ pub fn verify_sealed_structure<R: Read>(
             }
         };
     }
+}
+
+/// A sealed backup's header, as far as it can be checked without the key: sealed
+/// at all, and its metadata at least as long as its seal.
+fn check_sealed_header(header: &RawHeader) -> BackupResult<()> {
+    if !header.sealed {
+        return Err(BackupError::Storage(Error::Encryption {
+            path: PathBuf::from("the backup"),
+            what: format!(
+                "this backup is not encrypted (format version {}): `verify` checks all of it \
+                 without a key",
+                header.version
+            ),
+        }));
+    }
+    if header.meta.len() < SEAL_BYTES {
+        return Err(corrupt(
+            "the header",
+            24,
+            format!(
+                "sealed metadata of {} bytes, shorter than its seal ({SEAL_BYTES} bytes)",
+                header.meta.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A wrapped key's magic and its own checksum (the layout of `crypt.rs`: magic
