@@ -26,11 +26,11 @@ mod common;
 
 use common::cluster::{json, ok_json, request, Cluster, NodeOptions};
 use common::fake_clock::{fake_clocks, faketime_or_skip, jump_clocks, real_now_ms};
-use common::replicas::{quiet, revision_times_never_go_back, state, times_never_go_back};
+use common::replicas::{expired, quiet, revision_times_never_go_back, state, times_never_go_back};
 use common::{cycles_from_env, kill9};
 use kiln_docs::format_rfc3339_ms;
 use serde_json::Value;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const DB: &str = "clock";
 const HOT: [&str; 3] = ["hot/1", "hot/2", "hot/3"];
@@ -118,16 +118,10 @@ fn clocks_that_disagree_and_jump_leave_every_replica_the_same() {
     // most 10 s behind, plus the checks' period).
     let leader = c.leader();
     let port = c.ports[&leader];
-    let deadline = Instant::now() + Duration::from_secs(40);
-    for cycle in 0..cycles {
-        for i in 0..10 {
-            let path = format!("/dbs/{DB}/docs/exp/{cycle}-{i}");
-            while request(port, "GET", &path, None, "").unwrap().0 != 404 {
-                assert!(Instant::now() < deadline, "{path} never expired");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
+    let expiring: Vec<String> = (0..cycles)
+        .flat_map(|cycle| (0..10).map(move |i| format!("exp/{cycle}-{i}")))
+        .collect();
+    expired(port, DB, &expiring);
     quiet(&c, leader);
     let hot: Vec<String> = HOT.iter().map(|id| id.to_string()).collect();
     let want = state(port, DB, &hot);

@@ -301,7 +301,7 @@ impl Run {
         let history = clients.stop();
         let ran_for = ran_since.elapsed();
         let leader = cluster.leader();
-        expired_everywhere(&cluster, leader, &expiring);
+        replicas::expired(cluster.ports[&leader], DB, &expiring);
         replicas::quiet(&cluster, leader);
         let ids: Vec<String> = (0..KEYS).map(|k| format!("r/{k}")).collect();
         let want = replicas::state(cluster.ports[&leader], DB, &ids);
@@ -369,21 +369,6 @@ fn put_until_acknowledged(port: u16, id: &str, body: &str, what: &str) {
             other => assert!(Instant::now() < deadline, "{what}: PUT {id}: {other:?}"),
         }
         std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Every expiring document is deleted (by the leader of the moment, through the
-/// log), whichever clock the leader has: at most 10 s behind, plus the checks'
-/// period.
-fn expired_everywhere(c: &Cluster, leader: u64, ids: &[String]) {
-    let port = c.ports[&leader];
-    let deadline = Instant::now() + Duration::from_secs(40);
-    for id in ids {
-        let path = format!("/dbs/{DB}/docs/{id}");
-        while request(port, "GET", &path, None, "").unwrap().0 != 404 {
-            assert!(Instant::now() < deadline, "{id} never expired");
-            std::thread::sleep(Duration::from_millis(100));
-        }
     }
 }
 

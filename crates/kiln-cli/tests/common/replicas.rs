@@ -101,6 +101,20 @@ pub fn revision_times_never_go_back(node: u64, revisions: &Value) {
     }
 }
 
+/// Waits until every document of `ids` in `db` is gone on the node at `port` (40 s
+/// at most): deleted as expired by the leader of the moment, through the log,
+/// whichever clock it has (at most 10 s behind, plus the checks' period).
+pub fn expired(port: u16, db: &str, ids: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    for id in ids {
+        let path = format!("/dbs/{db}/docs/{id}");
+        while request(port, "GET", &path, None, "").unwrap().0 != 404 {
+            assert!(Instant::now() < deadline, "{id} never expired");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
 /// `kiln export --url` of database `db` from the node at `port` into `out`; the
 /// export's text.
 pub fn export(port: u16, db: &str, out: &Path) -> String {
